@@ -184,7 +184,21 @@ static int is_plugin_name(const char *n) {
     return strncmp(n, "caccel_", 7) == 0 && len > 10 && strcmp(n + len - 3, ".so") == 0;
 }
 
+/* True when DIR was scanned before: the folder near the library is often the
+ * configured plugin folder too, and a second scan would only log clashes. */
+static bool scanned_before_locked(const char *dir) {
+    static char seen[16][PATH_MAX];
+    static int nseen;
+    char real[PATH_MAX];
+    if (!realpath(dir, real)) return false;
+    for (int i = 0; i < nseen; i++)
+        if (strcmp(seen[i], real) == 0) return true;
+    if (nseen < (int)CA_ARRAY_LEN(seen)) memcpy(seen[nseen++], real, strlen(real) + 1);
+    return false;
+}
+
 static void scan_dir_locked(const char *dir) {
+    if (scanned_before_locked(dir)) return;
     DIR *d = opendir(dir);
     if (!d) return;
     struct dirent *de;

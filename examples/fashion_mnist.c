@@ -150,7 +150,8 @@ int main(int argc, char **argv) {
 
     int64_t per_epoch = ca_dataloader_num_batches(train_dl);
     int64_t ga = ca_accelerator_settings(acc)->gradient_accumulation_steps;
-    int64_t total_steps = per_epoch * a.epochs / (ga > 0 ? ga : 1);
+    /* in one-process steps: a prepared schedule advances num_processes steps per step (as Accelerate's) */
+    int64_t total_steps = per_epoch * ca_num_processes(acc) * a.epochs / (ga > 0 ? ga : 1);
     if (strcmp(a.schedule, "constant") != 0 || a.warmup > 0) {
         ca_lr_schedule s = {.kind = !strcmp(a.schedule, "cosine") ? CA_SCHED_COSINE
                                     : !strcmp(a.schedule, "linear") ? CA_SCHED_LINEAR : CA_SCHED_CONSTANT,
@@ -158,7 +159,7 @@ int main(int argc, char **argv) {
                             .total_steps = total_steps};
         CA_CHECK(ca_optimizer_set_schedule(opt, &s));
     }
-    ca_print(acc, "fashion_mnist: %d process(es) on %s (%s), %lld parameters, %lld batches of %lld per epoch and process\n",
+    ca_print(acc, "fashion_mnist: %d process(es) on %s, mixed precision: %s, %lld parameters, %lld batches of %lld per epoch and process\n",
              ca_num_processes(acc), ca_device_name(ca_accelerator_device(acc)),
              ca_mixed_precision_name(ca_accelerator_mixed_precision(acc)),
              (long long)ca_module_param_count(model), (long long)per_epoch, (long long)a.batch_size);

@@ -128,8 +128,8 @@ int cu_visible_devices(char *reason, size_t reason_len) {
     if (e == cudaSuccess) {
         snprintf(reason, reason_len, "no CUDA-capable device is detected");
     } else if (e == cudaErrorInsufficientDriver && !driver_library_present()) {
-        snprintf(reason, reason_len, "no NVIDIA driver (libcuda.so.1 not found): %s",
-                 cudaGetErrorString(e));
+        /* the runtime calls this "driver version is insufficient"; say what it is */
+        snprintf(reason, reason_len, "no NVIDIA driver is installed (libcuda.so.1 was not found)");
     } else if (e == cudaErrorInsufficientDriver) {
         int rt = 0, drv = 0;
         cudaRuntimeGetVersion(&rt);
