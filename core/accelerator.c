@@ -385,6 +385,7 @@ static ca_status prepare_optimizer(ca_accelerator *acc, ca_optimizer *o) {
     o->acc_step = optimizer_step;
     o->acc_should_zero_grad = should_zero_grad;
     o->acc_forget = forget;
+    ca_optimizer_set_schedule_stride(o, acc->world > 1 ? acc->world : 1);
     return ca_optimizer_init_state(o);
 }
 
@@ -415,10 +416,18 @@ ca_status ca_prepare(ca_accelerator *acc, ca_module *model, ca_optimizer *opt, c
 
 /* ------------------------------------------------------------------ accumulation */
 
+/* End of the dataloader being iterated: of the prepared loaders with a pass in
+ * flight, the one that handed out the newest batch (as Accelerate tracks the
+ * active loader), so an inner loader run inside an outer loop's step neither
+ * hides nor fakes the outer loader's end. */
 static bool loader_at_end(const ca_accelerator *acc) {
-    for (int i = 0; i < acc->nloaders; i++)
-        if (ca_dataloader_handed_last(acc->loaders[i])) return true;
-    return false;
+    const ca_dataloader *active = NULL;
+    uint64_t newest = 0;
+    for (int i = 0; i < acc->nloaders; i++) {
+        uint64_t seq = ca_dataloader_handed_seq(acc->loaders[i]);
+        if (seq > newest) newest = seq, active = acc->loaders[i];
+    }
+    return active && ca_dataloader_handed_last(active);
 }
 
 int ca_accumulate_begin(ca_accelerator *acc, ca_module *model) {

@@ -79,6 +79,9 @@ int64_t ca_shard_plan_samples(const ca_shard_plan *p);
 /* True when the batch handed out last was the final one of its epoch (the
  * accelerator makes that micro-step an accumulation boundary). */
 bool ca_dataloader_handed_last(const ca_dataloader *dl);
+/* When the loader last handed out a batch of the pass in flight, in process-wide
+ * order (larger is newer); 0 when no pass is in flight. */
+uint64_t ca_dataloader_handed_seq(const ca_dataloader *dl);
 /* The accelerator that prepared dl; `forget` is called when dl is destroyed first. */
 void ca_dataloader_set_owner(ca_dataloader *dl, void *owner, void (*forget)(void *owner, const void *obj));
 

@@ -67,6 +67,7 @@ struct ca_dataloader {
     uint64_t step_scope_id;        /* the handle may outlive the scope (break out of CA_SCOPE) */
     pthread_t scope_thread;
     bool handed_last;              /* the batch handed out last ends the epoch */
+    uint64_t handed_seq;           /* when it was handed out, in process-wide order */
     void *owner;                   /* the accelerator that prepared it */
     void (*owner_forget)(void *owner, const void *obj);
 
@@ -97,6 +98,10 @@ struct ca_dataloader {
 
 /* The calling thread's error (message without the rank suffix, which
  * ca_error adds again when the message is re-recorded) into buf/hint. */
+/* Orders batches across loaders: the loader that handed out the newest batch is
+ * the one being iterated (the gradient state's end-of-dataloader follows it). */
+static _Atomic uint64_t handed_counter;
+
 static void capture_error(char *buf, size_t len, char *hint, size_t hlen) {
     snprintf(buf, len, "%s", ca_last_error());
     snprintf(hint, hlen, "%s", ca_last_hint());
@@ -381,6 +386,10 @@ static void end_step_scope(ca_dataloader *dl) {
 
 bool ca_dataloader_handed_last(const ca_dataloader *dl) { return dl && dl->handed_last; }
 
+uint64_t ca_dataloader_handed_seq(const ca_dataloader *dl) {
+    return dl && dl->active ? dl->handed_seq : 0;
+}
+
 void ca_dataloader_set_owner(ca_dataloader *dl, void *owner, void (*forget)(void *owner, const void *obj)) {
     dl->owner = owner;
     dl->owner_forget = forget;
@@ -439,6 +448,7 @@ bool ca_dataloader_next(ca_dataloader *dl, ca_batch *b) {
     dl->step_scope_id = ca_scope_id(scope);
     dl->scope_thread = pthread_self();
     dl->handed_last = dl->consumed == dl->count;
+    dl->handed_seq = atomic_fetch_add(&handed_counter, 1) + 1;
     return true;
 }
 

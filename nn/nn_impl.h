@@ -51,6 +51,7 @@ struct ca_optimizer {
     int64_t steps;
     bool has_schedule;
     ca_lr_schedule schedule;
+    int64_t schedule_stride;         /* schedule steps per optimizer step (0 means 1) */
     bool skipped;
     bool amp_unscaled;               /* fp16: gradients already unscaled this step */
     /* set by ca_prepare: step and zero_grad then go through the accelerator */
@@ -62,6 +63,12 @@ struct ca_optimizer {
     char **state_names;
     int nstate_names;
 };
+
+/* Makes each optimizer step advance the schedule by `stride` steps. A prepared
+ * optimizer uses the number of processes, as Accelerate steps a prepared
+ * scheduler once per process when batches are not split, so a schedule written
+ * for one process ends at the same point on N. */
+void ca_optimizer_set_schedule_stride(ca_optimizer *o, int64_t stride);
 
 /* Applies one update of every group with gradients multiplied by grad_scale
  * (1: none), then advances the step count and the schedule. */

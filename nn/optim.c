@@ -229,8 +229,14 @@ static ca_status apply_group(ca_optimizer *o, ca_optim_group *g, float grad_scal
 
 static void advance_schedule(ca_optimizer *o) {
     if (!o->has_schedule) return;
-    double f = ca_lr_schedule_factor(&o->schedule, o->steps);
+    int64_t stride = o->schedule_stride > 0 ? o->schedule_stride : 1;
+    double f = ca_lr_schedule_factor(&o->schedule, o->steps * stride);
     for (int g = 0; g < o->ngroups; g++) o->groups[g].lr = o->groups[g].base_lr * f;
+}
+
+void ca_optimizer_set_schedule_stride(ca_optimizer *o, int64_t stride) {
+    o->schedule_stride = stride;
+    advance_schedule(o);
 }
 
 ca_status ca_optimizer_apply(ca_optimizer *o, float grad_scale) {

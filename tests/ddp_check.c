@@ -4,14 +4,15 @@
  *   --mode accum  : S real steps of k micro-batches; counts collectives per real step
  *   --mode clip   : clip_grad_norm(0.5) every step; prints the first norm
  *   --mode fp16inf: fp16, the last rank puts an Inf in a gradient at step 3
- *   --mode uneven : 103 samples, evaluation through gather_for_metrics */
+ *   --mode uneven : 103 samples, evaluation through gather_for_metrics
+ * --sched-total T attaches a linear schedule over T one-process steps; every mode prints lr_factor. */
 #include <caccel/caccel.h>
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-typedef struct opts { const char *mode; int steps, k; int64_t batch; const char *dump; } opts;
+typedef struct opts { const char *mode; int steps, k; int64_t batch; const char *dump; int64_t sched_total; } opts;
 
 static ca_dataset *synthetic(int64_t n) {
     enum { IN = 8, CLASSES = 3 };
@@ -64,6 +65,7 @@ static opts parse(int argc, char **argv) {
         else if (!strcmp(argv[i], "--k") && i + 1 < argc) o.k = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--batch") && i + 1 < argc) o.batch = atoll(argv[++i]);
         else if (!strcmp(argv[i], "--dump") && i + 1 < argc) o.dump = argv[++i];
+        else if (!strcmp(argv[i], "--sched-total") && i + 1 < argc) o.sched_total = atoll(argv[++i]);
         else if (ca_config_flag_arity(argv[i]) >= 0) i += ca_config_flag_arity(argv[i]);
         else { fprintf(stderr, "ddp_check: unknown argument %s\n", argv[i]); exit(2); }
     }
@@ -106,6 +108,9 @@ int main(int argc, char **argv) {
     ca_module *m = model();
     ca_optimizer *opt;
     CA_CHECK(ca_sgd_create(m, &(ca_sgd_opts){.lr = 0.2, .momentum = 0.9}, &opt));
+    if (o.sched_total > 0)
+        CA_CHECK(ca_optimizer_set_schedule(opt, &(ca_lr_schedule){.kind = CA_SCHED_LINEAR,
+                                                                  .total_steps = o.sched_total}));
     CA_CHECK(ca_prepare(acc, m, opt, dl));
     ca_comm *comm = ca_accelerator_comm(acc);
     int rank = ca_process_index(acc), world = ca_num_processes(acc);
@@ -146,7 +151,8 @@ int main(int argc, char **argv) {
         }
     }
     CA_CHECK(ca_dataloader_status(dl));
-    printf("rank=%d steps=%lld\n", rank, (long long)ca_optimizer_steps(opt));
+    printf("rank=%d steps=%lld lr_factor=%.4f\n", rank, (long long)ca_optimizer_steps(opt),
+           ca_optimizer_get_lr(opt, 0) / 0.2);
     if (!strcmp(o.mode, "uneven")) rc = uneven(acc, m, ds);
     dump(acc, m, o.dump);
     CA_CHECK(ca_wait_for_everyone(acc));

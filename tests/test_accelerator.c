@@ -181,6 +181,37 @@ static void test_clip_grad_norm(void **state) {
     ca_accelerator_destroy(acc);
 }
 
+/* End of dataloader follows the loader being iterated: an inner loader run during the outer
+ * loader's last batch syncs every 2nd micro-step (not every one), and the outer loader's own
+ * step after the inner loop still sees the outer loader's end. */
+static void test_nested_loaders_end_of_dataloader(void **state) {
+    const char *settings[] = {"gradient_accumulation_steps=2", NULL};
+    ca_accelerator *acc = make_acc(settings);
+    ca_dataset *ods = synthetic(16, 4, 2), *ids = synthetic(32, 4, 2);
+    ca_dataloader *outer, *inner;
+    T_OK(ca_dataloader_create(ods, &(ca_loader_opts){.batch_size = 8}, &outer));
+    T_OK(ca_dataloader_create(ids, &(ca_loader_opts){.batch_size = 8}, &inner));
+    ca_module *m;
+    T_OK(ca_linear_create(4, 2, true, &m));
+    T_OK(ca_prepare(acc, m, NULL, outer));
+    T_OK(ca_prepare_dataloader(acc, inner));
+    char seen[16] = {0};
+    int n = 0;
+    ca_batch ob, ib;
+    while (ca_dataloader_next(outer, &ob)) {
+        while (ca_dataloader_next(inner, &ib))
+            CA_ACCUMULATE(acc, m) seen[n++] = ca_sync_gradients(acc) ? 'T' : 'F';
+        CA_ACCUMULATE(acc, m) seen[n++] = ca_sync_gradients(acc) ? 'T' : 'F';
+    }
+    assert_string_equal(seen, "FTFTF" "TFTTT");   /* old rule: "FTFTF" "TTTTT" */
+    ca_dataloader_destroy(inner);
+    ca_dataloader_destroy(outer);
+    ca_dataset_destroy(ids);
+    ca_dataset_destroy(ods);
+    ca_module_destroy(m);
+    ca_accelerator_destroy(acc);
+}
+
 static void test_configuration_reaches_the_accelerator(void **state) {
     const char *s1[] = {"distributed_type=FSDP", NULL};
     ca_accelerator *acc;
@@ -207,6 +238,7 @@ int main(void) {
         cmocka_unit_test(test_memory_flat_over_10000_steps),
         cmocka_unit_test(test_accumulation_equals_big_batch),
         cmocka_unit_test(test_clip_grad_norm),
+        cmocka_unit_test(test_nested_loaders_end_of_dataloader),
         cmocka_unit_test(test_configuration_reaches_the_accelerator),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);

@@ -68,6 +68,16 @@ for be in $backends; do
     count 2 'skipped=1 scale=32768$' "$WORK/o"
 done
 
+note "a prepared LR schedule advances once per process per step, as Accelerate's: a schedule over 8 one-process steps is half-way after 4 steps on 1 rank, 2 on 2 ranks, 1 on 4 ranks"
+"$DDP" --cpu --mode plain --batch 8 --steps 4 --sched-total 8 > "$WORK/o" || fail "1 rank schedule"
+count 1 'steps=4 lr_factor=0.5000$' "$WORK/o"
+for be in $backends; do
+    launch 2 "$be" "$DDP" --mode plain --batch 8 --steps 2 --sched-total 8 > "$WORK/o" || { cat "$WORK/o"; fail "schedule 2 $be"; }
+    count 2 'steps=2 lr_factor=0.5000$' "$WORK/o"
+    launch 4 "$be" "$DDP" --mode plain --batch 8 --steps 1 --sched-total 8 > "$WORK/o" || { cat "$WORK/o"; fail "schedule 4 $be"; }
+    count 4 'steps=1 lr_factor=0.5000$' "$WORK/o"
+done
+
 note "uneven data (103 samples): training and evaluation finish, gather_for_metrics sees 103 on every rank"
 for be in $backends; do
     for np in 2 3; do

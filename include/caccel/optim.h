@@ -77,8 +77,15 @@ typedef struct ca_lr_schedule {
     double min_lr_ratio;       /* final lr / base lr (0 = decay to 0) */
 } ca_lr_schedule;
 /* Attaches a schedule: every real optimizer step sets each group's lr to
- * base_lr * factor(step) (base_lr = the group's lr now). Like Accelerate, one
- * schedule step per real optimizer step (not per accumulation micro-step). */
+ * base_lr * factor(step) (base_lr = the group's lr now). Like Accelerate, the
+ * schedule advances on real optimizer steps only (not on accumulation
+ * micro-steps), and an optimizer prepared on N processes advances it N steps
+ * per optimizer step (Accelerate steps a prepared scheduler once per process
+ * when batches are not split): count total_steps and warmup_steps as for one
+ * process, e.g. batches of the unprepared loader x epochs / accumulation.
+ * Not thread-safe against a concurrent step of the same optimizer.
+ * Errors: CA_ERR_INVALID for negative warm-up, min_lr_ratio outside [0, 1], or
+ * total_steps <= 0 with a decay. */
 CA_API ca_status ca_optimizer_set_schedule(ca_optimizer *o, const ca_lr_schedule *s);
 /* The factor the schedule gives at `step` (for tests and plots). */
 CA_API double ca_lr_schedule_factor(const ca_lr_schedule *s, int64_t step);
