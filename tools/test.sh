@@ -39,6 +39,18 @@ else
 fi
 cd "$top"
 
+echo "== layers: includes and symbols against the table in docs/ARCHITECTURE.md"
+for check in "tools/check-layers.sh --report" "tools/check-symbols.sh $top/_build-ci --report"; do
+    # shellcheck disable=SC2086
+    if out=$($check 2>&1); then
+        echo "$out" | tail -1
+        echo "PASS: ${check%% *}"; pass=$((pass + 1))
+    else
+        echo "$out" | tail -20
+        echo "FAIL: ${check%% *}"; fail=$((fail + 1))
+    fi
+done
+
 echo "== make install, then a program built against it with pkg-config"
 inst="$top/_build-ci/_inst"
 if (cd "$top/_build-ci" && rm -rf "$inst" && make -s install >/dev/null 2>&1) &&
