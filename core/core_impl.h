@@ -2,8 +2,8 @@
 #ifndef CACCEL_CORE_IMPL_H
 #define CACCEL_CORE_IMPL_H
 
+#include "base/base_impl.h"
 #include <caccel/caccel.h>
-#include <caccel/backend.h>
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -13,8 +13,6 @@
 #define CA_PLUGIN_DIR "/usr/local/lib/caccel"
 #endif
 
-#define CA_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
-#define CA_UNUSED(x) ((void)(x))
 
 /* An opened device. The registry owns it; it lives until ca_shutdown(). The
  * vtables are copies normalised to this library's struct sizes, so slots a

@@ -1,10 +1,7 @@
-# core/: status, logging, configuration, registry, devices, allocators, tensors,
+# core/: configuration, registry, devices, allocators, tensors,
 # autograd, ops and the accelerator.
 libcaccel_la_SOURCES += \
 	core/core_impl.h \
-	core/status.c \
-	core/log.c \
-	core/types.c \
 	core/registry.c \
 	core/device.c \
 	core/alloc_caching.c \

@@ -1,5 +1,5 @@
 /* Names and sizes of dtypes and operator enums; the monotonic clock. */
-#include "core/core_impl.h"
+#include "base/base_impl.h"
 
 #include <time.h>
 

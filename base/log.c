@@ -1,5 +1,5 @@
 /* Leveled logging to stderr, one locked write per line, with the rank prefix. */
-#include "core/core_impl.h"
+#include "base/base_impl.h"
 
 #include <pthread.h>
 #include <stdio.h>

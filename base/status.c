@@ -1,5 +1,5 @@
 /* Status codes and the per-thread error record (message, hint, status). */
-#include "core/core_impl.h"
+#include "base/base_impl.h"
 
 #include <stdio.h>
 #include <stdlib.h>

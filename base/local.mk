@@ -1,0 +1,7 @@
+# base/: what every room and plugin may call: status and error records, logging, dtype and
+# operator names, the monotonic clock.
+libcaccel_la_SOURCES += \
+	base/base_impl.h \
+	base/status.c \
+	base/log.c \
+	base/types.c
