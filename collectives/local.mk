@@ -1,5 +1,6 @@
 # collectives: collective backends (single built in; MPI and Gloo as plugins) and the rendezvous store.
 libcaccel_la_SOURCES += \
+	collectives/single.h \
 	collectives/single.c \
 	collectives/store_impl.h \
 	collectives/store.c

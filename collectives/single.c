@@ -1,5 +1,6 @@
 /* The single-process collective backend: exact semantics for a world of one, copies through the device. */
-#include "core/core_impl.h"
+#include "base/base_impl.h"
+#include "collectives/single.h"
 
 #include <stdlib.h>
 #include <string.h>

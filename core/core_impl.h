@@ -42,10 +42,6 @@ ca_status ca_caching_allocator_create(const ca_device_ops *ops, void *dev,
                                       const ca_allocator_ops **aops, void **actx);
 void ca_caching_allocator_destroy(void *actx);
 
-/* Built-in backends. */
-const ca_plugin *ca_cpu_plugin(void);
-const ca_plugin *ca_single_collective_plugin(void);
-
 /* Forgets every backend (ca_shutdown). */
 void ca_registry_shutdown(void);
 

@@ -1,5 +1,7 @@
 /* The backend registry: built-in backends, dlopen'd plugins with an ABI check, and lookup by name. */
 #include "core/core_impl.h"
+#include "backends/cpu/cpu_plugin.h"
+#include "collectives/single.h"
 
 #include <dirent.h>
 #include <dlfcn.h>

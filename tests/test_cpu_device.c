@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "core/core_impl.h"
+#include "backends/cpu/cpu_plugin.h"
 #include "backends/cpu/cpu_impl.h"
 
 static const ca_device_ops *cpu_ops(void) { return ca_cpu_plugin()->devices[0]; }

@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "core/core_impl.h"
+#include "backends/cpu/cpu_plugin.h"
 
 static const ca_device_ops *ops;
 static const ca_kernels *K;

@@ -1,5 +1,6 @@
 /* The CPU backend's plugin descriptor: one device backend, built into libcaccel. */
-#include "core/core_impl.h"
+#include "base/base_impl.h"
+#include "backends/cpu/cpu_plugin.h"
 #include "backends/cpu/cpu_impl.h"
 
 #include <cblas.h>

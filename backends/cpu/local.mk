@@ -1,6 +1,7 @@
 # backends/cpu: the built-in CPU device backend (host memory, OpenBLAS GEMM, vectorised kernels).
 ca_cpu_sources = \
 	backends/cpu/cpu_impl.h \
+	backends/cpu/cpu_plugin.h \
 	backends/cpu/cpu_plugin.c \
 	backends/cpu/cpu_device.c \
 	backends/cpu/cpu_gemm.c \
