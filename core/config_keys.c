@@ -410,6 +410,65 @@ const ca_flag_def *ca_config_flag_find(const char *arg, const char **value) {
     return NULL;
 }
 
+/* ------------------------------------------------------------------ string map */
+
+static size_t str_hash(const char *s) {
+    size_t h = 1469598103934665603u;   /* FNV-1a */
+    for (; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211u;
+    return h;
+}
+
+static size_t strmap_slot(const ca_strmap *m, const char *key) {
+    size_t i = str_hash(key) & (m->cap - 1);
+    while (m->keys[i] && strcmp(m->keys[i], key) != 0) i = (i + 1) & (m->cap - 1);
+    return i;
+}
+
+static ca_status strmap_grow(ca_strmap *m) {
+    size_t cap = m->cap ? m->cap * 2 : 64;
+    ca_strmap bigger = {calloc(cap, sizeof *bigger.keys), calloc(cap, sizeof *bigger.vals), cap, 0};
+    if (!bigger.keys || !bigger.vals) {
+        ca_strmap_free(&bigger);
+        return ca_error(CA_ERR_NOMEM, "out of memory in the configuration");
+    }
+    for (size_t i = 0; i < m->cap; i++) {
+        if (!m->keys[i]) continue;
+        size_t j = strmap_slot(&bigger, m->keys[i]);
+        bigger.keys[j] = m->keys[i];
+        bigger.vals[j] = m->vals[i];
+        bigger.n++;
+    }
+    ca_strmap_free(m);
+    *m = bigger;
+    return CA_OK;
+}
+
+ca_status ca_strmap_put(ca_strmap *m, const char *key, size_t val) {
+    if (2 * (m->n + 1) > m->cap) {
+        ca_status s = strmap_grow(m);
+        if (s != CA_OK) return s;
+    }
+    size_t i = strmap_slot(m, key);
+    if (!m->keys[i]) m->n++;
+    m->keys[i] = key;
+    m->vals[i] = val;
+    return CA_OK;
+}
+
+bool ca_strmap_get(const ca_strmap *m, const char *key, size_t *val) {
+    if (!m->cap) return false;
+    size_t i = strmap_slot(m, key);
+    if (!m->keys[i]) return false;
+    *val = m->vals[i];
+    return true;
+}
+
+void ca_strmap_free(ca_strmap *m) {
+    free(m->keys);
+    free(m->vals);
+    memset(m, 0, sizeof *m);
+}
+
 /* ------------------------------------------------------------------ suggestions */
 
 size_t ca_config_edit_distance(const char *a, const char *b) {
