@@ -130,6 +130,7 @@ ca_status ca_accelerator_create(const ca_options *opts, ca_accelerator **out) {
     ca_status s = load_config(acc, opts);
     if (s == CA_OK) s = check_supported(acc);
     if (s == CA_OK) s = setup_processes(acc);
+    if (s == CA_OK && acc->rank <= 0) s = ca_config_warn_ignored(acc->cfg, NULL);   /* once per run */
     if (s == CA_OK) s = select_device(acc);
     if (s == CA_OK) s = create_comm(acc);
     if (s == CA_OK)    /* Accelerate's GradScalerKwargs defaults */

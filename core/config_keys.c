@@ -277,6 +277,7 @@ const ca_env_def ca_config_envs[] = {
     {"CACCEL_TIMEOUT", CA_ENV_KEY, "timeout"},
     {"CACCEL_BUCKET_CAP_MB", CA_ENV_KEY, "bucket_cap_mb"},
     {"CACCEL_ALLOW_UNKNOWN_KEYS", CA_ENV_KEY, "allow_unknown_keys"},
+    {"CACCEL_EVEN_BATCHES", CA_ENV_KEY, "even_batches"},
 };
 const size_t ca_config_nenvs = sizeof ca_config_envs / sizeof ca_config_envs[0];
 
@@ -364,6 +365,7 @@ const ca_flag_def ca_config_flags[] = {
     {"timeout", CA_FLAG_VALUE, "timeout"},
     {"bucket_cap_mb", CA_FLAG_VALUE, "bucket_cap_mb"},
     {"allow_unknown_keys", CA_FLAG_TRUE, "allow_unknown_keys"},
+    {"even_batches", CA_FLAG_VALUE, "even_batches"},
 };
 const size_t ca_config_nflags = sizeof ca_config_flags / sizeof ca_config_flags[0];
 
