@@ -356,7 +356,10 @@ static ca_status unknown_key_error(const char *key, const char *origin) {
         snprintf(head, sizeof head, "%s", key);
     }
     const char *near = ca_config_closest_key(head, NULL);
-    ca_error(CA_ERR_CONFIG, "%s: unknown key '%s' (did you mean '%s'?)", origin, key, near ? near : "?");
+    if (near)
+        ca_error(CA_ERR_CONFIG, "%s: unknown key '%s' (did you mean '%s'?)", origin, key, near);
+    else
+        ca_error(CA_ERR_CONFIG, "%s: unknown key '%s'", origin, key);
     ca_error_hint("fix the key; for files from a newer Accelerate set CACCEL_ALLOW_UNKNOWN_KEYS=1, "
                   "pass --allow_unknown_keys, or set allow_unknown_keys=true in the program");
     return CA_ERR_CONFIG;
@@ -377,8 +380,8 @@ static ca_status set_extra(ca_config *c, const char *key, const char *value, ca_
         if (!ca_config_unknown_allowed(c)) return unknown_key_error(key, origin);
         if (!quiet) {
             const char *near = ca_config_closest_key(key, NULL);
-            CA_LOG_W("%s: unknown key '%s' kept and ignored (did you mean '%s'?; unknown keys are allowed)", origin,
-                     key, near ? near : "?");
+            CA_LOG_W("%s: unknown key '%s' kept and ignored (%s%s%sunknown keys are allowed)", origin, key,
+                     near ? "did you mean '" : "", near ? near : "", near ? "'?; " : "");
         }
     } else if (!quiet && !(sect->flags & CA_KF_FREEFORM)) {
         const char *sub = key + strlen(sect->name) + 1;
@@ -505,8 +508,8 @@ static ca_status get_text(const ca_config *c, const char *key, const char **out)
     const ca_cfg_entry *e = find_entry(c, key);
     if (!e || (e->def && (e->def->flags & CA_KF_LEGACY))) {
         const char *near = ca_config_closest_key(key, NULL);
-        return ca_error(CA_ERR_NOT_FOUND, "unknown configuration key '%s' (did you mean '%s'?)", key,
-                        near ? near : "?");
+        return near ? ca_error(CA_ERR_NOT_FOUND, "unknown configuration key '%s' (did you mean '%s'?)", key, near)
+                    : ca_error(CA_ERR_NOT_FOUND, "unknown configuration key '%s'", key);
     }
     if (!e->value)
         return ca_error(CA_ERR_NOT_FOUND, "configuration key '%s' is null (not given; %s)", key, e->origin);

@@ -181,8 +181,10 @@ static void note_unknown(loader *L, const char *key, int line, const char *why) 
     const char *near = ca_config_closest_key(key, NULL);
     if (why)
         snprintf(hint, sizeof hint, ", %s", why);
+    else if (near)
+        snprintf(hint, sizeof hint, ", did you mean '%s'?", near);
     else
-        snprintf(hint, sizeof hint, ", did you mean '%s'?", near ? near : "?");
+        hint[0] = '\0';
     int n = snprintf(L->unknown + L->unknown_len, sizeof L->unknown - L->unknown_len, "%s'%s' (line %d%s)",
                      L->nunknown ? ", " : "", key, line, hint);
     if (n > 0) {

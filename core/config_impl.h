@@ -87,7 +87,8 @@ const ca_flag_def *ca_config_flag_find(const char *arg, const char **value);
 /* Edit distance (optimal string alignment, case-insensitive). */
 size_t ca_config_edit_distance(const char *a, const char *b);
 /* The known key closest to `name`: among top-level keys, or among the known
- * sub-keys of `section` (a section's def) when not NULL. */
+ * sub-keys of `section` (a section's def) when not NULL; NULL when none is
+ * within max(2, len/3) edits. */
 const char *ca_config_closest_key(const char *name, const ca_key_def *section);
 
 /* Text describing what a key accepts ("a boolean (true, false, yes, no, ...)",

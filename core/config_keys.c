@@ -512,7 +512,9 @@ const char *ca_config_closest_key(const char *name, const ca_key_def *section) {
         size_t dist = ca_config_edit_distance(name, cand);
         if (dist < best_d) { best_d = dist; best = cand; }
     }
-    return best;
+    /* A far key is no suggestion ('invalid_key' is not 'image_uri'). */
+    size_t len = strlen(name), limit = len / 3 > 2 ? len / 3 : 2;
+    return best_d <= limit ? best : NULL;
 }
 
 /* ------------------------------------------------------------------ values */

@@ -316,6 +316,11 @@ static void test_unknown_keys_set(void **state) {
     assert_contains(ca_last_hint(), "CACCEL_ALLOW_UNKNOWN_KEYS");
     assert_status(ca_config_set(c, "fsdp_confg.fsdp_version", "2", CA_SRC_PROGRAM, NULL), CA_ERR_CONFIG);
     assert_contains(ca_last_error(), "did you mean 'fsdp_config'");
+    /* only near keys are suggested: within max(2, len/3) edits */
+    assert_status(ca_config_set(c, "invalid_key", "1", CA_SRC_PROGRAM, NULL), CA_ERR_CONFIG);
+    assert_string_equal(ca_last_error(), "program: unknown key 'invalid_key'");
+    assert_status(ca_config_set(c, "gradient_acumulation_stpes", "1", CA_SRC_PROGRAM, NULL), CA_ERR_CONFIG);
+    assert_contains(ca_last_error(), "did you mean 'gradient_accumulation_steps'");
     /* inside a known section: kept, reported, not acted on */
     ca_log_set_level(CA_LOG_OFF);
     assert_ok(ca_config_set(c, "fsdp_config.fsdp_backward_prefetch_policy", "BACKWARD_PRE", CA_SRC_PROGRAM, NULL));

@@ -56,7 +56,8 @@ static void test_every_file_in_folder(void **state) {
             assert_contains(ca_last_error(), path);
             assert_contains(ca_last_error(), "'invalid_key' (line 14");
             assert_contains(ca_last_error(), "'another_invalid_key' (line 15");
-            assert_contains(ca_last_error(), "did you mean");
+            /* no known key is near them: no far-fetched suggestion ('image_uri') */
+            assert_not_contains(ca_last_error(), "did you mean");
             assert_contains(ca_last_hint(), "CACCEL_ALLOW_UNKNOWN_KEYS");
             refused++;
         } else {
