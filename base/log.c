@@ -2,6 +2,7 @@
 #include "base/base_impl.h"
 
 #include <pthread.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,20 +13,29 @@ static _Atomic int log_level = CA_LOG_WARNING;
 static _Atomic int log_rank = -1;
 static pthread_mutex_t log_mu = PTHREAD_MUTEX_INITIALIZER;
 
-ca_status ca_log_parse_level(const char *name, ca_log_level *out) {
+#define LEVEL_NAMES "DEBUG, INFO, WARNING, ERROR, CRITICAL, plus Python's WARN, FATAL, NOTSET, and OFF"
+
+/* Python's level names (logging accepts them for ACCELERATE_LOG_LEVEL) and
+ * caccel's OFF. Pure: it runs inside the pthread_once below, where reporting
+ * an error would log and so re-enter the once (a deadlock). */
+static bool level_lookup(const char *name, ca_log_level *out) {
     static const struct { const char *n; ca_log_level l; } names[] = {
         {"debug", CA_LOG_DEBUG}, {"info", CA_LOG_INFO}, {"warning", CA_LOG_WARNING},
         {"warn", CA_LOG_WARNING}, {"error", CA_LOG_ERROR}, {"critical", CA_LOG_ERROR},
-        {"off", CA_LOG_OFF}, {"none", CA_LOG_OFF},
+        {"fatal", CA_LOG_ERROR}, {"notset", CA_LOG_DEBUG}, {"off", CA_LOG_OFF}, {"none", CA_LOG_OFF},
     };
-    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
-        if (name && strcasecmp(name, names[i].n) == 0) {
+    for (size_t i = 0; name && i < sizeof names / sizeof names[0]; i++) {
+        if (strcasecmp(name, names[i].n) == 0) {
             *out = names[i].l;
-            return CA_OK;
+            return true;
         }
     }
-    return ca_error(CA_ERR_CONFIG, "unknown log level '%s' (allowed: DEBUG, INFO, WARNING, ERROR, CRITICAL, OFF)",
-                    name ? name : "(null)");
+    return false;
+}
+
+ca_status ca_log_parse_level(const char *name, ca_log_level *out) {
+    if (out && level_lookup(name, out)) return CA_OK;
+    return ca_error(CA_ERR_CONFIG, "unknown log level '%s' (allowed: %s)", name ? name : "(null)", LEVEL_NAMES);
 }
 
 static void level_from_env(void) {
@@ -34,12 +44,11 @@ static void level_from_env(void) {
         const char *v = getenv(vars[i]);
         ca_log_level l;
         if (v && *v) {
-            if (ca_log_parse_level(v, &l) == CA_OK) {
+            if (level_lookup(v, &l))
                 log_level = l;
-            } else {
-                fprintf(stderr, "caccel: warning: %s=%s is not a log level; using WARNING\n", vars[i], v);
-                ca_clear_error();
-            }
+            else   /* written directly: the level is not known yet */
+                fprintf(stderr, "caccel: warning: %s=%s is not a log level (allowed: %s); using WARNING\n",
+                        vars[i], v, LEVEL_NAMES);
             return;
         }
     }

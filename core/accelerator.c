@@ -130,11 +130,10 @@ ca_status ca_accelerator_create(const ca_options *opts, ca_accelerator **out) {
     ca_status s = load_config(acc, opts);
     if (s == CA_OK) s = check_supported(acc);
     if (s == CA_OK) s = setup_processes(acc);
+    if (s == CA_OK && acc->rank <= 0) s = ca_config_warn_ignored(acc->cfg, NULL);   /* once per run */
     if (s == CA_OK) s = select_device(acc);
     if (s == CA_OK) s = create_comm(acc);
-    if (s == CA_OK)    /* Accelerate's GradScalerKwargs defaults */
-        s = ca_grad_scaler_configure(acc, &(ca_grad_scaler_opts){.init_scale = 65536.0, .growth_factor = 2.0,
-                                                                  .backoff_factor = 0.5, .growth_interval = 2000});
+    if (s == CA_OK) s = ca_grad_scaler_configure(acc, &(ca_grad_scaler_opts){0});   /* Accelerate's defaults */
     if (s != CA_OK) {
         ca_accelerator_destroy(acc);
         return s;
@@ -578,13 +577,20 @@ ca_status ca_grad_scaler_set(ca_accelerator *acc, const ca_grad_scaler_state *st
     return CA_OK;
 }
 
-ca_status ca_grad_scaler_configure(ca_accelerator *acc, const ca_grad_scaler_opts *o) {
-    if (!acc || !o || !(o->init_scale > 0) || !(o->growth_factor > 1) || !(o->backoff_factor > 0) ||
-        !(o->backoff_factor < 1) || o->growth_interval < 1)
+ca_status ca_grad_scaler_configure(ca_accelerator *acc, const ca_grad_scaler_opts *opts) {
+    if (!acc || !opts) return ca_error(CA_ERR_INVALID, "ca_grad_scaler_configure: NULL argument");
+    /* a field left 0 keeps Accelerate's default (GradScalerKwargs) */
+    ca_grad_scaler_opts o = *opts;
+    if (o.init_scale == 0) o.init_scale = 65536.0;
+    if (o.growth_factor == 0) o.growth_factor = 2.0;
+    if (o.backoff_factor == 0) o.backoff_factor = 0.5;
+    if (o.growth_interval == 0) o.growth_interval = 2000;
+    if (!(o.init_scale > 0) || !(o.growth_factor > 1) || !(o.backoff_factor > 0) || !(o.backoff_factor < 1) ||
+        o.growth_interval < 1)
         return ca_error(CA_ERR_INVALID, "grad scaler options: init_scale > 0, growth_factor > 1, "
-                        "0 < backoff_factor < 1, growth_interval >= 1");
-    acc->scaler_opts = *o;
-    acc->scaler = (ca_grad_scaler_state){.scale = o->init_scale};
+                        "0 < backoff_factor < 1, growth_interval >= 1 (0: the default)");
+    acc->scaler_opts = o;
+    acc->scaler = (ca_grad_scaler_state){.scale = o.init_scale};
     return CA_OK;
 }
 

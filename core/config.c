@@ -25,6 +25,8 @@ struct ca_config {
     ca_cfg_entry *known;       /* one per ca_config_keys[] entry */
     ca_cfg_entry *extra;       /* keys outside the schema */
     size_t nextra, cap_extra;
+    ca_strmap extra_index;     /* name -> index in extra */
+    bool batch;                /* sections and order are rebuilt at the batch's end */
     ca_cfg_entry **order;      /* iteration order, rebuilt after every change */
     size_t norder;
     char *file;
@@ -99,6 +101,7 @@ void ca_config_destroy(ca_config *c) {
         free(c->extra[i].value);
         free(c->extra[i].origin);
     }
+    ca_strmap_free(&c->extra_index);
     free(c->known);
     free(c->extra);
     free(c->order);
@@ -111,9 +114,8 @@ void ca_config_destroy(ca_config *c) {
 static ca_cfg_entry *find_entry(const ca_config *c, const char *key) {
     const ca_key_def *d = ca_config_key_find(key);
     if (d) return &c->known[ca_config_key_index(d)];
-    for (size_t i = 0; i < c->nextra; i++)
-        if (strcmp(c->extra[i].name, key) == 0) return &c->extra[i];
-    return NULL;
+    size_t i;
+    return ca_strmap_get(&c->extra_index, key, &i) ? &c->extra[i] : NULL;
 }
 
 static bool is_sub_of(const char *name, const char *section) {
@@ -298,6 +300,11 @@ static ca_status add_extra(ca_config *c, const char *key, ca_cfg_entry **out) {
     memset(e, 0, sizeof *e);
     e->name = dupstr(key);
     if (!e->name) return nomem();
+    ca_status s = ca_strmap_put(&c->extra_index, e->name, c->nextra);
+    if (s != CA_OK) {
+        free(e->name);
+        return s;
+    }
     e->source = CA_SRC_DEFAULT;
     c->nextra++;
     *out = e;
@@ -315,7 +322,22 @@ static ca_status touch_section(ca_config *c, const ca_key_def *sd, ca_config_sou
         se->origin = o;
         se->source = source;
     }
-    return rebuild_section(c, sd);
+    return c->batch ? CA_OK : rebuild_section(c, sd);
+}
+
+/* The end of a change: the order (and, after a batch, every section). */
+static ca_status changed(ca_config *c) { return c->batch ? CA_OK : ca_config_reorder(c); }
+
+void ca_config_batch_begin(ca_config *c) { c->batch = true; }
+
+ca_status ca_config_batch_end(ca_config *c) {
+    c->batch = false;
+    for (size_t i = 0; i < ca_config_nkeys; i++) {
+        if (ca_config_keys[i].type != CA_KT_MAP) continue;
+        ca_status s = rebuild_section(c, &ca_config_keys[i]);
+        if (s != CA_OK) return s;
+    }
+    return ca_config_reorder(c);
 }
 
 static const char *default_origin(ca_config_source s, const char *origin) {
@@ -334,7 +356,10 @@ static ca_status unknown_key_error(const char *key, const char *origin) {
         snprintf(head, sizeof head, "%s", key);
     }
     const char *near = ca_config_closest_key(head, NULL);
-    ca_error(CA_ERR_CONFIG, "%s: unknown key '%s' (did you mean '%s'?)", origin, key, near ? near : "?");
+    if (near)
+        ca_error(CA_ERR_CONFIG, "%s: unknown key '%s' (did you mean '%s'?)", origin, key, near);
+    else
+        ca_error(CA_ERR_CONFIG, "%s: unknown key '%s'", origin, key);
     ca_error_hint("fix the key; for files from a newer Accelerate set CACCEL_ALLOW_UNKNOWN_KEYS=1, "
                   "pass --allow_unknown_keys, or set allow_unknown_keys=true in the program");
     return CA_ERR_CONFIG;
@@ -355,8 +380,8 @@ static ca_status set_extra(ca_config *c, const char *key, const char *value, ca_
         if (!ca_config_unknown_allowed(c)) return unknown_key_error(key, origin);
         if (!quiet) {
             const char *near = ca_config_closest_key(key, NULL);
-            CA_LOG_W("%s: unknown key '%s' kept and ignored (did you mean '%s'?; unknown keys are allowed)", origin,
-                     key, near ? near : "?");
+            CA_LOG_W("%s: unknown key '%s' kept and ignored (%s%s%sunknown keys are allowed)", origin, key,
+                     near ? "did you mean '" : "", near ? near : "", near ? "'?; " : "");
         }
     } else if (!quiet && !(sect->flags & CA_KF_FREEFORM)) {
         const char *sub = key + strlen(sect->name) + 1;
@@ -374,7 +399,7 @@ static ca_status set_extra(ca_config *c, const char *key, const char *value, ca_
     if (!ca_config_is_null_text(value) && !v) return nomem();
     ca_status s = store(e, v, v == NULL, source, origin);
     if (s == CA_OK && sect) s = touch_section(c, sect, source, origin);
-    if (s == CA_OK) s = ca_config_reorder(c);
+    if (s == CA_OK) s = changed(c);
     return s;
 }
 
@@ -422,13 +447,13 @@ static ca_status set_key(ca_config *c, const char *key, const char *value, ca_co
         free(e->origin);
         e->origin = o;
         e->source = source;
-        s = rebuild_section(c, d);
-        return s == CA_OK ? ca_config_reorder(c) : s;
+        s = c->batch ? CA_OK : rebuild_section(c, d);
+        return s == CA_OK ? changed(c) : s;
     }
     s = store(e, canon, is_null, source, origin);
     const ca_key_def *sect = ca_config_section_of(key);
     if (s == CA_OK && sect) s = touch_section(c, sect, source, origin);
-    if (s == CA_OK) s = ca_config_reorder(c);
+    if (s == CA_OK) s = changed(c);
     return s;
 }
 
@@ -483,8 +508,8 @@ static ca_status get_text(const ca_config *c, const char *key, const char **out)
     const ca_cfg_entry *e = find_entry(c, key);
     if (!e || (e->def && (e->def->flags & CA_KF_LEGACY))) {
         const char *near = ca_config_closest_key(key, NULL);
-        return ca_error(CA_ERR_NOT_FOUND, "unknown configuration key '%s' (did you mean '%s'?)", key,
-                        near ? near : "?");
+        return near ? ca_error(CA_ERR_NOT_FOUND, "unknown configuration key '%s' (did you mean '%s'?)", key, near)
+                    : ca_error(CA_ERR_NOT_FOUND, "unknown configuration key '%s'", key);
     }
     if (!e->value)
         return ca_error(CA_ERR_NOT_FOUND, "configuration key '%s' is null (not given; %s)", key, e->origin);

@@ -18,9 +18,28 @@ typedef struct pending {
     bool outside_schema;  /* a key caccel does not know (kept, reported) */
 } pending;
 
+/* A node of the file, built from libyaml's events (not its document
+ * loader) so that depth and aliases are bounded before anything expands.
+ * An alias is the anchored node itself: the tree is a DAG. */
+typedef enum ynode_type { YN_SCALAR, YN_SEQUENCE, YN_MAPPING } ynode_type;
+typedef struct ynode {
+    ynode_type type;
+    int line;
+    char *text;         /* scalar */
+    bool null;          /* a plain null, ~ or nothing */
+    char *anchor;
+    size_t *kids;       /* sequence: items; mapping: key, value, key, value, ... */
+    size_t nkids, cap;
+    size_t weight;      /* values once aliases are expanded (saturating) */
+    int height;         /* levels, this one included, aliases expanded */
+} ynode;
+
 typedef struct loader {
     const char *path;
-    yaml_document_t doc;
+    ynode *nodes;
+    size_t nnodes, capnodes;
+    ca_strmap anchors;
+    size_t alias_values;
     pending *items;
     size_t n, cap;
     /* unknown top-level keys, reported together */
@@ -31,19 +50,13 @@ typedef struct loader {
 
 static ca_status nomem(void) { return ca_error(CA_ERR_NOMEM, "out of memory reading a config file"); }
 
-static int line_of(const yaml_node_t *n) { return n ? (int)n->start_mark.line + 1 : 0; }
+static int line_of(const ynode *n) { return n ? n->line : 0; }
+static ynode *node(loader *L, size_t i) { return &L->nodes[i]; }
 
 /* Scalars are text; YAML 1.1's yes/no/on/off are read by each key's type,
  * never turned into booleans here. Only a plain null/~/empty is null. */
-static bool scalar_is_null(const yaml_node_t *n) {
-    if (n->type != YAML_SCALAR_NODE) return false;
-    if (n->data.scalar.style != YAML_PLAIN_SCALAR_STYLE) return false;
-    if (n->tag && strcmp((const char *)n->tag, YAML_STR_TAG) != 0 && strcmp((const char *)n->tag, YAML_NULL_TAG) != 0)
-        return false;
-    return ca_config_is_null_text((const char *)n->data.scalar.value);
-}
-
-static const char *scalar_text(const yaml_node_t *n) { return (const char *)n->data.scalar.value; }
+static bool scalar_is_null(const ynode *n) { return n->type == YN_SCALAR && n->null; }
+static const char *scalar_text(const ynode *n) { return n->text; }
 
 static ca_status add(loader *L, const char *key, const char *value, int line, const char *note, bool outside) {
     if (L->n == L->cap) {
@@ -70,18 +83,18 @@ static ca_status add(loader *L, const char *key, const char *value, int line, co
 }
 
 /* A sequence as ["a", "b"] (JSON-style quoting), the stored form of lists. */
-static ca_status encode_list(loader *L, const yaml_node_t *seq, const char *key, char **out) {
+static ca_status encode_list(loader *L, const ynode *seq, const char *key, char **out) {
     size_t cap = 64, len = 0;
     char *buf = malloc(cap);
     if (!buf) return nomem();
     buf[len++] = '[';
     bool first = true;
-    for (yaml_node_item_t *it = seq->data.sequence.items.start; it < seq->data.sequence.items.top; it++) {
-        yaml_node_t *n = yaml_document_get_node(&L->doc, *it);
-        if (!n || n->type != YAML_SCALAR_NODE) {
+    for (size_t it = 0; it < seq->nkids; it++) {
+        const ynode *n = node(L, seq->kids[it]);
+        if (n->type != YN_SCALAR) {
             free(buf);
             return ca_error(CA_ERR_CONFIG, "%s:%d: key '%s': a list may only hold plain values", L->path,
-                            line_of(n ? n : seq), key);
+                            line_of(n), key);
         }
         bool null = scalar_is_null(n);
         const char *t = null ? "null" : scalar_text(n);
@@ -107,16 +120,15 @@ static ca_status encode_list(loader *L, const yaml_node_t *seq, const char *key,
     return CA_OK;
 }
 
-static ca_status gather_node(loader *L, const char *key, yaml_node_t *val, int line, bool outside);
+static ca_status gather_node(loader *L, const char *key, const ynode *val, int line, bool outside);
 
 /* A mapping below `prefix`: each entry becomes the dotted key prefix.sub. */
-static ca_status gather_mapping(loader *L, const char *prefix, yaml_node_t *map, bool outside) {
-    for (yaml_node_pair_t *p = map->data.mapping.pairs.start; p < map->data.mapping.pairs.top; p++) {
-        yaml_node_t *k = yaml_document_get_node(&L->doc, p->key);
-        yaml_node_t *v = yaml_document_get_node(&L->doc, p->value);
-        if (!k || k->type != YAML_SCALAR_NODE || !v)
-            return ca_error(CA_ERR_CONFIG, "%s:%d: keys under '%s' must be plain names", L->path,
-                            line_of(k ? k : map), prefix);
+static ca_status gather_mapping(loader *L, const char *prefix, const ynode *map, bool outside) {
+    for (size_t i = 0; i + 1 < map->nkids; i += 2) {
+        const ynode *k = node(L, map->kids[i]), *v = node(L, map->kids[i + 1]);
+        if (k->type != YN_SCALAR)
+            return ca_error(CA_ERR_CONFIG, "%s:%d: keys under '%s' must be plain names", L->path, line_of(k),
+                            prefix);
         char full[512];
         snprintf(full, sizeof full, "%s.%s", prefix, scalar_text(k));
         const ca_key_def *d = ca_config_key_find(full);
@@ -126,16 +138,16 @@ static ca_status gather_mapping(loader *L, const char *prefix, yaml_node_t *map,
     return CA_OK;
 }
 
-static ca_status gather_node(loader *L, const char *key, yaml_node_t *val, int line, bool outside) {
+static ca_status gather_node(loader *L, const char *key, const ynode *val, int line, bool outside) {
     const ca_key_def *d = ca_config_key_find(key);
     char allowed[512];
     switch (val->type) {
-    case YAML_SCALAR_NODE:
+    case YN_SCALAR:
         if (d && d->type == CA_KT_MAP && !scalar_is_null(val))
             return ca_error(CA_ERR_CONFIG, "%s:%d: key '%s' is a section and needs a mapping of keys, not '%s'",
                             L->path, line, key, scalar_text(val));
         return add(L, key, scalar_is_null(val) ? NULL : scalar_text(val), line, NULL, outside);
-    case YAML_SEQUENCE_NODE: {
+    case YN_SEQUENCE: {
         if (d && d->type != CA_KT_LIST) {
             ca_config_describe_allowed(d, allowed, sizeof allowed);
             return ca_error(CA_ERR_CONFIG, "%s:%d: key '%s' takes one value, not a list (allowed: %s)", L->path, line,
@@ -148,7 +160,7 @@ static ca_status gather_node(loader *L, const char *key, yaml_node_t *val, int l
         free(text);
         return s;
     }
-    case YAML_MAPPING_NODE:
+    case YN_MAPPING:
         if (d && d->type != CA_KT_MAP) {
             ca_config_describe_allowed(d, allowed, sizeof allowed);
             return ca_error(CA_ERR_CONFIG, "%s:%d: key '%s' takes one value, not a mapping (allowed: %s)", L->path,
@@ -160,8 +172,6 @@ static ca_status gather_node(loader *L, const char *key, yaml_node_t *val, int l
             if (s != CA_OK) return s;
         }
         return gather_mapping(L, key, val, outside);
-    case YAML_NO_NODE:
-        break;
     }
     return add(L, key, NULL, line, NULL, outside);
 }
@@ -171,8 +181,10 @@ static void note_unknown(loader *L, const char *key, int line, const char *why) 
     const char *near = ca_config_closest_key(key, NULL);
     if (why)
         snprintf(hint, sizeof hint, ", %s", why);
+    else if (near)
+        snprintf(hint, sizeof hint, ", did you mean '%s'?", near);
     else
-        snprintf(hint, sizeof hint, ", did you mean '%s'?", near ? near : "?");
+        hint[0] = '\0';
     int n = snprintf(L->unknown + L->unknown_len, sizeof L->unknown - L->unknown_len, "%s'%s' (line %d%s)",
                      L->nunknown ? ", " : "", key, line, hint);
     if (n > 0) {
@@ -182,31 +194,32 @@ static void note_unknown(loader *L, const char *key, int line, const char *why) 
     L->nunknown++;
 }
 
+/* Reads the file, refusing one above CA_CONFIG_MAX_FILE_BYTES before it
+ * is all in memory. */
 static ca_status read_all(const char *path, char **out, size_t *len) {
     FILE *f = fopen(path, "rb");
     if (!f) {
         ca_error(CA_ERR_IO, "cannot open config file '%s': %s", path, strerror(errno));
         return CA_ERR_IO;
     }
-    size_t cap = 4096, n = 0;
+    size_t cap = CA_CONFIG_MAX_FILE_BYTES + 2;
     char *buf = malloc(cap);
     if (!buf) { fclose(f); return nomem(); }
-    for (;;) {
-        if (n + 1024 > cap) {
-            cap *= 2;
-            char *nb = realloc(buf, cap);
-            if (!nb) { free(buf); fclose(f); return nomem(); }
-            buf = nb;
-        }
-        size_t got = fread(buf + n, 1, cap - n - 1, f);
-        n += got;
-        if (got == 0) break;
-    }
+    size_t n = fread(buf, 1, cap - 1, f);
     bool err = ferror(f);
     fclose(f);
     if (err) {
         free(buf);
         return ca_error(CA_ERR_IO, "cannot read config file '%s'", path);
+    }
+    if (n > CA_CONFIG_MAX_FILE_BYTES) {
+        int line = 1;
+        for (size_t i = 0; i < CA_CONFIG_MAX_FILE_BYTES; i++) line += buf[i] == '\n';
+        free(buf);
+        ca_error(CA_ERR_CONFIG, "%s:%d: the file is larger than %d bytes, the limit for a config file", path, line,
+                 CA_CONFIG_MAX_FILE_BYTES);
+        ca_error_hint("an Accelerate config file is a few hundred bytes; is '%s' the right file?", path);
+        return CA_ERR_CONFIG;
     }
     buf[n] = '\0';
     *out = buf;
@@ -225,41 +238,40 @@ static bool looks_like_json(const char *path, const char *text) {
     return *p == '{';
 }
 
-static const yaml_node_t *top_value(loader *L, yaml_node_t *root, const char *key, int *line) {
-    for (yaml_node_pair_t *p = root->data.mapping.pairs.start; p < root->data.mapping.pairs.top; p++) {
-        yaml_node_t *k = yaml_document_get_node(&L->doc, p->key);
-        if (k && k->type == YAML_SCALAR_NODE && strcmp(scalar_text(k), key) == 0) {
+static const ynode *top_value(loader *L, const ynode *root, const char *key, int *line) {
+    for (size_t i = 0; i + 1 < root->nkids; i += 2) {
+        const ynode *k = node(L, root->kids[i]);
+        if (k->type == YN_SCALAR && strcmp(scalar_text(k), key) == 0) {
             if (line) *line = line_of(k);
-            return yaml_document_get_node(&L->doc, p->value);
+            return node(L, root->kids[i + 1]);
         }
     }
     return NULL;
 }
 
-static ca_status process(ca_config *c, loader *L, yaml_node_t *root) {
+static ca_status process(ca_config *c, loader *L, const ynode *root) {
     ca_status s;
-    if (root->type != YAML_MAPPING_NODE)
+    if (root->type != YN_MAPPING)
         return ca_error(CA_ERR_CONFIG, "%s:%d: expected a mapping of keys (key: value) at the top level", L->path,
                         line_of(root));
 
     /* Which Accelerate class reads this file, and whether it allows unknown
      * keys itself, are known before any key is judged. */
     int ce_line = 0, dt_line = 0, line = 0;
-    const yaml_node_t *ce = top_value(L, root, "compute_environment", &ce_line);
-    bool sagemaker = ce && ce->type == YAML_SCALAR_NODE && strcmp(scalar_text(ce), "AMAZON_SAGEMAKER") == 0;
+    const ynode *ce = top_value(L, root, "compute_environment", &ce_line);
+    bool sagemaker = ce && ce->type == YN_SCALAR && strcmp(scalar_text(ce), "AMAZON_SAGEMAKER") == 0;
     bool allow = ca_config_unknown_allowed(c);
-    const yaml_node_t *au = top_value(L, root, "allow_unknown_keys", NULL);
+    const ynode *au = top_value(L, root, "allow_unknown_keys", NULL);
     bool b;
     /* The file's own switch counts unless a higher layer already decided. */
-    if (au && au->type == YAML_SCALAR_NODE && ca_config_parse_bool(scalar_text(au), &b) &&
+    if (au && au->type == YN_SCALAR && ca_config_parse_bool(scalar_text(au), &b) &&
         ca_config_source_of(c, "allow_unknown_keys") <= CA_SRC_FILE)
         allow = b;
 
-    for (yaml_node_pair_t *p = root->data.mapping.pairs.start; p < root->data.mapping.pairs.top; p++) {
-        yaml_node_t *k = yaml_document_get_node(&L->doc, p->key);
-        yaml_node_t *v = yaml_document_get_node(&L->doc, p->value);
-        if (!k || k->type != YAML_SCALAR_NODE || !v)
-            return ca_error(CA_ERR_CONFIG, "%s:%d: keys must be plain names", L->path, line_of(k ? k : root));
+    for (size_t i = 0; i + 1 < root->nkids; i += 2) {
+        const ynode *k = node(L, root->kids[i]), *v = node(L, root->kids[i + 1]);
+        if (k->type != YN_SCALAR)
+            return ca_error(CA_ERR_CONFIG, "%s:%d: keys must be plain names", L->path, line_of(k));
         const char *name = scalar_text(k);
         const ca_key_def *d = strchr(name, '.') ? NULL : ca_config_key_find(name);
         unsigned cls = sagemaker ? CA_KF_SAGEMAKER : CA_KF_CLUSTER;
@@ -288,7 +300,7 @@ static ca_status process(ca_config *c, loader *L, yaml_node_t *root) {
         CA_LOG_W("%s: unknown key%s kept and ignored (unknown keys are allowed): %s", L->path,
                  L->nunknown > 1 ? "s" : "", L->unknown);
 
-    const yaml_node_t *dt = top_value(L, root, "distributed_type", &dt_line);
+    const ynode *dt = top_value(L, root, "distributed_type", &dt_line);
     if (!dt) {
         char allowed[768];
         ca_config_describe_allowed(ca_config_key_find("distributed_type"), allowed, sizeof allowed);
@@ -297,7 +309,7 @@ static ca_status process(ca_config *c, loader *L, yaml_node_t *root) {
         ca_error_hint("add `distributed_type: NO` for a single process (Accelerate requires the key too)");
         return CA_ERR_CONFIG;
     }
-    if (dt->type == YAML_SCALAR_NODE && !scalar_is_null(dt) &&
+    if (dt->type == YN_SCALAR && !scalar_is_null(dt) &&
         !ca_config_dist_allowed(sagemaker ? "AMAZON_SAGEMAKER" : "LOCAL_MACHINE", scalar_text(dt))) {
         ca_error(CA_ERR_CONFIG, "%s:%d: distributed_type '%s' needs compute_environment %s (%s:%d says %s)",
                  L->path, dt_line, scalar_text(dt), sagemaker ? "LOCAL_MACHINE" : "AMAZON_SAGEMAKER", L->path,
@@ -306,23 +318,23 @@ static ca_status process(ca_config *c, loader *L, yaml_node_t *root) {
     }
 
     /* Accelerate's own migrations and implied values (config_args.py). */
-    const yaml_node_t *fp16 = top_value(L, root, "fp16", &line);
+    const ynode *fp16 = top_value(L, root, "fp16", &line);
     if (fp16 && !top_value(L, root, "mixed_precision", NULL)) {
-        if (fp16->type == YAML_SCALAR_NODE && !scalar_is_null(fp16) && ca_config_parse_bool(scalar_text(fp16), &b) &&
+        if (fp16->type == YN_SCALAR && !scalar_is_null(fp16) && ca_config_parse_bool(scalar_text(fp16), &b) &&
             b) {
             s = add(L, "mixed_precision", "fp16", line, " (fp16: true)", false);
             if (s != CA_OK) return s;
         }
     }
-    const yaml_node_t *dyn = top_value(L, root, "dynamo_backend", &line);
-    if (dyn && dyn->type == YAML_SCALAR_NODE && !scalar_is_null(dyn)) {
-        const yaml_node_t *dc = top_value(L, root, "dynamo_config", NULL);
-        bool has_new = dc && dc->type == YAML_MAPPING_NODE;
+    const ynode *dyn = top_value(L, root, "dynamo_backend", &line);
+    if (dyn && dyn->type == YN_SCALAR && !scalar_is_null(dyn)) {
+        const ynode *dc = top_value(L, root, "dynamo_config", NULL);
+        bool has_new = dc && dc->type == YN_MAPPING;
         if (has_new) {
             has_new = false;
-            for (yaml_node_pair_t *p = dc->data.mapping.pairs.start; p < dc->data.mapping.pairs.top; p++) {
-                yaml_node_t *k = yaml_document_get_node(&L->doc, p->key);
-                if (k && k->type == YAML_SCALAR_NODE && strcmp(scalar_text(k), "dynamo_backend") == 0) has_new = true;
+            for (size_t i = 0; i + 1 < dc->nkids; i += 2) {
+                const ynode *k = node(L, dc->kids[i]);
+                if (k->type == YN_SCALAR && strcmp(scalar_text(k), "dynamo_backend") == 0) has_new = true;
             }
         }
         if (!has_new) {
@@ -330,7 +342,7 @@ static ca_status process(ca_config *c, loader *L, yaml_node_t *root) {
             if (s != CA_OK) return s;
         }
     }
-    if (!top_value(L, root, "num_processes", NULL) && dt->type == YAML_SCALAR_NODE && !scalar_is_null(dt) &&
+    if (!top_value(L, root, "num_processes", NULL) && dt->type == YN_SCALAR && !scalar_is_null(dt) &&
         strcmp(scalar_text(dt), "NO") == 0) {
         s = add(L, "num_processes", "1", dt_line, " (distributed_type: NO)", false);
         if (s != CA_OK) return s;
@@ -346,7 +358,9 @@ static ca_status process(ca_config *c, loader *L, yaml_node_t *root) {
         if (s != CA_OK) return s;
     }
     /* allow_unknown_keys first: the keys outside the schema below need it. */
-    for (int pass = 0; pass < 2; pass++) {
+    ca_config_batch_begin(c);
+    s = CA_OK;
+    for (int pass = 0; pass < 2 && s == CA_OK; pass++) {
         for (size_t i = 0; i < L->n; i++) {
             pending *p = &L->items[i];
             bool is_switch = strcmp(p->key, "allow_unknown_keys") == 0;
@@ -358,10 +372,200 @@ static ca_status process(ca_config *c, loader *L, yaml_node_t *root) {
             bool top_unknown = p->outside_schema && !ca_config_section_of(p->key);
             s = top_unknown ? ca_config_set_quiet(c, p->key, p->value, CA_SRC_FILE, origin)
                             : ca_config_set(c, p->key, p->value, CA_SRC_FILE, origin);
-            if (s != CA_OK) return s;
+            if (s != CA_OK) break;
         }
     }
+    ca_status e = ca_config_batch_end(c);
+    if (s != CA_OK) return s;
+    if (e != CA_OK) return e;
     return ca_config_set_file(c, L->path);
+}
+
+/* ------------------------------------------------------------------ building the tree */
+
+#define WEIGHT_CAP ((size_t)1 << 40)
+
+static ca_status new_node(loader *L, ynode_type type, const yaml_event_t *ev, size_t *out) {
+    if (L->nnodes == L->capnodes) {
+        size_t cap = L->capnodes ? L->capnodes * 2 : 64;
+        ynode *nn = realloc(L->nodes, cap * sizeof *nn);
+        if (!nn) return nomem();
+        L->nodes = nn;
+        L->capnodes = cap;
+    }
+    ynode *n = &L->nodes[L->nnodes];
+    memset(n, 0, sizeof *n);
+    n->type = type;
+    n->line = (int)ev->start_mark.line + 1;
+    n->weight = 1;
+    n->height = type == YN_SCALAR ? 0 : 1;   /* collections that open below */
+    const yaml_char_t *anchor = type == YN_SCALAR     ? ev->data.scalar.anchor
+                                : type == YN_SEQUENCE ? ev->data.sequence_start.anchor
+                                                      : ev->data.mapping_start.anchor;
+    if (anchor && !(n->anchor = strdup((const char *)anchor))) return nomem();
+    if (type == YN_SCALAR) {
+        const char *tag = (const char *)ev->data.scalar.tag;
+        n->text = strdup((const char *)ev->data.scalar.value);
+        if (!n->text) { free(n->anchor); return nomem(); }
+        n->null = ev->data.scalar.style == YAML_PLAIN_SCALAR_STYLE &&
+                  (!tag || strcmp(tag, "!") == 0 || strcmp(tag, YAML_STR_TAG) == 0 ||
+                   strcmp(tag, YAML_NULL_TAG) == 0) &&
+                  ca_config_is_null_text(n->text);
+    }
+    *out = L->nnodes++;
+    return CA_OK;
+}
+
+static ca_status add_kid(loader *L, size_t parent, size_t kid) {
+    ynode *p = node(L, parent);
+    if (p->nkids == p->cap) {
+        size_t cap = p->cap ? p->cap * 2 : 8;
+        size_t *nk = realloc(p->kids, cap * sizeof *nk);
+        if (!nk) return nomem();
+        p->kids = nk;
+        p->cap = cap;
+    }
+    p->kids[p->nkids++] = kid;
+    return CA_OK;
+}
+
+/* A collection is complete: its size and height with aliases expanded, so
+ * that an alias to it is judged without expanding it. */
+static void close_node(loader *L, size_t i) {
+    ynode *n = node(L, i);
+    for (size_t k = 0; k < n->nkids; k++) {
+        const ynode *kid = node(L, n->kids[k]);
+        n->weight = n->weight + kid->weight < WEIGHT_CAP ? n->weight + kid->weight : WEIGHT_CAP;
+        if (kid->height + 1 > n->height) n->height = kid->height + 1;
+    }
+}
+
+static ca_status too_deep(loader *L, int line) {
+    ca_error(CA_ERR_CONFIG, "%s:%d: nesting deeper than %d levels, the limit for a config file", L->path, line,
+             CA_CONFIG_MAX_DEPTH);
+    ca_error_hint("Accelerate's files nest two levels (a section and its keys)");
+    return CA_ERR_CONFIG;
+}
+
+/* *alias: the node an alias names, checked against the limits. */
+static ca_status resolve_alias(loader *L, const yaml_event_t *ev, int depth, size_t *out) {
+    int line = (int)ev->start_mark.line + 1;
+    const char *name = (const char *)ev->data.alias.anchor;
+    if (!ca_strmap_get(&L->anchors, name, out))
+        return ca_error(CA_ERR_CONFIG, "%s:%d: alias '*%s' names no anchor defined before it", L->path, line, name);
+    const ynode *t = node(L, *out);
+    if (depth + t->height > CA_CONFIG_MAX_DEPTH) return too_deep(L, line);
+    L->alias_values += t->weight;
+    if (L->alias_values > CA_CONFIG_MAX_ALIAS_VALUES) {
+        ca_error(CA_ERR_CONFIG, "%s:%d: aliases expand to more than %d values, the limit for a config file", L->path,
+                 line, CA_CONFIG_MAX_ALIAS_VALUES);
+        ca_error_hint("write the values out instead of repeating them through aliases (*%s)", name);
+        return CA_ERR_CONFIG;
+    }
+    return CA_OK;
+}
+
+static ca_status syntax_error(loader *L, const yaml_parser_t *p, bool json) {
+    const char *what = json ? "JSON" : "YAML";
+    if (p->error == YAML_MEMORY_ERROR) return nomem();
+    if (p->context)
+        return ca_error(CA_ERR_CONFIG, "%s:%zu: %s syntax error: %s %s (line %zu)", L->path, p->problem_mark.line + 1,
+                        what, p->problem ? p->problem : "?", p->context, p->context_mark.line + 1);
+    return ca_error(CA_ERR_CONFIG, "%s:%zu: %s syntax error: %s", L->path, p->problem_mark.line + 1, what,
+                    p->problem ? p->problem : "?");
+}
+
+typedef struct builder {
+    size_t stack[CA_CONFIG_MAX_DEPTH];
+    int depth;
+    int docs;
+    bool has_root, done;
+    size_t root;
+} builder;
+
+static ca_status place(loader *L, builder *B, size_t i) {
+    if (B->depth > 0) return add_kid(L, B->stack[B->depth - 1], i);
+    B->root = i;
+    B->has_root = true;
+    return CA_OK;
+}
+
+static ca_status on_event(loader *L, builder *B, const yaml_event_t *ev) {
+    int line = (int)ev->start_mark.line + 1;
+    size_t i;
+    ca_status s = CA_OK;
+    switch (ev->type) {
+    case YAML_DOCUMENT_START_EVENT:
+        if (B->docs > 0) {
+            ca_error(CA_ERR_CONFIG, "%s:%d: a second YAML document starts here; a config file holds one", L->path,
+                     line);
+            ca_error_hint("remove the '---' line and what follows, or merge the documents into one mapping");
+            return CA_ERR_CONFIG;
+        }
+        break;
+    case YAML_DOCUMENT_END_EVENT: B->docs++; break;
+    case YAML_STREAM_END_EVENT: B->done = true; break;
+    case YAML_ALIAS_EVENT:
+        s = resolve_alias(L, ev, B->depth, &i);
+        if (s == CA_OK) s = place(L, B, i);
+        break;
+    case YAML_SCALAR_EVENT:
+        s = new_node(L, YN_SCALAR, ev, &i);
+        if (s == CA_OK) s = place(L, B, i);
+        if (s == CA_OK && node(L, i)->anchor) s = ca_strmap_put(&L->anchors, node(L, i)->anchor, i);
+        break;
+    case YAML_SEQUENCE_START_EVENT:
+    case YAML_MAPPING_START_EVENT:
+        if (B->depth == CA_CONFIG_MAX_DEPTH) return too_deep(L, line);
+        s = new_node(L, ev->type == YAML_SEQUENCE_START_EVENT ? YN_SEQUENCE : YN_MAPPING, ev, &i);
+        if (s == CA_OK) s = place(L, B, i);
+        if (s == CA_OK) B->stack[B->depth++] = i;
+        break;
+    case YAML_SEQUENCE_END_EVENT:
+    case YAML_MAPPING_END_EVENT:
+        i = B->stack[--B->depth];
+        close_node(L, i);
+        /* registered once complete: an alias inside its own anchor is refused */
+        if (node(L, i)->anchor) s = ca_strmap_put(&L->anchors, node(L, i)->anchor, i);
+        break;
+    default: break;
+    }
+    return s;
+}
+
+/* Parses the text event by event: the depth is checked as each collection
+ * opens, before libyaml goes deeper, and an alias by the size of what it names. */
+static ca_status build(loader *L, const char *text, size_t len, bool json, builder *B) {
+    yaml_parser_t parser;
+    if (!yaml_parser_initialize(&parser)) return nomem();
+    yaml_parser_set_input_string(&parser, (const unsigned char *)text, len);
+    ca_status s = CA_OK;
+    while (s == CA_OK && !B->done) {
+        yaml_event_t ev;
+        if (!yaml_parser_parse(&parser, &ev)) {
+            s = syntax_error(L, &parser, json);
+            break;
+        }
+        s = on_event(L, B, &ev);
+        yaml_event_delete(&ev);
+    }
+    yaml_parser_delete(&parser);
+    return s;
+}
+
+static void loader_free(loader *L) {
+    for (size_t i = 0; i < L->n; i++) {
+        free(L->items[i].key);
+        free(L->items[i].value);
+    }
+    free(L->items);
+    for (size_t i = 0; i < L->nnodes; i++) {
+        free(L->nodes[i].text);
+        free(L->nodes[i].anchor);
+        free(L->nodes[i].kids);
+    }
+    free(L->nodes);
+    ca_strmap_free(&L->anchors);
 }
 
 ca_status ca_config_file_load(ca_config *c, const char *path) {
@@ -373,43 +577,19 @@ ca_status ca_config_file_load(ca_config *c, const char *path) {
     if (json)
         for (size_t i = 0; i < len; i++)
             if (text[i] == '\t') text[i] = ' ';
-
-    yaml_parser_t parser;
-    if (!yaml_parser_initialize(&parser)) {
-        free(text);
-        return nomem();
-    }
-    yaml_parser_set_input_string(&parser, (const unsigned char *)text, len);
     loader L;
     memset(&L, 0, sizeof L);
     L.path = path;
-    if (!yaml_parser_load(&parser, &L.doc)) {
-        const char *what = json ? "JSON" : "YAML";
-        if (parser.context)
-            s = ca_error(CA_ERR_CONFIG, "%s:%zu: %s syntax error: %s %s (line %zu)", path,
-                         parser.problem_mark.line + 1, what, parser.problem ? parser.problem : "?", parser.context,
-                         parser.context_mark.line + 1);
-        else
-            s = ca_error(CA_ERR_CONFIG, "%s:%zu: %s syntax error: %s", path, parser.problem_mark.line + 1, what,
-                         parser.problem ? parser.problem : "?");
-        yaml_parser_delete(&parser);
-        free(text);
-        return s;
-    }
-    yaml_node_t *root = yaml_document_get_root_node(&L.doc);
-    if (!root) {
+    builder B;
+    memset(&B, 0, sizeof B);
+    s = build(&L, text, len, json, &B);
+    if (s == CA_OK && !B.has_root) {
         s = ca_error(CA_ERR_CONFIG, "%s: the file is empty; a `distributed_type` must be specified", path);
         ca_error_hint("write one with `caccel config default --config_file %s`", path);
-    } else {
-        s = process(c, &L, root);
+    } else if (s == CA_OK) {
+        s = process(c, &L, node(&L, B.root));
     }
-    for (size_t i = 0; i < L.n; i++) {
-        free(L.items[i].key);
-        free(L.items[i].value);
-    }
-    free(L.items);
-    yaml_document_delete(&L.doc);
-    yaml_parser_delete(&parser);
+    loader_free(&L);
     free(text);
     return s;
 }

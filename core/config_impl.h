@@ -87,7 +87,8 @@ const ca_flag_def *ca_config_flag_find(const char *arg, const char **value);
 /* Edit distance (optimal string alignment, case-insensitive). */
 size_t ca_config_edit_distance(const char *a, const char *b);
 /* The known key closest to `name`: among top-level keys, or among the known
- * sub-keys of `section` (a section's def) when not NULL. */
+ * sub-keys of `section` (a section's def) when not NULL; NULL when none is
+ * within max(2, len/3) edits. */
 const char *ca_config_closest_key(const char *name, const ca_key_def *section);
 
 /* Text describing what a key accepts ("a boolean (true, false, yes, no, ...)",
@@ -107,6 +108,19 @@ bool ca_config_parse_double(const char *s, double *out);
 /* True for YAML's plain nulls: "null", "Null", "NULL", "~", "". */
 bool ca_config_is_null_text(const char *s);
 
+/* A string -> index map (open addressing) that keeps loading linear: the
+ * keys outside the schema, the anchors of a file. Keys are not copied: they
+ * must outlive the map. */
+typedef struct ca_strmap {
+    const char **keys;
+    size_t *vals;
+    size_t cap, n;
+} ca_strmap;
+/* Adds or replaces; CA_ERR_NOMEM when it cannot grow. */
+ca_status ca_strmap_put(ca_strmap *m, const char *key, size_t val);
+bool ca_strmap_get(const ca_strmap *m, const char *key, size_t *val);
+void ca_strmap_free(ca_strmap *m);
+
 /* ------------------------------------------------------------------ store */
 
 /* ca_config_set without the warning for a kept unknown key (the caller
@@ -125,6 +139,12 @@ ca_status ca_config_set_file(ca_config *c, const char *path);
 /* Rebuilds the iteration order after a change. */
 ca_status ca_config_reorder(ca_config *c);
 
+/* Between begin and end, setting a key does not rebuild the sections' text
+ * and the iteration order (done once at the end), so that a file with n keys
+ * loads in time linear in n. */
+void ca_config_batch_begin(ca_config *c);
+ca_status ca_config_batch_end(ca_config *c);
+
 /* False when distributed_type `dist` belongs to the other compute
  * environment (SageMaker's DATA_PARALLEL in a LOCAL_MACHINE file). */
 bool ca_config_dist_allowed(const char *compute_env, const char *dist);
@@ -135,6 +155,12 @@ bool ca_config_dist_allowed(const char *compute_env, const char *dist);
 void ca_config_default_paths(char *caccel_path, size_t n1, char *hf_path, size_t n2);
 
 /* ------------------------------------------------------------------ file */
+
+/* Limits of a config file (Accelerate's files are a few hundred bytes);
+ * beyond them the file is refused naming the file, the line and the limit. */
+#define CA_CONFIG_MAX_FILE_BYTES (1024 * 1024)
+#define CA_CONFIG_MAX_DEPTH 32            /* nested mappings and lists */
+#define CA_CONFIG_MAX_ALIAS_VALUES 10000  /* values copied by aliases, in all */
 
 /* Parses a YAML/JSON file into the config at CA_SRC_FILE. */
 ca_status ca_config_file_load(ca_config *c, const char *path);

@@ -277,6 +277,7 @@ const ca_env_def ca_config_envs[] = {
     {"CACCEL_TIMEOUT", CA_ENV_KEY, "timeout"},
     {"CACCEL_BUCKET_CAP_MB", CA_ENV_KEY, "bucket_cap_mb"},
     {"CACCEL_ALLOW_UNKNOWN_KEYS", CA_ENV_KEY, "allow_unknown_keys"},
+    {"CACCEL_EVEN_BATCHES", CA_ENV_KEY, "even_batches"},
 };
 const size_t ca_config_nenvs = sizeof ca_config_envs / sizeof ca_config_envs[0];
 
@@ -364,6 +365,7 @@ const ca_flag_def ca_config_flags[] = {
     {"timeout", CA_FLAG_VALUE, "timeout"},
     {"bucket_cap_mb", CA_FLAG_VALUE, "bucket_cap_mb"},
     {"allow_unknown_keys", CA_FLAG_TRUE, "allow_unknown_keys"},
+    {"even_batches", CA_FLAG_VALUE, "even_batches"},
 };
 const size_t ca_config_nflags = sizeof ca_config_flags / sizeof ca_config_flags[0];
 
@@ -410,6 +412,65 @@ const ca_flag_def *ca_config_flag_find(const char *arg, const char **value) {
     return NULL;
 }
 
+/* ------------------------------------------------------------------ string map */
+
+static size_t str_hash(const char *s) {
+    size_t h = 1469598103934665603u;   /* FNV-1a */
+    for (; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211u;
+    return h;
+}
+
+static size_t strmap_slot(const ca_strmap *m, const char *key) {
+    size_t i = str_hash(key) & (m->cap - 1);
+    while (m->keys[i] && strcmp(m->keys[i], key) != 0) i = (i + 1) & (m->cap - 1);
+    return i;
+}
+
+static ca_status strmap_grow(ca_strmap *m) {
+    size_t cap = m->cap ? m->cap * 2 : 64;
+    ca_strmap bigger = {calloc(cap, sizeof *bigger.keys), calloc(cap, sizeof *bigger.vals), cap, 0};
+    if (!bigger.keys || !bigger.vals) {
+        ca_strmap_free(&bigger);
+        return ca_error(CA_ERR_NOMEM, "out of memory in the configuration");
+    }
+    for (size_t i = 0; i < m->cap; i++) {
+        if (!m->keys[i]) continue;
+        size_t j = strmap_slot(&bigger, m->keys[i]);
+        bigger.keys[j] = m->keys[i];
+        bigger.vals[j] = m->vals[i];
+        bigger.n++;
+    }
+    ca_strmap_free(m);
+    *m = bigger;
+    return CA_OK;
+}
+
+ca_status ca_strmap_put(ca_strmap *m, const char *key, size_t val) {
+    if (2 * (m->n + 1) > m->cap) {
+        ca_status s = strmap_grow(m);
+        if (s != CA_OK) return s;
+    }
+    size_t i = strmap_slot(m, key);
+    if (!m->keys[i]) m->n++;
+    m->keys[i] = key;
+    m->vals[i] = val;
+    return CA_OK;
+}
+
+bool ca_strmap_get(const ca_strmap *m, const char *key, size_t *val) {
+    if (!m->cap) return false;
+    size_t i = strmap_slot(m, key);
+    if (!m->keys[i]) return false;
+    *val = m->vals[i];
+    return true;
+}
+
+void ca_strmap_free(ca_strmap *m) {
+    free(m->keys);
+    free(m->vals);
+    memset(m, 0, sizeof *m);
+}
+
 /* ------------------------------------------------------------------ suggestions */
 
 size_t ca_config_edit_distance(const char *a, const char *b) {
@@ -451,7 +512,9 @@ const char *ca_config_closest_key(const char *name, const ca_key_def *section) {
         size_t dist = ca_config_edit_distance(name, cand);
         if (dist < best_d) { best_d = dist; best = cand; }
     }
-    return best;
+    /* A far key is no suggestion ('invalid_key' is not 'image_uri'). */
+    size_t len = strlen(name), limit = len / 3 > 2 ? len / 3 : 2;
+    return best_d <= limit ? best : NULL;
 }
 
 /* ------------------------------------------------------------------ values */

@@ -22,7 +22,8 @@ libcaccel_la_SOURCES += \
 	core/config_impl.h \
 	core/config.c \
 	core/config_keys.c \
-	core/config_file.c
+	core/config_file.c \
+	core/config_effects.c
 
 # Communicators (sequence numbers, deadlines, desync diagnosis) and the process environment.
 libcaccel_la_SOURCES += \

@@ -14,7 +14,7 @@ fi
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/caccel-cli-XXXXXX") || exit 1
 trap 'rm -rf "$tmp"' EXIT INT TERM
 # Nothing of the machine running the tests may leak in: no default files, no variables.
-for v in $(env | sed -n 's/^\(ACCELERATE_[A-Za-z0-9_]*\|FSDP_[A-Za-z0-9_]*\|MEGATRON_LM_[A-Za-z0-9_]*\|PARALLELISM_CONFIG_[A-Za-z0-9_]*\|CACCEL_BACKEND\|CACCEL_TIMEOUT\|CACCEL_BUCKET_CAP_MB\|CACCEL_ALLOW_UNKNOWN_KEYS\|MASTER_ADDR\|MASTER_PORT\)=.*/\1/p'); do
+for v in $(env | sed -n 's/^\(ACCELERATE_[A-Za-z0-9_]*\|FSDP_[A-Za-z0-9_]*\|MEGATRON_LM_[A-Za-z0-9_]*\|PARALLELISM_CONFIG_[A-Za-z0-9_]*\|CACCEL_BACKEND\|CACCEL_TIMEOUT\|CACCEL_BUCKET_CAP_MB\|CACCEL_ALLOW_UNKNOWN_KEYS\|CACCEL_EVEN_BATCHES\|MASTER_ADDR\|MASTER_PORT\)=.*/\1/p'); do
     unset "$v"
 done
 HOME="$tmp/home"
@@ -103,6 +103,29 @@ expect_text "$tmp/bad" "--num_processes: invalid value 'many'"
 expect_text "$tmp/bad" "unknown argument '--frobnicate'"
 "$caccel" env --config_file "$tmp/missing.yaml" >"$tmp/bad" 2>&1 && fail "a missing --config_file was accepted"
 expect_text "$tmp/bad" "$tmp/missing.yaml"
+
+# --- log levels: Python's names are accepted, another warns once and keeps WARNING; never a hang
+# (an unknown level used to deadlock every program inside the log's pthread_once)
+printf 'distributed_type: MULTI_GPU\nnum_processes: 1\nuse_cpu: false\n' >"$tmp/warn.yaml"
+level_run() {   # level_run VAR VALUE: caccel env under a 10 s bound, output in $tmp/lvl
+    env "$1=$2" timeout 10 "$caccel" env --config_file "$tmp/warn.yaml" >"$tmp/lvl" 2>&1
+    rc=$?
+    if [ "$rc" -eq 124 ]; then fail "$1=$2: caccel env hung (killed after 10 s)"; elif [ "$rc" -ne 0 ]; then
+        fail "$1=$2: caccel env exited $rc"; cat "$tmp/lvl"; fi
+}
+count_in() { grep -c -F -- "$2" "$1"; }
+level_run ACCELERATE_LOG_LEVEL FATAL
+[ "$(count_in "$tmp/lvl" "warning:")" -eq 0 ] && echo "ok: FATAL hides warnings" || fail "FATAL shows warnings"
+level_run ACCELERATE_LOG_LEVEL NOTSET
+expect_text "$tmp/lvl" "info: not set in a file"
+level_run CACCEL_LOG_LEVEL critical
+[ "$(count_in "$tmp/lvl" "warning:")" -eq 0 ] && echo "ok: critical hides warnings" || fail "critical shows warnings"
+level_run ACCELERATE_LOG_LEVEL WARNIGN
+[ "$(count_in "$tmp/lvl" "ACCELERATE_LOG_LEVEL=WARNIGN is not a log level")" -eq 1 ] &&
+    echo "ok: one warning for the typo" || { fail "not one warning for ACCELERATE_LOG_LEVEL=WARNIGN"; cat "$tmp/lvl"; }
+expect_text "$tmp/lvl" "using WARNING"
+expect_text "$tmp/lvl" "runs a single process"   # warnings still shown
+[ "$(count_in "$tmp/lvl" "info:")" -eq 0 ] && echo "ok: the typo falls back to WARNING" || fail "INFO shown after a typo"
 
 # --- config default writes a file that env then finds by itself
 "$caccel" config default --mixed_precision=BF16 >"$tmp/cd" 2>&1 || { fail "config default exited $?"; cat "$tmp/cd"; }

@@ -2,6 +2,7 @@
 #include "tests/config_test_util.h"
 
 #include <math.h>
+#include <strings.h>
 
 static ca_config *new_config(void) {
     ca_config *c = NULL;
@@ -315,6 +316,11 @@ static void test_unknown_keys_set(void **state) {
     assert_contains(ca_last_hint(), "CACCEL_ALLOW_UNKNOWN_KEYS");
     assert_status(ca_config_set(c, "fsdp_confg.fsdp_version", "2", CA_SRC_PROGRAM, NULL), CA_ERR_CONFIG);
     assert_contains(ca_last_error(), "did you mean 'fsdp_config'");
+    /* only near keys are suggested: within max(2, len/3) edits */
+    assert_status(ca_config_set(c, "invalid_key", "1", CA_SRC_PROGRAM, NULL), CA_ERR_CONFIG);
+    assert_string_equal(ca_last_error(), "program: unknown key 'invalid_key'");
+    assert_status(ca_config_set(c, "gradient_acumulation_stpes", "1", CA_SRC_PROGRAM, NULL), CA_ERR_CONFIG);
+    assert_contains(ca_last_error(), "did you mean 'gradient_accumulation_steps'");
     /* inside a known section: kept, reported, not acted on */
     ca_log_set_level(CA_LOG_OFF);
     assert_ok(ca_config_set(c, "fsdp_config.fsdp_backward_prefetch_policy", "BACKWARD_PRE", CA_SRC_PROGRAM, NULL));
@@ -1015,6 +1021,205 @@ static void test_defaults_logged_once(void **state) {
     ca_config_destroy(c);
 }
 
+/* ------------------------------------------------------------------ keys without effect */
+
+/* Logs the warnings for `c` and returns them (malloc'd); *n gets their number. */
+static char *warnings_of(const ca_config *c, int *n) {
+    ca_log_set_level(CA_LOG_WARNING);
+    ct_capture_begin();
+    ca_status s = ca_config_warn_ignored(c, n);
+    char *log = ct_capture_end();
+    assert_ok(s);
+    return log;
+}
+
+/* The examples of settings that used to pass in silence: each warns once,
+ * naming the key, where it came from and why. */
+static void test_ignored_settings_warn(void **state) {
+    (void)state;
+    static const struct {
+        const char *argv1, *argv2, *env, *file, *want, *want2;
+    } cases[] = {
+        {"--zero_stage", "3", NULL, NULL,
+         "--zero_stage: deepspeed_config.zero_stage = 3 has no effect: no effect with distributed_type NO (", NULL},
+        {"--fsdp_sharding_strategy", "FULL_SHARD", NULL, "distributed_type: MULTI_CPU\nnum_processes: 2\n",
+         "--fsdp_sharding_strategy: fsdp_config.fsdp_sharding_strategy = FULL_SHARD has no effect: sharded data "
+         "parallelism (FSDP) is not implemented yet; with distributed_type MULTI_CPU (",
+         "ign.yaml:1) training is plain data parallel"},
+        {"--fsdp_sharding_strategy", "FULL_SHARD", NULL, "distributed_type: NO\n", "no effect with distributed_type NO (",
+         "ign.yaml:1)"},
+        {"--dynamo_backend", "inductor", NULL, NULL,
+         "--dynamo_backend: dynamo_config.dynamo_backend = inductor has no effect: torch.compile has no counterpart", NULL},
+        {NULL, NULL, NULL, "distributed_type: NO\ndynamo_backend: INDUCTOR\n",
+         "ign.yaml:2 (dynamo_backend): dynamo_config.dynamo_backend = inductor has no effect", NULL},
+        {NULL, NULL, "PARALLELISM_CONFIG_TP_SIZE", NULL,
+         "env PARALLELISM_CONFIG_TP_SIZE: parallelism_config.tp_size = 2 has no effect: tensor, context and sharded "
+         "data parallelism are not implemented", NULL},
+        {NULL, NULL, NULL, "distributed_type: NO\nparallelism_config:\n  parallelism_config_tp_size: 2\n", NULL, NULL},
+        {"--enable_cpu_affinity", NULL, NULL, NULL,
+         "--enable_cpu_affinity: enable_cpu_affinity = true has no effect: processes are not pinned to cores", NULL},
+        {"--mpirun_hostfile", "hosts", NULL, NULL, "only `caccel launch --backend mpi` reads it", NULL},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        ct_clean_env();
+        char file[512] = "";
+        if (cases[i].file) snprintf(file, sizeof file, "%s", ct_write("ign.yaml", cases[i].file));
+        char *argv[8] = {"prog"};
+        int argc = 1;
+        if (cases[i].file) { argv[argc++] = "--config_file"; argv[argc++] = file; }
+        if (cases[i].argv1) argv[argc++] = (char *)cases[i].argv1;
+        if (cases[i].argv2) argv[argc++] = (char *)cases[i].argv2;
+        if (cases[i].env) setenv(cases[i].env, "2", 1);
+        ca_config *c = new_config();
+        ca_log_set_level(CA_LOG_OFF);   /* the unknown sub-key's own warning */
+        assert_ok(ca_config_load(c, NULL, argc, argv));
+        int n = -1;
+        char *log = warnings_of(c, &n);
+        if (!cases[i].want) {
+            assert_int_equal(n, 0);   /* an unknown sub-key is reported when set, not here */
+        } else {
+            if (n != 1) fail_msg("case %zu: %d warnings, expected 1:\n%s", i, n, log);
+            assert_contains(log, cases[i].want);
+            if (cases[i].want2) assert_contains(log, cases[i].want2);
+        }
+        free(log);
+        ca_config_destroy(c);
+    }
+}
+
+/* Accelerate's own files: a plain multi-GPU or multi-node file sets nothing
+ * that goes unused (their default-valued TPU and network keys ask for nothing). */
+static void test_plain_files_do_not_warn(void **state) {
+    (void)state;
+    static const char *const files[] = {"template_multi_gpu.yaml", "template_multi_node.yaml", "tests_0_11_0.yaml"};
+    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+        ca_config *c = new_config();
+        ca_log_set_level(CA_LOG_OFF);
+        assert_ok(ca_config_load_file(c, ct_data(files[i])));
+        int n = -1;
+        char *log = warnings_of(c, &n);
+        if (n != 0) fail_msg("%s: %d warnings:\n%s", files[i], n, log);
+        free(log);
+        ca_config_destroy(c);
+    }
+}
+
+/* A value that asks for something, for a key of the documented type. */
+static void value_for(const char *type, const char *def, char *out, size_t size) {
+    if (strncmp(type, "bool", 4) == 0) {
+        snprintf(out, size, "%s", strcmp(def, "true") == 0 ? "false" : "true");
+    } else if (strncmp(type, "int", 3) == 0 || strncmp(type, "float", 5) == 0) {
+        long d = strcmp(def, "null") == 0 ? 1 : strtol(def, NULL, 10);
+        const char *dots = strstr(type, "..");
+        long v = d + 1;
+        if (dots && v > strtol(dots + 2, NULL, 10)) v = d - 1;
+        snprintf(out, size, "%ld", v);
+    } else if (strncmp(type, "one of: ", 8) == 0) {
+        const char *p = type + 8;
+        for (;;) {
+            size_t n = strcspn(p, ", (");
+            snprintf(out, size, "%.*s", (int)n, p);
+            if (strcasecmp(out, def) != 0) break;
+            p += n + 2;
+        }
+    } else {
+        snprintf(out, size, "x");   /* string, list */
+    }
+}
+
+/* Every key the documentation marks "reports" (accepted, not acted on)
+ * warns once when set to a value that asks for something, with its origin:
+ * a key added to the schema without a reason fails here. */
+static void test_every_reported_key_warns(void **state) {
+    (void)state;
+    char doc[1024];
+    const char *src = getenv("CACCEL_TEST_SRCDIR");
+    snprintf(doc, sizeof doc, "%s/docs/CONFIGURATION.md", src && *src ? src : ".");
+    FILE *f = fopen(doc, "r");
+    if (!f) fail_msg("cannot open %s", doc);
+    char line[1024];
+    int checked = 0;
+    while (fgets(line, sizeof line, f)) {
+        if (strncmp(line, "| `", 3) != 0 || !strstr(line, "| reports |")) continue;
+        char key[128], type[512], def[128], value[128];
+        if (sscanf(line, "| `%127[^`]` | %511[^|]| `%127[^`]`", key, type, def) != 3) continue;
+        /* sections hold the keys; old keys become the keys checked here */
+        if (strncmp(type, "section", 7) == 0 || strcmp(key, "fp16") == 0 || strcmp(key, "dynamo_backend") == 0)
+            continue;
+        value_for(type, def, value, sizeof value);
+        ca_config *c = new_config();
+        ca_log_set_level(CA_LOG_OFF);
+        assert_ok(ca_config_set(c, key, value, CA_SRC_CLI, "--origin-of-it"));
+        int n = -1;
+        char *log = warnings_of(c, &n);
+        char want[300];
+        snprintf(want, sizeof want, "--origin-of-it: %s = ", key);
+        if (strcmp(key, "same_network") == 0) {
+            /* describes the machines; caccel's launcher needs nothing from it */
+            assert_int_equal(n, 0);
+        } else {
+            if (n != 1) fail_msg("%s = %s: %d warnings, expected 1:\n%s", key, value, n, log);
+            assert_contains(log, want);
+            assert_contains(log, "has no effect: ");
+        }
+        free(log);
+        ca_config_destroy(c);
+        checked++;
+    }
+    fclose(f);
+    assert_true(checked >= 90);
+}
+
+/* The accelerator warns at creation (rank 0, once). */
+static void test_accelerator_warns_ignored(void **state) {
+    (void)state;
+    char *argv[] = {"prog", "--cpu", "--zero_stage", "3", NULL};
+    ca_options o = {.argc = 4, .argv = argv};
+    ca_accelerator *acc = NULL;
+    ca_log_set_level(CA_LOG_WARNING);
+    ct_capture_begin();
+    ca_status s = ca_accelerator_create(&o, &acc);
+    char *log = ct_capture_end();
+    assert_ok(s);
+    assert_contains(log, "--zero_stage: deepspeed_config.zero_stage = 3 has no effect");
+    const char *first = strstr(log, "zero_stage = 3");
+    assert_null(strstr(first + 1, "zero_stage = 3"));
+    free(log);
+    ca_accelerator_destroy(acc);
+}
+
+/* even_batches has a flag and a variable, and reaches the accelerator (its
+ * dataloaders are sharded with it). */
+static void test_even_batches(void **state) {
+    (void)state;
+    char *argv[] = {"prog", "--cpu", "--even_batches", "false", NULL};
+    ca_config *c = new_config();
+    assert_ok(ca_config_load(c, NULL, 4, argv));
+    assert_string_equal(ca_config_get(c, "even_batches"), "false");
+    assert_string_equal(ca_config_origin(c, "even_batches"), "--even_batches");
+    ca_config_destroy(c);
+    assert_int_equal(ca_config_flag_arity("--even_batches"), 1);
+
+    setenv("CACCEL_EVEN_BATCHES", "0", 1);
+    c = new_config();
+    assert_ok(ca_config_load(c, NULL, 0, NULL));
+    assert_string_equal(ca_config_get(c, "even_batches"), "false");
+    assert_string_equal(ca_config_origin(c, "even_batches"), "env CACCEL_EVEN_BATCHES");
+    ca_config_destroy(c);
+    unsetenv("CACCEL_EVEN_BATCHES");
+
+    ca_options o = {.argc = 4, .argv = argv};
+    ca_accelerator *acc = NULL;
+    assert_ok(ca_accelerator_create(&o, &acc));
+    assert_false(ca_accelerator_settings(acc)->even_batches);
+    ca_accelerator_destroy(acc);
+    char *argv2[] = {"prog", "--cpu", NULL};
+    o = (ca_options){.argc = 2, .argv = argv2};
+    assert_ok(ca_accelerator_create(&o, &acc));
+    assert_true(ca_accelerator_settings(acc)->even_batches);
+    ca_accelerator_destroy(acc);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup(test_defaults, setup),
@@ -1040,6 +1245,11 @@ int main(void) {
         cmocka_unit_test_setup(test_default_file_search, setup),
         cmocka_unit_test_setup(test_unknown_key_switch, setup),
         cmocka_unit_test_setup(test_defaults_logged_once, setup),
+        cmocka_unit_test_setup(test_ignored_settings_warn, setup),
+        cmocka_unit_test_setup(test_plain_files_do_not_warn, setup),
+        cmocka_unit_test_setup(test_every_reported_key_warns, setup),
+        cmocka_unit_test_setup(test_accelerator_warns_ignored, setup),
+        cmocka_unit_test_setup(test_even_batches, setup),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     ct_cleanup();

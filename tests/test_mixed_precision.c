@@ -237,6 +237,43 @@ static void test_fp16_clip_after_single_unscale(void **state) {
     free(p16);
 }
 
+/* Options left 0 keep their defaults: {.growth_interval = 1} changes only
+ * the interval (it used to be refused, init_scale 0 being invalid). */
+static void test_scaler_partial_options(void **state) {
+    ca_accelerator *acc = make_acc("fp16");
+    T_OK(ca_grad_scaler_configure(acc, &(ca_grad_scaler_opts){.growth_interval = 1}));
+    ca_module *m = mlp();
+    ca_optimizer *opt;
+    T_OK(ca_sgd_create(m, &(ca_sgd_opts){.lr = 1e-3}, &opt));
+    T_OK(ca_prepare(acc, m, opt, NULL));
+    ca_device *dev = ca_accelerator_device(acc);
+    ca_grad_scaler_state st;
+    T_OK(ca_grad_scaler_get(acc, &st));
+    assert_float_equal(st.scale, 65536.0, 0);   /* default init_scale */
+    CA_SCOPE {
+        T_OK(ca_backward(acc, ca_cross_entropy(ca_module_forward(m, data_x(dev)), data_y(dev))));
+        T_OK(ca_optimizer_step(opt));
+    }
+    T_OK(ca_grad_scaler_get(acc, &st));
+    assert_float_equal(st.scale, 131072.0, 0);  /* one clean step, default growth_factor 2 */
+    ca_optimizer_zero_grad(opt);
+    CA_SCOPE {
+        T_OK(ca_backward(acc, ca_cross_entropy(ca_module_forward(m, data_x(dev)), data_y(dev))));
+        ca_tensor *g = ca_tensor_grad(ca_module_param(m, "fc2.bias"));
+        float gb[3];
+        T_OK(ca_tensor_to_host(g, gb, sizeof gb));
+        gb[0] = INFINITY;
+        T_OK(ca_tensor_copy_from_host(g, gb, sizeof gb));
+        T_OK(ca_optimizer_step(opt));
+    }
+    T_OK(ca_grad_scaler_get(acc, &st));
+    assert_float_equal(st.scale, 65536.0, 0);   /* overflow, default backoff_factor 0.5 */
+    assert_int_equal(ca_grad_scaler_configure(acc, &(ca_grad_scaler_opts){.backoff_factor = 2}), CA_ERR_INVALID);
+    ca_optimizer_destroy(opt);
+    ca_module_destroy(m);
+    ca_accelerator_destroy(acc);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_autocast_policy),
@@ -244,6 +281,7 @@ int main(void) {
         cmocka_unit_test(test_fp16_overflow_skips_and_backs_off),
         cmocka_unit_test(test_fp16_growth_after_2000_clean_steps),
         cmocka_unit_test(test_fp16_clip_after_single_unscale),
+        cmocka_unit_test(test_scaler_partial_options),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     ca_scope_release_all();

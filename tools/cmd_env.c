@@ -121,6 +121,7 @@ int ca_cmd_env(int argc, char **argv) {
     if (ca_config_create(&c) != CA_OK) return ca_cli_fail("env");
     /* Explain which file would be read, even when loading then fails. */
     ca_status s = ca_config_load(c, NULL, argc, argv);
+    if (s == CA_OK) s = ca_config_warn_ignored(c, NULL);
 
     printf("caccel %s (plugin ABI %d.%d)\n\n", CA_VERSION, CA_ABI_MAJOR, CA_ABI_MINOR);
     printf("Backends (built in, and plugins from the plugin directory and CACCEL_PLUGIN_PATH):\n");

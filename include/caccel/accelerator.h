@@ -90,7 +90,9 @@ typedef struct ca_grad_scaler_state {
     double scale;
     int64_t growth_tracker;    /* clean steps since the scale last changed */
 } ca_grad_scaler_state;
-/* Replaces the options (like Accelerate's GradScalerKwargs) and resets the state. */
+/* Replaces the options (like Accelerate's GradScalerKwargs) and resets the
+ * state. A field left 0 takes its default, so {.growth_interval = 100}
+ * changes only that. */
 CA_API ca_status ca_grad_scaler_configure(ca_accelerator *acc, const ca_grad_scaler_opts *opts);
 CA_API ca_status ca_grad_scaler_get(const ca_accelerator *acc, ca_grad_scaler_state *out);
 CA_API ca_status ca_grad_scaler_set(ca_accelerator *acc, const ca_grad_scaler_state *state);

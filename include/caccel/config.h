@@ -75,6 +75,12 @@ CA_API ca_status ca_config_load(ca_config *c, const char *const *settings,
 /* The file ca_config_load/ca_config_load_file read, or NULL. */
 CA_API const char *ca_config_file(const ca_config *c);
 
+/* Logs one warning for each key that is set but has no effect in this build
+ * (a plugin's section, torch.compile, TPU or SageMaker keys, ...), naming the
+ * key, its origin and why; *nwarned (may be NULL) gets their number. The
+ * accelerator calls it once, on rank 0; so does `caccel env`. */
+CA_API ca_status ca_config_warn_ignored(const ca_config *c, int *nwarned);
+
 /* Value of `key` as text ("bf16", "true", "2", "null"); NULL for an unknown
  * key. Valid until the key is set again or the config destroyed. */
 CA_API const char *ca_config_get(const ca_config *c, const char *key);

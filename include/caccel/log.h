@@ -17,8 +17,9 @@ typedef enum ca_log_level {
 } ca_log_level;
 
 /* Current level. First use reads CACCEL_LOG_LEVEL, else ACCELERATE_LOG_LEVEL
- * (DEBUG, INFO, WARNING, ERROR, CRITICAL or OFF, any case); default WARNING.
- * Thread-safe. */
+ * (Python's DEBUG, INFO, WARNING/WARN, ERROR, CRITICAL/FATAL, NOTSET = DEBUG, or
+ * OFF, any case); default WARNING. Another value warns once on stderr and
+ * keeps WARNING. Thread-safe. */
 CA_API ca_log_level ca_log_get_level(void);
 CA_API void ca_log_set_level(ca_log_level level);
 

@@ -1,0 +1,125 @@
+/* Keys that are accepted but have no effect: one warning each, naming the key, its origin and why. */
+#include "core/config_impl.h"
+#include "core/core_impl.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* When a key caccel only reports deserves a warning. */
+typedef enum effect_rule {
+    WARN_IF_SET,      /* any value asks for something (a plugin's section) */
+    WARN_IF_CHANGED,  /* only a value other than the default asks for something */
+    NEVER_WARN        /* describes the setup; nothing to act on */
+} effect_rule;
+
+typedef struct effect {
+    const char *prefix;   /* a key, or a section with its dot */
+    effect_rule rule;
+    const char *why;      /* NULL: why_plugin() decides from distributed_type */
+    const char *plugin;   /* distributed_type the section belongs to */
+} effect;
+
+/* Every key the schema accepts without acting on it (CA_KF_SUPPORTED unset),
+ * first match wins. A key missing here warns with a generic reason. */
+static const effect effects[] = {
+    {"deepspeed_config.", WARN_IF_SET, NULL, "DEEPSPEED"},
+    {"fsdp_config.", WARN_IF_SET, NULL, "FSDP"},
+    {"megatron_lm_config.", WARN_IF_SET, NULL, "MEGATRON_LM"},
+    {"tp_config.", WARN_IF_SET, "tensor parallelism is not implemented; training is plain data parallel", NULL},
+    {"parallelism_config.", WARN_IF_SET,
+     "tensor, context and sharded data parallelism are not implemented; training is plain data parallel", NULL},
+    {"fp8_config.", WARN_IF_SET, "fp8 training is not supported by this build (mixed_precision fp8 is refused)",
+     NULL},
+    {"dynamo_config.", WARN_IF_CHANGED, "torch.compile has no counterpart in caccel; nothing is compiled", NULL},
+    {"ipex_config.", WARN_IF_CHANGED, "Intel Extension for PyTorch and XPUs are not supported", NULL},
+    {"mpirun_config.mpirun_ccl", WARN_IF_CHANGED, "caccel does not use oneCCL", NULL},
+    {"mpirun_config.mpirun_hostfile", WARN_IF_SET, NULL, NULL},   /* see why_text */
+    {"compute_environment", WARN_IF_CHANGED,
+     "caccel does not start SageMaker jobs; the program runs where it is started", NULL},
+    {"rdzv_backend", WARN_IF_CHANGED,
+     "caccel launch uses its own rendezvous at main_process_ip:main_process_port", NULL},
+    {"same_network", NEVER_WARN, NULL, NULL},
+    {"main_training_function", WARN_IF_CHANGED, "it names a Python function for TPU launches", NULL},
+    {"enable_cpu_affinity", WARN_IF_CHANGED, "processes are not pinned to cores", NULL},
+    {"downcast_bf16", WARN_IF_CHANGED, "it applies to XLA devices only", NULL},
+    {"tpu_", WARN_IF_CHANGED, "TPU pod setup (accelerate tpu-config) is not part of caccel", NULL},
+    {"command", WARN_IF_CHANGED, "TPU pod setup (accelerate tpu-config) is not part of caccel", NULL},
+    {"commands", WARN_IF_CHANGED, "TPU pod setup (accelerate tpu-config) is not part of caccel", NULL},
+    {"command_file", WARN_IF_CHANGED, "TPU pod setup (accelerate tpu-config) is not part of caccel", NULL},
+};
+
+static const effect *effect_of(const char *key) {
+    for (size_t i = 0; i < sizeof effects / sizeof effects[0]; i++) {
+        const char *p = effects[i].prefix;
+        size_t n = strlen(p);
+        bool section = p[n - 1] == '.' || p[n - 1] == '_';
+        if (section ? strncmp(key, p, n) == 0 : strcmp(key, p) == 0) return &effects[i];
+    }
+    return NULL;
+}
+
+/* A value that asks for nothing: the default, or an empty list or section. */
+static bool is_default(const ca_key_def *d, const char *value) {
+    if (!value || strcmp(value, "null") == 0 || strcmp(value, "[]") == 0 || strcmp(value, "{}") == 0) return true;
+    if (!d->def) return false;
+    char *canon = NULL;
+    bool null = false;
+    if (ca_config_check_value(d, d->name, d->def, "default", &canon, &null) != CA_OK) {
+        ca_clear_error();
+        return false;
+    }
+    bool same = canon && strcmp(canon, value) == 0;
+    free(canon);
+    return same;
+}
+
+/* Why a plugin's key does nothing under the distributed_type in force. */
+static void why_text(const ca_config *c, const effect *e, const char *key, char *buf, size_t size) {
+    const char *dt = ca_config_get(c, "distributed_type");
+    const char *dto = ca_config_origin(c, "distributed_type");
+    if (strcmp(key, "mpirun_config.mpirun_hostfile") == 0) {
+        snprintf(buf, size, "only `caccel launch --backend mpi` reads it (it starts the processes through mpirun)");
+    } else if (e->why) {
+        snprintf(buf, size, "%s", e->why);
+    } else if (!e->plugin) {
+        snprintf(buf, size, "caccel does not act on this key");
+    } else if (strcmp(dt, e->plugin) == 0) {
+        snprintf(buf, size, "distributed_type %s (%s) is not supported by this build, which runs NO, MULTI_CPU and "
+                 "MULTI_GPU", dt, dto);
+    } else if (strcmp(dt, "NO") == 0) {
+        snprintf(buf, size, "no effect with distributed_type NO (%s)", dto);
+    } else {
+        snprintf(buf, size, "%s is not implemented%s; with distributed_type %s (%s) training is plain data parallel",
+                 strcmp(e->plugin, "FSDP") == 0 ? "sharded data parallelism (FSDP)"
+                 : strcmp(e->plugin, "DEEPSPEED") == 0 ? "DeepSpeed (ZeRO)" : "Megatron-LM parallelism",
+                 strcmp(e->plugin, "FSDP") == 0 ? " yet" : "", dt, dto);
+    }
+}
+
+/* mpirun_hostfile counts when the processes are started through mpirun. */
+static bool in_use(const ca_config *c, const char *key) {
+    const char *b = ca_config_get(c, "backend");
+    return strcmp(key, "mpirun_config.mpirun_hostfile") == 0 && b && strcmp(b, "mpi") == 0;
+}
+
+ca_status ca_config_warn_ignored(const ca_config *c, int *nwarned) {
+    if (nwarned) *nwarned = 0;
+    if (!c) return ca_error(CA_ERR_INVALID, "ca_config_warn_ignored: config is NULL");
+    char why[512];
+    for (size_t i = 0; i < ca_config_nkeys; i++) {
+        const ca_key_def *d = &ca_config_keys[i];
+        if (d->flags & (CA_KF_SUPPORTED | CA_KF_LEGACY) || d->type == CA_KT_MAP) continue;
+        if (ca_config_source_of(c, d->name) == CA_SRC_DEFAULT) continue;
+        const effect *e = effect_of(d->name);
+        if (!e && !(d->flags & CA_KF_CLUSTER)) e = effect_of("compute_environment");   /* SageMaker's keys */
+        const char *value = ca_config_get(c, d->name);
+        if (e && e->rule == NEVER_WARN) continue;
+        bool asks = e && e->rule == WARN_IF_SET ? !(value && strcmp(value, "null") == 0) : !is_default(d, value);
+        if (!asks || in_use(c, d->name)) continue;
+        why_text(c, e ? e : &(effect){d->name, WARN_IF_CHANGED, NULL, NULL}, d->name, why, sizeof why);
+        CA_LOG_W("%s: %s = %s has no effect: %s", ca_config_origin(c, d->name), d->name, value, why);
+        if (nwarned) (*nwarned)++;
+    }
+    return CA_OK;
+}
