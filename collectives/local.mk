@@ -1,9 +1,7 @@
-# collectives: collective backends (single built in; MPI and Gloo as plugins) and the rendezvous store.
+# collectives: collective backends (single built in; MPI and Gloo as plugins).
 libcaccel_la_SOURCES += \
 	collectives/single.h \
-	collectives/single.c \
-	collectives/store_impl.h \
-	collectives/store.c
+	collectives/single.c
 
 # Plugins export ca_plugin_init and nothing else (not even C++ template instances).
 EXTRA_DIST += collectives/plugin.map

@@ -2,7 +2,7 @@
 #include "core/core_impl.h"
 #include "core/comm_impl.h"
 #include "core/procenv_impl.h"
-#include "collectives/store_impl.h"
+#include "core/store_impl.h"
 
 #include <errno.h>
 #include <ifaddrs.h>

@@ -25,12 +25,15 @@ libcaccel_la_SOURCES += \
 	core/config_file.c \
 	core/config_effects.c
 
-# Communicators (sequence numbers, deadlines, desync diagnosis) and the process environment.
+# Communicators (sequence numbers, deadlines, desync diagnosis), the process environment and the
+# rendezvous store (a token-checked TCP key-value server every launcher and rank talks to).
 libcaccel_la_SOURCES += \
 	core/comm_impl.h \
 	core/comm.c \
 	core/procenv_impl.h \
-	core/procenv.c
+	core/procenv.c \
+	core/store_impl.h \
+	core/store.c
 
 # The Accelerator.
 libcaccel_la_SOURCES += \

@@ -1,5 +1,5 @@
 /* Tests of the rendezvous store: every operation, blocking waits, deadlines, the job token, limits, failures. */
-#include "collectives/store_impl.h"
+#include "core/store_impl.h"
 
 #include <caccel/caccel.h>
 

@@ -1,6 +1,6 @@
 /* Who started this process: caccel launch, torchrun-style variables, mpirun, srun or nothing; the store. */
 #include "core/procenv_impl.h"
-#include "collectives/store_impl.h"
+#include "core/store_impl.h"
 
 #include <caccel/caccel.h>
 
