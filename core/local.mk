@@ -1,21 +1,10 @@
-# core/: configuration, registry, devices, allocators, tensors,
-# autograd, ops and the accelerator.
+# core/: the runtime: configuration, registry, devices, the caching allocator, communicators,
+# the process environment and the rendezvous store.
 libcaccel_la_SOURCES += \
 	core/core_impl.h \
 	core/registry.c \
 	core/device.c \
-	core/alloc_caching.c \
-	core/tensor_impl.h \
-	core/tensor.c \
-	core/autograd.c \
-	core/autocast.c \
-	core/ops_impl.h \
-	core/ops_common.c \
-	core/ops_elementwise.c \
-	core/ops_shape.c \
-	core/ops_reduce.c \
-	core/ops_linalg.c \
-	core/ops_nn.c
+	core/alloc_caching.c
 
 # Configuration: Accelerate's keys, file, env and flags (config*.c).
 libcaccel_la_SOURCES += \

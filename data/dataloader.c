@@ -1,6 +1,6 @@
 /* The DataLoader: seeded per-epoch shuffle, rank sharding, a prefetch thread, and batches as step-scoped tensors. */
 #include "data/data_impl.h"
-#include "core/tensor_impl.h"
+#include "tensor/tensor_impl.h"
 
 #include <caccel/log.h>
 

@@ -2,7 +2,7 @@
 #ifndef CACCEL_NN_IMPL_H
 #define CACCEL_NN_IMPL_H
 
-#include "core/tensor_impl.h"
+#include "tensor/tensor_impl.h"
 
 struct ca_module {
     char *type;

@@ -1,6 +1,6 @@
 /* Mixed precision on one process: the autocast policy, per-step weight copies, fp16 loss scaling (skip on overflow, growth), clipping after unscaling. */
 #include "test_util.h"
-#include "core/tensor_impl.h"   /* to see the cached low-precision copy */
+#include "tensor/tensor_impl.h"   /* to see the cached low-precision copy */
 
 static ca_accelerator *make_acc(const char *mp) {
     char *argv[] = {"test", "--cpu", "--mixed_precision", (char *)mp, NULL};

@@ -1,5 +1,5 @@
 /* Elementwise ops: unary functions, scalar arithmetic, broadcasting binary arithmetic. */
-#include "core/ops_impl.h"
+#include "tensor/ops_impl.h"
 
 #include <string.h>
 

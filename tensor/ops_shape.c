@@ -1,5 +1,5 @@
 /* Shape ops: reshape, flatten, transpose, narrow, contiguous, cast, detach. */
-#include "core/ops_impl.h"
+#include "tensor/ops_impl.h"
 
 #include <string.h>
 

@@ -1,5 +1,5 @@
 /* Autograd: the tape (nodes recorded by ops), gradient buffers, backward, no_grad and leaf hooks. */
-#include "core/tensor_impl.h"
+#include "tensor/tensor_impl.h"
 
 #include <stdlib.h>
 #include <string.h>

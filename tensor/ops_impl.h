@@ -2,7 +2,7 @@
 #ifndef CACCEL_OPS_IMPL_H
 #define CACCEL_OPS_IMPL_H
 
-#include "core/tensor_impl.h"
+#include "tensor/tensor_impl.h"
 
 /* NULL inputs propagate: the first error stays recorded. */
 #define CA_OP_NULLCHECK1(a) do { if (!(a)) return NULL; } while (0)

@@ -1,5 +1,5 @@
 /* Reductions: sum, mean (all or along a dim), max along a dim, argmax. */
-#include "core/ops_impl.h"
+#include "tensor/ops_impl.h"
 
 #include <string.h>
 

@@ -1,5 +1,5 @@
 /* Autocast: which ops run in low precision under mixed precision, and the per-step weight copies. */
-#include "core/ops_impl.h"
+#include "tensor/ops_impl.h"
 
 /*
  * The policy (docs/MIXED_PRECISION.md), like torch.autocast's lists:

@@ -1,5 +1,5 @@
 /* Argument checks and gradient accumulation shared by every op. */
-#include "core/ops_impl.h"
+#include "tensor/ops_impl.h"
 
 #include <string.h>
 

@@ -1,5 +1,5 @@
 /* Matrix products: matmul (2-D and batched 3-D) and linear, with GEMMs that write gradients in place. */
-#include "core/ops_impl.h"
+#include "tensor/ops_impl.h"
 
 #include <string.h>
 

@@ -1,5 +1,5 @@
 /* Neural-network functions: softmax, log_softmax, cross_entropy, mse_loss, dropout, layer_norm, embedding. */
-#include "core/ops_impl.h"
+#include "tensor/ops_impl.h"
 
 #include <string.h>
 

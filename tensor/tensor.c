@@ -1,5 +1,5 @@
 /* Tensors: storage, creation, queries, host copies, and the scope that owns intermediates. */
-#include "core/tensor_impl.h"
+#include "tensor/tensor_impl.h"
 
 #include <math.h>
 #include <stdio.h>
