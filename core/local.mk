@@ -23,8 +23,3 @@ libcaccel_la_SOURCES += \
 	core/procenv.c \
 	core/store_impl.h \
 	core/store.c
-
-# The Accelerator.
-libcaccel_la_SOURCES += \
-	core/accelerator_impl.h \
-	core/accelerator.c

@@ -1,5 +1,5 @@
 /* The Accelerator: configuration, device and process-group selection, prepare, backward with bucketed gradient all-reduce, accumulation, and the distributed helpers. */
-#include "core/accelerator_impl.h"
+#include "accelerator/accelerator_impl.h"
 #include "core/procenv_impl.h"
 
 #include <math.h>

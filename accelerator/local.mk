@@ -1,0 +1,5 @@
+# accelerator/: the Accelerator, the top layer: prepare, backward with gradient synchronisation,
+# accumulation, clipping, mixed precision, and the collective helpers for training loops.
+libcaccel_la_SOURCES += \
+	accelerator/accelerator_impl.h \
+	accelerator/accelerator.c
