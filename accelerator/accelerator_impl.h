@@ -5,6 +5,7 @@
 #include "nn/nn_impl.h"
 #include "data/data_impl.h"
 #include "core/procenv_impl.h"
+#include <caccel/accelerator.h>
 
 /* A gradient bucket: a flat f32 buffer on the device that the gradients of
  * its parameters are views of, so the all-reduce runs in place with no copy. */

@@ -3,7 +3,9 @@
 #define CACCEL_CORE_IMPL_H
 
 #include "base/base_impl.h"
-#include <caccel/caccel.h>
+#include <caccel/config.h>
+#include <caccel/device.h>
+#include <caccel/collective.h>
 
 #include <pthread.h>
 #include <stdatomic.h>

@@ -3,6 +3,8 @@
 #define CACCEL_NN_IMPL_H
 
 #include "tensor/tensor_impl.h"
+#include <caccel/nn.h>
+#include <caccel/optim.h>
 
 struct ca_module {
     char *type;

@@ -3,6 +3,8 @@
 #define CACCEL_TENSOR_IMPL_H
 
 #include "core/core_impl.h"
+#include <caccel/tensor.h>
+#include <caccel/ops.h>
 
 /* Device memory shared by a tensor and its views. */
 typedef struct ca_storage {
