@@ -40,7 +40,7 @@ fi
 cd "$top"
 
 echo "== layers: includes and symbols against the table in docs/ARCHITECTURE.md"
-for check in "tools/check-layers.sh --report" "tools/check-symbols.sh $top/_build-ci --report"; do
+for check in "tools/check-layers.sh" "tools/check-symbols.sh $top/_build-ci"; do
     # shellcheck disable=SC2086
     if out=$($check 2>&1); then
         echo "$out" | tail -1
