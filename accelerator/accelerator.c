@@ -142,21 +142,10 @@ ca_status ca_accelerator_create(const ca_options *opts, ca_accelerator **out) {
     return CA_OK;
 }
 
-static void free_buckets(ca_accelerator *acc) {
-    for (int i = 0; i < acc->nbuckets; i++) {
-        ca_work_free(acc->buckets[i].work);
-        free(acc->buckets[i].params);
-        ca_tensor_free(acc->buckets[i].flat);
-    }
-    free(acc->buckets);
-    acc->buckets = NULL;
-    acc->nbuckets = 0;
-}
-
 void ca_accelerator_destroy(ca_accelerator *acc) {
     if (!acc) return;
     /* prepared objects that outlive the accelerator go back to plain use */
-    for (int i = 0; i < acc->nopts; i++) acc->opts[i]->acc = NULL;
+    for (int i = 0; i < acc->nopts; i++) ca_optimizer_set_owner(acc->opts[i], NULL);
     for (int i = 0; i < acc->nloaders; i++) ca_dataloader_set_owner(acc->loaders[i], NULL, NULL);
     if (acc->model) {
         acc->model->owner = NULL;
@@ -164,7 +153,7 @@ void ca_accelerator_destroy(ca_accelerator *acc) {
         for (int i = 0; i < ca_module_num_params(acc->model); i++)
             ca_tensor_set_grad_hook(acc->model->flat[i], NULL, NULL);
     }
-    free_buckets(acc);
+    ca_ddp_free_buckets(acc);
     ca_comm_destroy(acc->comm);
     ca_config_destroy(acc->cfg);
     free(acc->opts);
@@ -207,117 +196,6 @@ ca_status ca_set_seed(ca_accelerator *acc, uint64_t seed) {
     return CA_OK;
 }
 
-/* ------------------------------------------------------------------ buckets */
-
-static void bucket_launch_ready(ca_accelerator *acc);
-
-/* A parameter's gradient is final for this backward pass. */
-static void grad_ready(ca_tensor *leaf, void *ctx) {
-    ca_accelerator *acc = ctx;
-    if (!acc->in_backward || !acc->sync) return;
-    for (int b = 0; b < acc->nbuckets; b++)
-        for (int i = 0; i < acc->buckets[b].nparams; i++)
-            if (acc->buckets[b].params[i] == leaf) {
-                acc->buckets[b].ready++;
-                bucket_launch_ready(acc);
-                return;
-            }
-}
-
-/* Gradients no op wrote this pass are zero, so every rank reduces the same layout. */
-static ca_status zero_unwritten(ca_bucket *bk) {
-    for (int i = 0; i < bk->nparams; i++) {
-        ca_tensor *p = bk->params[i];
-        if (p->grad_defined) continue;
-        ca_status s = CA_KCALL(ca_tdev(p), fill, CA_F32, p->grad->numel, 0.0, ca_tptr(p->grad));
-        if (s != CA_OK) return s;
-        p->grad_defined = true;
-    }
-    return CA_OK;
-}
-
-static ca_status launch(ca_accelerator *acc, ca_bucket *bk) {
-    ca_status s = zero_unwritten(bk);
-    if (s == CA_OK)
-        s = ca_comm_all_reduce(acc->comm, ca_tptr(bk->flat), ca_tptr(bk->flat), (size_t)bk->numel, CA_F32,
-                               CA_OP_AVG, &bk->work);
-    bk->launched = true;
-    return s;
-}
-
-static void bucket_launch_ready(ca_accelerator *acc) {
-    while (acc->bucket_status == CA_OK && acc->next_launch < acc->nbuckets) {
-        ca_bucket *bk = &acc->buckets[acc->next_launch];
-        if (bk->ready < bk->nparams) return;
-        acc->bucket_status = launch(acc, bk);
-        acc->next_launch++;
-    }
-}
-
-/* After backward: launch what unused parameters held back, then wait for all. */
-static ca_status finish_buckets(ca_accelerator *acc) {
-    for (; acc->bucket_status == CA_OK && acc->next_launch < acc->nbuckets; acc->next_launch++)
-        acc->bucket_status = launch(acc, &acc->buckets[acc->next_launch]);
-    ca_status s = acc->bucket_status;
-    for (int b = 0; b < acc->nbuckets; b++) {
-        ca_bucket *bk = &acc->buckets[b];
-        if (bk->work) {
-            ca_status w = ca_work_wait(bk->work, -1);
-            if (s == CA_OK) s = w;
-            ca_work_free(bk->work);
-            bk->work = NULL;
-        }
-        bk->ready = 0;
-        bk->launched = false;
-    }
-    acc->next_launch = 0;
-    acc->bucket_status = CA_OK;
-    return s;
-}
-
-/* Buckets of at most bucket_cap_mb, filled in reverse registration order
- * (gradients arrive roughly from the last layer back), each parameter's .grad
- * a view into its bucket. */
-static ca_status build_buckets(ca_accelerator *acc, ca_module *m) {
-    int n = ca_module_num_params(m);
-    size_t cap = (size_t)(acc->st.bucket_cap_mb * 1024 * 1024 / sizeof(float));
-    if (cap < 1) cap = 1;
-    for (int i = n - 1; i >= 0;) {
-        int64_t numel = 0;
-        int first = i;
-        while (i >= 0 && (numel == 0 || (size_t)(numel + m->flat[i]->numel) <= cap)) numel += m->flat[i--]->numel;
-        ca_bucket *nb = realloc(acc->buckets, (size_t)(acc->nbuckets + 1) * sizeof *nb);
-        if (!nb) return ca_error(CA_ERR_NOMEM, "out of host memory");
-        acc->buckets = nb;
-        ca_bucket *bk = &acc->buckets[acc->nbuckets++];
-        memset(bk, 0, sizeof *bk);
-        bk->nparams = first - i;
-        bk->params = calloc((size_t)bk->nparams, sizeof *bk->params);
-        ca_tensor *flat = bk->params ? ca_zeros(acc->device, CA_F32, 1, &numel) : NULL;
-        if (!flat) return ca_last_status() ? ca_last_status() : ca_error(CA_ERR_NOMEM, "out of host memory");
-        bk->flat = ca_tensor_keep(flat);
-        bk->numel = numel;
-        int64_t off = 0;
-        for (int k = 0; k < bk->nparams; k++) {
-            ca_tensor *p = m->flat[first - k];
-            if (p->dtype != CA_F32 || ca_tdev(p) != acc->device)
-                return ca_error(CA_ERR_INVALID, "data-parallel parameters must be f32 on the training device (%s)",
-                                m->flat_names[first - k]);
-            bk->params[k] = p;
-            int64_t st[CA_MAX_DIMS], s = 1;
-            for (int d = p->ndim - 1; d >= 0; d--) { st[d] = s; s *= p->shape[d]; }
-            ca_tensor *g = ca_tensor_view(bk->flat, p->ndim, p->shape, st, off);
-            if (!g) return ca_last_status();
-            ca_tensor_free(p->grad);
-            p->grad = ca_tensor_keep(g);
-            p->grad_defined = false;
-            ca_tensor_set_grad_hook(p, grad_ready, acc);
-            off += p->numel;
-        }
-    }
-    return CA_OK;
-}
-
 /* ------------------------------------------------------------------ prepare */
 
 /* A prepared object is being destroyed before the accelerator: drop every reference to it. */
@@ -325,7 +203,7 @@ static void forget(void *owner, const void *obj) {
     ca_accelerator *acc = owner;
     if (obj == acc->model) {
         for (int b = 0; b < acc->nbuckets; b++) acc->buckets[b].nparams = 0;
-        free_buckets(acc);
+        ca_ddp_free_buckets(acc);
         acc->model = NULL;
     }
     for (int i = 0; i < acc->nopts; i++)
@@ -334,26 +212,16 @@ static void forget(void *owner, const void *obj) {
         if (acc->loaders[i] == obj) acc->loaders[i] = acc->loaders[--acc->nloaders];
 }
 
-static ca_status optimizer_step(ca_accelerator *acc, ca_optimizer *o);
-static bool should_zero_grad(const ca_accelerator *acc);
-
-static ca_status broadcast_params(ca_accelerator *acc, ca_module *m) {
-    int n = ca_module_num_params(m);
-    for (int i = 0; i < n; i++) {
-        ca_tensor *p = m->flat[i];
-        ca_status s = ca_comm_broadcast(acc->comm, ca_tptr(p), (size_t)p->numel, p->dtype, 0, NULL);
-        if (s != CA_OK) return ca_error_context("broadcasting parameter %s from rank 0", m->flat_names[i]);
-    }
-    return CA_OK;
-}
+static ca_status optimizer_step(void *owner, ca_optimizer *o);
+static bool should_zero_grad(const void *owner);
 
 static ca_status prepare_model(ca_accelerator *acc, ca_module *m) {
     if (acc->model && acc->model != m)
         return ca_error(CA_ERR_STATE, "ca_prepare: a different model was already prepared (one model per accelerator)");
     if (acc->model == m) return CA_OK;
     ca_status s = ca_module_to(m, acc->device);
-    if (s == CA_OK && acc->world > 1) s = broadcast_params(acc, m);
-    if (s == CA_OK && acc->world > 1) s = build_buckets(acc, m);
+    if (s == CA_OK && acc->world > 1) s = ca_ddp_broadcast_params(acc, m);
+    if (s == CA_OK && acc->world > 1) s = ca_ddp_build_buckets(acc, m);
     if (s == CA_OK) {
         acc->model = m;
         m->owner = acc;
@@ -380,10 +248,9 @@ static ca_status prepare_optimizer(ca_accelerator *acc, ca_optimizer *o) {
     if (!no) return ca_error(CA_ERR_NOMEM, "out of host memory");
     acc->opts = no;
     acc->opts[acc->nopts++] = o;
-    o->acc = acc;
-    o->acc_step = optimizer_step;
-    o->acc_should_zero_grad = should_zero_grad;
-    o->acc_forget = forget;
+    ca_optimizer_set_owner(o, &(ca_optimizer_owner){.owner = acc, .step = optimizer_step,
+                                                    .should_zero_grad = should_zero_grad,
+                                                    .forget = forget});
     ca_optimizer_set_schedule_stride(o, acc->world > 1 ? acc->world : 1);
     return ca_optimizer_init_state(o);
 }
@@ -442,7 +309,7 @@ void ca_accumulate_end(ca_accelerator *acc) { acc->in_accumulate = false; }
 
 bool ca_sync_gradients(const ca_accelerator *acc) { return !acc->in_accumulate || acc->sync; }
 
-static bool should_zero_grad(const ca_accelerator *acc) { return ca_sync_gradients(acc); }
+static bool should_zero_grad(const void *owner) { return ca_sync_gradients(owner); }
 
 /* ------------------------------------------------------------------ gradients as kernel lists */
 
@@ -613,7 +480,7 @@ ca_status ca_backward(ca_accelerator *acc, ca_tensor *loss) {
     }
     acc->in_backward = false;
     if (acc->nbuckets && sync) {
-        ca_status f = finish_buckets(acc);
+        ca_status f = ca_ddp_finish_buckets(acc);
         if (s == CA_OK) s = f;
     }
     return s;
@@ -621,7 +488,8 @@ ca_status ca_backward(ca_accelerator *acc, ca_tensor *loss) {
 
 /* The order unscale -> clip -> step belongs to the runtime, so a gradient is
  * never unscaled twice (Accelerate #641). */
-static ca_status optimizer_step(ca_accelerator *acc, ca_optimizer *o) {
+static ca_status optimizer_step(void *owner, ca_optimizer *o) {
+    ca_accelerator *acc = owner;
     if (!ca_sync_gradients(acc)) return CA_OK;     /* accumulation micro-step: no update */
     ca_status s = unscale(acc, o);
     if (s == CA_OK && acc->st.gradient_clipping > 0 && !acc->found_inf) {

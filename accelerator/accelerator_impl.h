@@ -52,4 +52,14 @@ struct ca_accelerator {
     bool in_accumulate;
 };
 
+/* ddp.c: data parallelism over acc->comm. */
+/* Broadcasts every parameter of m from rank 0 (collective: every rank calls it). */
+ca_status ca_ddp_broadcast_params(ca_accelerator *acc, ca_module *m);
+/* Makes each parameter's .grad a view into f32 buckets of at most bucket_cap_mb and installs the
+ * hook that launches a bucket's all-reduce (average) once all its gradients are final. */
+ca_status ca_ddp_build_buckets(ca_accelerator *acc, ca_module *m);
+/* After a synchronising backward: launches what unused parameters held back and waits for all. */
+ca_status ca_ddp_finish_buckets(ca_accelerator *acc);
+void ca_ddp_free_buckets(ca_accelerator *acc);
+
 #endif

@@ -2,4 +2,5 @@
 # accumulation, clipping, mixed precision, and the collective helpers for training loops.
 libcaccel_la_SOURCES += \
 	accelerator/accelerator_impl.h \
-	accelerator/accelerator.c
+	accelerator/accelerator.c \
+	accelerator/ddp.c

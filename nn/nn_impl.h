@@ -44,7 +44,18 @@ typedef struct ca_optim_group {
     double lr, base_lr;
 } ca_optim_group;
 
-struct ca_accelerator;
+/* What the owner of a prepared optimizer (the Accelerator) installs: ca_optimizer_step and
+ * ca_optimizer_zero_grad go through it (accumulation, loss scaling, clipping, skip on overflow),
+ * and destroying the optimizer first tells it to drop its reference. */
+typedef struct ca_optimizer_owner {
+    void *owner;
+    ca_status (*step)(void *owner, ca_optimizer *o);     /* replaces the plain update */
+    bool (*should_zero_grad)(const void *owner);         /* false on accumulation micro-steps */
+    void (*forget)(void *owner, const void *obj);
+} ca_optimizer_owner;
+
+/* Installs (or, with NULL, removes) the owner of o. Not thread-safe against a concurrent step. */
+void ca_optimizer_set_owner(ca_optimizer *o, const ca_optimizer_owner *owner);
 
 struct ca_optimizer {
     ca_optim_kind kind;
@@ -56,11 +67,7 @@ struct ca_optimizer {
     int64_t schedule_stride;         /* schedule steps per optimizer step (0 means 1) */
     bool skipped;
     bool amp_unscaled;               /* fp16: gradients already unscaled this step */
-    /* set by ca_prepare: step and zero_grad then go through the accelerator */
-    struct ca_accelerator *acc;
-    ca_status (*acc_step)(struct ca_accelerator *acc, ca_optimizer *o);
-    bool (*acc_should_zero_grad)(const struct ca_accelerator *acc);
-    void (*acc_forget)(void *acc, const void *obj);
+    ca_optimizer_owner owner;        /* set by ca_prepare (owner.owner NULL: plain use) */
     /* state listing for checkpoints */
     char **state_names;
     int nstate_names;

@@ -116,13 +116,13 @@ ca_status ca_sgd_create_params(ca_tensor *const *params, int n, const ca_sgd_opt
 ca_status ca_optimizer_add_group(ca_optimizer *o, ca_tensor *const *params, int n, const void *opts) {
     if (!o) return ca_error(CA_ERR_INVALID, "optimizer is NULL");
     ca_status s = add_group(o, params, n, opts);
-    if (s == CA_OK && o->acc) s = ca_optimizer_init_state(o);
+    if (s == CA_OK && o->owner.owner) s = ca_optimizer_init_state(o);
     return s;
 }
 
 void ca_optimizer_destroy(ca_optimizer *o) {
     if (!o) return;
-    if (o->acc && o->acc_forget) o->acc_forget(o->acc, o);
+    if (o->owner.owner && o->owner.forget) o->owner.forget(o->owner.owner, o);
     for (int g = 0; g < o->ngroups; g++) {
         for (int i = 0; i < o->groups[g].n; i++) {
             ca_tensor_free(o->groups[g].state1[i]);
@@ -234,6 +234,11 @@ static void advance_schedule(ca_optimizer *o) {
     for (int g = 0; g < o->ngroups; g++) o->groups[g].lr = o->groups[g].base_lr * f;
 }
 
+void ca_optimizer_set_owner(ca_optimizer *o, const ca_optimizer_owner *owner) {
+    if (owner) o->owner = *owner;
+    else memset(&o->owner, 0, sizeof o->owner);
+}
+
 void ca_optimizer_set_schedule_stride(ca_optimizer *o, int64_t stride) {
     o->schedule_stride = stride;
     advance_schedule(o);
@@ -253,12 +258,12 @@ ca_status ca_optimizer_apply(ca_optimizer *o, float grad_scale) {
 
 ca_status ca_optimizer_step(ca_optimizer *o) {
     if (!o) return ca_error(CA_ERR_INVALID, "optimizer is NULL");
-    if (o->acc) return o->acc_step(o->acc, o);
+    if (o->owner.owner) return o->owner.step(o->owner.owner, o);
     return ca_optimizer_apply(o, 1.0f);
 }
 
 void ca_optimizer_zero_grad(ca_optimizer *o) {
-    if (!o || (o->acc && !o->acc_should_zero_grad(o->acc))) return;
+    if (!o || (o->owner.owner && !o->owner.should_zero_grad(o->owner.owner))) return;
     for (int g = 0; g < o->ngroups; g++)
         for (int i = 0; i < o->groups[g].n; i++) ca_tensor_zero_grad(o->groups[g].params[i]);
 }

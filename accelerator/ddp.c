@@ -1,0 +1,137 @@
+/* Data parallelism (DDP): rank 0's parameters broadcast at prepare, and gradient buckets whose
+ * all-reduce starts during backward as soon as every gradient of a bucket is final. */
+#include "accelerator/accelerator_impl.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+ca_status ca_ddp_broadcast_params(ca_accelerator *acc, ca_module *m) {
+    int n = ca_module_num_params(m);
+    for (int i = 0; i < n; i++) {
+        ca_tensor *p = m->flat[i];
+        ca_status s = ca_comm_broadcast(acc->comm, ca_tptr(p), (size_t)p->numel, p->dtype, 0, NULL);
+        if (s != CA_OK) return ca_error_context("broadcasting parameter %s from rank 0", m->flat_names[i]);
+    }
+    return CA_OK;
+}
+
+
+static void bucket_launch_ready(ca_accelerator *acc);
+
+/* A parameter's gradient is final for this backward pass. */
+static void grad_ready(ca_tensor *leaf, void *ctx) {
+    ca_accelerator *acc = ctx;
+    if (!acc->in_backward || !acc->sync) return;
+    for (int b = 0; b < acc->nbuckets; b++)
+        for (int i = 0; i < acc->buckets[b].nparams; i++)
+            if (acc->buckets[b].params[i] == leaf) {
+                acc->buckets[b].ready++;
+                bucket_launch_ready(acc);
+                return;
+            }
+}
+
+/* Gradients no op wrote this pass are zero, so every rank reduces the same layout. */
+static ca_status zero_unwritten(ca_bucket *bk) {
+    for (int i = 0; i < bk->nparams; i++) {
+        ca_tensor *p = bk->params[i];
+        if (p->grad_defined) continue;
+        ca_status s = CA_KCALL(ca_tdev(p), fill, CA_F32, p->grad->numel, 0.0, ca_tptr(p->grad));
+        if (s != CA_OK) return s;
+        p->grad_defined = true;
+    }
+    return CA_OK;
+}
+
+static ca_status launch(ca_accelerator *acc, ca_bucket *bk) {
+    ca_status s = zero_unwritten(bk);
+    if (s == CA_OK)
+        s = ca_comm_all_reduce(acc->comm, ca_tptr(bk->flat), ca_tptr(bk->flat), (size_t)bk->numel, CA_F32,
+                               CA_OP_AVG, &bk->work);
+    bk->launched = true;
+    return s;
+}
+
+static void bucket_launch_ready(ca_accelerator *acc) {
+    while (acc->bucket_status == CA_OK && acc->next_launch < acc->nbuckets) {
+        ca_bucket *bk = &acc->buckets[acc->next_launch];
+        if (bk->ready < bk->nparams) return;
+        acc->bucket_status = launch(acc, bk);
+        acc->next_launch++;
+    }
+}
+
+/* After backward: launch what unused parameters held back, then wait for all. */
+ca_status ca_ddp_finish_buckets(ca_accelerator *acc) {
+    for (; acc->bucket_status == CA_OK && acc->next_launch < acc->nbuckets; acc->next_launch++)
+        acc->bucket_status = launch(acc, &acc->buckets[acc->next_launch]);
+    ca_status s = acc->bucket_status;
+    for (int b = 0; b < acc->nbuckets; b++) {
+        ca_bucket *bk = &acc->buckets[b];
+        if (bk->work) {
+            ca_status w = ca_work_wait(bk->work, -1);
+            if (s == CA_OK) s = w;
+            ca_work_free(bk->work);
+            bk->work = NULL;
+        }
+        bk->ready = 0;
+        bk->launched = false;
+    }
+    acc->next_launch = 0;
+    acc->bucket_status = CA_OK;
+    return s;
+}
+
+/* Buckets of at most bucket_cap_mb, filled in reverse registration order
+ * (gradients arrive roughly from the last layer back), each parameter's .grad
+ * a view into its bucket. */
+ca_status ca_ddp_build_buckets(ca_accelerator *acc, ca_module *m) {
+    int n = ca_module_num_params(m);
+    size_t cap = (size_t)(acc->st.bucket_cap_mb * 1024 * 1024 / sizeof(float));
+    if (cap < 1) cap = 1;
+    for (int i = n - 1; i >= 0;) {
+        int64_t numel = 0;
+        int first = i;
+        while (i >= 0 && (numel == 0 || (size_t)(numel + m->flat[i]->numel) <= cap)) numel += m->flat[i--]->numel;
+        ca_bucket *nb = realloc(acc->buckets, (size_t)(acc->nbuckets + 1) * sizeof *nb);
+        if (!nb) return ca_error(CA_ERR_NOMEM, "out of host memory");
+        acc->buckets = nb;
+        ca_bucket *bk = &acc->buckets[acc->nbuckets++];
+        memset(bk, 0, sizeof *bk);
+        bk->nparams = first - i;
+        bk->params = calloc((size_t)bk->nparams, sizeof *bk->params);
+        ca_tensor *flat = bk->params ? ca_zeros(acc->device, CA_F32, 1, &numel) : NULL;
+        if (!flat) return ca_last_status() ? ca_last_status() : ca_error(CA_ERR_NOMEM, "out of host memory");
+        bk->flat = ca_tensor_keep(flat);
+        bk->numel = numel;
+        int64_t off = 0;
+        for (int k = 0; k < bk->nparams; k++) {
+            ca_tensor *p = m->flat[first - k];
+            if (p->dtype != CA_F32 || ca_tdev(p) != acc->device)
+                return ca_error(CA_ERR_INVALID, "data-parallel parameters must be f32 on the training device (%s)",
+                                m->flat_names[first - k]);
+            bk->params[k] = p;
+            int64_t st[CA_MAX_DIMS], s = 1;
+            for (int d = p->ndim - 1; d >= 0; d--) { st[d] = s; s *= p->shape[d]; }
+            ca_tensor *g = ca_tensor_view(bk->flat, p->ndim, p->shape, st, off);
+            if (!g) return ca_last_status();
+            ca_tensor_free(p->grad);
+            p->grad = ca_tensor_keep(g);
+            p->grad_defined = false;
+            ca_tensor_set_grad_hook(p, grad_ready, acc);
+            off += p->numel;
+        }
+    }
+    return CA_OK;
+}
+
+void ca_ddp_free_buckets(ca_accelerator *acc) {
+    for (int i = 0; i < acc->nbuckets; i++) {
+        ca_work_free(acc->buckets[i].work);
+        free(acc->buckets[i].params);
+        ca_tensor_free(acc->buckets[i].flat);
+    }
+    free(acc->buckets);
+    acc->buckets = NULL;
+    acc->nbuckets = 0;
+}
