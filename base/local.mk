@@ -2,6 +2,7 @@
 # operator names, the monotonic clock.
 libcaccel_la_SOURCES += \
 	base/base_impl.h \
+	base/half_impl.h \
 	base/status.c \
 	base/log.c \
 	base/types.c

@@ -15,7 +15,7 @@
 #include <caccel/backend.h>
 #include <caccel/log.h>
 
-#include "collectives/half_impl.h"
+#include "base/half_impl.h"
 #include "collectives/shm_impl.h"
 
 #include <gloo/common/error.h>
@@ -169,10 +169,10 @@ void reduce_half(void *out, const void *a, const void *b, size_t n) {
     const uint16_t *x = static_cast<const uint16_t *>(a);
     const uint16_t *y = static_cast<const uint16_t *>(b);
     for (size_t i = 0; i < n; i++) {
-        float u = BF ? ca_bf2f(x[i]) : ca_h2f(x[i]);
-        float v = BF ? ca_bf2f(y[i]) : ca_h2f(y[i]);
+        float u = BF ? ca_bf16_to_f32(x[i]) : ca_f16_to_f32(x[i]);
+        float v = BF ? ca_bf16_to_f32(y[i]) : ca_f16_to_f32(y[i]);
         float r = OP == 0 ? u + v : OP == 1 ? ((u < v || u != u) ? u : v) : ((u > v || u != u) ? u : v);
-        o[i] = BF ? ca_f2bf(r) : ca_f2h(r);
+        o[i] = BF ? ca_f32_to_bf16(r) : ca_f32_to_f16(r);
     }
 }
 
@@ -209,12 +209,12 @@ void divide(void *buf, size_t n, ca_dtype dt, int p) {
     }
     case CA_F16: {
         uint16_t *x = static_cast<uint16_t *>(buf);
-        for (size_t i = 0; i < n; i++) x[i] = ca_f2h(ca_h2f(x[i]) / static_cast<float>(p));
+        for (size_t i = 0; i < n; i++) x[i] = ca_f32_to_f16(ca_f16_to_f32(x[i]) / static_cast<float>(p));
         break;
     }
     case CA_BF16: {
         uint16_t *x = static_cast<uint16_t *>(buf);
-        for (size_t i = 0; i < n; i++) x[i] = ca_f2bf(ca_bf2f(x[i]) / static_cast<float>(p));
+        for (size_t i = 0; i < n; i++) x[i] = ca_f32_to_bf16(ca_bf16_to_f32(x[i]) / static_cast<float>(p));
         break;
     }
     case CA_I32: {

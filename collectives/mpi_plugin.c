@@ -2,7 +2,7 @@
 #include <caccel/backend.h>
 #include <caccel/log.h>
 
-#include "collectives/half_impl.h"
+#include "base/half_impl.h"
 
 #include <mpi.h>
 
@@ -65,12 +65,12 @@ struct ca_work_impl {
             b[i] = from(expr);                                                       \
         }                                                                            \
     }
-RED16(sum_f16, ca_h2f, ca_f2h, x + y)
-RED16(min_f16, ca_h2f, ca_f2h, (x < y || x != x) ? x : y)
-RED16(max_f16, ca_h2f, ca_f2h, (x > y || x != x) ? x : y)
-RED16(sum_bf16, ca_bf2f, ca_f2bf, x + y)
-RED16(min_bf16, ca_bf2f, ca_f2bf, (x < y || x != x) ? x : y)
-RED16(max_bf16, ca_bf2f, ca_f2bf, (x > y || x != x) ? x : y)
+RED16(sum_f16, ca_f16_to_f32, ca_f32_to_f16, x + y)
+RED16(min_f16, ca_f16_to_f32, ca_f32_to_f16, (x < y || x != x) ? x : y)
+RED16(max_f16, ca_f16_to_f32, ca_f32_to_f16, (x > y || x != x) ? x : y)
+RED16(sum_bf16, ca_bf16_to_f32, ca_f32_to_bf16, x + y)
+RED16(min_bf16, ca_bf16_to_f32, ca_f32_to_bf16, (x < y || x != x) ? x : y)
+RED16(max_bf16, ca_bf16_to_f32, ca_f32_to_bf16, (x > y || x != x) ? x : y)
 
 /* ------------------------------------------------------------------ errors */
 
@@ -456,12 +456,12 @@ static void finish_avg(ca_work_impl *w) {
     }
     case CA_F16: {
         uint16_t *x = w->avg_buf;
-        for (size_t i = 0; i < n; i++) x[i] = ca_f2h(ca_h2f(x[i]) / (float)p);
+        for (size_t i = 0; i < n; i++) x[i] = ca_f32_to_f16(ca_f16_to_f32(x[i]) / (float)p);
         break;
     }
     case CA_BF16: {
         uint16_t *x = w->avg_buf;
-        for (size_t i = 0; i < n; i++) x[i] = ca_f2bf(ca_bf2f(x[i]) / (float)p);
+        for (size_t i = 0; i < n; i++) x[i] = ca_f32_to_bf16(ca_bf16_to_f32(x[i]) / (float)p);
         break;
     }
     case CA_I32: {

@@ -14,19 +14,19 @@ ca_status cpu_bad_dtype(const char *kernel, const char *what, ca_dtype dt) {
 /* ------------------------------------------------------ f32 conversions */
 
 CPU_CLONES static void f16_to_f32(const uint16_t *restrict x, int64_t n, float *restrict y) {
-    for (int64_t i = 0; i < n; i++) y[i] = cpu_f16_to_f32(x[i]);
+    for (int64_t i = 0; i < n; i++) y[i] = ca_f16_to_f32(x[i]);
 }
 
 CPU_CLONES static void bf16_to_f32(const uint16_t *restrict x, int64_t n, float *restrict y) {
-    for (int64_t i = 0; i < n; i++) y[i] = cpu_bf16_to_f32(x[i]);
+    for (int64_t i = 0; i < n; i++) y[i] = ca_bf16_to_f32(x[i]);
 }
 
 CPU_CLONES static void f32_to_f16(const float *restrict x, int64_t n, uint16_t *restrict y) {
-    for (int64_t i = 0; i < n; i++) y[i] = cpu_f32_to_f16(x[i]);
+    for (int64_t i = 0; i < n; i++) y[i] = ca_f32_to_f16(x[i]);
 }
 
 CPU_CLONES static void f32_to_bf16(const float *restrict x, int64_t n, uint16_t *restrict y) {
-    for (int64_t i = 0; i < n; i++) y[i] = cpu_f32_to_bf16(x[i]);
+    for (int64_t i = 0; i < n; i++) y[i] = ca_f32_to_bf16(x[i]);
 }
 
 void cpu_to_f32(ca_dtype dt, const void *x, int64_t off, int64_t n, float *out) {
@@ -54,12 +54,12 @@ void cpu_to_f32_strided(ca_dtype dt, const void *x, int64_t off, int64_t stride,
     switch (dt) {
     case CA_F16: {
         const uint16_t *p = (const uint16_t *)x + off;
-        for (int64_t i = 0; i < n; i++) out[i] = cpu_f16_to_f32(p[i * stride]);
+        for (int64_t i = 0; i < n; i++) out[i] = ca_f16_to_f32(p[i * stride]);
         break;
     }
     case CA_BF16: {
         const uint16_t *p = (const uint16_t *)x + off;
-        for (int64_t i = 0; i < n; i++) out[i] = cpu_bf16_to_f32(p[i * stride]);
+        for (int64_t i = 0; i < n; i++) out[i] = ca_bf16_to_f32(p[i * stride]);
         break;
     }
     default: {
@@ -101,8 +101,8 @@ ca_status cpu_fill(void *dev, ca_dtype dt, int64_t n, double value, void *y) {
     if (n > 0 && !y) return ca_error(CA_ERR_INVALID, "cpu kernel fill: output is NULL");
     switch (dt) {
     case CA_F32: fill_f32(y, n, (float)value); break;
-    case CA_F16: fill_u16(y, n, cpu_f32_to_f16((float)value)); break;
-    case CA_BF16: fill_u16(y, n, cpu_f32_to_bf16((float)value)); break;
+    case CA_F16: fill_u16(y, n, ca_f32_to_f16((float)value)); break;
+    case CA_BF16: fill_u16(y, n, ca_f32_to_bf16((float)value)); break;
     case CA_I32: {
         int32_t v = (int32_t)round_sat(value, (double)INT32_MIN, (double)INT32_MAX);
         int32_t *p = y;

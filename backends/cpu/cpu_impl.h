@@ -3,6 +3,7 @@
 #define CACCEL_CPU_IMPL_H
 
 #include <caccel/backend.h>
+#include "base/half_impl.h"
 
 #include <math.h>
 #include <stdbool.h>
@@ -43,62 +44,6 @@ ca_status cpu_bf16_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float
 
 /* ---------------------------------------------------------------- bits */
 
-CPU_INLINE uint32_t cpu_f32_bits(float f) {
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    return u;
-}
-
-CPU_INLINE float cpu_bits_f32(uint32_t u) {
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-
-/* IEEE binary16 -> f32, exact; a NaN comes back quiet. Branch-free so that
- * loops over it vectorise. */
-CPU_INLINE float cpu_f16_to_f32(uint16_t h) {
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
-    uint32_t em = (uint32_t)(h & 0x7fffu) << 13;        /* exponent and mantissa in f32 position */
-    uint32_t exp = em & 0x0f800000u;
-    uint32_t normal = em + ((127u - 15u) << 23);
-    uint32_t special = (em + ((255u - 31u) << 23)) | (em & 0x007fe000u ? 0x00400000u : 0u);
-    /* subnormal: let the FPU normalise (m * 2^-24 is exact in f32) */
-    uint32_t sub = cpu_f32_bits(cpu_bits_f32(em + (1u << 23) + ((127u - 15u) << 23)) -
-                                cpu_bits_f32((127u - 14u) << 23));
-    uint32_t o = exp == 0x0f800000u ? special : (exp == 0 ? sub : normal);
-    return cpu_bits_f32(o | sign);
-}
-
-/* f32 -> binary16 with round-to-nearest-even; overflow gives Inf, NaN a quiet NaN. */
-CPU_INLINE uint16_t cpu_f32_to_f16(float f) {
-    uint32_t u = cpu_f32_bits(f);
-    uint32_t sign = (u >> 16) & 0x8000u;
-    uint32_t a = u & 0x7fffffffu;
-    /* large: Inf, NaN, or a finite value that is >= 65520 and so rounds to Inf */
-    uint32_t big = a > 0x7f800000u ? 0x7e00u | ((a >> 13) & 0x3ffu) : 0x7c00u;
-    /* subnormal result: adding 0.5 puts the f16 subnormal ulp (2^-24) at the
-     * f32 ulp of the sum, so the FPU rounds to nearest even for us */
-    uint32_t sub = cpu_f32_bits(cpu_bits_f32(a) + 0.5f) - 0x3f000000u;
-    /* normal: rebias, then round on the 13 dropped bits (ties to even) */
-    uint32_t nrm = (a + ((uint32_t)(15 - 127) << 23) + 0xfffu + ((a >> 13) & 1u)) >> 13;
-    uint32_t o = a >= 0x477ff000u ? big : (a < 0x38800000u ? sub : nrm);
-    return (uint16_t)(o | sign);
-}
-
-CPU_INLINE float cpu_bf16_to_f32(uint16_t h) {
-    uint32_t u = (uint32_t)h << 16;
-    bool nan = (h & 0x7f80u) == 0x7f80u && (h & 0x7fu);
-    return cpu_bits_f32(nan ? u | 0x00400000u : u);
-}
-
-/* f32 -> bfloat16 with round-to-nearest-even; NaN stays a quiet NaN. */
-CPU_INLINE uint16_t cpu_f32_to_bf16(float f) {
-    uint32_t u = cpu_f32_bits(f);
-    uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-    return (u & 0x7fffffffu) > 0x7f800000u ? (uint16_t)((u >> 16) | 0x40u) : (uint16_t)r;
-}
-
 /* expf to about 2 ulp, written for the vectoriser (no calls, no branches):
  * e^x = 2^n e^r with |r| <= ln2/2, the 2^n applied in two halves so that
  * subnormal results come out right. */
@@ -107,7 +52,7 @@ CPU_INLINE float cpu_expf(float x) {
     float xc = x < -104.0f ? -104.0f : (x > 89.0f ? 89.0f : x);
     float k = xc * 1.44269504088896341f + shifter;
     float n = k - shifter;
-    int32_t ni = (int32_t)(cpu_f32_bits(k) - cpu_f32_bits(shifter));
+    int32_t ni = (int32_t)(ca_f32_bits(k) - ca_f32_bits(shifter));
     float r = xc - n * 0.693359375f;
     r = r - n * -2.12194440e-4f;
     float p = 1.9875691500e-4f;
@@ -118,8 +63,8 @@ CPU_INLINE float cpu_expf(float x) {
     p = p * r + 5.0000001201e-1f;
     p = p * (r * r) + r + 1.0f;
     int32_t n1 = ni / 2, n2 = ni - n1;
-    float s1 = cpu_bits_f32((uint32_t)(n1 + 127) << 23);
-    float s2 = cpu_bits_f32((uint32_t)(n2 + 127) << 23);
+    float s1 = ca_bits_f32((uint32_t)(n1 + 127) << 23);
+    float s2 = ca_bits_f32((uint32_t)(n2 + 127) << 23);
     float y = p * s1 * s2;
     y = x > 88.72283935546875f ? INFINITY : y;
     y = x < -103.972084045410156f ? 0.0f : y;

@@ -3,6 +3,7 @@
 #define CACCEL_CUDA_COMMON_CUH
 
 #include "backends/cuda/cuda_impl.h"
+#include "base/half_impl.h"
 
 #include <cuda_runtime.h>
 
@@ -20,65 +21,6 @@
 /* Threads per block of the elementwise kernels. */
 #define CU_THREADS 256
 
-/* ---------------------------------------------------------------- bits */
-
-CU_HD uint32_t cu_f32_bits(float f) {
-#ifdef __CUDA_ARCH__
-    return __float_as_uint(f);
-#else
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    return u;
-#endif
-}
-
-CU_HD float cu_bits_f32(uint32_t u) {
-#ifdef __CUDA_ARCH__
-    return __uint_as_float(u);
-#else
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-#endif
-}
-
-/* IEEE binary16 -> f32, exact; NaN comes back quiet (cpu_f16_to_f32). */
-CU_HD float cu_f16_to_f32(uint16_t h) {
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
-    uint32_t em = (uint32_t)(h & 0x7fffu) << 13;
-    uint32_t exp = em & 0x0f800000u;
-    uint32_t normal = em + ((127u - 15u) << 23);
-    uint32_t special = (em + ((255u - 31u) << 23)) | (em & 0x007fe000u ? 0x00400000u : 0u);
-    uint32_t sub = cu_f32_bits(cu_bits_f32(em + (1u << 23) + ((127u - 15u) << 23)) -
-                               cu_bits_f32((127u - 14u) << 23));
-    uint32_t o = exp == 0x0f800000u ? special : (exp == 0 ? sub : normal);
-    return cu_bits_f32(o | sign);
-}
-
-/* f32 -> binary16, round to nearest even, overflow to Inf, NaN quiet (cpu_f32_to_f16). */
-CU_HD uint16_t cu_f32_to_f16(float f) {
-    uint32_t u = cu_f32_bits(f);
-    uint32_t sign = (u >> 16) & 0x8000u;
-    uint32_t a = u & 0x7fffffffu;
-    uint32_t big = a > 0x7f800000u ? 0x7e00u | ((a >> 13) & 0x3ffu) : 0x7c00u;
-    uint32_t sub = cu_f32_bits(cu_bits_f32(a) + 0.5f) - 0x3f000000u;
-    uint32_t nrm = (a + ((uint32_t)(15 - 127) << 23) + 0xfffu + ((a >> 13) & 1u)) >> 13;
-    uint32_t o = a >= 0x477ff000u ? big : (a < 0x38800000u ? sub : nrm);
-    return (uint16_t)(o | sign);
-}
-
-CU_HD float cu_bf16_to_f32(uint16_t h) {
-    uint32_t u = (uint32_t)h << 16;
-    bool nan = (h & 0x7f80u) == 0x7f80u && (h & 0x7fu);
-    return cu_bits_f32(nan ? u | 0x00400000u : u);
-}
-
-CU_HD uint16_t cu_f32_to_bf16(float f) {
-    uint32_t u = cu_f32_bits(f);
-    uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-    return (u & 0x7fffffffu) > 0x7f800000u ? (uint16_t)((u >> 16) | 0x40u) : (uint16_t)r;
-}
-
 /* --------------------------------------------------------- float dtypes */
 
 /* Storage types: S is what memory holds; ld/st convert through f32. */
@@ -89,13 +31,13 @@ struct T_f32 {
 };
 struct T_f16 {
     typedef uint16_t S;
-    static __device__ __forceinline__ float ld(const S *p, int64_t i) { return cu_f16_to_f32(p[i]); }
-    static __device__ __forceinline__ void st(S *p, int64_t i, float v) { p[i] = cu_f32_to_f16(v); }
+    static __device__ __forceinline__ float ld(const S *p, int64_t i) { return ca_f16_to_f32(p[i]); }
+    static __device__ __forceinline__ void st(S *p, int64_t i, float v) { p[i] = ca_f32_to_f16(v); }
 };
 struct T_bf16 {
     typedef uint16_t S;
-    static __device__ __forceinline__ float ld(const S *p, int64_t i) { return cu_bf16_to_f32(p[i]); }
-    static __device__ __forceinline__ void st(S *p, int64_t i, float v) { p[i] = cu_f32_to_bf16(v); }
+    static __device__ __forceinline__ float ld(const S *p, int64_t i) { return ca_bf16_to_f32(p[i]); }
+    static __device__ __forceinline__ void st(S *p, int64_t i, float v) { p[i] = ca_f32_to_bf16(v); }
 };
 
 /* Runs the statements with T bound to the storage type of float dtype dt. */

@@ -44,9 +44,9 @@ extern "C" ca_status cu_fill(void *dev, ca_dtype dt, int64_t n, double value, vo
     if (st != CA_OK) return st;
     unsigned g = cu_grid(d, n, CU_THREADS);
     switch (dt) {
-    case CA_F32: fill_k<uint32_t><<<g, CU_THREADS, 0, d->stream>>>((uint32_t *)y, n, cu_f32_bits((float)value)); break;
-    case CA_F16: fill_k<uint16_t><<<g, CU_THREADS, 0, d->stream>>>((uint16_t *)y, n, cu_f32_to_f16((float)value)); break;
-    case CA_BF16: fill_k<uint16_t><<<g, CU_THREADS, 0, d->stream>>>((uint16_t *)y, n, cu_f32_to_bf16((float)value)); break;
+    case CA_F32: fill_k<uint32_t><<<g, CU_THREADS, 0, d->stream>>>((uint32_t *)y, n, ca_f32_bits((float)value)); break;
+    case CA_F16: fill_k<uint16_t><<<g, CU_THREADS, 0, d->stream>>>((uint16_t *)y, n, ca_f32_to_f16((float)value)); break;
+    case CA_BF16: fill_k<uint16_t><<<g, CU_THREADS, 0, d->stream>>>((uint16_t *)y, n, ca_f32_to_bf16((float)value)); break;
     case CA_I32:
         fill_k<int32_t><<<g, CU_THREADS, 0, d->stream>>>((int32_t *)y, n,
                                                           (int32_t)round_sat(value, (double)INT32_MIN, (double)INT32_MAX));
@@ -69,8 +69,8 @@ CU_D float cast_load(ca_dtype dt, const void *x, int64_t i, float alpha) {
     case CA_U8: return alpha * (float)((const uint8_t *)x)[i];
     case CA_I32: return alpha * (float)((const int32_t *)x)[i];
     case CA_I64: return alpha * (float)((const int64_t *)x)[i];
-    case CA_F16: { float v = cu_f16_to_f32(((const uint16_t *)x)[i]); return alpha != 1.0f ? v * alpha : v; }
-    case CA_BF16: { float v = cu_bf16_to_f32(((const uint16_t *)x)[i]); return alpha != 1.0f ? v * alpha : v; }
+    case CA_F16: { float v = ca_f16_to_f32(((const uint16_t *)x)[i]); return alpha != 1.0f ? v * alpha : v; }
+    case CA_BF16: { float v = ca_bf16_to_f32(((const uint16_t *)x)[i]); return alpha != 1.0f ? v * alpha : v; }
     default: { float v = ((const float *)x)[i]; return alpha != 1.0f ? v * alpha : v; }
     }
 }
@@ -84,8 +84,8 @@ CU_D void cast_store(ca_dtype dt, void *y, int64_t i, float v) {
     }
     case CA_I32: ((int32_t *)y)[i] = (int32_t)round_sat((double)v, (double)INT32_MIN, (double)INT32_MAX); break;
     case CA_I64: ((int64_t *)y)[i] = round_sat_i64((double)v); break;
-    case CA_F16: ((uint16_t *)y)[i] = cu_f32_to_f16(v); break;
-    case CA_BF16: ((uint16_t *)y)[i] = cu_f32_to_bf16(v); break;
+    case CA_F16: ((uint16_t *)y)[i] = ca_f32_to_f16(v); break;
+    case CA_BF16: ((uint16_t *)y)[i] = ca_f32_to_bf16(v); break;
     default: ((float *)y)[i] = v; break;
     }
 }
