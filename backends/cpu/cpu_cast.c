@@ -4,11 +4,7 @@
 #include <stdlib.h>
 
 ca_status cpu_bad_dtype(const char *kernel, const char *what, ca_dtype dt) {
-    if ((unsigned)dt >= CA_DTYPE_COUNT)
-        return ca_error(CA_ERR_INVALID, "cpu kernel %s: %s has invalid dtype value %d", kernel,
-                        what, (int)dt);
-    return ca_error(CA_ERR_UNSUPPORTED, "cpu kernel %s: %s dtype %s is not supported here",
-                    kernel, what, ca_dtype_name(dt));
+    return ca_kernel_bad_dtype("cpu", kernel, what, dt);
 }
 
 /* ------------------------------------------------------ f32 conversions */

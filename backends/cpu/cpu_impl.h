@@ -4,6 +4,7 @@
 
 #include <caccel/backend.h>
 #include "base/half_impl.h"
+#include "base/kernel_check_impl.h"
 
 #include <math.h>
 #include <stdbool.h>

@@ -3,26 +3,8 @@
 
 #define LANES 16
 
-/* Checks a tensor list: arrays present, sizes non-negative, pointers present
- * for non-empty tensors. `dt_what` names what grad_dtype describes. */
 static ca_status check_list(const char *k, const ca_tensor_list *t, bool grad, bool s1, bool s2) {
-    if (!t) return ca_error(CA_ERR_INVALID, "cpu kernel %s: tensor list is NULL", k);
-    if (t->count < 0) return ca_error(CA_ERR_INVALID, "cpu kernel %s: negative count %d", k, t->count);
-    if (t->count == 0) return CA_OK;
-    if (!ca_dtype_is_float(t->grad_dtype)) return cpu_bad_dtype(k, "grad_dtype", t->grad_dtype);
-    if (!t->numel || !t->param || (grad && !t->grad) || (s1 && !t->state1) || (s2 && !t->state2))
-        return ca_error(CA_ERR_INVALID, "cpu kernel %s: the list's %s array is NULL", k,
-                        !t->numel ? "numel" : (!t->param ? "param" : (grad && !t->grad ? "grad" : (s1 && !t->state1 ? "state1" : "state2"))));
-    for (int i = 0; i < t->count; i++) {
-        if (t->numel[i] < 0)
-            return ca_error(CA_ERR_INVALID, "cpu kernel %s: tensor %d has negative numel %lld", k, i,
-                            (long long)t->numel[i]);
-        if (t->numel[i] == 0) continue;
-        if (!t->param[i] || (grad && !t->grad[i]) || (s1 && !t->state1[i]) || (s2 && !t->state2[i]))
-            return ca_error(CA_ERR_INVALID, "cpu kernel %s: tensor %d has a NULL %s", k, i,
-                            !t->param[i] ? "param" : (grad && !t->grad[i] ? "grad" : (s1 && !t->state1[i] ? "state1" : "state2")));
-    }
-    return CA_OK;
+    return ca_kernel_check_list("cpu", k, t, grad, s1, s2);
 }
 
 /* ---------------------------------------------------------------- AdamW */

@@ -45,11 +45,7 @@ ca_status cu_error_at(cudaError_t e, const char *file, int line, const char *fmt
 }
 
 ca_status cu_bad_dtype(const char *kernel, const char *what, ca_dtype dt) {
-    if ((unsigned)dt >= CA_DTYPE_COUNT)
-        return ca_error(CA_ERR_INVALID, "cuda kernel %s: %s has invalid dtype value %d", kernel, what,
-                        (int)dt);
-    return ca_error(CA_ERR_UNSUPPORTED, "cuda kernel %s: %s dtype %s is not supported here", kernel,
-                    what, ca_dtype_name(dt));
+    return ca_kernel_bad_dtype("cuda", kernel, what, dt);
 }
 
 ca_status cu_enter(cuda_device *d, const char *what) {

@@ -4,6 +4,7 @@
 
 #include <caccel/backend.h>
 #include <caccel/log.h>
+#include "base/kernel_check_impl.h"
 
 #include <cuda_runtime_api.h>
 
