@@ -4,6 +4,7 @@ libcaccel_la_SOURCES += \
 	base/base_impl.h \
 	base/half_impl.h \
 	base/kernel_check_impl.h \
+	base/ptr_map_impl.h \
 	base/status.c \
 	base/log.c \
 	base/types.c

@@ -1,5 +1,6 @@
 /* The core's caching allocator: size classes over a device's raw allocation, per-stream free lists, statistics. */
 #include "core/core_impl.h"
+#include "base/ptr_map_impl.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -34,9 +35,7 @@ typedef struct caching {
     const ca_device_ops *ops;
     void *dev;
     pthread_mutex_t mu;
-    /* open-addressing map ptr -> block */
-    block **slots;
-    size_t nslots, nused;
+    ca_ptr_map blocks;            /* ptr -> block, every block reserved from the device */
     free_list *lists;
     ca_allocator_stats st;
 } caching;
@@ -50,68 +49,6 @@ static size_t size_class(size_t n) {
         if (c >= n) return (c + 63) & ~(size_t)63;
     }
     return 2 * p;
-}
-
-static size_t hash_ptr(const void *p, size_t nslots) {
-    uint64_t x = (uint64_t)(uintptr_t)p;
-    x ^= x >> 33;
-    x *= 0xff51afd7ed558ccdULL;
-    x ^= x >> 33;
-    return (size_t)x & (nslots - 1);
-}
-
-static block *map_find(caching *c, const void *p) {
-    if (!c->nslots) return NULL;
-    for (size_t i = hash_ptr(p, c->nslots);; i = (i + 1) & (c->nslots - 1)) {
-        block *b = c->slots[i];
-        if (!b) return NULL;
-        if (b->ptr == p) return b;
-    }
-}
-
-static bool map_grow(caching *c) {
-    size_t n = c->nslots ? c->nslots * 2 : 256;
-    block **s = calloc(n, sizeof *s);
-    if (!s) return false;
-    for (size_t i = 0; i < c->nslots; i++) {
-        block *b = c->slots[i];
-        if (!b) continue;
-        size_t j = hash_ptr(b->ptr, n);
-        while (s[j]) j = (j + 1) & (n - 1);
-        s[j] = b;
-    }
-    free(c->slots);
-    c->slots = s;
-    c->nslots = n;
-    return true;
-}
-
-static bool map_insert(caching *c, block *b) {
-    if ((c->nused + 1) * 2 > c->nslots && !map_grow(c)) return false;
-    size_t j = hash_ptr(b->ptr, c->nslots);
-    while (c->slots[j]) j = (j + 1) & (c->nslots - 1);
-    c->slots[j] = b;
-    c->nused++;
-    return true;
-}
-
-/* Backward-shift deletion keeps probe chains intact without tombstones. */
-static void map_remove(caching *c, const void *p) {
-    size_t i = hash_ptr(p, c->nslots);
-    while (c->slots[i] && c->slots[i]->ptr != p) i = (i + 1) & (c->nslots - 1);
-    if (!c->slots[i]) return;
-    c->slots[i] = NULL;
-    c->nused--;
-    for (size_t j = (i + 1) & (c->nslots - 1); c->slots[j]; j = (j + 1) & (c->nslots - 1)) {
-        block *b = c->slots[j];
-        size_t h = hash_ptr(b->ptr, c->nslots);
-        bool movable = (j > i) ? (h <= i || h > j) : (h <= i && h > j);
-        if (movable) {
-            c->slots[i] = b;
-            c->slots[j] = NULL;
-            i = j;
-        }
-    }
 }
 
 static free_list *list_for(caching *c, size_t size, void *stream, bool create) {
@@ -139,7 +76,7 @@ static void release_cached(caching *c) {
         while (l->head) {
             block *b = l->head;
             l->head = b->next_free;
-            map_remove(c, b->ptr);
+            ca_ptr_map_take(&c->blocks, b->ptr);
             c->ops->mem_free(c->dev, b->ptr);
             c->st.reserved -= b->size;
             c->st.num_device_frees++;
@@ -162,7 +99,7 @@ static ca_status reserve_block(caching *c, size_t size, size_t bytes, void *stre
                         c->ops->name, bytes, c->st.reserved, c->st.allocated);
     block *b = calloc(1, sizeof *b);
     if (b) b->ptr = p;
-    if (!b || !map_insert(c, b)) {
+    if (!b || !ca_ptr_map_put(&c->blocks, p, b)) {
         c->ops->mem_free(c->dev, p);
         free(b);
         return ca_error(CA_ERR_NOMEM, "out of host memory for allocator bookkeeping");
@@ -205,7 +142,7 @@ static void caching_free(void *actx, void *ptr) {
     caching *c = actx;
     if (!ptr) return;
     pthread_mutex_lock(&c->mu);
-    block *b = map_find(c, ptr);
+    block *b = ca_ptr_map_get(&c->blocks, ptr);
     if (b && b->in_use) {
         free_list *l = list_for(c, b->size, b->stream, true);
         b->in_use = false;
@@ -215,7 +152,7 @@ static void caching_free(void *actx, void *ptr) {
             b->next_free = l->head;
             l->head = b;
         } else {           /* no memory for a list: return the block to the device */
-            map_remove(c, b->ptr);
+            ca_ptr_map_take(&c->blocks, b->ptr);
             c->ops->mem_free(c->dev, b->ptr);
             c->st.reserved -= b->size;
             c->st.num_device_frees++;
@@ -281,8 +218,8 @@ void ca_caching_allocator_destroy(void *actx) {
     pthread_mutex_lock(&c->mu);
     release_cached(c);
     /* blocks still in use belong to tensors that outlive the device; free them too */
-    for (size_t i = 0; i < c->nslots; i++) {
-        block *b = c->slots[i];
+    for (size_t i = 0; i < c->blocks.nslots; i++) {
+        block *b = c->blocks.slots[i].val;
         if (!b) continue;
         c->ops->mem_free(c->dev, b->ptr);
         free(b);
@@ -293,7 +230,7 @@ void ca_caching_allocator_destroy(void *actx) {
         free(l);
         l = n;
     }
-    free(c->slots);
+    ca_ptr_map_free(&c->blocks);
     pthread_mutex_destroy(&c->mu);
     free(c);
 }

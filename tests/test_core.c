@@ -1,5 +1,6 @@
 /* Core tests: status and logging, the registry (plugins, wrong-ABI refusal), the caching allocator, tensors and scopes. */
 #include "test_util.h"
+#include "base/ptr_map_impl.h"
 
 #include <unistd.h>
 
@@ -211,9 +212,29 @@ static void test_random_is_seeded(void **state) {
     }
 }
 
+/* The allocators' pointer map against a plain array: inserts past several growths, removals
+ * (backward shift) in an order that breaks probe chains, lookups of present and absent keys. */
+static void test_ptr_map(void **state) {
+    enum { N = 5000 };
+    static char keys[N];
+    ca_ptr_map m = {0};
+    for (int i = 0; i < N; i++) assert_true(ca_ptr_map_put(&m, &keys[i], &keys[(i + 1) % N]));
+    assert_int_equal(m.nused, N);
+    for (int i = 0; i < N; i += 3) assert_ptr_equal(ca_ptr_map_take(&m, &keys[i]), &keys[(i + 1) % N]);
+    for (int i = 0; i < N; i++)
+        assert_ptr_equal(ca_ptr_map_get(&m, &keys[i]), i % 3 ? &keys[(i + 1) % N] : NULL);
+    assert_null(ca_ptr_map_take(&m, &keys[0]));
+    assert_null(ca_ptr_map_get(&m, &m));
+    for (int i = 0; i < N; i += 3) assert_true(ca_ptr_map_put(&m, &keys[i], &keys[i]));
+    for (int i = 0; i < N; i++) assert_non_null(ca_ptr_map_get(&m, &keys[i]));
+    assert_int_equal(m.nused, N);
+    ca_ptr_map_free(&m);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_error_record),
+        cmocka_unit_test(test_ptr_map),
         cmocka_unit_test(test_log_levels),
         cmocka_unit_test(test_dtypes),
         cmocka_unit_test(test_registry_builtins),

@@ -1,5 +1,6 @@
 /* The CUDA caching allocator: segments from cudaMalloc split into blocks, best-fit reuse per stream, coalescing on free, statistics and a clear out-of-memory message. */
 #include "backends/cuda/cuda_impl.h"
+#include "base/ptr_map_impl.h"
 
 #include <pthread.h>
 #include <stdio.h>
@@ -46,8 +47,7 @@ struct cu_alloc {
     cuda_device *d;
     pthread_mutex_t mu;
     pool small, large;
-    cu_block **slots;                  /* blocks in use: open addressing by ptr */
-    size_t nslots, nused;
+    ca_ptr_map in_use;                 /* ptr -> block, the blocks in use */
     ca_allocator_stats st;
 };
 
@@ -96,63 +96,6 @@ static void pool_remove(pool *p, cu_block *b) {
 }
 
 /* ------------------------------------------------- blocks in use */
-
-static size_t hash_ptr(const void *p, size_t nslots) {
-    uint64_t x = (uint64_t)(uintptr_t)p;
-    x ^= x >> 33;
-    x *= 0xff51afd7ed558ccdULL;
-    x ^= x >> 33;
-    return (size_t)x & (nslots - 1);
-}
-
-static bool map_grow(cu_alloc *a) {
-    size_t n = a->nslots ? a->nslots * 2 : 1024;
-    cu_block **s = calloc(n, sizeof *s);
-    if (!s) return false;
-    for (size_t i = 0; i < a->nslots; i++) {
-        cu_block *b = a->slots[i];
-        if (!b) continue;
-        size_t j = hash_ptr(b->ptr, n);
-        while (s[j]) j = (j + 1) & (n - 1);
-        s[j] = b;
-    }
-    free(a->slots);
-    a->slots = s;
-    a->nslots = n;
-    return true;
-}
-
-static bool map_insert(cu_alloc *a, cu_block *b) {
-    if ((a->nused + 1) * 2 > a->nslots && !map_grow(a)) return false;
-    size_t j = hash_ptr(b->ptr, a->nslots);
-    while (a->slots[j]) j = (j + 1) & (a->nslots - 1);
-    a->slots[j] = b;
-    a->nused++;
-    return true;
-}
-
-/* Removes and returns the block at p (NULL if none). */
-static cu_block *map_take(cu_alloc *a, const void *p) {
-    if (!a->nslots) return NULL;
-    size_t i = hash_ptr(p, a->nslots);
-    while (a->slots[i] && a->slots[i]->ptr != p) i = (i + 1) & (a->nslots - 1);
-    cu_block *found = a->slots[i];
-    if (!found) return NULL;
-    a->slots[i] = NULL;
-    a->nused--;
-    /* backward-shift deletion keeps the probe chains intact */
-    for (size_t j = (i + 1) & (a->nslots - 1); a->slots[j]; j = (j + 1) & (a->nslots - 1)) {
-        cu_block *b = a->slots[j];
-        size_t h = hash_ptr(b->ptr, a->nslots);
-        bool movable = (j > i) ? (h <= i || h > j) : (h <= i && h > j);
-        if (movable) {
-            a->slots[i] = b;
-            a->slots[j] = NULL;
-            i = j;
-        }
-    }
-    return found;
-}
 
 /* ------------------------------------------------------- helpers */
 
@@ -290,7 +233,7 @@ static ca_status cu_alloc_alloc(void *actx, size_t bytes, void *stream, void **p
             }
         }
     }
-    if (!map_insert(a, b)) {
+    if (!ca_ptr_map_put(&a->in_use, b->ptr, b)) {
         pool_insert(p, b);
         pthread_mutex_unlock(&a->mu);
         return ca_error(CA_ERR_NOMEM, "cuda allocator: out of host memory for bookkeeping");
@@ -308,7 +251,7 @@ static void cu_alloc_free(void *actx, void *ptr) {
     cu_alloc *a = actx;
     if (!ptr || !a) return;
     pthread_mutex_lock(&a->mu);
-    cu_block *b = map_take(a, ptr);
+    cu_block *b = ca_ptr_map_take(&a->in_use, ptr);
     if (!b) {
         pthread_mutex_unlock(&a->mu);
         CA_LOG_E("cuda allocator: free of %p, which it did not allocate or already freed", ptr);
@@ -407,7 +350,7 @@ void cu_alloc_destroy(cu_alloc *a) {
     if (!a) return;
     cudaSetDevice(a->d->ordinal);
     /* collect the segment heads: free blocks and blocks in use, walked to their first block */
-    size_t cap = a->small.n + a->large.n + a->nused, n = 0;
+    size_t cap = a->small.n + a->large.n + a->in_use.nused, n = 0;
     cu_block **heads = calloc(cap ? cap : 1, sizeof *heads);
     pool *pools[2] = {&a->small, &a->large};
     for (int k = 0; k < 2; k++)
@@ -415,8 +358,8 @@ void cu_alloc_destroy(cu_alloc *a) {
             cu_block *b = pools[k]->v[i];
             if (!b->prev && heads) heads[n++] = b;
         }
-    for (size_t i = 0; i < a->nslots; i++) {
-        cu_block *b = a->slots[i];
+    for (size_t i = 0; i < a->in_use.nslots; i++) {
+        cu_block *b = a->in_use.slots[i].val;
         if (b && !b->prev && heads) heads[n++] = b;
     }
     for (size_t i = 0; i < n; i++) {
@@ -432,7 +375,7 @@ void cu_alloc_destroy(cu_alloc *a) {
     free(heads);
     free(a->small.v);
     free(a->large.v);
-    free(a->slots);
+    ca_ptr_map_free(&a->in_use);
     pthread_mutex_destroy(&a->mu);
     free(a);
 }
