@@ -65,6 +65,95 @@ static ca_status corrupt(gzFile f, const char *path) {
     return s;
 }
 
+static ca_status truncated_header(const char *path, int64_t got, size_t hdr_len) {
+    return ca_error(CA_ERR_IO, "IDX file '%s' is truncated: %lld bytes, a header of %zu bytes expected",
+                    path, (long long)got, hdr_len);
+}
+
+/* The magic number and the dimensions; *payload gets the data's size in bytes. */
+static ca_status read_header(gzFile f, const char *path, uint32_t want_magic, int want_ndims,
+                             idx_file *out, uint64_t *payload) {
+    unsigned char hdr[4 + 4 * 3];
+    size_t hdr_len = 4 + 4 * (size_t)want_ndims;
+    int64_t got = gz_read_all(f, hdr, 4);
+    if (got < 0) return corrupt(f, path);
+    if (got < 4) return truncated_header(path, got, hdr_len);
+    uint32_t magic = be32(hdr);
+    if (magic != want_magic && (hdr[0] != 0 || hdr[1] != 0))
+        return ca_error(CA_ERR_IO, "'%s' is not an IDX file: bad magic 0x%08x, expected 0x%08x%s", path,
+                        magic, want_magic, idx_kind(want_magic));
+    if (magic != want_magic)
+        return ca_error(CA_ERR_IO, "IDX file '%s' has magic 0x%08x%s (type 0x%02x, %u dimensions), "
+                        "expected 0x%08x%s", path, magic, idx_kind(magic), hdr[2], hdr[3], want_magic,
+                        idx_kind(want_magic));
+    got = gz_read_all(f, hdr + 4, hdr_len - 4);
+    if (got < 0) return corrupt(f, path);
+    if ((size_t)got < hdr_len - 4) return truncated_header(path, got + 4, hdr_len);
+    *payload = 1;
+    for (int d = 0; d < want_ndims; d++) {
+        out->dims[d] = be32(hdr + 4 + 4 * d);
+        /* The sample count may be 0; rows and cols may not. */
+        if (d > 0 && out->dims[d] == 0) return ca_error(CA_ERR_IO, "IDX file '%s': dimension %d is 0", path, d);
+        if (out->dims[d] && *payload > ((uint64_t)1 << 40) / out->dims[d])
+            return ca_error(CA_ERR_IO, "IDX file '%s': header dimensions are implausibly large", path);
+        *payload *= out->dims[d];
+    }
+#if SIZE_MAX < UINT64_MAX
+    if (*payload > SIZE_MAX) return ca_error(CA_ERR_IO, "IDX file '%s' is too large for this machine", path);
+#endif
+    return CA_OK;
+}
+
+/* Reads up to `payload` bytes into out->data, growing the buffer as data arrives, so a corrupt
+ * header claiming terabytes ends as "truncated", not as a failed giant allocation. */
+static ca_status read_payload(gzFile f, const char *path, uint64_t payload, idx_file *out, size_t *have) {
+    size_t cap = payload < (64u << 20) ? (size_t)payload : (64u << 20);
+    *have = 0;
+    out->data = malloc(cap ? cap : 1);
+    if (!out->data) return ca_error(CA_ERR_NOMEM, "reading '%s': cannot allocate %zu bytes", path, cap);
+    for (;;) {
+        int64_t got = gz_read_all(f, out->data + *have, cap - *have);
+        if (got < 0) return corrupt(f, path);
+        *have += (size_t)got;
+        if (*have < cap || cap == payload) return CA_OK;
+        size_t ncap = cap * 2 < payload ? cap * 2 : (size_t)payload;
+        unsigned char *p = realloc(out->data, ncap);
+        if (!p) return ca_error(CA_ERR_NOMEM, "reading '%s': cannot allocate %zu bytes", path, ncap);
+        out->data = p;
+        cap = ncap;
+    }
+}
+
+static ca_status truncated_data(gzFile f, const char *path, const idx_file *out, int want_ndims,
+                                uint64_t payload, size_t have, size_t hdr_len) {
+    const char *cut = gz_failure(f) ? "; the gzip stream is cut short" : "";
+    const char *raw = gzdirect(f) ? "" : " (uncompressed)";
+    if (want_ndims == 3)
+        return ca_error(CA_ERR_IO, "IDX file '%s' is truncated: its header (%u x %u x %u) needs %llu bytes, "
+                        "the file has %llu%s%s", path, out->dims[0], out->dims[1], out->dims[2],
+                        (unsigned long long)(payload + hdr_len), (unsigned long long)(have + hdr_len), raw, cut);
+    return ca_error(CA_ERR_IO, "IDX file '%s' is truncated: its header (%u labels) needs %llu bytes, "
+                    "the file has %llu%s%s", path, out->dims[0], (unsigned long long)(payload + hdr_len),
+                    (unsigned long long)(have + hdr_len), raw, cut);
+}
+
+/* Trailing bytes mean the header and the data disagree; reading on also makes zlib check the
+ * gzip trailer (CRC and length). */
+static ca_status check_end(gzFile f, const char *path, uint64_t expected) {
+    unsigned char extra[4096];
+    uint64_t more = 0;
+    for (;;) {
+        int64_t got = gz_read_all(f, extra, sizeof extra);
+        if (got < 0) return corrupt(f, path);
+        if (got == 0) break;
+        more += (uint64_t)got;
+    }
+    if (!more) return CA_OK;
+    return ca_error(CA_ERR_IO, "IDX file '%s' is longer than its header says: %llu bytes expected, "
+                    "the file has %llu%s", path, (unsigned long long)expected,
+                    (unsigned long long)(expected + more), gzdirect(f) ? "" : " (uncompressed)");
+}
+
 static ca_status idx_read(const char *path, uint32_t want_magic, int want_ndims, idx_file *out) {
     memset(out, 0, sizeof *out);
     if (!path) return ca_error(CA_ERR_INVALID, "IDX path is NULL");
@@ -72,142 +161,16 @@ static ca_status idx_read(const char *path, uint32_t want_magic, int want_ndims,
     gzFile f = gzopen(path, "rb");
     if (!f) {
         int e = errno;
-        return ca_error(CA_ERR_IO, "cannot open IDX file '%s': %s", path,
-                        e ? strerror(e) : "out of memory");
+        return ca_error(CA_ERR_IO, "cannot open IDX file '%s': %s", path, e ? strerror(e) : "out of memory");
     }
     gzbuffer(f, 1u << 18);
-
-    ca_status st = CA_OK;
-    unsigned char hdr[4 + 4 * 3];
-    size_t hdr_len = 4 + 4 * (size_t)want_ndims;
-    int64_t got = gz_read_all(f, hdr, 4);
-    if (got < 0) {
-        st = corrupt(f, path);
-        goto done;
-    }
-    if (got < 4) {
-        st = ca_error(CA_ERR_IO,
-                      "IDX file '%s' is truncated: %lld bytes, a header of %zu bytes expected",
-                      path, (long long)got, hdr_len);
-        goto done;
-    }
-    uint32_t magic = be32(hdr);
-    if (magic != want_magic) {
-        if (hdr[0] != 0 || hdr[1] != 0)
-            st = ca_error(CA_ERR_IO,
-                          "'%s' is not an IDX file: bad magic 0x%08x, expected 0x%08x%s", path,
-                          magic, want_magic, idx_kind(want_magic));
-        else
-            st = ca_error(CA_ERR_IO,
-                          "IDX file '%s' has magic 0x%08x%s (type 0x%02x, %u dimensions), "
-                          "expected 0x%08x%s",
-                          path, magic, idx_kind(magic), hdr[2], hdr[3], want_magic,
-                          idx_kind(want_magic));
-        goto done;
-    }
-    got = gz_read_all(f, hdr + 4, hdr_len - 4);
-    if (got < 0) {
-        st = corrupt(f, path);
-        goto done;
-    }
-    if ((size_t)got < hdr_len - 4) {
-        st = ca_error(CA_ERR_IO,
-                      "IDX file '%s' is truncated: %lld bytes, a header of %zu bytes expected",
-                      path, (long long)got + 4, hdr_len);
-        goto done;
-    }
-    uint64_t payload = 1;
-    for (int d = 0; d < want_ndims; d++) {
-        out->dims[d] = be32(hdr + 4 + 4 * d);
-        /* The sample count may be 0; rows and cols may not. */
-        if (d > 0 && out->dims[d] == 0) {
-            st = ca_error(CA_ERR_IO, "IDX file '%s': dimension %d is 0", path, d);
-            goto done;
-        }
-        if (out->dims[d] && payload > ((uint64_t)1 << 40) / out->dims[d]) {
-            st = ca_error(CA_ERR_IO, "IDX file '%s': header dimensions are implausibly large",
-                          path);
-            goto done;
-        }
-        payload *= out->dims[d];
-    }
-#if SIZE_MAX < UINT64_MAX
-    if (payload > SIZE_MAX) {
-        st = ca_error(CA_ERR_IO, "IDX file '%s' is too large for this machine", path);
-        goto done;
-    }
-#endif
-
-    /* Grow the buffer as data arrives, so a corrupt header claiming terabytes
-     * ends as "truncated", not as a failed giant allocation. */
-    size_t cap = payload < (64u << 20) ? (size_t)payload : (64u << 20);
-    size_t have = 0;
-    out->data = malloc(cap ? cap : 1);
-    if (!out->data) {
-        st = ca_error(CA_ERR_NOMEM, "reading '%s': cannot allocate %zu bytes", path, cap);
-        goto done;
-    }
-    for (;;) {
-        got = gz_read_all(f, out->data + have, cap - have);
-        if (got < 0) {
-            st = corrupt(f, path);
-            goto done;
-        }
-        have += (size_t)got;
-        if (have < cap || cap == payload) break;
-        size_t ncap = cap * 2 < payload ? cap * 2 : (size_t)payload;
-        unsigned char *p = realloc(out->data, ncap);
-        if (!p) {
-            st = ca_error(CA_ERR_NOMEM, "reading '%s': cannot allocate %zu bytes", path, ncap);
-            goto done;
-        }
-        out->data = p;
-        cap = ncap;
-    }
-    if (have < payload) {
-        const char *cut = gz_failure(f) ? "; the gzip stream is cut short" : "";
-        if (want_ndims == 3)
-            st = ca_error(CA_ERR_IO,
-                          "IDX file '%s' is truncated: its header (%u x %u x %u) needs %llu "
-                          "bytes, the file has %llu%s%s",
-                          path, out->dims[0], out->dims[1], out->dims[2],
-                          (unsigned long long)(payload + hdr_len),
-                          (unsigned long long)(have + hdr_len),
-                          gzdirect(f) ? "" : " (uncompressed)", cut);
-        else
-            st = ca_error(CA_ERR_IO,
-                          "IDX file '%s' is truncated: its header (%u labels) needs %llu bytes, "
-                          "the file has %llu%s%s",
-                          path, out->dims[0], (unsigned long long)(payload + hdr_len),
-                          (unsigned long long)(have + hdr_len),
-                          gzdirect(f) ? "" : " (uncompressed)", cut);
-        goto done;
-    }
-    /* Trailing bytes mean the header and the data disagree; reading on also
-     * makes zlib check the gzip trailer (CRC and length). */
-    unsigned char extra[4096];
-    uint64_t more = 0;
-    for (;;) {
-        got = gz_read_all(f, extra, sizeof extra);
-        if (got < 0) {
-            st = corrupt(f, path);
-            goto done;
-        }
-        if (got == 0) break;
-        more += (uint64_t)got;
-    }
-    if (more) {
-        st = ca_error(CA_ERR_IO,
-                      "IDX file '%s' is longer than its header says: %llu bytes expected, "
-                      "the file has %llu%s",
-                      path, (unsigned long long)(payload + hdr_len),
-                      (unsigned long long)(payload + hdr_len + more),
-                      gzdirect(f) ? "" : " (uncompressed)");
-        goto done;
-    }
-    out->bytes = (size_t)payload;
-
-done:
+    size_t hdr_len = 4 + 4 * (size_t)want_ndims, have = 0;
+    uint64_t payload = 0;
+    ca_status st = read_header(f, path, want_magic, want_ndims, out, &payload);
+    if (st == CA_OK) st = read_payload(f, path, payload, out, &have);
+    if (st == CA_OK && have < payload) st = truncated_data(f, path, out, want_ndims, payload, have, hdr_len);
+    if (st == CA_OK) st = check_end(f, path, payload + hdr_len);
+    if (st == CA_OK) out->bytes = (size_t)payload;
     gzclose(f);
     if (st != CA_OK) {
         free(out->data);
