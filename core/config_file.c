@@ -249,25 +249,20 @@ static const ynode *top_value(loader *L, const ynode *root, const char *key, int
     return NULL;
 }
 
-static ca_status process(ca_config *c, loader *L, const ynode *root) {
-    ca_status s;
-    if (root->type != YN_MAPPING)
-        return ca_error(CA_ERR_CONFIG, "%s:%d: expected a mapping of keys (key: value) at the top level", L->path,
-                        line_of(root));
-
-    /* Which Accelerate class reads this file, and whether it allows unknown
-     * keys itself, are known before any key is judged. */
-    int ce_line = 0, dt_line = 0, line = 0;
-    const ynode *ce = top_value(L, root, "compute_environment", &ce_line);
-    bool sagemaker = ce && ce->type == YN_SCALAR && strcmp(scalar_text(ce), "AMAZON_SAGEMAKER") == 0;
-    bool allow = ca_config_unknown_allowed(c);
+/* Which Accelerate class reads this file (sagemaker or cluster) and whether unknown keys are
+ * allowed are known before any key is judged. */
+static bool unknown_allowed(ca_config *c, loader *L, const ynode *root) {
+    bool allow = ca_config_unknown_allowed(c), b;
     const ynode *au = top_value(L, root, "allow_unknown_keys", NULL);
-    bool b;
     /* The file's own switch counts unless a higher layer already decided. */
     if (au && au->type == YN_SCALAR && ca_config_parse_bool(scalar_text(au), &b) &&
         ca_config_source_of(c, "allow_unknown_keys") <= CA_SRC_FILE)
         allow = b;
+    return allow;
+}
 
+/* Every top-level key into L's pending list; unknown ones are noted, and an error unless allowed. */
+static ca_status gather_keys(loader *L, const ynode *root, bool sagemaker, bool allow) {
     for (size_t i = 0; i + 1 < root->nkids; i += 2) {
         const ynode *k = node(L, root->kids[i]), *v = node(L, root->kids[i + 1]);
         if (k->type != YN_SCALAR)
@@ -275,20 +270,16 @@ static ca_status process(ca_config *c, loader *L, const ynode *root) {
         const char *name = scalar_text(k);
         const ca_key_def *d = strchr(name, '.') ? NULL : ca_config_key_find(name);
         unsigned cls = sagemaker ? CA_KF_SAGEMAKER : CA_KF_CLUSTER;
-        if (!d || !(d->flags & cls)) {
+        bool known = d && (d->flags & cls);
+        if (!known)
             note_unknown(L, name, line_of(k),
                          d ? (sagemaker ? "not a key of AMAZON_SAGEMAKER files" : "only in AMAZON_SAGEMAKER files")
                            : NULL);
-            if (allow) {
-                s = gather_node(L, name, v, line_of(k), true);
-                if (s != CA_OK) return s;
-            }
-            continue;
+        if (known || allow) {
+            ca_status s = gather_node(L, name, v, line_of(k), !known);
+            if (s != CA_OK) return s;
         }
-        s = gather_node(L, name, v, line_of(k), false);
-        if (s != CA_OK) return s;
     }
-
     if (L->nunknown && !allow) {
         ca_error(CA_ERR_CONFIG, "%s: unknown key%s %s", L->path, L->nunknown > 1 ? "s" : "", L->unknown);
         ca_error_hint("fix or remove %s; if the file comes from a newer Accelerate, set CACCEL_ALLOW_UNKNOWN_KEYS=1 "
@@ -299,8 +290,11 @@ static ca_status process(ca_config *c, loader *L, const ynode *root) {
     if (L->nunknown)
         CA_LOG_W("%s: unknown key%s kept and ignored (unknown keys are allowed): %s", L->path,
                  L->nunknown > 1 ? "s" : "", L->unknown);
+    return CA_OK;
+}
 
-    const ynode *dt = top_value(L, root, "distributed_type", &dt_line);
+/* Accelerate requires distributed_type, and it must suit the compute environment. */
+static ca_status check_distributed_type(loader *L, const ynode *dt, int dt_line, bool sagemaker, int ce_line) {
     if (!dt) {
         char allowed[768];
         ca_config_describe_allowed(ca_config_key_find("distributed_type"), allowed, sizeof allowed);
@@ -310,75 +304,84 @@ static ca_status process(ca_config *c, loader *L, const ynode *root) {
         return CA_ERR_CONFIG;
     }
     if (dt->type == YN_SCALAR && !scalar_is_null(dt) &&
-        !ca_config_dist_allowed(sagemaker ? "AMAZON_SAGEMAKER" : "LOCAL_MACHINE", scalar_text(dt))) {
-        ca_error(CA_ERR_CONFIG, "%s:%d: distributed_type '%s' needs compute_environment %s (%s:%d says %s)",
-                 L->path, dt_line, scalar_text(dt), sagemaker ? "LOCAL_MACHINE" : "AMAZON_SAGEMAKER", L->path,
-                 ce_line ? ce_line : dt_line, sagemaker ? "AMAZON_SAGEMAKER" : "LOCAL_MACHINE (the default)");
-        return CA_ERR_CONFIG;
-    }
+        !ca_config_dist_allowed(sagemaker ? "AMAZON_SAGEMAKER" : "LOCAL_MACHINE", scalar_text(dt)))
+        return ca_error(CA_ERR_CONFIG, "%s:%d: distributed_type '%s' needs compute_environment %s (%s:%d says %s)",
+                        L->path, dt_line, scalar_text(dt), sagemaker ? "LOCAL_MACHINE" : "AMAZON_SAGEMAKER",
+                        L->path, ce_line ? ce_line : dt_line,
+                        sagemaker ? "AMAZON_SAGEMAKER" : "LOCAL_MACHINE (the default)");
+    return CA_OK;
+}
 
-    /* Accelerate's own migrations and implied values (config_args.py). */
+/* Accelerate's own migrations and implied values (config_args.py). */
+static ca_status migrate(loader *L, const ynode *root, const ynode *dt, int dt_line) {
+    int line = 0;
+    bool b;
+    ca_status s = CA_OK;
     const ynode *fp16 = top_value(L, root, "fp16", &line);
-    if (fp16 && !top_value(L, root, "mixed_precision", NULL)) {
-        if (fp16->type == YN_SCALAR && !scalar_is_null(fp16) && ca_config_parse_bool(scalar_text(fp16), &b) &&
-            b) {
-            s = add(L, "mixed_precision", "fp16", line, " (fp16: true)", false);
-            if (s != CA_OK) return s;
-        }
-    }
+    if (fp16 && !top_value(L, root, "mixed_precision", NULL) && fp16->type == YN_SCALAR &&
+        !scalar_is_null(fp16) && ca_config_parse_bool(scalar_text(fp16), &b) && b)
+        s = add(L, "mixed_precision", "fp16", line, " (fp16: true)", false);
     const ynode *dyn = top_value(L, root, "dynamo_backend", &line);
-    if (dyn && dyn->type == YN_SCALAR && !scalar_is_null(dyn)) {
+    if (s == CA_OK && dyn && dyn->type == YN_SCALAR && !scalar_is_null(dyn)) {
         const ynode *dc = top_value(L, root, "dynamo_config", NULL);
-        bool has_new = dc && dc->type == YN_MAPPING;
-        if (has_new) {
-            has_new = false;
-            for (size_t i = 0; i + 1 < dc->nkids; i += 2) {
-                const ynode *k = node(L, dc->kids[i]);
-                if (k->type == YN_SCALAR && strcmp(scalar_text(k), "dynamo_backend") == 0) has_new = true;
-            }
+        bool has_new = false;
+        for (size_t i = 0; dc && dc->type == YN_MAPPING && i + 1 < dc->nkids; i += 2) {
+            const ynode *k = node(L, dc->kids[i]);
+            if (k->type == YN_SCALAR && strcmp(scalar_text(k), "dynamo_backend") == 0) has_new = true;
         }
-        if (!has_new) {
-            s = add(L, "dynamo_config.dynamo_backend", scalar_text(dyn), line, " (dynamo_backend)", false);
-            if (s != CA_OK) return s;
-        }
+        if (!has_new) s = add(L, "dynamo_config.dynamo_backend", scalar_text(dyn), line, " (dynamo_backend)", false);
     }
-    if (!top_value(L, root, "num_processes", NULL) && dt->type == YN_SCALAR && !scalar_is_null(dt) &&
-        strcmp(scalar_text(dt), "NO") == 0) {
+    if (s == CA_OK && !top_value(L, root, "num_processes", NULL) && dt->type == YN_SCALAR && !scalar_is_null(dt) &&
+        strcmp(scalar_text(dt), "NO") == 0)
         s = add(L, "num_processes", "1", dt_line, " (distributed_type: NO)", false);
-        if (s != CA_OK) return s;
-    }
+    return s;
+}
 
-    /* Validate everything, then apply: a bad file leaves the config as it was. */
+static bool is_legacy(const pending *p) { return strcmp(p->key, "fp16") == 0 || strcmp(p->key, "dynamo_backend") == 0; }
+
+/* Validates everything, then applies: a bad file leaves the config as it was. */
+static ca_status apply(ca_config *c, loader *L) {
     char origin[4200];
     for (size_t i = 0; i < L->n; i++) {
         pending *p = &L->items[i];
-        if (p->outside_schema || strcmp(p->key, "fp16") == 0 || strcmp(p->key, "dynamo_backend") == 0) continue;
+        if (p->outside_schema || is_legacy(p)) continue;
         snprintf(origin, sizeof origin, "%s:%d", L->path, p->line);
-        s = ca_config_check(c, p->key, p->value, origin);
+        ca_status s = ca_config_check(c, p->key, p->value, origin);
         if (s != CA_OK) return s;
     }
     /* allow_unknown_keys first: the keys outside the schema below need it. */
     ca_config_batch_begin(c);
-    s = CA_OK;
+    ca_status s = CA_OK;
     for (int pass = 0; pass < 2 && s == CA_OK; pass++) {
-        for (size_t i = 0; i < L->n; i++) {
+        for (size_t i = 0; i < L->n && s == CA_OK; i++) {
             pending *p = &L->items[i];
-            bool is_switch = strcmp(p->key, "allow_unknown_keys") == 0;
-            /* legacy keys were migrated above, by Accelerate's rules */
-            if ((pass == 0) != is_switch || strcmp(p->key, "fp16") == 0 || strcmp(p->key, "dynamo_backend") == 0)
-                continue;
+            /* legacy keys were migrated by Accelerate's rules */
+            if ((pass == 0) != (strcmp(p->key, "allow_unknown_keys") == 0) || is_legacy(p)) continue;
             snprintf(origin, sizeof origin, "%s:%d%s", L->path, p->line, p->note);
-            /* unknown top-level keys were reported above, all together */
+            /* unknown top-level keys were reported already, all together */
             bool top_unknown = p->outside_schema && !ca_config_section_of(p->key);
             s = top_unknown ? ca_config_set_quiet(c, p->key, p->value, CA_SRC_FILE, origin)
                             : ca_config_set(c, p->key, p->value, CA_SRC_FILE, origin);
-            if (s != CA_OK) break;
         }
     }
     ca_status e = ca_config_batch_end(c);
     if (s != CA_OK) return s;
     if (e != CA_OK) return e;
     return ca_config_set_file(c, L->path);
+}
+
+static ca_status process(ca_config *c, loader *L, const ynode *root) {
+    if (root->type != YN_MAPPING)
+        return ca_error(CA_ERR_CONFIG, "%s:%d: expected a mapping of keys (key: value) at the top level", L->path,
+                        line_of(root));
+    int ce_line = 0, dt_line = 0;
+    const ynode *ce = top_value(L, root, "compute_environment", &ce_line);
+    bool sagemaker = ce && ce->type == YN_SCALAR && strcmp(scalar_text(ce), "AMAZON_SAGEMAKER") == 0;
+    ca_status s = gather_keys(L, root, sagemaker, unknown_allowed(c, L, root));
+    const ynode *dt = top_value(L, root, "distributed_type", &dt_line);
+    if (s == CA_OK) s = check_distributed_type(L, dt, dt_line, sagemaker, ce_line);
+    if (s == CA_OK) s = migrate(L, root, dt, dt_line);
+    return s == CA_OK ? apply(c, L) : s;
 }
 
 /* ------------------------------------------------------------------ building the tree */
