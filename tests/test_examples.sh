@@ -1,32 +1,61 @@
 #!/bin/sh
-# The examples as users run them: linear regression reaches the noise floor; Fashion-MNIST reaches
-# PyTorch's one-epoch accuracy (84.4% for PyTorch 1.13 on this recipe; we ask for >= 83.4, the
-# spread across seeds), and bf16 / fp16 / gradient accumulation end within 0.5 points of f32.
+# The examples as users run them. Linear regression reaches the noise floor. Fashion-MNIST (seed 42,
+# one epoch): the same seed on the same kernels gives bit-identical parameters; f32, bf16, fp16 and
+# gradient accumulation (4 x 32) each reach 80% test accuracy; and the mixed-precision and
+# accumulated runs end with a mean train loss close to f32's.
+#
+# The bounds sit well outside the spread measured with tools/accuracy-spread.sh (10 seeds, the
+# normal and the ASan/UBSan build, OPENBLAS_CORETYPE unset (AVX-512) and Haswell (AVX2); the table
+# is in docs/TESTING.md):
+# - accuracy after one epoch: 82.06-85.08% over all 160 runs; the floor is 80%. Accuracy is not
+#   compared between runs: two runs whose losses agree to 0.02% differed by up to 0.59 points;
+# - mean train loss, relative difference to f32 with the same seed: bf16 <= 0.37%, fp16 <= 0.30%,
+#   accumulation <= 0.05%. bf16 rounds every activation to 8 significant bits (unit roundoff
+#   2^-8 = 0.39%); the bound for bf16 and fp16 is 4 x 2^-8 = 1.56%. Accumulation computes in f32
+#   and changes only the order of sums; its bound is 2^-8.
 set -u
 b=${CACCEL_TEST_BUILDDIR:-.}
 fail() { echo "FAIL: $*"; exit 1; }
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/caccel-examples.XXXXXX")
+trap 'rm -rf "$WORK"' EXIT
 
 "$b/examples/linear_regression" --cpu || fail "linear regression did not reach the noise floor"
 
-acc() {   # acc ARGS...: the last epoch's test accuracy
-    out=$("$b/examples/fashion_mnist" --cpu "$@" 2>&1) || { echo "$out"; fail "fashion_mnist $* exited non-zero"; }
-    echo "$out" | sed -n 's/.*test accuracy \([0-9.]*\)%.*/\1/p' | tail -1
+fm() {   # fm NAME ARGS...: trains; WORK/NAME.acc and WORK/NAME.loss hold the last epoch's figures
+    name=$1; shift
+    out=$("$b/examples/fashion_mnist" --cpu --epochs 1 "$@" 2>&1) || { echo "$out"; fail "fashion_mnist $* exited non-zero"; }
+    line=$(echo "$out" | grep 'train loss' | tail -1)
+    echo "$line" | sed -n 's/.*test accuracy \([0-9.]*\)%.*/\1/p' > "$WORK/$name.acc"
+    echo "$line" | sed -n 's/.*train loss \([0-9.]*\),.*/\1/p' > "$WORK/$name.loss"
+    [ -s "$WORK/$name.acc" ] && [ -s "$WORK/$name.loss" ] || { echo "$out"; fail "fashion_mnist $* printed no epoch line"; }
+    echo "$name: accuracy $(cat "$WORK/$name.acc")%, train loss $(cat "$WORK/$name.loss")"
 }
-ge() { awk -v a="$1" -v b="$2" 'BEGIN { exit !(a >= b) }'; }
-close() { awk -v a="$1" -v b="$2" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d <= 0.5) }'; }
+floor() {   # floor NAME: accuracy >= 80%
+    awk -v a="$(cat "$WORK/$1.acc")" 'BEGIN { exit !(a >= 80.0) }' ||
+        fail "$1 reached $(cat "$WORK/$1.acc")% after one epoch, below the 80% floor"
+}
+near() {   # near NAME BOUND: |loss - f32 loss| / f32 loss <= BOUND
+    awk -v a="$(cat "$WORK/$1.loss")" -v r="$(cat "$WORK/f32.loss")" -v t="$2" \
+        'BEGIN { d = (a - r) / r; if (d < 0) d = -d; printf "  %s: loss differs from f32 by %.3f%% (bound %.2f%%)\n", "'"$1"'", 100 * d, 100 * t; exit !(d <= t) }' ||
+        fail "$1's train loss $(cat "$WORK/$1.loss") is not within $2 (relative) of f32's $(cat "$WORK/f32.loss")"
+}
 
-one=$(acc --epochs 1)
-echo "f32, 1 epoch: $one%"
-ge "$one" 83.4 || fail "1-epoch accuracy $one% is below 83.4%"
-
-f32=$(acc --epochs 3)
-echo "f32, 3 epochs: $f32%"
-for mp in bf16 fp16; do
-    a=$(acc --epochs 3 --mixed_precision $mp)
-    echo "$mp, 3 epochs: $a%"
-    close "$a" "$f32" || fail "$mp accuracy $a% is not within 0.5 points of f32 ($f32%)"
+echo "== same seed, same kernels: bit-identical parameters after 50 steps (f32 and bf16)"
+for mp in no bf16; do
+    for i in 1 2; do
+        "$b/examples/fashion_mnist" --cpu --epochs 1 --max-steps 50 --mixed_precision $mp \
+            --dump-params "$WORK/p_$mp$i.bin" > /dev/null 2>&1 || fail "fashion_mnist --max-steps 50 ($mp) failed"
+    done
+    cmp -s "$WORK/p_${mp}1.bin" "$WORK/p_${mp}2.bin" || fail "two runs with the same seed ($mp) differ"
 done
-ga=$(ACCELERATE_GRADIENT_ACCUMULATION_STEPS=4 acc --epochs 3 --batch-size 32)
-echo "gradient accumulation 4 x 32, 3 epochs: $ga%"
-close "$ga" "$f32" || fail "accumulated accuracy $ga% is not within 0.5 points of f32 ($f32%)"
+
+echo "== one epoch: f32, bf16, fp16, accumulation 4 x 32"
+fm f32
+fm bf16 --mixed_precision bf16
+fm fp16 --mixed_precision fp16
+fm accum --gradient_accumulation_steps 4 --batch-size 32
+for n in f32 bf16 fp16 accum; do floor $n; done
+near bf16 0.015625
+near fp16 0.015625
+near accum 0.00390625
 echo "ok"
