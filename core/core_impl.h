@@ -50,7 +50,4 @@ void ca_registry_shutdown(void);
 /* Copies min(src_size, dst_size) bytes of a vtable and zeroes the rest. */
 void ca_copy_vtable(void *dst, size_t dst_size, const void *src, size_t src_size);
 
-/* Reads an integer environment variable; `def` when unset or not a number. */
-int64_t ca_env_int(const char *name, int64_t def);
-
 #endif

@@ -37,14 +37,6 @@ void ca_copy_vtable(void *dst, size_t dst_size, const void *src, size_t src_size
     memcpy(dst, src, src_size < dst_size ? src_size : dst_size);
 }
 
-int64_t ca_env_int(const char *name, int64_t def) {
-    const char *v = getenv(name);
-    if (!v || !*v) return def;
-    char *end;
-    long long x = strtoll(v, &end, 10);
-    return *end ? def : (int64_t)x;
-}
-
 static entry *find(const char *name, ca_backend_kind kind) {
     for (entry *e = entries; e; e = e->next)    /* refused entries carry no ops */
         if (e->kind == kind && (e->dev || e->coll) && strcmp(e->name, name) == 0) return e;
