@@ -23,6 +23,8 @@ run() {   # run SEED ARGS...: prints "accuracy loss" of the last epoch
         sed -n 's/.*train loss \([0-9.]*\), test accuracy \([0-9.]*\)%.*/\2 \1/p' | tail -1
 }
 echo "# $(grep -m1 'model name' /proc/cpuinfo | sed 's/.*: //') OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-unset} build=$b"
+runs=$(mktemp)
+trap 'rm -f "$runs"' EXIT
 echo "# seed config accuracy loss"
 s=1
 while [ "$s" -le "$seeds" ]; do
@@ -31,7 +33,9 @@ while [ "$s" -le "$seeds" ]; do
     echo "$s fp16 $(run "$s" --epochs "$ep" --mixed_precision fp16)"
     echo "$s accum $(run "$s" --epochs "$ep" --gradient_accumulation_steps 4 --batch-size 32)"
     s=$((s + 1))
-done | tee /dev/stderr | awk '
+done > "$runs"
+cat "$runs"
+awk '
     { acc[$2] = acc[$2] " " $3; loss[$2] = loss[$2] " " $4; a[$1, $2] = $3; l[$1, $2] = $4; seen[$1] = 1 }
     function stats(name, list,   n, v, i, lo, hi, sum) {
         n = split(list, v, " "); lo = 1e9; hi = -1e9; sum = 0
@@ -49,4 +53,4 @@ done | tee /dev/stderr | awk '
             }
             stats(mp[k] " |acc-f32|", d); stats(mp[k] " |rel loss-f32|", r)
         }
-    }' 1>&2
+    }' "$runs"
