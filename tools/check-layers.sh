@@ -4,27 +4,13 @@
 # Prints one line per violation and "layers: ok" or "layers: N violation(s)"; exits 1 on violations
 # unless --report is given.
 cd "$(dirname "$0")/.." || exit 2
+. tools/layers.sh
 report=0
 [ "${1:-}" = --report ] && report=1
 git ls-files 'base/*' 'core/*' 'tensor/*' 'nn/*' 'data/*' 'accelerator/*' 'backends/*' 'collectives/*' 'tools/*' |
     grep -E '\.(c|h|cc|cu|cuh)$' | xargs grep -n -E '^[[:space:]]*#[[:space:]]*include[[:space:]]*["<]' /dev/null |
-    awk -v report="$report" '
-    function room(p) {
-        if (p ~ /^backends\/[^\/]+\//) { split(p, a, "/"); return a[1] "/" a[2] }
-        if (p !~ /\//) return ""
-        sub(/\/.*/, "", p); return p
-    }
-    BEGIN {
-        # room: the rooms below it whose private headers it may include
-        below["base"] = ""
-        below["backends/cpu"] = below["backends/cuda"] = below["backends/xla_stub"] = "base"
-        below["collectives"] = "base"
-        below["core"] = "base backends/cpu collectives"
-        below["tensor"] = "core base"
-        below["nn"] = below["data"] = "tensor core base"
-        below["accelerator"] = "nn data tensor core base"
-        below["tools"] = "core base"
-        # what core may see of the rooms under it: the built-in faces only
+    awk -v report="$report" "$LAYERS_AWK"'
+    BEGIN {   # what core may see of the rooms under it: the built-in faces only
         face["backends/cpu/cpu_plugin.h"] = face["collectives/single.h"] = 1
     }
     {
@@ -36,8 +22,7 @@ git ls-files 'base/*' 'core/*' 'tensor/*' 'nn/*' 'data/*' 'accelerator/*' 'backe
         inc = line; sub(/^[^"]*"/, "", inc); sub(/".*/, "", inc)
         to = room(inc)
         if (to == "" || to == from || !(to in below)) next
-        ok = 0; n = split(below[from], allowed, " ")
-        for (i = 1; i <= n; i++) if (allowed[i] == to) ok = 1
+        ok = may_use(from, to)
         if (ok && from == "core" && (to == "backends/cpu" || to == "collectives") && !(inc in face)) ok = 0
         if (!ok) bad(file, num, "(" from ") includes \"" inc "\" (" to "), which is not below it")
     }

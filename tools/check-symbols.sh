@@ -5,26 +5,13 @@
 b=${1:?usage: tools/check-symbols.sh BUILDDIR [--report]}
 report=0
 [ "${2:-}" = --report ] && report=1
+. "$(cd "$(dirname "$0")" && pwd)/layers.sh"
 cd "$b" || exit 2
 objs=$(find base core tensor nn data accelerator backends collectives tools -name '*.o' \
            \( -path '*/.libs/*' -o -path 'tools/*' \) ! -name 'tests_*' 2>/dev/null | sort)
 [ -n "$objs" ] || { echo "symbols: no objects under $b (build first)"; exit 2; }
 # shellcheck disable=SC2086
-out=$(nm -A $objs | awk '
-    function room(p) {
-        if (p ~ /^backends\/[^\/]+\//) { split(p, a, "/"); return a[1] "/" a[2] }
-        sub(/\/.*/, "", p); return p
-    }
-    BEGIN {
-        below["base"] = ""
-        below["backends/cpu"] = below["backends/cuda"] = below["backends/xla_stub"] = "base"
-        below["collectives"] = "base"
-        below["core"] = "base backends/cpu collectives"
-        below["tensor"] = "core base"
-        below["nn"] = below["data"] = "tensor core base"
-        below["accelerator"] = "nn data tensor core base"
-        below["tools"] = "core base"
-    }
+out=$(nm -A $objs | awk "$LAYERS_AWK"'
     {
         obj = $1; sub(/:.*/, "", obj); sym = $NF; type = $(NF - 1)
         if (sym !~ /^ca_/) next
@@ -37,9 +24,7 @@ out=$(nm -A $objs | awk '
             if (!(sym in def)) continue
             from = room(obj); to = def[sym]
             if (to == from) continue
-            ok = 0; n = split(below[from], allowed, " ")
-            for (i = 1; i <= n; i++) if (allowed[i] == to) ok = 1
-            if (!ok) { printf "%s (%s) uses %s, defined in %s\n", obj, from, sym, to; nbad++ }
+            if (!may_use(from, to)) { printf "%s (%s) uses %s, defined in %s\n", obj, from, sym, to; nbad++ }
         }
         if (nbad) { printf "~symbols: %d violation(s)\n", nbad; exit 1 }
         print "~symbols: ok"

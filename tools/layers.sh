@@ -1,0 +1,26 @@
+# layers.sh: the table of rooms (docs/ARCHITECTURE.md), sourced by check-layers.sh and
+# check-symbols.sh. LAYERS_AWK defines room(path) and below[room]: the rooms under a room whose
+# private headers and ca_ symbols it may use.
+# shellcheck disable=SC2034
+LAYERS_AWK='
+    function room(p) {
+        if (p ~ /^backends\/[^\/]+\//) { split(p, a, "/"); return a[1] "/" a[2] }
+        if (p !~ /\//) return ""
+        sub(/\/.*/, "", p); return p
+    }
+    function may_use(from, to,   n, i, allowed) {
+        n = split(below[from], allowed, " ")
+        for (i = 1; i <= n; i++) if (allowed[i] == to) return 1
+        return 0
+    }
+    BEGIN {
+        below["base"] = ""
+        below["backends/cpu"] = below["backends/cuda"] = below["backends/xla_stub"] = "base"
+        below["collectives"] = "base"
+        below["core"] = "base backends/cpu collectives"
+        below["tensor"] = "core base"
+        below["nn"] = below["data"] = "tensor core base"
+        below["accelerator"] = "nn data tensor core base"
+        below["tools"] = "core base"
+    }
+'
