@@ -58,7 +58,9 @@ if (cd "$top/_build-ci" && rm -rf "$inst" && make -s install >/dev/null 2>&1) &&
        "$top/examples/linear_regression.c" -o "$inst/linear_regression" \
        $(PKG_CONFIG_PATH="$inst/lib/pkgconfig" pkg-config --libs caccel) -lm &&
    LD_LIBRARY_PATH="$inst/lib" "$inst/linear_regression" --cpu --epochs 5 >/dev/null &&
-   LD_LIBRARY_PATH="$inst/lib" "$inst/bin/caccel" env | grep -q "gloo"; then
+   LD_LIBRARY_PATH="$inst/lib" "$inst/bin/caccel" env | grep -q "gloo" &&
+   # the plugin folder next to the library is the configured one: scanned once, no clashes logged
+   ! LD_LIBRARY_PATH="$inst/lib" CACCEL_LOG_LEVEL=info "$inst/bin/caccel" env 2>&1 | grep -q "already registered"; then
     echo "PASS: install + pkg-config"; pass=$((pass + 1))
 else
     echo "FAIL: install + pkg-config"; fail=$((fail + 1))
