@@ -740,7 +740,9 @@ static int run_mpirun(launch *L, ca_config *cfg) {
         vars[nv++] = "ACCELERATE_CONFIG_FILE";
     }
     setenv("CACCEL_BACKEND", "mpi", 1);
-    vars[nv++] = "CACCEL_BACKEND";
+    bool listed = false;   /* --backend mpi on the command line put it in the list already */
+    for (int i = 0; i < nv; i++) listed |= strcmp(vars[i], "CACCEL_BACKEND") == 0;
+    if (!listed) vars[nv++] = "CACCEL_BACKEND";
     size_t nprog = 0;
     while (L->prog[nprog]) nprog++;
     char **av = calloc(64 + 2 * (size_t)nv + nprog, sizeof *av);
