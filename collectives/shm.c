@@ -124,7 +124,7 @@ static ca_status open_segment(ca_shm *s, const char *name) {
 }
 
 /* CACCEL_SHM_SLOT_MB, checked like every other variable: a whole number of MiB in 1..SLOT_MB_MAX. */
-static ca_status slot_from_env(size_t *bytes) {
+ca_status ca_shm_slot_from_env(size_t *bytes) {
     const char *v = getenv("CACCEL_SHM_SLOT_MB");
     *bytes = (size_t)4 << 20;
     if (!v || !*v) return CA_OK;
@@ -147,7 +147,7 @@ ca_status ca_shm_create(ca_store_ref store, const char *prefix, int rank, int wo
     *out = NULL;
     if (!store.ops || world < 2) return ca_error(CA_ERR_UNSUPPORTED, "shared memory needs a store and 2+ ranks");
     if (!slot_bytes) {
-        ca_status vs = slot_from_env(&slot_bytes);
+        ca_status vs = ca_shm_slot_from_env(&slot_bytes);
         if (vs != CA_OK) return vs;
     }
     ca_shm *s = calloc(1, sizeof *s);

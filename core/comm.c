@@ -45,6 +45,7 @@
 #define MSG_MAX 2048
 #define STATE_MAX 1024
 #define LEFT_GRACE_MS 300      /* a peer that destroyed its communicator may be about to exit: wait for its status */
+#define BACKEND_SETTLE_MS 200  /* a backend error waits this long for the peer that caused it to show */
 #define EXIT_IO_MS 2000        /* the exit announcement gives up on an unreachable store this soon */
 
 /* Where a rank's process stands with the communicator (rank_state.gone). */
@@ -538,7 +539,7 @@ static void describe(const rank_state *st, bool plural, char *buf, size_t len) {
 }
 
 /* "rank 3 is in #1042 all_reduce(f32, 301,056, sum) while ranks 0-2 wait in #1043 barrier" */
-static void positions(ca_comm *c, char *buf, size_t len) {
+static void positions_with(ca_comm *c, int known_rank, const rank_state *known, char *buf, size_t len) {
     int n = c->world;
     rank_state *st = calloc((size_t)n, sizeof *st);
     int *grp = calloc((size_t)n, sizeof *grp), *members = calloc((size_t)n, sizeof *members);
@@ -549,7 +550,8 @@ static void positions(ca_comm *c, char *buf, size_t len) {
         return;
     }
     for (int r = 0; r < n; r++) {
-        fetch_state(c, r, 2000, &st[r]);
+        if (r == known_rank) st[r] = *known;
+        else fetch_state(c, r, 2000, &st[r]);
         describe(&st[r], false, desc[r], sizeof desc[r]);
         grp[r] = -1;
     }
@@ -585,6 +587,9 @@ static void positions(ca_comm *c, char *buf, size_t len) {
     }
     free(st); free(grp); free(members); free(desc);
 }
+
+/* The same, every record read from the store. */
+static void positions(ca_comm *c, char *buf, size_t len) { positions_with(c, -1, NULL, buf, len); }
 
 /* ------------------------------------------------------------------ failure */
 
@@ -673,7 +678,9 @@ static ca_status fail_peer(ca_comm *c, uint64_t s, const ca_coll_sig *x, int pee
 static ca_status fail_gone(ca_comm *c, uint64_t s, const ca_coll_sig *x, int peer, const rank_state *p) {
     char ours[200], pos[MSG_MAX], msg[MSG_MAX * 2], hint[300];
     fmt_op(s, x, ours, sizeof ours);
-    positions(c, pos, sizeof pos);
+    /* the waiting peers publish their records within a watchdog tick: say where they are now */
+    usleep(2 * WATCH_TICK_MS * 1000);
+    positions_with(c, peer, p, pos, sizeof pos);
     snprintf(msg, sizeof msg, "%s on rank %d cannot complete: %s", ours, c->rank, pos);
     if (p->gone && (p->gone == GONE_LEFT || p->exit_status == 0))
         snprintf(hint, sizeof hint, "rank %d finished while the others still call collectives: every rank must make "
@@ -694,6 +701,14 @@ static ca_status fail_store(ca_comm *c, uint64_t s, const ca_coll_sig *x) {
                      "its own output says why");
 }
 
+/* Destroying the communicator usually comes right before exit: wait a moment for the exit status. */
+static void settle_left(ca_comm *c, int r, rank_state *st) {
+    if (st->gone != GONE_LEFT) return;
+    usleep(LEFT_GRACE_MS * 1000);
+    rank_state again;
+    if (fetch_state(c, r, 1000, &again)) *st = again;
+}
+
 /* What a peer's record says against our #s: a failure, a departure, a desync. Returns
  * true when it failed the communicator. */
 static bool judge_peer(ca_comm *c, uint64_t s, const ca_coll_sig *x, int r, rank_state *st, bool pre,
@@ -702,13 +717,8 @@ static bool judge_peer(ca_comm *c, uint64_t s, const ca_coll_sig *x, int r, rank
         *ret = fail_peer(c, s, x, r, st->reason);
         return true;
     }
-    if (st->gone == GONE_LEFT && gone_before(st, s)) {
-        /* destroying the communicator usually comes right before exit: wait for the status */
-        usleep(LEFT_GRACE_MS * 1000);
-        rank_state again;
-        if (fetch_state(c, r, 1000, &again)) *st = again;
-    }
     if (gone_before(st, s)) {
+        settle_left(c, r, st);
         *ret = fail_gone(c, s, x, r, st);
         return true;
     }
@@ -741,15 +751,21 @@ static ca_status fail_backend(ca_comm *c, uint64_t s, const ca_coll_sig *x, cons
     if (atomic_load(&c->failed)) return failure(c);
     char saved[MSG_MAX];
     snprintf(saved, sizeof saved, "%s", backend_msg);
-    if (c->store.ops) {
+    /* a peer's socket closes while its process exits, a moment before /proc shows it ended: look twice */
+    for (int pass = 0; pass < 2 && c->store.ops; pass++) {
+        if (pass) usleep(BACKEND_SETTLE_MS * 1000);
         for (int r = 0; r < c->world; r++) {
             if (r == c->rank) continue;
             rank_state st;
             if (!fetch_state(c, r, 1000, &st)) continue;
             if (st.aborted) return fail_peer(c, s, x, r, st.reason);
-            if (gone_before(&st, s) || (st.gone || st.dead)) return fail_gone(c, s, x, r, &st);
+            if (st.gone || st.dead) {
+                settle_left(c, r, &st);
+                return fail_gone(c, s, x, r, &st);
+            }
         }
         if (atomic_load(&c->store_lost)) return fail_store(c, s, x);
+        if (atomic_load(&c->failed)) return failure(c);
     }
     char ours[200], pos[MSG_MAX], msg[MSG_MAX * 2];
     fmt_op(s, x, ours, sizeof ours);
