@@ -10,6 +10,7 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -550,7 +551,14 @@ ca_status ca_store_server_start(const char *host, int port, const char *token,
         free(s);
         return ca_error(CA_ERR_IO, "rendezvous store: pipe: %s", strerror(errno));
     }
-    if (!table_grow(s) || pthread_create(&s->thread, NULL, server_main, s) != 0) {
+    /* The server thread takes no signals: a process-directed SIGCHLD or SIGINT delivered to it would
+     * be lost (or kill the process) where the program (caccel launch) reads them from a signalfd. */
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, &old);
+    bool started = table_grow(s) && pthread_create(&s->thread, NULL, server_main, s) == 0;
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (!started) {
         close(fd);
         close(s->wake_pipe[0]);
         close(s->wake_pipe[1]);

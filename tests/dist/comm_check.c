@@ -27,6 +27,8 @@
  *   exit0-early  the victim destroys its communicator and returns 0 after 3
  *                all_reduces; the others' 4th all_reduce must fail naming it
  *   kill9        the victim kills itself with SIGKILL after 3 all_reduces
+ *                (--fail-code N: the others exit N after failing as expected,
+ *                as a program whose CA_CHECK failed does)
  *   spin         every rank reduces forever (signal and orphan tests stop it)
  *   badtoken     rank 1 presents a wrong job token
  *   env          prints what the process environment says (rank, size, backend)
@@ -42,6 +44,7 @@ typedef struct opts {
     int large_mib;
     int sleep_ms;
     int victim;                /* -1: the last rank */
+    int fail_code;             /* exit status of a rank that failed as expected (leave modes) */
 } opts;
 
 static double now_s(void) {
@@ -385,7 +388,7 @@ static int leave_mode(ca_comm *c, const opts *o) {
     printf("comm_check: %s rank %d failed after %.2f s (%s): %s\n", named ? "EXPECTED" : "UNEXPECTED", r, dt,
            ca_status_name(s), m);
     fflush(stdout);
-    return named ? 0 : 1;
+    return named ? o->fail_code : 1;
 }
 
 int main(int argc, char **argv) {
@@ -399,6 +402,7 @@ int main(int argc, char **argv) {
         else if (strcmp(a, "--large-mib") == 0 && v) o.large_mib = atoi(argv[++i]);
         else if (strcmp(a, "--sleep-ms") == 0 && v) o.sleep_ms = atoi(argv[++i]);
         else if (strcmp(a, "--victim") == 0 && v) o.victim = atoi(argv[++i]);
+        else if (strcmp(a, "--fail-code") == 0 && v) o.fail_code = atoi(argv[++i]);
         else if (strcmp(a, "--debug") == 0) o.debug = true;
         else if (strcmp(a, "--tag") == 0 && v) i++;   /* a marker for the scripts' pgrep */
         else {
