@@ -1,5 +1,6 @@
 # collectives: collective backends (single built in; MPI and Gloo as plugins) and the rendezvous store.
 libcaccel_la_SOURCES += \
+	collectives/peer_impl.h \
 	collectives/single.c \
 	collectives/store_impl.h \
 	collectives/store.c
@@ -21,7 +22,7 @@ endif
 if HAVE_GLOO
 pkglib_LTLIBRARIES += collectives/caccel_gloo.la
 collectives_caccel_gloo_la_SOURCES = collectives/gloo_plugin.cc collectives/half_impl.h \
-	collectives/shm.c collectives/shm_impl.h
+	collectives/shm.c collectives/shm_impl.h collectives/peer_impl.h
 collectives_caccel_gloo_la_CXXFLAGS = $(AM_CXXFLAGS) $(GLOO_CFLAGS) -DCA_BUILDING_PLUGIN
 collectives_caccel_gloo_la_CFLAGS = $(AM_CFLAGS) -DCA_BUILDING_PLUGIN
 collectives_caccel_gloo_la_LDFLAGS = -module -avoid-version -no-undefined $(ca_plugin_ldflags)
