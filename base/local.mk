@@ -5,6 +5,7 @@ libcaccel_la_SOURCES += \
 	base/half_impl.h \
 	base/kernel_check_impl.h \
 	base/ptr_map_impl.h \
+	base/peer_impl.h \
 	base/status.c \
 	base/log.c \
 	base/types.c

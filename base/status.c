@@ -51,8 +51,13 @@ ca_status ca_error_at(ca_status s, const char *file, int line, const char *fmt, 
     vsnprintf(buf, sizeof buf, fmt, ap);
     va_end(ap);
     int rank = ca_log_get_rank();
-    if (rank >= 0)
-        snprintf(tl_msg, sizeof tl_msg, "%s (rank %d)", buf, rank);
+    /* a message that wraps an earlier one already carries the suffix: once is enough */
+    char suffix[32];
+    snprintf(suffix, sizeof suffix, " (rank %d)", rank);
+    size_t bl = strlen(buf), sl = strlen(suffix);
+    bool has = bl >= sl && strcmp(buf + bl - sl, suffix) == 0;
+    if (rank >= 0 && !has)
+        snprintf(tl_msg, sizeof tl_msg, "%s%s", buf, suffix);
     else
         snprintf(tl_msg, sizeof tl_msg, "%s", buf);
     tl_status = s;

@@ -644,6 +644,12 @@ static ca_status gloo_init(const ca_comm_init_args *args, void **out) {
         c->size = args->world_size;
         c->timeout_ms = args->timeout_ms > 0 ? args->timeout_ms : 1800 * 1000;
         std::chrono::milliseconds to(c->timeout_ms);
+        // shared memory on one machine: a bad slot size fails every rank here, before any rank connects
+        const char *use_shm = std::getenv("CACCEL_SHM");
+        bool want_shm = c->size > 1 && args->local_world_size == args->world_size &&
+                        !(use_shm && !std::strcmp(use_shm, "0"));
+        size_t slot_bytes = 0;
+        if (want_shm && ca_shm_slot_from_env(&slot_bytes) != CA_OK) return ca_last_status();
 
         gloo::transport::tcp::attr attr;
         const char *ifname = std::getenv("CACCEL_SOCKET_IFNAME");
@@ -668,10 +674,9 @@ static ca_status gloo_init(const ca_comm_init_args *args, void **out) {
         std::string prefix = std::string(args->prefix ? args->prefix : "caccel/gloo") + "/";
         CaStore store(args->store, prefix, to);
         c->ctx->connectFullMesh(store, c->dev);
-        const char *use_shm = std::getenv("CACCEL_SHM");
-        if (c->size > 1 && args->local_world_size == args->world_size && !(use_shm && !std::strcmp(use_shm, "0"))) {
-            ca_status s = ca_shm_create(args->store, (prefix + "shm").c_str(), c->rank, c->size, 0, c->timeout_ms,
-                                        &c->shm);
+        if (want_shm) {
+            ca_status s = ca_shm_create(args->store, (prefix + "shm").c_str(), c->rank, c->size, slot_bytes,
+                                        c->timeout_ms, &c->shm);
             if (s == CA_ERR_UNSUPPORTED) {
                 if (c->rank == 0) ca_log_printf(CA_LOG_INFO, "gloo: %s; using TCP", ca_last_error());
                 ca_clear_error();

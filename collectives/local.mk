@@ -20,7 +20,7 @@ endif
 if HAVE_GLOO
 pkglib_LTLIBRARIES += collectives/caccel_gloo.la
 collectives_caccel_gloo_la_SOURCES = collectives/gloo_plugin.cc base/half_impl.h \
-	collectives/shm.c collectives/shm_impl.h
+	collectives/shm.c collectives/shm_impl.h base/peer_impl.h
 collectives_caccel_gloo_la_CXXFLAGS = $(AM_CXXFLAGS) $(GLOO_CFLAGS) -DCA_BUILDING_PLUGIN
 collectives_caccel_gloo_la_CFLAGS = $(AM_CFLAGS) -DCA_BUILDING_PLUGIN
 collectives_caccel_gloo_la_LDFLAGS = -module -avoid-version -no-undefined $(ca_plugin_ldflags)

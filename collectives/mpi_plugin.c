@@ -92,12 +92,32 @@ static ca_status mpi_fail(int rc, const char *what, const mpi_comm *c) {
         }                                                                            \
     } while (0)
 
-static void finalize_at_exit(void) {
+/*
+ * The end of the process. MPI_Finalize waits for every rank, so a rank that
+ * exits while the others wait in a collective (a failed CA_CHECK calls exit(1))
+ * would sit in it while they wait for the collective timeout, and mpirun would
+ * then blame another rank. A failing exit therefore aborts the MPI job with its
+ * status, naming the rank; so does any exit after a communicator failed (its
+ * operations may be in flight, which would hang MPI_Finalize). A clean exit
+ * finalises, when caccel initialised MPI; the other ranks learn of it through
+ * the rendezvous store (core/comm.c), fail, and their exit ends the job.
+ */
+static void mpi_at_exit(int status, void *arg) {
+    (void)arg;
     int fin = 0, init = 0;
-    if (atomic_load(&g_any_aborted)) return;   /* pending operations would hang MPI_Finalize */
     MPI_Initialized(&init);
     MPI_Finalized(&fin);
-    if (init && !fin) MPI_Finalize();
+    if (!init || fin) return;
+    bool aborted = atomic_load(&g_any_aborted);
+    if (status != 0 || aborted) {
+        int rank = -1;
+        MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+        fprintf(stderr, "caccel: rank %d exits with status %d%s: aborting the MPI job (MPI_Abort) so that the other "
+                "ranks stop now\n", rank, status, aborted ? " after a failed collective" : "");
+        fflush(stderr);
+        MPI_Abort(MPI_COMM_WORLD, status != 0 ? status : 1);
+    }
+    if (g_we_init) MPI_Finalize();
 }
 
 static const char *level_name(int l) {
@@ -125,10 +145,11 @@ static ca_status ensure_mpi(void) {
         setenv("OMPI_MCA_coll_libnbc_iallreduce_algorithm", "3", 0);
         CA_MPI_TRY(MPI_Init_thread(NULL, NULL, MPI_THREAD_SERIALIZED, &provided), "MPI_Init_thread", NULL);
         g_we_init = true;
-        atexit(finalize_at_exit);
     } else {
         CA_MPI_TRY(MPI_Query_thread(&provided), "MPI_Query_thread", NULL);
     }
+    static bool hooked;
+    if (!hooked) hooked = on_exit(mpi_at_exit, NULL) == 0;
     if (provided < MPI_THREAD_SERIALIZED) {
         ca_error(CA_ERR_UNSUPPORTED, "MPI runs at thread level %s; caccel needs MPI_THREAD_SERIALIZED or higher "
                  "(it may wait on an operation from another thread)", level_name(provided));

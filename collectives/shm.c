@@ -1,5 +1,6 @@
 /* Shared-memory collectives for the ranks of one machine: a segment with per-rank slots and futex-backed barriers. */
 #include "collectives/shm_impl.h"
+#include "base/peer_impl.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -18,6 +19,11 @@
 #define SHM_MAGIC 0x6361636373686d31ULL   /* "caccshm1" */
 #define LINE 64
 #define SPINS 4000
+#define LIVENESS_MS 200           /* a sleeping barrier looks for dead peers this often */
+#define SLOT_MB_MAX 1024
+
+/* Each rank's line: its arrival counter, then who it is (for the liveness check). */
+enum { L_ARRIVE = 0, L_PID, L_START, L_HOST, L_WORDS = LINE / 8 };
 
 typedef struct shm_header {
     uint64_t magic;
@@ -39,6 +45,7 @@ struct ca_shm {
     uint8_t *slots;               /* world * slot_bytes */
     uint8_t *result;              /* slot_bytes */
     uint64_t gen;                 /* barriers passed by this rank */
+    uint64_t host;                /* ca_proc_host_key() */
 };
 
 static size_t round_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
@@ -50,6 +57,16 @@ static void layout(ca_shm *s) {
     s->arrive = (_Atomic uint64_t *)(s->base + LINE);
     s->slots = s->base + header_bytes(s->world);
     s->result = s->slots + (size_t)s->world * s->slot_bytes;
+}
+
+static _Atomic uint64_t *line_of(ca_shm *s, int r) { return &s->arrive[r * L_WORDS]; }
+
+/* Writes who this rank is into its line (before the others are told the segment is usable). */
+static void sign_in(ca_shm *s) {
+    _Atomic uint64_t *l = line_of(s, s->rank);
+    atomic_store(&l[L_PID], (uint64_t)getpid());
+    atomic_store(&l[L_START], (uint64_t)ca_proc_self_start());
+    atomic_store(&l[L_HOST], s->host);
 }
 
 static ca_status store_set_str(ca_store_ref st, const char *key, const char *v) {
@@ -106,18 +123,38 @@ static ca_status open_segment(ca_shm *s, const char *name) {
     return CA_OK;
 }
 
+/* CACCEL_SHM_SLOT_MB, checked like every other variable: a whole number of MiB in 1..SLOT_MB_MAX. */
+ca_status ca_shm_slot_from_env(size_t *bytes) {
+    const char *v = getenv("CACCEL_SHM_SLOT_MB");
+    *bytes = (size_t)4 << 20;
+    if (!v || !*v) return CA_OK;
+    char *end;
+    errno = 0;
+    long long mb = strtoll(v, &end, 10);
+    if (errno || end == v || *end || mb < 1 || mb > SLOT_MB_MAX) {
+        ca_error(CA_ERR_CONFIG, "environment variable CACCEL_SHM_SLOT_MB='%s' is not a whole number of MiB between 1 "
+                 "and %d", v, SLOT_MB_MAX);
+        ca_error_hint("CACCEL_SHM_SLOT_MB sets the shared-memory slot of each rank (default 4); unset it or give "
+                      "e.g. CACCEL_SHM_SLOT_MB=16");
+        return CA_ERR_CONFIG;
+    }
+    *bytes = (size_t)mb << 20;
+    return CA_OK;
+}
+
 ca_status ca_shm_create(ca_store_ref store, const char *prefix, int rank, int world, size_t slot_bytes,
                         int64_t timeout_ms, ca_shm **out) {
     *out = NULL;
     if (!store.ops || world < 2) return ca_error(CA_ERR_UNSUPPORTED, "shared memory needs a store and 2+ ranks");
     if (!slot_bytes) {
-        long mb = getenv("CACCEL_SHM_SLOT_MB") ? atol(getenv("CACCEL_SHM_SLOT_MB")) : 4;
-        slot_bytes = (size_t)(mb > 0 ? mb : 4) << 20;
+        ca_status vs = ca_shm_slot_from_env(&slot_bytes);
+        if (vs != CA_OK) return vs;
     }
     ca_shm *s = calloc(1, sizeof *s);
     if (!s) return ca_error(CA_ERR_NOMEM, "out of host memory");
     s->rank = rank;
     s->world = world;
+    s->host = ca_proc_host_key();
     s->slot_bytes = round_up(slot_bytes, LINE);
     s->map_bytes = header_bytes(world) + (size_t)(world + 1) * s->slot_bytes;
     char key[512], name[128] = "", mine[256] = "";
@@ -134,6 +171,7 @@ ca_status ca_shm_create(ca_store_ref store, const char *prefix, int rank, int wo
         if (st == CA_OK && name[0] && open_segment(s, name) != CA_OK) snprintf(mine, sizeof mine, "%s", ca_last_error());
         if (st == CA_OK && !name[0]) snprintf(mine, sizeof mine, "rank 0 could not make the segment");
     }
+    if (!mine[0] && name[0] && s->base) sign_in(s);
     /* every rank says whether it mapped the segment; all use it, or none does */
     char okkey[512], v[260];
     snprintf(okkey, sizeof okkey, "%s/shm/ok/%d", prefix, rank);
@@ -176,15 +214,30 @@ void ca_shm_abort(ca_shm *s) {
 
 static bool all_arrived(ca_shm *s, uint64_t gen) {
     for (int r = 0; r < s->world; r++)
-        if (atomic_load_explicit(&s->arrive[r * (LINE / 8)], memory_order_acquire) < gen) return false;
+        if (atomic_load_explicit(&line_of(s, r)[L_ARRIVE], memory_order_acquire) < gen) return false;
     return true;
+}
+
+/* A peer that has not arrived and whose process has ended: the barrier can never complete. */
+static ca_status dead_peer(ca_shm *s, uint64_t gen) {
+    for (int r = 0; r < s->world; r++) {
+        _Atomic uint64_t *l = line_of(s, r);
+        if (r == s->rank || atomic_load(&l[L_ARRIVE]) >= gen) continue;
+        uint64_t pid = atomic_load(&l[L_PID]), host = atomic_load(&l[L_HOST]);
+        if (!pid || !s->host || host != s->host) continue;
+        if (ca_proc_ended((long)pid, (unsigned long long)atomic_load(&l[L_START])))
+            return ca_error(CA_ERR_PEER, "shared-memory barrier #%llu on rank %d: rank %d (pid %llu) has ended "
+                            "(exited, killed or crashed) without arriving", (unsigned long long)gen, s->rank, r,
+                            (unsigned long long)pid);
+    }
+    return CA_OK;
 }
 
 static ca_status late_error(ca_shm *s, uint64_t gen) {
     char late[256] = "";
     size_t used = 0;
     for (int r = 0; r < s->world && used < sizeof late - 12; r++)
-        if (atomic_load(&s->arrive[r * (LINE / 8)]) < gen)
+        if (atomic_load(&line_of(s, r)[L_ARRIVE]) < gen)
             used += (size_t)snprintf(late + used, sizeof late - used, "%s%d", used ? ", " : "", r);
     return ca_error(CA_ERR_TIMEOUT, "shared-memory barrier #%llu timed out on rank %d; ranks not arrived: %s",
                     (unsigned long long)gen, s->rank, late);
@@ -193,20 +246,25 @@ static ca_status late_error(ca_shm *s, uint64_t gen) {
 /* Spin briefly (the peers are usually about to arrive), then sleep on the bell. */
 ca_status ca_shm_barrier(ca_shm *s, int64_t deadline_ms) {
     uint64_t gen = ++s->gen;
-    atomic_store_explicit(&s->arrive[s->rank * (LINE / 8)], gen, memory_order_release);
+    atomic_store_explicit(&line_of(s, s->rank)[L_ARRIVE], gen, memory_order_release);
     wake_all(s);
     for (int i = 0; i < SPINS; i++) {
         if (all_arrived(s, gen)) return CA_OK;
         if (atomic_load(&s->hdr->aborted)) break;
         if ((i & 63) == 63) sched_yield();
     }
+    int64_t next_check = ca_now_ms() + LIVENESS_MS;
     for (;;) {
         if (atomic_load(&s->hdr->aborted))
-            return ca_error(CA_ERR_STATE, "shared-memory collective aborted (rank %d)", s->rank);
+            return ca_error(CA_ERR_STATE, "shared-memory collective aborted");
         uint32_t bell = atomic_load(&s->hdr->bell);
         if (all_arrived(s, gen)) return CA_OK;
-        int64_t left = deadline_ms - ca_now_ms();
+        int64_t now = ca_now_ms(), left = deadline_ms - now;
         if (left <= 0) return late_error(s, gen);
+        if (now >= next_check) {
+            if (dead_peer(s, gen) != CA_OK) return CA_ERR_PEER;
+            next_check = now + LIVENESS_MS;
+        }
         struct timespec ts = {.tv_sec = 0, .tv_nsec = (left < 50 ? left : 50) * 1000000L};
         atomic_fetch_add(&s->hdr->sleepers, 1);
         if (!all_arrived(s, gen))

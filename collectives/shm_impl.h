@@ -27,6 +27,9 @@ typedef void (*ca_shm_reduce_fn)(void *dst, const void *a, const void *b, size_t
 ca_status ca_shm_create(ca_store_ref store, const char *prefix, int rank, int world, size_t slot_bytes,
                         int64_t timeout_ms, ca_shm **out);
 void ca_shm_destroy(ca_shm *s);
+/* The slot size CACCEL_SHM_SLOT_MB asks for (4 MiB when unset); CA_ERR_CONFIG naming the variable and its
+ * value when it is not a whole number of MiB in 1..1024. */
+ca_status ca_shm_slot_from_env(size_t *bytes);
 /* Wakes every rank waiting in the segment; their calls fail with CA_ERR_STATE. */
 void ca_shm_abort(ca_shm *s);
 

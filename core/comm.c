@@ -3,6 +3,7 @@
 #include "core/comm_impl.h"
 #include "core/procenv_impl.h"
 #include "core/store_impl.h"
+#include "base/peer_impl.h"
 
 #include <errno.h>
 #include <ifaddrs.h>
@@ -43,6 +44,12 @@
 #define HIST 1024              /* signatures remembered, for judging late peers */
 #define MSG_MAX 2048
 #define STATE_MAX 1024
+#define LEFT_GRACE_MS 300      /* a peer that destroyed its communicator may be about to exit: wait for its status */
+#define BACKEND_SETTLE_MS 200  /* a backend error waits this long for the peer that caused it to show */
+#define EXIT_IO_MS 2000        /* the exit announcement gives up on an unreachable store this soon */
+
+/* Where a rank's process stands with the communicator (rank_state.gone). */
+enum { GONE_NO = 0, GONE_LEFT = 1, GONE_EXITED = 2 };
 
 const char *ca_coll_kind_name(ca_coll_kind k) {
     switch (k) {
@@ -143,6 +150,12 @@ typedef struct rank_state {
     uint64_t chk;
     ca_coll_sig chk_sig;
     bool aborted;
+    int gone;                  /* GONE_*: destroyed its communicator, or its process exited */
+    int exit_status;           /* with GONE_EXITED */
+    long pid;                  /* who publishes the record, for the liveness check */
+    unsigned long long start;
+    uint64_t host;
+    bool dead;                 /* not published: judged here from /proc */
     char reason[STATE_MAX / 2];
 } rank_state;
 
@@ -157,12 +170,13 @@ static size_t state_encode(const rank_state *st, char *buf, size_t len) {
     sig_print(b, sizeof b, &st->unf_sig);
     sig_print(c, sizeof c, &st->wsig);
     sig_print(d, sizeof d, &st->chk_sig);
-    int n = snprintf(buf, len, "CAST1 %llu %s %lld %s %lld %s %lld %s %d\n%s",
+    int n = snprintf(buf, len, "CAST2 %llu %s %lld %s %lld %s %lld %s %d %d %d %ld %llu %llu\n%s",
                      (unsigned long long)st->nissued, a,
                      st->has_unf ? (long long)st->unf : -1LL, b,
                      st->waiting ? (long long)st->wseq : -1LL, c,
                      st->has_chk ? (long long)st->chk : -1LL, d,
-                     st->aborted ? 1 : 0, st->aborted ? st->reason : "");
+                     st->aborted ? 1 : 0, st->gone, st->exit_status, st->pid, st->start,
+                     (unsigned long long)st->host, st->aborted ? st->reason : "");
     return n < 0 ? 0 : ((size_t)n < len ? (size_t)n : len - 1);
 }
 
@@ -181,8 +195,11 @@ static bool state_decode(const char *buf, rank_state *st) {
     char a[64], b[64], c[64], d[64];
     unsigned long long n;
     long long u, w, k;
-    int ab;
-    if (sscanf(buf, "CAST1 %llu %63s %lld %63s %lld %63s %lld %63s %d", &n, a, &u, b, &w, c, &k, d, &ab) != 9)
+    int ab, gone, xs;
+    long pid;
+    unsigned long long start, host;
+    if (sscanf(buf, "CAST2 %llu %63s %lld %63s %lld %63s %lld %63s %d %d %d %ld %llu %llu", &n, a, &u, b, &w, c, &k,
+               d, &ab, &gone, &xs, &pid, &start, &host) != 14)
         return false;
     if (!sig_parse(a, &st->last) || !sig_parse(b, &st->unf_sig) || !sig_parse(c, &st->wsig) ||
         !sig_parse(d, &st->chk_sig))
@@ -195,6 +212,11 @@ static bool state_decode(const char *buf, rank_state *st) {
     st->has_chk = k >= 0;
     st->chk = (uint64_t)k;
     st->aborted = ab != 0;
+    st->gone = gone;
+    st->exit_status = xs;
+    st->pid = pid;
+    st->start = start;
+    st->host = (uint64_t)host;
     const char *nl = strchr(buf, '\n');
     if (nl) snprintf(st->reason, sizeof st->reason, "%s", nl + 1);
     st->valid = true;
@@ -249,6 +271,11 @@ struct ca_comm {
     ca_coll_sig chk_sig;
     uint64_t version;
     ca_coll_sig hist[HIST];
+    int gone, exit_status;     /* GONE_*: what this rank's record announces */
+
+    _Atomic int store_lost;    /* the store answered that it is gone (store_lost_msg says how) */
+    char store_lost_msg[MSG_MAX / 2];
+    struct ca_comm *live_next; /* the process's communicators, for the exit announcement */
 
     _Atomic int failed;
     ca_status fail_status;
@@ -285,6 +312,36 @@ bool ca_comm_set_checked(ca_comm *c, bool on) {
     return old;
 }
 
+/* This process, as its peers' liveness checks see it. */
+static pthread_once_t g_self_once = PTHREAD_ONCE_INIT;
+static long g_self_pid;
+static unsigned long long g_self_start;
+static uint64_t g_self_host;
+
+static void self_init(void) {
+    g_self_pid = (long)getpid();
+    g_self_start = ca_proc_self_start();
+    g_self_host = ca_proc_host_key();
+}
+
+static void self_identity(long *pid, unsigned long long *start, uint64_t *host) {
+    pthread_once(&g_self_once, self_init);
+    *pid = g_self_pid;
+    *start = g_self_start;
+    *host = g_self_host;
+}
+
+/* A store that says it is gone (its server ended) fails every wait on this communicator. */
+static void note_store_error(ca_comm *c, ca_status s) {
+    if (s != CA_ERR_PEER || atomic_load(&c->store_lost)) return;
+    pthread_mutex_lock(&c->mu);
+    if (!atomic_load(&c->store_lost)) {
+        snprintf(c->store_lost_msg, sizeof c->store_lost_msg, "%s", ca_last_error());
+        atomic_store(&c->store_lost, 1);
+    }
+    pthread_mutex_unlock(&c->mu);
+}
+
 static void snapshot(ca_comm *c, rank_state *st, uint64_t *version) {
     memset(st, 0, sizeof *st);
     pthread_mutex_lock(&c->mu);
@@ -302,8 +359,11 @@ static void snapshot(ca_comm *c, rank_state *st, uint64_t *version) {
     st->has_chk = c->has_chk;
     st->chk = c->chk;
     st->chk_sig = c->chk_sig;
+    st->gone = c->gone;
+    st->exit_status = c->exit_status;
     if (version) *version = c->version;
     pthread_mutex_unlock(&c->mu);
+    self_identity(&st->pid, &st->start, &st->host);
     if (atomic_load(&c->failed)) {
         st->aborted = true;
         snprintf(st->reason, sizeof st->reason, "%s", c->fail_msg);
@@ -328,6 +388,7 @@ static ca_status publish(ca_comm *c, bool force) {
         state_key(c, c->rank, key, sizeof key);
         s = c->store.ops->set(c->store.store, key, buf, n);
         if (s == CA_OK) c->published_version = v;
+        else note_store_error(c, s);
     }
     pthread_mutex_unlock(&c->pub_mu);
     return s;
@@ -335,6 +396,7 @@ static ca_status publish(ca_comm *c, bool force) {
 
 static bool fetch_state(ca_comm *c, int rank, int64_t timeout_ms, rank_state *st) {
     memset(st, 0, sizeof *st);
+    pthread_once(&g_self_once, self_init);
     if (rank == c->rank) {
         snapshot(c, st, NULL);
         return true;
@@ -342,12 +404,23 @@ static bool fetch_state(ca_comm *c, int rank, int64_t timeout_ms, rank_state *st
     char buf[STATE_MAX + 1], key[160];
     size_t len = STATE_MAX;
     state_key(c, rank, key, sizeof key);
-    if (c->store.ops->get(c->store.store, key, buf, &len, timeout_ms) != CA_OK) {
+    ca_status s = c->store.ops->get(c->store.store, key, buf, &len, timeout_ms);
+    if (s != CA_OK) {
+        note_store_error(c, s);
         ca_clear_error();
         return false;
     }
     buf[len] = '\0';
-    return state_decode(buf, st);
+    if (!state_decode(buf, st)) return false;
+    if (!st->gone && !st->aborted && st->host && st->host == g_self_host && st->pid != g_self_pid)
+        st->dead = ca_proc_ended(st->pid, st->start);
+    return true;
+}
+
+/* Peer p can never take part in our collective #s: it left or died before issuing it, or while in it. */
+static bool gone_before(const rank_state *p, uint64_t s) {
+    if (!p->gone && !p->dead) return false;
+    return p->nissued <= s || (p->has_unf && p->unf <= s);
 }
 
 /* ---------------------------------------------------------------- judging */
@@ -423,10 +496,28 @@ static void fmt_ranks(const int *r, int n, char *buf, size_t len) {
     }
 }
 
+/* When a rank that is gone stopped: "after collective #4", "during #5 all_reduce(...)". */
+static void gone_when(const rank_state *st, char *buf, size_t len) {
+    char sig[160];
+    if (st->has_unf) {
+        ca_coll_sig_format(&st->unf_sig, sig, sizeof sig);
+        snprintf(buf, len, "during #%llu %s", (unsigned long long)st->unf, sig);
+    } else if (st->nissued == 0) {
+        snprintf(buf, len, "before its first collective");
+    } else {
+        snprintf(buf, len, "after collective #%llu", (unsigned long long)(st->nissued - 1));
+    }
+}
+
 /* Where one rank is, as "<verb> <rest>" with the verb for one rank or many. */
 static void describe(const rank_state *st, bool plural, char *buf, size_t len) {
-    char sig[160];
-    if (!st->valid) {
+    char sig[160], when[200];
+    if (st->valid && !st->aborted && (st->gone || st->dead)) {
+        gone_when(st, when, sizeof when);
+        if (st->gone == GONE_EXITED) snprintf(buf, len, "exited (status %d) %s", st->exit_status, when);
+        else if (st->gone == GONE_LEFT) snprintf(buf, len, "left (destroyed the communicator) %s", when);
+        else snprintf(buf, len, "died (pid %ld ended without exiting: killed or crashed; last seen %s)", st->pid, when);
+    } else if (!st->valid) {
         snprintf(buf, len, "%s not published %s state (not started, crashed, or unreachable)",
                  plural ? "have" : "has", plural ? "their" : "its");
     } else if (st->aborted) {
@@ -448,7 +539,7 @@ static void describe(const rank_state *st, bool plural, char *buf, size_t len) {
 }
 
 /* "rank 3 is in #1042 all_reduce(f32, 301,056, sum) while ranks 0-2 wait in #1043 barrier" */
-static void positions(ca_comm *c, char *buf, size_t len) {
+static void positions_with(ca_comm *c, int known_rank, const rank_state *known, char *buf, size_t len) {
     int n = c->world;
     rank_state *st = calloc((size_t)n, sizeof *st);
     int *grp = calloc((size_t)n, sizeof *grp), *members = calloc((size_t)n, sizeof *members);
@@ -459,7 +550,8 @@ static void positions(ca_comm *c, char *buf, size_t len) {
         return;
     }
     for (int r = 0; r < n; r++) {
-        fetch_state(c, r, 2000, &st[r]);
+        if (r == known_rank) st[r] = *known;
+        else fetch_state(c, r, 2000, &st[r]);
         describe(&st[r], false, desc[r], sizeof desc[r]);
         grp[r] = -1;
     }
@@ -495,6 +587,9 @@ static void positions(ca_comm *c, char *buf, size_t len) {
     }
     free(st); free(grp); free(members); free(desc);
 }
+
+/* The same, every record read from the store. */
+static void positions(ca_comm *c, char *buf, size_t len) { positions_with(c, -1, NULL, buf, len); }
 
 /* ------------------------------------------------------------------ failure */
 
@@ -579,6 +674,63 @@ static ca_status fail_peer(ca_comm *c, uint64_t s, const ca_coll_sig *x, int pee
     return comm_fail(c, CA_ERR_PEER, msg, NULL);
 }
 
+/* Peer `peer` left, exited or died before it could take part in our #s. */
+static ca_status fail_gone(ca_comm *c, uint64_t s, const ca_coll_sig *x, int peer, const rank_state *p) {
+    char ours[200], pos[MSG_MAX], msg[MSG_MAX * 2], hint[300];
+    fmt_op(s, x, ours, sizeof ours);
+    /* the waiting peers publish their records within a watchdog tick: say where they are now */
+    usleep(2 * WATCH_TICK_MS * 1000);
+    positions_with(c, peer, p, pos, sizeof pos);
+    snprintf(msg, sizeof msg, "%s on rank %d cannot complete: %s", ours, c->rank, pos);
+    if (p->gone && (p->gone == GONE_LEFT || p->exit_status == 0))
+        snprintf(hint, sizeof hint, "rank %d finished while the others still call collectives: every rank must make "
+                 "the same collective calls (a loop shorter on one rank, uneven shards with even_batches false, a "
+                 "return before the last collective)", peer);
+    else
+        snprintf(hint, sizeof hint, "rank %d ended first; its own output says why", peer);
+    return comm_fail(c, CA_ERR_PEER, msg, hint);
+}
+
+/* The store died with the process serving it (rank 0 without a launcher, or the launcher). */
+static ca_status fail_store(ca_comm *c, uint64_t s, const ca_coll_sig *x) {
+    char ours[200], msg[MSG_MAX * 2];
+    fmt_op(s, x, ours, sizeof ours);
+    snprintf(msg, sizeof msg, "%s on rank %d cannot complete: %s", ours, c->rank, c->store_lost_msg);
+    return comm_fail(c, CA_ERR_PEER, msg,
+                     "the process serving the rendezvous store ended (rank 0 serves it when there is no launcher); "
+                     "its own output says why");
+}
+
+/* Destroying the communicator usually comes right before exit: wait a moment for the exit status. */
+static void settle_left(ca_comm *c, int r, rank_state *st) {
+    if (st->gone != GONE_LEFT) return;
+    usleep(LEFT_GRACE_MS * 1000);
+    rank_state again;
+    if (fetch_state(c, r, 1000, &again)) *st = again;
+}
+
+/* What a peer's record says against our #s: a failure, a departure, a desync. Returns
+ * true when it failed the communicator. */
+static bool judge_peer(ca_comm *c, uint64_t s, const ca_coll_sig *x, int r, rank_state *st, bool pre,
+                       ca_status *ret) {
+    if (st->aborted) {
+        *ret = fail_peer(c, s, x, r, st->reason);
+        return true;
+    }
+    if (gone_before(st, s)) {
+        settle_left(c, r, st);
+        *ret = fail_gone(c, s, x, r, st);
+        return true;
+    }
+    uint64_t at = 0;
+    ca_coll_sig theirs;
+    if (judge(c, st, s, x, pre, &at, &theirs) == J_DESYNC) {
+        *ret = fail_desync(c, s, x, r, at, &theirs);
+        return true;
+    }
+    return false;
+}
+
 static ca_status fail_timeout(ca_comm *c, uint64_t s, const ca_coll_sig *x, int64_t waited_ms, bool in_check) {
     char ours[200], pos[MSG_MAX], dur[32], msg[MSG_MAX * 2];
     fmt_op(s, x, ours, sizeof ours);
@@ -599,12 +751,21 @@ static ca_status fail_backend(ca_comm *c, uint64_t s, const ca_coll_sig *x, cons
     if (atomic_load(&c->failed)) return failure(c);
     char saved[MSG_MAX];
     snprintf(saved, sizeof saved, "%s", backend_msg);
-    if (c->store.ops) {
+    /* a peer's socket closes while its process exits, a moment before /proc shows it ended: look twice */
+    for (int pass = 0; pass < 2 && c->store.ops; pass++) {
+        if (pass) usleep(BACKEND_SETTLE_MS * 1000);
         for (int r = 0; r < c->world; r++) {
             if (r == c->rank) continue;
             rank_state st;
-            if (fetch_state(c, r, 1000, &st) && st.aborted) return fail_peer(c, s, x, r, st.reason);
+            if (!fetch_state(c, r, 1000, &st)) continue;
+            if (st.aborted) return fail_peer(c, s, x, r, st.reason);
+            if (st.gone || st.dead) {
+                settle_left(c, r, &st);
+                return fail_gone(c, s, x, r, &st);
+            }
         }
+        if (atomic_load(&c->store_lost)) return fail_store(c, s, x);
+        if (atomic_load(&c->failed)) return failure(c);
     }
     char ours[200], pos[MSG_MAX], msg[MSG_MAX * 2];
     fmt_op(s, x, ours, sizeof ours);
@@ -627,16 +788,13 @@ static void watch_peers(ca_comm *c) {
     for (int r = 0; r < c->world && !atomic_load(&c->failed); r++) {
         if (r == c->rank) continue;
         rank_state st;
-        if (!fetch_state(c, r, 1000, &st)) continue;
-        if (st.aborted) {
-            fail_peer(c, s, &x, r, st.reason);
+        ca_status ret;
+        if (fetch_state(c, r, 1000, &st) && judge_peer(c, s, &x, r, &st, false, &ret)) {
             ca_clear_error();
             return;
         }
-        uint64_t at = 0;
-        ca_coll_sig theirs;
-        if (judge(c, &st, s, &x, false, &at, &theirs) == J_DESYNC) {
-            fail_desync(c, s, &x, r, at, &theirs);
+        if (atomic_load(&c->store_lost)) {
+            fail_store(c, s, &x);
             ca_clear_error();
             return;
         }
@@ -759,9 +917,15 @@ static ca_status precheck(ca_comm *c, uint64_t s, const ca_coll_sig *x, int64_t 
             if (agreed[r]) continue;
             rank_state st;
             int64_t rem = deadline - ca_now_ms();
-            if (!fetch_state(c, r, rem < 1 ? 1 : (rem > 2000 ? 2000 : rem), &st)) continue;
-            if (st.aborted) {
-                ret = fail_peer(c, s, x, r, st.reason);
+            if (!fetch_state(c, r, rem < 1 ? 1 : (rem > 2000 ? 2000 : rem), &st)) {
+                if (atomic_load(&c->store_lost)) {
+                    ret = fail_store(c, s, x);
+                    goto out;
+                }
+                continue;
+            }
+            if (st.aborted || gone_before(&st, s)) {
+                judge_peer(c, s, x, r, &st, true, &ret);
                 goto out;
             }
             uint64_t at = 0;
@@ -1177,6 +1341,7 @@ static ca_status bootstrap_store(ca_comm *c) {
         ca_store_server_stop(srv);
         return s;
     }
+    ca_store_client_set_server_name(cl, "rank 0");
     c->own_client = cl;
     c->own_server = srv;
     c->store = ca_store_client_ref(cl);
@@ -1220,8 +1385,91 @@ static ca_status join(ca_comm *c) {
     return s;
 }
 
+/* ------------------------------------------------------ leaving the job
+ *
+ * A rank that stops calling collectives while the others wait in one would
+ * leave them waiting until the timeout. So every rank says in its record when
+ * it leaves: ca_comm_destroy announces GONE_LEFT, and an on_exit handler
+ * announces GONE_EXITED with the exit status, for the communicators still
+ * alive and for those destroyed before (their store client is kept for that).
+ * The peers' watchdogs fail a wait on a collective the departed rank never
+ * issued within a second or two.
+ */
+
+typedef struct departed {
+    ca_store_client *client;
+    char key[160];
+    rank_state st;
+    struct departed *next;
+} departed;
+
+static pthread_mutex_t g_live_mu = PTHREAD_MUTEX_INITIALIZER;
+static ca_comm *g_live;
+static departed *g_departed;
+static bool g_exit_hook;
+
+static void announce_exit(int status, void *arg) {
+    (void)arg;
+    pthread_mutex_lock(&g_live_mu);
+    for (ca_comm *c = g_live; c; c = c->live_next) {
+        pthread_mutex_lock(&c->mu);
+        c->gone = GONE_EXITED;
+        c->exit_status = status;
+        c->version++;
+        pthread_mutex_unlock(&c->mu);
+        if (c->own_client) ca_store_client_set_io_timeout(c->own_client, EXIT_IO_MS);
+        if (publish(c, true) != CA_OK) ca_clear_error();
+    }
+    while (g_departed) {
+        departed *d = g_departed;
+        g_departed = d->next;
+        d->st.gone = GONE_EXITED;
+        d->st.exit_status = status;
+        char buf[STATE_MAX];
+        size_t n = state_encode(&d->st, buf, sizeof buf);
+        ca_store_ref ref = ca_store_client_ref(d->client);
+        if (ref.ops->set(ref.store, d->key, buf, n) != CA_OK) ca_clear_error();
+        ca_store_client_close(d->client);
+        free(d);
+    }
+    pthread_mutex_unlock(&g_live_mu);
+}
+
+static void live_add(ca_comm *c) {
+    pthread_mutex_lock(&g_live_mu);
+    if (!g_exit_hook) g_exit_hook = on_exit(announce_exit, NULL) == 0;
+    c->live_next = g_live;
+    g_live = c;
+    pthread_mutex_unlock(&g_live_mu);
+}
+
+/* Takes c off the live list; its own store client (if any) is kept to announce the exit status. */
+static void live_remove(ca_comm *c, bool announce) {
+    pthread_mutex_lock(&g_live_mu);
+    bool was_live = false;
+    for (ca_comm **p = &g_live; *p; p = &(*p)->live_next)
+        if (*p == c) {
+            *p = c->live_next;
+            was_live = true;
+            break;
+        }
+    departed *d = NULL;
+    if (was_live && announce && g_exit_hook && c->own_client && !c->own_server) d = calloc(1, sizeof *d);
+    if (d) {
+        d->client = c->own_client;
+        c->own_client = NULL;
+        ca_store_client_set_io_timeout(d->client, EXIT_IO_MS);
+        state_key(c, c->rank, d->key, sizeof d->key);
+        snapshot(c, &d->st, NULL);
+        d->next = g_departed;
+        g_departed = d;
+    }
+    pthread_mutex_unlock(&g_live_mu);
+}
+
 void ca_comm_destroy(ca_comm *c) {
     if (!c) return;
+    bool announce = c->wd_running && c->store.ops;
     if (c->wd_running) {
         pthread_mutex_lock(&c->wd_mu);
         c->wd_stop = true;
@@ -1229,6 +1477,14 @@ void ca_comm_destroy(ca_comm *c) {
         pthread_mutex_unlock(&c->wd_mu);
         pthread_join(c->wd, NULL);
     }
+    if (announce) {
+        pthread_mutex_lock(&c->mu);
+        if (!c->gone) c->gone = GONE_LEFT;
+        c->version++;
+        pthread_mutex_unlock(&c->mu);
+        if (publish(c, true) != CA_OK) ca_clear_error();
+    }
+    live_remove(c, announce);
     if (c->bc && c->ops.destroy) c->ops.destroy(c->bc);
     ca_store_client_close(c->own_client);
     ca_store_server_stop(c->own_server);
@@ -1382,6 +1638,7 @@ static ca_status create_impl(const ca_comm_options *opts, ca_store_client *owned
             return ca_error(CA_ERR_NOMEM, "cannot start the communicator's watchdog thread");
         }
         c->wd_running = true;
+        live_add(c);
     }
     *out = c;
     return CA_OK;

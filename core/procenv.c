@@ -334,6 +334,7 @@ ca_status ca_procenv_store(const ca_procenv *pe, int64_t timeout_ms, ca_store_cl
         ca_store_server_stop(srv);
         return s;
     }
+    ca_store_client_set_server_name(*client, pe->store_served ? "caccel launch" : "rank 0");
     *server = srv;
     return CA_OK;
 }

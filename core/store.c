@@ -10,6 +10,7 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -550,7 +551,14 @@ ca_status ca_store_server_start(const char *host, int port, const char *token,
         free(s);
         return ca_error(CA_ERR_IO, "rendezvous store: pipe: %s", strerror(errno));
     }
-    if (!table_grow(s) || pthread_create(&s->thread, NULL, server_main, s) != 0) {
+    /* The server thread takes no signals: a process-directed SIGCHLD or SIGINT delivered to it would
+     * be lost (or kill the process) where the program (caccel launch) reads them from a signalfd. */
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, &old);
+    bool started = table_grow(s) && pthread_create(&s->thread, NULL, server_main, s) == 0;
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (!started) {
         close(fd);
         close(s->wake_pipe[0]);
         close(s->wake_pipe[1]);
@@ -596,6 +604,11 @@ struct ca_store_client {
     pthread_mutex_t mu;
     int *idle;
     int nidle, idle_cap;
+    /* Once the server has been reached, losing it is final: the process serving
+     * it ended, and retrying for the whole deadline only hides that. */
+    bool reached;
+    bool gone;
+    char gone_why[256];
 };
 
 typedef struct reply {
@@ -656,14 +669,41 @@ static int recv_all(int fd, uint8_t *buf, size_t len, int64_t deadline) {
     return 0;
 }
 
-static ca_status io_error(const ca_store_client *c, int e, const char *doing) {
+static void mark_gone(ca_store_client *c, const char *why) {
+    pthread_mutex_lock(&c->mu);
+    if (!c->gone) {
+        c->gone = true;
+        snprintf(c->gone_why, sizeof c->gone_why, "%s", why);
+    }
+    pthread_mutex_unlock(&c->mu);
+}
+
+static bool is_gone(ca_store_client *c) {
+    pthread_mutex_lock(&c->mu);
+    bool g = c->gone;
+    pthread_mutex_unlock(&c->mu);
+    return g;
+}
+
+static ca_status gone_error(ca_store_client *c) {
+    pthread_mutex_lock(&c->mu);
+    char why[256];
+    snprintf(why, sizeof why, "%s", c->gone_why);
+    pthread_mutex_unlock(&c->mu);
+    ca_error(CA_ERR_PEER, "the rendezvous store at %s is gone: %s", c->addr, why);
+    ca_error_hint("the process serving the store (caccel launch, or rank 0 without a launcher) exited or "
+                  "was killed; look at its output for the first failure");
+    return CA_ERR_PEER;
+}
+
+static ca_status io_error(ca_store_client *c, int e, const char *doing) {
     if (e == ETIMEDOUT)
         return ca_error(CA_ERR_TIMEOUT, "rendezvous store at %s did not answer while %s", c->addr, doing);
     if (e == ECONNRESET || e == EPIPE) {
-        ca_error(CA_ERR_PEER, "the rendezvous store at %s closed the connection while %s", c->addr, doing);
-        ca_error_hint("the process serving the store (caccel launch, or rank 0 without a launcher) exited or "
-                      "was killed; look at its output for the first failure");
-        return CA_ERR_PEER;
+        char why[256];
+        snprintf(why, sizeof why, "it closed the connection while %s", doing);
+        mark_gone(c, why);
+        return gone_error(c);
     }
     return ca_error(CA_ERR_IO, "rendezvous store at %s: %s while %s", c->addr, strerror(e), doing);
 }
@@ -758,8 +798,17 @@ static ca_status open_conn(ca_store_client *c, int64_t deadline, int *out_fd) {
                               "the same value on each (see docs/DISTRIBUTED.md)", CA_STORE_TOKEN_ENV);
                 return CA_ERR_PEER;
             }
+            pthread_mutex_lock(&c->mu);
+            c->reached = true;
+            pthread_mutex_unlock(&c->mu);
             *out_fd = fd;
             return CA_OK;
+        }
+        if (last == ECONNREFUSED && c->reached) {
+            char why[256];
+            snprintf(why, sizeof why, "connection refused (it was reached before)");
+            mark_gone(c, why);
+            return gone_error(c);
         }
         bool retry = last == ECONNREFUSED || last == ENETUNREACH || last == EHOSTUNREACH ||
                      last == ETIMEDOUT || last == ECONNRESET;
@@ -813,6 +862,7 @@ static ca_status request(ca_store_client *c, uint32_t op, const char *key, const
     size_t klen = key ? strlen(key) : 0;
     if (klen > CA_STORE_MAX_KEY)
         return ca_error(CA_ERR_INVALID, "rendezvous store key is %zu bytes (limit %u)", klen, CA_STORE_MAX_KEY);
+    if (is_gone(c)) return gone_error(c);
     int fd;
     ca_status st = acquire(c, io_deadline, &fd);
     if (st != CA_OK) return ca_error_context("%s", doing);
@@ -991,6 +1041,11 @@ ca_store_ref ca_store_client_ref(ca_store_client *c) {
 }
 
 const char *ca_store_client_address(const ca_store_client *c) { return c ? c->addr : "?"; }
+
+void ca_store_client_set_server_name(ca_store_client *c, const char *who) {
+    if (!c || !who || !*who) return;
+    snprintf(c->addr, sizeof c->addr, strchr(c->host, ':') ? "[%s]:%d (%s)" : "%s:%d (%s)", c->host, c->port, who);
+}
 
 void ca_store_client_set_io_timeout(ca_store_client *c, int64_t timeout_ms) {
     if (c && timeout_ms > 0) c->io_timeout_ms = timeout_ms;

@@ -47,6 +47,9 @@ void ca_store_client_close(ca_store_client *c);   /* accepts NULL */
 ca_store_ref ca_store_client_ref(ca_store_client *c);
 /* "host:port" of the server, for messages. */
 const char *ca_store_client_address(const ca_store_client *c);
+/* Who serves the store ("rank 0", "caccel launch"), added to the address in
+ * messages: "127.0.0.1:29500 (rank 0)". */
+void ca_store_client_set_server_name(ca_store_client *c, const char *who);
 /* Deadline for the non-waiting calls (set/add/check), default 30 s. */
 void ca_store_client_set_io_timeout(ca_store_client *c, int64_t timeout_ms);
 

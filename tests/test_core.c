@@ -26,6 +26,13 @@ static void test_error_record(void **state) {
     ca_log_set_rank(3);
     ca_error(CA_ERR_PEER, "peer left");
     assert_string_equal(ca_last_error(), "peer left (rank 3)");
+    /* a message that wraps one already carrying the suffix gets it once */
+    char wrapped[256];
+    snprintf(wrapped, sizeof wrapped, "%s", ca_last_error());
+    ca_error(CA_ERR_PEER, "%s", wrapped);
+    assert_string_equal(ca_last_error(), "peer left (rank 3)");
+    ca_error(CA_ERR_PEER, "collective failed (rank 2)");
+    assert_string_equal(ca_last_error(), "collective failed (rank 2) (rank 3)");
     ca_log_set_rank(-1);
     ca_clear_error();
 }

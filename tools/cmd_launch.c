@@ -90,6 +90,7 @@ typedef struct launch {
     bool stopping;
     int64_t kill_at;
     int first_fail;                /* index into kids, -1 none */
+    int early_exit;                /* the first rank that exited 0 while others still ran, -1 none */
     int *failed_order;             /* failures seen before deciding, in the order reaped */
     int nfailed;
     int64_t decide_at;             /* when to name the failure that caused the others, 0 none */
@@ -505,6 +506,8 @@ static void begin_stop(launch *L, int sig) {
     signal_all(L, sig);
 }
 
+static int running_count(const launch *L);
+
 /* Collects exited children; `first` (the pid SIGCHLD named, 0 none) is
  * collected before the others: when one rank's exit makes the others fail
  * within the same instant, the one that went first is the one to report. */
@@ -523,6 +526,8 @@ static void reap(launch *L, pid_t first) {
             k->running = false;
             k->status = st;
             bool failed = !(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+            if (!failed && L->early_exit < 0 && L->nfailed == 0 && !L->stopping && running_count(L) > 0)
+                L->early_exit = i;
             if (failed && L->first_fail < 0 && !L->interrupted && !L->stopping) {
                 L->failed_order[L->nfailed++] = i;
                 if (L->decide_at == 0) L->decide_at = ca_now_ms() + DECIDE_MS;
@@ -571,6 +576,12 @@ static void decide(launch *L) {
     describe_status(k->status, how, sizeof how);
     fprintf(stderr, "caccel launch: rank %d (local rank %d, pid %d) %s; stopping the other processes\n", k->rank,
             k->local_rank, (int)k->pid, how);
+    if (L->early_exit >= 0 && failed_in_comm(L, k->rank)) {
+        /* a clean exit is no failure, but it is what the others' collectives waited for */
+        const child *e = &L->kids[L->early_exit];
+        fprintf(stderr, "caccel launch: before that, rank %d (local rank %d, pid %d) exited with code 0 while the "
+                "others still ran\n", e->rank, e->local_rank, (int)e->pid);
+    }
     if (L->nfailed > 1) {
         fprintf(stderr, "caccel launch: then failed too:");
         for (int j = 0; j < L->nfailed; j++) {
@@ -740,7 +751,9 @@ static int run_mpirun(launch *L, ca_config *cfg) {
         vars[nv++] = "ACCELERATE_CONFIG_FILE";
     }
     setenv("CACCEL_BACKEND", "mpi", 1);
-    vars[nv++] = "CACCEL_BACKEND";
+    bool listed = false;   /* --backend mpi on the command line put it in the list already */
+    for (int i = 0; i < nv; i++) listed |= strcmp(vars[i], "CACCEL_BACKEND") == 0;
+    if (!listed) vars[nv++] = "CACCEL_BACKEND";
     size_t nprog = 0;
     while (L->prog[nprog]) nprog++;
     char **av = calloc(64 + 2 * (size_t)nv + nprog, sizeof *av);
@@ -792,6 +805,7 @@ int ca_cmd_launch(int argc, char **argv) {
     launch L0 = {0}, *L = &L0;
     memset(L->tee_map, -1, sizeof L->tee_map);
     L->first_fail = -1;
+    L->early_exit = -1;
     L->monitor_interval = 0.5;
     L->sfd = -1;
     int prog = argc;

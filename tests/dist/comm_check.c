@@ -2,6 +2,7 @@
 #include <caccel/caccel.h>
 
 #include <math.h>
+#include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,6 +21,14 @@
  *                others already wait in: they must fail naming it
  *   exit         the last rank exits with code 7 after a barrier; the others
  *                keep reducing until the launcher stops them
+ *   exit1-mid    after 3 all_reduces the victim (--victim, default the last
+ *                rank) calls exit(1), as a failed CA_CHECK does; the others
+ *                reduce on and must fail within seconds naming it
+ *   exit0-early  the victim destroys its communicator and returns 0 after 3
+ *                all_reduces; the others' 4th all_reduce must fail naming it
+ *   kill9        the victim kills itself with SIGKILL after 3 all_reduces
+ *                (--fail-code N: the others exit N after failing as expected,
+ *                as a program whose CA_CHECK failed does)
  *   spin         every rank reduces forever (signal and orphan tests stop it)
  *   badtoken     rank 1 presents a wrong job token
  *   env          prints what the process environment says (rank, size, backend)
@@ -34,6 +43,8 @@ typedef struct opts {
     bool debug;
     int large_mib;
     int sleep_ms;
+    int victim;                /* -1: the last rank */
+    int fail_code;             /* exit status of a rank that failed as expected (leave modes) */
 } opts;
 
 static double now_s(void) {
@@ -342,9 +353,47 @@ static int exit_mode(ca_comm *c) {
         if (ca_comm_all_reduce(c, x, x, 16, CA_F32, CA_OP_SUM, NULL) != CA_OK) return die(r, "all_reduce");
 }
 
+/* The victim leaves (exit1-mid, exit0-early, kill9); the others must fail
+ * fast, naming it. Returns -1 when this rank is the victim and should return
+ * 0 from main without destroying the communicator again. */
+static int leave_mode(ca_comm *c, const opts *o) {
+    int r = ca_comm_rank(c), w = ca_comm_size(c), victim = o->victim >= 0 ? o->victim : w - 1;
+    float x[16] = {0};
+    for (int i = 0; i < 3; i++)
+        if (ca_comm_all_reduce(c, x, x, 16, CA_F32, CA_OP_SUM, NULL) != CA_OK) return die(r, "warm-up all_reduce");
+    if (r == victim) {
+        printf("comm_check: rank %d leaves (%s) after collective #2\n", r, o->mode);
+        fflush(stdout);
+        if (strcmp(o->mode, "exit1-mid") == 0) exit(1);
+        if (strcmp(o->mode, "kill9") == 0) raise(SIGKILL);
+        ca_comm_destroy(c);
+        return -1;
+    }
+    double t0 = now_s();
+    ca_status s = CA_OK;
+    /* exit1-mid: training goes on until the failure surfaces */
+    for (int i = 0; s == CA_OK && i < 1000000; i++) {
+        s = ca_comm_all_reduce(c, x, x, 16, CA_F32, CA_OP_SUM, NULL);
+        if (strcmp(o->mode, "exit0-early") == 0) break;
+    }
+    double dt = now_s() - t0;
+    const char *m = ca_last_error();
+    if (s == CA_OK) {
+        fprintf(stderr, "comm_check: FAILED on rank %d: the all_reduce succeeded without rank %d\n", r, victim);
+        return 1;
+    }
+    char who[64];
+    snprintf(who, sizeof who, "rank %d ", victim);
+    bool named = s == CA_ERR_PEER && (strstr(m, who) || (victim == 0 && strstr(m, "(rank 0) is gone")));
+    printf("comm_check: %s rank %d failed after %.2f s (%s): %s\n", named ? "EXPECTED" : "UNEXPECTED", r, dt,
+           ca_status_name(s), m);
+    fflush(stdout);
+    return named ? o->fail_code : 1;
+}
+
 int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IOLBF, 0);
-    opts o = {.mode = "correctness", .large_mib = 16, .sleep_ms = 6000};
+    opts o = {.mode = "correctness", .large_mib = 16, .sleep_ms = 6000, .victim = -1};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (strcmp(a, "--backend") == 0 && v) o.backend = argv[++i];
@@ -352,6 +401,8 @@ int main(int argc, char **argv) {
         else if (strcmp(a, "--timeout-ms") == 0 && v) o.timeout_ms = atoll(argv[++i]);
         else if (strcmp(a, "--large-mib") == 0 && v) o.large_mib = atoi(argv[++i]);
         else if (strcmp(a, "--sleep-ms") == 0 && v) o.sleep_ms = atoi(argv[++i]);
+        else if (strcmp(a, "--victim") == 0 && v) o.victim = atoi(argv[++i]);
+        else if (strcmp(a, "--fail-code") == 0 && v) o.fail_code = atoi(argv[++i]);
         else if (strcmp(a, "--debug") == 0) o.debug = true;
         else if (strcmp(a, "--tag") == 0 && v) i++;   /* a marker for the scripts' pgrep */
         else {
@@ -388,6 +439,10 @@ int main(int argc, char **argv) {
     else if (strcmp(o.mode, "desync") == 0) rc = desync(c);
     else if (strcmp(o.mode, "timeout") == 0) rc = timeout_mode(c, &o);
     else if (strcmp(o.mode, "exit") == 0) rc = exit_mode(c);
+    else if (strcmp(o.mode, "exit1-mid") == 0 || strcmp(o.mode, "exit0-early") == 0 || strcmp(o.mode, "kill9") == 0) {
+        rc = leave_mode(c, &o);
+        if (rc < 0) return 0;
+    }
     else if (strcmp(o.mode, "spin") == 0) {
         float x[16] = {0};
         printf("comm_check: rank %d spinning\n", ca_comm_rank(c));
