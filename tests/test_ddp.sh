@@ -85,6 +85,9 @@ for be in $backends; do
         count $np 'eval_samples=103 ' "$WORK/o"
     done
 done
+# The floor, 80%, sits 2 points under the lowest of the 2-process runs measured with
+# tools/accuracy-spread.sh (10 seeds x 4 recipes x normal and sanitizer build x both OpenBLAS kernel
+# sets: 82.03%; docs/TESTING.md). Accuracy is not compared between runs (docs/TESTING.md says why).
 note "the Fashion-MNIST binary unchanged on 2 processes with bf16, fp16 and accumulation (1 epoch)"
 be=$(echo "$backends" | awk '{print $1}')
 for flags in "--mixed_precision bf16" "--mixed_precision fp16" "--gradient_accumulation_steps 4 --batch-size 32"; do
