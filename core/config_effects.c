@@ -34,7 +34,6 @@ static const effect effects[] = {
     {"dynamo_config.", WARN_IF_CHANGED, "torch.compile has no counterpart in caccel; nothing is compiled", NULL},
     {"ipex_config.", WARN_IF_CHANGED, "Intel Extension for PyTorch and XPUs are not supported", NULL},
     {"mpirun_config.mpirun_ccl", WARN_IF_CHANGED, "caccel does not use oneCCL", NULL},
-    {"mpirun_config.mpirun_hostfile", WARN_IF_SET, NULL, NULL},   /* see why_text */
     {"compute_environment", WARN_IF_CHANGED,
      "caccel does not start SageMaker jobs; the program runs where it is started", NULL},
     {"rdzv_backend", WARN_IF_CHANGED,
@@ -78,9 +77,7 @@ static bool is_default(const ca_key_def *d, const char *value) {
 static void why_text(const ca_config *c, const effect *e, const char *key, char *buf, size_t size) {
     const char *dt = ca_config_get(c, "distributed_type");
     const char *dto = ca_config_origin(c, "distributed_type");
-    if (strcmp(key, "mpirun_config.mpirun_hostfile") == 0) {
-        snprintf(buf, size, "only `caccel launch --backend mpi` reads it (it starts the processes through mpirun)");
-    } else if (e->why) {
+    if (e->why) {
         snprintf(buf, size, "%s", e->why);
     } else if (!e->plugin) {
         snprintf(buf, size, "caccel does not act on this key");
@@ -97,12 +94,6 @@ static void why_text(const ca_config *c, const effect *e, const char *key, char 
     }
 }
 
-/* mpirun_hostfile counts when the processes are started through mpirun. */
-static bool in_use(const ca_config *c, const char *key) {
-    const char *b = ca_config_get(c, "backend");
-    return strcmp(key, "mpirun_config.mpirun_hostfile") == 0 && b && strcmp(b, "mpi") == 0;
-}
-
 ca_status ca_config_warn_ignored(const ca_config *c, int *nwarned) {
     if (nwarned) *nwarned = 0;
     if (!c) return ca_error(CA_ERR_INVALID, "ca_config_warn_ignored: config is NULL");
@@ -116,7 +107,7 @@ ca_status ca_config_warn_ignored(const ca_config *c, int *nwarned) {
         const char *value = ca_config_get(c, d->name);
         if (e && e->rule == NEVER_WARN) continue;
         bool asks = e && e->rule == WARN_IF_SET ? !(value && strcmp(value, "null") == 0) : !is_default(d, value);
-        if (!asks || in_use(c, d->name)) continue;
+        if (!asks) continue;
         why_text(c, e ? e : &(effect){d->name, WARN_IF_CHANGED, NULL, NULL}, d->name, why, sizeof why);
         CA_LOG_W("%s: %s = %s has no effect: %s", ca_config_origin(c, d->name), d->name, value, why);
         if (nwarned) (*nwarned)++;

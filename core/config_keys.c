@@ -160,7 +160,7 @@ const ca_key_def ca_config_keys[] = {
     KB("ipex_config.use_xpu", "false", CL, "use Intel XPUs"),
 
     KM("mpirun_config", CL, "Accelerate's mpirun launch"),
-    KS("mpirun_config.mpirun_hostfile", NULL, CL, "hostfile passed to mpirun"),
+    KS("mpirun_config.mpirun_hostfile", NULL, CL | S, "hostfile: caccel launch starts the processes through mpirun"),
     KI("mpirun_config.mpirun_ccl", "1", 0, BIG, CL, "oneCCL worker threads"),
 
     KM("dynamo_config", BA, "torch.compile"),

@@ -48,6 +48,7 @@ static const struct { const char *key, *var; } exported[] = {
     {"timeout", "CACCEL_TIMEOUT"},
     {"bucket_cap_mb", "CACCEL_BUCKET_CAP_MB"},
     {"allow_unknown_keys", "CACCEL_ALLOW_UNKNOWN_KEYS"},
+    {"even_batches", "CACCEL_EVEN_BATCHES"},
 };
 
 /* Variables of an enclosing MPI job: a worker that saw them would believe
@@ -765,9 +766,13 @@ static int run_mpirun(launch *L, ca_config *cfg) {
     av[a++] = "-np";
     av[a++] = np;
     const char *hostfile = ca_config_get(cfg, "mpirun_config.mpirun_hostfile");
-    if (hostfile && strcmp(hostfile, "null") != 0) {
+    char ppn[48];
+    if (hostfile && strcmp(hostfile, "null") != 0) {   /* the machines, and num_processes / num_machines on each */
         av[a++] = openmpi ? "--hostfile" : "-f";
         av[a++] = (char *)hostfile;
+        snprintf(ppn, sizeof ppn, openmpi ? "ppr:%d:node" : "%d", L->nlocal);
+        av[a++] = openmpi ? "--map-by" : "-ppn";
+        av[a++] = ppn;
     }
     char *extra = getenv("CACCEL_MPIRUN_ARGS") ? strdup(getenv("CACCEL_MPIRUN_ARGS")) : NULL, *save = NULL;
     for (char *t = extra ? strtok_r(extra, " \t", &save) : NULL; t && a < 48; t = strtok_r(NULL, " \t", &save))
@@ -801,22 +806,45 @@ static int run_mpirun(launch *L, ca_config *cfg) {
 
 /* ------------------------------------------------------------------ main */
 
-int ca_cmd_launch(int argc, char **argv) {
-    launch L0 = {0}, *L = &L0;
-    memset(L->tee_map, -1, sizeof L->tee_map);
-    L->first_fail = -1;
-    L->early_exit = -1;
-    L->monitor_interval = 0.5;
-    L->sfd = -1;
-    int prog = argc;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = NULL;
-        if (strcmp(a, "--") == 0) {
-            prog = i + 1;
+/* Starts every local rank (children get the signal mask `old`) and supervises them to the end. */
+static int spawn_and_supervise(launch *L, const sigset_t *old) {
+    int rc = 0;
+    L->kids = calloc((size_t)L->nlocal, sizeof *L->kids);
+    L->failed_order = calloc((size_t)L->nlocal, sizeof *L->failed_order);
+    if (!L->kids || !L->failed_order) return fail_msg("out of memory");
+    say(L, "%d process(es) on this machine (ranks %d-%d of %d, machine %d of %d), rendezvous %s:%d", L->nlocal,
+        L->machine_rank * L->nlocal, L->machine_rank * L->nlocal + L->nlocal - 1, L->nproc, L->machine_rank,
+        L->nmachines, L->nmachines == 1 ? "127.0.0.1" : L->master_addr, L->port);
+    for (int i = 0; i < L->nlocal; i++) {
+        child *k = &L->kids[i];
+        k->rank = L->machine_rank * L->nlocal + i;
+        k->local_rank = i;
+        k->out_fd = k->err_fd = -1;
+        if (spawn(L, k, old) != 0) {
+            rc = 1;
+            begin_stop(L, SIGTERM);
             break;
         }
-        if (a[0] != '-') {
-            prog = i;
+    }
+    int code = supervise(L);
+    if (rc && !code) code = rc;
+    for (int i = 0; i < L->nlocal; i++) {
+        if (L->kids[i].out_log) fclose(L->kids[i].out_log);
+        if (L->kids[i].err_log) fclose(L->kids[i].err_log);
+    }
+    free(L->kids);
+    free(L->failed_order);
+    return code;
+}
+
+/* The launcher's own flags, up to the program's name; the configuration flags are skipped here and
+ * read by ca_config_load. Returns -1 to go on, else the exit code; *prog: the program's index. */
+static int parse_flags(launch *L, int argc, char **argv, int *prog) {
+    *prog = argc;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = NULL;
+        if (strcmp(a, "--") == 0 || a[0] != '-') {
+            *prog = i + (a[0] == '-');
             break;
         }
         if (strcmp(a, "-h") == 0 || ca_cli_match_flag(a, "help", NULL)) {
@@ -844,9 +872,7 @@ int ca_cmd_launch(int argc, char **argv) {
                                 "stops at the first failure", v), 2;
         } else if (strcmp(a, "-m") == 0 || ca_cli_match_flag(a, "module", NULL)) {
             return fail_msg("-m/--module runs a Python module; caccel launches programs"), 2;
-        } else if (ca_cli_match_flag(a, "no_python", NULL)) {
-            /* always true for caccel */
-        } else {
+        } else if (!ca_cli_match_flag(a, "no_python", NULL)) {   /* --no_python: always true here */
             int n = ca_config_flag_arity(a);
             if (n < 0) {
                 fprintf(stderr, "caccel launch: error: unknown flag %s\n", a);
@@ -858,35 +884,28 @@ int ca_cmd_launch(int argc, char **argv) {
             i += n;
         }
     }
-    if (prog >= argc) {
+    if (*prog >= argc) {
         usage(stderr);
         return 2;
     }
-    L->prog = argv + prog;
+    L->prog = argv + *prog;
+    return -1;
+}
 
-    ca_config *cfg = NULL;
-    if (ca_config_create(&cfg) != CA_OK) return ca_cli_fail("launch");
-    if (ca_config_load(cfg, NULL, prog, argv) != CA_OK) {
-        ca_config_destroy(cfg);
-        return ca_cli_fail("launch");
-    }
-    ca_settings st;
-    ca_config_settings(cfg, &st);
-    L->nmachines = st.num_machines > 0 ? st.num_machines : 1;
-    L->machine_rank = st.machine_rank;
-    L->timeout_ms = st.timeout_ms > 0 ? st.timeout_ms : 1800 * 1000;
-    L->backend = st.backend;
-    const char *defaulted[4];
+/* The job's shape from the configuration: processes, machines, port, rendezvous address. Returns -1
+ * to go on, else the exit code. */
+static int resolve_job(launch *L, ca_config *cfg, const ca_settings *st) {
+    L->nmachines = st->num_machines > 0 ? st->num_machines : 1;
+    L->machine_rank = st->machine_rank;
+    L->timeout_ms = st->timeout_ms > 0 ? st->timeout_ms : 1800 * 1000;
+    L->backend = st->backend;
+    const char *defaulted[2];
     int nd = 0;
-    if (st.num_processes < 1) {
-        L->nproc = L->nmachines;
-        defaulted[nd++] = "--num_processes";
-    } else {
-        L->nproc = st.num_processes;
-    }
+    L->nproc = st->num_processes < 1 ? L->nmachines : st->num_processes;
+    if (st->num_processes < 1) defaulted[nd++] = "--num_processes";
     const char *pv = ca_config_get(cfg, "main_process_port");
     L->port_given = pv && strcmp(pv, "null") != 0;
-    L->port = L->port_given ? st.main_process_port : DEFAULT_PORT;
+    L->port = L->port_given ? st->main_process_port : DEFAULT_PORT;
     if (!L->port_given) defaulted[nd++] = "--main_process_port";
     if (nd && !L->quiet) {
         fprintf(stderr, "caccel launch: these values were not given and take their defaults:");
@@ -894,54 +913,53 @@ int ca_cmd_launch(int argc, char **argv) {
             fprintf(stderr, " %s=%d", defaulted[i], strcmp(defaulted[i], "--num_processes") == 0 ? L->nproc : L->port);
         fprintf(stderr, " (set them in the config file or on the command line to silence this)\n");
     }
-    if (L->machine_rank < 0 || L->machine_rank >= L->nmachines) {
-        ca_config_destroy(cfg);
+    if (L->machine_rank < 0 || L->machine_rank >= L->nmachines)
         return fail_msg("--machine_rank %d is outside 0..%d (--num_machines %d)", L->machine_rank, L->nmachines - 1,
                         L->nmachines);
-    }
-    if (L->nproc % L->nmachines != 0) {
-        ca_config_destroy(cfg);
+    if (L->nproc % L->nmachines != 0)
         return fail_msg("--num_processes %d (the whole job) is not a multiple of --num_machines %d", L->nproc,
                         L->nmachines);
-    }
     L->nlocal = L->nproc / L->nmachines;
-    if (L->nlocal > MAX_LOCAL) {
-        ca_config_destroy(cfg);
-        return fail_msg("%d processes per machine: at most %d", L->nlocal, MAX_LOCAL);
-    }
-    if (L->nmachines > 1) {
-        if (!st.main_process_ip || !*st.main_process_ip || strcmp(st.main_process_ip, "null") == 0) {
-            ca_config_destroy(cfg);
-            return fail_msg("--num_machines %d needs --main_process_ip (the address of machine 0)", L->nmachines);
-        }
-        snprintf(L->master_addr, sizeof L->master_addr, "%s", st.main_process_ip);
-    } else {
+    if (L->nlocal > MAX_LOCAL) return fail_msg("%d processes per machine: at most %d", L->nlocal, MAX_LOCAL);
+    if (L->nmachines == 1) {
         snprintf(L->master_addr, sizeof L->master_addr, "127.0.0.1");
+    } else if (!st->main_process_ip || !*st->main_process_ip || strcmp(st->main_process_ip, "null") == 0) {
+        return fail_msg("--num_machines %d needs --main_process_ip (the address of machine 0)", L->nmachines);
+    } else {
+        snprintf(L->master_addr, sizeof L->master_addr, "%s", st->main_process_ip);
     }
+    return -1;
+}
 
-    if (L->backend && strcmp(L->backend, "mpi") == 0) {
-        if (L->nmachines > 1 && L->machine_rank != 0) {
-            say(L, "backend mpi: mpirun on machine 0 starts every process; nothing to do here");
-            ca_config_destroy(cfg);
-            return 0;
-        }
-        int rc = run_mpirun(L, cfg);
-        ca_config_destroy(cfg);
-        return rc;
+/* mpirun starts the ranks with --backend mpi, and with an mpirun_hostfile (Accelerate's launcher
+ * runs mpirun for it too). Returns -1 when caccel starts them itself, else the exit code. */
+static int maybe_mpirun(launch *L, ca_config *cfg) {
+    const char *hostfile = ca_config_get(cfg, "mpirun_config.mpirun_hostfile");
+    bool has_hostfile = hostfile && strcmp(hostfile, "null") != 0;
+    bool mpi = L->backend && strcmp(L->backend, "mpi") == 0;
+    if (has_hostfile && L->backend && !mpi)
+        return fail_msg("mpirun_hostfile (%s) starts the processes through mpirun, which needs backend mpi, but "
+                        "backend is %s (%s)", ca_config_origin(cfg, "mpirun_config.mpirun_hostfile"), L->backend,
+                        ca_config_origin(cfg, "backend"));
+    if (!mpi && !has_hostfile) return -1;
+    if (L->nmachines > 1 && L->machine_rank != 0) {
+        say(L, "backend mpi: mpirun on machine 0 starts every process; nothing to do here");
+        return 0;
     }
+    return run_mpirun(L, cfg);
+}
 
+/* Starts the local ranks under the rendezvous store and supervises them. */
+static int run_local(launch *L, ca_config *cfg, const ca_settings *st) {
     int rc = resolve_token(L);
     if (rc == 0) rc = start_store(L);
     if (rc == 0) rc = connect_store(L);
-    if (rc == 0) rc = setup_env(L, cfg, &st);
+    if (rc == 0) rc = setup_env(L, cfg, st);
     if (rc != 0) {
         ca_store_client_close(L->client);
         ca_store_server_stop(L->server);
-        ca_config_destroy(cfg);
         return rc;
     }
-    ca_config_destroy(cfg);
-
     /* signals arrive through a descriptor; children get the old mask back */
     sigset_t mask, old;
     sigemptyset(&mask);
@@ -963,35 +981,34 @@ int ca_cmd_launch(int argc, char **argv) {
         return fail_msg("signalfd: %s", strerror(errno));
     }
     signal(SIGPIPE, SIG_IGN);
-
-    L->kids = calloc((size_t)L->nlocal, sizeof *L->kids);
-    L->failed_order = calloc((size_t)L->nlocal, sizeof *L->failed_order);
-    if (!L->kids || !L->failed_order) return fail_msg("out of memory");
-    say(L, "%d process(es) on this machine (ranks %d-%d of %d, machine %d of %d), rendezvous %s:%d", L->nlocal,
-        L->machine_rank * L->nlocal, L->machine_rank * L->nlocal + L->nlocal - 1, L->nproc, L->machine_rank,
-        L->nmachines, L->nmachines == 1 ? "127.0.0.1" : L->master_addr, L->port);
-    for (int i = 0; i < L->nlocal; i++) {
-        child *k = &L->kids[i];
-        k->rank = L->machine_rank * L->nlocal + i;
-        k->local_rank = i;
-        k->out_fd = k->err_fd = -1;
-        if (spawn(L, k, &old) != 0) {
-            rc = 1;
-            begin_stop(L, SIGTERM);
-            break;
-        }
-    }
-    int code = supervise(L);
-    if (rc && !code) code = rc;
-    for (int i = 0; i < L->nlocal; i++) {
-        if (L->kids[i].out_log) fclose(L->kids[i].out_log);
-        if (L->kids[i].err_log) fclose(L->kids[i].err_log);
-    }
-    free(L->kids);
-    free(L->failed_order);
+    int code = spawn_and_supervise(L, &old);
     close(L->sfd);
     sigprocmask(SIG_SETMASK, &old, NULL);
     ca_store_client_close(L->client);
     ca_store_server_stop(L->server);
     return code;
+}
+
+int ca_cmd_launch(int argc, char **argv) {
+    launch L0 = {0}, *L = &L0;
+    memset(L->tee_map, -1, sizeof L->tee_map);
+    L->first_fail = -1;
+    L->early_exit = -1;
+    L->monitor_interval = 0.5;
+    L->sfd = -1;
+    int prog, rc = parse_flags(L, argc, argv, &prog);
+    if (rc >= 0) return rc;
+    ca_config *cfg = NULL;
+    if (ca_config_create(&cfg) != CA_OK) return ca_cli_fail("launch");
+    if (ca_config_load(cfg, NULL, prog, argv) != CA_OK) {
+        ca_config_destroy(cfg);
+        return ca_cli_fail("launch");
+    }
+    ca_settings st;
+    ca_config_settings(cfg, &st);
+    rc = resolve_job(L, cfg, &st);
+    if (rc < 0) rc = maybe_mpirun(L, cfg);
+    if (rc < 0) rc = run_local(L, cfg, &st);
+    ca_config_destroy(cfg);
+    return rc;
 }
