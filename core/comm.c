@@ -1,9 +1,7 @@
-/* Communicators: sequence numbers, deadlines, out-of-band progress publishing, and desync/hang diagnosis. */
-#include "core/core_impl.h"
-#include "core/comm_impl.h"
+/* Communicators: sequence numbers, deadlines, host staging, creation and destruction. The desync and
+ * hang diagnosis is in comm_diag.c. */
+#include "core/comm_diag_impl.h"
 #include "core/procenv_impl.h"
-#include "core/store_impl.h"
-#include "base/peer_impl.h"
 
 #include <errno.h>
 #include <ifaddrs.h>
@@ -16,280 +14,6 @@
 #include <time.h>
 #include <unistd.h>
 
-/*
- * How a hang becomes a message.
- *
- * Every rank numbers its collectives (#0, #1, ...) and keeps a small record:
- * the last one issued, the oldest one not finished, the one a thread waits
- * on, and the last signature-checked one. A watchdog thread publishes that
- * record to the rendezvous store (key <prefix>/state/<rank>) when it changed,
- * at most every WATCH_TICK_MS, so the collective path itself never touches
- * the store. While a thread waits on a collective, the watchdog also reads
- * the peers' records and fails the communicator when a peer sits at the same
- * number with a different signature, waits on an earlier number that this
- * rank issued differently, or has failed. A wait that reaches its deadline
- * reads every record and says where each rank is.
- *
- * Checked collectives (barrier, broadcast, all_gather always; every one in
- * debug mode or while ca_comm_set_checked is on) publish at once and wait,
- * before moving any data, until every peer has reached the same number with
- * the same signature, so a mismatch fails on every rank instead of matching
- * the wrong operation.
- */
-
-#define WATCH_TICK_MS 50
-#define CHECK_FIRST_MS 200     /* a wait this old makes the watchdog look at the peers */
-#define CHECK_MAX_MS 2000
-#define WAIT_SLICE_MS 100      /* the waiting thread looks at the failure flag this often */
-#define HIST 1024              /* signatures remembered, for judging late peers */
-#define MSG_MAX 2048
-#define STATE_MAX 1024
-#define LEFT_GRACE_MS 300      /* a peer that destroyed its communicator may be about to exit: wait for its status */
-#define BACKEND_SETTLE_MS 200  /* a backend error waits this long for the peer that caused it to show */
-#define EXIT_IO_MS 2000        /* the exit announcement gives up on an unreachable store this soon */
-
-/* Where a rank's process stands with the communicator (rank_state.gone). */
-enum { GONE_NO = 0, GONE_LEFT = 1, GONE_EXITED = 2 };
-
-const char *ca_coll_kind_name(ca_coll_kind k) {
-    switch (k) {
-    case CA_COLL_ALL_REDUCE: return "all_reduce";
-    case CA_COLL_BROADCAST: return "broadcast";
-    case CA_COLL_ALL_GATHER: return "all_gather";
-    case CA_COLL_REDUCE_SCATTER: return "reduce_scatter";
-    case CA_COLL_BARRIER: return "barrier";
-    default: return "none";
-    }
-}
-
-/* 301056 -> "301,056" */
-static void fmt_count(uint64_t n, char *buf, size_t len) {
-    char tmp[32];
-    int d = snprintf(tmp, sizeof tmp, "%llu", (unsigned long long)n);
-    size_t o = 0;
-    for (int i = 0; i < d && o + 1 < len; i++) {
-        if (i > 0 && (d - i) % 3 == 0 && o + 2 < len) buf[o++] = ',';
-        buf[o++] = tmp[i];
-    }
-    buf[o] = '\0';
-}
-
-void ca_coll_sig_format(const ca_coll_sig *s, char *buf, size_t len) {
-    char n[40];
-    fmt_count(s->count, n, sizeof n);
-    switch (s->kind) {
-    case CA_COLL_BARRIER:
-        snprintf(buf, len, "barrier");
-        break;
-    case CA_COLL_BROADCAST:
-        snprintf(buf, len, "broadcast(%s, %s, root %d)", ca_dtype_name((ca_dtype)s->dtype), n, s->root);
-        break;
-    case CA_COLL_ALL_REDUCE:
-    case CA_COLL_REDUCE_SCATTER:
-        snprintf(buf, len, "%s(%s, %s, %s)", ca_coll_kind_name(s->kind), ca_dtype_name((ca_dtype)s->dtype), n,
-                 ca_reduce_op_name((ca_reduce_op)s->redop));
-        break;
-    case CA_COLL_ALL_GATHER:
-        snprintf(buf, len, "all_gather(%s, %s)", ca_dtype_name((ca_dtype)s->dtype), n);
-        break;
-    default:
-        snprintf(buf, len, "?");
-        break;
-    }
-}
-
-/* "all_reduce #1043 (f32, 301,056 elements, sum)" */
-static void fmt_op(uint64_t seq, const ca_coll_sig *s, char *buf, size_t len) {
-    char n[40];
-    fmt_count(s->count, n, sizeof n);
-    switch (s->kind) {
-    case CA_COLL_BARRIER:
-        snprintf(buf, len, "barrier #%llu", (unsigned long long)seq);
-        break;
-    case CA_COLL_BROADCAST:
-        snprintf(buf, len, "broadcast #%llu (%s, %s elements, root %d)", (unsigned long long)seq,
-                 ca_dtype_name((ca_dtype)s->dtype), n, s->root);
-        break;
-    case CA_COLL_ALL_GATHER:
-        snprintf(buf, len, "all_gather #%llu (%s, %s elements per rank)", (unsigned long long)seq,
-                 ca_dtype_name((ca_dtype)s->dtype), n);
-        break;
-    default:
-        snprintf(buf, len, "%s #%llu (%s, %s elements%s, %s)", ca_coll_kind_name(s->kind),
-                 (unsigned long long)seq, ca_dtype_name((ca_dtype)s->dtype), n,
-                 s->kind == CA_COLL_REDUCE_SCATTER ? " per rank" : "",
-                 ca_reduce_op_name((ca_reduce_op)s->redop));
-        break;
-    }
-}
-
-static bool sig_equal(const ca_coll_sig *a, const ca_coll_sig *b) {
-    return a->kind == b->kind && a->dtype == b->dtype && a->redop == b->redop && a->root == b->root &&
-           a->count == b->count;
-}
-
-static void fmt_duration(int64_t ms, char *buf, size_t len) {
-    if (ms % 1000 == 0) snprintf(buf, len, "%lld s", (long long)(ms / 1000));
-    else if (ms >= 10000) snprintf(buf, len, "%.1f s", (double)ms / 1000.0);
-    else snprintf(buf, len, "%lld ms", (long long)ms);
-}
-
-/* ------------------------------------------------------------ rank records */
-
-typedef struct rank_state {
-    bool valid;
-    uint64_t nissued;          /* collectives issued; the last is #nissued-1 */
-    ca_coll_sig last;
-    bool has_unf;              /* oldest unfinished */
-    uint64_t unf;
-    ca_coll_sig unf_sig;
-    bool waiting;
-    uint64_t wseq;
-    ca_coll_sig wsig;
-    bool has_chk;              /* last checked */
-    uint64_t chk;
-    ca_coll_sig chk_sig;
-    bool aborted;
-    int gone;                  /* GONE_*: destroyed its communicator, or its process exited */
-    int exit_status;           /* with GONE_EXITED */
-    long pid;                  /* who publishes the record, for the liveness check */
-    unsigned long long start;
-    uint64_t host;
-    bool dead;                 /* not published: judged here from /proc */
-    char reason[STATE_MAX / 2];
-} rank_state;
-
-static int sig_print(char *b, size_t len, const ca_coll_sig *s) {
-    return snprintf(b, len, "%d,%d,%d,%d,%llu", (int)s->kind, s->dtype, s->redop, s->root,
-                    (unsigned long long)s->count);
-}
-
-static size_t state_encode(const rank_state *st, char *buf, size_t len) {
-    char a[64], b[64], c[64], d[64];
-    sig_print(a, sizeof a, &st->last);
-    sig_print(b, sizeof b, &st->unf_sig);
-    sig_print(c, sizeof c, &st->wsig);
-    sig_print(d, sizeof d, &st->chk_sig);
-    int n = snprintf(buf, len, "CAST2 %llu %s %lld %s %lld %s %lld %s %d %d %d %ld %llu %llu\n%s",
-                     (unsigned long long)st->nissued, a,
-                     st->has_unf ? (long long)st->unf : -1LL, b,
-                     st->waiting ? (long long)st->wseq : -1LL, c,
-                     st->has_chk ? (long long)st->chk : -1LL, d,
-                     st->aborted ? 1 : 0, st->gone, st->exit_status, st->pid, st->start,
-                     (unsigned long long)st->host, st->aborted ? st->reason : "");
-    return n < 0 ? 0 : ((size_t)n < len ? (size_t)n : len - 1);
-}
-
-static bool sig_parse(const char *t, ca_coll_sig *s) {
-    int k;
-    unsigned long long cnt;
-    if (sscanf(t, "%d,%d,%d,%d,%llu", &k, &s->dtype, &s->redop, &s->root, &cnt) != 5) return false;
-    if (k < 0 || k >= CA_COLL_KIND_COUNT) return false;
-    s->kind = (ca_coll_kind)k;
-    s->count = cnt;
-    return true;
-}
-
-static bool state_decode(const char *buf, rank_state *st) {
-    memset(st, 0, sizeof *st);
-    char a[64], b[64], c[64], d[64];
-    unsigned long long n;
-    long long u, w, k;
-    int ab, gone, xs;
-    long pid;
-    unsigned long long start, host;
-    if (sscanf(buf, "CAST2 %llu %63s %lld %63s %lld %63s %lld %63s %d %d %d %ld %llu %llu", &n, a, &u, b, &w, c, &k,
-               d, &ab, &gone, &xs, &pid, &start, &host) != 14)
-        return false;
-    if (!sig_parse(a, &st->last) || !sig_parse(b, &st->unf_sig) || !sig_parse(c, &st->wsig) ||
-        !sig_parse(d, &st->chk_sig))
-        return false;
-    st->nissued = n;
-    st->has_unf = u >= 0;
-    st->unf = (uint64_t)u;
-    st->waiting = w >= 0;
-    st->wseq = (uint64_t)w;
-    st->has_chk = k >= 0;
-    st->chk = (uint64_t)k;
-    st->aborted = ab != 0;
-    st->gone = gone;
-    st->exit_status = xs;
-    st->pid = pid;
-    st->start = start;
-    st->host = (uint64_t)host;
-    const char *nl = strchr(buf, '\n');
-    if (nl) snprintf(st->reason, sizeof st->reason, "%s", nl + 1);
-    st->valid = true;
-    return true;
-}
-
-/* ---------------------------------------------------------------- objects */
-
-struct ca_work {
-    ca_comm *comm;
-    ca_work_impl *impl;        /* NULL once finished (or when the backend finished at once) */
-    uint64_t seq;
-    ca_coll_sig sig;
-    int64_t issue_ms;
-    bool done;
-    bool heap;
-    ca_status status;
-    struct ca_work *prev, *next;   /* the communicator's unfinished list, in order */
-    /* host staging (c->stage): host copies the backend works on, and where the result goes */
-    void *st_send, *st_recv;
-    void *dev_recv;
-    size_t recv_bytes;
-};
-
-struct ca_comm {
-    ca_collective_ops ops;     /* normalised copy */
-    void *bc;                  /* backend communicator */
-    char backend[32];
-    int rank, world, local_rank, local_world;
-    ca_device *device;
-    bool stage;                /* the backend reduces host memory only: device buffers go through host copies */
-    int64_t timeout_ms;
-    bool debug;
-    bool checked_user;
-
-    ca_store_ref store;        /* ops NULL: no diagnosis (world of one) */
-    ca_store_client *own_client;
-    ca_store_server *own_server;
-    char prefix[96];
-    bool launch_notes;         /* the store is caccel launch's: leave it a note on failure */
-
-    pthread_mutex_t mu;        /* the record below */
-    uint64_t next_seq;
-    ca_coll_sig last_sig;
-    ca_work *unf_head, *unf_tail;
-    bool waiting;
-    uint64_t wseq;
-    ca_coll_sig wsig;
-    int64_t wait_start_ms;
-    bool has_chk;
-    uint64_t chk;
-    ca_coll_sig chk_sig;
-    uint64_t version;
-    ca_coll_sig hist[HIST];
-    int gone, exit_status;     /* GONE_*: what this rank's record announces */
-
-    _Atomic int store_lost;    /* the store answered that it is gone (store_lost_msg says how) */
-    char store_lost_msg[MSG_MAX / 2];
-    struct ca_comm *live_next; /* the process's communicators, for the exit announcement */
-
-    _Atomic int failed;
-    ca_status fail_status;
-    char fail_msg[MSG_MAX];
-    char fail_hint[512];
-
-    pthread_mutex_t pub_mu;    /* one publisher at a time, newest record wins */
-    uint64_t published_version;
-
-    pthread_t wd;
-    bool wd_running, wd_stop;
-    pthread_mutex_t wd_mu;
-    pthread_cond_t wd_cv;
-};
 
 int ca_comm_rank(const ca_comm *c) { return c ? c->rank : -1; }
 int ca_comm_size(const ca_comm *c) { return c ? c->world : 0; }
@@ -310,539 +34,6 @@ bool ca_comm_set_checked(ca_comm *c, bool on) {
     bool old = c->checked_user;
     c->checked_user = on;
     return old;
-}
-
-/* This process, as its peers' liveness checks see it. */
-static pthread_once_t g_self_once = PTHREAD_ONCE_INIT;
-static long g_self_pid;
-static unsigned long long g_self_start;
-static uint64_t g_self_host;
-
-static void self_init(void) {
-    g_self_pid = (long)getpid();
-    g_self_start = ca_proc_self_start();
-    g_self_host = ca_proc_host_key();
-}
-
-static void self_identity(long *pid, unsigned long long *start, uint64_t *host) {
-    pthread_once(&g_self_once, self_init);
-    *pid = g_self_pid;
-    *start = g_self_start;
-    *host = g_self_host;
-}
-
-/* A store that says it is gone (its server ended) fails every wait on this communicator. */
-static void note_store_error(ca_comm *c, ca_status s) {
-    if (s != CA_ERR_PEER || atomic_load(&c->store_lost)) return;
-    pthread_mutex_lock(&c->mu);
-    if (!atomic_load(&c->store_lost)) {
-        snprintf(c->store_lost_msg, sizeof c->store_lost_msg, "%s", ca_last_error());
-        atomic_store(&c->store_lost, 1);
-    }
-    pthread_mutex_unlock(&c->mu);
-}
-
-static void snapshot(ca_comm *c, rank_state *st, uint64_t *version) {
-    memset(st, 0, sizeof *st);
-    pthread_mutex_lock(&c->mu);
-    st->valid = true;
-    st->nissued = c->next_seq;
-    st->last = c->last_sig;
-    if (c->unf_head) {
-        st->has_unf = true;
-        st->unf = c->unf_head->seq;
-        st->unf_sig = c->unf_head->sig;
-    }
-    st->waiting = c->waiting;
-    st->wseq = c->wseq;
-    st->wsig = c->wsig;
-    st->has_chk = c->has_chk;
-    st->chk = c->chk;
-    st->chk_sig = c->chk_sig;
-    st->gone = c->gone;
-    st->exit_status = c->exit_status;
-    if (version) *version = c->version;
-    pthread_mutex_unlock(&c->mu);
-    self_identity(&st->pid, &st->start, &st->host);
-    if (atomic_load(&c->failed)) {
-        st->aborted = true;
-        snprintf(st->reason, sizeof st->reason, "%s", c->fail_msg);
-    }
-}
-
-static void state_key(const ca_comm *c, int rank, char *buf, size_t len) {
-    snprintf(buf, len, "%s/state/%d", c->prefix, rank);
-}
-
-/* Publishes the record if it changed since the last publication (force: always). */
-static ca_status publish(ca_comm *c, bool force) {
-    if (!c->store.ops) return CA_OK;
-    pthread_mutex_lock(&c->pub_mu);
-    rank_state st;
-    uint64_t v;
-    snapshot(c, &st, &v);
-    ca_status s = CA_OK;
-    if (force || v != c->published_version) {
-        char buf[STATE_MAX], key[160];
-        size_t n = state_encode(&st, buf, sizeof buf);
-        state_key(c, c->rank, key, sizeof key);
-        s = c->store.ops->set(c->store.store, key, buf, n);
-        if (s == CA_OK) c->published_version = v;
-        else note_store_error(c, s);
-    }
-    pthread_mutex_unlock(&c->pub_mu);
-    return s;
-}
-
-static bool fetch_state(ca_comm *c, int rank, int64_t timeout_ms, rank_state *st) {
-    memset(st, 0, sizeof *st);
-    pthread_once(&g_self_once, self_init);
-    if (rank == c->rank) {
-        snapshot(c, st, NULL);
-        return true;
-    }
-    char buf[STATE_MAX + 1], key[160];
-    size_t len = STATE_MAX;
-    state_key(c, rank, key, sizeof key);
-    ca_status s = c->store.ops->get(c->store.store, key, buf, &len, timeout_ms);
-    if (s != CA_OK) {
-        note_store_error(c, s);
-        ca_clear_error();
-        return false;
-    }
-    buf[len] = '\0';
-    if (!state_decode(buf, st)) return false;
-    if (!st->gone && !st->aborted && st->host && st->host == g_self_host && st->pid != g_self_pid)
-        st->dead = ca_proc_ended(st->pid, st->start);
-    return true;
-}
-
-/* Peer p can never take part in our collective #s: it left or died before issuing it, or while in it. */
-static bool gone_before(const rank_state *p, uint64_t s) {
-    if (!p->gone && !p->dead) return false;
-    return p->nissued <= s || (p->has_unf && p->unf <= s);
-}
-
-/* ---------------------------------------------------------------- judging */
-
-typedef enum { J_WAIT, J_AGREE, J_DESYNC, J_UNKNOWN } judgement;
-
-/* P's signature at seq s, when its record shows it. */
-static bool peer_sig_at(const rank_state *p, uint64_t s, ca_coll_sig *out) {
-    if (p->nissued > 0 && p->nissued - 1 == s) { *out = p->last; return true; }
-    if (p->has_unf && p->unf == s) { *out = p->unf_sig; return true; }
-    if (p->waiting && p->wseq == s) { *out = p->wsig; return true; }
-    if (p->has_chk && p->chk == s) { *out = p->chk_sig; return true; }
-    return false;
-}
-
-/* Our signature at seq q, if still remembered. Caller holds nothing. */
-static bool own_sig_at(ca_comm *c, uint64_t q, ca_coll_sig *out) {
-    pthread_mutex_lock(&c->mu);
-    bool ok = q < c->next_seq && c->next_seq - q <= HIST;
-    if (ok) *out = c->hist[q % HIST];
-    pthread_mutex_unlock(&c->mu);
-    return ok;
-}
-
-/* Compares peer record p with our collective #s (signature x). In a checked
- * collective (`pre`), a peer past s passed its own check of s against us, so
- * it agreed; in a plain wait that proves nothing. *at receives the number the
- * disagreement is at, *theirs the peer's signature there. */
-static judgement judge(ca_comm *c, const rank_state *p, uint64_t s, const ca_coll_sig *x, bool pre,
-                       uint64_t *at, ca_coll_sig *theirs) {
-    ca_coll_sig y;
-    if (peer_sig_at(p, s, &y)) {
-        if (sig_equal(&y, x)) return J_AGREE;
-        *at = s;
-        *theirs = y;
-        return J_DESYNC;
-    }
-    if (p->nissued <= s) {
-        /* not there yet: stuck on something we did differently? */
-        uint64_t qs[2];
-        const ca_coll_sig *ys[2];
-        int nq = 0;
-        if (p->waiting) { qs[nq] = p->wseq; ys[nq++] = &p->wsig; }
-        if (p->has_unf) { qs[nq] = p->unf; ys[nq++] = &p->unf_sig; }
-        for (int i = 0; i < nq; i++) {
-            ca_coll_sig mine;
-            if (qs[i] < s && own_sig_at(c, qs[i], &mine) && !sig_equal(&mine, ys[i])) {
-                *at = qs[i];
-                *theirs = *ys[i];
-                return J_DESYNC;
-            }
-        }
-        return J_WAIT;
-    }
-    return pre ? J_AGREE : J_UNKNOWN;
-}
-
-/* "0-2,5" */
-static void fmt_ranks(const int *r, int n, char *buf, size_t len) {
-    size_t o = 0;
-    buf[0] = '\0';
-    for (int i = 0; i < n && o + 1 < len;) {
-        int j = i;
-        while (j + 1 < n && r[j + 1] == r[j] + 1) j++;
-        int w;
-        if (j > i + 1) w = snprintf(buf + o, len - o, "%s%d-%d", o ? "," : "", r[i], r[j]);
-        else if (j == i + 1) w = snprintf(buf + o, len - o, "%s%d,%d", o ? "," : "", r[i], r[j]);
-        else w = snprintf(buf + o, len - o, "%s%d", o ? "," : "", r[i]);
-        if (w < 0) break;
-        o += (size_t)w;
-        if (o >= len) { o = len - 1; break; }
-        i = j + 1;
-    }
-}
-
-/* When a rank that is gone stopped: "after collective #4", "during #5 all_reduce(...)". */
-static void gone_when(const rank_state *st, char *buf, size_t len) {
-    char sig[160];
-    if (st->has_unf) {
-        ca_coll_sig_format(&st->unf_sig, sig, sizeof sig);
-        snprintf(buf, len, "during #%llu %s", (unsigned long long)st->unf, sig);
-    } else if (st->nissued == 0) {
-        snprintf(buf, len, "before its first collective");
-    } else {
-        snprintf(buf, len, "after collective #%llu", (unsigned long long)(st->nissued - 1));
-    }
-}
-
-/* Where one rank is, as "<verb> <rest>" with the verb for one rank or many. */
-static void describe(const rank_state *st, bool plural, char *buf, size_t len) {
-    char sig[160], when[200];
-    if (st->valid && !st->aborted && (st->gone || st->dead)) {
-        gone_when(st, when, sizeof when);
-        if (st->gone == GONE_EXITED) snprintf(buf, len, "exited (status %d) %s", st->exit_status, when);
-        else if (st->gone == GONE_LEFT) snprintf(buf, len, "left (destroyed the communicator) %s", when);
-        else snprintf(buf, len, "died (pid %ld ended without exiting: killed or crashed; last seen %s)", st->pid, when);
-    } else if (!st->valid) {
-        snprintf(buf, len, "%s not published %s state (not started, crashed, or unreachable)",
-                 plural ? "have" : "has", plural ? "their" : "its");
-    } else if (st->aborted) {
-        snprintf(buf, len, "failed: %.400s", st->reason);
-    } else if (st->waiting) {
-        ca_coll_sig_format(&st->wsig, sig, sizeof sig);
-        snprintf(buf, len, "%s in #%llu %s", plural ? "wait" : "waits", (unsigned long long)st->wseq, sig);
-    } else if (st->has_unf) {
-        ca_coll_sig_format(&st->unf_sig, sig, sizeof sig);
-        snprintf(buf, len, "%s in #%llu %s (issued, not waited on)", plural ? "are" : "is",
-                 (unsigned long long)st->unf, sig);
-    } else if (st->nissued == 0) {
-        snprintf(buf, len, "%s not called any collective", plural ? "have" : "has");
-    } else {
-        ca_coll_sig_format(&st->last, sig, sizeof sig);
-        snprintf(buf, len, "%s finished #%llu %s and not called the next collective", plural ? "have" : "has",
-                 (unsigned long long)(st->nissued - 1), sig);
-    }
-}
-
-/* "rank 3 is in #1042 all_reduce(f32, 301,056, sum) while ranks 0-2 wait in #1043 barrier" */
-static void positions_with(ca_comm *c, int known_rank, const rank_state *known, char *buf, size_t len) {
-    int n = c->world;
-    rank_state *st = calloc((size_t)n, sizeof *st);
-    int *grp = calloc((size_t)n, sizeof *grp), *members = calloc((size_t)n, sizeof *members);
-    char (*desc)[600] = calloc((size_t)n, sizeof *desc);
-    if (!st || !grp || !members || !desc) {
-        snprintf(buf, len, "(out of memory reading the other ranks' state)");
-        free(st); free(grp); free(members); free(desc);
-        return;
-    }
-    for (int r = 0; r < n; r++) {
-        if (r == known_rank) st[r] = *known;
-        else fetch_state(c, r, 2000, &st[r]);
-        describe(&st[r], false, desc[r], sizeof desc[r]);
-        grp[r] = -1;
-    }
-    int ngroups = 0;
-    for (int r = 0; r < n; r++) {
-        if (grp[r] >= 0) continue;
-        grp[r] = ngroups;
-        for (int q = r + 1; q < n; q++)
-            if (grp[q] < 0 && strcmp(desc[q], desc[r]) == 0) grp[q] = ngroups;
-        ngroups++;
-    }
-    size_t o = 0;
-    buf[0] = '\0';
-    int own = grp[c->rank];
-    for (int pass = 0; pass < 2; pass++) {
-        for (int g = 0; g < ngroups; g++) {
-            if ((pass == 0) == (g == own)) continue;
-            int m = 0, first = -1;
-            for (int r = 0; r < n; r++)
-                if (grp[r] == g) {
-                    if (first < 0) first = r;
-                    members[m++] = r;
-                }
-            char rl[256], d[600];
-            fmt_ranks(members, m, rl, sizeof rl);
-            describe(&st[first], m > 1, d, sizeof d);
-            int w = snprintf(buf + o, len - o, "%s%s %s %s",
-                             o == 0 ? "" : (pass == 1 ? " while " : "; "), m > 1 ? "ranks" : "rank", rl, d);
-            if (w < 0) break;
-            o += (size_t)w;
-            if (o >= len) { o = len - 1; break; }
-        }
-    }
-    free(st); free(grp); free(members); free(desc);
-}
-
-/* The same, every record read from the store. */
-static void positions(ca_comm *c, char *buf, size_t len) { positions_with(c, -1, NULL, buf, len); }
-
-/* ------------------------------------------------------------------ failure */
-
-/* Records the communicator's first failure, tells the peers and the backend.
- * Returns the status, with the message recorded on the calling thread. */
-static ca_status comm_fail(ca_comm *c, ca_status s, const char *msg, const char *hint) {
-    int expected = 0;
-    pthread_mutex_lock(&c->mu);
-    bool first = atomic_compare_exchange_strong(&c->failed, &expected, 2);
-    if (first) {
-        c->fail_status = s;
-        snprintf(c->fail_msg, sizeof c->fail_msg, "%s", msg);
-        snprintf(c->fail_hint, sizeof c->fail_hint, "%s", hint ? hint : "");
-        c->version++;
-        atomic_store(&c->failed, 1);
-    }
-    pthread_mutex_unlock(&c->mu);
-    if (first) {
-        CA_LOG_E("%s", msg);
-        publish(c, true);
-        ca_clear_error();
-        if (c->launch_notes) {
-            /* caccel launch names the rank that failed first on its own, not those that failed with it */
-            char key[96];
-            snprintf(key, sizeof key, "caccel/launch/comm_failed/%d", c->rank);
-            if (c->store.ops->set(c->store.store, key, msg, strlen(msg)) != CA_OK) ca_clear_error();
-        }
-        if (c->ops.abort) c->ops.abort(c->bc);
-        ca_clear_error();
-    }
-    while (atomic_load(&c->failed) == 2) sched_yield();
-    ca_error(c->fail_status, "%s", c->fail_msg);
-    if (c->fail_hint[0]) ca_error_hint("%s", c->fail_hint);
-    return c->fail_status;
-}
-
-static ca_status failed_already(ca_comm *c, const char *what) {
-    while (atomic_load(&c->failed) == 2) sched_yield();
-    ca_error(c->fail_status == CA_OK ? CA_ERR_STATE : c->fail_status,
-             "%s on a communicator that already failed: %s", what, c->fail_msg);
-    if (c->fail_hint[0]) ca_error_hint("%s", c->fail_hint);
-    return c->fail_status == CA_OK ? CA_ERR_STATE : c->fail_status;
-}
-
-/* The failure that ended a wait in progress: the communicator's own message. */
-static ca_status failure(ca_comm *c) {
-    while (atomic_load(&c->failed) == 2) sched_yield();
-    ca_error(c->fail_status == CA_OK ? CA_ERR_STATE : c->fail_status, "%s", c->fail_msg);
-    if (c->fail_hint[0]) ca_error_hint("%s", c->fail_hint);
-    return c->fail_status == CA_OK ? CA_ERR_STATE : c->fail_status;
-}
-
-static const char *DESYNC_HINT =
-    "every rank must call the same collectives in the same order; a collective inside "
-    "`if (is_main_process)` (or a loop whose length differs between ranks) is the usual cause";
-
-static ca_status fail_desync(ca_comm *c, uint64_t s, const ca_coll_sig *x, int peer, uint64_t at,
-                             const ca_coll_sig *theirs) {
-    char ours[200], other[200], ourat[200], pos[MSG_MAX], msg[MSG_MAX * 2];
-    fmt_op(s, x, ours, sizeof ours);
-    ca_coll_sig_format(theirs, other, sizeof other);
-    positions(c, pos, sizeof pos);
-    if (at == s) {
-        snprintf(msg, sizeof msg, "collective mismatch in %s on rank %d: rank %d called #%llu %s instead; %s",
-                 ours, c->rank, peer, (unsigned long long)at, other, pos);
-    } else {
-        ca_coll_sig mine;
-        if (own_sig_at(c, at, &mine)) ca_coll_sig_format(&mine, ourat, sizeof ourat);
-        else snprintf(ourat, sizeof ourat, "(forgotten)");
-        snprintf(msg, sizeof msg, "collective mismatch at #%llu seen while rank %d was in %s: rank %d called "
-                 "#%llu %s, rank %d called #%llu %s; %s",
-                 (unsigned long long)at, c->rank, ours, peer, (unsigned long long)at, other, c->rank,
-                 (unsigned long long)at, ourat, pos);
-    }
-    return comm_fail(c, CA_ERR_PEER, msg, DESYNC_HINT);
-}
-
-static ca_status fail_peer(ca_comm *c, uint64_t s, const ca_coll_sig *x, int peer, const char *reason) {
-    char ours[200], msg[MSG_MAX * 2];
-    fmt_op(s, x, ours, sizeof ours);
-    snprintf(msg, sizeof msg, "%s on rank %d cannot complete: rank %d failed: %.1200s", ours, c->rank, peer, reason);
-    return comm_fail(c, CA_ERR_PEER, msg, NULL);
-}
-
-/* Peer `peer` left, exited or died before it could take part in our #s. */
-static ca_status fail_gone(ca_comm *c, uint64_t s, const ca_coll_sig *x, int peer, const rank_state *p) {
-    char ours[200], pos[MSG_MAX], msg[MSG_MAX * 2], hint[300];
-    fmt_op(s, x, ours, sizeof ours);
-    /* the waiting peers publish their records within a watchdog tick: say where they are now */
-    usleep(2 * WATCH_TICK_MS * 1000);
-    positions_with(c, peer, p, pos, sizeof pos);
-    snprintf(msg, sizeof msg, "%s on rank %d cannot complete: %s", ours, c->rank, pos);
-    if (p->gone && (p->gone == GONE_LEFT || p->exit_status == 0))
-        snprintf(hint, sizeof hint, "rank %d finished while the others still call collectives: every rank must make "
-                 "the same collective calls (a loop shorter on one rank, uneven shards with even_batches false, a "
-                 "return before the last collective)", peer);
-    else
-        snprintf(hint, sizeof hint, "rank %d ended first; its own output says why", peer);
-    return comm_fail(c, CA_ERR_PEER, msg, hint);
-}
-
-/* The store died with the process serving it (rank 0 without a launcher, or the launcher). */
-static ca_status fail_store(ca_comm *c, uint64_t s, const ca_coll_sig *x) {
-    char ours[200], msg[MSG_MAX * 2];
-    fmt_op(s, x, ours, sizeof ours);
-    snprintf(msg, sizeof msg, "%s on rank %d cannot complete: %s", ours, c->rank, c->store_lost_msg);
-    return comm_fail(c, CA_ERR_PEER, msg,
-                     "the process serving the rendezvous store ended (rank 0 serves it when there is no launcher); "
-                     "its own output says why");
-}
-
-/* Destroying the communicator usually comes right before exit: wait a moment for the exit status. */
-static void settle_left(ca_comm *c, int r, rank_state *st) {
-    if (st->gone != GONE_LEFT) return;
-    usleep(LEFT_GRACE_MS * 1000);
-    rank_state again;
-    if (fetch_state(c, r, 1000, &again)) *st = again;
-}
-
-/* What a peer's record says against our #s: a failure, a departure, a desync. Returns
- * true when it failed the communicator. */
-static bool judge_peer(ca_comm *c, uint64_t s, const ca_coll_sig *x, int r, rank_state *st, bool pre,
-                       ca_status *ret) {
-    if (st->aborted) {
-        *ret = fail_peer(c, s, x, r, st->reason);
-        return true;
-    }
-    if (gone_before(st, s)) {
-        settle_left(c, r, st);
-        *ret = fail_gone(c, s, x, r, st);
-        return true;
-    }
-    uint64_t at = 0;
-    ca_coll_sig theirs;
-    if (judge(c, st, s, x, pre, &at, &theirs) == J_DESYNC) {
-        *ret = fail_desync(c, s, x, r, at, &theirs);
-        return true;
-    }
-    return false;
-}
-
-static ca_status fail_timeout(ca_comm *c, uint64_t s, const ca_coll_sig *x, int64_t waited_ms, bool in_check) {
-    char ours[200], pos[MSG_MAX], dur[32], msg[MSG_MAX * 2];
-    fmt_op(s, x, ours, sizeof ours);
-    /* the configured timeout reads better than the few ms of wake-up late it was noticed */
-    if (waited_ms >= c->timeout_ms && waited_ms < c->timeout_ms + 1000) waited_ms = c->timeout_ms;
-    fmt_duration(waited_ms, dur, sizeof dur);
-    if (c->store.ops) positions(c, pos, sizeof pos);
-    else snprintf(pos, sizeof pos, "(no rendezvous store: the other ranks' positions are unknown)");
-    snprintf(msg, sizeof msg, "%s timed out after %s on rank %d%s: %s", ours, dur, c->rank,
-             in_check ? " (waiting for the other ranks to reach it)" : "", pos);
-    return comm_fail(c, CA_ERR_TIMEOUT, msg,
-                     "a rank that is late (long work on the main process only, a crash, a missing collective) "
-                     "is named above; raise the timeout with CACCEL_TIMEOUT (seconds) when the work is legitimate");
-}
-
-/* A backend error: prefer a peer's own failure report, which says why. */
-static ca_status fail_backend(ca_comm *c, uint64_t s, const ca_coll_sig *x, const char *backend_msg) {
-    if (atomic_load(&c->failed)) return failure(c);
-    char saved[MSG_MAX];
-    snprintf(saved, sizeof saved, "%s", backend_msg);
-    /* a peer's socket closes while its process exits, a moment before /proc shows it ended: look twice */
-    for (int pass = 0; pass < 2 && c->store.ops; pass++) {
-        if (pass) usleep(BACKEND_SETTLE_MS * 1000);
-        for (int r = 0; r < c->world; r++) {
-            if (r == c->rank) continue;
-            rank_state st;
-            if (!fetch_state(c, r, 1000, &st)) continue;
-            if (st.aborted) return fail_peer(c, s, x, r, st.reason);
-            if (st.gone || st.dead) {
-                settle_left(c, r, &st);
-                return fail_gone(c, s, x, r, &st);
-            }
-        }
-        if (atomic_load(&c->store_lost)) return fail_store(c, s, x);
-        if (atomic_load(&c->failed)) return failure(c);
-    }
-    char ours[200], pos[MSG_MAX], msg[MSG_MAX * 2];
-    fmt_op(s, x, ours, sizeof ours);
-    if (c->store.ops) positions(c, pos, sizeof pos);
-    else pos[0] = '\0';
-    snprintf(msg, sizeof msg, "%s failed on rank %d (backend %s): %s%s%s", ours, c->rank, c->backend, saved,
-             pos[0] ? "; " : "", pos);
-    return comm_fail(c, CA_ERR_BACKEND, msg, NULL);
-}
-
-/* ---------------------------------------------------------------- watchdog */
-
-static void watch_peers(ca_comm *c) {
-    pthread_mutex_lock(&c->mu);
-    bool waiting = c->waiting;
-    uint64_t s = c->wseq;
-    ca_coll_sig x = c->wsig;
-    pthread_mutex_unlock(&c->mu);
-    if (!waiting) return;
-    for (int r = 0; r < c->world && !atomic_load(&c->failed); r++) {
-        if (r == c->rank) continue;
-        rank_state st;
-        ca_status ret;
-        if (fetch_state(c, r, 1000, &st) && judge_peer(c, s, &x, r, &st, false, &ret)) {
-            ca_clear_error();
-            return;
-        }
-        if (atomic_load(&c->store_lost)) {
-            fail_store(c, s, &x);
-            ca_clear_error();
-            return;
-        }
-    }
-}
-
-static void *watchdog_main(void *arg) {
-    ca_comm *c = arg;
-    int64_t next_check = 0, interval = CHECK_FIRST_MS;
-    uint64_t checked_wait = UINT64_MAX;
-    pthread_mutex_lock(&c->wd_mu);
-    while (!c->wd_stop) {
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_nsec += WATCH_TICK_MS * 1000000L;
-        if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
-        pthread_cond_timedwait(&c->wd_cv, &c->wd_mu, &ts);
-        if (c->wd_stop) break;
-        pthread_mutex_unlock(&c->wd_mu);
-
-        if (publish(c, false) != CA_OK) ca_clear_error();
-        if (!atomic_load(&c->failed)) {
-            pthread_mutex_lock(&c->mu);
-            bool waiting = c->waiting;
-            uint64_t w = c->wseq;
-            int64_t since = c->wait_start_ms;
-            pthread_mutex_unlock(&c->mu);
-            int64_t now = ca_now_ms();
-            if (!waiting) {
-                interval = CHECK_FIRST_MS;
-                checked_wait = UINT64_MAX;
-            } else {
-                if (w != checked_wait) {
-                    checked_wait = w;
-                    interval = CHECK_FIRST_MS;
-                    next_check = since + CHECK_FIRST_MS;
-                }
-                if (now >= next_check) {
-                    watch_peers(c);
-                    next_check = now + interval;
-                    interval = interval * 2 > CHECK_MAX_MS ? CHECK_MAX_MS : interval * 2;
-                }
-            }
-        }
-        pthread_mutex_lock(&c->wd_mu);
-    }
-    pthread_mutex_unlock(&c->wd_mu);
-    return NULL;
 }
 
 /* ------------------------------------------------------------- collectives */
@@ -888,79 +79,6 @@ static ca_status finish(ca_comm *c, ca_work *w, ca_status s) {
     return w->status;
 }
 
-/* The checked collectives' rendezvous: every peer at #s with signature x. */
-static ca_status precheck(ca_comm *c, uint64_t s, const ca_coll_sig *x, int64_t deadline) {
-    pthread_mutex_lock(&c->mu);
-    c->has_chk = true;
-    c->chk = s;
-    c->chk_sig = *x;
-    c->waiting = true;
-    c->wseq = s;
-    c->wsig = *x;
-    c->wait_start_ms = ca_now_ms();
-    c->version++;
-    pthread_mutex_unlock(&c->mu);
-    if (publish(c, false) != CA_OK) {
-        char m[MSG_MAX];
-        snprintf(m, sizeof m, "%s", ca_last_error());
-        return fail_backend(c, s, x, m);
-    }
-    int n = c->world;
-    bool *agreed = calloc((size_t)n, sizeof *agreed);
-    if (!agreed) return ca_error(CA_ERR_NOMEM, "out of memory");
-    agreed[c->rank] = true;
-    int left = n - 1;
-    int64_t sleep_us = 0, start = ca_now_ms();
-    ca_status ret = CA_OK;
-    while (left > 0) {
-        for (int r = 0; r < n && left > 0; r++) {
-            if (agreed[r]) continue;
-            rank_state st;
-            int64_t rem = deadline - ca_now_ms();
-            if (!fetch_state(c, r, rem < 1 ? 1 : (rem > 2000 ? 2000 : rem), &st)) {
-                if (atomic_load(&c->store_lost)) {
-                    ret = fail_store(c, s, x);
-                    goto out;
-                }
-                continue;
-            }
-            if (st.aborted || gone_before(&st, s)) {
-                judge_peer(c, s, x, r, &st, true, &ret);
-                goto out;
-            }
-            uint64_t at = 0;
-            ca_coll_sig theirs;
-            judgement j = judge(c, &st, s, x, true, &at, &theirs);
-            if (j == J_AGREE) {
-                agreed[r] = true;
-                left--;
-            } else if (j == J_DESYNC) {
-                ret = fail_desync(c, s, x, r, at, &theirs);
-                goto out;
-            }
-        }
-        if (left == 0) break;
-        if (atomic_load(&c->failed)) {
-            ret = failure(c);
-            goto out;
-        }
-        int64_t now = ca_now_ms();
-        if (now >= deadline) {
-            ret = fail_timeout(c, s, x, now - start, true);
-            goto out;
-        }
-        sleep_us = sleep_us ? (sleep_us * 2 > 20000 ? 20000 : sleep_us * 2) : 50;
-        usleep((useconds_t)sleep_us);
-    }
-out:
-    free(agreed);
-    pthread_mutex_lock(&c->mu);
-    c->waiting = false;
-    c->version++;
-    pthread_mutex_unlock(&c->mu);
-    return ret;
-}
-
 /* Waits for w until deadline; a passed deadline of the operation fails the
  * communicator, a shorter caller deadline only returns CA_ERR_TIMEOUT. */
 static ca_status wait_work(ca_comm *c, ca_work *w, int64_t deadline, bool op_deadline) {
@@ -975,7 +93,7 @@ static ca_status wait_work(ca_comm *c, ca_work *w, int64_t deadline, bool op_dea
     ca_status ret;
     for (;;) {
         if (atomic_load(&c->failed)) {
-            ret = failure(c);
+            ret = ca_comm_diag_failure(c);
             finish(c, w, ret);
             return ret;
         }
@@ -993,22 +111,22 @@ static ca_status wait_work(ca_comm *c, ca_work *w, int64_t deadline, bool op_dea
                 c->version++;
                 pthread_mutex_unlock(&c->mu);
                 char op[200];
-                fmt_op(w->seq, &w->sig, op, sizeof op);
+                ca_comm_diag_fmt_op(w->seq, &w->sig, op, sizeof op);
                 return ca_error(CA_ERR_TIMEOUT, "%s not finished within the %lld ms asked (still running)", op,
                                 (long long)(deadline - w->issue_ms));
             }
-            ret = fail_timeout(c, w->seq, &w->sig, ca_now_ms() - w->issue_ms, false);
+            ret = ca_comm_diag_fail_timeout(c, w->seq, &w->sig, ca_now_ms() - w->issue_ms, false);
             finish(c, w, ret);
             return ret;
         }
         /* a backend that gives up at the same deadline (Gloo) is a timeout, not a fault */
         if (op_deadline && ca_now_ms() + 50 >= deadline && !atomic_load(&c->failed)) {
             ca_clear_error();
-            ret = fail_timeout(c, w->seq, &w->sig, ca_now_ms() - w->issue_ms, false);
+            ret = ca_comm_diag_fail_timeout(c, w->seq, &w->sig, ca_now_ms() - w->issue_ms, false);
         } else {
             char m[MSG_MAX];
             snprintf(m, sizeof m, "%s", ca_last_error());
-            ret = fail_backend(c, w->seq, &w->sig, m);
+            ret = ca_comm_diag_fail_backend(c, w->seq, &w->sig, m);
         }
         finish(c, w, ret);
         return ret;
@@ -1071,7 +189,7 @@ static ca_status stage(ca_comm *c, ca_coll_kind kind, const issue_args *a, ca_wo
 static ca_status run(ca_comm *c, ca_coll_kind kind, const issue_args *a, ca_work **out) {
     if (!c) return ca_error(CA_ERR_INVALID, "%s: NULL communicator", ca_coll_kind_name(kind));
     if (out) *out = NULL;
-    if (atomic_load(&c->failed)) return failed_already(c, ca_coll_kind_name(kind));
+    if (atomic_load(&c->failed)) return ca_comm_diag_failed_already(c, ca_coll_kind_name(kind));
 
     ca_coll_sig sig = { .kind = kind, .dtype = -1, .redop = -1, .root = -1, .count = 0 };
     if (kind != CA_COLL_BARRIER) {
@@ -1107,7 +225,7 @@ static ca_status run(ca_comm *c, ca_coll_kind kind, const issue_args *a, ca_work
 
     int64_t deadline = w->issue_ms + c->timeout_ms;
     ca_status s = CA_OK;
-    if (checked) s = precheck(c, w->seq, &sig, deadline);
+    if (checked) s = ca_comm_diag_precheck(c, w->seq, &sig, deadline);
     issue_args staged;
     if (s == CA_OK && c->stage) {
         s = stage(c, kind, a, w, &staged);
@@ -1137,7 +255,7 @@ static ca_status run(ca_comm *c, ca_coll_kind kind, const issue_args *a, ca_work
         if (s != CA_OK) {
             char m[MSG_MAX];
             snprintf(m, sizeof m, "%s", ca_last_error());
-            s = fail_backend(c, w->seq, &sig, m);
+            s = ca_comm_diag_fail_backend(c, w->seq, &sig, m);
         }
     }
     if (s != CA_OK) {
@@ -1219,7 +337,7 @@ ca_status ca_work_test(ca_work *w) {
     ca_comm *c = w->comm;
     if (w->done) return w->status;
     if (atomic_load(&c->failed)) {
-        ca_status s = failed_already(c, "collective");
+        ca_status s = ca_comm_diag_failed_already(c, "collective");
         finish(c, w, s);
         return s;
     }
@@ -1227,7 +345,7 @@ ca_status ca_work_test(ca_work *w) {
     if (s == CA_OK) return finish(c, w, CA_OK);
     if (s == CA_IN_PROGRESS) {
         if (ca_now_ms() >= w->issue_ms + c->timeout_ms) {
-            s = fail_timeout(c, w->seq, &w->sig, ca_now_ms() - w->issue_ms, false);
+            s = ca_comm_diag_fail_timeout(c, w->seq, &w->sig, ca_now_ms() - w->issue_ms, false);
             finish(c, w, s);
             return s;
         }
@@ -1235,7 +353,7 @@ ca_status ca_work_test(ca_work *w) {
     }
     char m[MSG_MAX];
     snprintf(m, sizeof m, "%s", ca_last_error());
-    s = fail_backend(c, w->seq, &w->sig, m);
+    s = ca_comm_diag_fail_backend(c, w->seq, &w->sig, m);
     finish(c, w, s);
     return s;
 }
@@ -1351,7 +469,7 @@ static ca_status bootstrap_store(ca_comm *c) {
 /* Every rank publishes its first record, then waits for all the others:
  * a rank that never arrives is named here, not in the first collective. */
 static ca_status join(ca_comm *c) {
-    ca_status s = publish(c, true);
+    ca_status s = ca_comm_diag_publish(c, true);
     if (s != CA_OK) return ca_error_context("joining communicator %s", c->prefix);
     int n = c->world;
     char **keys = calloc((size_t)n, sizeof *keys);
@@ -1363,7 +481,7 @@ static ca_status join(ca_comm *c) {
             free(keys);
             return ca_error(CA_ERR_NOMEM, "out of memory");
         }
-        state_key(c, r, keys[r], 160);
+        ca_comm_diag_state_key(c, r, keys[r], 160);
     }
     s = c->store.ops->wait(c->store.store, (const char *const *)keys, n, c->timeout_ms);
     if (s == CA_ERR_TIMEOUT) {
@@ -1372,8 +490,8 @@ static ca_status join(ca_comm *c) {
             if (c->store.ops->check(c->store.store, keys[r]) != CA_OK) missing[m++] = r;
         ca_clear_error();
         char rl[256] = "?", dur[32];
-        if (missing) fmt_ranks(missing, m, rl, sizeof rl);
-        fmt_duration(c->timeout_ms, dur, sizeof dur);
+        if (missing) ca_comm_diag_fmt_ranks(missing, m, rl, sizeof rl);
+        ca_comm_diag_fmt_duration(c->timeout_ms, dur, sizeof dur);
         free(missing);
         s = ca_error(CA_ERR_TIMEOUT, "creating a %s communicator of %d ranks: rank%s %s did not join within %s",
                      c->backend, n, m == 1 ? "" : "s", rl, dur);
@@ -1383,88 +501,6 @@ static ca_status join(ca_comm *c) {
     for (int r = 0; r < n; r++) free(keys[r]);
     free(keys);
     return s;
-}
-
-/* ------------------------------------------------------ leaving the job
- *
- * A rank that stops calling collectives while the others wait in one would
- * leave them waiting until the timeout. So every rank says in its record when
- * it leaves: ca_comm_destroy announces GONE_LEFT, and an on_exit handler
- * announces GONE_EXITED with the exit status, for the communicators still
- * alive and for those destroyed before (their store client is kept for that).
- * The peers' watchdogs fail a wait on a collective the departed rank never
- * issued within a second or two.
- */
-
-typedef struct departed {
-    ca_store_client *client;
-    char key[160];
-    rank_state st;
-    struct departed *next;
-} departed;
-
-static pthread_mutex_t g_live_mu = PTHREAD_MUTEX_INITIALIZER;
-static ca_comm *g_live;
-static departed *g_departed;
-static bool g_exit_hook;
-
-static void announce_exit(int status, void *arg) {
-    (void)arg;
-    pthread_mutex_lock(&g_live_mu);
-    for (ca_comm *c = g_live; c; c = c->live_next) {
-        pthread_mutex_lock(&c->mu);
-        c->gone = GONE_EXITED;
-        c->exit_status = status;
-        c->version++;
-        pthread_mutex_unlock(&c->mu);
-        if (c->own_client) ca_store_client_set_io_timeout(c->own_client, EXIT_IO_MS);
-        if (publish(c, true) != CA_OK) ca_clear_error();
-    }
-    while (g_departed) {
-        departed *d = g_departed;
-        g_departed = d->next;
-        d->st.gone = GONE_EXITED;
-        d->st.exit_status = status;
-        char buf[STATE_MAX];
-        size_t n = state_encode(&d->st, buf, sizeof buf);
-        ca_store_ref ref = ca_store_client_ref(d->client);
-        if (ref.ops->set(ref.store, d->key, buf, n) != CA_OK) ca_clear_error();
-        ca_store_client_close(d->client);
-        free(d);
-    }
-    pthread_mutex_unlock(&g_live_mu);
-}
-
-static void live_add(ca_comm *c) {
-    pthread_mutex_lock(&g_live_mu);
-    if (!g_exit_hook) g_exit_hook = on_exit(announce_exit, NULL) == 0;
-    c->live_next = g_live;
-    g_live = c;
-    pthread_mutex_unlock(&g_live_mu);
-}
-
-/* Takes c off the live list; its own store client (if any) is kept to announce the exit status. */
-static void live_remove(ca_comm *c, bool announce) {
-    pthread_mutex_lock(&g_live_mu);
-    bool was_live = false;
-    for (ca_comm **p = &g_live; *p; p = &(*p)->live_next)
-        if (*p == c) {
-            *p = c->live_next;
-            was_live = true;
-            break;
-        }
-    departed *d = NULL;
-    if (was_live && announce && g_exit_hook && c->own_client && !c->own_server) d = calloc(1, sizeof *d);
-    if (d) {
-        d->client = c->own_client;
-        c->own_client = NULL;
-        ca_store_client_set_io_timeout(d->client, EXIT_IO_MS);
-        state_key(c, c->rank, d->key, sizeof d->key);
-        snapshot(c, &d->st, NULL);
-        d->next = g_departed;
-        g_departed = d;
-    }
-    pthread_mutex_unlock(&g_live_mu);
 }
 
 void ca_comm_destroy(ca_comm *c) {
@@ -1482,9 +518,9 @@ void ca_comm_destroy(ca_comm *c) {
         if (!c->gone) c->gone = GONE_LEFT;
         c->version++;
         pthread_mutex_unlock(&c->mu);
-        if (publish(c, true) != CA_OK) ca_clear_error();
+        if (ca_comm_diag_publish(c, true) != CA_OK) ca_clear_error();
     }
-    live_remove(c, announce);
+    ca_comm_diag_live_remove(c, announce);
     if (c->bc && c->ops.destroy) c->ops.destroy(c->bc);
     ca_store_client_close(c->own_client);
     ca_store_server_stop(c->own_server);
@@ -1633,12 +669,12 @@ static ca_status create_impl(const ca_comm_options *opts, ca_store_client *owned
             ca_comm_destroy(c);
             return s;
         }
-        if (pthread_create(&c->wd, NULL, watchdog_main, c) != 0) {
+        if (pthread_create(&c->wd, NULL, ca_comm_diag_watchdog_main, c) != 0) {
             ca_comm_destroy(c);
             return ca_error(CA_ERR_NOMEM, "cannot start the communicator's watchdog thread");
         }
         c->wd_running = true;
-        live_add(c);
+        ca_comm_diag_live_add(c);
     }
     *out = c;
     return CA_OK;

@@ -19,6 +19,8 @@ libcaccel_la_SOURCES += \
 libcaccel_la_SOURCES += \
 	core/comm_impl.h \
 	core/comm.c \
+	core/comm_diag_impl.h \
+	core/comm_diag.c \
 	core/procenv_impl.h \
 	core/procenv.c \
 	core/store_impl.h \
