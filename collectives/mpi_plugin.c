@@ -96,11 +96,15 @@ static ca_status mpi_fail(int rc, const char *what, const mpi_comm *c) {
  * The end of the process. MPI_Finalize waits for every rank, so a rank that
  * exits while the others wait in a collective (a failed CA_CHECK calls exit(1))
  * would sit in it while they wait for the collective timeout, and mpirun would
- * then blame another rank. A failing exit therefore aborts the MPI job with its
- * status, naming the rank; so does any exit after a communicator failed (its
- * operations may be in flight, which would hang MPI_Finalize). A clean exit
- * finalises, when caccel initialised MPI; the other ranks learn of it through
- * the rendezvous store (core/comm.c), fail, and their exit ends the job.
+ * then blame another rank. A failing exit therefore leaves at once with its
+ * status and without MPI_Finalize, naming the rank, and mpirun stops the job
+ * (a process exited non-zero); so does any exit after a communicator failed
+ * (its operations may be in flight, which would hang MPI_Finalize). Not
+ * MPI_Abort: several ranks calling it at once while one sat in MPI_Finalize
+ * hung Open MPI 4.1's mpirun after every rank had exited (1 job in 7). The
+ * communicators' exit announcement (core/comm_diag.c) is registered later, so
+ * it runs first. A clean exit finalises, when caccel initialised MPI; the
+ * other ranks learn of it through the store, fail, and their exit ends the job.
  */
 static void mpi_at_exit(int status, void *arg) {
     (void)arg;
@@ -112,10 +116,10 @@ static void mpi_at_exit(int status, void *arg) {
     if (status != 0 || aborted) {
         int rank = -1;
         MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-        fprintf(stderr, "caccel: rank %d exits with status %d%s: aborting the MPI job (MPI_Abort) so that the other "
-                "ranks stop now\n", rank, status, aborted ? " after a failed collective" : "");
-        fflush(stderr);
-        MPI_Abort(MPI_COMM_WORLD, status != 0 ? status : 1);
+        fprintf(stderr, "caccel: rank %d exits with status %d%s: leaving without MPI_Finalize so that mpirun "
+                "stops the other ranks now\n", rank, status, aborted ? " after a failed collective" : "");
+        fflush(NULL);
+        _exit(status != 0 ? status : 1);
     }
     if (g_we_init) MPI_Finalize();
 }

@@ -42,7 +42,7 @@ ASAN_OPTIONS_MPI="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"
 # mpirun as this machine allows it (root, more ranks than cores); MPI_TIMEOUT bounds a hung mpirun
 run_mpi() {
     np=$1; shift
-    ASAN_OPTIONS="$ASAN_OPTIONS_MPI" timeout "${MPI_TIMEOUT:-600}" "${MPIRUN:-mpirun}" --allow-run-as-root --oversubscribe -np "$np" "$@"
+    ASAN_OPTIONS="$ASAN_OPTIONS_MPI" timeout -k 5 "${MPI_TIMEOUT:-600}" "${MPIRUN:-mpirun}" --allow-run-as-root --oversubscribe -np "$np" "$@"
 }
 
 # count LINES PATTERN FILE: FILE holds exactly LINES lines matching PATTERN
