@@ -1,6 +1,6 @@
 /* The Accelerator: configuration, device and process-group selection, prepare, backward with bucketed gradient all-reduce, accumulation, and the distributed helpers. */
 #include "accelerator/accelerator_impl.h"
-#include "core/procenv_impl.h"
+#include "core/comm_impl.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -109,7 +109,7 @@ static ca_status setup_processes(ca_accelerator *acc) {
 
 static ca_status create_comm(ca_accelerator *acc) {
     if (acc->world > 1) {
-        ca_status s = ca_procenv_comm_create(&acc->pe, acc->st.backend, acc->device, acc->st.timeout_ms,
+        ca_status s = ca_comm_create_from_env(&acc->pe, acc->st.backend, acc->device, acc->st.timeout_ms,
                                              acc->st.debug, &acc->comm);
         if (s == CA_OK && acc->rank == 0)
             ca_log_printf(CA_LOG_INFO, "%d processes started by %s, collectives through %s", acc->world,

@@ -550,7 +550,7 @@ static ca_status create_impl(const ca_comm_options *opts, ca_store_client *owned
         s = ca_procenv_detect(&pe);
         if (s != CA_OK) return s;
         if (!o.store.ops && pe.world_size > 1)
-            return ca_procenv_comm_create(&pe, o.backend, o.device, o.timeout_ms, o.debug, out);
+            return ca_comm_create_from_env(&pe, o.backend, o.device, o.timeout_ms, o.debug, out);
         o.rank = pe.rank;
         o.world_size = pe.world_size;
         o.local_rank = pe.local_rank;
@@ -567,7 +567,7 @@ static ca_status create_impl(const ca_comm_options *opts, ca_store_client *owned
     ca_device *dev = o.device ? o.device : ca_cpu_device();
     const ca_collective_ops *ops = NULL;
     if (s == CA_OK && !dev) s = ca_error(CA_ERR_STATE, "ca_comm_create: no CPU device");
-    if (s == CA_OK && !(ops = ca_registry_collective(o.backend))) s = ca_procenv_backend_missing(o.backend);
+    if (s == CA_OK && !(ops = ca_registry_collective(o.backend))) s = ca_comm_backend_missing(o.backend);
     /* a backend for host memory (it names cpu, or names nothing) works on another
      * device's buffers through host copies */
     bool staged = false;
@@ -691,7 +691,7 @@ ca_status ca_comm_create_owning(const ca_comm_options *opts, ca_store_client *cl
 
 /* ---------------------------------------------- MULTI_CPU from the environment */
 
-ca_status ca_procenv_backend_missing(const char *backend) {
+ca_status ca_comm_backend_missing(const char *backend) {
     char reason[1024];
     snprintf(reason, sizeof reason, "%s", ca_last_error());
     const char *file = NULL, *pkg = NULL, *more = "";
@@ -719,7 +719,7 @@ ca_status ca_procenv_backend_missing(const char *backend) {
     return CA_ERR_NOT_FOUND;
 }
 
-ca_status ca_procenv_comm_create(const ca_procenv *pe, const char *backend, ca_device *device, int64_t timeout_ms,
+ca_status ca_comm_create_from_env(const ca_procenv *pe, const char *backend, ca_device *device, int64_t timeout_ms,
                                  bool debug, ca_comm **out) {
     *out = NULL;
     const char *name = ca_procenv_pick_backend(pe, backend);
@@ -728,7 +728,7 @@ ca_status ca_procenv_comm_create(const ca_procenv *pe, const char *backend, ca_d
     if (!asked && pe->world_size > 1 && device && !ca_device_is_host(device) &&
         !(pe->under_mpi && (!pe->master_addr[0] || pe->master_port <= 0)))
         name = "nccl";
-    if (!ca_registry_collective(name)) return ca_procenv_backend_missing(name);
+    if (!ca_registry_collective(name)) return ca_comm_backend_missing(name);
     if (strcmp(name, "mpi") == 0 && !pe->under_mpi && pe->world_size > 1) {
         ca_error(CA_ERR_CONFIG, "backend mpi asked for, but this process was started by %s, not by an MPI launcher",
                  pe->launcher_name);

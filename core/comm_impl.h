@@ -3,6 +3,7 @@
 #define CACCEL_COMM_IMPL_H
 
 #include <caccel/collective.h>
+#include "core/procenv_impl.h"
 
 #include <stdbool.h>
 #include <stdint.h>
@@ -41,7 +42,7 @@ void ca_coll_sig_format(const ca_coll_sig *s, char *buf, size_t len);
 bool ca_comm_set_checked(ca_comm *c, bool on);
 
 /* ca_comm_create over a store made for this communicator from the process
- * environment (ca_procenv_comm_create): client (required) and server (may be
+ * environment (ca_comm_create_from_env): client (required) and server (may be
  * NULL) are closed with the communicator, also when creation fails, and the
  * communicator's store keys are numbered among such communicators in creation
  * order, which is the same on every rank. */
@@ -53,5 +54,16 @@ bool ca_comm_is_aborted(const ca_comm *c);
 
 /* Default communicator timeout: CACCEL_TIMEOUT (seconds) or 1800 s. */
 int64_t ca_comm_default_timeout_ms(void);
+
+/* Creates the communicator for pe: picks the backend (see above), loads its
+ * plugin (a missing one fails with CA_ERR_NOT_FOUND naming the plugin file and
+ * the Debian package to install), connects the store when the backend needs
+ * one. timeout_ms 0: the default (CACCEL_TIMEOUT or 30 min). */
+ca_status ca_comm_create_from_env(const ca_procenv *pe, const char *backend, ca_device *device,
+                                  int64_t timeout_ms, bool debug, ca_comm **out);
+
+/* The error for a collective backend that is not available: plugin file,
+ * Debian package, and the registry's reason. Returns CA_ERR_NOT_FOUND. */
+ca_status ca_comm_backend_missing(const char *backend);
 
 #endif

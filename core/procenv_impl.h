@@ -50,15 +50,4 @@ const char *ca_procenv_pick_backend(const ca_procenv *pe, const char *asked);
 ca_status ca_procenv_store(const ca_procenv *pe, int64_t timeout_ms, struct ca_store_client **client,
                            struct ca_store_server **server);
 
-/* Creates the communicator for pe: picks the backend (see above), loads its
- * plugin (a missing one fails with CA_ERR_NOT_FOUND naming the plugin file and
- * the Debian package to install), connects the store when the backend needs
- * one. timeout_ms 0: the default (CACCEL_TIMEOUT or 30 min). */
-ca_status ca_procenv_comm_create(const ca_procenv *pe, const char *backend, ca_device *device,
-                                 int64_t timeout_ms, bool debug, ca_comm **out);
-
-/* The error for a collective backend that is not available: plugin file,
- * Debian package, and the registry's reason. Returns CA_ERR_NOT_FOUND. */
-ca_status ca_procenv_backend_missing(const char *backend);
-
 #endif
