@@ -118,6 +118,120 @@ static ca_status master(const envsrc *e, ca_procenv *pe) {
     return ev_int(e, "MASTER_PORT", &pe->master_port, NULL);
 }
 
+/* Launchers that name the rank, the world size and the local rank and size in four variables,
+ * in the order they are looked for: caccel's/torchrun's first, then MPI's. */
+typedef struct launcher_vars {
+    const char *rank, *size, *local_rank, *local_size;
+    ca_launcher_kind kind;
+    const char *name;
+} launcher_vars;
+
+static const launcher_vars launchers[] = {
+    {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", CA_LAUNCHER_ENV, "RANK/WORLD_SIZE environment"},
+    {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE",
+     CA_LAUNCHER_MPI, "mpirun (Open MPI)"},
+    {"PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS", CA_LAUNCHER_MPI, "mpiexec (MPICH/Hydra PMI)"},
+};
+
+/* One row of the table; *found when its rank and size are set. */
+static ca_status from_table(const envsrc *e, const launcher_vars *l, ca_procenv *pe, bool *found) {
+    ca_status s = ev_pair(e, l->rank, l->size, &pe->rank, &pe->world_size, found);
+    if (s != CA_OK || !*found) return s;
+    pe->launcher = l->kind;
+    pe->launcher_name = l->name;
+    pe->under_mpi = l->kind == CA_LAUNCHER_MPI;
+    snprintf(pe->source, sizeof pe->source, "%s/%s/%s/%s", l->rank, l->size, l->local_rank, l->local_size);
+    bool lf = false;
+    if ((s = ev_pair(e, l->local_rank, l->local_size, &pe->local_rank, &pe->local_world_size, &lf)) != CA_OK)
+        return s;
+    if (!lf) {
+        pe->local_rank = pe->rank;
+        pe->local_world_size = pe->world_size;
+    }
+    if (l->kind == CA_LAUNCHER_ENV) {   /* caccel launch says so; torchrun also names the machine */
+        const char *who = ev(e, "CACCEL_LAUNCHER");
+        if (who && strcmp(who, "caccel") == 0) {
+            pe->launcher = CA_LAUNCHER_CACCEL;
+            pe->launcher_name = "caccel launch";
+            pe->store_served = true;
+        }
+        bool gf = false;
+        if ((s = ev_int(e, "GROUP_RANK", &pe->node_rank, &gf)) != CA_OK) return s;
+        if (!gf) pe->node_rank = -1;
+    }
+    return master(e, pe);
+}
+
+/* Local rank and size from Slurm's variables; the whole world when they are missing. */
+static ca_status slurm_local(const envsrc *e, ca_procenv *pe, bool strict) {
+    bool lf = false, nf = false;
+    int nid = 0;
+    ca_status s = ev_int(e, "SLURM_LOCALID", &pe->local_rank, &lf);
+    if (s == CA_OK) s = ev_int(e, "SLURM_NODEID", &nid, &nf);
+    if (s != CA_OK) return s;
+    if (strict) pe->node_rank = nf ? nid : -1;
+    const char *spec = ev(e, "SLURM_STEP_TASKS_PER_NODE");
+    if (!spec && strict) spec = ev(e, "SLURM_TASKS_PER_NODE");
+    int per = tasks_on_node(spec, nid);
+    if (lf && per > 0) {
+        pe->local_world_size = per;
+        return CA_OK;
+    }
+    if (strict && lf && per <= 0 && spec)
+        return ca_error(CA_ERR_CONFIG, "cannot read the tasks of node %d from SLURM_STEP_TASKS_PER_NODE='%s'", nid,
+                        spec);
+    pe->local_rank = pe->rank;
+    pe->local_world_size = pe->world_size;
+    return CA_OK;
+}
+
+/* A PMIx launcher (mpirun of Open MPI 5, srun --mpi=pmix): the size comes from Slurm. */
+static ca_status from_pmix(const envsrc *e, ca_procenv *pe, bool *found) {
+    ca_status s = ev_int(e, "PMIX_RANK", &pe->rank, found);
+    if (s != CA_OK || !*found) return s;
+    pe->launcher = CA_LAUNCHER_MPI;
+    pe->launcher_name = "PMIx launcher";
+    pe->under_mpi = true;
+    bool sf = false;
+    const char *sz = ev(e, "SLURM_STEP_NUM_TASKS") ? "SLURM_STEP_NUM_TASKS" : "SLURM_NTASKS";
+    if ((s = ev_int(e, sz, &pe->world_size, &sf)) != CA_OK) return s;
+    if (!sf)
+        return ca_error(CA_ERR_CONFIG, "PMIX_RANK is set but no world size variable (OMPI_COMM_WORLD_SIZE, "
+                                       "PMI_SIZE or SLURM_NTASKS) is");
+    snprintf(pe->source, sizeof pe->source, "PMIX_RANK/%s", sz);
+    if ((s = slurm_local(e, pe, false)) != CA_OK) return s;
+    return master(e, pe);
+}
+
+/* srun without MPI; the batch script itself (no step id) is one process. Rank 0 serves the store on
+ * MASTER_ADDR (default: the step's first node) and MASTER_PORT (default 29500 + job id mod 1000). */
+static ca_status from_slurm(const envsrc *e, ca_procenv *pe, bool *found) {
+    *found = ev(e, "SLURM_PROCID") && (ev(e, "SLURM_STEP_ID") || ev(e, "SLURM_STEPID"));
+    if (!*found) return CA_OK;
+    pe->launcher = CA_LAUNCHER_SLURM;
+    pe->launcher_name = "srun";
+    const char *sz = ev(e, "SLURM_STEP_NUM_TASKS") ? "SLURM_STEP_NUM_TASKS" : "SLURM_NTASKS";
+    bool sf = false;
+    ca_status s = ev_int(e, "SLURM_PROCID", &pe->rank, NULL);
+    if (s == CA_OK) s = ev_int(e, sz, &pe->world_size, &sf);
+    if (s != CA_OK) return s;
+    if (!sf) return ca_error(CA_ERR_CONFIG, "SLURM_PROCID is set but neither SLURM_STEP_NUM_TASKS nor SLURM_NTASKS is");
+    snprintf(pe->source, sizeof pe->source, "SLURM_PROCID/%s/SLURM_LOCALID/SLURM_STEP_TASKS_PER_NODE", sz);
+    if ((s = slurm_local(e, pe, true)) != CA_OK) return s;
+    if ((s = master(e, pe)) != CA_OK) return s;
+    if (!pe->master_addr[0]) {
+        const char *nl = ev(e, "SLURM_STEP_NODELIST");
+        if (!nl) nl = ev(e, "SLURM_JOB_NODELIST");
+        first_host(nl, pe->master_addr, sizeof pe->master_addr);
+    }
+    if (!pe->master_port) {
+        int job = 0;
+        if ((s = ev_int(e, "SLURM_JOB_ID", &job, NULL)) != CA_OK) return s;
+        pe->master_port = 29500 + (job > 0 ? job % 1000 : 0);
+    }
+    return CA_OK;
+}
+
 static ca_status detect(const envsrc *e, ca_procenv *pe) {
     memset(pe, 0, sizeof *pe);
     pe->launcher = CA_LAUNCHER_NONE;
@@ -129,136 +243,13 @@ static ca_status detect(const envsrc *e, ca_procenv *pe) {
     const char *tok = ev(e, CA_STORE_TOKEN_ENV);
     if (tok) snprintf(pe->token, sizeof pe->token, "%s", tok);
     bool found = false;
-    ca_status s;
-
-    /* caccel launch, or anything that speaks torchrun's variables */
-    if ((s = ev_pair(e, "RANK", "WORLD_SIZE", &pe->rank, &pe->world_size, &found)) != CA_OK) return s;
-    if (found) {
-        const char *l = ev(e, "CACCEL_LAUNCHER");
-        pe->launcher = l && strcmp(l, "caccel") == 0 ? CA_LAUNCHER_CACCEL : CA_LAUNCHER_ENV;
-        pe->launcher_name = pe->launcher == CA_LAUNCHER_CACCEL ? "caccel launch" : "RANK/WORLD_SIZE environment";
-        pe->store_served = pe->launcher == CA_LAUNCHER_CACCEL;
-        snprintf(pe->source, sizeof pe->source, "RANK/WORLD_SIZE/LOCAL_RANK/LOCAL_WORLD_SIZE");
-        bool lf = false;
-        if ((s = ev_pair(e, "LOCAL_RANK", "LOCAL_WORLD_SIZE", &pe->local_rank, &pe->local_world_size, &lf)) != CA_OK)
-            return s;
-        if (!lf) {
-            pe->local_rank = pe->rank;
-            pe->local_world_size = pe->world_size;
-        }
-        bool gf = false;
-        if ((s = ev_int(e, "GROUP_RANK", &pe->node_rank, &gf)) != CA_OK) return s;
-        if (!gf) pe->node_rank = -1;
-        if ((s = master(e, pe)) != CA_OK) return s;
-        return check_ranks(pe);
-    }
-
-    /* MPI launchers */
-    if ((s = ev_pair(e, "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", &pe->rank, &pe->world_size, &found)) != CA_OK)
-        return s;
-    if (found) {
-        pe->launcher = CA_LAUNCHER_MPI;
-        pe->launcher_name = "mpirun (Open MPI)";
-        pe->under_mpi = true;
-        snprintf(pe->source, sizeof pe->source, "OMPI_COMM_WORLD_RANK/SIZE/LOCAL_RANK/LOCAL_SIZE");
-        bool lf = false;
-        if ((s = ev_pair(e, "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE", &pe->local_rank,
-                         &pe->local_world_size, &lf)) != CA_OK)
-            return s;
-        if (!lf) {
-            pe->local_rank = pe->rank;
-            pe->local_world_size = pe->world_size;
-        }
-        if ((s = master(e, pe)) != CA_OK) return s;
-        return check_ranks(pe);
-    }
-    if ((s = ev_pair(e, "PMI_RANK", "PMI_SIZE", &pe->rank, &pe->world_size, &found)) != CA_OK) return s;
-    if (found) {
-        pe->launcher = CA_LAUNCHER_MPI;
-        pe->launcher_name = "mpiexec (MPICH/Hydra PMI)";
-        pe->under_mpi = true;
-        snprintf(pe->source, sizeof pe->source, "PMI_RANK/PMI_SIZE/MPI_LOCALRANKID/MPI_LOCALNRANKS");
-        bool lf = false;
-        if ((s = ev_pair(e, "MPI_LOCALRANKID", "MPI_LOCALNRANKS", &pe->local_rank, &pe->local_world_size, &lf)) !=
-            CA_OK)
-            return s;
-        if (!lf) {
-            pe->local_rank = pe->rank;
-            pe->local_world_size = pe->world_size;
-        }
-        if ((s = master(e, pe)) != CA_OK) return s;
-        return check_ranks(pe);
-    }
-    bool pr = false;
-    if ((s = ev_int(e, "PMIX_RANK", &pe->rank, &pr)) != CA_OK) return s;
-    if (pr) {
-        pe->launcher = CA_LAUNCHER_MPI;
-        pe->launcher_name = "PMIx launcher";
-        pe->under_mpi = true;
-        bool sf = false;
-        const char *sz = ev(e, "SLURM_STEP_NUM_TASKS") ? "SLURM_STEP_NUM_TASKS" : "SLURM_NTASKS";
-        if ((s = ev_int(e, sz, &pe->world_size, &sf)) != CA_OK) return s;
-        if (!sf)
-            return ca_error(CA_ERR_CONFIG, "PMIX_RANK is set but no world size variable (OMPI_COMM_WORLD_SIZE, "
-                                           "PMI_SIZE or SLURM_NTASKS) is");
-        snprintf(pe->source, sizeof pe->source, "PMIX_RANK/%s", sz);
-        bool lf = false;
-        if ((s = ev_int(e, "SLURM_LOCALID", &pe->local_rank, &lf)) != CA_OK) return s;
-        int nid = 0;
-        if ((s = ev_int(e, "SLURM_NODEID", &nid, NULL)) != CA_OK) return s;
-        int per = tasks_on_node(ev(e, "SLURM_STEP_TASKS_PER_NODE"), nid);
-        if (!lf || per <= 0) {
-            pe->local_rank = pe->rank;
-            pe->local_world_size = pe->world_size;
-        } else {
-            pe->local_world_size = per;
-        }
-        if ((s = master(e, pe)) != CA_OK) return s;
-        return check_ranks(pe);
-    }
-
-    /* srun without MPI; the batch script itself (no step id) is one process */
-    if (ev(e, "SLURM_PROCID") && (ev(e, "SLURM_STEP_ID") || ev(e, "SLURM_STEPID"))) {
-        pe->launcher = CA_LAUNCHER_SLURM;
-        pe->launcher_name = "srun";
-        const char *sz = ev(e, "SLURM_STEP_NUM_TASKS") ? "SLURM_STEP_NUM_TASKS" : "SLURM_NTASKS";
-        bool sf = false;
-        if ((s = ev_int(e, "SLURM_PROCID", &pe->rank, NULL)) != CA_OK) return s;
-        if ((s = ev_int(e, sz, &pe->world_size, &sf)) != CA_OK) return s;
-        if (!sf) return ca_error(CA_ERR_CONFIG, "SLURM_PROCID is set but neither SLURM_STEP_NUM_TASKS nor SLURM_NTASKS is");
-        snprintf(pe->source, sizeof pe->source, "SLURM_PROCID/%s/SLURM_LOCALID/SLURM_STEP_TASKS_PER_NODE", sz);
-        bool lf = false;
-        if ((s = ev_int(e, "SLURM_LOCALID", &pe->local_rank, &lf)) != CA_OK) return s;
-        int nid = 0;
-        bool nf = false;
-        if ((s = ev_int(e, "SLURM_NODEID", &nid, &nf)) != CA_OK) return s;
-        pe->node_rank = nf ? nid : -1;
-        const char *spec = ev(e, "SLURM_STEP_TASKS_PER_NODE");
-        if (!spec) spec = ev(e, "SLURM_TASKS_PER_NODE");
-        int per = tasks_on_node(spec, nid);
-        if (!lf || per <= 0) {
-            if (lf && per <= 0 && spec)
-                return ca_error(CA_ERR_CONFIG, "cannot read the tasks of node %d from SLURM_STEP_TASKS_PER_NODE='%s'",
-                                nid, spec);
-            pe->local_rank = pe->rank;
-            pe->local_world_size = pe->world_size;
-        } else {
-            pe->local_world_size = per;
-        }
-        if ((s = master(e, pe)) != CA_OK) return s;
-        if (!pe->master_addr[0]) {
-            const char *nl = ev(e, "SLURM_STEP_NODELIST");
-            if (!nl) nl = ev(e, "SLURM_JOB_NODELIST");
-            first_host(nl, pe->master_addr, sizeof pe->master_addr);
-        }
-        if (!pe->master_port) {
-            int job = 0;
-            if ((s = ev_int(e, "SLURM_JOB_ID", &job, NULL)) != CA_OK) return s;
-            pe->master_port = 29500 + (job > 0 ? job % 1000 : 0);
-        }
-        return check_ranks(pe);
-    }
-    return CA_OK;
+    ca_status s = CA_OK;
+    for (size_t i = 0; s == CA_OK && !found && i < CA_ARRAY_LEN(launchers); i++)
+        s = from_table(e, &launchers[i], pe, &found);
+    if (s == CA_OK && !found) s = from_pmix(e, pe, &found);
+    if (s == CA_OK && !found) s = from_slurm(e, pe, &found);
+    if (s != CA_OK || !found) return s;
+    return check_ranks(pe);
 }
 
 ca_status ca_procenv_detect_from(char *const *envp, ca_procenv *out) {
