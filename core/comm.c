@@ -534,53 +534,142 @@ void ca_comm_destroy(ca_comm *c) {
 /* owned_client/owned_server: a store made for this communicator from the
  * environment; it is closed with the communicator, and such communicators
  * are numbered in creation order across the process. */
+/* The backend for o's device: its table, and whether device buffers go through host copies (a
+ * backend for host memory, one that names cpu or names nothing, works on another device so). */
+static ca_status choose_backend(const ca_comm_options *o, ca_device *dev, const ca_collective_ops **ops,
+                                bool *staged) {
+    *staged = false;
+    if (!dev) return ca_error(CA_ERR_STATE, "ca_comm_create: no CPU device");
+    if (!(*ops = ca_registry_collective(o->backend))) return ca_comm_backend_missing(o->backend);
+    const char *names = (*ops)->device_names;
+    if (!ca_device_is_host(dev) && (!names || strcmp(names, "*") != 0) &&
+        !(names && device_supported(names, ca_device_name(dev))) && (!names || device_supported(names, "cpu")))
+        *staged = true;
+    if (*staged || device_supported(names, ca_device_name(dev))) return CA_OK;
+    ca_error(CA_ERR_UNSUPPORTED, "collective backend '%s' cannot reduce on device '%s' (it supports: %s)",
+             o->backend, ca_device_name(dev), names);
+    ca_error_hint("use backend nccl for cuda devices, gloo or mpi for cpu");
+    return CA_ERR_UNSUPPORTED;
+}
+
+/* A new communicator's fields, before any collective can run. */
+static void comm_init_fields(ca_comm *c, const ca_comm_options *o, const ca_collective_ops *ops, ca_device *dev,
+                             bool staged) {
+    const char *launcher = getenv("CACCEL_LAUNCHER");
+    c->launch_notes = c->own_client && launcher && strcmp(launcher, "caccel") == 0;
+    ca_copy_vtable(&c->ops, sizeof c->ops, ops, ops->struct_size);
+    snprintf(c->backend, sizeof c->backend, "%s", o->backend);
+    c->rank = o->rank;
+    c->world = o->world_size;
+    c->local_rank = o->local_rank;
+    c->local_world = o->local_world_size;
+    c->device = dev;
+    c->stage = staged;
+    if (staged && o->rank == 0)
+        CA_LOG_I("collective backend %s works on host memory: %s buffers are staged through host copies", o->backend,
+                 ca_device_name(dev));
+    c->timeout_ms = o->timeout_ms > 0 ? o->timeout_ms : ca_comm_default_timeout_ms();
+    c->debug = o->debug;
+    c->last_sig = (ca_coll_sig){ .kind = CA_COLL_NONE, .dtype = -1, .redop = -1, .root = -1 };
+    pthread_mutex_init(&c->mu, NULL);
+    pthread_mutex_init(&c->pub_mu, NULL);
+    pthread_mutex_init(&c->wd_mu, NULL);
+    pthread_cond_init(&c->wd_cv, NULL);
+    c->published_version = UINT64_MAX;
+}
+
+static ca_status check_slots(const ca_comm *c) {
+    static const char *const required[] = { "all_reduce", "broadcast", "all_gather", "reduce_scatter", "barrier",
+                                            "work_test", "work_wait", "work_free", "init" };
+    const void *slots[] = { (const void *)c->ops.all_reduce, (const void *)c->ops.broadcast,
+                            (const void *)c->ops.all_gather, (const void *)c->ops.reduce_scatter,
+                            (const void *)c->ops.barrier, (const void *)c->ops.work_test,
+                            (const void *)c->ops.work_wait, (const void *)c->ops.work_free,
+                            (const void *)c->ops.init };
+    for (size_t i = 0; i < CA_ARRAY_LEN(required); i++)
+        if (!slots[i]) return ca_error(CA_ERR_UNSUPPORTED, "collective backend '%s' has no '%s'", c->backend, required[i]);
+    return CA_OK;
+}
+
+/* The backend's own communicator, over the store it was given or, without one, the store it
+ * bootstraps; then the job's numbering, the rendezvous of every rank, and the watchdog. */
+static ca_status comm_start(ca_comm *c, const ca_comm_options *o) {
+    ca_status s = CA_OK;
+    if (o->store.ops && o->world_size > 1) {
+        c->store = o->store;
+        if ((s = number_comm(c)) != CA_OK) return s;
+    }
+    char bprefix[128];
+    snprintf(bprefix, sizeof bprefix, "%s/%s", c->prefix[0] ? c->prefix : "caccel/single", o->backend);
+    ca_device *via = c->stage ? ca_cpu_device() : c->device;
+    ca_comm_init_args ia = {
+        .struct_size = sizeof ia,
+        .rank = o->rank,
+        .world_size = o->world_size,
+        .local_rank = o->local_rank,
+        .local_world_size = o->local_world_size,
+        .store = c->store,
+        .timeout_ms = c->timeout_ms,
+        .device_ops = ca_device_ops_of(via),
+        .device = ca_device_context(via),
+        .prefix = bprefix,
+    };
+    if (c->ops.init(&ia, &c->bc) != CA_OK)
+        return ca_error_context("creating a %s communicator (rank %d of %d)", o->backend, o->rank, o->world_size);
+    if (o->world_size == 1) return CA_OK;
+    if (!c->store.ops) {
+        s = bootstrap_store(c);
+        if (s == CA_OK) s = number_comm(c);
+    }
+    if (s == CA_OK) s = join(c);
+    if (s != CA_OK) return s;
+    if (pthread_create(&c->wd, NULL, ca_comm_diag_watchdog_main, c) != 0)
+        return ca_error(CA_ERR_NOMEM, "cannot start the communicator's watchdog thread");
+    c->wd_running = true;
+    ca_comm_diag_live_add(c);
+    return CA_OK;
+}
+
+/* Rank, world and backend from the process environment where the options leave them out. Sets
+ * *delegate when the environment's own communicator (ca_comm_create_from_env) is the answer. */
+static ca_status resolve_options(ca_comm_options *o, bool *delegate, ca_procenv *pe) {
+    *delegate = false;
+    if (o->world_size == 0) {
+        ca_status s = ca_procenv_detect(pe);
+        if (s != CA_OK) return s;
+        if (!o->store.ops && pe->world_size > 1) {
+            *delegate = true;
+            return CA_OK;
+        }
+        o->rank = pe->rank;
+        o->world_size = pe->world_size;
+        o->local_rank = pe->local_rank;
+        o->local_world_size = pe->local_world_size;
+        if (!o->backend) o->backend = ca_procenv_pick_backend(pe, NULL);
+    }
+    if (o->local_world_size <= 0) {
+        o->local_world_size = o->world_size;
+        o->local_rank = o->rank;
+    }
+    if (!o->backend) o->backend = o->world_size == 1 ? "single" : "gloo";
+    if (o->world_size < 1 || o->rank < 0 || o->rank >= o->world_size)
+        return ca_error(CA_ERR_INVALID, "ca_comm_create: rank %d of world size %d", o->rank, o->world_size);
+    return CA_OK;
+}
+
 static ca_status create_impl(const ca_comm_options *opts, ca_store_client *owned_client,
                              ca_store_server *owned_server, ca_comm **out) {
-    if (!out) {
-        ca_store_client_close(owned_client);
-        ca_store_server_stop(owned_server);
-        return ca_error(CA_ERR_INVALID, "ca_comm_create: NULL output");
-    }
-    *out = NULL;
     ca_comm_options o = opts ? *opts : (ca_comm_options){ 0 };
     if (owned_client) o.store = ca_store_client_ref(owned_client);
-    ca_status s = CA_OK;
-    if (o.world_size == 0) {
-        ca_procenv pe;
-        s = ca_procenv_detect(&pe);
-        if (s != CA_OK) return s;
-        if (!o.store.ops && pe.world_size > 1)
-            return ca_comm_create_from_env(&pe, o.backend, o.device, o.timeout_ms, o.debug, out);
-        o.rank = pe.rank;
-        o.world_size = pe.world_size;
-        o.local_rank = pe.local_rank;
-        o.local_world_size = pe.local_world_size;
-        if (!o.backend) o.backend = ca_procenv_pick_backend(&pe, NULL);
-    }
-    if (o.world_size < 1 || o.rank < 0 || o.rank >= o.world_size)
-        s = ca_error(CA_ERR_INVALID, "ca_comm_create: rank %d of world size %d", o.rank, o.world_size);
-    if (o.local_world_size <= 0) {
-        o.local_world_size = o.world_size;
-        o.local_rank = o.rank;
-    }
-    if (!o.backend) o.backend = o.world_size == 1 ? "single" : "gloo";
+    ca_procenv pe;
+    bool delegate = false;
+    ca_status s = out ? resolve_options(&o, &delegate, &pe) : ca_error(CA_ERR_INVALID, "ca_comm_create: NULL output");
+    if (out) *out = NULL;
+    if (s == CA_OK && delegate) return ca_comm_create_from_env(&pe, o.backend, o.device, o.timeout_ms, o.debug, out);
     ca_device *dev = o.device ? o.device : ca_cpu_device();
     const ca_collective_ops *ops = NULL;
-    if (s == CA_OK && !dev) s = ca_error(CA_ERR_STATE, "ca_comm_create: no CPU device");
-    if (s == CA_OK && !(ops = ca_registry_collective(o.backend))) s = ca_comm_backend_missing(o.backend);
-    /* a backend for host memory (it names cpu, or names nothing) works on another
-     * device's buffers through host copies */
     bool staged = false;
-    if (s == CA_OK && !ca_device_is_host(dev) && (!ops->device_names || strcmp(ops->device_names, "*") != 0) &&
-        !(ops->device_names && device_supported(ops->device_names, ca_device_name(dev))) &&
-        (!ops->device_names || device_supported(ops->device_names, "cpu")))
-        staged = true;
-    if (s == CA_OK && !staged && !device_supported(ops->device_names, ca_device_name(dev))) {
-        ca_error(CA_ERR_UNSUPPORTED, "collective backend '%s' cannot reduce on device '%s' (it supports: %s)",
-                 o.backend, ca_device_name(dev), ops->device_names);
-        ca_error_hint("use backend nccl for cuda devices, gloo or mpi for cpu");
-        s = CA_ERR_UNSUPPORTED;
-    }
+    if (s == CA_OK) s = choose_backend(&o, dev, &ops, &staged);
     ca_comm *c = s == CA_OK ? calloc(1, sizeof *c) : NULL;
     if (s == CA_OK && !c) s = ca_error(CA_ERR_NOMEM, "out of memory creating a communicator");
     if (s != CA_OK) {
@@ -590,91 +679,12 @@ static ca_status create_impl(const ca_comm_options *opts, ca_store_client *owned
     }
     c->own_client = owned_client;
     c->own_server = owned_server;
-    const char *launcher = getenv("CACCEL_LAUNCHER");
-    c->launch_notes = owned_client && launcher && strcmp(launcher, "caccel") == 0;
-    ca_copy_vtable(&c->ops, sizeof c->ops, ops, ops->struct_size);
-    snprintf(c->backend, sizeof c->backend, "%s", o.backend);
-    c->rank = o.rank;
-    c->world = o.world_size;
-    c->local_rank = o.local_rank;
-    c->local_world = o.local_world_size;
-    c->device = dev;
-    c->stage = staged;
-    if (staged && o.rank == 0)
-        CA_LOG_I("collective backend %s works on host memory: %s buffers are staged through host copies", o.backend,
-                 ca_device_name(dev));
-    c->timeout_ms = o.timeout_ms > 0 ? o.timeout_ms : ca_comm_default_timeout_ms();
-    c->debug = o.debug;
-    c->last_sig = (ca_coll_sig){ .kind = CA_COLL_NONE, .dtype = -1, .redop = -1, .root = -1 };
-    pthread_mutex_init(&c->mu, NULL);
-    pthread_mutex_init(&c->pub_mu, NULL);
-    pthread_mutex_init(&c->wd_mu, NULL);
-    pthread_cond_init(&c->wd_cv, NULL);
-    c->published_version = UINT64_MAX;
-
-    static const char *const required[] = { "all_reduce", "broadcast", "all_gather", "reduce_scatter", "barrier",
-                                            "work_test", "work_wait", "work_free", "init" };
-    const void *slots[] = { (const void *)c->ops.all_reduce, (const void *)c->ops.broadcast,
-                            (const void *)c->ops.all_gather, (const void *)c->ops.reduce_scatter,
-                            (const void *)c->ops.barrier, (const void *)c->ops.work_test,
-                            (const void *)c->ops.work_wait, (const void *)c->ops.work_free,
-                            (const void *)c->ops.init };
-    for (size_t i = 0; i < CA_ARRAY_LEN(required); i++) {
-        if (!slots[i]) {
-            ca_comm_destroy(c);
-            return ca_error(CA_ERR_UNSUPPORTED, "collective backend '%s' has no '%s'", o.backend, required[i]);
-        }
-    }
-
-    if (o.store.ops && o.world_size > 1) {
-        c->store = o.store;
-        s = number_comm(c);
-        if (s != CA_OK) {
-            ca_comm_destroy(c);
-            return s;
-        }
-    }
-
-    char bprefix[128];
-    snprintf(bprefix, sizeof bprefix, "%s/%s", c->prefix[0] ? c->prefix : "caccel/single", o.backend);
-    ca_comm_init_args ia = {
-        .struct_size = sizeof ia,
-        .rank = o.rank,
-        .world_size = o.world_size,
-        .local_rank = o.local_rank,
-        .local_world_size = o.local_world_size,
-        .store = c->store,
-        .timeout_ms = c->timeout_ms,
-        .device_ops = ca_device_ops_of(staged ? ca_cpu_device() : dev),
-        .device = ca_device_context(staged ? ca_cpu_device() : dev),
-        .prefix = bprefix,
-    };
-    s = c->ops.init(&ia, &c->bc);
+    comm_init_fields(c, &o, ops, dev, staged);
+    s = check_slots(c);
+    if (s == CA_OK) s = comm_start(c, &o);
     if (s != CA_OK) {
-        ca_error_context("creating a %s communicator (rank %d of %d)", o.backend, o.rank, o.world_size);
         ca_comm_destroy(c);
-        return ca_last_status();
-    }
-    if (o.world_size > 1 && !c->store.ops) {
-        s = bootstrap_store(c);
-        if (s == CA_OK) s = number_comm(c);
-        if (s != CA_OK) {
-            ca_comm_destroy(c);
-            return s;
-        }
-    }
-    if (o.world_size > 1) {
-        s = join(c);
-        if (s != CA_OK) {
-            ca_comm_destroy(c);
-            return s;
-        }
-        if (pthread_create(&c->wd, NULL, ca_comm_diag_watchdog_main, c) != 0) {
-            ca_comm_destroy(c);
-            return ca_error(CA_ERR_NOMEM, "cannot start the communicator's watchdog thread");
-        }
-        c->wd_running = true;
-        ca_comm_diag_live_add(c);
+        return s;
     }
     *out = c;
     return CA_OK;
