@@ -5,7 +5,8 @@
 #include <string.h>
 #include <time.h>
 
-#include "core/core_impl.h"
+#include "core/device_impl.h"
+#include "backends/cpu/cpu_plugin.h"
 
 /*
  * Usage: bench_gemm [repetitions [threads]]   (defaults: 7 samples; threads 1 then 2)

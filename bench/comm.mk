@@ -2,6 +2,7 @@
 # and raw gloo::allreduce (bench_gloo_raw, under caccel launch), 4 B .. 64 MiB, 2 ranks
 # (`make bench-comm`; not built by `make`). BENCH_COMM_ARGS passes e.g. "--max-mib 16 --rounds 5".
 EXTRA_PROGRAMS += bench/bench_allreduce
+ca_bench_programs += bench/bench_allreduce$(EXEEXT)
 CLEANFILES += bench/bench_allreduce bench/bench_gloo_raw
 bench_bench_allreduce_SOURCES = bench/bench_allreduce.c
 bench_bench_allreduce_CFLAGS = $(AM_CFLAGS)
@@ -12,6 +13,7 @@ bench_bench_allreduce_LDADD += $(MPI_LIBS)
 endif
 if HAVE_GLOO
 EXTRA_PROGRAMS += bench/bench_gloo_raw
+ca_bench_programs += bench/bench_gloo_raw$(EXEEXT)
 bench_bench_gloo_raw_SOURCES = bench/bench_gloo_raw.cc
 bench_bench_gloo_raw_CXXFLAGS = $(AM_CXXFLAGS) $(GLOO_CFLAGS)
 bench_bench_gloo_raw_LDADD = $(GLOO_LIBS) -lpthread

@@ -4,6 +4,7 @@
 EXTRA_DIST += bench/run_cuda.sh bench/peers/torch_mlp_cuda.py
 if HAVE_CUDA
 EXTRA_PROGRAMS += bench/bench_cuda
+ca_bench_programs += bench/bench_cuda$(EXEEXT)
 CLEANFILES += bench/bench_cuda
 bench_bench_cuda_SOURCES = bench/bench_cuda.c bench/bench_util.h
 bench_bench_cuda_CFLAGS = $(AM_CFLAGS) $(CUDA_CPPFLAGS)

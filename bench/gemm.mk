@@ -2,6 +2,7 @@
 # (`make bench-gemm`; not built by `make`). Like the tests, it compiles the
 # backend's sources itself and reaches them through ca_cpu_plugin().
 EXTRA_PROGRAMS += bench/bench_gemm
+ca_bench_programs += bench/bench_gemm$(EXEEXT)
 CLEANFILES += bench/bench_gemm
 bench_bench_gemm_SOURCES = bench/bench_gemm.c $(ca_cpu_sources)
 bench_bench_gemm_CFLAGS = $(AM_CFLAGS) $(OPENBLAS_CFLAGS)

@@ -1,5 +1,10 @@
 # bench/: benchmarks (not built by `make`; `make bench` builds and runs them all).
+ca_bench_programs =
 include bench/gemm.mk
 include bench/mlp.mk
 include bench/comm.mk
 include bench/cuda.mk
+
+# Builds every benchmark without running one (tools/test.sh does, so they keep compiling).
+.PHONY: bench-build
+bench-build: $(ca_bench_programs)

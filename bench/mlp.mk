@@ -1,6 +1,7 @@
 # bench/mlp.mk: MLP training throughput against its GEMM time and against PyTorch
 # (`make bench-mlp`; BENCH_MLP_ARGS passes e.g. "--reps 5 --threads 1,2").
 EXTRA_PROGRAMS += bench/bench_mlp
+ca_bench_programs += bench/bench_mlp$(EXEEXT)
 CLEANFILES += bench/bench_mlp
 bench_bench_mlp_SOURCES = bench/bench_mlp.c bench/bench_util.h
 bench_bench_mlp_CFLAGS = $(AM_CFLAGS) $(OPENBLAS_CFLAGS)

@@ -1,5 +1,7 @@
 /* The core's caching allocator: size classes over a device's raw allocation, per-stream free lists, statistics. */
-#include "core/core_impl.h"
+#include "core/alloc_impl.h"
+#include <caccel/device.h>
+#include <pthread.h>
 #include "base/ptr_map_impl.h"
 
 #include <stdlib.h>

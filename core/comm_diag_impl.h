@@ -4,7 +4,8 @@
 #ifndef CACCEL_COMM_DIAG_IMPL_H
 #define CACCEL_COMM_DIAG_IMPL_H
 
-#include "core/core_impl.h"
+#include "core/device_impl.h"
+#include "core/registry_impl.h"
 #include "core/comm_impl.h"
 #include "core/store_impl.h"
 

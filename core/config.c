@@ -1,6 +1,6 @@
 /* The configuration store: values with provenance, the merge rule, env and flag mapping, file search, the typed view. */
 #include "core/config_impl.h"
-#include "core/core_impl.h"
+#include "base/base_impl.h"
 
 #include <ctype.h>
 #include <math.h>

@@ -1,6 +1,6 @@
 /* Keys that are accepted but have no effect: one warning each, naming the key, its origin and why. */
 #include "core/config_impl.h"
-#include "core/core_impl.h"
+#include "base/base_impl.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -1,6 +1,6 @@
 /* Reading Accelerate config files (YAML, or JSON by content) with libyaml into the configuration, with file:line. */
 #include "core/config_impl.h"
-#include "core/core_impl.h"
+#include "base/base_impl.h"
 
 #include <errno.h>
 #include <stdio.h>

@@ -1,6 +1,9 @@
 /* Opened devices: lookup/open through the registry, memory and copies through the device's vtable. */
-#include "core/core_impl.h"
+#include "core/device_impl.h"
+#include "core/alloc_impl.h"
+#include "core/registry_impl.h"
 
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

@@ -1,7 +1,9 @@
 # core/: the runtime: configuration, registry, devices, the caching allocator, communicators,
 # the process environment and the rendezvous store.
 libcaccel_la_SOURCES += \
-	core/core_impl.h \
+	core/device_impl.h \
+	core/alloc_impl.h \
+	core/registry_impl.h \
 	core/registry.c \
 	core/device.c \
 	core/alloc_caching.c

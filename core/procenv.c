@@ -1,5 +1,5 @@
 /* Process environment: rank and size from caccel launch, torchrun-style variables, mpirun or srun; the store. */
-#include "core/core_impl.h"
+#include "base/base_impl.h"
 #include "core/comm_impl.h"
 #include "core/procenv_impl.h"
 #include "core/store_impl.h"

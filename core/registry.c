@@ -1,8 +1,10 @@
 /* The backend registry: built-in backends, dlopen'd plugins with an ABI check, and lookup by name. */
-#include "core/core_impl.h"
+#include "core/device_impl.h"
+#include "core/registry_impl.h"
 #include "backends/cpu/cpu_plugin.h"
 #include "collectives/single.h"
 
+#include <pthread.h>
 #include <dirent.h>
 #include <dlfcn.h>
 #include <limits.h>

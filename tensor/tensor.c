@@ -1,6 +1,7 @@
 /* Tensors: storage, creation, queries, host copies, and the scope that owns intermediates. */
 #include "tensor/tensor_impl.h"
 
+#include <pthread.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>

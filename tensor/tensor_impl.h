@@ -2,7 +2,9 @@
 #ifndef CACCEL_TENSOR_IMPL_H
 #define CACCEL_TENSOR_IMPL_H
 
-#include "core/core_impl.h"
+#include "core/device_impl.h"
+
+#include <stdatomic.h>
 #include <caccel/tensor.h>
 #include <caccel/ops.h>
 

@@ -11,7 +11,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "core/core_impl.h"
+#include "core/device_impl.h"
 #include "backends/cpu/cpu_plugin.h"
 #include "backends/cpu/cpu_impl.h"
 

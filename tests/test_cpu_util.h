@@ -14,7 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/core_impl.h"
+#include "core/device_impl.h"
 #include "backends/cpu/cpu_plugin.h"
 
 static const ca_device_ops *ops;

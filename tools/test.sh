@@ -39,6 +39,13 @@ else
 fi
 cd "$top"
 
+echo "== the benchmarks build"
+if (cd "$top/_build-ci" && make -j"$jobs" bench-build >/dev/null 2>&1); then
+    echo "PASS: benchmarks build"; pass=$((pass + 1))
+else
+    echo "FAIL: benchmarks build (make bench-build)"; fail=$((fail + 1))
+fi
+
 echo "== layers: includes and symbols against the table in docs/ARCHITECTURE.md"
 for check in "tools/check-layers.sh" "tools/check-symbols.sh $top/_build-ci"; do
     # shellcheck disable=SC2086
