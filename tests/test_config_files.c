@@ -164,7 +164,6 @@ static void test_reported_keys(void **state) {
         {"tests_latest.yaml", "megatron_lm_config", "{}"},
         {"tests_0_28_0_mpi.yaml", "ipex_config.ipex", "true"},
         {"tests_0_28_0_mpi.yaml", "mpirun_config.mpirun_ccl", "1"},
-        {"tests_0_28_0_mpi.yaml", "mpirun_config.mpirun_hostfile", "/home/user/hostfile"},
         {"tests_0_28_0_mpi.yaml", "tpu_env", "[]"},
         {"tests_0_28_0_mpi.yaml", "downcast_bf16", "false"},
         {"tests_0_34_0_fp8.yaml", "fp8_config.backend", "TE"},
