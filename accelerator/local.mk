@@ -3,4 +3,5 @@
 libcaccel_la_SOURCES += \
 	accelerator/accelerator_impl.h \
 	accelerator/accelerator.c \
-	accelerator/ddp.c
+	accelerator/ddp.c \
+	accelerator/checkpoint.c

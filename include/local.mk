@@ -14,5 +14,6 @@ caccelinclude_HEADERS = \
 	include/caccel/nn.h \
 	include/caccel/optim.h \
 	include/caccel/data.h \
-	include/caccel/accelerator.h
+	include/caccel/accelerator.h \
+	include/caccel/checkpoint.h
 nodist_caccelinclude_HEADERS = include/caccel/version.h

@@ -11,4 +11,6 @@ libcaccel_la_SOURCES += \
 	tensor/ops_shape.c \
 	tensor/ops_reduce.c \
 	tensor/ops_linalg.c \
-	tensor/ops_nn.c
+	tensor/ops_nn.c \
+	tensor/safetensors_impl.h \
+	tensor/safetensors.c

@@ -15,5 +15,6 @@
 #include <caccel/optim.h>
 #include <caccel/data.h>
 #include <caccel/accelerator.h>
+#include <caccel/checkpoint.h>
 
 #endif

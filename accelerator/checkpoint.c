@@ -1,0 +1,412 @@
+/* accelerator/checkpoint.c: ca_save_model / ca_load_model, the model files of Accelerate's
+ * save_model and load_checkpoint_in_model (safetensors, sharded with Hugging Face's index). */
+#include <caccel/checkpoint.h>
+#include <caccel/tensor.h>
+
+#include "tensor/safetensors_impl.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <json-c/json.h>
+
+#define CK_SINGLE "model.safetensors"
+#define CK_INDEX "model.safetensors.index.json"
+
+/* ------------------------------------------------------------- saving */
+
+typedef struct ck_host {
+    ca_st_tensor *t;      /* one per parameter, in registration order */
+    void **bufs;
+    int n;
+} ck_host;
+
+static void ck_host_free(ck_host *h) {
+    for (int i = 0; i < h->n; i++) free(h->bufs[i]);
+    free(h->bufs);
+    free(h->t);
+    memset(h, 0, sizeof *h);
+}
+
+/* Host copies of every parameter (the device's memory is not readable here). */
+static ca_status ck_host_copies(ca_module *m, ck_host *h) {
+    int n = ca_module_num_params(m);
+    h->t = calloc((size_t)(n ? n : 1), sizeof *h->t);
+    h->bufs = calloc((size_t)(n ? n : 1), sizeof *h->bufs);
+    if (!h->t || !h->bufs) return ca_error(CA_ERR_NOMEM, "save_model: out of memory");
+    for (int i = 0; i < n; i++, h->n++) {
+        ca_tensor *p = ca_module_param_at(m, i);
+        size_t nb = ca_tensor_nbytes(p);
+        h->bufs[i] = malloc(nb ? nb : 1);
+        if (!h->bufs[i])
+            return ca_error(CA_ERR_NOMEM, "save_model: parameter '%s': cannot allocate %zu bytes",
+                            ca_module_param_name(m, i), nb);
+        ca_status s = ca_tensor_to_host(p, h->bufs[i], nb);
+        if (s != CA_OK)
+            return ca_error_context("save_model: parameter '%s'", ca_module_param_name(m, i));
+        h->t[i] = (ca_st_tensor){ca_module_param_name(m, i), ca_tensor_dtype(p), ca_tensor_ndim(p),
+                                 ca_tensor_shape(p), h->bufs[i]};
+    }
+    return CA_OK;
+}
+
+static size_t ck_bytes(const ca_st_tensor *t) {
+    size_t n = ca_dtype_size(t->dtype);
+    for (int i = 0; i < t->ndim; i++) n *= (size_t)t->shape[i];
+    return n;
+}
+
+/* huggingface_hub's split_torch_state_dict_into_shards: in order, a tensor that would tip the
+ * current shard over max starts a new one; a tensor larger than max gets a shard of its own.
+ * shard[i] gets tensor i's shard; returns the number of shards. */
+static int ck_plan_shards(const ca_st_tensor *t, int n, size_t max, int *shard) {
+    int next = 0, cur_first = -1;
+    size_t cur = 0;
+    for (int i = 0; i < n; i++) {
+        size_t b = ck_bytes(&t[i]);
+        if (max && b > max) {
+            shard[i] = next++;
+            continue;
+        }
+        if (max && cur + b > max) {
+            for (int j = cur_first; j < i; j++)
+                if (shard[j] < 0) shard[j] = next;
+            next++;
+            cur = 0;
+            cur_first = -1;
+        }
+        shard[i] = -1;
+        if (cur_first < 0) cur_first = i;
+        cur += b;
+    }
+    if (cur_first >= 0) {
+        for (int j = cur_first; j < n; j++)
+            if (shard[j] < 0) shard[j] = next;
+        next++;
+    }
+    return next;
+}
+
+static void ck_shard_name(char *buf, size_t len, int i, int nshards) {
+    snprintf(buf, len, "model-%05d-of-%05d.safetensors", i + 1, nshards);
+}
+
+static int ck_cmp_name(const void *a, const void *b) {
+    return strcmp((*(const ca_st_tensor *const *)a)->name, (*(const ca_st_tensor *const *)b)->name);
+}
+
+static void ck_put_json_string(FILE *fp, const char *s) {
+    json_object *js = json_object_new_string(s);
+    fputs(json_object_to_json_string_ext(js, JSON_C_TO_STRING_NOSLASHESCAPE), fp);
+    json_object_put(js);
+}
+
+/* The index as Python's json.dumps(index, indent=2, sort_keys=True) + "\n" writes it. */
+static char *ck_index_text(const ck_host *h, const int *shard, int nshards, size_t *len) {
+    const ca_st_tensor **order = malloc((size_t)h->n * sizeof *order);
+    char *text = NULL;
+    FILE *fp = open_memstream(&text, len);
+    if (!order || !fp) {
+        free(order);
+        if (fp) fclose(fp);
+        free(text);
+        return NULL;
+    }
+    size_t total = 0;
+    for (int i = 0; i < h->n; i++) order[i] = &h->t[i], total += ck_bytes(&h->t[i]);
+    qsort(order, (size_t)h->n, sizeof *order, ck_cmp_name);
+    fprintf(fp, "{\n  \"metadata\": {\n    \"total_size\": %zu\n  },\n  \"weight_map\": {\n", total);
+    for (int i = 0; i < h->n; i++) {
+        char fname[64];
+        ck_shard_name(fname, sizeof fname, shard[order[i] - h->t], nshards);
+        fputs("    ", fp);
+        ck_put_json_string(fp, order[i]->name);
+        fprintf(fp, ": \"%s\"%s\n", fname, i + 1 < h->n ? "," : "");
+    }
+    fputs("  }\n}\n", fp);
+    fclose(fp);
+    free(order);
+    return text;
+}
+
+static ca_status ck_join(char *buf, size_t len, const char *dir, const char *name) {
+    if ((size_t)snprintf(buf, len, "%s/%s", dir, name) >= len)
+        return ca_error(CA_ERR_INVALID, "%s/%s: path too long", dir, name);
+    return CA_OK;
+}
+
+static ca_status ck_write_shards(const char *dir, const ck_host *h, const int *shard, int nshards) {
+    ca_st_tensor *sub = malloc((size_t)(h->n ? h->n : 1) * sizeof *sub);
+    if (!sub) return ca_error(CA_ERR_NOMEM, "save_model: out of memory");
+    ca_status s = CA_OK;
+    for (int k = 0; k < nshards && s == CA_OK; k++) {
+        char name[64], path[PATH_MAX];
+        int m = 0;
+        for (int i = 0; i < h->n; i++)
+            if (shard[i] == k) sub[m++] = h->t[i];
+        ck_shard_name(name, sizeof name, k, nshards);
+        s = ck_join(path, sizeof path, dir, name);
+        if (s == CA_OK) s = ca_st_write(path, sub, m);
+    }
+    free(sub);
+    return s;
+}
+
+static ca_status ck_write_index(const char *dir, const ck_host *h, const int *shard, int nshards) {
+    char path[PATH_MAX];
+    ca_status s = ck_join(path, sizeof path, dir, CK_INDEX);
+    if (s != CA_OK) return s;
+    size_t len = 0;
+    char *text = ck_index_text(h, shard, nshards, &len);
+    if (!text) return ca_error(CA_ERR_NOMEM, "%s: out of memory", path);
+    s = ca_st_write_atomic(path, (const void *const[]){text}, (const size_t[]){len}, 1);
+    free(text);
+    return s;
+}
+
+/* Removes the other layout's main file, which a loader would otherwise prefer or mix in. */
+static ca_status ck_remove_stale(const char *dir, bool sharded) {
+    char path[PATH_MAX];
+    ca_status s = ck_join(path, sizeof path, dir, sharded ? CK_SINGLE : CK_INDEX);
+    if (s == CA_OK && unlink(path) != 0 && errno != ENOENT)
+        s = ca_error(CA_ERR_IO, "%s: cannot remove the stale file: %s", path, strerror(errno));
+    return s;
+}
+
+static ca_status ck_save_main(ca_module *model, const char *dir, size_t max_shard_size) {
+    struct stat st;
+    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
+        return ca_error(CA_ERR_NOT_FOUND, "save_model: %s is not a directory", dir);
+    ck_host h = {0};
+    ca_status s = ck_host_copies(model, &h);
+    int *shard = malloc((size_t)(h.n ? h.n : 1) * sizeof *shard);
+    if (s == CA_OK && !shard) s = ca_error(CA_ERR_NOMEM, "save_model: out of memory");
+    int nshards = s == CA_OK ? ck_plan_shards(h.t, h.n, max_shard_size, shard) : 0;
+    if (s == CA_OK && nshards <= 1) {
+        char path[PATH_MAX];
+        s = ck_join(path, sizeof path, dir, CK_SINGLE);
+        if (s == CA_OK) s = ca_st_write(path, h.t, h.n);
+    } else if (s == CA_OK) {
+        s = ck_write_shards(dir, &h, shard, nshards);
+        if (s == CA_OK) s = ck_write_index(dir, &h, shard, nshards);
+    }
+    if (s == CA_OK) s = ck_remove_stale(dir, nshards > 1);
+    free(shard);
+    ck_host_free(&h);
+    return s;
+}
+
+/* Rank 0's status reaches every rank (a broadcast, which also makes the others wait for it). */
+static ca_status ck_share_status(ca_accelerator *acc, ca_status s) {
+    ca_status out = CA_OK;
+    CA_SCOPE {
+        ca_tensor *t = ca_full(ca_accelerator_device(acc), CA_F32, 0, NULL, (double)s);
+        double v = 0;
+        out = t ? ca_broadcast(acc, t, 0) : ca_last_status();
+        if (out == CA_OK) out = ca_tensor_item(t, &v);
+        if (out == CA_OK && !ca_is_main_process(acc) && v != 0)
+            out = ca_error(CA_ERR_PEER, "save_model: rank 0 failed to write the model (%s)",
+                           ca_status_name((ca_status)(int)v));
+    }
+    return out == CA_OK ? s : out;
+}
+
+ca_status ca_save_model(ca_accelerator *acc, ca_module *model, const char *dir,
+                        size_t max_shard_size) {
+    if (!model || !dir) return ca_error(CA_ERR_INVALID, "save_model: model and dir are required");
+    bool main = !acc || ca_is_main_process(acc);
+    ca_status s = main ? ck_save_main(model, dir, max_shard_size) : CA_OK;
+    if (!acc || ca_num_processes(acc) <= 1) return s;
+    if (s != CA_OK) {  /* keep rank 0's message: the status broadcast would overwrite it */
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", ca_last_error());
+        ca_status b = ck_share_status(acc, s);
+        return b == s ? ca_error(s, "%s", msg) : b;
+    }
+    return ck_share_status(acc, s);
+}
+
+/* ------------------------------------------------------------- loading */
+
+/* The tensors to load: each one's file and entry. */
+typedef struct ck_src {
+    ca_st_file *files;
+    int nfiles;
+    const ca_st_file **file_of;
+    const ca_st_entry **entry;
+    int n;
+} ck_src;
+
+static void ck_src_free(ck_src *src) {
+    for (int i = 0; i < src->nfiles; i++) ca_st_close(&src->files[i]);
+    free(src->files);
+    free(src->file_of);
+    free(src->entry);
+    memset(src, 0, sizeof *src);
+}
+
+static ca_status ck_src_alloc(ck_src *src, int nfiles, int n) {
+    src->files = calloc((size_t)(nfiles ? nfiles : 1), sizeof *src->files);
+    src->file_of = calloc((size_t)(n ? n : 1), sizeof *src->file_of);
+    src->entry = calloc((size_t)(n ? n : 1), sizeof *src->entry);
+    if (!src->files || !src->file_of || !src->entry)
+        return ca_error(CA_ERR_NOMEM, "load_model: out of memory");
+    return CA_OK;
+}
+
+static ca_status ck_src_single(const char *path, ck_src *src) {
+    ca_status s = ck_src_alloc(src, 1, 0);
+    if (s == CA_OK) s = ca_st_open(path, &src->files[0]);
+    if (s != CA_OK) return s;
+    src->nfiles = 1;
+    ca_st_file *f = &src->files[0];
+    free(src->file_of);
+    free(src->entry);
+    src->file_of = calloc((size_t)(f->n ? f->n : 1), sizeof *src->file_of);
+    src->entry = calloc((size_t)(f->n ? f->n : 1), sizeof *src->entry);
+    if (!src->file_of || !src->entry) return ca_error(CA_ERR_NOMEM, "load_model: out of memory");
+    for (int i = 0; i < f->n; i++) src->file_of[i] = f, src->entry[i] = &f->entries[i];
+    src->n = f->n;
+    return CA_OK;
+}
+
+/* The shard called `fname` next to the index, opened once. */
+static ca_status ck_shard(ck_src *src, const char *index, const char *fname, ca_st_file **out) {
+    char path[PATH_MAX];
+    const char *slash = strrchr(index, '/');
+    int dl = slash ? (int)(slash - index) : 1;
+    if ((size_t)snprintf(path, sizeof path, "%.*s/%s", dl, slash ? index : ".", fname) >= sizeof path)
+        return ca_error(CA_ERR_INVALID, "%s: shard path too long", index);
+    for (int i = 0; i < src->nfiles; i++)
+        if (strcmp(src->files[i].path, path) == 0) return *out = &src->files[i], CA_OK;
+    ca_status s = ca_st_open(path, &src->files[src->nfiles]);
+    if (s != CA_OK) return ca_error_context("%s: shard of the index", index);
+    *out = &src->files[src->nfiles++];
+    return CA_OK;
+}
+
+static ca_status ck_src_map(const char *index, json_object *map, ck_src *src) {
+    json_object_object_foreach(map, name, val) {
+        if (!json_object_is_type(val, json_type_string))
+            return ca_error(CA_ERR_IO, "%s: weight_map: tensor '%s' does not map to a file name",
+                            index, name);
+        const char *fname = json_object_get_string(val);
+        if (strchr(fname, '/'))
+            return ca_error(CA_ERR_IO, "%s: weight_map: tensor '%s': file '%s' is not in the "
+                            "index's directory", index, name, fname);
+        ca_st_file *f = NULL;
+        ca_status s = ck_shard(src, index, fname, &f);
+        if (s != CA_OK) return s;
+        const ca_st_entry *e = ca_st_find(f, name);
+        if (!e)
+            return ca_error(CA_ERR_IO, "%s: tensor '%s': the index maps it to %s, which has no such "
+                            "tensor", index, name, f->path);
+        src->file_of[src->n] = f;
+        src->entry[src->n++] = e;
+    }
+    return CA_OK;
+}
+
+static ca_status ck_src_index(const char *index, ck_src *src) {
+    json_object *root = json_object_from_file(index);
+    if (!root)
+        return ca_error(access(index, R_OK) == 0 ? CA_ERR_IO : CA_ERR_NOT_FOUND,
+                        "%s: cannot read the index: %s", index, json_util_get_last_err());
+    json_object *map = NULL;
+    ca_status s = CA_OK;
+    if (!json_object_object_get_ex(root, "weight_map", &map) ||
+        !json_object_is_type(map, json_type_object))
+        s = ca_error(CA_ERR_IO, "%s: no \"weight_map\" object", index);
+    int n = s == CA_OK ? json_object_object_length(map) : 0;
+    if (s == CA_OK) s = ck_src_alloc(src, n, n);
+    if (s == CA_OK) s = ck_src_map(index, map, src);
+    json_object_put(root);
+    return s;
+}
+
+static bool ck_ends_with(const char *s, const char *suffix) {
+    size_t a = strlen(s), b = strlen(suffix);
+    return a >= b && strcmp(s + a - b, suffix) == 0;
+}
+
+/* A directory: model.safetensors, else the index (as from_pretrained chooses). */
+static ca_status ck_src_open(const char *where, ck_src *src) {
+    struct stat st;
+    if (stat(where, &st) != 0)
+        return ca_error(CA_ERR_NOT_FOUND, "load_model: %s: %s", where, strerror(errno));
+    if (!S_ISDIR(st.st_mode))
+        return ck_ends_with(where, ".json") ? ck_src_index(where, src) : ck_src_single(where, src);
+    char path[PATH_MAX];
+    ca_status s = ck_join(path, sizeof path, where, CK_SINGLE);
+    if (s == CA_OK && access(path, F_OK) == 0) return ck_src_single(path, src);
+    if (s == CA_OK) s = ck_join(path, sizeof path, where, CK_INDEX);
+    if (s == CA_OK && access(path, F_OK) == 0) return ck_src_index(path, src);
+    return s != CA_OK ? s : ca_error(CA_ERR_NOT_FOUND, "load_model: %s holds neither " CK_SINGLE
+                                     " nor " CK_INDEX, where);
+}
+
+static void ck_shape_str(char *buf, size_t len, int ndim, const int64_t *shape) {
+    size_t o = (size_t)snprintf(buf, len, "[");
+    for (int i = 0; i < ndim && o < len; i++)
+        o += (size_t)snprintf(buf + o, len - o, "%s%lld", i ? ", " : "", (long long)shape[i]);
+    if (o < len) snprintf(buf + o, len - o, "]");
+}
+
+static ca_status ck_check_one(const ca_st_file *f, const ca_st_entry *e, const ca_tensor *p) {
+    if (e->dtype != ca_tensor_dtype(p))
+        return ca_error(CA_ERR_INVALID, "%s: tensor '%s': dtype %s in the file, %s in the model",
+                        f->path, e->name, ca_st_dtype_name(e->dtype),
+                        ca_st_dtype_name(ca_tensor_dtype(p)));
+    bool same = e->ndim == ca_tensor_ndim(p);
+    for (int d = 0; same && d < e->ndim; d++) same = e->shape[d] == ca_tensor_shape(p)[d];
+    if (same) return CA_OK;
+    char a[160], b[160];
+    ck_shape_str(a, sizeof a, e->ndim, e->shape);
+    ck_shape_str(b, sizeof b, ca_tensor_ndim(p), ca_tensor_shape(p));
+    return ca_error(CA_ERR_INVALID, "%s: tensor '%s': shape %s in the file, %s in the model",
+                    f->path, e->name, a, b);
+}
+
+/* Every tensor has a parameter of the same name, dtype and shape, and every parameter a tensor. */
+static ca_status ck_validate(const ck_src *src, ca_module *model, const char *where) {
+    for (int i = 0; i < src->n; i++) {
+        ca_tensor *p = ca_module_param(model, src->entry[i]->name);
+        if (!p)
+            return ca_error(CA_ERR_INVALID, "%s: tensor '%s' has no parameter of that name in the "
+                            "model", src->file_of[i]->path, src->entry[i]->name);
+        ca_status s = ck_check_one(src->file_of[i], src->entry[i], p);
+        if (s != CA_OK) return s;
+    }
+    int np = ca_module_num_params(model);
+    for (int j = 0; j < np; j++) {
+        const char *name = ca_module_param_name(model, j);
+        bool found = false;
+        for (int i = 0; i < src->n && !found; i++) found = strcmp(src->entry[i]->name, name) == 0;
+        if (!found)
+            return ca_error(CA_ERR_INVALID, "%s: no tensor '%s' for the model's parameter of that "
+                            "name", where, name);
+    }
+    return CA_OK;
+}
+
+ca_status ca_load_model(ca_accelerator *acc, ca_module *model, const char *dir_or_file) {
+    (void)acc;  /* every rank reads the files itself */
+    if (!model || !dir_or_file)
+        return ca_error(CA_ERR_INVALID, "load_model: model and a path are required");
+    ck_src src = {0};
+    ca_status s = ck_src_open(dir_or_file, &src);
+    if (s == CA_OK) s = ck_validate(&src, model, dir_or_file);
+    for (int i = 0; i < src.n && s == CA_OK; i++) {
+        const ca_st_entry *e = src.entry[i];
+        s = ca_tensor_copy_from_host(ca_module_param(model, e->name), ca_st_data(src.file_of[i], e),
+                                     (size_t)(e->end - e->begin));
+        if (s != CA_OK) ca_error_context("%s: tensor '%s'", src.file_of[i]->path, e->name);
+    }
+    ck_src_free(&src);
+    return s;
+}

@@ -1,0 +1,381 @@
+/* tensor/safetensors.c: the safetensors format (an 8-byte little-endian header length, a JSON
+ * header, then the raw little-endian data), read and written as the reference implementation
+ * does, with json-c for the header. Every malformed file fails with the file and tensor named. */
+#include "tensor/safetensors_impl.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <json-c/json.h>
+
+/* The reference reader refuses headers over 100 MB; so do we (a corrupt length is caught early). */
+#define CA_ST_MAX_HEADER (100u * 1000u * 1000u)
+
+static const char *const st_names[CA_DTYPE_COUNT] = {
+    [CA_F32] = "F32", [CA_F16] = "F16", [CA_BF16] = "BF16",
+    [CA_I32] = "I32", [CA_I64] = "I64", [CA_U8] = "U8",
+};
+
+const char *ca_st_dtype_name(ca_dtype dt) {
+    return (unsigned)dt < CA_DTYPE_COUNT ? st_names[dt] : "?";
+}
+
+static int st_dtype_parse(const char *s) {
+    for (int i = 0; i < CA_DTYPE_COUNT; i++)
+        if (strcmp(s, st_names[i]) == 0) return i;
+    return -1;
+}
+
+/* ------------------------------------------------------------- reading */
+
+static ca_status st_read_all(const char *path, ca_st_file *f) {
+    FILE *fp = fopen(path, "rb");
+    if (!fp)
+        return ca_error(errno == ENOENT ? CA_ERR_NOT_FOUND : CA_ERR_IO, "%s: cannot open: %s",
+                        path, strerror(errno));
+    struct stat st;
+    if (fstat(fileno(fp), &st) != 0 || !S_ISREG(st.st_mode)) {
+        fclose(fp);
+        return ca_error(CA_ERR_IO, "%s: not a regular file", path);
+    }
+    f->size = (size_t)st.st_size;
+    f->buf = malloc(f->size ? f->size : 1);
+    if (!f->buf) {
+        fclose(fp);
+        return ca_error(CA_ERR_NOMEM, "%s: cannot allocate %zu bytes", path, f->size);
+    }
+    size_t got = fread(f->buf, 1, f->size, fp);
+    fclose(fp);
+    if (got != f->size) return ca_error(CA_ERR_IO, "%s: read %zu of %zu bytes", path, got, f->size);
+    return CA_OK;
+}
+
+static ca_status st_parse_shape(const char *path, const char *name, json_object *js,
+                                ca_st_entry *e) {
+    if (!js || !json_object_is_type(js, json_type_array))
+        return ca_error(CA_ERR_IO, "%s: tensor '%s': \"shape\" is missing or not an array", path,
+                        name);
+    size_t nd = json_object_array_length(js);
+    if (nd > CA_MAX_DIMS)
+        return ca_error(CA_ERR_IO, "%s: tensor '%s': %zu dimensions (at most %d)", path, name, nd,
+                        CA_MAX_DIMS);
+    e->ndim = (int)nd;
+    for (size_t i = 0; i < nd; i++) {
+        json_object *d = json_object_array_get_idx(js, i);
+        if (!json_object_is_type(d, json_type_int) || json_object_get_int64(d) < 0)
+            return ca_error(CA_ERR_IO, "%s: tensor '%s': shape[%zu] is not a non-negative integer",
+                            path, name, i);
+        e->shape[i] = json_object_get_int64(d);
+    }
+    return CA_OK;
+}
+
+static ca_status st_parse_offsets(const char *path, const char *name, json_object *jo,
+                                  ca_st_entry *e) {
+    if (!jo || !json_object_is_type(jo, json_type_array) || json_object_array_length(jo) != 2)
+        return ca_error(CA_ERR_IO, "%s: tensor '%s': \"data_offsets\" is not [begin, end]", path,
+                        name);
+    json_object *b = json_object_array_get_idx(jo, 0), *x = json_object_array_get_idx(jo, 1);
+    if (!json_object_is_type(b, json_type_int) || !json_object_is_type(x, json_type_int) ||
+        json_object_get_int64(b) < 0 || json_object_get_int64(x) < json_object_get_int64(b))
+        return ca_error(CA_ERR_IO, "%s: tensor '%s': data_offsets must be integers 0 <= begin <= end",
+                        path, name);
+    e->begin = (uint64_t)json_object_get_int64(b);
+    e->end = (uint64_t)json_object_get_int64(x);
+    return CA_OK;
+}
+
+/* The byte size of the shape, or UINT64_MAX when it overflows. */
+static uint64_t st_shape_bytes(const ca_st_entry *e) {
+    uint64_t n = ca_dtype_size(e->dtype);
+    for (int i = 0; i < e->ndim; i++) {
+        uint64_t d = (uint64_t)e->shape[i];
+        if (d && n > UINT64_MAX / d) return UINT64_MAX;
+        n *= d;
+    }
+    return n;
+}
+
+static ca_status st_parse_entry(const ca_st_file *f, const char *name, json_object *v,
+                                ca_st_entry *e) {
+    const char *path = f->path;
+    if (!json_object_is_type(v, json_type_object))
+        return ca_error(CA_ERR_IO, "%s: tensor '%s': entry is not an object", path, name);
+    json_object *jd = NULL, *js = NULL, *jo = NULL;
+    json_object_object_get_ex(v, "dtype", &jd);
+    json_object_object_get_ex(v, "shape", &js);
+    json_object_object_get_ex(v, "data_offsets", &jo);
+    if (!jd || !json_object_is_type(jd, json_type_string))
+        return ca_error(CA_ERR_IO, "%s: tensor '%s': \"dtype\" is missing or not a string", path,
+                        name);
+    int dt = st_dtype_parse(json_object_get_string(jd));
+    if (dt < 0)
+        return ca_error(CA_ERR_IO, "%s: tensor '%s': unknown dtype '%s' (known: F32 F16 BF16 I32 "
+                        "I64 U8)", path, name, json_object_get_string(jd));
+    e->dtype = (ca_dtype)dt;
+    ca_status s = st_parse_shape(path, name, js, e);
+    if (s == CA_OK) s = st_parse_offsets(path, name, jo, e);
+    if (s != CA_OK) return s;
+    uint64_t data_size = f->size - f->data_start, want = st_shape_bytes(e);
+    if (e->end > data_size)
+        return ca_error(CA_ERR_IO, "%s: tensor '%s': data_offsets [%" PRIu64 ", %" PRIu64 "] beyond "
+                        "the %" PRIu64 " data bytes of the file", path, name, e->begin, e->end,
+                        data_size);
+    if (want != e->end - e->begin)
+        return ca_error(CA_ERR_IO, "%s: tensor '%s': shape and dtype %s give %" PRIu64 " bytes, "
+                        "data_offsets span %" PRIu64, path, name, st_names[e->dtype], want,
+                        e->end - e->begin);
+    e->name = strdup(name);
+    return e->name ? CA_OK : ca_error(CA_ERR_NOMEM, "%s: out of memory", path);
+}
+
+static int st_cmp_begin(const void *a, const void *b) {
+    const ca_st_entry *x = *(const ca_st_entry *const *)a, *y = *(const ca_st_entry *const *)b;
+    return x->begin < y->begin ? -1 : x->begin > y->begin ? 1 : (x->end > y->end) - (x->end < y->end);
+}
+
+/* Two tensors may not share bytes (empty tensors take none). */
+static ca_status st_check_overlap(const ca_st_file *f) {
+    const ca_st_entry **p = malloc((size_t)(f->n ? f->n : 1) * sizeof *p);
+    if (!p) return ca_error(CA_ERR_NOMEM, "%s: out of memory", f->path);
+    for (int i = 0; i < f->n; i++) p[i] = &f->entries[i];
+    qsort(p, (size_t)f->n, sizeof *p, st_cmp_begin);
+    ca_status s = CA_OK;
+    const ca_st_entry *last = NULL;
+    for (int i = 0; i < f->n && s == CA_OK; i++) {
+        if (p[i]->begin == p[i]->end) continue;
+        if (last && p[i]->begin < last->end)
+            s = ca_error(CA_ERR_IO, "%s: tensor '%s': data_offsets [%" PRIu64 ", %" PRIu64 "] "
+                         "overlap those of tensor '%s' [%" PRIu64 ", %" PRIu64 "]", f->path,
+                         p[i]->name, p[i]->begin, p[i]->end, last->name, last->begin, last->end);
+        last = p[i];
+    }
+    free(p);
+    return s;
+}
+
+static ca_status st_parse_header(ca_st_file *f, json_object *root) {
+    if (!json_object_is_type(root, json_type_object))
+        return ca_error(CA_ERR_IO, "%s: the header is not a JSON object", f->path);
+    int cap = json_object_object_length(root);
+    f->entries = calloc((size_t)(cap ? cap : 1), sizeof *f->entries);
+    if (!f->entries) return ca_error(CA_ERR_NOMEM, "%s: out of memory", f->path);
+    json_object_object_foreach(root, key, val) {
+        if (strcmp(key, "__metadata__") == 0) continue;
+        ca_status s = st_parse_entry(f, key, val, &f->entries[f->n]);
+        if (s != CA_OK) return s;
+        f->n++;
+    }
+    return st_check_overlap(f);
+}
+
+static ca_status st_parse(ca_st_file *f) {
+    if (f->size < 8)
+        return ca_error(CA_ERR_IO, "%s: truncated: %zu bytes, not even the 8-byte header length",
+                        f->path, f->size);
+    uint64_t hl = 0;
+    for (int i = 7; i >= 0; i--) hl = hl << 8 | f->buf[i];
+    if (hl > f->size - 8 || hl > CA_ST_MAX_HEADER)
+        return ca_error(CA_ERR_IO, "%s: header length %" PRIu64 " exceeds the %zu bytes that follow "
+                        "it (truncated or not a safetensors file)", f->path, hl, f->size - 8);
+    f->data_start = 8 + (size_t)hl;
+    json_tokener *tok = json_tokener_new();
+    if (!tok) return ca_error(CA_ERR_NOMEM, "%s: out of memory", f->path);
+    json_object *root = json_tokener_parse_ex(tok, (const char *)f->buf + 8, (int)hl);
+    enum json_tokener_error err = json_tokener_get_error(tok);
+    size_t used = json_tokener_get_parse_end(tok);
+    json_tokener_free(tok);
+    ca_status s = CA_OK;
+    if (!root || err != json_tokener_success)
+        s = ca_error(CA_ERR_IO, "%s: the JSON header is invalid: %s", f->path,
+                     err == json_tokener_continue ? "it ends before the object closes"
+                                                  : json_tokener_error_desc(err));
+    for (size_t i = used; s == CA_OK && i < hl; i++)  /* only padding may follow the JSON */
+        if (f->buf[8 + i] != ' ')
+            s = ca_error(CA_ERR_IO, "%s: the JSON header is invalid: bytes after the object", f->path);
+    if (s == CA_OK) s = st_parse_header(f, root);
+    json_object_put(root);
+    return s;
+}
+
+ca_status ca_st_open(const char *path, ca_st_file *f) {
+    memset(f, 0, sizeof *f);
+    f->path = strdup(path);
+    if (!f->path) return ca_error(CA_ERR_NOMEM, "%s: out of memory", path);
+    ca_status s = st_read_all(path, f);
+    if (s == CA_OK) s = st_parse(f);
+    if (s != CA_OK) ca_st_close(f);
+    return s;
+}
+
+void ca_st_close(ca_st_file *f) {
+    if (!f) return;
+    for (int i = 0; i < f->n; i++) free(f->entries[i].name);
+    free(f->entries);
+    free(f->buf);
+    free(f->path);
+    memset(f, 0, sizeof *f);
+}
+
+const ca_st_entry *ca_st_find(const ca_st_file *f, const char *name) {
+    for (int i = 0; i < f->n; i++)
+        if (strcmp(f->entries[i].name, name) == 0) return &f->entries[i];
+    return NULL;
+}
+
+/* ------------------------------------------------------------- writing */
+
+static ca_status st_write_parts(int fd, const char *tmp, const void *const *parts,
+                                const size_t *lens, int nparts) {
+    for (int i = 0; i < nparts; i++) {
+        const char *p = parts[i];
+        size_t left = lens[i];
+        while (left > 0) {
+            ssize_t w = write(fd, p, left);
+            if (w < 0 && errno == EINTR) continue;
+            if (w <= 0) return ca_error(CA_ERR_IO, "%s: write failed: %s", tmp, strerror(errno));
+            p += w;
+            left -= (size_t)w;
+        }
+    }
+    if (fsync(fd) != 0) return ca_error(CA_ERR_IO, "%s: fsync failed: %s", tmp, strerror(errno));
+    return CA_OK;
+}
+
+/* Makes the rename durable: fsync the directory holding path. */
+static ca_status st_sync_dir(const char *path) {
+    char dir[PATH_MAX];
+    snprintf(dir, sizeof dir, "%s", path);
+    char *slash = strrchr(dir, '/');
+    if (slash == dir) dir[1] = '\0';
+    else if (slash) *slash = '\0';
+    else snprintf(dir, sizeof dir, ".");
+    int fd = open(dir, O_RDONLY | O_DIRECTORY);
+    if (fd < 0) return ca_error(CA_ERR_IO, "%s: cannot open directory: %s", dir, strerror(errno));
+    int rc = fsync(fd);
+    close(fd);
+    return rc == 0 ? CA_OK : ca_error(CA_ERR_IO, "%s: fsync failed: %s", dir, strerror(errno));
+}
+
+ca_status ca_st_write_atomic(const char *path, const void *const *parts, const size_t *lens,
+                             int nparts) {
+    char tmp[PATH_MAX];
+    if ((size_t)snprintf(tmp, sizeof tmp, "%s.tmp", path) >= sizeof tmp)
+        return ca_error(CA_ERR_INVALID, "%s: path too long", path);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) return ca_error(CA_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno));
+    ca_status s = st_write_parts(fd, tmp, parts, lens, nparts);
+    if (close(fd) != 0 && s == CA_OK)
+        s = ca_error(CA_ERR_IO, "%s: close failed: %s", tmp, strerror(errno));
+    if (s == CA_OK && rename(tmp, path) != 0)
+        s = ca_error(CA_ERR_IO, "%s: cannot rename to %s: %s", tmp, path, strerror(errno));
+    if (s != CA_OK) {
+        unlink(tmp);
+        return s;
+    }
+    return st_sync_dir(path);
+}
+
+static int st_cmp_name(const void *a, const void *b) {
+    const ca_st_tensor *x = *(const ca_st_tensor *const *)a, *y = *(const ca_st_tensor *const *)b;
+    return strcmp(x->name, y->name);
+}
+
+static uint64_t st_tensor_bytes(const ca_st_tensor *t) {
+    uint64_t n = ca_dtype_size(t->dtype);
+    for (int i = 0; i < t->ndim; i++) n *= (uint64_t)t->shape[i];
+    return n;
+}
+
+static json_object *st_entry_json(const ca_st_tensor *t, uint64_t begin, uint64_t end) {
+    json_object *e = json_object_new_object(), *shape = json_object_new_array();
+    json_object *off = json_object_new_array();
+    json_object_object_add(e, "dtype", json_object_new_string(st_names[t->dtype]));
+    for (int i = 0; i < t->ndim; i++)
+        json_object_array_add(shape, json_object_new_int64(t->shape[i]));
+    json_object_object_add(e, "shape", shape);
+    json_object_array_add(off, json_object_new_int64((int64_t)begin));
+    json_object_array_add(off, json_object_new_int64((int64_t)end));
+    json_object_object_add(e, "data_offsets", off);
+    return e;
+}
+
+/* The header object for tensors in the order of `order`; *data_size gets the data section size. */
+static json_object *st_header_json(const ca_st_tensor *const *order, int n, uint64_t *data_size) {
+    json_object *root = json_object_new_object(), *meta = json_object_new_object();
+    json_object_object_add(meta, "format", json_object_new_string("pt"));
+    json_object_object_add(root, "__metadata__", meta);
+    uint64_t off = 0;
+    for (int i = 0; i < n; i++) {
+        uint64_t nb = st_tensor_bytes(order[i]);
+        json_object_object_add(root, order[i]->name, st_entry_json(order[i], off, off + nb));
+        off += nb;
+    }
+    *data_size = off;
+    return root;
+}
+
+static ca_status st_check_tensors(const char *path, const ca_st_tensor *t, int n) {
+    for (int i = 0; i < n; i++) {
+        if (!t[i].name || !t[i].name[0] || strcmp(t[i].name, "__metadata__") == 0)
+            return ca_error(CA_ERR_INVALID, "%s: tensor %d has no usable name", path, i);
+        if ((unsigned)t[i].dtype >= CA_DTYPE_COUNT || t[i].ndim < 0 || t[i].ndim > CA_MAX_DIMS)
+            return ca_error(CA_ERR_INVALID, "%s: tensor '%s': bad dtype or rank", path, t[i].name);
+        for (int j = 0; j < i; j++)
+            if (strcmp(t[i].name, t[j].name) == 0)
+                return ca_error(CA_ERR_INVALID, "%s: tensor '%s' given twice", path, t[i].name);
+    }
+    return CA_OK;
+}
+
+static ca_status st_write_sorted(const char *path, const ca_st_tensor **order, int n) {
+    uint64_t data_size = 0;
+    json_object *root = st_header_json(order, n, &data_size);
+    size_t jl = 0;
+    const char *js = json_object_to_json_string_length(
+        root, JSON_C_TO_STRING_PLAIN | JSON_C_TO_STRING_NOSLASHESCAPE, &jl);
+    size_t hl = (jl + 7) / 8 * 8;
+    char *hdr = malloc(8 + hl);
+    const void **parts = malloc((size_t)(n + 1) * sizeof *parts);
+    size_t *lens = malloc((size_t)(n + 1) * sizeof *lens);
+    ca_status s = CA_OK;
+    if (!hdr || !parts || !lens) {
+        s = ca_error(CA_ERR_NOMEM, "%s: out of memory", path);
+    } else {
+        for (int i = 0; i < 8; i++) hdr[i] = (char)((uint64_t)hl >> (8 * i) & 0xff);
+        memcpy(hdr + 8, js, jl);
+        memset(hdr + 8 + jl, ' ', hl - jl);
+        parts[0] = hdr;
+        lens[0] = 8 + hl;
+        for (int i = 0; i < n; i++) {
+            parts[i + 1] = order[i]->data;
+            lens[i + 1] = (size_t)st_tensor_bytes(order[i]);
+        }
+        s = ca_st_write_atomic(path, parts, lens, n + 1);
+    }
+    json_object_put(root);
+    free(hdr);
+    free(parts);
+    free(lens);
+    return s;
+}
+
+ca_status ca_st_write(const char *path, const ca_st_tensor *t, int n) {
+    if (n < 0) return ca_error(CA_ERR_INVALID, "%s: %d tensors", path, n);
+    ca_status s = st_check_tensors(path, t, n);
+    if (s != CA_OK) return s;
+    const ca_st_tensor **order = malloc((size_t)(n ? n : 1) * sizeof *order);
+    if (!order) return ca_error(CA_ERR_NOMEM, "%s: out of memory", path);
+    for (int i = 0; i < n; i++) order[i] = &t[i];
+    qsort(order, (size_t)n, sizeof *order, st_cmp_name);
+    s = st_write_sorted(path, order, n);
+    free(order);
+    return s;
+}
