@@ -39,9 +39,9 @@ TESTS += tests/test_examples.sh
 EXTRA_DIST += tests/test_examples.sh
 # Model files (safetensors): the unit test, and the interop check against Python's safetensors.
 check_PROGRAMS += tests/test_checkpoint
-TESTS += tests/test_checkpoint tests/test_safetensors_interop.sh
+TESTS += tests/test_checkpoint tests/test_safetensors_interop.sh tests/test_checkpoint_ranks.sh
 VALGRIND_TESTS += tests/test_checkpoint
-EXTRA_DIST += tests/test_safetensors_interop.sh
+EXTRA_DIST += tests/test_safetensors_interop.sh tests/test_checkpoint_ranks.sh
 tests_test_checkpoint_SOURCES = tests/test_checkpoint.c tests/test_util.h
 tests_test_checkpoint_CFLAGS = $(CA_TEST_CFLAGS)
 tests_test_checkpoint_LDADD = $(CA_TEST_LIBS)

@@ -1,7 +1,9 @@
 /* Model files (safetensors): round trip, sharding with the index, corrupt files, mismatched models.
  * With arguments it is the C side of tests/test_safetensors_interop.sh:
  *   test_checkpoint --save DIR     saves the interop model (seed 7) into DIR
- *   test_checkpoint --dump PATH    loads PATH into the interop model, prints "name dtype shape hex" */
+ *   test_checkpoint --dump PATH    loads PATH into the interop model, prints "name dtype shape hex"
+ * and of tests/test_checkpoint_ranks.sh (under caccel launch):
+ *   test_checkpoint --ranks DIR    every rank saves, then loads the file back and compares */
 #include "test_util.h"
 
 #include <dirent.h>
@@ -281,7 +283,29 @@ static int interop(const char *mode, const char *path) {
     return 0;
 }
 
+/* Every rank calls ca_save_model; once it returns, the file must be there for every rank. */
+static int ranks(const char *dir) {
+    ca_accelerator *acc;
+    char *argv[] = {"test_checkpoint", NULL};
+    CA_CHECK(ca_accelerator_create(&(ca_options){.argc = 1, .argv = argv}, &acc));
+    ca_module *a = mlp(7, 8), *b = mlp(8, 8);
+    ca_status s = ca_save_model(acc, a, dir, 0);
+    if (s == CA_OK) s = ca_load_model(acc, b, dir);
+    size_t la, lb;
+    uint8_t *x = snapshot(a, &la), *y = snapshot(b, &lb);
+    printf("rank %d: %s %s%s\n", ca_process_index(acc), ca_status_name(s),
+           s == CA_OK && la == lb && memcmp(x, y, la) == 0 ? "same parameters" : "", s ? ca_last_error() : "");
+    free(x);
+    free(y);
+    ca_module_destroy(a);
+    ca_module_destroy(b);
+    ca_accelerator_destroy(acc);
+    ca_shutdown();
+    return 0;
+}
+
 int main(int argc, char **argv) {
+    if (argc == 3 && strcmp(argv[1], "--ranks") == 0) return ranks(argv[2]);
     if (argc == 3) return interop(argv[1], argv[2]);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_round_trip, setup, teardown),
