@@ -22,12 +22,12 @@
 
 typedef struct ck_host {
     ca_st_tensor *t;      /* one per parameter, in registration order */
-    void **bufs;
-    int n;
+    void **bufs;          /* cap of them, NULL where not allocated */
+    int n, cap;
 } ck_host;
 
 static void ck_host_free(ck_host *h) {
-    for (int i = 0; i < h->n; i++) free(h->bufs[i]);
+    for (int i = 0; i < h->cap && h->bufs; i++) free(h->bufs[i]);
     free(h->bufs);
     free(h->t);
     memset(h, 0, sizeof *h);
@@ -39,6 +39,7 @@ static ca_status ck_host_copies(ca_module *m, ck_host *h) {
     h->t = calloc((size_t)(n ? n : 1), sizeof *h->t);
     h->bufs = calloc((size_t)(n ? n : 1), sizeof *h->bufs);
     if (!h->t || !h->bufs) return ca_error(CA_ERR_NOMEM, "save_model: out of memory");
+    h->cap = n;
     for (int i = 0; i < n; i++, h->n++) {
         ca_tensor *p = ca_module_param_at(m, i);
         size_t nb = ca_tensor_nbytes(p);
