@@ -125,7 +125,7 @@ int cu_visible_devices(char *reason, size_t reason_len) {
         snprintf(reason, reason_len, "no CUDA-capable device is detected");
     } else if (e == cudaErrorInsufficientDriver && !driver_library_present()) {
         /* the runtime calls this "driver version is insufficient"; say what it is */
-        snprintf(reason, reason_len, "no NVIDIA driver is installed (libcuda.so.1 was not found)");
+        snprintf(reason, reason_len, "no NVIDIA driver is installed: libcuda.so.1 was not found");
     } else if (e == cudaErrorInsufficientDriver) {
         int rt = 0, drv = 0;
         cudaRuntimeGetVersion(&rt);
