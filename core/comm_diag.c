@@ -286,6 +286,22 @@ static bool fetch_state(ca_comm *c, int rank, int64_t timeout_ms, rank_state *st
     return true;
 }
 
+/* The rank that serves the store (rank 0 without a launcher) failed: the store dies with its
+ * process, and a peer that has not judged the cause yet would report only the lost store. So it
+ * keeps serving until every peer has failed, left or died, or for at most `ms`. */
+void ca_comm_diag_linger(ca_comm *c, int64_t ms) {
+    int64_t deadline = ca_now_ms() + ms;
+    for (int r = 0; r < c->world && ca_now_ms() < deadline;) {
+        rank_state st;
+        if (r == c->rank || (fetch_state(c, r, 100, &st) && (st.aborted || st.gone || st.dead)) ||
+            atomic_load(&c->store_lost)) {
+            r++;
+            continue;
+        }
+        usleep(20 * 1000);
+    }
+}
+
 /* Peer p can never take part in our collective #s: it left or died before issuing it, or while in it. */
 static bool gone_before(const rank_state *p, uint64_t s) {
     if (!p->gone && !p->dead) return false;
