@@ -303,8 +303,9 @@ static int desync(ca_comm *c) {
     printf("comm_check: %s rank %d failed after %.2f s (%s): %s\n", named ? "EXPECTED" : "UNEXPECTED", r, dt,
            ca_status_name(s), m);
     fflush(stdout);
-    /* stay a moment so the launcher does not stop the others before they report */
-    sleep(2);
+    /* stay a while, so that the launcher (or mpirun, when this rank exits) does not stop the others
+     * before they report: on a loaded 2-CPU machine a rank once took more than 2 s to */
+    sleep(5);
     /* every later call fails at once */
     if (ca_comm_barrier(c, NULL) == CA_OK) {
         fprintf(stderr, "comm_check: FAILED on rank %d: a barrier after the failure succeeded\n", r);
