@@ -520,7 +520,7 @@ void ca_comm_destroy(ca_comm *c) {
         pthread_mutex_unlock(&c->mu);
         if (ca_comm_diag_publish(c, true) != CA_OK) ca_clear_error();
     }
-    if (announce && c->own_server && atomic_load(&c->failed)) ca_comm_diag_linger(c, LINGER_MS);
+    if (announce && atomic_load(&c->failed)) ca_comm_diag_linger(c, LINGER_MS);
     ca_comm_diag_live_remove(c, announce);
     if (c->bc && c->ops.destroy) c->ops.destroy(c->bc);
     ca_store_client_close(c->own_client);

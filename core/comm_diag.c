@@ -286,9 +286,10 @@ static bool fetch_state(ca_comm *c, int rank, int64_t timeout_ms, rank_state *st
     return true;
 }
 
-/* The rank that serves the store (rank 0 without a launcher) failed: the store dies with its
- * process, and a peer that has not judged the cause yet would report only the lost store. So it
- * keeps serving until every peer has failed, left or died, or for at most `ms`. */
+/* A failed rank that goes away too soon hides the cause from peers that have not judged it yet:
+ * the store dies with the process that serves it (rank 0 without a launcher), and mpirun or
+ * caccel launch stop every rank when one exits. So a failed communicator, when destroyed, waits
+ * until every peer has failed, left or died, for at most `ms`. */
 void ca_comm_diag_linger(ca_comm *c, int64_t ms) {
     int64_t deadline = ca_now_ms() + ms;
     for (int r = 0; r < c->world && ca_now_ms() < deadline;) {

@@ -23,7 +23,7 @@
 #define STATE_MAX 1024
 #define LEFT_GRACE_MS 300      /* a peer that destroyed its communicator may be about to exit: wait for its status */
 #define BACKEND_SETTLE_MS 200  /* a backend error waits this long for the peer that caused it to show */
-#define LINGER_MS 2000         /* a failed store host serves on this long for its peers to report the cause */
+#define LINGER_MS 2000         /* a failed rank waits this long at destroy for its peers to report the cause */
 #define EXIT_IO_MS 2000        /* the exit announcement gives up on an unreachable store this soon */
 
 /* Where a rank's process stands with the communicator (rank_state.gone). */
@@ -142,8 +142,8 @@ ca_status ca_comm_diag_fail_backend(ca_comm *c, uint64_t s, const ca_coll_sig *x
 ca_status ca_comm_diag_precheck(ca_comm *c, uint64_t s, const ca_coll_sig *x, int64_t deadline);
 /* The watchdog thread (arg: the communicator): publishes the record, judges the peers during waits. */
 void *ca_comm_diag_watchdog_main(void *arg);
-/* On a failed communicator whose process serves the store: serves on until every peer has failed,
- * left or died, at most ms, so that they report the cause rather than the store's loss. */
+/* On a failed communicator: waits until every peer has failed, left or died, at most ms, so that
+ * they report the cause before this rank's exit takes the store or the job down. */
 void ca_comm_diag_linger(ca_comm *c, int64_t ms);
 /* The process's live communicators, for the exit announcement (on_exit). */
 void ca_comm_diag_live_add(ca_comm *c);
