@@ -2,9 +2,11 @@
  * mpirun, under `caccel launch`, or on a GPU, chosen by configuration alone. */
 #include <caccel/caccel.h>
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 
 typedef struct args {
@@ -17,13 +19,17 @@ typedef struct args {
     double warmup;             /* fraction of the steps */
     int64_t max_steps;         /* stop after this many optimizer steps (0: all) */
     const char *dump_params;   /* write the final parameters here (raw f32, in name order) */
+    const char *output_dir;    /* save the trained model here (model.safetensors) */
 } args;
 
 static void usage(FILE *f) {
     fprintf(f,
             "usage: fashion_mnist [--epochs N] [--batch-size N] [--lr X] [--seed N] [--data DIR]\n"
             "                     [--schedule constant|linear|cosine] [--warmup FRACTION]\n"
-            "                     [--max-steps N] [--dump-params FILE] [configuration flags]\n"
+            "                     [--max-steps N] [--dump-params FILE] [--output_dir DIR]\n"
+            "                     [configuration flags]\n"
+            "--output_dir DIR saves the trained model as DIR/model.safetensors (PyTorch's names:\n"
+            "fc1.weight, ...; docs/CHECKPOINTS.md).\n"
             "Configuration flags are Accelerate's (--cpu, --mixed_precision bf16, --config_file F,\n"
             "--gradient_accumulation_steps N, ...): see `caccel --help` and docs/CONFIGURATION.md.\n");
 }
@@ -55,6 +61,7 @@ static args parse(int argc, char **argv) {
         else if (flag(s, "--warmup", argc, argv, &i, &v)) a.warmup = atof(v);
         else if (flag(s, "--max-steps", argc, argv, &i, &v)) a.max_steps = atoll(v);
         else if (flag(s, "--dump-params", argc, argv, &i, &v)) a.dump_params = v;
+        else if (flag(s, "--output_dir", argc, argv, &i, &v)) a.output_dir = v;
         else {
             int arity = ca_config_flag_arity(s);          /* the accelerator reads these */
             if (arity < 0) {
@@ -197,6 +204,14 @@ int main(int argc, char **argv) {
         }
     }
     if (a.dump_params && ca_is_main_process(acc)) dump_params(model, a.dump_params);
+    if (a.output_dir) {
+        if (ca_is_main_process(acc) && mkdir(a.output_dir, 0777) != 0 && errno != EEXIST) {
+            fprintf(stderr, "fashion_mnist: cannot create --output_dir %s: %s\n", a.output_dir, strerror(errno));
+            exit(1);
+        }
+        CA_CHECK(ca_save_model(acc, model, a.output_dir, 0));   /* every rank calls it */
+        ca_print(acc, "model saved to %s/model.safetensors\n", a.output_dir);
+    }
     CA_CHECK(ca_wait_for_everyone(acc));
 
     ca_dataloader_destroy(train_dl);

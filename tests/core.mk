@@ -37,11 +37,12 @@ tests_test_mixed_precision_CFLAGS = $(CA_TEST_CFLAGS)
 tests_test_mixed_precision_LDADD = $(CA_TEST_LIBS)
 TESTS += tests/test_examples.sh
 EXTRA_DIST += tests/test_examples.sh
-# Model files (safetensors): the unit test, and the interop check against Python's safetensors.
+# Model files (safetensors): the unit test, the interop checks against Python's safetensors and PyTorch.
 check_PROGRAMS += tests/test_checkpoint
-TESTS += tests/test_checkpoint tests/test_safetensors_interop.sh tests/test_checkpoint_ranks.sh
+TESTS += tests/test_checkpoint tests/test_safetensors_interop.sh tests/test_checkpoint_ranks.sh \
+	tests/test_torch_interop.sh
 VALGRIND_TESTS += tests/test_checkpoint
-EXTRA_DIST += tests/test_safetensors_interop.sh tests/test_checkpoint_ranks.sh
+EXTRA_DIST += tests/test_safetensors_interop.sh tests/test_checkpoint_ranks.sh tests/test_torch_interop.sh
 tests_test_checkpoint_SOURCES = tests/test_checkpoint.c tests/test_util.h
 tests_test_checkpoint_CFLAGS = $(CA_TEST_CFLAGS)
 tests_test_checkpoint_LDADD = $(CA_TEST_LIBS)

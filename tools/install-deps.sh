@@ -4,7 +4,8 @@ set -euo pipefail
 pkgs=(build-essential autoconf automake libtool libtool-bin pkg-config
       libopenblas-dev libyaml-dev zlib1g-dev libjson-c-dev libcmocka-dev
       libopenmpi-dev openmpi-bin libgloo-dev
-      libdnnl2 dataset-fashion-mnist iproute2 procps valgrind)
+      libdnnl2 dataset-fashion-mnist iproute2 procps valgrind
+      python3-torch python3-numpy)
 missing=()
 for p in "${pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -20,5 +21,11 @@ fi
 # (the test skips without it), so an unreachable PyPI never fails the install.
 if command -v python3 >/dev/null && ! python3 -c 'import safetensors, numpy' 2>/dev/null; then
     python3 -m pip --version >/dev/null 2>&1 && { python3 -m pip install -q safetensors numpy || true; }
+fi
+# The PyTorch interop test loads caccel's files with safetensors.torch when Debian's python (which
+# has python3-torch) has the package; --user keeps it out of the system's directories.
+if [ -x /usr/bin/python3 ] && /usr/bin/python3 -c 'import torch' 2>/dev/null &&
+   ! /usr/bin/python3 -c 'import safetensors' 2>/dev/null; then
+    /usr/bin/python3 -m pip install -q --user --break-system-packages safetensors 2>/dev/null || true
 fi
 exit 0
