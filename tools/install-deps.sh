@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # Installs the Debian packages caccel builds, tests and trains with (skips what is already there).
+# --test adds what only the interop tests use: Debian's PyTorch, and Python's safetensors from PyPI.
 set -euo pipefail
+tests=false
+[ "${1:-}" = "--test" ] && tests=true
 pkgs=(build-essential autoconf automake libtool libtool-bin pkg-config
       libopenblas-dev libyaml-dev zlib1g-dev libjson-c-dev libcmocka-dev
       libopenmpi-dev openmpi-bin libgloo-dev
-      libdnnl2 dataset-fashion-mnist iproute2 procps valgrind
-      python3-torch python3-numpy)
+      libdnnl2 dataset-fashion-mnist iproute2 procps valgrind)
+$tests && pkgs+=(python3-torch python3-numpy)
 missing=()
 for p in "${pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -17,6 +20,7 @@ if [ ${#missing[@]} -gt 0 ]; then
     $SUDO apt-get update -qq
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
+$tests || exit 0
 # The checkpoint interop test compares with Python's reference safetensors package; it is optional
 # (the test skips without it), so an unreachable PyPI never fails the install.
 if command -v python3 >/dev/null && ! python3 -c 'import safetensors, numpy' 2>/dev/null; then
