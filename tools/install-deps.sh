@@ -2,9 +2,9 @@
 # Installs the Debian packages caccel builds, tests and trains with (skips what is already there).
 set -euo pipefail
 pkgs=(build-essential autoconf automake libtool libtool-bin pkg-config
-      libopenblas-dev libyaml-dev zlib1g-dev libjson-c-dev libcmocka-dev
+      libopenblas-dev libyaml-dev zlib1g-dev libjson-c-dev libutf8proc-dev libcmocka-dev
       libopenmpi-dev openmpi-bin libgloo-dev
-      libdnnl2 dataset-fashion-mnist iproute2 procps valgrind)
+      libdnnl2 dataset-fashion-mnist fortunes iproute2 procps valgrind)
 missing=()
 for p in "${pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -20,5 +20,9 @@ fi
 # (the test skips without it), so an unreachable PyPI never fails the install.
 if command -v python3 >/dev/null && ! python3 -c 'import safetensors, numpy' 2>/dev/null; then
     python3 -m pip --version >/dev/null 2>&1 && { python3 -m pip install -q safetensors numpy || true; }
+fi
+# The tokenizer parity test compares with Hugging Face's `tokenizers`; optional in the same way.
+if command -v python3 >/dev/null && ! python3 -c 'import tokenizers' 2>/dev/null; then
+    python3 -m pip --version >/dev/null 2>&1 && { python3 -m pip install -q tokenizers || true; }
 fi
 exit 0

@@ -14,6 +14,7 @@
 #include <caccel/nn.h>
 #include <caccel/optim.h>
 #include <caccel/data.h>
+#include <caccel/tokenizer.h>
 #include <caccel/accelerator.h>
 #include <caccel/checkpoint.h>
 
