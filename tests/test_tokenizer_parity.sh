@@ -8,7 +8,7 @@
 set -eu
 build=${CACCEL_TEST_BUILDDIR:-.}
 src=${CACCEL_TEST_SRCDIR:-.}
-tool="$build/tests/tokenizer_tool"
+tool="$build/tests/text_tool"
 if ! python3 -c 'import tokenizers' 2>/dev/null; then
     echo "SKIP: python3 with Hugging Face's tokenizers package is needed (pip install tokenizers)"
     exit 77

@@ -1,12 +1,14 @@
-/* tokenizer_tool: the C side of tests/test_tokenizer_parity.sh.
+/* text_tool: the C side of tests/test_tokenizer_parity.sh and tests/test_minilm_files.sh.
  *
- *   tokenizer_tool encode TOKENIZER MAXLEN   stdin: lines "HEX_A" or "HEX_A HEX_B" (UTF-8 bytes
- *                                            in hex; "-" for the empty string); stdout per line:
- *                                            "ids;type_ids;mask" (space-separated numbers), or,
- *                                            with MAXLEN 0, the ids of ca_tokenizer_tokenize
- *   tokenizer_tool fortunes DIR [COLL...]    every entry of the collections (default: the
- *                                            dataset's four): "COLLECTION INDEX HEX"
- *   tokenizer_tool dataset TOKENIZER DIR     the fortunes dataset's per-class counts, both splits */
+ *   text_tool encode TOKENIZER MAXLEN  stdin: lines "HEX_A" or "HEX_A HEX_B" (UTF-8 bytes in hex;
+ *                                      "-" for the empty string); stdout per line:
+ *                                      "ids;type_ids;mask" (space-separated numbers), or, with
+ *                                      MAXLEN 0, the ids of ca_tokenizer_tokenize
+ *   text_tool fortunes DIR [COLL...]   every entry of the collections (default: the dataset's
+ *                                      four): "COLLECTION INDEX HEX"
+ *   text_tool dataset TOKENIZER DIR    the fortunes dataset's per-class counts, both splits
+ *   text_tool bert DIR                 config.json's fields, and model.safetensors checked
+ *                                      against them */
 #include <caccel/caccel.h>
 
 #include <stdio.h>
@@ -99,11 +101,34 @@ static int dataset(const char *path, const char *dir) {
     return 0;
 }
 
+static int bert(const char *dir) {
+    ca_bert_config c;
+    CA_CHECK(ca_bert_config_load(dir, &c));
+    printf("config: architectures=%s vocab_size=%lld hidden_size=%lld num_hidden_layers=%lld "
+           "num_attention_heads=%lld intermediate_size=%lld hidden_act=%s "
+           "max_position_embeddings=%lld type_vocab_size=%lld layer_norm_eps=%g pad_token_id=%lld "
+           "num_labels=%lld\n",
+           c.architectures, (long long)c.vocab_size, (long long)c.hidden_size,
+           (long long)c.num_hidden_layers, (long long)c.num_attention_heads,
+           (long long)c.intermediate_size, c.hidden_act, (long long)c.max_position_embeddings,
+           (long long)c.type_vocab_size, c.layer_norm_eps, (long long)c.pad_token_id,
+           (long long)c.num_labels);
+    char path[4096];
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    ca_bert_check r;
+    CA_CHECK(ca_bert_check_checkpoint(path, &c, &r));
+    printf("checkpoint: prefix='%s' matched=%lld of %lld extra=%lld pooler=%s\n", r.prefix,
+           (long long)r.matched, (long long)ca_bert_tensor_names(&c, NULL, 0), (long long)r.extra,
+           r.has_pooler ? "yes" : "no");
+    return 0;
+}
+
 int main(int argc, char **argv) {
     if (argc >= 4 && strcmp(argv[1], "encode") == 0) return encode(argv[2], atoll(argv[3]));
     if (argc >= 3 && strcmp(argv[1], "fortunes") == 0) return dump(argv[2], argc - 3, argv + 3);
     if (argc == 4 && strcmp(argv[1], "dataset") == 0) return dataset(argv[2], argv[3]);
-    fprintf(stderr, "usage: tokenizer_tool encode TOKENIZER MAXLEN | fortunes DIR [COLL...] | "
-                    "dataset TOKENIZER DIR\n");
+    if (argc == 3 && strcmp(argv[1], "bert") == 0) return bert(argv[2]);
+    fprintf(stderr, "usage: text_tool encode TOKENIZER MAXLEN | fortunes DIR [COLL...] | "
+                    "dataset TOKENIZER DIR | bert DIR\n");
     return 2;
 }
