@@ -264,11 +264,26 @@ static void shape_str(char *buf, size_t len, int ndim, const int64_t *shape) {
     snprintf(buf + k, len - (size_t)k, "]");
 }
 
-static ca_status check_one(const ca_st_file *f, const ca_bert_tensor *want, const char *prefix,
+/* The stored name of `want`: prefix + name, or, for a LayerNorm, the TF-era "gamma"/"beta" names
+ * that older checkpoints (bert-base-uncased's among them) keep and transformers renames on load. */
+static const ca_st_entry *find(const ca_st_file *f, const char *prefix, const char *name,
+                               char *stored, size_t len, bool *legacy) {
+    snprintf(stored, len, "%s%s", prefix, name);
+    const ca_st_entry *e = ca_st_find(f, stored);
+    const char *ln = strstr(name, "LayerNorm.");
+    if (e || !ln) return e;
+    bool w = strcmp(ln, "LayerNorm.weight") == 0;
+    snprintf(stored, len, "%s%.*sLayerNorm.%s", prefix, (int)(ln - name), name, w ? "gamma" : "beta");
+    e = ca_st_find(f, stored);
+    if (e) *legacy = true;
+    else snprintf(stored, len, "%s%s", prefix, name);
+    return e;
+}
+
+static ca_status check_one(const ca_st_file *f, const ca_bert_tensor *want, ca_bert_check *r,
                            bool *found) {
-    char name[128];
-    snprintf(name, sizeof name, "%s%s", prefix, want->name);
-    const ca_st_entry *e = ca_st_find(f, name);
+    char name[160];
+    const ca_st_entry *e = find(f, r->prefix, want->name, name, sizeof name, &r->gamma_beta);
     *found = e != NULL;
     if (!e) return CA_OK;
     bool same = e->ndim == want->ndim;
@@ -313,7 +328,7 @@ static ca_status check_file(const ca_st_file *f, const ca_bert_config *c, ca_ber
     int64_t pooler = 0;
     for (int64_t i = 0; st == CA_OK && i < n; i++) {
         bool found;
-        st = check_one(f, &want[i], r->prefix, &found);
+        st = check_one(f, &want[i], r, &found);
         bool is_pooler = strncmp(want[i].name, "pooler.", 7) == 0;
         if (st == CA_OK && !found && !is_pooler)
             st = ca_error(CA_ERR_INVALID, "checkpoint '%s': tensor '%s%s' is missing (the config "

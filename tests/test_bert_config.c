@@ -115,6 +115,7 @@ static void test_config_errors(void **state) {
 typedef struct {
     const char *prefix, *skip[2], *override_name, *extra[2], *i64;
     int64_t override_shape[2];
+    bool gamma_beta;                     /* LayerNorm.weight/bias stored as gamma/beta */
 } variant;
 
 static void write_checkpoint(const char *file, const ca_bert_config *c, const variant *v) {
@@ -134,6 +135,8 @@ static void write_checkpoint(const char *file, const ca_bert_config *c, const va
         bool mine = i < ca_bert_tensor_names(c, NULL, 0);
         char name[160];
         snprintf(name, sizeof name, "%s%s", mine ? v->prefix : "", t[i].name);
+        char *ln = strstr(name, "LayerNorm.");
+        if (v->gamma_beta && ln) strcpy(ln, ln[10] == 'w' ? "LayerNorm.gamma" : "LayerNorm.beta");
         if ((v->skip[0] && strcmp(name, v->skip[0]) == 0) ||
             (v->skip[1] && strcmp(name, v->skip[1]) == 0))
             continue;
@@ -239,6 +242,13 @@ static void test_checkpoint(void **state) {
     assert_int_equal(r.matched, 37);
     assert_int_equal(r.extra, 2);
     assert_false(r.has_pooler);
+    assert_false(r.gamma_beta);
+    /* older checkpoints' LayerNorm.gamma / LayerNorm.beta */
+    write_checkpoint("h.safetensors", &c, &(variant){.prefix = "bert.", .gamma_beta = true});
+    T_OK(ca_bert_check_checkpoint(path_of("h.safetensors"), &c, &r));
+    assert_int_equal(r.matched, 39);
+    assert_int_equal(r.extra, 0);
+    assert_true(r.gamma_beta);
     assert_int_equal(ca_bert_check_checkpoint(path_of("none.safetensors"), &c, &r),
                      CA_ERR_NOT_FOUND);
 }

@@ -23,7 +23,7 @@ want_config="config: architectures=BertModel vocab_size=30522 hidden_size=384 nu
 num_attention_heads=12 intermediate_size=1536 hidden_act=gelu max_position_embeddings=512 \
 type_vocab_size=2 layer_norm_eps=1e-12 pad_token_id=0 num_labels=2"
 # 5 embedding tensors + 16 per layer + the pooler's 2; the one extra is the position_ids buffer.
-want_check="checkpoint: prefix='' matched=103 of 103 extra=1 pooler=yes"
+want_check="checkpoint: prefix='' matched=103 of 103 extra=1 pooler=yes gamma_beta=no"
 echo "$out" | grep -qxF "$want_config" || { echo "FAIL: expected: $want_config"; exit 1; }
 echo "$out" | grep -qxF "$want_check" || { echo "FAIL: expected: $want_check"; exit 1; }
 ids=$(printf '%s\n' "$(printf 'Hello, World!' | od -An -tx1 | tr -d ' \n')" \

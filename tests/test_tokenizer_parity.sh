@@ -2,7 +2,8 @@
 # caccel's WordPiece tokenizer against Hugging Face's `tokenizers`, both loading the same
 # tokenizer.json (all-MiniLM-L6-v2's, bert-base-uncased's vocabulary): input ids, token type ids and
 # attention masks are equal on every entry of the fortunes collections the dataset uses (at the
-# dataset's max_length 128, and untruncated), and on hand-picked hard cases, single and paired.
+# dataset's max_length 128, and untruncated), and on hand-picked hard cases, single and paired;
+# also with the vocabulary as vocab.txt and with other normaliser flags.
 # SKIP (77), with the reason, without python3 + tokenizers, the model files
 # (tools/fetch-minilm.sh) or Debian's fortunes package.
 set -eu
@@ -35,11 +36,15 @@ echo "tokenizer: $model/tokenizer.json; fortunes: $fdir"
 "$tool" fortunes "$fdir" > "$tmp/entries.txt"
 "$tool" dataset "$model" "$fdir"
 python3 "$src/tests/tokenizer_cases.py" "$tmp" "$model/tokenizer.json"
-# Runs: fortunes and single hard cases untruncated (0), at 128 and at 16; pairs at 128 and 16;
-# and the same vocabulary loaded from a vocab.txt (written from tokenizer.json by the script).
-for run in fortunes:0 fortunes:128 cases:0 cases:128 cases:16 pairs:128 pairs:16; do
-    set=${run%:*}; L=${run#*:}
-    "$tool" encode "$model/tokenizer.json" "$L" < "$tmp/$set.in" > "$tmp/$set.$L.out"
-    "$tool" encode "$tmp/vocab.txt" "$L" < "$tmp/$set.in" > "$tmp/$set.$L.vocab.out"
+# Runs: fortunes and single hard cases untruncated (0), at 128 and at 16; pairs at 128 and 16.
+# Tokenizers: the model's tokenizer.json; the same vocabulary as a vocab.txt; and two
+# tokenizer.json files the script writes with Hugging Face's BertWordPieceTokenizer (BertProcessing
+# instead of the template; cased / no CJK splitting / no cleaning), to cover the flags.
+cp "$model/tokenizer.json" "$tmp/model.json"
+for tok in model.json vocab.txt cased.json raw.json; do
+    for run in fortunes:0 fortunes:128 cases:0 cases:128 cases:16 pairs:128 pairs:16; do
+        set=${run%:*}; L=${run#*:}
+        "$tool" encode "$tmp/$tok" "$L" < "$tmp/$set.in" > "$tmp/$set.$L.$tok.out"
+    done
 done
-python3 "$src/tests/tokenizer_cases.py" "$tmp" "$model/tokenizer.json" --compare
+python3 "$src/tests/tokenizer_cases.py" "$tmp" --compare

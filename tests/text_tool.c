@@ -117,9 +117,9 @@ static int bert(const char *dir) {
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
     ca_bert_check r;
     CA_CHECK(ca_bert_check_checkpoint(path, &c, &r));
-    printf("checkpoint: prefix='%s' matched=%lld of %lld extra=%lld pooler=%s\n", r.prefix,
-           (long long)r.matched, (long long)ca_bert_tensor_names(&c, NULL, 0), (long long)r.extra,
-           r.has_pooler ? "yes" : "no");
+    printf("checkpoint: prefix='%s' matched=%lld of %lld extra=%lld pooler=%s gamma_beta=%s\n",
+           r.prefix, (long long)r.matched, (long long)ca_bert_tensor_names(&c, NULL, 0),
+           (long long)r.extra, r.has_pooler ? "yes" : "no", r.gamma_beta ? "yes" : "no");
     return 0;
 }
 

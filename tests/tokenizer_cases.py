@@ -1,11 +1,14 @@
 """The Python side of tests/test_tokenizer_parity.sh.
 
-tokenizer_cases.py TMP TOKENIZER_JSON            writes TMP/{fortunes,cases,pairs}.in (hex lines)
-tokenizer_cases.py TMP TOKENIZER_JSON --compare  compares TMP/SET.L.out with Hugging Face's ids
+tokenizer_cases.py TMP TOKENIZER_JSON  writes TMP/{fortunes,cases,pairs}.in (hex lines), the
+                                       vocabulary as TMP/vocab.txt, and TMP/cased.json and
+                                       TMP/raw.json (BertWordPieceTokenizer with other flags)
+tokenizer_cases.py TMP --compare       compares TMP/SET.L.TOK.out with Hugging Face's encodings
 """
 import sys
 
 from tokenizers import Tokenizer
+from tokenizers.implementations import BertWordPieceTokenizer
 
 RUNS = [("fortunes", 0), ("fortunes", 128), ("cases", 0), ("cases", 128), ("cases", 16),
         ("pairs", 128), ("pairs", 16)]
@@ -55,6 +58,10 @@ def prepare(tmp, path):
     with open(tmp + "/vocab.txt", "w", encoding="utf-8") as out:
         for token, _ in sorted(vocab.items(), key=lambda kv: kv[1]):
             out.write(token + "\n")
+    # BertProcessing instead of TemplateProcessing, and the normaliser's flags the model lacks.
+    BertWordPieceTokenizer(tmp + "/vocab.txt", lowercase=False).save(tmp + "/cased.json")
+    BertWordPieceTokenizer(tmp + "/vocab.txt", lowercase=True, strip_accents=False,
+                           handle_chinese_chars=False, clean_text=False).save(tmp + "/raw.json")
     with open(tmp + "/entries.txt") as f, open(tmp + "/fortunes.in", "w") as out:
         for line in f:
             out.write(line.split()[2] + "\n")
@@ -78,33 +85,36 @@ def reference(tok, line, L):
     return ";".join(" ".join(map(str, v)) for v in (e.ids, e.type_ids, e.attention_mask))
 
 
-def compare(tmp, path):
-    tok = Tokenizer.from_file(path)
+def compare(tmp):
+    # The reference for vocab.txt is the model's tokenizer.json it was written from.
+    refs = {"model.json": "model.json", "vocab.txt": "model.json", "cased.json": "cased.json",
+            "raw.json": "raw.json"}
     bad = 0
-    for (name, L), src in [(r, s) for s in ("tokenizer.json", "vocab.txt") for r in RUNS]:
-        out = "%s/%s.%d%s.out" % (tmp, name, L, ".vocab" if src == "vocab.txt" else "")
-        inputs = open("%s/%s.in" % (tmp, name)).read().split("\n")[:-1]
-        got = open(out).read().split("\n")[:-1]
-        assert len(got) == len(inputs), (name, L, len(got), len(inputs))
-        diff = 0
-        for line, g in zip(inputs, got):
-            want = reference(tok, line, L)
-            if g != want:
-                diff += 1
-                if diff <= 5:
-                    text = [bytes.fromhex(p if p != "-" else "").decode() for p in line.split()]
-                    print("MISMATCH %s L=%d (%s): %r\n  caccel: %s\n  hf:     %s"
-                          % (name, L, src, text, g, want))
-        print("%-14s %-8s max_length %3s: %5d inputs, %d differ"
-              % (src, name, L or "-", len(inputs), diff))
-        bad += diff
+    for src, ref in refs.items():
+        tok = Tokenizer.from_file(tmp + "/" + ref)
+        for name, L in RUNS:
+            inputs = open("%s/%s.in" % (tmp, name)).read().split("\n")[:-1]
+            got = open("%s/%s.%d.%s.out" % (tmp, name, L, src)).read().split("\n")[:-1]
+            assert len(got) == len(inputs), (name, L, src, len(got), len(inputs))
+            diff = 0
+            for line, g in zip(inputs, got):
+                want = reference(tok, line, L)
+                if g != want:
+                    diff += 1
+                    if diff <= 5:
+                        text = [bytes.fromhex(p if p != "-" else "").decode() for p in line.split()]
+                        print("MISMATCH %s L=%d (%s): %r\n  caccel: %s\n  hf:     %s"
+                              % (name, L, src, text, g, want))
+            print("%-10s %-8s max_length %3s: %5d inputs, %d differ"
+                  % (src, name, L or "-", len(inputs), diff))
+            bad += diff
     if bad:
         sys.exit("FAIL: %d encodings differ from Hugging Face tokenizers" % bad)
     print("all encodings equal Hugging Face tokenizers'")
 
 
 if __name__ == "__main__":
-    if len(sys.argv) > 3 and sys.argv[3] == "--compare":
-        compare(sys.argv[1], sys.argv[2])
+    if len(sys.argv) > 2 and sys.argv[2] == "--compare":
+        compare(sys.argv[1])
     else:
         prepare(sys.argv[1], sys.argv[2])

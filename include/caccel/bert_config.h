@@ -62,12 +62,14 @@ typedef struct ca_bert_check {
     int64_t matched;                      /* BertModel tensors found with the right shape */
     int64_t extra;                        /* other tensors (heads, buffers like position_ids) */
     bool has_pooler;
+    bool gamma_beta;                      /* LayerNorms stored as "LayerNorm.gamma"/".beta" */
 } ca_bert_check;
 
 /* Checks that the safetensors file at `path` holds every BertModel tensor of config c with the
  * shape c implies and a floating-point dtype, under the names Hugging Face writes (with the
- * "bert." prefix of the Bert*For* classes, detected). The pooler may be absent (has_pooler
- * false). A missing tensor, a wrong shape or dtype, or encoder layers beyond num_hidden_layers
+ * "bert." prefix of the Bert*For* classes, detected; LayerNorm weight/bias may be stored under
+ * the older names gamma/beta, which transformers also accepts). The pooler may be absent
+ * (has_pooler false). A missing tensor, a wrong shape or dtype, or encoder layers beyond num_hidden_layers
  * fail with CA_ERR_INVALID naming the file, the tensor, and the shapes. result may be NULL. */
 CA_API ca_status ca_bert_check_checkpoint(const char *path, const ca_bert_config *c,
                                           ca_bert_check *result);
