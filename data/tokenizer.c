@@ -237,9 +237,9 @@ static bool next_special(const ca_tokenizer *t, const char *text, size_t from, s
     for (size_t i = from; i < len; i++) {
         int best = -1;
         for (int k = 0; k < t->n_added; k++) {
-            size_t l = strlen(t->added[k].content);
-            if (l <= len - i && memcmp(text + i, t->added[k].content, l) == 0 &&
-                (best < 0 || l > strlen(t->added[best].content)))
+            size_t l = t->added[k].len;
+            if (l > 0 && l <= len - i && memcmp(text + i, t->added[k].content, l) == 0 &&
+                (best < 0 || l > t->added[best].len))
                 best = k;
         }
         if (best >= 0) {
@@ -262,7 +262,7 @@ ca_status ca_tokenize_into(const ca_tokenizer *t, const char *text, ca_idvec *ou
         if (!found) break;
         if (!ca_idvec_push(out, t->added[which].id))
             return ca_error(CA_ERR_NOMEM, "tokenizer: out of memory");
-        pos = at + strlen(t->added[which].content);
+        pos = at + t->added[which].len;
     }
     return CA_OK;
 }

@@ -13,6 +13,7 @@
 /* A token matched in the raw text before normalisation ([CLS], [SEP], ... in BERT). */
 typedef struct ca_added_token {
     char *content;
+    size_t len;
     int64_t id;
 } ca_added_token;
 

@@ -78,6 +78,7 @@ static ca_status add_token(ca_tokenizer *t, const char *content, int64_t id, con
     t->added = a;
     if (!(a[t->n_added].content = strdup(content)))
         return ca_error(CA_ERR_NOMEM, "tokenizer '%s': out of memory", path);
+    a[t->n_added].len = strlen(content);
     a[t->n_added++].id = id;
     return CA_OK;
 }
@@ -257,14 +258,22 @@ static int64_t special_ids(json_object *specials, const char *name, const ca_tok
     return json_object_get_int64(json_object_array_get_idx(ids, 0));
 }
 
+/* BertProcessing's ["[CLS]", 101]: the id, or -1. */
+static int64_t pair_id(json_object *pair) {
+    json_object *id = json_object_is_type(pair, json_type_array) &&
+                              json_object_array_length(pair) == 2
+                          ? json_object_array_get_idx(pair, 1)
+                          : NULL;
+    return json_object_is_type(id, json_type_int) ? json_object_get_int64(id) : -1;
+}
+
 /* TemplateProcessing shaped as BERT's ([CLS]:0 $A:0 [SEP]:0 $B:1 [SEP]:1) or BertProcessing. */
 static ca_status load_template(ca_tokenizer *t, json_object *root, const char *path) {
     json_object *pp = get(root, "post_processor");
     const char *type = get_str(pp, "type");
     if (type && strcmp(type, "BertProcessing") == 0) {
-        json_object *cls = get(pp, "cls"), *sep = get(pp, "sep");
-        t->special[CA_TOKEN_CLS] = json_object_get_int64(json_object_array_get_idx(cls, 1));
-        t->special[CA_TOKEN_SEP] = json_object_get_int64(json_object_array_get_idx(sep, 1));
+        t->special[CA_TOKEN_CLS] = pair_id(get(pp, "cls"));
+        t->special[CA_TOKEN_SEP] = pair_id(get(pp, "sep"));
     } else if (type && strcmp(type, "TemplateProcessing") == 0) {
         json_object *single = get(pp, "single"), *pair = get(pp, "pair");
         const char *c0, *a, *s0, *c1, *a1, *s1, *b, *s2;

@@ -244,6 +244,21 @@ static void test_errors(void **state) {
                       "{\"model\":{\"type\":\"WordPiece\",\"unk_token\":\"<unk>\","
                       "\"vocab\":{\"[UNK]\":0}}}",
                       CA_ERR_INVALID, "model.unk_token '<unk>'");
+    expect_load_error("post.json",
+                      "{\"model\":{\"type\":\"WordPiece\",\"unk_token\":\"[UNK]\","
+                      "\"vocab\":{\"[UNK]\":0,\"[PAD]\":1}},"
+                      "\"normalizer\":{\"type\":\"BertNormalizer\"},"
+                      "\"pre_tokenizer\":{\"type\":\"BertPreTokenizer\"},"
+                      "\"post_processor\":{\"type\":\"BertProcessing\",\"cls\":\"[CLS]\"}}",
+                      CA_ERR_INVALID, "post_processor's [CLS]/[SEP] ids");
+    expect_load_error("tmpl.json",
+                      "{\"model\":{\"type\":\"WordPiece\",\"unk_token\":\"[UNK]\","
+                      "\"vocab\":{\"[UNK]\":0,\"[PAD]\":1}},"
+                      "\"normalizer\":{\"type\":\"BertNormalizer\"},"
+                      "\"pre_tokenizer\":{\"type\":\"BertPreTokenizer\"},"
+                      "\"post_processor\":{\"type\":\"TemplateProcessing\",\"single\":[],"
+                      "\"pair\":[]}}",
+                      CA_ERR_UNSUPPORTED, "post_processor is not BERT's template");
     expect_load_error("nounk.txt", "[PAD]\n[CLS]\n[SEP]\nhello\n", CA_ERR_INVALID, "no [UNK]");
     expect_load_error("empty.txt", "", CA_ERR_INVALID, "empty");
     char dir[512];
