@@ -1,7 +1,9 @@
-# nn/: modules, layers, optimizers and learning-rate schedules.
+# nn/: modules, layers, optimizers and learning-rate schedules; BERT's config.json and the names
+# and shapes of its checkpoint's tensors.
 libcaccel_la_SOURCES += \
 	nn/nn_impl.h \
 	nn/module.c \
 	nn/layers.c \
 	nn/optim.c \
-	nn/schedule.c
+	nn/schedule.c \
+	nn/bert_config.c

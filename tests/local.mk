@@ -4,6 +4,7 @@ include tests/core.mk
 include tests/config.mk
 include tests/cpu.mk
 include tests/data.mk
+include tests/text.mk
 include tests/dist.mk
 include tests/ddp.mk
 include tests/cuda.mk

@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Installs the Debian packages caccel builds, tests and trains with (skips what is already there).
-# --test adds what only the interop tests use: Debian's PyTorch, and Python's safetensors from PyPI.
+# --test adds what only the interop tests use: Debian's PyTorch, and Python's safetensors and
+# tokenizers from PyPI.
 set -euo pipefail
 tests=false
 [ "${1:-}" = "--test" ] && tests=true
 pkgs=(build-essential autoconf automake libtool libtool-bin pkg-config
-      libopenblas-dev libyaml-dev zlib1g-dev libjson-c-dev libcmocka-dev
+      libopenblas-dev libyaml-dev zlib1g-dev libjson-c-dev libutf8proc-dev libcmocka-dev
       libopenmpi-dev openmpi-bin libgloo-dev
-      libdnnl2 dataset-fashion-mnist iproute2 procps valgrind)
+      libdnnl2 dataset-fashion-mnist fortunes iproute2 procps valgrind)
 $tests && pkgs+=(python3-torch python3-numpy)
 missing=()
 for p in "${pkgs[@]}"; do
@@ -31,5 +32,9 @@ fi
 if [ -x /usr/bin/python3 ] && /usr/bin/python3 -c 'import torch' 2>/dev/null &&
    ! /usr/bin/python3 -c 'import safetensors' 2>/dev/null; then
     /usr/bin/python3 -m pip install -q --user --break-system-packages safetensors 2>/dev/null || true
+fi
+# The tokenizer parity test compares with Hugging Face's `tokenizers`; optional in the same way.
+if command -v python3 >/dev/null && ! python3 -c 'import tokenizers' 2>/dev/null; then
+    python3 -m pip --version >/dev/null 2>&1 && { python3 -m pip install -q tokenizers || true; }
 fi
 exit 0

@@ -10,4 +10,5 @@ tools_caccel_LDADD = libcaccel.la
 
 # Scripts: the README's commands, CI's dependencies, the layer checks, measurement helpers.
 EXTRA_DIST += tools/quickstart.sh tools/test.sh tools/install-deps.sh tools/gpu-bundle.sh \
-	tools/layers.sh tools/check-layers.sh tools/check-symbols.sh tools/accuracy-spread.sh
+	tools/layers.sh tools/check-layers.sh tools/check-symbols.sh tools/accuracy-spread.sh \
+	tools/fetch-minilm.sh

@@ -14,6 +14,8 @@
 #include <caccel/nn.h>
 #include <caccel/optim.h>
 #include <caccel/data.h>
+#include <caccel/tokenizer.h>
+#include <caccel/bert_config.h>
 #include <caccel/accelerator.h>
 #include <caccel/checkpoint.h>
 

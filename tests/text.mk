@@ -1,0 +1,20 @@
+# tests/text.mk: BERT's WordPiece tokenizer, the fortunes dataset and BERT's config.json: unit
+# tests on a small hand-written vocabulary and checkpoint, parity with Hugging Face's tokenizers
+# on the real vocabulary, and the real all-MiniLM-L6-v2 files through the readers.
+check_PROGRAMS += tests/test_tokenizer tests/test_bert_config tests/text_tool
+TESTS += tests/test_tokenizer tests/test_bert_config tests/test_tokenizer_parity.sh \
+	tests/test_minilm_files.sh
+VALGRIND_TESTS += tests/test_tokenizer tests/test_bert_config
+EXTRA_DIST += tests/test_tokenizer_parity.sh tests/tokenizer_cases.py tests/test_minilm_files.sh
+
+tests_test_tokenizer_SOURCES = tests/test_tokenizer.c tests/test_util.h
+tests_test_tokenizer_CFLAGS = $(CA_TEST_CFLAGS)
+tests_test_tokenizer_LDADD = $(CA_TEST_LIBS)
+
+tests_text_tool_SOURCES = tests/text_tool.c
+tests_text_tool_CFLAGS = $(AM_CFLAGS)
+tests_text_tool_LDADD = libcaccel.la
+
+tests_test_bert_config_SOURCES = tests/test_bert_config.c tests/test_util.h
+tests_test_bert_config_CFLAGS = $(CA_TEST_CFLAGS)
+tests_test_bert_config_LDADD = $(CA_TEST_LIBS)
