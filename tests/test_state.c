@@ -1,0 +1,373 @@
+/* save_state / load_state (one process): exact resume, automatic naming with total_limit and the
+ * fall-back past incomplete checkpoints, and named errors for incomplete, truncated, corrupt and
+ * mismatched checkpoints that leave the run unchanged. */
+#include "test_util.h"
+
+#include <dirent.h>
+#include <sys/stat.h>
+
+static char *argv_cpu[] = {"test", "--cpu", NULL};
+static char g_dir[256];
+
+static void rm_rf(const char *dir) {
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    char p[768];
+    while (d && (e = readdir(d))) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+        struct stat st;
+        if (lstat(p, &st) == 0 && S_ISDIR(st.st_mode)) rm_rf(p);
+        else unlink(p);
+    }
+    if (d) closedir(d);
+    rmdir(dir);
+}
+
+static int setup(void **state) {
+    (void)state;
+    const char *base = getenv("TMPDIR");
+    snprintf(g_dir, sizeof g_dir, "%s/caccel-state-XXXXXX", base && *base ? base : "/tmp");
+    return mkdtemp(g_dir) ? 0 : -1;
+}
+
+static int teardown(void **state) {
+    (void)state;
+    rm_rf(g_dir);
+    return 0;
+}
+
+static const char *in_dir(const char *name) {
+    static char p[2][512];
+    static int k;
+    k ^= 1;
+    snprintf(p[k], sizeof p[k], "%s/%s", g_dir, name);
+    return p[k];
+}
+
+static void assert_error(ca_status got, ca_status want, const char *a, const char *b) {
+    if (got != want) fail_msg("status %s, expected %s: %s", ca_status_name(got), ca_status_name(want), ca_last_error());
+    if (a && !strstr(ca_last_error(), a)) fail_msg("'%s' not in: %s", a, ca_last_error());
+    if (b && !strstr(ca_last_error(), b)) fail_msg("'%s' not in: %s", b, ca_last_error());
+}
+
+/* ------------------------------------------------------------------ a small run */
+
+/* User state: steps seen and a loss sum, as a training loop keeps for its metrics. */
+typedef struct metrics {
+    int64_t steps;
+    double loss_sum;
+} metrics;
+
+static ca_status m_save(void *ctx, void **data, size_t *len) {
+    *data = malloc(sizeof(metrics));
+    memcpy(*data, ctx, sizeof(metrics));
+    *len = sizeof(metrics);
+    return CA_OK;
+}
+
+static ca_status m_load(void *ctx, const void *data, size_t len, bool apply) {
+    if (len != sizeof(metrics)) return ca_error(CA_ERR_INVALID, "metrics: %zu bytes, expected %zu", len, sizeof(metrics));
+    if (apply) memcpy(ctx, data, sizeof(metrics));
+    return CA_OK;
+}
+
+typedef struct run {
+    ca_accelerator *acc;
+    ca_dataset *ds;
+    ca_dataloader *dl;
+    ca_module *m;
+    ca_optimizer *opt;
+    metrics met;
+} run;
+
+static void run_open(run *r, int hidden, bool sgd, const char *const *settings) {
+    memset(r, 0, sizeof *r);
+    T_OK(ca_accelerator_create(&(ca_options){.argc = 2, .argv = argv_cpu, .settings = settings}, &r->acc));
+    T_OK(ca_set_seed(r->acc, 5));
+    enum { N = 90, IN = 6 };
+    float x[N * IN];
+    int64_t y[N];
+    uint64_t s = 3;
+    for (int i = 0; i < N; i++) {
+        for (int j = 0; j < IN; j++) x[i * IN + j] = t_randf(&s, -1, 1);
+        y[i] = (int64_t)(t_rand_u64(&s) % 3);
+    }
+    ca_sample_spec xs = {.dtype = CA_F32, .ndim = 1, .shape = {IN}}, ys = {.dtype = CA_I64, .ndim = 0};
+    T_OK(ca_dataset_from_memory(&xs, x, &ys, y, N, &r->ds));
+    T_OK(ca_dataloader_create(r->ds, &(ca_loader_opts){.batch_size = 8, .shuffle = true}, &r->dl));
+    ca_module *l;
+    T_OK(ca_sequential_create(&r->m));
+    T_OK(ca_linear_create(IN, hidden, true, &l));  T_OK(ca_module_add(r->m, "fc1", l));
+    T_OK(ca_relu_create(&l));                      T_OK(ca_module_add(r->m, "act", l));
+    T_OK(ca_dropout_create(0.2, &l));              T_OK(ca_module_add(r->m, "drop", l));
+    T_OK(ca_linear_create(hidden, 3, true, &l));   T_OK(ca_module_add(r->m, "fc2", l));
+    if (sgd) T_OK(ca_sgd_create(r->m, &(ca_sgd_opts){.lr = 0.1, .momentum = 0.9}, &r->opt));
+    else T_OK(ca_adamw_create(r->m, &(ca_adamw_opts){.lr = 0.01}, &r->opt));
+    T_OK(ca_optimizer_set_schedule(r->opt, &(ca_lr_schedule){.kind = CA_SCHED_COSINE, .warmup_steps = 3,
+                                                             .total_steps = 40}));
+    T_OK(ca_prepare(r->acc, r->m, r->opt, r->dl));
+    T_OK(ca_register_for_checkpointing(r->acc, &(ca_checkpointable){.name = "metrics", .save = m_save,
+                                                                    .load = m_load, .ctx = &r->met}));
+}
+
+static void run_close(run *r) {
+    ca_dataloader_destroy(r->dl);
+    ca_optimizer_destroy(r->opt);
+    ca_module_destroy(r->m);
+    ca_dataset_destroy(r->ds);
+    ca_accelerator_destroy(r->acc);
+    ca_scope_release_all();
+}
+
+/* Trains until `epochs` are done or, with stop > 0, until micro-step `stop` (then returns false).
+ * losses[i] gets micro-step i's loss. */
+static bool train(run *r, int epochs, int64_t stop, float *losses) {
+    ca_batch b;
+    while (ca_dataloader_epoch(r->dl) < epochs) {
+        while (ca_dataloader_next(r->dl, &b)) {
+            CA_ACCUMULATE(r->acc, r->m) {
+                ca_tensor *loss = ca_cross_entropy(ca_module_forward(r->m, b.x), b.y);
+                T_OK(ca_backward(r->acc, loss));
+                T_OK(ca_optimizer_step(r->opt));
+                ca_optimizer_zero_grad(r->opt);
+                losses[r->met.steps] = ca_item(loss);
+                r->met.loss_sum += losses[r->met.steps];
+            }
+            r->met.steps++;
+            if (stop > 0 && r->met.steps == stop) return false;
+        }
+        T_OK(ca_dataloader_status(r->dl));
+    }
+    return true;
+}
+
+static uint8_t *params(ca_module *m, size_t *len) {
+    size_t total = 0, off = 0;
+    for (int i = 0; i < ca_module_num_params(m); i++) total += ca_tensor_nbytes(ca_module_param_at(m, i));
+    uint8_t *b = malloc(total);
+    for (int i = 0; i < ca_module_num_params(m); i++) {
+        ca_tensor *p = ca_module_param_at(m, i);
+        T_OK(ca_tensor_to_host(p, b + off, ca_tensor_nbytes(p)));
+        off += ca_tensor_nbytes(p);
+    }
+    *len = total;
+    return b;
+}
+
+/* Saved after micro-step 16 (epoch 1, 12 batches per epoch, accumulation 2), trained on (lost),
+ * rebuilt from scratch and loaded: the loss curve and the parameters of the rest equal the
+ * uninterrupted run's, bit for bit (dropout, shuffle, cosine schedule and AdamW included). */
+static void test_exact_resume(void **state) {
+    (void)state;
+    const char *const settings[] = {"gradient_accumulation_steps=2", NULL};
+    enum { EPOCHS = 3, STEPS = 36 };   /* 12 batches per epoch */
+    float full[STEPS] = {0}, resumed[STEPS] = {0};
+    run a, b;
+    run_open(&a, 16, false, settings);
+    assert_true(train(&a, EPOCHS, 0, full));
+    assert_int_equal(a.met.steps, STEPS);
+    size_t la, lb;
+    uint8_t *pa = params(a.m, &la);
+
+    run_open(&b, 16, false, settings);
+    assert_false(train(&b, EPOCHS, 16, resumed));
+    T_OK(ca_save_state(b.acc, in_dir("ck")));
+    double sum_at_save = b.met.loss_sum;
+    assert_false(train(&b, EPOCHS, 21, resumed));   /* work after the save: lost */
+    run_close(&b);
+
+    run_open(&b, 16, false, settings);
+    T_OK(ca_load_state(b.acc, in_dir("ck")));
+    assert_int_equal(b.met.steps, 16);
+    assert_true(b.met.loss_sum == sum_at_save);
+    assert_int_equal(ca_optimizer_steps(b.opt), 8);
+    assert_true(train(&b, EPOCHS, 0, resumed));
+    assert_int_equal(b.met.steps, STEPS);
+    assert_memory_equal(full, resumed, sizeof full);
+    assert_true(a.met.loss_sum == b.met.loss_sum);
+    uint8_t *pb = params(b.m, &lb);
+    assert_int_equal(la, lb);
+    assert_memory_equal(pa, pb, la);
+    free(pa);
+    free(pb);
+    run_close(&a);
+    run_close(&b);
+}
+
+/* The files of a checkpoint, and the configuration with its origins beside them. */
+static void test_files(void **state) {
+    (void)state;
+    run r;
+    float l[64];
+    run_open(&r, 8, false, NULL);
+    assert_false(train(&r, 1, 4, l));
+    T_OK(ca_save_state(r.acc, in_dir("ck")));
+    const char *files[] = {"model.safetensors", "optimizer.safetensors", "caccel_state.json", "random_states_0.json",
+                           "custom_checkpoint_0.bin", "caccel_config.json", "complete.json"};
+    char p[600];
+    for (size_t i = 0; i < sizeof files / sizeof *files; i++) {
+        snprintf(p, sizeof p, "%s/%s", in_dir("ck"), files[i]);
+        if (access(p, F_OK) != 0) fail_msg("%s missing", p);
+    }
+    assert_int_not_equal(access(in_dir("ck.tmp"), F_OK), 0);
+    snprintf(p, sizeof p, "%s/caccel_config.json", in_dir("ck"));
+    FILE *f = fopen(p, "r");
+    char text[65536];
+    size_t n = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    text[n] = '\0';
+    assert_non_null(strstr(text, "\"use_cpu\""));
+    assert_non_null(strstr(text, "--cpu"));
+    /* the optimizer's tensors carry PyTorch's state names (in the header, at the start) */
+    snprintf(p, sizeof p, "%s/optimizer.safetensors", in_dir("ck"));
+    f = fopen(p, "rb");
+    n = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    text[n] = '\0';
+    text[n < 4096 ? n : 4095] = '\0';
+    assert_non_null(strstr(text + 8, "\"state.0.exp_avg_sq\""));
+    /* saving over it replaces it */
+    T_OK(ca_save_state(r.acc, in_dir("ck")));
+    assert_int_not_equal(access(in_dir("ck.old"), F_OK), 0);
+    T_OK(ca_load_state(r.acc, in_dir("ck")));
+    run_close(&r);
+}
+
+/* Automatic naming, total_limit (complete ones only), the latest complete one, the iteration. */
+static void test_project(void **state) {
+    (void)state;
+    char pd[300];
+    snprintf(pd, sizeof pd, "project_dir=%s", g_dir);
+    const char *const settings[] = {pd, "automatic_checkpoint_naming=true", "total_limit=2", NULL};
+    run r;
+    float l[64];
+    run_open(&r, 8, false, settings);
+    for (int i = 0; i < 3; i++) {
+        assert_false(train(&r, 2, 2 * (i + 1), l));
+        T_OK(ca_save_state(r.acc, NULL));
+    }
+    assert_int_not_equal(access(in_dir("checkpoints/checkpoint_0"), F_OK), 0);   /* beyond the limit */
+    assert_int_equal(access(in_dir("checkpoints/checkpoint_1/complete.json"), F_OK), 0);
+    assert_int_equal(access(in_dir("checkpoints/checkpoint_2/complete.json"), F_OK), 0);
+    /* checkpoint_2 loses its marker (as if the save had died before it) */
+    T_OK(unlink(in_dir("checkpoints/checkpoint_2/complete.json")) == 0 ? CA_OK : CA_ERR_IO);
+    assert_error(ca_load_state(r.acc, in_dir("checkpoints/checkpoint_2")), CA_ERR_NOT_FOUND,
+                 "checkpoint_2 is not a complete checkpoint", "complete.json");
+    r.met.steps = 99;
+    T_OK(ca_load_state(r.acc, NULL));           /* falls back to checkpoint_1 */
+    assert_int_equal(r.met.steps, 4);
+    /* the next save continues after the one loaded, replacing the incomplete checkpoint_2 */
+    T_OK(ca_save_state(r.acc, NULL));
+    assert_int_equal(access(in_dir("checkpoints/checkpoint_2/complete.json"), F_OK), 0);
+    run_close(&r);
+
+    /* a fresh run told to start at iteration 1 refuses to overwrite the complete checkpoint_1 */
+    const char *const again[] = {pd, "automatic_checkpoint_naming=true", "iteration=1", NULL};
+    run_open(&r, 8, false, again);
+    assert_error(ca_save_state(r.acc, NULL), CA_ERR_STATE, "checkpoint_1 already exists", NULL);
+    run_close(&r);
+}
+
+/* ------------------------------------------------------------------ errors */
+
+static void flip_byte(const char *path, long off) {
+    FILE *f = fopen(path, "r+b");
+    assert_non_null(f);
+    fseek(f, off, SEEK_SET);
+    int c = fgetc(f);
+    fseek(f, off, SEEK_SET);
+    fputc(c ^ 0x40, f);
+    fclose(f);
+}
+
+static void copy_tree(const char *from, const char *to) {
+    char cmd[1400];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s' && cp -r '%s' '%s'", to, from, to);
+    assert_int_equal(system(cmd), 0);
+}
+
+/* A failed load leaves the run as it was: parameters, optimizer steps, metrics. */
+static void assert_unchanged(run *r, const uint8_t *p0, size_t len, int64_t steps) {
+    size_t n;
+    uint8_t *p = params(r->m, &n);
+    assert_int_equal(n, len);
+    assert_memory_equal(p, p0, len);
+    free(p);
+    assert_int_equal(ca_optimizer_steps(r->opt), steps);
+    assert_int_equal(r->met.steps, 7);
+}
+
+static void test_errors(void **state) {
+    (void)state;
+    run r, other;
+    float l[64];
+    run_open(&r, 8, false, NULL);
+    assert_false(train(&r, 1, 3, l));
+    T_OK(ca_save_state(r.acc, in_dir("good")));
+    assert_false(train(&r, 1, 7, l));
+    size_t len;
+    uint8_t *p0 = params(r.m, &len);
+    int64_t steps = ca_optimizer_steps(r.opt);
+    char p[700];
+
+    assert_error(ca_load_state(r.acc, in_dir("none")), CA_ERR_NOT_FOUND, "none: no such directory", NULL);
+    copy_tree(in_dir("good"), in_dir("bad"));
+    snprintf(p, sizeof p, "%s/complete.json", in_dir("bad"));
+    unlink(p);
+    assert_error(ca_load_state(r.acc, in_dir("bad")), CA_ERR_NOT_FOUND, "bad is not a complete checkpoint",
+                 "no complete.json");
+    assert_unchanged(&r, p0, len, steps);
+
+    copy_tree(in_dir("good"), in_dir("bad"));
+    snprintf(p, sizeof p, "%s/optimizer.safetensors", in_dir("bad"));
+    assert_int_equal(truncate(p, 100), 0);
+    assert_error(ca_load_state(r.acc, in_dir("bad")), CA_ERR_IO, "optimizer.safetensors: truncated: 100 bytes", NULL);
+    assert_unchanged(&r, p0, len, steps);
+
+    copy_tree(in_dir("good"), in_dir("bad"));
+    snprintf(p, sizeof p, "%s/model.safetensors", in_dir("bad"));
+    flip_byte(p, 200);
+    assert_error(ca_load_state(r.acc, in_dir("bad")), CA_ERR_IO, "model.safetensors: corrupt: CRC-32", NULL);
+    assert_unchanged(&r, p0, len, steps);
+
+    /* another model: the tensor and the shapes are named */
+    run_open(&other, 5, false, NULL);
+    assert_error(ca_load_state(other.acc, in_dir("good")), CA_ERR_INVALID, "tensor 'fc1.bias'", "shape [8] in the file, [5]");
+    run_close(&other);
+    /* another optimizer */
+    run_open(&other, 8, true, NULL);
+    assert_error(ca_load_state(other.acc, in_dir("good")), CA_ERR_INVALID, "optimizers[0]: kind adamw in the file, sgd",
+                 "caccel_state.json");
+    run_close(&other);
+
+    /* a truncated custom object: nothing is applied */
+    copy_tree(in_dir("good"), in_dir("bad"));
+    snprintf(p, sizeof p, "%s/custom_checkpoint_0.bin", in_dir("bad"));
+    assert_int_equal(truncate(p, 3), 0);
+    assert_error(ca_load_state(r.acc, in_dir("bad")), CA_ERR_IO, "custom_checkpoint_0.bin: truncated", NULL);
+    assert_unchanged(&r, p0, len, steps);
+
+    /* registration errors */
+    assert_error(ca_register_for_checkpointing(r.acc, &(ca_checkpointable){.name = "metrics", .save = m_save,
+                                                                           .load = m_load}),
+                 CA_ERR_INVALID, "'metrics' is registered already", NULL);
+    assert_error(ca_save_state(r.acc, NULL), CA_ERR_INVALID, "automatic_checkpoint_naming is off", NULL);
+    T_OK(ca_load_state(r.acc, in_dir("good")));
+    assert_int_equal(r.met.steps, 3);
+    free(p0);
+    run_close(&r);
+}
+
+int main(void) {
+    ca_log_set_level(CA_LOG_ERROR);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_exact_resume, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_files, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_project, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_errors, setup, teardown),
+    };
+    int rc = cmocka_run_group_tests(tests, NULL, NULL);
+    ca_shutdown();
+    return rc;
+}
