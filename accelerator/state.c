@@ -630,10 +630,14 @@ static ca_status ss_prepare_dirs(const char *dir, const char *tmp, bool automati
     return s;
 }
 
+/* A peer's failure, named on the ranks that did not fail themselves. */
 static ca_status ss_fail(ca_accelerator *acc, ca_status s, int bad, const char *what, const char *dir) {
     if (bad < 0 || bad == acc->rank) return s;
-    return ca_error(CA_ERR_PEER, "%s: rank %d failed (%s); %s is not complete", what, bad,
-                    ca_status_name(s), dir);
+    if (!strcmp(what, "save_state"))
+        return ca_error(CA_ERR_PEER, "save_state: rank %d failed (%s); %s is not complete", bad,
+                        ca_status_name(s), dir);
+    return ca_error(CA_ERR_PEER, "load_state: rank %d failed (%s) to load %s; nothing was applied",
+                    bad, ca_status_name(s), dir);
 }
 
 ca_status ca_save_state(ca_accelerator *acc, const char *dir) {

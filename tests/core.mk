@@ -53,5 +53,5 @@ VALGRIND_TESTS += tests/test_state
 tests_test_state_SOURCES = tests/test_state.c tests/test_util.h
 tests_test_state_CFLAGS = $(CA_TEST_CFLAGS)
 tests_test_state_LDADD = $(CA_TEST_LIBS)
-TESTS += tests/test_resume.sh
-EXTRA_DIST += tests/test_resume.sh
+TESTS += tests/test_resume.sh tests/test_state_ranks.sh
+EXTRA_DIST += tests/test_resume.sh tests/test_state_ranks.sh

@@ -82,6 +82,7 @@ stall_check() {
     kill -9 $pid 2>/dev/null
     wait $pid 2>/dev/null
     echo "  killed in save ${stall#*:} at '${stall%:*}': $(ls "$WORK/$name/checkpoints" | tr '\n' ' ')"
+    cp -r "$WORK/$name" "$WORK/$name.copy"   # for the resumes at another world size below
     "$@" "$FM" $ARGS --max-steps 400 --checkpoint_dir "$WORK/$name" --resume --dump-params "$WORK/$name.res" \
         > "$WORK/$name.b.out" 2>&1 || { cat "$WORK/$name.b.out"; fail "$name: the resumed run failed"; }
     [ -z "$expect" ] || grep -q "$expect" "$WORK/$name.b.out" || { cat "$WORK/$name.b.out"; fail "$name: no '$expect'"; }
@@ -110,6 +111,16 @@ if have_backend gloo && [ -x "$CACCEL" ]; then
     note "2 processes: kill -9 while both ranks are in a save"
     $L "$FM" $ARGS --max-steps 400 --dump-params "$WORK/ref2" > "$WORK/ref2.out" 2>&1 || { cat "$WORK/ref2.out"; fail "reference run (2)"; }
     stall_check files2 "files:2" "" ref2 $L
+    # another world size: the run goes on from the same global sample position (not bit for bit)
+    note "saved on 2 processes, resumed on 1; saved on 1, resumed on 2"
+    "$FM" $ARGS --max-steps 400 --checkpoint_dir "$WORK/files2.copy" --resume > "$WORK/w1.out" 2>&1 ||
+        { cat "$WORK/w1.out"; fail "2 -> 1 process resume failed"; }
+    grep -q '^epoch 1/3' "$WORK/w1.out" || { cat "$WORK/w1.out"; fail "2 -> 1: no epoch line"; }
+    $L "$FM" $ARGS --max-steps 400 --checkpoint_dir "$WORK/files.copy" --resume > "$WORK/w2.out" 2>&1 ||
+        { cat "$WORK/w2.out"; fail "1 -> 2 processes resume failed"; }
+    grep -q "no random_states_1.json (saved with fewer processes); using random_states_0.json" "$WORK/w2.out" ||
+        { cat "$WORK/w2.out"; fail "1 -> 2: rank 1 did not say whose generator it took"; }
+    echo "  both continue"
 else
     echo "SKIPPED PART: 2 processes (no caccel or no Gloo plugin)"
 fi

@@ -1,6 +1,8 @@
 /* save_state / load_state (one process): exact resume, automatic naming with total_limit and the
  * fall-back past incomplete checkpoints, and named errors for incomplete, truncated, corrupt and
- * mismatched checkpoints that leave the run unchanged. */
+ * mismatched checkpoints that leave the run unchanged.
+ * With arguments it is the C side of tests/test_state_ranks.sh (under caccel launch, 2 ranks):
+ *   test_state --ranks DIR   a save where rank 1 fails, then a load that rank 1 refuses */
 #include "test_util.h"
 
 #include <dirent.h>
@@ -359,8 +361,68 @@ static void test_errors(void **state) {
     run_close(&r);
 }
 
-int main(void) {
+/* ------------------------------------------------------------------ 2 ranks */
+
+static int g_rank;
+
+/* Fails on rank 1 only: its save cannot write, its load refuses the bytes. */
+static ca_status flaky_save(void *ctx, void **data, size_t *len) {
+    (void)ctx;
+    if (g_rank == 1) return ca_error(CA_ERR_IO, "flaky: rank 1 cannot serialise");
+    *data = strdup("ok");
+    *len = 2;
+    return CA_OK;
+}
+
+static ca_status flaky_load(void *ctx, const void *data, size_t len, bool apply) {
+    (void)data, (void)len, (void)apply;
+    if (g_rank == 1 && *(bool *)ctx) return ca_error(CA_ERR_INVALID, "flaky: rank 1 refuses its bytes");
+    return CA_OK;
+}
+
+static int ranks_main(const char *dir) {
+    run r;
+    float l[64];
+    bool refuse = false;
+    run_open(&r, 8, false, NULL);
+    g_rank = ca_process_index(r.acc);
+    T_OK(ca_register_for_checkpointing(r.acc, &(ca_checkpointable){.name = "flaky", .save = flaky_save,
+                                                                    .load = flaky_load, .ctx = &refuse,
+                                                                    .per_rank = true}));
+    assert_false(train(&r, 1, 2, l));
+    char good[600], bad[600];
+    snprintf(good, sizeof good, "%s/good", dir);
+    snprintf(bad, sizeof bad, "%s/bad", dir);
+    ca_status s = ca_save_state(r.acc, bad);
+    printf("rank %d: save %s %s\n", g_rank, ca_status_name(s), ca_last_error());
+    g_rank = -1;                                  /* now every rank can save */
+    T_OK(ca_save_state(r.acc, good));
+    g_rank = ca_process_index(r.acc);
+    refuse = true;
+    size_t len;
+    uint8_t *p0 = params(r.m, &len);
+    int64_t steps_before = r.met.steps;
+    assert_false(train(&r, 1, 4, l));
+    uint8_t *p1 = params(r.m, &len);
+    s = ca_load_state(r.acc, good);
+    uint8_t *p2 = params(r.m, &len);
+    printf("rank %d: load %s %s\n", g_rank, ca_status_name(s), ca_last_error());
+    printf("rank %d: %s\n", g_rank, memcmp(p1, p2, len) == 0 && r.met.steps == 4 ? "unchanged" : "CHANGED");
+    refuse = false;
+    s = ca_load_state(r.acc, good);
+    uint8_t *p3 = params(r.m, &len);
+    printf("rank %d: reload %s %s\n", g_rank, ca_status_name(s),
+           memcmp(p0, p3, len) == 0 && r.met.steps == steps_before ? "restored" : "NOT RESTORED");
+    fflush(stdout);
+    free(p0), free(p1), free(p2), free(p3);
+    run_close(&r);
+    ca_shutdown();
+    return 0;
+}
+
+int main(int argc, char **argv) {
     ca_log_set_level(CA_LOG_ERROR);
+    if (argc == 3 && !strcmp(argv[1], "--ranks")) return ranks_main(argv[2]);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_exact_resume, setup, teardown),
         cmocka_unit_test_setup_teardown(test_files, setup, teardown),
