@@ -35,6 +35,7 @@ static int setup(void **state) {
 
 static int teardown(void **state) {
     (void)state;
+    ca_scope_release_all();   /* every run is closed by now (another run's loader may hold a scope before) */
     rm_rf(g_dir);
     return 0;
 }
@@ -119,7 +120,6 @@ static void run_close(run *r) {
     ca_module_destroy(r->m);
     ca_dataset_destroy(r->ds);
     ca_accelerator_destroy(r->acc);
-    ca_scope_release_all();
 }
 
 /* Trains until `epochs` are done or, with stop > 0, until micro-step `stop` (then returns false).
@@ -361,6 +361,45 @@ static void test_errors(void **state) {
     run_close(&r);
 }
 
+/* ------------------------------------------------------------------ no re-reading */
+
+typedef struct counting {
+    int64_t n, reads;
+} counting;
+
+static int64_t c_len(void *ctx) { return ((counting *)ctx)->n; }
+
+static ca_status c_get(void *ctx, int64_t i, void *x, void *y) {
+    counting *c = ctx;
+    c->reads++;
+    *(float *)x = (float)i;
+    *(int64_t *)y = i;
+    return CA_OK;
+}
+
+/* A resumed loader reads only the samples it delivers: skipping 7 of 10 batches of 4 reads 12
+ * samples (the last 3 batches), not 40. */
+static void test_skip_reads_nothing(void **state) {
+    (void)state;
+    counting c = {.n = 40};
+    ca_sample_spec xs = {.dtype = CA_F32, .ndim = 0}, ys = {.dtype = CA_I64, .ndim = 0};
+    ca_dataset *ds;
+    T_OK(ca_dataset_create(&(ca_dataset_ops){.struct_size = sizeof(ca_dataset_ops), .length = c_len,
+                                             .get = c_get}, &c, &xs, &ys, &ds));
+    ca_dataloader *dl;
+    T_OK(ca_dataloader_create(ds, &(ca_loader_opts){.batch_size = 4, .shuffle = true, .seed = 3}, &dl));
+    T_OK(ca_dataloader_skip_batches(dl, 7));
+    ca_batch b;
+    int batches = 0;
+    while (ca_dataloader_next(dl, &b)) assert_int_equal(b.index, 7 + batches++);
+    T_OK(ca_dataloader_status(dl));
+    assert_int_equal(batches, 3);
+    assert_int_equal(c.reads, 12);
+    ca_dataloader_destroy(dl);
+    ca_dataset_destroy(ds);
+    ca_scope_release_all();
+}
+
 /* ------------------------------------------------------------------ 2 ranks */
 
 static int g_rank;
@@ -416,6 +455,7 @@ static int ranks_main(const char *dir) {
     fflush(stdout);
     free(p0), free(p1), free(p2), free(p3);
     run_close(&r);
+    ca_scope_release_all();
     ca_shutdown();
     return 0;
 }
@@ -428,6 +468,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test_setup_teardown(test_files, setup, teardown),
         cmocka_unit_test_setup_teardown(test_project, setup, teardown),
         cmocka_unit_test_setup_teardown(test_errors, setup, teardown),
+        cmocka_unit_test(test_skip_reads_nothing),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     ca_shutdown();
