@@ -196,16 +196,14 @@ typedef struct ss_json {
 static json_object *js_get(ss_json *j, json_object *o, const char *key, json_type type) {
     json_object *v = NULL;
     if (j->bad) return NULL;
-    if (!o || !json_object_object_get_ex(o, key, &v) || !json_object_is_type(v, type) ||
-        (type == json_type_double && !json_object_is_type(v, json_type_double))) {
-        if (type == json_type_double && v && json_object_is_type(v, json_type_int)) return v;
-        j->bad = true;
-        ca_error(CA_ERR_IO, "%s: key \"%s\" is missing or not a%s %s", j->file, key,
-                 type == json_type_int || type == json_type_object || type == json_type_array ? "n" : "",
-                 json_type_to_name(type));
-        return NULL;
-    }
-    return v;
+    bool ok = o && json_object_object_get_ex(o, key, &v) &&
+              (json_object_is_type(v, type) || (type == json_type_double && json_object_is_type(v, json_type_int)));
+    if (ok) return v;
+    j->bad = true;
+    ca_error(CA_ERR_IO, "%s: key \"%s\" is missing or not a%s %s", j->file, key,
+             type == json_type_int || type == json_type_object || type == json_type_array ? "n" : "",
+             json_type_to_name(type));
+    return NULL;
 }
 
 static int64_t js_int(ss_json *j, json_object *o, const char *key) {
@@ -495,7 +493,7 @@ static ca_status ss_manifest(const char *dir, int world, json_object **out) {
  * to <dir>.old until the new one is complete), marker. */
 static ca_status ss_finish(ca_accelerator *acc, const char *tmp, const char *dir) {
     json_object *man = NULL;
-    char old[PATH_MAX], parent[PATH_MAX], path[PATH_MAX];
+    char old[PATH_MAX], parent[PATH_MAX];
     ca_status s = ss_manifest(tmp, acc->world, &man);
     if (s == CA_OK) s = ss_sync_dir(tmp);
     snprintf(old, sizeof old, "%s.old", dir);
@@ -513,7 +511,6 @@ static ca_status ss_finish(ca_accelerator *acc, const char *tmp, const char *dir
     if (s == CA_OK) s = ss_write_json(dir, SS_MARKER, man);   /* fsyncs dir */
     if (s == CA_OK && had_old) s = ss_remove_dir(old);
     if (s != CA_OK) ca_error_context("save_state: %s", dir);
-    (void)path;
     json_object_put(man);
     return s;
 }
@@ -611,11 +608,29 @@ static ca_status ss_apply_limit(const ca_accelerator *acc, const char *root) {
     return s;
 }
 
+/* A directory a save may replace: none, an empty one, or a checkpoint (complete or not). */
+static ca_status ss_replaceable(const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d) return errno == ENOENT ? CA_OK : ca_error(CA_ERR_IO, "save_state: %s: %s", dir, strerror(errno));
+    bool empty = true, ours = false;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+        empty = false;
+        ours |= !strcmp(e->d_name, SS_MARKER) || !strcmp(e->d_name, SS_STATE);
+    }
+    closedir(d);
+    return empty || ours ? CA_OK
+                         : ca_error(CA_ERR_STATE, "save_state: %s exists and is not a checkpoint (no "
+                                    SS_STATE "): not replacing it", dir);
+}
+
 /* Rank 0: the target directory and its parent exist, <dir>.tmp is empty. */
 static ca_status ss_prepare_dirs(const char *dir, const char *tmp, bool automatic) {
     char parent[PATH_MAX], marker[PATH_MAX];
     ss_parent(parent, dir);
-    ca_status s = ss_mkdirs(parent);
+    ca_status s = ss_replaceable(dir);
+    if (s == CA_OK) s = ss_mkdirs(parent);
     if (s == CA_OK) s = ss_path(marker, dir, SS_MARKER);
     if (s == CA_OK && automatic && ss_exists(dir)) {
         if (ss_exists(marker))

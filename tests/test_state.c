@@ -355,6 +355,12 @@ static void test_errors(void **state) {
                                                                            .load = m_load}),
                  CA_ERR_INVALID, "'metrics' is registered already", NULL);
     assert_error(ca_save_state(r.acc, NULL), CA_ERR_INVALID, "automatic_checkpoint_naming is off", NULL);
+    /* a directory of the user's is not replaced */
+    assert_int_equal(mkdir(in_dir("mine"), 0755), 0);
+    FILE *f = fopen(in_dir("mine/notes.txt"), "w");
+    fclose(f);
+    assert_error(ca_save_state(r.acc, in_dir("mine")), CA_ERR_STATE, "mine exists and is not a checkpoint", NULL);
+    assert_int_equal(access(in_dir("mine/notes.txt"), F_OK), 0);
     T_OK(ca_load_state(r.acc, in_dir("good")));
     assert_int_equal(r.met.steps, 3);
     free(p0);
