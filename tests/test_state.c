@@ -75,6 +75,8 @@ static ca_status m_load(void *ctx, const void *data, size_t len, bool apply) {
     return CA_OK;
 }
 
+static int64_t g_batch = 8;
+
 typedef struct run {
     ca_accelerator *acc;
     ca_dataset *ds;
@@ -98,7 +100,7 @@ static void run_open(run *r, int hidden, bool sgd, const char *const *settings) 
     }
     ca_sample_spec xs = {.dtype = CA_F32, .ndim = 1, .shape = {IN}}, ys = {.dtype = CA_I64, .ndim = 0};
     T_OK(ca_dataset_from_memory(&xs, x, &ys, y, N, &r->ds));
-    T_OK(ca_dataloader_create(r->ds, &(ca_loader_opts){.batch_size = 8, .shuffle = true}, &r->dl));
+    T_OK(ca_dataloader_create(r->ds, &(ca_loader_opts){.batch_size = g_batch, .shuffle = true}, &r->dl));
     ca_module *l;
     T_OK(ca_sequential_create(&r->m));
     T_OK(ca_linear_create(IN, hidden, true, &l));  T_OK(ca_module_add(r->m, "fc1", l));
@@ -466,6 +468,116 @@ static int ranks_main(const char *dir) {
     return 0;
 }
 
+/* ------------------------------------------------------------------ consistent but wrong files */
+
+static uint32_t crc32_of(const uint8_t *p, size_t n) {   /* zlib's CRC-32 (reflected 0xEDB88320) */
+    uint32_t c = 0xFFFFFFFFu;
+    for (size_t i = 0; i < n; i++) {
+        c ^= p[i];
+        for (int k = 0; k < 8; k++) c = (c >> 1) ^ (0xEDB88320u & (0u - (c & 1u)));
+    }
+    return c ^ 0xFFFFFFFFu;
+}
+
+/* Rewrites dir/complete.json for the files as they are now (a checkpoint edited after the save). */
+static void reseal(const char *dir) {
+    char p[700];
+    snprintf(p, sizeof p, "%s/complete.json", dir);
+    FILE *out = fopen(p, "w");
+    assert_non_null(out);
+    fputs("{\"files\": {", out);
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    int n = 0;
+    while ((e = readdir(d))) {
+        if (e->d_name[0] == '.' || !strcmp(e->d_name, "complete.json")) continue;
+        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+        FILE *f = fopen(p, "rb");
+        static uint8_t buf[1 << 22];
+        size_t len = fread(buf, 1, sizeof buf, f);
+        fclose(f);
+        fprintf(out, "%s\"%s\": {\"size\": %zu, \"crc32\": %u}", n++ ? ", " : "", e->d_name, len, crc32_of(buf, len));
+    }
+    closedir(d);
+    fputs("}}\n", out);
+    fclose(out);
+}
+
+/* Replaces the first `from` in dir/name by `to` of the same length (binary files too), then reseals. */
+static void edit(const char *dir, const char *name, const char *from, const char *to) {
+    char p[700];
+    static uint8_t buf[1 << 22];
+    size_t m = strlen(from), at = 0;
+    assert_int_equal(m, strlen(to));
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    FILE *f = fopen(p, "r+b");
+    size_t n = fread(buf, 1, sizeof buf, f);
+    while (at + m <= n && memcmp(buf + at, from, m) != 0) at++;
+    if (at + m > n) fail_msg("'%s' not in %s", from, p);
+    memcpy(buf + at, to, m);
+    fseek(f, 0, SEEK_SET);
+    fwrite(buf, 1, n, f);
+    fclose(f);
+    reseal(dir);
+}
+
+/* Files that pass the size and CRC check but say the wrong thing: the key, the file and what differs
+ * are named, and the run is unchanged. */
+static void test_wrong_contents(void **state) {
+    (void)state;
+    run r, other;
+    float l[64];
+    run_open(&r, 8, false, NULL);
+    assert_false(train(&r, 1, 3, l));
+    T_OK(ca_save_state(r.acc, in_dir("good")));
+    assert_false(train(&r, 1, 7, l));
+    size_t len;
+    uint8_t *p0 = params(r.m, &len);
+    int64_t steps = ca_optimizer_steps(r.opt);
+    char bad[600];
+    snprintf(bad, sizeof bad, "%s", in_dir("bad"));
+
+    copy_tree(in_dir("good"), bad);
+    reseal(bad);                                       /* the test's manifest is a valid one */
+    T_OK(ca_load_state(r.acc, bad));
+    assert_int_equal(r.met.steps, 3);
+    run_close(&r);
+    run_open(&r, 8, false, NULL);
+    assert_false(train(&r, 1, 7, l));
+    free(p0);
+    p0 = params(r.m, &len);
+
+    copy_tree(in_dir("good"), bad);
+    edit(bad, "caccel_state.json", "\"steps\"", "\"stepz\"");
+    assert_error(ca_load_state(r.acc, bad), CA_ERR_IO, "caccel_state.json: key \"steps\" is missing or not an int", NULL);
+    assert_unchanged(&r, p0, len, steps);
+
+    copy_tree(in_dir("good"), bad);
+    edit(bad, "random_states_0.json", "\"offset\":", "\"offsex\":");
+    assert_error(ca_load_state(r.acc, bad), CA_ERR_IO, "random_states_0.json: key \"offset\"", NULL);
+    assert_unchanged(&r, p0, len, steps);
+
+    copy_tree(in_dir("good"), bad);
+    edit(bad, "model.safetensors", "fc2.bias", "fc2.bian");
+    assert_error(ca_load_state(r.acc, bad), CA_ERR_INVALID, "model.safetensors: tensor 'fc2.bian' has no parameter", NULL);
+    assert_unchanged(&r, p0, len, steps);
+
+    copy_tree(in_dir("good"), bad);
+    edit(bad, "optimizer.safetensors", "state.1.exp_avg_sq", "state.1.exp_avg_sk");
+    assert_error(ca_load_state(r.acc, bad), CA_ERR_INVALID, "optimizer.safetensors: no tensor 'state.1.exp_avg_sq'", NULL);
+    assert_unchanged(&r, p0, len, steps);
+
+    /* a loader of another batch size */
+    g_batch = 4;
+    run_open(&other, 8, false, NULL);
+    g_batch = 8;
+    assert_error(ca_load_state(other.acc, in_dir("good")), CA_ERR_INVALID,
+                 "dataloaders[0]: batch size 8, 90 samples, shuffled in the file; batch size 4", NULL);
+    run_close(&other);
+    free(p0);
+    run_close(&r);
+}
+
 int main(int argc, char **argv) {
     ca_log_set_level(CA_LOG_ERROR);
     if (argc == 3 && !strcmp(argv[1], "--ranks")) return ranks_main(argv[2]);
@@ -474,6 +586,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test_setup_teardown(test_files, setup, teardown),
         cmocka_unit_test_setup_teardown(test_project, setup, teardown),
         cmocka_unit_test_setup_teardown(test_errors, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_wrong_contents, setup, teardown),
         cmocka_unit_test(test_skip_reads_nothing),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
