@@ -206,7 +206,13 @@ static void test_files(void **state) {
     float l[64];
     run_open(&r, 8, false, NULL);
     assert_false(train(&r, 1, 4, l));
+    T_OK(ca_grad_scaler_set(r.acc, &(ca_grad_scaler_state){.scale = 1024.5, .growth_tracker = 7}));
     T_OK(ca_save_state(r.acc, in_dir("ck")));
+    T_OK(ca_grad_scaler_set(r.acc, &(ca_grad_scaler_state){.scale = 2, .growth_tracker = 1}));
+    T_OK(ca_load_state(r.acc, in_dir("ck")));
+    ca_grad_scaler_state gs;
+    T_OK(ca_grad_scaler_get(r.acc, &gs));
+    assert_true(gs.scale == 1024.5 && gs.growth_tracker == 7);
     const char *files[] = {"model.safetensors", "optimizer.safetensors", "caccel_state.json", "random_states_0.json",
                            "custom_checkpoint_0.bin", "caccel_config.json", "complete.json"};
     char p[600];
