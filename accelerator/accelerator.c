@@ -154,6 +154,7 @@ void ca_accelerator_destroy(ca_accelerator *acc) {
             ca_tensor_set_grad_hook(acc->model->flat[i], NULL, NULL);
     }
     ca_ddp_free_buckets(acc);
+    ca_state_free(acc);
     ca_comm_destroy(acc->comm);
     ca_config_destroy(acc->cfg);
     free(acc->opts);

@@ -6,6 +6,7 @@
 #include "data/data_impl.h"
 #include "core/procenv_impl.h"
 #include <caccel/accelerator.h>
+#include <caccel/checkpoint.h>
 
 /* A gradient bucket: a flat f32 buffer on the device that the gradients of
  * its parameters are views of, so the all-reduce runs in place with no copy. */
@@ -50,6 +51,12 @@ struct ca_accelerator {
     int64_t micro_step;          /* micro-steps inside CA_ACCUMULATE so far */
     bool sync;                   /* this micro-step synchronises and steps */
     bool in_accumulate;
+    /* save_state / load_state */
+    int ncustom;
+    ca_checkpointable *custom;   /* registered objects (names owned) */
+    int64_t iteration;           /* automatic checkpoint naming: the next checkpoint's number */
+    bool iteration_known;        /* read from the configuration at first use */
+    int nsaves;                  /* save_state calls so far (the test hook counts them) */
 };
 
 /* ddp.c: data parallelism over acc->comm. */
@@ -61,5 +68,8 @@ ca_status ca_ddp_build_buckets(ca_accelerator *acc, ca_module *m);
 /* After a synchronising backward: launches what unused parameters held back and waits for all. */
 ca_status ca_ddp_finish_buckets(ca_accelerator *acc);
 void ca_ddp_free_buckets(ca_accelerator *acc);
+
+/* state.c: frees what ca_register_for_checkpointing kept. */
+void ca_state_free(ca_accelerator *acc);
 
 #endif

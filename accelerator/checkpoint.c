@@ -3,6 +3,7 @@
 #include <caccel/checkpoint.h>
 #include <caccel/tensor.h>
 
+#include "accelerator/checkpoint_impl.h"
 #include "tensor/safetensors_impl.h"
 
 #include <errno.h>
@@ -179,7 +180,7 @@ static ca_status ck_remove_stale(const char *dir, bool sharded) {
     return s;
 }
 
-static ca_status ck_save_main(ca_module *model, const char *dir, size_t max_shard_size) {
+ca_status ca_ck_save_model_files(ca_module *model, const char *dir, size_t max_shard_size) {
     struct stat st;
     if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
         return ca_error(CA_ERR_NOT_FOUND, "save_model: %s is not a directory", dir);
@@ -221,7 +222,7 @@ ca_status ca_save_model(ca_accelerator *acc, ca_module *model, const char *dir,
                         size_t max_shard_size) {
     if (!model || !dir) return ca_error(CA_ERR_INVALID, "save_model: model and dir are required");
     bool main = !acc || ca_is_main_process(acc);
-    ca_status s = main ? ck_save_main(model, dir, max_shard_size) : CA_OK;
+    ca_status s = main ? ca_ck_save_model_files(model, dir, max_shard_size) : CA_OK;
     if (!acc || ca_num_processes(acc) <= 1) return s;
     if (s != CA_OK) {  /* keep rank 0's message: the status broadcast would overwrite it */
         char msg[512];
@@ -395,19 +396,48 @@ static ca_status ck_validate(const ck_src *src, ca_module *model, const char *wh
     return CA_OK;
 }
 
+/* The model files at `where`, opened and checked against `model` (nothing written yet). */
+struct ca_ck_model_src {
+    ck_src src;
+};
+
+ca_status ca_ck_model_open(const char *where, ca_module *model, ca_ck_model_src **out) {
+    *out = calloc(1, sizeof **out);
+    if (!*out) return ca_error(CA_ERR_NOMEM, "load_model: out of memory");
+    ca_status s = ck_src_open(where, &(*out)->src);
+    if (s == CA_OK) s = ck_validate(&(*out)->src, model, where);
+    if (s != CA_OK) {
+        ca_ck_model_close(*out);
+        *out = NULL;
+    }
+    return s;
+}
+
+ca_status ca_ck_model_apply(const ca_ck_model_src *m, ca_module *model) {
+    const ck_src *src = &m->src;
+    ca_status s = CA_OK;
+    for (int i = 0; i < src->n && s == CA_OK; i++) {
+        const ca_st_entry *e = src->entry[i];
+        s = ca_tensor_copy_from_host(ca_module_param(model, e->name), ca_st_data(src->file_of[i], e),
+                                     (size_t)(e->end - e->begin));
+        if (s != CA_OK) ca_error_context("%s: tensor '%s'", src->file_of[i]->path, e->name);
+    }
+    return s;
+}
+
+void ca_ck_model_close(ca_ck_model_src *m) {
+    if (!m) return;
+    ck_src_free(&m->src);
+    free(m);
+}
+
 ca_status ca_load_model(ca_accelerator *acc, ca_module *model, const char *dir_or_file) {
     (void)acc;  /* every rank reads the files itself */
     if (!model || !dir_or_file)
         return ca_error(CA_ERR_INVALID, "load_model: model and a path are required");
-    ck_src src = {0};
-    ca_status s = ck_src_open(dir_or_file, &src);
-    if (s == CA_OK) s = ck_validate(&src, model, dir_or_file);
-    for (int i = 0; i < src.n && s == CA_OK; i++) {
-        const ca_st_entry *e = src.entry[i];
-        s = ca_tensor_copy_from_host(ca_module_param(model, e->name), ca_st_data(src.file_of[i], e),
-                                     (size_t)(e->end - e->begin));
-        if (s != CA_OK) ca_error_context("%s: tensor '%s'", src.file_of[i]->path, e->name);
-    }
-    ck_src_free(&src);
+    ca_ck_model_src *m = NULL;
+    ca_status s = ca_ck_model_open(dir_or_file, model, &m);
+    if (s == CA_OK) s = ca_ck_model_apply(m, model);
+    ca_ck_model_close(m);
     return s;
 }

@@ -4,4 +4,6 @@ libcaccel_la_SOURCES += \
 	accelerator/accelerator_impl.h \
 	accelerator/accelerator.c \
 	accelerator/ddp.c \
-	accelerator/checkpoint.c
+	accelerator/checkpoint_impl.h \
+	accelerator/checkpoint.c \
+	accelerator/state.c

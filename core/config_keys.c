@@ -204,6 +204,10 @@ const ca_key_def ca_config_keys[] = {
     KF("gradient_clipping", NULL, 0, BIG, EX | S, "clip the global gradient norm to this (null: off)"),
     KI("num_cpu_threads_per_process", NULL, 1, 1e6, EX | S, "threads per process (null: cores / local processes)"),
     KB("allow_unknown_keys", "false", EX | S, "unknown top-level keys warn instead of failing"),
+    KS("project_dir", NULL, EX | S, "directory of the run: save_state/load_state without a directory use <project_dir>/checkpoints (null: the current directory)"),
+    KB("automatic_checkpoint_naming", "false", EX | S, "save_state without a directory writes checkpoints/checkpoint_<iteration>"),
+    KI("total_limit", NULL, 1, 1e9, EX | S, "keep at most this many complete checkpoints under checkpoints/ (null: all)"),
+    KI("iteration", "0", 0, 1e15, EX | S, "number of the next automatically named checkpoint (load_state continues after the one it loads)"),
 };
 const size_t ca_config_nkeys = sizeof ca_config_keys / sizeof ca_config_keys[0];
 
@@ -278,6 +282,10 @@ const ca_env_def ca_config_envs[] = {
     {"CACCEL_BUCKET_CAP_MB", CA_ENV_KEY, "bucket_cap_mb"},
     {"CACCEL_ALLOW_UNKNOWN_KEYS", CA_ENV_KEY, "allow_unknown_keys"},
     {"CACCEL_EVEN_BATCHES", CA_ENV_KEY, "even_batches"},
+    {"CACCEL_PROJECT_DIR", CA_ENV_KEY, "project_dir"},
+    {"CACCEL_AUTOMATIC_CHECKPOINT_NAMING", CA_ENV_KEY, "automatic_checkpoint_naming"},
+    {"CACCEL_TOTAL_LIMIT", CA_ENV_KEY, "total_limit"},
+    {"CACCEL_ITERATION", CA_ENV_KEY, "iteration"},
 };
 const size_t ca_config_nenvs = sizeof ca_config_envs / sizeof ca_config_envs[0];
 
@@ -366,6 +374,10 @@ const ca_flag_def ca_config_flags[] = {
     {"bucket_cap_mb", CA_FLAG_VALUE, "bucket_cap_mb"},
     {"allow_unknown_keys", CA_FLAG_TRUE, "allow_unknown_keys"},
     {"even_batches", CA_FLAG_VALUE, "even_batches"},
+    {"project_dir", CA_FLAG_VALUE, "project_dir"},
+    {"automatic_checkpoint_naming", CA_FLAG_TRUE, "automatic_checkpoint_naming"},
+    {"total_limit", CA_FLAG_VALUE, "total_limit"},
+    {"iteration", CA_FLAG_VALUE, "iteration"},
 };
 const size_t ca_config_nflags = sizeof ca_config_flags / sizeof ca_config_flags[0];
 

@@ -85,4 +85,16 @@ uint64_t ca_dataloader_handed_seq(const ca_dataloader *dl);
 /* The accelerator that prepared dl; `forget` is called when dl is destroyed first. */
 void ca_dataloader_set_owner(ca_dataloader *dl, void *owner, void (*forget)(void *owner, const void *obj));
 
+/* What a checkpoint records of a loader (save_state) to continue where it stopped. */
+typedef struct ca_loader_state {
+    int64_t epoch;                 /* epoch of the pass in flight, else of the next pass */
+    int64_t position;              /* batches of that epoch handed out (or to skip) on this rank */
+    int64_t batch_size, dataset_len, rank_batches;
+    uint64_t seed;                 /* the shuffle's seed in effect */
+    uint64_t seed_fixed;           /* opts.seed (0: none; it then wins over set_seed) */
+    bool shuffle, drop_last;
+    int world;
+} ca_loader_state;
+void ca_dataloader_get_state(const ca_dataloader *dl, ca_loader_state *out);
+
 #endif

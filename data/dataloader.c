@@ -568,6 +568,17 @@ ca_status ca_dataloader_skip_batches(ca_dataloader *dl, int64_t k) {
     return CA_OK;
 }
 
+void ca_dataloader_get_state(const ca_dataloader *dl, ca_loader_state *out) {
+    ca_shard_plan p;
+    plan_now(dl, &p);
+    *out = (ca_loader_state){.epoch = dl->epoch,
+                             .position = dl->active ? dl->first + dl->consumed : dl->skip,
+                             .batch_size = dl->batch_size, .dataset_len = p.n,
+                             .rank_batches = p.rank_batches, .seed = effective_seed(dl),
+                             .seed_fixed = dl->seed_opt, .shuffle = dl->shuffle,
+                             .drop_last = dl->drop_last, .world = dl->world};
+}
+
 ca_status ca_dataloader_set_device(ca_dataloader *dl, ca_device *dev) {
     if (!dl || !dev) return ca_error(CA_ERR_INVALID, "ca_dataloader_set_device: NULL argument");
     reset_for_change(dl, dev != dl->dev);

@@ -20,6 +20,9 @@ typedef struct args {
     int64_t max_steps;         /* stop after this many optimizer steps (0: all) */
     const char *dump_params;   /* write the final parameters here (raw f32, in name order) */
     const char *output_dir;    /* save the trained model here (model.safetensors) */
+    const char *checkpoint_dir;      /* save_state into DIR/checkpoints/checkpoint_<i> */
+    int64_t checkpointing_steps;     /* ... every N optimizer steps (0: only at epoch ends) */
+    bool resume;                     /* load the latest complete checkpoint of checkpoint_dir first */
 } args;
 
 static void usage(FILE *f) {
@@ -27,9 +30,13 @@ static void usage(FILE *f) {
             "usage: fashion_mnist [--epochs N] [--batch-size N] [--lr X] [--seed N] [--data DIR]\n"
             "                     [--schedule constant|linear|cosine] [--warmup FRACTION]\n"
             "                     [--max-steps N] [--dump-params FILE] [--output_dir DIR]\n"
+            "                     [--checkpoint_dir DIR [--checkpointing_steps N] [--resume]]\n"
             "                     [configuration flags]\n"
             "--output_dir DIR saves the trained model as DIR/model.safetensors (PyTorch's names:\n"
             "fc1.weight, ...; docs/CHECKPOINTS.md).\n"
+            "--checkpoint_dir saves the training state at each epoch end (and every N optimizer steps)\n"
+            "into DIR/checkpoints/checkpoint_<i> (the program's project_dir; total_limit keeps the newest);\n"
+            "--resume continues from the newest complete one there.\n"
             "Configuration flags are Accelerate's (--cpu, --mixed_precision bf16, --config_file F,\n"
             "--gradient_accumulation_steps N, ...): see `caccel --help` and docs/CONFIGURATION.md.\n");
 }
@@ -62,6 +69,9 @@ static args parse(int argc, char **argv) {
         else if (flag(s, "--max-steps", argc, argv, &i, &v)) a.max_steps = atoll(v);
         else if (flag(s, "--dump-params", argc, argv, &i, &v)) a.dump_params = v;
         else if (flag(s, "--output_dir", argc, argv, &i, &v)) a.output_dir = v;
+        else if (flag(s, "--checkpoint_dir", argc, argv, &i, &v)) a.checkpoint_dir = v;
+        else if (flag(s, "--checkpointing_steps", argc, argv, &i, &v)) a.checkpointing_steps = atoll(v);
+        else if (!strcmp(s, "--resume")) a.resume = true;
         else {
             int arity = ca_config_flag_arity(s);          /* the accelerator reads these */
             if (arity < 0) {
@@ -74,6 +84,10 @@ static args parse(int argc, char **argv) {
     }
     if (a.epochs < 1 || a.batch_size < 1 || a.lr <= 0) {
         fprintf(stderr, "fashion_mnist: --epochs, --batch-size and --lr must be positive\n");
+        exit(2);
+    }
+    if ((a.resume || a.checkpointing_steps) && !a.checkpoint_dir) {
+        fprintf(stderr, "fashion_mnist: --resume and --checkpointing_steps need --checkpoint_dir\n");
         exit(2);
     }
     return a;
@@ -132,10 +146,43 @@ static void dump_params(ca_module *m, const char *path) {
     fclose(f);
 }
 
+/* This rank's figures of the epoch in flight: saved with the state so that a resumed epoch
+ * reports what the uninterrupted one would have. */
+typedef struct epoch_metrics {
+    double loss_sum;
+    int64_t steps, samples;
+} epoch_metrics;
+
+static ca_status metrics_save(void *ctx, void **data, size_t *len) {
+    if (!(*data = malloc(sizeof(epoch_metrics)))) return ca_error(CA_ERR_NOMEM, "epoch metrics: out of memory");
+    memcpy(*data, ctx, *len = sizeof(epoch_metrics));
+    return CA_OK;
+}
+
+static ca_status metrics_load(void *ctx, const void *data, size_t len, bool apply) {
+    if (len != sizeof(epoch_metrics))
+        return ca_error(CA_ERR_INVALID, "epoch metrics: %zu bytes, expected %zu", len, sizeof(epoch_metrics));
+    if (apply) memcpy(ctx, data, len);
+    return CA_OK;
+}
+
+/* --checkpoint_dir: the run's project_dir, with automatic checkpoint naming. */
+static ca_status setup_checkpoints(ca_accelerator *acc, const args *a, epoch_metrics *em) {
+    if (!a->checkpoint_dir) return CA_OK;
+    ca_status s = ca_register_for_checkpointing(acc, &(ca_checkpointable){
+        .name = "epoch_metrics", .save = metrics_save, .load = metrics_load, .ctx = em, .per_rank = true});
+    if (s == CA_OK && a->resume) s = ca_load_state(acc, NULL);
+    return s;
+}
+
 int main(int argc, char **argv) {
     args a = parse(argc, argv);
     ca_accelerator *acc;
-    CA_CHECK(ca_accelerator_create(&(ca_options){.argc = argc, .argv = argv}, &acc));
+    char project[4096];
+    snprintf(project, sizeof project, "project_dir=%s", a.checkpoint_dir ? a.checkpoint_dir : "");
+    const char *const ck_settings[] = {project, "automatic_checkpoint_naming=true", NULL};
+    CA_CHECK(ca_accelerator_create(&(ca_options){.argc = argc, .argv = argv,
+                                                 .settings = a.checkpoint_dir ? ck_settings : NULL}, &acc));
     CA_CHECK(ca_set_seed(acc, a.seed));
 
     ca_dataset *train, *test;
@@ -171,21 +218,26 @@ int main(int argc, char **argv) {
              ca_mixed_precision_name(ca_accelerator_mixed_precision(acc)),
              (long long)ca_module_param_count(model), (long long)per_epoch, (long long)a.batch_size);
 
-    bool done = false;
-    for (int epoch = 0; epoch < a.epochs && !done; epoch++) {
-        double loss_sum = 0, t0 = now_s();
-        int64_t steps = 0, samples = 0;
+    epoch_metrics em = {0};
+    CA_CHECK(setup_checkpoints(acc, &a, &em));
+    bool done = a.max_steps && ca_optimizer_steps(opt) >= a.max_steps;
+    for (int epoch = (int)ca_dataloader_epoch(train_dl); epoch < a.epochs && !done; epoch++) {
+        double t0 = now_s();
         ca_batch b;
         while (ca_dataloader_next(train_dl, &b)) {
+            int64_t before = ca_optimizer_steps(opt);
             CA_ACCUMULATE(acc, model) {
                 ca_tensor *loss = ca_cross_entropy(ca_module_forward(model, b.x), b.y);
                 CA_CHECK(ca_backward(acc, loss));
                 CA_CHECK(ca_optimizer_step(opt));
                 ca_optimizer_zero_grad(opt);
-                loss_sum += ca_item(loss);
+                em.loss_sum += ca_item(loss);
             }
-            steps++;
-            samples += b.size;
+            em.steps++;
+            em.samples += b.size;
+            int64_t now = ca_optimizer_steps(opt);
+            if (a.checkpointing_steps && now > before && now % a.checkpointing_steps == 0)
+                CA_CHECK(ca_save_state(acc, NULL));
             if (a.max_steps && ca_optimizer_steps(opt) >= a.max_steps) { done = true; break; }
         }
         CA_CHECK(ca_dataloader_status(train_dl));
@@ -193,7 +245,8 @@ int main(int argc, char **argv) {
         double c, n;
         evaluate(acc, model, test_dl, &c, &n);
         CA_SCOPE {   /* metrics over every rank: mean loss, whole-test-set accuracy, global throughput */
-            float local[4] = {(float)(loss_sum / (double)(steps ? steps : 1)), (float)c, (float)n, (float)samples};
+            float local[4] = {(float)(em.loss_sum / (double)(em.steps ? em.steps : 1)), (float)c, (float)n,
+                              (float)em.samples};
             ca_tensor *st = ca_from_host(ca_accelerator_device(acc), CA_F32, CA_SHAPE(4), local);
             CA_CHECK(ca_reduce(acc, st, CA_OP_SUM));
             float r[4];
@@ -202,6 +255,8 @@ int main(int argc, char **argv) {
                      epoch + 1, a.epochs, r[0] / ca_num_processes(acc), 100.0 * r[1] / r[2], (int)r[2],
                      r[3] / secs, secs);
         }
+        em = (epoch_metrics){0};
+        if (a.checkpoint_dir && !done) CA_CHECK(ca_save_state(acc, NULL));
     }
     if (a.dump_params && ca_is_main_process(acc)) dump_params(model, a.dump_params);
     if (a.output_dir) {

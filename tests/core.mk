@@ -46,3 +46,13 @@ EXTRA_DIST += tests/test_safetensors_interop.sh tests/test_checkpoint_ranks.sh t
 tests_test_checkpoint_SOURCES = tests/test_checkpoint.c tests/test_util.h
 tests_test_checkpoint_CFLAGS = $(CA_TEST_CFLAGS)
 tests_test_checkpoint_LDADD = $(CA_TEST_LIBS)
+# Training state (save_state / load_state): the unit test; exact resume of the example after kill -9
+# on 1 and 2 processes, and kill -9 during a save.
+check_PROGRAMS += tests/test_state
+TESTS += tests/test_state
+VALGRIND_TESTS += tests/test_state
+tests_test_state_SOURCES = tests/test_state.c tests/test_util.h
+tests_test_state_CFLAGS = $(CA_TEST_CFLAGS)
+tests_test_state_LDADD = $(CA_TEST_LIBS)
+TESTS += tests/test_resume.sh tests/test_state_ranks.sh
+EXTRA_DIST += tests/test_resume.sh tests/test_state_ranks.sh

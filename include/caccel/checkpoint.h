@@ -1,4 +1,5 @@
-/* caccel/checkpoint.h: model files other tools read (safetensors, as Accelerate's save_model). */
+/* caccel/checkpoint.h: model files other tools read (safetensors, as Accelerate's save_model), and
+ * the whole training state (Accelerate's save_state / load_state) for exact resumption. */
 #ifndef CACCEL_CHECKPOINT_H
 #define CACCEL_CHECKPOINT_H
 
@@ -41,6 +42,84 @@ CA_API ca_status ca_save_model(ca_accelerator *acc, ca_module *model, const char
  * name, shape and dtype, and every parameter must be present; everything is checked before the
  * first parameter is written. Each rank reads the files itself. */
 CA_API ca_status ca_load_model(ca_accelerator *acc, ca_module *model, const char *dir_or_file);
+
+/* ------------------------------------------------------------------ training state */
+
+/*
+ * ca_save_state / ca_load_state are Accelerate's save_state / load_state: everything a run needs
+ * to continue where it stopped. A checkpoint directory holds (docs/CHECKPOINTS.md):
+ *   model.safetensors                  the prepared model (as ca_save_model writes it)
+ *   optimizer.safetensors, optimizer_1.safetensors, ...   each prepared optimizer's state tensors,
+ *                                      named as PyTorch's optimizer.state_dict()["state"] flattened:
+ *                                      "state.<param index>.exp_avg", ".exp_avg_sq",
+ *                                      ".momentum_buffer"
+ *   caccel_state.json                  optimizer scalars (steps, per-group lr and base lr,
+ *                                      hyper-parameters), the LR schedule, the fp16 loss scaler,
+ *                                      each prepared dataloader (epoch, batches handed out, shuffle
+ *                                      seed), the accumulation counter, the iteration
+ *   random_states_<rank>.json          each rank's generator (seed, counter offset)
+ *   custom_checkpoint_<i>.bin          objects given to ca_register_for_checkpointing
+ *                                      (custom_checkpoint_<i>_<rank>.bin when per_rank)
+ *   caccel_config.json                 the merged configuration that produced the run: each key's
+ *                                      value and origin ("cfg.yaml:3", "env ...", "--flag")
+ *   complete.json                      the completion marker, written last: every file's size and
+ *                                      CRC-32
+ *
+ * PROJECT. The configuration keys project_dir, automatic_checkpoint_naming, total_limit and
+ * iteration are Accelerate's ProjectConfiguration (docs/CONFIGURATION.md). With dir NULL the
+ * state goes to <project_dir>/checkpoints/checkpoint_<iteration> (automatic_checkpoint_naming
+ * must be on), iteration then increments, and beyond total_limit the oldest complete
+ * checkpoints there are removed.
+ *
+ * COLLECTIVE. Every rank calls both, at the same point of the run, at an accumulation boundary
+ * (gradients are not saved). The directory must be visible to every rank (one machine, or a shared
+ * file system). Rank 0 writes the replicated state once, every rank its own files; the save
+ * completes only after every rank has written (statuses are exchanged): every rank returns the
+ * same status, and a rank whose write failed is named.
+ *
+ * ATOMIC. Files go to <dir>.tmp, each fsync'd, the directory is fsync'd and renamed to <dir>, and
+ * complete.json is written last. A reader refuses a directory without it. A crash (kill -9 on any
+ * rank) at any moment leaves the previous checkpoints loadable.
+ *
+ * ERRORS. A missing marker, a truncated or corrupt file, a tensor or key that is missing or of
+ * another shape, dtype or model fails with the file, the tensor or key and what differs. Every
+ * file is checked on every rank before anything is applied: a failed load changes nothing, on
+ * any rank.
+ *
+ * THREADS. Not thread-safe: call from the thread that trains, with no other thread using the
+ * accelerator or its prepared objects.
+ */
+
+/* Saves the state into `dir` (created; an existing checkpoint there is replaced), or with dir
+ * NULL into the next automatically named checkpoint. */
+CA_API ca_status ca_save_state(ca_accelerator *acc, const char *dir);
+
+/* Loads a state saved by ca_save_state into the prepared objects (the same model, optimizers,
+ * dataloaders and registered objects, prepared and registered in the same order). dir NULL: the
+ * newest complete checkpoint under <project_dir>/checkpoints, passing over incomplete ones with a
+ * warning; automatic naming then continues after it. At the same world size the run continues
+ * exactly (bit for bit on the CPU with the same thread count); at another world size the
+ * dataloaders continue at the same global sample position, rounded down to the new world's
+ * step (docs/CHECKPOINTS.md). */
+CA_API ca_status ca_load_state(ca_accelerator *acc, const char *dir);
+
+/* User state saved with the accelerator's (Accelerate's register_for_checkpointing). */
+typedef struct ca_checkpointable {
+    const char *name;          /* unique among the registered objects; copied */
+    /* Serialises the state into *data (malloc'd; caccel frees it) of *len bytes. */
+    ca_status (*save)(void *ctx, void **data, size_t *len);
+    /* Called twice per load: with apply false, only checks the bytes (an error names what is
+     * wrong and nothing changes); then, once every file of the checkpoint checked out, with apply
+     * true to restore them (must not fail for bytes that passed the check). */
+    ca_status (*load)(void *ctx, const void *data, size_t len, bool apply);
+    void *ctx;                 /* not owned */
+    bool per_rank;             /* every rank saves and loads its own copy (else rank 0 saves one) */
+} ca_checkpointable;
+
+/* Registers obj (copied; ctx must outlive the accelerator or the last save/load). Objects are
+ * saved in registration order as custom_checkpoint_<i>; a load needs the same names in the same
+ * order. CA_ERR_INVALID for a missing callback or a name registered twice. */
+CA_API ca_status ca_register_for_checkpointing(ca_accelerator *acc, const ca_checkpointable *obj);
 
 #ifdef __cplusplus
 }

@@ -1,0 +1,20 @@
+/* checkpoint_impl.h: the model-file pieces of checkpoint.c that save_state/load_state (state.c)
+ * build on: one writer and one validating reader of the model's safetensors files. */
+#ifndef CACCEL_CHECKPOINT_IMPL_H
+#define CACCEL_CHECKPOINT_IMPL_H
+
+#include <caccel/checkpoint.h>
+
+/* Writes model.safetensors (or shards + index) of `model` into the existing `dir`, on this
+ * process only (no collective). */
+ca_status ca_ck_save_model_files(ca_module *model, const char *dir, size_t max_shard_size);
+
+/* Opens the model files at `where` (as ca_load_model takes it) and checks every tensor against
+ * `model` (names, dtypes, shapes, none missing or extra) without writing anything. */
+typedef struct ca_ck_model_src ca_ck_model_src;
+ca_status ca_ck_model_open(const char *where, ca_module *model, ca_ck_model_src **out);
+/* Copies the checked tensors into the model's parameters. */
+ca_status ca_ck_model_apply(const ca_ck_model_src *m, ca_module *model);
+void ca_ck_model_close(ca_ck_model_src *m);    /* accepts NULL */
+
+#endif

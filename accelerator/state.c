@@ -1,0 +1,1125 @@
+/* accelerator/state.c: ca_save_state / ca_load_state (Accelerate's save_state / load_state), its
+ * ProjectConfiguration (automatic naming, total_limit), and ca_register_for_checkpointing.
+ *
+ * Protocol (docs/CHECKPOINTS.md): rank 0 creates <dir>.tmp; every rank writes its files there
+ * (each atomically, fsync'd); the statuses are exchanged; rank 0 records every file's size and
+ * CRC-32, renames the directory, writes complete.json and tells the others. A load checks every
+ * file on every rank, exchanges the statuses, and only then applies anything. */
+#include "accelerator/accelerator_impl.h"
+#include "accelerator/checkpoint_impl.h"
+#include "tensor/safetensors_impl.h"
+
+#include <caccel/log.h>
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <json-c/json.h>
+#include <zlib.h>
+
+#define SS_MODEL "model.safetensors"
+#define SS_STATE "caccel_state.json"
+#define SS_CONFIG "caccel_config.json"
+#define SS_MARKER "complete.json"
+#define SS_FORMAT "caccel-state"
+#define SS_VERSION 1
+
+/* ------------------------------------------------------------------ small helpers */
+
+static ca_status ss_path(char *buf, const char *dir, const char *name) {
+    if ((size_t)snprintf(buf, PATH_MAX, "%s/%s", dir, name) >= PATH_MAX)
+        return ca_error(CA_ERR_INVALID, "%s/%s: path too long", dir, name);
+    return CA_OK;
+}
+
+static void ss_opt_name(char *buf, size_t len, int i) {
+    if (i == 0) snprintf(buf, len, "optimizer.safetensors");
+    else snprintf(buf, len, "optimizer_%d.safetensors", i);
+}
+
+static void ss_custom_name(char *buf, size_t len, int i, bool per_rank, int rank) {
+    if (per_rank) snprintf(buf, len, "custom_checkpoint_%d_%d.bin", i, rank);
+    else snprintf(buf, len, "custom_checkpoint_%d.bin", i);
+}
+
+static void ss_rng_name(char *buf, size_t len, int rank) {
+    snprintf(buf, len, "random_states_%d.json", rank);
+}
+
+static ca_status ss_write_json(const char *dir, const char *name, json_object *root) {
+    char path[PATH_MAX];
+    ca_status s = ss_path(path, dir, name);
+    if (s != CA_OK) return s;
+    size_t len = 0;
+    const char *text = json_object_to_json_string_length(
+        root, JSON_C_TO_STRING_PRETTY | JSON_C_TO_STRING_NOSLASHESCAPE, &len);
+    return ca_st_write_atomic(path, (const void *const[]){text, "\n"}, (const size_t[]){len, 1}, 2);
+}
+
+static ca_status ss_read_file(const char *path, unsigned char **buf, size_t *len) {
+    *buf = NULL;
+    *len = 0;
+    FILE *f = fopen(path, "rb");
+    if (!f) return ca_error(errno == ENOENT ? CA_ERR_NOT_FOUND : CA_ERR_IO, "%s: %s", path, strerror(errno));
+    struct stat st;
+    ca_status s = CA_OK;
+    if (fstat(fileno(f), &st) != 0) s = ca_error(CA_ERR_IO, "%s: %s", path, strerror(errno));
+    size_t n = s == CA_OK ? (size_t)st.st_size : 0;
+    if (s == CA_OK && !(*buf = malloc(n ? n : 1))) s = ca_error(CA_ERR_NOMEM, "%s: out of memory", path);
+    if (s == CA_OK && fread(*buf, 1, n, f) != n) s = ca_error(CA_ERR_IO, "%s: read failed", path);
+    fclose(f);
+    if (s != CA_OK) {
+        free(*buf);
+        *buf = NULL;
+    } else {
+        *len = n;
+    }
+    return s;
+}
+
+static uint32_t ss_crc(const unsigned char *p, size_t n) {
+    uLong c = crc32(0L, Z_NULL, 0);
+    while (n > 0) {   /* zlib takes uInt lengths */
+        uInt k = n > (1u << 30) ? (1u << 30) : (uInt)n;
+        c = crc32(c, p, k);
+        p += k;
+        n -= k;
+    }
+    return (uint32_t)c;
+}
+
+static ca_status ss_sync_dir(const char *dir) {
+    int fd = open(dir, O_RDONLY | O_DIRECTORY);
+    if (fd < 0) return ca_error(CA_ERR_IO, "%s: cannot open directory: %s", dir, strerror(errno));
+    int rc = fsync(fd);
+    close(fd);
+    return rc == 0 ? CA_OK : ca_error(CA_ERR_IO, "%s: fsync failed: %s", dir, strerror(errno));
+}
+
+static void ss_parent(char *buf, const char *path) {
+    snprintf(buf, PATH_MAX, "%s", path);
+    size_t n = strlen(buf);
+    while (n > 1 && buf[n - 1] == '/') buf[--n] = '\0';
+    char *slash = strrchr(buf, '/');
+    if (!slash) snprintf(buf, PATH_MAX, ".");
+    else if (slash == buf) buf[1] = '\0';
+    else *slash = '\0';
+}
+
+static bool ss_exists(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0;
+}
+
+/* mkdir -p */
+static ca_status ss_mkdirs(const char *dir) {
+    char buf[PATH_MAX];
+    if ((size_t)snprintf(buf, sizeof buf, "%s", dir) >= sizeof buf)
+        return ca_error(CA_ERR_INVALID, "%s: path too long", dir);
+    for (char *p = buf + 1; *p; p++) {
+        if (*p != '/') continue;
+        *p = '\0';
+        if (mkdir(buf, 0755) != 0 && errno != EEXIST)
+            return ca_error(CA_ERR_IO, "%s: cannot create the directory: %s", buf, strerror(errno));
+        *p = '/';
+    }
+    if (mkdir(buf, 0755) != 0 && errno != EEXIST)
+        return ca_error(CA_ERR_IO, "%s: cannot create the directory: %s", buf, strerror(errno));
+    return CA_OK;
+}
+
+/* Removes a checkpoint directory (flat): the marker first, so that a crash half-way leaves an
+ * incomplete checkpoint, never one that looks complete. */
+static ca_status ss_remove_dir(const char *dir) {
+    char path[PATH_MAX];
+    if (ss_path(path, dir, SS_MARKER) == CA_OK) unlink(path);
+    DIR *d = opendir(dir);
+    if (!d) return errno == ENOENT ? CA_OK : ca_error(CA_ERR_IO, "%s: %s", dir, strerror(errno));
+    struct dirent *e;
+    ca_status s = CA_OK;
+    while ((e = readdir(d)) != NULL) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+        if (ss_path(path, dir, e->d_name) == CA_OK && unlink(path) != 0 && s == CA_OK)
+            s = ca_error(CA_ERR_IO, "%s: cannot remove: %s", path, strerror(errno));
+    }
+    closedir(d);
+    if (s == CA_OK && rmdir(dir) != 0)
+        s = ca_error(CA_ERR_IO, "%s: cannot remove the directory: %s", dir, strerror(errno));
+    return s;
+}
+
+/* Every rank's status to every rank. CA_OK when all are; else the first failing rank's status,
+ * *bad set to that rank. A failed exchange (a peer died) is returned as it is, *bad = -1. */
+static ca_status ss_exchange(ca_accelerator *acc, ca_status mine, int *bad) {
+    *bad = mine != CA_OK ? acc->rank : -1;
+    if (acc->world <= 1) return mine;
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", ca_last_error());
+    ca_status out = CA_OK;
+    CA_SCOPE {
+        ca_tensor *t = ca_zeros(ca_accelerator_device(acc), CA_F32, CA_SHAPE(acc->world));
+        float *v = malloc((size_t)acc->world * sizeof *v);
+        out = t && v ? CA_OK : ca_error(CA_ERR_NOMEM, "save/load_state: out of memory");
+        if (out == CA_OK) {
+            for (int r = 0; r < acc->world; r++) v[r] = r == acc->rank ? (float)mine : 0.0f;
+            out = ca_tensor_copy_from_host(t, v, (size_t)acc->world * sizeof *v);
+        }
+        if (out == CA_OK) out = ca_reduce(acc, t, CA_OP_SUM);
+        if (out == CA_OK) out = ca_tensor_to_host(t, v, (size_t)acc->world * sizeof *v);
+        for (int r = 0; out == CA_OK && r < acc->world && *bad < 0; r++)
+            if (v[r] != 0.0f) *bad = r, mine = (ca_status)(int)v[r];
+        free(v);
+    }
+    if (out != CA_OK) {
+        *bad = -1;
+        return out;
+    }
+    if (*bad == acc->rank) ca_error(mine, "%s", msg);   /* keep this rank's own message */
+    return *bad < 0 ? CA_OK : mine;
+}
+
+/* ------------------------------------------------------------------ JSON reading */
+
+typedef struct ss_json {
+    const char *file;
+    bool bad;
+} ss_json;
+
+static json_object *js_get(ss_json *j, json_object *o, const char *key, json_type type) {
+    json_object *v = NULL;
+    if (j->bad) return NULL;
+    bool ok = o && json_object_object_get_ex(o, key, &v) &&
+              (json_object_is_type(v, type) || (type == json_type_double && json_object_is_type(v, json_type_int)));
+    if (ok) return v;
+    j->bad = true;
+    ca_error(CA_ERR_IO, "%s: key \"%s\" is missing or not a%s %s", j->file, key,
+             type == json_type_int || type == json_type_object || type == json_type_array ? "n" : "",
+             json_type_to_name(type));
+    return NULL;
+}
+
+static int64_t js_int(ss_json *j, json_object *o, const char *key) {
+    json_object *v = js_get(j, o, key, json_type_int);
+    return v ? json_object_get_int64(v) : 0;
+}
+
+static uint64_t js_u64(ss_json *j, json_object *o, const char *key) {
+    json_object *v = js_get(j, o, key, json_type_int);
+    return v ? json_object_get_uint64(v) : 0;
+}
+
+static double js_double(ss_json *j, json_object *o, const char *key) {
+    json_object *v = js_get(j, o, key, json_type_double);
+    return v ? json_object_get_double(v) : 0;
+}
+
+static bool js_bool(ss_json *j, json_object *o, const char *key) {
+    json_object *v = js_get(j, o, key, json_type_boolean);
+    return v && json_object_get_boolean(v);
+}
+
+static const char *js_str(ss_json *j, json_object *o, const char *key) {
+    json_object *v = js_get(j, o, key, json_type_string);
+    return v ? json_object_get_string(v) : "";
+}
+
+static ca_status js_load(const char *path, json_object **out) {
+    *out = json_object_from_file(path);
+    if (*out && json_object_is_type(*out, json_type_object)) return CA_OK;
+    json_object_put(*out);
+    *out = NULL;
+    return ca_error(ss_exists(path) ? CA_ERR_IO : CA_ERR_NOT_FOUND, "%s: cannot read the JSON: %s",
+                    path, ss_exists(path) ? json_util_get_last_err() : "no such file");
+}
+
+/* ------------------------------------------------------------------ saving: the pieces */
+
+static json_object *ss_schedule_json(const ca_optimizer *o) {
+    if (!o->has_schedule) return NULL;
+    static const char *const kinds[] = {"constant", "linear", "cosine"};
+    json_object *s = json_object_new_object();
+    json_object_object_add(s, "kind", json_object_new_string(kinds[o->schedule.kind]));
+    json_object_object_add(s, "warmup_steps", json_object_new_int64(o->schedule.warmup_steps));
+    json_object_object_add(s, "total_steps", json_object_new_int64(o->schedule.total_steps));
+    json_object_object_add(s, "min_lr_ratio", json_object_new_double(o->schedule.min_lr_ratio));
+    return s;
+}
+
+static json_object *ss_group_json(const ca_optimizer *o, const ca_optim_group *g) {
+    json_object *j = json_object_new_object();
+    json_object_object_add(j, "num_params", json_object_new_int(g->n));
+    json_object_object_add(j, "lr", json_object_new_double(g->lr));
+    json_object_object_add(j, "base_lr", json_object_new_double(g->base_lr));
+    if (o->kind == CA_OPTIM_ADAMW) {
+        json_object_object_add(j, "beta1", json_object_new_double(g->adamw.beta1));
+        json_object_object_add(j, "beta2", json_object_new_double(g->adamw.beta2));
+        json_object_object_add(j, "eps", json_object_new_double(g->adamw.eps));
+        json_object_object_add(j, "weight_decay", json_object_new_double(g->adamw.weight_decay));
+    } else {
+        json_object_object_add(j, "momentum", json_object_new_double(g->sgd.momentum));
+        json_object_object_add(j, "dampening", json_object_new_double(g->sgd.dampening));
+        json_object_object_add(j, "weight_decay", json_object_new_double(g->sgd.weight_decay));
+        json_object_object_add(j, "nesterov", json_object_new_boolean(g->sgd.nesterov));
+    }
+    return j;
+}
+
+static json_object *ss_optimizer_json(ca_optimizer *o, const char *file) {
+    json_object *j = json_object_new_object(), *groups = json_object_new_array();
+    json_object_object_add(j, "file", json_object_new_string(file));
+    json_object_object_add(j, "kind", json_object_new_string(o->kind == CA_OPTIM_ADAMW ? "adamw" : "sgd"));
+    json_object_object_add(j, "steps", json_object_new_int64(o->steps));
+    json_object_object_add(j, "num_params", json_object_new_int(ca_optimizer_num_params(o)));
+    json_object_object_add(j, "schedule_stride", json_object_new_int64(o->schedule_stride));
+    json_object *sched = ss_schedule_json(o);
+    json_object_object_add(j, "schedule", sched ? sched : json_object_new_null());
+    for (int g = 0; g < o->ngroups; g++) json_object_array_add(groups, ss_group_json(o, &o->groups[g]));
+    json_object_object_add(j, "param_groups", groups);
+    return j;
+}
+
+/* The optimizer's state tensors, copied to the host, as one safetensors file. */
+static ca_status ss_save_optimizer(ca_optimizer *o, const char *path) {
+    int n = ca_optimizer_num_state(o);
+    ca_st_tensor *t = calloc((size_t)(n ? n : 1), sizeof *t);
+    void **bufs = calloc((size_t)(n ? n : 1), sizeof *bufs);
+    ca_status s = t && bufs ? CA_OK : ca_error(CA_ERR_NOMEM, "%s: out of memory", path);
+    for (int i = 0; s == CA_OK && i < n; i++) {
+        const char *name = NULL;
+        ca_tensor *x = ca_optimizer_state_at(o, i, &name);
+        size_t nb = x ? ca_tensor_nbytes(x) : 0;
+        if (!x || !(bufs[i] = malloc(nb ? nb : 1))) {
+            s = ca_error(CA_ERR_NOMEM, "%s: state tensor %d: out of memory", path, i);
+            break;
+        }
+        s = ca_tensor_to_host(x, bufs[i], nb);
+        t[i] = (ca_st_tensor){name, ca_tensor_dtype(x), ca_tensor_ndim(x), ca_tensor_shape(x), bufs[i]};
+    }
+    if (s == CA_OK) s = ca_st_write(path, t, n);
+    for (int i = 0; bufs && i < n; i++) free(bufs[i]);
+    free(bufs);
+    free(t);
+    return s;
+}
+
+static json_object *ss_loader_json(const ca_dataloader *dl) {
+    ca_loader_state ls;
+    ca_dataloader_get_state(dl, &ls);
+    json_object *j = json_object_new_object();
+    json_object_object_add(j, "epoch", json_object_new_int64(ls.epoch));
+    json_object_object_add(j, "position", json_object_new_int64(ls.position));
+    json_object_object_add(j, "batches_per_epoch", json_object_new_int64(ls.rank_batches));
+    json_object_object_add(j, "batch_size", json_object_new_int64(ls.batch_size));
+    json_object_object_add(j, "dataset_length", json_object_new_int64(ls.dataset_len));
+    json_object_object_add(j, "seed", json_object_new_uint64(ls.seed));
+    json_object_object_add(j, "shuffle", json_object_new_boolean(ls.shuffle));
+    json_object_object_add(j, "drop_last", json_object_new_boolean(ls.drop_last));
+    json_object_object_add(j, "world_size", json_object_new_int(ls.world));
+    return j;
+}
+
+static json_object *ss_state_json(ca_accelerator *acc, int64_t iteration) {
+    json_object *root = json_object_new_object();
+    json_object_object_add(root, "format", json_object_new_string(SS_FORMAT));
+    json_object_object_add(root, "version", json_object_new_int(SS_VERSION));
+    json_object_object_add(root, "world_size", json_object_new_int(acc->world));
+    json_object_object_add(root, "iteration", json_object_new_int64(iteration));
+    json_object_object_add(root, "micro_step", json_object_new_int64(acc->micro_step));
+    json_object *gs = json_object_new_object();
+    json_object_object_add(gs, "scale", json_object_new_double(acc->scaler.scale));
+    json_object_object_add(gs, "growth_tracker", json_object_new_int64(acc->scaler.growth_tracker));
+    json_object_object_add(root, "grad_scaler", gs);
+    json_object *model = json_object_new_null();
+    if (acc->model) {
+        model = json_object_new_object();
+        json_object_object_add(model, "file", json_object_new_string(SS_MODEL));
+        json_object_object_add(model, "num_params", json_object_new_int(ca_module_num_params(acc->model)));
+    }
+    json_object_object_add(root, "model", model);
+    json_object *opts = json_object_new_array(), *loaders = json_object_new_array();
+    json_object *custom = json_object_new_array();
+    for (int i = 0; i < acc->nopts; i++) {
+        char name[64];
+        ss_opt_name(name, sizeof name, i);
+        json_object_array_add(opts, ss_optimizer_json(acc->opts[i], name));
+    }
+    for (int i = 0; i < acc->nloaders; i++) json_object_array_add(loaders, ss_loader_json(acc->loaders[i]));
+    for (int i = 0; i < acc->ncustom; i++) {
+        json_object *c = json_object_new_object();
+        json_object_object_add(c, "name", json_object_new_string(acc->custom[i].name));
+        json_object_object_add(c, "per_rank", json_object_new_boolean(acc->custom[i].per_rank));
+        json_object_array_add(custom, c);
+    }
+    json_object_object_add(root, "optimizers", opts);
+    json_object_object_add(root, "dataloaders", loaders);
+    json_object_object_add(root, "custom", custom);
+    return root;
+}
+
+static json_object *ss_config_json(const ca_config *cfg) {
+    static const char *const src[] = {"default", "program", "file", "environment", "command line"};
+    json_object *root = json_object_new_object(), *keys = json_object_new_object();
+    json_object_object_add(root, "config_file", ca_config_file(cfg) ? json_object_new_string(ca_config_file(cfg))
+                                                                    : json_object_new_null());
+    for (int i = 0; i < ca_config_count(cfg); i++) {
+        ca_config_entry e;
+        if (ca_config_entry_at(cfg, i, &e) != CA_OK) continue;
+        json_object *k = json_object_new_object();
+        json_object_object_add(k, "value", e.value ? json_object_new_string(e.value) : json_object_new_null());
+        json_object_object_add(k, "origin", json_object_new_string(e.origin ? e.origin : ""));
+        json_object_object_add(k, "source", json_object_new_string(src[e.source]));
+        json_object_object_add(keys, e.key, k);
+    }
+    json_object_object_add(root, "keys", keys);
+    return root;
+}
+
+static ca_status ss_save_custom(const ca_checkpointable *c, const char *dir, const char *name) {
+    char path[PATH_MAX];
+    ca_status s = ss_path(path, dir, name);
+    void *data = NULL;
+    size_t len = 0;
+    if (s == CA_OK) s = c->save(c->ctx, &data, &len);
+    if (s != CA_OK) {
+        free(data);
+        return ca_error_context("save_state: custom object '%s'", c->name);
+    }
+    s = ca_st_write_atomic(path, (const void *const[]){data ? data : ""}, (const size_t[]){len}, 1);
+    free(data);
+    return s;
+}
+
+static ca_status ss_save_rng(const ca_accelerator *acc, const char *dir) {
+    uint64_t seed, offset;
+    ca_rng_get_state(&seed, &offset);
+    json_object *j = json_object_new_object();
+    json_object_object_add(j, "rank", json_object_new_int(acc->rank));
+    json_object_object_add(j, "seed", json_object_new_uint64(seed));
+    json_object_object_add(j, "offset", json_object_new_uint64(offset));
+    char name[64];
+    ss_rng_name(name, sizeof name, acc->rank);
+    ca_status s = ss_write_json(dir, name, j);
+    json_object_put(j);
+    return s;
+}
+
+/* This rank's files: rank 0 the replicated state, every rank its own. */
+static ca_status ss_save_local(ca_accelerator *acc, const char *dir, int64_t iteration) {
+    ca_status s = ss_save_rng(acc, dir);
+    char name[64], path[PATH_MAX];
+    for (int i = 0; s == CA_OK && i < acc->ncustom; i++) {
+        if (!acc->custom[i].per_rank && acc->rank != 0) continue;
+        ss_custom_name(name, sizeof name, i, acc->custom[i].per_rank, acc->rank);
+        s = ss_save_custom(&acc->custom[i], dir, name);
+    }
+    if (acc->rank != 0) return s;
+    if (s == CA_OK && acc->model) s = ca_ck_save_model_files(acc->model, dir, 0);
+    for (int i = 0; s == CA_OK && i < acc->nopts; i++) {
+        ss_opt_name(name, sizeof name, i);
+        s = ss_path(path, dir, name);
+        if (s == CA_OK) s = ss_save_optimizer(acc->opts[i], path);
+    }
+    if (s == CA_OK) {
+        json_object *j = ss_state_json(acc, iteration);
+        s = ss_write_json(dir, SS_STATE, j);
+        json_object_put(j);
+    }
+    if (s == CA_OK) {
+        json_object *j = ss_config_json(acc->cfg);
+        s = ss_write_json(dir, SS_CONFIG, j);
+        json_object_put(j);
+    }
+    return s;
+}
+
+/* ------------------------------------------------------------------ saving: the protocol */
+
+/* Test hook: CACCEL_TEST_SAVE_STALL=<phase>:<n> stops this process at <phase> ("files": its files
+ * written, "renamed": rank 0 renamed the directory but has not written the marker) of its n-th
+ * save, so that a test can kill it there. */
+static void ss_test_stall(const ca_accelerator *acc, const char *phase) {
+    const char *v = getenv("CACCEL_TEST_SAVE_STALL");
+    size_t n = strlen(phase);
+    if (!v || strncmp(v, phase, n) != 0 || v[n] != ':' || atoi(v + n + 1) != acc->nsaves) return;
+    fprintf(stderr, "save_state: rank %d stalled at '%s' of save %d (CACCEL_TEST_SAVE_STALL)\n",
+            acc->rank, phase, acc->nsaves);
+    fflush(stderr);
+    for (;;) pause();
+}
+
+/* The manifest: every file of `dir` with its size and CRC-32. */
+static ca_status ss_manifest(const char *dir, int world, json_object **out) {
+    DIR *d = opendir(dir);
+    if (!d) return ca_error(CA_ERR_IO, "%s: %s", dir, strerror(errno));
+    json_object *files = json_object_new_object();
+    struct dirent *e;
+    ca_status s = CA_OK;
+    while (s == CA_OK && (e = readdir(d)) != NULL) {
+        if (e->d_name[0] == '.') continue;
+        char path[PATH_MAX];
+        unsigned char *buf = NULL;
+        size_t len = 0;
+        s = ss_path(path, dir, e->d_name);
+        if (s == CA_OK) s = ss_read_file(path, &buf, &len);
+        if (s != CA_OK) break;
+        json_object *f = json_object_new_object();
+        json_object_object_add(f, "size", json_object_new_int64((int64_t)len));
+        json_object_object_add(f, "crc32", json_object_new_int64(ss_crc(buf, len)));
+        json_object_object_add(files, e->d_name, f);
+        free(buf);
+    }
+    closedir(d);
+    if (s != CA_OK) {
+        json_object_put(files);
+        return s;
+    }
+    *out = json_object_new_object();
+    json_object_object_add(*out, "format", json_object_new_string("caccel-checkpoint"));
+    json_object_object_add(*out, "version", json_object_new_int(SS_VERSION));
+    json_object_object_add(*out, "world_size", json_object_new_int(world));
+    json_object_object_add(*out, "files", files);
+    return CA_OK;
+}
+
+/* Rank 0, once every rank has written: manifest, rename over `dir` (an old checkpoint there goes
+ * to <dir>.old until the new one is complete), marker. */
+static ca_status ss_finish(ca_accelerator *acc, const char *tmp, const char *dir) {
+    json_object *man = NULL;
+    char old[PATH_MAX], parent[PATH_MAX];
+    ca_status s = ss_manifest(tmp, acc->world, &man);
+    if (s == CA_OK) s = ss_sync_dir(tmp);
+    snprintf(old, sizeof old, "%s.old", dir);
+    bool had_old = s == CA_OK && ss_exists(dir);
+    if (had_old) {
+        ss_remove_dir(old);
+        if (rename(dir, old) != 0)
+            s = ca_error(CA_ERR_IO, "%s: cannot move the previous checkpoint aside: %s", dir, strerror(errno));
+    }
+    if (s == CA_OK && rename(tmp, dir) != 0)
+        s = ca_error(CA_ERR_IO, "%s: cannot rename to %s: %s", tmp, dir, strerror(errno));
+    ss_parent(parent, dir);
+    if (s == CA_OK) s = ss_sync_dir(parent);
+    if (s == CA_OK) ss_test_stall(acc, "renamed");
+    if (s == CA_OK) s = ss_write_json(dir, SS_MARKER, man);   /* fsyncs dir */
+    if (s == CA_OK && had_old) s = ss_remove_dir(old);
+    if (s != CA_OK) ca_error_context("save_state: %s", dir);
+    json_object_put(man);
+    return s;
+}
+
+static const char *ss_cfg_str(const ca_accelerator *acc, const char *key) {
+    const char *v = ca_config_get(acc->cfg, key);
+    return v && strcmp(v, "null") != 0 && v[0] ? v : NULL;
+}
+
+static int64_t ss_iteration(ca_accelerator *acc) {
+    if (!acc->iteration_known) {
+        int64_t it = 0;
+        if (ca_config_get_int(acc->cfg, "iteration", &it) != CA_OK) it = 0;
+        acc->iteration = it;
+        acc->iteration_known = true;
+    }
+    return acc->iteration;
+}
+
+static ca_status ss_checkpoints_dir(const ca_accelerator *acc, char *buf) {
+    const char *pd = ss_cfg_str(acc, "project_dir");
+    return ss_path(buf, pd ? pd : ".", "checkpoints");
+}
+
+/* checkpoint_<n> -> n; -1 for other names. */
+static int64_t ss_checkpoint_number(const char *name) {
+    if (strncmp(name, "checkpoint_", 11) != 0 || !name[11]) return -1;
+    int64_t n = 0;
+    for (const char *p = name + 11; *p; p++) {
+        if (*p < '0' || *p > '9' || n > INT64_MAX / 10 - 10) return -1;
+        n = n * 10 + (*p - '0');
+    }
+    return n;
+}
+
+typedef struct ss_ck {
+    int64_t n;
+    bool complete;
+} ss_ck;
+
+static int ss_cmp_ck(const void *a, const void *b) {
+    int64_t x = ((const ss_ck *)a)->n, y = ((const ss_ck *)b)->n;
+    return (x > y) - (x < y);
+}
+
+/* The checkpoint_<n> directories under `root`, ascending. */
+static ca_status ss_list(const char *root, ss_ck **out, int *count) {
+    *out = NULL;
+    *count = 0;
+    DIR *d = opendir(root);
+    if (!d) return errno == ENOENT ? CA_OK : ca_error(CA_ERR_IO, "%s: %s", root, strerror(errno));
+    struct dirent *e;
+    int cap = 0;
+    ca_status s = CA_OK;
+    while ((e = readdir(d)) != NULL) {
+        int64_t n = ss_checkpoint_number(e->d_name);
+        char dir[PATH_MAX], marker[PATH_MAX];
+        if (n < 0 || ss_path(dir, root, e->d_name) != CA_OK || ss_path(marker, dir, SS_MARKER) != CA_OK)
+            continue;
+        if (*count == cap) {
+            ss_ck *p = realloc(*out, (size_t)(cap = cap ? 2 * cap : 16) * sizeof *p);
+            if (!p) {
+                s = ca_error(CA_ERR_NOMEM, "%s: out of memory", root);
+                break;
+            }
+            *out = p;
+        }
+        (*out)[(*count)++] = (ss_ck){n, ss_exists(marker)};
+    }
+    closedir(d);
+    if (s == CA_OK) qsort(*out, (size_t)*count, sizeof **out, ss_cmp_ck);
+    return s;
+}
+
+/* total_limit: the oldest complete checkpoints beyond the limit go (rank 0, after a save). */
+static ca_status ss_apply_limit(const ca_accelerator *acc, const char *root) {
+    int64_t limit = 0;
+    if (!ss_cfg_str(acc, "total_limit") || ca_config_get_int(acc->cfg, "total_limit", &limit) != CA_OK ||
+        limit <= 0)
+        return CA_OK;
+    ss_ck *ck = NULL;
+    int n = 0, complete = 0;
+    ca_status s = ss_list(root, &ck, &n);
+    for (int i = 0; i < n; i++) complete += ck[i].complete;
+    for (int i = 0; s == CA_OK && i < n && complete > limit; i++) {
+        if (!ck[i].complete) continue;
+        char dir[PATH_MAX], name[64];
+        snprintf(name, sizeof name, "checkpoint_%" PRId64, ck[i].n);
+        s = ss_path(dir, root, name);
+        if (s == CA_OK) s = ss_remove_dir(dir);
+        if (s == CA_OK) CA_LOG_I("save_state: total_limit %" PRId64 ": removed %s", limit, dir);
+        complete--;
+    }
+    free(ck);
+    return s;
+}
+
+/* A directory a save may replace: none, an empty one, or a checkpoint (complete or not). */
+static ca_status ss_replaceable(const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d) return errno == ENOENT ? CA_OK : ca_error(CA_ERR_IO, "save_state: %s: %s", dir, strerror(errno));
+    bool empty = true, ours = false;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+        empty = false;
+        ours |= !strcmp(e->d_name, SS_MARKER) || !strcmp(e->d_name, SS_STATE);
+    }
+    closedir(d);
+    return empty || ours ? CA_OK
+                         : ca_error(CA_ERR_STATE, "save_state: %s exists and is not a checkpoint (no "
+                                    SS_STATE "): not replacing it", dir);
+}
+
+/* Rank 0: the target directory and its parent exist, <dir>.tmp is empty. */
+static ca_status ss_prepare_dirs(const char *dir, const char *tmp, bool automatic) {
+    char parent[PATH_MAX], marker[PATH_MAX];
+    ss_parent(parent, dir);
+    ca_status s = ss_replaceable(dir);
+    if (s == CA_OK) s = ss_mkdirs(parent);
+    if (s == CA_OK) s = ss_path(marker, dir, SS_MARKER);
+    if (s == CA_OK && automatic && ss_exists(dir)) {
+        if (ss_exists(marker))
+            return ca_error(CA_ERR_STATE, "save_state: %s already exists; set the configuration key "
+                            "iteration to a number not used yet", dir);
+        CA_LOG_W("save_state: removing the incomplete checkpoint %s (no " SS_MARKER ")", dir);
+        s = ss_remove_dir(dir);
+    }
+    if (s == CA_OK) s = ss_remove_dir(tmp);
+    if (s == CA_OK && mkdir(tmp, 0755) != 0)
+        s = ca_error(CA_ERR_IO, "%s: cannot create the directory: %s", tmp, strerror(errno));
+    return s;
+}
+
+/* A peer's failure, named on the ranks that did not fail themselves. */
+static ca_status ss_fail(ca_accelerator *acc, ca_status s, int bad, const char *what, const char *dir) {
+    if (bad < 0 || bad == acc->rank) return s;
+    if (!strcmp(what, "save_state"))
+        return ca_error(CA_ERR_PEER, "save_state: rank %d failed (%s); %s is not complete", bad,
+                        ca_status_name(s), dir);
+    return ca_error(CA_ERR_PEER, "load_state: rank %d failed (%s) to load %s; nothing was applied",
+                    bad, ca_status_name(s), dir);
+}
+
+ca_status ca_save_state(ca_accelerator *acc, const char *dir) {
+    if (!acc) return ca_error(CA_ERR_INVALID, "save_state: the accelerator is NULL");
+    char target[PATH_MAX], tmp[PATH_MAX], root[PATH_MAX];
+    bool automatic = dir == NULL;
+    int64_t iteration = automatic ? ss_iteration(acc) : -1;
+    ca_status s = CA_OK;
+    if (automatic) {
+        bool on = false;
+        if (ca_config_get_bool(acc->cfg, "automatic_checkpoint_naming", &on) != CA_OK || !on)
+            return ca_error(CA_ERR_INVALID, "save_state: no directory given and "
+                            "automatic_checkpoint_naming is off (turn it on, or pass a directory)");
+        char name[64];
+        snprintf(name, sizeof name, "checkpoint_%" PRId64, iteration);
+        s = ss_checkpoints_dir(acc, root);
+        if (s == CA_OK) s = ss_path(target, root, name);
+    } else if ((size_t)snprintf(target, sizeof target, "%s", dir) >= sizeof target) {
+        s = ca_error(CA_ERR_INVALID, "save_state: %s: path too long", dir);
+    }
+    if (s != CA_OK) return s;
+    while (strlen(target) > 1 && target[strlen(target) - 1] == '/') target[strlen(target) - 1] = '\0';
+    snprintf(tmp, sizeof tmp, "%.*s.tmp", PATH_MAX - 5, target);
+    acc->nsaves++;
+    int bad;
+    s = acc->rank == 0 ? ss_prepare_dirs(target, tmp, automatic) : CA_OK;
+    s = ss_exchange(acc, s, &bad);                       /* the others wait for the directory */
+    if (s != CA_OK) return ss_fail(acc, s, bad, "save_state", target);
+    s = ss_save_local(acc, tmp, iteration);
+    if (s == CA_OK) ss_test_stall(acc, "files");
+    s = ss_exchange(acc, s, &bad);                       /* every rank has written */
+    if (s != CA_OK) return ss_fail(acc, s, bad, "save_state", target);
+    s = acc->rank == 0 ? ss_finish(acc, tmp, target) : CA_OK;
+    s = ss_exchange(acc, s, &bad);                       /* complete (or not) for every rank */
+    if (s != CA_OK) return ss_fail(acc, s, bad, "save_state", target);
+    if (automatic) {
+        acc->iteration++;
+        if (acc->rank == 0) s = ss_apply_limit(acc, root);
+    }
+    return s;
+}
+
+/* ------------------------------------------------------------------ loading: checking */
+
+/* Everything read and checked, waiting to be applied. */
+typedef struct ss_loaded {
+    ca_ck_model_src *model;
+    ca_st_file *opts;
+    json_object *state, *rng;
+    unsigned char **custom;
+    size_t *custom_len;
+    int nopts, ncustom;
+    int64_t iteration;
+} ss_loaded;
+
+static void ss_loaded_free(ss_loaded *L) {
+    ca_ck_model_close(L->model);
+    for (int i = 0; L->opts && i < L->nopts; i++) ca_st_close(&L->opts[i]);
+    free(L->opts);
+    for (int i = 0; L->custom && i < L->ncustom; i++) free(L->custom[i]);
+    free(L->custom);
+    free(L->custom_len);
+    json_object_put(L->state);
+    json_object_put(L->rng);
+    memset(L, 0, sizeof *L);
+}
+
+/* The marker exists and every file it lists has its recorded size and CRC-32. */
+static ca_status ss_check_files(const char *dir) {
+    char path[PATH_MAX];
+    ca_status s = ss_path(path, dir, SS_MARKER);
+    if (s != CA_OK) return s;
+    if (!ss_exists(dir)) return ca_error(CA_ERR_NOT_FOUND, "load_state: %s: no such directory", dir);
+    if (!ss_exists(path))
+        return ca_error(CA_ERR_NOT_FOUND, "load_state: %s is not a complete checkpoint: it has no "
+                        SS_MARKER " (the save did not finish)", dir);
+    json_object *man = NULL;
+    s = js_load(path, &man);
+    ss_json j = {path, false};
+    json_object *files = s == CA_OK ? js_get(&j, man, "files", json_type_object) : NULL;
+    if (s == CA_OK && j.bad) s = ca_last_status();
+    if (s == CA_OK) {
+        json_object_object_foreach(files, name, f) {
+            int64_t size = js_int(&j, f, "size");
+            uint32_t crc = (uint32_t)js_int(&j, f, "crc32");
+            unsigned char *buf = NULL;
+            size_t len = 0;
+            char fp[PATH_MAX];
+            if (j.bad) {
+                s = ca_last_status();
+                break;
+            }
+            s = ss_path(fp, dir, name);
+            if (s == CA_OK) s = ss_read_file(fp, &buf, &len);
+            if (s == CA_OK && (int64_t)len != size)
+                s = ca_error(CA_ERR_IO, "%s: %s: %zu bytes, the checkpoint recorded %" PRId64,
+                             fp, (int64_t)len < size ? "truncated" : "size differs", len, size);
+            if (s == CA_OK && ss_crc(buf, len) != crc)
+                s = ca_error(CA_ERR_IO, "%s: corrupt: CRC-32 %08" PRIx32 ", the checkpoint recorded "
+                             "%08" PRIx32, fp, ss_crc(buf, len), crc);
+            free(buf);
+            if (s != CA_OK) break;
+        }
+    }
+    json_object_put(man);
+    return s;
+}
+
+static ca_status ss_check_opt_tensors(ca_optimizer *o, const ca_st_file *f) {
+    int n = ca_optimizer_num_state(o);
+    if (f->n != n)
+        return ca_error(CA_ERR_INVALID, "%s: %d state tensors in the file, %d in the optimizer",
+                        f->path, f->n, n);
+    for (int i = 0; i < n; i++) {
+        const char *name = NULL;
+        ca_tensor *x = ca_optimizer_state_at(o, i, &name);
+        const ca_st_entry *e = ca_st_find(f, name);
+        if (!e) return ca_error(CA_ERR_INVALID, "%s: no tensor '%s' for the optimizer's state", f->path, name);
+        bool same = e->dtype == ca_tensor_dtype(x) && e->ndim == ca_tensor_ndim(x);
+        for (int d = 0; same && d < e->ndim; d++) same = e->shape[d] == ca_tensor_shape(x)[d];
+        if (!same)
+            return ca_error(CA_ERR_INVALID, "%s: tensor '%s': %s %lld elements in the file, %s %lld in "
+                            "the optimizer", f->path, name, ca_st_dtype_name(e->dtype),
+                            (long long)((e->end - e->begin) / (ca_dtype_size(e->dtype) ? ca_dtype_size(e->dtype) : 1)),
+                            ca_st_dtype_name(ca_tensor_dtype(x)), (long long)ca_tensor_numel(x));
+    }
+    return CA_OK;
+}
+
+static ca_status ss_check_optimizer(ss_json *j, ca_optimizer *o, json_object *jo, int i) {
+    const char *kind = js_str(j, jo, "kind");
+    int64_t np = js_int(j, jo, "num_params"), steps = js_int(j, jo, "steps");
+    json_object *groups = js_get(j, jo, "param_groups", json_type_array);
+    if (j->bad) return ca_last_status();
+    const char *want = o->kind == CA_OPTIM_ADAMW ? "adamw" : "sgd";
+    if (strcmp(kind, want) != 0)
+        return ca_error(CA_ERR_INVALID, "%s: optimizers[%d]: kind %s in the file, %s in the program",
+                        j->file, i, kind, want);
+    if (np != ca_optimizer_num_params(o) || (int)json_object_array_length(groups) != o->ngroups)
+        return ca_error(CA_ERR_INVALID, "%s: optimizers[%d]: %lld parameters in %d groups in the file, "
+                        "%d in %d in the program", j->file, i, (long long)np,
+                        (int)json_object_array_length(groups), ca_optimizer_num_params(o), o->ngroups);
+    if (steps < 0) return ca_error(CA_ERR_INVALID, "%s: optimizers[%d]: steps %lld", j->file, i, (long long)steps);
+    for (int g = 0; g < o->ngroups; g++) {
+        json_object *jg = json_object_array_get_idx(groups, (size_t)g);
+        int64_t gn = js_int(j, jg, "num_params");
+        js_double(j, jg, "lr");
+        js_double(j, jg, "base_lr");
+        js_double(j, jg, "weight_decay");
+        if (j->bad) return ca_last_status();
+        if (gn != o->groups[g].n)
+            return ca_error(CA_ERR_INVALID, "%s: optimizers[%d].param_groups[%d]: %lld parameters in "
+                            "the file, %d in the program", j->file, i, g, (long long)gn, o->groups[g].n);
+    }
+    json_object *sched = NULL;
+    if (json_object_object_get_ex(jo, "schedule", &sched) && sched) {
+        const char *k = js_str(j, sched, "kind");
+        js_int(j, sched, "warmup_steps");
+        js_int(j, sched, "total_steps");
+        js_double(j, sched, "min_lr_ratio");
+        if (j->bad) return ca_last_status();
+        if (strcmp(k, "constant") && strcmp(k, "linear") && strcmp(k, "cosine"))
+            return ca_error(CA_ERR_INVALID, "%s: optimizers[%d].schedule: unknown kind '%s'", j->file, i, k);
+    }
+    return CA_OK;
+}
+
+static ca_status ss_check_loader(ss_json *j, ca_dataloader *dl, json_object *jl, int i) {
+    ca_loader_state ls;
+    ca_dataloader_get_state(dl, &ls);
+    int64_t bs = js_int(j, jl, "batch_size"), len = js_int(j, jl, "dataset_length");
+    int64_t epoch = js_int(j, jl, "epoch"), pos = js_int(j, jl, "position");
+    int64_t world = js_int(j, jl, "world_size");
+    uint64_t seed = js_u64(j, jl, "seed");
+    bool shuffle = js_bool(j, jl, "shuffle");
+    if (j->bad) return ca_last_status();
+    if (bs != ls.batch_size || len != ls.dataset_len || shuffle != ls.shuffle)
+        return ca_error(CA_ERR_INVALID, "%s: dataloaders[%d]: batch size %lld, %lld samples%s in the file; "
+                        "batch size %lld, %lld samples%s in the program", j->file, i, (long long)bs,
+                        (long long)len, shuffle ? ", shuffled" : "", (long long)ls.batch_size,
+                        (long long)ls.dataset_len, ls.shuffle ? ", shuffled" : "");
+    if (ls.seed_fixed && ls.seed_fixed != seed && shuffle)
+        return ca_error(CA_ERR_INVALID, "%s: dataloaders[%d]: shuffle seed %" PRIu64 " in the file, but "
+                        "the loader's options fix %" PRIu64, j->file, i, seed, ls.seed_fixed);
+    if (epoch < 0 || pos < 0 || world < 1)
+        return ca_error(CA_ERR_INVALID, "%s: dataloaders[%d]: epoch %lld, position %lld, world size %lld",
+                        j->file, i, (long long)epoch, (long long)pos, (long long)world);
+    return CA_OK;
+}
+
+static ca_status ss_check_state(ca_accelerator *acc, const char *dir, ss_loaded *L) {
+    char path[PATH_MAX];
+    ca_status s = ss_path(path, dir, SS_STATE);
+    if (s == CA_OK) s = js_load(path, &L->state);
+    if (s != CA_OK) return s;
+    ss_json j = {path, false};
+    json_object *st = L->state, *model = NULL;
+    const char *fmt = js_str(&j, st, "format");
+    int64_t ver = js_int(&j, st, "version");
+    js_int(&j, st, "micro_step");
+    L->iteration = js_int(&j, st, "iteration");
+    json_object *gs = js_get(&j, st, "grad_scaler", json_type_object);
+    js_double(&j, gs, "scale");
+    js_int(&j, gs, "growth_tracker");
+    json_object *opts = js_get(&j, st, "optimizers", json_type_array);
+    json_object *loaders = js_get(&j, st, "dataloaders", json_type_array);
+    json_object *custom = js_get(&j, st, "custom", json_type_array);
+    if (j.bad) return ca_last_status();
+    if (strcmp(fmt, SS_FORMAT) != 0 || ver != SS_VERSION)
+        return ca_error(CA_ERR_INVALID, "%s: format %s version %lld; this caccel reads %s version %d",
+                        path, fmt, (long long)ver, SS_FORMAT, SS_VERSION);
+    bool has_model = json_object_object_get_ex(st, "model", &model) && model;
+    if (has_model != (acc->model != NULL))
+        return ca_error(CA_ERR_INVALID, "%s: the checkpoint has %s model, the program prepared %s", path,
+                        has_model ? "a" : "no", acc->model ? "one" : "none");
+    int no = (int)json_object_array_length(opts), nl = (int)json_object_array_length(loaders);
+    int nc = (int)json_object_array_length(custom);
+    if (no != acc->nopts || nl != acc->nloaders || nc != acc->ncustom)
+        return ca_error(CA_ERR_INVALID, "%s: %d optimizer(s), %d dataloader(s), %d custom object(s) in the "
+                        "checkpoint; the program prepared %d, %d and registered %d", path, no, nl, nc,
+                        acc->nopts, acc->nloaders, acc->ncustom);
+    for (int i = 0; s == CA_OK && i < no; i++)
+        s = ss_check_optimizer(&j, acc->opts[i], json_object_array_get_idx(opts, (size_t)i), i);
+    for (int i = 0; s == CA_OK && i < nl; i++)
+        s = ss_check_loader(&j, acc->loaders[i], json_object_array_get_idx(loaders, (size_t)i), i);
+    for (int i = 0; s == CA_OK && i < nc; i++) {
+        json_object *c = json_object_array_get_idx(custom, (size_t)i);
+        const char *name = js_str(&j, c, "name");
+        bool per_rank = js_bool(&j, c, "per_rank");
+        if (j.bad) return ca_last_status();
+        if (strcmp(name, acc->custom[i].name) != 0 || per_rank != acc->custom[i].per_rank)
+            s = ca_error(CA_ERR_INVALID, "%s: custom[%d] is '%s'%s in the checkpoint, '%s'%s in the "
+                         "program", path, i, name, per_rank ? " (per rank)" : "", acc->custom[i].name,
+                         acc->custom[i].per_rank ? " (per rank)" : "");
+    }
+    return s;
+}
+
+/* This rank's file of a per-rank kind, or rank 0's when the checkpoint has fewer ranks. */
+static ca_status ss_rank_file(const char *dir, char *path, const char *mine, const char *rank0) {
+    ca_status s = ss_path(path, dir, mine);
+    if (s != CA_OK || ss_exists(path)) return s;
+    CA_LOG_W("load_state: %s: no %s (saved with fewer processes); using %s", dir, mine, rank0);
+    return ss_path(path, dir, rank0);
+}
+
+static ca_status ss_check_rng(ca_accelerator *acc, const char *dir, ss_loaded *L) {
+    char path[PATH_MAX], mine[64], zero[64];
+    ss_rng_name(mine, sizeof mine, acc->rank);
+    ss_rng_name(zero, sizeof zero, 0);
+    ca_status s = ss_rank_file(dir, path, mine, zero);
+    if (s == CA_OK) s = js_load(path, &L->rng);
+    ss_json j = {path, false};
+    if (s == CA_OK) {
+        js_u64(&j, L->rng, "seed");
+        js_u64(&j, L->rng, "offset");
+        if (j.bad) s = ca_last_status();
+    }
+    return s;
+}
+
+static ca_status ss_check_custom(ca_accelerator *acc, const char *dir, ss_loaded *L) {
+    L->custom = calloc((size_t)(acc->ncustom ? acc->ncustom : 1), sizeof *L->custom);
+    L->custom_len = calloc((size_t)(acc->ncustom ? acc->ncustom : 1), sizeof *L->custom_len);
+    if (!L->custom || !L->custom_len) return ca_error(CA_ERR_NOMEM, "load_state: out of memory");
+    L->ncustom = acc->ncustom;
+    ca_status s = CA_OK;
+    for (int i = 0; s == CA_OK && i < acc->ncustom; i++) {
+        const ca_checkpointable *c = &acc->custom[i];
+        char path[PATH_MAX], mine[80], zero[80];
+        ss_custom_name(mine, sizeof mine, i, c->per_rank, acc->rank);
+        ss_custom_name(zero, sizeof zero, i, c->per_rank, 0);
+        s = ss_rank_file(dir, path, mine, zero);
+        if (s == CA_OK) s = ss_read_file(path, &L->custom[i], &L->custom_len[i]);
+        if (s == CA_OK && (s = c->load(c->ctx, L->custom[i], L->custom_len[i], false)) != CA_OK)
+            ca_error_context("%s: custom object '%s'", path, c->name);
+    }
+    return s;
+}
+
+/* Reads and checks every file of `dir` that this rank needs; applies nothing. */
+static ca_status ss_check_all(ca_accelerator *acc, const char *dir, ss_loaded *L) {
+    ca_status s = ss_check_files(dir);
+    if (s == CA_OK) s = ss_check_state(acc, dir, L);
+    char path[PATH_MAX], name[64];
+    if (s == CA_OK && acc->model && (s = ss_path(path, dir, SS_MODEL)) == CA_OK)
+        s = ca_ck_model_open(path, acc->model, &L->model);
+    if (s == CA_OK && !(L->opts = calloc((size_t)(acc->nopts ? acc->nopts : 1), sizeof *L->opts)))
+        s = ca_error(CA_ERR_NOMEM, "load_state: out of memory");
+    for (int i = 0; s == CA_OK && i < acc->nopts; i++) {
+        ss_opt_name(name, sizeof name, i);
+        s = ss_path(path, dir, name);
+        if (s == CA_OK) s = ca_st_open(path, &L->opts[i]);
+        if (s == CA_OK) L->nopts = i + 1;
+        if (s == CA_OK) s = ss_check_opt_tensors(acc->opts[i], &L->opts[i]);
+    }
+    if (s == CA_OK) s = ss_check_rng(acc, dir, L);
+    if (s == CA_OK) s = ss_check_custom(acc, dir, L);
+    return s;
+}
+
+/* ------------------------------------------------------------------ loading: applying */
+
+static ca_status ss_apply_optimizer(ca_optimizer *o, json_object *jo, const ca_st_file *f) {
+    ss_json j = {f->path, false};
+    json_object *groups = js_get(&j, jo, "param_groups", json_type_array), *sched = NULL;
+    for (int g = 0; g < o->ngroups; g++) {
+        json_object *jg = json_object_array_get_idx(groups, (size_t)g);
+        ca_optim_group *G = &o->groups[g];
+        G->lr = js_double(&j, jg, "lr");
+        G->base_lr = js_double(&j, jg, "base_lr");
+        if (o->kind == CA_OPTIM_ADAMW) {
+            G->adamw.weight_decay = js_double(&j, jg, "weight_decay");
+            if (json_object_object_get_ex(jg, "beta1", NULL)) {
+                G->adamw.beta1 = js_double(&j, jg, "beta1");
+                G->adamw.beta2 = js_double(&j, jg, "beta2");
+                G->adamw.eps = js_double(&j, jg, "eps");
+            }
+        } else {
+            G->sgd.weight_decay = js_double(&j, jg, "weight_decay");
+        }
+    }
+    o->has_schedule = json_object_object_get_ex(jo, "schedule", &sched) && sched;
+    if (o->has_schedule) {
+        const char *k = js_str(&j, sched, "kind");
+        o->schedule = (ca_lr_schedule){.kind = !strcmp(k, "cosine") ? CA_SCHED_COSINE
+                                               : !strcmp(k, "linear") ? CA_SCHED_LINEAR : CA_SCHED_CONSTANT,
+                                       .warmup_steps = js_int(&j, sched, "warmup_steps"),
+                                       .total_steps = js_int(&j, sched, "total_steps"),
+                                       .min_lr_ratio = js_double(&j, sched, "min_lr_ratio")};
+    }
+    ca_status s = CA_OK;
+    int n = ca_optimizer_num_state(o);
+    for (int i = 0; s == CA_OK && i < n; i++) {
+        const char *name = NULL;
+        ca_tensor *x = ca_optimizer_state_at(o, i, &name);
+        const ca_st_entry *e = ca_st_find(f, name);
+        s = ca_tensor_copy_from_host(x, ca_st_data(f, e), (size_t)(e->end - e->begin));
+    }
+    /* the step count last: with a schedule it recomputes each group's lr from base_lr, which
+     * gives the saved lr again on the same world size */
+    if (s == CA_OK) s = ca_optimizer_set_steps(o, js_int(&j, jo, "steps"));
+    return s;
+}
+
+/* The batch to continue at: the same one on the same world size; else the same global sample
+ * position, rounded down to a whole step of the new world (a few samples are seen again). */
+static int64_t ss_loader_skip(const ca_accelerator *acc, json_object *jl, const ca_loader_state *now) {
+    ss_json j = {"", false};
+    int64_t pos = js_int(&j, jl, "position"), w = js_int(&j, jl, "world_size");
+    if (w == now->world) return pos < now->rank_batches ? pos : now->rank_batches;
+    int64_t global = pos * w;                   /* global batches consumed */
+    int64_t k = global / acc->world;
+    if (k * acc->world != global)
+        CA_LOG_W("load_state: the checkpoint was saved on %lld processes: the dataloader continues at "
+                 "global batch %lld, not %lld (the batches in between are seen again)",
+                 (long long)w, (long long)(k * acc->world), (long long)global);
+    return k < now->rank_batches ? k : now->rank_batches;
+}
+
+static ca_status ss_apply(ca_accelerator *acc, ss_loaded *L) {
+    ss_json j = {"", false};
+    json_object *st = L->state;
+    ca_status s = acc->model ? ca_ck_model_apply(L->model, acc->model) : CA_OK;
+    json_object *opts = js_get(&j, st, "optimizers", json_type_array);
+    for (int i = 0; s == CA_OK && i < acc->nopts; i++)
+        s = ss_apply_optimizer(acc->opts[i], json_object_array_get_idx(opts, (size_t)i), &L->opts[i]);
+    json_object *gs = js_get(&j, st, "grad_scaler", json_type_object);
+    if (s == CA_OK) {
+        acc->scaler.scale = js_double(&j, gs, "scale");
+        acc->scaler.growth_tracker = js_int(&j, gs, "growth_tracker");
+        acc->micro_step = js_int(&j, st, "micro_step");
+    }
+    json_object *loaders = js_get(&j, st, "dataloaders", json_type_array);
+    for (int i = 0; s == CA_OK && i < acc->nloaders; i++) {
+        json_object *jl = json_object_array_get_idx(loaders, (size_t)i);
+        ca_dataloader *dl = acc->loaders[i];
+        s = ca_dataloader_set_seed(dl, js_u64(&j, jl, "seed"));
+        if (s == CA_OK) s = ca_dataloader_set_epoch(dl, js_int(&j, jl, "epoch"));
+        ca_loader_state now;
+        ca_dataloader_get_state(dl, &now);
+        if (s == CA_OK) s = ca_dataloader_skip_batches(dl, ss_loader_skip(acc, jl, &now));
+    }
+    if (s == CA_OK) ca_rng_set_state(js_u64(&j, L->rng, "seed"), js_u64(&j, L->rng, "offset"));
+    for (int i = 0; s == CA_OK && i < acc->ncustom; i++) {
+        const ca_checkpointable *c = &acc->custom[i];
+        s = c->load(c->ctx, L->custom[i], L->custom_len[i], true);
+        if (s != CA_OK) ca_error_context("load_state: custom object '%s'", c->name);
+    }
+    return s;
+}
+
+static ca_status ss_load_dir(ca_accelerator *acc, const char *dir) {
+    ss_loaded L = {0};
+    int bad;
+    ca_status s = ss_check_all(acc, dir, &L);
+    s = ss_exchange(acc, s, &bad);                  /* nothing is applied unless every rank can */
+    if (s == CA_OK) s = ss_apply(acc, &L);
+    else s = ss_fail(acc, s, bad, "load_state", dir);
+    if (s == CA_OK && L.iteration >= 0) {
+        acc->iteration = L.iteration + 1;
+        acc->iteration_known = true;
+    }
+    ss_loaded_free(&L);
+    return s;
+}
+
+/* The newest complete checkpoint_<n> under <project_dir>/checkpoints. */
+static ca_status ss_latest(const ca_accelerator *acc, char *out) {
+    char root[PATH_MAX];
+    ss_ck *ck = NULL;
+    int n = 0;
+    ca_status s = ss_checkpoints_dir(acc, root);
+    if (s == CA_OK) s = ss_list(root, &ck, &n);
+    int i = n - 1;
+    for (; s == CA_OK && i >= 0 && !ck[i].complete; i--)
+        if (acc->rank == 0)
+            CA_LOG_W("load_state: %s/checkpoint_%" PRId64 " is not complete (no " SS_MARKER
+                     "): passing over it", root, ck[i].n);
+    if (s == CA_OK && i < 0)
+        s = ca_error(CA_ERR_NOT_FOUND, "load_state: no complete checkpoint under %s%s", root,
+                     n ? " (only incomplete ones)" : "");
+    if (s == CA_OK) {
+        char name[64];
+        snprintf(name, sizeof name, "checkpoint_%" PRId64, ck[i].n);
+        s = ss_path(out, root, name);
+    }
+    free(ck);
+    return s;
+}
+
+ca_status ca_load_state(ca_accelerator *acc, const char *dir) {
+    if (!acc) return ca_error(CA_ERR_INVALID, "load_state: the accelerator is NULL");
+    char path[PATH_MAX];
+    ca_status s = CA_OK;
+    if (!dir) {
+        s = ss_latest(acc, path);
+        int bad;   /* every rank must have found one, or none goes on */
+        s = ss_exchange(acc, s, &bad);
+        if (s != CA_OK) return ss_fail(acc, s, bad, "load_state", "the latest checkpoint");
+        CA_LOG_I("load_state: loading %s", path);
+        dir = path;
+    }
+    return ss_load_dir(acc, dir);
+}
+
+/* ------------------------------------------------------------------ custom objects */
+
+ca_status ca_register_for_checkpointing(ca_accelerator *acc, const ca_checkpointable *obj) {
+    if (!acc || !obj || !obj->name || !obj->name[0] || !obj->save || !obj->load)
+        return ca_error(CA_ERR_INVALID, "register_for_checkpointing: an object needs a name, save and load");
+    for (int i = 0; i < acc->ncustom; i++)
+        if (strcmp(acc->custom[i].name, obj->name) == 0)
+            return ca_error(CA_ERR_INVALID, "register_for_checkpointing: '%s' is registered already", obj->name);
+    ca_checkpointable *c = realloc(acc->custom, (size_t)(acc->ncustom + 1) * sizeof *c);
+    if (!c) return ca_error(CA_ERR_NOMEM, "register_for_checkpointing: out of memory");
+    acc->custom = c;
+    c[acc->ncustom] = *obj;
+    if (!(c[acc->ncustom].name = strdup(obj->name)))
+        return ca_error(CA_ERR_NOMEM, "register_for_checkpointing: out of memory");
+    acc->ncustom++;
+    return CA_OK;
+}
+
+void ca_state_free(ca_accelerator *acc) {
+    for (int i = 0; i < acc->ncustom; i++) free((char *)acc->custom[i].name);
+    free(acc->custom);
+    acc->custom = NULL;
+    acc->ncustom = 0;
+}
