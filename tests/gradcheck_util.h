@@ -83,6 +83,11 @@ static inline ca_tensor *f_sdpa(ca_tensor **in, void *c) {
     sdpa_ctx *a = c;
     return ca_scaled_dot_product_attention(in[0], in[1], in[2], a->mask, a->causal, a->p, a->scale);
 }
+/* The mask as a fourth input (so that it is copied to the device under test). */
+static inline ca_tensor *f_sdpa_m(ca_tensor **in, void *c) {
+    sdpa_ctx *a = c;
+    return ca_scaled_dot_product_attention(in[0], in[1], in[2], in[3], a->causal, a->p, a->scale);
+}
 static inline ca_tensor *f_concat(ca_tensor **in, void *c) { return ca_concat(*(int *)c, in, 1); }
 static inline ca_tensor *f_stack(ca_tensor **in, void *c) { return ca_stack(3, in, *(int *)c); }
 static inline ca_tensor *f_split(ca_tensor **in, void *c) {

@@ -467,6 +467,9 @@ static const ca_kernels cu_kernels = {
     .scale_list = cu_scale_list,
     .unscale_check = cu_unscale_check,
     .clamp_list = cu_clamp_list,
+    .attention = cu_attention,
+    .attention_backward = cu_attention_backward,
+    .where = cu_where,
 };
 
 const ca_device_ops cu_device_ops = {

@@ -181,6 +181,13 @@ ca_status cu_sum_squares(void *dev, const ca_tensor_list *t, float *out, float b
 ca_status cu_scale_list(void *dev, const ca_tensor_list *t, float alpha);
 ca_status cu_unscale_check(void *dev, const ca_tensor_list *t, float inv_scale, float *found_inf);
 ca_status cu_clamp_list(void *dev, const ca_tensor_list *t, float lo, float hi);
+ca_status cu_attention(void *dev, ca_dtype dt, const ca_attention_args *args, const void *q, const void *k,
+                       const void *v, void *out, float *lse);
+ca_status cu_attention_backward(void *dev, ca_dtype dt, const ca_attention_args *args, const void *q,
+                                const void *k, const void *v, const void *out, const void *dout,
+                                const float *lse, void *dq, void *dk, void *dv);
+ca_status cu_where(void *dev, ca_dtype dt, const ca_bcast_args *shape, const int64_t *cond_stride,
+                   const uint8_t *cond, const void *a, const void *b, void *y);
 
 /* ------------------------------------------------------- collectives */
 
