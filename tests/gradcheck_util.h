@@ -101,6 +101,8 @@ static inline ca_tensor *f_where(ca_tensor **in, void *c) { return ca_where(in[2
 static inline ca_tensor *f_masked_fill(ca_tensor **in, void *c) { return ca_masked_fill(in[0], in[1], -3.5); }
 static inline ca_tensor *f_rms_norm(ca_tensor **in, void *c) { return ca_rms_norm(in[0], in[1], 1e-6); }
 static inline ca_tensor *f_rms_norm_plain(ca_tensor **in, void *c) { return ca_rms_norm(in[0], NULL, 1e-6); }
+/* A language-model head tied to its embedding: logits = emb(idx) W^T with one W. */
+static inline ca_tensor *f_tied(ca_tensor **in, void *c) { return ca_linear(ca_embedding(in[1], in[0]), in[0], NULL); }
 static inline ca_tensor *f_expand(ca_tensor **in, void *c) { return ca_expand(in[0], CA_SHAPE(2, 3, 4)); }
 
 #endif

@@ -180,6 +180,9 @@ static void test_embedding_padding(void **state) {
         for (int c = 0; c < 3; c++) assert_float_equal(g[c], 0.0f, 0.0);
         assert_float_equal(g[2 * 3], 3.0f, 1e-6);
         free(g);
+        int64_t seq[4] = {2, 0, 4, 2};      /* weight tying: both uses add into one gradient */
+        ca_tensor *tied[2] = {table, ca_from_host(ca_cpu_device(), CA_I64, CA_SHAPE(4), seq)};
+        gradcheck("embedding tied to the output layer", f_tied, NULL, 2, tied, &SMOOTH);
         assert_null(ca_embedding_ex(ix, table, 5));
         assert_non_null(strstr(ca_last_error(), "padding_idx 5"));
     }
