@@ -118,6 +118,8 @@ static void test_attention_reference(void **state) {
     att_check("attention key padding + causal", &padc, &s);
     att_case big = {1, 2, 130, 100, 8, 8, true, NULL, NULL, 1 / sqrt(8.0), 0, NULL};  /* several row blocks */
     att_check("attention 130 x 100 causal", &big, &s);
+    att_case nod = {1, 1, 3, 4, 0, 2, false, NULL, NULL, 1, 0, NULL};   /* D = 0: equal scores, the mean of v */
+    att_check("attention with D = 0", &nod, &s);
     /* a row that may attend to nothing gives zeros (torch gives NaN) */
     uint8_t none[B * Tk] = {0};
     none[Tk] = 1;

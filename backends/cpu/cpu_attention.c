@@ -8,6 +8,9 @@
 #define QBLOCK 64
 #define TWO_M24 (1.0f / 16777216.0f)
 
+/* A BLAS leading dimension: at least 1, also for empty operands. */
+static int ld(int64_t n) { return n > 0 ? (int)n : 1; }
+
 static ca_status att_check(const char *k, ca_dtype dt, const ca_attention_args *a, const void *q,
                            const void *kk, const void *v) {
     if (dt != CA_F32) return cpu_bad_dtype(k, "tensor", dt);
@@ -101,7 +104,7 @@ static void block_probs(const ca_attention_args *a, int64_t b, int64_t h, int64_
                         att_scratch *w) {
     int64_t tk = a->tk;
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)rows, (int)ncols, (int)a->d, a->scale, q,
-                (int)a->d, k, (int)a->d, 0.0f, w->s, (int)tk);
+                ld(a->d), k, ld(a->d), 0.0f, w->s, ld(tk));
     uint64_t bh = (uint64_t)(b * a->heads + h);
     for (int64_t r = 0; r < rows; r++) {
         int64_t i = i0 + r;
@@ -149,7 +152,7 @@ ca_status cpu_attention(void *dev, ca_dtype dt, const ca_attention_args *a, cons
                     p = w.p;
                 }
                 cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)rows, (int)a->dv, (int)ncols, 1.0f, p,
-                            (int)a->tk, vb, (int)a->dv, 0.0f, ob + i0 * a->dv, (int)a->dv);
+                            ld(a->tk), vb, ld(a->dv), 0.0f, ob + i0 * a->dv, ld(a->dv));
             }
         }
     scratch_free(&w);
@@ -193,10 +196,10 @@ ca_status cpu_attention_backward(void *dev, ca_dtype dt, const ca_attention_args
                     for (int64_t j = 0; j < rows * tk; j++) w.p[j] = w.s[j] * w.drop[j];
                     pd = w.p;
                 }
-                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)nc, (int)dvn, (int)rows, 1.0f, pd, (int)tk,
-                            gi, (int)dvn, 1.0f, dvb, (int)dvn);
+                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)nc, (int)dvn, (int)rows, 1.0f, pd, ld(tk),
+                            gi, ld(dvn), 1.0f, dvb, ld(dvn));
                 cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)rows, (int)nc, (int)dvn, 1.0f, gi,
-                            (int)dvn, vb, (int)dvn, 0.0f, w.p, (int)tk);
+                            ld(dvn), vb, ld(dvn), 0.0f, w.p, ld(tk));
                 for (int64_t r = 0; r < rows; r++) {
                     float delta = 0.0f;
                     for (int64_t c = 0; c < dvn; c++) delta += gi[r * dvn + c] * oi[r * dvn + c];
@@ -205,9 +208,9 @@ ca_status cpu_attention_backward(void *dev, ca_dtype dt, const ca_attention_args
                     for (int64_t j = 0; j < nc; j++) s[j] = s[j] * ((dr ? dp[j] * dr[j] : dp[j]) - delta);
                 }
                 cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)rows, (int)d, (int)nc, a->scale, w.s,
-                            (int)tk, kb, (int)d, 0.0f, dqb + i0 * d, (int)d);
+                            ld(tk), kb, ld(d), 0.0f, dqb + i0 * d, ld(d));
                 cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)nc, (int)d, (int)rows, a->scale, w.s,
-                            (int)tk, qi, (int)d, 1.0f, dkb, (int)d);
+                            ld(tk), qi, ld(d), 1.0f, dkb, ld(d));
             }
         }
     scratch_free(&w);
