@@ -66,8 +66,7 @@ ca_tensor *ca_cross_entropy_ex(ca_tensor *logits, ca_tensor *labels, const ca_cr
         return NULL;
     int64_t cols = last_dim(logits), rows = cols ? logits->numel / cols : 0;
     char a[128], b[128];
-    if (logits->ndim < 1 || labels->ndim != logits->ndim - 1 || (labels->dtype != CA_I32 && labels->dtype != CA_I64) ||
-        labels->numel != rows) {
+    if (logits->ndim < 1 || (labels->dtype != CA_I32 && labels->dtype != CA_I64) || labels->numel != rows) {
         ca_error(CA_ERR_INVALID, "cross_entropy: logits %s %s and labels %s %s: expected logits [..., C] and "
                  "integer labels [...] (i32 or i64)", ca_shape_str(logits->ndim, logits->shape, a, sizeof a),
                  ca_dtype_name(logits->dtype), ca_shape_str(labels->ndim, labels->shape, b, sizeof b),
