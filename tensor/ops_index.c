@@ -1,4 +1,4 @@
-/* Joining, cutting and selecting: concat, stack, split, index_select, where, masked_fill, triu masks. */
+/* Joining, cutting and selecting: concat, stack, split, index_select, gather, where, masked_fill, triu masks. */
 #include "tensor/ops_impl.h"
 
 #include <stdlib.h>
@@ -195,6 +195,56 @@ ca_tensor *ca_index_select(ca_tensor *x, int dim, ca_tensor *idx) {
         if (!n) return NULL;
         n->saved[0] = idx;
         n->i[0] = outer; n->i[1] = len; n->i[2] = inner;
+    }
+    return y;
+}
+
+/* ------------------------------------------------------------------ gather */
+
+/* i[0..3] = outer, len, inner, n (x viewed [outer, len, inner], idx [outer, n, inner]). */
+static ca_status gather_backward(ca_node *n, ca_tensor *g) {
+    ca_tensor *x = n->in[0], *idx = n->saved[0];
+    float beta;
+    ca_tensor *dx = ca_grad_target(x, &beta);
+    if (!dx) return x->requires_grad ? ca_last_status() : CA_OK;
+    ca_device *dev = ca_tdev(x);
+    ca_status s = CA_OK;
+    if (beta == 0.0f) s = CA_KCALL(dev, fill, dx->dtype, dx->numel, 0.0, ca_tptr(dx));
+    if (s == CA_OK)
+        s = CA_KCALL(dev, gather_backward, dx->dtype, n->i[0], n->i[1], n->i[2], n->i[3], idx->dtype, ca_tptr(idx),
+                     ca_tptr(g), ca_tptr(dx));
+    if (s == CA_OK) ca_grad_written(x);
+    return s;
+}
+static const ca_node_vt gather_vt = {"gather", gather_backward};
+
+ca_tensor *ca_gather_dim(ca_tensor *x, int dim, ca_tensor *idx) {
+    CA_OP_NULLCHECK2(x, idx);
+    if (!ca_op_check_same_device("gather", x, idx) || !norm_dim(&dim, x->ndim, "gather")) return NULL;
+    bool ok = idx->ndim == x->ndim && (idx->dtype == CA_I32 || idx->dtype == CA_I64);
+    for (int d = 0; ok && d < x->ndim; d++) ok = d == dim || idx->shape[d] == x->shape[d];
+    if (!ok) {
+        char a[128], b[128];
+        ca_error(CA_ERR_INVALID, "gather: index %s %s does not fit x %s along dimension %d (same shape but there, "
+                 "i32 or i64)", ca_shape_str(idx->ndim, idx->shape, a, sizeof a), ca_dtype_name(idx->dtype),
+                 ca_shape_str(x->ndim, x->shape, b, sizeof b), dim);
+        return NULL;
+    }
+    x = ca_contiguous(x);
+    idx = ca_contiguous(idx);
+    ca_tensor *y = x && idx ? ca_tensor_new(ca_tdev(x), x->dtype, idx->ndim, idx->shape) : NULL;
+    if (!y) return NULL;
+    int64_t outer = 1, inner = 1, len = x->shape[dim], cnt = idx->shape[dim];
+    for (int d = 0; d < dim; d++) outer *= x->shape[d];
+    for (int d = dim + 1; d < x->ndim; d++) inner *= x->shape[d];
+    if (y->numel && CA_KCALL(ca_tdev(x), gather, x->dtype, outer, len, inner, cnt, ca_tptr(x), idx->dtype,
+                             ca_tptr(idx), ca_tptr(y)) != CA_OK)
+        return NULL;
+    if (ca_dtype_is_float(x->dtype) && ca_needs_grad(1, &x)) {
+        ca_node *n = ca_record(&gather_vt, y, 1, &x);
+        if (!n) return NULL;
+        n->saved[0] = idx;
+        n->i[0] = outer; n->i[1] = len; n->i[2] = inner; n->i[3] = cnt;
     }
     return y;
 }

@@ -97,6 +97,7 @@ static inline ca_tensor *f_split(ca_tensor **in, void *c) {
     return ca_concat(3, r, 0);
 }
 static inline ca_tensor *f_index_select(ca_tensor **in, void *c) { return ca_index_select(in[0], 1, in[1]); }
+static inline ca_tensor *f_gather(ca_tensor **in, void *c) { return ca_gather_dim(in[0], 1, in[1]); }
 static inline ca_tensor *f_where(ca_tensor **in, void *c) { return ca_where(in[2], in[0], in[1]); }
 static inline ca_tensor *f_masked_fill(ca_tensor **in, void *c) { return ca_masked_fill(in[0], in[1], -3.5); }
 static inline ca_tensor *f_rms_norm(ca_tensor **in, void *c) { return ca_rms_norm(in[0], in[1], 1e-6); }

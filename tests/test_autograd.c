@@ -136,6 +136,9 @@ static void test_join_and_select(void **state) {
         in[0] = leaf(&s, CA_SHAPE(2, 4, 3), -1, 1, 0);
         in[1] = ca_from_host(ca_cpu_device(), CA_I64, CA_SHAPE(5), idx);
         gradcheck("index_select", f_index_select, NULL, 2, in, &SMOOTH);
+        int32_t gidx[2 * 2 * 3] = {3, 0, 3, 1, 1, 2, 0, 0, 0, 2, 3, 3};   /* x [2, 4, 3] -> [2, 2, 3] */
+        in[1] = ca_from_host(ca_cpu_device(), CA_I32, CA_SHAPE(2, 2, 3), gidx);
+        gradcheck("gather", f_gather, NULL, 2, in, &SMOOTH);
         uint8_t c[3] = {1, 0, 1};
         in[0] = leaf(&s, CA_SHAPE(3, 4), -1, 1, 0);
         in[1] = leaf(&s, CA_SHAPE(4), -1, 1, 0);

@@ -242,6 +242,15 @@ static void test_join_select_values(void **state) {
         float wsel[6] = {3, 1, 3, 6, 4, 6};
         assert_memory_equal(sel, wsel, sizeof wsel);
         free(sel);
+        int64_t gi[4] = {2, 0, 1, 1};          /* torch.gather(ta, 1, [[2, 0], [1, 1]]) */
+        ca_tensor *tg = ca_from_host(cpu(), CA_I64, CA_SHAPE(2, 2), gi);
+        float *ga = t_host(T_NN(ca_gather_dim(ta, 1, tg)));
+        float wg[4] = {3, 1, 5, 5};
+        assert_memory_equal(ga, wg, sizeof wg);
+        free(ga);
+        gi[3] = 3;
+        assert_null(ca_gather_dim(ta, 1, ca_from_host(cpu(), CA_I64, CA_SHAPE(2, 2), gi)));
+        assert_non_null(strstr(ca_last_error(), "index 3 at position 3 is outside [0, 3)"));
         uint8_t cond[3] = {1, 0, 1};
         ca_tensor *tc = ca_from_host(cpu(), CA_U8, CA_SHAPE(3), cond);
         float *w = t_host(T_NN(ca_where(tc, ta, ca_full(cpu(), CA_F32, 0, NULL, -1.0))));

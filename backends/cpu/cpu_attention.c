@@ -1,4 +1,4 @@
-/* CPU scaled dot-product attention (forward, and a backward that recomputes the probabilities), and where. */
+/* CPU scaled dot-product attention (forward, and a backward that recomputes the probabilities), where and gather. */
 #include "backends/cpu/cpu_impl.h"
 
 #include <cblas.h>
@@ -243,5 +243,56 @@ ca_status cpu_where(void *dev, ca_dtype dt, const ca_bcast_args *s, const int64_
             idx[d] = 0;
         }
     }
+    return CA_OK;
+}
+
+/* ---------------------------------------------------------------- gather */
+
+static ca_status gather_check(const char *k, ca_dtype idx_dt, int64_t outer, int64_t len, int64_t inner, int64_t n,
+                              const void *idx) {
+    if (idx_dt != CA_I32 && idx_dt != CA_I64) return cpu_bad_dtype(k, "indices", idx_dt);
+    if (outer < 0 || len < 0 || inner < 0 || n < 0)
+        return ca_error(CA_ERR_INVALID, "cpu kernel %s: negative shape", k);
+    int64_t total = outer * n * inner;
+    if (total && !idx) return ca_error(CA_ERR_INVALID, "cpu kernel %s: idx is NULL", k);
+    for (int64_t p = 0; p < total; p++) {
+        int64_t v = cpu_index_at(idx_dt, idx, p);
+        if (v < 0 || v >= len)
+            return ca_error(CA_ERR_INVALID, "cpu kernel %s: index %lld at position %lld is outside [0, %lld)", k,
+                            (long long)v, (long long)p, (long long)len);
+    }
+    return CA_OK;
+}
+
+ca_status cpu_gather(void *dev, ca_dtype dt, int64_t outer, int64_t len, int64_t inner, int64_t n, const void *x,
+                     ca_dtype idx_dt, const void *idx, void *y) {
+    size_t es = ca_dtype_size(dt);
+    if (!es) return cpu_bad_dtype("gather", "tensor", dt);
+    ca_status st = gather_check("gather", idx_dt, outer, len, inner, n, idx);
+    if (st != CA_OK || outer * n * inner == 0) return st;
+    if (!x || !y) return ca_error(CA_ERR_INVALID, "cpu kernel gather: %s is NULL", x ? "y" : "x");
+    for (int64_t o = 0; o < outer; o++)
+        for (int64_t j = 0; j < n; j++)
+            for (int64_t i = 0; i < inner; i++) {
+                int64_t p = (o * n + j) * inner + i, src = (o * len + cpu_index_at(idx_dt, idx, p)) * inner + i;
+                memcpy((char *)y + (size_t)p * es, (const char *)x + (size_t)src * es, es);
+            }
+    return CA_OK;
+}
+
+ca_status cpu_gather_backward(void *dev, ca_dtype dt, int64_t outer, int64_t len, int64_t inner, int64_t n,
+                              ca_dtype idx_dt, const void *idx, const void *dy, void *dx) {
+    if (dt != CA_F32) return cpu_bad_dtype("gather_backward", "tensor", dt);
+    ca_status st = gather_check("gather_backward", idx_dt, outer, len, inner, n, idx);
+    if (st != CA_OK || outer * n * inner == 0) return st;
+    if (!dy || !dx) return ca_error(CA_ERR_INVALID, "cpu kernel gather_backward: %s is NULL", dy ? "dx" : "dy");
+    const float *g = dy;
+    float *out = dx;
+    for (int64_t o = 0; o < outer; o++)
+        for (int64_t j = 0; j < n; j++)
+            for (int64_t i = 0; i < inner; i++) {
+                int64_t p = (o * n + j) * inner + i;
+                out[(o * len + cpu_index_at(idx_dt, idx, p)) * inner + i] += g[p];
+            }
     return CA_OK;
 }

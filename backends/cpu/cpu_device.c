@@ -192,6 +192,8 @@ static const ca_kernels cpu_kernels = {
     .attention = cpu_attention,
     .attention_backward = cpu_attention_backward,
     .where = cpu_where,
+    .gather = cpu_gather,
+    .gather_backward = cpu_gather_backward,
 };
 
 const ca_device_ops cpu_device_ops = {

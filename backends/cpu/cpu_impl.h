@@ -179,5 +179,9 @@ ca_status cpu_attention_backward(void *dev, ca_dtype dt, const ca_attention_args
                                  const void *dout, const float *lse, void *dq, void *dk, void *dv);
 ca_status cpu_where(void *dev, ca_dtype dt, const ca_bcast_args *shape, const int64_t *cond_stride,
                     const uint8_t *cond, const void *a, const void *b, void *y);
+ca_status cpu_gather(void *dev, ca_dtype dt, int64_t outer, int64_t len, int64_t inner, int64_t n,
+                     const void *x, ca_dtype idx_dt, const void *idx, void *y);
+ca_status cpu_gather_backward(void *dev, ca_dtype dt, int64_t outer, int64_t len, int64_t inner,
+                              int64_t n, ca_dtype idx_dt, const void *idx, const void *dy, void *dx);
 
 #endif

@@ -1,4 +1,4 @@
-/* CUDA scaled dot-product attention (one block per query row, the row's scores in shared memory; backward recomputes them, dK/dV by atomics) and where. */
+/* CUDA scaled dot-product attention (one block per query row, the row's scores in shared memory; backward recomputes them, dK/dV by atomics), where and gather. */
 #include "backends/cuda/cuda_common.cuh"
 
 /* Threads per query row. */
@@ -225,4 +225,78 @@ extern "C" ca_status cu_where(void *dev, ca_dtype dt, const ca_bcast_args *s, co
                                                                 (uint64_t *)y); break;
     }
     return CU_LAUNCHED(d, "where");
+}
+
+/* ---------------------------------------------------------------- gather */
+
+template <typename E>
+__global__ void gather_k(int64_t outer, int64_t len, int64_t inner, int64_t n, const E *x, bool i64, const void *idx,
+                         E *y, cu_err_ref err) {
+    CU_GRID_LOOP(p, outer * n * inner) {
+        int64_t i = p % inner, o = p / (n * inner), v = cu_index_at(i64, idx, p);
+        if (v < 0 || v >= len) {    /* reported, and never read outside x */
+            cu_report(err, CU_ERR_GATHER_INDEX, 0, p, v, len, 0);
+            y[p] = E();
+        } else {
+            y[p] = x[(o * len + v) * inner + i];
+        }
+    }
+}
+
+__global__ void gather_bwd_k(int64_t outer, int64_t len, int64_t inner, int64_t n, bool i64, const void *idx,
+                             const float *dy, float *dx, cu_err_ref err) {
+    CU_GRID_LOOP(p, outer * n * inner) {
+        int64_t i = p % inner, o = p / (n * inner), v = cu_index_at(i64, idx, p);
+        if (v < 0 || v >= len) cu_report(err, CU_ERR_GATHER_INDEX, 1, p, v, len, 0);
+        else atomicAdd(&dx[(o * len + v) * inner + i], dy[p]);
+    }
+}
+
+static ca_status gather_check(const char *k, ca_dtype idx_dt, int64_t outer, int64_t len, int64_t inner, int64_t n,
+                              const void *idx) {
+    if (idx_dt != CA_I32 && idx_dt != CA_I64) return cu_bad_dtype(k, "indices", idx_dt);
+    if (outer < 0 || len < 0 || inner < 0 || n < 0)
+        return ca_error(CA_ERR_INVALID, "cuda kernel %s: negative shape", k);
+    if (outer * n * inner && !idx) return ca_error(CA_ERR_INVALID, "cuda kernel %s: idx is NULL", k);
+    return CA_OK;
+}
+
+extern "C" ca_status cu_gather(void *dev, ca_dtype dt, int64_t outer, int64_t len, int64_t inner, int64_t n,
+                               const void *x, ca_dtype idx_dt, const void *idx, void *y) {
+    cuda_device *d = (cuda_device *)dev;
+    size_t es = ca_dtype_size(dt);
+    if (!es) return cu_bad_dtype("gather", "tensor", dt);
+    ca_status st = gather_check("gather", idx_dt, outer, len, inner, n, idx);
+    int64_t total = outer * n * inner;
+    if (st != CA_OK || total == 0) return st;
+    if (!x || !y) return ca_error(CA_ERR_INVALID, "cuda kernel gather: %s is NULL", x ? "y" : "x");
+    if ((st = cu_enter(d, "kernel gather")) != CA_OK) return st;
+    unsigned g = cu_grid(d, total, CU_THREADS);
+    bool i64 = idx_dt == CA_I64;
+    cu_err_ref e = cu_err_of(d);
+    switch (es) {
+    case 1: gather_k<uint8_t><<<g, CU_THREADS, 0, d->stream>>>(outer, len, inner, n, (const uint8_t *)x, i64, idx,
+                                                               (uint8_t *)y, e); break;
+    case 2: gather_k<uint16_t><<<g, CU_THREADS, 0, d->stream>>>(outer, len, inner, n, (const uint16_t *)x, i64, idx,
+                                                                (uint16_t *)y, e); break;
+    case 4: gather_k<uint32_t><<<g, CU_THREADS, 0, d->stream>>>(outer, len, inner, n, (const uint32_t *)x, i64, idx,
+                                                                (uint32_t *)y, e); break;
+    default: gather_k<uint64_t><<<g, CU_THREADS, 0, d->stream>>>(outer, len, inner, n, (const uint64_t *)x, i64, idx,
+                                                                 (uint64_t *)y, e); break;
+    }
+    return CU_LAUNCHED(d, "gather");
+}
+
+extern "C" ca_status cu_gather_backward(void *dev, ca_dtype dt, int64_t outer, int64_t len, int64_t inner, int64_t n,
+                                        ca_dtype idx_dt, const void *idx, const void *dy, void *dx) {
+    cuda_device *d = (cuda_device *)dev;
+    if (dt != CA_F32) return cu_bad_dtype("gather_backward", "tensor", dt);
+    ca_status st = gather_check("gather_backward", idx_dt, outer, len, inner, n, idx);
+    int64_t total = outer * n * inner;
+    if (st != CA_OK || total == 0) return st;
+    if (!dy || !dx) return ca_error(CA_ERR_INVALID, "cuda kernel gather_backward: %s is NULL", dy ? "dx" : "dy");
+    if ((st = cu_enter(d, "kernel gather_backward")) != CA_OK) return st;
+    gather_bwd_k<<<cu_grid(d, total, CU_THREADS), CU_THREADS, 0, d->stream>>>(outer, len, inner, n,
+        idx_dt == CA_I64, idx, (const float *)dy, (float *)dx, cu_err_of(d));
+    return CU_LAUNCHED(d, "gather_backward");
 }

@@ -32,7 +32,8 @@ typedef struct cu_alloc cu_alloc;   /* the caching allocator (cuda_alloc.c) */
 typedef enum cu_err_kind {
     CU_ERR_NONE = 0,
     CU_ERR_CE_LABEL = 1,      /* cross_entropy(+backward): label outside [0, cols), not ignore_index */
-    CU_ERR_EMB_INDEX = 2      /* embedding(+backward): index outside [0, rows) */
+    CU_ERR_EMB_INDEX = 2,     /* embedding(+backward): index outside [0, rows) */
+    CU_ERR_GATHER_INDEX = 3   /* gather(+backward): index outside [0, len) */
 } cu_err_kind;
 
 typedef struct cu_dev_error {
@@ -188,6 +189,10 @@ ca_status cu_attention_backward(void *dev, ca_dtype dt, const ca_attention_args 
                                 const float *lse, void *dq, void *dk, void *dv);
 ca_status cu_where(void *dev, ca_dtype dt, const ca_bcast_args *shape, const int64_t *cond_stride,
                    const uint8_t *cond, const void *a, const void *b, void *y);
+ca_status cu_gather(void *dev, ca_dtype dt, int64_t outer, int64_t len, int64_t inner, int64_t n, const void *x,
+                    ca_dtype idx_dt, const void *idx, void *y);
+ca_status cu_gather_backward(void *dev, ca_dtype dt, int64_t outer, int64_t len, int64_t inner, int64_t n,
+                             ca_dtype idx_dt, const void *idx, const void *dy, void *dx);
 
 /* ------------------------------------------------------- collectives */
 

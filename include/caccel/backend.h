@@ -246,6 +246,16 @@ typedef struct ca_kernels {
     ca_status (*where)(void *dev, ca_dtype dt, const ca_bcast_args *shape,
                        const int64_t *cond_stride, const uint8_t *cond, const void *a,
                        const void *b, void *y);
+    /* torch.gather along the middle dim of x [outer, len, inner]:
+     * y[o, j, i] = x[o, idx[o, j, i], i] for idx, y [outer, n, inner] (idx_dt i32 or
+     * i64; any dtype for x). An index outside [0, len) gives CA_ERR_INVALID
+     * (position and value) where the device can check, and is never read. */
+    ca_status (*gather)(void *dev, ca_dtype dt, int64_t outer, int64_t len, int64_t inner,
+                        int64_t n, const void *x, ca_dtype idx_dt, const void *idx, void *y);
+    /* dx[o, idx[o, j, i], i] += dy[o, j, i] (float dtypes the device names; f32 at least). */
+    ca_status (*gather_backward)(void *dev, ca_dtype dt, int64_t outer, int64_t len, int64_t inner,
+                                 int64_t n, ca_dtype idx_dt, const void *idx, const void *dy,
+                                 void *dx);
 } ca_kernels;
 
 /* ---------------------------------------------------------------- allocator */

@@ -132,6 +132,10 @@ CA_API ca_tensor *ca_stack(int n, ca_tensor *const *xs, int dim);
 CA_API ca_status ca_split(ca_tensor *x, int dim, int n, const int64_t *sizes, ca_tensor **out);
 /* The slices of x at positions idx (1-D, i32/i64) along dim, as torch.index_select. */
 CA_API ca_tensor *ca_index_select(ca_tensor *x, int dim, ca_tensor *idx);
+/* torch.gather (named apart from ca_gather, the all-gather of accelerator.h):
+ * y[.., j, ..] = x[.., idx[.., j, ..], ..] along dim; idx (i32/i64) has x's
+ * shape except along dim, and y has idx's shape. Differentiable in x (f32). */
+CA_API ca_tensor *ca_gather_dim(ca_tensor *x, int dim, ca_tensor *idx);
 /* cond ? a : b elementwise; cond is u8 (nonzero = true); the three broadcast.
  * Differentiable in a and b. */
 CA_API ca_tensor *ca_where(ca_tensor *cond, ca_tensor *a, ca_tensor *b);
