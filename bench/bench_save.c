@@ -1,5 +1,7 @@
 /* bench_save: ca_save_model and ca_load_model against the same bytes written and read raw
- * (write + fsync + rename, the same durability as the save) and against dd and cp of the file.
+ * (write + fsync + rename, the same durability as the save) and against dd and cp of the file;
+ * then ca_save_state / ca_load_state (model + AdamW state: three times the bytes) against the raw
+ * write of as many bytes.
  * usage: bench_save [--mib N] [--reps R] [--dir D]; prints MB/s per method and the ratios. */
 #include "bench/bench_util.h"
 
@@ -64,6 +66,47 @@ static double timed_shell(const char *cmd) {
     return now_s() - t0;
 }
 
+/* ca_save_state of the same model with AdamW after one step (exp_avg, exp_avg_sq exist), against
+ * a raw write+fsync+rename of the same number of bytes; then ca_load_state. */
+static void bench_state(ca_module *m, const char *dir, int reps, size_t param_bytes) {
+    ca_accelerator *acc;
+    const char *settings[] = {"use_cpu=true", NULL};
+    CA_CHECK(ca_accelerator_create(&(ca_options){.settings = settings}, &acc));
+    ca_optimizer *opt;
+    CA_CHECK(ca_adamw_create(m, NULL, &opt));
+    CA_CHECK(ca_prepare(acc, m, opt, NULL));
+    CA_SCOPE {
+        ca_tensor *x = ca_rand_normal(ca_accelerator_device(acc), CA_F32, CA_SHAPE(2, 1024), 0.0f, 1.0f);
+        CA_CHECK(ca_backward(acc, ca_mean(ca_module_forward(m, x))));
+        CA_CHECK(ca_optimizer_step(opt));
+    }
+    size_t bytes = 3 * param_bytes;
+    char *buf = malloc(bytes), sdir[4096];
+    if (!buf) { fprintf(stderr, "bench_save: out of memory\n"); exit(1); }
+    memset(buf, 7, bytes);
+    snprintf(sdir, sizeof sdir, "%s/state", dir);
+    double t[3][50];
+    for (int r = 0; r < reps; r++) {
+        double t0 = now_s();
+        CA_CHECK(ca_save_state(acc, sdir));
+        t[0][r] = now_s() - t0;
+        t0 = now_s();
+        raw_write(dir, buf, bytes);
+        t[1][r] = now_s() - t0;
+        t0 = now_s();
+        CA_CHECK(ca_load_state(acc, sdir));
+        t[2][r] = now_s() - t0;
+    }
+    double mb = (double)bytes / 1e6, save = median(t[0], reps), raw = median(t[1], reps);
+    printf("# training state: %.0f MB (model + AdamW exp_avg + exp_avg_sq)\n", mb);
+    printf("%-34s %10.0f %10s\n", "ca_save_state (atomic, fsync)", mb / save, "1.00");
+    printf("%-34s %10.0f %10.2f\n", "write+fsync+rename, same bytes", mb / raw, raw / save);
+    printf("%-34s %10.0f %10s\n", "ca_load_state (CRC, validate, copy)", mb / median(t[2], reps), "");
+    free(buf);
+    ca_optimizer_destroy(opt);
+    ca_accelerator_destroy(acc);
+}
+
 int main(int argc, char **argv) {
     int mib = 256, reps = 5;
     const char *dir = "bench-save.tmp";
@@ -108,6 +151,7 @@ int main(int argc, char **argv) {
     double rd = (now_s() - t0) / reps;
     printf("%-34s %10.0f %10s\n", "ca_load_model (validate + copy)", mb / median(t[4], reps), "");
     printf("%-34s %10.0f %10s\n", "read() of the file (page cache)", mb / rd, "");
+    bench_state(m, dir, reps, bytes);
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
     if (system(cmd) != 0) return 1;
     free(buf);

@@ -1,4 +1,5 @@
-# bench/save.mk: ca_save_model / ca_load_model against raw write+fsync, dd and cp of the same bytes
+# bench/save.mk: ca_save_model / ca_load_model against raw write+fsync, dd and cp of the same bytes;
+# ca_save_state / ca_load_state (model + AdamW state) against a raw write of as many bytes
 # (`make bench-save`; BENCH_SAVE_ARGS passes e.g. "--mib 512 --reps 7 --dir /some/disk").
 EXTRA_PROGRAMS += bench/bench_save
 ca_bench_programs += bench/bench_save$(EXEEXT)
