@@ -4,4 +4,5 @@ libcaccel_la_SOURCES += \
 	accelerator/accelerator_impl.h \
 	accelerator/accelerator.c \
 	accelerator/ddp.c \
+	accelerator/determinism.c \
 	accelerator/checkpoint.c

@@ -204,6 +204,8 @@ const ca_key_def ca_config_keys[] = {
     KF("gradient_clipping", NULL, 0, BIG, EX | S, "clip the global gradient norm to this (null: off)"),
     KI("num_cpu_threads_per_process", NULL, 1, 1e6, EX | S, "threads per process (null: cores / local processes)"),
     KB("allow_unknown_keys", "false", EX | S, "unknown top-level keys warn instead of failing"),
+    KB("deterministic", "false", EX | S, "parameters bit-identical for any process and BLAS thread count (docs/DETERMINISM.md)"),
+    KI("deterministic_shards", "4", 1, 1e6, EX | S, "virtual shards per global batch in deterministic mode (a multiple of the process count)"),
 };
 const size_t ca_config_nkeys = sizeof ca_config_keys / sizeof ca_config_keys[0];
 
@@ -278,6 +280,8 @@ const ca_env_def ca_config_envs[] = {
     {"CACCEL_BUCKET_CAP_MB", CA_ENV_KEY, "bucket_cap_mb"},
     {"CACCEL_ALLOW_UNKNOWN_KEYS", CA_ENV_KEY, "allow_unknown_keys"},
     {"CACCEL_EVEN_BATCHES", CA_ENV_KEY, "even_batches"},
+    {"CACCEL_DETERMINISTIC", CA_ENV_KEY, "deterministic"},
+    {"CACCEL_DETERMINISTIC_SHARDS", CA_ENV_KEY, "deterministic_shards"},
 };
 const size_t ca_config_nenvs = sizeof ca_config_envs / sizeof ca_config_envs[0];
 
@@ -366,6 +370,8 @@ const ca_flag_def ca_config_flags[] = {
     {"bucket_cap_mb", CA_FLAG_VALUE, "bucket_cap_mb"},
     {"allow_unknown_keys", CA_FLAG_TRUE, "allow_unknown_keys"},
     {"even_batches", CA_FLAG_VALUE, "even_batches"},
+    {"deterministic", CA_FLAG_TRUE, "deterministic"},
+    {"deterministic_shards", CA_FLAG_VALUE, "deterministic_shards"},
 };
 const size_t ca_config_nflags = sizeof ca_config_flags / sizeof ca_config_flags[0];
 

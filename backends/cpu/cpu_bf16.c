@@ -70,6 +70,11 @@ static void load(void) {
     snprintf(why, sizeof why, "bf16 GEMM through oneDNN%s", forced ? " (CACCEL_CPU_BF16_GEMM=onednn)" : "");
 }
 
+void cpu_bf16_set_threads(int n) {
+    pthread_once(&once, load);
+    if (omp_set_threads) omp_set_threads(n);
+}
+
 const char *cpu_bf16_gemm_path(void) {
     pthread_once(&once, load);
     return why;

@@ -1,0 +1,83 @@
+#!/bin/sh
+# Deterministic mode (docs/DETERMINISM.md): the Fashion-MNIST MLP trained for one epoch (its last
+# global batch padded) with fp16 loss scaling, clipping and a cosine schedule with warmup ends with
+# bit-identical parameters (cmp) on 1, 2 and 4 processes (caccel launch over Gloo, and mpirun over
+# MPI) and with 1 or 2 BLAS threads, on the same global batch of 256; with gradient accumulation too.
+# Without the mode the same runs differ in the last bits (shown, not asserted: that depends on the
+# BLAS build and the machine). A process count that does not divide deterministic_shards is refused.
+. "$(dirname "$0")/dist/lib.sh"
+need_caccel
+FM="$BUILD/examples/fashion_mnist"
+[ -x "$FM" ] || skip "no Fashion-MNIST example at $FM"
+"$FM" --cpu --epochs 1 --max-steps 1 > /dev/null 2>&1 || skip "the Fashion-MNIST example does not run here (no data?)"
+
+have() { for d in $(echo "${CACCEL_PLUGIN_PATH:-}" | tr ':' ' '); do [ -e "$d/caccel_$1.so" ] && return 0; done; return 1; }
+backends=""
+have gloo && backends="gloo"
+have mpi && command -v "${MPIRUN:-mpirun}" >/dev/null 2>&1 && backends="$backends mpi"
+echo "backends:${backends:- none (one process only)}"
+
+TRAIN="--epochs 1 --mixed_precision fp16 --gradient_clipping 1.0 --schedule cosine --warmup 0.1"
+
+# run NP BACKEND THREADS OUT ARGS...: trains with the global batch 256 split over NP processes
+run() {
+    np=$1 be=$2 th=$3 out=$4; shift 4
+    bs=$((256 / np))
+    case $be in
+    one) OPENBLAS_NUM_THREADS=$th OMP_NUM_THREADS=$th "$FM" --cpu --batch-size "$bs" --dump-params "$out" "$@" ;;
+    gloo) timeout 300 "$CACCEL" launch --num_processes "$np" --num_cpu_threads_per_process "$th" --cpu --backend gloo \
+              "$FM" --batch-size "$bs" --dump-params "$out" "$@" ;;
+    mpi) OPENBLAS_NUM_THREADS=$th OMP_NUM_THREADS=$th run_mpi "$np" "$FM" --cpu --backend mpi --batch-size "$bs" \
+              --dump-params "$out" "$@" ;;
+    esac > "$WORK/log" 2>&1 || { cat "$WORK/log"; fail "$np process(es) over $be, $th thread(s): training failed"; }
+}
+
+identical() {   # identical REF OTHER WHAT
+    cmp "$1" "$2" || fail "parameters differ: $3"
+    echo "  bit-identical: $3"
+}
+
+note "deterministic mode, one epoch (fp16, clipping, cosine warmup): 1 process with 1 and 2 BLAS threads"
+run 1 one 2 "$WORK/ref.bin" --deterministic $TRAIN
+run 1 one 1 "$WORK/one_t1.bin" --deterministic $TRAIN
+identical "$WORK/ref.bin" "$WORK/one_t1.bin" "1 process, 1 thread"
+CACCEL_DETERMINISTIC=1 run 1 one 2 "$WORK/one_env.bin" $TRAIN
+identical "$WORK/ref.bin" "$WORK/one_env.bin" "1 process, CACCEL_DETERMINISTIC=1"
+
+for be in $backends; do
+    note "deterministic mode over $be: 2 and 4 processes, 1 and 2 threads each"
+    for np in 2 4; do
+        for th in 1 2; do
+            run "$np" "$be" "$th" "$WORK/${be}_${np}_$th.bin" --deterministic $TRAIN
+            identical "$WORK/ref.bin" "$WORK/${be}_${np}_$th.bin" "$np processes over $be, $th thread(s)"
+        done
+    done
+done
+
+note "deterministic mode with gradient accumulation (2 micro-steps of 256), 40 steps"
+ACC="--epochs 1 --max-steps 40 --gradient_accumulation_steps 2"
+run 1 one 2 "$WORK/acc1.bin" --deterministic $ACC
+for be in $backends; do
+    run 2 "$be" 1 "$WORK/acc2_$be.bin" --deterministic $ACC
+    identical "$WORK/acc1.bin" "$WORK/acc2_$be.bin" "accumulation, 2 processes over $be"
+    run 4 "$be" 2 "$WORK/acc4_$be.bin" --deterministic $ACC
+    identical "$WORK/acc1.bin" "$WORK/acc4_$be.bin" "accumulation, 4 processes over $be"
+done
+
+note "without the mode (for contrast, not asserted)"
+run 1 one 2 "$WORK/plain1.bin" $TRAIN
+for be in $backends; do
+    run 2 "$be" 2 "$WORK/plain2_$be.bin" $TRAIN
+    if cmp -s "$WORK/plain1.bin" "$WORK/plain2_$be.bin"; then echo "  1 vs 2 processes over $be: equal"
+    else echo "  1 vs 2 processes over $be: differ ($(cmp -l "$WORK/plain1.bin" "$WORK/plain2_$be.bin" | wc -l) bytes)"; fi
+done
+
+if have gloo; then
+    note "3 processes with deterministic_shards 4: refused at start, naming the key"
+    t0=$(date +%s)
+    if timeout 120 "$CACCEL" launch --num_processes 3 --cpu --backend gloo --deterministic "$FM" --batch-size 64 \
+        --max-steps 1 > "$WORK/o" 2>&1; then cat "$WORK/o"; fail "3 processes were accepted"; fi
+    [ "$(elapsed_since "$t0")" -le 60 ] || fail "the refusal took $(elapsed_since "$t0") s"
+    count 3 "deterministic_shards 4 (from default) is not a multiple of the 3 processes" "$WORK/o"
+fi
+echo ok
