@@ -147,7 +147,10 @@ void ca_accelerator_destroy(ca_accelerator *acc) {
     if (!acc) return;
     /* prepared objects that outlive the accelerator go back to plain use */
     for (int i = 0; i < acc->nopts; i++) ca_optimizer_set_owner(acc->opts[i], NULL);
-    for (int i = 0; i < acc->nloaders; i++) ca_dataloader_set_owner(acc->loaders[i], NULL, NULL);
+    for (int i = 0; i < acc->nloaders; i++) {
+        ca_dataloader_set_owner(acc->loaders[i], NULL, NULL);
+        if (acc->st.deterministic) ca_dataloader_set_parts(acc->loaders[i], 0);   /* whole batches again */
+    }
     if (acc->model) {
         acc->model->owner = NULL;
         acc->model->autocast = CA_F32;
