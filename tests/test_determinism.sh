@@ -2,7 +2,8 @@
 # Deterministic mode (docs/DETERMINISM.md): the Fashion-MNIST MLP trained for one epoch (its last
 # global batch padded) with fp16 loss scaling, clipping and a cosine schedule with warmup ends with
 # bit-identical parameters (cmp) on 1, 2 and 4 processes (caccel launch over Gloo, and mpirun over
-# MPI) and with 1 or 2 BLAS threads, on the same global batch of 256; with gradient accumulation too.
+# MPI) and with 1 or 2 BLAS threads, on the same global batch of 256; with gradient accumulation and
+# bf16 autocast too.
 # Without the mode the same runs differ in the last bits (shown, not asserted: that depends on the
 # BLAS build and the machine). A process count that does not divide deterministic_shards is refused.
 . "$(dirname "$0")/dist/lib.sh"
@@ -62,6 +63,14 @@ for be in $backends; do
     identical "$WORK/acc1.bin" "$WORK/acc2_$be.bin" "accumulation, 2 processes over $be"
     run 4 "$be" 2 "$WORK/acc4_$be.bin" --deterministic $ACC
     identical "$WORK/acc1.bin" "$WORK/acc4_$be.bin" "accumulation, 4 processes over $be"
+done
+
+note "deterministic mode with bf16 autocast ($("$CACCEL" env --cpu 2>/dev/null | sed -n 's/.*; \(bf16 GEMM [^;]*\)$/\1/p')), 30 steps"
+BF="--epochs 1 --max-steps 30 --mixed_precision bf16"
+run 1 one 2 "$WORK/bf1.bin" --deterministic $BF
+for be in $backends; do
+    run 4 "$be" 2 "$WORK/bf4_$be.bin" --deterministic $BF
+    identical "$WORK/bf1.bin" "$WORK/bf4_$be.bin" "bf16, 4 processes over $be"
 done
 
 note "without the mode (for contrast, not asserted)"
