@@ -268,7 +268,8 @@ ca_status ca_prepare_dataloader(ca_accelerator *acc, ca_dataloader *dl) {
         if (acc->loaders[i] == dl) return CA_OK;
     ca_status s = ca_dataloader_set_device(dl, acc->device);
     if (s == CA_OK) s = ca_dataloader_shard(dl, acc->rank, acc->world, acc->st.even_batches);
-    if (s == CA_OK && acc->st.deterministic) s = ca_dataloader_set_parts(dl, acc->det.parts);
+    /* a loader that cannot split (an evaluation loader, say) stays whole; ca_backward refuses its batches */
+    if (s == CA_OK && acc->st.deterministic && ca_dataloader_set_parts(dl, acc->det.parts) != CA_OK) ca_clear_error();
     if (s == CA_OK && acc->seeded) s = ca_dataloader_set_seed(dl, acc->seed);
     if (s != CA_OK) return s;
     ca_dataloader **nl = realloc(acc->loaders, (size_t)(acc->nloaders + 1) * sizeof *nl);
@@ -319,7 +320,7 @@ static bool det_batch_done(const ca_accelerator *acc) {
     if (!acc->st.deterministic) return true;
     int part, parts;
     det_part(acc, &part, &parts);
-    return part == parts - 1;
+    return parts <= 1 || part == parts - 1;
 }
 
 int ca_accumulate_begin(ca_accelerator *acc, ca_module *model) {
@@ -495,17 +496,24 @@ ca_status ca_grad_scaler_configure(ca_accelerator *acc, const ca_grad_scaler_opt
 
 /* ------------------------------------------------------------------ backward and step */
 
+/* Deterministic mode, a batch that is not a virtual shard: why. */
+static ca_status det_refuse(const ca_accelerator *acc) {
+    const ca_dataloader *dl = active_loader(acc);
+    if (dl && ca_dataloader_check_parts(dl, acc->det.parts) != CA_OK)
+        return ca_error_context("ca_backward: this batch's dataloader cannot hand out virtual shards");
+    return ca_error(CA_ERR_STATE, "deterministic mode: ca_backward needs a batch from a dataloader prepared by "
+                    "this accelerator (it hands each process its %d virtual shards as micro-batches)",
+                    acc->det.parts);
+}
+
 ca_status ca_backward(ca_accelerator *acc, ca_tensor *loss) {
     if (!acc) return ca_error(CA_ERR_INVALID, "ca_backward: accelerator is NULL");
     if (!loss) return ca_last_status() ? ca_last_status() : ca_error(CA_ERR_INVALID, "ca_backward: loss is NULL");
     int64_t k = acc->in_accumulate && acc->st.gradient_accumulation_steps > 1 ? acc->st.gradient_accumulation_steps : 1;
     double seed = scaling(acc) ? acc->scaler.scale / (double)k : 1.0 / (double)k;
-    int part = 0, parts = 1;
+    int part = 0, parts = 0;
     if (acc->st.deterministic) det_part(acc, &part, &parts);
-    if (acc->st.deterministic && acc->model && parts != acc->det.parts)
-        return ca_error(CA_ERR_STATE, "deterministic mode: ca_backward needs a batch from a dataloader prepared by "
-                        "this accelerator (it hands each process its %d virtual shards as micro-batches)",
-                        acc->det.parts);
+    if (acc->st.deterministic && acc->model && parts != acc->det.parts) return det_refuse(acc);
     bool sync = ca_sync_gradients(acc);
     acc->sync = sync;
     acc->in_backward = true;

@@ -98,13 +98,15 @@ void ca_shard_plan_part(const ca_shard_plan *p, int parts, int64_t b, int part, 
 /* True when the batch handed out last was the final one of its epoch (the
  * accelerator makes that micro-step an accumulation boundary). */
 bool ca_dataloader_handed_last(const ca_dataloader *dl);
-/* Deterministic mode: hand each batch out as `parts` micro-batches (0 or 1:
- * off); the plan pads or drops the last global batch at any world size. Fails,
- * naming the keys, when batch_size is not a multiple of parts or when neither
- * even_batches nor drop_last is set. */
+/* Deterministic mode: hand each batch out as `parts` micro-batches (0: off);
+ * the plan pads or drops the last global batch at any world size. Fails,
+ * naming the keys, when the loader cannot (ca_dataloader_check_parts). */
 ca_status ca_dataloader_set_parts(ca_dataloader *dl, int parts);
+/* Whether dl can split into `parts`: batch_size a multiple of parts, and
+ * even_batches or drop_last set; the error names deterministic_shards. */
+ca_status ca_dataloader_check_parts(const ca_dataloader *dl, int parts);
 /* Which micro-batch of its batch the loader handed out last (0 .. parts - 1),
- * and parts (1 when the loader does not split batches). */
+ * and parts (0 when the loader is not in deterministic mode). */
 void ca_dataloader_handed_part(const ca_dataloader *dl, int *part, int *parts);
 /* When the loader last handed out a batch of the pass in flight, in process-wide
  * order (larger is newer); 0 when no pass is in flight. */

@@ -403,7 +403,7 @@ bool ca_dataloader_handed_last(const ca_dataloader *dl) { return dl && dl->hande
 
 void ca_dataloader_handed_part(const ca_dataloader *dl, int *part, int *parts) {
     *part = dl && dl->parts > 1 ? dl->handed_part : 0;
-    *parts = dl && dl->parts > 1 ? dl->parts : 1;
+    *parts = dl ? dl->parts : 0;
 }
 
 uint64_t ca_dataloader_handed_seq(const ca_dataloader *dl) {
@@ -613,8 +613,8 @@ ca_status ca_dataloader_shard(ca_dataloader *dl, int rank, int world_size, bool 
     return CA_OK;
 }
 
-ca_status ca_dataloader_set_parts(ca_dataloader *dl, int parts) {
-    if (!dl) return ca_error(CA_ERR_INVALID, "ca_dataloader_set_parts: loader is NULL");
+ca_status ca_dataloader_check_parts(const ca_dataloader *dl, int parts) {
+    if (!dl) return ca_error(CA_ERR_INVALID, "ca_dataloader_check_parts: loader is NULL");
     if (parts < 0) return ca_error(CA_ERR_INVALID, "dataloader: %d micro-batches per batch", parts);
     if (parts > 0 && dl->batch_size % parts != 0)
         return ca_error(CA_ERR_INVALID,
@@ -626,6 +626,12 @@ ca_status ca_dataloader_set_parts(ca_dataloader *dl, int parts) {
         return ca_error(CA_ERR_INVALID,
                         "deterministic mode needs even_batches=true or a loader with drop_last: the last "
                         "global batch must be whole at every world size");
+    return CA_OK;
+}
+
+ca_status ca_dataloader_set_parts(ca_dataloader *dl, int parts) {
+    ca_status s = ca_dataloader_check_parts(dl, parts);
+    if (s != CA_OK) return s;
     reset_for_change(dl, parts != dl->parts);
     dl->parts = parts;
     return CA_OK;

@@ -3,7 +3,7 @@
 # global batch padded) with fp16 loss scaling, clipping and a cosine schedule with warmup ends with
 # bit-identical parameters (cmp) on 1, 2 and 4 processes (caccel launch over Gloo, and mpirun over
 # MPI) and with 1 or 2 BLAS threads, on the same global batch of 256; with gradient accumulation and
-# bf16 autocast too.
+# bf16 autocast too, and with 6 virtual shards at 1 and 3 processes.
 # Without the mode the same runs differ in the last bits (shown, not asserted: that depends on the
 # BLAS build and the machine). A process count that does not divide deterministic_shards is refused.
 . "$(dirname "$0")/dist/lib.sh"
@@ -72,6 +72,16 @@ for be in $backends; do
     run 4 "$be" 2 "$WORK/bf4_$be.bin" --deterministic $BF
     identical "$WORK/bf1.bin" "$WORK/bf4_$be.bin" "bf16, 4 processes over $be"
 done
+
+if have gloo; then
+    note "deterministic_shards 6 (not a power of two): 1 and 3 processes, global batch 258, 20 steps"
+    V6="--epochs 1 --max-steps 20 --deterministic --deterministic_shards 6"
+    OPENBLAS_NUM_THREADS=2 "$FM" --cpu --batch-size 258 --dump-params "$WORK/v6_1.bin" $V6 > "$WORK/log" 2>&1 ||
+        { cat "$WORK/log"; fail "V = 6, 1 process"; }
+    timeout 300 "$CACCEL" launch --num_processes 3 --cpu --backend gloo "$FM" --batch-size 86 \
+        --dump-params "$WORK/v6_3.bin" $V6 > "$WORK/log" 2>&1 || { cat "$WORK/log"; fail "V = 6, 3 processes"; }
+    identical "$WORK/v6_1.bin" "$WORK/v6_3.bin" "deterministic_shards 6, 3 processes over gloo"
+fi
 
 note "without the mode (for contrast, not asserted)"
 run 1 one 2 "$WORK/plain1.bin" $TRAIN
