@@ -3,7 +3,8 @@
 # global batch padded) with fp16 loss scaling, clipping and a cosine schedule with warmup ends with
 # bit-identical parameters (cmp) on 1, 2 and 4 processes (caccel launch over Gloo, and mpirun over
 # MPI) and with 1 or 2 BLAS threads, on the same global batch of 256; with gradient accumulation and
-# bf16 autocast too, and with 6 virtual shards at 1 and 3 processes.
+# bf16 autocast too, and with 6 virtual shards at 1 and 3 processes; and that it trains the same
+# model as ordinary training up to rounding.
 # Without the mode the same runs differ in the last bits (shown, not asserted: that depends on the
 # BLAS build and the machine). A process count that does not divide deterministic_shards is refused.
 . "$(dirname "$0")/dist/lib.sh"
@@ -82,6 +83,15 @@ if have gloo; then
         --dump-params "$WORK/v6_3.bin" $V6 > "$WORK/log" 2>&1 || { cat "$WORK/log"; fail "V = 6, 3 processes"; }
     identical "$WORK/v6_1.bin" "$WORK/v6_3.bin" "deterministic_shards 6, 3 processes over gloo"
 fi
+
+note "the mode trains the same model as ordinary training, up to rounding (1e-5 after 15 f32 steps)"
+run 1 one 1 "$WORK/ord15.bin" --epochs 1 --max-steps 15
+run 1 one 1 "$WORK/det15.bin" --epochs 1 --max-steps 15 --deterministic
+od -An -v -f "$WORK/ord15.bin" | tr -s ' ' '\n' | sed '/^$/d' > "$WORK/a.txt"
+od -An -v -f "$WORK/det15.bin" | tr -s ' ' '\n' | sed '/^$/d' > "$WORK/b.txt"
+paste "$WORK/a.txt" "$WORK/b.txt" | awk '{ d = $1 - $2; if (d < 0) d = -d; if (d > m) m = d; n++ }
+    END { printf "  %d values, max |diff| %.3g\n", n, m; exit !(n > 0 && m <= 1e-5) }' ||
+    fail "deterministic and ordinary training differ beyond 1e-5"
 
 note "without the mode (for contrast, not asserted)"
 run 1 one 2 "$WORK/plain1.bin" $TRAIN
