@@ -132,6 +132,7 @@ ca_status ca_accelerator_create(const ca_options *opts, ca_accelerator **out) {
     if (s == CA_OK) s = setup_processes(acc);
     if (s == CA_OK && acc->rank <= 0) s = ca_config_warn_ignored(acc->cfg, NULL);   /* once per run */
     if (s == CA_OK) s = select_device(acc);
+    if (s == CA_OK && acc->st.deterministic) s = ca_det_configure(acc);
     if (s == CA_OK) s = create_comm(acc);
     if (s == CA_OK) s = ca_grad_scaler_configure(acc, &(ca_grad_scaler_opts){0});   /* Accelerate's defaults */
     if (s != CA_OK) {
@@ -146,7 +147,10 @@ void ca_accelerator_destroy(ca_accelerator *acc) {
     if (!acc) return;
     /* prepared objects that outlive the accelerator go back to plain use */
     for (int i = 0; i < acc->nopts; i++) ca_optimizer_set_owner(acc->opts[i], NULL);
-    for (int i = 0; i < acc->nloaders; i++) ca_dataloader_set_owner(acc->loaders[i], NULL, NULL);
+    for (int i = 0; i < acc->nloaders; i++) {
+        ca_dataloader_set_owner(acc->loaders[i], NULL, NULL);
+        if (acc->st.deterministic) ca_dataloader_set_parts(acc->loaders[i], 0);   /* whole batches again */
+    }
     if (acc->model) {
         acc->model->owner = NULL;
         acc->model->autocast = CA_F32;
@@ -155,6 +159,7 @@ void ca_accelerator_destroy(ca_accelerator *acc) {
     }
     ca_ddp_free_buckets(acc);
     ca_state_free(acc);
+    ca_det_free(acc);
     ca_comm_destroy(acc->comm);
     ca_config_destroy(acc->cfg);
     free(acc->opts);
@@ -205,6 +210,7 @@ static void forget(void *owner, const void *obj) {
     if (obj == acc->model) {
         for (int b = 0; b < acc->nbuckets; b++) acc->buckets[b].nparams = 0;
         ca_ddp_free_buckets(acc);
+        acc->det.nparams = 0;
         acc->model = NULL;
     }
     for (int i = 0; i < acc->nopts; i++)
@@ -222,7 +228,8 @@ static ca_status prepare_model(ca_accelerator *acc, ca_module *m) {
     if (acc->model == m) return CA_OK;
     ca_status s = ca_module_to(m, acc->device);
     if (s == CA_OK && acc->world > 1) s = ca_ddp_broadcast_params(acc, m);
-    if (s == CA_OK && acc->world > 1) s = ca_ddp_build_buckets(acc, m);
+    if (s == CA_OK && acc->st.deterministic) s = ca_det_build(acc, m);
+    else if (s == CA_OK && acc->world > 1) s = ca_ddp_build_buckets(acc, m);
     if (s == CA_OK) {
         acc->model = m;
         m->owner = acc;
@@ -262,6 +269,8 @@ ca_status ca_prepare_dataloader(ca_accelerator *acc, ca_dataloader *dl) {
         if (acc->loaders[i] == dl) return CA_OK;
     ca_status s = ca_dataloader_set_device(dl, acc->device);
     if (s == CA_OK) s = ca_dataloader_shard(dl, acc->rank, acc->world, acc->st.even_batches);
+    /* a loader that cannot split (an evaluation loader, say) stays whole; ca_backward refuses its batches */
+    if (s == CA_OK && acc->st.deterministic && ca_dataloader_set_parts(dl, acc->det.parts) != CA_OK) ca_clear_error();
     if (s == CA_OK && acc->seeded) s = ca_dataloader_set_seed(dl, acc->seed);
     if (s != CA_OK) return s;
     ca_dataloader **nl = realloc(acc->loaders, (size_t)(acc->nloaders + 1) * sizeof *nl);
@@ -287,28 +296,52 @@ ca_status ca_prepare(ca_accelerator *acc, ca_module *model, ca_optimizer *opt, c
  * flight, the one that handed out the newest batch (as Accelerate tracks the
  * active loader), so an inner loader run inside an outer loop's step neither
  * hides nor fakes the outer loader's end. */
-static bool loader_at_end(const ca_accelerator *acc) {
+static const ca_dataloader *active_loader(const ca_accelerator *acc) {
     const ca_dataloader *active = NULL;
     uint64_t newest = 0;
     for (int i = 0; i < acc->nloaders; i++) {
         uint64_t seq = ca_dataloader_handed_seq(acc->loaders[i]);
         if (seq > newest) newest = seq, active = acc->loaders[i];
     }
+    return active;
+}
+
+static bool loader_at_end(const ca_accelerator *acc) {
+    const ca_dataloader *active = active_loader(acc);
     return active && ca_dataloader_handed_last(active);
 }
 
+/* Deterministic mode: the micro-batch (virtual shard of this rank) the active loader handed out. */
+static void det_part(const ca_accelerator *acc, int *part, int *parts) {
+    ca_dataloader_handed_part(active_loader(acc), part, parts);
+}
+
+/* Deterministic mode: false on every micro-batch of a batch but its last. */
+static bool det_batch_done(const ca_accelerator *acc) {
+    if (!acc->st.deterministic) return true;
+    int part, parts;
+    det_part(acc, &part, &parts);
+    return parts <= 1 || part == parts - 1;
+}
+
 int ca_accumulate_begin(ca_accelerator *acc, ca_module *model) {
+    acc->in_accumulate = true;
+    if (!det_batch_done(acc)) {   /* a virtual shard before the batch's last: accumulate only */
+        acc->sync = false;
+        return 1;
+    }
     int64_t k = acc->st.gradient_accumulation_steps > 0 ? acc->st.gradient_accumulation_steps : 1;
     acc->micro_step++;
     acc->sync = acc->micro_step % k == 0 || loader_at_end(acc);
     if (acc->sync) acc->micro_step = 0;
-    acc->in_accumulate = true;
     return 1;
 }
 
 void ca_accumulate_end(ca_accelerator *acc) { acc->in_accumulate = false; }
 
-bool ca_sync_gradients(const ca_accelerator *acc) { return !acc->in_accumulate || acc->sync; }
+bool ca_sync_gradients(const ca_accelerator *acc) {
+    return det_batch_done(acc) && (!acc->in_accumulate || acc->sync);
+}
 
 static bool should_zero_grad(const void *owner) { return ca_sync_gradients(owner); }
 
@@ -464,11 +497,24 @@ ca_status ca_grad_scaler_configure(ca_accelerator *acc, const ca_grad_scaler_opt
 
 /* ------------------------------------------------------------------ backward and step */
 
+/* Deterministic mode, a batch that is not a virtual shard: why. */
+static ca_status det_refuse(const ca_accelerator *acc) {
+    const ca_dataloader *dl = active_loader(acc);
+    if (dl && ca_dataloader_check_parts(dl, acc->det.parts) != CA_OK)
+        return ca_error_context("ca_backward: this batch's dataloader cannot hand out virtual shards");
+    return ca_error(CA_ERR_STATE, "deterministic mode: ca_backward needs a batch from a dataloader prepared by "
+                    "this accelerator (it hands each process its %d virtual shards as micro-batches)",
+                    acc->det.parts);
+}
+
 ca_status ca_backward(ca_accelerator *acc, ca_tensor *loss) {
     if (!acc) return ca_error(CA_ERR_INVALID, "ca_backward: accelerator is NULL");
     if (!loss) return ca_last_status() ? ca_last_status() : ca_error(CA_ERR_INVALID, "ca_backward: loss is NULL");
     int64_t k = acc->in_accumulate && acc->st.gradient_accumulation_steps > 1 ? acc->st.gradient_accumulation_steps : 1;
     double seed = scaling(acc) ? acc->scaler.scale / (double)k : 1.0 / (double)k;
+    int part = 0, parts = 0;
+    if (acc->st.deterministic) det_part(acc, &part, &parts);
+    if (acc->st.deterministic && acc->model && parts != acc->det.parts) return det_refuse(acc);
     bool sync = ca_sync_gradients(acc);
     acc->sync = sync;
     acc->in_backward = true;
@@ -483,6 +529,10 @@ ca_status ca_backward(ca_accelerator *acc, ca_tensor *loss) {
     if (acc->nbuckets && sync) {
         ca_status f = ca_ddp_finish_buckets(acc);
         if (s == CA_OK) s = f;
+    }
+    if (s == CA_OK && acc->st.deterministic && acc->model) {
+        s = ca_det_collect(acc, part);
+        if (s == CA_OK && sync) s = ca_det_reduce(acc);
     }
     return s;
 }

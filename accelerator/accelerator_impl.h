@@ -20,6 +20,19 @@ typedef struct ca_bucket {
     ca_work *work;
 } ca_bucket;
 
+/* Deterministic mode: one gradient row per virtual shard this rank holds. */
+typedef struct ca_det {
+    int shards, parts;           /* V virtual shards per global batch; V / world on this rank */
+    bool device_set;             /* the device was put into deterministic mode */
+    int64_t numel;               /* f32 elements of all parameters */
+    int nparams;
+    ca_tensor **params;
+    ca_tensor *flat;             /* [numel]: every .grad is a view of it */
+    ca_tensor *local;            /* [parts, numel]: this rank's shard gradients */
+    ca_tensor *all;              /* [shards, numel]: every shard's (local when world is 1) */
+    bool *written;               /* [parts]: row written since the last synchronising step */
+} ca_det;
+
 struct ca_accelerator {
     ca_config *cfg;
     ca_settings st;
@@ -57,6 +70,8 @@ struct ca_accelerator {
     int64_t iteration;           /* automatic checkpoint naming: the next checkpoint's number */
     bool iteration_known;        /* read from the configuration at first use */
     int nsaves;                  /* save_state calls so far (the test hook counts them) */
+    /* deterministic mode (st.deterministic) */
+    ca_det det;
 };
 
 /* ddp.c: data parallelism over acc->comm. */
@@ -71,5 +86,15 @@ void ca_ddp_free_buckets(ca_accelerator *acc);
 
 /* state.c: frees what ca_register_for_checkpointing kept. */
 void ca_state_free(ca_accelerator *acc);
+/* determinism.c: deterministic mode. */
+/* Checks deterministic_shards against the world size and puts the device into deterministic mode. */
+ca_status ca_det_configure(ca_accelerator *acc);
+/* Makes every parameter's .grad a view of one flat buffer and allocates the shard rows. */
+ca_status ca_det_build(ca_accelerator *acc, ca_module *m);
+/* After the backward of micro-batch `part`: adds .grad into that shard's row and frees .grad. */
+ca_status ca_det_collect(ca_accelerator *acc, int part);
+/* At the synchronising step: .grad = (sum of every shard's row, in shard order) / shards. */
+ca_status ca_det_reduce(ca_accelerator *acc);
+void ca_det_free(ca_accelerator *acc);
 
 #endif

@@ -4,6 +4,7 @@ libcaccel_la_SOURCES += \
 	accelerator/accelerator_impl.h \
 	accelerator/accelerator.c \
 	accelerator/ddp.c \
+	accelerator/determinism.c \
 	accelerator/checkpoint_impl.h \
 	accelerator/checkpoint.c \
 	accelerator/state.c

@@ -4,6 +4,7 @@ include bench/gemm.mk
 include bench/mlp.mk
 include bench/comm.mk
 include bench/save.mk
+include bench/det.mk
 include bench/cuda.mk
 
 # Builds every benchmark without running one (tools/test.sh does, so they keep compiling).

@@ -208,6 +208,8 @@ const ca_key_def ca_config_keys[] = {
     KB("automatic_checkpoint_naming", "false", EX | S, "save_state without a directory writes checkpoints/checkpoint_<iteration>"),
     KI("total_limit", NULL, 1, 1e9, EX | S, "keep at most this many complete checkpoints under checkpoints/ (null: all)"),
     KI("iteration", "0", 0, 1e15, EX | S, "number of the next automatically named checkpoint (load_state continues after the one it loads)"),
+    KB("deterministic", "false", EX | S, "parameters bit-identical for any process and BLAS thread count (docs/DETERMINISM.md)"),
+    KI("deterministic_shards", "4", 1, 1e6, EX | S, "virtual shards per global batch in deterministic mode (a multiple of the process count)"),
 };
 const size_t ca_config_nkeys = sizeof ca_config_keys / sizeof ca_config_keys[0];
 
@@ -286,6 +288,8 @@ const ca_env_def ca_config_envs[] = {
     {"CACCEL_AUTOMATIC_CHECKPOINT_NAMING", CA_ENV_KEY, "automatic_checkpoint_naming"},
     {"CACCEL_TOTAL_LIMIT", CA_ENV_KEY, "total_limit"},
     {"CACCEL_ITERATION", CA_ENV_KEY, "iteration"},
+    {"CACCEL_DETERMINISTIC", CA_ENV_KEY, "deterministic"},
+    {"CACCEL_DETERMINISTIC_SHARDS", CA_ENV_KEY, "deterministic_shards"},
 };
 const size_t ca_config_nenvs = sizeof ca_config_envs / sizeof ca_config_envs[0];
 
@@ -378,6 +382,8 @@ const ca_flag_def ca_config_flags[] = {
     {"automatic_checkpoint_naming", CA_FLAG_TRUE, "automatic_checkpoint_naming"},
     {"total_limit", CA_FLAG_VALUE, "total_limit"},
     {"iteration", CA_FLAG_VALUE, "iteration"},
+    {"deterministic", CA_FLAG_TRUE, "deterministic"},
+    {"deterministic_shards", CA_FLAG_VALUE, "deterministic_shards"},
 };
 const size_t ca_config_nflags = sizeof ca_config_flags / sizeof ca_config_flags[0];
 

@@ -2,6 +2,7 @@
 #include "core/device_impl.h"
 #include "core/alloc_impl.h"
 #include "core/registry_impl.h"
+#include "backends/cpu/cpu_plugin.h"
 
 #include <pthread.h>
 #include <stdio.h>
@@ -79,6 +80,10 @@ ca_device *ca_cpu_device(void) {
     if (ca_device_open("cpu", 0, NULL, &d) != CA_OK) return NULL;
     cpu_dev = d;
     return d;
+}
+
+void ca_device_set_deterministic(ca_device *d, bool on) {
+    if (d && strcmp(d->name, "cpu") == 0) ca_cpu_set_deterministic(on);
 }
 
 const char *ca_device_name(const ca_device *d) { return d ? d->name : "?"; }

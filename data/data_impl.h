@@ -76,9 +76,38 @@ void ca_shard_plan_batch(const ca_shard_plan *p, int64_t b, int64_t *start, int6
 /* Samples of this rank per epoch, padding excluded. */
 int64_t ca_shard_plan_samples(const ca_shard_plan *p);
 
+/*
+ * Deterministic mode (docs/DETERMINISM.md). The global batch of step s is the
+ * stream positions [s * G, (s + 1) * G) with G = world * batch_size, cut into
+ * `shards` virtual shards of G / shards samples: shard v is positions
+ * [s * G + v * G / shards, ...), whatever the world size. Rank r holds shards
+ * r * parts .. r * parts + parts - 1 (parts = shards / world), which are
+ * exactly its ordinary batch, handed out as `parts` micro-batches.
+ *
+ * The plan: like ca_shard_plan_init with even_batches, but the last global
+ * batch is padded (or, with drop_last, dropped) at every world size, one
+ * process included, so the global stream does not depend on the world size.
+ */
+void ca_shard_plan_init_det(ca_shard_plan *p, int64_t n, int64_t batch_size, bool drop_last, int rank,
+                            int world);
+/* Micro-batch `part` (0 <= part < parts) of rank batch b: first stream position,
+ * size and padding; batch_size must be a multiple of parts. */
+void ca_shard_plan_part(const ca_shard_plan *p, int parts, int64_t b, int part, int64_t *start,
+                        int64_t *size, int64_t *num_padded);
+
 /* True when the batch handed out last was the final one of its epoch (the
  * accelerator makes that micro-step an accumulation boundary). */
 bool ca_dataloader_handed_last(const ca_dataloader *dl);
+/* Deterministic mode: hand each batch out as `parts` micro-batches (0: off);
+ * the plan pads or drops the last global batch at any world size. Fails,
+ * naming the keys, when the loader cannot (ca_dataloader_check_parts). */
+ca_status ca_dataloader_set_parts(ca_dataloader *dl, int parts);
+/* Whether dl can split into `parts`: batch_size a multiple of parts, and
+ * even_batches or drop_last set; the error names deterministic_shards. */
+ca_status ca_dataloader_check_parts(const ca_dataloader *dl, int parts);
+/* Which micro-batch of its batch the loader handed out last (0 .. parts - 1),
+ * and parts (0 when the loader is not in deterministic mode). */
+void ca_dataloader_handed_part(const ca_dataloader *dl, int *part, int *parts);
 /* When the loader last handed out a batch of the pass in flight, in process-wide
  * order (larger is newer); 0 when no pass is in flight. */
 uint64_t ca_dataloader_handed_seq(const ca_dataloader *dl);

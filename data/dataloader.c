@@ -55,6 +55,7 @@ struct ca_dataloader {
     float x_scale;
     int rank, world;
     bool even_batches;
+    int parts;                     /* deterministic mode: micro-batches per batch (0: off) */
     ca_device *dev;
     int64_t epoch;                 /* epoch of the pass in flight, else of the next one */
     int64_t skip;                  /* first batch of the next pass */
@@ -67,6 +68,7 @@ struct ca_dataloader {
     uint64_t step_scope_id;        /* the handle may outlive the scope (break out of CA_SCOPE) */
     pthread_t scope_thread;
     bool handed_last;              /* the batch handed out last ends the epoch */
+    int part, handed_part;         /* next micro-batch of the current batch; the one handed out last */
     uint64_t handed_seq;           /* when it was handed out, in process-wide order */
     void *owner;                   /* the accelerator that prepared it */
     void (*owner_forget)(void *owner, const void *obj);
@@ -256,8 +258,11 @@ static uint64_t effective_seed(const ca_dataloader *dl) {
 }
 
 static void plan_now(const ca_dataloader *dl, ca_shard_plan *p) {
-    ca_shard_plan_init(p, ca_dataset_length(dl->ds), dl->batch_size, dl->drop_last, dl->rank,
-                       dl->world, dl->even_batches);
+    if (dl->parts > 0)
+        ca_shard_plan_init_det(p, ca_dataset_length(dl->ds), dl->batch_size, dl->drop_last, dl->rank, dl->world);
+    else
+        ca_shard_plan_init(p, ca_dataset_length(dl->ds), dl->batch_size, dl->drop_last, dl->rank,
+                           dl->world, dl->even_batches);
 }
 
 /* Stops and joins the worker and forgets the pass (buffered batches included). */
@@ -285,6 +290,7 @@ static ca_status start_pass(ca_dataloader *dl) {
     dl->first = first;
     dl->count = dl->plan.rank_batches - first;
     dl->produced = dl->consumed = 0;
+    dl->part = 0;
     dl->pass_seed = effective_seed(dl);
     dl->pass_epoch = dl->epoch;
     atomic_store(&dl->stop, false);
@@ -328,14 +334,23 @@ static ca_status copy_in(ca_device *dev, ca_tensor *t, const void *src, size_t b
     return ca_device_copy_from_host(dev, ca_tensor_data(t), src, bytes);
 }
 
-/* x and y of slot s as tensors on the loader's device, in the current scope. */
+/* x and y of slot s (of its micro-batch dl->part in deterministic mode) as
+ * tensors on the loader's device, in the current scope. */
 static ca_status make_batch(ca_dataloader *dl, const slot *s, ca_batch *b) {
     ca_dataset *ds = dl->ds;
     ca_device *dev = dl->dev;
     int64_t shape[CA_MAX_DIMS];
-    size_t xbytes = (size_t)s->size * ds->x_bytes, ybytes = (size_t)s->size * ds->y_bytes;
+    int64_t first = 0, size = s->size, padded = s->num_padded;
+    if (dl->parts > 1) {
+        int64_t start;
+        ca_shard_plan_part(&dl->plan, dl->parts, s->index, dl->part, &start, &size, &padded);
+        first = (int64_t)dl->part * (dl->batch_size / dl->parts);
+    }
+    const unsigned char *xmem = s->mem + (size_t)first * ds->x_bytes;
+    const unsigned char *ymem = s->mem + dl->y_off + (size_t)first * ds->y_bytes;
+    size_t xbytes = (size_t)size * ds->x_bytes, ybytes = (size_t)size * ds->y_bytes;
 
-    shape[0] = s->size;
+    shape[0] = size;
     for (int d = 0; d < ds->x.ndim; d++) shape[1 + d] = ds->x.shape[d];
     ca_tensor *x;
     bool cast = dl->x_cast && (dl->x_dtype != ds->x.dtype || dl->x_scale != 1.0f);
@@ -348,7 +363,7 @@ static ca_status make_batch(ca_dataloader *dl, const slot *s, ca_batch *b) {
                             ca_dtype_name(dl->x_dtype));
         /* The raw batch is freed as soon as it is converted, not with the step. */
         ca_tensor *raw = ca_tensor_keep(ca_empty(dev, ds->x.dtype, 1 + ds->x.ndim, shape));
-        ca_status st = copy_in(dev, raw, s->mem, xbytes);
+        ca_status st = copy_in(dev, raw, xmem, xbytes);
         x = ca_empty(dev, dl->x_dtype, 1 + ds->x.ndim, shape);
         if (st == CA_OK && !x) st = ca_last_status() != CA_OK ? ca_last_status() : CA_ERR_NOMEM;
         if (st == CA_OK)
@@ -360,21 +375,21 @@ static ca_status make_batch(ca_dataloader *dl, const slot *s, ca_batch *b) {
                                                  ca_dtype_name(dl->x_dtype), ca_device_name(dev));
     } else {
         x = ca_empty(dev, ds->x.dtype, 1 + ds->x.ndim, shape);
-        ca_status st = copy_in(dev, x, s->mem, xbytes);
+        ca_status st = copy_in(dev, x, xmem, xbytes);
         if (st != CA_OK) return ca_error_context("dataloader: batch x on %s", ca_device_name(dev));
     }
 
     for (int d = 0; d < ds->y.ndim; d++) shape[1 + d] = ds->y.shape[d];
     ca_tensor *y = ca_empty(dev, ds->y.dtype, 1 + ds->y.ndim, shape);
-    ca_status st = copy_in(dev, y, s->mem + dl->y_off, ybytes);
+    ca_status st = copy_in(dev, y, ymem, ybytes);
     if (st != CA_OK) return ca_error_context("dataloader: batch y on %s", ca_device_name(dev));
 
     b->x = x;
     b->y = y;
-    b->size = s->size;
+    b->size = size;
     b->index = s->index;
     b->epoch = dl->epoch;
-    b->num_padded = s->num_padded;
+    b->num_padded = padded;
     return CA_OK;
 }
 
@@ -385,6 +400,11 @@ static void end_step_scope(ca_dataloader *dl) {
 }
 
 bool ca_dataloader_handed_last(const ca_dataloader *dl) { return dl && dl->handed_last; }
+
+void ca_dataloader_handed_part(const ca_dataloader *dl, int *part, int *parts) {
+    *part = dl && dl->parts > 1 ? dl->handed_part : 0;
+    *parts = dl ? dl->parts : 0;
+}
 
 uint64_t ca_dataloader_handed_seq(const ca_dataloader *dl) {
     return dl && dl->active ? dl->handed_seq : 0;
@@ -433,10 +453,15 @@ bool ca_dataloader_next(ca_dataloader *dl, ca_batch *b) {
     ca_scope *scope = ca_scope_begin();
     ca_status st = scope ? make_batch(dl, s, b)
                          : ca_error(CA_ERR_NOMEM, "dataloader: cannot open the step scope");
-    pthread_mutex_lock(&dl->mu);
-    dl->consumed++;
-    pthread_cond_signal(&dl->freed);
-    pthread_mutex_unlock(&dl->mu);
+    dl->handed_part = dl->part;
+    bool more = st == CA_OK && dl->part + 1 < dl->parts;   /* the slot holds more micro-batches */
+    dl->part = more ? dl->part + 1 : 0;
+    if (!more) {
+        pthread_mutex_lock(&dl->mu);
+        dl->consumed++;
+        pthread_cond_signal(&dl->freed);
+        pthread_mutex_unlock(&dl->mu);
+    }
     if (st != CA_OK) {
         set_sticky_from_thread(dl, st);
         ca_scope_end(scope);
@@ -447,7 +472,7 @@ bool ca_dataloader_next(ca_dataloader *dl, ca_batch *b) {
     dl->step_scope = scope;
     dl->step_scope_id = ca_scope_id(scope);
     dl->scope_thread = pthread_self();
-    dl->handed_last = dl->consumed == dl->count;
+    dl->handed_last = dl->consumed == dl->count && dl->part == 0;
     dl->handed_seq = atomic_fetch_add(&handed_counter, 1) + 1;
     return true;
 }
@@ -596,5 +621,29 @@ ca_status ca_dataloader_shard(ca_dataloader *dl, int rank, int world_size, bool 
     dl->rank = rank;
     dl->world = world_size;
     dl->even_batches = even_batches;
+    return CA_OK;
+}
+
+ca_status ca_dataloader_check_parts(const ca_dataloader *dl, int parts) {
+    if (!dl) return ca_error(CA_ERR_INVALID, "ca_dataloader_check_parts: loader is NULL");
+    if (parts < 0) return ca_error(CA_ERR_INVALID, "dataloader: %d micro-batches per batch", parts);
+    if (parts > 0 && dl->batch_size % parts != 0)
+        return ca_error(CA_ERR_INVALID,
+                        "deterministic mode: batch_size %lld per process is not a multiple of %d "
+                        "(deterministic_shards / num_processes): the global batch must split into "
+                        "deterministic_shards equal virtual shards",
+                        (long long)dl->batch_size, parts);
+    if (parts > 0 && !dl->even_batches && !dl->drop_last)
+        return ca_error(CA_ERR_INVALID,
+                        "deterministic mode needs even_batches=true or a loader with drop_last: the last "
+                        "global batch must be whole at every world size");
+    return CA_OK;
+}
+
+ca_status ca_dataloader_set_parts(ca_dataloader *dl, int parts) {
+    ca_status s = ca_dataloader_check_parts(dl, parts);
+    if (s != CA_OK) return s;
+    reset_for_change(dl, parts != dl->parts);
+    dl->parts = parts;
     return CA_OK;
 }

@@ -96,3 +96,26 @@ int64_t ca_shard_plan_samples(const ca_shard_plan *p) {
     }
     return sum;
 }
+
+void ca_shard_plan_init_det(ca_shard_plan *p, int64_t n, int64_t batch_size, bool drop_last, int rank,
+                            int world) {
+    ca_shard_plan_init(p, n, batch_size, drop_last, rank, world, true);
+    if (drop_last || p->world > 1) return;   /* world > 1: even_batches already pads to whole rounds */
+    p->total = p->global_batches * p->batch_size;   /* one process: pad the last batch as well */
+    p->even_batches = true;
+}
+
+void ca_shard_plan_part(const ca_shard_plan *p, int parts, int64_t b, int part, int64_t *start,
+                        int64_t *size, int64_t *num_padded) {
+    int64_t s, len, pad;
+    ca_shard_plan_batch(p, b, &s, &len, &pad);
+    int64_t m = p->batch_size / (parts > 0 ? parts : 1);
+    int64_t lo = (int64_t)part * m, hi = lo + m;      /* [lo, hi) inside the batch */
+    if (hi > len) hi = len;
+    if (lo > hi) lo = hi;
+    int64_t real = len - pad;                         /* padding sits at the batch's end */
+    int64_t padded = hi - (lo > real ? lo : real);
+    *start = s + lo;
+    *size = hi - lo;
+    *num_padded = padded > 0 ? padded : 0;
+}

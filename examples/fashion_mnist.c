@@ -204,13 +204,14 @@ int main(int argc, char **argv) {
 
     int64_t per_epoch = ca_dataloader_num_batches(train_dl);
     int64_t ga = ca_accelerator_settings(acc)->gradient_accumulation_steps;
-    /* in one-process steps: a prepared schedule advances num_processes steps per step (as Accelerate's) */
-    int64_t total_steps = per_epoch * ca_num_processes(acc) * a.epochs / (ga > 0 ? ga : 1);
+    /* in one-process steps: a prepared schedule advances num_processes steps per step (as Accelerate's);
+     * warmup is a whole number of optimizer steps, so the same global batches warm up at any world size */
+    int64_t opt_steps = per_epoch * a.epochs / (ga > 0 ? ga : 1), world = ca_num_processes(acc);
     if (strcmp(a.schedule, "constant") != 0 || a.warmup > 0) {
         ca_lr_schedule s = {.kind = !strcmp(a.schedule, "cosine") ? CA_SCHED_COSINE
                                     : !strcmp(a.schedule, "linear") ? CA_SCHED_LINEAR : CA_SCHED_CONSTANT,
-                            .warmup_steps = (int64_t)(a.warmup * (double)total_steps),
-                            .total_steps = total_steps};
+                            .warmup_steps = (int64_t)(a.warmup * (double)opt_steps) * world,
+                            .total_steps = opt_steps * world};
         CA_CHECK(ca_optimizer_set_schedule(opt, &s));
     }
     ca_print(acc, "fashion_mnist: %d process(es) on %s, mixed precision: %s, %lld parameters, %lld batches of %lld per epoch and process\n",

@@ -233,6 +233,59 @@ static void test_configuration_reaches_the_accelerator(void **state) {
     ca_accelerator_destroy(acc);
 }
 
+/* Deterministic mode on one process: a batch of 4 comes as 4 micro-batches (virtual shards), the
+ * gradients synchronise only on the last, and the shard gradients x = {1e8, 1, -1e8, 1} of
+ * d(w * x)/dw are summed in shard order: ((1e8 + 1) - 1e8) + 1 = 1 in f32, then / 4. A pairwise
+ * tree, (1e8 + 1) + (-1e8 + 1), would give 0. */
+static void test_det_fixed_order_sum(void **state) {
+    const char *settings[] = {"deterministic=true", "deterministic_shards=4", NULL};
+    ca_accelerator *acc = make_acc(settings);
+    float x[] = {1e8f, 1.0f, -1e8f, 1.0f};
+    int64_t y[] = {0, 0, 0, 0};
+    ca_sample_spec xs = {.dtype = CA_F32, .ndim = 1, .shape = {1}}, ys = {.dtype = CA_I64, .ndim = 0};
+    ca_dataset *ds;
+    T_OK(ca_dataset_from_memory(&xs, x, &ys, y, 4, &ds));
+    ca_dataloader *dl;
+    T_OK(ca_dataloader_create(ds, &(ca_loader_opts){.batch_size = 4}, &dl));
+    ca_module *m;
+    T_OK(ca_linear_create(1, 1, false, &m));
+    T_OK(ca_prepare(acc, m, NULL, dl));
+    float one = 1.0f;
+    T_OK(ca_tensor_copy_from_host(ca_module_param_at(m, 0), &one, sizeof one));
+    ca_batch b;
+    int k = 0;
+    while (ca_dataloader_next(dl, &b)) {
+        assert_int_equal(b.size, 1);
+        CA_ACCUMULATE(acc, m) {
+            T_OK(ca_backward(acc, ca_mean(ca_module_forward(m, b.x))));
+            assert_int_equal(ca_sync_gradients(acc), k == 3);
+        }
+        k++;
+    }
+    assert_int_equal(k, 4);
+    float g;
+    T_OK(ca_tensor_to_host(ca_tensor_grad(ca_module_param_at(m, 0)), &g, sizeof g));
+    assert_true(g == 0.25f);
+
+    /* a loader whose batch does not split into the shards stays whole (evaluation works), and
+     * training on its batches is refused, naming the key */
+    ca_dataloader *odd;
+    T_OK(ca_dataloader_create(ds, &(ca_loader_opts){.batch_size = 2}, &odd));
+    T_OK(ca_prepare(acc, NULL, NULL, odd));
+    assert_true(ca_dataloader_next(odd, &b));
+    assert_int_equal(b.size, 2);
+    assert_int_equal(ca_backward(acc, ca_mean(ca_module_forward(m, b.x))), CA_ERR_INVALID);
+    assert_non_null(strstr(ca_last_error(), "batch_size 2 per process is not a multiple of 4 (deterministic_shards"));
+    assert_non_null(strstr(ca_last_error(), "ca_backward"));
+    ca_dataloader_destroy(odd);
+    ca_accelerator_destroy(acc);
+    assert_true(ca_dataloader_next(dl, &b));   /* the loader outlives the accelerator: whole batches again */
+    assert_int_equal(b.size, 4);
+    ca_dataloader_destroy(dl);
+    ca_dataset_destroy(ds);
+    ca_module_destroy(m);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_memory_flat_over_10000_steps),
@@ -240,6 +293,7 @@ int main(void) {
         cmocka_unit_test(test_clip_grad_norm),
         cmocka_unit_test(test_nested_loaders_end_of_dataloader),
         cmocka_unit_test(test_configuration_reaches_the_accelerator),
+        cmocka_unit_test(test_det_fixed_order_sum),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     ca_scope_release_all();

@@ -202,6 +202,22 @@ static void test_blas_threads(void **state) {
     unsetenv("OPENBLAS_NUM_THREADS");
 }
 
+/* Deterministic mode runs GEMMs on one thread while any user holds it, then restores the count. */
+static void test_deterministic_threads(void **state) {
+    (void)state;
+    openblas_set_num_threads(2);
+    int before = openblas_get_num_threads();   /* 1 on a one-core machine */
+    ca_cpu_set_deterministic(true);
+    assert_int_equal(openblas_get_num_threads(), 1);
+    ca_cpu_set_deterministic(true);
+    ca_cpu_set_deterministic(false);
+    assert_int_equal(openblas_get_num_threads(), 1);   /* one user left */
+    ca_cpu_set_deterministic(false);
+    assert_int_equal(openblas_get_num_threads(), before);
+    ca_cpu_set_deterministic(false);                    /* unbalanced off: no effect */
+    assert_int_equal(openblas_get_num_threads(), before);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_plugin),
@@ -210,6 +226,7 @@ int main(void) {
         cmocka_unit_test(test_memory),
         cmocka_unit_test(test_streams_events),
         cmocka_unit_test(test_blas_threads),
+        cmocka_unit_test(test_deterministic_threads),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -336,6 +336,38 @@ static void test_plan_global_batch(void **state) {
             }
 }
 
+/* Deterministic mode: virtual shard v of global step s is the same stream slice on 1, 2 and 4
+ * ranks (rank v / parts, micro-batch v % parts), the last global batch is padded (or dropped) at
+ * every world size, and the padding counts follow the samples. */
+static void test_det_virtual_shards(void **state) {
+    (void)state;
+    enum { V = 4, G = 8 };
+    int64_t ns[] = {21, 24, 3, 8, 1};
+    for (size_t in = 0; in < sizeof ns / sizeof *ns; in++)
+        for (int drop = 0; drop < 2; drop++) {
+            int64_t n = ns[in], steps = drop ? n / G : (n + G - 1) / G;
+            for (int world = 1; world <= 4; world *= 2) {
+                int parts = V / world;
+                for (int r = 0; r < world; r++) {
+                    ca_shard_plan p;
+                    ca_shard_plan_init_det(&p, n, G / world, drop, r, world);
+                    assert_int_equal(p.rank_batches, steps);
+                    assert_int_equal(p.total, steps * G);
+                    for (int64_t b = 0; b < steps; b++)
+                        for (int part = 0; part < parts; part++) {
+                            int64_t v = (int64_t)r * parts + part, start, size, pad;
+                            ca_shard_plan_part(&p, parts, b, part, &start, &size, &pad);
+                            assert_int_equal(start, b * G + v * (G / V));     /* world-independent */
+                            assert_int_equal(size, G / V);
+                            int64_t real = n - start;                        /* positions >= n are padding */
+                            int64_t want = real >= size ? 0 : real <= 0 ? size : size - real;
+                            assert_int_equal(pad, want);
+                        }
+                }
+            }
+        }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_permutation),
@@ -345,6 +377,7 @@ int main(void) {
         cmocka_unit_test(test_plan_lengths),
         cmocka_unit_test(test_plan_disjoint_covering),
         cmocka_unit_test(test_plan_global_batch),
+        cmocka_unit_test(test_det_virtual_shards),
     };
     return cmocka_run_group_tests_name("data_sampler", tests, NULL, NULL);
 }

@@ -49,6 +49,8 @@ static const struct { const char *key, *var; } exported[] = {
     {"bucket_cap_mb", "CACCEL_BUCKET_CAP_MB"},
     {"allow_unknown_keys", "CACCEL_ALLOW_UNKNOWN_KEYS"},
     {"even_batches", "CACCEL_EVEN_BATCHES"},
+    {"deterministic", "CACCEL_DETERMINISTIC"},
+    {"deterministic_shards", "CACCEL_DETERMINISTIC_SHARDS"},
 };
 
 /* Variables of an enclosing MPI job: a worker that saw them would believe

@@ -4,6 +4,7 @@
 #include <cblas.h>
 #include <dlfcn.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,6 +27,7 @@ typedef void (*set_threads_fn)(int);
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 static gemm_bf16_fn gemm_bf16;
 static set_threads_fn omp_set_threads;
+static atomic_bool loaded;             /* oneDNN's GEMM and thread setter are in place */
 static char why[160] = "bf16 GEMM converts to f32";
 
 static bool cpu_has_bf16(void) {
@@ -67,7 +69,13 @@ static void load(void) {
     }
     /* oneDNN threads with OpenMP: give it the BLAS thread count */
     if (omp_set_threads) omp_set_threads(openblas_get_num_threads());
+    atomic_store(&loaded, true);
     snprintf(why, sizeof why, "bf16 GEMM through oneDNN%s", forced ? " (CACCEL_CPU_BF16_GEMM=onednn)" : "");
+}
+
+void cpu_bf16_set_threads(int n) {
+    /* not loaded yet: load() will take the BLAS thread count, which is n by then */
+    if (atomic_load(&loaded) && omp_set_threads) omp_set_threads(n);
 }
 
 const char *cpu_bf16_gemm_path(void) {

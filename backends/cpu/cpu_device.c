@@ -1,7 +1,9 @@
 /* The CPU device vtable: host memory, synchronous copies, dummy streams/events, OpenBLAS threads. */
 #include "backends/cpu/cpu_impl.h"
+#include "backends/cpu/cpu_plugin.h"
 
 #include <cblas.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -53,6 +55,22 @@ static ca_status cpu_open(int index, const ca_device_open_args *args, void **dev
     d->blas_threads = openblas_get_num_threads();
     *dev = d;
     return CA_OK;
+}
+
+static pthread_mutex_t det_mu = PTHREAD_MUTEX_INITIALIZER;
+static int det_users, det_saved_threads;
+
+void ca_cpu_set_deterministic(bool on) {
+    pthread_mutex_lock(&det_mu);
+    if (on && det_users++ == 0) {
+        det_saved_threads = openblas_get_num_threads();
+        openblas_set_num_threads(1);
+        cpu_bf16_set_threads(1);
+    } else if (!on && det_users > 0 && --det_users == 0) {
+        openblas_set_num_threads(det_saved_threads);
+        cpu_bf16_set_threads(det_saved_threads);
+    }
+    pthread_mutex_unlock(&det_mu);
 }
 
 static void cpu_close(void *dev) {

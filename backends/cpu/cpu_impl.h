@@ -40,6 +40,8 @@ typedef struct cpu_device {
 /* oneDNN's bf16 GEMM when it is present and chosen (cpu_bf16.c); row-major, C f32. */
 bool cpu_bf16_gemm_available(void);
 const char *cpu_bf16_gemm_path(void);
+/* Threads of oneDNN's OpenMP pool, when oneDNN is loaded. */
+void cpu_bf16_set_threads(int n);
 ca_status cpu_bf16_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const uint16_t *a,
                         int64_t lda, const uint16_t *b, int64_t ldb, float beta, float *c, int64_t ldc);
 

@@ -8,4 +8,9 @@
 /* The descriptor of the built-in "cpu" device backend; static storage, never freed. */
 const ca_plugin *ca_cpu_plugin(void);
 
+/* Deterministic mode (docs/DETERMINISM.md): on, GEMMs run on one thread, because OpenBLAS's
+ * threaded sgemm rounds differently from its one-thread sgemm for some shapes; off restores the
+ * thread count from before. Process-wide. */
+void ca_cpu_set_deterministic(bool on);
+
 #endif

@@ -135,6 +135,8 @@ typedef struct ca_settings {
     int64_t timeout_ms;                 /* collective/rendezvous timeout */
     double bucket_cap_mb;               /* gradient bucket size */
     bool even_batches;
+    bool deterministic;                 /* bit-identical results for any process/thread count */
+    int deterministic_shards;           /* virtual shards per global batch (deterministic mode) */
 } ca_settings;
 
 /* Fills `out` from c (strings point into c). Never fails on a loaded config. */
