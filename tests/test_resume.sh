@@ -6,6 +6,7 @@
 # it is there). kill -9 during a save (CACCEL_TEST_SAVE_STALL holds the save at a chosen point)
 # leaves the previous checkpoint loadable: after the files were written (the directory is still
 # <name>.tmp) and after the rename (no complete.json yet: load_state passes over it with a warning).
+# Deterministic mode (docs/DETERMINISM.md) resumes bit for bit too (2 processes).
 . "$(dirname "$0")/dist/lib.sh"
 FM="$BUILD/examples/fashion_mnist"
 [ -x "$FM" ] || skip "no $FM"
@@ -108,6 +109,11 @@ if have_backend gloo && [ -x "$CACCEL" ]; then
     L="$CACCEL launch --num_processes 2 --cpu --backend gloo"
     note "2 processes (caccel launch, Gloo): kill -9 after the 4th checkpoint, resume"
     resume_check two $L
+    note "2 processes, deterministic mode: kill -9 after the 4th checkpoint, resume"
+    saved_args=$ARGS
+    ARGS="$ARGS --deterministic"
+    resume_check det2 $L
+    ARGS=$saved_args
     note "2 processes: kill -9 while both ranks are in a save"
     $L "$FM" $ARGS --max-steps 400 --dump-params "$WORK/ref2" > "$WORK/ref2.out" 2>&1 || { cat "$WORK/ref2.out"; fail "reference run (2)"; }
     stall_check files2 "files:2" "" ref2 $L
