@@ -27,7 +27,8 @@ const char *ca_reduce_op_name(ca_reduce_op op) {
 
 const char *ca_unary_op_name(ca_unary_op op) {
     static const char *names[] = {"neg", "relu", "gelu", "tanh", "sigmoid", "exp", "log", "sqrt",
-                                  "rsqrt", "abs", "square", "recip", "scale", "add_scalar", "pow"};
+                                  "rsqrt", "abs", "square", "recip", "scale", "add_scalar", "pow",
+                                  "gelu_erf", "silu"};
     return (unsigned)op < CA_UNARY_OP_COUNT ? names[op] : "?";
 }
 

@@ -1,7 +1,8 @@
-/* Built-in layers (Linear, Embedding, LayerNorm, activations, Dropout, Flatten, Sequential) with PyTorch's default initialisation. */
+/* Built-in layers (Linear, Embedding, LayerNorm, RMSNorm, activations, Dropout, Flatten, Sequential) with PyTorch's default initialisation. */
 #include "nn/nn_impl.h"
 
 #include <math.h>
+#include <stdint.h>
 #include <string.h>
 
 /* Fills a parameter from the process generator in place. */
@@ -126,3 +127,49 @@ static ca_tensor *sequential_forward(ca_module *self, ca_tensor *x, void *ctx) {
 ca_status ca_sequential_create(ca_module **out) {
     return ca_module_create("Sequential", sequential_forward, NULL, NULL, out);
 }
+
+/* ------------------------------------------------------------------ transformer layers */
+
+/* ctx carries padding_idx + 1 (0: none), so the module needs no allocation of its own. */
+static ca_tensor *embedding_pad_forward(ca_module *self, ca_tensor *x, void *ctx) {
+    return ca_embedding_ex(x, self->params[0], (int64_t)(intptr_t)ctx - 1);
+}
+
+ca_status ca_embedding_create_ex(int64_t num, int64_t dim, int64_t padding_idx, ca_module **out) {
+    if (num <= 0 || dim <= 0)
+        return ca_error(CA_ERR_INVALID, "Embedding(%lld, %lld): sizes must be positive", (long long)num, (long long)dim);
+    if (padding_idx < -1 || padding_idx >= num)
+        return ca_error(CA_ERR_INVALID, "Embedding(%lld, %lld, padding_idx=%lld): padding_idx must be in [0, %lld) "
+                        "or -1 (none)", (long long)num, (long long)dim, (long long)padding_idx, (long long)num);
+    ca_module *m;
+    ca_status s = ca_module_create("Embedding", embedding_pad_forward, (void *)(intptr_t)(padding_idx + 1), NULL, &m);
+    if (s != CA_OK) return s;
+    ca_tensor *w;
+    s = new_param(m, "weight", 2, (int64_t[]){num, dim}, &w);
+    if (s == CA_OK) s = init_param(w, CA_RNG_NORMAL, 0.0f, 1.0f);
+    if (s == CA_OK && padding_idx >= 0)     /* torch zeroes the padding row */
+        s = CA_KCALL(ca_tdev(w), fill, CA_F32, dim, 0.0, (float *)ca_tptr(w) + padding_idx * dim);
+    return finish(m, s, out);
+}
+
+static ca_tensor *rms_norm_forward(ca_module *self, ca_tensor *x, void *ctx) {
+    return ca_rms_norm(x, self->params[0], self->p);
+}
+
+ca_status ca_rms_norm_create(int64_t dim, double eps, ca_module **out) {
+    if (dim <= 0) return ca_error(CA_ERR_INVALID, "RMSNorm(%lld): size must be positive", (long long)dim);
+    ca_module *m;
+    ca_status s = ca_module_create("RMSNorm", rms_norm_forward, NULL, NULL, &m);
+    if (s != CA_OK) return s;
+    m->p = eps > 0 ? eps : 1.1920928955078125e-07;    /* torch: finfo(float32).eps */
+    ca_tensor *w;
+    s = new_param(m, "weight", 1, &dim, &w);
+    if (s == CA_OK) s = CA_KCALL(ca_tdev(w), fill, CA_F32, dim, 1.0, ca_tptr(w));
+    return finish(m, s, out);
+}
+
+static ca_tensor *gelu_erf_forward(ca_module *self, ca_tensor *x, void *ctx) { return ca_gelu_erf(x); }
+static ca_tensor *silu_forward(ca_module *self, ca_tensor *x, void *ctx) { return ca_silu(x); }
+
+ca_status ca_gelu_erf_create(ca_module **out) { return ca_module_create("GELU", gelu_erf_forward, NULL, NULL, out); }
+ca_status ca_silu_create(ca_module **out) { return ca_module_create("SiLU", silu_forward, NULL, NULL, out); }

@@ -12,5 +12,7 @@ libcaccel_la_SOURCES += \
 	tensor/ops_reduce.c \
 	tensor/ops_linalg.c \
 	tensor/ops_nn.c \
+	tensor/ops_attention.c \
+	tensor/ops_index.c \
 	tensor/safetensors_impl.h \
 	tensor/safetensors.c

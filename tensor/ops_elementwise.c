@@ -23,6 +23,7 @@ static const ca_node_vt unary_vt[CA_UNARY_OP_COUNT] = {
     VT(CA_UNARY_LOG, "log"), VT(CA_UNARY_SQRT, "sqrt"), VT(CA_UNARY_RSQRT, "rsqrt"),
     VT(CA_UNARY_ABS, "abs"), VT(CA_UNARY_SQUARE, "square"), VT(CA_UNARY_RECIP, "recip"),
     VT(CA_UNARY_SCALE, "mul_scalar"), VT(CA_UNARY_ADD_SCALAR, "add_scalar"), VT(CA_UNARY_POW, "pow"),
+    VT(CA_UNARY_GELU_ERF, "gelu_erf"), VT(CA_UNARY_SILU, "silu"),
 #undef VT
 };
 
@@ -48,6 +49,8 @@ static ca_tensor *unary(ca_tensor *x, ca_unary_op op, double alpha) {
 ca_tensor *ca_neg(ca_tensor *x) { return unary(x, CA_UNARY_NEG, 0); }
 ca_tensor *ca_relu(ca_tensor *x) { return unary(x, CA_UNARY_RELU, 0); }
 ca_tensor *ca_gelu(ca_tensor *x) { return unary(x, CA_UNARY_GELU_TANH, 0); }
+ca_tensor *ca_gelu_erf(ca_tensor *x) { return unary(x, CA_UNARY_GELU_ERF, 0); }
+ca_tensor *ca_silu(ca_tensor *x) { return unary(x, CA_UNARY_SILU, 0); }
 ca_tensor *ca_tanh(ca_tensor *x) { return unary(x, CA_UNARY_TANH, 0); }
 ca_tensor *ca_sigmoid(ca_tensor *x) { return unary(x, CA_UNARY_SIGMOID, 0); }
 ca_tensor *ca_exp(ca_tensor *x) { return unary(x, CA_UNARY_EXP, 0); }

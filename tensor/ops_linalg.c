@@ -1,4 +1,4 @@
-/* Matrix products: matmul (2-D and batched 3-D) and linear, with GEMMs that write gradients in place. */
+/* Matrix products: matmul (2-D, and batched with broadcasting) and linear, with GEMMs that write gradients in place. */
 #include "tensor/ops_impl.h"
 
 #include <string.h>
@@ -70,8 +70,8 @@ static ca_status matmul_backward(ca_node *n, ca_tensor *g) {
 }
 static const ca_node_vt matmul_vt = {"matmul", matmul_backward};
 
-ca_tensor *ca_matmul(ca_tensor *a, ca_tensor *b) {
-    CA_OP_NULLCHECK2(a, b);
+/* 2-D x 2-D, or 3-D x 3-D with one batch size. */
+static ca_tensor *matmul_23(ca_tensor *a, ca_tensor *b) {
     ca_dtype lp = ca_autocast_dtype();
     if (lp != CA_F32 && ca_dtype_is_float(a->dtype) && ca_dtype_is_float(b->dtype)) {
         a = ca_cast(a, lp);       /* autocast: both operands in low precision */
@@ -245,4 +245,54 @@ ca_tensor *ca_linear(ca_tensor *x, ca_tensor *w, ca_tensor *b) {
         n->i[0] = M; n->i[1] = in; n->i[2] = out;
     }
     return y;
+}
+
+/* ------------------------------------------------------------------ batched matmul */
+
+static ca_tensor *matmul_error(const ca_tensor *a, const ca_tensor *b) {
+    char x[128], y[128];
+    ca_error(CA_ERR_INVALID, "matmul: cannot multiply %s %s by %s %s", ca_shape_str(a->ndim, a->shape, x, sizeof x),
+             ca_dtype_name(a->dtype), ca_shape_str(b->ndim, b->shape, y, sizeof y), ca_dtype_name(b->dtype));
+    return NULL;
+}
+
+/* Collapses the batch dims of x (shape batch + [r, c]) to one: [prod(batch), r, c]. */
+static ca_tensor *fold_batch(ca_tensor *x) {
+    int64_t s3[3] = {-1, x->shape[x->ndim - 2], x->shape[x->ndim - 1]};
+    return ca_reshape(x, 3, s3);
+}
+
+ca_tensor *ca_matmul(ca_tensor *a, ca_tensor *b) {
+    CA_OP_NULLCHECK2(a, b);
+    if (a->ndim < 2 || b->ndim < 2 || a->shape[a->ndim - 1] != b->shape[b->ndim - 2]) return matmul_error(a, b);
+    if (a->ndim == 2 && b->ndim == 2) return matmul_23(a, b);
+    int64_t m = a->shape[a->ndim - 2], n = b->shape[b->ndim - 1];
+    int64_t out[CA_MAX_DIMS];
+    if (b->ndim == 2) {     /* [.., m, k] x [k, n]: one GEMM over all rows */
+        memcpy(out, a->shape, sizeof out);
+        out[a->ndim - 1] = n;
+        int64_t rows[2] = {-1, a->shape[a->ndim - 1]};
+        return ca_reshape(matmul_23(ca_reshape(a, 2, rows), b), a->ndim, out);
+    }
+    int nb = (a->ndim > b->ndim ? a->ndim : b->ndim) - 2;
+    int64_t ea[CA_MAX_DIMS], eb[CA_MAX_DIMS];
+    bool expand_a = a->ndim - 2 != nb, expand_b = b->ndim - 2 != nb;
+    for (int i = 0; i < nb; i++) {
+        int ia = i - (nb - (a->ndim - 2)), ib = i - (nb - (b->ndim - 2));
+        int64_t sa = ia >= 0 ? a->shape[ia] : 1, sb = ib >= 0 ? b->shape[ib] : 1;
+        if (sa != sb && sa != 1 && sb != 1) return matmul_error(a, b);
+        out[i] = sa > sb ? sa : sb;
+        expand_a |= sa != out[i];
+        expand_b |= sb != out[i];
+    }
+    memcpy(ea, out, sizeof ea);
+    memcpy(eb, out, sizeof eb);
+    ea[nb] = m; ea[nb + 1] = a->shape[a->ndim - 1];
+    eb[nb] = b->shape[b->ndim - 2]; eb[nb + 1] = n;
+    if (expand_a) a = ca_expand(a, nb + 2, ea);
+    if (expand_b) b = ca_expand(b, nb + 2, eb);
+    CA_OP_NULLCHECK2(a, b);
+    out[nb] = m; out[nb + 1] = n;
+    ca_tensor *c = matmul_23(fold_batch(a), fold_batch(b));
+    return nb == 1 ? c : ca_reshape(c, nb + 2, out);
 }

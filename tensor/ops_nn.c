@@ -1,4 +1,4 @@
-/* Neural-network functions: softmax, log_softmax, cross_entropy, mse_loss, dropout, layer_norm, embedding. */
+/* Neural-network functions: softmax, log_softmax, cross_entropy, mse_loss, dropout, layer_norm, rms_norm, embedding. */
 #include "tensor/ops_impl.h"
 
 #include <string.h>
@@ -66,9 +66,9 @@ ca_tensor *ca_cross_entropy_ex(ca_tensor *logits, ca_tensor *labels, const ca_cr
         return NULL;
     int64_t cols = last_dim(logits), rows = cols ? logits->numel / cols : 0;
     char a[128], b[128];
-    if (logits->ndim != 2 || (labels->dtype != CA_I32 && labels->dtype != CA_I64) || labels->numel != rows) {
-        ca_error(CA_ERR_INVALID, "cross_entropy: logits %s %s and labels %s %s: expected logits [N, C] and "
-                 "integer labels [N] (i32 or i64)", ca_shape_str(logits->ndim, logits->shape, a, sizeof a),
+    if (logits->ndim < 1 || (labels->dtype != CA_I32 && labels->dtype != CA_I64) || labels->numel != rows) {
+        ca_error(CA_ERR_INVALID, "cross_entropy: logits %s %s and labels %s %s: expected logits [..., C] and "
+                 "integer labels [...] (i32 or i64)", ca_shape_str(logits->ndim, logits->shape, a, sizeof a),
                  ca_dtype_name(logits->dtype), ca_shape_str(labels->ndim, labels->shape, b, sizeof b),
                  ca_dtype_name(labels->dtype));
         return NULL;
@@ -221,27 +221,44 @@ ca_tensor *ca_layer_norm(ca_tensor *x, ca_tensor *w, ca_tensor *b, double eps) {
 
 /* ------------------------------------------------------------------ embedding */
 
+/* i[0]: padding_idx (-1: none). The padding row's gradient is saved before the
+ * scatter-add and put back after it, so lookups of it contribute nothing. */
 static ca_status embedding_backward(ca_node *n, ca_tensor *g) {
     ca_tensor *table = n->in[0], *idx = n->saved[0];
+    int64_t pad = n->i[0], dim = table->shape[1];
     float beta;
     ca_tensor *dt = ca_grad_target(table, &beta);
     if (!dt) return table->requires_grad ? ca_last_status() : CA_OK;
     ca_device *dev = ca_tdev(table);
     ca_status s = CA_OK;
+    void *pad_row = pad >= 0 ? (char *)ca_tptr(dt) + (size_t)(pad * dim) * ca_dtype_size(dt->dtype) : NULL;
+    ca_tensor *keep = pad_row && beta != 0.0f ? ca_tensor_new(dev, dt->dtype, 1, &dim) : NULL;
+    if (pad_row && beta != 0.0f && !keep) return ca_last_status();
     if (beta == 0.0f) s = CA_KCALL(dev, fill, dt->dtype, dt->numel, 0.0, ca_tptr(dt));
+    if (s == CA_OK && keep) s = CA_KCALL(dev, axpby, dt->dtype, dim, 1.0f, pad_row, 0.0f, ca_tptr(keep));
     if (s == CA_OK)
-        s = CA_KCALL(dev, embedding_backward, dt->dtype, idx->numel, table->shape[0], table->shape[1], idx->dtype,
+        s = CA_KCALL(dev, embedding_backward, dt->dtype, idx->numel, table->shape[0], dim, idx->dtype,
                      ca_tptr(idx), ca_tptr(g), ca_tptr(dt));
+    if (s == CA_OK && pad_row)
+        s = keep ? CA_KCALL(dev, axpby, dt->dtype, dim, 1.0f, ca_tptr(keep), 0.0f, pad_row)
+                 : CA_KCALL(dev, fill, dt->dtype, dim, 0.0, pad_row);
     if (s == CA_OK) ca_grad_written(table);
     return s;
 }
 static const ca_node_vt embedding_vt = {"embedding", embedding_backward};
 
-ca_tensor *ca_embedding(ca_tensor *idx, ca_tensor *table) {
+ca_tensor *ca_embedding(ca_tensor *idx, ca_tensor *table) { return ca_embedding_ex(idx, table, -1); }
+
+ca_tensor *ca_embedding_ex(ca_tensor *idx, ca_tensor *table, int64_t padding_idx) {
     CA_OP_NULLCHECK2(idx, table);
     if (!ca_op_check_float("embedding", table) || !ca_op_check_same_device("embedding", idx, table)) return NULL;
     if (table->ndim != 2 || (idx->dtype != CA_I32 && idx->dtype != CA_I64) || idx->ndim >= CA_MAX_DIMS) {
         ca_error(CA_ERR_INVALID, "embedding: expected integer indices and a [V, D] table");
+        return NULL;
+    }
+    if (padding_idx < -1 || padding_idx >= table->shape[0]) {
+        ca_error(CA_ERR_INVALID, "embedding: padding_idx %lld is outside the table's %lld rows (-1: none)",
+                 (long long)padding_idx, (long long)table->shape[0]);
         return NULL;
     }
     idx = ca_contiguous(idx);
@@ -259,6 +276,26 @@ ca_tensor *ca_embedding(ca_tensor *idx, ca_tensor *table) {
         ca_node *n = ca_record(&embedding_vt, y, 1, &table);
         if (!n) return NULL;
         n->saved[0] = idx;
+        n->i[0] = padding_idx;
     }
     return y;
+}
+
+/* ------------------------------------------------------------------ rms norm */
+
+ca_tensor *ca_rms_norm(ca_tensor *x, ca_tensor *w, double eps) {
+    x = ca_autocast_f32(x);
+    if (x && w && x->dtype != w->dtype) x = ca_cast(x, w->dtype);
+    CA_OP_NULLCHECK1(x);
+    if (!ca_op_check_float("rms_norm", x)) return NULL;
+    int64_t cols = last_dim(x);
+    if (w && (w->numel != cols || !ca_op_check_same_device("rms_norm", x, w))) {
+        if (w->numel != cols)
+            ca_error(CA_ERR_INVALID, "rms_norm: weight must have %lld elements (the last dimension), has %lld",
+                     (long long)cols, (long long)w->numel);
+        return NULL;
+    }
+    ca_tensor *ms = ca_mean_dim(ca_square(x), -1, true);
+    ca_tensor *y = ca_mul(x, ca_pow_scalar(ca_add_scalar(ms, eps), -0.5));
+    return w ? ca_mul(y, w) : y;
 }

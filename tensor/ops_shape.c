@@ -210,3 +210,38 @@ ca_tensor *ca_detach(ca_tensor *t) {
     CA_OP_NULLCHECK1(t);
     return ca_tensor_view(t, t->ndim, t->shape, t->stride, t->offset);
 }
+
+/* ------------------------------------------------------------------ expand */
+
+static ca_status expand_backward(ca_node *n, ca_tensor *g) {
+    return ca_op_accumulate_reduced(n->in[0], g, 1.0f);
+}
+static const ca_node_vt expand_vt = {"expand", expand_backward};
+
+ca_tensor *ca_expand(ca_tensor *x, int ndim, const int64_t *shape) {
+    CA_OP_NULLCHECK1(x);
+    char a[128], b[128];
+    if (ndim < x->ndim || ndim > CA_MAX_DIMS) {
+        ca_error(CA_ERR_INVALID, "expand: cannot broadcast %s to %d dimensions",
+                 ca_shape_str(x->ndim, x->shape, a, sizeof a), ndim);
+        return NULL;
+    }
+    int64_t xs[CA_MAX_DIMS];
+    for (int i = 0; i < ndim; i++) {
+        int ix = i - (ndim - x->ndim);
+        int64_t sz = ix >= 0 ? x->shape[ix] : 1;
+        if (sz != shape[i] && sz != 1) {
+            ca_error(CA_ERR_INVALID, "expand: cannot broadcast %s to %s (dimension %d)",
+                     ca_shape_str(x->ndim, x->shape, a, sizeof a), ca_shape_str(ndim, shape, b, sizeof b), i);
+            return NULL;
+        }
+        xs[i] = ix >= 0 && sz != 1 ? x->stride[ix] : 0;
+    }
+    ca_tensor *y = ca_tensor_new(ca_tdev(x), x->dtype, ndim, shape);
+    if (!y) return NULL;
+    if (y->numel && CA_KCALL(ca_tdev(x), copy_strided, x->dtype, ndim, shape, ca_tptr(x), xs, ca_tptr(y),
+                             y->stride) != CA_OK)
+        return NULL;
+    if (ca_needs_grad(1, &x) && !ca_record(&expand_vt, y, 1, &x)) return NULL;
+    return y;
+}

@@ -73,4 +73,37 @@ static inline ca_tensor *f_cast(ca_tensor **in, void *c) { return ca_cast(ca_cas
 static inline ca_tensor *f_scalar(ca_tensor **in, void *c) { return ca_mul_scalar(ca_add_scalar(in[0], 1.5), -0.75); }
 static inline ca_tensor *f_max_dim(ca_tensor **in, void *c) { return ca_max_dim(in[0], *(int *)c, false); }
 
+/* The transformer ops. */
+typedef struct sdpa_ctx {
+    ca_tensor *mask;
+    bool causal;
+    double p, scale;
+} sdpa_ctx;
+static inline ca_tensor *f_sdpa(ca_tensor **in, void *c) {
+    sdpa_ctx *a = c;
+    return ca_scaled_dot_product_attention(in[0], in[1], in[2], a->mask, a->causal, a->p, a->scale);
+}
+/* The mask as a fourth input (so that it is copied to the device under test). */
+static inline ca_tensor *f_sdpa_m(ca_tensor **in, void *c) {
+    sdpa_ctx *a = c;
+    return ca_scaled_dot_product_attention(in[0], in[1], in[2], in[3], a->causal, a->p, a->scale);
+}
+static inline ca_tensor *f_concat(ca_tensor **in, void *c) { return ca_concat(*(int *)c, in, 1); }
+static inline ca_tensor *f_stack(ca_tensor **in, void *c) { return ca_stack(3, in, *(int *)c); }
+static inline ca_tensor *f_split(ca_tensor **in, void *c) {
+    ca_tensor *p[3];
+    if (ca_split(in[0], 0, 3, (const int64_t[]){2, 1, 3}, p) != CA_OK) return NULL;
+    ca_tensor *r[3] = {ca_mul_scalar(p[2], 2.0), p[0], p[1]};
+    return ca_concat(3, r, 0);
+}
+static inline ca_tensor *f_index_select(ca_tensor **in, void *c) { return ca_index_select(in[0], 1, in[1]); }
+static inline ca_tensor *f_gather(ca_tensor **in, void *c) { return ca_gather_dim(in[0], 1, in[1]); }
+static inline ca_tensor *f_where(ca_tensor **in, void *c) { return ca_where(in[2], in[0], in[1]); }
+static inline ca_tensor *f_masked_fill(ca_tensor **in, void *c) { return ca_masked_fill(in[0], in[1], -3.5); }
+static inline ca_tensor *f_rms_norm(ca_tensor **in, void *c) { return ca_rms_norm(in[0], in[1], 1e-6); }
+static inline ca_tensor *f_rms_norm_plain(ca_tensor **in, void *c) { return ca_rms_norm(in[0], NULL, 1e-6); }
+/* A language-model head tied to its embedding: logits = emb(idx) W^T with one W. */
+static inline ca_tensor *f_tied(ca_tensor **in, void *c) { return ca_linear(ca_embedding(in[1], in[0]), in[0], NULL); }
+static inline ca_tensor *f_expand(ca_tensor **in, void *c) { return ca_expand(in[0], CA_SHAPE(2, 3, 4)); }
+
 #endif

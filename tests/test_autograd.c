@@ -72,6 +72,125 @@ static void test_matmul(void **state) {
     }
 }
 
+static void test_matmul_broadcast(void **state) {
+    static const struct { int na, nb; int64_t a[4], b[4]; } cases[] = {
+        {4, 4, {2, 3, 4, 5}, {2, 3, 5, 2}},          /* [B,H,T,D] x [B,H,D,S] */
+        {4, 3, {2, 1, 4, 5}, {3, 5, 2}},             /* both broadcast */
+        {3, 2, {2, 4, 5}, {5, 3}},                   /* a weight matrix on the right */
+        {2, 3, {4, 5}, {2, 5, 3}},                   /* a matrix on the left */
+    };
+    uint64_t s = 21;
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) CA_SCOPE {
+        ca_tensor *in[2] = {leaf(&s, cases[c].na, cases[c].a, -1, 1, 0), leaf(&s, cases[c].nb, cases[c].b, -1, 1, 0)};
+        gradcheck("matmul broadcast", f_matmul, NULL, 2, in, &SMOOTH);
+    }
+    CA_SCOPE {
+        ca_tensor *in[1] = {leaf(&s, CA_SHAPE(3, 1), -1, 1, 0)};
+        gradcheck("expand", f_expand, NULL, 1, in, &SMOOTH);
+    }
+}
+
+static void test_attention(void **state) {
+    uint64_t s = 22;
+    CA_SCOPE {
+        float addm[2 * 5];
+        uint8_t keep[2 * 5] = {1, 1, 1, 0, 0, 1, 1, 1, 1, 1};   /* key padding: batch 0 has 3 keys */
+        for (int i = 0; i < 10; i++) addm[i] = keep[i] ? 0.1f * (float)i : -INFINITY;
+        ca_tensor *fmask = ca_from_host(ca_cpu_device(), CA_F32, CA_SHAPE(2, 1, 1, 5), addm);
+        ca_tensor *bmask = ca_from_host(ca_cpu_device(), CA_U8, CA_SHAPE(2, 1, 1, 5), keep);
+        sdpa_ctx cases[] = {
+            {NULL, false, 0, 0}, {NULL, true, 0, 0}, {fmask, false, 0, 0.7}, {bmask, true, 0, 0},
+            {bmask, false, 0.3, 0},
+        };
+        const char *names[] = {"sdpa", "sdpa causal", "sdpa additive mask", "sdpa key padding + causal",
+                               "sdpa dropout"};
+        for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+            ca_tensor *in[3] = {leaf(&s, CA_SHAPE(2, 2, 5, 3), -1, 1, 0), leaf(&s, CA_SHAPE(2, 2, 5, 3), -1, 1, 0),
+                                leaf(&s, CA_SHAPE(2, 2, 5, 4), -1, 1, 0)};
+            gc_opts o = SMOOTH;
+            o.reset_rng = cases[c].p > 0;
+            gradcheck(names[c], f_sdpa, &cases[c], 3, in, &o);
+        }
+        sdpa_ctx cross = {NULL, true, 0, 0};     /* Tq != Tk, more rows than one block of the kernel */
+        ca_tensor *in[3] = {leaf(&s, CA_SHAPE(1, 1, 70, 2), -1, 1, 0), leaf(&s, CA_SHAPE(1, 1, 66, 2), -1, 1, 0),
+                            leaf(&s, CA_SHAPE(1, 1, 66, 3), -1, 1, 0)};
+        gradcheck("sdpa causal, 70 queries, 66 keys", f_sdpa, &cross, 3, in, &SMOOTH);
+    }
+}
+
+static void test_join_and_select(void **state) {
+    uint64_t s = 23;
+    CA_SCOPE {
+        ca_tensor *in[6];
+        for (int i = 0; i < 6; i++) in[i] = leaf(&s, CA_SHAPE(2, 1 + i % 3, 3), -1, 1, 0);
+        int three = 3, six = 6;
+        gradcheck("concat", f_concat, &three, 3, in, &SMOOTH);
+        gradcheck("concat of 6 (chained nodes)", f_concat, &six, 6, in, &SMOOTH);
+        for (int i = 0; i < 3; i++) in[i] = leaf(&s, CA_SHAPE(2, 3), -1, 1, 0);
+        int d0 = 0, d2 = 2;
+        gradcheck("stack dim 0", f_stack, &d0, 3, in, &SMOOTH);
+        gradcheck("stack dim 2", f_stack, &d2, 3, in, &SMOOTH);
+        in[0] = leaf(&s, CA_SHAPE(6, 4), -1, 1, 0);
+        gradcheck("split", f_split, NULL, 1, in, &SMOOTH);
+        int64_t idx[5] = {3, 0, 3, 2, 3};
+        in[0] = leaf(&s, CA_SHAPE(2, 4, 3), -1, 1, 0);
+        in[1] = ca_from_host(ca_cpu_device(), CA_I64, CA_SHAPE(5), idx);
+        gradcheck("index_select", f_index_select, NULL, 2, in, &SMOOTH);
+        int32_t gidx[2 * 2 * 3] = {3, 0, 3, 1, 1, 2, 0, 0, 0, 2, 3, 3};   /* x [2, 4, 3] -> [2, 2, 3] */
+        in[1] = ca_from_host(ca_cpu_device(), CA_I32, CA_SHAPE(2, 2, 3), gidx);
+        gradcheck("gather", f_gather, NULL, 2, in, &SMOOTH);
+        uint8_t c[3] = {1, 0, 1};
+        in[0] = leaf(&s, CA_SHAPE(3, 4), -1, 1, 0);
+        in[1] = leaf(&s, CA_SHAPE(4), -1, 1, 0);
+        in[2] = ca_from_host(ca_cpu_device(), CA_U8, CA_SHAPE(3, 1), c);
+        gradcheck("where", f_where, NULL, 3, in, &SMOOTH);
+        in[1] = in[2];
+        gradcheck("masked_fill", f_masked_fill, NULL, 2, in, &SMOOTH);
+    }
+}
+
+static void test_rms_norm(void **state) {
+    uint64_t s = 24;
+    CA_SCOPE {
+        ca_tensor *in[2] = {leaf(&s, CA_SHAPE(3, 2, 6), -2, 2, 0), leaf(&s, CA_SHAPE(6), 0.5f, 1.5f, 0)};
+        gradcheck("rms_norm", f_rms_norm, NULL, 2, in, &SMOOTH);
+        gradcheck("rms_norm without weight", f_rms_norm_plain, NULL, 1, in, &SMOOTH);
+    }
+}
+
+/* Rows looked up at padding_idx give the table no gradient; a gradient already
+ * in that row (from another use of the table) stays. */
+static void test_embedding_padding(void **state) {
+    uint64_t s = 25;
+    CA_SCOPE {
+        ca_tensor *table = leaf(&s, CA_SHAPE(5, 3), -1, 1, 0);
+        int64_t idx[6] = {0, 2, 0, 4, 2, 2};
+        ca_tensor *ix = ca_from_host(ca_cpu_device(), CA_I64, CA_SHAPE(6), idx);
+        int64_t other[1] = {2};
+        ca_tensor *ox = ca_from_host(ca_cpu_device(), CA_I64, CA_SHAPE(1), other);
+        /* loss = sum(emb_pad(idx)) + 5 * sum(emb(2)): row 2 gets 5 from the plain lookup only */
+        ca_tensor *loss = ca_add(ca_sum(ca_embedding_ex(ix, table, 2)),
+                                 ca_mul_scalar(ca_sum(ca_embedding(ox, table)), 5.0));
+        T_OK(ca_autograd_backward(loss));
+        float *g = t_host(ca_tensor_grad(table));
+        float want[5] = {2, 0, 5, 0, 1};
+        for (int r = 0; r < 5; r++)
+            for (int c = 0; c < 3; c++) assert_float_equal(g[r * 3 + c], want[r], 1e-6);
+        free(g);
+        ca_tensor_zero_grad(table);     /* the first write of a pass (beta 0) zeroes the row too */
+        T_OK(ca_autograd_backward(ca_sum(ca_embedding_ex(ix, table, 0))));
+        g = t_host(ca_tensor_grad(table));
+        for (int c = 0; c < 3; c++) assert_float_equal(g[c], 0.0f, 0.0);
+        assert_float_equal(g[2 * 3], 3.0f, 1e-6);
+        free(g);
+        int64_t seq[4] = {2, 0, 4, 2};      /* weight tying: both uses add into one gradient */
+        ca_tensor *tied[2] = {table, ca_from_host(ca_cpu_device(), CA_I64, CA_SHAPE(4), seq)};
+        gradcheck("embedding tied to the output layer", f_tied, NULL, 2, tied, &SMOOTH);
+        assert_null(ca_embedding_ex(ix, table, 5));
+        assert_non_null(strstr(ca_last_error(), "padding_idx 5"));
+    }
+}
+
 static void test_linear(void **state) {
     uint64_t s = 2;
     CA_SCOPE {
@@ -113,6 +232,7 @@ static void test_unary(void **state) {
         {"neg", ca_neg, -2, 2, 0}, {"relu", ca_relu, -2, 2, 0.05f}, {"gelu", ca_gelu, -3, 3, 0},
         {"tanh", ca_tanh, -2, 2, 0}, {"sigmoid", ca_sigmoid, -3, 3, 0}, {"exp", ca_exp, -2, 2, 0},
         {"log", ca_log, 0.3f, 3, 0}, {"sqrt", ca_sqrt, 0.3f, 3, 0}, {"square", ca_square, -2, 2, 0},
+        {"gelu_erf", ca_gelu_erf, -3, 3, 0}, {"silu", ca_silu, -3, 3, 0},
     };
     uint64_t s = 4;
     for (size_t o = 0; o < sizeof ops / sizeof ops[0]; o++) CA_SCOPE {
@@ -162,6 +282,10 @@ static void test_cross_entropy(void **state) {
         ca_cross_entropy_opts ign = {.has_ignore_index = true, .ignore_index = 4};
         in[1] = ca_from_host(ca_cpu_device(), CA_I32, CA_SHAPE(6), lab32);
         gradcheck("cross_entropy i32 ignore 4", f_ce, &ign, 2, in, &SMOOTH);
+        int64_t lab3[6] = {0, 4, -100, 2, 3, 1};      /* [2, 3, C] logits, [2, 3] labels */
+        ca_tensor *in3[2] = {leaf(&s, CA_SHAPE(2, 3, 5), -2, 2, 0),
+                             ca_from_host(ca_cpu_device(), CA_I64, CA_SHAPE(2, 3), lab3)};
+        gradcheck("cross_entropy 3-D logits", f_ce, NULL, 2, in3, &SMOOTH);
         /* reference value: mean of -log softmax at the labels, ignoring -100 */
         in[1] = ca_from_host(ca_cpu_device(), CA_I64, CA_SHAPE(6), lab64);
         float *x = t_host(in[0]);
@@ -297,6 +421,11 @@ static void test_errors_propagate_through_chains(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_matmul),
+        cmocka_unit_test(test_matmul_broadcast),
+        cmocka_unit_test(test_attention),
+        cmocka_unit_test(test_join_and_select),
+        cmocka_unit_test(test_rms_norm),
+        cmocka_unit_test(test_embedding_padding),
         cmocka_unit_test(test_linear),
         cmocka_unit_test(test_binary_broadcast),
         cmocka_unit_test(test_unary),

@@ -109,6 +109,35 @@ static void test_registry_loads_plugin_with_reason(void **state) {
     assert_non_null(strstr(ca_last_error(), "no test hardware attached"));
 }
 
+/* A backend built for ABI 1.0 (the CPU's tables cut at the 1.0 kernel table's
+ * end) loads, runs the 1.0 kernels, and names the 1.1 kernel it lacks. */
+static void test_registry_older_minor_lacks_new_kernels(void **state) {
+    static ca_kernels k10;
+    static ca_device_ops ops;
+    static const ca_device_ops *devs[1];
+    static ca_plugin p;
+    ops = *ca_device_ops_of(ca_cpu_device());
+    memcpy(&k10, ops.kernels, offsetof(ca_kernels, attention));
+    k10.struct_size = offsetof(ca_kernels, attention);
+    k10.abi_version = (uint32_t)CA_ABI_MAJOR << 16;
+    ops.name = "cpu_abi10";
+    ops.abi_version = k10.abi_version;
+    ops.kernels = &k10;
+    devs[0] = &ops;
+    p = (ca_plugin){.struct_size = sizeof p, .abi_version = k10.abi_version, .name = "cpu_abi10",
+                    .version = "test", .num_devices = 1, .devices = devs};
+    T_OK(ca_register_plugin(&p, "test_core"));
+    ca_device *d = NULL;
+    T_OK(ca_device_open("cpu_abi10", 0, NULL, &d));
+    CA_SCOPE {
+        ca_tensor *q = T_NN(ca_full(d, CA_F32, CA_SHAPE(1, 1, 2, 2), 0.5));
+        assert_non_null(ca_add(q, q));
+        assert_null(ca_scaled_dot_product_attention(q, q, q, NULL, false, 0, 0));
+        assert_non_null(strstr(ca_last_error(), "device backend 'cpu_abi10' has no kernel 'attention'"));
+        assert_int_equal(ca_last_status(), CA_ERR_UNSUPPORTED);
+    }
+}
+
 /* ------------------------------------------------------------------ allocator */
 
 static void test_caching_allocator_reuses(void **state) {
@@ -247,6 +276,7 @@ int main(void) {
         cmocka_unit_test(test_registry_builtins),
         cmocka_unit_test(test_registry_refuses_wrong_abi),
         cmocka_unit_test(test_registry_loads_plugin_with_reason),
+        cmocka_unit_test(test_registry_older_minor_lacks_new_kernels),
         cmocka_unit_test(test_caching_allocator_reuses),
         cmocka_unit_test(test_scopes_release),
         cmocka_unit_test(test_views_share_storage),

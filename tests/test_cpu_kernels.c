@@ -29,6 +29,8 @@ static double ref_unary(ca_unary_op op, double x, double a) {
     case CA_UNARY_SCALE: return a * x;
     case CA_UNARY_ADD_SCALAR: return x + a;
     case CA_UNARY_POW: return pow(x, a);
+    case CA_UNARY_GELU_ERF: return 0.5 * x * (1 + erf(x / sqrt(2.0)));
+    case CA_UNARY_SILU: return x / (1 + exp(-x));
     default: return NAN;
     }
 }
@@ -55,6 +57,8 @@ static double ref_dunary(ca_unary_op op, double x, double y, double a) {
     case CA_UNARY_SCALE: return a;
     case CA_UNARY_ADD_SCALAR: return 1;
     case CA_UNARY_POW: return a * pow(x, a - 1);
+    case CA_UNARY_GELU_ERF: return 0.5 * (1 + erf(x / sqrt(2.0))) + x * exp(-0.5 * x * x) / sqrt(2 * M_PI);
+    case CA_UNARY_SILU: return (1 + x * (1 - 1 / (1 + exp(-x)))) / (1 + exp(-x));
     default: return NAN;
     }
 }

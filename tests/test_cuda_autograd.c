@@ -131,6 +131,7 @@ static void test_unary(void **state) {
         {"neg", ca_neg, -2, 2, 0}, {"relu", ca_relu, -2, 2, 0.05f}, {"gelu", ca_gelu, -3, 3, 0},
         {"tanh", ca_tanh, -2, 2, 0}, {"sigmoid", ca_sigmoid, -3, 3, 0}, {"exp", ca_exp, -2, 2, 0},
         {"log", ca_log, 0.3f, 3, 0}, {"sqrt", ca_sqrt, 0.3f, 3, 0}, {"square", ca_square, -2, 2, 0},
+        {"gelu_erf", ca_gelu_erf, -3, 3, 0}, {"silu", ca_silu, -3, 3, 0},
     };
     uint64_t s = 4;
     for (size_t o = 0; o < sizeof ops / sizeof ops[0]; o++) CA_SCOPE {
@@ -206,6 +207,51 @@ static void test_shape_ops(void **state) {
     }
 }
 
+/* The transformer ops: the same checks as tests/test_autograd.c, and the CPU's numbers. */
+static void test_transformer_ops(void **state) {
+    uint64_t s = 10;
+    CA_SCOPE {
+        ca_tensor *in[4];
+        in[0] = leaf(&s, CA_SHAPE(2, 1, 4, 5), -1, 1, 0);
+        in[1] = leaf(&s, CA_SHAPE(3, 5, 2), -1, 1, 0);
+        gradcheck("matmul broadcast", f_matmul, NULL, 2, in, &SMOOTH);
+        uint8_t keep[2 * 5] = {1, 1, 1, 0, 0, 1, 1, 1, 1, 1};
+        sdpa_ctx cases[] = {{NULL, false, 0, 0}, {NULL, true, 0, 0}, {NULL, true, 0, 0}, {NULL, false, 0.3, 0}};
+        for (int c = 0; c < 4; c++) {
+            in[0] = leaf(&s, CA_SHAPE(2, 2, 5, 3), -1, 1, 0);
+            in[1] = leaf(&s, CA_SHAPE(2, 2, 5, 3), -1, 1, 0);
+            in[2] = leaf(&s, CA_SHAPE(2, 2, 5, 4), -1, 1, 0);
+            in[3] = ca_from_host(ca_cpu_device(), CA_U8, CA_SHAPE(2, 1, 1, 5), keep);
+            gc_opts o = SMOOTH;
+            o.reset_rng = cases[c].p > 0;
+            if (c == 0) gradcheck("sdpa", f_sdpa, &cases[c], 3, in, &o);
+            else gradcheck("sdpa with key padding", f_sdpa_m, &cases[c], 4, in, &o);
+        }
+        for (int i = 0; i < 3; i++) in[i] = leaf(&s, CA_SHAPE(2, 1 + i, 3), -1, 1, 0);
+        int three = 3, d0 = 0;
+        gradcheck("concat", f_concat, &three, 3, in, &SMOOTH);
+        for (int i = 0; i < 3; i++) in[i] = leaf(&s, CA_SHAPE(2, 3), -1, 1, 0);
+        gradcheck("stack", f_stack, &d0, 3, in, &SMOOTH);
+        in[0] = leaf(&s, CA_SHAPE(6, 4), -1, 1, 0);
+        gradcheck("split", f_split, NULL, 1, in, &SMOOTH);
+        int64_t idx[5] = {3, 0, 3, 2, 3};
+        in[0] = leaf(&s, CA_SHAPE(2, 4, 3), -1, 1, 0);
+        in[1] = ca_from_host(ca_cpu_device(), CA_I64, CA_SHAPE(5), idx);
+        gradcheck("index_select", f_index_select, NULL, 2, in, &SMOOTH);
+        int32_t gidx[2 * 2 * 3] = {3, 0, 3, 1, 1, 2, 0, 0, 0, 2, 3, 3};
+        in[1] = ca_from_host(ca_cpu_device(), CA_I32, CA_SHAPE(2, 2, 3), gidx);
+        gradcheck("gather", f_gather, NULL, 2, in, &SMOOTH);
+        uint8_t c3[3] = {1, 0, 1};
+        in[0] = leaf(&s, CA_SHAPE(3, 4), -1, 1, 0);
+        in[1] = leaf(&s, CA_SHAPE(4), -1, 1, 0);
+        in[2] = ca_from_host(ca_cpu_device(), CA_U8, CA_SHAPE(3, 1), c3);
+        gradcheck("where", f_where, NULL, 3, in, &SMOOTH);
+        in[0] = leaf(&s, CA_SHAPE(3, 2, 6), -2, 2, 0);
+        in[1] = leaf(&s, CA_SHAPE(6), 0.5f, 1.5f, 0);
+        gradcheck("rms_norm", f_rms_norm, NULL, 2, in, &SMOOTH);
+    }
+}
+
 int main(void) {
     ca_log_set_level(CA_LOG_WARNING);
     G = tc_open_or_skip("test_cuda_autograd");
@@ -214,6 +260,7 @@ int main(void) {
         cmocka_unit_test(test_matmul_linear), cmocka_unit_test(test_binary_broadcast),
         cmocka_unit_test(test_unary),         cmocka_unit_test(test_reductions),
         cmocka_unit_test(test_nn),            cmocka_unit_test(test_shape_ops),
+        cmocka_unit_test(test_transformer_ops),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     ca_scope_release_all();

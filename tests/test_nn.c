@@ -121,6 +121,42 @@ static void check_optimizer(bool adamw, const void *opts, int steps) {
     ca_tensor_free(p);
 }
 
+/* The transformer layers: PyTorch's names, padding row zero and without gradient, RMSNorm's weight. */
+static void test_transformer_layers(void **state) {
+    ca_manual_seed(3);
+    ca_module *emb = NULL, *rms = NULL, *act = NULL;
+    T_OK(ca_embedding_create_ex(6, 4, 1, &emb));
+    T_OK(ca_rms_norm_create(4, 0, &rms));
+    T_OK(ca_silu_create(&act));
+    assert_string_equal(ca_module_param_name(emb, 0), "weight");
+    assert_string_equal(ca_module_param_name(rms, 0), "weight");
+    assert_string_equal(ca_module_type(act), "SiLU");
+    CA_SCOPE {
+        float *w = t_host(ca_module_param(emb, "weight"));
+        for (int c = 0; c < 4; c++) assert_float_equal(w[4 + c], 0.0f, 0.0);
+        assert_true(w[0] != 0.0f);
+        free(w);
+        int64_t idx[3] = {1, 2, 1};
+        ca_tensor *x = ca_module_forward(emb, ca_from_host(ca_cpu_device(), CA_I64, CA_SHAPE(3), idx));
+        ca_tensor *y = T_NN(ca_module_forward(act, ca_module_forward(rms, x)));
+        T_OK(ca_autograd_backward(ca_sum(y)));
+        float *g = t_host(ca_tensor_grad(ca_module_param(emb, "weight")));
+        for (int c = 0; c < 4; c++) assert_float_equal(g[4 + c], 0.0f, 0.0);
+        bool any = false;
+        for (int c = 0; c < 4; c++) any |= g[8 + c] != 0.0f;
+        assert_true(any);
+        free(g);
+    }
+    assert_int_equal(ca_embedding_create_ex(6, 4, 6, &act), CA_ERR_INVALID);
+    assert_non_null(strstr(ca_last_error(), "padding_idx must be in [0, 6)"));
+    ca_module_destroy(emb);
+    ca_module_destroy(rms);
+    ca_module_destroy(act);
+    T_OK(ca_gelu_erf_create(&act));
+    assert_string_equal(ca_module_type(act), "GELU");
+    ca_module_destroy(act);
+}
+
 static void test_adamw_matches_reference(void **state) {
     ca_adamw_opts a = {.lr = 0.05, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .weight_decay = 0.01};
     check_optimizer(true, &a, 25);
@@ -223,6 +259,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_names_and_counts),
         cmocka_unit_test(test_default_init),
+        cmocka_unit_test(test_transformer_layers),
         cmocka_unit_test(test_adamw_matches_reference),
         cmocka_unit_test(test_sgd_matches_reference),
         cmocka_unit_test(test_param_groups_and_defaults),

@@ -189,6 +189,11 @@ static const ca_kernels cpu_kernels = {
     .scale_list = cpu_scale_list,
     .unscale_check = cpu_unscale_check,
     .clamp_list = cpu_clamp_list,
+    .attention = cpu_attention,
+    .attention_backward = cpu_attention_backward,
+    .where = cpu_where,
+    .gather = cpu_gather,
+    .gather_backward = cpu_gather_backward,
 };
 
 const ca_device_ops cpu_device_ops = {

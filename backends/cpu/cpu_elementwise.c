@@ -44,6 +44,10 @@ CPU_INLINE void unary_loop(ca_unary_op op, int64_t n, const float *x, float *y, 
         else
             for (int64_t i = 0; i < n; i++) y[i] = powf(x[i], alpha);
         break;
+    case CA_UNARY_GELU_ERF:
+        for (int64_t i = 0; i < n; i++) y[i] = 0.5f * x[i] * (1.0f + erff(x[i] * (float)M_SQRT1_2));
+        break;
+    case CA_UNARY_SILU: for (int64_t i = 0; i < n; i++) y[i] = x[i] / (1.0f + cpu_expf(-x[i])); break;
     default: break;
     }
 }
@@ -136,6 +140,19 @@ CPU_INLINE void unary_grad(ca_unary_op op, int64_t n, const float *x, const floa
             for (int64_t i = 0; i < n; i++) g[i] = dy[i];
         else
             for (int64_t i = 0; i < n; i++) g[i] = dy[i] * alpha * powf(x[i], alpha - 1.0f);
+        break;
+    case CA_UNARY_GELU_ERF:     /* Phi(x) + x phi(x) */
+        for (int64_t i = 0; i < n; i++) {
+            float v = x[i];
+            float cdf = 0.5f * (1.0f + erff(v * (float)M_SQRT1_2));
+            g[i] = dy[i] * (cdf + v * 0.3989422804014327f * cpu_expf(-0.5f * v * v));
+        }
+        break;
+    case CA_UNARY_SILU:
+        for (int64_t i = 0; i < n; i++) {
+            float v = x[i], sg = 1.0f / (1.0f + cpu_expf(-v));
+            g[i] = dy[i] * sg * (1.0f + v * (1.0f - sg));
+        }
         break;
     default: break;
     }

@@ -172,5 +172,16 @@ ca_status cpu_scale_list(void *dev, const ca_tensor_list *t, float alpha);
 ca_status cpu_unscale_check(void *dev, const ca_tensor_list *t, float inv_scale,
                             float *found_inf);
 ca_status cpu_clamp_list(void *dev, const ca_tensor_list *t, float lo, float hi);
+ca_status cpu_attention(void *dev, ca_dtype dt, const ca_attention_args *args, const void *q,
+                        const void *k, const void *v, void *out, float *lse);
+ca_status cpu_attention_backward(void *dev, ca_dtype dt, const ca_attention_args *args,
+                                 const void *q, const void *k, const void *v, const void *out,
+                                 const void *dout, const float *lse, void *dq, void *dk, void *dv);
+ca_status cpu_where(void *dev, ca_dtype dt, const ca_bcast_args *shape, const int64_t *cond_stride,
+                    const uint8_t *cond, const void *a, const void *b, void *y);
+ca_status cpu_gather(void *dev, ca_dtype dt, int64_t outer, int64_t len, int64_t inner, int64_t n,
+                     const void *x, ca_dtype idx_dt, const void *idx, void *y);
+ca_status cpu_gather_backward(void *dev, ca_dtype dt, int64_t outer, int64_t len, int64_t inner,
+                              int64_t n, ca_dtype idx_dt, const void *idx, const void *dy, void *dx);
 
 #endif

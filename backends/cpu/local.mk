@@ -11,6 +11,7 @@ ca_cpu_sources = \
 	backends/cpu/cpu_reduce.c \
 	backends/cpu/cpu_nn.c \
 	backends/cpu/cpu_rng.c \
+	backends/cpu/cpu_attention.c \
 	backends/cpu/cpu_optim.c
 libcaccel_la_SOURCES += $(ca_cpu_sources)
 

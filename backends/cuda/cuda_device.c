@@ -75,6 +75,11 @@ ca_status cu_check_deferred(cuda_device *d) {
                         "cuda kernel %s: index %lld at position %lld is outside the table's %lld rows (found "
                         "by the GPU, reported at this synchronisation; the row was skipped)",
                         copy.backward ? "embedding_backward" : "embedding", copy.value, copy.index, copy.bound);
+    case CU_ERR_GATHER_INDEX:
+        return ca_error(CA_ERR_INVALID,
+                        "cuda kernel %s: index %lld at position %lld is outside [0, %lld) (found by the GPU, "
+                        "reported at this synchronisation; the element was skipped)",
+                        copy.backward ? "gather_backward" : "gather", copy.value, copy.index, copy.bound);
     default:
         return ca_error(CA_ERR_INTERNAL, "cuda: a kernel reported unknown problem %d", copy.code);
     }
@@ -467,6 +472,11 @@ static const ca_kernels cu_kernels = {
     .scale_list = cu_scale_list,
     .unscale_check = cu_unscale_check,
     .clamp_list = cu_clamp_list,
+    .attention = cu_attention,
+    .attention_backward = cu_attention_backward,
+    .where = cu_where,
+    .gather = cu_gather,
+    .gather_backward = cu_gather_backward,
 };
 
 const ca_device_ops cu_device_ops = {

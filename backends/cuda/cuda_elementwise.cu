@@ -262,6 +262,8 @@ CU_D float unary_f(int op, float x, float alpha) {
         if (alpha == 1.0f) return x;
         if (alpha == 0.5f) return sqrtf(x);
         return powf(x, alpha);
+    case CA_UNARY_GELU_ERF: return 0.5f * x * (1.0f + erff(x * 0.7071067811865476f));
+    case CA_UNARY_SILU: return x / (1.0f + expf(-x));
     default: return x;
     }
 }
@@ -318,6 +320,12 @@ CU_D float unary_grad_f(int op, float x, float y, float dy, float alpha) {
         if (alpha == 2.0f) return dy * 2.0f * x;
         if (alpha == 1.0f) return dy;
         return dy * alpha * powf(x, alpha - 1.0f);
+    case CA_UNARY_GELU_ERF:
+        return dy * (0.5f * (1.0f + erff(x * 0.7071067811865476f)) + x * 0.3989422804014327f * expf(-0.5f * x * x));
+    case CA_UNARY_SILU: {
+        float s = 1.0f / (1.0f + expf(-x));
+        return dy * s * (1.0f + x * (1.0f - s));
+    }
     default: return dy;
     }
 }

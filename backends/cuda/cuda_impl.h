@@ -32,7 +32,8 @@ typedef struct cu_alloc cu_alloc;   /* the caching allocator (cuda_alloc.c) */
 typedef enum cu_err_kind {
     CU_ERR_NONE = 0,
     CU_ERR_CE_LABEL = 1,      /* cross_entropy(+backward): label outside [0, cols), not ignore_index */
-    CU_ERR_EMB_INDEX = 2      /* embedding(+backward): index outside [0, rows) */
+    CU_ERR_EMB_INDEX = 2,     /* embedding(+backward): index outside [0, rows) */
+    CU_ERR_GATHER_INDEX = 3   /* gather(+backward): index outside [0, len) */
 } cu_err_kind;
 
 typedef struct cu_dev_error {
@@ -181,6 +182,17 @@ ca_status cu_sum_squares(void *dev, const ca_tensor_list *t, float *out, float b
 ca_status cu_scale_list(void *dev, const ca_tensor_list *t, float alpha);
 ca_status cu_unscale_check(void *dev, const ca_tensor_list *t, float inv_scale, float *found_inf);
 ca_status cu_clamp_list(void *dev, const ca_tensor_list *t, float lo, float hi);
+ca_status cu_attention(void *dev, ca_dtype dt, const ca_attention_args *args, const void *q, const void *k,
+                       const void *v, void *out, float *lse);
+ca_status cu_attention_backward(void *dev, ca_dtype dt, const ca_attention_args *args, const void *q,
+                                const void *k, const void *v, const void *out, const void *dout,
+                                const float *lse, void *dq, void *dk, void *dv);
+ca_status cu_where(void *dev, ca_dtype dt, const ca_bcast_args *shape, const int64_t *cond_stride,
+                   const uint8_t *cond, const void *a, const void *b, void *y);
+ca_status cu_gather(void *dev, ca_dtype dt, int64_t outer, int64_t len, int64_t inner, int64_t n, const void *x,
+                    ca_dtype idx_dt, const void *idx, void *y);
+ca_status cu_gather_backward(void *dev, ca_dtype dt, int64_t outer, int64_t len, int64_t inner, int64_t n,
+                             ca_dtype idx_dt, const void *idx, const void *dy, void *dx);
 
 /* ------------------------------------------------------- collectives */
 

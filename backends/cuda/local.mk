@@ -6,13 +6,15 @@ ca_cuda_cu_sources = \
 	backends/cuda/cuda_reduce.cu \
 	backends/cuda/cuda_nn.cu \
 	backends/cuda/cuda_rng.cu \
-	backends/cuda/cuda_optim.cu
+	backends/cuda/cuda_optim.cu \
+	backends/cuda/cuda_attention.cu
 ca_cuda_cu_objects = \
 	backends/cuda/cuda_elementwise.lo \
 	backends/cuda/cuda_reduce.lo \
 	backends/cuda/cuda_nn.lo \
 	backends/cuda/cuda_rng.lo \
-	backends/cuda/cuda_optim.lo
+	backends/cuda/cuda_optim.lo \
+	backends/cuda/cuda_attention.lo
 EXTRA_DIST += $(ca_cuda_cu_sources) backends/cuda/cuda_common.cuh backends/cuda/nvcc-libtool.sh
 
 if HAVE_CUDA

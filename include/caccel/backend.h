@@ -105,6 +105,26 @@ static inline uint64_t ca_rng_counters(ca_rng_kind kind, int64_t n) {
     return kind == CA_RNG_NORMAL ? (uint64_t)(n + 1) / 2 : (uint64_t)(n + 3) / 4;
 }
 
+/* Scaled dot-product attention over batch*heads independent problems (ABI 1.1).
+ * q [B,H,Tq,D], k [B,H,Tk,D], v [B,H,Tk,Dv], out [B,H,Tq,Dv], contiguous:
+ *   s_ij = scale q_i.k_j (+ mask_ij when the mask is f32); key j is excluded when
+ *   causal and j > i (top-left aligned, as torch's is_causal) or when a u8 mask
+ *   is 0 at (i, j) (nonzero = may attend, as torch's boolean attn_mask);
+ *   p_ij = softmax_j(s_ij) in f32, lse_i = log sum_j exp(s_ij) ([B,H,Tq], f32);
+ *   out_i = sum_j p_ij d_ij v_j with d_ij = keep/(1-dropout_p) from the dropout
+ *   contract above, element ((b H + h) Tq + i) Tk + j of the stream at `offset`.
+ * A row with every key excluded gives out_i = 0 and lse_i = -inf. */
+typedef struct ca_attention_args {
+    int64_t batch, heads, tq, tk, d, dv;
+    float scale;
+    bool causal;
+    float dropout_p;               /* 0: no dropout */
+    uint64_t seed, offset;
+    const void *mask;              /* NULL, f32 (additive) or u8 (boolean) */
+    ca_dtype mask_dtype;
+    int64_t mask_stride[4];        /* element strides over [b, h, i, j]; 0 broadcasts */
+} ca_attention_args;
+
 /* The kernel table. Every output argument named y/dx/... takes a `beta`
  * where noted: out = beta * out + result; beta == 0 means out is not read.
  * Shapes are given as plain integers; all buffers are contiguous unless a
@@ -209,6 +229,33 @@ typedef struct ca_kernels {
                                float *found_inf);
     /* x = clamp(x, lo, hi) elementwise over every tensor in t->param. */
     ca_status (*clamp_list)(void *dev, const ca_tensor_list *t, float lo, float hi);
+
+    /* ---- ABI 1.1 ---- */
+    /* Forward of ca_attention_args (dt f32; the backend may take more). */
+    ca_status (*attention)(void *dev, ca_dtype dt, const ca_attention_args *args,
+                           const void *q, const void *k, const void *v, void *out, float *lse);
+    /* dq, dk, dv (overwritten) from dout, recomputing p from q, k and the saved
+     * lse (no [Tq, Tk] tensor is kept between forward and backward); out is
+     * the forward's output (its row dot with dout is softmax's correction). */
+    ca_status (*attention_backward)(void *dev, ca_dtype dt, const ca_attention_args *args,
+                                    const void *q, const void *k, const void *v,
+                                    const void *out, const void *dout, const float *lse,
+                                    void *dq, void *dk, void *dv);
+    /* y = cond ? a : b with broadcasting: `shape` gives y's shape and the strides
+     * of a and b; cond (u8, nonzero = true) is read with cond_stride. */
+    ca_status (*where)(void *dev, ca_dtype dt, const ca_bcast_args *shape,
+                       const int64_t *cond_stride, const uint8_t *cond, const void *a,
+                       const void *b, void *y);
+    /* torch.gather along the middle dim of x [outer, len, inner]:
+     * y[o, j, i] = x[o, idx[o, j, i], i] for idx, y [outer, n, inner] (idx_dt i32 or
+     * i64; any dtype for x). An index outside [0, len) gives CA_ERR_INVALID
+     * (position and value) where the device can check, and is never read. */
+    ca_status (*gather)(void *dev, ca_dtype dt, int64_t outer, int64_t len, int64_t inner,
+                        int64_t n, const void *x, ca_dtype idx_dt, const void *idx, void *y);
+    /* dx[o, idx[o, j, i], i] += dy[o, j, i] (float dtypes the device names; f32 at least). */
+    ca_status (*gather_backward)(void *dev, ca_dtype dt, int64_t outer, int64_t len, int64_t inner,
+                                 int64_t n, ca_dtype idx_dt, const void *idx, const void *dy,
+                                 void *dx);
 } ca_kernels;
 
 /* ---------------------------------------------------------------- allocator */

@@ -39,6 +39,15 @@ CA_API ca_status ca_dropout_create(double p, ca_module **out);
 CA_API ca_status ca_flatten_create(ca_module **out);
 /* Sequential: applies its children in order. */
 CA_API ca_status ca_sequential_create(ca_module **out);
+/* Transformer layers. Embedding with torch's padding_idx (-1: none): that row
+ * starts at zero and gets no gradient from lookups. */
+CA_API ca_status ca_embedding_create_ex(int64_t num_embeddings, int64_t dim, int64_t padding_idx,
+                                        ca_module **out);
+/* RMSNorm(dim): weight = 1; eps (0: torch's default, float32's machine epsilon). */
+CA_API ca_status ca_rms_norm_create(int64_t dim, double eps, ca_module **out);
+/* GELU with the exact erf form (torch.nn.GELU()); ca_gelu_create is the tanh form. */
+CA_API ca_status ca_gelu_erf_create(ca_module **out);
+CA_API ca_status ca_silu_create(ca_module **out);
 /* A module running `fn`; ctx is freed with ctx_free (may be NULL) on destroy. */
 CA_API ca_status ca_module_create(const char *type, ca_forward_fn fn, void *ctx,
                                   void (*ctx_free)(void *), ca_module **out);

@@ -18,8 +18,13 @@ extern "C" {
  */
 
 /* ----------------------------------------------------------- linear algebra */
-/* [m,k] x [k,n] -> [m,n]; 3-D inputs [b,m,k] x [b,k,n] are batched. Transposed
- * views are passed to GEMM without copies. */
+/* [m,k] x [k,n] -> [m,n]. Inputs with more dimensions are batched over the
+ * leading ones, which broadcast as in torch.matmul ([B,H,T,D] x [B,H,D,S],
+ * [B,T,K] x [K,N], [B,1,M,K] x [H,K,N], ...); both inputs are at least 2-D.
+ * Equal batch shapes run as one strided-batched GEMM; a right operand of rank
+ * 2 folds the batch into its rows; a broadcast operand is expanded (a copy)
+ * first, and its gradient summed back. Transposed views of 2-D operands are
+ * passed to GEMM without copies. */
 CA_API ca_tensor *ca_matmul(ca_tensor *a, ca_tensor *b);
 /* x [.., in] , weight [out, in], bias [out] or NULL -> x weight^T + bias. */
 CA_API ca_tensor *ca_linear(ca_tensor *x, ca_tensor *weight, ca_tensor *bias);
@@ -36,6 +41,10 @@ CA_API ca_tensor *ca_neg(ca_tensor *x);
 CA_API ca_tensor *ca_relu(ca_tensor *x);
 /* GELU, tanh approximation (torch's approximate="tanh"). */
 CA_API ca_tensor *ca_gelu(ca_tensor *x);
+/* GELU, exact: 0.5 x (1 + erf(x / sqrt 2)) (torch's default, BERT's "gelu"). */
+CA_API ca_tensor *ca_gelu_erf(ca_tensor *x);
+/* SiLU (swish): x sigmoid(x). */
+CA_API ca_tensor *ca_silu(ca_tensor *x);
 CA_API ca_tensor *ca_tanh(ca_tensor *x);
 CA_API ca_tensor *ca_sigmoid(ca_tensor *x);
 CA_API ca_tensor *ca_exp(ca_tensor *x);
@@ -64,8 +73,10 @@ typedef struct ca_cross_entropy_opts {
     bool has_ignore_index;     /* false: -100 */
     ca_reduction reduction;
 } ca_cross_entropy_opts;
-/* Cross-entropy of logits [N, C] against labels [N] (i32 or i64), mean over
- * the rows whose label is not ignore_index (-100). Scalar f32. */
+/* Cross-entropy of logits [..., C] against labels [...] (i32 or i64), mean over
+ * the rows whose label is not ignore_index (-100). Scalar f32. Fused: one pass
+ * per row computes its log-sum-exp (saved, [rows] f32) and the loss; backward
+ * writes softmax - onehot row by row; no log-probabilities are materialised. */
 CA_API ca_tensor *ca_cross_entropy(ca_tensor *logits, ca_tensor *labels);
 CA_API ca_tensor *ca_cross_entropy_ex(ca_tensor *logits, ca_tensor *labels,
                                       const ca_cross_entropy_opts *opts);
@@ -76,8 +87,30 @@ CA_API ca_tensor *ca_mse_loss(ca_tensor *a, ca_tensor *b);
 CA_API ca_tensor *ca_dropout(ca_tensor *x, double p, bool training);
 /* Normalises over the last dimension; weight/bias [C] or NULL. */
 CA_API ca_tensor *ca_layer_norm(ca_tensor *x, ca_tensor *weight, ca_tensor *bias, double eps);
+/* RMSNorm over the last dimension, as torch.nn.RMSNorm: x / sqrt(mean(x^2) + eps)
+ * * weight; weight [C] or NULL. Composed of elementwise ops and a mean. */
+CA_API ca_tensor *ca_rms_norm(ca_tensor *x, ca_tensor *weight, double eps);
 /* idx [...] (i32/i64) into table [V, D] -> [..., D]. */
 CA_API ca_tensor *ca_embedding(ca_tensor *idx, ca_tensor *table);
+/* As ca_embedding, with torch's padding_idx: rows looked up at padding_idx
+ * get no gradient (the table's row keeps its gradient as it was). -1: none. */
+CA_API ca_tensor *ca_embedding_ex(ca_tensor *idx, ca_tensor *table, int64_t padding_idx);
+
+/* Scaled dot-product attention, as torch.nn.functional.scaled_dot_product_attention:
+ * q [B,H,Tq,D], k [B,H,Tk,D], v [B,H,Tk,Dv] -> [B,H,Tq,Dv] =
+ *   dropout(softmax(q k^T * scale + mask)) v,
+ * with the softmax in f32 and scale <= 0 meaning 1/sqrt(D).
+ * mask: NULL; an f32 tensor added to the scores (-inf excludes), or a u8
+ *   tensor where nonzero means "may attend" (torch's boolean attn_mask); its
+ *   shape broadcasts to [B,H,Tq,Tk] (a key-padding mask is [B,1,1,Tk]). Not
+ *   differentiated. causal: key j > query i is excluded (top-left aligned).
+ * dropout_p > 0 drops probabilities with the counter-based generator, so a
+ *   run is reproducible from the RNG state (pass 0 when evaluating).
+ * A query row that may attend to no key gives zeros.
+ * Backward recomputes the probabilities from q, k and the saved per-row
+ * log-sum-exp; no [Tq, Tk] tensor is kept (docs/ARCHITECTURE.md). */
+CA_API ca_tensor *ca_scaled_dot_product_attention(ca_tensor *q, ca_tensor *k, ca_tensor *v, ca_tensor *mask,
+                                                  bool causal, double dropout_p, double scale);
 
 /* ----------------------------------------------------------- shape */
 /* Views where the strides allow, else a copy. One dim may be -1. */
@@ -88,6 +121,29 @@ CA_API ca_tensor *ca_narrow(ca_tensor *x, int dim, int64_t start, int64_t len); 
 CA_API ca_tensor *ca_contiguous(ca_tensor *x);            /* x itself if already contiguous */
 /* Elementwise cast (differentiable between float dtypes). */
 CA_API ca_tensor *ca_cast(ca_tensor *x, ca_dtype dt);
+/* x broadcast to `shape` (NumPy rules) as a contiguous copy; the gradient is
+ * summed over the broadcast dimensions. */
+CA_API ca_tensor *ca_expand(ca_tensor *x, int ndim, const int64_t *shape);
+/* Joins n tensors along dim; all other dimensions must match. */
+CA_API ca_tensor *ca_concat(int n, ca_tensor *const *xs, int dim);
+/* Joins n tensors of one shape along a new dimension dim (0..ndim). */
+CA_API ca_tensor *ca_stack(int n, ca_tensor *const *xs, int dim);
+/* Cuts x along dim into n views of sizes[i] (which sum to the dimension). */
+CA_API ca_status ca_split(ca_tensor *x, int dim, int n, const int64_t *sizes, ca_tensor **out);
+/* The slices of x at positions idx (1-D, i32/i64) along dim, as torch.index_select. */
+CA_API ca_tensor *ca_index_select(ca_tensor *x, int dim, ca_tensor *idx);
+/* torch.gather (named apart from ca_gather, the all-gather of accelerator.h):
+ * y[.., j, ..] = x[.., idx[.., j, ..], ..] along dim; idx (i32/i64) has x's
+ * shape except along dim, and y has idx's shape. Differentiable in x (f32). */
+CA_API ca_tensor *ca_gather_dim(ca_tensor *x, int dim, ca_tensor *idx);
+/* cond ? a : b elementwise; cond is u8 (nonzero = true); the three broadcast.
+ * Differentiable in a and b. */
+CA_API ca_tensor *ca_where(ca_tensor *cond, ca_tensor *a, ca_tensor *b);
+/* x with value where mask (u8, broadcast to x's shape) is nonzero. */
+CA_API ca_tensor *ca_masked_fill(ca_tensor *x, ca_tensor *mask, double value);
+/* A u8 [rows, cols] tensor on dev, 1 where j - i >= diagonal (torch.triu of
+ * ones): triu(1) marks the future keys a causal mask excludes. */
+CA_API ca_tensor *ca_triu_mask(ca_device *dev, int64_t rows, int64_t cols, int64_t diagonal);
 
 #ifdef __cplusplus
 }

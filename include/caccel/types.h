@@ -55,6 +55,8 @@ typedef enum ca_unary_op {
     CA_UNARY_SCALE,     /* alpha * x */
     CA_UNARY_ADD_SCALAR,/* x + alpha */
     CA_UNARY_POW,       /* x ^ alpha */
+    CA_UNARY_GELU_ERF,  /* 0.5 x (1 + erf(x / sqrt 2)) (ABI 1.1) */
+    CA_UNARY_SILU,      /* x sigmoid(x) (ABI 1.1) */
     CA_UNARY_OP_COUNT
 } ca_unary_op;
 CA_API const char *ca_unary_op_name(ca_unary_op op);

@@ -1,0 +1,298 @@
+/* CPU scaled dot-product attention (forward, and a backward that recomputes the probabilities), where and gather. */
+#include "backends/cpu/cpu_impl.h"
+
+#include <cblas.h>
+#include <stdlib.h>
+
+/* Query rows per block: the scratch is a few [QBLOCK, Tk] f32 buffers, never [Tq, Tk]. */
+#define QBLOCK 64
+#define TWO_M24 (1.0f / 16777216.0f)
+
+/* A BLAS leading dimension: at least 1, also for empty operands. */
+static int ld(int64_t n) { return n > 0 ? (int)n : 1; }
+
+static ca_status att_check(const char *k, ca_dtype dt, const ca_attention_args *a, const void *q,
+                           const void *kk, const void *v) {
+    if (dt != CA_F32) return cpu_bad_dtype(k, "tensor", dt);
+    if (!a) return ca_error(CA_ERR_INVALID, "cpu kernel %s: args is NULL", k);
+    if (a->batch < 0 || a->heads < 0 || a->tq < 0 || a->tk < 0 || a->d < 0 || a->dv < 0)
+        return ca_error(CA_ERR_INVALID, "cpu kernel %s: negative size", k);
+    if (!(a->dropout_p >= 0.0f && a->dropout_p < 1.0f))
+        return ca_error(CA_ERR_INVALID, "cpu kernel %s: dropout probability %g outside [0, 1)", k,
+                        (double)a->dropout_p);
+    if (a->mask && a->mask_dtype != CA_F32 && a->mask_dtype != CA_U8)
+        return cpu_bad_dtype(k, "mask", a->mask_dtype);
+    if (a->batch * a->heads * a->tq > 0 && (!q || !kk || !v))
+        return ca_error(CA_ERR_INVALID, "cpu kernel %s: q, k or v is NULL", k);
+    return CA_OK;
+}
+
+/* Last key a query row may see plus one: causal rows stop at the diagonal. */
+static int64_t row_cols(const ca_attention_args *a, int64_t i) {
+    return a->causal ? (i + 1 < a->tk ? i + 1 : a->tk) : a->tk;
+}
+
+/* s[j] = scale q.k_j is given; applies the mask and the causal cut (-inf). */
+static void mask_row(const ca_attention_args *a, int64_t b, int64_t h, int64_t i, float *s) {
+    int64_t n = row_cols(a, i);
+    for (int64_t j = n; j < a->tk; j++) s[j] = -INFINITY;
+    if (!a->mask) return;
+    const int64_t *ms = a->mask_stride;
+    int64_t base = b * ms[0] + h * ms[1] + i * ms[2];
+    if (a->mask_dtype == CA_F32) {
+        const float *m = (const float *)a->mask + base;
+        for (int64_t j = 0; j < n; j++) s[j] += m[j * ms[3]];
+    } else {
+        const uint8_t *m = (const uint8_t *)a->mask + base;
+        for (int64_t j = 0; j < n; j++) if (!m[j * ms[3]]) s[j] = -INFINITY;
+    }
+}
+
+/* Softmax of s[0, n) in place; returns the row's log-sum-exp (-inf: every key excluded). */
+static float softmax_row(float *s, int64_t n) {
+    float m = -INFINITY;
+    for (int64_t j = 0; j < n; j++) m = s[j] > m ? s[j] : m;
+    if (m == -INFINITY) {                       /* every key excluded */
+        for (int64_t j = 0; j < n; j++) s[j] = 0.0f;
+        return -INFINITY;
+    }
+    float sum = 0.0f;
+    for (int64_t j = 0; j < n; j++) { s[j] = cpu_expf(s[j] - m); sum += s[j]; }
+    float inv = 1.0f / sum;
+    for (int64_t j = 0; j < n; j++) s[j] *= inv;
+    return m + logf(sum);
+}
+
+/* drop[j] = keep/(1-p) for elements idx0 .. idx0+n-1 of the dropout stream. */
+static void dropout_row(const ca_attention_args *a, uint64_t idx0, int64_t n, uint32_t *words, float *drop) {
+    uint64_t c0 = idx0 / 4, c1 = (idx0 + (uint64_t)n + 3) / 4;
+    cpu_philox_words(a->seed, a->offset + c0, (int64_t)(c1 - c0), words);
+    float scale = 1.0f / (1.0f - a->dropout_p);
+    uint64_t w0 = idx0 - 4 * c0;
+    for (int64_t j = 0; j < n; j++) {
+        float u = (float)(words[w0 + (uint64_t)j] >> 8) * TWO_M24;
+        drop[j] = u >= a->dropout_p ? scale : 0.0f;
+    }
+}
+
+typedef struct att_scratch {
+    float *s, *p, *drop;
+    uint32_t *words;
+} att_scratch;
+
+static ca_status scratch_alloc(const ca_attention_args *a, att_scratch *w, const char *k) {
+    size_t n = (size_t)QBLOCK * (size_t)(a->tk ? a->tk : 1);
+    w->s = malloc(n * sizeof(float));
+    w->p = malloc(n * sizeof(float));
+    w->drop = a->dropout_p > 0.0f ? malloc(n * sizeof(float)) : NULL;
+    w->words = a->dropout_p > 0.0f ? malloc(((size_t)a->tk + 8) * sizeof(uint32_t)) : NULL;
+    if (!w->s || !w->p || (a->dropout_p > 0.0f && (!w->drop || !w->words))) {
+        free(w->s); free(w->p); free(w->drop); free(w->words);
+        return ca_error(CA_ERR_NOMEM, "cpu kernel %s: no memory for a %d x %lld block", k, QBLOCK,
+                        (long long)a->tk);
+    }
+    return CA_OK;
+}
+
+static void scratch_free(att_scratch *w) { free(w->s); free(w->p); free(w->drop); free(w->words); }
+
+/* Probabilities of query rows [i0, i0+rows) of problem (b, h) into w->s (masked
+ * entries 0), and w->drop when dropout is on. Row r spans ld = tk floats; ncols
+ * is the widest row. With lse_in the saved lse is used, else written to lse_out. */
+static void block_probs(const ca_attention_args *a, int64_t b, int64_t h, int64_t i0, int64_t rows,
+                        int64_t ncols, const float *q, const float *k, const float *lse_in, float *lse_out,
+                        att_scratch *w) {
+    int64_t tk = a->tk;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)rows, (int)ncols, (int)a->d, a->scale, q,
+                ld(a->d), k, ld(a->d), 0.0f, w->s, ld(tk));
+    uint64_t bh = (uint64_t)(b * a->heads + h);
+    for (int64_t r = 0; r < rows; r++) {
+        int64_t i = i0 + r;
+        float *s = w->s + r * tk;
+        mask_row(a, b, h, i, s);
+        if (lse_in) {
+            float l = lse_in[r];
+            for (int64_t j = 0; j < ncols; j++) s[j] = l == -INFINITY ? 0.0f : cpu_expf(s[j] - l);
+        } else {
+            lse_out[r] = softmax_row(s, ncols);
+        }
+        if (a->dropout_p > 0.0f)
+            dropout_row(a, (bh * (uint64_t)a->tq + (uint64_t)i) * (uint64_t)tk, ncols, w->words, w->drop + r * tk);
+    }
+}
+
+ca_status cpu_attention(void *dev, ca_dtype dt, const ca_attention_args *a, const void *q, const void *k,
+                        const void *v, void *out, float *lse) {
+    (void)dev;
+    ca_status st = att_check("attention", dt, a, q, k, v);
+    if (st != CA_OK) return st;
+    int64_t nq = a->batch * a->heads * a->tq;
+    if (nq == 0) return CA_OK;
+    if (!out || !lse) return ca_error(CA_ERR_INVALID, "cpu kernel attention: out or lse is NULL");
+    if (a->tk == 0 || a->dv == 0) {
+        memset(out, 0, (size_t)(nq * a->dv) * sizeof(float));
+        for (int64_t i = 0; i < nq; i++) lse[i] = -INFINITY;
+        return CA_OK;
+    }
+    att_scratch w;
+    if ((st = scratch_alloc(a, &w, "attention")) != CA_OK) return st;
+    for (int64_t b = 0; b < a->batch; b++)
+        for (int64_t h = 0; h < a->heads; h++) {
+            int64_t bh = b * a->heads + h;
+            const float *qb = (const float *)q + bh * a->tq * a->d, *kb = (const float *)k + bh * a->tk * a->d;
+            const float *vb = (const float *)v + bh * a->tk * a->dv;
+            float *ob = (float *)out + bh * a->tq * a->dv, *lb = lse + bh * a->tq;
+            for (int64_t i0 = 0; i0 < a->tq; i0 += QBLOCK) {
+                int64_t rows = a->tq - i0 < QBLOCK ? a->tq - i0 : QBLOCK;
+                int64_t ncols = row_cols(a, i0 + rows - 1);
+                block_probs(a, b, h, i0, rows, ncols, qb + i0 * a->d, kb, NULL, lb + i0, &w);
+                float *p = w.s;
+                if (a->dropout_p > 0.0f) {
+                    for (int64_t j = 0; j < rows * a->tk; j++) w.p[j] = w.s[j] * w.drop[j];
+                    p = w.p;
+                }
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)rows, (int)a->dv, (int)ncols, 1.0f, p,
+                            ld(a->tk), vb, ld(a->dv), 0.0f, ob + i0 * a->dv, ld(a->dv));
+            }
+        }
+    scratch_free(&w);
+    return CA_OK;
+}
+
+/* With P the probabilities, D the dropout factors and Pd = P*D (out = Pd V):
+ *   dV = Pd^T dO,  dPd = dO V^T,  dS = P * (dPd * D - rowsum(dO * O)),
+ *   dQ = scale dS K,  dK = scale dS^T Q. */
+ca_status cpu_attention_backward(void *dev, ca_dtype dt, const ca_attention_args *a, const void *q, const void *k,
+                                 const void *v, const void *out, const void *dout, const float *lse, void *dq,
+                                 void *dk, void *dv) {
+    (void)dev;
+    ca_status st = att_check("attention_backward", dt, a, q, k, v);
+    if (st != CA_OK) return st;
+    int64_t nbh = a->batch * a->heads, tq = a->tq, tk = a->tk, d = a->d, dvn = a->dv;
+    if (nbh == 0) return CA_OK;
+    if (!dq || !dk || !dv || (tq && (!out || !dout || !lse)))
+        return ca_error(CA_ERR_INVALID, "cpu kernel attention_backward: an output or saved buffer is NULL");
+    memset(dq, 0, (size_t)(nbh * tq * d) * sizeof(float));
+    memset(dk, 0, (size_t)(nbh * tk * d) * sizeof(float));
+    memset(dv, 0, (size_t)(nbh * tk * dvn) * sizeof(float));
+    if (tq == 0 || tk == 0) return CA_OK;
+    att_scratch w;
+    if ((st = scratch_alloc(a, &w, "attention_backward")) != CA_OK) return st;
+    for (int64_t b = 0; b < a->batch; b++)
+        for (int64_t h = 0; h < a->heads; h++) {
+            int64_t bh = b * a->heads + h;
+            const float *qb = (const float *)q + bh * tq * d, *kb = (const float *)k + bh * tk * d;
+            const float *vb = (const float *)v + bh * tk * dvn, *ob = (const float *)out + bh * tq * dvn;
+            const float *gb = (const float *)dout + bh * tq * dvn;
+            float *dqb = (float *)dq + bh * tq * d, *dkb = (float *)dk + bh * tk * d;
+            float *dvb = (float *)dv + bh * tk * dvn;
+            for (int64_t i0 = 0; i0 < tq; i0 += QBLOCK) {
+                int64_t rows = tq - i0 < QBLOCK ? tq - i0 : QBLOCK;
+                int64_t nc = row_cols(a, i0 + rows - 1);
+                const float *qi = qb + i0 * d, *gi = gb + i0 * dvn, *oi = ob + i0 * dvn;
+                block_probs(a, b, h, i0, rows, nc, qi, kb, lse + bh * tq + i0, NULL, &w);
+                const float *pd = w.s;
+                if (a->dropout_p > 0.0f) {
+                    for (int64_t j = 0; j < rows * tk; j++) w.p[j] = w.s[j] * w.drop[j];
+                    pd = w.p;
+                }
+                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)nc, (int)dvn, (int)rows, 1.0f, pd, ld(tk),
+                            gi, ld(dvn), 1.0f, dvb, ld(dvn));
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)rows, (int)nc, (int)dvn, 1.0f, gi,
+                            ld(dvn), vb, ld(dvn), 0.0f, w.p, ld(tk));
+                for (int64_t r = 0; r < rows; r++) {
+                    float delta = 0.0f;
+                    for (int64_t c = 0; c < dvn; c++) delta += gi[r * dvn + c] * oi[r * dvn + c];
+                    float *s = w.s + r * tk, *dp = w.p + r * tk;
+                    const float *dr = a->dropout_p > 0.0f ? w.drop + r * tk : NULL;
+                    for (int64_t j = 0; j < nc; j++) s[j] = s[j] * ((dr ? dp[j] * dr[j] : dp[j]) - delta);
+                }
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)rows, (int)d, (int)nc, a->scale, w.s,
+                            ld(tk), kb, ld(d), 0.0f, dqb + i0 * d, ld(d));
+                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)nc, (int)d, (int)rows, a->scale, w.s,
+                            ld(tk), qi, ld(d), 1.0f, dkb, ld(d));
+            }
+        }
+    scratch_free(&w);
+    return CA_OK;
+}
+
+/* ---------------------------------------------------------------- where */
+
+/* y = cond ? a : b: a selection, so any dtype is copied by its element size. */
+ca_status cpu_where(void *dev, ca_dtype dt, const ca_bcast_args *s, const int64_t *cs, const uint8_t *cond,
+                    const void *a, const void *b, void *y) {
+    (void)dev;
+    size_t es = ca_dtype_size(dt);
+    if (!es) return cpu_bad_dtype("where", "tensor", dt);
+    if (!s || !cs || s->ndim < 1 || s->ndim > CA_MAX_DIMS)
+        return ca_error(CA_ERR_INVALID, "cpu kernel where: bad shape arguments");
+    int64_t n = 1;
+    for (int d = 0; d < s->ndim; d++) n *= s->shape[d];
+    if (n <= 0) return CA_OK;
+    if (!cond || !a || !b || !y) return ca_error(CA_ERR_INVALID, "cpu kernel where: a buffer is NULL");
+    int64_t idx[CA_MAX_DIMS] = {0}, oc = 0, oa = 0, ob = 0;
+    int nd = s->ndim;
+    for (int64_t i = 0; i < n; i++) {
+        const char *src = cond[oc] ? (const char *)a + (size_t)oa * es : (const char *)b + (size_t)ob * es;
+        memcpy((char *)y + (size_t)i * es, src, es);
+        for (int d = nd - 1; d >= 0; d--) {     /* odometer over the output index */
+            oc += cs[d]; oa += s->a_stride[d]; ob += s->b_stride[d];
+            if (++idx[d] < s->shape[d]) break;
+            oc -= cs[d] * s->shape[d]; oa -= s->a_stride[d] * s->shape[d]; ob -= s->b_stride[d] * s->shape[d];
+            idx[d] = 0;
+        }
+    }
+    return CA_OK;
+}
+
+/* ---------------------------------------------------------------- gather */
+
+static ca_status gather_check(const char *k, ca_dtype idx_dt, int64_t outer, int64_t len, int64_t inner, int64_t n,
+                              const void *idx) {
+    if (idx_dt != CA_I32 && idx_dt != CA_I64) return cpu_bad_dtype(k, "indices", idx_dt);
+    if (outer < 0 || len < 0 || inner < 0 || n < 0)
+        return ca_error(CA_ERR_INVALID, "cpu kernel %s: negative shape", k);
+    int64_t total = outer * n * inner;
+    if (total && !idx) return ca_error(CA_ERR_INVALID, "cpu kernel %s: idx is NULL", k);
+    for (int64_t p = 0; p < total; p++) {
+        int64_t v = cpu_index_at(idx_dt, idx, p);
+        if (v < 0 || v >= len)
+            return ca_error(CA_ERR_INVALID, "cpu kernel %s: index %lld at position %lld is outside [0, %lld)", k,
+                            (long long)v, (long long)p, (long long)len);
+    }
+    return CA_OK;
+}
+
+ca_status cpu_gather(void *dev, ca_dtype dt, int64_t outer, int64_t len, int64_t inner, int64_t n, const void *x,
+                     ca_dtype idx_dt, const void *idx, void *y) {
+    size_t es = ca_dtype_size(dt);
+    if (!es) return cpu_bad_dtype("gather", "tensor", dt);
+    ca_status st = gather_check("gather", idx_dt, outer, len, inner, n, idx);
+    if (st != CA_OK || outer * n * inner == 0) return st;
+    if (!x || !y) return ca_error(CA_ERR_INVALID, "cpu kernel gather: %s is NULL", x ? "y" : "x");
+    for (int64_t o = 0; o < outer; o++)
+        for (int64_t j = 0; j < n; j++)
+            for (int64_t i = 0; i < inner; i++) {
+                int64_t p = (o * n + j) * inner + i, src = (o * len + cpu_index_at(idx_dt, idx, p)) * inner + i;
+                memcpy((char *)y + (size_t)p * es, (const char *)x + (size_t)src * es, es);
+            }
+    return CA_OK;
+}
+
+ca_status cpu_gather_backward(void *dev, ca_dtype dt, int64_t outer, int64_t len, int64_t inner, int64_t n,
+                              ca_dtype idx_dt, const void *idx, const void *dy, void *dx) {
+    if (dt != CA_F32) return cpu_bad_dtype("gather_backward", "tensor", dt);
+    ca_status st = gather_check("gather_backward", idx_dt, outer, len, inner, n, idx);
+    if (st != CA_OK || outer * n * inner == 0) return st;
+    if (!dy || !dx) return ca_error(CA_ERR_INVALID, "cpu kernel gather_backward: %s is NULL", dy ? "dx" : "dy");
+    const float *g = dy;
+    float *out = dx;
+    for (int64_t o = 0; o < outer; o++)
+        for (int64_t j = 0; j < n; j++)
+            for (int64_t i = 0; i < inner; i++) {
+                int64_t p = (o * n + j) * inner + i;
+                out[(o * len + cpu_index_at(idx_dt, idx, p)) * inner + i] += g[p];
+            }
+    return CA_OK;
+}

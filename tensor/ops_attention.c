@@ -1,0 +1,134 @@
+/* Fused scaled dot-product attention: forward saves only the per-row log-sum-exp; backward recomputes the rest. */
+#include "tensor/ops_impl.h"
+
+#include <math.h>
+#include <string.h>
+
+/* The kernel arguments of a recorded node: sizes from the saved tensors' shapes,
+ * the rest from the node's slots (see ca_scaled_dot_product_attention). */
+static void node_args(const ca_node *n, ca_attention_args *a) {
+    const ca_tensor *q = n->in[0], *k = n->in[1], *v = n->in[2], *mask = n->saved[1];
+    memset(a, 0, sizeof *a);
+    a->batch = q->shape[0]; a->heads = q->shape[1]; a->tq = q->shape[2]; a->d = q->shape[3];
+    a->tk = k->shape[2]; a->dv = v->shape[3];
+    a->scale = (float)n->f[0];
+    a->dropout_p = (float)n->f[1];
+    a->causal = n->i[0] != 0;
+    a->seed = (uint64_t)n->i[1];
+    a->offset = (uint64_t)n->i[2];
+    if (mask) {
+        a->mask = ca_tptr(mask);
+        a->mask_dtype = mask->dtype;
+        memcpy(a->mask_stride, &n->i[3], sizeof a->mask_stride);
+    }
+}
+
+static ca_status attention_backward(ca_node *n, ca_tensor *g) {
+    ca_tensor *q = n->in[0], *k = n->in[1], *v = n->in[2], *lse = n->saved[0];
+    ca_attention_args a;
+    node_args(n, &a);
+    ca_tensor *dq = ca_op_new_like(q), *dk = ca_op_new_like(k), *dv = ca_op_new_like(v);
+    if (!dq || !dk || !dv) return ca_last_status();
+    ca_status s = CA_KCALL(ca_tdev(q), attention_backward, CA_F32, &a, ca_tptr(q), ca_tptr(k), ca_tptr(v),
+                           ca_tptr(n->out), ca_tptr(g), ca_tptr(lse), ca_tptr(dq), ca_tptr(dk), ca_tptr(dv));
+    if (s == CA_OK && q->requires_grad) s = ca_op_accumulate(q, dq, 1.0f);
+    if (s == CA_OK && k->requires_grad) s = ca_op_accumulate(k, dk, 1.0f);
+    if (s == CA_OK && v->requires_grad) s = ca_op_accumulate(v, dv, 1.0f);
+    return s;
+}
+static const ca_node_vt attention_vt = {"scaled_dot_product_attention", attention_backward};
+
+static bool check_shapes(const ca_tensor *q, const ca_tensor *k, const ca_tensor *v) {
+    bool ok = q->ndim == 4 && k->ndim == 4 && v->ndim == 4 && k->shape[0] == q->shape[0] &&
+              v->shape[0] == q->shape[0] && k->shape[1] == q->shape[1] && v->shape[1] == q->shape[1] &&
+              k->shape[3] == q->shape[3] && v->shape[2] == k->shape[2];
+    if (ok) return true;
+    char a[128], b[128], c[128];
+    ca_error(CA_ERR_INVALID, "scaled_dot_product_attention: q %s, k %s, v %s: expected q [B,H,Tq,D], "
+             "k [B,H,Tk,D], v [B,H,Tk,Dv]", ca_shape_str(q->ndim, q->shape, a, sizeof a),
+             ca_shape_str(k->ndim, k->shape, b, sizeof b), ca_shape_str(v->ndim, v->shape, c, sizeof c));
+    return false;
+}
+
+/* The mask's strides over [B,H,Tq,Tk] (0 on broadcast dims); false when it does not broadcast. */
+static bool mask_strides(const ca_tensor *m, const int64_t *full, int64_t *st) {
+    if (m->ndim > 4) return false;
+    for (int i = 0; i < 4; i++) {
+        int im = i - (4 - m->ndim);
+        int64_t sz = im >= 0 ? m->shape[im] : 1;
+        if (sz != full[i] && sz != 1) return false;
+        st[i] = im >= 0 && sz != 1 ? m->stride[im] : 0;
+    }
+    return true;
+}
+
+/* q, k, v as contiguous f32 (the kernels compute in f32). */
+static ca_tensor *as_f32(ca_tensor *x) {
+    x = ca_autocast_f32(x);
+    if (x && x->dtype != CA_F32) x = ca_cast(x, CA_F32);
+    return ca_contiguous(x);
+}
+
+ca_tensor *ca_scaled_dot_product_attention(ca_tensor *q, ca_tensor *k, ca_tensor *v, ca_tensor *mask,
+                                           bool causal, double dropout_p, double scale) {
+    CA_OP_NULLCHECK2(q, k);
+    CA_OP_NULLCHECK1(v);
+    const char *op = "scaled_dot_product_attention";
+    if (!ca_op_check_float(op, q) || !ca_op_check_float(op, k) || !ca_op_check_float(op, v) ||
+        !ca_op_check_same_device(op, q, k) || !ca_op_check_same_device(op, q, v) ||
+        (mask && !ca_op_check_same_device(op, q, mask)) || !check_shapes(q, k, v))
+        return NULL;
+    if (!(dropout_p >= 0 && dropout_p < 1)) {
+        ca_error(CA_ERR_INVALID, "%s: dropout probability must be in [0, 1), got %g", op, dropout_p);
+        return NULL;
+    }
+    ca_dtype out_dt = ca_autocast_dtype() != CA_F32 ? CA_F32 : q->dtype;
+    ca_device *dev = ca_tdev(q);
+    ca_attention_args a = {
+        .batch = q->shape[0], .heads = q->shape[1], .tq = q->shape[2], .tk = k->shape[2],
+        .d = q->shape[3], .dv = v->shape[3], .causal = causal, .dropout_p = (float)dropout_p,
+        .scale = (float)(scale > 0 ? scale : 1.0 / sqrt((double)(q->shape[3] ? q->shape[3] : 1))),
+    };
+    if (mask) {
+        if (ca_dtype_is_float(mask->dtype) && mask->dtype != CA_F32) mask = ca_cast(mask, CA_F32);
+        CA_OP_NULLCHECK1(mask);
+        int64_t full[4] = {a.batch, a.heads, a.tq, a.tk};
+        char ms[128], fs[128];
+        if ((mask->dtype != CA_F32 && mask->dtype != CA_U8) || !mask_strides(mask, full, a.mask_stride)) {
+            ca_error(CA_ERR_INVALID, "%s: mask %s %s does not broadcast to %s as f32 (additive) or u8 (boolean)",
+                     op, ca_shape_str(mask->ndim, mask->shape, ms, sizeof ms), ca_dtype_name(mask->dtype),
+                     ca_shape_str(4, full, fs, sizeof fs));
+            return NULL;
+        }
+        a.mask = ca_tptr(mask);
+        a.mask_dtype = mask->dtype;
+    }
+    q = as_f32(q); k = as_f32(k); v = as_f32(v);
+    CA_OP_NULLCHECK2(q, k);
+    CA_OP_NULLCHECK1(v);
+    if (dropout_p > 0) {
+        uint64_t unused;
+        ca_rng_get_state(&a.seed, &unused);
+        a.offset = ca_rng_reserve(ca_rng_counters(CA_RNG_UNIFORM, a.batch * a.heads * a.tq * a.tk));
+    }
+    int64_t oshape[4] = {a.batch, a.heads, a.tq, a.dv};
+    ca_tensor *out = ca_tensor_new(dev, CA_F32, 4, oshape);
+    ca_tensor *lse = out ? ca_tensor_new(dev, CA_F32, 3, oshape) : NULL;
+    if (!lse) return NULL;
+    if (CA_KCALL(dev, attention, CA_F32, &a, ca_tptr(q), ca_tptr(k), ca_tptr(v), ca_tptr(out), ca_tptr(lse)) != CA_OK)
+        return NULL;
+    ca_tensor *in[3] = {q, k, v};
+    if (ca_needs_grad(3, in)) {
+        ca_node *n = ca_record(&attention_vt, out, 3, in);
+        if (!n) return NULL;
+        n->saved[0] = lse;
+        n->saved[1] = mask;
+        n->f[0] = a.scale;
+        n->f[1] = a.dropout_p;
+        n->i[0] = causal;
+        n->i[1] = (int64_t)a.seed;
+        n->i[2] = (int64_t)a.offset;
+        memcpy(&n->i[3], a.mask_stride, sizeof a.mask_stride);
+    }
+    return out_dt == CA_F32 ? out : ca_cast(out, out_dt);
+}

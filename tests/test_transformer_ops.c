@@ -1,0 +1,345 @@
+/* The transformer ops' forward values against naive references: batched matmul, attention, joins and selections, norms, activations, cross-entropy over a large vocabulary. */
+#include "test_util.h"
+
+#include <string.h>
+
+static ca_device *cpu(void) { return ca_cpu_device(); }
+
+static void expect_close(const char *what, const float *got, const double *want, int64_t n, double tol) {
+    for (int64_t i = 0; i < n; i++)
+        if (!(fabs(got[i] - want[i]) <= tol * (1 + fabs(want[i]))))
+            fail_msg("%s[%lld]: got %.7g, want %.7g", what, (long long)i, got[i], want[i]);
+}
+
+/* ------------------------------------------------------------------ matmul */
+
+static void test_matmul_broadcast_values(void **state) {
+    uint64_t s = 1;
+    CA_SCOPE {
+        ca_tensor *a = t_randn(&s, CA_SHAPE(2, 1, 3, 4), -1, 1, 0), *b = t_randn(&s, CA_SHAPE(3, 4, 2), -1, 1, 0);
+        ca_tensor *c = T_NN(ca_matmul(a, b));
+        assert_int_equal(ca_tensor_ndim(c), 4);
+        const int64_t *cs = ca_tensor_shape(c);
+        assert_true(cs[0] == 2 && cs[1] == 3 && cs[2] == 3 && cs[3] == 2);
+        float *ha = t_host(a), *hb = t_host(b), *hc = t_host(c);
+        double want[2 * 3 * 3 * 2];
+        for (int i = 0; i < 2; i++)
+            for (int h = 0; h < 3; h++)
+                for (int m = 0; m < 3; m++)
+                    for (int n = 0; n < 2; n++) {
+                        double acc = 0;
+                        for (int k = 0; k < 4; k++) acc += (double)ha[(i * 3 + m) * 4 + k] * hb[(h * 4 + k) * 2 + n];
+                        want[((i * 3 + h) * 3 + m) * 2 + n] = acc;
+                    }
+        expect_close("matmul [2,1,3,4] x [3,4,2]", hc, want, 36, 1e-5);
+        free(ha); free(hb); free(hc);
+        assert_null(ca_matmul(t_randn(&s, CA_SHAPE(2, 3, 4), -1, 1, 0), t_randn(&s, CA_SHAPE(3, 4, 2), -1, 1, 0)));
+        assert_non_null(strstr(ca_last_error(), "cannot multiply [2, 3, 4]"));
+    }
+}
+
+/* ------------------------------------------------------------------ attention */
+
+typedef struct att_case {
+    int64_t B, H, Tq, Tk, D, Dv;
+    bool causal;
+    const float *fmask;        /* [B,1,Tq,Tk] additive, or NULL */
+    const uint8_t *bmask;      /* [B,1,1,Tk] key padding, or NULL */
+    double scale, p;
+    const float *u;            /* dropout uniforms [B,H,Tq,Tk], or NULL */
+} att_case;
+
+/* softmax(q k^T * scale + mask) v in double, dropout applied to the probabilities. */
+static void att_naive(const att_case *c, const float *q, const float *k, const float *v, double *out) {
+    double *sc = malloc((size_t)c->Tk * sizeof *sc);
+    for (int64_t b = 0; b < c->B; b++)
+        for (int64_t h = 0; h < c->H; h++)
+            for (int64_t i = 0; i < c->Tq; i++) {
+                int64_t bh = b * c->H + h;
+                double m = -INFINITY, z = 0;
+                for (int64_t j = 0; j < c->Tk; j++) {
+                    double d = 0;
+                    for (int64_t e = 0; e < c->D; e++) d += (double)q[(bh * c->Tq + i) * c->D + e] * k[(bh * c->Tk + j) * c->D + e];
+                    d *= c->scale;
+                    if (c->fmask) d += c->fmask[(b * c->Tq + i) * c->Tk + j];
+                    if ((c->bmask && !c->bmask[b * c->Tk + j]) || (c->causal && j > i)) d = -INFINITY;
+                    sc[j] = d;
+                    m = fmax(m, d);
+                }
+                for (int64_t j = 0; j < c->Tk; j++) z += m == -INFINITY ? 0 : exp(sc[j] - m);
+                for (int64_t e = 0; e < c->Dv; e++) {
+                    double acc = 0;
+                    for (int64_t j = 0; j < c->Tk && m != -INFINITY; j++) {
+                        double p = exp(sc[j] - m) / z;
+                        if (c->u) p *= c->u[(bh * c->Tq + i) * c->Tk + j] >= c->p ? 1 / (1 - c->p) : 0;
+                        acc += p * v[(bh * c->Tk + j) * c->Dv + e];
+                    }
+                    out[(bh * c->Tq + i) * c->Dv + e] = acc;
+                }
+            }
+    free(sc);
+}
+
+static void att_check(const char *name, const att_case *c, uint64_t *s) {
+    CA_SCOPE {
+        ca_tensor *q = t_randn(s, CA_SHAPE(c->B, c->H, c->Tq, c->D), -2, 2, 0);
+        ca_tensor *k = t_randn(s, CA_SHAPE(c->B, c->H, c->Tk, c->D), -2, 2, 0);
+        ca_tensor *v = t_randn(s, CA_SHAPE(c->B, c->H, c->Tk, c->Dv), -1, 1, 0);
+        ca_tensor *mask = NULL;
+        if (c->fmask) mask = ca_from_host(cpu(), CA_F32, CA_SHAPE(c->B, 1, c->Tq, c->Tk), c->fmask);
+        if (c->bmask) mask = ca_from_host(cpu(), CA_U8, CA_SHAPE(c->B, 1, 1, c->Tk), c->bmask);
+        ca_rng_set_state(11, 0);
+        ca_tensor *o = T_NN(ca_scaled_dot_product_attention(q, k, v, mask, c->causal, c->p, c->scale));
+        float *hq = t_host(q), *hk = t_host(k), *hv = t_host(v), *ho = t_host(o);
+        int64_t n = c->B * c->H * c->Tq * c->Dv;
+        double *want = malloc((size_t)n * sizeof *want);
+        att_naive(c, hq, hk, hv, want);
+        expect_close(name, ho, want, n, 2e-5);
+        free(hq); free(hk); free(hv); free(ho); free(want);
+    }
+}
+
+static void test_attention_reference(void **state) {
+    uint64_t s = 2;
+    enum { B = 2, Tq = 5, Tk = 7 };
+    float fm[B * Tq * Tk];
+    for (int i = 0; i < B * Tq * Tk; i++) fm[i] = i % 5 == 0 ? -INFINITY : 0.05f * (float)(i % 11) - 0.2f;
+    uint8_t pad[B * Tk] = {1, 1, 1, 1, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1};
+    att_case plain = {B, 3, Tq, Tk, 4, 6, false, NULL, NULL, 0.5, 0, NULL};
+    att_check("attention", &plain, &s);
+    att_case causal = plain;
+    causal.causal = true;
+    att_check("attention causal", &causal, &s);
+    att_case add = plain;
+    add.fmask = fm;
+    att_check("attention additive mask", &add, &s);
+    att_case padc = causal;
+    padc.bmask = pad;
+    att_check("attention key padding + causal", &padc, &s);
+    att_case big = {1, 2, 130, 100, 8, 8, true, NULL, NULL, 1 / sqrt(8.0), 0, NULL};  /* several row blocks */
+    att_check("attention 130 x 100 causal", &big, &s);
+    att_case nod = {1, 1, 3, 4, 0, 2, false, NULL, NULL, 1, 0, NULL};   /* D = 0: equal scores, the mean of v */
+    att_check("attention with D = 0", &nod, &s);
+    /* a row that may attend to nothing gives zeros (torch gives NaN) */
+    uint8_t none[B * Tk] = {0};
+    none[Tk] = 1;
+    att_case empty = plain;
+    empty.bmask = none;
+    att_check("attention with no key allowed", &empty, &s);
+}
+
+/* The explicit composition, through the library's own ops. */
+static void test_attention_matches_composition(void **state) {
+    uint64_t s = 3;
+    CA_SCOPE {
+        ca_tensor *q = t_randn(&s, CA_SHAPE(2, 2, 6, 4), -1, 1, 0), *k = t_randn(&s, CA_SHAPE(2, 2, 6, 4), -1, 1, 0);
+        ca_tensor *v = t_randn(&s, CA_SHAPE(2, 2, 6, 4), -1, 1, 0);
+        ca_tensor *cm = T_NN(ca_triu_mask(cpu(), 6, 6, 1));          /* 1 above the diagonal: the future */
+        ca_tensor *scores = ca_mul_scalar(ca_matmul(q, ca_transpose(k, 2, 3)), 0.5);
+        ca_tensor *ref = T_NN(ca_matmul(ca_softmax(ca_masked_fill(scores, cm, -INFINITY)), v));
+        ca_tensor *o = T_NN(ca_scaled_dot_product_attention(q, k, v, NULL, true, 0, 0));
+        float *a = t_host(o), *b = t_host(ref);
+        for (int i = 0; i < 2 * 2 * 6 * 4; i++) assert_float_equal(a[i], b[i], 1e-5);
+        free(a); free(b);
+    }
+}
+
+static void test_attention_dropout(void **state) {
+    uint64_t s = 4;
+    enum { B = 1, H = 2, T = 6, D = 3 };
+    CA_SCOPE {
+        ca_tensor *q = t_randn(&s, CA_SHAPE(B, H, T, D), -1, 1, 0), *k = t_randn(&s, CA_SHAPE(B, H, T, D), -1, 1, 0);
+        ca_tensor *v = t_randn(&s, CA_SHAPE(B, H, T, D), -1, 1, 0);
+        ca_rng_set_state(5, 40);
+        float *a = t_host(T_NN(ca_scaled_dot_product_attention(q, k, v, NULL, false, 0.25, 0)));
+        float *b = t_host(T_NN(ca_scaled_dot_product_attention(q, k, v, NULL, false, 0.25, 0)));
+        ca_rng_set_state(5, 40);
+        float *c = t_host(T_NN(ca_scaled_dot_product_attention(q, k, v, NULL, false, 0.25, 0)));
+        /* the same state gives the same output; the generator moves on between calls */
+        assert_memory_equal(a, c, sizeof(float) * B * H * T * D);
+        assert_memory_not_equal(a, b, sizeof(float) * B * H * T * D);
+        /* the kept elements are those of the uniform stream at the same state */
+        ca_rng_set_state(5, 40);
+        float *u = t_host(ca_rand_uniform(cpu(), CA_F32, CA_SHAPE(B, H, T, T), 0, 1));
+        att_case dc = {B, H, T, T, D, D, false, NULL, NULL, 1 / sqrt((double)D), 0.25, u};
+        float *hq = t_host(q), *hk = t_host(k), *hv = t_host(v);
+        double want[B * H * T * D];
+        att_naive(&dc, hq, hk, hv, want);
+        expect_close("attention dropout", a, want, B * H * T * D, 2e-5);
+        free(a); free(b); free(c); free(u); free(hq); free(hk); free(hv);
+    }
+}
+
+/* Forward with grad keeps out and the per-row lse, not the [T, T] probabilities. */
+static void test_attention_memory(void **state) {
+    uint64_t s = 5;
+    enum { T = 512, D = 16 };
+    CA_SCOPE {
+        ca_tensor *q = t_randn(&s, CA_SHAPE(1, 1, T, D), -1, 1, 0), *k = t_randn(&s, CA_SHAPE(1, 1, T, D), -1, 1, 0);
+        ca_tensor *v = t_randn(&s, CA_SHAPE(1, 1, T, D), -1, 1, 0);
+        ca_tensor_set_requires_grad(q, true);
+        ca_allocator_stats before, after;
+        T_OK(ca_device_memory_stats(cpu(), &before));
+        T_OK(ca_device_reset_peak_stats(cpu()));
+        ca_tensor *o = T_NN(ca_scaled_dot_product_attention(q, k, v, NULL, true, 0.1, 0));
+        T_OK(ca_device_memory_stats(cpu(), &after));
+        size_t tt = (size_t)T * T * sizeof(float);
+        if (after.peak_allocated - before.allocated >= tt / 8)
+            fail_msg("attention forward allocated %zu bytes at T=%d (a [T, T] f32 tensor is %zu)",
+                     after.peak_allocated - before.allocated, T, tt);
+        T_OK(ca_device_reset_peak_stats(cpu()));
+        T_OK(ca_autograd_backward(ca_sum(o)));
+        T_OK(ca_device_memory_stats(cpu(), &after));
+        if (after.peak_allocated - before.allocated >= tt / 2)
+            fail_msg("attention backward allocated %zu bytes at T=%d (a [T, T] f32 tensor is %zu)",
+                     after.peak_allocated - before.allocated, T, tt);
+    }
+}
+
+static void test_attention_errors(void **state) {
+    uint64_t s = 6;
+    CA_SCOPE {
+        ca_tensor *q = t_randn(&s, CA_SHAPE(1, 2, 3, 4), -1, 1, 0), *k = t_randn(&s, CA_SHAPE(1, 2, 5, 4), -1, 1, 0);
+        ca_tensor *v3 = t_randn(&s, CA_SHAPE(2, 5, 4), -1, 1, 0);
+        assert_null(ca_scaled_dot_product_attention(q, k, v3, NULL, false, 0, 0));
+        assert_non_null(strstr(ca_last_error(), "v [2, 5, 4]"));
+        ca_tensor *v = t_randn(&s, CA_SHAPE(1, 2, 5, 4), -1, 1, 0);
+        ca_tensor *m = t_randn(&s, CA_SHAPE(4, 5), -1, 1, 0);
+        assert_null(ca_scaled_dot_product_attention(q, k, v, m, false, 0, 0));
+        assert_non_null(strstr(ca_last_error(), "mask [4, 5] f32 does not broadcast to [1, 2, 3, 5]"));
+        assert_null(ca_scaled_dot_product_attention(q, k, v, NULL, false, 1.0, 0));
+        assert_non_null(strstr(ca_last_error(), "dropout probability"));
+    }
+}
+
+/* ------------------------------------------------------------------ joins and selections */
+
+static void test_join_select_values(void **state) {
+    CA_SCOPE {
+        float a[6] = {1, 2, 3, 4, 5, 6}, b[2] = {7, 8};
+        ca_tensor *ta = ca_from_host(cpu(), CA_F32, CA_SHAPE(2, 3), a);
+        ca_tensor *tb = ca_from_host(cpu(), CA_F32, CA_SHAPE(2, 1), b);
+        float *c = t_host(T_NN(ca_concat(2, (ca_tensor *[]){ta, tb}, 1)));
+        float wc[8] = {1, 2, 3, 7, 4, 5, 6, 8};
+        assert_memory_equal(c, wc, sizeof wc);
+        free(c);
+        ca_tensor *st = T_NN(ca_stack(2, (ca_tensor *[]){ta, ta}, 1));
+        assert_true(ca_tensor_shape(st)[0] == 2 && ca_tensor_shape(st)[1] == 2 && ca_tensor_shape(st)[2] == 3);
+        float *hs = t_host(st);
+        float ws[12] = {1, 2, 3, 1, 2, 3, 4, 5, 6, 4, 5, 6};
+        assert_memory_equal(hs, ws, sizeof ws);
+        free(hs);
+        ca_tensor *parts[2];
+        T_OK(ca_split(ta, 1, 2, (const int64_t[]){1, 2}, parts));
+        float *p1 = t_host(ca_contiguous(parts[1]));
+        float wp[4] = {2, 3, 5, 6};
+        assert_memory_equal(p1, wp, sizeof wp);
+        free(p1);
+        assert_int_equal(ca_split(ta, 1, 2, (const int64_t[]){1, 1}, parts), CA_ERR_INVALID);
+        assert_non_null(strstr(ca_last_error(), "sizes sum to 2, dimension 1 has 3"));
+        int32_t idx[3] = {2, 0, 2};
+        float *sel = t_host(T_NN(ca_index_select(ta, 1, ca_from_host(cpu(), CA_I32, CA_SHAPE(3), idx))));
+        float wsel[6] = {3, 1, 3, 6, 4, 6};
+        assert_memory_equal(sel, wsel, sizeof wsel);
+        free(sel);
+        int64_t gi[4] = {2, 0, 1, 1};          /* torch.gather(ta, 1, [[2, 0], [1, 1]]) */
+        ca_tensor *tg = ca_from_host(cpu(), CA_I64, CA_SHAPE(2, 2), gi);
+        float *ga = t_host(T_NN(ca_gather_dim(ta, 1, tg)));
+        float wg[4] = {3, 1, 5, 5};
+        assert_memory_equal(ga, wg, sizeof wg);
+        free(ga);
+        gi[3] = 3;
+        assert_null(ca_gather_dim(ta, 1, ca_from_host(cpu(), CA_I64, CA_SHAPE(2, 2), gi)));
+        assert_non_null(strstr(ca_last_error(), "index 3 at position 3 is outside [0, 3)"));
+        uint8_t cond[3] = {1, 0, 1};
+        ca_tensor *tc = ca_from_host(cpu(), CA_U8, CA_SHAPE(3), cond);
+        float *w = t_host(T_NN(ca_where(tc, ta, ca_full(cpu(), CA_F32, 0, NULL, -1.0))));
+        float ww[6] = {1, -1, 3, 4, -1, 6};
+        assert_memory_equal(w, ww, sizeof ww);
+        free(w);
+        float *mf = t_host(T_NN(ca_masked_fill(ta, tc, -INFINITY)));
+        assert_true(isinf(mf[0]) && mf[0] < 0 && mf[1] == 2 && isinf(mf[5]));
+        free(mf);
+        ca_tensor *tri = T_NN(ca_triu_mask(cpu(), 3, 4, 1));
+        uint8_t ht[12], wt[12] = {0, 1, 1, 1, 0, 0, 1, 1, 0, 0, 0, 1};
+        T_OK(ca_tensor_to_host(tri, ht, sizeof ht));
+        assert_memory_equal(ht, wt, sizeof wt);
+    }
+}
+
+/* ------------------------------------------------------------------ norms and activations */
+
+static void test_activation_and_norm_values(void **state) {
+    uint64_t s = 7;
+    CA_SCOPE {
+        ca_tensor *x = t_randn(&s, CA_SHAPE(4, 8), -4, 4, 0), *w = t_randn(&s, CA_SHAPE(8), 0.5f, 1.5f, 0);
+        float *hx = t_host(x), *hw = t_host(w);
+        float *ge = t_host(T_NN(ca_gelu_erf(x))), *si = t_host(T_NN(ca_silu(x)));
+        float *rn = t_host(T_NN(ca_rms_norm(x, w, 1e-6)));
+        double wge[32], wsi[32], wrn[32];
+        for (int i = 0; i < 32; i++) {
+            wge[i] = 0.5 * hx[i] * (1 + erf(hx[i] / sqrt(2.0)));
+            wsi[i] = hx[i] / (1 + exp(-(double)hx[i]));
+        }
+        for (int r = 0; r < 4; r++) {
+            double ms = 0;
+            for (int c = 0; c < 8; c++) ms += (double)hx[r * 8 + c] * hx[r * 8 + c] / 8;
+            for (int c = 0; c < 8; c++) wrn[r * 8 + c] = hx[r * 8 + c] / sqrt(ms + 1e-6) * hw[c];
+        }
+        expect_close("gelu_erf", ge, wge, 32, 1e-6);
+        expect_close("silu", si, wsi, 32, 1e-6);
+        expect_close("rms_norm", rn, wrn, 32, 1e-5);
+        free(hx); free(hw); free(ge); free(si); free(rn);
+    }
+}
+
+/* ------------------------------------------------------------------ cross entropy */
+
+/* GPT-2's padded vocabulary: the loss and its gradient against a double-precision reference. */
+static void test_cross_entropy_large_vocab(void **state) {
+    enum { R = 3, V = 50304 };
+    uint64_t s = 8;
+    CA_SCOPE {
+        ca_tensor *x = t_randn(&s, CA_SHAPE(1, R, V), -8, 8, 0);
+        ca_tensor_set_requires_grad(x, true);
+        int64_t lab[R] = {50303, -100, 17};
+        ca_tensor *l = ca_from_host(cpu(), CA_I64, CA_SHAPE(1, R), lab);
+        ca_tensor *loss = T_NN(ca_cross_entropy(x, l));
+        T_OK(ca_autograd_backward(loss));
+        float *hx = t_host(x), *g = t_host(ca_tensor_grad(x));
+        double want = 0;
+        for (int r = 0; r < R; r++) {
+            double m = -INFINITY, z = 0;
+            for (int c = 0; c < V; c++) m = fmax(m, hx[r * V + c]);
+            for (int c = 0; c < V; c++) z += exp(hx[r * V + c] - m);
+            for (int c = 0; c < V; c += 997) {
+                double p = lab[r] < 0 ? 0 : (exp(hx[r * V + c] - m) / z - (c == lab[r])) / 2;
+                assert_float_equal(g[r * V + c], p, 1e-7);
+            }
+            if (lab[r] >= 0) {
+                want += (m + log(z) - hx[r * V + lab[r]]) / 2;
+                assert_float_equal(g[r * V + lab[r]], (exp(hx[r * V + lab[r]] - m) / z - 1) / 2, 1e-6);
+            }
+        }
+        assert_float_equal(ca_item(loss), want, 1e-4 * fabs(want));
+        free(hx); free(g);
+    }
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_matmul_broadcast_values),
+        cmocka_unit_test(test_attention_reference),
+        cmocka_unit_test(test_attention_matches_composition),
+        cmocka_unit_test(test_attention_dropout),
+        cmocka_unit_test(test_attention_memory),
+        cmocka_unit_test(test_attention_errors),
+        cmocka_unit_test(test_join_select_values),
+        cmocka_unit_test(test_activation_and_norm_values),
+        cmocka_unit_test(test_cross_entropy_large_vocab),
+    };
+    int rc = cmocka_run_group_tests(tests, NULL, NULL);
+    ca_scope_release_all();
+    ca_shutdown();
+    return rc;
+}
