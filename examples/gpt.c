@@ -21,7 +21,7 @@ typedef struct args {
     int64_t n_embd, block_size, vocab_size;
     double dropout;
     int64_t batch_size, max_steps, log_interval, eval_interval, eval_samples;
-    double lr, min_lr_ratio, warmup, weight_decay, grad_clip;
+    double lr, min_lr_ratio, warmup, weight_decay, grad_clip, init_std;
     uint64_t seed;
     const char *data;          /* directory of fortune files */
     int64_t sample_tokens, top_k;
@@ -35,7 +35,7 @@ static void usage(FILE *f) {
     fprintf(f,
             "usage: gpt [--n_layer N] [--n_head N] [--n_embd N] [--block_size T] [--vocab_size V]\n"
             "           [--dropout P] [--batch_size B] [--max_steps N] [--lr X] [--min_lr_ratio X]\n"
-            "           [--warmup FRACTION] [--weight_decay X] [--grad_clip X] [--seed N]\n"
+            "           [--warmup FRACTION] [--weight_decay X] [--grad_clip X] [--init_std X] [--seed N]\n"
             "           [--log_interval N] [--eval_interval N] [--eval_samples N] [--data DIR]\n"
             "           [--sample_tokens N] [--temperature X] [--top_k K] [--prompt TEXT]\n"
             "           [--output_dir DIR] [--parity_dir DIR] [configuration flags]\n"
@@ -63,7 +63,7 @@ static args parse(int argc, char **argv) {
     args a = {.n_layer = 4, .n_head = 4, .n_embd = 128, .block_size = 128, .vocab_size = 256,
               .batch_size = 16, .max_steps = 300, .log_interval = 25, .eval_interval = 100,
               .eval_samples = 128, .lr = 2e-3, .min_lr_ratio = 0.1, .warmup = 0.05,
-              .weight_decay = 0.1, .grad_clip = 1.0, .seed = 1337, .sample_tokens = 300,
+              .weight_decay = 0.1, .grad_clip = 1.0, .init_std = 0.02, .seed = 1337, .sample_tokens = 300,
               .top_k = 40, .temperature = 0.8, .prompt = "\n"};
     for (int i = 1; i < argc; i++) {
         const char *v, *s = argv[i];
@@ -81,6 +81,7 @@ static args parse(int argc, char **argv) {
         else if (flag(s, "--warmup", argc, argv, &i, &v)) a.warmup = atof(v);
         else if (flag(s, "--weight_decay", argc, argv, &i, &v)) a.weight_decay = atof(v);
         else if (flag(s, "--grad_clip", argc, argv, &i, &v)) a.grad_clip = atof(v);
+        else if (flag(s, "--init_std", argc, argv, &i, &v)) a.init_std = atof(v);
         else if (flag(s, "--seed", argc, argv, &i, &v)) a.seed = strtoull(v, NULL, 10);
         else if (flag(s, "--log_interval", argc, argv, &i, &v)) a.log_interval = atoll(v);
         else if (flag(s, "--eval_interval", argc, argv, &i, &v)) a.eval_interval = atoll(v);
@@ -308,8 +309,8 @@ static ca_tensor *gpt_forward(ca_module *self, ca_tensor *idx, void *ctx) {
     return ca_linear(ca_module_forward(g->ln_f, x), wte, NULL);   /* tied to the token embedding */
 }
 
-/* GPT-2's initialisation: weights N(0, 0.02), the projections into the residual stream
- * N(0, 0.02 / sqrt(2 n_layer)), biases 0; LayerNorm 1 and 0. */
+/* GPT-2's initialisation: weights N(0, 0.02) (--init_std), the projections into the residual
+ * stream N(0, 0.02 / sqrt(2 n_layer)), biases 0; LayerNorm 1 and 0. */
 static void init_normal(ca_tensor *p, double std) {
     CA_SCOPE {
         ca_tensor *r = ca_rand_normal(ca_tensor_device(p), CA_F32, ca_tensor_ndim(p), ca_tensor_shape(p), 0.0f, (float)std);
@@ -339,7 +340,7 @@ static ca_module *build_gpt(const args *a) {
     CA_CHECK(ca_embedding_create(a->vocab_size, a->n_embd, &l));  g->wte = add(tr, "wte", l);
     CA_CHECK(ca_embedding_create(a->block_size, a->n_embd, &l));  g->wpe = add(tr, "wpe", l);
     hs = add(tr, "h", container("ModuleList"));
-    double std = 0.02, proj_std = 0.02 / sqrt(2.0 * a->n_layer);
+    double std = a->init_std, proj_std = std / sqrt(2.0 * a->n_layer);
     for (int i = 0; i < a->n_layer; i++) {
         block *b = &g->h[i];
         ca_module *blk = add(hs, NULL, container("Block"));
@@ -464,6 +465,7 @@ static int sample_byte(const float *logits, int64_t V, const args *a, uint64_t *
     return k;
 }
 
+/* Main process only (the forward passes use no collectives). */
 static void generate(ca_accelerator *acc, ca_module *m, const args *a) {
     size_t np = strlen(a->prompt), n = np;
     int64_t cap = (int64_t)np + a->sample_tokens;
@@ -487,11 +489,12 @@ static void generate(ca_accelerator *acc, ca_module *m, const args *a) {
     ca_module_train(m, true);
     ca_print(acc, "sample (seed %llu, temperature %.2f, top-k %lld, %lld bytes after the prompt):\n",
              (unsigned long long)a->seed, a->temperature, (long long)a->top_k, (long long)a->sample_tokens);
-    char *text = malloc(n + 1);
+    unsigned char *text = malloc(n);   /* written as bytes: a sample may hold any byte */
     if (!text) exit(1);
-    for (size_t i = 0; i < n; i++) text[i] = (char)ids[i];
-    text[n] = '\0';
-    ca_print(acc, "%s\n-- end of sample\n", text);
+    for (size_t i = 0; i < n; i++) text[i] = (unsigned char)ids[i];
+    fwrite(text, 1, n, stdout);
+    printf("\n-- end of sample\n");
+    fflush(stdout);
     free(text);
     free(ids);
     free(row);
@@ -515,13 +518,22 @@ static void *host_copy(ca_tensor *t) {
     return h;
 }
 
-/* For the PyTorch parity test: the initial weights (model.safetensors), the first training batch
+/* For the PyTorch parity test: the initial weights (model.safetensors; 1-D parameters perturbed), the first training batch
  * (x.bin, y.bin: i64), its logits (f32), loss (loss.txt) and every parameter's gradient (grads.bin,
  * f32 in the order and with the names and sizes of grads.txt), with dropout off. */
 static void parity_dump(ca_accelerator *acc, ca_module *m, ca_dataset *ds, const args *a) {
     if (mkdir(a->parity_dir, 0777) != 0 && errno != EEXIST) {
         fprintf(stderr, "gpt: cannot create --parity_dir %s: %s\n", a->parity_dir, strerror(errno));
         exit(1);
+    }
+    /* biases and LayerNorm start at 0 and 1: perturb them so that the comparison sees them */
+    for (int i = 0; i < ca_module_num_params(m); i++) {
+        ca_tensor *p = ca_module_param_at(m, i);
+        if (ca_tensor_ndim(p) == 1) CA_SCOPE {
+            ca_tensor *r = ca_rand_normal(ca_tensor_device(p), CA_F32, 1, ca_tensor_shape(p), 0.0f, (float)a->init_std);
+            ca_tensor *q = ca_add(p, r);
+            CA_CHECK(q ? ca_tensor_copy_(p, q) : ca_last_status());
+        }
     }
     CA_CHECK(ca_save_model(acc, m, a->parity_dir, 0));
     int64_t B = a->batch_size, T = a->block_size;
