@@ -156,7 +156,7 @@ static corpus read_corpus(const char *dir) {
     for (struct dirent *e; (e = readdir(d));) {
         if (e->d_name[0] == '.' || strchr(e->d_name, '.')) continue;     /* .dat indexes, .u8 links */
         names = realloc(names, sizeof *names * (size_t)(n + 1));
-        names[n++] = strdup(e->d_name);
+        if (!names || !(names[n++] = strdup(e->d_name))) { fprintf(stderr, "gpt: out of memory\n"); exit(1); }
     }
     closedir(d);
     qsort(names, (size_t)n, sizeof *names, cmp_str);
@@ -445,8 +445,7 @@ static int cmp_desc(const void *a, const void *b) {
 
 /* One byte from the logits of the last position: temperature, top-k, then a draw. */
 static int sample_byte(const float *logits, int64_t V, const args *a, uint64_t *rng) {
-    float *p = malloc(sizeof(float) * 256), *sorted = malloc(sizeof(float) * 256);
-    if (!p || !sorted) exit(1);
+    float p[256], sorted[256];
     (void)V;   /* rows past 255 are never targets; only bytes are drawn */
     for (int i = 0; i < 256; i++) sorted[i] = p[i] = logits[i] / (float)a->temperature;
     float cut = -INFINITY;
@@ -459,20 +458,19 @@ static int sample_byte(const float *logits, int64_t V, const args *a, uint64_t *
     double sum = 0;
     for (int i = 0; i < 256; i++) sum += p[i] = p[i] >= cut ? expf(p[i] - mx) : 0.0f;
     double u = uniform(rng) * sum;
-    int k = 255;
+    int k = -1;
     for (int i = 0; i < 256; i++) {
-        if ((u -= p[i]) < 0) { k = i; break; }
+        if (p[i] > 0) k = i;   /* rounding may leave u >= 0: then the last candidate */
+        if ((u -= p[i]) < 0) break;
     }
-    free(p);
-    free(sorted);
     return k;
 }
 
 /* Main process only (the forward passes use no collectives). */
 static void generate(ca_accelerator *acc, ca_module *m, const args *a) {
     size_t np = strlen(a->prompt), n = np;
-    int64_t cap = (int64_t)np + a->sample_tokens;
-    int64_t *ids = malloc(sizeof(int64_t) * (size_t)(cap > 0 ? cap : 1));
+    int64_t cap = (int64_t)np + a->sample_tokens + 1;   /* + 1: an empty prompt becomes a newline */
+    int64_t *ids = malloc(sizeof(int64_t) * (size_t)cap);
     float *row = malloc(sizeof(float) * (size_t)a->vocab_size);
     if (!ids || !row) exit(1);
     for (size_t i = 0; i < np; i++) ids[i] = (unsigned char)a->prompt[i];
