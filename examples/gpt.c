@@ -577,6 +577,102 @@ static void parity_dump(ca_accelerator *acc, ca_module *m, ca_dataset *ds, const
     free(y);
 }
 
+static void print_header(ca_accelerator *acc, ca_module *model, const corpus *c, ca_dataset *train,
+                         ca_dataset *val, const args *a, int64_t ga) {
+    int np = ca_num_processes(acc);
+    ca_print(acc, "gpt: %d process(es) on %s, mixed precision %s; %d layers, %d heads, %lld channels, "
+                  "block %lld, vocab %lld: %lld parameters\n",
+             np, ca_device_name(ca_accelerator_device(acc)), ca_mixed_precision_name(ca_accelerator_mixed_precision(acc)),
+             a->n_layer, a->n_head, (long long)a->n_embd, (long long)a->block_size, (long long)a->vocab_size,
+             (long long)ca_module_param_count(model));
+    ca_print(acc, "data: %d fortune files, %lld training bytes (%lld windows), %lld held-out bytes "
+                  "(%lld validation windows); batch %lld x %lld accumulation x %d processes = %lld tokens per step\n",
+             c->files, (long long)c->n_train, (long long)ca_dataset_length(train), (long long)c->n_val,
+             (long long)ca_dataset_length(val), (long long)a->batch_size, (long long)ga, np,
+             (long long)(a->batch_size * ga * np * a->block_size));
+}
+
+static void save(ca_accelerator *acc, ca_module *model, const char *dir) {
+    if (ca_is_main_process(acc) && mkdir(dir, 0777) != 0 && errno != EEXIST) {
+        fprintf(stderr, "gpt: cannot create --output_dir %s: %s\n", dir, strerror(errno));
+        exit(1);
+    }
+    CA_CHECK(ca_save_model(acc, model, dir, 0));   /* every rank calls it */
+    ca_print(acc, "model saved to %s/model.safetensors\n", dir);
+}
+
+/* One micro-step: forward, backward, and (on a synchronising step) clip and step. */
+static double micro_step(ca_accelerator *acc, ca_module *model, ca_optimizer *opt, const ca_batch *b, const args *a) {
+    double l = 0;
+    CA_ACCUMULATE(acc, model) {
+        ca_tensor *loss = ca_cross_entropy(ca_module_forward(model, b->x), b->y);
+        if (!loss) CA_CHECK(ca_last_status());
+        CA_CHECK(ca_backward(acc, loss));
+        if (a->grad_clip > 0 && ca_sync_gradients(acc)) CA_CHECK(ca_clip_grad_norm(acc, a->grad_clip, NULL));
+        CA_CHECK(ca_optimizer_step(opt));
+        ca_optimizer_zero_grad(opt);
+        l = ca_item(loss);
+    }
+    return l;
+}
+
+/* Trains max_steps optimizer steps, logging and evaluating at the intervals. */
+static void train_loop(ca_accelerator *acc, ca_module *model, ca_optimizer *opt, ca_dataloader *train_dl,
+                         ca_dataloader *val_dl, const args *a) {
+    double sum[3] = {0, 0, 0};   /* loss sum, micro-steps, samples: over the interval */
+    double t0 = now_s(), t_start = t0, val_loss = NAN;
+    ca_batch b;
+    while (ca_optimizer_steps(opt) < a->max_steps) {
+        if (!ca_dataloader_next(train_dl, &b)) { CA_CHECK(ca_dataloader_status(train_dl)); continue; }
+        int64_t before = ca_optimizer_steps(opt);
+        sum[0] += micro_step(acc, model, opt, &b, a);
+        sum[1] += 1;
+        sum[2] += (double)b.size;
+        int64_t step = ca_optimizer_steps(opt);
+        if (step == before) continue;   /* an accumulation micro-step */
+        if (a->log_interval > 0 && (step % a->log_interval == 0 || step == a->max_steps)) {
+            reduce_sum(acc, sum, 3);
+            double secs = now_s() - t0, l = sum[0] / sum[1];
+            ca_print(acc, "step %lld/%lld: loss %.4f, perplexity %.2f, lr %.2e, %.1f samples/s, %.0f tokens/s\n",
+                     (long long)step, (long long)a->max_steps, l, exp(l), ca_optimizer_get_lr(opt, 0),
+                     sum[2] / secs, sum[2] * (double)a->block_size / secs);
+            sum[0] = sum[1] = sum[2] = 0;
+            t0 = now_s();
+        }
+        if ((a->eval_interval > 0 && step % a->eval_interval == 0) || step == a->max_steps) {
+            val_loss = evaluate(acc, model, val_dl);
+            ca_print(acc, "step %lld: validation loss %.4f, perplexity %.2f\n", (long long)step, val_loss, exp(val_loss));
+            t0 = now_s();   /* throughput excludes evaluation */
+        }
+    }
+    ca_print(acc, "trained %lld steps in %.1f s; final validation loss %.4f (perplexity %.2f, %.3f bits per byte)\n",
+             (long long)ca_optimizer_steps(opt), now_s() - t_start, val_loss, exp(val_loss), val_loss / log(2.0));
+}
+
+static void run_training(ca_accelerator *acc, ca_module *model, const corpus *c, ca_dataset *train, ca_dataset *val,
+                         const args *a) {
+    ca_dataloader *train_dl, *val_dl;
+    CA_CHECK(ca_dataloader_create(train, &(ca_loader_opts){.batch_size = a->batch_size, .shuffle = true,
+                                                          .drop_last = true}, &train_dl));
+    CA_CHECK(ca_dataloader_create(val, &(ca_loader_opts){.batch_size = a->batch_size}, &val_dl));
+    ca_optimizer *opt = make_optimizer(model, a);
+    CA_CHECK(ca_prepare(acc, model, opt, train_dl));
+    CA_CHECK(ca_prepare_dataloader(acc, val_dl));
+    /* in one-process steps: a prepared schedule advances num_processes steps per step */
+    int64_t total = a->max_steps * ca_num_processes(acc);
+    CA_CHECK(ca_optimizer_set_schedule(opt, &(ca_lr_schedule){.kind = CA_SCHED_COSINE,
+                                                               .warmup_steps = (int64_t)(a->warmup * (double)total),
+                                                               .total_steps = total, .min_lr_ratio = a->min_lr_ratio}));
+    int64_t ga = ca_accelerator_settings(acc)->gradient_accumulation_steps;
+    print_header(acc, model, c, train, val, a, ga < 1 ? 1 : ga);
+    train_loop(acc, model, opt, train_dl, val_dl, a);
+    if (a->sample_tokens > 0 && ca_is_main_process(acc)) generate(acc, model, a);
+    if (a->output_dir) save(acc, model, a->output_dir);
+    ca_dataloader_destroy(train_dl);
+    ca_dataloader_destroy(val_dl);
+    ca_optimizer_destroy(opt);
+}
+
 int main(int argc, char **argv) {
     args a = parse(argc, argv);
     ca_accelerator *acc;
@@ -592,80 +688,7 @@ int main(int argc, char **argv) {
         CA_CHECK(ca_prepare(acc, model, NULL, NULL));
         parity_dump(acc, model, train, &a);
     } else {
-        ca_dataloader *train_dl, *val_dl;
-        CA_CHECK(ca_dataloader_create(train, &(ca_loader_opts){.batch_size = a.batch_size, .shuffle = true,
-                                                              .drop_last = true}, &train_dl));
-        CA_CHECK(ca_dataloader_create(val, &(ca_loader_opts){.batch_size = a.batch_size}, &val_dl));
-        ca_optimizer *opt = make_optimizer(model, &a);
-        CA_CHECK(ca_prepare(acc, model, opt, train_dl));
-        CA_CHECK(ca_prepare_dataloader(acc, val_dl));
-        /* in one-process steps: a prepared schedule advances num_processes steps per step */
-        int64_t total = a.max_steps * ca_num_processes(acc);
-        CA_CHECK(ca_optimizer_set_schedule(opt, &(ca_lr_schedule){.kind = CA_SCHED_COSINE,
-                                                                   .warmup_steps = (int64_t)(a.warmup * (double)total),
-                                                                   .total_steps = total, .min_lr_ratio = a.min_lr_ratio}));
-        int64_t ga = ca_accelerator_settings(acc)->gradient_accumulation_steps;
-        if (ga < 1) ga = 1;
-        ca_print(acc, "gpt: %d process(es) on %s, mixed precision %s; %d layers, %d heads, %lld channels, "
-                      "block %lld, vocab %lld: %lld parameters\n",
-                 ca_num_processes(acc), ca_device_name(ca_accelerator_device(acc)),
-                 ca_mixed_precision_name(ca_accelerator_mixed_precision(acc)), a.n_layer, a.n_head,
-                 (long long)a.n_embd, (long long)a.block_size, (long long)a.vocab_size,
-                 (long long)ca_module_param_count(model));
-        ca_print(acc, "data: %d fortune files, %lld training bytes (%lld windows), %lld held-out bytes "
-                      "(%lld validation windows); batch %lld x %lld accumulation x %d processes = %lld tokens per step\n",
-                 c.files, (long long)c.n_train, (long long)ca_dataset_length(train), (long long)c.n_val,
-                 (long long)ca_dataset_length(val), (long long)a.batch_size, (long long)ga,
-                 ca_num_processes(acc), (long long)(a.batch_size * ga * ca_num_processes(acc) * a.block_size));
-
-        double sum[3] = {0, 0, 0};   /* loss sum, micro-steps, samples: over the interval */
-        double t0 = now_s(), t_start = t0, val_loss = NAN;
-        ca_batch b;
-        while (ca_optimizer_steps(opt) < a.max_steps) {
-            if (!ca_dataloader_next(train_dl, &b)) { CA_CHECK(ca_dataloader_status(train_dl)); continue; }
-            int64_t before = ca_optimizer_steps(opt);
-            CA_ACCUMULATE(acc, model) {
-                ca_tensor *loss = ca_cross_entropy(ca_module_forward(model, b.x), b.y);
-                if (!loss) CA_CHECK(ca_last_status());
-                CA_CHECK(ca_backward(acc, loss));
-                if (a.grad_clip > 0 && ca_sync_gradients(acc)) CA_CHECK(ca_clip_grad_norm(acc, a.grad_clip, NULL));
-                CA_CHECK(ca_optimizer_step(opt));
-                ca_optimizer_zero_grad(opt);
-                sum[0] += ca_item(loss);
-            }
-            sum[1] += 1;
-            sum[2] += (double)b.size;
-            int64_t step = ca_optimizer_steps(opt);
-            if (step == before) continue;   /* an accumulation micro-step */
-            if (a.log_interval > 0 && (step % a.log_interval == 0 || step == a.max_steps)) {
-                reduce_sum(acc, sum, 3);
-                double secs = now_s() - t0, l = sum[0] / sum[1];
-                ca_print(acc, "step %lld/%lld: loss %.4f, perplexity %.2f, lr %.2e, %.1f samples/s, %.0f tokens/s\n",
-                         (long long)step, (long long)a.max_steps, l, exp(l), ca_optimizer_get_lr(opt, 0),
-                         sum[2] / secs, sum[2] * (double)a.block_size / secs);
-                sum[0] = sum[1] = sum[2] = 0;
-                t0 = now_s();
-            }
-            if ((a.eval_interval > 0 && step % a.eval_interval == 0) || step == a.max_steps) {
-                val_loss = evaluate(acc, model, val_dl);
-                ca_print(acc, "step %lld: validation loss %.4f, perplexity %.2f\n", (long long)step, val_loss, exp(val_loss));
-                t0 = now_s();   /* throughput excludes evaluation */
-            }
-        }
-        ca_print(acc, "trained %lld steps in %.1f s; final validation loss %.4f (perplexity %.2f, %.3f bits per byte)\n",
-                 (long long)ca_optimizer_steps(opt), now_s() - t_start, val_loss, exp(val_loss), val_loss / log(2.0));
-        if (a.sample_tokens > 0 && ca_is_main_process(acc)) generate(acc, model, &a);
-        if (a.output_dir) {
-            if (ca_is_main_process(acc) && mkdir(a.output_dir, 0777) != 0 && errno != EEXIST) {
-                fprintf(stderr, "gpt: cannot create --output_dir %s: %s\n", a.output_dir, strerror(errno));
-                exit(1);
-            }
-            CA_CHECK(ca_save_model(acc, model, a.output_dir, 0));   /* every rank calls it */
-            ca_print(acc, "model saved to %s/model.safetensors\n", a.output_dir);
-        }
-        ca_dataloader_destroy(train_dl);
-        ca_dataloader_destroy(val_dl);
-        ca_optimizer_destroy(opt);
+        run_training(acc, model, &c, train, val, &a);
     }
     CA_CHECK(ca_wait_for_everyone(acc));
     ca_dataset_destroy(train);
