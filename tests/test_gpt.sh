@@ -50,15 +50,17 @@ grep -q 'mixed precision bf16' "$WORK/bf16" && grep -q 'batch 8 x 2 accumulation
 learns bf16-accum "$WORK/bf16"
 
 echo "== two processes (caccel launch)"
-if [ -x "$CACCEL" ]; then
-    timeout 300 "$CACCEL" launch --num_processes 2 --cpu "$GPT" $SMALL --batch_size 8 --max_steps 40 \
+gloo=""
+for d in $(echo "${CACCEL_PLUGIN_PATH:-}" | tr ':' ' '); do [ -e "$d/caccel_gloo.so" ] && gloo=yes; done
+if [ -x "$CACCEL" ] && [ -n "$gloo" ]; then
+    timeout 300 "$CACCEL" launch --num_processes 2 --cpu --backend gloo "$GPT" $SMALL --batch_size 8 --max_steps 40 \
         --sample_tokens 20 > "$WORK/two" 2>&1 || { cat "$WORK/two"; fail "gpt on two processes exited non-zero"; }
     grep -q '^gpt: 2 process(es)' "$WORK/two" || { cat "$WORK/two"; fail "not two processes"; }
     [ "$(grep -c '^step 40/40: loss' "$WORK/two")" -eq 1 ] || { cat "$WORK/two"; fail "the step line is not printed once (by the main process)"; }
     learns two-processes "$WORK/two"
     [ "$(grep -c '^-- end of sample$' "$WORK/two")" -eq 1 ] || fail "not one sample on two processes"
 else
-    echo "no caccel command at $CACCEL: two-process run skipped"
+    echo "no caccel command at $CACCEL or no Gloo plugin in CACCEL_PLUGIN_PATH: two-process run skipped"
 fi
 
 echo "== generation is reproducible from --seed"
