@@ -4,3 +4,6 @@ examples_fashion_mnist_SOURCES = examples/fashion_mnist.c
 examples_fashion_mnist_LDADD = libcaccel.la -lm
 examples_linear_regression_SOURCES = examples/linear_regression.c
 examples_linear_regression_LDADD = libcaccel.la -lm
+noinst_PROGRAMS += examples/gpt
+examples_gpt_SOURCES = examples/gpt.c
+examples_gpt_LDADD = libcaccel.la -lm

@@ -1,0 +1,703 @@
+/* A GPT-style decoder trained from scratch as a byte-level language model on Debian's fortunes:
+ * token + learned position embeddings, pre-LayerNorm blocks with causal self-attention and a
+ * GELU (tanh) MLP, a final LayerNorm and an output layer tied to the token embedding. The same
+ * program runs on one process, under `caccel launch` or mpirun, or on a GPU; the shape flags set
+ * GPT-2-124M's (--n_layer 12 --n_head 12 --n_embd 768 --block_size 1024 --vocab_size 50304).
+ * Parameter names are nanoGPT's (transformer.wte.weight, transformer.h.0.attn.c_attn.weight, ...),
+ * so PyTorch loads a saved model with load_state_dict (docs/GPT.md). */
+#include <caccel/caccel.h>
+
+#include <dirent.h>
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+typedef struct args {
+    int n_layer, n_head;
+    int64_t n_embd, block_size, vocab_size;
+    double dropout;
+    int64_t batch_size, max_steps, log_interval, eval_interval, eval_samples;
+    double lr, min_lr_ratio, warmup, weight_decay, grad_clip, init_std;
+    uint64_t seed;
+    const char *data;          /* directory of fortune files */
+    int64_t sample_tokens, top_k;
+    double temperature;
+    const char *prompt;
+    const char *output_dir;    /* save the trained model (model.safetensors) */
+    const char *parity_dir;    /* write weights, one batch's logits, loss and gradients; no training */
+} args;
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: gpt [--n_layer N] [--n_head N] [--n_embd N] [--block_size T] [--vocab_size V]\n"
+            "           [--dropout P] [--batch_size B] [--max_steps N] [--lr X] [--min_lr_ratio X]\n"
+            "           [--warmup FRACTION] [--weight_decay X] [--grad_clip X] [--init_std X] [--seed N]\n"
+            "           [--log_interval N] [--eval_interval N] [--eval_samples N] [--data DIR]\n"
+            "           [--sample_tokens N] [--temperature X] [--top_k K] [--prompt TEXT]\n"
+            "           [--output_dir DIR] [--parity_dir DIR] [configuration flags]\n"
+            "Tokens are bytes (0..255); --vocab_size (at least 256) only sizes the embedding, so\n"
+            "GPT-2's 50304 can be set for benchmarks. --data: a directory of fortune files (default\n"
+            "$CACCEL_FORTUNES_DIR, else /usr/share/games/fortunes). Configuration flags are\n"
+            "Accelerate's (--cpu, --mixed_precision bf16, --gradient_accumulation_steps N, ...):\n"
+            "see `caccel --help` and docs/CONFIGURATION.md. Defaults: 4 layers, 4 heads, 128\n"
+            "channels, block 64, batch 32, 600 steps of AdamW at lr 4e-3 (5%% warm-up, cosine to\n"
+            "10%%), dropout 0. docs/GPT.md describes the model.\n");
+}
+
+static bool flag(const char *arg, const char *name, int argc, char **argv, int *i, const char **val) {
+    size_t n = strlen(name);
+    if (strncmp(arg, name, n) != 0) return false;
+    if (arg[n] == '=') { *val = arg + n + 1; return true; }
+    if (arg[n] != '\0') return false;
+    if (*i + 1 >= argc) {
+        fprintf(stderr, "gpt: %s needs a value\n", name);
+        exit(2);
+    }
+    *val = argv[++*i];
+    return true;
+}
+
+static args parse(int argc, char **argv) {
+    /* defaults: about 2 CPU-minutes on 2 vCPUs to a validation loss near 2.07 (docs/GPT.md) */
+    args a = {.n_layer = 4, .n_head = 4, .n_embd = 128, .block_size = 64, .vocab_size = 256,
+              .batch_size = 32, .max_steps = 600, .log_interval = 50, .eval_interval = 200,
+              .eval_samples = 128, .lr = 4e-3, .min_lr_ratio = 0.1, .warmup = 0.05,
+              .weight_decay = 0.1, .grad_clip = 1.0, .init_std = 0.02, .seed = 1337, .sample_tokens = 300,
+              .top_k = 40, .temperature = 0.8, .prompt = "\n"};
+    for (int i = 1; i < argc; i++) {
+        const char *v, *s = argv[i];
+        if (!strcmp(s, "-h") || !strcmp(s, "--help")) { usage(stdout); exit(0); }
+        else if (flag(s, "--n_layer", argc, argv, &i, &v)) a.n_layer = atoi(v);
+        else if (flag(s, "--n_head", argc, argv, &i, &v)) a.n_head = atoi(v);
+        else if (flag(s, "--n_embd", argc, argv, &i, &v)) a.n_embd = atoll(v);
+        else if (flag(s, "--block_size", argc, argv, &i, &v)) a.block_size = atoll(v);
+        else if (flag(s, "--vocab_size", argc, argv, &i, &v)) a.vocab_size = atoll(v);
+        else if (flag(s, "--dropout", argc, argv, &i, &v)) a.dropout = atof(v);
+        else if (flag(s, "--batch_size", argc, argv, &i, &v)) a.batch_size = atoll(v);
+        else if (flag(s, "--max_steps", argc, argv, &i, &v)) a.max_steps = atoll(v);
+        else if (flag(s, "--lr", argc, argv, &i, &v)) a.lr = atof(v);
+        else if (flag(s, "--min_lr_ratio", argc, argv, &i, &v)) a.min_lr_ratio = atof(v);
+        else if (flag(s, "--warmup", argc, argv, &i, &v)) a.warmup = atof(v);
+        else if (flag(s, "--weight_decay", argc, argv, &i, &v)) a.weight_decay = atof(v);
+        else if (flag(s, "--grad_clip", argc, argv, &i, &v)) a.grad_clip = atof(v);
+        else if (flag(s, "--init_std", argc, argv, &i, &v)) a.init_std = atof(v);
+        else if (flag(s, "--seed", argc, argv, &i, &v)) a.seed = strtoull(v, NULL, 10);
+        else if (flag(s, "--log_interval", argc, argv, &i, &v)) a.log_interval = atoll(v);
+        else if (flag(s, "--eval_interval", argc, argv, &i, &v)) a.eval_interval = atoll(v);
+        else if (flag(s, "--eval_samples", argc, argv, &i, &v)) a.eval_samples = atoll(v);
+        else if (flag(s, "--data", argc, argv, &i, &v)) a.data = v;
+        else if (flag(s, "--sample_tokens", argc, argv, &i, &v)) a.sample_tokens = atoll(v);
+        else if (flag(s, "--temperature", argc, argv, &i, &v)) a.temperature = atof(v);
+        else if (flag(s, "--top_k", argc, argv, &i, &v)) a.top_k = atoll(v);
+        else if (flag(s, "--prompt", argc, argv, &i, &v)) a.prompt = v;
+        else if (flag(s, "--output_dir", argc, argv, &i, &v)) a.output_dir = v;
+        else if (flag(s, "--parity_dir", argc, argv, &i, &v)) a.parity_dir = v;
+        else {
+            int arity = ca_config_flag_arity(s);          /* the accelerator reads these */
+            if (arity < 0) {
+                fprintf(stderr, "gpt: unknown argument '%s'\n", s);
+                usage(stderr);
+                exit(2);
+            }
+            i += arity;
+        }
+    }
+    const char *bad = a.n_layer < 1 || a.n_head < 1 || a.n_embd < 1 || a.block_size < 1 ? "the shape flags must be positive"
+                    : a.n_embd % a.n_head ? "--n_embd must be a multiple of --n_head"
+                    : a.vocab_size < 256 ? "--vocab_size must be at least 256 (tokens are bytes)"
+                    : a.batch_size < 1 || a.max_steps < 1 || a.lr <= 0 ? "--batch_size, --max_steps and --lr must be positive"
+                    : a.dropout < 0 || a.dropout >= 1 ? "--dropout must be in [0, 1)"
+                    : a.temperature <= 0 ? "--temperature must be positive" : NULL;
+    if (bad) {
+        fprintf(stderr, "gpt: %s\n", bad);
+        exit(2);
+    }
+    return a;
+}
+
+/* ------------------------------------------------------------------ data */
+
+/* The corpus: every fortune file of the directory (names without an extension, sorted), each
+ * entry followed by "\n%\n" as in the files. Entry k of a file is held out when k % 10 == 9: a
+ * fixed split without random state, no entry in both. */
+typedef struct corpus {
+    uint8_t *train, *val;
+    int64_t n_train, n_val;
+    int files;
+} corpus;
+
+static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+static void append(uint8_t **buf, int64_t *n, int64_t *cap, const char *s, size_t len) {
+    if (*n + (int64_t)len > *cap) {
+        *cap = (*cap + (int64_t)len) * 2;
+        *buf = realloc(*buf, (size_t)*cap);
+        if (!*buf) { fprintf(stderr, "gpt: out of memory reading the corpus\n"); exit(1); }
+    }
+    memcpy(*buf + *n, s, len);
+    *n += (int64_t)len;
+}
+
+static corpus read_corpus(const char *dir) {
+    if (!dir) dir = getenv("CACCEL_FORTUNES_DIR");
+    if (!dir || !*dir) dir = "/usr/share/games/fortunes";
+    DIR *d = opendir(dir);
+    if (!d) {
+        fprintf(stderr, "gpt: cannot open the fortunes directory %s: %s (apt-get install fortunes, or --data DIR)\n",
+                dir, strerror(errno));
+        exit(1);
+    }
+    char **names = NULL;
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d));) {
+        if (e->d_name[0] == '.' || strchr(e->d_name, '.')) continue;     /* .dat indexes, .u8 links */
+        names = realloc(names, sizeof *names * (size_t)(n + 1));
+        if (!names || !(names[n++] = strdup(e->d_name))) { fprintf(stderr, "gpt: out of memory\n"); exit(1); }
+    }
+    closedir(d);
+    qsort(names, (size_t)n, sizeof *names, cmp_str);
+    corpus c = {.files = n};
+    int64_t cap_t = 0, cap_v = 0;
+    for (int i = 0; i < n; i++) {
+        char path[4096];
+        snprintf(path, sizeof path, "%s/%s", dir, names[i]);
+        struct stat st;
+        if (stat(path, &st) != 0 || !S_ISREG(st.st_mode)) { c.files--; free(names[i]); continue; }
+        char **entries;
+        int64_t ne;
+        CA_CHECK(ca_fortunes_read(path, &entries, &ne));
+        for (int64_t k = 0; k < ne; k++) {
+            bool held = k % 10 == 9;
+            append(held ? &c.val : &c.train, held ? &c.n_val : &c.n_train, held ? &cap_v : &cap_t,
+                   entries[k], strlen(entries[k]));
+            append(held ? &c.val : &c.train, held ? &c.n_val : &c.n_train, held ? &cap_v : &cap_t, "\n%\n", 3);
+        }
+        ca_fortunes_free(entries, ne);
+        free(names[i]);
+    }
+    free(names);
+    if (c.files == 0) {
+        fprintf(stderr, "gpt: no fortune files in %s (apt-get install fortunes, or --data DIR)\n", dir);
+        exit(1);
+    }
+    return c;
+}
+
+/* Windows of block_size + 1 bytes: x = bytes [s, s+T), y = [s+1, s+T+1). Window i starts at
+ * i * stride; the training set uses stride T (disjoint targets), the validation subset spreads a
+ * fixed number of windows over the whole held-out text. */
+typedef struct windows {
+    const uint8_t *bytes;
+    int64_t n, stride, T;
+} windows;
+
+static int64_t win_length(void *ctx) { return ((windows *)ctx)->n; }
+
+static ca_status win_get(void *ctx, int64_t i, void *x, void *y) {
+    const windows *w = ctx;
+    const uint8_t *p = w->bytes + i * w->stride;
+    int64_t *xi = x, *yi = y;
+    for (int64_t t = 0; t < w->T; t++) {
+        xi[t] = p[t];
+        yi[t] = p[t + 1];
+    }
+    return CA_OK;
+}
+
+static ca_dataset *window_dataset(const uint8_t *bytes, int64_t len, int64_t T, int64_t max_windows) {
+    if (len < T + 1) {
+        fprintf(stderr, "gpt: %lld bytes of text are fewer than --block_size + 1\n", (long long)len);
+        exit(1);
+    }
+    windows *w = malloc(sizeof *w);
+    if (!w) exit(1);
+    int64_t span = len - T - 1;    /* last possible start */
+    *w = (windows){.bytes = bytes, .T = T, .stride = T, .n = span / T + 1};
+    if (max_windows > 0 && w->n > max_windows) {
+        w->n = max_windows;
+        w->stride = max_windows > 1 ? span / (max_windows - 1) : 0;
+    }
+    ca_sample_spec spec = {.dtype = CA_I64, .ndim = 1, .shape = {T}};
+    ca_dataset *ds;
+    CA_CHECK(ca_dataset_create(&(ca_dataset_ops){.struct_size = sizeof(ca_dataset_ops), .length = win_length,
+                                                 .get = win_get, .destroy = free},
+                               w, &spec, &spec, &ds));
+    return ds;
+}
+
+/* ------------------------------------------------------------------ model */
+
+typedef struct block {
+    ca_module *ln_1, *c_attn, *attn_proj, *ln_2, *c_fc, *mlp_proj;
+} block;
+
+typedef struct gpt {
+    args a;
+    ca_module *wte, *wpe, *ln_f;
+    block *h;
+    int64_t *positions;        /* 0 .. block_size-1 */
+} gpt;
+
+static void gpt_free(void *p) {
+    gpt *g = p;
+    free(g->h);
+    free(g->positions);
+    free(g);
+}
+
+static ca_module *container(const char *type) {
+    ca_module *m;
+    CA_CHECK(ca_module_create(type, NULL, NULL, NULL, &m));
+    return m;
+}
+
+static ca_module *add(ca_module *parent, const char *name, ca_module *child) {
+    CA_CHECK(ca_module_add(parent, name, child));
+    return child;
+}
+
+static ca_module *linear(ca_module *parent, const char *name, int64_t in, int64_t out) {
+    ca_module *l;
+    CA_CHECK(ca_linear_create(in, out, true, &l));
+    return add(parent, name, l);
+}
+
+static ca_module *layer_norm(ca_module *parent, const char *name, int64_t dim) {
+    ca_module *l;
+    CA_CHECK(ca_layer_norm_create(dim, 1e-5, &l));
+    return add(parent, name, l);
+}
+
+static bool training(const gpt *g) { return ca_module_is_training(g->wte); }
+
+static ca_tensor *attention(const gpt *g, const block *b, ca_tensor *x) {
+    int64_t B = ca_tensor_dim(x, 0), T = ca_tensor_dim(x, 1), C = g->a.n_embd, H = g->a.n_head;
+    ca_tensor *qkv = ca_module_forward(b->c_attn, x), *p[3];
+    if (!qkv || ca_split(qkv, 2, 3, (int64_t[]){C, C, C}, p) != CA_OK) return NULL;
+    for (int i = 0; i < 3; i++)   /* [B, T, C] -> [B, H, T, D] */
+        p[i] = ca_transpose(ca_reshape(p[i], CA_SHAPE(B, T, H, C / H)), 1, 2);
+    double drop = training(g) ? g->a.dropout : 0.0;
+    ca_tensor *y = ca_scaled_dot_product_attention(p[0], p[1], p[2], NULL, true, drop, 0.0);
+    y = ca_reshape(ca_contiguous(ca_transpose(y, 1, 2)), CA_SHAPE(B, T, C));
+    return ca_dropout(ca_module_forward(b->attn_proj, y), g->a.dropout, training(g));
+}
+
+static ca_tensor *mlp(const gpt *g, const block *b, ca_tensor *x) {
+    ca_tensor *h = ca_gelu(ca_module_forward(b->c_fc, x));
+    return ca_dropout(ca_module_forward(b->mlp_proj, h), g->a.dropout, training(g));
+}
+
+/* idx [B, T] (i64 bytes) -> logits [B, T, vocab_size]. */
+static ca_tensor *gpt_forward(ca_module *self, ca_tensor *idx, void *ctx) {
+    (void)self;
+    const gpt *g = ctx;
+    int64_t T = ca_tensor_dim(idx, 1);
+    if (T > g->a.block_size) {
+        ca_error(CA_ERR_INVALID, "gpt: sequence of %lld tokens is longer than block_size %lld",
+                 (long long)T, (long long)g->a.block_size);
+        return NULL;
+    }
+    ca_tensor *wte = ca_module_param(g->wte, "weight");
+    ca_tensor *pos = ca_from_host(ca_tensor_device(idx), CA_I64, CA_SHAPE(T), g->positions);
+    ca_tensor *x = ca_add(ca_embedding(idx, wte), ca_module_forward(g->wpe, pos));
+    x = ca_dropout(x, g->a.dropout, training(g));
+    for (int l = 0; l < g->a.n_layer; l++) {
+        x = ca_add(x, attention(g, &g->h[l], ca_module_forward(g->h[l].ln_1, x)));
+        x = ca_add(x, mlp(g, &g->h[l], ca_module_forward(g->h[l].ln_2, x)));
+    }
+    return ca_linear(ca_module_forward(g->ln_f, x), wte, NULL);   /* tied to the token embedding */
+}
+
+/* GPT-2's initialisation: weights N(0, 0.02) (--init_std), the projections into the residual
+ * stream N(0, 0.02 / sqrt(2 n_layer)), biases 0; LayerNorm 1 and 0. */
+static void init_normal(ca_tensor *p, double std) {
+    CA_SCOPE {
+        ca_tensor *r = ca_rand_normal(ca_tensor_device(p), CA_F32, ca_tensor_ndim(p), ca_tensor_shape(p), 0.0f, (float)std);
+        CA_CHECK(r ? ca_tensor_copy_(p, r) : CA_ERR_NOMEM);
+    }
+}
+
+static void init_linear(ca_module *l, double std) {
+    init_normal(ca_module_param(l, "weight"), std);
+    CA_SCOPE {
+        ca_tensor *b = ca_module_param(l, "bias");
+        CA_CHECK(ca_tensor_copy_(b, ca_zeros(ca_tensor_device(b), CA_F32, ca_tensor_ndim(b), ca_tensor_shape(b))));
+    }
+}
+
+static ca_module *build_gpt(const args *a) {
+    gpt *g = calloc(1, sizeof *g);
+    if (!g) exit(1);
+    g->a = *a;
+    g->h = calloc((size_t)a->n_layer, sizeof *g->h);
+    g->positions = malloc(sizeof(int64_t) * (size_t)a->block_size);
+    if (!g->h || !g->positions) exit(1);
+    for (int64_t t = 0; t < a->block_size; t++) g->positions[t] = t;
+    ca_module *root, *tr, *hs, *l;
+    CA_CHECK(ca_module_create("GPT", gpt_forward, g, gpt_free, &root));
+    tr = add(root, "transformer", container("ModuleDict"));
+    CA_CHECK(ca_embedding_create(a->vocab_size, a->n_embd, &l));  g->wte = add(tr, "wte", l);
+    CA_CHECK(ca_embedding_create(a->block_size, a->n_embd, &l));  g->wpe = add(tr, "wpe", l);
+    hs = add(tr, "h", container("ModuleList"));
+    double std = a->init_std, proj_std = std / sqrt(2.0 * a->n_layer);
+    for (int i = 0; i < a->n_layer; i++) {
+        block *b = &g->h[i];
+        ca_module *blk = add(hs, NULL, container("Block"));
+        b->ln_1 = layer_norm(blk, "ln_1", a->n_embd);
+        ca_module *at = add(blk, "attn", container("CausalSelfAttention"));
+        b->c_attn = linear(at, "c_attn", a->n_embd, 3 * a->n_embd);
+        b->attn_proj = linear(at, "c_proj", a->n_embd, a->n_embd);
+        b->ln_2 = layer_norm(blk, "ln_2", a->n_embd);
+        ca_module *m = add(blk, "mlp", container("MLP"));
+        b->c_fc = linear(m, "c_fc", a->n_embd, 4 * a->n_embd);
+        b->mlp_proj = linear(m, "c_proj", 4 * a->n_embd, a->n_embd);
+        init_linear(b->c_attn, std);
+        init_linear(b->attn_proj, proj_std);
+        init_linear(b->c_fc, std);
+        init_linear(b->mlp_proj, proj_std);
+    }
+    g->ln_f = layer_norm(tr, "ln_f", a->n_embd);
+    init_normal(ca_module_param(g->wte, "weight"), std);
+    init_normal(ca_module_param(g->wpe, "weight"), std);
+    return root;
+}
+
+/* AdamW with weight decay on the matrices (and embeddings) only, as GPT-2's recipes do. */
+static ca_optimizer *make_optimizer(ca_module *m, const args *a) {
+    int n = ca_module_num_params(m), nd = 0, nn = 0;
+    ca_tensor **decay = malloc(sizeof *decay * (size_t)n), **no_decay = malloc(sizeof *no_decay * (size_t)n);
+    if (!decay || !no_decay) exit(1);
+    for (int i = 0; i < n; i++) {
+        ca_tensor *p = ca_module_param_at(m, i);
+        if (ca_tensor_ndim(p) >= 2) decay[nd++] = p;
+        else no_decay[nn++] = p;
+    }
+    ca_adamw_opts o = {.lr = a->lr, .beta1 = 0.9, .beta2 = 0.95, .weight_decay = a->weight_decay,
+                       .weight_decay_set = true};
+    ca_optimizer *opt;
+    CA_CHECK(ca_adamw_create_params(decay, nd, &o, &opt));
+    o.weight_decay = 0;
+    CA_CHECK(ca_optimizer_add_group(opt, no_decay, nn, &o));
+    free(decay);
+    free(no_decay);
+    return opt;
+}
+
+/* ------------------------------------------------------------------ loop */
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* Sums of n values over ranks. */
+static void reduce_sum(ca_accelerator *acc, double *v, int n) {
+    CA_SCOPE {
+        float f[8];
+        for (int i = 0; i < n; i++) f[i] = (float)v[i];
+        ca_tensor *t = ca_from_host(ca_accelerator_device(acc), CA_F32, CA_SHAPE(n), f);
+        CA_CHECK(ca_reduce(acc, t, CA_OP_SUM));
+        CA_CHECK(ca_tensor_to_host(t, f, sizeof(float) * (size_t)n));
+        for (int i = 0; i < n; i++) v[i] = f[i];
+    }
+}
+
+/* Mean loss per token over the validation windows (every rank's share, padding excluded). */
+static double evaluate(ca_accelerator *acc, ca_module *m, ca_dataloader *dl) {
+    ca_module_train(m, false);
+    double s[2] = {0, 0};   /* loss x windows, windows */
+    ca_batch b;
+    while (ca_dataloader_next(dl, &b)) {
+        CA_NO_GRAD {
+            int64_t real = b.size - b.num_padded;
+            if (real > 0) {
+                ca_tensor *x = ca_narrow(b.x, 0, 0, real), *y = ca_narrow(b.y, 0, 0, real);
+                ca_tensor *loss = ca_cross_entropy(ca_module_forward(m, x), y);
+                if (!loss) CA_CHECK(ca_last_status());
+                s[0] += ca_item(loss) * (double)real;
+                s[1] += (double)real;
+            }
+        }
+    }
+    CA_CHECK(ca_dataloader_status(dl));
+    ca_module_train(m, true);
+    reduce_sum(acc, s, 2);
+    return s[0] / s[1];
+}
+
+/* splitmix64: the sampler's own generator, so that a sample depends on --seed only. */
+static double uniform(uint64_t *s) {
+    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return (double)((z ^ (z >> 31)) >> 11) * 0x1.0p-53;
+}
+
+static int cmp_desc(const void *a, const void *b) {
+    float x = *(const float *)a, y = *(const float *)b;
+    return (x < y) - (x > y);
+}
+
+/* One byte from the logits of the last position: temperature, top-k, then a draw. */
+static int sample_byte(const float *logits, int64_t V, const args *a, uint64_t *rng) {
+    float p[256], sorted[256];
+    (void)V;   /* rows past 255 are never targets; only bytes are drawn */
+    for (int i = 0; i < 256; i++) sorted[i] = p[i] = logits[i] / (float)a->temperature;
+    float cut = -INFINITY;
+    if (a->top_k > 0 && a->top_k < 256) {
+        qsort(sorted, 256, sizeof(float), cmp_desc);
+        cut = sorted[a->top_k - 1];
+    }
+    float mx = -INFINITY;
+    for (int i = 0; i < 256; i++) mx = fmaxf(mx, p[i]);
+    double sum = 0;
+    for (int i = 0; i < 256; i++) sum += p[i] = p[i] >= cut ? expf(p[i] - mx) : 0.0f;
+    double u = uniform(rng) * sum;
+    int k = -1;
+    for (int i = 0; i < 256; i++) {
+        if (p[i] > 0) k = i;   /* rounding may leave u >= 0: then the last candidate */
+        if ((u -= p[i]) < 0) break;
+    }
+    return k;
+}
+
+/* Main process only (the forward passes use no collectives). */
+static void generate(ca_accelerator *acc, ca_module *m, const args *a) {
+    size_t np = strlen(a->prompt), n = np;
+    int64_t cap = (int64_t)np + a->sample_tokens + 1;   /* + 1: an empty prompt becomes a newline */
+    int64_t *ids = malloc(sizeof(int64_t) * (size_t)cap);
+    float *row = malloc(sizeof(float) * (size_t)a->vocab_size);
+    if (!ids || !row) exit(1);
+    for (size_t i = 0; i < np; i++) ids[i] = (unsigned char)a->prompt[i];
+    if (n == 0) ids[n++] = '\n';
+    uint64_t rng = a->seed;
+    ca_module_train(m, false);
+    for (int64_t s = 0; s < a->sample_tokens; s++) {
+        int64_t T = (int64_t)n < a->block_size ? (int64_t)n : a->block_size;
+        CA_NO_GRAD CA_SCOPE {
+            ca_tensor *x = ca_from_host(ca_accelerator_device(acc), CA_I64, CA_SHAPE(1, T), ids + n - (size_t)T);
+            ca_tensor *last = ca_contiguous(ca_cast(ca_narrow(ca_module_forward(m, x), 1, T - 1, 1), CA_F32));
+            if (!last) CA_CHECK(ca_last_status());
+            CA_CHECK(ca_tensor_to_host(last, row, sizeof(float) * (size_t)a->vocab_size));
+        }
+        ids[n++] = sample_byte(row, a->vocab_size, a, &rng);
+    }
+    ca_module_train(m, true);
+    ca_print(acc, "sample (seed %llu, temperature %.2f, top-k %lld, %lld bytes after the prompt):\n",
+             (unsigned long long)a->seed, a->temperature, (long long)a->top_k, (long long)a->sample_tokens);
+    unsigned char *text = malloc(n);   /* written as bytes: a sample may hold any byte */
+    if (!text) exit(1);
+    for (size_t i = 0; i < n; i++) text[i] = (unsigned char)ids[i];
+    fwrite(text, 1, n, stdout);
+    printf("\n-- end of sample\n");
+    fflush(stdout);
+    free(text);
+    free(ids);
+    free(row);
+}
+
+static void write_file(const char *dir, const char *name, const void *data, size_t n) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *f = fopen(path, "wb");
+    if (!f || fwrite(data, 1, n, f) != n || fclose(f) != 0) {
+        fprintf(stderr, "gpt: cannot write %s: %s\n", path, strerror(errno));
+        exit(1);
+    }
+}
+
+static void *host_copy(ca_tensor *t) {
+    size_t n = ca_tensor_nbytes(t);
+    void *h = malloc(n ? n : 1);
+    if (!h) exit(1);
+    CA_CHECK(ca_tensor_to_host(t, h, n));
+    return h;
+}
+
+/* For the PyTorch parity test: the initial weights (model.safetensors; 1-D parameters perturbed), the first training batch
+ * (x.bin, y.bin: i64), its logits (f32), loss (loss.txt) and every parameter's gradient (grads.bin,
+ * f32 in the order and with the names and sizes of grads.txt), with dropout off. */
+static void parity_dump(ca_accelerator *acc, ca_module *m, ca_dataset *ds, const args *a) {
+    if (mkdir(a->parity_dir, 0777) != 0 && errno != EEXIST) {
+        fprintf(stderr, "gpt: cannot create --parity_dir %s: %s\n", a->parity_dir, strerror(errno));
+        exit(1);
+    }
+    /* biases and LayerNorm start at 0 and 1: perturb them so that the comparison sees them */
+    for (int i = 0; i < ca_module_num_params(m); i++) {
+        ca_tensor *p = ca_module_param_at(m, i);
+        if (ca_tensor_ndim(p) == 1) CA_SCOPE {
+            ca_tensor *r = ca_rand_normal(ca_tensor_device(p), CA_F32, 1, ca_tensor_shape(p), 0.0f, (float)a->init_std);
+            ca_tensor *q = ca_add(p, r);
+            CA_CHECK(q ? ca_tensor_copy_(p, q) : ca_last_status());
+        }
+    }
+    CA_CHECK(ca_save_model(acc, m, a->parity_dir, 0));
+    int64_t B = a->batch_size, T = a->block_size;
+    int64_t *x = malloc(sizeof(int64_t) * (size_t)(B * T)), *y = malloc(sizeof(int64_t) * (size_t)(B * T));
+    if (!x || !y) exit(1);
+    for (int64_t i = 0; i < B; i++) CA_CHECK(ca_dataset_get(ds, i, x + i * T, y + i * T));
+    write_file(a->parity_dir, "x.bin", x, sizeof(int64_t) * (size_t)(B * T));
+    write_file(a->parity_dir, "y.bin", y, sizeof(int64_t) * (size_t)(B * T));
+    CA_SCOPE {
+        ca_device *dev = ca_accelerator_device(acc);
+        ca_tensor *logits = ca_module_forward(m, ca_from_host(dev, CA_I64, CA_SHAPE(B, T), x));
+        ca_tensor *loss = ca_cross_entropy(logits, ca_from_host(dev, CA_I64, CA_SHAPE(B, T), y));
+        if (!loss) CA_CHECK(ca_last_status());
+        CA_CHECK(ca_autograd_backward(loss));
+        void *h = host_copy(ca_cast(logits, CA_F32));
+        write_file(a->parity_dir, "logits.bin", h, sizeof(float) * (size_t)ca_tensor_numel(logits));
+        free(h);
+        char txt[64];
+        int len = snprintf(txt, sizeof txt, "%.9g\n", ca_item(loss));
+        write_file(a->parity_dir, "loss.txt", txt, (size_t)len);
+        char path[4096];
+        snprintf(path, sizeof path, "%s/grads.bin", a->parity_dir);
+        FILE *g = fopen(path, "wb");
+        snprintf(path, sizeof path, "%s/grads.txt", a->parity_dir);
+        FILE *names = fopen(path, "w");
+        if (!g || !names) { fprintf(stderr, "gpt: cannot write in %s\n", a->parity_dir); exit(1); }
+        for (int i = 0; i < ca_module_num_params(m); i++) {
+            ca_tensor *gr = ca_tensor_grad(ca_module_param_at(m, i));
+            if (!gr) { fprintf(stderr, "gpt: %s has no gradient\n", ca_module_param_name(m, i)); exit(1); }
+            void *gh = host_copy(gr);
+            fwrite(gh, 1, ca_tensor_nbytes(gr), g);
+            free(gh);
+            fprintf(names, "%s %lld\n", ca_module_param_name(m, i), (long long)ca_tensor_numel(gr));
+        }
+        fclose(g);
+        fclose(names);
+        ca_print(acc, "parity files written to %s (loss %.6f)\n", a->parity_dir, ca_item(loss));
+    }
+    free(x);
+    free(y);
+}
+
+static void print_header(ca_accelerator *acc, ca_module *model, const corpus *c, ca_dataset *train,
+                         ca_dataset *val, const args *a, int64_t ga) {
+    int np = ca_num_processes(acc);
+    ca_print(acc, "gpt: %d process(es) on %s, mixed precision %s; %d layers, %d heads, %lld channels, "
+                  "block %lld, vocab %lld: %lld parameters\n",
+             np, ca_device_name(ca_accelerator_device(acc)), ca_mixed_precision_name(ca_accelerator_mixed_precision(acc)),
+             a->n_layer, a->n_head, (long long)a->n_embd, (long long)a->block_size, (long long)a->vocab_size,
+             (long long)ca_module_param_count(model));
+    ca_print(acc, "data: %d fortune files, %lld training bytes (%lld windows), %lld held-out bytes "
+                  "(%lld validation windows); batch %lld x %lld accumulation x %d processes = %lld tokens per step\n",
+             c->files, (long long)c->n_train, (long long)ca_dataset_length(train), (long long)c->n_val,
+             (long long)ca_dataset_length(val), (long long)a->batch_size, (long long)ga, np,
+             (long long)(a->batch_size * ga * np * a->block_size));
+}
+
+static void save(ca_accelerator *acc, ca_module *model, const char *dir) {
+    if (ca_is_main_process(acc) && mkdir(dir, 0777) != 0 && errno != EEXIST) {
+        fprintf(stderr, "gpt: cannot create --output_dir %s: %s\n", dir, strerror(errno));
+        exit(1);
+    }
+    CA_CHECK(ca_save_model(acc, model, dir, 0));   /* every rank calls it */
+    ca_print(acc, "model saved to %s/model.safetensors\n", dir);
+}
+
+/* One micro-step: forward, backward, and (on a synchronising step) clip and step. */
+static double micro_step(ca_accelerator *acc, ca_module *model, ca_optimizer *opt, const ca_batch *b, const args *a) {
+    double l = 0;
+    CA_ACCUMULATE(acc, model) {
+        ca_tensor *loss = ca_cross_entropy(ca_module_forward(model, b->x), b->y);
+        if (!loss) CA_CHECK(ca_last_status());
+        CA_CHECK(ca_backward(acc, loss));
+        if (a->grad_clip > 0 && ca_sync_gradients(acc)) CA_CHECK(ca_clip_grad_norm(acc, a->grad_clip, NULL));
+        CA_CHECK(ca_optimizer_step(opt));
+        ca_optimizer_zero_grad(opt);
+        l = ca_item(loss);
+    }
+    return l;
+}
+
+/* Trains max_steps optimizer steps, logging and evaluating at the intervals. */
+static void train_loop(ca_accelerator *acc, ca_module *model, ca_optimizer *opt, ca_dataloader *train_dl,
+                         ca_dataloader *val_dl, const args *a) {
+    double sum[3] = {0, 0, 0};   /* loss sum, micro-steps, samples: over the interval */
+    double t0 = now_s(), t_start = t0, val_loss = NAN;
+    ca_batch b;
+    while (ca_optimizer_steps(opt) < a->max_steps) {
+        if (!ca_dataloader_next(train_dl, &b)) { CA_CHECK(ca_dataloader_status(train_dl)); continue; }
+        int64_t before = ca_optimizer_steps(opt);
+        sum[0] += micro_step(acc, model, opt, &b, a);
+        sum[1] += 1;
+        sum[2] += (double)b.size;
+        int64_t step = ca_optimizer_steps(opt);
+        if (step == before) continue;   /* an accumulation micro-step */
+        if (a->log_interval > 0 && (step % a->log_interval == 0 || step == a->max_steps)) {
+            reduce_sum(acc, sum, 3);
+            double secs = now_s() - t0, l = sum[0] / sum[1];
+            ca_print(acc, "step %lld/%lld: loss %.4f, perplexity %.2f, lr %.2e, %.1f samples/s, %.0f tokens/s\n",
+                     (long long)step, (long long)a->max_steps, l, exp(l), ca_optimizer_get_lr(opt, 0),
+                     sum[2] / secs, sum[2] * (double)a->block_size / secs);
+            sum[0] = sum[1] = sum[2] = 0;
+            t0 = now_s();
+        }
+        if ((a->eval_interval > 0 && step % a->eval_interval == 0) || step == a->max_steps) {
+            val_loss = evaluate(acc, model, val_dl);
+            ca_print(acc, "step %lld: validation loss %.4f, perplexity %.2f\n", (long long)step, val_loss, exp(val_loss));
+            t0 = now_s();   /* throughput excludes evaluation */
+        }
+    }
+    ca_print(acc, "trained %lld steps in %.1f s; final validation loss %.4f (perplexity %.2f, %.3f bits per byte)\n",
+             (long long)ca_optimizer_steps(opt), now_s() - t_start, val_loss, exp(val_loss), val_loss / log(2.0));
+}
+
+static void run_training(ca_accelerator *acc, ca_module *model, const corpus *c, ca_dataset *train, ca_dataset *val,
+                         const args *a) {
+    ca_dataloader *train_dl, *val_dl;
+    CA_CHECK(ca_dataloader_create(train, &(ca_loader_opts){.batch_size = a->batch_size, .shuffle = true,
+                                                          .drop_last = true}, &train_dl));
+    CA_CHECK(ca_dataloader_create(val, &(ca_loader_opts){.batch_size = a->batch_size}, &val_dl));
+    ca_optimizer *opt = make_optimizer(model, a);
+    CA_CHECK(ca_prepare(acc, model, opt, train_dl));
+    CA_CHECK(ca_prepare_dataloader(acc, val_dl));
+    /* in one-process steps: a prepared schedule advances num_processes steps per step */
+    int64_t total = a->max_steps * ca_num_processes(acc);
+    CA_CHECK(ca_optimizer_set_schedule(opt, &(ca_lr_schedule){.kind = CA_SCHED_COSINE,
+                                                               .warmup_steps = (int64_t)(a->warmup * (double)total),
+                                                               .total_steps = total, .min_lr_ratio = a->min_lr_ratio}));
+    int64_t ga = ca_accelerator_settings(acc)->gradient_accumulation_steps;
+    print_header(acc, model, c, train, val, a, ga < 1 ? 1 : ga);
+    train_loop(acc, model, opt, train_dl, val_dl, a);
+    if (a->sample_tokens > 0 && ca_is_main_process(acc)) generate(acc, model, a);
+    if (a->output_dir) save(acc, model, a->output_dir);
+    ca_dataloader_destroy(train_dl);
+    ca_dataloader_destroy(val_dl);
+    ca_optimizer_destroy(opt);
+}
+
+int main(int argc, char **argv) {
+    args a = parse(argc, argv);
+    ca_accelerator *acc;
+    CA_CHECK(ca_accelerator_create(&(ca_options){.argc = argc, .argv = argv}, &acc));
+    CA_CHECK(ca_set_seed(acc, a.seed));
+
+    corpus c = read_corpus(a.data);
+    ca_dataset *train = window_dataset(c.train, c.n_train, a.block_size, 0);
+    ca_dataset *val = window_dataset(c.val, c.n_val, a.block_size, a.eval_samples);
+    ca_module *model = build_gpt(&a);
+    if (a.parity_dir) {
+        if (a.dropout != 0) { fprintf(stderr, "gpt: --parity_dir needs --dropout 0\n"); exit(2); }
+        CA_CHECK(ca_prepare(acc, model, NULL, NULL));
+        parity_dump(acc, model, train, &a);
+    } else {
+        run_training(acc, model, &c, train, val, &a);
+    }
+    CA_CHECK(ca_wait_for_everyone(acc));
+    ca_dataset_destroy(train);
+    ca_dataset_destroy(val);
+    ca_module_destroy(model);
+    free(c.train);
+    free(c.val);
+    ca_accelerator_destroy(acc);
+    ca_scope_release_all();
+    ca_shutdown();
+    return 0;
+}
