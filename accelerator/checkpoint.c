@@ -35,6 +35,12 @@ static void ck_host_free(ck_host *h) {
 }
 
 /* Host copies of every parameter (the device's memory is not readable here). */
+const void *ca_ck_host_data(ca_tensor *t) {
+    ca_device *d = ca_tensor_device(t);
+    if (!ca_device_is_host(d) || !ca_tensor_is_contiguous(t) || ca_device_synchronize(d) != CA_OK) return NULL;
+    return ca_tensor_data(t);
+}
+
 static ca_status ck_host_copies(ca_module *m, ck_host *h) {
     int n = ca_module_num_params(m);
     h->t = calloc((size_t)(n ? n : 1), sizeof *h->t);
@@ -44,6 +50,12 @@ static ca_status ck_host_copies(ca_module *m, ck_host *h) {
     for (int i = 0; i < n; i++, h->n++) {
         ca_tensor *p = ca_module_param_at(m, i);
         size_t nb = ca_tensor_nbytes(p);
+        const void *host = ca_ck_host_data(p);
+        if (host) {   /* written from where it lies: no copy */
+            h->t[i] = (ca_st_tensor){ca_module_param_name(m, i), ca_tensor_dtype(p), ca_tensor_ndim(p),
+                                     ca_tensor_shape(p), host};
+            continue;
+        }
         h->bufs[i] = malloc(nb ? nb : 1);
         if (!h->bufs[i])
             return ca_error(CA_ERR_NOMEM, "save_model: parameter '%s': cannot allocate %zu bytes",

@@ -17,4 +17,8 @@ ca_status ca_ck_model_open(const char *where, ca_module *model, ca_ck_model_src 
 ca_status ca_ck_model_apply(const ca_ck_model_src *m, ca_module *model);
 void ca_ck_model_close(ca_ck_model_src *m);    /* accepts NULL */
 
+/* The bytes of t where a save can write them without a copy (a contiguous tensor in host memory,
+ * its device synchronised), else NULL: the caller copies it to the host. */
+const void *ca_ck_host_data(ca_tensor *t);
+
 #endif

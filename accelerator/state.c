@@ -286,7 +286,8 @@ static json_object *ss_optimizer_json(ca_optimizer *o, const char *file) {
     return j;
 }
 
-/* The optimizer's state tensors, copied to the host, as one safetensors file. */
+/* The optimizer's state tensors, copied to the host where they are not in host memory, as one
+ * safetensors file. */
 static ca_status ss_save_optimizer(ca_optimizer *o, const char *path) {
     int n = ca_optimizer_num_state(o);
     ca_st_tensor *t = calloc((size_t)(n ? n : 1), sizeof *t);
@@ -296,6 +297,11 @@ static ca_status ss_save_optimizer(ca_optimizer *o, const char *path) {
         const char *name = NULL;
         ca_tensor *x = ca_optimizer_state_at(o, i, &name);
         size_t nb = x ? ca_tensor_nbytes(x) : 0;
+        const void *host = x ? ca_ck_host_data(x) : NULL;
+        if (host) {   /* written from where it lies: no copy */
+            t[i] = (ca_st_tensor){name, ca_tensor_dtype(x), ca_tensor_ndim(x), ca_tensor_shape(x), host};
+            continue;
+        }
         if (!x || !(bufs[i] = malloc(nb ? nb : 1))) {
             s = ca_error(CA_ERR_NOMEM, "%s: state tensor %d: out of memory", path, i);
             break;
@@ -455,6 +461,28 @@ static void ss_test_stall(const ca_accelerator *acc, const char *phase) {
     for (;;) pause();
 }
 
+/* Size and CRC-32 of a file, read in 4 MiB pieces (the files are still in the page cache; a whole
+ * copy would cost a fresh allocation as large as the file). */
+static ca_status ss_file_crc(const char *path, size_t *len, uint32_t *crc) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return ca_error(CA_ERR_IO, "%s: %s", path, strerror(errno));
+    enum { CHUNK = 4 << 20 };
+    unsigned char *buf = malloc(CHUNK);
+    uLong c = crc32(0L, Z_NULL, 0);
+    size_t total = 0, k;
+    while (buf && (k = fread(buf, 1, CHUNK, f)) > 0) {
+        c = crc32(c, buf, (uInt)k);
+        total += k;
+    }
+    ca_status s = !buf ? ca_error(CA_ERR_NOMEM, "%s: out of memory", path)
+                : ferror(f) ? ca_error(CA_ERR_IO, "%s: read failed", path) : CA_OK;
+    free(buf);
+    fclose(f);
+    *len = total;
+    *crc = (uint32_t)c;
+    return s;
+}
+
 /* The manifest: every file of `dir` with its size and CRC-32. */
 static ca_status ss_manifest(const char *dir, int world, json_object **out) {
     DIR *d = opendir(dir);
@@ -465,16 +493,15 @@ static ca_status ss_manifest(const char *dir, int world, json_object **out) {
     while (s == CA_OK && (e = readdir(d)) != NULL) {
         if (e->d_name[0] == '.') continue;
         char path[PATH_MAX];
-        unsigned char *buf = NULL;
         size_t len = 0;
+        uint32_t crc = 0;
         s = ss_path(path, dir, e->d_name);
-        if (s == CA_OK) s = ss_read_file(path, &buf, &len);
+        if (s == CA_OK) s = ss_file_crc(path, &len, &crc);
         if (s != CA_OK) break;
         json_object *f = json_object_new_object();
         json_object_object_add(f, "size", json_object_new_int64((int64_t)len));
-        json_object_object_add(f, "crc32", json_object_new_int64(ss_crc(buf, len)));
+        json_object_object_add(f, "crc32", json_object_new_int64(crc));
         json_object_object_add(files, e->d_name, f);
-        free(buf);
     }
     closedir(d);
     if (s != CA_OK) {
