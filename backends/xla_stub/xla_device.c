@@ -325,7 +325,9 @@ static int eliminate(const xla_dev *x, uint8_t *run, int nblocks) {
     int nrun = 0;
     for (int i = x->nnodes - 1; i >= 0; i--) {
         const xnode *nd = &x->nodes[i];
-        bool needed = false;
+        bool needed = true, writes = false;   /* a node that writes nothing is kept: it only checks */
+        for (int r = 0; r < nd->nref; r++) writes |= (x->refs[nd->ref0 + r].flags & XR_WRITE) != 0;
+        if (writes) needed = false;
         for (int r = 0; r < nd->nref && !needed; r++) {
             const xref *ref = &x->refs[nd->ref0 + r];
             if ((ref->flags & XR_WRITE) && live[ref->al->canon]) needed = true;
