@@ -5,6 +5,7 @@ include bench/mlp.mk
 include bench/comm.mk
 include bench/save.mk
 include bench/cuda.mk
+include bench/xla.mk
 
 # Builds every benchmark without running one (tools/test.sh does, so they keep compiling).
 .PHONY: bench-build
