@@ -2,7 +2,8 @@
 # distributed_type XLA as users run it: the Fashion-MNIST example on the lazy xla device. Its graphs
 # run the cpu backend's kernels in recorded order, so the parameters equal the eager CPU run's bit
 # for bit (1 process after 50 steps, from --tpu and from a config file; 2 processes under caccel
-# launch over Gloo, where the graph runs before each collective). One epoch reaches the CPU's 80%
+# launch over Gloo, where the graph runs before each collective; mixed precision, accumulation and
+# clipping too). One epoch reaches the CPU's 80%
 # floor (tests/test_examples.sh), and the whole epoch compiles a handful of programs: the training
 # step's, the short last batch's, the evaluation's; every other graph comes from the cache.
 . "$(dirname "$0")/dist/lib.sh"
@@ -18,6 +19,17 @@ printf 'distributed_type: XLA\n' > "$WORK/xla.yaml"
 "$FM" --config_file "$WORK/xla.yaml" --epochs 1 --max-steps 50 --dump-params "$WORK/xla_cfg.bin" > /dev/null 2>&1 ||
     fail "--config_file (distributed_type: XLA) run failed"
 cmp -s "$WORK/cpu.bin" "$WORK/xla_cfg.bin" || fail "distributed_type: XLA parameters differ from the CPU run's"
+
+note "1 process, 50 steps: bf16, fp16, accumulation 4 x 32, clipping equal the CPU bit for bit"
+for args in "--mixed_precision bf16" "--mixed_precision fp16" "--gradient_accumulation_steps 4 --batch-size 32" \
+            "--gradient_clipping 0.5"; do
+    # shellcheck disable=SC2086
+    "$FM" --cpu --epochs 1 --max-steps 50 $args --dump-params "$WORK/c.bin" > /dev/null 2>&1 || fail "cpu $args failed"
+    # shellcheck disable=SC2086
+    "$FM" --tpu --epochs 1 --max-steps 50 $args --dump-params "$WORK/x.bin" > /dev/null 2>&1 || fail "--tpu $args failed"
+    cmp -s "$WORK/c.bin" "$WORK/x.bin" || fail "--tpu $args: parameters differ from the CPU run's"
+    echo "  $args: equal"
+done
 
 note "1 process, one epoch: accuracy floor and the compile count"
 out=$(CACCEL_XLA_METRICS=1 "$FM" --tpu --epochs 1 2>&1) || { echo "$out"; fail "one epoch on xla failed"; }
