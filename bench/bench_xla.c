@@ -1,6 +1,6 @@
 /* The lazy xla device against the eager CPU backend in the same run: training steps/s of the
  * 784-256-128-10 MLP (AdamW) at several batch sizes, with the xla device's compile count, compile
- * time and graph size. Synthetic inputs (the throughput does not depend on the values). */
+ * time, graph size and the allocators' peak over the timed steps. Synthetic inputs (the throughput does not depend on the values). */
 #include <caccel/caccel.h>
 
 #include "bench/bench_util.h"
@@ -10,6 +10,7 @@
 
 typedef struct run {
     double samples_per_s;
+    double peak_mib;           /* the allocator's peak over the timed steps */
     ca_xla_metrics m;
 } run;
 
@@ -33,6 +34,7 @@ static run train(ca_device *dev, int B, int warm, int steps) {
         if (s == 0) {
             CA_CHECK(ca_device_synchronize(dev));
             if (lazy) CA_CHECK(ca_xla_metrics_reset(dev));
+            CA_CHECK(ca_device_reset_peak_stats(dev));
             t0 = now_s();
         }
         CA_SCOPE {
@@ -44,6 +46,9 @@ static run train(ca_device *dev, int B, int warm, int steps) {
     }
     CA_CHECK(ca_device_synchronize(dev));
     r.samples_per_s = (double)steps * B / (now_s() - t0);
+    ca_allocator_stats st;
+    CA_CHECK(ca_device_memory_stats(dev, &st));
+    r.peak_mib = (double)st.peak_allocated / (1 << 20);
     if (lazy) CA_CHECK(ca_xla_metrics_get(dev, &r.m));
     ca_tensor_free(x);
     ca_tensor_free(y);
@@ -68,8 +73,8 @@ int main(int argc, char **argv) {
     CA_CHECK(ca_device_open("xla", 0, NULL, &xla));
     printf("# %s\n# steps %d per run, best of %d runs alternating cpu and xla\n", ca_device_description(cpu), steps,
            reps);
-    printf("%6s %14s %14s %7s %9s %11s %12s %12s\n", "batch", "cpu samples/s", "xla samples/s", "ratio",
-           "compiles", "compile ms", "graph nodes", "executed/step");
+    printf("%6s %14s %14s %7s %9s %11s %12s %14s %9s %9s\n", "batch", "cpu samples/s", "xla samples/s", "ratio",
+           "compiles", "compile ms", "graph nodes", "executed/step", "cpu MiB", "xla MiB");
     for (int b = 0; b < nb; b++) {
         run best_c = {0}, best_x = {0};
         for (int r = 0; r < reps; r++) {
@@ -80,11 +85,13 @@ int main(int argc, char **argv) {
         /* compiles of a fresh model: the timed part must compile nothing (the warm-up did) */
         ca_xla_metrics_reset(xla);
         run cold = train(xla, batches[b], 0, 3);
-        printf("%6d %14.0f %14.0f %7.3f %4llu+%-4llu %11.3f %12llu %12.1f\n", batches[b], best_c.samples_per_s,
+        printf("%6d %14.0f %14.0f %7.3f %4llu+%-4llu %11.3f %12llu %14.1f %9.2f %9.2f\n", batches[b],
+               best_c.samples_per_s,
                best_x.samples_per_s, best_x.samples_per_s / best_c.samples_per_s,
                (unsigned long long)cold.m.compiles, (unsigned long long)best_x.m.compiles, cold.m.compile_ms,
                (unsigned long long)best_x.m.max_graph_nodes,
-               best_x.m.graphs ? (double)best_x.m.nodes_executed / (double)best_x.m.graphs : 0.0);
+               best_x.m.graphs ? (double)best_x.m.nodes_executed / (double)best_x.m.graphs : 0.0, best_c.peak_mib,
+               best_x.peak_mib);
     }
     ca_shutdown();
     return 0;
