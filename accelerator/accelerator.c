@@ -38,10 +38,10 @@ static ca_status load_config(ca_accelerator *acc, const ca_options *o) {
 static ca_status check_supported(const ca_accelerator *acc) {
     const ca_settings *st = &acc->st;
     switch (st->distributed_type) {
-    case CA_DIST_NO: case CA_DIST_MULTI_CPU: case CA_DIST_MULTI_GPU: break;
+    case CA_DIST_NO: case CA_DIST_MULTI_CPU: case CA_DIST_MULTI_GPU: case CA_DIST_XLA: break;
     default:
         return ca_error(CA_ERR_UNSUPPORTED, "distributed_type %s (from %s) is not supported by this build of caccel; "
-                        "supported: NO, MULTI_CPU, MULTI_GPU", st->distributed_type_name,
+                        "supported: NO, MULTI_CPU, MULTI_GPU, XLA", st->distributed_type_name,
                         ca_config_origin(acc->cfg, "distributed_type"));
     }
     if (st->mixed_precision == CA_MP_FP8)
@@ -54,6 +54,10 @@ static ca_status check_supported(const ca_accelerator *acc) {
  * CPU with a one-line notice; MULTI_GPU demands a GPU. */
 static ca_status select_device(ca_accelerator *acc) {
     const ca_settings *st = &acc->st;
+    if (st->distributed_type == CA_DIST_XLA && !st->use_cpu) {   /* one lazy device per process */
+        ca_device_open_args args = {.struct_size = sizeof args, .local_rank = acc->local_rank};
+        return ca_device_open("xla", 0, &args, &acc->device);
+    }
     if (!st->use_cpu) {
         ca_registry_load_plugins();
         char reason[300] = "the cuda plugin is not installed";
@@ -596,6 +600,11 @@ ca_status ca_clip_grad_value(ca_accelerator *acc, double clip_value) {
 /* ------------------------------------------------------------------ collectives */
 
 ca_status ca_wait_for_everyone(ca_accelerator *acc) { return ca_comm_barrier(acc->comm, NULL); }
+
+ca_status ca_mark_step(ca_accelerator *acc) {
+    if (!acc) return ca_error(CA_ERR_INVALID, "ca_mark_step: accelerator is NULL");
+    return ca_device_mark_step(acc->device);
+}
 
 static ca_status need_contiguous(const ca_tensor *t, const char *op) {
     if (!t) return ca_last_status() ? ca_last_status() : ca_error(CA_ERR_INVALID, "%s: tensor is NULL", op);

@@ -6,6 +6,7 @@ include bench/comm.mk
 include bench/save.mk
 include bench/det.mk
 include bench/cuda.mk
+include bench/xla.mk
 
 # Builds every benchmark without running one (tools/test.sh does, so they keep compiling).
 .PHONY: bench-build

@@ -736,7 +736,7 @@ ca_status ca_comm_create_from_env(const ca_procenv *pe, const char *backend, ca_
     const char *name = ca_procenv_pick_backend(pe, backend);
     /* GPU memory: NCCL, unless asked otherwise (or under mpirun with no address for its store) */
     bool asked = backend && *backend && strcmp(backend, "auto") != 0;
-    if (!asked && pe->world_size > 1 && device && !ca_device_is_host(device) &&
+    if (!asked && pe->world_size > 1 && device && !ca_device_is_host(device) && !ca_device_is_lazy(device) &&
         !(pe->under_mpi && (!pe->master_addr[0] || pe->master_port <= 0)))
         name = "nccl";
     if (!ca_registry_collective(name)) return ca_comm_backend_missing(name);

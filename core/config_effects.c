@@ -41,7 +41,7 @@ static const effect effects[] = {
     {"same_network", NEVER_WARN, NULL, NULL},
     {"main_training_function", WARN_IF_CHANGED, "it names a Python function for TPU launches", NULL},
     {"enable_cpu_affinity", WARN_IF_CHANGED, "processes are not pinned to cores", NULL},
-    {"downcast_bf16", WARN_IF_CHANGED, "it applies to XLA devices only", NULL},
+    {"downcast_bf16", WARN_IF_CHANGED, "the xla device does not downcast its storage to bf16 yet (docs/ARCHITECTURE.md)", NULL},
     {"tpu_", WARN_IF_CHANGED, "TPU pod setup (accelerate tpu-config) is not part of caccel", NULL},
     {"command", WARN_IF_CHANGED, "TPU pod setup (accelerate tpu-config) is not part of caccel", NULL},
     {"commands", WARN_IF_CHANGED, "TPU pod setup (accelerate tpu-config) is not part of caccel", NULL},

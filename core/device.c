@@ -3,6 +3,7 @@
 #include "core/alloc_impl.h"
 #include "core/registry_impl.h"
 #include "backends/cpu/cpu_plugin.h"
+#include "backends/xla_stub/xla_plugin.h"
 
 #include <pthread.h>
 #include <stdio.h>
@@ -96,6 +97,42 @@ const ca_device_ops *ca_device_ops_of(const ca_device *d) { return &d->ops; }
 
 ca_status ca_device_synchronize(ca_device *d) {
     return d->ops.synchronize ? d->ops.synchronize(d->ctx) : CA_OK;
+}
+
+bool ca_device_is_lazy(const ca_device *d) { return d && strcmp(d->name, "xla") == 0; }
+
+ca_status ca_device_mark_step(ca_device *d) {
+    if (!d) return ca_error(CA_ERR_INVALID, "ca_device_mark_step: device is NULL");
+    return ca_device_is_lazy(d) ? ca_xla_ctx_mark_step(d->ctx) : CA_OK;
+}
+
+static ca_status need_xla(const ca_device *d, const char *fn) {
+    if (ca_device_is_lazy(d)) return CA_OK;
+    return ca_error(CA_ERR_INVALID, "%s: device %s:%d is not an xla device", fn, d ? d->name : "(null)",
+                    d ? d->index : -1);
+}
+
+ca_status ca_xla_metrics_get(const ca_device *d, ca_xla_metrics *out) {
+    ca_status s = need_xla(d, "ca_xla_metrics_get");
+    if (s != CA_OK) return s;
+    if (!out) return ca_error(CA_ERR_INVALID, "ca_xla_metrics_get: out is NULL");
+    ca_xla_ctx_metrics(d->ctx, out);
+    return CA_OK;
+}
+
+ca_status ca_xla_metrics_reset(ca_device *d) {
+    ca_status s = need_xla(d, "ca_xla_metrics_reset");
+    if (s == CA_OK) ca_xla_ctx_metrics_reset(d->ctx);
+    return s;
+}
+
+ca_status ca_xla_metrics_report(const ca_device *d, char *buf, size_t len) {
+    ca_xla_metrics m;
+    ca_status s = ca_xla_metrics_get(d, &m);
+    if (s != CA_OK) return s;
+    if (!buf || !len) return ca_error(CA_ERR_INVALID, "ca_xla_metrics_report: buffer is NULL or empty");
+    ca_xla_format_metrics(&m, buf, len);
+    return CA_OK;
 }
 
 ca_status ca_device_memory_stats(ca_device *d, ca_allocator_stats *out) {

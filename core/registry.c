@@ -2,6 +2,7 @@
 #include "core/device_impl.h"
 #include "core/registry_impl.h"
 #include "backends/cpu/cpu_plugin.h"
+#include "backends/xla_stub/xla_plugin.h"
 #include "collectives/single.h"
 
 #include <pthread.h>
@@ -133,6 +134,8 @@ static void builtins_locked(void) {
     if (builtins_done) return;
     builtins_done = true;
     register_locked(ca_cpu_plugin(), "built-in");
+    /* the lazy device runs its graphs on the cpu backend's kernels */
+    register_locked(ca_xla_plugin(ca_cpu_plugin()->devices[0]), "built-in");
     register_locked(ca_single_collective_plugin(), "built-in");
 }
 

@@ -421,6 +421,11 @@ bool ca_dataloader_next(ca_dataloader *dl, ca_batch *b) {
         return false;
     }
     memset(b, 0, sizeof *b);
+    /* prepared: the previous step's graph runs now (Accelerate's MpDeviceLoader marks the step) */
+    if (dl->owner && dl->dev && ca_device_mark_step(dl->dev) != CA_OK) {
+        set_sticky_from_thread(dl, ca_last_status());
+        return false;
+    }
     end_step_scope(dl);
     dl->handed_last = false;
     if (dl->status != CA_OK) return report_sticky(dl);

@@ -9,6 +9,7 @@ include tests/gpt.mk
 include tests/dist.mk
 include tests/ddp.mk
 include tests/cuda.mk
+include tests/xla.mk
 
 # Unit tests (single process) also run under valgrind: `make check-valgrind`
 # writes test-suite-valgrind.log. Areas add their programs to VALGRIND_TESTS.

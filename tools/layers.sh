@@ -17,7 +17,7 @@ LAYERS_AWK='
         below["base"] = ""
         below["backends/cpu"] = below["backends/cuda"] = below["backends/xla_stub"] = "base"
         below["collectives"] = "base"
-        below["core"] = "base backends/cpu collectives"
+        below["core"] = "base backends/cpu backends/xla_stub collectives"
         below["tensor"] = "core base"
         below["nn"] = below["data"] = "tensor core base"
         below["accelerator"] = "nn data tensor core base"

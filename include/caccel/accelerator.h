@@ -120,6 +120,9 @@ CA_API ca_status ca_set_seed(ca_accelerator *acc, uint64_t seed);
 /* ----------------------------------------------------------- collectives */
 /* Blocks until every rank arrives (with the timeout and desync check). */
 CA_API ca_status ca_wait_for_everyone(ca_accelerator *acc);
+/* torch_xla's xm.mark_step(): on the xla device, runs the graph recorded so far (compiled once per
+ * structure, then from the cache). The prepared dataloader calls it at each batch. No-op elsewhere. */
+CA_API ca_status ca_mark_step(ca_accelerator *acc);
 /* Sum or mean of t over ranks, in place. */
 CA_API ca_status ca_reduce(ca_accelerator *acc, ca_tensor *t, ca_reduce_op op);
 /* Concatenates every rank's t along dim 0 into a new tensor [world*n, ...]. */

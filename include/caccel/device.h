@@ -50,6 +50,34 @@ CA_API ca_status ca_device_copy_from_host(ca_device *d, void *dst, const void *s
 CA_API ca_status ca_device_copy_to_host(ca_device *d, void *dst, const void *src, size_t bytes);
 CA_API ca_status ca_device_copy(ca_device *d, void *dst, const void *src, size_t bytes);
 
+/* The lazy "xla" device (backends/xla_stub): kernels record a graph that is compiled (cached by
+ * structure) and run at a synchronisation point. Its counters since open or the last reset: */
+typedef struct ca_xla_metrics {
+    uint64_t graphs;           /* graphs run (one per synchronisation point with pending work) */
+    uint64_t compiles;         /* graphs compiled: cache misses */
+    uint64_t cache_hits;       /* graphs whose compiled program was found in the cache */
+    uint64_t cached_programs;  /* programs held in the cache now */
+    uint64_t nodes_recorded;
+    uint64_t nodes_executed;
+    uint64_t nodes_eliminated; /* dead code removed by the compiler */
+    uint64_t last_graph_nodes, max_graph_nodes;
+    uint64_t h2d_transfers, h2d_bytes;   /* copies host -> device */
+    uint64_t d2h_transfers, d2h_bytes;   /* copies device -> host */
+    uint64_t mark_steps;       /* explicit step boundaries (ca_mark_step, the prepared dataloader) */
+    double compile_ms, execute_ms;       /* wall time in the compiler and in execution */
+} ca_xla_metrics;
+
+/* Metrics of an xla device; CA_ERR_INVALID for another device. */
+CA_API ca_status ca_xla_metrics_get(const ca_device *d, ca_xla_metrics *out);
+CA_API ca_status ca_xla_metrics_reset(ca_device *d);
+/* The metrics as text (one "name: value" a line), as CACCEL_XLA_METRICS=1 prints them at exit. */
+CA_API ca_status ca_xla_metrics_report(const ca_device *d, char *buf, size_t len);
+/* True for devices that record work and run it at synchronisation points (xla). */
+CA_API bool ca_device_is_lazy(const ca_device *d);
+/* A step boundary: a lazy device runs the graph recorded so far (torch_xla's mark_step); other
+ * devices do nothing. */
+CA_API ca_status ca_device_mark_step(ca_device *d);
+
 /* The device's kernel table (for ops and backends; never NULL). */
 CA_API const ca_kernels *ca_device_kernels(const ca_device *d);
 /* The backend context to pass to kernels as `dev`. */

@@ -1,0 +1,9 @@
+# backends/xla_stub: the built-in lazy device "xla" (records a graph, compiles and caches it, runs it
+# on the cpu backend's kernels at synchronisation points).
+ca_xla_sources = \
+	backends/xla_stub/xla_impl.h \
+	backends/xla_stub/xla_plugin.h \
+	backends/xla_stub/xla_device.c \
+	backends/xla_stub/xla_kernels.c
+libcaccel_la_SOURCES += $(ca_xla_sources)
+EXTRA_DIST += backends/xla_stub/README.md

@@ -1,0 +1,699 @@
+/* The lazy device: an arena of its own, the pending graph, the compiler (dead-code elimination,
+ * structural cache) and the executor that runs a program on the host backend's kernels. */
+#include "backends/xla_stub/xla_impl.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define XLA_ALIGN 64
+#define XLA_MAX_PROGRAMS 256
+
+static double now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+static bool grow(void **arr, int *cap, int need, size_t elem) {
+    if (need <= *cap) return true;
+    int nc = *cap ? *cap : 64;
+    while (nc < need) nc *= 2;
+    void *p = realloc(*arr, (size_t)nc * elem);
+    if (!p) return false;
+    *arr = p;
+    *cap = nc;
+    return true;
+}
+#define GROW(arr, cap, need) grow((void **)&(arr), &(cap), (need), sizeof *(arr))
+
+/* ------------------------------------------------------------------ the arena */
+
+/* Index of the first block whose base is > p. */
+static int upper(const xla_dev *x, uintptr_t p) {
+    int lo = 0, hi = x->ntab;
+    while (lo < hi) {
+        int mid = (lo + hi) / 2;
+        if (x->tab[mid]->base <= p) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo;
+}
+
+static xalloc *find_block(const xla_dev *x, const void *ptr) {
+    uintptr_t p = (uintptr_t)ptr;
+    int i = upper(x, p) - 1;
+    if (i < 0) return NULL;
+    xalloc *a = x->tab[i];
+    return p < a->base + a->bytes ? a : NULL;
+}
+
+static void *take_cached(xla_dev *x, size_t bytes) {
+    for (int i = x->ncache - 1; i >= 0; i--)
+        if (x->cache[i].bytes == bytes) {
+            void *p = x->cache[i].p;
+            x->cache[i] = x->cache[--x->ncache];
+            x->st.num_cache_hits++;
+            return p;
+        }
+    return NULL;
+}
+
+static ca_status alloc_locked(xla_dev *x, size_t bytes, void **ptr) {
+    if (bytes > SIZE_MAX / 2) return ca_error(CA_ERR_NOMEM, "xla: cannot allocate %zu bytes", bytes);
+    size_t r = (bytes + XLA_ALIGN - 1) / XLA_ALIGN * XLA_ALIGN;
+    if (r == 0) r = XLA_ALIGN;
+    void *p = take_cached(x, r);
+    if (!p) {
+        p = aligned_alloc(XLA_ALIGN, r);
+        if (!p) return ca_error(CA_ERR_NOMEM, "xla: out of device memory (%zu bytes)", bytes);
+        x->st.num_device_allocs++;
+        x->st.reserved += r;
+        if (x->st.reserved > x->st.peak_reserved) x->st.peak_reserved = x->st.reserved;
+    }
+    xalloc *a = calloc(1, sizeof *a);
+    if (!a || !GROW(x->tab, x->captab, x->ntab + 1)) {
+        free(a);
+        free(p);
+        return ca_error(CA_ERR_NOMEM, "xla: out of host memory for the arena's table");
+    }
+    a->base = (uintptr_t)p;
+    a->bytes = r;
+    int i = upper(x, a->base);
+    memmove(x->tab + i + 1, x->tab + i, (size_t)(x->ntab - i) * sizeof *x->tab);
+    x->tab[i] = a;
+    x->ntab++;
+    x->st.allocated += r;
+    if (x->st.allocated > x->st.peak_allocated) x->st.peak_allocated = x->st.allocated;
+    x->st.num_allocs++;
+    *ptr = p;
+    return CA_OK;
+}
+
+/* Gives the block back to the cache and drops its record. */
+static void release(xla_dev *x, xalloc *a) {
+    int i = upper(x, a->base) - 1;
+    if (i >= 0 && x->tab[i] == a) {
+        memmove(x->tab + i, x->tab + i + 1, (size_t)(x->ntab - i - 1) * sizeof *x->tab);
+        x->ntab--;
+    }
+    if (GROW(x->cache, x->capcache, x->ncache + 1)) {
+        x->cache[x->ncache++] = (struct xcached){(void *)a->base, a->bytes};
+    } else {
+        free((void *)a->base);
+        x->st.reserved -= a->bytes;
+        x->st.num_device_frees++;
+    }
+    free(a);
+}
+
+static void free_locked(xla_dev *x, void *ptr) {
+    xalloc *a = find_block(x, ptr);
+    if (!a || a->base != (uintptr_t)ptr || a->freed) {
+        ca_log_printf(CA_LOG_WARNING, "xla: free of %p, which is not a live block of the device", ptr);
+        return;
+    }
+    x->st.allocated -= a->bytes;
+    x->st.num_frees++;
+    if (x->nnodes > 0 && a->seen_gen == x->gen && GROW(x->freed, x->capfreed, x->nfreed + 1)) {
+        a->freed = true;       /* pending nodes use it: released once they have run */
+        x->freed[x->nfreed++] = a;
+        return;
+    }
+    release(x, a);
+}
+
+static void release_freed(xla_dev *x) {
+    for (int i = 0; i < x->nfreed; i++) release(x, x->freed[i]);
+    x->nfreed = 0;
+}
+
+static void empty_cache_locked(xla_dev *x) {
+    for (int i = 0; i < x->ncache; i++) {
+        free(x->cache[i].p);
+        x->st.reserved -= x->cache[i].bytes;
+        x->st.num_device_frees++;
+    }
+    x->ncache = 0;
+}
+
+static ca_status a_alloc(void *actx, size_t bytes, void *stream, void **ptr) {
+    xla_dev *x = actx;
+    if (!ptr) return ca_error(CA_ERR_INVALID, "xla alloc: output pointer is NULL");
+    pthread_mutex_lock(&x->mu);
+    ca_status s = alloc_locked(x, bytes, ptr);
+    pthread_mutex_unlock(&x->mu);
+    return s;
+}
+
+static void a_free(void *actx, void *ptr) {
+    xla_dev *x = actx;
+    if (!ptr) return;
+    pthread_mutex_lock(&x->mu);
+    free_locked(x, ptr);
+    pthread_mutex_unlock(&x->mu);
+}
+
+static void a_stats(void *actx, ca_allocator_stats *out) {
+    xla_dev *x = actx;
+    pthread_mutex_lock(&x->mu);
+    *out = x->st;
+    pthread_mutex_unlock(&x->mu);
+}
+
+static void a_empty_cache(void *actx) {
+    xla_dev *x = actx;
+    pthread_mutex_lock(&x->mu);
+    empty_cache_locked(x);
+    pthread_mutex_unlock(&x->mu);
+}
+
+static void a_reset_peak(void *actx) {
+    xla_dev *x = actx;
+    pthread_mutex_lock(&x->mu);
+    x->st.peak_allocated = x->st.allocated;
+    x->st.peak_reserved = x->st.reserved;
+    pthread_mutex_unlock(&x->mu);
+}
+
+static const ca_allocator_ops xla_allocator = {
+    .struct_size = sizeof(ca_allocator_ops),
+    .abi_version = CA_ABI_VERSION,
+    .name = "xla-arena",
+    .alloc = a_alloc,
+    .free = a_free,
+    .stats = a_stats,
+    .empty_cache = a_empty_cache,
+    .reset_peak = a_reset_peak,
+};
+
+/* ------------------------------------------------------------------ recording */
+
+xnode *xla_node_begin(xla_dev *x, xslot slot) {
+    pthread_mutex_lock(&x->mu);
+    xnode *n = GROW(x->nodes, x->capnodes, x->nnodes + 1) ? &x->nodes[x->nnodes] : &x->spare;
+    memset(n, 0, sizeof *n);
+    n->slot = slot;
+    n->ref0 = x->nrefs;
+    n->key0 = x->nkeys;
+    xla_key(x, n, slot);
+    return n;
+}
+
+static bool is_list(xslot s) { return s >= XS_ADAMW && s <= XS_CLAMP_LIST; }
+
+static void drop_node_data(xnode *n) {
+    if (is_list(n->slot)) free(n->a.list.l.mem);
+}
+
+ca_status xla_ref(xla_dev *x, xnode *n, const void *p, uint64_t bytes, int flags, const char *what) {
+    if (!p) return CA_OK;      /* optional argument not given */
+    xalloc *a = find_block(x, p);
+    if (!a || a->freed)
+        return ca_error(CA_ERR_INVALID, "xla %s: argument %s (%p) is not %s memory of the xla device "
+                        "(device buffers come from its allocator; host memory needs a copy)",
+                        xla_slot_name(n->slot), what, p, a ? "live" : "");
+    if (!GROW(x->refs, x->caprefs, x->nrefs + 1))
+        return ca_error(CA_ERR_NOMEM, "xla: out of host memory recording a node");
+    uint64_t off = (uint64_t)((uintptr_t)p - a->base);
+    if ((flags & XR_FULL) && !(off == 0 && bytes >= a->bytes - (XLA_ALIGN - 1) && bytes <= a->bytes &&
+                               bytes + XLA_ALIGN > a->bytes))
+        flags &= ~XR_FULL;     /* a write that does not cover the block kills nothing */
+    x->refs[x->nrefs++] = (xref){.al = a, .off = off, .bytes = bytes, .flags = flags};
+    a->seen_gen = x->gen;
+    n->nref++;
+    return CA_OK;
+}
+
+void xla_key(xla_dev *x, xnode *n, int64_t v) {
+    if (!GROW(x->keys, x->capkeys, x->nkeys + 1)) return;
+    x->keys[x->nkeys++] = v;
+    n->nkey++;
+}
+
+ca_status xla_node_end(xla_dev *x, xnode *n, ca_status s) {
+    if (s == CA_OK && n == &x->spare) s = ca_error(CA_ERR_NOMEM, "xla: out of host memory recording a node");
+    if (s == CA_OK && n->nkey != x->nkeys - n->key0) s = ca_error(CA_ERR_NOMEM, "xla: out of host memory");
+    if (s != CA_OK) {          /* not recorded: the call fails as the eager one would */
+        drop_node_data(n);
+        x->nrefs = n->ref0;
+        x->nkeys = n->key0;
+    } else {
+        x->nnodes++;
+        x->m.nodes_recorded++;
+    }
+    pthread_mutex_unlock(&x->mu);
+    return s;
+}
+
+static void clear_graph(xla_dev *x) {
+    for (int i = 0; i < x->nnodes; i++) drop_node_data(&x->nodes[i]);
+    x->nnodes = x->nrefs = x->nkeys = 0;
+    x->gen++;
+}
+
+/* ------------------------------------------------------------------ the compiler */
+
+static uint64_t fnv1a(const int64_t *k, size_t n) {
+    uint64_t h = 1469598103934665603ULL;
+    const unsigned char *p = (const unsigned char *)k;
+    for (size_t i = 0; i < n * sizeof *k; i++) h = (h ^ p[i]) * 1099511628211ULL;
+    return h;
+}
+
+/* The structural key of the pending graph: every node's attributes and its references as
+ * (block number in order of first use, offset, bytes, flags), then each block's size and whether
+ * it outlives the graph. Values, scalars and addresses are not part of it. Returns the number of
+ * blocks, or -1 without memory. */
+static int build_key(xla_dev *x, int64_t **out, size_t *len) {
+    size_t cap = (size_t)x->nkeys + (size_t)x->nnodes + 6 * (size_t)x->nrefs + 8;
+    int64_t *k = malloc(cap * sizeof *k);
+    if (!k) return -1;
+    size_t n = 0;
+    int nblocks = 0;
+    uint64_t stamp = x->gen + 1;   /* canon numbers of this graph (seen_gen stays gen) */
+    xalloc **order = malloc(((size_t)x->nrefs + 1) * sizeof *order);
+    if (!order) {
+        free(k);
+        return -1;
+    }
+    k[n++] = x->nnodes;
+    for (int i = 0; i < x->nnodes; i++) {
+        const xnode *nd = &x->nodes[i];
+        memcpy(k + n, x->keys + nd->key0, (size_t)nd->nkey * sizeof *k);
+        n += (size_t)nd->nkey;
+        k[n++] = nd->nref;
+        for (int r = 0; r < nd->nref; r++) {
+            xref *ref = &x->refs[nd->ref0 + r];
+            int id;
+            if (ref->al->seen_gen == stamp) id = ref->al->canon;
+            else {
+                ref->al->seen_gen = stamp;
+                ref->al->canon = id = nblocks;
+                order[nblocks++] = ref->al;
+            }
+            k[n++] = id;
+            k[n++] = (int64_t)ref->off;
+            k[n++] = (int64_t)ref->bytes;
+            k[n++] = ref->flags;
+        }
+    }
+    for (int b = 0; b < nblocks; b++) {
+        k[n++] = (int64_t)order[b]->bytes;
+        k[n++] = !order[b]->freed;
+        order[b]->seen_gen = x->gen;   /* still referenced by this graph */
+    }
+    free(order);
+    *out = k;
+    *len = n;
+    return nblocks;
+}
+
+/* Dead-code elimination by a backward liveness pass over blocks: a node runs when it writes a
+ * block that is live after it; a block is live at the end when the program has not freed it
+ * (parameters, optimizer state, gradients, anything the host may read), a full overwrite kills
+ * it for the nodes before, and a running node's inputs become live. */
+static int eliminate(const xla_dev *x, uint8_t *run, int nblocks) {
+    uint8_t *live = calloc((size_t)nblocks + 1, 1);
+    if (!live) return -1;
+    for (int i = 0; i < x->nnodes; i++)
+        for (int r = 0; r < x->nodes[i].nref; r++) {
+            const xref *ref = &x->refs[x->nodes[i].ref0 + r];
+            live[ref->al->canon] = !ref->al->freed;
+        }
+    int nrun = 0;
+    for (int i = x->nnodes - 1; i >= 0; i--) {
+        const xnode *nd = &x->nodes[i];
+        bool needed = true, writes = false;   /* a node that writes nothing is kept: it only checks */
+        for (int r = 0; r < nd->nref; r++) writes |= (x->refs[nd->ref0 + r].flags & XR_WRITE) != 0;
+        if (writes) needed = false;
+        for (int r = 0; r < nd->nref && !needed; r++) {
+            const xref *ref = &x->refs[nd->ref0 + r];
+            if ((ref->flags & XR_WRITE) && live[ref->al->canon]) needed = true;
+        }
+        run[i] = needed;
+        if (!needed) continue;
+        nrun++;
+        for (int r = 0; r < nd->nref; r++) {
+            const xref *ref = &x->refs[nd->ref0 + r];
+            if ((ref->flags & XR_FULL) && !(ref->flags & XR_READ)) live[ref->al->canon] = 0;
+        }
+        for (int r = 0; r < nd->nref; r++) {
+            const xref *ref = &x->refs[nd->ref0 + r];
+            if (ref->flags & XR_READ) live[ref->al->canon] = 1;
+        }
+    }
+    free(live);
+    return nrun;
+}
+
+static xprogram *cache_find(xla_dev *x, uint64_t h, const int64_t *key, size_t len) {
+    for (int i = 0; i < x->nprogs; i++) {
+        xprogram *p = &x->progs[i];
+        if (p->hash == h && p->klen == len && memcmp(p->key, key, len * sizeof *key) == 0) return p;
+    }
+    return NULL;
+}
+
+static void program_free(xprogram *p) {
+    free(p->key);
+    free(p->run);
+}
+
+/* Compiles the pending graph into a cached program (the cache takes key). */
+static xprogram *compile(xla_dev *x, uint64_t h, int64_t *key, size_t len, int nblocks) {
+    uint8_t *run = malloc((size_t)x->nnodes + 1);
+    int nrun = run ? eliminate(x, run, nblocks) : -1;
+    if (nrun < 0 || (x->nprogs == x->capprogs && x->nprogs < XLA_MAX_PROGRAMS &&
+                     !GROW(x->progs, x->capprogs, x->nprogs + 1))) {
+        free(run);
+        free(key);
+        ca_error(CA_ERR_NOMEM, "xla: out of host memory compiling a graph of %d nodes", x->nnodes);
+        return NULL;
+    }
+    if (x->nprogs == XLA_MAX_PROGRAMS) {   /* full: the oldest program goes */
+        program_free(&x->progs[0]);
+        memmove(x->progs, x->progs + 1, (size_t)(x->nprogs - 1) * sizeof *x->progs);
+        x->nprogs--;
+    }
+    xprogram *p = &x->progs[x->nprogs++];
+    *p = (xprogram){.hash = h, .key = key, .klen = len, .nnodes = x->nnodes, .nrun = nrun, .run = run};
+    x->m.compiles++;
+    return p;
+}
+
+static ca_status execute(xla_dev *x, const xprogram *p) {
+    for (int i = 0; i < x->nnodes; i++) {
+        if (!p->run[i]) continue;
+        ca_status s = xla_exec_node(x, &x->nodes[i]);
+        if (s != CA_OK)
+            return ca_error_context("xla: running node %d (%s) of a graph of %d nodes", i,
+                                    xla_slot_name(x->nodes[i].slot), x->nnodes);
+    }
+    return CA_OK;
+}
+
+ca_status xla_flush_locked(xla_dev *x) {
+    if (x->nnodes == 0) {
+        release_freed(x);
+        return CA_OK;
+    }
+    double t0 = now_ms();
+    int64_t *key = NULL;
+    size_t len = 0;
+    int nblocks = build_key(x, &key, &len);
+    ca_status s = CA_OK;
+    xprogram *p = NULL;
+    if (nblocks < 0) {
+        s = ca_error(CA_ERR_NOMEM, "xla: out of host memory compiling a graph of %d nodes", x->nnodes);
+    } else {
+        uint64_t h = fnv1a(key, len);
+        p = cache_find(x, h, key, len);
+        if (p) {
+            free(key);
+            p->hits++;
+            x->m.cache_hits++;
+        } else {
+            p = compile(x, h, key, len, nblocks);
+            if (!p) s = ca_last_status();
+            x->m.compile_ms += now_ms() - t0;
+        }
+    }
+    if (s == CA_OK) {
+        double t1 = now_ms();
+        s = execute(x, p);
+        x->m.execute_ms += now_ms() - t1;
+        x->m.graphs++;
+        x->m.nodes_executed += (uint64_t)p->nrun;
+        x->m.nodes_eliminated += (uint64_t)(x->nnodes - p->nrun);
+        x->m.last_graph_nodes = (uint64_t)x->nnodes;
+        if (x->m.last_graph_nodes > x->m.max_graph_nodes) x->m.max_graph_nodes = x->m.last_graph_nodes;
+    }
+    clear_graph(x);
+    release_freed(x);
+    return s;
+}
+
+/* ------------------------------------------------------------------ the device */
+
+static const ca_device_ops *exec_ops;   /* set by ca_xla_plugin */
+
+static ca_status x_device_count(int *count, char *reason, size_t reason_len) {
+    if (!count) return ca_error(CA_ERR_INVALID, "xla device_count: count is NULL");
+    *count = exec_ops ? 1 : 0;
+    if (reason && reason_len) snprintf(reason, reason_len, "%s", exec_ops ? "" : "no executor backend");
+    return CA_OK;
+}
+
+static xla_dev *metrics_dev;   /* the device whose metrics are printed at exit */
+static pthread_mutex_t metrics_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static void print_metrics(xla_dev *x) {
+    char buf[2048];
+    ca_xla_metrics m = x->m;
+    m.cached_programs = (uint64_t)x->nprogs;
+    ca_xla_format_metrics(&m, buf, sizeof buf);
+    fprintf(stderr, "caccel xla metrics:\n%s", buf);
+}
+
+static void print_at_exit(void) {
+    pthread_mutex_lock(&metrics_mu);
+    if (metrics_dev) print_metrics(metrics_dev);
+    metrics_dev = NULL;
+    pthread_mutex_unlock(&metrics_mu);
+}
+
+static bool metrics_wanted(void) {
+    const char *v = getenv("CACCEL_XLA_METRICS");
+    return v && *v && strcmp(v, "0") != 0;
+}
+
+static ca_status x_open(int index, const ca_device_open_args *args, void **dev) {
+    if (!dev) return ca_error(CA_ERR_INVALID, "xla open: output pointer is NULL");
+    *dev = NULL;
+    if (index != 0) return ca_error(CA_ERR_NOT_FOUND, "xla open: no device %d (the xla backend has one device, 0)", index);
+    if (!exec_ops || !exec_ops->kernels) return ca_error(CA_ERR_UNSUPPORTED, "xla open: no executor backend");
+    xla_dev *x = calloc(1, sizeof *x);
+    if (!x) return ca_error(CA_ERR_NOMEM, "xla open: out of host memory");
+    pthread_mutex_init(&x->mu, NULL);
+    x->exec = exec_ops;
+    x->k = exec_ops->kernels;
+    x->gen = 1;
+    ca_status s = exec_ops->open(0, args, &x->exec_ctx);
+    if (s != CA_OK) {
+        free(x);
+        return ca_error_context("xla open: opening the %s executor", exec_ops->name);
+    }
+    if (metrics_wanted()) {
+        static bool registered;
+        pthread_mutex_lock(&metrics_mu);
+        if (!registered) registered = atexit(print_at_exit) == 0;
+        metrics_dev = x;
+        pthread_mutex_unlock(&metrics_mu);
+    }
+    *dev = x;
+    return CA_OK;
+}
+
+static void x_close(void *dev) {
+    xla_dev *x = dev;
+    if (!x) return;
+    pthread_mutex_lock(&metrics_mu);
+    if (metrics_dev == x) {
+        print_metrics(x);
+        metrics_dev = NULL;
+    }
+    pthread_mutex_unlock(&metrics_mu);
+    pthread_mutex_lock(&x->mu);
+    if (xla_flush_locked(x) != CA_OK) ca_clear_error();
+    for (int i = 0; i < x->ntab; i++) {
+        free((void *)x->tab[i]->base);
+        free(x->tab[i]);
+    }
+    empty_cache_locked(x);
+    for (int i = 0; i < x->nprogs; i++) program_free(&x->progs[i]);
+    pthread_mutex_unlock(&x->mu);
+    x->exec->close(x->exec_ctx);
+    free(x->tab); free(x->freed); free(x->cache);
+    free(x->nodes); free(x->refs); free(x->keys); free(x->progs);
+    pthread_mutex_destroy(&x->mu);
+    free(x);
+}
+
+static ca_status x_describe(void *dev, char *buf, size_t len) {
+    xla_dev *x = dev;
+    if (!buf || !len) return ca_error(CA_ERR_INVALID, "xla describe: buffer is NULL or empty");
+    char inner[384] = "";
+    if (x->exec->describe) x->exec->describe(x->exec_ctx, inner, sizeof inner);
+    snprintf(buf, len, "xla_stub lazy device (graphs compiled and cached, run on the %s backend: %s)",
+             x->exec->name, inner);
+    return CA_OK;
+}
+
+static ca_status x_mem_alloc(void *dev, size_t bytes, void **ptr) { return a_alloc(dev, bytes, NULL, ptr); }
+static void x_mem_free(void *dev, void *ptr) { a_free(dev, ptr); }
+
+/* H2D runs at once (after the pending graph when that uses the block); D2H runs the pending
+ * graph first; D2D is a node. Every byte crossing to or from the host is counted. */
+static ca_status memcpy_locked(xla_dev *x, void *dst, const void *src, size_t bytes, ca_copy_kind kind) {
+    static const char *const kinds[] = {"host to device", "device to host", "device to device"};
+    const void *dp = kind == CA_COPY_D2H ? src : dst;
+    xalloc *a = find_block(x, dp);
+    if (!a || a->freed || (uintptr_t)dp + bytes > a->base + a->bytes)
+        return ca_error(CA_ERR_INVALID, "xla memcpy (%s, %zu bytes): %p is not memory of the xla device",
+                        kinds[kind], bytes, dp);
+    if (kind == CA_COPY_H2D) {
+        if (x->nnodes > 0 && a->seen_gen == x->gen) {
+            ca_status s = xla_flush_locked(x);
+            if (s != CA_OK) return s;
+        }
+        memcpy(dst, src, bytes);
+        x->m.h2d_transfers++;
+        x->m.h2d_bytes += bytes;
+        return CA_OK;
+    }
+    if (kind == CA_COPY_D2H) {
+        ca_status s = xla_flush_locked(x);
+        if (s != CA_OK) return s;
+        memcpy(dst, src, bytes);
+        x->m.d2h_transfers++;
+        x->m.d2h_bytes += bytes;
+        return CA_OK;
+    }
+    return ca_error(CA_ERR_INVALID, "xla memcpy: %s copies are recorded, not run here", kinds[kind]);
+}
+
+/* A device-to-device copy is a node like a kernel. */
+static ca_status record_copy(xla_dev *x, void *dst, const void *src, size_t bytes) {
+    xnode *n = xla_node_begin(x, XS_MEMCPY);
+    n->a.memcpy.dst = dst; n->a.memcpy.src = src; n->a.memcpy.bytes = bytes;
+    xla_key(x, n, (int64_t)bytes);
+    ca_status s = xla_ref(x, n, src, bytes, XR_READ, "src");
+    if (s == CA_OK) s = xla_ref(x, n, dst, bytes, XR_WRITE | (src == dst ? 0 : XR_FULL), "dst");
+    return xla_node_end(x, n, s);
+}
+
+static ca_status x_memcpy(void *dev, void *dst, const void *src, size_t bytes, ca_copy_kind kind, bool async) {
+    xla_dev *x = dev;
+    if (bytes == 0) return CA_OK;
+    if (!dst || !src)
+        return ca_error(CA_ERR_INVALID, "xla memcpy: %s pointer is NULL (%zu bytes)", dst ? "source" : "destination",
+                        bytes);
+    if ((unsigned)kind > CA_COPY_D2D) return ca_error(CA_ERR_INVALID, "xla memcpy: unknown copy kind %d", (int)kind);
+    if (kind == CA_COPY_D2D) return record_copy(x, dst, src, bytes);
+    pthread_mutex_lock(&x->mu);
+    ca_status s = memcpy_locked(x, dst, src, bytes, kind);
+    pthread_mutex_unlock(&x->mu);
+    return s;
+}
+
+/* One stream: kernels are recorded in program order, so streams and events are handles only. */
+static ca_status x_handle(void *dev, void **h) {
+    if (!h) return ca_error(CA_ERR_INVALID, "xla: output pointer is NULL");
+    *h = malloc(1);
+    return *h ? CA_OK : ca_error(CA_ERR_NOMEM, "xla: out of host memory");
+}
+static void x_handle_free(void *dev, void *h) { free(h); }
+static ca_status x_set_stream(void *dev, void *stream) { return CA_OK; }
+static ca_status x_event_record(void *dev, void *event, void *stream) { return CA_OK; }
+static ca_status x_stream_wait_event(void *dev, void *stream, void *event) { return CA_OK; }
+
+static ca_status x_synchronize(void *dev) {
+    xla_dev *x = dev;
+    pthread_mutex_lock(&x->mu);
+    ca_status s = xla_flush_locked(x);
+    pthread_mutex_unlock(&x->mu);
+    return s;
+}
+ca_status xla_mark_step(xla_dev *x) {
+    pthread_mutex_lock(&x->mu);
+    x->m.mark_steps++;
+    ca_status s = xla_flush_locked(x);
+    pthread_mutex_unlock(&x->mu);
+    return s;
+}
+
+static ca_status x_event_synchronize(void *dev, void *event) { return x_synchronize(dev); }
+
+static void *x_allocator_ctx(void *dev) { return dev; }
+
+static const ca_device_ops xla_device_ops = {
+    .struct_size = sizeof(ca_device_ops),
+    .abi_version = CA_ABI_VERSION,
+    .name = "xla",
+    .device_count = x_device_count,
+    .open = x_open,
+    .close = x_close,
+    .describe = x_describe,
+    .mem_alloc = x_mem_alloc,
+    .mem_free = x_mem_free,
+    .memcpy = x_memcpy,
+    .stream_create = x_handle,
+    .stream_destroy = x_handle_free,
+    .set_stream = x_set_stream,
+    .event_create = x_handle,
+    .event_destroy = x_handle_free,
+    .event_record = x_event_record,
+    .stream_wait_event = x_stream_wait_event,
+    .event_synchronize = x_event_synchronize,
+    .synchronize = x_synchronize,
+    .kernels = &xla_kernels,
+    .allocator = &xla_allocator,
+    .allocator_ctx = x_allocator_ctx,
+    .host_memory = false,
+};
+
+/* ------------------------------------------------------------------ metrics and plugin */
+
+void ca_xla_ctx_metrics(void *dev, ca_xla_metrics *out) {
+    xla_dev *x = dev;
+    pthread_mutex_lock(&x->mu);
+    *out = x->m;
+    out->cached_programs = (uint64_t)x->nprogs;
+    pthread_mutex_unlock(&x->mu);
+}
+
+ca_status ca_xla_ctx_mark_step(void *dev) { return xla_mark_step(dev); }
+
+void ca_xla_ctx_metrics_reset(void *dev) {
+    xla_dev *x = dev;
+    pthread_mutex_lock(&x->mu);
+    memset(&x->m, 0, sizeof x->m);
+    pthread_mutex_unlock(&x->mu);
+}
+
+void ca_xla_format_metrics(const ca_xla_metrics *m, char *buf, size_t len) {
+    snprintf(buf, len,
+             "  graphs: %llu\n  compiles: %llu\n  cache_hits: %llu\n  cached_programs: %llu\n"
+             "  nodes_recorded: %llu\n  nodes_executed: %llu\n  nodes_eliminated: %llu\n"
+             "  last_graph_nodes: %llu\n  max_graph_nodes: %llu\n"
+             "  h2d_transfers: %llu\n  h2d_bytes: %llu\n  d2h_transfers: %llu\n  d2h_bytes: %llu\n"
+             "  mark_steps: %llu\n  compile_ms: %.3f\n  execute_ms: %.3f\n",
+             (unsigned long long)m->graphs, (unsigned long long)m->compiles, (unsigned long long)m->cache_hits,
+             (unsigned long long)m->cached_programs, (unsigned long long)m->nodes_recorded,
+             (unsigned long long)m->nodes_executed, (unsigned long long)m->nodes_eliminated,
+             (unsigned long long)m->last_graph_nodes, (unsigned long long)m->max_graph_nodes,
+             (unsigned long long)m->h2d_transfers, (unsigned long long)m->h2d_bytes,
+             (unsigned long long)m->d2h_transfers, (unsigned long long)m->d2h_bytes,
+             (unsigned long long)m->mark_steps, m->compile_ms, m->execute_ms);
+}
+
+static const ca_device_ops *const xla_devices[] = {&xla_device_ops};
+
+static const ca_plugin xla_plugin = {
+    .struct_size = sizeof(ca_plugin),
+    .abi_version = CA_ABI_VERSION,
+    .name = "xla",
+    .version = "xla_stub (host executor)",
+    .num_devices = 1,
+    .devices = xla_devices,
+    .num_collectives = 0,
+    .collectives = NULL,
+    .score = NULL,
+};
+
+const ca_plugin *ca_xla_plugin(const ca_device_ops *executor) {
+    exec_ops = executor;
+    return &xla_plugin;
+}

@@ -1,0 +1,138 @@
+/* xla_impl.h: private definitions of the lazy device: the arena, recorded nodes, the graph of a
+ * step, compiled programs and their cache. */
+#ifndef CACCEL_XLA_IMPL_H
+#define CACCEL_XLA_IMPL_H
+
+#include "base/base_impl.h"
+#include "backends/xla_stub/xla_plugin.h"
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+/* One allocation of the arena. Records are stable while referenced: a block freed while pending
+ * nodes use it is only released once the graph has run. */
+typedef struct xalloc {
+    uintptr_t base;
+    size_t bytes;              /* rounded size */
+    bool freed;                /* freed by the program, release deferred to the end of the graph */
+    uint64_t seen_gen;         /* graph generation that last referenced it */
+    int canon;                 /* number in the current graph's identity pattern */
+} xalloc;
+
+/* A reference of a node to device memory. */
+enum { XR_READ = 1, XR_WRITE = 2, XR_FULL = 4 };   /* FULL: the write covers the whole block */
+typedef struct xref {
+    xalloc *al;
+    uint64_t off, bytes;
+    int flags;
+} xref;
+
+typedef enum xslot {
+    XS_GEMM, XS_FILL, XS_CAST, XS_COPY_STRIDED, XS_UNARY, XS_UNARY_BACKWARD, XS_BINARY, XS_AXPBY,
+    XS_REDUCE, XS_ARGMAX, XS_SOFTMAX, XS_SOFTMAX_BACKWARD, XS_CROSS_ENTROPY, XS_CROSS_ENTROPY_BACKWARD,
+    XS_LAYER_NORM, XS_LAYER_NORM_BACKWARD, XS_EMBEDDING, XS_EMBEDDING_BACKWARD, XS_RNG, XS_DROPOUT,
+    XS_DROPOUT_BACKWARD, XS_ADAMW, XS_SGD, XS_SUM_SQUARES, XS_SCALE_LIST, XS_UNSCALE_CHECK,
+    XS_CLAMP_LIST, XS_ATTENTION, XS_ATTENTION_BACKWARD, XS_WHERE, XS_GATHER, XS_GATHER_BACKWARD,
+    XS_MEMCPY, XS_COUNT
+} xslot;
+
+/* A tensor list copied with the node (the caller's arrays do not outlive the call). */
+typedef struct xlist {
+    ca_tensor_list t;
+    void *mem;
+} xlist;
+
+/* The arguments of one kernel call, copied: the node runs later. */
+typedef union xargs {
+    ca_gemm_args gemm;
+    struct { ca_dtype dt; int64_t n; double value; void *y; } fill;
+    struct { ca_dtype src, dst; const void *x; void *y; int64_t n; float alpha; } cast;
+    struct { ca_dtype dt; int ndim; int64_t shape[CA_MAX_DIMS], xs[CA_MAX_DIMS], ys[CA_MAX_DIMS];
+             const void *x; void *y; } copy;
+    struct { ca_unary_op op; ca_dtype dt; int64_t n; const void *x, *y, *dy; void *out;
+             float alpha, beta; } unary;
+    struct { ca_binary_op op; ca_dtype dt; ca_bcast_args shape; int64_t cond_stride[CA_MAX_DIMS];
+             const uint8_t *cond; const void *a, *b; void *y; } binary;   /* binary and where */
+    struct { ca_dtype dt; int64_t n; float alpha, beta; const void *x; void *y; } axpby;
+    struct { ca_reduce_op op; ca_dtype dt; int64_t outer, len, inner; const void *x; void *y;
+             float beta; } reduce;
+    struct { bool log; ca_dtype dt; int64_t rows, cols; const void *x, *y, *dy; void *out;
+             int64_t *idx; float beta; } softmax;   /* softmax, its backward, argmax */
+    struct { ca_dtype dt, label_dt; int64_t rows, cols, ignore; const void *logits, *labels;
+             const float *lse_in, *dloss, *count_in; float *loss, *lse, *count; void *dlogits;
+             float beta; } ce;
+    struct { ca_dtype dt; int64_t rows, cols; const void *x, *gamma, *beta_, *dy; float eps;
+             void *y, *dx, *dgamma, *dbeta_; float *mean, *rstd; const float *mean_in, *rstd_in;
+             float beta; bool accumulate; } ln;
+    struct { ca_dtype dt, idx_dt; int64_t n, rows, dim, outer, len, inner; const void *table, *idx, *dy;
+             void *y; } index;   /* embedding, gather and their backwards */
+    struct { ca_rng_kind kind; ca_dtype dt; int64_t n; uint64_t seed, offset; float a, b, p;
+             const void *x, *dy; void *y; uint8_t *mask; const uint8_t *mask_in; float beta; } rng;
+    struct { xlist l; ca_adamw_args adamw; ca_sgd_args sgd; float *out; float alpha, beta, lo, hi; } list;
+    struct { ca_dtype dt; ca_attention_args a; const void *q, *k, *v, *out_in, *dout; const float *lse_in;
+             void *out, *dq, *dk, *dv; float *lse; } attn;
+    struct { void *dst; const void *src; size_t bytes; } memcpy;
+} xargs;
+
+typedef struct xnode {
+    xslot slot;
+    xargs a;
+    int ref0, nref;            /* the node's references in the graph's pool */
+    int key0, nkey;            /* its structural attributes in the graph's key pool */
+} xnode;
+
+/* A compiled program: which recorded nodes run (the rest is dead code). */
+typedef struct xprogram {
+    uint64_t hash;
+    int64_t *key;
+    size_t klen;
+    int nnodes, nrun;
+    uint8_t *run;
+    uint64_t hits;
+} xprogram;
+
+typedef struct xla_dev {
+    pthread_mutex_t mu;
+    const ca_device_ops *exec;     /* executor backend (cpu) */
+    const ca_kernels *k;
+    void *exec_ctx;
+    /* arena */
+    xalloc **tab;                  /* live blocks by base address */
+    int ntab, captab;
+    xalloc **freed;                /* freed during the current graph, released after it runs */
+    int nfreed, capfreed;
+    struct xcached { void *p; size_t bytes; } *cache;   /* released blocks kept for reuse */
+    int ncache, capcache;
+    ca_allocator_stats st;
+    /* the pending graph */
+    xnode *nodes;
+    int nnodes, capnodes;
+    xnode spare;                   /* recorded into when the node array cannot grow (then refused) */
+    xref *refs;
+    int nrefs, caprefs;
+    int64_t *keys;
+    int nkeys, capkeys;
+    uint64_t gen;
+    /* compiled programs */
+    xprogram *progs;
+    int nprogs, capprogs;
+    ca_xla_metrics m;
+} xla_dev;
+
+extern const ca_kernels xla_kernels;
+
+/* Recording: begin a node (locks), add references and attributes, end (unlocks). */
+xnode *xla_node_begin(xla_dev *x, xslot slot);
+ca_status xla_ref(xla_dev *x, xnode *n, const void *p, uint64_t bytes, int flags, const char *what);
+void xla_key(xla_dev *x, xnode *n, int64_t v);
+/* Counts a step boundary and runs the pending graph. */
+ca_status xla_mark_step(xla_dev *x);
+ca_status xla_node_end(xla_dev *x, xnode *n, ca_status s);
+
+/* Runs the pending graph (compiling it unless cached); caller holds x->mu. */
+ca_status xla_flush_locked(xla_dev *x);
+ca_status xla_exec_node(xla_dev *x, const xnode *n);
+const char *xla_slot_name(xslot s);
+
+#endif

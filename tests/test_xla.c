@@ -1,0 +1,196 @@
+/* The lazy xla device: work is recorded and runs at synchronisation points; the compiler's cache
+ * (the second identical step compiles nothing; a short last batch compiles once), dead-code
+ * elimination, the arena (host memory is refused, transfers are counted), the metrics. */
+#include "test_util.h"
+
+static ca_device *X;
+
+static ca_xla_metrics metrics(void) {
+    ca_xla_metrics m;
+    T_OK(ca_xla_metrics_get(X, &m));
+    return m;
+}
+
+/* Kernels record; nothing runs until the host reads device memory. */
+static void test_lazy_until_read(void **state) {
+    T_OK(ca_xla_metrics_reset(X));
+    CA_SCOPE {
+        ca_tensor *a = ca_full(X, CA_F32, CA_SHAPE(4), 2.0);
+        ca_tensor *b = ca_mul(ca_add(a, a), a);
+        ca_xla_metrics m = metrics();
+        assert_true(m.nodes_recorded >= 3);
+        assert_int_equal(m.graphs, 0);
+        assert_int_equal(m.d2h_transfers, 0);
+        float h[4];
+        T_OK(ca_tensor_to_host(b, h, sizeof h));
+        for (int i = 0; i < 4; i++) assert_true(h[i] == 8.0f);
+        m = metrics();
+        assert_int_equal(m.graphs, 1);
+        assert_int_equal(m.d2h_transfers, 1);
+        assert_int_equal(m.d2h_bytes, sizeof h);
+        double v;
+        T_OK(ca_tensor_item(ca_sum(b), &v));
+        assert_true(v == 32.0);
+        assert_int_equal(metrics().graphs, 2);
+    }
+}
+
+/* Device memory is the arena's: a host pointer handed to a kernel is refused, naming the kernel. */
+static void test_host_memory_refused(void **state) {
+    float host[8] = {0};
+    ca_status s = ca_device_kernels(X)->fill(ca_device_context(X), CA_F32, 8, 1.0, host);
+    assert_int_equal(s, CA_ERR_INVALID);
+    assert_non_null(strstr(ca_last_error(), "xla fill"));
+    assert_non_null(strstr(ca_last_error(), "is not"));
+    ca_clear_error();
+    T_OK(ca_device_synchronize(X));
+    /* transfers are real copies, counted */
+    T_OK(ca_xla_metrics_reset(X));
+    void *d = NULL;
+    T_OK(ca_device_alloc(X, sizeof host, &d));
+    assert_true(d != (void *)host);
+    host[3] = 5.0f;
+    T_OK(ca_device_copy_from_host(X, d, host, sizeof host));
+    host[3] = 0.0f;
+    T_OK(ca_device_copy_to_host(X, host, d, sizeof host));
+    assert_true(host[3] == 5.0f);
+    ca_xla_metrics m = metrics();
+    assert_int_equal(m.h2d_transfers, 1);
+    assert_int_equal(m.h2d_bytes, sizeof host);
+    assert_int_equal(m.d2h_transfers, 1);
+    ca_device_free(X, d);
+}
+
+/* A write overwritten before it is read, and a temporary freed unread, are dead; writes to memory
+ * that survives the graph are not. */
+static void test_dead_code(void **state) {
+    const ca_kernels *k = ca_device_kernels(X);
+    void *c = ca_device_context(X), *a = NULL, *t = NULL, *p = NULL;
+    T_OK(ca_device_alloc(X, 64 * 4, &a));
+    T_OK(ca_device_alloc(X, 64 * 4, &t));
+    T_OK(ca_device_alloc(X, 64 * 4, &p));
+    T_OK(ca_device_synchronize(X));
+    T_OK(ca_xla_metrics_reset(X));
+    T_OK(k->fill(c, CA_F32, 64, 1.0, a));           /* dead: overwritten below, unread */
+    T_OK(k->fill(c, CA_F32, 64, 2.0, a));
+    T_OK(k->fill(c, CA_F32, 64, 3.0, t));           /* live: read by the next node */
+    T_OK(k->axpby(c, CA_F32, 64, 1.0f, t, 1.0f, p));        /* p survives: live */
+    T_OK(k->unary(c, CA_UNARY_NEG, CA_F32, 64, t, t, 0));   /* dead: t is freed unread */
+    T_OK(k->axpby(c, CA_F32, 64, 1.0f, a, 0.0f, t));        /* dead: t is freed unread */
+    ca_device_free(X, t);
+    float h[64];
+    T_OK(ca_device_copy_to_host(X, h, a, sizeof h));
+    assert_true(h[0] == 2.0f && h[63] == 2.0f);
+    ca_xla_metrics m = metrics();
+    assert_int_equal(m.nodes_recorded, 6);
+    assert_int_equal(m.nodes_eliminated, 3);
+    assert_int_equal(m.nodes_executed, 3);
+    ca_device_free(X, a);
+    ca_device_free(X, p);
+}
+
+static ca_dataset *synthetic(int64_t n, int in, int classes) {
+    float *x = malloc(sizeof(float) * (size_t)(n * in));
+    int64_t *y = malloc(sizeof(int64_t) * (size_t)n);
+    uint64_t s = 99;
+    for (int64_t i = 0; i < n; i++) {
+        for (int j = 0; j < in; j++) x[i * in + j] = t_randf(&s, -1, 1);
+        y[i] = (int64_t)(t_rand_u64(&s) % (uint64_t)classes);
+    }
+    ca_sample_spec xs = {.dtype = CA_F32, .ndim = 1, .shape = {in}}, ys = {.dtype = CA_I64, .ndim = 0};
+    ca_dataset *ds;
+    T_OK(ca_dataset_from_memory(&xs, x, &ys, y, n, &ds));
+    free(x);
+    free(y);
+    return ds;
+}
+
+static ca_module *mlp(void) {
+    ca_module *seq, *l;
+    T_OK(ca_sequential_create(&seq));
+    T_OK(ca_linear_create(8, 16, true, &l)); T_OK(ca_module_add(seq, "fc1", l));
+    T_OK(ca_gelu_create(&l));                 T_OK(ca_module_add(seq, "act", l));
+    T_OK(ca_dropout_create(0.1, &l));         T_OK(ca_module_add(seq, "drop", l));
+    T_OK(ca_layer_norm_create(16, 0, &l));    T_OK(ca_module_add(seq, "norm", l));
+    T_OK(ca_linear_create(16, 3, true, &l));  T_OK(ca_module_add(seq, "fc2", l));
+    return seq;
+}
+
+/* distributed_type XLA trains on the xla device; the prepared dataloader marks each step. Step 2
+ * compiles nothing, the short last batch compiles once, the second epoch nothing at all. */
+static void test_training_cache(void **state) {
+    const char *settings[] = {"distributed_type=XLA", NULL};
+    char *argv[] = {"test", NULL};
+    ca_accelerator *acc;
+    T_OK(ca_accelerator_create(&(ca_options){.argc = 1, .argv = argv, .settings = settings}, &acc));
+    assert_string_equal(ca_device_name(ca_accelerator_device(acc)), "xla");
+    ca_device *dev = ca_accelerator_device(acc);
+    T_OK(ca_set_seed(acc, 5));
+    ca_dataset *ds = synthetic(8 * 16 + 5, 8, 3);   /* 8 batches of 16, then one of 5 */
+    ca_dataloader *dl;
+    T_OK(ca_dataloader_create(ds, &(ca_loader_opts){.batch_size = 16, .shuffle = true}, &dl));
+    ca_module *m = mlp();
+    ca_optimizer *opt;
+    T_OK(ca_adamw_create(m, NULL, &opt));
+    T_OK(ca_prepare(acc, m, opt, dl));
+    T_OK(ca_device_synchronize(dev));
+    T_OK(ca_xla_metrics_reset(dev));
+    uint64_t compiles[2][10] = {{0}};
+    for (int epoch = 0; epoch < 2; epoch++) {
+        ca_batch b;
+        int step = 0;
+        while (ca_dataloader_next(dl, &b)) {
+            T_OK(ca_backward(acc, ca_cross_entropy(ca_module_forward(m, b.x), b.y)));
+            T_OK(ca_optimizer_step(opt));
+            ca_optimizer_zero_grad(opt);
+            T_OK(ca_mark_step(acc));
+            ca_xla_metrics xm;
+            T_OK(ca_xla_metrics_get(dev, &xm));
+            compiles[epoch][step++] = xm.compiles;
+        }
+        T_OK(ca_dataloader_status(dl));
+        assert_int_equal(step, 9);
+    }
+    for (int e = 0; e < 2; e++) {
+        printf("epoch %d compiles after each step:", e + 1);
+        for (int i = 0; i < 9; i++) printf(" %llu", (unsigned long long)compiles[e][i]);
+        printf("\n");
+    }
+    assert_true(compiles[0][0] >= 1);
+    for (int i = 1; i < 8; i++) assert_int_equal(compiles[0][i], compiles[0][0]);   /* step 2..8: cached */
+    assert_int_equal(compiles[0][8], compiles[0][7] + 1);                        /* the short batch */
+    for (int i = 0; i < 9; i++) assert_int_equal(compiles[1][i], compiles[0][8]);  /* epoch 2: nothing */
+    ca_xla_metrics xm;
+    T_OK(ca_xla_metrics_get(dev, &xm));
+    assert_true(xm.cache_hits >= 16);
+    assert_true(xm.mark_steps >= 18);
+    char report[2048];
+    T_OK(ca_xla_metrics_report(dev, report, sizeof report));
+    assert_non_null(strstr(report, "compiles: "));
+    ca_dataloader_destroy(dl);
+    ca_dataset_destroy(ds);
+    ca_optimizer_destroy(opt);
+    ca_module_destroy(m);
+    ca_accelerator_destroy(acc);
+}
+
+/* The metrics calls refuse other devices, naming the device. */
+static void test_metrics_other_device(void **state) {
+    ca_xla_metrics m;
+    assert_int_equal(ca_xla_metrics_get(ca_cpu_device(), &m), CA_ERR_INVALID);
+    assert_non_null(strstr(ca_last_error(), "cpu:0 is not an xla device"));
+    T_OK(ca_device_mark_step(ca_cpu_device()));
+}
+
+int main(void) {
+    ca_log_set_level(CA_LOG_WARNING);
+    T_OK(ca_device_open("xla", 0, NULL, &X));
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_lazy_until_read), cmocka_unit_test(test_host_memory_refused),
+        cmocka_unit_test(test_dead_code),       cmocka_unit_test(test_training_cache),
+        cmocka_unit_test(test_metrics_other_device),
+    };
+    int rc = cmocka_run_group_tests(tests, NULL, NULL);
+    ca_shutdown();
+    return rc;
+}
