@@ -71,7 +71,6 @@ static inline ca_tensor *f_contig(ca_tensor **in, void *c) { return ca_contiguou
 static inline ca_tensor *f_flatten(ca_tensor **in, void *c) { return ca_flatten(in[0]); }
 static inline ca_tensor *f_cast(ca_tensor **in, void *c) { return ca_cast(ca_cast(in[0], *(ca_dtype *)c), CA_F32); }
 static inline ca_tensor *f_scalar(ca_tensor **in, void *c) { return ca_mul_scalar(ca_add_scalar(in[0], 1.5), -0.75); }
-static inline ca_tensor *f_max_dim(ca_tensor **in, void *c) { return ca_max_dim(in[0], *(int *)c, false); }
 
 /* The transformer ops. */
 typedef struct sdpa_ctx {
