@@ -4,3 +4,6 @@ examples_fashion_mnist_SOURCES = examples/fashion_mnist.c
 examples_fashion_mnist_LDADD = libcaccel.la -lm
 examples_linear_regression_SOURCES = examples/linear_regression.c
 examples_linear_regression_LDADD = libcaccel.la -lm
+noinst_PROGRAMS += examples/bert_classifier
+examples_bert_classifier_SOURCES = examples/bert_classifier.c
+examples_bert_classifier_LDADD = libcaccel.la -lm

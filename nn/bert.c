@@ -471,6 +471,13 @@ static json_object *labels_object(const char *const *labels, int64_t n, bool by_
     return o;
 }
 
+/* A double written as its shortest decimal ("0.1", "1e-12"), not %.17g's 0.10000000000000001. */
+static json_object *real(double d) {
+    char buf[32];
+    snprintf(buf, sizeof buf, "%.9g", d);
+    return json_object_new_double_s(d, buf);
+}
+
 static json_object *config_json(const ca_bert_config *c, bool cls, const char *const *labels) {
     json_object *o = json_object_new_object(), *arch = json_object_new_array();
     if (!o || !arch) {
@@ -487,12 +494,12 @@ static json_object *config_json(const ca_bert_config *c, bool cls, const char *c
     json_object_object_add(o, "num_attention_heads", json_object_new_int64(c->num_attention_heads));
     json_object_object_add(o, "intermediate_size", json_object_new_int64(c->intermediate_size));
     json_object_object_add(o, "hidden_act", json_object_new_string(c->hidden_act));
-    json_object_object_add(o, "hidden_dropout_prob", json_object_new_double(c->hidden_dropout_prob));
-    json_object_object_add(o, "attention_probs_dropout_prob", json_object_new_double(c->attention_probs_dropout_prob));
+    json_object_object_add(o, "hidden_dropout_prob", real(c->hidden_dropout_prob));
+    json_object_object_add(o, "attention_probs_dropout_prob", real(c->attention_probs_dropout_prob));
     json_object_object_add(o, "max_position_embeddings", json_object_new_int64(c->max_position_embeddings));
     json_object_object_add(o, "type_vocab_size", json_object_new_int64(c->type_vocab_size));
-    json_object_object_add(o, "initializer_range", json_object_new_double(INIT_STD));
-    json_object_object_add(o, "layer_norm_eps", json_object_new_double(c->layer_norm_eps));
+    json_object_object_add(o, "initializer_range", real(0.02));
+    json_object_object_add(o, "layer_norm_eps", real(c->layer_norm_eps));
     json_object_object_add(o, "pad_token_id", json_object_new_int64(c->pad_token_id));
     json_object_object_add(o, "position_embedding_type", json_object_new_string("absolute"));
     if (cls) {

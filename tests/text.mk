@@ -21,8 +21,8 @@ tests_test_bert_config_LDADD = $(CA_TEST_LIBS)
 
 # BertModel and BertForSequenceClassification: parity with PyTorch on the real checkpoint.
 check_PROGRAMS += tests/bert_tool
-TESTS += tests/test_bert_parity.sh
-EXTRA_DIST += tests/test_bert_parity.sh tests/bert_reference.py
+TESTS += tests/test_bert_parity.sh tests/test_bert_classifier.sh
+EXTRA_DIST += tests/test_bert_parity.sh tests/test_bert_classifier.sh tests/bert_reference.py
 tests_bert_tool_SOURCES = tests/bert_tool.c
 tests_bert_tool_CFLAGS = $(AM_CFLAGS)
 tests_bert_tool_LDADD = libcaccel.la
