@@ -139,6 +139,35 @@ static void assert_same_params(ca_module *a, const char *prefix_a, ca_module *b)
     }
 }
 
+/* Copies dir/model.safetensors to to/model.safetensors with LayerNorm weight/bias renamed gamma/beta
+ * in the header (same lengths: `.weight"` becomes `.gamma" `, JSON whitespace after the key). */
+static void gamma_beta_copy(const char *dir, const char *to) {
+    char path[600];
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    FILE *f = fopen(path, "rb");
+    assert_non_null(f);
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *buf = malloc((size_t)n);
+    assert_int_equal(fread(buf, 1, (size_t)n, f), (size_t)n);
+    fclose(f);
+    uint64_t hlen;
+    memcpy(&hlen, buf, 8);
+    int renamed = 0;
+    for (char *p = buf + 8; p < buf + 8 + hlen - 17; p++) {
+        if (!memcmp(p, "LayerNorm.weight\"", 17)) { memcpy(p, "LayerNorm.gamma\" ", 17); renamed++; }
+        else if (!memcmp(p, "LayerNorm.bias\"", 15)) { memcpy(p, "LayerNorm.beta\"", 15); renamed++; }
+    }
+    assert_int_equal(renamed, 2 * (1 + 2 * 2));               /* embeddings + 2 per layer */
+    snprintf(path, sizeof path, "%s/model.safetensors", to);
+    f = fopen(path, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(buf, 1, (size_t)n, f), (size_t)n);
+    fclose(f);
+    free(buf);
+}
+
 static void test_round_trip(void **state) {
     (void)state;
     ca_bert_config c = small();
@@ -177,6 +206,14 @@ static void test_round_trip(void **state) {
     assert_int_equal(info.loaded, 39);
     assert_int_equal(info.initialized, 2);
     assert_string_equal(info.first_initialized, "classifier.weight");
+    assert_same_params(cls2, "bert.", bert);
+    ca_module_destroy(cls2);
+
+    const char *dir3 = sub("gamma");                          /* older LayerNorm names */
+    gamma_beta_copy(dir2, dir3);
+    T_OK(ca_bert_for_sequence_classification_create(&back, 0, &cls2));
+    T_OK(ca_bert_load_pretrained(cls2, dir3, &info));
+    assert_int_equal(info.loaded, 39);
     assert_same_params(cls2, "bert.", bert);
     ca_module_destroy(cls2);
     ca_module_destroy(bert);
