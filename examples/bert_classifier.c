@@ -30,6 +30,8 @@ static void usage(FILE *f) {
             "                       [--max_length N] [--lr X] [--warmup FRACTION] [--max_grad_norm X]\n"
             "                       [--weight_decay X] [--seed N] [--max_steps N] [--log_interval N]\n"
             "                       [--from_scratch] [--baseline bow] [configuration flags]\n"
+            "Defaults: 1 epoch (bow: 5), batch 16, max_length 64, lr 1e-4 (bow: 1e-2), warmup 0.1 of the steps,\n"
+            "max_grad_norm 1, weight_decay 0.01, seed 42.\n"
             "--model DIR: a Hugging Face BERT checkpoint directory (config.json, model.safetensors,\n"
             "tokenizer.json or vocab.txt); default $CACCEL_MINILM_DIR (tools/fetch-minilm.sh).\n"
             "--from_scratch: the same architecture, randomly initialised (the tokenizer still\n"
@@ -54,16 +56,16 @@ static bool flag(const char *arg, const char *name, int argc, char **argv, int *
 }
 
 static args parse(int argc, char **argv) {
-    args a = {.model_dir = getenv("CACCEL_MINILM_DIR"), .epochs = 3, .batch_size = 16, .max_length = 64,
+    args a = {.model_dir = getenv("CACCEL_MINILM_DIR"), .epochs = 1, .batch_size = 16, .max_length = 64,
               .lr = 1e-4, .warmup = 0.1, .max_grad_norm = 1.0, .weight_decay = 0.01, .seed = 42};
-    bool lr_set = false;
+    bool lr_set = false, epochs_set = false;
     for (int i = 1; i < argc; i++) {
         const char *v, *s = argv[i];
         if (!strcmp(s, "-h") || !strcmp(s, "--help")) { usage(stdout); exit(0); }
         else if (!strcmp(s, "--from_scratch")) a.from_scratch = true;
         else if (flag(s, "--model", argc, argv, &i, &v)) a.model_dir = v;
         else if (flag(s, "--output_dir", argc, argv, &i, &v)) a.output_dir = v;
-        else if (flag(s, "--epochs", argc, argv, &i, &v)) a.epochs = atoi(v);
+        else if (flag(s, "--epochs", argc, argv, &i, &v)) { a.epochs = atoi(v); epochs_set = true; }
         else if (flag(s, "--batch_size", argc, argv, &i, &v)) a.batch_size = atoll(v);
         else if (flag(s, "--max_length", argc, argv, &i, &v)) a.max_length = atoll(v);
         else if (flag(s, "--max_steps", argc, argv, &i, &v)) a.max_steps = atoll(v);
@@ -96,6 +98,7 @@ static args parse(int argc, char **argv) {
         exit(2);
     }
     if (a.bow && !lr_set) a.lr = 1e-2;        /* a linear model on counts wants a larger step */
+    if (a.bow && !epochs_set) a.epochs = 5;   /* it converges later, and an epoch costs nothing */
     if (a.bow && a.output_dir) {
         fprintf(stderr, "bert_classifier: --output_dir writes a BERT checkpoint; not with --baseline bow\n");
         exit(2);

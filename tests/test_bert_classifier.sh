@@ -42,7 +42,9 @@ timeout 600 "$ex" --cpu $args > "$WORK/one.log" 2>&1 || { cat "$WORK/one.log"; f
 check "1 process" "$WORK/one.log"
 
 echo "== 2 processes (caccel launch, Gloo)"
-if [ -e "$build/tools/caccel" ] && ls $(echo "${CACCEL_PLUGIN_PATH:-}" | tr ':' ' ') 2>/dev/null | grep -q caccel_gloo; then
+gloo=false
+for d in $(echo "${CACCEL_PLUGIN_PATH:-}" | tr ':' ' '); do [ -e "$d/caccel_gloo.so" ] && gloo=true; done
+if [ -x "$build/tools/caccel" ] && $gloo; then
     timeout 600 "$build/tools/caccel" launch --num_processes 2 --cpu --backend gloo "$ex" $args \
         --output_dir "$WORK/out" > "$WORK/two.log" 2>&1 || { cat "$WORK/two.log"; fail "2 processes exited non-zero"; }
     check "2 processes" "$WORK/two.log"
