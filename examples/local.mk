@@ -7,3 +7,6 @@ examples_linear_regression_LDADD = libcaccel.la -lm
 noinst_PROGRAMS += examples/gpt
 examples_gpt_SOURCES = examples/gpt.c
 examples_gpt_LDADD = libcaccel.la -lm
+noinst_PROGRAMS += examples/bert_classifier
+examples_bert_classifier_SOURCES = examples/bert_classifier.c
+examples_bert_classifier_LDADD = libcaccel.la -lm

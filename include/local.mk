@@ -16,6 +16,7 @@ caccelinclude_HEADERS = \
 	include/caccel/data.h \
 	include/caccel/tokenizer.h \
 	include/caccel/bert_config.h \
+	include/caccel/bert.h \
 	include/caccel/accelerator.h \
 	include/caccel/checkpoint.h
 nodist_caccelinclude_HEADERS = include/caccel/version.h

@@ -18,3 +18,15 @@ tests_text_tool_LDADD = libcaccel.la
 tests_test_bert_config_SOURCES = tests/test_bert_config.c tests/test_util.h
 tests_test_bert_config_CFLAGS = $(CA_TEST_CFLAGS)
 tests_test_bert_config_LDADD = $(CA_TEST_LIBS)
+
+# BertModel and BertForSequenceClassification: parity with PyTorch on the real checkpoint.
+check_PROGRAMS += tests/bert_tool tests/test_bert
+TESTS += tests/test_bert tests/test_bert_parity.sh tests/test_bert_classifier.sh
+EXTRA_DIST += tests/test_bert_parity.sh tests/test_bert_classifier.sh tests/bert_reference.py
+VALGRIND_TESTS += tests/test_bert
+tests_test_bert_SOURCES = tests/test_bert.c tests/test_util.h
+tests_test_bert_CFLAGS = $(CA_TEST_CFLAGS)
+tests_test_bert_LDADD = $(CA_TEST_LIBS)
+tests_bert_tool_SOURCES = tests/bert_tool.c
+tests_bert_tool_CFLAGS = $(AM_CFLAGS)
+tests_bert_tool_LDADD = libcaccel.la

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian packages caccel builds, tests and trains with (skips what is already there).
 # --test adds what only the interop tests use: Debian's PyTorch, and Python's safetensors and
-# tokenizers from PyPI.
+# tokenizers (and transformers for Debian's python) from PyPI.
 set -euo pipefail
 tests=false
 [ "${1:-}" = "--test" ] && tests=true
@@ -32,6 +32,12 @@ fi
 if [ -x /usr/bin/python3 ] && /usr/bin/python3 -c 'import torch' 2>/dev/null &&
    ! /usr/bin/python3 -c 'import safetensors' 2>/dev/null; then
     /usr/bin/python3 -m pip install -q --user --break-system-packages safetensors 2>/dev/null || true
+fi
+# The BERT parity tests use Hugging Face's transformers for the python with torch (the last
+# release series that supports Debian's torch 1.13); without it they use a hand-written reference.
+if [ -x /usr/bin/python3 ] && /usr/bin/python3 -c 'import torch' 2>/dev/null &&
+   ! /usr/bin/python3 -c 'import transformers' 2>/dev/null; then
+    /usr/bin/python3 -m pip install -q --user --break-system-packages 'transformers<4.40' 2>/dev/null || true
 fi
 # The tokenizer parity test compares with Hugging Face's `tokenizers`; optional in the same way.
 if command -v python3 >/dev/null && ! python3 -c 'import tokenizers' 2>/dev/null; then

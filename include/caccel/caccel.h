@@ -16,6 +16,7 @@
 #include <caccel/data.h>
 #include <caccel/tokenizer.h>
 #include <caccel/bert_config.h>
+#include <caccel/bert.h>
 #include <caccel/accelerator.h>
 #include <caccel/checkpoint.h>
 
