@@ -22,3 +22,11 @@ endif
 bench: $(ca_bench_cuda_all)
 bench-cuda: $(ca_bench_cuda_deps)
 	$(ca_bench_cuda_run)
+
+# GPT-2-124M-shaped bf16 training step against PyTorch eager on the same GPU (`make bench-gpt-cuda`);
+# skips with the reason where no GPU is usable.
+EXTRA_DIST += bench/run_gpt_cuda.sh
+.PHONY: bench-gpt-cuda
+bench-gpt-cuda: examples/gpt$(EXEEXT) tools/caccel$(EXEEXT)
+	CACCEL_PLUGIN_PATH='$(abs_top_builddir)/backends/cuda/.libs' bash $(top_srcdir)/bench/run_gpt_cuda.sh \
+	  --gpt ./examples/gpt$(EXEEXT) --caccel ./tools/caccel$(EXEEXT) $(BENCH_GPT_CUDA_ARGS)

@@ -7,6 +7,7 @@ include bench/save.mk
 include bench/det.mk
 include bench/cuda.mk
 include bench/xla.mk
+include bench/transformer.mk
 
 # Builds every benchmark without running one (tools/test.sh does, so they keep compiling).
 .PHONY: bench-build

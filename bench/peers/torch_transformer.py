@@ -1,0 +1,123 @@
+"""PyTorch peers of bench_transformer: a BERT fine-tune step at all-MiniLM-L6-v2's shape
+(transformers' BertForSequenceClassification, random initialisation) and a GPT training step of
+examples/gpt's model (the same code as tests/test_gpt_parity.sh). One key=value line per run.
+usage: torch_transformer.py bert --threads T --batch-sizes 8,16 [--seq 128] [--steps N]
+       torch_transformer.py gpt --threads T --n_layer L --n_head H --n_embd C --block_size T --batch_size B
+                             [--vocab_size V] [--device cuda] [--bf16]"""
+import argparse, math, sys, time
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+def bert(a):
+    from transformers import BertConfig, BertForSequenceClassification
+    cfg = BertConfig(vocab_size=30522, hidden_size=384, num_hidden_layers=6, num_attention_heads=12,
+                     intermediate_size=1536, hidden_act="gelu", hidden_dropout_prob=0.1,
+                     attention_probs_dropout_prob=0.1, max_position_embeddings=512, num_labels=2)
+    for B in [int(s) for s in a.batch_sizes.split(",")]:
+        torch.manual_seed(42)
+        m = BertForSequenceClassification(cfg).train()
+        opt = torch.optim.AdamW(m.parameters(), lr=2e-5)
+        x = (1000 + (torch.arange(B * a.seq) * 7919) % 20000).view(B, a.seq)
+        y = torch.arange(B) % 2
+        secs = 0.0
+        for s in range(-2, a.steps):
+            t0 = time.perf_counter()
+            loss = F.cross_entropy(m(input_ids=x).logits, y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            if s >= 0:
+                secs += time.perf_counter() - t0
+        print(f"impl=torch model=bert batch={B} seq={a.seq} threads={torch.get_num_threads()} "
+              f"samples_per_s={B * a.steps / secs:.2f} step_ms={secs / a.steps * 1e3:.1f}", flush=True)
+
+
+def sync(dev):
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def gpt(a):
+    C, H, T, L = a.n_embd, a.n_head, a.block_size, a.n_layer
+
+    class Attn(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c_attn, self.c_proj = nn.Linear(C, 3 * C), nn.Linear(C, C)
+        def forward(self, x):
+            b, t, c = x.shape
+            q, k, v = self.c_attn(x).split(C, dim=2)
+            q, k, v = (z.view(b, t, H, c // H).transpose(1, 2) for z in (q, k, v))
+            att = (q @ k.transpose(-2, -1)) / math.sqrt(c // H)
+            att = att.masked_fill(torch.triu(torch.ones(t, t, dtype=torch.bool, device=x.device), 1), float("-inf"))
+            y = F.softmax(att, dim=-1) @ v
+            return self.c_proj(y.transpose(1, 2).contiguous().view(b, t, c))
+
+    class MLP(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c_fc, self.c_proj = nn.Linear(C, 4 * C), nn.Linear(4 * C, C)
+        def forward(self, x):
+            return self.c_proj(F.gelu(self.c_fc(x), approximate="tanh"))
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ln_1, self.attn, self.ln_2, self.mlp = nn.LayerNorm(C), Attn(), nn.LayerNorm(C), MLP()
+        def forward(self, x):
+            x = x + self.attn(self.ln_1(x))
+            return x + self.mlp(self.ln_2(x))
+
+    class GPT(nn.Module):
+        def __init__(self, V):
+            super().__init__()
+            self.transformer = nn.ModuleDict(dict(wte=nn.Embedding(V, C), wpe=nn.Embedding(T, C),
+                                                  h=nn.ModuleList([Block() for _ in range(L)]),
+                                                  ln_f=nn.LayerNorm(C)))
+        def forward(self, idx):
+            tr = self.transformer
+            x = tr.wte(idx) + tr.wpe(torch.arange(idx.shape[1], device=idx.device))
+            for blk in tr.h:
+                x = blk(x)
+            return F.linear(tr.ln_f(x), tr.wte.weight)   # tied output layer
+
+    torch.manual_seed(1337)
+    V, B, dev = a.vocab_size, a.batch_size, torch.device(a.device)
+    m = GPT(V).to(dev).train()
+    amp = torch.autocast(dev.type, dtype=torch.bfloat16, enabled=a.bf16)
+    opt = torch.optim.AdamW(m.parameters(), lr=4e-3, weight_decay=0.1)
+    g = torch.Generator().manual_seed(0)
+    secs = 0.0
+    for s in range(-2, a.steps):
+        x = torch.randint(0, 256, (B, T + 1), generator=g).to(dev)   # bytes, as examples/gpt
+        sync(dev)
+        t0 = time.perf_counter()
+        with amp:
+            loss = F.cross_entropy(m(x[:, :-1]).reshape(-1, V).float(), x[:, 1:].reshape(-1))
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        sync(dev)
+        if s >= 0:
+            secs += time.perf_counter() - t0
+    print(f"impl=torch model=gpt shape={L}x{H}x{C}xT{T} batch={B} threads={torch.get_num_threads()} "
+          f"tokens_per_s={B * T * a.steps / secs:.0f}", flush=True)
+
+
+p = argparse.ArgumentParser()
+p.add_argument("model", choices=["bert", "gpt"])
+p.add_argument("--threads", type=int, default=1)
+p.add_argument("--batch-sizes", default="8,16")
+p.add_argument("--seq", type=int, default=128)
+p.add_argument("--steps", type=int, default=5)
+p.add_argument("--device", default="cpu")
+p.add_argument("--bf16", action="store_true", help="torch.autocast bf16 (the GPU step)")
+for k, v in dict(n_layer=4, n_head=4, n_embd=128, block_size=64, batch_size=32, vocab_size=256).items():
+    p.add_argument("--" + k, type=int, default=v)
+a = p.parse_args()
+torch.set_num_threads(a.threads)
+print(f"# torch {torch.__version__}, {torch.__config__.parallel_info().splitlines()[0]}", file=sys.stderr)
+(bert if a.model == "bert" else gpt)(a)
