@@ -23,7 +23,7 @@ if [ -n "$caccel" ]; then
     line=$("$caccel" env 2>/dev/null | awk '$1 == "cuda" && $2 == "device"')
     case $line in
         *" ok"*) ;;
-        *) echo "SKIP: no usable CUDA device for caccel: ${line:-the cuda backend is not built}"; exit 77 ;;
+        *) echo "SKIP: no usable CUDA device for caccel: $(echo "${line:-the cuda backend is not built}" | tr -s " ")"; exit 77 ;;
     esac
 fi
 command -v nvidia-smi >/dev/null 2>&1 || { echo "SKIP: nvidia-smi not found: no NVIDIA GPU on this machine"; exit 77; }

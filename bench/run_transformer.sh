@@ -5,10 +5,11 @@
 #              transformers' BertForSequenceClassification of the same shape;
 #   gpt        examples/gpt's training tokens/s at its default shape and a larger one against the
 #              PyTorch GPT of tests/test_gpt_parity.sh;
-#   attention  the fused attention against matmul-softmax-matmul from ops (time, peak memory).
+#   attention  the fused attention against matmul-softmax-matmul from ops (time, peak memory);
+#   memory     (not by default) allocator statistics of BERT steps whose sequence length varies.
 # Prints medians and the caccel/PyTorch ratios.
 # usage: run_transformer.sh --bench PATH --gpt PATH [--caccel PATH] [--reps N] [--threads 1,2]
-#        [--batch-sizes 8,16] [--parts bert,gpt,attention]
+#        [--batch-sizes 8,16] [--parts bert,gpt,attention,memory]
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 bench="" gpt="" caccel="" reps=2 threads="1,2" sizes="8,16" parts="bert,gpt,attention"
@@ -58,6 +59,11 @@ for t in ${threads//,/ }; do
     done
     if has attention; then "$bench" attention --seqs 512,1024 >> "$out"; fi
 done
+if has memory; then   # not timed: where bert_classifier's memory goes (batch 16, max_length 64)
+    echo "BERT fine-tune memory, batch 16: sequence length varying per batch in 8..64 (as bert_classifier's trim), then fixed 64"
+    "$bench" bert-memory --batch-sizes 16 --seq 64 --min-seq 8 --steps 64 | sed 's/^impl=caccel model=bert-memory //'
+    "$bench" bert-memory --batch-sizes 16 --seq 64 --min-seq 64 --steps 16 | sed 's/^impl=caccel model=bert-memory //'
+fi
 $peer - "$out" <<'PY'
 import statistics, sys
 rows = [dict(kv.split("=", 1) for kv in line.split()) for line in open(sys.argv[1]) if line.startswith("impl=")]
@@ -70,13 +76,13 @@ bert = sorted({(r["threads"], r["batch"]) for r in pick(model="bert")}, key=lamb
 if bert:
     print("BERT fine-tune step, MiniLM shape (6 x 384, 12 heads, FFN 1536), sequence 128, AdamW, dropout 0.1")
     print(f"{'thr':>3} {'batch':>5} | {'caccel samples/s':>16} {'torch samples/s':>15} {'ratio':>6} | {'step ms':>8}"
-          f" {'GEMM bound ms':>13} {'step/GEMM':>9} | {'linear GEMM':>11} {'attention':>9} {'other':>6} {'outside linear GEMM %':>21} {'step MiB':>8}")
+          f" {'GEMM bound ms':>13} {'step/GEMM':>9} | {'linear GEMM':>11} {'attention':>9} {'other':>6} {'outside GEMM %':>14} {'step MiB':>8}")
     for t, b in bert:
         c, q = pick(model="bert", impl="caccel", threads=t, batch=b), pick(model="bert", impl="torch", threads=t, batch=b)
         cs, qs = med(c, "samples_per_s"), med(q, "samples_per_s")
         print(f"{t:>3} {b:>5} | {cs:>16.2f} {qs:>15.2f} {cs / qs:>6.2f} | {med(c, 'step_ms'):>8.0f} {med(c, 'gemm_bound_ms'):>13.0f}"
               f" {med(c, 'step_over_gemm'):>9.2f} | {med(c, 'linear_gemm_ms'):>11.0f} {med(c, 'attention_ms'):>9.0f}"
-              f" {med(c, 'other_ms'):>6.0f} {med(c, 'outside_gemm_pct'):>21.1f} {med(c, 'step_mem_mib'):>8.0f}")
+              f" {med(c, 'other_ms'):>6.0f} {med(c, 'outside_gemm_pct'):>14.1f} {med(c, 'step_mem_mib'):>8.0f}")
 gpt = sorted({(r["shape"], r["threads"], r["batch"]) for r in pick(model="gpt")}, key=lambda k: (k[0], int(k[1])))
 if gpt:
     print("GPT training (examples/gpt, AdamW, clip 1.0), tokens/s")
