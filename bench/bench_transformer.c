@@ -156,6 +156,18 @@ static void bench_bert(ca_accelerator *acc, const int *batches, int nb, int L, i
     }
 }
 
+/* Records into *peak (if larger) the allocator's peak since the last mark, above base, and into
+ * top the peak itself; resets the peak. Returns the bytes allocated now. */
+static size_t top;   /* the largest peak_allocated seen by phase_mark */
+static size_t phase_mark(ca_device *dev, size_t *peak, size_t base) {
+    ca_allocator_stats st;
+    CA_CHECK(ca_device_memory_stats(dev, &st));
+    if (peak && st.peak_allocated - base > *peak) *peak = st.peak_allocated - base;
+    if (st.peak_allocated > top) top = st.peak_allocated;
+    CA_CHECK(ca_device_reset_peak_stats(dev));
+    return st.allocated;
+}
+
 /* Where a fine-tune's memory goes: steps at batch B whose sequence length varies per batch as
  * examples/bert_classifier's trim to the batch's longest sample does (lengths drawn in
  * [min_len, L]), or stays L (min_len = L); allocator statistics and the process's peak RSS. */
@@ -173,15 +185,22 @@ static void bench_bert_memory(ca_accelerator *acc, int B, int min_len, int L, in
     for (int i = 0; i < B * L; i++) ids[i] = 1000 + (i * 7919) % 20000;
     for (int i = 0; i < B && i < 64; i++) lab[i] = i % 2;
     uint64_t rng = 12345;
+    size_t peak[3] = {0, 0, 0};   /* the largest peak above the step's start from step 3 (the optimizer's
+                                     state exists): forward, backward, optimizer */
     for (int s = 1; s <= steps; s++) {
         rng = rng * 6364136223846793005ull + 1442695040888963407ull;
         int len = min_len + (int)((rng >> 33) % (uint64_t)(L - min_len + 1));
+        size_t base = phase_mark(dev, NULL, 0);
         CA_SCOPE {
             ca_tensor *x = ca_from_host(dev, CA_I64, CA_SHAPE(B, len), ids);
             ca_tensor *y = ca_from_host(dev, CA_I64, CA_SHAPE(B), lab);
-            CA_CHECK(ca_backward(acc, ca_cross_entropy(ca_module_forward(m, x), y)));
+            ca_tensor *loss = ca_cross_entropy(ca_module_forward(m, x), y);
+            phase_mark(dev, s > 2 ? &peak[0] : NULL, base);
+            CA_CHECK(ca_backward(acc, loss));
+            phase_mark(dev, s > 2 ? &peak[1] : NULL, base);
             CA_CHECK(ca_optimizer_step(opt));
             ca_optimizer_zero_grad(opt);
+            phase_mark(dev, s > 2 ? &peak[2] : NULL, base);
         }
         if (s == 1 || s == steps || (s & (s - 1)) == 0) {
             ca_allocator_stats st;
@@ -189,9 +208,11 @@ static void bench_bert_memory(ca_accelerator *acc, int B, int min_len, int L, in
             struct rusage ru;
             getrusage(RUSAGE_SELF, &ru);
             printf("impl=caccel model=bert-memory batch=%d len=%d..%d step=%d allocated_mib=%.0f "
-                   "peak_allocated_mib=%.0f reserved_mib=%.0f peak_reserved_mib=%.0f peak_rss_mib=%.0f\n",
-                   B, min_len, L, s, st.allocated / 1048576.0, st.peak_allocated / 1048576.0,
-                   st.reserved / 1048576.0, st.peak_reserved / 1048576.0, ru.ru_maxrss / 1024.0);
+                   "peak_allocated_mib=%.0f reserved_mib=%.0f peak_reserved_mib=%.0f peak_rss_mib=%.0f "
+                   "above_start_mib_fwd=%.0f bwd=%.0f opt=%.0f\n",
+                   B, min_len, L, s, st.allocated / 1048576.0, top / 1048576.0,
+                   st.reserved / 1048576.0, st.peak_reserved / 1048576.0, ru.ru_maxrss / 1024.0,
+                   peak[0] / 1048576.0, peak[1] / 1048576.0, peak[2] / 1048576.0);
             fflush(stdout);
         }
     }
