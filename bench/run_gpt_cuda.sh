@@ -2,7 +2,7 @@
 # GPT-2-124M-shaped bf16 training step on one GPU: examples/gpt (12 layers, 12 heads, 768
 # channels, block 1024, vocabulary 50304, --mixed_precision bf16) against the PyTorch GPT of
 # bench/peers/torch_transformer.py under torch.autocast bf16 on the same GPU; tokens/s and MFU
-# (6 N + 6 L T C FLOPs per token, against --peak-tflops, default 989 for an H100 SXM's dense bf16).
+# (6 N + 12 L T C FLOPs per token, nanoGPT's estimate, against --peak-tflops, default 989 for an H100 SXM's dense bf16).
 # Exits 77 (skip) with the reason when there is no usable GPU or no CUDA PyTorch.
 # usage: run_gpt_cuda.sh --gpt PATH [--caccel PATH] [--batch-size 8] [--steps 20] [--peak-tflops X]
 set -euo pipefail
@@ -30,7 +30,7 @@ command -v nvidia-smi >/dev/null 2>&1 || { echo "SKIP: nvidia-smi not found: no 
 L=12 H=12 C=768 T=1024 V=50304
 echo "# $(date -u +%Y-%m-%dT%H:%MZ) $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1)"
 # N = parameters without the position embedding (tied output layer counted once), nanoGPT's MFU.
-flops_per_token=$(( 6 * (12 * L * C * C + V * C) + 6 * L * T * C ))
+flops_per_token=$(( 6 * (12 * L * C * C + V * C) + 12 * L * T * C ))
 tps=$("$gpt" --mixed_precision bf16 --n_layer $L --n_head $H --n_embd $C --block_size $T --vocab_size $V \
       --batch_size "$B" --max_steps "$N" --log_interval $((N / 2)) --eval_interval 0 --eval_samples "$B" \
       --sample_tokens 0 | sed -n 's/.* \([0-9.]*\) tokens\/s$/\1/p' | tail -1)
