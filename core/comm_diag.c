@@ -479,8 +479,16 @@ static void positions(ca_comm *c, char *buf, size_t len) { positions_with(c, -1,
 
 /* ------------------------------------------------------------------ failure */
 
-/* Records the communicator's first failure, tells the peers and the backend.
- * Returns the status, with the message recorded on the calling thread. */
+/* Until the failing thread has told the backend (failed == 2), the others wait: a thread that acted on
+ * the failure sooner could free an operation the backend still owns (MPI would wait in MPI_Waitall
+ * for a peer that is gone). Publishing the failure takes a store round trip: sleep, do not spin. */
+static void wait_failure_recorded(ca_comm *c) {
+    while (atomic_load(&c->failed) == 2) usleep(500);
+}
+
+/* Records the communicator's first failure, tells the peers and the backend, and only then lets the
+ * other threads see it as failed (failed 2 -> 1). Returns the status, with the message recorded on
+ * the calling thread. */
 static ca_status comm_fail(ca_comm *c, ca_status s, const char *msg, const char *hint) {
     int expected = 0;
     pthread_mutex_lock(&c->mu);
@@ -490,7 +498,6 @@ static ca_status comm_fail(ca_comm *c, ca_status s, const char *msg, const char 
         snprintf(c->fail_msg, sizeof c->fail_msg, "%s", msg);
         snprintf(c->fail_hint, sizeof c->fail_hint, "%s", hint ? hint : "");
         c->version++;
-        atomic_store(&c->failed, 1);
     }
     pthread_mutex_unlock(&c->mu);
     if (first) {
@@ -505,15 +512,16 @@ static ca_status comm_fail(ca_comm *c, ca_status s, const char *msg, const char 
         }
         if (c->ops.abort) c->ops.abort(c->bc);
         ca_clear_error();
+        atomic_store(&c->failed, 1);
     }
-    while (atomic_load(&c->failed) == 2) sched_yield();
+    wait_failure_recorded(c);
     ca_error(c->fail_status, "%s", c->fail_msg);
     if (c->fail_hint[0]) ca_error_hint("%s", c->fail_hint);
     return c->fail_status;
 }
 
 ca_status ca_comm_diag_failed_already(ca_comm *c, const char *what) {
-    while (atomic_load(&c->failed) == 2) sched_yield();
+    wait_failure_recorded(c);
     ca_error(c->fail_status == CA_OK ? CA_ERR_STATE : c->fail_status,
              "%s on a communicator that already failed: %s", what, c->fail_msg);
     if (c->fail_hint[0]) ca_error_hint("%s", c->fail_hint);
@@ -522,7 +530,7 @@ ca_status ca_comm_diag_failed_already(ca_comm *c, const char *what) {
 
 /* The failure that ended a wait in progress: the communicator's own message. */
 ca_status ca_comm_diag_failure(ca_comm *c) {
-    while (atomic_load(&c->failed) == 2) sched_yield();
+    wait_failure_recorded(c);
     ca_error(c->fail_status == CA_OK ? CA_ERR_STATE : c->fail_status, "%s", c->fail_msg);
     if (c->fail_hint[0]) ca_error_hint("%s", c->fail_hint);
     return c->fail_status == CA_OK ? CA_ERR_STATE : c->fail_status;

@@ -105,7 +105,7 @@ struct ca_comm {
     char store_lost_msg[MSG_MAX / 2];
     struct ca_comm *live_next; /* the process's communicators, for the exit announcement */
 
-    _Atomic int failed;
+    _Atomic int failed;        /* 0; 2 while the first failure is recorded and told; 1 once told */
     ca_status fail_status;
     char fail_msg[MSG_MAX];
     char fail_hint[512];

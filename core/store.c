@@ -865,7 +865,9 @@ static ca_status request(ca_store_client *c, uint32_t op, const char *key, const
     if (is_gone(c)) return gone_error(c);
     int fd;
     ca_status st = acquire(c, io_deadline, &fd);
-    if (st != CA_OK) return ca_error_context("%s", doing);
+    /* a store found gone while connecting (the pooled connection busy with another thread's call) reads as
+     * it does for every later call, without this request's prefix: a lost store has one message */
+    if (st != CA_OK) return is_gone(c) ? gone_error(c) : ca_error_context("%s", doing);
     int e = exchange(fd, op, key, klen, val, vlen, arg, io_deadline, rep);
     if (e) {
         close(fd);

@@ -319,6 +319,34 @@ static void test_server_gone(void **state) {
     ca_store_client_close(c);
 }
 
+/* A request that finds the store gone while it opens a connection (the pooled one is busy with another
+ * thread's wait) says so in the same words as every later request: "the rendezvous store at ... is gone: ...",
+ * not prefixed by the request. The peers of a rank that served the store recognise its loss by that form.
+ * Which thread sees the loss first is a race: each round gives the second request a chance to. */
+static void test_gone_while_connecting(void **state) {
+    (void)state;
+    for (int round = 0; round < 40; round++) {
+        ca_store_server *s = NULL;
+        ca_store_client *c = NULL;
+        T_OK(ca_store_server_start("127.0.0.1", 0, TOKEN, &s, NULL));
+        T_OK(ca_store_client_connect("127.0.0.1", ca_store_server_port(s), TOKEN, 2000, &c));
+        getter g = {.ref = ca_store_client_ref(c)};
+        pthread_t t;
+        pthread_create(&t, NULL, get_forever, &g);
+        usleep(20 * 1000);
+        ca_store_server_stop(s);
+        char buf[8];
+        size_t len = sizeof buf;
+        assert_int_equal(g.ref.ops->get(g.ref.store, "another-key", buf, &len, 1000), CA_ERR_PEER);
+        const char *m = ca_last_error();
+        if (strncmp(m, "the rendezvous store at 127.0.0.1:", 34) != 0 || !strstr(m, " is gone: "))
+            fail_msg("round %d: %s", round, m);
+        pthread_join(t, NULL);
+        assert_int_equal(g.st, CA_ERR_PEER);
+        ca_store_client_close(c);
+    }
+}
+
 static void test_token(void **state) {
     (void)state;
     char a[64], b[64];
@@ -343,6 +371,7 @@ int main(void) {
         cmocka_unit_test(test_refused_names_address),
         cmocka_unit_test_setup_teardown(test_busy_port, setup, teardown),
         cmocka_unit_test(test_server_gone),
+        cmocka_unit_test(test_gone_while_connecting),
         cmocka_unit_test(test_token),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -102,6 +102,8 @@ if [ -e "$BUILD/collectives/.libs/caccel_gloo.so" ]; then
             count $((np - 1)) "comm_check: EXPECTED rank .* (CA_ERR_PEER): .*$(died_msg $v)" "$WORK/out"
             bounded "$start"; clean
 
+            # every other rank names the lost store in the one documented form, whichever of its threads (the
+            # waiting collective, or the watchdog opening a second connection) saw the loss first
             note "no launcher, $how, $np ranks: rank 0, which serves the store, is killed with SIGKILL"
             start=$(date +%s)
             run_env "$np" "$CHECK" --tag "$TAG" --backend gloo --mode kill9 --victim 0 >"$WORK/out" 2>&1
