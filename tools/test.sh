@@ -64,15 +64,28 @@ for check in "tools/check-layers.sh" "tools/check-symbols.sh $top/_build-ci"; do
 done
 
 echo "== make install, then a program built against it with pkg-config"
-inst="$top/_build-ci/_inst"
-if (cd "$top/_build-ci" && rm -rf "$inst" && make -s install >/dev/null 2>&1) &&
-   PKG_CONFIG_PATH="$inst/lib/pkgconfig" cc -std=c11 $(PKG_CONFIG_PATH="$inst/lib/pkgconfig" pkg-config --cflags caccel) \
-       "$top/examples/linear_regression.c" -o "$inst/linear_regression" \
-       $(PKG_CONFIG_PATH="$inst/lib/pkgconfig" pkg-config --libs caccel) -lm &&
-   LD_LIBRARY_PATH="$inst/lib" "$inst/linear_regression" --cpu --epochs 5 >/dev/null &&
-   LD_LIBRARY_PATH="$inst/lib" "$inst/bin/caccel" env | grep -q "gloo" &&
-   # the plugin folder next to the library is the configured one: scanned once, no clashes logged
-   ! LD_LIBRARY_PATH="$inst/lib" CACCEL_LOG_LEVEL=info "$inst/bin/caccel" env 2>&1 | grep -q "already registered"; then
+# Each step says what failed. Outputs are captured whole: a program piped into grep -q can die of
+# SIGPIPE once its output passes one pipe write, which pipefail reports as a failure.
+installed_program() {
+    local inst=$top/_build-ci/_inst pc=$top/_build-ci/_inst/lib/pkgconfig out
+    (cd "$top/_build-ci" && rm -rf "$inst" && make -s install >install.log 2>&1) ||
+        { tail -20 "$top/_build-ci/install.log"; echo "make install failed"; return 1; }
+    # shellcheck disable=SC2046
+    cc -std=c11 $(PKG_CONFIG_PATH=$pc pkg-config --cflags caccel) "$top/examples/linear_regression.c" \
+        -o "$inst/linear_regression" $(PKG_CONFIG_PATH=$pc pkg-config --libs caccel) -lm ||
+        { echo "building against the installed library failed"; return 1; }
+    out=$(LD_LIBRARY_PATH="$inst/lib" "$inst/linear_regression" --cpu --epochs 5 2>&1) ||
+        { echo "$out" | tail -20; echo "the installed program failed"; return 1; }
+    out=$(LD_LIBRARY_PATH="$inst/lib" "$inst/bin/caccel" env 2>&1) ||
+        { echo "$out" | tail -20; echo "installed caccel env failed"; return 1; }
+    grep -q "gloo" <<<"$out" || { echo "$out"; echo "installed caccel env lists no gloo plugin"; return 1; }
+    # the plugin folder next to the library is the configured one: scanned once, no clashes logged
+    out=$(LD_LIBRARY_PATH="$inst/lib" CACCEL_LOG_LEVEL=info "$inst/bin/caccel" env 2>&1)
+    if grep -q "already registered" <<<"$out"; then
+        grep "already registered" <<<"$out"; echo "plugins were registered twice"; return 1
+    fi
+}
+if installed_program; then
     echo "PASS: install + pkg-config"; pass=$((pass + 1))
 else
     echo "FAIL: install + pkg-config"; fail=$((fail + 1))
