@@ -13,9 +13,18 @@
  * tests prove a training loop does not leak. Sizes are rounded to classes of
  * 2^k * {1, 1.25, 1.5, 1.75} (at most 25% slack); a freed block goes back to
  * its class's free list for the same stream and is reused as is.
+ *
+ * Shapes that vary from step to step (text batches padded to their longest
+ * sequence) ask for ever new classes; if blocks cached for one class never
+ * served another, the cache would grow to the sum of every size ever used. So
+ * a miss takes the smallest free block of up to twice its size, and a miss that
+ * would leave more than max(CA_CACHE_FLOOR, peak in use / 2) cached first frees
+ * cached blocks, least recently used class first, down to half that. Steady
+ * shapes stop missing after the first steps, so they never pay for this.
  */
 
 #define CA_MIN_BLOCK 64
+#define CA_CACHE_FLOOR ((size_t)64 << 20)
 
 typedef struct block {
     void *ptr;
@@ -30,6 +39,7 @@ typedef struct free_list {
     size_t size;
     void *stream;
     block *head;
+    uint64_t last_use;    /* tick of the last push or pop: trimming frees the oldest first */
     struct free_list *next;
 } free_list;
 
@@ -39,6 +49,7 @@ typedef struct caching {
     pthread_mutex_t mu;
     ca_ptr_map blocks;            /* ptr -> block, every block reserved from the device */
     free_list *lists;
+    uint64_t tick;
     ca_allocator_stats st;
 } caching;
 
@@ -72,19 +83,58 @@ static void note_alloc(caching *c, block *b) {
     c->st.num_allocs++;
 }
 
+static void free_block(caching *c, block *b) {
+    ca_ptr_map_take(&c->blocks, b->ptr);
+    c->ops->mem_free(c->dev, b->ptr);
+    c->st.reserved -= b->size;
+    c->st.num_device_frees++;
+    free(b);
+}
+
 /* Frees every cached (unused) block back to the device. Caller holds mu. */
 static void release_cached(caching *c) {
     for (free_list *l = c->lists; l; l = l->next) {
         while (l->head) {
             block *b = l->head;
             l->head = b->next_free;
-            ca_ptr_map_take(&c->blocks, b->ptr);
-            c->ops->mem_free(c->dev, b->ptr);
-            c->st.reserved -= b->size;
-            c->st.num_device_frees++;
-            free(b);
+            free_block(c, b);
         }
     }
+}
+
+/* Frees cached blocks, least recently used class first, down to half the limit. Caller holds mu. */
+static void trim_cache(caching *c, size_t need) {
+    size_t limit = c->st.peak_allocated / 2 > CA_CACHE_FLOOR ? c->st.peak_allocated / 2 : CA_CACHE_FLOOR;
+    if (c->st.reserved - c->st.allocated + need <= limit) return;
+    while (c->st.reserved - c->st.allocated > limit / 2) {
+        free_list *lru = NULL;
+        for (free_list *l = c->lists; l; l = l->next)
+            if (l->head && (!lru || l->last_use < lru->last_use)) lru = l;
+        if (!lru) return;
+        while (lru->head && c->st.reserved - c->st.allocated > limit / 2) {
+            block *b = lru->head;
+            lru->head = b->next_free;
+            free_block(c, b);
+        }
+    }
+}
+
+/* A free block of the class, else the smallest free one of at most twice the size. */
+static block *pop_free(caching *c, size_t size, void *stream) {
+    free_list *best = list_for(c, size, stream, false);
+    if (!best || !best->head) {
+        best = NULL;
+        for (free_list *l = c->lists; l; l = l->next)
+            if (l->head && l->stream == stream && l->size > size && l->size <= 2 * size &&
+                (!best || l->size < best->size))
+                best = l;
+    }
+    if (!best) return NULL;
+    block *b = best->head;
+    best->head = b->next_free;
+    best->last_use = ++c->tick;
+    c->st.num_cache_hits++;
+    return b;
 }
 
 static ca_status reserve_block(caching *c, size_t size, size_t bytes, void *stream, block **out) {
@@ -121,12 +171,9 @@ static ca_status caching_alloc(void *actx, size_t bytes, void *stream, void **pt
     ca_status s = CA_OK;
     block *b = NULL;
     pthread_mutex_lock(&c->mu);
-    free_list *l = list_for(c, size, stream, false);
-    if (l && l->head) {
-        b = l->head;
-        l->head = b->next_free;
-        c->st.num_cache_hits++;
-    } else {
+    b = pop_free(c, size, stream);
+    if (!b) {
+        trim_cache(c, size);
         s = reserve_block(c, size, bytes, stream, &b);
     }
     if (s == CA_OK) {
@@ -153,12 +200,9 @@ static void caching_free(void *actx, void *ptr) {
         if (l) {
             b->next_free = l->head;
             l->head = b;
+            l->last_use = ++c->tick;
         } else {           /* no memory for a list: return the block to the device */
-            ca_ptr_map_take(&c->blocks, b->ptr);
-            c->ops->mem_free(c->dev, b->ptr);
-            c->st.reserved -= b->size;
-            c->st.num_device_frees++;
-            free(b);
+            free_block(c, b);
         }
     } else {
         ca_log_printf(CA_LOG_ERROR, "%s allocator: free of %p, which it did not allocate or already freed",

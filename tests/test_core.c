@@ -166,6 +166,39 @@ static void test_caching_allocator_reuses(void **state) {
     assert_int_equal(b.reserved, b.allocated);
 }
 
+/* Sizes that change every step (text padded to its longest sequence) must not grow the cache to the sum of
+ * every size seen: reserved stays within the cache limit (max(64 MiB, peak / 2)) of the peak in use. */
+static void test_caching_allocator_bounded_for_varying_sizes(void **state) {
+    ca_device *cpu = ca_cpu_device();
+    T_OK(ca_device_empty_cache(cpu));
+    T_OK(ca_device_reset_peak_stats(cpu));
+    ca_allocator_stats a, b;
+    T_OK(ca_device_memory_stats(cpu, &a));
+    size_t sum = 0;
+    for (int r = 0; r < 24; r++) {      /* growing classes: no older block can serve a newer request */
+        size_t n = ((size_t)1 << 20 << (r / 4)) / 4 * (size_t)(4 + r % 4);
+        void *p = NULL;
+        T_OK(ca_device_alloc(cpu, n, &p));
+        ca_device_free(cpu, p);
+        sum += n;
+    }
+    T_OK(ca_device_memory_stats(cpu, &b));
+    size_t peak = b.peak_allocated - a.allocated, limit = peak / 2 > (64u << 20) ? peak / 2 : (64u << 20);
+    assert_true(sum > peak + limit);                   /* without a bound the cache would hold them all */
+    assert_true(b.peak_reserved - a.reserved <= peak + limit);
+    /* a smaller request takes a free block of up to twice its size instead of asking the device */
+    void *big = NULL, *small = NULL;
+    T_OK(ca_device_alloc(cpu, 3000000, &big));
+    ca_device_free(cpu, big);
+    T_OK(ca_device_memory_stats(cpu, &a));
+    T_OK(ca_device_alloc(cpu, 2000000, &small));
+    T_OK(ca_device_memory_stats(cpu, &b));
+    assert_ptr_equal(small, big);
+    assert_int_equal(b.num_device_allocs, a.num_device_allocs);
+    ca_device_free(cpu, small);
+    T_OK(ca_device_empty_cache(cpu));
+}
+
 /* ------------------------------------------------------------------ tensors */
 
 static void test_scopes_release(void **state) {
@@ -278,6 +311,7 @@ int main(void) {
         cmocka_unit_test(test_registry_loads_plugin_with_reason),
         cmocka_unit_test(test_registry_older_minor_lacks_new_kernels),
         cmocka_unit_test(test_caching_allocator_reuses),
+        cmocka_unit_test(test_caching_allocator_bounded_for_varying_sizes),
         cmocka_unit_test(test_scopes_release),
         cmocka_unit_test(test_views_share_storage),
         cmocka_unit_test(test_storage_refcount),
