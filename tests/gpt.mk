@@ -1,4 +1,4 @@
 # tests/gpt.mk: examples/gpt: training on 1 and 2 processes with generation, and parity of its
 # logits, loss and gradients with a PyTorch reference.
 TESTS += tests/test_gpt.sh tests/test_gpt_parity.sh
-EXTRA_DIST += tests/test_gpt.sh tests/test_gpt_parity.sh
+EXTRA_DIST += tests/test_gpt.sh tests/test_gpt_parity.sh tests/torch_reference.py

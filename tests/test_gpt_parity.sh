@@ -15,10 +15,11 @@
 # a causal mask one position off 0.84: both fail. The measured differences are printed.
 #
 # Needs a python3 with torch and numpy (Debian's python3-torch: /usr/bin/python3) and the fortunes
-# package; SKIP (77) otherwise. The file is read with a reader of the documented safetensors
-# format (8-byte header length, JSON header, raw data), as /usr/bin/python3 may lack the package.
+# package; SKIP (77) otherwise. The model and the safetensors reader are tests/torch_reference.py's
+# (the benchmark's PyTorch peer uses the same model).
 set -u
 b=${CACCEL_TEST_BUILDDIR:-.}
+srcdir=${CACCEL_TEST_SRCDIR:-${srcdir:-.}}
 fail() { echo "FAIL: $*"; exit 1; }
 
 py=""
@@ -37,70 +38,17 @@ trap 'rm -rf "$WORK"' EXIT
 cat "$WORK/out"
 
 cat > "$WORK/ref.py" <<'PY'
-import json, math, struct, sys
+import sys
 import numpy as np
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
+from torch_reference import gpt_model, load_safetensors
 
 d, L, H, C, T, B = sys.argv[1], 2, 4, 64, 32, 4
 
-def load(path):
-    raw = open(path, "rb").read()
-    n = struct.unpack("<Q", raw[:8])[0]
-    header = json.loads(raw[8:8 + n])
-    header.pop("__metadata__", None)
-    data = raw[8 + n:]
-    out = {}
-    for name, t in header.items():
-        assert t["dtype"] == "F32", (name, t["dtype"])
-        s, e = t["data_offsets"]
-        out[name] = torch.from_numpy(np.frombuffer(data[s:e], dtype="<f4").copy()).reshape(t["shape"])
-    return out
-
-class Attn(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.c_attn, self.c_proj = nn.Linear(C, 3 * C), nn.Linear(C, C)
-    def forward(self, x):
-        b, t, c = x.shape
-        q, k, v = self.c_attn(x).split(C, dim=2)
-        q, k, v = (z.view(b, t, H, c // H).transpose(1, 2) for z in (q, k, v))
-        att = (q @ k.transpose(-2, -1)) / math.sqrt(c // H)
-        att = att.masked_fill(torch.triu(torch.ones(t, t, dtype=torch.bool), 1), float("-inf"))
-        y = F.softmax(att, dim=-1) @ v
-        return self.c_proj(y.transpose(1, 2).contiguous().view(b, t, c))
-
-class MLP(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.c_fc, self.c_proj = nn.Linear(C, 4 * C), nn.Linear(4 * C, C)
-    def forward(self, x):
-        return self.c_proj(F.gelu(self.c_fc(x), approximate="tanh"))
-
-class Block(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.ln_1, self.attn, self.ln_2, self.mlp = nn.LayerNorm(C), Attn(), nn.LayerNorm(C), MLP()
-    def forward(self, x):
-        x = x + self.attn(self.ln_1(x))
-        return x + self.mlp(self.ln_2(x))
-
-class GPT(nn.Module):
-    def __init__(self, V):
-        super().__init__()
-        self.transformer = nn.ModuleDict(dict(wte=nn.Embedding(V, C), wpe=nn.Embedding(T, C),
-                                              h=nn.ModuleList([Block() for _ in range(L)]), ln_f=nn.LayerNorm(C)))
-    def forward(self, idx):
-        tr = self.transformer
-        x = tr.wte(idx) + tr.wpe(torch.arange(idx.shape[1]))
-        for blk in tr.h:
-            x = blk(x)
-        return F.linear(tr.ln_f(x), tr.wte.weight)   # tied output layer
-
-state = load(d + "/model.safetensors")
+state, _ = load_safetensors(d + "/model.safetensors")
 V = state["transformer.wte.weight"].shape[0]
-model = GPT(V)
+model = gpt_model(L, H, C, T, V)
 model.load_state_dict(state, strict=True)
 x = torch.from_numpy(np.fromfile(d + "/x.bin", dtype="<i8").reshape(B, T))
 y = torch.from_numpy(np.fromfile(d + "/y.bin", dtype="<i8").reshape(B, T))
@@ -136,5 +84,5 @@ assert off == grads.size and not params, ("gradients missing or extra", list(par
 print("gradients: %d tensors, largest max |diff| / max |grad| %.3g (tolerance 2e-5)" % (n, worst))
 sys.exit(0 if ok else 1)
 PY
-"$py" "$WORK/ref.py" "$WORK/p" || fail "caccel's GPT differs from the PyTorch reference beyond the tolerance"
+PYTHONPATH="$srcdir/tests" "$py" "$WORK/ref.py" "$WORK/p" || fail "caccel's GPT differs from the PyTorch reference beyond the tolerance"
 echo "PASS: logits, loss and gradients equal PyTorch's within the tolerance"

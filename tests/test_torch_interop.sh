@@ -10,11 +10,12 @@
 # logits tie to that precision. Observed: identical counts.
 #
 # Needs a python3 with torch (Debian's python3-torch: /usr/bin/python3). The file is read with
-# safetensors.torch when that python has it, else with a reader of the documented format (header
-# JSON + raw data); the reference package is checked by test_safetensors_interop.sh. SKIP (77)
+# safetensors.torch when that python has it, else with a reader of the documented format
+# (tests/torch_reference.py); the reference package is checked by test_safetensors_interop.sh. SKIP (77)
 # without torch or the dataset.
 set -u
 b=${CACCEL_TEST_BUILDDIR:-.}
+srcdir=${CACCEL_TEST_SRCDIR:-${srcdir:-.}}
 fail() { echo "FAIL: $*"; exit 1; }
 
 py=""
@@ -29,27 +30,10 @@ data=${CACCEL_DATA_DIR:+$CACCEL_DATA_DIR/fashion-mnist}
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/caccel-torch.XXXXXX")
 trap 'rm -rf "$WORK"' EXIT
 cat > "$WORK/evaluate.py" <<'PY'
-import collections, gzip, json, struct, sys
+import collections, gzip, sys
 import numpy as np
 import torch
-
-def load(path):
-    try:
-        from safetensors.torch import load_file
-        return load_file(path), "safetensors.torch"
-    except ImportError:
-        pass
-    raw = open(path, "rb").read()
-    n = struct.unpack("<Q", raw[:8])[0]
-    header = json.loads(raw[8:8 + n])
-    header.pop("__metadata__", None)
-    data = raw[8 + n:]
-    out = {}
-    for name, t in header.items():
-        assert t["dtype"] == "F32", (name, t["dtype"])
-        b, e = t["data_offsets"]
-        out[name] = torch.from_numpy(np.frombuffer(data[b:e], dtype="<f4").copy()).reshape(t["shape"])
-    return out, "the documented format (no safetensors module in this python)"
+from torch_reference import load_safetensors
 
 def mlp():
     nn = torch.nn
@@ -66,7 +50,7 @@ def test_set(d):
 
 path, data = sys.argv[1], sys.argv[2]
 model = mlp()
-state, how = load(path)
+state, how = load_safetensors(path)
 model.load_state_dict(state, strict=True)
 print("loaded with", how, file=sys.stderr)
 model.eval()
@@ -81,7 +65,7 @@ out=$("$b/examples/fashion_mnist" --cpu --epochs 1 --output_dir "$WORK/caccel" 2
 acc=$(echo "$out" | sed -n 's/.*test accuracy \([0-9.]*\)%.*/\1/p' | tail -1)
 [ -n "$acc" ] && [ -f "$WORK/caccel/model.safetensors" ] || { echo "$out"; fail "no accuracy line or no model file"; }
 ours=$(awk -v a="$acc" 'BEGIN { printf "%d", a * 100 + 0.5 }')
-theirs=$("$py" "$WORK/evaluate.py" "$WORK/caccel/model.safetensors" "$data") || fail "PyTorch could not load or evaluate caccel's model"
+theirs=$(PYTHONPATH="$srcdir/tests" "$py" "$WORK/evaluate.py" "$WORK/caccel/model.safetensors" "$data") || fail "PyTorch could not load or evaluate caccel's model"
 echo "caccel: $ours of 10000 correct; PyTorch on caccel's file: $theirs"
 d=$((ours - theirs)); [ $d -lt 0 ] && d=$((-d))
 [ $d -le 5 ] || fail "PyTorch's accuracy on caccel's model differs by $d predictions (bound 5)"

@@ -1,13 +1,15 @@
 """PyTorch peers of bench_transformer: a BERT fine-tune step at all-MiniLM-L6-v2's shape
 (transformers' BertForSequenceClassification, random initialisation) and a GPT training step of
-examples/gpt's model (the same code as tests/test_gpt_parity.sh). One key=value line per run.
+examples/gpt's model (tests/torch_reference.py, which tests/test_gpt_parity.sh checks). One key=value line per run.
 usage: torch_transformer.py bert --threads T --batch-sizes 8,16 [--seq 128] [--steps N]
        torch_transformer.py gpt --threads T --n_layer L --n_head H --n_embd C --block_size T --batch_size B
                              [--vocab_size V] [--device cuda] [--bf16]"""
-import argparse, math, sys, time
+import argparse, os, sys, time
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests"))
+from torch_reference import gpt_model   # noqa: E402  (the model tests/test_gpt_parity.sh checks)
 
 
 def bert(a):
@@ -41,51 +43,9 @@ def sync(dev):
 
 def gpt(a):
     C, H, T, L = a.n_embd, a.n_head, a.block_size, a.n_layer
-
-    class Attn(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.c_attn, self.c_proj = nn.Linear(C, 3 * C), nn.Linear(C, C)
-        def forward(self, x):
-            b, t, c = x.shape
-            q, k, v = self.c_attn(x).split(C, dim=2)
-            q, k, v = (z.view(b, t, H, c // H).transpose(1, 2) for z in (q, k, v))
-            att = (q @ k.transpose(-2, -1)) / math.sqrt(c // H)
-            att = att.masked_fill(torch.triu(torch.ones(t, t, dtype=torch.bool, device=x.device), 1), float("-inf"))
-            y = F.softmax(att, dim=-1) @ v
-            return self.c_proj(y.transpose(1, 2).contiguous().view(b, t, c))
-
-    class MLP(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.c_fc, self.c_proj = nn.Linear(C, 4 * C), nn.Linear(4 * C, C)
-        def forward(self, x):
-            return self.c_proj(F.gelu(self.c_fc(x), approximate="tanh"))
-
-    class Block(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.ln_1, self.attn, self.ln_2, self.mlp = nn.LayerNorm(C), Attn(), nn.LayerNorm(C), MLP()
-        def forward(self, x):
-            x = x + self.attn(self.ln_1(x))
-            return x + self.mlp(self.ln_2(x))
-
-    class GPT(nn.Module):
-        def __init__(self, V):
-            super().__init__()
-            self.transformer = nn.ModuleDict(dict(wte=nn.Embedding(V, C), wpe=nn.Embedding(T, C),
-                                                  h=nn.ModuleList([Block() for _ in range(L)]),
-                                                  ln_f=nn.LayerNorm(C)))
-        def forward(self, idx):
-            tr = self.transformer
-            x = tr.wte(idx) + tr.wpe(torch.arange(idx.shape[1], device=idx.device))
-            for blk in tr.h:
-                x = blk(x)
-            return F.linear(tr.ln_f(x), tr.wte.weight)   # tied output layer
-
     torch.manual_seed(1337)
     V, B, dev = a.vocab_size, a.batch_size, torch.device(a.device)
-    m = GPT(V).to(dev).train()
+    m = gpt_model(L, H, C, T, V).to(dev).train()
     amp = torch.autocast(dev.type, dtype=torch.bfloat16, enabled=a.bf16)
     opt = torch.optim.AdamW(m.parameters(), lr=4e-3, weight_decay=0.1)
     g = torch.Generator().manual_seed(0)
