@@ -8,7 +8,9 @@
 #include <pthread.h>
 #include <dirent.h>
 #include <dlfcn.h>
+#include <elf.h>
 #include <limits.h>
+#include <sys/stat.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -145,12 +147,50 @@ static void ensure_builtins(void) {
     pthread_mutex_unlock(&reg_mu);
 }
 
+/* Why: dlopen maps a truncated shared object as if whole and the process dies of SIGBUS when the
+ * loader touches a page past the end of the file. So a 64-bit ELF file must hold every loadable
+ * segment and its section headers before it is opened; anything else is left to dlopen's checks. */
+static bool elf_truncated(const char *path, char *why, size_t len) {
+    FILE *f = fopen(path, "rb");
+    struct stat st;
+    Elf64_Ehdr eh;
+    if (!f) return false;
+    bool bad = false;
+    if (fstat(fileno(f), &st) == 0 && fread(&eh, sizeof eh, 1, f) == 1 &&
+        memcmp(eh.e_ident, ELFMAG, SELFMAG) == 0 && eh.e_ident[EI_CLASS] == ELFCLASS64) {
+        uint64_t size = (uint64_t)st.st_size, need = eh.e_phoff + (uint64_t)eh.e_phnum * sizeof(Elf64_Phdr);
+        if (eh.e_shnum) {
+            uint64_t sh = eh.e_shoff + (uint64_t)eh.e_shnum * eh.e_shentsize;
+            if (sh > need) need = sh;
+        }
+        for (int i = 0; i < eh.e_phnum && need <= size; i++) {
+            Elf64_Phdr ph;
+            if (fseeko(f, (off_t)(eh.e_phoff + (uint64_t)i * sizeof ph), SEEK_SET) != 0 ||
+                fread(&ph, sizeof ph, 1, f) != 1)
+                break;
+            if (ph.p_type == PT_LOAD && ph.p_offset + ph.p_filesz > need) need = ph.p_offset + ph.p_filesz;
+        }
+        if (need > size) {
+            bad = true;
+            snprintf(why, len, "the file is truncated: %llu bytes, its ELF headers need %llu",
+                     (unsigned long long)size, (unsigned long long)need);
+        }
+    }
+    fclose(f);
+    return bad;
+}
+
 static ca_status load_file_locked(const char *path) {
+    char why[160];
+    if (elf_truncated(path, why, sizeof why)) {
+        ca_log_printf(CA_LOG_WARNING, "plugin %s skipped: %s", path, why);
+        return ca_error(CA_ERR_BACKEND, "plugin %s could not be loaded: %s", path, why);
+    }
     void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
     if (!h) {
-        const char *why = dlerror();
-        ca_log_printf(CA_LOG_WARNING, "plugin %s could not be loaded: %s", path, why ? why : "?");
-        return ca_error(CA_ERR_BACKEND, "plugin %s could not be loaded: %s", path, why ? why : "?");
+        const char *err = dlerror();
+        ca_log_printf(CA_LOG_WARNING, "plugin %s could not be loaded: %s", path, err ? err : "?");
+        return ca_error(CA_ERR_BACKEND, "plugin %s could not be loaded: %s", path, err ? err : "?");
     }
     ca_plugin_init_fn init = (ca_plugin_init_fn)(uintptr_t)dlsym(h, CA_PLUGIN_INIT_SYMBOL);
     if (!init) {
