@@ -11,6 +11,8 @@
 /* A dataset: normalised ops + the context it owns + the two sample specs. */
 struct ca_dataset {
     ca_dataset_ops ops;            /* copy; slots beyond the caller's struct_size are NULL */
+    ca_iterable_ops it;            /* an iterable dataset's ops (it.next set) */
+    bool iterable;
     void *ctx;
     ca_sample_spec x, y;
     size_t x_bytes, y_bytes;       /* bytes of one sample's x and y */

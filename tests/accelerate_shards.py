@@ -7,7 +7,9 @@ Usage: tests/accelerate_shards.py path/to/accelerate/data_loader.py > tests/acce
 The two classes are taken verbatim from Accelerate's source and run over a minimal BatchSampler
 (PyTorch's rule: full batches of batch_size, then the short rest unless drop_last), so the lists are
 Accelerate's, not a transcription. With one process Accelerate's prepare_data_loader does not wrap the
-sampler or the dataset, so the lists for one process are the plain batches.
+sampler or the dataset, so the lists for one process are the plain batches. A shard of an iterable
+dataset is then batched by a DataLoader with the per-process batch size and drop_last, as
+prepare_data_loader does.
 """
 import math
 import re
@@ -90,7 +92,8 @@ def iterable_cases():
                     for r in range(world):
                         ds = Stream(n)
                         it = ns["IterableDatasetShard"](ds, bs, drop_last, world, r, split) if world > 1 else ds
-                        out.append(list(it))
+                        out.append([i for b in BatchSampler(list(it), bs if world == 1 else
+                                                            (bs // world if split else bs), drop_last) for i in b])
                     yield n, bs, drop_last, split, world, out
 
 
