@@ -1010,6 +1010,19 @@ static void test_batch_sampler_varying_epochs_errors(void **state) {
     assert_int_equal(ca_dataloader_status(dl), CA_ERR_INVALID);
     assert_contains(ca_last_error(), "batch sampler: batch 1 of epoch 2 holds index 30, but in-memory dataset has 30 samples");
     ca_dataloader_destroy(dl);
+
+    /* split_batches set first (one process), then sharded over 3 (as ca_prepare does) */
+    dl = loader(ds, (ca_loader_opts){.batch_size = 10});
+    assert_int_equal(ca_dataloader_set_split_batches(dl, true), CA_OK);
+    assert_int_equal(ca_dataloader_shard(dl, 0, 3, true), CA_ERR_INVALID);
+    assert_contains(ca_last_error(), "split_batches: the batch size 10 is not a multiple of the 3 processes");
+    assert_int_equal(ca_dataloader_shard(dl, 1, 2, true), CA_OK);
+    assert_int_equal(ca_dataloader_num_batches(dl), 3);       /* 30 samples in global batches of 10 */
+    run_epoch(dl, &rec);
+    int64_t want2[] = {5, 6, 7, 8, 9, 15, 16, 17, 18, 19, 25, 26, 27, 28, 29};
+    assert_int_equal(rec.nids, 15);
+    assert_memory_equal(rec.ids, want2, sizeof want2);
+    ca_dataloader_destroy(dl);
     ca_dataset_destroy(ds);
 }
 
