@@ -82,7 +82,8 @@ typedef struct ca_loader_opts {
     int64_t batch_size;        /* 0: 1 */
     bool shuffle;              /* permutation from (seed, epoch): same on every rank */
     bool drop_last;            /* false: a short last batch is kept (PyTorch's default) */
-    uint64_t seed;             /* 0 with shuffle: the seed given to ca_set_seed, else 0 */
+    uint64_t seed;             /* 0 with shuffle: the accelerator's (data_seed with
+                                  use_seedable_sampler, else ca_set_seed's), else 0 */
     int prefetch;              /* batches read ahead by the background thread (0: 2) */
     /* Device-side conversion of x: dtype (0 = CA_F32... see x_dtype_set) and scale. */
     ca_dtype x_dtype;          /* with x_dtype_set: cast x to this on the device */
