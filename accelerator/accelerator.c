@@ -195,10 +195,22 @@ void ca_print(const ca_accelerator *acc, const char *fmt, ...) {
     fflush(stdout);
 }
 
+/* The shuffle seed of prepared loaders: data_seed with use_seedable_sampler (as
+ * Accelerate's SeedableRandomSampler), else set_seed's. */
+static bool loader_seed(const ca_accelerator *acc, uint64_t *seed) {
+    if (acc->st.use_seedable_sampler && acc->st.data_seed >= 0) {
+        *seed = (uint64_t)acc->st.data_seed;
+        return true;
+    }
+    *seed = acc->seed;
+    return acc->seeded;
+}
+
 ca_status ca_set_seed(ca_accelerator *acc, uint64_t seed) {
     ca_manual_seed(seed);
     acc->seed = seed;
     acc->seeded = true;
+    loader_seed(acc, &seed);
     for (int i = 0; i < acc->nloaders; i++) {
         ca_status s = ca_dataloader_set_seed(acc->loaders[i], seed);
         if (s != CA_OK) return s;
@@ -272,10 +284,12 @@ ca_status ca_prepare_dataloader(ca_accelerator *acc, ca_dataloader *dl) {
     for (int i = 0; i < acc->nloaders; i++)
         if (acc->loaders[i] == dl) return CA_OK;
     ca_status s = ca_dataloader_set_device(dl, acc->device);
+    if (s == CA_OK) s = ca_dataloader_set_split_batches(dl, acc->st.split_batches);
     if (s == CA_OK) s = ca_dataloader_shard(dl, acc->rank, acc->world, acc->st.even_batches);
     /* a loader that cannot split (an evaluation loader, say) stays whole; ca_backward refuses its batches */
     if (s == CA_OK && acc->st.deterministic && ca_dataloader_set_parts(dl, acc->det.parts) != CA_OK) ca_clear_error();
-    if (s == CA_OK && acc->seeded) s = ca_dataloader_set_seed(dl, acc->seed);
+    uint64_t seed;
+    if (s == CA_OK && loader_seed(acc, &seed)) s = ca_dataloader_set_seed(dl, seed);
     if (s != CA_OK) return s;
     ca_dataloader **nl = realloc(acc->loaders, (size_t)(acc->nloaders + 1) * sizeof *nl);
     if (!nl) return ca_error(CA_ERR_NOMEM, "out of host memory");

@@ -1030,14 +1030,15 @@ static ca_status ss_apply_optimizer(ca_optimizer *o, json_object *jo, const ca_s
 static int64_t ss_loader_skip(const ca_accelerator *acc, json_object *jl, const ca_loader_state *now) {
     ss_json j = {"", false};
     int64_t pos = js_int(&j, jl, "position"), w = js_int(&j, jl, "world_size");
-    if (w == now->world) return pos < now->rank_batches ? pos : now->rank_batches;
+    int64_t most = now->rank_batches < 0 ? INT64_MAX : now->rank_batches;   /* < 0: a stream, length unknown */
+    if (w == now->world) return pos < most ? pos : most;
     int64_t global = pos * w;                   /* global batches consumed */
     int64_t k = global / acc->world;
     if (k * acc->world != global)
         CA_LOG_W("load_state: the checkpoint was saved on %lld processes: the dataloader continues at "
                  "global batch %lld, not %lld (the batches in between are seen again)",
                  (long long)w, (long long)(k * acc->world), (long long)global);
-    return k < now->rank_batches ? k : now->rank_batches;
+    return k < most ? k : most;
 }
 
 static ca_status ss_apply(ca_accelerator *acc, ss_loaded *L) {

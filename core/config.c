@@ -979,6 +979,11 @@ ca_status ca_config_settings(const ca_config *c, ca_settings *out) {
     out->timeout_ms = (int64_t)llround(double_or(K(c, "timeout"), 1800.0) * 1000.0);
     out->bucket_cap_mb = double_or(K(c, "bucket_cap_mb"), 25.0);
     out->even_batches = bool_or(K(c, "even_batches"), true);
+    out->split_batches = bool_or(K(c, "split_batches"), false);
+    out->dispatch_batches = bool_or(K(c, "dispatch_batches"), false);
+    out->use_seedable_sampler = bool_or(K(c, "use_seedable_sampler"), false);
+    out->data_seed = K(c, "data_seed")->value ? int_or(K(c, "data_seed"), -1) : -1;
+    out->non_blocking = bool_or(K(c, "non_blocking"), false);
     out->deterministic = bool_or(K(c, "deterministic"), false);
     out->deterministic_shards = (int)int_or(K(c, "deterministic_shards"), 4);
     return CA_OK;

@@ -39,6 +39,12 @@ static const effect effects[] = {
     {"rdzv_backend", WARN_IF_CHANGED,
      "caccel launch uses its own rendezvous at main_process_ip:main_process_port", NULL},
     {"same_network", NEVER_WARN, NULL, NULL},
+    {"dispatch_batches", WARN_IF_CHANGED,
+     "rank 0 does not read and scatter the batches: every process reads the data and keeps its shard "
+     "(IterableDatasetShard for iterable datasets), as Accelerate does with dispatch_batches false", NULL},
+    {"non_blocking", WARN_IF_CHANGED,
+     "the loader copies each batch from a page-locked staging buffer synchronously; there is no separate "
+     "asynchronous copy to enable", NULL},
     {"main_training_function", WARN_IF_CHANGED, "it names a Python function for TPU launches", NULL},
     {"enable_cpu_affinity", WARN_IF_CHANGED, "processes are not pinned to cores", NULL},
     {"downcast_bf16", WARN_IF_CHANGED, "the xla device does not downcast its storage to bf16 yet (docs/ARCHITECTURE.md)", NULL},

@@ -11,6 +11,8 @@
 /* A dataset: normalised ops + the context it owns + the two sample specs. */
 struct ca_dataset {
     ca_dataset_ops ops;            /* copy; slots beyond the caller's struct_size are NULL */
+    ca_iterable_ops it;            /* an iterable dataset's ops (it.next set) */
+    bool iterable;
     void *ctx;
     ca_sample_spec x, y;
     size_t x_bytes, y_bytes;       /* bytes of one sample's x and y */
@@ -59,9 +61,10 @@ void ca_permutation(bool shuffle, uint64_t seed, uint64_t epoch, int64_t n, int6
  */
 typedef struct ca_shard_plan {
     int64_t n;                     /* samples in the dataset */
-    int64_t batch_size;
+    int64_t batch_size;            /* of the loader: per rank, or global with split */
     int rank, world;
     bool drop_last, even_batches;
+    bool split;                    /* split_batches: rank r reads slice r of every global batch */
     int64_t total;                 /* length of the global stream (with padding) */
     int64_t global_batches;        /* batches in the global stream, all ranks */
     int64_t rank_batches;          /* batches of this rank */
@@ -69,6 +72,16 @@ typedef struct ca_shard_plan {
 
 void ca_shard_plan_init(ca_shard_plan *p, int64_t n, int64_t batch_size, bool drop_last,
                         int rank, int world, bool even_batches);
+/*
+ * split_batches (BatchSamplerShard._iter_with_split): batch_size is global and
+ * must be a multiple of world; global batch b is positions [b * bs, (b + 1) * bs)
+ * of the same stream and rank r reads its slice [r * bs / world, (r + 1) * bs / world).
+ * even_batches pads the last global batch from the stream's start; without it
+ * the slices of a short last batch are cut (and a rank past its end gets none);
+ * drop_last drops it. One process: the plain plan (Accelerate does not shard).
+ */
+void ca_shard_plan_init_split(ca_shard_plan *p, int64_t n, int64_t batch_size, bool drop_last, int rank,
+                              int world, bool even_batches);
 /* Rank batch b (0 <= b < rank_batches): its first stream position, size, and
  * how many of its samples are padding. */
 void ca_shard_plan_batch(const ca_shard_plan *p, int64_t b, int64_t *start, int64_t *size,
@@ -94,6 +107,35 @@ void ca_shard_plan_init_det(ca_shard_plan *p, int64_t n, int64_t batch_size, boo
  * size and padding; batch_size must be a multiple of parts. */
 void ca_shard_plan_part(const ca_shard_plan *p, int parts, int64_t b, int part, int64_t *start,
                         int64_t *size, int64_t *num_padded);
+
+/* ------------------------------------------------------------- index batches */
+
+/* A list of batches of sample indices, as a batch sampler yields them: batch i
+ * is idx[off[i] .. off[i + 1]), of which the last pad[i] repeat earlier ones. */
+typedef struct ca_index_batches {
+    int64_t count;
+    int64_t *off;                  /* count + 1 entries */
+    int64_t *idx;
+    int64_t *pad;                  /* count entries */
+    int64_t cap_b, cap_i;
+} ca_index_batches;
+
+ca_status ca_index_batches_push(ca_index_batches *l, const int64_t *idx, int64_t len, int64_t pad);
+void ca_index_batches_clear(ca_index_batches *l);
+void ca_index_batches_free(ca_index_batches *l);
+static inline int64_t ca_index_batches_len(const ca_index_batches *l, int64_t i) {
+    return l->off[i + 1] - l->off[i];
+}
+
+/*
+ * Accelerate's BatchSamplerShard over the batches `in` of a batch sampler with
+ * batch_size (0: sizes vary, Accelerate's batch_size None) and drop_last: the
+ * batches of `rank` of `world` into out, with how many entries of each are
+ * repeats (padding). split needs batch_size a multiple of world. One process:
+ * the batches unchanged, as Accelerate does not wrap the sampler then.
+ */
+ca_status ca_batch_sampler_shard(const ca_index_batches *in, int64_t batch_size, bool drop_last, int rank,
+                                 int world, bool split, bool even_batches, ca_index_batches *out);
 
 /* True when the batch handed out last was the final one of its epoch (the
  * accelerator makes that micro-step an accumulation boundary). */

@@ -55,6 +55,7 @@ struct ca_dataloader {
     float x_scale;
     int rank, world;
     bool even_batches;
+    bool split;                    /* split_batches: batch_size is global, each rank reads a slice */
     int parts;                     /* deterministic mode: micro-batches per batch (0: off) */
     ca_device *dev;
     int64_t epoch;                 /* epoch of the pass in flight, else of the next one */
@@ -73,6 +74,20 @@ struct ca_dataloader {
     void *owner;                   /* the accelerator that prepared it */
     void (*owner_forget)(void *owner, const void *obj);
 
+    /* a custom batch sampler (has_sampler): its batches this epoch, and this rank's */
+    bool has_sampler;
+    ca_batch_sampler_ops sops;
+    void *sctx;
+    int64_t sampler_bs;            /* 0: sizes vary */
+    bool sampler_drop;
+    ca_index_batches sin, sout;
+
+    /* an iterable dataset: the global batch being read, the first one (padding of
+     * the last), and this rank's slice of each */
+    unsigned char *gbuf, *fbuf;
+    int64_t gcap;                  /* samples each holds */
+    int64_t real_bs, proc_bs, proc_lo;
+
     /* staging ring (allocated for `staging_dev` and these sizes) */
     slot *slots;
     int nslots;
@@ -83,7 +98,8 @@ struct ca_dataloader {
     /* the pass in flight */
     bool active;
     ca_shard_plan plan;
-    int64_t first, count;          /* batches first .. first + count - 1 */
+    int64_t first, count;          /* batches first .. first + count - 1 (count -1: a stream, unknown) */
+    bool done;                     /* the worker has produced its last batch */
     uint64_t pass_seed;
     int64_t pass_epoch;
     int64_t *perm;
@@ -150,12 +166,11 @@ static void staging_free(ca_dataloader *dl) {
 
 /* Ring buffers for the current device and batch shape: page-locked host
  * memory from the device where it offers some, else malloc. */
-static ca_status staging_ensure(ca_dataloader *dl) {
+static ca_status staging_ensure(ca_dataloader *dl, int64_t cap) {
     size_t xb = dl->ds->x_bytes, yb = dl->ds->y_bytes;
-    size_t B = (size_t)dl->batch_size;
+    size_t B = (size_t)cap;
     if (B > SIZE_MAX / 2 / (xb + yb + 64))
-        return ca_error(CA_ERR_INVALID, "dataloader: batch_size %lld is too large",
-                        (long long)dl->batch_size);
+        return ca_error(CA_ERR_INVALID, "dataloader: batch_size %lld is too large", (long long)cap);
     size_t y_off = (B * xb + 63) & ~(size_t)63;
     size_t bytes = y_off + B * yb;
     if (dl->slots && dl->staging_dev == dl->dev && dl->slot_bytes == bytes &&
@@ -199,7 +214,13 @@ static ca_status staging_ensure(ca_dataloader *dl) {
 static void fill_slot(ca_dataloader *dl, slot *s, int64_t b) {
     ca_dataset *ds = dl->ds;
     int64_t start, size, pad;
-    ca_shard_plan_batch(&dl->plan, b, &start, &size, &pad);
+    if (dl->has_sampler) {
+        start = dl->sout.off[b];
+        size = ca_index_batches_len(&dl->sout, b);
+        pad = dl->sout.pad[b];
+    } else {
+        ca_shard_plan_batch(&dl->plan, b, &start, &size, &pad);
+    }
     s->index = b;
     s->size = size;
     s->num_padded = pad;
@@ -208,7 +229,7 @@ static void fill_slot(ca_dataloader *dl, slot *s, int64_t b) {
     unsigned char *x = s->mem, *y = s->mem + dl->y_off;
     for (int64_t t = 0; t < size; t++) {
         if (atomic_load_explicit(&dl->stop, memory_order_relaxed)) return;
-        int64_t i = dl->perm[(start + t) % dl->plan.n];
+        int64_t i = dl->has_sampler ? dl->sout.idx[start + t] : dl->perm[(start + t) % dl->plan.n];
         ca_clear_error();
         ca_status st = ds->ops.get(ds->ctx, i, x + (size_t)t * ds->x_bytes,
                                    y + (size_t)t * ds->y_bytes);
@@ -227,27 +248,140 @@ static void fill_slot(ca_dataloader *dl, slot *s, int64_t b) {
     }
 }
 
+/* The next free slot of the ring, or NULL when the pass is being stopped. */
+static slot *acquire_slot(ca_dataloader *dl) {
+    pthread_mutex_lock(&dl->mu);
+    while (!atomic_load(&dl->stop) && dl->produced - dl->consumed >= dl->nslots)
+        pthread_cond_wait(&dl->freed, &dl->mu);
+    bool stop = atomic_load(&dl->stop);
+    pthread_mutex_unlock(&dl->mu);
+    return stop ? NULL : &dl->slots[dl->produced % dl->nslots];
+}
+
+static void publish_slot(ca_dataloader *dl) {
+    pthread_mutex_lock(&dl->mu);
+    dl->produced++;
+    pthread_cond_signal(&dl->ready);
+    pthread_mutex_unlock(&dl->mu);
+}
+
+/* Hands the consumer the stream's error as batch b (it stops there). */
+static void stream_error(ca_dataloader *dl, int64_t b, ca_status st, const char *what) {
+    slot *s = acquire_slot(dl);
+    if (!s) return;
+    char why[DL_MSG];
+    if (ca_last_status() == CA_OK) {
+        snprintf(why, sizeof why, "%s returned %s", what, ca_status_name(st));
+        s->hint[0] = '\0';
+    } else {
+        capture_error(why, sizeof why, s->hint, sizeof s->hint);
+    }
+    s->status = st;
+    s->index = b;
+    s->size = s->num_padded = 0;
+    snprintf(s->msg, sizeof s->msg, "%s: %s (batch %lld of epoch %lld): %s", dl->ds->name, what, (long long)b,
+             (long long)dl->pass_epoch, why);
+    publish_slot(dl);
+}
+
+/* Hands out this rank's slice [lo, lo + size) of the global batch in gbuf as
+ * batch b, unless b is skipped (resume). False when the pass is being stopped. */
+static bool stream_emit(ca_dataloader *dl, int64_t b, int64_t lo, int64_t size, int64_t pad) {
+    if (b < dl->first) return true;
+    slot *s = acquire_slot(dl);
+    if (!s) return false;
+    size_t xb = dl->ds->x_bytes, yb = dl->ds->y_bytes;
+    const unsigned char *gy = dl->gbuf + (size_t)dl->gcap * xb;
+    memcpy(s->mem, dl->gbuf + (size_t)lo * xb, (size_t)size * xb);
+    memcpy(s->mem + dl->y_off, gy + (size_t)lo * yb, (size_t)size * yb);
+    s->index = b;
+    s->size = size;
+    s->num_padded = pad;
+    s->status = CA_OK;
+    s->msg[0] = s->hint[0] = '\0';
+    publish_slot(dl);
+    return true;
+}
+
+/* Copies sample j of src (a global batch buffer) to sample i of dst. */
+static void stream_copy(const ca_dataloader *dl, unsigned char *dst, int64_t i, const unsigned char *src,
+                        int64_t j) {
+    size_t xb = dl->ds->x_bytes, yb = dl->ds->y_bytes, yo = (size_t)dl->gcap * xb;
+    memcpy(dst + (size_t)i * xb, src + (size_t)j * xb, xb);
+    memcpy(dst + yo + (size_t)i * yb, src + yo + (size_t)j * yb, yb);
+}
+
+/*
+ * An iterable dataset, as Accelerate's IterableDatasetShard: every rank reads
+ * the whole stream in global batches of real_bs samples (batch_size * world, or
+ * batch_size with split_batches) and keeps its slice [proc_lo, proc_lo +
+ * proc_bs). A short last global batch is completed by repeating the first full
+ * one (or itself when there is none), cyclically, unless drop_last; the repeats
+ * are the batch's padding. One process: plain batches, the last one short.
+ */
+static void stream_run(ca_dataloader *dl) {
+    ca_dataset *ds = dl->ds;
+    size_t xb = ds->x_bytes, yb = ds->y_bytes, yo = (size_t)dl->gcap * xb;
+    int64_t R = dl->real_bs, count = 0, b = 0, flen = 0;
+    ca_clear_error();
+    ca_status st = ds->it.begin(ds->ctx, dl->pass_epoch);
+    if (st != CA_OK) {
+        stream_error(dl, 0, st, "begin");
+        return;
+    }
+    for (;;) {
+        if (atomic_load_explicit(&dl->stop, memory_order_relaxed)) return;
+        bool end = false;
+        ca_clear_error();
+        st = ds->it.next(ds->ctx, dl->gbuf + (size_t)count * xb, dl->gbuf + yo + (size_t)count * yb, &end);
+        if (st != CA_OK) {
+            stream_error(dl, b, st, "next");
+            return;
+        }
+        if (end) break;
+        if (++count < R) continue;
+        if (!flen) {
+            memcpy(dl->fbuf, dl->gbuf, yo + (size_t)dl->gcap * yb);
+            flen = R;
+        }
+        if (!stream_emit(dl, b++, dl->proc_lo, dl->proc_bs, 0)) return;
+        count = 0;
+    }
+    if (count == 0 || dl->drop_last) return;
+    if (dl->world == 1) {
+        stream_emit(dl, b, 0, count, 0);
+        return;
+    }
+    if (!flen) {
+        memcpy(dl->fbuf, dl->gbuf, yo + (size_t)dl->gcap * yb);
+        flen = count;
+    }
+    for (int64_t k = count; k < R; k++) stream_copy(dl, dl->gbuf, k, dl->fbuf, (k - count) % flen);
+    int64_t lo = dl->proc_lo, hi = lo + dl->proc_bs;
+    int64_t pad = hi - (lo > count ? lo : count);
+    stream_emit(dl, b, lo, dl->proc_bs, pad > 0 ? pad : 0);
+}
+
 static void *worker_main(void *arg) {
     ca_dataloader *dl = arg;
-    ca_permutation(dl->shuffle, dl->pass_seed, (uint64_t)dl->pass_epoch, dl->plan.n, dl->perm);
-    for (int64_t k = 0; k < dl->count; k++) {
-        pthread_mutex_lock(&dl->mu);
-        while (!atomic_load(&dl->stop) && dl->produced - dl->consumed >= dl->nslots)
-            pthread_cond_wait(&dl->freed, &dl->mu);
-        bool stop = atomic_load(&dl->stop);
-        pthread_mutex_unlock(&dl->mu);
-        if (stop) break;
-
-        slot *s = &dl->slots[k % dl->nslots];
-        fill_slot(dl, s, dl->first + k);
-        if (atomic_load(&dl->stop)) break;
-
-        pthread_mutex_lock(&dl->mu);
-        dl->produced++;
-        pthread_cond_signal(&dl->ready);
-        pthread_mutex_unlock(&dl->mu);
-        if (s->status != CA_OK) break;   /* the consumer stops at this batch */
+    if (dl->ds->iterable) {
+        stream_run(dl);
+    } else {
+        if (!dl->has_sampler)
+            ca_permutation(dl->shuffle, dl->pass_seed, (uint64_t)dl->pass_epoch, dl->plan.n, dl->perm);
+        for (int64_t k = 0; k < dl->count; k++) {
+            slot *s = acquire_slot(dl);
+            if (!s) break;
+            fill_slot(dl, s, dl->first + k);
+            if (atomic_load(&dl->stop)) break;
+            publish_slot(dl);
+            if (s->status != CA_OK) break;   /* the consumer stops at this batch */
+        }
     }
+    pthread_mutex_lock(&dl->mu);
+    dl->done = true;
+    pthread_cond_signal(&dl->ready);
+    pthread_mutex_unlock(&dl->mu);
     return NULL;
 }
 
@@ -258,11 +392,91 @@ static uint64_t effective_seed(const ca_dataloader *dl) {
 }
 
 static void plan_now(const ca_dataloader *dl, ca_shard_plan *p) {
+    int64_t n = ca_dataset_length(dl->ds);
+    /* deterministic mode with split_batches: the same global batches, a slice per rank */
+    int64_t rank_bs = dl->split && dl->world > 1 ? dl->batch_size / dl->world : dl->batch_size;
     if (dl->parts > 0)
-        ca_shard_plan_init_det(p, ca_dataset_length(dl->ds), dl->batch_size, dl->drop_last, dl->rank, dl->world);
+        ca_shard_plan_init_det(p, n, rank_bs, dl->drop_last, dl->rank, dl->world);
+    else if (dl->split)
+        ca_shard_plan_init_split(p, n, dl->batch_size, dl->drop_last, dl->rank, dl->world, dl->even_batches);
     else
-        ca_shard_plan_init(p, ca_dataset_length(dl->ds), dl->batch_size, dl->drop_last, dl->rank,
-                           dl->world, dl->even_batches);
+        ca_shard_plan_init(p, n, dl->batch_size, dl->drop_last, dl->rank, dl->world, dl->even_batches);
+}
+
+/* Runs the custom batch sampler over `epoch` into dl->sin and shards it into out. */
+static ca_status sampler_epoch(ca_dataloader *dl, int64_t epoch, ca_index_batches *out) {
+    ca_index_batches_clear(&dl->sin);
+    int64_t cap = dl->sampler_bs ? dl->sampler_bs : CA_BATCH_SAMPLER_MAX, n = ca_dataset_length(dl->ds);
+    int64_t *buf = malloc((size_t)cap * sizeof *buf);
+    if (!buf) return ca_error(CA_ERR_NOMEM, "batch sampler: out of memory for a batch of %lld", (long long)cap);
+    ca_status s = dl->sops.begin ? dl->sops.begin(dl->sctx, epoch) : CA_OK;
+    if (s != CA_OK) ca_error_context("batch sampler: begin of epoch %lld", (long long)epoch);
+    while (s == CA_OK) {
+        int64_t len = 0;
+        s = dl->sops.next(dl->sctx, buf, cap, &len);
+        if (s != CA_OK) {
+            ca_error_context("batch sampler: batch %lld of epoch %lld", (long long)dl->sin.count, (long long)epoch);
+            break;
+        }
+        if (len == 0) break;
+        if (len < 0 || len > cap) {
+            s = ca_error(CA_ERR_INVALID, "batch sampler: batch %lld of epoch %lld has %lld indices; at most %lld fit",
+                         (long long)dl->sin.count, (long long)epoch, (long long)len, (long long)cap);
+            break;
+        }
+        for (int64_t t = 0; t < len && s == CA_OK; t++)
+            if (buf[t] < 0 || buf[t] >= n)
+                s = ca_error(CA_ERR_INVALID, "batch sampler: batch %lld of epoch %lld holds index %lld, but %s has "
+                             "%lld samples", (long long)dl->sin.count, (long long)epoch, (long long)buf[t],
+                             dl->ds->name, (long long)n);
+        if (s == CA_OK) s = ca_index_batches_push(&dl->sin, buf, len, 0);
+    }
+    free(buf);
+    if (s != CA_OK) return s;
+    return ca_batch_sampler_shard(&dl->sin, dl->sampler_bs, dl->sampler_drop, dl->rank, dl->world, dl->split,
+                                  dl->even_batches, out);
+}
+
+/* An iterable dataset's global batch and this rank's slice (IterableDatasetShard). */
+static ca_status stream_setup(ca_dataloader *dl) {
+    int64_t bs = dl->batch_size, w = dl->world;
+    bool split = dl->split && w > 1;
+    dl->real_bs = split ? bs : bs * w;
+    dl->proc_bs = split ? bs / w : bs;
+    dl->proc_lo = dl->rank * dl->proc_bs;
+    if (dl->gbuf && dl->gcap == dl->real_bs) return CA_OK;
+    free(dl->gbuf);
+    free(dl->fbuf);
+    size_t bytes = (size_t)dl->real_bs * (dl->ds->x_bytes + dl->ds->y_bytes);
+    dl->gbuf = malloc(bytes);
+    dl->fbuf = malloc(bytes);
+    dl->gcap = dl->gbuf && dl->fbuf ? dl->real_bs : 0;
+    if (!dl->gcap)
+        return ca_error(CA_ERR_NOMEM, "dataloader: cannot allocate the global batch of %lld samples (%zu bytes)",
+                        (long long)dl->real_bs, bytes);
+    return CA_OK;
+}
+
+/* This rank's batches per epoch (-1: a stream) and the largest one. */
+static ca_status pass_size(ca_dataloader *dl, int64_t *total, int64_t *cap) {
+    if (dl->ds->iterable) {
+        ca_status s = stream_setup(dl);
+        *total = -1;
+        *cap = dl->proc_bs;
+        return s;
+    }
+    if (dl->has_sampler) {
+        ca_status s = sampler_epoch(dl, dl->epoch, &dl->sout);
+        *total = dl->sout.count;
+        *cap = 1;
+        for (int64_t b = 0; b < dl->sout.count; b++)
+            if (ca_index_batches_len(&dl->sout, b) > *cap) *cap = ca_index_batches_len(&dl->sout, b);
+        return s;
+    }
+    plan_now(dl, &dl->plan);
+    *total = dl->plan.rank_batches;
+    *cap = dl->batch_size;
+    return CA_OK;
 }
 
 /* Stops and joins the worker and forgets the pass (buffered batches included). */
@@ -279,26 +493,29 @@ static void stop_pass(ca_dataloader *dl) {
 }
 
 static ca_status start_pass(ca_dataloader *dl) {
-    plan_now(dl, &dl->plan);
+    int64_t total, cap;
+    ca_status st = pass_size(dl, &total, &cap);
+    if (st != CA_OK) return st;
     int64_t first = dl->skip;
-    if (first > dl->plan.rank_batches) {
+    if (total >= 0 && first > total) {
         CA_LOG_W("dataloader: skip_batches(%lld) is beyond the %lld batches of epoch %lld on "
                  "this rank; the epoch is empty",
-                 (long long)first, (long long)dl->plan.rank_batches, (long long)dl->epoch);
-        first = dl->plan.rank_batches;
+                 (long long)first, (long long)total, (long long)dl->epoch);
+        first = total;
     }
     dl->first = first;
-    dl->count = dl->plan.rank_batches - first;
+    dl->count = total < 0 ? -1 : total - first;
+    dl->done = dl->count == 0;
     dl->produced = dl->consumed = 0;
     dl->part = 0;
     dl->pass_seed = effective_seed(dl);
     dl->pass_epoch = dl->epoch;
     atomic_store(&dl->stop, false);
 
-    if (dl->count > 0) {
-        ca_status s = staging_ensure(dl);
+    if (dl->count != 0) {
+        ca_status s = staging_ensure(dl, cap);
         if (s != CA_OK) return s;
-        if (dl->plan.n > dl->perm_cap) {
+        if (!dl->ds->iterable && !dl->has_sampler && dl->plan.n > dl->perm_cap) {
             int64_t *p = realloc(dl->perm, sizeof *p * (size_t)dl->plan.n);
             if (!p)
                 return ca_error(CA_ERR_NOMEM,
@@ -344,7 +561,7 @@ static ca_status make_batch(ca_dataloader *dl, const slot *s, ca_batch *b) {
     if (dl->parts > 1) {
         int64_t start;
         ca_shard_plan_part(&dl->plan, dl->parts, s->index, dl->part, &start, &size, &padded);
-        first = (int64_t)dl->part * (dl->batch_size / dl->parts);
+        first = (int64_t)dl->part * (dl->plan.batch_size / dl->parts);
     }
     const unsigned char *xmem = s->mem + (size_t)first * ds->x_bytes;
     const unsigned char *ymem = s->mem + dl->y_off + (size_t)first * ds->y_bytes;
@@ -415,6 +632,18 @@ void ca_dataloader_set_owner(ca_dataloader *dl, void *owner, void (*forget)(void
     dl->owner_forget = forget;
 }
 
+/* After a batch is consumed: whether it was the pass's last. A stream's end is
+ * known only once the worker has tried to read the next batch, so this waits for
+ * that (Accelerate's DataLoaderShard also reads one batch ahead to know it). */
+static bool last_of_pass(ca_dataloader *dl) {
+    if (dl->count >= 0) return dl->consumed == dl->count;
+    pthread_mutex_lock(&dl->mu);
+    while (dl->produced <= dl->consumed && !dl->done) pthread_cond_wait(&dl->ready, &dl->mu);
+    bool last = dl->produced <= dl->consumed;
+    pthread_mutex_unlock(&dl->mu);
+    return last;
+}
+
 bool ca_dataloader_next(ca_dataloader *dl, ca_batch *b) {
     if (!dl || !b) {
         ca_error(CA_ERR_INVALID, "ca_dataloader_next: NULL argument");
@@ -437,15 +666,15 @@ bool ca_dataloader_next(ca_dataloader *dl, ca_batch *b) {
             return false;
         }
     }
-    if (dl->consumed == dl->count) {
+    pthread_mutex_lock(&dl->mu);
+    while (dl->produced <= dl->consumed && !dl->done) pthread_cond_wait(&dl->ready, &dl->mu);
+    bool end = dl->produced <= dl->consumed;
+    pthread_mutex_unlock(&dl->mu);
+    if (end) {
         stop_pass(dl);
         dl->epoch++;
         return false;
     }
-
-    pthread_mutex_lock(&dl->mu);
-    while (dl->produced <= dl->consumed) pthread_cond_wait(&dl->ready, &dl->mu);
-    pthread_mutex_unlock(&dl->mu);
     slot *s = &dl->slots[dl->consumed % dl->nslots];
     if (s->status != CA_OK) {
         dl->status = s->status;
@@ -477,7 +706,7 @@ bool ca_dataloader_next(ca_dataloader *dl, ca_batch *b) {
     dl->step_scope = scope;
     dl->step_scope_id = ca_scope_id(scope);
     dl->scope_thread = pthread_self();
-    dl->handed_last = dl->consumed == dl->count && dl->part == 0;
+    dl->handed_last = dl->part == 0 && last_of_pass(dl);
     dl->handed_seq = atomic_fetch_add(&handed_counter, 1) + 1;
     return true;
 }
@@ -542,6 +771,11 @@ void ca_dataloader_destroy(ca_dataloader *dl) {
     if (dl->step_scope && pthread_equal(dl->scope_thread, pthread_self())) end_step_scope(dl);
     staging_free(dl);
     free(dl->perm);
+    free(dl->gbuf);
+    free(dl->fbuf);
+    if (dl->has_sampler && dl->sops.destroy) dl->sops.destroy(dl->sctx);
+    ca_index_batches_free(&dl->sin);
+    ca_index_batches_free(&dl->sout);
     pthread_cond_destroy(&dl->freed);
     pthread_cond_destroy(&dl->ready);
     pthread_mutex_destroy(&dl->mu);
@@ -552,8 +786,25 @@ void ca_dataloader_destroy(ca_dataloader *dl) {
 
 ca_status ca_dataloader_status(const ca_dataloader *dl) { return dl ? dl->status : CA_ERR_INVALID; }
 
+/* This rank's batches of the current epoch from the custom sampler (-1 on error). */
+static int64_t sampler_batches(const ca_dataloader *dl, int64_t *samples) {
+    ca_dataloader *m = (ca_dataloader *)dl;   /* the sampler's scratch list only */
+    ca_index_batches out = {0};
+    int64_t n = -1;
+    if (sampler_epoch(m, dl->epoch, &out) == CA_OK) {
+        n = out.count;
+        *samples = out.count ? out.off[out.count] : 0;
+        for (int64_t b = 0; b < out.count; b++) *samples -= out.pad[b];
+    }
+    ca_index_batches_free(&out);
+    return n;
+}
+
 int64_t ca_dataloader_num_batches(const ca_dataloader *dl) {
     if (!dl) return 0;
+    if (dl->ds->iterable) return -1;
+    int64_t samples;
+    if (dl->has_sampler) return sampler_batches(dl, &samples);
     ca_shard_plan p;
     plan_now(dl, &p);
     return p.rank_batches;
@@ -561,6 +812,9 @@ int64_t ca_dataloader_num_batches(const ca_dataloader *dl) {
 
 int64_t ca_dataloader_num_samples(const ca_dataloader *dl) {
     if (!dl) return 0;
+    if (dl->ds->iterable) return -1;
+    int64_t samples = -1;
+    if (dl->has_sampler) return sampler_batches(dl, &samples) < 0 ? -1 : samples;
     ca_shard_plan p;
     plan_now(dl, &p);
     return ca_shard_plan_samples(&p);
@@ -587,7 +841,7 @@ ca_status ca_dataloader_set_seed(ca_dataloader *dl, uint64_t seed) {
 ca_status ca_dataloader_skip_batches(ca_dataloader *dl, int64_t k) {
     if (!dl) return ca_error(CA_ERR_INVALID, "ca_dataloader_skip_batches: loader is NULL");
     int64_t nb = ca_dataloader_num_batches(dl);
-    if (k < 0 || k > nb)
+    if (k < 0 || (nb >= 0 && k > nb))
         return ca_error(CA_ERR_INVALID,
                         "dataloader: cannot skip %lld batches: an epoch has %lld on this rank "
                         "(%lld samples, batch size %lld, rank %d of %d)",
@@ -599,12 +853,11 @@ ca_status ca_dataloader_skip_batches(ca_dataloader *dl, int64_t k) {
 }
 
 void ca_dataloader_get_state(const ca_dataloader *dl, ca_loader_state *out) {
-    ca_shard_plan p;
-    plan_now(dl, &p);
     *out = (ca_loader_state){.epoch = dl->epoch,
                              .position = dl->active ? dl->first + dl->consumed : dl->skip,
-                             .batch_size = dl->batch_size, .dataset_len = p.n,
-                             .rank_batches = p.rank_batches, .seed = effective_seed(dl),
+                             .batch_size = dl->has_sampler ? dl->sampler_bs : dl->batch_size,
+                             .dataset_len = ca_dataset_length(dl->ds),
+                             .rank_batches = ca_dataloader_num_batches(dl), .seed = effective_seed(dl),
                              .seed_fixed = dl->seed_opt, .shuffle = dl->shuffle,
                              .drop_last = dl->drop_last, .world = dl->world};
 }
@@ -616,11 +869,60 @@ ca_status ca_dataloader_set_device(ca_dataloader *dl, ca_device *dev) {
     return CA_OK;
 }
 
+/* split_batches needs the global batch to divide among the processes. */
+static ca_status check_split(const ca_dataloader *dl, bool split, int world) {
+    int64_t bs = dl->has_sampler ? dl->sampler_bs : dl->batch_size;
+    if (!split || world <= 1 || (bs > 0 && bs % world == 0)) return CA_OK;
+    if (bs == 0)
+        return ca_error(CA_ERR_INVALID, "split_batches: the batch sampler's batches vary in size (batch_size 0); "
+                        "split_batches needs a batch size that the %d processes divide", world);
+    return ca_error(CA_ERR_INVALID,
+                    "split_batches: the batch size %lld is not a multiple of the %d processes (with split_batches "
+                    "the loader's batch_size is the global batch and each process gets batch_size / %d)",
+                    (long long)bs, world, world);
+}
+
+ca_status ca_dataloader_set_split_batches(ca_dataloader *dl, bool split) {
+    if (!dl) return ca_error(CA_ERR_INVALID, "ca_dataloader_set_split_batches: loader is NULL");
+    ca_status s = check_split(dl, split, dl->world);
+    if (s != CA_OK) return s;
+    reset_for_change(dl, split != dl->split);
+    dl->split = split;
+    return CA_OK;
+}
+
+ca_status ca_dataloader_set_batch_sampler(ca_dataloader *dl, const ca_batch_sampler_ops *ops, void *ctx,
+                                          int64_t batch_size, bool drop_last) {
+    if (!dl || !ops) return ca_error(CA_ERR_INVALID, "ca_dataloader_set_batch_sampler: NULL argument");
+    size_t need = offsetof(ca_batch_sampler_ops, next) + sizeof ops->next;
+    if (ops->struct_size < need || !ops->next)
+        return ca_error(CA_ERR_INVALID, "ca_dataloader_set_batch_sampler: ops->next is required and "
+                        "ops->struct_size must be sizeof(ca_batch_sampler_ops) (%zu given)", ops->struct_size);
+    if (dl->ds->iterable)
+        return ca_error(CA_ERR_INVALID, "ca_dataloader_set_batch_sampler: %s has no indices to sample",
+                        dl->ds->name);
+    if (batch_size < 0 || batch_size > CA_BATCH_SAMPLER_MAX)
+        return ca_error(CA_ERR_INVALID, "ca_dataloader_set_batch_sampler: batch_size %lld (0 .. %d)",
+                        (long long)batch_size, CA_BATCH_SAMPLER_MAX);
+    reset_for_change(dl, true);
+    if (dl->active) stop_pass(dl);
+    if (dl->has_sampler && dl->sops.destroy) dl->sops.destroy(dl->sctx);
+    memset(&dl->sops, 0, sizeof dl->sops);
+    memcpy(&dl->sops, ops, ops->struct_size < sizeof dl->sops ? ops->struct_size : sizeof dl->sops);
+    dl->sctx = ctx;
+    dl->sampler_bs = batch_size;
+    dl->sampler_drop = drop_last;
+    dl->has_sampler = true;
+    return CA_OK;
+}
+
 ca_status ca_dataloader_shard(ca_dataloader *dl, int rank, int world_size, bool even_batches) {
     if (!dl) return ca_error(CA_ERR_INVALID, "ca_dataloader_shard: loader is NULL");
     if (world_size < 1 || rank < 0 || rank >= world_size)
         return ca_error(CA_ERR_INVALID, "dataloader: rank %d of world size %d is not valid", rank,
                         world_size);
+    ca_status s = check_split(dl, dl->split, world_size);
+    if (s != CA_OK) return s;
     bool changed = rank != dl->rank || world_size != dl->world || even_batches != dl->even_batches;
     reset_for_change(dl, changed);
     dl->rank = rank;
@@ -632,12 +934,16 @@ ca_status ca_dataloader_shard(ca_dataloader *dl, int rank, int world_size, bool 
 ca_status ca_dataloader_check_parts(const ca_dataloader *dl, int parts) {
     if (!dl) return ca_error(CA_ERR_INVALID, "ca_dataloader_check_parts: loader is NULL");
     if (parts < 0) return ca_error(CA_ERR_INVALID, "dataloader: %d micro-batches per batch", parts);
-    if (parts > 0 && dl->batch_size % parts != 0)
+    if (parts > 0 && (dl->ds->iterable || dl->has_sampler))
+        return ca_error(CA_ERR_INVALID, "deterministic mode needs a loader over a map-style dataset with its own "
+                        "sampler (not %s)", dl->ds->iterable ? "an iterable dataset" : "a custom batch sampler");
+    int64_t rank_bs = dl->split && dl->world > 1 ? dl->batch_size / dl->world : dl->batch_size;
+    if (parts > 0 && rank_bs % parts != 0)
         return ca_error(CA_ERR_INVALID,
                         "deterministic mode: batch_size %lld per process is not a multiple of %d "
                         "(deterministic_shards / num_processes): the global batch must split into "
                         "deterministic_shards equal virtual shards",
-                        (long long)dl->batch_size, parts);
+                        (long long)rank_bs, parts);
     if (parts > 0 && !dl->even_batches && !dl->drop_last)
         return ca_error(CA_ERR_INVALID,
                         "deterministic mode needs even_batches=true or a loader with drop_last: the last "

@@ -62,8 +62,47 @@ ca_status ca_dataset_create(const ca_dataset_ops *ops, void *ctx, const ca_sampl
     return CA_OK;
 }
 
+static int64_t no_length(void *ctx) {
+    (void)ctx;
+    return -1;
+}
+
+static ca_status no_get(void *ctx, int64_t i, void *x, void *y) {
+    (void)ctx, (void)x, (void)y;
+    return ca_error(CA_ERR_UNSUPPORTED, "an iterable dataset has no sample %lld: it is read in order", (long long)i);
+}
+
+ca_status ca_dataset_create_iterable(const ca_iterable_ops *ops, void *ctx, const ca_sample_spec *x,
+                                     const ca_sample_spec *y, ca_dataset **out) {
+    if (!out) return ca_error(CA_ERR_INVALID, "ca_dataset_create_iterable: out is NULL");
+    *out = NULL;
+    if (!ops) return ca_error(CA_ERR_INVALID, "ca_dataset_create_iterable: ops is NULL");
+    size_t need = offsetof(ca_iterable_ops, next) + sizeof ops->next;
+    if (ops->struct_size < need)
+        return ca_error(CA_ERR_INVALID,
+                        "ca_dataset_create_iterable: ops->struct_size is %zu, at least %zu expected "
+                        "(set it to sizeof(ca_iterable_ops))",
+                        ops->struct_size, need);
+    if (!ops->begin || !ops->next)
+        return ca_error(CA_ERR_INVALID, "ca_dataset_create_iterable: ops->begin and ops->next are required");
+    ca_dataset_ops base = {.struct_size = sizeof base, .length = no_length, .get = no_get};
+    ca_status s = ca_dataset_create(&base, ctx, x, y, out);
+    if (s != CA_OK) return s;
+    ca_dataset *d = *out;
+    size_t n = ops->struct_size < sizeof d->it ? ops->struct_size : sizeof d->it;
+    memcpy(&d->it, ops, n);
+    d->it.struct_size = sizeof d->it;
+    d->ops.destroy = d->it.destroy;
+    d->iterable = true;
+    snprintf(d->name, sizeof d->name, "iterable dataset");
+    return CA_OK;
+}
+
+bool ca_dataset_is_iterable(const ca_dataset *d) { return d && d->iterable; }
+
 int64_t ca_dataset_length(const ca_dataset *d) {
     if (!d) return 0;
+    if (d->iterable) return -1;
     int64_t n = d->ops.length(d->ctx);
     return n < 0 ? 0 : n;
 }
@@ -73,6 +112,7 @@ const ca_sample_spec *ca_dataset_y_spec(const ca_dataset *d) { return d ? &d->y 
 
 ca_status ca_dataset_get(ca_dataset *d, int64_t i, void *x, void *y) {
     if (!d || !x || !y) return ca_error(CA_ERR_INVALID, "ca_dataset_get: NULL argument");
+    if (d->iterable) return no_get(d->ctx, i, x, y);
     int64_t n = ca_dataset_length(d);
     if (i < 0 || i >= n)
         return ca_error(CA_ERR_INVALID, "%s: sample %lld out of range (length %lld)", d->name,

@@ -30,7 +30,9 @@ static void test_defaults(void **state) {
         {"rdzv_backend", "static"}, {"same_network", "false"}, {"main_training_function", "main"},
         {"enable_cpu_affinity", "false"}, {"downcast_bf16", "false"}, {"tpu_use_cluster", "false"},
         {"region", "us-east-1"}, {"backend", "null"}, {"timeout", "1800"}, {"bucket_cap_mb", "25"},
-        {"even_batches", "true"}, {"gradient_accumulation_steps", "1"}, {"gradient_clipping", "null"},
+        {"even_batches", "true"}, {"split_batches", "false"}, {"dispatch_batches", "false"},
+        {"use_seedable_sampler", "false"}, {"data_seed", "null"}, {"non_blocking", "false"},
+        {"gradient_accumulation_steps", "1"}, {"gradient_clipping", "null"},
         {"allow_unknown_keys", "false"}, {"fsdp_config.fsdp_sharding_strategy", "FULL_SHARD"},
         {"fsdp_config.fsdp_use_orig_params", "true"}, {"deepspeed_config.zero_stage", "2"},
         {"dynamo_config.dynamo_backend", "no"}, {"fsdp_config", "{}"},
@@ -64,6 +66,11 @@ static void test_defaults(void **state) {
     assert_int_equal(st.timeout_ms, 1800000);
     assert_true(st.bucket_cap_mb == 25.0);
     assert_true(st.even_batches);
+    assert_false(st.split_batches);
+    assert_false(st.dispatch_batches);
+    assert_false(st.use_seedable_sampler);
+    assert_int_equal(st.data_seed, -1);
+    assert_false(st.non_blocking);
     assert_int_equal(st.num_cpu_threads_per_process, 0);
     assert_string_equal(st.rdzv_backend, "static");
     ca_config_destroy(c);
@@ -1220,6 +1227,99 @@ static void test_even_batches(void **state) {
     ca_accelerator_destroy(acc);
 }
 
+/* Accelerate's DataLoaderConfiguration: each key from a flag, a CACCEL_ variable
+ * and the program, reaching the settings; data_seed seeds the shuffle only with
+ * use_seedable_sampler; dispatch_batches and non_blocking warn that they do nothing. */
+static void shuffled_order(const char *const *settings, bool set_seed, int64_t *ids, int64_t n) {
+    char *argv[] = {"prog", "--cpu", NULL};
+    ca_options o = {.argc = 2, .argv = argv, .settings = settings};
+    ca_accelerator *acc = NULL;
+    assert_ok(ca_accelerator_create(&o, &acc));
+    int64_t y[16];
+    float x[16] = {0};
+    for (int64_t i = 0; i < n; i++) y[i] = i;
+    ca_sample_spec xs = {.dtype = CA_F32, .ndim = 0}, ys = {.dtype = CA_I64, .ndim = 0};
+    ca_dataset *ds = NULL;
+    assert_ok(ca_dataset_from_memory(&xs, x, &ys, y, n, &ds));
+    ca_dataloader *dl = NULL;
+    assert_ok(ca_dataloader_create(ds, &(ca_loader_opts){.batch_size = n, .shuffle = true}, &dl));
+    assert_ok(ca_prepare(acc, NULL, NULL, dl));
+    if (set_seed) assert_ok(ca_set_seed(acc, 1234));
+    ca_batch b;
+    assert_true(ca_dataloader_next(dl, &b));
+    assert_ok(ca_tensor_to_host(b.y, ids, sizeof *ids * (size_t)n));
+    ca_dataloader_destroy(dl);
+    ca_dataset_destroy(ds);
+    ca_accelerator_destroy(acc);
+}
+
+static void test_dataloader_config(void **state) {
+    (void)state;
+    static const struct { const char *key, *flag_value, *var; } keys[] = {
+        {"split_batches", "true", "CACCEL_SPLIT_BATCHES"},
+        {"dispatch_batches", "true", "CACCEL_DISPATCH_BATCHES"},
+        {"use_seedable_sampler", "true", "CACCEL_USE_SEEDABLE_SAMPLER"},
+        {"data_seed", "42", "CACCEL_DATA_SEED"},
+        {"non_blocking", "true", "CACCEL_NON_BLOCKING"},
+    };
+    for (size_t i = 0; i < sizeof keys / sizeof *keys; i++) {
+        char flag[64], origin[64];
+        snprintf(flag, sizeof flag, "--%s", keys[i].key);
+        char *argv[] = {"prog", "--cpu", flag, (char *)keys[i].flag_value, NULL};
+        ca_config *c = new_config();
+        assert_ok(ca_config_load(c, NULL, 4, argv));
+        assert_string_equal(ca_config_get(c, keys[i].key), keys[i].flag_value);
+        assert_string_equal(ca_config_origin(c, keys[i].key), flag);
+        ca_config_destroy(c);
+        assert_int_equal(ca_config_flag_arity(flag), 1);
+        setenv(keys[i].var, keys[i].flag_value, 1);
+        c = new_config();
+        assert_ok(ca_config_load(c, NULL, 0, NULL));
+        snprintf(origin, sizeof origin, "env %s", keys[i].var);
+        assert_string_equal(ca_config_origin(c, keys[i].key), origin);
+        ca_config_destroy(c);
+        unsetenv(keys[i].var);
+    }
+    const char *prog[] = {"split_batches=true", "dispatch_batches=true", "use_seedable_sampler=true",
+                          "data_seed=42", "non_blocking=true", NULL};
+    char *argv[] = {"prog", "--cpu", NULL};
+    ca_options o = {.argc = 2, .argv = argv, .settings = prog};
+    ca_accelerator *acc = NULL;
+    assert_ok(ca_accelerator_create(&o, &acc));
+    const ca_settings *st = ca_accelerator_settings(acc);
+    assert_true(st->split_batches && st->dispatch_batches && st->use_seedable_sampler && st->non_blocking);
+    assert_int_equal(st->data_seed, 42);
+    ca_accelerator_destroy(acc);
+
+    /* the two keys caccel does not act on warn, naming the origin */
+    ca_config *c = new_config();
+    ca_log_set_level(CA_LOG_OFF);
+    assert_ok(ca_config_set(c, "dispatch_batches", "true", CA_SRC_CLI, "--dispatch_batches"));
+    assert_ok(ca_config_set(c, "non_blocking", "true", CA_SRC_CLI, "--non_blocking"));
+    int n = -1;
+    char *log = warnings_of(c, &n);
+    assert_int_equal(n, 2);
+    assert_non_null(strstr(log, "--dispatch_batches: dispatch_batches = true has no effect: rank 0 does not read"));
+    assert_non_null(strstr(log, "--non_blocking: non_blocking = true has no effect"));
+    free(log);
+    ca_config_destroy(c);
+
+    /* data_seed: the shuffle of set_seed(1234) unless use_seedable_sampler takes data_seed */
+    enum { N = 12 };
+    int64_t a[N], b[N], d[N], e[N];
+    const char *plain[] = {NULL};
+    const char *seed_only[] = {"data_seed=99", NULL};
+    const char *seedable[] = {"use_seedable_sampler=true", "data_seed=99", NULL};
+    const char *as_1234[] = {"use_seedable_sampler=true", "data_seed=1234", NULL};
+    shuffled_order(plain, true, a, N);
+    shuffled_order(seed_only, true, b, N);
+    assert_memory_equal(a, b, sizeof a);          /* without use_seedable_sampler, data_seed is unused */
+    shuffled_order(seedable, true, d, N);
+    assert_true(memcmp(a, d, sizeof a) != 0);     /* data_seed wins over set_seed */
+    shuffled_order(as_1234, false, e, N);
+    assert_memory_equal(a, e, sizeof a);          /* data_seed 1234 = set_seed(1234), no set_seed needed */
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup(test_defaults, setup),
@@ -1250,6 +1350,7 @@ int main(void) {
         cmocka_unit_test_setup(test_every_reported_key_warns, setup),
         cmocka_unit_test_setup(test_accelerator_warns_ignored, setup),
         cmocka_unit_test_setup(test_even_batches, setup),
+        cmocka_unit_test_setup(test_dataloader_config, setup),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     ct_cleanup();

@@ -7,6 +7,8 @@
 
 #include <caccel/caccel.h>
 
+#include "tests/accelerate_shards.h"
+
 #include <math.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -701,6 +703,329 @@ static void test_fashion_mnist_epoch(void **state) {
     ca_dataset_destroy(ds);
 }
 
+/* ------------------------------------------------------------- Accelerate's lists through the loader */
+
+/* Per-rank expectations parsed from a Python list literal: ids flattened, and
+ * batch lengths when the literal has batches (level 3). */
+typedef struct want_rank {
+    int64_t ids[256], nids;
+    int64_t lens[64], nbatches;
+} want_rank;
+
+static int parse_want(const char *s, int level, want_rank *w, int max) {
+    int depth = 0, r = -1;
+    memset(w, 0, sizeof *w * (size_t)max);
+    for (const char *c = s; *c; c++) {
+        if (*c == '[') {
+            if (++depth == 2) r++;
+            if (depth == 3) w[r].lens[w[r].nbatches] = 0;
+        } else if (*c == ']') {
+            if (depth-- == 3) w[r].nbatches++;
+        } else if (*c >= '0' && *c <= '9') {
+            char *end;
+            assert_true(r >= 0 && r < max && w[r].nids < 256);
+            w[r].ids[w[r].nids++] = strtoll(c, &end, 10);
+            if (level == 3) w[r].lens[w[r].nbatches]++;
+            c = end - 1;
+        }
+    }
+    return r + 1;
+}
+
+static void assert_ids(const epoch_rec *got, const want_rank *w, bool check_batches, const char *what) {
+    if (got->nids != w->nids)
+        fail_msg("%s: %lld samples, Accelerate gives %lld", what, (long long)got->nids, (long long)w->nids);
+    for (int64_t i = 0; i < w->nids; i++)
+        if (got->ids[i] != w->ids[i])
+            fail_msg("%s: sample %lld is %lld, Accelerate's %lld", what, (long long)i, (long long)got->ids[i],
+                     (long long)w->ids[i]);
+    if (!check_batches) return;
+    assert_int_equal(got->nbatches, w->nbatches);
+    for (int64_t b = 0; b < w->nbatches; b++) assert_int_equal(got->sizes[b], w->lens[b]);
+}
+
+/* An iterable dataset of n samples read in order: sample i of epoch e has id
+ * i + stride * e; next fails at sample `bad` (when >= 0). */
+typedef struct stream_ctx {
+    int64_t n, pos, epoch, stride, bad;
+    int begins;
+} stream_ctx;
+
+static ca_status stream_begin(void *ctx, int64_t epoch) {
+    stream_ctx *c = ctx;
+    c->pos = 0;
+    c->epoch = epoch;
+    c->begins++;
+    return CA_OK;
+}
+
+static ca_status stream_next(void *ctx, void *x, void *y, bool *end) {
+    stream_ctx *c = ctx;
+    if (c->pos == c->bad) return ca_error(CA_ERR_IO, "socket closed after %lld records", (long long)c->pos);
+    if (c->pos >= c->n) {
+        *end = true;
+        return CA_OK;
+    }
+    int64_t id = c->pos++ + c->stride * c->epoch;
+    int32_t *xi = x;
+    xi[0] = (int32_t)id;
+    xi[1] = (int32_t)(7 * id + 1);
+    *(int64_t *)y = id;
+    return CA_OK;
+}
+
+static ca_dataset *stream_dataset(stream_ctx *c) {
+    ca_iterable_ops ops = {.struct_size = sizeof ops, .begin = stream_begin, .next = stream_next};
+    ca_sample_spec xs = {.dtype = CA_I32, .ndim = 1, .shape = {2}};
+    ca_sample_spec ys = {.dtype = CA_I64, .ndim = 0};
+    ca_dataset *ds = NULL;
+    assert_int_equal(ca_dataset_create_iterable(&ops, c, &xs, &ys, &ds), CA_OK);
+    return ds;
+}
+
+/* IterableDatasetShard at 1 to 4 processes with and without split_batches and
+ * drop_last: each rank's samples are Accelerate's, every batch has the
+ * per-process size, and gathering the ranks' batches in rank order and dropping
+ * their padding (what ca_gather_for_metrics does) gives the stream exactly once. */
+static void test_iterable_shards_match_accelerate(void **state) {
+    (void)state;
+    static epoch_rec rec[4];
+    char what[128];
+    for (size_t k = 0; k < sizeof accel_iterable_cases / sizeof *accel_iterable_cases; k++) {
+        const struct accel_iterable_case *c = &accel_iterable_cases[k];
+        want_rank want[4];
+        assert_int_equal(parse_want(c->want, 2, want, 4), c->world);
+        int64_t pbs = c->split && c->world > 1 ? c->bs / c->world : c->bs;
+        for (int r = 0; r < c->world; r++) {
+            snprintf(what, sizeof what, "stream of %d, bs %d, drop_last %d, split %d, rank %d of %d", c->n, c->bs,
+                     c->drop_last, c->split, r, c->world);
+            stream_ctx sc = {.n = c->n, .bad = -1};
+            ca_dataset *ds = stream_dataset(&sc);
+            ca_dataloader *dl = loader(ds, (ca_loader_opts){.batch_size = c->bs, .drop_last = c->drop_last});
+            assert_int_equal(ca_dataloader_set_split_batches(dl, c->split), CA_OK);
+            assert_int_equal(ca_dataloader_shard(dl, r, c->world, true), CA_OK);
+            assert_int_equal(ca_dataloader_num_batches(dl), -1);
+            run_epoch(dl, &rec[r]);
+            assert_ids(&rec[r], &want[r], false, what);
+            for (int64_t b = 0; b < rec[r].nbatches; b++)
+                if (c->world > 1 || b + 1 < rec[r].nbatches) assert_int_equal(rec[r].sizes[b], pbs);
+            ca_dataloader_destroy(dl);
+            ca_dataset_destroy(ds);
+        }
+        /* gather_for_metrics: step b gathers batch b of every rank, less the padding */
+        int64_t next = 0, pos[4] = {0};
+        for (int64_t b = 0; b < rec[0].nbatches; b++) {
+            int64_t rows = 0, pad = 0, got[64];
+            for (int r = 0; r < c->world; r++) {
+                assert_int_equal(rec[r].nbatches, rec[0].nbatches);
+                for (int64_t t = 0; t < rec[r].sizes[b]; t++) got[rows++] = rec[r].ids[pos[r]++];
+                pad += rec[r].padded[b];
+            }
+            for (int64_t t = 0; t < rows - pad; t++) assert_int_equal(got[t], next++);
+        }
+        int64_t R = c->split ? c->bs : c->bs * c->world;
+        assert_int_equal(next, c->drop_last ? c->n / R * R : c->n);
+    }
+}
+
+static void test_iterable_resume_epochs_errors(void **state) {
+    (void)state;
+    stream_ctx sc = {.n = 22, .stride = 1000, .bad = -1};
+    ca_dataset *ds = stream_dataset(&sc);
+    assert_true(ca_dataset_is_iterable(ds));
+    assert_int_equal(ca_dataset_length(ds), -1);
+    int32_t x[2];
+    int64_t y;
+    assert_int_equal(ca_dataset_get(ds, 0, x, &y), CA_ERR_UNSUPPORTED);
+    assert_contains(ca_last_error(), "iterable dataset has no sample 0");
+    ca_dataloader *dl = loader(ds, (ca_loader_opts){.batch_size = 4});
+    assert_int_equal(ca_dataloader_shard(dl, 1, 2, true), CA_OK);
+
+    /* epoch 0 on rank 1 of 2: global batches of 8, slice [4, 8); the last one padded */
+    epoch_rec e;
+    run_epoch(dl, &e);
+    int64_t want0[] = {4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 0, 1};
+    assert_int_equal(e.nids, 12);
+    assert_memory_equal(e.ids, want0, sizeof want0);
+    assert_int_equal(e.padded[2], 2);
+    assert_int_equal(sc.begins, 1);
+
+    /* the stream restarts for epoch 1 (begin gets the epoch); resume at batch 1 */
+    assert_int_equal(ca_dataloader_skip_batches(dl, 1), CA_OK);
+    ca_batch b;
+    assert_true(ca_dataloader_next(dl, &b));
+    assert_int_equal(b.index, 1);
+    assert_int_equal(b.epoch, 1);
+    int64_t ids[8], n = 0;
+    read_batch(&b, ids, &n);
+    assert_int_equal(ids[0], 1012);
+    assert_true(ca_dataloader_next(dl, &b));
+    assert_int_equal(b.index, 2);
+    assert_int_equal(b.num_padded, 2);
+    assert_false(ca_dataloader_next(dl, &b));
+    assert_int_equal(ca_dataloader_status(dl), CA_OK);
+    assert_int_equal(ca_dataloader_epoch(dl), 2);
+
+    /* a failing stream: the message names the dataset, the call and the batch */
+    sc.bad = 9;
+    ca_clear_error();
+    assert_true(ca_dataloader_next(dl, &b));                 /* batch 0 (samples 0..7) */
+    assert_false(ca_dataloader_next(dl, &b));
+    assert_int_equal(ca_dataloader_status(dl), CA_ERR_IO);
+    assert_contains(ca_last_error(), "iterable dataset: next (batch 1 of epoch 2): socket closed after 9 records");
+
+    /* no batch sampler over a stream */
+    ca_batch_sampler_ops so = {.struct_size = sizeof so, .next = NULL};
+    assert_int_equal(ca_dataloader_set_batch_sampler(dl, &so, NULL, 4, false), CA_ERR_INVALID);
+    ca_dataloader_destroy(dl);
+    ca_dataset_destroy(ds);
+}
+
+/* A batch sampler giving BatchSampler(range(n), bs, drop_last); odd epochs in reverse order of batches
+ * when `reverse_odd`; fixed lists (varying sizes) when `lists` is set. */
+typedef struct bsampler_ctx {
+    int64_t n, bs, next_batch, epoch;
+    bool drop_last, reverse_odd;
+    const want_rank *lists;
+    int64_t bad_index;          /* >= 0: batch 1 holds this index */
+} bsampler_ctx;
+
+static ca_status bs_begin(void *ctx, int64_t epoch) {
+    bsampler_ctx *c = ctx;
+    c->next_batch = 0;
+    c->epoch = epoch;
+    return CA_OK;
+}
+
+static ca_status bs_next(void *ctx, int64_t *idx, int64_t cap, int64_t *len) {
+    bsampler_ctx *c = ctx;
+    *len = 0;
+    if (c->lists) {
+        if (c->next_batch >= c->lists->nbatches) return CA_OK;
+        int64_t off = 0;
+        for (int64_t b = 0; b < c->next_batch; b++) off += c->lists->lens[b];
+        *len = c->lists->lens[c->next_batch++];
+        memcpy(idx, c->lists->ids + off, sizeof *idx * (size_t)*len);
+        return CA_OK;
+    }
+    int64_t nb = c->drop_last ? c->n / c->bs : (c->n + c->bs - 1) / c->bs;
+    if (c->next_batch >= nb) return CA_OK;
+    int64_t j = c->reverse_odd && c->epoch % 2 ? nb - 1 - c->next_batch : c->next_batch;
+    c->next_batch++;
+    for (int64_t i = j * c->bs; i < c->n && i < (j + 1) * c->bs && *len < cap; i++) idx[(*len)++] = i;
+    if (c->bad_index >= 0 && j == 1) idx[0] = c->bad_index;
+    return CA_OK;
+}
+
+static const ca_batch_sampler_ops bs_ops = {.struct_size = sizeof(ca_batch_sampler_ops), .begin = bs_begin,
+                                            .next = bs_next};
+
+/* BatchSamplerShard through the loader: a custom batch sampler, and the loader's
+ * own sampler with split_batches, give Accelerate's batches at 1 to 4 processes. */
+static void test_batch_sampler_shards_match_accelerate(void **state) {
+    (void)state;
+    static epoch_rec rec;
+    char what[160];
+    for (size_t k = 0; k < sizeof accel_sampler_cases / sizeof *accel_sampler_cases; k++) {
+        const struct accel_sampler_case *c = &accel_sampler_cases[k];
+        want_rank want[4];
+        assert_int_equal(parse_want(c->want, 3, want, 4), c->world);
+        ca_dataset *ds = id_dataset(c->n);
+        for (int r = 0; r < c->world; r++)
+            for (int custom = 0; custom < 2; custom++) {
+                snprintf(what, sizeof what, "%s: n %d bs %d drop_last %d split %d even %d, rank %d of %d",
+                         custom ? "custom sampler" : "loader", c->n, c->bs, c->drop_last, c->split, c->even, r,
+                         c->world);
+                ca_dataloader *dl = loader(ds, (ca_loader_opts){.batch_size = c->bs, .drop_last = c->drop_last});
+                bsampler_ctx *bc = calloc(1, sizeof *bc);
+                assert_non_null(bc);
+                *bc = (bsampler_ctx){.n = c->n, .bs = c->bs, .drop_last = c->drop_last, .bad_index = -1};
+                if (custom) {
+                    ca_batch_sampler_ops o = bs_ops;
+                    o.destroy = free;
+                    assert_int_equal(ca_dataloader_set_batch_sampler(dl, &o, bc, c->bs, c->drop_last), CA_OK);
+                } else {
+                    free(bc);
+                }
+                assert_int_equal(ca_dataloader_set_split_batches(dl, c->split), CA_OK);
+                assert_int_equal(ca_dataloader_shard(dl, r, c->world, c->even), CA_OK);
+                assert_int_equal(ca_dataloader_num_batches(dl), want[r].nbatches);
+                run_epoch(dl, &rec);
+                assert_ids(&rec, &want[r], true, what);
+                ca_dataloader_destroy(dl);
+            }
+        ca_dataset_destroy(ds);
+    }
+}
+
+static void test_batch_sampler_varying_epochs_errors(void **state) {
+    (void)state;
+    static epoch_rec rec;
+    ca_dataset *ds = id_dataset(30);
+    for (size_t k = 0; k < sizeof accel_varying_cases / sizeof *accel_varying_cases; k++) {
+        const struct accel_varying_case *c = &accel_varying_cases[k];
+        want_rank in, want[4];
+        char wrapped[512];
+        snprintf(wrapped, sizeof wrapped, "[%s]", c->batches);   /* one "rank": the sampler's batches */
+        assert_int_equal(parse_want(wrapped, 3, &in, 1), 1);
+        assert_int_equal(parse_want(c->want, 3, want, 4), c->world);
+        for (int r = 0; r < c->world; r++) {
+            static bsampler_ctx bc;
+            bc = (bsampler_ctx){.lists = &in, .bad_index = -1};
+            ca_dataloader *dl = loader(ds, (ca_loader_opts){0});
+            assert_int_equal(ca_dataloader_set_batch_sampler(dl, &bs_ops, &bc, 0, false), CA_OK);
+            assert_int_equal(ca_dataloader_shard(dl, r, c->world, c->even), CA_OK);
+            run_epoch(dl, &rec);
+            assert_ids(&rec, &want[r], true, c->want);
+            if (c->world > 1) {   /* split_batches needs a fixed batch size */
+                assert_int_equal(ca_dataloader_set_split_batches(dl, true), CA_ERR_INVALID);
+                assert_contains(ca_last_error(), "batch sampler's batches vary in size");
+            }
+            ca_dataloader_destroy(dl);
+        }
+    }
+
+    /* The sampler sees the epoch: odd epochs reverse the batch order, on every rank alike. */
+    static bsampler_ctx bc;
+    bc = (bsampler_ctx){.n = 12, .bs = 3, .reverse_odd = true, .bad_index = -1};
+    ca_dataloader *dl = loader(ds, (ca_loader_opts){0});
+    assert_int_equal(ca_dataloader_set_batch_sampler(dl, &bs_ops, &bc, 3, false), CA_OK);
+    assert_int_equal(ca_dataloader_shard(dl, 1, 2, true), CA_OK);
+    run_epoch(dl, &rec);
+    int64_t want0[] = {3, 4, 5, 9, 10, 11};
+    assert_memory_equal(rec.ids, want0, sizeof want0);
+    run_epoch(dl, &rec);
+    int64_t want1[] = {6, 7, 8, 0, 1, 2};
+    assert_memory_equal(rec.ids, want1, sizeof want1);
+
+    /* split_batches with a batch size the processes do not divide */
+    assert_int_equal(ca_dataloader_set_split_batches(dl, true), CA_ERR_INVALID);
+    assert_contains(ca_last_error(), "split_batches: the batch size 3 is not a multiple of the 2 processes");
+
+    /* an index past the dataset: the error names the batch, the epoch and the size */
+    bc.bad_index = 30;
+    ca_batch b;
+    ca_clear_error();
+    assert_false(ca_dataloader_next(dl, &b));
+    assert_int_equal(ca_dataloader_status(dl), CA_ERR_INVALID);
+    assert_contains(ca_last_error(), "batch sampler: batch 1 of epoch 2 holds index 30, but in-memory dataset has 30 samples");
+    ca_dataloader_destroy(dl);
+
+    /* split_batches set first (one process), then sharded over 3 (as ca_prepare does) */
+    dl = loader(ds, (ca_loader_opts){.batch_size = 10});
+    assert_int_equal(ca_dataloader_set_split_batches(dl, true), CA_OK);
+    assert_int_equal(ca_dataloader_shard(dl, 0, 3, true), CA_ERR_INVALID);
+    assert_contains(ca_last_error(), "split_batches: the batch size 10 is not a multiple of the 3 processes");
+    assert_int_equal(ca_dataloader_shard(dl, 1, 2, true), CA_OK);
+    assert_int_equal(ca_dataloader_num_batches(dl), 3);       /* 30 samples in global batches of 10 */
+    run_epoch(dl, &rec);
+    int64_t want2[] = {5, 6, 7, 8, 9, 15, 16, 17, 18, 19, 25, 26, 27, 28, 29};
+    assert_int_equal(rec.nids, 15);
+    assert_memory_equal(rec.ids, want2, sizeof want2);
+    ca_dataloader_destroy(dl);
+    ca_dataset_destroy(ds);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_batch_counts),
@@ -716,6 +1041,10 @@ int main(void) {
         cmocka_unit_test(test_destroy_mid_epoch),
         cmocka_unit_test(test_scopes_released),
         cmocka_unit_test(test_fashion_mnist_epoch),
+        cmocka_unit_test(test_iterable_shards_match_accelerate),
+        cmocka_unit_test(test_iterable_resume_epochs_errors),
+        cmocka_unit_test(test_batch_sampler_shards_match_accelerate),
+        cmocka_unit_test(test_batch_sampler_varying_epochs_errors),
     };
     int rc = cmocka_run_group_tests_name("data_loader", tests, NULL, NULL);
     ca_scope_release_all();

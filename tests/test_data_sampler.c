@@ -6,7 +6,9 @@
 #include <cmocka.h>
 
 #include "data/data_impl.h"
+#include "tests/accelerate_shards.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -368,6 +370,166 @@ static void test_det_virtual_shards(void **state) {
         }
 }
 
+/* ------------------------------------------------------------- Accelerate's lists */
+
+/* Parses a Python list literal ("[[[0,1],[4,5]],[[2,3]]]") into groups: a '['
+ * reaching depth `level` opens a batch, one reaching level - 1 opens the next
+ * group. Returns the number of groups. */
+static int parse_lists(const char *s, int level, ca_index_batches *groups, int max) {
+    int depth = 0, g = -1;
+    int64_t buf[4096], len = 0;
+    for (const char *c = s; *c; c++) {
+        if (*c == '[') {
+            depth++;
+            if (depth == level - 1) g++;
+            if (depth == level) len = 0;
+        } else if (*c == ']') {
+            if (depth == level) {
+                assert_true(g >= 0 && g < max);
+                assert_int_equal(ca_index_batches_push(&groups[g], buf, len, 0), CA_OK);
+            }
+            depth--;
+        } else if (*c >= '0' && *c <= '9') {
+            char *end;
+            assert_true(len < 4096);
+            buf[len++] = strtoll(c, &end, 10);
+            c = end - 1;
+        }
+    }
+    if (level == 1) return 1;
+    return g + 1;
+}
+
+static void assert_batches_equal(const ca_index_batches *got, const ca_index_batches *want, const char *what) {
+    if (got->count != want->count) fail_msg("%s: %lld batches, Accelerate gives %lld", what,
+                                            (long long)got->count, (long long)want->count);
+    for (int64_t b = 0; b < want->count; b++) {
+        if (ca_index_batches_len(got, b) != ca_index_batches_len(want, b))
+            fail_msg("%s: batch %lld has %lld samples, Accelerate's %lld", what, (long long)b,
+                     (long long)ca_index_batches_len(got, b), (long long)ca_index_batches_len(want, b));
+        for (int64_t t = 0; t < ca_index_batches_len(want, b); t++)
+            if (got->idx[got->off[b] + t] != want->idx[want->off[b] + t])
+                fail_msg("%s: batch %lld position %lld is %lld, Accelerate's %lld", what, (long long)b,
+                         (long long)t, (long long)got->idx[got->off[b] + t], (long long)want->idx[want->off[b] + t]);
+    }
+}
+
+/* The plan's batches of one rank with the identity permutation, with their padding. */
+static void plan_batches(const ca_shard_plan *p, ca_index_batches *out) {
+    int64_t buf[64];
+    for (int64_t b = 0; b < p->rank_batches; b++) {
+        int64_t start, size, pad;
+        ca_shard_plan_batch(p, b, &start, &size, &pad);
+        assert_true(size <= 64);
+        int64_t npad = 0;
+        for (int64_t t = 0; t < size; t++) {
+            buf[t] = (start + t) % p->n;
+            npad += start + t >= p->n;
+        }
+        assert_int_equal(npad, pad);
+        assert_int_equal(ca_index_batches_push(out, buf, size, pad), CA_OK);
+    }
+}
+
+/* BatchSamplerShard at 1 to 4 processes, with and without split_batches,
+ * even_batches and drop_last (Accelerate's test_batch_sampler_shards_* cases at
+ * 2 processes are among them): the loader's plan and the custom-sampler shard
+ * both give Accelerate's lists, with the same padding counts. */
+static void test_sampler_shard_lists(void **state) {
+    (void)state;
+    char what[160];
+    for (size_t c = 0; c < sizeof accel_sampler_cases / sizeof *accel_sampler_cases; c++) {
+        const struct accel_sampler_case *k = &accel_sampler_cases[c];
+        ca_index_batches want[4] = {{0}}, in = {0};
+        assert_int_equal(parse_lists(k->want, 3, want, 4), k->world);
+        for (int64_t b = 0; b * k->bs < k->n; b++) {   /* BatchSampler(range(n), bs, drop_last) */
+            int64_t buf[8], len = 0;
+            for (int64_t i = b * k->bs; i < k->n && i < (b + 1) * k->bs; i++) buf[len++] = i;
+            if (len == k->bs || !k->drop_last) assert_int_equal(ca_index_batches_push(&in, buf, len, 0), CA_OK);
+        }
+        for (int r = 0; r < k->world; r++) {
+            snprintf(what, sizeof what, "n=%d bs=%d drop_last=%d split=%d even=%d rank %d of %d", k->n, k->bs,
+                     k->drop_last, k->split, k->even, r, k->world);
+            ca_shard_plan p;
+            if (k->split)
+                ca_shard_plan_init_split(&p, k->n, k->bs, k->drop_last, r, k->world, k->even);
+            else
+                ca_shard_plan_init(&p, k->n, k->bs, k->drop_last, r, k->world, k->even);
+            ca_index_batches got = {0}, shard = {0};
+            plan_batches(&p, &got);
+            assert_batches_equal(&got, &want[r], what);
+            int64_t real = got.count ? got.off[got.count] : 0;
+            for (int64_t b = 0; b < got.count; b++) real -= got.pad[b];
+            assert_int_equal(ca_shard_plan_samples(&p), real);
+            assert_int_equal(ca_batch_sampler_shard(&in, k->bs, k->drop_last, r, k->world, k->split, k->even,
+                                                    &shard), CA_OK);
+            assert_batches_equal(&shard, &want[r], what);
+            for (int64_t b = 0; b < got.count; b++) assert_int_equal(shard.pad[b], got.pad[b]);
+            ca_index_batches_free(&got);
+            ca_index_batches_free(&shard);
+            ca_index_batches_free(&want[r]);
+        }
+        ca_index_batches_free(&in);
+    }
+}
+
+/* A batch sampler whose batches vary in size (Accelerate's batch_size None),
+ * including test_batch_sampler_with_varying_batch_size and
+ * test_batch_sampler_varying_batch_size_even_batches. */
+static void test_sampler_shard_varying(void **state) {
+    (void)state;
+    for (size_t c = 0; c < sizeof accel_varying_cases / sizeof *accel_varying_cases; c++) {
+        const struct accel_varying_case *k = &accel_varying_cases[c];
+        ca_index_batches in = {0}, want[4] = {{0}};
+        assert_int_equal(parse_lists(k->batches, 2, &in, 1), 1);
+        assert_int_equal(parse_lists(k->want, 3, want, 4), k->world);
+        for (int r = 0; r < k->world; r++) {
+            char what[96];
+            snprintf(what, sizeof what, "case %zu even=%d rank %d of %d", c, k->even, r, k->world);
+            ca_index_batches got = {0};
+            assert_int_equal(ca_batch_sampler_shard(&in, 0, false, r, k->world, false, k->even, &got), CA_OK);
+            assert_batches_equal(&got, &want[r], what);
+            ca_index_batches_free(&got);
+            ca_index_batches_free(&want[r]);
+        }
+        ca_index_batches_free(&in);
+    }
+    /* split_batches needs a batch size that the processes divide, as in Accelerate */
+    ca_index_batches in = {0}, out = {0};
+    int64_t b[3] = {0, 1, 2};
+    assert_int_equal(ca_index_batches_push(&in, b, 3, 0), CA_OK);
+    assert_int_equal(ca_batch_sampler_shard(&in, 3, false, 0, 2, true, true, &out), CA_ERR_INVALID);
+    assert_non_null(strstr(ca_last_error(), "batch_size (3) must be a multiple of the number of processes (2)"));
+    assert_int_equal(ca_batch_sampler_shard(&in, 0, false, 0, 2, true, true, &out), CA_ERR_INVALID);
+    ca_index_batches_free(&in);
+    ca_index_batches_free(&out);
+}
+
+/* split_batches on N ranks = the same global batches as one rank: slice r of batch s. */
+static void test_plan_split_global_batch(void **state) {
+    (void)state;
+    for (int world = 2; world <= 4; world++)
+        for (int64_t bs = world; bs <= 4 * world; bs += world)
+            for (int64_t n = 1; n <= 40; n++)
+                for (int flags = 0; flags < 4; flags++) {
+                    bool drop_last = flags & 1, even = flags & 2;
+                    ca_shard_plan one;
+                    ca_shard_plan_init(&one, n, bs, drop_last, 0, 1, even);
+                    for (int r = 0; r < world; r++) {
+                        ca_shard_plan p;
+                        ca_shard_plan_init_split(&p, n, bs, drop_last, r, world, even);
+                        assert_true(p.rank_batches == one.rank_batches || p.rank_batches == one.rank_batches - 1);
+                        for (int64_t b = 0; b < p.rank_batches; b++) {
+                            int64_t start, size, pad, os, osz, op;
+                            ca_shard_plan_batch(&p, b, &start, &size, &pad);
+                            ca_shard_plan_batch(&one, b, &os, &osz, &op);
+                            assert_int_equal(start, os + r * (bs / world));
+                            for (int64_t t = 0; t < size - pad; t++) assert_true(start + t < os + osz);
+                        }
+                    }
+                }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_permutation),
@@ -378,6 +540,9 @@ int main(void) {
         cmocka_unit_test(test_plan_disjoint_covering),
         cmocka_unit_test(test_plan_global_batch),
         cmocka_unit_test(test_det_virtual_shards),
+        cmocka_unit_test(test_sampler_shard_lists),
+        cmocka_unit_test(test_sampler_shard_varying),
+        cmocka_unit_test(test_plan_split_global_batch),
     };
     return cmocka_run_group_tests_name("data_sampler", tests, NULL, NULL);
 }

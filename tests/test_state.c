@@ -584,6 +584,69 @@ static void test_wrong_contents(void **state) {
     run_close(&r);
 }
 
+/* An iterable dataset: load_state continues at the saved batch of the epoch, reading the stream
+ * again from its start (it has no length, so the checkpoint records -1 batches per epoch). */
+typedef struct numbers { int64_t n, pos; } numbers;
+
+static ca_status num_begin(void *ctx, int64_t epoch) {
+    (void)epoch;
+    ((numbers *)ctx)->pos = 0;
+    return CA_OK;
+}
+
+static ca_status num_next(void *ctx, void *x, void *y, bool *end) {
+    numbers *c = ctx;
+    if (c->pos >= c->n) {
+        *end = true;
+        return CA_OK;
+    }
+    *(float *)x = (float)c->pos;
+    *(int64_t *)y = c->pos++;
+    return CA_OK;
+}
+
+static ca_dataloader *stream_loader(ca_accelerator *acc, numbers *c, ca_dataset **ds) {
+    ca_iterable_ops ops = {.struct_size = sizeof ops, .begin = num_begin, .next = num_next};
+    ca_sample_spec xs = {.dtype = CA_F32, .ndim = 0}, ys = {.dtype = CA_I64, .ndim = 0};
+    T_OK(ca_dataset_create_iterable(&ops, c, &xs, &ys, ds));
+    ca_dataloader *dl;
+    T_OK(ca_dataloader_create(*ds, &(ca_loader_opts){.batch_size = 4}, &dl));
+    T_OK(ca_prepare_dataloader(acc, dl));
+    return dl;
+}
+
+static void test_stream_resume(void **state) {
+    (void)state;
+    numbers c = {.n = 30};
+    ca_accelerator *acc;
+    T_OK(ca_accelerator_create(&(ca_options){.argc = 2, .argv = argv_cpu}, &acc));
+    ca_dataset *ds;
+    ca_dataloader *dl = stream_loader(acc, &c, &ds);
+    ca_batch b;
+    for (int k = 0; k < 3; k++) assert_true(ca_dataloader_next(dl, &b));
+    T_OK(ca_save_state(acc, in_dir("stream")));
+    ca_dataloader_destroy(dl);
+    ca_dataset_destroy(ds);
+    ca_accelerator_destroy(acc);
+
+    T_OK(ca_accelerator_create(&(ca_options){.argc = 2, .argv = argv_cpu}, &acc));
+    dl = stream_loader(acc, &c, &ds);
+    T_OK(ca_load_state(acc, in_dir("stream")));
+    int64_t want = 12, batches = 0;
+    while (ca_dataloader_next(dl, &b)) {
+        assert_int_equal(b.index, 3 + batches++);
+        int64_t y[4];
+        T_OK(ca_tensor_to_host(b.y, y, sizeof *y * (size_t)b.size));
+        for (int64_t t = 0; t < b.size; t++) assert_int_equal(y[t], want++);
+    }
+    T_OK(ca_dataloader_status(dl));
+    assert_int_equal(want, 30);                  /* batches 3 .. 7, the last one short */
+    assert_int_equal(batches, 5);
+    ca_dataloader_destroy(dl);
+    ca_dataset_destroy(ds);
+    ca_accelerator_destroy(acc);
+}
+
 int main(int argc, char **argv) {
     ca_log_set_level(CA_LOG_ERROR);
     if (argc == 3 && !strcmp(argv[1], "--ranks")) return ranks_main(argv[2]);
@@ -593,6 +656,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test_setup_teardown(test_project, setup, teardown),
         cmocka_unit_test_setup_teardown(test_errors, setup, teardown),
         cmocka_unit_test_setup_teardown(test_wrong_contents, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_stream_resume, setup, teardown),
         cmocka_unit_test(test_skip_reads_nothing),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);

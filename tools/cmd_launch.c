@@ -49,6 +49,11 @@ static const struct { const char *key, *var; } exported[] = {
     {"bucket_cap_mb", "CACCEL_BUCKET_CAP_MB"},
     {"allow_unknown_keys", "CACCEL_ALLOW_UNKNOWN_KEYS"},
     {"even_batches", "CACCEL_EVEN_BATCHES"},
+    {"split_batches", "CACCEL_SPLIT_BATCHES"},
+    {"dispatch_batches", "CACCEL_DISPATCH_BATCHES"},
+    {"use_seedable_sampler", "CACCEL_USE_SEEDABLE_SAMPLER"},
+    {"data_seed", "CACCEL_DATA_SEED"},
+    {"non_blocking", "CACCEL_NON_BLOCKING"},
     {"deterministic", "CACCEL_DETERMINISTIC"},
     {"deterministic_shards", "CACCEL_DETERMINISTIC_SHARDS"},
 };

@@ -135,6 +135,11 @@ typedef struct ca_settings {
     int64_t timeout_ms;                 /* collective/rendezvous timeout */
     double bucket_cap_mb;               /* gradient bucket size */
     bool even_batches;
+    bool split_batches;                 /* a loader's batch_size is global; each process gets a slice */
+    bool dispatch_batches;              /* accepted; caccel never dispatches (docs/CONFIGURATION.md) */
+    bool use_seedable_sampler;          /* data_seed seeds the shuffles */
+    int64_t data_seed;                  /* -1: not given */
+    bool non_blocking;                  /* accepted; no effect */
     bool deterministic;                 /* bit-identical results for any process/thread count */
     int deterministic_shards;           /* virtual shards per global batch (deterministic mode) */
 } ca_settings;

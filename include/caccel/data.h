@@ -29,10 +29,27 @@ typedef struct ca_dataset_ops {
 
 typedef struct ca_dataset ca_dataset;
 
+/* An iterable dataset (Accelerate's IterableDataset): a stream with no length
+ * and no random access. `begin` restarts the stream for an epoch (every pass
+ * calls it; the same epoch must give the same samples on every rank, as every
+ * rank reads the whole stream and keeps its shard); `next` writes the next
+ * sample into x and y, or sets *end at the end of the stream. Both are called
+ * from the loader's prefetch thread. */
+typedef struct ca_iterable_ops {
+    size_t struct_size;
+    ca_status (*begin)(void *ctx, int64_t epoch);
+    ca_status (*next)(void *ctx, void *x, void *y, bool *end);
+    void (*destroy)(void *ctx);                      /* may be NULL */
+} ca_iterable_ops;
+
 /* Wraps custom ops; the dataset owns ctx (destroy is called on ca_dataset_destroy). */
 CA_API ca_status ca_dataset_create(const ca_dataset_ops *ops, void *ctx,
                                    const ca_sample_spec *x, const ca_sample_spec *y,
                                    ca_dataset **out);
+/* An iterable dataset over ops (owns ctx like ca_dataset_create). A loader over
+ * it shards the stream as Accelerate's IterableDatasetShard. */
+CA_API ca_status ca_dataset_create_iterable(const ca_iterable_ops *ops, void *ctx, const ca_sample_spec *x,
+                                            const ca_sample_spec *y, ca_dataset **out);
 /* n samples held in memory: x is n * size(x spec) bytes, y likewise. The
  * data is copied. */
 CA_API ca_status ca_dataset_from_memory(const ca_sample_spec *x, const void *xdata,
@@ -50,10 +67,12 @@ CA_API ca_status ca_fashion_mnist_open(const char *dir, bool train, ca_dataset *
 /* The directory ca_fashion_mnist_open(NULL, ...) would use, or NULL. */
 CA_API const char *ca_fashion_mnist_default_dir(void);
 
+/* Samples in d; -1 for an iterable dataset. */
 CA_API int64_t ca_dataset_length(const ca_dataset *d);
+CA_API bool ca_dataset_is_iterable(const ca_dataset *d);
 CA_API const ca_sample_spec *ca_dataset_x_spec(const ca_dataset *d);
 CA_API const ca_sample_spec *ca_dataset_y_spec(const ca_dataset *d);
-/* Reads sample i into host buffers. */
+/* Reads sample i into host buffers (not for an iterable dataset). */
 CA_API ca_status ca_dataset_get(ca_dataset *d, int64_t i, void *x, void *y);
 CA_API void ca_dataset_destroy(ca_dataset *d);      /* accepts NULL */
 
@@ -63,7 +82,8 @@ typedef struct ca_loader_opts {
     int64_t batch_size;        /* 0: 1 */
     bool shuffle;              /* permutation from (seed, epoch): same on every rank */
     bool drop_last;            /* false: a short last batch is kept (PyTorch's default) */
-    uint64_t seed;             /* 0 with shuffle: the seed given to ca_set_seed, else 0 */
+    uint64_t seed;             /* 0 with shuffle: the accelerator's (data_seed with
+                                  use_seedable_sampler, else ca_set_seed's), else 0 */
     int prefetch;              /* batches read ahead by the background thread (0: 2) */
     /* Device-side conversion of x: dtype (0 = CA_F32... see x_dtype_set) and scale. */
     ca_dtype x_dtype;          /* with x_dtype_set: cast x to this on the device */
@@ -98,9 +118,10 @@ CA_API bool ca_dataloader_next(ca_dataloader *dl, ca_batch *b);
 /* CA_OK, or the error that made ca_dataloader_next return false. */
 CA_API ca_status ca_dataloader_status(const ca_dataloader *dl);
 
-/* Batches per epoch on this rank. */
+/* Batches per epoch on this rank; -1 over an iterable dataset (unknown until
+ * the stream ends). */
 CA_API int64_t ca_dataloader_num_batches(const ca_dataloader *dl);
-/* Samples per epoch on this rank (without padding). */
+/* Samples per epoch on this rank (without padding); -1 over an iterable dataset. */
 CA_API int64_t ca_dataloader_num_samples(const ca_dataloader *dl);
 CA_API int64_t ca_dataloader_epoch(const ca_dataloader *dl);
 /* Sets the epoch of the next pass (the shuffle depends on it). */
@@ -116,6 +137,39 @@ CA_API ca_status ca_dataloader_set_device(ca_dataloader *dl, ca_device *dev);
  * batches by repeating samples from the start (like Accelerate). */
 CA_API ca_status ca_dataloader_shard(ca_dataloader *dl, int rank, int world_size,
                                      bool even_batches);
+
+/* split_batches (Accelerate's DataLoaderConfiguration): the loader's batch_size
+ * is the global batch and each of the world_size processes gets its slice of
+ * batch_size / world_size samples (the batch size must be a multiple of it); a
+ * short last batch is padded from the start with even_batches, cut without it.
+ * Off: every process gets whole batches of batch_size. ca_prepare sets it from
+ * the split_batches key. */
+CA_API ca_status ca_dataloader_set_split_batches(ca_dataloader *dl, bool split);
+
+/* A custom batch sampler (PyTorch's batch_sampler): `begin` starts an epoch,
+ * `next` writes the indices of the next batch (at most `cap`) into idx and their
+ * number into *len, 0 at the end of the epoch. For the same epoch it must give
+ * the same batches on every rank and every call (the loader runs it at the start
+ * of a pass and for ca_dataloader_num_batches). Called on the thread that drives
+ * the loader. */
+typedef struct ca_batch_sampler_ops {
+    size_t struct_size;
+    ca_status (*begin)(void *ctx, int64_t epoch);   /* may be NULL */
+    ca_status (*next)(void *ctx, int64_t *idx, int64_t cap, int64_t *len);
+    void (*destroy)(void *ctx);                      /* may be NULL */
+} ca_batch_sampler_ops;
+
+/* Largest batch a sampler with varying batch sizes may give. */
+#define CA_BATCH_SAMPLER_MAX 65536
+
+/* Makes dl read the batches of a batch sampler (owning ctx) instead of its own
+ * (shuffle, batch_size and drop_last of the options no longer apply). batch_size
+ * is the size of its batches but perhaps the last, 0 when they vary (Accelerate's
+ * batch_size None; cap is then CA_BATCH_SAMPLER_MAX); drop_last as the sampler's.
+ * Across processes the batches are sharded as Accelerate's BatchSamplerShard. Not
+ * for an iterable dataset. */
+CA_API ca_status ca_dataloader_set_batch_sampler(ca_dataloader *dl, const ca_batch_sampler_ops *ops, void *ctx,
+                                                 int64_t batch_size, bool drop_last);
 
 #ifdef __cplusplus
 }
