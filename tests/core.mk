@@ -62,3 +62,10 @@ tests_test_state_CFLAGS = $(CA_TEST_CFLAGS)
 tests_test_state_LDADD = $(CA_TEST_LIBS)
 TESTS += tests/test_resume.sh tests/test_state_ranks.sh
 EXTRA_DIST += tests/test_resume.sh tests/test_state_ranks.sh
+# Activation checkpointing (ca_checkpoint, ca_module_set_checkpointing).
+check_PROGRAMS += tests/test_actckpt
+TESTS += tests/test_actckpt
+VALGRIND_TESTS += tests/test_actckpt
+tests_test_actckpt_SOURCES = tests/test_actckpt.c tests/test_util.h
+tests_test_actckpt_CFLAGS = $(CA_TEST_CFLAGS)
+tests_test_actckpt_LDADD = $(CA_TEST_LIBS)
