@@ -713,7 +713,11 @@ int main(int argc, char **argv) {
     ca_dataset *train = window_dataset(c.train, c.n_train, a.block_size, 0);
     ca_dataset *val = window_dataset(c.val, c.n_val, a.block_size, a.eval_samples);
     ca_module *model = build_gpt(&a);
-    if (a.gradient_checkpointing) CA_CHECK(ca_module_checkpoint_layers(model, true, NULL));
+    if (a.gradient_checkpointing) {
+        int n = 0;
+        CA_CHECK(ca_module_checkpoint_layers(model, true, &n));
+        ca_print(acc, "gpt: gradient checkpointing: %d blocks recompute their activations in backward\n", n);
+    }
     if (a.parity_dir) {
         if (a.dropout != 0) { fprintf(stderr, "gpt: --parity_dir needs --dropout 0\n"); exit(2); }
         CA_CHECK(ca_prepare(acc, model, NULL, NULL));

@@ -40,8 +40,8 @@ static bool any_nonzero(const grads *g) {
     return false;
 }
 
-/* Sequential of `depth` blocks Sequential(Linear(w, w), GELU). */
-static ca_module *deep_mlp(int depth, int64_t w) {
+/* Sequential of `depth` blocks Sequential(Linear(w, w), GELU[, Dropout(p)]). */
+static ca_module *deep_mlp_p(int depth, int64_t w, double p) {
     ca_manual_seed(3);
     ca_module *root, *blk, *l;
     T_OK(ca_sequential_create(&root));
@@ -51,10 +51,16 @@ static ca_module *deep_mlp(int depth, int64_t w) {
         T_OK(ca_module_add(blk, NULL, l));
         T_OK(ca_gelu_create(&l));
         T_OK(ca_module_add(blk, NULL, l));
+        if (p > 0) {
+            T_OK(ca_dropout_create(p, &l));
+            T_OK(ca_module_add(blk, NULL, l));
+        }
         T_OK(ca_module_add(root, NULL, blk));
     }
     return root;
 }
+
+static ca_module *deep_mlp(int depth, int64_t w) { return deep_mlp_p(depth, w, 0); }
 
 /* loss = sum(model(x) * w) for a fixed w; returns the gradients of every parameter and of x. */
 static grads mlp_step(ca_module *m, int64_t batch, int64_t w) {
@@ -412,6 +418,42 @@ static void test_bert_layers(void **state) {
     ca_module_destroy(m);
 }
 
+/* ------------------------------------------------------------------ the accelerator's key */
+
+/* One bf16 step through a prepared model: the recompute must run under the forward's autocast. */
+static grads accelerated_step(const char *const *settings, bool expect_marked) {
+    static char *argv[] = {"test", "--cpu", NULL};
+    ca_accelerator *acc;
+    T_OK(ca_accelerator_create(&(ca_options){.argc = 2, .argv = argv, .settings = settings}, &acc));
+    ca_module *m = deep_mlp_p(4, 32, 0.25);
+    T_OK(ca_prepare(acc, m, NULL, NULL));
+    assert_int_equal(ca_module_checkpointing(ca_module_child(m, "2")), expect_marked);
+    grads g = {0};
+    ca_rng_set_state(23, 0);
+    CA_SCOPE {
+        uint64_t seed = 12;
+        ca_tensor *x = t_randn(&seed, CA_SHAPE(16, 32), -1, 1, 0);
+        ca_tensor *y = ca_module_forward(m, x);
+        assert_int_equal(ca_tensor_dtype(y), CA_BF16);
+        T_OK(ca_backward(acc, ca_mean(ca_cast(ca_mul(y, y), CA_F32))));
+        g = module_grads(m, NULL);
+    }
+    ca_module_destroy(m);
+    ca_accelerator_destroy(acc);
+    return g;
+}
+
+static void test_fsdp_activation_checkpointing_key(void **state) {
+    (void)state;
+    const char *plain_cfg[] = {"mixed_precision=bf16", NULL};
+    const char *ck_cfg[] = {"mixed_precision=bf16", "fsdp_config.fsdp_activation_checkpointing=true", NULL};
+    grads plain = accelerated_step(plain_cfg, false), ck = accelerated_step(ck_cfg, true);
+    assert_true(any_nonzero(&plain));
+    assert_same(&plain, &ck, "bf16 MLP with dropout");
+    free(plain.v);
+    free(ck.v);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_mlp_gradients_bit_identical),
@@ -421,6 +463,7 @@ int main(void) {
         cmocka_unit_test(test_misuse_refused),
         cmocka_unit_test(test_saved_activations_shrink),
         cmocka_unit_test(test_bert_layers),
+        cmocka_unit_test(test_fsdp_activation_checkpointing_key),
     };
     int r = cmocka_run_group_tests(tests, NULL, NULL);
     ca_scope_release_all();
