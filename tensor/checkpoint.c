@@ -109,6 +109,7 @@ static ca_status recompute_backward(ckpt *c, uint64_t pass) {
     ca_tensor *grads[CKPT_MAX_OUT] = {0};
     bool any = false;
     for (int i = 0; i < c->nout; i++) {
+        if (!c->nodes[i]) return ca_error(CA_ERR_STATE, "backward of a checkpoint whose forward failed");
         ca_tensor *o = c->nodes[i]->out;
         if (c->nodes[i]->visit == pass && o->bgrad_defined) grads[i] = o->bgrad;
         any = any || grads[i];

@@ -152,8 +152,10 @@ CA_API ca_status ca_autograd_backward_with(ca_tensor *out, const ca_tensor *grad
  * order). Outputs are new tensors of the current scope; `in` is left untouched and
  * must stay alive (as for any op) until backward. Parameters the region uses are
  * found on its own; a tensor with autograd history that fn reads but is not among
- * `in` is refused (CA_ERR_INVALID). Limits: 1..8 outputs, at most 4 inputs that
- * require grad (others, e.g. masks, are unlimited). Under no_grad fn just runs once.
+ * `in` is refused (CA_ERR_INVALID). On failure out[] is all NULL. out may be the
+ * array `in` itself if fn reads its inputs before writing its outputs. Limits:
+ * 1..8 outputs, at most 4 inputs that require grad (others, e.g. masks, are
+ * unlimited). Under no_grad fn just runs once.
  * Errors: CA_ERR_INVALID for bad arguments; a recompute that draws different random
  * numbers or makes different shapes fails its backward with CA_ERR_STATE. The
  * generator is process-wide: another thread drawing from it between forward and
