@@ -238,6 +238,18 @@ static void forget(void *owner, const void *obj) {
 static ca_status optimizer_step(void *owner, ca_optimizer *o);
 static bool should_zero_grad(const void *owner);
 
+/* fsdp_activation_checkpointing: the model's layers recompute their activations in backward. */
+static ca_status apply_checkpointing(ca_accelerator *acc, ca_module *m) {
+    const char *key = "fsdp_config.fsdp_activation_checkpointing", *v = ca_config_get(acc->cfg, key);
+    if (!v || strcmp(v, "true") != 0) return CA_OK;
+    int n = 0;
+    ca_status s = ca_module_checkpoint_layers(m, true, &n);
+    if (s == CA_OK && acc->rank <= 0)
+        ca_log_printf(n ? CA_LOG_INFO : CA_LOG_WARNING, "%s (from %s): %d layer%s of %s checkpointed", key,
+                      ca_config_origin(acc->cfg, key), n, n == 1 ? "" : "s", ca_module_type(m));
+    return s;
+}
+
 static ca_status prepare_model(ca_accelerator *acc, ca_module *m) {
     if (acc->model && acc->model != m)
         return ca_error(CA_ERR_STATE, "ca_prepare: a different model was already prepared (one model per accelerator)");
@@ -253,6 +265,7 @@ static ca_status prepare_model(ca_accelerator *acc, ca_module *m) {
         m->autocast = acc->st.mixed_precision == CA_MP_BF16 ? CA_BF16
                       : acc->st.mixed_precision == CA_MP_FP16 ? CA_F16 : CA_F32;
         for (int i = 0; i < ca_module_num_params(m); i++) m->flat[i]->version++;
+        s = apply_checkpointing(acc, m);
     }
     return s;
 }

@@ -133,7 +133,8 @@ const ca_key_def ca_config_keys[] = {
     KB("fsdp_config.fsdp_use_orig_params", "true", CL, "use_orig_params"),
     KB("fsdp_config.fsdp_cpu_ram_efficient_loading", "true", CL, "load weights on rank 0 only"),
     KB("fsdp_config.fsdp_sync_module_states", "true", CL, "broadcast modules from rank 0"),
-    KB("fsdp_config.fsdp_activation_checkpointing", "false", CL, "activation checkpointing"),
+    KB("fsdp_config.fsdp_activation_checkpointing", "false", CL | S,
+       "recompute each layer's activations in backward (under any distributed_type)"),
     KS("fsdp_config.fsdp_ignored_modules", NULL, CL, "modules FSDP ignores"),
 
     KM("tp_config", CL, "tensor parallelism"),

@@ -21,7 +21,7 @@ typedef struct args {
     int64_t batch_size, max_length, max_steps, log_interval;
     double lr, warmup, max_grad_norm, weight_decay;
     uint64_t seed;
-    bool from_scratch, bow;
+    bool from_scratch, bow, gradient_checkpointing;
 } args;
 
 static void usage(FILE *f) {
@@ -29,7 +29,8 @@ static void usage(FILE *f) {
             "usage: bert_classifier [--model DIR] [--output_dir DIR] [--epochs N] [--batch_size N]\n"
             "                       [--max_length N] [--lr X] [--warmup FRACTION] [--max_grad_norm X]\n"
             "                       [--weight_decay X] [--seed N] [--max_steps N] [--log_interval N]\n"
-            "                       [--from_scratch] [--baseline bow] [configuration flags]\n"
+            "                       [--from_scratch] [--baseline bow] [--gradient_checkpointing]\n"
+            "                       [configuration flags]\n"
             "Defaults: 1 epoch (bow: 5), batch 16, max_length 64, lr 1e-4 (bow: 1e-2), warmup 0.1 of the steps,\n"
             "max_grad_norm 1, weight_decay 0.01, seed 42.\n"
             "--model DIR: a Hugging Face BERT checkpoint directory (config.json, model.safetensors,\n"
@@ -38,6 +39,8 @@ static void usage(FILE *f) {
             "comes from DIR). --baseline bow: bag-of-words logistic regression on the same tokens.\n"
             "--output_dir DIR: writes config.json, model.safetensors and tokenizer.json there\n"
             "(BertForSequenceClassification, Hugging Face's names).\n"
+            "--gradient_checkpointing: each encoder layer keeps only its input during forward and\n"
+            "is recomputed in backward (docs/ACTIVATION_CHECKPOINTING.md).\n"
             "Configuration flags are Accelerate's (--cpu, --mixed_precision bf16,\n"
             "--gradient_accumulation_steps N, --config_file F, ...): see `caccel --help`.\n");
 }
@@ -63,6 +66,7 @@ static args parse(int argc, char **argv) {
         const char *v, *s = argv[i];
         if (!strcmp(s, "-h") || !strcmp(s, "--help")) { usage(stdout); exit(0); }
         else if (!strcmp(s, "--from_scratch")) a.from_scratch = true;
+        else if (!strcmp(s, "--gradient_checkpointing")) a.gradient_checkpointing = true;
         else if (flag(s, "--model", argc, argv, &i, &v)) a.model_dir = v;
         else if (flag(s, "--output_dir", argc, argv, &i, &v)) a.output_dir = v;
         else if (flag(s, "--epochs", argc, argv, &i, &v)) { a.epochs = atoi(v); epochs_set = true; }
@@ -253,6 +257,11 @@ int main(int argc, char **argv) {
     CA_CHECK(ca_dataloader_create(test, &lo, &test_dl));
 
     ca_module *model = build_model(acc, &a, tok, fi.num_classes);
+    if (a.gradient_checkpointing) {
+        int n = 0;
+        CA_CHECK(ca_module_checkpoint_layers(model, true, &n));
+        ca_print(acc, "bert_classifier: gradient checkpointing: %d layers recompute their activations in backward\n", n);
+    }
     ca_optimizer *opt;
     CA_CHECK(ca_adamw_create(model, &(ca_adamw_opts){.lr = a.lr, .weight_decay = a.weight_decay,
                                                       .weight_decay_set = true}, &opt));

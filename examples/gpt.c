@@ -29,6 +29,7 @@ typedef struct args {
     const char *prompt;
     const char *output_dir;    /* save the trained model (model.safetensors) */
     const char *parity_dir;    /* write weights, one batch's logits, loss and gradients; no training */
+    bool gradient_checkpointing;   /* recompute each block's activations in backward */
 } args;
 
 static void usage(FILE *f) {
@@ -38,14 +39,17 @@ static void usage(FILE *f) {
             "           [--warmup FRACTION] [--weight_decay X] [--grad_clip X] [--init_std X] [--seed N]\n"
             "           [--log_interval N] [--eval_interval N] [--eval_samples N] [--data DIR]\n"
             "           [--sample_tokens N] [--temperature X] [--top_k K] [--prompt TEXT]\n"
-            "           [--output_dir DIR] [--parity_dir DIR] [configuration flags]\n"
+            "           [--output_dir DIR] [--parity_dir DIR] [--gradient_checkpointing]\n"
+            "           [configuration flags]\n"
             "Tokens are bytes (0..255); --vocab_size (at least 256) only sizes the embedding, so\n"
             "GPT-2's 50304 can be set for benchmarks. --data: a directory of fortune files (default\n"
             "$CACCEL_FORTUNES_DIR, else /usr/share/games/fortunes). Configuration flags are\n"
             "Accelerate's (--cpu, --mixed_precision bf16, --gradient_accumulation_steps N, ...):\n"
             "see `caccel --help` and docs/CONFIGURATION.md. Defaults: 4 layers, 4 heads, 128\n"
             "channels, block 64, batch 32, 600 steps of AdamW at lr 4e-3 (5%% warm-up, cosine to\n"
-            "10%%), dropout 0. docs/GPT.md describes the model.\n");
+            "10%%), dropout 0. --gradient_checkpointing keeps only each block's input during\n"
+            "forward and recomputes the block in backward (less memory, about one more forward).\n"
+            "docs/GPT.md describes the model.\n");
 }
 
 static bool flag(const char *arg, const char *name, int argc, char **argv, int *i, const char **val) {
@@ -96,6 +100,7 @@ static args parse(int argc, char **argv) {
         else if (flag(s, "--prompt", argc, argv, &i, &v)) a.prompt = v;
         else if (flag(s, "--output_dir", argc, argv, &i, &v)) a.output_dir = v;
         else if (flag(s, "--parity_dir", argc, argv, &i, &v)) a.parity_dir = v;
+        else if (!strcmp(s, "--gradient_checkpointing")) a.gradient_checkpointing = true;
         else {
             int arity = ca_config_flag_arity(s);          /* the accelerator reads these */
             if (arity < 0) {
@@ -231,16 +236,20 @@ static ca_dataset *window_dataset(const uint8_t *bytes, int64_t len, int64_t T, 
 
 /* ------------------------------------------------------------------ model */
 
+typedef struct gpt gpt;
+
 typedef struct block {
+    const gpt *g;              /* the owner (a checkpointed block's context) */
+    ca_module *module;         /* "transformer.h.N" (checkpointed when marked) */
     ca_module *ln_1, *c_attn, *attn_proj, *ln_2, *c_fc, *mlp_proj;
 } block;
 
-typedef struct gpt {
+struct gpt {
     args a;
     ca_module *wte, *wpe, *ln_f;
     block *h;
     int64_t *positions;        /* 0 .. block_size-1 */
-} gpt;
+};
 
 static void gpt_free(void *p) {
     gpt *g = p;
@@ -291,6 +300,28 @@ static ca_tensor *mlp(const gpt *g, const block *b, ca_tensor *x) {
     return ca_dropout(ca_module_forward(b->mlp_proj, h), g->a.dropout, training(g));
 }
 
+static ca_tensor *block_forward(const gpt *g, const block *b, ca_tensor *x) {
+    x = ca_add(x, attention(g, b, ca_module_forward(b->ln_1, x)));
+    return ca_add(x, mlp(g, b, ca_module_forward(b->ln_2, x)));
+}
+
+/* ctx: the block, which lives as long as the model (backward reruns this). */
+static ca_status checkpointed_block(void *ctx, int n_in, ca_tensor *const *in, int n_out, ca_tensor **out) {
+    (void)n_in;
+    (void)n_out;
+    const block *b = ctx;
+    out[0] = block_forward(b->g, b, in[0]);
+    return out[0] ? CA_OK : ca_last_status();
+}
+
+/* --gradient_checkpointing marks every block: its activations are recomputed in backward. */
+static ca_tensor *run_block(const gpt *g, const block *b, ca_tensor *x) {
+    if (!ca_module_checkpointing(b->module)) return block_forward(g, b, x);
+    ca_tensor *y = NULL;
+    (void)g;
+    return ca_checkpoint(checkpointed_block, (void *)b, 1, &x, 1, &y) == CA_OK ? y : NULL;
+}
+
 /* idx [B, T] (i64 bytes) -> logits [B, T, vocab_size]. */
 static ca_tensor *gpt_forward(ca_module *self, ca_tensor *idx, void *ctx) {
     (void)self;
@@ -305,10 +336,7 @@ static ca_tensor *gpt_forward(ca_module *self, ca_tensor *idx, void *ctx) {
     ca_tensor *pos = ca_from_host(ca_tensor_device(idx), CA_I64, CA_SHAPE(T), g->positions);
     ca_tensor *x = ca_add(ca_embedding(idx, wte), ca_module_forward(g->wpe, pos));
     x = ca_dropout(x, g->a.dropout, training(g));
-    for (int l = 0; l < g->a.n_layer; l++) {
-        x = ca_add(x, attention(g, &g->h[l], ca_module_forward(g->h[l].ln_1, x)));
-        x = ca_add(x, mlp(g, &g->h[l], ca_module_forward(g->h[l].ln_2, x)));
-    }
+    for (int l = 0; l < g->a.n_layer; l++) x = run_block(g, &g->h[l], x);
     return ca_linear(ca_module_forward(g->ln_f, x), wte, NULL);   /* tied to the token embedding */
 }
 
@@ -347,6 +375,8 @@ static ca_module *build_gpt(const args *a) {
     for (int i = 0; i < a->n_layer; i++) {
         block *b = &g->h[i];
         ca_module *blk = add(hs, NULL, container("Block"));
+        b->module = blk;
+        b->g = g;
         b->ln_1 = layer_norm(blk, "ln_1", a->n_embd);
         ca_module *at = add(blk, "attn", container("CausalSelfAttention"));
         b->c_attn = linear(at, "c_attn", a->n_embd, 3 * a->n_embd);
@@ -683,6 +713,11 @@ int main(int argc, char **argv) {
     ca_dataset *train = window_dataset(c.train, c.n_train, a.block_size, 0);
     ca_dataset *val = window_dataset(c.val, c.n_val, a.block_size, a.eval_samples);
     ca_module *model = build_gpt(&a);
+    if (a.gradient_checkpointing) {
+        int n = 0;
+        CA_CHECK(ca_module_checkpoint_layers(model, true, &n));
+        ca_print(acc, "gpt: gradient checkpointing: %d blocks recompute their activations in backward\n", n);
+    }
     if (a.parity_dir) {
         if (a.dropout != 0) { fprintf(stderr, "gpt: --parity_dir needs --dropout 0\n"); exit(2); }
         CA_CHECK(ca_prepare(acc, model, NULL, NULL));

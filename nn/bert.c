@@ -15,17 +15,21 @@
 
 #define INIT_STD 0.02f                     /* BertConfig's initializer_range */
 
+typedef struct bert_model bert_model;
+
 typedef struct bert_layer {
+    const bert_model *model;               /* the owner (a checkpointed layer's context) */
+    ca_module *module;                     /* "encoder.layer.N", marked for checkpointing or not */
     ca_module *q, *k, *v, *attn_out, *attn_ln, *inter, *out, *out_ln;
 } bert_layer;
 
 /* The BertModel module's ctx: its config and its submodules (which own the parameters). */
-typedef struct bert_model {
+struct bert_model {
     ca_bert_config cfg;
     ca_module *word, *pos, *type, *emb_ln, *pooler;
     int64_t nlayers;
     bert_layer *layers;
-} bert_model;
+};
 
 typedef struct bert_cls {
     ca_bert_config cfg;
@@ -120,6 +124,7 @@ static ca_status build_layer(ca_module *layers, int64_t i, const ca_bert_config 
     int64_t h = c->hidden_size, f = c->intermediate_size;
     ca_module *layer, *attn, *self, *aout, *inter, *out;
     ca_status s = add_container(layers, name, "BertLayer", &layer);
+    if (s == CA_OK) l->module = layer;
     if (s == CA_OK) s = add_container(layer, "attention", "BertAttention", &attn);
     if (s == CA_OK) s = add_container(attn, "self", "BertSelfAttention", &self);
     if (s == CA_OK) s = add_linear(self, "query", h, h, &l->q);
@@ -160,7 +165,10 @@ ca_status ca_bert_model_create(const ca_bert_config *c, ca_module **out) {
     s = build_embeddings(root, b);
     if (s == CA_OK) s = add_container(root, "encoder", "BertEncoder", &enc);
     if (s == CA_OK) s = add_container(enc, "layer", "ModuleList", &layers);
-    for (int64_t i = 0; s == CA_OK && i < b->nlayers; i++) s = build_layer(layers, i, c, &b->layers[i]);
+    for (int64_t i = 0; s == CA_OK && i < b->nlayers; i++) {
+        b->layers[i].model = b;
+        s = build_layer(layers, i, c, &b->layers[i]);
+    }
     if (s == CA_OK) s = add_container(root, "pooler", "BertPooler", &pooler);
     if (s == CA_OK) s = add_linear(pooler, "dense", c->hidden_size, c->hidden_size, &b->pooler);
     if (s != CA_OK) {
@@ -260,6 +268,26 @@ static ca_tensor *encoder_layer(const bert_model *b, const bert_layer *l, ca_ten
     return ca_module_forward(l->out_ln, ca_add(o, a));
 }
 
+/* ctx: the layer, which lives as long as the model (backward reruns this). */
+static ca_status checkpointed_layer(void *ctx, int n_in, ca_tensor *const *in, int n_out, ca_tensor **out) {
+    (void)n_out;
+    const bert_layer *l = ctx;
+    out[0] = encoder_layer(l->model, l, in[0], n_in > 1 ? in[1] : NULL, l->module->training);
+    return out[0] ? CA_OK : ca_last_status();
+}
+
+/* One encoder layer, checkpointed when its module is marked (ca_module_set_checkpointing). */
+static ca_tensor *run_layer(const bert_model *b, int64_t i, ca_tensor *h, ca_tensor *mask, bool training) {
+    const bert_layer *l = &b->layers[i];
+    if (!ca_module_checkpointing(l->module) || !ca_grad_enabled()) return encoder_layer(b, l, h, mask, training);
+    ca_tensor *in[2] = {h, mask}, *y = NULL;
+    if (ca_checkpoint(checkpointed_layer, (void *)l, mask ? 2 : 1, in, 1, &y) != CA_OK) {
+        ca_error_context("checkpointed encoder.layer.%lld", (long long)i);
+        return NULL;
+    }
+    return y;
+}
+
 /* position ids 0..L-1 on dev */
 static ca_tensor *positions(ca_device *dev, int64_t len) {
     int64_t *p = malloc((size_t)(len ? len : 1) * sizeof *p);
@@ -294,7 +322,7 @@ static ca_status run_bert(ca_module *m, ca_tensor *ids, ca_tensor *mask, ca_tens
         if (mask4 && mask4->dtype != CA_U8) mask4 = ca_cast(mask4, CA_U8);
         if (!mask4) return ca_last_status();
     }
-    for (int64_t i = 0; i < b->nlayers && h; i++) h = encoder_layer(b, &b->layers[i], h, mask4, training);
+    for (int64_t i = 0; i < b->nlayers && h; i++) h = run_layer(b, i, h, mask4, training);
     ca_tensor *first = ca_reshape(ca_narrow(h, 1, 0, 1), 2, (int64_t[]){bsz, c->hidden_size});
     ca_tensor *pooled = ca_tanh(ca_module_forward(b->pooler, first));
     if (!pooled) return ca_last_status();

@@ -90,6 +90,24 @@ ca_status ca_module_add_param(ca_module *m, const char *name, ca_tensor *param) 
     return CA_OK;
 }
 
+static ca_status checkpointed_forward(void *ctx, int n_in, ca_tensor *const *in, int n_out, ca_tensor **out) {
+    (void)n_in;
+    (void)n_out;
+    ca_module *m = ctx;
+    out[0] = m->forward(m, in[0], m->ctx);
+    return out[0] ? CA_OK : ca_last_status();
+}
+
+static ca_tensor *run_forward(ca_module *m, ca_tensor *x) {
+    if (!m->checkpoint || !ca_grad_enabled()) return m->forward(m, x, m->ctx);
+    ca_tensor *y = NULL;
+    if (ca_checkpoint(checkpointed_forward, m, 1, &x, 1, &y) != CA_OK) {
+        ca_error_context("checkpointed forward of %s", m->type);
+        return NULL;
+    }
+    return y;
+}
+
 ca_tensor *ca_module_forward(ca_module *m, ca_tensor *x) {
     if (!m) {
         ca_error(CA_ERR_INVALID, "forward of a NULL module");
@@ -102,7 +120,7 @@ ca_tensor *ca_module_forward(ca_module *m, ca_tensor *x) {
     }
     /* a prepared model's forward runs under the accelerator's autocast */
     ca_dtype old = m->autocast ? ca_autocast_set(m->autocast) : CA_F32;
-    ca_tensor *y = m->forward(m, x, m->ctx);
+    ca_tensor *y = run_forward(m, x);
     if (m->autocast) ca_autocast_set(old);
     if (!y && ca_last_status() == CA_OK) ca_error(CA_ERR_INTERNAL, "forward of %s returned NULL without an error", m->type);
     return y;
@@ -202,6 +220,46 @@ void ca_module_train(ca_module *m, bool training) {
 }
 
 bool ca_module_is_training(const ca_module *m) { return m && m->training; }
+
+ca_status ca_module_set_checkpointing(ca_module *m, bool on) {
+    if (!m) return ca_error(CA_ERR_INVALID, "ca_module_set_checkpointing: module is NULL");
+    m->checkpoint = on;
+    return CA_OK;
+}
+
+bool ca_module_checkpointing(const ca_module *m) { return m && m->checkpoint; }
+
+/* Children of one type, at least two, each with parameters: a stack of layers. */
+static bool is_layer_stack(ca_module *m) {
+    if (m->nchildren < 2) return false;
+    for (int i = 0; i < m->nchildren; i++)
+        if (strcmp(m->children[i]->type, m->children[0]->type) != 0 || ca_module_num_params(m->children[i]) == 0)
+            return false;
+    return true;
+}
+
+static int mark_layers(ca_module *m, bool on) {
+    if (is_layer_stack(m)) {
+        for (int i = 0; i < m->nchildren; i++) m->children[i]->checkpoint = on;
+        return m->nchildren;
+    }
+    int n = 0;
+    for (int i = 0; i < m->nchildren; i++) n += mark_layers(m->children[i], on);
+    return n;
+}
+
+ca_status ca_module_checkpoint_layers(ca_module *m, bool on, int *marked) {
+    if (!m) return ca_error(CA_ERR_INVALID, "ca_module_checkpoint_layers: module is NULL");
+    int n = mark_layers(m, on);
+    if (n == 0)
+        for (int i = 0; i < m->nchildren; i++)
+            if (ca_module_num_params(m->children[i]) > 0) {
+                m->children[i]->checkpoint = on;
+                n++;
+            }
+    if (marked) *marked = n;
+    return CA_OK;
+}
 
 ca_status ca_module_to(ca_module *m, ca_device *dev) {
     int n = ca_module_num_params(m);

@@ -24,6 +24,7 @@ struct ca_module {
     void *owner;
     void (*owner_forget)(void *owner, const void *obj);
     ca_dtype autocast;               /* 0 (f32): none; f16/bf16 when prepared for mixed precision */
+    bool checkpoint;                 /* activation checkpointing (ca_module_set_checkpointing) */
     /* depth-first list of every parameter with full names, rebuilt on change */
     bool flat_valid;
     int nflat;

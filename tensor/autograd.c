@@ -11,6 +11,9 @@ static _Atomic uint64_t pass_ids;
 void ca_no_grad_begin(void) { tl_no_grad++; }
 void ca_no_grad_end(void) { if (tl_no_grad > 0) tl_no_grad--; }
 bool ca_grad_enabled(void) { return tl_no_grad == 0; }
+int ca_no_grad_depth(void) { return tl_no_grad; }
+void ca_no_grad_set_depth(int depth) { tl_no_grad = depth; }
+uint64_t ca_next_node_id(void) { return atomic_load(&node_ids) + 1; }
 
 bool ca_needs_grad(int n, ca_tensor *const *in) {
     if (tl_no_grad) return false;
@@ -111,6 +114,15 @@ static int by_id_desc(const void *a, const void *b) {
 }
 
 /* Non-leaf gradients are per pass: a tensor seen in an earlier pass starts fresh. */
+static void count_use(ca_tensor *t, uint64_t pass) {
+    if (!t || !t->requires_grad || !is_leaf(t)) return;
+    if (t->backward_pass != pass) {
+        t->backward_pass = pass;
+        t->pending_uses = 0;
+    }
+    t->pending_uses++;
+}
+
 static void reset_for_pass(node_vec *nodes, uint64_t pass) {
     for (size_t k = 0; k < nodes->n; k++) {
         ca_node *n = nodes->v[k];
@@ -118,20 +130,29 @@ static void reset_for_pass(node_vec *nodes, uint64_t pass) {
         o->bgrad = NULL;
         o->bgrad_defined = false;
         o->backward_pass = pass;
-        for (int i = 0; i < n->nin; i++) {
-            ca_tensor *t = n->in[i];
-            if (!t || !t->requires_grad || !is_leaf(t)) continue;
-            if (t->backward_pass != pass) {
-                t->backward_pass = pass;
-                t->pending_uses = 0;
-            }
-            t->pending_uses++;
-        }
+        for (int i = 0; i < n->nin; i++) count_use(n->in[i], pass);
+        for (int i = 0; i < n->nleaves; i++) count_use(n->leaves[i], pass);
     }
 }
 
 static void leaf_used(ca_tensor *t) {
+    if (!t || !t->requires_grad || !is_leaf(t)) return;
     if (--t->pending_uses == 0 && t->hook) t->hook(t, t->hook_ctx);
+}
+
+/* Runs the sorted nodes' backward functions, then tells each leaf input it was used. */
+static ca_status process(node_vec *nodes) {
+    ca_status s = CA_OK;
+    for (size_t k = 0; s == CA_OK && k < nodes->n; k++) {
+        ca_node *n = nodes->v[k];
+        if (n->out->bgrad_defined || n->always) {
+            s = n->vt->backward(n, n->out->bgrad_defined ? n->out->bgrad : NULL);
+            if (s != CA_OK) ca_error_context("backward of %s", n->vt->name);
+        }
+        for (int i = 0; s == CA_OK && i < n->nin; i++) leaf_used(n->in[i]);
+        for (int i = 0; s == CA_OK && i < n->nleaves; i++) leaf_used(n->leaves[i]);
+    }
+    return s;
 }
 
 static ca_status seed_gradient(ca_tensor *out, const ca_tensor *grad_out) {
@@ -159,15 +180,34 @@ static ca_status run_backward(ca_tensor *out, const ca_tensor *grad_out) {
         reset_for_pass(&nodes, pass);
         s = seed_gradient(out, grad_out);
     }
-    for (size_t k = 0; s == CA_OK && k < nodes.n; k++) {
-        ca_node *n = nodes.v[k];
-        if (n->out->bgrad_defined) {
-            s = n->vt->backward(n, n->out->bgrad);
-            if (s != CA_OK) ca_error_context("backward of %s", n->vt->name);
-        }
-        for (int i = 0; s == CA_OK && i < n->nin; i++)
-            if (n->in[i] && n->in[i]->requires_grad && is_leaf(n->in[i])) leaf_used(n->in[i]);
+    if (s == CA_OK) s = process(&nodes);
+    free(nodes.v);
+    return s;
+}
+
+/* grad into t's gradient: written when it has none yet this pass, else added. */
+static ca_status seed_add(ca_tensor *t, const ca_tensor *grad) {
+    float beta;
+    ca_tensor *g = ca_grad_target(t, &beta);
+    if (!g) return ca_last_status();
+    ca_status s = CA_KCALL(ca_tdev(g), axpby, g->dtype, g->numel, 1.0f, ca_tptr(grad), beta, ca_tptr(g));
+    if (s == CA_OK) ca_grad_written(t);
+    return s;
+}
+
+ca_status ca_backward_roots(int n, ca_tensor *const *outs, ca_tensor *const *grads, uint64_t pass) {
+    node_vec nodes = {0};
+    ca_status s = CA_OK;
+    for (int i = 0; s == CA_OK && i < n; i++)
+        if (grads[i] && outs[i]->grad_fn && outs[i]->grad_fn->visit != pass)
+            s = collect(outs[i]->grad_fn, pass, &nodes);
+    if (s == CA_OK) {
+        qsort(nodes.v, nodes.n, sizeof *nodes.v, by_id_desc);
+        reset_for_pass(&nodes, pass);
     }
+    for (int i = 0; s == CA_OK && i < n; i++)
+        if (grads[i] && outs[i]->requires_grad) s = seed_add(outs[i], grads[i]);
+    if (s == CA_OK) s = process(&nodes);
     free(nodes.v);
     return s;
 }

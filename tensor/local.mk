@@ -4,6 +4,7 @@ libcaccel_la_SOURCES += \
 	tensor/tensor_impl.h \
 	tensor/tensor.c \
 	tensor/autograd.c \
+	tensor/checkpoint.c \
 	tensor/autocast.c \
 	tensor/ops_impl.h \
 	tensor/ops_common.c \

@@ -53,6 +53,8 @@ static void storage_release(ca_storage *st) {
     }
 }
 
+void ca_storage_release(ca_storage *st) { storage_release(st); }
+
 static void tensor_destroy(ca_tensor *t) {
     storage_release(t->storage);
     free(t->name);
@@ -62,6 +64,7 @@ static void tensor_destroy(ca_tensor *t) {
 static void release_contents(ca_scope *s) {
     for (ca_node *n = s->nodes; n;) {
         ca_node *next = n->scope_next;
+        if (n->release) n->release(n);
         free(n);
         n = next;
     }

@@ -71,6 +71,15 @@ struct ca_node {
     double f[4];
     int64_t i[CA_MAX_DIMS];
     uint64_t visit;                  /* backward pass that collected it */
+    /* leaves its backward writes besides in[] (a checkpointed region's
+     * parameters): counted as uses so that leaf hooks wait for the recompute */
+    ca_tensor **leaves;
+    int nleaves;
+    void *ctx;                       /* released by `release` when the node's scope ends */
+    void (*release)(ca_node *n);
+    /* backward runs even when out got no gradient (of a checkpoint's nodes,
+     * one per output, the last to run does the work for all) */
+    bool always;
     ca_scope *scope;
     ca_node *scope_next;
 };
@@ -86,6 +95,8 @@ struct ca_scope {
 
 /* New tensor struct (no storage) in the current scope. */
 ca_tensor *ca_tensor_alloc_struct(void);
+/* Drops one reference to st (freed with the last). */
+void ca_storage_release(ca_storage *st);
 /* Moves scoped tensor t into scope s (a gradient lives as long as its leaf). */
 void ca_tensor_move_to_scope(ca_tensor *t, ca_scope *s);
 /* Unique id of an open scope (0 for NULL). */
@@ -116,6 +127,15 @@ ca_node *ca_record(const ca_node_vt *vt, ca_tensor *out, int nin, ca_tensor *con
  * when t needs no gradient. Call ca_grad_written(t) after writing. */
 ca_tensor *ca_grad_target(ca_tensor *t, float *beta);
 void ca_grad_written(ca_tensor *t);
+/* Backward from several outputs at once, within backward pass `pass` (a
+ * checkpoint node's recompute runs inside its caller's pass): grads[i]
+ * (contiguous, outs[i]'s shape; NULL: skipped) is added into outs[i]'s gradient. */
+ca_status ca_backward_roots(int n, ca_tensor *const *outs, ca_tensor *const *grads, uint64_t pass);
+/* The calling thread's no_grad depth; ca_no_grad_set_depth restores one. */
+int ca_no_grad_depth(void);
+void ca_no_grad_set_depth(int depth);
+/* The id the next recorded node gets (nodes are numbered in recording order). */
+uint64_t ca_next_node_id(void);
 
 /* ------------------------------------------------------------------ autocast */
 /* The calling thread's autocast dtype: CA_F32 when off, else f16/bf16. */

@@ -65,3 +65,10 @@ EXTRA_DIST += tests/test_resume.sh tests/test_state_ranks.sh
 # Broken files in the plugin path (truncated, text, not a plugin) are skipped with a warning naming each.
 TESTS += tests/test_plugin_files.sh
 EXTRA_DIST += tests/test_plugin_files.sh
+# Activation checkpointing (ca_checkpoint, ca_module_set_checkpointing).
+check_PROGRAMS += tests/test_actckpt
+TESTS += tests/test_actckpt
+VALGRIND_TESTS += tests/test_actckpt
+tests_test_actckpt_SOURCES = tests/test_actckpt.c tests/test_util.h
+tests_test_actckpt_CFLAGS = $(CA_TEST_CFLAGS)
+tests_test_actckpt_LDADD = $(CA_TEST_LIBS)

@@ -2,3 +2,6 @@
 # logits, loss and gradients with a PyTorch reference.
 TESTS += tests/test_gpt.sh tests/test_gpt_parity.sh
 EXTRA_DIST += tests/test_gpt.sh tests/test_gpt_parity.sh tests/torch_reference.py
+# --gradient_checkpointing trains exactly as without it.
+TESTS += tests/test_actckpt_gpt.sh
+EXTRA_DIST += tests/test_actckpt_gpt.sh

@@ -1174,7 +1174,7 @@ static void test_every_reported_key_warns(void **state) {
         checked++;
     }
     fclose(f);
-    assert_true(checked >= 90);
+    assert_true(checked >= 85);   /* the table parsed: most keys still only report */
 }
 
 /* The accelerator warns at creation (rank 0, once). */

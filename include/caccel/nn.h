@@ -76,6 +76,22 @@ CA_API int64_t ca_module_param_count(ca_module *m);
 /* Training mode (dropout active) or evaluation mode; recursive. */
 CA_API void ca_module_train(ca_module *m, bool training);
 CA_API bool ca_module_is_training(const ca_module *m);
+/* Activation checkpointing of m (ca_checkpoint in caccel/tensor.h): while grad
+ * is enabled, m's forward keeps only its input and output, and reruns during
+ * backward with the same random state and autocast, trading compute for the
+ * memory of its activations. Gradients are unchanged. A module with its own
+ * forward (ca_module_create, Sequential, ...) is checkpointed by
+ * ca_module_forward; a container without one (a BERT layer, the GPT example's
+ * blocks) is checkpointed by the model's forward, which asks
+ * ca_module_checkpointing. Not recursive. CA_ERR_INVALID for a NULL module.
+ * Set it before training, from the thread that trains. */
+CA_API ca_status ca_module_set_checkpointing(ca_module *m, bool on);
+CA_API bool ca_module_checkpointing(const ca_module *m);
+/* Marks the model's layers (what fsdp_activation_checkpointing marks): in
+ * every stack of at least two children of one type with parameters (BERT's
+ * encoder.layer, GPT's transformer.h), each child; without such a stack, each
+ * child of m that has parameters. *marked (may be NULL) gets the count. */
+CA_API ca_status ca_module_checkpoint_layers(ca_module *m, bool on, int *marked);
 /* Moves every parameter to dev. */
 CA_API ca_status ca_module_to(ca_module *m, ca_device *dev);
 /* Drops the gradients of every parameter. */

@@ -141,6 +141,30 @@ CA_API ca_status ca_autograd_backward(ca_tensor *loss);
  * (same shape); used by gradient checks. */
 CA_API ca_status ca_autograd_backward_with(ca_tensor *out, const ca_tensor *grad_out);
 
+/* Activation checkpointing. fn computes n_out outputs from n_in inputs; it must
+ * use only ops (no host reads that change what it computes) and be deterministic
+ * given the generator's state and the autocast in force, because
+ * ca_checkpoint runs it twice: now, keeping only the outputs (every tensor the
+ * region makes in between is freed before ca_checkpoint returns), and again in
+ * backward, with the generator and autocast replayed so that dropout masks match,
+ * to rebuild its tape and backpropagate through it. Gradients equal those without
+ * checkpointing (bit for bit on the CPU, where the same kernels run in the same
+ * order). Outputs are new tensors of the current scope; `in` is left untouched and
+ * must stay alive (as for any op) until backward. Parameters the region uses are
+ * found on its own; a tensor with autograd history that fn reads but is not among
+ * `in` is refused (CA_ERR_INVALID). On failure out[] is all NULL. out may be the
+ * array `in` itself if fn reads its inputs before writing its outputs. Limits:
+ * 1..8 outputs, at most 4 inputs that require grad (others, e.g. masks, are
+ * unlimited). Under no_grad fn just runs once.
+ * Errors: CA_ERR_INVALID for bad arguments; a recompute that draws different random
+ * numbers or makes different shapes fails its backward with CA_ERR_STATE. The
+ * generator is process-wide: another thread drawing from it between forward and
+ * backward does not change the replay, but one drawing during the recompute races
+ * with it. Per thread like the tape; ctx is borrowed and must outlive backward. */
+typedef ca_status (*ca_checkpoint_fn)(void *ctx, int n_in, ca_tensor *const *in, int n_out, ca_tensor **out);
+CA_API ca_status ca_checkpoint(ca_checkpoint_fn fn, void *ctx, int n_in, ca_tensor *const *in, int n_out,
+                               ca_tensor **out);
+
 /* A view of t that records no history and requires no grad. */
 CA_API ca_tensor *ca_detach(ca_tensor *t);
 
