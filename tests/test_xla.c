@@ -174,6 +174,108 @@ static void test_training_cache(void **state) {
     ca_accelerator_destroy(acc);
 }
 
+/* y = relu(tanh(a * b + c) * 2 - log(a)) with c broadcast over rows: five elementwise nodes whose
+ * intermediates are freed by the scope, computed on dev; a and b from the host. */
+static ca_tensor *chain(ca_device *dev, const float *ha, const float *hb, const float *hc, int64_t r, int64_t n) {
+    ca_tensor *y = NULL;
+    CA_SCOPE {
+        ca_tensor *a = ca_from_host(dev, CA_F32, CA_SHAPE(r, n), ha);
+        ca_tensor *b = ca_from_host(dev, CA_F32, CA_SHAPE(r, n), hb);
+        ca_tensor *c = ca_from_host(dev, CA_F32, CA_SHAPE(1, n), hc);
+        y = ca_tensor_keep(ca_relu(ca_sub(ca_mul_scalar(ca_tanh(ca_add(ca_mul(a, b), c)), 2.0), ca_log(a))));
+    }
+    return y;
+}
+
+static void chain_case(int64_t r, int64_t n, bool fuse) {
+    size_t e = (size_t)(r * n);
+    float *ha = malloc(e * 4), *hb = malloc(e * 4), *hc = malloc((size_t)n * 4), *hx = malloc(e * 4),
+          *hy = malloc(e * 4);
+    uint64_t seed = 7;
+    for (size_t i = 0; i < e; i++) {
+        ha[i] = t_randf(&seed, -0.5f, 2.0f);   /* log of a negative: NaN, compared bit for bit too */
+        hb[i] = t_randf(&seed, -2.0f, 2.0f);
+    }
+    for (int64_t i = 0; i < n; i++) hc[i] = t_randf(&seed, -1.0f, 1.0f);
+    setenv("CACCEL_XLA_FUSION", fuse ? "1" : "0", 1);
+    T_OK(ca_device_synchronize(X));
+    T_OK(ca_xla_metrics_reset(X));
+    ca_tensor *yx = chain(X, ha, hb, hc, r, n), *yc = chain(ca_cpu_device(), ha, hb, hc, r, n);
+    T_OK(ca_tensor_to_host(yx, hx, e * 4));
+    T_OK(ca_tensor_to_host(yc, hy, e * 4));
+    unsetenv("CACCEL_XLA_FUSION");
+    assert_memory_equal(hx, hy, e * 4);
+    ca_xla_metrics m = metrics();
+    printf("%lld x %lld, fusion %s: nodes executed %llu, kernels launched %llu, fused kernels %llu (%llu nodes)\n",
+           (long long)r, (long long)n, fuse ? "on" : "off", (unsigned long long)m.nodes_executed,
+           (unsigned long long)m.kernels_launched, (unsigned long long)m.fused_kernels,
+           (unsigned long long)m.fused_nodes);
+    if (fuse) {
+        /* mul, add, tanh, scale, sub, relu: one loop (log(a) is computed before, its result read) */
+        assert_int_equal(m.fused_kernels, 1);
+        assert_true(m.fused_nodes >= 5);
+        assert_int_equal(m.kernels_launched, m.nodes_executed - m.fused_nodes + 1);
+    } else {
+        assert_int_equal(m.fused_kernels, 0);
+        assert_int_equal(m.kernels_launched, m.nodes_executed);
+    }
+    ca_tensor_free(yx);
+    ca_tensor_free(yc);
+    free(ha); free(hb); free(hc); free(hx); free(hy);
+}
+
+/* A fused elementwise chain (with a broadcast operand) equals the eager cpu result bit for bit,
+ * and so does the same graph unfused; the metrics show the fusion. Sizes not a multiple of the
+ * loop's chunk, and a different size for each mode so that each compiles its own program. */
+static void test_fusion(void **state) {
+    chain_case(7, 301, true);
+    chain_case(5, 301, false);
+}
+
+/* Buffer planning: the liveness plan of a chain of temporaries needs two of them at once, not all
+ * of them; and temporaries freed mid-graph give their memory to the next ones before the graph
+ * runs, so the arena's peak stays near two blocks (eight before this reuse). */
+static void test_buffer_plan(void **state) {
+    const int64_t n = 1 << 16;   /* 256 KiB */
+    ca_tensor *a = ca_tensor_keep(ca_full(X, CA_F32, CA_SHAPE(n), 0.5));
+    T_OK(ca_device_synchronize(X));
+    T_OK(ca_xla_metrics_reset(X));
+    ca_tensor *y = NULL;
+    CA_SCOPE {
+        ca_tensor *t = a;
+        for (int i = 0; i < 8; i++) t = ca_sigmoid(t);   /* not fusable: 8 intermediates */
+        y = ca_tensor_keep(ca_add(t, a));
+    }
+    double v;
+    CA_SCOPE { T_OK(ca_tensor_item(ca_sum(y), &v)); }
+    ca_xla_metrics m = metrics();
+    printf("planned peak %llu bytes of %llu bytes of intermediates\n", (unsigned long long)m.planned_peak_bytes,
+           (unsigned long long)m.intermediate_bytes);
+    assert_int_equal(m.intermediate_bytes, 8 * n * 4);
+    assert_int_equal(m.planned_peak_bytes, 2 * n * 4);
+    ca_tensor_free(y);
+    /* freed mid-graph: reused at once */
+    T_OK(ca_device_reset_peak_stats(X));
+    ca_allocator_stats st0, st1;
+    T_OK(ca_device_memory_stats(X, &st0));
+    ca_tensor *t = ca_tensor_keep(ca_sigmoid(a));
+    for (int i = 0; i < 7; i++) {
+        ca_tensor *u = ca_tensor_keep(ca_sigmoid(t));
+        ca_tensor_free(t);
+        t = u;
+    }
+    assert_int_equal(metrics().graphs, 1);   /* all of it still pending */
+    T_OK(ca_device_memory_stats(X, &st1));
+    printf("arena peak over the chain: %llu bytes\n", (unsigned long long)(st1.peak_allocated - st0.allocated));
+    assert_true(st1.peak_allocated - st0.allocated <= (uint64_t)(2 * n * 4 + 4096));
+    float *h = malloc((size_t)n * 4);
+    T_OK(ca_tensor_to_host(t, h, (size_t)n * 4));
+    assert_true(h[0] > 0.5f && h[0] < 1.0f);
+    free(h);
+    ca_tensor_free(t);
+    ca_tensor_free(a);
+}
+
 /* The metrics calls refuse other devices, naming the device. */
 static void test_metrics_other_device(void **state) {
     ca_xla_metrics m;
@@ -188,7 +290,8 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_lazy_until_read), cmocka_unit_test(test_host_memory_refused),
         cmocka_unit_test(test_dead_code),       cmocka_unit_test(test_training_cache),
-        cmocka_unit_test(test_metrics_other_device),
+        cmocka_unit_test(test_metrics_other_device), cmocka_unit_test(test_fusion),
+        cmocka_unit_test(test_buffer_plan),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     ca_shutdown();

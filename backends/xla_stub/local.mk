@@ -4,6 +4,7 @@ ca_xla_sources = \
 	backends/xla_stub/xla_impl.h \
 	backends/xla_stub/xla_plugin.h \
 	backends/xla_stub/xla_device.c \
-	backends/xla_stub/xla_kernels.c
+	backends/xla_stub/xla_kernels.c \
+	backends/xla_stub/xla_fusion.c
 libcaccel_la_SOURCES += $(ca_xla_sources)
 EXTRA_DIST += backends/xla_stub/README.md
