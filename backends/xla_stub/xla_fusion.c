@@ -10,6 +10,16 @@
 
 #define CHUNK 256              /* elements per chunk: one chunk of every step fits in L1 */
 
+/* The chunk loops are built for AVX-512, AVX2 and baseline x86-64, as the cpu kernels are, so that
+ * they vectorise alike (the build has no contraction, so the lanes round as the scalar code). */
+#if defined(__x86_64__) && defined(__linux__) && defined(__GNUC__) && !defined(__clang__) && \
+    !defined(CA_CPU_NO_CLONES)
+#define CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define CLONES
+#endif
+#define INLINE static inline __attribute__((always_inline))
+
 /* ------------------------------------------------------------------ compile time */
 
 /* Unary ops whose cpu kernel uses only correctly rounded arithmetic or libm (not the cpu
@@ -160,17 +170,29 @@ static bool overlaps_badly(const step *s, const float *y, int64_t e) {
     return false;
 }
 
-/* Gathers c elements of a broadcast operand starting at output element e0. */
-static void gather(const ca_bcast_args *b, const operand *o, int64_t e0, int64_t c, float *out) {
+/* Gathers c elements of a broadcast operand starting at output element e0, a run of the innermost
+ * dimension at a time (copied, or repeated when that dimension is broadcast). */
+INLINE void gather(const ca_bcast_args *b, const operand *o, int64_t e0, int64_t c, float *out) {
+    int nd = b->ndim, last = nd - 1;
     int64_t idx[CA_MAX_DIMS], off = 0, r = e0;
-    for (int d = b->ndim - 1; d >= 0; d--) {
+    for (int d = last; d >= 0; d--) {
         idx[d] = r % b->shape[d];
         r /= b->shape[d];
         off += idx[d] * o->stride[d];
     }
-    for (int64_t i = 0; i < c; i++) {
-        out[i] = o->p[off];
-        for (int d = b->ndim - 1; d >= 0; d--) {
+    int64_t s = o->stride[last], len = b->shape[last];
+    for (int64_t i = 0; i < c;) {
+        int64_t run = len - idx[last] < c - i ? len - idx[last] : c - i;
+        const float *src = o->p + off;
+        if (s == 1) memcpy(out + i, src, (size_t)run * sizeof *out);
+        else for (int64_t k = 0; k < run; k++) out[i + k] = src[k * s];
+        i += run;
+        off += run * s;
+        idx[last] += run;
+        if (idx[last] < len) continue;
+        off -= s * len;
+        idx[last] = 0;
+        for (int d = last - 1; d >= 0; d--) {
             off += o->stride[d];
             if (++idx[d] < b->shape[d]) break;
             off -= o->stride[d] * b->shape[d];
@@ -180,7 +202,7 @@ static void gather(const ca_bcast_args *b, const operand *o, int64_t e0, int64_t
 }
 
 /* The cpu kernels' per-element arithmetic (backends/cpu/cpu_elementwise.c), op for op. */
-static void unary_chunk(ca_unary_op op, int64_t n, const float *x, float *y, float alpha) {
+INLINE void unary_chunk(ca_unary_op op, int64_t n, const float *restrict x, float *restrict y, float alpha) {
     switch (op) {
     case CA_UNARY_NEG: for (int64_t i = 0; i < n; i++) y[i] = -x[i]; break;
     case CA_UNARY_RELU: for (int64_t i = 0; i < n; i++) y[i] = x[i] < 0.0f ? 0.0f : x[i]; break;
@@ -212,7 +234,8 @@ static void unary_chunk(ca_unary_op op, int64_t n, const float *x, float *y, flo
 
 #define BIN(EXPR) for (int64_t i = 0; i < n; i++) { float av = a[i], bv = b[i]; y[i] = (EXPR); } break
 
-static void binary_chunk(ca_binary_op op, int64_t n, const float *a, const float *b, float *y) {
+INLINE void binary_chunk(ca_binary_op op, int64_t n, const float *restrict a, const float *restrict b,
+                         float *restrict y) {
     switch (op) {
     case CA_BINARY_ADD: BIN(av + bv);
     case CA_BINARY_SUB: BIN(av - bv);
@@ -226,7 +249,7 @@ static void binary_chunk(ca_binary_op op, int64_t n, const float *a, const float
 
 /* Operand k of step s for the chunk [e0, e0 + c): the previous step's chunk, memory read in place,
  * or a gathered copy. */
-static const float *operand_chunk(const step *s, int k, const float *prev, int64_t e0, int64_t c, float *tmp) {
+INLINE const float *operand_chunk(const step *s, int k, const float *prev, int64_t e0, int64_t c, float *tmp) {
     const operand *o = &s->op[k];
     if (!o->p) return prev;
     if (o->contig) return o->p + e0;
@@ -234,13 +257,16 @@ static const float *operand_chunk(const step *s, int k, const float *prev, int64
     return tmp;
 }
 
-static void run_chunks(const step *st, int len, float *y, int64_t e) {
-    float buf[2][CHUNK], ta[CHUNK], tb[CHUNK];
+/* Every step writes a chunk buffer (never memory an operand may share), the last one's is copied
+ * out: so each loop's pointers are distinct. */
+CLONES static void run_chunks(const step *st, int len, float *y, int64_t e) {
+    float buf[2][CHUNK] __attribute__((aligned(64))), ta[CHUNK], tb[CHUNK];
     for (int64_t e0 = 0; e0 < e; e0 += CHUNK) {
         int64_t c = e - e0 < CHUNK ? e - e0 : CHUNK;
         const float *prev = NULL;
+        float *out = NULL;
         for (int s = 0; s < len; s++) {
-            float *out = s == len - 1 ? y + e0 : buf[s & 1];
+            out = buf[s & 1];
             const xnode *n = st[s].n;
             if (n->slot == XS_UNARY) {
                 unary_chunk(n->a.unary.op, c, operand_chunk(&st[s], 0, prev, e0, c, ta), out, n->a.unary.alpha);
@@ -250,6 +276,7 @@ static void run_chunks(const step *st, int len, float *y, int64_t e) {
             }
             prev = out;
         }
+        memcpy(y + e0, out, (size_t)c * sizeof *y);
     }
 }
 
