@@ -232,6 +232,42 @@ static void test_fusion(void **state) {
     chain_case(5, 301, false);
 }
 
+/* A chain whose output overlaps a broadcast input (the loop would overwrite the row it still
+ * reads) runs node by node: the result is the eager one, and no fused loop is counted. */
+static void test_fusion_overlap(void **state) {
+    const ca_kernels *k = ca_device_kernels(X);
+    void *c = ca_device_context(X), *y = NULL, *b = NULL, *t = NULL;
+    enum { R = 3, N = 300 };
+    float hb[R * N], hy[R * N], want[R * N];
+    uint64_t seed = 3;
+    for (int i = 0; i < R * N; i++) {
+        hb[i] = t_randf(&seed, -1, 1);
+        hy[i] = t_randf(&seed, -1, 1);
+    }
+    for (int i = 0; i < R * N; i++) {   /* a is y's first row, broadcast over the rows */
+        float v = hy[i % N] + hb[i];
+        want[i] = v < 0.0f ? 0.0f : v;
+    }
+    T_OK(ca_device_alloc(X, sizeof hy, &y));
+    T_OK(ca_device_alloc(X, sizeof hb, &b));
+    T_OK(ca_device_alloc(X, sizeof hb, &t));
+    T_OK(ca_device_copy_from_host(X, y, hy, sizeof hy));
+    T_OK(ca_device_copy_from_host(X, b, hb, sizeof hb));
+    T_OK(ca_xla_metrics_reset(X));
+    ca_bcast_args sh = {.ndim = 2, .shape = {R, N}, .a_stride = {0, 1}, .b_stride = {N, 1}};
+    T_OK(k->binary(c, CA_BINARY_ADD, CA_F32, &sh, y, b, t));
+    T_OK(k->unary(c, CA_UNARY_RELU, CA_F32, R * N, t, y, 0));
+    ca_device_free(X, t);
+    T_OK(ca_device_copy_to_host(X, hy, y, sizeof hy));
+    assert_memory_equal(hy, want, sizeof hy);
+    ca_xla_metrics m = metrics();
+    assert_int_equal(m.nodes_executed, 2);
+    assert_int_equal(m.fused_kernels, 0);
+    assert_int_equal(m.kernels_launched, 2);   /* planned as one loop, run node by node */
+    ca_device_free(X, y);
+    ca_device_free(X, b);
+}
+
 /* Buffer planning: the liveness plan of a chain of temporaries needs two of them at once, not all
  * of them; and temporaries freed mid-graph give their memory to the next ones before the graph
  * runs, so the arena's peak stays near two blocks (eight before this reuse). */
@@ -291,7 +327,7 @@ int main(void) {
         cmocka_unit_test(test_lazy_until_read), cmocka_unit_test(test_host_memory_refused),
         cmocka_unit_test(test_dead_code),       cmocka_unit_test(test_training_cache),
         cmocka_unit_test(test_metrics_other_device), cmocka_unit_test(test_fusion),
-        cmocka_unit_test(test_buffer_plan),
+        cmocka_unit_test(test_buffer_plan),     cmocka_unit_test(test_fusion_overlap),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     ca_shutdown();

@@ -370,7 +370,9 @@ static xprogram *cache_find(xla_dev *x, uint64_t h, const int64_t *key, size_t l
 /* CACCEL_XLA_DUMP: each compiled graph on stderr, a node a line (slot, attributes, references as
  * block:offset+bytes with r/w/f flags, and '-' for eliminated nodes). */
 static void dump_graph(const xla_dev *x, const xprogram *p) {
-    fprintf(stderr, "xla graph: %d nodes, %d run\n", x->nnodes, p->nrun);
+    fprintf(stderr, "xla graph: %d nodes, %d run as %d kernels (%d fused loops); intermediates %llu bytes, "
+            "planned peak %llu\n", x->nnodes, p->nrun, p->nlaunch, p->nfused, (unsigned long long)p->intermediate_bytes,
+            (unsigned long long)p->planned_peak);
     for (int i = 0; i < x->nnodes; i++) {
         const xnode *nd = &x->nodes[i];
         fprintf(stderr, "%c%3d %-22s", p->run[i] ? (p->chain && p->chain[i] > 1 ? '>' : ' ') : '-', i,
@@ -512,6 +514,7 @@ static ca_status execute(xla_dev *x, const xprogram *p) {
         if (len == 1) {
             ca_status s = exec_one(x, i);
             if (s != CA_OK) return s;
+            x->m.kernels_launched++;
             continue;
         }
         int c = 0;
@@ -520,10 +523,12 @@ static ca_status execute(xla_dev *x, const xprogram *p) {
         if (xla_run_fused(x, idx, len)) {
             x->m.fused_kernels++;
             x->m.fused_nodes += (uint64_t)len;
+            x->m.kernels_launched++;
         } else {
             for (int k = 0; k < len; k++) {
                 ca_status s = exec_one(x, idx[k]);
                 if (s != CA_OK) return s;
+                x->m.kernels_launched++;
             }
         }
         i = idx[len - 1];
@@ -565,7 +570,6 @@ ca_status xla_flush_locked(xla_dev *x) {
         x->m.nodes_executed += (uint64_t)p->nrun;
         x->m.nodes_eliminated += (uint64_t)(x->nnodes - p->nrun);
         x->m.last_graph_nodes = (uint64_t)x->nnodes;
-        x->m.kernels_launched += (uint64_t)p->nlaunch;
         x->m.planned_peak_bytes = p->planned_peak;
         x->m.intermediate_bytes = p->intermediate_bytes;
         if (x->m.last_graph_nodes > x->m.max_graph_nodes) x->m.max_graph_nodes = x->m.last_graph_nodes;
