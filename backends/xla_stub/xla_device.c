@@ -126,8 +126,17 @@ static void free_locked(xla_dev *x, void *ptr) {
     }
     x->st.allocated -= a->bytes;
     x->st.num_frees++;
+    bool pending = x->nnodes > 0 && a->seen_gen == x->gen;
+    if (pending && !(GROW(x->freed, x->capfreed, x->nfreed + 1) && GROW(x->cache, x->capcache, x->ncache + 1))) {
+        /* no host memory to keep the record: run the pending nodes now, before the memory goes */
+        if (xla_flush_locked(x) != CA_OK) {
+            ca_log_printf(CA_LOG_WARNING, "xla: running the pending graph before a free failed: %s", ca_last_error());
+            ca_clear_error();
+        }
+        pending = false;
+    }
     unmap(x, a);
-    if (x->nnodes > 0 && a->seen_gen == x->gen && GROW(x->freed, x->capfreed, x->nfreed + 1)) {
+    if (pending) {
         a->freed = true;
         x->freed[x->nfreed++] = a;
         return;
