@@ -268,6 +268,67 @@ static void test_fusion_overlap(void **state) {
     ca_device_free(X, b);
 }
 
+/* Trains the 8-16-3 model of mlp() for 6 steps of AdamW on dev, the inputs normalised on the device
+ * inside each step (relu((x - mu) * 2) with mu broadcast over rows: a chain the compiler fuses, as
+ * no gradient flows into it); returns all parameters on the host. */
+static float *train_normalised(ca_device *dev, int64_t *count) {
+    enum { B = 16, D = 8 };
+    float hx[B * D], hmu[D];
+    int64_t hy[B];
+    uint64_t seed = 11;
+    for (int i = 0; i < B * D; i++) hx[i] = t_randf(&seed, -1, 1);
+    for (int i = 0; i < D; i++) hmu[i] = t_randf(&seed, -0.5f, 0.5f);
+    for (int i = 0; i < B; i++) hy[i] = (int64_t)(t_rand_u64(&seed) % 3);
+    ca_manual_seed(4);
+    ca_module *m = mlp();
+    ca_module_train(m, false);   /* no dropout: the parity is of the arithmetic */
+    T_OK(ca_module_to(m, dev));
+    ca_optimizer *opt;
+    T_OK(ca_adamw_create(m, NULL, &opt));
+    ca_tensor *x = ca_tensor_keep(ca_from_host(dev, CA_F32, CA_SHAPE(B, D), hx));
+    ca_tensor *mu = ca_tensor_keep(ca_from_host(dev, CA_F32, CA_SHAPE(1, D), hmu));
+    ca_tensor *y = ca_tensor_keep(ca_from_host(dev, CA_I64, CA_SHAPE(B), hy));
+    for (int step = 0; step < 6; step++) {
+        CA_SCOPE {
+            ca_tensor *xn = ca_relu(ca_mul_scalar(ca_sub(x, mu), 2.0));
+            T_OK(ca_autograd_backward(ca_cross_entropy(ca_module_forward(m, xn), y)));
+            T_OK(ca_optimizer_step(opt));
+            ca_optimizer_zero_grad(opt);
+        }
+        T_OK(ca_device_mark_step(dev));
+    }
+    *count = ca_module_param_count(m);
+    float *out = malloc((size_t)*count * sizeof *out), *p = out;
+    for (int i = 0; i < ca_module_num_params(m); i++) {
+        ca_tensor *t = ca_module_param_at(m, i);
+        T_OK(ca_tensor_to_host(t, p, (size_t)ca_tensor_numel(t) * sizeof *p));
+        p += ca_tensor_numel(t);
+    }
+    ca_tensor_free(x);
+    ca_tensor_free(mu);
+    ca_tensor_free(y);
+    ca_optimizer_destroy(opt);
+    ca_module_destroy(m);
+    return out;
+}
+
+/* Training with a fused chain in every step ends with the eager cpu run's parameters, bit for bit. */
+static void test_fusion_training(void **state) {
+    T_OK(ca_device_synchronize(X));
+    T_OK(ca_xla_metrics_reset(X));
+    int64_t nx, nc;
+    float *px = train_normalised(X, &nx), *pc = train_normalised(ca_cpu_device(), &nc);
+    ca_xla_metrics m = metrics();
+    printf("6 training steps: %llu fused loops (%llu nodes), %llu kernels launched\n",
+           (unsigned long long)m.fused_kernels, (unsigned long long)m.fused_nodes,
+           (unsigned long long)m.kernels_launched);
+    assert_true(m.fused_kernels >= 6);
+    assert_int_equal(nx, nc);
+    assert_memory_equal(px, pc, (size_t)nx * sizeof *px);
+    free(px);
+    free(pc);
+}
+
 /* Buffer planning: the liveness plan of a chain of temporaries needs two of them at once, not all
  * of them; and temporaries freed mid-graph give their memory to the next ones before the graph
  * runs, so the arena's peak stays near two blocks (eight before this reuse). */
@@ -328,6 +389,7 @@ int main(void) {
         cmocka_unit_test(test_dead_code),       cmocka_unit_test(test_training_cache),
         cmocka_unit_test(test_metrics_other_device), cmocka_unit_test(test_fusion),
         cmocka_unit_test(test_buffer_plan),     cmocka_unit_test(test_fusion_overlap),
+        cmocka_unit_test(test_fusion_training),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     ca_shutdown();
