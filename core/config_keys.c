@@ -235,6 +235,8 @@ const ca_env_def ca_config_envs[] = {
     {"ACCELERATE_USE_DEEPSPEED", CA_ENV_DIST_TYPE, "DEEPSPEED"},
     {"ACCELERATE_USE_FSDP", CA_ENV_DIST_TYPE, "FSDP"},
     {"ACCELERATE_USE_MEGATRON_LM", CA_ENV_DIST_TYPE, "MEGATRON_LM"},
+    /* caccel's: Accelerate's workers find the TPU through torch_xla; caccel launch --tpu sets this */
+    {"CACCEL_USE_XLA", CA_ENV_DIST_TYPE, "XLA"},
     {"ACCELERATE_DYNAMO_BACKEND", CA_ENV_KEY, "dynamo_config.dynamo_backend"},
     {"ACCELERATE_DYNAMO_MODE", CA_ENV_KEY, "dynamo_config.dynamo_mode"},
     {"ACCELERATE_DYNAMO_USE_FULLGRAPH", CA_ENV_KEY, "dynamo_config.dynamo_use_fullgraph"},

@@ -1,6 +1,8 @@
 /* The lazy xla device: work is recorded and runs at synchronisation points; the compiler's cache
  * (the second identical step compiles nothing; a short last batch compiles once), dead-code
- * elimination, the arena (host memory is refused, transfers are counted), the metrics. */
+ * elimination, fusion of elementwise chains (bit-identical to eager, fused or not, in training
+ * too; node by node when buffers overlap), the buffer plan and the arena's reuse inside a graph,
+ * the arena (host memory is refused, transfers are counted), the metrics. */
 #include "test_util.h"
 
 static ca_device *X;
@@ -174,6 +176,205 @@ static void test_training_cache(void **state) {
     ca_accelerator_destroy(acc);
 }
 
+/* y = relu(tanh(a * b + c) * 2 - log(a)) with c broadcast over rows: five elementwise nodes whose
+ * intermediates are freed by the scope, computed on dev; a and b from the host. */
+static ca_tensor *chain(ca_device *dev, const float *ha, const float *hb, const float *hc, int64_t r, int64_t n) {
+    ca_tensor *y = NULL;
+    CA_SCOPE {
+        ca_tensor *a = ca_from_host(dev, CA_F32, CA_SHAPE(r, n), ha);
+        ca_tensor *b = ca_from_host(dev, CA_F32, CA_SHAPE(r, n), hb);
+        ca_tensor *c = ca_from_host(dev, CA_F32, CA_SHAPE(1, n), hc);
+        y = ca_tensor_keep(ca_relu(ca_sub(ca_mul_scalar(ca_tanh(ca_add(ca_mul(a, b), c)), 2.0), ca_log(a))));
+    }
+    return y;
+}
+
+static void chain_case(int64_t r, int64_t n, bool fuse) {
+    size_t e = (size_t)(r * n);
+    float *ha = malloc(e * 4), *hb = malloc(e * 4), *hc = malloc((size_t)n * 4), *hx = malloc(e * 4),
+          *hy = malloc(e * 4);
+    uint64_t seed = 7;
+    for (size_t i = 0; i < e; i++) {
+        ha[i] = t_randf(&seed, -0.5f, 2.0f);   /* log of a negative: NaN, compared bit for bit too */
+        hb[i] = t_randf(&seed, -2.0f, 2.0f);
+    }
+    for (int64_t i = 0; i < n; i++) hc[i] = t_randf(&seed, -1.0f, 1.0f);
+    setenv("CACCEL_XLA_FUSION", fuse ? "1" : "0", 1);
+    T_OK(ca_device_synchronize(X));
+    T_OK(ca_xla_metrics_reset(X));
+    ca_tensor *yx = chain(X, ha, hb, hc, r, n), *yc = chain(ca_cpu_device(), ha, hb, hc, r, n);
+    T_OK(ca_tensor_to_host(yx, hx, e * 4));
+    T_OK(ca_tensor_to_host(yc, hy, e * 4));
+    unsetenv("CACCEL_XLA_FUSION");
+    assert_memory_equal(hx, hy, e * 4);
+    ca_xla_metrics m = metrics();
+    printf("%lld x %lld, fusion %s: nodes executed %llu, kernels launched %llu, fused kernels %llu (%llu nodes)\n",
+           (long long)r, (long long)n, fuse ? "on" : "off", (unsigned long long)m.nodes_executed,
+           (unsigned long long)m.kernels_launched, (unsigned long long)m.fused_kernels,
+           (unsigned long long)m.fused_nodes);
+    if (fuse) {
+        /* mul, add, tanh, scale, sub, relu: one loop (log(a) is computed before, its result read) */
+        assert_int_equal(m.fused_kernels, 1);
+        assert_true(m.fused_nodes >= 5);
+        assert_int_equal(m.kernels_launched, m.nodes_executed - m.fused_nodes + 1);
+    } else {
+        assert_int_equal(m.fused_kernels, 0);
+        assert_int_equal(m.kernels_launched, m.nodes_executed);
+    }
+    ca_tensor_free(yx);
+    ca_tensor_free(yc);
+    free(ha); free(hb); free(hc); free(hx); free(hy);
+}
+
+/* A fused elementwise chain (with a broadcast operand) equals the eager cpu result bit for bit,
+ * and so does the same graph unfused; the metrics show the fusion. Sizes not a multiple of the
+ * loop's chunk, and a different size for each mode so that each compiles its own program. */
+static void test_fusion(void **state) {
+    chain_case(7, 301, true);
+    chain_case(5, 301, false);
+}
+
+/* A chain whose output overlaps a broadcast input (the loop would overwrite the row it still
+ * reads) runs node by node: the result is the eager one, and no fused loop is counted. */
+static void test_fusion_overlap(void **state) {
+    const ca_kernels *k = ca_device_kernels(X);
+    void *c = ca_device_context(X), *y = NULL, *b = NULL, *t = NULL;
+    enum { R = 3, N = 300 };
+    float hb[R * N], hy[R * N], want[R * N];
+    uint64_t seed = 3;
+    for (int i = 0; i < R * N; i++) {
+        hb[i] = t_randf(&seed, -1, 1);
+        hy[i] = t_randf(&seed, -1, 1);
+    }
+    for (int i = 0; i < R * N; i++) {   /* a is y's first row, broadcast over the rows */
+        float v = hy[i % N] + hb[i];
+        want[i] = v < 0.0f ? 0.0f : v;
+    }
+    T_OK(ca_device_alloc(X, sizeof hy, &y));
+    T_OK(ca_device_alloc(X, sizeof hb, &b));
+    T_OK(ca_device_alloc(X, sizeof hb, &t));
+    T_OK(ca_device_copy_from_host(X, y, hy, sizeof hy));
+    T_OK(ca_device_copy_from_host(X, b, hb, sizeof hb));
+    T_OK(ca_xla_metrics_reset(X));
+    ca_bcast_args sh = {.ndim = 2, .shape = {R, N}, .a_stride = {0, 1}, .b_stride = {N, 1}};
+    T_OK(k->binary(c, CA_BINARY_ADD, CA_F32, &sh, y, b, t));
+    T_OK(k->unary(c, CA_UNARY_RELU, CA_F32, R * N, t, y, 0));
+    ca_device_free(X, t);
+    T_OK(ca_device_copy_to_host(X, hy, y, sizeof hy));
+    assert_memory_equal(hy, want, sizeof hy);
+    ca_xla_metrics m = metrics();
+    assert_int_equal(m.nodes_executed, 2);
+    assert_int_equal(m.fused_kernels, 0);
+    assert_int_equal(m.kernels_launched, 2);   /* planned as one loop, run node by node */
+    ca_device_free(X, y);
+    ca_device_free(X, b);
+}
+
+/* Trains the 8-16-3 model of mlp() for 6 steps of AdamW on dev, the inputs normalised on the device
+ * inside each step (relu((x - mu) * 2) with mu broadcast over rows: a chain the compiler fuses, as
+ * no gradient flows into it); returns all parameters on the host. */
+static float *train_normalised(ca_device *dev, int64_t *count) {
+    enum { B = 16, D = 8 };
+    float hx[B * D], hmu[D];
+    int64_t hy[B];
+    uint64_t seed = 11;
+    for (int i = 0; i < B * D; i++) hx[i] = t_randf(&seed, -1, 1);
+    for (int i = 0; i < D; i++) hmu[i] = t_randf(&seed, -0.5f, 0.5f);
+    for (int i = 0; i < B; i++) hy[i] = (int64_t)(t_rand_u64(&seed) % 3);
+    ca_manual_seed(4);
+    ca_module *m = mlp();
+    ca_module_train(m, false);   /* no dropout: the parity is of the arithmetic */
+    T_OK(ca_module_to(m, dev));
+    ca_optimizer *opt;
+    T_OK(ca_adamw_create(m, NULL, &opt));
+    ca_tensor *x = ca_tensor_keep(ca_from_host(dev, CA_F32, CA_SHAPE(B, D), hx));
+    ca_tensor *mu = ca_tensor_keep(ca_from_host(dev, CA_F32, CA_SHAPE(1, D), hmu));
+    ca_tensor *y = ca_tensor_keep(ca_from_host(dev, CA_I64, CA_SHAPE(B), hy));
+    for (int step = 0; step < 6; step++) {
+        CA_SCOPE {
+            ca_tensor *xn = ca_relu(ca_mul_scalar(ca_sub(x, mu), 2.0));
+            T_OK(ca_autograd_backward(ca_cross_entropy(ca_module_forward(m, xn), y)));
+            T_OK(ca_optimizer_step(opt));
+            ca_optimizer_zero_grad(opt);
+        }
+        T_OK(ca_device_mark_step(dev));
+    }
+    *count = ca_module_param_count(m);
+    float *out = malloc((size_t)*count * sizeof *out), *p = out;
+    for (int i = 0; i < ca_module_num_params(m); i++) {
+        ca_tensor *t = ca_module_param_at(m, i);
+        T_OK(ca_tensor_to_host(t, p, (size_t)ca_tensor_numel(t) * sizeof *p));
+        p += ca_tensor_numel(t);
+    }
+    ca_tensor_free(x);
+    ca_tensor_free(mu);
+    ca_tensor_free(y);
+    ca_optimizer_destroy(opt);
+    ca_module_destroy(m);
+    return out;
+}
+
+/* Training with a fused chain in every step ends with the eager cpu run's parameters, bit for bit. */
+static void test_fusion_training(void **state) {
+    T_OK(ca_device_synchronize(X));
+    T_OK(ca_xla_metrics_reset(X));
+    int64_t nx, nc;
+    float *px = train_normalised(X, &nx), *pc = train_normalised(ca_cpu_device(), &nc);
+    ca_xla_metrics m = metrics();
+    printf("6 training steps: %llu fused loops (%llu nodes), %llu kernels launched\n",
+           (unsigned long long)m.fused_kernels, (unsigned long long)m.fused_nodes,
+           (unsigned long long)m.kernels_launched);
+    assert_true(m.fused_kernels >= 6);
+    assert_int_equal(nx, nc);
+    assert_memory_equal(px, pc, (size_t)nx * sizeof *px);
+    free(px);
+    free(pc);
+}
+
+/* Buffer planning: the liveness plan of a chain of temporaries needs two of them at once, not all
+ * of them; and temporaries freed mid-graph give their memory to the next ones before the graph
+ * runs, so the arena's peak stays near two blocks (eight before this reuse). */
+static void test_buffer_plan(void **state) {
+    const int64_t n = 1 << 16;   /* 256 KiB */
+    ca_tensor *a = ca_tensor_keep(ca_full(X, CA_F32, CA_SHAPE(n), 0.5));
+    T_OK(ca_device_synchronize(X));
+    T_OK(ca_xla_metrics_reset(X));
+    ca_tensor *y = NULL;
+    CA_SCOPE {
+        ca_tensor *t = a;
+        for (int i = 0; i < 8; i++) t = ca_sigmoid(t);   /* not fusable: 8 intermediates */
+        y = ca_tensor_keep(ca_add(t, a));
+    }
+    double v;
+    CA_SCOPE { T_OK(ca_tensor_item(ca_sum(y), &v)); }
+    ca_xla_metrics m = metrics();
+    printf("planned peak %llu bytes of %llu bytes of intermediates\n", (unsigned long long)m.planned_peak_bytes,
+           (unsigned long long)m.intermediate_bytes);
+    assert_int_equal(m.intermediate_bytes, 8 * n * 4);
+    assert_int_equal(m.planned_peak_bytes, 2 * n * 4);
+    ca_tensor_free(y);
+    /* freed mid-graph: reused at once */
+    T_OK(ca_device_reset_peak_stats(X));
+    ca_allocator_stats st0, st1;
+    T_OK(ca_device_memory_stats(X, &st0));
+    ca_tensor *t = ca_tensor_keep(ca_sigmoid(a));
+    for (int i = 0; i < 7; i++) {
+        ca_tensor *u = ca_tensor_keep(ca_sigmoid(t));
+        ca_tensor_free(t);
+        t = u;
+    }
+    assert_int_equal(metrics().graphs, 1);   /* all of it still pending */
+    T_OK(ca_device_memory_stats(X, &st1));
+    printf("arena peak over the chain: %llu bytes\n", (unsigned long long)(st1.peak_allocated - st0.allocated));
+    assert_true(st1.peak_allocated - st0.allocated <= (uint64_t)(2 * n * 4 + 4096));
+    float *h = malloc((size_t)n * 4);
+    T_OK(ca_tensor_to_host(t, h, (size_t)n * 4));
+    assert_true(h[0] > 0.5f && h[0] < 1.0f);
+    free(h);
+    ca_tensor_free(t);
+    ca_tensor_free(a);
+}
+
 /* The metrics calls refuse other devices, naming the device. */
 static void test_metrics_other_device(void **state) {
     ca_xla_metrics m;
@@ -188,7 +389,9 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_lazy_until_read), cmocka_unit_test(test_host_memory_refused),
         cmocka_unit_test(test_dead_code),       cmocka_unit_test(test_training_cache),
-        cmocka_unit_test(test_metrics_other_device),
+        cmocka_unit_test(test_metrics_other_device), cmocka_unit_test(test_fusion),
+        cmocka_unit_test(test_buffer_plan),     cmocka_unit_test(test_fusion_overlap),
+        cmocka_unit_test(test_fusion_training),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     ca_shutdown();

@@ -2,7 +2,7 @@
 # distributed_type XLA as users run it: the Fashion-MNIST example on the lazy xla device. Its graphs
 # run the cpu backend's kernels in recorded order, so the parameters equal the eager CPU run's bit
 # for bit (1 process after 50 steps, from --tpu and from a config file; 2 processes under caccel
-# launch over Gloo, where the graph runs before each collective; mixed precision, accumulation and
+# launch over Gloo from a config file and from --tpu, where the graph runs before each collective; mixed precision, accumulation and
 # clipping too). One epoch reaches the CPU's 80%
 # floor (tests/test_examples.sh), and the whole epoch compiles a handful of programs: the training
 # step's, the short last batch's, the evaluation's; every other graph comes from the cache.
@@ -52,4 +52,10 @@ timeout 300 "$CACCEL" launch --config_file "$WORK/xla2.yaml" --backend gloo "$FM
     --max-steps 15 --dump-params "$WORK/xla2.bin" > "$WORK/o" 2>&1 || { cat "$WORK/o"; fail "2 ranks on xla"; }
 grep -q "2 process(es) on xla" "$WORK/o" || { cat "$WORK/o"; fail "the 2 ranks did not train on xla"; }
 cmp -s "$WORK/cpu2.bin" "$WORK/xla2.bin" || fail "2-rank xla parameters differ from the 2-rank CPU run's"
+
+note "2 processes under caccel launch --tpu: the flag reaches the workers (CACCEL_USE_XLA)"
+timeout 300 "$CACCEL" launch --num_processes 2 --tpu --backend gloo "$FM" --batch-size 128 --epochs 1 \
+    --max-steps 15 --dump-params "$WORK/tpu2.bin" > "$WORK/o" 2>&1 || { cat "$WORK/o"; fail "2 ranks with --tpu"; }
+grep -q "2 process(es) on xla" "$WORK/o" || { cat "$WORK/o"; fail "caccel launch --tpu did not train on xla"; }
+cmp -s "$WORK/cpu2.bin" "$WORK/tpu2.bin" || fail "caccel launch --tpu parameters differ from the 2-rank CPU run's"
 echo "PASS"

@@ -58,6 +58,16 @@ static const struct { const char *key, *var; } exported[] = {
     {"deterministic_shards", "CACCEL_DETERMINISTIC_SHARDS"},
 };
 
+/* --tpu (or distributed_type XLA on the command line) reaches the workers as CACCEL_USE_XLA: they
+ * read the configuration again, and Accelerate's workers find the TPU through torch_xla instead. */
+static const char *export_xla(const ca_config *cfg) {
+    const char *v = ca_config_get(cfg, "distributed_type");
+    if (ca_config_source_of(cfg, "distributed_type") != CA_SRC_CLI || !v || (strcmp(v, "XLA") && strcmp(v, "TPU")))
+        return NULL;
+    setenv("CACCEL_USE_XLA", "true", 1);
+    return "CACCEL_USE_XLA";
+}
+
 /* Variables of an enclosing MPI job: a worker that saw them would believe
  * mpirun started it. */
 static const char *const scrubbed_prefixes[] = {"OMPI_", "PMI_", "PMIX_", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"};
@@ -349,6 +359,7 @@ static int setup_env(launch *L, ca_config *cfg, const ca_settings *st) {
         const char *v = ca_config_get(cfg, exported[i].key);
         if (v && strcmp(v, "null") != 0) setenv(exported[i].var, v, 1);
     }
+    export_xla(cfg);
     const char *file = ca_config_file(cfg);
     if (file) setenv("ACCELERATE_CONFIG_FILE", file, 1);
     char num[32];
@@ -744,7 +755,7 @@ static int run_mpirun(launch *L, ca_config *cfg) {
             if (strstr(line, "Open MPI") || strstr(line, "OpenRTE")) openmpi = true;
         pclose(p);
     }
-    const char *vars[sizeof exported / sizeof exported[0] + 4];
+    const char *vars[sizeof exported / sizeof exported[0] + 5];
     int nv = 0;
     for (size_t i = 0; i < sizeof exported / sizeof exported[0]; i++) {
         if (ca_config_source_of(cfg, exported[i].key) != CA_SRC_CLI) continue;
@@ -753,6 +764,8 @@ static int run_mpirun(launch *L, ca_config *cfg) {
         setenv(exported[i].var, v, 1);
         vars[nv++] = exported[i].var;
     }
+    const char *xla_var = export_xla(cfg);
+    if (xla_var) vars[nv++] = xla_var;
     const char *file = ca_config_file(cfg);
     if (file) {
         setenv("ACCELERATE_CONFIG_FILE", file, 1);

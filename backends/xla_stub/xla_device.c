@@ -49,10 +49,12 @@ static xalloc *find_block(const xla_dev *x, const void *ptr) {
     return p < a->base + a->bytes ? a : NULL;
 }
 
-static void *take_cached(xla_dev *x, size_t bytes) {
+/* A cached block of exactly `bytes`; *gen is the graph during which it was freed. */
+static void *take_cached(xla_dev *x, size_t bytes, uint64_t *gen) {
     for (int i = x->ncache - 1; i >= 0; i--)
         if (x->cache[i].bytes == bytes) {
             void *p = x->cache[i].p;
+            *gen = x->cache[i].gen;
             x->cache[i] = x->cache[--x->ncache];
             x->st.num_cache_hits++;
             return p;
@@ -64,7 +66,8 @@ static ca_status alloc_locked(xla_dev *x, size_t bytes, void **ptr) {
     if (bytes > SIZE_MAX / 2) return ca_error(CA_ERR_NOMEM, "xla: cannot allocate %zu bytes", bytes);
     size_t r = (bytes + XLA_ALIGN - 1) / XLA_ALIGN * XLA_ALIGN;
     if (r == 0) r = XLA_ALIGN;
-    void *p = take_cached(x, r);
+    uint64_t freed_gen = 0;
+    void *p = take_cached(x, r, &freed_gen);
     if (!p) {
         p = aligned_alloc(XLA_ALIGN, r);
         if (!p) return ca_error(CA_ERR_NOMEM, "xla: out of device memory (%zu bytes)", bytes);
@@ -80,6 +83,9 @@ static ca_status alloc_locked(xla_dev *x, size_t bytes, void **ptr) {
     }
     a->base = (uintptr_t)p;
     a->bytes = r;
+    a->born_gen = x->gen;
+    /* memory freed by pending nodes' block: a host copy into it must wait for them */
+    if (freed_gen == x->gen && x->nnodes > 0) a->seen_gen = x->gen;
     int i = upper(x, a->base);
     memmove(x->tab + i + 1, x->tab + i, (size_t)(x->ntab - i) * sizeof *x->tab);
     x->tab[i] = a;
@@ -91,23 +97,27 @@ static ca_status alloc_locked(xla_dev *x, size_t bytes, void **ptr) {
     return CA_OK;
 }
 
-/* Gives the block back to the cache and drops its record. */
-static void release(xla_dev *x, xalloc *a) {
+/* Takes the block out of the table and gives its memory to the cache. */
+static void unmap(xla_dev *x, xalloc *a) {
     int i = upper(x, a->base) - 1;
     if (i >= 0 && x->tab[i] == a) {
         memmove(x->tab + i, x->tab + i + 1, (size_t)(x->ntab - i - 1) * sizeof *x->tab);
         x->ntab--;
     }
     if (GROW(x->cache, x->capcache, x->ncache + 1)) {
-        x->cache[x->ncache++] = (struct xcached){(void *)a->base, a->bytes};
+        x->cache[x->ncache++] = (struct xcached){(void *)a->base, a->bytes, x->gen};
     } else {
         free((void *)a->base);
         x->st.reserved -= a->bytes;
         x->st.num_device_frees++;
     }
-    free(a);
 }
 
+/* A block freed while pending nodes use it keeps its record (the nodes refer to it) until the graph
+ * has run, but its memory is reusable at once by later allocations of the same graph: the
+ * executor runs nodes in recorded order, so every node of the old block runs before any node of
+ * the new one (the reuse a stream-ordered allocator makes). That is the buffer plan by liveness:
+ * a temporary's memory serves the next temporary of its size as soon as the program frees it. */
 static void free_locked(xla_dev *x, void *ptr) {
     xalloc *a = find_block(x, ptr);
     if (!a || a->base != (uintptr_t)ptr || a->freed) {
@@ -116,16 +126,26 @@ static void free_locked(xla_dev *x, void *ptr) {
     }
     x->st.allocated -= a->bytes;
     x->st.num_frees++;
-    if (x->nnodes > 0 && a->seen_gen == x->gen && GROW(x->freed, x->capfreed, x->nfreed + 1)) {
-        a->freed = true;       /* pending nodes use it: released once they have run */
+    bool pending = x->nnodes > 0 && a->seen_gen == x->gen;
+    if (pending && !(GROW(x->freed, x->capfreed, x->nfreed + 1) && GROW(x->cache, x->capcache, x->ncache + 1))) {
+        /* no host memory to keep the record: run the pending nodes now, before the memory goes */
+        if (xla_flush_locked(x) != CA_OK) {
+            ca_log_printf(CA_LOG_WARNING, "xla: running the pending graph before a free failed: %s", ca_last_error());
+            ca_clear_error();
+        }
+        pending = false;
+    }
+    unmap(x, a);
+    if (pending) {
+        a->freed = true;
         x->freed[x->nfreed++] = a;
         return;
     }
-    release(x, a);
+    free(a);
 }
 
 static void release_freed(xla_dev *x) {
-    for (int i = 0; i < x->nfreed; i++) release(x, x->freed[i]);
+    for (int i = 0; i < x->nfreed; i++) free(x->freed[i]);
     x->nfreed = 0;
 }
 
@@ -301,7 +321,7 @@ static int build_key(xla_dev *x, int64_t **out, size_t *len) {
     }
     for (int b = 0; b < nblocks; b++) {
         k[n++] = (int64_t)order[b]->bytes;
-        k[n++] = !order[b]->freed;
+        k[n++] = order[b]->freed ? (order[b]->born_gen == x->gen ? 2 : 0) : 1;   /* intermediate: 2 */
         order[b]->seen_gen = x->gen;   /* still referenced by this graph */
     }
     free(order);
@@ -356,9 +376,99 @@ static xprogram *cache_find(xla_dev *x, uint64_t h, const int64_t *key, size_t l
     return NULL;
 }
 
+/* CACCEL_XLA_DUMP: each compiled graph on stderr, a node a line (slot, attributes, references as
+ * block:offset+bytes with r/w/f flags, and '-' for eliminated nodes). */
+static void dump_graph(const xla_dev *x, const xprogram *p) {
+    fprintf(stderr, "xla graph: %d nodes, %d run as %d kernels (%d fused loops); intermediates %llu bytes, "
+            "planned peak %llu\n", x->nnodes, p->nrun, p->nlaunch, p->nfused, (unsigned long long)p->intermediate_bytes,
+            (unsigned long long)p->planned_peak);
+    for (int i = 0; i < x->nnodes; i++) {
+        const xnode *nd = &x->nodes[i];
+        fprintf(stderr, "%c%3d %-22s", p->run[i] ? (p->chain && p->chain[i] > 1 ? '>' : ' ') : '-', i,
+                xla_slot_name(nd->slot));
+        for (int k = 1; k < nd->nkey; k++) fprintf(stderr, " %lld", (long long)x->keys[nd->key0 + k]);
+        fprintf(stderr, " |");
+        for (int r = 0; r < nd->nref; r++) {
+            const xref *ref = &x->refs[nd->ref0 + r];
+            fprintf(stderr, " b%d:%llu+%llu%s%s%s%s", ref->al->canon, (unsigned long long)ref->off,
+                    (unsigned long long)ref->bytes, ref->flags & XR_READ ? "r" : "", ref->flags & XR_WRITE ? "w" : "",
+                    ref->flags & XR_FULL ? "f" : "", ref->al->freed ? "T" : "");
+        }
+        fputc('\n', stderr);
+    }
+}
+
 static void program_free(xprogram *p) {
     free(p->key);
     free(p->run);
+    free(p->chain);
+}
+
+/* Intermediates: blocks allocated and freed by the program inside this graph. Their planned peak
+ * is the largest sum of those live at once (from the first node that touches one to the last),
+ * leaving out those that a fused loop never writes. */
+static bool plan_buffers(const xla_dev *x, xprogram *p, int nblocks) {
+    int *first = malloc(2 * ((size_t)nblocks + 1) * sizeof *first);
+    xalloc **blk = calloc((size_t)nblocks + 1, sizeof *blk);
+    if (!first || !blk) {
+        free(first);
+        free(blk);
+        return false;
+    }
+    int *last = first + nblocks + 1;
+    for (int b = 0; b < nblocks; b++) first[b] = last[b] = -1;
+    int group = -1, remaining = 0;
+    for (int i = 0; i < x->nnodes; i++) {
+        if (!p->run[i]) continue;
+        if (remaining == 0) {
+            group = i;
+            remaining = p->chain[i];
+        }
+        remaining--;
+        const xnode *nd = &x->nodes[i];
+        for (int r = 0; r < nd->nref; r++) {
+            const xalloc *a = x->refs[nd->ref0 + r].al;
+            if (!a->freed || a->born_gen != x->gen) continue;
+            if (first[a->canon] < 0) first[a->canon] = group;
+            last[a->canon] = group;
+            blk[a->canon] = (xalloc *)a;
+        }
+    }
+    /* bytes that become live at a group and stop being live after it */
+    uint64_t *delta = calloc(2 * ((size_t)x->nnodes + 1), sizeof *delta), sum = 0, live = 0, peak = 0;
+    if (!delta) {
+        free(first);
+        free(blk);
+        return false;
+    }
+    for (int b = 0; b < nblocks; b++) {
+        if (!blk[b] || (first[b] == last[b] && p->chain[first[b]] > 1)) continue;   /* fused away */
+        delta[2 * first[b]] += blk[b]->bytes;
+        delta[2 * last[b] + 1] += blk[b]->bytes;
+        sum += blk[b]->bytes;
+    }
+    for (int i = 0; i < x->nnodes; i++) {
+        live += delta[2 * i];
+        if (live > peak) peak = live;
+        live -= delta[2 * i + 1];
+    }
+    free(delta);
+    p->planned_peak = peak;
+    p->intermediate_bytes = sum;
+    free(first);
+    free(blk);
+    return true;
+}
+
+/* CACCEL_XLA_FUSION=0 turns fusion off (every node its own kernel), for comparisons. */
+static bool fusion_enabled(void) {
+    const char *v = getenv("CACCEL_XLA_FUSION");
+    return !v || strcmp(v, "0") != 0;
+}
+
+static int no_fusion(const xla_dev *x, const uint8_t *run, uint8_t *chain) {
+    for (int i = 0; i < x->nnodes; i++) chain[i] = run[i] ? 1 : 0;
+    return 0;
 }
 
 /* Compiles the pending graph into a cached program (the cache takes key). */
@@ -379,17 +489,58 @@ static xprogram *compile(xla_dev *x, uint64_t h, int64_t *key, size_t len, int n
     }
     xprogram *p = &x->progs[x->nprogs++];
     *p = (xprogram){.hash = h, .key = key, .klen = len, .nnodes = x->nnodes, .nrun = nrun, .run = run};
+    p->chain = malloc((size_t)x->nnodes + 1);
+    if (p->chain) {
+        p->nfused = fusion_enabled() ? xla_fuse_plan(x, run, p->chain) : no_fusion(x, run, p->chain);
+        for (int i = 0; i < x->nnodes; i++) p->nlaunch += p->chain[i] > 0;
+    }
+    if (!p->chain || !plan_buffers(x, p, nblocks)) {
+        x->nprogs--;
+        program_free(p);
+        ca_error(CA_ERR_NOMEM, "xla: out of host memory compiling a graph of %d nodes", x->nnodes);
+        return NULL;
+    }
     x->m.compiles++;
+    if (getenv("CACCEL_XLA_DUMP")) dump_graph(x, p);
     return p;
 }
 
+static ca_status exec_one(xla_dev *x, int i) {
+    ca_status s = xla_exec_node(x, &x->nodes[i]);
+    if (s != CA_OK)
+        return ca_error_context("xla: running node %d (%s) of a graph of %d nodes", i,
+                                xla_slot_name(x->nodes[i].slot), x->nnodes);
+    return CA_OK;
+}
+
+/* Runs the program's groups in order: a chain of two or more as one fused loop (or node by node
+ * when its buffers overlap in a way the loop cannot honour), the others as single kernels. */
 static ca_status execute(xla_dev *x, const xprogram *p) {
+    int idx[XLA_MAX_CHAIN];
     for (int i = 0; i < x->nnodes; i++) {
-        if (!p->run[i]) continue;
-        ca_status s = xla_exec_node(x, &x->nodes[i]);
-        if (s != CA_OK)
-            return ca_error_context("xla: running node %d (%s) of a graph of %d nodes", i,
-                                    xla_slot_name(x->nodes[i].slot), x->nnodes);
+        int len = p->chain[i];
+        if (len == 0) continue;
+        if (len == 1) {
+            ca_status s = exec_one(x, i);
+            if (s != CA_OK) return s;
+            x->m.kernels_launched++;
+            continue;
+        }
+        int c = 0;
+        for (int j = i; c < len; j++)
+            if (p->run[j]) idx[c++] = j;
+        if (xla_run_fused(x, idx, len)) {
+            x->m.fused_kernels++;
+            x->m.fused_nodes += (uint64_t)len;
+            x->m.kernels_launched++;
+        } else {
+            for (int k = 0; k < len; k++) {
+                ca_status s = exec_one(x, idx[k]);
+                if (s != CA_OK) return s;
+                x->m.kernels_launched++;
+            }
+        }
+        i = idx[len - 1];
     }
     return CA_OK;
 }
@@ -428,6 +579,8 @@ ca_status xla_flush_locked(xla_dev *x) {
         x->m.nodes_executed += (uint64_t)p->nrun;
         x->m.nodes_eliminated += (uint64_t)(x->nnodes - p->nrun);
         x->m.last_graph_nodes = (uint64_t)x->nnodes;
+        x->m.planned_peak_bytes = p->planned_peak;
+        x->m.intermediate_bytes = p->intermediate_bytes;
         if (x->m.last_graph_nodes > x->m.max_graph_nodes) x->m.max_graph_nodes = x->m.last_graph_nodes;
     }
     clear_graph(x);
@@ -669,14 +822,19 @@ void ca_xla_format_metrics(const ca_xla_metrics *m, char *buf, size_t len) {
              "  nodes_recorded: %llu\n  nodes_executed: %llu\n  nodes_eliminated: %llu\n"
              "  last_graph_nodes: %llu\n  max_graph_nodes: %llu\n"
              "  h2d_transfers: %llu\n  h2d_bytes: %llu\n  d2h_transfers: %llu\n  d2h_bytes: %llu\n"
-             "  mark_steps: %llu\n  compile_ms: %.3f\n  execute_ms: %.3f\n",
+             "  mark_steps: %llu\n  compile_ms: %.3f\n  execute_ms: %.3f\n"
+             "  kernels_launched: %llu\n  fused_kernels: %llu\n  fused_nodes: %llu\n"
+             "  planned_peak_bytes: %llu\n  intermediate_bytes: %llu\n",
              (unsigned long long)m->graphs, (unsigned long long)m->compiles, (unsigned long long)m->cache_hits,
              (unsigned long long)m->cached_programs, (unsigned long long)m->nodes_recorded,
              (unsigned long long)m->nodes_executed, (unsigned long long)m->nodes_eliminated,
              (unsigned long long)m->last_graph_nodes, (unsigned long long)m->max_graph_nodes,
              (unsigned long long)m->h2d_transfers, (unsigned long long)m->h2d_bytes,
              (unsigned long long)m->d2h_transfers, (unsigned long long)m->d2h_bytes,
-             (unsigned long long)m->mark_steps, m->compile_ms, m->execute_ms);
+             (unsigned long long)m->mark_steps, m->compile_ms, m->execute_ms,
+             (unsigned long long)m->kernels_launched, (unsigned long long)m->fused_kernels,
+             (unsigned long long)m->fused_nodes, (unsigned long long)m->planned_peak_bytes,
+             (unsigned long long)m->intermediate_bytes);
 }
 
 static const ca_device_ops *const xla_devices[] = {&xla_device_ops};

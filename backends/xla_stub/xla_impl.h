@@ -18,6 +18,7 @@ typedef struct xalloc {
     bool freed;                /* freed by the program, release deferred to the end of the graph */
     uint64_t seen_gen;         /* graph generation that last referenced it */
     int canon;                 /* number in the current graph's identity pattern */
+    uint64_t born_gen;         /* graph generation during which it was allocated */
 } xalloc;
 
 /* A reference of a node to device memory. */
@@ -82,15 +83,21 @@ typedef struct xnode {
     int key0, nkey;            /* its structural attributes in the graph's key pool */
 } xnode;
 
-/* A compiled program: which recorded nodes run (the rest is dead code). */
+/* A compiled program: which recorded nodes run (the rest is dead code), how they are grouped
+ * into fused loops, and the buffer plan's figures. */
 typedef struct xprogram {
     uint64_t hash;
     int64_t *key;
     size_t klen;
     int nnodes, nrun;
     uint8_t *run;
+    uint8_t *chain;            /* at a group's first node: the number of running nodes it holds */
+    int nlaunch, nfused;       /* kernels launched per run; of them, fused loops */
+    uint64_t planned_peak, intermediate_bytes;
     uint64_t hits;
 } xprogram;
+
+#define XLA_MAX_CHAIN 16
 
 typedef struct xla_dev {
     pthread_mutex_t mu;
@@ -102,7 +109,8 @@ typedef struct xla_dev {
     int ntab, captab;
     xalloc **freed;                /* freed during the current graph, released after it runs */
     int nfreed, capfreed;
-    struct xcached { void *p; size_t bytes; } *cache;   /* released blocks kept for reuse */
+    struct xcached { void *p; size_t bytes; uint64_t gen; } *cache;   /* released blocks kept for
+                                                                     * reuse; gen: freed during it */
     int ncache, capcache;
     ca_allocator_stats st;
     /* the pending graph */
@@ -134,5 +142,12 @@ ca_status xla_node_end(xla_dev *x, xnode *n, ca_status s);
 ca_status xla_flush_locked(xla_dev *x);
 ca_status xla_exec_node(xla_dev *x, const xnode *n);
 const char *xla_slot_name(xslot s);
+
+/* Fusion (xla_fusion.c): groups the running nodes into chains (chain[i] = length at a chain's
+ * first node); returns the number of chains of two or more. */
+int xla_fuse_plan(const xla_dev *x, const uint8_t *run, uint8_t *chain);
+/* Runs the chain of nodes idx[0..len) as one loop; false (nothing run) when an input overlaps the
+ * output in a way the loop cannot honour: then the nodes run one by one. */
+bool xla_run_fused(const xla_dev *x, const int *idx, int len);
 
 #endif

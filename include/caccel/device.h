@@ -65,6 +65,11 @@ typedef struct ca_xla_metrics {
     uint64_t d2h_transfers, d2h_bytes;   /* copies device -> host */
     uint64_t mark_steps;       /* explicit step boundaries (ca_mark_step, the prepared dataloader) */
     double compile_ms, execute_ms;       /* wall time in the compiler and in execution */
+    uint64_t kernels_launched; /* kernels run: a fused loop counts once */
+    uint64_t fused_kernels;    /* of them, fused loops of two or more nodes */
+    uint64_t fused_nodes;      /* nodes run inside fused loops */
+    uint64_t planned_peak_bytes;         /* last graph: its intermediates' peak, planned by liveness */
+    uint64_t intermediate_bytes;         /* last graph: the sum of its intermediates (no reuse) */
 } ca_xla_metrics;
 
 /* Metrics of an xla device; CA_ERR_INVALID for another device. */
