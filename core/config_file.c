@@ -468,9 +468,17 @@ static ca_status resolve_alias(loader *L, const yaml_event_t *ev, int depth, siz
     return CA_OK;
 }
 
-static ca_status syntax_error(loader *L, const yaml_parser_t *p, bool json) {
+/* libyaml's reader (bad UTF-8, control characters) reports a byte offset and leaves the marks at the
+ * start of the file: the line is counted from the offset instead. */
+static ca_status syntax_error(loader *L, const yaml_parser_t *p, const char *text, size_t len, bool json) {
     const char *what = json ? "JSON" : "YAML";
     if (p->error == YAML_MEMORY_ERROR) return nomem();
+    if (p->error == YAML_READER_ERROR) {
+        size_t line = 1;
+        for (size_t i = 0; i < p->problem_offset && i < len; i++) line += text[i] == '\n';
+        return ca_error(CA_ERR_CONFIG, "%s:%zu: %s syntax error: %s (byte %zu of the file)", L->path, line, what,
+                        p->problem ? p->problem : "?", p->problem_offset + 1);
+    }
     if (p->context)
         return ca_error(CA_ERR_CONFIG, "%s:%zu: %s syntax error: %s %s (line %zu)", L->path, p->problem_mark.line + 1,
                         what, p->problem ? p->problem : "?", p->context, p->context_mark.line + 1);
@@ -546,7 +554,7 @@ static ca_status build(loader *L, const char *text, size_t len, bool json, build
     while (s == CA_OK && !B->done) {
         yaml_event_t ev;
         if (!yaml_parser_parse(&parser, &ev)) {
-            s = syntax_error(L, &parser, json);
+            s = syntax_error(L, &parser, text, len, json);
             break;
         }
         s = on_event(L, B, &ev);

@@ -630,8 +630,8 @@ void ca_config_describe_allowed(const ca_key_def *d, char *buf, size_t size) {
         break;
     case CA_KT_FLOAT:
         if (d->min <= d->max) {
-            if (d->min > 0)
-                snprintf(tmp, sizeof tmp, "a number > 0");
+            if (d->max < BIG)
+                snprintf(tmp, sizeof tmp, "a number from %g to %g", d->min, d->max);
             else
                 snprintf(tmp, sizeof tmp, "a number >= %g", d->min);
             append(buf, size, &len, tmp);

@@ -297,6 +297,9 @@ static void test_bad_values_in_file(void **state) {
         {"", {"the file is empty", "", ""}},
         {"- a\n- b\n", {":1: expected a mapping of keys", "", ""}},
         {"distributed_type: NO\n  bad: indent\n", {"YAML syntax error", "", ""}},
+        /* libyaml's reader reports a byte offset, not a line: the line is counted from it */
+        {"distributed_type: NO\nuse_cpu: true\nmixed_precision: \"no\xff\xfe\"\n",
+         {":3: YAML syntax error: invalid leading UTF-8 octet", "(byte 56 of the file)", ""}},
         {"distributed_type: DATA_PARALLEL\n", {":1: distributed_type 'DATA_PARALLEL' needs compute_environment "
                                                "AMAZON_SAGEMAKER", "", ""}},
         {"compute_environment: AMAZON_SAGEMAKER\ndistributed_type: MULTI_GPU\n",
