@@ -717,6 +717,8 @@ ca_status ca_dataloader_create(ca_dataset *ds, const ca_loader_opts *opts, ca_da
     if (!out) return ca_error(CA_ERR_INVALID, "ca_dataloader_create: out is NULL");
     *out = NULL;
     if (!ds) return ca_error(CA_ERR_INVALID, "ca_dataloader_create: dataset is NULL");
+    if (!ds->iterable && ca_dataset_length(ds) == 0)   /* else every epoch is silently empty: loss 0 */
+        return ca_error(CA_ERR_INVALID, "dataloader: %s has no items", ds->name);
     ca_loader_opts o = opts ? *opts : (ca_loader_opts){0};
     if (o.batch_size < 0)
         return ca_error(CA_ERR_INVALID, "dataloader: batch_size is %lld", (long long)o.batch_size);

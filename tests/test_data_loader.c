@@ -142,15 +142,13 @@ static void test_batch_counts(void **state) {
     assert_int_equal(ca_dataloader_create(NULL, NULL, &dl), CA_ERR_INVALID);
     ca_dataset_destroy(ds);
 
-    /* An empty dataset: no batches, the epoch still ends and advances. */
+    /* An empty dataset is an error, not epochs of nothing that report a loss of 0. */
     ds = id_dataset(0);
-    dl = loader(ds, (ca_loader_opts){.batch_size = 4, .shuffle = true});
-    assert_int_equal(ca_dataloader_num_batches(dl), 0);
-    ca_batch b;
-    assert_false(ca_dataloader_next(dl, &b));
-    assert_int_equal(ca_dataloader_status(dl), CA_OK);
-    assert_int_equal(ca_dataloader_epoch(dl), 1);
-    ca_dataloader_destroy(dl);
+    dl = NULL;
+    assert_int_equal(ca_dataloader_create(ds, &(ca_loader_opts){.batch_size = 4, .shuffle = true}, &dl),
+                     CA_ERR_INVALID);
+    assert_null(dl);
+    assert_non_null(strstr(ca_last_error(), "dataloader: in-memory dataset has no items"));
     ca_dataset_destroy(ds);
 }
 
