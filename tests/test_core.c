@@ -166,6 +166,19 @@ static void test_caching_allocator_reuses(void **state) {
     assert_int_equal(b.reserved, b.allocated);
 }
 
+/* Out of memory names the device, the size asked for and what the allocator holds. */
+static void test_allocator_out_of_memory(void **state) {
+#ifdef __SANITIZE_ADDRESS__
+    skip();   /* AddressSanitizer aborts on a failed allocation (allocator_may_return_null=0) */
+#endif
+    void *p = NULL;
+    assert_int_equal(ca_device_alloc(ca_cpu_device(), (size_t)1 << 60, &p), CA_ERR_NOMEM);
+    assert_null(p);
+    assert_non_null(strstr(ca_last_error(), "cpu: out of memory allocating 1152921504606846976 bytes ("));
+    assert_non_null(strstr(ca_last_error(), "reserved,"));
+    assert_non_null(strstr(ca_last_error(), "in use by tensors)"));
+}
+
 /* Sizes that change every step (text padded to its longest sequence) must not grow the cache to the sum of
  * every size seen: reserved stays within the cache limit (max(64 MiB, peak / 2)) of the peak in use. */
 static void test_caching_allocator_bounded_for_varying_sizes(void **state) {
@@ -312,6 +325,7 @@ int main(void) {
         cmocka_unit_test(test_registry_older_minor_lacks_new_kernels),
         cmocka_unit_test(test_caching_allocator_reuses),
         cmocka_unit_test(test_caching_allocator_bounded_for_varying_sizes),
+        cmocka_unit_test(test_allocator_out_of_memory),
         cmocka_unit_test(test_scopes_release),
         cmocka_unit_test(test_views_share_storage),
         cmocka_unit_test(test_storage_refcount),
