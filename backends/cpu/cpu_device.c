@@ -229,7 +229,8 @@ bool ca_cpu_flush_denormal(void) {
 #endif
 }
 
-/* The caller's MXCSR, after switching flushing on when it is wanted and off. */
+/* Returns the caller's MXCSR; turns flushing on for the call when it is wanted and not on yet
+ * (with flushing off the kernel runs in the caller's mode, whatever it is). */
 static inline unsigned fp_enter(void) {
 #if defined(CPU_FP_FLUSH)
     unsigned s = _mm_getcsr();
