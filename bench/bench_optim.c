@@ -72,7 +72,9 @@ static double best_step_us(ctx *c, bufs *b, bool adam, float scale, int samples,
 
 /* Best memcpy rate over `bytes` (read + write counted), in GB/s. */
 static double copy_gbs(int64_t bytes, int samples) {
-    char *a = aligned_alloc(64, (size_t)bytes), *b = aligned_alloc(64, (size_t)bytes);
+    size_t cap = ((size_t)bytes + 63) / 64 * 64;  /* aligned_alloc wants a multiple of 64 */
+    char *a = aligned_alloc(64, cap), *b = aligned_alloc(64, cap);
+    if (!a || !b) { fprintf(stderr, "bench_optim: out of memory\n"); exit(1); }
     memset(a, 1, (size_t)bytes);
     memset(b, 2, (size_t)bytes);
     double best = 1e30;
