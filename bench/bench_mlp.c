@@ -1,5 +1,8 @@
 /* MLP training throughput (784-256-128-10, AdamW) through caccel, with the step time compared to the
- * summed time of the same step's eight GEMMs called on raw cblas_sgemm in the same run.
+ * summed time of the same step's eight GEMMs called on raw cblas_sgemm in the same run (the GEMM-only
+ * bound: pct_of_bound = 100 * bound / step). The step is split into forward, backward and optimizer
+ * (timed around each call) and "other_us" = step - bound - optimizer, the cost outside GEMM and the
+ * optimizer (elementwise and loss kernels, dispatch, autograd, allocator, scopes, batch hand-off).
  * One line of key=value results per batch size, for bench/run_mlp.sh. */
 #include <caccel/caccel.h>
 
@@ -9,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/resource.h>
 #include <time.h>
 
@@ -33,6 +37,23 @@ static double gemm_step_seconds(int B, int reps) {
     }
     free(buf);
     return total / reps;
+}
+
+/* The target_clones variant the backend's loops run here (the ifunc resolver's order). */
+static const char *kernel_set(void) {
+#if defined(__x86_64__) && defined(__GNUC__)
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f")) return "avx512f";
+    if (__builtin_cpu_supports("avx2")) return "avx2";
+#endif
+    return "default";
+}
+
+/* "on" unless CACCEL_CPU_FLUSH_DENORMAL turns subnormal flushing off. */
+static const char *flush_setting(void) {
+    const char *v = getenv("CACCEL_CPU_FLUSH_DENORMAL");
+    if (!v || !*v) return "on";
+    return (!strcmp(v, "0") || !strcasecmp(v, "false") || !strcasecmp(v, "off") || !strcasecmp(v, "no")) ? "off" : "on";
 }
 
 int main(int argc, char **argv) {
@@ -100,14 +121,17 @@ int main(int argc, char **argv) {
         struct rusage ru;
         getrusage(RUSAGE_SELF, &ru);
         double acc_pct = accuracy(m, xte, yte);
+        double opt_s = t_opt / (double)steps;
         if (R == 0)
         printf("impl=caccel procs=%lld precision=%s batch=%d threads=%d samples_per_s=%.0f step_us=%.1f gemm_us=%.1f "
-               "step_over_gemm=%.3f accuracy=%.2f peak_rss_mib=%.1f step_mem_mib=%.2f fwd_us=%.1f bwd_us=%.1f "
-               "opt_us=%.1f\n",
+               "step_over_gemm=%.3f pct_of_bound=%.1f bound_samples_per_s=%.0f accuracy=%.2f peak_rss_mib=%.1f "
+               "step_mem_mib=%.2f fwd_us=%.1f bwd_us=%.1f opt_us=%.1f other_us=%.1f blas_core=%s kernels=%s "
+               "flush_denormal=%s\n",
                (long long)W, precision, B, openblas_get_num_threads(), (double)seen / secs,
-               step_s * 1e6, gemm_s * 1e6, step_s / gemm_s, acc_pct, ru.ru_maxrss / 1024.0,
-               (double)(m1.peak_allocated - m0.allocated) / (1 << 20), t_fwd / (double)steps * 1e6,
-               t_bwd / (double)steps * 1e6, t_opt / (double)steps * 1e6);
+               step_s * 1e6, gemm_s * 1e6, step_s / gemm_s, 100.0 * gemm_s / step_s, (double)(B * W) / gemm_s,
+               acc_pct, ru.ru_maxrss / 1024.0, (double)(m1.peak_allocated - m0.allocated) / (1 << 20),
+               t_fwd / (double)steps * 1e6, t_bwd / (double)steps * 1e6, opt_s * 1e6,
+               (step_s - gemm_s - opt_s) * 1e6, openblas_get_corename(), kernel_set(), flush_setting());
         fflush(stdout);
         ca_optimizer_destroy(opt);
         ca_module_destroy(m);

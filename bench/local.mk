@@ -2,6 +2,7 @@
 ca_bench_programs =
 include bench/gemm.mk
 include bench/mlp.mk
+include bench/optim.mk
 include bench/comm.mk
 include bench/save.mk
 include bench/det.mk

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # MLP benchmark: caccel (bench_mlp) and the PyTorch peer, alternating, several repetitions per
-# thread count; prints medians and the caccel/PyTorch ratio per batch size.
+# thread count; prints medians, each throughput as a percentage of the GEMM-only bound measured in
+# the same run, and the caccel/PyTorch ratio per batch size.
 # usage: run_mlp.sh --bench PATH [--reps N] [--threads 1,2] [--batch-sizes 16,32,128,512] [--precisions no,bf16,fp16]
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -23,7 +24,7 @@ if ! $peer -c "import torch" 2>/dev/null; then
 fi
 out=$(mktemp)
 trap 'rm -f "$out"' EXIT
-echo "# $(date -u +%Y-%m-%dT%H:%MZ) $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(getconf _NPROCESSORS_ONLN) CPUs, OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-unset}"
+echo "# $(date -u +%Y-%m-%dT%H:%MZ) $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(getconf _NPROCESSORS_ONLN) CPUs, OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-unset}, CACCEL_CPU_FLUSH_DENORMAL=${CACCEL_CPU_FLUSH_DENORMAL:-unset}"
 for t in ${threads//,/ }; do
     for r in $(seq "$reps"); do
         for p in ${precisions//,/ }; do
@@ -43,14 +44,24 @@ def med(impl, p, b, t, key):
 order = {"no": 0, "bf16": 1, "fp16": 2}
 keys = sorted({(r["precision"], r["threads"], r["batch"]) for r in rows},
               key=lambda k: (order.get(k[0], 9), int(k[1]), int(k[2])))
-print(f"{'prec':>4} {'thr':>3} {'batch':>5} | {'caccel samples/s':>16} {'step/GEMM':>9} {'acc %':>6} {'RSS MiB':>7}"
-      f" {'step MiB':>8} | {'torch samples/s':>15} {'acc %':>6} {'RSS MiB':>7} | {'caccel/torch':>12} (n)")
+first = next((r for r in rows if r["impl"] == "caccel" and "blas_core" in r), None)
+if first:
+    print(f"# caccel: OpenBLAS core {first['blas_core']}, kernels {first['kernels']}, "
+          f"subnormal flushing {first['flush_denormal']}; % bound = GEMM-only bound / step, "
+          f"the bound measured by bench_mlp in each run (median)")
+print(f"{'prec':>4} {'thr':>3} {'batch':>5} | {'caccel samples/s':>16} {'% bound':>7} {'opt us':>6} {'other us':>8}"
+      f" {'acc %':>6} {'RSS MiB':>7} {'step MiB':>8} | {'torch samples/s':>15} {'% bound':>7} {'acc %':>6}"
+      f" {'RSS MiB':>7} | {'caccel/torch':>12} (n)")
 for p, t, b in keys:
     c, n = med("caccel", p, b, t, "samples_per_s")
     q, _ = med("torch", p, b, t, "samples_per_s")
-    print(f"{p:>4} {t:>3} {b:>5} | {c:16.0f} {med('caccel', p, b, t, 'step_over_gemm')[0]:9.3f} "
+    bound = med("caccel", p, b, t, "bound_samples_per_s")[0]
+    if bound != bound:  # older bench_mlp: from step/GEMM
+        bound = c * med("caccel", p, b, t, "step_over_gemm")[0]
+    print(f"{p:>4} {t:>3} {b:>5} | {c:16.0f} {100 * c / bound:7.1f} {med('caccel', p, b, t, 'opt_us')[0]:6.0f} "
+          f"{med('caccel', p, b, t, 'other_us')[0]:8.0f} "
           f"{med('caccel', p, b, t, 'accuracy')[0]:6.2f} {med('caccel', p, b, t, 'peak_rss_mib')[0]:7.1f} "
           f"{med('caccel', p, b, t, 'step_mem_mib')[0]:8.2f} | "
-          f"{q:15.0f} {med('torch', p, b, t, 'accuracy')[0]:6.2f} {med('torch', p, b, t, 'peak_rss_mib')[0]:7.1f} | "
-          f"{c / q:12.2f} ({n})")
+          f"{q:15.0f} {100 * q / bound:7.1f} {med('torch', p, b, t, 'accuracy')[0]:6.2f} "
+          f"{med('torch', p, b, t, 'peak_rss_mib')[0]:7.1f} | {c / q:12.2f} ({n})")
 PY

@@ -95,6 +95,8 @@ static void test_unary_special(void **state) {
     OK(K->unary(dev, CA_UNARY_RELU, CA_F32, 6, x, y, 0));
     assert_true(isnan(y[0]));
     assert_true(y[1] == INFINITY && y[2] == 0.0f && y[4] == 100.0f && y[5] == 0.0f);
+    /* subnormal results need flushing off (tests/test_cpu_fpmode.c checks it on) */
+    ca_cpu_set_flush_denormal(false);
     OK(K->unary(dev, CA_UNARY_EXP, CA_F32, 6, x, y, 0));
     assert_true(isnan(y[0]) && y[1] == INFINITY && y[2] == 0.0f && y[3] == 1.0f);
     assert_true(y[4] == INFINITY);                     /* overflow */
@@ -110,6 +112,19 @@ static void test_unary_special(void **state) {
         double r = exp((double)v);
         double tol = r < 1.2e-38 ? 2e-45 * 4 : 4e-7 * r;
         if (fabs(e - r) > tol) fail_msg("exp(%g) = %g, want %g", (double)v, (double)e, r);
+    }
+    ca_cpu_set_flush_denormal(true);
+    /* exact GELU and its gradient keep their relative accuracy in the negative tail (Phi is taken
+     * from erfc there, not from 1 + erf, which cancels to 0 below x = -5.7) */
+    for (float v = -9.0f; v < 9.0f; v += 0.013f) {
+        float gl, d, one = 1.0f;
+        OK(K->unary(dev, CA_UNARY_GELU_ERF, CA_F32, 1, &v, &gl, 0));
+        OK(K->unary_backward(dev, CA_UNARY_GELU_ERF, CA_F32, 1, &v, NULL, &one, &d, 0, 0));
+        double r = ref_unary(CA_UNARY_GELU_ERF, v, 0), rd = ref_dunary(CA_UNARY_GELU_ERF, v, r, 0);
+        r = 0.5 * v * erfc(-v / sqrt(2.0));  /* the reference itself, without cancellation */
+        if (fabs(gl - r) > 1e-5 * fabs(r)) fail_msg("gelu(%g) = %.9g, want %.9g", (double)v, (double)gl, r);
+        if (fabs(d - rd) > 1e-5 * fabs(rd) + 1e-7)
+            fail_msg("gelu'(%g) = %.9g, want %.9g", (double)v, (double)d, rd);
     }
     assert_int_equal(K->unary(dev, CA_UNARY_OP_COUNT, CA_F32, 1, x, y, 0), CA_ERR_INVALID);
     assert_int_equal(K->unary(dev, CA_UNARY_NEG, CA_I32, 1, x, y, 0), CA_ERR_UNSUPPORTED);

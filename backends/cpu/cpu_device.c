@@ -2,11 +2,17 @@
 #include "backends/cpu/cpu_impl.h"
 #include "backends/cpu/cpu_plugin.h"
 
+#include <caccel/log.h>
 #include <cblas.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <strings.h>
 #include <unistd.h>
+#if defined(__SSE2__)
+#include <xmmintrin.h>
+#endif
 
 #define CPU_ALIGN 64
 
@@ -177,41 +183,185 @@ static ca_status cpu_event_synchronize(void *dev, void *event) {
 }
 static ca_status cpu_synchronize(void *dev) { return CA_OK; }
 
+/* ------------------------------------------------ floating-point mode */
+
+/* Kernels that compute run with subnormals flushed (FTZ: subnormal results
+ * become 0; DAZ: subnormal inputs read as 0): Intel cores take a microcode
+ * assist of ~100+ cycles per subnormal operand, and optimizer state decays
+ * into that range. Only the control bits are switched, and only for the
+ * call: the caller's mode comes back, the kernel's exception flags stay, as
+ * after any function call. Kernels that move or select values (fill, cast,
+ * copies, gather, embedding, where, argmax, clamp) keep them bit-exact. */
+#if defined(__SSE2__)
+#define CPU_FP_FLUSH 0x8040u /* MXCSR: FTZ (bit 15) | DAZ (bit 6) */
+#endif
+
+static atomic_int flush_mode = -1; /* -1: CACCEL_CPU_FLUSH_DENORMAL not read yet */
+
+static bool env_flush_default(void) {
+    const char *v = getenv("CACCEL_CPU_FLUSH_DENORMAL");
+    if (!v || !*v) return true;
+    if (!strcmp(v, "0") || !strcasecmp(v, "false") || !strcasecmp(v, "off") || !strcasecmp(v, "no"))
+        return false;
+    if (!strcmp(v, "1") || !strcasecmp(v, "true") || !strcasecmp(v, "on") || !strcasecmp(v, "yes"))
+        return true;
+    CA_LOG_W("CACCEL_CPU_FLUSH_DENORMAL=%s is not 0/1/true/false/on/off/yes/no: flushing stays on", v);
+    return true;
+}
+
+static bool flush_on(void) {
+    int m = atomic_load_explicit(&flush_mode, memory_order_relaxed);
+    if (m < 0) {
+        int want = env_flush_default() ? 1 : 0, unset = -1;
+        atomic_compare_exchange_strong(&flush_mode, &unset, want);
+        m = atomic_load(&flush_mode);
+    }
+    return m == 1;
+}
+
+void ca_cpu_set_flush_denormal(bool on) { atomic_store(&flush_mode, on ? 1 : 0); }
+
+bool ca_cpu_flush_denormal(void) {
+#if defined(CPU_FP_FLUSH)
+    return flush_on();
+#else
+    return false;
+#endif
+}
+
+/* Returns the caller's MXCSR; turns flushing on for the call when it is wanted and not on yet
+ * (with flushing off the kernel runs in the caller's mode, whatever it is). */
+static inline unsigned fp_enter(void) {
+#if defined(CPU_FP_FLUSH)
+    unsigned s = _mm_getcsr();
+    if ((s & CPU_FP_FLUSH) != CPU_FP_FLUSH && flush_on()) _mm_setcsr(s | CPU_FP_FLUSH);
+    return s;
+#else
+    return 0;
+#endif
+}
+
+/* Restores the caller's FTZ and DAZ bits; the status flags the kernel raised stay. */
+static inline void fp_leave(unsigned saved) {
+#if defined(CPU_FP_FLUSH)
+    unsigned now = _mm_getcsr();
+    if ((now & CPU_FP_FLUSH) != (saved & CPU_FP_FLUSH))
+        _mm_setcsr((now & ~CPU_FP_FLUSH) | (saved & CPU_FP_FLUSH));
+#else
+    (void)saved;
+#endif
+}
+
+/* fz_<name>: cpu_<name> between fp_enter and fp_leave. */
+#define FZ(name, params, args)                     \
+    static ca_status fz_##name params {            \
+        unsigned saved_ = fp_enter();              \
+        ca_status st_ = cpu_##name args;           \
+        fp_leave(saved_);                          \
+        return st_;                                \
+    }
+
+FZ(gemm, (void *dev, const ca_gemm_args *a), (dev, a))
+FZ(unary, (void *dev, ca_unary_op op, ca_dtype dt, int64_t n, const void *x, void *y, float alpha),
+   (dev, op, dt, n, x, y, alpha))
+FZ(unary_backward,
+   (void *dev, ca_unary_op op, ca_dtype dt, int64_t n, const void *x, const void *y, const void *dy,
+    void *dx, float alpha, float beta),
+   (dev, op, dt, n, x, y, dy, dx, alpha, beta))
+FZ(binary, (void *dev, ca_binary_op op, ca_dtype dt, const ca_bcast_args *sh, const void *a,
+            const void *b, void *y),
+   (dev, op, dt, sh, a, b, y))
+FZ(axpby, (void *dev, ca_dtype dt, int64_t n, float alpha, const void *x, float beta, void *y),
+   (dev, dt, n, alpha, x, beta, y))
+FZ(reduce, (void *dev, ca_reduce_op op, ca_dtype dt, int64_t outer, int64_t len, int64_t inner,
+            const void *x, void *y, float beta),
+   (dev, op, dt, outer, len, inner, x, y, beta))
+FZ(softmax, (void *dev, bool log, ca_dtype dt, int64_t rows, int64_t cols, const void *x, void *y),
+   (dev, log, dt, rows, cols, x, y))
+FZ(softmax_backward, (void *dev, bool log, ca_dtype dt, int64_t rows, int64_t cols, const void *y,
+                      const void *dy, void *dx, float beta),
+   (dev, log, dt, rows, cols, y, dy, dx, beta))
+FZ(cross_entropy, (void *dev, ca_dtype dt, int64_t rows, int64_t cols, const void *logits,
+                   ca_dtype label_dt, const void *labels, int64_t ignore, float *loss, float *lse,
+                   float *count),
+   (dev, dt, rows, cols, logits, label_dt, labels, ignore, loss, lse, count))
+FZ(cross_entropy_backward,
+   (void *dev, ca_dtype dt, int64_t rows, int64_t cols, const void *logits, const float *lse,
+    ca_dtype label_dt, const void *labels, int64_t ignore, const float *dloss, const float *count,
+    void *dlogits, float beta),
+   (dev, dt, rows, cols, logits, lse, label_dt, labels, ignore, dloss, count, dlogits, beta))
+FZ(layer_norm, (void *dev, ca_dtype dt, int64_t rows, int64_t cols, const void *x, const void *gamma,
+                const void *beta_, float eps, void *y, float *mean, float *rstd),
+   (dev, dt, rows, cols, x, gamma, beta_, eps, y, mean, rstd))
+FZ(layer_norm_backward,
+   (void *dev, ca_dtype dt, int64_t rows, int64_t cols, const void *x, const void *gamma,
+    const float *mean, const float *rstd, const void *dy, void *dx, float beta, void *dgamma,
+    void *dbeta_, bool acc),
+   (dev, dt, rows, cols, x, gamma, mean, rstd, dy, dx, beta, dgamma, dbeta_, acc))
+FZ(embedding_backward, (void *dev, ca_dtype dt, int64_t n, int64_t rows, int64_t dim, ca_dtype idx_dt,
+                        const void *idx, const void *dy, void *dtable),
+   (dev, dt, n, rows, dim, idx_dt, idx, dy, dtable))
+FZ(rng, (void *dev, ca_rng_kind kind, ca_dtype dt, int64_t n, uint64_t seed, uint64_t offset, float a,
+         float b, void *y),
+   (dev, kind, dt, n, seed, offset, a, b, y))
+FZ(dropout, (void *dev, ca_dtype dt, int64_t n, float p, uint64_t seed, uint64_t offset, const void *x,
+             void *y, uint8_t *mask),
+   (dev, dt, n, p, seed, offset, x, y, mask))
+FZ(dropout_backward, (void *dev, ca_dtype dt, int64_t n, float p, const uint8_t *mask, const void *dy,
+                      void *dx, float beta),
+   (dev, dt, n, p, mask, dy, dx, beta))
+FZ(adamw, (void *dev, const ca_tensor_list *t, const ca_adamw_args *a), (dev, t, a))
+FZ(sgd, (void *dev, const ca_tensor_list *t, const ca_sgd_args *a), (dev, t, a))
+FZ(sum_squares, (void *dev, const ca_tensor_list *t, float *out, float beta), (dev, t, out, beta))
+FZ(scale_list, (void *dev, const ca_tensor_list *t, float alpha), (dev, t, alpha))
+FZ(unscale_check, (void *dev, const ca_tensor_list *t, float inv_scale, float *found_inf),
+   (dev, t, inv_scale, found_inf))
+FZ(attention, (void *dev, ca_dtype dt, const ca_attention_args *a, const void *q, const void *k,
+               const void *v, void *out, float *lse),
+   (dev, dt, a, q, k, v, out, lse))
+FZ(attention_backward,
+   (void *dev, ca_dtype dt, const ca_attention_args *a, const void *q, const void *k, const void *v,
+    const void *out, const void *dout, const float *lse, void *dq, void *dk, void *dv),
+   (dev, dt, a, q, k, v, out, dout, lse, dq, dk, dv))
+FZ(gather_backward, (void *dev, ca_dtype dt, int64_t outer, int64_t len, int64_t inner, int64_t n,
+                     ca_dtype idx_dt, const void *idx, const void *dy, void *dx),
+   (dev, dt, outer, len, inner, n, idx_dt, idx, dy, dx))
+
 static const ca_kernels cpu_kernels = {
     .struct_size = sizeof(ca_kernels),
     .abi_version = CA_ABI_VERSION,
-    .gemm = cpu_gemm,
+    .gemm = fz_gemm,
     .fill = cpu_fill,
     .cast = cpu_cast,
     .copy_strided = cpu_copy_strided,
-    .unary = cpu_unary,
-    .unary_backward = cpu_unary_backward,
-    .binary = cpu_binary,
-    .axpby = cpu_axpby,
-    .reduce = cpu_reduce,
+    .unary = fz_unary,
+    .unary_backward = fz_unary_backward,
+    .binary = fz_binary,
+    .axpby = fz_axpby,
+    .reduce = fz_reduce,
     .argmax = cpu_argmax,
-    .softmax = cpu_softmax,
-    .softmax_backward = cpu_softmax_backward,
-    .cross_entropy = cpu_cross_entropy,
-    .cross_entropy_backward = cpu_cross_entropy_backward,
-    .layer_norm = cpu_layer_norm,
-    .layer_norm_backward = cpu_layer_norm_backward,
+    .softmax = fz_softmax,
+    .softmax_backward = fz_softmax_backward,
+    .cross_entropy = fz_cross_entropy,
+    .cross_entropy_backward = fz_cross_entropy_backward,
+    .layer_norm = fz_layer_norm,
+    .layer_norm_backward = fz_layer_norm_backward,
     .embedding = cpu_embedding,
-    .embedding_backward = cpu_embedding_backward,
-    .rng = cpu_rng,
-    .dropout = cpu_dropout,
-    .dropout_backward = cpu_dropout_backward,
-    .adamw = cpu_adamw,
-    .sgd = cpu_sgd,
-    .sum_squares = cpu_sum_squares,
-    .scale_list = cpu_scale_list,
-    .unscale_check = cpu_unscale_check,
+    .embedding_backward = fz_embedding_backward,
+    .rng = fz_rng,
+    .dropout = fz_dropout,
+    .dropout_backward = fz_dropout_backward,
+    .adamw = fz_adamw,
+    .sgd = fz_sgd,
+    .sum_squares = fz_sum_squares,
+    .scale_list = fz_scale_list,
+    .unscale_check = fz_unscale_check,
     .clamp_list = cpu_clamp_list,
-    .attention = cpu_attention,
-    .attention_backward = cpu_attention_backward,
+    .attention = fz_attention,
+    .attention_backward = fz_attention_backward,
     .where = cpu_where,
     .gather = cpu_gather,
-    .gather_backward = cpu_gather_backward,
+    .gather_backward = fz_gather_backward,
 };
 
 const ca_device_ops cpu_device_ops = {

@@ -45,7 +45,7 @@ CPU_INLINE void unary_loop(ca_unary_op op, int64_t n, const float *x, float *y, 
             for (int64_t i = 0; i < n; i++) y[i] = powf(x[i], alpha);
         break;
     case CA_UNARY_GELU_ERF:
-        for (int64_t i = 0; i < n; i++) y[i] = 0.5f * x[i] * (1.0f + erff(x[i] * (float)M_SQRT1_2));
+        for (int64_t i = 0; i < n; i++) y[i] = x[i] * cpu_phif(x[i]);
         break;
     case CA_UNARY_SILU: for (int64_t i = 0; i < n; i++) y[i] = x[i] / (1.0f + cpu_expf(-x[i])); break;
     default: break;
@@ -144,7 +144,7 @@ CPU_INLINE void unary_grad(ca_unary_op op, int64_t n, const float *x, const floa
     case CA_UNARY_GELU_ERF:     /* Phi(x) + x phi(x) */
         for (int64_t i = 0; i < n; i++) {
             float v = x[i];
-            float cdf = 0.5f * (1.0f + erff(v * (float)M_SQRT1_2));
+            float cdf = cpu_phif(v);
             g[i] = dy[i] * (cdf + v * 0.3989422804014327f * cpu_expf(-0.5f * v * v));
         }
         break;

@@ -13,4 +13,11 @@ const ca_plugin *ca_cpu_plugin(void);
  * thread count from before. Process-wide. */
 void ca_cpu_set_deterministic(bool on);
 
+/* Subnormal flushing inside the backend's arithmetic kernels (docs/ARCHITECTURE.md, "Subnormal
+ * numbers"): FTZ and DAZ are set for the duration of each kernel call and the caller's mode is
+ * restored. On by default; CACCEL_CPU_FLUSH_DENORMAL=0 turns it off. Process-wide. */
+void ca_cpu_set_flush_denormal(bool on);
+/* Whether kernels flush (false where the CPU has no such mode, i.e. off x86). */
+bool ca_cpu_flush_denormal(void);
+
 #endif
