@@ -134,7 +134,17 @@ ca_status ca_zero_step(ca_accelerator *acc, ca_optimizer *o);
 /* Full optimizer state tensors of o from every rank's shard (for a full state dict), and back. */
 ca_status ca_zero_gather_state(ca_accelerator *acc, ca_optimizer *o);
 ca_status ca_zero_scatter_state(ca_accelerator *acc, ca_optimizer *o);
+/* Frees the per-parameter state tensors again (the shard keeps the state). */
+void ca_zero_drop_state(ca_optimizer *o);
 void ca_zero_free(ca_accelerator *acc);
+/* zero_state.c: sharded state dicts (fsdp_state_dict_type SHARDED_STATE_DICT). */
+/* This rank's zero_shard_<rank>.safetensors (parameter and optimizer-state shard); rank 0 the index. */
+ca_status ca_zero_save_shard(ca_accelerator *acc, const char *dir);
+bool ca_zero_is_sharded_checkpoint(const char *dir);
+/* The index against this run: the same world size, parameter names and offsets. */
+ca_status ca_zero_check_shard(ca_accelerator *acc, const char *dir);
+/* The parameters from every rank's file, the optimizer state from this rank's. */
+ca_status ca_zero_load_shard(ca_accelerator *acc, const char *dir);
 
 /* state.c: frees what ca_register_for_checkpointing kept. */
 void ca_state_free(ca_accelerator *acc);

@@ -6,6 +6,7 @@ libcaccel_la_SOURCES += \
 	accelerator/ddp.c \
 	accelerator/zero.c \
 	accelerator/zero_config.c \
+	accelerator/zero_state.c \
 	accelerator/determinism.c \
 	accelerator/checkpoint_impl.h \
 	accelerator/checkpoint.c \

@@ -227,9 +227,13 @@ static ca_status update_group(ca_accelerator *acc, ca_optimizer *o, int g) {
 static ca_status gather_params(ca_accelerator *acc) {
     ca_zero *z = &acc->zero;
     int64_t all = z->shard * acc->world;
-    ca_tensor *send = ca_zeros(acc->device, CA_F32, 1, &z->shard);
-    ca_tensor *full = send ? ca_tensor_new(acc->device, CA_F32, 1, &all) : NULL;
-    if (!full) return oom();
+    /* kept, so that they are freed now and not with the caller's scope */
+    ca_tensor *send = persistent_zeros(acc->device, z->shard);
+    ca_tensor *full = send ? persistent_zeros(acc->device, all) : NULL;
+    if (!full) {
+        ca_tensor_free(send);
+        return oom();
+    }
     ca_status s = CA_OK;
     for (int i = 0; s == CA_OK && i < z->nsegs; i++)
         s = copy_f32(acc->device, fptr(z->segs[i].param, z->segs[i].poff), fptr(send, z->segs[i].soff), z->segs[i].n);
@@ -261,7 +265,7 @@ ca_status ca_zero_step(ca_accelerator *acc, ca_optimizer *o) {
 static ca_status state_exchange(ca_accelerator *acc, ca_optimizer *o, ca_tensor *shard, int which, bool gather) {
     ca_zero *z = &acc->zero;
     int64_t all = z->shard * acc->world;
-    ca_tensor *full = ca_zeros(acc->device, CA_F32, 1, &all);
+    ca_tensor *full = persistent_zeros(acc->device, all);
     if (!full) return oom();
     ca_status s = CA_OK;
     if (gather) s = ca_comm_all_gather(acc->comm, ca_tptr(shard), ca_tptr(full), (size_t)z->shard, CA_F32, NULL);
@@ -287,6 +291,8 @@ ca_status ca_zero_gather_state(ca_accelerator *acc, ca_optimizer *o) {
     if (s == CA_OK && acc->zero.s2) s = state_exchange(acc, o, acc->zero.s2, 2, true);
     return s;
 }
+
+void ca_zero_drop_state(ca_optimizer *o) { drop_full_state(o); }
 
 ca_status ca_zero_scatter_state(ca_accelerator *acc, ca_optimizer *o) {
     ca_status s = CA_OK;

@@ -135,4 +135,37 @@ note "NO_SHARD is DDP: no sharding"
 launch 2 "$be" --use_fsdp --fsdp_sharding_strategy NO_SHARD "$DDP" --mode accum --k 1 --batch 8 --steps 2 > "$WORK/o" || { cat "$WORK/o"; fail "NO_SHARD"; }
 count 0 'sharded data parallelism: stage' "$WORK/o"
 count 4 'collectives_per_step=1$' "$WORK/o"
+
+note "save_state / load_state (full state dict: the optimizer state gathered from the shards): 10 steps, save, resume to 20 == 20 uninterrupted; a stage-2 checkpoint resumes under DDP and back"
+zfm() { launch 2 "$be" --use_deepspeed --zero_stage 2 "$FM" --batch-size 128 --epochs 1 "$@"; }
+dfm() { launch 2 "$be" "$FM" --batch-size 128 --epochs 1 "$@"; }
+zfm --max-steps 20 --dump-params "$WORK/full.bin" > "$WORK/o" || { cat "$WORK/o"; fail "uninterrupted"; }
+zfm --max-steps 10 --checkpointing_steps 10 --checkpoint_dir "$WORK/ck" > "$WORK/o" || { cat "$WORK/o"; fail "first 10 steps"; }
+cp -r "$WORK/ck" "$WORK/ck2"
+zfm --max-steps 20 --checkpoint_dir "$WORK/ck" --resume --dump-params "$WORK/res.bin" > "$WORK/o" || { cat "$WORK/o"; fail "resume"; }
+cmp "$WORK/full.bin" "$WORK/res.bin" || fail "resumed stage 2 differs from the uninterrupted run"
+dfm --max-steps 20 --checkpoint_dir "$WORK/ck2" --resume --dump-params "$WORK/res2.bin" > "$WORK/o" || { cat "$WORK/o"; fail "DDP resume"; }
+same "$WORK/full.bin" "$WORK/res2.bin"
+rm -rf "$WORK/ck"
+dfm --max-steps 10 --checkpointing_steps 10 --checkpoint_dir "$WORK/ck" > "$WORK/o" || { cat "$WORK/o"; fail "DDP first 10 steps"; }
+zfm --max-steps 20 --checkpoint_dir "$WORK/ck" --resume --dump-params "$WORK/res3.bin" > "$WORK/o" || { cat "$WORK/o"; fail "stage 2 from DDP"; }
+same "$WORK/full.bin" "$WORK/res3.bin"
+
+note "SHARDED_STATE_DICT: each rank saves its shard; resume == uninterrupted; merge-weights == the full state dict's model.safetensors; another world size is refused"
+sfm() { np=$1; shift; launch "$np" "$be" --use_fsdp --fsdp_sharding_strategy SHARD_GRAD_OP --fsdp_state_dict_type SHARDED_STATE_DICT "$FM" --batch-size 128 --epochs 1 "$@"; }
+rm -rf "$WORK/ck" "$WORK/ckf"
+sfm 2 --max-steps 10 --checkpointing_steps 10 --checkpoint_dir "$WORK/ck" > "$WORK/o" || { cat "$WORK/o"; fail "sharded save"; }
+c0="$WORK/ck/checkpoints/checkpoint_0"
+for f in zero_index.json zero_shard_0.safetensors zero_shard_1.safetensors; do [ -e "$c0/$f" ] || fail "no $f in the sharded checkpoint"; done
+[ ! -e "$c0/model.safetensors" ] && [ ! -e "$c0/optimizer.safetensors" ] || fail "a sharded checkpoint holds full files"
+cp -r "$WORK/ck" "$WORK/ck3"
+sfm 2 --max-steps 20 --checkpoint_dir "$WORK/ck" --resume --dump-params "$WORK/res4.bin" > "$WORK/o" || { cat "$WORK/o"; fail "sharded resume"; }
+cmp "$WORK/full.bin" "$WORK/res4.bin" || fail "resumed from a sharded checkpoint differs from the uninterrupted run"
+zfm --max-steps 10 --checkpointing_steps 10 --checkpoint_dir "$WORK/ckf" > "$WORK/o" || { cat "$WORK/o"; fail "full save"; }
+"$CACCEL" merge-weights "$c0" "$WORK/merged" > "$WORK/o" 2>&1 || { cat "$WORK/o"; fail "merge-weights"; }
+cmp "$WORK/merged/model.safetensors" "$WORK/ckf/checkpoints/checkpoint_0/model.safetensors" || fail "merged weights differ from the full state dict"
+t0=$(date +%s)
+sfm 3 --max-steps 20 --checkpoint_dir "$WORK/ck3" --resume > "$WORK/o" && fail "a 2-shard checkpoint loaded on 3 processes"
+grep -q 'was saved as 2 shards, this run has 3 processes' "$WORK/o" || { cat "$WORK/o"; fail "the error does not name both world sizes"; }
+[ $(($(date +%s) - t0)) -lt 60 ] || fail "the error took more than 60 s"
 echo "ok"
