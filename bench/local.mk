@@ -8,6 +8,7 @@ include bench/det.mk
 include bench/cuda.mk
 include bench/xla.mk
 include bench/transformer.mk
+include bench/zero.mk
 
 # Builds every benchmark without running one (tools/test.sh does, so they keep compiling).
 .PHONY: bench-build
