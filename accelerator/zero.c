@@ -130,15 +130,12 @@ ca_status ca_zero_add_optimizer(ca_accelerator *acc, ca_optimizer *o) {
     ca_zero *z = &acc->zero;
     if (!z->params)
         return ca_error(CA_ERR_STATE, "sharded data parallelism: prepare the model before (or with) its optimizer");
-    bool any = false;
-    for (int k = 0; k < z->nsegs; k++) {
+    for (int k = 0; k < z->nsegs; k++) {   /* segments of parameters o does not hold stay unassigned */
         int g = group_of(o, z->segs[k].param);
         if (g < 0) continue;
         z->segs[k].opt = o;
         z->segs[k].group = g;
-        any = true;
     }
-    (void)any;
     bool need1 = o->kind == CA_OPTIM_ADAMW;
     for (int g = 0; g < o->ngroups; g++) need1 = need1 || o->groups[g].sgd.momentum != 0;
     if (need1 && !z->s1 && !(z->s1 = persistent_zeros(acc->device, z->shard))) return oom();

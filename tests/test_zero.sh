@@ -131,6 +131,14 @@ for f in 'zero_optimization.zero_quantized_weights' 'optimizer.params.lr' 'activ
 done
 [ $(($(date +%s) - t0)) -lt 60 ] || fail "the error took more than 60 s"
 
+note "HYBRID_SHARD_ZERO2 on one machine is stage 2 (2 ranks, == DDP); HYBRID_SHARD over 2 machines is refused, naming the key"
+launch 2 "$be" "$DDP" --mode plain --batch 12 --steps 6 --dump "$WORK/ddp.bin" > "$WORK/o" || { cat "$WORK/o"; fail "DDP"; }
+launch 2 "$be" --use_fsdp --fsdp_sharding_strategy HYBRID_SHARD_ZERO2 "$DDP" --mode plain --batch 12 --steps 6 --dump "$WORK/h.bin" > "$WORK/o" || { cat "$WORK/o"; fail "HYBRID_SHARD_ZERO2"; }
+count 1 'sharded data parallelism: stage 2 .*in 2 shards' "$WORK/o"
+same "$WORK/ddp.bin" "$WORK/h.bin"
+"$DDP" --use_fsdp --fsdp_sharding_strategy HYBRID_SHARD --num_machines 2 --num_processes 2 --mode plain --steps 1 > "$WORK/o" 2>&1 && fail "HYBRID_SHARD over 2 machines ran"
+grep -q 'fsdp_sharding_strategy = HYBRID_SHARD over 2 machines is not implemented' "$WORK/o" || { cat "$WORK/o"; fail "no HYBRID_SHARD error"; }
+
 note "NO_SHARD is DDP: no sharding"
 launch 2 "$be" --use_fsdp --fsdp_sharding_strategy NO_SHARD "$DDP" --mode accum --k 1 --batch 8 --steps 2 > "$WORK/o" || { cat "$WORK/o"; fail "NO_SHARD"; }
 count 0 'sharded data parallelism: stage' "$WORK/o"
