@@ -39,9 +39,10 @@ static ca_status check_supported(const ca_accelerator *acc) {
     const ca_settings *st = &acc->st;
     switch (st->distributed_type) {
     case CA_DIST_NO: case CA_DIST_MULTI_CPU: case CA_DIST_MULTI_GPU: case CA_DIST_XLA: break;
+    case CA_DIST_FSDP: case CA_DIST_DEEPSPEED: break;   /* sharded data parallelism (zero.c) */
     default:
         return ca_error(CA_ERR_UNSUPPORTED, "distributed_type %s (from %s) is not supported by this build of caccel; "
-                        "supported: NO, MULTI_CPU, MULTI_GPU, XLA", st->distributed_type_name,
+                        "supported: NO, MULTI_CPU, MULTI_GPU, XLA, FSDP, DEEPSPEED", st->distributed_type_name,
                         ca_config_origin(acc->cfg, "distributed_type"));
     }
     if (st->mixed_precision == CA_MP_FP8)
@@ -136,9 +137,11 @@ ca_status ca_accelerator_create(const ca_options *opts, ca_accelerator **out) {
     if (s == CA_OK) s = setup_processes(acc);
     if (s == CA_OK && acc->rank <= 0) s = ca_config_warn_ignored(acc->cfg, NULL);   /* once per run */
     if (s == CA_OK) s = select_device(acc);
+    if (s == CA_OK) s = ca_zero_configure(acc);
     if (s == CA_OK && acc->st.deterministic) s = ca_det_configure(acc);
     if (s == CA_OK) s = create_comm(acc);
     if (s == CA_OK) s = ca_grad_scaler_configure(acc, &(ca_grad_scaler_opts){0});   /* Accelerate's defaults */
+    if (s == CA_OK && acc->zero.scaler_set) s = ca_grad_scaler_configure(acc, &acc->zero.scaler);
     if (s != CA_OK) {
         ca_accelerator_destroy(acc);
         return s;
@@ -162,6 +165,7 @@ void ca_accelerator_destroy(ca_accelerator *acc) {
             ca_tensor_set_grad_hook(acc->model->flat[i], NULL, NULL);
     }
     ca_ddp_free_buckets(acc);
+    ca_zero_free(acc);
     ca_state_free(acc);
     ca_det_free(acc);
     ca_comm_destroy(acc->comm);
@@ -226,6 +230,8 @@ static void forget(void *owner, const void *obj) {
     if (obj == acc->model) {
         for (int b = 0; b < acc->nbuckets; b++) acc->buckets[b].nparams = 0;
         ca_ddp_free_buckets(acc);
+        acc->zero.nparams = 0;   /* the parameters go with the model */
+        ca_zero_free(acc);
         acc->det.nparams = 0;
         acc->model = NULL;
     }
@@ -257,6 +263,7 @@ static ca_status prepare_model(ca_accelerator *acc, ca_module *m) {
     ca_status s = ca_module_to(m, acc->device);
     if (s == CA_OK && acc->world > 1) s = ca_ddp_broadcast_params(acc, m);
     if (s == CA_OK && acc->st.deterministic) s = ca_det_build(acc, m);
+    else if (s == CA_OK && acc->zero.stage) s = ca_zero_build(acc, m);
     else if (s == CA_OK && acc->world > 1) s = ca_ddp_build_buckets(acc, m);
     if (s == CA_OK) {
         acc->model = m;
@@ -289,7 +296,9 @@ static ca_status prepare_optimizer(ca_accelerator *acc, ca_optimizer *o) {
                                                     .should_zero_grad = should_zero_grad,
                                                     .forget = forget});
     ca_optimizer_set_schedule_stride(o, acc->world > 1 ? acc->world : 1);
-    return ca_optimizer_init_state(o);
+    ca_status s = ca_optimizer_init_state(o);
+    if (s == CA_OK && acc->zero.stage) s = ca_zero_add_optimizer(acc, o);
+    return s;
 }
 
 ca_status ca_prepare_dataloader(ca_accelerator *acc, ca_dataloader *dl) {
@@ -400,7 +409,11 @@ static ca_status set_add(grad_set *gs, ca_tensor *p) {
     return CA_OK;
 }
 
+/* Sharded: once reduced, the gradient of every optimizer is this rank's shard. */
+static bool sharded_grads(const ca_accelerator *acc) { return acc->zero.stage && acc->zero.reduced; }
+
 static ca_status collect_grads(const ca_accelerator *acc, const ca_optimizer *o, grad_set *gs) {
+    if (sharded_grads(acc)) return set_add(gs, acc->zero.view);
     ca_status s = CA_OK;
     for (int k = 0; s == CA_OK && k < acc->nopts; k++) {
         if (o && acc->opts[k] != o) continue;
@@ -462,7 +475,8 @@ static ca_status unscale(ca_accelerator *acc, ca_optimizer *o) {
     grad_set gs = {0};
     ca_status s = CA_OK;
     for (int k = 0; s == CA_OK && k < acc->nopts; k++) {
-        if ((o && acc->opts[k] != o) || acc->opts[k]->amp_unscaled) continue;
+        /* sharded: one shard holds every optimizer's gradients, unscaled together */
+        if ((o && acc->opts[k] != o && !sharded_grads(acc)) || acc->opts[k]->amp_unscaled) continue;
         s = collect_grads(acc, acc->opts[k], &gs);
         acc->opts[k]->amp_unscaled = true;
     }
@@ -549,7 +563,11 @@ ca_status ca_backward(ca_accelerator *acc, ca_tensor *loss) {
     bool sync = ca_sync_gradients(acc);
     acc->sync = sync;
     acc->in_backward = true;
-    ca_status s;
+    ca_status s = acc->zero.stage && acc->model ? ca_zero_before_backward(acc) : CA_OK;
+    if (s != CA_OK) {
+        acc->in_backward = false;
+        return s;
+    }
     if (seed == 1.0) {
         s = ca_autograd_backward(loss);
     } else {   /* d(loss * scale / k): seed backward instead of changing the user's loss */
@@ -561,6 +579,7 @@ ca_status ca_backward(ca_accelerator *acc, ca_tensor *loss) {
         ca_status f = ca_ddp_finish_buckets(acc);
         if (s == CA_OK) s = f;
     }
+    if (s == CA_OK && acc->zero.stage && acc->model && sync) s = ca_zero_reduce(acc);
     if (s == CA_OK && acc->st.deterministic && acc->model) {
         s = ca_det_collect(acc, part);
         if (s == CA_OK && sync) s = ca_det_reduce(acc);
@@ -584,7 +603,7 @@ static ca_status optimizer_step(void *owner, ca_optimizer *o) {
         ca_log_printf(CA_LOG_INFO, "fp16: gradients overflowed at loss scale %g; step skipped",
                       acc->scaler.scale);
     } else {
-        s = ca_optimizer_apply(o, 1.0f);
+        s = acc->zero.stage ? ca_zero_step(acc, o) : ca_optimizer_apply(o, 1.0f);
     }
     o->amp_unscaled = false;
     if (scaling(acc)) update_scale(acc);
@@ -602,7 +621,9 @@ ca_status ca_clip_grad_norm(ca_accelerator *acc, double max_norm, double *total_
     if (!sq) s = ca_last_status();
     sumsq_ctx c = {.out = sq ? ca_tptr(sq) : NULL, .first = true};
     if (s == CA_OK) s = for_grads(&gs, acc->device, sumsq_fn, &c);
-    /* data parallel: gradients are already averaged, so every rank holds the same norm */
+    /* data parallel: gradients are already averaged, so every rank holds the same norm; sharded:
+     * the norm of all shards is the square root of the sum over ranks of each shard's sum of squares */
+    if (s == CA_OK && sharded_grads(acc) && acc->world > 1) s = ca_reduce(acc, sq, CA_OP_SUM);
     double v = 0;
     if (s == CA_OK) s = ca_tensor_item(sq, &v);
     double norm = sqrt(v);

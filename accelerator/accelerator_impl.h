@@ -33,6 +33,37 @@ typedef struct ca_det {
     bool *written;               /* [parts]: row written since the last synchronising step */
 } ca_det;
 
+/* Sharded data parallelism (ZeRO stages 1 and 2; FSDP SHARD_GRAD_OP, DeepSpeed zero_stage). The
+ * parameters, in the model's order, form one flat index space of numel elements padded to
+ * world * shard; rank r owns [r * shard, (r + 1) * shard). */
+typedef struct ca_zero_seg {     /* the part of one parameter inside this rank's shard */
+    ca_tensor *param;
+    int64_t poff, soff, n;       /* offset in the parameter, offset in the shard, length */
+    ca_optimizer *opt;           /* the prepared optimizer that updates it (NULL: none) */
+    int group;
+} ca_zero_seg;
+
+typedef struct ca_zero {
+    int stage;                   /* 0: off (DDP), 1, 2; asked: what the configuration asked (3 runs as 2) */
+    int asked;
+    const char *origin;          /* the key that chose the stage */
+    bool offload;                /* an offload key asks for host memory (a no-op on the CPU) */
+    bool scaler_set;             /* DeepSpeed's JSON gave fp16 loss-scaler options */
+    ca_grad_scaler_opts scaler;
+    char json[4096];             /* the DeepSpeed JSON read, if any */
+    int nparams;
+    ca_tensor **params;
+    int64_t *off;                /* params[i] starts at off[i] in the flat index space */
+    int64_t numel, shard;
+    ca_tensor *gflat;            /* [world * shard] local gradients; stage 2: only from backward to step */
+    ca_tensor *gshard;           /* [shard] the averaged gradient of this rank's shard */
+    ca_tensor *view;             /* a [shard] tensor whose .grad is gshard: what unscale and clipping see */
+    ca_tensor *s1, *s2;          /* optimizer state of the shard (exp_avg / momentum, exp_avg_sq) */
+    int nsegs;
+    ca_zero_seg *segs;
+    bool reduced;                /* gshard holds this step's gradient */
+} ca_zero;
+
 struct ca_accelerator {
     ca_config *cfg;
     ca_settings st;
@@ -72,6 +103,8 @@ struct ca_accelerator {
     int nsaves;                  /* save_state calls so far (the test hook counts them) */
     /* deterministic mode (st.deterministic) */
     ca_det det;
+    /* sharded data parallelism */
+    ca_zero zero;
 };
 
 /* ddp.c: data parallelism over acc->comm. */
@@ -83,6 +116,35 @@ ca_status ca_ddp_build_buckets(ca_accelerator *acc, ca_module *m);
 /* After a synchronising backward: launches what unused parameters held back and waits for all. */
 ca_status ca_ddp_finish_buckets(ca_accelerator *acc);
 void ca_ddp_free_buckets(ca_accelerator *acc);
+
+/* zero_config.c: the stage from distributed_type FSDP / DEEPSPEED, their keys and DeepSpeed's JSON
+ * (fills acc->zero.stage and overrides the settings the JSON gives). */
+ca_status ca_zero_configure(ca_accelerator *acc);
+/* zero.c: sharded data parallelism. */
+/* Lays the model's parameters out in the flat index space and allocates this rank's shard. */
+ca_status ca_zero_build(ca_accelerator *acc, ca_module *m);
+/* Assigns the shard's segments to the optimizer's groups and allocates the shard's state. */
+ca_status ca_zero_add_optimizer(ca_accelerator *acc, ca_optimizer *o);
+/* Before a backward: stage 2 allocates the flat gradient the parameters' .grad view. */
+ca_status ca_zero_before_backward(ca_accelerator *acc);
+/* After a synchronising backward: the averaged gradient of this rank's shard into gshard. */
+ca_status ca_zero_reduce(ca_accelerator *acc);
+/* The update of o's part of the shard, then the all-gather of the parameters. */
+ca_status ca_zero_step(ca_accelerator *acc, ca_optimizer *o);
+/* Full optimizer state tensors of o from every rank's shard (for a full state dict), and back. */
+ca_status ca_zero_gather_state(ca_accelerator *acc, ca_optimizer *o);
+ca_status ca_zero_scatter_state(ca_accelerator *acc, ca_optimizer *o);
+/* Frees the per-parameter state tensors again (the shard keeps the state). */
+void ca_zero_drop_state(ca_optimizer *o);
+void ca_zero_free(ca_accelerator *acc);
+/* zero_state.c: sharded state dicts (fsdp_state_dict_type SHARDED_STATE_DICT). */
+/* This rank's zero_shard_<rank>.safetensors (parameter and optimizer-state shard); rank 0 the index. */
+ca_status ca_zero_save_shard(ca_accelerator *acc, const char *dir);
+bool ca_zero_is_sharded_checkpoint(const char *dir);
+/* The index against this run: the same world size, parameter names and offsets. */
+ca_status ca_zero_check_shard(ca_accelerator *acc, const char *dir);
+/* The parameters from every rank's file, the optimizer state from this rank's. */
+ca_status ca_zero_load_shard(ca_accelerator *acc, const char *dir);
 
 /* state.c: frees what ca_register_for_checkpointing kept. */
 void ca_state_free(ca_accelerator *acc);

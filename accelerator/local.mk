@@ -4,6 +4,9 @@ libcaccel_la_SOURCES += \
 	accelerator/accelerator_impl.h \
 	accelerator/accelerator.c \
 	accelerator/ddp.c \
+	accelerator/zero.c \
+	accelerator/zero_config.c \
+	accelerator/zero_state.c \
 	accelerator/determinism.c \
 	accelerator/checkpoint_impl.h \
 	accelerator/checkpoint.c \

@@ -418,7 +418,7 @@ static ca_status ss_save_rng(const ca_accelerator *acc, const char *dir) {
 }
 
 /* This rank's files: rank 0 the replicated state, every rank its own. */
-static ca_status ss_save_local(ca_accelerator *acc, const char *dir, int64_t iteration) {
+static ca_status ss_save_local(ca_accelerator *acc, const char *dir, int64_t iteration, bool sharded) {
     ca_status s = ss_save_rng(acc, dir);
     char name[64], path[PATH_MAX];
     for (int i = 0; s == CA_OK && i < acc->ncustom; i++) {
@@ -427,8 +427,8 @@ static ca_status ss_save_local(ca_accelerator *acc, const char *dir, int64_t ite
         s = ss_save_custom(&acc->custom[i], dir, name);
     }
     if (acc->rank != 0) return s;
-    if (s == CA_OK && acc->model) s = ca_ck_save_model_files(acc->model, dir, 0);
-    for (int i = 0; s == CA_OK && i < acc->nopts; i++) {
+    if (s == CA_OK && acc->model && !sharded) s = ca_ck_save_model_files(acc->model, dir, 0);
+    for (int i = 0; s == CA_OK && !sharded && i < acc->nopts; i++) {
         ss_opt_name(name, sizeof name, i);
         s = ss_path(path, dir, name);
         if (s == CA_OK) s = ss_save_optimizer(acc->opts[i], path);
@@ -443,6 +443,26 @@ static ca_status ss_save_local(ca_accelerator *acc, const char *dir, int64_t ite
         s = ss_write_json(dir, SS_CONFIG, j);
         json_object_put(j);
     }
+    return s;
+}
+
+/* Sharded (accelerator/zero.c): the full optimizer state is gathered from every rank's shard for
+ * the files rank 0 writes (FULL_STATE_DICT), then freed again. Collective. */
+static bool ss_sharded_dict(const ca_accelerator *acc) {
+    const char *v = ca_config_get(acc->cfg, "fsdp_config.fsdp_state_dict_type");
+    return acc->zero.stage && acc->model && v &&
+           (!strcmp(v, "SHARDED_STATE_DICT") || !strcmp(v, "LOCAL_STATE_DICT") || !strcmp(v, "2") || !strcmp(v, "3"));
+}
+
+static ca_status ss_save_local_full(ca_accelerator *acc, const char *dir, int64_t iteration) {
+    if (ss_sharded_dict(acc)) {   /* SHARDED_STATE_DICT: each rank its shard, no full files */
+        ca_status s = ca_zero_save_shard(acc, dir);
+        return s == CA_OK ? ss_save_local(acc, dir, iteration, true) : s;
+    }
+    ca_status s = CA_OK;
+    for (int i = 0; s == CA_OK && acc->zero.stage && i < acc->nopts; i++) s = ca_zero_gather_state(acc, acc->opts[i]);
+    if (s == CA_OK) s = ss_save_local(acc, dir, iteration, false);
+    for (int i = 0; acc->zero.stage && i < acc->nopts; i++) ca_zero_drop_state(acc->opts[i]);
     return s;
 }
 
@@ -708,7 +728,7 @@ ca_status ca_save_state(ca_accelerator *acc, const char *dir) {
     s = acc->rank == 0 ? ss_prepare_dirs(target, tmp, automatic) : CA_OK;
     s = ss_exchange(acc, s, &bad);                       /* the others wait for the directory */
     if (s != CA_OK) return ss_fail(acc, s, bad, "save_state", target);
-    s = ss_save_local(acc, tmp, iteration);
+    s = ss_save_local_full(acc, tmp, iteration);
     if (s == CA_OK) ss_test_stall(acc, "files");
     s = ss_exchange(acc, s, &bad);                       /* every rank has written */
     if (s != CA_OK) return ss_fail(acc, s, bad, "save_state", target);
@@ -965,11 +985,13 @@ static ca_status ss_check_all(ca_accelerator *acc, const char *dir, ss_loaded *L
     ca_status s = ss_check_files(dir);
     if (s == CA_OK) s = ss_check_state(acc, dir, L);
     char path[PATH_MAX], name[64];
-    if (s == CA_OK && acc->model && (s = ss_path(path, dir, SS_MODEL)) == CA_OK)
+    bool sharded = ca_zero_is_sharded_checkpoint(dir);   /* the tensors are in the shard files */
+    if (s == CA_OK && sharded) s = ca_zero_check_shard(acc, dir);
+    if (s == CA_OK && acc->model && !sharded && (s = ss_path(path, dir, SS_MODEL)) == CA_OK)
         s = ca_ck_model_open(path, acc->model, &L->model);
     if (s == CA_OK && !(L->opts = calloc((size_t)(acc->nopts ? acc->nopts : 1), sizeof *L->opts)))
         s = ca_error(CA_ERR_NOMEM, "load_state: out of memory");
-    for (int i = 0; s == CA_OK && i < acc->nopts; i++) {
+    for (int i = 0; s == CA_OK && !sharded && i < acc->nopts; i++) {
         ss_opt_name(name, sizeof name, i);
         s = ss_path(path, dir, name);
         if (s == CA_OK) s = ca_st_open(path, &L->opts[i]);
@@ -984,7 +1006,7 @@ static ca_status ss_check_all(ca_accelerator *acc, const char *dir, ss_loaded *L
 /* ------------------------------------------------------------------ loading: applying */
 
 static ca_status ss_apply_optimizer(ca_optimizer *o, json_object *jo, const ca_st_file *f) {
-    ss_json j = {f->path, false};
+    ss_json j = {f->path ? f->path : SS_STATE, false};
     json_object *groups = js_get(&j, jo, "param_groups", json_type_array), *sched = NULL;
     for (int g = 0; g < o->ngroups; g++) {
         json_object *jg = json_object_array_get_idx(groups, (size_t)g);
@@ -1012,7 +1034,7 @@ static ca_status ss_apply_optimizer(ca_optimizer *o, json_object *jo, const ca_s
                                        .min_lr_ratio = js_double(&j, sched, "min_lr_ratio")};
     }
     ca_status s = CA_OK;
-    int n = ca_optimizer_num_state(o);
+    int n = f->path ? ca_optimizer_num_state(o) : 0;   /* no file: a sharded checkpoint's shard holds them */
     for (int i = 0; s == CA_OK && i < n; i++) {
         const char *name = NULL;
         ca_tensor *x = ca_optimizer_state_at(o, i, &name);
@@ -1044,7 +1066,7 @@ static int64_t ss_loader_skip(const ca_accelerator *acc, json_object *jl, const 
 static ca_status ss_apply(ca_accelerator *acc, ss_loaded *L) {
     ss_json j = {"", false};
     json_object *st = L->state;
-    ca_status s = acc->model ? ca_ck_model_apply(L->model, acc->model) : CA_OK;
+    ca_status s = acc->model && L->model ? ca_ck_model_apply(L->model, acc->model) : CA_OK;
     json_object *opts = js_get(&j, st, "optimizers", json_type_array);
     for (int i = 0; s == CA_OK && i < acc->nopts; i++)
         s = ss_apply_optimizer(acc->opts[i], json_object_array_get_idx(opts, (size_t)i), &L->opts[i]);
@@ -1076,10 +1098,22 @@ static ca_status ss_apply(ca_accelerator *acc, ss_loaded *L) {
 static ca_status ss_load_dir(ca_accelerator *acc, const char *dir) {
     ss_loaded L = {0};
     int bad;
-    ca_status s = ss_check_all(acc, dir, &L);
+    ca_status s = CA_OK;
+    bool sharded = ca_zero_is_sharded_checkpoint(dir);
+    /* sharded run, full checkpoint: the full state is read into per-parameter tensors, then each rank
+     * keeps its shard; sharded checkpoint: each rank reads its shard file */
+    bool full = acc->zero.stage && !sharded;
+    for (int i = 0; s == CA_OK && full && i < acc->nopts; i++) s = ca_optimizer_init_state(acc->opts[i]);
+    if (s == CA_OK) s = ss_check_all(acc, dir, &L);
     s = ss_exchange(acc, s, &bad);                  /* nothing is applied unless every rank can */
     if (s == CA_OK) s = ss_apply(acc, &L);
     else s = ss_fail(acc, s, bad, "load_state", dir);
+    if (s == CA_OK && sharded) s = ca_zero_load_shard(acc, dir);
+    for (int i = 0; full && i < acc->nopts; i++) {
+        ca_status z = s == CA_OK ? ca_zero_scatter_state(acc, acc->opts[i]) : CA_OK;
+        ca_zero_drop_state(acc->opts[i]);
+        if (s == CA_OK) s = z;
+    }
     if (s == CA_OK && L.iteration >= 0) {
         acc->iteration = L.iteration + 1;
         acc->iteration_known = true;

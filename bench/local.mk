@@ -10,6 +10,7 @@ include bench/cuda.mk
 include bench/xla.mk
 include bench/transformer.mk
 include bench/actckpt.mk
+include bench/zero.mk
 
 # Builds every benchmark without running one (tools/test.sh does, so they keep compiling).
 .PHONY: bench-build

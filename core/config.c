@@ -687,8 +687,10 @@ ca_status ca_config_apply_args(ca_config *c, int argc, char *const *argv) {
 
 /* ------------------------------------------------------------------ combinations */
 
+/* Kinds that run on CPUs: sharded data parallelism (FSDP, DEEPSPEED) runs on either. */
 static bool dist_is_cpu_kind(const char *d) {
-    return !d || strcmp(d, "NO") == 0 || strcmp(d, "MULTI_CPU") == 0;
+    return !d || strcmp(d, "NO") == 0 || strcmp(d, "MULTI_CPU") == 0 || strcmp(d, "FSDP") == 0 ||
+           strcmp(d, "DEEPSPEED") == 0;
 }
 static bool dist_is_sagemaker(const char *d) {
     return d && (strcmp(d, "DATA_PARALLEL") == 0 || strcmp(d, "MODEL_PARALLEL") == 0);

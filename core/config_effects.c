@@ -54,6 +54,20 @@ static const effect effects[] = {
     {"command_file", WARN_IF_CHANGED, "TPU pod setup (accelerate tpu-config) is not part of caccel", NULL},
 };
 
+/* Keys the sharded data parallelism acts on (accelerator/zero_config.c) under their own distributed_type. */
+static const char *const sharding_keys[] = {
+    "deepspeed_config.deepspeed_config_file", "deepspeed_config.zero_stage", "deepspeed_config.offload_optimizer_device",
+    "deepspeed_config.offload_param_device", "deepspeed_config.gradient_accumulation_steps",
+    "deepspeed_config.gradient_clipping", "fsdp_config.fsdp_version", "fsdp_config.fsdp_offload_params",
+    "fsdp_config.fsdp_sharding_strategy", "fsdp_config.fsdp_reshard_after_forward", "fsdp_config.fsdp_state_dict_type",
+    "fsdp_config.fsdp_use_orig_params", NULL};
+
+static bool acted_on(const char *key) {
+    for (const char *const *k = sharding_keys; *k; k++)
+        if (!strcmp(*k, key)) return true;
+    return false;
+}
+
 static const effect *effect_of(const char *key) {
     for (size_t i = 0; i < sizeof effects / sizeof effects[0]; i++) {
         const char *p = effects[i].prefix;
@@ -87,16 +101,21 @@ static void why_text(const ca_config *c, const effect *e, const char *key, char 
         snprintf(buf, size, "%s", e->why);
     } else if (!e->plugin) {
         snprintf(buf, size, "caccel does not act on this key");
+    } else if (strcmp(dt, e->plugin) == 0 && (!strcmp(dt, "FSDP") || !strcmp(dt, "DEEPSPEED"))) {
+        snprintf(buf, size, "caccel's sharded data parallelism under distributed_type %s (%s) does not act on it: "
+                 "stages 1 and 2 only, no wrap units or prefetch (docs/DISTRIBUTED.md)", dt, dto);
     } else if (strcmp(dt, e->plugin) == 0) {
-        snprintf(buf, size, "distributed_type %s (%s) is not supported by this build, which runs NO, MULTI_CPU and "
-                 "MULTI_GPU", dt, dto);
+        snprintf(buf, size, "distributed_type %s (%s) is not supported by this build, which runs NO, MULTI_CPU, "
+                 "MULTI_GPU, FSDP and DEEPSPEED", dt, dto);
     } else if (strcmp(dt, "NO") == 0) {
         snprintf(buf, size, "no effect with distributed_type NO (%s)", dto);
+    } else if (strcmp(e->plugin, "MEGATRON_LM") == 0) {
+        snprintf(buf, size, "Megatron-LM parallelism is not implemented; with distributed_type %s (%s) training is "
+                 "plain data parallel", dt, dto);
     } else {
-        snprintf(buf, size, "%s is not implemented%s; with distributed_type %s (%s) training is plain data parallel",
-                 strcmp(e->plugin, "FSDP") == 0 ? "sharded data parallelism (FSDP)"
-                 : strcmp(e->plugin, "DEEPSPEED") == 0 ? "DeepSpeed (ZeRO)" : "Megatron-LM parallelism",
-                 strcmp(e->plugin, "FSDP") == 0 ? " yet" : "", dt, dto);
+        snprintf(buf, size, "%s acts only under distributed_type %s; with distributed_type %s (%s) training is plain "
+                 "data parallel", strcmp(e->plugin, "FSDP") == 0 ? "sharded data parallelism (FSDP)" : "DeepSpeed (ZeRO)",
+                 e->plugin, dt, dto);
     }
 }
 
@@ -112,7 +131,10 @@ ca_status ca_config_warn_ignored(const ca_config *c, int *nwarned) {
         if (!e && !(d->flags & CA_KF_CLUSTER)) e = effect_of("compute_environment");   /* SageMaker's keys */
         const char *value = ca_config_get(c, d->name);
         if (e && e->rule == NEVER_WARN) continue;
-        bool asks = e && e->rule == WARN_IF_SET ? !(value && strcmp(value, "null") == 0) : !is_default(d, value);
+        /* under its own distributed_type a section's default asks for what caccel does */
+        bool own = e && e->plugin && !strcmp(e->plugin, ca_config_get(c, "distributed_type"));
+        if (own && acted_on(d->name)) continue;
+        bool asks = e && e->rule == WARN_IF_SET && !own ? !(value && strcmp(value, "null") == 0) : !is_default(d, value);
         if (!asks) continue;
         why_text(c, e ? e : &(effect){d->name, WARN_IF_CHANGED, NULL, NULL}, d->name, why, sizeof why);
         CA_LOG_W("%s: %s = %s has no effect: %s", ca_config_origin(c, d->name), d->name, value, why);

@@ -2,5 +2,5 @@
 check_PROGRAMS += tests/ddp_check
 tests_ddp_check_SOURCES = tests/ddp_check.c
 tests_ddp_check_LDADD = libcaccel.la -lm
-TESTS += tests/test_ddp.sh tests/test_determinism.sh
-EXTRA_DIST += tests/test_ddp.sh tests/test_determinism.sh
+TESTS += tests/test_ddp.sh tests/test_determinism.sh tests/test_zero.sh
+EXTRA_DIST += tests/test_ddp.sh tests/test_determinism.sh tests/test_zero.sh

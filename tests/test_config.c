@@ -643,10 +643,15 @@ static void test_contradictions(void **state) {
 
     /* ... with one process it is NO */
     c = new_config();
-    assert_ok(ca_config_set(c, "distributed_type", "FSDP", CA_SRC_FILE, "f.yaml:1"));
+    assert_ok(ca_config_set(c, "distributed_type", "MULTI_GPU", CA_SRC_FILE, "f.yaml:1"));
     assert_ok(ca_config_set(c, "use_cpu", "true", CA_SRC_ENV, "env ACCELERATE_USE_CPU"));
     assert_ok(ca_config_settings(c, &st));
     assert_int_equal(st.distributed_type, CA_DIST_NO);
+    assert_true(st.use_cpu);
+    /* sharded data parallelism runs on CPUs too: FSDP with use_cpu stays FSDP */
+    assert_ok(ca_config_set(c, "distributed_type", "FSDP", CA_SRC_ENV, "env ACCELERATE_USE_FSDP"));
+    assert_ok(ca_config_settings(c, &st));
+    assert_int_equal(st.distributed_type, CA_DIST_FSDP);
     assert_true(st.use_cpu);
     /* --multi_gpu over ACCELERATE_USE_CPU: the GPUs */
     assert_ok(ca_config_set(c, "distributed_type", "MULTI_GPU", CA_SRC_CLI, "--multi_gpu"));
@@ -1051,7 +1056,7 @@ static void test_ignored_settings_warn(void **state) {
          "--zero_stage: deepspeed_config.zero_stage = 3 has no effect: no effect with distributed_type NO (", NULL},
         {"--fsdp_sharding_strategy", "FULL_SHARD", NULL, "distributed_type: MULTI_CPU\nnum_processes: 2\n",
          "--fsdp_sharding_strategy: fsdp_config.fsdp_sharding_strategy = FULL_SHARD has no effect: sharded data "
-         "parallelism (FSDP) is not implemented yet; with distributed_type MULTI_CPU (",
+         "parallelism (FSDP) acts only under distributed_type FSDP; with distributed_type MULTI_CPU (",
          "ign.yaml:1) training is plain data parallel"},
         {"--fsdp_sharding_strategy", "FULL_SHARD", NULL, "distributed_type: NO\n", "no effect with distributed_type NO (",
          "ign.yaml:1)"},

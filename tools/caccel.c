@@ -10,6 +10,7 @@ const ca_cli_command ca_cli_commands[] = {
      ca_cmd_env},
     {"config", "write a configuration file (`caccel config default`)", ca_cmd_config},
     {"launch", "start a program as every process of a job (Accelerate's launcher flags)", ca_cmd_launch},
+    {"merge-weights", "merge a sharded checkpoint's weights into one model.safetensors", ca_cmd_merge_weights},
 };
 const size_t ca_cli_ncommands = sizeof ca_cli_commands / sizeof ca_cli_commands[0];
 

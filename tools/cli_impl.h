@@ -26,6 +26,8 @@ int ca_cmd_env(int argc, char **argv);
 int ca_cmd_config(int argc, char **argv);
 /* `caccel launch`: spawns and supervises the processes of a job (tools/cmd_launch.c). */
 int ca_cmd_launch(int argc, char **argv);
+/* `caccel merge-weights DIR OUT`: a sharded checkpoint into one model.safetensors. */
+int ca_cmd_merge_weights(int argc, char **argv);
 
 /* Prints "caccel <cmd>: error: <last error>" and its hint to stderr; returns 1. */
 int ca_cli_fail(const char *cmd);

@@ -56,16 +56,27 @@ static const struct { const char *key, *var; } exported[] = {
     {"non_blocking", "CACCEL_NON_BLOCKING"},
     {"deterministic", "CACCEL_DETERMINISTIC"},
     {"deterministic_shards", "CACCEL_DETERMINISTIC_SHARDS"},
+    {"deepspeed_config.zero_stage", "ACCELERATE_DEEPSPEED_ZERO_STAGE"},
+    {"deepspeed_config.deepspeed_config_file", "ACCELERATE_DEEPSPEED_CONFIG_FILE"},
+    {"deepspeed_config.offload_optimizer_device", "ACCELERATE_DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE"},
+    {"deepspeed_config.offload_param_device", "ACCELERATE_DEEPSPEED_OFFLOAD_PARAM_DEVICE"},
+    {"fsdp_config.fsdp_version", "FSDP_VERSION"},
+    {"fsdp_config.fsdp_offload_params", "FSDP_OFFLOAD_PARAMS"},
+    {"fsdp_config.fsdp_sharding_strategy", "FSDP_SHARDING_STRATEGY"},
+    {"fsdp_config.fsdp_reshard_after_forward", "FSDP_RESHARD_AFTER_FORWARD"},
+    {"fsdp_config.fsdp_state_dict_type", "FSDP_STATE_DICT_TYPE"},
 };
 
-/* --tpu (or distributed_type XLA on the command line) reaches the workers as CACCEL_USE_XLA: they
- * read the configuration again, and Accelerate's workers find the TPU through torch_xla instead. */
-static const char *export_xla(const ca_config *cfg) {
+/* A distributed_type given on the command line (--use_fsdp, --use_deepspeed, --tpu) reaches the
+ * workers as Accelerate's launcher sends it (ACCELERATE_USE_FSDP=true, ...); for XLA the variable is
+ * caccel's own, as Accelerate's workers find the TPU through torch_xla instead. */
+static const char *dist_type_var(const ca_config *cfg) {
+    if (ca_config_source_of(cfg, "distributed_type") != CA_SRC_CLI) return NULL;
     const char *v = ca_config_get(cfg, "distributed_type");
-    if (ca_config_source_of(cfg, "distributed_type") != CA_SRC_CLI || !v || (strcmp(v, "XLA") && strcmp(v, "TPU")))
-        return NULL;
-    setenv("CACCEL_USE_XLA", "true", 1);
-    return "CACCEL_USE_XLA";
+    if (v && !strcmp(v, "FSDP")) return "ACCELERATE_USE_FSDP";
+    if (v && !strcmp(v, "DEEPSPEED")) return "ACCELERATE_USE_DEEPSPEED";
+    if (v && (!strcmp(v, "XLA") || !strcmp(v, "TPU"))) return "CACCEL_USE_XLA";
+    return NULL;
 }
 
 /* Variables of an enclosing MPI job: a worker that saw them would believe
@@ -359,7 +370,7 @@ static int setup_env(launch *L, ca_config *cfg, const ca_settings *st) {
         const char *v = ca_config_get(cfg, exported[i].key);
         if (v && strcmp(v, "null") != 0) setenv(exported[i].var, v, 1);
     }
-    export_xla(cfg);
+    if (dist_type_var(cfg)) setenv(dist_type_var(cfg), "true", 1);
     const char *file = ca_config_file(cfg);
     if (file) setenv("ACCELERATE_CONFIG_FILE", file, 1);
     char num[32];
@@ -764,8 +775,10 @@ static int run_mpirun(launch *L, ca_config *cfg) {
         setenv(exported[i].var, v, 1);
         vars[nv++] = exported[i].var;
     }
-    const char *xla_var = export_xla(cfg);
-    if (xla_var) vars[nv++] = xla_var;
+    if (dist_type_var(cfg)) {
+        setenv(dist_type_var(cfg), "true", 1);
+        vars[nv++] = dist_type_var(cfg);
+    }
     const char *file = ca_config_file(cfg);
     if (file) {
         setenv("ACCELERATE_CONFIG_FILE", file, 1);

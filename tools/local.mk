@@ -5,7 +5,7 @@ tools_caccel_SOURCES = \
 	tools/caccel.c \
 	tools/cmd_env.c \
 	tools/cmd_config.c \
-	tools/cmd_launch.c core/store.c core/store_impl.h
+	tools/cmd_launch.c tools/cmd_merge_weights.c core/store.c core/store_impl.h
 tools_caccel_LDADD = libcaccel.la
 
 # Scripts: the README's commands, CI's dependencies, the layer checks, measurement helpers.

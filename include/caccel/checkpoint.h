@@ -121,6 +121,12 @@ typedef struct ca_checkpointable {
  * order. CA_ERR_INVALID for a missing callback or a name registered twice. */
 CA_API ca_status ca_register_for_checkpointing(ca_accelerator *acc, const ca_checkpointable *obj);
 
+/* A checkpoint saved by ca_save_state under sharded data parallelism with fsdp_state_dict_type
+ * SHARDED_STATE_DICT holds each rank's shard (zero_shard_<rank>.safetensors) and an index
+ * (zero_index.json). Writes its parameters as one `out/model.safetensors` (creating the directory
+ * out), as `accelerate merge-weights` does; ca_load_model reads it. */
+CA_API ca_status ca_merge_weights(const char *dir, const char *out);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,0 +1,325 @@
+/* Sharded data parallelism, ZeRO stages 1 and 2 (FSDP SHARD_GRAD_OP, DeepSpeed zero_stage 1/2): the
+ * parameters form one flat index space split into one equal shard per rank. Each rank keeps the
+ * optimizer state of its shard only and updates only its shard; an all-gather then gives every rank
+ * the whole updated parameters. Stage 1 all-reduces the full gradient (kept between steps); stage 2
+ * reduce-scatters it into the shard and frees the full gradient until the next backward. */
+#include "accelerator/accelerator_impl.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static float *fptr(const ca_tensor *t, int64_t off) { return (float *)ca_tptr(t) + off; }
+
+static ca_status copy_f32(ca_device *d, const float *x, float *y, int64_t n) {
+    int64_t shape[1] = {n}, st[1] = {1};
+    return n ? CA_KCALL(d, copy_strided, CA_F32, 1, shape, x, st, y, st) : CA_OK;
+}
+
+static ca_tensor *persistent_zeros(ca_device *d, int64_t n) {
+    ca_tensor *t = ca_zeros(d, CA_F32, 1, &n);
+    return t ? ca_tensor_keep(t) : NULL;
+}
+
+static ca_tensor *flat_view(ca_tensor *base, int ndim, const int64_t *shape, int64_t off) {
+    int64_t st[CA_MAX_DIMS], s = 1;
+    for (int d = ndim - 1; d >= 0; d--) { st[d] = s; s *= shape[d]; }
+    ca_tensor *v = ca_tensor_view(base, ndim, shape, st, base->offset + off);   /* the offset is in storage */
+    return v ? ca_tensor_keep(v) : NULL;
+}
+
+static ca_status oom(void) { return ca_last_status() ? ca_last_status() : ca_error(CA_ERR_NOMEM, "out of memory"); }
+
+/* Every parameter's .grad becomes a view of the flat gradient at its offset. */
+static ca_status attach_grads(ca_accelerator *acc) {
+    ca_zero *z = &acc->zero;
+    for (int i = 0; i < z->nparams; i++) {
+        ca_tensor *p = z->params[i];
+        ca_tensor *g = flat_view(z->gflat, p->ndim, p->shape, z->off[i]);
+        if (!g) return oom();
+        ca_tensor_free(p->grad);
+        p->grad = g;
+        p->grad_defined = false;
+    }
+    return CA_OK;
+}
+
+/* Stage 2 after the reduce-scatter: no full gradient is kept. */
+static void detach_grads(ca_accelerator *acc) {
+    ca_zero *z = &acc->zero;
+    for (int i = 0; i < z->nparams; i++) {
+        ca_tensor_free(z->params[i]->grad);
+        z->params[i]->grad = NULL;
+        z->params[i]->grad_defined = false;
+    }
+    ca_tensor_free(z->gflat);
+    z->gflat = NULL;
+}
+
+static ca_status build_segments(ca_accelerator *acc) {
+    ca_zero *z = &acc->zero;
+    int64_t lo = acc->rank * z->shard, hi = lo + z->shard;
+    z->segs = calloc((size_t)z->nparams, sizeof *z->segs);
+    if (!z->segs) return ca_error(CA_ERR_NOMEM, "out of host memory");
+    for (int i = 0; i < z->nparams; i++) {
+        int64_t b = z->off[i], e = b + z->params[i]->numel;
+        int64_t s = b > lo ? b : lo, t = e < hi ? e : hi;
+        if (s >= t) continue;
+        z->segs[z->nsegs++] = (ca_zero_seg){.param = z->params[i], .poff = s - b, .soff = s - lo, .n = t - s,
+                                             .group = -1};
+    }
+    return CA_OK;
+}
+
+ca_status ca_zero_build(ca_accelerator *acc, ca_module *m) {
+    ca_zero *z = &acc->zero;
+    z->nparams = ca_module_num_params(m);
+    z->params = calloc((size_t)z->nparams + 1, sizeof *z->params);
+    z->off = calloc((size_t)z->nparams + 1, sizeof *z->off);
+    if (!z->params || !z->off) return ca_error(CA_ERR_NOMEM, "out of host memory");
+    for (int i = 0; i < z->nparams; i++) {
+        ca_tensor *p = m->flat[i];
+        if (p->dtype != CA_F32 || ca_tdev(p) != acc->device || !ca_tensor_is_contiguous(p))
+            return ca_error(CA_ERR_INVALID, "sharded data parallelism (stage %d): parameter %s must be a contiguous "
+                            "f32 tensor on the training device", z->stage, m->flat_names[i]);
+        z->params[i] = p;
+        z->off[i] = z->numel;
+        z->numel += p->numel;
+    }
+    z->shard = (z->numel + acc->world - 1) / acc->world;
+    if (z->shard < 1) z->shard = 1;
+    ca_status s = build_segments(acc);
+    if (s != CA_OK) return s;
+    if (z->stage == 1) {   /* the full gradient lives on; the shard's gradient is a view of it */
+        z->gflat = persistent_zeros(acc->device, z->shard * acc->world);
+        if (!z->gflat || (s = attach_grads(acc)) != CA_OK) return z->gflat ? s : oom();
+        z->gshard = flat_view(z->gflat, 1, &z->shard, acc->rank * z->shard);
+    } else {
+        z->gshard = persistent_zeros(acc->device, z->shard);
+    }
+    if (!z->gshard) return oom();
+    z->view = flat_view(z->gshard, 1, &z->shard, 0);
+    ca_tensor *g = z->view ? flat_view(z->gshard, 1, &z->shard, 0) : NULL;
+    if (!g) return oom();
+    z->view->grad = g;
+    z->view->grad_defined = true;
+    if (acc->rank == 0)
+        ca_log_printf(CA_LOG_INFO, "sharded data parallelism: stage %d (%s), %lld parameters in %d shards of %lld",
+                      z->stage, z->origin, (long long)z->numel, acc->world, (long long)z->shard);
+    return CA_OK;
+}
+
+static int group_of(const ca_optimizer *o, const ca_tensor *p) {
+    for (int g = 0; g < o->ngroups; g++)
+        for (int i = 0; i < o->groups[g].n; i++)
+            if (o->groups[g].params[i] == p) return g;
+    return -1;
+}
+
+/* The optimizer's own per-parameter state is dropped: the shard's state replaces it. */
+static void drop_full_state(ca_optimizer *o) {
+    for (int g = 0; g < o->ngroups; g++)
+        for (int i = 0; i < o->groups[g].n; i++) {
+            ca_tensor_free(o->groups[g].state1[i]);
+            ca_tensor_free(o->groups[g].state2[i]);
+            o->groups[g].state1[i] = o->groups[g].state2[i] = NULL;
+        }
+}
+
+ca_status ca_zero_add_optimizer(ca_accelerator *acc, ca_optimizer *o) {
+    ca_zero *z = &acc->zero;
+    if (!z->params)
+        return ca_error(CA_ERR_STATE, "sharded data parallelism: prepare the model before (or with) its optimizer");
+    for (int k = 0; k < z->nsegs; k++) {   /* segments of parameters o does not hold stay unassigned */
+        int g = group_of(o, z->segs[k].param);
+        if (g < 0) continue;
+        z->segs[k].opt = o;
+        z->segs[k].group = g;
+    }
+    bool need1 = o->kind == CA_OPTIM_ADAMW;
+    for (int g = 0; g < o->ngroups; g++) need1 = need1 || o->groups[g].sgd.momentum != 0;
+    if (need1 && !z->s1 && !(z->s1 = persistent_zeros(acc->device, z->shard))) return oom();
+    if (o->kind == CA_OPTIM_ADAMW && !z->s2 && !(z->s2 = persistent_zeros(acc->device, z->shard))) return oom();
+    drop_full_state(o);
+    return CA_OK;
+}
+
+ca_status ca_zero_before_backward(ca_accelerator *acc) {
+    ca_zero *z = &acc->zero;
+    z->reduced = false;
+    if (z->stage != 2 || z->gflat) return CA_OK;   /* accumulating: the flat gradient is there already */
+    z->gflat = persistent_zeros(acc->device, z->shard * acc->world);
+    return z->gflat ? attach_grads(acc) : oom();
+}
+
+ca_status ca_zero_reduce(ca_accelerator *acc) {
+    ca_zero *z = &acc->zero;
+    if (!z->gflat) return ca_error(CA_ERR_STATE, "sharded data parallelism: no gradient to reduce");
+    for (int i = 0; i < z->nparams; i++) {   /* unused parameters reduce zeros, as under DDP */
+        ca_tensor *p = z->params[i];
+        if (p->grad_defined) continue;
+        ca_status s = CA_KCALL(acc->device, fill, CA_F32, p->numel, 0.0, ca_tptr(p->grad));
+        if (s != CA_OK) return s;
+        p->grad_defined = true;
+    }
+    size_t n = (size_t)(z->shard * acc->world);
+    ca_status s = z->stage == 1
+        ? ca_comm_all_reduce(acc->comm, ca_tptr(z->gflat), ca_tptr(z->gflat), n, CA_F32, CA_OP_AVG, NULL)
+        : ca_comm_reduce_scatter(acc->comm, ca_tptr(z->gflat), ca_tptr(z->gshard), (size_t)z->shard, CA_F32,
+                                 CA_OP_AVG, NULL);
+    if (s != CA_OK) return ca_error_context("sharded data parallelism: reducing the gradients (stage %d)", z->stage);
+    if (z->stage == 2) detach_grads(acc);
+    z->reduced = true;
+    return CA_OK;
+}
+
+/* One fused kernel call per run of segments of the same group. */
+static ca_status update_group(ca_accelerator *acc, ca_optimizer *o, int g) {
+    enum { MAXN = 256 };
+    ca_zero *z = &acc->zero;
+    const ca_optim_group *gr = &o->groups[g];
+    void *p[MAXN], *s1[MAXN], *s2[MAXN];
+    const void *gd[MAXN];
+    int64_t numel[MAXN];
+    int k = 0;
+    for (int i = 0; i <= z->nsegs; i++) {
+        if (i < z->nsegs) {
+            const ca_zero_seg *sg = &z->segs[i];
+            if (sg->opt != o || sg->group != g) continue;
+            p[k] = fptr(sg->param, sg->poff);
+            gd[k] = fptr(z->gshard, sg->soff);
+            s1[k] = z->s1 ? fptr(z->s1, sg->soff) : NULL;
+            s2[k] = z->s2 ? fptr(z->s2, sg->soff) : NULL;
+            numel[k++] = sg->n;
+            if (k < MAXN) continue;
+        }
+        if (!k) continue;
+        ca_tensor_list tl = {.count = k, .param = p, .grad = gd, .state1 = s1, .state2 = s2, .numel = numel,
+                             .grad_dtype = CA_F32};
+        double t = (double)(o->steps + 1);
+        ca_status s;
+        if (o->kind == CA_OPTIM_ADAMW) {
+            ca_adamw_args a = {
+                .lr = (float)gr->lr, .beta1 = (float)gr->adamw.beta1, .beta2 = (float)gr->adamw.beta2,
+                .eps = (float)gr->adamw.eps, .weight_decay = (float)gr->adamw.weight_decay,
+                .bias_correction1 = (float)(1.0 - pow(gr->adamw.beta1, t)),
+                .bias_correction2 = (float)(1.0 - pow(gr->adamw.beta2, t)), .grad_scale = 1.0f,
+            };
+            s = CA_KCALL(acc->device, adamw, &tl, &a);
+        } else {
+            ca_sgd_args a = {
+                .lr = (float)gr->lr, .momentum = (float)gr->sgd.momentum, .dampening = (float)gr->sgd.dampening,
+                .weight_decay = (float)gr->sgd.weight_decay, .nesterov = gr->sgd.nesterov,
+                .first_step = o->steps == 0, .grad_scale = 1.0f,
+            };
+            s = CA_KCALL(acc->device, sgd, &tl, &a);
+        }
+        if (s != CA_OK) return s;
+        k = 0;
+    }
+    return CA_OK;
+}
+
+/* Every rank's updated shard to every rank: pack this rank's segments, all-gather, unpack. */
+static ca_status gather_params(ca_accelerator *acc) {
+    ca_zero *z = &acc->zero;
+    int64_t all = z->shard * acc->world;
+    /* kept, so that they are freed now and not with the caller's scope */
+    ca_tensor *send = persistent_zeros(acc->device, z->shard);
+    ca_tensor *full = send ? persistent_zeros(acc->device, all) : NULL;
+    if (!full) {
+        ca_tensor_free(send);
+        return oom();
+    }
+    ca_status s = CA_OK;
+    for (int i = 0; s == CA_OK && i < z->nsegs; i++)
+        s = copy_f32(acc->device, fptr(z->segs[i].param, z->segs[i].poff), fptr(send, z->segs[i].soff), z->segs[i].n);
+    if (s == CA_OK) s = ca_comm_all_gather(acc->comm, ca_tptr(send), ca_tptr(full), (size_t)z->shard, CA_F32, NULL);
+    for (int i = 0; s == CA_OK && i < z->nparams; i++) {
+        s = copy_f32(acc->device, fptr(full, z->off[i]), fptr(z->params[i], 0), z->params[i]->numel);
+        z->params[i]->version++;   /* low-precision copies are stale */
+    }
+    ca_tensor_free(send);
+    ca_tensor_free(full);
+    return s == CA_OK ? CA_OK : ca_error_context("sharded data parallelism: gathering the updated parameters");
+}
+
+ca_status ca_zero_step(ca_accelerator *acc, ca_optimizer *o) {
+    if (!acc->zero.reduced)
+        return ca_error(CA_ERR_STATE, "sharded data parallelism: the optimizer stepped without a synchronising "
+                        "ca_backward before it (gradients live in shards reduced by ca_backward)");
+    ca_status s = CA_OK;
+    for (int g = 0; s == CA_OK && g < o->ngroups; g++) s = update_group(acc, o, g);
+    if (s == CA_OK) s = gather_params(acc);
+    if (s != CA_OK) return s;
+    o->skipped = false;
+    return ca_optimizer_set_steps(o, o->steps + 1);   /* advances the schedule as a plain step does */
+}
+
+/* ------------------------------------------------------------------ full optimizer state */
+
+/* Every rank's shard of one state buffer into the optimizer's per-parameter tensors (or back). */
+static ca_status state_exchange(ca_accelerator *acc, ca_optimizer *o, ca_tensor *shard, int which, bool gather) {
+    ca_zero *z = &acc->zero;
+    int64_t all = z->shard * acc->world;
+    ca_tensor *full = persistent_zeros(acc->device, all);
+    if (!full) return oom();
+    ca_status s = CA_OK;
+    if (gather) s = ca_comm_all_gather(acc->comm, ca_tptr(shard), ca_tptr(full), (size_t)z->shard, CA_F32, NULL);
+    for (int i = 0; s == CA_OK && i < z->nparams; i++) {
+        int g = group_of(o, z->params[i]);
+        if (g < 0) continue;
+        const ca_optim_group *gr = &o->groups[g];
+        ca_tensor *st = NULL;
+        for (int j = 0; j < gr->n; j++)
+            if (gr->params[j] == z->params[i]) st = which == 1 ? gr->state1[j] : gr->state2[j];
+        if (!st) continue;
+        s = gather ? copy_f32(acc->device, fptr(full, z->off[i]), fptr(st, 0), st->numel)
+                   : copy_f32(acc->device, fptr(st, 0), fptr(full, z->off[i]), st->numel);
+    }
+    if (s == CA_OK && !gather) s = copy_f32(acc->device, fptr(full, acc->rank * z->shard), fptr(shard, 0), z->shard);
+    ca_tensor_free(full);
+    return s;
+}
+
+ca_status ca_zero_gather_state(ca_accelerator *acc, ca_optimizer *o) {
+    ca_status s = ca_optimizer_init_state(o);
+    if (s == CA_OK && acc->zero.s1) s = state_exchange(acc, o, acc->zero.s1, 1, true);
+    if (s == CA_OK && acc->zero.s2) s = state_exchange(acc, o, acc->zero.s2, 2, true);
+    return s;
+}
+
+void ca_zero_drop_state(ca_optimizer *o) { drop_full_state(o); }
+
+ca_status ca_zero_scatter_state(ca_accelerator *acc, ca_optimizer *o) {
+    ca_status s = CA_OK;
+    if (acc->zero.s1) s = state_exchange(acc, o, acc->zero.s1, 1, false);
+    if (s == CA_OK && acc->zero.s2) s = state_exchange(acc, o, acc->zero.s2, 2, false);
+    drop_full_state(o);
+    return s;
+}
+
+void ca_zero_free(ca_accelerator *acc) {
+    ca_zero *z = &acc->zero;
+    if (z->gflat && z->params)
+        for (int i = 0; i < z->nparams; i++) {   /* the parameters keep no view of a freed buffer */
+            ca_tensor_free(z->params[i]->grad);
+            z->params[i]->grad = NULL;
+            z->params[i]->grad_defined = false;
+        }
+    ca_tensor_free(z->gflat);
+    ca_tensor_free(z->gshard);
+    ca_tensor_free(z->view);
+    ca_tensor_free(z->s1);
+    ca_tensor_free(z->s2);
+    free(z->params);
+    free(z->off);
+    free(z->segs);
+    z->gflat = z->gshard = z->view = z->s1 = z->s2 = NULL;
+    z->params = NULL;
+    z->off = NULL;
+    z->segs = NULL;
+    z->nparams = z->nsegs = 0;
+    z->numel = z->shard = 0;
+    z->reduced = false;
+}

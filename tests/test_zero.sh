@@ -1,0 +1,179 @@
+#!/bin/sh
+# Sharded data parallelism (ZeRO stages 1 and 2) as users run it: N ranks under caccel launch (Gloo)
+# and mpirun (MPI) hold the same parameters as DDP and as one rank on the same global batch, for
+# SGD with momentum and AdamW, with accumulation, global-norm clipping and fp16 overflow skips;
+# Accelerate's own FSDP and DeepSpeed config files (and a DeepSpeed JSON of "auto" values) train.
+# Tolerance: parameters agree to 1e-5 (absolute) after the stated steps; sharding changes only where
+# each element is updated, not the arithmetic, so the runs differ only by the order of the sums.
+. "$(dirname "$0")/dist/lib.sh"
+need_caccel
+DDP="$BUILD/tests/ddp_check"
+FM="$BUILD/examples/fashion_mnist"
+SRC=${CACCEL_TEST_SRCDIR:-$(dirname "$0")/..}
+CFG="$SRC/tests/data/accelerate-configs"
+DATA="$SRC/tests/data"
+export OPENBLAS_NUM_THREADS=1 ACCELERATE_USE_CPU=true CACCEL_LOG_LEVEL=info
+
+same() {   # same A B: float32 files equal within 1e-5
+    od -An -v -f "$1" | tr -s ' ' '\n' | sed '/^$/d' > "$WORK/a1.txt"
+    od -An -v -f "$2" | tr -s ' ' '\n' | sed '/^$/d' > "$WORK/b1.txt"
+    paste "$WORK/a1.txt" "$WORK/b1.txt" | awk -v f="$(basename "$1") vs $(basename "$2")" '
+        { d = $1 - $2; if (d < 0) d = -d; if (d > m) m = d; n++ }
+        END { printf "  %s: %d values, max |diff| %.3g\n", f, n, m; exit !(n > 0 && m <= 1e-5) }' ||
+        fail "parameters differ beyond 1e-5"
+}
+
+launch() {   # launch NP BACKEND ARGS... (gloo: caccel launch; mpi: mpirun)
+    np=$1 be=$2; shift 2
+    if [ "$be" = mpi ]; then run_mpi "$np" "$@" --backend mpi 2>&1
+    else timeout 300 "$CACCEL" launch --num_processes "$np" --backend gloo "$@" 2>&1; fi
+}
+
+# zlaunch NP BACKEND STAGE PROGRAM ARGS...: stage 1/2 through DeepSpeed's zero_stage, and through
+# FSDP's strategy under mpirun (SHARD_GRAD_OP is stage 2), so both spellings are exercised
+zlaunch() {
+    np=$1 be=$2 st=$3; shift 3
+    prog=$1; shift
+    if [ "$be" = mpi ] && [ "$st" = 2 ]; then launch "$np" "$be" "$prog" --use_fsdp --fsdp_sharding_strategy SHARD_GRAD_OP "$@"
+    elif [ "$be" = mpi ]; then launch "$np" "$be" "$prog" --use_deepspeed --zero_stage "$st" "$@"
+    else launch "$np" "$be" --use_deepspeed --zero_stage "$st" "$prog" "$@"; fi
+}
+
+have() { for d in $(echo "${CACCEL_PLUGIN_PATH:-}" | tr ':' ' '); do [ -e "$d/caccel_$1.so" ] && return 0; done; return 1; }
+backends=""
+have gloo && backends="gloo"
+have mpi && command -v "${MPIRUN:-mpirun}" >/dev/null 2>&1 && backends="$backends mpi"
+[ -n "$backends" ] || skip "neither the Gloo nor the MPI plugin was built"
+echo "backends:$backends"
+
+note "SGD with momentum, global batch 24, 6 steps: 1 rank == DDP == stage 1 == stage 2 at 2, 3 and 4 ranks"
+"$DDP" --mode plain --batch 24 --steps 6 --dump "$WORK/ref.bin" > /dev/null 2>&1 || fail "1 rank"
+for be in $backends; do
+    for np in 2 3 4; do
+        b=$((24 / np))
+        launch "$np" "$be" "$DDP" --mode plain --batch $b --steps 6 --dump "$WORK/ddp.bin" > "$WORK/o" || { cat "$WORK/o"; fail "DDP $np $be"; }
+        same "$WORK/ref.bin" "$WORK/ddp.bin"
+        for st in 1 2; do
+            zlaunch "$np" "$be" $st "$DDP" --mode plain --batch $b --steps 6 --dump "$WORK/z.bin" > "$WORK/o" || { cat "$WORK/o"; fail "stage $st $np $be"; }
+            count 1 "sharded data parallelism: stage $st .*in $np shards" "$WORK/o"
+            count "$np" 'steps=6 ' "$WORK/o"
+            same "$WORK/ddp.bin" "$WORK/z.bin"
+        done
+    done
+done
+
+note "AdamW (Fashion-MNIST MLP), 15 steps: 1 rank at batch 256 == stage 1 and 2 on 2 ranks at 128"
+"$FM" --batch-size 256 --epochs 1 --max-steps 15 --dump-params "$WORK/fm1.bin" > /dev/null 2>&1 || fail "1 rank"
+for be in $backends; do
+    for st in 1 2; do
+        zlaunch 2 "$be" $st "$FM" --batch-size 128 --epochs 1 --max-steps 15 --dump-params "$WORK/fm2.bin" > "$WORK/o" || { cat "$WORK/o"; fail "AdamW stage $st $be"; }
+        same "$WORK/fm1.bin" "$WORK/fm2.bin"
+    done
+done
+
+note "accumulation: 4 micro-batches of 8 on 2 ranks == 1 rank at batch 64; stage 2 reduce-scatters once and all-gathers once per real step"
+"$DDP" --mode plain --batch 64 --steps 6 --dump "$WORK/acc1.bin" > /dev/null 2>&1 || fail "1 rank"
+for be in $backends; do
+    zlaunch 2 "$be" 2 "$DDP" --mode accum --k 4 --batch 8 --steps 6 --dump "$WORK/acc2.bin" > "$WORK/o" || { cat "$WORK/o"; fail "accum $be"; }
+    count 12 'collectives_per_step=2$' "$WORK/o"
+    same "$WORK/acc1.bin" "$WORK/acc2.bin"
+done
+
+note "clip_grad_norm across shards: sqrt(all-reduced sum of squares) is the 1-rank norm; same model"
+"$DDP" --mode clip --batch 32 --steps 5 --dump "$WORK/clip1.bin" > "$WORK/o1" 2>&1 || fail "1 rank"
+n1=$(sed -n 's/.*first_norm=//p' "$WORK/o1")
+for be in $backends; do
+    for st in 1 2; do
+        zlaunch 2 "$be" $st "$DDP" --mode clip --batch 16 --steps 5 --dump "$WORK/clip2.bin" > "$WORK/o" || { cat "$WORK/o"; fail "clip $st $be"; }
+        count 2 "first_norm=$n1" "$WORK/o"
+        same "$WORK/clip1.bin" "$WORK/clip2.bin"
+    done
+done
+
+note "fp16 (stage 1): an Inf on the last rank makes every rank skip the step and halve the scale"
+for be in $backends; do
+    zlaunch 2 "$be" 1 "$DDP" --mode fp16inf --batch 16 --steps 5 > "$WORK/o" || { cat "$WORK/o"; fail "fp16 $be"; }
+    count 2 'skipped=1 scale=32768$' "$WORK/o"
+done
+
+be=$(echo "$backends" | awk '{print $1}')
+note "Accelerate's template_fsdp.yaml (FULL_SHARD, bf16, 2 processes) trains as stage 2, equal to DDP with bf16"
+launch 2 "$be" --config_file "$CFG/template_fsdp.yaml" "$DDP" --mode plain --batch 8 --steps 6 --dump "$WORK/f.bin" > "$WORK/o" || { cat "$WORK/o"; fail "template_fsdp.yaml"; }
+count 1 'stage 3 (parameter sharding) is not implemented; training runs stage 2' "$WORK/o"
+count 1 'sharded data parallelism: stage 2 (.*template_fsdp.yaml' "$WORK/o"
+count 2 'steps=6 ' "$WORK/o"
+launch 2 "$be" --mixed_precision bf16 "$DDP" --mode plain --batch 8 --steps 6 --dump "$WORK/fd.bin" > "$WORK/o" || { cat "$WORK/o"; fail "DDP bf16"; }
+same "$WORK/fd.bin" "$WORK/f.bin"
+
+note "tests_latest_fsdp.yaml (1 process): stage 2 over one shard"
+"$DDP" --config_file "$CFG/tests_latest_fsdp.yaml" --mode plain --batch 24 --steps 6 --dump "$WORK/f1.bin" > "$WORK/o" 2>&1 || { cat "$WORK/o"; fail "tests_latest_fsdp.yaml"; }
+count 1 'stage 2 .*in 1 shards' "$WORK/o"
+same "$WORK/ref.bin" "$WORK/f1.bin"
+
+note "Accelerate's template_deepspeed.yaml and its zero_stage1_config.json (fp16 from the JSON) train as stage 1"
+launch 2 "$be" --config_file "$CFG/template_deepspeed.yaml" "$DDP" --mode plain --batch 8 --steps 6 > "$WORK/o" || { cat "$WORK/o"; fail "template_deepspeed.yaml"; }
+count 1 'sharded data parallelism: stage 1 ' "$WORK/o"
+count 2 'steps=6 ' "$WORK/o"
+count 1 'fp16.hysteresis is not implemented' "$WORK/o"
+
+note "a DeepSpeed JSON of \"auto\" values takes them from the configuration (accumulation 2 here)"
+launch 2 "$be" --use_deepspeed --deepspeed_config_file "$DATA/deepspeed_auto.json" --gradient_accumulation_steps 2 \
+    "$DDP" --mode accum --k 2 --batch 8 --steps 3 > "$WORK/o" || { cat "$WORK/o"; fail "deepspeed_auto.json"; }
+count 1 'sharded data parallelism: stage 2 ' "$WORK/o"
+count 1 'offload to the CPU .*a no-op on the CPU backend' "$WORK/o"
+count 6 'collectives_per_step=2$' "$WORK/o"
+
+note "a DeepSpeed JSON with fields caccel does not implement fails at once, naming each"
+t0=$(date +%s)
+launch 2 "$be" --use_deepspeed --deepspeed_config_file "$DATA/deepspeed_unsupported.json" "$DDP" --mode plain --steps 2 > "$WORK/o" && fail "an unsupported JSON was accepted"
+for f in 'zero_optimization.zero_quantized_weights' 'optimizer.params.lr' 'activation_checkpointing (not implemented)' 'deepspeed_unsupported.json'; do
+    grep -q -- "$f" "$WORK/o" || { cat "$WORK/o"; fail "the error does not name $f"; }
+done
+[ $(($(date +%s) - t0)) -lt 60 ] || fail "the error took more than 60 s"
+
+note "HYBRID_SHARD_ZERO2 on one machine is stage 2 (2 ranks, == DDP); HYBRID_SHARD over 2 machines is refused, naming the key"
+launch 2 "$be" "$DDP" --mode plain --batch 12 --steps 6 --dump "$WORK/ddp.bin" > "$WORK/o" || { cat "$WORK/o"; fail "DDP"; }
+launch 2 "$be" --use_fsdp --fsdp_sharding_strategy HYBRID_SHARD_ZERO2 "$DDP" --mode plain --batch 12 --steps 6 --dump "$WORK/h.bin" > "$WORK/o" || { cat "$WORK/o"; fail "HYBRID_SHARD_ZERO2"; }
+count 1 'sharded data parallelism: stage 2 .*in 2 shards' "$WORK/o"
+same "$WORK/ddp.bin" "$WORK/h.bin"
+"$DDP" --use_fsdp --fsdp_sharding_strategy HYBRID_SHARD --num_machines 2 --num_processes 2 --mode plain --steps 1 > "$WORK/o" 2>&1 && fail "HYBRID_SHARD over 2 machines ran"
+grep -q 'fsdp_sharding_strategy = HYBRID_SHARD over 2 machines is not implemented' "$WORK/o" || { cat "$WORK/o"; fail "no HYBRID_SHARD error"; }
+
+note "NO_SHARD is DDP: no sharding"
+launch 2 "$be" --use_fsdp --fsdp_sharding_strategy NO_SHARD "$DDP" --mode accum --k 1 --batch 8 --steps 2 > "$WORK/o" || { cat "$WORK/o"; fail "NO_SHARD"; }
+count 0 'sharded data parallelism: stage' "$WORK/o"
+count 4 'collectives_per_step=1$' "$WORK/o"
+
+note "save_state / load_state (full state dict: the optimizer state gathered from the shards): 10 steps, save, resume to 20 == 20 uninterrupted; a stage-2 checkpoint resumes under DDP and back"
+zfm() { launch 2 "$be" --use_deepspeed --zero_stage 2 "$FM" --batch-size 128 --epochs 1 "$@"; }
+dfm() { launch 2 "$be" "$FM" --batch-size 128 --epochs 1 "$@"; }
+zfm --max-steps 20 --dump-params "$WORK/full.bin" > "$WORK/o" || { cat "$WORK/o"; fail "uninterrupted"; }
+zfm --max-steps 10 --checkpointing_steps 10 --checkpoint_dir "$WORK/ck" > "$WORK/o" || { cat "$WORK/o"; fail "first 10 steps"; }
+cp -r "$WORK/ck" "$WORK/ck2"
+zfm --max-steps 20 --checkpoint_dir "$WORK/ck" --resume --dump-params "$WORK/res.bin" > "$WORK/o" || { cat "$WORK/o"; fail "resume"; }
+cmp "$WORK/full.bin" "$WORK/res.bin" || fail "resumed stage 2 differs from the uninterrupted run"
+dfm --max-steps 20 --checkpoint_dir "$WORK/ck2" --resume --dump-params "$WORK/res2.bin" > "$WORK/o" || { cat "$WORK/o"; fail "DDP resume"; }
+same "$WORK/full.bin" "$WORK/res2.bin"
+rm -rf "$WORK/ck"
+dfm --max-steps 10 --checkpointing_steps 10 --checkpoint_dir "$WORK/ck" > "$WORK/o" || { cat "$WORK/o"; fail "DDP first 10 steps"; }
+zfm --max-steps 20 --checkpoint_dir "$WORK/ck" --resume --dump-params "$WORK/res3.bin" > "$WORK/o" || { cat "$WORK/o"; fail "stage 2 from DDP"; }
+same "$WORK/full.bin" "$WORK/res3.bin"
+
+note "SHARDED_STATE_DICT: each rank saves its shard; resume == uninterrupted; merge-weights == the full state dict's model.safetensors; another world size is refused"
+sfm() { np=$1; shift; launch "$np" "$be" --use_fsdp --fsdp_sharding_strategy SHARD_GRAD_OP --fsdp_state_dict_type SHARDED_STATE_DICT "$FM" --batch-size 128 --epochs 1 "$@"; }
+rm -rf "$WORK/ck" "$WORK/ckf"
+sfm 2 --max-steps 10 --checkpointing_steps 10 --checkpoint_dir "$WORK/ck" > "$WORK/o" || { cat "$WORK/o"; fail "sharded save"; }
+c0="$WORK/ck/checkpoints/checkpoint_0"
+for f in zero_index.json zero_shard_0.safetensors zero_shard_1.safetensors; do [ -e "$c0/$f" ] || fail "no $f in the sharded checkpoint"; done
+[ ! -e "$c0/model.safetensors" ] && [ ! -e "$c0/optimizer.safetensors" ] || fail "a sharded checkpoint holds full files"
+cp -r "$WORK/ck" "$WORK/ck3"
+sfm 2 --max-steps 20 --checkpoint_dir "$WORK/ck" --resume --dump-params "$WORK/res4.bin" > "$WORK/o" || { cat "$WORK/o"; fail "sharded resume"; }
+cmp "$WORK/full.bin" "$WORK/res4.bin" || fail "resumed from a sharded checkpoint differs from the uninterrupted run"
+zfm --max-steps 10 --checkpointing_steps 10 --checkpoint_dir "$WORK/ckf" > "$WORK/o" || { cat "$WORK/o"; fail "full save"; }
+"$CACCEL" merge-weights "$c0" "$WORK/merged" > "$WORK/o" 2>&1 || { cat "$WORK/o"; fail "merge-weights"; }
+cmp "$WORK/merged/model.safetensors" "$WORK/ckf/checkpoints/checkpoint_0/model.safetensors" || fail "merged weights differ from the full state dict"
+t0=$(date +%s)
+sfm 3 --max-steps 20 --checkpoint_dir "$WORK/ck3" --resume > "$WORK/o" && fail "a 2-shard checkpoint loaded on 3 processes"
+grep -q 'was saved as 2 shards, this run has 3 processes' "$WORK/o" || { cat "$WORK/o"; fail "the error does not name both world sizes"; }
+[ $(($(date +%s) - t0)) -lt 60 ] || fail "the error took more than 60 s"
+echo "ok"
