@@ -60,7 +60,7 @@ static const char *const sharding_keys[] = {
     "deepspeed_config.offload_param_device", "deepspeed_config.gradient_accumulation_steps",
     "deepspeed_config.gradient_clipping", "fsdp_config.fsdp_version", "fsdp_config.fsdp_offload_params",
     "fsdp_config.fsdp_sharding_strategy", "fsdp_config.fsdp_reshard_after_forward", "fsdp_config.fsdp_state_dict_type",
-    "fsdp_config.fsdp_use_orig_params", NULL};
+    "fsdp_config.fsdp_use_orig_params", "fsdp_config.fsdp_activation_checkpointing", NULL};
 
 static bool acted_on(const char *key) {
     for (const char *const *k = sharding_keys; *k; k++)
