@@ -11,29 +11,13 @@ DDP="$BUILD/tests/ddp_check"
 FM="$BUILD/examples/fashion_mnist"
 export OPENBLAS_NUM_THREADS=1
 
-same() {   # same A B: float32 files equal within 1e-5
-    cmp -s "$1" "$2" && return 0
-    od -An -v -f "$1" > "$WORK/a.txt"; od -An -v -f "$2" > "$WORK/b.txt"
-    tr -s ' ' '\n' < "$WORK/a.txt" | sed '/^$/d' > "$WORK/a1.txt"
-    tr -s ' ' '\n' < "$WORK/b.txt" | sed '/^$/d' > "$WORK/b1.txt"
-    paste "$WORK/a1.txt" "$WORK/b1.txt" | awk -v f="$1 vs $2" '
-        { d = $1 - $2; if (d < 0) d = -d; if (d > m) m = d; n++ }
-        END { printf "  %s: %d values, max |diff| %.3g\n", f, n, m; exit !(n > 0 && m <= 1e-5) }' ||
-        fail "parameters differ beyond 1e-5"
-}
-
 launch() {   # launch NP BACKEND ARGS... (gloo: caccel launch; mpi: mpirun)
     np=$1 be=$2; shift 2
     if [ "$be" = mpi ]; then run_mpi "$np" "$@" --cpu --backend mpi 2>&1
     else timeout 300 "$CACCEL" launch --num_processes "$np" --cpu --backend gloo "$@" 2>&1; fi
 }
 
-have() { for d in $(echo "${CACCEL_PLUGIN_PATH:-}" | tr ':' ' '); do [ -e "$d/caccel_$1.so" ] && return 0; done; return 1; }
-backends=""
-have gloo && backends="gloo"
-have mpi && command -v "${MPIRUN:-mpirun}" >/dev/null 2>&1 && backends="$backends mpi"
-[ -n "$backends" ] || skip "neither the Gloo nor the MPI plugin was built"
-echo "backends:$backends"
+train_backends
 
 note "Fashion-MNIST MLP: 1 rank at batch 256/512 vs 2/4 ranks at batch 128, 15 AdamW steps"
 "$FM" --cpu --batch-size 256 --epochs 1 --max-steps 15 --dump-params "$WORK/fm1_256.bin" > /dev/null || fail "1 rank"

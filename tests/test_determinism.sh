@@ -13,7 +13,6 @@ FM="$BUILD/examples/fashion_mnist"
 [ -x "$FM" ] || skip "no Fashion-MNIST example at $FM"
 "$FM" --cpu --epochs 1 --max-steps 1 > /dev/null 2>&1 || skip "the Fashion-MNIST example does not run here (no data?)"
 
-have() { for d in $(echo "${CACCEL_PLUGIN_PATH:-}" | tr ':' ' '); do [ -e "$d/caccel_$1.so" ] && return 0; done; return 1; }
 backends=""
 have gloo && backends="gloo"
 have mpi && command -v "${MPIRUN:-mpirun}" >/dev/null 2>&1 && backends="$backends mpi"

@@ -14,15 +14,6 @@ CFG="$SRC/tests/data/accelerate-configs"
 DATA="$SRC/tests/data"
 export OPENBLAS_NUM_THREADS=1 ACCELERATE_USE_CPU=true CACCEL_LOG_LEVEL=info
 
-same() {   # same A B: float32 files equal within 1e-5
-    od -An -v -f "$1" | tr -s ' ' '\n' | sed '/^$/d' > "$WORK/a1.txt"
-    od -An -v -f "$2" | tr -s ' ' '\n' | sed '/^$/d' > "$WORK/b1.txt"
-    paste "$WORK/a1.txt" "$WORK/b1.txt" | awk -v f="$(basename "$1") vs $(basename "$2")" '
-        { d = $1 - $2; if (d < 0) d = -d; if (d > m) m = d; n++ }
-        END { printf "  %s: %d values, max |diff| %.3g\n", f, n, m; exit !(n > 0 && m <= 1e-5) }' ||
-        fail "parameters differ beyond 1e-5"
-}
-
 launch() {   # launch NP BACKEND ARGS... (gloo: caccel launch; mpi: mpirun)
     np=$1 be=$2; shift 2
     if [ "$be" = mpi ]; then run_mpi "$np" "$@" --backend mpi 2>&1
@@ -39,12 +30,7 @@ zlaunch() {
     else launch "$np" "$be" --use_deepspeed --zero_stage "$st" "$prog" "$@"; fi
 }
 
-have() { for d in $(echo "${CACCEL_PLUGIN_PATH:-}" | tr ':' ' '); do [ -e "$d/caccel_$1.so" ] && return 0; done; return 1; }
-backends=""
-have gloo && backends="gloo"
-have mpi && command -v "${MPIRUN:-mpirun}" >/dev/null 2>&1 && backends="$backends mpi"
-[ -n "$backends" ] || skip "neither the Gloo nor the MPI plugin was built"
-echo "backends:$backends"
+train_backends
 
 note "SGD with momentum, global batch 24, 6 steps: 1 rank == DDP == stage 1 == stage 2 at 2, 3 and 4 ranks"
 "$DDP" --mode plain --batch 24 --steps 6 --dump "$WORK/ref.bin" > /dev/null 2>&1 || fail "1 rank"

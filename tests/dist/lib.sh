@@ -61,3 +61,26 @@ no_orphans() {
 }
 
 elapsed_since() { echo $(( $(date +%s) - $1 )); }
+
+# same A B: two float32 files equal within 1e-5 (absolute), else fail; prints the largest difference.
+same() {
+    cmp -s "$1" "$2" && { echo "  $(basename "$1") vs $(basename "$2"): identical"; return 0; }
+    od -An -v -f "$1" | tr -s ' ' '\n' | sed '/^$/d' > "$WORK/a1.txt"
+    od -An -v -f "$2" | tr -s ' ' '\n' | sed '/^$/d' > "$WORK/b1.txt"
+    paste "$WORK/a1.txt" "$WORK/b1.txt" | awk -v f="$(basename "$1") vs $(basename "$2")" '
+        { d = $1 - $2; if (d < 0) d = -d; if (d > m) m = d; n++ }
+        END { printf "  %s: %d values, max |diff| %.3g\n", f, n, m; exit !(n > 0 && m <= 1e-5) }' ||
+        fail "parameters differ beyond 1e-5"
+}
+
+have() { for d in $(echo "${CACCEL_PLUGIN_PATH:-}" | tr ':' ' '); do [ -e "$d/caccel_$1.so" ] && return 0; done; return 1; }
+
+# train_backends: sets $backends to the collective backends this build can train over (gloo under
+# caccel launch, mpi under mpirun); skips the test when there is neither.
+train_backends() {
+    backends=""
+    have gloo && backends="gloo"
+    have mpi && command -v "${MPIRUN:-mpirun}" >/dev/null 2>&1 && backends="$backends mpi"
+    [ -n "$backends" ] || skip "neither the Gloo nor the MPI plugin was built"
+    echo "backends:$backends"
+}
