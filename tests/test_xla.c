@@ -234,6 +234,52 @@ static void test_fusion(void **state) {
     chain_case(5, 301, false);
 }
 
+/* Every unary op fuses, including the ones built on the cpu backend's own exp (sigmoid, SiLU, both
+ * GELUs): add -> op -> scale runs as one loop and equals the cpu kernels bit for bit, because both
+ * run the same per-element code (base/unary_math_impl.h). */
+static void unary_through(ca_device *d, ca_unary_op op, const float *ha, const float *hb, float *out, size_t n) {
+    const ca_kernels *k = ca_device_kernels(d);
+    void *c = ca_device_context(d), *a = NULL, *b = NULL, *t = NULL, *u = NULL, *y = NULL;
+    size_t bytes = n * sizeof(float);
+    T_OK(ca_device_alloc(d, bytes, &a));
+    T_OK(ca_device_alloc(d, bytes, &b));
+    T_OK(ca_device_alloc(d, bytes, &t));
+    T_OK(ca_device_alloc(d, bytes, &u));
+    T_OK(ca_device_alloc(d, bytes, &y));
+    T_OK(ca_device_copy_from_host(d, a, ha, bytes));
+    T_OK(ca_device_copy_from_host(d, b, hb, bytes));
+    ca_bcast_args sh = {.ndim = 1, .shape = {(int64_t)n}, .a_stride = {1}, .b_stride = {1}};
+    T_OK(k->binary(c, CA_BINARY_ADD, CA_F32, &sh, a, b, t));
+    T_OK(k->unary(c, op, CA_F32, (int64_t)n, t, u, op == CA_UNARY_POW ? 3.0f : 0.75f));
+    ca_device_free(d, t);
+    T_OK(k->unary(c, CA_UNARY_SCALE, CA_F32, (int64_t)n, u, y, 1.5f));
+    ca_device_free(d, u);
+    T_OK(ca_device_copy_to_host(d, out, y, bytes));
+    ca_device_free(d, a);
+    ca_device_free(d, b);
+    ca_device_free(d, y);
+}
+
+static void test_fusion_every_unary(void **state) {
+    enum { N = 777 };
+    float ha[N], hb[N], hx[N], hc[N];
+    uint64_t seed = 11;
+    for (int i = 0; i < N; i++) {
+        ha[i] = t_randf(&seed, -6.0f, 6.0f);
+        hb[i] = t_randf(&seed, -1.0f, 1.0f);
+    }
+    for (int op = 0; op < CA_UNARY_OP_COUNT; op++) {
+        T_OK(ca_xla_metrics_reset(X));
+        unary_through(X, (ca_unary_op)op, ha, hb, hx, N);
+        unary_through(ca_cpu_device(), (ca_unary_op)op, ha, hb, hc, N);
+        ca_xla_metrics m = metrics();
+        if (memcmp(hx, hc, sizeof hx) != 0) fail_msg("unary op %d: the fused loop differs from the cpu kernel", op);
+        if (m.fused_kernels != 1 || m.fused_nodes != 3) fail_msg("unary op %d: %llu fused loops of %llu nodes, not 1 of 3", op,
+                                                                 (unsigned long long)m.fused_kernels,
+                                                                 (unsigned long long)m.fused_nodes);
+    }
+}
+
 /* A chain whose output overlaps a broadcast input (the loop would overwrite the row it still
  * reads) runs node by node: the result is the eager one, and no fused loop is counted. */
 static void test_fusion_overlap(void **state) {
@@ -342,7 +388,7 @@ static void test_buffer_plan(void **state) {
     ca_tensor *y = NULL;
     CA_SCOPE {
         ca_tensor *t = a;
-        for (int i = 0; i < 8; i++) t = ca_sigmoid(t);   /* not fusable: 8 intermediates */
+        for (int i = 0; i < 8; i++) t = ca_softmax(t);   /* not elementwise, not fused: 8 intermediates */
         y = ca_tensor_keep(ca_add(t, a));
     }
     double v;
@@ -390,6 +436,7 @@ int main(void) {
         cmocka_unit_test(test_lazy_until_read), cmocka_unit_test(test_host_memory_refused),
         cmocka_unit_test(test_dead_code),       cmocka_unit_test(test_training_cache),
         cmocka_unit_test(test_metrics_other_device), cmocka_unit_test(test_fusion),
+        cmocka_unit_test(test_fusion_every_unary),
         cmocka_unit_test(test_buffer_plan),     cmocka_unit_test(test_fusion_overlap),
         cmocka_unit_test(test_fusion_training),
     };

@@ -57,7 +57,7 @@ static float softmax_row(float *s, int64_t n) {
         return -INFINITY;
     }
     float sum = 0.0f;
-    for (int64_t j = 0; j < n; j++) { s[j] = cpu_expf(s[j] - m); sum += s[j]; }
+    for (int64_t j = 0; j < n; j++) { s[j] = ca_fast_expf(s[j] - m); sum += s[j]; }
     float inv = 1.0f / sum;
     for (int64_t j = 0; j < n; j++) s[j] *= inv;
     return m + logf(sum);
@@ -112,7 +112,7 @@ static void block_probs(const ca_attention_args *a, int64_t b, int64_t h, int64_
         mask_row(a, b, h, i, s);
         if (lse_in) {
             float l = lse_in[r];
-            for (int64_t j = 0; j < ncols; j++) s[j] = l == -INFINITY ? 0.0f : cpu_expf(s[j] - l);
+            for (int64_t j = 0; j < ncols; j++) s[j] = l == -INFINITY ? 0.0f : ca_fast_expf(s[j] - l);
         } else {
             lse_out[r] = softmax_row(s, ncols);
         }

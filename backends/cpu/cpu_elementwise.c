@@ -1,64 +1,18 @@
 /* CPU elementwise kernels: unary (+ backward), broadcasting binary, axpby. */
 #include "backends/cpu/cpu_impl.h"
 
-#define GELU_K 0.7978845608028654f  /* sqrt(2/pi) */
-#define GELU_C 0.044715f
 
 /* ---------------------------------------------------------------- unary */
 
-/* One loop per op; the switch runs once per call, never per element. The
- * body is inlined into an in-place and a two-buffer variant so that the
- * compiler knows exactly how x and y alias in each. */
-CPU_INLINE void unary_loop(ca_unary_op op, int64_t n, const float *x, float *y, float alpha) {
-    switch (op) {
-    case CA_UNARY_NEG: for (int64_t i = 0; i < n; i++) y[i] = -x[i]; break;
-    case CA_UNARY_RELU: for (int64_t i = 0; i < n; i++) y[i] = x[i] < 0.0f ? 0.0f : x[i]; break;
-    case CA_UNARY_GELU_TANH:
-        /* 0.5 x (1 + tanh(u)) == x * sigmoid(2u) */
-        for (int64_t i = 0; i < n; i++) {
-            float v = x[i];
-            float u2 = 2.0f * GELU_K * (v + GELU_C * v * v * v);
-            y[i] = v / (1.0f + cpu_expf(-u2));
-        }
-        break;
-    case CA_UNARY_TANH: for (int64_t i = 0; i < n; i++) y[i] = tanhf(x[i]); break;
-    case CA_UNARY_SIGMOID:
-        for (int64_t i = 0; i < n; i++) y[i] = 1.0f / (1.0f + cpu_expf(-x[i]));
-        break;
-    case CA_UNARY_EXP: for (int64_t i = 0; i < n; i++) y[i] = cpu_expf(x[i]); break;
-    case CA_UNARY_LOG: for (int64_t i = 0; i < n; i++) y[i] = logf(x[i]); break;
-    case CA_UNARY_SQRT: for (int64_t i = 0; i < n; i++) y[i] = sqrtf(x[i]); break;
-    case CA_UNARY_RSQRT: for (int64_t i = 0; i < n; i++) y[i] = 1.0f / sqrtf(x[i]); break;
-    case CA_UNARY_ABS: for (int64_t i = 0; i < n; i++) y[i] = fabsf(x[i]); break;
-    case CA_UNARY_SQUARE: for (int64_t i = 0; i < n; i++) y[i] = x[i] * x[i]; break;
-    case CA_UNARY_RECIP: for (int64_t i = 0; i < n; i++) y[i] = 1.0f / x[i]; break;
-    case CA_UNARY_SCALE: for (int64_t i = 0; i < n; i++) y[i] = alpha * x[i]; break;
-    case CA_UNARY_ADD_SCALAR: for (int64_t i = 0; i < n; i++) y[i] = x[i] + alpha; break;
-    case CA_UNARY_POW:
-        if (alpha == 2.0f)
-            for (int64_t i = 0; i < n; i++) y[i] = x[i] * x[i];
-        else if (alpha == 1.0f)
-            for (int64_t i = 0; i < n; i++) y[i] = x[i];
-        else if (alpha == 0.5f)
-            for (int64_t i = 0; i < n; i++) y[i] = sqrtf(x[i]);
-        else
-            for (int64_t i = 0; i < n; i++) y[i] = powf(x[i], alpha);
-        break;
-    case CA_UNARY_GELU_ERF:
-        for (int64_t i = 0; i < n; i++) y[i] = x[i] * cpu_phif(x[i]);
-        break;
-    case CA_UNARY_SILU: for (int64_t i = 0; i < n; i++) y[i] = x[i] / (1.0f + cpu_expf(-x[i])); break;
-    default: break;
-    }
-}
-
+/* The loop per op is ca_unary_f32_loop (base/unary_math_impl.h); it is inlined into an in-place and
+ * a two-buffer variant so that the compiler knows exactly how x and y alias in each. */
 CPU_CLONES static void unary_f32(ca_unary_op op, int64_t n, const float *restrict x,
                                  float *restrict y, float alpha) {
-    unary_loop(op, n, x, y, alpha);
+    ca_unary_f32_loop(op, n, x, y, alpha);
 }
 
 CPU_CLONES static void unary_f32_inplace(ca_unary_op op, int64_t n, float *y, float alpha) {
-    unary_loop(op, n, y, y, alpha);
+    ca_unary_f32_loop(op, n, y, y, alpha);
 }
 
 static bool unary_op_valid(ca_unary_op op) { return (unsigned)op < CA_UNARY_OP_COUNT; }
@@ -109,9 +63,9 @@ CPU_INLINE void unary_grad(ca_unary_op op, int64_t n, const float *x, const floa
     case CA_UNARY_GELU_TANH:
         for (int64_t i = 0; i < n; i++) {
             float v = x[i];
-            float u2 = 2.0f * GELU_K * (v + GELU_C * v * v * v);
-            float s = 1.0f / (1.0f + cpu_expf(-u2));
-            float du2 = 2.0f * GELU_K * (1.0f + 3.0f * GELU_C * v * v);
+            float u2 = 2.0f * CA_GELU_K * (v + CA_GELU_C * v * v * v);
+            float s = 1.0f / (1.0f + ca_fast_expf(-u2));
+            float du2 = 2.0f * CA_GELU_K * (1.0f + 3.0f * CA_GELU_C * v * v);
             g[i] = dy[i] * (s + v * s * (1.0f - s) * du2);
         }
         break;
@@ -144,13 +98,13 @@ CPU_INLINE void unary_grad(ca_unary_op op, int64_t n, const float *x, const floa
     case CA_UNARY_GELU_ERF:     /* Phi(x) + x phi(x) */
         for (int64_t i = 0; i < n; i++) {
             float v = x[i];
-            float cdf = cpu_phif(v);
-            g[i] = dy[i] * (cdf + v * 0.3989422804014327f * cpu_expf(-0.5f * v * v));
+            float cdf = ca_phif(v);
+            g[i] = dy[i] * (cdf + v * 0.3989422804014327f * ca_fast_expf(-0.5f * v * v));
         }
         break;
     case CA_UNARY_SILU:
         for (int64_t i = 0; i < n; i++) {
-            float v = x[i], sg = 1.0f / (1.0f + cpu_expf(-v));
+            float v = x[i], sg = 1.0f / (1.0f + ca_fast_expf(-v));
             g[i] = dy[i] * sg * (1.0f + v * (1.0f - sg));
         }
         break;

@@ -5,6 +5,7 @@
 #include <caccel/backend.h>
 #include "base/half_impl.h"
 #include "base/kernel_check_impl.h"
+#include "base/unary_math_impl.h"
 
 #include <math.h>
 #include <stdbool.h>
@@ -46,56 +47,6 @@ ca_status cpu_bf16_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float
                         int64_t lda, const uint16_t *b, int64_t ldb, float beta, float *c, int64_t ldc);
 
 /* ---------------------------------------------------------------- bits */
-
-/* expf to about 2 ulp, written for the vectoriser (no calls, no branches):
- * e^x = 2^n e^r with |r| <= ln2/2, the 2^n applied in two halves so that
- * subnormal results come out right. */
-CPU_INLINE float cpu_expf(float x) {
-    const float shifter = 12582912.0f;                  /* 1.5 * 2^23: rounds to an integer */
-    float xc = x < -104.0f ? -104.0f : (x > 89.0f ? 89.0f : x);
-    float k = xc * 1.44269504088896341f + shifter;
-    float n = k - shifter;
-    int32_t ni = (int32_t)(ca_f32_bits(k) - ca_f32_bits(shifter));
-    float r = xc - n * 0.693359375f;
-    r = r - n * -2.12194440e-4f;
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * (r * r) + r + 1.0f;
-    int32_t n1 = ni / 2, n2 = ni - n1;
-    float s1 = ca_bits_f32((uint32_t)(n1 + 127) << 23);
-    float s2 = ca_bits_f32((uint32_t)(n2 + 127) << 23);
-    float y = p * s1 * s2;
-    y = x > 88.72283935546875f ? INFINITY : y;
-    y = x < -103.972084045410156f ? 0.0f : y;
-    return x != x ? x : y;
-}
-
-/* The standard normal CDF Phi(x) = (1 + erf(x / sqrt 2)) / 2, for GELU, written for the
- * vectoriser (libm's erff is a scalar call): erfc by Numerical Recipes' Chebyshev fit
- * erfc(z) = t exp(-z^2 + P(t)), t = 1 / (1 + z/2), relative error below 1.2e-7 in exact
- * arithmetic; in f32 about 2e-7 relative for |x| < 8 (the rounding of z^2 grows it in the far
- * tail, where Phi < 1e-15). Taken from erfc on both sides, so the negative tail keeps its
- * relative accuracy instead of cancelling in 1 + erf. */
-CPU_INLINE float cpu_phif(float x) {
-    float z = (x < 0.0f ? -x : x) * 0.70710678118654752f;
-    float t = 1.0f / (1.0f + 0.5f * z);
-    float p = 0.17087277f;
-    p = p * t - 0.82215223f;
-    p = p * t + 1.48851587f;
-    p = p * t - 1.13520398f;
-    p = p * t + 0.27886807f;
-    p = p * t - 0.18628806f;
-    p = p * t + 0.09678418f;
-    p = p * t + 0.37409196f;
-    p = p * t + 1.00002368f;
-    p = p * t - 1.26551223f;
-    float half_erfc = 0.5f * t * cpu_expf(p - z * z);
-    return x < 0.0f ? half_erfc : 1.0f - half_erfc;
-}
 
 /* --------------------------------------------------------- shared helpers */
 

@@ -39,7 +39,7 @@ CPU_CLONES static void exp_rows(const float *restrict x, int64_t nr, int64_t col
                                 const float *restrict shift, float *restrict e) {
     for (int64_t r = 0; r < nr; r++)
         for (int64_t c = 0; c < cols; c++) e[r * cols + c] = x[r * cols + c] - shift[r];
-    for (int64_t i = 0; i < nr * cols; i++) e[i] = cpu_expf(e[i]);
+    for (int64_t i = 0; i < nr * cols; i++) e[i] = ca_fast_expf(e[i]);
 }
 
 /* Short rows: one pass per column across the rows of a block, so that no
@@ -144,9 +144,9 @@ CPU_CLONES static void softmax_grad_row(bool log, const float *restrict y, const
                                         int64_t n, float s, float beta, float *restrict dx) {
     if (log) {
         if (beta == 0.0f)
-            for (int64_t i = 0; i < n; i++) dx[i] = dy[i] - cpu_expf(y[i]) * s;
+            for (int64_t i = 0; i < n; i++) dx[i] = dy[i] - ca_fast_expf(y[i]) * s;
         else
-            for (int64_t i = 0; i < n; i++) dx[i] = beta * dx[i] + (dy[i] - cpu_expf(y[i]) * s);
+            for (int64_t i = 0; i < n; i++) dx[i] = beta * dx[i] + (dy[i] - ca_fast_expf(y[i]) * s);
     } else {
         if (beta == 0.0f)
             for (int64_t i = 0; i < n; i++) dx[i] = y[i] * (dy[i] - s);

@@ -4,6 +4,7 @@
  * Every element goes through the same operations in the same order as the cpu kernels (the build
  * has no floating-point contraction), so the results are bit-identical to eager execution. */
 #include "backends/xla_stub/xla_impl.h"
+#include "base/unary_math_impl.h"
 
 #include <math.h>
 #include <string.h>
@@ -22,16 +23,9 @@
 
 /* ------------------------------------------------------------------ compile time */
 
-/* Unary ops whose cpu kernel uses only correctly rounded arithmetic or libm (not the cpu
- * backend's own exp): the fused loop reproduces them exactly. */
-static bool unary_fusable(ca_unary_op op) {
-    switch (op) {
-    case CA_UNARY_NEG: case CA_UNARY_RELU: case CA_UNARY_TANH: case CA_UNARY_LOG: case CA_UNARY_SQRT:
-    case CA_UNARY_RSQRT: case CA_UNARY_ABS: case CA_UNARY_SQUARE: case CA_UNARY_RECIP: case CA_UNARY_SCALE:
-    case CA_UNARY_ADD_SCALAR: case CA_UNARY_POW: case CA_UNARY_GELU_ERF: return true;
-    default: return false;
-    }
-}
+/* Every unary op: the fused loop runs the cpu kernels' own per-element code
+ * (base/unary_math_impl.h), so it reproduces them exactly. */
+static bool unary_fusable(ca_unary_op op) { return (unsigned)op < CA_UNARY_OP_COUNT; }
 
 static int64_t numel_of(const ca_bcast_args *b) {
     int64_t e = 1;
@@ -201,37 +195,6 @@ INLINE void gather(const ca_bcast_args *b, const operand *o, int64_t e0, int64_t
     }
 }
 
-/* The cpu kernels' per-element arithmetic (backends/cpu/cpu_elementwise.c), op for op. */
-INLINE void unary_chunk(ca_unary_op op, int64_t n, const float *restrict x, float *restrict y, float alpha) {
-    switch (op) {
-    case CA_UNARY_NEG: for (int64_t i = 0; i < n; i++) y[i] = -x[i]; break;
-    case CA_UNARY_RELU: for (int64_t i = 0; i < n; i++) y[i] = x[i] < 0.0f ? 0.0f : x[i]; break;
-    case CA_UNARY_TANH: for (int64_t i = 0; i < n; i++) y[i] = tanhf(x[i]); break;
-    case CA_UNARY_LOG: for (int64_t i = 0; i < n; i++) y[i] = logf(x[i]); break;
-    case CA_UNARY_SQRT: for (int64_t i = 0; i < n; i++) y[i] = sqrtf(x[i]); break;
-    case CA_UNARY_RSQRT: for (int64_t i = 0; i < n; i++) y[i] = 1.0f / sqrtf(x[i]); break;
-    case CA_UNARY_ABS: for (int64_t i = 0; i < n; i++) y[i] = fabsf(x[i]); break;
-    case CA_UNARY_SQUARE: for (int64_t i = 0; i < n; i++) y[i] = x[i] * x[i]; break;
-    case CA_UNARY_RECIP: for (int64_t i = 0; i < n; i++) y[i] = 1.0f / x[i]; break;
-    case CA_UNARY_SCALE: for (int64_t i = 0; i < n; i++) y[i] = alpha * x[i]; break;
-    case CA_UNARY_ADD_SCALAR: for (int64_t i = 0; i < n; i++) y[i] = x[i] + alpha; break;
-    case CA_UNARY_POW:
-        if (alpha == 2.0f)
-            for (int64_t i = 0; i < n; i++) y[i] = x[i] * x[i];
-        else if (alpha == 1.0f)
-            for (int64_t i = 0; i < n; i++) y[i] = x[i];
-        else if (alpha == 0.5f)
-            for (int64_t i = 0; i < n; i++) y[i] = sqrtf(x[i]);
-        else
-            for (int64_t i = 0; i < n; i++) y[i] = powf(x[i], alpha);
-        break;
-    case CA_UNARY_GELU_ERF:
-        for (int64_t i = 0; i < n; i++) y[i] = 0.5f * x[i] * (1.0f + erff(x[i] * (float)M_SQRT1_2));
-        break;
-    default: break;
-    }
-}
-
 #define BIN(EXPR) for (int64_t i = 0; i < n; i++) { float av = a[i], bv = b[i]; y[i] = (EXPR); } break
 
 INLINE void binary_chunk(ca_binary_op op, int64_t n, const float *restrict a, const float *restrict b,
@@ -269,7 +232,7 @@ CLONES static void run_chunks(const step *st, int len, float *y, int64_t e) {
             out = buf[s & 1];
             const xnode *n = st[s].n;
             if (n->slot == XS_UNARY) {
-                unary_chunk(n->a.unary.op, c, operand_chunk(&st[s], 0, prev, e0, c, ta), out, n->a.unary.alpha);
+                ca_unary_f32_loop(n->a.unary.op, c, operand_chunk(&st[s], 0, prev, e0, c, ta), out, n->a.unary.alpha);
             } else {
                 const float *a = operand_chunk(&st[s], 0, prev, e0, c, ta);
                 binary_chunk(n->a.binary.op, c, a, operand_chunk(&st[s], 1, prev, e0, c, tb), out);
