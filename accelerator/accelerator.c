@@ -380,7 +380,7 @@ int ca_accumulate_begin(ca_accelerator *acc, ca_module *model) {
 void ca_accumulate_end(ca_accelerator *acc) { acc->in_accumulate = false; }
 
 bool ca_sync_gradients(const ca_accelerator *acc) {
-    return det_batch_done(acc) && (!acc->in_accumulate || acc->sync);
+    return det_batch_done(acc) && (acc->in_accumulate ? acc->sync : acc->sync_set != CA_NO);
 }
 
 static bool should_zero_grad(const void *owner) { return ca_sync_gradients(owner); }
@@ -560,12 +560,15 @@ ca_status ca_backward(ca_accelerator *acc, ca_tensor *loss) {
     int part = 0, parts = 0;
     if (acc->st.deterministic) det_part(acc, &part, &parts);
     if (acc->st.deterministic && acc->model && parts != acc->det.parts) return det_refuse(acc);
-    bool sync = ca_sync_gradients(acc);
-    acc->sync = sync;
+    bool sync = ca_backward_syncs(acc), step_sync = acc->sync;
+    ca_status s = acc->joining ? ca_join_notify(acc, sync) : CA_OK;
+    if (s != CA_OK) return s;
+    acc->sync = sync;   /* what the bucket hooks read during this backward */
     acc->in_backward = true;
-    ca_status s = acc->zero.stage && acc->model ? ca_zero_before_backward(acc) : CA_OK;
+    s = acc->zero.stage && acc->model ? ca_zero_before_backward(acc) : CA_OK;
     if (s != CA_OK) {
         acc->in_backward = false;
+        acc->sync = step_sync;
         return s;
     }
     if (seed == 1.0) {
@@ -575,6 +578,7 @@ ca_status ca_backward(ca_accelerator *acc, ca_tensor *loss) {
         s = g ? ca_autograd_backward_with(loss, g) : ca_last_status();
     }
     acc->in_backward = false;
+    if (acc->in_accumulate) acc->sync = step_sync;   /* no_sync / trigger do not change the step */
     if (acc->nbuckets && sync) {
         ca_status f = ca_ddp_finish_buckets(acc);
         if (s == CA_OK) s = f;

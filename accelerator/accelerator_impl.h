@@ -105,6 +105,13 @@ struct ca_accelerator {
     ca_det det;
     /* sharded data parallelism */
     ca_zero zero;
+    /* sync.c: no_sync and trigger_sync_in_backward scopes, sync_gradients set by the program,
+     * the trigger flag */
+    int no_sync_depth, force_sync_depth;
+    ca_tristate sync_set;        /* outside CA_ACCUMULATE: CA_NO holds steps and synchronisation back */
+    bool trigger;
+    /* join.c: inside ca_join_uneven_inputs with join enabled */
+    bool joining;
 };
 
 /* ddp.c: data parallelism over acc->comm. */
@@ -145,6 +152,11 @@ bool ca_zero_is_sharded_checkpoint(const char *dir);
 ca_status ca_zero_check_shard(ca_accelerator *acc, const char *dir);
 /* The parameters from every rank's file, the optimizer state from this rank's. */
 ca_status ca_zero_load_shard(ca_accelerator *acc, const char *dir);
+
+/* sync.c: whether this backward all-reduces (the step's decision, no_sync, trigger_sync_in_backward). */
+bool ca_backward_syncs(const ca_accelerator *acc);
+/* join.c: an active rank's part of the join protocol before a backward (collective under join). */
+ca_status ca_join_notify(ca_accelerator *acc, bool sync);
 
 /* state.c: frees what ca_register_for_checkpointing kept. */
 void ca_state_free(ca_accelerator *acc);
