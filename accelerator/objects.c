@@ -132,12 +132,17 @@ ca_tensor *ca_pad_across_processes(ca_accelerator *acc, ca_tensor *t, int dim, d
     return s == CA_OK ? out : NULL;
 }
 
+/* Accelerate's reduce: "none" all-reduces with a sum too (its torch.distributed path does). */
 ca_status ca_reduce_scaled(ca_accelerator *acc, ca_tensor *t, const char *reduction, double scale) {
     if (!acc || !reduction) return ca_error(CA_ERR_INVALID, "ca_reduce_scaled: NULL argument");
-    bool mean = !strcmp(reduction, "mean");
-    if (!mean && strcmp(reduction, "sum") != 0)
-        return ca_error(CA_ERR_INVALID, "reduce: reduction \"%s\" is not one of \"sum\", \"mean\"", reduction);
-    ca_status s = ca_reduce(acc, t, mean ? CA_OP_AVG : CA_OP_SUM);
+    static const struct { const char *name; ca_reduce_op op; } ops[] = {
+        {"sum", CA_OP_SUM}, {"mean", CA_OP_AVG}, {"max", CA_OP_MAX}, {"none", CA_OP_SUM}};
+    int k = 0;
+    while (k < 4 && strcmp(reduction, ops[k].name) != 0) k++;
+    if (k == 4)
+        return ca_error(CA_ERR_INVALID, "reduce: reduction \"%s\" is not one of \"sum\", \"mean\", \"max\", "
+                        "\"none\"", reduction);
+    ca_status s = ca_reduce(acc, t, ops[k].op);
     if (s != CA_OK || scale == 1.0) return s;
     ca_tensor *f = ca_full(ca_tdev(t), t->dtype, t->ndim, t->shape, scale), *r = f ? ca_mul(t, f) : NULL;
     return r ? ca_tensor_copy_(t, r) : ca_last_status();

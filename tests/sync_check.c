@@ -146,8 +146,13 @@ static void objects(ca_accelerator *acc) {
     double sv, mv;
     CA_CHECK(ca_tensor_item(s, &sv));
     CA_CHECK(ca_tensor_item(mn, &mv));
-    printf("rank=%d reduce_sum_x2=%g reduce_mean=%g\n", rank, sv, mv);
-    if (ca_reduce_scaled(acc, s, "max", 1.0) == CA_OK) exit(3);
+    float x = (float)(rank + 1);
+    ca_tensor *mx = ca_from_host(dev, CA_F32, 1, (int64_t[]){1}, &x);
+    double xv;
+    CA_CHECK(ca_reduce_scaled(acc, mx, "max", 1.0));
+    CA_CHECK(ca_tensor_item(mx, &xv));
+    printf("rank=%d reduce_sum_x2=%g reduce_mean=%g reduce_max=%g\n", rank, sv, mv, xv);
+    if (ca_reduce_scaled(acc, s, "prod", 1.0) == CA_OK) exit(3);
     printf("rank=%d reduce_error=%s\n", rank, ca_last_error());
     ca_manual_seed(100 + (uint64_t)rank);   /* every rank its own generator, then rank 0's */
     CA_CHECK(ca_synchronize_rng_states(acc));

@@ -60,8 +60,8 @@ for r in $runs; do
     count "$np" "broadcast=hello from the last rank|x$" "$WORK/o"
     count "$np" "pad_first=0 rows=$rows col0=$p0$" "$WORK/o"
     count "$np" "pad_first=1 rows=$rows col0=$p1$" "$WORK/o"
-    count "$np" "reduce_sum_x2=$((np * (np + 1))) reduce_mean=$half$" "$WORK/o"
-    count "$np" 'reduce_error=reduce: reduction "max" is not one of "sum", "mean"' "$WORK/o"
+    count "$np" "reduce_sum_x2=$((np * (np + 1))) reduce_mean=$half reduce_max=$np$" "$WORK/o"
+    count "$np" 'reduce_error=reduce: reduction "prod" is not one of "sum", "mean", "max", "none"' "$WORK/o"
     count "$np" "rng_same_as_rank0=1$" "$WORK/o"
 done
 

@@ -180,8 +180,9 @@ CA_API ca_status ca_broadcast_object_list(ca_accelerator *acc, void **bufs, size
  * ranks, the new elements pad_index, appended (or, pad_first, prepended). Collective. */
 CA_API ca_tensor *ca_pad_across_processes(ca_accelerator *acc, ca_tensor *t, int dim, double pad_index,
                                           bool pad_first);
-/* Accelerate's reduce(tensor, reduction, scale): "sum" or "mean" over ranks, then times scale
- * (1.0: unchanged), in place. Integer tensors take mean as an integer division. */
+/* Accelerate's reduce(tensor, reduction, scale): "sum", "mean", "max" or "none" (a sum, as
+ * Accelerate's) over ranks, in place, then times scale (1.0: unchanged). Accelerate applies scale on
+ * XLA only; caccel on every device, so that a program means the same everywhere. */
 CA_API ca_status ca_reduce_scaled(ca_accelerator *acc, ca_tensor *t, const char *reduction, double scale);
 /* synchronize_rng_states: every rank takes rank 0's process generator (seed and counter). */
 CA_API ca_status ca_synchronize_rng_states(ca_accelerator *acc);
