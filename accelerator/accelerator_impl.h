@@ -18,6 +18,7 @@ typedef struct ca_bucket {
     int ready;                   /* parameters whose gradient is final this pass */
     bool launched;
     ca_work *work;
+    int group;                   /* the prepared model it belongs to (0: the first) */
 } ca_bucket;
 
 /* Deterministic mode: one gradient row per virtual shard this rank holds. */
@@ -112,6 +113,13 @@ struct ca_accelerator {
     bool trigger;
     /* join.c: inside ca_join_uneven_inputs with join enabled */
     bool joining;
+    /* several models (GANs, teacher/student): those prepared after acc->model, plain data parallel
+     * only; each model's buckets are a contiguous group [group_begin[g], group_begin[g + 1]) that
+     * launches in its own order */
+    int nextra;
+    ca_module **extra;
+    int ngroups;
+    int *group_begin, *group_next;
 };
 
 /* ddp.c: data parallelism over acc->comm. */

@@ -86,6 +86,9 @@ ca_status ca_join_uneven_inputs_begin(ca_accelerator *acc, ca_tristate even_batc
         if (s != CA_OK) return s;
     }
     if (even) return CA_OK;   /* every rank has the same batches: nothing to join */
+    if (acc->nextra)
+        return ca_error(CA_ERR_UNSUPPORTED, "join_uneven_inputs with uneven batches joins one prepared model; "
+                        "%d more are prepared (rank %d)", acc->nextra, acc->rank);
     if (acc->st.mixed_precision == CA_MP_FP16 || acc->st.deterministic)
         return ca_error(CA_ERR_UNSUPPORTED, "join_uneven_inputs with uneven batches cannot shadow the %s of the "
                         "ranks still training (rank %d); use even_batches=true",

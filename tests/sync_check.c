@@ -6,6 +6,7 @@
  *   --mode accum  : the sync pattern of CA_ACCUMULATE as gradient_accumulation_steps changes at run time
  *   --mode trigger: the last rank raises the trigger at iteration 3
  *   --mode objects: gather_object, broadcast_object_list, pad_across_processes, reduce, rng states
+ *   --mode models : two models and optimizers on one accelerator, each model its own buckets
  *   --mode join   : 103 samples without even batches, trained inside join_uneven_inputs
  *                   (--even yes|no overrides even_batches) */
 #include <caccel/caccel.h>
@@ -166,6 +167,43 @@ static void objects(ca_accelerator *acc) {
     printf("rank=%d rng_same_as_rank0=%d\n", rank, !memcmp(a, b, sizeof a));
 }
 
+/* Two models prepared on one accelerator (a GAN's generator and critic): a backward reduces the
+ * buckets of the models it reached, each model's own. */
+static void two_models(ca_accelerator *acc) {
+    ca_module *a, *b;
+    ca_optimizer *oa, *ob;
+    CA_CHECK(ca_linear_create(1, 1, false, &a));
+    CA_CHECK(ca_linear_create(1, 1, false, &b));
+    CA_CHECK(ca_sgd_create(a, &(ca_sgd_opts){.lr = 0.5}, &oa));
+    CA_CHECK(ca_sgd_create(b, &(ca_sgd_opts){.lr = 0.5}, &ob));
+    CA_CHECK(ca_prepare(acc, a, oa, NULL));
+    CA_CHECK(ca_prepare(acc, b, ob, NULL));
+    ca_comm *c = ca_accelerator_comm(acc);
+    uint64_t s0 = ca_comm_seq(c);
+    one_backward(acc, a);   /* a only: one all-reduce, b's gradient untouched */
+    printf("rank=%d a_only collectives=%llu grad_a=%g b_has_grad=%d\n", rank, (unsigned long long)(ca_comm_seq(c) - s0),
+           grad0(a), ca_tensor_grad(ca_module_param_at(b, 0)) != NULL);
+    ca_optimizer_zero_grad(oa);
+    s0 = ca_comm_seq(c);
+    float x = (float)(rank + 1);
+    ca_tensor *in = ca_from_host(ca_accelerator_device(acc), CA_F32, 2, (int64_t[]){1, 1}, &x);
+    ca_tensor *loss = ca_add(ca_sum(ca_module_forward(a, in)), ca_mul(ca_sum(ca_module_forward(b, in)),
+                                                                      ca_full(ca_accelerator_device(acc), CA_F32, 0, NULL, 3)));
+    CA_CHECK(ca_backward(acc, loss));   /* both: one all-reduce each */
+    printf("rank=%d both collectives=%llu grad_a=%g grad_b=%g\n", rank, (unsigned long long)(ca_comm_seq(c) - s0),
+           grad0(a), grad0(b));
+    double wa = weight0(a), wb = weight0(b);
+    CA_CHECK(ca_optimizer_step(oa));
+    CA_CHECK(ca_optimizer_step(ob));
+    printf("rank=%d steps delta_a=%g delta_b=%g\n", rank, weight0(a) - wa, weight0(b) - wb);
+    if (ca_save_state(acc, "unused") == CA_OK) exit(3);
+    printf("rank=%d save_state_error=%s\n", rank, ca_last_error());
+    ca_optimizer_destroy(oa);
+    ca_optimizer_destroy(ob);
+    ca_module_destroy(b);
+    ca_module_destroy(a);
+}
+
 static ca_dataset *synthetic(int64_t n) {
     float *x = malloc(sizeof(float) * (size_t)(n * 8));
     int64_t *y = malloc(sizeof(int64_t) * (size_t)n);
@@ -241,6 +279,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(mode, "trigger")) trigger(acc);
     else if (!strcmp(mode, "objects")) objects(acc);
     else if (!strcmp(mode, "join")) join(acc, even);
+    else if (!strcmp(mode, "models")) two_models(acc);
     else { fprintf(stderr, "sync_check: unknown mode %s\n", mode); return 2; }
     fflush(stdout);
     CA_CHECK(ca_wait_for_everyone(acc));

@@ -50,6 +50,15 @@ for r in $runs; do
     launch "$np" "$be" "$SC" --mode trigger > "$WORK/o" || { cat "$WORK/o"; fail "trigger $np $be"; }
     count "$np" "trigger_seen_at=3 again=0$" "$WORK/o"
 
+    # two models on one accelerator: a backward reduces the buckets of the models it reached only
+    # (rank r's gradient is r + 1 for the first model, 3 (r + 1) for the second)
+    launch "$np" "$be" "$SC" --mode models > "$WORK/o" || { cat "$WORK/o"; fail "models $np $be"; }
+    one=$((np > 1 ? 1 : 0))
+    count "$np" "a_only collectives=$one grad_a=$half b_has_grad=0$" "$WORK/o"
+    count "$np" "both collectives=$((2 * one)) grad_a=$half grad_b=$(awk -v h="$half" 'BEGIN { print 3 * h }')$" "$WORK/o"
+    count "$np" "steps delta_a=-$(awk -v h="$half" 'BEGIN { print h / 2 }') delta_b=-$(awk -v h="$half" 'BEGIN { print 1.5 * h }')$" "$WORK/o"
+    count "$np" "save_state_error=save_state: 1 model(s) prepared after the first" "$WORK/o"
+
     launch "$np" "$be" "$SC" --mode objects > "$WORK/o" || { cat "$WORK/o"; fail "objects $np $be"; }
     case $np in
     1) g=r0 last=2 rows=1 p0=0 p1=0 ;;

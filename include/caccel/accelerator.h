@@ -44,7 +44,10 @@ CA_API void ca_accelerator_destroy(ca_accelerator *acc);
 /* Places the model's parameters (and the optimizer's state) on the device,
  * makes every rank start from rank 0's parameters, and gives the dataloader
  * its device and this rank's shard. Any argument may be NULL; call again for
- * more dataloaders (evaluation). */
+ * more dataloaders (evaluation), optimizers and models (a GAN's generator and
+ * critic, teacher and student: plain data parallelism only, each model with its
+ * own gradient buckets, reduced by the backwards that reach it; ca_save_state
+ * holds one model). */
 CA_API ca_status ca_prepare(ca_accelerator *acc, ca_module *model, ca_optimizer *opt,
                             ca_dataloader *dl);
 CA_API ca_status ca_prepare_dataloader(ca_accelerator *acc, ca_dataloader *dl);
@@ -142,7 +145,8 @@ CA_API ca_status ca_main_process_first_end(ca_accelerator *acc);
 /* ----------------------------------------------------------- synchronisation control */
 /* CA_NO_SYNC(acc, model) { forward; backward; }: Accelerate's no_sync. Backward inside keeps the
  * gradients local (no all-reduce) and they accumulate across passes; the first backward outside
- * synchronises the sum. Unlike CA_ACCUMULATE nothing is counted and steps are not held back. */
+ * synchronises the sum. Unlike CA_ACCUMULATE nothing is counted and steps are not held back. With
+ * several prepared models it holds back every model's synchronisation, not only model's. */
 CA_API int ca_no_sync_begin(ca_accelerator *acc, ca_module *model);
 CA_API void ca_no_sync_end(ca_accelerator *acc);
 #define CA_NO_SYNC(acc, model) CA_NO_SYNC_(acc, model, CA_CAT(ca_ns_v_, __LINE__))
