@@ -120,6 +120,9 @@ struct ca_accelerator {
     ca_module **extra;
     int ngroups;
     int *group_begin, *group_next;
+    /* autocast.c: the thread's autocast before each open CA_AUTOCAST scope */
+    int autocast_depth;
+    ca_dtype autocast_saved[16];
 };
 
 /* ddp.c: data parallelism over acc->comm. */

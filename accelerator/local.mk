@@ -13,4 +13,5 @@ libcaccel_la_SOURCES += \
 	accelerator/state.c \
 	accelerator/sync.c \
 	accelerator/objects.c \
-	accelerator/join.c
+	accelerator/join.c \
+	accelerator/autocast.c

@@ -7,6 +7,7 @@
  *   --mode trigger: the last rank raises the trigger at iteration 3
  *   --mode objects: gather_object, broadcast_object_list, pad_across_processes, reduce, rng states
  *   --mode models : two models and optimizers on one accelerator, each model its own buckets
+ *   --mode autocast: CA_AUTOCAST scopes, nested, with and without mixed_precision
  *   --mode join   : 103 samples without even batches, trained inside join_uneven_inputs
  *                   (--even yes|no overrides even_batches) */
 #include <caccel/caccel.h>
@@ -204,6 +205,34 @@ static void two_models(ca_accelerator *acc) {
     ca_module_destroy(a);
 }
 
+/* The dtype a matmul of f32 inputs produces: the autocast in force. */
+static const char *mm(ca_accelerator *acc) {
+    ca_tensor *x = ca_full(ca_accelerator_device(acc), CA_F32, 2, (int64_t[]){2, 2}, 1);
+    return ca_dtype_name(ca_tensor_dtype(ca_matmul(x, x)));
+}
+
+static void autocast(ca_accelerator *acc) {
+    ca_module *m;
+    CA_CHECK(ca_linear_create(2, 2, false, &m));
+    CA_CHECK(ca_prepare(acc, m, NULL, NULL));
+    ca_tensor *x = ca_full(ca_accelerator_device(acc), CA_F32, 2, (int64_t[]){2, 2}, 1);
+    printf("outside=%s", mm(acc));
+    CA_AUTOCAST(acc, NULL) {
+        printf(" scope=%s", mm(acc));
+        CA_AUTOCAST(acc, &(ca_autocast_opts){.enabled = CA_NO}) {
+            printf(" disabled=%s model=%s", mm(acc), ca_dtype_name(ca_tensor_dtype(ca_module_forward(m, x))));
+            CA_AUTOCAST(acc, &(ca_autocast_opts){.dtype = CA_F16}) { printf(" f16=%s", mm(acc)); }
+            printf(" back=%s", mm(acc));
+        }
+        printf(" outer=%s", mm(acc));
+    }
+    printf(" after=%s", mm(acc));
+    int ran = 0;
+    CA_AUTOCAST(acc, &(ca_autocast_opts){.dtype = CA_I32}) { ran = 1; }
+    printf(" bad_ran=%d error=%s\n", ran, ca_last_error());
+    ca_module_destroy(m);
+}
+
 static ca_dataset *synthetic(int64_t n) {
     float *x = malloc(sizeof(float) * (size_t)(n * 8));
     int64_t *y = malloc(sizeof(int64_t) * (size_t)n);
@@ -280,6 +309,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(mode, "objects")) objects(acc);
     else if (!strcmp(mode, "join")) join(acc, even);
     else if (!strcmp(mode, "models")) two_models(acc);
+    else if (!strcmp(mode, "autocast")) autocast(acc);
     else { fprintf(stderr, "sync_check: unknown mode %s\n", mode); return 2; }
     fflush(stdout);
     CA_CHECK(ca_wait_for_everyone(acc));

@@ -98,6 +98,14 @@ for be in $backends; do
     fi
     grep -q "collective mismatch\|timed out\|cannot complete" "$WORK/o" || { cat "$WORK/o"; fail "no collective error"; }
 done
+note "autocast scopes (one process: they do not depend on the process count)"
+for mp in no bf16 fp16; do
+    lp=$mp
+    [ "$mp" = bf16 ] || [ "$mp" = fp16 ] || lp=f32
+    [ "$mp" = fp16 ] && lp=f16
+    "$SC" --cpu --mode autocast --mixed_precision "$mp" > "$WORK/o" 2>&1 || { cat "$WORK/o"; fail "autocast $mp"; }
+    count 1 "^outside=f32 scope=$lp disabled=f32 model=$lp f16=f16 back=f32 outer=$lp after=f32 bad_ran=0 error=autocast: dtype i32 is not f16 or bf16" "$WORK/o"
+done
 note "join_uneven_inputs on 1 process: no effect"
 launch 1 single "$SC" --mode join --even no > "$WORK/o" || { cat "$WORK/o"; fail "join 1 process"; }
 count 1 "rank=0 batches=13 params_same=1 joined$" "$WORK/o"

@@ -202,6 +202,26 @@ CA_API ca_status ca_synchronize_rng_states(ca_accelerator *acc);
 CA_API ca_status ca_join_uneven_inputs_begin(ca_accelerator *acc, ca_tristate even_batches);
 CA_API ca_status ca_join_uneven_inputs_end(ca_accelerator *acc);
 
+/* ----------------------------------------------------------- autocast */
+/* CA_AUTOCAST(acc, &opts) { ... }: Accelerate's accelerator.autocast(AutocastKwargs(enabled)). Ops
+ * called inside (a loss, a metric, an unprepared module) run under the autocast policy
+ * (docs/MIXED_PRECISION.md) in mixed_precision's dtype; enabled CA_NO turns it off inside; scopes
+ * nest, the innermost wins, and the end restores the enclosing one. dtype CA_F16 / CA_BF16 chooses
+ * the low precision (a caccel addition; CA_F32, the zero value: mixed_precision's). With
+ * mixed_precision "no" and no dtype the scope changes nothing, as Accelerate's. A prepared model's
+ * forward always runs in mixed_precision, also inside a disabling scope (Accelerate wraps the
+ * model's forward the same way). A NULL opts is {0}. On an invalid dtype or more than 16 nested
+ * scopes the block is skipped and ca_last_status() says why. */
+typedef struct ca_autocast_opts {
+    ca_tristate enabled;        /* CA_UNSET / CA_YES: on; CA_NO: off */
+    ca_dtype dtype;             /* CA_F16, CA_BF16, or CA_F32: mixed_precision's */
+} ca_autocast_opts;
+CA_API ca_status ca_autocast_begin(ca_accelerator *acc, const ca_autocast_opts *opts);
+CA_API void ca_autocast_end(ca_accelerator *acc);
+#define CA_AUTOCAST(acc, opts) CA_AUTOCAST_(acc, opts, CA_CAT(ca_ac_v_, __LINE__))
+#define CA_AUTOCAST_(acc, opts, v) \
+    for (int v = ca_autocast_begin((acc), (opts)) == CA_OK; v; ca_autocast_end(acc), v = 0)
+
 #ifdef __cplusplus
 }
 #endif
