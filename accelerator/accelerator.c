@@ -158,12 +158,14 @@ void ca_accelerator_destroy(ca_accelerator *acc) {
         ca_dataloader_set_owner(acc->loaders[i], NULL, NULL);
         if (acc->st.deterministic) ca_dataloader_set_parts(acc->loaders[i], 0);   /* whole batches again */
     }
-    if (acc->model) {
-        acc->model->owner = NULL;
-        acc->model->autocast = CA_F32;
-        for (int i = 0; i < ca_module_num_params(acc->model); i++)
-            ca_tensor_set_grad_hook(acc->model->flat[i], NULL, NULL);
+    for (int k = -1; k < acc->nextra; k++) {
+        ca_module *m = k < 0 ? acc->model : acc->extra[k];
+        if (!m) continue;
+        m->owner = NULL;
+        m->autocast = CA_F32;
+        for (int i = 0; i < ca_module_num_params(m); i++) ca_tensor_set_grad_hook(m->flat[i], NULL, NULL);
     }
+    free(acc->extra);
     ca_ddp_free_buckets(acc);
     ca_zero_free(acc);
     ca_state_free(acc);
@@ -225,9 +227,23 @@ ca_status ca_set_seed(ca_accelerator *acc, uint64_t seed) {
 /* ------------------------------------------------------------------ prepare */
 
 /* A prepared object is being destroyed before the accelerator: drop every reference to it. */
+/* The buckets of model group g reduce nothing any more (their parameters are gone). */
+static void drop_group(ca_accelerator *acc, int g) {
+    for (int b = 0; b < acc->nbuckets; b++)
+        if (acc->buckets[b].group == g) acc->buckets[b].nparams = 0;
+}
+
 static void forget(void *owner, const void *obj) {
     ca_accelerator *acc = owner;
-    if (obj == acc->model) {
+    for (int i = 0; i < acc->nextra; i++)
+        if (acc->extra[i] == obj) {
+            drop_group(acc, i + 1);
+            acc->extra[i] = NULL;   /* kept as a hole: the group numbers stay */
+        }
+    if (obj == acc->model && acc->nextra) {
+        drop_group(acc, 0);
+        acc->model = NULL;
+    } else if (obj == acc->model) {
         for (int b = 0; b < acc->nbuckets; b++) acc->buckets[b].nparams = 0;
         ca_ddp_free_buckets(acc);
         acc->zero.nparams = 0;   /* the parameters go with the model */
@@ -256,10 +272,41 @@ static ca_status apply_checkpointing(ca_accelerator *acc, ca_module *m) {
     return s;
 }
 
+/* What every prepared model gets: the owner, the autocast of mixed_precision. */
+static void own_model(ca_accelerator *acc, ca_module *m) {
+    m->owner = acc;
+    m->owner_forget = forget;
+    m->autocast = acc->st.mixed_precision == CA_MP_BF16 ? CA_BF16
+                  : acc->st.mixed_precision == CA_MP_FP16 ? CA_F16 : CA_F32;
+    for (int i = 0; i < ca_module_num_params(m); i++) m->flat[i]->version++;
+}
+
+/* A second, third, ... model (GANs, teacher/student): its own buckets; plain data parallelism only. */
+static ca_status prepare_extra_model(ca_accelerator *acc, ca_module *m) {
+    for (int i = 0; i < acc->nextra; i++)
+        if (acc->extra[i] == m) return CA_OK;
+    if (acc->zero.stage || acc->st.deterministic || acc->joining)
+        return ca_error(CA_ERR_UNSUPPORTED, "ca_prepare: several models need plain data parallelism; %s (from %s) "
+                        "takes one model per accelerator", acc->st.deterministic ? "deterministic" : "distributed_type",
+                        ca_config_origin(acc->cfg, acc->st.deterministic ? "deterministic" : "distributed_type"));
+    if (acc->world > 1 && !acc->nbuckets)
+        return ca_error(CA_ERR_STATE, "ca_prepare: the first model has no gradient buckets (rank %d)", acc->rank);
+    ca_module **ne = realloc(acc->extra, (size_t)(acc->nextra + 1) * sizeof *ne);
+    if (!ne) return ca_error(CA_ERR_NOMEM, "out of host memory");
+    acc->extra = ne;
+    ca_status s = ca_module_to(m, acc->device);
+    if (s == CA_OK && acc->world > 1) s = ca_ddp_broadcast_params(acc, m);
+    if (s == CA_OK && acc->world > 1) s = ca_ddp_build_buckets(acc, m);
+    if (s != CA_OK) return s;
+    acc->extra[acc->nextra++] = m;
+    own_model(acc, m);
+    return apply_checkpointing(acc, m);
+}
+
 static ca_status prepare_model(ca_accelerator *acc, ca_module *m) {
-    if (acc->model && acc->model != m)
-        return ca_error(CA_ERR_STATE, "ca_prepare: a different model was already prepared (one model per accelerator)");
+    if (acc->model && acc->model != m) return prepare_extra_model(acc, m);
     if (acc->model == m) return CA_OK;
+    if (acc->nextra) return ca_error(CA_ERR_STATE, "ca_prepare: the first prepared model was destroyed");
     ca_status s = ca_module_to(m, acc->device);
     if (s == CA_OK && acc->world > 1) s = ca_ddp_broadcast_params(acc, m);
     if (s == CA_OK && acc->st.deterministic) s = ca_det_build(acc, m);
@@ -267,11 +314,7 @@ static ca_status prepare_model(ca_accelerator *acc, ca_module *m) {
     else if (s == CA_OK && acc->world > 1) s = ca_ddp_build_buckets(acc, m);
     if (s == CA_OK) {
         acc->model = m;
-        m->owner = acc;
-        m->owner_forget = forget;
-        m->autocast = acc->st.mixed_precision == CA_MP_BF16 ? CA_BF16
-                      : acc->st.mixed_precision == CA_MP_FP16 ? CA_F16 : CA_F32;
-        for (int i = 0; i < ca_module_num_params(m); i++) m->flat[i]->version++;
+        own_model(acc, m);
         s = apply_checkpointing(acc, m);
     }
     return s;
@@ -380,7 +423,7 @@ int ca_accumulate_begin(ca_accelerator *acc, ca_module *model) {
 void ca_accumulate_end(ca_accelerator *acc) { acc->in_accumulate = false; }
 
 bool ca_sync_gradients(const ca_accelerator *acc) {
-    return det_batch_done(acc) && (!acc->in_accumulate || acc->sync);
+    return det_batch_done(acc) && (acc->in_accumulate ? acc->sync : acc->sync_set != CA_NO);
 }
 
 static bool should_zero_grad(const void *owner) { return ca_sync_gradients(owner); }
@@ -420,8 +463,10 @@ static ca_status collect_grads(const ca_accelerator *acc, const ca_optimizer *o,
         for (int i = 0; s == CA_OK && i < ca_optimizer_num_params(acc->opts[k]); i++)
             s = set_add(gs, ca_optimizer_param_at(acc->opts[k], i));
     }
-    if (!o && !acc->nopts && acc->model)
-        for (int i = 0; s == CA_OK && i < ca_module_num_params(acc->model); i++) s = set_add(gs, acc->model->flat[i]);
+    for (int k = -1; !o && !acc->nopts && k < acc->nextra; k++) {
+        ca_module *m = k < 0 ? acc->model : acc->extra[k];
+        for (int i = 0; s == CA_OK && m && i < ca_module_num_params(m); i++) s = set_add(gs, m->flat[i]);
+    }
     return s;
 }
 
@@ -560,12 +605,15 @@ ca_status ca_backward(ca_accelerator *acc, ca_tensor *loss) {
     int part = 0, parts = 0;
     if (acc->st.deterministic) det_part(acc, &part, &parts);
     if (acc->st.deterministic && acc->model && parts != acc->det.parts) return det_refuse(acc);
-    bool sync = ca_sync_gradients(acc);
-    acc->sync = sync;
+    bool sync = ca_backward_syncs(acc), step_sync = acc->sync;
+    ca_status s = acc->joining ? ca_join_notify(acc, sync) : CA_OK;
+    if (s != CA_OK) return s;
+    acc->sync = sync;   /* what the bucket hooks read during this backward */
     acc->in_backward = true;
-    ca_status s = acc->zero.stage && acc->model ? ca_zero_before_backward(acc) : CA_OK;
+    s = acc->zero.stage && acc->model ? ca_zero_before_backward(acc) : CA_OK;
     if (s != CA_OK) {
         acc->in_backward = false;
+        acc->sync = step_sync;
         return s;
     }
     if (seed == 1.0) {
@@ -575,6 +623,7 @@ ca_status ca_backward(ca_accelerator *acc, ca_tensor *loss) {
         s = g ? ca_autograd_backward_with(loss, g) : ca_last_status();
     }
     acc->in_backward = false;
+    if (acc->in_accumulate) acc->sync = step_sync;   /* no_sync / trigger do not change the step */
     if (acc->nbuckets && sync) {
         ca_status f = ca_ddp_finish_buckets(acc);
         if (s == CA_OK) s = f;

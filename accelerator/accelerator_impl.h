@@ -18,6 +18,7 @@ typedef struct ca_bucket {
     int ready;                   /* parameters whose gradient is final this pass */
     bool launched;
     ca_work *work;
+    int group;                   /* the prepared model it belongs to (0: the first) */
 } ca_bucket;
 
 /* Deterministic mode: one gradient row per virtual shard this rank holds. */
@@ -105,6 +106,23 @@ struct ca_accelerator {
     ca_det det;
     /* sharded data parallelism */
     ca_zero zero;
+    /* sync.c: no_sync and trigger_sync_in_backward scopes, sync_gradients set by the program,
+     * the trigger flag */
+    int no_sync_depth, force_sync_depth;
+    ca_tristate sync_set;        /* outside CA_ACCUMULATE: CA_NO holds steps and synchronisation back */
+    bool trigger;
+    /* join.c: inside ca_join_uneven_inputs with join enabled */
+    bool joining;
+    /* several models (GANs, teacher/student): those prepared after acc->model, plain data parallel
+     * only; each model's buckets are a contiguous group [group_begin[g], group_begin[g + 1]) that
+     * launches in its own order */
+    int nextra;
+    ca_module **extra;
+    int ngroups;
+    int *group_begin, *group_next;
+    /* autocast.c: the thread's autocast before each open CA_AUTOCAST scope */
+    int autocast_depth;
+    ca_dtype autocast_saved[16];
 };
 
 /* ddp.c: data parallelism over acc->comm. */
@@ -145,6 +163,11 @@ bool ca_zero_is_sharded_checkpoint(const char *dir);
 ca_status ca_zero_check_shard(ca_accelerator *acc, const char *dir);
 /* The parameters from every rank's file, the optimizer state from this rank's. */
 ca_status ca_zero_load_shard(ca_accelerator *acc, const char *dir);
+
+/* sync.c: whether this backward all-reduces (the step's decision, no_sync, trigger_sync_in_backward). */
+bool ca_backward_syncs(const ca_accelerator *acc);
+/* join.c: an active rank's part of the join protocol before a backward (collective under join). */
+ca_status ca_join_notify(ca_accelerator *acc, bool sync);
 
 /* state.c: frees what ca_register_for_checkpointing kept. */
 void ca_state_free(ca_accelerator *acc);

@@ -16,7 +16,7 @@ ca_status ca_ddp_broadcast_params(ca_accelerator *acc, ca_module *m) {
 }
 
 
-static void bucket_launch_ready(ca_accelerator *acc);
+static void bucket_launch_ready(ca_accelerator *acc, int g);
 
 /* A parameter's gradient is final for this backward pass. */
 static void grad_ready(ca_tensor *leaf, void *ctx) {
@@ -26,7 +26,7 @@ static void grad_ready(ca_tensor *leaf, void *ctx) {
         for (int i = 0; i < acc->buckets[b].nparams; i++)
             if (acc->buckets[b].params[i] == leaf) {
                 acc->buckets[b].ready++;
-                bucket_launch_ready(acc);
+                bucket_launch_ready(acc, acc->buckets[b].group);
                 return;
             }
 }
@@ -52,19 +52,31 @@ static ca_status launch(ca_accelerator *acc, ca_bucket *bk) {
     return s;
 }
 
-static void bucket_launch_ready(ca_accelerator *acc) {
-    while (acc->bucket_status == CA_OK && acc->next_launch < acc->nbuckets) {
-        ca_bucket *bk = &acc->buckets[acc->next_launch];
+/* A model's buckets launch strictly in index order on every rank. */
+static void bucket_launch_ready(ca_accelerator *acc, int g) {
+    while (acc->bucket_status == CA_OK && acc->group_next[g] < acc->group_begin[g + 1]) {
+        ca_bucket *bk = &acc->buckets[acc->group_next[g]];
         if (bk->ready < bk->nparams) return;
         acc->bucket_status = launch(acc, bk);
-        acc->next_launch++;
+        acc->group_next[g]++;
     }
+}
+
+/* Whether this backward reached model g: a model it did not reach (the other network of a GAN)
+ * reduces nothing, as its own DDP wrapper would not run. */
+static bool group_touched(const ca_accelerator *acc, int g) {
+    for (int b = acc->group_begin[g]; b < acc->group_begin[g + 1]; b++)
+        if (acc->buckets[b].ready > 0) return true;
+    return false;
 }
 
 /* After backward: launch what unused parameters held back, then wait for all. */
 ca_status ca_ddp_finish_buckets(ca_accelerator *acc) {
-    for (; acc->bucket_status == CA_OK && acc->next_launch < acc->nbuckets; acc->next_launch++)
-        acc->bucket_status = launch(acc, &acc->buckets[acc->next_launch]);
+    for (int g = 0; g < acc->ngroups; g++) {
+        if (!group_touched(acc, g)) continue;
+        for (; acc->bucket_status == CA_OK && acc->group_next[g] < acc->group_begin[g + 1]; acc->group_next[g]++)
+            acc->bucket_status = launch(acc, &acc->buckets[acc->group_next[g]]);
+    }
     ca_status s = acc->bucket_status;
     for (int b = 0; b < acc->nbuckets; b++) {
         ca_bucket *bk = &acc->buckets[b];
@@ -77,9 +89,21 @@ ca_status ca_ddp_finish_buckets(ca_accelerator *acc) {
         bk->ready = 0;
         bk->launched = false;
     }
-    acc->next_launch = 0;
+    for (int g = 0; g < acc->ngroups; g++) acc->group_next[g] = acc->group_begin[g];
     acc->bucket_status = CA_OK;
     return s;
+}
+
+/* A new group for the next model's buckets. */
+static ca_status add_group(ca_accelerator *acc) {
+    int *gb = realloc(acc->group_begin, (size_t)(acc->ngroups + 2) * sizeof *gb);
+    if (gb) acc->group_begin = gb;
+    int *gn = gb ? realloc(acc->group_next, (size_t)(acc->ngroups + 1) * sizeof *gn) : NULL;
+    if (!gn) return ca_error(CA_ERR_NOMEM, "out of host memory");
+    acc->group_next = gn;
+    acc->group_begin[acc->ngroups] = acc->group_next[acc->ngroups] = acc->nbuckets;
+    acc->group_begin[++acc->ngroups] = acc->nbuckets;
+    return CA_OK;
 }
 
 /* Buckets of at most bucket_cap_mb, filled in reverse registration order
@@ -87,6 +111,9 @@ ca_status ca_ddp_finish_buckets(ca_accelerator *acc) {
  * a view into its bucket. */
 ca_status ca_ddp_build_buckets(ca_accelerator *acc, ca_module *m) {
     int n = ca_module_num_params(m);
+    ca_status gs = add_group(acc);
+    if (gs != CA_OK) return gs;
+    int group = acc->ngroups - 1;
     size_t cap = (size_t)(acc->st.bucket_cap_mb * 1024 * 1024 / sizeof(float));
     if (cap < 1) cap = 1;
     for (int i = n - 1; i >= 0;) {
@@ -99,6 +126,8 @@ ca_status ca_ddp_build_buckets(ca_accelerator *acc, ca_module *m) {
         ca_bucket *bk = &acc->buckets[acc->nbuckets++];
         memset(bk, 0, sizeof *bk);
         bk->nparams = first - i;
+        bk->group = group;
+        acc->group_begin[group + 1] = acc->nbuckets;
         bk->params = calloc((size_t)bk->nparams, sizeof *bk->params);
         ca_tensor *flat = bk->params ? ca_zeros(acc->device, CA_F32, 1, &numel) : NULL;
         if (!flat) return ca_last_status() ? ca_last_status() : ca_error(CA_ERR_NOMEM, "out of host memory");
@@ -134,4 +163,8 @@ void ca_ddp_free_buckets(ca_accelerator *acc) {
     free(acc->buckets);
     acc->buckets = NULL;
     acc->nbuckets = 0;
+    free(acc->group_begin);
+    free(acc->group_next);
+    acc->group_begin = acc->group_next = NULL;
+    acc->ngroups = 0;
 }

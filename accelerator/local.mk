@@ -10,4 +10,8 @@ libcaccel_la_SOURCES += \
 	accelerator/determinism.c \
 	accelerator/checkpoint_impl.h \
 	accelerator/checkpoint.c \
-	accelerator/state.c
+	accelerator/state.c \
+	accelerator/sync.c \
+	accelerator/objects.c \
+	accelerator/join.c \
+	accelerator/autocast.c

@@ -704,6 +704,9 @@ static ca_status ss_fail(ca_accelerator *acc, ca_status s, int bad, const char *
 
 ca_status ca_save_state(ca_accelerator *acc, const char *dir) {
     if (!acc) return ca_error(CA_ERR_INVALID, "save_state: the accelerator is NULL");
+    if (acc->nextra)   /* the checkpoint layout holds one model */
+        return ca_error(CA_ERR_UNSUPPORTED, "save_state: %d model(s) prepared after the first; save them with "
+                        "ca_save_model or ca_register_for_checkpointing", acc->nextra);
     char target[PATH_MAX], tmp[PATH_MAX], root[PATH_MAX];
     bool automatic = dir == NULL;
     int64_t iteration = automatic ? ss_iteration(acc) : -1;

@@ -44,7 +44,10 @@ CA_API void ca_accelerator_destroy(ca_accelerator *acc);
 /* Places the model's parameters (and the optimizer's state) on the device,
  * makes every rank start from rank 0's parameters, and gives the dataloader
  * its device and this rank's shard. Any argument may be NULL; call again for
- * more dataloaders (evaluation). */
+ * more dataloaders (evaluation), optimizers and models (a GAN's generator and
+ * critic, teacher and student: plain data parallelism only, each model with its
+ * own gradient buckets, reduced by the backwards that reach it; ca_save_state
+ * holds one model). */
 CA_API ca_status ca_prepare(ca_accelerator *acc, ca_module *model, ca_optimizer *opt,
                             ca_dataloader *dl);
 CA_API ca_status ca_prepare_dataloader(ca_accelerator *acc, ca_dataloader *dl);
@@ -138,6 +141,86 @@ CA_API void ca_split_between_processes(const ca_accelerator *acc, int64_t n, int
 /* main_process_first: the main process runs the block, then the others. */
 CA_API ca_status ca_main_process_first_begin(ca_accelerator *acc);
 CA_API ca_status ca_main_process_first_end(ca_accelerator *acc);
+
+/* ----------------------------------------------------------- synchronisation control */
+/* CA_NO_SYNC(acc, model) { forward; backward; }: Accelerate's no_sync. Backward inside keeps the
+ * gradients local (no all-reduce) and they accumulate across passes; the first backward outside
+ * synchronises the sum. Unlike CA_ACCUMULATE nothing is counted and steps are not held back. With
+ * several prepared models it holds back every model's synchronisation, not only model's. */
+CA_API int ca_no_sync_begin(ca_accelerator *acc, ca_module *model);
+CA_API void ca_no_sync_end(ca_accelerator *acc);
+#define CA_NO_SYNC(acc, model) CA_NO_SYNC_(acc, model, CA_CAT(ca_ns_v_, __LINE__))
+#define CA_NO_SYNC_(acc, model, v) for (int v = ca_no_sync_begin((acc), (model)); v; ca_no_sync_end(acc), v = 0)
+/* CA_TRIGGER_SYNC_IN_BACKWARD(acc, model) { backward; }: a backward inside synchronises even in
+ * CA_NO_SYNC or on an accumulation micro-step (Accelerate's trigger_sync_in_backward). */
+CA_API int ca_trigger_sync_begin(ca_accelerator *acc, ca_module *model);
+CA_API void ca_trigger_sync_end(ca_accelerator *acc);
+#define CA_TRIGGER_SYNC_IN_BACKWARD(acc, model) CA_TRIGGER_SYNC_(acc, model, CA_CAT(ca_ts_v_, __LINE__))
+#define CA_TRIGGER_SYNC_(acc, model, v) \
+    for (int v = ca_trigger_sync_begin((acc), (model)); v; ca_trigger_sync_end(acc), v = 0)
+/* accelerator.sync_gradients = v (GradientState): false holds optimizer steps and gradient
+ * synchronisation back until set true again; inside CA_ACCUMULATE it overrides this micro-step
+ * only (the next CA_ACCUMULATE decides again). */
+CA_API ca_status ca_set_sync_gradients(ca_accelerator *acc, bool sync);
+/* accelerator.gradient_accumulation_steps = k (k >= 1), from the next micro-step on. */
+CA_API ca_status ca_set_gradient_accumulation_steps(ca_accelerator *acc, int k);
+CA_API int ca_gradient_accumulation_steps(const ca_accelerator *acc);
+/* set_trigger / check_trigger: any rank raises the flag; ca_check_trigger (collective: every rank
+ * calls it) sums the flags over ranks, sets *raised on every rank when some rank raised it, and
+ * lowers it again. */
+CA_API ca_status ca_set_trigger(ca_accelerator *acc);
+CA_API ca_status ca_check_trigger(ca_accelerator *acc, bool *raised);
+
+/* ----------------------------------------------------------- objects and padding */
+/* gather_object for byte buffers: every rank's buffer, in rank order, concatenated into *out
+ * (malloc'ed, the caller frees) with counts[r] the length of rank r's part (counts: world
+ * entries, may be NULL). Collective. */
+CA_API ca_status ca_gather_object(ca_accelerator *acc, const void *buf, size_t len, void **out, size_t *out_len,
+                                  size_t *counts);
+/* broadcast_object_list for byte buffers: n buffers of rank `root` to every rank. On other ranks
+ * bufs[i] is replaced by a malloc'ed copy (the old pointer is not freed) and lens[i] set. */
+CA_API ca_status ca_broadcast_object_list(ca_accelerator *acc, void **bufs, size_t *lens, int n, int root);
+/* pad_across_processes: a new tensor with t's dimension `dim` grown to the largest size over the
+ * ranks, the new elements pad_index, appended (or, pad_first, prepended). Collective. */
+CA_API ca_tensor *ca_pad_across_processes(ca_accelerator *acc, ca_tensor *t, int dim, double pad_index,
+                                          bool pad_first);
+/* Accelerate's reduce(tensor, reduction, scale): "sum", "mean", "max" or "none" (a sum, as
+ * Accelerate's) over ranks, in place, then times scale (1.0: unchanged). Accelerate applies scale on
+ * XLA only; caccel on every device, so that a program means the same everywhere. */
+CA_API ca_status ca_reduce_scaled(ca_accelerator *acc, ca_tensor *t, const char *reduction, double scale);
+/* synchronize_rng_states: every rank takes rank 0's process generator (seed and counter). */
+CA_API ca_status ca_synchronize_rng_states(ca_accelerator *acc);
+
+/* ----------------------------------------------------------- uneven inputs */
+/* join_uneven_inputs (PyTorch's Join over DDP, as Accelerate): between begin and end, a rank whose
+ * dataloader runs out calls end and shadows the gradient all-reduces of the ranks still training
+ * (with zero gradients; the average stays over the whole world), so training ends without a hang;
+ * then every rank takes the parameters of the last rank to finish. even_batches (CA_UNSET: the
+ * configured one) overrides the prepared loaders' even_batches until end; with even batches there
+ * is nothing to join. Only MULTI_CPU / MULTI_GPU; elsewhere a warning and no effect. Inside, the
+ * ranks' only collectives must be ca_backward's (fp16 and deterministic mode are refused). */
+CA_API ca_status ca_join_uneven_inputs_begin(ca_accelerator *acc, ca_tristate even_batches);
+CA_API ca_status ca_join_uneven_inputs_end(ca_accelerator *acc);
+
+/* ----------------------------------------------------------- autocast */
+/* CA_AUTOCAST(acc, &opts) { ... }: Accelerate's accelerator.autocast(AutocastKwargs(enabled)). Ops
+ * called inside (a loss, a metric, an unprepared module) run under the autocast policy
+ * (docs/MIXED_PRECISION.md) in mixed_precision's dtype; enabled CA_NO turns it off inside; scopes
+ * nest, the innermost wins, and the end restores the enclosing one. dtype CA_F16 / CA_BF16 chooses
+ * the low precision (a caccel addition; CA_F32, the zero value: mixed_precision's). With
+ * mixed_precision "no" and no dtype the scope changes nothing, as Accelerate's. A prepared model's
+ * forward always runs in mixed_precision, also inside a disabling scope (Accelerate wraps the
+ * model's forward the same way). A NULL opts is {0}. On an invalid dtype or more than 16 nested
+ * scopes the block is skipped and ca_last_status() says why. */
+typedef struct ca_autocast_opts {
+    ca_tristate enabled;        /* CA_UNSET / CA_YES: on; CA_NO: off */
+    ca_dtype dtype;             /* CA_F16, CA_BF16, or CA_F32: mixed_precision's */
+} ca_autocast_opts;
+CA_API ca_status ca_autocast_begin(ca_accelerator *acc, const ca_autocast_opts *opts);
+CA_API void ca_autocast_end(ca_accelerator *acc);
+#define CA_AUTOCAST(acc, opts) CA_AUTOCAST_(acc, opts, CA_CAT(ca_ac_v_, __LINE__))
+#define CA_AUTOCAST_(acc, opts, v) \
+    for (int v = ca_autocast_begin((acc), (opts)) == CA_OK; v; ca_autocast_end(acc), v = 0)
 
 #ifdef __cplusplus
 }
