@@ -11,6 +11,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 static float *fptr(const ca_tensor *t, int64_t off) { return (float *)ca_tptr(t) + off; }
 
@@ -144,8 +145,8 @@ static int64_t mark(wrap_ctx *w, ca_module *m, bool root, int depth) {
     for (int i = 0; i < m->nchildren; i++) rest += mark(w, m->children[i], false, depth + 1);
     bool wrap = root;
     if (!root && !w->policy) wrap = depth == 1 && ca_module_num_params(m) > 0;
-    else if (!root && !strcmp(w->policy, "TRANSFORMER_BASED_WRAP")) wrap = class_listed(w->classes, m->type);
-    else if (!root && !strcmp(w->policy, "SIZE_BASED_WRAP")) wrap = rest >= w->min_params;
+    else if (!root && !strcasecmp(w->policy, "TRANSFORMER_BASED_WRAP")) wrap = class_listed(w->classes, m->type);
+    else if (!root && !strcasecmp(w->policy, "SIZE_BASED_WRAP")) wrap = rest >= w->min_params;
     if (wrap) add_mod(w, m);
     return wrap ? 0 : rest;
 }
