@@ -144,7 +144,8 @@ static int64_t mark(wrap_ctx *w, ca_module *m, bool root, int depth) {
     for (int i = 0; i < m->nparams; i++) rest += m->params[i]->numel;
     for (int i = 0; i < m->nchildren; i++) rest += mark(w, m->children[i], false, depth + 1);
     bool wrap = root;
-    if (!root && !w->policy) wrap = depth == 1 && ca_module_num_params(m) > 0;
+    if (!root && !m->forward) wrap = false;   /* a container: its forward hook would never run */
+    else if (!root && !w->policy) wrap = depth == 1 && ca_module_num_params(m) > 0;
     else if (!root && !strcasecmp(w->policy, "TRANSFORMER_BASED_WRAP")) wrap = class_listed(w->classes, m->type);
     else if (!root && !strcasecmp(w->policy, "SIZE_BASED_WRAP")) wrap = rest >= w->min_params;
     if (wrap) add_mod(w, m);
