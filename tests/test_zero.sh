@@ -228,6 +228,15 @@ cmp "$WORK/full.bin" "$WORK/res4.bin" || fail "resumed from a sharded checkpoint
 zfm --max-steps 10 --checkpointing_steps 10 --checkpoint_dir "$WORK/ckf" > "$WORK/o" || { cat "$WORK/o"; fail "full save"; }
 "$CACCEL" merge-weights "$c0" "$WORK/merged" > "$WORK/o" 2>&1 || { cat "$WORK/o"; fail "merge-weights"; }
 cmp "$WORK/merged/model.safetensors" "$WORK/ckf/checkpoints/checkpoint_0/model.safetensors" || fail "merged weights differ from the full state dict"
+note "SHARDED_STATE_DICT under stage 3 (FULL_SHARD): resume == uninterrupted; a stage-2 sharded checkpoint resumes under stage 3 (same flat layout)"
+s3fm() { launch 2 "$be" --use_fsdp --fsdp_sharding_strategy FULL_SHARD --fsdp_state_dict_type SHARDED_STATE_DICT "$FM" --batch-size 128 --epochs 1 "$@"; }
+rm -rf "$WORK/ck4"
+s3fm --max-steps 10 --checkpointing_steps 10 --checkpoint_dir "$WORK/ck4" > "$WORK/o" || { cat "$WORK/o"; fail "stage 3 sharded save"; }
+s3fm --max-steps 20 --checkpoint_dir "$WORK/ck4" --resume --dump-params "$WORK/res6.bin" > "$WORK/o" || { cat "$WORK/o"; fail "stage 3 sharded resume"; }
+same "$WORK/full.bin" "$WORK/res6.bin"
+cp -r "$WORK/ck3" "$WORK/ck5"
+s3fm --max-steps 20 --checkpoint_dir "$WORK/ck5" --resume --dump-params "$WORK/res7.bin" > "$WORK/o" || { cat "$WORK/o"; fail "stage 2 checkpoint resumed under stage 3"; }
+same "$WORK/full.bin" "$WORK/res7.bin"
 t0=$(date +%s)
 sfm 3 --max-steps 20 --checkpoint_dir "$WORK/ck3" --resume > "$WORK/o" && fail "a 2-shard checkpoint loaded on 3 processes"
 grep -q 'was saved as 2 shards, this run has 3 processes' "$WORK/o" || { cat "$WORK/o"; fail "the error does not name both world sizes"; }
