@@ -44,8 +44,20 @@ typedef struct ca_zero_seg {     /* the part of one parameter inside this rank's
     int group;
 } ca_zero_seg;
 
+/* Stage 3: a wrap unit, the parameters gathered together before its module's forward and backward. */
+typedef struct ca_zero_unit {
+    ca_module *mod;
+    struct ca_accelerator *acc;
+    int n;
+    int *idx;                    /* its parameters, as indices into ca_zero.params */
+    int64_t numel;
+    bool gathered;               /* the parameters' full storage exists now */
+    bool in_forward;             /* gathered by this forward's pre-forward hook (released after it) */
+    int done;                    /* parameters whose gradient is complete this backward */
+} ca_zero_unit;
+
 typedef struct ca_zero {
-    int stage;                   /* 0: off (DDP), 1, 2; asked: what the configuration asked (3 runs as 2) */
+    int stage;                   /* 0: off (DDP), 1, 2, 3; asked: what the configuration asked */
     int asked;
     const char *origin;          /* the key that chose the stage */
     bool offload;                /* an offload key asks for host memory (a no-op on the CPU) */
@@ -63,6 +75,12 @@ typedef struct ca_zero {
     int nsegs;
     ca_zero_seg *segs;
     bool reduced;                /* gshard holds this step's gradient */
+    /* stage 3 */
+    ca_tensor *pshard;           /* [shard] this rank's parameter values (the full ones are freed) */
+    int nunits;
+    ca_zero_unit *units;
+    int *unit_of;                /* [nparams] unit of each parameter */
+    bool summoned;               /* ca_summon_full_params: every parameter gathered */
 } ca_zero;
 
 struct ca_accelerator {
@@ -155,6 +173,16 @@ ca_status ca_zero_scatter_state(ca_accelerator *acc, ca_optimizer *o);
 /* Frees the per-parameter state tensors again (the shard keeps the state). */
 void ca_zero_drop_state(ca_optimizer *o);
 void ca_zero_free(ca_accelerator *acc);
+/* zero3.c: stage 3 (parameters sharded between steps). */
+/* Wrap units from fsdp_auto_wrap_policy, pshard from the parameters, hooks on the units' modules;
+ * frees the full parameters. */
+ca_status ca_zero3_build(ca_accelerator *acc, ca_module *m);
+/* Releases every gathered unit (end of backward: parameters no gradient reached). */
+void ca_zero3_release_all(ca_accelerator *acc);
+/* Gathers every unit (on) or writes this rank's segments back into pshard and releases (off). */
+ca_status ca_zero3_summon(ca_accelerator *acc, bool on);
+void ca_zero3_free(ca_accelerator *acc);
+
 /* zero_state.c: sharded state dicts (fsdp_state_dict_type SHARDED_STATE_DICT). */
 /* This rank's zero_shard_<rank>.safetensors (parameter and optimizer-state shard); rank 0 the index. */
 ca_status ca_zero_save_shard(ca_accelerator *acc, const char *dir);

@@ -4,6 +4,7 @@
 #include <caccel/tensor.h>
 
 #include "accelerator/checkpoint_impl.h"
+#include "accelerator/accelerator_impl.h"
 #include "tensor/safetensors_impl.h"
 
 #include <errno.h>
@@ -230,9 +231,7 @@ static ca_status ck_share_status(ca_accelerator *acc, ca_status s) {
     return out == CA_OK ? s : out;
 }
 
-ca_status ca_save_model(ca_accelerator *acc, ca_module *model, const char *dir,
-                        size_t max_shard_size) {
-    if (!model || !dir) return ca_error(CA_ERR_INVALID, "save_model: model and dir are required");
+static ca_status save_model(ca_accelerator *acc, ca_module *model, const char *dir, size_t max_shard_size) {
     bool main = !acc || ca_is_main_process(acc);
     ca_status s = main ? ca_ck_save_model_files(model, dir, max_shard_size) : CA_OK;
     if (!acc || ca_num_processes(acc) <= 1) return s;
@@ -443,13 +442,36 @@ void ca_ck_model_close(ca_ck_model_src *m) {
     free(m);
 }
 
-ca_status ca_load_model(ca_accelerator *acc, ca_module *model, const char *dir_or_file) {
-    (void)acc;  /* every rank reads the files itself */
-    if (!model || !dir_or_file)
-        return ca_error(CA_ERR_INVALID, "load_model: model and a path are required");
+static ca_status load_model(ca_module *model, const char *dir_or_file) {   /* every rank reads the files */
     ca_ck_model_src *m = NULL;
     ca_status s = ca_ck_model_open(dir_or_file, model, &m);
     if (s == CA_OK) s = ca_ck_model_apply(m, model);
     ca_ck_model_close(m);
     return s;
+}
+
+/* Stage 3 keeps shards of the parameters between steps: whole while they are saved or loaded. */
+static bool summon(ca_accelerator *acc, ca_module *model, ca_status *s) {
+    bool shards = acc && model && acc->zero.stage == 3 && acc->model == model &&
+                  !acc->zero.summoned;
+    *s = shards ? ca_summon_full_params(acc, true) : CA_OK;
+    return shards;
+}
+
+ca_status ca_save_model(ca_accelerator *acc, ca_module *model, const char *dir, size_t max_shard_size) {
+    if (!model || !dir) return ca_error(CA_ERR_INVALID, "save_model: model and dir are required");
+    ca_status s;
+    bool shards = summon(acc, model, &s);
+    if (s == CA_OK) s = save_model(acc, model, dir, max_shard_size);
+    ca_status r = shards ? ca_summon_full_params(acc, false) : CA_OK;
+    return s != CA_OK ? s : r;
+}
+
+ca_status ca_load_model(ca_accelerator *acc, ca_module *model, const char *dir_or_file) {
+    if (!model || !dir_or_file) return ca_error(CA_ERR_INVALID, "load_model: model and a path are required");
+    ca_status s;
+    bool shards = summon(acc, model, &s);
+    if (s == CA_OK) s = load_model(model, dir_or_file);
+    ca_status r = shards ? ca_summon_full_params(acc, false) : CA_OK;
+    return s != CA_OK ? s : r;
 }

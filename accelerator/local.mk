@@ -5,6 +5,7 @@ libcaccel_la_SOURCES += \
 	accelerator/accelerator.c \
 	accelerator/ddp.c \
 	accelerator/zero.c \
+	accelerator/zero3.c \
 	accelerator/zero_config.c \
 	accelerator/zero_state.c \
 	accelerator/determinism.c \

@@ -702,11 +702,7 @@ static ca_status ss_fail(ca_accelerator *acc, ca_status s, int bad, const char *
                     bad, ca_status_name(s), dir);
 }
 
-ca_status ca_save_state(ca_accelerator *acc, const char *dir) {
-    if (!acc) return ca_error(CA_ERR_INVALID, "save_state: the accelerator is NULL");
-    if (acc->nextra)   /* the checkpoint layout holds one model */
-        return ca_error(CA_ERR_UNSUPPORTED, "save_state: %d model(s) prepared after the first; save them with "
-                        "ca_save_model or ca_register_for_checkpointing", acc->nextra);
+static ca_status save_state(ca_accelerator *acc, const char *dir) {
     char target[PATH_MAX], tmp[PATH_MAX], root[PATH_MAX];
     bool automatic = dir == NULL;
     int64_t iteration = automatic ? ss_iteration(acc) : -1;
@@ -1149,8 +1145,7 @@ static ca_status ss_latest(const ca_accelerator *acc, char *out) {
     return s;
 }
 
-ca_status ca_load_state(ca_accelerator *acc, const char *dir) {
-    if (!acc) return ca_error(CA_ERR_INVALID, "load_state: the accelerator is NULL");
+static ca_status load_state(ca_accelerator *acc, const char *dir) {
     char path[PATH_MAX];
     ca_status s = CA_OK;
     if (!dir) {
@@ -1187,4 +1182,27 @@ void ca_state_free(ca_accelerator *acc) {
     free(acc->custom);
     acc->custom = NULL;
     acc->ncustom = 0;
+}
+
+/* Stage 3 keeps shards of the parameters between steps: whole while they are saved or loaded. */
+static ca_status with_full_params(ca_accelerator *acc, ca_status (*fn)(ca_accelerator *, const char *),
+                                  const char *dir) {
+    bool shards = acc->zero.stage == 3 && acc->model && !acc->zero.summoned;
+    ca_status s = shards ? ca_zero3_summon(acc, true) : CA_OK;
+    if (s == CA_OK) s = fn(acc, dir);
+    ca_status r = shards ? ca_zero3_summon(acc, false) : CA_OK;
+    return s != CA_OK ? s : r;
+}
+
+ca_status ca_save_state(ca_accelerator *acc, const char *dir) {
+    if (!acc) return ca_error(CA_ERR_INVALID, "save_state: the accelerator is NULL");
+    if (acc->nextra)   /* the checkpoint layout holds one model */
+        return ca_error(CA_ERR_UNSUPPORTED, "save_state: %d model(s) prepared after the first; save them with "
+                        "ca_save_model or ca_register_for_checkpointing", acc->nextra);
+    return with_full_params(acc, save_state, dir);
+}
+
+ca_status ca_load_state(ca_accelerator *acc, const char *dir) {
+    if (!acc) return ca_error(CA_ERR_INVALID, "load_state: the accelerator is NULL");
+    return with_full_params(acc, load_state, dir);
 }

@@ -1,8 +1,10 @@
-/* Sharded data parallelism, ZeRO stages 1 and 2 (FSDP SHARD_GRAD_OP, DeepSpeed zero_stage 1/2): the
+/* Sharded data parallelism, ZeRO stages 1 to 3 (FSDP SHARD_GRAD_OP / FULL_SHARD, DeepSpeed zero_stage): the
  * parameters form one flat index space split into one equal shard per rank. Each rank keeps the
  * optimizer state of its shard only and updates only its shard; an all-gather then gives every rank
  * the whole updated parameters. Stage 1 all-reduces the full gradient (kept between steps); stage 2
- * reduce-scatters it into the shard and frees the full gradient until the next backward. */
+ * reduce-scatters it into the shard and frees the full gradient until the next backward. Stage 3 does
+ * what stage 2 does with the parameters' values kept in the shard only (zero3.c): no all-gather after
+ * the step, the wrap units gather theirs when they run. */
 #include "accelerator/accelerator_impl.h"
 
 #include <math.h>
@@ -89,6 +91,7 @@ ca_status ca_zero_build(ca_accelerator *acc, ca_module *m) {
     z->shard = (z->numel + acc->world - 1) / acc->world;
     if (z->shard < 1) z->shard = 1;
     ca_status s = build_segments(acc);
+    if (s == CA_OK && z->stage == 3) s = ca_zero3_build(acc, m);
     if (s != CA_OK) return s;
     if (z->stage == 1) {   /* the full gradient lives on; the shard's gradient is a view of it */
         z->gflat = persistent_zeros(acc->device, z->shard * acc->world);
@@ -147,7 +150,7 @@ ca_status ca_zero_add_optimizer(ca_accelerator *acc, ca_optimizer *o) {
 ca_status ca_zero_before_backward(ca_accelerator *acc) {
     ca_zero *z = &acc->zero;
     z->reduced = false;
-    if (z->stage != 2 || z->gflat) return CA_OK;   /* accumulating: the flat gradient is there already */
+    if (z->stage < 2 || z->gflat) return CA_OK;   /* accumulating: the flat gradient is there already */
     z->gflat = persistent_zeros(acc->device, z->shard * acc->world);
     return z->gflat ? attach_grads(acc) : oom();
 }
@@ -168,7 +171,8 @@ ca_status ca_zero_reduce(ca_accelerator *acc) {
         : ca_comm_reduce_scatter(acc->comm, ca_tptr(z->gflat), ca_tptr(z->gshard), (size_t)z->shard, CA_F32,
                                  CA_OP_AVG, NULL);
     if (s != CA_OK) return ca_error_context("sharded data parallelism: reducing the gradients (stage %d)", z->stage);
-    if (z->stage == 2) detach_grads(acc);
+    if (z->stage >= 2) detach_grads(acc);
+    ca_zero3_release_all(acc);   /* units some parameter's gradient never reached */
     z->reduced = true;
     return CA_OK;
 }
@@ -186,7 +190,7 @@ static ca_status update_group(ca_accelerator *acc, ca_optimizer *o, int g) {
         if (i < z->nsegs) {
             const ca_zero_seg *sg = &z->segs[i];
             if (sg->opt != o || sg->group != g) continue;
-            p[k] = fptr(sg->param, sg->poff);
+            p[k] = z->pshard ? fptr(z->pshard, sg->soff) : fptr(sg->param, sg->poff);
             gd[k] = fptr(z->gshard, sg->soff);
             s1[k] = z->s1 ? fptr(z->s1, sg->soff) : NULL;
             s2[k] = z->s2 ? fptr(z->s2, sg->soff) : NULL;
@@ -250,7 +254,13 @@ ca_status ca_zero_step(ca_accelerator *acc, ca_optimizer *o) {
                         "ca_backward before it (gradients live in shards reduced by ca_backward)");
     ca_status s = CA_OK;
     for (int g = 0; s == CA_OK && g < o->ngroups; g++) s = update_group(acc, o, g);
-    if (s == CA_OK) s = gather_params(acc);
+    if (s == CA_OK && !acc->zero.pshard) s = gather_params(acc);
+    for (int i = 0; s == CA_OK && acc->zero.pshard && i < acc->zero.nparams; i++) acc->zero.params[i]->version++;
+    if (s == CA_OK && acc->zero.summoned) {   /* summoned parameters follow the update */
+        acc->zero.summoned = false;
+        ca_zero3_release_all(acc);
+        s = ca_zero3_summon(acc, true);
+    }
     if (s != CA_OK) return s;
     o->skipped = false;
     return ca_optimizer_set_steps(o, o->steps + 1);   /* advances the schedule as a plain step does */
@@ -301,6 +311,7 @@ ca_status ca_zero_scatter_state(ca_accelerator *acc, ca_optimizer *o) {
 
 void ca_zero_free(ca_accelerator *acc) {
     ca_zero *z = &acc->zero;
+    ca_zero3_free(acc);
     if (z->gflat && z->params)
         for (int i = 0; i < z->nparams; i++) {   /* the parameters keep no view of a freed buffer */
             ca_tensor_free(z->params[i]->grad);

@@ -263,13 +263,10 @@ ca_status ca_zero_configure(ca_accelerator *acc) {
     else if (acc->st.distributed_type == CA_DIST_DEEPSPEED) s = configure_deepspeed(acc);
     else return CA_OK;
     if (s != CA_OK) return s;
-    z->stage = z->asked >= 2 ? 2 : z->asked;
+    z->stage = z->asked;
     if (z->stage && acc->st.deterministic)
         return ca_error(CA_ERR_UNSUPPORTED, "deterministic mode with sharded data parallelism (stage %d from %s) is "
                         "not implemented", z->asked, z->origin);
-    if (acc->rank <= 0 && z->asked == 3)
-        ca_log_printf(CA_LOG_WARNING, "%s: stage 3 (parameter sharding) is not implemented; training runs stage 2 "
-                      "(optimizer state and gradients sharded, parameters whole on every process)", z->origin);
     if (acc->rank <= 0 && z->offload && acc->device == ca_cpu_device())
         ca_log_printf(CA_LOG_INFO, "offload to the CPU (%s): a no-op on the CPU backend, where parameters and "
                       "optimizer state already live in host memory", z->origin);

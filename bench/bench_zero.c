@@ -5,7 +5,9 @@
  *   rank=R world=W stage=S params_mb=.. grads_mb=.. optim_mb=.. total_mb=.. peak_mb=.. step_ms=..
  * params: allocated after the model is built; grads: what prepare allocates for gradients plus what
  * stays allocated across a step; optim: what preparing the optimizer allocates; peak: the highest
- * allocation during the timed steps, all relative to the start. step_ms: median over the steps. */
+ * allocation during the timed steps, all relative to the start. step_ms: median over the steps.
+ * Under stage 3 preparing the model frees the full parameters and allocates the parameter and
+ * gradient shards, so params and grads are not told apart: params_mb and grads_mb print "-". */
 #include <caccel/caccel.h>
 
 #include <stdio.h>
@@ -89,10 +91,14 @@ int main(int argc, char **argv) {
     const char *stage = ca_config_get(ca_accelerator_config(acc), "deepspeed_config.zero_stage");
     bool sharded = set->distributed_type == CA_DIST_DEEPSPEED || set->distributed_type == CA_DIST_FSDP;
     const double MB = 1024.0 * 1024.0;
-    printf("rank=%d world=%d stage=%s params_mb=%.2f grads_mb=%.2f optim_mb=%.2f total_mb=%.2f peak_mb=%.2f "
-           "step_ms=%.2f\n", ca_process_index(acc), ca_num_processes(acc), sharded ? stage : "ddp",
-           (double)(a1 - a0) / MB, (double)((a2 - a1) + (a4 - a3)) / MB, (double)(a3 - a2) / MB,
-           (double)(a4 - a0) / MB, (double)(st.peak_allocated - a0) / MB, t[steps / 2]);
+    char pm[32] = "-", gm[32] = "-";
+    if (!sharded || strcmp(stage, "3") != 0) {
+        snprintf(pm, sizeof pm, "%.2f", (double)(a1 - a0) / MB);
+        snprintf(gm, sizeof gm, "%.2f", ((double)a2 - (double)a1 + (double)a4 - (double)a3) / MB);
+    }
+    printf("rank=%d world=%d stage=%s params_mb=%s grads_mb=%s optim_mb=%.2f total_mb=%.2f peak_mb=%.2f "
+           "step_ms=%.2f\n", ca_process_index(acc), ca_num_processes(acc), sharded ? stage : "ddp", pm, gm,
+           (double)(a3 - a2) / MB, (double)(a4 - a0) / MB, (double)(st.peak_allocated - a0) / MB, t[steps / 2]);
     fflush(stdout);
     free(t);
     CA_CHECK(ca_wait_for_everyone(acc));

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Sharded data parallelism: per-rank memory and step time of DDP and ZeRO stages 1 and 2 at 1, 2
+# Sharded data parallelism: per-rank memory and step time of DDP and ZeRO stages 1, 2 and 3 at 1, 2
 # and 4 processes (caccel launch, Gloo, CPU), one table row per (processes, stage): rank 0's line.
 # usage: run_zero.sh --bench PATH --caccel PATH [bench_zero arguments...]
 set -euo pipefail
@@ -17,7 +17,7 @@ echo "# $(date -u +%Y-%m-%dT%H:%MZ) $(grep -m1 'model name' /proc/cpuinfo | cut 
 echo "| processes | mode | params MB | grads MB | optimizer state MB | total MB | peak MB | step ms |"
 echo "|---|---|---|---|---|---|---|---|"
 for np in 1 2 4; do
-    for mode in ddp 1 2; do
+    for mode in ddp 1 2 3; do
         if [ "$mode" = ddp ]; then flags=(); else flags=(--use_deepspeed --zero_stage "$mode"); fi
         line=$("$caccel" launch --num_processes "$np" --backend gloo "${flags[@]}" "$bench" "${args[@]}" 2>/dev/null | grep '^rank=0 ')
         v() { sed -n "s/.* $1=\([^ ]*\).*/\1/p" <<< "$line"; }

@@ -60,7 +60,9 @@ static const char *const sharding_keys[] = {
     "deepspeed_config.offload_param_device", "deepspeed_config.gradient_accumulation_steps",
     "deepspeed_config.gradient_clipping", "fsdp_config.fsdp_version", "fsdp_config.fsdp_offload_params",
     "fsdp_config.fsdp_sharding_strategy", "fsdp_config.fsdp_reshard_after_forward", "fsdp_config.fsdp_state_dict_type",
-    "fsdp_config.fsdp_use_orig_params", "fsdp_config.fsdp_activation_checkpointing", NULL};
+    "fsdp_config.fsdp_use_orig_params", "fsdp_config.fsdp_activation_checkpointing",
+    "fsdp_config.fsdp_auto_wrap_policy", "fsdp_config.fsdp_transformer_layer_cls_to_wrap",
+    "fsdp_config.fsdp_min_num_params", NULL};
 
 static bool acted_on(const char *key) {
     for (const char *const *k = sharding_keys; *k; k++)
@@ -103,7 +105,7 @@ static void why_text(const ca_config *c, const effect *e, const char *key, char 
         snprintf(buf, size, "caccel does not act on this key");
     } else if (strcmp(dt, e->plugin) == 0 && (!strcmp(dt, "FSDP") || !strcmp(dt, "DEEPSPEED"))) {
         snprintf(buf, size, "caccel's sharded data parallelism under distributed_type %s (%s) does not act on it: "
-                 "stages 1 and 2 only, no wrap units or prefetch (docs/DISTRIBUTED.md)", dt, dto);
+                 "stages 1 to 3 with wrap units, no prefetch (docs/DISTRIBUTED.md)", dt, dto);
     } else if (strcmp(dt, e->plugin) == 0) {
         snprintf(buf, size, "distributed_type %s (%s) is not supported by this build, which runs NO, MULTI_CPU, "
                  "MULTI_GPU, FSDP and DEEPSPEED", dt, dto);

@@ -259,6 +259,7 @@ int main(int argc, char **argv) {
         em = (epoch_metrics){0};
         if (a.checkpoint_dir && !done) CA_CHECK(ca_save_state(acc, NULL));
     }
+    if (a.dump_params) CA_CHECK(ca_summon_full_params(acc, true));   /* stage 3 keeps shards between steps */
     if (a.dump_params && ca_is_main_process(acc)) dump_params(model, a.dump_params);
     if (a.output_dir) {
         if (ca_is_main_process(acc) && mkdir(a.output_dir, 0777) != 0 && errno != EEXIST) {

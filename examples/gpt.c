@@ -696,6 +696,9 @@ static void run_training(ca_accelerator *acc, ca_module *model, const corpus *c,
     int64_t ga = ca_accelerator_settings(acc)->gradient_accumulation_steps;
     print_header(acc, model, c, train, val, a, ga < 1 ? 1 : ga);
     train_loop(acc, model, opt, train_dl, val_dl, a);
+    /* generation runs on the main process only: under stage 3 (FULL_SHARD) every process first gathers
+     * the whole parameters, or the main process's forward would wait for the others in a gather */
+    if (a->sample_tokens > 0) CA_CHECK(ca_summon_full_params(acc, true));
     if (a->sample_tokens > 0 && ca_is_main_process(acc)) generate(acc, model, a);
     if (a->output_dir) save(acc, model, a->output_dir);
     ca_dataloader_destroy(train_dl);

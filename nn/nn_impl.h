@@ -25,6 +25,11 @@ struct ca_module {
     void (*owner_forget)(void *owner, const void *obj);
     ca_dtype autocast;               /* 0 (f32): none; f16/bf16 when prepared for mixed precision */
     bool checkpoint;                 /* activation checkpointing (ca_module_set_checkpointing) */
+    /* sharded parameters (ZeRO stage 3): the accelerator gathers a wrap unit's parameters before its
+     * forward and releases them after (post_forward may wrap y, e.g. to gather again in backward) */
+    ca_status (*pre_forward)(void *hook_ctx, ca_module *m);
+    ca_tensor *(*post_forward)(void *hook_ctx, ca_module *m, ca_tensor *y);
+    void *hook_ctx;
     /* depth-first list of every parameter with full names, rebuilt on change */
     bool flat_valid;
     int nflat;

@@ -271,3 +271,38 @@ ca_status ca_checkpoint(ca_checkpoint_fn fn, void *ctx, int n_in, ca_tensor *con
     if (s != CA_OK) for (int i = 0; i < n_out; i++) out[i] = NULL;
     return s;
 }
+
+/* ------------------------------------------------------------------ backward hooks */
+
+typedef struct bhook {
+    ca_status (*fn)(void *ctx);
+    void *ctx;
+} bhook;
+
+static void bhook_release(ca_node *n) {
+    free(n->ctx);
+    n->ctx = NULL;
+}
+
+static ca_status bhook_backward(ca_node *n, ca_tensor *g) {
+    const bhook *h = n->ctx;
+    ca_status s = h ? h->fn(h->ctx) : CA_OK;
+    return s == CA_OK ? ca_op_accumulate(n->in[0], g, 1.0f) : s;
+}
+static const ca_node_vt bhook_vt = {"backward_hook", bhook_backward};
+
+ca_tensor *ca_backward_hook(ca_tensor *y, ca_status (*fn)(void *ctx), void *ctx) {
+    if (!y || !ca_needs_grad(1, &y)) return y;
+    bhook *h = malloc(sizeof *h);
+    ca_tensor *v = h ? ca_tensor_view(y, y->ndim, y->shape, y->stride, y->offset) : NULL;
+    ca_node *n = v ? ca_record(&bhook_vt, v, 1, &y) : NULL;
+    if (!n) {
+        free(h);
+        if (!ca_last_status()) ca_error(CA_ERR_NOMEM, "out of host memory recording a backward hook");
+        return NULL;
+    }
+    *h = (bhook){.fn = fn, .ctx = ctx};
+    n->ctx = h;
+    n->release = bhook_release;
+    return v;
+}

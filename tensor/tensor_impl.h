@@ -134,6 +134,10 @@ ca_status ca_backward_roots(int n, ca_tensor *const *outs, ca_tensor *const *gra
 /* The calling thread's no_grad depth; ca_no_grad_set_depth restores one. */
 int ca_no_grad_depth(void);
 void ca_no_grad_set_depth(int depth);
+/* A view of y whose backward calls fn(ctx) before passing the gradient on to y: the first node of
+ * y's history to run in backward (sharded parameters are gathered there). y itself when no gradient
+ * flows through it. NULL (error recorded) on failure. */
+ca_tensor *ca_backward_hook(ca_tensor *y, ca_status (*fn)(void *ctx), void *ctx);
 /* The id the next recorded node gets (nodes are numbered in recording order). */
 uint64_t ca_next_node_id(void);
 

@@ -5,14 +5,24 @@
  *   --mode clip   : clip_grad_norm(0.5) every step; prints the first norm
  *   --mode fp16inf: fp16, the last rank puts an Inf in a gradient at step 3
  *   --mode uneven : 103 samples, evaluation through gather_for_metrics
- * --sched-total T attaches a linear schedule over T one-process steps; every mode prints lr_factor. */
+ * --sched-total T attaches a linear schedule over T one-process steps; every mode prints lr_factor.
+ * --hidden H widens the hidden layer (32); --mem prints state_bytes: the allocator's bytes in use
+ * before the last step for parameters, gradients and optimizer state (the growth from before
+ * ca_prepare, plus the parameters the model held then; the batch, a few hundred bytes, is in it). */
 #include <caccel/caccel.h>
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-typedef struct opts { const char *mode; int steps, k; int64_t batch; const char *dump; int64_t sched_total; } opts;
+typedef struct opts {
+    const char *mode;
+    int steps, k;
+    int64_t batch, hidden;
+    const char *dump;
+    int64_t sched_total;
+    bool mem;
+} opts;
 
 static ca_dataset *synthetic(int64_t n) {
     enum { IN = 8, CLASSES = 3 };
@@ -34,12 +44,12 @@ static ca_dataset *synthetic(int64_t n) {
     return ds;
 }
 
-static ca_module *model(void) {
+static ca_module *model(int64_t hidden) {
     ca_module *m, *l;
     CA_CHECK(ca_sequential_create(&m));
-    CA_CHECK(ca_linear_create(8, 32, true, &l)); CA_CHECK(ca_module_add(m, "fc1", l));
+    CA_CHECK(ca_linear_create(8, hidden, true, &l)); CA_CHECK(ca_module_add(m, "fc1", l));
     CA_CHECK(ca_tanh_create(&l));                CA_CHECK(ca_module_add(m, "act", l));
-    CA_CHECK(ca_linear_create(32, 3, true, &l)); CA_CHECK(ca_module_add(m, "fc2", l));
+    CA_CHECK(ca_linear_create(hidden, 3, true, &l)); CA_CHECK(ca_module_add(m, "fc2", l));
     return m;
 }
 
@@ -58,13 +68,15 @@ static void dump(ca_accelerator *acc, ca_module *m, const char *path) {
 }
 
 static opts parse(int argc, char **argv) {
-    opts o = {.mode = "plain", .steps = 10, .k = 1, .batch = 8};
+    opts o = {.mode = "plain", .steps = 10, .k = 1, .batch = 8, .hidden = 32};
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--mode") && i + 1 < argc) o.mode = argv[++i];
         else if (!strcmp(argv[i], "--steps") && i + 1 < argc) o.steps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--k") && i + 1 < argc) o.k = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--batch") && i + 1 < argc) o.batch = atoll(argv[++i]);
         else if (!strcmp(argv[i], "--dump") && i + 1 < argc) o.dump = argv[++i];
+        else if (!strcmp(argv[i], "--hidden") && i + 1 < argc) o.hidden = atoll(argv[++i]);
+        else if (!strcmp(argv[i], "--mem")) o.mem = true;
         else if (!strcmp(argv[i], "--sched-total") && i + 1 < argc) o.sched_total = atoll(argv[++i]);
         else if (ca_config_flag_arity(argv[i]) >= 0) i += ca_config_flag_arity(argv[i]);
         else { fprintf(stderr, "ddp_check: unknown argument %s\n", argv[i]); exit(2); }
@@ -105,7 +117,11 @@ int main(int argc, char **argv) {
     ca_dataset *ds = synthetic(!strcmp(o.mode, "uneven") ? 103 : 4096);
     ca_dataloader *dl;
     CA_CHECK(ca_dataloader_create(ds, &(ca_loader_opts){.batch_size = o.batch, .shuffle = true, .seed = 5}, &dl));
-    ca_module *m = model();
+    ca_module *m = model(o.hidden);
+    ca_allocator_stats st0, st1;
+    int64_t pbytes = 0;
+    for (int i = 0; i < ca_module_num_params(m); i++) pbytes += (int64_t)ca_tensor_nbytes(ca_module_param_at(m, i));
+    CA_CHECK(ca_device_memory_stats(ca_accelerator_device(acc), &st0));
     ca_optimizer *opt;
     CA_CHECK(ca_sgd_create(m, &(ca_sgd_opts){.lr = 0.2, .momentum = 0.9}, &opt));
     if (o.sched_total > 0)
@@ -118,6 +134,8 @@ int main(int argc, char **argv) {
     uint64_t seq0 = ca_comm_seq(comm);
     ca_batch b;
     while (micro < o.steps * o.k && ca_dataloader_next(dl, &b)) {
+        /* between steps: the loader ended the previous step's scope; only the batch is new */
+        CA_CHECK(ca_device_memory_stats(ca_accelerator_device(acc), &st1));
         CA_ACCUMULATE(acc, m) {
             ca_tensor *loss = ca_cross_entropy(ca_module_forward(m, b.x), b.y);
             CA_CHECK(ca_backward(acc, loss));
@@ -151,9 +169,12 @@ int main(int argc, char **argv) {
         }
     }
     CA_CHECK(ca_dataloader_status(dl));
+    if (o.mem)
+        printf("rank=%d state_bytes=%lld\n", rank, (long long)st1.allocated - (long long)st0.allocated + (long long)pbytes);
     printf("rank=%d steps=%lld lr_factor=%.4f\n", rank, (long long)ca_optimizer_steps(opt),
            ca_optimizer_get_lr(opt, 0) / 0.2);
     if (!strcmp(o.mode, "uneven")) rc = uneven(acc, m, ds);
+    CA_CHECK(ca_summon_full_params(acc, true));   /* stage 3: the parameters are shards until now */
     dump(acc, m, o.dump);
     CA_CHECK(ca_wait_for_everyone(acc));
     ca_dataloader_destroy(dl);

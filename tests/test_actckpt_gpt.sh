@@ -3,7 +3,8 @@
 # replayed in the recompute), in f32 and under bf16 autocast, every logged loss and the final
 # validation loss are the same to the last printed digit, as the gradients are bit-identical.
 # On two processes (Gloo) the configuration key fsdp_activation_checkpointing does the same through
-# ca_prepare, with the gradient hooks that start the all-reduce firing after the recompute.
+# ca_prepare, with the gradient hooks that start the all-reduce firing after the recompute, and
+# under FSDP FULL_SHARD (stage 3: parameters gathered per Linear for the forward and the recompute).
 set -u
 b=${CACCEL_TEST_BUILDDIR:-.}
 GPT="$b/examples/gpt"
@@ -47,6 +48,16 @@ if [ -x "$CACCEL" ] && [ -n "$gloo" ]; then
     [ "$(wc -l < "$WORK/plain.l")" -eq 13 ] || { cat "$WORK/plain"; fail "expected 12 loss lines and a validation loss"; }
     diff "$WORK/plain.l" "$WORK/ckpt.l" || fail "losses differ with fsdp_activation_checkpointing on two processes"
     echo "same: $(tail -1 "$WORK/ckpt.l")"
+    # stage 3 (FULL_SHARD), one wrap unit per Linear, blocks checkpointed: the units are gathered for
+    # the forward, again for the recompute in backward; generation after it summons the parameters
+    run3() { timeout 300 "$CACCEL" launch --num_processes 2 --backend gloo --use_fsdp --fsdp_sharding_strategy FULL_SHARD "$GPT" $SMALL "$@"; }
+    ACCELERATE_USE_CPU=true CACCEL_LOG_LEVEL=info run3 --fsdp_activation_checkpointing true --fsdp_auto_wrap_policy TRANSFORMER_BASED_WRAP \
+        --fsdp_transformer_layer_cls_to_wrap Linear > "$WORK/z3" 2>&1 || { cat "$WORK/z3"; fail "gpt under FULL_SHARD exited non-zero"; }
+    grep -q "stage 3 keeps 23440 of 46880 parameters per process between steps; 13 wrap unit(s) (TRANSFORMER_BASED_WRAP)" \
+        "$WORK/z3" || { cat "$WORK/z3"; fail "no stage 3 with 13 wrap units"; }
+    losses "$WORK/z3" > "$WORK/z3.l"
+    diff "$WORK/plain.l" "$WORK/z3.l" || fail "losses differ under FULL_SHARD with checkpointing on two processes"
+    echo "same under FULL_SHARD: $(tail -1 "$WORK/z3.l")"
 else
     echo "(two processes skipped: no caccel or Gloo plugin on CACCEL_PLUGIN_PATH)"
 fi

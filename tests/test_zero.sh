@@ -1,8 +1,10 @@
 #!/bin/sh
-# Sharded data parallelism (ZeRO stages 1 and 2) as users run it: N ranks under caccel launch (Gloo)
-# and mpirun (MPI) hold the same parameters as DDP and as one rank on the same global batch, for
-# SGD with momentum and AdamW, with accumulation, global-norm clipping and fp16 overflow skips;
-# Accelerate's own FSDP and DeepSpeed config files (and a DeepSpeed JSON of "auto" values) train.
+# Sharded data parallelism (ZeRO stages 1, 2 and 3) as users run it: N ranks under caccel launch
+# (Gloo) and mpirun (MPI) hold the same parameters as DDP and as one rank on the same global batch,
+# for SGD with momentum and AdamW, with accumulation, global-norm clipping and fp16 overflow skips;
+# stage 3 also with activation checkpointing and each wrap policy, and its per-rank memory between
+# steps falls as 1/N; Accelerate's own FSDP and DeepSpeed config files (and a DeepSpeed JSON of
+# "auto" values) train.
 # Tolerance: parameters agree to 1e-5 (absolute) after the stated steps; sharding changes only where
 # each element is updated, not the arithmetic, so the runs differ only by the order of the sums.
 . "$(dirname "$0")/dist/lib.sh"
@@ -21,41 +23,81 @@ launch() {   # launch NP BACKEND ARGS... (gloo: caccel launch; mpi: mpirun)
 }
 
 # zlaunch NP BACKEND STAGE PROGRAM ARGS...: stage 1/2 through DeepSpeed's zero_stage, and through
-# FSDP's strategy under mpirun (SHARD_GRAD_OP is stage 2), so both spellings are exercised
+# FSDP's strategy under mpirun (SHARD_GRAD_OP is stage 2); stage 3 through FULL_SHARD under Gloo and
+# zero_stage 3 under mpirun, so every spelling is exercised
 zlaunch() {
     np=$1 be=$2 st=$3; shift 3
     prog=$1; shift
     if [ "$be" = mpi ] && [ "$st" = 2 ]; then launch "$np" "$be" "$prog" --use_fsdp --fsdp_sharding_strategy SHARD_GRAD_OP "$@"
+    elif [ "$be" != mpi ] && [ "$st" = 3 ]; then launch "$np" "$be" --use_fsdp --fsdp_sharding_strategy FULL_SHARD "$prog" "$@"
     elif [ "$be" = mpi ]; then launch "$np" "$be" "$prog" --use_deepspeed --zero_stage "$st" "$@"
     else launch "$np" "$be" --use_deepspeed --zero_stage "$st" "$prog" "$@"; fi
 }
 
 train_backends
 
-note "SGD with momentum, global batch 24, 6 steps: 1 rank == DDP == stage 1 == stage 2 at 2, 3 and 4 ranks"
+note "SGD with momentum, global batch 24, 6 steps: 1 rank == DDP == stage 1 == stage 2 == stage 3 at 2, 3 and 4 ranks"
 "$DDP" --mode plain --batch 24 --steps 6 --dump "$WORK/ref.bin" > /dev/null 2>&1 || fail "1 rank"
 for be in $backends; do
     for np in 2 3 4; do
         b=$((24 / np))
         launch "$np" "$be" "$DDP" --mode plain --batch $b --steps 6 --dump "$WORK/ddp.bin" > "$WORK/o" || { cat "$WORK/o"; fail "DDP $np $be"; }
         same "$WORK/ref.bin" "$WORK/ddp.bin"
-        for st in 1 2; do
+        for st in 1 2 3; do
             zlaunch "$np" "$be" $st "$DDP" --mode plain --batch $b --steps 6 --dump "$WORK/z.bin" > "$WORK/o" || { cat "$WORK/o"; fail "stage $st $np $be"; }
             count 1 "sharded data parallelism: stage $st .*in $np shards" "$WORK/o"
             count "$np" 'steps=6 ' "$WORK/o"
             same "$WORK/ddp.bin" "$WORK/z.bin"
         done
+        # stage 3 with the layers checkpointed: gathered for the forward, again for the recompute
+        zlaunch "$np" "$be" 3 "$DDP" --fsdp_activation_checkpointing true --mode plain --batch $b --steps 6 --dump "$WORK/zc.bin" > "$WORK/o" || { cat "$WORK/o"; fail "stage 3 checkpointed $np $be"; }
+        count 1 'stage 3 keeps .* 2 wrap unit(s)' "$WORK/o"
+        count 1 'fsdp_activation_checkpointing .*: 2 layers of Sequential checkpointed' "$WORK/o"
+        same "$WORK/ddp.bin" "$WORK/zc.bin"
     done
 done
 
-note "AdamW (Fashion-MNIST MLP), 15 steps: 1 rank at batch 256 == stage 1 and 2 on 2 ranks at 128"
+note "AdamW (Fashion-MNIST MLP), 15 steps: 1 rank at batch 256 == stage 1, 2 and 3 on 2 ranks at 128"
 "$FM" --batch-size 256 --epochs 1 --max-steps 15 --dump-params "$WORK/fm1.bin" > /dev/null 2>&1 || fail "1 rank"
 for be in $backends; do
-    for st in 1 2; do
+    for st in 1 2 3; do
         zlaunch 2 "$be" $st "$FM" --batch-size 128 --epochs 1 --max-steps 15 --dump-params "$WORK/fm2.bin" > "$WORK/o" || { cat "$WORK/o"; fail "AdamW stage $st $be"; }
         same "$WORK/fm1.bin" "$WORK/fm2.bin"
     done
 done
+
+be=$(echo "$backends" | awk '{print $1}')
+note "stage 3 wrap policies (2 ranks, each == DDP): the default (top-level children), NO_WRAP, TRANSFORMER_BASED_WRAP by type name, SIZE_BASED_WRAP"
+launch 2 "$be" "$DDP" --mode plain --batch 12 --steps 6 --dump "$WORK/ddp.bin" > "$WORK/o" || { cat "$WORK/o"; fail "DDP"; }
+wrap() {   # wrap UNITS LABEL FLAGS...
+    units=$1 label=$2; shift 2
+    launch 2 "$be" --use_fsdp --fsdp_sharding_strategy FULL_SHARD "$DDP" "$@" --mode plain --batch 12 --steps 6 --dump "$WORK/w.bin" > "$WORK/o" || { cat "$WORK/o"; fail "wrap $label"; }
+    count 1 "stage 3 keeps 194 of 387 parameters per process between steps; $units wrap unit(s) ($label)" "$WORK/o"
+    same "$WORK/ddp.bin" "$WORK/w.bin"
+}
+wrap 2 "the model's top-level children"
+wrap 1 NO_WRAP --fsdp_auto_wrap_policy NO_WRAP
+wrap 2 TRANSFORMER_BASED_WRAP --fsdp_auto_wrap_policy TRANSFORMER_BASED_WRAP --fsdp_transformer_layer_cls_to_wrap Linear
+wrap 1 TRANSFORMER_BASED_WRAP --fsdp_auto_wrap_policy TRANSFORMER_BASED_WRAP --fsdp_transformer_layer_cls_to_wrap Block
+# fc1 has 288 parameters, fc2 99: fc2 stays with the root's unit
+wrap 2 SIZE_BASED_WRAP --fsdp_auto_wrap_policy SIZE_BASED_WRAP --fsdp_min_num_params 100
+
+note "stage 3 memory between steps (allocator statistics, hidden width 4096: 53251 parameters, SGD with momentum): 1/N of stage 3 on 1 rank (+10%) at 2 and 4 ranks, under a third of DDP's at 4"
+mem() {   # mem NP [FLAGS...]: rank 0's state_bytes
+    np=$1; shift
+    launch "$np" "$be" "$@" "$DDP" --hidden 4096 --mem --mode plain --batch 8 --steps 3 > "$WORK/o" || { cat "$WORK/o"; fail "mem $np $*"; }
+    sed -n 's/^rank=0 state_bytes=//p' "$WORK/o"
+}
+m1=$(mem 1 --use_fsdp --fsdp_sharding_strategy FULL_SHARD)
+m2=$(mem 2 --use_fsdp --fsdp_sharding_strategy FULL_SHARD)
+m4=$(mem 4 --use_fsdp --fsdp_sharding_strategy FULL_SHARD)
+d4=$(mem 4)
+echo "  state bytes: stage 3 at 1, 2, 4 ranks: $m1 $m2 $m4; DDP at 4: $d4"
+[ -n "$m1" ] && [ -n "$m2" ] && [ -n "$m4" ] && [ -n "$d4" ] || fail "no state_bytes line"
+[ "$m1" -gt 600000 ] || fail "stage 3 on 1 rank holds $m1 bytes, less than its 3 x 213004 (parameters, gradients, momentum)"
+[ "$m2" -le $((m1 * 11 / 20 + 16384)) ] || fail "stage 3 at 2 ranks holds $m2 bytes, more than half of $m1 (+10%)"
+[ "$m4" -le $((m1 * 11 / 40 + 16384)) ] || fail "stage 3 at 4 ranks holds $m4 bytes, more than a quarter of $m1 (+10%)"
+[ "$m4" -lt $((d4 / 3)) ] || fail "stage 3 at 4 ranks holds $m4 bytes, DDP $d4"
 
 note "accumulation: 4 micro-batches of 8 on 2 ranks == 1 rank at batch 64; stage 2 reduce-scatters once and all-gathers once per real step"
 "$DDP" --mode plain --batch 64 --steps 6 --dump "$WORK/acc1.bin" > /dev/null 2>&1 || fail "1 rank"
@@ -63,13 +105,15 @@ for be in $backends; do
     zlaunch 2 "$be" 2 "$DDP" --mode accum --k 4 --batch 8 --steps 6 --dump "$WORK/acc2.bin" > "$WORK/o" || { cat "$WORK/o"; fail "accum $be"; }
     count 12 'collectives_per_step=2$' "$WORK/o"
     same "$WORK/acc1.bin" "$WORK/acc2.bin"
+    zlaunch 2 "$be" 3 "$DDP" --mode accum --k 4 --batch 8 --steps 6 --dump "$WORK/acc3.bin" > "$WORK/o" || { cat "$WORK/o"; fail "accum stage 3 $be"; }
+    same "$WORK/acc1.bin" "$WORK/acc3.bin"
 done
 
 note "clip_grad_norm across shards: sqrt(all-reduced sum of squares) is the 1-rank norm; same model"
 "$DDP" --mode clip --batch 32 --steps 5 --dump "$WORK/clip1.bin" > "$WORK/o1" 2>&1 || fail "1 rank"
 n1=$(sed -n 's/.*first_norm=//p' "$WORK/o1")
 for be in $backends; do
-    for st in 1 2; do
+    for st in 1 2 3; do
         zlaunch 2 "$be" $st "$DDP" --mode clip --batch 16 --steps 5 --dump "$WORK/clip2.bin" > "$WORK/o" || { cat "$WORK/o"; fail "clip $st $be"; }
         count 2 "first_norm=$n1" "$WORK/o"
         same "$WORK/clip1.bin" "$WORK/clip2.bin"
@@ -83,17 +127,21 @@ for be in $backends; do
 done
 
 be=$(echo "$backends" | awk '{print $1}')
-note "Accelerate's template_fsdp.yaml (FULL_SHARD, bf16, 2 processes) trains as stage 2, equal to DDP with bf16"
+note "Accelerate's template_fsdp.yaml (FULL_SHARD, TRANSFORMER_BASED_WRAP with no class: one unit, bf16, 2 processes) trains as stage 3, equal to DDP with bf16"
 launch 2 "$be" --config_file "$CFG/template_fsdp.yaml" "$DDP" --mode plain --batch 8 --steps 6 --dump "$WORK/f.bin" > "$WORK/o" || { cat "$WORK/o"; fail "template_fsdp.yaml"; }
-count 1 'stage 3 (parameter sharding) is not implemented; training runs stage 2' "$WORK/o"
-count 1 'sharded data parallelism: stage 2 (.*template_fsdp.yaml' "$WORK/o"
+count 0 'not implemented' "$WORK/o"
+count 1 'sharded data parallelism: stage 3 (.*template_fsdp.yaml' "$WORK/o"
+count 1 '1 wrap unit(s) (TRANSFORMER_BASED_WRAP)' "$WORK/o"
 count 2 'steps=6 ' "$WORK/o"
 launch 2 "$be" --mixed_precision bf16 "$DDP" --mode plain --batch 8 --steps 6 --dump "$WORK/fd.bin" > "$WORK/o" || { cat "$WORK/o"; fail "DDP bf16"; }
 same "$WORK/fd.bin" "$WORK/f.bin"
 
-note "tests_latest_fsdp.yaml (1 process): stage 2 over one shard"
+note "tests_latest_fsdp.yaml (1 process, FULL_SHARD, TRANSFORMER_BASED_WRAP of BertLayer): stage 3 over one shard, one unit; the wrap keys are acted on"
 "$DDP" --config_file "$CFG/tests_latest_fsdp.yaml" --mode plain --batch 24 --steps 6 --dump "$WORK/f1.bin" > "$WORK/o" 2>&1 || { cat "$WORK/o"; fail "tests_latest_fsdp.yaml"; }
-count 1 'stage 2 .*in 1 shards' "$WORK/o"
+count 1 'stage 3 .*in 1 shards' "$WORK/o"
+count 1 '1 wrap unit(s) (TRANSFORMER_BASED_WRAP)' "$WORK/o"
+count 0 'fsdp_auto_wrap_policy .*has no effect' "$WORK/o"
+count 0 'fsdp_transformer_layer_cls_to_wrap .*has no effect' "$WORK/o"
 same "$WORK/ref.bin" "$WORK/f1.bin"
 
 note "Accelerate's template_deepspeed.yaml and its zero_stage1_config.json (fp16 from the JSON) train as stage 1"
@@ -145,6 +193,14 @@ dfm --max-steps 10 --checkpointing_steps 10 --checkpoint_dir "$WORK/ck" > "$WORK
 zfm --max-steps 20 --checkpoint_dir "$WORK/ck" --resume --dump-params "$WORK/res3.bin" > "$WORK/o" || { cat "$WORK/o"; fail "stage 2 from DDP"; }
 same "$WORK/full.bin" "$WORK/res3.bin"
 
+note "stage 3: a full state dict saved at step 10 and resumed to 20 == 20 uninterrupted (the parameters gathered for the save and the load)"
+z3fm() { launch 2 "$be" --use_fsdp --fsdp_sharding_strategy FULL_SHARD "$FM" --batch-size 128 --epochs 1 "$@"; }
+rm -rf "$WORK/ck"
+z3fm --max-steps 10 --checkpointing_steps 10 --checkpoint_dir "$WORK/ck" > "$WORK/o" || { cat "$WORK/o"; fail "stage 3 first 10 steps"; }
+z3fm --max-steps 20 --checkpoint_dir "$WORK/ck" --resume --dump-params "$WORK/res5.bin" > "$WORK/o" || { cat "$WORK/o"; fail "stage 3 resume"; }
+same "$WORK/full.bin" "$WORK/res5.bin"
+rm -rf "$WORK/ck"
+
 note "SHARDED_STATE_DICT: each rank saves its shard; resume == uninterrupted; merge-weights == the full state dict's model.safetensors; another world size is refused"
 sfm() { np=$1; shift; launch "$np" "$be" --use_fsdp --fsdp_sharding_strategy SHARD_GRAD_OP --fsdp_state_dict_type SHARDED_STATE_DICT "$FM" --batch-size 128 --epochs 1 "$@"; }
 rm -rf "$WORK/ck" "$WORK/ckf"
@@ -158,6 +214,15 @@ cmp "$WORK/full.bin" "$WORK/res4.bin" || fail "resumed from a sharded checkpoint
 zfm --max-steps 10 --checkpointing_steps 10 --checkpoint_dir "$WORK/ckf" > "$WORK/o" || { cat "$WORK/o"; fail "full save"; }
 "$CACCEL" merge-weights "$c0" "$WORK/merged" > "$WORK/o" 2>&1 || { cat "$WORK/o"; fail "merge-weights"; }
 cmp "$WORK/merged/model.safetensors" "$WORK/ckf/checkpoints/checkpoint_0/model.safetensors" || fail "merged weights differ from the full state dict"
+note "SHARDED_STATE_DICT under stage 3 (FULL_SHARD): resume == uninterrupted; a stage-2 sharded checkpoint resumes under stage 3 (same flat layout)"
+s3fm() { launch 2 "$be" --use_fsdp --fsdp_sharding_strategy FULL_SHARD --fsdp_state_dict_type SHARDED_STATE_DICT "$FM" --batch-size 128 --epochs 1 "$@"; }
+rm -rf "$WORK/ck4"
+s3fm --max-steps 10 --checkpointing_steps 10 --checkpoint_dir "$WORK/ck4" > "$WORK/o" || { cat "$WORK/o"; fail "stage 3 sharded save"; }
+s3fm --max-steps 20 --checkpoint_dir "$WORK/ck4" --resume --dump-params "$WORK/res6.bin" > "$WORK/o" || { cat "$WORK/o"; fail "stage 3 sharded resume"; }
+same "$WORK/full.bin" "$WORK/res6.bin"
+cp -r "$WORK/ck3" "$WORK/ck5"
+s3fm --max-steps 20 --checkpoint_dir "$WORK/ck5" --resume --dump-params "$WORK/res7.bin" > "$WORK/o" || { cat "$WORK/o"; fail "stage 2 checkpoint resumed under stage 3"; }
+same "$WORK/full.bin" "$WORK/res7.bin"
 t0=$(date +%s)
 sfm 3 --max-steps 20 --checkpoint_dir "$WORK/ck3" --resume > "$WORK/o" && fail "a 2-shard checkpoint loaded on 3 processes"
 grep -q 'was saved as 2 shards, this run has 3 processes' "$WORK/o" || { cat "$WORK/o"; fail "the error does not name both world sizes"; }

@@ -120,6 +120,12 @@ CA_API void ca_print(const ca_accelerator *acc, const char *fmt, ...) CA_PRINTF(
 /* Seeds the process generator and the dataloaders' shuffles (same on every rank). */
 CA_API ca_status ca_set_seed(ca_accelerator *acc, uint64_t seed);
 
+/* Stage 3 (FSDP FULL_SHARD, zero_stage 3) keeps only a shard of the parameters between steps: on
+ * gathers every parameter of the prepared model whole (collective: every rank calls it), so that
+ * they can be read or written; off writes this rank's part back into its shard and frees them
+ * again. Parameters stay whole, following each update, until off. A no-op in other modes. */
+CA_API ca_status ca_summon_full_params(ca_accelerator *acc, bool on);
+
 /* ----------------------------------------------------------- collectives */
 /* Blocks until every rank arrives (with the timeout and desync check). */
 CA_API ca_status ca_wait_for_everyone(ca_accelerator *acc);

@@ -1,0 +1,302 @@
+/* ZeRO stage 3 / FSDP FULL_SHARD: the parameters live sharded between steps. Each rank keeps only
+ * its shard of the flat parameter space (pshard, the same layout as stages 1 and 2, so checkpoints
+ * move between stages); the full storage of every parameter is freed. A wrap unit's parameters are
+ * gathered just before its module's forward and released after it; a backward hook on the unit's
+ * output gathers them again before the unit's backward, and they are released once every one of
+ * their gradients is complete. Gradients are reduce-scattered into the shard as in stage 2.
+ * A unit's parameters are spread over the ranks whose shards they cross, so the gather is an
+ * all-reduce (sum) of a unit-sized buffer in which each rank wrote its own part and zeros elsewhere:
+ * exact (x + 0 = x) and never larger than one unit. No prefetch: each gather waits. */
+#include "accelerator/accelerator_impl.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+static float *fptr(const ca_tensor *t, int64_t off) { return (float *)ca_tptr(t) + off; }
+
+static ca_status copy_f32(ca_device *d, const float *x, float *y, int64_t n) {
+    int64_t shape[1] = {n}, st[1] = {1};
+    return n ? CA_KCALL(d, copy_strided, CA_F32, 1, shape, x, st, y, st) : CA_OK;
+}
+
+static ca_tensor *persistent_zeros(ca_device *d, int64_t n) {
+    ca_tensor *t = ca_zeros(d, CA_F32, 1, &n);
+    return t ? ca_tensor_keep(t) : NULL;
+}
+
+static ca_status oom(void) { return ca_last_status() ? ca_last_status() : ca_error(CA_ERR_NOMEM, "out of memory"); }
+
+/* ------------------------------------------------------------------ gather and release */
+
+/* Copies the part of parameter i inside this rank's shard between pshard and buf (at the
+ * parameter's position pos in buf); to_buf false writes buf back into the shard. */
+static ca_status shard_part(ca_accelerator *acc, int i, ca_tensor *buf, int64_t pos, bool to_buf) {
+    ca_zero *z = &acc->zero;
+    int64_t lo = acc->rank * z->shard, hi = lo + z->shard;
+    int64_t b = z->off[i], e = b + z->params[i]->numel;
+    int64_t s = b > lo ? b : lo, t = e < hi ? e : hi;
+    if (s >= t) return CA_OK;
+    float *sh = fptr(z->pshard, s - lo), *bf = fptr(buf, pos + s - b);
+    return to_buf ? copy_f32(acc->device, sh, bf, t - s) : copy_f32(acc->device, bf, sh, t - s);
+}
+
+static ca_status unit_gather(ca_zero_unit *u) {
+    if (u->gathered) return CA_OK;
+    ca_accelerator *acc = u->acc;
+    ca_zero *z = &acc->zero;
+    ca_tensor *buf = persistent_zeros(acc->device, u->numel);
+    if (!buf) return oom();
+    ca_status s = CA_OK;
+    int64_t pos = 0;
+    for (int j = 0; s == CA_OK && j < u->n; pos += z->params[u->idx[j]]->numel, j++)
+        s = shard_part(acc, u->idx[j], buf, pos, true);
+    if (s == CA_OK && acc->world > 1)
+        s = ca_comm_all_reduce(acc->comm, ca_tptr(buf), ca_tptr(buf), (size_t)u->numel, CA_F32, CA_OP_SUM, NULL);
+    pos = 0;
+    for (int j = 0; s == CA_OK && j < u->n; j++) {
+        ca_tensor *p = z->params[u->idx[j]];
+        if (!p->storage->ptr) s = ca_device_alloc(acc->device, p->storage->bytes, &p->storage->ptr);
+        if (s == CA_OK) s = copy_f32(acc->device, fptr(buf, pos), fptr(p, 0), p->numel);
+        p->version++;   /* a low-precision copy made from older values is stale */
+        pos += p->numel;
+    }
+    ca_tensor_free(buf);
+    if (s != CA_OK)
+        return ca_error_context("stage 3: gathering the %d parameter(s) of %s on rank %d", u->n,
+                                ca_module_type(u->mod), acc->rank);
+    u->gathered = true;
+    u->done = 0;
+    return CA_OK;
+}
+
+static void unit_release(ca_zero_unit *u) {
+    if (!u->gathered || u->acc->zero.summoned) return;
+    for (int j = 0; j < u->n; j++) {
+        ca_storage *st = u->acc->zero.params[u->idx[j]]->storage;
+        ca_device_free(st->dev, st->ptr);
+        st->ptr = NULL;
+    }
+    u->gathered = false;
+}
+
+void ca_zero3_release_all(ca_accelerator *acc) {
+    for (int k = 0; k < acc->zero.nunits; k++) unit_release(&acc->zero.units[k]);
+}
+
+/* ------------------------------------------------------------------ hooks */
+
+static ca_status pre_forward(void *ctx, ca_module *m) {
+    (void)m;
+    ca_zero_unit *u = ctx;
+    u->in_forward = !u->gathered;
+    return unit_gather(u);
+}
+
+static ca_status pre_backward(void *ctx) {
+    ca_zero_unit *u = ctx;
+    u->done = 0;
+    return unit_gather(u);
+}
+
+static ca_tensor *post_forward(void *ctx, ca_module *m, ca_tensor *y) {
+    (void)m;
+    ca_zero_unit *u = ctx;
+    if (y && ca_grad_enabled()) y = ca_backward_hook(y, pre_backward, u);
+    if (u->in_forward) unit_release(u);
+    u->in_forward = false;
+    return y;
+}
+
+/* A parameter's gradient is complete: once all of the unit's are, its parameters go. */
+static void grad_done(ca_tensor *leaf, void *ctx) {
+    (void)leaf;
+    ca_zero_unit *u = ctx;
+    if (++u->done >= u->n) unit_release(u);
+}
+
+/* ------------------------------------------------------------------ wrap units */
+
+typedef struct wrap_ctx {
+    const char *policy;          /* NULL: the top-level children */
+    const char *classes;         /* TRANSFORMER_BASED_WRAP: type names */
+    int64_t min_params;          /* SIZE_BASED_WRAP */
+    ca_module **mods;
+    int nmods;
+} wrap_ctx;
+
+static bool class_listed(const char *list, const char *type) {
+    size_t n = strlen(type);
+    for (const char *p = list; p && *p;) {
+        while (*p == ' ' || *p == ',' || *p == '[' || *p == '"' || *p == '\'') p++;
+        size_t k = strcspn(p, ",]\"' ");
+        if (k == n && !strncmp(p, type, n)) return true;
+        p += k;
+    }
+    return false;
+}
+
+static void add_mod(wrap_ctx *w, ca_module *m) { w->mods[w->nmods++] = m; }
+
+/* Post-order; returns the parameters of m's subtree not inside a wrapped descendant. */
+static int64_t mark(wrap_ctx *w, ca_module *m, bool root, int depth) {
+    int64_t rest = 0;
+    for (int i = 0; i < m->nparams; i++) rest += m->params[i]->numel;
+    for (int i = 0; i < m->nchildren; i++) rest += mark(w, m->children[i], false, depth + 1);
+    bool wrap = root;
+    if (!root && !m->forward) wrap = false;   /* a container: its forward hook would never run */
+    else if (!root && !w->policy) wrap = depth == 1 && ca_module_num_params(m) > 0;
+    else if (!root && !strcasecmp(w->policy, "TRANSFORMER_BASED_WRAP")) wrap = class_listed(w->classes, m->type);
+    else if (!root && !strcasecmp(w->policy, "SIZE_BASED_WRAP")) wrap = rest >= w->min_params;
+    if (wrap) add_mod(w, m);
+    return wrap ? 0 : rest;
+}
+
+static int unit_index(const wrap_ctx *w, const ca_module *m) {
+    for (int k = 0; k < w->nmods; k++)
+        if (w->mods[k] == m) return k;
+    return -1;
+}
+
+/* Depth first in the order of the flat parameter list: each parameter to its innermost unit. */
+static void assign(ca_zero *z, const wrap_ctx *w, ca_module *m, int cur, int *next) {
+    int k = unit_index(w, m);
+    if (k >= 0) cur = k;
+    for (int i = 0; i < m->nparams; i++) z->unit_of[(*next)++] = cur;
+    for (int i = 0; i < m->nchildren; i++) assign(z, w, m->children[i], cur, next);
+}
+
+static int count_mods(const ca_module *m) {
+    int n = 1;
+    for (int i = 0; i < m->nchildren; i++) n += count_mods(m->children[i]);
+    return n;
+}
+
+/* fsdp_auto_wrap_policy under FSDP; NULL (the top-level children) when unset or under DeepSpeed. */
+static const char *wrap_policy(const ca_accelerator *acc) {
+    const char *v = ca_config_get(acc->cfg, "fsdp_config.fsdp_auto_wrap_policy");
+    if (acc->st.distributed_type != CA_DIST_FSDP || !v || !*v || !strcmp(v, "null")) return NULL;
+    return v;
+}
+
+static ca_status make_units(ca_accelerator *acc, ca_module *m) {
+    ca_zero *z = &acc->zero;
+    wrap_ctx w = {.policy = wrap_policy(acc),
+                  .classes = ca_config_get(acc->cfg, "fsdp_config.fsdp_transformer_layer_cls_to_wrap")};
+    ca_config_get_int(acc->cfg, "fsdp_config.fsdp_min_num_params", &w.min_params);
+    w.mods = calloc((size_t)count_mods(m), sizeof *w.mods);
+    z->unit_of = calloc((size_t)z->nparams + 1, sizeof *z->unit_of);
+    z->units = calloc((size_t)count_mods(m), sizeof *z->units);
+    if (!w.mods || !z->unit_of || !z->units) {
+        free(w.mods);
+        return ca_error(CA_ERR_NOMEM, "out of host memory");
+    }
+    mark(&w, m, true, 0);
+    int next = 0;
+    assign(z, &w, m, unit_index(&w, m), &next);
+    for (int k = 0; k < w.nmods; k++) z->units[k] = (ca_zero_unit){.mod = w.mods[k], .acc = acc};
+    z->nunits = w.nmods;
+    free(w.mods);
+    for (int i = 0; i < z->nparams; i++) z->units[z->unit_of[i]].n++;
+    for (int k = 0; k < z->nunits; k++)
+        if (!(z->units[k].idx = calloc((size_t)z->units[k].n + 1, sizeof(int))))
+            return ca_error(CA_ERR_NOMEM, "out of host memory");
+    for (int k = 0; k < z->nunits; k++) z->units[k].n = 0;
+    for (int i = 0; i < z->nparams; i++) {
+        ca_zero_unit *u = &z->units[z->unit_of[i]];
+        u->idx[u->n++] = i;
+        u->numel += z->params[i]->numel;
+    }
+    return CA_OK;
+}
+
+static ca_status check_params(ca_accelerator *acc, ca_module *m) {
+    ca_zero *z = &acc->zero;
+    for (int i = 0; i < z->nparams; i++) {
+        ca_tensor *p = z->params[i];
+        if (p->offset != 0 || p->storage->bytes != (size_t)p->numel * sizeof(float) || p->storage->refs != 1)
+            return ca_error(CA_ERR_UNSUPPORTED, "stage 3 (%s): parameter %s shares its storage with another tensor "
+                            "(tied or a view); stage 3 frees each parameter's own storage", z->origin,
+                            m->flat_names[i]);
+    }
+    return CA_OK;
+}
+
+ca_status ca_zero3_build(ca_accelerator *acc, ca_module *m) {
+    ca_zero *z = &acc->zero;
+    ca_status s = check_params(acc, m);
+    if (s == CA_OK && !(z->pshard = persistent_zeros(acc->device, z->shard))) s = oom();
+    for (int k = 0; s == CA_OK && k < z->nsegs; k++)
+        s = copy_f32(acc->device, fptr(z->segs[k].param, z->segs[k].poff), fptr(z->pshard, z->segs[k].soff),
+                     z->segs[k].n);
+    if (s == CA_OK) s = make_units(acc, m);
+    if (s != CA_OK) return s;
+    int used = 0;
+    for (int k = 0; k < z->nunits; k++) {
+        ca_zero_unit *u = &z->units[k];
+        u->gathered = true;
+        if (!u->n) continue;   /* a wrapped module with no parameters of its own (the root, often) */
+        used++;
+        u->mod->pre_forward = pre_forward;
+        u->mod->post_forward = post_forward;
+        u->mod->hook_ctx = u;
+        for (int j = 0; j < u->n; j++) ca_tensor_set_grad_hook(z->params[u->idx[j]], grad_done, u);
+    }
+    ca_zero3_release_all(acc);
+    if (acc->rank == 0)
+        ca_log_printf(CA_LOG_INFO, "sharded data parallelism: stage 3 keeps %lld of %lld parameters per process "
+                      "between steps; %d wrap unit(s) (%s)", (long long)z->shard, (long long)z->numel, used,
+                      wrap_policy(acc) ? wrap_policy(acc) : "the model's top-level children");
+    return CA_OK;
+}
+
+ca_status ca_zero3_summon(ca_accelerator *acc, bool on) {
+    ca_zero *z = &acc->zero;
+    if (!z->pshard || on == z->summoned) return CA_OK;
+    ca_status s = CA_OK;
+    if (on) {
+        for (int k = 0; s == CA_OK && k < z->nunits; k++) s = unit_gather(&z->units[k]);
+        z->summoned = s == CA_OK;
+        return s;
+    }
+    for (int k = 0; s == CA_OK && k < z->nsegs; k++)   /* the values a load wrote become the shard */
+        s = copy_f32(acc->device, fptr(z->segs[k].param, z->segs[k].poff), fptr(z->pshard, z->segs[k].soff),
+                     z->segs[k].n);
+    z->summoned = false;
+    ca_zero3_release_all(acc);
+    return s;
+}
+
+ca_status ca_summon_full_params(ca_accelerator *acc, bool on) {
+    if (!acc) return ca_error(CA_ERR_INVALID, "ca_summon_full_params: accelerator is NULL");
+    return acc->zero.stage == 3 && acc->model ? ca_zero3_summon(acc, on) : CA_OK;
+}
+
+void ca_zero3_free(ca_accelerator *acc) {
+    ca_zero *z = &acc->zero;
+    if (z->nparams && z->pshard) {   /* the model outlives the accelerator: whole parameters again */
+        z->summoned = false;
+        if (ca_zero3_summon(acc, true) != CA_OK) ca_clear_error();
+        for (int i = 0; i < z->nparams; i++) {
+            ca_storage *st = z->params[i]->storage;
+            if (!st->ptr && ca_device_alloc(st->dev, st->bytes, &st->ptr) != CA_OK) ca_clear_error();
+            ca_tensor_set_grad_hook(z->params[i], NULL, NULL);
+        }
+    }
+    for (int k = 0; k < z->nunits; k++) {
+        if (z->nparams) {
+            z->units[k].mod->pre_forward = NULL;
+            z->units[k].mod->post_forward = NULL;
+            z->units[k].mod->hook_ctx = NULL;
+        }
+        free(z->units[k].idx);
+    }
+    free(z->units);
+    free(z->unit_of);
+    ca_tensor_free(z->pshard);
+    z->units = NULL;
+    z->unit_of = NULL;
+    z->pshard = NULL;
+    z->nunits = 0;
+    z->summoned = false;
+}
