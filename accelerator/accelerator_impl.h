@@ -7,6 +7,7 @@
 #include "core/procenv_impl.h"
 #include <caccel/accelerator.h>
 #include <caccel/checkpoint.h>
+#include <caccel/tracking.h>
 
 /* A gradient bucket: a flat f32 buffer on the device that the gradients of
  * its parameters are views of, so the all-reduce runs in place with no copy. */
@@ -105,6 +106,8 @@ struct ca_accelerator {
     ca_det det;
     /* sharded data parallelism */
     ca_zero zero;
+    /* experiment trackers (tracking.c): NULL until ca_init_trackers */
+    struct ca_trackers *trackers;
 };
 
 /* ddp.c: data parallelism over acc->comm. */

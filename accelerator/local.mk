@@ -10,4 +10,5 @@ libcaccel_la_SOURCES += \
 	accelerator/determinism.c \
 	accelerator/checkpoint_impl.h \
 	accelerator/checkpoint.c \
-	accelerator/state.c
+	accelerator/state.c \
+	accelerator/tracking.c
