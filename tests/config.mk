@@ -19,3 +19,7 @@ EXTRA_DIST += tests/test_cli_env.sh
 # `caccel estimate-memory`: figures against the parameter counts of files the test writes.
 TESTS += tests/test_cli_estimate.sh
 EXTRA_DIST += tests/test_cli_estimate.sh
+
+# `caccel test`: the self-check at 1 and 2 processes, and a broken setup.
+TESTS += tests/test_cli_test.sh
+EXTRA_DIST += tests/test_cli_test.sh
