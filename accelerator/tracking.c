@@ -1,6 +1,12 @@
 /* Experiment trackers (caccel/tracking.h): log_with's JSON lines and CSV files and the run's
  * hyperparameters, written by the main process only. */
 #include "accelerator/accelerator_impl.h"
+#ifdef CA_HAVE_TENSORBOARD
+#include "accelerator/tensorboard_impl.h"
+#define TK_WRITES "json, csv, tensorboard"
+#else
+#define TK_WRITES "json, csv"
+#endif
 
 #include <json-c/json.h>
 
@@ -16,6 +22,7 @@
 typedef struct ca_trackers {
     FILE *jsonl;
     FILE *csv;
+    FILE *tb;                  /* TensorBoard events (CA_HAVE_TENSORBOARD) */
     bool started;
 } ca_trackers;
 
@@ -50,21 +57,27 @@ static ca_status tk_mkdirs(const char *path) {
     return CA_OK;
 }
 
-/* Which trackers log_with names: *json, *csv; an error for the others. */
-static ca_status tk_parse(const ca_accelerator *acc, const char *list, bool *json, bool *csv) {
+/* Which trackers log_with names: *json, *csv, *tb; an error for the others. */
+static ca_status tk_parse(const ca_accelerator *acc, const char *list, bool *json, bool *csv, bool *tb) {
     char buf[512];
     snprintf(buf, sizeof buf, "%s", list);
     for (char *save = NULL, *t = strtok_r(buf, ", []\"'", &save); t; t = strtok_r(NULL, ", []\"'", &save)) {
+#ifdef CA_HAVE_TENSORBOARD
+        if (!strcmp(t, "tensorboard")) { *tb = true; continue; }
+        if (!strcmp(t, "all")) { *json = *csv = *tb = true; continue; }
+#else
         if (!strcmp(t, "all")) { *json = *csv = true; continue; }
+#endif
         if (!strcmp(t, "json") || !strcmp(t, "jsonl")) { *json = true; continue; }
         if (!strcmp(t, "csv")) { *csv = true; continue; }
         for (int i = 0; tk_python[i]; i++)
             if (!strcmp(t, tk_python[i]))
                 return ca_error(CA_ERR_UNSUPPORTED, "log_with %s (from %s): %s is not available in caccel: %s; "
-                                "caccel writes: json, csv (or all)", t, ca_config_origin(acc->cfg, "log_with"), t,
-                                !strcmp(t, "tensorboard") || !strcmp(t, "mlflow") ? "this build does not write its files"
+                                "caccel writes: " TK_WRITES " (or all)", t, ca_config_origin(acc->cfg, "log_with"), t,
+                                !strcmp(t, "tensorboard") ? "this build does not write its files (configure found no protobuf-c)"
+                                : !strcmp(t, "mlflow") ? "this build does not write its files"
                                                                                     : "it needs its Python client");
-        return ca_error(CA_ERR_CONFIG, "log_with '%s' (from %s): unknown tracker; known: json, csv, all",
+        return ca_error(CA_ERR_CONFIG, "log_with '%s' (from %s): unknown tracker; known: " TK_WRITES ", all",
                         t, ca_config_origin(acc->cfg, "log_with"));
     }
     return CA_OK;
@@ -108,7 +121,7 @@ static ca_status tk_write_hparams(const ca_accelerator *acc, const char *dir, co
 }
 
 static ca_status tk_start(ca_accelerator *acc, ca_trackers *t, const char *project, const char *const *config,
-                          bool json, bool csv) {
+                          bool json, bool csv, bool tb) {
     const char *base = tk_cfg(acc, "logging_dir");
     if (!base) base = tk_cfg(acc, "project_dir");
     char dir[PATH_MAX];
@@ -119,6 +132,11 @@ static ca_status tk_start(ca_accelerator *acc, ca_trackers *t, const char *proje
     if (s == CA_OK && json) s = tk_open(dir, "metrics.jsonl", &t->jsonl);
     if (s == CA_OK && csv) s = tk_open(dir, "metrics.csv", &t->csv);
     if (s == CA_OK && t->csv && ftell(t->csv) == 0) fputs("step,time,name,value\n", t->csv);
+#ifdef CA_HAVE_TENSORBOARD
+    if (s == CA_OK && tb) s = ca_tb_open(dir, &t->tb);
+#else
+    (void)tb;
+#endif
     return s;
 }
 
@@ -129,15 +147,15 @@ ca_status ca_init_trackers(ca_accelerator *acc, const char *project, const char 
     if (acc->trackers && acc->trackers->started)
         return ca_error(CA_ERR_STATE, "init_trackers: trackers already started (call ca_end_training first)");
     const char *list = tk_cfg(acc, "log_with");
-    bool json = false, csv = false;
-    ca_status s = list ? tk_parse(acc, list, &json, &csv) : CA_OK;
+    bool json = false, csv = false, tb = false;
+    ca_status s = list ? tk_parse(acc, list, &json, &csv, &tb) : CA_OK;
     if (s != CA_OK) return s;
     ca_trackers *t = acc->trackers ? acc->trackers : calloc(1, sizeof *t);
     if (!t) return ca_error(CA_ERR_NOMEM, "init_trackers: out of host memory");
     acc->trackers = t;
     t->started = true;
     if (!list || !ca_is_main_process(acc)) return CA_OK;
-    s = tk_start(acc, t, project, config, json, csv);
+    s = tk_start(acc, t, project, config, json, csv, tb);
     if (s != CA_OK) ca_end_training(acc);
     return s;
 }
@@ -183,7 +201,12 @@ ca_status ca_log_metrics(ca_accelerator *acc, const ca_metric *values, size_t n,
                                                   "from %s)", tk_cfg(acc, "log_with"),
                                                   ca_config_origin(acc->cfg, "log_with"))
                                        : CA_OK;
-    tk_write(acc->trackers, values, n, step, tk_now());
+    double now = tk_now();
+    tk_write(acc->trackers, values, n, step, now);
+#ifdef CA_HAVE_TENSORBOARD
+    ca_status s = acc->trackers->tb ? ca_tb_scalars(acc->trackers->tb, values, n, step, now) : CA_OK;
+    if (s != CA_OK) return s;
+#endif
     if ((acc->trackers->jsonl && ferror(acc->trackers->jsonl)) || (acc->trackers->csv && ferror(acc->trackers->csv)))
         return ca_error(CA_ERR_IO, "log_metrics: writing the metrics failed (disk full?)");
     return CA_OK;
@@ -195,6 +218,7 @@ ca_status ca_end_training(ca_accelerator *acc) {
     int bad = 0;
     if (t->jsonl) bad |= fclose(t->jsonl) != 0;
     if (t->csv) bad |= fclose(t->csv) != 0;
+    if (t->tb) bad |= fclose(t->tb) != 0;
     free(t);
     acc->trackers = NULL;
     return bad ? ca_error(CA_ERR_IO, "end_training: closing the metrics files failed") : CA_OK;

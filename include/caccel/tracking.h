@@ -2,16 +2,19 @@
  * end_training.
  *
  * The configuration key log_with (also ca_options.log_with, CACCEL_LOG_WITH, --log_with) names the
- * trackers, comma-separated: "json" (JSON lines), "csv", or "all" (every tracker of this build).
- * Accelerate's wandb, comet_ml, aim, clearml, dvclive, mlflow, tensorboard, swanlab and trackio
- * are accepted as values and refused by ca_init_trackers with one message: they need their Python
- * clients (or are not written by this build). Files go to <logging_dir>/<project>/, logging_dir
- * defaulting to project_dir, then ".":
+ * trackers, comma-separated: "json" (JSON lines), "csv", "tensorboard" (when configure found
+ * protobuf-c), or "all" (every tracker of this build). Accelerate's wandb, comet_ml, aim, clearml,
+ * dvclive, mlflow, swanlab and trackio are accepted as values and refused by ca_init_trackers with
+ * one message: they need their Python clients (mlflow: not written yet). Files go to
+ * <logging_dir>/<project>/, logging_dir defaulting to project_dir, then ".":
  *
  *   hparams.json     {"project": ..., "config": {the program's pairs}, "run": {every configuration
  *                    key with a value: its value and origin}}, written by ca_init_trackers
  *   metrics.jsonl    one line per ca_log_metrics: {"step": N, "time": <unix seconds>, "<name>": value, ...}
  *   metrics.csv      step,time,name,value (one row per value)
+ *   events.out.tfevents.<seconds>.<host>   TensorBoard's event file: each value a scalar summary
+ *                    (float32) at its step; `tensorboard --logdir <logging_dir>` shows the curves.
+ *                    Hyperparameters are in hparams.json only (not TensorBoard's hparams plugin).
  *
  * Only the main process writes; on the other processes every call returns CA_OK and does nothing.
  * Lines are flushed by every ca_log_metrics, so a run that dies keeps what it logged. */
