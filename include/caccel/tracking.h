@@ -43,9 +43,9 @@ typedef struct ca_metric {
  * CA_ERR_STATE when already started. */
 CA_API ca_status ca_init_trackers(ca_accelerator *acc, const char *project, const char *const *config);
 
-/* Logs n values at `step` (negative: no step, written as null). Names are unique within a call.
+/* Accelerate's accelerator.log (ca_log is the tensor op of caccel/ops.h): logs n values at `step`
+ * (negative: no step; JSON null, TensorBoard step 0). Names are unique within a call.
  * CA_ERR_STATE before ca_init_trackers (when log_with is set). */
-/* (ca_log is the tensor op of caccel/ops.h: Accelerate's accelerator.log is ca_log_metrics.) */
 CA_API ca_status ca_log_metrics(ca_accelerator *acc, const ca_metric *values, size_t n, int64_t step);
 
 /* Closes the trackers' files (ca_accelerator_destroy does it too). Accepts an accelerator without
