@@ -23,6 +23,8 @@ static ca_status load_config(ca_accelerator *acc, const ca_options *o) {
         extra[n++] = ga;
     }
     if (o && o->config_file) { snprintf(cf, sizeof cf, "config_file=%s", o->config_file); extra[n++] = cf; }
+    char lw[512];
+    if (o && o->log_with) { snprintf(lw, sizeof lw, "log_with=%s", o->log_with); extra[n++] = lw; }
     int nuser = 0;
     while (o && o->settings && o->settings[nuser]) nuser++;
     const char **all = calloc((size_t)(nuser + n + 1), sizeof *all);
@@ -165,6 +167,7 @@ void ca_accelerator_destroy(ca_accelerator *acc) {
         m->autocast = CA_F32;
         for (int i = 0; i < ca_module_num_params(m); i++) ca_tensor_set_grad_hook(m->flat[i], NULL, NULL);
     }
+    ca_end_training(acc);
     free(acc->extra);
     ca_ddp_free_buckets(acc);
     ca_zero_free(acc);

@@ -7,6 +7,7 @@
 #include "core/procenv_impl.h"
 #include <caccel/accelerator.h>
 #include <caccel/checkpoint.h>
+#include <caccel/tracking.h>
 
 /* A gradient bucket: a flat f32 buffer on the device that the gradients of
  * its parameters are views of, so the all-reduce runs in place with no copy. */
@@ -141,6 +142,8 @@ struct ca_accelerator {
     /* autocast.c: the thread's autocast before each open CA_AUTOCAST scope */
     int autocast_depth;
     ca_dtype autocast_saved[16];
+    /* experiment trackers (tracking.c): NULL until ca_init_trackers */
+    struct ca_trackers *trackers;
 };
 
 /* ddp.c: data parallelism over acc->comm. */

@@ -15,4 +15,20 @@ libcaccel_la_SOURCES += \
 	accelerator/sync.c \
 	accelerator/objects.c \
 	accelerator/join.c \
-	accelerator/autocast.c
+	accelerator/autocast.c \
+	accelerator/tracking.c
+
+# log_with tensorboard: the event messages' C, generated from tensorboard_event.proto by protoc-c.
+EXTRA_DIST += accelerator/tensorboard_event.proto
+if HAVE_TENSORBOARD
+libcaccel_la_SOURCES += accelerator/tensorboard_impl.h accelerator/tensorboard.c
+nodist_libcaccel_la_SOURCES = accelerator/tensorboard_event.pb-c.c accelerator/tensorboard_event.pb-c.h
+BUILT_SOURCES = accelerator/tensorboard_event.pb-c.c accelerator/tensorboard_event.pb-c.h
+CLEANFILES += accelerator/tensorboard_event.pb-c.c accelerator/tensorboard_event.pb-c.h
+libcaccel_la_CFLAGS += $(PROTOBUFC_CFLAGS) -DCA_HAVE_TENSORBOARD
+libcaccel_la_LIBADD += $(PROTOBUFC_LIBS)
+accelerator/tensorboard_event.pb-c.c accelerator/tensorboard_event.pb-c.h: $(srcdir)/accelerator/tensorboard_event.proto
+	$(AM_V_GEN)$(MKDIR_P) accelerator && $(PROTOC_C) --proto_path=$(srcdir) --c_out=. accelerator/tensorboard_event.proto
+else
+EXTRA_DIST += accelerator/tensorboard_impl.h accelerator/tensorboard.c
+endif

@@ -175,6 +175,18 @@ static ca_status setup_checkpoints(ca_accelerator *acc, const args *a, epoch_met
     return s;
 }
 
+/* The run's hyperparameters go with the trackers' files (hparams.json). */
+static ca_status init_trackers(ca_accelerator *acc, const args *a) {
+    char ep[32], bs[32], lr[32], seed[32], sched[80];
+    snprintf(ep, sizeof ep, "epochs=%d", a->epochs);
+    snprintf(bs, sizeof bs, "batch_size=%lld", (long long)a->batch_size);
+    snprintf(lr, sizeof lr, "lr=%g", a->lr);
+    snprintf(seed, sizeof seed, "seed=%llu", (unsigned long long)a->seed);
+    snprintf(sched, sizeof sched, "schedule=%s", a->schedule);
+    const char *const hp[] = {ep, bs, lr, seed, sched, NULL};
+    return ca_init_trackers(acc, "fashion_mnist", hp);
+}
+
 int main(int argc, char **argv) {
     args a = parse(argc, argv);
     ca_accelerator *acc;
@@ -221,6 +233,7 @@ int main(int argc, char **argv) {
 
     epoch_metrics em = {0};
     CA_CHECK(setup_checkpoints(acc, &a, &em));
+    CA_CHECK(init_trackers(acc, &a));   /* --log_with json,csv: <logging_dir>/fashion_mnist/ */
     bool done = a.max_steps && ca_optimizer_steps(opt) >= a.max_steps;
     for (int epoch = (int)ca_dataloader_epoch(train_dl); epoch < a.epochs && !done; epoch++) {
         double t0 = now_s();
@@ -252,6 +265,9 @@ int main(int argc, char **argv) {
             CA_CHECK(ca_reduce(acc, st, CA_OP_SUM));
             float r[4];
             CA_CHECK(ca_tensor_to_host(st, r, sizeof r));
+            ca_metric m[] = {{"train_loss", r[0] / ca_num_processes(acc)}, {"test_accuracy", r[1] / r[2]},
+                             {"samples_per_s", r[3] / secs}, {"epoch", epoch + 1}};
+            CA_CHECK(ca_log_metrics(acc, m, sizeof m / sizeof m[0], ca_optimizer_steps(opt)));
             ca_print(acc, "epoch %d/%d: train loss %.4f, test accuracy %.2f%% (%d samples), %.0f samples/s (%.1f s)\n",
                      epoch + 1, a.epochs, r[0] / ca_num_processes(acc), 100.0 * r[1] / r[2], (int)r[2],
                      r[3] / secs, secs);
@@ -269,6 +285,7 @@ int main(int argc, char **argv) {
         CA_CHECK(ca_save_model(acc, model, a.output_dir, 0));   /* every rank calls it */
         ca_print(acc, "model saved to %s/model.safetensors\n", a.output_dir);
     }
+    CA_CHECK(ca_end_training(acc));
     CA_CHECK(ca_wait_for_everyone(acc));
 
     ca_dataloader_destroy(train_dl);

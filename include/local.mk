@@ -18,5 +18,6 @@ caccelinclude_HEADERS = \
 	include/caccel/bert_config.h \
 	include/caccel/bert.h \
 	include/caccel/accelerator.h \
-	include/caccel/checkpoint.h
+	include/caccel/checkpoint.h \
+	include/caccel/tracking.h
 nodist_caccelinclude_HEADERS = include/caccel/version.h

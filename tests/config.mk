@@ -15,3 +15,11 @@ VALGRIND_TESTS += tests/test_config tests/test_config_files
 # The caccel command: `caccel env` shows every value with its origin; `caccel config default`.
 TESTS += tests/test_cli_env.sh
 EXTRA_DIST += tests/test_cli_env.sh
+
+# `caccel estimate-memory`: figures against the parameter counts of files the test writes.
+TESTS += tests/test_cli_estimate.sh
+EXTRA_DIST += tests/test_cli_estimate.sh
+
+# `caccel test`: the self-check at 1 and 2 processes, and a broken setup.
+TESTS += tests/test_cli_test.sh
+EXTRA_DIST += tests/test_cli_test.sh

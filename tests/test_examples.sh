@@ -58,4 +58,17 @@ for n in f32 bf16 fp16 accum; do floor $n; done
 near bf16 0.015625
 near fp16 0.015625
 near accum 0.00390625
+
+echo "== --log_with json,csv: the epoch's figures in <logging_dir>/fashion_mnist, as printed"
+out=$("$b/examples/fashion_mnist" --cpu --epochs 1 --max-steps 30 --log_with json,csv --logging_dir "$WORK/logs" 2>&1) ||
+    { echo "$out"; fail "fashion_mnist --log_with json,csv exited non-zero"; }
+d="$WORK/logs/fashion_mnist"
+loss=$(echo "$out" | sed -n 's/.*train loss \([0-9.]*\),.*/\1/p')
+[ "$(wc -l < "$d/metrics.jsonl")" -eq 1 ] || fail "expected one JSON line per epoch"
+grep -q '^{"step":30,"time":[0-9.]*,"train_loss":[0-9.]*,"test_accuracy":[0-9.]*,"samples_per_s":[0-9.]*,"epoch":1' \
+    "$d/metrics.jsonl" || { cat "$d/metrics.jsonl"; fail "metrics.jsonl"; }
+logged=$(sed -n 's/.*"train_loss":\([0-9.]*\).*/\1/p' "$d/metrics.jsonl")
+awk -v a="$logged" -v p="$loss" 'BEGIN { exit !(sprintf("%.4f", a) == p) }' || fail "logged loss $logged, printed $loss"
+grep -q '^30,[0-9.]*,test_accuracy,0\.[0-9]*$' "$d/metrics.csv" || { cat "$d/metrics.csv"; fail "metrics.csv"; }
+grep -q '"lr":"0.001"' "$d/hparams.json" || fail "hparams.json lacks the example's lr"
 echo "ok"

@@ -11,6 +11,9 @@ const ca_cli_command ca_cli_commands[] = {
     {"config", "write a configuration file (`caccel config default`)", ca_cmd_config},
     {"launch", "start a program as every process of a job (Accelerate's launcher flags)", ca_cmd_launch},
     {"merge-weights", "merge a sharded checkpoint's weights into one model.safetensors", ca_cmd_merge_weights},
+    {"estimate-memory", "memory a model needs for inference and training, per dtype and ZeRO stage",
+     ca_cmd_estimate_memory},
+    {"test", "check the setup: collectives, sync across ranks, sharding, training (under launch)", ca_cmd_test},
 };
 const size_t ca_cli_ncommands = sizeof ca_cli_commands / sizeof ca_cli_commands[0];
 
@@ -58,7 +61,7 @@ static void usage(FILE *f) {
                "caccel %s: a portable training runtime in C that speaks Accelerate's configuration.\n\n"
                "commands:\n", CA_VERSION);
     for (size_t i = 0; i < ca_cli_ncommands; i++)
-        fprintf(f, "  %-10s %s\n", ca_cli_commands[i].name, ca_cli_commands[i].summary);
+        fprintf(f, "  %-15s %s\n", ca_cli_commands[i].name, ca_cli_commands[i].summary);
     fprintf(f, "\n`caccel <command> --help` describes a command. Configuration: docs/CONFIGURATION.md.\n");
 }
 

@@ -28,6 +28,10 @@ int ca_cmd_config(int argc, char **argv);
 int ca_cmd_launch(int argc, char **argv);
 /* `caccel merge-weights DIR OUT`: a sharded checkpoint into one model.safetensors. */
 int ca_cmd_merge_weights(int argc, char **argv);
+/* `caccel estimate-memory MODEL`: memory for inference and training per dtype and ZeRO stage. */
+int ca_cmd_estimate_memory(int argc, char **argv);
+/* `caccel test`: the self-check under the configured launch (tools/cmd_test.c). */
+int ca_cmd_test(int argc, char **argv);
 
 /* Prints "caccel <cmd>: error: <last error>" and its hint to stderr; returns 1. */
 int ca_cli_fail(const char *cmd);

@@ -7,7 +7,7 @@ tests=false
 [ "${1:-}" = "--test" ] && tests=true
 pkgs=(build-essential autoconf automake libtool libtool-bin pkg-config
       libopenblas-dev libyaml-dev zlib1g-dev libjson-c-dev libutf8proc-dev libcmocka-dev
-      libopenmpi-dev openmpi-bin libgloo-dev
+      libopenmpi-dev openmpi-bin libgloo-dev libprotobuf-c-dev protobuf-c-compiler
       libdnnl2 dataset-fashion-mnist fortunes iproute2 procps valgrind)
 $tests && pkgs+=(python3-torch python3-numpy)
 missing=()
@@ -38,6 +38,12 @@ fi
 if [ -x /usr/bin/python3 ] && /usr/bin/python3 -c 'import torch' 2>/dev/null &&
    ! /usr/bin/python3 -c 'import transformers' 2>/dev/null; then
     /usr/bin/python3 -m pip install -q --user --break-system-packages 'transformers<4.40' 2>/dev/null || true
+fi
+# The TensorBoard test reads caccel's event files back with TensorBoard's own reader; optional in
+# the same way (the test skips without it).
+if command -v python3 >/dev/null && ! python3 -c 'import tensorboard' 2>/dev/null; then
+    python3 -m pip --version >/dev/null 2>&1 &&
+        { python3 -m pip install -q --user --break-system-packages tensorboard 2>/dev/null || true; }
 fi
 # The tokenizer parity test compares with Hugging Face's `tokenizers`; optional in the same way.
 if command -v python3 >/dev/null && ! python3 -c 'import tokenizers' 2>/dev/null; then

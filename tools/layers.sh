@@ -21,6 +21,6 @@ LAYERS_AWK='
         below["tensor"] = "core base"
         below["nn"] = below["data"] = "tensor core base"
         below["accelerator"] = "nn data tensor core base"
-        below["tools"] = "accelerator core base"   # accelerator: caccel merge-weights (ca_merge_weights)
+        below["tools"] = "accelerator nn data tensor core base"   # merge-weights calls the accelerator; caccel test trains a model
     }
 '

@@ -5,8 +5,10 @@ tools_caccel_SOURCES = \
 	tools/caccel.c \
 	tools/cmd_env.c \
 	tools/cmd_config.c \
-	tools/cmd_launch.c tools/cmd_merge_weights.c core/store.c core/store_impl.h
-tools_caccel_LDADD = libcaccel.la
+	tools/cmd_launch.c tools/cmd_merge_weights.c core/store.c core/store_impl.h \
+	tools/cmd_estimate_memory.c tools/cmd_test.c
+tools_caccel_CFLAGS = $(AM_CFLAGS) $(JSONC_CFLAGS)
+tools_caccel_LDADD = libcaccel.la $(JSONC_LIBS)
 
 # Scripts: the README's commands, CI's dependencies, the layer checks, measurement helpers.
 EXTRA_DIST += tools/quickstart.sh tools/test.sh tools/install-deps.sh tools/gpu-bundle.sh \

@@ -33,6 +33,7 @@ typedef struct ca_options {
     ca_tristate use_cpu;
     int gradient_accumulation_steps;    /* 0: unset */
     const char *config_file;            /* like --config_file, but below it */
+    const char *log_with;               /* trackers (caccel/tracking.h): "json,csv" (NULL: unset) */
 } ca_options;
 
 /* Creates the accelerator (NULL opts = defaults). Errors carry the config

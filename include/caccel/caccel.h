@@ -19,5 +19,6 @@
 #include <caccel/bert.h>
 #include <caccel/accelerator.h>
 #include <caccel/checkpoint.h>
+#include <caccel/tracking.h>
 
 #endif

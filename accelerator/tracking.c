@@ -1,0 +1,225 @@
+/* Experiment trackers (caccel/tracking.h): log_with's JSON lines and CSV files and the run's
+ * hyperparameters, written by the main process only. */
+#include "accelerator/accelerator_impl.h"
+#ifdef CA_HAVE_TENSORBOARD
+#include "accelerator/tensorboard_impl.h"
+#define TK_WRITES "json, csv, tensorboard"
+#else
+#define TK_WRITES "json, csv"
+#endif
+
+#include <json-c/json.h>
+
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+typedef struct ca_trackers {
+    FILE *jsonl;
+    FILE *csv;
+    FILE *tb;                  /* TensorBoard events (CA_HAVE_TENSORBOARD) */
+    bool started;
+} ca_trackers;
+
+/* Accelerate's trackers that need their Python clients, and the ones this build does not write. */
+static const char *const tk_python[] = {"wandb", "comet_ml", "aim", "clearml", "dvclive", "swanlab",
+                                        "trackio", "mlflow", "tensorboard", NULL};
+
+static const char *tk_cfg(const ca_accelerator *acc, const char *key) {
+    const char *v = ca_config_get(acc->cfg, key);
+    return v && v[0] && strcmp(v, "null") != 0 ? v : NULL;
+}
+
+static double tk_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* mkdir -p */
+static ca_status tk_mkdirs(const char *path) {
+    char buf[PATH_MAX];
+    if (snprintf(buf, sizeof buf, "%s", path) >= (int)sizeof buf)
+        return ca_error(CA_ERR_INVALID, "trackers: path too long: %s", path);
+    for (char *p = buf + 1;; p++) {
+        if (*p && *p != '/') continue;
+        char c = *p;
+        *p = '\0';
+        if (mkdir(buf, 0777) != 0 && errno != EEXIST)
+            return ca_error(CA_ERR_IO, "trackers: cannot create %s: %s", buf, strerror(errno));
+        if (!(*p = c)) break;
+    }
+    return CA_OK;
+}
+
+/* Which trackers log_with names: *json, *csv, *tb; an error for the others. */
+static ca_status tk_parse(const ca_accelerator *acc, const char *list, bool *json, bool *csv, bool *tb) {
+    char buf[512];
+    snprintf(buf, sizeof buf, "%s", list);
+    for (char *save = NULL, *t = strtok_r(buf, ", []\"'", &save); t; t = strtok_r(NULL, ", []\"'", &save)) {
+#ifdef CA_HAVE_TENSORBOARD
+        if (!strcmp(t, "tensorboard")) { *tb = true; continue; }
+        if (!strcmp(t, "all")) { *json = *csv = *tb = true; continue; }
+#else
+        if (!strcmp(t, "all")) { *json = *csv = true; continue; }
+#endif
+        if (!strcmp(t, "json") || !strcmp(t, "jsonl")) { *json = true; continue; }
+        if (!strcmp(t, "csv")) { *csv = true; continue; }
+        for (int i = 0; tk_python[i]; i++)
+            if (!strcmp(t, tk_python[i]))
+                return ca_error(CA_ERR_UNSUPPORTED, "log_with %s (from %s): %s is not available in caccel: %s; "
+                                "caccel writes: " TK_WRITES " (or all)", t, ca_config_origin(acc->cfg, "log_with"), t,
+                                !strcmp(t, "tensorboard") ? "this build does not write its files (configure found no protobuf-c)"
+                                : !strcmp(t, "mlflow") ? "this build does not write its files"
+                                                                                    : "it needs its Python client");
+        return ca_error(CA_ERR_CONFIG, "log_with '%s' (from %s): unknown tracker; known: " TK_WRITES ", all",
+                        t, ca_config_origin(acc->cfg, "log_with"));
+    }
+    return CA_OK;
+}
+
+static ca_status tk_open(const char *dir, const char *name, FILE **out) {
+    char path[PATH_MAX];
+    if (snprintf(path, sizeof path, "%s/%s", dir, name) >= (int)sizeof path)
+        return ca_error(CA_ERR_INVALID, "trackers: path too long: %s/%s", dir, name);
+    *out = fopen(path, "a");
+    if (!*out) return ca_error(CA_ERR_IO, "trackers: cannot open %s: %s", path, strerror(errno));
+    return CA_OK;
+}
+
+/* hparams.json: the program's pairs and every configuration value with its origin. */
+static ca_status tk_write_hparams(const ca_accelerator *acc, const char *dir, const char *project,
+                                  const char *const *config) {
+    json_object *root = json_object_new_object(), *user = json_object_new_object(), *run = json_object_new_object();
+    json_object_object_add(root, "project", json_object_new_string(project));
+    for (int i = 0; config && config[i]; i++) {
+        const char *eq = strchr(config[i], '=');
+        char key[256];
+        snprintf(key, sizeof key, "%.*s", eq ? (int)(eq - config[i]) : (int)strlen(config[i]), config[i]);
+        json_object_object_add(user, key, json_object_new_string(eq ? eq + 1 : ""));
+    }
+    for (int i = 0; i < ca_config_count(acc->cfg); i++) {
+        ca_config_entry e;
+        if (ca_config_entry_at(acc->cfg, i, &e) != CA_OK || !e.value) continue;
+        json_object *v = json_object_new_object();
+        json_object_object_add(v, "value", json_object_new_string(e.value));
+        json_object_object_add(v, "origin", json_object_new_string(e.origin ? e.origin : ""));
+        json_object_object_add(run, e.key, v);
+    }
+    json_object_object_add(root, "config", user);
+    json_object_object_add(root, "run", run);
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s/hparams.json", dir);
+    int rc = json_object_to_file_ext(path, root, JSON_C_TO_STRING_PRETTY | JSON_C_TO_STRING_NOSLASHESCAPE);
+    json_object_put(root);
+    return rc == 0 ? CA_OK : ca_error(CA_ERR_IO, "trackers: cannot write %s: %s", path, json_util_get_last_err());
+}
+
+static ca_status tk_start(ca_accelerator *acc, ca_trackers *t, const char *project, const char *const *config,
+                          bool json, bool csv, bool tb) {
+    const char *base = tk_cfg(acc, "logging_dir");
+    if (!base) base = tk_cfg(acc, "project_dir");
+    char dir[PATH_MAX];
+    if (snprintf(dir, sizeof dir, "%s/%s", base ? base : ".", project) >= (int)sizeof dir)
+        return ca_error(CA_ERR_INVALID, "trackers: logging directory too long");
+    ca_status s = tk_mkdirs(dir);
+    if (s == CA_OK) s = tk_write_hparams(acc, dir, project, config);
+    if (s == CA_OK && json) s = tk_open(dir, "metrics.jsonl", &t->jsonl);
+    if (s == CA_OK && csv) s = tk_open(dir, "metrics.csv", &t->csv);
+    if (s == CA_OK && t->csv && ftell(t->csv) == 0) fputs("step,time,name,value\n", t->csv);
+#ifdef CA_HAVE_TENSORBOARD
+    if (s == CA_OK && tb) s = ca_tb_open(dir, &t->tb);
+#else
+    (void)tb;
+#endif
+    return s;
+}
+
+ca_status ca_init_trackers(ca_accelerator *acc, const char *project, const char *const *config) {
+    if (!acc || !project || !project[0] || strchr(project, '/') || !strcmp(project, "..") || !strcmp(project, "."))
+        return ca_error(CA_ERR_INVALID, "init_trackers: the project name must be a directory name (got '%s')",
+                        project ? project : "(null)");
+    if (acc->trackers && acc->trackers->started)
+        return ca_error(CA_ERR_STATE, "init_trackers: trackers already started (call ca_end_training first)");
+    const char *list = tk_cfg(acc, "log_with");
+    bool json = false, csv = false, tb = false;
+    ca_status s = list ? tk_parse(acc, list, &json, &csv, &tb) : CA_OK;
+    if (s != CA_OK) return s;
+    ca_trackers *t = acc->trackers ? acc->trackers : calloc(1, sizeof *t);
+    if (!t) return ca_error(CA_ERR_NOMEM, "init_trackers: out of host memory");
+    acc->trackers = t;
+    t->started = true;
+    if (!list || !ca_is_main_process(acc)) return CA_OK;
+    s = tk_start(acc, t, project, config, json, csv, tb);
+    if (s != CA_OK) ca_end_training(acc);
+    return s;
+}
+
+static void tk_csv_name(FILE *f, const char *name) {
+    if (!strpbrk(name, ",\"\n\r")) { fputs(name, f); return; }
+    fputc('"', f);
+    for (const char *p = name; *p; p++) {
+        if (*p == '"') fputc('"', f);
+        fputc(*p, f);
+    }
+    fputc('"', f);
+}
+
+static void tk_write(ca_trackers *t, const ca_metric *values, size_t n, int64_t step, double now) {
+    if (t->jsonl) {
+        json_object *o = json_object_new_object();
+        json_object_object_add(o, "step", step >= 0 ? json_object_new_int64(step) : NULL);
+        json_object_object_add(o, "time", json_object_new_double(now));
+        for (size_t i = 0; i < n; i++) json_object_object_add(o, values[i].name, json_object_new_double(values[i].value));
+        fprintf(t->jsonl, "%s\n", json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN | JSON_C_TO_STRING_NOSLASHESCAPE));
+        json_object_put(o);
+        fflush(t->jsonl);
+    }
+    if (t->csv) {
+        for (size_t i = 0; i < n; i++) {
+            if (step >= 0) fprintf(t->csv, "%lld", (long long)step);
+            fprintf(t->csv, ",%.6f,", now);
+            tk_csv_name(t->csv, values[i].name);
+            fprintf(t->csv, ",%.17g\n", values[i].value);
+        }
+        fflush(t->csv);
+    }
+}
+
+ca_status ca_log_metrics(ca_accelerator *acc, const ca_metric *values, size_t n, int64_t step) {
+    if (!acc || (n && !values)) return ca_error(CA_ERR_INVALID, "log_metrics: NULL accelerator or values");
+    for (size_t i = 0; i < n; i++)
+        if (!values[i].name || !values[i].name[0])
+            return ca_error(CA_ERR_INVALID, "log_metrics: value %zu has no name", i);
+    if (!acc->trackers || !acc->trackers->started)
+        return tk_cfg(acc, "log_with") ? ca_error(CA_ERR_STATE, "log_metrics: call ca_init_trackers first (log_with %s, "
+                                                  "from %s)", tk_cfg(acc, "log_with"),
+                                                  ca_config_origin(acc->cfg, "log_with"))
+                                       : CA_OK;
+    double now = tk_now();
+    tk_write(acc->trackers, values, n, step, now);
+#ifdef CA_HAVE_TENSORBOARD
+    ca_status s = acc->trackers->tb ? ca_tb_scalars(acc->trackers->tb, values, n, step, now) : CA_OK;
+    if (s != CA_OK) return s;
+#endif
+    if ((acc->trackers->jsonl && ferror(acc->trackers->jsonl)) || (acc->trackers->csv && ferror(acc->trackers->csv)))
+        return ca_error(CA_ERR_IO, "log_metrics: writing the metrics failed (disk full?)");
+    return CA_OK;
+}
+
+ca_status ca_end_training(ca_accelerator *acc) {
+    if (!acc || !acc->trackers) return CA_OK;
+    ca_trackers *t = acc->trackers;
+    int bad = 0;
+    if (t->jsonl) bad |= fclose(t->jsonl) != 0;
+    if (t->csv) bad |= fclose(t->csv) != 0;
+    if (t->tb) bad |= fclose(t->tb) != 0;
+    free(t);
+    acc->trackers = NULL;
+    return bad ? ca_error(CA_ERR_IO, "end_training: closing the metrics files failed") : CA_OK;
+}
