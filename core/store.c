@@ -32,6 +32,7 @@
 #define MAX_UNAUTH_PER_ADDR 256
 /* With no descriptor to accept into, the listening socket is left out of poll this long. */
 #define EMFILE_BACKOFF_MS 100
+#define ACCEPT_BATCH 256
 /* At most one wrong-token warning per interval; the rest are counted into the next line. */
 #define REJECT_LOG_INTERVAL_MS 10000
 #define MAX_WAIT_LIST (1u << 20)
@@ -511,7 +512,8 @@ static conn *new_conn(ca_store_server *s, int fd, const struct sockaddr_storage 
 }
 
 static void accept_all(ca_store_server *s) {
-    for (;;) {
+    /* a bounded batch: a flood that connects as fast as we accept must not starve the members' requests */
+    for (int batch = 0; batch < ACCEPT_BATCH; batch++) {
         struct sockaddr_storage sa;
         socklen_t sl = sizeof sa;
         int fd = accept4(s->listen_fd, (struct sockaddr *)&sa, &sl, SOCK_NONBLOCK | SOCK_CLOEXEC);
