@@ -25,6 +25,16 @@
 #define REP_HDR 20
 #define MAX_CONNS 8192
 #define AUTH_DEADLINE_MS 10000
+/* Connections that have not presented the token yet. When a bound is reached the oldest such
+ * connection is dropped, never the new one: a job member presents its token as soon as it connects,
+ * so a flood of idle connections cannot keep it out. */
+#define MAX_UNAUTH 1024
+#define MAX_UNAUTH_PER_ADDR 256
+/* With no descriptor to accept into, the listening socket is left out of poll this long. */
+#define EMFILE_BACKOFF_MS 100
+#define ACCEPT_BATCH 256
+/* At most one wrong-token warning per interval; the rest are counted into the next line. */
+#define REJECT_LOG_INTERVAL_MS 10000
 #define MAX_WAIT_LIST (1u << 20)
 /* Forever, for practical purposes, when a caller passes a negative timeout. */
 #define DEFAULT_WAIT_MS (30LL * 60 * 1000)
@@ -94,6 +104,7 @@ typedef struct conn {
     bool closing;       /* drop once the output is flushed */
     int64_t accepted_ms;
     char peer[64];
+    char host[48];      /* the peer's address without the port: the per-address bound */
     uint8_t hdr[REQ_HDR];
     size_t hdr_got;
     uint8_t *payload;   /* key then value */
@@ -117,6 +128,13 @@ struct ca_store_server {
     size_t cap, used;
     conn **conns;
     size_t nconns, conns_cap;
+    size_t nunauth;           /* connections in conns without the token yet */
+    int reserve_fd;           /* given up to accept-and-close a connection when out of descriptors */
+    int64_t listen_paused_until;
+    bool fd_warned;
+    int64_t reject_log_ms;    /* when the last wrong-token warning was written */
+    unsigned long rejects_unlogged;
+    char reject_last_peer[64];
 };
 
 static uint64_t hash_key(const char *s, size_t n) {
@@ -254,6 +272,32 @@ static void wake_parked(ca_store_server *s, int64_t now) {
         if (s->conns[i] && s->conns[i]->parked) try_unpark(s, s->conns[i], now);
 }
 
+static void log_rejects(ca_store_server *s) {
+    ca_log_printf(CA_LOG_WARNING, "rendezvous store: rejected %lu more connection(s) with a wrong job token "
+                  "in the last %d s (the last from %s)", s->rejects_unlogged, REJECT_LOG_INTERVAL_MS / 1000,
+                  s->reject_last_peer);
+    s->rejects_unlogged = 0;
+}
+
+/* The first rejection is logged at once, later ones at most once per interval with a count. */
+static void note_reject(ca_store_server *s, const conn *c, int64_t now) {
+    snprintf(s->reject_last_peer, sizeof s->reject_last_peer, "%s", c->peer);
+    if (s->reject_log_ms && now < s->reject_log_ms + REJECT_LOG_INTERVAL_MS) {
+        s->rejects_unlogged++;
+        return;
+    }
+    s->reject_log_ms = now;
+    ca_log_printf(CA_LOG_WARNING, "rendezvous store: rejected a connection from %s: wrong job token "
+                  "(further rejections are counted, one line per %d s)", c->peer, REJECT_LOG_INTERVAL_MS / 1000);
+}
+
+static void flush_rejects(ca_store_server *s, int64_t now) {
+    if (s->rejects_unlogged && now >= s->reject_log_ms + REJECT_LOG_INTERVAL_MS) {
+        s->reject_log_ms = now;
+        log_rejects(s);
+    }
+}
+
 static void handle_request(ca_store_server *s, conn *c) {
     uint32_t op = get32(c->hdr + 4), klen = get32(c->hdr + 8), vlen = get32(c->hdr + 12);
     int64_t arg = (int64_t)get64(c->hdr + 16);
@@ -263,10 +307,10 @@ static void handle_request(ca_store_server *s, conn *c) {
     if (!c->authed) {
         if (op == OP_HELLO && token_equal(val, vlen, s->token)) {
             c->authed = true;
+            s->nunauth--;
             ok = queue_reply(c, CA_OK, NULL, 0, 0);
         } else {
-            ca_log_printf(CA_LOG_WARNING, "rendezvous store: rejected a connection from %s: wrong job token",
-                          c->peer);
+            note_reject(s, c, now_ms());
             static const char msg[] = "wrong job token";
             ok = queue_reply(c, CA_ERR_PEER, msg, sizeof msg - 1, 0);
             c->closing = true;
@@ -389,40 +433,113 @@ static bool conn_write(conn *c) {
     return !c->closing;
 }
 
+/* Removes conns[i] (the order of conns does not matter). */
+static void drop_at(ca_store_server *s, size_t i) {
+    conn *c = s->conns[i];
+    if (!c->authed) s->nunauth--;
+    conn_free(c);
+    s->conns[i] = s->conns[--s->nconns];
+}
+
+/* Drops the oldest connection without the token, from `host` if given. False when there is none. */
+static bool evict_oldest_unauth(ca_store_server *s, const char *host) {
+    size_t best = SIZE_MAX;
+    for (size_t i = 0; i < s->nconns; i++) {
+        const conn *c = s->conns[i];
+        if (c->authed || (host && strcmp(c->host, host) != 0)) continue;
+        if (best == SIZE_MAX || c->accepted_ms < s->conns[best]->accepted_ms) best = i;
+    }
+    if (best == SIZE_MAX) return false;
+    ca_log_printf(CA_LOG_DEBUG, "rendezvous store: dropping %s: too many connections without the job token",
+                  s->conns[best]->peer);
+    drop_at(s, best);
+    return true;
+}
+
+static size_t unauth_from(const ca_store_server *s, const char *host) {
+    size_t n = 0;
+    for (size_t i = 0; i < s->nconns; i++)
+        if (!s->conns[i]->authed && strcmp(s->conns[i]->host, host) == 0) n++;
+    return n;
+}
+
+/* Out of descriptors: free one by dropping the oldest unauthenticated connection, else accept the
+ * pending connection into the reserve descriptor and close it, else stop polling the listening socket
+ * for a while. Any of these keeps the thread from spinning on a listening socket it cannot accept from. */
+static void out_of_fds(ca_store_server *s, int err) {
+    if (!s->fd_warned) {   /* one line: the condition repeats under a flood */
+        s->fd_warned = true;
+        ca_log_printf(CA_LOG_WARNING, "rendezvous store on port %d: cannot accept a connection: %s; dropping "
+                      "connections without the job token (raise `ulimit -n`)", s->port, strerror(err));
+    }
+    if (evict_oldest_unauth(s, NULL)) return;
+    if (s->reserve_fd >= 0) {
+        close(s->reserve_fd);
+        int fd = accept4(s->listen_fd, NULL, NULL, SOCK_CLOEXEC);
+        if (fd >= 0) close(fd);
+        s->reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+        if (fd >= 0 && s->reserve_fd >= 0) return;
+    }
+    s->listen_paused_until = now_ms() + EMFILE_BACKOFF_MS;
+}
+
+/* Makes room for one more unauthenticated connection from host, dropping the oldest ones. */
+static void bound_unauth(ca_store_server *s, const char *host) {
+    if (unauth_from(s, host) >= MAX_UNAUTH_PER_ADDR) evict_oldest_unauth(s, host);
+    if (s->nunauth >= MAX_UNAUTH) evict_oldest_unauth(s, NULL);
+}
+
+static conn *new_conn(ca_store_server *s, int fd, const struct sockaddr_storage *sa, socklen_t sl) {
+    if (s->nconns == s->conns_cap) {
+        size_t ncap = s->conns_cap ? s->conns_cap * 2 : 64;
+        conn **nc = realloc(s->conns, ncap * sizeof *nc);
+        if (!nc) return NULL;
+        s->conns = nc;
+        s->conns_cap = ncap;
+    }
+    conn *c = calloc(1, sizeof *c);
+    if (!c) return NULL;
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    c->fd = fd;
+    c->accepted_ms = now_ms();
+    char serv[NI_MAXSERV] = "?";
+    snprintf(c->host, sizeof c->host, "?");
+    getnameinfo((const struct sockaddr *)sa, sl, c->host, sizeof c->host, serv, sizeof serv,
+                NI_NUMERICHOST | NI_NUMERICSERV);
+    snprintf(c->peer, sizeof c->peer, "%s:%s", c->host, serv);
+    return c;
+}
+
 static void accept_all(ca_store_server *s) {
-    for (;;) {
+    /* a bounded batch: a flood that connects as fast as we accept must not starve the members' requests */
+    for (int batch = 0; batch < ACCEPT_BATCH; batch++) {
         struct sockaddr_storage sa;
         socklen_t sl = sizeof sa;
         int fd = accept4(s->listen_fd, (struct sockaddr *)&sa, &sl, SOCK_NONBLOCK | SOCK_CLOEXEC);
-        if (fd < 0) return;
-        if (s->nconns >= MAX_CONNS) {
-            close(fd);
-            continue;
-        }
-        if (s->nconns == s->conns_cap) {
-            size_t ncap = s->conns_cap ? s->conns_cap * 2 : 64;
-            conn **nc = realloc(s->conns, ncap * sizeof *nc);
-            if (!nc) {
-                close(fd);
+        if (fd < 0) {
+            if (errno == EINTR || errno == ECONNABORTED) continue;
+            if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+                out_of_fds(s, errno);
+                if (s->listen_paused_until) return;
                 continue;
             }
-            s->conns = nc;
-            s->conns_cap = ncap;
+            return;
         }
-        conn *c = calloc(1, sizeof *c);
+        conn *c = s->nconns < MAX_CONNS ? new_conn(s, fd, &sa, sl) : NULL;
         if (!c) {
             close(fd);
             continue;
         }
-        int one = 1;
-        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-        c->fd = fd;
-        c->accepted_ms = now_ms();
-        char host[NI_MAXHOST] = "?", serv[NI_MAXSERV] = "?";
-        getnameinfo((struct sockaddr *)&sa, sl, host, sizeof host, serv, sizeof serv,
-                    NI_NUMERICHOST | NI_NUMERICSERV);
-        snprintf(c->peer, sizeof c->peer, "%s:%s", host, serv);
+        bound_unauth(s, c->host);
         s->conns[s->nconns++] = c;
+        s->nunauth++;
+        /* A job member sends its token right after connecting: read it now, so that it never waits
+         * behind the connections without one. */
+        bool keep = conn_read(s, c);
+        if (keep && c->out_len > c->out_off) keep = conn_write(c);
+        else if (keep && c->closing) keep = false;
+        if (!keep) drop_at(s, s->nconns - 1);
     }
 }
 
@@ -442,8 +559,10 @@ static void *server_main(void *arg) {
             pcap = n;
         }
         pfd[0] = (struct pollfd){ .fd = s->wake_pipe[0], .events = POLLIN };
-        pfd[1] = (struct pollfd){ .fd = s->listen_fd, .events = POLLIN };
         int64_t now = now_ms(), next = now + 1000;
+        if (s->listen_paused_until && now >= s->listen_paused_until) s->listen_paused_until = 0;
+        pfd[1] = (struct pollfd){ .fd = s->listen_fd, .events = s->listen_paused_until ? 0 : POLLIN };
+        if (s->listen_paused_until) next = s->listen_paused_until;
         for (size_t i = 0; i < s->nconns; i++) {
             conn *c = s->conns[i];
             short ev = POLLIN;
@@ -473,6 +592,7 @@ static void *server_main(void *arg) {
             if (keep && c->out_len > c->out_off) keep = conn_write(c);
             else if (keep && c->closing) keep = false;
             if (!keep) {
+                if (!c->authed) s->nunauth--;
                 conn_free(c);
                 s->conns[i] = NULL;
             }
@@ -481,6 +601,7 @@ static void *server_main(void *arg) {
         for (size_t i = 0; i < s->nconns; i++)
             if (s->conns[i]) s->conns[w++] = s->conns[i];
         s->nconns = w;
+        flush_rejects(s, now);
         if (r > 0 && (pfd[1].revents & POLLIN)) accept_all(s);
     }
     free(pfd);
@@ -522,7 +643,7 @@ ca_status ca_store_server_start(const char *host, int port, const char *token,
             }
             int one = 1;
             setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-            if (bind(fd, a->ai_addr, a->ai_addrlen) == 0 && listen(fd, 512) == 0) break;
+            if (bind(fd, a->ai_addr, a->ai_addrlen) == 0 && listen(fd, SOMAXCONN) == 0) break;
             err = errno;
             close(fd);
             fd = -1;
@@ -553,6 +674,7 @@ ca_status ca_store_server_start(const char *host, int port, const char *token,
     }
     /* The server thread takes no signals: a process-directed SIGCHLD or SIGINT delivered to it would
      * be lost (or kill the process) where the program (caccel launch) reads them from a signalfd. */
+    s->reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
     sigset_t all, old;
     sigfillset(&all);
     pthread_sigmask(SIG_BLOCK, &all, &old);
@@ -560,6 +682,7 @@ ca_status ca_store_server_start(const char *host, int port, const char *token,
     pthread_sigmask(SIG_SETMASK, &old, NULL);
     if (!started) {
         close(fd);
+        if (s->reserve_fd >= 0) close(s->reserve_fd);
         close(s->wake_pipe[0]);
         close(s->wake_pipe[1]);
         free(s->table);
@@ -582,6 +705,8 @@ void ca_store_server_stop(ca_store_server *s) {
     }
     for (size_t i = 0; i < s->nconns; i++) conn_free(s->conns[i]);
     free(s->conns);
+    if (s->rejects_unlogged) log_rejects(s);
+    if (s->reserve_fd >= 0) close(s->reserve_fd);
     for (size_t i = 0; i < s->cap; i++) {
         free(s->table[i].key);
         free(s->table[i].val);

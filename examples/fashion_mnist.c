@@ -2,6 +2,7 @@
  * mpirun, under `caccel launch`, or on a GPU, chosen by configuration alone. */
 #include <caccel/caccel.h>
 
+#include <dirent.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -36,7 +37,7 @@ static void usage(FILE *f) {
             "fc1.weight, ...; docs/CHECKPOINTS.md).\n"
             "--checkpoint_dir saves the training state at each epoch end (and every N optimizer steps)\n"
             "into DIR/checkpoints/checkpoint_<i> (the program's project_dir; total_limit keeps the newest);\n"
-            "--resume continues from the newest complete one there.\n"
+            "--resume continues from the newest complete one there (or starts afresh when there is none).\n"
             "Configuration flags are Accelerate's (--cpu, --mixed_precision bf16, --config_file F,\n"
             "--gradient_accumulation_steps N, ...): see `caccel --help` and docs/CONFIGURATION.md.\n");
 }
@@ -166,13 +167,36 @@ static ca_status metrics_load(void *ctx, const void *data, size_t len, bool appl
     return CA_OK;
 }
 
+/* Is there a DIR/checkpoints/checkpoint_<n>/complete.json (what ca_load_state resumes from)? */
+static bool has_complete_checkpoint(const char *dir) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/checkpoints", dir);
+    DIR *d = opendir(path);
+    if (!d) return false;
+    bool found = false;
+    struct stat sb;
+    for (struct dirent *e; !found && (e = readdir(d));) {
+        if (strncmp(e->d_name, "checkpoint_", 11) != 0) continue;
+        snprintf(path, sizeof path, "%s/checkpoints/%s/complete.json", dir, e->d_name);
+        found = stat(path, &sb) == 0;
+    }
+    closedir(d);
+    return found;
+}
+
 /* --checkpoint_dir: the run's project_dir, with automatic checkpoint naming. */
 static ca_status setup_checkpoints(ca_accelerator *acc, const args *a, epoch_metrics *em) {
     if (!a->checkpoint_dir) return CA_OK;
     ca_status s = ca_register_for_checkpointing(acc, &(ca_checkpointable){
         .name = "epoch_metrics", .save = metrics_save, .load = metrics_load, .ctx = em, .per_rank = true});
-    if (s == CA_OK && a->resume) s = ca_load_state(acc, NULL);
-    return s;
+    if (s != CA_OK || !a->resume) return s;
+    /* nothing saved yet (the first run under `caccel launch --max_restarts`): start from the beginning */
+    if (!has_complete_checkpoint(a->checkpoint_dir)) {
+        ca_log_printf(CA_LOG_WARNING, "fashion_mnist: no complete checkpoint under %s yet: starting from the "
+                      "beginning", a->checkpoint_dir);
+        return CA_OK;
+    }
+    return ca_load_state(acc, NULL);
 }
 
 /* The run's hyperparameters go with the trackers' files (hparams.json). */

@@ -27,6 +27,7 @@ VALGRIND_TESTS += tests/test_comm_store tests/test_comm_single tests/test_procen
 
 # Real processes: mpirun, caccel launch, failures, ranks that leave early, ports, two network namespaces.
 ca_dist_scripts = tests/dist/launch_mpirun.sh tests/dist/mpi.sh tests/dist/gloo.sh tests/dist/failures.sh tests/dist/exits.sh tests/dist/port.sh \
+	tests/dist/restarts.sh \
 	tests/dist/netns.sh
 TESTS += $(ca_dist_scripts)
 EXTRA_DIST += $(ca_dist_scripts) tests/dist/lib.sh

@@ -13,7 +13,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 #include <cmocka.h>
@@ -231,6 +234,193 @@ static void test_unauthenticated_and_oversized(void **state) {
     T_OK(f->ref.ops->set(f->ref.store, "ok", "1", 1));
 }
 
+/* A child process that opens n connections to port and holds them, without a token. It writes one byte
+ * to ready once half are open (a server that cannot keep up may stall the rest in the backlog). */
+static pid_t flood(int port, int n, int *ready_fd) {
+    int p[2];
+    assert_int_equal(pipe(p), 0);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        close(p[0]);
+        struct rlimit rl;
+        getrlimit(RLIMIT_NOFILE, &rl);
+        rl.rlim_cur = rl.rlim_max;
+        setrlimit(RLIMIT_NOFILE, &rl);
+        struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+        sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        for (int i = 0; i < n; i++) {
+            int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+            if (fd >= 0) connect(fd, (struct sockaddr *)&sa, sizeof sa);
+            if (i == n / 2 && write(p[1], "r", 1) != 1) _exit(1);
+        }
+        for (;;) pause();
+    }
+    close(p[1]);
+    *ready_fd = p[0];
+    return pid;
+}
+
+static void wait_ready(int fd) {
+    struct timeval tv = {.tv_sec = 20};
+    fd_set rs;
+    FD_ZERO(&rs);
+    FD_SET(fd, &rs);
+    char b;
+    if (select(fd + 1, &rs, NULL, NULL, &tv) == 1) assert_int_equal(read(fd, &b, 1), 1);
+    close(fd);
+}
+
+static void end_flood(pid_t pid) {
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+}
+
+static void set_fd_limit(rlim_t cur) {
+    struct rlimit rl;
+    getrlimit(RLIMIT_NOFILE, &rl);
+    rl.rlim_cur = cur;
+    assert_int_equal(setrlimit(RLIMIT_NOFILE, &rl), 0);
+}
+
+typedef struct member {
+    int port, rank;
+    ca_status st;
+    char err[512];
+} member;
+
+/* One rank's rendezvous: connect, publish its key, wait for the other's. */
+static void *rendezvous(void *arg) {
+    member *m = arg;
+    ca_store_client *cl = NULL;
+    m->st = ca_store_client_connect("127.0.0.1", m->port, TOKEN, 15000, &cl);
+    if (m->st == CA_OK) {
+        ca_store_ref r = ca_store_client_ref(cl);
+        char key[16], other[16], buf[16];
+        snprintf(key, sizeof key, "rank%d", m->rank);
+        snprintf(other, sizeof other, "rank%d", 1 - m->rank);
+        size_t len = sizeof buf;
+        m->st = r.ops->set(r.store, key, "x", 1);
+        if (m->st == CA_OK) m->st = r.ops->get(r.store, other, buf, &len, 15000);
+    }
+    if (m->st != CA_OK) snprintf(m->err, sizeof m->err, "%s", ca_last_error());
+    ca_store_client_close(cl);
+    return NULL;
+}
+
+/* A store in a child process whose descriptor limit is `limit`; returns its port. */
+static pid_t store_process(rlim_t limit, int *port) {
+    int p[2];
+    assert_int_equal(pipe(p), 0);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        close(p[0]);
+        set_fd_limit(limit);
+        ca_store_server *srv = NULL;
+        if (ca_store_server_start("127.0.0.1", 0, TOKEN, &srv, NULL) != CA_OK) _exit(1);
+        int pt = ca_store_server_port(srv);
+        if (write(p[1], &pt, sizeof pt) != (ssize_t)sizeof pt) _exit(1);
+        for (;;) pause();
+    }
+    close(p[1]);
+    assert_int_equal(read(p[0], port, sizeof *port), (ssize_t)sizeof *port);
+    close(p[0]);
+    return pid;
+}
+
+/* 2,000 connections without the token, far more than the store's process has descriptors for, are
+ * open while two ranks rendezvous: the ranks get in at once (the oldest unauthenticated connections
+ * are dropped to make room), not after the flood's 10 s token deadline or never. */
+static void test_flood_while_rendezvous(void **state) {
+    (void)state;
+    int port, ready;
+    pid_t store = store_process(128, &port);
+    pid_t pid = flood(port, 2000, &ready);
+    wait_ready(ready);
+    int64_t t0 = ms();
+    member m[2] = {{.port = port, .rank = 0}, {.port = port, .rank = 1}};
+    pthread_t th[2];
+    for (int i = 0; i < 2; i++) assert_int_equal(pthread_create(&th[i], NULL, rendezvous, &m[i]), 0);
+    for (int i = 0; i < 2; i++) pthread_join(th[i], NULL);
+    int64_t took = ms() - t0;
+    end_flood(pid);
+    end_flood(store);
+    for (int i = 0; i < 2; i++)
+        if (m[i].st != CA_OK) fail_msg("rank %d: %s: %s", i, ca_status_name(m[i].st), m[i].err);
+    print_message("two ranks rendezvoused in %lld ms during the flood\n", (long long)took);
+    assert_true(took < 8000);   /* below the 10 s deadline that would free the flood's slots */
+}
+
+static double cpu_seconds(void) {
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return (double)(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) + (ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
+}
+
+/* With every descriptor of the process in use, connections waiting to be accepted do not make the
+ * store's thread spin: over 3 s (this thread asleep) the process uses at most 0.5 s of CPU (a
+ * spinning thread takes a core). Afterwards the store serves again. */
+static void test_emfile_does_not_spin(void **state) {
+    fixture *f = *state;
+    struct rlimit old;
+    getrlimit(RLIMIT_NOFILE, &old);
+    set_fd_limit(64);
+    int ready;
+    pid_t pid = flood(f->port, 500, &ready);
+    int fill[64], nfill = 0;
+    for (int fd; nfill < 64 && (fd = dup(0)) >= 0;) fill[nfill++] = fd;
+    assert_int_equal(errno, EMFILE);
+    wait_ready(ready);
+    for (int fd; nfill < 64 && (fd = dup(0)) >= 0;) fill[nfill++] = fd;
+    double c0 = cpu_seconds();
+    usleep(3000 * 1000);
+    double used = cpu_seconds() - c0;
+    end_flood(pid);
+    for (int i = 0; i < nfill; i++) close(fill[i]);
+    set_fd_limit(old.rlim_cur);
+    print_message("CPU used in 3 s out of descriptors: %.3f s\n", used);
+    if (used > 0.5) fail_msg("the store used %.2f s of CPU in 3 s while out of descriptors", used);
+    T_OK(f->ref.ops->set(f->ref.store, "after", "1", 1));
+    ca_store_client *cl = NULL;
+    T_OK(ca_store_client_connect("127.0.0.1", f->port, TOKEN, 5000, &cl));
+    ca_store_client_close(cl);
+}
+
+/* 300 wrong-token connections write one warning, and one count when the store stops, not 300 lines. */
+static void test_wrong_token_warnings_are_limited(void **state) {
+    (void)state;
+    ca_store_server *srv = NULL;
+    T_OK(ca_store_server_start("127.0.0.1", 0, TOKEN, &srv, NULL));
+    int port = ca_store_server_port(srv);
+    char path[] = "/tmp/ca-store-log-XXXXXX";
+    int log = mkstemp(path);
+    assert_true(log >= 0);
+    unlink(path);
+    fflush(stderr);
+    int saved = dup(2);
+    dup2(log, 2);
+    int rejected = 0;
+    for (int i = 0; i < 300; i++) {
+        ca_store_client *bad = NULL;
+        if (ca_store_client_connect("127.0.0.1", port, "not-the-token", 2000, &bad) == CA_ERR_PEER) rejected++;
+    }
+    ca_store_server_stop(srv);
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    assert_int_equal(rejected, 300);
+    char buf[8192] = {0};
+    ssize_t n = pread(log, buf, sizeof buf - 1, 0);
+    close(log);
+    assert_true(n > 0);
+    int lines = 0;
+    for (char *p = buf; (p = strstr(p, "wrong job token")); p++) lines++;
+    if (lines != 2) fail_msg("expected 2 warning lines, got %d:\n%s", lines, buf);
+    assert_non_null(strstr(buf, "rejected a connection from 127.0.0.1:"));
+    assert_non_null(strstr(buf, "rejected 299 more connection(s) with a wrong job token"));
+}
+
 typedef struct adder {
     ca_store_ref ref;
     int n;
@@ -367,6 +557,9 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_timeouts_name_the_key, setup, teardown),
         cmocka_unit_test_setup_teardown(test_wrong_token, setup, teardown),
         cmocka_unit_test_setup_teardown(test_unauthenticated_and_oversized, setup, teardown),
+        cmocka_unit_test(test_flood_while_rendezvous),
+        cmocka_unit_test_setup_teardown(test_emfile_does_not_spin, setup, teardown),
+        cmocka_unit_test(test_wrong_token_warnings_are_limited),
         cmocka_unit_test_setup_teardown(test_concurrent_adds, setup, teardown),
         cmocka_unit_test(test_refused_names_address),
         cmocka_unit_test_setup_teardown(test_busy_port, setup, teardown),

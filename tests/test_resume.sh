@@ -6,7 +6,10 @@
 # it is there). kill -9 during a save (CACCEL_TEST_SAVE_STALL holds the save at a chosen point)
 # leaves the previous checkpoint loadable: after the files were written (the directory is still
 # <name>.tmp) and after the rename (no complete.json yet: load_state passes over it with a warning).
-# Deterministic mode (docs/DETERMINISM.md) resumes bit for bit too (2 processes).
+# Deterministic mode (docs/DETERMINISM.md) resumes bit for bit too (2 processes). Under
+# `caccel launch --max_restarts 1` with --resume from the start, a rank killed with kill -9 mid-epoch
+# makes the launcher start the group again, which resumes by itself and ends with the uninterrupted
+# run's parameters, bit for bit.
 . "$(dirname "$0")/dist/lib.sh"
 FM="$BUILD/examples/fashion_mnist"
 [ -x "$FM" ] || skip "no $FM"
@@ -64,6 +67,31 @@ resume_check() {
     same_epochs "$WORK/$name.b.out" "$WORK/$name.full.out"
 }
 
+# restart_check NAME LAUNCH...: one run under --max_restarts 1 with --resume (nothing to resume at
+# first); a rank is killed once checkpoint_3 is complete; the restarted group resumes and ends with
+# the parameters of WORK/two.full (the uninterrupted run on 2 processes)
+restart_check() {
+    name=$1; shift
+    "$@" --max_restarts 1 --monitor_interval 0.2 "$FM" $ARGS --checkpoint_dir "$WORK/$name" \
+        --checkpointing_steps 100 --resume --dump-params "$WORK/$name.res" > "$WORK/$name.out" 2>&1 &
+    pid=$!
+    PIDS="$PIDS $pid"
+    wait_for "$WORK/$name/checkpoints/checkpoint_3/complete.json" $pid ||
+        { cat "$WORK/$name.out"; fail "$name: the run ended before its 4th checkpoint"; }
+    rank=$(pgrep -n -P $pid)
+    kill -9 "$rank"
+    had=$(ls "$WORK/$name/checkpoints" | tr '\n' ' ')
+    wait $pid || { cat "$WORK/$name.out"; fail "$name: the restarted job failed"; }
+    grep -q "no complete checkpoint under .* yet: starting from the beginning" "$WORK/$name.out" ||
+        { cat "$WORK/$name.out"; fail "$name: the first start did not say it had nothing to resume"; }
+    grep -q "was killed by signal 9" "$WORK/$name.out" && grep -q "restarting every process (restart 1 of 1)" "$WORK/$name.out" ||
+        { cat "$WORK/$name.out"; fail "$name: no restart after the kill"; }
+    [ "$(grep -c '^epoch 3/3' "$WORK/$name.out")" -eq 1 ] || { cat "$WORK/$name.out"; fail "$name: epoch 3 not run once"; }
+    echo "  killed a rank after $had; restarted"
+    cmp "$WORK/two.full" "$WORK/$name.res" || fail "$name: the parameters after the restart differ from the uninterrupted run's"
+    echo "  same parameters, bit for bit"
+}
+
 # stall_check NAME PHASE:N EXPECT REF LAUNCH...: killed while held in save N at PHASE, resumed: the
 # parameters equal WORK/REF (the uninterrupted 400 steps)
 stall_check() {
@@ -109,6 +137,8 @@ if have_backend gloo && [ -x "$CACCEL" ]; then
     L="$CACCEL launch --num_processes 2 --cpu --backend gloo"
     note "2 processes (caccel launch, Gloo): kill -9 after the 4th checkpoint, resume"
     resume_check two $L
+    note "2 processes, caccel launch --max_restarts 1: a rank killed with kill -9 mid-epoch, the group restarts and resumes"
+    restart_check restart $L
     note "2 processes, deterministic mode: kill -9 after the 4th checkpoint, resume"
     saved_args=$ARGS
     ARGS="$ARGS --deterministic"

@@ -102,6 +102,7 @@ typedef struct launch {
     const char *log_dir;
     const char *token_file;
     double monitor_interval;
+    int max_restarts;              /* --max_restarts: the whole group is started again after a failure */
     /* resolved */
     int nproc, nmachines, machine_rank, nlocal;
     char master_addr[256];
@@ -126,6 +127,7 @@ typedef struct launch {
     bool extended;                 /* decide_at was pushed back once to hear from other machines */
     int remote_fail_code;          /* another machine failed: exit with this */
     int interrupted;               /* signal received, 0 none */
+    int restart_count;             /* restarts so far (TORCHELASTIC_RESTART_COUNT) */
 } launch;
 
 static void say(const launch *L, const char *fmt, ...) CA_PRINTF(2, 3);
@@ -167,7 +169,9 @@ static void usage(FILE *f) {
         "caccel's own:\n"
         "  --backend gloo|mpi            collective backend (mpi: the job is started through mpirun)\n"
         "  --timeout SECONDS             collective and rendezvous timeout\n"
-        "  --token_file PATH             job token shared by the machines (also CACCEL_JOB_TOKEN_FILE)\n\n"
+        "  --token_file PATH             job token shared by the machines (also CACCEL_JOB_TOKEN_FILE)\n"
+        "  --max_restarts N              after a failure, start every process again, up to N times (default 0)\n"
+        "  --monitor_interval SECONDS    how often the processes are checked (default 0.5)\n\n"
         "The processes get RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT,\n"
         "CACCEL_JOB_TOKEN and the ACCELERATE_* variables. See docs/DISTRIBUTED.md.\n");
 }
@@ -422,7 +426,7 @@ static FILE *open_log(const launch *L, int rank, const char *name) {
     mkdir(L->log_dir, 0755);
     mkdir(dir, 0755);
     snprintf(path, sizeof path, "%s/%s", dir, name);
-    FILE *f = fopen(path, "w");
+    FILE *f = fopen(path, L->restart_count ? "a" : "w");   /* a restarted group's output follows the last */
     if (!f) fprintf(stderr, "caccel launch: warning: cannot write %s: %s\n", path, strerror(errno));
     return f;
 }
@@ -839,12 +843,10 @@ static int run_mpirun(launch *L, ca_config *cfg) {
 
 /* ------------------------------------------------------------------ main */
 
-/* Starts every local rank (children get the signal mask `old`) and supervises them to the end. */
-static int spawn_and_supervise(launch *L, const sigset_t *old) {
+/* Starts every local rank (children get the signal mask `old`) and supervises them to the end of this
+ * attempt. *spawn_failed: a process could not be started (no restart helps). */
+static int run_group(launch *L, const sigset_t *old, bool *spawn_failed) {
     int rc = 0;
-    L->kids = calloc((size_t)L->nlocal, sizeof *L->kids);
-    L->failed_order = calloc((size_t)L->nlocal, sizeof *L->failed_order);
-    if (!L->kids || !L->failed_order) return fail_msg("out of memory");
     say(L, "%d process(es) on this machine (ranks %d-%d of %d, machine %d of %d), rendezvous %s:%d", L->nlocal,
         L->machine_rank * L->nlocal, L->machine_rank * L->nlocal + L->nlocal - 1, L->nproc, L->machine_rank,
         L->nmachines, L->nmachines == 1 ? "127.0.0.1" : L->master_addr, L->port);
@@ -861,10 +863,73 @@ static int spawn_and_supervise(launch *L, const sigset_t *old) {
     }
     int code = supervise(L);
     if (rc && !code) code = rc;
+    *spawn_failed = rc != 0;
     for (int i = 0; i < L->nlocal; i++) {
         if (L->kids[i].out_log) fclose(L->kids[i].out_log);
         if (L->kids[i].err_log) fclose(L->kids[i].err_log);
     }
+    return code;
+}
+
+/* A restarted group rendezvouses afresh: the keys of the failed attempt (addresses, barriers, failure
+ * reports) must not be read by the new one, so the store is replaced by an empty one. */
+static int fresh_store(launch *L) {
+    ca_store_client_close(L->client);
+    L->client = NULL;
+    ca_store_server_stop(L->server);
+    L->server = NULL;
+    L->port_given = true;   /* the same port where it is free */
+    int rc = start_store(L);
+    if (rc == 0) rc = connect_store(L);
+    char num[32];
+    snprintf(num, sizeof num, "%d", L->port);
+    setenv("MASTER_PORT", num, 1);
+    return rc;
+}
+
+static void set_restart_env(const launch *L) {
+    char num[32];
+    snprintf(num, sizeof num, "%d", L->restart_count);
+    setenv("TORCHELASTIC_RESTART_COUNT", num, 1);
+    setenv("CACCEL_RESTART_COUNT", num, 1);
+    snprintf(num, sizeof num, "%d", L->max_restarts);
+    setenv("TORCHELASTIC_MAX_RESTARTS", num, 1);
+}
+
+/* Runs the group, and as torchrun does with --max_restarts, starts the whole group again after a
+ * failure until the restarts are used up. An interrupted launcher does not restart. */
+static int spawn_and_supervise(launch *L, const sigset_t *old) {
+    L->kids = calloc((size_t)L->nlocal, sizeof *L->kids);
+    L->failed_order = calloc((size_t)L->nlocal, sizeof *L->failed_order);
+    if (!L->kids || !L->failed_order) {
+        free(L->kids);
+        free(L->failed_order);
+        return fail_msg("out of memory");
+    }
+    int code;
+    for (;;) {
+        set_restart_env(L);
+        bool spawn_failed = false;
+        code = run_group(L, old, &spawn_failed);
+        if (code == 0 || spawn_failed || L->interrupted || L->restart_count >= L->max_restarts) break;
+        L->restart_count++;
+        fprintf(stderr, "caccel launch: restarting every process (restart %d of %d)\n", L->restart_count,
+                L->max_restarts);
+        memset(L->kids, 0, (size_t)L->nlocal * sizeof *L->kids);
+        L->stopping = false;
+        L->first_fail = L->early_exit = -1;
+        L->nfailed = 0;
+        L->decide_at = 0;
+        L->extended = false;
+        L->remote_fail_code = 0;
+        if (fresh_store(L) != 0) {
+            code = 1;
+            break;
+        }
+    }
+    if (code != 0 && L->max_restarts > 0 && L->restart_count >= L->max_restarts && !L->interrupted)
+        fprintf(stderr, "caccel launch: the job failed after %d restart(s) (--max_restarts %d)\n", L->restart_count,
+                L->max_restarts);
     free(L->kids);
     free(L->failed_order);
     return code;
@@ -899,10 +964,13 @@ static int parse_flags(launch *L, int argc, char **argv, int *prog) {
             }
             if (ca_cli_match_flag(a, "log_dir", NULL)) L->log_dir = v;
             else if (ca_cli_match_flag(a, "token_file", NULL)) L->token_file = v;
-            else if (ca_cli_match_flag(a, "monitor_interval", NULL)) L->monitor_interval = atof(v);
-            else if (ca_cli_match_flag(a, "max_restarts", NULL) && atoi(v) != 0)
-                return fail_msg("--max_restarts %s: restarting failed processes is not supported; the job "
-                                "stops at the first failure", v), 2;
+            else if (ca_cli_match_flag(a, "monitor_interval", NULL)) {
+                char *end;
+                L->monitor_interval = strtod(v, &end);
+                if (*end || !(L->monitor_interval > 0) || L->monitor_interval > 3600)
+                    return fail_msg("--monitor_interval takes seconds in (0, 3600], not '%s'", v), 2;
+            } else if (ca_cli_match_flag(a, "max_restarts", NULL) && !parse_int(v, 0, 1000000, &L->max_restarts))
+                return fail_msg("--max_restarts takes a count 0..1000000, not '%s'", v), 2;
         } else if (strcmp(a, "-m") == 0 || ca_cli_match_flag(a, "module", NULL)) {
             return fail_msg("-m/--module runs a Python module; caccel launches programs"), 2;
         } else if (!ca_cli_match_flag(a, "no_python", NULL)) {   /* --no_python: always true here */
@@ -961,6 +1029,9 @@ static int resolve_job(launch *L, ca_config *cfg, const ca_settings *st) {
     } else {
         snprintf(L->master_addr, sizeof L->master_addr, "%s", st->main_process_ip);
     }
+    if (L->max_restarts > 0 && L->nmachines > 1)
+        return fail_msg("--max_restarts %d with --num_machines %d: restarts are supported on one machine only "
+                        "(the machines' launchers do not yet agree on a restart)", L->max_restarts, L->nmachines);
     return -1;
 }
 
@@ -975,6 +1046,9 @@ static int maybe_mpirun(launch *L, ca_config *cfg) {
                         "backend is %s (%s)", ca_config_origin(cfg, "mpirun_config.mpirun_hostfile"), L->backend,
                         ca_config_origin(cfg, "backend"));
     if (!mpi && !has_hostfile) return -1;
+    if (L->max_restarts > 0)
+        return fail_msg("--max_restarts %d: mpirun starts the processes with backend mpi, and restarts need "
+                        "caccel launch to start them (use backend gloo)", L->max_restarts);
     if (L->nmachines > 1 && L->machine_rank != 0) {
         say(L, "backend mpi: mpirun on machine 0 starts every process; nothing to do here");
         return 0;

@@ -1,0 +1,80 @@
+#!/bin/sh
+# caccel launch --max_restarts N (torchrun's semantics): after a failure the whole group is stopped and
+# started again, with TORCHELASTIC_RESTART_COUNT and CACCEL_RESTART_COUNT counting the restarts, until
+# the restarts are used up; the job then ends with the failure's exit status. An interrupted launcher
+# does not restart. Restarts across machines and under mpirun are refused with a message. (A program
+# that resumes from its checkpoint after a restart: tests/test_resume.sh.)
+. "$(dirname "$0")/lib.sh"
+need_caccel
+
+cat > "$WORK/prog.sh" <<'PROG'
+#!/bin/sh
+# rank 1 fails (exit 3) until restart SUCCEED_AT; rank 0 waits until the launcher stops it
+echo "rank $RANK restart $TORCHELASTIC_RESTART_COUNT $CACCEL_RESTART_COUNT of $TORCHELASTIC_MAX_RESTARTS"
+if [ "$TORCHELASTIC_RESTART_COUNT" -lt "$SUCCEED_AT" ]; then
+    [ "$RANK" = 1 ] && exit 3
+    sleep 60
+fi
+exit 0
+PROG
+chmod +x "$WORK/prog.sh"
+L="$CACCEL launch --num_processes 2 --cpu -q --monitor_interval 0.2"
+
+note "--max_restarts 2: rank 1 fails twice, the third start succeeds"
+start=$(date +%s)
+SUCCEED_AT=2 $L --max_restarts 2 "$WORK/prog.sh" "$TAG" > "$WORK/ok.out" 2>&1 || { cat "$WORK/ok.out"; fail "the job failed"; }
+took=$(( $(date +%s) - start ))
+cat "$WORK/ok.out"
+for r in 0 1 2; do
+    count 2 "^rank [01] restart $r $r of 2\$" "$WORK/ok.out"   # the whole group, each time
+done
+count 1 "restarting every process (restart 1 of 2)" "$WORK/ok.out"
+count 1 "restarting every process (restart 2 of 2)" "$WORK/ok.out"
+count 2 "rank 1 (local rank 1, pid [0-9]*) exited with code 3" "$WORK/ok.out"
+[ "$took" -lt 30 ] || fail "3 starts took ${took} s: rank 0 was not stopped at each failure"
+no_orphans
+
+note "--max_restarts 1, failing every time: two starts, then the failure's exit status"
+SUCCEED_AT=9 $L --max_restarts 1 "$WORK/prog.sh" "$TAG" > "$WORK/fail.out" 2>&1
+rc=$?
+cat "$WORK/fail.out"
+[ $rc -eq 3 ] || fail "exit status $rc, expected 3"
+count 2 "^rank 1 restart" "$WORK/fail.out"
+count 1 "the job failed after 1 restart(s) (--max_restarts 1)" "$WORK/fail.out"
+no_orphans
+
+note "no --max_restarts: no restart"
+SUCCEED_AT=1 $L "$WORK/prog.sh" "$TAG" > "$WORK/none.out" 2>&1
+rc=$?
+[ $rc -eq 3 ] || { cat "$WORK/none.out"; fail "exit status $rc, expected 3"; }
+count 1 "^rank 1 restart 0 0 of 0\$" "$WORK/none.out"
+count 0 "restarting" "$WORK/none.out"
+
+note "SIGTERM to the launcher: no restart"
+SUCCEED_AT=9 $L --max_restarts 3 sh -c 'echo "up $RANK"; sleep 60' "$TAG" > "$WORK/term.out" 2>&1 &
+pid=$!
+i=0
+until [ "$(grep -c '^up' "$WORK/term.out")" -eq 2 ]; do
+    i=$((i + 1)); [ $i -lt 400 ] || { cat "$WORK/term.out"; fail "the processes did not start"; }
+    sleep 0.05
+done
+kill -TERM $pid
+wait $pid
+rc=$?
+cat "$WORK/term.out"
+[ $rc -eq 143 ] || fail "exit status $rc after SIGTERM, expected 143"
+count 0 "restarting" "$WORK/term.out"
+no_orphans
+
+note "refused: a bad count, restarts across machines, restarts under mpirun"
+$CACCEL launch --max_restarts -1 true > "$WORK/bad.out" 2>&1 && fail "--max_restarts -1 was accepted"
+grep -q "max_restarts takes a count" "$WORK/bad.out" || { cat "$WORK/bad.out"; fail "no message for --max_restarts -1"; }
+$CACCEL launch --monitor_interval 0 true > "$WORK/bad.out" 2>&1 && fail "--monitor_interval 0 was accepted"
+grep -q "monitor_interval takes seconds" "$WORK/bad.out" || { cat "$WORK/bad.out"; fail "no message for --monitor_interval 0"; }
+$CACCEL launch --num_processes 2 --num_machines 2 --machine_rank 0 --main_process_ip 127.0.0.1 --max_restarts 1 true \
+    > "$WORK/bad.out" 2>&1 && fail "--max_restarts across machines was accepted"
+grep -q "restarts are supported on one machine only" "$WORK/bad.out" || { cat "$WORK/bad.out"; fail "no message for machines"; }
+$CACCEL launch --num_processes 2 --backend mpi --max_restarts 1 true > "$WORK/bad.out" 2>&1 &&
+    fail "--max_restarts with mpirun was accepted"
+grep -q "max_restarts 1: mpirun starts the processes" "$WORK/bad.out" || { cat "$WORK/bad.out"; fail "no message for mpi"; }
+echo "PASS"
