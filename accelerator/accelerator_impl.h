@@ -159,7 +159,11 @@ void ca_ddp_free_buckets(ca_accelerator *acc);
 /* zero_config.c: the stage from distributed_type FSDP / DEEPSPEED, their keys and DeepSpeed's JSON
  * (fills acc->zero.stage and overrides the settings the JSON gives). */
 ca_status ca_zero_configure(ca_accelerator *acc);
-/* zero.c: sharded data parallelism. */
+/* zero.c: sharded data parallelism. The helpers over flat f32 buffers are zero3.c's too: a float
+ * pointer into a device tensor, a device copy of n floats, a zeroed buffer kept past scopes. */
+float *ca_zero_fptr(const ca_tensor *t, int64_t off);
+ca_status ca_zero_copy_f32(ca_device *d, const float *x, float *y, int64_t n);
+ca_tensor *ca_zero_persistent_zeros(ca_device *d, int64_t n);
 /* Lays the model's parameters out in the flat index space and allocates this rank's shard. */
 ca_status ca_zero_build(ca_accelerator *acc, ca_module *m);
 /* Assigns the shard's segments to the optimizer's groups and allocates the shard's state. */

@@ -11,14 +11,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-static float *fptr(const ca_tensor *t, int64_t off) { return (float *)ca_tptr(t) + off; }
+float *ca_zero_fptr(const ca_tensor *t, int64_t off) { return (float *)ca_tptr(t) + off; }
 
-static ca_status copy_f32(ca_device *d, const float *x, float *y, int64_t n) {
+ca_status ca_zero_copy_f32(ca_device *d, const float *x, float *y, int64_t n) {
     int64_t shape[1] = {n}, st[1] = {1};
     return n ? CA_KCALL(d, copy_strided, CA_F32, 1, shape, x, st, y, st) : CA_OK;
 }
 
-static ca_tensor *persistent_zeros(ca_device *d, int64_t n) {
+ca_tensor *ca_zero_persistent_zeros(ca_device *d, int64_t n) {
     ca_tensor *t = ca_zeros(d, CA_F32, 1, &n);
     return t ? ca_tensor_keep(t) : NULL;
 }
@@ -94,11 +94,11 @@ ca_status ca_zero_build(ca_accelerator *acc, ca_module *m) {
     if (s == CA_OK && z->stage == 3) s = ca_zero3_build(acc, m);
     if (s != CA_OK) return s;
     if (z->stage == 1) {   /* the full gradient lives on; the shard's gradient is a view of it */
-        z->gflat = persistent_zeros(acc->device, z->shard * acc->world);
+        z->gflat = ca_zero_persistent_zeros(acc->device, z->shard * acc->world);
         if (!z->gflat || (s = attach_grads(acc)) != CA_OK) return z->gflat ? s : oom();
         z->gshard = flat_view(z->gflat, 1, &z->shard, acc->rank * z->shard);
     } else {
-        z->gshard = persistent_zeros(acc->device, z->shard);
+        z->gshard = ca_zero_persistent_zeros(acc->device, z->shard);
     }
     if (!z->gshard) return oom();
     z->view = flat_view(z->gshard, 1, &z->shard, 0);
@@ -141,8 +141,8 @@ ca_status ca_zero_add_optimizer(ca_accelerator *acc, ca_optimizer *o) {
     }
     bool need1 = o->kind == CA_OPTIM_ADAMW;
     for (int g = 0; g < o->ngroups; g++) need1 = need1 || o->groups[g].sgd.momentum != 0;
-    if (need1 && !z->s1 && !(z->s1 = persistent_zeros(acc->device, z->shard))) return oom();
-    if (o->kind == CA_OPTIM_ADAMW && !z->s2 && !(z->s2 = persistent_zeros(acc->device, z->shard))) return oom();
+    if (need1 && !z->s1 && !(z->s1 = ca_zero_persistent_zeros(acc->device, z->shard))) return oom();
+    if (o->kind == CA_OPTIM_ADAMW && !z->s2 && !(z->s2 = ca_zero_persistent_zeros(acc->device, z->shard))) return oom();
     drop_full_state(o);
     return CA_OK;
 }
@@ -151,7 +151,7 @@ ca_status ca_zero_before_backward(ca_accelerator *acc) {
     ca_zero *z = &acc->zero;
     z->reduced = false;
     if (z->stage < 2 || z->gflat) return CA_OK;   /* accumulating: the flat gradient is there already */
-    z->gflat = persistent_zeros(acc->device, z->shard * acc->world);
+    z->gflat = ca_zero_persistent_zeros(acc->device, z->shard * acc->world);
     return z->gflat ? attach_grads(acc) : oom();
 }
 
@@ -190,10 +190,10 @@ static ca_status update_group(ca_accelerator *acc, ca_optimizer *o, int g) {
         if (i < z->nsegs) {
             const ca_zero_seg *sg = &z->segs[i];
             if (sg->opt != o || sg->group != g) continue;
-            p[k] = z->pshard ? fptr(z->pshard, sg->soff) : fptr(sg->param, sg->poff);
-            gd[k] = fptr(z->gshard, sg->soff);
-            s1[k] = z->s1 ? fptr(z->s1, sg->soff) : NULL;
-            s2[k] = z->s2 ? fptr(z->s2, sg->soff) : NULL;
+            p[k] = z->pshard ? ca_zero_fptr(z->pshard, sg->soff) : ca_zero_fptr(sg->param, sg->poff);
+            gd[k] = ca_zero_fptr(z->gshard, sg->soff);
+            s1[k] = z->s1 ? ca_zero_fptr(z->s1, sg->soff) : NULL;
+            s2[k] = z->s2 ? ca_zero_fptr(z->s2, sg->soff) : NULL;
             numel[k++] = sg->n;
             if (k < MAXN) continue;
         }
@@ -229,18 +229,18 @@ static ca_status gather_params(ca_accelerator *acc) {
     ca_zero *z = &acc->zero;
     int64_t all = z->shard * acc->world;
     /* kept, so that they are freed now and not with the caller's scope */
-    ca_tensor *send = persistent_zeros(acc->device, z->shard);
-    ca_tensor *full = send ? persistent_zeros(acc->device, all) : NULL;
+    ca_tensor *send = ca_zero_persistent_zeros(acc->device, z->shard);
+    ca_tensor *full = send ? ca_zero_persistent_zeros(acc->device, all) : NULL;
     if (!full) {
         ca_tensor_free(send);
         return oom();
     }
     ca_status s = CA_OK;
     for (int i = 0; s == CA_OK && i < z->nsegs; i++)
-        s = copy_f32(acc->device, fptr(z->segs[i].param, z->segs[i].poff), fptr(send, z->segs[i].soff), z->segs[i].n);
+        s = ca_zero_copy_f32(acc->device, ca_zero_fptr(z->segs[i].param, z->segs[i].poff), ca_zero_fptr(send, z->segs[i].soff), z->segs[i].n);
     if (s == CA_OK) s = ca_comm_all_gather(acc->comm, ca_tptr(send), ca_tptr(full), (size_t)z->shard, CA_F32, NULL);
     for (int i = 0; s == CA_OK && i < z->nparams; i++) {
-        s = copy_f32(acc->device, fptr(full, z->off[i]), fptr(z->params[i], 0), z->params[i]->numel);
+        s = ca_zero_copy_f32(acc->device, ca_zero_fptr(full, z->off[i]), ca_zero_fptr(z->params[i], 0), z->params[i]->numel);
         z->params[i]->version++;   /* low-precision copies are stale */
     }
     ca_tensor_free(send);
@@ -272,7 +272,7 @@ ca_status ca_zero_step(ca_accelerator *acc, ca_optimizer *o) {
 static ca_status state_exchange(ca_accelerator *acc, ca_optimizer *o, ca_tensor *shard, int which, bool gather) {
     ca_zero *z = &acc->zero;
     int64_t all = z->shard * acc->world;
-    ca_tensor *full = persistent_zeros(acc->device, all);
+    ca_tensor *full = ca_zero_persistent_zeros(acc->device, all);
     if (!full) return oom();
     ca_status s = CA_OK;
     if (gather) s = ca_comm_all_gather(acc->comm, ca_tptr(shard), ca_tptr(full), (size_t)z->shard, CA_F32, NULL);
@@ -284,10 +284,10 @@ static ca_status state_exchange(ca_accelerator *acc, ca_optimizer *o, ca_tensor 
         for (int j = 0; j < gr->n; j++)
             if (gr->params[j] == z->params[i]) st = which == 1 ? gr->state1[j] : gr->state2[j];
         if (!st) continue;
-        s = gather ? copy_f32(acc->device, fptr(full, z->off[i]), fptr(st, 0), st->numel)
-                   : copy_f32(acc->device, fptr(st, 0), fptr(full, z->off[i]), st->numel);
+        s = gather ? ca_zero_copy_f32(acc->device, ca_zero_fptr(full, z->off[i]), ca_zero_fptr(st, 0), st->numel)
+                   : ca_zero_copy_f32(acc->device, ca_zero_fptr(st, 0), ca_zero_fptr(full, z->off[i]), st->numel);
     }
-    if (s == CA_OK && !gather) s = copy_f32(acc->device, fptr(full, acc->rank * z->shard), fptr(shard, 0), z->shard);
+    if (s == CA_OK && !gather) s = ca_zero_copy_f32(acc->device, ca_zero_fptr(full, acc->rank * z->shard), ca_zero_fptr(shard, 0), z->shard);
     ca_tensor_free(full);
     return s;
 }

@@ -13,17 +13,6 @@
 #include <string.h>
 #include <strings.h>
 
-static float *fptr(const ca_tensor *t, int64_t off) { return (float *)ca_tptr(t) + off; }
-
-static ca_status copy_f32(ca_device *d, const float *x, float *y, int64_t n) {
-    int64_t shape[1] = {n}, st[1] = {1};
-    return n ? CA_KCALL(d, copy_strided, CA_F32, 1, shape, x, st, y, st) : CA_OK;
-}
-
-static ca_tensor *persistent_zeros(ca_device *d, int64_t n) {
-    ca_tensor *t = ca_zeros(d, CA_F32, 1, &n);
-    return t ? ca_tensor_keep(t) : NULL;
-}
 
 static ca_status oom(void) { return ca_last_status() ? ca_last_status() : ca_error(CA_ERR_NOMEM, "out of memory"); }
 
@@ -37,15 +26,15 @@ static ca_status shard_part(ca_accelerator *acc, int i, ca_tensor *buf, int64_t 
     int64_t b = z->off[i], e = b + z->params[i]->numel;
     int64_t s = b > lo ? b : lo, t = e < hi ? e : hi;
     if (s >= t) return CA_OK;
-    float *sh = fptr(z->pshard, s - lo), *bf = fptr(buf, pos + s - b);
-    return to_buf ? copy_f32(acc->device, sh, bf, t - s) : copy_f32(acc->device, bf, sh, t - s);
+    float *sh = ca_zero_fptr(z->pshard, s - lo), *bf = ca_zero_fptr(buf, pos + s - b);
+    return to_buf ? ca_zero_copy_f32(acc->device, sh, bf, t - s) : ca_zero_copy_f32(acc->device, bf, sh, t - s);
 }
 
 static ca_status unit_gather(ca_zero_unit *u) {
     if (u->gathered) return CA_OK;
     ca_accelerator *acc = u->acc;
     ca_zero *z = &acc->zero;
-    ca_tensor *buf = persistent_zeros(acc->device, u->numel);
+    ca_tensor *buf = ca_zero_persistent_zeros(acc->device, u->numel);
     if (!buf) return oom();
     ca_status s = CA_OK;
     int64_t pos = 0;
@@ -57,7 +46,7 @@ static ca_status unit_gather(ca_zero_unit *u) {
     for (int j = 0; s == CA_OK && j < u->n; j++) {
         ca_tensor *p = z->params[u->idx[j]];
         if (!p->storage->ptr) s = ca_device_alloc(acc->device, p->storage->bytes, &p->storage->ptr);
-        if (s == CA_OK) s = copy_f32(acc->device, fptr(buf, pos), fptr(p, 0), p->numel);
+        if (s == CA_OK) s = ca_zero_copy_f32(acc->device, ca_zero_fptr(buf, pos), ca_zero_fptr(p, 0), p->numel);
         p->version++;   /* a low-precision copy made from older values is stale */
         pos += p->numel;
     }
@@ -225,9 +214,9 @@ static ca_status check_params(ca_accelerator *acc, ca_module *m) {
 ca_status ca_zero3_build(ca_accelerator *acc, ca_module *m) {
     ca_zero *z = &acc->zero;
     ca_status s = check_params(acc, m);
-    if (s == CA_OK && !(z->pshard = persistent_zeros(acc->device, z->shard))) s = oom();
+    if (s == CA_OK && !(z->pshard = ca_zero_persistent_zeros(acc->device, z->shard))) s = oom();
     for (int k = 0; s == CA_OK && k < z->nsegs; k++)
-        s = copy_f32(acc->device, fptr(z->segs[k].param, z->segs[k].poff), fptr(z->pshard, z->segs[k].soff),
+        s = ca_zero_copy_f32(acc->device, ca_zero_fptr(z->segs[k].param, z->segs[k].poff), ca_zero_fptr(z->pshard, z->segs[k].soff),
                      z->segs[k].n);
     if (s == CA_OK) s = make_units(acc, m);
     if (s != CA_OK) return s;
@@ -260,7 +249,7 @@ ca_status ca_zero3_summon(ca_accelerator *acc, bool on) {
         return s;
     }
     for (int k = 0; s == CA_OK && k < z->nsegs; k++)   /* the values a load wrote become the shard */
-        s = copy_f32(acc->device, fptr(z->segs[k].param, z->segs[k].poff), fptr(z->pshard, z->segs[k].soff),
+        s = ca_zero_copy_f32(acc->device, ca_zero_fptr(z->segs[k].param, z->segs[k].poff), ca_zero_fptr(z->pshard, z->segs[k].soff),
                      z->segs[k].n);
     z->summoned = false;
     ca_zero3_release_all(acc);

@@ -9,12 +9,6 @@ need_caccel
 DC="$BUILD/tests/data_check"
 export OPENBLAS_NUM_THREADS=1
 
-launch() {   # launch NP BACKEND ARGS... (gloo: caccel launch; mpi: mpirun)
-    np=$1 be=$2; shift 2
-    if [ "$be" = mpi ]; then run_mpi "$np" "$@" --cpu --backend mpi 2>&1
-    else timeout 300 "$CACCEL" launch --num_processes "$np" --cpu --backend gloo "$@" 2>&1; fi
-}
-
 train_backends
 
 note "1 process, batch 16: the reference; evaluation sees 103 samples once"

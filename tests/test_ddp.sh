@@ -11,12 +11,6 @@ DDP="$BUILD/tests/ddp_check"
 FM="$BUILD/examples/fashion_mnist"
 export OPENBLAS_NUM_THREADS=1
 
-launch() {   # launch NP BACKEND ARGS... (gloo: caccel launch; mpi: mpirun)
-    np=$1 be=$2; shift 2
-    if [ "$be" = mpi ]; then run_mpi "$np" "$@" --cpu --backend mpi 2>&1
-    else timeout 300 "$CACCEL" launch --num_processes "$np" --cpu --backend gloo "$@" 2>&1; fi
-}
-
 train_backends
 
 note "Fashion-MNIST MLP: 1 rank at batch 256/512 vs 2/4 ranks at batch 128, 15 AdamW steps"

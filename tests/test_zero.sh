@@ -16,11 +16,7 @@ CFG="$SRC/tests/data/accelerate-configs"
 DATA="$SRC/tests/data"
 export OPENBLAS_NUM_THREADS=1 ACCELERATE_USE_CPU=true CACCEL_LOG_LEVEL=info
 
-launch() {   # launch NP BACKEND ARGS... (gloo: caccel launch; mpi: mpirun)
-    np=$1 be=$2; shift 2
-    if [ "$be" = mpi ]; then run_mpi "$np" "$@" --backend mpi 2>&1
-    else timeout 300 "$CACCEL" launch --num_processes "$np" --backend gloo "$@" 2>&1; fi
-}
+LAUNCH_FLAGS=""   # no --cpu flag: ACCELERATE_USE_CPU (above) chooses the device
 
 # zlaunch NP BACKEND STAGE PROGRAM ARGS...: stage 1/2 through DeepSpeed's zero_stage, and through
 # FSDP's strategy under mpirun (SHARD_GRAD_OP is stage 2); stage 3 through FULL_SHARD under Gloo and

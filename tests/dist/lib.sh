@@ -84,3 +84,12 @@ train_backends() {
     [ -n "$backends" ] || skip "neither the Gloo nor the MPI plugin was built"
     echo "backends:$backends"
 }
+
+# launch NP BACKEND ARGS...: ARGS on NP processes, over Gloo under caccel launch or over MPI under
+# mpirun; $LAUNCH_FLAGS (default --cpu) goes to both.
+launch() {
+    np=$1 be=$2; shift 2
+    # shellcheck disable=SC2086
+    if [ "$be" = mpi ]; then run_mpi "$np" "$@" ${LAUNCH_FLAGS---cpu} --backend mpi 2>&1
+    else timeout 300 "$CACCEL" launch --num_processes "$np" ${LAUNCH_FLAGS---cpu} --backend gloo "$@" 2>&1; fi
+}
