@@ -334,6 +334,9 @@ static pid_t store_process(rlim_t limit, int *port) {
  * are dropped to make room), not after the flood's 10 s token deadline or never. */
 static void test_flood_while_rendezvous(void **state) {
     (void)state;
+    /* valgrind keeps descriptors of its own at the top of the limit this test lowers to 128, and runs
+     * the forked store 20-50x slower: the limit and the time bound mean nothing there */
+    if (getenv("CACCEL_UNDER_VALGRIND")) skip();
     int port, ready;
     pid_t store = store_process(128, &port);
     pid_t pid = flood(port, 2000, &ready);
