@@ -39,16 +39,6 @@ static double gemm_step_seconds(int B, int reps) {
     return total / reps;
 }
 
-/* The target_clones variant the backend's loops run here (the ifunc resolver's order). */
-static const char *kernel_set(void) {
-#if defined(__x86_64__) && defined(__GNUC__)
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx512f")) return "avx512f";
-    if (__builtin_cpu_supports("avx2")) return "avx2";
-#endif
-    return "default";
-}
-
 /* "on" unless CACCEL_CPU_FLUSH_DENORMAL turns subnormal flushing off. */
 static const char *flush_setting(void) {
     const char *v = getenv("CACCEL_CPU_FLUSH_DENORMAL");
@@ -131,7 +121,7 @@ int main(int argc, char **argv) {
                step_s * 1e6, gemm_s * 1e6, step_s / gemm_s, 100.0 * gemm_s / step_s, (double)(B * W) / gemm_s,
                acc_pct, ru.ru_maxrss / 1024.0, (double)(m1.peak_allocated - m0.allocated) / (1 << 20),
                t_fwd / (double)steps * 1e6, t_bwd / (double)steps * 1e6, opt_s * 1e6,
-               (step_s - gemm_s - opt_s) * 1e6, openblas_get_corename(), kernel_set(), flush_setting());
+               (step_s - gemm_s - opt_s) * 1e6, openblas_get_corename(), bench_kernel_set(), flush_setting());
         fflush(stdout);
         ca_optimizer_destroy(opt);
         ca_module_destroy(m);

@@ -13,15 +13,10 @@
 #include "core/device_impl.h"
 #include "backends/cpu/cpu_impl.h"
 #include "backends/cpu/cpu_plugin.h"
+#include "bench/bench_util.h"
 
 #define NT 6
 static const int64_t NUMEL[NT] = {784 * 256, 256, 256 * 128, 128, 128 * 10, 10};
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 typedef struct bufs {
     float *p[NT], *g[NT], *m[NT], *v[NT];
@@ -120,15 +115,6 @@ static double same_traffic_us(bufs *b, int samples, int steps) {
     return best;
 }
 
-static const char *clone_set(void) {
-#if defined(__x86_64__) && defined(__GNUC__)
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx512f")) return "avx512f";
-    if (__builtin_cpu_supports("avx2")) return "avx2";
-#endif
-    return "default";
-}
-
 int main(int argc, char **argv) {
     int samples = argc > 1 ? atoi(argv[1]) : 9, steps = argc > 2 ? atoi(argv[2]) : 50;
     if (samples < 1 || steps < 1) { fprintf(stderr, "usage: bench_optim [samples] [steps]\n"); return 2; }
@@ -139,7 +125,7 @@ int main(int argc, char **argv) {
     if (ops->open(0, &oa, &c.dev) != CA_OK) { fprintf(stderr, "bench_optim: %s\n", ca_last_error()); return 1; }
     char desc[1024];
     ops->describe(c.dev, desc, sizeof desc);
-    printf("# %s\n# kernels: %s clones; OpenBLAS core %s\n", desc, clone_set(), openblas_get_corename());
+    printf("# %s\n# kernels: %s clones; OpenBLAS core %s\n", desc, bench_kernel_set(), openblas_get_corename());
     bufs b = {0};
     void *pp[NT], *mp[NT], *vp[NT];
     const void *gp[NT];

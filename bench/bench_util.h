@@ -9,6 +9,16 @@
 #include <stdlib.h>
 #include <time.h>
 
+/* The target_clones variant the CPU backend's loops run here (the ifunc resolver's order). */
+static inline const char *bench_kernel_set(void) {
+#if defined(__x86_64__) && defined(__GNUC__)
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f")) return "avx512f";
+    if (__builtin_cpu_supports("avx2")) return "avx2";
+#endif
+    return "default";
+}
+
 static inline double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
