@@ -19,6 +19,7 @@ run_env() {
     np=$1; shift
     port=$(free_port)
     [ -n "$port" ] || fail "no free port"
+    start=$(date +%s)   # the job's time starts here: finding the port is not part of it
     pids=""
     r=0
     while [ $r -lt "$np" ]; do
@@ -33,7 +34,15 @@ run_env() {
 # bounded START: the job ended within BOUND seconds of START
 bounded() {
     t=$(elapsed_since "$1")
-    [ "$t" -lt "$BOUND" ] || { cat "$WORK/out"; fail "the job took $t s to end (bound $BOUND s, timeout 1800 s)"; }
+    [ "$t" -lt "$BOUND" ] || { cat "$WORK/out"; show_survivors; fail "the job took $t s to end (bound $BOUND s, timeout 1800 s)"; }
+}
+
+# ranks_bounded: under mpirun, every rank ended within BOUND seconds (run_mpi_watched's RANKS_END);
+# an mpirun that hung after that is reported, not failed (see run_mpi_watched)
+ranks_bounded() {
+    [ "$RANKS_END" -lt "$BOUND" ] ||
+        { cat "$WORK/out"; fail "the ranks took $RANKS_END s to end (bound $BOUND s, timeout 1800 s)"; }
+    [ "$MPIRUN_LINGERED" = 0 ] || echo "NOTE: every rank had ended after $RANKS_END s; mpirun had not exited 10 s later and was killed (open-mpi/ompi#3380)"
 }
 
 # common checks on every run's output
@@ -85,19 +94,16 @@ if [ -e "$BUILD/collectives/.libs/caccel_gloo.so" ]; then
             how="shared memory"; [ "$shm" = 0 ] && how="TCP (CACCEL_SHM=0)"
             export CACCEL_SHM=$shm
             note "no launcher, $how, $np ranks: rank $v returns 0 while the others call all_reduce"
-            start=$(date +%s)
             run_env "$np" "$CHECK" --tag "$TAG" --backend gloo --mode exit0-early >"$WORK/out" 2>&1
             count $((np - 1)) "comm_check: EXPECTED rank .* (CA_ERR_PEER): .*$(exited_msg $v 0 "$(waiting_ranks "$np")")" "$WORK/out"
             bounded "$start"; clean
 
             note "no launcher, $how, $np ranks: rank $v calls exit(1) in the middle of training"
-            start=$(date +%s)
             run_env "$np" "$CHECK" --tag "$TAG" --backend gloo --mode exit1-mid >"$WORK/out" 2>&1
             count $((np - 1)) "comm_check: EXPECTED rank .* (CA_ERR_PEER): .*$(exited_msg $v 1 "$(waiting_ranks "$np")")" "$WORK/out"
             bounded "$start"; clean
 
             note "no launcher, $how, $np ranks: rank $v is killed with SIGKILL"
-            start=$(date +%s)
             run_env "$np" "$CHECK" --tag "$TAG" --backend gloo --mode kill9 >"$WORK/out" 2>&1
             count $((np - 1)) "comm_check: EXPECTED rank .* (CA_ERR_PEER): .*$(died_msg $v)" "$WORK/out"
             bounded "$start"; clean
@@ -105,7 +111,6 @@ if [ -e "$BUILD/collectives/.libs/caccel_gloo.so" ]; then
             # every other rank names the lost store in the one documented form, whichever of its threads (the
             # waiting collective, or the watchdog opening a second connection) saw the loss first
             note "no launcher, $how, $np ranks: rank 0, which serves the store, is killed with SIGKILL"
-            start=$(date +%s)
             run_env "$np" "$CHECK" --tag "$TAG" --backend gloo --mode kill9 --victim 0 >"$WORK/out" 2>&1
             count $((np - 1)) "comm_check: EXPECTED rank .* (CA_ERR_PEER): .*cannot complete: the rendezvous store at 127.0.0.1:[0-9]* (rank 0) is gone" "$WORK/out"
             bounded "$start"; clean
@@ -126,25 +131,27 @@ if command -v "${MPIRUN:-mpirun}" >/dev/null 2>&1 && [ -e "$BUILD/collectives/.l
         v=$((np - 1))
         note "mpirun -np $np: rank $v calls exit(1) in the middle of training"
         start=$(date +%s)
-        MPI_TIMEOUT=60 run_mpi "$np" "$CHECK" --tag "$TAG" --mode exit1-mid >"$WORK/out" 2>&1 && { cat "$WORK/out"; fail "mpirun succeeded"; }
+        MPI_TIMEOUT=60 run_mpi_watched "$np" "$CHECK" --tag "$TAG" --mode exit1-mid >"$WORK/out" 2>&1
+        [ "$MPI_RC" -ne 0 ] || { cat "$WORK/out"; fail "mpirun succeeded"; }
         count 1 "caccel: rank $v exits with status 1: leaving without MPI_Finalize so that mpirun stops the other ranks now" "$WORK/out"
-        bounded "$start"; clean
+        ranks_bounded; clean
 
         note "mpirun -np $np: rank $v returns 0 while the others call all_reduce"
         start=$(date +%s)
-        MPI_TIMEOUT=60 run_mpi "$np" "$CHECK" --tag "$TAG" --mode exit0-early >"$WORK/out" 2>&1
+        MPI_TIMEOUT=60 run_mpi_watched "$np" "$CHECK" --tag "$TAG" --mode exit0-early >"$WORK/out" 2>&1
         # the first rank to fail aborts the job, which may stop the others before they print
         grep -q "comm_check: EXPECTED rank .* (CA_ERR_PEER): .*$(exited_msg $v 0 "$(waiting_ranks "$np")")" "$WORK/out" ||
             { cat "$WORK/out"; fail "no waiting rank named rank $v's exit"; }
-        bounded "$start"; clean
+        ranks_bounded; clean
 
         note "mpirun -np $np: rank $v is killed with SIGKILL"
         start=$(date +%s)
-        MPI_TIMEOUT=60 run_mpi "$np" "$CHECK" --tag "$TAG" --mode kill9 >"$WORK/out" 2>&1 && { cat "$WORK/out"; fail "mpirun succeeded"; }
+        MPI_TIMEOUT=60 run_mpi_watched "$np" "$CHECK" --tag "$TAG" --mode kill9 >"$WORK/out" 2>&1
+        [ "$MPI_RC" -ne 0 ] || { cat "$WORK/out"; fail "mpirun succeeded"; }
         # mpirun names it, or a waiting rank does before mpirun stops it
         grep -q "process rank $v with PID .* exited on signal 9\|comm_check: EXPECTED .*$(died_msg $v)" "$WORK/out" ||
             { cat "$WORK/out"; fail "nothing named rank $v's death"; }
-        bounded "$start"; clean
+        ranks_bounded; clean
     done
 fi
 

@@ -45,6 +45,49 @@ run_mpi() {
     ASAN_OPTIONS="$ASAN_OPTIONS_MPI" timeout -k 5 "${MPI_TIMEOUT:-600}" "${MPIRUN:-mpirun}" --allow-run-as-root --oversubscribe -np "$np" "$@"
 }
 
+# The processes of this test's ranks: those carrying $TAG that are not a launcher, a shell or
+# `timeout`, nor a zombie (a rank that has exited but was not reaped yet).
+live_ranks() {
+    for p in $(pgrep -f -- "$TAG"); do
+        c=$(cat "/proc/$p/comm" 2>/dev/null) || continue
+        case $c in mpirun|orterun|prterun|mpiexec|timeout|sh|bash|dash) continue ;; esac
+        st=$(sed 's/^.*) \(.\).*$/\1/' "/proc/$p/stat" 2>/dev/null) || continue
+        [ "$st" = Z ] || echo "$p"
+    done
+}
+
+# ps of every process carrying $TAG, to say what was still running when a bound was missed.
+show_survivors() {
+    echo "processes of this test still present:"
+    ps -eo pid,ppid,stat,etimes,wchan:24,args | grep -F -- "$TAG" | grep -v "grep -F"
+}
+
+# run_mpi_watched NP ARGS...: run_mpi, watching this test's ranks. Sets MPI_RC (mpirun's status),
+# RANKS_END (seconds from $start until no rank was left) and MPIRUN_LINGERED (1 when mpirun was
+# still there 10 s after every rank had ended, and was killed). Open MPI's mpirun can hang after
+# the last rank has exited when a rank exits non-zero without MPI_Finalize (open-mpi/ompi#3380):
+# that is the launcher's, not a rank's, and must not be read as a rank that did not end.
+run_mpi_watched() {
+    np=$1; shift
+    run_mpi "$np" "$@" &
+    mp=$!
+    seen=0 gone_at="" RANKS_END="" MPIRUN_LINGERED=0
+    while kill -0 "$mp" 2>/dev/null; do
+        if [ -n "$(live_ranks)" ]; then seen=1
+        elif [ "$seen" = 1 ] && [ -z "$gone_at" ]; then gone_at=$(date +%s); RANKS_END=$(elapsed_since "$start")
+        fi
+        if [ -n "$gone_at" ] && [ "$(elapsed_since "$gone_at")" -ge 10 ] && [ "$MPIRUN_LINGERED" = 0 ]; then
+            MPIRUN_LINGERED=1
+            show_survivors
+            pkill -KILL -f -- "mpirun.*$TAG"
+        fi
+        sleep 0.2
+    done
+    wait "$mp"
+    MPI_RC=$?
+    [ -n "$RANKS_END" ] || RANKS_END=$(elapsed_since "$start")
+}
+
 # count LINES PATTERN FILE: FILE holds exactly LINES lines matching PATTERN
 count() {
     n=$(grep -c -- "$2" "$3" || true)
