@@ -538,7 +538,7 @@ static void ask_usage(FILE *f) {
                "writes the answers as Accelerate's YAML (JSON when FILE ends in .json), which Accelerate\n"
                "reads too. Every answer is checked as the same value in a file would be; a bad one is\n"
                "asked again. Default location: $XDG_CONFIG_HOME/caccel/default_config.yaml. An existing\n"
-               "file is replaced only after you confirm. Needs a terminal: for scripts, use\n"
+               "file is replaced only if you say so first. Needs a terminal: for scripts, use\n"
                "`caccel config default`.\n");
 }
 
@@ -559,7 +559,7 @@ static int parse_args(int argc, char **argv, const char *cmd, const char **path)
     return -1;
 }
 
-/* Asks before replacing an existing file; false: leave it. */
+/* Asks, before any question, whether to replace an existing file; false: leave it. */
 static bool may_write(ask *a, const char *path) {
     struct stat st;
     if (stat(path, &st) != 0) return true;
@@ -598,15 +598,17 @@ static int run_questionnaire(const char *path) {
         free(a.doc);
         return ca_cli_fail("config");
     }
-    fixed_keys(&a);
-    questionnaire(&a);
     int rc = 1;
-    if (a.eof)
-        fprintf(stderr, "caccel config: the questionnaire did not finish; nothing was written\n");
-    else if (!may_write(&a, path))
+    if (!may_write(&a, path)) {
         fprintf(stderr, "caccel config: kept the existing %s; nothing was written\n", path);
-    else
-        rc = save(&a, path);
+    } else {
+        fixed_keys(&a);
+        questionnaire(&a);
+        if (a.eof)
+            fprintf(stderr, "caccel config: the questionnaire did not finish; nothing was written\n");
+        else
+            rc = save(&a, path);
+    }
     ca_config_destroy(a.cfg);
     free(a.doc);
     return rc;

@@ -27,7 +27,8 @@ static bool exists(const char *p) {
  * schema): a number there is text and stays quoted. */
 static bool takes_text(const char *key) {
     ca_config *s = NULL;
-    bool any = ca_config_create(&s) == CA_OK && ca_config_set(s, key, "caccel-type-probe", CA_SRC_CLI, "probe") == CA_OK;
+    bool any = ca_config_create(&s) == CA_OK &&
+               ca_config_set(s, key, "caccel-type-probe", CA_SRC_CLI, "probe") == CA_OK;
     ca_config_destroy(s);
     ca_clear_error();
     return any;
@@ -75,8 +76,11 @@ static void collect(ca_cli_doc *d, const ca_config *c) {
         if (ca_config_entry_at(c, i, &e) != CA_OK || e.source != CA_SRC_FILE) continue;
         if (strcmp(e.value, "null") == 0 || e.value[0] == '{') continue;   /* sections come from their keys */
         put_value(d, e.key, e.value);
-        if (strstr(e.origin, "(fp16: true)") || strstr(e.origin, "(dynamo_backend)"))
-            printf("  migrated %s to %s: %s\n", strchr(e.origin, '(') + 1, e.key, e.value);
+        /* the loader names the old key in the origin: "file:3 (fp16: true)" */
+        const char *old = strstr(e.origin, "(fp16: true)")       ? "fp16"
+                          : strstr(e.origin, "(dynamo_backend)") ? "dynamo_backend"
+                                                                 : NULL;
+        if (old) printf("  migrated %s to %s: %s\n", old, e.key, e.value);
     }
     bool sm = strcmp(ca_config_get(c, "compute_environment"), "AMAZON_SAGEMAKER") == 0;
     fill(d, c, base_keys);
