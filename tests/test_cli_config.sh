@@ -19,6 +19,11 @@ fi
 case $caccel in /*) ;; *) caccel="$(pwd)/$caccel" ;; esac
 
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/caccel-config-XXXXXX") || exit 1
+# Each terminal gets its own tmux server (private socket), so one ending cannot race the next starting;
+# the sockets live in $tmp.
+TMUX_TMPDIR="$tmp"
+export TMUX_TMPDIR
+unset TMUX
 sock="caccel-config-test-$$"
 T() { tmux -L "$sock" -f /dev/null "$@"; }
 trap 'T kill-server >/dev/null 2>&1; rm -rf "$tmp"' EXIT INT TERM
@@ -53,6 +58,7 @@ start() {
     } > "$tmp/$name.run"
     chmod +x "$tmp/$name.run"
     T kill-server >/dev/null 2>&1
+    sock="caccel-config-test-$$-$name"
     T new-session -d -s cfg -x 400 -y 100 "$tmp/$name.run" || { fail "$name: tmux could not start"; return 1; }
 }
 
@@ -160,6 +166,7 @@ ask "Should distributed operations be checked while running for errors?" "yes" &
 ask "Do you wish to optimize your script with torch dynamo?" "" &&
 ask "Do you want to use DeepSpeed? [yes/NO]:" "" &&
 ask "Do you want to use FullyShardedDataParallel? [yes/NO]:" "" &&
+ask "Do you want to use Megatron-LM ? [yes/NO]:" "" &&
 ask "How many GPU(s) should be used for distributed training? [1]:" "1" &&
 shows "cannot be less than num_machines 2" &&
 ask "How many GPU(s) should be used for distributed training? [1]:" "4" &&
@@ -278,7 +285,99 @@ else
     fail "nothing written at $f"
 fi
 
-# 4. An existing file is kept unless replacing it is confirmed.
+# 4. Megatron-LM, with Transformer Engine's fp8 recipe.
+f="$tmp/megatron.yaml"
+start megatron --config_file "$f"
+see "In which compute environment are you running?" &&
+ask "Enter a number from 0 to 1 [0]:" "" &&
+ask "Enter a number from 0 to 10 [0]:" "4" &&
+ask "How many different machines will you use" "" &&
+ask "Should distributed operations be checked while running for errors?" "" &&
+ask "Do you wish to optimize your script with torch dynamo?" "" &&
+ask "Do you want to use DeepSpeed? [yes/NO]:" "" &&
+ask "Do you want to use FullyShardedDataParallel? [yes/NO]:" "" &&
+ask "Do you want to use Megatron-LM ? [yes/NO]:" "yes" &&
+ask "What is the Tensor Parallelism degree/size? [1]:" "2" &&
+ask "Do you want to enable Sequence Parallelism? [YES/no]:" "" &&
+ask "What is the Pipeline Parallelism degree/size? [1]:" "2" &&
+ask "What is the number of micro-batches? [1]:" "4" &&
+ask "Do you want to enable selective activation recomputation? [YES/no]:" "" &&
+ask "Do you want to use distributed optimizer" "no" &&
+ask "What is the gradient clipping value based on global L2 Norm (0 to disable)? [1.0]:" "" &&
+ask "How many GPU(s) should be used for distributed training? [1]:" "4" &&
+see "Do you wish to use mixed precision?" &&
+ask "Enter a number from 0 to 3 [0]:" "3" &&
+see "Which FP8 backend do you want to use?" &&
+ask "Enter a number from 0 to 2 [0]:" "1" &&
+ask "Do you want to use FP8 autocast during eval mode?" "" &&
+ask "What margin should be used for gradient scaling? [0]:" "" &&
+ask "What interval should be used for how often the scaling factor is recomputed? [1]:" "often" &&
+shows "invalid value 'often' for key 'fp8_config.interval'" &&
+ask "What interval should be used for how often the scaling factor is recomputed? [1]:" "2" &&
+see "Which weight format should be used?" &&
+ask "Enter a number from 0 to 2 [0]:" "1" &&
+ask "What length of history should be used for the amax scaling factor computation? [1024]:" "" &&
+see "Which algorithm should be used for the amax scaling factor computation?" &&
+ask "Enter a number from 0 to 1 [0]:" "" &&
+ask "GEMMS in higher precision? [yes/NO]:" "yes" &&
+ask "Should \`fprop\` be executed in higher precision? [yes/NO]:" "yes" &&
+ask "Should \`dgrad\` be executed in higher precision? [yes/NO]:" "" &&
+ask "Should \`wgrad\` be executed in higher precision? [yes/NO]:" "" &&
+finish 0
+if [ -f "$f" ]; then
+    for l in "distributed_type: MEGATRON_LM" "num_processes: 4" "mixed_precision: fp8" "megatron_lm_config:" \
+        "  megatron_lm_tp_degree: 2" "  megatron_lm_sequence_parallelism: true" "  megatron_lm_pp_degree: 2" \
+        "  megatron_lm_num_micro_batches: 4" "  megatron_lm_recompute_activations: true" \
+        "  megatron_lm_use_distributed_optimizer: false" "  megatron_lm_gradient_clipping: 1.0" "fp8_config:" \
+        "  backend: TE" "  use_autocast_during_eval: false" "  margin: 0" "  interval: 2" "  fp8_format: E4M3" \
+        "  amax_history_length: 1024" "  amax_compute_algorithm: max" \
+        "  override_linear_precision: (true, false, false)"; do
+        has "$f" "$l"
+    done
+    lacks "$f" "gpu_ids"
+    loads "$f" distributed_type MEGATRON_LM
+    loads "$f" fp8_config.interval 2
+else
+    fail "nothing written at $f"
+fi
+
+# 5. A TPU pod with startup commands: the lists as Accelerate writes them.
+f="$tmp/tpu.yaml"
+start tpu --config_file "$f"
+see "In which compute environment are you running?" &&
+ask "Enter a number from 0 to 1 [0]:" "" &&
+ask "Enter a number from 0 to 10 [0]:" "10" &&
+ask "Do you wish to optimize your script with torch dynamo?" "" &&
+ask "How many TPU cores should be used for distributed training? [1]:" "8" &&
+ask "What is the name of the function in your script that should be launched" "" &&
+ask "Are you using a TPU cluster? [yes/NO]:" "yes" &&
+ask "What is the name of your TPU cluster?" "pod-1" &&
+ask "What is the zone of your TPU cluster?" "us-central1-a" &&
+ask "should \`sudo\` be used? [yes/NO]:" "" &&
+ask "Do you have code you wish to run on startup in each pod? [yes/NO]:" "yes" &&
+ask "Is this code located in a bash script? [yes/NO]:" "" &&
+ask "Please enter a single command to be ran" "pip install \"x<2\"" &&
+ask "Do you wish to add another command? [yes/NO]:" "yes" &&
+ask "Please enter a single command to be ran" "echo a, b" &&
+ask "Do you wish to add another command? [yes/NO]:" "" &&
+ask "what are the names of the Compute VM instances to be used, separated by a comma:" "vm-a,vm-b" &&
+ask "What environment variables do you wish to set in each pod, separated by a comma:" "" &&
+finish 0
+if [ -f "$f" ]; then
+    for l in "distributed_type: XLA" "num_processes: 8" "mixed_precision: 'no'" "main_training_function: main" \
+        "tpu_use_cluster: true" "tpu_name: pod-1" "tpu_zone: us-central1-a" "tpu_use_sudo: false" \
+        'commands: ["pip install \"x<2\"", "echo a, b"]' 'tpu_vm: ["vm-a", "vm-b"]'; do
+        has "$f" "$l"
+    done
+    lacks "$f" "tpu_env"
+    loads "$f" distributed_type XLA
+    loads "$f" tpu_zone us-central1-a
+else
+    fail "nothing written at $f"
+fi
+
+# 6. An existing file is kept unless replacing it is confirmed.
+f="$XDG_CONFIG_HOME/caccel/default_config.yaml"
 cp "$f" "$tmp/before.yaml"
 start keep
 ask "A configuration already exists at $f. Replace it? [yes/NO]:" "" &&
@@ -286,7 +385,7 @@ finish 1
 check "the existing file is unchanged" cmp -s "$f" "$tmp/before.yaml"
 check "says it kept the file" quiet grep -F "kept the existing" "$tmp/keep.screen"
 
-# 5. SageMaker is refused, nothing written.
+# 7. SageMaker is refused, nothing written.
 start sagemaker --config_file "$tmp/sm.yaml"
 see "In which compute environment are you running?" &&
 ask "Enter a number from 0 to 1 [0]:" "1" &&
@@ -294,7 +393,7 @@ finish 1
 check "SageMaker refused with a message" quiet grep -F "Amazon SageMaker is not supported" "$tmp/sagemaker.screen"
 check "nothing written for SageMaker" absent "$tmp/sm.yaml"
 
-# 6. Without a terminal: a refusal pointing to `caccel config default`.
+# 8. Without a terminal: a refusal pointing to `caccel config default`.
 if "$caccel" config --config_file "$tmp/notty.yaml" < /dev/null > "$tmp/notty.out" 2>&1; then
     fail "caccel config without a terminal succeeded"
 else
@@ -303,7 +402,7 @@ fi
 check "the refusal points to caccel config default" quiet grep -F "caccel config default" "$tmp/notty.out"
 check "nothing written without a terminal" absent "$tmp/notty.yaml"
 
-# 7. `caccel config update`: old keys migrated, missing keys filled, values kept.
+# 9. `caccel config update`: old keys migrated, missing keys filled, values kept.
 f="$tmp/old.yaml"
 cat > "$f" << 'EOF'
 distributed_type: MULTI_CPU

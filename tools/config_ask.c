@@ -15,6 +15,7 @@
 typedef struct ask {
     ca_config *cfg;   /* the answers so far, checked as a file's values are */
     ca_cli_doc *doc;  /* what will be written */
+    bool dry;         /* answers are checked, not recorded */
     bool eof;
 } ask;
 
@@ -36,16 +37,20 @@ static bool read_answer(ask *a, const char *prompt, char *buf, size_t n) {
     return true;
 }
 
-/* Records `value` for `key` if the configuration accepts it; otherwise
- * prints the configuration's message and returns false. */
+/* True when the configuration accepts `value` for `key`; otherwise prints
+ * the configuration's message. */
+static bool check(ask *a, const char *key, const char *value) {
+    if (ca_config_set(a->cfg, key, value, CA_SRC_CLI, ORIGIN) == CA_OK) return true;
+    printf("  %s\n", ca_last_error());
+    if (ca_last_hint()[0]) printf("  hint: %s\n", ca_last_hint());
+    ca_clear_error();
+    return false;
+}
+
+/* Checks `value` and, unless the caller writes its own form (dry), records it. */
 static bool accept(ask *a, const char *key, const char *value, bool plain) {
-    if (ca_config_set(a->cfg, key, value, CA_SRC_CLI, ORIGIN) != CA_OK) {
-        printf("  %s\n", ca_last_error());
-        if (ca_last_hint()[0]) printf("  hint: %s\n", ca_last_hint());
-        ca_clear_error();
-        return false;
-    }
-    ca_cli_doc_put(a->doc, key, value, plain);
+    if (!check(a, key, value)) return false;
+    if (!a->dry) ca_cli_doc_put(a->doc, key, value, plain);
     return true;
 }
 
@@ -177,14 +182,11 @@ static void ask_machines(ask *a) {
 static void ask_mpirun(ask *a) {
     if (!yes_no(a, "Do you want accelerate to launch mpirun? [yes/NO]: ", NULL, false) || a->eof) return;
     char path[1024];
-    ask scratch = *a;
-    ca_cli_doc tmp = {0};
-    scratch.doc = &tmp;   /* the expanded path is written, not the answer */
-    if (!field(&scratch, "Please enter the path to the hostfile to use with mpirun [~/hostfile]: ",
-               "mpirun_config.mpirun_hostfile", "~/hostfile", false, path, sizeof path)) {
-        a->eof = true;
-        return;
-    }
+    a->dry = true;   /* the expanded path is written, not the answer */
+    bool ok = field(a, "Please enter the path to the hostfile to use with mpirun [~/hostfile]: ",
+                    "mpirun_config.mpirun_hostfile", "~/hostfile", false, path, sizeof path);
+    a->dry = false;
+    if (!ok) return;
     const char *home = getenv("HOME");
     char full[1100];
     if (path[0] == '~' && (path[1] == '/' || !path[1]) && home)
@@ -275,6 +277,27 @@ static void ask_deepspeed_multinode(ask *a) {
     if (!a->eof && yes_no(a, "Do you want to specify inclusion filter string? [yes/NO]: ", NULL, false) && !a->eof)
         field(a, "DeepSpeed inclusion filter string: ", "deepspeed_config.deepspeed_inclusion_filter", NULL, false,
               NULL, 0);
+}
+
+/* Megatron-LM's degrees and options (multi-GPU only). */
+static void ask_megatron(ask *a) {
+    const char *tp = "megatron_lm_config.megatron_lm_tp_degree", *pp = "megatron_lm_config.megatron_lm_pp_degree";
+    if (!field(a, "What is the Tensor Parallelism degree/size? [1]:", tp, "1", true, NULL, 0)) return;
+    if (get_int(a, tp) > 1)
+        yes_no(a, "Do you want to enable Sequence Parallelism? [YES/no]: ",
+               "megatron_lm_config.megatron_lm_sequence_parallelism", true);
+    if (a->eof || !field(a, "What is the Pipeline Parallelism degree/size? [1]:", pp, "1", true, NULL, 0)) return;
+    if (get_int(a, pp) > 1 && !field(a, "What is the number of micro-batches? [1]:",
+                                     "megatron_lm_config.megatron_lm_num_micro_batches", "1", true, NULL, 0))
+        return;
+    yes_no(a, "Do you want to enable selective activation recomputation? [YES/no]: ",
+           "megatron_lm_config.megatron_lm_recompute_activations", true);
+    if (!a->eof)
+        yes_no(a, "Do you want to use distributed optimizer which shards optimizer state and gradients across data "
+                  "parallel ranks? [YES/no]: ", "megatron_lm_config.megatron_lm_use_distributed_optimizer", true);
+    if (!a->eof)
+        field(a, "What is the gradient clipping value based on global L2 Norm (0 to disable)? [1.0]: ",
+              "megatron_lm_config.megatron_lm_gradient_clipping", "1.0", true, NULL, 0);
 }
 
 /* Returns true when a DeepSpeed JSON file was given (mixed precision is then its business). */
@@ -410,13 +433,47 @@ static void ask_processes(ask *a, const char *dist) {
 static const char *const fp8_opts[] = {"ao", "te", "msamp", NULL};
 static const char *const fp8_vals[] = {"AO", "TE", "MSAMP", NULL};
 
+/* Transformer Engine's recipe. */
+static void ask_te(ask *a) {
+    static const char *const formats[] = {"HYBRID", "E4M3", "E5M2", NULL};
+    static const char *const algos[] = {"max", "most_recent", NULL};
+    yes_no(a, "Do you want to use FP8 autocast during eval mode? Generally better metrics are found when this is "
+              "disabled [yes/NO]: ", "fp8_config.use_autocast_during_eval", false);
+    if (a->eof || !field(a, "What margin should be used for gradient scaling? [0]: ", "fp8_config.margin", "0", true,
+                         NULL, 0) ||
+        !field(a, "What interval should be used for how often the scaling factor is recomputed? [1]: ",
+               "fp8_config.interval", "1", true, NULL, 0) ||
+        choose_value(a, "Which weight format should be used?", "fp8_config.fp8_format", formats, NULL, 0, false) < 0 ||
+        !field(a, "What length of history should be used for the amax scaling factor computation? [1024]: ",
+               "fp8_config.amax_history_length", "1024", true, NULL, 0) ||
+        choose_value(a, "Which algorithm should be used for the amax scaling factor computation?",
+                     "fp8_config.amax_compute_algorithm", algos, NULL, 0, false) < 0)
+        return;
+    bool g[3] = {false, false, false};
+    static const char *const gemm[] = {"fprop", "dgrad", "wgrad"};
+    if (yes_no(a, "Do you want to execute `fprop`, `dgrad`, and `wgrad` GEMMS in higher precision? [yes/NO]: ", NULL,
+               false))
+        for (int i = 0; i < 3 && !a->eof; i++) {
+            char q[96];
+            snprintf(q, sizeof q, "Should `%s` be executed in higher precision? [yes/NO]: ", gemm[i]);
+            g[i] = yes_no(a, q, NULL, false);
+        }
+    if (a->eof) return;
+    /* the loader's text for Accelerate's (fprop, dgrad, wgrad) tuple */
+    char v[64];
+    snprintf(v, sizeof v, "(%s, %s, %s)", g[0] ? "true" : "false", g[1] ? "true" : "false", g[2] ? "true" : "false");
+    decide(a, "fp8_config.override_linear_precision", v, false);
+}
+
 static void ask_precision(ask *a) {
     static const char *const mp[] = {"no", "fp16", "bf16", "fp8", NULL};
     int m = choose_value(a, "Do you wish to use mixed precision?", "mixed_precision", mp, NULL, 0, false);
     if (m != 3) return;
     int b = choose_value(a, "Which FP8 backend do you want to use?", "fp8_config.backend", fp8_opts, fp8_vals, 0,
                          false);
-    if (b == 2) {
+    if (b == 1) {
+        ask_te(a);
+    } else if (b == 2) {
         static const char *const levels[] = {"O1", "O2", NULL};
         choose_value(a, "Which optimization level should be used?", "fp8_config.optimization_level", levels, NULL, 1,
                      false);
@@ -429,15 +486,86 @@ static void ask_precision(ask *a) {
     }
 }
 
+/* A list as Accelerate's YAML and JSON both read it: ["a", "b"]. */
+typedef struct listbuf {
+    char text[1024];
+    size_t len;
+    bool full;
+} listbuf;
+
+static void list_add(listbuf *l, const char *item) {
+    char esc[1024];
+    size_t e = 0;
+    for (const char *c = item; *c && e + 2 < sizeof esc; c++) {
+        if (*c == '"' || *c == '\\') esc[e++] = '\\';
+        esc[e++] = *c;
+    }
+    esc[e] = '\0';
+    size_t room = sizeof l->text - l->len - 1;   /* one byte kept for the closing bracket */
+    int w = snprintf(l->text + l->len, room, "%s\"%s\"", l->len ? ", " : "[", esc);
+    if (w < 0 || (size_t)w >= room) l->full = true;
+    else l->len += (size_t)w;
+}
+
+/* Writes the list for `key` once each item passed the key's check. */
+static void list_put(ask *a, const char *key, listbuf *l) {
+    if (l->full) {
+        printf("  too long a list for %s; it is left out\n", key);
+        return;
+    }
+    snprintf(l->text + l->len, sizeof l->text - l->len, "%s]", l->len ? "" : "[");
+    ca_cli_doc_put(a->doc, key, l->text, true);
+}
+
+/* The commands a TPU pod runs at startup: a script, or commands one by one. */
+static void ask_tpu_commands(ask *a) {
+    if (!yes_no(a, "Do you have code you wish to run on startup in each pod? [yes/NO]: ", NULL, false) || a->eof)
+        return;
+    if (yes_no(a, "Is this code located in a bash script? [yes/NO]: ", NULL, false)) {
+        if (!a->eof) field(a, "What is the path to your bash script? ", "command_file", NULL, false, NULL, 0);
+        return;
+    }
+    printf("Please enter each command separately you wish to run on startup in each pod.\n");
+    listbuf l = {.len = 0};
+    char one[512];
+    do {
+        if (!read_answer(a, "Please enter a single command to be ran ", one, sizeof one)) return;
+        if (check(a, "commands", one)) list_add(&l, one);
+    } while (yes_no(a, "Do you wish to add another command? [yes/NO]: ", NULL, false) && !a->eof);
+    if (!a->eof) list_put(a, "commands", &l);
+}
+
+/* A comma-separated list for `key`; an empty answer leaves the key out. */
+static void ask_list(ask *a, const char *question, const char *key) {
+    char buf[1024], item[1024];
+    if (!read_answer(a, question, buf, sizeof buf) || !buf[0]) return;
+    listbuf l = {.len = 0};
+    for (const char *p = buf; *p; p += *p == ',') {
+        size_t n = strcspn(p, ",");
+        snprintf(item, sizeof item, "%.*s", (int)n, p);
+        p += n;
+        if (!check(a, key, item)) return;
+        list_add(&l, item);
+    }
+    list_put(a, key, &l);
+}
+
 static void ask_tpu(ask *a) {
     decide(a, "mixed_precision", "no", false);
     if (a->eof || !field(a, "What is the name of the function in your script that should be launched in all "
                             "parallel scripts? [main]: ", "main_training_function", "main", false, NULL, 0))
         return;
     if (!yes_no(a, "Are you using a TPU cluster? [yes/NO]: ", "tpu_use_cluster", false) || a->eof) return;
-    if (field(a, "What is the name of your TPU cluster? ", "tpu_name", NULL, false, NULL, 0) &&
-        field(a, "What is the zone of your TPU cluster? ", "tpu_zone", NULL, false, NULL, 0))
-        yes_no(a, "To run a python script in a TPU pod, should `sudo` be used? [yes/NO]: ", "tpu_use_sudo", false);
+    if (!field(a, "What is the name of your TPU cluster? ", "tpu_name", NULL, false, NULL, 0) ||
+        !field(a, "What is the zone of your TPU cluster? ", "tpu_zone", NULL, false, NULL, 0))
+        return;
+    yes_no(a, "To run a python script in a TPU pod, should `sudo` be used? [yes/NO]: ", "tpu_use_sudo", false);
+    if (!a->eof) ask_tpu_commands(a);
+    if (!a->eof)
+        ask_list(a, "If not using an instance group, what are the names of the Compute VM instances to be used, "
+                    "separated by a comma: ", "tpu_vm");
+    if (!a->eof) ask_list(a, "What environment variables do you wish to set in each pod, separated by a comma: ",
+                          "tpu_env");
 }
 
 /* ------------------------------------------------------------------ the order of cluster.py */
@@ -453,7 +581,7 @@ static void ask_devices(ask *a, const char *dist, bool use_cpu) {
                   "[yes/NO]: ", "enable_cpu_affinity", false);
 }
 
-/* Which sharding plugin, if any: may turn `dist` into DEEPSPEED or FSDP. */
+/* Which plugin, if any: may turn `dist` into DEEPSPEED, FSDP or MEGATRON_LM. */
 static bool ask_plugins(ask *a, char *dist, size_t n) {
     bool ds_json = false;
     if (is_multi_device(dist) || is(dist, "NO")) {
@@ -477,6 +605,12 @@ static bool ask_plugins(ask *a, char *dist, size_t n) {
                 if (!a->eof) ask_fsdp(a);
             }
         }
+    }
+    if (!a->eof && is(dist, "MULTI_GPU") &&
+        yes_no(a, "Do you want to use Megatron-LM ? [yes/NO]: ", NULL, false) && !a->eof) {
+        snprintf(dist, n, "MEGATRON_LM");
+        decide(a, "distributed_type", dist, false);
+        if (!a->eof) ask_megatron(a);
     }
     return ds_json;
 }
@@ -507,8 +641,8 @@ static void questionnaire(ask *a) {
     if (!a->eof && use_cpu && is(dist, "MULTI_CPU")) ask_mpirun(a);
     if (!a->eof) ask_dynamo(a);
     bool ds_json = a->eof ? false : ask_plugins(a, dist, sizeof dist);
-    if (!a->eof && (is_multi(dist) || is(dist, "XLA") || is(dist, "FSDP") || is(dist, "DEEPSPEED")))
-        ask_processes(a, is(dist, "FSDP") || is(dist, "DEEPSPEED") ? "GPU" : dist);
+    bool plugin = is(dist, "FSDP") || is(dist, "DEEPSPEED") || is(dist, "MEGATRON_LM");
+    if (!a->eof && (is_multi(dist) || is(dist, "XLA") || plugin)) ask_processes(a, plugin ? "GPU" : dist);
     if (!a->eof) ask_devices(a, dist, use_cpu);
     if (!a->eof && is(dist, "XLA"))
         ask_tpu(a);
