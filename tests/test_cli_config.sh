@@ -244,6 +244,46 @@ else
     fail "nothing written at $f"
 fi
 
+# 2b. FSDP2: resharding after forward is a yes/no answer even though the key takes text.
+f="$tmp/fsdp2.yaml"
+start fsdp2 --config_file "$f"
+see "In which compute environment are you running?" &&
+ask "Enter a number from 0 to 1 [0]:" "" &&
+ask "Enter a number from 0 to 10 [0]:" "4" &&
+ask "How many different machines will you use" "" &&
+ask "Should distributed operations be checked while running for errors?" "" &&
+ask "Do you wish to optimize your script with torch dynamo?" "" &&
+ask "Do you want to use DeepSpeed? [yes/NO]:" "" &&
+ask "Do you want to use FullyShardedDataParallel? [yes/NO]:" "y" &&
+see "What should be your FSDP version? [2]:" &&
+ask "Enter a number from 0 to 1 [1]:" "" &&
+ask "Do you want to enable resharding after forward? [YES/no]:" "maybe" &&
+shows "Please enter yes or no." &&
+ask "Do you want to enable resharding after forward? [YES/no]:" "no" &&
+ask "Do you want to offload parameters and gradients to CPU?" "" &&
+see "What should be your auto wrap policy?" &&
+ask "Enter a number from 0 to 2 [0]:" "2" &&
+see "What should be your FSDP's state dict type?" &&
+ask "Enter a number from 0 to 1 [0]:" "" &&
+ask "Do you want to enable CPU RAM efficient model loading?" "" &&
+ask "Do you want to enable FSDP activation checkpointing?" "" &&
+ask "How many GPU(s) should be used for distributed training? [1]:" "2" &&
+see "Do you wish to use mixed precision?" &&
+ask "Enter a number from 0 to 3 [0]:" "" &&
+finish 0
+if [ -f "$f" ]; then
+    for l in "distributed_type: FSDP" "fsdp_config:" "  fsdp_version: 2" "  fsdp_reshard_after_forward: false" \
+        "  fsdp_auto_wrap_policy: NO_WRAP" "  fsdp_state_dict_type: SHARDED_STATE_DICT" \
+        "  fsdp_cpu_ram_efficient_loading: true" "  fsdp_activation_checkpointing: false"; do
+        has "$f" "$l"
+    done
+    lacks "$f" "fsdp_backward_prefetch"
+    lacks "$f" "fsdp_sync_module_states"
+    loads "$f" fsdp_config.fsdp_reshard_after_forward false
+else
+    fail "nothing written at $f"
+fi
+
 # 3. DeepSpeed ZeRO-3 at the default location; a refused number of accumulation steps.
 f="$XDG_CONFIG_HOME/caccel/default_config.yaml"
 start deepspeed
@@ -348,7 +388,7 @@ see "In which compute environment are you running?" &&
 ask "Enter a number from 0 to 1 [0]:" "" &&
 ask "Enter a number from 0 to 10 [0]:" "10" &&
 ask "Do you wish to optimize your script with torch dynamo?" "" &&
-ask "How many TPU cores should be used for distributed training? [1]:" "8" &&
+ask "How many XLA(s) should be used for distributed training? [1]:" "8" &&
 ask "What is the name of the function in your script that should be launched" "" &&
 ask "Are you using a TPU cluster? [yes/NO]:" "yes" &&
 ask "What is the name of your TPU cluster?" "pod-1" &&

@@ -47,10 +47,12 @@ static bool check(ask *a, const char *key, const char *value) {
     return false;
 }
 
-/* Checks `value` and, unless the caller writes its own form (dry), records it. */
+/* Checks `value` and, unless the caller writes its own form (dry), records
+ * it: a number or boolean as the loader reads it ("010" is 10 for caccel but
+ * 8 for a YAML 1.1 reader, so "10" is written). */
 static bool accept(ask *a, const char *key, const char *value, bool plain) {
     if (!check(a, key, value)) return false;
-    if (!a->dry) ca_cli_doc_put(a->doc, key, value, plain);
+    if (!a->dry) ca_cli_doc_put(a->doc, key, plain ? ca_config_get(a->cfg, key) : value, plain);
     return true;
 }
 
@@ -84,30 +86,32 @@ static int choose_value(ask *a, const char *question, const char *key, const cha
     return i;
 }
 
+/* The configuration's rule for a boolean (yes, no, true, false, on, off, ...). */
+static bool parse_yes_no(const char *v, bool *out) {
+    ca_config *s = NULL;
+    bool ok = ca_config_create(&s) == CA_OK && ca_config_set(s, "debug", v, CA_SRC_CLI, ORIGIN) == CA_OK &&
+              ca_config_get_bool(s, "debug", out) == CA_OK;
+    ca_config_destroy(s);
+    ca_clear_error();
+    return ok;
+}
+
 /* A yes/no question for `key` (NULL: an answer that only steers the
- * questionnaire). Accepts what the configuration takes for a boolean. */
+ * questionnaire). The key's own check speaks first, naming the key; the
+ * answer must also be a boolean (some keys, fsdp_reshard_after_forward,
+ * take text), and is written as true or false. */
 static bool yes_no(ask *a, const char *question, const char *key, bool def) {
     char buf[256];
     while (read_answer(a, question, buf, sizeof buf)) {
         const char *v = buf[0] ? buf : def ? "true" : "false";
-        if (key) {
-            if (!accept(a, key, v, true)) continue;
-            bool b = false;
-            ca_config_get_bool(a->cfg, key, &b);
-            ca_cli_doc_put(a->doc, key, b ? "true" : "false", true);
-            return b;
-        }
-        /* the same rule, on a scratch configuration */
-        ca_config *s = NULL;
         bool b = false;
-        if (ca_config_create(&s) == CA_OK && ca_config_set(s, "debug", v, CA_SRC_CLI, ORIGIN) == CA_OK &&
-            ca_config_get_bool(s, "debug", &b) == CA_OK) {
-            ca_config_destroy(s);
-            return b;
+        if (key && !check(a, key, v)) continue;
+        if (!parse_yes_no(v, &b)) {
+            printf("  Please enter yes or no.\n");
+            continue;
         }
-        ca_config_destroy(s);
-        ca_clear_error();
-        printf("  Please enter yes or no.\n");
+        if (key && !accept(a, key, b ? "true" : "false", true)) a->eof = true;
+        return b;
     }
     return def;
 }
@@ -341,7 +345,7 @@ static bool ask_sharding(ask *a, int version) {
     }
     int s = choose(a, "What should be your sharding strategy?", sharding_opts, 0);
     if (s < 0) return false;
-    ca_config_set(a->cfg, "fsdp_config.fsdp_sharding_strategy", sharding_opts[s], CA_SRC_CLI, ORIGIN);
+    if (!check(a, "fsdp_config.fsdp_sharding_strategy", sharding_opts[s])) a->eof = true;
     decide(a, "fsdp_config.fsdp_reshard_after_forward", sharding_opts[s], false);
     return !a->eof;
 }
@@ -408,11 +412,11 @@ static void ask_fsdp(ask *a) {
 /* The number of processes, re-asked while it contradicts the machines. */
 static void ask_processes(ask *a, const char *dist) {
     char q[160];
-    const char *what = is(dist, "MULTI_CPU") ? "processes" : is(dist, "XLA") ? "TPU cores"
-                       : is(dist, "MULTI_NEURON") ? "NEURON cores" : NULL;
+    /* Accelerate's words: the type without MULTI_, "(s)" added ("XLA(s)", "GPU(s)") */
+    const char *what = is(dist, "MULTI_CPU") ? "processes" : is(dist, "MULTI_NEURON") ? "NEURON cores" : NULL;
     char unit[32];
     if (!what) {
-        snprintf(unit, sizeof unit, "%s(s)", is_multi(dist) ? dist + 6 : "GPU");
+        snprintf(unit, sizeof unit, "%s(s)", is_multi(dist) ? dist + 6 : dist);
         what = unit;
     }
     snprintf(q, sizeof q, "How many %s should be used for distributed training? [1]:", what);
