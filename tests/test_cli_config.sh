@@ -177,7 +177,7 @@ ask "Enter a number from 0 to 3 [0]:" "2" &&
 finish 0
 if [ -f "$f" ]; then
     for l in "compute_environment: LOCAL_MACHINE" "distributed_type: MULTI_GPU" "num_machines: 2" \
-        "machine_rank: 1" "main_process_ip: 10.1.2.3" "main_process_port: 29500" "same_network: false" \
+        "machine_rank: 1" "main_process_ip: '10.1.2.3'" "main_process_port: 29500" "same_network: false" \
         "rdzv_backend: c10d" "debug: true" "num_processes: 4" "gpu_ids: 0,1" "enable_cpu_affinity: false" \
         "mixed_precision: bf16" "use_cpu: false"; do
         has "$f" "$l"

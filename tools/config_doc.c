@@ -45,6 +45,8 @@ static bool yaml_needs_quotes(const char *s) {
     char *end;
     (void)strtod(s, &end);
     if (*end == '\0') return true;
+    /* YAML 1.1 also has 1_000 and sexagesimal 1:30 */
+    if (strspn(s, "0123456789_:.+-eE") == strlen(s)) return true;
     if (strchr("-?:,[]{}#&*!|>'\"%@`", *s)) return true;
     return strstr(s, ": ") || strstr(s, " #") || s[strlen(s) - 1] == ':';
 }
