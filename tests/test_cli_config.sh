@@ -433,6 +433,16 @@ finish 1
 check "SageMaker refused with a message" quiet grep -F "Amazon SageMaker is not supported" "$tmp/sagemaker.screen"
 check "nothing written for SageMaker" absent "$tmp/sm.yaml"
 
+# 7b. The input ends (Ctrl-D) before the last question: nothing written.
+start eof --config_file "$tmp/eof.yaml"
+see "In which compute environment are you running?" &&
+ask "Enter a number from 0 to 1 [0]:" "" &&
+see "Enter a number from 0 to 10 [0]:" &&
+T send-keys -t cfg C-d &&
+finish 1
+check "says the questionnaire did not finish" quiet grep -F "did not finish; nothing was written" "$tmp/eof.screen"
+check "nothing written when the input ends" absent "$tmp/eof.yaml"
+
 # 8. Without a terminal: a refusal pointing to `caccel config default`.
 if "$caccel" config --config_file "$tmp/notty.yaml" < /dev/null > "$tmp/notty.out" 2>&1; then
     fail "caccel config without a terminal succeeded"
@@ -474,6 +484,14 @@ loads "$f" num_processes 3
 cp "$f" "$tmp/updated.yaml"
 "$caccel" config update --config_file "$f" > /dev/null 2>&1 || fail "a second config update failed"
 check "a second update changes nothing" cmp -s "$f" "$tmp/updated.yaml"
+printf 'distributed_type: NO\nmixed_precison: fp16\n' > "$tmp/typo.yaml"
+cp "$tmp/typo.yaml" "$tmp/typo.before"
+if "$caccel" config update --config_file "$tmp/typo.yaml" > "$tmp/update.out" 2>&1; then
+    fail "config update accepted an unknown key"
+else
+    check "config update names the unknown key" quiet grep -F "mixed_precison" "$tmp/update.out"
+fi
+check "a refused file is left as it was" cmp -s "$tmp/typo.yaml" "$tmp/typo.before"
 if "$caccel" config update --config_file "$tmp/missing.yaml" > "$tmp/update.out" 2>&1; then
     fail "config update of a missing file succeeded"
 else
