@@ -16,6 +16,10 @@ VALGRIND_TESTS += tests/test_config tests/test_config_files
 TESTS += tests/test_cli_env.sh
 EXTRA_DIST += tests/test_cli_env.sh
 
+# `caccel config`: the questionnaire driven through a terminal (tmux; skipped without it), `config update`.
+TESTS += tests/test_cli_config.sh
+EXTRA_DIST += tests/test_cli_config.sh
+
 # `caccel estimate-memory`: figures against the parameter counts of files the test writes.
 TESTS += tests/test_cli_estimate.sh
 EXTRA_DIST += tests/test_cli_estimate.sh

@@ -8,7 +8,7 @@
 const ca_cli_command ca_cli_commands[] = {
     {"env", "print versions, backends, devices and the merged configuration with the origin of every value",
      ca_cmd_env},
-    {"config", "write a configuration file (`caccel config default`)", ca_cmd_config},
+    {"config", "write a configuration file: Accelerate's questionnaire, `config default`, `config update`", ca_cmd_config},
     {"launch", "start a program as every process of a job (Accelerate's launcher flags)", ca_cmd_launch},
     {"merge-weights", "merge a sharded checkpoint's weights into one model.safetensors", ca_cmd_merge_weights},
     {"estimate-memory", "memory a model needs for inference and training, per dtype and ZeRO stage",

@@ -4,6 +4,7 @@
 
 #include <caccel/caccel.h>
 
+#include <stdbool.h>
 #include <stddef.h>
 
 /* A subcommand: `caccel <name> ...` calls run(argc, argv) with argv[0] ==
@@ -22,8 +23,11 @@ extern const size_t ca_cli_ncommands;
 
 /* `caccel env`: versions, backends and devices, the merged configuration. */
 int ca_cmd_env(int argc, char **argv);
-/* `caccel config default`: writes a basic config file. */
+/* `caccel config`: the questionnaire; `config default`: a basic file; `config update`: migrates one. */
 int ca_cmd_config(int argc, char **argv);
+/* The questionnaire (tools/config_ask.c) and `config update` (tools/config_update.c). */
+int ca_cmd_config_ask(int argc, char **argv);
+int ca_cmd_config_update(int argc, char **argv);
 /* `caccel launch`: spawns and supervises the processes of a job (tools/cmd_launch.c). */
 int ca_cmd_launch(int argc, char **argv);
 /* `caccel merge-weights DIR OUT`: a sharded checkpoint into one model.safetensors. */
@@ -46,5 +50,33 @@ void ca_cli_accelerate_config_path(char *buf, size_t size);
 /* When `arg` is "--name" or "--name=value" (also spelled with '-' for '_'):
  * true, with *value set to the text after '=' or NULL. */
 int ca_cli_match_flag(const char *arg, const char *name, const char **value);
+
+/* A configuration file being written (tools/config_doc.c): "key" or
+ * "section.key" with its value as text; `plain` values (booleans, numbers,
+ * lists) are written as they are, the others as strings. */
+#define CA_CLI_DOC_MAX 160
+typedef struct ca_cli_doc_item {
+    char key[96];
+    char value[1024];
+    bool plain;
+} ca_cli_doc_item;
+typedef struct ca_cli_doc {
+    int n;
+    ca_cli_doc_item items[CA_CLI_DOC_MAX];
+} ca_cli_doc;
+/* Adds or replaces `key`. */
+void ca_cli_doc_put(ca_cli_doc *d, const char *key, const char *value, bool plain);
+void ca_cli_doc_drop(ca_cli_doc *d, const char *key);
+/* Sorts the keys (as Accelerate writes them) and renders YAML, with `header`
+ * as a comment, or JSON; -1 when `buf` is too small. */
+int ca_cli_doc_render(ca_cli_doc *d, bool json, const char *header, char *buf, size_t size);
+/* True when `path` ends in ".json": Accelerate then writes JSON. */
+bool ca_cli_path_is_json(const char *path);
+/* mkdir -p of the directory part of `path`. */
+int ca_cli_make_parents(const char *path);
+/* Writes `text` to `path` through a temporary file in the same directory,
+ * renamed into place, so a reader never sees half a file. Without `replace`
+ * an existing file is left alone (-1, errno EEXIST). */
+int ca_cli_write_atomic(const char *path, const char *text, bool replace);
 
 #endif

@@ -1,4 +1,4 @@
-/* `caccel config default`: writes a basic configuration file non-interactively, atomically. */
+/* `caccel config`: dispatches to the questionnaire, `update`; `config default` writes a basic file non-interactively. */
 #include "tools/cli_impl.h"
 
 #include <errno.h>
@@ -17,23 +17,6 @@ static void config_usage(FILE *f) {
                "file is never overwritten.\n");
 }
 
-/* mkdir -p of the directory part of `path`. */
-static int make_parents(const char *path) {
-    char buf[4096];
-    snprintf(buf, sizeof buf, "%s", path);
-    char *slash = strrchr(buf, '/');
-    if (!slash || slash == buf) return 0;
-    *slash = '\0';
-    for (char *p = buf + 1; *p; p++) {
-        if (*p != '/') continue;
-        *p = '\0';
-        if (mkdir(buf, 0755) != 0 && errno != EEXIST) return -1;
-        *p = '/';
-    }
-    if (mkdir(buf, 0755) != 0 && errno != EEXIST) return -1;
-    return 0;
-}
-
 /* Accelerators other than the CPU (and the XLA stub) that a plugin reports here. */
 static int accelerator_count(void) {
     if (ca_registry_load_plugins() != CA_OK) ca_clear_error();
@@ -45,42 +28,6 @@ static int accelerator_count(void) {
         if (b.device_count > best) best = b.device_count;
     }
     return best;
-}
-
-/* Writes `text` to `path` through a temporary file in the same directory,
- * renamed into place, so a reader never sees half a file. */
-static int write_atomic(const char *path, const char *text) {
-    char tmp[4200];
-    snprintf(tmp, sizeof tmp, "%s.tmpXXXXXX", path);
-    int fd = mkstemp(tmp);
-    if (fd < 0) return -1;
-    size_t len = strlen(text), off = 0;
-    while (off < len) {
-        ssize_t w = write(fd, text + off, len - off);
-        if (w < 0) {
-            if (errno == EINTR) continue;
-            close(fd);
-            unlink(tmp);
-            return -1;
-        }
-        off += (size_t)w;
-    }
-    if (fchmod(fd, 0644) != 0 || fsync(fd) != 0 || close(fd) != 0) {
-        unlink(tmp);
-        return -1;
-    }
-    /* link() refuses an existing target: a file that appeared meanwhile is not overwritten */
-    if (link(tmp, path) != 0) {
-        int e = errno;
-        if (e == EEXIST || rename(tmp, path) != 0) {
-            unlink(tmp);
-            errno = e;
-            return -1;
-        }
-        return 0;
-    }
-    unlink(tmp);
-    return 0;
 }
 
 static int config_default(int argc, char **argv) {
@@ -162,7 +109,7 @@ static int config_default(int argc, char **argv) {
              "use_cpu: %s\n",
              CA_VERSION, gpus > 1 ? "MULTI_GPU" : "'NO'", strcmp(mixed, "no") == 0 ? "'" : "", mixed,
              strcmp(mixed, "no") == 0 ? "'" : "", gpus > 0 ? gpus : 1, gpus > 0 ? "false" : "true");
-    if (make_parents(path) != 0 || write_atomic(path, text) != 0) {
+    if (ca_cli_make_parents(path) != 0 || ca_cli_write_atomic(path, text, false) != 0) {
         fprintf(stderr, "caccel config default: error: cannot write %s: %s\n", path, strerror(errno));
         return 1;
     }
@@ -177,13 +124,10 @@ static int config_default(int argc, char **argv) {
 
 int ca_cmd_config(int argc, char **argv) {
     if (argc >= 2 && strcmp(argv[1], "default") == 0) return config_default(argc - 1, argv + 1);
-    if (argc >= 2 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0)) {
-        config_usage(stdout);
-        return 0;
+    if (argc >= 2 && strcmp(argv[1], "update") == 0) return ca_cmd_config_update(argc - 1, argv + 1);
+    if (argc >= 2 && argv[1][0] != '-') {
+        fprintf(stderr, "caccel config: error: unknown subcommand '%s' (known: default, update)\n", argv[1]);
+        return 2;
     }
-    fprintf(stderr, "caccel config: error: %s\n",
-            argc >= 2 ? "unknown subcommand" : "the interactive questionnaire of `accelerate config` is not "
-                                               "available; use `caccel config default`");
-    config_usage(stderr);
-    return 2;
+    return ca_cmd_config_ask(argc, argv);
 }

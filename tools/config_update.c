@@ -1,0 +1,170 @@
+/* `caccel config update`: rewrites an existing file in the current format (`accelerate config update`):
+ * old keys renamed by the loader's migration rules, missing keys filled with their defaults, values kept. */
+#include "tools/cli_impl.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+static void update_usage(FILE *f) {
+    fprintf(f, "usage: caccel config update [--config_file FILE]\n\n"
+               "Loads FILE (default: $XDG_CONFIG_HOME/caccel/default_config.yaml, else Accelerate's\n"
+               "$HF_HOME/accelerate/default_config.yaml) with the loader's checks, migrates the old keys\n"
+               "Accelerate renamed (fp16: true -> mixed_precision: fp16, dynamo_backend ->\n"
+               "dynamo_config.dynamo_backend), fills the keys Accelerate always writes with their\n"
+               "defaults, and rewrites the file in place (YAML, or JSON when FILE ends in .json),\n"
+               "keeping every value it had.\n");
+}
+
+static bool exists(const char *p) {
+    struct stat st;
+    return p[0] && stat(p, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+/* True when `key` takes any text (a string or list key, or one outside the
+ * schema): a number there is text and stays quoted. */
+static bool takes_text(const char *key) {
+    ca_config *s = NULL;
+    bool any = ca_config_create(&s) == CA_OK &&
+               ca_config_set(s, key, "caccel-type-probe", CA_SRC_CLI, "probe") == CA_OK;
+    ca_config_destroy(s);
+    ca_clear_error();
+    return any;
+}
+
+static bool is_number(const char *v) {
+    char *end;
+    (void)strtod(v, &end);
+    return *v && *end == '\0';
+}
+
+static void put_value(ca_cli_doc *d, const char *key, const char *value) {
+    bool plain = strcmp(value, "true") == 0 || strcmp(value, "false") == 0 || value[0] == '[' ||
+                 (is_number(value) && !takes_text(key));
+    ca_cli_doc_put(d, key, value, plain);
+}
+
+/* The keys Accelerate writes in every file of each kind (BaseConfig,
+ * ClusterConfig or SageMakerConfig fields with a default). */
+static const char *const base_keys[] = {"compute_environment", "distributed_type", "mixed_precision", "use_cpu",
+                                        "debug", "enable_cpu_affinity", NULL};
+static const char *const cluster_keys[] = {"num_processes", "machine_rank", "num_machines", "rdzv_backend",
+                                           "same_network", "main_training_function", "downcast_bf16",
+                                           "tpu_use_cluster", "tpu_use_sudo", NULL};
+static const char *const sagemaker_keys[] = {"region", "num_machines", "base_job_name", "pytorch_version",
+                                             "transformers_version", "py_version", NULL};
+
+/* Fills the keys the file lacks; prints each. */
+static void fill(ca_cli_doc *d, const ca_config *c, const char *const *keys) {
+    for (int i = 0; keys[i]; i++) {
+        if (ca_config_source_of(c, keys[i]) == CA_SRC_FILE) continue;
+        const char *v = ca_config_get(c, keys[i]);
+        /* Accelerate: a single-process file without num_processes runs one process */
+        if (strcmp(keys[i], "num_processes") == 0 && strcmp(ca_config_get(c, "distributed_type"), "NO") == 0) v = "1";
+        if (!v || strcmp(v, "null") == 0) continue;
+        put_value(d, keys[i], v);
+        printf("  added %s: %s (default)\n", keys[i], v);
+    }
+}
+
+/* The file's own values, as the loader understood them (old keys migrated). */
+static void collect(ca_cli_doc *d, const ca_config *c) {
+    for (int i = 0; i < ca_config_count(c); i++) {
+        ca_config_entry e;
+        if (ca_config_entry_at(c, i, &e) != CA_OK || e.source != CA_SRC_FILE) continue;
+        if (strcmp(e.value, "null") == 0 || e.value[0] == '{') continue;   /* sections come from their keys */
+        put_value(d, e.key, e.value);
+        /* the loader names the old key in the origin: "file:3 (fp16: true)" */
+        const char *old = strstr(e.origin, "(fp16: true)")       ? "fp16"
+                          : strstr(e.origin, "(dynamo_backend)") ? "dynamo_backend"
+                                                                 : NULL;
+        if (old) printf("  migrated %s to %s: %s\n", old, e.key, e.value);
+    }
+    bool sm = strcmp(ca_config_get(c, "compute_environment"), "AMAZON_SAGEMAKER") == 0;
+    fill(d, c, base_keys);
+    fill(d, c, sm ? sagemaker_keys : cluster_keys);
+    if (sm && ca_config_source_of(c, "gpu_ids") != CA_SRC_FILE) put_value(d, "gpu_ids", "all");
+}
+
+static int find_path(const char *arg, char *path, size_t n) {
+    if (arg) {
+        snprintf(path, n, "%s", arg);
+        if (exists(path)) return 0;
+        fprintf(stderr, "caccel config update: error: no configuration file at %s\n", path);
+        return 1;
+    }
+    ca_cli_default_config_path(path, n);
+    if (exists(path)) return 0;
+    char hf[4096];
+    ca_cli_accelerate_config_path(hf, sizeof hf);
+    if (exists(hf)) {
+        snprintf(path, n, "%s", hf);
+        return 0;
+    }
+    fprintf(stderr, "caccel config update: error: no configuration file at %s%s%s\n"
+                    "  hint: pass --config_file FILE, or write one with `caccel config`\n",
+            path[0] ? path : "$XDG_CONFIG_HOME/caccel/default_config.yaml", hf[0] ? " nor at " : "", hf);
+    return 1;
+}
+
+static int rewrite(const char *path, ca_cli_doc *d) {
+    static char text[1 << 17];
+    char header[128];
+    snprintf(header, sizeof header, "Updated by `caccel config update` (caccel %s). Accelerate reads this file too.",
+             CA_VERSION);
+    if (ca_cli_doc_render(d, ca_cli_path_is_json(path), header, text, sizeof text) != 0) {
+        fprintf(stderr, "caccel config update: error: the configuration of %s is too large to write\n", path);
+        return 1;
+    }
+    if (ca_cli_write_atomic(path, text, true) != 0) {
+        fprintf(stderr, "caccel config update: error: cannot write %s: %s\n", path, strerror(errno));
+        return 1;
+    }
+    ca_config *c = NULL;
+    if (ca_config_create(&c) != CA_OK) return ca_cli_fail("config update");
+    ca_status s = ca_config_load_file(c, path);
+    ca_config_destroy(c);
+    if (s != CA_OK) return ca_cli_fail("config update");
+    printf("Successfully updated the configuration file at %s.\n", path);
+    return 0;
+}
+
+int ca_cmd_config_update(int argc, char **argv) {
+    const char *arg = NULL;
+    for (int i = 1; i < argc; i++) {
+        const char *v;
+        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+            update_usage(stdout);
+            return 0;
+        }
+        if (!ca_cli_match_flag(argv[i], "config_file", &v) || (!v && i + 1 >= argc)) {
+            fprintf(stderr, "caccel config update: error: %s '%s'\n",
+                    ca_cli_match_flag(argv[i], "config_file", &v) ? "a value is needed after" : "unknown argument",
+                    argv[i]);
+            update_usage(stderr);
+            return 2;
+        }
+        arg = v ? v : argv[++i];
+    }
+    char path[4096];
+    if (find_path(arg, path, sizeof path) != 0) return 1;
+    ca_config *c = NULL;
+    if (ca_config_create(&c) != CA_OK) return ca_cli_fail("config update");
+    if (ca_config_load_file(c, path) != CA_OK) {
+        ca_config_destroy(c);
+        return ca_cli_fail("config update");
+    }
+    ca_cli_doc *d = calloc(1, sizeof *d);
+    if (!d) {
+        ca_config_destroy(c);
+        fprintf(stderr, "caccel config update: error: out of memory reading %s\n", path);
+        return 1;
+    }
+    collect(d, c);
+    ca_config_destroy(c);
+    int rc = rewrite(path, d);
+    free(d);
+    return rc;
+}
