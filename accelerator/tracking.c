@@ -196,6 +196,7 @@ ca_status ca_log_metrics(ca_accelerator *acc, const ca_metric *values, size_t n,
     for (size_t i = 0; i < n; i++)
         if (!values[i].name || !values[i].name[0])
             return ca_error(CA_ERR_INVALID, "log_metrics: value %zu has no name", i);
+    ca_progress_note_metrics(acc->progress, values, n);
     if (!acc->trackers || !acc->trackers->started)
         return tk_cfg(acc, "log_with") ? ca_error(CA_ERR_STATE, "log_metrics: call ca_init_trackers first (log_with %s, "
                                                   "from %s)", tk_cfg(acc, "log_with"),
