@@ -17,6 +17,8 @@ libcaccel_la_SOURCES += \
 	accelerator/join.c \
 	accelerator/autocast.c \
 	accelerator/tracking.c \
+	accelerator/mlflow_impl.h \
+	accelerator/mlflow.c \
 	accelerator/progress.c
 
 # log_with tensorboard: the event messages' C, generated from tensorboard_event.proto by protoc-c.

@@ -213,7 +213,7 @@ const ca_key_def ca_config_keys[] = {
     KB("allow_unknown_keys", "false", EX | S, "unknown top-level keys warn instead of failing"),
     KS("project_dir", NULL, EX | S, "directory of the run: save_state/load_state without a directory use <project_dir>/checkpoints (null: the current directory)"),
     KS("logging_dir", NULL, EX | S, "trackers write to <logging_dir>/<project> (null: project_dir, else the current directory)"),
-    KS("log_with", NULL, EX | S, "experiment trackers, comma-separated: json, csv, all (wandb, tensorboard, mlflow, ...: refused by ca_init_trackers)"),
+    KS("log_with", NULL, EX | S, "experiment trackers, comma-separated: json, csv, mlflow, tensorboard, all (wandb, comet_ml, ...: refused by ca_init_trackers)"),
     KB("progress", "true", EX | S, "progress bars (caccel/progress.h) on the main process's stderr"),
     KB("automatic_checkpoint_naming", "false", EX | S, "save_state without a directory writes checkpoints/checkpoint_<iteration>"),
     KI("total_limit", NULL, 1, 1e9, EX | S, "keep at most this many complete checkpoints under checkpoints/ (null: all)"),
