@@ -168,6 +168,7 @@ void ca_accelerator_destroy(ca_accelerator *acc) {
         for (int i = 0; i < ca_module_num_params(m); i++) ca_tensor_set_grad_hook(m->flat[i], NULL, NULL);
     }
     ca_end_training(acc);
+    ca_progress_detach(acc->progress);
     free(acc->extra);
     ca_ddp_free_buckets(acc);
     ca_zero_free(acc);

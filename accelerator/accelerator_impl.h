@@ -144,6 +144,8 @@ struct ca_accelerator {
     ca_dtype autocast_saved[16];
     /* experiment trackers (tracking.c): NULL until ca_init_trackers */
     struct ca_trackers *trackers;
+    /* progress.c: the open bar that ca_log_metrics gives its loss (NULL: none) */
+    struct ca_progress *progress;
 };
 
 /* ddp.c: data parallelism over acc->comm. */
@@ -216,5 +218,10 @@ ca_status ca_det_collect(ca_accelerator *acc, int part);
 /* At the synchronising step: .grad = (sum of every shard's row, in shard order) / shards. */
 ca_status ca_det_reduce(ca_accelerator *acc);
 void ca_det_free(ca_accelerator *acc);
+
+/* progress.c: ca_log_metrics passes its values to the open bar (a loss is shown); the accelerator
+ * detaches the bar when it is destroyed first. */
+void ca_progress_note_metrics(struct ca_progress *p, const ca_metric *values, size_t n);
+void ca_progress_detach(struct ca_progress *p);
 
 #endif

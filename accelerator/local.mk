@@ -16,7 +16,10 @@ libcaccel_la_SOURCES += \
 	accelerator/objects.c \
 	accelerator/join.c \
 	accelerator/autocast.c \
-	accelerator/tracking.c
+	accelerator/tracking.c \
+	accelerator/mlflow_impl.h \
+	accelerator/mlflow.c \
+	accelerator/progress.c
 
 # log_with tensorboard: the event messages' C, generated from tensorboard_event.proto by protoc-c.
 EXTRA_DIST += accelerator/tensorboard_event.proto

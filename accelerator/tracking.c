@@ -1,11 +1,12 @@
 /* Experiment trackers (caccel/tracking.h): log_with's JSON lines and CSV files and the run's
  * hyperparameters, written by the main process only. */
 #include "accelerator/accelerator_impl.h"
+#include "accelerator/mlflow_impl.h"
 #ifdef CA_HAVE_TENSORBOARD
 #include "accelerator/tensorboard_impl.h"
-#define TK_WRITES "json, csv, tensorboard"
+#define TK_WRITES "json, csv, mlflow, tensorboard"
 #else
-#define TK_WRITES "json, csv"
+#define TK_WRITES "json, csv, mlflow"
 #endif
 
 #include <json-c/json.h>
@@ -23,12 +24,13 @@ typedef struct ca_trackers {
     FILE *jsonl;
     FILE *csv;
     FILE *tb;                  /* TensorBoard events (CA_HAVE_TENSORBOARD) */
+    ca_mlflow *mlflow;         /* MLflow's file store under <logging_dir>/mlruns */
     bool started;
 } ca_trackers;
 
 /* Accelerate's trackers that need their Python clients, and the ones this build does not write. */
 static const char *const tk_python[] = {"wandb", "comet_ml", "aim", "clearml", "dvclive", "swanlab",
-                                        "trackio", "mlflow", "tensorboard", NULL};
+                                        "trackio", "tensorboard", NULL};
 
 static const char *tk_cfg(const ca_accelerator *acc, const char *key) {
     const char *v = ca_config_get(acc->cfg, key);
@@ -57,25 +59,29 @@ static ca_status tk_mkdirs(const char *path) {
     return CA_OK;
 }
 
-/* Which trackers log_with names: *json, *csv, *tb; an error for the others. */
-static ca_status tk_parse(const ca_accelerator *acc, const char *list, bool *json, bool *csv, bool *tb) {
+typedef struct tk_which {
+    bool json, csv, tb, mlflow;
+} tk_which;
+
+/* Which trackers log_with names; an error for the others. */
+static ca_status tk_parse(const ca_accelerator *acc, const char *list, tk_which *w) {
     char buf[512];
     snprintf(buf, sizeof buf, "%s", list);
     for (char *save = NULL, *t = strtok_r(buf, ", []\"'", &save); t; t = strtok_r(NULL, ", []\"'", &save)) {
 #ifdef CA_HAVE_TENSORBOARD
-        if (!strcmp(t, "tensorboard")) { *tb = true; continue; }
-        if (!strcmp(t, "all")) { *json = *csv = *tb = true; continue; }
+        if (!strcmp(t, "tensorboard")) { w->tb = true; continue; }
+        if (!strcmp(t, "all")) { w->json = w->csv = w->tb = w->mlflow = true; continue; }
 #else
-        if (!strcmp(t, "all")) { *json = *csv = true; continue; }
+        if (!strcmp(t, "all")) { w->json = w->csv = w->mlflow = true; continue; }
 #endif
-        if (!strcmp(t, "json") || !strcmp(t, "jsonl")) { *json = true; continue; }
-        if (!strcmp(t, "csv")) { *csv = true; continue; }
+        if (!strcmp(t, "json") || !strcmp(t, "jsonl")) { w->json = true; continue; }
+        if (!strcmp(t, "csv")) { w->csv = true; continue; }
+        if (!strcmp(t, "mlflow")) { w->mlflow = true; continue; }
         for (int i = 0; tk_python[i]; i++)
             if (!strcmp(t, tk_python[i]))
                 return ca_error(CA_ERR_UNSUPPORTED, "log_with %s (from %s): %s is not available in caccel: %s; "
                                 "caccel writes: " TK_WRITES " (or all)", t, ca_config_origin(acc->cfg, "log_with"), t,
                                 !strcmp(t, "tensorboard") ? "this build does not write its files (configure found no protobuf-c)"
-                                : !strcmp(t, "mlflow") ? "this build does not write its files"
                                                                                     : "it needs its Python client");
         return ca_error(CA_ERR_CONFIG, "log_with '%s' (from %s): unknown tracker; known: " TK_WRITES ", all",
                         t, ca_config_origin(acc->cfg, "log_with"));
@@ -120,23 +126,49 @@ static ca_status tk_write_hparams(const ca_accelerator *acc, const char *dir, co
     return rc == 0 ? CA_OK : ca_error(CA_ERR_IO, "trackers: cannot write %s: %s", path, json_util_get_last_err());
 }
 
+/* MLflow's params: every configuration value, then the program's pairs (which win on a clash). */
+static ca_status tk_open_mlflow(const ca_accelerator *acc, ca_trackers *t, const char *base, const char *project,
+                                const char *const *config) {
+    size_t nconf = 0, n = 0;
+    while (config && config[nconf]) nconf++;
+    ca_mlflow_param *p = calloc((size_t)ca_config_count(acc->cfg) + nconf + 1, sizeof *p);
+    char **keys = calloc(nconf + 1, sizeof *keys);
+    if (!p || !keys) return free(p), free(keys), ca_error(CA_ERR_NOMEM, "init_trackers: out of host memory");
+    for (int i = 0; i < ca_config_count(acc->cfg); i++) {
+        ca_config_entry e;
+        if (ca_config_entry_at(acc->cfg, i, &e) == CA_OK && e.value) p[n++] = (ca_mlflow_param){e.key, e.value};
+    }
+    for (size_t i = 0; i < nconf; i++) {
+        const char *eq = strchr(config[i], '=');
+        keys[i] = strndup(config[i], eq ? (size_t)(eq - config[i]) : strlen(config[i]));
+        if (keys[i]) p[n++] = (ca_mlflow_param){keys[i], eq ? eq + 1 : ""};
+    }
+    char root[PATH_MAX];
+    ca_status s = snprintf(root, sizeof root, "%s/mlruns", base) < (int)sizeof root
+                      ? ca_mlflow_open(root, project, p, n, &t->mlflow)
+                      : ca_error(CA_ERR_INVALID, "trackers: logging directory too long");
+    for (size_t i = 0; i < nconf; i++) free(keys[i]);
+    free(keys), free(p);
+    return s;
+}
+
 static ca_status tk_start(ca_accelerator *acc, ca_trackers *t, const char *project, const char *const *config,
-                          bool json, bool csv, bool tb) {
+                          const tk_which *w) {
     const char *base = tk_cfg(acc, "logging_dir");
     if (!base) base = tk_cfg(acc, "project_dir");
+    if (!base) base = ".";
     char dir[PATH_MAX];
-    if (snprintf(dir, sizeof dir, "%s/%s", base ? base : ".", project) >= (int)sizeof dir)
+    if (snprintf(dir, sizeof dir, "%s/%s", base, project) >= (int)sizeof dir)
         return ca_error(CA_ERR_INVALID, "trackers: logging directory too long");
     ca_status s = tk_mkdirs(dir);
     if (s == CA_OK) s = tk_write_hparams(acc, dir, project, config);
-    if (s == CA_OK && json) s = tk_open(dir, "metrics.jsonl", &t->jsonl);
-    if (s == CA_OK && csv) s = tk_open(dir, "metrics.csv", &t->csv);
+    if (s == CA_OK && w->json) s = tk_open(dir, "metrics.jsonl", &t->jsonl);
+    if (s == CA_OK && w->csv) s = tk_open(dir, "metrics.csv", &t->csv);
     if (s == CA_OK && t->csv && ftell(t->csv) == 0) fputs("step,time,name,value\n", t->csv);
 #ifdef CA_HAVE_TENSORBOARD
-    if (s == CA_OK && tb) s = ca_tb_open(dir, &t->tb);
-#else
-    (void)tb;
+    if (s == CA_OK && w->tb) s = ca_tb_open(dir, &t->tb);
 #endif
+    if (s == CA_OK && w->mlflow) s = tk_open_mlflow(acc, t, base, project, config);
     return s;
 }
 
@@ -147,15 +179,15 @@ ca_status ca_init_trackers(ca_accelerator *acc, const char *project, const char 
     if (acc->trackers && acc->trackers->started)
         return ca_error(CA_ERR_STATE, "init_trackers: trackers already started (call ca_end_training first)");
     const char *list = tk_cfg(acc, "log_with");
-    bool json = false, csv = false, tb = false;
-    ca_status s = list ? tk_parse(acc, list, &json, &csv, &tb) : CA_OK;
+    tk_which w = {0};
+    ca_status s = list ? tk_parse(acc, list, &w) : CA_OK;
     if (s != CA_OK) return s;
     ca_trackers *t = acc->trackers ? acc->trackers : calloc(1, sizeof *t);
     if (!t) return ca_error(CA_ERR_NOMEM, "init_trackers: out of host memory");
     acc->trackers = t;
     t->started = true;
     if (!list || !ca_is_main_process(acc)) return CA_OK;
-    s = tk_start(acc, t, project, config, json, csv, tb);
+    s = tk_start(acc, t, project, config, &w);
     if (s != CA_OK) ca_end_training(acc);
     return s;
 }
@@ -196,12 +228,15 @@ ca_status ca_log_metrics(ca_accelerator *acc, const ca_metric *values, size_t n,
     for (size_t i = 0; i < n; i++)
         if (!values[i].name || !values[i].name[0])
             return ca_error(CA_ERR_INVALID, "log_metrics: value %zu has no name", i);
+    ca_progress_note_metrics(acc->progress, values, n);
     if (!acc->trackers || !acc->trackers->started)
         return tk_cfg(acc, "log_with") ? ca_error(CA_ERR_STATE, "log_metrics: call ca_init_trackers first (log_with %s, "
                                                   "from %s)", tk_cfg(acc, "log_with"),
                                                   ca_config_origin(acc->cfg, "log_with"))
                                        : CA_OK;
     double now = tk_now();
+    ca_status ms = acc->trackers->mlflow ? ca_mlflow_log(acc->trackers->mlflow, values, n, step, now) : CA_OK;
+    if (ms != CA_OK) return ms;
     tk_write(acc->trackers, values, n, step, now);
 #ifdef CA_HAVE_TENSORBOARD
     ca_status s = acc->trackers->tb ? ca_tb_scalars(acc->trackers->tb, values, n, step, now) : CA_OK;
@@ -219,7 +254,9 @@ ca_status ca_end_training(ca_accelerator *acc) {
     if (t->jsonl) bad |= fclose(t->jsonl) != 0;
     if (t->csv) bad |= fclose(t->csv) != 0;
     if (t->tb) bad |= fclose(t->tb) != 0;
+    ca_status s = ca_mlflow_close(t->mlflow);   /* the run's status FINISHED */
     free(t);
     acc->trackers = NULL;
-    return bad ? ca_error(CA_ERR_IO, "end_training: closing the metrics files failed") : CA_OK;
+    if (bad) return ca_error(CA_ERR_IO, "end_training: closing the metrics files failed");
+    return s;
 }

@@ -11,6 +11,7 @@ include bench/xla.mk
 include bench/transformer.mk
 include bench/actckpt.mk
 include bench/zero.mk
+include bench/progress.mk
 
 # Builds every benchmark without running one (tools/test.sh does, so they keep compiling).
 .PHONY: bench-build

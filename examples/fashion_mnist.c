@@ -261,6 +261,12 @@ int main(int argc, char **argv) {
     bool done = a.max_steps && ca_optimizer_steps(opt) >= a.max_steps;
     for (int epoch = (int)ca_dataloader_epoch(train_dl); epoch < a.epochs && !done; epoch++) {
         double t0 = now_s();
+        char desc[64];
+        snprintf(desc, sizeof desc, "epoch %d/%d", epoch + 1, a.epochs);
+        ca_progress *bar;   /* stderr of the main process; --progress false or CACCEL_LOG_LEVEL=ERROR: none */
+        /* a resumed epoch starts where it stopped */
+        CA_CHECK(ca_progress_create(acc, &(ca_progress_opts){.total = per_epoch, .initial = em.steps, .desc = desc},
+                                    &bar));
         ca_batch b;
         while (ca_dataloader_next(train_dl, &b)) {
             int64_t before = ca_optimizer_steps(opt);
@@ -273,12 +279,15 @@ int main(int argc, char **argv) {
             }
             em.steps++;
             em.samples += b.size;
+            CA_CHECK(ca_progress_set_loss(bar, em.loss_sum / (double)em.steps));
+            CA_CHECK(ca_progress_update(bar, 1));
             int64_t now = ca_optimizer_steps(opt);
             if (a.checkpointing_steps && now > before && now % a.checkpointing_steps == 0)
                 CA_CHECK(ca_save_state(acc, NULL));
             if (a.max_steps && ca_optimizer_steps(opt) >= a.max_steps) { done = true; break; }
         }
         CA_CHECK(ca_dataloader_status(train_dl));
+        CA_CHECK(ca_progress_close(bar));
         double secs = now_s() - t0;
         double c, n;
         evaluate(acc, model, test_dl, &c, &n);

@@ -19,5 +19,6 @@ caccelinclude_HEADERS = \
 	include/caccel/bert.h \
 	include/caccel/accelerator.h \
 	include/caccel/checkpoint.h \
-	include/caccel/tracking.h
+	include/caccel/tracking.h \
+	include/caccel/progress.h
 nodist_caccelinclude_HEADERS = include/caccel/version.h

@@ -27,3 +27,6 @@ EXTRA_DIST += tests/test_cli_estimate.sh
 # `caccel test`: the self-check at 1 and 2 processes, and a broken setup.
 TESTS += tests/test_cli_test.sh
 EXTRA_DIST += tests/test_cli_test.sh
+# The bash completion and the manual pages (tools/completion/caccel, docs/man).
+TESTS += tests/test_man_completion.sh
+EXTRA_DIST += tests/test_man_completion.sh

@@ -72,11 +72,21 @@ VALGRIND_TESTS += tests/test_actckpt
 tests_test_actckpt_SOURCES = tests/test_actckpt.c tests/test_util.h
 tests_test_actckpt_CFLAGS = $(CA_TEST_CFLAGS)
 tests_test_actckpt_LDADD = $(CA_TEST_LIBS)
-# Experiment trackers (log_with json/csv): the unit test; only the main process writes on 2 ranks.
+# Experiment trackers (log_with json/csv/mlflow): the unit test; only the main process writes on 2 ranks;
+# TensorBoard and MLflow read their files back.
 check_PROGRAMS += tests/test_trackers
-TESTS += tests/test_trackers tests/test_trackers_ranks.sh tests/test_trackers_tensorboard.sh
+TESTS += tests/test_trackers tests/test_trackers_ranks.sh tests/test_trackers_tensorboard.sh \
+	tests/test_trackers_mlflow.sh
 VALGRIND_TESTS += tests/test_trackers
-EXTRA_DIST += tests/test_trackers_ranks.sh tests/test_trackers_tensorboard.sh
+EXTRA_DIST += tests/test_trackers_ranks.sh tests/test_trackers_tensorboard.sh tests/test_trackers_mlflow.sh
 tests_test_trackers_SOURCES = tests/test_trackers.c tests/test_util.h
 tests_test_trackers_CFLAGS = $(CA_TEST_CFLAGS)
 tests_test_trackers_LDADD = $(CA_TEST_LIBS)
+# Progress bar: line format, rate limiting and ETA against a test clock; only the main process draws on 2 ranks.
+check_PROGRAMS += tests/test_progress
+TESTS += tests/test_progress tests/test_progress_ranks.sh
+VALGRIND_TESTS += tests/test_progress
+EXTRA_DIST += tests/test_progress_ranks.sh
+tests_test_progress_SOURCES = tests/test_progress.c tests/test_util.h
+tests_test_progress_CFLAGS = $(CA_TEST_CFLAGS)
+tests_test_progress_LDADD = $(CA_TEST_LIBS)

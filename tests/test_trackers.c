@@ -3,7 +3,8 @@
  * of tests/test_trackers_ranks.sh (under caccel launch):
  *   test_trackers --ranks DIR    every rank initialises the trackers and logs 3 steps into DIR
  * and of tests/test_trackers_tensorboard.sh:
- *   test_trackers --log DIR LOG_WITH   logs loss 1/(s+1) and accuracy s/8 at steps 0..4 into DIR/run;
+ *   test_trackers --log DIR LOG_WITH   logs loss 1/(s+1) and accuracy s/8 at steps 0..4 into DIR/run
+ *                                      (project "run", hyperparameter lr=0.01);
  *                                      exits 77 when this build does not write LOG_WITH */
 #include "test_util.h"
 
@@ -148,6 +149,99 @@ static void test_call_order(void **state) {
     assert_null(none);
 }
 
+/* The one entry of dir that `want` accepts (caller frees), NULL when there is none or several. */
+static char *only_entry(const char *dir, bool (*want)(const char *name)) {
+    DIR *d = opendir(dir);
+    char *found = NULL;
+    int n = 0;
+    for (struct dirent *e; d && (e = readdir(d));)
+        if (want(e->d_name)) n++, free(found), found = strdup(e->d_name);
+    if (d) closedir(d);
+    if (n != 1) free(found), found = NULL;
+    return found;
+}
+
+static bool is_new_experiment(const char *name) {
+    return name[0] != '.' && strcmp(name, "0") != 0 && strspn(name, "0123456789") == strlen(name);
+}
+
+static bool is_run_id(const char *name) {
+    return strlen(name) == 32 && strspn(name, "0123456789abcdef") == 32;
+}
+
+/* log_with mlflow: MLflow's file store under <logging_dir>/mlruns, read back by hand (the shell test
+ * reads it with MLflow itself). */
+static void test_mlflow_layout(void **state) {
+    (void)state;
+    ca_accelerator *acc = make_acc("mlflow", NULL);
+    const char *hp[] = {"lr=0.01", "batch_size=32", NULL};
+    T_OK(ca_init_trackers(acc, "run1", hp));
+    T_OK(ca_log_metrics(acc, (ca_metric[]){{"loss", 2.5}, {"eval/accuracy", 0.125}}, 2, 0));
+    T_OK(ca_log_metrics(acc, (ca_metric[]){{"loss", 1.25}}, 1, 10));
+    T_OK(ca_log_metrics(acc, (ca_metric[]){{"loss", 1}}, 1, -1));
+    assert_int_equal(ca_log_metrics(acc, (ca_metric[]){{"eval,loss", 3}}, 1, 0), CA_ERR_INVALID);
+    assert_non_null(strstr(ca_last_error(), "metric name 'eval,loss'"));
+    char root[300], p[700];
+    snprintf(root, sizeof root, "%s/mlruns", g_dir);
+    char *meta0 = slurp(root, "0/meta.yaml");
+    assert_non_null(meta0);
+    assert_non_null(strstr(meta0, "name: 'Default'\n"));
+    char *exp = only_entry(root, is_new_experiment);
+    assert_non_null(exp);
+    snprintf(p, sizeof p, "%s/%s", root, exp);
+    char *emeta = slurp(p, "meta.yaml"), *run = only_entry(p, is_run_id);
+    assert_non_null(emeta);
+    assert_non_null(strstr(emeta, "name: 'run1'\n"));
+    assert_non_null(strstr(emeta, "lifecycle_stage: active\n"));
+    assert_non_null(run);
+    snprintf(p, sizeof p, "%s/%s/%s", root, exp, run);
+    char *rmeta = slurp(p, "meta.yaml");
+    assert_non_null(strstr(rmeta, "status: 1\n"));   /* RUNNING until end_training */
+    assert_non_null(strstr(rmeta, "end_time: null\n"));
+    char want[128];
+    snprintf(want, sizeof want, "run_id: '%s'\n", run);
+    assert_non_null(strstr(rmeta, want));
+    snprintf(want, sizeof want, "experiment_id: '%s'\n", exp);
+    assert_non_null(strstr(rmeta, want));
+    free(rmeta);
+    T_OK(ca_end_training(acc));
+    rmeta = slurp(p, "meta.yaml");
+    assert_non_null(strstr(rmeta, "status: 3\n"));   /* FINISHED */
+    assert_null(strstr(rmeta, "end_time: null"));
+    char *loss = slurp(p, "metrics/loss"), *accm = slurp(p, "metrics/eval/accuracy");
+    long long ts[3];
+    double v[3];
+    long long st[3];
+    assert_int_equal(sscanf(loss, "%lld %lf %lld\n%lld %lf %lld\n%lld %lf %lld\n", &ts[0], &v[0], &st[0], &ts[1],
+                            &v[1], &st[1], &ts[2], &v[2], &st[2]), 9);
+    assert_true(ts[0] > 1600000000000LL && ts[1] >= ts[0]);   /* milliseconds since 1970 */
+    assert_true(v[0] == 2.5 && st[0] == 0 && v[1] == 1.25 && st[1] == 10 && v[2] == 1 && st[2] == 0);
+    assert_non_null(strstr(accm, " 0.125 0\n"));
+    char *lr = slurp(p, "params/lr"), *bs = slurp(p, "params/batch_size"), *lw = slurp(p, "params/log_with");
+    char *name = slurp(p, "tags/mlflow.runName");
+    assert_string_equal(lr, "0.01");
+    assert_string_equal(bs, "32");
+    assert_string_equal(lw, "mlflow");
+    assert_non_null(name);
+    assert_true(strncmp(name, "caccel-", 7) == 0);
+    free(meta0), free(emeta), free(rmeta), free(loss), free(accm), free(lr), free(bs), free(lw), free(name);
+    free(run);
+    ca_accelerator_destroy(acc);
+
+    /* a second run of the project goes into the same experiment */
+    acc = make_acc("mlflow", NULL);
+    T_OK(ca_init_trackers(acc, "run1", NULL));
+    T_OK(ca_end_training(acc));
+    ca_accelerator_destroy(acc);
+    snprintf(p, sizeof p, "%s/%s", root, exp);
+    DIR *d = opendir(p);
+    int runs = 0;
+    for (struct dirent *e; d && (e = readdir(d));) runs += is_run_id(e->d_name);
+    if (d) closedir(d);
+    assert_int_equal(runs, 2);
+    free(exp);
+}
+
 /* ca_options.log_with, and logging_dir defaulting to project_dir. */
 static void test_options_and_project_dir(void **state) {
     (void)state;
@@ -197,7 +291,8 @@ static int log_steps(const char *dir, const char *log_with) {
     char *argv[] = {"test_trackers", NULL};
     ca_accelerator *acc = NULL;
     CA_CHECK(ca_accelerator_create(&(ca_options){.argc = 1, .argv = argv, .settings = settings}, &acc));
-    ca_status s = ca_init_trackers(acc, "run", NULL);
+    const char *hp[] = {"lr=0.01", NULL};
+    ca_status s = ca_init_trackers(acc, "run", hp);
     if (s == CA_ERR_UNSUPPORTED) {
         printf("%s\n", ca_last_error());
         ca_accelerator_destroy(acc);
@@ -219,6 +314,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test_setup_teardown(test_refused_trackers, setup, teardown),
         cmocka_unit_test_setup_teardown(test_call_order, setup, teardown),
         cmocka_unit_test_setup_teardown(test_options_and_project_dir, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_mlflow_layout, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

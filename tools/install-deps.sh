@@ -45,6 +45,11 @@ if command -v python3 >/dev/null && ! python3 -c 'import tensorboard' 2>/dev/nul
     python3 -m pip --version >/dev/null 2>&1 &&
         { python3 -m pip install -q --user --break-system-packages tensorboard 2>/dev/null || true; }
 fi
+# The MLflow test reads caccel's file store back with MLflow's client; optional in the same way.
+if command -v python3 >/dev/null && ! python3 -c 'import mlflow' 2>/dev/null; then
+    python3 -m pip --version >/dev/null 2>&1 &&
+        { python3 -m pip install -q --user --break-system-packages mlflow-skinny 2>/dev/null || true; }
+fi
 # The tokenizer parity test compares with Hugging Face's `tokenizers`; optional in the same way.
 if command -v python3 >/dev/null && ! python3 -c 'import tokenizers' 2>/dev/null; then
     python3 -m pip --version >/dev/null 2>&1 && { python3 -m pip install -q tokenizers || true; }

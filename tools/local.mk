@@ -14,3 +14,8 @@ tools_caccel_LDADD = libcaccel.la $(JSONC_LIBS)
 EXTRA_DIST += tools/quickstart.sh tools/test.sh tools/install-deps.sh tools/gpu-bundle.sh \
 	tools/layers.sh tools/check-layers.sh tools/check-symbols.sh tools/accuracy-spread.sh \
 	tools/fetch-minilm.sh
+
+# Manual pages (caccel(1): the command; caccel(3): the C API) and bash completion for the command.
+dist_man_MANS = docs/man/caccel.1 docs/man/caccel.3
+bashcompletiondir = $(datadir)/bash-completion/completions
+dist_bashcompletion_DATA = tools/completion/caccel

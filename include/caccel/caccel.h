@@ -20,5 +20,6 @@
 #include <caccel/accelerator.h>
 #include <caccel/checkpoint.h>
 #include <caccel/tracking.h>
+#include <caccel/progress.h>
 
 #endif

@@ -2,11 +2,11 @@
  * end_training.
  *
  * The configuration key log_with (also ca_options.log_with, CACCEL_LOG_WITH, --log_with) names the
- * trackers, comma-separated: "json" (JSON lines), "csv", "tensorboard" (when configure found
- * protobuf-c), or "all" (every tracker of this build). Accelerate's wandb, comet_ml, aim, clearml,
- * dvclive, mlflow, swanlab and trackio are accepted as values and refused by ca_init_trackers with
- * one message: they need their Python clients (mlflow: not written yet). Files go to
- * <logging_dir>/<project>/, logging_dir defaulting to project_dir, then ".":
+ * trackers, comma-separated: "json" (JSON lines), "csv", "mlflow", "tensorboard" (when configure
+ * found protobuf-c), or "all" (every tracker of this build). Accelerate's wandb, comet_ml, aim,
+ * clearml, dvclive, swanlab and trackio are accepted as values and refused by ca_init_trackers with
+ * one message: they need their Python clients. Files go to <logging_dir>/<project>/, logging_dir
+ * defaulting to project_dir, then ".":
  *
  *   hparams.json     {"project": ..., "config": {the program's pairs}, "run": {every configuration
  *                    key with a value: its value and origin}}, written by ca_init_trackers
@@ -15,6 +15,17 @@
  *   events.out.tfevents.<seconds>.<host>   TensorBoard's event file: each value a scalar summary
  *                    (float32) at its step; `tensorboard --logdir <logging_dir>` shows the curves.
  *                    Hyperparameters are in hparams.json only (not TensorBoard's hparams plugin).
+ *
+ * and mlflow writes MLflow's local file store under <logging_dir>/mlruns/ (what `mlflow ui
+ * --backend-store-uri <logging_dir>/mlruns` and MlflowClient read; MLflow 3 wants
+ * MLFLOW_ALLOW_FILE_STORE=true for it): the experiment named `project` (found by name, else created
+ * with a random id; experiment 0 "Default" when mlruns is new), one run per ca_init_trackers
+ * (32-hex id, name caccel-<UTC date-time>) whose params are every configuration value and the
+ * program's pairs (these win on a clash), metrics/<name> lines "<unix ms> <value> <step>" (negative
+ * step: 0), tags mlflow.runName, mlflow.user, mlflow.source.type, and status RUNNING until
+ * ca_end_training sets FINISHED. Names must be MLflow's: letters, digits, '_', '-', '.', ' ', ':',
+ * '/' (a folder), not starting with '/'; another is CA_ERR_INVALID naming it, before any tracker
+ * writes.
  *
  * Only the main process writes; on the other processes every call returns CA_OK and does nothing.
  * Lines are flushed by every ca_log_metrics, so a run that dies keeps what it logged. */
@@ -48,8 +59,8 @@ CA_API ca_status ca_init_trackers(ca_accelerator *acc, const char *project, cons
  * CA_ERR_STATE before ca_init_trackers (when log_with is set). */
 CA_API ca_status ca_log_metrics(ca_accelerator *acc, const ca_metric *values, size_t n, int64_t step);
 
-/* Closes the trackers' files (ca_accelerator_destroy does it too). Accepts an accelerator without
- * trackers. */
+/* Closes the trackers' files and marks the MLflow run FINISHED (ca_accelerator_destroy does it too).
+ * Accepts an accelerator without trackers. CA_ERR_IO when a file could not be completed. */
 CA_API ca_status ca_end_training(ca_accelerator *acc);
 
 #ifdef __cplusplus
