@@ -23,7 +23,7 @@ if command -v bash > /dev/null; then
         fail "'caccel launch --num_p<TAB>' gives '$(complete_words caccel launch --num_p)'"
     [ "$(complete_words caccel test --mixed_precision b)" = bf16 ] || fail "--mixed_precision b<TAB> does not give bf16"
     [ "$(complete_words caccel launch --log_with ml)" = mlflow ] || fail "--log_with ml<TAB> does not give mlflow"
-    [ "$(complete_words caccel config "")" = "$(printf 'default\n--help')" ] || fail "'caccel config <TAB>'"
+    [ "$(complete_words caccel config "")" = "$(printf 'default\nupdate\n--config_file\n--help')" ] || fail "'caccel config <TAB>'"
     # after the program, the words are the program's: no caccel flags
     [ -z "$(complete_words caccel launch --num_processes 2 ./train --num_p)" ] ||
         fail "flags completed after the program"
