@@ -6,7 +6,8 @@
  *   ids:      a map-style dataset and a stream of E numbered samples, in order, batch B, with and
  *             without drop_last: per step, the sample ids this rank got and how many are repeats
  *             ("ids KIND drop=D rank=R step=S ids=a,b pad=P"), then what gather_for_metrics gave
- *             ("gather KIND drop=D rank=R count=C sum=S repeats=K batches=N") */
+ *             ("gather KIND drop=D rank=R count=C sum=S repeats=K batches=N"); then the same epoch
+ *             resumed at batch 1 ("skip KIND drop=D rank=R step=S ids=a,b pad=P", S the batch's index) */
 #include <caccel/caccel.h>
 
 #include <stdio.h>
@@ -136,6 +137,19 @@ static void train(ca_accelerator *acc, int64_t batch, int64_t steps, const char 
     ca_module_destroy(m);
 }
 
+/* Prints the ids of batch b as "WHAT KIND drop=D rank=R step=S ids=a,b pad=P". */
+static void print_ids(const char *what, const char *kind, bool drop, int64_t step, const ca_batch *b) {
+    int64_t h[512];
+    if (b->size > 512) exit(3);
+    CA_CHECK(ca_tensor_to_host(b->y, h, sizeof *h * (size_t)b->size));
+    char line[4096];
+    int len = 0;
+    for (int64_t t = 0; t < b->size && len < (int)sizeof line - 24; t++)
+        len += snprintf(line + len, sizeof line - (size_t)len, "%s%lld", t ? "," : "", (long long)h[t]);
+    printf("%s %s drop=%d rank=%d step=%lld ids=%s pad=%lld\n", what, kind, drop, g_rank, (long long)step, line,
+           (long long)b->num_padded);
+}
+
 /* One epoch of numbered samples: this rank's ids per step, then gather_for_metrics of them. */
 static void ids(ca_accelerator *acc, bool iterable, int64_t n, int64_t batch, bool drop) {
     const char *kind = iterable ? "stream" : "map";
@@ -148,15 +162,7 @@ static void ids(ca_accelerator *acc, bool iterable, int64_t n, int64_t batch, bo
     if (!seen) exit(1);
     ca_batch b;
     while (ca_dataloader_next(dl, &b)) {
-        int64_t h[512];
-        if (b.size > 512) exit(3);
-        CA_CHECK(ca_tensor_to_host(b.y, h, sizeof *h * (size_t)b.size));
-        char line[4096];
-        int len = 0;
-        for (int64_t t = 0; t < b.size && len < (int)sizeof line - 24; t++)
-            len += snprintf(line + len, sizeof line - (size_t)len, "%s%lld", t ? "," : "", (long long)h[t]);
-        printf("ids %s drop=%d rank=%d step=%lld ids=%s pad=%lld\n", kind, drop, g_rank, (long long)steps, line,
-               (long long)b.num_padded);
+        print_ids("ids", kind, drop, steps, &b);
         ca_tensor *all = ca_gather_for_metrics(acc, b.y, &b);
         CA_CHECK(all ? CA_OK : ca_last_status());
         int64_t k = ca_tensor_dim(all, 0), g[2048];
@@ -176,6 +182,11 @@ static void ids(ca_accelerator *acc, bool iterable, int64_t n, int64_t batch, bo
                (long long)steps);
     printf("gather %s drop=%d rank=%d count=%lld sum=%lld repeats=%lld batches=%lld\n", kind, drop, g_rank,
            (long long)count, (long long)sum, (long long)repeats, (long long)steps);
+    /* resume: the same epoch from batch 1 (a stream is read from its start and batch 0 dropped) */
+    CA_CHECK(ca_dataloader_set_epoch(dl, 0));
+    CA_CHECK(ca_dataloader_skip_batches(dl, 1));
+    while (ca_dataloader_next(dl, &b)) print_ids("skip", kind, drop, b.index, &b);
+    CA_CHECK(ca_dataloader_status(dl));
     free(seen);
     ca_dataloader_destroy(dl);
     ca_dataset_destroy(ds);

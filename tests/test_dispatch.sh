@@ -6,7 +6,8 @@
 #      of 24 samples, within 1e-5 (absolute; only the order of floating-point sums differs);
 #  (b) the sample ids each rank gets per step, the last incomplete batch included, are Accelerate's
 #      DataLoaderDispatcher's (listed below, for a map-style dataset and for a stream alike);
-#  (c) gather_for_metrics gives every sample exactly once.
+#  (c) gather_for_metrics gives every sample exactly once;
+#  and the same epoch resumed at batch 1 (skip_batches) gives the same ids from step 1 on.
 #
 # How DataLoaderDispatcher cuts an epoch of n samples read in order, world W, loader batch B
 # (src/accelerate/data_loader.py: _fetch_batches, __iter__):
@@ -25,12 +26,17 @@ export OPENBLAS_NUM_THREADS=1
 
 train_backends
 
-# check_ids KIND DROP OUT: the "ids" lines of KIND with drop_last DROP in OUT are exactly stdin's.
+# check_ids KIND DROP OUT: the "ids" lines of KIND with drop_last DROP in OUT are exactly stdin's, and
+# the epoch resumed at batch 1 ("skip" lines) gives them from step 1 on.
 check_ids() {
     sort > "$WORK/want"
     grep "^ids $1 drop=$2 " "$3" | sed "s/^ids $1 drop=$2 //" | sort > "$WORK/got"
     cmp -s "$WORK/want" "$WORK/got" || { echo "want:"; cat "$WORK/want"; echo "got:"; cat "$WORK/got";
                                          fail "$1 drop_last=$2: the ids per rank and step differ"; }
+    grep -v ' step=0 ' "$WORK/want" > "$WORK/want_skip"
+    grep "^skip $1 drop=$2 " "$3" | sed "s/^skip $1 drop=$2 //" | sort > "$WORK/got"
+    cmp -s "$WORK/want_skip" "$WORK/got" || { echo "want:"; cat "$WORK/want_skip"; echo "got:"; cat "$WORK/got";
+                                              fail "$1 drop_last=$2: resumed at batch 1, the ids differ"; }
 }
 
 # both DROP OUT: stdin's lines hold for the map-style dataset and for the stream.
