@@ -7,7 +7,8 @@
  *             without drop_last: per step, the sample ids this rank got and how many are repeats
  *             ("ids KIND drop=D rank=R step=S ids=a,b pad=P"), then what gather_for_metrics gave
  *             ("gather KIND drop=D rank=R count=C sum=S repeats=K batches=N"); then the same epoch
- *             resumed at batch 1 ("skip KIND drop=D rank=R step=S ids=a,b pad=P", S the batch's index) */
+ *             resumed at batch 1 ("skip KIND drop=D rank=R step=S ids=a,b pad=P", S the batch's index)
+ *   --fail-at K: first an epoch of the map-style dataset whose sample K cannot be read (read_error) */
 #include <caccel/caccel.h>
 
 #include <stdio.h>
@@ -39,6 +40,7 @@ static void sample(int64_t i, float *x, int64_t *cls) {
 typedef struct source {
     int64_t n, pos;
     bool numbered;                 /* y = the sample's number, else a class */
+    int64_t fail_at;               /* get of this sample fails (-1: none) */
 } source;
 
 static void write_sample(const source *s, int64_t i, void *x, void *y) {
@@ -69,14 +71,15 @@ static int64_t map_length(void *ctx) { return ((source *)ctx)->n; }
 
 static ca_status map_get(void *ctx, int64_t i, void *x, void *y) {
     only_rank0("get");
+    if (i == ((source *)ctx)->fail_at) return ca_error(CA_ERR_IO, "sample %lld is unreadable", (long long)i);
     write_sample(ctx, i, x, y);
     return CA_OK;
 }
 
-static ca_dataset *dataset(bool iterable, int64_t n, bool numbered) {
+static ca_dataset *dataset(bool iterable, int64_t n, bool numbered, int64_t fail_at) {
     source *s = calloc(1, sizeof *s);
     if (!s) exit(1);
-    *s = (source){.n = n, .numbered = numbered};
+    *s = (source){.n = n, .numbered = numbered, .fail_at = fail_at};
     ca_sample_spec xs = {.dtype = CA_F32, .ndim = 1, .shape = {IN}}, ys = {.dtype = CA_I64, .ndim = 0};
     ca_dataset *ds;
     if (iterable) {
@@ -99,7 +102,7 @@ static ca_module *model(void) {
 }
 
 static void train(ca_accelerator *acc, int64_t batch, int64_t steps, const char *dump) {
-    ca_dataset *ds = dataset(true, TRAIN_N, false);
+    ca_dataset *ds = dataset(true, TRAIN_N, false, -1);
     ca_dataloader *dl;
     CA_CHECK(ca_dataloader_create(ds, &(ca_loader_opts){.batch_size = batch, .drop_last = true}, &dl));
     ca_module *m = model();
@@ -153,7 +156,7 @@ static void print_ids(const char *what, const char *kind, bool drop, int64_t ste
 /* One epoch of numbered samples: this rank's ids per step, then gather_for_metrics of them. */
 static void ids(ca_accelerator *acc, bool iterable, int64_t n, int64_t batch, bool drop) {
     const char *kind = iterable ? "stream" : "map";
-    ca_dataset *ds = dataset(iterable, n, true);
+    ca_dataset *ds = dataset(iterable, n, true, -1);
     ca_dataloader *dl;
     CA_CHECK(ca_dataloader_create(ds, &(ca_loader_opts){.batch_size = batch, .drop_last = drop}, &dl));
     CA_CHECK(ca_prepare_dataloader(acc, dl));
@@ -192,8 +195,25 @@ static void ids(ca_accelerator *acc, bool iterable, int64_t n, int64_t batch, bo
     ca_dataset_destroy(ds);
 }
 
+/* Rank 0 cannot read sample k: every rank's loader fails on the same step and the ranks stay in step
+ * (the barrier after it completes). Prints "failed rank=R step=S: MESSAGE". */
+static void read_error(ca_accelerator *acc, int64_t n, int64_t batch, int64_t k) {
+    ca_dataset *ds = dataset(false, n, true, k);
+    ca_dataloader *dl;
+    CA_CHECK(ca_dataloader_create(ds, &(ca_loader_opts){.batch_size = batch}, &dl));
+    CA_CHECK(ca_prepare_dataloader(acc, dl));
+    int64_t steps = 0;
+    ca_batch b;
+    while (ca_dataloader_next(dl, &b)) steps++;
+    if (ca_dataloader_status(dl) == CA_OK) printf("rank=%d FAIL: the read error went unnoticed\n", g_rank);
+    else printf("failed rank=%d step=%lld: %s\n", g_rank, (long long)steps, ca_last_error());
+    CA_CHECK(ca_wait_for_everyone(acc));
+    ca_dataloader_destroy(dl);
+    ca_dataset_destroy(ds);
+}
+
 int main(int argc, char **argv) {
-    int64_t train_batch = 8, steps = 10, batch = 2, e = 10;
+    int64_t train_batch = 8, steps = 10, batch = 2, e = 10, fail_at = -1;
     const char *dump = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--train-batch") && i + 1 < argc) train_batch = atoll(argv[++i]);
@@ -201,6 +221,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--batch") && i + 1 < argc) batch = atoll(argv[++i]);
         else if (!strcmp(argv[i], "--ids") && i + 1 < argc) e = atoll(argv[++i]);
         else if (!strcmp(argv[i], "--dump") && i + 1 < argc) dump = argv[++i];
+        else if (!strcmp(argv[i], "--fail-at") && i + 1 < argc) fail_at = atoll(argv[++i]);
         else if (ca_config_flag_arity(argv[i]) >= 0) i += ca_config_flag_arity(argv[i]);
         else { fprintf(stderr, "dispatch_check: unknown argument %s\n", argv[i]); return 2; }
     }
@@ -210,6 +231,7 @@ int main(int argc, char **argv) {
     g_rank = ca_process_index(acc);
     if (ca_num_processes(acc) > 1 && !ca_accelerator_settings(acc)->dispatch_batches)
         printf("rank=%d note: dispatch_batches is off\n", g_rank);
+    if (fail_at >= 0) read_error(acc, e, batch, fail_at);
     if (steps > 0) train(acc, train_batch, steps, dump);
     for (int drop = 0; drop < 2; drop++) {
         ids(acc, false, e, batch, drop);

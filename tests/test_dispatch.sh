@@ -7,7 +7,8 @@
 #  (b) the sample ids each rank gets per step, the last incomplete batch included, are Accelerate's
 #      DataLoaderDispatcher's (listed below, for a map-style dataset and for a stream alike);
 #  (c) gather_for_metrics gives every sample exactly once;
-#  and the same epoch resumed at batch 1 (skip_batches) gives the same ids from step 1 on.
+#  and the same epoch resumed at batch 1 (skip_batches) gives the same ids from step 1 on; a read
+#  error on rank 0 fails every rank on the same step and leaves them in step.
 #
 # How DataLoaderDispatcher cuts an epoch of n samples read in order, world W, loader batch B
 # (src/accelerate/data_loader.py: _fetch_batches, __iter__):
@@ -166,6 +167,11 @@ be1=$(echo "$backends" | awk '{print $1}')
 note "$be1: without dispatch_batches the other ranks read, and the check catches it"
 if launch 2 "$be1" "$DC" --train-batch 12 --steps 2 > "$WORK/o" 2>&1; then cat "$WORK/o"; fail "ranks read without dispatch"; fi
 count 1 'rank=1 FAIL: the dataset.s [a-z]* was called on rank 1' "$WORK/o"
+
+note "$be1: rank 0 cannot read sample 7 (global batch 1: samples 6..9): every rank fails on that step, in step"
+dispatch 3 "$be1" "$DC" --steps 0 --fail-at 7 > "$WORK/o" || { cat "$WORK/o"; fail "read error"; }
+count 1 'failed rank=0 step=1: .*sample 7 is unreadable' "$WORK/o"
+count 2 'failed rank=[12] step=1: dispatch_batches: rank 0 could not read batch 1 of epoch 0' "$WORK/o"
 
 for be in $backends; do
     for np in 2 3 4; do
