@@ -120,8 +120,8 @@ static void train(ca_accelerator *acc, int64_t batch, int64_t steps, const char 
         step++;
     }
     CA_CHECK(ca_dataloader_status(dl));
-    printf("train rank=%d steps=%lld rows_per_step=%lld\n", g_rank, (long long)step,
-           (long long)(rows / (step ? step : 1)));
+    printf("train rank=%d steps=%lld rows_per_step=%lld device=%s\n", g_rank, (long long)step,
+           (long long)(rows / (step ? step : 1)), ca_device_name(ca_accelerator_device(acc)));
     if (dump && ca_is_main_process(acc)) {
         FILE *f = fopen(dump, "wb");
         if (!f) { perror(dump); exit(1); }

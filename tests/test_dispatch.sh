@@ -150,7 +150,7 @@ EOF
 
 note "1 process, global batch 24: the reference"
 "$DC" --cpu --train-batch 24 --steps 12 --dump "$WORK/one.bin" > "$WORK/o1" || { cat "$WORK/o1"; fail "1 process"; }
-count 1 'train rank=0 steps=12 rows_per_step=24$' "$WORK/o1"
+count 1 'train rank=0 steps=12 rows_per_step=24 ' "$WORK/o1"
 
 # dispatch NP BACKEND ARGS...: dispatch_check on NP processes with dispatch_batches and ARGS (caccel
 # launch takes the configuration flags itself; under mpirun the program reads them from its arguments)
@@ -179,7 +179,7 @@ for be in $backends; do
         dispatch "$np" "$be" "$DC" --train-batch $((24 / np)) --steps 12 --dump "$WORK/d${np}_$be.bin" > "$WORK/o" ||
             { cat "$WORK/o"; fail "$np processes $be"; }
         grep -q 'FAIL' "$WORK/o" && { cat "$WORK/o"; fail "$np processes $be"; }
-        count "$np" "train rank=[0-9]* steps=12 rows_per_step=$((24 / np))$" "$WORK/o"
+        count "$np" "train rank=[0-9]* steps=12 rows_per_step=$((24 / np)) device=cpu" "$WORK/o"
         same "$WORK/one.bin" "$WORK/d${np}_$be.bin"
         ids_plain "$np" "$WORK/o"
 
@@ -188,9 +188,18 @@ for be in $backends; do
         dispatch "$np" "$be" "$@" --train-batch 24 --steps 12 --ids 29 --batch 12 --dump "$WORK/s${np}_$be.bin" \
             > "$WORK/o" || { cat "$WORK/o"; fail "split, $np processes $be"; }
         grep -q 'FAIL' "$WORK/o" && { cat "$WORK/o"; fail "split, $np processes $be"; }
-        count "$np" "train rank=[0-9]* steps=12 rows_per_step=$((24 / np))$" "$WORK/o"
+        count "$np" "train rank=[0-9]* steps=12 rows_per_step=$((24 / np)) device=cpu" "$WORK/o"
         same "$WORK/one.bin" "$WORK/s${np}_$be.bin"
         ids_split "$np" "$WORK/o"
     done
 done
+if have gloo; then
+    note "gloo, the lazy xla device (--tpu): 2 processes, the batch goes through a device buffer"
+    LAUNCH_FLAGS=--tpu dispatch 2 gloo "$DC" --train-batch 12 --steps 12 --dump "$WORK/x2.bin" > "$WORK/o" ||
+        { cat "$WORK/o"; fail "2 processes on xla"; }
+    grep -q 'FAIL' "$WORK/o" && { cat "$WORK/o"; fail "2 processes on xla"; }
+    count 2 'train rank=[01] steps=12 rows_per_step=12 device=xla' "$WORK/o"
+    same "$WORK/one.bin" "$WORK/x2.bin"
+    ids_plain 2 "$WORK/o"
+fi
 echo "ok"
