@@ -151,6 +151,11 @@ EOF
 note "1 process, global batch 24: the reference"
 "$DC" --cpu --train-batch 24 --steps 12 --dump "$WORK/one.bin" > "$WORK/o1" || { cat "$WORK/o1"; fail "1 process"; }
 count 1 'train rank=0 steps=12 rows_per_step=24 ' "$WORK/o1"
+note "1 process: dispatch_batches true is the plain loader"
+"$DC" --cpu --steps 0 > "$WORK/plain" && "$DC" --cpu --dispatch_batches true --steps 0 > "$WORK/disp" ||
+    fail "1 process, batches of ids"
+cmp -s "$WORK/plain" "$WORK/disp" || { diff "$WORK/plain" "$WORK/disp"; fail "1 process: dispatch_batches changed the batches"; }
+count 1 '^gather map drop=0 rank=0 count=10 sum=45 repeats=0 batches=5$' "$WORK/disp"
 
 # dispatch NP BACKEND ARGS...: dispatch_check on NP processes with dispatch_batches and ARGS (caccel
 # launch takes the configuration flags itself; under mpirun the program reads them from its arguments)
