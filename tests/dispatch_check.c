@@ -8,6 +8,7 @@
  *             ("ids KIND drop=D rank=R step=S ids=a,b pad=P"), then what gather_for_metrics gave
  *             ("gather KIND drop=D rank=R count=C sum=S repeats=K batches=N"); then the same epoch
  *             resumed at batch 1 ("skip KIND drop=D rank=R step=S ids=a,b pad=P", S the batch's index)
+ *   last, with dispatch_batches on several processes: a loader with a custom batch sampler is refused
  *   --fail-at K: first an epoch of the map-style dataset whose sample K cannot be read (read_error) */
 #include <caccel/caccel.h>
 
@@ -212,6 +213,30 @@ static void read_error(ca_accelerator *acc, int64_t n, int64_t batch, int64_t k)
     ca_dataset_destroy(ds);
 }
 
+static ca_status one_batch(void *ctx, int64_t *idx, int64_t cap, int64_t *len) {
+    (void)ctx;
+    (void)cap;
+    idx[0] = 0;
+    *len = 1;
+    return CA_OK;
+}
+
+/* A custom batch sampler does not combine with dispatch_batches: prepare says so, naming the key.
+ * Prints "sampler rank=R refused: MESSAGE". */
+static void sampler_refused(ca_accelerator *acc) {
+    ca_dataset *ds = dataset(false, 4, true, -1);
+    ca_dataloader *dl;
+    CA_CHECK(ca_dataloader_create(ds, NULL, &dl));
+    ca_batch_sampler_ops so = {.struct_size = sizeof so, .next = one_batch};
+    CA_CHECK(ca_dataloader_set_batch_sampler(dl, &so, NULL, 12, false));   /* split_batches divides 12 */
+    if (ca_prepare_dataloader(acc, dl) == CA_ERR_UNSUPPORTED)
+        printf("sampler rank=%d refused: %s\n", g_rank, ca_last_error());
+    else
+        printf("rank=%d FAIL: a custom batch sampler was prepared with dispatch_batches\n", g_rank);
+    ca_dataloader_destroy(dl);
+    ca_dataset_destroy(ds);
+}
+
 int main(int argc, char **argv) {
     int64_t train_batch = 8, steps = 10, batch = 2, e = 10, fail_at = -1;
     const char *dump = NULL;
@@ -237,6 +262,7 @@ int main(int argc, char **argv) {
         ids(acc, false, e, batch, drop);
         ids(acc, true, e, batch, drop);
     }
+    if (ca_num_processes(acc) > 1 && ca_accelerator_settings(acc)->dispatch_batches) sampler_refused(acc);
     CA_CHECK(ca_wait_for_everyone(acc));
     ca_accelerator_destroy(acc);
     ca_shutdown();

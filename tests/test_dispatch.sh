@@ -154,7 +154,8 @@ count 1 'train rank=0 steps=12 rows_per_step=24 ' "$WORK/o1"
 note "1 process: dispatch_batches true is the plain loader"
 "$DC" --cpu --steps 0 > "$WORK/plain" && "$DC" --cpu --dispatch_batches true --steps 0 > "$WORK/disp" ||
     fail "1 process, batches of ids"
-cmp -s "$WORK/plain" "$WORK/disp" || { diff "$WORK/plain" "$WORK/disp"; fail "1 process: dispatch_batches changed the batches"; }
+cmp -s "$WORK/plain" "$WORK/disp" ||
+    { diff "$WORK/plain" "$WORK/disp"; fail "1 process: dispatch_batches changed the batches"; }
 count 1 '^gather map drop=0 rank=0 count=10 sum=45 repeats=0 batches=5$' "$WORK/disp"
 
 # dispatch NP BACKEND ARGS...: dispatch_check on NP processes with dispatch_batches and ARGS (caccel
@@ -170,7 +171,9 @@ dispatch() {
 
 be1=$(echo "$backends" | awk '{print $1}')
 note "$be1: without dispatch_batches the other ranks read, and the check catches it"
-if launch 2 "$be1" "$DC" --train-batch 12 --steps 2 > "$WORK/o" 2>&1; then cat "$WORK/o"; fail "ranks read without dispatch"; fi
+if launch 2 "$be1" "$DC" --train-batch 12 --steps 2 > "$WORK/o" 2>&1; then
+    cat "$WORK/o"; fail "ranks read without dispatch"
+fi
 count 1 'rank=1 FAIL: the dataset.s [a-z]* was called on rank 1' "$WORK/o"
 
 note "$be1: rank 0 cannot read sample 7 (global batch 1: samples 6..9): every rank fails on that step, in step"
@@ -187,6 +190,7 @@ for be in $backends; do
         count "$np" "train rank=[0-9]* steps=12 rows_per_step=$((24 / np)) device=cpu" "$WORK/o"
         same "$WORK/one.bin" "$WORK/d${np}_$be.bin"
         ids_plain "$np" "$WORK/o"
+        count "$np" "sampler rank=[0-9]* refused: dispatch_batches: not supported with a custom batch sampler" "$WORK/o"
 
         note "$be: $np processes, split_batches: global batch 24 (training) and 12 (ids)"
         if [ "$be" = gloo ]; then set -- --split_batches true "$DC"; else set -- "$DC" --split_batches true; fi
