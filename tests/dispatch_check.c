@@ -8,6 +8,8 @@
  *             ("ids KIND drop=D rank=R step=S ids=a,b pad=P"), then what gather_for_metrics gave
  *             ("gather KIND drop=D rank=R count=C sum=S repeats=K batches=N"); then the same epoch
  *             resumed at batch 1 ("skip KIND drop=D rank=R step=S ids=a,b pad=P", S the batch's index)
+ *   with gradient_accumulation_steps > 1: "last KIND drop=D rank=R step=S" where the step ended an
+ *             accumulation cycle (the loader's last batch, which every rank must see on the same step)
  *   last, with dispatch_batches on several processes: a loader with a custom batch sampler is refused
  *   --fail-at K: first an epoch of the map-style dataset whose sample K cannot be read (read_error) */
 #include <caccel/caccel.h>
@@ -165,8 +167,14 @@ static void ids(ca_accelerator *acc, bool iterable, int64_t n, int64_t batch, bo
     unsigned char *seen = calloc((size_t)n, 1);
     if (!seen) exit(1);
     ca_batch b;
+    bool accumulating = ca_accelerator_settings(acc)->gradient_accumulation_steps > 1;
     while (ca_dataloader_next(dl, &b)) {
         print_ids("ids", kind, drop, steps, &b);
+        /* the end of the dataloader ends an accumulation cycle: it shows which step the loader marked last */
+        CA_ACCUMULATE(acc, NULL) {
+            if (accumulating && ca_sync_gradients(acc))
+                printf("last %s drop=%d rank=%d step=%lld\n", kind, drop, g_rank, (long long)steps);
+        }
         ca_tensor *all = ca_gather_for_metrics(acc, b.y, &b);
         CA_CHECK(all ? CA_OK : ca_last_status());
         int64_t k = ca_tensor_dim(all, 0), g[2048];

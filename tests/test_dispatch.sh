@@ -8,7 +8,8 @@
 #      DataLoaderDispatcher's (listed below, for a map-style dataset and for a stream alike);
 #  (c) gather_for_metrics gives every sample exactly once;
 #  and the same epoch resumed at batch 1 (skip_batches) gives the same ids from step 1 on; a read
-#  error on rank 0 fails every rank on the same step and leaves them in step.
+#  error on rank 0 fails every rank on the same step and leaves them in step; every rank sees the
+#  loader's last batch (the end of an accumulation cycle) on the same step.
 #
 # How DataLoaderDispatcher cuts an epoch of n samples read in order, world W, loader batch B
 # (src/accelerate/data_loader.py: _fetch_batches, __iter__):
@@ -180,6 +181,15 @@ note "$be1: rank 0 cannot read sample 7 (global batch 1: samples 6..9): every ra
 dispatch 3 "$be1" "$DC" --steps 0 --fail-at 7 > "$WORK/o" || { cat "$WORK/o"; fail "read error"; }
 count 1 'failed rank=0 step=1: .*sample 7 is unreadable' "$WORK/o"
 count 2 'failed rank=[12] step=1: dispatch_batches: rank 0 could not read batch 1 of epoch 0' "$WORK/o"
+
+note "$be1: 3 processes, gradient_accumulation_steps 100: every rank marks the same last step"
+dispatch 3 "$be1" "$DC" --steps 0 --gradient_accumulation_steps 100 > "$WORK/o" || { cat "$WORK/o"; fail "last step"; }
+for k in map stream; do
+    count 3 "^last $k drop=0 rank=[0-2] step=1$" "$WORK/o"    # 2 steps: [0..5], [6..9] completed
+    count 3 "^last $k drop=1 rank=[0-2] step=0$" "$WORK/o"    # 1 step: [0..5]
+done
+count 12 '^last ' "$WORK/o"
+ids_plain 3 "$WORK/o"
 
 for be in $backends; do
     for np in 2 3 4; do
