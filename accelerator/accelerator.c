@@ -158,6 +158,7 @@ void ca_accelerator_destroy(ca_accelerator *acc) {
     for (int i = 0; i < acc->nopts; i++) ca_optimizer_set_owner(acc->opts[i], NULL);
     for (int i = 0; i < acc->nloaders; i++) {
         ca_dataloader_set_owner(acc->loaders[i], NULL, NULL);
+        ca_dataloader_set_dispatch(acc->loaders[i], NULL, NULL);   /* the hook's context is acc */
         if (acc->st.deterministic) ca_dataloader_set_parts(acc->loaders[i], 0);   /* whole batches again */
     }
     for (int k = -1; k < acc->nextra; k++) {
@@ -348,6 +349,23 @@ static ca_status prepare_optimizer(ca_accelerator *acc, ca_optimizer *o) {
     return s;
 }
 
+/*
+ * dispatch_batches: the loader's broadcast of host bytes from rank 0. The
+ * communicator's buffers live on the training device, so the bytes go through
+ * a device buffer (a plain copy on the CPU): the same path serves Gloo, MPI and
+ * NCCL. It runs on the thread that calls ca_dataloader_next.
+ */
+static ca_status dispatch_bcast(void *ctx, void *buf, size_t bytes) {
+    ca_accelerator *acc = ctx;
+    ca_tensor *t = ca_tensor_keep(ca_empty(acc->device, CA_U8, 1, (int64_t[]){(int64_t)bytes}));
+    if (!t) return ca_error_context("dispatch_batches: a device buffer of %zu bytes on rank %d", bytes, acc->rank);
+    ca_status s = acc->rank == 0 ? ca_device_copy_from_host(acc->device, ca_tptr(t), buf, bytes) : CA_OK;
+    if (s == CA_OK) s = ca_comm_broadcast(acc->comm, ca_tptr(t), bytes, CA_U8, 0, NULL);
+    if (s == CA_OK && acc->rank != 0) s = ca_device_copy_to_host(acc->device, buf, ca_tptr(t), bytes);
+    ca_tensor_free(t);
+    return s;
+}
+
 ca_status ca_prepare_dataloader(ca_accelerator *acc, ca_dataloader *dl) {
     if (!acc || !dl) return ca_error(CA_ERR_INVALID, "ca_prepare_dataloader: accelerator and loader are required");
     for (int i = 0; i < acc->nloaders; i++)
@@ -355,6 +373,8 @@ ca_status ca_prepare_dataloader(ca_accelerator *acc, ca_dataloader *dl) {
     ca_status s = ca_dataloader_set_device(dl, acc->device);
     if (s == CA_OK) s = ca_dataloader_set_split_batches(dl, acc->st.split_batches);
     if (s == CA_OK) s = ca_dataloader_shard(dl, acc->rank, acc->world, acc->st.even_batches);
+    static const ca_dispatch_ops dispatch = {.bcast = dispatch_bcast};
+    if (s == CA_OK && acc->st.dispatch_batches && acc->world > 1) s = ca_dataloader_set_dispatch(dl, &dispatch, acc);
     /* a loader that cannot split (an evaluation loader, say) stays whole; ca_backward refuses its batches */
     if (s == CA_OK && acc->st.deterministic && ca_dataloader_set_parts(dl, acc->det.parts) != CA_OK) ca_clear_error();
     uint64_t seed;

@@ -39,9 +39,6 @@ static const effect effects[] = {
     {"rdzv_backend", WARN_IF_CHANGED,
      "caccel launch uses its own rendezvous at main_process_ip:main_process_port", NULL},
     {"same_network", NEVER_WARN, NULL, NULL},
-    {"dispatch_batches", WARN_IF_CHANGED,
-     "rank 0 does not read and scatter the batches: every process reads the data and keeps its shard "
-     "(IterableDatasetShard for iterable datasets), as Accelerate does with dispatch_batches false", NULL},
     {"non_blocking", WARN_IF_CHANGED,
      "the loader copies each batch from a page-locked staging buffer synchronously; there is no separate "
      "asynchronous copy to enable", NULL},

@@ -156,6 +156,36 @@ uint64_t ca_dataloader_handed_seq(const ca_dataloader *dl);
 /* The accelerator that prepared dl; `forget` is called when dl is destroyed first. */
 void ca_dataloader_set_owner(ca_dataloader *dl, void *owner, void (*forget)(void *owner, const void *obj));
 
+/*
+ * dispatch_batches (Accelerate's DataLoaderDispatcher). The accelerator installs
+ * `bcast` on a prepared loader of world > 1: inside ca_dataloader_next, on the
+ * thread calling it (never the prefetch worker), rank 0's loader reads a global
+ * batch as one process would (batch_size * world samples, or batch_size with
+ * split_batches), completes a last batch whose size world does not divide with
+ * the epoch's first samples, and broadcasts a header and the batch's host bytes;
+ * each rank keeps its slice. The other ranks never call the dataset's get, begin
+ * or next. The layer below the communicator only sees this callback.
+ */
+typedef struct ca_dispatch_ops {
+    /* Sends `bytes` at buf from rank 0 to every rank (host memory on both sides);
+     * every rank calls it with the same size, in the same order. */
+    ca_status (*bcast)(void *ctx, void *buf, size_t bytes);
+} ca_dispatch_ops;
+
+/* Installs the hook (ops NULL: every rank reads again). Fails, naming
+ * dispatch_batches, over a custom batch sampler or in deterministic mode. The
+ * ops are copied; ctx must outlive the loader or the next call. */
+ca_status ca_dataloader_set_dispatch(ca_dataloader *dl, const ca_dispatch_ops *ops, void *ctx);
+
+/* One rank's slice of a dispatched global batch of `size` samples (a multiple of
+ * world) whose last `padded` repeat the epoch's first ones: rank r gets
+ * [r * size / world, (r + 1) * size / world), *pad of them repeats. */
+void ca_dispatch_slice(int64_t size, int64_t padded, int rank, int world, int64_t *first, int64_t *len,
+                       int64_t *pad);
+/* Samples a dispatched global batch of m real samples is sent as: m rounded up
+ * to a multiple of world (Accelerate completes it from the first batch). */
+int64_t ca_dispatch_padded(int64_t m, int world);
+
 /* What a checkpoint records of a loader (save_state) to continue where it stopped. */
 typedef struct ca_loader_state {
     int64_t epoch;                 /* epoch of the pass in flight, else of the next pass */

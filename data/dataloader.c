@@ -57,6 +57,8 @@ struct ca_dataloader {
     bool even_batches;
     bool split;                    /* split_batches: batch_size is global, each rank reads a slice */
     int parts;                     /* deterministic mode: micro-batches per batch (0: off) */
+    ca_dispatch_ops dops;          /* dispatch_batches: the accelerator's broadcast (bcast NULL: off) */
+    void *dctx;
     ca_device *dev;
     int64_t epoch;                 /* epoch of the pass in flight, else of the next one */
     int64_t skip;                  /* first batch of the next pass */
@@ -111,6 +113,14 @@ struct ca_dataloader {
     int64_t produced, consumed;    /* batches of this pass written / handed out */
     atomic_bool stop;
 };
+
+/* dispatch_batches in effect: rank 0 reads global batches, every rank gets its slice. */
+static bool dispatching(const ca_dataloader *dl) { return dl->dops.bcast && dl->world > 1; }
+
+/* The batch rank 0 reads when dispatching (DataLoaderDispatcher's total_batch_size). */
+static int64_t global_bs(const ca_dataloader *dl) {
+    return dl->split ? dl->batch_size : dl->batch_size * dl->world;
+}
 
 /* -------------------------------------------------------------- errors */
 
@@ -173,16 +183,18 @@ static ca_status staging_ensure(ca_dataloader *dl, int64_t cap) {
         return ca_error(CA_ERR_INVALID, "dataloader: batch_size %lld is too large", (long long)cap);
     size_t y_off = (B * xb + 63) & ~(size_t)63;
     size_t bytes = y_off + B * yb;
+    /* dispatching, rank 0 looks one batch ahead while it holds the current one */
+    int want = dispatching(dl) && dl->prefetch < 2 ? 2 : dl->prefetch;
     if (dl->slots && dl->staging_dev == dl->dev && dl->slot_bytes == bytes &&
-        dl->y_off == y_off && dl->nslots == dl->prefetch)
+        dl->y_off == y_off && dl->nslots == want)
         return CA_OK;
     staging_free(dl);
 
     const ca_device_ops *ops = ca_device_ops_of(dl->dev);
     bool pinned = ops && ops->host_alloc && ops->host_free;
-    dl->slots = calloc((size_t)dl->prefetch, sizeof *dl->slots);
+    dl->slots = calloc((size_t)want, sizeof *dl->slots);
     if (!dl->slots) return ca_error(CA_ERR_NOMEM, "dataloader: out of host memory");
-    dl->nslots = dl->prefetch;
+    dl->nslots = want;
     dl->staging_dev = dl->dev;
     dl->staging_pinned = pinned;
     dl->slot_bytes = bytes;
@@ -221,6 +233,14 @@ static void fill_slot(ca_dataloader *dl, slot *s, int64_t b) {
     } else {
         ca_shard_plan_batch(&dl->plan, b, &start, &size, &pad);
     }
+    /* dispatching, a last batch that world does not divide is completed by the
+     * epoch's first samples (DataLoaderDispatcher's first_batch), cyclically when
+     * the epoch has fewer than world */
+    int64_t real = size, lim = dl->plan.n < dl->world ? dl->plan.n : dl->world;
+    if (dispatching(dl)) {
+        size = ca_dispatch_padded(real, dl->world);
+        pad = size - real;
+    }
     s->index = b;
     s->size = size;
     s->num_padded = pad;
@@ -229,7 +249,9 @@ static void fill_slot(ca_dataloader *dl, slot *s, int64_t b) {
     unsigned char *x = s->mem, *y = s->mem + dl->y_off;
     for (int64_t t = 0; t < size; t++) {
         if (atomic_load_explicit(&dl->stop, memory_order_relaxed)) return;
-        int64_t i = dl->has_sampler ? dl->sout.idx[start + t] : dl->perm[(start + t) % dl->plan.n];
+        int64_t i = dl->has_sampler ? dl->sout.idx[start + t]
+                    : t < real      ? dl->perm[(start + t) % dl->plan.n]
+                                    : dl->perm[(t - real) % lim];
         ca_clear_error();
         ca_status st = ds->ops.get(ds->ctx, i, x + (size_t)t * ds->x_bytes,
                                    y + (size_t)t * ds->y_bytes);
@@ -356,7 +378,13 @@ static void stream_run(ca_dataloader *dl) {
         memcpy(dl->fbuf, dl->gbuf, yo + (size_t)dl->gcap * yb);
         flen = count;
     }
-    for (int64_t k = count; k < R; k++) stream_copy(dl, dl->gbuf, k, dl->fbuf, (k - count) % flen);
+    /* dispatching: completed to a multiple of world, sent whole (rank 0 reads alone) */
+    int64_t to = dispatching(dl) ? ca_dispatch_padded(count, dl->world) : R;
+    for (int64_t k = count; k < to; k++) stream_copy(dl, dl->gbuf, k, dl->fbuf, (k - count) % flen);
+    if (dispatching(dl)) {
+        stream_emit(dl, b, 0, to, to - count);
+        return;
+    }
     int64_t lo = dl->proc_lo, hi = lo + dl->proc_bs;
     int64_t pad = hi - (lo > count ? lo : count);
     stream_emit(dl, b, lo, dl->proc_bs, pad > 0 ? pad : 0);
@@ -395,7 +423,9 @@ static void plan_now(const ca_dataloader *dl, ca_shard_plan *p) {
     int64_t n = ca_dataset_length(dl->ds);
     /* deterministic mode with split_batches: the same global batches, a slice per rank */
     int64_t rank_bs = dl->split && dl->world > 1 ? dl->batch_size / dl->world : dl->batch_size;
-    if (dl->parts > 0)
+    if (dispatching(dl))   /* rank 0's reading: one process over global batches */
+        ca_shard_plan_init(p, n, global_bs(dl), dl->drop_last, 0, 1, true);
+    else if (dl->parts > 0)
         ca_shard_plan_init_det(p, n, rank_bs, dl->drop_last, dl->rank, dl->world);
     else if (dl->split)
         ca_shard_plan_init_split(p, n, dl->batch_size, dl->drop_last, dl->rank, dl->world, dl->even_batches);
@@ -442,8 +472,8 @@ static ca_status stream_setup(ca_dataloader *dl) {
     int64_t bs = dl->batch_size, w = dl->world;
     bool split = dl->split && w > 1;
     dl->real_bs = split ? bs : bs * w;
-    dl->proc_bs = split ? bs / w : bs;
-    dl->proc_lo = dl->rank * dl->proc_bs;
+    dl->proc_bs = dispatching(dl) ? dl->real_bs : split ? bs / w : bs;
+    dl->proc_lo = dispatching(dl) ? 0 : dl->rank * dl->proc_bs;
     if (dl->gbuf && dl->gcap == dl->real_bs) return CA_OK;
     free(dl->gbuf);
     free(dl->fbuf);
@@ -475,7 +505,7 @@ static ca_status pass_size(ca_dataloader *dl, int64_t *total, int64_t *cap) {
     }
     plan_now(dl, &dl->plan);
     *total = dl->plan.rank_batches;
-    *cap = dl->batch_size;
+    *cap = dispatching(dl) ? global_bs(dl) : dl->batch_size;
     return CA_OK;
 }
 
@@ -512,9 +542,13 @@ static ca_status start_pass(ca_dataloader *dl) {
     dl->pass_epoch = dl->epoch;
     atomic_store(&dl->stop, false);
 
-    if (dl->count != 0) {
+    /* dispatching, only rank 0 reads; the others receive into the first slot */
+    bool reads = !dispatching(dl) || dl->rank == 0;
+    if (dl->count != 0 || !reads) {
         ca_status s = staging_ensure(dl, cap);
         if (s != CA_OK) return s;
+    }
+    if (dl->count != 0 && reads) {
         if (!dl->ds->iterable && !dl->has_sampler && dl->plan.n > dl->perm_cap) {
             int64_t *p = realloc(dl->perm, sizeof *p * (size_t)dl->plan.n);
             if (!p)
@@ -551,18 +585,13 @@ static ca_status copy_in(ca_device *dev, ca_tensor *t, const void *src, size_t b
     return ca_device_copy_from_host(dev, ca_tensor_data(t), src, bytes);
 }
 
-/* x and y of slot s (of its micro-batch dl->part in deterministic mode) as
- * tensors on the loader's device, in the current scope. */
-static ca_status make_batch(ca_dataloader *dl, const slot *s, ca_batch *b) {
+/* Samples first .. first + size - 1 of slot s as x and y tensors on the
+ * loader's device, in the current scope; `padded` of them are repeats. */
+static ca_status batch_from(ca_dataloader *dl, const slot *s, int64_t first, int64_t size, int64_t padded,
+                            ca_batch *b) {
     ca_dataset *ds = dl->ds;
     ca_device *dev = dl->dev;
     int64_t shape[CA_MAX_DIMS];
-    int64_t first = 0, size = s->size, padded = s->num_padded;
-    if (dl->parts > 1) {
-        int64_t start;
-        ca_shard_plan_part(&dl->plan, dl->parts, s->index, dl->part, &start, &size, &padded);
-        first = (int64_t)dl->part * (dl->plan.batch_size / dl->parts);
-    }
     const unsigned char *xmem = s->mem + (size_t)first * ds->x_bytes;
     const unsigned char *ymem = s->mem + dl->y_off + (size_t)first * ds->y_bytes;
     size_t xbytes = (size_t)size * ds->x_bytes, ybytes = (size_t)size * ds->y_bytes;
@@ -610,6 +639,17 @@ static ca_status make_batch(ca_dataloader *dl, const slot *s, ca_batch *b) {
     return CA_OK;
 }
 
+/* Slot s (its micro-batch dl->part in deterministic mode) as the batch. */
+static ca_status make_batch(ca_dataloader *dl, const slot *s, ca_batch *b) {
+    int64_t first = 0, size = s->size, padded = s->num_padded;
+    if (dl->parts > 1) {
+        int64_t start;
+        ca_shard_plan_part(&dl->plan, dl->parts, s->index, dl->part, &start, &size, &padded);
+        first = (int64_t)dl->part * (dl->plan.batch_size / dl->parts);
+    }
+    return batch_from(dl, s, first, size, padded, b);
+}
+
 static void end_step_scope(ca_dataloader *dl) {
     if (!dl->step_scope) return;
     ca_scope_end_id(dl->step_scope, dl->step_scope_id);
@@ -644,6 +684,149 @@ static bool last_of_pass(ca_dataloader *dl) {
     return last;
 }
 
+/* ------------------------------------------------------------ dispatch_batches */
+
+/* The header rank 0 broadcasts before each batch (and at the end of the pass). */
+enum { H_STATUS, H_SIZE, H_PADDED, H_INDEX, H_FLAGS, H_LEN };
+enum { H_END = 1, H_LAST = 2 };
+
+/* Rank 0: whether the batch about to be handed out is the pass's last; a
+ * stream's end is known once the worker has tried the next one (it has a
+ * second slot for it, staging_ensure). */
+static bool pending_is_last(ca_dataloader *dl) {
+    if (dl->count >= 0) return dl->consumed + 1 >= dl->count;
+    pthread_mutex_lock(&dl->mu);
+    while (dl->produced <= dl->consumed + 1 && !dl->done) pthread_cond_wait(&dl->ready, &dl->mu);
+    bool last = dl->produced <= dl->consumed + 1;
+    pthread_mutex_unlock(&dl->mu);
+    return last;
+}
+
+/* Rank 0: the header of the next global batch, or of the end of the pass. */
+static void dispatch_header(ca_dataloader *dl, int64_t *h) {
+    pthread_mutex_lock(&dl->mu);
+    while (dl->produced <= dl->consumed && !dl->done) pthread_cond_wait(&dl->ready, &dl->mu);
+    bool end = dl->produced <= dl->consumed;
+    pthread_mutex_unlock(&dl->mu);
+    if (end) {
+        h[H_FLAGS] = H_END;
+        return;
+    }
+    const slot *s = &dl->slots[dl->consumed % dl->nslots];
+    h[H_STATUS] = s->status;
+    h[H_SIZE] = s->size;
+    h[H_PADDED] = s->num_padded;
+    h[H_INDEX] = s->index;
+    h[H_FLAGS] = s->status == CA_OK && pending_is_last(dl) ? H_LAST : 0;
+}
+
+/* Ends the pass on an error of this rank; false for next(). */
+static bool dispatch_fail(ca_dataloader *dl, ca_status st) {
+    set_sticky_from_thread(dl, st);
+    stop_pass(dl);
+    return report_sticky(dl);
+}
+
+/* The header as received: what a rank other than 0 can check of it. */
+static ca_status check_header(const ca_dataloader *dl, const int64_t *h) {
+    int64_t g = global_bs(dl);
+    if (h[H_SIZE] > 0 && h[H_SIZE] <= g && h[H_SIZE] % dl->world == 0 && h[H_PADDED] >= 0 &&
+        h[H_PADDED] < dl->world && h[H_PADDED] < h[H_SIZE])
+        return CA_OK;
+    return ca_error(CA_ERR_BACKEND,
+                    "dispatch_batches: rank 0 sent batch %lld of %lld samples (%lld repeats); rank %d expects a "
+                    "multiple of %d up to %lld (are batch_size and split_batches the same on every rank?)",
+                    (long long)h[H_INDEX], (long long)h[H_SIZE], (long long)h[H_PADDED], dl->rank, dl->world,
+                    (long long)g);
+}
+
+/* Rank 0 sends the global batch (host bytes of its slot); the others receive it
+ * into their first slot. */
+static ca_status dispatch_payload(ca_dataloader *dl, slot *s, const int64_t *h) {
+    if (dl->rank != 0) {
+        ca_status st = check_header(dl, h);
+        if (st != CA_OK) return st;
+        s->size = h[H_SIZE];
+        s->num_padded = h[H_PADDED];
+        s->index = h[H_INDEX];
+        s->status = CA_OK;
+    }
+    size_t xb = (size_t)s->size * dl->ds->x_bytes, yb = (size_t)s->size * dl->ds->y_bytes;
+    ca_status st = xb ? dl->dops.bcast(dl->dctx, s->mem, xb) : CA_OK;
+    if (st == CA_OK && yb) st = dl->dops.bcast(dl->dctx, s->mem + dl->y_off, yb);
+    if (st != CA_OK)
+        ca_error_context("dispatch_batches: broadcasting batch %lld of epoch %lld from rank 0 (rank %d)",
+                         (long long)s->index, (long long)dl->epoch, dl->rank);
+    return st;
+}
+
+/* Rank 0's read error, which it reports itself; the others name it. */
+static bool dispatch_read_error(ca_dataloader *dl, const int64_t *h) {
+    if (dl->rank == 0) {
+        const slot *s = &dl->slots[dl->consumed % dl->nslots];
+        dl->status = s->status;
+        snprintf(dl->msg, sizeof dl->msg, "%s", s->msg);
+        snprintf(dl->hint, sizeof dl->hint, "%s", s->hint);
+        stop_pass(dl);
+        return report_sticky(dl);
+    }
+    ca_error((ca_status)h[H_STATUS],
+             "dispatch_batches: rank 0 could not read batch %lld of epoch %lld (%s); its log names the cause",
+             (long long)h[H_INDEX], (long long)dl->epoch, ca_status_name((ca_status)h[H_STATUS]));
+    return dispatch_fail(dl, (ca_status)h[H_STATUS]);
+}
+
+/* Opens the step scope around this rank's slice of the global batch in s. */
+static ca_status dispatch_batch(ca_dataloader *dl, const slot *s, ca_batch *b, ca_scope **scope) {
+    int64_t first, len, pad;
+    ca_dispatch_slice(s->size, s->num_padded, dl->rank, dl->world, &first, &len, &pad);
+    *scope = ca_scope_begin();
+    if (!*scope) return ca_error(CA_ERR_NOMEM, "dataloader: cannot open the step scope");
+    ca_status st = batch_from(dl, s, first, len, pad, b);
+    if (st != CA_OK) {
+        ca_scope_end(*scope);
+        *scope = NULL;
+        memset(b, 0, sizeof *b);
+    }
+    return st;
+}
+
+/* One step of a dispatching loader: every rank takes part in the same
+ * broadcasts, so every rank ends the epoch on the same step. */
+static bool dispatch_next(ca_dataloader *dl, ca_batch *b) {
+    int64_t h[H_LEN] = {0};
+    bool root = dl->rank == 0;
+    if (root) dispatch_header(dl, h);
+    ca_status st = dl->dops.bcast(dl->dctx, h, sizeof h);
+    if (st != CA_OK) {
+        ca_error_context("dispatch_batches: the header of batch %lld of epoch %lld from rank 0 (rank %d)",
+                         (long long)(dl->first + dl->consumed), (long long)dl->epoch, dl->rank);
+        return dispatch_fail(dl, st);
+    }
+    if (h[H_FLAGS] & H_END) {
+        stop_pass(dl);
+        dl->epoch++;
+        return false;
+    }
+    if (h[H_STATUS] != CA_OK) return dispatch_read_error(dl, h);
+    slot *s = &dl->slots[root ? dl->consumed % dl->nslots : 0];
+    ca_scope *scope = NULL;
+    st = dispatch_payload(dl, s, h);
+    if (st == CA_OK) st = dispatch_batch(dl, s, b, &scope);
+    if (st != CA_OK) return dispatch_fail(dl, st);
+    pthread_mutex_lock(&dl->mu);
+    dl->consumed++;
+    pthread_cond_signal(&dl->freed);
+    pthread_mutex_unlock(&dl->mu);
+    dl->handed_part = 0;
+    dl->step_scope = scope;
+    dl->step_scope_id = ca_scope_id(scope);
+    dl->scope_thread = pthread_self();
+    dl->handed_last = (h[H_FLAGS] & H_LAST) != 0;
+    dl->handed_seq = atomic_fetch_add(&handed_counter, 1) + 1;
+    return true;
+}
+
 bool ca_dataloader_next(ca_dataloader *dl, ca_batch *b) {
     if (!dl || !b) {
         ca_error(CA_ERR_INVALID, "ca_dataloader_next: NULL argument");
@@ -666,6 +849,7 @@ bool ca_dataloader_next(ca_dataloader *dl, ca_batch *b) {
             return false;
         }
     }
+    if (dispatching(dl)) return dispatch_next(dl, b);
     pthread_mutex_lock(&dl->mu);
     while (dl->produced <= dl->consumed && !dl->done) pthread_cond_wait(&dl->ready, &dl->mu);
     bool end = dl->produced <= dl->consumed;
@@ -812,6 +996,19 @@ int64_t ca_dataloader_num_batches(const ca_dataloader *dl) {
     return p.rank_batches;
 }
 
+/* Dispatching: this rank's slices of rank 0's global batches, repeats excluded. */
+static int64_t dispatch_samples(const ca_dataloader *dl, const ca_shard_plan *p) {
+    int64_t sum = 0;
+    for (int64_t b = 0; b < p->rank_batches; b++) {
+        int64_t start, m, pad, first, len;
+        ca_shard_plan_batch(p, b, &start, &m, &pad);
+        int64_t size = ca_dispatch_padded(m, dl->world);
+        ca_dispatch_slice(size, size - m, dl->rank, dl->world, &first, &len, &pad);
+        sum += len - pad;
+    }
+    return sum;
+}
+
 int64_t ca_dataloader_num_samples(const ca_dataloader *dl) {
     if (!dl) return 0;
     if (dl->ds->iterable) return -1;
@@ -819,7 +1016,7 @@ int64_t ca_dataloader_num_samples(const ca_dataloader *dl) {
     if (dl->has_sampler) return sampler_batches(dl, &samples) < 0 ? -1 : samples;
     ca_shard_plan p;
     plan_now(dl, &p);
-    return ca_shard_plan_samples(&p);
+    return dispatching(dl) ? dispatch_samples(dl, &p) : ca_shard_plan_samples(&p);
 }
 
 int64_t ca_dataloader_epoch(const ca_dataloader *dl) { return dl ? dl->epoch : 0; }
@@ -906,6 +1103,9 @@ ca_status ca_dataloader_set_batch_sampler(ca_dataloader *dl, const ca_batch_samp
     if (batch_size < 0 || batch_size > CA_BATCH_SAMPLER_MAX)
         return ca_error(CA_ERR_INVALID, "ca_dataloader_set_batch_sampler: batch_size %lld (0 .. %d)",
                         (long long)batch_size, CA_BATCH_SAMPLER_MAX);
+    if (dl->dops.bcast)
+        return ca_error(CA_ERR_UNSUPPORTED, "ca_dataloader_set_batch_sampler: not on a loader prepared with "
+                        "dispatch_batches (rank 0 reads global batches of batch_size samples)");
     reset_for_change(dl, true);
     if (dl->active) stop_pass(dl);
     if (dl->has_sampler && dl->sops.destroy) dl->sops.destroy(dl->sctx);
@@ -936,6 +1136,9 @@ ca_status ca_dataloader_shard(ca_dataloader *dl, int rank, int world_size, bool 
 ca_status ca_dataloader_check_parts(const ca_dataloader *dl, int parts) {
     if (!dl) return ca_error(CA_ERR_INVALID, "ca_dataloader_check_parts: loader is NULL");
     if (parts < 0) return ca_error(CA_ERR_INVALID, "dataloader: %d micro-batches per batch", parts);
+    if (parts > 0 && dl->dops.bcast)
+        return ca_error(CA_ERR_UNSUPPORTED, "deterministic mode does not combine with dispatch_batches (rank 0 "
+                        "reads whole global batches; the virtual shards cut each rank's own reads)");
     if (parts > 0 && (dl->ds->iterable || dl->has_sampler))
         return ca_error(CA_ERR_INVALID, "deterministic mode needs a loader over a map-style dataset with its own "
                         "sampler (not %s)", dl->ds->iterable ? "an iterable dataset" : "a custom batch sampler");
@@ -958,5 +1161,18 @@ ca_status ca_dataloader_set_parts(ca_dataloader *dl, int parts) {
     if (s != CA_OK) return s;
     reset_for_change(dl, parts != dl->parts);
     dl->parts = parts;
+    return CA_OK;
+}
+
+ca_status ca_dataloader_set_dispatch(ca_dataloader *dl, const ca_dispatch_ops *ops, void *ctx) {
+    if (!dl) return ca_error(CA_ERR_INVALID, "ca_dataloader_set_dispatch: loader is NULL");
+    bool on = ops && ops->bcast;
+    if (on && (dl->has_sampler || dl->parts > 0))
+        return ca_error(CA_ERR_UNSUPPORTED, "dispatch_batches: not supported with %s; set dispatch_batches false",
+                        dl->has_sampler ? "a custom batch sampler (its batches may vary in size)"
+                                        : "deterministic mode (deterministic_shards)");
+    reset_for_change(dl, on != (dl->dops.bcast != NULL) || (on && ctx != dl->dctx));
+    dl->dops = on ? *ops : (ca_dispatch_ops){0};
+    dl->dctx = on ? ctx : NULL;
     return CA_OK;
 }

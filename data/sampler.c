@@ -286,3 +286,20 @@ ca_status ca_batch_sampler_shard(const ca_index_batches *in, int64_t batch_size,
     return split ? shard_split(in, batch_size, drop_last, rank, world, even_batches, out)
                  : shard_no_split(in, batch_size, drop_last, rank, world, even_batches, out);
 }
+
+/* ---------------------------------------------------------- dispatched batches */
+
+int64_t ca_dispatch_padded(int64_t m, int world) {
+    return world > 1 && m % world ? (m / world + 1) * world : m;
+}
+
+/* DataLoaderDispatcher slices the (completed) global batch in rank order, so the
+ * repeats, at its end, fall to the last ranks. */
+void ca_dispatch_slice(int64_t size, int64_t padded, int rank, int world, int64_t *first, int64_t *len,
+                       int64_t *pad) {
+    int64_t bs = size / world, lo = (int64_t)rank * bs, real = size - padded;
+    *first = lo;
+    *len = bs;
+    int64_t from = lo > real ? lo : real;
+    *pad = lo + bs > from ? lo + bs - from : 0;
+}

@@ -24,3 +24,10 @@ tests_data_check_SOURCES = tests/data_check.c
 tests_data_check_LDADD = libcaccel.la -lm
 TESTS += tests/test_data_dist.sh
 EXTRA_DIST += tests/test_data_dist.sh
+
+# dispatch_batches across real processes: rank 0 alone reads.
+check_PROGRAMS += tests/dispatch_check
+tests_dispatch_check_SOURCES = tests/dispatch_check.c
+tests_dispatch_check_LDADD = libcaccel.la -lm
+TESTS += tests/test_dispatch.sh
+EXTRA_DIST += tests/test_dispatch.sh

@@ -530,6 +530,140 @@ static void test_plan_split_global_batch(void **state) {
                 }
 }
 
+/* ------------------------------------------------------- dispatched batches */
+
+/* A model of Accelerate's DataLoaderDispatcher over the ids 0 .. n-1 read in order
+ * by process 0's loader (batches of bs, drop_last), written from its source:
+ * _fetch_batches takes `world` loader batches (one with split) and concatenates
+ * them; at the end a group of fewer than world batches is still sent unless
+ * drop_last. __iter__ keeps the first `world` ids of the first global batch; a
+ * last global batch of m ids that world does not divide gets them appended and
+ * each process m / world + 1 ids; process r keeps [r * k, (r + 1) * k) of it,
+ * clamped to its length as Python's slicing is. Writes rank's ids of global
+ * step `step` into ids and how many of them are appended ones into *rep;
+ * returns their number, -1 past the last step. */
+static int64_t accelerate_dispatch(int64_t n, int64_t bs, bool drop_last, bool split, int world, int rank,
+                                   int64_t step, int64_t *ids, int64_t *rep) {
+    int64_t loader_batches = drop_last ? n / bs : (n + bs - 1) / bs;
+    int64_t group = split ? 1 : world;
+    int64_t groups = drop_last ? loader_batches / group : (loader_batches + group - 1) / group;
+    if (step >= groups) return -1;
+    int64_t lo = step * group * bs, hi = lo + group * bs;
+    if (hi > n) hi = n;
+    int64_t m = hi - lo, k = m / world, ext[1024], len = 0;
+    for (int64_t i = lo; i < hi; i++) ext[len++] = i;
+    bool last = step == groups - 1;
+    if (!drop_last && last && m % world) {
+        int64_t first_len = group * bs < n ? group * bs : n;
+        for (int64_t i = 0; i < world && i < first_len; i++) ext[len++] = i;
+        k++;
+    }
+    int64_t a = rank * k < len ? rank * k : len, b = (rank + 1) * k < len ? (rank + 1) * k : len;
+    *rep = 0;
+    for (int64_t i = a; i < b; i++) {
+        ids[i - a] = ext[i];
+        *rep += i >= m;
+    }
+    return b - a;
+}
+
+/* The loader's composition: process 0's plan over global batches (one process),
+ * completed by ca_dispatch_padded from the epoch's first ids (cyclically when the
+ * epoch has fewer than world, dataloader.c's fill_slot), sliced by
+ * ca_dispatch_slice. Returns the ids and the repeats of rank's step. */
+static int64_t caccel_dispatch(int64_t n, int64_t bs, bool drop_last, bool split, int world, int rank,
+                               int64_t step, int64_t *ids, int64_t *pad) {
+    ca_shard_plan p;
+    ca_shard_plan_init(&p, n, split ? bs : bs * world, drop_last, 0, 1, true);
+    if (step >= p.rank_batches) return -1;
+    int64_t start, m, unused, first, len;
+    ca_shard_plan_batch(&p, step, &start, &m, &unused);
+    int64_t size = ca_dispatch_padded(m, world), lim = n < world ? n : world;
+    ca_dispatch_slice(size, size - m, rank, world, &first, &len, pad);
+    for (int64_t t = 0; t < len; t++) {
+        int64_t q = first + t;
+        ids[t] = q < m ? start + q : (q - m) % lim;
+    }
+    return len;
+}
+
+/* Every (n, batch, world, split, drop_last): the same ids per rank and step as
+ * Accelerate, the repeats counted; where Accelerate hands a process an empty or
+ * short slice (an epoch of fewer than world / 2 samples), caccel's slice starts
+ * with Accelerate's ids and completes it cyclically (docs/DATA.md). */
+static void test_dispatch_matches_accelerate(void **state) {
+    (void)state;
+    int short_cases = 0;
+    for (int world = 2; world <= 5; world++)
+        for (int64_t bs = 1; bs <= 12; bs++)
+            for (int64_t n = 1; n <= 50; n++)
+                for (int flags = 0; flags < 4; flags++) {
+                    bool drop_last = flags & 1, split = flags & 2;
+                    if (split && bs % world) continue;
+                    for (int64_t step = 0;; step++) {
+                        int64_t want[1024], got[1024], pad = 0, rep = 0, len0 = -2;
+                        for (int r = 0; r < world; r++) {
+                            int64_t a = accelerate_dispatch(n, bs, drop_last, split, world, r, step, want, &rep);
+                            int64_t c = caccel_dispatch(n, bs, drop_last, split, world, r, step, got, &pad);
+                            if (a < 0 || c < 0) {
+                                assert_true(a < 0 && c < 0);   /* the same number of steps */
+                                break;
+                            }
+                            if (len0 == -2) len0 = c;
+                            assert_int_equal(c, len0);         /* every rank the same size */
+                            assert_true(pad >= 0 && pad <= c);
+                            if (a == c) {
+                                assert_memory_equal(want, got, sizeof *got * (size_t)c);
+                                assert_int_equal(pad, rep);
+                            } else {
+                                assert_true(a < c && 2 * n < world);
+                                assert_memory_equal(want, got, sizeof *got * (size_t)a);
+                                short_cases++;
+                            }
+                        }
+                        if (len0 == -2) break;
+                    }
+                }
+    assert_true(short_cases > 0);
+}
+
+/* The repeats: DataLoaderDispatcher's remainder is the real size of the last
+ * global batch, so the padding sits at its end: the last ranks' slices. */
+static void test_dispatch_slice(void **state) {
+    (void)state;
+    assert_int_equal(ca_dispatch_padded(10, 3), 12);
+    assert_int_equal(ca_dispatch_padded(9, 3), 9);
+    assert_int_equal(ca_dispatch_padded(2, 4), 4);
+    assert_int_equal(ca_dispatch_padded(7, 1), 7);
+    int64_t first, len, pad;
+    /* 4 real + 2 repeats over 3 ranks: [6,7] [8,9] [0,1] */
+    ca_dispatch_slice(6, 2, 2, 3, &first, &len, &pad);
+    assert_int_equal(first, 4);
+    assert_int_equal(len, 2);
+    assert_int_equal(pad, 2);
+    ca_dispatch_slice(6, 2, 1, 3, &first, &len, &pad);
+    assert_int_equal(pad, 0);
+    /* 5 real + 3 repeats over 4 ranks of 2: rank 2 holds one repeat, rank 3 two */
+    ca_dispatch_slice(8, 3, 2, 4, &first, &len, &pad);
+    assert_int_equal(pad, 1);
+    ca_dispatch_slice(8, 3, 3, 4, &first, &len, &pad);
+    assert_int_equal(first, 6);
+    assert_int_equal(pad, 2);
+    /* the repeats of all ranks add up to the batch's */
+    for (int world = 2; world <= 6; world++)
+        for (int64_t m = 1; m <= 40; m++) {
+            int64_t size = ca_dispatch_padded(m, world), total = 0;
+            assert_int_equal(size % world, 0);
+            assert_true(size - m < world);
+            for (int r = 0; r < world; r++) {
+                ca_dispatch_slice(size, size - m, r, world, &first, &len, &pad);
+                assert_int_equal(first, r * (size / world));
+                total += pad;
+            }
+            assert_int_equal(total, size - m);
+        }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_permutation),
@@ -543,6 +677,8 @@ int main(void) {
         cmocka_unit_test(test_sampler_shard_lists),
         cmocka_unit_test(test_sampler_shard_varying),
         cmocka_unit_test(test_plan_split_global_batch),
+        cmocka_unit_test(test_dispatch_matches_accelerate),
+        cmocka_unit_test(test_dispatch_slice),
     };
     return cmocka_run_group_tests_name("data_sampler", tests, NULL, NULL);
 }

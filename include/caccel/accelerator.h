@@ -48,7 +48,10 @@ CA_API void ca_accelerator_destroy(ca_accelerator *acc);
  * more dataloaders (evaluation), optimizers and models (a GAN's generator and
  * critic, teacher and student: plain data parallelism only, each model with its
  * own gradient buckets, reduced by the backwards that reach it; ca_save_state
- * holds one model). */
+ * holds one model). With the key dispatch_batches and more than one process,
+ * the loader's data is read by rank 0 alone and each ca_dataloader_next becomes
+ * a collective (every rank calls it, in step) that broadcasts the global batch;
+ * that fails, naming the key, over a custom batch sampler (docs/DATA.md). */
 CA_API ca_status ca_prepare(ca_accelerator *acc, ca_module *model, ca_optimizer *opt,
                             ca_dataloader *dl);
 CA_API ca_status ca_prepare_dataloader(ca_accelerator *acc, ca_dataloader *dl);

@@ -136,7 +136,7 @@ typedef struct ca_settings {
     double bucket_cap_mb;               /* gradient bucket size */
     bool even_batches;
     bool split_batches;                 /* a loader's batch_size is global; each process gets a slice */
-    bool dispatch_batches;              /* accepted; caccel never dispatches (docs/CONFIGURATION.md) */
+    bool dispatch_batches;              /* rank 0 reads, the others receive their slice (docs/DATA.md) */
     bool use_seedable_sampler;          /* data_seed seeds the shuffles */
     int64_t data_seed;                  /* -1: not given */
     bool non_blocking;                  /* accepted; no effect */

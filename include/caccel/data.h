@@ -32,9 +32,10 @@ typedef struct ca_dataset ca_dataset;
 /* An iterable dataset (Accelerate's IterableDataset): a stream with no length
  * and no random access. `begin` restarts the stream for an epoch (every pass
  * calls it; the same epoch must give the same samples on every rank, as every
- * rank reads the whole stream and keeps its shard); `next` writes the next
- * sample into x and y, or sets *end at the end of the stream. Both are called
- * from the loader's prefetch thread. */
+ * rank reads the whole stream and keeps its shard, unless the loader is
+ * prepared with dispatch_batches: then rank 0 alone calls begin and next);
+ * `next` writes the next sample into x and y, or sets *end at the end of the
+ * stream. Both are called from the loader's prefetch thread. */
 typedef struct ca_iterable_ops {
     size_t struct_size;
     ca_status (*begin)(void *ctx, int64_t epoch);
@@ -113,7 +114,9 @@ CA_API void ca_dataloader_destroy(ca_dataloader *dl);  /* accepts NULL; joins th
 /* Hands out the next batch of this epoch: ends the previous batch's scope and
  * opens a new one (the step scope). Returns false at the end of the epoch
  * (after which the next call starts epoch+1) or on error: check
- * ca_dataloader_status(). */
+ * ca_dataloader_status(). A loader prepared with dispatch_batches on more than
+ * one process receives the batch from rank 0 here: every rank must call it,
+ * from the thread that drives the accelerator's collectives. */
 CA_API bool ca_dataloader_next(ca_dataloader *dl, ca_batch *b);
 /* CA_OK, or the error that made ca_dataloader_next return false. */
 CA_API ca_status ca_dataloader_status(const ca_dataloader *dl);
@@ -167,7 +170,7 @@ typedef struct ca_batch_sampler_ops {
  * is the size of its batches but perhaps the last, 0 when they vary (Accelerate's
  * batch_size None; cap is then CA_BATCH_SAMPLER_MAX); drop_last as the sampler's.
  * Across processes the batches are sharded as Accelerate's BatchSamplerShard. Not
- * for an iterable dataset. */
+ * for an iterable dataset, nor a loader prepared with dispatch_batches. */
 CA_API ca_status ca_dataloader_set_batch_sampler(ca_dataloader *dl, const ca_batch_sampler_ops *ops, void *ctx,
                                                  int64_t batch_size, bool drop_last);
 
