@@ -32,6 +32,16 @@ void ca_cli_default_config_path(char *buf, size_t size) {
         snprintf(buf, size, "%s/.config/caccel/default_config.yaml", home);
 }
 
+int ca_cli_config_target(const char *arg, char *buf, size_t size, const char *cmd) {
+    if (arg)
+        snprintf(buf, size, "%s", arg);
+    else
+        ca_cli_default_config_path(buf, size);
+    if (buf[0]) return 0;
+    fprintf(stderr, "caccel %s: error: neither HOME nor XDG_CONFIG_HOME is set\n  hint: pass --config_file FILE\n", cmd);
+    return 1;
+}
+
 void ca_cli_accelerate_config_path(char *buf, size_t size) {
     const char *hf = getenv("HF_HOME"), *cache = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
     buf[0] = '\0';

@@ -43,6 +43,9 @@ int ca_cli_fail(const char *cmd);
 /* caccel's default config file: $XDG_CONFIG_HOME/caccel/default_config.yaml
  * (XDG_CONFIG_HOME defaults to ~/.config). "" when neither is known. */
 void ca_cli_default_config_path(char *buf, size_t size);
+/* The file a config command writes: `arg` when given, else the default above. Prints
+ * "caccel <cmd>: error: ..." and returns 1 when there is neither. */
+int ca_cli_config_target(const char *arg, char *buf, size_t size, const char *cmd);
 /* Accelerate's: $HF_HOME/accelerate/default_config.yaml (HF_HOME defaults to
  * $XDG_CACHE_HOME/huggingface, i.e. ~/.cache/huggingface). */
 void ca_cli_accelerate_config_path(char *buf, size_t size);

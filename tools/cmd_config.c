@@ -70,15 +70,7 @@ static int config_default(int argc, char **argv) {
     ca_config_destroy(c);
 
     char path[4096];
-    if (path_arg)
-        snprintf(path, sizeof path, "%s", path_arg);
-    else
-        ca_cli_default_config_path(path, sizeof path);
-    if (!path[0]) {
-        fprintf(stderr, "caccel config default: error: neither HOME nor XDG_CONFIG_HOME is set\n"
-                        "  hint: pass --config_file FILE\n");
-        return 1;
-    }
+    if (ca_cli_config_target(path_arg, path, sizeof path, "config default")) return 1;
     struct stat st;
     if (stat(path, &st) == 0) {
         fprintf(stderr, "caccel config default: error: configuration already exists at %s, will not override it\n"

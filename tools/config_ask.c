@@ -765,14 +765,6 @@ int ca_cmd_config_ask(int argc, char **argv) {
         return 1;
     }
     char path[4096];
-    if (path_arg)
-        snprintf(path, sizeof path, "%s", path_arg);
-    else
-        ca_cli_default_config_path(path, sizeof path);
-    if (!path[0]) {
-        fprintf(stderr, "caccel config: error: neither HOME nor XDG_CONFIG_HOME is set\n"
-                        "  hint: pass --config_file FILE\n");
-        return 1;
-    }
+    if (ca_cli_config_target(path_arg, path, sizeof path, "config")) return 1;
     return run_questionnaire(path);
 }
