@@ -30,8 +30,9 @@ wait_for() {
     done
 }
 
-# the epoch lines without the throughput: "epoch 2/3: train loss 0.4410, test accuracy ..."
-epochs() { grep '^epoch' "$1" | sed 's/, [0-9.]* samples\/s.*//'; }
+# the epoch lines without the throughput: "epoch 2/3: train loss 0.4410, test accuracy ..." (not the
+# progress bar's "epoch 2/3:  10% 47/469 [...]" lines)
+epochs() { grep '^epoch [0-9]*/[0-9]*: train loss' "$1" | sed 's/, [0-9.]* samples\/s.*//'; }
 
 # same_epochs RESUMED FULL: every epoch line of the resumed run is the uninterrupted run's
 same_epochs() {
@@ -86,7 +87,7 @@ restart_check() {
         { cat "$WORK/$name.out"; fail "$name: the first start did not say it had nothing to resume"; }
     grep -q "was killed by signal 9" "$WORK/$name.out" && grep -q "restarting every process (restart 1 of 1)" "$WORK/$name.out" ||
         { cat "$WORK/$name.out"; fail "$name: no restart after the kill"; }
-    [ "$(grep -c '^epoch 3/3' "$WORK/$name.out")" -eq 1 ] || { cat "$WORK/$name.out"; fail "$name: epoch 3 not run once"; }
+    [ "$(grep -c '^epoch 3/3: train loss' "$WORK/$name.out")" -eq 1 ] || { cat "$WORK/$name.out"; fail "$name: epoch 3 not run once"; }
     echo "  killed a rank after $had; restarted"
     cmp "$WORK/two.full" "$WORK/$name.res" || fail "$name: the parameters after the restart differ from the uninterrupted run's"
     echo "  same parameters, bit for bit"
@@ -151,7 +152,7 @@ if have_backend gloo && [ -x "$CACCEL" ]; then
     note "saved on 2 processes, resumed on 1; saved on 1, resumed on 2"
     "$FM" $ARGS --max-steps 400 --checkpoint_dir "$WORK/files2.copy" --resume > "$WORK/w1.out" 2>&1 ||
         { cat "$WORK/w1.out"; fail "2 -> 1 process resume failed"; }
-    grep -q '^epoch 1/3' "$WORK/w1.out" || { cat "$WORK/w1.out"; fail "2 -> 1: no epoch line"; }
+    grep -q '^epoch 1/3: train loss' "$WORK/w1.out" || { cat "$WORK/w1.out"; fail "2 -> 1: no epoch line"; }
     $L "$FM" $ARGS --max-steps 400 --checkpoint_dir "$WORK/files.copy" --resume > "$WORK/w2.out" 2>&1 ||
         { cat "$WORK/w2.out"; fail "1 -> 2 processes resume failed"; }
     grep -q "no random_states_1.json (saved with fewer processes); using random_states_0.json" "$WORK/w2.out" ||
