@@ -52,6 +52,7 @@ typedef struct ca_zero_unit {
     int n;
     int *idx;                    /* its parameters, as indices into ca_zero.params */
     int64_t numel;
+    int64_t slice;               /* the gather's per-rank count: the most of it one rank's shard holds */
     bool gathered;               /* the parameters' full storage exists now */
     bool in_forward;             /* gathered by this forward's pre-forward hook (released after it) */
     int done;                    /* parameters whose gradient is complete this backward */

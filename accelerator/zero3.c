@@ -4,9 +4,10 @@
  * gathered just before its module's forward and released after it; a backward hook on the unit's
  * output gathers them again before the unit's backward, and they are released once every one of
  * their gradients is complete. Gradients are reduce-scattered into the shard as in stage 2.
- * A unit's parameters are spread over the ranks whose shards they cross, so the gather is an
- * all-reduce (sum) of a unit-sized buffer in which each rank wrote its own part and zeros elsewhere:
- * exact (x + 0 = x) and never larger than one unit. No prefetch: each gather waits. */
+ * A unit's parameters are spread over the ranks whose shards they cross (the flat layout is that of
+ * stages 1 and 2), so the gather is an all-gather of each rank's part of the unit, in flat order,
+ * padded to the largest part (slice): each rank sends (N - 1) * slice elements where an all-reduce
+ * of the unit would send 2 (N - 1) / N * numel. No prefetch: each gather waits. */
 #include "accelerator/accelerator_impl.h"
 
 #include <stdlib.h>
@@ -18,39 +19,65 @@ static ca_status oom(void) { return ca_last_status() ? ca_last_status() : ca_err
 
 /* ------------------------------------------------------------------ gather and release */
 
-/* Copies the part of parameter i inside this rank's shard between pshard and buf (at the
- * parameter's position pos in buf); to_buf false writes buf back into the shard. */
-static ca_status shard_part(ca_accelerator *acc, int i, ca_tensor *buf, int64_t pos, bool to_buf) {
+/* The part [*s, *t) of parameter i (flat indices) inside rank r's shard; empty when *s >= *t. */
+static void in_shard(const ca_zero *z, int i, int r, int64_t *s, int64_t *t) {
+    int64_t lo = r * z->shard, hi = lo + z->shard, b = z->off[i], e = b + z->params[i]->numel;
+    *s = b > lo ? b : lo;
+    *t = e < hi ? e : hi;
+}
+
+/* Elements of unit u inside rank r's shard. */
+static int64_t unit_part(const ca_zero *z, const ca_zero_unit *u, int r) {
+    int64_t n = 0, s, t;
+    for (int j = 0; j < u->n; j++) {
+        in_shard(z, u->idx[j], r, &s, &t);
+        if (s < t) n += t - s;
+    }
+    return n;
+}
+
+/* Packs this rank's part of the unit (in flat order) into send, or unpacks rank r's part of recv
+ * into the parameters' storage. */
+static ca_status unit_pack(ca_accelerator *acc, ca_zero_unit *u, int r, float *buf, bool pack) {
     ca_zero *z = &acc->zero;
-    int64_t lo = acc->rank * z->shard, hi = lo + z->shard;
-    int64_t b = z->off[i], e = b + z->params[i]->numel;
-    int64_t s = b > lo ? b : lo, t = e < hi ? e : hi;
-    if (s >= t) return CA_OK;
-    float *sh = ca_zero_fptr(z->pshard, s - lo), *bf = ca_zero_fptr(buf, pos + s - b);
-    return to_buf ? ca_zero_copy_f32(acc->device, sh, bf, t - s) : ca_zero_copy_f32(acc->device, bf, sh, t - s);
+    int64_t run = 0, s, t;
+    ca_status st = CA_OK;
+    for (int j = 0; st == CA_OK && j < u->n; j++) {
+        int i = u->idx[j];
+        in_shard(z, i, r, &s, &t);
+        if (s >= t) continue;
+        st = pack ? ca_zero_copy_f32(acc->device, ca_zero_fptr(z->pshard, s - r * z->shard), buf + run, t - s)
+                  : ca_zero_copy_f32(acc->device, buf + run, ca_zero_fptr(z->params[i], s - z->off[i]), t - s);
+        run += t - s;
+    }
+    return st;
 }
 
 static ca_status unit_gather(ca_zero_unit *u) {
-    if (u->gathered) return CA_OK;
+    if (u->gathered || !u->n) {   /* a unit with no parameters of its own has nothing to gather */
+        u->gathered = true;
+        return CA_OK;
+    }
     ca_accelerator *acc = u->acc;
     ca_zero *z = &acc->zero;
-    ca_tensor *buf = ca_zero_persistent_zeros(acc->device, u->numel);
-    if (!buf) return oom();
-    ca_status s = CA_OK;
-    int64_t pos = 0;
-    for (int j = 0; s == CA_OK && j < u->n; pos += z->params[u->idx[j]]->numel, j++)
-        s = shard_part(acc, u->idx[j], buf, pos, true);
+    ca_tensor *send = ca_zero_persistent_zeros(acc->device, u->slice);
+    ca_tensor *recv = send && acc->world > 1 ? ca_zero_persistent_zeros(acc->device, u->slice * acc->world) : send;
+    if (!recv) {
+        ca_tensor_free(send);
+        return oom();
+    }
+    ca_status s = unit_pack(acc, u, acc->rank, ca_zero_fptr(send, 0), true);
     if (s == CA_OK && acc->world > 1)
-        s = ca_comm_all_reduce(acc->comm, ca_tptr(buf), ca_tptr(buf), (size_t)u->numel, CA_F32, CA_OP_SUM, NULL);
-    pos = 0;
+        s = ca_comm_all_gather(acc->comm, ca_tptr(send), ca_tptr(recv), (size_t)u->slice, CA_F32, NULL);
     for (int j = 0; s == CA_OK && j < u->n; j++) {
         ca_tensor *p = z->params[u->idx[j]];
         if (!p->storage->ptr) s = ca_device_alloc(acc->device, p->storage->bytes, &p->storage->ptr);
-        if (s == CA_OK) s = ca_zero_copy_f32(acc->device, ca_zero_fptr(buf, pos), ca_zero_fptr(p, 0), p->numel);
         p->version++;   /* a low-precision copy made from older values is stale */
-        pos += p->numel;
     }
-    ca_tensor_free(buf);
+    for (int r = 0; s == CA_OK && r < acc->world; r++)
+        s = unit_pack(acc, u, r, ca_zero_fptr(recv, r * u->slice), false);
+    if (recv != send) ca_tensor_free(recv);
+    ca_tensor_free(send);
     if (s != CA_OK)
         return ca_error_context("stage 3: gathering the %d parameter(s) of %s on rank %d", u->n,
                                 ca_module_type(u->mod), acc->rank);
@@ -196,6 +223,11 @@ static ca_status make_units(ca_accelerator *acc, ca_module *m) {
         u->idx[u->n++] = i;
         u->numel += z->params[i]->numel;
     }
+    for (int k = 0; k < z->nunits; k++)   /* the all-gather's per-rank count: the largest part */
+        for (int r = 0; r < acc->world; r++) {
+            int64_t n = unit_part(z, &z->units[k], r);
+            if (n > z->units[k].slice) z->units[k].slice = n;
+        }
     return CA_OK;
 }
 

@@ -1,7 +1,7 @@
 /* ddp_check: data-parallel training checks run as real processes (caccel launch or mpirun), driven
  * by tests/test_ddp.sh. Every mode prints "key=value" lines that the script compares across world sizes.
  *   --mode plain  : S steps, batch B per rank; dumps the parameters
- *   --mode accum  : S real steps of k micro-batches; counts collectives per real step
+ *   --mode accum  : S real steps of k micro-batches; counts collectives and bytes sent per real step
  *   --mode clip   : clip_grad_norm(0.5) every step; prints the first norm
  *   --mode fp16inf: fp16, the last rank puts an Inf in a gradient at step 3
  *   --mode uneven : 103 samples, evaluation through gather_for_metrics
@@ -131,7 +131,7 @@ int main(int argc, char **argv) {
     ca_comm *comm = ca_accelerator_comm(acc);
     int rank = ca_process_index(acc), world = ca_num_processes(acc);
     int rc = 0, micro = 0;
-    uint64_t seq0 = ca_comm_seq(comm);
+    uint64_t seq0 = ca_comm_seq(comm), bytes0 = ca_comm_bytes(comm);
     ca_batch b;
     while (micro < o.steps * o.k && ca_dataloader_next(dl, &b)) {
         /* between steps: the loader ended the previous step's scope; only the batch is new */
@@ -163,8 +163,11 @@ int main(int argc, char **argv) {
             if (boundary && !strcmp(o.mode, "accum")) {
                 /* every micro-step before the boundary reduced nothing: one bucket, one all-reduce */
                 uint64_t seq = ca_comm_seq(comm);
+                uint64_t bytes = ca_comm_bytes(comm);
                 printf("rank=%d collectives_per_step=%llu\n", rank, (unsigned long long)(seq - seq0));
+                printf("rank=%d bytes_per_step=%llu\n", rank, (unsigned long long)(bytes - bytes0));
                 seq0 = seq;
+                bytes0 = bytes;
             }
         }
     }

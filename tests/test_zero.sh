@@ -95,13 +95,20 @@ echo "  state bytes: stage 3 at 1, 2, 4 ranks: $m1 $m2 $m4; DDP at 4: $d4"
 [ "$m4" -le $((m1 * 11 / 40 + 16384)) ] || fail "stage 3 at 4 ranks holds $m4 bytes, more than a quarter of $m1 (+10%)"
 [ "$m4" -lt $((d4 / 3)) ] || fail "stage 3 at 4 ranks holds $m4 bytes, DDP $d4"
 
-note "accumulation: 4 micro-batches of 8 on 2 ranks == 1 rank at batch 64; stage 2 reduce-scatters once and all-gathers once per real step"
+note "accumulation: 4 micro-batches of 8 on 2 ranks == 1 rank at batch 64; stage 2 reduce-scatters once and all-gathers once per real step; stage 3 sends all-gathers' bytes (ca_comm_bytes), not all-reduces'"
 "$DDP" --mode plain --batch 64 --steps 6 --dump "$WORK/acc1.bin" > /dev/null 2>&1 || fail "1 rank"
 for be in $backends; do
     zlaunch 2 "$be" 2 "$DDP" --mode accum --k 4 --batch 8 --steps 6 --dump "$WORK/acc2.bin" > "$WORK/o" || { cat "$WORK/o"; fail "accum $be"; }
     count 12 'collectives_per_step=2$' "$WORK/o"
     same "$WORK/acc1.bin" "$WORK/acc2.bin"
+    count 12 'bytes_per_step=1552$' "$WORK/o"   # (2 - 1) x 194 x 4 twice: reduce-scatter, all-gather
     zlaunch 2 "$be" 3 "$DDP" --mode accum --k 4 --batch 8 --steps 6 --dump "$WORK/acc3.bin" > "$WORK/o" || { cat "$WORK/o"; fail "accum stage 3 $be"; }
+    # per micro-step each unit is all-gathered twice (forward, backward): fc1 (288 parameters, 194
+    # in rank 0's shard) and fc2 (99, all in rank 1's) send 2 x (194 + 99) x 4 bytes; 4 micro-steps
+    # and one reduce-scatter of the 194-element shard: 4 x 2344 + 776. An all-reduce of each unit
+    # would send 4 x 2 x (288 + 99) x 4 + 776 = 13160.
+    count 12 'collectives_per_step=17$' "$WORK/o"
+    count 12 'bytes_per_step=10152$' "$WORK/o"
     same "$WORK/acc1.bin" "$WORK/acc3.bin"
 done
 
