@@ -3,7 +3,10 @@
  * move between stages); the full storage of every parameter is freed. A wrap unit's parameters are
  * gathered just before its module's forward and released after it; a backward hook on the unit's
  * output gathers them again before the unit's backward, and they are released once every one of
- * their gradients is complete. Gradients are reduce-scattered into the shard as in stage 2.
+ * their gradients is complete. Each unit's gradient is a buffer of its own, made before the unit's
+ * backward; in a synchronising backward it is reduce-scattered into the gradient shard as soon as
+ * the unit's last gradient is complete, and freed (no full flat gradient exists); in an
+ * accumulation micro-step it stays and accumulates until the synchronising one.
  * A unit's parameters are spread over the ranks whose shards they cross (the flat layout is that of
  * stages 1 and 2), so the gather is an all-gather of each rank's part of the unit, in flat order,
  * padded to the largest part (slice): each rank sends (N - 1) * slice elements where an all-reduce
@@ -86,6 +89,107 @@ static ca_status unit_gather(ca_zero_unit *u) {
     return CA_OK;
 }
 
+/* ------------------------------------------------------------------ gradients */
+
+/* The unit's gradient buffer, [N * slice]: the parameters' .grad are views of its first numel
+ * elements in flat order. A gradient made elsewhere (the parameter used outside its unit) is
+ * copied in. */
+static ca_status unit_grads(ca_zero_unit *u) {
+    if (u->grad || !u->n) return CA_OK;
+    ca_accelerator *acc = u->acc;
+    ca_zero *z = &acc->zero;
+    if (!(u->grad = ca_zero_persistent_zeros(acc->device, u->slice * acc->world))) return oom();
+    int64_t pos = 0;
+    ca_status s = CA_OK;
+    for (int j = 0; s == CA_OK && j < u->n; pos += z->params[u->idx[j]]->numel, j++) {
+        ca_tensor *p = z->params[u->idx[j]];
+        ca_tensor *g = ca_zero_flat_view(u->grad, p->ndim, p->shape, pos);
+        if (!g) return oom();
+        bool had = p->grad && p->grad_defined;
+        if (had) s = ca_zero_copy_f32(acc->device, ca_zero_fptr(p->grad, 0), ca_zero_fptr(g, 0), p->numel);
+        ca_tensor_free(p->grad);
+        p->grad = g;
+        p->grad_defined = had;
+    }
+    return s;
+}
+
+static void free_grads(ca_zero_unit *u) {
+    for (int j = 0; u->grad && j < u->n; j++) {
+        ca_tensor *p = u->acc->zero.params[u->idx[j]];
+        ca_tensor_free(p->grad);
+        p->grad = NULL;
+        p->grad_defined = false;
+    }
+    ca_tensor_free(u->grad);
+    u->grad = NULL;
+}
+
+/* Lays the flat-order gradient out by rank for the reduce-scatter: rank r's part (a contiguous run
+ * in flat order) moves to r * slice. Parts only move right, so the last goes first; each through
+ * tmp, as a part may overlap its destination. */
+static ca_status by_rank(ca_accelerator *acc, ca_zero_unit *u, float *buf, float *tmp) {
+    int64_t start = u->numel;
+    ca_status s = CA_OK;
+    for (int r = acc->world - 1; s == CA_OK && r >= 0; r--) {
+        int64_t n = unit_part(&acc->zero, u, r);
+        start -= n;
+        if (!n || start == r * u->slice) continue;
+        s = ca_zero_copy_f32(acc->device, buf + start, tmp, n);
+        if (s == CA_OK) s = ca_zero_copy_f32(acc->device, tmp, buf + r * u->slice, n);
+    }
+    return s;
+}
+
+/* Reduce-scatters (average) the unit's gradient into this rank's gradient shard and frees it.
+ * Gradients no backward reached are zeros. */
+static ca_status unit_reduce(ca_zero_unit *u) {
+    if (u->reduced || !u->n) return CA_OK;
+    ca_accelerator *acc = u->acc;
+    ca_zero *z = &acc->zero;
+    ca_status s = unit_grads(u);
+    for (int j = 0; s == CA_OK && j < u->n; j++) {
+        ca_tensor *p = z->params[u->idx[j]];
+        if (!p->grad_defined) s = CA_KCALL(acc->device, fill, CA_F32, p->numel, 0.0, ca_tptr(p->grad));
+        p->grad_defined = true;
+    }
+    ca_tensor *tmp = s == CA_OK ? ca_zero_persistent_zeros(acc->device, u->slice) : NULL;
+    if (s == CA_OK && !tmp) s = oom();
+    float *buf = u->grad ? ca_zero_fptr(u->grad, 0) : NULL, *mine = buf;
+    if (s == CA_OK && acc->world > 1) {
+        s = by_rank(acc, u, buf, ca_zero_fptr(tmp, 0));
+        if (s == CA_OK)
+            s = ca_comm_reduce_scatter(acc->comm, buf, ca_tptr(tmp), (size_t)u->slice, CA_F32, CA_OP_AVG, NULL);
+        mine = ca_zero_fptr(tmp, 0);
+    }
+    int64_t lo = acc->rank * z->shard, run = 0, a, b;
+    for (int j = 0; s == CA_OK && j < u->n; j++) {   /* this rank's part, in flat order */
+        in_shard(z, u->idx[j], acc->rank, &a, &b);
+        if (a >= b) continue;
+        s = ca_zero_copy_f32(acc->device, mine + run, ca_zero_fptr(z->gshard, a - lo), b - a);
+        run += b - a;
+    }
+    ca_tensor_free(tmp);
+    free_grads(u);
+    if (s != CA_OK)
+        return ca_error_context("stage 3: reduce-scattering the gradients of the %d parameter(s) of %s on rank %d",
+                                u->n, ca_module_type(u->mod), acc->rank);
+    u->reduced = true;
+    return CA_OK;
+}
+
+void ca_zero3_before_backward(ca_accelerator *acc) {
+    acc->zero.err = CA_OK;
+    for (int k = 0; k < acc->zero.nunits; k++) acc->zero.units[k].reduced = false;
+}
+
+ca_status ca_zero3_reduce(ca_accelerator *acc) {
+    ca_zero *z = &acc->zero;
+    ca_status s = z->err;
+    for (int k = 0; s == CA_OK && k < z->nunits; k++) s = unit_reduce(&z->units[k]);
+    return s;
+}
+
 static void unit_release(ca_zero_unit *u) {
     if (!u->gathered || u->acc->zero.summoned) return;
     for (int j = 0; j < u->n; j++) {
@@ -112,7 +216,8 @@ static ca_status pre_forward(void *ctx, ca_module *m) {
 static ca_status pre_backward(void *ctx) {
     ca_zero_unit *u = ctx;
     u->done = 0;
-    return unit_gather(u);
+    ca_status s = unit_gather(u);
+    return s == CA_OK && u->acc->in_backward ? unit_grads(u) : s;
 }
 
 static ca_tensor *post_forward(void *ctx, ca_module *m, ca_tensor *y) {
@@ -124,11 +229,16 @@ static ca_tensor *post_forward(void *ctx, ca_module *m, ca_tensor *y) {
     return y;
 }
 
-/* A parameter's gradient is complete: once all of the unit's are, its parameters go. */
+/* A parameter's gradient is complete: once all of the unit's are, a synchronising backward
+ * reduce-scatters them, and the parameters go. The hook cannot fail: the first failure waits in
+ * err for the end of the backward. */
 static void grad_done(ca_tensor *leaf, void *ctx) {
     (void)leaf;
     ca_zero_unit *u = ctx;
-    if (++u->done >= u->n) unit_release(u);
+    ca_accelerator *acc = u->acc;
+    if (++u->done < u->n) return;
+    if (acc->in_backward && acc->sync && acc->zero.err == CA_OK) acc->zero.err = unit_reduce(u);
+    unit_release(u);
 }
 
 /* ------------------------------------------------------------------ wrap units */
@@ -310,6 +420,8 @@ void ca_zero3_free(ca_accelerator *acc) {
             z->units[k].mod->post_forward = NULL;
             z->units[k].mod->hook_ctx = NULL;
         }
+        if (z->nparams) free_grads(&z->units[k]);   /* else the views went with the model */
+        ca_tensor_free(z->units[k].grad);
         free(z->units[k].idx);
     }
     free(z->units);
