@@ -53,6 +53,7 @@ typedef struct ca_zero_unit {
     int *idx;                    /* its parameters, as indices into ca_zero.params */
     int64_t numel;
     int64_t slice;               /* the gather's per-rank count: the most of it one rank's shard holds */
+    bool by_part;                /* gathered by all-gather, reduced by reduce-scatter (else all-reduces) */
     bool gathered;               /* the parameters' full storage exists now */
     bool in_forward;             /* gathered by this forward's pre-forward hook (released after it) */
     int done;                    /* parameters whose gradient is complete this backward */

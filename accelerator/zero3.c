@@ -9,8 +9,11 @@
  * accumulation micro-step it stays and accumulates until the synchronising one.
  * A unit's parameters are spread over the ranks whose shards they cross (the flat layout is that of
  * stages 1 and 2), so the gather is an all-gather of each rank's part of the unit, in flat order,
- * padded to the largest part (slice): each rank sends (N - 1) * slice elements where an all-reduce
- * of the unit would send 2 (N - 1) / N * numel. No prefetch: each gather waits. */
+ * padded to the largest part (slice), and the gradient's reduction a reduce-scatter of such parts:
+ * each rank sends (N - 1) * slice elements. Where that is more than the 2 (N - 1) / N * numel of an
+ * all-reduce of the whole unit (a unit mostly inside one rank's shard), both are all-reduces of
+ * the unit instead (by_part false): the gather's with each rank's part in place and zeros
+ * elsewhere (x + 0 = x). No prefetch: each gather waits. */
 #include "accelerator/accelerator_impl.h"
 
 #include <stdlib.h>
@@ -39,6 +42,13 @@ static int64_t unit_part(const ca_zero *z, const ca_zero_unit *u, int r) {
     return n;
 }
 
+/* Where rank r's part starts in the unit's flat order. */
+static int64_t part_start(const ca_zero *z, const ca_zero_unit *u, int r) {
+    int64_t n = 0;
+    for (int q = 0; q < r; q++) n += unit_part(z, u, q);
+    return n;
+}
+
 /* Packs this rank's part of the unit (in flat order) into send, or unpacks rank r's part of recv
  * into the parameters' storage. */
 static ca_status unit_pack(ca_accelerator *acc, ca_zero_unit *u, int r, float *buf, bool pack) {
@@ -63,22 +73,27 @@ static ca_status unit_gather(ca_zero_unit *u) {
     }
     ca_accelerator *acc = u->acc;
     ca_zero *z = &acc->zero;
-    ca_tensor *send = ca_zero_persistent_zeros(acc->device, u->slice);
-    ca_tensor *recv = send && acc->world > 1 ? ca_zero_persistent_zeros(acc->device, u->slice * acc->world) : send;
+    /* by parts: [slice] -> [N * slice]; else one [numel] buffer, each rank's part at its place */
+    ca_tensor *send = ca_zero_persistent_zeros(acc->device, u->by_part ? u->slice : u->numel);
+    bool parts = u->by_part && acc->world > 1;
+    ca_tensor *recv = send && parts ? ca_zero_persistent_zeros(acc->device, u->slice * acc->world) : send;
     if (!recv) {
         ca_tensor_free(send);
         return oom();
     }
-    ca_status s = unit_pack(acc, u, acc->rank, ca_zero_fptr(send, 0), true);
+    int64_t at = u->by_part ? 0 : part_start(z, u, acc->rank);
+    ca_status s = unit_pack(acc, u, acc->rank, ca_zero_fptr(send, at), true);
     if (s == CA_OK && acc->world > 1)
-        s = ca_comm_all_gather(acc->comm, ca_tptr(send), ca_tptr(recv), (size_t)u->slice, CA_F32, NULL);
+        s = u->by_part ? ca_comm_all_gather(acc->comm, ca_tptr(send), ca_tptr(recv), (size_t)u->slice, CA_F32, NULL)
+                       : ca_comm_all_reduce(acc->comm, ca_tptr(send), ca_tptr(send), (size_t)u->numel, CA_F32,
+                                            CA_OP_SUM, NULL);
     for (int j = 0; s == CA_OK && j < u->n; j++) {
         ca_tensor *p = z->params[u->idx[j]];
         if (!p->storage->ptr) s = ca_device_alloc(acc->device, p->storage->bytes, &p->storage->ptr);
         p->version++;   /* a low-precision copy made from older values is stale */
     }
     for (int r = 0; s == CA_OK && r < acc->world; r++)
-        s = unit_pack(acc, u, r, ca_zero_fptr(recv, r * u->slice), false);
+        s = unit_pack(acc, u, r, ca_zero_fptr(recv, u->by_part ? r * u->slice : part_start(z, u, r)), false);
     if (recv != send) ca_tensor_free(recv);
     ca_tensor_free(send);
     if (s != CA_OK)
@@ -91,14 +106,15 @@ static ca_status unit_gather(ca_zero_unit *u) {
 
 /* ------------------------------------------------------------------ gradients */
 
-/* The unit's gradient buffer, [N * slice]: the parameters' .grad are views of its first numel
- * elements in flat order. A gradient made elsewhere (the parameter used outside its unit) is
- * copied in. */
+/* The unit's gradient buffer, [N * slice] by parts, else [numel]: the parameters' .grad are views
+ * of its first numel elements in flat order. A gradient made elsewhere (the parameter used outside
+ * its unit) is copied in. */
 static ca_status unit_grads(ca_zero_unit *u) {
     if (u->grad || !u->n) return CA_OK;
     ca_accelerator *acc = u->acc;
     ca_zero *z = &acc->zero;
-    if (!(u->grad = ca_zero_persistent_zeros(acc->device, u->slice * acc->world))) return oom();
+    int64_t n = u->by_part ? u->slice * acc->world : u->numel;
+    if (!(u->grad = ca_zero_persistent_zeros(acc->device, n))) return oom();
     int64_t pos = 0;
     ca_status s = CA_OK;
     for (int j = 0; s == CA_OK && j < u->n; pos += z->params[u->idx[j]]->numel, j++) {
@@ -153,14 +169,18 @@ static ca_status unit_reduce(ca_zero_unit *u) {
         if (!p->grad_defined) s = CA_KCALL(acc->device, fill, CA_F32, p->numel, 0.0, ca_tptr(p->grad));
         p->grad_defined = true;
     }
-    ca_tensor *tmp = s == CA_OK ? ca_zero_persistent_zeros(acc->device, u->slice) : NULL;
-    if (s == CA_OK && !tmp) s = oom();
+    bool parts = u->by_part && acc->world > 1;
+    ca_tensor *tmp = s == CA_OK && parts ? ca_zero_persistent_zeros(acc->device, u->slice) : NULL;
+    if (s == CA_OK && parts && !tmp) s = oom();
     float *buf = u->grad ? ca_zero_fptr(u->grad, 0) : NULL, *mine = buf;
-    if (s == CA_OK && acc->world > 1) {
+    if (s == CA_OK && parts) {
         s = by_rank(acc, u, buf, ca_zero_fptr(tmp, 0));
         if (s == CA_OK)
             s = ca_comm_reduce_scatter(acc->comm, buf, ca_tptr(tmp), (size_t)u->slice, CA_F32, CA_OP_AVG, NULL);
         mine = ca_zero_fptr(tmp, 0);
+    } else if (s == CA_OK && acc->world > 1) {   /* the whole unit, then this rank's part of it */
+        s = ca_comm_all_reduce(acc->comm, buf, buf, (size_t)u->numel, CA_F32, CA_OP_AVG, NULL);
+        mine = buf + part_start(z, u, acc->rank);
     }
     int64_t lo = acc->rank * z->shard, run = 0, a, b;
     for (int j = 0; s == CA_OK && j < u->n; j++) {   /* this rank's part, in flat order */
@@ -338,6 +358,8 @@ static ca_status make_units(ca_accelerator *acc, ca_module *m) {
             int64_t n = unit_part(z, &z->units[k], r);
             if (n > z->units[k].slice) z->units[k].slice = n;
         }
+    for (int k = 0; k < z->nunits; k++)   /* (N - 1) slice against 2 (N - 1) / N numel elements sent */
+        z->units[k].by_part = acc->world * z->units[k].slice <= 2 * z->units[k].numel;
     return CA_OK;
 }
 

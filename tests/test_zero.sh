@@ -111,7 +111,7 @@ echo "  peak bytes during a step: stage 3 $p3, stage 2 $p2; the flat gradient $p
 [ "$p3" -lt "$pb" ] || fail "stage 3 peaks at $p3 bytes during a step, not below the $pb bytes of the full gradient"
 [ "$p2" -ge "$pb" ] || fail "stage 2 peaks at $p2 bytes, below the $pb bytes of the full gradient it holds"
 
-note "accumulation: 4 micro-batches of 8 on 2 ranks == 1 rank at batch 64; stage 2 reduce-scatters once and all-gathers once per real step; stage 3 sends all-gathers' bytes (ca_comm_bytes), not all-reduces'"
+note "accumulation: 4 micro-batches of 8 on 2 ranks (and of 4 on 4 under stage 3) == 1 rank at batch 64; stage 2 reduce-scatters once and all-gathers once per real step; stage 3's bytes sent (ca_comm_bytes) are those of all-gathers, or of all-reduces where those send less"
 "$DDP" --mode plain --batch 64 --steps 6 --dump "$WORK/acc1.bin" > /dev/null 2>&1 || fail "1 rank"
 for be in $backends; do
     zlaunch 2 "$be" 2 "$DDP" --mode accum --k 4 --batch 8 --steps 6 --dump "$WORK/acc2.bin" > "$WORK/o" || { cat "$WORK/o"; fail "accum $be"; }
@@ -126,6 +126,13 @@ for be in $backends; do
     count 12 'collectives_per_step=18$' "$WORK/o"
     count 12 'bytes_per_step=10548$' "$WORK/o"
     same "$WORK/acc1.bin" "$WORK/acc3.bin"
+    # 4 ranks (shards of 97): fc1 has parts 97, 97, 94, 0 and is all-gathered, 3 x 97 x 4 bytes; fc2
+    # has parts 3 and 96, where an all-gather (3 x 96 x 4) sends more than an all-reduce of the unit
+    # (2 x 3 / 4 x 99 x 4 = 594): all-reduced. 4 x 2 x (1164 + 594), then 1164 + 594 for the gradients.
+    zlaunch 4 "$be" 3 "$DDP" --mode accum --k 4 --batch 4 --steps 6 --dump "$WORK/acc4.bin" > "$WORK/o" || { cat "$WORK/o"; fail "accum stage 3 4 ranks $be"; }
+    count 24 'collectives_per_step=18$' "$WORK/o"
+    count 24 'bytes_per_step=15822$' "$WORK/o"
+    same "$WORK/acc1.bin" "$WORK/acc4.bin"
 done
 
 note "clip_grad_norm across shards: sqrt(all-reduced sum of squares) is the 1-rank norm; same model"
