@@ -52,9 +52,13 @@ typedef struct ca_zero_unit {
     int n;
     int *idx;                    /* its parameters, as indices into ca_zero.params */
     int64_t numel;
+    int64_t slice;               /* the gather's per-rank count: the most of it one rank's shard holds */
+    bool by_part;                /* gathered by all-gather, reduced by reduce-scatter (else all-reduces) */
     bool gathered;               /* the parameters' full storage exists now */
     bool in_forward;             /* gathered by this forward's pre-forward hook (released after it) */
     int done;                    /* parameters whose gradient is complete this backward */
+    ca_tensor *grad;             /* [N * slice] the unit's full gradient, backward to its reduce-scatter */
+    bool reduced;                /* reduce-scattered into gshard in this synchronising backward */
 } ca_zero_unit;
 
 typedef struct ca_zero {
@@ -82,6 +86,7 @@ typedef struct ca_zero {
     ca_zero_unit *units;
     int *unit_of;                /* [nparams] unit of each parameter */
     bool summoned;               /* ca_summon_full_params: every parameter gathered */
+    ca_status err;               /* the first failure of a reduce-scatter run by a gradient hook */
 } ca_zero;
 
 struct ca_accelerator {
@@ -166,6 +171,8 @@ ca_status ca_zero_configure(ca_accelerator *acc);
 float *ca_zero_fptr(const ca_tensor *t, int64_t off);
 ca_status ca_zero_copy_f32(ca_device *d, const float *x, float *y, int64_t n);
 ca_tensor *ca_zero_persistent_zeros(ca_device *d, int64_t n);
+/* A kept contiguous view of base's storage at element off (relative to base). */
+ca_tensor *ca_zero_flat_view(ca_tensor *base, int ndim, const int64_t *shape, int64_t off);
 /* Lays the model's parameters out in the flat index space and allocates this rank's shard. */
 ca_status ca_zero_build(ca_accelerator *acc, ca_module *m);
 /* Assigns the shard's segments to the optimizer's groups and allocates the shard's state. */
@@ -186,6 +193,10 @@ void ca_zero_free(ca_accelerator *acc);
 /* Wrap units from fsdp_auto_wrap_policy, pshard from the parameters, hooks on the units' modules;
  * frees the full parameters. */
 ca_status ca_zero3_build(ca_accelerator *acc, ca_module *m);
+/* At the start of a backward: no unit reduced yet. */
+void ca_zero3_before_backward(ca_accelerator *acc);
+/* End of a synchronising backward: reduce-scatters the units no gradient hook reduced (in unit order). */
+ca_status ca_zero3_reduce(ca_accelerator *acc);
 /* Releases every gathered unit (end of backward: parameters no gradient reached). */
 void ca_zero3_release_all(ca_accelerator *acc);
 /* Gathers every unit (on) or writes this rank's segments back into pshard and releases (off). */

@@ -2,9 +2,9 @@
  * parameters form one flat index space split into one equal shard per rank. Each rank keeps the
  * optimizer state of its shard only and updates only its shard; an all-gather then gives every rank
  * the whole updated parameters. Stage 1 all-reduces the full gradient (kept between steps); stage 2
- * reduce-scatters it into the shard and frees the full gradient until the next backward. Stage 3 does
- * what stage 2 does with the parameters' values kept in the shard only (zero3.c): no all-gather after
- * the step, the wrap units gather theirs when they run. */
+ * reduce-scatters it into the shard and frees the full gradient until the next backward. Stage 3 keeps
+ * the parameters' values in the shard only (zero3.c): no all-gather after the step, the wrap units
+ * gather theirs when they run and reduce-scatter their gradients as their backward ends. */
 #include "accelerator/accelerator_impl.h"
 
 #include <math.h>
@@ -23,7 +23,7 @@ ca_tensor *ca_zero_persistent_zeros(ca_device *d, int64_t n) {
     return t ? ca_tensor_keep(t) : NULL;
 }
 
-static ca_tensor *flat_view(ca_tensor *base, int ndim, const int64_t *shape, int64_t off) {
+ca_tensor *ca_zero_flat_view(ca_tensor *base, int ndim, const int64_t *shape, int64_t off) {
     int64_t st[CA_MAX_DIMS], s = 1;
     for (int d = ndim - 1; d >= 0; d--) { st[d] = s; s *= shape[d]; }
     ca_tensor *v = ca_tensor_view(base, ndim, shape, st, base->offset + off);   /* the offset is in storage */
@@ -37,7 +37,7 @@ static ca_status attach_grads(ca_accelerator *acc) {
     ca_zero *z = &acc->zero;
     for (int i = 0; i < z->nparams; i++) {
         ca_tensor *p = z->params[i];
-        ca_tensor *g = flat_view(z->gflat, p->ndim, p->shape, z->off[i]);
+        ca_tensor *g = ca_zero_flat_view(z->gflat, p->ndim, p->shape, z->off[i]);
         if (!g) return oom();
         ca_tensor_free(p->grad);
         p->grad = g;
@@ -96,13 +96,13 @@ ca_status ca_zero_build(ca_accelerator *acc, ca_module *m) {
     if (z->stage == 1) {   /* the full gradient lives on; the shard's gradient is a view of it */
         z->gflat = ca_zero_persistent_zeros(acc->device, z->shard * acc->world);
         if (!z->gflat || (s = attach_grads(acc)) != CA_OK) return z->gflat ? s : oom();
-        z->gshard = flat_view(z->gflat, 1, &z->shard, acc->rank * z->shard);
+        z->gshard = ca_zero_flat_view(z->gflat, 1, &z->shard, acc->rank * z->shard);
     } else {
         z->gshard = ca_zero_persistent_zeros(acc->device, z->shard);
     }
     if (!z->gshard) return oom();
-    z->view = flat_view(z->gshard, 1, &z->shard, 0);
-    ca_tensor *g = z->view ? flat_view(z->gshard, 1, &z->shard, 0) : NULL;
+    z->view = ca_zero_flat_view(z->gshard, 1, &z->shard, 0);
+    ca_tensor *g = z->view ? ca_zero_flat_view(z->gshard, 1, &z->shard, 0) : NULL;
     if (!g) return oom();
     z->view->grad = g;
     z->view->grad_defined = true;
@@ -150,6 +150,10 @@ ca_status ca_zero_add_optimizer(ca_accelerator *acc, ca_optimizer *o) {
 ca_status ca_zero_before_backward(ca_accelerator *acc) {
     ca_zero *z = &acc->zero;
     z->reduced = false;
+    if (z->stage == 3) {   /* per-unit gradients (zero3.c) */
+        ca_zero3_before_backward(acc);
+        return CA_OK;
+    }
     if (z->stage < 2 || z->gflat) return CA_OK;   /* accumulating: the flat gradient is there already */
     z->gflat = ca_zero_persistent_zeros(acc->device, z->shard * acc->world);
     return z->gflat ? attach_grads(acc) : oom();
@@ -157,6 +161,12 @@ ca_status ca_zero_before_backward(ca_accelerator *acc) {
 
 ca_status ca_zero_reduce(ca_accelerator *acc) {
     ca_zero *z = &acc->zero;
+    if (z->stage == 3) {
+        ca_status s = ca_zero3_reduce(acc);
+        ca_zero3_release_all(acc);   /* units some parameter's gradient never reached */
+        z->reduced = s == CA_OK;
+        return s;
+    }
     if (!z->gflat) return ca_error(CA_ERR_STATE, "sharded data parallelism: no gradient to reduce");
     for (int i = 0; i < z->nparams; i++) {   /* unused parameters reduce zeros, as under DDP */
         ca_tensor *p = z->params[i];
@@ -172,7 +182,6 @@ ca_status ca_zero_reduce(ca_accelerator *acc) {
                                  CA_OP_AVG, NULL);
     if (s != CA_OK) return ca_error_context("sharded data parallelism: reducing the gradients (stage %d)", z->stage);
     if (z->stage >= 2) detach_grads(acc);
-    ca_zero3_release_all(acc);   /* units some parameter's gradient never reached */
     z->reduced = true;
     return CA_OK;
 }

@@ -3,10 +3,17 @@
  * move between stages); the full storage of every parameter is freed. A wrap unit's parameters are
  * gathered just before its module's forward and released after it; a backward hook on the unit's
  * output gathers them again before the unit's backward, and they are released once every one of
- * their gradients is complete. Gradients are reduce-scattered into the shard as in stage 2.
- * A unit's parameters are spread over the ranks whose shards they cross, so the gather is an
- * all-reduce (sum) of a unit-sized buffer in which each rank wrote its own part and zeros elsewhere:
- * exact (x + 0 = x) and never larger than one unit. No prefetch: each gather waits. */
+ * their gradients is complete. Each unit's gradient is a buffer of its own, made before the unit's
+ * backward; in a synchronising backward it is reduce-scattered into the gradient shard as soon as
+ * the unit's last gradient is complete, and freed (no full flat gradient exists); in an
+ * accumulation micro-step it stays and accumulates until the synchronising one.
+ * A unit's parameters are spread over the ranks whose shards they cross (the flat layout is that of
+ * stages 1 and 2), so the gather is an all-gather of each rank's part of the unit, in flat order,
+ * padded to the largest part (slice), and the gradient's reduction a reduce-scatter of such parts:
+ * each rank sends (N - 1) * slice elements. Where that is more than the 2 (N - 1) / N * numel of an
+ * all-reduce of the whole unit (a unit mostly inside one rank's shard), both are all-reduces of
+ * the unit instead (by_part false): the gather's with each rank's part in place and zeros
+ * elsewhere (x + 0 = x). No prefetch: each gather waits. */
 #include "accelerator/accelerator_impl.h"
 
 #include <stdlib.h>
@@ -18,45 +25,189 @@ static ca_status oom(void) { return ca_last_status() ? ca_last_status() : ca_err
 
 /* ------------------------------------------------------------------ gather and release */
 
-/* Copies the part of parameter i inside this rank's shard between pshard and buf (at the
- * parameter's position pos in buf); to_buf false writes buf back into the shard. */
-static ca_status shard_part(ca_accelerator *acc, int i, ca_tensor *buf, int64_t pos, bool to_buf) {
+/* The part [*s, *t) of parameter i (flat indices) inside rank r's shard; empty when *s >= *t. */
+static void in_shard(const ca_zero *z, int i, int r, int64_t *s, int64_t *t) {
+    int64_t lo = r * z->shard, hi = lo + z->shard, b = z->off[i], e = b + z->params[i]->numel;
+    *s = b > lo ? b : lo;
+    *t = e < hi ? e : hi;
+}
+
+/* Elements of unit u inside rank r's shard. */
+static int64_t unit_part(const ca_zero *z, const ca_zero_unit *u, int r) {
+    int64_t n = 0, s, t;
+    for (int j = 0; j < u->n; j++) {
+        in_shard(z, u->idx[j], r, &s, &t);
+        if (s < t) n += t - s;
+    }
+    return n;
+}
+
+/* Where rank r's part starts in the unit's flat order. */
+static int64_t part_start(const ca_zero *z, const ca_zero_unit *u, int r) {
+    int64_t n = 0;
+    for (int q = 0; q < r; q++) n += unit_part(z, u, q);
+    return n;
+}
+
+/* Packs this rank's part of the unit (in flat order) into send, or unpacks rank r's part of recv
+ * into the parameters' storage. */
+static ca_status unit_pack(ca_accelerator *acc, ca_zero_unit *u, int r, float *buf, bool pack) {
     ca_zero *z = &acc->zero;
-    int64_t lo = acc->rank * z->shard, hi = lo + z->shard;
-    int64_t b = z->off[i], e = b + z->params[i]->numel;
-    int64_t s = b > lo ? b : lo, t = e < hi ? e : hi;
-    if (s >= t) return CA_OK;
-    float *sh = ca_zero_fptr(z->pshard, s - lo), *bf = ca_zero_fptr(buf, pos + s - b);
-    return to_buf ? ca_zero_copy_f32(acc->device, sh, bf, t - s) : ca_zero_copy_f32(acc->device, bf, sh, t - s);
+    int64_t run = 0, s, t;
+    ca_status st = CA_OK;
+    for (int j = 0; st == CA_OK && j < u->n; j++) {
+        int i = u->idx[j];
+        in_shard(z, i, r, &s, &t);
+        if (s >= t) continue;
+        st = pack ? ca_zero_copy_f32(acc->device, ca_zero_fptr(z->pshard, s - r * z->shard), buf + run, t - s)
+                  : ca_zero_copy_f32(acc->device, buf + run, ca_zero_fptr(z->params[i], s - z->off[i]), t - s);
+        run += t - s;
+    }
+    return st;
 }
 
 static ca_status unit_gather(ca_zero_unit *u) {
-    if (u->gathered) return CA_OK;
+    if (u->gathered || !u->n) {   /* a unit with no parameters of its own has nothing to gather */
+        u->gathered = true;
+        return CA_OK;
+    }
     ca_accelerator *acc = u->acc;
     ca_zero *z = &acc->zero;
-    ca_tensor *buf = ca_zero_persistent_zeros(acc->device, u->numel);
-    if (!buf) return oom();
-    ca_status s = CA_OK;
-    int64_t pos = 0;
-    for (int j = 0; s == CA_OK && j < u->n; pos += z->params[u->idx[j]]->numel, j++)
-        s = shard_part(acc, u->idx[j], buf, pos, true);
+    /* by parts: [slice] -> [N * slice]; else one [numel] buffer, each rank's part at its place */
+    ca_tensor *send = ca_zero_persistent_zeros(acc->device, u->by_part ? u->slice : u->numel);
+    bool parts = u->by_part && acc->world > 1;
+    ca_tensor *recv = send && parts ? ca_zero_persistent_zeros(acc->device, u->slice * acc->world) : send;
+    if (!recv) {
+        ca_tensor_free(send);
+        return oom();
+    }
+    int64_t at = u->by_part ? 0 : part_start(z, u, acc->rank);
+    ca_status s = unit_pack(acc, u, acc->rank, ca_zero_fptr(send, at), true);
     if (s == CA_OK && acc->world > 1)
-        s = ca_comm_all_reduce(acc->comm, ca_tptr(buf), ca_tptr(buf), (size_t)u->numel, CA_F32, CA_OP_SUM, NULL);
-    pos = 0;
+        s = u->by_part ? ca_comm_all_gather(acc->comm, ca_tptr(send), ca_tptr(recv), (size_t)u->slice, CA_F32, NULL)
+                       : ca_comm_all_reduce(acc->comm, ca_tptr(send), ca_tptr(send), (size_t)u->numel, CA_F32,
+                                            CA_OP_SUM, NULL);
     for (int j = 0; s == CA_OK && j < u->n; j++) {
         ca_tensor *p = z->params[u->idx[j]];
         if (!p->storage->ptr) s = ca_device_alloc(acc->device, p->storage->bytes, &p->storage->ptr);
-        if (s == CA_OK) s = ca_zero_copy_f32(acc->device, ca_zero_fptr(buf, pos), ca_zero_fptr(p, 0), p->numel);
         p->version++;   /* a low-precision copy made from older values is stale */
-        pos += p->numel;
     }
-    ca_tensor_free(buf);
+    for (int r = 0; s == CA_OK && r < acc->world; r++)
+        s = unit_pack(acc, u, r, ca_zero_fptr(recv, u->by_part ? r * u->slice : part_start(z, u, r)), false);
+    if (recv != send) ca_tensor_free(recv);
+    ca_tensor_free(send);
     if (s != CA_OK)
         return ca_error_context("stage 3: gathering the %d parameter(s) of %s on rank %d", u->n,
                                 ca_module_type(u->mod), acc->rank);
     u->gathered = true;
     u->done = 0;
     return CA_OK;
+}
+
+/* ------------------------------------------------------------------ gradients */
+
+/* The unit's gradient buffer, [N * slice] by parts, else [numel]: the parameters' .grad are views
+ * of its first numel elements in flat order. A gradient made elsewhere (the parameter used outside
+ * its unit) is copied in. */
+static ca_status unit_grads(ca_zero_unit *u) {
+    if (u->grad || !u->n) return CA_OK;
+    ca_accelerator *acc = u->acc;
+    ca_zero *z = &acc->zero;
+    int64_t n = u->by_part ? u->slice * acc->world : u->numel;
+    if (!(u->grad = ca_zero_persistent_zeros(acc->device, n))) return oom();
+    int64_t pos = 0;
+    ca_status s = CA_OK;
+    for (int j = 0; s == CA_OK && j < u->n; pos += z->params[u->idx[j]]->numel, j++) {
+        ca_tensor *p = z->params[u->idx[j]];
+        ca_tensor *g = ca_zero_flat_view(u->grad, p->ndim, p->shape, pos);
+        if (!g) return oom();
+        bool had = p->grad && p->grad_defined;
+        if (had) s = ca_zero_copy_f32(acc->device, ca_zero_fptr(p->grad, 0), ca_zero_fptr(g, 0), p->numel);
+        ca_tensor_free(p->grad);
+        p->grad = g;
+        p->grad_defined = had;
+    }
+    return s;
+}
+
+static void free_grads(ca_zero_unit *u) {
+    for (int j = 0; u->grad && j < u->n; j++) {
+        ca_tensor *p = u->acc->zero.params[u->idx[j]];
+        ca_tensor_free(p->grad);
+        p->grad = NULL;
+        p->grad_defined = false;
+    }
+    ca_tensor_free(u->grad);
+    u->grad = NULL;
+}
+
+/* Lays the flat-order gradient out by rank for the reduce-scatter: rank r's part (a contiguous run
+ * in flat order) moves to r * slice. Parts only move right, so the last goes first; each through
+ * tmp, as a part may overlap its destination. */
+static ca_status by_rank(ca_accelerator *acc, ca_zero_unit *u, float *buf, float *tmp) {
+    int64_t start = u->numel;
+    ca_status s = CA_OK;
+    for (int r = acc->world - 1; s == CA_OK && r >= 0; r--) {
+        int64_t n = unit_part(&acc->zero, u, r);
+        start -= n;
+        if (!n || start == r * u->slice) continue;
+        s = ca_zero_copy_f32(acc->device, buf + start, tmp, n);
+        if (s == CA_OK) s = ca_zero_copy_f32(acc->device, tmp, buf + r * u->slice, n);
+    }
+    return s;
+}
+
+/* Reduce-scatters (average) the unit's gradient into this rank's gradient shard and frees it.
+ * Gradients no backward reached are zeros. */
+static ca_status unit_reduce(ca_zero_unit *u) {
+    if (u->reduced || !u->n) return CA_OK;
+    ca_accelerator *acc = u->acc;
+    ca_zero *z = &acc->zero;
+    ca_status s = unit_grads(u);
+    for (int j = 0; s == CA_OK && j < u->n; j++) {
+        ca_tensor *p = z->params[u->idx[j]];
+        if (!p->grad_defined) s = CA_KCALL(acc->device, fill, CA_F32, p->numel, 0.0, ca_tptr(p->grad));
+        p->grad_defined = true;
+    }
+    bool parts = u->by_part && acc->world > 1;
+    ca_tensor *tmp = s == CA_OK && parts ? ca_zero_persistent_zeros(acc->device, u->slice) : NULL;
+    if (s == CA_OK && parts && !tmp) s = oom();
+    float *buf = u->grad ? ca_zero_fptr(u->grad, 0) : NULL, *mine = buf;
+    if (s == CA_OK && parts) {
+        s = by_rank(acc, u, buf, ca_zero_fptr(tmp, 0));
+        if (s == CA_OK)
+            s = ca_comm_reduce_scatter(acc->comm, buf, ca_tptr(tmp), (size_t)u->slice, CA_F32, CA_OP_AVG, NULL);
+        mine = ca_zero_fptr(tmp, 0);
+    } else if (s == CA_OK && acc->world > 1) {   /* the whole unit, then this rank's part of it */
+        s = ca_comm_all_reduce(acc->comm, buf, buf, (size_t)u->numel, CA_F32, CA_OP_AVG, NULL);
+        mine = buf + part_start(z, u, acc->rank);
+    }
+    int64_t lo = acc->rank * z->shard, run = 0, a, b;
+    for (int j = 0; s == CA_OK && j < u->n; j++) {   /* this rank's part, in flat order */
+        in_shard(z, u->idx[j], acc->rank, &a, &b);
+        if (a >= b) continue;
+        s = ca_zero_copy_f32(acc->device, mine + run, ca_zero_fptr(z->gshard, a - lo), b - a);
+        run += b - a;
+    }
+    ca_tensor_free(tmp);
+    free_grads(u);
+    if (s != CA_OK)
+        return ca_error_context("stage 3: reduce-scattering the gradients of the %d parameter(s) of %s on rank %d",
+                                u->n, ca_module_type(u->mod), acc->rank);
+    u->reduced = true;
+    return CA_OK;
+}
+
+void ca_zero3_before_backward(ca_accelerator *acc) {
+    acc->zero.err = CA_OK;
+    for (int k = 0; k < acc->zero.nunits; k++) acc->zero.units[k].reduced = false;
+}
+
+ca_status ca_zero3_reduce(ca_accelerator *acc) {
+    ca_zero *z = &acc->zero;
+    ca_status s = z->err;
+    for (int k = 0; s == CA_OK && k < z->nunits; k++) s = unit_reduce(&z->units[k]);
+    return s;
 }
 
 static void unit_release(ca_zero_unit *u) {
@@ -85,7 +236,8 @@ static ca_status pre_forward(void *ctx, ca_module *m) {
 static ca_status pre_backward(void *ctx) {
     ca_zero_unit *u = ctx;
     u->done = 0;
-    return unit_gather(u);
+    ca_status s = unit_gather(u);
+    return s == CA_OK && u->acc->in_backward ? unit_grads(u) : s;
 }
 
 static ca_tensor *post_forward(void *ctx, ca_module *m, ca_tensor *y) {
@@ -97,11 +249,16 @@ static ca_tensor *post_forward(void *ctx, ca_module *m, ca_tensor *y) {
     return y;
 }
 
-/* A parameter's gradient is complete: once all of the unit's are, its parameters go. */
+/* A parameter's gradient is complete: once all of the unit's are, a synchronising backward
+ * reduce-scatters them, and the parameters go. The hook cannot fail: the first failure waits in
+ * err for the end of the backward. */
 static void grad_done(ca_tensor *leaf, void *ctx) {
     (void)leaf;
     ca_zero_unit *u = ctx;
-    if (++u->done >= u->n) unit_release(u);
+    ca_accelerator *acc = u->acc;
+    if (++u->done < u->n) return;
+    if (acc->in_backward && acc->sync && acc->zero.err == CA_OK) acc->zero.err = unit_reduce(u);
+    unit_release(u);
 }
 
 /* ------------------------------------------------------------------ wrap units */
@@ -196,6 +353,13 @@ static ca_status make_units(ca_accelerator *acc, ca_module *m) {
         u->idx[u->n++] = i;
         u->numel += z->params[i]->numel;
     }
+    for (int k = 0; k < z->nunits; k++)   /* the all-gather's per-rank count: the largest part */
+        for (int r = 0; r < acc->world; r++) {
+            int64_t n = unit_part(z, &z->units[k], r);
+            if (n > z->units[k].slice) z->units[k].slice = n;
+        }
+    for (int k = 0; k < z->nunits; k++)   /* (N - 1) slice against 2 (N - 1) / N numel elements sent */
+        z->units[k].by_part = acc->world * z->units[k].slice <= 2 * z->units[k].numel;
     return CA_OK;
 }
 
@@ -278,6 +442,8 @@ void ca_zero3_free(ca_accelerator *acc) {
             z->units[k].mod->post_forward = NULL;
             z->units[k].mod->hook_ctx = NULL;
         }
+        if (z->nparams) free_grads(&z->units[k]);   /* else the views went with the model */
+        ca_tensor_free(z->units[k].grad);
         free(z->units[k].idx);
     }
     free(z->units);

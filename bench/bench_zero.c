@@ -2,10 +2,11 @@
  * statistics, and the step time, for DDP and the sharded stages (the stage comes from the
  * configuration: --use_deepspeed --zero_stage N). A deep MLP trained with AdamW on random data.
  * Each rank prints one line:
- *   rank=R world=W stage=S params_mb=.. grads_mb=.. optim_mb=.. total_mb=.. peak_mb=.. step_ms=..
+ *   rank=R world=W stage=S params_mb=.. grads_mb=.. optim_mb=.. total_mb=.. peak_mb=.. step_ms=.. sent_mb=..
  * params: allocated after the model is built; grads: what prepare allocates for gradients plus what
  * stays allocated across a step; optim: what preparing the optimizer allocates; peak: the highest
  * allocation during the timed steps, all relative to the start. step_ms: median over the steps.
+ * sent_mb: the bytes this rank sent per timed step (ca_comm_bytes: ring bus bytes).
  * Under stage 3 preparing the model frees the full parameters and allocates the parameter and
  * gradient shards, so params and grads are not told apart: params_mb and grads_mb print "-". */
 #include <caccel/caccel.h>
@@ -68,9 +69,11 @@ int main(int argc, char **argv) {
     int64_t xs[2] = {batch, width};
     double *t = calloc((size_t)steps, sizeof *t);
     size_t a4 = 0;
+    uint64_t b0 = 0;
     for (int s = 0; s <= steps; s++) {
         if (s == 1) {
             a4 = allocated(dev);   /* after one whole step: what stays allocated across steps */
+            b0 = ca_comm_bytes(ca_accelerator_comm(acc));
             CA_CHECK(ca_device_reset_peak_stats(dev));
         }
         double t0 = now_ms();
@@ -97,8 +100,9 @@ int main(int argc, char **argv) {
         snprintf(gm, sizeof gm, "%.2f", ((double)a2 - (double)a1 + (double)a4 - (double)a3) / MB);
     }
     printf("rank=%d world=%d stage=%s params_mb=%s grads_mb=%s optim_mb=%.2f total_mb=%.2f peak_mb=%.2f "
-           "step_ms=%.2f\n", ca_process_index(acc), ca_num_processes(acc), sharded ? stage : "ddp", pm, gm,
-           (double)(a3 - a2) / MB, (double)(a4 - a0) / MB, (double)(st.peak_allocated - a0) / MB, t[steps / 2]);
+           "step_ms=%.2f sent_mb=%.3f\n", ca_process_index(acc), ca_num_processes(acc), sharded ? stage : "ddp", pm,
+           gm, (double)(a3 - a2) / MB, (double)(a4 - a0) / MB, (double)(st.peak_allocated - a0) / MB, t[steps / 2],
+           (double)(ca_comm_bytes(ca_accelerator_comm(acc)) - b0) / steps / MB);
     fflush(stdout);
     free(t);
     CA_CHECK(ca_wait_for_everyone(acc));

@@ -14,14 +14,14 @@ done
 [ -x "$bench" ] && [ -x "$caccel" ] || { echo "run_zero.sh: --bench and --caccel are required" >&2; exit 2; }
 export OPENBLAS_NUM_THREADS=1 ACCELERATE_USE_CPU=true
 echo "# $(date -u +%Y-%m-%dT%H:%MZ) $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(getconf _NPROCESSORS_ONLN) CPUs; bench_zero ${args[*]:-} (OPENBLAS_NUM_THREADS=1, Gloo)"
-echo "| processes | mode | params MB | grads MB | optimizer state MB | total MB | peak MB | step ms |"
-echo "|---|---|---|---|---|---|---|---|"
+echo "| processes | mode | params MB | grads MB | optimizer state MB | total MB | peak MB | step ms | sent MB/step |"
+echo "|---|---|---|---|---|---|---|---|---|"
 for np in 1 2 4; do
     for mode in ddp 1 2 3; do
         if [ "$mode" = ddp ]; then flags=(); else flags=(--use_deepspeed --zero_stage "$mode"); fi
         line=$("$caccel" launch --num_processes "$np" --backend gloo "${flags[@]}" "$bench" "${args[@]}" 2>/dev/null | grep '^rank=0 ')
         v() { sed -n "s/.* $1=\([^ ]*\).*/\1/p" <<< "$line"; }
         label=$([ "$mode" = ddp ] && echo DDP || echo "stage $mode")
-        echo "| $np | $label | $(v params_mb) | $(v grads_mb) | $(v optim_mb) | $(v total_mb) | $(v peak_mb) | $(v step_ms) |"
+        echo "| $np | $label | $(v params_mb) | $(v grads_mb) | $(v optim_mb) | $(v total_mb) | $(v peak_mb) | $(v step_ms) | $(v sent_mb) |"
     done
 done

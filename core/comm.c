@@ -29,6 +29,14 @@ uint64_t ca_comm_seq(const ca_comm *c) {
     return s;
 }
 
+uint64_t ca_comm_bytes(const ca_comm *c) {
+    if (!c) return 0;
+    pthread_mutex_lock((pthread_mutex_t *)&c->mu);
+    uint64_t b = c->bytes;
+    pthread_mutex_unlock((pthread_mutex_t *)&c->mu);
+    return b;
+}
+
 bool ca_comm_set_checked(ca_comm *c, bool on) {
     if (!c) return false;
     bool old = c->checked_user;
@@ -186,6 +194,20 @@ static ca_status stage(ca_comm *c, ca_coll_kind kind, const issue_args *a, ca_wo
     return CA_OK;
 }
 
+/* The bytes one rank sends for a collective under a bandwidth-optimal (ring) algorithm: the
+ * "bus bytes" of nccl-tests, whatever algorithm the backend really runs. */
+static uint64_t bus_bytes(const ca_comm *c, ca_coll_kind kind, const issue_args *a) {
+    uint64_t n = (uint64_t)c->world, b = (uint64_t)a->count * ca_dtype_size(a->dt);
+    if (n < 2) return 0;
+    switch (kind) {
+    case CA_COLL_ALL_REDUCE: return 2 * (n - 1) * b / n;
+    case CA_COLL_ALL_GATHER:
+    case CA_COLL_REDUCE_SCATTER: return (n - 1) * b;   /* count is the per-rank part */
+    case CA_COLL_BROADCAST: return b;
+    default: return 0;
+    }
+}
+
 static ca_status run(ca_comm *c, ca_coll_kind kind, const issue_args *a, ca_work **out) {
     if (!c) return ca_error(CA_ERR_INVALID, "%s: NULL communicator", ca_coll_kind_name(kind));
     if (out) *out = NULL;
@@ -214,6 +236,7 @@ static ca_status run(ca_comm *c, ca_coll_kind kind, const issue_args *a, ca_work
 
     pthread_mutex_lock(&c->mu);
     w->seq = c->next_seq++;
+    c->bytes += bus_bytes(c, kind, a);
     c->last_sig = sig;
     c->hist[w->seq % HIST] = sig;
     w->prev = c->unf_tail;

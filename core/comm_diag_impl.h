@@ -88,6 +88,7 @@ struct ca_comm {
 
     pthread_mutex_t mu;        /* the record below */
     uint64_t next_seq;
+    uint64_t bytes;            /* ca_comm_bytes */
     ca_coll_sig last_sig;
     ca_work *unf_head, *unf_tail;
     bool waiting;

@@ -1,14 +1,16 @@
 /* ddp_check: data-parallel training checks run as real processes (caccel launch or mpirun), driven
  * by tests/test_ddp.sh. Every mode prints "key=value" lines that the script compares across world sizes.
  *   --mode plain  : S steps, batch B per rank; dumps the parameters
- *   --mode accum  : S real steps of k micro-batches; counts collectives per real step
+ *   --mode accum  : S real steps of k micro-batches; counts collectives and bytes sent per real step
  *   --mode clip   : clip_grad_norm(0.5) every step; prints the first norm
  *   --mode fp16inf: fp16, the last rank puts an Inf in a gradient at step 3
  *   --mode uneven : 103 samples, evaluation through gather_for_metrics
  * --sched-total T attaches a linear schedule over T one-process steps; every mode prints lr_factor.
- * --hidden H widens the hidden layer (32); --mem prints state_bytes: the allocator's bytes in use
- * before the last step for parameters, gradients and optimizer state (the growth from before
- * ca_prepare, plus the parameters the model held then; the batch, a few hundred bytes, is in it). */
+ * --hidden H widens the hidden layer (32); --depth D adds D Linear(H, H)+Tanh layers (0); --mem prints
+ * state_bytes: the allocator's bytes in use before the last step for parameters, gradients and
+ * optimizer state (the growth from before ca_prepare, plus the parameters the model held then; the
+ * batch, a few hundred bytes, is in it), step_peak_bytes: the most allocated during the last step
+ * above what was allocated before it, and param_bytes: the parameters' f32 bytes (= the gradient's). */
 #include <caccel/caccel.h>
 
 #include <stdio.h>
@@ -18,7 +20,7 @@
 typedef struct opts {
     const char *mode;
     int steps, k;
-    int64_t batch, hidden;
+    int64_t batch, hidden, depth;
     const char *dump;
     int64_t sched_total;
     bool mem;
@@ -44,11 +46,18 @@ static ca_dataset *synthetic(int64_t n) {
     return ds;
 }
 
-static ca_module *model(int64_t hidden) {
+static ca_module *model(int64_t hidden, int64_t depth) {
     ca_module *m, *l;
     CA_CHECK(ca_sequential_create(&m));
     CA_CHECK(ca_linear_create(8, hidden, true, &l)); CA_CHECK(ca_module_add(m, "fc1", l));
     CA_CHECK(ca_tanh_create(&l));                CA_CHECK(ca_module_add(m, "act", l));
+    for (int64_t i = 0; i < depth; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "h%lld", (long long)i);
+        CA_CHECK(ca_linear_create(hidden, hidden, true, &l)); CA_CHECK(ca_module_add(m, name, l));
+        snprintf(name, sizeof name, "h%lld_act", (long long)i);
+        CA_CHECK(ca_tanh_create(&l)); CA_CHECK(ca_module_add(m, name, l));
+    }
     CA_CHECK(ca_linear_create(hidden, 3, true, &l)); CA_CHECK(ca_module_add(m, "fc2", l));
     return m;
 }
@@ -76,6 +85,7 @@ static opts parse(int argc, char **argv) {
         else if (!strcmp(argv[i], "--batch") && i + 1 < argc) o.batch = atoll(argv[++i]);
         else if (!strcmp(argv[i], "--dump") && i + 1 < argc) o.dump = argv[++i];
         else if (!strcmp(argv[i], "--hidden") && i + 1 < argc) o.hidden = atoll(argv[++i]);
+        else if (!strcmp(argv[i], "--depth") && i + 1 < argc) o.depth = atoll(argv[++i]);
         else if (!strcmp(argv[i], "--mem")) o.mem = true;
         else if (!strcmp(argv[i], "--sched-total") && i + 1 < argc) o.sched_total = atoll(argv[++i]);
         else if (ca_config_flag_arity(argv[i]) >= 0) i += ca_config_flag_arity(argv[i]);
@@ -117,8 +127,8 @@ int main(int argc, char **argv) {
     ca_dataset *ds = synthetic(!strcmp(o.mode, "uneven") ? 103 : 4096);
     ca_dataloader *dl;
     CA_CHECK(ca_dataloader_create(ds, &(ca_loader_opts){.batch_size = o.batch, .shuffle = true, .seed = 5}, &dl));
-    ca_module *m = model(o.hidden);
-    ca_allocator_stats st0, st1;
+    ca_module *m = model(o.hidden, o.depth);
+    ca_allocator_stats st0, st1, st2;
     int64_t pbytes = 0;
     for (int i = 0; i < ca_module_num_params(m); i++) pbytes += (int64_t)ca_tensor_nbytes(ca_module_param_at(m, i));
     CA_CHECK(ca_device_memory_stats(ca_accelerator_device(acc), &st0));
@@ -131,11 +141,12 @@ int main(int argc, char **argv) {
     ca_comm *comm = ca_accelerator_comm(acc);
     int rank = ca_process_index(acc), world = ca_num_processes(acc);
     int rc = 0, micro = 0;
-    uint64_t seq0 = ca_comm_seq(comm);
+    uint64_t seq0 = ca_comm_seq(comm), bytes0 = ca_comm_bytes(comm);
     ca_batch b;
     while (micro < o.steps * o.k && ca_dataloader_next(dl, &b)) {
         /* between steps: the loader ended the previous step's scope; only the batch is new */
         CA_CHECK(ca_device_memory_stats(ca_accelerator_device(acc), &st1));
+        CA_CHECK(ca_device_reset_peak_stats(ca_accelerator_device(acc)));
         CA_ACCUMULATE(acc, m) {
             ca_tensor *loss = ca_cross_entropy(ca_module_forward(m, b.x), b.y);
             CA_CHECK(ca_backward(acc, loss));
@@ -163,14 +174,21 @@ int main(int argc, char **argv) {
             if (boundary && !strcmp(o.mode, "accum")) {
                 /* every micro-step before the boundary reduced nothing: one bucket, one all-reduce */
                 uint64_t seq = ca_comm_seq(comm);
+                uint64_t bytes = ca_comm_bytes(comm);
                 printf("rank=%d collectives_per_step=%llu\n", rank, (unsigned long long)(seq - seq0));
+                printf("rank=%d bytes_per_step=%llu\n", rank, (unsigned long long)(bytes - bytes0));
                 seq0 = seq;
+                bytes0 = bytes;
             }
         }
     }
     CA_CHECK(ca_dataloader_status(dl));
-    if (o.mem)
+    CA_CHECK(ca_device_memory_stats(ca_accelerator_device(acc), &st2));
+    if (o.mem) {
         printf("rank=%d state_bytes=%lld\n", rank, (long long)st1.allocated - (long long)st0.allocated + (long long)pbytes);
+        printf("rank=%d step_peak_bytes=%lld param_bytes=%lld\n", rank,
+               (long long)st2.peak_allocated - (long long)st1.allocated, (long long)pbytes);
+    }
     printf("rank=%d steps=%lld lr_factor=%.4f\n", rank, (long long)ca_optimizer_steps(opt),
            ca_optimizer_get_lr(opt, 0) / 0.2);
     if (!strcmp(o.mode, "uneven")) rc = uneven(acc, m, ds);

@@ -2,8 +2,9 @@
 # Sharded data parallelism (ZeRO stages 1, 2 and 3) as users run it: N ranks under caccel launch
 # (Gloo) and mpirun (MPI) hold the same parameters as DDP and as one rank on the same global batch,
 # for SGD with momentum and AdamW, with accumulation, global-norm clipping and fp16 overflow skips;
-# stage 3 also with activation checkpointing and each wrap policy, and its per-rank memory between
-# steps falls as 1/N; Accelerate's own FSDP and DeepSpeed config files (and a DeepSpeed JSON of
+# stage 3 also with activation checkpointing and each wrap policy, its per-rank memory between
+# steps falls as 1/N, it sends the bytes of all-gathers and per-unit reduce-scatters, and its peak
+# during a step stays below the full gradient; Accelerate's own FSDP and DeepSpeed config files (and a DeepSpeed JSON of
 # "auto" values) train.
 # Tolerance: parameters agree to 1e-5 (absolute) after the stated steps; sharding changes only where
 # each element is updated, not the arithmetic, so the runs differ only by the order of the sums.
@@ -95,14 +96,43 @@ echo "  state bytes: stage 3 at 1, 2, 4 ranks: $m1 $m2 $m4; DDP at 4: $d4"
 [ "$m4" -le $((m1 * 11 / 40 + 16384)) ] || fail "stage 3 at 4 ranks holds $m4 bytes, more than a quarter of $m1 (+10%)"
 [ "$m4" -lt $((d4 / 3)) ] || fail "stage 3 at 4 ranks holds $m4 bytes, DDP $d4"
 
-note "accumulation: 4 micro-batches of 8 on 2 ranks == 1 rank at batch 64; stage 2 reduce-scatters once and all-gathers once per real step"
+note "stage 3 reduce-scatters each unit's gradient as its backward ends: the allocator's peak during a step (2 ranks, width 512 and 8 more layers: 10 wrap units) stays below the full flat gradient, which stage 2 holds during backward"
+peak() {   # peak FLAGS...: rank 0's "step_peak_bytes param_bytes"
+    launch 2 "$be" "$@" "$DDP" --hidden 512 --depth 8 --mem --mode plain --batch 8 --steps 3 > "$WORK/o" || { cat "$WORK/o"; fail "peak $*"; }
+    sed -n 's/^rank=0 step_peak_bytes=\([0-9]*\) param_bytes=\([0-9]*\)$/\1 \2/p' "$WORK/o"
+}
+set -- $(peak --use_fsdp --fsdp_sharding_strategy FULL_SHARD)
+count 1 'stage 3 keeps .* 10 wrap unit(s)' "$WORK/o"
+p3=${1:-} pb=${2:-}
+set -- $(peak --use_fsdp --fsdp_sharding_strategy SHARD_GRAD_OP)
+p2=${1:-}
+echo "  peak bytes during a step: stage 3 $p3, stage 2 $p2; the flat gradient $pb"
+[ -n "$p3" ] && [ -n "$p2" ] && [ -n "$pb" ] || fail "no step_peak_bytes line"
+[ "$p3" -lt "$pb" ] || fail "stage 3 peaks at $p3 bytes during a step, not below the $pb bytes of the full gradient"
+[ "$p2" -ge "$pb" ] || fail "stage 2 peaks at $p2 bytes, below the $pb bytes of the full gradient it holds"
+
+note "accumulation: 4 micro-batches of 8 on 2 ranks (and of 4 on 4 under stage 3) == 1 rank at batch 64; stage 2 reduce-scatters once and all-gathers once per real step; stage 3's bytes sent (ca_comm_bytes) are those of all-gathers, or of all-reduces where those send less"
 "$DDP" --mode plain --batch 64 --steps 6 --dump "$WORK/acc1.bin" > /dev/null 2>&1 || fail "1 rank"
 for be in $backends; do
     zlaunch 2 "$be" 2 "$DDP" --mode accum --k 4 --batch 8 --steps 6 --dump "$WORK/acc2.bin" > "$WORK/o" || { cat "$WORK/o"; fail "accum $be"; }
     count 12 'collectives_per_step=2$' "$WORK/o"
     same "$WORK/acc1.bin" "$WORK/acc2.bin"
+    count 12 'bytes_per_step=1552$' "$WORK/o"   # (2 - 1) x 194 x 4 twice: reduce-scatter, all-gather
     zlaunch 2 "$be" 3 "$DDP" --mode accum --k 4 --batch 8 --steps 6 --dump "$WORK/acc3.bin" > "$WORK/o" || { cat "$WORK/o"; fail "accum stage 3 $be"; }
+    # per micro-step each unit is all-gathered twice (forward, backward): fc1 (288 parameters, 194
+    # in rank 0's shard) and fc2 (99, all in rank 1's) send 2 x (194 + 99) x 4 bytes; 4 micro-steps,
+    # then each unit's gradient reduce-scattered on the last: 4 x 2344 + (194 + 99) x 4. An
+    # all-reduce of each unit would send 4 x 2 x (288 + 99) x 4 for the gathers.
+    count 12 'collectives_per_step=18$' "$WORK/o"
+    count 12 'bytes_per_step=10548$' "$WORK/o"
     same "$WORK/acc1.bin" "$WORK/acc3.bin"
+    # 4 ranks (shards of 97): fc1 has parts 97, 97, 94, 0 and is all-gathered, 3 x 97 x 4 bytes; fc2
+    # has parts 3 and 96, where an all-gather (3 x 96 x 4) sends more than an all-reduce of the unit
+    # (2 x 3 / 4 x 99 x 4 = 594): all-reduced. 4 x 2 x (1164 + 594), then 1164 + 594 for the gradients.
+    zlaunch 4 "$be" 3 "$DDP" --mode accum --k 4 --batch 4 --steps 6 --dump "$WORK/acc4.bin" > "$WORK/o" || { cat "$WORK/o"; fail "accum stage 3 4 ranks $be"; }
+    count 24 'collectives_per_step=18$' "$WORK/o"
+    count 24 'bytes_per_step=15822$' "$WORK/o"
+    same "$WORK/acc1.bin" "$WORK/acc4.bin"
 done
 
 note "clip_grad_norm across shards: sqrt(all-reduced sum of squares) is the 1-rank norm; same model"

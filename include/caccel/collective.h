@@ -37,6 +37,10 @@ CA_API const char *ca_comm_backend(const ca_comm *c);
 /* Number of collectives issued so far (the sequence number of the next one). */
 CA_API uint64_t ca_comm_seq(const ca_comm *c);
 CA_API int64_t ca_comm_timeout_ms(const ca_comm *c);
+/* Bytes this rank has sent in the collectives issued so far, counted as a bandwidth-optimal ring
+ * sends them (nccl-tests' bus bytes): an all-reduce of S bytes 2(N-1)/N * S, an all-gather or a
+ * reduce-scatter of a per-rank part of S bytes (N-1) * S, a broadcast S; 0 on one rank. */
+CA_API uint64_t ca_comm_bytes(const ca_comm *c);
 
 /* Collectives. `work` NULL: blocking (waits with the communicator's timeout);
  * otherwise *work receives a handle to wait on. A timeout fails with
