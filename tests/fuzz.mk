@@ -73,7 +73,9 @@ tests_fuzz_fuzz_store_LDFLAGS = $(fuzz_ldflags)
 tests_fuzz_fuzz_store_LDADD = $(fuzz_ldadd)
 
 if FUZZING
-fuzz-build: $(FUZZ_TARGETS:%=tests/fuzz/fuzz_%)
+fuzz-build:
+	$(MAKE) $(AM_MAKEFLAGS) $(BUILT_SOURCES)
+	$(MAKE) $(AM_MAKEFLAGS) $(FUZZ_TARGETS:%=tests/fuzz/fuzz_%)
 # Each target runs FUZZ_SECONDS on one job; new inputs go to a scratch corpus in the build tree
 # (merge the useful ones into tests/fuzz/<target>/corpus with -merge=1), crashes to fuzz-<target>/.
 fuzz: fuzz-build
