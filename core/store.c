@@ -388,6 +388,10 @@ static void handle_request(ca_store_server *s, conn *c) {
 
 /* Reads what is available. Returns false when the connection must be dropped. */
 static bool conn_read(ca_store_server *s, conn *c) {
+    /* a parked request keeps its header and payload until answered: anything readable meanwhile is a
+     * second request (one at a time) or the end of the connection; either drops it, where handling
+     * the parked request again would extend its deadline for as long as the peer kept sending */
+    if (c->parked) return false;
     for (;;) {
         if (c->hdr_got < REQ_HDR) {
             ssize_t n = recv(c->fd, c->hdr + c->hdr_got, REQ_HDR - c->hdr_got, 0);
@@ -395,7 +399,6 @@ static bool conn_read(ca_store_server *s, conn *c) {
             if (n < 0) return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR;
             c->hdr_got += (size_t)n;
             if (c->hdr_got < REQ_HDR) continue;
-            if (c->parked) return false;          /* one request at a time */
             uint32_t magic = get32(c->hdr), klen = get32(c->hdr + 8), vlen = get32(c->hdr + 12);
             uint32_t op = get32(c->hdr + 4);
             size_t vmax = !c->authed ? CA_STORE_MAX_TOKEN
