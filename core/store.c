@@ -351,7 +351,10 @@ static void handle_request(ca_store_server *s, conn *c) {
                     break;
                 }
             }
-            cur += arg;
+            if (__builtin_add_overflow(cur, arg, &cur)) {   /* the counter stays as it was */
+                ok = queue_reply(c, CA_ERR_INVALID, "counter overflow", 16, 0);
+                break;
+            }
             char num[32];
             int n = snprintf(num, sizeof num, "%lld", (long long)cur);
             uint8_t *copy = malloc((size_t)n);
