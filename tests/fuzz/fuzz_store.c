@@ -10,6 +10,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 
 #define TOKEN "0123456789abcdef0123456789abcdef"
@@ -36,6 +37,15 @@ static int connect_to(int port) {
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     if (fd < 0) abort();
     if (connect(fd, (struct sockaddr *)&a, sizeof a) == 0) return fd;
+    if (errno == EINTR) {   /* libFuzzer's SIGALRM: the connection goes on; wait for its result */
+        struct pollfd p = {.fd = fd, .events = POLLOUT};
+        int e = 0;
+        socklen_t len = sizeof e;
+        while (poll(&p, 1, -1) < 0 && errno == EINTR) {
+        }
+        if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &e, &len) == 0 && e == 0) return fd;
+        errno = e;
+    }
     if (errno != EADDRNOTAVAIL && errno != EADDRINUSE) {
         perror("fuzz_store: connect");
         abort();
