@@ -206,8 +206,7 @@ static void ds_top(ds_ctx *c, json_object *root) {
     json_object_object_foreach(root, k, v) {
         if (!strcmp(k, "zero_optimization")) {
             if (ds_object(c, k, v)) ds_zero(c, v);
-        }
-        else if (!strcmp(k, "fp16") || !strcmp(k, "bf16")) ds_fp16(c, v, !strcmp(k, "bf16"));
+        } else if (!strcmp(k, "fp16") || !strcmp(k, "bf16")) ds_fp16(c, v, !strcmp(k, "bf16"));
         else if (!strcmp(k, "optimizer") || !strcmp(k, "scheduler")) ds_program_object(c, k, v);
         else if (!strcmp(k, "gradient_accumulation_steps")) {
             double ga = acc->st.gradient_accumulation_steps;
