@@ -373,12 +373,14 @@ static void handle_request(ca_store_server *s, conn *c) {
             ok = queue_reply(c, table_find(s, (const char *)key, klen) ? CA_OK : CA_ERR_NOT_FOUND, NULL, 0, 0);
             break;
         case OP_GET:
-        case OP_WAIT:
+        case OP_WAIT: {
+            int64_t now = now_ms(), wait = arg < 0 ? DEFAULT_WAIT_MS : arg;
             c->parked = true;
             c->park_op = op;
-            c->park_deadline = now_ms() + (arg < 0 ? DEFAULT_WAIT_MS : arg);
-            try_unpark(s, c, now_ms());
+            c->park_deadline = wait > INT64_MAX - now ? INT64_MAX : now + wait;   /* a huge wait: forever */
+            try_unpark(s, c, now);
             return;   /* the payload stays until the reply is sent */
+        }
         default:
             ok = queue_reply(c, CA_ERR_INVALID, "unknown request", 15, 0);
             c->closing = true;
