@@ -26,6 +26,9 @@ typedef struct ca_trackers {
     FILE *tb;                  /* TensorBoard events (CA_HAVE_TENSORBOARD) */
     ca_mlflow *mlflow;         /* MLflow's file store under <logging_dir>/mlruns */
     bool started;
+    char dir[PATH_MAX];        /* <logging_dir>/<project>: where the files above live */
+    int jsonl_err, csv_err;    /* the first write error of each file (errno), 0 while none */
+    bool warned;               /* a write error was reported as a warning */
 } ca_trackers;
 
 /* Accelerate's trackers that need their Python clients, and the ones this build does not write. */
@@ -160,6 +163,7 @@ static ca_status tk_start(ca_accelerator *acc, ca_trackers *t, const char *proje
     char dir[PATH_MAX];
     if (snprintf(dir, sizeof dir, "%s/%s", base, project) >= (int)sizeof dir)
         return ca_error(CA_ERR_INVALID, "trackers: logging directory too long");
+    snprintf(t->dir, sizeof t->dir, "%s", dir);
     ca_status s = tk_mkdirs(dir);
     if (s == CA_OK) s = tk_write_hparams(acc, dir, project, config);
     if (s == CA_OK && w->json) s = tk_open(dir, "metrics.jsonl", &t->jsonl);
@@ -208,19 +212,35 @@ static void tk_write(ca_trackers *t, const ca_metric *values, size_t n, int64_t 
         json_object_object_add(o, "step", step >= 0 ? json_object_new_int64(step) : NULL);
         json_object_object_add(o, "time", json_object_new_double(now));
         for (size_t i = 0; i < n; i++) json_object_object_add(o, values[i].name, json_object_new_double(values[i].value));
+        errno = 0;
         fprintf(t->jsonl, "%s\n", json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN | JSON_C_TO_STRING_NOSLASHESCAPE));
         json_object_put(o);
-        fflush(t->jsonl);
+        if ((fflush(t->jsonl) != 0 || ferror(t->jsonl)) && !t->jsonl_err) t->jsonl_err = errno ? errno : EIO;
     }
     if (t->csv) {
+        errno = 0;
         for (size_t i = 0; i < n; i++) {
             if (step >= 0) fprintf(t->csv, "%lld", (long long)step);
             fprintf(t->csv, ",%.6f,", now);
             tk_csv_name(t->csv, values[i].name);
             fprintf(t->csv, ",%.17g\n", values[i].value);
         }
-        fflush(t->csv);
+        if ((fflush(t->csv) != 0 || ferror(t->csv)) && !t->csv_err) t->csv_err = errno ? errno : EIO;
     }
+}
+
+/* A tracker that cannot write (a full disk, an I/O error) fails every ca_log_metrics from then on,
+ * naming the file and the reason, and says so once as a warning too: a program that ignores the
+ * status still learns that its logs stop short. */
+static ca_status tk_failed(ca_trackers *t, ca_status s) {
+    if (!t->warned) CA_LOG_W("trackers: %s", ca_last_error());
+    t->warned = true;
+    return s;
+}
+
+static ca_status tk_file_failed(ca_trackers *t, const char *name, int err) {
+    return tk_failed(t, ca_error(CA_ERR_IO, "log_metrics: cannot write %s/%s: %s (the file ends before this "
+                                 "step)", t->dir, name, strerror(err)));
 }
 
 ca_status ca_log_metrics(ca_accelerator *acc, const ca_metric *values, size_t n, int64_t step) {
@@ -235,15 +255,17 @@ ca_status ca_log_metrics(ca_accelerator *acc, const ca_metric *values, size_t n,
                                                   ca_config_origin(acc->cfg, "log_with"))
                                        : CA_OK;
     double now = tk_now();
-    ca_status ms = acc->trackers->mlflow ? ca_mlflow_log(acc->trackers->mlflow, values, n, step, now) : CA_OK;
+    ca_trackers *t = acc->trackers;
+    ca_status ms = t->mlflow ? ca_mlflow_log(t->mlflow, values, n, step, now) : CA_OK;
+    if (ms == CA_ERR_IO) return tk_failed(t, ms);
     if (ms != CA_OK) return ms;
-    tk_write(acc->trackers, values, n, step, now);
+    tk_write(t, values, n, step, now);
 #ifdef CA_HAVE_TENSORBOARD
-    ca_status s = acc->trackers->tb ? ca_tb_scalars(acc->trackers->tb, values, n, step, now) : CA_OK;
-    if (s != CA_OK) return s;
+    ca_status s = t->tb ? ca_tb_scalars(t->tb, values, n, step, now) : CA_OK;
+    if (s != CA_OK) return tk_failed(t, ca_error_context("%s", t->dir));
 #endif
-    if ((acc->trackers->jsonl && ferror(acc->trackers->jsonl)) || (acc->trackers->csv && ferror(acc->trackers->csv)))
-        return ca_error(CA_ERR_IO, "log_metrics: writing the metrics failed (disk full?)");
+    if (t->jsonl_err) return tk_file_failed(t, "metrics.jsonl", t->jsonl_err);
+    if (t->csv_err) return tk_file_failed(t, "metrics.csv", t->csv_err);
     return CA_OK;
 }
 
@@ -251,12 +273,14 @@ ca_status ca_end_training(ca_accelerator *acc) {
     if (!acc || !acc->trackers) return CA_OK;
     ca_trackers *t = acc->trackers;
     int bad = 0;
+    char dir[PATH_MAX];
+    snprintf(dir, sizeof dir, "%s", t->dir);
     if (t->jsonl) bad |= fclose(t->jsonl) != 0;
     if (t->csv) bad |= fclose(t->csv) != 0;
     if (t->tb) bad |= fclose(t->tb) != 0;
     ca_status s = ca_mlflow_close(t->mlflow);   /* the run's status FINISHED */
     free(t);
     acc->trackers = NULL;
-    if (bad) return ca_error(CA_ERR_IO, "end_training: closing the metrics files failed");
+    if (bad) return ca_error(CA_ERR_IO, "end_training: closing the metrics files under %s failed: %s", dir, strerror(errno));
     return s;
 }

@@ -81,12 +81,22 @@ static bool in_list(const char *k, const char *const *list) {
     return false;
 }
 
+/* A section that must be an object: anything else is one of the fields reported, never walked. */
+static bool ds_object(ds_ctx *c, const char *field, json_object *v) {
+    if (json_object_is_type(v, json_type_object)) return true;
+    ds_bad(c, field, "must be an object");
+    return false;
+}
+
 static const char *offload_device(ds_ctx *c, const char *section, json_object *o) {
     const char *dev = "none";
+    char f[128];
+    snprintf(f, sizeof f, "zero_optimization.%s", section);
+    if (!ds_object(c, f, o)) return dev;
     json_object_object_foreach(o, k, v) {
-        char f[128];
         snprintf(f, sizeof f, "zero_optimization.%s.%s", section, k);
-        if (!strcmp(k, "device")) dev = json_object_get_string(v);
+        if (!strcmp(k, "device") && json_object_is_type(v, json_type_string)) dev = json_object_get_string(v);
+        else if (!strcmp(k, "device")) ds_bad(c, f, "must be \"none\", \"cpu\" or \"nvme\"");
         else if (!in_list(k, (const char *const[]){"pin_memory", "buffer_count", "fast_init", "nvme_path", NULL}))
             ds_bad(c, f, "unknown field");
     }
@@ -140,6 +150,7 @@ static void ds_number(ds_ctx *c, const char *field, json_object *v, double *targ
 static void ds_fp16(ds_ctx *c, json_object *o, bool bf16) {
     ca_accelerator *acc = c->acc;
     ca_zero *z = &acc->zero;
+    if (!ds_object(c, bf16 ? "bf16" : "fp16", o)) return;
     json_object_object_foreach(o, k, v) {
         char f[128];
         snprintf(f, sizeof f, "%s.%s", bf16 ? "bf16" : "fp16", k);
@@ -170,6 +181,7 @@ static void ds_fp16(ds_ctx *c, json_object *o, bool bf16) {
 /* optimizer / scheduler: the program creates them (ca_adamw_create, ca_optimizer_set_schedule); the
  * JSON may only say "auto", which Accelerate fills from those objects. */
 static void ds_program_object(ds_ctx *c, const char *section, json_object *o) {
+    if (!ds_object(c, section, o)) return;
     json_object_object_foreach(o, k, v) {
         char f[128];
         snprintf(f, sizeof f, "%s.%s", section, k);
@@ -192,8 +204,9 @@ static const char *const ds_noops[] = {"steps_per_print", "wall_clock_breakdown"
 static void ds_top(ds_ctx *c, json_object *root) {
     ca_accelerator *acc = c->acc;
     json_object_object_foreach(root, k, v) {
-        if (!strcmp(k, "zero_optimization") && json_object_is_type(v, json_type_object)) ds_zero(c, v);
-        else if (!strcmp(k, "fp16") || !strcmp(k, "bf16")) ds_fp16(c, v, !strcmp(k, "bf16"));
+        if (!strcmp(k, "zero_optimization")) {
+            if (ds_object(c, k, v)) ds_zero(c, v);
+        } else if (!strcmp(k, "fp16") || !strcmp(k, "bf16")) ds_fp16(c, v, !strcmp(k, "bf16"));
         else if (!strcmp(k, "optimizer") || !strcmp(k, "scheduler")) ds_program_object(c, k, v);
         else if (!strcmp(k, "gradient_accumulation_steps")) {
             double ga = acc->st.gradient_accumulation_steps;

@@ -351,7 +351,10 @@ static void handle_request(ca_store_server *s, conn *c) {
                     break;
                 }
             }
-            cur += arg;
+            if (__builtin_add_overflow(cur, arg, &cur)) {   /* the counter stays as it was */
+                ok = queue_reply(c, CA_ERR_INVALID, "counter overflow", 16, 0);
+                break;
+            }
             char num[32];
             int n = snprintf(num, sizeof num, "%lld", (long long)cur);
             uint8_t *copy = malloc((size_t)n);
@@ -370,12 +373,14 @@ static void handle_request(ca_store_server *s, conn *c) {
             ok = queue_reply(c, table_find(s, (const char *)key, klen) ? CA_OK : CA_ERR_NOT_FOUND, NULL, 0, 0);
             break;
         case OP_GET:
-        case OP_WAIT:
+        case OP_WAIT: {
+            int64_t now = now_ms(), wait = arg < 0 ? DEFAULT_WAIT_MS : arg;
             c->parked = true;
             c->park_op = op;
-            c->park_deadline = now_ms() + (arg < 0 ? DEFAULT_WAIT_MS : arg);
-            try_unpark(s, c, now_ms());
+            c->park_deadline = wait > INT64_MAX - now ? INT64_MAX : now + wait;   /* a huge wait: forever */
+            try_unpark(s, c, now);
             return;   /* the payload stays until the reply is sent */
+        }
         default:
             ok = queue_reply(c, CA_ERR_INVALID, "unknown request", 15, 0);
             c->closing = true;
@@ -388,6 +393,10 @@ static void handle_request(ca_store_server *s, conn *c) {
 
 /* Reads what is available. Returns false when the connection must be dropped. */
 static bool conn_read(ca_store_server *s, conn *c) {
+    /* a parked request keeps its header and payload until answered: anything readable meanwhile is a
+     * second request (one at a time) or the end of the connection; either drops it, where handling
+     * the parked request again would extend its deadline for as long as the peer kept sending */
+    if (c->parked) return false;
     for (;;) {
         if (c->hdr_got < REQ_HDR) {
             ssize_t n = recv(c->fd, c->hdr + c->hdr_got, REQ_HDR - c->hdr_got, 0);
@@ -395,7 +404,6 @@ static bool conn_read(ca_store_server *s, conn *c) {
             if (n < 0) return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR;
             c->hdr_got += (size_t)n;
             if (c->hdr_got < REQ_HDR) continue;
-            if (c->parked) return false;          /* one request at a time */
             uint32_t magic = get32(c->hdr), klen = get32(c->hdr + 8), vlen = get32(c->hdr + 12);
             uint32_t op = get32(c->hdr + 4);
             size_t vmax = !c->authed ? CA_STORE_MAX_TOKEN

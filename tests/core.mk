@@ -60,8 +60,8 @@ VALGRIND_TESTS += tests/test_state
 tests_test_state_SOURCES = tests/test_state.c tests/test_util.h
 tests_test_state_CFLAGS = $(CA_TEST_CFLAGS)
 tests_test_state_LDADD = $(CA_TEST_LIBS)
-TESTS += tests/test_resume.sh tests/test_state_ranks.sh
-EXTRA_DIST += tests/test_resume.sh tests/test_state_ranks.sh
+TESTS += tests/test_resume.sh tests/test_state_ranks.sh tests/test_full_disk.sh
+EXTRA_DIST += tests/test_resume.sh tests/test_state_ranks.sh tests/test_full_disk.sh
 # Broken files in the plugin path (truncated, text, not a plugin) are skipped with a warning naming each.
 TESTS += tests/test_plugin_files.sh
 EXTRA_DIST += tests/test_plugin_files.sh

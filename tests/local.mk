@@ -10,6 +10,7 @@ include tests/dist.mk
 include tests/ddp.mk
 include tests/cuda.mk
 include tests/xla.mk
+include tests/fuzz.mk
 
 # Unit tests (single process) also run under valgrind: `make check-valgrind`
 # writes test-suite-valgrind.log. Areas add their programs to VALGRIND_TESTS.

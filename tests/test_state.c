@@ -2,7 +2,10 @@
  * fall-back past incomplete checkpoints, and named errors for incomplete, truncated, corrupt and
  * mismatched checkpoints that leave the run unchanged.
  * With arguments it is the C side of tests/test_state_ranks.sh (under caccel launch, 2 ranks):
- *   test_state --ranks DIR   a save where rank 1 fails, then a load that rank 1 refuses */
+ *   test_state --ranks DIR   a save where rank 1 fails, then a load that rank 1 refuses
+ * and of tests/test_full_disk.sh:
+ *   test_state --full-disk DIR   DIR is on a small file system: a save, the disk filled, a second
+ *                                save that must fail, and the first checkpoint loaded again */
 #include "test_util.h"
 
 #include <dirent.h>
@@ -647,8 +650,53 @@ static void test_stream_resume(void **state) {
     ca_accelerator_destroy(acc);
 }
 
+/* Fills the file system of `dir` to the last byte. */
+static void fill_disk(const char *dir) {
+    char p[600];
+    snprintf(p, sizeof p, "%s/filler", dir);
+    FILE *f = fopen(p, "wb");
+    static char block[4096];
+    if (!f) fail_msg("cannot create %s", p);
+    setvbuf(f, NULL, _IONBF, 0);
+    for (size_t n = sizeof block; n >= 1; n /= 2)   /* smaller writes fill the last partial block */
+        while (fwrite(block, 1, n, f) == n) {
+        }
+    fclose(f);
+}
+
+static int full_disk_main(const char *dir) {
+    snprintf(g_dir, sizeof g_dir, "%s", dir);
+    run r;
+    float losses[64];
+    run_open(&r, 4, false, NULL);
+    train(&r, 1, 5, losses);
+    T_OK(ca_save_state(r.acc, in_dir("first")));
+    size_t len, n;
+    uint8_t *p0 = params(r.m, &len);
+    int64_t steps = ca_optimizer_steps(r.opt);
+    fill_disk(dir);
+    ca_status s = ca_save_state(r.acc, in_dir("second"));
+    printf("save_state on a full disk: %s: %s\n", ca_status_name(s), ca_last_error());
+    if (s == CA_OK) fail_msg("save_state on a full disk succeeded");
+    struct stat st;
+    char marker[600];
+    snprintf(marker, sizeof marker, "%s/complete.json", in_dir("second"));
+    if (stat(marker, &st) == 0) fail_msg("%s exists after a failed save", marker);
+    train(&r, 1, 8, losses);   /* move on, then go back to the first checkpoint */
+    T_OK(ca_load_state(r.acc, in_dir("first")));
+    uint8_t *p1 = params(r.m, &n);
+    if (n != len || memcmp(p0, p1, len) != 0 || ca_optimizer_steps(r.opt) != steps || r.met.steps != 5)
+        fail_msg("the first checkpoint did not restore the run");
+    free(p1);
+    printf("the first checkpoint loads after the failed save\n");
+    free(p0);
+    run_close(&r);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     ca_log_set_level(CA_LOG_ERROR);
+    if (argc == 3 && !strcmp(argv[1], "--full-disk")) return full_disk_main(argv[2]);
     if (argc == 3 && !strcmp(argv[1], "--ranks")) return ranks_main(argv[2]);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_exact_resume, setup, teardown),

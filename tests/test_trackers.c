@@ -9,6 +9,7 @@
 #include "test_util.h"
 
 #include <dirent.h>
+#include <errno.h>
 #include <sys/stat.h>
 
 static char g_dir[256];
@@ -101,6 +102,27 @@ static void test_json_and_csv(void **state) {
     assert_non_null(strstr(hpj, "\"value\":\"json,csv\""));
     assert_non_null(strstr(hpj, "\"use_cpu\":{"));
     free(jl), free(csv), free(hpj);
+    ca_accelerator_destroy(acc);
+}
+
+/* A metrics file that cannot be written (here /dev/full, as on a full disk) fails ca_log_metrics
+ * with the file and the reason, at every step from then on: never a silently short log. */
+static void test_full_disk(void **state) {
+    (void)state;
+    if (access("/dev/full", W_OK) != 0) skip();
+    char dir[300], link[400];
+    snprintf(dir, sizeof dir, "%s/full", g_dir);
+    snprintf(link, sizeof link, "%s/metrics.jsonl", dir);
+    assert_int_equal(mkdir(dir, 0755), 0);
+    assert_int_equal(symlink("/dev/full", link), 0);
+    ca_accelerator *acc = make_acc("json", NULL);
+    T_OK(ca_init_trackers(acc, "full", NULL));
+    for (int step = 0; step < 2; step++) {
+        assert_int_equal(ca_log_metrics(acc, (ca_metric[]){{"loss", 1}}, 1, step), CA_ERR_IO);
+        assert_non_null(strstr(ca_last_error(), "full/metrics.jsonl"));
+        assert_non_null(strstr(ca_last_error(), strerror(ENOSPC)));
+    }
+    ca_end_training(acc);
     ca_accelerator_destroy(acc);
 }
 
@@ -312,6 +334,7 @@ int main(int argc, char **argv) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_json_and_csv, setup, teardown),
         cmocka_unit_test_setup_teardown(test_refused_trackers, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_full_disk, setup, teardown),
         cmocka_unit_test_setup_teardown(test_call_order, setup, teardown),
         cmocka_unit_test_setup_teardown(test_options_and_project_dir, setup, teardown),
         cmocka_unit_test_setup_teardown(test_mlflow_layout, setup, teardown),

@@ -474,13 +474,23 @@ static int spawn(launch *L, child *k, const sigset_t *oldmask) {
 
 /* ------------------------------------------------------------------ output */
 
-static void emit(const launch *L, const child *k, bool is_err, const char *line, size_t n) {
+/* A log that cannot be written (a full disk, an I/O error) is closed with one warning naming it:
+ * the rank's output still reaches the terminal, and the log is never silently cut short. */
+static void log_failed(const launch *L, child *k, bool is_err, int err) {
+    FILE **logf = is_err ? &k->err_log : &k->out_log;
+    fprintf(stderr, "caccel launch: warning: cannot write %s/%d/%s: %s; the log ends here, the output goes on "
+            "to the terminal only\n", L->log_dir, k->rank, is_err ? "stderr.log" : "stdout.log", strerror(err));
+    fclose(*logf);
+    *logf = NULL;
+}
+
+static void emit(const launch *L, child *k, bool is_err, const char *line, size_t n) {
     int mode = tee_mode(L, k->local_rank);
     bool show = is_err ? (mode & 2) : (mode & 1);
     FILE *logf = is_err ? k->err_log : k->out_log;
     if (logf) {
-        fwrite(line, 1, n, logf);
-        fflush(logf);
+        errno = 0;
+        if (fwrite(line, 1, n, logf) != n || fflush(logf) != 0) log_failed(L, k, is_err, errno ? errno : EIO);
     }
     FILE *f = is_err ? stderr : stdout;
     if (show) fprintf(f, "[rank%d]: %.*s", k->rank, (int)n, line);
@@ -865,8 +875,12 @@ static int run_group(launch *L, const sigset_t *old, bool *spawn_failed) {
     if (rc && !code) code = rc;
     *spawn_failed = rc != 0;
     for (int i = 0; i < L->nlocal; i++) {
-        if (L->kids[i].out_log) fclose(L->kids[i].out_log);
-        if (L->kids[i].err_log) fclose(L->kids[i].err_log);
+        for (int e = 0; e < 2; e++) {
+            FILE *f = e ? L->kids[i].err_log : L->kids[i].out_log;
+            if (f && fclose(f) != 0)
+                fprintf(stderr, "caccel launch: warning: cannot write %s/%d/%s: %s\n", L->log_dir, L->kids[i].rank,
+                        e ? "stderr.log" : "stdout.log", strerror(errno));
+        }
     }
     return code;
 }

@@ -8,7 +8,8 @@ tests=false
 pkgs=(build-essential autoconf automake libtool libtool-bin pkg-config
       libopenblas-dev libyaml-dev zlib1g-dev libjson-c-dev libutf8proc-dev libcmocka-dev
       libopenmpi-dev openmpi-bin libgloo-dev libprotobuf-c-dev protobuf-c-compiler
-      libdnnl2 dataset-fashion-mnist fortunes iproute2 procps valgrind tmux)
+      libdnnl2 dataset-fashion-mnist fortunes iproute2 procps valgrind tmux
+      clang libclang-rt-14-dev)   # clang's libFuzzer: configure CC=clang --enable-fuzzing (tests/fuzz)
 $tests && pkgs+=(python3-torch python3-numpy)
 missing=()
 for p in "${pkgs[@]}"; do
