@@ -28,6 +28,7 @@
 
 #include <arpa/inet.h>
 #include <netdb.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -629,11 +630,28 @@ struct ca_work_impl {
     std::shared_ptr<Op> op;
 };
 
+// Gloo writes to its TCP sockets with writev, which cannot be asked not to raise SIGPIPE: a peer
+// that dies while this rank sends would kill this rank silently (SIGPIPE's default action) before
+// it could name the dead peer. Python programs, PyTorch's Gloo included, run with SIGPIPE ignored;
+// so does a caccel program once it creates a Gloo communicator, unless it installed a handler of
+// its own (kept). The write then fails with EPIPE, which Gloo reports as an I/O error.
+static void ignore_default_sigpipe() {
+    struct sigaction old;
+    if (sigaction(SIGPIPE, nullptr, &old) != 0 || old.sa_handler != SIG_DFL) return;
+    struct sigaction ign;
+    std::memset(&ign, 0, sizeof ign);
+    ign.sa_handler = SIG_IGN;
+    sigemptyset(&ign.sa_mask);
+    if (sigaction(SIGPIPE, &ign, nullptr) == 0)
+        ca_log_printf(CA_LOG_DEBUG, "gloo: SIGPIPE ignored (it was at its default action)");
+}
+
 extern "C" {
 
 static ca_status gloo_init(const ca_comm_init_args *args, void **out) {
     *out = nullptr;
     Comm *c = nullptr;
+    ignore_default_sigpipe();
     try {
         if (!args->store.ops)
             return ca_error(CA_ERR_INVALID, "backend gloo needs a rendezvous store (rank %d of %d)", args->rank,

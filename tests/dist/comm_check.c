@@ -1,12 +1,15 @@
 /* comm_check: a rank of a multi-process collective test, run under mpirun or caccel launch by tests/dist scripts. */
 #include <caccel/caccel.h>
 
+#include <errno.h>
 #include <math.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -449,6 +452,19 @@ int main(int argc, char **argv) {
         printf("comm_check: rank %d spinning\n", ca_comm_rank(c));
         while (ca_comm_all_reduce(c, x, x, 16, CA_F32, CA_OP_SUM, NULL) == CA_OK) usleep(1000);
         rc = die(ca_comm_rank(c), "all_reduce");
+    }
+    else if (strcmp(o.mode, "sigpipe") == 0) {
+        /* what a Gloo socket write meets when its peer has died: EPIPE, not a silent death */
+        int sv[2];
+        if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv) != 0) return die(ca_comm_rank(c), "socketpair");
+        close(sv[1]);
+        char byte = 0;
+        struct iovec iov = {&byte, 1};
+        ssize_t w = writev(sv[0], &iov, 1);
+        printf("comm_check: rank %d: writev to a closed socket: %s\n", ca_comm_rank(c),
+               w < 0 && errno == EPIPE ? "EPIPE" : "unexpected");
+        close(sv[0]);
+        rc = ca_comm_barrier(c, NULL) == CA_OK ? 0 : die(ca_comm_rank(c), "barrier");
     }
     else if (strcmp(o.mode, "env") == 0) {
         printf("comm_check: env rank %d of %d backend %s\n", ca_comm_rank(c), ca_comm_size(c), ca_comm_backend(c));

@@ -25,6 +25,12 @@ timeout 120 "$CACCEL" launch -q --tee 3 --num_processes 2 --main_process_port 0 
     --mode env >"$WORK/out" 2>&1 || { cat "$WORK/out"; fail "tee run failed"; }
 count 1 "^\[rank0\]: comm_check: env rank 0 of 2 backend gloo" "$WORK/out"
 count 1 "^\[rank1\]: comm_check: env rank 1 of 2 backend gloo" "$WORK/out"
+note "a Gloo communicator leaves SIGPIPE ignored: a socket write whose peer died fails with EPIPE"
+# (Gloo writes with writev, which would otherwise kill a surviving rank silently; the launcher
+# starts its processes with SIGPIPE at its default action, as a shell does)
+CACCEL_SHM=0 timeout 120 "$CACCEL" launch -q --num_processes 2 --main_process_port 0 "$CHECK" --tag "$TAG" \
+    --backend gloo --mode sigpipe >"$WORK/out" 2>&1 || { cat "$WORK/out"; fail "sigpipe run failed"; }
+count 2 "comm_check: rank [01]: writev to a closed socket: EPIPE" "$WORK/out"
 if command -v "${MPIRUN:-mpirun}" >/dev/null 2>&1 && [ -n "$(ls "$BUILD"/collectives/.libs/caccel_mpi.so 2>/dev/null)" ]; then
     note "caccel launch --backend mpi (through mpirun)"
     ASAN_OPTIONS="$ASAN_OPTIONS_MPI" CACCEL_MPIRUN_ARGS="--allow-run-as-root --oversubscribe" timeout 600 "$CACCEL" launch -q --backend mpi \
