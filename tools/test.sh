@@ -109,5 +109,46 @@ if [ -d "$top/_build-ci" ]; then
 fi
 cd "$top"
 
+# Each libFuzzer target of tests/fuzz runs CACCEL_FUZZ_SECONDS (default 60) from its seed corpus, as
+# many at a time as there are CPUs; a crash, leak, hang or sanitizer report fails that target and
+# leaves its input in _build-fuzz/fuzz-<target>/ (docs/TESTING.md, "Fuzzing").
+fuzz_secs=${CACCEL_FUZZ_SECONDS:-60}
+echo "== fuzzing: each target for $fuzz_secs s"
+fuzz_one() {   # fuzz_one TARGET: its verdict in _build-fuzz/fuzz-TARGET.verdict
+    local t=$1 d=$top/_build-fuzz
+    if (cd "$d" && make -s fuzz FUZZ_TARGETS="$t" FUZZ_SECONDS="$fuzz_secs" >"fuzz-$t.out" 2>&1); then
+        echo "PASS: fuzz_$t ($(grep -ho 'stat::number_of_executed_units: *[0-9]*' "$d/fuzz-$t.out" |
+            grep -o '[0-9]*$') executions)" >"$d/fuzz-$t.verdict"
+    else
+        { tail -30 "$d/fuzz-$t.out"; echo "FAIL: fuzz_$t (input kept in _build-fuzz/fuzz-$t/)"; } >"$d/fuzz-$t.verdict"
+    fi
+}
+# Only the library's objects and the fuzz programs are built, with clang and warnings as errors.
+fuzz_build() {
+    rm -rf "$top/_build-fuzz" && mkdir -p "$top/_build-fuzz" && cd "$top/_build-fuzz" &&
+        { "$top/configure" -q CC=clang CXX=clang++ --enable-fuzzing --enable-werror &&
+            make -j"$jobs" fuzz-build; } >build.log 2>&1
+}
+if fuzz_build; then
+    cd "$top"
+    targets=$(sed -n 's/^FUZZ_TARGETS = //p' "$top/tests/fuzz.mk")
+    running=0
+    for t in $targets; do
+        fuzz_one "$t" &
+        running=$((running + 1))
+        if [ "$running" -ge "$jobs" ]; then wait -n; running=$((running - 1)); fi
+    done
+    wait
+    for t in $targets; do
+        v=$(cat "$top/_build-fuzz/fuzz-$t.verdict" 2>/dev/null) || v="FAIL: fuzz_$t (no verdict)"
+        echo "$v"
+        case $(tail -1 <<<"$v") in PASS:*) pass=$((pass + 1)) ;; *) fail=$((fail + 1)) ;; esac
+    done
+else
+    tail -20 "$top/_build-fuzz/build.log" 2>/dev/null
+    echo "FAIL: fuzz build (configure CC=clang --enable-fuzzing; make fuzz-build)"; fail=$((fail + 1))
+fi
+cd "$top"
+
 echo "$pass passed, $fail failed, $skip skipped"
 [ "$fail" -eq 0 ]
