@@ -59,6 +59,11 @@ typedef struct ca_zero_unit {
     int done;                    /* parameters whose gradient is complete this backward */
     ca_tensor *grad;             /* [N * slice] the unit's full gradient, backward to its reduce-scatter */
     bool reduced;                /* reduce-scattered into gshard in this synchronising backward */
+    int pos;                     /* place in the forward order (ca_zero.order); -1 before it is known */
+    bool in_backward;            /* its backward hook ran in this backward (not to be prefetched again) */
+    bool pending;                /* a gather was issued and not yet finished (send, recv, work below) */
+    ca_tensor *send, *recv;
+    ca_work *work;
 } ca_zero_unit;
 
 typedef struct ca_zero {
@@ -87,6 +92,12 @@ typedef struct ca_zero {
     int *unit_of;                /* [nparams] unit of each parameter */
     bool summoned;               /* ca_summon_full_params: every parameter gathered */
     ca_status err;               /* the first failure of a reduce-scatter run by a gradient hook */
+    bool fwd_prefetch;           /* fsdp_forward_prefetch: the next unit's gather during a forward */
+    int bwd_prefetch;            /* fsdp_backward_prefetch: 0 none, 1 BACKWARD_PRE, 2 BACKWARD_POST */
+    int *order;                  /* [nunits] units in the order the first forward ran them */
+    int norder;
+    bool order_known;            /* set at the first backward: from then on prefetches follow order */
+    uint64_t gathers, prefetched; /* gathers issued, and of them those issued ahead of their unit */
 } ca_zero;
 
 struct ca_accelerator {

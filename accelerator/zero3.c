@@ -13,7 +13,12 @@
  * each rank sends (N - 1) * slice elements. Where that is more than the 2 (N - 1) / N * numel of an
  * all-reduce of the whole unit (a unit mostly inside one rank's shard), both are all-reduces of
  * the unit instead (by_part false): the gather's with each rank's part in place and zeros
- * elsewhere (x + 0 = x). No prefetch: each gather waits. */
+ * elsewhere (x + 0 = x).
+ * Prefetch (fsdp_forward_prefetch, fsdp_backward_prefetch): the first forward records the order
+ * the units run in; from the first backward on, a unit's hook issues the gather of the unit that
+ * runs next (forward: the following one, as the unit's forward starts; backward: the preceding
+ * one, before the unit's gradients (BACKWARD_PRE) or once they are complete (BACKWARD_POST)), and
+ * that unit's own hook waits for it: the collective runs while this unit computes. */
 #include "accelerator/accelerator_impl.h"
 
 #include <stdlib.h>
@@ -66,42 +71,87 @@ static ca_status unit_pack(ca_accelerator *acc, ca_zero_unit *u, int r, float *b
     return st;
 }
 
-static ca_status unit_gather(ca_zero_unit *u) {
-    if (u->gathered || !u->n) {   /* a unit with no parameters of its own has nothing to gather */
-        u->gathered = true;
-        return CA_OK;
-    }
+static void gather_drop(ca_zero_unit *u) {
+    ca_work_free(u->work);
+    if (u->recv != u->send) ca_tensor_free(u->recv);
+    ca_tensor_free(u->send);
+    u->work = NULL;
+    u->send = u->recv = NULL;
+    u->pending = false;
+}
+
+static ca_status gather_failed(ca_zero_unit *u) {
+    gather_drop(u);
+    return ca_error_context("stage 3: gathering the %d parameter(s) of %s on rank %d", u->n, ca_module_type(u->mod),
+                            u->acc->rank);
+}
+
+/* Issues the unit's gather: this rank's part packed and the collective started, asynchronous where
+ * the backend is (Gloo's work queue, MPI's nonblocking calls); gather_finish waits for it. */
+static ca_status gather_start(ca_zero_unit *u, bool ahead) {
+    if (u->gathered || u->pending || !u->n) return CA_OK;
     ca_accelerator *acc = u->acc;
     ca_zero *z = &acc->zero;
     /* by parts: [slice] -> [N * slice]; else one [numel] buffer, each rank's part at its place */
-    ca_tensor *send = ca_zero_persistent_zeros(acc->device, u->by_part ? u->slice : u->numel);
     bool parts = u->by_part && acc->world > 1;
-    ca_tensor *recv = send && parts ? ca_zero_persistent_zeros(acc->device, u->slice * acc->world) : send;
-    if (!recv) {
-        ca_tensor_free(send);
-        return oom();
+    u->send = ca_zero_persistent_zeros(acc->device, u->by_part ? u->slice : u->numel);
+    u->recv = u->send && parts ? ca_zero_persistent_zeros(acc->device, u->slice * acc->world) : u->send;
+    u->pending = true;
+    if (!u->recv) {
+        oom();
+        return gather_failed(u);
     }
     int64_t at = u->by_part ? 0 : part_start(z, u, acc->rank);
-    ca_status s = unit_pack(acc, u, acc->rank, ca_zero_fptr(send, at), true);
+    ca_status s = unit_pack(acc, u, acc->rank, ca_zero_fptr(u->send, at), true);
     if (s == CA_OK && acc->world > 1)
-        s = u->by_part ? ca_comm_all_gather(acc->comm, ca_tptr(send), ca_tptr(recv), (size_t)u->slice, CA_F32, NULL)
-                       : ca_comm_all_reduce(acc->comm, ca_tptr(send), ca_tptr(send), (size_t)u->numel, CA_F32,
-                                            CA_OP_SUM, NULL);
+        s = u->by_part ? ca_comm_all_gather(acc->comm, ca_tptr(u->send), ca_tptr(u->recv), (size_t)u->slice, CA_F32,
+                                            &u->work)
+                       : ca_comm_all_reduce(acc->comm, ca_tptr(u->send), ca_tptr(u->send), (size_t)u->numel, CA_F32,
+                                            CA_OP_SUM, &u->work);
+    if (s != CA_OK) return gather_failed(u);
+    z->gathers++;
+    z->prefetched += ahead;
+    return CA_OK;
+}
+
+/* Waits for the unit's gather and unpacks every rank's part into the parameters' storage. */
+static ca_status gather_finish(ca_zero_unit *u) {
+    ca_accelerator *acc = u->acc;
+    ca_zero *z = &acc->zero;
+    ca_status s = u->work ? ca_work_wait(u->work, -1) : CA_OK;
     for (int j = 0; s == CA_OK && j < u->n; j++) {
         ca_tensor *p = z->params[u->idx[j]];
         if (!p->storage->ptr) s = ca_device_alloc(acc->device, p->storage->bytes, &p->storage->ptr);
         p->version++;   /* a low-precision copy made from older values is stale */
     }
     for (int r = 0; s == CA_OK && r < acc->world; r++)
-        s = unit_pack(acc, u, r, ca_zero_fptr(recv, u->by_part ? r * u->slice : part_start(z, u, r)), false);
-    if (recv != send) ca_tensor_free(recv);
-    ca_tensor_free(send);
-    if (s != CA_OK)
-        return ca_error_context("stage 3: gathering the %d parameter(s) of %s on rank %d", u->n,
-                                ca_module_type(u->mod), acc->rank);
+        s = unit_pack(acc, u, r, ca_zero_fptr(u->recv, u->by_part ? r * u->slice : part_start(z, u, r)), false);
+    if (s != CA_OK) return gather_failed(u);
+    gather_drop(u);
     u->gathered = true;
     u->done = 0;
     return CA_OK;
+}
+
+static ca_status unit_gather(ca_zero_unit *u) {
+    if (u->gathered || !u->n) {   /* a unit with no parameters of its own has nothing to gather */
+        u->gathered = true;
+        return CA_OK;
+    }
+    ca_status s = gather_start(u, false);
+    return s == CA_OK ? gather_finish(u) : s;
+}
+
+/* Prefetch: the gather of the unit `step` places from u in the forward order (+1: the next
+ * forward's, -1: the next backward's) is issued now, to run while u computes. Every rank runs the
+ * same modules in the same order, so every rank issues the same collectives. */
+static ca_status prefetch(ca_zero_unit *u, int step) {
+    ca_zero *z = &u->acc->zero;
+    int k = u->pos + step;
+    if (!z->order_known || u->pos < 0 || k < 0 || k >= z->norder) return CA_OK;
+    ca_zero_unit *next = &z->units[z->order[k]];
+    if (step < 0 && next->in_backward) return CA_OK;   /* its backward ran: released, not to come */
+    return gather_start(next, true);
 }
 
 /* ------------------------------------------------------------------ gradients */
@@ -200,7 +250,8 @@ static ca_status unit_reduce(ca_zero_unit *u) {
 
 void ca_zero3_before_backward(ca_accelerator *acc) {
     acc->zero.err = CA_OK;
-    for (int k = 0; k < acc->zero.nunits; k++) acc->zero.units[k].reduced = false;
+    acc->zero.order_known = acc->zero.norder > 0;
+    for (int k = 0; k < acc->zero.nunits; k++) acc->zero.units[k].reduced = acc->zero.units[k].in_backward = false;
 }
 
 ca_status ca_zero3_reduce(ca_accelerator *acc) {
@@ -211,6 +262,10 @@ ca_status ca_zero3_reduce(ca_accelerator *acc) {
 }
 
 static void unit_release(ca_zero_unit *u) {
+    if (u->pending && gather_finish(u) != CA_OK) {   /* prefetched, then not used: its collective is out */
+        if (u->acc->zero.err == CA_OK) u->acc->zero.err = ca_last_status();
+        ca_clear_error();
+    }
     if (!u->gathered || u->acc->zero.summoned) return;
     for (int j = 0; j < u->n; j++) {
         ca_storage *st = u->acc->zero.params[u->idx[j]]->storage;
@@ -226,17 +281,30 @@ void ca_zero3_release_all(ca_accelerator *acc) {
 
 /* ------------------------------------------------------------------ hooks */
 
+/* The first forward (until the first backward) records the order the units run in. */
+static void record_order(ca_zero_unit *u) {
+    ca_zero *z = &u->acc->zero;
+    if (z->order_known || u->pos >= 0 || u->acc->in_backward) return;
+    u->pos = z->norder;
+    z->order[z->norder++] = (int)(u - z->units);
+}
+
 static ca_status pre_forward(void *ctx, ca_module *m) {
     (void)m;
     ca_zero_unit *u = ctx;
+    record_order(u);
     u->in_forward = !u->gathered;
-    return unit_gather(u);
+    ca_status s = unit_gather(u);
+    /* not in a checkpointed module's recomputation, which runs during the backward */
+    return s == CA_OK && u->acc->zero.fwd_prefetch && !u->acc->in_backward ? prefetch(u, +1) : s;
 }
 
 static ca_status pre_backward(void *ctx) {
     ca_zero_unit *u = ctx;
     u->done = 0;
+    u->in_backward = true;
     ca_status s = unit_gather(u);
+    if (s == CA_OK && u->acc->zero.bwd_prefetch == 1) s = prefetch(u, -1);   /* BACKWARD_PRE */
     return s == CA_OK && u->acc->in_backward ? unit_grads(u) : s;
 }
 
@@ -257,6 +325,7 @@ static void grad_done(ca_tensor *leaf, void *ctx) {
     ca_zero_unit *u = ctx;
     ca_accelerator *acc = u->acc;
     if (++u->done < u->n) return;
+    if (acc->zero.bwd_prefetch == 2 && acc->zero.err == CA_OK) acc->zero.err = prefetch(u, -1);   /* BACKWARD_POST */
     if (acc->in_backward && acc->sync && acc->zero.err == CA_OK) acc->zero.err = unit_reduce(u);
     unit_release(u);
 }
@@ -333,14 +402,15 @@ static ca_status make_units(ca_accelerator *acc, ca_module *m) {
     w.mods = calloc((size_t)count_mods(m), sizeof *w.mods);
     z->unit_of = calloc((size_t)z->nparams + 1, sizeof *z->unit_of);
     z->units = calloc((size_t)count_mods(m), sizeof *z->units);
-    if (!w.mods || !z->unit_of || !z->units) {
+    z->order = calloc((size_t)count_mods(m), sizeof *z->order);
+    if (!w.mods || !z->unit_of || !z->units || !z->order) {
         free(w.mods);
         return ca_error(CA_ERR_NOMEM, "out of host memory");
     }
     mark(&w, m, true, 0);
     int next = 0;
     assign(z, &w, m, unit_index(&w, m), &next);
-    for (int k = 0; k < w.nmods; k++) z->units[k] = (ca_zero_unit){.mod = w.mods[k], .acc = acc};
+    for (int k = 0; k < w.nmods; k++) z->units[k] = (ca_zero_unit){.mod = w.mods[k], .acc = acc, .pos = -1};
     z->nunits = w.nmods;
     free(w.mods);
     for (int i = 0; i < z->nparams; i++) z->units[z->unit_of[i]].n++;
@@ -427,6 +497,12 @@ ca_status ca_summon_full_params(ca_accelerator *acc, bool on) {
 
 void ca_zero3_free(ca_accelerator *acc) {
     ca_zero *z = &acc->zero;
+    if (z->gathers && acc->rank <= 0)
+        ca_log_printf(CA_LOG_INFO, "stage 3: %llu unit gathers, %llu of them prefetched (forward prefetch %s, backward "
+                      "prefetch %s)", (unsigned long long)z->gathers, (unsigned long long)z->prefetched,
+                      z->fwd_prefetch ? "on" : "off",
+                      z->bwd_prefetch == 1 ? "BACKWARD_PRE" : z->bwd_prefetch == 2 ? "BACKWARD_POST" : "off");
+    z->gathers = z->prefetched = 0;
     if (z->nparams && z->pshard) {   /* the model outlives the accelerator: whole parameters again */
         z->summoned = false;
         if (ca_zero3_summon(acc, true) != CA_OK) ca_clear_error();
@@ -448,6 +524,10 @@ void ca_zero3_free(ca_accelerator *acc) {
     }
     free(z->units);
     free(z->unit_of);
+    free(z->order);
+    z->order = NULL;
+    z->norder = 0;
+    z->order_known = false;
     ca_tensor_free(z->pshard);
     z->units = NULL;
     z->unit_of = NULL;

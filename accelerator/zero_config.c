@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <unistd.h>
 
 static const char *cfg(const ca_accelerator *acc, const char *key) { return ca_config_get(acc->cfg, key); }
@@ -54,6 +55,11 @@ static ca_status configure_fsdp(ca_accelerator *acc) {
     bool off = false;
     ca_config_get_bool(acc->cfg, "fsdp_config.fsdp_offload_params", &off);
     z->offload = off;
+    bool fwd = false;
+    ca_config_get_bool(acc->cfg, "fsdp_config.fsdp_forward_prefetch", &fwd);
+    z->fwd_prefetch = fwd;
+    const char *bp = cfg(acc, "fsdp_config.fsdp_backward_prefetch");   /* validated: one of three, or null */
+    z->bwd_prefetch = !bp ? 0 : !strcasecmp(bp, "BACKWARD_PRE") ? 1 : !strcasecmp(bp, "BACKWARD_POST") ? 2 : 0;
     return CA_OK;
 }
 
@@ -277,6 +283,9 @@ ca_status ca_zero_configure(ca_accelerator *acc) {
     else return CA_OK;
     if (s != CA_OK) return s;
     z->stage = z->asked;
+    if (z->stage != 3 && (z->fwd_prefetch || z->bwd_prefetch) && acc->rank <= 0)
+        ca_log_printf(CA_LOG_WARNING, "%s: fsdp_forward_prefetch / fsdp_backward_prefetch have no effect at stage %d: "
+                      "only stage 3 (FULL_SHARD) gathers parameters", z->origin, z->stage);
     if (z->stage && acc->st.deterministic)
         return ca_error(CA_ERR_UNSUPPORTED, "deterministic mode with sharded data parallelism (stage %d from %s) is "
                         "not implemented", z->asked, z->origin);

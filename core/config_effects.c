@@ -59,7 +59,7 @@ static const char *const sharding_keys[] = {
     "fsdp_config.fsdp_sharding_strategy", "fsdp_config.fsdp_reshard_after_forward", "fsdp_config.fsdp_state_dict_type",
     "fsdp_config.fsdp_use_orig_params", "fsdp_config.fsdp_activation_checkpointing",
     "fsdp_config.fsdp_auto_wrap_policy", "fsdp_config.fsdp_transformer_layer_cls_to_wrap",
-    "fsdp_config.fsdp_min_num_params", NULL};
+    "fsdp_config.fsdp_min_num_params", "fsdp_config.fsdp_forward_prefetch", "fsdp_config.fsdp_backward_prefetch", NULL};
 
 static bool acted_on(const char *key) {
     for (const char *const *k = sharding_keys; *k; k++)
@@ -102,7 +102,7 @@ static void why_text(const ca_config *c, const effect *e, const char *key, char 
         snprintf(buf, size, "caccel does not act on this key");
     } else if (strcmp(dt, e->plugin) == 0 && (!strcmp(dt, "FSDP") || !strcmp(dt, "DEEPSPEED"))) {
         snprintf(buf, size, "caccel's sharded data parallelism under distributed_type %s (%s) does not act on it: "
-                 "stages 1 to 3 with wrap units, no prefetch (docs/DISTRIBUTED.md)", dt, dto);
+                 "stages 1 to 3 with wrap units and prefetch (docs/DISTRIBUTED.md)", dt, dto);
     } else if (strcmp(dt, e->plugin) == 0) {
         snprintf(buf, size, "distributed_type %s (%s) is not supported by this build, which runs NO, MULTI_CPU, "
                  "MULTI_GPU, FSDP and DEEPSPEED", dt, dto);

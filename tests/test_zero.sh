@@ -135,6 +135,34 @@ for be in $backends; do
     same "$WORK/acc1.bin" "$WORK/acc4.bin"
 done
 
+note "stage 3 prefetch (fsdp_forward_prefetch, fsdp_backward_prefetch BACKWARD_PRE / BACKWARD_POST): the same parameters, collectives and bytes as without, with the gathers issued ahead counted (2 ranks, 10 wrap units, accumulation 2, 4 steps)"
+# 8 forward + backward passes. Without prefetch each gathers the 10 units twice (forward, backward),
+# then the end gathers them once more: 170. The first forward records the order, so it prefetches
+# nothing; from the first backward on, every unit but the first of a pass comes prefetched: forward
+# 7 x 9, backward 8 x 9 = 135 with both; BACKWARD_POST alone 8 x 9 = 72.
+pf() {   # pf BACKEND OUT FLAGS...: prefetch flags through the launcher (Gloo) or the program (mpirun)
+    pbe=$1 out=$2; shift 2
+    if [ "$pbe" = mpi ]; then launch 2 mpi "$DDP" --use_fsdp --fsdp_sharding_strategy FULL_SHARD "$@" --hidden 64 --depth 8 --mode accum --k 2 --batch 8 --steps 4 --dump "$out"
+    else launch 2 gloo --use_fsdp --fsdp_sharding_strategy FULL_SHARD "$@" "$DDP" --hidden 64 --depth 8 --mode accum --k 2 --batch 8 --steps 4 --dump "$out"; fi
+}
+for be in $backends; do
+    pf "$be" "$WORK/p0.bin" > "$WORK/o0" || { cat "$WORK/o0"; fail "no prefetch $be"; }
+    count 1 'stage 3: 170 unit gathers, 0 of them prefetched' "$WORK/o0"
+    grep '_per_step=' "$WORK/o0" | sort > "$WORK/c0"
+    pf "$be" "$WORK/p1.bin" --fsdp_forward_prefetch true --fsdp_backward_prefetch BACKWARD_PRE > "$WORK/o" || { cat "$WORK/o"; fail "prefetch $be"; }
+    count 1 'stage 3: 170 unit gathers, 135 of them prefetched (forward prefetch on, backward prefetch BACKWARD_PRE)' "$WORK/o"
+    count 0 'prefetch .*has no effect' "$WORK/o"
+    grep '_per_step=' "$WORK/o" | sort | cmp -s - "$WORK/c0" || { cat "$WORK/o"; fail "prefetch changed the collectives or bytes per step ($be)"; }
+    same "$WORK/p0.bin" "$WORK/p1.bin"
+    pf "$be" "$WORK/p2.bin" --fsdp_backward_prefetch BACKWARD_POST --fsdp_activation_checkpointing true > "$WORK/o" || { cat "$WORK/o"; fail "BACKWARD_POST $be"; }
+    count 1 'stage 3: 170 unit gathers, 72 of them prefetched (forward prefetch off, backward prefetch BACKWARD_POST)' "$WORK/o"
+    same "$WORK/p0.bin" "$WORK/p2.bin"
+done
+if have gloo; then   # stage 2 gathers no parameters: the keys are reported as having no effect
+    launch 2 gloo --use_fsdp --fsdp_sharding_strategy SHARD_GRAD_OP --fsdp_forward_prefetch true "$DDP" --mode plain --steps 2 > "$WORK/o" || { cat "$WORK/o"; fail "prefetch at stage 2"; }
+    count 1 'fsdp_forward_prefetch / fsdp_backward_prefetch have no effect at stage 2' "$WORK/o"
+fi
+
 note "clip_grad_norm across shards: sqrt(all-reduced sum of squares) is the 1-rank norm; same model"
 "$DDP" --mode clip --batch 32 --steps 5 --dump "$WORK/clip1.bin" > "$WORK/o1" 2>&1 || fail "1 rank"
 n1=$(sed -n 's/.*first_norm=//p' "$WORK/o1")

@@ -65,6 +65,15 @@ static const struct { const char *key, *var; } exported[] = {
     {"fsdp_config.fsdp_sharding_strategy", "FSDP_SHARDING_STRATEGY"},
     {"fsdp_config.fsdp_reshard_after_forward", "FSDP_RESHARD_AFTER_FORWARD"},
     {"fsdp_config.fsdp_state_dict_type", "FSDP_STATE_DICT_TYPE"},
+    {"fsdp_config.fsdp_min_num_params", "FSDP_MIN_NUM_PARAMS"},
+    {"fsdp_config.fsdp_auto_wrap_policy", "FSDP_AUTO_WRAP_POLICY"},
+    {"fsdp_config.fsdp_transformer_layer_cls_to_wrap", "FSDP_TRANSFORMER_CLS_TO_WRAP"},
+    {"fsdp_config.fsdp_backward_prefetch", "FSDP_BACKWARD_PREFETCH"},
+    {"fsdp_config.fsdp_forward_prefetch", "FSDP_FORWARD_PREFETCH"},
+    {"fsdp_config.fsdp_use_orig_params", "FSDP_USE_ORIG_PARAMS"},
+    {"fsdp_config.fsdp_cpu_ram_efficient_loading", "FSDP_CPU_RAM_EFFICIENT_LOADING"},
+    {"fsdp_config.fsdp_sync_module_states", "FSDP_SYNC_MODULE_STATES"},
+    {"fsdp_config.fsdp_activation_checkpointing", "FSDP_ACTIVATION_CHECKPOINTING"},
 };
 
 /* A distributed_type given on the command line (--use_fsdp, --use_deepspeed, --tpu) reaches the
