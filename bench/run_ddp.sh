@@ -21,6 +21,18 @@ export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
 out=$(mktemp)
 trap 'rm -f "$out"' EXIT
 echo "# $(date -u +%Y-%m-%dT%H:%MZ) $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(getconf _NPROCESSORS_ONLN) CPUs, OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-unset}, batch $batch per process"
+# Whether the host gives this machine two whole cores: two spinning processes against one, 2 s each
+# (2.00x: both cores are free; 1.00x: the two share one). Run before and after the measurements.
+probe() {
+    spin='import time
+n, end = 0, time.perf_counter() + 2
+while time.perf_counter() < end: n += 1
+print(n)'
+    one=$($peer -c "$spin")
+    two=$( { $peer -c "$spin" & $peer -c "$spin" & wait; } | awk '{s += $1} END {print s}')
+    awk -v a="$one" -v b="$two" -v w="$1" 'BEGIN {printf "# core probe %s: two spinning processes ran %.2fx one\n", w, b / a}'
+}
+probe before
 for r in $(seq "$reps"); do
     "$bench" --batch-sizes "$batch" >> "$out"
     "$caccel" launch --num_processes 2 --cpu --backend gloo -q "$bench" --batch-sizes "$batch" >> "$out"
@@ -38,4 +50,8 @@ print(f"{'procs':>5} | {'caccel samples/s':>16} {'acc %':>6} | {'torch samples/s
 for p in ("1", "2"):
     c, n = med("caccel", p); t, _ = med("torch", p)
     print(f"{p:>5} | {c:16.0f} {med('caccel', p, 'accuracy')[0]:6.2f} | {t:15.0f} {med('torch', p, 'accuracy')[0]:6.2f} | {c / t:12.2f} ({n})")
+c1, c2 = med("caccel", "1")[0], med("caccel", "2")[0]
+t1, t2 = med("torch", "1")[0], med("torch", "2")[0]
+print(f"2 processes / 1 process: caccel {c2 / c1:.2f}x, torch {t2 / t1:.2f}x")
 PY
+probe after

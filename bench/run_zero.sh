@@ -17,11 +17,16 @@ echo "# $(date -u +%Y-%m-%dT%H:%MZ) $(grep -m1 'model name' /proc/cpuinfo | cut 
 echo "| processes | mode | params MB | grads MB | optimizer state MB | total MB | peak MB | step ms | sent MB/step |"
 echo "|---|---|---|---|---|---|---|---|---|"
 for np in 1 2 4; do
-    for mode in ddp 1 2 3; do
-        if [ "$mode" = ddp ]; then flags=(); else flags=(--use_deepspeed --zero_stage "$mode"); fi
+    for mode in ddp 1 2 3 3pf; do
+        case $mode in
+            ddp) flags=() ;;
+            3pf) [ "$np" -gt 1 ] || continue   # stage 3 with FSDP's forward and BACKWARD_PRE prefetch
+                 flags=(--use_fsdp --fsdp_sharding_strategy FULL_SHARD --fsdp_forward_prefetch true --fsdp_backward_prefetch BACKWARD_PRE) ;;
+            *) flags=(--use_deepspeed --zero_stage "$mode") ;;
+        esac
         line=$("$caccel" launch --num_processes "$np" --backend gloo "${flags[@]}" "$bench" "${args[@]}" 2>/dev/null | grep '^rank=0 ')
         v() { sed -n "s/.* $1=\([^ ]*\).*/\1/p" <<< "$line"; }
-        label=$([ "$mode" = ddp ] && echo DDP || echo "stage $mode")
+        case $mode in ddp) label=DDP ;; 3pf) label="stage 3, prefetch" ;; *) label="stage $mode" ;; esac
         echo "| $np | $label | $(v params_mb) | $(v grads_mb) | $(v optim_mb) | $(v total_mb) | $(v peak_mb) | $(v step_ms) | $(v sent_mb) |"
     done
 done
