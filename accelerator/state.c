@@ -907,6 +907,9 @@ static ca_status ss_check_state(ca_accelerator *acc, const char *dir, ss_loaded 
     json_object *loaders = js_get(&j, st, "dataloaders", json_type_array);
     json_object *custom = js_get(&j, st, "custom", json_type_array);
     if (j.bad) return ca_last_status();
+    if (L->iteration < -1 || L->iteration == INT64_MAX)   /* -1: not an automatic name; the next is + 1 */
+        return ca_error(CA_ERR_INVALID, "%s: key \"iteration\" is %lld, outside -1 to %lld", path,
+                        (long long)L->iteration, (long long)INT64_MAX - 1);
     if (strcmp(fmt, SS_FORMAT) != 0 || ver != SS_VERSION)
         return ca_error(CA_ERR_INVALID, "%s: format %s version %lld; this caccel reads %s version %d",
                         path, fmt, (long long)ver, SS_FORMAT, SS_VERSION);
