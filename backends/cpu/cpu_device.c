@@ -1,6 +1,7 @@
 /* The CPU device vtable: host memory, synchronous copies, dummy streams/events, OpenBLAS threads. */
 #include "backends/cpu/cpu_impl.h"
 #include "backends/cpu/cpu_plugin.h"
+#include "base/slurm_impl.h"
 
 #include <caccel/log.h>
 #include <cblas.h>
@@ -37,13 +38,26 @@ static int online_cpus(void) {
     return n < 1 ? 1 : (int)n;
 }
 
+static bool in_slurm_step(void) {
+    const char *id = getenv("SLURM_STEP_ID"), *old = getenv("SLURM_STEPID"), *proc = getenv("SLURM_PROCID");
+    return proc && *proc && ((id && *id) || (old && *old));
+}
+
 /* Online cores shared among the processes of this machine, unless the user
- * has told OpenBLAS (or OpenMP) how many threads to use. 0 = leave as is. */
+ * has told OpenBLAS (or OpenMP) how many threads to use. 0 = leave as is.
+ * srun sets no local size of its own: a task of a Slurm step takes the CPUs
+ * Slurm gave it (SLURM_CPUS_PER_TASK), else its share among the step's tasks
+ * on this node, so that N tasks do not each start a thread per core. */
 int cpu_default_blas_threads(void) {
     const char *ob = getenv("OPENBLAS_NUM_THREADS"), *omp = getenv("OMP_NUM_THREADS");
     if ((ob && *ob) || (omp && *omp)) return 0;
-    int procs = env_positive("LOCAL_WORLD_SIZE", env_positive("OMPI_COMM_WORLD_LOCAL_SIZE", 1));
-    int t = online_cpus() / procs;
+    int procs = env_positive("LOCAL_WORLD_SIZE", env_positive("OMPI_COMM_WORLD_LOCAL_SIZE", 0));
+    if (procs == 0 && in_slurm_step()) {
+        int given = env_positive("SLURM_CPUS_PER_TASK", 0);
+        if (given > 0) return given;
+        procs = ca_slurm_tasks_on_node(getenv("SLURM_STEP_TASKS_PER_NODE"), env_positive("SLURM_NODEID", 0));
+    }
+    int t = online_cpus() / (procs > 0 ? procs : 1);
     return t < 1 ? 1 : t;
 }
 
