@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sched.h>
 #include <unistd.h>
 
 #include "core/device_impl.h"
@@ -229,8 +230,17 @@ static void test_blas_threads_slurm(void **state) {
     setenv("SLURM_STEPID", "0", 1);                                /* the older name */
     setenv("SLURM_STEP_TASKS_PER_NODE", "4", 1);
     assert_int_equal(cpu_default_blas_threads(), share(online, 4));
+    cpu_set_t all, one;
+    assert_int_equal(sched_getaffinity(0, sizeof all, &all), 0);
+    int usable = CPU_COUNT(&all) < online ? CPU_COUNT(&all) : (int)online;
     setenv("SLURM_CPUS_PER_TASK", "3", 1);                         /* srun -c 3 */
-    assert_int_equal(cpu_default_blas_threads(), 3);
+    assert_int_equal(cpu_default_blas_threads(), usable < 3 ? usable : 3);
+    CPU_ZERO(&one);                          /* bound to one CPU: one thread, whatever -c said */
+    for (int c = 0; c < CPU_SETSIZE; c++)
+        if (CPU_ISSET(c, &all)) { CPU_SET(c, &one); break; }
+    assert_int_equal(sched_setaffinity(0, sizeof one, &one), 0);
+    assert_int_equal(cpu_default_blas_threads(), 1);
+    assert_int_equal(sched_setaffinity(0, sizeof all, &all), 0);
     setenv("LOCAL_WORLD_SIZE", "2", 1);                            /* caccel launch inside the step */
     assert_int_equal(cpu_default_blas_threads(), share(online, 2));
     setenv("OMP_NUM_THREADS", "7", 1);
