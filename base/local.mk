@@ -6,6 +6,7 @@ libcaccel_la_SOURCES += \
 	base/kernel_check_impl.h \
 	base/ptr_map_impl.h \
 	base/peer_impl.h \
+	base/slurm_impl.h \
 	base/unary_math_impl.h \
 	base/status.c \
 	base/log.c \

@@ -1,5 +1,6 @@
 /* Process environment: rank and size from caccel launch, torchrun-style variables, mpirun or srun; the store. */
 #include "base/base_impl.h"
+#include "base/slurm_impl.h"
 #include "core/comm_impl.h"
 #include "core/procenv_impl.h"
 #include "core/store_impl.h"
@@ -68,31 +69,6 @@ static void first_host(const char *list, char *buf, size_t len) {
         while (list[i] && isdigit((unsigned char)list[i]) && o + 1 < len) buf[o++] = list[i++];
         buf[o] = '\0';
     }
-}
-
-/* Slurm's "2(x3),1": tasks on node `node`. */
-static int tasks_on_node(const char *spec, int node) {
-    if (!spec) return -1;
-    int idx = 0;
-    const char *p = spec;
-    while (*p) {
-        char *end;
-        long n = strtol(p, &end, 10);
-        if (end == p) return -1;
-        long rep = 1;
-        p = end;
-        if (*p == '(') {
-            if (p[1] != 'x') return -1;
-            rep = strtol(p + 2, &end, 10);
-            if (*end != ')') return -1;
-            p = end + 1;
-        }
-        if (node < idx + rep) return (int)n;
-        idx += (int)rep;
-        if (*p == ',') p++;
-        else if (*p) return -1;
-    }
-    return -1;
 }
 
 static ca_status check_ranks(const ca_procenv *pe) {
@@ -172,7 +148,7 @@ static ca_status slurm_local(const envsrc *e, ca_procenv *pe, bool strict) {
     if (strict) pe->node_rank = nf ? nid : -1;
     const char *spec = ev(e, "SLURM_STEP_TASKS_PER_NODE");
     if (!spec && strict) spec = ev(e, "SLURM_TASKS_PER_NODE");
-    int per = tasks_on_node(spec, nid);
+    int per = ca_slurm_tasks_on_node(spec, nid);
     if (lf && per > 0) {
         pe->local_world_size = per;
         return CA_OK;

@@ -10,3 +10,5 @@ examples_gpt_LDADD = libcaccel.la -lm
 noinst_PROGRAMS += examples/bert_classifier
 examples_bert_classifier_SOURCES = examples/bert_classifier.c
 examples_bert_classifier_LDADD = libcaccel.la -lm
+# The batch script for Slurm (docs/DISTRIBUTED.md); tests/dist/slurm.sh submits it.
+EXTRA_DIST += examples/slurm/train.sbatch

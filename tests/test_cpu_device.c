@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sched.h>
 #include <unistd.h>
 
 #include "core/device_impl.h"
@@ -171,6 +172,7 @@ static void test_blas_threads(void **state) {
     unsetenv("OMP_NUM_THREADS");
     unsetenv("LOCAL_WORLD_SIZE");
     unsetenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+    unsetenv("SLURM_PROCID");   /* the test may itself run in a Slurm step */
     assert_int_equal(cpu_default_blas_threads(), online);
     setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "2", 1);
     assert_int_equal(cpu_default_blas_threads(), online / 2 > 0 ? online / 2 : 1);
@@ -202,6 +204,50 @@ static void test_blas_threads(void **state) {
     unsetenv("OPENBLAS_NUM_THREADS");
 }
 
+static int share(long online, int procs) { return online / procs > 0 ? (int)(online / procs) : 1; }
+
+/* A task of a Slurm step (srun sets no LOCAL_WORLD_SIZE): the CPUs Slurm gave it, else its share
+ * among the step's tasks on its node; a local size set by a launcher inside the step wins. */
+static void test_blas_threads_slurm(void **state) {
+    (void)state;
+    long online = sysconf(_SC_NPROCESSORS_ONLN);
+    if (online < 1) online = 1;
+    const char *vars[] = {"OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE",
+                          "SLURM_PROCID", "SLURM_STEP_ID", "SLURM_STEPID", "SLURM_NODEID",
+                          "SLURM_STEP_TASKS_PER_NODE", "SLURM_CPUS_PER_TASK"};
+    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) unsetenv(vars[i]);
+    setenv("SLURM_PROCID", "5", 1);
+    setenv("SLURM_STEP_TASKS_PER_NODE", "3,2(x2)", 1);
+    setenv("SLURM_NODEID", "2", 1);
+    assert_int_equal(cpu_default_blas_threads(), online);   /* no step id: the batch script, one process */
+    setenv("SLURM_STEP_ID", "0", 1);
+    assert_int_equal(cpu_default_blas_threads(), share(online, 2));   /* node 2 runs 2 of the step's tasks */
+    setenv("SLURM_NODEID", "0", 1);
+    assert_int_equal(cpu_default_blas_threads(), share(online, 3));
+    setenv("SLURM_STEP_TASKS_PER_NODE", "garbage", 1);
+    assert_int_equal(cpu_default_blas_threads(), online);
+    unsetenv("SLURM_STEP_ID");
+    setenv("SLURM_STEPID", "0", 1);                                /* the older name */
+    setenv("SLURM_STEP_TASKS_PER_NODE", "4", 1);
+    assert_int_equal(cpu_default_blas_threads(), share(online, 4));
+    cpu_set_t all, one;
+    assert_int_equal(sched_getaffinity(0, sizeof all, &all), 0);
+    int usable = CPU_COUNT(&all) < online ? CPU_COUNT(&all) : (int)online;
+    setenv("SLURM_CPUS_PER_TASK", "3", 1);                         /* srun -c 3 */
+    assert_int_equal(cpu_default_blas_threads(), usable < 3 ? usable : 3);
+    CPU_ZERO(&one);                          /* bound to one CPU: one thread, whatever -c said */
+    for (int c = 0; c < CPU_SETSIZE; c++)
+        if (CPU_ISSET(c, &all)) { CPU_SET(c, &one); break; }
+    assert_int_equal(sched_setaffinity(0, sizeof one, &one), 0);
+    assert_int_equal(cpu_default_blas_threads(), 1);
+    assert_int_equal(sched_setaffinity(0, sizeof all, &all), 0);
+    setenv("LOCAL_WORLD_SIZE", "2", 1);                            /* caccel launch inside the step */
+    assert_int_equal(cpu_default_blas_threads(), share(online, 2));
+    setenv("OMP_NUM_THREADS", "7", 1);
+    assert_int_equal(cpu_default_blas_threads(), 0);
+    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) unsetenv(vars[i]);
+}
+
 /* Deterministic mode runs GEMMs on one thread while any user holds it, then restores the count. */
 static void test_deterministic_threads(void **state) {
     (void)state;
@@ -226,6 +272,7 @@ int main(void) {
         cmocka_unit_test(test_memory),
         cmocka_unit_test(test_streams_events),
         cmocka_unit_test(test_blas_threads),
+        cmocka_unit_test(test_blas_threads_slurm),
         cmocka_unit_test(test_deterministic_threads),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs the Debian packages caccel builds, tests and trains with (skips what is already there).
-# --test adds what only the interop tests use: Debian's PyTorch, and Python's safetensors and
-# tokenizers (and transformers for Debian's python) from PyPI.
+# --test adds what only the tests use: Slurm and munge (tests/dist/slurm.sh runs its own one-node
+# cluster), Debian's PyTorch, and Python's safetensors and tokenizers (and transformers for Debian's
+# python) from PyPI.
 set -euo pipefail
 tests=false
 [ "${1:-}" = "--test" ] && tests=true
@@ -10,7 +11,7 @@ pkgs=(build-essential autoconf automake libtool libtool-bin pkg-config
       libopenmpi-dev openmpi-bin libgloo-dev libprotobuf-c-dev protobuf-c-compiler
       libdnnl2 dataset-fashion-mnist fortunes iproute2 procps valgrind tmux
       clang libclang-rt-14-dev)   # clang's libFuzzer: configure CC=clang --enable-fuzzing (tests/fuzz)
-$tests && pkgs+=(python3-torch python3-numpy)
+$tests && pkgs+=(python3-torch python3-numpy slurm-wlm munge)
 missing=()
 for p in "${pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -19,8 +20,17 @@ if [ ${#missing[@]} -gt 0 ]; then
     echo "installing: ${missing[*]}"
     SUDO=""
     [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+    # munge's postinst starts the system's munged (slurmd's and slurmctld's start theirs where an
+    # /etc/slurm/slurm.conf exists), also in a container without an init: while installing, a
+    # policy-rc.d refuses every start. tests/dist/slurm.sh starts its own daemons, configured its way.
+    if [[ " ${missing[*]} " =~ \ (munge|slurm-wlm)\  ]] && [ ! -e /usr/sbin/policy-rc.d ]; then
+        printf '#!/bin/sh\n# installing caccel test dependencies: no service starts\nexit 101\n' |
+            $SUDO tee /usr/sbin/policy-rc.d >/dev/null
+        $SUDO chmod 755 /usr/sbin/policy-rc.d
+        trap '$SUDO rm -f /usr/sbin/policy-rc.d' EXIT
+    fi
     $SUDO apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+    $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 $tests || exit 0
 # The checkpoint interop test compares with Python's reference safetensors package; it is optional

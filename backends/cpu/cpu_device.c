@@ -1,10 +1,12 @@
 /* The CPU device vtable: host memory, synchronous copies, dummy streams/events, OpenBLAS threads. */
 #include "backends/cpu/cpu_impl.h"
 #include "backends/cpu/cpu_plugin.h"
+#include "base/slurm_impl.h"
 
 #include <caccel/log.h>
 #include <cblas.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -37,13 +39,37 @@ static int online_cpus(void) {
     return n < 1 ? 1 : (int)n;
 }
 
+/* CPUs this process may run on (a Slurm step bound to its CPUs, taskset), at most the online ones. */
+static int usable_cpus(void) {
+    cpu_set_t set;
+    int online = online_cpus();
+    if (sched_getaffinity(0, sizeof set, &set) != 0) return online;
+    int n = CPU_COUNT(&set);
+    return n > 0 && n < online ? n : online;
+}
+
+static bool in_slurm_step(void) {
+    const char *id = getenv("SLURM_STEP_ID"), *old = getenv("SLURM_STEPID"), *proc = getenv("SLURM_PROCID");
+    return proc && *proc && ((id && *id) || (old && *old));
+}
+
 /* Online cores shared among the processes of this machine, unless the user
- * has told OpenBLAS (or OpenMP) how many threads to use. 0 = leave as is. */
+ * has told OpenBLAS (or OpenMP) how many threads to use. 0 = leave as is.
+ * srun sets no local size of its own: a task of a Slurm step takes the CPUs
+ * Slurm gave it (SLURM_CPUS_PER_TASK), else its share among the step's tasks
+ * on this node, so that N tasks do not each start a thread per core. */
 int cpu_default_blas_threads(void) {
     const char *ob = getenv("OPENBLAS_NUM_THREADS"), *omp = getenv("OMP_NUM_THREADS");
     if ((ob && *ob) || (omp && *omp)) return 0;
-    int procs = env_positive("LOCAL_WORLD_SIZE", env_positive("OMPI_COMM_WORLD_LOCAL_SIZE", 1));
-    int t = online_cpus() / procs;
+    int procs = env_positive("LOCAL_WORLD_SIZE", env_positive("OMPI_COMM_WORLD_LOCAL_SIZE", 0));
+    if (procs == 0 && in_slurm_step()) {
+        /* a step's tasks inherit the job's SLURM_CPUS_PER_TASK even where the step got fewer CPUs
+         * (srun of Slurm 22.05 does not inherit -c): never more threads than CPUs to run on */
+        int given = env_positive("SLURM_CPUS_PER_TASK", 0), usable = usable_cpus();
+        if (given > 0) return given < usable ? given : usable;
+        procs = ca_slurm_tasks_on_node(getenv("SLURM_STEP_TASKS_PER_NODE"), env_positive("SLURM_NODEID", 0));
+    }
+    int t = online_cpus() / (procs > 0 ? procs : 1);
     return t < 1 ? 1 : t;
 }
 
