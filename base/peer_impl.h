@@ -66,4 +66,13 @@ static inline bool ca_proc_ended(long pid, unsigned long long start) {
     return st == 'Z' || st == 'X' || (start && now != start);
 }
 
+/* True when the process (pid, start) exists and is stopped (SIGSTOP, SIGTSTP, a debugger): it keeps
+ * its place in the job but answers nothing, and does not publish its state. */
+static inline bool ca_proc_stopped(long pid, unsigned long long start) {
+    char st = '?';
+    unsigned long long now = 0;
+    if (pid <= 0 || !ca_proc_stat(pid, &st, &now) || (start && now != start)) return false;
+    return st == 'T' || st == 't';
+}
+
 #endif

@@ -281,8 +281,10 @@ static bool fetch_state(ca_comm *c, int rank, int64_t timeout_ms, rank_state *st
     }
     buf[len] = '\0';
     if (!state_decode(buf, st)) return false;
-    if (!st->gone && !st->aborted && st->host && st->host == g_self_host && st->pid != g_self_pid)
+    if (!st->gone && !st->aborted && st->host && st->host == g_self_host && st->pid != g_self_pid) {
         st->dead = ca_proc_ended(st->pid, st->start);
+        st->stopped = !st->dead && ca_proc_stopped(st->pid, st->start);
+    }
     return true;
 }
 
@@ -291,6 +293,7 @@ static bool fetch_state(ca_comm *c, int rank, int64_t timeout_ms, rank_state *st
  * caccel launch stop every rank when one exits. So a failed communicator, when destroyed, waits
  * until every peer has failed, left or died, for at most `ms`. */
 void ca_comm_diag_linger(ca_comm *c, int64_t ms) {
+    if (c->own_client && ca_store_client_silent(c->own_client)) return;   /* a mute store: nobody to wait for */
     int64_t deadline = ca_now_ms() + ms;
     for (int r = 0; r < c->world && ca_now_ms() < deadline;) {
         rank_state st;
@@ -395,6 +398,17 @@ static void gone_when(const rank_state *st, char *buf, size_t len) {
     }
 }
 
+/* A stopped peer: "is stopped (pid 42: SIGSTOP or a debugger; it last published: waits in #5 ...)". */
+static void describe(const rank_state *st, bool plural, char *buf, size_t len);
+static void describe_stopped(const rank_state *st, bool plural, char *buf, size_t len) {
+    rank_state last = *st;
+    last.stopped = false;
+    char was[600];
+    describe(&last, false, was, sizeof was);
+    snprintf(buf, len, "%s stopped (pid %ld: SIGSTOP or a debugger; it last published that it %.500s)",
+             plural ? "are" : "is", st->pid, was);
+}
+
 /* Where one rank is, as "<verb> <rest>" with the verb for one rank or many. */
 static void describe(const rank_state *st, bool plural, char *buf, size_t len) {
     char sig[160], when[200];
@@ -408,6 +422,8 @@ static void describe(const rank_state *st, bool plural, char *buf, size_t len) {
                  plural ? "have" : "has", plural ? "their" : "its");
     } else if (st->aborted) {
         snprintf(buf, len, "failed: %.400s", st->reason);
+    } else if (st->stopped) {   /* its record is as old as the stop: say what it was, not where it is */
+        describe_stopped(st, plural, buf, len);
     } else if (st->waiting) {
         ca_coll_sig_format(&st->wsig, sig, sizeof sig);
         snprintf(buf, len, "%s in #%llu %s", plural ? "wait" : "waits", (unsigned long long)st->wseq, sig);
@@ -440,6 +456,12 @@ static void positions_with(ca_comm *c, int known_rank, const rank_state *known, 
         else fetch_state(c, r, 2000, &st[r]);
         describe(&st[r], false, desc[r], sizeof desc[r]);
         grp[r] = -1;
+    }
+    if (c->own_client && ca_store_client_silent(c->own_client)) {   /* not the ranks: the store is mute */
+        snprintf(buf, len, "the rendezvous store at %s does not answer (its process is stopped or hung), so "
+                 "where the other ranks are is unknown", ca_store_client_address(c->own_client));
+        free(st); free(grp); free(members); free(desc);
+        return;
     }
     int ngroups = 0;
     for (int r = 0; r < n; r++) {
@@ -502,6 +524,10 @@ static ca_status comm_fail(ca_comm *c, ca_status s, const char *msg, const char 
     pthread_mutex_unlock(&c->mu);
     if (first) {
         CA_LOG_E("%s", msg);
+        if (c->own_client) {   /* from now on the store is for the goodbye: short waits, also for those under way */
+            ca_store_client_set_io_timeout(c->own_client, EXIT_IO_MS);
+            ca_store_client_cut(c->own_client, EXIT_IO_MS);
+        }
         ca_comm_diag_publish(c, true);
         ca_clear_error();
         if (c->launch_notes) {
@@ -631,6 +657,8 @@ ca_status ca_comm_diag_fail_timeout(ca_comm *c, uint64_t s, const ca_coll_sig *x
     /* the configured timeout reads better than the few ms of wake-up late it was noticed */
     if (waited_ms >= c->timeout_ms && waited_ms < c->timeout_ms + 1000) waited_ms = c->timeout_ms;
     ca_comm_diag_fmt_duration(waited_ms, dur, sizeof dur);
+    /* a peer that does not arrive may be the store's process, stopped: read the positions briefly */
+    if (c->own_client) ca_store_client_cut(c->own_client, EXIT_IO_MS);
     if (c->store.ops) positions(c, pos, sizeof pos);
     else snprintf(pos, sizeof pos, "(no rendezvous store: the other ranks' positions are unknown)");
     snprintf(msg, sizeof msg, "%s timed out after %s on rank %d%s: %s", ours, dur, c->rank,
@@ -647,6 +675,7 @@ ca_status ca_comm_diag_fail_backend(ca_comm *c, uint64_t s, const ca_coll_sig *x
     snprintf(saved, sizeof saved, "%s", backend_msg);
     /* a peer's socket closes while its process exits, a moment before /proc shows it ended: look twice */
     for (int pass = 0; pass < 2 && c->store.ops; pass++) {
+        if (c->own_client && ca_store_client_silent(c->own_client)) break;   /* a mute store tells nothing */
         if (pass) usleep(BACKEND_SETTLE_MS * 1000);
         for (int r = 0; r < c->world; r++) {
             if (r == c->rank) continue;

@@ -50,6 +50,7 @@ typedef struct rank_state {
     unsigned long long start;
     uint64_t host;
     bool dead;                 /* not published: judged here from /proc */
+    bool stopped;              /* not published: stopped (SIGSTOP, a debugger), judged here from /proc */
     char reason[STATE_MAX / 2];
 } rank_state;
 

@@ -4,6 +4,7 @@
 #include <caccel/log.h>
 
 #include <errno.h>
+#include <stdatomic.h>
 #include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -742,7 +743,20 @@ struct ca_store_client {
     bool reached;
     bool gone;
     char gone_why[256];
+    /* ca_store_client_cut: exchanges begun before cut_at end by cut_at (a failed job's diagnosis and
+     * teardown must not wait out the 30 s of a store whose process is stopped). */
+    _Atomic int64_t cut_at;
+    /* The last exchange timed out with no answer (the store's process stopped or hung): later
+     * requests wait only SILENT_SLACK_MS beyond their own wait, until one is answered. */
+    atomic_bool silent;
 };
+
+#define SILENT_SLACK_MS 500
+
+/* The client and start of the request this thread is exchanging, read by wait_fd for the cut;
+ * thread-local, as requests run on several threads at once and wait_fd sits under them. */
+static _Thread_local ca_store_client *tl_client;
+static _Thread_local int64_t tl_start;
 
 typedef struct reply {
     ca_status status;
@@ -754,10 +768,14 @@ typedef struct reply {
 /* Waits for fd to be ready for `ev` until deadline. 0 ready, ETIMEDOUT, or errno. */
 static int wait_fd(int fd, short ev, int64_t deadline) {
     for (;;) {
+        if (tl_client) {
+            int64_t cut = atomic_load(&tl_client->cut_at);
+            if (tl_start <= cut && cut < deadline) deadline = cut;
+        }
         int64_t left = deadline - now_ms();
         if (left <= 0) return ETIMEDOUT;
         struct pollfd p = { .fd = fd, .events = ev };
-        int r = poll(&p, 1, left > 1000 ? 1000 : (int)left);
+        int r = poll(&p, 1, left > 200 ? 200 : (int)left);   /* short: a cut may come meanwhile */
         if (r > 0) return 0;
         if (r < 0 && errno != EINTR) return errno;
     }
@@ -996,12 +1014,25 @@ static ca_status request(ca_store_client *c, uint32_t op, const char *key, const
     if (klen > CA_STORE_MAX_KEY)
         return ca_error(CA_ERR_INVALID, "rendezvous store key is %zu bytes (limit %u)", klen, CA_STORE_MAX_KEY);
     if (is_gone(c)) return gone_error(c);
+    int64_t start = now_ms();
+    if (atomic_load(&c->silent)) {
+        int64_t cap = start + (op == OP_GET || op == OP_WAIT ? arg : 0) + SILENT_SLACK_MS;
+        if (cap < io_deadline) io_deadline = cap;
+    }
+    tl_client = c;
+    tl_start = start;
     int fd;
     ca_status st = acquire(c, io_deadline, &fd);
     /* a store found gone while connecting (the pooled connection busy with another thread's call) reads as
      * it does for every later call, without this request's prefix: a lost store has one message */
-    if (st != CA_OK) return is_gone(c) ? gone_error(c) : ca_error_context("%s", doing);
+    if (st != CA_OK) {
+        tl_client = NULL;
+        if (st == CA_ERR_TIMEOUT) atomic_store(&c->silent, true);
+        return is_gone(c) ? gone_error(c) : ca_error_context("%s", doing);
+    }
     int e = exchange(fd, op, key, klen, val, vlen, arg, io_deadline, rep);
+    tl_client = NULL;
+    atomic_store(&c->silent, e == ETIMEDOUT);
     if (e) {
         close(fd);
         return io_error(c, e, doing);
@@ -1151,6 +1182,8 @@ ca_status ca_store_client_connect(const char *host, int port, const char *token,
     snprintf(c->addr, sizeof c->addr, strchr(host, ':') ? "[%s]:%d" : "%s:%d", host, port);
     snprintf(c->token, sizeof c->token, "%s", token);
     c->io_timeout_ms = 30000;
+    atomic_init(&c->cut_at, INT64_MIN);
+    atomic_init(&c->silent, false);
     pthread_mutex_init(&c->mu, NULL);
     int fd;
     ca_status st = open_conn(c, now_ms() + (timeout_ms < 0 ? DEFAULT_WAIT_MS : timeout_ms), &fd);
@@ -1184,4 +1217,11 @@ void ca_store_client_set_server_name(ca_store_client *c, const char *who) {
 
 void ca_store_client_set_io_timeout(ca_store_client *c, int64_t timeout_ms) {
     if (c && timeout_ms > 0) c->io_timeout_ms = timeout_ms;
+}
+
+bool ca_store_client_silent(ca_store_client *c) { return c && atomic_load(&c->silent); }
+
+void ca_store_client_cut(ca_store_client *c, int64_t within_ms) {
+    if (!c) return;
+    atomic_store(&c->cut_at, now_ms() + within_ms);
 }

@@ -52,6 +52,12 @@ const char *ca_store_client_address(const ca_store_client *c);
 void ca_store_client_set_server_name(ca_store_client *c, const char *who);
 /* Deadline for the non-waiting calls (set/add/check), default 30 s. */
 void ca_store_client_set_io_timeout(ca_store_client *c, int64_t timeout_ms);
+/* Every exchange on c under way or begun in the next `within_ms` gives up by then (later ones keep
+ * their own deadlines): a failing communicator's diagnosis and teardown must not wait out a store
+ * that no longer answers (its process stopped). Thread-safe. */
+void ca_store_client_cut(ca_store_client *c, int64_t within_ms);
+/* The last exchange on c timed out unanswered (the store's process stopped or hung). */
+bool ca_store_client_silent(ca_store_client *c);
 
 /* A new random job token (32 hex digits) in buf (at least 33 bytes). */
 ca_status ca_store_make_token(char *buf, size_t len);

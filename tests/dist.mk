@@ -29,6 +29,13 @@ VALGRIND_TESTS += tests/test_comm_store tests/test_comm_single tests/test_procen
 # a private one-node Slurm cluster (srun, sbatch).
 ca_dist_scripts = tests/dist/launch_mpirun.sh tests/dist/mpi.sh tests/dist/gloo.sh tests/dist/failures.sh tests/dist/exits.sh tests/dist/port.sh \
 	tests/dist/restarts.sh \
-	tests/dist/netns.sh tests/dist/slurm.sh
+	tests/dist/netns.sh tests/dist/faults.sh tests/dist/slurm.sh
 TESTS += $(ca_dist_scripts)
 EXTRA_DIST += $(ca_dist_scripts) tests/dist/lib.sh
+
+# The whole fault matrix (tests/dist/faults.sh): every cell 20 times; `make check` runs 8 cells once.
+FAULT_MATRIX_ARGS = --trials 20
+fault-matrix: tests/dist/comm_check$(EXEEXT) tools/caccel$(EXEEXT)
+	CACCEL_TEST_BUILDDIR='$(abs_top_builddir)' CACCEL_PLUGIN_PATH='$(abs_top_builddir)/collectives/.libs' \
+	  sh $(top_srcdir)/tests/dist/faults.sh $(FAULT_MATRIX_ARGS)
+.PHONY: fault-matrix

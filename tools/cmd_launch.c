@@ -544,9 +544,14 @@ static bool pump(const launch *L, child *k, bool is_err) {
 
 /* ------------------------------------------------------------------ supervise */
 
+/* A stopped process (SIGSTOP, a suspended job) keeps a SIGTERM pending until it is continued: the
+ * SIGCONT after it lets a stopped rank end now rather than at the grace period's SIGKILL. */
 static void signal_all(launch *L, int sig) {
     for (int i = 0; i < L->nlocal; i++)
-        if (L->kids[i].running) kill(-L->kids[i].pid, sig);
+        if (L->kids[i].running) {
+            kill(-L->kids[i].pid, sig);
+            if (sig == SIGTERM || sig == SIGINT) kill(-L->kids[i].pid, SIGCONT);
+        }
 }
 
 static void begin_stop(launch *L, int sig) {

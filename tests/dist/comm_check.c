@@ -32,6 +32,11 @@
  *   kill9        the victim kills itself with SIGKILL after 3 all_reduces
  *                (--fail-code N: the others exit N after failing as expected,
  *                as a program whose CA_CHECK failed does)
+ *   fault        every rank reduces in a loop; at all_reduce --step S the victim
+ *                injects --fault kill9, stop (SIGSTOP), exit0, exit1 or abort and
+ *                prints when (epoch ms); the others must fail naming it (a stopped
+ *                rank: by the collective timeout) and exit --fail-code; a stopped
+ *                victim that is continued fails in its next collective and exits 5
  *   spin         every rank reduces forever (signal and orphan tests stop it)
  *   badtoken     rank 1 presents a wrong job token
  *   env          prints what the process environment says (rank, size, backend)
@@ -48,6 +53,8 @@ typedef struct opts {
     int sleep_ms;
     int victim;                /* -1: the last rank */
     int fail_code;             /* exit status of a rank that failed as expected (leave modes) */
+    const char *fault;         /* fault mode: kill9, stop, exit0, exit1, abort */
+    int step;                  /* fault mode: the all_reduce at which the victim injects it */
 } opts;
 
 static double now_s(void) {
@@ -395,9 +402,51 @@ static int leave_mode(ca_comm *c, const opts *o) {
     return named ? o->fail_code : 1;
 }
 
+static double epoch_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
+}
+
+static void inject(const opts *o, int r) {
+    printf("comm_check: rank %d injects %s at step %d, at %.0f ms\n", r, o->fault, o->step, epoch_ms());
+    fflush(stdout);
+    if (!strcmp(o->fault, "kill9")) raise(SIGKILL);
+    else if (!strcmp(o->fault, "stop")) raise(SIGSTOP);
+    else if (!strcmp(o->fault, "exit0")) exit(0);
+    else if (!strcmp(o->fault, "exit1")) exit(1);
+    else if (!strcmp(o->fault, "abort")) abort();
+}
+
+/* A fault at a chosen step (tests/dist/faults.sh): the others reduce until the failure surfaces. */
+static int fault_mode(ca_comm *c, const opts *o) {
+    int r = ca_comm_rank(c), w = ca_comm_size(c), victim = o->victim >= 0 ? o->victim : w - 1;
+    float x[16] = {0};
+    ca_status s = CA_OK;
+    int i = 0;
+    for (; s == CA_OK; i++) {
+        if (r == victim && i == o->step) inject(o, r);
+        s = ca_comm_all_reduce(c, x, x, 16, CA_F32, CA_OP_SUM, NULL);
+    }
+    const char *m = ca_last_error();
+    if (r == victim) {   /* continued after SIGSTOP: the job went on without it */
+        printf("comm_check: rank %d, continued, failed at step %d (%s): %s\n", r, i - 1, ca_status_name(s), m);
+        return 5;
+    }
+    char who[64];
+    snprintf(who, sizeof who, "rank %d", victim);
+    /* a stopped rank is alive: the collective timeout names it among the ranks that did not arrive */
+    const char *p = strstr(m, who);
+    bool named = (s == CA_ERR_PEER || s == CA_ERR_TIMEOUT) && p && (p[strlen(who)] < '0' || p[strlen(who)] > '9');
+    named = named || (s == CA_ERR_PEER && victim == 0 && strstr(m, "(rank 0) is gone"));
+    printf("comm_check: %s rank %d failed at step %d (%s): %s\n", named ? "EXPECTED" : "UNEXPECTED", r, i - 1,
+           ca_status_name(s), m);
+    return named ? o->fail_code : 1;
+}
+
 int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IOLBF, 0);
-    opts o = {.mode = "correctness", .large_mib = 16, .sleep_ms = 6000, .victim = -1};
+    opts o = {.mode = "correctness", .large_mib = 16, .sleep_ms = 6000, .victim = -1, .fault = "kill9"};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (strcmp(a, "--backend") == 0 && v) o.backend = argv[++i];
@@ -407,6 +456,8 @@ int main(int argc, char **argv) {
         else if (strcmp(a, "--sleep-ms") == 0 && v) o.sleep_ms = atoi(argv[++i]);
         else if (strcmp(a, "--victim") == 0 && v) o.victim = atoi(argv[++i]);
         else if (strcmp(a, "--fail-code") == 0 && v) o.fail_code = atoi(argv[++i]);
+        else if (strcmp(a, "--fault") == 0 && v) o.fault = argv[++i];
+        else if (strcmp(a, "--step") == 0 && v) o.step = atoi(argv[++i]);
         else if (strcmp(a, "--debug") == 0) o.debug = true;
         else if (strcmp(a, "--tag") == 0 && v) i++;   /* a marker for the scripts' pgrep */
         else {
@@ -447,6 +498,7 @@ int main(int argc, char **argv) {
         rc = leave_mode(c, &o);
         if (rc < 0) return 0;
     }
+    else if (strcmp(o.mode, "fault") == 0) rc = fault_mode(c, &o);
     else if (strcmp(o.mode, "spin") == 0) {
         float x[16] = {0};
         printf("comm_check: rank %d spinning\n", ca_comm_rank(c));
