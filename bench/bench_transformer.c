@@ -35,13 +35,14 @@ static void linear_gemms(int M, int N, int K, float *x, float *w, float *y) {
 
 /* The step's Linear GEMMs (forward + backward) on raw cblas_sgemm: per layer Q, K, V, attention
  * output [BL,384]x[384,384], FFN up [BL,384]->1536 and down 1536->384; the pooler and classifier. */
-static double bert_linear_gemm_seconds(const ca_bert_config *c, int B, int L, int reps) {
+static double bert_linear_gemm_seconds(const ca_bert_config *c, int B, int L, int reps, double *cpu) {
     int M = B * L, h = (int)c->hidden_size, f = (int)c->intermediate_size;
     float *x = calloc((size_t)M * f, sizeof(float)), *y = calloc((size_t)M * f, sizeof(float));
     float *w = calloc((size_t)h * f, sizeof(float));
     double total = 0;
+    *cpu = 0;
     for (int r = -2; r < reps; r++) {
-        double t0 = now_s();
+        double t0 = now_s(), c0 = cpu_s();
         for (int l = 0; l < c->num_hidden_layers; l++) {
             for (int i = 0; i < 4; i++) linear_gemms(M, h, h, x, w, y);
             linear_gemms(M, f, h, x, w, y);
@@ -49,22 +50,24 @@ static double bert_linear_gemm_seconds(const ca_bert_config *c, int B, int L, in
         }
         linear_gemms(B, h, h, x, w, y);
         linear_gemms(B, (int)c->num_labels, h, x, w, y);
-        if (r >= 0) total += now_s() - t0;
+        if (r >= 0) total += now_s() - t0, *cpu += cpu_s() - c0;
     }
     free(x); free(y); free(w);
+    *cpu /= reps;
     return total / reps;
 }
 
 /* The attention core's GEMMs per head on raw cblas_sgemm: forward S = Q K^T, O = P V; backward
  * dP = dO V^T, dV = P^T dO, dQ = dS K, dK = dS^T Q (6 GEMMs of [L,L,D] per head and layer). */
-static double bert_attention_gemm_seconds(const ca_bert_config *c, int B, int L, int reps) {
+static double bert_attention_gemm_seconds(const ca_bert_config *c, int B, int L, int reps, double *cpu) {
     int D = (int)(c->hidden_size / c->num_attention_heads);
     float *q = calloc((size_t)L * D, sizeof(float)), *k = calloc((size_t)L * D, sizeof(float));
     float *s = calloc((size_t)L * L, sizeof(float));
     double total = 0;
     int heads = B * (int)c->num_attention_heads * (int)c->num_hidden_layers;
+    *cpu = 0;
     for (int r = -2; r < reps; r++) {
-        double t0 = now_s();
+        double t0 = now_s(), c0 = cpu_s();
         for (int i = 0; i < heads; i++) {
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, L, L, D, 1, q, D, k, D, 0, s, L);
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, L, D, L, 1, s, L, k, D, 0, q, D);
@@ -73,17 +76,20 @@ static double bert_attention_gemm_seconds(const ca_bert_config *c, int B, int L,
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, L, D, L, 1, s, L, k, D, 0, q, D);
             cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, L, D, L, 1, s, L, q, D, 0, k, D);
         }
-        if (r >= 0) total += now_s() - t0;
+        if (r >= 0) total += now_s() - t0, *cpu += cpu_s() - c0;
     }
     free(q); free(k); free(s);
+    *cpu /= reps;
     return total / reps;
 }
 
 /* The fused attention alone at the step's shape (forward + backward, all layers), dropout as in
  * training: the "attention" share of the step. */
-static double bert_attention_op_seconds(ca_device *dev, const ca_bert_config *c, int B, int L, int reps) {
+static double bert_attention_op_seconds(ca_device *dev, const ca_bert_config *c, int B, int L, int reps,
+                                        double *cpu) {
     int64_t H = c->num_attention_heads, D = c->hidden_size / H;
     double total = 0;
+    *cpu = 0;
     for (int r = -2; r < reps; r++) {
         CA_SCOPE {
             ca_tensor *t[3];
@@ -91,15 +97,16 @@ static double bert_attention_op_seconds(ca_device *dev, const ca_bert_config *c,
                 t[i] = ca_rand_normal(dev, CA_F32, CA_SHAPE(B, H, L, D), 0, 1);
                 ca_tensor_set_requires_grad(t[i], true);
             }
-            double t0 = now_s();
+            double t0 = now_s(), c0 = cpu_s();
             for (int l = 0; l < c->num_hidden_layers; l++) {
                 ca_tensor *o = ca_scaled_dot_product_attention(t[0], t[1], t[2], NULL, false,
                                                                c->attention_probs_dropout_prob, 0);
                 CA_CHECK(ca_autograd_backward(ca_sum(o)));
             }
-            if (r >= 0) total += now_s() - t0;
+            if (r >= 0) total += now_s() - t0, *cpu += cpu_s() - c0;
         }
     }
+    *cpu /= reps;
     return total / reps;
 }
 
@@ -121,26 +128,26 @@ static void bench_bert(ca_accelerator *acc, const int *batches, int nb, int L, i
         ca_tensor *x = ca_tensor_keep(ca_from_host(dev, CA_I64, CA_SHAPE(B, L), ids));
         ca_tensor *y = ca_tensor_keep(ca_from_host(dev, CA_I64, CA_SHAPE(B), lab));
         ca_allocator_stats m0, m1;
-        double secs = 0;
+        double secs = 0, cpu = 0;
         for (int s = -2; s < steps; s++) {   /* two warm-up steps */
             if (s == 0) {
                 CA_CHECK(ca_device_reset_peak_stats(dev));
                 CA_CHECK(ca_device_memory_stats(dev, &m0));
             }
-            double t0 = now_s();
+            double t0 = now_s(), c0 = cpu_s();
             CA_SCOPE {
                 ca_tensor *loss = ca_cross_entropy(ca_module_forward(m, x), y);
                 CA_CHECK(ca_backward(acc, loss));
                 CA_CHECK(ca_optimizer_step(opt));
                 ca_optimizer_zero_grad(opt);
             }
-            if (s >= 0) secs += now_s() - t0;
+            if (s >= 0) secs += now_s() - t0, cpu += cpu_s() - c0;
         }
         CA_CHECK(ca_device_memory_stats(dev, &m1));
-        double step_s = secs / steps;
-        double lin_s = bert_linear_gemm_seconds(&c, B, L, 3);
-        double att_gemm_s = bert_attention_gemm_seconds(&c, B, L, 3);
-        double att_s = bert_attention_op_seconds(dev, &c, B, L, 3);
+        double step_s = secs / steps, step_c = cpu / steps, lin_c, att_gemm_c, att_c;
+        double lin_s = bert_linear_gemm_seconds(&c, B, L, 3, &lin_c);
+        double att_gemm_s = bert_attention_gemm_seconds(&c, B, L, 3, &att_gemm_c);
+        double att_s = bert_attention_op_seconds(dev, &c, B, L, 3, &att_c);
         double other_s = step_s - lin_s - att_s;
         printf("impl=caccel model=bert batch=%d seq=%d threads=%d samples_per_s=%.2f step_ms=%.1f "
                "linear_gemm_ms=%.1f attn_gemm_ms=%.1f gemm_bound_ms=%.1f step_over_gemm=%.3f "
@@ -148,6 +155,12 @@ static void bench_bert(ca_accelerator *acc, const int *batches, int nb, int L, i
                B, L, openblas_get_num_threads(), B / step_s, step_s * 1e3, lin_s * 1e3, att_gemm_s * 1e3,
                (lin_s + att_gemm_s) * 1e3, step_s / (lin_s + att_gemm_s), att_s * 1e3, other_s * 1e3,
                100.0 * (1 - (lin_s + att_gemm_s) / step_s), (double)(m1.peak_allocated - m0.allocated) / (1 << 20));
+        /* The same split in CPU time (all threads): robust to load for 1 thread. */
+        printf("impl=caccel model=bert-cpu batch=%d seq=%d threads=%d step_cpu_ms=%.1f linear_gemm_cpu_ms=%.1f "
+               "attn_gemm_cpu_ms=%.1f gemm_bound_cpu_ms=%.1f step_over_gemm_cpu=%.3f attention_cpu_ms=%.1f "
+               "other_cpu_ms=%.1f\n", B, L, openblas_get_num_threads(), step_c * 1e3, lin_c * 1e3, att_gemm_c * 1e3,
+               (lin_c + att_gemm_c) * 1e3, step_c / (lin_c + att_gemm_c), att_c * 1e3,
+               (step_c - lin_c - att_c) * 1e3);
         fflush(stdout);
         ca_tensor_free(x); ca_tensor_free(y);
         free(ids); free(lab);

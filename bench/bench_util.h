@@ -25,6 +25,14 @@ static inline double now_s(void) {
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
+/* CPU seconds of the whole process (all threads): on a loaded machine a 1-thread run's CPU
+ * time is its own work, where the wall clock also counts the time it waited for a CPU. */
+static inline double cpu_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
 static inline ca_module *mlp(void) {
     ca_module *seq, *l;
     CA_CHECK(ca_sequential_create(&seq));

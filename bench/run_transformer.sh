@@ -83,6 +83,16 @@ if bert:
         print(f"{t:>3} {b:>5} | {cs:>16.2f} {qs:>15.2f} {cs / qs:>6.2f} | {med(c, 'step_ms'):>8.0f} {med(c, 'gemm_bound_ms'):>13.0f}"
               f" {med(c, 'step_over_gemm'):>9.2f} | {med(c, 'linear_gemm_ms'):>11.0f} {med(c, 'attention_ms'):>9.0f}"
               f" {med(c, 'other_ms'):>6.0f} {med(c, 'outside_gemm_pct'):>14.1f} {med(c, 'step_mem_mib'):>8.0f}")
+if bert:
+    print("The same in CPU time (process CPU seconds, all threads; for 1 thread its own work, whatever the load)")
+    print(f"{'thr':>3} {'batch':>5} | {'caccel step':>11} {'torch step':>10} {'torch/caccel':>12} | {'GEMM bound':>10}"
+          f" {'step/GEMM':>9} | {'linear GEMM':>11} {'attention':>9} {'other':>6}")
+    for t, b in bert:
+        c, q = pick(model="bert-cpu", threads=t, batch=b), pick(model="bert", impl="torch", threads=t, batch=b)
+        cs, qs = med(c, "step_cpu_ms"), med(q, "step_cpu_ms")
+        print(f"{t:>3} {b:>5} | {cs:>11.0f} {qs:>10.0f} {qs / cs:>12.2f} | {med(c, 'gemm_bound_cpu_ms'):>10.0f}"
+              f" {med(c, 'step_over_gemm_cpu'):>9.2f} | {med(c, 'linear_gemm_cpu_ms'):>11.0f}"
+              f" {med(c, 'attention_cpu_ms'):>9.0f} {med(c, 'other_cpu_ms'):>6.0f}")
 gpt = sorted({(r["shape"], r["threads"], r["batch"]) for r in pick(model="gpt")}, key=lambda k: (k[0], int(k[1])))
 if gpt:
     print("GPT training (examples/gpt, AdamW, clip 1.0), tokens/s")

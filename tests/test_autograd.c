@@ -115,6 +115,10 @@ static void test_attention(void **state) {
         ca_tensor *in[3] = {leaf(&s, CA_SHAPE(1, 1, 70, 2), -1, 1, 0), leaf(&s, CA_SHAPE(1, 1, 66, 2), -1, 1, 0),
                             leaf(&s, CA_SHAPE(1, 1, 66, 3), -1, 1, 0)};
         gradcheck("sdpa causal, 70 queries, 66 keys", f_sdpa, &cross, 3, in, &SMOOTH);
+        sdpa_ctx cross_drop = {NULL, true, 0.2, 0};   /* dropout words across row blocks */
+        gc_opts o = SMOOTH;
+        o.reset_rng = true;
+        gradcheck("sdpa causal dropout, 70 queries, 66 keys", f_sdpa, &cross_drop, 3, in, &o);
     }
 }
 

@@ -351,6 +351,27 @@ static void test_reduce(void **state) {
     assert_true(isnan(y[0]));
     OK(K->reduce(dev, CA_OP_MIN, CA_F32, 1, 5, 1, x, y, 0));
     assert_true(isnan(y[0]));
+    /* long runs (the vector lanes): NaN anywhere wins; all-negative and infinite values order right */
+    float run[100];
+    for (int at = 0; at < 100; at += 33) {
+        for (int i = 0; i < 100; i++) run[i] = (float)(i % 7) - 50.0f;
+        run[at] = NAN;
+        OK(K->reduce(dev, CA_OP_MAX, CA_F32, 1, 100, 1, run, y, 0));
+        assert_true(isnan(y[0]));
+        OK(K->reduce(dev, CA_OP_MIN, CA_F32, 1, 100, 1, run, y, 0));
+        assert_true(isnan(y[0]));
+    }
+    for (int i = 0; i < 100; i++) run[i] = -1000.0f - (float)((i * 37) % 100);
+    OK(K->reduce(dev, CA_OP_MAX, CA_F32, 1, 100, 1, run, y, 0));
+    assert_true(y[0] == -1000.0f);
+    OK(K->reduce(dev, CA_OP_MIN, CA_F32, 1, 100, 1, run, y, 0));
+    assert_true(y[0] == -1099.0f);
+    run[64] = -INFINITY;
+    run[65] = INFINITY;
+    OK(K->reduce(dev, CA_OP_MAX, CA_F32, 1, 100, 1, run, y, 0));
+    assert_true(y[0] == INFINITY);
+    OK(K->reduce(dev, CA_OP_MIN, CA_F32, 1, 100, 1, run, y, 0));
+    assert_true(y[0] == -INFINITY);
     OK(K->reduce(dev, CA_OP_SUM, CA_F32, 2, 0, 1, NULL, y, 0));
     assert_true(y[0] == 0 && y[1] == 0);
     OK(K->reduce(dev, CA_OP_AVG, CA_F32, 1, 0, 2, NULL, y, 0));

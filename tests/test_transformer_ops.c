@@ -168,6 +168,22 @@ static void test_attention_dropout(void **state) {
         expect_close("attention dropout", a, want, B * H * T * D, 2e-5);
         free(a); free(b); free(c); free(u); free(hq); free(hk); free(hv);
     }
+    /* several row blocks of the kernel, Tk not a multiple of 4 (a row's words start mid-counter), causal */
+    enum { B2 = 2, H2 = 3, TQ = 70, TK = 67 };
+    CA_SCOPE {
+        ca_tensor *q = t_randn(&s, CA_SHAPE(B2, H2, TQ, D), -1, 1, 0), *k = t_randn(&s, CA_SHAPE(B2, H2, TK, D), -1, 1, 0);
+        ca_tensor *v = t_randn(&s, CA_SHAPE(B2, H2, TK, D), -1, 1, 0);
+        ca_rng_set_state(6, 8);
+        float *a = t_host(T_NN(ca_scaled_dot_product_attention(q, k, v, NULL, true, 0.3, 0)));
+        ca_rng_set_state(6, 8);
+        float *u = t_host(ca_rand_uniform(cpu(), CA_F32, CA_SHAPE(B2, H2, TQ, TK), 0, 1));
+        att_case dc = {B2, H2, TQ, TK, D, D, true, NULL, NULL, 1 / sqrt((double)D), 0.3, u};
+        float *hq = t_host(q), *hk = t_host(k), *hv = t_host(v);
+        double *want = malloc(sizeof(double) * B2 * H2 * TQ * D);
+        att_naive(&dc, hq, hk, hv, want);
+        expect_close("attention dropout, 70 x 67 causal", a, want, B2 * H2 * TQ * D, 2e-5);
+        free(a); free(u); free(hq); free(hk); free(hv); free(want);
+    }
 }
 
 /* Forward with grad keeps out and the per-row lse, not the [T, T] probabilities. */

@@ -7,6 +7,7 @@
 /* Query rows per block: the scratch is a few [QBLOCK, Tk] f32 buffers, never [Tq, Tk]. */
 #define QBLOCK 64
 #define TWO_M24 (1.0f / 16777216.0f)
+#define LANES 16
 
 /* A BLAS leading dimension: at least 1, also for empty operands. */
 static int ld(int64_t n) { return n > 0 ? (int)n : 1; }
@@ -32,6 +33,73 @@ static int64_t row_cols(const ca_attention_args *a, int64_t i) {
     return a->causal ? (i + 1 < a->tk ? i + 1 : a->tk) : a->tk;
 }
 
+/* ------------------------------------------------ row loops (vectorised) */
+
+/* The dropout factor of one Philox word: keep/(1-p), as the dropout kernel decides. */
+CPU_INLINE float drop_factor(uint32_t w, float p, float scale) {
+    return (float)(w >> 8) * TWO_M24 >= p ? scale : 0.0f;
+}
+
+CPU_CLONES static void add_mask_f32(float *restrict s, const float *restrict m, int64_t n) {
+    for (int64_t j = 0; j < n; j++) s[j] += m[j];
+}
+
+CPU_CLONES static void cut_mask_u8(float *restrict s, const uint8_t *restrict m, int64_t n) {
+    for (int64_t j = 0; j < n; j++) s[j] = m[j] ? s[j] : -INFINITY;
+}
+
+/* s[j] = exp(s[j] - m); returns the sum (in vector lanes). */
+CPU_CLONES static float exp_sum(float *restrict s, int64_t n, float m) {
+    float acc[LANES] = {0};
+    int64_t j = 0;
+    for (; j + LANES <= n; j += LANES)
+        for (int l = 0; l < LANES; l++) {
+            float e = ca_fast_expf(s[j + l] - m);
+            s[j + l] = e;
+            acc[l] += e;
+        }
+    float sum = 0.0f;
+    for (; j < n; j++) { s[j] = ca_fast_expf(s[j] - m); sum += s[j]; }
+    for (int l = 0; l < LANES; l++) sum += acc[l];
+    return sum;
+}
+
+/* s[j] = exp(s[j] - l): the probabilities again from the saved log-sum-exp. */
+CPU_CLONES static void exp_shift(float *restrict s, int64_t n, float l) {
+    for (int64_t j = 0; j < n; j++) s[j] = ca_fast_expf(s[j] - l);
+}
+
+/* y[j] = x[j] c, times the dropout factor of words[j] when words is given (y may be x). */
+CPU_CLONES static void scale_drop(const float *x, int64_t n, float c, const uint32_t *restrict words, float p,
+                                  float scale, float *y) {
+    if (!words) {
+        for (int64_t j = 0; j < n; j++) y[j] = x[j] * c;
+        return;
+    }
+    for (int64_t j = 0; j < n; j++) y[j] = x[j] * c * drop_factor(words[j], p, scale);
+}
+
+/* s[j] = s[j] (dp[j] D[j] - delta): the score gradient, P in s, dPd in dp. */
+CPU_CLONES static void score_grad(float *restrict s, const float *restrict dp, int64_t n, float delta,
+                                  const uint32_t *restrict words, float p, float scale) {
+    if (!words) {
+        for (int64_t j = 0; j < n; j++) s[j] = s[j] * (dp[j] - delta);
+        return;
+    }
+    for (int64_t j = 0; j < n; j++) s[j] = s[j] * (dp[j] * drop_factor(words[j], p, scale) - delta);
+}
+
+CPU_CLONES static float dot(const float *restrict x, const float *restrict y, int64_t n) {
+    float acc[LANES] = {0};
+    int64_t j = 0;
+    for (; j + LANES <= n; j += LANES)
+        for (int l = 0; l < LANES; l++) acc[l] += x[j + l] * y[j + l];
+    float sum = 0.0f;
+    for (; j < n; j++) sum += x[j] * y[j];
+    for (int l = 0; l < LANES; l++) sum += acc[l];
+    return sum;
+}
+
 /* s[j] = scale q.k_j is given; applies the mask and the causal cut (-inf). */
 static void mask_row(const ca_attention_args *a, int64_t b, int64_t h, int64_t i, float *s) {
     int64_t n = row_cols(a, i);
@@ -41,42 +109,29 @@ static void mask_row(const ca_attention_args *a, int64_t b, int64_t h, int64_t i
     int64_t base = b * ms[0] + h * ms[1] + i * ms[2];
     if (a->mask_dtype == CA_F32) {
         const float *m = (const float *)a->mask + base;
-        for (int64_t j = 0; j < n; j++) s[j] += m[j * ms[3]];
+        if (ms[3] == 1) add_mask_f32(s, m, n);
+        else for (int64_t j = 0; j < n; j++) s[j] += m[j * ms[3]];
     } else {
         const uint8_t *m = (const uint8_t *)a->mask + base;
-        for (int64_t j = 0; j < n; j++) if (!m[j * ms[3]]) s[j] = -INFINITY;
+        if (ms[3] == 1) cut_mask_u8(s, m, n);
+        else for (int64_t j = 0; j < n; j++) if (!m[j * ms[3]]) s[j] = -INFINITY;
     }
 }
 
 /* Softmax of s[0, n) in place; returns the row's log-sum-exp (-inf: every key excluded). */
 static float softmax_row(float *s, int64_t n) {
-    float m = -INFINITY;
-    for (int64_t j = 0; j < n; j++) m = s[j] > m ? s[j] : m;
+    float m = cpu_run_max(s, n, -INFINITY);
     if (m == -INFINITY) {                       /* every key excluded */
-        for (int64_t j = 0; j < n; j++) s[j] = 0.0f;
+        memset(s, 0, (size_t)n * sizeof(float));
         return -INFINITY;
     }
-    float sum = 0.0f;
-    for (int64_t j = 0; j < n; j++) { s[j] = ca_fast_expf(s[j] - m); sum += s[j]; }
-    float inv = 1.0f / sum;
-    for (int64_t j = 0; j < n; j++) s[j] *= inv;
+    float sum = exp_sum(s, n, m);
+    scale_drop(s, n, 1.0f / sum, NULL, 0.0f, 0.0f, s);
     return m + logf(sum);
 }
 
-/* drop[j] = keep/(1-p) for elements idx0 .. idx0+n-1 of the dropout stream. */
-static void dropout_row(const ca_attention_args *a, uint64_t idx0, int64_t n, uint32_t *words, float *drop) {
-    uint64_t c0 = idx0 / 4, c1 = (idx0 + (uint64_t)n + 3) / 4;
-    cpu_philox_words(a->seed, a->offset + c0, (int64_t)(c1 - c0), words);
-    float scale = 1.0f / (1.0f - a->dropout_p);
-    uint64_t w0 = idx0 - 4 * c0;
-    for (int64_t j = 0; j < n; j++) {
-        float u = (float)(words[w0 + (uint64_t)j] >> 8) * TWO_M24;
-        drop[j] = u >= a->dropout_p ? scale : 0.0f;
-    }
-}
-
 typedef struct att_scratch {
-    float *s, *p, *drop;
+    float *s, *p;
     uint32_t *words;
 } att_scratch;
 
@@ -84,40 +139,47 @@ static ca_status scratch_alloc(const ca_attention_args *a, att_scratch *w, const
     size_t n = (size_t)QBLOCK * (size_t)(a->tk ? a->tk : 1);
     w->s = malloc(n * sizeof(float));
     w->p = malloc(n * sizeof(float));
-    w->drop = a->dropout_p > 0.0f ? malloc(n * sizeof(float)) : NULL;
-    w->words = a->dropout_p > 0.0f ? malloc(((size_t)a->tk + 8) * sizeof(uint32_t)) : NULL;
-    if (!w->s || !w->p || (a->dropout_p > 0.0f && (!w->drop || !w->words))) {
-        free(w->s); free(w->p); free(w->drop); free(w->words);
+    w->words = a->dropout_p > 0.0f ? malloc((n + 8) * sizeof(uint32_t)) : NULL;
+    if (!w->s || !w->p || (a->dropout_p > 0.0f && !w->words)) {
+        free(w->s); free(w->p); free(w->words);
         return ca_error(CA_ERR_NOMEM, "cpu kernel %s: no memory for a %d x %lld block", k, QBLOCK,
                         (long long)a->tk);
     }
     return CA_OK;
 }
 
-static void scratch_free(att_scratch *w) { free(w->s); free(w->p); free(w->drop); free(w->words); }
+static void scratch_free(att_scratch *w) { free(w->s); free(w->p); free(w->words); }
 
-/* Probabilities of query rows [i0, i0+rows) of problem (b, h) into w->s (masked
- * entries 0), and w->drop when dropout is on. Row r spans ld = tk floats; ncols
- * is the widest row. With lse_in the saved lse is used, else written to lse_out. */
+/* The Philox words of the dropout stream for rows [i0, i0+rows) of problem bh: element
+ * ((bh Tq + i) Tk + j) of the stream; returns where row i0's words start (NULL: no dropout). */
+static const uint32_t *block_words(const ca_attention_args *a, uint64_t bh, int64_t i0, int64_t rows,
+                                   uint32_t *words) {
+    if (a->dropout_p <= 0.0f) return NULL;
+    uint64_t e0 = (bh * (uint64_t)a->tq + (uint64_t)i0) * (uint64_t)a->tk;
+    uint64_t c0 = e0 / 4, c1 = (e0 + (uint64_t)(rows * a->tk) + 3) / 4;
+    cpu_philox_words(a->seed, a->offset + c0, (int64_t)(c1 - c0), words);
+    return words + (e0 - 4 * c0);
+}
+
+/* Scores of query rows [i0, i0+rows) of problem (b, h) into w->s, masked; then the probabilities
+ * (masked entries 0): with lse_in from the saved lse, else by softmax, writing lse_out. Row r spans
+ * ld = tk floats; ncols is the widest row. */
 static void block_probs(const ca_attention_args *a, int64_t b, int64_t h, int64_t i0, int64_t rows,
                         int64_t ncols, const float *q, const float *k, const float *lse_in, float *lse_out,
                         att_scratch *w) {
     int64_t tk = a->tk;
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)rows, (int)ncols, (int)a->d, a->scale, q,
                 ld(a->d), k, ld(a->d), 0.0f, w->s, ld(tk));
-    uint64_t bh = (uint64_t)(b * a->heads + h);
     for (int64_t r = 0; r < rows; r++) {
-        int64_t i = i0 + r;
         float *s = w->s + r * tk;
-        mask_row(a, b, h, i, s);
-        if (lse_in) {
-            float l = lse_in[r];
-            for (int64_t j = 0; j < ncols; j++) s[j] = l == -INFINITY ? 0.0f : ca_fast_expf(s[j] - l);
-        } else {
+        mask_row(a, b, h, i0 + r, s);
+        if (!lse_in) {
             lse_out[r] = softmax_row(s, ncols);
+        } else if (lse_in[r] == -INFINITY) {
+            memset(s, 0, (size_t)ncols * sizeof(float));
+        } else {
+            exp_shift(s, ncols, lse_in[r]);
         }
-        if (a->dropout_p > 0.0f)
-            dropout_row(a, (bh * (uint64_t)a->tq + (uint64_t)i) * (uint64_t)tk, ncols, w->words, w->drop + r * tk);
     }
 }
 
@@ -136,6 +198,7 @@ ca_status cpu_attention(void *dev, ca_dtype dt, const ca_attention_args *a, cons
     }
     att_scratch w;
     if ((st = scratch_alloc(a, &w, "attention")) != CA_OK) return st;
+    float keep_scale = 1.0f / (1.0f - a->dropout_p);
     for (int64_t b = 0; b < a->batch; b++)
         for (int64_t h = 0; h < a->heads; h++) {
             int64_t bh = b * a->heads + h;
@@ -146,13 +209,13 @@ ca_status cpu_attention(void *dev, ca_dtype dt, const ca_attention_args *a, cons
                 int64_t rows = a->tq - i0 < QBLOCK ? a->tq - i0 : QBLOCK;
                 int64_t ncols = row_cols(a, i0 + rows - 1);
                 block_probs(a, b, h, i0, rows, ncols, qb + i0 * a->d, kb, NULL, lb + i0, &w);
-                float *p = w.s;
-                if (a->dropout_p > 0.0f) {
-                    for (int64_t j = 0; j < rows * a->tk; j++) w.p[j] = w.s[j] * w.drop[j];
-                    p = w.p;
-                }
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)rows, (int)a->dv, (int)ncols, 1.0f, p,
-                            ld(a->tk), vb, ld(a->dv), 0.0f, ob + i0 * a->dv, ld(a->dv));
+                const uint32_t *wd = block_words(a, (uint64_t)bh, i0, rows, w.words);
+                if (wd)   /* P D in place: the forward needs no P of its own */
+                    for (int64_t r = 0; r < rows; r++)
+                        scale_drop(w.s + r * a->tk, ncols, 1.0f, wd + r * a->tk, a->dropout_p, keep_scale,
+                                   w.s + r * a->tk);
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)rows, (int)a->dv, (int)ncols, 1.0f,
+                            w.s, ld(a->tk), vb, ld(a->dv), 0.0f, ob + i0 * a->dv, ld(a->dv));
             }
         }
     scratch_free(&w);
@@ -178,6 +241,7 @@ ca_status cpu_attention_backward(void *dev, ca_dtype dt, const ca_attention_args
     if (tq == 0 || tk == 0) return CA_OK;
     att_scratch w;
     if ((st = scratch_alloc(a, &w, "attention_backward")) != CA_OK) return st;
+    float p = a->dropout_p, keep_scale = 1.0f / (1.0f - p);
     for (int64_t b = 0; b < a->batch; b++)
         for (int64_t h = 0; h < a->heads; h++) {
             int64_t bh = b * a->heads + h;
@@ -191,22 +255,20 @@ ca_status cpu_attention_backward(void *dev, ca_dtype dt, const ca_attention_args
                 int64_t nc = row_cols(a, i0 + rows - 1);
                 const float *qi = qb + i0 * d, *gi = gb + i0 * dvn, *oi = ob + i0 * dvn;
                 block_probs(a, b, h, i0, rows, nc, qi, kb, lse + bh * tq + i0, NULL, &w);
+                const uint32_t *wd = block_words(a, (uint64_t)bh, i0, rows, w.words);
                 const float *pd = w.s;
-                if (a->dropout_p > 0.0f) {
-                    for (int64_t j = 0; j < rows * tk; j++) w.p[j] = w.s[j] * w.drop[j];
+                if (wd) {
+                    for (int64_t r = 0; r < rows; r++)
+                        scale_drop(w.s + r * tk, nc, 1.0f, wd + r * tk, p, keep_scale, w.p + r * tk);
                     pd = w.p;
                 }
                 cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)nc, (int)dvn, (int)rows, 1.0f, pd, ld(tk),
                             gi, ld(dvn), 1.0f, dvb, ld(dvn));
                 cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)rows, (int)nc, (int)dvn, 1.0f, gi,
                             ld(dvn), vb, ld(dvn), 0.0f, w.p, ld(tk));
-                for (int64_t r = 0; r < rows; r++) {
-                    float delta = 0.0f;
-                    for (int64_t c = 0; c < dvn; c++) delta += gi[r * dvn + c] * oi[r * dvn + c];
-                    float *s = w.s + r * tk, *dp = w.p + r * tk;
-                    const float *dr = a->dropout_p > 0.0f ? w.drop + r * tk : NULL;
-                    for (int64_t j = 0; j < nc; j++) s[j] = s[j] * ((dr ? dp[j] * dr[j] : dp[j]) - delta);
-                }
+                for (int64_t r = 0; r < rows; r++)
+                    score_grad(w.s + r * tk, w.p + r * tk, nc, dot(gi + r * dvn, oi + r * dvn, dvn),
+                               wd ? wd + r * tk : NULL, p, keep_scale);
                 cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)rows, (int)d, (int)nc, a->scale, w.s,
                             ld(tk), kb, ld(d), 0.0f, dqb + i0 * d, ld(d));
                 cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)nc, (int)d, (int)rows, a->scale, w.s,

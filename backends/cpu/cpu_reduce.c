@@ -24,26 +24,34 @@ CPU_CLONES float cpu_run_sum(const float *restrict x, int64_t n) {
     return s;
 }
 
+/* The max and min of a run are taken on integer keys that order as the floats do (the sign bit
+ * flips the other bits of negatives), with NaN as a separate flag: integer max/min reductions
+ * vectorise at -O3, the float select (`v > m || v != v`) did not. -0 orders below +0. */
+CPU_INLINE int32_t order_key(uint32_t b) { return (int32_t)(b ^ ((uint32_t)((int32_t)b >> 31) >> 1)); }
+CPU_INLINE uint32_t is_nan_bits(uint32_t b) { return (b & 0x7fffffffu) > 0x7f800000u; }
+
 CPU_CLONES float cpu_run_max(const float *restrict x, int64_t n, float m) {
-    float acc[LANES];
-    for (int j = 0; j < LANES; j++) acc[j] = m;
-    int64_t i = 0;
-    for (; i + LANES <= n; i += LANES)
-        for (int j = 0; j < LANES; j++) acc[j] = max_nan(acc[j], x[i + j]);
-    for (; i < n; i++) m = max_nan(m, x[i]);
-    for (int j = 0; j < LANES; j++) m = max_nan(m, acc[j]);
-    return m;
+    int32_t mk = order_key(ca_f32_bits(m));
+    uint32_t nan = m != m;
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t b = ca_f32_bits(x[i]);
+        int32_t k = order_key(b);
+        mk = k > mk ? k : mk;
+        nan |= is_nan_bits(b);
+    }
+    return nan ? NAN : ca_bits_f32((uint32_t)order_key((uint32_t)mk));
 }
 
 CPU_CLONES static float run_min(const float *restrict x, int64_t n, float m) {
-    float acc[LANES];
-    for (int j = 0; j < LANES; j++) acc[j] = m;
-    int64_t i = 0;
-    for (; i + LANES <= n; i += LANES)
-        for (int j = 0; j < LANES; j++) acc[j] = min_nan(acc[j], x[i + j]);
-    for (; i < n; i++) m = min_nan(m, x[i]);
-    for (int j = 0; j < LANES; j++) m = min_nan(m, acc[j]);
-    return m;
+    int32_t mk = order_key(ca_f32_bits(m));
+    uint32_t nan = m != m;
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t b = ca_f32_bits(x[i]);
+        int32_t k = order_key(b);
+        mk = k < mk ? k : mk;
+        nan |= is_nan_bits(b);
+    }
+    return nan ? NAN : ca_bits_f32((uint32_t)order_key((uint32_t)mk));
 }
 
 /* acc[i] op= x[i] over a column chunk. */
