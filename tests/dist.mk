@@ -25,9 +25,9 @@ tests_test_procenv_CFLAGS = $(CA_TEST_CFLAGS)
 tests_test_procenv_LDADD = $(CA_TEST_LIBS)
 VALGRIND_TESTS += tests/test_comm_store tests/test_comm_single tests/test_procenv
 
-# Real processes: mpirun, caccel launch, failures, ranks that leave early, ports, two network namespaces.
+# Real processes: mpirun, caccel launch, failures, ranks that leave early, ports, three network namespaces.
 ca_dist_scripts = tests/dist/launch_mpirun.sh tests/dist/mpi.sh tests/dist/gloo.sh tests/dist/failures.sh tests/dist/exits.sh tests/dist/port.sh \
 	tests/dist/restarts.sh \
 	tests/dist/netns.sh
 TESTS += $(ca_dist_scripts)
-EXTRA_DIST += $(ca_dist_scripts) tests/dist/lib.sh
+EXTRA_DIST += $(ca_dist_scripts) tests/dist/lib.sh tests/dist/netns_lib.sh
