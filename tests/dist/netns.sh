@@ -3,7 +3,7 @@
 # `caccel launch --num_machines 3 --machine_rank i` in each. Collectives are correct across them,
 # a rank that exits stops every machine, DDP training over them ends with the parameters of one
 # machine, and a link taken down in the middle of an all-reduce ends the machines still connected
-# within the collective timeout. Skips where network namespaces cannot be made (not root).
+# within the collective timeout, naming the ranks cut off and their address. Skips where network namespaces cannot be made (not root).
 . "$(dirname "$0")/lib.sh"
 . "$(dirname "$0")/netns_lib.sh"
 # a test stopped by a signal still deletes its namespaces (lib.sh's cleanup runs on exit)
@@ -27,7 +27,7 @@ ns_job 6 29556 "$CHECK" --tag "$TAG" --backend gloo --mode exit
 count 1 "caccel launch: rank 5 (local rank 1, pid [0-9]*) exited with code 7" "$WORK/m2"
 # machines 0 and 1 hear it from machine 2's launcher, or their ranks find rank 5 gone first
 for m in 0 1; do
-    grep -q "rank 5 on machine 2 exited with code 7; stopping this machine's processes\|rank 5 \(exited\|died\)" \
+    grep -q "rank 5 on machine 2 exited with code 7; stopping this machine's processes\|rank 5 on $(ns_addr 2) \(exited\|died\)" \
         "$WORK/m$m" || { cat "$WORK/m$m"; fail "machine $m's output does not name rank 5"; }
 done
 no_orphans 1
@@ -46,7 +46,7 @@ same "$WORK/local3.bin" "$WORK/net3.bin"
 
 # Machine 2's link goes down while every rank all-reduces in a loop (CACCEL_TIMEOUT=5): the ranks of
 # machines 0 and 1 wait for ranks 4 and 5, time out and name them; their launchers end.
-note "link of machine 2 down during all-reduces: machines 0 and 1 end within the timeout, naming ranks 4,5"
+note "link of machine 2 down during all-reduces: machines 0 and 1 end within the timeout, naming ranks 4,5 and their host"
 export CACCEL_TIMEOUT=5 CACCEL_JOB_TOKEN="netns-test-token-$$"
 for m in 0 1 2; do ns_launch "$m" 6 29558 "$CHECK" --tag "$TAG" --backend gloo --mode spin; done
 i=0
@@ -69,9 +69,14 @@ cat "$WORK/m0" "$WORK/m1" >"$WORK/all"
 # failed (machine 0's launcher, which serves the store, had ended first); see docs/DISTRIBUTED.md.
 # timeout 5 s + reading the others' state + the launcher stopping its processes; generous under load
 [ "$took" -le 40 ] || { cat "$WORK/all"; fail "machines 0 and 1 took $took s to end (bound 40 s)"; }
-# every rank of machines 0 and 1 fails its all-reduce; the first to time out names ranks 4,5
+# every rank of machines 0 and 1 fails its all-reduce; the first to time out names ranks 4,5 and
+# their machine's address
 count 4 "comm_check: FAILED on rank [0-3]: all_reduce: all_reduce #[0-9]* (f32, 16 elements, sum) timed out after 5 s" "$WORK/all"
-grep -q "timed out after 5 s on rank [0-3]: ranks 4,5 " "$WORK/all" || { cat "$WORK/all"; fail "no rank named ranks 4,5"; }
+# (the ranks of machine 2 group by their last published position: "ranks 4,5 on ..." or one by one)
+for r in 4 5; do
+    grep "comm_check: FAILED on rank [0-3]: .* timed out after" "$WORK/all" |
+        grep -q -E "(rank $r|ranks 4,5) on $(ns_addr 2) " || { cat "$WORK/all"; fail "no rank named rank $r on $(ns_addr 2)"; }
+done
 # Machine 2, cut off from the store on machine 0, cannot publish or read any state: its ranks time
 # out too, then wait on store requests (30 s each). It is stopped here, not judged (docs/DISTRIBUTED.md).
 pkill -KILL -f -- "$TAG"
