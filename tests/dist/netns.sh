@@ -44,6 +44,22 @@ ns_all_ok
 same "$WORK/one.bin" "$WORK/net3.bin"
 same "$WORK/local3.bin" "$WORK/net3.bin"
 
+# A slow link only slows the job. netem (delay, loss) needs the sch_netem module, which not every
+# kernel has; a token bucket (tbf) limits the rate everywhere tc runs.
+if command -v tc >/dev/null 2>&1; then
+    if netem_ok; then shape="netem delay 20ms"; else shape="tbf rate 20mbit burst 64kb latency 200ms"; fi
+    note "machine 2's link slowed ($shape): the collectives still pass"
+        ip netns exec "$(ns_name 2)" tc qdisc add dev eth0 root $shape || fail "tc qdisc add $shape"
+    start=$(date +%s)
+    ns_job 6 29559 "$CHECK" --tag "$TAG" --backend gloo --large-mib 1
+    ns_all_ok
+    count 6 "comm_check: OK rank .* of 6, backend gloo" "$WORK/all"
+    echo "  took $(elapsed_since "$start") s"
+    ip netns exec "$(ns_name 2)" tc qdisc del dev eth0 root || fail "tc qdisc del"
+else
+    note "no tc command (iproute2): the slowed link is not tested"
+fi
+
 # Machine 2's link goes down while every rank all-reduces in a loop (CACCEL_TIMEOUT=5): the ranks of
 # machines 0 and 1 wait for ranks 4 and 5, time out and name them; their launchers end.
 note "link of machine 2 down during all-reduces: machines 0 and 1 end within the timeout, naming ranks 4,5 and their host"
