@@ -47,7 +47,7 @@ same "$WORK/local3.bin" "$WORK/net3.bin"
 # A slow link only slows the job. netem (delay, loss) needs the sch_netem module, which not every
 # kernel has; a token bucket (tbf) limits the rate everywhere tc runs.
 if command -v tc >/dev/null 2>&1; then
-    if netem_ok; then shape="netem delay 20ms"; else shape="tbf rate 20mbit burst 64kb latency 200ms"; fi
+    if netem_ok; then shape="netem delay 5ms"; else shape="tbf rate 20mbit burst 64kb latency 200ms"; fi
     note "machine 2's link slowed ($shape): the collectives still pass"
         ip netns exec "$(ns_name 2)" tc qdisc add dev eth0 root $shape || fail "tc qdisc add $shape"
     start=$(date +%s)
