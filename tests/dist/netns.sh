@@ -2,8 +2,9 @@
 # Three "machines": network namespaces on a bridge (a switch in a fourth namespace), one
 # `caccel launch --num_machines 3 --machine_rank i` in each. Collectives are correct across them,
 # a rank that exits stops every machine, DDP training over them ends with the parameters of one
-# machine, and a link taken down in the middle of an all-reduce ends the machines still connected
-# within the collective timeout, naming the ranks cut off and their address. Skips where network namespaces cannot be made (not root).
+# machine, a slowed link only slows the job, and a link taken down in the middle of an all-reduce
+# ends the machines still connected within the collective timeout, naming the ranks cut off and
+# their address. Skips where network namespaces cannot be made (not root).
 . "$(dirname "$0")/lib.sh"
 . "$(dirname "$0")/netns_lib.sh"
 # a test stopped by a signal still deletes its namespaces (lib.sh's cleanup runs on exit)
