@@ -4,10 +4,13 @@
 #include "core/comm_diag_impl.h"
 #include "base/peer_impl.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
+#include <netdb.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -128,13 +131,13 @@ static size_t state_encode(const rank_state *st, char *buf, size_t len) {
     sig_print(b, sizeof b, &st->unf_sig);
     sig_print(c, sizeof c, &st->wsig);
     sig_print(d, sizeof d, &st->chk_sig);
-    int n = snprintf(buf, len, "CAST2 %llu %s %lld %s %lld %s %lld %s %d %d %d %ld %llu %llu\n%s",
+    int n = snprintf(buf, len, "CAST2 %llu %s %lld %s %lld %s %lld %s %d %d %d %ld %llu %llu %s\n%s",
                      (unsigned long long)st->nissued, a,
                      st->has_unf ? (long long)st->unf : -1LL, b,
                      st->waiting ? (long long)st->wseq : -1LL, c,
                      st->has_chk ? (long long)st->chk : -1LL, d,
                      st->aborted ? 1 : 0, st->gone, st->exit_status, st->pid, st->start,
-                     (unsigned long long)st->host, st->aborted ? st->reason : "");
+                     (unsigned long long)st->host, st->addr[0] ? st->addr : "-", st->aborted ? st->reason : "");
     return n < 0 ? 0 : ((size_t)n < len ? (size_t)n : len - 1);
 }
 
@@ -156,8 +159,9 @@ static bool state_decode(const char *buf, rank_state *st) {
     int ab, gone, xs;
     long pid;
     unsigned long long start, host;
-    if (sscanf(buf, "CAST2 %llu %63s %lld %63s %lld %63s %lld %63s %d %d %d %ld %llu %llu", &n, a, &u, b, &w, c, &k,
-               d, &ab, &gone, &xs, &pid, &start, &host) != 14)
+    char addr[48];
+    if (sscanf(buf, "CAST2 %llu %63s %lld %63s %lld %63s %lld %63s %d %d %d %ld %llu %llu %47s", &n, a, &u, b, &w, c,
+               &k, d, &ab, &gone, &xs, &pid, &start, &host, addr) != 15)
         return false;
     if (!sig_parse(a, &st->last) || !sig_parse(b, &st->unf_sig) || !sig_parse(c, &st->wsig) ||
         !sig_parse(d, &st->chk_sig))
@@ -175,6 +179,7 @@ static bool state_decode(const char *buf, rank_state *st) {
     st->pid = pid;
     st->start = start;
     st->host = (uint64_t)host;
+    if (strcmp(addr, "-") != 0) snprintf(st->addr, sizeof st->addr, "%s", addr);
     const char *nl = strchr(buf, '\n');
     if (nl) snprintf(st->reason, sizeof st->reason, "%s", nl + 1);
     st->valid = true;
@@ -186,18 +191,52 @@ static pthread_once_t g_self_once = PTHREAD_ONCE_INIT;
 static long g_self_pid;
 static unsigned long long g_self_start;
 static uint64_t g_self_host;
+static char g_self_addr[48];
+
+/* The local address the routing table picks to reach MASTER_ADDR (as Gloo binds it): what names
+ * this rank's machine to the others. A UDP connect sends nothing. */
+static void self_address(char *buf, size_t len) {
+    buf[0] = '\0';
+    const char *m = getenv("MASTER_ADDR");
+    struct addrinfo hints = {.ai_socktype = SOCK_DGRAM}, *ai = NULL;
+    if (!m || !*m || getaddrinfo(m, "9", &hints, &ai) != 0) return;
+    int fd = socket(ai->ai_family, SOCK_DGRAM, 0);
+    struct sockaddr_storage sa;
+    socklen_t sl = sizeof sa;
+    if (fd >= 0 && connect(fd, ai->ai_addr, ai->ai_addrlen) == 0 &&
+        getsockname(fd, (struct sockaddr *)&sa, &sl) == 0) {
+        const void *in = sa.ss_family == AF_INET6 ? (const void *)&((struct sockaddr_in6 *)&sa)->sin6_addr
+                                                  : (const void *)&((struct sockaddr_in *)&sa)->sin_addr;
+        if (!inet_ntop(sa.ss_family, in, buf, (socklen_t)len)) buf[0] = '\0';
+    }
+    if (fd >= 0) close(fd);
+    freeaddrinfo(ai);
+}
 
 static void self_init(void) {
     g_self_pid = (long)getpid();
     g_self_start = ca_proc_self_start();
     g_self_host = ca_proc_host_key();
+    self_address(g_self_addr, sizeof g_self_addr);
 }
 
-static void self_identity(long *pid, unsigned long long *start, uint64_t *host) {
+static void self_identity(long *pid, unsigned long long *start, uint64_t *host, char *addr, size_t alen) {
     pthread_once(&g_self_once, self_init);
     *pid = g_self_pid;
     *start = g_self_start;
     *host = g_self_host;
+    if (addr) snprintf(addr, alen, "%s", g_self_addr);
+}
+
+/* " on 10.0.0.3" for a rank on another machine than ours; "" on ours or when unknown. */
+static void where(const rank_state *st, char *buf, size_t len) {
+    char self[48];
+    long pid;
+    unsigned long long start;
+    uint64_t host;
+    self_identity(&pid, &start, &host, self, sizeof self);
+    if (st->valid && st->addr[0] && strcmp(st->addr, self) != 0) snprintf(buf, len, " on %s", st->addr);
+    else buf[0] = '\0';
 }
 
 /* A store that says it is gone (its server ended) fails every wait on this communicator. */
@@ -232,7 +271,7 @@ static void snapshot(ca_comm *c, rank_state *st, uint64_t *version) {
     st->exit_status = c->exit_status;
     if (version) *version = c->version;
     pthread_mutex_unlock(&c->mu);
-    self_identity(&st->pid, &st->start, &st->host);
+    self_identity(&st->pid, &st->start, &st->host, st->addr, sizeof st->addr);
     if (atomic_load(&c->failed)) {
         st->aborted = true;
         snprintf(st->reason, sizeof st->reason, "%s", c->fail_msg);
@@ -454,7 +493,11 @@ static void positions_with(ca_comm *c, int known_rank, const rank_state *known, 
     for (int r = 0; r < n; r++) {
         if (r == known_rank) st[r] = *known;
         else fetch_state(c, r, 2000, &st[r]);
-        describe(&st[r], false, desc[r], sizeof desc[r]);
+        /* ranks group by what they do and by their machine */
+        char on[64], d1[540];
+        describe(&st[r], false, d1, sizeof d1);
+        where(&st[r], on, sizeof on);
+        snprintf(desc[r], sizeof desc[r], "%s|%s", d1, on);
         grp[r] = -1;
     }
     if (c->own_client && ca_store_client_silent(c->own_client)) {   /* not the ranks: the store is mute */
@@ -483,11 +526,12 @@ static void positions_with(ca_comm *c, int known_rank, const rank_state *known, 
                     if (first < 0) first = r;
                     members[m++] = r;
                 }
-            char rl[256], d[600];
+            char rl[256], d[600], on[64];
             ca_comm_diag_fmt_ranks(members, m, rl, sizeof rl);
             describe(&st[first], m > 1, d, sizeof d);
-            int w = snprintf(buf + o, len - o, "%s%s %s %s",
-                             o == 0 ? "" : (pass == 1 ? " while " : "; "), m > 1 ? "ranks" : "rank", rl, d);
+            where(&st[first], on, sizeof on);
+            int w = snprintf(buf + o, len - o, "%s%s %s%s %s",
+                             o == 0 ? "" : (pass == 1 ? " while " : "; "), m > 1 ? "ranks" : "rank", rl, on, d);
             if (w < 0) break;
             o += (size_t)w;
             if (o >= len) { o = len - 1; break; }

@@ -49,6 +49,7 @@ typedef struct rank_state {
     long pid;                  /* who publishes the record, for the liveness check */
     unsigned long long start;
     uint64_t host;
+    char addr[48];             /* the address it reaches MASTER_ADDR from ("" unknown): its machine */
     bool dead;                 /* not published: judged here from /proc */
     bool stopped;              /* not published: stopped (SIGSTOP, a debugger), judged here from /proc */
     char reason[STATE_MAX / 2];

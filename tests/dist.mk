@@ -25,13 +25,13 @@ tests_test_procenv_CFLAGS = $(CA_TEST_CFLAGS)
 tests_test_procenv_LDADD = $(CA_TEST_LIBS)
 VALGRIND_TESTS += tests/test_comm_store tests/test_comm_single tests/test_procenv
 
-# Real processes: mpirun, caccel launch, failures, ranks that leave early, ports, two network namespaces,
-# a private one-node Slurm cluster (srun, sbatch).
+# Real processes: mpirun, caccel launch, failures, ranks that leave early, ports, three network namespaces,
+# a private one-node Slurm cluster (srun, sbatch), the fault matrix.
 ca_dist_scripts = tests/dist/launch_mpirun.sh tests/dist/mpi.sh tests/dist/gloo.sh tests/dist/failures.sh tests/dist/exits.sh tests/dist/port.sh \
 	tests/dist/restarts.sh \
 	tests/dist/netns.sh tests/dist/faults.sh tests/dist/slurm.sh
 TESTS += $(ca_dist_scripts)
-EXTRA_DIST += $(ca_dist_scripts) tests/dist/lib.sh
+EXTRA_DIST += $(ca_dist_scripts) tests/dist/lib.sh tests/dist/netns_lib.sh
 
 # The whole fault matrix (tests/dist/faults.sh): every cell 20 times; `make check` runs 8 cells once.
 FAULT_MATRIX_ARGS = --trials 20
