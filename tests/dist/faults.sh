@@ -166,7 +166,9 @@ trial() {   # trial CELL
     if [ -z "$why" ] && grep -q "UNEXPECTED\|FAILED on rank" "$WORK/out"; then why="a rank failed in an unexpected way"; fi
     [ -n "$why" ] || [ "$CONT_LATE" = 0 ] || why="the continued rank $v did not end within 10 s"
     if [ -z "$why" ] && [ -n "$(live_ranks)" ]; then show_survivors; why="processes were left"; fi
-    if [ -z "$why" ] && [ "$(shm_list)" != "$before" ]; then why="shared memory was left: $(shm_list | tr '\n' ' ')"; fi
+    # new segments only: other jobs on the machine may create and remove theirs meanwhile
+    left=$(shm_list | while read -r f; do echo "$before" | grep -qxF -- "$f" || echo "$f"; done)
+    if [ -z "$why" ] && [ -n "$left" ]; then why="shared memory was left: $(echo "$left" | tr '\n' ' ')"; fi
     pkill -KILL -f -- "$TAG" 2>/dev/null
     if [ -n "$why" ]; then
         echo "trial $cell victim=$v step=$step status=$RC ttf_ms=$ttf FAIL: $why"
