@@ -136,13 +136,21 @@ static void ds_zero(ds_ctx *c, json_object *o) {
 }
 
 /* A number fills the setting unless the configuration set it to something else; "auto" keeps it. */
-static void ds_number(ds_ctx *c, const char *field, json_object *v, double *target, const char *key) {
+/* A number field of the JSON, or "auto"; within [lo, hi], whole when `whole`, as the key it sets. */
+static void ds_number(ds_ctx *c, const char *field, json_object *v, double *target, const char *key, double lo,
+                      double hi, bool whole) {
     if (is_auto(v)) return;
     if (!json_object_is_type(v, json_type_int) && !json_object_is_type(v, json_type_double)) {
         ds_bad(c, field, "must be a number or \"auto\"");
         return;
     }
     double x = json_object_get_double(v);
+    if (!(x >= lo && x <= hi) || (whole && x != floor(x))) {
+        char why[160];
+        snprintf(why, sizeof why, "%g is not %s from %g to %g", x, whole ? "a whole number" : "a number", lo, hi);
+        ds_bad(c, field, why);
+        return;
+    }
     if (key && is_set(c->acc, key) && *target != x) {
         char why[160];
         snprintf(why, sizeof why, "%g here, %g from %s: write \"auto\" or make them agree", x, *target,
@@ -216,10 +224,10 @@ static void ds_top(ds_ctx *c, json_object *root) {
         else if (!strcmp(k, "optimizer") || !strcmp(k, "scheduler")) ds_program_object(c, k, v);
         else if (!strcmp(k, "gradient_accumulation_steps")) {
             double ga = acc->st.gradient_accumulation_steps;
-            ds_number(c, k, v, &ga, "gradient_accumulation_steps");
+            ds_number(c, k, v, &ga, "gradient_accumulation_steps", 1, 1e9, true);
             acc->st.gradient_accumulation_steps = (int)ga;
         } else if (!strcmp(k, "gradient_clipping")) {
-            ds_number(c, k, v, &acc->st.gradient_clipping, "gradient_clipping");
+            ds_number(c, k, v, &acc->st.gradient_clipping, "gradient_clipping", 0, 1e15, false);
         } else if (!in_list(k, ds_noops)) {
             ds_bad(c, k, "not implemented");
         }
