@@ -166,8 +166,14 @@ trial() {   # trial CELL
     if [ -z "$why" ] && grep -q "UNEXPECTED\|FAILED on rank" "$WORK/out"; then why="a rank failed in an unexpected way"; fi
     [ -n "$why" ] || [ "$CONT_LATE" = 0 ] || why="the continued rank $v did not end within 10 s"
     if [ -z "$why" ] && [ -n "$(live_ranks)" ]; then show_survivors; why="processes were left"; fi
-    # new segments only: other jobs on the machine may create and remove theirs meanwhile
-    left=$(shm_list | while read -r f; do echo "$before" | grep -qxF -- "$f" || echo "$f"; done)
+    # new segments only, and of a creator no longer running (caccel-PID-...: none of this job's
+    # processes is left, so a live creator is another job's on the machine)
+    left=$(shm_list | while read -r f; do
+        echo "$before" | grep -qxF -- "$f" && continue
+        p=$(echo "$f" | sed -n 's/^caccel-\([0-9]*\)-.*/\1/p')
+        [ -n "$p" ] && kill -0 "$p" 2>/dev/null && continue
+        echo "$f"
+    done)
     if [ -z "$why" ] && [ -n "$left" ]; then why="shared memory was left: $(echo "$left" | tr '\n' ' ')"; fi
     pkill -KILL -f -- "$TAG" 2>/dev/null
     if [ -n "$why" ]; then
