@@ -10,12 +10,7 @@
 #include <stdio.h>
 #include <string.h>
 
-/* CPU time of the process (one BLAS thread: the process's only busy thread). */
-static double cpu_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
+/* cpu_s (bench_util.h): CPU time of the process; one BLAS thread, the process's only busy one. */
 
 typedef struct run {
     double samples_per_s;
