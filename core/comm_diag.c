@@ -568,7 +568,8 @@ static ca_status comm_fail(ca_comm *c, ca_status s, const char *msg, const char 
     pthread_mutex_unlock(&c->mu);
     if (first) {
         CA_LOG_E("%s", msg);
-        if (c->own_client) {   /* from now on the store is for the goodbye: short waits, also for those under way */
+        if (c->own_client && ca_store_client_stalled(c->own_client, STALL_MS)) {
+            /* a store that stopped answering gets short waits for the goodbye, also those under way */
             ca_store_client_set_io_timeout(c->own_client, EXIT_IO_MS);
             ca_store_client_cut(c->own_client, EXIT_IO_MS);
         }
@@ -703,8 +704,8 @@ ca_status ca_comm_diag_fail_timeout(ca_comm *c, uint64_t s, const ca_coll_sig *x
     int64_t early = c->timeout_ms / 10 < 1000 ? c->timeout_ms / 10 : 1000;
     if (waited_ms >= c->timeout_ms - early && waited_ms < c->timeout_ms + 1000) waited_ms = c->timeout_ms;
     ca_comm_diag_fmt_duration(waited_ms, dur, sizeof dur);
-    /* a peer that does not arrive may be the store's process, stopped: read the positions briefly */
-    if (c->own_client) ca_store_client_cut(c->own_client, EXIT_IO_MS);
+    /* a peer that does not arrive may be the store's process, stopped: then read the positions briefly */
+    if (c->own_client && ca_store_client_stalled(c->own_client, STALL_MS)) ca_store_client_cut(c->own_client, EXIT_IO_MS);
     if (c->store.ops) positions(c, pos, sizeof pos);
     else snprintf(pos, sizeof pos, "(no rendezvous store: the other ranks' positions are unknown)");
     snprintf(msg, sizeof msg, "%s timed out after %s on rank %d%s: %s", ours, dur, c->rank,

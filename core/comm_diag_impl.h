@@ -24,6 +24,7 @@
 #define LEFT_GRACE_MS 300      /* a peer that destroyed its communicator may be about to exit: wait for its status */
 #define BACKEND_SETTLE_MS 200  /* a backend error waits this long for the peer that caused it to show */
 #define LINGER_MS 2000         /* a failed rank waits this long at destroy for its peers to report the cause */
+#define STALL_MS 1000         /* a store with requests pending and no reply this long has stalled */
 #define EXIT_IO_MS 2000        /* the exit announcement gives up on an unreachable store this soon */
 
 /* Where a rank's process stands with the communicator (rank_state.gone). */

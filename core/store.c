@@ -749,6 +749,10 @@ struct ca_store_client {
     /* The last exchange timed out with no answer (the store's process stopped or hung): later
      * requests wait only SILENT_SLACK_MS beyond their own wait, until one is answered. */
     atomic_bool silent;
+    /* requests under way and the last reply: a store with requests waiting and no reply for a
+     * while has stalled (ca_store_client_stalled) */
+    atomic_int pending;
+    _Atomic int64_t last_reply_at;
 };
 
 #define SILENT_SLACK_MS 500
@@ -1021,18 +1025,22 @@ static ca_status request(ca_store_client *c, uint32_t op, const char *key, const
     }
     tl_client = c;
     tl_start = start;
+    atomic_fetch_add(&c->pending, 1);
     int fd;
     ca_status st = acquire(c, io_deadline, &fd);
     /* a store found gone while connecting (the pooled connection busy with another thread's call) reads as
      * it does for every later call, without this request's prefix: a lost store has one message */
     if (st != CA_OK) {
         tl_client = NULL;
+        atomic_fetch_sub(&c->pending, 1);
         if (st == CA_ERR_TIMEOUT) atomic_store(&c->silent, true);
         return is_gone(c) ? gone_error(c) : ca_error_context("%s", doing);
     }
     int e = exchange(fd, op, key, klen, val, vlen, arg, io_deadline, rep);
     tl_client = NULL;
+    atomic_fetch_sub(&c->pending, 1);
     atomic_store(&c->silent, e == ETIMEDOUT);
+    if (!e) atomic_store(&c->last_reply_at, now_ms());
     if (e) {
         close(fd);
         return io_error(c, e, doing);
@@ -1184,6 +1192,8 @@ ca_status ca_store_client_connect(const char *host, int port, const char *token,
     c->io_timeout_ms = 30000;
     atomic_init(&c->cut_at, INT64_MIN);
     atomic_init(&c->silent, false);
+    atomic_init(&c->pending, 0);
+    atomic_init(&c->last_reply_at, now_ms());
     pthread_mutex_init(&c->mu, NULL);
     int fd;
     ca_status st = open_conn(c, now_ms() + (timeout_ms < 0 ? DEFAULT_WAIT_MS : timeout_ms), &fd);
@@ -1220,6 +1230,14 @@ void ca_store_client_set_io_timeout(ca_store_client *c, int64_t timeout_ms) {
 }
 
 bool ca_store_client_silent(ca_store_client *c) { return c && atomic_load(&c->silent); }
+
+/* A GET or WAIT may legitimately wait long for its key: only a request with nothing answered for
+ * `ms` while requests are pending counts, which a stopped store shows and a busy one does not. */
+bool ca_store_client_stalled(ca_store_client *c, int64_t ms) {
+    if (!c) return false;
+    if (atomic_load(&c->silent)) return true;
+    return atomic_load(&c->pending) > 0 && now_ms() - atomic_load(&c->last_reply_at) > ms;
+}
 
 void ca_store_client_cut(ca_store_client *c, int64_t within_ms) {
     if (!c) return;

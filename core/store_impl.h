@@ -58,6 +58,8 @@ void ca_store_client_set_io_timeout(ca_store_client *c, int64_t timeout_ms);
 void ca_store_client_cut(ca_store_client *c, int64_t within_ms);
 /* The last exchange on c timed out unanswered (the store's process stopped or hung). */
 bool ca_store_client_silent(ca_store_client *c);
+/* Requests are under way on c and none was answered for `ms` (or the last one timed out). */
+bool ca_store_client_stalled(ca_store_client *c, int64_t ms);
 
 /* A new random job token (32 hex digits) in buf (at least 33 bytes). */
 ca_status ca_store_make_token(char *buf, size_t len);
