@@ -9,11 +9,6 @@ need_caccel
 unset CACCEL_TIMEOUT CACCEL_SHM CACCEL_SHM_SLOT_MB CACCEL_LAUNCHER RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE
 BOUND=20   # seconds to the end of the whole job: generous against a busy machine, far below 1800
 
-# A port that was free a moment ago (the launcher finds one and hands it to its process).
-free_port() {
-    timeout 60 "$CACCEL" launch -q --num_processes 1 --main_process_port 0 sh -c 'echo $MASTER_PORT'
-}
-
 # run_env NP ARGS...: NP ranks started as torchrun or srun start them (RANK, WORLD_SIZE, ...), no launcher.
 run_env() {
     np=$1; shift

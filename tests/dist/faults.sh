@@ -66,7 +66,7 @@ shm_list() { ls /dev/shm 2>/dev/null | grep -i caccel | sort; }
 # The ranks of a launcher-less job, as torchrun or srun start them: pids in $WORK/pids, victim's in VPID.
 start_env() {   # start_env NP VICTIM ARGS...
     np=$1 v=$2; shift 2
-    port=$(timeout 60 "$CACCEL" launch -q --num_processes 1 --main_process_port 0 sh -c 'echo $MASTER_PORT')
+    port=$(free_port)
     [ -n "$port" ] || fail "no free port"
     : > "$WORK/pids"
     r=0
@@ -101,27 +101,6 @@ wait_env() {   # wait_env FAULT
     [ "$RC" -ne 0 ] || RC=$st
 }
 
-# mpirun, watched: END (ms) when no rank of ours is left; an mpirun that outlives its ranks by 10 s
-# is killed and noted (open-mpi/ompi#3380, see run_mpi_watched in lib.sh).
-run_mpirun() {   # run_mpirun NP ARGS...
-    np=$1; shift
-    run_mpi "$np" "$@" >> "$WORK/out" 2>&1 &
-    mp=$!
-    seen=0 END="" LINGER=0
-    while kill -0 "$mp" 2>/dev/null; do
-        if [ -n "$(live_ranks)" ]; then seen=1
-        elif [ "$seen" = 1 ] && [ -z "$END" ]; then END=$(now_ms)
-        fi
-        if [ -n "$END" ] && [ "$(( $(now_ms) - END ))" -ge 10000 ]; then
-            LINGER=1
-            pkill -KILL -f -- "mpirun.*$TAG"
-        fi
-        sleep 0.1
-    done
-    wait "$mp"; RC=$?
-    [ -n "$END" ] || END=$(now_ms)
-}
-
 # One trial; prints its line and appends "cell ok ms" to $WORK/results.
 trial() {   # trial CELL
     cell=$1
@@ -148,8 +127,11 @@ trial() {   # trial CELL
             wait_env "$fault"
             unset CACCEL_SHM ;;
         mpirun-mpi)
+            start=$(date +%s)
             # shellcheck disable=SC2086
-            CACCEL_TIMEOUT=$timeout_s MPI_TIMEOUT=120 run_mpirun "$np" -x CACCEL_TIMEOUT $args --backend mpi ;;
+            CACCEL_TIMEOUT=$timeout_s MPI_TIMEOUT=120 run_mpi_watched "$np" -x CACCEL_TIMEOUT $args --backend mpi \
+                >> "$WORK/out" 2>&1
+            RC=$MPI_RC END=$RANKS_END_MS LINGER=$MPIRUN_LINGERED ;;
     esac
     sleep 0.3   # what a launcher's children need to be reaped
     inj=$(sed -n 's/^comm_check: rank [0-9]* injects .* at \([0-9]*\) ms$/\1/p' "$WORK/out" | head -1)

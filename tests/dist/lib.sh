@@ -63,7 +63,7 @@ show_survivors() {
 }
 
 # run_mpi_watched NP ARGS...: run_mpi, watching this test's ranks. Sets MPI_RC (mpirun's status),
-# RANKS_END (seconds from $start until no rank was left) and MPIRUN_LINGERED (1 when mpirun was
+# RANKS_END (seconds from $start until no rank was left), RANKS_END_MS (that moment, epoch ms) and MPIRUN_LINGERED (1 when mpirun was
 # still there 10 s after every rank had ended, and was killed). Open MPI's mpirun can hang after
 # the last rank has exited when a rank exits non-zero without MPI_Finalize (open-mpi/ompi#3380):
 # that is the launcher's, not a rank's, and must not be read as a rank that did not end.
@@ -71,21 +71,23 @@ run_mpi_watched() {
     np=$1; shift
     run_mpi "$np" "$@" &
     mp=$!
-    seen=0 gone_at="" RANKS_END="" MPIRUN_LINGERED=0
+    seen=0 gone_at="" RANKS_END="" RANKS_END_MS="" MPIRUN_LINGERED=0
     while kill -0 "$mp" 2>/dev/null; do
         if [ -n "$(live_ranks)" ]; then seen=1
-        elif [ "$seen" = 1 ] && [ -z "$gone_at" ]; then gone_at=$(date +%s); RANKS_END=$(elapsed_since "$start")
+        elif [ "$seen" = 1 ] && [ -z "$gone_at" ]; then
+            gone_at=$(date +%s); RANKS_END=$(elapsed_since "$start"); RANKS_END_MS=$(date +%s%3N)
         fi
         if [ -n "$gone_at" ] && [ "$(elapsed_since "$gone_at")" -ge 10 ] && [ "$MPIRUN_LINGERED" = 0 ]; then
             MPIRUN_LINGERED=1
             show_survivors
             pkill -KILL -f -- "mpirun.*$TAG"
         fi
-        sleep 0.2
+        sleep 0.1
     done
     wait "$mp"
     MPI_RC=$?
     [ -n "$RANKS_END" ] || RANKS_END=$(elapsed_since "$start")
+    [ -n "$RANKS_END_MS" ] || RANKS_END_MS=$(date +%s%3N)
 }
 
 # count LINES PATTERN FILE: FILE holds exactly LINES lines matching PATTERN
@@ -101,6 +103,11 @@ no_orphans() {
         pgrep -a -f -- "$TAG"
         fail "processes outlived their launcher"
     fi
+}
+
+# A port that was free a moment ago (the launcher finds one and hands it to its process).
+free_port() {
+    timeout 60 "$CACCEL" launch -q --num_processes 1 --main_process_port 0 sh -c 'echo $MASTER_PORT'
 }
 
 elapsed_since() { echo $(( $(date +%s) - $1 )); }
