@@ -490,9 +490,14 @@ static void positions_with(ca_comm *c, int known_rank, const rank_state *known, 
         free(st); free(grp); free(members); free(desc);
         return;
     }
+    bool mute = false;   /* a store that left one fetch unanswered is not asked for the others' */
     for (int r = 0; r < n; r++) {
-        if (r == known_rank) st[r] = *known;
-        else fetch_state(c, r, 2000, &st[r]);
+        if (r == known_rank) {
+            st[r] = *known;
+        } else if (!mute) {
+            fetch_state(c, r, 2000, &st[r]);
+            mute = c->own_client && ca_store_client_silent(c->own_client);
+        }
         /* ranks group by what they do and by their machine */
         char on[64], d1[540];
         describe(&st[r], false, d1, sizeof d1);
@@ -501,8 +506,9 @@ static void positions_with(ca_comm *c, int known_rank, const rank_state *known, 
         grp[r] = -1;
     }
     if (c->own_client && ca_store_client_silent(c->own_client)) {   /* not the ranks: the store is mute */
-        snprintf(buf, len, "the rendezvous store at %s does not answer (its process is stopped or hung), so "
-                 "where the other ranks are is unknown", ca_store_client_address(c->own_client));
+        snprintf(buf, len, "the rendezvous store at %s does not answer (its process is stopped or hung, or the "
+                 "network to it is down), so where the other ranks are is unknown",
+                 ca_store_client_address(c->own_client));
         free(st); free(grp); free(members); free(desc);
         return;
     }
@@ -704,10 +710,14 @@ ca_status ca_comm_diag_fail_timeout(ca_comm *c, uint64_t s, const ca_coll_sig *x
     int64_t early = c->timeout_ms / 10 < 1000 ? c->timeout_ms / 10 : 1000;
     if (waited_ms >= c->timeout_ms - early && waited_ms < c->timeout_ms + 1000) waited_ms = c->timeout_ms;
     ca_comm_diag_fmt_duration(waited_ms, dur, sizeof dur);
-    /* a peer that does not arrive may be the store's process, stopped: then read the positions briefly */
-    if (c->own_client && ca_store_client_stalled(c->own_client, STALL_MS)) ca_store_client_cut(c->own_client, EXIT_IO_MS);
+    /* a peer that does not arrive may be the store's process, stopped: then read the positions briefly;
+     * and a store that is cut off (the network to it down) must not hold the diagnosis for its
+     * waits' 5 s slack each: the reading of the positions is bounded either way */
+    bool stalled = c->own_client && ca_store_client_stalled(c->own_client, STALL_MS);
+    int64_t cut = c->own_client ? ca_store_client_cut(c->own_client, stalled ? EXIT_IO_MS : POSITIONS_MS) : 0;
     if (c->store.ops) positions(c, pos, sizeof pos);
     else snprintf(pos, sizeof pos, "(no rendezvous store: the other ranks' positions are unknown)");
+    if (!stalled) ca_store_client_uncut(c->own_client, cut);
     snprintf(msg, sizeof msg, "%s timed out after %s on rank %d%s: %s", ours, dur, c->rank,
              in_check ? " (waiting for the other ranks to reach it)" : "", pos);
     return comm_fail(c, CA_ERR_TIMEOUT, msg,

@@ -26,6 +26,7 @@
 #define LINGER_MS 2000         /* a failed rank waits this long at destroy for its peers to report the cause */
 #define STALL_MS 1000         /* a store with requests pending and no reply this long has stalled */
 #define EXIT_IO_MS 2000        /* the exit announcement gives up on an unreachable store this soon */
+#define POSITIONS_MS 4000      /* a timeout's reading of the other ranks' positions ends this soon */
 
 /* Where a rank's process stands with the communicator (rank_state.gone). */
 enum { GONE_NO = 0, GONE_LEFT = 1, GONE_EXITED = 2 };

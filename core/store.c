@@ -769,14 +769,19 @@ typedef struct reply {
     size_t len;
 } reply;
 
+/* deadline, or the cut of this thread's request when that comes sooner (ca_store_client_cut) */
+static int64_t cut_deadline(int64_t deadline) {
+    if (tl_client) {
+        int64_t cut = atomic_load(&tl_client->cut_at);
+        if (tl_start <= cut && cut < deadline) return cut;
+    }
+    return deadline;
+}
+
 /* Waits for fd to be ready for `ev` until deadline. 0 ready, ETIMEDOUT, or errno. */
 static int wait_fd(int fd, short ev, int64_t deadline) {
     for (;;) {
-        if (tl_client) {
-            int64_t cut = atomic_load(&tl_client->cut_at);
-            if (tl_start <= cut && cut < deadline) deadline = cut;
-        }
-        int64_t left = deadline - now_ms();
+        int64_t left = cut_deadline(deadline) - now_ms();
         if (left <= 0) return ETIMEDOUT;
         struct pollfd p = { .fd = fd, .events = ev };
         int r = poll(&p, 1, left > 200 ? 200 : (int)left);   /* short: a cut may come meanwhile */
@@ -968,7 +973,14 @@ static ca_status open_conn(ca_store_client *c, int64_t deadline, int *out_fd) {
         bool retry = last == ECONNREFUSED || last == ENETUNREACH || last == EHOSTUNREACH ||
                      last == ETIMEDOUT || last == ECONNRESET;
         int64_t now = now_ms();
-        if (!retry || now + backoff >= deadline) break;
+        if (!retry) break;
+        if (now + backoff >= cut_deadline(deadline)) {
+            /* a network that stays unreachable until the deadline (a link down) is a silent store */
+            if (last == ENETUNREACH || last == EHOSTUNREACH)
+                return ca_error(CA_ERR_TIMEOUT, "cannot reach the rendezvous store at %s: %s", c->addr,
+                                strerror(last));
+            break;
+        }
         usleep((useconds_t)(backoff * 1000));
         if (backoff < 500) backoff *= 2;
     }
@@ -1239,7 +1251,13 @@ bool ca_store_client_stalled(ca_store_client *c, int64_t ms) {
     return atomic_load(&c->pending) > 0 && now_ms() - atomic_load(&c->last_reply_at) > ms;
 }
 
-void ca_store_client_cut(ca_store_client *c, int64_t within_ms) {
-    if (!c) return;
-    atomic_store(&c->cut_at, now_ms() + within_ms);
+int64_t ca_store_client_cut(ca_store_client *c, int64_t within_ms) {
+    if (!c) return INT64_MIN;
+    int64_t at = now_ms() + within_ms;
+    atomic_store(&c->cut_at, at);
+    return at;
+}
+
+void ca_store_client_uncut(ca_store_client *c, int64_t at) {
+    if (c) atomic_compare_exchange_strong(&c->cut_at, &at, INT64_MIN);
 }

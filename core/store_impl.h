@@ -54,8 +54,12 @@ void ca_store_client_set_server_name(ca_store_client *c, const char *who);
 void ca_store_client_set_io_timeout(ca_store_client *c, int64_t timeout_ms);
 /* Every exchange on c under way or begun in the next `within_ms` gives up by then (later ones keep
  * their own deadlines): a failing communicator's diagnosis and teardown must not wait out a store
- * that no longer answers (its process stopped). Thread-safe. */
-void ca_store_client_cut(ca_store_client *c, int64_t within_ms);
+ * that no longer answers (its process stopped, the network to it down). Returns the time they give
+ * up by (CLOCK_MONOTONIC milliseconds), for ca_store_client_uncut. Thread-safe. */
+int64_t ca_store_client_cut(ca_store_client *c, int64_t within_ms);
+/* Ends the cut that ca_store_client_cut returned `at` for, unless a later cut replaced it: a cut
+ * meant for one step (a diagnosis) does not shorten the requests after it. Thread-safe. */
+void ca_store_client_uncut(ca_store_client *c, int64_t at);
 /* The last exchange on c timed out unanswered (the store's process stopped or hung). */
 bool ca_store_client_silent(ca_store_client *c);
 /* Requests are under way on c and none was answered for `ms` (or the last one timed out). */

@@ -27,6 +27,10 @@ extern char **environ;
 #define DEFAULT_PORT 29500
 /* How long failures are collected before one is named as the cause. */
 #define DECIDE_MS 300
+/* The launcher's store requests are tiny and answered at once by a live store: one unanswered for 5 s
+ * means machine 0 is gone or unreachable, and the supervision loop must not wait out the store's
+ * default 30 s (a machine cut off from the network would outlive the job's timeout by that much). */
+#define STORE_IO_MS 5000
 #define MAX_LOCAL 4096
 
 /* Keys whose command-line value the workers must see: they read the
@@ -365,6 +369,7 @@ static int connect_store(launch *L) {
     const char *host = L->machine_rank == 0 ? "127.0.0.1" : L->master_addr;
     if (ca_store_client_connect(host, L->port, L->token, L->timeout_ms, &L->client) != CA_OK)
         return ca_cli_fail("launch");
+    ca_store_client_set_io_timeout(L->client, STORE_IO_MS);
     return 0;
 }
 
@@ -702,7 +707,11 @@ static int supervise(launch *L) {
             if (L->kids[i].out_fd >= 0 || L->kids[i].err_fd >= 0) pipes_open = true;
         bool deciding = L->decide_at && L->first_fail < 0 && !L->remote_fail_code;
         if (running_count(L) == 0 && !pipes_open && !(deciding && ca_now_ms() < L->decide_at)) {
-            if (deciding) decide(L);
+            if (deciding) {
+                decide(L);
+                /* decide() gave the other machines more time to report the cause: wait for it */
+                if (L->first_fail < 0 && !L->remote_fail_code) continue;
+            }
             if (L->nmachines == 1 || L->first_fail >= 0 || L->remote_fail_code || L->interrupted) break;
             /* machine 0 keeps the store up until every machine is done */
             if (!done_reported) {

@@ -2,9 +2,10 @@
 # Three "machines": network namespaces on a bridge (a switch in a fourth namespace), one
 # `caccel launch --num_machines 3 --machine_rank i` in each. Collectives are correct across them,
 # a rank that exits stops every machine, DDP training over them ends with the parameters of one
-# machine, a slowed link only slows the job, and a link taken down in the middle of an all-reduce
-# ends the machines still connected within the collective timeout, naming the ranks cut off and
-# their address. Skips where network namespaces cannot be made (not root).
+# machine, a slowed link only slows the job, and a link that loses every packet or goes down in the
+# middle of an all-reduce ends every machine within the bound: those still connected name the ranks
+# cut off and their address, the machine cut off names the store it cannot reach. Skips where
+# network namespaces cannot be made (not root).
 . "$(dirname "$0")/lib.sh"
 . "$(dirname "$0")/netns_lib.sh"
 # a test stopped by a signal still deletes its namespaces (lib.sh's cleanup runs on exit)
@@ -63,42 +64,64 @@ else
     note "no tc command (iproute2): the slowed link is not tested"
 fi
 
-# Machine 2's link goes down while every rank all-reduces in a loop (CACCEL_TIMEOUT=5): the ranks of
-# machines 0 and 1 wait for ranks 4 and 5, time out and name them; their launchers end.
-note "link of machine 2 down during all-reduces: machines 0 and 1 end within the timeout, naming ranks 4,5 and their host"
-export CACCEL_TIMEOUT=5 CACCEL_JOB_TOKEN="netns-test-token-$$"
-for m in 0 1 2; do ns_launch "$m" 6 29558 "$CHECK" --tag "$TAG" --backend gloo --mode spin; done
-i=0
-until [ "$(cat "$WORK"/m0 "$WORK"/m1 "$WORK"/m2 | grep -c "spinning")" -eq 6 ]; do
-    i=$((i + 1))
-    [ "$i" -lt 300 ] || { cat "$WORK"/m0 "$WORK"/m1 "$WORK"/m2; fail "the 6 ranks did not start reducing"; }
-    sleep 0.1
-done
-sleep 1
-start=$(date +%s)
-ip -n "$(ns_name 2)" link set eth0 down || fail "taking machine 2's link down"
-wait "$NS_PID_0"; rc0=$?
-wait "$NS_PID_1"; rc1=$?
-took=$(elapsed_since "$start")
-unset CACCEL_TIMEOUT CACCEL_JOB_TOKEN
-echo "  machines 0 and 1 ended $took s after the link went down (launcher statuses $rc0 $rc1)"
-cat "$WORK/m0" "$WORK/m1" >"$WORK/all"
-[ "$rc0" -ne 0 ] || { cat "$WORK/all"; fail "machine 0's launcher succeeded"; }
-# Machine 1's launcher status is not checked: it has been seen to exit 0 here although its ranks
-# failed (machine 0's launcher, which serves the store, had ended first); see docs/DISTRIBUTED.md.
-# timeout 5 s + reading the others' state + the launcher stopping its processes; generous under load
-[ "$took" -le 40 ] || { cat "$WORK/all"; fail "machines 0 and 1 took $took s to end (bound 40 s)"; }
-# every rank of machines 0 and 1 fails its all-reduce; the first to time out names ranks 4,5 and
-# their machine's address
-count 4 "comm_check: FAILED on rank [0-3]: all_reduce: all_reduce #[0-9]* (f32, 16 elements, sum) timed out after 5 s" "$WORK/all"
-# (the ranks of machine 2 group by their last published position: "ranks 4,5 on ..." or one by one)
-for r in 4 5; do
-    grep "comm_check: FAILED on rank [0-3]: .* timed out after" "$WORK/all" |
-        grep -q -E "(rank $r|ranks 4,5) on $(ns_addr 2) " || { cat "$WORK/all"; fail "no rank named rank $r on $(ns_addr 2)"; }
-done
-# Machine 2, cut off from the store on machine 0, cannot publish or read any state: its ranks time
-# out too, then wait on store requests (30 s each). It is stopped here, not judged (docs/DISTRIBUTED.md).
-pkill -KILL -f -- "$TAG"
-wait "$NS_PID_2"
+# Machine 2 is cut off while every rank all-reduces in a loop (CACCEL_TIMEOUT=5): the ranks of
+# machines 0 and 1 wait for ranks 4 and 5, time out and name them; machine 2, cut off from them and
+# from the store on machine 0, times out too and says the store does not answer. Every launcher ends
+# with a failure status. cut_off PORT HOW: HOW (a command) cuts machine 2 off.
+cut_off() {
+    port=$1; shift
+    export CACCEL_TIMEOUT=5 CACCEL_JOB_TOKEN="netns-test-token-$$"
+    for m in 0 1 2; do ns_launch "$m" 6 "$port" "$CHECK" --tag "$TAG" --backend gloo --mode spin; done
+    i=0
+    until [ "$(cat "$WORK"/m0 "$WORK"/m1 "$WORK"/m2 | grep -c "spinning")" -eq 6 ]; do
+        i=$((i + 1))
+        [ "$i" -lt 300 ] || { cat "$WORK"/m0 "$WORK"/m1 "$WORK"/m2; fail "the 6 ranks did not start reducing"; }
+        sleep 0.1
+    done
+    sleep 1
+    start=$(date +%s)
+    "$@" || fail "cutting machine 2 off: $*"
+    # by when each launcher has ended, in seconds after the cut
+    took_max=0
+    for m in 0 1 2; do
+        eval "wait \$NS_PID_$m; rc$m=\$?"
+        t=$(elapsed_since "$start")
+        eval "took$m=$t"
+        [ "$t" -gt "$took_max" ] && took_max=$t
+    done
+    unset CACCEL_TIMEOUT CACCEL_JOB_TOKEN
+    echo "  machines 0, 1, 2 ended by $took0, $took1, $took2 s after the cut (launcher statuses $rc0 $rc1 $rc2)"
+    cat "$WORK/m0" "$WORK/m1" "$WORK/m2" >"$WORK/all"
+    for m in 0 1 2; do
+        eval "rc=\$rc$m"
+        [ "$rc" -ne 0 ] || { cat "$WORK/all"; fail "machine $m's launcher succeeded although its ranks failed"; }
+    done
+    # timeout 5 s + reading the others' state + the launcher stopping its processes (measured 9-12 s);
+    # the bound of docs/RELIABILITY.md is timeout + 10 s: room here for a loaded sanitizer build
+    [ "$took_max" -le 30 ] || { cat "$WORK/all"; fail "the machines took $took_max s to end (bound 30 s)"; }
+    # every rank of machines 0 and 1 fails its all-reduce; the first to time out names ranks 4,5
+    # and their machine's address
+    count 4 "comm_check: FAILED on rank [0-3]: all_reduce: all_reduce #[0-9]* (f32, 16 elements, sum) timed out after 5 s" "$WORK/all"
+    # (the ranks of machine 2 group by their last published position: "ranks 4,5 on ..." or one by one)
+    for r in 4 5; do
+        grep "comm_check: FAILED on rank [0-3]: .* timed out after" "$WORK/all" |
+            grep -q -E "(rank $r|ranks 4,5) on $(ns_addr 2) " || { cat "$WORK/all"; fail "no rank named rank $r on $(ns_addr 2)"; }
+    done
+    # machine 2's ranks cannot read anyone's state: they name the store they cannot reach
+    count 2 "comm_check: FAILED on rank [45]: all_reduce: .* timed out after 5 s on rank [45]: the rendezvous store at $(ns_addr 0):$port (caccel launch) does not answer" "$WORK/m2"
+}
+
+# Every packet machine 2 sends is lost while its link stays up (connections stall, new ones get no
+# answer): netem's loss where the kernel has sch_netem, else a token bucket too small for any packet.
+if command -v tc >/dev/null 2>&1; then
+    if netem_ok; then loss="netem loss 100%"; else loss="tbf rate 8bit burst 10 latency 1s"; fi
+    note "every packet of machine 2 lost ($loss) during all-reduces: every machine ends within the bound, naming ranks 4,5 and their host"
+    cut_off 29560 ip netns exec "$(ns_name 2)" tc qdisc add dev eth0 root $loss
+    ip netns exec "$(ns_name 2)" tc qdisc del dev eth0 root || fail "tc qdisc del"
+    no_orphans 1
+fi
+# The link goes down (no route to the others: connections fail at once with "network unreachable")
+note "link of machine 2 down during all-reduces: every machine ends within the bound, naming ranks 4,5 and their host"
+cut_off 29558 ip -n "$(ns_name 2)" link set eth0 down
 no_orphans 1
 echo "PASS"
