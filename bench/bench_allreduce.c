@@ -43,12 +43,15 @@ static double slowest(ca_comm *c, double us) {
     return (double)v / 1000.0;
 }
 
+/* the reduction timed: sum, or the average that DDP's gradients use (--op avg) */
+static ca_reduce_op g_op = CA_OP_SUM;
+
 static double time_caccel(ca_comm *c, float *buf, size_t n, int iters) {
-    for (int i = 0; i < 2; i++) ca_comm_all_reduce(c, buf, buf, n, CA_F32, CA_OP_SUM, NULL);
+    for (int i = 0; i < 2; i++) ca_comm_all_reduce(c, buf, buf, n, CA_F32, g_op, NULL);
     ca_comm_barrier(c, NULL);
     double t0 = now_us();
     for (int i = 0; i < iters; i++)
-        if (ca_comm_all_reduce(c, buf, buf, n, CA_F32, CA_OP_SUM, NULL) != CA_OK) {
+        if (ca_comm_all_reduce(c, buf, buf, n, CA_F32, g_op, NULL) != CA_OK) {
             fprintf(stderr, "bench_allreduce: %s\n", ca_last_error());
             exit(1);
         }
@@ -80,8 +83,14 @@ int main(int argc, char **argv) {
         else if (strcmp(argv[i], "--raw") == 0 && i + 1 < argc) raw_file = argv[++i];
         else if (strcmp(argv[i], "--max-mib") == 0 && i + 1 < argc) max_bytes = (size_t)atoi(argv[++i]) << 20;
         else if (strcmp(argv[i], "--rounds") == 0 && i + 1 < argc) rounds = atoi(argv[++i]);
-        else {
-            fprintf(stderr, "usage: bench_allreduce [--backend mpi|gloo] [--raw FILE] [--max-mib N] [--rounds N]\n");
+        else if (strcmp(argv[i], "--op") == 0 && i + 1 < argc && strcmp(argv[i + 1], "avg") == 0) {
+            g_op = CA_OP_AVG;   /* the raw columns stay sums: compare caccel with itself */
+            i++;
+        } else if (strcmp(argv[i], "--op") == 0 && i + 1 < argc && strcmp(argv[i + 1], "sum") == 0) {
+            i++;
+        } else {
+            fprintf(stderr, "usage: bench_allreduce [--backend mpi|gloo] [--raw FILE] [--max-mib N] [--rounds N] "
+                            "[--op sum|avg]\n");
             return 2;
         }
     }

@@ -286,7 +286,7 @@ static void portion(size_t n, int world, int p, size_t *off, size_t *len) {
  * chunk into the result area, barrier, every rank copies the result out. The
  * next chunk's barrier keeps the result area from being reused too early. */
 ca_status ca_shm_all_reduce(ca_shm *s, void *buf, size_t count, size_t es, ca_shm_reduce_fn fn,
-                            int64_t deadline_ms) {
+                            ca_shm_finish_fn finish, void *arg, int64_t deadline_ms) {
     size_t per = s->slot_bytes / es;
     uint8_t *b = buf;
     for (size_t c0 = 0; c0 < count; c0 += per) {
@@ -300,6 +300,7 @@ ca_status ca_shm_all_reduce(ca_shm *s, void *buf, size_t count, size_t es, ca_sh
             uint8_t *dst = s->result + off * es;
             fn(dst, slot(s, 0) + off * es, slot(s, 1) + off * es, len);
             for (int r = 2; r < s->world; r++) fn(dst, dst, slot(s, r) + off * es, len);
+            if (finish) finish(dst, len, arg);
         }
         st = ca_shm_barrier(s, deadline_ms);
         if (st != CA_OK) return st;

@@ -19,6 +19,9 @@ extern "C" {
  */
 typedef struct ca_shm ca_shm;
 typedef void (*ca_shm_reduce_fn)(void *dst, const void *a, const void *b, size_t n);
+/* Applied to each reduced part before the ranks copy it out (the average's division): every rank
+ * finishes its own part, so the work is spread over the ranks instead of repeated by each. */
+typedef void (*ca_shm_finish_fn)(void *buf, size_t n, void *arg);
 
 /* Joins the segment of the `world` ranks (rank 0 creates it; the name goes
  * through the store under `prefix`). All ranks agree: if any rank cannot map
@@ -36,9 +39,10 @@ void ca_shm_abort(ca_shm *s);
 /* The collectives; every rank calls them in the same order. deadline_ms is a
  * ca_now_ms() time; passing it fails with CA_ERR_TIMEOUT naming the late ranks. */
 ca_status ca_shm_barrier(ca_shm *s, int64_t deadline_ms);
-/* buf (count elements of es bytes) becomes the reduction over ranks. */
+/* buf (count elements of es bytes) becomes the reduction over ranks, then finish(part, n, arg) of
+ * it when finish is not NULL. */
 ca_status ca_shm_all_reduce(ca_shm *s, void *buf, size_t count, size_t es, ca_shm_reduce_fn fn,
-                            int64_t deadline_ms);
+                            ca_shm_finish_fn finish, void *arg, int64_t deadline_ms);
 ca_status ca_shm_broadcast(ca_shm *s, void *buf, size_t bytes, int root, int64_t deadline_ms);
 /* out[r * bytes ..] = rank r's in (in may equal out + rank * bytes). */
 ca_status ca_shm_all_gather(ca_shm *s, const void *in, void *out, size_t bytes, int64_t deadline_ms);
