@@ -24,6 +24,6 @@ bench-amp: bench/bench_mlp$(EXEEXT)
 EXTRA_DIST += bench/run_ddp.sh bench/peers/torch_ddp.py
 .PHONY: bench-ddp
 bench: bench-ddp
-bench-ddp: bench/bench_mlp$(EXEEXT) tools/caccel$(EXEEXT) $(pkglib_LTLIBRARIES)
+bench-ddp: bench/bench_mlp$(EXEEXT) tools/caccel$(EXEEXT) $(filter collectives/%,$(pkglib_LTLIBRARIES))
 	CACCEL_PLUGIN_PATH='$(abs_top_builddir)/collectives/.libs' bash $(top_srcdir)/bench/run_ddp.sh \
 	  --bench ./bench/bench_mlp$(EXEEXT) --caccel ./tools/caccel$(EXEEXT) $(BENCH_DDP_ARGS)

@@ -29,8 +29,11 @@ n, end = 0, time.perf_counter() + 2
 while time.perf_counter() < end: n += 1
 print(n)'
     one=$($peer -c "$spin")
-    two=$( { $peer -c "$spin" & $peer -c "$spin" & wait; } | awk '{s += $1} END {print s}')
-    awk -v a="$one" -v b="$two" -v w="$1" 'BEGIN {printf "# core probe %s: two spinning processes ran %.2fx one\n", w, b / a}'
+    two=$( { $peer -c "$spin" & $peer -c "$spin" & wait; } | tr '\n' ' ')
+    $peer -c 'import sys
+w, one, two = sys.argv[1], int(sys.argv[2]), [int(v) for v in sys.argv[3:]]
+print(f"# core probe {w}: two spinning processes ran {sum(two) / one:.2f}x one "
+      f"(iterations in 2 s: {one} alone, {two[0]} + {two[1]} together)")' "$1" "$one" $two
 }
 probe before
 for r in $(seq "$reps"); do

@@ -15,6 +15,7 @@
 #include <caccel/backend.h>
 #include <caccel/log.h>
 
+#include "base/avg_impl.h"
 #include "base/half_impl.h"
 #include "collectives/shm_impl.h"
 
@@ -216,20 +217,9 @@ ReduceFn reduce_fn(ca_dtype dt, ca_reduce_op op) {
 // AVG = SUM / world size (integers truncate toward zero).
 void divide(void *buf, size_t n, ca_dtype dt, int p) {
     switch (dt) {
-    case CA_F32: {
-        // x / 2^k and x * 2^-k are the same number: a power of two multiplies (4x faster)
-        float *x = static_cast<float *>(buf);
-        const float d = static_cast<float>(p), r = 1.0f / d;
-        bool pow2 = (p & (p - 1)) == 0;
-        size_t i = 0;
-        for (; i + kBlock <= n; i += kBlock)
-            if (pow2)
-                for (size_t k = 0; k < kBlock; k++) x[i + k] *= r;
-            else
-                for (size_t k = 0; k < kBlock; k++) x[i + k] /= d;
-        for (; i < n; i++) x[i] = pow2 ? x[i] * r : x[i] / d;
+    case CA_F32:
+        ca_avg_f32(static_cast<float *>(buf), n, p);
         break;
-    }
     case CA_F16: {
         uint16_t *x = static_cast<uint16_t *>(buf);
         for (size_t i = 0; i < n; i++) x[i] = ca_f32_to_f16(ca_f16_to_f32(x[i]) / static_cast<float>(p));

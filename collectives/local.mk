@@ -10,7 +10,7 @@ ca_plugin_ldflags = -Wl,--version-script=$(top_srcdir)/collectives/plugin.map
 # The MPI plugin (dlopen'd): built when configure found mpi.h and libmpi.
 if HAVE_MPI
 pkglib_LTLIBRARIES += collectives/caccel_mpi.la
-collectives_caccel_mpi_la_SOURCES = collectives/mpi_plugin.c base/half_impl.h
+collectives_caccel_mpi_la_SOURCES = collectives/mpi_plugin.c base/half_impl.h base/avg_impl.h
 collectives_caccel_mpi_la_CFLAGS = $(AM_CFLAGS) $(MPI_CFLAGS) -DCA_BUILDING_PLUGIN
 collectives_caccel_mpi_la_LDFLAGS = -module -avoid-version -no-undefined $(ca_plugin_ldflags)
 collectives_caccel_mpi_la_LIBADD = libcaccel.la $(MPI_LIBS)
@@ -19,7 +19,7 @@ endif
 # The Gloo plugin (C++17 shim, dlopen'd): built when configure found libgloo-dev.
 if HAVE_GLOO
 pkglib_LTLIBRARIES += collectives/caccel_gloo.la
-collectives_caccel_gloo_la_SOURCES = collectives/gloo_plugin.cc base/half_impl.h \
+collectives_caccel_gloo_la_SOURCES = collectives/gloo_plugin.cc base/half_impl.h base/avg_impl.h \
 	collectives/shm.c collectives/shm_impl.h base/peer_impl.h
 collectives_caccel_gloo_la_CXXFLAGS = $(AM_CXXFLAGS) $(GLOO_CFLAGS) -DCA_BUILDING_PLUGIN
 collectives_caccel_gloo_la_CFLAGS = $(AM_CFLAGS) -DCA_BUILDING_PLUGIN

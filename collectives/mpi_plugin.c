@@ -2,6 +2,7 @@
 #include <caccel/backend.h>
 #include <caccel/log.h>
 
+#include "base/avg_impl.h"
 #include "base/half_impl.h"
 
 #include <mpi.h>
@@ -474,11 +475,9 @@ static void finish_avg(ca_work_impl *w) {
     size_t n = w->avg_count;
     int p = w->c->size;
     switch (w->dt) {
-    case CA_F32: {
-        float *x = w->avg_buf;
-        for (size_t i = 0; i < n; i++) x[i] /= (float)p;
+    case CA_F32:
+        ca_avg_f32(w->avg_buf, n, p);
         break;
-    }
     case CA_F16: {
         uint16_t *x = w->avg_buf;
         for (size_t i = 0; i < n; i++) x[i] = ca_f32_to_f16(ca_f16_to_f32(x[i]) / (float)p);
