@@ -559,12 +559,17 @@ static void signal_all(launch *L, int sig) {
         }
 }
 
+/* Seconds between SIGTERM and SIGKILL when the processes are stopped (CACCEL_LAUNCH_GRACE, default 10). */
+static int grace_s(void) {
+    const char *g = getenv("CACCEL_LAUNCH_GRACE");
+    int grace = g && *g ? atoi(g) : 10;
+    return grace > 0 ? grace : 1;
+}
+
 static void begin_stop(launch *L, int sig) {
     if (!L->stopping) {
         L->stopping = true;
-        const char *g = getenv("CACCEL_LAUNCH_GRACE");
-        int grace = g && *g ? atoi(g) : 10;
-        L->kill_at = ca_now_ms() + (int64_t)(grace > 0 ? grace : 1) * 1000;
+        L->kill_at = ca_now_ms() + (int64_t)grace_s() * 1000;
     }
     signal_all(L, sig);
 }
@@ -909,7 +914,8 @@ static int run_group(launch *L, const sigset_t *old, bool *spawn_failed) {
 }
 
 /* A restarted group rendezvouses afresh: the keys of the failed attempt (addresses, barriers, failure
- * reports) must not be read by the new one, so the store is replaced by an empty one. */
+ * reports) must not be read by the new one, so machine 0 replaces the store by an empty one, on the
+ * same port. With several machines the launchers agree first (agree_restart). */
 static int fresh_store(launch *L) {
     ca_store_client_close(L->client);
     L->client = NULL;
@@ -922,6 +928,60 @@ static int fresh_store(launch *L) {
     snprintf(num, sizeof num, "%d", L->port);
     setenv("MASTER_PORT", num, 1);
     return rc;
+}
+
+/* Machines 1.. of a restart: after saying in the old store that their processes have ended, they
+ * reconnect until the store they reach is the new one (machine 0 marks it with the attempt's key). */
+static int rejoin_store(launch *L, const char *gen_key, int64_t deadline) {
+    ca_store_client_close(L->client);
+    L->client = NULL;
+    for (;;) {
+        int64_t left = deadline - ca_now_ms();
+        if (left <= 0)
+            return fail_msg("restart %d: machine 0's new rendezvous store at %s:%d did not come up within %d s",
+                            L->restart_count, L->master_addr, L->port, grace_s() + 30);
+        if (ca_store_client_connect(L->master_addr, L->port, L->token, left, &L->client) != CA_OK) {
+            fprintf(stderr, "caccel launch: restart %d: %s\n", L->restart_count, ca_last_error());
+            return 1;
+        }
+        ca_store_client_set_io_timeout(L->client, STORE_IO_MS);
+        ca_store_ref s = ca_store_client_ref(L->client);
+        if (s.ops->check(s.store, gen_key) == CA_OK) return 0;
+        ca_clear_error();
+        ca_store_client_close(L->client);   /* the old store, not replaced yet */
+        L->client = NULL;
+        usleep(100 * 1000);
+    }
+}
+
+/* Every machine's processes of the failed attempt have ended before machine 0 replaces the store, so
+ * that no process of the old attempt meets the new one's keys: machines 1.. say so in the old store,
+ * machine 0 waits for all of them (as long as a machine takes to hear of the failure and stop its
+ * processes: the grace period and 30 s), replaces the store and marks it; the others rejoin it. */
+static int agree_restart(launch *L) {
+    char stopped[64], gen[64];
+    snprintf(stopped, sizeof stopped, "caccel/launch/restart/%d/stopped", L->restart_count);
+    snprintf(gen, sizeof gen, "caccel/launch/restart/%d/store", L->restart_count);
+    int64_t deadline = ca_now_ms() + (int64_t)grace_s() * 1000 + 30000;
+    ca_store_ref s = ca_store_client_ref(L->client);
+    if (L->machine_rank != 0) {
+        int64_t n;
+        if (s.ops->add(s.store, stopped, 1, &n) != CA_OK) ca_clear_error();   /* machine 0 may be gone */
+        return rejoin_store(L, gen, deadline);
+    }
+    for (int64_t n = 0;;) {
+        if (s.ops->add(s.store, stopped, 0, &n) != CA_OK) ca_clear_error();
+        if (n >= L->nmachines - 1) break;
+        if (ca_now_ms() >= deadline)
+            return fail_msg("restart %d: %lld of the %d other machines stopped their processes for the restart "
+                            "within %d s (each needs the same --max_restarts)", L->restart_count, (long long)n,
+                            L->nmachines - 1, grace_s() + 30);
+        usleep(100 * 1000);
+    }
+    if (fresh_store(L) != 0) return 1;
+    s = ca_store_client_ref(L->client);
+    if (s.ops->set(s.store, gen, "1", 1) != CA_OK) return ca_cli_fail("launch");
+    return 0;
 }
 
 static void set_restart_env(const launch *L) {
@@ -959,7 +1019,7 @@ static int spawn_and_supervise(launch *L, const sigset_t *old) {
         L->decide_at = 0;
         L->extended = false;
         L->remote_fail_code = 0;
-        if (fresh_store(L) != 0) {
+        if ((L->nmachines > 1 ? agree_restart(L) : fresh_store(L)) != 0) {
             code = 1;
             break;
         }
@@ -1066,9 +1126,6 @@ static int resolve_job(launch *L, ca_config *cfg, const ca_settings *st) {
     } else {
         snprintf(L->master_addr, sizeof L->master_addr, "%s", st->main_process_ip);
     }
-    if (L->max_restarts > 0 && L->nmachines > 1)
-        return fail_msg("--max_restarts %d with --num_machines %d: restarts are supported on one machine only "
-                        "(the machines' launchers do not yet agree on a restart)", L->max_restarts, L->nmachines);
     return -1;
 }
 

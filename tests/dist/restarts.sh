@@ -2,8 +2,9 @@
 # caccel launch --max_restarts N (torchrun's semantics): after a failure the whole group is stopped and
 # started again, with TORCHELASTIC_RESTART_COUNT and CACCEL_RESTART_COUNT counting the restarts, until
 # the restarts are used up; the job then ends with the failure's exit status. An interrupted launcher
-# does not restart. Restarts across machines and under mpirun are refused with a message. (A program
-# that resumes from its checkpoint after a restart: tests/test_resume.sh.)
+# does not restart; on several machines the launchers agree on each restart. Restarts under mpirun are
+# refused with a message. (A program that resumes from its checkpoint after a restart:
+# tests/test_resume.sh.)
 . "$(dirname "$0")/lib.sh"
 need_caccel
 
@@ -66,14 +67,47 @@ cat "$WORK/term.out"
 count 0 "restarting" "$WORK/term.out"
 no_orphans
 
-note "refused: a bad count, restarts across machines, restarts under mpirun"
+# Two launchers on this host act as two machines. The failing rank is on machine 1 (rank 3), then on
+# machine 0 (rank 0, whose launcher serves the store): both machines stop, agree on the restart
+# (machine 0 replaces the store once machine 1 has stopped) and start again; the restarted group
+# rendezvouses through the new store and passes comm_check's collectives at 4 ranks.
+cat > "$WORK/prog2.sh" <<'PROG'
+#!/bin/sh
+echo "rank $RANK restart $TORCHELASTIC_RESTART_COUNT"
+if [ "$TORCHELASTIC_RESTART_COUNT" -lt 1 ]; then
+    [ "$RANK" = "$FAIL_RANK" ] && exit 3
+    sleep 60
+fi
+exec "$CHECK" "$@"
+PROG
+chmod +x "$WORK/prog2.sh"
+need_backend gloo
+for fr in 3 0; do
+    note "--max_restarts 1 on 2 machines: rank $fr fails, both machines restart, the new group rendezvouses"
+    port=$(free_port)
+    for m in 0 1; do
+        CHECK="$CHECK" FAIL_RANK=$fr CACCEL_JOB_TOKEN="restart-test-$$" timeout 120 $CACCEL launch --num_processes 4 \
+            --num_machines 2 --machine_rank $m --main_process_ip 127.0.0.1 --main_process_port "$port" --cpu \
+            --monitor_interval 0.2 --max_restarts 1 "$WORK/prog2.sh" --tag "$TAG" --backend gloo >"$WORK/m$m.out" 2>&1 &
+        eval "pid$m=\$!"
+    done
+    wait "$pid0"; rc0=$?
+    wait "$pid1"; rc1=$?
+    cat "$WORK/m0.out" "$WORK/m1.out" >"$WORK/both.out"
+    [ "$rc0" -eq 0 ] && [ "$rc1" -eq 0 ] || { cat "$WORK/both.out"; fail "launcher statuses $rc0 and $rc1 after the restart"; }
+    count 2 "restarting every process (restart 1 of 1)" "$WORK/both.out"
+    count 4 "^rank [0-3] restart 0\$" "$WORK/both.out"
+    count 4 "^rank [0-3] restart 1\$" "$WORK/both.out"
+    count 1 "rank $fr (local rank $((fr % 2)), pid [0-9]*) exited with code 3" "$WORK/both.out"
+    count 4 "comm_check: OK rank .* of 4, backend gloo" "$WORK/both.out"
+    no_orphans
+done
+
+note "refused: a bad count, restarts under mpirun"
 $CACCEL launch --max_restarts -1 true > "$WORK/bad.out" 2>&1 && fail "--max_restarts -1 was accepted"
 grep -q "max_restarts takes a count" "$WORK/bad.out" || { cat "$WORK/bad.out"; fail "no message for --max_restarts -1"; }
 $CACCEL launch --monitor_interval 0 true > "$WORK/bad.out" 2>&1 && fail "--monitor_interval 0 was accepted"
 grep -q "monitor_interval takes seconds" "$WORK/bad.out" || { cat "$WORK/bad.out"; fail "no message for --monitor_interval 0"; }
-$CACCEL launch --num_processes 2 --num_machines 2 --machine_rank 0 --main_process_ip 127.0.0.1 --max_restarts 1 true \
-    > "$WORK/bad.out" 2>&1 && fail "--max_restarts across machines was accepted"
-grep -q "restarts are supported on one machine only" "$WORK/bad.out" || { cat "$WORK/bad.out"; fail "no message for machines"; }
 $CACCEL launch --num_processes 2 --backend mpi --max_restarts 1 true > "$WORK/bad.out" 2>&1 &&
     fail "--max_restarts with mpirun was accepted"
 grep -q "max_restarts 1: mpirun starts the processes" "$WORK/bad.out" || { cat "$WORK/bad.out"; fail "no message for mpi"; }
