@@ -81,7 +81,9 @@ typedef struct ca_zero {
     ca_tensor *gflat;            /* [world * shard] local gradients; stage 2: only from backward to step */
     ca_tensor *gshard;           /* [shard] the averaged gradient of this rank's shard */
     ca_tensor *view;             /* a [shard] tensor whose .grad is gshard: what unscale and clipping see */
-    ca_tensor *s1, *s2;          /* optimizer state of the shard (exp_avg / momentum, exp_avg_sq) */
+    ca_tensor *s1, *s2;          /* optimizer state of the shard (exp_avg / momentum, exp_avg_sq); on the
+                                  * CPU device under offload */
+    float *hp, *hg;              /* offload: host (pinned) copies of the shard's parameters and gradient */
     int nsegs;
     ca_zero_seg *segs;
     bool reduced;                /* gshard holds this step's gradient */
@@ -214,6 +216,15 @@ void ca_zero3_release_all(ca_accelerator *acc);
 ca_status ca_zero3_summon(ca_accelerator *acc, bool on);
 void ca_zero3_free(ca_accelerator *acc);
 
+/* zero_offload.c: the optimizer state and update of the shard in host memory (offload_optimizer,
+ * fsdp_offload_params). wanted: offload asked and the device is not host memory (or
+ * CACCEL_OFFLOAD_ON_CPU=1). init: the host buffers; fetch: parameters and gradient of the shard to
+ * them; store: the updated parameters back; free: the buffers. */
+bool ca_zero_offload_wanted(const ca_accelerator *acc);
+ca_status ca_zero_offload_init(ca_accelerator *acc);
+ca_status ca_zero_offload_fetch(ca_accelerator *acc);
+ca_status ca_zero_offload_store(ca_accelerator *acc);
+void ca_zero_offload_free(ca_accelerator *acc);
 /* zero_state.c: sharded state dicts (fsdp_state_dict_type SHARDED_STATE_DICT). */
 /* This rank's zero_shard_<rank>.safetensors (parameter and optimizer-state shard); rank 0 the index. */
 ca_status ca_zero_save_shard(ca_accelerator *acc, const char *dir);

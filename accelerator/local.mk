@@ -7,6 +7,7 @@ libcaccel_la_SOURCES += \
 	accelerator/zero.c \
 	accelerator/zero3.c \
 	accelerator/zero_config.c \
+	accelerator/zero_offload.c \
 	accelerator/zero_state.c \
 	accelerator/determinism.c \
 	accelerator/checkpoint_impl.h \

@@ -141,8 +141,14 @@ ca_status ca_zero_add_optimizer(ca_accelerator *acc, ca_optimizer *o) {
     }
     bool need1 = o->kind == CA_OPTIM_ADAMW;
     for (int g = 0; g < o->ngroups; g++) need1 = need1 || o->groups[g].sgd.momentum != 0;
-    if (need1 && !z->s1 && !(z->s1 = ca_zero_persistent_zeros(acc->device, z->shard))) return oom();
-    if (o->kind == CA_OPTIM_ADAMW && !z->s2 && !(z->s2 = ca_zero_persistent_zeros(acc->device, z->shard))) return oom();
+    bool off = ca_zero_offload_wanted(acc);
+    ca_device *sd = off ? ca_cpu_device() : acc->device;   /* where the state lives */
+    if (need1 && !z->s1 && !(z->s1 = ca_zero_persistent_zeros(sd, z->shard))) return oom();
+    if (o->kind == CA_OPTIM_ADAMW && !z->s2 && !(z->s2 = ca_zero_persistent_zeros(sd, z->shard))) return oom();
+    if (off) {
+        ca_status s = ca_zero_offload_init(acc);
+        if (s != CA_OK) return s;
+    }
     drop_full_state(o);
     return CA_OK;
 }
@@ -190,6 +196,7 @@ ca_status ca_zero_reduce(ca_accelerator *acc) {
 static ca_status update_group(ca_accelerator *acc, ca_optimizer *o, int g) {
     enum { MAXN = 256 };
     ca_zero *z = &acc->zero;
+    ca_device *dev = z->hp ? ca_cpu_device() : acc->device;   /* offload: the host updates */
     const ca_optim_group *gr = &o->groups[g];
     void *p[MAXN], *s1[MAXN], *s2[MAXN];
     const void *gd[MAXN];
@@ -199,8 +206,13 @@ static ca_status update_group(ca_accelerator *acc, ca_optimizer *o, int g) {
         if (i < z->nsegs) {
             const ca_zero_seg *sg = &z->segs[i];
             if (sg->opt != o || sg->group != g) continue;
-            p[k] = z->pshard ? ca_zero_fptr(z->pshard, sg->soff) : ca_zero_fptr(sg->param, sg->poff);
-            gd[k] = ca_zero_fptr(z->gshard, sg->soff);
+            if (z->hp) {   /* offload: the host copies */
+                p[k] = z->hp + sg->soff;
+                gd[k] = z->hg + sg->soff;
+            } else {
+                p[k] = z->pshard ? ca_zero_fptr(z->pshard, sg->soff) : ca_zero_fptr(sg->param, sg->poff);
+                gd[k] = ca_zero_fptr(z->gshard, sg->soff);
+            }
             s1[k] = z->s1 ? ca_zero_fptr(z->s1, sg->soff) : NULL;
             s2[k] = z->s2 ? ca_zero_fptr(z->s2, sg->soff) : NULL;
             numel[k++] = sg->n;
@@ -218,14 +230,14 @@ static ca_status update_group(ca_accelerator *acc, ca_optimizer *o, int g) {
                 .bias_correction1 = (float)(1.0 - pow(gr->adamw.beta1, t)),
                 .bias_correction2 = (float)(1.0 - pow(gr->adamw.beta2, t)), .grad_scale = 1.0f,
             };
-            s = CA_KCALL(acc->device, adamw, &tl, &a);
+            s = CA_KCALL(dev, adamw, &tl, &a);
         } else {
             ca_sgd_args a = {
                 .lr = (float)gr->lr, .momentum = (float)gr->sgd.momentum, .dampening = (float)gr->sgd.dampening,
                 .weight_decay = (float)gr->sgd.weight_decay, .nesterov = gr->sgd.nesterov,
                 .first_step = o->steps == 0, .grad_scale = 1.0f,
             };
-            s = CA_KCALL(acc->device, sgd, &tl, &a);
+            s = CA_KCALL(dev, sgd, &tl, &a);
         }
         if (s != CA_OK) return s;
         k = 0;
@@ -261,8 +273,9 @@ ca_status ca_zero_step(ca_accelerator *acc, ca_optimizer *o) {
     if (!acc->zero.reduced)
         return ca_error(CA_ERR_STATE, "sharded data parallelism: the optimizer stepped without a synchronising "
                         "ca_backward before it (gradients live in shards reduced by ca_backward)");
-    ca_status s = CA_OK;
+    ca_status s = acc->zero.hp ? ca_zero_offload_fetch(acc) : CA_OK;
     for (int g = 0; s == CA_OK && g < o->ngroups; g++) s = update_group(acc, o, g);
+    if (s == CA_OK && acc->zero.hp) s = ca_zero_offload_store(acc);
     if (s == CA_OK && !acc->zero.pshard) s = gather_params(acc);
     for (int i = 0; s == CA_OK && acc->zero.pshard && i < acc->zero.nparams; i++) acc->zero.params[i]->version++;
     if (s == CA_OK && acc->zero.summoned) {   /* summoned parameters follow the update */
@@ -278,13 +291,23 @@ ca_status ca_zero_step(ca_accelerator *acc, ca_optimizer *o) {
 /* ------------------------------------------------------------------ full optimizer state */
 
 /* Every rank's shard of one state buffer into the optimizer's per-parameter tensors (or back). */
-static ca_status state_exchange(ca_accelerator *acc, ca_optimizer *o, ca_tensor *shard, int which, bool gather) {
+static ca_status state_exchange(ca_accelerator *acc, ca_optimizer *o, ca_tensor *host_or_dev, int which,
+                                bool gather) {
     ca_zero *z = &acc->zero;
     int64_t all = z->shard * acc->world;
-    ca_tensor *full = ca_zero_persistent_zeros(acc->device, all);
-    if (!full) return oom();
+    size_t bytes = (size_t)z->shard * sizeof(float);
+    /* an offloaded state lives in host memory: the collective runs on a device copy of it */
+    bool staged = ca_tensor_device(host_or_dev) != acc->device;
+    ca_tensor *shard = staged ? ca_zero_persistent_zeros(acc->device, z->shard) : host_or_dev;
+    ca_tensor *full = shard ? ca_zero_persistent_zeros(acc->device, all) : NULL;
+    if (!full) {
+        if (staged) ca_tensor_free(shard);
+        return oom();
+    }
     ca_status s = CA_OK;
-    if (gather) s = ca_comm_all_gather(acc->comm, ca_tptr(shard), ca_tptr(full), (size_t)z->shard, CA_F32, NULL);
+    if (staged && gather) s = ca_device_copy_from_host(acc->device, ca_tptr(shard), ca_tptr(host_or_dev), bytes);
+    if (s == CA_OK && gather)
+        s = ca_comm_all_gather(acc->comm, ca_tptr(shard), ca_tptr(full), (size_t)z->shard, CA_F32, NULL);
     for (int i = 0; s == CA_OK && i < z->nparams; i++) {
         int g = group_of(o, z->params[i]);
         if (g < 0) continue;
@@ -297,6 +320,8 @@ static ca_status state_exchange(ca_accelerator *acc, ca_optimizer *o, ca_tensor 
                    : ca_zero_copy_f32(acc->device, ca_zero_fptr(st, 0), ca_zero_fptr(full, z->off[i]), st->numel);
     }
     if (s == CA_OK && !gather) s = ca_zero_copy_f32(acc->device, ca_zero_fptr(full, acc->rank * z->shard), ca_zero_fptr(shard, 0), z->shard);
+    if (s == CA_OK && staged && !gather) s = ca_device_copy_to_host(acc->device, ca_tptr(host_or_dev), ca_tptr(shard), bytes);
+    if (staged) ca_tensor_free(shard);
     ca_tensor_free(full);
     return s;
 }
@@ -332,6 +357,7 @@ void ca_zero_free(ca_accelerator *acc) {
     ca_tensor_free(z->view);
     ca_tensor_free(z->s1);
     ca_tensor_free(z->s2);
+    ca_zero_offload_free(acc);
     free(z->params);
     free(z->off);
     free(z->segs);

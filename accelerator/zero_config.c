@@ -297,11 +297,15 @@ ca_status ca_zero_configure(ca_accelerator *acc) {
     if (z->stage && acc->st.deterministic)
         return ca_error(CA_ERR_UNSUPPORTED, "deterministic mode with sharded data parallelism (stage %d from %s) is "
                         "not implemented", z->asked, z->origin);
-    if (acc->rank <= 0 && z->offload && acc->device == ca_cpu_device())
+    if (acc->rank > 0 || !z->offload) return CA_OK;
+    if (ca_zero_offload_wanted(acc))
+        ca_log_printf(CA_LOG_INFO, "offload to the CPU (%s): the optimizer state of each rank's shard and its "
+                      "update in host memory, the parameters and gradients on %s", z->origin,
+                      ca_device_name(acc->device));
+    else if (z->stage == 0)
+        ca_log_printf(CA_LOG_WARNING, "offload to the CPU (%s) has no effect without sharding (stage 0)", z->origin);
+    else
         ca_log_printf(CA_LOG_INFO, "offload to the CPU (%s): a no-op on the CPU backend, where parameters and "
                       "optimizer state already live in host memory", z->origin);
-    else if (acc->rank <= 0 && z->offload)
-        ca_log_printf(CA_LOG_WARNING, "offload to the CPU (%s) is not implemented on %s: parameters and optimizer "
-                      "state stay in device memory", z->origin, ca_device_name(acc->device));
     return CA_OK;
 }

@@ -281,4 +281,27 @@ t0=$(date +%s)
 sfm 3 --max-steps 20 --checkpoint_dir "$WORK/ck3" --resume > "$WORK/o" && fail "a 2-shard checkpoint loaded on 3 processes"
 grep -q 'was saved as 2 shards, this run has 3 processes' "$WORK/o" || { cat "$WORK/o"; fail "the error does not name both world sizes"; }
 [ $(($(date +%s) - t0)) -lt 60 ] || fail "the error took more than 60 s"
+
+# Offload moves the optimizer state and the update of each rank's shard to host memory; on a GPU the
+# shard's parameters and gradient cross to pinned buffers and back each step. CACCEL_OFFLOAD_ON_CPU=1
+# runs that path on the CPU backend (the copies between two host buffers), so it is checked here: the
+# same kernels on the same numbers, so the same parameters bit for bit.
+note "offload (DeepSpeed offload_optimizer_device cpu, FSDP fsdp_offload_params; run on the CPU by CACCEL_OFFLOAD_ON_CPU=1): stages 1, 2 and 3 give the parameters of no offload, bit for bit; full and sharded state dicts save and resume through it"
+for st in 1 2 3; do
+    zlaunch 2 "$be" $st "$FM" --batch-size 128 --epochs 1 --max-steps 15 --dump-params "$WORK/no.bin" > "$WORK/o" || { cat "$WORK/o"; fail "stage $st without offload"; }
+    CACCEL_OFFLOAD_ON_CPU=1 ACCELERATE_DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE=cpu FSDP_OFFLOAD_PARAMS=true \
+        zlaunch 2 "$be" $st "$FM" --batch-size 128 --epochs 1 --max-steps 15 --dump-params "$WORK/off.bin" > "$WORK/o" || { cat "$WORK/o"; fail "stage $st with offload"; }
+    count 1 "offload to the CPU .*: the optimizer state of each rank's shard and its update in host memory" "$WORK/o"
+    cmp "$WORK/no.bin" "$WORK/off.bin" || fail "stage $st: offload changed the parameters"
+done
+export CACCEL_OFFLOAD_ON_CPU=1 ACCELERATE_DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE=cpu FSDP_OFFLOAD_PARAMS=true
+rm -rf "$WORK/ck"
+zfm --max-steps 10 --checkpointing_steps 10 --checkpoint_dir "$WORK/ck" > "$WORK/o" || { cat "$WORK/o"; fail "offload: first 10 steps"; }
+zfm --max-steps 20 --checkpoint_dir "$WORK/ck" --resume --dump-params "$WORK/res8.bin" > "$WORK/o" || { cat "$WORK/o"; fail "offload: resume"; }
+cmp "$WORK/full.bin" "$WORK/res8.bin" || fail "offload: resumed (full state dict) differs from the uninterrupted run"
+rm -rf "$WORK/ck"
+s3fm --max-steps 10 --checkpointing_steps 10 --checkpoint_dir "$WORK/ck" > "$WORK/o" || { cat "$WORK/o"; fail "offload: stage 3 sharded save"; }
+s3fm --max-steps 20 --checkpoint_dir "$WORK/ck" --resume --dump-params "$WORK/res9.bin" > "$WORK/o" || { cat "$WORK/o"; fail "offload: stage 3 sharded resume"; }
+same "$WORK/full.bin" "$WORK/res9.bin"
+unset CACCEL_OFFLOAD_ON_CPU ACCELERATE_DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE FSDP_OFFLOAD_PARAMS
 echo "ok"
