@@ -39,6 +39,17 @@ static double gemm_step_seconds(int B, int reps) {
     return total / reps;
 }
 
+/* How the CPU backend runs bf16 GEMMs, from the device's description ("bf16 GEMM through oneDNN (ISA
+ * avx512_core_bf16: ...)" or "bf16 GEMM converts to f32 (...)"), as one word: onednn-<isa> or convert. */
+static void bf16_gemm_path(ca_device *dev, char *out, size_t len) {
+    const char *d = strstr(ca_device_description(dev), "bf16 GEMM ");
+    const char *isa = d ? strstr(d, "ISA ") : NULL;
+    if (!d) snprintf(out, len, "none");
+    else if (!strstr(d, "through oneDNN")) snprintf(out, len, "convert");
+    else if (!isa) snprintf(out, len, "onednn");
+    else snprintf(out, len, "onednn-%.*s", (int)strcspn(isa + 4, ":) ;"), isa + 4);
+}
+
 /* "on" unless CACCEL_CPU_FLUSH_DENORMAL turns subnormal flushing off. */
 static const char *flush_setting(void) {
     const char *v = getenv("CACCEL_CPU_FLUSH_DENORMAL");
@@ -112,16 +123,18 @@ int main(int argc, char **argv) {
         getrusage(RUSAGE_SELF, &ru);
         double acc_pct = accuracy(m, xte, yte);
         double opt_s = t_opt / (double)steps;
+        char bf16[64];
+        bf16_gemm_path(dev, bf16, sizeof bf16);
         if (R == 0)
         printf("impl=caccel procs=%lld precision=%s batch=%d threads=%d samples_per_s=%.0f step_us=%.1f gemm_us=%.1f "
                "step_over_gemm=%.3f pct_of_bound=%.1f bound_samples_per_s=%.0f accuracy=%.2f peak_rss_mib=%.1f "
                "step_mem_mib=%.2f fwd_us=%.1f bwd_us=%.1f opt_us=%.1f other_us=%.1f blas_core=%s kernels=%s "
-               "flush_denormal=%s\n",
+               "flush_denormal=%s bf16_gemm=%s\n",
                (long long)W, precision, B, openblas_get_num_threads(), (double)seen / secs,
                step_s * 1e6, gemm_s * 1e6, step_s / gemm_s, 100.0 * gemm_s / step_s, (double)(B * W) / gemm_s,
                acc_pct, ru.ru_maxrss / 1024.0, (double)(m1.peak_allocated - m0.allocated) / (1 << 20),
                t_fwd / (double)steps * 1e6, t_bwd / (double)steps * 1e6, opt_s * 1e6,
-               (step_s - gemm_s - opt_s) * 1e6, openblas_get_corename(), bench_kernel_set(), flush_setting());
+               (step_s - gemm_s - opt_s) * 1e6, openblas_get_corename(), bench_kernel_set(), flush_setting(), bf16);
         fflush(stdout);
         ca_optimizer_destroy(opt);
         ca_module_destroy(m);

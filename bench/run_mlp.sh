@@ -49,6 +49,10 @@ if first:
     print(f"# caccel: OpenBLAS core {first['blas_core']}, kernels {first['kernels']}, "
           f"subnormal flushing {first['flush_denormal']}; % bound = GEMM-only bound / step, "
           f"the bound measured by bench_mlp in each run (median)")
+bf = next((r for r in rows if r["impl"] == "caccel" and r["precision"] == "bf16" and "bf16_gemm" in r), None)
+if bf:
+    print(f"# caccel bf16 rows: GEMM {bf['bf16_gemm']} (onednn-avx512_core_amx: AMX tiles; "
+          f"onednn-avx512_core_bf16: AVX512_BF16; convert: bf16 widened to f32 for OpenBLAS)")
 print(f"{'prec':>4} {'thr':>3} {'batch':>5} | {'caccel samples/s':>16} {'% bound':>7} {'opt us':>6} {'other us':>8}"
       f" {'acc %':>6} {'RSS MiB':>7} {'step MiB':>8} | {'torch samples/s':>15} {'% bound':>7} {'acc %':>6}"
       f" {'RSS MiB':>7} | {'caccel/torch':>12} (n)")

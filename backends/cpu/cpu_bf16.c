@@ -39,6 +39,16 @@ static bool cpu_has_bf16(void) {
 #endif
 }
 
+/* The instruction set oneDNN dispatches its kernels for (dnnl_get_effective_cpu_isa): its cpu_isa flags
+ * build up bit by bit, 0xe7 avx512_core_bf16 and 0x3e7 avx512_core_amx (the AMX bits 0x300; checked
+ * against oneDNN 2.6 with ONEDNN_MAX_CPU_ISA), so that a bf16 run can say which it used. */
+static const char *isa_name(int isa) {
+    if ((isa & 0x3e7) == 0x3e7) return "ISA avx512_core_amx: AMX";
+    if ((isa & 0xe7) == 0xe7) return "ISA avx512_core_bf16: AVX512_BF16";
+    if ((isa & 0x27) == 0x27) return "ISA avx512_core: no bf16 instructions";
+    return "ISA below AVX-512: no bf16 instructions";
+}
+
 static void load(void) {
 #if defined(__SANITIZE_ADDRESS__)
     /* LeakSanitizer's exit-time scan cannot stop oneDNN's OpenMP threads and crashes */
@@ -70,7 +80,9 @@ static void load(void) {
     /* oneDNN threads with OpenMP: give it the BLAS thread count */
     if (omp_set_threads) omp_set_threads(openblas_get_num_threads());
     atomic_store(&loaded, true);
-    snprintf(why, sizeof why, "bf16 GEMM through oneDNN%s", forced ? " (CACCEL_CPU_BF16_GEMM=onednn)" : "");
+    int (*get_isa)(void) = (int (*)(void))(uintptr_t)dlsym(h, "dnnl_get_effective_cpu_isa");
+    snprintf(why, sizeof why, "bf16 GEMM through oneDNN (%s)%s", get_isa ? isa_name(get_isa()) : "ISA unknown",
+             forced ? " (CACCEL_CPU_BF16_GEMM=onednn)" : "");
 }
 
 void cpu_bf16_set_threads(int n) {
