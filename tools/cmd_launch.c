@@ -364,10 +364,11 @@ static int start_store(launch *L) {
     return 0;
 }
 
-/* The launcher's own client: machines report failures and completion through the store. */
-static int connect_store(launch *L) {
+/* The launcher's own client: machines report failures and completion through the store. Connecting
+ * retries a refused connection for timeout_ms (machine 0's store may not be up yet). */
+static int connect_store(launch *L, int64_t timeout_ms) {
     const char *host = L->machine_rank == 0 ? "127.0.0.1" : L->master_addr;
-    if (ca_store_client_connect(host, L->port, L->token, L->timeout_ms, &L->client) != CA_OK)
+    if (ca_store_client_connect(host, L->port, L->token, timeout_ms, &L->client) != CA_OK)
         return ca_cli_fail("launch");
     ca_store_client_set_io_timeout(L->client, STORE_IO_MS);
     return 0;
@@ -923,7 +924,7 @@ static int fresh_store(launch *L) {
     L->server = NULL;
     L->port_given = true;   /* the same port where it is free */
     int rc = start_store(L);
-    if (rc == 0) rc = connect_store(L);
+    if (rc == 0) rc = connect_store(L, L->timeout_ms);
     char num[32];
     snprintf(num, sizeof num, "%d", L->port);
     setenv("MASTER_PORT", num, 1);
@@ -940,11 +941,7 @@ static int rejoin_store(launch *L, const char *gen_key, int64_t deadline) {
         if (left <= 0)
             return fail_msg("restart %d: machine 0's new rendezvous store at %s:%d did not come up within %d s",
                             L->restart_count, L->master_addr, L->port, grace_s() + 30);
-        if (ca_store_client_connect(L->master_addr, L->port, L->token, left, &L->client) != CA_OK) {
-            fprintf(stderr, "caccel launch: restart %d: %s\n", L->restart_count, ca_last_error());
-            return 1;
-        }
-        ca_store_client_set_io_timeout(L->client, STORE_IO_MS);
+        if (connect_store(L, left) != 0) return 1;
         ca_store_ref s = ca_store_client_ref(L->client);
         if (s.ops->check(s.store, gen_key) == CA_OK) return 0;
         ca_clear_error();
@@ -1154,7 +1151,7 @@ static int maybe_mpirun(launch *L, ca_config *cfg) {
 static int run_local(launch *L, ca_config *cfg, const ca_settings *st) {
     int rc = resolve_token(L);
     if (rc == 0) rc = start_store(L);
-    if (rc == 0) rc = connect_store(L);
+    if (rc == 0) rc = connect_store(L, L->timeout_ms);
     if (rc == 0) rc = setup_env(L, cfg, st);
     if (rc != 0) {
         ca_store_client_close(L->client);
