@@ -621,7 +621,8 @@ static ca_status comm_start(ca_comm *c, const ca_comm_options *o) {
     ca_status s = CA_OK;
     if (o->store.ops && o->world_size > 1) {
         c->store = o->store;
-        if ((s = number_comm(c)) != CA_OK) return s;
+        /* a split's child comes with its prefix, derived from its parent's */
+        if (!c->prefix[0] && (s = number_comm(c)) != CA_OK) return s;
     }
     char bprefix[128];
     snprintf(bprefix, sizeof bprefix, "%s/%s", c->prefix[0] ? c->prefix : "caccel/single", o->backend);
@@ -787,4 +788,79 @@ ca_status ca_comm_create_from_env(const ca_procenv *pe, const char *backend, ca_
         return ca_comm_create_owning(&o, cl, srv, out);
     }
     return ca_comm_create(&o, out);
+}
+
+/* ------------------------------------------------------------------ split */
+
+/* Every rank's (color, key), gathered over the parent in its device's memory. */
+static ca_status gather_colors(ca_comm *p, int color, int key, int32_t *all) {
+    int32_t mine[2] = { color, key };
+    size_t n = (size_t)p->world * sizeof mine;
+    void *d = NULL;  /* the gathered records, then this rank's own (not in place: no aliasing rules) */
+    ca_status s = ca_device_alloc(p->device, n + sizeof mine, &d);
+    char *send = (char *)d + n;
+    if (s == CA_OK) s = ca_device_copy_from_host(p->device, send, mine, sizeof mine);
+    if (s == CA_OK) s = ca_comm_all_gather(p, send, d, 2, CA_I32, NULL);
+    if (s == CA_OK) s = ca_device_copy_to_host(p->device, all, d, n);
+    if (d) ca_device_free(p->device, d);
+    if (s != CA_OK) return ca_error_context("ca_comm_split: gathering colors (rank %d of %s)", p->rank, p->prefix);
+    return CA_OK;
+}
+
+/* Whether parent rank a comes before parent rank b in their group: by key, then parent rank. */
+static bool split_before(const int32_t *all, int a, int b) {
+    return all[2 * a + 1] != all[2 * b + 1] ? all[2 * a + 1] < all[2 * b + 1] : a < b;
+}
+
+/* This rank's place in its group: rank and size, and the same among the members on its machine
+ * (machine = parent rank / parent local world size, the launcher's layout). */
+static void split_place(const ca_comm *p, const int32_t *all, ca_comm_options *o) {
+    int me = p->rank, lw = p->local_world > 0 ? p->local_world : p->world;
+    for (int r = 0; r < p->world; r++) {
+        if (all[2 * r] != all[2 * me]) continue;
+        bool before = split_before(all, r, me);
+        o->world_size++;
+        o->rank += before;
+        if (r / lw == me / lw) {
+            o->local_world_size++;
+            o->local_rank += before;
+        }
+    }
+}
+
+ca_status ca_comm_split(ca_comm *parent, int color, int key, ca_comm **out) {
+    if (!out) return ca_error(CA_ERR_INVALID, "ca_comm_split: NULL output");
+    *out = NULL;
+    if (!parent) return ca_error(CA_ERR_INVALID, "ca_comm_split: NULL parent communicator");
+    if (strcmp(parent->backend, "mpi") == 0)
+        return ca_error(CA_ERR_UNSUPPORTED, "ca_comm_split on backend mpi is not implemented (rank %d of %s)",
+                        parent->rank, parent->prefix);
+    int32_t *all = calloc((size_t)parent->world * 2, sizeof *all);
+    if (!all) return ca_error(CA_ERR_NOMEM, "out of memory splitting communicator %s", parent->prefix);
+    ca_status s = gather_colors(parent, color, key, all);
+    unsigned n = parent->nsplits++;  /* every parent rank counts every split, so the numbers agree */
+    ca_comm_options o = { .device = parent->device, .timeout_ms = parent->timeout_ms, .debug = parent->debug };
+    if (s == CA_OK && color >= 0) split_place(parent, all, &o);
+    free(all);
+    if (s != CA_OK || color < 0) return s;  /* a negative color joins no group */
+    o.backend = o.world_size == 1 ? "single" : parent->backend;
+    o.store = o.world_size == 1 ? (ca_store_ref){ 0 } : parent->store;
+    const ca_collective_ops *ops = NULL;
+    bool staged = false;
+    if ((s = choose_backend(&o, parent->device, &ops, &staged)) != CA_OK) return s;
+    ca_comm *c = calloc(1, sizeof *c);
+    if (!c) return ca_error(CA_ERR_NOMEM, "out of memory splitting communicator %s", parent->prefix);
+    comm_init_fields(c, &o, ops, parent->device, staged);
+    /* distinct from the parent's keys, from every other split of it and from the other colors */
+    snprintf(c->prefix, sizeof c->prefix, "%s/s%u/g%d", parent->prefix[0] ? parent->prefix : "caccel/single", n,
+             color);
+    s = check_slots(c);
+    if (s == CA_OK) s = comm_start(c, &o);
+    if (s != CA_OK) {
+        ca_comm_destroy(c);
+        return ca_error_context("ca_comm_split: color %d, key %d (rank %d of %s)", color, key, parent->rank,
+                                parent->prefix);
+    }
+    *out = c;
+    return CA_OK;
 }

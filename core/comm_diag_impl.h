@@ -88,6 +88,7 @@ struct ca_comm {
     ca_store_client *own_client;
     ca_store_server *own_server;
     char prefix[96];
+    unsigned nsplits;          /* ca_comm_split calls so far: numbers the children's key prefixes */
     bool launch_notes;         /* the store is caccel launch's: leave it a note on failure */
 
     pthread_mutex_t mu;        /* the record below */

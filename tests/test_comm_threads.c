@@ -112,6 +112,30 @@ static void correctness(rank_ctx *r, ca_comm *c) {
     }
 }
 
+/* Colors by parity, keys reversed: each group of two orders its ranks backwards, sums only its own
+ * members, and the parent still works afterwards. */
+static void split(rank_ctx *r, ca_comm *c) {
+    ca_comm *g = NULL;
+    if (record(r, ca_comm_split(c, r->rank % 2, r->world - r->rank, &g))) return;
+    int want_rank = 0, want_size = 0;
+    float want_sum = 0.0f;
+    for (int q = r->rank % 2; q < r->world; q += 2) {
+        want_size++;
+        want_rank += q > r->rank;
+        want_sum += (float)(q + 1);
+    }
+    float v = (float)(r->rank + 1), all = 1.0f;
+    if (!record(r, ca_comm_all_reduce(g, &v, &v, 1, CA_F32, CA_OP_SUM, NULL)))
+        record(r, ca_comm_all_reduce(c, &all, &all, 1, CA_F32, CA_OP_SUM, NULL));
+    if (r->status == CA_OK && (ca_comm_rank(g) != want_rank || ca_comm_size(g) != want_size || v != want_sum ||
+                               all != (float)r->world)) {
+        r->bad = 1;
+        snprintf(r->msg, sizeof r->msg, "group rank %d of %d (want %d of %d), group sum %g (want %g), parent sum %g",
+                 ca_comm_rank(g), ca_comm_size(g), want_rank, want_size, (double)v, (double)want_sum, (double)all);
+    }
+    ca_comm_destroy(g);
+}
+
 static void *rank_main(void *arg) {
     rank_ctx *r = arg;
     ca_store_client *cl = NULL;
@@ -129,6 +153,8 @@ static void *rank_main(void *arg) {
     double t0 = now_s();
     if (strcmp(r->scenario, "correctness") == 0) {
         correctness(r, c);
+    } else if (strcmp(r->scenario, "split") == 0) {
+        split(r, c);
     } else if (strcmp(r->scenario, "desync") == 0) {
         record(r, ca_comm_all_reduce(c, v, v, 16, CA_F32, CA_OP_SUM, NULL));
         t0 = now_s();
@@ -179,6 +205,17 @@ static void test_collectives(void **state) {
     }
 }
 
+static void test_split(void **state) {
+    (void)state;
+    for (int world = 3; world <= MAXR; world++) {
+        rank_ctx r[MAXR];
+        run("split", world, 30000, r);
+        for (int i = 0; i < world; i++)
+            if (r[i].status != CA_OK || r[i].bad)
+                fail_msg("split of %d, rank %d: %s (%s)", world, i, r[i].msg, ca_status_name(r[i].status));
+    }
+}
+
 /* Every rank fails within seconds (not after the 60 s timeout) and says what was mismatched. */
 static void test_desync_fails_fast_everywhere(void **state) {
     (void)state;
@@ -220,6 +257,7 @@ int main(void) {
     }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_collectives),
+        cmocka_unit_test(test_split),
         cmocka_unit_test(test_desync_fails_fast_everywhere),
         cmocka_unit_test(test_timeout_names_late_rank),
     };

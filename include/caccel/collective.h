@@ -42,6 +42,17 @@ CA_API int64_t ca_comm_timeout_ms(const ca_comm *c);
  * reduce-scatter of a per-rank part of S bytes (N-1) * S, a broadcast S; 0 on one rank. */
 CA_API uint64_t ca_comm_bytes(const ca_comm *c);
 
+/* Splits `parent` as MPI_Comm_split does. Collective over the parent: every rank of it calls this,
+ * in the same order relative to its other collectives, from the thread that uses the parent. Ranks
+ * with the same color form one new communicator, ranked by key, ties by parent rank; a negative
+ * color joins none (*out = NULL, CA_OK). The child keeps the parent's backend, device, timeout and
+ * debug checks, rendezvouses through the parent's store under its own key prefix, and is owned by
+ * the caller (ca_comm_destroy it before the parent's store goes away); a group of one is a
+ * "single" communicator. Errors: those of the gathering collective on the parent, CA_ERR_TIMEOUT
+ * (a member did not join, named by its rank in the group), CA_ERR_UNSUPPORTED on backend mpi (not
+ * implemented yet). Messages name this rank and the parent's key prefix. */
+CA_API ca_status ca_comm_split(ca_comm *parent, int color, int key, ca_comm **out);
+
 /* Collectives. `work` NULL: blocking (waits with the communicator's timeout);
  * otherwise *work receives a handle to wait on. A timeout fails with
  * CA_ERR_TIMEOUT naming the operation, its sequence number and the ranks that
