@@ -954,6 +954,7 @@ static const ca_collective_ops gloo_ops = {
     gloo_work_wait,
     gloo_work_free,
     gloo_abort,
+    nullptr,   // split: the core builds a group's communicator over the store
 };
 
 static const ca_collective_ops *const gloo_list[] = { &gloo_ops };

@@ -206,6 +206,36 @@ cleanup:
     return CA_OK;
 }
 
+/* MPI_Comm_split of the parent: blocking, but the core calls it only once every rank of the parent
+ * has reached the split (its colors were gathered with a deadline), so no peer is missing. */
+static ca_status mpi_split(void *comm, int color, int key, const ca_comm_init_args *args, void **out) {
+    mpi_comm *p = comm;
+    *out = NULL;
+    ca_status st = CA_OK;
+    mpi_comm *c = calloc(1, sizeof *c);
+    if (!c) return ca_error(CA_ERR_NOMEM, "out of memory (backend mpi)");
+    c->comm = MPI_COMM_NULL;
+    pthread_mutex_lock(&g_mu);
+    CA_MPI_TRY(MPI_Comm_split(p->comm, color < 0 ? MPI_UNDEFINED : color, key, &c->comm), "MPI_Comm_split", NULL);
+    if (c->comm == MPI_COMM_NULL) goto cleanup;   /* this rank joins no group */
+    CA_MPI_TRY(MPI_Comm_set_errhandler(c->comm, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler", NULL);
+    CA_MPI_TRY(MPI_Comm_rank(c->comm, &c->rank), "MPI_Comm_rank", NULL);
+    CA_MPI_TRY(MPI_Comm_size(c->comm, &c->size), "MPI_Comm_size", NULL);
+    c->oversubscribed = p->oversubscribed;
+    if (c->rank != args->rank || c->size != args->world_size)
+        st = ca_error(CA_ERR_STATE, "MPI_Comm_split made rank %d of %d, the core expected rank %d of %d (backend mpi, "
+                      "color %d)", c->rank, c->size, args->rank, args->world_size, color);
+cleanup:
+    if ((st != CA_OK || color < 0) && c->comm != MPI_COMM_NULL) MPI_Comm_free(&c->comm);
+    pthread_mutex_unlock(&g_mu);
+    if (st != CA_OK || color < 0) {
+        free(c);
+        return st;
+    }
+    *out = c;
+    return CA_OK;
+}
+
 static void mpi_destroy(void *comm) {
     mpi_comm *c = comm;
     if (!c) return;
@@ -574,6 +604,7 @@ static const ca_collective_ops mpi_ops = {
     .work_wait = mpi_work_wait,
     .work_free = mpi_work_free,
     .abort = mpi_abort,
+    .split = mpi_split,
 };
 
 static const ca_collective_ops *const mpi_list[] = { &mpi_ops };

@@ -617,7 +617,13 @@ static ca_status check_slots(const ca_comm *c) {
 
 /* The backend's own communicator, over the store it was given or, without one, the store it
  * bootstraps; then the job's numbering, the rendezvous of every rank, and the watchdog. */
-static ca_status comm_start(ca_comm *c, const ca_comm_options *o) {
+/* A split's request to a backend that splits natively (its split slot). */
+typedef struct split_req {
+    void *parent;              /* the parent's backend communicator */
+    int color, key;
+} split_req;
+
+static ca_status comm_start(ca_comm *c, const ca_comm_options *o, const split_req *sp) {
     ca_status s = CA_OK;
     if (o->store.ops && o->world_size > 1) {
         c->store = o->store;
@@ -639,7 +645,7 @@ static ca_status comm_start(ca_comm *c, const ca_comm_options *o) {
         .device = ca_device_context(via),
         .prefix = bprefix,
     };
-    if (c->ops.init(&ia, &c->bc) != CA_OK)
+    if ((sp ? c->ops.split(sp->parent, sp->color, sp->key, &ia, &c->bc) : c->ops.init(&ia, &c->bc)) != CA_OK)
         return ca_error_context("creating a %s communicator (rank %d of %d)", o->backend, o->rank, o->world_size);
     if (o->world_size == 1) return CA_OK;
     if (!c->store.ops) {
@@ -706,7 +712,7 @@ static ca_status create_impl(const ca_comm_options *opts, ca_store_client *owned
     c->own_server = owned_server;
     comm_init_fields(c, &o, ops, dev, staged);
     s = check_slots(c);
-    if (s == CA_OK) s = comm_start(c, &o);
+    if (s == CA_OK) s = comm_start(c, &o, NULL);
     if (s != CA_OK) {
         ca_comm_destroy(c);
         return s;
@@ -832,9 +838,6 @@ ca_status ca_comm_split(ca_comm *parent, int color, int key, ca_comm **out) {
     if (!out) return ca_error(CA_ERR_INVALID, "ca_comm_split: NULL output");
     *out = NULL;
     if (!parent) return ca_error(CA_ERR_INVALID, "ca_comm_split: NULL parent communicator");
-    if (strcmp(parent->backend, "mpi") == 0)
-        return ca_error(CA_ERR_UNSUPPORTED, "ca_comm_split on backend mpi is not implemented (rank %d of %s)",
-                        parent->rank, parent->prefix);
     int32_t *all = calloc((size_t)parent->world * 2, sizeof *all);
     if (!all) return ca_error(CA_ERR_NOMEM, "out of memory splitting communicator %s", parent->prefix);
     ca_status s = gather_colors(parent, color, key, all);
@@ -842,9 +845,17 @@ ca_status ca_comm_split(ca_comm *parent, int color, int key, ca_comm **out) {
     ca_comm_options o = { .device = parent->device, .timeout_ms = parent->timeout_ms, .debug = parent->debug };
     if (s == CA_OK && color >= 0) split_place(parent, all, &o);
     free(all);
+    /* a backend that splits natively (MPI) needs every parent rank in its split, a group of one too */
+    split_req sp = { .parent = parent->bc, .color = color, .key = key };
+    bool native = parent->ops.split != NULL;
+    if (s == CA_OK && native && color < 0) {
+        void *none = NULL;
+        s = parent->ops.split(parent->bc, -1, key, NULL, &none);
+    }
     if (s != CA_OK || color < 0) return s;  /* a negative color joins no group */
-    o.backend = o.world_size == 1 ? "single" : parent->backend;
-    o.store = o.world_size == 1 ? (ca_store_ref){ 0 } : parent->store;
+    bool alone = o.world_size == 1 && !native;
+    o.backend = alone ? "single" : parent->backend;
+    o.store = alone ? (ca_store_ref){ 0 } : parent->store;
     const ca_collective_ops *ops = NULL;
     bool staged = false;
     if ((s = choose_backend(&o, parent->device, &ops, &staged)) != CA_OK) return s;
@@ -855,7 +866,7 @@ ca_status ca_comm_split(ca_comm *parent, int color, int key, ca_comm **out) {
     snprintf(c->prefix, sizeof c->prefix, "%s/s%u/g%d", parent->prefix[0] ? parent->prefix : "caccel/single", n,
              color);
     s = check_slots(c);
-    if (s == CA_OK) s = comm_start(c, &o);
+    if (s == CA_OK) s = comm_start(c, &o, native ? &sp : NULL);
     if (s != CA_OK) {
         ca_comm_destroy(c);
         return ca_error_context("ca_comm_split: color %d, key %d (rank %d of %s)", color, key, parent->rank,

@@ -411,6 +411,12 @@ typedef struct ca_collective_ops {
     void (*work_free)(ca_work_impl *work);
     /* Makes every pending and future call on comm fail promptly (after a timeout). */
     ca_status (*abort)(void *comm);
+    /* Optional (NULL: the core builds the group's communicator with init over the store, as
+     * Gloo's). Splits comm as MPI_Comm_split does: collective over every rank of comm, each in
+     * the same order relative to its other calls; ranks of one color form *out, ordered by key,
+     * then by rank in comm; color < 0 joins none (*out = NULL). args describe this rank in its
+     * group (ignored when color < 0). Called only after every rank of comm reached the split. */
+    ca_status (*split)(void *comm, int color, int key, const ca_comm_init_args *args, void **out);
 } ca_collective_ops;
 
 /* ------------------------------------------------------------------ plugins */

@@ -47,10 +47,12 @@ CA_API uint64_t ca_comm_bytes(const ca_comm *c);
  * with the same color form one new communicator, ranked by key, ties by parent rank; a negative
  * color joins none (*out = NULL, CA_OK). The child keeps the parent's backend, device, timeout and
  * debug checks, rendezvouses through the parent's store under its own key prefix, and is owned by
- * the caller (ca_comm_destroy it before the parent's store goes away); a group of one is a
- * "single" communicator. Errors: those of the gathering collective on the parent, CA_ERR_TIMEOUT
- * (a member did not join, named by its rank in the group), CA_ERR_UNSUPPORTED on backend mpi (not
- * implemented yet). Messages name this rank and the parent's key prefix. */
+ * the caller (ca_comm_destroy it before the parent's store goes away). On backend mpi the child is
+ * MPI_Comm_split of the parent's communicator (a group of one too); elsewhere the group's
+ * communicator is built over the store and a group of one is a "single" communicator. Errors:
+ * those of the gathering collective on the parent (which bounds the wait for a missing rank),
+ * CA_ERR_TIMEOUT (a member did not join, named by its rank in the group), the backend's failure to
+ * split. Messages name this rank and the parent's key prefix. */
 CA_API ca_status ca_comm_split(ca_comm *parent, int color, int key, ca_comm **out);
 
 /* Collectives. `work` NULL: blocking (waits with the communicator's timeout);

@@ -402,6 +402,36 @@ static int leave_mode(ca_comm *c, const opts *o) {
     return named ? o->fail_code : 1;
 }
 
+/* Colors by parity (the last rank of an odd world joins none), keys reversed: each group orders its
+ * ranks backwards and sums its own members only; then a second split (all in one group) and the
+ * parent still agree. As HYBRID_SHARD splits: within a machine, and across. */
+static int split_mode(ca_comm *c) {
+    int r = ca_comm_rank(c), w = ca_comm_size(c);
+    int color = (w % 2 && r == w - 1) ? -1 : r % 2;
+    ca_comm *g = NULL, *all = NULL;
+    if (ca_comm_split(c, color, w - r, &g) != CA_OK) return die(r, "ca_comm_split");
+    int want_rank = 0, want_size = 0;
+    float want = 0.0f;
+    for (int q = r % 2; color >= 0 && q < w - (w % 2); q += 2) {
+        want_size++;
+        want_rank += q > r;
+        want += (float)(q + 1);
+    }
+    float v = (float)(r + 1), one = 1.0f;
+    if (color < 0 ? g != NULL : !g) return die(r, "ca_comm_split: a group for a negative color, or none");
+    if (g && ca_comm_all_reduce(g, &v, &v, 1, CA_F32, CA_OP_SUM, NULL) != CA_OK) return die(r, "group all_reduce");
+    if (ca_comm_split(c, 7, r, &all) != CA_OK) return die(r, "second ca_comm_split");
+    if (ca_comm_all_reduce(all, &one, &one, 1, CA_F32, CA_OP_SUM, NULL) != CA_OK) return die(r, "all_reduce");
+    bool ok = one == (float)w && ca_comm_rank(all) == r &&
+              (!g || (ca_comm_rank(g) == want_rank && ca_comm_size(g) == want_size && v == want));
+    printf("comm_check: %s split rank %d: group rank %d of %d (want %d of %d), sum %g (want %g), whole %g\n",
+           ok ? "OK" : "FAILED", r, g ? ca_comm_rank(g) : -1, g ? ca_comm_size(g) : 0, want_rank, want_size,
+           (double)v, (double)want, (double)one);
+    ca_comm_destroy(g);
+    ca_comm_destroy(all);
+    return ok ? 0 : 1;
+}
+
 static double epoch_ms(void) {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
@@ -492,6 +522,7 @@ int main(int argc, char **argv) {
     int rc;
     if (strcmp(o.mode, "correctness") == 0) rc = correctness(c, &o);
     else if (strcmp(o.mode, "desync") == 0) rc = desync(c);
+    else if (strcmp(o.mode, "split") == 0) rc = split_mode(c);
     else if (strcmp(o.mode, "timeout") == 0) rc = timeout_mode(c, &o);
     else if (strcmp(o.mode, "exit") == 0) rc = exit_mode(c);
     else if (strcmp(o.mode, "exit1-mid") == 0 || strcmp(o.mode, "exit0-early") == 0 || strcmp(o.mode, "kill9") == 0) {

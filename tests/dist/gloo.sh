@@ -10,6 +10,12 @@ for np in 2 3 4; do
         --backend gloo >"$WORK/out" 2>&1 || { cat "$WORK/out"; fail "caccel launch -n $np failed"; }
     count "$np" "comm_check: OK rank .* backend gloo" "$WORK/out"
 done
+for np in 3 4; do
+    note "caccel launch --num_processes $np: ca_comm_split over gloo (by parity, keys reversed; odd worlds leave one out)"
+    timeout 600 "$CACCEL" launch -q --num_processes "$np" --main_process_port 0 "$CHECK" --tag "$TAG" \
+        --backend gloo --mode split >"$WORK/out" 2>&1 || { cat "$WORK/out"; fail "split -n $np failed"; }
+    count "$np" "comm_check: OK split rank" "$WORK/out"
+done
 note "the same over TCP sockets only (CACCEL_SHM=0): the path jobs across machines take"
 for np in 2 3; do
     CACCEL_SHM=0 timeout 600 "$CACCEL" launch -q --num_processes "$np" --main_process_port 0 "$CHECK" --tag "$TAG" \

@@ -7,6 +7,11 @@ for np in 2 3 4; do
     run_mpi "$np" "$CHECK" --tag "$TAG" >"$WORK/out" 2>&1 || { cat "$WORK/out"; fail "mpirun -np $np failed"; }
     count "$np" "comm_check: OK rank .* backend mpi" "$WORK/out"
 done
+for np in 3 4; do
+    note "mpirun -np $np: ca_comm_split (MPI_Comm_split; by parity, keys reversed; odd worlds leave one out)"
+    run_mpi "$np" "$CHECK" --tag "$TAG" --mode split >"$WORK/out" 2>&1 || { cat "$WORK/out"; fail "split -np $np failed"; }
+    count "$np" "comm_check: OK split rank" "$WORK/out"
+done
 note "mpirun -np 3: a barrier only rank 0 reaches"
 run_mpi 3 "$CHECK" --tag "$TAG" --mode desync --timeout-ms 60000 >"$WORK/out" 2>&1
 count 3 "comm_check: EXPECTED" "$WORK/out"
