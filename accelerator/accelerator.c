@@ -696,7 +696,8 @@ ca_status ca_clip_grad_norm(ca_accelerator *acc, double max_norm, double *total_
     if (s == CA_OK) s = for_grads(&gs, acc->device, sumsq_fn, &c);
     /* data parallel: gradients are already averaged, so every rank holds the same norm; sharded:
      * the norm of all shards is the square root of the sum over ranks of each shard's sum of squares */
-    if (s == CA_OK && sharded_grads(acc) && acc->world > 1) s = ca_reduce(acc, sq, CA_OP_SUM);
+    if (s == CA_OK && sharded_grads(acc) && acc->zero.world > 1)   /* over the shard group: replicas hold copies */
+        s = ca_comm_all_reduce(acc->zero.comm, ca_tptr(sq), ca_tptr(sq), 1, CA_F32, CA_OP_SUM, NULL);
     double v = 0;
     if (s == CA_OK) s = ca_tensor_item(sq, &v);
     double norm = sqrt(v);

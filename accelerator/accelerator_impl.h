@@ -87,6 +87,12 @@ typedef struct ca_zero {
     int nsegs;
     ca_zero_seg *segs;
     bool reduced;                /* gshard holds this step's gradient */
+    /* the shard group: every rank, or under HYBRID_SHARD the ranks of one machine (group_size) */
+    int group_size;              /* asked: 0 every rank; else the hybrid shard group's size */
+    ca_comm *comm;               /* the shard group (acc->comm, or own) */
+    ca_comm *own;                /* HYBRID_SHARD: the shard group, owned */
+    ca_comm *rep;                /* HYBRID_SHARD: the ranks holding the same shard on other machines, owned */
+    int rank, world;             /* this rank and the shard count, in the shard group */
     /* stage 3 */
     ca_tensor *pshard;           /* [shard] this rank's parameter values (the full ones are freed) */
     int nunits;
@@ -182,6 +188,7 @@ ca_status ca_zero_configure(ca_accelerator *acc);
 /* zero.c: sharded data parallelism. The helpers over flat f32 buffers are zero3.c's too: a float
  * pointer into a device tensor, a device copy of n floats, a zeroed buffer kept past scopes. */
 float *ca_zero_fptr(const ca_tensor *t, int64_t off);
+ca_status ca_zero_replicas_avg(ca_accelerator *acc, float *x, int64_t n);
 ca_status ca_zero_copy_f32(ca_device *d, const float *x, float *y, int64_t n);
 ca_tensor *ca_zero_persistent_zeros(ca_device *d, int64_t n);
 /* A kept contiguous view of base's storage at element off (relative to base). */

@@ -60,7 +60,7 @@ static void detach_grads(ca_accelerator *acc) {
 
 static ca_status build_segments(ca_accelerator *acc) {
     ca_zero *z = &acc->zero;
-    int64_t lo = acc->rank * z->shard, hi = lo + z->shard;
+    int64_t lo = z->rank * z->shard, hi = lo + z->shard;
     z->segs = calloc((size_t)z->nparams, sizeof *z->segs);
     if (!z->segs) return ca_error(CA_ERR_NOMEM, "out of host memory");
     for (int i = 0; i < z->nparams; i++) {
@@ -73,8 +73,38 @@ static ca_status build_segments(ca_accelerator *acc) {
     return CA_OK;
 }
 
+/* The shard group: every rank, or under HYBRID_SHARD groups of group_size consecutive ranks (a
+ * machine, as launchers place ranks) with a second split joining the ranks at the same place in each
+ * group, which hold the same shard and average their shard's gradient. */
+static ca_status build_groups(ca_accelerator *acc) {
+    ca_zero *z = &acc->zero;
+    z->comm = acc->comm;
+    z->rank = acc->rank;
+    z->world = acc->world;
+    int g = z->group_size;
+    if (g <= 0 || g >= acc->world) return CA_OK;
+    ca_status s = ca_comm_split(acc->comm, acc->rank / g, acc->rank, &z->own);
+    if (s == CA_OK) s = ca_comm_split(acc->comm, acc->rank % g, acc->rank, &z->rep);
+    if (s != CA_OK)
+        return ca_error_context("HYBRID_SHARD: forming the shard groups of %d processes (rank %d)", g, acc->rank);
+    z->comm = z->own;
+    z->rank = acc->rank % g;
+    z->world = g;
+    return CA_OK;
+}
+
+/* HYBRID_SHARD: the shard's gradient, averaged within the group, averaged over the replicas. */
+ca_status ca_zero_replicas_avg(ca_accelerator *acc, float *x, int64_t n) {
+    ca_zero *z = &acc->zero;
+    if (!z->rep || n <= 0) return CA_OK;
+    ca_status s = ca_comm_all_reduce(z->rep, x, x, (size_t)n, CA_F32, CA_OP_AVG, NULL);
+    return s == CA_OK ? CA_OK : ca_error_context("HYBRID_SHARD: averaging the shard's gradient over the replicas");
+}
+
 ca_status ca_zero_build(ca_accelerator *acc, ca_module *m) {
     ca_zero *z = &acc->zero;
+    ca_status s = build_groups(acc);
+    if (s != CA_OK) return s;
     z->nparams = ca_module_num_params(m);
     z->params = calloc((size_t)z->nparams + 1, sizeof *z->params);
     z->off = calloc((size_t)z->nparams + 1, sizeof *z->off);
@@ -88,15 +118,15 @@ ca_status ca_zero_build(ca_accelerator *acc, ca_module *m) {
         z->off[i] = z->numel;
         z->numel += p->numel;
     }
-    z->shard = (z->numel + acc->world - 1) / acc->world;
+    z->shard = (z->numel + z->world - 1) / z->world;
     if (z->shard < 1) z->shard = 1;
-    ca_status s = build_segments(acc);
+    s = build_segments(acc);
     if (s == CA_OK && z->stage == 3) s = ca_zero3_build(acc, m);
     if (s != CA_OK) return s;
     if (z->stage == 1) {   /* the full gradient lives on; the shard's gradient is a view of it */
-        z->gflat = ca_zero_persistent_zeros(acc->device, z->shard * acc->world);
+        z->gflat = ca_zero_persistent_zeros(acc->device, z->shard * z->world);
         if (!z->gflat || (s = attach_grads(acc)) != CA_OK) return z->gflat ? s : oom();
-        z->gshard = ca_zero_flat_view(z->gflat, 1, &z->shard, acc->rank * z->shard);
+        z->gshard = ca_zero_flat_view(z->gflat, 1, &z->shard, z->rank * z->shard);
     } else {
         z->gshard = ca_zero_persistent_zeros(acc->device, z->shard);
     }
@@ -108,7 +138,10 @@ ca_status ca_zero_build(ca_accelerator *acc, ca_module *m) {
     z->view->grad_defined = true;
     if (acc->rank == 0)
         ca_log_printf(CA_LOG_INFO, "sharded data parallelism: stage %d (%s), %lld parameters in %d shards of %lld",
-                      z->stage, z->origin, (long long)z->numel, acc->world, (long long)z->shard);
+                      z->stage, z->origin, (long long)z->numel, z->world, (long long)z->shard);
+    if (acc->rank == 0 && z->rep)
+        ca_log_printf(CA_LOG_INFO, "HYBRID_SHARD: shards within groups of %d processes, replicated %d times",
+                      z->world, acc->world / z->world);
     return CA_OK;
 }
 
@@ -161,7 +194,7 @@ ca_status ca_zero_before_backward(ca_accelerator *acc) {
         return CA_OK;
     }
     if (z->stage < 2 || z->gflat) return CA_OK;   /* accumulating: the flat gradient is there already */
-    z->gflat = ca_zero_persistent_zeros(acc->device, z->shard * acc->world);
+    z->gflat = ca_zero_persistent_zeros(acc->device, z->shard * z->world);
     return z->gflat ? attach_grads(acc) : oom();
 }
 
@@ -170,6 +203,7 @@ ca_status ca_zero_reduce(ca_accelerator *acc) {
     if (z->stage == 3) {
         ca_status s = ca_zero3_reduce(acc);
         ca_zero3_release_all(acc);   /* units some parameter's gradient never reached */
+        if (s == CA_OK) s = ca_zero_replicas_avg(acc, ca_zero_fptr(z->gshard, 0), z->shard);
         z->reduced = s == CA_OK;
         return s;
     }
@@ -181,11 +215,12 @@ ca_status ca_zero_reduce(ca_accelerator *acc) {
         if (s != CA_OK) return s;
         p->grad_defined = true;
     }
-    size_t n = (size_t)(z->shard * acc->world);
+    size_t n = (size_t)(z->shard * z->world);
     ca_status s = z->stage == 1
         ? ca_comm_all_reduce(acc->comm, ca_tptr(z->gflat), ca_tptr(z->gflat), n, CA_F32, CA_OP_AVG, NULL)
-        : ca_comm_reduce_scatter(acc->comm, ca_tptr(z->gflat), ca_tptr(z->gshard), (size_t)z->shard, CA_F32,
+        : ca_comm_reduce_scatter(z->comm, ca_tptr(z->gflat), ca_tptr(z->gshard), (size_t)z->shard, CA_F32,
                                  CA_OP_AVG, NULL);
+    if (s == CA_OK && z->stage == 2) s = ca_zero_replicas_avg(acc, ca_zero_fptr(z->gshard, 0), z->shard);
     if (s != CA_OK) return ca_error_context("sharded data parallelism: reducing the gradients (stage %d)", z->stage);
     if (z->stage >= 2) detach_grads(acc);
     z->reduced = true;
@@ -248,7 +283,7 @@ static ca_status update_group(ca_accelerator *acc, ca_optimizer *o, int g) {
 /* Every rank's updated shard to every rank: pack this rank's segments, all-gather, unpack. */
 static ca_status gather_params(ca_accelerator *acc) {
     ca_zero *z = &acc->zero;
-    int64_t all = z->shard * acc->world;
+    int64_t all = z->shard * z->world;
     /* kept, so that they are freed now and not with the caller's scope */
     ca_tensor *send = ca_zero_persistent_zeros(acc->device, z->shard);
     ca_tensor *full = send ? ca_zero_persistent_zeros(acc->device, all) : NULL;
@@ -259,7 +294,7 @@ static ca_status gather_params(ca_accelerator *acc) {
     ca_status s = CA_OK;
     for (int i = 0; s == CA_OK && i < z->nsegs; i++)
         s = ca_zero_copy_f32(acc->device, ca_zero_fptr(z->segs[i].param, z->segs[i].poff), ca_zero_fptr(send, z->segs[i].soff), z->segs[i].n);
-    if (s == CA_OK) s = ca_comm_all_gather(acc->comm, ca_tptr(send), ca_tptr(full), (size_t)z->shard, CA_F32, NULL);
+    if (s == CA_OK) s = ca_comm_all_gather(z->comm, ca_tptr(send), ca_tptr(full), (size_t)z->shard, CA_F32, NULL);
     for (int i = 0; s == CA_OK && i < z->nparams; i++) {
         s = ca_zero_copy_f32(acc->device, ca_zero_fptr(full, z->off[i]), ca_zero_fptr(z->params[i], 0), z->params[i]->numel);
         z->params[i]->version++;   /* low-precision copies are stale */
@@ -294,7 +329,7 @@ ca_status ca_zero_step(ca_accelerator *acc, ca_optimizer *o) {
 static ca_status state_exchange(ca_accelerator *acc, ca_optimizer *o, ca_tensor *host_or_dev, int which,
                                 bool gather) {
     ca_zero *z = &acc->zero;
-    int64_t all = z->shard * acc->world;
+    int64_t all = z->shard * z->world;
     size_t bytes = (size_t)z->shard * sizeof(float);
     /* an offloaded state lives in host memory: the collective runs on a device copy of it */
     bool staged = ca_tensor_device(host_or_dev) != acc->device;
@@ -307,7 +342,7 @@ static ca_status state_exchange(ca_accelerator *acc, ca_optimizer *o, ca_tensor 
     ca_status s = CA_OK;
     if (staged && gather) s = ca_device_copy_from_host(acc->device, ca_tptr(shard), ca_tptr(host_or_dev), bytes);
     if (s == CA_OK && gather)
-        s = ca_comm_all_gather(acc->comm, ca_tptr(shard), ca_tptr(full), (size_t)z->shard, CA_F32, NULL);
+        s = ca_comm_all_gather(z->comm, ca_tptr(shard), ca_tptr(full), (size_t)z->shard, CA_F32, NULL);
     for (int i = 0; s == CA_OK && i < z->nparams; i++) {
         int g = group_of(o, z->params[i]);
         if (g < 0) continue;
@@ -319,7 +354,7 @@ static ca_status state_exchange(ca_accelerator *acc, ca_optimizer *o, ca_tensor 
         s = gather ? ca_zero_copy_f32(acc->device, ca_zero_fptr(full, z->off[i]), ca_zero_fptr(st, 0), st->numel)
                    : ca_zero_copy_f32(acc->device, ca_zero_fptr(st, 0), ca_zero_fptr(full, z->off[i]), st->numel);
     }
-    if (s == CA_OK && !gather) s = ca_zero_copy_f32(acc->device, ca_zero_fptr(full, acc->rank * z->shard), ca_zero_fptr(shard, 0), z->shard);
+    if (s == CA_OK && !gather) s = ca_zero_copy_f32(acc->device, ca_zero_fptr(full, z->rank * z->shard), ca_zero_fptr(shard, 0), z->shard);
     if (s == CA_OK && staged && !gather) s = ca_device_copy_to_host(acc->device, ca_tptr(host_or_dev), ca_tptr(shard), bytes);
     if (staged) ca_tensor_free(shard);
     ca_tensor_free(full);
@@ -358,6 +393,10 @@ void ca_zero_free(ca_accelerator *acc) {
     ca_tensor_free(z->s1);
     ca_tensor_free(z->s2);
     ca_zero_offload_free(acc);
+    ca_comm_destroy(z->own);
+    ca_comm_destroy(z->rep);
+    z->own = z->rep = NULL;
+    z->comm = NULL;
     free(z->params);
     free(z->off);
     free(z->segs);

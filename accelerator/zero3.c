@@ -93,20 +93,20 @@ static ca_status gather_start(ca_zero_unit *u, bool ahead) {
     ca_accelerator *acc = u->acc;
     ca_zero *z = &acc->zero;
     /* by parts: [slice] -> [N * slice]; else one [numel] buffer, each rank's part at its place */
-    bool parts = u->by_part && acc->world > 1;
+    bool parts = u->by_part && acc->zero.world > 1;
     u->send = ca_zero_persistent_zeros(acc->device, u->by_part ? u->slice : u->numel);
-    u->recv = u->send && parts ? ca_zero_persistent_zeros(acc->device, u->slice * acc->world) : u->send;
+    u->recv = u->send && parts ? ca_zero_persistent_zeros(acc->device, u->slice * acc->zero.world) : u->send;
     u->pending = true;
     if (!u->recv) {
         oom();
         return gather_failed(u);
     }
-    int64_t at = u->by_part ? 0 : part_start(z, u, acc->rank);
-    ca_status s = unit_pack(acc, u, acc->rank, ca_zero_fptr(u->send, at), true);
-    if (s == CA_OK && acc->world > 1)
-        s = u->by_part ? ca_comm_all_gather(acc->comm, ca_tptr(u->send), ca_tptr(u->recv), (size_t)u->slice, CA_F32,
+    int64_t at = u->by_part ? 0 : part_start(z, u, acc->zero.rank);
+    ca_status s = unit_pack(acc, u, acc->zero.rank, ca_zero_fptr(u->send, at), true);
+    if (s == CA_OK && acc->zero.world > 1)
+        s = u->by_part ? ca_comm_all_gather(acc->zero.comm, ca_tptr(u->send), ca_tptr(u->recv), (size_t)u->slice, CA_F32,
                                             &u->work)
-                       : ca_comm_all_reduce(acc->comm, ca_tptr(u->send), ca_tptr(u->send), (size_t)u->numel, CA_F32,
+                       : ca_comm_all_reduce(acc->zero.comm, ca_tptr(u->send), ca_tptr(u->send), (size_t)u->numel, CA_F32,
                                             CA_OP_SUM, &u->work);
     if (s != CA_OK) return gather_failed(u);
     z->gathers++;
@@ -124,7 +124,7 @@ static ca_status gather_finish(ca_zero_unit *u) {
         if (!p->storage->ptr) s = ca_device_alloc(acc->device, p->storage->bytes, &p->storage->ptr);
         p->version++;   /* a low-precision copy made from older values is stale */
     }
-    for (int r = 0; s == CA_OK && r < acc->world; r++)
+    for (int r = 0; s == CA_OK && r < acc->zero.world; r++)
         s = unit_pack(acc, u, r, ca_zero_fptr(u->recv, u->by_part ? r * u->slice : part_start(z, u, r)), false);
     if (s != CA_OK) return gather_failed(u);
     gather_drop(u);
@@ -163,7 +163,7 @@ static ca_status unit_grads(ca_zero_unit *u) {
     if (u->grad || !u->n) return CA_OK;
     ca_accelerator *acc = u->acc;
     ca_zero *z = &acc->zero;
-    int64_t n = u->by_part ? u->slice * acc->world : u->numel;
+    int64_t n = u->by_part ? u->slice * acc->zero.world : u->numel;
     if (!(u->grad = ca_zero_persistent_zeros(acc->device, n))) return oom();
     int64_t pos = 0;
     ca_status s = CA_OK;
@@ -197,7 +197,7 @@ static void free_grads(ca_zero_unit *u) {
 static ca_status by_rank(ca_accelerator *acc, ca_zero_unit *u, float *buf, float *tmp) {
     int64_t start = u->numel;
     ca_status s = CA_OK;
-    for (int r = acc->world - 1; s == CA_OK && r >= 0; r--) {
+    for (int r = acc->zero.world - 1; s == CA_OK && r >= 0; r--) {
         int64_t n = unit_part(&acc->zero, u, r);
         start -= n;
         if (!n || start == r * u->slice) continue;
@@ -219,22 +219,22 @@ static ca_status unit_reduce(ca_zero_unit *u) {
         if (!p->grad_defined) s = CA_KCALL(acc->device, fill, CA_F32, p->numel, 0.0, ca_tptr(p->grad));
         p->grad_defined = true;
     }
-    bool parts = u->by_part && acc->world > 1;
+    bool parts = u->by_part && acc->zero.world > 1;
     ca_tensor *tmp = s == CA_OK && parts ? ca_zero_persistent_zeros(acc->device, u->slice) : NULL;
     if (s == CA_OK && parts && !tmp) s = oom();
     float *buf = u->grad ? ca_zero_fptr(u->grad, 0) : NULL, *mine = buf;
     if (s == CA_OK && parts) {
         s = by_rank(acc, u, buf, ca_zero_fptr(tmp, 0));
         if (s == CA_OK)
-            s = ca_comm_reduce_scatter(acc->comm, buf, ca_tptr(tmp), (size_t)u->slice, CA_F32, CA_OP_AVG, NULL);
+            s = ca_comm_reduce_scatter(acc->zero.comm, buf, ca_tptr(tmp), (size_t)u->slice, CA_F32, CA_OP_AVG, NULL);
         mine = ca_zero_fptr(tmp, 0);
-    } else if (s == CA_OK && acc->world > 1) {   /* the whole unit, then this rank's part of it */
-        s = ca_comm_all_reduce(acc->comm, buf, buf, (size_t)u->numel, CA_F32, CA_OP_AVG, NULL);
-        mine = buf + part_start(z, u, acc->rank);
+    } else if (s == CA_OK && acc->zero.world > 1) {   /* the whole unit, then this rank's part of it */
+        s = ca_comm_all_reduce(acc->zero.comm, buf, buf, (size_t)u->numel, CA_F32, CA_OP_AVG, NULL);
+        mine = buf + part_start(z, u, acc->zero.rank);
     }
-    int64_t lo = acc->rank * z->shard, run = 0, a, b;
+    int64_t lo = acc->zero.rank * z->shard, run = 0, a, b;
     for (int j = 0; s == CA_OK && j < u->n; j++) {   /* this rank's part, in flat order */
-        in_shard(z, u->idx[j], acc->rank, &a, &b);
+        in_shard(z, u->idx[j], acc->zero.rank, &a, &b);
         if (a >= b) continue;
         s = ca_zero_copy_f32(acc->device, mine + run, ca_zero_fptr(z->gshard, a - lo), b - a);
         run += b - a;
@@ -424,12 +424,12 @@ static ca_status make_units(ca_accelerator *acc, ca_module *m) {
         u->numel += z->params[i]->numel;
     }
     for (int k = 0; k < z->nunits; k++)   /* the all-gather's per-rank count: the largest part */
-        for (int r = 0; r < acc->world; r++) {
+        for (int r = 0; r < acc->zero.world; r++) {
             int64_t n = unit_part(z, &z->units[k], r);
             if (n > z->units[k].slice) z->units[k].slice = n;
         }
     for (int k = 0; k < z->nunits; k++)   /* (N - 1) slice against 2 (N - 1) / N numel elements sent */
-        z->units[k].by_part = acc->world * z->units[k].slice <= 2 * z->units[k].numel;
+        z->units[k].by_part = acc->zero.world * z->units[k].slice <= 2 * z->units[k].numel;
     return CA_OK;
 }
 

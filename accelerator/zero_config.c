@@ -31,6 +31,32 @@ static int fsdp_stage(const char *v, bool *hybrid) {
     return -1;
 }
 
+/* HYBRID_SHARD (or parallelism_config's dp_replicate_size > 1, Accelerate's HSDP): shard within
+ * groups of consecutive ranks, replicate across them. The group is parallelism_config.dp_shard_size
+ * where set (or the world over dp_replicate_size), else the processes of a machine. */
+static ca_status hybrid_groups(ca_accelerator *acc, bool hybrid, const char *key, const char *v) {
+    ca_zero *z = &acc->zero;
+    int64_t shard = 1, rep = 1;
+    ca_config_get_int(acc->cfg, "parallelism_config.dp_shard_size", &shard);
+    ca_config_get_int(acc->cfg, "parallelism_config.dp_replicate_size", &rep);
+    if (!hybrid && rep <= 1) return CA_OK;
+    const char *how = "the processes of one machine (the launcher's local world size)";
+    int64_t g = acc->local_world > 0 ? acc->local_world : acc->world;
+    if (shard > 1) {
+        g = shard;
+        how = ca_config_origin(acc->cfg, "parallelism_config.dp_shard_size");
+    } else if (rep > 1) {
+        g = acc->world / rep;
+        how = ca_config_origin(acc->cfg, "parallelism_config.dp_replicate_size");
+    }
+    if (g < 1 || acc->world % g || (rep > 1 && g * rep != acc->world))
+        return ca_error(CA_ERR_CONFIG, "%s: %s = %s: %d processes do not split into shard groups of %lld (from %s)%s",
+                        z->origin, key, v, acc->world, (long long)g, how,
+                        rep > 1 ? "; dp_shard_size x dp_replicate_size must be the number of processes" : "");
+    z->group_size = g < acc->world ? (int)g : 0;   /* one group: plain sharding */
+    return CA_OK;
+}
+
 static ca_status configure_fsdp(ca_accelerator *acc) {
     ca_zero *z = &acc->zero;
     const char *key = "fsdp_config.fsdp_sharding_strategy";
@@ -48,10 +74,8 @@ static ca_status configure_fsdp(ca_accelerator *acc) {
     if (z->asked < 0)
         return ca_error(CA_ERR_CONFIG, "%s: %s = %s is not a sharding strategy (FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, "
                         "HYBRID_SHARD, HYBRID_SHARD_ZERO2, or true/false for FSDP2)", z->origin, key, v);
-    if (hybrid && acc->st.num_machines > 1)
-        return ca_error(CA_ERR_UNSUPPORTED, "%s: %s = %s over %d machines is not implemented (it needs a "
-                        "communicator per machine); on one machine it is the same as %s", z->origin, key, v,
-                        acc->st.num_machines, z->asked == 3 ? "FULL_SHARD" : "SHARD_GRAD_OP");
+    ca_status hs = hybrid_groups(acc, hybrid, key, v);
+    if (hs != CA_OK) return hs;
     bool off = false;
     ca_config_get_bool(acc->cfg, "fsdp_config.fsdp_offload_params", &off);
     z->offload = off;

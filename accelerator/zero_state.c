@@ -40,7 +40,7 @@ static ca_status write_index(ca_accelerator *acc, const char *dir) {
     ca_zero *z = &acc->zero;
     json_object *root = json_object_new_object(), *params = json_object_new_array();
     json_object_object_add(root, "format", json_object_new_string("caccel-zero-shards"));
-    json_object_object_add(root, "world_size", json_object_new_int(acc->world));
+    json_object_object_add(root, "world_size", json_object_new_int(z->world));
     json_object_object_add(root, "shard", json_object_new_int64(z->shard));
     json_object_object_add(root, "numel", json_object_new_int64(z->numel));
     for (int i = 0; i < z->nparams; i++) {
@@ -64,6 +64,7 @@ static ca_status write_index(ca_accelerator *acc, const char *dir) {
 
 ca_status ca_zero_save_shard(ca_accelerator *acc, const char *dir) {
     ca_zero *z = &acc->zero;
+    if (acc->rank >= z->world) return CA_OK;   /* HYBRID_SHARD: the first group writes; the others hold copies */
     float *buf = malloc((size_t)z->shard * 3 * sizeof *buf);
     if (!buf) return ca_error(CA_ERR_NOMEM, "out of host memory");
     ca_st_tensor t[3];
@@ -80,7 +81,7 @@ ca_status ca_zero_save_shard(ca_accelerator *acc, const char *dir) {
                                 .data = buf + 2 * z->shard};
     }
     char path[PATH_MAX];
-    shard_name(path, sizeof path, dir, acc->rank);
+    shard_name(path, sizeof path, dir, z->rank);
     if (s == CA_OK) s = ca_st_write(path, t, n);
     free(buf);
     if (s == CA_OK && acc->rank == 0) s = write_index(acc, dir);
@@ -160,9 +161,9 @@ ca_status ca_zero_check_shard(ca_accelerator *acc, const char *dir) {
     if (s == CA_OK && !z->stage)
         s = ca_error(CA_ERR_INVALID, "load_state: %s holds a sharded state dict: load it under sharded data "
                      "parallelism, or merge its weights first (caccel merge-weights)", dir);
-    else if (s == CA_OK && ix.world != acc->world)
-        s = ca_error(CA_ERR_INVALID, "load_state: %s was saved as %d shards, this run has %d processes: load it "
-                     "on %d, or save with fsdp_state_dict_type FULL_STATE_DICT", dir, ix.world, acc->world, ix.world);
+    else if (s == CA_OK && ix.world != z->world)
+        s = ca_error(CA_ERR_INVALID, "load_state: %s was saved as %d shards, this run shards over %d processes: load "
+                     "it on %d, or save with fsdp_state_dict_type FULL_STATE_DICT", dir, ix.world, z->world, ix.world);
     else if (s == CA_OK && (ix.numel != z->numel || (int)json_object_array_length(ix.params) != z->nparams))
         s = ca_error(CA_ERR_INVALID, "load_state: %s: %lld parameters in %d tensors, the model has %lld in %d", dir,
                      (long long)ix.numel, (int)json_object_array_length(ix.params), (long long)z->numel, z->nparams);
@@ -180,7 +181,7 @@ static ca_status load_state_shard(ca_accelerator *acc, const char *dir) {
     ca_zero *z = &acc->zero;
     char path[PATH_MAX];
     ca_st_file f = {0};
-    shard_name(path, sizeof path, dir, acc->rank);
+    shard_name(path, sizeof path, dir, z->rank);
     ca_status s = ca_st_open(path, &f);
     ca_tensor *dst[2] = {z->s1, z->s2};
     const char *names[2] = {"state1", "state2"};

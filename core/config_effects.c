@@ -27,6 +27,7 @@ static const effect effects[] = {
     {"fsdp_config.", WARN_IF_SET, NULL, "FSDP"},
     {"megatron_lm_config.", WARN_IF_SET, NULL, "MEGATRON_LM"},
     {"tp_config.", WARN_IF_SET, "tensor parallelism is not implemented; training is plain data parallel", NULL},
+    {"parallelism_config.dp_", WARN_IF_SET, NULL, "FSDP"},   /* HSDP's groups (accelerator/zero_config.c) */
     {"parallelism_config.", WARN_IF_SET,
      "tensor, context and sharded data parallelism are not implemented; training is plain data parallel", NULL},
     {"fp8_config.", WARN_IF_SET, "fp8 training is not supported by this build (mixed_precision fp8 is refused)",
@@ -59,7 +60,8 @@ static const char *const sharding_keys[] = {
     "fsdp_config.fsdp_sharding_strategy", "fsdp_config.fsdp_reshard_after_forward", "fsdp_config.fsdp_state_dict_type",
     "fsdp_config.fsdp_use_orig_params", "fsdp_config.fsdp_activation_checkpointing",
     "fsdp_config.fsdp_auto_wrap_policy", "fsdp_config.fsdp_transformer_layer_cls_to_wrap",
-    "fsdp_config.fsdp_min_num_params", "fsdp_config.fsdp_forward_prefetch", "fsdp_config.fsdp_backward_prefetch", NULL};
+    "fsdp_config.fsdp_min_num_params", "fsdp_config.fsdp_forward_prefetch", "fsdp_config.fsdp_backward_prefetch",
+    "parallelism_config.dp_shard_size", "parallelism_config.dp_replicate_size", NULL};
 
 static bool acted_on(const char *key) {
     for (const char *const *k = sharding_keys; *k; k++)

@@ -219,13 +219,58 @@ for f in 'zero_optimization.zero_quantized_weights' 'optimizer.params.lr' 'activ
 done
 [ $(($(date +%s) - t0)) -lt 60 ] || fail "the error took more than 60 s"
 
-note "HYBRID_SHARD_ZERO2 on one machine is stage 2 (2 ranks, == DDP); HYBRID_SHARD over 2 machines is refused, naming the key"
+note "HYBRID_SHARD_ZERO2 on one machine is stage 2 (2 ranks, == DDP)"
 launch 2 "$be" "$DDP" --mode plain --batch 12 --steps 6 --dump "$WORK/ddp.bin" > "$WORK/o" || { cat "$WORK/o"; fail "DDP"; }
 launch 2 "$be" --use_fsdp --fsdp_sharding_strategy HYBRID_SHARD_ZERO2 "$DDP" --mode plain --batch 12 --steps 6 --dump "$WORK/h.bin" > "$WORK/o" || { cat "$WORK/o"; fail "HYBRID_SHARD_ZERO2"; }
 count 1 'sharded data parallelism: stage 2 .*in 2 shards' "$WORK/o"
+count 0 'HYBRID_SHARD: shards within' "$WORK/o"
 same "$WORK/ddp.bin" "$WORK/h.bin"
-"$DDP" --use_fsdp --fsdp_sharding_strategy HYBRID_SHARD --num_machines 2 --num_processes 2 --mode plain --steps 1 > "$WORK/o" 2>&1 && fail "HYBRID_SHARD over 2 machines ran"
-grep -q 'fsdp_sharding_strategy = HYBRID_SHARD over 2 machines is not implemented' "$WORK/o" || { cat "$WORK/o"; fail "no HYBRID_SHARD error"; }
+
+# hlaunch OUT FLAGS... -- ARGS...: 2 machines x 2 processes on this host (two caccel launch, Gloo)
+hlaunch() {
+    out=$1; shift
+    port=$(free_port)
+    for m in 0 1; do
+        CACCEL_JOB_TOKEN="hybrid-$$" timeout 300 "$CACCEL" launch --num_processes 4 --num_machines 2 --machine_rank $m \
+            --main_process_ip 127.0.0.1 --main_process_port "$port" --backend gloo "$@" > "$out.$m" 2>&1 &
+        eval "hp$m=\$!"
+    done
+    wait "$hp0"; r0=$?
+    wait "$hp1"; r1=$?
+    cat "$out.0" "$out.1" > "$out"
+    [ "$r0" -eq 0 ] && [ "$r1" -eq 0 ] || { cat "$out"; fail "2 machines: launcher statuses $r0 and $r1"; }
+}
+if have gloo; then
+    note "HYBRID_SHARD (stage 3) and HYBRID_SHARD_ZERO2 (stage 2) over 2 machines x 2 processes (Gloo): shards within each machine, gradients averaged across: == DDP over the 4 (global batch 24, 6 steps)"
+    launch 4 gloo "$DDP" --mode plain --batch 6 --steps 6 --dump "$WORK/ddp4.bin" > "$WORK/o" || { cat "$WORK/o"; fail "DDP 4"; }
+    for strat in HYBRID_SHARD HYBRID_SHARD_ZERO2; do
+        hlaunch "$WORK/o" --use_fsdp --fsdp_sharding_strategy $strat "$DDP" --mode plain --batch 6 --steps 6 --dump "$WORK/h4.bin"
+        count 1 'in 2 shards of 194' "$WORK/o"
+        count 1 'HYBRID_SHARD: shards within groups of 2 processes, replicated 2 times' "$WORK/o"
+        count 4 'steps=6 ' "$WORK/o"
+        same "$WORK/ddp4.bin" "$WORK/h4.bin"
+    done
+    note "HYBRID_SHARD over 2 machines with clipping: the norm over one machine's shards is the 1-rank norm"
+    "$DDP" --mode clip --batch 24 --steps 5 --dump "$WORK/hc1.bin" > "$WORK/o1" 2>&1 || fail "clip 1 rank"
+    n1=$(sed -n 's/.*first_norm=//p' "$WORK/o1")
+    hlaunch "$WORK/o" --use_fsdp --fsdp_sharding_strategy HYBRID_SHARD "$DDP" --mode clip --batch 6 --steps 5 --dump "$WORK/hc4.bin"
+    count 4 "first_norm=$n1" "$WORK/o"
+    same "$WORK/hc1.bin" "$WORK/hc4.bin"
+fi
+for be in $backends; do
+    note "Accelerate's HSDP, parallelism_config dp_replicate_size 2 with FULL_SHARD / SHARD_GRAD_OP on 4 processes ($be): 2 groups of 2 == DDP"
+    launch 4 "$be" "$DDP" --mode plain --batch 6 --steps 6 --dump "$WORK/ddp4.bin" > "$WORK/o" || { cat "$WORK/o"; fail "DDP 4 $be"; }
+    for strat in FULL_SHARD SHARD_GRAD_OP; do
+        PARALLELISM_CONFIG_DP_REPLICATE_SIZE=2 launch 4 "$be" "$DDP" --use_fsdp --fsdp_sharding_strategy $strat --mode plain --batch 6 --steps 6 --dump "$WORK/h4.bin" > "$WORK/o" || { cat "$WORK/o"; fail "HSDP $strat $be"; }
+        count 1 'HYBRID_SHARD: shards within groups of 2 processes, replicated 2 times' "$WORK/o"
+        count 0 'dp_replicate_size .*has no effect' "$WORK/o"
+        same "$WORK/ddp4.bin" "$WORK/h4.bin"
+    done
+done
+note "a world that does not split into the groups asked is refused, naming the key"
+be=$(echo "$backends" | awk '{print $1}')
+PARALLELISM_CONFIG_DP_SHARD_SIZE=3 launch 4 "$be" "$DDP" --use_fsdp --fsdp_sharding_strategy HYBRID_SHARD --mode plain --steps 1 > "$WORK/o" 2>&1 && fail "4 processes in groups of 3 ran"
+grep -q '4 processes do not split into shard groups of 3' "$WORK/o" || { cat "$WORK/o"; fail "no message for groups of 3"; }
 
 note "NO_SHARD is DDP: no sharding"
 launch 2 "$be" --use_fsdp --fsdp_sharding_strategy NO_SHARD "$DDP" --mode accum --k 1 --batch 8 --steps 2 > "$WORK/o" || { cat "$WORK/o"; fail "NO_SHARD"; }
@@ -279,8 +324,19 @@ s3fm --max-steps 20 --checkpoint_dir "$WORK/ck5" --resume --dump-params "$WORK/r
 same "$WORK/full.bin" "$WORK/res7.bin"
 t0=$(date +%s)
 sfm 3 --max-steps 20 --checkpoint_dir "$WORK/ck3" --resume > "$WORK/o" && fail "a 2-shard checkpoint loaded on 3 processes"
-grep -q 'was saved as 2 shards, this run has 3 processes' "$WORK/o" || { cat "$WORK/o"; fail "the error does not name both world sizes"; }
+grep -q 'was saved as 2 shards, this run shards over 3 processes' "$WORK/o" || { cat "$WORK/o"; fail "the error does not name both world sizes"; }
 [ $(($(date +%s) - t0)) -lt 60 ] || fail "the error took more than 60 s"
+
+note "HSDP (dp_replicate_size 2, FULL_SHARD, 4 processes) with SHARDED_STATE_DICT: the first group writes 2 shards; resume to 20 == 20 uninterrupted"
+hfm() { PARALLELISM_CONFIG_DP_REPLICATE_SIZE=2 launch 4 "$be" --use_fsdp --fsdp_sharding_strategy FULL_SHARD --fsdp_state_dict_type SHARDED_STATE_DICT "$FM" --batch-size 64 --epochs 1 "$@"; }
+rm -rf "$WORK/ck6"
+hfm --max-steps 20 --dump-params "$WORK/hfull.bin" > "$WORK/o" || { cat "$WORK/o"; fail "HSDP uninterrupted"; }
+count 1 'HYBRID_SHARD: shards within groups of 2 processes, replicated 2 times' "$WORK/o"
+hfm --max-steps 10 --checkpointing_steps 10 --checkpoint_dir "$WORK/ck6" > "$WORK/o" || { cat "$WORK/o"; fail "HSDP sharded save"; }
+c6="$WORK/ck6/checkpoints/checkpoint_0"
+[ -e "$c6/zero_shard_0.safetensors" ] && [ -e "$c6/zero_shard_1.safetensors" ] && [ ! -e "$c6/zero_shard_2.safetensors" ] || { ls "$c6"; fail "HSDP: not shards 0 and 1 only"; }
+hfm --max-steps 20 --checkpoint_dir "$WORK/ck6" --resume --dump-params "$WORK/hres.bin" > "$WORK/o" || { cat "$WORK/o"; fail "HSDP sharded resume"; }
+cmp "$WORK/hfull.bin" "$WORK/hres.bin" || fail "HSDP: resumed from a sharded checkpoint differs from the uninterrupted run"
 
 # Offload moves the optimizer state and the update of each rank's shard to host memory; on a GPU the
 # shard's parameters and gradient cross to pinned buffers and back each step. CACCEL_OFFLOAD_ON_CPU=1
