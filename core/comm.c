@@ -89,7 +89,7 @@ static ca_status finish(ca_comm *c, ca_work *w, ca_status s) {
 
 /* Waits for w until deadline; a passed deadline of the operation fails the
  * communicator, a shorter caller deadline only returns CA_ERR_TIMEOUT. */
-static ca_status wait_work(ca_comm *c, ca_work *w, int64_t deadline, bool op_deadline) {
+static ca_status wait_work_on(ca_comm *c, ca_work *w, int64_t deadline, bool op_deadline) {
     if (w->done) return w->status;
     pthread_mutex_lock(&c->mu);
     c->waiting = true;
@@ -139,6 +139,13 @@ static ca_status wait_work(ca_comm *c, ca_work *w, int64_t deadline, bool op_dea
         finish(c, w, ret);
         return ret;
     }
+}
+
+/* A split's child names its ranks in the parent's numbering too: the messages say "rank 1" of the group. */
+static ca_status wait_work(ca_comm *c, ca_work *w, int64_t deadline, bool op_deadline) {
+    ca_status s = wait_work_on(c, w, deadline, op_deadline);
+    if (s != CA_OK && c->split_note[0]) ca_error_context("%s", c->split_note);
+    return s;
 }
 
 static ca_status check_buffers(ca_comm *c, const char *what, const void *send, const void *recv, size_t count,
@@ -818,6 +825,23 @@ static bool split_before(const int32_t *all, int a, int b) {
     return all[2 * a + 1] != all[2 * b + 1] ? all[2 * a + 1] < all[2 * b + 1] : a < b;
 }
 
+/* "ranks 0, 1 of this group are ranks 2, 3 of <parent>": the group's members in its order. */
+static void split_note(const ca_comm *p, const int32_t *all, int color, char *buf, size_t len) {
+    int n = 0, *m = malloc((size_t)p->world * sizeof *m);
+    buf[0] = 0;
+    if (!m) return;
+    for (int r = 0; r < p->world; r++) {
+        if (all[2 * r] != color) continue;
+        int i = n++;
+        for (; i > 0 && split_before(all, r, m[i - 1]); i--) m[i] = m[i - 1];
+        m[i] = r;
+    }
+    size_t at = (size_t)snprintf(buf, len, "(a split communicator: its ranks 0-%d are ranks ", n - 1);
+    for (int i = 0; i < n && at < len; i++) at += (size_t)snprintf(buf + at, len - at, "%s%d", i ? ", " : "", m[i]);
+    if (at < len) snprintf(buf + at, len - at, " of %s)", p->prefix[0] ? p->prefix : "the parent");
+    free(m);
+}
+
 /* This rank's place in its group: rank and size, and the same among the members on its machine
  * (machine = parent rank / parent local world size, the launcher's layout). */
 static void split_place(const ca_comm *p, const int32_t *all, ca_comm_options *o) {
@@ -843,7 +867,12 @@ ca_status ca_comm_split(ca_comm *parent, int color, int key, ca_comm **out) {
     ca_status s = gather_colors(parent, color, key, all);
     unsigned n = parent->nsplits++;  /* every parent rank counts every split, so the numbers agree */
     ca_comm_options o = { .device = parent->device, .timeout_ms = parent->timeout_ms, .debug = parent->debug };
-    if (s == CA_OK && color >= 0) split_place(parent, all, &o);
+    char note[sizeof parent->split_note];
+    note[0] = 0;
+    if (s == CA_OK && color >= 0) {
+        split_place(parent, all, &o);
+        split_note(parent, all, color, note, sizeof note);
+    }
     free(all);
     /* a backend that splits natively (MPI) needs every parent rank in its split, a group of one too */
     split_req sp = { .parent = parent->bc, .color = color, .key = key };
@@ -862,6 +891,7 @@ ca_status ca_comm_split(ca_comm *parent, int color, int key, ca_comm **out) {
     ca_comm *c = calloc(1, sizeof *c);
     if (!c) return ca_error(CA_ERR_NOMEM, "out of memory splitting communicator %s", parent->prefix);
     comm_init_fields(c, &o, ops, parent->device, staged);
+    snprintf(c->split_note, sizeof c->split_note, "%s", note);
     /* distinct from the parent's keys, from every other split of it and from the other colors */
     snprintf(c->prefix, sizeof c->prefix, "%s/s%u/g%d", parent->prefix[0] ? parent->prefix : "caccel/single", n,
              color);

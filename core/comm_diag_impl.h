@@ -89,6 +89,7 @@ struct ca_comm {
     ca_store_server *own_server;
     char prefix[96];
     unsigned nsplits;          /* ca_comm_split calls so far: numbers the children's key prefixes */
+    char split_note[256];      /* a split's child: which ranks of the parent its ranks are, for errors */
     bool launch_notes;         /* the store is caccel launch's: leave it a note on failure */
 
     pthread_mutex_t mu;        /* the record below */

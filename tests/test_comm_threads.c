@@ -161,13 +161,22 @@ static void *rank_main(void *arg) {
         /* the classic mistake: a barrier only the main process reaches */
         if (r->status == CA_OK)
             record(r, r->rank == 0 ? ca_comm_barrier(c, NULL) : ca_comm_all_reduce(c, v, v, 16, CA_F32, CA_OP_SUM, NULL));
+    } else if (strcmp(r->scenario, "split-timeout") == 0) {
+        /* groups by parity; in the odd group (ranks 1, 3) rank 3 never calls the collective */
+        ca_comm *g = NULL;
+        if (!record(r, ca_comm_split(c, r->rank % 2, r->rank, &g))) {
+            t0 = now_s();
+            if (r->rank == 1) record(r, ca_comm_all_reduce(g, v, v, 16, CA_F32, CA_OP_SUM, NULL));
+            else if (r->rank == 3) usleep((useconds_t)(r->timeout_ms + 1500) * 1000);
+        }
+        ca_comm_destroy(g);
     } else if (strcmp(r->scenario, "timeout") == 0) {
         /* the last rank never calls the collective */
         if (r->rank != r->world - 1) record(r, ca_comm_all_reduce(c, v, v, 16, CA_F32, CA_OP_SUM, NULL));
         else usleep((useconds_t)(r->timeout_ms + 1500) * 1000);
     }
     r->seconds = now_s() - t0;
-    if (r->status != CA_OK) {
+    if (r->status != CA_OK && strcmp(r->scenario, "split-timeout") != 0) {   /* there the parent is healthy */
         /* after a failure every call fails at once */
         double t1 = now_s();
         if (ca_comm_barrier(c, NULL) == CA_OK || now_s() - t1 > 1.0) {
@@ -248,6 +257,19 @@ static void test_timeout_names_late_rank(void **state) {
     }
 }
 
+/* In a split, the timeout names the late member by its group rank and maps the group to the parent. */
+static void test_split_timeout_names_parent_ranks(void **state) {
+    (void)state;
+    rank_ctx r[4];
+    run("split-timeout", 4, 1500, r);
+    print_message("rank 1 after %.2f s: %s\n", r[1].seconds, r[1].msg);
+    assert_int_equal(r[1].status, CA_ERR_TIMEOUT);
+    assert_true(r[1].seconds >= 1.4 && r[1].seconds < 6.0);
+    assert_non_null(strstr(r[1].msg, "rank 1 has not called any collective"));
+    assert_non_null(strstr(r[1].msg, "a split communicator: its ranks 0-1 are ranks 1, 3 of "));
+    for (int i = 0; i < 4; i += 2) assert_int_equal(r[i].status, CA_OK);
+}
+
 int main(void) {
     ca_registry_load_plugins();
     ca_clear_error();
@@ -260,6 +282,7 @@ int main(void) {
         cmocka_unit_test(test_split),
         cmocka_unit_test(test_desync_fails_fast_everywhere),
         cmocka_unit_test(test_timeout_names_late_rank),
+        cmocka_unit_test(test_split_timeout_names_parent_ranks),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
