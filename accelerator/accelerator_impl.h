@@ -62,7 +62,8 @@ typedef struct ca_zero_unit {
     int pos;                     /* place in the forward order (ca_zero.order); -1 before it is known */
     bool in_backward;            /* its backward hook ran in this backward (not to be prefetched again) */
     bool pending;                /* a gather was issued and not yet finished (send, recv, work below) */
-    ca_tensor *send, *recv;
+    ca_tensor *send, *recv;      /* of dtype gdt */
+    ca_dtype gdt;                /* the gather's dtype: mixed precision's, or f32 (summon, no mixed precision) */
     ca_work *work;
 } ca_zero_unit;
 
@@ -99,6 +100,7 @@ typedef struct ca_zero {
     ca_zero_unit *units;
     int *unit_of;                /* [nparams] unit of each parameter */
     bool summoned;               /* ca_summon_full_params: every parameter gathered */
+    bool full_gather;            /* gathers in f32 whatever the mixed precision (summoning) */
     ca_status err;               /* the first failure of a reduce-scatter run by a gradient hook */
     bool fwd_prefetch;           /* fsdp_forward_prefetch: the next unit's gather during a forward */
     int bwd_prefetch;            /* fsdp_backward_prefetch: 0 none, 1 BACKWARD_PRE, 2 BACKWARD_POST */

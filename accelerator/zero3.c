@@ -86,6 +86,35 @@ static ca_status gather_failed(ca_zero_unit *u) {
                             u->acc->rank);
 }
 
+/* Mixed precision gathers the parameters in its dtype (FSDP's param_dtype): half the bytes, and the
+ * same values autocast would compute with (f32 -> bf16 -> f32 -> bf16 rounds once). The f32 masters
+ * stay in the shard; a summon (read, save, load) gathers in f32. */
+static ca_dtype gather_dtype(const ca_accelerator *acc) {
+    if (acc->zero.full_gather) return CA_F32;
+    return acc->st.mixed_precision == CA_MP_BF16 ? CA_BF16 : acc->st.mixed_precision == CA_MP_FP16 ? CA_F16 : CA_F32;
+}
+
+static ca_tensor *kept_zeros(ca_device *d, ca_dtype dt, int64_t n) {
+    ca_tensor *t = ca_zeros(d, dt, 1, &n);
+    return t ? ca_tensor_keep(t) : NULL;
+}
+
+/* Casts n elements between device buffers (f32 <-> the gather's dtype). */
+static ca_status cast_n(ca_device *d, ca_dtype from, const void *x, ca_dtype to, void *y, int64_t n) {
+    return n ? CA_KCALL(d, cast, from, x, to, y, n, 1.0f) : CA_OK;
+}
+
+/* This rank's part into send: packed in f32, then (mixed precision) cast to the gather's dtype. */
+static ca_status pack_send(ca_accelerator *acc, ca_zero_unit *u, int64_t at, int64_t n) {
+    if (u->gdt == CA_F32) return unit_pack(acc, u, acc->zero.rank, ca_zero_fptr(u->send, at), true);
+    ca_tensor *tmp = ca_zero_persistent_zeros(acc->device, n);
+    if (!tmp) return oom();
+    ca_status s = unit_pack(acc, u, acc->zero.rank, ca_zero_fptr(tmp, at), true);
+    if (s == CA_OK) s = cast_n(acc->device, CA_F32, ca_tptr(tmp), u->gdt, ca_tptr(u->send), n);
+    ca_tensor_free(tmp);
+    return s;
+}
+
 /* Issues the unit's gather: this rank's part packed and the collective started, asynchronous where
  * the backend is (Gloo's work queue, MPI's nonblocking calls); gather_finish waits for it. */
 static ca_status gather_start(ca_zero_unit *u, bool ahead) {
@@ -94,19 +123,21 @@ static ca_status gather_start(ca_zero_unit *u, bool ahead) {
     ca_zero *z = &acc->zero;
     /* by parts: [slice] -> [N * slice]; else one [numel] buffer, each rank's part at its place */
     bool parts = u->by_part && acc->zero.world > 1;
-    u->send = ca_zero_persistent_zeros(acc->device, u->by_part ? u->slice : u->numel);
-    u->recv = u->send && parts ? ca_zero_persistent_zeros(acc->device, u->slice * acc->zero.world) : u->send;
+    int64_t nsend = u->by_part ? u->slice : u->numel;
+    u->gdt = gather_dtype(acc);
+    u->send = kept_zeros(acc->device, u->gdt, nsend);
+    u->recv = u->send && parts ? kept_zeros(acc->device, u->gdt, u->slice * acc->zero.world) : u->send;
     u->pending = true;
     if (!u->recv) {
         oom();
         return gather_failed(u);
     }
     int64_t at = u->by_part ? 0 : part_start(z, u, acc->zero.rank);
-    ca_status s = unit_pack(acc, u, acc->zero.rank, ca_zero_fptr(u->send, at), true);
+    ca_status s = pack_send(acc, u, at, nsend);
     if (s == CA_OK && acc->zero.world > 1)
-        s = u->by_part ? ca_comm_all_gather(acc->zero.comm, ca_tptr(u->send), ca_tptr(u->recv), (size_t)u->slice, CA_F32,
+        s = u->by_part ? ca_comm_all_gather(acc->zero.comm, ca_tptr(u->send), ca_tptr(u->recv), (size_t)u->slice, u->gdt,
                                             &u->work)
-                       : ca_comm_all_reduce(acc->zero.comm, ca_tptr(u->send), ca_tptr(u->send), (size_t)u->numel, CA_F32,
+                       : ca_comm_all_reduce(acc->zero.comm, ca_tptr(u->send), ca_tptr(u->send), (size_t)u->numel, u->gdt,
                                             CA_OP_SUM, &u->work);
     if (s != CA_OK) return gather_failed(u);
     z->gathers++;
@@ -124,8 +155,14 @@ static ca_status gather_finish(ca_zero_unit *u) {
         if (!p->storage->ptr) s = ca_device_alloc(acc->device, p->storage->bytes, &p->storage->ptr);
         p->version++;   /* a low-precision copy made from older values is stale */
     }
+    ca_tensor *full = u->recv;   /* mixed precision: widened to f32 for the parameters' storage */
+    if (s == CA_OK && u->gdt != CA_F32) {
+        full = ca_zero_persistent_zeros(acc->device, u->recv->numel);
+        s = full ? cast_n(acc->device, u->gdt, ca_tptr(u->recv), CA_F32, ca_tptr(full), u->recv->numel) : oom();
+    }
     for (int r = 0; s == CA_OK && r < acc->zero.world; r++)
-        s = unit_pack(acc, u, r, ca_zero_fptr(u->recv, u->by_part ? r * u->slice : part_start(z, u, r)), false);
+        s = unit_pack(acc, u, r, ca_zero_fptr(full, u->by_part ? r * u->slice : part_start(z, u, r)), false);
+    if (full && full != u->recv) ca_tensor_free(full);
     if (s != CA_OK) return gather_failed(u);
     gather_drop(u);
     u->gathered = true;
@@ -477,8 +514,11 @@ ca_status ca_zero3_summon(ca_accelerator *acc, bool on) {
     ca_zero *z = &acc->zero;
     if (!z->pshard || on == z->summoned) return CA_OK;
     ca_status s = CA_OK;
-    if (on) {
+    if (on) {   /* in f32: what a summon reads or writes back is the masters' values */
+        if (gather_dtype(acc) != CA_F32) ca_zero3_release_all(acc);
+        z->full_gather = true;
         for (int k = 0; s == CA_OK && k < z->nunits; k++) s = unit_gather(&z->units[k]);
+        z->full_gather = false;
         z->summoned = s == CA_OK;
         return s;
     }

@@ -190,6 +190,23 @@ count 2 'steps=6 ' "$WORK/o"
 launch 2 "$be" --mixed_precision bf16 "$DDP" --mode plain --batch 8 --steps 6 --dump "$WORK/fd.bin" > "$WORK/o" || { cat "$WORK/o"; fail "DDP bf16"; }
 same "$WORK/fd.bin" "$WORK/f.bin"
 
+note "stage 3 with mixed precision gathers the parameters in bf16 / fp16 (FSDP's param_dtype; reductions stay f32): == DDP with the same mixed precision, bit for bit, and the gathers send half the bytes (2 ranks, accumulation 4)"
+for mp in bf16 fp16; do
+    launch 2 "$be" --mixed_precision $mp "$DDP" --mode accum --k 4 --batch 8 --steps 6 --dump "$WORK/dmp.bin" > "$WORK/o" || { cat "$WORK/o"; fail "DDP $mp"; }
+    launch 2 "$be" --use_fsdp --fsdp_sharding_strategy FULL_SHARD --mixed_precision $mp "$DDP" --mode accum --k 4 --batch 8 --steps 6 --dump "$WORK/zmp.bin" > "$WORK/o" || { cat "$WORK/o"; fail "stage 3 $mp"; }
+    cmp "$WORK/dmp.bin" "$WORK/zmp.bin" || fail "stage 3 with $mp differs from DDP with $mp"
+    # the f32 run's 10548: 4 x 2 x (194 + 99) x 4 of gathers, halved, + (194 + 99) x 4 of gradients (f32),
+    # + 4 for fp16's overflow agreement
+    if [ $mp = bf16 ]; then count 12 'bytes_per_step=5860$' "$WORK/o"; else count 12 'bytes_per_step=5864$' "$WORK/o"; fi
+done
+note "stage 3 with bf16: save at 10 and resume to 20 == 20 uninterrupted (a save gathers the f32 masters)"
+b3fm() { launch 2 "$be" --use_fsdp --fsdp_sharding_strategy FULL_SHARD --mixed_precision bf16 "$FM" --batch-size 128 --epochs 1 "$@"; }
+rm -rf "$WORK/ckb"
+b3fm --max-steps 20 --dump-params "$WORK/bfull.bin" > "$WORK/o" || { cat "$WORK/o"; fail "bf16 stage 3 uninterrupted"; }
+b3fm --max-steps 10 --checkpointing_steps 10 --checkpoint_dir "$WORK/ckb" > "$WORK/o" || { cat "$WORK/o"; fail "bf16 stage 3 save"; }
+b3fm --max-steps 20 --checkpoint_dir "$WORK/ckb" --resume --dump-params "$WORK/bres.bin" > "$WORK/o" || { cat "$WORK/o"; fail "bf16 stage 3 resume"; }
+cmp "$WORK/bfull.bin" "$WORK/bres.bin" || fail "bf16 stage 3: resumed differs from uninterrupted"
+
 note "tests_latest_fsdp.yaml (1 process, FULL_SHARD, TRANSFORMER_BASED_WRAP of BertLayer): stage 3 over one shard, one unit; the wrap keys are acted on"
 "$DDP" --config_file "$CFG/tests_latest_fsdp.yaml" --mode plain --batch 24 --steps 6 --dump "$WORK/f1.bin" > "$WORK/o" 2>&1 || { cat "$WORK/o"; fail "tests_latest_fsdp.yaml"; }
 count 1 'stage 3 .*in 1 shards' "$WORK/o"
