@@ -22,6 +22,18 @@ static double now_ms(void) {
     return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
 }
 
+/* The stage the configuration asks for: DeepSpeed's zero_stage, or FSDP's strategy (by name or index). */
+static const char *stage_of(ca_accelerator *acc) {
+    const ca_config *c = ca_accelerator_config(acc);
+    if (ca_accelerator_settings(acc)->distributed_type != CA_DIST_FSDP)
+        return ca_config_get(c, "deepspeed_config.zero_stage");
+    const char *v = ca_config_get(c, "fsdp_config.fsdp_sharding_strategy");
+    static const char *const three[] = {"FULL_SHARD", "1", "HYBRID_SHARD", "4"};
+    for (size_t i = 0; v && i < sizeof three / sizeof three[0]; i++)
+        if (!strcmp(v, three[i])) return "3";
+    return "2";
+}
+
 static size_t allocated(ca_device *d) {
     ca_allocator_stats st;
     CA_CHECK(ca_device_memory_stats(d, &st));
@@ -91,7 +103,7 @@ int main(int argc, char **argv) {
     CA_CHECK(ca_device_memory_stats(dev, &st));
     qsort(t, (size_t)steps, sizeof *t, cmp_double);
     const ca_settings *set = ca_accelerator_settings(acc);
-    const char *stage = ca_config_get(ca_accelerator_config(acc), "deepspeed_config.zero_stage");
+    const char *stage = stage_of(acc);
     bool sharded = set->distributed_type == CA_DIST_DEEPSPEED || set->distributed_type == CA_DIST_FSDP;
     const double MB = 1024.0 * 1024.0;
     char pm[32] = "-", gm[32] = "-";

@@ -34,7 +34,7 @@ uint64_t ca_comm_bytes(const ca_comm *c) {
     pthread_mutex_lock((pthread_mutex_t *)&c->mu);
     uint64_t b = c->bytes;
     pthread_mutex_unlock((pthread_mutex_t *)&c->mu);
-    return b;
+    return b + atomic_load(&((ca_comm *)c)->split_bytes);
 }
 
 bool ca_comm_set_checked(ca_comm *c, bool on) {
@@ -243,7 +243,9 @@ static ca_status run(ca_comm *c, ca_coll_kind kind, const issue_args *a, ca_work
 
     pthread_mutex_lock(&c->mu);
     w->seq = c->next_seq++;
-    c->bytes += bus_bytes(c, kind, a);
+    uint64_t sent = bus_bytes(c, kind, a);
+    c->bytes += sent;
+    for (ca_comm *p = c->parent; p; p = p->parent) atomic_fetch_add(&p->split_bytes, sent);
     c->last_sig = sig;
     c->hist[w->seq % HIST] = sig;
     w->prev = c->unf_tail;
@@ -892,6 +894,7 @@ ca_status ca_comm_split(ca_comm *parent, int color, int key, ca_comm **out) {
     if (!c) return ca_error(CA_ERR_NOMEM, "out of memory splitting communicator %s", parent->prefix);
     comm_init_fields(c, &o, ops, parent->device, staged);
     snprintf(c->split_note, sizeof c->split_note, "%s", note);
+    c->parent = parent;
     /* distinct from the parent's keys, from every other split of it and from the other colors */
     snprintf(c->prefix, sizeof c->prefix, "%s/s%u/g%d", parent->prefix[0] ? parent->prefix : "caccel/single", n,
              color);

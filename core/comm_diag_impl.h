@@ -89,6 +89,8 @@ struct ca_comm {
     ca_store_server *own_server;
     char prefix[96];
     unsigned nsplits;          /* ca_comm_split calls so far: numbers the children's key prefixes */
+    struct ca_comm *parent;    /* a split's child: its parent, which counts the child's bytes too */
+    _Atomic uint64_t split_bytes; /* bytes sent by the communicators split from this one */
     char split_note[256];      /* a split's child: which ranks of the parent its ranks are, for errors */
     bool launch_notes;         /* the store is caccel launch's: leave it a note on failure */
 

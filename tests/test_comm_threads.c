@@ -125,8 +125,18 @@ static void split(rank_ctx *r, ca_comm *c) {
         want_sum += (float)(q + 1);
     }
     float v = (float)(r->rank + 1), all = 1.0f;
-    if (!record(r, ca_comm_all_reduce(g, &v, &v, 1, CA_F32, CA_OP_SUM, NULL)))
+    uint64_t pb0 = ca_comm_bytes(c), gb0 = ca_comm_bytes(g);
+    if (!record(r, ca_comm_all_reduce(g, &v, &v, 1, CA_F32, CA_OP_SUM, NULL))) {
+        uint64_t gsent = ca_comm_bytes(g) - gb0;   /* the parent counts its children's bytes */
+        if (ca_comm_bytes(c) - pb0 != gsent || (want_size > 1 && !gsent)) {
+            r->bad = 1;
+            snprintf(r->msg, sizeof r->msg, "the parent counted %llu bytes for the group's %llu",
+                     (unsigned long long)(ca_comm_bytes(c) - pb0), (unsigned long long)gsent);
+            ca_comm_destroy(g);
+            return;
+        }
         record(r, ca_comm_all_reduce(c, &all, &all, 1, CA_F32, CA_OP_SUM, NULL));
+    }
     if (r->status == CA_OK && (ca_comm_rank(g) != want_rank || ca_comm_size(g) != want_size || v != want_sum ||
                                all != (float)r->world)) {
         r->bad = 1;

@@ -39,7 +39,8 @@ CA_API uint64_t ca_comm_seq(const ca_comm *c);
 CA_API int64_t ca_comm_timeout_ms(const ca_comm *c);
 /* Bytes this rank has sent in the collectives issued so far, counted as a bandwidth-optimal ring
  * sends them (nccl-tests' bus bytes): an all-reduce of S bytes 2(N-1)/N * S, an all-gather or a
- * reduce-scatter of a per-rank part of S bytes (N-1) * S, a broadcast S; 0 on one rank. */
+ * reduce-scatter of a per-rank part of S bytes (N-1) * S, a broadcast S; 0 on one rank. Includes
+ * the bytes of the communicators split from c (ca_comm_split), while they exist. */
 CA_API uint64_t ca_comm_bytes(const ca_comm *c);
 
 /* Splits `parent` as MPI_Comm_split does. Collective over the parent: every rank of it calls this,
@@ -47,7 +48,7 @@ CA_API uint64_t ca_comm_bytes(const ca_comm *c);
  * with the same color form one new communicator, ranked by key, ties by parent rank; a negative
  * color joins none (*out = NULL, CA_OK). The child keeps the parent's backend, device, timeout and
  * debug checks, rendezvouses through the parent's store under its own key prefix, and is owned by
- * the caller (ca_comm_destroy it before the parent's store goes away). On backend mpi the child is
+ * the caller (ca_comm_destroy it before the parent); its bytes count in the parent's ca_comm_bytes. On backend mpi the child is
  * MPI_Comm_split of the parent's communicator (a group of one too); elsewhere the group's
  * communicator is built over the store and a group of one is a "single" communicator. Errors:
  * those of the gathering collective on the parent (which bounds the wait for a missing rank),
