@@ -141,7 +141,7 @@ static ca_status wait_work_on(ca_comm *c, ca_work *w, int64_t deadline, bool op_
     }
 }
 
-/* A split's child names its ranks in the parent's numbering too: the messages say "rank 1" of the group. */
+/* A split's child says which group it is: its messages name the job's ranks. */
 static ca_status wait_work(ca_comm *c, ca_work *w, int64_t deadline, bool op_deadline) {
     ca_status s = wait_work_on(c, w, deadline, op_deadline);
     if (s != CA_OK && c->split_note[0]) ca_error_context("%s", c->split_note);
@@ -561,6 +561,7 @@ void ca_comm_destroy(ca_comm *c) {
     pthread_mutex_destroy(&c->pub_mu);
     pthread_mutex_destroy(&c->wd_mu);
     pthread_cond_destroy(&c->wd_cv);
+    free(c->global);
     free(c);
 }
 
@@ -827,21 +828,27 @@ static bool split_before(const int32_t *all, int a, int b) {
     return all[2 * a + 1] != all[2 * b + 1] ? all[2 * a + 1] < all[2 * b + 1] : a < b;
 }
 
-/* "ranks 0, 1 of this group are ranks 2, 3 of <parent>": the group's members in its order. */
-static void split_note(const ca_comm *p, const int32_t *all, int color, char *buf, size_t len) {
-    int n = 0, *m = malloc((size_t)p->world * sizeof *m);
-    buf[0] = 0;
-    if (!m) return;
+/* The group's members in its order, as ranks of the job (the root communicator): *n of them, or
+ * NULL when out of memory. */
+static int *split_members(const ca_comm *p, const int32_t *all, int color, int *n) {
+    int *m = malloc((size_t)p->world * sizeof *m);
+    *n = 0;
+    if (!m) return NULL;
     for (int r = 0; r < p->world; r++) {
         if (all[2 * r] != color) continue;
-        int i = n++;
+        int i = (*n)++;
         for (; i > 0 && split_before(all, r, m[i - 1]); i--) m[i] = m[i - 1];
         m[i] = r;
     }
-    size_t at = (size_t)snprintf(buf, len, "(a split communicator: its ranks 0-%d are ranks ", n - 1);
+    for (int i = 0; i < *n; i++) m[i] = ca_comm_grank(p, m[i]);
+    return m;
+}
+
+/* "(in the group of ranks 1, 3 split from caccel/c0)": appended to a child's errors. */
+static void split_note(const ca_comm *p, const int *m, int n, char *buf, size_t len) {
+    size_t at = (size_t)snprintf(buf, len, "(in the group of ranks ");
     for (int i = 0; i < n && at < len; i++) at += (size_t)snprintf(buf + at, len - at, "%s%d", i ? ", " : "", m[i]);
-    if (at < len) snprintf(buf + at, len - at, " of %s)", p->prefix[0] ? p->prefix : "the parent");
-    free(m);
+    if (at < len) snprintf(buf + at, len - at, " split from %s)", p->prefix[0] ? p->prefix : "the job's communicator");
 }
 
 /* This rank's place in its group: rank and size, and the same among the members on its machine
@@ -869,11 +876,11 @@ ca_status ca_comm_split(ca_comm *parent, int color, int key, ca_comm **out) {
     ca_status s = gather_colors(parent, color, key, all);
     unsigned n = parent->nsplits++;  /* every parent rank counts every split, so the numbers agree */
     ca_comm_options o = { .device = parent->device, .timeout_ms = parent->timeout_ms, .debug = parent->debug };
-    char note[sizeof parent->split_note];
-    note[0] = 0;
+    int nm = 0, *members = NULL;
     if (s == CA_OK && color >= 0) {
         split_place(parent, all, &o);
-        split_note(parent, all, color, note, sizeof note);
+        if (!(members = split_members(parent, all, color, &nm)))
+            s = ca_error(CA_ERR_NOMEM, "out of memory splitting communicator %s", parent->prefix);
     }
     free(all);
     /* a backend that splits natively (MPI) needs every parent rank in its split, a group of one too */
@@ -883,17 +890,23 @@ ca_status ca_comm_split(ca_comm *parent, int color, int key, ca_comm **out) {
         void *none = NULL;
         s = parent->ops.split(parent->bc, -1, key, NULL, &none);
     }
-    if (s != CA_OK || color < 0) return s;  /* a negative color joins no group */
+    if (s != CA_OK || color < 0) {   /* a negative color joins no group */
+        free(members);
+        return s;
+    }
     bool alone = o.world_size == 1 && !native;
     o.backend = alone ? "single" : parent->backend;
     o.store = alone ? (ca_store_ref){ 0 } : parent->store;
     const ca_collective_ops *ops = NULL;
     bool staged = false;
-    if ((s = choose_backend(&o, parent->device, &ops, &staged)) != CA_OK) return s;
-    ca_comm *c = calloc(1, sizeof *c);
-    if (!c) return ca_error(CA_ERR_NOMEM, "out of memory splitting communicator %s", parent->prefix);
+    ca_comm *c = NULL;
+    if ((s = choose_backend(&o, parent->device, &ops, &staged)) != CA_OK || !(c = calloc(1, sizeof *c))) {
+        free(members);
+        return s != CA_OK ? s : ca_error(CA_ERR_NOMEM, "out of memory splitting communicator %s", parent->prefix);
+    }
     comm_init_fields(c, &o, ops, parent->device, staged);
-    snprintf(c->split_note, sizeof c->split_note, "%s", note);
+    split_note(parent, members, nm, c->split_note, sizeof c->split_note);
+    c->global = members;   /* the messages name the job's ranks */
     c->parent = parent;
     /* distinct from the parent's keys, from every other split of it and from the other colors */
     snprintf(c->prefix, sizeof c->prefix, "%s/s%u/g%d", parent->prefix[0] ? parent->prefix : "caccel/single", n,

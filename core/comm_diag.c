@@ -530,7 +530,7 @@ static void positions_with(ca_comm *c, int known_rank, const rank_state *known, 
             for (int r = 0; r < n; r++)
                 if (grp[r] == g) {
                     if (first < 0) first = r;
-                    members[m++] = r;
+                    members[m++] = ca_comm_grank(c, r);
                 }
             char rl[256], d[600], on[64];
             ca_comm_diag_fmt_ranks(members, m, rl, sizeof rl);
@@ -625,15 +625,15 @@ static ca_status fail_desync(ca_comm *c, uint64_t s, const ca_coll_sig *x, int p
     positions(c, pos, sizeof pos);
     if (at == s) {
         snprintf(msg, sizeof msg, "collective mismatch in %s on rank %d: rank %d called #%llu %s instead; %s",
-                 ours, c->rank, peer, (unsigned long long)at, other, pos);
+                 ours, ca_comm_grank(c, c->rank), ca_comm_grank(c, peer), (unsigned long long)at, other, pos);
     } else {
         ca_coll_sig mine;
         if (own_sig_at(c, at, &mine)) ca_coll_sig_format(&mine, ourat, sizeof ourat);
         else snprintf(ourat, sizeof ourat, "(forgotten)");
         snprintf(msg, sizeof msg, "collective mismatch at #%llu seen while rank %d was in %s: rank %d called "
                  "#%llu %s, rank %d called #%llu %s; %s",
-                 (unsigned long long)at, c->rank, ours, peer, (unsigned long long)at, other, c->rank,
-                 (unsigned long long)at, ourat, pos);
+                 (unsigned long long)at, ca_comm_grank(c, c->rank), ours, ca_comm_grank(c, peer), (unsigned long long)at,
+                 other, ca_comm_grank(c, c->rank), (unsigned long long)at, ourat, pos);
     }
     return comm_fail(c, CA_ERR_PEER, msg, DESYNC_HINT);
 }
@@ -641,7 +641,8 @@ static ca_status fail_desync(ca_comm *c, uint64_t s, const ca_coll_sig *x, int p
 static ca_status fail_peer(ca_comm *c, uint64_t s, const ca_coll_sig *x, int peer, const char *reason) {
     char ours[200], msg[MSG_MAX * 2];
     ca_comm_diag_fmt_op(s, x, ours, sizeof ours);
-    snprintf(msg, sizeof msg, "%s on rank %d cannot complete: rank %d failed: %.1200s", ours, c->rank, peer, reason);
+    snprintf(msg, sizeof msg, "%s on rank %d cannot complete: rank %d failed: %.1200s", ours, ca_comm_grank(c, c->rank),
+             ca_comm_grank(c, peer), reason);
     return comm_fail(c, CA_ERR_PEER, msg, NULL);
 }
 
@@ -652,7 +653,8 @@ static ca_status fail_gone(ca_comm *c, uint64_t s, const ca_coll_sig *x, int pee
     /* the waiting peers publish their records within a watchdog tick: say where they are now */
     usleep(2 * WATCH_TICK_MS * 1000);
     positions_with(c, peer, p, pos, sizeof pos);
-    snprintf(msg, sizeof msg, "%s on rank %d cannot complete: %s", ours, c->rank, pos);
+    snprintf(msg, sizeof msg, "%s on rank %d cannot complete: %s", ours, ca_comm_grank(c, c->rank), pos);
+    peer = ca_comm_grank(c, peer);
     if (p->gone && (p->gone == GONE_LEFT || p->exit_status == 0))
         snprintf(hint, sizeof hint, "rank %d finished while the others still call collectives: every rank must make "
                  "the same collective calls (a loop shorter on one rank, uneven shards with even_batches false, a "
@@ -666,7 +668,7 @@ static ca_status fail_gone(ca_comm *c, uint64_t s, const ca_coll_sig *x, int pee
 static ca_status fail_store(ca_comm *c, uint64_t s, const ca_coll_sig *x) {
     char ours[200], msg[MSG_MAX * 2];
     ca_comm_diag_fmt_op(s, x, ours, sizeof ours);
-    snprintf(msg, sizeof msg, "%s on rank %d cannot complete: %s", ours, c->rank, c->store_lost_msg);
+    snprintf(msg, sizeof msg, "%s on rank %d cannot complete: %s", ours, ca_comm_grank(c, c->rank), c->store_lost_msg);
     return comm_fail(c, CA_ERR_PEER, msg,
                      "the process serving the rendezvous store ended (rank 0 serves it when there is no launcher); "
                      "its own output says why");
@@ -718,7 +720,7 @@ ca_status ca_comm_diag_fail_timeout(ca_comm *c, uint64_t s, const ca_coll_sig *x
     if (c->store.ops) positions(c, pos, sizeof pos);
     else snprintf(pos, sizeof pos, "(no rendezvous store: the other ranks' positions are unknown)");
     if (!stalled) ca_store_client_uncut(c->own_client, cut);
-    snprintf(msg, sizeof msg, "%s timed out after %s on rank %d%s: %s", ours, dur, c->rank,
+    snprintf(msg, sizeof msg, "%s timed out after %s on rank %d%s: %s", ours, dur, ca_comm_grank(c, c->rank),
              in_check ? " (waiting for the other ranks to reach it)" : "", pos);
     return comm_fail(c, CA_ERR_TIMEOUT, msg,
                      "a rank that is late (long work on the main process only, a crash, a missing collective) "
@@ -751,7 +753,7 @@ ca_status ca_comm_diag_fail_backend(ca_comm *c, uint64_t s, const ca_coll_sig *x
     ca_comm_diag_fmt_op(s, x, ours, sizeof ours);
     if (c->store.ops) positions(c, pos, sizeof pos);
     else pos[0] = '\0';
-    snprintf(msg, sizeof msg, "%s failed on rank %d (backend %s): %s%s%s", ours, c->rank, c->backend, saved,
+    snprintf(msg, sizeof msg, "%s failed on rank %d (backend %s): %s%s%s", ours, ca_comm_grank(c, c->rank), c->backend, saved,
              pos[0] ? "; " : "", pos);
     return comm_fail(c, CA_ERR_BACKEND, msg, NULL);
 }

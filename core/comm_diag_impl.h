@@ -91,7 +91,8 @@ struct ca_comm {
     unsigned nsplits;          /* ca_comm_split calls so far: numbers the children's key prefixes */
     struct ca_comm *parent;    /* a split's child: its parent, which counts the child's bytes too */
     _Atomic uint64_t split_bytes; /* bytes sent by the communicators split from this one */
-    char split_note[256];      /* a split's child: which ranks of the parent its ranks are, for errors */
+    char split_note[256];      /* a split's child: its members, appended to its errors */
+    int *global;               /* a split's child: the job's rank of each of its ranks (owned) */
     bool launch_notes;         /* the store is caccel launch's: leave it a note on failure */
 
     pthread_mutex_t mu;        /* the record below */
@@ -157,5 +158,10 @@ void ca_comm_diag_linger(ca_comm *c, int64_t ms);
 /* The process's live communicators, for the exit announcement (on_exit). */
 void ca_comm_diag_live_add(ca_comm *c);
 void ca_comm_diag_live_remove(ca_comm *c, bool announce);
+
+/* Rank r of c as the job numbers it: a split's child maps its own ranks (comm.c). */
+static inline int ca_comm_grank(const ca_comm *c, int r) {
+    return c->global && r >= 0 && r < c->world ? c->global[r] : r;
+}
 
 #endif

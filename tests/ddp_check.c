@@ -6,6 +6,7 @@
  *   --mode fp16inf: fp16, the last rank puts an Inf in a gradient at step 3
  *   --mode uneven : 103 samples, evaluation through gather_for_metrics
  * --sched-total T attaches a linear schedule over T one-process steps; every mode prints lr_factor.
+ * --stop-rank R: rank R stops itself (SIGSTOP) before its third micro-step, a hung peer.
  * --hidden H widens the hidden layer (32); --depth D adds D Linear(H, H)+Tanh layers (0); --mem prints
  * state_bytes: the allocator's bytes in use before the last step for parameters, gradients and
  * optimizer state (the growth from before ca_prepare, plus the parameters the model held then; the
@@ -13,6 +14,7 @@
  * above what was allocated before it, and param_bytes: the parameters' f32 bytes (= the gradient's). */
 #include <caccel/caccel.h>
 
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,6 +26,7 @@ typedef struct opts {
     const char *dump;
     int64_t sched_total;
     bool mem;
+    int stop_rank;               /* --stop-rank R: rank R stops itself (SIGSTOP) before micro-step 3 */
 } opts;
 
 static ca_dataset *synthetic(int64_t n) {
@@ -77,7 +80,7 @@ static void dump(ca_accelerator *acc, ca_module *m, const char *path) {
 }
 
 static opts parse(int argc, char **argv) {
-    opts o = {.mode = "plain", .steps = 10, .k = 1, .batch = 8, .hidden = 32};
+    opts o = {.mode = "plain", .steps = 10, .k = 1, .batch = 8, .hidden = 32, .stop_rank = -1};
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--mode") && i + 1 < argc) o.mode = argv[++i];
         else if (!strcmp(argv[i], "--steps") && i + 1 < argc) o.steps = atoi(argv[++i]);
@@ -87,6 +90,7 @@ static opts parse(int argc, char **argv) {
         else if (!strcmp(argv[i], "--hidden") && i + 1 < argc) o.hidden = atoll(argv[++i]);
         else if (!strcmp(argv[i], "--depth") && i + 1 < argc) o.depth = atoll(argv[++i]);
         else if (!strcmp(argv[i], "--mem")) o.mem = true;
+        else if (!strcmp(argv[i], "--stop-rank") && i + 1 < argc) o.stop_rank = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--sched-total") && i + 1 < argc) o.sched_total = atoll(argv[++i]);
         else if (ca_config_flag_arity(argv[i]) >= 0) i += ca_config_flag_arity(argv[i]);
         else { fprintf(stderr, "ddp_check: unknown argument %s\n", argv[i]); exit(2); }
@@ -147,6 +151,11 @@ int main(int argc, char **argv) {
         /* between steps: the loader ended the previous step's scope; only the batch is new */
         CA_CHECK(ca_device_memory_stats(ca_accelerator_device(acc), &st1));
         CA_CHECK(ca_device_reset_peak_stats(ca_accelerator_device(acc)));
+        if (micro == 2 && rank == o.stop_rank) {   /* a hung peer: alive, silent */
+            printf("rank=%d stops\n", rank);
+            fflush(stdout);
+            raise(SIGSTOP);
+        }
         CA_ACCUMULATE(acc, m) {
             ca_tensor *loss = ca_cross_entropy(ca_module_forward(m, b.x), b.y);
             CA_CHECK(ca_backward(acc, loss));

@@ -284,6 +284,19 @@ for be in $backends; do
         same "$WORK/ddp4.bin" "$WORK/h4.bin"
     done
 done
+if have gloo; then
+    note "HSDP with a hung rank (rank 3 stopped, timeout 5 s): every rank ends within the bound, the errors name rank 3 as the job numbers it, and the group"
+    t0=$(date +%s)
+    PARALLELISM_CONFIG_DP_REPLICATE_SIZE=2 launch 4 gloo --use_fsdp --fsdp_sharding_strategy FULL_SHARD "$DDP" --timeout 5 --mode plain --batch 6 --steps 100000 --stop-rank 3 > "$WORK/o" && fail "a run with a stopped rank succeeded"
+    dt=$(($(date +%s) - t0))
+    echo "  ended after $dt s"
+    [ "$dt" -lt 60 ] || fail "the run with a stopped rank took $dt s"
+    count 1 'rank=3 stops' "$WORK/o"
+    grep -q 'rank 3 is stopped (pid' "$WORK/o" || { cat "$WORK/o"; fail "no error names rank 3 as stopped"; }
+    grep -q '(in the group of ranks [0-9, ]*3 split from ' "$WORK/o" || { cat "$WORK/o"; fail "no error names rank 3's group"; }
+    sleep 1
+    ! pgrep -f -- "--stop-rank 3" > /dev/null || { pgrep -a -f -- "--stop-rank 3"; fail "processes outlived their launcher"; }
+fi
 note "a world that does not split into the groups asked is refused, naming the key"
 be=$(echo "$backends" | awk '{print $1}')
 PARALLELISM_CONFIG_DP_SHARD_SIZE=3 launch 4 "$be" "$DDP" --use_fsdp --fsdp_sharding_strategy HYBRID_SHARD --mode plain --steps 1 > "$WORK/o" 2>&1 && fail "4 processes in groups of 3 ran"
