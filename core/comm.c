@@ -215,6 +215,139 @@ static uint64_t bus_bytes(const ca_comm *c, ca_coll_kind kind, const issue_args 
     }
 }
 
+/* Hands the operation to the backend; a failure is diagnosed (which peer, why). */
+static ca_status issue(ca_comm *c, ca_coll_kind kind, const issue_args *a, ca_work *w) {
+    ca_status s;
+    switch (kind) {
+    case CA_COLL_ALL_REDUCE:
+        s = c->ops.all_reduce(c->bc, a->send, a->recv, a->count, a->dt, a->op, &w->impl);
+        break;
+    case CA_COLL_BROADCAST:
+        s = c->ops.broadcast(c->bc, a->recv, a->count, a->dt, a->root, &w->impl);
+        break;
+    case CA_COLL_ALL_GATHER:
+        s = c->ops.all_gather(c->bc, a->send, a->recv, a->count, a->dt, &w->impl);
+        break;
+    case CA_COLL_REDUCE_SCATTER:
+        s = c->ops.reduce_scatter(c->bc, a->send, a->recv, a->count, a->dt, a->op, &w->impl);
+        break;
+    case CA_COLL_BARRIER:
+        s = c->ops.barrier(c->bc, &w->impl);
+        break;
+    default:
+        s = ca_error(CA_ERR_INTERNAL, "unknown collective %d", (int)kind);
+        break;
+    }
+    if (s != CA_OK) {
+        char m[MSG_MAX];
+        snprintf(m, sizeof m, "%s", ca_last_error());
+        s = ca_comm_diag_fail_backend(c, w->seq, &w->sig, m);
+    }
+    return s;
+}
+
+/* Numbers w and puts it on the list of unfinished operations (what the watchdog publishes). */
+static void enlist(ca_comm *c, ca_work *w, ca_coll_kind kind, const issue_args *a) {
+    pthread_mutex_lock(&c->mu);
+    w->seq = c->next_seq++;
+    uint64_t sent = bus_bytes(c, kind, a);
+    c->bytes += sent;
+    for (ca_comm *p = c->parent; p; p = p->parent) atomic_fetch_add(&p->split_bytes, sent);
+    c->last_sig = w->sig;
+    c->hist[w->seq % HIST] = w->sig;
+    w->prev = c->unf_tail;
+    if (c->unf_tail) c->unf_tail->next = w;
+    else c->unf_head = w;
+    c->unf_tail = w;
+    c->version++;
+    pthread_mutex_unlock(&c->mu);
+}
+
+/* ------------------------------------------------------------------ in a lazy device's graph */
+
+/* A collective on a lazy device (xla) is a node of its graph: recorded now, numbered now (so
+ * every rank numbers it the same), run by the device's executor in graph order, on the device
+ * buffers themselves (host-addressable while the node runs). The caller's work is complete at
+ * once: every later device operation sees the result, and a host read runs the graph first. */
+typedef struct deferred {
+    ca_comm *c;
+    ca_work *w;                /* the numbered operation, finished by the node */
+    ca_coll_kind kind;
+    issue_args a;
+    bool checked;
+} deferred;
+
+static ca_status deferred_run(void *ctx, bool run) {
+    deferred *d = ctx;
+    ca_comm *c = d->c;
+    ca_work *w = d->w;
+    ca_status s;
+    if (!run) {
+        s = finish(c, w, CA_ERR_STATE);
+    } else {
+        w->issue_ms = ca_now_ms();   /* the deadline runs from when the graph reaches it */
+        int64_t deadline = w->issue_ms + c->timeout_ms;
+        s = atomic_load(&c->failed) ? ca_comm_diag_failed_already(c, ca_coll_kind_name(d->kind)) : CA_OK;
+        if (s == CA_OK && d->checked) s = ca_comm_diag_precheck(c, w->seq, &w->sig, deadline);
+        if (s == CA_OK) s = issue(c, d->kind, &d->a, w);
+        if (s != CA_OK) finish(c, w, s);
+        else s = w->impl ? wait_work(c, w, deadline, true) : finish(c, w, CA_OK);
+    }
+    atomic_fetch_sub(&c->ndeferred, 1);
+    free(w);
+    free(d);
+    return s;
+}
+
+/* Bytes of the operation's send and receive buffers. */
+static void coll_bytes(const ca_comm *c, ca_coll_kind kind, const issue_args *a, size_t *sb, size_t *rb) {
+    size_t n = a->count * ca_dtype_size(a->dt), world = (size_t)c->world;
+    *sb = kind == CA_COLL_REDUCE_SCATTER ? n * world : n;
+    *rb = kind == CA_COLL_ALL_GATHER ? n * world : n;
+}
+
+static ca_status run_deferred(ca_comm *c, ca_coll_kind kind, const issue_args *a, const ca_coll_sig *sig,
+                              bool checked, ca_work **out) {
+    ca_work *w = calloc(1, sizeof *w), *done = out ? calloc(1, sizeof *done) : NULL;
+    deferred *d = malloc(sizeof *d);
+    if (!w || !d || (out && !done)) {
+        free(w);
+        free(d);
+        free(done);
+        return ca_error(CA_ERR_NOMEM, "out of memory recording %s", ca_coll_kind_name(kind));
+    }
+    w->comm = c;
+    w->heap = true;
+    w->sig = *sig;
+    w->issue_ms = ca_now_ms();
+    enlist(c, w, kind, a);
+    *d = (deferred){ .c = c, .w = w, .kind = kind, .a = *a, .checked = checked };
+    atomic_fetch_add(&c->ndeferred, 1);
+    unsigned long long seq = (unsigned long long)w->seq;
+    size_t sb, rb;
+    coll_bytes(c, kind, a, &sb, &rb);
+    const ca_device_ops *dops = ca_device_ops_of(c->device);
+    ca_status s = dops->enqueue_host_fn(ca_device_context(c->device), deferred_run, d,
+                                        a->send != a->recv ? a->send : NULL, sb, a->recv, rb);
+    if (s != CA_OK) {   /* the device dropped it: deferred_run(d, false) finished and freed w */
+        free(done);
+        return ca_error_context("recording %s #%llu in the graph of device %s", ca_coll_kind_name(kind), seq,
+                                ca_device_name(c->device));
+    }
+    if (out) {
+        *done = (ca_work){ .comm = c, .heap = true, .done = true, .status = CA_OK, .sig = *sig };
+        *out = done;
+    }
+    return CA_OK;
+}
+
+/* Whether c's collectives go into its device's graph: a lazy device, a backend on host memory. */
+static bool in_graph(const ca_comm *c, ca_coll_kind kind) {
+    if (!c->stage || kind == CA_COLL_BARRIER || !c->device) return false;
+    const ca_device_ops *d = ca_device_ops_of(c->device);
+    return d && d->enqueue_host_fn;
+}
+
 static ca_status run(ca_comm *c, ca_coll_kind kind, const issue_args *a, ca_work **out) {
     if (!c) return ca_error(CA_ERR_INVALID, "%s: NULL communicator", ca_coll_kind_name(kind));
     if (out) *out = NULL;
@@ -230,6 +363,13 @@ static ca_status run(ca_comm *c, ca_coll_kind kind, const issue_args *a, ca_work
     bool checked = c->store.ops && (c->debug || c->checked_user || kind == CA_COLL_BARRIER ||
                                     kind == CA_COLL_BROADCAST || kind == CA_COLL_ALL_GATHER);
 
+    if (in_graph(c, kind)) return run_deferred(c, kind, a, &sig, checked, out);
+    /* an operation that runs now comes after the ones still in the device's graph */
+    if (atomic_load(&c->ndeferred) > 0) {
+        ca_status s = ca_device_synchronize(c->device);
+        if (s != CA_OK) return ca_error_context("running the collectives recorded before %s", ca_coll_kind_name(kind));
+    }
+
     ca_work stack_w, *w = &stack_w;
     if (out) {
         w = malloc(sizeof *w);
@@ -241,19 +381,7 @@ static ca_status run(ca_comm *c, ca_coll_kind kind, const issue_args *a, ca_work
     w->sig = sig;
     w->issue_ms = ca_now_ms();
 
-    pthread_mutex_lock(&c->mu);
-    w->seq = c->next_seq++;
-    uint64_t sent = bus_bytes(c, kind, a);
-    c->bytes += sent;
-    for (ca_comm *p = c->parent; p; p = p->parent) atomic_fetch_add(&p->split_bytes, sent);
-    c->last_sig = sig;
-    c->hist[w->seq % HIST] = sig;
-    w->prev = c->unf_tail;
-    if (c->unf_tail) c->unf_tail->next = w;
-    else c->unf_head = w;
-    c->unf_tail = w;
-    c->version++;
-    pthread_mutex_unlock(&c->mu);
+    enlist(c, w, kind, a);
 
     int64_t deadline = w->issue_ms + c->timeout_ms;
     ca_status s = CA_OK;
@@ -263,33 +391,7 @@ static ca_status run(ca_comm *c, ca_coll_kind kind, const issue_args *a, ca_work
         s = stage(c, kind, a, w, &staged);
         a = &staged;
     }
-    if (s == CA_OK) {
-        switch (kind) {
-        case CA_COLL_ALL_REDUCE:
-            s = c->ops.all_reduce(c->bc, a->send, a->recv, a->count, a->dt, a->op, &w->impl);
-            break;
-        case CA_COLL_BROADCAST:
-            s = c->ops.broadcast(c->bc, a->recv, a->count, a->dt, a->root, &w->impl);
-            break;
-        case CA_COLL_ALL_GATHER:
-            s = c->ops.all_gather(c->bc, a->send, a->recv, a->count, a->dt, &w->impl);
-            break;
-        case CA_COLL_REDUCE_SCATTER:
-            s = c->ops.reduce_scatter(c->bc, a->send, a->recv, a->count, a->dt, a->op, &w->impl);
-            break;
-        case CA_COLL_BARRIER:
-            s = c->ops.barrier(c->bc, &w->impl);
-            break;
-        default:
-            s = ca_error(CA_ERR_INTERNAL, "unknown collective %d", (int)kind);
-            break;
-        }
-        if (s != CA_OK) {
-            char m[MSG_MAX];
-            snprintf(m, sizeof m, "%s", ca_last_error());
-            s = ca_comm_diag_fail_backend(c, w->seq, &sig, m);
-        }
-    }
+    if (s == CA_OK) s = issue(c, kind, a, w);
     if (s != CA_OK) {
         finish(c, w, s);
         if (w->heap) free(w);
@@ -537,6 +639,10 @@ static ca_status join(ca_comm *c) {
 
 void ca_comm_destroy(ca_comm *c) {
     if (!c) return;
+    /* collectives still in a lazy device's graph run (or are dropped) while c exists */
+    if (atomic_load(&c->ndeferred) > 0 && ca_device_synchronize(c->device) != CA_OK)
+        CA_LOG_W("destroying a communicator: the collectives recorded on %s failed: %s", ca_device_name(c->device),
+                 ca_last_error());
     bool announce = c->wd_running && c->store.ops;
     if (c->wd_running) {
         pthread_mutex_lock(&c->wd_mu);

@@ -89,6 +89,7 @@ struct ca_comm {
     ca_store_server *own_server;
     char prefix[96];
     unsigned nsplits;          /* ca_comm_split calls so far: numbers the children's key prefixes */
+    _Atomic int ndeferred;     /* collectives recorded in a lazy device's graph, not yet run */
     struct ca_comm *parent;    /* a split's child: its parent, which counts the child's bytes too */
     _Atomic uint64_t split_bytes; /* bytes sent by the communicators split from this one */
     char split_note[256];      /* a split's child: its members, appended to its errors */

@@ -2,7 +2,8 @@
  * (the second identical step compiles nothing; a short last batch compiles once), dead-code
  * elimination, fusion of elementwise chains (bit-identical to eager, fused or not, in training
  * too; node by node when buffers overlap), the buffer plan and the arena's reuse inside a graph,
- * the arena (host memory is refused, transfers are counted), the metrics. */
+ * the arena (host memory is refused, transfers are counted), host functions (collectives) in graph
+ * order, the metrics. */
 #include "test_util.h"
 
 static ca_device *X;
@@ -34,6 +35,60 @@ static void test_lazy_until_read(void **state) {
         T_OK(ca_tensor_item(ca_sum(b), &v));
         assert_true(v == 32.0);
         assert_int_equal(metrics().graphs, 2);
+    }
+}
+
+/* A host function (what the core records for a collective) runs in graph order at the next
+ * synchronisation, on the device buffers; its failure fails that execution; a node whose
+ * recording fails, or that is never run, gets fn(ctx, false) so its context is freed. */
+typedef struct host_ctx {
+    float *buf;
+    float seen;                /* buf[0] when the function ran */
+    int runs, drops;
+    ca_status result;
+} host_ctx;
+
+static ca_status host_fn(void *ctx, bool run) {
+    host_ctx *h = ctx;
+    if (!run) {
+        h->drops++;
+        return CA_OK;
+    }
+    h->runs++;
+    h->seen = h->buf[0];
+    h->buf[0] *= 10.0f;        /* in place, as an all-reduce writes its buffer */
+    return h->result == CA_OK ? CA_OK : ca_error(h->result, "host function failed on purpose");
+}
+
+static void test_host_fn_in_graph_order(void **state) {
+    const ca_device_ops *ops = ca_device_ops_of(X);
+    assert_non_null(ops->enqueue_host_fn);
+    T_OK(ca_xla_metrics_reset(X));
+    CA_SCOPE {
+        ca_tensor *a = ca_full(X, CA_F32, CA_SHAPE(4), 2.0);   /* recorded before: the function sees 2 */
+        host_ctx h = {.buf = ca_tensor_data(a)};
+        T_OK(ops->enqueue_host_fn(ca_device_context(X), host_fn, &h, NULL, 0, ca_tensor_data(a), 4 * sizeof(float)));
+        ca_tensor *b = ca_add(a, a);                           /* recorded after: it sees 20 */
+        assert_int_equal(h.runs, 0);
+        float out[4];
+        T_OK(ca_tensor_to_host(b, out, sizeof out));
+        assert_int_equal(h.runs, 1);
+        assert_true(h.seen == 2.0f);
+        assert_true(out[0] == 40.0f && out[1] == 4.0f);
+        assert_int_equal(metrics().collectives_in_graph, 1);
+        /* a failing function fails the execution that ran it, with its message */
+        h.result = CA_ERR_PEER;
+        T_OK(ops->enqueue_host_fn(ca_device_context(X), host_fn, &h, NULL, 0, ca_tensor_data(a), 4 * sizeof(float)));
+        assert_int_equal(ca_device_synchronize(X), CA_ERR_PEER);
+        assert_non_null(strstr(ca_last_error(), "host function failed on purpose"));
+        ca_clear_error();
+        /* a recording that fails (host memory is not the device's) drops the context at once */
+        float host[4];
+        assert_int_equal(ops->enqueue_host_fn(ca_device_context(X), host_fn, &h, NULL, 0, host, sizeof host),
+                         CA_ERR_INVALID);
+        ca_clear_error();
+        assert_int_equal(h.drops, 1);
+        assert_int_equal(h.runs, 2);
     }
 }
 
@@ -434,6 +489,7 @@ int main(void) {
     T_OK(ca_device_open("xla", 0, NULL, &X));
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_lazy_until_read), cmocka_unit_test(test_host_memory_refused),
+        cmocka_unit_test(test_host_fn_in_graph_order),
         cmocka_unit_test(test_dead_code),       cmocka_unit_test(test_training_cache),
         cmocka_unit_test(test_metrics_other_device), cmocka_unit_test(test_fusion),
         cmocka_unit_test(test_fusion_every_unary),

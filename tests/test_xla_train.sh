@@ -2,7 +2,7 @@
 # distributed_type XLA as users run it: the Fashion-MNIST example on the lazy xla device. Its graphs
 # run the cpu backend's kernels in recorded order, so the parameters equal the eager CPU run's bit
 # for bit (1 process after 50 steps, from --tpu and from a config file; 2 processes under caccel
-# launch over Gloo from a config file and from --tpu, where the graph runs before each collective; mixed precision, accumulation and
+# launch over Gloo from a config file and from --tpu, where each collective is a node of the graph; mixed precision, accumulation and
 # clipping too). One epoch reaches the CPU's 80%
 # floor (tests/test_examples.sh), and the whole epoch compiles a handful of programs: the training
 # step's, the short last batch's, the evaluation's; every other graph comes from the cache.
@@ -48,10 +48,14 @@ note "2 processes under caccel launch (Gloo): equal to the 2-process CPU run"
 timeout 300 "$CACCEL" launch --num_processes 2 --cpu --backend gloo "$FM" --batch-size 128 --epochs 1 \
     --max-steps 15 --dump-params "$WORK/cpu2.bin" > "$WORK/o" 2>&1 || { cat "$WORK/o"; fail "2 ranks on cpu"; }
 printf 'distributed_type: XLA\nnum_processes: 2\n' > "$WORK/xla2.yaml"
-timeout 300 "$CACCEL" launch --config_file "$WORK/xla2.yaml" --backend gloo "$FM" --batch-size 128 --epochs 1 \
+CACCEL_XLA_METRICS=1 timeout 300 "$CACCEL" launch --config_file "$WORK/xla2.yaml" --backend gloo "$FM" --batch-size 128 --epochs 1 \
     --max-steps 15 --dump-params "$WORK/xla2.bin" > "$WORK/o" 2>&1 || { cat "$WORK/o"; fail "2 ranks on xla"; }
 grep -q "2 process(es) on xla" "$WORK/o" || { cat "$WORK/o"; fail "the 2 ranks did not train on xla"; }
 cmp -s "$WORK/cpu2.bin" "$WORK/xla2.bin" || fail "2-rank xla parameters differ from the 2-rank CPU run's"
+# DDP's all-reduce of each step is a node of the step's graph: 15 steps, one bucket each, per rank
+n=$(sed -n 's/^ *collectives_in_graph: \([0-9]*\)$/\1/p' "$WORK/o" | awk '$1 >= 15' | wc -l)
+echo "  ranks whose metrics show at least 15 collectives run in their graphs: $n"
+[ "$n" -eq 2 ] || { cat "$WORK/o"; fail "the collectives did not run as graph nodes on both ranks"; }
 
 note "2 processes under caccel launch --tpu: the flag reaches the workers (CACCEL_USE_XLA)"
 timeout 300 "$CACCEL" launch --num_processes 2 --tpu --backend gloo "$FM" --batch-size 128 --epochs 1 \

@@ -225,6 +225,8 @@ static bool is_list(xslot s) { return s >= XS_ADAMW && s <= XS_CLAMP_LIST; }
 
 static void drop_node_data(xnode *n) {
     if (is_list(n->slot)) free(n->a.list.l.mem);
+    if (n->slot == XS_HOST && n->a.host.ctx) n->a.host.fn(n->a.host.ctx, false);   /* never ran */
+    if (n->slot == XS_HOST) n->a.host.ctx = NULL;
 }
 
 ca_status xla_ref(xla_dev *x, xnode *n, const void *p, uint64_t bytes, int flags, const char *what) {
@@ -346,6 +348,12 @@ static int eliminate(const xla_dev *x, uint8_t *run, int nblocks) {
     for (int i = x->nnodes - 1; i >= 0; i--) {
         const xnode *nd = &x->nodes[i];
         bool needed = true, writes = false;   /* a node that writes nothing is kept: it only checks */
+        if (nd->slot == XS_HOST) {   /* a host function (a collective) has effects outside the graph */
+            run[i] = 1;
+            nrun++;
+            for (int r = 0; r < nd->nref; r++) live[x->refs[nd->ref0 + r].al->canon] = 1;
+            continue;
+        }
         for (int r = 0; r < nd->nref; r++) writes |= (x->refs[nd->ref0 + r].flags & XR_WRITE) != 0;
         if (writes) needed = false;
         for (int r = 0; r < nd->nref && !needed; r++) {
@@ -506,6 +514,7 @@ static xprogram *compile(xla_dev *x, uint64_t h, int64_t *key, size_t len, int n
 }
 
 static ca_status exec_one(xla_dev *x, int i) {
+    x->m.collectives_in_graph += x->nodes[i].slot == XS_HOST;
     ca_status s = xla_exec_node(x, &x->nodes[i]);
     if (s != CA_OK)
         return ca_error_context("xla: running node %d (%s) of a graph of %d nodes", i,
@@ -727,6 +736,20 @@ static ca_status record_copy(xla_dev *x, void *dst, const void *src, size_t byte
     return xla_node_end(x, n, s);
 }
 
+/* A host function in graph order (the core's collectives): a node that always runs, never fused. */
+static ca_status x_enqueue_host_fn(void *dev, ca_status (*fn)(void *ctx, bool run), void *ctx, const void *in,
+                                   size_t in_bytes, void *out, size_t out_bytes) {
+    xla_dev *x = dev;
+    xnode *n = xla_node_begin(x, XS_HOST);
+    n->a.host.fn = fn;
+    n->a.host.ctx = ctx;
+    xla_key(x, n, (int64_t)in_bytes);
+    xla_key(x, n, (int64_t)out_bytes);
+    ca_status s = in ? xla_ref(x, n, in, in_bytes, XR_READ, "in") : CA_OK;
+    if (s == CA_OK && out) s = xla_ref(x, n, out, out_bytes, XR_READ | XR_WRITE, "out");
+    return xla_node_end(x, n, s);   /* on failure the node's data is dropped: fn(ctx, false) */
+}
+
 static ca_status x_memcpy(void *dev, void *dst, const void *src, size_t bytes, ca_copy_kind kind, bool async) {
     xla_dev *x = dev;
     if (bytes == 0) return CA_OK;
@@ -795,6 +818,7 @@ static const ca_device_ops xla_device_ops = {
     .allocator = &xla_allocator,
     .allocator_ctx = x_allocator_ctx,
     .host_memory = false,
+    .enqueue_host_fn = x_enqueue_host_fn,
 };
 
 /* ------------------------------------------------------------------ metrics and plugin */
@@ -824,7 +848,7 @@ void ca_xla_format_metrics(const ca_xla_metrics *m, char *buf, size_t len) {
              "  h2d_transfers: %llu\n  h2d_bytes: %llu\n  d2h_transfers: %llu\n  d2h_bytes: %llu\n"
              "  mark_steps: %llu\n  compile_ms: %.3f\n  execute_ms: %.3f\n"
              "  kernels_launched: %llu\n  fused_kernels: %llu\n  fused_nodes: %llu\n"
-             "  planned_peak_bytes: %llu\n  intermediate_bytes: %llu\n",
+             "  planned_peak_bytes: %llu\n  intermediate_bytes: %llu\n  collectives_in_graph: %llu\n",
              (unsigned long long)m->graphs, (unsigned long long)m->compiles, (unsigned long long)m->cache_hits,
              (unsigned long long)m->cached_programs, (unsigned long long)m->nodes_recorded,
              (unsigned long long)m->nodes_executed, (unsigned long long)m->nodes_eliminated,
@@ -834,7 +858,7 @@ void ca_xla_format_metrics(const ca_xla_metrics *m, char *buf, size_t len) {
              (unsigned long long)m->mark_steps, m->compile_ms, m->execute_ms,
              (unsigned long long)m->kernels_launched, (unsigned long long)m->fused_kernels,
              (unsigned long long)m->fused_nodes, (unsigned long long)m->planned_peak_bytes,
-             (unsigned long long)m->intermediate_bytes);
+             (unsigned long long)m->intermediate_bytes, (unsigned long long)m->collectives_in_graph);
 }
 
 static const ca_device_ops *const xla_devices[] = {&xla_device_ops};

@@ -35,7 +35,7 @@ typedef enum xslot {
     XS_LAYER_NORM, XS_LAYER_NORM_BACKWARD, XS_EMBEDDING, XS_EMBEDDING_BACKWARD, XS_RNG, XS_DROPOUT,
     XS_DROPOUT_BACKWARD, XS_ADAMW, XS_SGD, XS_SUM_SQUARES, XS_SCALE_LIST, XS_UNSCALE_CHECK,
     XS_CLAMP_LIST, XS_ATTENTION, XS_ATTENTION_BACKWARD, XS_WHERE, XS_GATHER, XS_GATHER_BACKWARD,
-    XS_MEMCPY, XS_COUNT
+    XS_MEMCPY, XS_HOST, XS_COUNT
 } xslot;
 
 /* A tensor list copied with the node (the caller's arrays do not outlive the call). */
@@ -74,6 +74,7 @@ typedef union xargs {
     struct { ca_dtype dt; ca_attention_args a; const void *q, *k, *v, *out_in, *dout; const float *lse_in;
              void *out, *dq, *dk, *dv; float *lse; } attn;
     struct { void *dst; const void *src; size_t bytes; } memcpy;
+    struct { ca_status (*fn)(void *ctx, bool run); void *ctx; } host;   /* ctx owned until run or dropped */
 } xargs;
 
 typedef struct xnode {

@@ -575,6 +575,11 @@ ca_status xla_exec_node(xla_dev *x, const xnode *n) {
     case XS_MEMCPY:
         memmove(a->memcpy.dst, a->memcpy.src, a->memcpy.bytes);
         return CA_OK;
+    case XS_HOST: {   /* the function frees its context as it runs */
+        void *ctx = a->host.ctx;
+        ((xargs *)a)->host.ctx = NULL;
+        return ctx ? a->host.fn(ctx, true) : ca_error(CA_ERR_STATE, "xla: a host function node ran twice");
+    }
     case XS_COUNT: break;
     }
     return ca_error(CA_ERR_INVALID, "xla: unknown node kind %d", (int)n->slot);
@@ -586,6 +591,6 @@ const char *xla_slot_name(xslot s) {
         "softmax", "softmax_backward", "cross_entropy", "cross_entropy_backward", "layer_norm",
         "layer_norm_backward", "embedding", "embedding_backward", "rng", "dropout", "dropout_backward", "adamw",
         "sgd", "sum_squares", "scale_list", "unscale_check", "clamp_list", "attention", "attention_backward",
-        "where", "gather", "gather_backward", "memcpy"};
+        "where", "gather", "gather_backward", "memcpy", "host_fn"};
     return (unsigned)s < XS_COUNT ? names[s] : "?";
 }

@@ -342,6 +342,14 @@ typedef struct ca_device_ops {
     /* True when device pointers are host pointers (cpu): host buffers may be
      * handed to kernels directly. The core still never dereferences them. */
     bool host_memory;
+    /* Optional, for lazy devices (xla): records fn(ctx, true) to run on the host in the device's
+     * order, after every operation recorded before it and before every one recorded after, with
+     * `in` (read) and `out` (read and written; either may be NULL) host-addressable while it runs;
+     * its status fails the execution that ran it. The device owns ctx from the call on, even when
+     * the call fails: fn(ctx, false) discards it (a graph dropped without running, a failed
+     * recording). The core records collectives this way, so they run in graph order. */
+    ca_status (*enqueue_host_fn)(void *dev, ca_status (*fn)(void *ctx, bool run), void *ctx, const void *in,
+                                 size_t in_bytes, void *out, size_t out_bytes);
 } ca_device_ops;
 
 /* ------------------------------------------------------------- rendezvous */

@@ -70,6 +70,7 @@ typedef struct ca_xla_metrics {
     uint64_t fused_nodes;      /* nodes run inside fused loops */
     uint64_t planned_peak_bytes;         /* last graph: its intermediates' peak, planned by liveness */
     uint64_t intermediate_bytes;         /* last graph: the sum of its intermediates (no reuse) */
+    uint64_t collectives_in_graph;       /* collectives run as nodes of a graph (in graph order) */
 } ca_xla_metrics;
 
 /* Metrics of an xla device; CA_ERR_INVALID for another device. */
