@@ -62,4 +62,13 @@ timeout 300 "$CACCEL" launch --num_processes 2 --tpu --backend gloo "$FM" --batc
     --max-steps 15 --dump-params "$WORK/tpu2.bin" > "$WORK/o" 2>&1 || { cat "$WORK/o"; fail "2 ranks with --tpu"; }
 grep -q "2 process(es) on xla" "$WORK/o" || { cat "$WORK/o"; fail "caccel launch --tpu did not train on xla"; }
 cmp -s "$WORK/cpu2.bin" "$WORK/tpu2.bin" || fail "caccel launch --tpu parameters differ from the 2-rank CPU run's"
+if command -v "${MPIRUN:-mpirun}" > /dev/null 2>&1 && have mpi; then
+    note "2 processes under mpirun (MPI): the collectives run as graph nodes; equal to the 2-process CPU run"
+    CACCEL_XLA_METRICS=1 run_mpi 2 "$FM" --tpu --batch-size 128 --epochs 1 --max-steps 15 \
+        --dump-params "$WORK/mpi2.bin" > "$WORK/o" 2>&1 || { cat "$WORK/o"; fail "2 ranks on xla under mpirun"; }
+    grep -q "2 process(es) on xla" "$WORK/o" || { cat "$WORK/o"; fail "the 2 MPI ranks did not train on xla"; }
+    cmp -s "$WORK/cpu2.bin" "$WORK/mpi2.bin" || fail "2-rank xla parameters under mpirun differ from the 2-rank CPU run's"
+    n=$(sed -n 's/^ *collectives_in_graph: \([0-9]*\)$/\1/p' "$WORK/o" | awk '$1 >= 15' | wc -l)
+    [ "$n" -eq 2 ] || { cat "$WORK/o"; fail "under mpirun the collectives did not run as graph nodes on both ranks"; }
+fi
 echo "PASS"
