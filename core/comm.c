@@ -171,15 +171,21 @@ typedef struct issue_args {
     int root;
 } issue_args;
 
+/* Bytes of the operation's send and receive buffers. */
+static void coll_bytes(const ca_comm *c, ca_coll_kind kind, const issue_args *a, size_t *sb, size_t *rb) {
+    size_t n = a->count * ca_dtype_size(a->dt), world = (size_t)c->world;
+    *sb = kind == CA_COLL_REDUCE_SCATTER ? n * world : n;
+    *rb = kind == CA_COLL_ALL_GATHER ? n * world : n;
+}
+
 /* Host staging: host copies of the operation's buffers (the send buffer
  * copied from the device, which waits for the kernels that wrote it); *h
  * gets the host pointers the backend is given. */
 static ca_status stage(ca_comm *c, ca_coll_kind kind, const issue_args *a, ca_work *w, issue_args *h) {
     *h = *a;
     if (kind == CA_COLL_BARRIER) return CA_OK;
-    size_t es = ca_dtype_size(a->dt), n = a->count * es, world = (size_t)c->world;
-    size_t sb = kind == CA_COLL_REDUCE_SCATTER ? n * world : n;
-    size_t rb = kind == CA_COLL_ALL_GATHER ? n * world : n;
+    size_t sb, rb;
+    coll_bytes(c, kind, a, &sb, &rb);
     bool same = a->send == a->recv;   /* in place: one host buffer of the larger size */
     size_t alloc = same && sb > rb ? sb : rb;
     w->st_recv = malloc(alloc ? alloc : 1);
@@ -297,13 +303,6 @@ static ca_status deferred_run(void *ctx, bool run) {
     free(w);
     free(d);
     return s;
-}
-
-/* Bytes of the operation's send and receive buffers. */
-static void coll_bytes(const ca_comm *c, ca_coll_kind kind, const issue_args *a, size_t *sb, size_t *rb) {
-    size_t n = a->count * ca_dtype_size(a->dt), world = (size_t)c->world;
-    *sb = kind == CA_COLL_REDUCE_SCATTER ? n * world : n;
-    *rb = kind == CA_COLL_ALL_GATHER ? n * world : n;
 }
 
 static ca_status run_deferred(ca_comm *c, ca_coll_kind kind, const issue_args *a, const ca_coll_sig *sig,
