@@ -190,9 +190,9 @@ ca_status ca_zero_configure(ca_accelerator *acc);
 /* zero.c: sharded data parallelism. The helpers over flat f32 buffers are zero3.c's too: a float
  * pointer into a device tensor, a device copy of n floats, a zeroed buffer kept past scopes. */
 float *ca_zero_fptr(const ca_tensor *t, int64_t off);
-ca_status ca_zero_replicas_avg(ca_accelerator *acc, float *x, int64_t n);
 ca_status ca_zero_copy_f32(ca_device *d, const float *x, float *y, int64_t n);
 ca_tensor *ca_zero_persistent_zeros(ca_device *d, int64_t n);
+ca_tensor *ca_zero_kept_zeros(ca_device *d, ca_dtype dt, int64_t n);   /* of any dtype */
 /* A kept contiguous view of base's storage at element off (relative to base). */
 ca_tensor *ca_zero_flat_view(ca_tensor *base, int ndim, const int64_t *shape, int64_t off);
 /* Lays the model's parameters out in the flat index space and allocates this rank's shard. */

@@ -18,10 +18,12 @@ ca_status ca_zero_copy_f32(ca_device *d, const float *x, float *y, int64_t n) {
     return n ? CA_KCALL(d, copy_strided, CA_F32, 1, shape, x, st, y, st) : CA_OK;
 }
 
-ca_tensor *ca_zero_persistent_zeros(ca_device *d, int64_t n) {
-    ca_tensor *t = ca_zeros(d, CA_F32, 1, &n);
+ca_tensor *ca_zero_kept_zeros(ca_device *d, ca_dtype dt, int64_t n) {
+    ca_tensor *t = ca_zeros(d, dt, 1, &n);
     return t ? ca_tensor_keep(t) : NULL;
 }
+
+ca_tensor *ca_zero_persistent_zeros(ca_device *d, int64_t n) { return ca_zero_kept_zeros(d, CA_F32, n); }
 
 ca_tensor *ca_zero_flat_view(ca_tensor *base, int ndim, const int64_t *shape, int64_t off) {
     int64_t st[CA_MAX_DIMS], s = 1;
@@ -94,7 +96,7 @@ static ca_status build_groups(ca_accelerator *acc) {
 }
 
 /* HYBRID_SHARD: the shard's gradient, averaged within the group, averaged over the replicas. */
-ca_status ca_zero_replicas_avg(ca_accelerator *acc, float *x, int64_t n) {
+static ca_status replicas_avg(ca_accelerator *acc, float *x, int64_t n) {
     ca_zero *z = &acc->zero;
     if (!z->rep || n <= 0) return CA_OK;
     ca_status s = ca_comm_all_reduce(z->rep, x, x, (size_t)n, CA_F32, CA_OP_AVG, NULL);
@@ -203,7 +205,7 @@ ca_status ca_zero_reduce(ca_accelerator *acc) {
     if (z->stage == 3) {
         ca_status s = ca_zero3_reduce(acc);
         ca_zero3_release_all(acc);   /* units some parameter's gradient never reached */
-        if (s == CA_OK) s = ca_zero_replicas_avg(acc, ca_zero_fptr(z->gshard, 0), z->shard);
+        if (s == CA_OK) s = replicas_avg(acc, ca_zero_fptr(z->gshard, 0), z->shard);
         z->reduced = s == CA_OK;
         return s;
     }
@@ -220,7 +222,7 @@ ca_status ca_zero_reduce(ca_accelerator *acc) {
         ? ca_comm_all_reduce(acc->comm, ca_tptr(z->gflat), ca_tptr(z->gflat), n, CA_F32, CA_OP_AVG, NULL)
         : ca_comm_reduce_scatter(z->comm, ca_tptr(z->gflat), ca_tptr(z->gshard), (size_t)z->shard, CA_F32,
                                  CA_OP_AVG, NULL);
-    if (s == CA_OK && z->stage == 2) s = ca_zero_replicas_avg(acc, ca_zero_fptr(z->gshard, 0), z->shard);
+    if (s == CA_OK && z->stage == 2) s = replicas_avg(acc, ca_zero_fptr(z->gshard, 0), z->shard);
     if (s != CA_OK) return ca_error_context("sharded data parallelism: reducing the gradients (stage %d)", z->stage);
     if (z->stage >= 2) detach_grads(acc);
     z->reduced = true;

@@ -94,11 +94,6 @@ static ca_dtype gather_dtype(const ca_accelerator *acc) {
     return acc->st.mixed_precision == CA_MP_BF16 ? CA_BF16 : acc->st.mixed_precision == CA_MP_FP16 ? CA_F16 : CA_F32;
 }
 
-static ca_tensor *kept_zeros(ca_device *d, ca_dtype dt, int64_t n) {
-    ca_tensor *t = ca_zeros(d, dt, 1, &n);
-    return t ? ca_tensor_keep(t) : NULL;
-}
-
 /* Casts n elements between device buffers (f32 <-> the gather's dtype). */
 static ca_status cast_n(ca_device *d, ca_dtype from, const void *x, ca_dtype to, void *y, int64_t n) {
     return n ? CA_KCALL(d, cast, from, x, to, y, n, 1.0f) : CA_OK;
@@ -106,10 +101,11 @@ static ca_status cast_n(ca_device *d, ca_dtype from, const void *x, ca_dtype to,
 
 /* This rank's part into send: packed in f32, then (mixed precision) cast to the gather's dtype. */
 static ca_status pack_send(ca_accelerator *acc, ca_zero_unit *u, int64_t at, int64_t n) {
-    if (u->gdt == CA_F32) return unit_pack(acc, u, acc->zero.rank, ca_zero_fptr(u->send, at), true);
+    const ca_zero *z = &acc->zero;
+    if (u->gdt == CA_F32) return unit_pack(acc, u, z->rank, ca_zero_fptr(u->send, at), true);
     ca_tensor *tmp = ca_zero_persistent_zeros(acc->device, n);
     if (!tmp) return oom();
-    ca_status s = unit_pack(acc, u, acc->zero.rank, ca_zero_fptr(tmp, at), true);
+    ca_status s = unit_pack(acc, u, z->rank, ca_zero_fptr(tmp, at), true);
     if (s == CA_OK) s = cast_n(acc->device, CA_F32, ca_tptr(tmp), u->gdt, ca_tptr(u->send), n);
     ca_tensor_free(tmp);
     return s;
@@ -122,22 +118,22 @@ static ca_status gather_start(ca_zero_unit *u, bool ahead) {
     ca_accelerator *acc = u->acc;
     ca_zero *z = &acc->zero;
     /* by parts: [slice] -> [N * slice]; else one [numel] buffer, each rank's part at its place */
-    bool parts = u->by_part && acc->zero.world > 1;
+    bool parts = u->by_part && z->world > 1;
     int64_t nsend = u->by_part ? u->slice : u->numel;
     u->gdt = gather_dtype(acc);
-    u->send = kept_zeros(acc->device, u->gdt, nsend);
-    u->recv = u->send && parts ? kept_zeros(acc->device, u->gdt, u->slice * acc->zero.world) : u->send;
+    u->send = ca_zero_kept_zeros(acc->device, u->gdt, nsend);
+    u->recv = u->send && parts ? ca_zero_kept_zeros(acc->device, u->gdt, u->slice * z->world) : u->send;
     u->pending = true;
     if (!u->recv) {
         oom();
         return gather_failed(u);
     }
-    int64_t at = u->by_part ? 0 : part_start(z, u, acc->zero.rank);
+    int64_t at = u->by_part ? 0 : part_start(z, u, z->rank);
     ca_status s = pack_send(acc, u, at, nsend);
-    if (s == CA_OK && acc->zero.world > 1)
-        s = u->by_part ? ca_comm_all_gather(acc->zero.comm, ca_tptr(u->send), ca_tptr(u->recv), (size_t)u->slice, u->gdt,
+    if (s == CA_OK && z->world > 1)
+        s = u->by_part ? ca_comm_all_gather(z->comm, ca_tptr(u->send), ca_tptr(u->recv), (size_t)u->slice, u->gdt,
                                             &u->work)
-                       : ca_comm_all_reduce(acc->zero.comm, ca_tptr(u->send), ca_tptr(u->send), (size_t)u->numel, u->gdt,
+                       : ca_comm_all_reduce(z->comm, ca_tptr(u->send), ca_tptr(u->send), (size_t)u->numel, u->gdt,
                                             CA_OP_SUM, &u->work);
     if (s != CA_OK) return gather_failed(u);
     z->gathers++;
@@ -160,7 +156,7 @@ static ca_status gather_finish(ca_zero_unit *u) {
         full = ca_zero_persistent_zeros(acc->device, u->recv->numel);
         s = full ? cast_n(acc->device, u->gdt, ca_tptr(u->recv), CA_F32, ca_tptr(full), u->recv->numel) : oom();
     }
-    for (int r = 0; s == CA_OK && r < acc->zero.world; r++)
+    for (int r = 0; s == CA_OK && r < z->world; r++)
         s = unit_pack(acc, u, r, ca_zero_fptr(full, u->by_part ? r * u->slice : part_start(z, u, r)), false);
     if (full && full != u->recv) ca_tensor_free(full);
     if (s != CA_OK) return gather_failed(u);
@@ -200,7 +196,7 @@ static ca_status unit_grads(ca_zero_unit *u) {
     if (u->grad || !u->n) return CA_OK;
     ca_accelerator *acc = u->acc;
     ca_zero *z = &acc->zero;
-    int64_t n = u->by_part ? u->slice * acc->zero.world : u->numel;
+    int64_t n = u->by_part ? u->slice * z->world : u->numel;
     if (!(u->grad = ca_zero_persistent_zeros(acc->device, n))) return oom();
     int64_t pos = 0;
     ca_status s = CA_OK;
@@ -232,10 +228,11 @@ static void free_grads(ca_zero_unit *u) {
  * in flat order) moves to r * slice. Parts only move right, so the last goes first; each through
  * tmp, as a part may overlap its destination. */
 static ca_status by_rank(ca_accelerator *acc, ca_zero_unit *u, float *buf, float *tmp) {
+    const ca_zero *z = &acc->zero;
     int64_t start = u->numel;
     ca_status s = CA_OK;
-    for (int r = acc->zero.world - 1; s == CA_OK && r >= 0; r--) {
-        int64_t n = unit_part(&acc->zero, u, r);
+    for (int r = z->world - 1; s == CA_OK && r >= 0; r--) {
+        int64_t n = unit_part(z, u, r);
         start -= n;
         if (!n || start == r * u->slice) continue;
         s = ca_zero_copy_f32(acc->device, buf + start, tmp, n);
@@ -256,22 +253,22 @@ static ca_status unit_reduce(ca_zero_unit *u) {
         if (!p->grad_defined) s = CA_KCALL(acc->device, fill, CA_F32, p->numel, 0.0, ca_tptr(p->grad));
         p->grad_defined = true;
     }
-    bool parts = u->by_part && acc->zero.world > 1;
+    bool parts = u->by_part && z->world > 1;
     ca_tensor *tmp = s == CA_OK && parts ? ca_zero_persistent_zeros(acc->device, u->slice) : NULL;
     if (s == CA_OK && parts && !tmp) s = oom();
     float *buf = u->grad ? ca_zero_fptr(u->grad, 0) : NULL, *mine = buf;
     if (s == CA_OK && parts) {
         s = by_rank(acc, u, buf, ca_zero_fptr(tmp, 0));
         if (s == CA_OK)
-            s = ca_comm_reduce_scatter(acc->zero.comm, buf, ca_tptr(tmp), (size_t)u->slice, CA_F32, CA_OP_AVG, NULL);
+            s = ca_comm_reduce_scatter(z->comm, buf, ca_tptr(tmp), (size_t)u->slice, CA_F32, CA_OP_AVG, NULL);
         mine = ca_zero_fptr(tmp, 0);
-    } else if (s == CA_OK && acc->zero.world > 1) {   /* the whole unit, then this rank's part of it */
-        s = ca_comm_all_reduce(acc->zero.comm, buf, buf, (size_t)u->numel, CA_F32, CA_OP_AVG, NULL);
-        mine = buf + part_start(z, u, acc->zero.rank);
+    } else if (s == CA_OK && z->world > 1) {   /* the whole unit, then this rank's part of it */
+        s = ca_comm_all_reduce(z->comm, buf, buf, (size_t)u->numel, CA_F32, CA_OP_AVG, NULL);
+        mine = buf + part_start(z, u, z->rank);
     }
-    int64_t lo = acc->zero.rank * z->shard, run = 0, a, b;
+    int64_t lo = z->rank * z->shard, run = 0, a, b;
     for (int j = 0; s == CA_OK && j < u->n; j++) {   /* this rank's part, in flat order */
-        in_shard(z, u->idx[j], acc->zero.rank, &a, &b);
+        in_shard(z, u->idx[j], z->rank, &a, &b);
         if (a >= b) continue;
         s = ca_zero_copy_f32(acc->device, mine + run, ca_zero_fptr(z->gshard, a - lo), b - a);
         run += b - a;
@@ -461,12 +458,12 @@ static ca_status make_units(ca_accelerator *acc, ca_module *m) {
         u->numel += z->params[i]->numel;
     }
     for (int k = 0; k < z->nunits; k++)   /* the all-gather's per-rank count: the largest part */
-        for (int r = 0; r < acc->zero.world; r++) {
+        for (int r = 0; r < z->world; r++) {
             int64_t n = unit_part(z, &z->units[k], r);
             if (n > z->units[k].slice) z->units[k].slice = n;
         }
     for (int k = 0; k < z->nunits; k++)   /* (N - 1) slice against 2 (N - 1) / N numel elements sent */
-        z->units[k].by_part = acc->zero.world * z->units[k].slice <= 2 * z->units[k].numel;
+        z->units[k].by_part = z->world * z->units[k].slice <= 2 * z->units[k].numel;
     return CA_OK;
 }
 

@@ -141,10 +141,18 @@ static ca_status wait_work_on(ca_comm *c, ca_work *w, int64_t deadline, bool op_
     }
 }
 
-/* A split's child says which group it is: its messages name the job's ranks. */
+/* A split's child says which group it is ("(in the group of ranks 1, 3 split from caccel/c0)");
+ * its messages name the job's ranks. */
 static ca_status wait_work(ca_comm *c, ca_work *w, int64_t deadline, bool op_deadline) {
     ca_status s = wait_work_on(c, w, deadline, op_deadline);
-    if (s != CA_OK && c->split_note[0]) ca_error_context("%s", c->split_note);
+    if (s == CA_OK || !c->global) return s;
+    char note[256];
+    size_t at = (size_t)snprintf(note, sizeof note, "(in the group of ranks ");
+    for (int i = 0; i < c->world && at < sizeof note; i++)
+        at += (size_t)snprintf(note + at, sizeof note - at, "%s%d", i ? ", " : "", c->global[i]);
+    if (at < sizeof note)
+        snprintf(note + at, sizeof note - at, " split from %s)", c->parent->prefix[0] ? c->parent->prefix : "caccel/single");
+    ca_error_context("%s", note);
     return s;
 }
 
@@ -730,14 +738,15 @@ static ca_status check_slots(const ca_comm *c) {
     return CA_OK;
 }
 
-/* The backend's own communicator, over the store it was given or, without one, the store it
- * bootstraps; then the job's numbering, the rendezvous of every rank, and the watchdog. */
 /* A split's request to a backend that splits natively (its split slot). */
 typedef struct split_req {
     void *parent;              /* the parent's backend communicator */
     int color, key;
 } split_req;
 
+/* The backend's own communicator, over the store it was given or, without one, the store it
+ * bootstraps (a split's, natively split from its parent's); then the job's numbering, the
+ * rendezvous of every rank, and the watchdog. */
 static ca_status comm_start(ca_comm *c, const ca_comm_options *o, const split_req *sp) {
     ca_status s = CA_OK;
     if (o->store.ops && o->world_size > 1) {
@@ -933,27 +942,19 @@ static bool split_before(const int32_t *all, int a, int b) {
     return all[2 * a + 1] != all[2 * b + 1] ? all[2 * a + 1] < all[2 * b + 1] : a < b;
 }
 
-/* The group's members in its order, as ranks of the job (the root communicator): *n of them, or
- * NULL when out of memory. */
-static int *split_members(const ca_comm *p, const int32_t *all, int color, int *n) {
-    int *m = malloc((size_t)p->world * sizeof *m);
-    *n = 0;
+/* The group's members in its order, as ranks of the job (the root communicator); NULL when out
+ * of memory. */
+static int *split_members(const ca_comm *p, const int32_t *all, int color) {
+    int n = 0, *m = malloc((size_t)p->world * sizeof *m);
     if (!m) return NULL;
     for (int r = 0; r < p->world; r++) {
         if (all[2 * r] != color) continue;
-        int i = (*n)++;
+        int i = n++;
         for (; i > 0 && split_before(all, r, m[i - 1]); i--) m[i] = m[i - 1];
         m[i] = r;
     }
-    for (int i = 0; i < *n; i++) m[i] = ca_comm_grank(p, m[i]);
+    for (int i = 0; i < n; i++) m[i] = ca_comm_grank(p, m[i]);
     return m;
-}
-
-/* "(in the group of ranks 1, 3 split from caccel/c0)": appended to a child's errors. */
-static void split_note(const ca_comm *p, const int *m, int n, char *buf, size_t len) {
-    size_t at = (size_t)snprintf(buf, len, "(in the group of ranks ");
-    for (int i = 0; i < n && at < len; i++) at += (size_t)snprintf(buf + at, len - at, "%s%d", i ? ", " : "", m[i]);
-    if (at < len) snprintf(buf + at, len - at, " split from %s)", p->prefix[0] ? p->prefix : "the job's communicator");
 }
 
 /* This rank's place in its group: rank and size, and the same among the members on its machine
@@ -981,10 +982,10 @@ ca_status ca_comm_split(ca_comm *parent, int color, int key, ca_comm **out) {
     ca_status s = gather_colors(parent, color, key, all);
     unsigned n = parent->nsplits++;  /* every parent rank counts every split, so the numbers agree */
     ca_comm_options o = { .device = parent->device, .timeout_ms = parent->timeout_ms, .debug = parent->debug };
-    int nm = 0, *members = NULL;
+    int *members = NULL;
     if (s == CA_OK && color >= 0) {
         split_place(parent, all, &o);
-        if (!(members = split_members(parent, all, color, &nm)))
+        if (!(members = split_members(parent, all, color)))
             s = ca_error(CA_ERR_NOMEM, "out of memory splitting communicator %s", parent->prefix);
     }
     free(all);
@@ -1010,7 +1011,6 @@ ca_status ca_comm_split(ca_comm *parent, int color, int key, ca_comm **out) {
         return s != CA_OK ? s : ca_error(CA_ERR_NOMEM, "out of memory splitting communicator %s", parent->prefix);
     }
     comm_init_fields(c, &o, ops, parent->device, staged);
-    split_note(parent, members, nm, c->split_note, sizeof c->split_note);
     c->global = members;   /* the messages name the job's ranks */
     c->parent = parent;
     /* distinct from the parent's keys, from every other split of it and from the other colors */

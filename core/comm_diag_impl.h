@@ -92,7 +92,6 @@ struct ca_comm {
     _Atomic int ndeferred;     /* collectives recorded in a lazy device's graph, not yet run */
     struct ca_comm *parent;    /* a split's child: its parent, which counts the child's bytes too */
     _Atomic uint64_t split_bytes; /* bytes sent by the communicators split from this one */
-    char split_note[256];      /* a split's child: its members, appended to its errors */
     int *global;               /* a split's child: the job's rank of each of its ranks (owned) */
     bool launch_notes;         /* the store is caccel launch's: leave it a note on failure */
 

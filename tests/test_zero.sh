@@ -243,19 +243,11 @@ count 1 'sharded data parallelism: stage 2 .*in 2 shards' "$WORK/o"
 count 0 'HYBRID_SHARD: shards within' "$WORK/o"
 same "$WORK/ddp.bin" "$WORK/h.bin"
 
-# hlaunch OUT FLAGS... -- ARGS...: 2 machines x 2 processes on this host (two caccel launch, Gloo)
+# hlaunch OUT ARGS...: 2 machines x 2 processes on this host over Gloo; both launchers must succeed
 hlaunch() {
-    out=$1; shift
-    port=$(free_port)
-    for m in 0 1; do
-        CACCEL_JOB_TOKEN="hybrid-$$" timeout 300 "$CACCEL" launch --num_processes 4 --num_machines 2 --machine_rank $m \
-            --main_process_ip 127.0.0.1 --main_process_port "$port" --backend gloo "$@" > "$out.$m" 2>&1 &
-        eval "hp$m=\$!"
-    done
-    wait "$hp0"; r0=$?
-    wait "$hp1"; r1=$?
-    cat "$out.0" "$out.1" > "$out"
-    [ "$r0" -eq 0 ] && [ "$r1" -eq 0 ] || { cat "$out"; fail "2 machines: launcher statuses $r0 and $r1"; }
+    hout=$1; shift
+    launch_machines "$hout" --backend gloo "$@"
+    [ "$m0_rc" -eq 0 ] && [ "$m1_rc" -eq 0 ] || { cat "$hout"; fail "2 machines: launcher statuses $m0_rc and $m1_rc"; }
 }
 if have gloo; then
     note "HYBRID_SHARD (stage 3) and HYBRID_SHARD_ZERO2 (stage 2) over 2 machines x 2 processes (Gloo): shards within each machine, gradients averaged across: == DDP over the 4 (global batch 24, 6 steps)"

@@ -514,8 +514,12 @@ static xprogram *compile(xla_dev *x, uint64_t h, int64_t *key, size_t len, int n
 }
 
 static ca_status exec_one(xla_dev *x, int i) {
-    x->m.collectives_in_graph += x->nodes[i].slot == XS_HOST;
+    bool host = x->nodes[i].slot == XS_HOST;
     ca_status s = xla_exec_node(x, &x->nodes[i]);
+    if (host) {   /* the host function freed its context: the node is not dropped with it */
+        x->nodes[i].a.host.ctx = NULL;
+        x->m.collectives_in_graph++;
+    }
     if (s != CA_OK)
         return ca_error_context("xla: running node %d (%s) of a graph of %d nodes", i,
                                 xla_slot_name(x->nodes[i].slot), x->nnodes);

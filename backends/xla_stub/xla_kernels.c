@@ -575,11 +575,8 @@ ca_status xla_exec_node(xla_dev *x, const xnode *n) {
     case XS_MEMCPY:
         memmove(a->memcpy.dst, a->memcpy.src, a->memcpy.bytes);
         return CA_OK;
-    case XS_HOST: {   /* the function frees its context as it runs */
-        void *ctx = a->host.ctx;
-        ((xargs *)a)->host.ctx = NULL;
-        return ctx ? a->host.fn(ctx, true) : ca_error(CA_ERR_STATE, "xla: a host function node ran twice");
-    }
+    case XS_HOST:   /* the function frees its context as it runs (exec_one forgets it) */
+        return a->host.ctx ? a->host.fn(a->host.ctx, true) : ca_error(CA_ERR_STATE, "xla: a host function ran twice");
     case XS_COUNT: break;
     }
     return ca_error(CA_ERR_INVALID, "xla: unknown node kind %d", (int)n->slot);

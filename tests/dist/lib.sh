@@ -105,6 +105,23 @@ no_orphans() {
     fi
 }
 
+# launch_machines OUT LAUNCH_ARGS...: 2 machines x 2 processes on this host, two `caccel launch`
+# sharing a rendezvous port; each launcher's output in OUT.0 and OUT.1, both in OUT; their
+# statuses in $m0_rc and $m1_rc. MACHINES_TIMEOUT bounds each launcher (default 300 s).
+launch_machines() {
+    out=$1; shift
+    port=$(free_port)
+    for m in 0 1; do
+        CACCEL_JOB_TOKEN="machines-$$" timeout "${MACHINES_TIMEOUT:-300}" "$CACCEL" launch --num_processes 4 \
+            --num_machines 2 --machine_rank $m --main_process_ip 127.0.0.1 --main_process_port "$port" "$@" \
+            > "$out.$m" 2>&1 &
+        eval "lm$m=\$!"
+    done
+    wait "$lm0"; m0_rc=$?
+    wait "$lm1"; m1_rc=$?
+    cat "$out.0" "$out.1" > "$out"
+}
+
 # A port that was free a moment ago (the launcher finds one and hands it to its process).
 free_port() {
     timeout 60 "$CACCEL" launch -q --num_processes 1 --main_process_port 0 sh -c 'echo $MASTER_PORT'

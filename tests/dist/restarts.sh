@@ -84,17 +84,9 @@ chmod +x "$WORK/prog2.sh"
 need_backend gloo
 for fr in 3 0; do
     note "--max_restarts 1 on 2 machines: rank $fr fails, both machines restart, the new group rendezvouses"
-    port=$(free_port)
-    for m in 0 1; do
-        CHECK="$CHECK" FAIL_RANK=$fr CACCEL_JOB_TOKEN="restart-test-$$" timeout 120 $CACCEL launch --num_processes 4 \
-            --num_machines 2 --machine_rank $m --main_process_ip 127.0.0.1 --main_process_port "$port" --cpu \
-            --monitor_interval 0.2 --max_restarts 1 "$WORK/prog2.sh" --tag "$TAG" --backend gloo >"$WORK/m$m.out" 2>&1 &
-        eval "pid$m=\$!"
-    done
-    wait "$pid0"; rc0=$?
-    wait "$pid1"; rc1=$?
-    cat "$WORK/m0.out" "$WORK/m1.out" >"$WORK/both.out"
-    [ "$rc0" -eq 0 ] && [ "$rc1" -eq 0 ] || { cat "$WORK/both.out"; fail "launcher statuses $rc0 and $rc1 after the restart"; }
+    CHECK="$CHECK" FAIL_RANK=$fr MACHINES_TIMEOUT=120 launch_machines "$WORK/both.out" --cpu --monitor_interval 0.2 \
+        --max_restarts 1 "$WORK/prog2.sh" --tag "$TAG" --backend gloo
+    [ "$m0_rc" -eq 0 ] && [ "$m1_rc" -eq 0 ] || { cat "$WORK/both.out"; fail "launcher statuses $m0_rc and $m1_rc after the restart"; }
     count 2 "restarting every process (restart 1 of 1)" "$WORK/both.out"
     count 4 "^rank [0-3] restart 0\$" "$WORK/both.out"
     count 4 "^rank [0-3] restart 1\$" "$WORK/both.out"
