@@ -1,6 +1,7 @@
 /* MLP training throughput (784-256-128-10, AdamW) through caccel, with the step time compared to the
  * summed time of the same step's eight GEMMs called on raw cblas_sgemm in the same run (the GEMM-only
- * bound: pct_of_bound = 100 * bound / step). The step is split into forward, backward and optimizer
+ * bound: pct_of_bound = 100 * bound / step), and, where caccel's f32 GEMMs run on oneDNN, on raw
+ * dnnl_sgemm too (pct_of_lib_bound: the share of the step the library's GEMMs take). The step is split into forward, backward and optimizer
  * (timed around each call) and "other_us" = step - bound - optimizer, the cost outside GEMM and the
  * optimizer (elementwise and loss kernels, dispatch, autograd, allocator, scopes, batch hand-off).
  * One line of key=value results per batch size, for bench/run_mlp.sh. */
@@ -9,6 +10,9 @@
 #include "bench/bench_util.h"
 
 #include <cblas.h>
+#include <dlfcn.h>
+#include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,8 +20,26 @@
 #include <sys/resource.h>
 #include <time.h>
 
-/* The eight GEMMs of one step at batch B, on raw cblas_sgemm with the layouts caccel uses. */
-static double gemm_step_seconds(int B, int reps) {
+/* One raw row-major sgemm: OpenBLAS's, or oneDNN's (the f32 path caccel takes where oneDNN is faster). */
+typedef void (*sgemm_fn)(bool ta, bool tb, int m, int n, int k, const float *a, int lda, const float *b, int ldb,
+                         float beta, float *c, int ldc);
+typedef int (*dnnl_sgemm_fn)(char, char, int64_t, int64_t, int64_t, float, const float *, int64_t, const float *,
+                             int64_t, float, float *, int64_t);
+static dnnl_sgemm_fn dnnl_sgemm;
+
+static void blas_sgemm(bool ta, bool tb, int m, int n, int k, const float *a, int lda, const float *b, int ldb,
+                       float beta, float *c, int ldc) {
+    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n, k, 1, a, lda, b,
+                ldb, beta, c, ldc);
+}
+
+static void onednn_sgemm(bool ta, bool tb, int m, int n, int k, const float *a, int lda, const float *b, int ldb,
+                         float beta, float *c, int ldc) {
+    dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, 1, a, lda, b, ldb, beta, c, ldc);
+}
+
+/* The eight GEMMs of one step at batch B, on a raw sgemm with the layouts caccel uses. */
+static double gemm_step_seconds(int B, int reps, sgemm_fn gemm) {
     static const int L[4] = {784, 256, 128, 10};
     size_t big = (size_t)B * 784 + 784 * 256 * 2 + (size_t)B * 256 * 4;
     float *buf = calloc(big * 3, sizeof(float));
@@ -27,11 +49,11 @@ static double gemm_step_seconds(int B, int reps) {
     for (int r = -20; r < reps; r++) {          /* 20 warm-up repetitions, then the mean */
         double t0 = now_s();
         for (int l = 0; l < 3; l++)   /* forward: y = x W^T + b (C pre-filled with the bias) */
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, B, L[l + 1], L[l], 1, x, L[l], w, L[l], 1, g, L[l + 1]);
+            gemm(false, true, B, L[l + 1], L[l], x, L[l], w, L[l], 1, g, L[l + 1]);
         for (int l = 2; l >= 0; l--) {   /* backward: dW = g^T h, and dh = g W except for the input */
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, L[l + 1], L[l], B, 1, g, L[l + 1], x, L[l], 0, w, L[l]);
+            gemm(true, false, L[l + 1], L[l], B, g, L[l + 1], x, L[l], 0, w, L[l]);
             if (l > 0)
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, B, L[l], L[l + 1], 1, g, L[l + 1], w, L[l], 0, x, L[l]);
+                gemm(false, false, B, L[l], L[l + 1], g, L[l + 1], w, L[l], 0, x, L[l]);
         }
         if (r >= 0) total += now_s() - t0;
     }
@@ -48,6 +70,18 @@ static void bf16_gemm_path(ca_device *dev, char *out, size_t len) {
     else if (!strstr(d, "through oneDNN")) snprintf(out, len, "convert");
     else if (!isa) snprintf(out, len, "onednn");
     else snprintf(out, len, "onednn-%.*s", (int)strcspn(isa + 4, ":) ;"), isa + 4);
+}
+
+/* Which library runs caccel's f32 GEMMs (from the device's description), and oneDNN's sgemm for the
+ * second bound when it is oneDNN (the same library caccel loaded). */
+static const char *f32_gemm_path(ca_device *dev) {
+    if (!strstr(ca_device_description(dev), "f32 GEMM through oneDNN")) return "openblas";
+    if (!dnnl_sgemm) {
+        void *h = dlopen("libdnnl.so.2", RTLD_NOW | RTLD_LOCAL);
+        if (!h) h = dlopen("libdnnl.so.3", RTLD_NOW | RTLD_LOCAL);
+        if (h) dnnl_sgemm = (dnnl_sgemm_fn)(uintptr_t)dlsym(h, "dnnl_sgemm");
+    }
+    return dnnl_sgemm ? "onednn" : "openblas";
 }
 
 /* "on" unless CACCEL_CPU_FLUSH_DENORMAL turns subnormal flushing off. */
@@ -118,7 +152,10 @@ int main(int argc, char **argv) {
         double secs = now_s() - t0;
         CA_CHECK(ca_device_memory_stats(dev, &m1));
         double step_s = secs / (double)steps;
-        double gemm_s = gemm_step_seconds(B, 200);
+        double gemm_s = gemm_step_seconds(B, 200, blas_sgemm);
+        const char *f32_path = f32_gemm_path(dev);
+        /* the bound through the library caccel's GEMMs ran on: the share of the step outside GEMM */
+        double lib_s = strcmp(f32_path, "onednn") ? gemm_s : gemm_step_seconds(B, 200, onednn_sgemm);
         struct rusage ru;
         getrusage(RUSAGE_SELF, &ru);
         double acc_pct = accuracy(m, xte, yte);
@@ -129,12 +166,13 @@ int main(int argc, char **argv) {
         printf("impl=caccel procs=%lld precision=%s batch=%d threads=%d samples_per_s=%.0f step_us=%.1f gemm_us=%.1f "
                "step_over_gemm=%.3f pct_of_bound=%.1f bound_samples_per_s=%.0f accuracy=%.2f peak_rss_mib=%.1f "
                "step_mem_mib=%.2f fwd_us=%.1f bwd_us=%.1f opt_us=%.1f other_us=%.1f blas_core=%s kernels=%s "
-               "flush_denormal=%s bf16_gemm=%s\n",
+               "flush_denormal=%s bf16_gemm=%s f32_gemm=%s lib_gemm_us=%.1f pct_of_lib_bound=%.1f\n",
                (long long)W, precision, B, openblas_get_num_threads(), (double)seen / secs,
                step_s * 1e6, gemm_s * 1e6, step_s / gemm_s, 100.0 * gemm_s / step_s, (double)(B * W) / gemm_s,
                acc_pct, ru.ru_maxrss / 1024.0, (double)(m1.peak_allocated - m0.allocated) / (1 << 20),
                t_fwd / (double)steps * 1e6, t_bwd / (double)steps * 1e6, opt_s * 1e6,
-               (step_s - gemm_s - opt_s) * 1e6, openblas_get_corename(), bench_kernel_set(), flush_setting(), bf16);
+               (step_s - gemm_s - opt_s) * 1e6, openblas_get_corename(), bench_kernel_set(), flush_setting(), bf16,
+               f32_path, lib_s * 1e6, 100.0 * lib_s / step_s);
         fflush(stdout);
         ca_optimizer_destroy(opt);
         ca_module_destroy(m);

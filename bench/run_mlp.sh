@@ -47,13 +47,14 @@ keys = sorted({(r["precision"], r["threads"], r["batch"]) for r in rows},
 first = next((r for r in rows if r["impl"] == "caccel" and "blas_core" in r), None)
 if first:
     print(f"# caccel: OpenBLAS core {first['blas_core']}, kernels {first['kernels']}, "
-          f"subnormal flushing {first['flush_denormal']}; % bound = GEMM-only bound / step, "
-          f"the bound measured by bench_mlp in each run (median)")
+          f"subnormal flushing {first['flush_denormal']}, f32 GEMM through {first.get('f32_gemm', 'openblas')}; "
+          f"% bound = GEMM-only bound (raw OpenBLAS) / step, the bound measured by bench_mlp in each run "
+          f"(median); % lib = the same with the GEMMs on the library caccel's f32 GEMMs ran on")
 bf = next((r for r in rows if r["impl"] == "caccel" and r["precision"] == "bf16" and "bf16_gemm" in r), None)
 if bf:
     print(f"# caccel bf16 rows: GEMM {bf['bf16_gemm']} (onednn-avx512_core_amx: AMX tiles; "
           f"onednn-avx512_core_bf16: AVX512_BF16; convert: bf16 widened to f32 for OpenBLAS)")
-print(f"{'prec':>4} {'thr':>3} {'batch':>5} | {'caccel samples/s':>16} {'% bound':>7} {'opt us':>6} {'other us':>8}"
+print(f"{'prec':>4} {'thr':>3} {'batch':>5} | {'caccel samples/s':>16} {'% bound':>7} {'% lib':>6} {'opt us':>6} {'other us':>8}"
       f" {'acc %':>6} {'RSS MiB':>7} {'step MiB':>8} | {'torch samples/s':>15} {'% bound':>7} {'acc %':>6}"
       f" {'RSS MiB':>7} | {'caccel/torch':>12} (n)")
 for p, t, b in keys:
@@ -62,7 +63,8 @@ for p, t, b in keys:
     bound = med("caccel", p, b, t, "bound_samples_per_s")[0]
     if bound != bound:  # older bench_mlp: from step/GEMM
         bound = c * med("caccel", p, b, t, "step_over_gemm")[0]
-    print(f"{p:>4} {t:>3} {b:>5} | {c:16.0f} {100 * c / bound:7.1f} {med('caccel', p, b, t, 'opt_us')[0]:6.0f} "
+    lib = med("caccel", p, b, t, "pct_of_lib_bound")[0]
+    print(f"{p:>4} {t:>3} {b:>5} | {c:16.0f} {100 * c / bound:7.1f} {lib:6.1f} {med('caccel', p, b, t, 'opt_us')[0]:6.0f} "
           f"{med('caccel', p, b, t, 'other_us')[0]:8.0f} "
           f"{med('caccel', p, b, t, 'accuracy')[0]:6.2f} {med('caccel', p, b, t, 'peak_rss_mib')[0]:7.1f} "
           f"{med('caccel', p, b, t, 'step_mem_mib')[0]:8.2f} | "

@@ -1,13 +1,25 @@
 #!/bin/sh
-# The CPU bf16 GEMM has two paths (oneDNN when present, f32 conversion otherwise): the GEMM
-# tests must pass on each. The oneDNN half is skipped, with the reason, where libdnnl is absent.
+# The CPU GEMM has two paths for f32 (oneDNN's sgemm, OpenBLAS) and two for bf16 (oneDNN, f32
+# conversion): the GEMM tests must pass on each. The oneDNN halves are skipped, with the reason,
+# where libdnnl is absent (or in sanitizer builds, which do not load it).
 b=${CACCEL_TEST_BUILDDIR:-.}
-CACCEL_CPU_BF16_GEMM=convert "$b/tests/test_cpu_gemm" || { echo "FAIL: GEMM tests with the conversion path"; exit 1; }
-path=$(CACCEL_CPU_BF16_GEMM=onednn "$b/tools/caccel" env 2>/dev/null | grep -o 'bf16 GEMM [^;]*' | head -1)
-echo "with CACCEL_CPU_BF16_GEMM=onednn: $path"
-case $path in
-    *"through oneDNN"*) ;;
-    *) echo "SKIP: oneDNN path not testable here ($path)"; exit 77 ;;
+CACCEL_CPU_GEMM=openblas CACCEL_CPU_BF16_GEMM=convert "$b/tests/test_cpu_gemm" ||
+    { echo "FAIL: GEMM tests with OpenBLAS and the conversion path"; exit 1; }
+desc=$(CACCEL_CPU_GEMM=onednn CACCEL_CPU_BF16_GEMM=onednn "$b/tools/caccel" env 2>/dev/null | grep 'GEMM' | head -1)
+f32=$(echo "$desc" | grep -o 'f32 GEMM [^;]*')
+bf16=$(echo "$desc" | grep -o 'bf16 GEMM [^;]*')
+echo "with CACCEL_CPU_GEMM=onednn: $f32"
+echo "with CACCEL_CPU_BF16_GEMM=onednn: $bf16"
+case $f32 in *"through OpenBLAS (CACCEL_CPU_GEMM=openblas)"*) echo "FAIL: the f32 path ignored CACCEL_CPU_GEMM"; exit 1 ;; esac
+case "$f32$bf16" in
+    *"f32 GEMM through oneDNN"*"bf16 GEMM through oneDNN"*) ;;
+    *) echo "SKIP: oneDNN paths not testable here ($f32; $bf16)"; exit 77 ;;
 esac
-CACCEL_CPU_BF16_GEMM=onednn "$b/tests/test_cpu_gemm" || { echo "FAIL: GEMM tests with oneDNN"; exit 1; }
+CACCEL_CPU_GEMM=onednn CACCEL_CPU_BF16_GEMM=onednn "$b/tests/test_cpu_gemm" ||
+    { echo "FAIL: GEMM tests with oneDNN"; exit 1; }
+# the default (auto) names its choice, and openblas is honoured
+CACCEL_CPU_GEMM=openblas "$b/tools/caccel" env 2>/dev/null | grep -q 'f32 GEMM through OpenBLAS (CACCEL_CPU_GEMM=openblas)' ||
+    { echo "FAIL: CACCEL_CPU_GEMM=openblas not reported"; exit 1; }
+CACCEL_CPU_GEMM=bogus "$b/tools/caccel" env 2>/dev/null | grep -q 'CACCEL_CPU_GEMM=bogus is not auto|onednn|openblas' ||
+    { echo "FAIL: a bad CACCEL_CPU_GEMM not reported"; exit 1; }
 echo ok

@@ -97,10 +97,10 @@ void ca_cpu_set_deterministic(bool on) {
     if (on && det_users++ == 0) {
         det_saved_threads = openblas_get_num_threads();
         openblas_set_num_threads(1);
-        cpu_bf16_set_threads(1);
+        cpu_onednn_set_threads(1);
     } else if (!on && det_users > 0 && --det_users == 0) {
         openblas_set_num_threads(det_saved_threads);
-        cpu_bf16_set_threads(det_saved_threads);
+        cpu_onednn_set_threads(det_saved_threads);
     }
     pthread_mutex_unlock(&det_mu);
 }
@@ -145,8 +145,9 @@ static ca_status cpu_describe(void *dev, char *buf, size_t len) {
     char model[256];
     cpu_model_name(model, sizeof model);
     const char *config = openblas_get_config(), *core = openblas_get_corename();
-    snprintf(buf, len, "%s, %d threads; %s, core %s, %d BLAS threads; %s", model, online_cpus(),
-             config ? config : "OpenBLAS", core ? core : "?", openblas_get_num_threads(), cpu_bf16_gemm_path());
+    snprintf(buf, len, "%s, %d threads; %s, core %s, %d BLAS threads; %s; %s", model, online_cpus(),
+             config ? config : "OpenBLAS", core ? core : "?", openblas_get_num_threads(), cpu_f32_gemm_path(),
+             cpu_bf16_gemm_path());
     return CA_OK;
 }
 

@@ -1,4 +1,5 @@
-/* CPU GEMM: OpenBLAS sgemm (row-major), strided batches, f16/bf16 operands through f32 scratch. */
+/* CPU GEMM: OpenBLAS or oneDNN sgemm (row-major), strided batches, f16/bf16 operands through f32 scratch
+ * or oneDNN's bf16 GEMM. */
 #include "backends/cpu/cpu_impl.h"
 
 #include <cblas.h>
@@ -17,16 +18,18 @@ static void scale_c_f32(float *c, int64_t m, int64_t n, int64_t ldc, float beta)
     }
 }
 
-static void sgemm_one(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
-                      const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
-                      float *c, int64_t ldc) {
+static ca_status sgemm_one(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
+                           const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
+                           float *c, int64_t ldc) {
     if (k == 0 || alpha == 0.0f) {
         scale_c_f32(c, m, n, ldc, beta);
-        return;
+        return CA_OK;
     }
+    if (cpu_f32_gemm_onednn()) return cpu_onednn_sgemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
     cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
                 (blasint)m, (blasint)n, (blasint)k, alpha, a, (blasint)lda, b, (blasint)ldb, beta,
                 c, (blasint)ldc);
+    return CA_OK;
 }
 
 /* Converts a rows x cols matrix with row stride ld to contiguous f32. */
@@ -120,12 +123,13 @@ ca_status cpu_gemm(void *dev, const ca_gemm_args *g) {
                         !g->c ? "C" : (!g->a ? "A" : "B"));
 
     if (g->a_dtype == CA_F32) {
-        for (int64_t i = 0; i < batch; i++)
-            sgemm_one(g->trans_a, g->trans_b, m, n, k, g->alpha,
-                      (const float *)g->a + i * g->stride_a, g->lda,
-                      (const float *)g->b + i * g->stride_b, g->ldb, g->beta,
-                      (float *)g->c + i * g->stride_c, g->ldc);
-        return CA_OK;
+        ca_status st = CA_OK;
+        for (int64_t i = 0; st == CA_OK && i < batch; i++)
+            st = sgemm_one(g->trans_a, g->trans_b, m, n, k, g->alpha,
+                           (const float *)g->a + i * g->stride_a, g->lda,
+                           (const float *)g->b + i * g->stride_b, g->ldb, g->beta,
+                           (float *)g->c + i * g->stride_c, g->ldc);
+        return st;
     }
 
     if (g->a_dtype == CA_BF16 && k > 0 && g->alpha != 0.0f && cpu_bf16_gemm_available()) return bf16_native(dev, g);
@@ -140,7 +144,7 @@ ca_status cpu_gemm(void *dev, const ca_gemm_args *g) {
     if (st != CA_OK) return st;
     float *fa = s, *fb = s + na, *fc = s + na + nb;
     ca_dtype dt = g->a_dtype;
-    for (int64_t i = 0; i < batch; i++) {
+    for (int64_t i = 0; st == CA_OK && i < batch; i++) {
         if (k > 0) {
             if (i == 0 || g->stride_a != 0)
                 matrix_to_f32(dt, (const char *)g->a + i * g->stride_a * 2, a_rows, a_cols, g->lda, fa);
@@ -148,15 +152,16 @@ ca_status cpu_gemm(void *dev, const ca_gemm_args *g) {
                 matrix_to_f32(dt, (const char *)g->b + i * g->stride_b * 2, b_rows, b_cols, g->ldb, fb);
         }
         if (g->c_dtype == CA_F32) {
-            sgemm_one(g->trans_a, g->trans_b, m, n, k, g->alpha, fa, a_cols, fb, b_cols, g->beta,
-                      (float *)g->c + i * g->stride_c, g->ldc);
+            st = sgemm_one(g->trans_a, g->trans_b, m, n, k, g->alpha, fa, a_cols, fb, b_cols, g->beta,
+                           (float *)g->c + i * g->stride_c, g->ldc);
             continue;
         }
         char *c = (char *)g->c + i * g->stride_c * 2;
         if (g->beta != 0.0f) matrix_to_f32(dt, c, m, n, g->ldc, fc);
-        sgemm_one(g->trans_a, g->trans_b, m, n, k, g->alpha, fa, a_cols, fb, b_cols, g->beta, fc, n);
-        for (int64_t r = 0; r < m; r++) cpu_from_f32(dt, fc + r * n, n, c, r * g->ldc);
+        st = sgemm_one(g->trans_a, g->trans_b, m, n, k, g->alpha, fa, a_cols, fb, b_cols, g->beta, fc, n);
+        if (st == CA_OK)
+            for (int64_t r = 0; r < m; r++) cpu_from_f32(dt, fc + r * n, n, c, r * g->ldc);
     }
     if (owned) free(s);
-    return CA_OK;
+    return st;
 }

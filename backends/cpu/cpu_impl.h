@@ -38,13 +38,18 @@ typedef struct cpu_device {
     size_t scratch_bytes;
 } cpu_device;
 
-/* oneDNN's bf16 GEMM when it is present and chosen (cpu_bf16.c); row-major, C f32. */
+/* oneDNN's GEMMs when it is present and chosen (cpu_onednn.c); row-major, C f32. The paths are
+ * fixed at first use (environment, CPU, OpenBLAS's core); the *_path strings say which and why. */
 bool cpu_bf16_gemm_available(void);
 const char *cpu_bf16_gemm_path(void);
+bool cpu_f32_gemm_onednn(void);
+const char *cpu_f32_gemm_path(void);
 /* Threads of oneDNN's OpenMP pool, when oneDNN is loaded. */
-void cpu_bf16_set_threads(int n);
+void cpu_onednn_set_threads(int n);
 ca_status cpu_bf16_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const uint16_t *a,
                         int64_t lda, const uint16_t *b, int64_t ldb, float beta, float *c, int64_t ldc);
+ca_status cpu_onednn_sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
+                           int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc);
 
 /* ---------------------------------------------------------------- bits */
 

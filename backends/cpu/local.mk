@@ -5,7 +5,7 @@ ca_cpu_sources = \
 	backends/cpu/cpu_plugin.c \
 	backends/cpu/cpu_device.c \
 	backends/cpu/cpu_gemm.c \
-	backends/cpu/cpu_bf16.c \
+	backends/cpu/cpu_onednn.c \
 	backends/cpu/cpu_cast.c \
 	backends/cpu/cpu_elementwise.c \
 	backends/cpu/cpu_reduce.c \

@@ -1,0 +1,183 @@
+/* oneDNN's GEMMs for the CPU backend, loaded at run time when present: bf16 (dnnl_gemm_bf16bf16f32) and
+ * f32 (dnnl_sgemm). */
+#include "backends/cpu/cpu_impl.h"
+
+#include <cblas.h>
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+/*
+ * Why: bf16 operands converted to f32 blocks and fed to sgemm cost more than f32
+ * itself. oneDNN (Debian's libdnnl2, which python3-torch also installs) has a
+ * row-major bf16 x bf16 -> f32 GEMM that uses AVX512_BF16 where the CPU has it.
+ * Its f32 GEMM (dnnl_sgemm) measured 5-25% faster than OpenBLAS 0.3.21's AVX-512
+ * kernels on the MLP's and the transformers' shapes, most at batch 16-32
+ * (bench/RESULTS.md). The library is found with dlopen, so libcaccel gains no link
+ * dependency. The choices:
+ *   CACCEL_CPU_BF16_GEMM=auto|onednn|convert: auto takes oneDNN when the library
+ *     loads and the CPU has AVX512_BF16, else converts;
+ *   CACCEL_CPU_GEMM=auto|onednn|openblas (f32): auto takes oneDNN when the library
+ *     loads and OpenBLAS itself runs AVX-512 kernels (where it was measured; a user
+ *     who set OPENBLAS_CORETYPE=Haswell keeps the AVX2 kernels asked for).
+ */
+
+typedef int (*gemm_bf16_fn)(char ta, char tb, int64_t m, int64_t n, int64_t k, float alpha,
+                            const uint16_t *a, int64_t lda, const uint16_t *b, int64_t ldb, float beta,
+                            float *c, int64_t ldc);
+typedef int (*gemm_f32_fn)(char ta, char tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
+                           int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc);
+typedef void (*set_threads_fn)(int);
+
+static pthread_once_t once = PTHREAD_ONCE_INIT;
+static gemm_bf16_fn gemm_bf16;         /* set when bf16 GEMMs go through oneDNN */
+static gemm_f32_fn gemm_f32;           /* set when f32 GEMMs go through oneDNN */
+static set_threads_fn omp_set_threads;
+static atomic_bool loaded;             /* a oneDNN GEMM and the thread setter are in place */
+static char why[160] = "bf16 GEMM converts to f32";
+static char why_f32[160] = "f32 GEMM through OpenBLAS";
+
+static bool cpu_has_bf16(void) {
+#if defined(__x86_64__) && defined(__GNUC__)
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512bf16");
+#else
+    return false;
+#endif
+}
+
+/* OpenBLAS runs its AVX-512 kernels (its core as it names it, after OPENBLAS_CORETYPE). */
+static bool openblas_avx512(void) {
+    const char *c = openblas_get_corename();
+    return c && (!strcasecmp(c, "skylakex") || !strcasecmp(c, "cooperlake") || !strcasecmp(c, "sapphirerapids"));
+}
+
+/* The instruction set oneDNN dispatches its kernels for (dnnl_get_effective_cpu_isa): its cpu_isa flags
+ * build up bit by bit, 0xe7 avx512_core_bf16 and 0x3e7 avx512_core_amx (the AMX bits 0x300; checked
+ * against oneDNN 2.6 with ONEDNN_MAX_CPU_ISA), so that a bf16 run can say which it used. */
+static const char *isa_name(int isa) {
+    if ((isa & 0x3e7) == 0x3e7) return "ISA avx512_core_amx: AMX";
+    if ((isa & 0xe7) == 0xe7) return "ISA avx512_core_bf16: AVX512_BF16";
+    if ((isa & 0x27) == 0x27) return "ISA avx512_core: no bf16 instructions";
+    return "ISA below AVX-512: no bf16 instructions";
+}
+
+/* Whether bf16 GEMMs should go through oneDNN; `why` says so when not. */
+static bool want_bf16(const char *mode, bool *forced) {
+    *forced = mode && !strcmp(mode, "onednn");
+    if (mode && !strcmp(mode, "convert")) {
+        snprintf(why, sizeof why, "bf16 GEMM converts to f32 (CACCEL_CPU_BF16_GEMM=convert)");
+        return false;
+    }
+    if (!*forced && !cpu_has_bf16()) {
+        snprintf(why, sizeof why, "bf16 GEMM converts to f32 (no AVX512_BF16)");
+        return false;
+    }
+    return true;
+}
+
+/* Whether f32 GEMMs should go through oneDNN; `why_f32` says so when not. */
+static bool want_f32(const char *mode, bool *forced) {
+    *forced = mode && !strcmp(mode, "onednn");
+    if (mode && !strcmp(mode, "openblas")) {
+        snprintf(why_f32, sizeof why_f32, "f32 GEMM through OpenBLAS (CACCEL_CPU_GEMM=openblas)");
+        return false;
+    }
+    if (mode && *mode && strcmp(mode, "auto") && !*forced)
+        snprintf(why_f32, sizeof why_f32, "f32 GEMM through OpenBLAS (CACCEL_CPU_GEMM=%.40s is not "
+                 "auto|onednn|openblas)", mode);
+    else if (!*forced && !openblas_avx512())
+        snprintf(why_f32, sizeof why_f32, "f32 GEMM through OpenBLAS (its kernels are not AVX-512)");
+    else
+        return true;
+    return false;
+}
+
+static void load(void) {
+#if defined(__SANITIZE_ADDRESS__)
+    /* LeakSanitizer's exit-time scan cannot stop oneDNN's OpenMP threads and crashes */
+    snprintf(why, sizeof why, "bf16 GEMM converts to f32 (oneDNN is not used in sanitizer builds)");
+    snprintf(why_f32, sizeof why_f32, "f32 GEMM through OpenBLAS (oneDNN is not used in sanitizer builds)");
+    return;
+#endif
+    bool bf16_forced, f32_forced;
+    bool bf16 = want_bf16(getenv("CACCEL_CPU_BF16_GEMM"), &bf16_forced);
+    bool f32 = want_f32(getenv("CACCEL_CPU_GEMM"), &f32_forced);
+    if (!bf16 && !f32) return;
+    void *h = dlopen("libdnnl.so.2", RTLD_NOW | RTLD_LOCAL);
+    if (!h) h = dlopen("libdnnl.so.3", RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+        if (bf16) snprintf(why, sizeof why, "bf16 GEMM converts to f32 (oneDNN not installed: Debian package libdnnl2)");
+        if (f32) snprintf(why_f32, sizeof why_f32, "f32 GEMM through OpenBLAS (oneDNN not installed: Debian package libdnnl2)");
+        return;
+    }
+    int (*get_isa)(void) = (int (*)(void))(uintptr_t)dlsym(h, "dnnl_get_effective_cpu_isa");
+    const char *isa = get_isa ? isa_name(get_isa()) : "ISA unknown";
+    if (bf16) {
+        gemm_bf16 = (gemm_bf16_fn)(uintptr_t)dlsym(h, "dnnl_gemm_bf16bf16f32");
+        if (!gemm_bf16)
+            snprintf(why, sizeof why, "bf16 GEMM converts to f32 (this oneDNN has no dnnl_gemm_bf16bf16f32)");
+        else
+            snprintf(why, sizeof why, "bf16 GEMM through oneDNN (%s)%s", isa,
+                     bf16_forced ? " (CACCEL_CPU_BF16_GEMM=onednn)" : "");
+    }
+    if (f32) {
+        gemm_f32 = (gemm_f32_fn)(uintptr_t)dlsym(h, "dnnl_sgemm");
+        if (!gemm_f32)
+            snprintf(why_f32, sizeof why_f32, "f32 GEMM through OpenBLAS (this oneDNN has no dnnl_sgemm)");
+        else
+            snprintf(why_f32, sizeof why_f32, "f32 GEMM through oneDNN%s",
+                     f32_forced ? " (CACCEL_CPU_GEMM=onednn)" : "");
+    }
+    /* oneDNN threads with OpenMP: give it the BLAS thread count */
+    omp_set_threads = (set_threads_fn)(uintptr_t)dlsym(h, "omp_set_num_threads");
+    if (omp_set_threads) omp_set_threads(openblas_get_num_threads());
+    atomic_store(&loaded, gemm_bf16 || gemm_f32);
+}
+
+void cpu_onednn_set_threads(int n) {
+    /* not loaded yet: load() will take the BLAS thread count, which is n by then */
+    if (atomic_load(&loaded) && omp_set_threads) omp_set_threads(n);
+}
+
+const char *cpu_bf16_gemm_path(void) {
+    pthread_once(&once, load);
+    return why;
+}
+
+const char *cpu_f32_gemm_path(void) {
+    pthread_once(&once, load);
+    return why_f32;
+}
+
+bool cpu_bf16_gemm_available(void) {
+    pthread_once(&once, load);
+    return gemm_bf16 != NULL;
+}
+
+bool cpu_f32_gemm_onednn(void) {
+    pthread_once(&once, load);
+    return gemm_f32 != NULL;
+}
+
+ca_status cpu_bf16_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const uint16_t *a,
+                        int64_t lda, const uint16_t *b, int64_t ldb, float beta, float *c, int64_t ldc) {
+    int rc = gemm_bf16(ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    if (rc != 0)
+        return ca_error(CA_ERR_BACKEND, "cpu kernel gemm: oneDNN dnnl_gemm_bf16bf16f32 failed (status %d, "
+                        "m %lld, n %lld, k %lld)", rc, (long long)m, (long long)n, (long long)k);
+    return CA_OK;
+}
+
+ca_status cpu_onednn_sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
+                           int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc) {
+    int rc = gemm_f32(ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    if (rc != 0)
+        return ca_error(CA_ERR_BACKEND, "cpu kernel gemm: oneDNN dnnl_sgemm failed (status %d, "
+                        "m %lld, n %lld, k %lld)", rc, (long long)m, (long long)n, (long long)k);
+    return CA_OK;
+}
