@@ -59,7 +59,10 @@ static ca_status select_device(ca_accelerator *acc) {
     const ca_settings *st = &acc->st;
     if (st->distributed_type == CA_DIST_XLA && !st->use_cpu) {   /* one lazy device per process */
         ca_device_open_args args = {.struct_size = sizeof args, .local_rank = acc->local_rank};
-        return ca_device_open("xla", 0, &args, &acc->device);
+        ca_status s = ca_device_open("xla", 0, &args, &acc->device);
+        /* bf16 on xla is Accelerate's on a TPU: storage in bf16 (XLA_USE_BF16), no autocast */
+        if (s == CA_OK && st->mixed_precision == CA_MP_BF16) s = ca_xla_set_bf16_storage(acc->device, true);
+        return s;
     }
     if (!st->use_cpu) {
         ca_registry_load_plugins();
@@ -281,7 +284,9 @@ static ca_status apply_checkpointing(ca_accelerator *acc, ca_module *m) {
 static void own_model(ca_accelerator *acc, ca_module *m) {
     m->owner = acc;
     m->owner_forget = forget;
-    m->autocast = acc->st.mixed_precision == CA_MP_BF16 ? CA_BF16
+    /* bf16 storage on xla replaces autocast there, as Accelerate's native_amp is off on a TPU */
+    bool bf16_storage = ca_xla_bf16_storage(acc->device);
+    m->autocast = acc->st.mixed_precision == CA_MP_BF16 && !bf16_storage ? CA_BF16
                   : acc->st.mixed_precision == CA_MP_FP16 ? CA_F16 : CA_F32;
     for (int i = 0; i < ca_module_num_params(m); i++) m->flat[i]->version++;
 }

@@ -2,9 +2,10 @@
 #include "accelerator/accelerator_impl.h"
 #include "tensor/tensor_impl.h"
 
-/* The low precision of mixed_precision (CA_F32: none). */
+/* The low precision of mixed_precision (CA_F32: none; bf16 on xla is its storage, not autocast). */
 static ca_dtype configured(const ca_accelerator *acc) {
-    return acc->st.mixed_precision == CA_MP_BF16 ? CA_BF16 : acc->st.mixed_precision == CA_MP_FP16 ? CA_F16 : CA_F32;
+    if (acc->st.mixed_precision == CA_MP_BF16) return ca_xla_bf16_storage(acc->device) ? CA_F32 : CA_BF16;
+    return acc->st.mixed_precision == CA_MP_FP16 ? CA_F16 : CA_F32;
 }
 
 ca_status ca_autocast_begin(ca_accelerator *acc, const ca_autocast_opts *opts) {

@@ -135,6 +135,13 @@ ca_status ca_xla_metrics_report(const ca_device *d, char *buf, size_t len) {
     return CA_OK;
 }
 
+ca_status ca_xla_set_bf16_storage(ca_device *d, bool on) {
+    ca_status s = need_xla(d, "ca_xla_set_bf16_storage");
+    return s == CA_OK ? ca_xla_ctx_set_bf16_storage(d->ctx, on) : s;
+}
+
+bool ca_xla_bf16_storage(const ca_device *d) { return ca_device_is_lazy(d) && ca_xla_ctx_bf16_storage(d->ctx); }
+
 ca_status ca_device_memory_stats(ca_device *d, ca_allocator_stats *out) {
     memset(out, 0, sizeof *out);
     d->aops->stats(d->actx, out);

@@ -3,7 +3,7 @@
  * elimination, fusion of elementwise chains (bit-identical to eager, fused or not, in training
  * too; node by node when buffers overlap), the buffer plan and the arena's reuse inside a graph,
  * the arena (host memory is refused, transfers are counted), host functions (collectives) in graph
- * order, the metrics. */
+ * order, the metrics; bf16 storage (downcast_bf16). */
 #include "test_util.h"
 
 static ca_device *X;
@@ -476,6 +476,71 @@ static void test_buffer_plan(void **state) {
     ca_tensor_free(a);
 }
 
+/* bf16 storage (mixed_precision bf16 on xla, torch_xla's XLA_USE_BF16): a node's f32 inputs that came
+ * from the host are rounded to bf16 before it reads them, its f32 outputs after it wrote them; other
+ * dtypes are left alone (an i64 index that would change if read as floats); turned off, results are
+ * f32 again. */
+static float to_bf16(float f) {     /* round to nearest even; the test's values are finite */
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static bool is_bf16(float f) { return to_bf16(f) == f; }
+
+static void test_bf16_storage(void **state) {
+    ca_device *d = X;
+    assert_false(ca_xla_bf16_storage(d));
+    T_OK(ca_xla_set_bf16_storage(d, true));
+    assert_true(ca_xla_bf16_storage(d));
+    enum { N = 41, ROWS = 300 };
+    float ha[N], hb[N], table[ROWS * 2];
+    for (int i = 0; i < N; i++) {
+        ha[i] = 1.0f + (float)i / 1000.0f;       /* not bf16 values: 8 bits of mantissa are too few */
+        hb[i] = 0.3f + (float)i / 7000.0f;
+    }
+    for (int i = 0; i < ROWS * 2; i++) table[i] = (float)i + 0.123f;
+    int64_t idx[2] = {257, 3};                   /* as a float, 257 is a subnormal bf16 rounding would change */
+    CA_SCOPE {
+        ca_tensor *a = ca_from_host(d, CA_F32, CA_SHAPE(N), ha), *b = ca_from_host(d, CA_F32, CA_SHAPE(N), hb);
+        ca_tensor *p = ca_mul(a, b);
+        ca_tensor *s = ca_sum(p);
+        ca_tensor *e = ca_embedding(ca_from_host(d, CA_I64, CA_SHAPE(2), idx), ca_from_host(d, CA_F32,
+                                                                                          CA_SHAPE(ROWS, 2), table));
+        float hp[N], hs, he[4];
+        T_OK(ca_tensor_to_host(p, hp, sizeof hp));
+        T_OK(ca_tensor_to_host(s, &hs, sizeof hs));
+        T_OK(ca_tensor_to_host(e, he, sizeof he));
+        double sum = 0;
+        bool all_bf16_inputs = true;
+        for (int i = 0; i < N; i++) {
+            /* a product of two bf16 values is exact in f32: one rounding, to bf16, at the output */
+            assert_true(hp[i] == to_bf16(to_bf16(ha[i]) * to_bf16(hb[i])));
+            all_bf16_inputs &= is_bf16(ha[i]);
+            sum += hp[i];
+        }
+        assert_false(all_bf16_inputs);
+        assert_true(is_bf16(hs) && fabs(hs - sum) <= 0.01 * fabs(sum));
+        assert_true(he[0] == to_bf16(table[514]) && he[1] == to_bf16(table[515]));   /* row 257 */
+        assert_true(he[2] == to_bf16(table[6]) && he[3] == to_bf16(table[7]));       /* row 3 */
+        /* off: the same product is f32 again (the inputs stay as they were rounded) */
+        T_OK(ca_xla_set_bf16_storage(d, false));
+        ca_tensor *q = ca_mul(a, b);
+        float hq[N];
+        T_OK(ca_tensor_to_host(q, hq, sizeof hq));
+        int not_bf16 = 0;
+        for (int i = 0; i < N; i++) {
+            assert_true(hq[i] == to_bf16(ha[i]) * to_bf16(hb[i]));
+            not_bf16 += !is_bf16(hq[i]);
+        }
+        assert_true(not_bf16 > 0);
+    }
+    assert_int_equal(ca_xla_set_bf16_storage(ca_cpu_device(), true), CA_ERR_INVALID);
+    assert_false(ca_xla_bf16_storage(ca_cpu_device()));
+}
+
 /* The metrics calls refuse other devices, naming the device. */
 static void test_metrics_other_device(void **state) {
     ca_xla_metrics m;
@@ -494,7 +559,7 @@ int main(void) {
         cmocka_unit_test(test_metrics_other_device), cmocka_unit_test(test_fusion),
         cmocka_unit_test(test_fusion_every_unary),
         cmocka_unit_test(test_buffer_plan),     cmocka_unit_test(test_fusion_overlap),
-        cmocka_unit_test(test_fusion_training),
+        cmocka_unit_test(test_fusion_training), cmocka_unit_test(test_bf16_storage),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     ca_shutdown();

@@ -2,8 +2,9 @@
 # distributed_type XLA as users run it: the Fashion-MNIST example on the lazy xla device. Its graphs
 # run the cpu backend's kernels in recorded order, so the parameters equal the eager CPU run's bit
 # for bit (1 process after 50 steps, from --tpu and from a config file; 2 processes under caccel
-# launch over Gloo from a config file and from --tpu, where each collective is a node of the graph; mixed precision, accumulation and
-# clipping too). One epoch reaches the CPU's 80%
+# launch over Gloo from a config file and from --tpu, where each collective is a node of the graph; fp16, accumulation and
+# clipping too). bf16 on xla is a TPU's bf16 storage instead: every parameter a bf16 value, downcast_bf16
+# and XLA_USE_BF16=1 the same, accuracy within 2 points of f32. One epoch reaches the CPU's 80%
 # floor (tests/test_examples.sh), and the whole epoch compiles a handful of programs: the training
 # step's, the short last batch's, the evaluation's; every other graph comes from the cache.
 . "$(dirname "$0")/dist/lib.sh"
@@ -20,9 +21,8 @@ printf 'distributed_type: XLA\n' > "$WORK/xla.yaml"
     fail "--config_file (distributed_type: XLA) run failed"
 cmp -s "$WORK/cpu.bin" "$WORK/xla_cfg.bin" || fail "distributed_type: XLA parameters differ from the CPU run's"
 
-note "1 process, 50 steps: bf16, fp16, accumulation 4 x 32, clipping equal the CPU bit for bit"
-for args in "--mixed_precision bf16" "--mixed_precision fp16" "--gradient_accumulation_steps 4 --batch-size 32" \
-            "--gradient_clipping 0.5"; do
+note "1 process, 50 steps: fp16, accumulation 4 x 32, clipping equal the CPU bit for bit"
+for args in "--mixed_precision fp16" "--gradient_accumulation_steps 4 --batch-size 32" "--gradient_clipping 0.5"; do
     # shellcheck disable=SC2086
     "$FM" --cpu --epochs 1 --max-steps 50 $args --dump-params "$WORK/c.bin" > /dev/null 2>&1 || fail "cpu $args failed"
     # shellcheck disable=SC2086
@@ -30,6 +30,35 @@ for args in "--mixed_precision bf16" "--mixed_precision fp16" "--gradient_accumu
     cmp -s "$WORK/c.bin" "$WORK/x.bin" || fail "--tpu $args: parameters differ from the CPU run's"
     echo "  $args: equal"
 done
+
+# f32 words of a parameter dump that are not bf16 values (their low 16 bits are not zero)
+not_bf16() { od -An -tx4 -v "$1" | tr -s ' ' '\n' | grep -v '^$' | grep -vc '0000$'; }
+
+note "bf16 on xla stores every f32 value as bf16 (Accelerate's XLA_USE_BF16 on a TPU), no autocast"
+"$FM" --cpu --epochs 1 --max-steps 200 --mixed_precision bf16 --dump-params "$WORK/cb.bin" > "$WORK/o" 2>&1 ||
+    { cat "$WORK/o"; fail "cpu bf16 failed"; }
+"$FM" --tpu --epochs 1 --max-steps 200 --dump-params "$WORK/x32.bin" > "$WORK/o32" 2>&1 ||
+    { cat "$WORK/o32"; fail "--tpu f32 failed"; }
+"$FM" --tpu --epochs 1 --max-steps 200 --mixed_precision bf16 --dump-params "$WORK/xb.bin" > "$WORK/ob" 2>&1 ||
+    { cat "$WORK/ob"; fail "--tpu bf16 failed"; }
+printf 'distributed_type: XLA\nmixed_precision: bf16\ndowncast_bf16: true\n' > "$WORK/xlabf.yaml"
+"$FM" --config_file "$WORK/xlabf.yaml" --epochs 1 --max-steps 200 --dump-params "$WORK/xd.bin" > "$WORK/od" 2>&1 ||
+    { cat "$WORK/od"; fail "distributed_type: XLA, mixed_precision: bf16, downcast_bf16 failed"; }
+XLA_USE_BF16=1 "$FM" --tpu --epochs 1 --max-steps 200 --dump-params "$WORK/xe.bin" > /dev/null 2>&1 ||
+    fail "--tpu with XLA_USE_BF16=1 failed"
+words=$(od -An -tx4 -v "$WORK/xb.bin" | wc -w)
+nc=$(not_bf16 "$WORK/cb.bin"); nx=$(not_bf16 "$WORK/xb.bin"); nd=$(not_bf16 "$WORK/xd.bin"); ne=$(not_bf16 "$WORK/xe.bin")
+echo "  parameters that are not bf16 values, of $words: cpu bf16 (autocast) $nc, xla bf16 $nx, with downcast_bf16 $nd, XLA_USE_BF16=1 $ne"
+[ "$nc" -gt 1000 ] || fail "the CPU's bf16 run (f32 masters, autocast) should keep f32 parameters"
+[ "$nx" -eq 0 ] && [ "$nd" -eq 0 ] && [ "$ne" -eq 0 ] || fail "a parameter on xla in bf16 storage is not a bf16 value"
+cmp -s "$WORK/xb.bin" "$WORK/xd.bin" || fail "downcast_bf16 changed the result (caccel has no f64 for it to act on)"
+cmp -s "$WORK/xb.bin" "$WORK/xe.bin" || fail "XLA_USE_BF16=1 differs from mixed_precision bf16 on xla"
+grep -q "downcast_bf16.*differs from mixed_precision bf16 alone only for float64" "$WORK/od" ||
+    { cat "$WORK/od"; fail "downcast_bf16 did not say what it does"; }
+a32=$(sed -n 's/.*test accuracy \([0-9.]*\)%.*/\1/p' "$WORK/o32" | tail -1)
+ab=$(sed -n 's/.*test accuracy \([0-9.]*\)%.*/\1/p' "$WORK/ob" | tail -1)
+echo "  test accuracy after 200 steps: xla f32 $a32%, xla bf16 storage $ab%"
+awk -v a="$ab" -v b="$a32" 'BEGIN { exit !(a >= b - 2.0) }' || fail "bf16 storage reached $ab%, more than 2 points below f32's $a32%"
 
 note "1 process, one epoch: accuracy floor and the compile count"
 out=$(CACCEL_XLA_METRICS=1 "$FM" --tpu --epochs 1 2>&1) || { echo "$out"; fail "one epoch on xla failed"; }
@@ -62,6 +91,12 @@ timeout 300 "$CACCEL" launch --num_processes 2 --tpu --backend gloo "$FM" --batc
     --max-steps 15 --dump-params "$WORK/tpu2.bin" > "$WORK/o" 2>&1 || { cat "$WORK/o"; fail "2 ranks with --tpu"; }
 grep -q "2 process(es) on xla" "$WORK/o" || { cat "$WORK/o"; fail "caccel launch --tpu did not train on xla"; }
 cmp -s "$WORK/cpu2.bin" "$WORK/tpu2.bin" || fail "caccel launch --tpu parameters differ from the 2-rank CPU run's"
+note "2 processes, bf16 storage: the all-reduced gradients are rounded when the update reads them"
+printf 'distributed_type: XLA\nnum_processes: 2\nmixed_precision: bf16\n' > "$WORK/xla2b.yaml"
+timeout 300 "$CACCEL" launch --config_file "$WORK/xla2b.yaml" --backend gloo "$FM" --batch-size 128 --epochs 1 \
+    --max-steps 15 --dump-params "$WORK/xla2b.bin" > "$WORK/o" 2>&1 || { cat "$WORK/o"; fail "2 ranks on xla in bf16"; }
+n=$(not_bf16 "$WORK/xla2b.bin")
+[ "$n" -eq 0 ] || fail "2 ranks in bf16 storage: $n parameters are not bf16 values"
 if command -v "${MPIRUN:-mpirun}" > /dev/null 2>&1 && have mpi; then
     note "2 processes under mpirun (MPI): the collectives run as graph nodes; equal to the 2-process CPU run"
     CACCEL_XLA_METRICS=1 run_mpi 2 "$FM" --tpu --batch-size 128 --epochs 1 --max-steps 15 \

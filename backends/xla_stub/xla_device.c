@@ -229,7 +229,7 @@ static void drop_node_data(xnode *n) {
     if (n->slot == XS_HOST) n->a.host.ctx = NULL;
 }
 
-ca_status xla_ref(xla_dev *x, xnode *n, const void *p, uint64_t bytes, int flags, const char *what) {
+ca_status xla_ref(xla_dev *x, xnode *n, const void *p, uint64_t bytes, int flags, int dt, const char *what) {
     if (!p) return CA_OK;      /* optional argument not given */
     xalloc *a = find_block(x, p);
     if (!a || a->freed)
@@ -242,7 +242,7 @@ ca_status xla_ref(xla_dev *x, xnode *n, const void *p, uint64_t bytes, int flags
     if ((flags & XR_FULL) && !(off == 0 && bytes >= a->bytes - (XLA_ALIGN - 1) && bytes <= a->bytes &&
                                bytes + XLA_ALIGN > a->bytes))
         flags &= ~XR_FULL;     /* a write that does not cover the block kills nothing */
-    x->refs[x->nrefs++] = (xref){.al = a, .off = off, .bytes = bytes, .flags = flags};
+    x->refs[x->nrefs++] = (xref){.al = a, .off = off, .bytes = bytes, .flags = flags, .dt = dt};
     a->seen_gen = x->gen;
     n->nref++;
     return CA_OK;
@@ -513,9 +513,62 @@ static xprogram *compile(xla_dev *x, uint64_t h, int64_t *key, size_t len, int n
     return p;
 }
 
+/* ---- bf16 storage: every f32 value on the device is a bf16 value, as on a TPU under torch_xla's
+ * XLA_USE_BF16 (Accelerate's mixed_precision bf16 there; downcast_bf16 differs only for f64, which
+ * caccel has not). Values stay in 4-byte slots: the numbers are the TPU's, the memory is not halved.
+ * A node's f32 outputs are rounded (to nearest even) after it ran; f32 inputs written without an
+ * element type (a host transfer, a copy, a collective) are rounded before a node reads them. A fused
+ * loop keeps its intermediates in f32 registers, as a TPU's fusions do, and rounds what it stores. */
+
+/* Rounds to bf16 (nearest even; NaN stays a quiet NaN) in place: integer steps without branches, in
+ * blocks of 16 that the compiler vectorises at -O2. */
+static inline uint32_t bf16_bits(uint32_t u) {
+    uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+    return (u & 0x7fffffffu) > 0x7f800000u ? (u | 0x00400000u) & 0xffff0000u : r;
+}
+
+static void round_bf16(xalloc *a, uint64_t off, uint64_t bytes) {
+    if (bytes == 0 || off + bytes > a->bytes) bytes = off < a->bytes ? a->bytes - off : 0;
+    unsigned char *p = (unsigned char *)(a->base + off);   /* f32 values, read as bits through memcpy */
+    uint64_t n = bytes / sizeof(float), i = 0;
+    for (; i + 16 <= n; i += 16) {
+        uint32_t u[16];
+        memcpy(u, p + i * 4, sizeof u);
+        for (int j = 0; j < 16; j++) u[j] = bf16_bits(u[j]);
+        memcpy(p + i * 4, u, sizeof u);
+    }
+    for (; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, p + i * 4, 4);
+        u = bf16_bits(u);
+        memcpy(p + i * 4, &u, 4);
+    }
+}
+
+static void round_inputs(xla_dev *x, const xnode *n) {
+    for (int r = n->ref0; r < n->ref0 + n->nref; r++) {
+        xref *f = &x->refs[r];
+        if ((f->flags & XR_READ) && f->dt == CA_F32 && f->al->raw) {
+            round_bf16(f->al, 0, f->al->bytes);
+            f->al->raw = false;
+        }
+    }
+}
+
+static void round_outputs(xla_dev *x, const xnode *n) {
+    for (int r = n->ref0; r < n->ref0 + n->nref; r++) {
+        xref *f = &x->refs[r];
+        if (!(f->flags & XR_WRITE)) continue;
+        if (f->dt == CA_F32) round_bf16(f->al, f->off, f->bytes);
+        else if (f->dt < 0) f->al->raw = true;
+    }
+}
+
 static ca_status exec_one(xla_dev *x, int i) {
     bool host = x->nodes[i].slot == XS_HOST;
+    if (x->bf16_storage) round_inputs(x, &x->nodes[i]);
     ca_status s = xla_exec_node(x, &x->nodes[i]);
+    if (x->bf16_storage && s == CA_OK) round_outputs(x, &x->nodes[i]);
     if (host) {   /* the host function freed its context: the node is not dropped with it */
         x->nodes[i].a.host.ctx = NULL;
         x->m.collectives_in_graph++;
@@ -542,7 +595,11 @@ static ca_status execute(xla_dev *x, const xprogram *p) {
         int c = 0;
         for (int j = i; c < len; j++)
             if (p->run[j]) idx[c++] = j;
+        if (x->bf16_storage)
+            for (int k = 0; k < len; k++) round_inputs(x, &x->nodes[idx[k]]);
         if (xla_run_fused(x, idx, len)) {
+            if (x->bf16_storage)
+                for (int k = 0; k < len; k++) round_outputs(x, &x->nodes[idx[k]]);
             x->m.fused_kernels++;
             x->m.fused_nodes += (uint64_t)len;
             x->m.kernels_launched++;
@@ -635,6 +692,11 @@ static bool metrics_wanted(void) {
     return v && *v && strcmp(v, "0") != 0;
 }
 
+static bool env_one(const char *name) {
+    const char *v = getenv(name);
+    return v && !strcmp(v, "1");
+}
+
 static ca_status x_open(int index, const ca_device_open_args *args, void **dev) {
     if (!dev) return ca_error(CA_ERR_INVALID, "xla open: output pointer is NULL");
     *dev = NULL;
@@ -646,6 +708,7 @@ static ca_status x_open(int index, const ca_device_open_args *args, void **dev) 
     x->exec = exec_ops;
     x->k = exec_ops->kernels;
     x->gen = 1;
+    x->bf16_storage = env_one("XLA_USE_BF16") || env_one("XLA_DOWNCAST_BF16");   /* torch_xla's names */
     ca_status s = exec_ops->open(0, args, &x->exec_ctx);
     if (s != CA_OK) {
         free(x);
@@ -692,8 +755,8 @@ static ca_status x_describe(void *dev, char *buf, size_t len) {
     if (!buf || !len) return ca_error(CA_ERR_INVALID, "xla describe: buffer is NULL or empty");
     char inner[384] = "";
     if (x->exec->describe) x->exec->describe(x->exec_ctx, inner, sizeof inner);
-    snprintf(buf, len, "xla_stub lazy device (graphs compiled and cached, run on the %s backend: %s)",
-             x->exec->name, inner);
+    snprintf(buf, len, "xla_stub lazy device (graphs compiled and cached, run on the %s backend: %s)%s",
+             x->exec->name, inner, x->bf16_storage ? "; bf16 storage" : "");
     return CA_OK;
 }
 
@@ -715,6 +778,7 @@ static ca_status memcpy_locked(xla_dev *x, void *dst, const void *src, size_t by
             if (s != CA_OK) return s;
         }
         memcpy(dst, src, bytes);
+        a->raw = x->bf16_storage;
         x->m.h2d_transfers++;
         x->m.h2d_bytes += bytes;
         return CA_OK;
@@ -735,8 +799,8 @@ static ca_status record_copy(xla_dev *x, void *dst, const void *src, size_t byte
     xnode *n = xla_node_begin(x, XS_MEMCPY);
     n->a.memcpy.dst = dst; n->a.memcpy.src = src; n->a.memcpy.bytes = bytes;
     xla_key(x, n, (int64_t)bytes);
-    ca_status s = xla_ref(x, n, src, bytes, XR_READ, "src");
-    if (s == CA_OK) s = xla_ref(x, n, dst, bytes, XR_WRITE | (src == dst ? 0 : XR_FULL), "dst");
+    ca_status s = xla_ref(x, n, src, bytes, XR_READ, -1, "src");
+    if (s == CA_OK) s = xla_ref(x, n, dst, bytes, XR_WRITE | (src == dst ? 0 : XR_FULL), -1, "dst");
     return xla_node_end(x, n, s);
 }
 
@@ -749,8 +813,8 @@ static ca_status x_enqueue_host_fn(void *dev, ca_status (*fn)(void *ctx, bool ru
     n->a.host.ctx = ctx;
     xla_key(x, n, (int64_t)in_bytes);
     xla_key(x, n, (int64_t)out_bytes);
-    ca_status s = in ? xla_ref(x, n, in, in_bytes, XR_READ, "in") : CA_OK;
-    if (s == CA_OK && out) s = xla_ref(x, n, out, out_bytes, XR_READ | XR_WRITE, "out");
+    ca_status s = in ? xla_ref(x, n, in, in_bytes, XR_READ, -1, "in") : CA_OK;
+    if (s == CA_OK && out) s = xla_ref(x, n, out, out_bytes, XR_READ | XR_WRITE, -1, "out");
     return xla_node_end(x, n, s);   /* on failure the node's data is dropped: fn(ctx, false) */
 }
 
@@ -836,6 +900,25 @@ void ca_xla_ctx_metrics(void *dev, ca_xla_metrics *out) {
 }
 
 ca_status ca_xla_ctx_mark_step(void *dev) { return xla_mark_step(dev); }
+
+ca_status ca_xla_ctx_set_bf16_storage(void *dev, bool on) {
+    xla_dev *x = dev;
+    pthread_mutex_lock(&x->mu);
+    ca_status s = xla_flush_locked(x);   /* the pending graph runs in the mode it was recorded in */
+    if (s == CA_OK && on && !x->bf16_storage)
+        for (int i = 0; i < x->ntab; i++) x->tab[i]->raw = true;   /* what is there rounds when read */
+    if (s == CA_OK) x->bf16_storage = on;
+    pthread_mutex_unlock(&x->mu);
+    return s;
+}
+
+bool ca_xla_ctx_bf16_storage(void *dev) {
+    xla_dev *x = dev;
+    pthread_mutex_lock(&x->mu);
+    bool on = x->bf16_storage;
+    pthread_mutex_unlock(&x->mu);
+    return on;
+}
 
 void ca_xla_ctx_metrics_reset(void *dev) {
     xla_dev *x = dev;

@@ -19,14 +19,17 @@ typedef struct xalloc {
     uint64_t seen_gen;         /* graph generation that last referenced it */
     int canon;                 /* number in the current graph's identity pattern */
     uint64_t born_gen;         /* graph generation during which it was allocated */
+    bool raw;                  /* bf16 storage: written without an element type (a transfer from the
+                                * host, a copy, a collective); rounded when a node reads it as f32 */
 } xalloc;
 
 /* A reference of a node to device memory. */
 enum { XR_READ = 1, XR_WRITE = 2, XR_FULL = 4 };   /* FULL: the write covers the whole block */
 typedef struct xref {
     xalloc *al;
-    uint64_t off, bytes;
+    uint64_t off, bytes;       /* bytes 0: from off to the block's end (extent not computed) */
     int flags;
+    int dt;                    /* the element type (ca_dtype), or -1 for raw bytes */
 } xref;
 
 typedef enum xslot {
@@ -114,6 +117,7 @@ typedef struct xla_dev {
                                                                      * reuse; gen: freed during it */
     int ncache, capcache;
     ca_allocator_stats st;
+    bool bf16_storage;             /* f32 data held as bf16 values (XLA_USE_BF16 / downcast_bf16) */
     /* the pending graph */
     xnode *nodes;
     int nnodes, capnodes;
@@ -133,7 +137,7 @@ extern const ca_kernels xla_kernels;
 
 /* Recording: begin a node (locks), add references and attributes, end (unlocks). */
 xnode *xla_node_begin(xla_dev *x, xslot slot);
-ca_status xla_ref(xla_dev *x, xnode *n, const void *p, uint64_t bytes, int flags, const char *what);
+ca_status xla_ref(xla_dev *x, xnode *n, const void *p, uint64_t bytes, int flags, int dt, const char *what);
 void xla_key(xla_dev *x, xnode *n, int64_t v);
 /* Counts a step boundary and runs the pending graph. */
 ca_status xla_mark_step(xla_dev *x);

@@ -16,6 +16,9 @@ void ca_xla_ctx_metrics(void *dev, ca_xla_metrics *out);
 void ca_xla_ctx_metrics_reset(void *dev);
 /* A step boundary (torch_xla's mark_step): counted, and the pending graph runs. */
 ca_status ca_xla_ctx_mark_step(void *dev);
+/* bf16 storage of an open xla device context (ca_xla_set_bf16_storage). */
+ca_status ca_xla_ctx_set_bf16_storage(void *dev, bool on);
+bool ca_xla_ctx_bf16_storage(void *dev);
 /* "name: value" lines of m. */
 void ca_xla_format_metrics(const ca_xla_metrics *m, char *buf, size_t len);
 

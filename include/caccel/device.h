@@ -78,6 +78,19 @@ CA_API ca_status ca_xla_metrics_get(const ca_device *d, ca_xla_metrics *out);
 CA_API ca_status ca_xla_metrics_reset(ca_device *d);
 /* The metrics as text (one "name: value" a line), as CACCEL_XLA_METRICS=1 prints them at exit. */
 CA_API ca_status ca_xla_metrics_report(const ca_device *d, char *buf, size_t len);
+
+/* bf16 storage on an xla device: every f32 value the device holds is rounded to bf16 (to nearest
+ * even), as torch_xla's XLA_USE_BF16 / XLA_DOWNCAST_BF16 make a TPU do (Accelerate sets one of them
+ * for mixed_precision bf16 on a TPU; the accelerator here calls this for mixed_precision bf16 on
+ * xla). Kernels still compute in f32 and the program still sees f32 tensors; values keep their
+ * 4-byte slots (the numbers are a TPU's, the memory is not halved). The pending graph runs first,
+ * in the mode it was recorded in; values already on the device are rounded when next read. The
+ * device also turns it on at open when XLA_USE_BF16 or XLA_DOWNCAST_BF16 is 1. Errors:
+ * CA_ERR_INVALID for a device that is not xla, or the pending graph's error. Not thread-safe
+ * against kernels recorded on the device at the same time. */
+CA_API ca_status ca_xla_set_bf16_storage(ca_device *d, bool on);
+/* Whether bf16 storage is on; false for a NULL or non-xla device. */
+CA_API bool ca_xla_bf16_storage(const ca_device *d);
 /* True for devices that record work and run it at synchronisation points (xla). */
 CA_API bool ca_device_is_lazy(const ca_device *d);
 /* A step boundary: a lazy device runs the graph recorded so far (torch_xla's mark_step); other
