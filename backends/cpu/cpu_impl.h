@@ -42,7 +42,9 @@ typedef struct cpu_device {
  * fixed at first use (environment, CPU, OpenBLAS's core); the *_path strings say which and why. */
 bool cpu_bf16_gemm_available(void);
 const char *cpu_bf16_gemm_path(void);
-bool cpu_f32_gemm_onednn(void);
+/* Whether an f32 GEMM of this size goes to oneDNN (auto: from CPU_ONEDNN_MIN_MNK multiply-adds). */
+#define CPU_ONEDNN_MIN_MNK (1 << 19)
+bool cpu_f32_gemm_onednn(int64_t m, int64_t n, int64_t k);
 const char *cpu_f32_gemm_path(void);
 /* Threads of oneDNN's OpenMP pool, when oneDNN is loaded. */
 void cpu_onednn_set_threads(int n);
