@@ -97,10 +97,8 @@ void ca_cpu_set_deterministic(bool on) {
     if (on && det_users++ == 0) {
         det_saved_threads = openblas_get_num_threads();
         openblas_set_num_threads(1);
-        cpu_onednn_set_threads(1);
     } else if (!on && det_users > 0 && --det_users == 0) {
         openblas_set_num_threads(det_saved_threads);
-        cpu_onednn_set_threads(det_saved_threads);
     }
     pthread_mutex_unlock(&det_mu);
 }

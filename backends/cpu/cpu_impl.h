@@ -42,12 +42,11 @@ typedef struct cpu_device {
  * fixed at first use (environment, CPU, OpenBLAS's core); the *_path strings say which and why. */
 bool cpu_bf16_gemm_available(void);
 const char *cpu_bf16_gemm_path(void);
-/* Whether an f32 GEMM of this size goes to oneDNN (auto: from CPU_ONEDNN_MIN_MNK multiply-adds). */
+/* Whether an f32 GEMM of this size goes to oneDNN now (auto: from CPU_ONEDNN_MIN_MNK multiply-adds,
+ * with one BLAS thread). */
 #define CPU_ONEDNN_MIN_MNK (1 << 19)
 bool cpu_f32_gemm_onednn(int64_t m, int64_t n, int64_t k);
 const char *cpu_f32_gemm_path(void);
-/* Threads of oneDNN's OpenMP pool, when oneDNN is loaded. */
-void cpu_onednn_set_threads(int n);
 ca_status cpu_bf16_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const uint16_t *a,
                         int64_t lda, const uint16_t *b, int64_t ldb, float beta, float *c, int64_t ldc);
 ca_status cpu_onednn_sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a,

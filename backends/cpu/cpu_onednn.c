@@ -5,7 +5,6 @@
 #include <cblas.h>
 #include <dlfcn.h>
 #include <pthread.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,9 +23,13 @@
  *   CACCEL_CPU_GEMM=auto|onednn|openblas (f32): auto takes oneDNN when the library
  *     loads and OpenBLAS itself runs AVX-512 kernels (where it was measured; a user
  *     who set OPENBLAS_CORETYPE=Haswell keeps the AVX2 kernels asked for), for GEMMs
- *     of at least CPU_ONEDNN_MIN_MNK multiply-adds: below, OpenBLAS's small-matrix
- *     kernels measured faster (1.8 against 0.5 us at 16 x 10 x 128). onednn sends
- *     every f32 GEMM to oneDNN.
+ *     of at least CPU_ONEDNN_MIN_MNK multiply-adds run with one BLAS thread: below
+ *     that size OpenBLAS's small-matrix kernels measured faster (0.5 against 1.8 us
+ *     at 16 x 10 x 128), and with 2 threads OpenBLAS's pool trained the MLP as fast
+ *     or faster than oneDNN's OpenMP pool. onednn sends every f32 GEMM to oneDNN.
+ * oneDNN threads with OpenMP; before each call the calling thread's OpenMP count is
+ * set to the BLAS thread count (once per change), so deterministic mode's single
+ * thread and a GEMM on another thread both hold.
  */
 
 typedef int (*gemm_bf16_fn)(char ta, char tb, int64_t m, int64_t n, int64_t k, float alpha,
@@ -39,9 +42,9 @@ typedef void (*set_threads_fn)(int);
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 static gemm_bf16_fn gemm_bf16;         /* set when bf16 GEMMs go through oneDNN */
 static gemm_f32_fn gemm_f32;           /* set when f32 GEMMs go through oneDNN */
-static int64_t f32_min_mnk;            /* the smallest m * n * k it takes (0 when forced) */
+static bool f32_forced;                /* CACCEL_CPU_GEMM=onednn: every size, any thread count */
 static set_threads_fn omp_set_threads;
-static atomic_bool loaded;             /* a oneDNN GEMM and the thread setter are in place */
+static _Thread_local int omp_now;      /* the calling thread's OpenMP count as last set here (0: not yet) */
 static char why[160] = "bf16 GEMM converts to f32";
 static char why_f32[160] = "f32 GEMM through OpenBLAS";
 
@@ -108,7 +111,7 @@ static void load(void) {
     snprintf(why_f32, sizeof why_f32, "f32 GEMM through OpenBLAS (oneDNN is not used in sanitizer builds)");
     return;
 #endif
-    bool bf16_forced, f32_forced;
+    bool bf16_forced;
     bool bf16 = want_bf16(getenv("CACCEL_CPU_BF16_GEMM"), &bf16_forced);
     bool f32 = want_f32(getenv("CACCEL_CPU_GEMM"), &f32_forced);
     if (!bf16 && !f32) return;
@@ -136,19 +139,20 @@ static void load(void) {
         else if (f32_forced)
             snprintf(why_f32, sizeof why_f32, "f32 GEMM through oneDNN (CACCEL_CPU_GEMM=onednn)");
         else
-            snprintf(why_f32, sizeof why_f32, "f32 GEMM through oneDNN (OpenBLAS below %d multiply-adds)",
-                     CPU_ONEDNN_MIN_MNK);
-        f32_min_mnk = f32_forced ? 0 : CPU_ONEDNN_MIN_MNK;
+            snprintf(why_f32, sizeof why_f32, "f32 GEMM through oneDNN with 1 BLAS thread (OpenBLAS below %d "
+                     "multiply-adds or with more threads)", CPU_ONEDNN_MIN_MNK);
     }
-    /* oneDNN threads with OpenMP: give it the BLAS thread count */
     omp_set_threads = (set_threads_fn)(uintptr_t)dlsym(h, "omp_set_num_threads");
-    if (omp_set_threads) omp_set_threads(openblas_get_num_threads());
-    atomic_store(&loaded, gemm_bf16 || gemm_f32);
 }
 
-void cpu_onednn_set_threads(int n) {
-    /* not loaded yet: load() will take the BLAS thread count, which is n by then */
-    if (atomic_load(&loaded) && omp_set_threads) omp_set_threads(n);
+/* oneDNN's OpenMP pool gets the BLAS thread count of the moment, on the calling thread. */
+static void omp_threads(void) {
+    int n = openblas_get_num_threads();
+    if (n < 1) n = 1;
+    if (omp_set_threads && omp_now != n) {
+        omp_set_threads(n);
+        omp_now = n;
+    }
 }
 
 const char *cpu_bf16_gemm_path(void) {
@@ -168,11 +172,13 @@ bool cpu_bf16_gemm_available(void) {
 
 bool cpu_f32_gemm_onednn(int64_t m, int64_t n, int64_t k) {
     pthread_once(&once, load);
-    return gemm_f32 != NULL && m * n * k >= f32_min_mnk;
+    if (!gemm_f32) return false;
+    return f32_forced || (m * n * k >= CPU_ONEDNN_MIN_MNK && openblas_get_num_threads() == 1);
 }
 
 ca_status cpu_bf16_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const uint16_t *a,
                         int64_t lda, const uint16_t *b, int64_t ldb, float beta, float *c, int64_t ldc) {
+    omp_threads();
     int rc = gemm_bf16(ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
     if (rc != 0)
         return ca_error(CA_ERR_BACKEND, "cpu kernel gemm: oneDNN dnnl_gemm_bf16bf16f32 failed (status %d, "
@@ -182,6 +188,7 @@ ca_status cpu_bf16_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float
 
 ca_status cpu_onednn_sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
                            int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc) {
+    omp_threads();
     int rc = gemm_f32(ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
     if (rc != 0)
         return ca_error(CA_ERR_BACKEND, "cpu kernel gemm: oneDNN dnnl_sgemm failed (status %d, "
