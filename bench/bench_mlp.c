@@ -33,9 +33,11 @@ static void blas_sgemm(bool ta, bool tb, int m, int n, int k, const float *a, in
                 ldb, beta, c, ldc);
 }
 
+/* caccel's rule (backends/cpu/cpu_onednn.c): oneDNN from 2^19 multiply-adds, OpenBLAS below */
 static void onednn_sgemm(bool ta, bool tb, int m, int n, int k, const float *a, int lda, const float *b, int ldb,
                          float beta, float *c, int ldc) {
-    dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, 1, a, lda, b, ldb, beta, c, ldc);
+    if ((int64_t)m * n * k < (1 << 19)) blas_sgemm(ta, tb, m, n, k, a, lda, b, ldb, beta, c, ldc);
+    else dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, 1, a, lda, b, ldb, beta, c, ldc);
 }
 
 /* The eight GEMMs of one step at batch B, on a raw sgemm with the layouts caccel uses. */
@@ -72,10 +74,12 @@ static void bf16_gemm_path(ca_device *dev, char *out, size_t len) {
     else snprintf(out, len, "onednn-%.*s", (int)strcspn(isa + 4, ":) ;"), isa + 4);
 }
 
-/* Which library runs caccel's f32 GEMMs (from the device's description), and oneDNN's sgemm for the
- * second bound when it is oneDNN (the same library caccel loaded). */
+/* Which library runs caccel's f32 GEMMs (from the device's description: oneDNN takes them with one BLAS
+ * thread), and oneDNN's sgemm for the second bound when it is oneDNN (the same library caccel loaded). */
 static const char *f32_gemm_path(ca_device *dev) {
-    if (!strstr(ca_device_description(dev), "f32 GEMM through oneDNN")) return "openblas";
+    const char *d = ca_device_description(dev);
+    if (!strstr(d, "f32 GEMM through oneDNN")) return "openblas";
+    if (openblas_get_num_threads() != 1 && !strstr(d, "CACCEL_CPU_GEMM=onednn")) return "openblas";
     if (!dnnl_sgemm) {
         void *h = dlopen("libdnnl.so.2", RTLD_NOW | RTLD_LOCAL);
         if (!h) h = dlopen("libdnnl.so.3", RTLD_NOW | RTLD_LOCAL);

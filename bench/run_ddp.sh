@@ -31,7 +31,9 @@ print(n)'
     one=$($peer -c "$spin")
     two=$( { $peer -c "$spin" & $peer -c "$spin" & wait; } | tr '\n' ' ')
     $peer -c 'import sys
-w, one, two = sys.argv[1], int(sys.argv[2]), [int(v) for v in sys.argv[3:]]
+w, one, two = sys.argv[1], int(sys.argv[2] or 0), [int(v) for v in sys.argv[3:]]
+if one == 0 or len(two) < 2:
+    sys.exit(print(f"# core probe {w}: a spinning process printed nothing ({one}, {two}); no ratio"))
 print(f"# core probe {w}: two spinning processes ran {sum(two) / one:.2f}x one "
       f"(iterations in 2 s: {one} alone, {two[0]} + {two[1]} together)")' "$1" "$one" $two
 }
