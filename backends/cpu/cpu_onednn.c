@@ -14,9 +14,9 @@
  * Why: bf16 operands converted to f32 blocks and fed to sgemm cost more than f32
  * itself. oneDNN (Debian's libdnnl2, which python3-torch also installs) has a
  * row-major bf16 x bf16 -> f32 GEMM that uses AVX512_BF16 where the CPU has it.
- * Its f32 GEMM (dnnl_sgemm) measured 5-25% faster than OpenBLAS 0.3.21's AVX-512
- * kernels on the MLP's and the transformers' shapes, most at batch 16-32
- * (bench/RESULTS.md). The library is found with dlopen, so libcaccel gains no link
+ * Its f32 GEMM (dnnl_sgemm) measured 2-31% faster than OpenBLAS 0.3.21's AVX-512
+ * kernels on the MLP's shapes, most at batch 16-32, and 4-14% on square ones from
+ * 128 (bench/RESULTS.md; BERT's Linear shapes: equal). The library is found with dlopen, so libcaccel gains no link
  * dependency. The choices:
  *   CACCEL_CPU_BF16_GEMM=auto|onednn|convert: auto takes oneDNN when the library
  *     loads and the CPU has AVX512_BF16, else converts;
@@ -118,8 +118,11 @@ static void load(void) {
     void *h = dlopen("libdnnl.so.2", RTLD_NOW | RTLD_LOCAL);
     if (!h) h = dlopen("libdnnl.so.3", RTLD_NOW | RTLD_LOCAL);
     if (!h) {
-        if (bf16) snprintf(why, sizeof why, "bf16 GEMM converts to f32 (oneDNN not installed: Debian package libdnnl2)");
-        if (f32) snprintf(why_f32, sizeof why_f32, "f32 GEMM through OpenBLAS (oneDNN not installed: Debian package libdnnl2)");
+        if (bf16)
+            snprintf(why, sizeof why, "bf16 GEMM converts to f32 (oneDNN not installed: Debian package libdnnl2)");
+        if (f32)
+            snprintf(why_f32, sizeof why_f32, "f32 GEMM through OpenBLAS (oneDNN not installed: Debian package "
+                     "libdnnl2)");
         return;
     }
     int (*get_isa)(void) = (int (*)(void))(uintptr_t)dlsym(h, "dnnl_get_effective_cpu_isa");
