@@ -61,7 +61,10 @@ static ca_status select_device(ca_accelerator *acc) {
         ca_device_open_args args = {.struct_size = sizeof args, .local_rank = acc->local_rank};
         ca_status s = ca_device_open("xla", 0, &args, &acc->device);
         /* bf16 on xla is Accelerate's on a TPU: storage in bf16 (XLA_USE_BF16), no autocast */
-        if (s == CA_OK && st->mixed_precision == CA_MP_BF16) s = ca_xla_set_bf16_storage(acc->device, true);
+        if (s == CA_OK && st->mixed_precision == CA_MP_BF16 && !ca_xla_bf16_storage(acc->device)) {
+            s = ca_xla_set_bf16_storage(acc->device, true);
+            acc->bf16_storage_set = s == CA_OK;
+        }
         return s;
     }
     if (!st->use_cpu) {
@@ -172,6 +175,9 @@ void ca_accelerator_destroy(ca_accelerator *acc) {
         for (int i = 0; i < ca_module_num_params(m); i++) ca_tensor_set_grad_hook(m->flat[i], NULL, NULL);
     }
     ca_end_training(acc);
+    /* the device outlives the accelerator: its storage goes back to f32 (a failure of the graph still
+     * pending was the program's to see at its last synchronisation) */
+    if (acc->bf16_storage_set && ca_xla_set_bf16_storage(acc->device, false) != CA_OK) ca_clear_error();
     ca_progress_detach(acc->progress);
     free(acc->extra);
     ca_ddp_free_buckets(acc);

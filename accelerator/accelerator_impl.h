@@ -165,6 +165,8 @@ struct ca_accelerator {
     ca_module **extra;
     int ngroups;
     int *group_begin, *group_next;
+    /* mixed_precision bf16 on xla turned the device's bf16 storage on; destroy turns it off */
+    bool bf16_storage_set;
     /* autocast.c: the thread's autocast before each open CA_AUTOCAST scope */
     int autocast_depth;
     ca_dtype autocast_saved[16];

@@ -539,6 +539,14 @@ static void test_bf16_storage(void **state) {
     }
     assert_int_equal(ca_xla_set_bf16_storage(ca_cpu_device(), true), CA_ERR_INVALID);
     assert_false(ca_xla_bf16_storage(ca_cpu_device()));
+    /* an accelerator with bf16 on xla turns it on (no autocast then), and back off when destroyed */
+    char *argv[] = {"test_xla", "--tpu", "--mixed_precision", "bf16", NULL};
+    ca_accelerator *acc;
+    T_OK(ca_accelerator_create(&(ca_options){.argc = 4, .argv = argv}, &acc));
+    assert_ptr_equal(ca_accelerator_device(acc), d);
+    assert_true(ca_xla_bf16_storage(d));
+    ca_accelerator_destroy(acc);
+    assert_false(ca_xla_bf16_storage(d));
 }
 
 /* The metrics calls refuse other devices, naming the device. */
