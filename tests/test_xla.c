@@ -478,8 +478,8 @@ static void test_buffer_plan(void **state) {
 
 /* bf16 storage (mixed_precision bf16 on xla, torch_xla's XLA_USE_BF16): a node's f32 inputs that came
  * from the host are rounded to bf16 before it reads them, its f32 outputs after it wrote them; other
- * dtypes are left alone (an i64 index that would change if read as floats); turned off, results are
- * f32 again. */
+ * dtypes are left alone (an i64 index that would change if read as floats); a fused chain rounds
+ * only what it stores; turned off, results are f32 again. */
 static float to_bf16(float f) {     /* round to nearest even; the test's values are finite */
     uint32_t u;
     memcpy(&u, &f, 4);
@@ -525,6 +525,18 @@ static void test_bf16_storage(void **state) {
         assert_true(is_bf16(hs) && fabs(hs - sum) <= 0.01 * fabs(sum));
         assert_true(he[0] == to_bf16(table[514]) && he[1] == to_bf16(table[515]));   /* row 257 */
         assert_true(he[2] == to_bf16(table[6]) && he[3] == to_bf16(table[7]));       /* row 3 */
+        /* a fused chain keeps its intermediate in f32 and rounds what it stores */
+        uint64_t fused = metrics().fused_kernels;
+        ca_tensor *f = NULL;
+        CA_SCOPE { f = ca_tensor_keep(ca_add(ca_mul(a, b), a)); }
+        float hf[N];
+        T_OK(ca_tensor_to_host(f, hf, sizeof hf));
+        ca_tensor_free(f);
+        assert_true(metrics().fused_kernels > fused);
+        for (int i = 0; i < N; i++) {
+            float ra = to_bf16(ha[i]), rb = to_bf16(hb[i]);
+            assert_true(hf[i] == to_bf16(ra * rb + ra));
+        }
         /* off: the same product is f32 again (the inputs stay as they were rounded) */
         T_OK(ca_xla_set_bf16_storage(d, false));
         ca_tensor *q = ca_mul(a, b);

@@ -179,22 +179,23 @@ bool cpu_f32_gemm_onednn(int64_t m, int64_t n, int64_t k) {
     return f32_forced || (m * n * k >= CPU_ONEDNN_MIN_MNK && openblas_get_num_threads() == 1);
 }
 
+/* A oneDNN GEMM's status as the kernel's: the function and the sizes named on failure. */
+static ca_status gemm_status(int rc, const char *fn, int64_t m, int64_t n, int64_t k) {
+    if (rc == 0) return CA_OK;
+    return ca_error(CA_ERR_BACKEND, "cpu kernel gemm: oneDNN %s failed (status %d, m %lld, n %lld, k %lld)", fn, rc,
+                    (long long)m, (long long)n, (long long)k);
+}
+
 ca_status cpu_bf16_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const uint16_t *a,
                         int64_t lda, const uint16_t *b, int64_t ldb, float beta, float *c, int64_t ldc) {
     omp_threads();
-    int rc = gemm_bf16(ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-    if (rc != 0)
-        return ca_error(CA_ERR_BACKEND, "cpu kernel gemm: oneDNN dnnl_gemm_bf16bf16f32 failed (status %d, "
-                        "m %lld, n %lld, k %lld)", rc, (long long)m, (long long)n, (long long)k);
-    return CA_OK;
+    return gemm_status(gemm_bf16(ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, alpha, a, lda, b, ldb, beta, c, ldc),
+                       "dnnl_gemm_bf16bf16f32", m, n, k);
 }
 
 ca_status cpu_onednn_sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
                            int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc) {
     omp_threads();
-    int rc = gemm_f32(ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-    if (rc != 0)
-        return ca_error(CA_ERR_BACKEND, "cpu kernel gemm: oneDNN dnnl_sgemm failed (status %d, "
-                        "m %lld, n %lld, k %lld)", rc, (long long)m, (long long)n, (long long)k);
-    return CA_OK;
+    return gemm_status(gemm_f32(ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, alpha, a, lda, b, ldb, beta, c, ldc),
+                       "dnnl_sgemm", m, n, k);
 }
