@@ -64,6 +64,22 @@ ca_tensor *ca_grad_target(ca_tensor *t, float *beta) {
     return t->bgrad;
 }
 
+bool ca_grad_adopt(ca_tensor *t, ca_tensor *g) {
+    if (!t->requires_grad || is_leaf(t) || t->bgrad || g->dtype != t->dtype || g->numel != t->numel ||
+        ca_tdev(g) != ca_tdev(t) || !ca_tensor_is_contiguous(g))
+        return false;
+    ca_tensor *v = g;
+    if (g->ndim != t->ndim || memcmp(g->shape, t->shape, (size_t)t->ndim * sizeof *t->shape) != 0) {
+        int64_t st[CA_MAX_DIMS], acc = 1;   /* same elements in the same order, t's shape */
+        for (int i = t->ndim - 1; i >= 0; i--) { st[i] = acc; acc *= t->shape[i]; }
+        v = ca_tensor_view(g, t->ndim, t->shape, st, g->offset);
+        if (!v) return false;
+    }
+    t->bgrad = v;
+    t->bgrad_defined = true;
+    return true;
+}
+
 void ca_grad_written(ca_tensor *t) {
     if (is_leaf(t)) t->grad_defined = true;
     else t->bgrad_defined = true;

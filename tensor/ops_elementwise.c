@@ -100,11 +100,14 @@ static ca_status binary_backward(ca_node *n, ca_tensor *g) {
     ca_tensor *a = n->in[0], *b = n->in[1];
     ca_binary_op op = (ca_binary_op)n->i[0];
     ca_status s = CA_OK;
+    /* A gradient that nothing reads afterwards (a fresh product, or g at its last reader) is
+     * handed over rather than copied (ca_grad_adopt). */
     if (a->requires_grad) {
         ca_tensor *ga = g;
         if (op == CA_BINARY_MUL) ga = binary_raw(CA_BINARY_MUL, g, b);
         else if (op == CA_BINARY_DIV) ga = binary_raw(CA_BINARY_DIV, g, b);
-        s = ga ? ca_op_accumulate_reduced(a, ga, 1.0f) : ca_last_status();
+        bool give = ga != g || !b->requires_grad;
+        s = !ga ? ca_last_status() : give && ca_grad_adopt(a, ga) ? CA_OK : ca_op_accumulate_reduced(a, ga, 1.0f);
     }
     if (s == CA_OK && b->requires_grad) {
         ca_tensor *gb = g;
@@ -116,7 +119,8 @@ static ca_status binary_backward(ca_node *n, ca_tensor *g) {
             gb = t ? binary_raw(CA_BINARY_DIV, t, b) : NULL;
             alpha = -1.0f;
         }
-        s = gb ? ca_op_accumulate_reduced(b, gb, alpha) : ca_last_status();
+        bool give = alpha == 1.0f;
+        s = !gb ? ca_last_status() : give && ca_grad_adopt(b, gb) ? CA_OK : ca_op_accumulate_reduced(b, gb, alpha);
     }
     return s;
 }

@@ -28,7 +28,7 @@ static ca_status concat_backward(ca_node *n, ca_tensor *g) {
         if (!part) return ca_last_status();
         ca_status s = CA_KCALL(ca_tdev(x), copy_strided, g->dtype, x->ndim, x->shape, at_dim(g, dim, n->i[1 + j]),
                                g->stride, ca_tptr(part), part->stride);
-        if (s == CA_OK) s = ca_op_accumulate(x, part, 1.0f);
+        if (s == CA_OK) s = ca_op_accumulate_owned(x, part);
         if (s != CA_OK) return s;
     }
     return CA_OK;

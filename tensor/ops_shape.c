@@ -5,8 +5,9 @@
 
 /* ------------------------------------------------------------------ contiguous */
 
+/* The output's gradient is read by this node alone: the input takes it over (no copy). */
 static ca_status contiguous_backward(ca_node *n, ca_tensor *g) {
-    return ca_op_accumulate(n->in[0], g, 1.0f);
+    return ca_op_accumulate_owned(n->in[0], g);
 }
 static const ca_node_vt contiguous_vt = {"contiguous", contiguous_backward};
 
@@ -27,7 +28,7 @@ ca_tensor *ca_contiguous(ca_tensor *x) {
 /* ------------------------------------------------------------------ reshape */
 
 static ca_status reshape_backward(ca_node *n, ca_tensor *g) {
-    return ca_op_accumulate(n->in[0], g, 1.0f);     /* same elements, same order */
+    return ca_op_accumulate_owned(n->in[0], g);     /* same elements, same order */
 }
 static const ca_node_vt reshape_vt = {"reshape", reshape_backward};
 
@@ -132,16 +133,24 @@ static ca_status narrow_backward(ca_node *n, ca_tensor *g) {
     ca_tensor *dx = ca_grad_target(x, &beta);
     if (!dx) return x->requires_grad ? ca_last_status() : CA_OK;
     ca_device *dev = ca_tdev(x);
-    ca_status s = CA_OK;
-    if (beta == 0.0f) s = CA_KCALL(dev, fill, dx->dtype, dx->numel, 0.0, ca_tptr(dx));
     /* region of dx that the slice came from, as strided pointers */
     void *region = (char *)ca_tptr(dx) + (size_t)(start * dx->stride[dim]) * ca_dtype_size(dx->dtype);
-    ca_tensor *tmp = s == CA_OK ? ca_op_new_like(g) : NULL;
-    if (!tmp) return ca_last_status();
-    s = CA_KCALL(dev, copy_strided, g->dtype, g->ndim, g->shape, region, dx->stride, ca_tptr(tmp), tmp->stride);
-    if (s == CA_OK) s = CA_KCALL(dev, axpby, g->dtype, g->numel, 1.0f, ca_tptr(g), 1.0f, ca_tptr(tmp));
-    if (s == CA_OK)
-        s = CA_KCALL(dev, copy_strided, g->dtype, g->ndim, g->shape, ca_tptr(tmp), tmp->stride, region, dx->stride);
+    ca_status s;
+    if (beta == 0.0f) {   /* zeros, then g into its place */
+        s = CA_KCALL(dev, fill, dx->dtype, dx->numel, 0.0, ca_tptr(dx));
+        if (s == CA_OK)
+            s = CA_KCALL(dev, copy_strided, g->dtype, g->ndim, g->shape, ca_tptr(g), g->stride, region, dx->stride);
+    } else {              /* region + g into a contiguous temporary, then back into place */
+        ca_tensor *tmp = ca_op_new_like(g);
+        if (!tmp) return ca_last_status();
+        ca_bcast_args bc = {.ndim = g->ndim};
+        memcpy(bc.shape, g->shape, sizeof bc.shape);
+        memcpy(bc.a_stride, dx->stride, sizeof bc.a_stride);
+        memcpy(bc.b_stride, g->stride, sizeof bc.b_stride);
+        s = CA_KCALL(dev, binary, CA_BINARY_ADD, g->dtype, &bc, region, ca_tptr(g), ca_tptr(tmp));
+        if (s == CA_OK)
+            s = CA_KCALL(dev, copy_strided, g->dtype, g->ndim, g->shape, ca_tptr(tmp), tmp->stride, region, dx->stride);
+    }
     if (s == CA_OK) ca_grad_written(x);
     return s;
 }

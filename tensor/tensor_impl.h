@@ -127,6 +127,12 @@ ca_node *ca_record(const ca_node_vt *vt, ca_tensor *out, int nin, ca_tensor *con
  * when t needs no gradient. Call ca_grad_written(t) after writing. */
 ca_tensor *ca_grad_target(ca_tensor *t, float *beta);
 void ca_grad_written(ca_tensor *t);
+/* Makes g itself the gradient of non-leaf t, with no copy, when t has none yet this pass (the
+ * way PyTorch hands a gradient through a view or an add). g must be contiguous, t's dtype and
+ * element count, and read or written by nothing else afterwards: a backward's fresh result, or
+ * the output's gradient given to its last reader (whose node has finished with it). False (and
+ * nothing changed) when any of that does not hold: then accumulate as usual. */
+bool ca_grad_adopt(ca_tensor *t, ca_tensor *g);
 /* Backward from several outputs at once, within backward pass `pass` (a
  * checkpoint node's recompute runs inside its caller's pass): grads[i]
  * (contiguous, outs[i]'s shape; NULL: skipped) is added into outs[i]'s gradient. */

@@ -347,6 +347,40 @@ static void test_shape_ops(void **state) {
     }
 }
 
+/* A gradient nothing reads afterwards is handed over instead of copied (ca_grad_adopt). The sum
+ * s = u + v gives its gradient to v and copies it for u; both then get more from w = u * v, so
+ * a buffer shared by mistake would show in either. A chain of reshapes allocates no gradient
+ * buffer per reshape. */
+static void test_gradients_handed_over(void **state) {
+    CA_SCOPE {
+        ca_device *d = ca_cpu_device();
+        float xv[6] = {1, -2, 3, 0.5f, -1.5f, 2}, cv[6] = {0.5f, 1, -1, 2, 0, 3};
+        ca_tensor *x = T_NN(ca_from_host(d, CA_F32, CA_SHAPE(6), xv));
+        ca_tensor *c = T_NN(ca_from_host(d, CA_F32, CA_SHAPE(6), cv));
+        ca_tensor_set_requires_grad(x, true);
+        ca_tensor *u = ca_mul_scalar(x, 2), *v = ca_mul_scalar(x, 3);
+        ca_tensor *w = ca_mul(u, v), *s = ca_add(u, v);
+        T_OK(ca_autograd_backward(ca_add(ca_sum(ca_mul(s, c)), ca_sum(w))));
+        float *g = t_host(ca_tensor_grad(x));
+        for (int i = 0; i < 6; i++) assert_float_equal(g[i], 5 * cv[i] + 12 * xv[i], 1e-5);   /* d/dx */
+        free(g);
+
+        ca_tensor *h = ca_mul_scalar(T_NN(ca_full(d, CA_F32, CA_SHAPE(64, 64), 1.0)), 1.0);
+        ca_tensor_set_requires_grad(h, true);
+        ca_tensor *r = ca_mul_scalar(h, 2.0);
+        for (int i = 0; i < 8; i++) r = ca_reshape(r, CA_SHAPE(i % 2 ? 64 : 16, -1));
+        ca_tensor *loss = ca_sum(r);
+        ca_allocator_stats a, b;
+        T_OK(ca_device_memory_stats(d, &a));
+        T_OK(ca_autograd_backward(loss));
+        T_OK(ca_device_memory_stats(d, &b));
+        assert_int_equal(b.num_allocs - a.num_allocs, 3);   /* the seed, the sum's gradient, h's */
+        g = t_host(ca_tensor_grad(h));
+        for (int i = 0; i < 64 * 64; i++) assert_float_equal(g[i], 2.0f, 0);
+        free(g);
+    }
+}
+
 /* ------------------------------------------------------------------ tape rules */
 
 static void test_accumulation_and_zero_grad(void **state) {
@@ -438,6 +472,7 @@ int main(void) {
         cmocka_unit_test(test_cross_entropy),
         cmocka_unit_test(test_losses_and_norms),
         cmocka_unit_test(test_shape_ops),
+        cmocka_unit_test(test_gradients_handed_over),
         cmocka_unit_test(test_accumulation_and_zero_grad),
         cmocka_unit_test(test_no_grad_and_detach),
         cmocka_unit_test(test_grad_hook_fires_once_when_final),

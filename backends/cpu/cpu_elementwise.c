@@ -133,6 +133,12 @@ static bool reads_y(ca_unary_op op) {
            op == CA_UNARY_EXP || op == CA_UNARY_SQRT;
 }
 
+/* True when n floats at p and at q do not overlap. */
+static bool apart(const void *p, const void *q, int64_t n) {
+    uintptr_t a = (uintptr_t)p, b = (uintptr_t)q, len = (uintptr_t)n * sizeof(float);
+    return a + len <= b || b + len <= a;
+}
+
 static bool reads_input(ca_unary_op op) {
     return !(op == CA_UNARY_NEG || op == CA_UNARY_SCALE || op == CA_UNARY_ADD_SCALAR);
 }
@@ -150,12 +156,19 @@ ca_status cpu_unary_backward(void *dev, ca_unary_op op, ca_dtype dt, int64_t n, 
     if (!dy || !dx || (need_y && !y) || (need_x && !x))
         return ca_error(CA_ERR_INVALID, "cpu kernel unary_backward %s: %s is NULL", name,
                         !dy ? "dy" : (!dx ? "dx" : (need_y ? "y (the forward output)" : "x (the forward input)")));
+    /* dx written directly unless it may alias an input (the loop's pointers are restrict) */
+    bool direct = dt == CA_F32 && beta == 0.0f && apart(dx, dy, n) && (!need_x || apart(dx, x, n)) &&
+                  (!need_y || apart(dx, y, n));
     float xb[CPU_CHUNK], yb[CPU_CHUNK], db[CPU_CHUNK], gb[CPU_CHUNK];
     for (int64_t off = 0; off < n; off += CPU_CHUNK) {
         int64_t c = n - off < CPU_CHUNK ? n - off : CPU_CHUNK;
         const float *xs = need_x ? cpu_view_f32(dt, x, off, c, xb) : NULL;
         const float *ys = need_y ? cpu_view_f32(dt, y, off, c, yb) : NULL;
         const float *ds = cpu_view_f32(dt, dy, off, c, db);
+        if (direct) {   /* straight into dx: no staging copy */
+            unary_grad_f32(op, c, xs, ys, ds, (float *)dx + off, alpha);
+            continue;
+        }
         unary_grad_f32(op, c, xs, ys, ds, gb, alpha);
         if (dt == CA_F32) {
             accumulate_f32(c, gb, beta, (float *)dx + off);

@@ -134,7 +134,8 @@ trial() {   # trial CELL
             RC=$MPI_RC END=$RANKS_END_MS LINGER=$MPIRUN_LINGERED ;;
     esac
     sleep 0.3   # what a launcher's children need to be reaped
-    inj=$(sed -n 's/^comm_check: rank [0-9]* injects .* at \([0-9]*\) ms$/\1/p' "$WORK/out" | head -1)
+    # mpirun forwards stdout and stderr separately: a crash report can land in front of the line
+    inj=$(sed -n 's/.*comm_check: rank [0-9]* injects .* at \([0-9]*\) ms$/\1/p' "$WORK/out" | head -1)
     why=""
     if [ -z "$inj" ]; then why="the victim never injected the fault"; ttf=-1
     else ttf=$((END - inj)); fi
