@@ -311,11 +311,11 @@ static ca_status where_backward(ca_node *n, ca_tensor *g) {
     ca_status s = CA_OK;
     if (a->requires_grad) {
         ca_tensor *ga = where_grad(cond, g, true);
-        s = ga ? ca_op_accumulate_reduced(a, ga, 1.0f) : ca_last_status();
+        s = !ga ? ca_last_status() : ca_grad_adopt(a, ga) ? CA_OK : ca_op_accumulate_reduced(a, ga, 1.0f);
     }
     if (s == CA_OK && b->requires_grad) {
         ca_tensor *gb = where_grad(cond, g, false);
-        s = gb ? ca_op_accumulate_reduced(b, gb, 1.0f) : ca_last_status();
+        s = !gb ? ca_last_status() : ca_grad_adopt(b, gb) ? CA_OK : ca_op_accumulate_reduced(b, gb, 1.0f);
     }
     return s;
 }

@@ -222,8 +222,9 @@ ca_tensor *ca_detach(ca_tensor *t) {
 
 /* ------------------------------------------------------------------ expand */
 
+/* g's only reader: handed over when nothing was expanded */
 static ca_status expand_backward(ca_node *n, ca_tensor *g) {
-    return ca_op_accumulate_reduced(n->in[0], g, 1.0f);
+    return ca_grad_adopt(n->in[0], g) ? CA_OK : ca_op_accumulate_reduced(n->in[0], g, 1.0f);
 }
 static const ca_node_vt expand_vt = {"expand", expand_backward};
 
