@@ -38,6 +38,21 @@ print(f"# core probe {w}: two spinning processes ran {sum(two) / one:.2f}x one "
       f"(iterations in 2 s: {one} alone, {two[0]} + {two[1]} together)")' "$1" "$one" $two
 }
 probe before
+# The ceiling without communication: the same training, two independent processes at once (no
+# all-reduce, no meeting) against one alone. Unlike the spinning probe, it counts what the two
+# processes' GEMMs and memory traffic cost each other on this host.
+pair() {
+    rate() { "$bench" --batch-sizes "$batch" | grep -o ' samples_per_s=[0-9]*' | head -1 | cut -d= -f2; }
+    one=$(rate)
+    two=$( { rate & rate & wait; } | tr '\n' ' ')
+    $peer -c 'import sys
+one, two = int(sys.argv[1] or 0), [int(v) for v in sys.argv[2:]]
+if one == 0 or len(two) < 2:
+    sys.exit(print(f"# independent pair: no rate printed ({one}, {two})"))
+print(f"# independent pair: two caccel processes without communication ran {sum(two) / one:.2f}x one "
+      f"(samples/s: {one} alone, {two[0]} + {two[1]} together): the ceiling of 2 processes / 1")' "$one" $two
+}
+pair
 for r in $(seq "$reps"); do
     "$bench" --batch-sizes "$batch" >> "$out"
     "$caccel" launch --num_processes 2 --cpu --backend gloo -q "$bench" --batch-sizes "$batch" >> "$out"
@@ -59,4 +74,5 @@ c1, c2 = med("caccel", "1")[0], med("caccel", "2")[0]
 t1, t2 = med("torch", "1")[0], med("torch", "2")[0]
 print(f"2 processes / 1 process: caccel {c2 / c1:.2f}x, torch {t2 / t1:.2f}x")
 PY
+pair
 probe after
