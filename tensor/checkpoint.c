@@ -287,7 +287,7 @@ static void bhook_release(ca_node *n) {
 static ca_status bhook_backward(ca_node *n, ca_tensor *g) {
     const bhook *h = n->ctx;
     ca_status s = h ? h->fn(h->ctx) : CA_OK;
-    return s == CA_OK ? ca_op_accumulate_owned(n->in[0], g) : s;   /* g's only reader */
+    return s == CA_OK ? ca_op_accumulate_owned(n->in[0], g, 1.0f) : s;   /* g's only reader */
 }
 static const ca_node_vt bhook_vt = {"backward_hook", bhook_backward};
 

@@ -31,9 +31,9 @@ static ca_status attention_backward(ca_node *n, ca_tensor *g) {
     if (!dq || !dk || !dv) return ca_last_status();
     ca_status s = CA_KCALL(ca_tdev(q), attention_backward, CA_F32, &a, ca_tptr(q), ca_tptr(k), ca_tptr(v),
                            ca_tptr(n->out), ca_tptr(g), ca_tptr(lse), ca_tptr(dq), ca_tptr(dk), ca_tptr(dv));
-    if (s == CA_OK && q->requires_grad) s = ca_op_accumulate_owned(q, dq);
-    if (s == CA_OK && k->requires_grad) s = ca_op_accumulate_owned(k, dk);
-    if (s == CA_OK && v->requires_grad) s = ca_op_accumulate_owned(v, dv);
+    if (s == CA_OK && q->requires_grad) s = ca_op_accumulate_owned(q, dq, 1.0f);
+    if (s == CA_OK && k->requires_grad) s = ca_op_accumulate_owned(k, dk, 1.0f);
+    if (s == CA_OK && v->requires_grad) s = ca_op_accumulate_owned(v, dv, 1.0f);
     return s;
 }
 static const ca_node_vt attention_vt = {"scaled_dot_product_attention", attention_backward};

@@ -35,10 +35,6 @@ ca_status ca_op_accumulate(ca_tensor *t, ca_tensor *g, float alpha) {
     return s;
 }
 
-ca_status ca_op_accumulate_owned(ca_tensor *t, ca_tensor *g) {
-    return ca_grad_adopt(t, g) ? CA_OK : ca_op_accumulate(t, g, 1.0f);
-}
-
 /* One reduction over the run of dims [d0, d1) of `shape` (others kept). */
 static ca_status reduce_run(ca_device *dev, ca_dtype dt, const int64_t *shape, int ndim, int d0, int d1,
                             const void *x, void *y, float beta) {
@@ -89,4 +85,8 @@ ca_status ca_op_accumulate_reduced(ca_tensor *t, ca_tensor *g, float alpha) {
         d = e;
     }
     return ca_op_accumulate(t, src, alpha);
+}
+
+ca_status ca_op_accumulate_owned(ca_tensor *t, ca_tensor *g, float alpha) {
+    return alpha == 1.0f && ca_grad_adopt(t, g) ? CA_OK : ca_op_accumulate_reduced(t, g, alpha);
 }

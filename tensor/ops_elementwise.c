@@ -106,8 +106,9 @@ static ca_status binary_backward(ca_node *n, ca_tensor *g) {
         ca_tensor *ga = g;
         if (op == CA_BINARY_MUL) ga = binary_raw(CA_BINARY_MUL, g, b);
         else if (op == CA_BINARY_DIV) ga = binary_raw(CA_BINARY_DIV, g, b);
-        bool give = ga != g || !b->requires_grad;
-        s = !ga ? ca_last_status() : give && ca_grad_adopt(a, ga) ? CA_OK : ca_op_accumulate_reduced(a, ga, 1.0f);
+        if (!ga) return ca_last_status();
+        bool give = ga != g || !b->requires_grad;   /* b reads g below */
+        s = give ? ca_op_accumulate_owned(a, ga, 1.0f) : ca_op_accumulate_reduced(a, ga, 1.0f);
     }
     if (s == CA_OK && b->requires_grad) {
         ca_tensor *gb = g;
@@ -119,8 +120,7 @@ static ca_status binary_backward(ca_node *n, ca_tensor *g) {
             gb = t ? binary_raw(CA_BINARY_DIV, t, b) : NULL;
             alpha = -1.0f;
         }
-        bool give = alpha == 1.0f;
-        s = !gb ? ca_last_status() : give && ca_grad_adopt(b, gb) ? CA_OK : ca_op_accumulate_reduced(b, gb, alpha);
+        s = gb ? ca_op_accumulate_owned(b, gb, alpha) : ca_last_status();
     }
     return s;
 }

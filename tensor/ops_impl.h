@@ -16,12 +16,12 @@ bool ca_op_check_same_device(const char *op, const ca_tensor *a, const ca_tensor
 ca_tensor *ca_op_new_like(const ca_tensor *t);
 /* Adds `g` (contiguous, t's logical shape) into t's gradient. */
 ca_status ca_op_accumulate(ca_tensor *t, ca_tensor *g, float alpha);
-/* ca_op_accumulate(t, g, 1) for a g that nothing reads or writes afterwards: when t has no
- * gradient yet this pass, g becomes it (ca_grad_adopt) instead of being copied. */
-ca_status ca_op_accumulate_owned(ca_tensor *t, ca_tensor *g);
 /* Adds `g` (contiguous, shape out_shape) into t's gradient, summing over the
  * dimensions along which t was broadcast to out_shape. */
 ca_status ca_op_accumulate_reduced(ca_tensor *t, ca_tensor *g, float alpha);
+/* ca_op_accumulate_reduced for a g that nothing reads or writes afterwards: when alpha is 1 and t
+ * has no gradient yet this pass, g becomes it (ca_grad_adopt) instead of being copied. */
+ca_status ca_op_accumulate_owned(ca_tensor *t, ca_tensor *g, float alpha);
 /* Scalar f32 tensor holding v (scoped). */
 ca_tensor *ca_op_scalar(ca_device *dev, float v);
 

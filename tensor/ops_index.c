@@ -28,7 +28,7 @@ static ca_status concat_backward(ca_node *n, ca_tensor *g) {
         if (!part) return ca_last_status();
         ca_status s = CA_KCALL(ca_tdev(x), copy_strided, g->dtype, x->ndim, x->shape, at_dim(g, dim, n->i[1 + j]),
                                g->stride, ca_tptr(part), part->stride);
-        if (s == CA_OK) s = ca_op_accumulate_owned(x, part);
+        if (s == CA_OK) s = ca_op_accumulate_owned(x, part, 1.0f);
         if (s != CA_OK) return s;
     }
     return CA_OK;
@@ -311,11 +311,11 @@ static ca_status where_backward(ca_node *n, ca_tensor *g) {
     ca_status s = CA_OK;
     if (a->requires_grad) {
         ca_tensor *ga = where_grad(cond, g, true);
-        s = !ga ? ca_last_status() : ca_grad_adopt(a, ga) ? CA_OK : ca_op_accumulate_reduced(a, ga, 1.0f);
+        s = ga ? ca_op_accumulate_owned(a, ga, 1.0f) : ca_last_status();
     }
     if (s == CA_OK && b->requires_grad) {
         ca_tensor *gb = where_grad(cond, g, false);
-        s = !gb ? ca_last_status() : ca_grad_adopt(b, gb) ? CA_OK : ca_op_accumulate_reduced(b, gb, 1.0f);
+        s = gb ? ca_op_accumulate_owned(b, gb, 1.0f) : ca_last_status();
     }
     return s;
 }

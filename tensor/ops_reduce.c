@@ -24,8 +24,7 @@ static ca_status expand_backward(ca_node *n, ca_tensor *g) {
     }
     ca_status st = CA_KCALL(dev, copy_strided, x->dtype, x->ndim, x->shape, ca_tptr(g), gs,
                             ca_tptr(full), full->stride);
-    if (st != CA_OK) return st;
-    return scale == 1.0f ? ca_op_accumulate_owned(x, full) : ca_op_accumulate(x, full, scale);
+    return st == CA_OK ? ca_op_accumulate_owned(x, full, scale) : st;
 }
 static const ca_node_vt sum_vt = {"sum", expand_backward};
 static const ca_node_vt mean_vt = {"mean", expand_backward};

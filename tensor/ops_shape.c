@@ -7,7 +7,7 @@
 
 /* The output's gradient is read by this node alone: the input takes it over (no copy). */
 static ca_status contiguous_backward(ca_node *n, ca_tensor *g) {
-    return ca_op_accumulate_owned(n->in[0], g);
+    return ca_op_accumulate_owned(n->in[0], g, 1.0f);
 }
 static const ca_node_vt contiguous_vt = {"contiguous", contiguous_backward};
 
@@ -28,7 +28,7 @@ ca_tensor *ca_contiguous(ca_tensor *x) {
 /* ------------------------------------------------------------------ reshape */
 
 static ca_status reshape_backward(ca_node *n, ca_tensor *g) {
-    return ca_op_accumulate_owned(n->in[0], g);     /* same elements, same order */
+    return ca_op_accumulate_owned(n->in[0], g, 1.0f);     /* same elements, same order */
 }
 static const ca_node_vt reshape_vt = {"reshape", reshape_backward};
 
@@ -222,9 +222,8 @@ ca_tensor *ca_detach(ca_tensor *t) {
 
 /* ------------------------------------------------------------------ expand */
 
-/* g's only reader: handed over when nothing was expanded */
-static ca_status expand_backward(ca_node *n, ca_tensor *g) {
-    return ca_grad_adopt(n->in[0], g) ? CA_OK : ca_op_accumulate_reduced(n->in[0], g, 1.0f);
+static ca_status expand_backward(ca_node *n, ca_tensor *g) {   /* g's only reader */
+    return ca_op_accumulate_owned(n->in[0], g, 1.0f);
 }
 static const ca_node_vt expand_vt = {"expand", expand_backward};
 

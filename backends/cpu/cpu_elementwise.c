@@ -15,6 +15,12 @@ CPU_CLONES static void unary_f32_inplace(ca_unary_op op, int64_t n, float *y, fl
     ca_unary_f32_loop(op, n, y, y, alpha);
 }
 
+/* True when n floats at p and at q do not overlap. */
+static bool apart(const void *p, const void *q, int64_t n) {
+    uintptr_t a = (uintptr_t)p, b = (uintptr_t)q, len = (uintptr_t)n * sizeof(float);
+    return a + len <= b || b + len <= a;
+}
+
 static bool unary_op_valid(ca_unary_op op) { return (unsigned)op < CA_UNARY_OP_COUNT; }
 
 ca_status cpu_unary(void *dev, ca_unary_op op, ca_dtype dt, int64_t n, const void *x, void *y,
@@ -31,7 +37,7 @@ ca_status cpu_unary(void *dev, ca_unary_op op, ca_dtype dt, int64_t n, const voi
         float *yf = y;
         if (xf == yf) {
             unary_f32_inplace(op, n, yf, alpha);
-        } else if ((uintptr_t)(yf + n) <= (uintptr_t)xf || (uintptr_t)(xf + n) <= (uintptr_t)yf) {
+        } else if (apart(xf, yf, n)) {
             unary_f32(op, n, xf, yf, alpha);
         } else {
             return ca_error(CA_ERR_INVALID, "cpu kernel unary %s: y partly overlaps x",
@@ -131,12 +137,6 @@ CPU_CLONES static void accumulate_f32(int64_t n, const float *restrict g, float 
 static bool reads_y(ca_unary_op op) {
     return op == CA_UNARY_RELU || op == CA_UNARY_TANH || op == CA_UNARY_SIGMOID ||
            op == CA_UNARY_EXP || op == CA_UNARY_SQRT;
-}
-
-/* True when n floats at p and at q do not overlap. */
-static bool apart(const void *p, const void *q, int64_t n) {
-    uintptr_t a = (uintptr_t)p, b = (uintptr_t)q, len = (uintptr_t)n * sizeof(float);
-    return a + len <= b || b + len <= a;
 }
 
 static bool reads_input(ca_unary_op op) {
