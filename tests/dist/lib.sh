@@ -160,3 +160,21 @@ launch() {
     if [ "$be" = mpi ]; then run_mpi "$np" "$@" ${LAUNCH_FLAGS---cpu} --backend mpi 2>&1
     else timeout 300 "$CACCEL" launch --num_processes "$np" ${LAUNCH_FLAGS---cpu} --backend gloo "$@" 2>&1; fi
 }
+
+# fmnist_subset N DIR: writes into DIR the first N training samples of Fashion-MNIST as plain IDX
+# files (the test split linked whole), from $CACCEL_DATA_DIR/fashion-mnist or Debian's copy; for
+# tests whose claim holds for any data and that would otherwise train on all 60,000 samples.
+# Fails (status 1) when the data is not found.
+fmnist_subset() {
+    n=$1 dst=$2 src=""
+    for d in "${CACCEL_DATA_DIR:+$CACCEL_DATA_DIR/fashion-mnist}" /usr/share/datasets/fashion-mnist; do
+        [ -n "$d" ] && [ -e "$d/train-images-idx3-ubyte.gz" ] && { src=$d; break; }
+    done
+    [ -n "$src" ] && mkdir -p "$dst" || return 1
+    be32() { for s in 24 16 8 0; do printf "\\$(printf '%03o' $(($1 >> s & 255)))"; done; }
+    { printf '\000\000\010\003'; be32 "$n"; be32 28; be32 28
+      gzip -dc "$src/train-images-idx3-ubyte.gz" | tail -c +17 | head -c $((n * 784)); } > "$dst/train-images-idx3-ubyte" &&
+    { printf '\000\000\010\001'; be32 "$n"
+      gzip -dc "$src/train-labels-idx1-ubyte.gz" | tail -c +9 | head -c "$n"; } > "$dst/train-labels-idx1-ubyte" &&
+    ln -sf "$src/t10k-images-idx3-ubyte.gz" "$src/t10k-labels-idx1-ubyte.gz" "$dst/"
+}
