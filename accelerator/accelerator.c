@@ -323,7 +323,8 @@ static ca_status prepare_model(ca_accelerator *acc, ca_module *m) {
     if (acc->model && acc->model != m) return prepare_extra_model(acc, m);
     if (acc->model == m) return CA_OK;
     if (acc->nextra) return ca_error(CA_ERR_STATE, "ca_prepare: the first prepared model was destroyed");
-    ca_status s = ca_module_to(m, acc->device);
+    ca_status s = acc->world > 1 ? ca_ddp_check_hook(acc) : CA_OK;
+    if (s == CA_OK) s = ca_module_to(m, acc->device);
     if (s == CA_OK && acc->world > 1) s = ca_ddp_broadcast_params(acc, m);
     if (s == CA_OK && acc->st.deterministic) s = ca_det_build(acc, m);
     else if (s == CA_OK && acc->zero.stage) s = ca_zero_build(acc, m);

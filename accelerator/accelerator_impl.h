@@ -20,6 +20,7 @@ typedef struct ca_bucket {
     bool launched;
     ca_work *work;
     int group;                   /* the prepared model it belongs to (0: the first) */
+    ca_tensor *wire;             /* comm_hook fp16/bf16: the bucket as sent, [numel] 16-bit; else NULL */
 } ca_bucket;
 
 /* Deterministic mode: one gradient row per virtual shard this rank holds. */
@@ -182,6 +183,9 @@ ca_status ca_ddp_broadcast_params(ca_accelerator *acc, ca_module *m);
 /* Makes each parameter's .grad a view into f32 buckets of at most bucket_cap_mb and installs the
  * hook that launches a bucket's all-reduce (average) once all its gradients are final. */
 ca_status ca_ddp_build_buckets(ca_accelerator *acc, ca_module *m);
+/* Refuses a comm_hook that is not implemented; warns when one is set where DDP's buckets are not used
+ * (deterministic mode, ZeRO/FSDP). */
+ca_status ca_ddp_check_hook(ca_accelerator *acc);
 /* After a synchronising backward: launches what unused parameters held back and waits for all. */
 ca_status ca_ddp_finish_buckets(ca_accelerator *acc);
 void ca_ddp_free_buckets(ca_accelerator *acc);

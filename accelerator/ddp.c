@@ -43,13 +43,37 @@ static ca_status zero_unwritten(ca_bucket *bk) {
     return CA_OK;
 }
 
+/* The element type comm_hook sends gradients in (CA_F32: no hook). */
+static ca_dtype wire_dtype(const ca_accelerator *acc) {
+    switch (acc->st.comm_hook) {
+    case CA_COMM_HOOK_FP16: return CA_F16;
+    case CA_COMM_HOOK_BF16: return CA_BF16;
+    default: return CA_F32;
+    }
+}
+
+/* With an fp16/bf16 hook, as PyTorch's compress hooks: the bucket divided by the process count and
+ * rounded to 16 bits is summed (in 16 bits, so the sum cannot overflow where the mean does not);
+ * widen_wire brings the result back once the all-reduce is done. */
 static ca_status launch(ca_accelerator *acc, ca_bucket *bk) {
     ca_status s = zero_unwritten(bk);
-    if (s == CA_OK)
-        s = ca_comm_all_reduce(acc->comm, ca_tptr(bk->flat), ca_tptr(bk->flat), (size_t)bk->numel, CA_F32,
-                               CA_OP_AVG, &bk->work);
     bk->launched = true;
+    if (s != CA_OK) return s;
+    if (!bk->wire)
+        return ca_comm_all_reduce(acc->comm, ca_tptr(bk->flat), ca_tptr(bk->flat), (size_t)bk->numel, CA_F32,
+                                  CA_OP_AVG, &bk->work);
+    ca_dtype dt = bk->wire->dtype;
+    s = CA_KCALL(ca_tdev(bk->flat), cast, CA_F32, ca_tptr(bk->flat), dt, ca_tptr(bk->wire), bk->numel,
+                 1.0f / (float)acc->world);
+    if (s == CA_OK)
+        s = ca_comm_all_reduce(acc->comm, ca_tptr(bk->wire), ca_tptr(bk->wire), (size_t)bk->numel, dt, CA_OP_SUM,
+                               &bk->work);
     return s;
+}
+
+static ca_status widen_wire(ca_bucket *bk) {
+    return CA_KCALL(ca_tdev(bk->flat), cast, bk->wire->dtype, ca_tptr(bk->wire), CA_F32, ca_tptr(bk->flat),
+                    bk->numel, 1.0f);
 }
 
 /* A model's buckets launch strictly in index order on every rank. */
@@ -86,12 +110,27 @@ ca_status ca_ddp_finish_buckets(ca_accelerator *acc) {
             ca_work_free(bk->work);
             bk->work = NULL;
         }
+        if (s == CA_OK && bk->wire && bk->launched) s = widen_wire(bk);
         bk->ready = 0;
         bk->launched = false;
     }
     for (int g = 0; g < acc->ngroups; g++) acc->group_next[g] = acc->group_begin[g];
     acc->bucket_status = CA_OK;
     return s;
+}
+
+ca_status ca_ddp_check_hook(ca_accelerator *acc) {
+    ca_comm_hook h = acc->st.comm_hook;
+    if (h == CA_COMM_HOOK_NO) return CA_OK;
+    const char *name = ca_config_get(acc->cfg, "comm_hook"), *from = ca_config_origin(acc->cfg, "comm_hook");
+    if (h == CA_COMM_HOOK_POWER_SGD || h == CA_COMM_HOOK_BATCHED_POWER_SGD)
+        return ca_error(CA_ERR_UNSUPPORTED, "ca_prepare: comm_hook %s (from %s) is not implemented; fp16 and bf16 "
+                        "are (rank %d)", name, from, acc->rank);
+    if ((acc->st.deterministic || acc->zero.stage) && acc->rank == 0)
+        ca_log_printf(CA_LOG_WARNING, "comm_hook %s (from %s) compresses plain data parallelism's all-reduce; "
+                      "%s reduces its own way and sends f32", name, from,
+                      acc->st.deterministic ? "deterministic mode" : "ZeRO/FSDP");
+    return CA_OK;
 }
 
 /* A new group for the next model's buckets. */
@@ -133,6 +172,11 @@ ca_status ca_ddp_build_buckets(ca_accelerator *acc, ca_module *m) {
         if (!flat) return ca_last_status() ? ca_last_status() : ca_error(CA_ERR_NOMEM, "out of host memory");
         bk->flat = ca_tensor_keep(flat);
         bk->numel = numel;
+        if (wire_dtype(acc) != CA_F32) {
+            ca_tensor *w = ca_zeros(acc->device, wire_dtype(acc), 1, &numel);
+            if (!w) return ca_last_status();
+            bk->wire = ca_tensor_keep(w);
+        }
         int64_t off = 0;
         for (int k = 0; k < bk->nparams; k++) {
             ca_tensor *p = m->flat[first - k];
@@ -159,6 +203,7 @@ void ca_ddp_free_buckets(ca_accelerator *acc) {
         ca_work_free(acc->buckets[i].work);
         free(acc->buckets[i].params);
         ca_tensor_free(acc->buckets[i].flat);
+        ca_tensor_free(acc->buckets[i].wire);
     }
     free(acc->buckets);
     acc->buckets = NULL;

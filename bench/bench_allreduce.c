@@ -15,7 +15,8 @@
  * Run with 2 ranks under mpirun (--backend mpi: raw MPI_Allreduce is timed
  * in the same processes) or under caccel launch (--backend gloo --raw FILE:
  * FILE holds bench_gloo_raw's figures from the same machine, a moment before).
- * Every point is f32 SUM in place; the time is the slowest rank's, the best of
+ * Every point is a SUM in place (--op avg: caccel's average; --dtype bf16|f16: caccel's in that
+ * type, the same bytes, as DDP's comm_hook sends them; the raw column stays f32 sum); the time is the slowest rank's, the best of
  * `rounds` alternating caccel/raw measurements of `iters` calls each.
  *   latency: microseconds per call; bandwidth: bytes / time (algorithm bandwidth).
  */
@@ -45,13 +46,15 @@ static double slowest(ca_comm *c, double us) {
 
 /* the reduction timed: sum, or the average that DDP's gradients use (--op avg) */
 static ca_reduce_op g_op = CA_OP_SUM;
+/* caccel's element type (--dtype): f32, or the 16-bit types of DDP's comm_hook */
+static ca_dtype g_dt = CA_F32;
 
 static double time_caccel(ca_comm *c, float *buf, size_t n, int iters) {
-    for (int i = 0; i < 2; i++) ca_comm_all_reduce(c, buf, buf, n, CA_F32, g_op, NULL);
+    for (int i = 0; i < 2; i++) ca_comm_all_reduce(c, buf, buf, n, g_dt, g_op, NULL);
     ca_comm_barrier(c, NULL);
     double t0 = now_us();
     for (int i = 0; i < iters; i++)
-        if (ca_comm_all_reduce(c, buf, buf, n, CA_F32, g_op, NULL) != CA_OK) {
+        if (ca_comm_all_reduce(c, buf, buf, n, g_dt, g_op, NULL) != CA_OK) {
             fprintf(stderr, "bench_allreduce: %s\n", ca_last_error());
             exit(1);
         }
@@ -88,9 +91,17 @@ int main(int argc, char **argv) {
             i++;
         } else if (strcmp(argv[i], "--op") == 0 && i + 1 < argc && strcmp(argv[i + 1], "sum") == 0) {
             i++;
+        } else if (strcmp(argv[i], "--dtype") == 0 && i + 1 < argc && strcmp(argv[i + 1], "f32")) {
+            g_dt = !strcmp(argv[++i], "bf16") ? CA_BF16 : !strcmp(argv[i], "f16") ? CA_F16 : CA_U8;
+            if (g_dt == CA_U8) {
+                fprintf(stderr, "bench_allreduce: --dtype takes f32, bf16 or f16\n");
+                return 2;
+            }
+        } else if (strcmp(argv[i], "--dtype") == 0 && i + 1 < argc) {
+            i++;
         } else {
             fprintf(stderr, "usage: bench_allreduce [--backend mpi|gloo] [--raw FILE] [--max-mib N] [--rounds N] "
-                            "[--op sum|avg]\n");
+                            "[--op sum|avg] [--dtype f32|bf16|f16]\n");
             return 2;
         }
     }
@@ -134,18 +145,19 @@ int main(int argc, char **argv) {
     if (!buf) return 1;
     for (size_t i = 0; i < max_bytes / 4; i++) buf[i] = 0.0f;   /* sums of zeros stay finite */
     if (rank == 0) {
-        printf("# all_reduce f32 sum in place, %d ranks, backend %s; raw: %s\n", ca_comm_size(c), be, raw_name);
+        printf("# all_reduce %s %s in place, %d ranks, backend %s; raw (f32 sum): %s\n", ca_dtype_name(g_dt),
+               g_op == CA_OP_AVG ? "avg" : "sum", ca_comm_size(c), be, raw_name);
         printf("# %-9s %12s %12s %12s %12s %9s %12s\n", "size", "caccel_us", "raw_us", "caccel_GB/s", "raw_GB/s",
                "bw_ratio", "added_us");
     }
     for (int s = 0; s < nsizes; s++) {
-        size_t n = sizes[s] / 4;
+        size_t n = sizes[s] / ca_dtype_size(g_dt);
         int iters = iters_for(sizes[s]);
         double best_c = 1e30, best_r = raw_us[s] > 0 ? raw_us[s] : 1e30;
         for (int r = 0; r < rounds; r++) {
 #ifdef CA_BENCH_MPI
             if (mpi) {
-                double t = time_mpi(c, buf, n, iters);
+                double t = time_mpi(c, buf, sizes[s] / 4, iters);
                 if (t < best_r) best_r = t;
             }
 #endif

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Data-parallel MLP throughput: caccel on 1 and 2 processes (caccel launch, Gloo; 1 thread each)
-# against PyTorch DDP (gloo, torchrun) on the same global batch, alternating; medians and ratios.
+# against PyTorch DDP (gloo, torchrun) on the same global batch, alternating; medians and ratios. The
+# 2-process run is repeated with comm_hook bf16 (gradients all-reduced in 16 bits: half the bytes).
 # usage: run_ddp.sh --bench PATH --caccel PATH [--reps N] [--batch 128]
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -56,6 +57,8 @@ pair
 for r in $(seq "$reps"); do
     "$bench" --batch-sizes "$batch" >> "$out"
     "$caccel" launch --num_processes 2 --cpu --backend gloo -q "$bench" --batch-sizes "$batch" >> "$out"
+    "$caccel" launch --num_processes 2 --cpu --backend gloo --comm_hook bf16 -q "$bench" --batch-sizes "$batch" |
+        sed 's/ procs=2 / procs=2-bf16-hook /' >> "$out"
     $peer "$here/peers/torch_mlp.py" --threads 1 --batch-sizes "$batch" | sed 's/impl=torch/impl=torch procs=1/' >> "$out"
     $peer -m torch.distributed.run --nproc_per_node 2 --master_port 29531 --redirects 1 --tee 1 \
         "$here/peers/torch_ddp.py" --batch-sizes "$batch" 2>/dev/null | grep -o 'impl=torch procs=2.*' >> "$out" || true
@@ -72,7 +75,9 @@ for p in ("1", "2"):
     print(f"{p:>5} | {c:16.0f} {med('caccel', p, 'accuracy')[0]:6.2f} | {t:15.0f} {med('torch', p, 'accuracy')[0]:6.2f} | {c / t:12.2f} ({n})")
 c1, c2 = med("caccel", "1")[0], med("caccel", "2")[0]
 t1, t2 = med("torch", "1")[0], med("torch", "2")[0]
-print(f"2 processes / 1 process: caccel {c2 / c1:.2f}x, torch {t2 / t1:.2f}x")
+h, n = med("caccel", "2-bf16-hook")
+print(f"2 processes with comm_hook bf16: {h:.0f} samples/s, accuracy {med('caccel', '2-bf16-hook', 'accuracy')[0]:.2f}% ({n})")
+print(f"2 processes / 1 process: caccel {c2 / c1:.2f}x, with comm_hook bf16 {h / c1:.2f}x; torch {t2 / t1:.2f}x")
 PY
 pair
 probe after

@@ -16,7 +16,7 @@
 #include <caccel/log.h>
 
 #include "base/avg_impl.h"
-#include "base/half_impl.h"
+#include "collectives/half_reduce_impl.h"
 #include "collectives/shm_impl.h"
 
 #include <gloo/common/error.h>
@@ -177,26 +177,12 @@ void reduce_plain(void *out, const void *a, const void *b, size_t n) {
     for (; i < n; i++) o[i] = reduce_one<T, OP>(x[i], y[i]);
 }
 
-// 16-bit floats are reduced in f32 and rounded back (bf16 has no native type here).
-template <bool BF, int OP>
-void reduce_half(void *out, const void *a, const void *b, size_t n) {
-    uint16_t *o = static_cast<uint16_t *>(out);
-    const uint16_t *x = static_cast<const uint16_t *>(a);
-    const uint16_t *y = static_cast<const uint16_t *>(b);
-    for (size_t i = 0; i < n; i++) {
-        float u = BF ? ca_bf16_to_f32(x[i]) : ca_f16_to_f32(x[i]);
-        float v = BF ? ca_bf16_to_f32(y[i]) : ca_f16_to_f32(y[i]);
-        float r = OP == 0 ? u + v : OP == 1 ? ((u < v || u != u) ? u : v) : ((u > v || u != u) ? u : v);
-        o[i] = BF ? ca_f32_to_bf16(r) : ca_f32_to_f16(r);
-    }
-}
-
 template <int OP>
 ReduceFn pick(ca_dtype dt) {
     switch (dt) {
     case CA_F32: return reduce_plain<float, OP>;
-    case CA_F16: return reduce_half<false, OP>;
-    case CA_BF16: return reduce_half<true, OP>;
+    case CA_F16:
+    case CA_BF16: return ca_half_reducer(dt, OP);   // collectives/half_reduce.c
     case CA_I32: return reduce_plain<int32_t, OP>;
     case CA_I64: return reduce_plain<int64_t, OP>;
     case CA_U8: return reduce_plain<uint8_t, OP>;
@@ -220,16 +206,10 @@ void divide(void *buf, size_t n, ca_dtype dt, int p) {
     case CA_F32:
         ca_avg_f32(static_cast<float *>(buf), n, p);
         break;
-    case CA_F16: {
-        uint16_t *x = static_cast<uint16_t *>(buf);
-        for (size_t i = 0; i < n; i++) x[i] = ca_f32_to_f16(ca_f16_to_f32(x[i]) / static_cast<float>(p));
+    case CA_F16:
+    case CA_BF16:
+        ca_half_divide(dt, static_cast<uint16_t *>(buf), n, p);
         break;
-    }
-    case CA_BF16: {
-        uint16_t *x = static_cast<uint16_t *>(buf);
-        for (size_t i = 0; i < n; i++) x[i] = ca_f32_to_bf16(ca_bf16_to_f32(x[i]) / static_cast<float>(p));
-        break;
-    }
     case CA_I32: {
         int32_t *x = static_cast<int32_t *>(buf);
         for (size_t i = 0; i < n; i++) x[i] /= p;

@@ -3,7 +3,7 @@
 #include <caccel/log.h>
 
 #include "base/avg_impl.h"
-#include "base/half_impl.h"
+#include "collectives/half_reduce_impl.h"
 
 #include <mpi.h>
 
@@ -56,22 +56,18 @@ struct ca_work_impl {
     void *tmp;                 /* a staging copy of the input, freed at the end */
 };
 
-#define RED16(name, to, from, expr)                                                  \
-    static void name(void *in, void *inout, int *len, MPI_Datatype *dt) {           \
-        (void)dt;                                                                    \
-        const uint16_t *a = in;                                                      \
-        uint16_t *b = inout;                                                         \
-        for (int i = 0; i < *len; i++) {                                             \
-            float x = to(a[i]), y = to(b[i]);                                        \
-            b[i] = from(expr);                                                       \
-        }                                                                            \
+/* MPI user operations for fp16/bf16 (inout = in op inout), on the plugins' shared reductions. */
+#define RED16(name, dt, op)                                                          \
+    static void name(void *in, void *inout, int *len, MPI_Datatype *t) {            \
+        (void)t;                                                                     \
+        ca_half_reducer(dt, op)(inout, in, inout, (size_t)*len);                     \
     }
-RED16(sum_f16, ca_f16_to_f32, ca_f32_to_f16, x + y)
-RED16(min_f16, ca_f16_to_f32, ca_f32_to_f16, (x < y || x != x) ? x : y)
-RED16(max_f16, ca_f16_to_f32, ca_f32_to_f16, (x > y || x != x) ? x : y)
-RED16(sum_bf16, ca_bf16_to_f32, ca_f32_to_bf16, x + y)
-RED16(min_bf16, ca_bf16_to_f32, ca_f32_to_bf16, (x < y || x != x) ? x : y)
-RED16(max_bf16, ca_bf16_to_f32, ca_f32_to_bf16, (x > y || x != x) ? x : y)
+RED16(sum_f16, CA_F16, 0)
+RED16(min_f16, CA_F16, 1)
+RED16(max_f16, CA_F16, 2)
+RED16(sum_bf16, CA_BF16, 0)
+RED16(min_bf16, CA_BF16, 1)
+RED16(max_bf16, CA_BF16, 2)
 
 /* ------------------------------------------------------------------ errors */
 
@@ -508,16 +504,10 @@ static void finish_avg(ca_work_impl *w) {
     case CA_F32:
         ca_avg_f32(w->avg_buf, n, p);
         break;
-    case CA_F16: {
-        uint16_t *x = w->avg_buf;
-        for (size_t i = 0; i < n; i++) x[i] = ca_f32_to_f16(ca_f16_to_f32(x[i]) / (float)p);
+    case CA_F16:
+    case CA_BF16:
+        ca_half_divide(w->dt, w->avg_buf, n, p);
         break;
-    }
-    case CA_BF16: {
-        uint16_t *x = w->avg_buf;
-        for (size_t i = 0; i < n; i++) x[i] = ca_f32_to_bf16(ca_bf16_to_f32(x[i]) / (float)p);
-        break;
-    }
     case CA_I32: {
         int32_t *x = w->avg_buf;
         for (size_t i = 0; i < n; i++) x[i] /= p;

@@ -927,6 +927,14 @@ static ca_mixed_precision mp_from_name(const char *n) {
     return CA_MP_FP8;
 }
 
+static ca_comm_hook comm_hook_from_name(const char *n) {
+    if (!n || strcasecmp(n, "no") == 0) return CA_COMM_HOOK_NO;
+    if (strcasecmp(n, "fp16") == 0) return CA_COMM_HOOK_FP16;
+    if (strcasecmp(n, "bf16") == 0) return CA_COMM_HOOK_BF16;
+    if (strcasecmp(n, "power_sgd") == 0) return CA_COMM_HOOK_POWER_SGD;
+    return CA_COMM_HOOK_BATCHED_POWER_SGD;
+}
+
 static double double_or(const ca_cfg_entry *e, double def) {
     double v;
     return e->value && ca_config_parse_double(e->value, &v) ? v : def;
@@ -980,6 +988,7 @@ ca_status ca_config_settings(const ca_config *c, ca_settings *out) {
     out->backend = K(c, "backend")->value;
     out->timeout_ms = (int64_t)llround(double_or(K(c, "timeout"), 1800.0) * 1000.0);
     out->bucket_cap_mb = double_or(K(c, "bucket_cap_mb"), 25.0);
+    out->comm_hook = comm_hook_from_name(K(c, "comm_hook")->value);
     out->even_batches = bool_or(K(c, "even_batches"), true);
     out->split_batches = bool_or(K(c, "split_batches"), false);
     out->dispatch_batches = bool_or(K(c, "dispatch_batches"), false);

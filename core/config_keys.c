@@ -42,6 +42,8 @@ static const char *const v_dynamo_backend[] = {
     "no", "eager", "aot_eager", "inductor", "aot_ts_nvfuser", "nvprims_nvfuser", "cudagraphs",
     "ofi", "fx2trt", "onnxrt", "tensorrt", "aot_torchxla_trace_once", "torchxla_trace_once",
     "ipex", "tvm", "hpu_backend", END};
+/* DDPCommunicationHookType's values (Accelerate's DistributedDataParallelKwargs(comm_hook=...)). */
+static const char *const v_comm_hook[] = {"no", "fp16", "bf16", "power_sgd", "batched_power_sgd", END};
 static const char *const v_dynamo_mode[] = {"default", "reduce-overhead", "max-autotune", END};
 
 #define S CA_KF_SUPPORTED
@@ -200,6 +202,8 @@ const ca_key_def ca_config_keys[] = {
     KE("backend", NULL, v_backend, EX | S | CF, "collective backend (null: gloo for CPUs, nccl for GPUs, mpi under mpirun)"),
     KF("timeout", "1800", 0.001, 1e9, EX | S, "seconds before a collective or the rendezvous gives up"),
     KF("bucket_cap_mb", "25", 0.001, 1e6, EX | S, "gradient bucket size in MiB for the all-reduce"),
+    KE("comm_hook", "no", v_comm_hook, EX | S | CF,
+       "DDP communication hook: fp16 or bf16 all-reduce the gradients compressed to 16 bits (power_sgd: refused)"),
     KB("even_batches", "true", EX | S, "every rank gets the same number of batches (wraps around)"),
     KB("split_batches", "false", EX | S, "a loader's batch_size is the global batch; each process gets its slice"),
     KB("dispatch_batches", "false", EX | S,
@@ -294,6 +298,7 @@ const ca_env_def ca_config_envs[] = {
     {"CACCEL_BACKEND", CA_ENV_KEY, "backend"},
     {"CACCEL_TIMEOUT", CA_ENV_KEY, "timeout"},
     {"CACCEL_BUCKET_CAP_MB", CA_ENV_KEY, "bucket_cap_mb"},
+    {"CACCEL_COMM_HOOK", CA_ENV_KEY, "comm_hook"},
     {"CACCEL_ALLOW_UNKNOWN_KEYS", CA_ENV_KEY, "allow_unknown_keys"},
     {"CACCEL_EVEN_BATCHES", CA_ENV_KEY, "even_batches"},
     {"CACCEL_SPLIT_BATCHES", CA_ENV_KEY, "split_batches"},
@@ -396,6 +401,7 @@ const ca_flag_def ca_config_flags[] = {
     {"backend", CA_FLAG_VALUE, "backend"},
     {"timeout", CA_FLAG_VALUE, "timeout"},
     {"bucket_cap_mb", CA_FLAG_VALUE, "bucket_cap_mb"},
+    {"comm_hook", CA_FLAG_VALUE, "comm_hook"},
     {"allow_unknown_keys", CA_FLAG_TRUE, "allow_unknown_keys"},
     {"even_batches", CA_FLAG_VALUE, "even_batches"},
     {"split_batches", CA_FLAG_VALUE, "split_batches"},

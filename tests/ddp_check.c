@@ -5,6 +5,9 @@
  *   --mode clip   : clip_grad_norm(0.5) every step; prints the first norm
  *   --mode fp16inf: fp16, the last rank puts an Inf in a gradient at step 3
  *   --mode uneven : 103 samples, evaluation through gather_for_metrics
+ * --dump-grads PATH: rank 0 writes the gradients after the first backward (the averaged ones: as the
+ *   optimizer sees them) and prints fp16_exact=N/M and bf16_exact=N/M: how many of the M values an fp16
+ *   or a bf16 tensor holds exactly (all of them after an all-reduce compressed to that type).
  * --sched-total T attaches a linear schedule over T one-process steps; every mode prints lr_factor.
  * --stop-rank R: rank R stops itself (SIGSTOP) before its third micro-step, a hung peer.
  * --hidden H widens the hidden layer (32); --depth D adds D Linear(H, H)+Tanh layers (0); --mem prints
@@ -23,7 +26,7 @@ typedef struct opts {
     const char *mode;
     int steps, k;
     int64_t batch, hidden, depth;
-    const char *dump;
+    const char *dump, *dump_grads;
     int64_t sched_total;
     bool mem;
     int stop_rank;               /* --stop-rank R: rank R stops itself (SIGSTOP) before micro-step 3 */
@@ -79,6 +82,42 @@ static void dump(ca_accelerator *acc, ca_module *m, const char *path) {
     fclose(f);
 }
 
+/* How many of g's n values (on the host: h) survive a round trip through the 16-bit type dt. */
+static int64_t exact_in(ca_tensor *g, const float *h, size_t n, ca_dtype dt) {
+    float *r = malloc(n * sizeof(float));
+    CA_SCOPE {
+        ca_tensor *back = ca_cast(ca_cast(g, dt), CA_F32);
+        CA_CHECK(back ? ca_tensor_to_host(back, r, n * sizeof(float)) : ca_last_status());
+    }
+    int64_t exact = 0;
+    for (size_t j = 0; j < n; j++) exact += memcmp(&h[j], &r[j], sizeof(float)) == 0;
+    free(r);
+    return exact;
+}
+
+/* Rank 0: the gradients as the optimizer would see them, and how many an fp16 and a bf16 tensor hold
+ * exactly (all of them after an all-reduce compressed to that type). */
+static void dump_grads(ca_accelerator *acc, ca_module *m, const char *path) {
+    if (!ca_is_main_process(acc)) return;
+    FILE *f = fopen(path, "wb");
+    if (!f) { perror(path); exit(1); }
+    int64_t fp16 = 0, bf16 = 0, total = 0;
+    for (int i = 0; i < ca_module_num_params(m); i++) {
+        ca_tensor *g = ca_tensor_grad(ca_module_param_at(m, i));
+        size_t n = ca_tensor_nbytes(g) / sizeof(float);
+        float *h = malloc(n * sizeof(float));
+        CA_CHECK(ca_tensor_to_host(g, h, n * sizeof(float)));
+        fp16 += exact_in(g, h, n, CA_F16);
+        bf16 += exact_in(g, h, n, CA_BF16);
+        total += (int64_t)n;
+        fwrite(h, sizeof(float), n, f);
+        free(h);
+    }
+    fclose(f);
+    printf("rank=0 fp16_exact=%lld/%lld bf16_exact=%lld/%lld\n", (long long)fp16, (long long)total, (long long)bf16,
+           (long long)total);
+}
+
 static opts parse(int argc, char **argv) {
     opts o = {.mode = "plain", .steps = 10, .k = 1, .batch = 8, .hidden = 32, .stop_rank = -1};
     for (int i = 1; i < argc; i++) {
@@ -87,6 +126,7 @@ static opts parse(int argc, char **argv) {
         else if (!strcmp(argv[i], "--k") && i + 1 < argc) o.k = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--batch") && i + 1 < argc) o.batch = atoll(argv[++i]);
         else if (!strcmp(argv[i], "--dump") && i + 1 < argc) o.dump = argv[++i];
+        else if (!strcmp(argv[i], "--dump-grads") && i + 1 < argc) o.dump_grads = argv[++i];
         else if (!strcmp(argv[i], "--hidden") && i + 1 < argc) o.hidden = atoll(argv[++i]);
         else if (!strcmp(argv[i], "--depth") && i + 1 < argc) o.depth = atoll(argv[++i]);
         else if (!strcmp(argv[i], "--mem")) o.mem = true;
@@ -160,6 +200,7 @@ int main(int argc, char **argv) {
             ca_tensor *loss = ca_cross_entropy(ca_module_forward(m, b.x), b.y);
             CA_CHECK(ca_backward(acc, loss));
             micro++;
+            if (o.dump_grads && micro == o.k) dump_grads(acc, m, o.dump_grads);
             if (fp16 && micro == 3 && rank == world - 1) {   /* overflow on one rank only */
                 ca_tensor *g = ca_tensor_grad(ca_module_param(m, "fc2.bias"));
                 float h[3];

@@ -30,7 +30,7 @@ static void test_defaults(void **state) {
         {"rdzv_backend", "static"}, {"same_network", "false"}, {"main_training_function", "main"},
         {"enable_cpu_affinity", "false"}, {"downcast_bf16", "false"}, {"tpu_use_cluster", "false"},
         {"region", "us-east-1"}, {"backend", "null"}, {"timeout", "1800"}, {"bucket_cap_mb", "25"},
-        {"even_batches", "true"}, {"split_batches", "false"}, {"dispatch_batches", "false"},
+        {"comm_hook", "no"}, {"even_batches", "true"}, {"split_batches", "false"}, {"dispatch_batches", "false"},
         {"use_seedable_sampler", "false"}, {"data_seed", "null"}, {"non_blocking", "false"},
         {"gradient_accumulation_steps", "1"}, {"gradient_clipping", "null"},
         {"allow_unknown_keys", "false"}, {"fsdp_config.fsdp_sharding_strategy", "FULL_SHARD"},
@@ -406,6 +406,7 @@ static void test_env_mappings(void **state) {
         {"CACCEL_BACKEND", "gloo", "backend", "gloo"},
         {"CACCEL_TIMEOUT", "90", "timeout", "90"},
         {"CACCEL_BUCKET_CAP_MB", "8", "bucket_cap_mb", "8"},
+        {"CACCEL_COMM_HOOK", "bf16", "comm_hook", "bf16"},
         {"CACCEL_ALLOW_UNKNOWN_KEYS", "1", "allow_unknown_keys", "true"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
@@ -429,12 +430,13 @@ static void test_env_settings_and_errors(void **state) {
     (void)state;
     ca_config *c = new_config();
     char *env[] = {"CACCEL_TIMEOUT=2.5", "CACCEL_BUCKET_CAP_MB=0.5", "ACCELERATE_USE_FSDP=false",
-                   "ACCELERATE_MIXED_PRECISION=", NULL};
+                   "ACCELERATE_MIXED_PRECISION=", "CACCEL_COMM_HOOK=BF16", NULL};
     assert_ok(ca_config_apply_env(c, env));
     ca_settings st;
     assert_ok(ca_config_settings(c, &st));
     assert_int_equal(st.timeout_ms, 2500);
     assert_true(st.bucket_cap_mb == 0.5);
+    assert_int_equal(st.comm_hook, CA_COMM_HOOK_BF16);
     /* false selects nothing; empty counts as unset */
     assert_string_equal(ca_config_get(c, "distributed_type"), "NO");
     assert_int_equal(ca_config_source_of(c, "mixed_precision"), CA_SRC_DEFAULT);
@@ -510,6 +512,7 @@ static void test_flag_mappings(void **state) {
         {"--backend", "mpi", "backend", "mpi"},
         {"--timeout", "30", "timeout", "30"},
         {"--bucket_cap_mb", "10", "bucket_cap_mb", "10"},
+        {"--comm_hook", "FP16", "comm_hook", "fp16"},
         {"--allow_unknown_keys", NULL, "allow_unknown_keys", "true"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {

@@ -2,7 +2,8 @@
 # Data-parallel training as users run it: N ranks (caccel launch over Gloo, mpirun over MPI) hold
 # the same parameters as one rank on the same global batch; accumulation all-reduces once per real
 # step; clipping uses the global norm; an fp16 overflow on one rank skips the step on every rank;
-# uneven data finishes and gather_for_metrics sees every sample once.
+# uneven data finishes and gather_for_metrics sees every sample once; comm_hook fp16/bf16 sends
+# half the bytes and gives the one-rank gradient within 16-bit rounding.
 # Tolerance: parameters agree to 1e-5 (absolute) after the stated steps; they differ only by the
 # order of floating-point sums.
 . "$(dirname "$0")/dist/lib.sh"
@@ -46,6 +47,44 @@ for be in $backends; do
     count 2 'skipped=1 scale=32768$' "$WORK/o"
 done
 
+# near DIR1 DIR2 TOL: max |a - b| <= TOL * max |a| (gradients of 1 rank vs N ranks)
+near() {
+    od -An -v -f "$1" | tr -s ' ' '\n' | sed '/^$/d' > "$WORK/a1.txt"
+    od -An -v -f "$2" | tr -s ' ' '\n' | sed '/^$/d' > "$WORK/b1.txt"
+    paste "$WORK/a1.txt" "$WORK/b1.txt" | awk -v t="$3" -v f="$(basename "$2")" '
+        { d = $1 - $2; if (d < 0) d = -d; if (d > m) m = d; a = $1 < 0 ? -$1 : $1; if (a > s) s = a; n++ }
+        END { printf "  %s: %d values, max |diff| %.3g = %.3g of max |g| (bound %s)\n", f, n, m, m / s, t;
+              exit !(n > 0 && s > 0 && m <= t * s) }' || fail "$(basename "$2"): gradients differ beyond $3 of their largest"
+}
+
+# Tolerances: each rank's share is rounded to 16 bits once and each partial sum once more; at 4 ranks
+# that is at most 3 roundings of 2^-9 (bf16) or 2^-12 (fp16) of the largest value, measured 5.2e-3
+# and 5.1e-4 of it. The bounds are 2^-6 and 2^-9.
+note "comm_hook fp16/bf16: half the bytes per step; every averaged gradient a 16-bit value, within 16-bit rounding of 1 rank's"
+"$DDP" --cpu --mode plain --batch 64 --steps 1 --dump-grads "$WORK/g1.bin" > "$WORK/o" || { cat "$WORK/o"; fail "1 rank gradients"; }
+count 1 'fp16_exact=0/' "$WORK/o"   # f32 gradients: the marks below are the hook's
+for be in $backends; do
+    for hook in bf16 fp16; do
+        for np in 2 4; do
+            launch $np "$be" "$DDP" --mode plain --batch $((64 / np)) --steps 1 --comm_hook $hook \
+                --dump-grads "$WORK/g${np}_$hook.bin" > "$WORK/o" || { cat "$WORK/o"; fail "comm_hook $hook, $np ranks over $be"; }
+            total=$(sed -n 's/.*fp16_exact=[0-9]*\/\([0-9]*\).*/\1/p' "$WORK/o")
+            count 1 "${hook}_exact=$total/$total" "$WORK/o"
+            tol=0.015625; [ $hook = fp16 ] && tol=0.001953125
+            near "$WORK/g1.bin" "$WORK/g${np}_$hook.bin" $tol
+        done
+    done
+    launch 2 "$be" "$DDP" --mode accum --k 1 --batch 16 --steps 2 > "$WORK/o" || { cat "$WORK/o"; fail "f32 bytes $be"; }
+    full=$(sed -n 's/^rank=0 bytes_per_step=//p' "$WORK/o" | tail -1)
+    launch 2 "$be" "$DDP" --mode accum --k 1 --batch 16 --steps 2 --comm_hook bf16 > "$WORK/o" || { cat "$WORK/o"; fail "bf16 bytes $be"; }
+    half=$(sed -n 's/^rank=0 bytes_per_step=//p' "$WORK/o" | tail -1)
+    echo "  bytes sent per step over $be: $full (f32), $half (bf16 hook)"
+    [ -n "$full" ] && [ "$((full / 2))" = "$half" ] || fail "the bf16 hook sent $half bytes per step, f32 $full"
+    launch 2 "$be" "$DDP" --mode plain --batch 16 --steps 1 --comm_hook power_sgd > "$WORK/o" &&
+        { cat "$WORK/o"; fail "comm_hook power_sgd was accepted"; }
+    count 2 "comm_hook power_sgd (from --comm_hook) is not implemented" "$WORK/o"
+done
+
 note "a prepared LR schedule advances once per process per step, as Accelerate's: a schedule over 8 one-process steps is half-way after 4 steps on 1 rank, 2 on 2 ranks, 1 on 4 ranks"
 "$DDP" --cpu --mode plain --batch 8 --steps 4 --sched-total 8 > "$WORK/o" || fail "1 rank schedule"
 count 1 'steps=4 lr_factor=0.5000$' "$WORK/o"
@@ -66,9 +105,10 @@ done
 # The floor, 80%, sits 2 points under the lowest of the 2-process runs measured with
 # tools/accuracy-spread.sh (10 seeds x 4 recipes x normal and sanitizer build x both OpenBLAS kernel
 # sets: 82.03%; docs/TESTING.md). Accuracy is not compared between runs (docs/TESTING.md says why).
-note "the Fashion-MNIST binary unchanged on 2 processes with bf16, fp16 and accumulation (1 epoch)"
+note "the Fashion-MNIST binary unchanged on 2 processes with bf16, fp16, accumulation and the bf16 comm hook (1 epoch)"
 be=$(echo "$backends" | awk '{print $1}')
-for flags in "--mixed_precision bf16" "--mixed_precision fp16" "--gradient_accumulation_steps 4 --batch-size 32"; do
+for flags in "--mixed_precision bf16" "--mixed_precision fp16" "--gradient_accumulation_steps 4 --batch-size 32" \
+    "--comm_hook bf16"; do
     # shellcheck disable=SC2086
     launch 2 "$be" "$FM" --epochs 1 $flags > "$WORK/o" || { cat "$WORK/o"; fail "2 processes with $flags"; }
     a=$(sed -n 's/.*test accuracy \([0-9.]*\)%.*/\1/p' "$WORK/o" | tail -1)

@@ -51,6 +51,7 @@ static const struct { const char *key, *var; } exported[] = {
     {"backend", "CACCEL_BACKEND"},
     {"timeout", "CACCEL_TIMEOUT"},
     {"bucket_cap_mb", "CACCEL_BUCKET_CAP_MB"},
+    {"comm_hook", "CACCEL_COMM_HOOK"},
     {"allow_unknown_keys", "CACCEL_ALLOW_UNKNOWN_KEYS"},
     {"even_batches", "CACCEL_EVEN_BATCHES"},
     {"split_batches", "CACCEL_SPLIT_BATCHES"},

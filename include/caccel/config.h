@@ -108,6 +108,14 @@ typedef enum ca_distributed_type {
     CA_DIST_NO = 0, CA_DIST_MULTI_CPU, CA_DIST_MULTI_GPU, CA_DIST_XLA, CA_DIST_FSDP,
     CA_DIST_DEEPSPEED, CA_DIST_MEGATRON_LM, CA_DIST_OTHER   /* vendor MULTI_* types */
 } ca_distributed_type;
+/* Accelerate's DDPCommunicationHookType: how DDP all-reduces its gradient buckets. FP16/BF16 (PyTorch's
+ * fp16_compress_hook/bf16_compress_hook): each bucket is divided by the process count, rounded to 16
+ * bits, summed in 16 bits and widened back, halving the bytes sent. POWER_SGD and BATCHED_POWER_SGD
+ * are accepted by the schema and refused by ca_prepare (not implemented). */
+typedef enum ca_comm_hook {
+    CA_COMM_HOOK_NO = 0, CA_COMM_HOOK_FP16, CA_COMM_HOOK_BF16, CA_COMM_HOOK_POWER_SGD, CA_COMM_HOOK_BATCHED_POWER_SGD
+} ca_comm_hook;
+
 typedef enum ca_mixed_precision {
     CA_MP_NO = 0, CA_MP_FP16, CA_MP_BF16, CA_MP_FP8
 } ca_mixed_precision;
@@ -134,6 +142,7 @@ typedef struct ca_settings {
     const char *backend;                /* collective backend: "gloo", "mpi", "nccl", NULL = auto */
     int64_t timeout_ms;                 /* collective/rendezvous timeout */
     double bucket_cap_mb;               /* gradient bucket size */
+    ca_comm_hook comm_hook;             /* DDP's gradient all-reduce: f32, or compressed to fp16/bf16 */
     bool even_batches;
     bool split_batches;                 /* a loader's batch_size is global; each process gets a slice */
     bool dispatch_batches;              /* rank 0 reads, the others receive their slice (docs/DATA.md) */
