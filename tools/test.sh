@@ -35,8 +35,8 @@ build() {   # build DIR CONFIGURE-ARGS...: the build's output goes to DIR/build.
 }
 
 # make check runs one test more than there are CPUs: the multi-process tests spend much of their time
-# waiting (for a timeout to fire, a rank to be declared dead, a network namespace: netns.sh used 28%
-# of its 70 s of CPU), and the spare slot keeps the CPUs busy meanwhile.
+# waiting (for a timeout to fire, a rank to be declared dead, a network namespace: netns.sh keeps a
+# CPU busy for 19 of its 70 s), and the spare slot keeps the CPUs busy meanwhile.
 check_jobs=$((jobs + 1))
 
 ./bootstrap >/dev/null 2>&1 || { echo "bootstrap failed"; echo "0 passed, 1 failed"; exit 1; }
