@@ -20,7 +20,7 @@ peer=/usr/bin/python3
 $peer -c "import torch" 2>/dev/null || { echo "run_ddp.sh: install the Debian package python3-torch" >&2; exit 2; }
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
 out=$(mktemp)
-trap 'rm -f "$out"' EXIT
+trap 'rm -f "$out" "$out.a" "$out.b"' EXIT
 echo "# $(date -u +%Y-%m-%dT%H:%MZ) $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(getconf _NPROCESSORS_ONLN) CPUs, OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-unset}, batch $batch per process"
 # Whether the host gives this machine two whole cores: two spinning processes against one, 2 s each
 # (2.00x: both cores are free; 1.00x: the two share one). Run before and after the measurements.
@@ -30,7 +30,9 @@ n, end = 0, time.perf_counter() + 2
 while time.perf_counter() < end: n += 1
 print(n)'
     one=$($peer -c "$spin")
-    two=$( { $peer -c "$spin" & $peer -c "$spin" & wait; } | tr '\n' ' ')
+    # each to its own file: two writers on one pipe have been seen to run their numbers together
+    $peer -c "$spin" > "$out.a" & $peer -c "$spin" > "$out.b" & wait
+    two="$(cat "$out.a") $(cat "$out.b")"
     $peer -c 'import sys
 w, one, two = sys.argv[1], int(sys.argv[2] or 0), [int(v) for v in sys.argv[3:]]
 if one == 0 or len(two) < 2:
@@ -45,7 +47,8 @@ probe before
 pair() {
     rate() { "$bench" --batch-sizes "$batch" | grep -o ' samples_per_s=[0-9]*' | head -1 | cut -d= -f2; }
     one=$(rate)
-    two=$( { rate & rate & wait; } | tr '\n' ' ')
+    rate > "$out.a" & rate > "$out.b" & wait
+    two="$(cat "$out.a") $(cat "$out.b")"
     $peer -c 'import sys
 one, two = int(sys.argv[1] or 0), [int(v) for v in sys.argv[2:]]
 if one == 0 or len(two) < 2:
