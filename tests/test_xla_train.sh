@@ -91,6 +91,14 @@ timeout 300 "$CACCEL" launch --num_processes 2 --tpu --backend gloo "$FM" --batc
     --max-steps 15 --dump-params "$WORK/tpu2.bin" > "$WORK/o" 2>&1 || { cat "$WORK/o"; fail "2 ranks with --tpu"; }
 grep -q "2 process(es) on xla" "$WORK/o" || { cat "$WORK/o"; fail "caccel launch --tpu did not train on xla"; }
 cmp -s "$WORK/cpu2.bin" "$WORK/tpu2.bin" || fail "caccel launch --tpu parameters differ from the 2-rank CPU run's"
+note "2 processes with comm_hook bf16: the hook's casts are graph nodes; equal to the 2-process CPU run with the hook"
+for dev in --cpu --tpu; do
+    timeout 300 "$CACCEL" launch --num_processes 2 $dev --backend gloo --comm_hook bf16 "$FM" --batch-size 128 \
+        --epochs 1 --max-steps 15 --dump-params "$WORK/hook$dev.bin" > "$WORK/o" 2>&1 || { cat "$WORK/o"; fail "2 ranks $dev, comm_hook bf16"; }
+done
+cmp -s "$WORK/hook--cpu.bin" "$WORK/hook--tpu.bin" || fail "with comm_hook bf16, xla parameters differ from the CPU run's"
+cmp -s "$WORK/cpu2.bin" "$WORK/hook--cpu.bin" && fail "comm_hook bf16 changed nothing"
+echo "  xla == cpu with comm_hook bf16, bit for bit"
 note "2 processes, bf16 storage: the all-reduced gradients are rounded when the update reads them"
 printf 'distributed_type: XLA\nnum_processes: 2\nmixed_precision: bf16\n' > "$WORK/xla2b.yaml"
 timeout 300 "$CACCEL" launch --config_file "$WORK/xla2b.yaml" --backend gloo "$FM" --batch-size 128 --epochs 1 \
