@@ -154,6 +154,7 @@ ca_status ca_ddp_build_buckets(ca_accelerator *acc, ca_module *m) {
     if (gs != CA_OK) return gs;
     int group = acc->ngroups - 1;
     size_t cap = (size_t)(acc->st.bucket_cap_mb * 1024 * 1024 / sizeof(float));
+    ca_dtype wire = wire_dtype(acc);
     if (cap < 1) cap = 1;
     for (int i = n - 1; i >= 0;) {
         int64_t numel = 0;
@@ -172,8 +173,8 @@ ca_status ca_ddp_build_buckets(ca_accelerator *acc, ca_module *m) {
         if (!flat) return ca_last_status() ? ca_last_status() : ca_error(CA_ERR_NOMEM, "out of host memory");
         bk->flat = ca_tensor_keep(flat);
         bk->numel = numel;
-        if (wire_dtype(acc) != CA_F32) {
-            ca_tensor *w = ca_zeros(acc->device, wire_dtype(acc), 1, &numel);
+        if (wire != CA_F32) {
+            ca_tensor *w = ca_zeros(acc->device, wire, 1, &numel);
             if (!w) return ca_last_status();
             bk->wire = ca_tensor_keep(w);
         }

@@ -91,14 +91,15 @@ int main(int argc, char **argv) {
             i++;
         } else if (strcmp(argv[i], "--op") == 0 && i + 1 < argc && strcmp(argv[i + 1], "sum") == 0) {
             i++;
-        } else if (strcmp(argv[i], "--dtype") == 0 && i + 1 < argc && strcmp(argv[i + 1], "f32")) {
-            g_dt = !strcmp(argv[++i], "bf16") ? CA_BF16 : !strcmp(argv[i], "f16") ? CA_F16 : CA_U8;
-            if (g_dt == CA_U8) {
-                fprintf(stderr, "bench_allreduce: --dtype takes f32, bf16 or f16\n");
+        } else if (strcmp(argv[i], "--dtype") == 0 && i + 1 < argc) {
+            const char *d = argv[++i];
+            if (!strcmp(d, "f32")) g_dt = CA_F32;
+            else if (!strcmp(d, "bf16")) g_dt = CA_BF16;
+            else if (!strcmp(d, "f16")) g_dt = CA_F16;
+            else {
+                fprintf(stderr, "bench_allreduce: --dtype takes f32, bf16 or f16, not %s\n", d);
                 return 2;
             }
-        } else if (strcmp(argv[i], "--dtype") == 0 && i + 1 < argc) {
-            i++;
         } else {
             fprintf(stderr, "usage: bench_allreduce [--backend mpi|gloo] [--raw FILE] [--max-mib N] [--rounds N] "
                             "[--op sum|avg] [--dtype f32|bf16|f16]\n");

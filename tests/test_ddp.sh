@@ -47,11 +47,9 @@ for be in $backends; do
     count 2 'skipped=1 scale=32768$' "$WORK/o"
 done
 
-# near DIR1 DIR2 TOL: max |a - b| <= TOL * max |a| (gradients of 1 rank vs N ranks)
+# near FILE1 FILE2 TOL: max |a - b| <= TOL * max |a| (gradients of 1 rank vs N ranks)
 near() {
-    od -An -v -f "$1" | tr -s ' ' '\n' | sed '/^$/d' > "$WORK/a1.txt"
-    od -An -v -f "$2" | tr -s ' ' '\n' | sed '/^$/d' > "$WORK/b1.txt"
-    paste "$WORK/a1.txt" "$WORK/b1.txt" | awk -v t="$3" -v f="$(basename "$2")" '
+    float_pairs "$1" "$2" | awk -v t="$3" -v f="$(basename "$2")" '
         { d = $1 - $2; if (d < 0) d = -d; if (d > m) m = d; a = $1 < 0 ? -$1 : $1; if (a > s) s = a; n++ }
         END { printf "  %s: %d values, max |diff| %.3g = %.3g of max |g| (bound %s)\n", f, n, m, m / s, t;
               exit !(n > 0 && s > 0 && m <= t * s) }' || fail "$(basename "$2"): gradients differ beyond $3 of their largest"

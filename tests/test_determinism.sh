@@ -96,9 +96,7 @@ subset=$DATA DATA=""
 run 1 one 1 "$WORK/ord15.bin" --epochs 1 --max-steps 15
 run 1 one 1 "$WORK/det15.bin" --epochs 1 --max-steps 15 --deterministic
 DATA=$subset
-od -An -v -f "$WORK/ord15.bin" | tr -s ' ' '\n' | sed '/^$/d' > "$WORK/a.txt"
-od -An -v -f "$WORK/det15.bin" | tr -s ' ' '\n' | sed '/^$/d' > "$WORK/b.txt"
-paste "$WORK/a.txt" "$WORK/b.txt" | awk '{ d = $1 - $2; if (d < 0) d = -d; if (d > m) m = d; n++ }
+float_pairs "$WORK/ord15.bin" "$WORK/det15.bin" | awk '{ d = $1 - $2; if (d < 0) d = -d; if (d > m) m = d; n++ }
     END { printf "  %d values, max |diff| %.3g\n", n, m; exit !(n > 0 && m <= 1e-5) }' ||
     fail "deterministic and ordinary training differ beyond 1e-5"
 

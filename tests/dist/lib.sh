@@ -130,11 +130,16 @@ free_port() {
 elapsed_since() { echo $(( $(date +%s) - $1 )); }
 
 # same A B: two float32 files equal within 1e-5 (absolute), else fail; prints the largest difference.
-same() {
-    cmp -s "$1" "$2" && { echo "  $(basename "$1") vs $(basename "$2"): identical"; return 0; }
+# float_pairs A B: the f32 values of files A and B side by side, one pair a line
+float_pairs() {
     od -An -v -f "$1" | tr -s ' ' '\n' | sed '/^$/d' > "$WORK/a1.txt"
     od -An -v -f "$2" | tr -s ' ' '\n' | sed '/^$/d' > "$WORK/b1.txt"
-    paste "$WORK/a1.txt" "$WORK/b1.txt" | awk -v f="$(basename "$1") vs $(basename "$2")" '
+    paste "$WORK/a1.txt" "$WORK/b1.txt"
+}
+
+same() {
+    cmp -s "$1" "$2" && { echo "  $(basename "$1") vs $(basename "$2"): identical"; return 0; }
+    float_pairs "$1" "$2" | awk -v f="$(basename "$1") vs $(basename "$2")" '
         { d = $1 - $2; if (d < 0) d = -d; if (d > m) m = d; n++ }
         END { printf "  %s: %d values, max |diff| %.3g\n", f, n, m; exit !(n > 0 && m <= 1e-5) }' ||
         fail "parameters differ beyond 1e-5"
