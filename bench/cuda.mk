@@ -8,7 +8,7 @@ ca_bench_programs += bench/bench_cuda$(EXEEXT)
 CLEANFILES += bench/bench_cuda
 bench_bench_cuda_SOURCES = bench/bench_cuda.c bench/bench_util.h
 bench_bench_cuda_CFLAGS = $(AM_CFLAGS) $(CUDA_CPPFLAGS)
-bench_bench_cuda_LDADD = libcaccel.la $(CUDA_LIBS) -lm
+bench_bench_cuda_LDADD = libcaccel.la $(CUDA_LIBS) $(CUBLAS_LIBS) -lm
 
 ca_bench_cuda_deps = bench/bench_cuda$(EXEEXT) backends/cuda/caccel_cuda.la
 ca_bench_cuda_all = bench-cuda

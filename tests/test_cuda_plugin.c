@@ -1,4 +1,4 @@
-/* The CUDA plugin on any machine: it loads (also without a driver), lists its backends, reports its GPU count with the driver's reason, and the accelerator falls back to the CPU or, for MULTI_GPU, fails with that reason. */
+/* The CUDA plugin on any machine: it loads (also without a driver, and without mapping cuBLAS until a GPU opens), lists its backends, reports its GPU count with the driver's reason, and the accelerator falls back to the CPU or, for MULTI_GPU, fails with that reason. */
 #include "test_cuda_util.h"
 
 static char reason[512];
@@ -83,6 +83,31 @@ static void test_nccl_needs_cuda(void **state) {
     assert_non_null(strstr(ca_last_error(), "nccl"));
 }
 
+/* Whether a library whose path contains `name` is mapped into this process. */
+static bool mapped(const char *name) {
+    FILE *f = fopen("/proc/self/maps", "r");
+    assert_non_null(f);
+    char line[1024];
+    bool found = false;
+    while (!found && fgets(line, sizeof line, f)) found = strstr(line, name) != NULL;
+    fclose(f);
+    return found;
+}
+
+/* cuBLAS (with cuBLASLt, 0.1 s and 25,000 page faults to map) comes with the first GPU opened, not
+ * with the plugin: a process on a machine without a GPU never maps it. */
+static void test_cublas_with_the_gpu(void **state) {
+    ca_device *d = NULL;
+    ca_status s = ca_device_open("cuda", 0, NULL, &d);
+    if (ngpu == 0) {
+        assert_int_not_equal(s, CA_OK);
+        assert_false(mapped("libcublas"));
+        return;
+    }
+    T_OK(s);
+    assert_true(mapped("libcublas"));
+}
+
 int main(void) {
     ca_log_set_level(CA_LOG_ERROR);
     tc_load_plugin();
@@ -97,6 +122,7 @@ int main(void) {
         cmocka_unit_test(test_accelerator_device),
         cmocka_unit_test(test_multi_gpu),
         cmocka_unit_test(test_nccl_needs_cuda),
+        cmocka_unit_test(test_cublas_with_the_gpu),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     ca_shutdown();

@@ -1,7 +1,6 @@
 /* The CUDA device vtable: device discovery (with the driver's reason when there is none), gpu_ids, streams, events, copies, and CUDA error conversion. */
 #include "backends/cuda/cuda_impl.h"
 
-#include <cublas_v2.h>
 
 #include <dlfcn.h>
 #include <stdarg.h>
@@ -243,17 +242,19 @@ static ca_status cu_open(int index, const ca_device_open_args *args, void **out)
                      "cuda open: device memory for kernel error reports");
     CA_CUDA_TRY_GOTO(cudaMemsetAsync(d->err_claim, 0, sizeof(int), d->stream), st, fail,
                      "cuda open: clearing the error word");
-    bs = cublasCreate(&h);
+    st = cu_blas_load("cuda open");
+    if (st != CA_OK) goto fail;
+    bs = cu_blas.create(&h);
     if (bs != CUBLAS_STATUS_SUCCESS) {
         st = ca_error(bs == CUBLAS_STATUS_ALLOC_FAILED ? CA_ERR_NOMEM : CA_ERR_BACKEND,
-                      "cuda open: cublasCreate on GPU %d: %s (%s)", ordinal, cublasGetStatusName(bs),
-                      cublasGetStatusString(bs));
+                      "cuda open: cublasCreate on GPU %d: %s (%s)", ordinal, cu_blas.status_name(bs),
+                      cu_blas.status_string(bs));
         goto fail;
     }
     d->cublas = h;
-    bs = cublasSetStream(h, d->stream);
+    bs = cu_blas.set_stream(h, d->stream);
     if (bs != CUBLAS_STATUS_SUCCESS) {
-        st = ca_error(CA_ERR_BACKEND, "cuda open: cublasSetStream: %s", cublasGetStatusString(bs));
+        st = ca_error(CA_ERR_BACKEND, "cuda open: cublasSetStream: %s", cu_blas.status_string(bs));
         goto fail;
     }
     st = cu_alloc_create(d, &d->alloc);
@@ -271,7 +272,7 @@ static void cu_close(void *dev) {
     cudaSetDevice(d->ordinal);
     cudaDeviceSynchronize();
     cu_alloc_destroy(d->alloc);
-    if (d->cublas) cublasDestroy((cublasHandle_t)d->cublas);
+    if (d->cublas) cu_blas.destroy((cublasHandle_t)d->cublas);
     if (d->stream && d->stream != d->default_stream) d->stream = d->default_stream;
     if (d->default_stream) cudaStreamDestroy(d->default_stream);
     if (d->err_host) cudaFreeHost(d->err_host);
@@ -361,9 +362,9 @@ static ca_status cu_stream_create(void *dev, void **stream) {
 
 static ca_status set_stream_impl(cuda_device *d, cudaStream_t s) {
     if (d->stream == s) return CA_OK;
-    cublasStatus_t bs = cublasSetStream((cublasHandle_t)d->cublas, s);
+    cublasStatus_t bs = cu_blas.set_stream((cublasHandle_t)d->cublas, s);
     if (bs != CUBLAS_STATUS_SUCCESS)
-        return ca_error(CA_ERR_BACKEND, "cuda set_stream: cublasSetStream: %s", cublasGetStatusString(bs));
+        return ca_error(CA_ERR_BACKEND, "cuda set_stream: cublasSetStream: %s", cu_blas.status_string(bs));
     d->stream = s;
     return CA_OK;
 }

@@ -1,8 +1,6 @@
 /* CUDA GEMM: cuBLAS strided-batched GEMM for row-major operands (f32, TF32, f16 and bf16 on tensor cores, f32 accumulation). */
 #include "backends/cuda/cuda_impl.h"
 
-#include <cublas_v2.h>
-
 #include <limits.h>
 
 /* cuBLAS is column-major: a row-major C[m,n] = op(A) op(B) is, read in
@@ -58,7 +56,7 @@ ca_status cu_gemm(void *dev, const ca_gemm_args *g) {
     cublasOperation_t opa = g->trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
     cublasOperation_t opb = g->trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
     float alpha = g->alpha, beta = g->beta;
-    cublasStatus_t bs = cublasGemmStridedBatchedEx(
+    cublasStatus_t bs = cu_blas.gemm_strided_batched_ex(
         (cublasHandle_t)d->cublas, opb, opa, (int)n, (int)m, (int)k, &alpha, g->b, cu_type(g->b_dtype),
         (int)g->ldb, (long long)g->stride_b, g->a, cu_type(g->a_dtype), (int)g->lda, (long long)g->stride_a,
         &beta, g->c, cu_type(g->c_dtype), (int)g->ldc, (long long)g->stride_c, (int)batch, compute,
@@ -68,8 +66,8 @@ ca_status cu_gemm(void *dev, const ca_gemm_args *g) {
                  "cuda kernel gemm: cublasGemmStridedBatchedEx (%s x %s -> %s, m %lld, n %lld, k %lld, batch "
                  "%lld, trans_a %d, trans_b %d): %s (%s)",
                  ca_dtype_name(g->a_dtype), ca_dtype_name(g->b_dtype), ca_dtype_name(g->c_dtype), (long long)m,
-                 (long long)n, (long long)k, (long long)batch, g->trans_a, g->trans_b, cublasGetStatusName(bs),
-                 cublasGetStatusString(bs));
+                 (long long)n, (long long)k, (long long)batch, g->trans_a, g->trans_b, cu_blas.status_name(bs),
+                 cu_blas.status_string(bs));
         if (bs == CUBLAS_STATUS_NOT_SUPPORTED || bs == CUBLAS_STATUS_ARCH_MISMATCH)
             ca_error_hint("f16/bf16 GEMM needs a GPU with tensor cores for that type (bf16: sm_80 or newer)");
         return ca_last_status();

@@ -7,6 +7,7 @@
 #include "base/kernel_check_impl.h"
 
 #include <cuda_runtime_api.h>
+#include <cublas_v2.h>
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -112,6 +113,30 @@ extern const ca_allocator_ops cu_allocator_ops;
  * orders its reuse after the kernel. */
 ca_status cu_tmp_alloc(cuda_device *d, size_t bytes, void **ptr);
 void cu_tmp_free(cuda_device *d, void *ptr);
+
+/* ------------------------------------------------------------ cuBLAS */
+
+/* The cuBLAS calls the backend makes, bound by cu_blas_load (cuda_blas.c) the first time a GPU
+ * opens; the plugin does not link cuBLAS, so a process that never opens a GPU never maps it. */
+typedef struct cu_blas_api {
+    bool loaded;
+    cublasStatus_t (*create)(cublasHandle_t *handle);
+    cublasStatus_t (*destroy)(cublasHandle_t handle);
+    cublasStatus_t (*set_stream)(cublasHandle_t handle, cudaStream_t stream);
+    const char *(*status_name)(cublasStatus_t status);
+    const char *(*status_string)(cublasStatus_t status);
+    cublasStatus_t (*gemm_strided_batched_ex)(cublasHandle_t handle, cublasOperation_t transa,
+                                              cublasOperation_t transb, int m, int n, int k, const void *alpha,
+                                              const void *a, cudaDataType a_type, int lda, long long stride_a,
+                                              const void *b, cudaDataType b_type, int ldb, long long stride_b,
+                                              const void *beta, void *c, cudaDataType c_type, int ldc,
+                                              long long stride_c, int batch, cublasComputeType_t compute,
+                                              cublasGemmAlgo_t algo);
+} cu_blas_api;
+extern cu_blas_api cu_blas;
+/* Loads cuBLAS once per process (thread-safe); CA_ERR_BACKEND naming `what` and the loader's reason
+ * when it cannot. */
+ca_status cu_blas_load(const char *what);
 
 /* ----------------------------------------------------------- device */
 

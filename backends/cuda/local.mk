@@ -1,6 +1,7 @@
 # backends/cuda: the CUDA device backend and the NCCL collective backend, one dlopen'd plugin
 # (caccel_cuda.so in $(pkglibdir)). libcaccel never links CUDA; the plugin links the CUDA runtime
-# statically, so it loads (and reports why there is no GPU) on machines without a driver.
+# statically, so it loads (and reports why there is no GPU) on machines without a driver, and opens
+# cuBLAS only when a GPU opens (cuda_blas.c), so that loading it costs a process next to nothing.
 ca_cuda_cu_sources = \
 	backends/cuda/cuda_elementwise.cu \
 	backends/cuda/cuda_reduce.cu \
@@ -24,6 +25,7 @@ backends_cuda_caccel_cuda_la_SOURCES = \
 	backends/cuda/cuda_plugin.c \
 	backends/cuda/cuda_device.c \
 	backends/cuda/cuda_alloc.c \
+	backends/cuda/cuda_blas.c \
 	backends/cuda/cuda_gemm.c \
 	backends/cuda/nccl_coll.c
 backends_cuda_caccel_cuda_la_CFLAGS = $(AM_CFLAGS) $(CUDA_CPPFLAGS) -DCA_BUILDING_PLUGIN \
