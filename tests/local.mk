@@ -12,6 +12,17 @@ include tests/cuda.mk
 include tests/xla.mk
 include tests/fuzz.mk
 
+# `make check-slowest-first`: the same tests, the longest-running first, so that with -jN none of
+# them starts last and runs alone while the other slots are idle (tools/test.sh uses it). The list is
+# measured (docs/TESTING.md, "How long CI takes"); a name not in TESTS is ignored.
+ca_slowest_tests = tests/test_bert_classifier.sh tests/test_resume.sh tests/test_zero.sh tests/dist/netns.sh \
+	tests/dist/mpi.sh tests/dist/gloo.sh tests/dist/restarts.sh tests/test_determinism.sh tests/test_ddp.sh \
+	tests/dist/exits.sh tests/test_examples.sh tests/dist/slurm.sh tests/dist/faults.sh tests/test_xla_train.sh
+check-slowest-first: all
+	$(MAKE) $(AM_MAKEFLAGS) check \
+	  TESTS="$(foreach t,$(ca_slowest_tests),$(filter $(t),$(TESTS))) $(filter-out $(ca_slowest_tests),$(TESTS))"
+.PHONY: check-slowest-first
+
 # Unit tests (single process) also run under valgrind: `make check-valgrind`
 # writes test-suite-valgrind.log. Areas add their programs to VALGRIND_TESTS.
 check-valgrind: all

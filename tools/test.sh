@@ -37,13 +37,14 @@ build() {   # build DIR CONFIGURE-ARGS...: the build's output goes to DIR/build.
 # make check runs one test more than there are CPUs: the multi-process tests spend much of their time
 # waiting (for a timeout to fire, a rank to be declared dead, a network namespace: netns.sh keeps a
 # CPU busy for 19 of its 70 s), and the spare slot keeps the CPUs busy meanwhile.
+# check-slowest-first starts the longest tests first, so that none of them runs alone at the end.
 check_jobs=$((jobs + 1))
 
 ./bootstrap >/dev/null 2>&1 || { echo "bootstrap failed"; echo "0 passed, 1 failed"; exit 1; }
 
 stage "build with -Werror, make check"
 if build "$top/_build-ci" --enable-werror --prefix="$top/_build-ci/_inst"; then
-    make -j"$check_jobs" check >/dev/null 2>&1
+    make -j"$check_jobs" check-slowest-first >/dev/null 2>&1
     count "$top/_build-ci/test-suite.log"
 else
     echo "build failed"; fail=$((fail + 1))
@@ -100,7 +101,7 @@ cd "$top"
 
 stage "build with ASan/UBSan, make check"
 if build "$top/_build-asan" --enable-werror --enable-sanitizers; then
-    ASAN_OPTIONS=detect_leaks=1 make -j"$check_jobs" check >/dev/null 2>&1
+    ASAN_OPTIONS=detect_leaks=1 make -j"$check_jobs" check-slowest-first >/dev/null 2>&1
     count "$top/_build-asan/test-suite.log"
 else
     echo "sanitizer build failed"; fail=$((fail + 1))
