@@ -21,6 +21,7 @@ typedef struct ca_bucket {
     ca_work *work;
     int group;                   /* the prepared model it belongs to (0: the first) */
     ca_tensor *wire;             /* comm_hook fp16/bf16: the bucket as sent, [numel] 16-bit; else NULL */
+    struct ca_psgd *psgd;        /* comm_hook power_sgd/batched_power_sgd: its state (powersgd.c); else NULL */
 } ca_bucket;
 
 /* Deterministic mode: one gradient row per virtual shard this rank holds. */
@@ -188,6 +189,13 @@ ca_status ca_ddp_build_buckets(ca_accelerator *acc, ca_module *m);
 ca_status ca_ddp_check_hook(ca_accelerator *acc);
 /* After a synchronising backward: launches what unused parameters held back and waits for all. */
 ca_status ca_ddp_finish_buckets(ca_accelerator *acc);
+/* PowerSGD (powersgd.c): a bucket's state from comm_state_option (batched: the whole bucket as one
+ * square matrix); the bucket's reduction, run where its all-reduce would be issued (blocking: three
+ * collectives in a row, the same order on every rank); freeing (NULL is fine). */
+typedef struct ca_psgd ca_psgd;
+ca_status ca_psgd_create(ca_accelerator *acc, ca_bucket *bk, bool batched);
+ca_status ca_psgd_reduce(ca_accelerator *acc, ca_bucket *bk);
+void ca_psgd_free(ca_psgd *ps);
 void ca_ddp_free_buckets(ca_accelerator *acc);
 
 /* zero_config.c: the stage from distributed_type FSDP / DEEPSPEED, their keys and DeepSpeed's JSON

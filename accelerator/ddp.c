@@ -59,6 +59,7 @@ static ca_status launch(ca_accelerator *acc, ca_bucket *bk) {
     ca_status s = zero_unwritten(bk);
     bk->launched = true;
     if (s != CA_OK) return s;
+    if (bk->psgd) return ca_psgd_reduce(acc, bk);
     if (!bk->wire)
         return ca_comm_all_reduce(acc->comm, ca_tptr(bk->flat), ca_tptr(bk->flat), (size_t)bk->numel, CA_F32,
                                   CA_OP_AVG, &bk->work);
@@ -123,9 +124,6 @@ ca_status ca_ddp_check_hook(ca_accelerator *acc) {
     ca_comm_hook h = acc->st.comm_hook;
     if (h == CA_COMM_HOOK_NO) return CA_OK;
     const char *name = ca_config_get(acc->cfg, "comm_hook"), *from = ca_config_origin(acc->cfg, "comm_hook");
-    if (h == CA_COMM_HOOK_POWER_SGD || h == CA_COMM_HOOK_BATCHED_POWER_SGD)
-        return ca_error(CA_ERR_UNSUPPORTED, "ca_prepare: comm_hook %s (from %s) is not implemented; fp16 and bf16 "
-                        "are (rank %d)", name, from, acc->rank);
     if ((acc->st.deterministic || acc->zero.stage) && acc->rank == 0)
         ca_log_printf(CA_LOG_WARNING, "comm_hook %s (from %s) compresses plain data parallelism's all-reduce; "
                       "%s reduces its own way and sends f32", name, from,
@@ -195,6 +193,11 @@ ca_status ca_ddp_build_buckets(ca_accelerator *acc, ca_module *m) {
             ca_tensor_set_grad_hook(p, grad_ready, acc);
             off += p->numel;
         }
+        ca_comm_hook h = acc->st.comm_hook;
+        if (h == CA_COMM_HOOK_POWER_SGD || h == CA_COMM_HOOK_BATCHED_POWER_SGD) {
+            ca_status s = ca_psgd_create(acc, bk, h == CA_COMM_HOOK_BATCHED_POWER_SGD);
+            if (s != CA_OK) return ca_error_context("comm_hook %s", ca_config_get(acc->cfg, "comm_hook"));
+        }
     }
     return CA_OK;
 }
@@ -205,6 +208,7 @@ void ca_ddp_free_buckets(ca_accelerator *acc) {
         free(acc->buckets[i].params);
         ca_tensor_free(acc->buckets[i].flat);
         ca_tensor_free(acc->buckets[i].wire);
+        ca_psgd_free(acc->buckets[i].psgd);
     }
     free(acc->buckets);
     acc->buckets = NULL;

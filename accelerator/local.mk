@@ -4,6 +4,7 @@ libcaccel_la_SOURCES += \
 	accelerator/accelerator_impl.h \
 	accelerator/accelerator.c \
 	accelerator/ddp.c \
+	accelerator/powersgd.c \
 	accelerator/zero.c \
 	accelerator/zero3.c \
 	accelerator/zero_config.c \

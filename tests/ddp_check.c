@@ -8,6 +8,8 @@
  * --dump-grads PATH: rank 0 writes the gradients after the first backward (the averaged ones: as the
  *   optimizer sees them) and prints fp16_exact=N/M and bf16_exact=N/M: how many of the M values an fp16
  *   or a bf16 tensor holds exactly (all of them after an all-reduce compressed to that type).
+ * --digest: every rank prints params_fnv=H, an FNV-1a hash of its parameters' bytes after training
+ *   (equal on every rank when they stayed in step).
  * --sched-total T attaches a linear schedule over T one-process steps; every mode prints lr_factor.
  * --stop-rank R: rank R stops itself (SIGSTOP) before its third micro-step, a hung peer.
  * --hidden H widens the hidden layer (32); --depth D adds D Linear(H, H)+Tanh layers (0); --mem prints
@@ -28,7 +30,7 @@ typedef struct opts {
     int64_t batch, hidden, depth;
     const char *dump, *dump_grads;
     int64_t sched_total;
-    bool mem;
+    bool mem, digest;
     int stop_rank;               /* --stop-rank R: rank R stops itself (SIGSTOP) before micro-step 3 */
 } opts;
 
@@ -82,6 +84,20 @@ static void dump(ca_accelerator *acc, ca_module *m, const char *path) {
     fclose(f);
 }
 
+/* FNV-1a over every parameter's bytes. */
+static void digest(ca_module *m, int rank) {
+    uint64_t h = 1469598103934665603ULL;
+    for (int i = 0; i < ca_module_num_params(m); i++) {
+        ca_tensor *p = ca_module_param_at(m, i);
+        size_t n = ca_tensor_nbytes(p);
+        unsigned char *b = malloc(n);
+        CA_CHECK(ca_tensor_to_host(p, b, n));
+        for (size_t j = 0; j < n; j++) h = (h ^ b[j]) * 1099511628211ULL;
+        free(b);
+    }
+    printf("rank=%d params_fnv=%016llx\n", rank, (unsigned long long)h);
+}
+
 /* How many of g's n values (on the host: h) survive a round trip through the 16-bit type dt. */
 static int64_t exact_in(ca_tensor *g, const float *h, size_t n, ca_dtype dt) {
     float *r = malloc(n * sizeof(float));
@@ -130,6 +146,7 @@ static opts parse(int argc, char **argv) {
         else if (!strcmp(argv[i], "--hidden") && i + 1 < argc) o.hidden = atoll(argv[++i]);
         else if (!strcmp(argv[i], "--depth") && i + 1 < argc) o.depth = atoll(argv[++i]);
         else if (!strcmp(argv[i], "--mem")) o.mem = true;
+        else if (!strcmp(argv[i], "--digest")) o.digest = true;
         else if (!strcmp(argv[i], "--stop-rank") && i + 1 < argc) o.stop_rank = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--sched-total") && i + 1 < argc) o.sched_total = atoll(argv[++i]);
         else if (ca_config_flag_arity(argv[i]) >= 0) i += ca_config_flag_arity(argv[i]);
@@ -244,6 +261,7 @@ int main(int argc, char **argv) {
     if (!strcmp(o.mode, "uneven")) rc = uneven(acc, m, ds);
     CA_CHECK(ca_summon_full_params(acc, true));   /* stage 3: the parameters are shards until now */
     dump(acc, m, o.dump);
+    if (o.digest) digest(m, rank);
     CA_CHECK(ca_wait_for_everyone(acc));
     ca_dataloader_destroy(dl);
     ca_dataset_destroy(ds);

@@ -36,6 +36,10 @@ static void test_defaults(void **state) {
         {"allow_unknown_keys", "false"}, {"fsdp_config.fsdp_sharding_strategy", "FULL_SHARD"},
         {"fsdp_config.fsdp_use_orig_params", "true"}, {"deepspeed_config.zero_stage", "2"},
         {"dynamo_config.dynamo_backend", "no"}, {"fsdp_config", "{}"},
+        {"comm_state_option.matrix_approximation_rank", "1"}, {"comm_state_option.start_powerSGD_iter", "1000"},
+        {"comm_state_option.min_compression_rate", "2"}, {"comm_state_option.use_error_feedback", "true"},
+        {"comm_state_option.warm_start", "true"}, {"comm_state_option.orthogonalization_epsilon", "0"},
+        {"comm_state_option.random_seed", "0"},
     };
     for (size_t i = 0; i < sizeof defs / sizeof defs[0]; i++) {
         const char *v = ca_config_get(c, defs[i].key);
@@ -234,6 +238,8 @@ static void test_bad_values(void **state) {
         {"backend", "tcp", {"'tcp'", "'backend'", "gloo, mpi, nccl"}},
         {"deepspeed_config.zero_stage", "4", {"'4'", "'deepspeed_config.zero_stage'", "from 0 to 3"}},
         {"fsdp_config.fsdp_sharding_strategy", "HALF", {"'HALF'", "fsdp_sharding_strategy", "FULL_SHARD"}},
+        {"comm_state_option.matrix_approximation_rank", "0",
+         {"'0'", "'comm_state_option.matrix_approximation_rank'", "from 1"}},
         {"dynamo_config.dynamo_mode", "fast", {"'fast'", "dynamo_mode", "reduce-overhead"}},
         {"fsdp_config", "x", {"fsdp_config", "section", "fsdp_config.<key>"}},
     };

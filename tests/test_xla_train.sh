@@ -99,6 +99,17 @@ done
 cmp -s "$WORK/hook--cpu.bin" "$WORK/hook--tpu.bin" || fail "with comm_hook bf16, xla parameters differ from the CPU run's"
 cmp -s "$WORK/cpu2.bin" "$WORK/hook--cpu.bin" && fail "comm_hook bf16 changed nothing"
 echo "  xla == cpu with comm_hook bf16, bit for bit"
+note "2 processes with comm_hook power_sgd: GEMMs and collectives in the graph, Gram-Schmidt on the host; equal to the CPU run"
+printf 'distributed_type: MULTI_CPU\ncomm_hook: power_sgd\ncomm_state_option:\n  matrix_approximation_rank: 2\n  start_powerSGD_iter: 5\n' \
+    > "$WORK/psgd.yaml"
+for dev in --cpu --tpu; do
+    timeout 300 "$CACCEL" launch --num_processes 2 $dev --backend gloo "$FM" --batch-size 128 --epochs 1 \
+        --max-steps 15 --config_file "$WORK/psgd.yaml" --dump-params "$WORK/psgd$dev.bin" > "$WORK/o" 2>&1 ||
+        { cat "$WORK/o"; fail "2 ranks $dev, comm_hook power_sgd"; }
+done
+cmp -s "$WORK/psgd--cpu.bin" "$WORK/psgd--tpu.bin" || fail "with comm_hook power_sgd, xla parameters differ from the CPU run's"
+cmp -s "$WORK/cpu2.bin" "$WORK/psgd--cpu.bin" && fail "comm_hook power_sgd changed nothing"
+echo "  xla == cpu with comm_hook power_sgd, bit for bit"
 note "2 processes, bf16 storage: the all-reduced gradients are rounded when the update reads them"
 printf 'distributed_type: XLA\nnum_processes: 2\nmixed_precision: bf16\n' > "$WORK/xla2b.yaml"
 timeout 300 "$CACCEL" launch --config_file "$WORK/xla2b.yaml" --backend gloo "$FM" --batch-size 128 --epochs 1 \

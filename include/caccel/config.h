@@ -110,8 +110,9 @@ typedef enum ca_distributed_type {
 } ca_distributed_type;
 /* Accelerate's DDPCommunicationHookType: how DDP all-reduces its gradient buckets. FP16/BF16 (PyTorch's
  * fp16_compress_hook/bf16_compress_hook): each bucket is divided by the process count, rounded to 16
- * bits, summed in 16 bits and widened back, halving the bytes sent. POWER_SGD and BATCHED_POWER_SGD
- * are accepted by the schema and refused by ca_prepare (not implemented). */
+ * bits, summed in 16 bits and widened back, halving the bytes sent. POWER_SGD/BATCHED_POWER_SGD
+ * (powerSGD_hook/batched_powerSGD_hook): each gradient (or each whole bucket) is sent as rank-r factors,
+ * with error feedback; their options are the keys comm_state_option.* (docs/DISTRIBUTED.md). */
 typedef enum ca_comm_hook {
     CA_COMM_HOOK_NO = 0, CA_COMM_HOOK_FP16, CA_COMM_HOOK_BF16, CA_COMM_HOOK_POWER_SGD, CA_COMM_HOOK_BATCHED_POWER_SGD
 } ca_comm_hook;
