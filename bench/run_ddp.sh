@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Data-parallel MLP throughput: caccel on 1 and 2 processes (caccel launch, Gloo; 1 thread each)
 # against PyTorch DDP (gloo, torchrun) on the same global batch, alternating; medians and ratios. The
-# 2-process run is repeated with comm_hook bf16 (gradients all-reduced in 16 bits: half the bytes).
+# 2-process run is repeated with comm_hook bf16 (gradients all-reduced in 16 bits: half the bytes) and
+# with comm_hook power_sgd at rank 4 (low-rank factors).
 # usage: run_ddp.sh --bench PATH --caccel PATH [--reps N] [--batch 128]
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -20,7 +21,7 @@ peer=/usr/bin/python3
 $peer -c "import torch" 2>/dev/null || { echo "run_ddp.sh: install the Debian package python3-torch" >&2; exit 2; }
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
 out=$(mktemp)
-trap 'rm -f "$out" "$out.a" "$out.b"' EXIT
+trap 'rm -f "$out" "$out.a" "$out.b" "$out.psgd"' EXIT
 echo "# $(date -u +%Y-%m-%dT%H:%MZ) $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(getconf _NPROCESSORS_ONLN) CPUs, OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-unset}, batch $batch per process"
 # Whether the host gives this machine two whole cores: two spinning processes against one, 2 s each
 # (2.00x: both cores are free; 1.00x: the two share one). Run before and after the measurements.
@@ -57,11 +58,16 @@ print(f"# independent pair: two caccel processes without communication ran {sum(
       f"(samples/s: {one} alone, {two[0]} + {two[1]} together): the ceiling of 2 processes / 1")' "$one" $two
 }
 pair
+# PowerSGD at rank 4 from step 10 (its default start, step 1000, is past this run's last step)
+printf 'distributed_type: MULTI_CPU\ncomm_hook: power_sgd\ncomm_state_option:\n  matrix_approximation_rank: 4\n  start_powerSGD_iter: 10\n' \
+    > "$out.psgd"
 for r in $(seq "$reps"); do
     "$bench" --batch-sizes "$batch" >> "$out"
     "$caccel" launch --num_processes 2 --cpu --backend gloo -q "$bench" --batch-sizes "$batch" >> "$out"
     "$caccel" launch --num_processes 2 --cpu --backend gloo --comm_hook bf16 -q "$bench" --batch-sizes "$batch" |
         sed 's/ procs=2 / procs=2-bf16-hook /' >> "$out"
+    "$caccel" launch --num_processes 2 --cpu --backend gloo --config_file "$out.psgd" -q "$bench" --batch-sizes "$batch" |
+        sed 's/ procs=2 / procs=2-powersgd /' >> "$out"
     $peer "$here/peers/torch_mlp.py" --threads 1 --batch-sizes "$batch" | sed 's/impl=torch/impl=torch procs=1/' >> "$out"
     $peer -m torch.distributed.run --nproc_per_node 2 --master_port 29531 --redirects 1 --tee 1 \
         "$here/peers/torch_ddp.py" --batch-sizes "$batch" 2>/dev/null | grep -o 'impl=torch procs=2.*' >> "$out" || true
@@ -80,7 +86,9 @@ c1, c2 = med("caccel", "1")[0], med("caccel", "2")[0]
 t1, t2 = med("torch", "1")[0], med("torch", "2")[0]
 h, n = med("caccel", "2-bf16-hook")
 print(f"2 processes with comm_hook bf16: {h:.0f} samples/s, accuracy {med('caccel', '2-bf16-hook', 'accuracy')[0]:.2f}% ({n})")
-print(f"2 processes / 1 process: caccel {c2 / c1:.2f}x, with comm_hook bf16 {h / c1:.2f}x; torch {t2 / t1:.2f}x")
+p, n = med("caccel", "2-powersgd")
+print(f"2 processes with comm_hook power_sgd (rank 4): {p:.0f} samples/s, accuracy {med('caccel', '2-powersgd', 'accuracy')[0]:.2f}% ({n})")
+print(f"2 processes / 1 process: caccel {c2 / c1:.2f}x, with comm_hook bf16 {h / c1:.2f}x, power_sgd {p / c1:.2f}x; torch {t2 / t1:.2f}x")
 PY
 pair
 probe after
