@@ -5,6 +5,7 @@ libcaccel_la_SOURCES += \
 	accelerator/accelerator.c \
 	accelerator/ddp.c \
 	accelerator/powersgd.c \
+	accelerator/local_sgd.c \
 	accelerator/zero.c \
 	accelerator/zero3.c \
 	accelerator/zero_config.c \

@@ -8,6 +8,9 @@
  * --dump-grads PATH: rank 0 writes the gradients after the first backward (the averaged ones: as the
  *   optimizer sees them) and prints fp16_exact=N/M and bf16_exact=N/M: how many of the M values an fp16
  *   or a bf16 tensor holds exactly (all of them after an all-reduce compressed to that type).
+ *   --mode localsgd: Accelerate's LocalSGD over the run, parameters averaged every --local-sgd-steps K
+ *   --mode localsgd-ref --sim N: one process plays N ranks of --mode localsgd (N model copies, each on
+ *     its slice of the global batch, averaged every K steps and at the end) and dumps copy 0
  * --digest: every rank prints params_fnv=H, an FNV-1a hash of its parameters' bytes after training
  *   (equal on every rank when they stayed in step).
  * --sched-total T attaches a linear schedule over T one-process steps; every mode prints lr_factor.
@@ -32,6 +35,7 @@ typedef struct opts {
     int64_t sched_total;
     bool mem, digest;
     int stop_rank;               /* --stop-rank R: rank R stops itself (SIGSTOP) before micro-step 3 */
+    int lsgd_steps, sim;         /* --local-sgd-steps K, --sim N */
 } opts;
 
 static ca_dataset *synthetic(int64_t n) {
@@ -135,7 +139,8 @@ static void dump_grads(ca_accelerator *acc, ca_module *m, const char *path) {
 }
 
 static opts parse(int argc, char **argv) {
-    opts o = {.mode = "plain", .steps = 10, .k = 1, .batch = 8, .hidden = 32, .stop_rank = -1};
+    opts o = {.mode = "plain", .steps = 10, .k = 1, .batch = 8, .hidden = 32, .stop_rank = -1, .lsgd_steps = 4,
+              .sim = 2};
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--mode") && i + 1 < argc) o.mode = argv[++i];
         else if (!strcmp(argv[i], "--steps") && i + 1 < argc) o.steps = atoi(argv[++i]);
@@ -147,12 +152,72 @@ static opts parse(int argc, char **argv) {
         else if (!strcmp(argv[i], "--depth") && i + 1 < argc) o.depth = atoll(argv[++i]);
         else if (!strcmp(argv[i], "--mem")) o.mem = true;
         else if (!strcmp(argv[i], "--digest")) o.digest = true;
+        else if (!strcmp(argv[i], "--local-sgd-steps") && i + 1 < argc) o.lsgd_steps = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--sim") && i + 1 < argc) o.sim = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--stop-rank") && i + 1 < argc) o.stop_rank = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--sched-total") && i + 1 < argc) o.sched_total = atoll(argv[++i]);
         else if (ca_config_flag_arity(argv[i]) >= 0) i += ca_config_flag_arity(argv[i]);
         else { fprintf(stderr, "ddp_check: unknown argument %s\n", argv[i]); exit(2); }
     }
     return o;
+}
+
+/* --mode localsgd-ref: N model copies from the same start, copy r trained on slice r of each global
+ * batch of N * batch (what rank r of N sees), their parameters averaged every K steps and at the end:
+ * sum in rank order, times 1/N, as the backends average. */
+static void average_copies(ca_module **ms, int n) {
+    for (int i = 0; i < ca_module_num_params(ms[0]); i++) {
+        size_t bytes = ca_tensor_nbytes(ca_module_param_at(ms[0], i)), len = bytes / sizeof(float);
+        float *sum = calloc(len, sizeof(float)), *h = malloc(bytes);
+        for (int r = 0; r < n; r++) {
+            CA_CHECK(ca_tensor_to_host(ca_module_param_at(ms[r], i), h, bytes));
+            for (size_t j = 0; j < len; j++) sum[j] += h[j];
+        }
+        for (size_t j = 0; j < len; j++) sum[j] = (n & (n - 1)) == 0 ? sum[j] * (1.0f / (float)n) : sum[j] / (float)n;
+        for (int r = 0; r < n; r++) CA_CHECK(ca_tensor_copy_from_host(ca_module_param_at(ms[r], i), sum, bytes));
+        free(sum);
+        free(h);
+    }
+}
+
+static void localsgd_reference(ca_accelerator *acc, const opts *o, ca_dataset *ds) {
+    enum { MAXN = 8 };
+    int n = o->sim < 1 ? 1 : o->sim > MAXN ? MAXN : o->sim;
+    ca_module *ms[MAXN];
+    ca_optimizer *os[MAXN];
+    for (int r = 0; r < n; r++) {
+        ms[r] = model(o->hidden, o->depth);
+        CA_CHECK(ca_sgd_create(ms[r], &(ca_sgd_opts){.lr = 0.2, .momentum = 0.9}, &os[r]));
+    }
+    for (int i = 0; i < ca_module_num_params(ms[0]); i++) {   /* every copy starts from copy 0 */
+        size_t bytes = ca_tensor_nbytes(ca_module_param_at(ms[0], i));
+        float *h = malloc(bytes);
+        CA_CHECK(ca_tensor_to_host(ca_module_param_at(ms[0], i), h, bytes));
+        for (int r = 1; r < n; r++) CA_CHECK(ca_tensor_copy_from_host(ca_module_param_at(ms[r], i), h, bytes));
+        free(h);
+    }
+    ca_dataloader *dl;
+    CA_CHECK(ca_dataloader_create(ds, &(ca_loader_opts){.batch_size = o->batch * n, .shuffle = true, .seed = 5}, &dl));
+    CA_CHECK(ca_prepare(acc, NULL, NULL, dl));
+    ca_batch b;
+    for (int step = 0; step < o->steps && ca_dataloader_next(dl, &b); step++) {
+        for (int r = 0; r < n; r++) CA_SCOPE {
+            ca_tensor *x = ca_narrow(b.x, 0, r * o->batch, o->batch), *y = ca_narrow(b.y, 0, r * o->batch, o->batch);
+            CA_CHECK(ca_backward(acc, ca_cross_entropy(ca_module_forward(ms[r], x), y)));
+            CA_CHECK(ca_optimizer_step(os[r]));
+            ca_optimizer_zero_grad(os[r]);
+        }
+        if ((step + 1) % o->lsgd_steps == 0) average_copies(ms, n);
+    }
+    CA_CHECK(ca_dataloader_status(dl));
+    average_copies(ms, n);
+    dump(acc, ms[0], o->dump);
+    printf("rank=0 reference_copies=%d\n", n);
+    ca_dataloader_destroy(dl);
+    for (int r = 0; r < n; r++) {
+        ca_optimizer_destroy(os[r]);
+        ca_module_destroy(ms[r]);
+    }
 }
 
 /* Evaluation over the whole set: every rank must see exactly n predictions. */
@@ -186,6 +251,13 @@ int main(int argc, char **argv) {
     CA_CHECK(ca_accelerator_create(&(ca_options){.argc = argc, .argv = argv, .settings = settings}, &acc));
     CA_CHECK(ca_set_seed(acc, 11));
     ca_dataset *ds = synthetic(!strcmp(o.mode, "uneven") ? 103 : 4096);
+    if (!strcmp(o.mode, "localsgd-ref")) {
+        localsgd_reference(acc, &o, ds);
+        ca_dataset_destroy(ds);
+        ca_accelerator_destroy(acc);
+        ca_shutdown();
+        return 0;
+    }
     ca_dataloader *dl;
     CA_CHECK(ca_dataloader_create(ds, &(ca_loader_opts){.batch_size = o.batch, .shuffle = true, .seed = 5}, &dl));
     ca_module *m = model(o.hidden, o.depth);
@@ -203,6 +275,8 @@ int main(int argc, char **argv) {
     int rank = ca_process_index(acc), world = ca_num_processes(acc);
     int rc = 0, micro = 0;
     uint64_t seq0 = ca_comm_seq(comm), bytes0 = ca_comm_bytes(comm);
+    ca_local_sgd *lsgd = NULL;
+    if (!strcmp(o.mode, "localsgd")) CA_CHECK(ca_local_sgd_begin(acc, m, o.lsgd_steps, true, &lsgd));
     ca_batch b;
     while (micro < o.steps * o.k && ca_dataloader_next(dl, &b)) {
         /* between steps: the loader ended the previous step's scope; only the batch is new */
@@ -233,6 +307,7 @@ int main(int argc, char **argv) {
             bool boundary = ca_sync_gradients(acc);
             CA_CHECK(ca_optimizer_step(opt));
             ca_optimizer_zero_grad(opt);
+            if (lsgd && boundary) CA_CHECK(ca_local_sgd_step(lsgd));
             if (fp16 && micro == 3) {
                 ca_grad_scaler_state st;
                 CA_CHECK(ca_grad_scaler_get(acc, &st));
@@ -250,6 +325,10 @@ int main(int argc, char **argv) {
         }
     }
     CA_CHECK(ca_dataloader_status(dl));
+    if (lsgd) {
+        CA_CHECK(ca_local_sgd_end(lsgd));
+        printf("rank=%d collectives=%llu\n", rank, (unsigned long long)(ca_comm_seq(comm) - seq0));
+    }
     CA_CHECK(ca_device_memory_stats(ca_accelerator_device(acc), &st2));
     if (o.mem) {
         printf("rank=%d state_bytes=%lld\n", rank, (long long)st1.allocated - (long long)st0.allocated + (long long)pbytes);

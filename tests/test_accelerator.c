@@ -1,4 +1,4 @@
-/* Accelerator tests (one process): flat memory over 10,000 steps, gradient accumulation, clipping, configuration errors. */
+/* Accelerator tests (one process): flat memory over 10,000 steps, gradient accumulation, clipping, configuration errors, LocalSGD's checks. */
 #include "test_util.h"
 
 static char *argv_cpu[] = {"test", "--cpu", NULL};
@@ -233,6 +233,35 @@ static void test_configuration_reaches_the_accelerator(void **state) {
     ca_accelerator_destroy(acc);
 }
 
+/* LocalSGD on one process does nothing (Accelerate: enabled only when distributed); its arguments are
+ * checked; sharded data parallelism and deterministic mode refuse it naming the key. */
+static void test_local_sgd_one_process_and_refusals(void **state) {
+    ca_accelerator *acc = make_acc(NULL);
+    ca_module *m = small_mlp(4, 8, 2);
+    T_OK(ca_prepare(acc, m, NULL, NULL));
+    ca_local_sgd *ls = NULL;
+    assert_int_equal(ca_local_sgd_begin(acc, m, 0, true, &ls), CA_ERR_INVALID);
+    assert_null(ls);
+    T_OK(ca_local_sgd_begin(acc, m, 2, true, &ls));
+    uint64_t seq = ca_comm_seq(ca_accelerator_comm(acc));
+    for (int i = 0; i < 4; i++) T_OK(ca_local_sgd_step(ls));
+    T_OK(ca_local_sgd_end(ls));
+    assert_int_equal(ca_comm_seq(ca_accelerator_comm(acc)), seq);   /* nothing averaged */
+    ca_module_destroy(m);
+    ca_accelerator_destroy(acc);
+    const char *refused[][2] = {{"distributed_type=FSDP", "FSDP"}, {"deterministic=true", "deterministic"}};
+    for (int i = 0; i < 2; i++) {
+        const char *set[] = {refused[i][0], NULL};
+        acc = make_acc(set);
+        m = small_mlp(4, 8, 2);
+        assert_int_equal(ca_local_sgd_begin(acc, m, 2, true, &ls), CA_ERR_UNSUPPORTED);
+        assert_non_null(strstr(ca_last_error(), refused[i][1]));
+        assert_null(ls);
+        ca_module_destroy(m);
+        ca_accelerator_destroy(acc);
+    }
+}
+
 /* Deterministic mode on one process: a batch of 4 comes as 4 micro-batches (virtual shards), the
  * gradients synchronise only on the last, and the shard gradients x = {1e8, 1, -1e8, 1} of
  * d(w * x)/dw are summed in shard order: ((1e8 + 1) - 1e8) + 1 = 1 in f32, then / 4. A pairwise
@@ -294,6 +323,7 @@ int main(void) {
         cmocka_unit_test(test_nested_loaders_end_of_dataloader),
         cmocka_unit_test(test_configuration_reaches_the_accelerator),
         cmocka_unit_test(test_det_fixed_order_sum),
+        cmocka_unit_test(test_local_sgd_one_process_and_refusals),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     ca_scope_release_all();

@@ -4,7 +4,8 @@
 # step; clipping uses the global norm; an fp16 overflow on one rank skips the step on every rank;
 # uneven data finishes and gather_for_metrics sees every sample once; comm_hook fp16/bf16 sends
 # half the bytes and gives the one-rank gradient within 16-bit rounding; comm_hook power_sgd and
-# batched_power_sgd give it exactly at full rank, and at rank 1 keep the ranks in step sending P and Q.
+# batched_power_sgd give it exactly at full rank, and at rank 1 keep the ranks in step sending P and Q;
+# LocalSGD equals a one-process simulation of its N ranks.
 # Tolerance: parameters agree to 1e-5 (absolute) after the stated steps; they differ only by the
 # order of floating-point sums.
 . "$(dirname "$0")/dist/lib.sh"
@@ -112,6 +113,23 @@ for be in $backends; do
         want=440; [ $hook = batched_power_sgd ] && want=160
         echo "  $hook at rank 1 over $be: $sent bytes per step (f32: 1548)"
         [ "$sent" = "$want" ] || fail "$hook sent $sent bytes per step, not $want"
+    done
+done
+
+# LocalSGD: the N-rank run equals one process that plays the N ranks (N model copies, each on its
+# slice of every global batch, averaged every K steps and at the end); the collectives are one
+# average (a barrier and one all-reduce per parameter tensor: 5) every K steps and one at the end.
+note "LocalSGD (local_sgd_steps 1 and 4): N ranks equal the one-process simulation of N ranks; averages every K steps"
+for np in 2 4; do
+    for K in 1 4; do
+        "$DDP" --cpu --mode localsgd-ref --sim $np --batch 8 --steps 12 --local-sgd-steps $K --dump "$WORK/lref${np}_$K.bin" \
+            > "$WORK/o" || { cat "$WORK/o"; fail "LocalSGD reference of $np ranks, K=$K"; }
+        for be in $backends; do
+            launch $np "$be" "$DDP" --mode localsgd --batch 8 --steps 12 --local-sgd-steps $K \
+                --dump "$WORK/lsgd${np}_${K}_$be.bin" > "$WORK/o" || { cat "$WORK/o"; fail "LocalSGD $np ranks K=$K over $be"; }
+            same "$WORK/lref${np}_$K.bin" "$WORK/lsgd${np}_${K}_$be.bin"
+            count $np "collectives=$(( (12 / K + 1) * 5 ))\$" "$WORK/o"
+        done
     done
 done
 

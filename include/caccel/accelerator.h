@@ -181,6 +181,28 @@ CA_API int ca_gradient_accumulation_steps(const ca_accelerator *acc);
 CA_API ca_status ca_set_trigger(ca_accelerator *acc);
 CA_API ca_status ca_check_trigger(ca_accelerator *acc, bool *raised);
 
+/* ----------------------------------------------------------- LocalSGD */
+/* Accelerate's LocalSGD (Lin et al., "Don't Use Large Mini-Batches, Use Local SGD"): from
+ * ca_local_sgd_begin to ca_local_sgd_end the model's gradients stay local (as in CA_NO_SYNC) and every
+ * local_sgd_steps calls of ca_local_sgd_step (one per optimizer step) the parameters are averaged
+ * over the processes; ca_local_sgd_end averages them once more. Each process's optimizer state stays
+ * its own. With one process, or enabled false, it does nothing.
+ *   ca_local_sgd *ls;
+ *   CA_CHECK(ca_local_sgd_begin(acc, model, 8, true, &ls));
+ *   while (ca_dataloader_next(dl, &b)) { forward; ca_backward; ca_optimizer_step; zero_grad;
+ *                                        CA_CHECK(ca_local_sgd_step(ls)); }
+ *   CA_CHECK(ca_local_sgd_end(ls));
+ * begin: local_sgd_steps >= 1; model prepared by acc. Fails with CA_ERR_UNSUPPORTED for
+ * distributed types other than NO, MULTI_CPU and MULTI_GPU (FSDP, DeepSpeed, XLA: as Accelerate) and
+ * in deterministic mode, naming the key. *out is owned by the caller until ca_local_sgd_end, which
+ * frees it (also when the final average fails). step and end are collectives: every process calls
+ * them alike, from the training thread. */
+typedef struct ca_local_sgd ca_local_sgd;
+CA_API ca_status ca_local_sgd_begin(ca_accelerator *acc, ca_module *model, int local_sgd_steps, bool enabled,
+                                    ca_local_sgd **out);
+CA_API ca_status ca_local_sgd_step(ca_local_sgd *ls);
+CA_API ca_status ca_local_sgd_end(ca_local_sgd *ls);
+
 /* ----------------------------------------------------------- objects and padding */
 /* gather_object for byte buffers: every rank's buffer, in rank order, concatenated into *out
  * (malloc'ed, the caller frees) with counts[r] the length of rank r's part (counts: world
