@@ -24,6 +24,7 @@ typedef struct args {
     const char *checkpoint_dir;      /* save_state into DIR/checkpoints/checkpoint_<i> */
     int64_t checkpointing_steps;     /* ... every N optimizer steps (0: only at epoch ends) */
     bool resume;                     /* load the latest complete checkpoint of checkpoint_dir first */
+    int local_sgd_steps;             /* LocalSGD: average the parameters every N steps (0: off) */
 } args;
 
 static void usage(FILE *f) {
@@ -32,12 +33,15 @@ static void usage(FILE *f) {
             "                     [--schedule constant|linear|cosine] [--warmup FRACTION]\n"
             "                     [--max-steps N] [--dump-params FILE] [--output_dir DIR]\n"
             "                     [--checkpoint_dir DIR [--checkpointing_steps N] [--resume]]\n"
+            "                     [--local_sgd_steps N]\n"
             "                     [configuration flags]\n"
             "--output_dir DIR saves the trained model as DIR/model.safetensors (PyTorch's names:\n"
             "fc1.weight, ...; docs/CHECKPOINTS.md).\n"
             "--checkpoint_dir saves the training state at each epoch end (and every N optimizer steps)\n"
             "into DIR/checkpoints/checkpoint_<i> (the program's project_dir; total_limit keeps the newest);\n"
             "--resume continues from the newest complete one there (or starts afresh when there is none).\n"
+            "--local_sgd_steps N trains each process on its own and averages the parameters every N\n"
+            "optimizer steps and at each epoch's end (Accelerate's LocalSGD; docs/DISTRIBUTED.md).\n"
             "Configuration flags are Accelerate's (--cpu, --mixed_precision bf16, --config_file F,\n"
             "--gradient_accumulation_steps N, ...): see `caccel --help` and docs/CONFIGURATION.md.\n");
 }
@@ -73,6 +77,7 @@ static args parse(int argc, char **argv) {
         else if (flag(s, "--checkpoint_dir", argc, argv, &i, &v)) a.checkpoint_dir = v;
         else if (flag(s, "--checkpointing_steps", argc, argv, &i, &v)) a.checkpointing_steps = atoll(v);
         else if (!strcmp(s, "--resume")) a.resume = true;
+        else if (flag(s, "--local_sgd_steps", argc, argv, &i, &v)) a.local_sgd_steps = atoi(v);
         else {
             int arity = ca_config_flag_arity(s);          /* the accelerator reads these */
             if (arity < 0) {
@@ -83,8 +88,8 @@ static args parse(int argc, char **argv) {
             i += arity;
         }
     }
-    if (a.epochs < 1 || a.batch_size < 1 || a.lr <= 0) {
-        fprintf(stderr, "fashion_mnist: --epochs, --batch-size and --lr must be positive\n");
+    if (a.epochs < 1 || a.batch_size < 1 || a.lr <= 0 || a.local_sgd_steps < 0) {
+        fprintf(stderr, "fashion_mnist: --epochs, --batch-size and --lr must be positive, --local_sgd_steps >= 0\n");
         exit(2);
     }
     if ((a.resume || a.checkpointing_steps) && !a.checkpoint_dir) {
@@ -267,6 +272,8 @@ int main(int argc, char **argv) {
         /* a resumed epoch starts where it stopped */
         CA_CHECK(ca_progress_create(acc, &(ca_progress_opts){.total = per_epoch, .initial = em.steps, .desc = desc},
                                     &bar));
+        ca_local_sgd *lsgd = NULL;   /* the epoch's LocalSGD block: its end averages the parameters */
+        if (a.local_sgd_steps) CA_CHECK(ca_local_sgd_begin(acc, model, a.local_sgd_steps, true, &lsgd));
         ca_batch b;
         while (ca_dataloader_next(train_dl, &b)) {
             int64_t before = ca_optimizer_steps(opt);
@@ -282,11 +289,13 @@ int main(int argc, char **argv) {
             CA_CHECK(ca_progress_set_loss(bar, em.loss_sum / (double)em.steps));
             CA_CHECK(ca_progress_update(bar, 1));
             int64_t now = ca_optimizer_steps(opt);
+            if (lsgd && now > before) CA_CHECK(ca_local_sgd_step(lsgd));
             if (a.checkpointing_steps && now > before && now % a.checkpointing_steps == 0)
                 CA_CHECK(ca_save_state(acc, NULL));
             if (a.max_steps && ca_optimizer_steps(opt) >= a.max_steps) { done = true; break; }
         }
         CA_CHECK(ca_dataloader_status(train_dl));
+        CA_CHECK(ca_local_sgd_end(lsgd));
         CA_CHECK(ca_progress_close(bar));
         double secs = now_s() - t0;
         double c, n;
