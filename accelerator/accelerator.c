@@ -687,6 +687,7 @@ static ca_status optimizer_step(void *owner, ca_optimizer *o) {
         o->skipped = true;     /* no parameter, no optimizer state changes */
         ca_log_printf(CA_LOG_INFO, "fp16: gradients overflowed at loss scale %g; step skipped",
                       acc->scaler.scale);
+        for (int b = 0; b < acc->nbuckets && s == CA_OK; b++) s = ca_psgd_reset(acc->buckets[b].psgd);
     } else {
         s = acc->zero.stage ? ca_zero_step(acc, o) : ca_optimizer_apply(o, 1.0f);
     }

@@ -195,6 +195,7 @@ ca_status ca_ddp_finish_buckets(ca_accelerator *acc);
 typedef struct ca_psgd ca_psgd;
 ca_status ca_psgd_create(ca_accelerator *acc, ca_bucket *bk, bool batched);
 ca_status ca_psgd_reduce(ca_accelerator *acc, ca_bucket *bk);
+ca_status ca_psgd_reset(ca_psgd *ps);   /* after an overflow: error feedback zeroed, Q drawn anew */
 void ca_psgd_free(ca_psgd *ps);
 void ca_ddp_free_buckets(ca_accelerator *acc);
 

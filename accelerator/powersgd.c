@@ -250,6 +250,15 @@ static void log_stats(const ca_accelerator *acc, const ca_bucket *bk, const ca_p
                   (long long)ps->iter);
 }
 
+/* After a skipped fp16 step: an overflow went through the factors, so the error feedback and Q hold
+ * non-finite values every later step would inherit (and skip); both start afresh, alike on every rank
+ * (every rank skips). */
+ca_status ca_psgd_reset(ca_psgd *ps) {
+    if (!ps) return CA_OK;
+    ps->have_q = false;
+    return ps->error ? CA_KCALL(ca_tdev(ps->error), fill, CA_F32, ps->len, 0.0, ca_tptr(ps->error)) : CA_OK;
+}
+
 ca_status ca_psgd_reduce(ca_accelerator *acc, ca_bucket *bk) {
     ca_psgd *ps = bk->psgd;
     float *flat = ca_tptr(bk->flat);

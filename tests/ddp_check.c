@@ -3,7 +3,8 @@
  *   --mode plain  : S steps, batch B per rank; dumps the parameters
  *   --mode accum  : S real steps of k micro-batches; counts collectives and bytes sent per real step
  *   --mode clip   : clip_grad_norm(0.5) every step; prints the first norm
- *   --mode fp16inf: fp16, the last rank puts an Inf in a gradient at step 3
+ *   --mode fp16inf: fp16, the last rank puts an Inf in a gradient at step 3 (--inf-input: in its input
+ *     instead, so that the overflow goes through backward and the gradient reduction)
  *   --mode uneven : 103 samples, evaluation through gather_for_metrics
  * --dump-grads PATH: rank 0 writes the gradients after the first backward (the averaged ones: as the
  *   optimizer sees them) and prints fp16_exact=N/M and bf16_exact=N/M: how many of the M values an fp16
@@ -33,7 +34,7 @@ typedef struct opts {
     int64_t batch, hidden, depth;
     const char *dump, *dump_grads;
     int64_t sched_total;
-    bool mem, digest;
+    bool mem, digest, inf_input;
     int stop_rank;               /* --stop-rank R: rank R stops itself (SIGSTOP) before micro-step 3 */
     int lsgd_steps, sim;         /* --local-sgd-steps K, --sim N */
 } opts;
@@ -152,6 +153,7 @@ static opts parse(int argc, char **argv) {
         else if (!strcmp(argv[i], "--depth") && i + 1 < argc) o.depth = atoll(argv[++i]);
         else if (!strcmp(argv[i], "--mem")) o.mem = true;
         else if (!strcmp(argv[i], "--digest")) o.digest = true;
+        else if (!strcmp(argv[i], "--inf-input")) o.inf_input = true;
         else if (!strcmp(argv[i], "--local-sgd-steps") && i + 1 < argc) o.lsgd_steps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--sim") && i + 1 < argc) o.sim = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--stop-rank") && i + 1 < argc) o.stop_rank = atoi(argv[++i]);
@@ -288,11 +290,13 @@ int main(int argc, char **argv) {
             raise(SIGSTOP);
         }
         CA_ACCUMULATE(acc, m) {
-            ca_tensor *loss = ca_cross_entropy(ca_module_forward(m, b.x), b.y);
+            ca_tensor *x = b.x;
+            if (fp16 && o.inf_input && micro == 2 && rank == world - 1) x = ca_mul_scalar(x, 1e30);
+            ca_tensor *loss = ca_cross_entropy(ca_module_forward(m, x), b.y);
             CA_CHECK(ca_backward(acc, loss));
             micro++;
             if (o.dump_grads && micro == o.k) dump_grads(acc, m, o.dump_grads);
-            if (fp16 && micro == 3 && rank == world - 1) {   /* overflow on one rank only */
+            if (fp16 && !o.inf_input && micro == 3 && rank == world - 1) {   /* overflow on one rank only */
                 ca_tensor *g = ca_tensor_grad(ca_module_param(m, "fc2.bias"));
                 float h[3];
                 CA_CHECK(ca_tensor_to_host(g, h, sizeof h));

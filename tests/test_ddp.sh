@@ -107,6 +107,13 @@ for be in $backends; do
         count 4 'params_fnv=' "$WORK/o"
         [ "$(sed -n 's/^rank=[0-9]* params_fnv=//p' "$WORK/o" | sort -u | wc -l)" = 1 ] ||
             { grep params_fnv "$WORK/o"; fail "$hook at rank 1: the ranks' parameters differ"; }
+        # an fp16 overflow in one rank's backward runs through the factors: the step is skipped and
+        # the error feedback and Q start afresh, or every later step would inherit NaN and be skipped
+        psgd_cfg "$WORK/f16.yaml" $hook 2 2 0
+        launch 2 "$be" "$DDP" --mode fp16inf --inf-input --batch 16 --steps 8 --config_file "$WORK/f16.yaml" > "$WORK/o" ||
+            { cat "$WORK/o"; fail "$hook with an fp16 overflow over $be"; }
+        count 2 'skipped=1 scale=32768$' "$WORK/o"
+        count 2 'steps=7 ' "$WORK/o"
         launch 2 "$be" "$DDP" --mode accum --k 1 --batch 16 --steps 3 --config_file "$WORK/r1.yaml" > "$WORK/o" ||
             { cat "$WORK/o"; fail "$hook bytes over $be"; }
         sent=$(sed -n 's/^rank=0 bytes_per_step=//p' "$WORK/o" | tail -1)
