@@ -9,7 +9,6 @@
 
 #include <math.h>
 #include <stdlib.h>
-#include <string.h>
 
 typedef struct psgd_mat {
     int64_t off;                 /* first element of M in the compressed buffer */
