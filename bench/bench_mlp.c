@@ -4,7 +4,8 @@
  * dnnl_sgemm too (pct_of_lib_bound: the share of the step the library's GEMMs take). The step is split into forward, backward and optimizer
  * (timed around each call) and "other_us" = step - bound - optimizer, the cost outside GEMM and the
  * optimizer (elementwise and loss kernels, dispatch, autograd, allocator, scopes, batch hand-off).
- * One line of key=value results per batch size, for bench/run_mlp.sh. */
+ * One line of key=value results per batch size, for bench/run_mlp.sh. --local-sgd-steps N trains under
+ * LocalSGD (parameters averaged every N steps; bench/run_netem.sh). */
 #include <caccel/caccel.h>
 
 #include "bench/bench_util.h"
@@ -96,7 +97,7 @@ static const char *flush_setting(void) {
 }
 
 int main(int argc, char **argv) {
-    int batches[8] = {16, 32, 128, 512}, nb = 4, epochs = 1;
+    int batches[8] = {16, 32, 128, 512}, nb = 4, epochs = 1, local_sgd = 0;
     char *precision = "no";
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--batch-sizes") && i + 1 < argc) {
@@ -106,6 +107,8 @@ int main(int argc, char **argv) {
             epochs = atoi(argv[++i]);
         } else if (!strcmp(argv[i], "--precision") && i + 1 < argc) {
             precision = argv[++i];
+        } else if (!strcmp(argv[i], "--local-sgd-steps") && i + 1 < argc) {   /* LocalSGD every N steps */
+            local_sgd = atoi(argv[++i]);
         }
     }
     ca_accelerator *acc;
@@ -130,6 +133,8 @@ int main(int argc, char **argv) {
         ca_allocator_stats m0, m1;
         CA_CHECK(ca_device_reset_peak_stats(dev));
         CA_CHECK(ca_device_memory_stats(dev, &m0));
+        ca_local_sgd *lsgd = NULL;
+        if (local_sgd > 0) CA_CHECK(ca_local_sgd_begin(acc, m, local_sgd, true, &lsgd));
         double t0 = now_s();
         for (int e = 0; e < epochs; e++) {
             for (int64_t g = 0; g < n; g += B * W) {
@@ -145,6 +150,7 @@ int main(int argc, char **argv) {
                     double p2 = now_s();
                     CA_CHECK(ca_optimizer_step(opt));
                     ca_optimizer_zero_grad(opt);
+                    if (lsgd) CA_CHECK(ca_local_sgd_step(lsgd));
                     t_fwd += p1 - p0;
                     t_bwd += p2 - p1;
                     t_opt += now_s() - p2;
@@ -153,6 +159,7 @@ int main(int argc, char **argv) {
                 seen += len * W;
             }
         }
+        CA_CHECK(ca_local_sgd_end(lsgd));
         double secs = now_s() - t0;
         CA_CHECK(ca_device_memory_stats(dev, &m1));
         double step_s = secs / (double)steps;

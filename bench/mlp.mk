@@ -27,3 +27,12 @@ bench: bench-ddp
 bench-ddp: bench/bench_mlp$(EXEEXT) tools/caccel$(EXEEXT) $(filter collectives/%,$(pkglib_LTLIBRARIES))
 	CACCEL_PLUGIN_PATH='$(abs_top_builddir)/collectives/.libs' bash $(top_srcdir)/bench/run_ddp.sh \
 	  --bench ./bench/bench_mlp$(EXEEXT) --caccel ./tools/caccel$(EXEEXT) $(BENCH_DDP_ARGS)
+
+# Data parallelism over a shaped network link (two network namespaces, tc tbf; needs root):
+# `make bench-netem`; BENCH_NETEM_ARGS passes e.g. "--rate 100mbit --reps 5".
+EXTRA_DIST += bench/run_netem.sh
+.PHONY: bench-netem
+bench: bench-netem
+bench-netem: bench/bench_mlp$(EXEEXT) tools/caccel$(EXEEXT) $(filter collectives/%,$(pkglib_LTLIBRARIES))
+	CACCEL_PLUGIN_PATH='$(abs_top_builddir)/collectives/.libs' bash $(top_srcdir)/bench/run_netem.sh \
+	  --bench ./bench/bench_mlp$(EXEEXT) --caccel ./tools/caccel$(EXEEXT) $(BENCH_NETEM_ARGS)
