@@ -194,6 +194,8 @@ ca_status ca_ddp_finish_buckets(ca_accelerator *acc);
  * collectives in a row, the same order on every rank); freeing (NULL is fine). */
 typedef struct ca_psgd ca_psgd;
 ca_status ca_psgd_create(ca_accelerator *acc, ca_bucket *bk, bool batched);
+/* Counts this synchronising step; false for PyTorch's warm-up (start_powerSGD_iter plain averages). */
+bool ca_psgd_compresses(ca_psgd *ps);
 ca_status ca_psgd_reduce(ca_accelerator *acc, ca_bucket *bk);
 ca_status ca_psgd_reset(ca_psgd *ps);   /* after an overflow: error feedback zeroed, Q drawn anew */
 void ca_psgd_free(ca_psgd *ps);

@@ -59,7 +59,7 @@ static ca_status launch(ca_accelerator *acc, ca_bucket *bk) {
     ca_status s = zero_unwritten(bk);
     bk->launched = true;
     if (s != CA_OK) return s;
-    if (bk->psgd) return ca_psgd_reduce(acc, bk);
+    if (bk->psgd && ca_psgd_compresses(bk->psgd)) return ca_psgd_reduce(acc, bk);
     if (!bk->wire)
         return ca_comm_all_reduce(acc->comm, ca_tptr(bk->flat), ca_tptr(bk->flat), (size_t)bk->numel, CA_F32,
                                   CA_OP_AVG, &bk->work);

@@ -10,6 +10,10 @@
 #include <math.h>
 #include <stdlib.h>
 
+typedef struct psgd_span {
+    int64_t off, len;            /* a gradient averaged uncompressed: its elements in the bucket */
+} psgd_span;
+
 typedef struct psgd_mat {
     int64_t off;                 /* first element of M in the compressed buffer */
     int64_t n, m, r;             /* M is n x m, approximated at rank r */
@@ -21,7 +25,8 @@ struct ca_psgd {
     int64_t len;                 /* elements compressed: the bucket's, or side^2 (batched) */
     int nmats, nspans;
     psgd_mat *mats;
-    int64_t *span_off, *span_len, unc_numel;   /* per-tensor: gradients averaged uncompressed */
+    psgd_span *spans;            /* per-tensor hook: the gradients too small to compress */
+    int64_t unc_numel;           /* their elements in all */
     int64_t p_numel, q_numel;
     ca_tensor *pad;              /* batched: [side^2], the bucket then zeros */
     ca_tensor *error;            /* [len]: what compression lost (error feedback) */
@@ -61,13 +66,10 @@ static ca_status add_mat(ca_psgd *ps, int64_t off, int64_t n, int64_t m, int64_t
 }
 
 static ca_status add_span(ca_psgd *ps, int64_t off, int64_t len) {
-    int64_t *o = realloc(ps->span_off, (size_t)(ps->nspans + 1) * sizeof *o);
-    if (o) ps->span_off = o;
-    int64_t *l = o ? realloc(ps->span_len, (size_t)(ps->nspans + 1) * sizeof *l) : NULL;
-    if (!l) return ca_error(CA_ERR_NOMEM, "out of host memory");
-    ps->span_len = l;
-    ps->span_off[ps->nspans] = off;
-    ps->span_len[ps->nspans++] = len;
+    psgd_span *ns = realloc(ps->spans, (size_t)(ps->nspans + 1) * sizeof *ns);
+    if (!ns) return ca_error(CA_ERR_NOMEM, "out of host memory");
+    ps->spans = ns;
+    ns[ps->nspans++] = (psgd_span){.off = off, .len = len};
     ps->unc_numel += len;
     return CA_OK;
 }
@@ -129,8 +131,7 @@ ca_status ca_psgd_create(ca_accelerator *acc, ca_bucket *bk, bool batched) {
 void ca_psgd_free(ca_psgd *ps) {
     if (!ps) return;
     free(ps->mats);
-    free(ps->span_off);
-    free(ps->span_len);
+    free(ps->spans);
     ca_tensor_free(ps->pad);
     ca_tensor_free(ps->error);
     ca_tensor_free(ps->unc);
@@ -207,11 +208,11 @@ static ca_status move_spans(ca_psgd *ps, float *buf, bool gather) {
     ca_device *d = ca_tdev(ps->unc);
     float *u = ca_tptr(ps->unc);
     for (int i = 0; i < ps->nspans; i++) {
-        float *at = buf + ps->span_off[i];
-        size_t bytes = (size_t)ps->span_len[i] * sizeof(float);
+        float *at = buf + ps->spans[i].off;
+        size_t bytes = (size_t)ps->spans[i].len * sizeof(float);
         ca_status s = gather ? ca_device_copy(d, u, at, bytes) : ca_device_copy(d, at, u, bytes);
         if (s != CA_OK) return s;
-        u += ps->span_len[i];
+        u += ps->spans[i].len;
     }
     return CA_OK;
 }
@@ -258,13 +259,13 @@ ca_status ca_psgd_reset(ca_psgd *ps) {
     return ps->error ? CA_KCALL(ca_tdev(ps->error), fill, CA_F32, ps->len, 0.0, ca_tptr(ps->error)) : CA_OK;
 }
 
+bool ca_psgd_compresses(ca_psgd *ps) {
+    return ps->iter++ >= ps->start_iter;
+}
+
 ca_status ca_psgd_reduce(ca_accelerator *acc, ca_bucket *bk) {
     ca_psgd *ps = bk->psgd;
     float *flat = ca_tptr(bk->flat);
-    if (ps->iter < ps->start_iter) {   /* PyTorch's warm-up: the plain average */
-        ps->iter++;
-        return ca_comm_all_reduce(acc->comm, flat, flat, (size_t)bk->numel, CA_F32, CA_OP_AVG, &bk->work);
-    }
     ca_device *d = acc->device;
     float *buf = flat;
     ca_status s = CA_OK;
@@ -287,7 +288,6 @@ ca_status ca_psgd_reduce(ca_accelerator *acc, ca_bucket *bk) {
     if (s == CA_OK && ps->batched) s = ca_device_copy(d, flat, buf, (size_t)bk->numel * sizeof(float));
     if (s != CA_OK) return ca_error_context("PowerSGD on a gradient bucket of %lld values (rank %d)",
                                             (long long)bk->numel, acc->rank);
-    ps->iter++;
     log_stats(acc, bk, ps);
     return CA_OK;
 }
