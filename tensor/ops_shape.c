@@ -32,6 +32,33 @@ static ca_status reshape_backward(ca_node *n, ca_tensor *g) {
 }
 static const ca_node_vt reshape_vt = {"reshape", reshape_backward};
 
+/* Strides st that view x's elements, in x's logical order, as shape s without a copy; false when x's
+ * strides do not allow it. Why: splitting the last dimension of a strided slice (the GPT's q, k and v,
+ * narrowed out of one [B, T, 3C] projection, seen as [B, T, H, D]) would otherwise copy it, only for
+ * the attention to copy it again. x's dimensions are taken in runs that are contiguous among
+ * themselves (each stride the next one's times its size); a run's elements have one base stride, and
+ * the new dimensions that cover exactly a run's element count take strides from that base. */
+static bool view_strides(const ca_tensor *x, int ndim, const int64_t *s, int64_t *st) {
+    int v = ndim - 1;
+    int64_t base = x->stride[x->ndim - 1], run = 1;
+    for (int d = x->ndim - 1; d >= 0; d--) {
+        run *= x->shape[d];
+        bool run_ends = d == 0 || (x->shape[d - 1] != 1 && x->stride[d - 1] != run * base);
+        if (!run_ends) continue;
+        int64_t covered = 1;
+        while (v >= 0 && (covered < run || s[v] == 1)) {
+            st[v] = covered * base;
+            covered *= s[v--];
+        }
+        if (covered != run) return false;
+        if (d > 0) {
+            base = x->stride[d - 1];
+            run = 1;
+        }
+    }
+    return v < 0;
+}
+
 ca_tensor *ca_reshape(ca_tensor *x, int ndim, const int64_t *shape) {
     CA_OP_NULLCHECK1(x);
     if (ndim < 0 || ndim > CA_MAX_DIMS) {
@@ -54,9 +81,14 @@ ca_tensor *ca_reshape(ca_tensor *x, int ndim, const int64_t *shape) {
                  ca_shape_str(ndim, shape, b, sizeof b));
         return NULL;
     }
+    int64_t st[CA_MAX_DIMS], acc = 1;
+    if (x->ndim > 0 && x->numel > 0 && !ca_tensor_is_contiguous(x) && view_strides(x, ndim, s, st)) {
+        ca_tensor *y = ca_tensor_view(x, ndim, s, st, x->offset);
+        if (y && ca_needs_grad(1, &x) && !ca_record(&reshape_vt, y, 1, &x)) return NULL;
+        return y;
+    }
     ca_tensor *c = ca_contiguous(x);
     if (!c) return NULL;
-    int64_t st[CA_MAX_DIMS], acc = 1;
     for (int i = ndim - 1; i >= 0; i--) { st[i] = acc; acc *= s[i]; }
     ca_tensor *y = ca_tensor_view(c, ndim, s, st, c->offset);
     if (y && ca_needs_grad(1, &c) && !ca_record(&reshape_vt, y, 1, &c)) return NULL;

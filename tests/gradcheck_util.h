@@ -67,6 +67,11 @@ static inline ca_tensor *f_embedding(ca_tensor **in, void *c) { return ca_embedd
 static inline ca_tensor *f_reshape(ca_tensor **in, void *c) { return ca_mul(ca_reshape(in[0], CA_SHAPE(4, -1)), in[1]); }
 static inline ca_tensor *f_transpose(ca_tensor **in, void *c) { return ca_mul(ca_transpose(in[0], 0, 2), in[1]); }
 static inline ca_tensor *f_narrow(ca_tensor **in, void *c) { return ca_mul(ca_narrow(in[0], 2, 1, 3), in[1]); }
+/* [2, 3, 6] -> a slice of 4 along the last dim -> [2, 3, 2, 2] (a view of the slice) -> heads first */
+static inline ca_tensor *f_reshape_slice(ca_tensor **in, void *c) {
+    (void)c;
+    return ca_mul(ca_transpose(ca_reshape(ca_narrow(in[0], 2, 1, 4), CA_SHAPE(2, 3, 2, 2)), 1, 2), in[1]);
+}
 static inline ca_tensor *f_contig(ca_tensor **in, void *c) { return ca_contiguous(ca_transpose(in[0], 0, 1)); }
 static inline ca_tensor *f_flatten(ca_tensor **in, void *c) { return ca_flatten(in[0]); }
 static inline ca_tensor *f_cast(ca_tensor **in, void *c) { return ca_cast(ca_cast(in[0], *(ca_dtype *)c), CA_F32); }

@@ -333,6 +333,8 @@ static void test_shape_ops(void **state) {
     CA_SCOPE {
         ca_tensor *in[2] = {leaf(&s, CA_SHAPE(2, 3, 4), -1, 1, 0), leaf(&s, CA_SHAPE(4, 6), -1, 1, 0)};
         gradcheck("reshape", f_reshape, NULL, 2, in, &SMOOTH);
+        ca_tensor *sl[2] = {leaf(&s, CA_SHAPE(2, 3, 6), -1, 1, 0), leaf(&s, CA_SHAPE(2, 2, 3, 2), -1, 1, 0)};
+        gradcheck("reshape of a strided slice (a view)", f_reshape_slice, NULL, 2, sl, &SMOOTH);
         in[1] = leaf(&s, CA_SHAPE(4, 3, 2), -1, 1, 0);
         gradcheck("transpose", f_transpose, NULL, 2, in, &SMOOTH);
         in[1] = leaf(&s, CA_SHAPE(2, 3, 3), -1, 1, 0);

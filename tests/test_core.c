@@ -255,6 +255,16 @@ static void test_views_share_storage(void **state) {
         ca_tensor *r = ca_reshape(a, CA_SHAPE(3, -1));
         assert_int_equal(ca_tensor_dim(r, 1), 2);
         assert_ptr_equal(ca_tensor_data(r), ca_tensor_data(a));
+        /* a strided slice: splitting or adding dims is a view, merging its rows is a copy */
+        ca_tensor *q = ca_narrow(a, 1, 1, 2);
+        ca_tensor *rv = ca_reshape(q, CA_SHAPE(2, 1, 2)), *rc = ca_reshape(q, CA_SHAPE(4));
+        assert_ptr_equal(ca_tensor_data(rv), ca_tensor_data(q));
+        assert_ptr_not_equal(ca_tensor_data(rc), ca_tensor_data(q));
+        float want_q[4] = {1, 2, 4, 5};
+        T_OK(ca_tensor_to_host(rv, h, 4 * sizeof(float)));
+        for (int i = 0; i < 4; i++) assert_float_equal(h[i], want_q[i], 0);
+        T_OK(ca_tensor_to_host(rc, h, 4 * sizeof(float)));
+        for (int i = 0; i < 4; i++) assert_float_equal(h[i], want_q[i], 0);
         assert_null(ca_reshape(a, CA_SHAPE(4, 2)));
         assert_non_null(strstr(ca_last_error(), "[2, 3]"));
         double item;
