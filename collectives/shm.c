@@ -282,53 +282,29 @@ static void portion(size_t n, int world, int p, size_t *off, size_t *len) {
     *len = base + ((size_t)p < extra ? 1 : 0);
 }
 
-/* Elements reduced at a time: the block's sum, its finish and its copy back to the caller stay in L1. */
-#define REDUCE_BLOCK_BYTES 8192
-
-/* Rank s->rank's part [off, off + len) of a chunk: the reduction over ranks in rank order (the caller's
- * own data read from `own`, the others' from their slots), finished, into the result area and back into
- * the caller's buffer, a block at a time. */
-static void reduce_part(ca_shm *s, uint8_t *own, size_t off, size_t len, size_t es, ca_shm_reduce_fn fn,
-                        ca_shm_finish_fn finish, void *arg) {
-    size_t blk = REDUCE_BLOCK_BYTES / es ? REDUCE_BLOCK_BYTES / es : 1;
-    for (size_t k = 0; k < len; k += blk) {
-        size_t m = len - k < blk ? len - k : blk, at = (off + k) * es;
-        uint8_t *dst = s->result + at;
-        const uint8_t *d0 = s->rank == 0 ? own + at : slot(s, 0) + at;
-        const uint8_t *d1 = s->rank == 1 ? own + at : slot(s, 1) + at;
-        fn(dst, d0, d1, m);
-        for (int r = 2; r < s->world; r++) fn(dst, dst, r == s->rank ? own + at : slot(s, r) + at, m);
-        if (finish) finish(dst, m, arg);
-        memcpy(own + at, dst, m * es);
-    }
-}
-
-/* Chunk by chunk: every rank copies into its slot the parts the other ranks reduce, barrier, rank r
- * reduces part r of the chunk (its own part read from its buffer) into the result area and its
- * buffer, barrier, every rank copies the other parts out. The next chunk's barrier keeps the result
- * area from being reused too early. A rank's own part never goes through its slot, and the parts
- * are summed in rank order whoever reduces them, as before. */
+/* Chunk by chunk: every rank copies in, barrier, rank r reduces part r of the
+ * chunk into the result area, barrier, every rank copies the result out. The
+ * next chunk's barrier keeps the result area from being reused too early. */
 ca_status ca_shm_all_reduce(ca_shm *s, void *buf, size_t count, size_t es, ca_shm_reduce_fn fn,
                             ca_shm_finish_fn finish, void *arg, int64_t deadline_ms) {
     size_t per = s->slot_bytes / es;
     uint8_t *b = buf;
     for (size_t c0 = 0; c0 < count; c0 += per) {
-        size_t n = count - c0 < per ? count - c0 : per, off, len;
-        uint8_t *own = b + c0 * es;
-        for (int p = 0; p < s->world; p++) {
-            portion(n, s->world, p, &off, &len);
-            if (p != s->rank) memcpy(slot(s, s->rank) + off * es, own + off * es, len * es);
-        }
+        size_t n = count - c0 < per ? count - c0 : per;
+        memcpy(slot(s, s->rank), b + c0 * es, n * es);
         ca_status st = ca_shm_barrier(s, deadline_ms);
         if (st != CA_OK) return st;
+        size_t off, len;
         portion(n, s->world, s->rank, &off, &len);
-        reduce_part(s, own, off, len, es, fn, finish, arg);
+        if (len) {
+            uint8_t *dst = s->result + off * es;
+            fn(dst, slot(s, 0) + off * es, slot(s, 1) + off * es, len);
+            for (int r = 2; r < s->world; r++) fn(dst, dst, slot(s, r) + off * es, len);
+            if (finish) finish(dst, len, arg);
+        }
         st = ca_shm_barrier(s, deadline_ms);
         if (st != CA_OK) return st;
-        for (int p = 0; p < s->world; p++) {
-            portion(n, s->world, p, &off, &len);
-            if (p != s->rank) memcpy(own + off * es, s->result + off * es, len * es);
-        }
+        memcpy(b + c0 * es, s->result, n * es);
     }
     /* the result area is read until every rank is done with the last chunk */
     return ca_shm_barrier(s, deadline_ms);
