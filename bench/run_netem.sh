@@ -22,22 +22,21 @@ done
 bench=$(cd "$(dirname "$bench")" && pwd)/$(basename "$bench")
 caccel=$(cd "$(dirname "$caccel")" && pwd)/$(basename "$caccel")
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
-ns0="canetem$$a" ns1="canetem$$b" out=$(mktemp) cfg=$(mktemp)
-cleanup() { ip netns del "$ns0" 2>/dev/null || true; ip netns del "$ns1" 2>/dev/null || true; rm -f "$out" "$cfg"; }
+ns=("canetem$$a" "canetem$$b") out=$(mktemp) cfg=$(mktemp)   # machine i runs in namespace ns[i]
+cleanup() { ip netns del "${ns[0]}" 2>/dev/null || true; ip netns del "${ns[1]}" 2>/dev/null || true; rm -f "$out" "$cfg"; }
 trap cleanup EXIT
-if ! ip netns add "$ns0" 2>/dev/null; then
+if ! ip netns add "${ns[0]}" 2>/dev/null; then
     echo "run_netem.sh: cannot create network namespaces (needs root or CAP_NET_ADMIN, and iproute2); not run"
     exit 0
 fi
-ip netns add "$ns1"
-ip link add eth0 netns "$ns0" type veth peer name eth0 netns "$ns1"
+ip netns add "${ns[1]}"
+ip link add eth0 netns "${ns[0]}" type veth peer name eth0 netns "${ns[1]}"
 for i in 0 1; do
-    ns=$ns0; [ $i = 1 ] && ns=$ns1
-    ip -n "$ns" addr add "10.231.9.$((i + 1))/24" dev eth0
-    ip -n "$ns" link set lo up
-    ip -n "$ns" link set eth0 up
+    ip -n "${ns[i]}" addr add "10.231.9.$((i + 1))/24" dev eth0
+    ip -n "${ns[i]}" link set lo up
+    ip -n "${ns[i]}" link set eth0 up
     # the link's bandwidth, each way: a token bucket at --rate
-    ip netns exec "$ns" tc qdisc add dev eth0 root tbf rate "$rate" burst 256kb latency 50ms
+    ip netns exec "${ns[i]}" tc qdisc add dev eth0 root tbf rate "$rate" burst 256kb latency 50ms
 done
 printf 'distributed_type: MULTI_CPU\ncomm_hook: power_sgd\ncomm_state_option:\n  matrix_approximation_rank: 4\n  start_powerSGD_iter: 10\n' \
     > "$cfg"
@@ -46,15 +45,14 @@ port=29600
 # run LABEL LAUNCH-FLAGS -- BENCH-FLAGS: one job on the two machines; rank 0's line, labelled
 run() {
     label=$1; shift
-    lf=() bf=()
+    lf=()
     while [ $# -gt 0 ] && [ "$1" != -- ]; do lf+=("$1"); shift; done
     [ $# -gt 0 ] && shift
     bf=("$@")
     port=$((port + 1))
     export CACCEL_JOB_TOKEN="netem-$$-$port"
     for m in 1 0; do
-        ns=$ns0; [ $m = 1 ] && ns=$ns1
-        ip netns exec "$ns" timeout 300 "$caccel" launch --num_machines 2 --machine_rank $m --main_process_ip 10.231.9.1 \
+        ip netns exec "${ns[m]}" timeout 300 "$caccel" launch --num_machines 2 --machine_rank $m --main_process_ip 10.231.9.1 \
             --main_process_port $port --num_processes 2 --cpu --backend gloo -q "${lf[@]}" \
             "$bench" --batch-sizes "$batch" "${bf[@]}" > "$out.m$m" 2>&1 &
     done

@@ -8,7 +8,8 @@
 // caccel store) and the unbound-buffer send/recv with timeouts; the
 // collectives are written here on top of them (ring all-reduce with pipelined
 // segments, or recursive doubling for small buffers over a power-of-two world,
-// ring all-gather and reduce-scatter, binomial broadcast, dissemination barrier). Owning the buffers is what lets abort() wake an
+// ring all-gather and reduce-scatter, binomial broadcast, dissemination
+// barrier). Owning the buffers is what lets abort() wake an
 // operation blocked in Gloo at once: Gloo's own algorithms keep theirs private
 // and can only be left through their timeout.
 
