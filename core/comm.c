@@ -280,9 +280,10 @@ static void enlist(ca_comm *c, ca_work *w, ca_coll_kind kind, const issue_args *
 /* ------------------------------------------------------------------ in a lazy device's graph */
 
 /* A collective on a lazy device (xla) is a node of its graph: recorded now, numbered now (so
- * every rank numbers it the same), run by the device's executor in graph order, on the device
- * buffers themselves (host-addressable while the node runs). The caller's work is complete at
- * once: every later device operation sees the result, and a host read runs the graph first. */
+ * every rank numbers it the same), run by the device's executor in graph order, on the memory
+ * behind the device buffers (whose host addresses the executor hands it). The caller's work is
+ * complete at once: every later device operation sees the result, and a host read runs the graph
+ * first. */
 typedef struct deferred {
     ca_comm *c;
     ca_work *w;                /* the numbered operation, finished by the node */
@@ -291,11 +292,15 @@ typedef struct deferred {
     bool checked;
 } deferred;
 
-static ca_status deferred_run(void *ctx, bool run) {
+static ca_status deferred_run(void *ctx, bool run, const void *in, void *out) {
     deferred *d = ctx;
     ca_comm *c = d->c;
     ca_work *w = d->w;
     ca_status s;
+    if (run) {   /* the same bytes at their host addresses; in place when send was recv */
+        d->a.send = d->a.send == d->a.recv ? out : in;
+        d->a.recv = out;
+    }
     if (!run) {
         s = finish(c, w, CA_ERR_STATE);
     } else {
@@ -572,16 +577,17 @@ static ca_status bootstrap_store(ca_comm *c) {
         else host_address(host, sizeof host);
         snprintf(blob, sizeof blob, "%s %d %s", host, ca_store_server_port(srv), token);
     }
+    /* the backend's own memory: the device's (nccl), or the host's where it stages (mpi, gloo) */
     void *dbuf = NULL;
-    ca_status s = ca_device_alloc(c->device, sizeof blob, &dbuf);
-    if (s == CA_OK) s = ca_device_copy_from_host(c->device, dbuf, blob, sizeof blob);
+    ca_status s = c->stage ? CA_OK : ca_device_alloc(c->device, sizeof blob, &dbuf);
+    if (s == CA_OK && dbuf) s = ca_device_copy_from_host(c->device, dbuf, blob, sizeof blob);
     ca_work_impl *wi = NULL;
-    if (s == CA_OK) s = c->ops.broadcast(c->bc, dbuf, sizeof blob, CA_U8, 0, &wi);
+    if (s == CA_OK) s = c->ops.broadcast(c->bc, dbuf ? dbuf : blob, sizeof blob, CA_U8, 0, &wi);
     if (s == CA_OK && wi) {
         s = c->ops.work_wait(wi, c->timeout_ms);
         c->ops.work_free(wi);
     }
-    if (s == CA_OK) s = ca_device_copy_to_host(c->device, blob, dbuf, sizeof blob);
+    if (s == CA_OK && dbuf) s = ca_device_copy_to_host(c->device, blob, dbuf, sizeof blob);
     if (dbuf) ca_device_free(c->device, dbuf);
     if (s != CA_OK) {
         ca_store_server_stop(srv);

@@ -1,8 +1,9 @@
 /* The lazy xla device: work is recorded and runs at synchronisation points; the compiler's cache
  * (the second identical step compiles nothing; a short last batch compiles once), dead-code
  * elimination, fusion of elementwise chains (bit-identical to eager, fused or not, in training
- * too; node by node when buffers overlap), the buffer plan and the arena's reuse inside a graph,
- * the arena (host memory is refused, transfers are counted), host functions (collectives) in graph
+ * too; node by node when buffers overlap), the buffer plan and the placement of intermediates,
+ * the device's memory (its addresses are not host memory; host memory is refused; transfers are
+ * counted), host functions (collectives) in graph
  * order, the metrics; bf16 storage (downcast_bf16). */
 #include "test_util.h"
 
@@ -39,24 +40,29 @@ static void test_lazy_until_read(void **state) {
 }
 
 /* A host function (what the core records for a collective) runs in graph order at the next
- * synchronisation, on the device buffers; its failure fails that execution; a node whose
- * recording fails, or that is never run, gets fn(ctx, false) so its context is freed. */
+ * synchronisation, on the host addresses of the device buffers' memory (never the device addresses,
+ * which the host cannot read); its failure fails that execution; a node whose recording fails, or
+ * that is never run, gets fn(ctx, false) so its context is freed. */
 typedef struct host_ctx {
-    float *buf;
+    const void *dev;           /* the buffer's device address */
     float seen;                /* buf[0] when the function ran */
     int runs, drops;
     ca_status result;
 } host_ctx;
 
-static ca_status host_fn(void *ctx, bool run) {
+static ca_status host_fn(void *ctx, bool run, const void *in, void *out) {
     host_ctx *h = ctx;
     if (!run) {
         h->drops++;
         return CA_OK;
     }
+    assert_null(in);
+    assert_non_null(out);
+    assert_ptr_not_equal(out, h->dev);
+    float *buf = out;
     h->runs++;
-    h->seen = h->buf[0];
-    h->buf[0] *= 10.0f;        /* in place, as an all-reduce writes its buffer */
+    h->seen = buf[0];
+    buf[0] *= 10.0f;           /* in place, as an all-reduce writes its buffer */
     return h->result == CA_OK ? CA_OK : ca_error(h->result, "host function failed on purpose");
 }
 
@@ -66,7 +72,7 @@ static void test_host_fn_in_graph_order(void **state) {
     T_OK(ca_xla_metrics_reset(X));
     CA_SCOPE {
         ca_tensor *a = ca_full(X, CA_F32, CA_SHAPE(4), 2.0);   /* recorded before: the function sees 2 */
-        host_ctx h = {.buf = ca_tensor_data(a)};
+        host_ctx h = {.dev = ca_tensor_data(a)};
         T_OK(ops->enqueue_host_fn(ca_device_context(X), host_fn, &h, NULL, 0, ca_tensor_data(a), 4 * sizeof(float)));
         ca_tensor *b = ca_add(a, a);                           /* recorded after: it sees 20 */
         assert_int_equal(h.runs, 0);
@@ -432,31 +438,49 @@ static void test_fusion_training(void **state) {
     free(pc);
 }
 
-/* Buffer planning: the liveness plan of a chain of temporaries needs two of them at once, not all
- * of them; and temporaries freed mid-graph give their memory to the next ones before the graph
- * runs, so the arena's peak stays near two blocks (eight before this reuse). */
+/* Buffer planning and placement: a chain of temporaries needs two of them at once, not all of them;
+ * the program places them at offsets in the graph arena by their live ranges, so the device holds
+ * two blocks' memory for them while the graph runs (eight before placement), and temporaries a
+ * fused loop never writes get no memory at all. Memory is counted as `reserved`: `allocated`
+ * counts the addresses handed out, which hold no memory until a graph or a transfer needs it. */
+static uint64_t reserved_growth(ca_allocator_stats *st0) {
+    ca_allocator_stats st1;
+    T_OK(ca_device_memory_stats(X, &st1));
+    return st1.peak_reserved - st0->reserved;
+}
+
 static void test_buffer_plan(void **state) {
     const int64_t n = 1 << 16;   /* 256 KiB */
+    const uint64_t blk = (uint64_t)n * 4;
     ca_tensor *a = ca_tensor_keep(ca_full(X, CA_F32, CA_SHAPE(n), 0.5));
     T_OK(ca_device_synchronize(X));
     T_OK(ca_xla_metrics_reset(X));
+    T_OK(ca_device_empty_cache(X));
+    T_OK(ca_device_reset_peak_stats(X));
+    ca_allocator_stats st0;
+    T_OK(ca_device_memory_stats(X, &st0));
     ca_tensor *y = NULL;
     CA_SCOPE {
         ca_tensor *t = a;
         for (int i = 0; i < 8; i++) t = ca_softmax(t);   /* not elementwise, not fused: 8 intermediates */
         y = ca_tensor_keep(ca_add(t, a));
     }
+    T_OK(ca_device_synchronize(X));
+    ca_xla_metrics m = metrics();
+    printf("planned peak %llu bytes, arena %llu, of %llu bytes of intermediates; device memory +%llu\n",
+           (unsigned long long)m.planned_peak_bytes, (unsigned long long)m.arena_bytes,
+           (unsigned long long)m.intermediate_bytes, (unsigned long long)reserved_growth(&st0));
+    assert_int_equal(m.intermediate_bytes, 8 * blk);
+    assert_int_equal(m.planned_peak_bytes, 2 * blk);
+    assert_int_equal(m.arena_bytes, 2 * blk);
+    assert_true(reserved_growth(&st0) <= 3 * blk + 4096);   /* the arena and y */
     double v;
     CA_SCOPE { T_OK(ca_tensor_item(ca_sum(y), &v)); }
-    ca_xla_metrics m = metrics();
-    printf("planned peak %llu bytes of %llu bytes of intermediates\n", (unsigned long long)m.planned_peak_bytes,
-           (unsigned long long)m.intermediate_bytes);
-    assert_int_equal(m.intermediate_bytes, 8 * n * 4);
-    assert_int_equal(m.planned_peak_bytes, 2 * n * 4);
+    assert_true(fabs(v - (double)n * (1.0 / (double)n + 0.5)) < 1e-3 * (double)n);
     ca_tensor_free(y);
-    /* freed mid-graph: reused at once */
+    /* a chain freed as it goes, fused into one loop: only its result gets memory */
+    T_OK(ca_device_empty_cache(X));
     T_OK(ca_device_reset_peak_stats(X));
-    ca_allocator_stats st0, st1;
     T_OK(ca_device_memory_stats(X, &st0));
     ca_tensor *t = ca_tensor_keep(ca_sigmoid(a));
     for (int i = 0; i < 7; i++) {
@@ -464,15 +488,37 @@ static void test_buffer_plan(void **state) {
         ca_tensor_free(t);
         t = u;
     }
-    assert_int_equal(metrics().graphs, 1);   /* all of it still pending */
-    T_OK(ca_device_memory_stats(X, &st1));
-    printf("arena peak over the chain: %llu bytes\n", (unsigned long long)(st1.peak_allocated - st0.allocated));
-    assert_true(st1.peak_allocated - st0.allocated <= (uint64_t)(2 * n * 4 + 4096));
-    float *h = malloc((size_t)n * 4);
-    T_OK(ca_tensor_to_host(t, h, (size_t)n * 4));
+    assert_int_equal(metrics().graphs, 2);   /* all of it still pending */
+    float *h = malloc((size_t)blk);
+    T_OK(ca_tensor_to_host(t, h, (size_t)blk));
     assert_true(h[0] > 0.5f && h[0] < 1.0f);
+    printf("device memory over the fused chain: +%llu bytes\n", (unsigned long long)reserved_growth(&st0));
+    assert_true(reserved_growth(&st0) <= blk + 4096);
     free(h);
     ca_tensor_free(t);
+    ca_tensor_free(a);
+}
+
+/* Device addresses are the device's own: the range behind them is reserved without access, so a
+ * host read through one faults instead of reading what a pending graph has not written yet. */
+static void test_device_addresses(void **state) {
+    ca_tensor *a = ca_tensor_keep(ca_full(X, CA_F32, CA_SHAPE(1), 1.5));
+    float h;
+    T_OK(ca_tensor_to_host(a, &h, sizeof h));
+    assert_true(h == 1.5f);
+    uintptr_t p = (uintptr_t)ca_tensor_data(a);
+    FILE *f = fopen("/proc/self/maps", "r");
+    assert_non_null(f);
+    char line[512], perms[8] = "";
+    bool found = false;
+    while (!found && fgets(line, sizeof line, f)) {
+        unsigned long lo, hi;
+        if (sscanf(line, "%lx-%lx %7s", &lo, &hi, perms) == 3 && p >= lo && p < hi) found = true;
+    }
+    fclose(f);
+    assert_true(found);
+    printf("device address %p lies in a mapping with permissions %s\n", (void *)p, perms);
+    assert_string_equal(perms, "---p");
     ca_tensor_free(a);
 }
 
@@ -579,6 +625,7 @@ int main(void) {
         cmocka_unit_test(test_metrics_other_device), cmocka_unit_test(test_fusion),
         cmocka_unit_test(test_fusion_every_unary),
         cmocka_unit_test(test_buffer_plan),     cmocka_unit_test(test_fusion_overlap),
+        cmocka_unit_test(test_device_addresses),
         cmocka_unit_test(test_fusion_training), cmocka_unit_test(test_bf16_storage),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);

@@ -1,7 +1,7 @@
 # tests/xla.mk: the lazy xla device (backends/xla_stub). The kernel parity and gradient checks are
 # the CUDA tests' cases compiled for the xla device (TC_XLA: exact comparisons); test_xla checks the
 # graph, the compiler's cache and dead-code elimination, fusion (bit-identical to eager, in training
-# too), the buffer plan and the arena's reuse, and the metrics.
+# too), the buffer plan and the placement of intermediates, device addresses, and the metrics.
 EXTRA_DIST += tests/test_cuda_kernels.c tests/test_cuda_autograd.c tests/test_cuda_util.h
 ca_xla_tests = tests/test_xla_kernels tests/test_xla_autograd
 check_PROGRAMS += $(ca_xla_tests)

@@ -1,10 +1,12 @@
-/* The lazy device: an arena of its own, the pending graph, the compiler (dead-code elimination,
- * structural cache) and the executor that runs a program on the host backend's kernels. */
+/* The lazy device: an address space and memory of its own, the pending graph, the compiler
+ * (dead-code elimination, structural cache, buffer placement) and the executor that runs a program
+ * on the host backend's kernels. */
 #include "backends/xla_stub/xla_impl.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 
 #define XLA_ALIGN 64
@@ -28,7 +30,137 @@ static bool grow(void **arr, int *cap, int need, size_t elem) {
 }
 #define GROW(arr, cap, need) grow((void **)&(arr), &(cap), (need), sizeof *(arr))
 
-/* ------------------------------------------------------------------ the arena */
+/* ------------------------------------------------------------------ the address space */
+
+/* The device's addresses: a range reserved without access at open, so that a device address is
+ * never a host address (kernels can tell host memory handed to them) and a host read or write
+ * through one faults, as it would on an accelerator. Blocks take virtual ranges from it; the
+ * memory behind them comes later (below). */
+#define XLA_VSPACE ((size_t)1 << 37)   /* 128 GiB of addresses, no memory */
+#define XLA_VSPACE_MIN ((size_t)1 << 30)   /* ... or less where the process may not reserve so much
+                                            * (valgrind's own address space manager: 16 GiB) */
+
+static bool vspace_open(xla_dev *x) {
+    void *p = MAP_FAILED;
+    size_t size = XLA_VSPACE;
+    for (; p == MAP_FAILED && size >= XLA_VSPACE_MIN; size /= 2)
+        p = mmap(NULL, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) return false;
+    size *= 2;
+    x->vbase = (uintptr_t)p;
+    x->vsize = size;
+    x->vfree = malloc(sizeof *x->vfree);
+    if (!x->vfree) {
+        munmap(p, size);
+        return false;
+    }
+    x->vfree[0] = (struct xrange){x->vbase, size};
+    x->nvfree = x->capvfree = 1;
+    return true;
+}
+
+/* First fit over the free ranges (sorted by address); 0 when none is large enough. */
+static uintptr_t vrange_take(xla_dev *x, size_t r) {
+    for (int i = 0; i < x->nvfree; i++) {
+        struct xrange *f = &x->vfree[i];
+        if (f->len < r) continue;
+        uintptr_t at = f->at;
+        f->at += r;
+        f->len -= r;
+        if (f->len == 0) {
+            memmove(f, f + 1, (size_t)(x->nvfree - i - 1) * sizeof *f);
+            x->nvfree--;
+        }
+        return at;
+    }
+    return 0;
+}
+
+/* Returns a range, merged with its neighbours. Without host memory for a new entry the range is
+ * lost to later allocations (addresses only: no memory leaks). */
+static void vrange_give(xla_dev *x, uintptr_t at, size_t len) {
+    int lo = 0, hi = x->nvfree;
+    while (lo < hi) {
+        int mid = (lo + hi) / 2;
+        if (x->vfree[mid].at < at) lo = mid + 1;
+        else hi = mid;
+    }
+    bool left = lo > 0 && x->vfree[lo - 1].at + x->vfree[lo - 1].len == at;
+    bool right = lo < x->nvfree && at + len == x->vfree[lo].at;
+    if (left && right) {
+        x->vfree[lo - 1].len += len + x->vfree[lo].len;
+        memmove(x->vfree + lo, x->vfree + lo + 1, (size_t)(x->nvfree - lo - 1) * sizeof *x->vfree);
+        x->nvfree--;
+    } else if (left) {
+        x->vfree[lo - 1].len += len;
+    } else if (right) {
+        x->vfree[lo].at = at;
+        x->vfree[lo].len += len;
+    } else if (GROW(x->vfree, x->capvfree, x->nvfree + 1)) {
+        memmove(x->vfree + lo + 1, x->vfree + lo, (size_t)(x->nvfree - lo) * sizeof *x->vfree);
+        x->vfree[lo] = (struct xrange){at, len};
+        x->nvfree++;
+    }
+}
+
+/* ------------------------------------------------------------------ the memory behind it */
+
+/* Memory of exactly r bytes: a cached piece of that size or a new one (counted as reserved). */
+static unsigned char *phys_get(xla_dev *x, size_t r) {
+    for (int i = x->ncache - 1; i >= 0; i--)
+        if (x->cache[i].bytes == r) {
+            void *p = x->cache[i].p;
+            x->cache[i] = x->cache[--x->ncache];
+            x->st.num_cache_hits++;
+            return p;
+        }
+    void *p = aligned_alloc(XLA_ALIGN, r);
+    if (!p) return NULL;
+    x->st.num_device_allocs++;
+    x->st.reserved += r;
+    if (x->st.reserved > x->st.peak_reserved) x->st.peak_reserved = x->st.reserved;
+    return p;
+}
+
+static void phys_put(xla_dev *x, void *p, size_t r) {
+    if (GROW(x->cache, x->capcache, x->ncache + 1)) {
+        x->cache[x->ncache++] = (struct xcached){p, r};
+        return;
+    }
+    free(p);
+    x->st.reserved -= r;
+    x->st.num_device_frees++;
+}
+
+/* The graph arena holds at least `bytes` (called between graphs only). */
+static bool arena_reserve(xla_dev *x, size_t bytes) {
+    if (bytes <= x->arena_cap) return true;
+    free(x->arena);
+    x->st.reserved -= x->arena_cap;
+    x->arena_cap = 0;
+    x->arena = aligned_alloc(XLA_ALIGN, bytes);
+    if (!x->arena) return false;
+    x->arena_cap = bytes;
+    x->st.num_device_allocs++;
+    x->st.reserved += bytes;
+    if (x->st.reserved > x->st.peak_reserved) x->st.peak_reserved = x->st.reserved;
+    return true;
+}
+
+/* Memory of its own for a block that has none (a transfer, a block outliving the graph). */
+static ca_status back_block(xla_dev *x, xalloc *a) {
+    if (a->phys) return CA_OK;
+    a->phys = phys_get(x, a->bytes);
+    return a->phys ? CA_OK : ca_error(CA_ERR_NOMEM, "xla: out of device memory (%zu bytes)", a->bytes);
+}
+
+static void unback_block(xla_dev *x, xalloc *a) {
+    if (a->phys && !a->placed) phys_put(x, a->phys, a->bytes);
+    a->phys = NULL;
+    a->placed = false;
+}
+
+/* ------------------------------------------------------------------ blocks */
 
 /* Index of the first block whose base is > p. */
 static int upper(const xla_dev *x, uintptr_t p) {
@@ -49,43 +181,20 @@ static xalloc *find_block(const xla_dev *x, const void *ptr) {
     return p < a->base + a->bytes ? a : NULL;
 }
 
-/* A cached block of exactly `bytes`; *gen is the graph during which it was freed. */
-static void *take_cached(xla_dev *x, size_t bytes, uint64_t *gen) {
-    for (int i = x->ncache - 1; i >= 0; i--)
-        if (x->cache[i].bytes == bytes) {
-            void *p = x->cache[i].p;
-            *gen = x->cache[i].gen;
-            x->cache[i] = x->cache[--x->ncache];
-            x->st.num_cache_hits++;
-            return p;
-        }
-    return NULL;
-}
-
+/* An allocation takes addresses only: memory backs them when a graph or a transfer needs it. */
 static ca_status alloc_locked(xla_dev *x, size_t bytes, void **ptr) {
-    if (bytes > SIZE_MAX / 2) return ca_error(CA_ERR_NOMEM, "xla: cannot allocate %zu bytes", bytes);
+    if (bytes > x->vsize) return ca_error(CA_ERR_NOMEM, "xla: cannot allocate %zu bytes", bytes);
     size_t r = (bytes + XLA_ALIGN - 1) / XLA_ALIGN * XLA_ALIGN;
     if (r == 0) r = XLA_ALIGN;
-    uint64_t freed_gen = 0;
-    void *p = take_cached(x, r, &freed_gen);
-    if (!p) {
-        p = aligned_alloc(XLA_ALIGN, r);
-        if (!p) return ca_error(CA_ERR_NOMEM, "xla: out of device memory (%zu bytes)", bytes);
-        x->st.num_device_allocs++;
-        x->st.reserved += r;
-        if (x->st.reserved > x->st.peak_reserved) x->st.peak_reserved = x->st.reserved;
-    }
     xalloc *a = calloc(1, sizeof *a);
-    if (!a || !GROW(x->tab, x->captab, x->ntab + 1)) {
+    uintptr_t v = a && GROW(x->tab, x->captab, x->ntab + 1) ? vrange_take(x, r) : 0;
+    if (!v) {
         free(a);
-        free(p);
-        return ca_error(CA_ERR_NOMEM, "xla: out of host memory for the arena's table");
+        return ca_error(CA_ERR_NOMEM, "xla: out of device %s (%zu bytes)", a ? "addresses" : "memory", bytes);
     }
-    a->base = (uintptr_t)p;
+    a->base = v;
     a->bytes = r;
     a->born_gen = x->gen;
-    /* memory freed by pending nodes' block: a host copy into it must wait for them */
-    if (freed_gen == x->gen && x->nnodes > 0) a->seen_gen = x->gen;
     int i = upper(x, a->base);
     memmove(x->tab + i + 1, x->tab + i, (size_t)(x->ntab - i) * sizeof *x->tab);
     x->tab[i] = a;
@@ -93,31 +202,24 @@ static ca_status alloc_locked(xla_dev *x, size_t bytes, void **ptr) {
     x->st.allocated += r;
     if (x->st.allocated > x->st.peak_allocated) x->st.peak_allocated = x->st.allocated;
     x->st.num_allocs++;
-    *ptr = p;
+    *ptr = (void *)v;
     return CA_OK;
 }
 
-/* Takes the block out of the table and gives its memory to the cache. */
+/* Takes the block out of the table; its addresses go back at once. */
 static void unmap(xla_dev *x, xalloc *a) {
     int i = upper(x, a->base) - 1;
     if (i >= 0 && x->tab[i] == a) {
         memmove(x->tab + i, x->tab + i + 1, (size_t)(x->ntab - i - 1) * sizeof *x->tab);
         x->ntab--;
     }
-    if (GROW(x->cache, x->capcache, x->ncache + 1)) {
-        x->cache[x->ncache++] = (struct xcached){(void *)a->base, a->bytes, x->gen};
-    } else {
-        free((void *)a->base);
-        x->st.reserved -= a->bytes;
-        x->st.num_device_frees++;
-    }
+    vrange_give(x, a->base, a->bytes);
 }
 
-/* A block freed while pending nodes use it keeps its record (the nodes refer to it) until the graph
- * has run, but its memory is reusable at once by later allocations of the same graph: the
- * executor runs nodes in recorded order, so every node of the old block runs before any node of
- * the new one (the reuse a stream-ordered allocator makes). That is the buffer plan by liveness:
- * a temporary's memory serves the next temporary of its size as soon as the program frees it. */
+/* A block freed while pending nodes use it keeps its record (the nodes refer to it) and its
+ * memory until the graph has run; its addresses serve later allocations at once (the records, not
+ * the addresses, say which block a node uses). An intermediate, allocated and freed inside the
+ * graph, never gets memory of its own: the program places it in the graph arena by liveness. */
 static void free_locked(xla_dev *x, void *ptr) {
     xalloc *a = find_block(x, ptr);
     if (!a || a->base != (uintptr_t)ptr || a->freed) {
@@ -127,7 +229,7 @@ static void free_locked(xla_dev *x, void *ptr) {
     x->st.allocated -= a->bytes;
     x->st.num_frees++;
     bool pending = x->nnodes > 0 && a->seen_gen == x->gen;
-    if (pending && !(GROW(x->freed, x->capfreed, x->nfreed + 1) && GROW(x->cache, x->capcache, x->ncache + 1))) {
+    if (pending && !GROW(x->freed, x->capfreed, x->nfreed + 1)) {
         /* no host memory to keep the record: run the pending nodes now, before the memory goes */
         if (xla_flush_locked(x) != CA_OK) {
             ca_log_printf(CA_LOG_WARNING, "xla: running the pending graph before a free failed: %s", ca_last_error());
@@ -141,11 +243,15 @@ static void free_locked(xla_dev *x, void *ptr) {
         x->freed[x->nfreed++] = a;
         return;
     }
+    unback_block(x, a);
     free(a);
 }
 
 static void release_freed(xla_dev *x) {
-    for (int i = 0; i < x->nfreed; i++) free(x->freed[i]);
+    for (int i = 0; i < x->nfreed; i++) {
+        unback_block(x, x->freed[i]);
+        free(x->freed[i]);
+    }
     x->nfreed = 0;
 }
 
@@ -156,6 +262,11 @@ static void empty_cache_locked(xla_dev *x) {
         x->st.num_device_frees++;
     }
     x->ncache = 0;
+    if (x->arena) x->st.num_device_frees++;
+    free(x->arena);
+    x->st.reserved -= x->arena_cap;
+    x->arena = NULL;
+    x->arena_cap = 0;
 }
 
 static ca_status a_alloc(void *actx, size_t bytes, void *stream, void **ptr) {
@@ -225,11 +336,12 @@ static bool is_list(xslot s) { return s >= XS_ADAMW && s <= XS_CLAMP_LIST; }
 
 static void drop_node_data(xnode *n) {
     if (is_list(n->slot)) free(n->a.list.l.mem);
-    if (n->slot == XS_HOST && n->a.host.ctx) n->a.host.fn(n->a.host.ctx, false);   /* never ran */
+    if (n->slot == XS_HOST && n->a.host.ctx) n->a.host.fn(n->a.host.ctx, false, NULL, NULL);   /* never ran */
     if (n->slot == XS_HOST) n->a.host.ctx = NULL;
 }
 
-ca_status xla_ref(xla_dev *x, xnode *n, const void *p, uint64_t bytes, int flags, int dt, const char *what) {
+ca_status xla_ref(xla_dev *x, xnode *n, const void *p, int field, void **slot, uint64_t bytes, int flags, int dt,
+                  const char *what) {
     if (!p) return CA_OK;      /* optional argument not given */
     xalloc *a = find_block(x, p);
     if (!a || a->freed)
@@ -242,7 +354,8 @@ ca_status xla_ref(xla_dev *x, xnode *n, const void *p, uint64_t bytes, int flags
     if ((flags & XR_FULL) && !(off == 0 && bytes >= a->bytes - (XLA_ALIGN - 1) && bytes <= a->bytes &&
                                bytes + XLA_ALIGN > a->bytes))
         flags &= ~XR_FULL;     /* a write that does not cover the block kills nothing */
-    x->refs[x->nrefs++] = (xref){.al = a, .off = off, .bytes = bytes, .flags = flags, .dt = dt};
+    x->refs[x->nrefs++] = (xref){.al = a, .off = off, .bytes = bytes, .flags = flags, .dt = dt, .field = field,
+                                 .slot = slot};
     a->seen_gen = x->gen;
     n->nref++;
     return CA_OK;
@@ -394,8 +507,9 @@ static xprogram *cache_find(xla_dev *x, uint64_t h, const int64_t *key, size_t l
  * block:offset+bytes with r/w/f flags, and '-' for eliminated nodes). */
 static void dump_graph(const xla_dev *x, const xprogram *p) {
     fprintf(stderr, "xla graph: %d nodes, %d run as %d kernels (%d fused loops); intermediates %llu bytes, "
-            "planned peak %llu\n", x->nnodes, p->nrun, p->nlaunch, p->nfused, (unsigned long long)p->intermediate_bytes,
-            (unsigned long long)p->planned_peak);
+            "planned peak %llu, arena %llu\n", x->nnodes, p->nrun, p->nlaunch, p->nfused,
+            (unsigned long long)p->intermediate_bytes, (unsigned long long)p->planned_peak,
+            (unsigned long long)p->arena_bytes);
     for (int i = 0; i < x->nnodes; i++) {
         const xnode *nd = &x->nodes[i];
         fprintf(stderr, "%c%3d %-22s", p->run[i] ? (p->chain && p->chain[i] > 1 ? '>' : ' ') : '-', i,
@@ -416,23 +530,79 @@ static void program_free(xprogram *p) {
     free(p->key);
     free(p->run);
     free(p->chain);
+    free(p->place);
 }
 
-/* Intermediates: blocks allocated and freed by the program inside this graph. Their planned peak
- * is the largest sum of those live at once (from the first node that touches one to the last),
- * leaving out those that a fused loop never writes. */
+/* Placement: offsets in the graph arena for the intermediates, greedily in decreasing size (where
+ * TFLite's arena planner and XLA's heap simulator start): each takes the lowest offset at which it
+ * overlaps no block already placed whose groups overlap its own. Two blocks touched by one group
+ * never share memory, so a kernel's inputs and outputs stay apart. Returns the arena's size, or
+ * UINT64_MAX without host memory. */
+typedef struct pblock { uint64_t bytes; int b; } pblock;
+typedef struct pspan { uint64_t at, end; } pspan;
+
+static int by_size(const void *l, const void *r) {
+    const pblock *a = l, *b = r;
+    if (a->bytes != b->bytes) return a->bytes > b->bytes ? -1 : 1;
+    return a->b - b->b;
+}
+
+static int by_offset(const void *l, const void *r) {
+    const pspan *a = l, *b = r;
+    return a->at < b->at ? -1 : a->at > b->at;
+}
+
+static uint64_t place_blocks(int nblocks, const int *first, const int *last, const uint64_t *bytes, int64_t *place) {
+    pblock *order = malloc(((size_t)nblocks + 1) * sizeof *order);
+    pspan *busy = malloc(((size_t)nblocks + 1) * sizeof *busy);
+    if (!order || !busy) {
+        free(order);
+        free(busy);
+        return UINT64_MAX;
+    }
+    int n = 0;
+    for (int b = 0; b < nblocks; b++)
+        if (place[b] == 0) order[n++] = (pblock){bytes[b], b};
+    qsort(order, (size_t)n, sizeof *order, by_size);
+    uint64_t size = 0;
+    for (int i = 0; i < n; i++) {
+        int b = order[i].b, nb = 0;
+        for (int j = 0; j < i; j++) {
+            int c = order[j].b;
+            if (first[c] <= last[b] && first[b] <= last[c])
+                busy[nb++] = (pspan){(uint64_t)place[c], (uint64_t)place[c] + bytes[c]};
+        }
+        qsort(busy, (size_t)nb, sizeof *busy, by_offset);
+        uint64_t at = 0;
+        for (int j = 0; j < nb && busy[j].at < at + bytes[b]; j++)
+            if (busy[j].end > at) at = busy[j].end;
+        place[b] = (int64_t)at;
+        if (at + bytes[b] > size) size = at + bytes[b];
+    }
+    free(order);
+    free(busy);
+    return size;
+}
+
+/* Intermediates: blocks allocated and freed by the program inside this graph. Their live range runs
+ * from the first group that touches one to the last; the planned peak is the largest sum of those
+ * live at once, leaving out those that a fused loop never writes (they get no memory). The
+ * program keeps each block's placement: an offset in the graph arena, memory of its own (blocks
+ * that outlive the graph), or none (fused away). */
 static bool plan_buffers(const xla_dev *x, xprogram *p, int nblocks) {
     int *first = malloc(2 * ((size_t)nblocks + 1) * sizeof *first);
-    xalloc **blk = calloc((size_t)nblocks + 1, sizeof *blk);
-    if (!first || !blk) {
-        free(first);
-        free(blk);
-        return false;
+    uint64_t *bytes = calloc((size_t)nblocks + 1, sizeof *bytes);
+    uint64_t *delta = calloc(2 * ((size_t)x->nnodes + 1), sizeof *delta);
+    p->place = malloc(((size_t)nblocks + 1) * sizeof *p->place);
+    p->nblocks = nblocks;
+    bool ok = first && bytes && delta && p->place;
+    int *last = ok ? first + nblocks + 1 : NULL;
+    for (int b = 0; ok && b < nblocks; b++) {
+        first[b] = last[b] = -1;
+        p->place[b] = XP_OWN;
     }
-    int *last = first + nblocks + 1;
-    for (int b = 0; b < nblocks; b++) first[b] = last[b] = -1;
     int group = -1, remaining = 0;
-    for (int i = 0; i < x->nnodes; i++) {
+    for (int i = 0; ok && i < x->nnodes; i++) {
         if (!p->run[i]) continue;
         if (remaining == 0) {
             group = i;
@@ -445,33 +615,33 @@ static bool plan_buffers(const xla_dev *x, xprogram *p, int nblocks) {
             if (!a->freed || a->born_gen != x->gen) continue;
             if (first[a->canon] < 0) first[a->canon] = group;
             last[a->canon] = group;
-            blk[a->canon] = (xalloc *)a;
+            bytes[a->canon] = a->bytes;
         }
     }
-    /* bytes that become live at a group and stop being live after it */
-    uint64_t *delta = calloc(2 * ((size_t)x->nnodes + 1), sizeof *delta), sum = 0, live = 0, peak = 0;
-    if (!delta) {
-        free(first);
-        free(blk);
-        return false;
+    uint64_t sum = 0, live = 0, peak = 0;
+    for (int b = 0; ok && b < nblocks; b++) {
+        if (first[b] < 0) continue;
+        if (first[b] == last[b] && p->chain[first[b]] > 1) {   /* fused away */
+            p->place[b] = XP_NONE;
+            continue;
+        }
+        p->place[b] = 0;   /* to be placed */
+        delta[2 * first[b]] += bytes[b];
+        delta[2 * last[b] + 1] += bytes[b];
+        sum += bytes[b];
     }
-    for (int b = 0; b < nblocks; b++) {
-        if (!blk[b] || (first[b] == last[b] && p->chain[first[b]] > 1)) continue;   /* fused away */
-        delta[2 * first[b]] += blk[b]->bytes;
-        delta[2 * last[b] + 1] += blk[b]->bytes;
-        sum += blk[b]->bytes;
-    }
-    for (int i = 0; i < x->nnodes; i++) {
+    for (int i = 0; ok && i < x->nnodes; i++) {
         live += delta[2 * i];
         if (live > peak) peak = live;
         live -= delta[2 * i + 1];
     }
-    free(delta);
     p->planned_peak = peak;
     p->intermediate_bytes = sum;
+    p->arena_bytes = ok ? place_blocks(nblocks, first, last, bytes, p->place) : UINT64_MAX;
     free(first);
-    free(blk);
-    return true;
+    free(bytes);
+    free(delta);
+    return ok && p->arena_bytes != UINT64_MAX;
 }
 
 /* CACCEL_XLA_FUSION=0 turns fusion off (every node its own kernel), for comparisons. */
@@ -534,8 +704,9 @@ static inline uint32_t bf16_bits(uint32_t u) {
 }
 
 static void round_bf16(xalloc *a, uint64_t off, uint64_t bytes) {
+    if (!a->phys) return;      /* fused away: never stored */
     if (bytes == 0 || off + bytes > a->bytes) bytes = off < a->bytes ? a->bytes - off : 0;
-    unsigned char *p = (unsigned char *)(a->base + off);   /* f32 values, read as bits through memcpy */
+    unsigned char *p = a->phys + off;   /* f32 values, read as bits through memcpy */
     uint64_t n = bytes / sizeof(float), i = 0;
     for (; i + 16 <= n; i += 16) {
         uint32_t u[16];
@@ -570,6 +741,57 @@ static void round_outputs(xla_dev *x, const xnode *n) {
     }
 }
 
+/* Writes the address of each referenced block's memory into the node's arguments, where it had
+ * the block's device address; references to blocks without memory (fused away) keep theirs. */
+static void patch_node(xla_dev *x, xnode *n) {
+    for (int r = n->ref0; r < n->ref0 + n->nref; r++) {
+        const xref *f = &x->refs[r];
+        if (!f->al->phys) continue;
+        void *mem = f->al->phys + f->off;
+        void *where = f->field >= 0 ? (void *)((char *)&n->a + f->field) : (void *)f->slot;
+        memcpy(where, &mem, sizeof mem);
+    }
+}
+
+/* Gives every block the program runs on its memory: an intermediate its planned offset in the
+ * graph arena, a block outliving the graph memory of its own (kept from earlier graphs or taken
+ * now), a fused-away one none; then patches the running nodes. */
+static ca_status bind(xla_dev *x, const xprogram *p) {
+    if (!arena_reserve(x, p->arena_bytes))
+        return ca_error(CA_ERR_NOMEM, "xla: out of device memory for a graph arena of %llu bytes",
+                        (unsigned long long)p->arena_bytes);
+    for (int i = 0; i < x->nnodes; i++) {
+        if (!p->run[i]) continue;
+        xnode *n = &x->nodes[i];
+        for (int r = n->ref0; r < n->ref0 + n->nref; r++) {
+            xalloc *a = x->refs[r].al;
+            int64_t at = a->canon < p->nblocks ? p->place[a->canon] : XP_OWN;
+            if (a->phys || at == XP_NONE) continue;
+            if (at >= 0) {
+                a->phys = x->arena + at;
+                a->placed = true;
+            } else if (back_block(x, a) != CA_OK) {
+                return ca_error_context("xla: giving memory to the blocks of a graph of %d nodes", x->nnodes);
+            }
+        }
+        patch_node(x, n);
+    }
+    return CA_OK;
+}
+
+/* A fused chain that runs node by node after all: its fused-away intermediates get memory. */
+static ca_status unfuse(xla_dev *x, const int *idx, int len) {
+    for (int k = 0; k < len; k++) {
+        xnode *n = &x->nodes[idx[k]];
+        for (int r = n->ref0; r < n->ref0 + n->nref; r++) {
+            ca_status s = back_block(x, x->refs[r].al);
+            if (s != CA_OK) return s;
+        }
+        patch_node(x, n);
+    }
+    return CA_OK;
+}
+
 static ca_status exec_one(xla_dev *x, int i) {
     bool host = x->nodes[i].slot == XS_HOST;
     if (x->bf16_storage) round_inputs(x, &x->nodes[i]);
@@ -589,11 +811,13 @@ static ca_status exec_one(xla_dev *x, int i) {
  * when its buffers overlap in a way the loop cannot honour), the others as single kernels. */
 static ca_status execute(xla_dev *x, const xprogram *p) {
     int idx[XLA_MAX_CHAIN];
+    ca_status s = bind(x, p);
+    if (s != CA_OK) return s;
     for (int i = 0; i < x->nnodes; i++) {
         int len = p->chain[i];
         if (len == 0) continue;
         if (len == 1) {
-            ca_status s = exec_one(x, i);
+            s = exec_one(x, i);
             if (s != CA_OK) return s;
             x->m.kernels_launched++;
             continue;
@@ -610,11 +834,12 @@ static ca_status execute(xla_dev *x, const xprogram *p) {
             x->m.fused_nodes += (uint64_t)len;
             x->m.kernels_launched++;
         } else {
-            for (int k = 0; k < len; k++) {
-                ca_status s = exec_one(x, idx[k]);
-                if (s != CA_OK) return s;
+            s = unfuse(x, idx, len);
+            for (int k = 0; k < len && s == CA_OK; k++) {
+                s = exec_one(x, idx[k]);
                 x->m.kernels_launched++;
             }
+            if (s != CA_OK) return s;
         }
         i = idx[len - 1];
     }
@@ -657,6 +882,7 @@ ca_status xla_flush_locked(xla_dev *x) {
         x->m.last_graph_nodes = (uint64_t)x->nnodes;
         x->m.planned_peak_bytes = p->planned_peak;
         x->m.intermediate_bytes = p->intermediate_bytes;
+        x->m.arena_bytes = p->arena_bytes;
         if (x->m.last_graph_nodes > x->m.max_graph_nodes) x->m.max_graph_nodes = x->m.last_graph_nodes;
     }
     clear_graph(x);
@@ -715,8 +941,14 @@ static ca_status x_open(int index, const ca_device_open_args *args, void **dev) 
     x->k = exec_ops->kernels;
     x->gen = 1;
     x->bf16_storage = env_one("XLA_USE_BF16") || env_one("XLA_DOWNCAST_BF16");   /* torch_xla's names */
+    if (!vspace_open(x)) {
+        free(x);
+        return ca_error(CA_ERR_NOMEM, "xla open: cannot reserve %zu GiB of device addresses", XLA_VSPACE_MIN >> 30);
+    }
     ca_status s = exec_ops->open(0, args, &x->exec_ctx);
     if (s != CA_OK) {
+        munmap((void *)x->vbase, x->vsize);
+        free(x->vfree);
         free(x);
         return ca_error_context("xla open: opening the %s executor", exec_ops->name);
     }
@@ -743,14 +975,15 @@ static void x_close(void *dev) {
     pthread_mutex_lock(&x->mu);
     if (xla_flush_locked(x) != CA_OK) ca_clear_error();
     for (int i = 0; i < x->ntab; i++) {
-        free((void *)x->tab[i]->base);
+        unback_block(x, x->tab[i]);
         free(x->tab[i]);
     }
     empty_cache_locked(x);
+    munmap((void *)x->vbase, x->vsize);
     for (int i = 0; i < x->nprogs; i++) program_free(&x->progs[i]);
     pthread_mutex_unlock(&x->mu);
     x->exec->close(x->exec_ctx);
-    free(x->tab); free(x->freed); free(x->cache);
+    free(x->tab); free(x->freed); free(x->cache); free(x->vfree);
     free(x->nodes); free(x->refs); free(x->keys); free(x->progs);
     pthread_mutex_destroy(&x->mu);
     free(x);
@@ -770,7 +1003,8 @@ static ca_status x_mem_alloc(void *dev, size_t bytes, void **ptr) { return a_all
 static void x_mem_free(void *dev, void *ptr) { a_free(dev, ptr); }
 
 /* H2D runs at once (after the pending graph when that uses the block); D2H runs the pending
- * graph first; D2D is a node. Every byte crossing to or from the host is counted. */
+ * graph first; D2D is a node. A block a transfer reaches gets memory of its own. Every byte
+ * crossing to or from the host is counted. */
 static ca_status memcpy_locked(xla_dev *x, void *dst, const void *src, size_t bytes, ca_copy_kind kind) {
     static const char *const kinds[] = {"host to device", "device to host", "device to device"};
     const void *dp = kind == CA_COPY_D2H ? src : dst;
@@ -778,26 +1012,24 @@ static ca_status memcpy_locked(xla_dev *x, void *dst, const void *src, size_t by
     if (!a || a->freed || (uintptr_t)dp + bytes > a->base + a->bytes)
         return ca_error(CA_ERR_INVALID, "xla memcpy (%s, %zu bytes): %p is not memory of the xla device",
                         kinds[kind], bytes, dp);
+    if (kind == CA_COPY_D2D)
+        return ca_error(CA_ERR_INVALID, "xla memcpy: %s copies are recorded, not run here", kinds[kind]);
+    ca_status s = CA_OK;
+    if (kind == CA_COPY_D2H || (x->nnodes > 0 && a->seen_gen == x->gen)) s = xla_flush_locked(x);
+    if (s == CA_OK) s = back_block(x, a);
+    if (s != CA_OK) return s;
+    unsigned char *mem = a->phys + ((uintptr_t)dp - a->base);
     if (kind == CA_COPY_H2D) {
-        if (x->nnodes > 0 && a->seen_gen == x->gen) {
-            ca_status s = xla_flush_locked(x);
-            if (s != CA_OK) return s;
-        }
-        memcpy(dst, src, bytes);
+        memcpy(mem, src, bytes);
         a->raw = x->bf16_storage;
         x->m.h2d_transfers++;
         x->m.h2d_bytes += bytes;
-        return CA_OK;
-    }
-    if (kind == CA_COPY_D2H) {
-        ca_status s = xla_flush_locked(x);
-        if (s != CA_OK) return s;
-        memcpy(dst, src, bytes);
+    } else {
+        memcpy(dst, mem, bytes);
         x->m.d2h_transfers++;
         x->m.d2h_bytes += bytes;
-        return CA_OK;
     }
-    return ca_error(CA_ERR_INVALID, "xla memcpy: %s copies are recorded, not run here", kinds[kind]);
+    return CA_OK;
 }
 
 /* A device-to-device copy is a node like a kernel. */
@@ -805,22 +1037,26 @@ static ca_status record_copy(xla_dev *x, void *dst, const void *src, size_t byte
     xnode *n = xla_node_begin(x, XS_MEMCPY);
     n->a.memcpy.dst = dst; n->a.memcpy.src = src; n->a.memcpy.bytes = bytes;
     xla_key(x, n, (int64_t)bytes);
-    ca_status s = xla_ref(x, n, src, bytes, XR_READ, -1, "src");
-    if (s == CA_OK) s = xla_ref(x, n, dst, bytes, XR_WRITE | (src == dst ? 0 : XR_FULL), -1, "dst");
+    int fs = (int)((char *)&n->a.memcpy.src - (char *)&n->a), fd = (int)((char *)&n->a.memcpy.dst - (char *)&n->a);
+    ca_status s = xla_ref(x, n, src, fs, NULL, bytes, XR_READ, -1, "src");
+    if (s == CA_OK) s = xla_ref(x, n, dst, fd, NULL, bytes, XR_WRITE | (src == dst ? 0 : XR_FULL), -1, "dst");
     return xla_node_end(x, n, s);
 }
 
 /* A host function in graph order (the core's collectives): a node that always runs, never fused. */
-static ca_status x_enqueue_host_fn(void *dev, ca_status (*fn)(void *ctx, bool run), void *ctx, const void *in,
-                                   size_t in_bytes, void *out, size_t out_bytes) {
+static ca_status x_enqueue_host_fn(void *dev, ca_status (*fn)(void *ctx, bool run, const void *in, void *out),
+                                   void *ctx, const void *in, size_t in_bytes, void *out, size_t out_bytes) {
     xla_dev *x = dev;
     xnode *n = xla_node_begin(x, XS_HOST);
     n->a.host.fn = fn;
     n->a.host.ctx = ctx;
+    n->a.host.in = in;
+    n->a.host.out = out;
     xla_key(x, n, (int64_t)in_bytes);
     xla_key(x, n, (int64_t)out_bytes);
-    ca_status s = in ? xla_ref(x, n, in, in_bytes, XR_READ, -1, "in") : CA_OK;
-    if (s == CA_OK && out) s = xla_ref(x, n, out, out_bytes, XR_READ | XR_WRITE, -1, "out");
+    int fi = (int)((char *)&n->a.host.in - (char *)&n->a), fo = (int)((char *)&n->a.host.out - (char *)&n->a);
+    ca_status s = in ? xla_ref(x, n, in, fi, NULL, in_bytes, XR_READ, -1, "in") : CA_OK;
+    if (s == CA_OK && out) s = xla_ref(x, n, out, fo, NULL, out_bytes, XR_READ | XR_WRITE, -1, "out");
     return xla_node_end(x, n, s);   /* on failure the node's data is dropped: fn(ctx, false) */
 }
 
@@ -941,7 +1177,8 @@ void ca_xla_format_metrics(const ca_xla_metrics *m, char *buf, size_t len) {
              "  h2d_transfers: %llu\n  h2d_bytes: %llu\n  d2h_transfers: %llu\n  d2h_bytes: %llu\n"
              "  mark_steps: %llu\n  compile_ms: %.3f\n  execute_ms: %.3f\n"
              "  kernels_launched: %llu\n  fused_kernels: %llu\n  fused_nodes: %llu\n"
-             "  planned_peak_bytes: %llu\n  intermediate_bytes: %llu\n  collectives_in_graph: %llu\n",
+             "  planned_peak_bytes: %llu\n  arena_bytes: %llu\n  intermediate_bytes: %llu\n"
+             "  collectives_in_graph: %llu\n",
              (unsigned long long)m->graphs, (unsigned long long)m->compiles, (unsigned long long)m->cache_hits,
              (unsigned long long)m->cached_programs, (unsigned long long)m->nodes_recorded,
              (unsigned long long)m->nodes_executed, (unsigned long long)m->nodes_eliminated,
@@ -951,7 +1188,8 @@ void ca_xla_format_metrics(const ca_xla_metrics *m, char *buf, size_t len) {
              (unsigned long long)m->mark_steps, m->compile_ms, m->execute_ms,
              (unsigned long long)m->kernels_launched, (unsigned long long)m->fused_kernels,
              (unsigned long long)m->fused_nodes, (unsigned long long)m->planned_peak_bytes,
-             (unsigned long long)m->intermediate_bytes, (unsigned long long)m->collectives_in_graph);
+             (unsigned long long)m->arena_bytes, (unsigned long long)m->intermediate_bytes,
+             (unsigned long long)m->collectives_in_graph);
 }
 
 static const ca_device_ops *const xla_devices[] = {&xla_device_ops};

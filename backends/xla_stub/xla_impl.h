@@ -10,11 +10,17 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-/* One allocation of the arena. Records are stable while referenced: a block freed while pending
- * nodes use it is only released once the graph has run. */
+/* One allocation of the device. Its address is virtual: a range of the device's own address space,
+ * which the host cannot read or write (reserved without access, as a real device's memory is out of
+ * the host's reach). Memory backs it when a graph or a transfer first needs it: a block of its own,
+ * or, for an intermediate of a graph, its planned offset in the graph's arena. Records are stable
+ * while referenced: a block freed while pending nodes use it is only released once the graph has
+ * run. */
 typedef struct xalloc {
-    uintptr_t base;
+    uintptr_t base;            /* virtual address */
     size_t bytes;              /* rounded size */
+    unsigned char *phys;       /* the memory behind it, or NULL while it needs none */
+    bool placed;               /* phys lies in the graph arena (an intermediate), not owned */
     bool freed;                /* freed by the program, release deferred to the end of the graph */
     uint64_t seen_gen;         /* graph generation that last referenced it */
     int canon;                 /* number in the current graph's identity pattern */
@@ -30,6 +36,8 @@ typedef struct xref {
     uint64_t off, bytes;       /* bytes 0: from off to the block's end (extent not computed) */
     int flags;
     int dt;                    /* the element type (ca_dtype), or -1 for raw bytes */
+    int field;                 /* where the node keeps the address: an offset into its xargs, or -1 */
+    void **slot;               /* ... or this slot of a copied tensor list (field -1) */
 } xref;
 
 typedef enum xslot {
@@ -77,7 +85,8 @@ typedef union xargs {
     struct { ca_dtype dt; ca_attention_args a; const void *q, *k, *v, *out_in, *dout; const float *lse_in;
              void *out, *dq, *dk, *dv; float *lse; } attn;
     struct { void *dst; const void *src; size_t bytes; } memcpy;
-    struct { ca_status (*fn)(void *ctx, bool run); void *ctx; } host;   /* ctx owned until run or dropped */
+    struct { ca_status (*fn)(void *ctx, bool run, const void *in, void *out); void *ctx; const void *in;
+             void *out; } host;   /* ctx owned until run or dropped */
 } xargs;
 
 typedef struct xnode {
@@ -98,8 +107,12 @@ typedef struct xprogram {
     uint8_t *chain;            /* at a group's first node: the number of running nodes it holds */
     int nlaunch, nfused;       /* kernels launched per run; of them, fused loops */
     uint64_t planned_peak, intermediate_bytes;
+    int nblocks;
+    int64_t *place;            /* per block number: its offset in the graph arena, or XP_OWN / XP_NONE */
+    uint64_t arena_bytes;      /* the placement's size: planned_peak or a little more */
     uint64_t hits;
 } xprogram;
+enum { XP_OWN = -1, XP_NONE = -2 };   /* memory of its own (outlives the graph); none (fused away) */
 
 #define XLA_MAX_CHAIN 16
 
@@ -108,13 +121,20 @@ typedef struct xla_dev {
     const ca_device_ops *exec;     /* executor backend (cpu) */
     const ca_kernels *k;
     void *exec_ctx;
-    /* arena */
+    /* the address space: virtual ranges, free ones sorted by address and coalesced */
+    uintptr_t vbase;
+    size_t vsize;
+    struct xrange { uintptr_t at; size_t len; } *vfree;
+    int nvfree, capvfree;
+    /* the graph arena: intermediates at their planned offsets */
+    unsigned char *arena;
+    size_t arena_cap;
+    /* blocks */
     xalloc **tab;                  /* live blocks by base address */
     int ntab, captab;
     xalloc **freed;                /* freed during the current graph, released after it runs */
     int nfreed, capfreed;
-    struct xcached { void *p; size_t bytes; uint64_t gen; } *cache;   /* released blocks kept for
-                                                                     * reuse; gen: freed during it */
+    struct xcached { void *p; size_t bytes; } *cache;   /* released memory kept for reuse */
     int ncache, capcache;
     ca_allocator_stats st;
     bool bf16_storage;             /* f32 data held as bf16 values (XLA_USE_BF16 / downcast_bf16) */
@@ -137,7 +157,9 @@ extern const ca_kernels xla_kernels;
 
 /* Recording: begin a node (locks), add references and attributes, end (unlocks). */
 xnode *xla_node_begin(xla_dev *x, xslot slot);
-ca_status xla_ref(xla_dev *x, xnode *n, const void *p, uint64_t bytes, int flags, int dt, const char *what);
+/* field: where n keeps p (an offset into n->a), or -1 with slot: the tensor list's slot holding it. */
+ca_status xla_ref(xla_dev *x, xnode *n, const void *p, int field, void **slot, uint64_t bytes, int flags, int dt,
+                  const char *what);
 void xla_key(xla_dev *x, xnode *n, int64_t v);
 /* Counts a step boundary and runs the pending graph. */
 ca_status xla_mark_step(xla_dev *x);

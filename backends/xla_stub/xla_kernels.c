@@ -8,12 +8,16 @@
 #define SZ(dt) ((uint64_t)ca_dtype_size(dt))
 #define N0(v) ((v) > 0 ? (uint64_t)(v) : 0)
 
-/* Node prologue/epilogue: B opens node n of slot S on device x; R/W add references; K adds a
+/* Node prologue/epilogue: B opens node n of slot S on device x; R/W add references to the device
+ * address held in field f of the node's copied arguments (the executor puts the memory's address
+ * there before the node runs); K adds a
  * structural attribute (part of the cache key: shapes, dtypes, enums; never float scalars,
  * seeds or pointers, which are the program's runtime parameters). */
 #define B(S) xla_dev *x = dev; xnode *n = xla_node_begin(x, S); ca_status s = CA_OK
-#define R(p, bytes, dt) if (s == CA_OK) s = xla_ref(x, n, p, bytes, XR_READ, (int)(dt), #p)
-#define W(p, bytes, fl, dt) if (s == CA_OK) s = xla_ref(x, n, p, bytes, XR_WRITE | (fl), (int)(dt), #p)
+#define FIELD(f) ((int)((char *)&n->a.f - (char *)&n->a))
+#define R(f, bytes, dt) if (s == CA_OK) s = xla_ref(x, n, n->a.f, FIELD(f), NULL, bytes, XR_READ, (int)(dt), #f)
+#define W(f, bytes, fl, dt) \
+    if (s == CA_OK) s = xla_ref(x, n, n->a.f, FIELD(f), NULL, bytes, XR_WRITE | (fl), (int)(dt), #f)
 #define K(v) xla_key(x, n, (int64_t)(v))
 #define E() return xla_node_end(x, n, s)
 /* an output that is read first unless beta == 0 */
@@ -38,10 +42,10 @@ static ca_status x_gemm(void *dev, const ca_gemm_args *g) {
     K(g->trans_a); K(g->trans_b); K(g->m); K(g->n); K(g->k); K(g->a_dtype); K(g->b_dtype); K(g->c_dtype);
     K(g->lda); K(g->ldb); K(g->ldc); K(g->stride_a); K(g->stride_b); K(g->stride_c); K(g->batch);
     K(g->allow_tf32); K(g->beta == 0);
-    R(g->a, 0, g->a_dtype);
-    R(g->b, 0, g->b_dtype);
+    R(gemm.a, 0, g->a_dtype);
+    R(gemm.b, 0, g->b_dtype);
     bool dense = g->batch <= 1 && g->ldc == g->n;
-    OUT(g->c, dense ? N0(g->m) * N0(g->n) * SZ(g->c_dtype) : 0, g->beta, g->c_dtype);
+    OUT(gemm.c, dense ? N0(g->m) * N0(g->n) * SZ(g->c_dtype) : 0, g->beta, g->c_dtype);
     E();
 }
 
@@ -49,7 +53,7 @@ static ca_status x_fill(void *dev, ca_dtype dt, int64_t cnt, double value, void 
     B(XS_FILL);
     n->a.fill.dt = dt; n->a.fill.n = cnt; n->a.fill.value = value; n->a.fill.y = y;
     K(dt); K(cnt);
-    W(y, N0(cnt) * SZ(dt), XR_FULL, dt);
+    W(fill.y, N0(cnt) * SZ(dt), XR_FULL, dt);
     E();
 }
 
@@ -59,8 +63,8 @@ static ca_status x_cast(void *dev, ca_dtype src_dt, const void *xp, ca_dtype dst
     n->a.cast.src = src_dt; n->a.cast.dst = dst_dt; n->a.cast.x = xp; n->a.cast.y = y;
     n->a.cast.n = cnt; n->a.cast.alpha = alpha;
     K(src_dt); K(dst_dt); K(cnt);
-    R(xp, N0(cnt) * SZ(src_dt), src_dt);
-    W(y, N0(cnt) * SZ(dst_dt), xp == y ? XR_READ : XR_FULL, dst_dt);
+    R(cast.x, N0(cnt) * SZ(src_dt), src_dt);
+    W(cast.y, N0(cnt) * SZ(dst_dt), xp == y ? XR_READ : XR_FULL, dst_dt);
     E();
 }
 
@@ -75,8 +79,8 @@ static ca_status x_copy_strided(void *dev, ca_dtype dt, int ndim, const int64_t 
     memcpy(n->a.copy.ys, ys, (size_t)nd * sizeof *ys);
     K(dt); K(ndim);
     for (int i = 0; i < nd; i++) { K(shape[i]); K(xs[i]); K(ys[i]); }
-    R(xp, 0, dt);
-    W(y, 0, 0, dt);
+    R(copy.x, 0, dt);
+    W(copy.y, 0, 0, dt);
     E();
 }
 
@@ -86,8 +90,8 @@ static ca_status x_unary(void *dev, ca_unary_op op, ca_dtype dt, int64_t cnt, co
     n->a.unary.op = op; n->a.unary.dt = dt; n->a.unary.n = cnt; n->a.unary.x = xp; n->a.unary.out = y;
     n->a.unary.alpha = alpha;
     K(op); K(dt); K(cnt);
-    R(xp, N0(cnt) * SZ(dt), dt);
-    W(y, N0(cnt) * SZ(dt), xp == y ? XR_READ : XR_FULL, dt);
+    R(unary.x, N0(cnt) * SZ(dt), dt);
+    W(unary.out, N0(cnt) * SZ(dt), xp == y ? XR_READ : XR_FULL, dt);
     E();
 }
 
@@ -97,11 +101,11 @@ static ca_status x_unary_backward(void *dev, ca_unary_op op, ca_dtype dt, int64_
     n->a.unary.op = op; n->a.unary.dt = dt; n->a.unary.n = cnt; n->a.unary.x = xp; n->a.unary.y = y;
     n->a.unary.dy = dy; n->a.unary.out = dx; n->a.unary.alpha = alpha; n->a.unary.beta = beta;
     K(op); K(dt); K(cnt); K(beta == 0); K(xp != NULL); K(y != NULL);
-    R(xp, 0, dt);
-    R(y, 0, dt);
-    R(dy, 0, dt);
+    R(unary.x, 0, dt);
+    R(unary.y, 0, dt);
+    R(unary.dy, 0, dt);
     bool alias = dx == xp || dx == y || dx == dy;
-    OUT(dx, N0(cnt) * SZ(dt), alias ? 1 : beta, dt);
+    OUT(unary.out, N0(cnt) * SZ(dt), alias ? 1 : beta, dt);
     E();
 }
 
@@ -111,9 +115,9 @@ static ca_status x_binary(void *dev, ca_binary_op op, ca_dtype dt, const ca_bcas
     n->a.binary.op = op; n->a.binary.dt = dt; n->a.binary.shape = *shape;
     n->a.binary.a = a; n->a.binary.b = b; n->a.binary.y = y;
     K(op); K(dt); key_bcast(x, n, shape);
-    R(a, 0, dt);
-    R(b, 0, dt);
-    W(y, bcast_numel(shape) * SZ(dt), y == a || y == b ? XR_READ : XR_FULL, dt);
+    R(binary.a, 0, dt);
+    R(binary.b, 0, dt);
+    W(binary.y, bcast_numel(shape) * SZ(dt), y == a || y == b ? XR_READ : XR_FULL, dt);
     E();
 }
 
@@ -122,8 +126,8 @@ static ca_status x_axpby(void *dev, ca_dtype dt, int64_t cnt, float alpha, const
     n->a.axpby.dt = dt; n->a.axpby.n = cnt; n->a.axpby.alpha = alpha; n->a.axpby.beta = beta;
     n->a.axpby.x = xp; n->a.axpby.y = y;
     K(dt); K(cnt); K(beta == 0);
-    R(xp, N0(cnt) * SZ(dt), dt);
-    OUT(y, N0(cnt) * SZ(dt), xp == y ? 1 : beta, dt);
+    R(axpby.x, N0(cnt) * SZ(dt), dt);
+    OUT(axpby.y, N0(cnt) * SZ(dt), xp == y ? 1 : beta, dt);
     E();
 }
 
@@ -133,8 +137,8 @@ static ca_status x_reduce(void *dev, ca_reduce_op op, ca_dtype dt, int64_t outer
     n->a.reduce.op = op; n->a.reduce.dt = dt; n->a.reduce.outer = outer; n->a.reduce.len = len;
     n->a.reduce.inner = inner; n->a.reduce.x = xp; n->a.reduce.y = y; n->a.reduce.beta = beta;
     K(op); K(dt); K(outer); K(len); K(inner); K(beta == 0);
-    R(xp, 0, dt);
-    OUT(y, N0(outer) * N0(inner) * SZ(dt), xp == y ? 1 : beta, dt);
+    R(reduce.x, 0, dt);
+    OUT(reduce.y, N0(outer) * N0(inner) * SZ(dt), xp == y ? 1 : beta, dt);
     E();
 }
 
@@ -143,8 +147,8 @@ static ca_status x_argmax(void *dev, ca_dtype dt, int64_t rows, int64_t cols, co
     n->a.softmax.dt = dt; n->a.softmax.rows = rows; n->a.softmax.cols = cols; n->a.softmax.x = xp;
     n->a.softmax.idx = idx;
     K(dt); K(rows); K(cols);
-    R(xp, 0, dt);
-    W(idx, N0(rows) * sizeof(int64_t), XR_FULL, CA_I64);
+    R(softmax.x, 0, dt);
+    W(softmax.idx, N0(rows) * sizeof(int64_t), XR_FULL, CA_I64);
     E();
 }
 
@@ -153,8 +157,8 @@ static ca_status x_softmax(void *dev, bool log, ca_dtype dt, int64_t rows, int64
     n->a.softmax.log = log; n->a.softmax.dt = dt; n->a.softmax.rows = rows; n->a.softmax.cols = cols;
     n->a.softmax.x = xp; n->a.softmax.out = y;
     K(log); K(dt); K(rows); K(cols);
-    R(xp, 0, dt);
-    W(y, N0(rows) * N0(cols) * SZ(dt), xp == y ? XR_READ : XR_FULL, dt);
+    R(softmax.x, 0, dt);
+    W(softmax.out, N0(rows) * N0(cols) * SZ(dt), xp == y ? XR_READ : XR_FULL, dt);
     E();
 }
 
@@ -164,9 +168,9 @@ static ca_status x_softmax_backward(void *dev, bool log, ca_dtype dt, int64_t ro
     n->a.softmax.log = log; n->a.softmax.dt = dt; n->a.softmax.rows = rows; n->a.softmax.cols = cols;
     n->a.softmax.y = y; n->a.softmax.dy = dy; n->a.softmax.out = dx; n->a.softmax.beta = beta;
     K(log); K(dt); K(rows); K(cols); K(beta == 0);
-    R(y, 0, dt);
-    R(dy, 0, dt);
-    OUT(dx, N0(rows) * N0(cols) * SZ(dt), dx == y || dx == dy ? 1 : beta, dt);
+    R(softmax.y, 0, dt);
+    R(softmax.dy, 0, dt);
+    OUT(softmax.out, N0(rows) * N0(cols) * SZ(dt), dx == y || dx == dy ? 1 : beta, dt);
     E();
 }
 
@@ -178,11 +182,11 @@ static ca_status x_cross_entropy(void *dev, ca_dtype dt, int64_t rows, int64_t c
     n->a.ce.label_dt = label_dt; n->a.ce.labels = labels; n->a.ce.ignore = ignore;
     n->a.ce.loss = loss; n->a.ce.lse = lse; n->a.ce.count = count;
     K(dt); K(rows); K(cols); K(label_dt); K(ignore);
-    R(logits, 0, dt);
-    R(labels, 0, label_dt);
-    W(loss, sizeof(float), XR_FULL, CA_F32);
-    W(lse, N0(rows) * sizeof(float), XR_FULL, CA_F32);
-    W(count, sizeof(float), XR_FULL, CA_F32);
+    R(ce.logits, 0, dt);
+    R(ce.labels, 0, label_dt);
+    W(ce.loss, sizeof(float), XR_FULL, CA_F32);
+    W(ce.lse, N0(rows) * sizeof(float), XR_FULL, CA_F32);
+    W(ce.count, sizeof(float), XR_FULL, CA_F32);
     E();
 }
 
@@ -194,12 +198,12 @@ static ca_status x_cross_entropy_backward(void *dev, ca_dtype dt, int64_t rows, 
     n->a.ce.label_dt = label_dt; n->a.ce.labels = labels; n->a.ce.ignore = ignore; n->a.ce.dloss = dloss;
     n->a.ce.count_in = count; n->a.ce.dlogits = dlogits; n->a.ce.beta = beta;
     K(dt); K(rows); K(cols); K(label_dt); K(ignore); K(beta == 0);
-    R(logits, 0, dt);
-    R(lse, 0, CA_F32);
-    R(labels, 0, label_dt);
-    R(dloss, 0, CA_F32);
-    R(count, 0, CA_F32);
-    OUT(dlogits, N0(rows) * N0(cols) * SZ(dt), dlogits == logits ? 1 : beta, dt);
+    R(ce.logits, 0, dt);
+    R(ce.lse_in, 0, CA_F32);
+    R(ce.labels, 0, label_dt);
+    R(ce.dloss, 0, CA_F32);
+    R(ce.count_in, 0, CA_F32);
+    OUT(ce.dlogits, N0(rows) * N0(cols) * SZ(dt), dlogits == logits ? 1 : beta, dt);
     E();
 }
 
@@ -209,12 +213,12 @@ static ca_status x_layer_norm(void *dev, ca_dtype dt, int64_t rows, int64_t cols
     n->a.ln.dt = dt; n->a.ln.rows = rows; n->a.ln.cols = cols; n->a.ln.x = xp; n->a.ln.gamma = gamma;
     n->a.ln.beta_ = beta_; n->a.ln.eps = eps; n->a.ln.y = y; n->a.ln.mean = mean; n->a.ln.rstd = rstd;
     K(dt); K(rows); K(cols); K(gamma != NULL); K(beta_ != NULL);
-    R(xp, 0, dt);
-    R(gamma, 0, dt);
-    R(beta_, 0, dt);
-    W(y, N0(rows) * N0(cols) * SZ(dt), y == xp ? XR_READ : XR_FULL, dt);
-    W(mean, N0(rows) * sizeof(float), XR_FULL, CA_F32);
-    W(rstd, N0(rows) * sizeof(float), XR_FULL, CA_F32);
+    R(ln.x, 0, dt);
+    R(ln.gamma, 0, dt);
+    R(ln.beta_, 0, dt);
+    W(ln.y, N0(rows) * N0(cols) * SZ(dt), y == xp ? XR_READ : XR_FULL, dt);
+    W(ln.mean, N0(rows) * sizeof(float), XR_FULL, CA_F32);
+    W(ln.rstd, N0(rows) * sizeof(float), XR_FULL, CA_F32);
     E();
 }
 
@@ -226,14 +230,14 @@ static ca_status x_layer_norm_backward(void *dev, ca_dtype dt, int64_t rows, int
     n->a.ln.mean_in = mean; n->a.ln.rstd_in = rstd; n->a.ln.dy = dy; n->a.ln.dx = dx; n->a.ln.beta = beta;
     n->a.ln.dgamma = dgamma; n->a.ln.dbeta_ = dbeta_; n->a.ln.accumulate = accumulate;
     K(dt); K(rows); K(cols); K(gamma != NULL); K(beta == 0); K(accumulate); K(dgamma != NULL); K(dbeta_ != NULL);
-    R(xp, 0, dt);
-    R(gamma, 0, dt);
-    R(mean, 0, CA_F32);
-    R(rstd, 0, CA_F32);
-    R(dy, 0, dt);
-    W(dx, 0, XR_READ, dt);
-    W(dgamma, 0, XR_READ, dt);
-    W(dbeta_, 0, XR_READ, dt);
+    R(ln.x, 0, dt);
+    R(ln.gamma, 0, dt);
+    R(ln.mean_in, 0, CA_F32);
+    R(ln.rstd_in, 0, CA_F32);
+    R(ln.dy, 0, dt);
+    W(ln.dx, 0, XR_READ, dt);
+    W(ln.dgamma, 0, XR_READ, dt);
+    W(ln.dbeta_, 0, XR_READ, dt);
     E();
 }
 
@@ -243,9 +247,9 @@ static ca_status x_embedding(void *dev, ca_dtype dt, int64_t cnt, int64_t rows, 
     n->a.index.dt = dt; n->a.index.n = cnt; n->a.index.rows = rows; n->a.index.dim = dim;
     n->a.index.table = table; n->a.index.idx_dt = idx_dt; n->a.index.idx = idx; n->a.index.y = y;
     K(dt); K(cnt); K(rows); K(dim); K(idx_dt);
-    R(table, 0, dt);
-    R(idx, 0, idx_dt);
-    W(y, N0(cnt) * N0(dim) * SZ(dt), XR_FULL, dt);
+    R(index.table, 0, dt);
+    R(index.idx, 0, idx_dt);
+    W(index.y, N0(cnt) * N0(dim) * SZ(dt), XR_FULL, dt);
     E();
 }
 
@@ -255,9 +259,9 @@ static ca_status x_embedding_backward(void *dev, ca_dtype dt, int64_t cnt, int64
     n->a.index.dt = dt; n->a.index.n = cnt; n->a.index.rows = rows; n->a.index.dim = dim;
     n->a.index.idx_dt = idx_dt; n->a.index.idx = idx; n->a.index.dy = dy; n->a.index.y = dtable;
     K(dt); K(cnt); K(rows); K(dim); K(idx_dt);
-    R(idx, 0, idx_dt);
-    R(dy, 0, dt);
-    W(dtable, 0, XR_READ, dt);
+    R(index.idx, 0, idx_dt);
+    R(index.dy, 0, dt);
+    W(index.y, 0, XR_READ, dt);
     E();
 }
 
@@ -267,7 +271,7 @@ static ca_status x_rng(void *dev, ca_rng_kind kind, ca_dtype dt, int64_t cnt, ui
     n->a.rng.kind = kind; n->a.rng.dt = dt; n->a.rng.n = cnt; n->a.rng.seed = seed; n->a.rng.offset = offset;
     n->a.rng.a = a; n->a.rng.b = b; n->a.rng.y = y;
     K(kind); K(dt); K(cnt);
-    W(y, N0(cnt) * SZ(dt), XR_FULL, dt);
+    W(rng.y, N0(cnt) * SZ(dt), XR_FULL, dt);
     E();
 }
 
@@ -277,9 +281,9 @@ static ca_status x_dropout(void *dev, ca_dtype dt, int64_t cnt, float p, uint64_
     n->a.rng.dt = dt; n->a.rng.n = cnt; n->a.rng.p = p; n->a.rng.seed = seed; n->a.rng.offset = offset;
     n->a.rng.x = xp; n->a.rng.y = y; n->a.rng.mask = mask;
     K(dt); K(cnt);
-    R(xp, 0, dt);
-    W(y, N0(cnt) * SZ(dt), y == xp ? XR_READ : XR_FULL, dt);
-    W(mask, N0(cnt), XR_FULL, CA_U8);
+    R(rng.x, 0, dt);
+    W(rng.y, N0(cnt) * SZ(dt), y == xp ? XR_READ : XR_FULL, dt);
+    W(rng.mask, N0(cnt), XR_FULL, CA_U8);
     E();
 }
 
@@ -289,9 +293,9 @@ static ca_status x_dropout_backward(void *dev, ca_dtype dt, int64_t cnt, float p
     n->a.rng.dt = dt; n->a.rng.n = cnt; n->a.rng.p = p; n->a.rng.mask_in = mask; n->a.rng.dy = dy;
     n->a.rng.y = dx; n->a.rng.beta = beta;
     K(dt); K(cnt); K(beta == 0);
-    R(mask, 0, CA_U8);
-    R(dy, 0, dt);
-    OUT(dx, N0(cnt) * SZ(dt), dx == dy ? 1 : beta, dt);
+    R(rng.mask_in, 0, CA_U8);
+    R(rng.dy, 0, dt);
+    OUT(rng.y, N0(cnt) * SZ(dt), dx == dy ? 1 : beta, dt);
     E();
 }
 
@@ -324,10 +328,10 @@ static ca_status copy_list(xla_dev *x, xnode *n, const ca_tensor_list *t, int pa
     ca_status s = CA_OK;
     for (int i = 0; i < c && s == CA_OK; i++) {
         K(numel[i]);
-        if (p[i]) s = xla_ref(x, n, p[i], 0, param_flags, (int)pdt, "param");
-        if (s == CA_OK && g[i]) s = xla_ref(x, n, g[i], 0, XR_READ, (int)t->grad_dtype, "grad");
-        if (s == CA_OK && s1[i]) s = xla_ref(x, n, s1[i], 0, XR_READ | XR_WRITE, CA_F32, "state1");
-        if (s == CA_OK && s2[i]) s = xla_ref(x, n, s2[i], 0, XR_READ | XR_WRITE, CA_F32, "state2");
+        if (p[i]) s = xla_ref(x, n, p[i], -1, &p[i], 0, param_flags, (int)pdt, "param");
+        if (s == CA_OK && g[i]) s = xla_ref(x, n, g[i], -1, &g[i], 0, XR_READ, (int)t->grad_dtype, "grad");
+        if (s == CA_OK && s1[i]) s = xla_ref(x, n, s1[i], -1, &s1[i], 0, XR_READ | XR_WRITE, CA_F32, "state1");
+        if (s == CA_OK && s2[i]) s = xla_ref(x, n, s2[i], -1, &s2[i], 0, XR_READ | XR_WRITE, CA_F32, "state2");
     }
     return s;
 }
@@ -351,7 +355,7 @@ static ca_status x_sum_squares(void *dev, const ca_tensor_list *t, float *out, f
     LIST(XS_SUM_SQUARES, XR_READ, t->grad_dtype);
     n->a.list.out = out; n->a.list.beta = beta;
     K(beta == 0);
-    OUT(out, sizeof(float), beta, CA_F32);
+    OUT(list.out, sizeof(float), beta, CA_F32);
     E();
 }
 
@@ -364,7 +368,7 @@ static ca_status x_scale_list(void *dev, const ca_tensor_list *t, float alpha) {
 static ca_status x_unscale_check(void *dev, const ca_tensor_list *t, float inv_scale, float *found_inf) {
     LIST(XS_UNSCALE_CHECK, XR_READ | XR_WRITE, t->grad_dtype);
     n->a.list.alpha = inv_scale; n->a.list.out = found_inf;
-    W(found_inf, 0, XR_READ, CA_F32);
+    W(list.out, 0, XR_READ, CA_F32);
     E();
 }
 
@@ -386,12 +390,12 @@ static ca_status x_attention(void *dev, ca_dtype dt, const ca_attention_args *ar
     n->a.attn.dt = dt; n->a.attn.a = *args; n->a.attn.q = q; n->a.attn.k = k; n->a.attn.v = v;
     n->a.attn.out = out; n->a.attn.lse = lse;
     key_attention(x, n, dt, args);
-    R(args->mask, 0, args->mask_dtype);
-    R(q, 0, dt);
-    R(k, 0, dt);
-    R(v, 0, dt);
-    W(out, 0, 0, dt);
-    W(lse, 0, 0, CA_F32);
+    R(attn.a.mask, 0, args->mask_dtype);
+    R(attn.q, 0, dt);
+    R(attn.k, 0, dt);
+    R(attn.v, 0, dt);
+    W(attn.out, 0, 0, dt);
+    W(attn.lse, 0, 0, CA_F32);
     E();
 }
 
@@ -403,16 +407,16 @@ static ca_status x_attention_backward(void *dev, ca_dtype dt, const ca_attention
     n->a.attn.out_in = out; n->a.attn.dout = dout; n->a.attn.lse_in = lse;
     n->a.attn.dq = dq; n->a.attn.dk = dk; n->a.attn.dv = dv;
     key_attention(x, n, dt, args);
-    R(args->mask, 0, args->mask_dtype);
-    R(q, 0, dt);
-    R(k, 0, dt);
-    R(v, 0, dt);
-    R(out, 0, dt);
-    R(dout, 0, dt);
-    R(lse, 0, CA_F32);
-    W(dq, 0, 0, dt);
-    W(dk, 0, 0, dt);
-    W(dv, 0, 0, dt);
+    R(attn.a.mask, 0, args->mask_dtype);
+    R(attn.q, 0, dt);
+    R(attn.k, 0, dt);
+    R(attn.v, 0, dt);
+    R(attn.out_in, 0, dt);
+    R(attn.dout, 0, dt);
+    R(attn.lse_in, 0, CA_F32);
+    W(attn.dq, 0, 0, dt);
+    W(attn.dk, 0, 0, dt);
+    W(attn.dv, 0, 0, dt);
     E();
 }
 
@@ -426,10 +430,10 @@ static ca_status x_where(void *dev, ca_dtype dt, const ca_bcast_args *shape, con
         n->a.binary.cond_stride[i] = cond_stride[i];
         K(cond_stride[i]);
     }
-    R(cond, 0, CA_U8);
-    R(a, 0, dt);
-    R(b, 0, dt);
-    W(y, bcast_numel(shape) * SZ(dt), y == a || y == b ? XR_READ : XR_FULL, dt);
+    R(binary.cond, 0, CA_U8);
+    R(binary.a, 0, dt);
+    R(binary.b, 0, dt);
+    W(binary.y, bcast_numel(shape) * SZ(dt), y == a || y == b ? XR_READ : XR_FULL, dt);
     E();
 }
 
@@ -440,9 +444,9 @@ static ca_status x_gather(void *dev, ca_dtype dt, int64_t outer, int64_t len, in
     n->a.index.n = cnt; n->a.index.table = xp; n->a.index.idx_dt = idx_dt; n->a.index.idx = idx;
     n->a.index.y = y;
     K(dt); K(outer); K(len); K(inner); K(cnt); K(idx_dt);
-    R(xp, 0, dt);
-    R(idx, 0, idx_dt);
-    W(y, N0(outer) * N0(cnt) * N0(inner) * SZ(dt), XR_FULL, dt);
+    R(index.table, 0, dt);
+    R(index.idx, 0, idx_dt);
+    W(index.y, N0(outer) * N0(cnt) * N0(inner) * SZ(dt), XR_FULL, dt);
     E();
 }
 
@@ -453,9 +457,9 @@ static ca_status x_gather_backward(void *dev, ca_dtype dt, int64_t outer, int64_
     n->a.index.n = cnt; n->a.index.idx_dt = idx_dt; n->a.index.idx = idx; n->a.index.dy = dy;
     n->a.index.y = dx;
     K(dt); K(outer); K(len); K(inner); K(cnt); K(idx_dt);
-    R(idx, 0, idx_dt);
-    R(dy, 0, dt);
-    W(dx, 0, XR_READ, dt);
+    R(index.idx, 0, idx_dt);
+    R(index.dy, 0, dt);
+    W(index.y, 0, XR_READ, dt);
     E();
 }
 
@@ -578,7 +582,8 @@ ca_status xla_exec_node(xla_dev *x, const xnode *n) {
         memmove(a->memcpy.dst, a->memcpy.src, a->memcpy.bytes);
         return CA_OK;
     case XS_HOST:   /* the function frees its context as it runs (exec_one forgets it) */
-        return a->host.ctx ? a->host.fn(a->host.ctx, true) : ca_error(CA_ERR_STATE, "xla: a host function ran twice");
+        return a->host.ctx ? a->host.fn(a->host.ctx, true, a->host.in, a->host.out)
+                           : ca_error(CA_ERR_STATE, "xla: a host function ran twice");
     case XS_COUNT: break;
     }
     return ca_error(CA_ERR_INVALID, "xla: unknown node kind %d", (int)n->slot);

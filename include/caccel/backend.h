@@ -263,7 +263,10 @@ typedef struct ca_kernels {
 typedef struct ca_allocator_stats {
     size_t allocated;          /* bytes handed out and not yet freed */
     size_t peak_allocated;
-    size_t reserved;           /* bytes held from the device (allocated + cached) */
+    size_t reserved;           /* bytes held from the device (allocated + cached); on a lazy
+                                * device (xla), the memory behind its addresses: blocks that
+                                * have some, its cache and graph arena (addresses handed out,
+                                * counted in allocated, hold none until a graph needs them) */
     size_t peak_reserved;
     uint64_t num_allocs;       /* alloc calls served */
     uint64_t num_frees;
@@ -342,14 +345,16 @@ typedef struct ca_device_ops {
     /* True when device pointers are host pointers (cpu): host buffers may be
      * handed to kernels directly. The core still never dereferences them. */
     bool host_memory;
-    /* Optional, for lazy devices (xla): records fn(ctx, true) to run on the host in the device's
-     * order, after every operation recorded before it and before every one recorded after, with
-     * `in` (read) and `out` (read and written; either may be NULL) host-addressable while it runs;
-     * its status fails the execution that ran it. The device owns ctx from the call on, even when
-     * the call fails: fn(ctx, false) discards it (a graph dropped without running, a failed
-     * recording). The core records collectives this way, so they run in graph order. */
-    ca_status (*enqueue_host_fn)(void *dev, ca_status (*fn)(void *ctx, bool run), void *ctx, const void *in,
-                                 size_t in_bytes, void *out, size_t out_bytes);
+    /* Optional, for lazy devices (xla): records fn(ctx, true, in_host, out_host) to run on the host
+     * in the device's order, after every operation recorded before it and before every one recorded
+     * after. `in` (read) and `out` (read and written; either may be NULL) are device addresses;
+     * fn gets the host addresses of the same bytes, valid while it runs (a lazy device's addresses
+     * are not host memory). Its status fails the execution that ran it. The device owns ctx from the
+     * call on, even when the call fails: fn(ctx, false, NULL, NULL) discards it (a graph dropped
+     * without running, a failed recording). The core records collectives this way, so they run in
+     * graph order. */
+    ca_status (*enqueue_host_fn)(void *dev, ca_status (*fn)(void *ctx, bool run, const void *in, void *out),
+                                 void *ctx, const void *in, size_t in_bytes, void *out, size_t out_bytes);
 } ca_device_ops;
 
 /* ------------------------------------------------------------- rendezvous */

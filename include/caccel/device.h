@@ -71,6 +71,9 @@ typedef struct ca_xla_metrics {
     uint64_t planned_peak_bytes;         /* last graph: its intermediates' peak, planned by liveness */
     uint64_t intermediate_bytes;         /* last graph: the sum of its intermediates (no reuse) */
     uint64_t collectives_in_graph;       /* collectives run as nodes of a graph (in graph order) */
+    uint64_t arena_bytes;                /* last graph: the memory its intermediates were placed in
+                                          * (planned_peak_bytes, or more where the live ranges
+                                          * do not pack perfectly) */
 } ca_xla_metrics;
 
 /* Metrics of an xla device; CA_ERR_INVALID for another device. */
