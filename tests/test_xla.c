@@ -180,7 +180,8 @@ static ca_module *mlp(void) {
 }
 
 /* distributed_type XLA trains on the xla device; the prepared dataloader marks each step. Step 2
- * compiles nothing, the short last batch compiles once, the second epoch nothing at all. */
+ * compiles nothing, the short last batch compiles once, the second epoch nothing at all and
+ * allocates no device memory. */
 static void test_training_cache(void **state) {
     const char *settings[] = {"distributed_type=XLA", NULL};
     char *argv[] = {"test", NULL};
@@ -198,8 +199,11 @@ static void test_training_cache(void **state) {
     T_OK(ca_prepare(acc, m, opt, dl));
     T_OK(ca_device_synchronize(dev));
     T_OK(ca_xla_metrics_reset(dev));
-    uint64_t compiles[2][10] = {{0}};
+    uint64_t compiles[2][10] = {{0}}, device_allocs[2] = {0};
     for (int epoch = 0; epoch < 2; epoch++) {
+        ca_allocator_stats st;
+        T_OK(ca_device_memory_stats(dev, &st));
+        device_allocs[epoch] = st.num_device_allocs;
         ca_batch b;
         int step = 0;
         while (ca_dataloader_next(dl, &b)) {
@@ -223,6 +227,12 @@ static void test_training_cache(void **state) {
     for (int i = 1; i < 8; i++) assert_int_equal(compiles[0][i], compiles[0][0]);   /* step 2..8: cached */
     assert_int_equal(compiles[0][8], compiles[0][7] + 1);                        /* the short batch */
     for (int i = 0; i < 9; i++) assert_int_equal(compiles[1][i], compiles[0][8]);  /* epoch 2: nothing */
+    ca_allocator_stats st;   /* ... and allocates no device memory: blocks come from the cache, */
+    T_OK(ca_device_memory_stats(dev, &st));   /* intermediates from the graph arena */
+    printf("device allocations: %llu in epoch 1, %llu in epoch 2\n",
+           (unsigned long long)(device_allocs[1] - device_allocs[0]),
+           (unsigned long long)(st.num_device_allocs - device_allocs[1]));
+    assert_int_equal(st.num_device_allocs, device_allocs[1]);
     ca_xla_metrics xm;
     T_OK(ca_xla_metrics_get(dev, &xm));
     assert_true(xm.cache_hits >= 16);
