@@ -532,9 +532,6 @@ static ca_status sumsq_fn(ca_device *dev, const ca_tensor_list *tl, void *ctx) {
     c->first = false;
     return s;
 }
-static ca_status scale_fn(ca_device *dev, const ca_tensor_list *tl, void *ctx) {
-    return CA_KCALL(dev, scale_list, tl, *(float *)ctx);
-}
 static ca_status clamp_fn(ca_device *dev, const ca_tensor_list *tl, void *ctx) {
     float v = *(float *)ctx;
     return CA_KCALL(dev, clamp_list, tl, -v, v);
@@ -678,10 +675,8 @@ static ca_status optimizer_step(void *owner, ca_optimizer *o) {
     ca_accelerator *acc = owner;
     if (!ca_sync_gradients(acc)) return CA_OK;     /* accumulation micro-step: no update */
     ca_status s = unscale(acc, o);
-    if (s == CA_OK && acc->st.gradient_clipping > 0 && !acc->found_inf) {
-        double norm;
-        s = ca_clip_grad_norm(acc, acc->st.gradient_clipping, &norm);
-    }
+    if (s == CA_OK && acc->st.gradient_clipping > 0 && !acc->found_inf)
+        s = ca_clip_grad_norm(acc, acc->st.gradient_clipping, NULL);   /* the norm stays on the device */
     if (s != CA_OK) return s;
     if (acc->found_inf) {
         o->skipped = true;     /* no parameter, no optimizer state changes */
@@ -698,25 +693,47 @@ static ca_status optimizer_step(void *owner, ca_optimizer *o) {
 
 /* ------------------------------------------------------------------ clipping */
 
+/* Every gradient multiplied by the device scalar at coef (one broadcasting kernel each). */
+static ca_status scale_grads_by(const grad_set *gs, ca_device *dev, const void *coef) {
+    ca_status s = CA_OK;
+    for (int i = 0; i < gs->n && s == CA_OK; i++) {
+        void *g = ca_tptr(gs->t[i]->grad);
+        ca_bcast_args b = {.ndim = 1, .shape = {gs->t[i]->numel}, .a_stride = {1}, .b_stride = {0}};
+        s = CA_KCALL(dev, binary, CA_BINARY_MUL, CA_F32, &b, g, coef, g);
+    }
+    return s;
+}
+
+/* torch.nn.utils.clip_grad_norm_'s arithmetic, on the device in f32: total = sqrt(sum of squares),
+ * coef = min(max_norm / (total + 1e-6), 1), every gradient multiplied by coef (by 1 when it is
+ * already small enough: exact). Nothing is read back unless the caller asks for the norm, so a lazy
+ * device keeps the step in one graph and a GPU does not wait for it. */
 ca_status ca_clip_grad_norm(ca_accelerator *acc, double max_norm, double *total_norm) {
     if (!acc || max_norm <= 0) return ca_error(CA_ERR_INVALID, "clip_grad_norm: max_norm must be > 0");
     ca_status s = unscale(acc, NULL);
     grad_set gs = {0};
     if (s == CA_OK) s = collect_grads(acc, NULL, &gs);
-    ca_tensor *sq = s == CA_OK ? ca_zeros(acc->device, CA_F32, 0, NULL) : NULL;
-    if (!sq) s = ca_last_status();
-    sumsq_ctx c = {.out = sq ? ca_tptr(sq) : NULL, .first = true};
-    if (s == CA_OK) s = for_grads(&gs, acc->device, sumsq_fn, &c);
-    /* data parallel: gradients are already averaged, so every rank holds the same norm; sharded:
-     * the norm of all shards is the square root of the sum over ranks of each shard's sum of squares */
-    if (s == CA_OK && sharded_grads(acc) && acc->zero.world > 1)   /* over the shard group: replicas hold copies */
-        s = ca_comm_all_reduce(acc->zero.comm, ca_tptr(sq), ca_tptr(sq), 1, CA_F32, CA_OP_SUM, NULL);
-    double v = 0;
-    if (s == CA_OK) s = ca_tensor_item(sq, &v);
-    double norm = sqrt(v);
-    if (s == CA_OK && total_norm) *total_norm = norm;
-    float coef = (float)(max_norm / (norm + 1e-6));
-    if (s == CA_OK && coef < 1.0f) s = for_grads(&gs, acc->device, scale_fn, &coef);
+    CA_SCOPE {
+        ca_tensor *sq = s == CA_OK ? ca_zeros(acc->device, CA_F32, 0, NULL) : NULL;
+        if (s == CA_OK && !sq) s = ca_last_status();
+        sumsq_ctx c = {.out = sq ? ca_tptr(sq) : NULL, .first = true};
+        if (s == CA_OK) s = for_grads(&gs, acc->device, sumsq_fn, &c);
+        /* data parallel: gradients are already averaged, so every rank holds the same norm; sharded:
+         * the norm of all shards is the square root of the sum over ranks of each shard's sum of
+         * squares */
+        if (s == CA_OK && sharded_grads(acc) && acc->zero.world > 1)   /* over the shard group */
+            s = ca_comm_all_reduce(acc->zero.comm, ca_tptr(sq), ca_tptr(sq), 1, CA_F32, CA_OP_SUM, NULL);
+        ca_tensor *total = s == CA_OK ? ca_sqrt(sq) : NULL;
+        ca_tensor *coef = total ? ca_div(ca_full(acc->device, CA_F32, 0, NULL, max_norm), ca_add_scalar(total, 1e-6))
+                                : NULL;
+        if (s == CA_OK && !coef) s = ca_last_status();
+        void *cp = coef ? ca_tptr(coef) : NULL;
+        int64_t one = 1;
+        ca_tensor_list tl = {.count = 1, .param = &cp, .numel = &one, .grad_dtype = CA_F32};
+        if (s == CA_OK) s = CA_KCALL(acc->device, clamp_list, &tl, 0.0f, 1.0f);
+        if (s == CA_OK) s = scale_grads_by(&gs, acc->device, cp);
+        if (s == CA_OK && total_norm) s = ca_tensor_item(total, total_norm);
+    }
     free(gs.t);
     return s;
 }

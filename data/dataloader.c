@@ -833,12 +833,15 @@ bool ca_dataloader_next(ca_dataloader *dl, ca_batch *b) {
         return false;
     }
     memset(b, 0, sizeof *b);
-    /* prepared: the previous step's graph runs now (Accelerate's MpDeviceLoader marks the step) */
+    /* The previous step's temporaries go first, then (prepared) its graph runs: Accelerate's
+     * MpDeviceLoader marks the step. In this order a lazy device sees them freed, as torch_xla sees
+     * Python's dead tensors at mark_step: they are the graph's intermediates, placed by liveness
+     * in its arena or eliminated, instead of blocks that outlive it. */
+    end_step_scope(dl);
     if (dl->owner && dl->dev && ca_device_mark_step(dl->dev) != CA_OK) {
         set_sticky_from_thread(dl, ca_last_status());
         return false;
     }
-    end_step_scope(dl);
     dl->handed_last = false;
     if (dl->status != CA_OK) return report_sticky(dl);
 

@@ -138,6 +138,15 @@ static void evaluate(ca_accelerator *acc, ca_module *m, ca_dataloader *dl, doubl
     ca_module_train(m, true);
 }
 
+/* A loss kept from an earlier step: read (its graph has run by now) and freed; 0 when none. */
+static double read_loss(ca_tensor **t) {
+    if (!*t) return 0;
+    double v = ca_item(*t);
+    ca_tensor_free(*t);
+    *t = NULL;
+    return v;
+}
+
 static void dump_params(ca_module *m, const char *path) {
     FILE *f = fopen(path, "wb");
     if (!f) { perror(path); exit(1); }
@@ -275,26 +284,35 @@ int main(int argc, char **argv) {
         ca_local_sgd *lsgd = NULL;   /* the epoch's LocalSGD block: its end averages the parameters */
         if (a.local_sgd_steps) CA_CHECK(ca_local_sgd_begin(acc, model, a.local_sgd_steps, true, &lsgd));
         ca_batch b;
+        /* The loss is read one step late, after the dataloader has run its step's graph: read inside
+         * the step, it would make a lazy device (xla) run the graph there, while the step's
+         * temporaries are still alive, and make a GPU wait (torch_xla's add_step_closure). */
+        ca_tensor *last_loss = NULL;
         while (ca_dataloader_next(train_dl, &b)) {
+            em.loss_sum += read_loss(&last_loss);
             int64_t before = ca_optimizer_steps(opt);
             CA_ACCUMULATE(acc, model) {
                 ca_tensor *loss = ca_cross_entropy(ca_module_forward(model, b.x), b.y);
                 CA_CHECK(ca_backward(acc, loss));
                 CA_CHECK(ca_optimizer_step(opt));
                 ca_optimizer_zero_grad(opt);
-                em.loss_sum += ca_item(loss);
+                last_loss = ca_tensor_keep(ca_detach(loss));
             }
             em.steps++;
             em.samples += b.size;
-            CA_CHECK(ca_progress_set_loss(bar, em.loss_sum / (double)em.steps));
+            int64_t read = em.steps - (last_loss != NULL);   /* steps whose loss is in loss_sum */
+            if (read > 0) CA_CHECK(ca_progress_set_loss(bar, em.loss_sum / (double)read));
             CA_CHECK(ca_progress_update(bar, 1));
             int64_t now = ca_optimizer_steps(opt);
             if (lsgd && now > before) CA_CHECK(ca_local_sgd_step(lsgd));
-            if (a.checkpointing_steps && now > before && now % a.checkpointing_steps == 0)
+            if (a.checkpointing_steps && now > before && now % a.checkpointing_steps == 0) {
+                em.loss_sum += read_loss(&last_loss);   /* the saved metrics hold every step's loss */
                 CA_CHECK(ca_save_state(acc, NULL));
+            }
             if (a.max_steps && ca_optimizer_steps(opt) >= a.max_steps) { done = true; break; }
         }
         CA_CHECK(ca_dataloader_status(train_dl));
+        em.loss_sum += read_loss(&last_loss);
         CA_CHECK(ca_local_sgd_end(lsgd));
         CA_CHECK(ca_progress_close(bar));
         double secs = now_s() - t0;

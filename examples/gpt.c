@@ -437,22 +437,32 @@ static void reduce_sum(ca_accelerator *acc, double *v, int n) {
     }
 }
 
+/* A loss kept from a scope that has ended: read (running a lazy device's graph, which then sees the
+ * scope's temporaries freed) and freed; 0 when none. */
+static double read_loss(ca_tensor **t) {
+    if (!*t) return 0;
+    double v = ca_item(*t);
+    ca_tensor_free(*t);
+    *t = NULL;
+    return v;
+}
+
 /* Mean loss per token over the validation windows (every rank's share, padding excluded). */
 static double evaluate(ca_accelerator *acc, ca_module *m, ca_dataloader *dl) {
     ca_module_train(m, false);
     double s[2] = {0, 0};   /* loss x windows, windows */
     ca_batch b;
     while (ca_dataloader_next(dl, &b)) {
-        CA_NO_GRAD {
-            int64_t real = b.size - b.num_padded;
-            if (real > 0) {
-                ca_tensor *x = ca_narrow(b.x, 0, 0, real), *y = ca_narrow(b.y, 0, 0, real);
-                ca_tensor *loss = ca_cross_entropy(ca_module_forward(m, x), y);
-                if (!loss) CA_CHECK(ca_last_status());
-                s[0] += ca_item(loss) * (double)real;
-                s[1] += (double)real;
-            }
+        int64_t real = b.size - b.num_padded;
+        if (real <= 0) continue;
+        ca_tensor *loss = NULL;
+        CA_NO_GRAD CA_SCOPE {
+            ca_tensor *x = ca_narrow(b.x, 0, 0, real), *y = ca_narrow(b.y, 0, 0, real);
+            loss = ca_tensor_keep(ca_detach(ca_cross_entropy(ca_module_forward(m, x), y)));
         }
+        if (!loss) CA_CHECK(ca_last_status());
+        s[0] += read_loss(&loss) * (double)real;
+        s[1] += (double)real;
     }
     CA_CHECK(ca_dataloader_status(dl));
     ca_module_train(m, true);
@@ -631,20 +641,26 @@ static void save(ca_accelerator *acc, ca_module *model, const char *dir) {
     ca_print(acc, "model saved to %s/model.safetensors\n", dir);
 }
 
-/* One micro-step: forward, backward, and (on a synchronising step) clip and step. */
-static double micro_step(ca_accelerator *acc, ca_module *model, ca_optimizer *opt, const ca_batch *b, const args *a) {
-    double l = 0;
-    CA_ACCUMULATE(acc, model) {
+/* One micro-step: forward, backward, and (on a synchronising step) clip and step. Returns the loss,
+ * detached and kept: the caller reads it later, after the dataloader has run the step's graph (read
+ * here, it would make a GPU wait for the step and a lazy device run the step's graph while its
+ * temporaries are alive: torch_xla's add_step_closure). The temporaries end with the step's scope,
+ * so even a graph run before the next batch (the last step's) sees them freed. */
+static ca_tensor *micro_step(ca_accelerator *acc, ca_module *model, ca_optimizer *opt, const ca_batch *b,
+                             const args *a) {
+    ca_tensor *l = NULL;
+    CA_SCOPE CA_ACCUMULATE(acc, model) {
         ca_tensor *loss = ca_cross_entropy(ca_module_forward(model, b->x), b->y);
         if (!loss) CA_CHECK(ca_last_status());
         CA_CHECK(ca_backward(acc, loss));
         if (a->grad_clip > 0 && ca_sync_gradients(acc)) CA_CHECK(ca_clip_grad_norm(acc, a->grad_clip, NULL));
         CA_CHECK(ca_optimizer_step(opt));
         ca_optimizer_zero_grad(opt);
-        l = ca_item(loss);
+        l = ca_tensor_keep(ca_detach(loss));
     }
     return l;
 }
+
 
 /* Trains max_steps optimizer steps, logging and evaluating at the intervals. */
 static void train_loop(ca_accelerator *acc, ca_module *model, ca_optimizer *opt, ca_dataloader *train_dl,
@@ -652,15 +668,18 @@ static void train_loop(ca_accelerator *acc, ca_module *model, ca_optimizer *opt,
     double sum[3] = {0, 0, 0};   /* loss sum, micro-steps, samples: over the interval */
     double t0 = now_s(), t_start = t0, val_loss = NAN;
     ca_batch b;
+    ca_tensor *loss = NULL;   /* the last micro-step's, read once its graph has run */
     while (ca_optimizer_steps(opt) < a->max_steps) {
         if (!ca_dataloader_next(train_dl, &b)) { CA_CHECK(ca_dataloader_status(train_dl)); continue; }
+        sum[0] += read_loss(&loss);
         int64_t before = ca_optimizer_steps(opt);
-        sum[0] += micro_step(acc, model, opt, &b, a);
+        loss = micro_step(acc, model, opt, &b, a);
         sum[1] += 1;
         sum[2] += (double)b.size;
         int64_t step = ca_optimizer_steps(opt);
         if (step == before) continue;   /* an accumulation micro-step */
         if (a->log_interval > 0 && (step % a->log_interval == 0 || step == a->max_steps)) {
+            sum[0] += read_loss(&loss);
             reduce_sum(acc, sum, 3);
             double secs = now_s() - t0, l = sum[0] / sum[1];
             ca_print(acc, "step %lld/%lld: loss %.4f, perplexity %.2f, lr %.2e, %.1f samples/s, %.0f tokens/s\n",
@@ -675,8 +694,13 @@ static void train_loop(ca_accelerator *acc, ca_module *model, ca_optimizer *opt,
             t0 = now_s();   /* throughput excludes evaluation */
         }
     }
+    read_loss(&loss);   /* a step after the last logged one (no log interval): freed */
     ca_print(acc, "trained %lld steps in %.1f s; final validation loss %.4f (perplexity %.2f, %.3f bits per byte)\n",
              (long long)ca_optimizer_steps(opt), now_s() - t_start, val_loss, exp(val_loss), val_loss / log(2.0));
+    ca_allocator_stats st;   /* torch.cuda.max_memory_reserved: what the device held at most */
+    CA_CHECK(ca_device_memory_stats(ca_accelerator_device(acc), &st));
+    ca_print(acc, "device memory: %.1f MiB held at most (%s)\n", (double)st.peak_reserved / (1 << 20),
+             ca_device_name(ca_accelerator_device(acc)));
 }
 
 static void run_training(ca_accelerator *acc, ca_module *model, const corpus *c, ca_dataset *train, ca_dataset *val,

@@ -247,6 +247,84 @@ static void test_training_cache(void **state) {
     ca_accelerator_destroy(acc);
 }
 
+/* The prepared dataloader ends a step's scope before it marks the step, as torch_xla sees Python's
+ * dead tensors at mark_step: the step's temporaries are the graph's intermediates (placed in its
+ * arena), not blocks that outlive it. Each step here makes a 1 MiB temporary and its square. */
+static void test_step_temporaries_are_intermediates(void **state) {
+    const char *settings[] = {"distributed_type=XLA", NULL};
+    char *argv[] = {"test", NULL};
+    ca_accelerator *acc;
+    T_OK(ca_accelerator_create(&(ca_options){.argc = 1, .argv = argv, .settings = settings}, &acc));
+    ca_device *dev = ca_accelerator_device(acc);
+    ca_dataset *ds = synthetic(4 * 8, 8, 3);
+    ca_dataloader *dl;
+    T_OK(ca_dataloader_create(ds, &(ca_loader_opts){.batch_size = 8}, &dl));
+    T_OK(ca_prepare_dataloader(acc, dl));
+    const int64_t n = 1 << 18;   /* 1 MiB of f32 */
+    ca_tensor *kept = NULL;
+    ca_batch b;
+    int steps = 0;
+    while (ca_dataloader_next(dl, &b)) {
+        if (steps++ > 0) {   /* the previous step's graph ran in next() */
+            ca_xla_metrics m;
+            T_OK(ca_xla_metrics_get(dev, &m));
+            printf("step %d: intermediates %llu bytes, arena %llu\n", steps - 1,
+                   (unsigned long long)m.intermediate_bytes, (unsigned long long)m.arena_bytes);
+            assert_true(m.intermediate_bytes >= 2 * (uint64_t)n * 4);
+            assert_true(m.arena_bytes >= 2 * (uint64_t)n * 4 && m.arena_bytes <= 3 * (uint64_t)n * 4);
+        }
+        ca_tensor *big = ca_full(dev, CA_F32, CA_SHAPE(n), 0.5);
+        ca_tensor *s = ca_add(ca_sum(ca_mul(big, big)), ca_sum(b.x));
+        ca_tensor_free(kept);
+        kept = ca_tensor_keep(ca_detach(s));
+    }
+    T_OK(ca_dataloader_status(dl));
+    assert_int_equal(steps, 4);
+    double v;
+    T_OK(ca_tensor_item(kept, &v));
+    assert_true(fabs(v - 0.25 * (double)n) < 0.5 * (double)n);
+    ca_tensor_free(kept);
+    ca_dataloader_destroy(dl);
+    ca_dataset_destroy(ds);
+    ca_accelerator_destroy(acc);
+}
+
+/* clip_grad_norm computes the norm and the coefficient on the device (torch's arithmetic): without
+ * a request for the norm it runs no graph, so the step stays one graph; the clipped gradients have
+ * norm max_norm, and the norm, when asked for, is read at the end. */
+static void test_clip_grad_norm_in_graph(void **state) {
+    const char *settings[] = {"distributed_type=XLA", NULL};
+    char *argv[] = {"test", NULL};
+    ca_accelerator *acc;
+    T_OK(ca_accelerator_create(&(ca_options){.argc = 1, .argv = argv, .settings = settings}, &acc));
+    ca_device *dev = ca_accelerator_device(acc);
+    ca_module *m;
+    T_OK(ca_linear_create(4, 3, true, &m));
+    T_OK(ca_prepare(acc, m, NULL, NULL));
+    T_OK(ca_device_synchronize(dev));
+    T_OK(ca_xla_metrics_reset(dev));
+    CA_SCOPE {
+        ca_tensor *x = ca_full(dev, CA_F32, CA_SHAPE(2, 4), 3.0);
+        T_OK(ca_backward(acc, ca_sum(ca_module_forward(m, x))));
+    }
+    T_OK(ca_clip_grad_norm(acc, 1.0, NULL));
+    ca_xla_metrics xm;
+    T_OK(ca_xla_metrics_get(dev, &xm));
+    assert_int_equal(xm.graphs, 0);   /* nothing read back yet */
+    double after = 0;
+    for (int i = 0; i < 2; i++) {
+        float *g = t_host(ca_tensor_grad(ca_module_param_at(m, i)));
+        for (int j = 0; j < ca_tensor_numel(ca_module_param_at(m, i)); j++) after += (double)g[j] * g[j];
+        free(g);
+    }
+    assert_float_equal(sqrt(after), 1.0, 1e-5);   /* dW = 6 (12 entries), db = 2 (3): norm 21.07 */
+    double norm;
+    T_OK(ca_clip_grad_norm(acc, 0.5, &norm));     /* asked for: the norm before this clipping */
+    assert_float_equal(norm, 1.0, 1e-5);
+    ca_module_destroy(m);
+    ca_accelerator_destroy(acc);
+}
+
 /* y = relu(tanh(a * b + c) * 2 - log(a)) with c broadcast over rows: five elementwise nodes whose
  * intermediates are freed by the scope, computed on dev; a and b from the host. */
 static ca_tensor *chain(ca_device *dev, const float *ha, const float *hb, const float *hc, int64_t r, int64_t n) {
@@ -635,7 +713,8 @@ int main(void) {
         cmocka_unit_test(test_metrics_other_device), cmocka_unit_test(test_fusion),
         cmocka_unit_test(test_fusion_every_unary),
         cmocka_unit_test(test_buffer_plan),     cmocka_unit_test(test_fusion_overlap),
-        cmocka_unit_test(test_device_addresses),
+        cmocka_unit_test(test_device_addresses), cmocka_unit_test(test_step_temporaries_are_intermediates),
+        cmocka_unit_test(test_clip_grad_norm_in_graph),
         cmocka_unit_test(test_fusion_training), cmocka_unit_test(test_bf16_storage),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);

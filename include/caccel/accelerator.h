@@ -74,10 +74,16 @@ CA_API void ca_accumulate_end(ca_accelerator *acc);
 CA_API bool ca_sync_gradients(const ca_accelerator *acc);
 
 /* Clips the gradients of every prepared parameter so that their global norm
- * (over all ranks) is at most max_norm; returns the norm before clipping. With
+ * (over all ranks) is at most max_norm, with torch.nn.utils.clip_grad_norm_'s
+ * arithmetic on the device in f32 (coef = min(max_norm / (norm + 1e-6), 1),
+ * every gradient multiplied by coef). total_norm (may be NULL) gets the norm
+ * before clipping; only then is anything read back to the host (a GPU waits, a
+ * lazy device runs its graph), so pass NULL inside a training step. With
  * fp16 the gradients are unscaled first, once per step: the later
  * ca_optimizer_step does not unscale again. Configured clipping
- * (ACCELERATE_GRADIENT_CLIPPING, gradient_clipping) runs inside the step. */
+ * (ACCELERATE_GRADIENT_CLIPPING, gradient_clipping) runs inside the step and
+ * reads nothing back. Not thread-safe against other calls on acc. Errors: the
+ * kernels' or the collectives' status. */
 CA_API ca_status ca_clip_grad_norm(ca_accelerator *acc, double max_norm, double *total_norm);
 CA_API ca_status ca_clip_grad_value(ca_accelerator *acc, double clip_value);
 
