@@ -168,6 +168,15 @@ static ca_dataset *synthetic(int64_t n, int in, int classes) {
     return ds;
 }
 
+/* An accelerator with distributed_type XLA, as a program's configuration would ask for it. */
+static ca_accelerator *xla_accelerator(void) {
+    const char *settings[] = {"distributed_type=XLA", NULL};
+    char *argv[] = {"test", NULL};
+    ca_accelerator *acc;
+    T_OK(ca_accelerator_create(&(ca_options){.argc = 1, .argv = argv, .settings = settings}, &acc));
+    return acc;
+}
+
 static ca_module *mlp(void) {
     ca_module *seq, *l;
     T_OK(ca_sequential_create(&seq));
@@ -183,10 +192,7 @@ static ca_module *mlp(void) {
  * compiles nothing, the short last batch compiles once, the second epoch nothing at all and
  * allocates no device memory. */
 static void test_training_cache(void **state) {
-    const char *settings[] = {"distributed_type=XLA", NULL};
-    char *argv[] = {"test", NULL};
-    ca_accelerator *acc;
-    T_OK(ca_accelerator_create(&(ca_options){.argc = 1, .argv = argv, .settings = settings}, &acc));
+    ca_accelerator *acc = xla_accelerator();
     assert_string_equal(ca_device_name(ca_accelerator_device(acc)), "xla");
     ca_device *dev = ca_accelerator_device(acc);
     T_OK(ca_set_seed(acc, 5));
@@ -251,10 +257,7 @@ static void test_training_cache(void **state) {
  * dead tensors at mark_step: the step's temporaries are the graph's intermediates (placed in its
  * arena), not blocks that outlive it. Each step here makes a 1 MiB temporary and its square. */
 static void test_step_temporaries_are_intermediates(void **state) {
-    const char *settings[] = {"distributed_type=XLA", NULL};
-    char *argv[] = {"test", NULL};
-    ca_accelerator *acc;
-    T_OK(ca_accelerator_create(&(ca_options){.argc = 1, .argv = argv, .settings = settings}, &acc));
+    ca_accelerator *acc = xla_accelerator();
     ca_device *dev = ca_accelerator_device(acc);
     ca_dataset *ds = synthetic(4 * 8, 8, 3);
     ca_dataloader *dl;
@@ -293,10 +296,7 @@ static void test_step_temporaries_are_intermediates(void **state) {
  * a request for the norm it runs no graph, so the step stays one graph; the clipped gradients have
  * norm max_norm, and the norm, when asked for, is read at the end. */
 static void test_clip_grad_norm_in_graph(void **state) {
-    const char *settings[] = {"distributed_type=XLA", NULL};
-    char *argv[] = {"test", NULL};
-    ca_accelerator *acc;
-    T_OK(ca_accelerator_create(&(ca_options){.argc = 1, .argv = argv, .settings = settings}, &acc));
+    ca_accelerator *acc = xla_accelerator();
     ca_device *dev = ca_accelerator_device(acc);
     ca_module *m;
     T_OK(ca_linear_create(4, 3, true, &m));
