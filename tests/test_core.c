@@ -109,8 +109,9 @@ static void test_registry_loads_plugin_with_reason(void **state) {
     assert_non_null(strstr(ca_last_error(), "no test hardware attached"));
 }
 
-/* A backend built for ABI 1.0 (the CPU's tables cut at the 1.0 kernel table's
- * end) loads, runs the 1.0 kernels, and names the 1.1 kernel it lacks. */
+/* A backend whose kernel table ends where ABI 1.0's did (the CPU's tables cut before
+ * `attention`, the first slot 1.1 appended) loads, runs the kernels it has, and names
+ * the kernel it lacks. */
 static void test_registry_older_minor_lacks_new_kernels(void **state) {
     static ca_kernels k10;
     static ca_device_ops ops;
