@@ -706,8 +706,9 @@ static ca_status scale_grads_by(const grad_set *gs, ca_device *dev, const void *
 
 /* torch.nn.utils.clip_grad_norm_'s arithmetic, on the device in f32: total = sqrt(sum of squares),
  * coef = min(max_norm / (total + 1e-6), 1), every gradient multiplied by coef (by 1 when it is
- * already small enough: exact). Nothing is read back unless the caller asks for the norm, so a lazy
- * device keeps the step in one graph and a GPU does not wait for it. */
+ * already small enough: exact, and skipped on host memory, where reading coef is free). Nothing else
+ * is read back unless the caller asks for the norm, so a lazy device keeps the step in one graph and
+ * a GPU does not wait for it. */
 ca_status ca_clip_grad_norm(ca_accelerator *acc, double max_norm, double *total_norm) {
     if (!acc || max_norm <= 0) return ca_error(CA_ERR_INVALID, "clip_grad_norm: max_norm must be > 0");
     ca_status s = unscale(acc, NULL);
@@ -731,7 +732,10 @@ ca_status ca_clip_grad_norm(ca_accelerator *acc, double max_norm, double *total_
         int64_t one = 1;
         ca_tensor_list tl = {.count = 1, .param = &cp, .numel = &one, .grad_dtype = CA_F32};
         if (s == CA_OK) s = CA_KCALL(acc->device, clamp_list, &tl, 0.0f, 1.0f);
-        if (s == CA_OK) s = scale_grads_by(&gs, acc->device, cp);
+        /* on host memory the coefficient costs nothing to read: a pass multiplying by 1 is skipped */
+        double cv = 0;
+        if (s == CA_OK && ca_device_is_host(acc->device)) s = ca_tensor_item(coef, &cv);
+        if (s == CA_OK && cv < 1.0) s = scale_grads_by(&gs, acc->device, cp);
         if (s == CA_OK && total_norm) s = ca_tensor_item(total, total_norm);
     }
     free(gs.t);

@@ -291,7 +291,7 @@ int main(int argc, char **argv) {
         while (ca_dataloader_next(train_dl, &b)) {
             em.loss_sum += read_loss(&last_loss);
             int64_t before = ca_optimizer_steps(opt);
-            CA_ACCUMULATE(acc, model) {
+            CA_SCOPE CA_ACCUMULATE(acc, model) {   /* a graph run before the next batch sees them freed */
                 ca_tensor *loss = ca_cross_entropy(ca_module_forward(model, b.x), b.y);
                 CA_CHECK(ca_backward(acc, loss));
                 CA_CHECK(ca_optimizer_step(opt));
