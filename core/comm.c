@@ -297,13 +297,11 @@ static ca_status deferred_run(void *ctx, bool run, const void *in, void *out) {
     ca_comm *c = d->c;
     ca_work *w = d->w;
     ca_status s;
-    if (run) {   /* the same bytes at their host addresses; in place when send was recv */
-        d->a.send = d->a.send == d->a.recv ? out : in;
-        d->a.recv = out;
-    }
     if (!run) {
         s = finish(c, w, CA_ERR_STATE);
     } else {
+        d->a.send = d->a.send == d->a.recv ? out : in;   /* the same bytes at their host addresses */
+        d->a.recv = out;
         w->issue_ms = ca_now_ms();   /* the deadline runs from when the graph reaches it */
         int64_t deadline = w->issue_ms + c->timeout_ms;
         s = atomic_load(&c->failed) ? ca_comm_diag_failed_already(c, ca_coll_kind_name(d->kind)) : CA_OK;

@@ -661,7 +661,6 @@ static ca_tensor *micro_step(ca_accelerator *acc, ca_module *model, ca_optimizer
     return l;
 }
 
-
 /* Trains max_steps optimizer steps, logging and evaluating at the intervals. */
 static void train_loop(ca_accelerator *acc, ca_module *model, ca_optimizer *opt, ca_dataloader *train_dl,
                          ca_dataloader *val_dl, const args *a) {

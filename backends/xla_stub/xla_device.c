@@ -187,10 +187,15 @@ static ca_status alloc_locked(xla_dev *x, size_t bytes, void **ptr) {
     size_t r = (bytes + XLA_ALIGN - 1) / XLA_ALIGN * XLA_ALIGN;
     if (r == 0) r = XLA_ALIGN;
     xalloc *a = calloc(1, sizeof *a);
-    uintptr_t v = a && GROW(x->tab, x->captab, x->ntab + 1) ? vrange_take(x, r) : 0;
+    if (!a || !GROW(x->tab, x->captab, x->ntab + 1)) {
+        free(a);
+        return ca_error(CA_ERR_NOMEM, "xla: out of host memory for the device's block table");
+    }
+    uintptr_t v = vrange_take(x, r);
     if (!v) {
         free(a);
-        return ca_error(CA_ERR_NOMEM, "xla: out of device %s (%zu bytes)", a ? "addresses" : "memory", bytes);
+        return ca_error(CA_ERR_NOMEM, "xla: out of device addresses (%zu bytes; %zu GiB reserved)", bytes,
+                        x->vsize >> 30);
     }
     a->base = v;
     a->bytes = r;
@@ -1037,9 +1042,9 @@ static ca_status record_copy(xla_dev *x, void *dst, const void *src, size_t byte
     xnode *n = xla_node_begin(x, XS_MEMCPY);
     n->a.memcpy.dst = dst; n->a.memcpy.src = src; n->a.memcpy.bytes = bytes;
     xla_key(x, n, (int64_t)bytes);
-    int fs = (int)((char *)&n->a.memcpy.src - (char *)&n->a), fd = (int)((char *)&n->a.memcpy.dst - (char *)&n->a);
-    ca_status s = xla_ref(x, n, src, fs, NULL, bytes, XR_READ, -1, "src");
-    if (s == CA_OK) s = xla_ref(x, n, dst, fd, NULL, bytes, XR_WRITE | (src == dst ? 0 : XR_FULL), -1, "dst");
+    ca_status s = xla_ref(x, n, src, XLA_FIELD(n, memcpy.src), NULL, bytes, XR_READ, -1, "src");
+    if (s == CA_OK)
+        s = xla_ref(x, n, dst, XLA_FIELD(n, memcpy.dst), NULL, bytes, XR_WRITE | (src == dst ? 0 : XR_FULL), -1, "dst");
     return xla_node_end(x, n, s);
 }
 
@@ -1054,9 +1059,9 @@ static ca_status x_enqueue_host_fn(void *dev, ca_status (*fn)(void *ctx, bool ru
     n->a.host.out = out;
     xla_key(x, n, (int64_t)in_bytes);
     xla_key(x, n, (int64_t)out_bytes);
-    int fi = (int)((char *)&n->a.host.in - (char *)&n->a), fo = (int)((char *)&n->a.host.out - (char *)&n->a);
-    ca_status s = in ? xla_ref(x, n, in, fi, NULL, in_bytes, XR_READ, -1, "in") : CA_OK;
-    if (s == CA_OK && out) s = xla_ref(x, n, out, fo, NULL, out_bytes, XR_READ | XR_WRITE, -1, "out");
+    ca_status s = in ? xla_ref(x, n, in, XLA_FIELD(n, host.in), NULL, in_bytes, XR_READ, -1, "in") : CA_OK;
+    if (s == CA_OK && out)
+        s = xla_ref(x, n, out, XLA_FIELD(n, host.out), NULL, out_bytes, XR_READ | XR_WRITE, -1, "out");
     return xla_node_end(x, n, s);   /* on failure the node's data is dropped: fn(ctx, false) */
 }
 

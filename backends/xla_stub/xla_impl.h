@@ -157,7 +157,9 @@ extern const ca_kernels xla_kernels;
 
 /* Recording: begin a node (locks), add references and attributes, end (unlocks). */
 xnode *xla_node_begin(xla_dev *x, xslot slot);
-/* field: where n keeps p (an offset into n->a), or -1 with slot: the tensor list's slot holding it. */
+/* field: where n keeps p (an offset into n->a, XLA_FIELD), or -1 with slot: the tensor list's slot
+ * holding it. */
+#define XLA_FIELD(n, f) ((int)((char *)&(n)->a.f - (char *)&(n)->a))
 ca_status xla_ref(xla_dev *x, xnode *n, const void *p, int field, void **slot, uint64_t bytes, int flags, int dt,
                   const char *what);
 void xla_key(xla_dev *x, xnode *n, int64_t v);

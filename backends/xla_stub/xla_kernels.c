@@ -14,10 +14,9 @@
  * structural attribute (part of the cache key: shapes, dtypes, enums; never float scalars,
  * seeds or pointers, which are the program's runtime parameters). */
 #define B(S) xla_dev *x = dev; xnode *n = xla_node_begin(x, S); ca_status s = CA_OK
-#define FIELD(f) ((int)((char *)&n->a.f - (char *)&n->a))
-#define R(f, bytes, dt) if (s == CA_OK) s = xla_ref(x, n, n->a.f, FIELD(f), NULL, bytes, XR_READ, (int)(dt), #f)
+#define R(f, bytes, dt) if (s == CA_OK) s = xla_ref(x, n, n->a.f, XLA_FIELD(n, f), NULL, bytes, XR_READ, (int)(dt), #f)
 #define W(f, bytes, fl, dt) \
-    if (s == CA_OK) s = xla_ref(x, n, n->a.f, FIELD(f), NULL, bytes, XR_WRITE | (fl), (int)(dt), #f)
+    if (s == CA_OK) s = xla_ref(x, n, n->a.f, XLA_FIELD(n, f), NULL, bytes, XR_WRITE | (fl), (int)(dt), #f)
 #define K(v) xla_key(x, n, (int64_t)(v))
 #define E() return xla_node_end(x, n, s)
 /* an output that is read first unless beta == 0 */
