@@ -1,10 +1,11 @@
 /* accelerator/state.c: ca_save_state / ca_load_state (Accelerate's save_state / load_state), its
  * ProjectConfiguration (automatic naming, total_limit), and ca_register_for_checkpointing.
  *
- * Protocol (docs/CHECKPOINTS.md): rank 0 creates <dir>.tmp; every rank writes its files there
- * (each atomically, fsync'd); the statuses are exchanged; rank 0 records every file's size and
- * CRC-32, renames the directory, writes complete.json and tells the others. A load checks every
- * file on every rank, exchanges the statuses, and only then applies anything. */
+ * Protocol (docs/CHECKPOINTS.md, "Atomicity"): rank 0 creates <dir>.tmp; every rank writes its
+ * files there (each atomically, fsync'd); the statuses are exchanged; rank 0 records every file's
+ * size and CRC-32 in complete.json inside <dir>.tmp, swaps it with <dir> (or renames it there),
+ * removes the previous checkpoint and tells the others. A load checks every file on every rank,
+ * exchanges the statuses, and only then applies anything. */
 #include "accelerator/accelerator_impl.h"
 #include "accelerator/checkpoint_impl.h"
 #include "tensor/safetensors_impl.h"
@@ -136,23 +137,142 @@ static ca_status ss_mkdirs(const char *dir) {
     return CA_OK;
 }
 
-/* Removes a checkpoint directory (flat): the marker first, so that a crash half-way leaves an
- * incomplete checkpoint, never one that looks complete. */
-static ca_status ss_remove_dir(const char *dir) {
-    char path[PATH_MAX];
-    if (ss_path(path, dir, SS_MARKER) == CA_OK) unlink(path);
-    DIR *d = opendir(dir);
-    if (!d) return errno == ENOENT ? CA_OK : ca_error(CA_ERR_IO, "%s: %s", dir, strerror(errno));
+/* ------------------------------------------------------------------ directories save_state may touch
+ *
+ * save_state removes or replaces a directory only when it is caccel's: empty, or holding one of
+ * the regular files below (the ownership file is written into every <dir>.tmp as soon as it is
+ * created, so a save killed at any point leaves a directory recognised as caccel's), and no
+ * directory. It never follows a symbolic link: a link in the place of a directory is an error,
+ * and a directory is emptied through a descriptor opened with O_NOFOLLOW. */
+
+#define SS_OWNER ".caccel_checkpoint"
+
+typedef enum { SS_NONE, SS_DIR, SS_LINK, SS_OTHER } ss_type;
+
+typedef struct ss_dirinfo {
+    ss_type type;
+    bool empty, owned, complete;   /* complete: a regular complete.json */
+    char subdir[256];              /* the first directory inside it, "" if none */
+} ss_dirinfo;
+
+static bool ss_is_owner_file(const char *name) {
+    return !strcmp(name, SS_OWNER) || !strcmp(name, SS_MARKER) || !strcmp(name, SS_STATE);
+}
+
+static const char *ss_base(const char *path) {
+    const char *slash = strrchr(path, '/');
+    return slash ? slash + 1 : path;
+}
+
+/* The entries of the open directory `fd` (which stays open), not following links. */
+static ca_status ss_scan(int fd, const char *path, ss_dirinfo *in) {
+    int dup_fd = dup(fd);
+    DIR *d = dup_fd < 0 ? NULL : fdopendir(dup_fd);
+    if (!d) {
+        if (dup_fd >= 0) close(dup_fd);
+        return ca_error(CA_ERR_IO, "%s: %s", path, strerror(errno));
+    }
+    rewinddir(d);   /* the duplicate shares the offset of an earlier scan */
+    *in = (ss_dirinfo){.type = SS_DIR, .empty = true};
     struct dirent *e;
-    ca_status s = CA_OK;
     while ((e = readdir(d)) != NULL) {
         if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-        if (ss_path(path, dir, e->d_name) == CA_OK && unlink(path) != 0 && s == CA_OK)
-            s = ca_error(CA_ERR_IO, "%s: cannot remove: %s", path, strerror(errno));
+        in->empty = false;
+        struct stat st;
+        if (fstatat(fd, e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0) continue;
+        if (S_ISDIR(st.st_mode) && !in->subdir[0]) snprintf(in->subdir, sizeof in->subdir, "%s", e->d_name);
+        if (S_ISREG(st.st_mode) && ss_is_owner_file(e->d_name)) {
+            in->owned = true;
+            in->complete |= !strcmp(e->d_name, SS_MARKER);
+        }
     }
     closedir(d);
-    if (s == CA_OK && rmdir(dir) != 0)
+    return CA_OK;
+}
+
+/* What `path` is, without following a link at its end. */
+static ca_status ss_inspect(const char *path, ss_dirinfo *in) {
+    struct stat st;
+    *in = (ss_dirinfo){.type = SS_NONE};
+    if (lstat(path, &st) != 0)
+        return errno == ENOENT ? CA_OK : ca_error(CA_ERR_IO, "save_state: %s: %s", path, strerror(errno));
+    in->type = S_ISLNK(st.st_mode) ? SS_LINK : S_ISDIR(st.st_mode) ? SS_DIR : SS_OTHER;
+    if (in->type != SS_DIR) return CA_OK;
+    int fd = open(path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0) return ca_error(CA_ERR_IO, "save_state: %s: %s", path, strerror(errno));
+    ca_status s = ss_scan(fd, path, in);
+    close(fd);
+    return s;
+}
+
+/* CA_OK when save_state may remove or replace what `in` describes (`verb`: "removing",
+ * "replacing"); else an error naming the path. */
+static ca_status ss_check_ours(const char *path, const ss_dirinfo *in, const char *verb) {
+    if (in->type == SS_LINK)
+        return ca_error(CA_ERR_STATE, "save_state: %s is a symbolic link: not %s it (save_state never "
+                        "follows a link; remove it or save elsewhere)", path, verb);
+    if (in->type == SS_OTHER)
+        return ca_error(CA_ERR_STATE, "save_state: %s exists and is not a directory: not %s it", path, verb);
+    if (in->type == SS_DIR && !in->empty && !in->owned)
+        return ca_error(CA_ERR_STATE, "save_state: %s exists and is not a checkpoint (no " SS_MARKER ", "
+                        SS_STATE " or " SS_OWNER "): not %s it", path, verb);
+    if (in->type == SS_DIR && in->subdir[0])
+        return ca_error(CA_ERR_STATE, "save_state: %s holds a directory (%s), which no checkpoint does: "
+                        "not %s it", path, in->subdir, verb);
+    return CA_OK;
+}
+
+static void ss_test_stall(const ca_accelerator *acc, const char *phase);
+
+/* Unlinks every entry of `fd` but the ownership files (a checkpoint is flat: files only, checked
+ * before). A link is removed as a link. */
+static ca_status ss_unlink_entries(int fd, const char *dir) {
+    int dup_fd = dup(fd);
+    DIR *d = dup_fd < 0 ? NULL : fdopendir(dup_fd);
+    if (!d) {
+        if (dup_fd >= 0) close(dup_fd);
+        return ca_error(CA_ERR_IO, "%s: %s", dir, strerror(errno));
+    }
+    rewinddir(d);
+    struct dirent *e;
+    ca_status s = CA_OK;
+    while (s == CA_OK && (e = readdir(d)) != NULL) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..") || ss_is_owner_file(e->d_name)) continue;
+        if (unlinkat(fd, e->d_name, 0) != 0 && errno != ENOENT)
+            s = ca_error(CA_ERR_IO, "%s/%s: cannot remove: %s", dir, e->d_name, strerror(errno));
+    }
+    closedir(d);
+    return s;
+}
+
+/* Removes a directory save_state made (nothing when there is none), or fails naming it when it is
+ * not one (ss_check_ours). complete.json goes first, so that a crash half-way leaves an incomplete
+ * checkpoint, never one that looks complete; the other ownership files go last, so that what a
+ * crash leaves is still recognised as caccel's. `phase`: the test hook's name for this removal. */
+static ca_status ss_remove_dir(const ca_accelerator *acc, const char *dir, const char *phase) {
+    char parent[PATH_MAX];
+    ss_parent(parent, dir);
+    ss_dirinfo in;
+    ca_status s = ss_inspect(dir, &in);
+    if (s != CA_OK || in.type == SS_NONE) return s;
+    if ((s = ss_check_ours(dir, &in, "removing")) != CA_OK) return s;
+    int pfd = open(parent, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    int fd = pfd < 0 ? -1 : openat(pfd, ss_base(dir), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0) s = ca_error(CA_ERR_IO, "save_state: %s: %s", dir, strerror(errno));
+    if (s == CA_OK) s = ss_scan(fd, dir, &in);   /* again, through the descriptor that is emptied */
+    if (s == CA_OK) s = ss_check_ours(dir, &in, "removing");
+    if (s == CA_OK && unlinkat(fd, SS_MARKER, 0) != 0 && errno != ENOENT)
+        s = ca_error(CA_ERR_IO, "%s/" SS_MARKER ": cannot remove: %s", dir, strerror(errno));
+    if (s == CA_OK && phase) ss_test_stall(acc, phase);
+    if (s == CA_OK) s = ss_unlink_entries(fd, dir);
+    static const char *const last[] = {SS_STATE, SS_OWNER};
+    for (int i = 0; s == CA_OK && i < 2; i++)
+        if (unlinkat(fd, last[i], 0) != 0 && errno != ENOENT)
+            s = ca_error(CA_ERR_IO, "%s/%s: cannot remove: %s", dir, last[i], strerror(errno));
+    if (s == CA_OK && unlinkat(pfd, ss_base(dir), AT_REMOVEDIR) != 0)
         s = ca_error(CA_ERR_IO, "%s: cannot remove the directory: %s", dir, strerror(errno));
+    if (fd >= 0) close(fd);
+    if (pfd >= 0) close(pfd);
     return s;
 }
 
@@ -468,9 +588,11 @@ static ca_status ss_save_local_full(ca_accelerator *acc, const char *dir, int64_
 
 /* ------------------------------------------------------------------ saving: the protocol */
 
-/* Test hook: CACCEL_TEST_SAVE_STALL=<phase>:<n> stops this process at <phase> ("files": its files
- * written, "renamed": rank 0 renamed the directory but has not written the marker) of its n-th
- * save, so that a test can kill it there. */
+/* Test hook: CACCEL_TEST_SAVE_STALL=<phase>:<n> stops this process at <phase> of its n-th save, so
+ * that a test can kill it there: "files" (every rank: its files written), and on rank 0 "manifest"
+ * (complete.json written inside <dir>.tmp), "aside" (where no swap exists: the previous <dir> moved
+ * to <dir>.old), "renamed" (the new checkpoint is at <dir>), "removing" (the previous one half
+ * removed: its complete.json gone), "pruning" (the same for a checkpoint beyond total_limit). */
 static void ss_test_stall(const ca_accelerator *acc, const char *phase) {
     const char *v = getenv("CACCEL_TEST_SAVE_STALL");
     size_t n = strlen(phase);
@@ -536,29 +658,75 @@ static ca_status ss_manifest(const char *dir, int world, json_object **out) {
     return CA_OK;
 }
 
-/* Rank 0, once every rank has written: manifest, rename over `dir` (an old checkpoint there goes
- * to <dir>.old until the new one is complete), marker. */
-static ca_status ss_finish(ca_accelerator *acc, const char *tmp, const char *dir) {
-    json_object *man = NULL;
-    char old[PATH_MAX], parent[PATH_MAX];
-    ca_status s = ss_manifest(tmp, acc->world, &man);
-    if (s == CA_OK) s = ss_sync_dir(tmp);
-    snprintf(old, sizeof old, "%s.old", dir);
-    bool had_old = s == CA_OK && ss_exists(dir);
-    if (had_old) {
-        ss_remove_dir(old);
-        if (rename(dir, old) != 0)
-            s = ca_error(CA_ERR_IO, "%s: cannot move the previous checkpoint aside: %s", dir, strerror(errno));
+/* Swaps the directories `a` and `b` in one step; -1 with errno ENOSYS where the system (or, with
+ * EINVAL or ENOTSUP, the file system) cannot. CACCEL_TEST_SAVE_NO_SWAP=1 takes the path of those
+ * systems, so that it is tested here too. */
+static int ss_swap(const char *a, const char *b) {
+    const char *v = getenv("CACCEL_TEST_SAVE_NO_SWAP");
+    if (v && !strcmp(v, "1")) {
+        errno = ENOSYS;
+        return -1;
     }
-    if (s == CA_OK && rename(tmp, dir) != 0)
-        s = ca_error(CA_ERR_IO, "%s: cannot rename to %s: %s", tmp, dir, strerror(errno));
+#if defined(RENAME_EXCHANGE)   /* Linux 3.15, glibc 2.28 */
+    return renameat2(AT_FDCWD, a, AT_FDCWD, b, RENAME_EXCHANGE);
+#elif defined(RENAME_SWAP)     /* macOS 10.12 */
+    return renamex_np(a, b, RENAME_SWAP);
+#else
+    (void)a, (void)b;
+    errno = ENOSYS;
+    return -1;
+#endif
+}
+
+/* Puts the complete <tmp> at <dir>. An existing <dir> is swapped with it in one step where the
+ * system can: <dir> is the previous complete checkpoint up to that instant and the new one after
+ * it. Elsewhere the previous <dir> moves to <dir>.old first; in between, load_state finds the
+ * complete <dir>.tmp. *prev gets where the previous checkpoint lies now ("" when there was none). */
+static ca_status ss_publish(const ca_accelerator *acc, const char *tmp, const char *dir, char *prev) {
+    char parent[PATH_MAX];
+    struct stat st;
     ss_parent(parent, dir);
-    if (s == CA_OK) s = ss_sync_dir(parent);
-    if (s == CA_OK) ss_test_stall(acc, "renamed");
-    if (s == CA_OK) s = ss_write_json(dir, SS_MARKER, man);   /* fsyncs dir */
-    if (s == CA_OK && had_old) s = ss_remove_dir(old);
-    if (s != CA_OK) ca_error_context("save_state: %s", dir);
+    prev[0] = '\0';
+    bool had = lstat(dir, &st) == 0;
+    if (!had && errno != ENOENT) return ca_error(CA_ERR_IO, "%s: %s", dir, strerror(errno));
+    if (had && ss_swap(tmp, dir) == 0) {
+        snprintf(prev, PATH_MAX, "%s", tmp);
+        return ss_sync_dir(parent);
+    }
+    if (had && errno != ENOSYS && errno != EINVAL && errno != ENOTSUP)
+        return ca_error(CA_ERR_IO, "%s: cannot swap with %s: %s", tmp, dir, strerror(errno));
+    if (had) {
+        snprintf(prev, PATH_MAX, "%s.old", dir);
+        if (rename(dir, prev) != 0)
+            return ca_error(CA_ERR_IO, "%s: cannot move the previous checkpoint to %s: %s", dir, prev,
+                            strerror(errno));
+        ca_status s = ss_sync_dir(parent);
+        if (s != CA_OK) return s;
+        ss_test_stall(acc, "aside");
+    }
+    if (rename(tmp, dir) != 0)
+        return ca_error(CA_ERR_IO, "%s: cannot rename to %s: %s", tmp, dir, strerror(errno));
+    return ss_sync_dir(parent);
+}
+
+/* Rank 0, once every rank has written: the manifest, complete.json, goes into <dir>.tmp (fsync'd
+ * with it), so that the directory is complete before it is published; then it is put at <dir>
+ * and the previous checkpoint removed. *published: whether <dir>.tmp has moved. */
+static ca_status ss_finish(ca_accelerator *acc, const char *tmp, const char *dir, bool *published) {
+    json_object *man = NULL;
+    char prev[PATH_MAX];
+    *published = false;
+    ca_status s = ss_manifest(tmp, acc->world, &man);
+    if (s == CA_OK) s = ss_write_json(tmp, SS_MARKER, man);   /* atomic; fsyncs the file and tmp */
     json_object_put(man);
+    if (s == CA_OK) {
+        ss_test_stall(acc, "manifest");
+        *published = true;
+        s = ss_publish(acc, tmp, dir, prev);
+    }
+    if (s == CA_OK) ss_test_stall(acc, "renamed");
+    if (s == CA_OK && prev[0]) s = ss_remove_dir(acc, prev, "removing");
+    if (s != CA_OK) ca_error_context("save_state: %s", dir);
     return s;
 }
 
@@ -603,7 +771,8 @@ static int ss_cmp_ck(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-/* The checkpoint_<n> directories under `root`, ascending. */
+/* The checkpoint_<n> directories under `root`, ascending. A link of that name is not one of them:
+ * it is neither loaded nor removed. */
 static ca_status ss_list(const char *root, ss_ck **out, int *count) {
     *out = NULL;
     *count = 0;
@@ -615,7 +784,9 @@ static ca_status ss_list(const char *root, ss_ck **out, int *count) {
     while ((e = readdir(d)) != NULL) {
         int64_t n = ss_checkpoint_number(e->d_name);
         char dir[PATH_MAX], marker[PATH_MAX];
-        if (n < 0 || ss_path(dir, root, e->d_name) != CA_OK || ss_path(marker, dir, SS_MARKER) != CA_OK)
+        struct stat st;
+        if (n < 0 || ss_path(dir, root, e->d_name) != CA_OK || ss_path(marker, dir, SS_MARKER) != CA_OK ||
+            lstat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
             continue;
         if (*count == cap) {
             ss_ck *p = realloc(*out, (size_t)(cap = cap ? 2 * cap : 16) * sizeof *p);
@@ -625,70 +796,104 @@ static ca_status ss_list(const char *root, ss_ck **out, int *count) {
             }
             *out = p;
         }
-        (*out)[(*count)++] = (ss_ck){n, ss_exists(marker)};
+        (*out)[(*count)++] = (ss_ck){n, lstat(marker, &st) == 0 && S_ISREG(st.st_mode)};
     }
     closedir(d);
     if (s == CA_OK) qsort(*out, (size_t)*count, sizeof **out, ss_cmp_ck);
     return s;
 }
 
-/* total_limit: the oldest complete checkpoints beyond the limit go (rank 0, after a save). */
+/* total_limit (rank 0, after a save): the oldest complete checkpoints beyond the limit go, and so
+ * do the incomplete ones older than the newest complete one (what a save or a removal killed
+ * half-way left: load_state never picks them); an incomplete one that is not caccel's stays. */
 static ca_status ss_apply_limit(const ca_accelerator *acc, const char *root) {
     int64_t limit = 0;
     if (!ss_cfg_str(acc, "total_limit") || ca_config_get_int(acc->cfg, "total_limit", &limit) != CA_OK ||
         limit <= 0)
         return CA_OK;
     ss_ck *ck = NULL;
-    int n = 0, complete = 0;
+    int n = 0, complete = 0, newest = -1;
     ca_status s = ss_list(root, &ck, &n);
-    for (int i = 0; i < n; i++) complete += ck[i].complete;
-    for (int i = 0; s == CA_OK && i < n && complete > limit; i++) {
-        if (!ck[i].complete) continue;
+    for (int i = 0; i < n; i++) {
+        complete += ck[i].complete;
+        if (ck[i].complete) newest = i;
+    }
+    for (int i = 0; s == CA_OK && i < newest; i++) {
+        if (ck[i].complete && complete <= limit) continue;
         char dir[PATH_MAX], name[64];
+        ss_dirinfo in;
         snprintf(name, sizeof name, "checkpoint_%" PRId64, ck[i].n);
         s = ss_path(dir, root, name);
-        if (s == CA_OK) s = ss_remove_dir(dir);
-        if (s == CA_OK) CA_LOG_I("save_state: total_limit %" PRId64 ": removed %s", limit, dir);
-        complete--;
+        if (s == CA_OK && !ck[i].complete &&
+            (ss_inspect(dir, &in) != CA_OK || ss_check_ours(dir, &in, "removing") != CA_OK)) {
+            CA_LOG_W("%s", ca_last_error());   /* not caccel's: left where it is */
+            continue;
+        }
+        if (s == CA_OK) s = ss_remove_dir(acc, dir, "pruning");
+        if (s == CA_OK) CA_LOG_I("save_state: total_limit %" PRId64 ": removed %s%s", limit, dir,
+                                 ck[i].complete ? "" : " (incomplete)");
+        complete -= ck[i].complete;
     }
     free(ck);
     return s;
 }
 
-/* A directory a save may replace: none, an empty one, or a checkpoint (complete or not). */
-static ca_status ss_replaceable(const char *dir) {
-    DIR *d = opendir(dir);
-    if (!d) return errno == ENOENT ? CA_OK : ca_error(CA_ERR_IO, "save_state: %s: %s", dir, strerror(errno));
-    bool empty = true, ours = false;
-    struct dirent *e;
-    while ((e = readdir(d)) != NULL) {
-        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-        empty = false;
-        ours |= !strcmp(e->d_name, SS_MARKER) || !strcmp(e->d_name, SS_STATE);
-    }
-    closedir(d);
-    return empty || ours ? CA_OK
-                         : ca_error(CA_ERR_STATE, "save_state: %s exists and is not a checkpoint (no "
-                                    SS_STATE "): not replacing it", dir);
+/* Rank 0, a named directory that is not complete: the complete checkpoint an interrupted save left
+ * beside it (<dir>.tmp, the newer, else <dir>.old) is put back at <dir> first, so that the save
+ * starts, as every save does, with the latest complete checkpoint at <dir>. */
+static ca_status ss_recover(const ca_accelerator *acc, const char *dir, const ss_dirinfo *d, const char *tmp,
+                            const ss_dirinfo *t, const char *old, const ss_dirinfo *o) {
+    const char *from = t->type == SS_DIR && t->complete ? tmp : o->type == SS_DIR && o->complete ? old : NULL;
+    if (!from) return CA_OK;
+    ca_status s = d->type == SS_DIR ? ss_remove_dir(acc, dir, NULL) : CA_OK;   /* incomplete: nothing lost */
+    char parent[PATH_MAX];
+    ss_parent(parent, dir);
+    if (s == CA_OK && rename(from, dir) != 0)
+        s = ca_error(CA_ERR_IO, "save_state: %s: cannot move it back to %s: %s", from, dir, strerror(errno));
+    if (s == CA_OK) s = ss_sync_dir(parent);
+    if (s == CA_OK)
+        CA_LOG_W("save_state: %s was not a complete checkpoint; moved %s, the complete one an interrupted "
+                 "save left, back in its place", dir, from);
+    return s;
 }
 
-/* Rank 0: the target directory and its parent exist, <dir>.tmp is empty. */
-static ca_status ss_prepare_dirs(const char *dir, const char *tmp, bool automatic) {
-    char parent[PATH_MAX], marker[PATH_MAX];
+/* <dir>.tmp, new, with the file that marks it as caccel's. */
+static ca_status ss_make_tmp(const char *tmp) {
+    static const char text[] = "caccel save_state made this directory; it removes it only while this file is here\n";
+    char path[PATH_MAX];
+    if (mkdir(tmp, 0755) != 0)
+        return ca_error(CA_ERR_IO, "%s: cannot create the directory: %s", tmp, strerror(errno));
+    ca_status s = ss_path(path, tmp, SS_OWNER);
+    if (s == CA_OK) s = ca_st_write_atomic(path, (const void *const[]){text}, (const size_t[]){sizeof text - 1}, 1);
+    if (s != CA_OK) rmdir(tmp);   /* empty again: ca_st_write_atomic removes its file when it fails */
+    return s;
+}
+
+/* Rank 0: the parent exists, <dir> is none or caccel's (and, automatically named, not complete),
+ * <dir>.tmp is new and <dir>.old gone. Everything is checked before anything is removed. */
+static ca_status ss_prepare_dirs(const ca_accelerator *acc, const char *dir, const char *tmp, bool automatic) {
+    char parent[PATH_MAX], old[PATH_MAX];
+    ss_dirinfo d, t, o;
     ss_parent(parent, dir);
-    ca_status s = ss_replaceable(dir);
+    snprintf(old, sizeof old, "%.*s.old", PATH_MAX - 5, dir);
+    ca_status s = ss_inspect(dir, &d);
+    if (s == CA_OK) s = ss_check_ours(dir, &d, "replacing");
+    if (s == CA_OK) s = ss_inspect(tmp, &t);
+    if (s == CA_OK) s = ss_check_ours(tmp, &t, "removing");
+    if (s == CA_OK) s = ss_inspect(old, &o);
+    if (s == CA_OK) s = ss_check_ours(old, &o, "removing");
+    if (s == CA_OK && automatic && d.complete)
+        return ca_error(CA_ERR_STATE, "save_state: %s already exists; set the configuration key "
+                        "iteration to a number not used yet", dir);
     if (s == CA_OK) s = ss_mkdirs(parent);
-    if (s == CA_OK) s = ss_path(marker, dir, SS_MARKER);
-    if (s == CA_OK && automatic && ss_exists(dir)) {
-        if (ss_exists(marker))
-            return ca_error(CA_ERR_STATE, "save_state: %s already exists; set the configuration key "
-                            "iteration to a number not used yet", dir);
+    if (s == CA_OK && automatic && d.type == SS_DIR) {
         CA_LOG_W("save_state: removing the incomplete checkpoint %s (no " SS_MARKER ")", dir);
-        s = ss_remove_dir(dir);
+        s = ss_remove_dir(acc, dir, NULL);
     }
-    if (s == CA_OK) s = ss_remove_dir(tmp);
-    if (s == CA_OK && mkdir(tmp, 0755) != 0)
-        s = ca_error(CA_ERR_IO, "%s: cannot create the directory: %s", tmp, strerror(errno));
+    if (s == CA_OK && !automatic && !d.complete) s = ss_recover(acc, dir, &d, tmp, &t, old, &o);
+    if (s == CA_OK) s = ss_remove_dir(acc, tmp, NULL);   /* a killed save's leftovers */
+    if (s == CA_OK) s = ss_remove_dir(acc, old, NULL);
+    if (s == CA_OK) s = ss_make_tmp(tmp);
     return s;
 }
 
@@ -700,6 +905,16 @@ static ca_status ss_fail(ca_accelerator *acc, ca_status s, int bad, const char *
                         ca_status_name(s), dir);
     return ca_error(CA_ERR_PEER, "load_state: rank %d failed (%s) to load %s; nothing was applied",
                     bad, ca_status_name(s), dir);
+}
+
+/* A failed save's <dir>.tmp goes (it frees the space on a full disk), keeping the error's message.
+ * Only before it was published: from then on it may hold the only complete checkpoint. */
+static void ss_discard(const ca_accelerator *acc, const char *tmp) {
+    char msg[1024];
+    ca_status s = ca_last_status();
+    snprintf(msg, sizeof msg, "%s", ca_last_error());
+    if (ss_remove_dir(acc, tmp, NULL) != CA_OK) CA_LOG_W("save_state: %s", ca_last_error());
+    ca_error(s, "%s", msg);
 }
 
 static ca_status save_state(ca_accelerator *acc, const char *dir) {
@@ -724,14 +939,19 @@ static ca_status save_state(ca_accelerator *acc, const char *dir) {
     snprintf(tmp, sizeof tmp, "%.*s.tmp", PATH_MAX - 5, target);
     acc->nsaves++;
     int bad;
-    s = acc->rank == 0 ? ss_prepare_dirs(target, tmp, automatic) : CA_OK;
+    s = acc->rank == 0 ? ss_prepare_dirs(acc, target, tmp, automatic) : CA_OK;
     s = ss_exchange(acc, s, &bad);                       /* the others wait for the directory */
     if (s != CA_OK) return ss_fail(acc, s, bad, "save_state", target);
     s = ss_save_local_full(acc, tmp, iteration);
     if (s == CA_OK) ss_test_stall(acc, "files");
     s = ss_exchange(acc, s, &bad);                       /* every rank has written */
-    if (s != CA_OK) return ss_fail(acc, s, bad, "save_state", target);
-    s = acc->rank == 0 ? ss_finish(acc, tmp, target) : CA_OK;
+    if (s != CA_OK) {
+        if (acc->rank == 0) ss_discard(acc, tmp);
+        return ss_fail(acc, s, bad, "save_state", target);
+    }
+    bool published = false;
+    s = acc->rank == 0 ? ss_finish(acc, tmp, target, &published) : CA_OK;
+    if (s != CA_OK && !published) ss_discard(acc, tmp);
     s = ss_exchange(acc, s, &bad);                       /* complete (or not) for every rank */
     if (s != CA_OK) return ss_fail(acc, s, bad, "save_state", target);
     if (automatic) {
@@ -1148,10 +1368,38 @@ static ca_status ss_latest(const ca_accelerator *acc, char *out) {
     return s;
 }
 
+/* The directory load_state(dir) reads: `dir` when it is complete; else the complete checkpoint an
+ * interrupted save left beside it (<dir>.tmp, the newer, else <dir>.old: ss_publish), with a
+ * warning; else `dir`, whose check then says what is missing. */
+static ca_status ss_resolve(const ca_accelerator *acc, const char *dir, char *out) {
+    char marker[PATH_MAX], cand[PATH_MAX];
+    if ((size_t)snprintf(out, PATH_MAX, "%s", dir) >= PATH_MAX - 4)
+        return ca_error(CA_ERR_INVALID, "load_state: %s: path too long", dir);
+    for (size_t n = strlen(out); n > 1 && out[n - 1] == '/'; n--) out[n - 1] = '\0';
+    ca_status s = ss_path(marker, out, SS_MARKER);
+    if (s != CA_OK || ss_exists(marker)) return s;
+    static const char *const ext[] = {".tmp", ".old"};
+    for (int i = 0; i < 2; i++) {
+        ss_dirinfo in;
+        snprintf(cand, sizeof cand, "%s%s", out, ext[i]);
+        if (ss_inspect(cand, &in) != CA_OK || in.type != SS_DIR || !in.complete) continue;
+        if (acc->rank == 0)
+            CA_LOG_W("load_state: %s is not a complete checkpoint (%s); loading %s, the complete one an "
+                     "interrupted save left (the next save_state into %s puts it back in place)", out,
+                     ss_exists(out) ? "no " SS_MARKER : "no such directory", cand, out);
+        snprintf(out, PATH_MAX, "%s", cand);
+        break;
+    }
+    return CA_OK;
+}
+
 static ca_status load_state(ca_accelerator *acc, const char *dir) {
     char path[PATH_MAX];
     ca_status s = CA_OK;
-    if (!dir) {
+    if (dir) {
+        if ((s = ss_resolve(acc, dir, path)) != CA_OK) return s;
+        dir = path;
+    } else {
         s = ss_latest(acc, path);
         int bad;   /* every rank must have found one, or none goes on */
         s = ss_exchange(acc, s, &bad);

@@ -190,7 +190,9 @@ static bool has_complete_checkpoint(const char *dir) {
     bool found = false;
     struct stat sb;
     for (struct dirent *e; !found && (e = readdir(d));) {
-        if (strncmp(e->d_name, "checkpoint_", 11) != 0) continue;
+        /* checkpoint_<digits> only: a checkpoint_<n>.tmp that a killed save left is not loaded */
+        const char *num = e->d_name + 11;
+        if (strncmp(e->d_name, "checkpoint_", 11) != 0 || !*num || strspn(num, "0123456789") != strlen(num)) continue;
         snprintf(path, sizeof path, "%s/checkpoints/%s/complete.json", dir, e->d_name);
         found = stat(path, &sb) == 0;
     }

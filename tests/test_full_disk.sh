@@ -2,8 +2,11 @@
 # A full disk never goes unnoticed: caccel launch warns once, naming the file and the reason, when a
 # --log_dir log cannot be written (the log is a link to /dev/full), and the rank's output still
 # reaches the terminal; save_state on a full file system (a 256 KiB tmpfs; root only, where mount
-# is allowed) fails with an error and leaves the previous checkpoint loadable. The trackers' case is
-# in tests/test_trackers (test_full_disk).
+# is allowed) fails with an error and leaves the previous checkpoint loadable; then saves over a
+# checkpoint (named, and automatically named with total_limit) with a page more free space each
+# time, so that the disk fills at every step of a save in turn: after each, the new checkpoint loads
+# if the save succeeded, else the previous one. The trackers' case is in tests/test_trackers
+# (test_full_disk).
 . "$(dirname "$0")/dist/lib.sh"
 need_caccel
 [ -w /dev/full ] || skip "no /dev/full"

@@ -4,8 +4,10 @@
 # checkpoint ends with the same parameters, bit for bit, and prints the same epoch lines (loss and
 # accuracy) as the uninterrupted run. On 1 process and on 2 (caccel launch over Gloo; mpirun when
 # it is there). kill -9 during a save (CACCEL_TEST_SAVE_STALL holds the save at a chosen point)
-# leaves the previous checkpoint loadable: after the files were written (the directory is still
-# <name>.tmp) and after the rename (no complete.json yet: load_state passes over it with a warning).
+# leaves a complete checkpoint loadable: after the files were written (the directory is still
+# <name>.tmp; the previous checkpoint is loaded) and after the rename (complete.json was written
+# inside <name>.tmp before it, so the new checkpoint is complete and loaded). tests/test_state
+# kills a save at every stage.
 # Deterministic mode (docs/DETERMINISM.md) resumes bit for bit too (2 processes). Under
 # `caccel launch --max_restarts 1` with --resume from the start, a rank killed with kill -9 mid-epoch
 # makes the launcher start the group again, which resumes by itself and ends with the uninterrupted
@@ -127,7 +129,8 @@ note "1 process: kill -9 during saves"
 stall_check files "files:3" "" ref1
 [ -d "$WORK/files/checkpoints/checkpoint_2.tmp" ] && [ -f "$WORK/files/checkpoints/checkpoint_1/complete.json" ] ||
     fail "expected checkpoint_1 complete and checkpoint_2.tmp left behind"
-stall_check renamed "renamed:2" "checkpoint_1 is not complete (no complete.json): passing over it" ref1
+stall_check renamed "renamed:2" "" ref1
+[ -f "$WORK/renamed.copy/checkpoints/checkpoint_1/complete.json" ] || fail "checkpoint_1 was published without its complete.json"
 
 have_backend() {
     for d in $(echo "${CACCEL_PLUGIN_PATH:-}" | tr ':' ' '); do [ -e "$d/caccel_$1.so" ] && return 0; done
@@ -148,6 +151,10 @@ if have_backend gloo && [ -x "$CACCEL" ]; then
     note "2 processes: kill -9 while both ranks are in a save"
     $L "$FM" $ARGS --max-steps 400 --dump-params "$WORK/ref2" > "$WORK/ref2.out" 2>&1 || { cat "$WORK/ref2.out"; fail "reference run (2)"; }
     stall_check files2 "files:2" "" ref2 $L
+    note "2 processes: kill -9 while rank 0 publishes a save (complete.json written in checkpoint_1.tmp)"
+    stall_check manifest2 "manifest:2" "" ref2 $L
+    [ -f "$WORK/manifest2.copy/checkpoints/checkpoint_1.tmp/complete.json" ] && [ ! -e "$WORK/manifest2.copy/checkpoints/checkpoint_1" ] ||
+        fail "expected a complete checkpoint_1.tmp, not yet published"
     # another world size: the run goes on from the same global sample position (not bit for bit)
     note "saved on 2 processes, resumed on 1; saved on 1, resumed on 2"
     "$FM" $ARGS --max-steps 400 --checkpoint_dir "$WORK/files2.copy" --resume > "$WORK/w1.out" 2>&1 ||

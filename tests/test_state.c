@@ -5,11 +5,20 @@
  *   test_state --ranks DIR   a save where rank 1 fails, then a load that rank 1 refuses
  * and of tests/test_full_disk.sh:
  *   test_state --full-disk DIR   DIR is on a small file system: a save, the disk filled, a second
- *                                save that must fail, and the first checkpoint loaded again */
+ *                                save that must fail, and the first checkpoint loaded again; then
+ *                                saves over a checkpoint with a page more free space each time
+ * and, run by test_kill_every_stage itself (CACCEL_TEST_SAVE_STALL holds its second save):
+ *   test_state --kill-child DIR named|auto */
 #include "test_util.h"
 
 #include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
+
+extern char **environ;
+static const char *g_argv0;
 
 static char *argv_cpu[] = {"test", "--cpu", NULL};
 static char g_dir[256];
@@ -453,6 +462,7 @@ static int ranks_main(const char *dir) {
     printf("rank %d: save %s %s\n", g_rank, ca_status_name(s), ca_last_error());
     g_rank = -1;                                  /* now every rank can save */
     T_OK(ca_save_state(r.acc, good));
+    T_OK(ca_save_state(r.acc, good));             /* over a complete checkpoint: swapped in place */
     g_rank = ca_process_index(r.acc);
     refuse = true;
     size_t len;
@@ -650,6 +660,246 @@ static void test_stream_resume(void **state) {
     ca_accelerator_destroy(acc);
 }
 
+/* ------------------------------------------------------------------ kill -9 at every stage of a save */
+
+static bool is_link(const char *path) {
+    struct stat st;
+    return lstat(path, &st) == 0 && S_ISLNK(st.st_mode);
+}
+
+static bool exists(const char *path) {
+    struct stat st;
+    return lstat(path, &st) == 0;
+}
+
+/* The run of the kill tests: `named` saves to DIR/ck, else automatically named under DIR with
+ * total_limit 1 (project_dir and its setting live in `pd`). */
+static void kill_run_open(run *r, const char *dir, bool named, char *pd, size_t len) {
+    snprintf(pd, len, "project_dir=%s", dir);
+    const char *const autos[] = {pd, "automatic_checkpoint_naming=true", "total_limit=1", NULL};
+    run_open(r, 8, false, named ? NULL : autos);
+}
+
+static ca_status kill_save(run *r, const char *dir, bool named) {
+    char ck[600];
+    snprintf(ck, sizeof ck, "%s/ck", dir);
+    return ca_save_state(r->acc, named ? ck : NULL);
+}
+
+static ca_status kill_load(run *r, const char *dir, bool named) {
+    char ck[600];
+    snprintf(ck, sizeof ck, "%s/ck", dir);
+    return ca_load_state(r->acc, named ? ck : NULL);
+}
+
+/* The child: a save after micro-step 3, another after micro-step 6 (where the hook holds it). */
+static int kill_child_main(const char *dir, const char *mode) {
+    bool named = !strcmp(mode, "named");
+    run r;
+    float l[64];
+    char pd[600];
+    kill_run_open(&r, dir, named, pd, sizeof pd);
+    train(&r, 1, 3, l);
+    T_OK(kill_save(&r, dir, named));
+    train(&r, 1, 6, l);
+    T_OK(kill_save(&r, dir, named));
+    run_close(&r);
+    ca_shutdown();
+    return 0;
+}
+
+/* Runs the child with `env` added to the environment, reads its stderr until it says it stalled,
+ * and kills it with SIGKILL there. False when it ended without stalling. */
+static bool kill_child_at(const char *dir, const char *mode, const char *const *env) {
+    int n = 0, p[2];
+    while (environ[n]) n++;
+    char **envp = calloc((size_t)n + 4, sizeof *envp);
+    memcpy(envp, environ, (size_t)n * sizeof *envp);
+    for (int i = 0; env[i]; i++) envp[n++] = (char *)env[i];
+    char *argv[] = {(char *)g_argv0, "--kill-child", (char *)dir, (char *)mode, NULL};
+    assert_int_equal(pipe(p), 0);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        dup2(p[1], 2);
+        close(p[0]);
+        close(p[1]);
+        execve(g_argv0, argv, envp);
+        _exit(127);
+    }
+    free(envp);
+    close(p[1]);
+    static char out[1 << 16];
+    size_t len = 0;
+    ssize_t k;
+    bool stalled = false;
+    out[0] = '\0';
+    while (!stalled && len < sizeof out - 1 && (k = read(p[0], out + len, sizeof out - 1 - len)) > 0) {
+        out[len += (size_t)k] = '\0';
+        stalled = strstr(out, "stalled at") != NULL;
+    }
+    if (stalled) kill(pid, SIGKILL);
+    close(p[0]);
+    int st = 0;
+    waitpid(pid, &st, 0);
+    if (!stalled) fprintf(stderr, "the child ended (status %d) without stalling:\n%s\n", st, out);
+    return stalled;
+}
+
+typedef struct kill_case {
+    const char *mode, *stage;
+    bool no_swap;           /* CACCEL_TEST_SAVE_NO_SWAP: the path of systems without a swap */
+    int64_t steps;          /* the checkpoint load_state must find: the first save's (3) or the second's (6) */
+} kill_case;
+
+/* After the kill, the next save cleans up and completes: only the new checkpoint is left. */
+static void kill_check_next_save(run *r, const char *dir, const kill_case *c) {
+    bool named = !strcmp(c->mode, "named");
+    char p[700];
+    train(r, 2, r->met.steps + 2, (float[256]){0});
+    int64_t steps = r->met.steps;
+    T_OK(kill_save(r, dir, named));
+    r->met.steps = -1;
+    T_OK(kill_load(r, dir, named));
+    assert_int_equal(r->met.steps, steps);
+    if (named) {
+        snprintf(p, sizeof p, "%s/ck.tmp", dir);
+        if (exists(p)) fail_msg("%s: %s left after the next save", c->stage, p);
+        snprintf(p, sizeof p, "%s/ck.old", dir);
+        if (exists(p)) fail_msg("%s: %s left after the next save", c->stage, p);
+        return;
+    }
+    /* automatic, total_limit 1: the loaded checkpoint_<k> is followed by checkpoint_<k+1>, alone */
+    snprintf(p, sizeof p, "%s/checkpoints", dir);
+    DIR *d = opendir(p);
+    struct dirent *e;
+    char want[64];
+    snprintf(want, sizeof want, "checkpoint_%d", c->steps == 3 ? 1 : 2);
+    while ((e = readdir(d)))
+        if (e->d_name[0] != '.' && strcmp(e->d_name, want) != 0)
+            fail_msg("%s: %s/%s left after the next save (only %s expected)", c->stage, p, e->d_name, want);
+    closedir(d);
+}
+
+/* A save killed with SIGKILL at each of its stages (CACCEL_TEST_SAVE_STALL), over a named
+ * checkpoint (with the swap and with the path of systems without one) and automatically named
+ * with total_limit: load_state then loads a complete checkpoint, the previous or the new one as
+ * the stage says, never fails for want of one; the next save clears what the killed one left. */
+static void test_kill_every_stage(void **state) {
+    (void)state;
+    static const kill_case cases[] = {
+        {"named", "files", false, 3},   {"named", "manifest", false, 3}, {"named", "renamed", false, 6},
+        {"named", "removing", false, 6}, {"named", "files", true, 3},    {"named", "manifest", true, 3},
+        {"named", "aside", true, 6},     {"named", "renamed", true, 6},  {"named", "removing", true, 6},
+        {"auto", "files", false, 3},    {"auto", "manifest", false, 3},  {"auto", "renamed", false, 6},
+        {"auto", "pruning", false, 6},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        const kill_case *c = &cases[i];
+        bool named = !strcmp(c->mode, "named");
+        char dir[600], stall[64], pd[600];
+        snprintf(dir, sizeof dir, "%s/kill%zu", g_dir, i);
+        assert_int_equal(mkdir(dir, 0755), 0);
+        snprintf(stall, sizeof stall, "CACCEL_TEST_SAVE_STALL=%s:2", c->stage);
+        const char *env[] = {stall, c->no_swap ? "CACCEL_TEST_SAVE_NO_SWAP=1" : NULL, NULL};
+        if (!kill_child_at(dir, c->mode, env)) fail_msg("%s%s: no stall", c->stage, c->no_swap ? " (no swap)" : "");
+        if (c->no_swap) setenv("CACCEL_TEST_SAVE_NO_SWAP", "1", 1);
+        run r;
+        kill_run_open(&r, dir, named, pd, sizeof pd);
+        r.met.steps = -1;
+        ca_status s = kill_load(&r, dir, named);
+        if (s != CA_OK || r.met.steps != c->steps)
+            fail_msg("%s %s%s: load_state %s (%s), micro-step %lld, expected %lld", c->mode, c->stage,
+                     c->no_swap ? " (no swap)" : "", ca_status_name(s), ca_last_error(),
+                     (long long)r.met.steps, (long long)c->steps);
+        kill_check_next_save(&r, dir, c);
+        unsetenv("CACCEL_TEST_SAVE_NO_SWAP");
+        run_close(&r);
+    }
+}
+
+/* ------------------------------------------------------------------ what is not save_state's */
+
+static void make_file(const char *path) {
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs("keep me\n", f);
+    fclose(f);
+}
+
+/* The victim looks like a checkpoint (complete.json, caccel_state.json) and holds a file. */
+static void make_victim(void) {
+    assert_int_equal(mkdir(in_dir("victim"), 0755), 0);
+    make_file(in_dir("victim/complete.json"));
+    make_file(in_dir("victim/caccel_state.json"));
+    make_file(in_dir("victim/precious"));
+}
+
+static void assert_victim(const char *when) {
+    const char *files[] = {"victim/complete.json", "victim/caccel_state.json", "victim/precious"};
+    for (int i = 0; i < 3; i++)
+        if (!exists(in_dir(files[i]))) fail_msg("%s: %s was removed", when, in_dir(files[i]));
+}
+
+/* A planted link or a foreign directory where save_state keeps <dir>.tmp or <dir>.old, or in place
+ * of <dir>: nothing of it or behind it is removed, and the error names it. */
+static void test_not_ours(void **state) {
+    (void)state;
+    run r;
+    float l[64];
+    char pd[300];
+    snprintf(pd, sizeof pd, "project_dir=%s/proj", g_dir);
+    const char *const settings[] = {pd, "automatic_checkpoint_naming=true", "total_limit=1", "iteration=1", NULL};
+    run_open(&r, 8, false, settings);
+    assert_false(train(&r, 1, 3, l));
+    make_victim();
+    const char *links[] = {"ck.tmp", "ck.old"};
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(symlink(in_dir("victim"), in_dir(links[i])), 0);
+        assert_error(ca_save_state(r.acc, in_dir("ck")), CA_ERR_STATE, links[i], "is a symbolic link: not removing it");
+        assert_victim(links[i]);
+        assert_true(is_link(in_dir(links[i])));
+        unlink(in_dir(links[i]));
+    }
+    assert_int_equal(symlink(in_dir("victim"), in_dir("ck2")), 0);
+    assert_error(ca_save_state(r.acc, in_dir("ck2")), CA_ERR_STATE, "ck2 is a symbolic link: not replacing it", NULL);
+    assert_victim("ck2");
+    const char *dirs[] = {"ck.tmp", "ck.old"};
+    for (int i = 0; i < 2; i++) {
+        char f[600];
+        assert_int_equal(mkdir(in_dir(dirs[i]), 0755), 0);
+        snprintf(f, sizeof f, "%s/notes.txt", in_dir(dirs[i]));
+        make_file(f);
+        assert_error(ca_save_state(r.acc, in_dir("ck")), CA_ERR_STATE, dirs[i], "exists and is not a checkpoint");
+        if (!exists(f)) fail_msg("%s was removed", f);
+        unlink(f);
+        rmdir(in_dir(dirs[i]));
+    }
+    /* caccel's own marker, but a directory inside: not a checkpoint either */
+    assert_int_equal(mkdir(in_dir("ck.tmp"), 0755), 0);
+    assert_int_equal(mkdir(in_dir("ck.tmp/sub"), 0755), 0);
+    make_file(in_dir("ck.tmp/complete.json"));
+    assert_error(ca_save_state(r.acc, in_dir("ck")), CA_ERR_STATE, "ck.tmp holds a directory (sub)", NULL);
+    assert_true(exists(in_dir("ck.tmp/complete.json")));
+    T_OK(ca_save_state(r.acc, in_dir("ok")));   /* elsewhere it saves */
+
+    /* automatic naming: a planted checkpoint_1.tmp, and a link checkpoint_0 that total_limit passes over */
+    assert_int_equal(mkdir(in_dir("proj"), 0755), 0);
+    assert_int_equal(mkdir(in_dir("proj/checkpoints"), 0755), 0);
+    assert_int_equal(symlink(in_dir("victim"), in_dir("proj/checkpoints/checkpoint_1.tmp")), 0);
+    assert_error(ca_save_state(r.acc, NULL), CA_ERR_STATE, "checkpoint_1.tmp is a symbolic link", NULL);
+    assert_victim("checkpoint_1.tmp");
+    unlink(in_dir("proj/checkpoints/checkpoint_1.tmp"));
+    assert_int_equal(symlink(in_dir("victim"), in_dir("proj/checkpoints/checkpoint_0")), 0);
+    T_OK(ca_save_state(r.acc, NULL));
+    T_OK(ca_save_state(r.acc, NULL));            /* total_limit 1: checkpoint_1 goes, the link stays */
+    assert_victim("total_limit");
+    assert_true(is_link(in_dir("proj/checkpoints/checkpoint_0")));
+    assert_false(exists(in_dir("proj/checkpoints/checkpoint_1")));
+    assert_true(exists(in_dir("proj/checkpoints/checkpoint_2/complete.json")));
+    run_close(&r);
+}
+
 /* Fills the file system of `dir` to the last byte. */
 static void fill_disk(const char *dir) {
     char p[600];
@@ -662,6 +912,56 @@ static void fill_disk(const char *dir) {
         while (fwrite(block, 1, n, f) == n) {
         }
     fclose(f);
+}
+
+/* Fills the file system of `dir`, then frees `room` bytes again. */
+static void fill_disk_but(const char *dir, long room) {
+    char p[600];
+    struct stat st;
+    fill_disk(dir);
+    snprintf(p, sizeof p, "%s/filler", dir);
+    assert_int_equal(stat(p, &st), 0);
+    assert_int_equal(truncate(p, st.st_size > room ? st.st_size - room : 0), 0);
+}
+
+/* Saves over the checkpoint `target` (NULL: automatically named, total_limit 1) with a page more
+ * free space each time, from none until two saves in a row succeed: the disk fills up at every
+ * point of a save in turn. After each, with the space freed again, load_state loads the new
+ * checkpoint if the save succeeded, else the previous one. */
+static void full_disk_sweep(run *r, const char *dir, const char *target) {
+    float losses[256];
+    char filler[600];
+    snprintf(filler, sizeof filler, "%s/filler", dir);
+    T_OK(ca_save_state(r->acc, target));
+    int64_t saved = r->met.steps;
+    int failed = 0, ok_in_a_row = 0;
+    for (long room = 0; ok_in_a_row < 2 && room < 64 * 4096; room += 4096) {
+        train(r, 100, r->met.steps + 1, losses);
+        int64_t now = r->met.steps;
+        fill_disk_but(dir, room);
+        ca_status s = ca_save_state(r->acc, target);
+        unlink(filler);
+        failed += s != CA_OK;
+        ok_in_a_row = s == CA_OK ? ok_in_a_row + 1 : 0;
+        if (s == CA_OK) saved = now;
+        else printf("  %ld bytes free: %s\n", room, ca_last_error());
+        r->met.steps = -1;
+        ca_status l = ca_load_state(r->acc, target);
+        char msg[1200];
+        snprintf(msg, sizeof msg, "%s, %ld bytes free: save %s; load_state %s (%s), micro-step %lld, expected %lld",
+                 target ? target : "automatic", room, ca_status_name(s), ca_status_name(l), ca_last_error(),
+                 (long long)r->met.steps, (long long)saved);
+        if (l != CA_OK || r->met.steps != saved) {
+            printf("FAIL: %s\n", msg);   /* fail_msg outside a cmocka test may not print it */
+            fail_msg("%s", msg);
+        }
+    }
+    if (!failed || ok_in_a_row < 2) {
+        printf("FAIL: %s: %d saves failed, %d in a row succeeded\n", target ? target : "automatic", failed, ok_in_a_row);
+        fail_msg("the sweep did not reach a full disk and two good saves");
+    }
+    printf("%s: %d saves failed on the full disk, the checkpoint before each loaded\n",
+           target ? target : "automatic", failed);
 }
 
 static int full_disk_main(const char *dir) {
@@ -690,6 +990,16 @@ static int full_disk_main(const char *dir) {
     free(p1);
     printf("the first checkpoint loads after the failed save\n");
     free(p0);
+    snprintf(marker, sizeof marker, "%s/filler", dir);
+    unlink(marker);
+    full_disk_sweep(&r, dir, in_dir("first"));
+    run_close(&r);
+
+    char pd[600];
+    snprintf(pd, sizeof pd, "project_dir=%s", dir);
+    const char *const autos[] = {pd, "automatic_checkpoint_naming=true", "total_limit=1", NULL};
+    run_open(&r, 4, false, autos);
+    full_disk_sweep(&r, dir, NULL);
     run_close(&r);
     return 0;
 }
@@ -698,6 +1008,8 @@ int main(int argc, char **argv) {
     ca_log_set_level(CA_LOG_ERROR);
     if (argc == 3 && !strcmp(argv[1], "--full-disk")) return full_disk_main(argv[2]);
     if (argc == 3 && !strcmp(argv[1], "--ranks")) return ranks_main(argv[2]);
+    if (argc == 4 && !strcmp(argv[1], "--kill-child")) return kill_child_main(argv[2], argv[3]);
+    g_argv0 = argv[0];
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_exact_resume, setup, teardown),
         cmocka_unit_test_setup_teardown(test_files, setup, teardown),
@@ -705,6 +1017,8 @@ int main(int argc, char **argv) {
         cmocka_unit_test_setup_teardown(test_errors, setup, teardown),
         cmocka_unit_test_setup_teardown(test_wrong_contents, setup, teardown),
         cmocka_unit_test_setup_teardown(test_stream_resume, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_kill_every_stage, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_not_ours, setup, teardown),
         cmocka_unit_test(test_skip_reads_nothing),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
