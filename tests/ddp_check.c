@@ -16,6 +16,8 @@
  *   (equal on every rank when they stayed in step).
  * --sched-total T attaches a linear schedule over T one-process steps; every mode prints lr_factor
  *   (the learning rate / --lr, 0.2 by default) and lr.
+ * --read-sharded: after training, before ca_summon_full_params, reads fc1.weight and prints
+ *   read_sharded=<the error> (under stage 3 its values are a shard until the summon).
  * --stop-rank R: rank R stops itself (SIGSTOP) before its third micro-step, a hung peer.
  * --hidden H widens the hidden layer (32); --depth D adds D Linear(H, H)+Tanh layers (0); --mem prints
  * state_bytes: the allocator's bytes in use before the last step for parameters, gradients and
@@ -36,7 +38,7 @@ typedef struct opts {
     const char *dump, *dump_grads;
     int64_t sched_total;
     double lr;
-    bool mem, digest, inf_input;
+    bool mem, digest, inf_input, read_sharded;
     int stop_rank;               /* --stop-rank R: rank R stops itself (SIGSTOP) before micro-step 3 */
     int lsgd_steps, sim;         /* --local-sgd-steps K, --sim N */
 } opts;
@@ -156,6 +158,7 @@ static opts parse(int argc, char **argv) {
         else if (!strcmp(argv[i], "--mem")) o.mem = true;
         else if (!strcmp(argv[i], "--digest")) o.digest = true;
         else if (!strcmp(argv[i], "--inf-input")) o.inf_input = true;
+        else if (!strcmp(argv[i], "--read-sharded")) o.read_sharded = true;
         else if (!strcmp(argv[i], "--lr") && i + 1 < argc) o.lr = atof(argv[++i]);
         else if (!strcmp(argv[i], "--local-sgd-steps") && i + 1 < argc) o.lsgd_steps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--sim") && i + 1 < argc) o.sim = atoi(argv[++i]);
@@ -346,6 +349,14 @@ int main(int argc, char **argv) {
            ca_optimizer_get_lr(opt, 0) / o.lr);
     printf("rank=%d lr=%.6g\n", rank, ca_optimizer_get_lr(opt, 0));
     if (!strcmp(o.mode, "uneven")) rc = uneven(acc, m, ds);
+    if (o.read_sharded) {
+        ca_tensor *w = ca_module_param(m, "fc1.weight");
+        void *h = malloc(ca_tensor_nbytes(w));
+        ca_status s = ca_tensor_to_host(w, h, ca_tensor_nbytes(w));
+        printf("rank=%d read_sharded=%s\n", rank, s == CA_OK ? "ok" : ca_last_error());
+        ca_clear_error();
+        free(h);
+    }
     CA_CHECK(ca_summon_full_params(acc, true));   /* stage 3: the parameters are shards until now */
     dump(acc, m, o.dump);
     if (o.digest) digest(m, rank);
