@@ -8,6 +8,7 @@
 #include "accelerator/accelerator_impl.h"
 #include "accelerator/checkpoint_impl.h"
 #include "tensor/safetensors_impl.h"
+#include "core/json_impl.h"
 
 #include <caccel/log.h>
 
@@ -232,12 +233,14 @@ static const char *js_str(ss_json *j, json_object *o, const char *key) {
 }
 
 static ca_status js_load(const char *path, json_object **out) {
-    *out = json_object_from_file(path);
+    char why[256];
+    int err;
+    *out = ca_json_load(path, why, sizeof why, &err);
     if (*out && json_object_is_type(*out, json_type_object)) return CA_OK;
+    if (*out) snprintf(why, sizeof why, "a JSON %s, not an object", json_type_to_name(json_object_get_type(*out)));
     json_object_put(*out);
     *out = NULL;
-    return ca_error(ss_exists(path) ? CA_ERR_IO : CA_ERR_NOT_FOUND, "%s: cannot read the JSON: %s",
-                    path, ss_exists(path) ? json_util_get_last_err() : "no such file");
+    return ca_error(err == ENOENT ? CA_ERR_NOT_FOUND : CA_ERR_IO, "%s: cannot read the JSON: %s", path, why);
 }
 
 /* ------------------------------------------------------------------ saving: the pieces */

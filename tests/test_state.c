@@ -530,6 +530,17 @@ static void edit(const char *dir, const char *name, const char *from, const char
     reseal(dir);
 }
 
+/* Replaces dir/name by `text`, then reseals. */
+static void rewrite(const char *dir, const char *name, const char *text) {
+    char p[700];
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    FILE *f = fopen(p, "wb");
+    assert_non_null(f);
+    fputs(text, f);
+    fclose(f);
+    reseal(dir);
+}
+
 /* Files that pass the size and CRC check but say the wrong thing: the key, the file and what differs
  * are named, and the run is unchanged. */
 static void test_wrong_contents(void **state) {
@@ -564,6 +575,18 @@ static void test_wrong_contents(void **state) {
     copy_tree(in_dir("good"), bad);
     edit(bad, "random_states_0.json", "\"offset\":", "\"offsex\":");
     assert_error(ca_load_state(r.acc, bad), CA_ERR_IO, "random_states_0.json: key \"offset\"", NULL);
+    assert_unchanged(&r, p0, len, steps);
+
+    /* JSON that stops early, or is not an object: said in words (json-c's were "continue" and NULL) */
+    copy_tree(in_dir("good"), bad);
+    rewrite(bad, "random_states_0.json", "{\"seed\": 1, ");
+    assert_error(ca_load_state(r.acc, bad), CA_ERR_IO,
+                 "random_states_0.json: cannot read the JSON: unexpected end of input at byte 12", NULL);
+    assert_unchanged(&r, p0, len, steps);
+    copy_tree(in_dir("good"), bad);
+    rewrite(bad, "random_states_0.json", "[1, 2]");
+    assert_error(ca_load_state(r.acc, bad), CA_ERR_IO, "random_states_0.json: cannot read the JSON: a JSON array, "
+                 "not an object", NULL);
     assert_unchanged(&r, p0, len, steps);
 
     copy_tree(in_dir("good"), bad);
