@@ -355,7 +355,10 @@ static ca_status prepare_optimizer(ca_accelerator *acc, ca_optimizer *o) {
     ca_optimizer_set_owner(o, &(ca_optimizer_owner){.owner = acc, .step = optimizer_step,
                                                     .should_zero_grad = should_zero_grad,
                                                     .forget = forget});
-    ca_optimizer_set_schedule_stride(o, acc->world > 1 ? acc->world : 1);
+    /* Accelerate's AcceleratedScheduler.step: num_processes scheduler steps per optimizer step when
+     * each process reads whole batches (the global batch grew N times), one with split_batches (the
+     * global batch is the loader's batch_size on any number of processes) */
+    ca_optimizer_set_schedule_stride(o, acc->world > 1 && !acc->st.split_batches ? acc->world : 1);
     ca_status s = ca_optimizer_init_state(o);
     if (s == CA_OK && acc->zero.stage) s = ca_zero_add_optimizer(acc, o);
     return s;

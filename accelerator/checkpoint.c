@@ -6,6 +6,7 @@
 #include "accelerator/checkpoint_impl.h"
 #include "accelerator/accelerator_impl.h"
 #include "tensor/safetensors_impl.h"
+#include "core/json_impl.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -14,8 +15,6 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
-
-#include <json-c/json.h>
 
 #define CK_SINGLE "model.safetensors"
 #define CK_INDEX "model.safetensors.index.json"
@@ -326,10 +325,11 @@ static ca_status ck_src_map(const char *index, json_object *map, ck_src *src) {
 }
 
 static ca_status ck_src_index(const char *index, ck_src *src) {
-    json_object *root = json_object_from_file(index);
+    char why[256];
+    int err;
+    json_object *root = ca_json_load(index, why, sizeof why, &err);
     if (!root)
-        return ca_error(access(index, R_OK) == 0 ? CA_ERR_IO : CA_ERR_NOT_FOUND,
-                        "%s: cannot read the index: %s", index, json_util_get_last_err());
+        return ca_error(err == ENOENT ? CA_ERR_NOT_FOUND : CA_ERR_IO, "%s: cannot read the index: %s", index, why);
     json_object *map = NULL;
     ca_status s = CA_OK;
     if (!json_object_object_get_ex(root, "weight_map", &map) ||

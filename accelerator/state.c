@@ -9,6 +9,7 @@
 #include "accelerator/accelerator_impl.h"
 #include "accelerator/checkpoint_impl.h"
 #include "tensor/safetensors_impl.h"
+#include "core/json_impl.h"
 
 #include <caccel/log.h>
 
@@ -352,12 +353,14 @@ static const char *js_str(ss_json *j, json_object *o, const char *key) {
 }
 
 static ca_status js_load(const char *path, json_object **out) {
-    *out = json_object_from_file(path);
+    char why[256];
+    int err;
+    *out = ca_json_load(path, why, sizeof why, &err);
     if (*out && json_object_is_type(*out, json_type_object)) return CA_OK;
+    if (*out) snprintf(why, sizeof why, "a JSON %s, not an object", json_type_to_name(json_object_get_type(*out)));
     json_object_put(*out);
     *out = NULL;
-    return ca_error(ss_exists(path) ? CA_ERR_IO : CA_ERR_NOT_FOUND, "%s: cannot read the JSON: %s",
-                    path, ss_exists(path) ? json_util_get_last_err() : "no such file");
+    return ca_error(err == ENOENT ? CA_ERR_NOT_FOUND : CA_ERR_IO, "%s: cannot read the JSON: %s", path, why);
 }
 
 /* ------------------------------------------------------------------ saving: the pieces */
@@ -1160,12 +1163,21 @@ static ca_status ss_check_state(ca_accelerator *acc, const char *dir, ss_loaded 
     return s;
 }
 
-/* This rank's file of a per-rank kind, or rank 0's when the checkpoint has fewer ranks. */
+/* This rank's file of a per-rank kind, or rank 0's when the checkpoint has fewer ranks. Rank 0's own
+ * file missing is left to the read to report (there is nothing else to use); rank 0's file missing
+ * as well is an error naming both, not a warning that goes on to use it. */
 static ca_status ss_rank_file(const char *dir, char *path, const char *mine, const char *rank0) {
     ca_status s = ss_path(path, dir, mine);
-    if (s != CA_OK || ss_exists(path)) return s;
+    if (s != CA_OK || ss_exists(path) || strcmp(mine, rank0) == 0) return s;
+    char zero[PATH_MAX];
+    s = ss_path(zero, dir, rank0);
+    if (s == CA_OK && !ss_exists(zero))
+        s = ca_error(CA_ERR_NOT_FOUND, "load_state: %s has neither %s nor rank 0's %s, which a rank the checkpoint "
+                     "has no file for takes", dir, mine, rank0);
+    if (s != CA_OK) return s;
     CA_LOG_W("load_state: %s: no %s (saved with fewer processes); using %s", dir, mine, rank0);
-    return ss_path(path, dir, rank0);
+    snprintf(path, PATH_MAX, "%s", zero);
+    return CA_OK;
 }
 
 static ca_status ss_check_rng(ca_accelerator *acc, const char *dir, ss_loaded *L) {

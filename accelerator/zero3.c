@@ -149,6 +149,7 @@ static ca_status gather_finish(ca_zero_unit *u) {
     for (int j = 0; s == CA_OK && j < u->n; j++) {
         ca_tensor *p = z->params[u->idx[j]];
         if (!p->storage->ptr) s = ca_device_alloc(acc->device, p->storage->bytes, &p->storage->ptr);
+        if (s == CA_OK) p->storage->absent = NULL;
         p->version++;   /* a low-precision copy made from older values is stale */
     }
     ca_tensor *full = u->recv;   /* mixed precision: widened to f32 for the parameters' storage */
@@ -295,6 +296,12 @@ ca_status ca_zero3_reduce(ca_accelerator *acc) {
     return s;
 }
 
+/* What a read of a released parameter says (tensor.c prefixes the call and the parameter's name). */
+static const char released_why[] =
+    "is sharded (FSDP FULL_SHARD / DeepSpeed ZeRO-3): outside its module's forward and backward its full "
+    "value exists only between ca_summon_full_params(acc, true) and ca_summon_full_params(acc, false), "
+    "which every process calls";
+
 static void unit_release(ca_zero_unit *u) {
     if (u->pending && gather_finish(u) != CA_OK) {   /* prefetched, then not used: its collective is out */
         if (u->acc->zero.err == CA_OK) u->acc->zero.err = ca_last_status();
@@ -305,6 +312,7 @@ static void unit_release(ca_zero_unit *u) {
         ca_storage *st = u->acc->zero.params[u->idx[j]]->storage;
         ca_device_free(st->dev, st->ptr);
         st->ptr = NULL;
+        st->absent = released_why;
     }
     u->gathered = false;
 }
@@ -467,6 +475,8 @@ static ca_status make_units(ca_accelerator *acc, ca_module *m) {
     return CA_OK;
 }
 
+/* Also names each unnamed parameter as the model does, so that a read of one whose storage is
+ * released says which (ca_tensor_check_present). */
 static ca_status check_params(ca_accelerator *acc, ca_module *m) {
     ca_zero *z = &acc->zero;
     for (int i = 0; i < z->nparams; i++) {
@@ -475,6 +485,7 @@ static ca_status check_params(ca_accelerator *acc, ca_module *m) {
             return ca_error(CA_ERR_UNSUPPORTED, "stage 3 (%s): parameter %s shares its storage with another tensor "
                             "(tied or a view); stage 3 frees each parameter's own storage", z->origin,
                             m->flat_names[i]);
+        if (!ca_tensor_name(p)[0] && ca_tensor_set_name(p, m->flat_names[i]) != CA_OK) return ca_last_status();
     }
     return CA_OK;
 }
@@ -546,6 +557,7 @@ void ca_zero3_free(ca_accelerator *acc) {
         for (int i = 0; i < z->nparams; i++) {
             ca_storage *st = z->params[i]->storage;
             if (!st->ptr && ca_device_alloc(st->dev, st->bytes, &st->ptr) != CA_OK) ca_clear_error();
+            if (st->ptr) st->absent = NULL;
             ca_tensor_set_grad_hook(z->params[i], NULL, NULL);
         }
     }

@@ -3,8 +3,8 @@
  * filled from the configuration, as Accelerate fills them). Fields caccel does not implement fail
  * together in one error naming each of them. */
 #include "accelerator/accelerator_impl.h"
+#include "core/json_impl.h"
 
-#include <json-c/json.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -270,11 +270,14 @@ static void ds_resolve(const ca_accelerator *acc, const char *path, char *out, s
 static ca_status configure_ds_json(ca_accelerator *acc, const char *path) {
     const char *key = "deepspeed_config.deepspeed_config_file";
     ds_resolve(acc, path, acc->zero.json, sizeof acc->zero.json);
-    json_object *root = json_object_from_file(acc->zero.json);
+    char why[256];
+    json_object *root = ca_json_load(acc->zero.json, why, sizeof why, NULL);
+    if (root && !json_object_is_type(root, json_type_object))
+        snprintf(why, sizeof why, "a JSON %s, not an object", json_type_to_name(json_object_get_type(root)));
     if (!root || !json_object_is_type(root, json_type_object)) {
         json_object_put(root);
         return ca_error(CA_ERR_CONFIG, "%s: %s = %s: cannot read it as a JSON object (%s)",
-                        ca_config_origin(acc->cfg, key), key, acc->zero.json, json_util_get_last_err());
+                        ca_config_origin(acc->cfg, key), key, acc->zero.json, why);
     }
     ds_ctx c = {.acc = acc, .file = acc->zero.json};
     ds_top(&c, root);

@@ -4,9 +4,9 @@
  * ca_merge_weights turns such a checkpoint into one model.safetensors. */
 #include "accelerator/accelerator_impl.h"
 #include "tensor/safetensors_impl.h"
+#include "core/json_impl.h"
 
 #include <errno.h>
-#include <json-c/json.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -101,9 +101,14 @@ static ca_status read_index(const char *dir, zs_index *ix) {
     char path[PATH_MAX];
     snprintf(path, sizeof path, "%s/" ZS_INDEX, dir);
     memset(ix, 0, sizeof *ix);
-    ix->root = json_object_from_file(path);
+    char why[256];
+    int err;
+    ix->root = ca_json_load(path, why, sizeof why, &err);
+    if (!ix->root)
+        return ca_error(err == ENOENT ? CA_ERR_NOT_FOUND : CA_ERR_IO, "%s: cannot read the sharded-checkpoint index: %s",
+                        path, why);
     json_object *w, *sh, *nu;
-    if (!ix->root || !json_object_object_get_ex(ix->root, "world_size", &w) ||
+    if ( !json_object_object_get_ex(ix->root, "world_size", &w) ||
         !json_object_object_get_ex(ix->root, "shard", &sh) || !json_object_object_get_ex(ix->root, "numel", &nu) ||
         !json_object_object_get_ex(ix->root, "params", &ix->params) ||
         !json_object_is_type(ix->params, json_type_array))

@@ -7,6 +7,7 @@ libcaccel_la_SOURCES += \
 	base/ptr_map_impl.h \
 	base/peer_impl.h \
 	base/slurm_impl.h \
+	base/text_impl.h \
 	base/unary_math_impl.h \
 	base/status.c \
 	base/log.c \

@@ -1,6 +1,7 @@
 /* The configuration store: values with provenance, the merge rule, env and flag mapping, file search, the typed view. */
 #include "core/config_impl.h"
 #include "base/base_impl.h"
+#include "base/text_impl.h"
 
 #include <ctype.h>
 #include <math.h>
@@ -208,10 +209,10 @@ static ca_status rebuild_section(ca_config *c, const ca_key_def *sd) {
 /* ------------------------------------------------------------------ checking */
 
 static ca_status bad_value(const ca_key_def *d, const char *name, const char *value, const char *origin) {
-    char allowed[768];
+    char allowed[768], q[256];
     ca_config_describe_allowed(d, allowed, sizeof allowed);
-    return ca_error(CA_ERR_CONFIG, "%s: invalid value '%s' for key '%s' (allowed: %s)", origin, value, name,
-                    allowed);
+    return ca_error(CA_ERR_CONFIG, "%s: invalid value '%s' for key '%s' (allowed: %s)", origin,
+                    ca_escape(value, q, sizeof q), name, allowed);
 }
 
 ca_status ca_config_check_value(const ca_key_def *d, const char *name, const char *value, const char *origin,
@@ -521,8 +522,10 @@ ca_status ca_config_get_bool(const ca_config *c, const char *key, bool *out) {
     const char *v;
     ca_status s = get_text(c, key, &v);
     if (s != CA_OK) return s;
+    char q[256];
     if (!out || !ca_config_parse_bool(v, out))
-        return ca_error(CA_ERR_CONFIG, "configuration key '%s' = '%s' is not a boolean", key, v);
+        return ca_error(CA_ERR_CONFIG, "configuration key '%s' = '%s' is not a boolean", key,
+                        ca_escape(v, q, sizeof q));
     return CA_OK;
 }
 
@@ -530,8 +533,10 @@ ca_status ca_config_get_int(const ca_config *c, const char *key, int64_t *out) {
     const char *v;
     ca_status s = get_text(c, key, &v);
     if (s != CA_OK) return s;
+    char q[256];
     if (!out || !ca_config_parse_int(v, out))
-        return ca_error(CA_ERR_CONFIG, "configuration key '%s' = '%s' is not an integer", key, v);
+        return ca_error(CA_ERR_CONFIG, "configuration key '%s' = '%s' is not an integer", key,
+                        ca_escape(v, q, sizeof q));
     return CA_OK;
 }
 
@@ -539,8 +544,10 @@ ca_status ca_config_get_double(const ca_config *c, const char *key, double *out)
     const char *v;
     ca_status s = get_text(c, key, &v);
     if (s != CA_OK) return s;
+    char q[256];
     if (!out || !ca_config_parse_double(v, out))
-        return ca_error(CA_ERR_CONFIG, "configuration key '%s' = '%s' is not a number", key, v);
+        return ca_error(CA_ERR_CONFIG, "configuration key '%s' = '%s' is not a number", key,
+                        ca_escape(v, q, sizeof q));
     return CA_OK;
 }
 
@@ -594,9 +601,10 @@ ca_status ca_config_apply_env(ca_config *c, char *const *envp) {
         snprintf(origin, sizeof origin, "env %s", ev->var);
         if (ev->kind == CA_ENV_DIST_TYPE) {
             bool on;
+            char q[256];
             if (!ca_config_parse_bool(v, &on))
                 return ca_error(CA_ERR_CONFIG, "%s: invalid value '%s' (allowed: true, false, yes, no, on, off, 1, 0)",
-                                origin, v);
+                                origin, ca_escape(v, q, sizeof q));
             if (!on) continue;
             if (dist_var) {
                 ca_error(CA_ERR_CONFIG, "env %s and env %s both choose distributed_type (%s, %s): set only one",
@@ -656,9 +664,10 @@ ca_status ca_config_apply_args(ca_config *c, int argc, char *const *argv) {
             continue;
         }
         bool on = true;
+        char q[256];
         if (value && !ca_config_parse_bool(value, &on))
             return ca_error(CA_ERR_CONFIG, "%s: invalid value '%s' (allowed: true, false, yes, no, on, off, 1, 0)",
-                            origin, value);
+                            origin, ca_escape(value, q, sizeof q));
         bool exclusive = f->kind == CA_FLAG_DIST_TYPE || strcmp(f->flag, "cpu") == 0 ||
                          strcmp(f->flag, "use_cpu") == 0;
         if (exclusive && on) {

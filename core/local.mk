@@ -27,3 +27,8 @@ libcaccel_la_SOURCES += \
 	core/procenv.c \
 	core/store_impl.h \
 	core/store.c
+
+# JSON through json-c with its failures said in words, for every reader of JSON above.
+libcaccel_la_SOURCES += \
+	core/json_impl.h \
+	core/json.c

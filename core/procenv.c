@@ -1,6 +1,7 @@
 /* Process environment: rank and size from caccel launch, torchrun-style variables, mpirun or srun; the store. */
 #include "base/base_impl.h"
 #include "base/slurm_impl.h"
+#include "base/text_impl.h"
 #include "core/comm_impl.h"
 #include "core/procenv_impl.h"
 #include "core/store_impl.h"
@@ -38,8 +39,10 @@ static ca_status ev_int(const envsrc *e, const char *name, int *out, bool *prese
     errno = 0;
     long x = strtol(v, &end, 10);
     while (*end && isspace((unsigned char)*end)) end++;
+    char q[256];
     if (errno || *end || end == v || x < INT_MIN || x > INT_MAX)
-        return ca_error(CA_ERR_CONFIG, "environment variable %s='%s' is not an integer", name, v);
+        return ca_error(CA_ERR_CONFIG, "environment variable %s='%s' is not an integer", name,
+                        ca_escape(v, q, sizeof q));
     *out = (int)x;
     return CA_OK;
 }
@@ -153,9 +156,10 @@ static ca_status slurm_local(const envsrc *e, ca_procenv *pe, bool strict) {
         pe->local_world_size = per;
         return CA_OK;
     }
+    char q[256];
     if (strict && lf && per <= 0 && spec)
         return ca_error(CA_ERR_CONFIG, "cannot read the tasks of node %d from SLURM_STEP_TASKS_PER_NODE='%s'", nid,
-                        spec);
+                        ca_escape(spec, q, sizeof q));
     pe->local_rank = pe->rank;
     pe->local_world_size = pe->world_size;
     return CA_OK;
@@ -246,7 +250,8 @@ int64_t ca_comm_default_timeout_ms(void) {
         char *end;
         long long sec = strtoll(v, &end, 10);
         if (!*end && sec > 0 && sec < INT64_MAX / 1000) return (int64_t)sec * 1000;
-        CA_LOG_W("CACCEL_TIMEOUT='%s' is not a positive number of seconds; using 1800", v);
+        char q[256];
+        CA_LOG_W("CACCEL_TIMEOUT='%s' is not a positive number of seconds; using 1800", ca_escape(v, q, sizeof q));
     }
     return 1800 * 1000;
 }

@@ -1071,9 +1071,11 @@ ca_status ca_dataloader_set_device(ca_dataloader *dl, ca_device *dev) {
     return CA_OK;
 }
 
-/* split_batches needs the global batch to divide among the processes. */
-static ca_status check_split(const ca_dataloader *dl, bool split, int world) {
-    int64_t bs = dl->has_sampler ? dl->sampler_bs : dl->batch_size;
+/* The batch size the loader declares: its batch sampler's (0: sizes vary) or its own. */
+static int64_t declared_bs(const ca_dataloader *dl) { return dl->has_sampler ? dl->sampler_bs : dl->batch_size; }
+
+/* split_batches needs the global batch (of declared size bs) to divide among the processes. */
+static ca_status check_split(int64_t bs, bool split, int world) {
     if (!split || world <= 1 || (bs > 0 && bs % world == 0)) return CA_OK;
     if (bs == 0)
         return ca_error(CA_ERR_INVALID, "split_batches: the batch sampler's batches vary in size (batch_size 0); "
@@ -1084,9 +1086,22 @@ static ca_status check_split(const ca_dataloader *dl, bool split, int world) {
                     (long long)bs, world, world);
 }
 
+/* even_batches completes the last round so that every process gets a batch of the same size;
+ * batches of varying size cannot be (the processes' batches differ, and collectives over them,
+ * gather_for_metrics, stop matching). Accelerate's BatchSamplerShard refuses the pair too. */
+static ca_status check_even(const ca_dataloader *dl, int64_t bs, bool even, int world) {
+    if (!even || world <= 1 || bs > 0) return CA_OK;
+    ca_status s = ca_error(CA_ERR_INVALID, "even_batches: %s: the batch sampler's batches vary in size (batch_size "
+                           "0), so the %d processes cannot be given batches of one size; even_batches needs a "
+                           "sampler with a fixed batch_size", dl->ds->name, world);
+    ca_error_hint("set even_batches false (key even_batches, --even_batches false, CACCEL_EVEN_BATCHES=false), "
+                  "as Accelerate asks of a batch sampler without a batch size");
+    return s;
+}
+
 ca_status ca_dataloader_set_split_batches(ca_dataloader *dl, bool split) {
     if (!dl) return ca_error(CA_ERR_INVALID, "ca_dataloader_set_split_batches: loader is NULL");
-    ca_status s = check_split(dl, split, dl->world);
+    ca_status s = check_split(declared_bs(dl), split, dl->world);
     if (s != CA_OK) return s;
     reset_for_change(dl, split != dl->split);
     dl->split = split;
@@ -1109,6 +1124,10 @@ ca_status ca_dataloader_set_batch_sampler(ca_dataloader *dl, const ca_batch_samp
     if (dl->dops.bcast)
         return ca_error(CA_ERR_UNSUPPORTED, "ca_dataloader_set_batch_sampler: not on a loader prepared with "
                         "dispatch_batches (rank 0 reads global batches of batch_size samples)");
+    /* a loader prepared already keeps its sharding options: they must hold for this sampler too */
+    ca_status s = check_split(batch_size, dl->split, dl->world);
+    if (s == CA_OK) s = check_even(dl, batch_size, dl->even_batches, dl->world);
+    if (s != CA_OK) return s;
     reset_for_change(dl, true);
     if (dl->active) stop_pass(dl);
     if (dl->has_sampler && dl->sops.destroy) dl->sops.destroy(dl->sctx);
@@ -1126,7 +1145,8 @@ ca_status ca_dataloader_shard(ca_dataloader *dl, int rank, int world_size, bool 
     if (world_size < 1 || rank < 0 || rank >= world_size)
         return ca_error(CA_ERR_INVALID, "dataloader: rank %d of world size %d is not valid", rank,
                         world_size);
-    ca_status s = check_split(dl, dl->split, world_size);
+    ca_status s = check_split(declared_bs(dl), dl->split, world_size);
+    if (s == CA_OK) s = check_even(dl, declared_bs(dl), even_batches, world_size);
     if (s != CA_OK) return s;
     bool changed = rank != dl->rank || world_size != dl->world || even_batches != dl->even_batches;
     reset_for_change(dl, changed);

@@ -3,9 +3,9 @@
  * tokenizer.json can describe is refused by name, so a non-BERT tokenizer never silently gives
  * other ids than Hugging Face. */
 #include "data/tokenizer_impl.h"
+#include "core/json_impl.h"
 
 #include <errno.h>
-#include <json-c/json.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -344,17 +344,11 @@ static ca_status load_added(ca_tokenizer *t, json_object *root, const char *path
 }
 
 static ca_status parse_json(ca_tokenizer **out, const char *buf, size_t len, const char *path) {
-    json_tokener *tk = json_tokener_new();
-    if (!tk) return ca_error(CA_ERR_NOMEM, "tokenizer '%s': out of memory", path);
-    json_object *root = json_tokener_parse_ex(tk, buf, (int)len);
-    enum json_tokener_error jerr = json_tokener_get_error(tk);
-    size_t where = json_tokener_get_parse_end(tk);
-    json_tokener_free(tk);
-    if (!root || jerr != json_tokener_success) {
-        json_object_put(root);
-        return ca_error(CA_ERR_INVALID, "tokenizer '%s': not valid JSON near byte %zu: %s", path,
-                        where, json_tokener_error_desc(jerr));
-    }
+    const char *why;
+    size_t where;
+    json_object *root = ca_json_parse(buf, len, &why, &where);
+    if (!root)
+        return ca_error(CA_ERR_INVALID, "tokenizer '%s': not valid JSON: %s at byte %zu", path, why, where);
     ca_tokenizer *t = NULL;
     ca_status st = load_model(&t, get(root, "model"), path);
     if (st == CA_OK) st = load_normalizer(t, root, path);

@@ -1,11 +1,11 @@
 /* A Hugging Face BERT checkpoint's config.json (BertConfig), the names and shapes of BertModel's
  * parameters, and the check that a model.safetensors holds them. */
 #include "tensor/safetensors_impl.h"
+#include "core/json_impl.h"
 
 #include <caccel/bert_config.h>
 
 #include <errno.h>
-#include <json-c/json.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -140,42 +140,17 @@ static ca_status read_fields(json_object *root, ca_bert_config *c, const char *p
 }
 
 static ca_status parse(const char *path, ca_bert_config *out) {
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return ca_error(errno == ENOENT ? CA_ERR_NOT_FOUND : CA_ERR_IO,
-                        "config '%s': cannot open: %s", path, strerror(errno));
-    char *buf = NULL;
-    size_t len = 0, cap = 0, got;
-    do {
-        if (len + 4096 > cap) {
-            char *p = realloc(buf, cap = cap * 2 + 8192);
-            if (!p) {
-                free(buf);
-                fclose(f);
-                return ca_error(CA_ERR_NOMEM, "config '%s': out of memory", path);
-            }
-            buf = p;
-        }
-        got = fread(buf + len, 1, cap - len, f);
-        len += got;
-    } while (got > 0);
-    fclose(f);
-    json_tokener *tk = json_tokener_new();
-    if (!tk) {
-        free(buf);
-        return ca_error(CA_ERR_NOMEM, "config '%s': out of memory", path);
-    }
-    json_object *root = json_tokener_parse_ex(tk, buf, (int)len);
-    enum json_tokener_error jerr = json_tokener_get_error(tk);
-    size_t where = json_tokener_get_parse_end(tk);
-    json_tokener_free(tk);
-    free(buf);
-    ca_status st;
-    if (!root || jerr != json_tokener_success || !json_object_is_type(root, json_type_object))
-        st = ca_error(CA_ERR_INVALID, "config '%s': not a JSON object (near byte %zu: %s)", path,
-                      where, json_tokener_error_desc(jerr));
-    else
-        st = read_fields(root, out, path);
+    char why[256];
+    int err;
+    json_object *root = ca_json_load(path, why, sizeof why, &err);
+    if (!root && err)
+        return ca_error(err == ENOENT ? CA_ERR_NOT_FOUND : err == ENOMEM ? CA_ERR_NOMEM : CA_ERR_IO,
+                        "config '%s': cannot open: %s", path, why);
+    if (!root) return ca_error(CA_ERR_INVALID, "config '%s': not valid JSON: %s", path, why);
+    ca_status st = json_object_is_type(root, json_type_object)
+                       ? read_fields(root, out, path)
+                       : ca_error(CA_ERR_INVALID, "config '%s': not a JSON object but a JSON %s", path,
+                                  json_type_to_name(json_object_get_type(root)));
     json_object_put(root);
     return st;
 }

@@ -2,6 +2,7 @@
  * header, then the raw little-endian data), read and written as the reference implementation
  * does, with json-c for the header. Every malformed file fails with the file and tensor named. */
 #include "tensor/safetensors_impl.h"
+#include "core/json_impl.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -12,8 +13,6 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
-
-#include <json-c/json.h>
 
 /* The reference reader refuses headers over 100 MB; so do we (a corrupt length is caught early). */
 #define CA_ST_MAX_HEADER (100u * 1000u * 1000u)
@@ -68,11 +67,15 @@ static ca_status st_parse_shape(const char *path, const char *name, json_object 
                         CA_MAX_DIMS);
     e->ndim = (int)nd;
     for (size_t i = 0; i < nd; i++) {
-        json_object *d = json_object_array_get_idx(js, i);
-        if (!json_object_is_type(d, json_type_int) || json_object_get_int64(d) < 0)
+        uint64_t d;
+        char t[48];
+        if (!ca_json_get_u64(json_object_array_get_idx(js, i), &d))
             return ca_error(CA_ERR_IO, "%s: tensor '%s': shape[%zu] is not a non-negative integer",
                             path, name, i);
-        e->shape[i] = json_object_get_int64(d);
+        if (d > INT64_MAX)
+            return ca_error(CA_ERR_IO, "%s: tensor '%s': shape[%zu] is %s, above 2^63 - 1", path, name, i,
+                            ca_json_u64_text(d, t, sizeof t));
+        e->shape[i] = (int64_t)d;
     }
     return CA_OK;
 }
@@ -82,13 +85,11 @@ static ca_status st_parse_offsets(const char *path, const char *name, json_objec
     if (!jo || !json_object_is_type(jo, json_type_array) || json_object_array_length(jo) != 2)
         return ca_error(CA_ERR_IO, "%s: tensor '%s': \"data_offsets\" is not [begin, end]", path,
                         name);
-    json_object *b = json_object_array_get_idx(jo, 0), *x = json_object_array_get_idx(jo, 1);
-    if (!json_object_is_type(b, json_type_int) || !json_object_is_type(x, json_type_int) ||
-        json_object_get_int64(b) < 0 || json_object_get_int64(x) < json_object_get_int64(b))
+    /* as uint64: json_object_get_int64 would saturate offsets above 2^63 - 1 and misquote them */
+    if (!ca_json_get_u64(json_object_array_get_idx(jo, 0), &e->begin) ||
+        !ca_json_get_u64(json_object_array_get_idx(jo, 1), &e->end) || e->end < e->begin)
         return ca_error(CA_ERR_IO, "%s: tensor '%s': data_offsets must be integers 0 <= begin <= end",
                         path, name);
-    e->begin = (uint64_t)json_object_get_int64(b);
-    e->end = (uint64_t)json_object_get_int64(x);
     return CA_OK;
 }
 
@@ -124,14 +125,14 @@ static ca_status st_parse_entry(const ca_st_file *f, const char *name, json_obje
     if (s == CA_OK) s = st_parse_offsets(path, name, jo, e);
     if (s != CA_OK) return s;
     uint64_t data_size = f->size - f->data_start, want = st_shape_bytes(e);
+    char tb[48], te[48];
     if (e->end > data_size)
-        return ca_error(CA_ERR_IO, "%s: tensor '%s': data_offsets [%" PRIu64 ", %" PRIu64 "] beyond "
-                        "the %" PRIu64 " data bytes of the file", path, name, e->begin, e->end,
-                        data_size);
+        return ca_error(CA_ERR_IO, "%s: tensor '%s': data_offsets [%s, %s] beyond the %" PRIu64 " data bytes "
+                        "of the file", path, name, ca_json_u64_text(e->begin, tb, sizeof tb),
+                        ca_json_u64_text(e->end, te, sizeof te), data_size);
     if (want != e->end - e->begin)
-        return ca_error(CA_ERR_IO, "%s: tensor '%s': shape and dtype %s give %" PRIu64 " bytes, "
-                        "data_offsets span %" PRIu64, path, name, st_names[e->dtype], want,
-                        e->end - e->begin);
+        return ca_error(CA_ERR_IO, "%s: tensor '%s': shape and dtype %s give %s bytes, data_offsets span %" PRIu64,
+                        path, name, st_names[e->dtype], ca_json_u64_text(want, tb, sizeof tb), e->end - e->begin);
     e->name = strdup(name);
     return e->name ? CA_OK : ca_error(CA_ERR_NOMEM, "%s: out of memory", path);
 }
@@ -186,21 +187,12 @@ static ca_status st_parse(ca_st_file *f) {
         return ca_error(CA_ERR_IO, "%s: header length %" PRIu64 " exceeds the %zu bytes that follow "
                         "it (truncated or not a safetensors file)", f->path, hl, f->size - 8);
     f->data_start = 8 + (size_t)hl;
-    json_tokener *tok = json_tokener_new();
-    if (!tok) return ca_error(CA_ERR_NOMEM, "%s: out of memory", f->path);
-    json_object *root = json_tokener_parse_ex(tok, (const char *)f->buf + 8, (int)hl);
-    enum json_tokener_error err = json_tokener_get_error(tok);
-    size_t used = json_tokener_get_parse_end(tok);
-    json_tokener_free(tok);
-    ca_status s = CA_OK;
-    if (!root || err != json_tokener_success)
-        s = ca_error(CA_ERR_IO, "%s: the JSON header is invalid: %s", f->path,
-                     err == json_tokener_continue ? "it ends before the object closes"
-                                                  : json_tokener_error_desc(err));
-    for (size_t i = used; s == CA_OK && i < hl; i++)  /* only padding may follow the JSON */
-        if (f->buf[8 + i] != ' ')
-            s = ca_error(CA_ERR_IO, "%s: the JSON header is invalid: bytes after the object", f->path);
-    if (s == CA_OK) s = st_parse_header(f, root);
+    const char *why;
+    size_t where;   /* the header may be padded with spaces: ca_json_parse allows whitespace after it */
+    json_object *root = ca_json_parse((const char *)f->buf + 8, (size_t)hl, &why, &where);
+    ca_status s = root ? st_parse_header(f, root)
+                       : ca_error(CA_ERR_IO, "%s: the JSON header is invalid: %s at byte %zu of the header",
+                                  f->path, why, where);
     json_object_put(root);
     return s;
 }

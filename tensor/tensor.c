@@ -419,7 +419,9 @@ const int64_t *ca_tensor_strides(const ca_tensor *t) { return t->stride; }
 int64_t ca_tensor_numel(const ca_tensor *t) { return t->numel; }
 size_t ca_tensor_nbytes(const ca_tensor *t) { return (size_t)t->numel * ca_dtype_size(t->dtype); }
 ca_device *ca_tensor_device(const ca_tensor *t) { return ca_tdev(t); }
-void *ca_tensor_data(const ca_tensor *t) { return ca_tptr(t); }
+void *ca_tensor_data(const ca_tensor *t) {
+    return ca_tensor_check_present(t, "ca_tensor_data") == CA_OK ? ca_tptr(t) : NULL;
+}
 bool ca_tensor_requires_grad(const ca_tensor *t) { return t && t->requires_grad; }
 void ca_tensor_set_requires_grad(ca_tensor *t, bool on) { if (t) t->requires_grad = on; }
 ca_tensor *ca_tensor_grad(const ca_tensor *t) { return t && t->grad_defined ? t->grad : NULL; }
@@ -455,6 +457,16 @@ void ca_tensor_set_grad_hook(ca_tensor *leaf, ca_grad_hook fn, void *ctx) {
 
 /* ------------------------------------------------------------------ copies */
 
+/* A storage whose memory its owner released (a sharded parameter between uses) holds a NULL
+ * address: reading it would hand the device NULL and fail with no word of which tensor or why. */
+ca_status ca_tensor_check_present(const ca_tensor *t, const char *op) {
+    if (t->storage->ptr || !t->storage->absent || !t->numel) return CA_OK;
+    const char *what = t->requires_grad ? "parameter" : "tensor";
+    if (t->name && *t->name)
+        return ca_error(CA_ERR_STATE, "%s: %s '%s' %s", op, what, t->name, t->storage->absent);
+    return ca_error(CA_ERR_STATE, "%s: the %s %s", op, what, t->storage->absent);
+}
+
 /* Copies src's elements into the contiguous buffer dst on dst_dev. */
 static ca_status gather_contiguous(const ca_tensor *src, void *dst) {
     ca_device *d = ca_tdev(src);
@@ -475,10 +487,12 @@ ca_status ca_tensor_to_host(const ca_tensor *t, void *dst, size_t bytes) {
     if (bytes < need)
         return ca_error(CA_ERR_INVALID, "ca_tensor_to_host: buffer of %zu bytes, tensor needs %zu", bytes, need);
     if (!need) return CA_OK;
+    ca_status s = ca_tensor_check_present(t, "ca_tensor_to_host");
+    if (s != CA_OK) return s;
     ca_device *d = ca_tdev(t);
     if (ca_tensor_is_contiguous(t)) return ca_device_copy_to_host(d, dst, ca_tptr(t), need);
     void *tmp;
-    ca_status s = ca_device_alloc(d, need, &tmp);
+    s = ca_device_alloc(d, need, &tmp);
     if (s != CA_OK) return s;
     s = gather_contiguous(t, tmp);
     if (s == CA_OK) s = ca_device_copy_to_host(d, dst, tmp, need);
@@ -492,6 +506,8 @@ ca_status ca_tensor_copy_from_host(ca_tensor *t, const void *src, size_t bytes) 
         return ca_error(CA_ERR_INVALID, "ca_tensor_copy_from_host: tensor is not contiguous");
     if (bytes != need)
         return ca_error(CA_ERR_INVALID, "ca_tensor_copy_from_host: %zu bytes given, tensor holds %zu", bytes, need);
+    ca_status s = ca_tensor_check_present(t, "ca_tensor_copy_from_host");
+    if (s != CA_OK) return s;
     t->version++;
     return ca_device_copy_from_host(ca_tdev(t), ca_tptr(t), src, need);
 }
@@ -508,12 +524,15 @@ ca_status ca_tensor_copy_(ca_tensor *dst, const ca_tensor *src) {
     if (!ca_tensor_is_contiguous(dst)) return ca_error(CA_ERR_INVALID, "copy: destination is not contiguous");
     size_t bytes = ca_tensor_nbytes(src);
     if (!bytes) return CA_OK;
+    ca_status s = ca_tensor_check_present(src, "copy (source)");
+    if (s == CA_OK) s = ca_tensor_check_present(dst, "copy (destination)");
+    if (s != CA_OK) return s;
     dst->version++;
     if (ca_tdev(dst) == ca_tdev(src)) return gather_contiguous(src, ca_tptr(dst));
     /* across devices: through host memory */
     void *host = malloc(bytes);
     if (!host) return ca_error(CA_ERR_NOMEM, "out of host memory");
-    ca_status s = ca_tensor_to_host(src, host, bytes);
+    s = ca_tensor_to_host(src, host, bytes);
     if (s == CA_OK) s = ca_device_copy_from_host(ca_tdev(dst), ca_tptr(dst), host, bytes);
     free(host);
     return s;
@@ -524,7 +543,9 @@ ca_status ca_tensor_item(const ca_tensor *t, double *out) {
     if (t->numel != 1) return ca_error(CA_ERR_INVALID, "item() needs a one-element tensor, got %lld elements",
                                        (long long)t->numel);
     union { float f; double d; int32_t i; int64_t l; uint8_t u; uint16_t h; } v;
-    ca_status s = ca_device_copy_to_host(ca_tdev(t), &v, ca_tptr(t), ca_dtype_size(t->dtype));
+    ca_status s = ca_tensor_check_present(t, "item");
+    if (s != CA_OK) return s;
+    s = ca_device_copy_to_host(ca_tdev(t), &v, ca_tptr(t), ca_dtype_size(t->dtype));
     if (s != CA_OK) return s;
     switch (t->dtype) {
     case CA_F32: *out = v.f; break;

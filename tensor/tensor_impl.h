@@ -14,6 +14,10 @@ typedef struct ca_storage {
     void *ptr;
     size_t bytes;
     _Atomic int refs;
+    /* Set by an owner that freed ptr while tensors keep the storage (a stage-3 sharded parameter
+     * between uses): the rest of a sentence saying why the values are not here and how to get them.
+     * Every read or write of the values reports it (ca_tensor_check_present). NULL otherwise. */
+    const char *absent;
 } ca_storage;
 
 typedef struct ca_node ca_node;
@@ -106,6 +110,9 @@ uint64_t ca_scope_id(const ca_scope *s);
 void ca_scope_end_id(ca_scope *s, uint64_t id);
 /* Hands a node to the current scope (released with it). */
 void ca_scope_add_node(ca_node *n);
+/* CA_OK when t's values are in memory; else (its storage's owner released them: `absent`) an
+ * error naming op, the tensor and the owner's reason, recorded as the last error. */
+ca_status ca_tensor_check_present(const ca_tensor *t, const char *op);
 /* Contiguous strides for t->shape; sets numel. */
 void ca_tensor_set_contiguous(ca_tensor *t);
 /* A scoped tensor with fresh storage on dev. */

@@ -4,7 +4,9 @@
  *             order), batch B per process (or global with --split_batches true); dumps the parameters
  *   evaluation: a stream of E samples whose target is the sample's number, and a custom batch
  *             sampler (batches of 6, the full ones in reverse order) over E samples; gather_for_metrics of the
- *             numbers must give every sample exactly once: eval_count=E and eval_sum=E(E-1)/2 */
+ *             numbers must give every sample exactly once: eval_count=E and eval_sum=E(E-1)/2
+ *   --varying: instead, only prepares (ca_prepare) a loader whose batch sampler declares varying batch sizes
+ *             (batch_size 0: batches of 6 and 5 in turn) and prints varying_sampler=ok or the error */
 #include <caccel/caccel.h>
 
 #include <stdio.h>
@@ -94,6 +96,32 @@ static ca_status rs_next(void *ctx, int64_t *idx, int64_t cap, int64_t *len) {
     return CA_OK;
 }
 
+/* Batches of 6 and 5 in turn over [0, n): a sampler whose batch size varies (declared as 0). */
+static ca_status vs_next(void *ctx, int64_t *idx, int64_t cap, int64_t *len) {
+    reverse_sampler *r = ctx;   /* next: the first index of the next batch */
+    int64_t want = (r->next / 11) * 11 == r->next ? 6 : 5;
+    *len = 0;
+    for (int64_t i = r->next; i < r->n && *len < want && *len < cap; i++) idx[(*len)++] = i;
+    r->next += *len;
+    return CA_OK;
+}
+
+static void prepare_varying(ca_accelerator *acc, int64_t e) {
+    ca_dataset *em = numbered_memory(e);
+    ca_dataloader *el;
+    CA_CHECK(ca_dataloader_create(em, &(ca_loader_opts){0}, &el));
+    reverse_sampler *vs = calloc(1, sizeof *vs);
+    if (!vs) exit(1);
+    vs->n = e;
+    ca_batch_sampler_ops so = {.struct_size = sizeof so, .begin = rs_begin, .next = vs_next, .destroy = free};
+    CA_CHECK(ca_dataloader_set_batch_sampler(el, &so, vs, 0, false));
+    ca_status s = ca_prepare(acc, NULL, NULL, el);
+    printf("rank=%d varying_sampler=%s\n", ca_process_index(acc), s == CA_OK ? "ok" : ca_last_error());
+    ca_clear_error();
+    ca_dataloader_destroy(el);
+    ca_dataset_destroy(em);
+}
+
 static ca_module *model(void) {
     ca_module *m, *l;
     CA_CHECK(ca_sequential_create(&m));
@@ -135,11 +163,13 @@ static void evaluate(ca_accelerator *acc, ca_module *m, ca_dataloader *dl, const
 int main(int argc, char **argv) {
     int64_t batch = 8, steps = 10, n = 4096, e = 103;
     const char *dump = NULL;
+    bool varying = false;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--batch") && i + 1 < argc) batch = atoll(argv[++i]);
         else if (!strcmp(argv[i], "--steps") && i + 1 < argc) steps = atoll(argv[++i]);
         else if (!strcmp(argv[i], "--eval") && i + 1 < argc) e = atoll(argv[++i]);
         else if (!strcmp(argv[i], "--dump") && i + 1 < argc) dump = argv[++i];
+        else if (!strcmp(argv[i], "--varying")) varying = true;
         else if (ca_config_flag_arity(argv[i]) >= 0) i += ca_config_flag_arity(argv[i]);
         else { fprintf(stderr, "data_check: unknown argument %s\n", argv[i]); return 2; }
     }
@@ -147,6 +177,12 @@ int main(int argc, char **argv) {
     CA_CHECK(ca_accelerator_create(&(ca_options){.argc = argc, .argv = argv}, &acc));
     CA_CHECK(ca_set_seed(acc, 11));
     int rank = ca_process_index(acc);
+    if (varying) {
+        prepare_varying(acc, e);
+        ca_accelerator_destroy(acc);
+        ca_shutdown();
+        return 0;
+    }
 
     ca_dataset *train = stream_dataset(n, false);
     ca_dataloader *dl;

@@ -14,7 +14,10 @@
  *     its slice of the global batch, averaged every K steps and at the end) and dumps copy 0
  * --digest: every rank prints params_fnv=H, an FNV-1a hash of its parameters' bytes after training
  *   (equal on every rank when they stayed in step).
- * --sched-total T attaches a linear schedule over T one-process steps; every mode prints lr_factor.
+ * --sched-total T attaches a linear schedule over T one-process steps; every mode prints lr_factor
+ *   (the learning rate / --lr, 0.2 by default) and lr.
+ * --read-sharded: after training, before ca_summon_full_params, reads fc1.weight and prints
+ *   read_sharded=<the error> (under stage 3 its values are a shard until the summon).
  * --stop-rank R: rank R stops itself (SIGSTOP) before its third micro-step, a hung peer.
  * --hidden H widens the hidden layer (32); --depth D adds D Linear(H, H)+Tanh layers (0); --mem prints
  * state_bytes: the allocator's bytes in use before the last step for parameters, gradients and
@@ -34,7 +37,8 @@ typedef struct opts {
     int64_t batch, hidden, depth;
     const char *dump, *dump_grads;
     int64_t sched_total;
-    bool mem, digest, inf_input;
+    double lr;
+    bool mem, digest, inf_input, read_sharded;
     int stop_rank;               /* --stop-rank R: rank R stops itself (SIGSTOP) before micro-step 3 */
     int lsgd_steps, sim;         /* --local-sgd-steps K, --sim N */
 } opts;
@@ -140,7 +144,7 @@ static void dump_grads(ca_accelerator *acc, ca_module *m, const char *path) {
 }
 
 static opts parse(int argc, char **argv) {
-    opts o = {.mode = "plain", .steps = 10, .k = 1, .batch = 8, .hidden = 32, .stop_rank = -1, .lsgd_steps = 4,
+    opts o = {.mode = "plain", .lr = 0.2, .steps = 10, .k = 1, .batch = 8, .hidden = 32, .stop_rank = -1, .lsgd_steps = 4,
               .sim = 2};
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--mode") && i + 1 < argc) o.mode = argv[++i];
@@ -154,6 +158,8 @@ static opts parse(int argc, char **argv) {
         else if (!strcmp(argv[i], "--mem")) o.mem = true;
         else if (!strcmp(argv[i], "--digest")) o.digest = true;
         else if (!strcmp(argv[i], "--inf-input")) o.inf_input = true;
+        else if (!strcmp(argv[i], "--read-sharded")) o.read_sharded = true;
+        else if (!strcmp(argv[i], "--lr") && i + 1 < argc) o.lr = atof(argv[++i]);
         else if (!strcmp(argv[i], "--local-sgd-steps") && i + 1 < argc) o.lsgd_steps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--sim") && i + 1 < argc) o.sim = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--stop-rank") && i + 1 < argc) o.stop_rank = atoi(argv[++i]);
@@ -268,7 +274,7 @@ int main(int argc, char **argv) {
     for (int i = 0; i < ca_module_num_params(m); i++) pbytes += (int64_t)ca_tensor_nbytes(ca_module_param_at(m, i));
     CA_CHECK(ca_device_memory_stats(ca_accelerator_device(acc), &st0));
     ca_optimizer *opt;
-    CA_CHECK(ca_sgd_create(m, &(ca_sgd_opts){.lr = 0.2, .momentum = 0.9}, &opt));
+    CA_CHECK(ca_sgd_create(m, &(ca_sgd_opts){.lr = o.lr, .momentum = 0.9}, &opt));
     if (o.sched_total > 0)
         CA_CHECK(ca_optimizer_set_schedule(opt, &(ca_lr_schedule){.kind = CA_SCHED_LINEAR,
                                                                   .total_steps = o.sched_total}));
@@ -340,8 +346,17 @@ int main(int argc, char **argv) {
                (long long)st2.peak_allocated - (long long)st1.allocated, (long long)pbytes);
     }
     printf("rank=%d steps=%lld lr_factor=%.4f\n", rank, (long long)ca_optimizer_steps(opt),
-           ca_optimizer_get_lr(opt, 0) / 0.2);
+           ca_optimizer_get_lr(opt, 0) / o.lr);
+    printf("rank=%d lr=%.6g\n", rank, ca_optimizer_get_lr(opt, 0));
     if (!strcmp(o.mode, "uneven")) rc = uneven(acc, m, ds);
+    if (o.read_sharded) {
+        ca_tensor *w = ca_module_param(m, "fc1.weight");
+        void *h = malloc(ca_tensor_nbytes(w));
+        ca_status s = ca_tensor_to_host(w, h, ca_tensor_nbytes(w));
+        printf("rank=%d read_sharded=%s\n", rank, s == CA_OK ? "ok" : ca_last_error());
+        ca_clear_error();
+        free(h);
+    }
     CA_CHECK(ca_summon_full_params(acc, true));   /* stage 3: the parameters are shards until now */
     dump(acc, m, o.dump);
     if (o.digest) digest(m, rank);

@@ -221,6 +221,24 @@ static void test_configuration_reaches_the_accelerator(void **state) {
     assert_int_equal(ca_accelerator_create(&(ca_options){.argc = 4, .argv = argv}, &acc), CA_ERR_UNSUPPORTED);
     assert_non_null(strstr(ca_last_error(), "fp8"));
     assert_non_null(strstr(ca_last_error(), "--mixed_precision"));
+    /* a DeepSpeed JSON that stops early, or is not an object: the reason in words (json-c's last
+     * error was "json_tokener_parse_ex failed: continue" and a newline, or NULL) */
+    char ds[64] = "/tmp/caccel-ds-XXXXXX";
+    int fd = mkstemp(ds);
+    assert_true(fd >= 0);
+    assert_int_equal(write(fd, "{\"zero_optimization\": {", 23), 23);
+    close(fd);
+    char dsf[128];
+    snprintf(dsf, sizeof dsf, "deepspeed_config.deepspeed_config_file=%s", ds);
+    const char *s2[] = {"distributed_type=DEEPSPEED", dsf, "use_cpu=true", NULL};
+    assert_int_equal(ca_accelerator_create(&(ca_options){.settings = s2}, &acc), CA_ERR_CONFIG);
+    assert_non_null(strstr(ca_last_error(), "cannot read it as a JSON object (unexpected end of input at byte 23)"));
+    FILE *f = fopen(ds, "w");
+    fputs("[\"auto\"]", f);
+    fclose(f);
+    assert_int_equal(ca_accelerator_create(&(ca_options){.settings = s2}, &acc), CA_ERR_CONFIG);
+    assert_non_null(strstr(ca_last_error(), "cannot read it as a JSON object (a JSON array, not an object)"));
+    unlink(ds);
     acc = make_acc(NULL);
     assert_true(ca_is_main_process(acc));
     assert_int_equal(ca_num_processes(acc), 1);

@@ -184,7 +184,27 @@ static void test_corrupt_files(void **state) {
     p = write_raw("hl.safetensors", "{}", 4000, NULL, 0);
     assert_error(load_file(p), CA_ERR_IO, "hl.safetensors", "header length 4000");
     p = write_raw("json.safetensors", "{\"0.weight\": {\"dtype\": ", 0, NULL, 0);
-    assert_error(load_file(p), CA_ERR_IO, "json.safetensors", "JSON header is invalid");
+    assert_error(load_file(p), CA_ERR_IO, "json.safetensors",
+                 "JSON header is invalid: unexpected end of input at byte 23 of the header");
+    p = write_raw("after.safetensors", "{} x", 0, NULL, 0);
+    assert_error(load_file(p), CA_ERR_IO, "after.safetensors",
+                 "JSON header is invalid: bytes after the value at byte 3 of the header");
+    /* offsets above 2^63 - 1 are quoted as written (json_object_get_int64 gave 9223372036854775807) */
+    p = write_raw("big.safetensors",
+                  "{\"0.bias\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,9223372036854775808]}}", 0,
+                  zeros, 8);
+    assert_error(load_file(p), CA_ERR_IO, "big.safetensors: tensor '0.bias'",
+                 "data_offsets [0, 9223372036854775808] beyond the 8 data bytes of the file");
+    p = write_raw("huge.safetensors",
+                  "{\"0.bias\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,99999999999999999999]}}", 0,
+                  zeros, 8);
+    assert_error(load_file(p), CA_ERR_IO, "huge.safetensors: tensor '0.bias'",
+                 "data_offsets [0, 18446744073709551615 (2^64 - 1) or more] beyond");
+    p = write_raw("dim.safetensors",
+                  "{\"0.bias\":{\"dtype\":\"F32\",\"shape\":[9223372036854775808],\"data_offsets\":[0,8]}}",
+                  0, zeros, 8);
+    assert_error(load_file(p), CA_ERR_IO, "dim.safetensors: tensor '0.bias'",
+                 "shape[0] is 9223372036854775808, above 2^63 - 1");
     p = write_raw("range.safetensors",
                   "{\"0.bias\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]}}", 0, zeros, 8);
     assert_error(load_file(p), CA_ERR_IO, "range.safetensors: tensor '0.bias'", "beyond");

@@ -126,6 +126,12 @@ expect_text "$tmp/out" "$tmp/bad.safetensors: not a safetensors file"
 "$caccel" estimate-memory "$tmp/sharded" --dtypes fp8 >"$tmp/out" 2>&1
 [ $? -eq 2 ] || fail "--dtypes fp8 did not exit 2"
 expect_text "$tmp/out" "--dtypes: unknown dtype 'fp8'"
+# an index that stops early: the reason in words (json-c's last error said "continue")
+mkdir -p "$tmp/cut"
+printf '{"weight_map": {' >"$tmp/cut/model.safetensors.index.json"
+"$caccel" estimate-memory "$tmp/cut" >"$tmp/out" 2>&1
+[ $? -eq 1 ] || fail "a truncated index did not exit 1"
+expect_text "$tmp/out" "$tmp/cut/model.safetensors.index.json: cannot read the index: unexpected end of input at byte 16"
 mkdir -p "$tmp/empty"
 "$caccel" estimate-memory "$tmp/empty" >"$tmp/out" 2>&1
 expect_text "$tmp/out" "holds neither model.safetensors nor model.safetensors.index.json"

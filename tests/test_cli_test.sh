@@ -20,6 +20,27 @@ run_test() {   # run_test NAME FLAGS...: expects every check ok
     done
 }
 
+note "caccel test names itself in the errors of the launcher flags it takes"
+"$CACCEL" test --bogus > "$WORK/bogus" 2>&1 && { cat "$WORK/bogus"; fail "caccel test --bogus exited 0"; }
+cat "$WORK/bogus"
+grep -q "^caccel test: error: unknown flag --bogus\$" "$WORK/bogus" || fail "caccel test --bogus: not named caccel test"
+"$CACCEL" test --num_processes many > "$WORK/many" 2>&1 && { cat "$WORK/many"; fail "--num_processes many exited 0"; }
+cat "$WORK/many"
+grep -q "^caccel test: error: --num_processes: invalid value 'many'" "$WORK/many" || fail "--num_processes many: not named caccel test"
+grep -q "caccel launch:" "$WORK/bogus" "$WORK/many" && fail "an error calls caccel test caccel launch"
+grep -q "^  hint: caccel test takes the flags of caccel launch" "$WORK/bogus" || fail "caccel test --bogus: no hint"
+
+note "without /proc/self/exe (a private /proc, where unshare is allowed) the reason is named"
+if unshare --mount true 2>/dev/null; then
+    unshare --mount sh -c 'mount -t tmpfs none /proc && exec "$0" test --cpu' "$CACCEL" > "$WORK/noexe" 2>&1 &&
+        { cat "$WORK/noexe"; fail "caccel test without /proc exited 0"; }
+    cat "$WORK/noexe"
+    grep -q "^caccel test: error: cannot find the caccel executable to run under launch: /proc/self/exe: No such file or directory\$" \
+        "$WORK/noexe" || fail "no reason for /proc/self/exe"
+else
+    echo "SKIP (part): unshare --mount is not allowed here"
+fi
+
 note "1 process"
 run_test one --cpu --num_processes 1 --main_process_port 0
 grep -q "^caccel test: 1 process(es), backend single, device cpu" "$WORK/one" || fail "the setup line (1 process)"

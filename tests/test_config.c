@@ -458,6 +458,14 @@ static void test_env_settings_and_errors(void **state) {
     char *bad3[] = {"ACCELERATE_USE_DEEPSPEED=perhaps", NULL};
     assert_status(ca_config_apply_env(c, bad3), CA_ERR_CONFIG);
     assert_contains(ca_last_error(), "env ACCELERATE_USE_DEEPSPEED");
+    /* a value's newline and control characters are escaped: the error stays one line */
+    char *nl[] = {"ACCELERATE_MIXED_PRECISION=fp16\nrank 1: ok\x1b[2J", NULL};
+    assert_status(ca_config_apply_env(c, nl), CA_ERR_CONFIG);
+    assert_contains(ca_last_error(), "env ACCELERATE_MIXED_PRECISION: invalid value 'fp16\\nrank 1: ok\\x1b[2J' for key");
+    assert_null(strchr(ca_last_error(), '\n'));
+    char *nl2[] = {"ACCELERATE_USE_DEEPSPEED=yes\n", NULL};
+    assert_status(ca_config_apply_env(c, nl2), CA_ERR_CONFIG);
+    assert_contains(ca_last_error(), "env ACCELERATE_USE_DEEPSPEED: invalid value 'yes\\n' (allowed:");
     char *two[] = {"ACCELERATE_USE_DEEPSPEED=1", "ACCELERATE_USE_FSDP=1", NULL};
     assert_status(ca_config_apply_env(c, two), CA_ERR_CONFIG);
     assert_contains(ca_last_error(), "ACCELERATE_USE_DEEPSPEED");

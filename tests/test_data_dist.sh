@@ -42,4 +42,13 @@ be=$(echo "$backends" | awk '{print $1}')
 launch 3 "$be" "$DC" --batch 8 --steps 4 > "$WORK/o" || { cat "$WORK/o"; fail "3 processes $be"; }
 count 3 'stream eval_count=103 eval_sum=5253 repeats=0 batches=5$' "$WORK/o"
 count 3 'sampler eval_count=103 eval_sum=5253 repeats=0 batches=6$' "$WORK/o"
+
+note "a batch sampler declaring varying batch sizes (batch_size 0) with even_batches is refused at ca_prepare on 2 processes, naming the option (as Accelerate's BatchSamplerShard); accepted on 1 process and with even_batches false"
+"$DC" --cpu --varying > "$WORK/o" || { cat "$WORK/o"; fail "varying sampler, 1 process"; }
+count 1 'varying_sampler=ok$' "$WORK/o"
+launch 2 "$be" "$DC" --varying > "$WORK/o" || { cat "$WORK/o"; fail "varying sampler, 2 processes"; }
+count 2 "varying_sampler=even_batches: in-memory dataset: the batch sampler's batches vary in size (batch_size 0), so the 2 processes cannot be given batches of one size" "$WORK/o"
+if [ "$be" = gloo ]; then set -- --even_batches false "$DC"; else set -- "$DC" --even_batches false; fi
+launch 2 "$be" "$@" --varying > "$WORK/o" || { cat "$WORK/o"; fail "varying sampler, even_batches false"; }
+count 2 'varying_sampler=ok$' "$WORK/o"
 echo "ok"

@@ -150,6 +150,20 @@ for be in $backends; do
     count 4 'steps=1 lr_factor=0.5000$' "$WORK/o"
 done
 
+note "split_batches: the schedule advances once per optimizer step, as Accelerate's AcceleratedScheduler (once per process without it): lr 1e-3 decaying linearly over 12 steps, after 3 optimizer steps on 2 ranks"
+# Accelerate's rule: split_batches steps the scheduler once per optimizer step, else num_processes times
+with_split=$(awk 'BEGIN { printf "%.6g", 1e-3 * (1 - 3 / 12) }')
+without=$(awk 'BEGIN { printf "%.6g", 1e-3 * (1 - 3 * 2 / 12) }')
+echo "  expected lr: $with_split with split_batches, $without without"
+for be in $backends; do
+    if [ "$be" = gloo ]; then set -- --split_batches true "$DDP"; else set -- "$DDP" --split_batches true; fi
+    launch 2 "$be" "$@" --mode plain --batch 8 --steps 3 --sched-total 12 --lr 1e-3 > "$WORK/o" || { cat "$WORK/o"; fail "split schedule $be"; }
+    count 2 "steps=3 " "$WORK/o"
+    count 2 "lr=$with_split\$" "$WORK/o"
+    launch 2 "$be" "$DDP" --mode plain --batch 8 --steps 3 --sched-total 12 --lr 1e-3 > "$WORK/o" || { cat "$WORK/o"; fail "schedule $be"; }
+    count 2 "lr=$without\$" "$WORK/o"
+done
+
 note "uneven data (103 samples): training and evaluation finish, gather_for_metrics sees 103 on every rank"
 for be in $backends; do
     for np in 2 3; do

@@ -137,6 +137,9 @@ static void test_inconsistent(void **state) {
     detect_fails(b, "WORLD_SIZE");
     char *c[] = {"RANK=one", "WORLD_SIZE=2", NULL};
     detect_fails(c, "RANK='one'");
+    char *c2[] = {"RANK=1\nrank 0: done", "WORLD_SIZE=2", NULL};   /* escaped: the error stays one line */
+    detect_fails(c2, "environment variable RANK='1\\nrank 0: done' is not an integer");
+    assert_null(strchr(ca_last_error(), '\n'));
     char *d[] = {"RANK=1", "WORLD_SIZE=4", "LOCAL_RANK=2", "LOCAL_WORLD_SIZE=2", NULL};
     detect_fails(d, "LOCAL_RANK");
     char *e[] = {"OMPI_COMM_WORLD_RANK=2", "OMPI_COMM_WORLD_SIZE=2", NULL};

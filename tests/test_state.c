@@ -540,6 +540,41 @@ static void edit(const char *dir, const char *name, const char *from, const char
     reseal(dir);
 }
 
+/* Replaces dir/name by `text`, then reseals. */
+static void rewrite(const char *dir, const char *name, const char *text) {
+    char p[700];
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    FILE *f = fopen(p, "wb");
+    assert_non_null(f);
+    fputs(text, f);
+    fclose(f);
+    reseal(dir);
+}
+
+/* ca_load_state(acc, dir) with warnings on and stderr (the log) captured into *log (malloc'd). */
+static ca_status load_logged(ca_accelerator *acc, const char *dir, char **log) {
+    char p[700];
+    snprintf(p, sizeof p, "%s/stderr.txt", in_dir(""));
+    fflush(stderr);
+    int saved = dup(2), fd = open(p, O_CREAT | O_TRUNC | O_WRONLY, 0600);
+    assert_true(saved >= 0 && fd >= 0);
+    dup2(fd, 2);
+    close(fd);
+    ca_log_set_level(CA_LOG_WARNING);
+    ca_status s = ca_load_state(acc, dir);
+    ca_log_set_level(CA_LOG_ERROR);
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    FILE *f = fopen(p, "r");
+    *log = calloc(1, 65536);
+    assert_true(f && *log);
+    size_t n = fread(*log, 1, 65535, f);
+    (void)n;
+    fclose(f);
+    return s;
+}
+
 /* Files that pass the size and CRC check but say the wrong thing: the key, the file and what differs
  * are named, and the run is unchanged. */
 static void test_wrong_contents(void **state) {
@@ -574,6 +609,32 @@ static void test_wrong_contents(void **state) {
     copy_tree(in_dir("good"), bad);
     edit(bad, "random_states_0.json", "\"offset\":", "\"offsex\":");
     assert_error(ca_load_state(r.acc, bad), CA_ERR_IO, "random_states_0.json: key \"offset\"", NULL);
+    assert_unchanged(&r, p0, len, steps);
+
+    /* rank 0's own random states missing (and not in the manifest): the read says so, and no warning
+     * claims to use the very file it found missing */
+    copy_tree(in_dir("good"), bad);
+    char rs[700];
+    snprintf(rs, sizeof rs, "%s/random_states_0.json", bad);
+    assert_int_equal(unlink(rs), 0);
+    reseal(bad);
+    char *log;
+    assert_error(load_logged(r.acc, bad, &log), CA_ERR_NOT_FOUND,
+                 "random_states_0.json: cannot read the JSON: No such file or directory", NULL);
+    if (strstr(log, "using random_states_0.json")) fail_msg("a warning uses the missing file: %s", log);
+    free(log);
+    assert_unchanged(&r, p0, len, steps);
+
+    /* JSON that stops early, or is not an object: said in words (json-c's were "continue" and NULL) */
+    copy_tree(in_dir("good"), bad);
+    rewrite(bad, "random_states_0.json", "{\"seed\": 1, ");
+    assert_error(ca_load_state(r.acc, bad), CA_ERR_IO,
+                 "random_states_0.json: cannot read the JSON: unexpected end of input at byte 12", NULL);
+    assert_unchanged(&r, p0, len, steps);
+    copy_tree(in_dir("good"), bad);
+    rewrite(bad, "random_states_0.json", "[1, 2]");
+    assert_error(ca_load_state(r.acc, bad), CA_ERR_IO, "random_states_0.json: cannot read the JSON: a JSON array, "
+                 "not an object", NULL);
     assert_unchanged(&r, p0, len, steps);
 
     copy_tree(in_dir("good"), bad);

@@ -227,7 +227,9 @@ static void test_errors(void **state) {
     (void)state;
     expect_load_error("missing.json", NULL, CA_ERR_IO, "cannot open");
     expect_load_error("missing-vocab.txt", NULL, CA_ERR_IO, "cannot open");
-    expect_load_error("bad.json", "{\"model\": [1, 2", CA_ERR_INVALID, "not valid JSON");
+    /* json-c calls a truncated text "continue" */
+    expect_load_error("bad.json", "{\"model\": [1, 2", CA_ERR_INVALID,
+                      "not valid JSON: unexpected end of input at byte 15");
     write_json("bpe.json", "BPE");
     expect_load_error("bpe.json", NULL, CA_ERR_UNSUPPORTED, "model.type is 'BPE'");
     expect_load_error("nomodel.json", "{\"normalizer\": null}", CA_ERR_UNSUPPORTED,

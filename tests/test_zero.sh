@@ -79,6 +79,12 @@ wrap 1 TRANSFORMER_BASED_WRAP --fsdp_auto_wrap_policy TRANSFORMER_BASED_WRAP --f
 # fc1 has 288 parameters, fc2 99: fc2 stays with the root's unit
 wrap 2 SIZE_BASED_WRAP --fsdp_auto_wrap_policy SIZE_BASED_WRAP --fsdp_min_num_params 100
 
+note "stage 3: reading a parameter between steps, before ca_summon_full_params, fails naming the parameter, that it is sharded and the call that gathers it (DDP reads it)"
+launch 2 "$be" --use_fsdp --fsdp_sharding_strategy FULL_SHARD "$DDP" --mode plain --batch 12 --steps 2 --read-sharded > "$WORK/o" || { cat "$WORK/o"; fail "stage 3 read-sharded"; }
+count 2 "read_sharded=ca_tensor_to_host: parameter 'fc1.weight' is sharded (FSDP FULL_SHARD / DeepSpeed ZeRO-3): outside its module's forward and backward its full value exists only between ca_summon_full_params(acc, true) and ca_summon_full_params(acc, false)" "$WORK/o"
+launch 2 "$be" "$DDP" --mode plain --batch 12 --steps 2 --read-sharded > "$WORK/o" || { cat "$WORK/o"; fail "DDP read-sharded"; }
+count 2 'read_sharded=ok$' "$WORK/o"
+
 note "stage 3 memory between steps (allocator statistics, hidden width 4096: 53251 parameters, SGD with momentum): 1/N of stage 3 on 1 rank (+10%) at 2 and 4 ranks, under a third of DDP's at 4"
 mem() {   # mem NP [FLAGS...]: rank 0's state_bytes
     np=$1; shift

@@ -3,8 +3,7 @@
  * model states of each ZeRO stage. The model is read from its safetensors headers only (shapes),
  * so a multi-gigabyte checkpoint costs a few kilobytes of reading. */
 #include "tools/cli_impl.h"
-
-#include <json-c/json.h>
+#include "core/json_impl.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -76,9 +75,9 @@ static ca_status em_shape(const char *path, const char *name, json_object *info,
     uint64_t n = 1;
     for (size_t i = 0; i < json_object_array_length(shape); i++) {
         json_object *d = json_object_array_get_idx(shape, i);
-        int64_t v = json_object_is_type(d, json_type_int) ? json_object_get_int64(d) : -1;
-        if (v < 0) return ca_error(CA_ERR_IO, "%s: tensor '%s': dimension %zu is not a size", path, name, i);
-        n *= (uint64_t)v;
+        uint64_t v;
+        if (!ca_json_get_u64(d, &v)) return ca_error(CA_ERR_IO, "%s: tensor '%s': dimension %zu is not a size", path, name, i);
+        n *= v;
     }
     *numel = n;
     return CA_OK;
@@ -89,8 +88,11 @@ static ca_status em_load_file(const char *path, em_model *m) {
     char *text = NULL;
     ca_status s = em_read_header(path, &text);
     if (s != CA_OK) return s;
-    json_object *root = json_tokener_parse(text);
+    const char *why;
+    size_t where;
+    json_object *root = ca_json_parse(text, strlen(text), &why, &where);
     free(text);
+    if (!root) return ca_error(CA_ERR_IO, "%s: the safetensors header is not valid JSON: %s at byte %zu", path, why, where);
     if (!json_object_is_type(root, json_type_object)) {
         json_object_put(root);
         return ca_error(CA_ERR_IO, "%s: the safetensors header is not a JSON object", path);
@@ -108,8 +110,9 @@ static ca_status em_load_file(const char *path, em_model *m) {
 
 /* An index (model.safetensors.index.json): the headers of the distinct shards it names. */
 static ca_status em_load_index(const char *index, em_model *m) {
-    json_object *root = json_object_from_file(index), *map = NULL;
-    if (!root) return ca_error(CA_ERR_IO, "%s: cannot read the index: %s", index, json_util_get_last_err());
+    char why[256];
+    json_object *root = ca_json_load(index, why, sizeof why, NULL), *map = NULL;
+    if (!root) return ca_error(CA_ERR_IO, "%s: cannot read the index: %s", index, why);
     ca_status s = CA_OK;
     if (!json_object_object_get_ex(root, "weight_map", &map) || !json_object_is_type(map, json_type_object))
         s = ca_error(CA_ERR_IO, "%s: no \"weight_map\" object", index);

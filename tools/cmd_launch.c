@@ -97,6 +97,10 @@ static const char *dist_type_var(const ca_config *cfg) {
  * mpirun started it. */
 static const char *const scrubbed_prefixes[] = {"OMPI_", "PMI_", "PMIX_", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"};
 
+/* The subcommand the user typed, for every message: "launch", or "test" (caccel test runs its check
+ * under the launcher, and a flag it rejects is one the user gave to caccel test). */
+static const char *cmd_name = "launch";
+
 typedef struct child {
     pid_t pid;
     int rank, local_rank;
@@ -149,7 +153,7 @@ static void say(const launch *L, const char *fmt, ...) {
     if (L->quiet) return;
     va_list ap;
     va_start(ap, fmt);
-    fprintf(stderr, "caccel launch: ");
+    fprintf(stderr, "caccel %s: ", cmd_name);
     vfprintf(stderr, fmt, ap);
     fputc('\n', stderr);
     va_end(ap);
@@ -159,7 +163,7 @@ static int fail_msg(const char *fmt, ...) CA_PRINTF(1, 2);
 static int fail_msg(const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    fprintf(stderr, "caccel launch: error: ");
+    fprintf(stderr, "caccel %s: error: ", cmd_name);
     vfprintf(stderr, fmt, ap);
     fputc('\n', stderr);
     va_end(ap);
@@ -306,7 +310,7 @@ static int resolve_token(launch *L) {
         if (L->machine_rank == 0) {
             int r = read_token_file(path, L->token, sizeof L->token);
             if (r > 0) return 0;
-            if (ca_store_make_token(L->token, sizeof L->token) != CA_OK) return ca_cli_fail("launch");
+            if (ca_store_make_token(L->token, sizeof L->token) != CA_OK) return ca_cli_fail(cmd_name);
             int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
             if (fd < 0) return fail_msg("cannot write the job token to %s: %s", path, strerror(errno));
             dprintf(fd, "%s\n", L->token);
@@ -322,13 +326,13 @@ static int resolve_token(launch *L) {
                         (long long)(L->timeout_ms / 1000));
     }
     if (L->nmachines > 1) {
-        fprintf(stderr, "caccel launch: error: a job on %d machines needs a shared job token\n", L->nmachines);
+        fprintf(stderr, "caccel %s: error: a job on %d machines needs a shared job token\n", cmd_name, L->nmachines);
         fprintf(stderr, "  hint: export the same %s on every machine (e.g. %s=$(od -An -tx1 -N16 /dev/urandom "
                         "| tr -d ' \\n')), or pass --token_file PATH on a shared filesystem\n",
                 CA_STORE_TOKEN_ENV, CA_STORE_TOKEN_ENV);
         return 1;
     }
-    if (ca_store_make_token(L->token, sizeof L->token) != CA_OK) return ca_cli_fail("launch");
+    if (ca_store_make_token(L->token, sizeof L->token) != CA_OK) return ca_cli_fail(cmd_name);
     return 0;
 }
 
@@ -347,21 +351,21 @@ static int start_store(launch *L) {
         }
         if (!single) {
             if (err == EADDRINUSE) {
-                fprintf(stderr, "caccel launch: error: port %d is already in use on this machine (machine 0 "
-                                "serves the rendezvous there)\n", want);
+                fprintf(stderr, "caccel %s: error: port %d is already in use on this machine (machine 0 "
+                                "serves the rendezvous there)\n", cmd_name, want);
                 fprintf(stderr, "  hint: pick a free --main_process_port and pass the same one on every machine\n");
                 return 1;
             }
-            return ca_cli_fail("launch");
+            return ca_cli_fail(cmd_name);
         }
-        if (err != EADDRINUSE) return ca_cli_fail("launch");
+        if (err != EADDRINUSE) return ca_cli_fail(cmd_name);
         ca_clear_error();
     }
-    if (ca_store_server_start(bind, 0, L->token, &L->server, &err) != CA_OK) return ca_cli_fail("launch");
+    if (ca_store_server_start(bind, 0, L->token, &L->server, &err) != CA_OK) return ca_cli_fail(cmd_name);
     L->port = ca_store_server_port(L->server);
     if (want != 0)
-        fprintf(stderr, "caccel launch: warning: port %d is busy; the rendezvous uses free port %d instead\n", want,
-                L->port);
+        fprintf(stderr, "caccel %s: warning: port %d is busy; the rendezvous uses free port %d instead\n", cmd_name,
+                want, L->port);
     return 0;
 }
 
@@ -370,7 +374,7 @@ static int start_store(launch *L) {
 static int connect_store(launch *L, int64_t timeout_ms) {
     const char *host = L->machine_rank == 0 ? "127.0.0.1" : L->master_addr;
     if (ca_store_client_connect(host, L->port, L->token, timeout_ms, &L->client) != CA_OK)
-        return ca_cli_fail("launch");
+        return ca_cli_fail(cmd_name);
     ca_store_client_set_io_timeout(L->client, STORE_IO_MS);
     return 0;
 }
@@ -443,7 +447,7 @@ static FILE *open_log(const launch *L, int rank, const char *name) {
     mkdir(dir, 0755);
     snprintf(path, sizeof path, "%s/%s", dir, name);
     FILE *f = fopen(path, L->restart_count ? "a" : "w");   /* a restarted group's output follows the last */
-    if (!f) fprintf(stderr, "caccel launch: warning: cannot write %s: %s\n", path, strerror(errno));
+    if (!f) fprintf(stderr, "caccel %s: warning: cannot write %s: %s\n", cmd_name, path, strerror(errno));
     return f;
 }
 
@@ -475,7 +479,7 @@ static int spawn(launch *L, child *k, const sigset_t *oldmask) {
         snprintf(num, sizeof num, "%d", k->local_rank);
         setenv("LOCAL_RANK", num, 1);
         execvp(L->prog[0], L->prog);
-        fprintf(stderr, "caccel launch: error: cannot run %s: %s\n", L->prog[0], strerror(errno));
+        fprintf(stderr, "caccel %s: error: cannot run %s: %s\n", cmd_name, L->prog[0], strerror(errno));
         _exit(127);
     }
     setpgid(pid, pid);
@@ -494,8 +498,9 @@ static int spawn(launch *L, child *k, const sigset_t *oldmask) {
  * the rank's output still reaches the terminal, and the log is never silently cut short. */
 static void log_failed(const launch *L, child *k, bool is_err, int err) {
     FILE **logf = is_err ? &k->err_log : &k->out_log;
-    fprintf(stderr, "caccel launch: warning: cannot write %s/%d/%s: %s; the log ends here, the output goes on "
-            "to the terminal only\n", L->log_dir, k->rank, is_err ? "stderr.log" : "stdout.log", strerror(err));
+    fprintf(stderr, "caccel %s: warning: cannot write %s/%d/%s: %s; the log ends here, the output goes on "
+            "to the terminal only\n", cmd_name, L->log_dir, k->rank, is_err ? "stderr.log" : "stdout.log",
+            strerror(err));
     fclose(*logf);
     *logf = NULL;
 }
@@ -644,16 +649,16 @@ static void decide(launch *L) {
     child *k = &L->kids[pick];
     char how[256];
     describe_status(k->status, how, sizeof how);
-    fprintf(stderr, "caccel launch: rank %d (local rank %d, pid %d) %s; stopping the other processes\n", k->rank,
+    fprintf(stderr, "caccel %s: rank %d (local rank %d, pid %d) %s; stopping the other processes\n", cmd_name, k->rank,
             k->local_rank, (int)k->pid, how);
     if (L->early_exit >= 0 && failed_in_comm(L, k->rank)) {
         /* a clean exit is no failure, but it is what the others' collectives waited for */
         const child *e = &L->kids[L->early_exit];
-        fprintf(stderr, "caccel launch: before that, rank %d (local rank %d, pid %d) exited with code 0 while the "
-                "others still ran\n", e->rank, e->local_rank, (int)e->pid);
+        fprintf(stderr, "caccel %s: before that, rank %d (local rank %d, pid %d) exited with code 0 while the "
+                "others still ran\n", cmd_name, e->rank, e->local_rank, (int)e->pid);
     }
     if (L->nfailed > 1) {
-        fprintf(stderr, "caccel launch: then failed too:");
+        fprintf(stderr, "caccel %s: then failed too:", cmd_name);
         for (int j = 0; j < L->nfailed; j++) {
             if (L->failed_order[j] == pick) continue;
             child *o = &L->kids[L->failed_order[j]];
@@ -697,7 +702,7 @@ static void check_remote(launch *L) {
     msg[len] = '\0';
     int code = atoi(msg);
     const char *text = strchr(msg, ' ');
-    fprintf(stderr, "caccel launch: %s; stopping this machine's processes\n", text ? text + 1 : msg);
+    fprintf(stderr, "caccel %s: %s; stopping this machine's processes\n", cmd_name, text ? text + 1 : msg);
     L->remote_fail_code = code ? code : 1;
     begin_stop(L, SIGTERM);
 }
@@ -738,7 +743,7 @@ static int supervise(launch *L) {
         int64_t now = ca_now_ms();
         if (L->decide_at && L->first_fail < 0 && !L->remote_fail_code && now >= L->decide_at) decide(L);
         if (L->stopping && now >= L->kill_at && running_count(L) > 0) {
-            fprintf(stderr, "caccel launch: %d process(es) still running after the grace period: SIGKILL\n",
+            fprintf(stderr, "caccel %s: %d process(es) still running after the grace period: SIGKILL\n", cmd_name,
                     running_count(L));
             signal_all(L, SIGKILL);
             L->kill_at = now + 3600 * 1000;
@@ -776,7 +781,7 @@ static int supervise(launch *L) {
                     continue;
                 }
                 if (L->interrupted) {
-                    fprintf(stderr, "caccel launch: %s again: killing every process\n", signame(sig));
+                    fprintf(stderr, "caccel %s: %s again: killing every process\n", cmd_name, signame(sig));
                     signal_all(L, SIGKILL);
                     continue;
                 }
@@ -874,7 +879,7 @@ static int run_mpirun(launch *L, ca_config *cfg) {
     fflush(NULL);
     execvp(mpirun, av);
     int e = errno;
-    fprintf(stderr, "caccel launch: error: cannot run %s: %s\n", mpirun, strerror(e));
+    fprintf(stderr, "caccel %s: error: cannot run %s: %s\n", cmd_name, mpirun, strerror(e));
     fprintf(stderr, "  hint: install the Debian package openmpi-bin (or set MPIRUN to your launcher)\n");
     free(extra);
     free(av);
@@ -908,8 +913,8 @@ static int run_group(launch *L, const sigset_t *old, bool *spawn_failed) {
         for (int e = 0; e < 2; e++) {
             FILE *f = e ? L->kids[i].err_log : L->kids[i].out_log;
             if (f && fclose(f) != 0)
-                fprintf(stderr, "caccel launch: warning: cannot write %s/%d/%s: %s\n", L->log_dir, L->kids[i].rank,
-                        e ? "stderr.log" : "stdout.log", strerror(errno));
+                fprintf(stderr, "caccel %s: warning: cannot write %s/%d/%s: %s\n", cmd_name, L->log_dir,
+                        L->kids[i].rank, e ? "stderr.log" : "stdout.log", strerror(errno));
         }
     }
     return code;
@@ -978,7 +983,7 @@ static int agree_restart(launch *L) {
     }
     if (fresh_store(L) != 0) return 1;
     s = ca_store_client_ref(L->client);
-    if (s.ops->set(s.store, gen, "1", 1) != CA_OK) return ca_cli_fail("launch");
+    if (s.ops->set(s.store, gen, "1", 1) != CA_OK) return ca_cli_fail(cmd_name);
     return 0;
 }
 
@@ -1008,7 +1013,7 @@ static int spawn_and_supervise(launch *L, const sigset_t *old) {
         code = run_group(L, old, &spawn_failed);
         if (code == 0 || spawn_failed || L->interrupted || L->restart_count >= L->max_restarts) break;
         L->restart_count++;
-        fprintf(stderr, "caccel launch: restarting every process (restart %d of %d)\n", L->restart_count,
+        fprintf(stderr, "caccel %s: restarting every process (restart %d of %d)\n", cmd_name, L->restart_count,
                 L->max_restarts);
         memset(L->kids, 0, (size_t)L->nlocal * sizeof *L->kids);
         L->stopping = false;
@@ -1023,8 +1028,8 @@ static int spawn_and_supervise(launch *L, const sigset_t *old) {
         }
     }
     if (code != 0 && L->max_restarts > 0 && L->restart_count >= L->max_restarts && !L->interrupted)
-        fprintf(stderr, "caccel launch: the job failed after %d restart(s) (--max_restarts %d)\n", L->restart_count,
-                L->max_restarts);
+        fprintf(stderr, "caccel %s: the job failed after %d restart(s) (--max_restarts %d)\n", cmd_name,
+                L->restart_count, L->max_restarts);
     free(L->kids);
     free(L->failed_order);
     return code;
@@ -1071,9 +1076,13 @@ static int parse_flags(launch *L, int argc, char **argv, int *prog) {
         } else if (!ca_cli_match_flag(a, "no_python", NULL)) {   /* --no_python: always true here */
             int n = ca_config_flag_arity(a);
             if (n < 0) {
-                fprintf(stderr, "caccel launch: error: unknown flag %s\n", a);
-                fprintf(stderr, "  hint: `caccel launch --help` lists the flags; the program and its own flags "
-                                "come after the program's name (or after --)\n");
+                fprintf(stderr, "caccel %s: error: unknown flag %s\n", cmd_name, a);
+                if (strcmp(cmd_name, "launch") == 0)
+                    fprintf(stderr, "  hint: `caccel launch --help` lists the flags; the program and its own flags "
+                                    "come after the program's name (or after --)\n");
+                else
+                    fprintf(stderr, "  hint: caccel %s takes the flags of caccel launch (`caccel launch --help` "
+                                    "lists them)\n", cmd_name);
                 return 2;
             }
             if (i + n >= argc) return fail_msg("%s needs a value", a), 2;
@@ -1104,7 +1113,7 @@ static int resolve_job(launch *L, ca_config *cfg, const ca_settings *st) {
     L->port = L->port_given ? st->main_process_port : DEFAULT_PORT;
     if (!L->port_given) defaulted[nd++] = "--main_process_port";
     if (nd && !L->quiet) {
-        fprintf(stderr, "caccel launch: these values were not given and take their defaults:");
+        fprintf(stderr, "caccel %s: these values were not given and take their defaults:", cmd_name);
         for (int i = 0; i < nd; i++)
             fprintf(stderr, " %s=%d", defaulted[i], strcmp(defaulted[i], "--num_processes") == 0 ? L->nproc : L->port);
         fprintf(stderr, " (set them in the config file or on the command line to silence this)\n");
@@ -1189,6 +1198,7 @@ static int run_local(launch *L, ca_config *cfg, const ca_settings *st) {
 }
 
 int ca_cmd_launch(int argc, char **argv) {
+    if (argc > 0 && argv[0] && argv[0][0]) cmd_name = argv[0];
     launch L0 = {0}, *L = &L0;
     memset(L->tee_map, -1, sizeof L->tee_map);
     L->first_fail = -1;
@@ -1198,10 +1208,10 @@ int ca_cmd_launch(int argc, char **argv) {
     int prog, rc = parse_flags(L, argc, argv, &prog);
     if (rc >= 0) return rc;
     ca_config *cfg = NULL;
-    if (ca_config_create(&cfg) != CA_OK) return ca_cli_fail("launch");
+    if (ca_config_create(&cfg) != CA_OK) return ca_cli_fail(cmd_name);
     if (ca_config_load(cfg, NULL, prog, argv) != CA_OK) {
         ca_config_destroy(cfg);
-        return ca_cli_fail("launch");
+        return ca_cli_fail(cmd_name);
     }
     ca_settings st;
     ca_config_settings(cfg, &st);

@@ -5,6 +5,7 @@
  * makes every process exit 1. */
 #include "tools/cli_impl.h"
 
+#include <errno.h>
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
@@ -369,17 +370,20 @@ int ca_cmd_test(int argc, char **argv) {
     for (int i = 1; i < argc; i++)
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) return ts_usage(stdout), 0;
     char self[PATH_MAX];
-    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
-    if (n <= 0) {
-        fprintf(stderr, "caccel test: error: cannot find the caccel executable (/proc/self/exe)\n");
+    errno = 0;
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self);
+    if (n <= 0 || n >= (ssize_t)sizeof self) {   /* n == sizeof self: the path may be cut */
+        fprintf(stderr, "caccel test: error: cannot find the caccel executable to run under launch: /proc/self/exe: "
+                        "%s\n", n < 0 ? strerror(errno) : n == 0 ? "an empty link" : "a path longer than PATH_MAX");
         return 1;
     }
     self[n] = '\0';
-    /* caccel launch <the flags given> <this caccel> test --worker */
+    /* caccel launch <the flags given> <this caccel> test --worker; the launcher's messages say
+     * "caccel test" (its argv[0]) */
     char **largv = calloc((size_t)argc + 4, sizeof *largv);
     if (!largv) return 1;
     int k = 0;
-    largv[k++] = "launch";
+    largv[k++] = "test";
     for (int i = 1; i < argc; i++) largv[k++] = argv[i];
     largv[k++] = self;
     largv[k++] = "test";

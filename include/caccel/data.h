@@ -170,7 +170,9 @@ typedef struct ca_batch_sampler_ops {
  * is the size of its batches but perhaps the last, 0 when they vary (Accelerate's
  * batch_size None; cap is then CA_BATCH_SAMPLER_MAX); drop_last as the sampler's.
  * Across processes the batches are sharded as Accelerate's BatchSamplerShard. Not
- * for an iterable dataset, nor a loader prepared with dispatch_batches. */
+ * for an iterable dataset, nor a loader prepared with dispatch_batches. Varying
+ * sizes on more than one process need even_batches false: with it this call, or
+ * ca_dataloader_shard (ca_prepare), fails with CA_ERR_INVALID, as Accelerate. */
 CA_API ca_status ca_dataloader_set_batch_sampler(ca_dataloader *dl, const ca_batch_sampler_ops *ops, void *ctx,
                                                  int64_t batch_size, bool drop_last);
 

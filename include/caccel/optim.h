@@ -82,7 +82,9 @@ typedef struct ca_lr_schedule {
  * micro-steps), and an optimizer prepared on N processes advances it N steps
  * per optimizer step (Accelerate steps a prepared scheduler once per process
  * when batches are not split): count total_steps and warmup_steps as for one
- * process, e.g. batches of the unprepared loader x epochs / accumulation.
+ * process, e.g. batches of the unprepared loader x epochs / accumulation. With
+ * split_batches the loader's batch is the global one on any N, and the
+ * schedule advances one step per optimizer step, as Accelerate's.
  * Not thread-safe against a concurrent step of the same optimizer.
  * Errors: CA_ERR_INVALID for negative warm-up, min_lr_ratio outside [0, 1], or
  * total_steps <= 0 with a decay. */

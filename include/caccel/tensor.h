@@ -83,7 +83,8 @@ CA_API size_t ca_tensor_nbytes(const ca_tensor *t);
 CA_API ca_device *ca_tensor_device(const ca_tensor *t);
 CA_API bool ca_tensor_is_contiguous(const ca_tensor *t);
 /* Device pointer to the first element (never dereference it on the host
- * unless ca_device_is_host). */
+ * unless ca_device_is_host). NULL (error recorded) when the values are not in
+ * memory: a parameter sharded by FSDP FULL_SHARD / ZeRO-3 between its uses. */
 CA_API void *ca_tensor_data(const ca_tensor *t);
 CA_API bool ca_tensor_requires_grad(const ca_tensor *t);
 CA_API void ca_tensor_set_requires_grad(ca_tensor *t, bool on);
@@ -96,7 +97,10 @@ CA_API const char *ca_tensor_name(const ca_tensor *t);           /* "" if unname
 CA_API ca_status ca_tensor_set_name(ca_tensor *t, const char *name);
 
 /* Copies the elements (row-major, contiguous) to host memory. `bytes` must be
- * at least ca_tensor_nbytes. Synchronises the device. */
+ * at least ca_tensor_nbytes. Synchronises the device. This and the other reads
+ * and writes of the values below fail with CA_ERR_STATE, naming the parameter,
+ * on a parameter sharded by FSDP FULL_SHARD / ZeRO-3 outside its module's
+ * forward and backward: read it inside ca_summon_full_params (accelerator.h). */
 CA_API ca_status ca_tensor_to_host(const ca_tensor *t, void *dst, size_t bytes);
 /* Copies host data into t (contiguous tensors). */
 CA_API ca_status ca_tensor_copy_from_host(ca_tensor *t, const void *src, size_t bytes);
