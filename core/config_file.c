@@ -129,10 +129,14 @@ static ca_status gather_mapping(loader *L, const char *prefix, const ynode *map,
         if (k->type != YN_SCALAR)
             return ca_error(CA_ERR_CONFIG, "%s:%d: keys under '%s' must be plain names", L->path, line_of(k),
                             prefix);
-        char full[512];
-        snprintf(full, sizeof full, "%s.%s", prefix, scalar_text(k));
+        /* as long as the names are: a key is never cut */
+        size_t n = strlen(prefix) + strlen(scalar_text(k)) + 2;
+        char *full = malloc(n);
+        if (!full) return nomem();
+        snprintf(full, n, "%s.%s", prefix, scalar_text(k));
         const ca_key_def *d = ca_config_key_find(full);
         ca_status s = gather_node(L, full, v, line_of(k), outside || !d);
+        free(full);
         if (s != CA_OK) return s;
     }
     return CA_OK;
