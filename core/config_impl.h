@@ -44,7 +44,9 @@ typedef struct ca_key_def {
 extern const ca_key_def ca_config_keys[];
 extern const size_t ca_config_nkeys;
 
-/* The key definition called `name`, or NULL. */
+/* The key definition called `name`, or NULL. Another spelling of a key
+ * (parallelism_config.tp_size for parallelism_config.parallelism_config_tp_size)
+ * finds the key: compare d->name with `name` to tell. */
 const ca_key_def *ca_config_key_find(const char *name);
 /* Index of `d` in ca_config_keys. */
 size_t ca_config_key_index(const ca_key_def *d);
@@ -70,7 +72,8 @@ typedef enum ca_flag_kind {
     CA_FLAG_VALUE = 0,     /* --flag VALUE or --flag=VALUE: sets `key` */
     CA_FLAG_TRUE,          /* --flag (or --flag=BOOL): sets `key` to true */
     CA_FLAG_DIST_TYPE,     /* --flag: sets distributed_type to `key` */
-    CA_FLAG_CONFIG_FILE    /* --config_file F (read by ca_config_load only) */
+    CA_FLAG_CONFIG_FILE,   /* --config_file F (read by ca_config_load only) */
+    CA_FLAG_IMPLIED        /* --flag (or --flag=BOOL): accepted; caccel always does what it asks */
 } ca_flag_kind;
 typedef struct ca_flag_def {
     const char *flag;      /* without the leading "--", underscores */
@@ -148,6 +151,11 @@ ca_status ca_config_batch_end(ca_config *c);
 /* False when distributed_type `dist` belongs to the other compute
  * environment (SageMaker's DATA_PARALLEL in a LOCAL_MACHINE file). */
 bool ca_config_dist_allowed(const char *compute_env, const char *dist);
+
+/* CA_ERR_UNSUPPORTED naming each parallelism_config size above 1 that caccel
+ * does not implement yet (tensor, context, sequence parallelism), with its
+ * key, value and origin; CA_OK otherwise. */
+ca_status ca_config_check_parallelism(const ca_config *c);
 
 /* caccel's default file ($XDG_CONFIG_HOME/caccel/default_config.yaml) and
  * Accelerate's ($HF_HOME/accelerate/default_config.yaml); "" when HOME and

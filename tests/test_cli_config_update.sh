@@ -114,6 +114,17 @@ update "$tmp/big2.yaml" && cp "$tmp/big2.yaml" "$j" && update "$j" || fail "conf
 check "JSON written for a .json file" grep -q '^{' "$j"
 same_rows "$tmp/big.orig" "$j"
 
+# The field names alone in parallelism_config become Accelerate's spelling, with their values.
+f="$tmp/nd.yaml"
+printf 'distributed_type: FSDP\nnum_processes: 4\nparallelism_config:\n  dp_shard_size: 2\n  dp_replicate_size: 2\n' >"$f"
+update "$f" || fail "config update of parallelism_config failed: $(cat "$tmp/update.out")"
+check "the spelling migration is reported" \
+    grep -q "migrated parallelism_config.dp_shard_size to parallelism_config.parallelism_config_dp_shard_size: 2" \
+    "$tmp/update.out"
+has_line "$f" "  parallelism_config_dp_shard_size: 2"
+has_line "$f" "  parallelism_config_dp_replicate_size: 2"
+check "the field names are gone" sh -c "! grep -q '^  dp_' '$f'"
+
 # 2. A rewrite that does not read back as written changes nothing: the new text is changed in its
 # temporary file while the command is held there (CACCEL_TEST_CONFIG_STALL), as a disk or another
 # writer could, and the difference is caught before the file is replaced.

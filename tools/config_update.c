@@ -12,10 +12,11 @@ static void update_usage(FILE *f) {
     fprintf(f, "usage: caccel config update [--config_file FILE]\n\n"
                "Loads FILE (default: $XDG_CONFIG_HOME/caccel/default_config.yaml, else Accelerate's\n"
                "$HF_HOME/accelerate/default_config.yaml) with the loader's checks, migrates the old keys\n"
-               "Accelerate renamed (fp16: true -> mixed_precision: fp16, dynamo_backend ->\n"
-               "dynamo_config.dynamo_backend), fills the keys Accelerate always writes with their\n"
-               "defaults, and rewrites the file in place (YAML, or JSON when FILE ends in .json),\n"
-               "keeping every value it had.\n");
+               "and spellings (fp16: true -> mixed_precision: fp16, dynamo_backend ->\n"
+               "dynamo_config.dynamo_backend, parallelism_config's tp_size -> parallelism_config_tp_size,\n"
+               "...), fills the keys Accelerate always writes with their defaults, and rewrites the file\n"
+               "in place (YAML, or JSON when FILE ends in .json), keeping every value it had. The new\n"
+               "text replaces FILE only once it reads back with every key and value.\n");
 }
 
 static bool exists(const char *p) {
@@ -85,6 +86,20 @@ static void fill(update *u, const ca_config *c, const char *const *keys) {
     }
 }
 
+/* The loader names the old key in the origin: "file:3 (fp16: true)", "file:4 (dynamo_backend)", or
+ * another spelling of the key, "file:9 (parallelism_config.tp_size)" (which a fresh configuration
+ * knows; "(distributed_type: NO)", the reason for a value the loader implied, it does not). */
+static bool old_name(update *u, const ca_config_entry *e, char *buf, size_t n) {
+    const char *open = strrchr(e->origin, '(');
+    size_t len = strlen(e->origin);
+    if (!open || e->origin[len - 1] != ')') return false;
+    snprintf(buf, n, "%.*s", (int)(e->origin + len - 1 - (open + 1)), open + 1);
+    if (strcmp(buf, "fp16: true") == 0) snprintf(buf, n, "fp16");
+    else if (strcmp(buf, "dynamo_backend") != 0 && (strcmp(buf, e->key) == 0 || !ca_config_get(u->fresh, buf)))
+        return false;
+    return true;
+}
+
 /* The file's own values, as the loader understood them (old keys migrated). */
 static void collect(update *u, const ca_config *c) {
     for (int i = 0; i < ca_config_count(c); i++) {
@@ -93,11 +108,8 @@ static void collect(update *u, const ca_config *c) {
         /* sections come from their keys */
         if (strcmp(e.value, "null") == 0 || kind_of(u->fresh, e.key) == K_SECTION) continue;
         put_value(u, e.key, e.value);
-        /* the loader names the old key in the origin: "file:3 (fp16: true)" */
-        const char *old = strstr(e.origin, "(fp16: true)")       ? "fp16"
-                          : strstr(e.origin, "(dynamo_backend)") ? "dynamo_backend"
-                                                                 : NULL;
-        if (old) printf("  migrated %s to %s: %s\n", old, e.key, e.value);
+        char old[512];
+        if (old_name(u, &e, old, sizeof old)) printf("  migrated %s to %s: %s\n", old, e.key, e.value);
     }
     bool sm = strcmp(ca_config_get(c, "compute_environment"), "AMAZON_SAGEMAKER") == 0;
     fill(u, c, base_keys);
