@@ -3,6 +3,7 @@
  * filled from the configuration, as Accelerate fills them). Fields caccel does not implement fail
  * together in one error naming each of them. */
 #include "accelerator/accelerator_impl.h"
+#include "core/config_impl.h"
 
 #include <json-c/json.h>
 #include <math.h>
@@ -71,15 +72,8 @@ static ca_status hybrid_groups(ca_accelerator *acc, bool hybrid, const char *key
 
 static ca_status configure_fsdp(ca_accelerator *acc) {
     ca_zero *z = &acc->zero;
-    const char *key = "fsdp_config.fsdp_sharding_strategy";
-    const char *v = cfg(acc, key);
-    int64_t version = 1;
-    ca_config_get_int(acc->cfg, "fsdp_config.fsdp_version", &version);
-    const char *raf = cfg(acc, "fsdp_config.fsdp_reshard_after_forward");
-    if (version == 2 && raf && strcmp(raf, "null") != 0) {   /* FSDP2 names the strategy by resharding */
-        key = "fsdp_config.fsdp_reshard_after_forward";
-        v = !strcmp(raf, "true") ? "FULL_SHARD" : !strcmp(raf, "false") ? "SHARD_GRAD_OP" : raf;
-    }
+    const char *key;
+    const char *v = ca_config_fsdp_strategy(acc->cfg, &key);   /* FSDP2 names the strategy by resharding */
     bool hybrid = false;
     z->asked = fsdp_stage(v, &hybrid);
     z->origin = ca_config_origin(acc->cfg, key);

@@ -156,6 +156,114 @@ check "the file is as it was" cmp -s "$f" "$tmp/big.orig"
 check "no success reported" sh -c "! grep -q 'Successfully' '$tmp/held.out'"
 [ -z "$(ls "$tmp" | grep '\.tmp')" ] && ok "no temporary file left" || fail "temporary files left: $(ls "$tmp")"
 
+# 3. --to-fsdp2: an FSDP1 section in FSDP2's keys (Accelerate's to-fsdp2 table), every other key kept, and
+# the same settings in effect: `caccel env` resolves the same strategy and state dict type, and a run
+# prints the same losses.
+f="$tmp/fsdp1.yaml"
+cat >"$f" <<'YAML'
+compute_environment: LOCAL_MACHINE
+distributed_type: FSDP
+mixed_precision: bf16
+num_processes: 2
+gradient_clipping: 1.0
+fsdp_config:
+  fsdp_sharding_strategy: SHARD_GRAD_OP
+  fsdp_reshard_after_forward: SHARD_GRAD_OP
+  fsdp_backward_prefetch: BACKWARD_PRE
+  fsdp_forward_prefetch: false
+  fsdp_use_orig_params: true
+  fsdp_sync_module_states: true
+  fsdp_offload_params: false
+  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP
+  fsdp_transformer_layer_cls_to_wrap: [Block, Layer]
+  fsdp_cpu_ram_efficient_loading: true
+  fsdp_activation_checkpointing: true
+  fsdp_min_num_params: 5000
+  fsdp_version: 1
+  fsdp_backward_prefetch_policy: kept
+parallelism_config:
+  parallelism_config_dp_shard_size: 2
+YAML
+cp "$f" "$tmp/fsdp1.orig"
+if update "$f" --to-fsdp2; then ok "config update --to-fsdp2"; else fail "config update --to-fsdp2 failed:"; cat "$tmp/update.out"; fi
+for l in "  converted fsdp_config.fsdp_sharding_strategy: SHARD_GRAD_OP to fsdp_config.fsdp_reshard_after_forward: false" \
+    "  removed fsdp_config.fsdp_backward_prefetch: BACKWARD_PRE" "  removed fsdp_config.fsdp_use_orig_params: true" \
+    "  removed fsdp_config.fsdp_sync_module_states: true" "  removed fsdp_config.fsdp_forward_prefetch: false" \
+    "  set fsdp_config.fsdp_state_dict_type: FULL_STATE_DICT" "  set fsdp_config.fsdp_version: 2"; do
+    check "it says '$l'" grep -q -F -e "$l" "$tmp/update.out"
+done
+for l in "  fsdp_version: 2" "  fsdp_reshard_after_forward: false" "  fsdp_state_dict_type: FULL_STATE_DICT" \
+    "  fsdp_offload_params: false" "  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP" \
+    "  fsdp_transformer_layer_cls_to_wrap: [\"Block\", \"Layer\"]" "  fsdp_cpu_ram_efficient_loading: true" \
+    "  fsdp_activation_checkpointing: true" "  fsdp_min_num_params: 5000" "  fsdp_backward_prefetch_policy: kept" \
+    "  parallelism_config_dp_shard_size: 2"; do
+    has_line "$f" "$l"
+done
+for k in fsdp_sharding_strategy fsdp_backward_prefetch: fsdp_forward_prefetch fsdp_use_orig_params fsdp_sync_module_states; do
+    check "$k is gone" sh -c "! grep -q '^  $k' '$f'"
+done
+# every key outside fsdp_config as it was
+rows "$tmp/fsdp1.orig" | grep -v '^[ *] fsdp_config\.' >"$tmp/rows.before"
+rows "$f" | grep -v '^[ *] fsdp_config\.' >"$tmp/rows.after"
+check "every key outside fsdp_config as it was" cmp -s "$tmp/rows.before" "$tmp/rows.after"
+# what runs: caccel env's resolution (without the origins, which name other keys and lines)
+resolved() {
+    "$caccel" env --config_file "$1" 2>&1 | sed -n 's/ ([^)]*)//g; s/^Resolved/&/p'
+}
+resolved "$tmp/fsdp1.orig" >"$tmp/res.before"
+resolved "$f" >"$tmp/res.after"
+check "caccel env resolves the FSDP1 file as SHARD_GRAD_OP" grep -q "sharding strategy SHARD_GRAD_OP, state dict type FULL_STATE_DICT" "$tmp/res.before"
+if cmp -s "$tmp/res.before" "$tmp/res.after"; then ok "caccel env resolves the same settings after the conversion"
+else fail "caccel env resolves other settings:"; diff "$tmp/res.before" "$tmp/res.after"; fi
+prog="$build/examples/linear_regression"
+if [ -x "$prog" ]; then
+    "$caccel" launch --config_file "$tmp/fsdp1.orig" "$prog" 2>&1 | grep "mse" >"$tmp/run.before"
+    "$caccel" launch --config_file "$f" "$prog" 2>&1 | grep "mse" >"$tmp/run.after"
+    check "the run prints losses" grep -q "epoch 20: mse" "$tmp/run.before"
+    check "the same run after the conversion" cmp -s "$tmp/run.before" "$tmp/run.after"
+fi
+cp "$f" "$tmp/fsdp2.yaml"
+update "$f" --to-fsdp2 || fail "a second --to-fsdp2 failed"
+check "FSDP2 already: nothing to convert" grep -q "fsdp_config is FSDP2 already" "$tmp/update.out"
+check "a second conversion changes nothing" cmp -s "$f" "$tmp/fsdp2.yaml"
+
+# values: one machine's HYBRID_SHARD is FULL_SHARD, LOCAL_STATE_DICT is saved sharded
+f="$tmp/hybrid1.yaml"
+printf 'distributed_type: FSDP\nnum_processes: 2\nfsdp_config:\n  fsdp_sharding_strategy: HYBRID_SHARD\n  fsdp_state_dict_type: LOCAL_STATE_DICT\n' >"$f"
+update "$f" --to-fsdp2 || fail "--to-fsdp2 of HYBRID_SHARD on one machine failed: $(cat "$tmp/update.out")"
+has_line "$f" "  fsdp_reshard_after_forward: true"
+has_line "$f" "  fsdp_state_dict_type: SHARDED_STATE_DICT"
+# the same with parallelism_config's sizes over 2 machines (FSDP2's HSDP)
+f="$tmp/hsdp.yaml"
+printf 'distributed_type: FSDP\nnum_processes: 4\nnum_machines: 2\nfsdp_config:\n  fsdp_sharding_strategy: HYBRID_SHARD_ZERO2\nparallelism_config:\n  dp_replicate_size: 2\n  dp_shard_size: 2\n' >"$f"
+update "$f" --to-fsdp2 || fail "--to-fsdp2 of HSDP failed: $(cat "$tmp/update.out")"
+has_line "$f" "  fsdp_reshard_after_forward: false"
+has_line "$f" "  parallelism_config_dp_replicate_size: 2"
+
+# refused where FSDP2 would run something else; the file is left as it was
+refused() {   # refused NAME TEXT EXPECTED...
+    f="$tmp/$1.yaml"
+    printf "$2" >"$f"
+    cp "$f" "$tmp/$1.orig"
+    shift 2
+    if update "$f" --to-fsdp2; then fail "--to-fsdp2 of $(basename "$f") succeeded"; else ok "--to-fsdp2 of $(basename "$f") refused"; fi
+    for want in "$@"; do check "it says '$want'" grep -q -F -e "$want" "$tmp/update.out"; done
+    check "$(basename "$f") is as it was" cmp -s "$f" "${f%.yaml}.orig"
+}
+refused noshard 'distributed_type: FSDP\nfsdp_config:\n  fsdp_sharding_strategy: NO_SHARD\n' \
+    "cannot convert fsdp_config to FSDP2: fsdp_config.fsdp_sharding_strategy = NO_SHARD (" "FSDP2 always shards"
+refused hybrid2 'distributed_type: FSDP\nnum_processes: 8\nnum_machines: 2\nfsdp_config:\n  fsdp_sharding_strategy: HYBRID_SHARD\n' \
+    "shards within each machine" \
+    "add parallelism_config: {parallelism_config_dp_replicate_size: 2, parallelism_config_dp_shard_size: 4}"
+refused disagree 'distributed_type: FSDP\nfsdp_config:\n  fsdp_reshard_after_forward: SHARD_GRAD_OP\n' \
+    "fsdp_config.fsdp_reshard_after_forward = SHARD_GRAD_OP (" \
+    "and fsdp_config.fsdp_sharding_strategy = FULL_SHARD (not set: the default) disagree"
+# no fsdp_config: an ordinary update
+f="$tmp/plain.yaml"
+printf 'distributed_type: MULTI_CPU\nnum_processes: 2\n' >"$f"
+update "$f" --to-fsdp2 || fail "--to-fsdp2 without fsdp_config failed"
+check "no fsdp_config: nothing to convert" grep -q "no fsdp_config in $f: nothing to convert" "$tmp/update.out"
+
 if [ "$failures" -ne 0 ]; then
     echo "$failures failure(s)"
     exit 1

@@ -1326,6 +1326,28 @@ static void test_parallelism_refused(void **state) {
     ca_accelerator_destroy(acc);
 }
 
+/* FSDP2's fsdp_reshard_after_forward in any spelling Accelerate's str_to_bool reads (a YAML True is the
+ * text "True" here): the accelerator runs it (it refused "True" as no sharding strategy). */
+static void test_fsdp2_reshard_spellings(void **state) {
+    (void)state;
+    static const char *const spellings[] = {"True", "yes", "FALSE", "off", "1", "SHARD_GRAD_OP"};
+    ca_log_set_level(CA_LOG_OFF);
+    for (size_t i = 0; i < sizeof spellings / sizeof spellings[0]; i++) {
+        char *argv[] = {"prog", "--use_fsdp", "--fsdp_version", "2", "--fsdp_reshard_after_forward",
+                        (char *)spellings[i], NULL};
+        ca_options o = {.argc = 6, .argv = argv};
+        ca_accelerator *acc = NULL;
+        if (ca_accelerator_create(&o, &acc) != CA_OK)
+            fail_msg("fsdp_reshard_after_forward %s: %s", spellings[i], ca_last_error());
+        ca_accelerator_destroy(acc);
+    }
+    char *argv[] = {"prog", "--use_fsdp", "--fsdp_version", "2", "--fsdp_reshard_after_forward", "maybe", NULL};
+    ca_options o = {.argc = 6, .argv = argv};
+    ca_accelerator *acc = NULL;
+    assert_status(ca_accelerator_create(&o, &acc), CA_ERR_CONFIG);
+    assert_contains(ca_last_error(), "fsdp_config.fsdp_reshard_after_forward = maybe is not a sharding strategy");
+}
+
 /* even_batches has a flag and a variable, and reaches the accelerator (its
  * dataloaders are sharded with it). */
 static void test_even_batches(void **state) {
@@ -1482,6 +1504,7 @@ int main(void) {
         cmocka_unit_test_setup(test_accelerator_warns_ignored, setup),
         cmocka_unit_test_setup(test_parallelism_config_keys, setup),
         cmocka_unit_test_setup(test_parallelism_refused, setup),
+        cmocka_unit_test_setup(test_fsdp2_reshard_spellings, setup),
         cmocka_unit_test_setup(test_even_batches, setup),
         cmocka_unit_test_setup(test_dataloader_config, setup),
     };

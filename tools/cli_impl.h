@@ -87,6 +87,11 @@ char *ca_cli_doc_render(ca_cli_doc *d, bool json, const char *header);
  * returns 1 on failure, 0 when written. */
 int ca_cli_doc_save(ca_cli_doc *d, const char *path, const char *header, unsigned mode, bool replace,
                     const char *cmd);
+/* `config update --to-fsdp2` (tools/config_fsdp2.c): the document's FSDP1 fsdp_config keys in FSDP2's
+ * (Accelerate's to-fsdp2 table), each change printed; `c` is the file as loaded. Returns 1, with the
+ * reason printed, where FSDP2 would run something else than the file runs now; 0 otherwise (also
+ * when there is no fsdp_config or it is FSDP2 already). */
+int ca_cli_to_fsdp2(ca_cli_doc *d, const ca_config *c, const char *path);
 /* True when `path` ends in ".json": Accelerate then writes JSON. */
 bool ca_cli_path_is_json(const char *path);
 /* mkdir -p of the directory part of `path`. */

@@ -9,14 +9,21 @@
 #include <sys/stat.h>
 
 static void update_usage(FILE *f) {
-    fprintf(f, "usage: caccel config update [--config_file FILE]\n\n"
+    fprintf(f, "usage: caccel config update [--config_file FILE] [--to-fsdp2]\n\n"
                "Loads FILE (default: $XDG_CONFIG_HOME/caccel/default_config.yaml, else Accelerate's\n"
                "$HF_HOME/accelerate/default_config.yaml) with the loader's checks, migrates the old keys\n"
                "and spellings (fp16: true -> mixed_precision: fp16, dynamo_backend ->\n"
                "dynamo_config.dynamo_backend, parallelism_config's tp_size -> parallelism_config_tp_size,\n"
                "...), fills the keys Accelerate always writes with their defaults, and rewrites the file\n"
                "in place (YAML, or JSON when FILE ends in .json), keeping every value it had. The new\n"
-               "text replaces FILE only once it reads back with every key and value.\n");
+               "text replaces FILE only once it reads back with every key and value.\n\n"
+               "--to-fsdp2 also converts an FSDP1 fsdp_config section to FSDP2's keys, as\n"
+               "`accelerate to-fsdp2` does (fsdp_version: 2; fsdp_sharding_strategy becomes\n"
+               "fsdp_reshard_after_forward; fsdp_backward_prefetch, fsdp_forward_prefetch,\n"
+               "fsdp_use_orig_params and fsdp_sync_module_states are removed), keeping every other key.\n"
+               "It refuses, changing nothing, where FSDP2 would run something else than the file\n"
+               "runs now (NO_SHARD; a hybrid strategy over several machines without\n"
+               "parallelism_config's sizes).\n");
 }
 
 static bool exists(const char *p) {
@@ -53,13 +60,15 @@ static bool is_list_text(const char *v) {
            (n >= 4 && v[0] == '[' && v[n - 1] == ']' && (v[1] == '"' || strncmp(v, "[null", 5) == 0));
 }
 
-/* Booleans, numbers and lists are written plain where the key takes them, text quoted where a YAML
- * reader would take it for something else. A key outside the schema keeps no trace of the file's
- * quoting: its booleans, numbers and lists are written plain, as Accelerate's files write them. */
+/* Numbers and lists are written plain where the key takes them, text quoted where a YAML reader would
+ * take it for something else. true and false are always plain: fsdp_reshard_after_forward, a text key,
+ * is a boolean in FSDP2. A key outside the schema keeps no trace of the file's quoting: its numbers and
+ * lists are written plain, as Accelerate's files write them. */
 static void put_value(update *u, const char *key, const char *value) {
-    bool scalar = strcmp(value, "true") == 0 || strcmp(value, "false") == 0 || is_number(value);
+    bool boolean = strcmp(value, "true") == 0 || strcmp(value, "false") == 0;
     key_kind k = kind_of(u->fresh, key);
-    bool plain = k == K_OUTSIDE ? scalar || is_list_text(value) : k == K_TEXT ? is_list_text(value) : scalar;
+    bool plain = boolean || (k == K_OUTSIDE ? is_number(value) || is_list_text(value)
+                                            : k == K_TEXT ? is_list_text(value) : is_number(value));
     ca_cli_doc_put(&u->doc, key, value, plain);
 }
 
@@ -153,11 +162,16 @@ static int rewrite(const char *path, ca_cli_doc *d) {
 
 int ca_cmd_config_update(int argc, char **argv) {
     const char *arg = NULL;
+    bool fsdp2 = false;
     for (int i = 1; i < argc; i++) {
         const char *v;
         if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
             update_usage(stdout);
             return 0;
+        }
+        if (ca_cli_match_flag(argv[i], "to_fsdp2", &v) && !v) {
+            fsdp2 = true;
+            continue;
         }
         if (!ca_cli_match_flag(argv[i], "config_file", &v) || (!v && i + 1 >= argc)) {
             fprintf(stderr, "caccel config update: error: %s '%s'\n",
@@ -182,9 +196,10 @@ int ca_cmd_config_update(int argc, char **argv) {
         return ca_cli_fail("config update");
     }
     collect(&u, c);
+    int rc = fsdp2 ? ca_cli_to_fsdp2(&u.doc, c, path) : 0;
     ca_config_destroy(c);
     ca_config_destroy(u.fresh);
-    int rc = rewrite(path, &u.doc);
+    if (rc == 0) rc = rewrite(path, &u.doc);
     ca_cli_doc_free(&u.doc);
     return rc;
 }
