@@ -1,11 +1,11 @@
-/* The configuration file as `caccel config` writes it: Accelerate's keys, sorted, in YAML or JSON. */
+/* The configuration file as `caccel config` writes it: Accelerate's keys, sorted, in YAML or JSON, replacing
+ * the file only once it reads back as written. */
 #include "tools/cli_impl.h"
 
 #include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -302,9 +302,13 @@ static int write_temp(const char *path, const char *text, unsigned mode, char **
         errno = e;
         return -1;
     }
-    if (write_all(fd, text) != 0 || fchmod(fd, (mode_t)mode) != 0 || fsync(fd) != 0 || close(fd) != 0) {
-        int e = errno;
-        close(fd);   /* EBADF after a failed close: harmless */
+    bool ok = write_all(fd, text) == 0 && fchmod(fd, (mode_t)mode) == 0 && fsync(fd) == 0;
+    int e = errno;
+    if (close(fd) != 0 && ok) {
+        ok = false;
+        e = errno;
+    }
+    if (!ok) {
         unlink(name);
         free(name);
         errno = e;
@@ -382,7 +386,10 @@ static int compare(const ca_cli_doc *d, const ca_config *c, ca_config *scratch, 
         const ca_cli_doc_item *it = &d->items[i];
         const char *got = ca_config_get(c, it->key);
         char *want = canonical(scratch, it->key, it->value);
-        if (!want) return snprintf(why, size, "out of memory"), -1;
+        if (!want) {
+            snprintf(why, size, "out of memory");
+            return -1;
+        }
         bool same = got && ca_config_source_of(c, it->key) == CA_SRC_FILE && strcmp(got, want) == 0;
         clip(a, sizeof a, want);
         free(want);
