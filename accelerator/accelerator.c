@@ -1,6 +1,7 @@
 /* The Accelerator: configuration, device and process-group selection, prepare, backward with bucketed gradient all-reduce, accumulation, and the distributed helpers. */
 #include "accelerator/accelerator_impl.h"
 #include "core/comm_impl.h"
+#include "core/config_impl.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -50,7 +51,7 @@ static ca_status check_supported(const ca_accelerator *acc) {
     if (st->mixed_precision == CA_MP_FP8)
         return ca_error(CA_ERR_UNSUPPORTED, "mixed_precision fp8 (from %s) is not supported by this build; "
                         "supported: no, fp16, bf16", ca_config_origin(acc->cfg, "mixed_precision"));
-    return CA_OK;
+    return ca_config_check_parallelism(acc->cfg);
 }
 
 /* use_cpu -> cpu. Otherwise the CUDA plugin when it reports a device, else the

@@ -4,6 +4,7 @@
  * together in one error naming each of them. */
 #include "accelerator/accelerator_impl.h"
 #include "core/json_impl.h"
+#include "core/config_impl.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -31,23 +32,35 @@ static int fsdp_stage(const char *v, bool *hybrid) {
     return -1;
 }
 
+#define DP_SHARD "parallelism_config.parallelism_config_dp_shard_size"
+#define DP_REPLICATE "parallelism_config.parallelism_config_dp_replicate_size"
+
 /* HYBRID_SHARD (or parallelism_config's dp_replicate_size > 1, Accelerate's HSDP): shard within
- * groups of consecutive ranks, replicate across them. The group is parallelism_config.dp_shard_size
- * where set (or the world over dp_replicate_size), else the processes of a machine. */
+ * groups of consecutive ranks, replicate across them. The group is dp_shard_size where set (or the
+ * world over dp_replicate_size), else the processes of a machine. Without either, dp_shard_size
+ * (Accelerate's FSDP over dp_shard_size processes) must be every process. */
 static ca_status hybrid_groups(ca_accelerator *acc, bool hybrid, const char *key, const char *v) {
     ca_zero *z = &acc->zero;
     int64_t shard = 1, rep = 1;
-    ca_config_get_int(acc->cfg, "parallelism_config.dp_shard_size", &shard);
-    ca_config_get_int(acc->cfg, "parallelism_config.dp_replicate_size", &rep);
-    if (!hybrid && rep <= 1) return CA_OK;
+    ca_config_get_int(acc->cfg, DP_SHARD, &shard);
+    ca_config_get_int(acc->cfg, DP_REPLICATE, &rep);
+    if (!hybrid && rep <= 1) {
+        if (shard > 1 && shard != acc->world)
+            return ca_error(CA_ERR_CONFIG, "%s: %s = %lld: %d processes are not one shard group of %lld; with "
+                            "parallelism_config_dp_replicate_size 1 the shard group is every process (Accelerate "
+                            "requires dp_replicate_size x dp_shard_size = the number of processes)",
+                            ca_config_origin(acc->cfg, DP_SHARD), DP_SHARD, (long long)shard, acc->world,
+                            (long long)shard);
+        return CA_OK;
+    }
     const char *how = "the processes of one machine (the launcher's local world size)";
     int64_t g = acc->local_world > 0 ? acc->local_world : acc->world;
     if (shard > 1) {
         g = shard;
-        how = ca_config_origin(acc->cfg, "parallelism_config.dp_shard_size");
+        how = ca_config_origin(acc->cfg, DP_SHARD);
     } else if (rep > 1) {
         g = acc->world / rep;
-        how = ca_config_origin(acc->cfg, "parallelism_config.dp_replicate_size");
+        how = ca_config_origin(acc->cfg, DP_REPLICATE);
     }
     if (g < 1 || acc->world % g || (rep > 1 && g * rep != acc->world))
         return ca_error(CA_ERR_CONFIG, "%s: %s = %s: %d processes do not split into shard groups of %lld (from %s)%s",
@@ -59,15 +72,8 @@ static ca_status hybrid_groups(ca_accelerator *acc, bool hybrid, const char *key
 
 static ca_status configure_fsdp(ca_accelerator *acc) {
     ca_zero *z = &acc->zero;
-    const char *key = "fsdp_config.fsdp_sharding_strategy";
-    const char *v = cfg(acc, key);
-    int64_t version = 1;
-    ca_config_get_int(acc->cfg, "fsdp_config.fsdp_version", &version);
-    const char *raf = cfg(acc, "fsdp_config.fsdp_reshard_after_forward");
-    if (version == 2 && raf && strcmp(raf, "null") != 0) {   /* FSDP2 names the strategy by resharding */
-        key = "fsdp_config.fsdp_reshard_after_forward";
-        v = !strcmp(raf, "true") ? "FULL_SHARD" : !strcmp(raf, "false") ? "SHARD_GRAD_OP" : raf;
-    }
+    const char *key;
+    const char *v = ca_config_fsdp_strategy(acc->cfg, &key);   /* FSDP2 names the strategy by resharding */
     bool hybrid = false;
     z->asked = fsdp_stage(v, &hybrid);
     z->origin = ca_config_origin(acc->cfg, key);

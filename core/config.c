@@ -431,6 +431,15 @@ static ca_status set_key(ca_config *c, const char *key, const char *value, ca_co
     const ca_key_def *d = ca_config_key_find(key);
     if (!d) return set_extra(c, key, value, source, origin, quiet);
     if (d->flags & CA_KF_LEGACY) return set_legacy(c, d, value, source, origin);
+    if (strcmp(d->name, key) != 0) {   /* another spelling: the key itself, the origin names the spelling */
+        size_t n = strlen(origin) + strlen(key) + 4;
+        char *o = malloc(n);
+        if (!o) return nomem();
+        snprintf(o, n, "%s (%s)", origin, key);
+        ca_status s = set_key(c, d->name, value, source, o, quiet);
+        free(o);
+        return s;
+    }
     char *canon = NULL;
     bool is_null;
     ca_status s = ca_config_check_value(d, key, value, origin, &canon, &is_null);
@@ -668,6 +677,7 @@ ca_status ca_config_apply_args(ca_config *c, int argc, char *const *argv) {
         if (value && !ca_config_parse_bool(value, &on))
             return ca_error(CA_ERR_CONFIG, "%s: invalid value '%s' (allowed: true, false, yes, no, on, off, 1, 0)",
                             origin, ca_escape(value, q, sizeof q));
+        if (f->kind == CA_FLAG_IMPLIED) continue;
         bool exclusive = f->kind == CA_FLAG_DIST_TYPE || strcmp(f->flag, "cpu") == 0 ||
                          strcmp(f->flag, "use_cpu") == 0;
         if (exclusive && on) {
@@ -770,6 +780,33 @@ static ca_status validate(const ca_config *c) {
         CA_LOG_W("distributed_type MULTI_GPU (%s) with num_processes 1 (%s) runs a single process",
                  de->origin, npe->origin);
     return CA_OK;
+}
+
+/* Accelerate's ParallelismConfig beyond data parallelism: each dimension above 1 named with its key,
+ * value and origin, all in one error. */
+ca_status ca_config_check_parallelism(const ca_config *c) {
+    static const struct { const char *key, *what; } dims[] = {
+        {"parallelism_config.parallelism_config_tp_size", "tensor parallelism"},
+        {"parallelism_config.parallelism_config_cp_size", "context parallelism"},
+        {"parallelism_config.parallelism_config_sp_size", "sequence parallelism"},
+    };
+    char msg[1024];
+    size_t len = 0;
+    int n = 0;
+    for (size_t i = 0; i < sizeof dims / sizeof dims[0]; i++) {
+        const ca_cfg_entry *e = K(c, dims[i].key);
+        int64_t v = int_or(e, 1);
+        if (v <= 1 || len >= sizeof msg) continue;
+        int w = snprintf(msg + len, sizeof msg - len, "%s%s: %s = %lld asks for %s", n++ ? "; " : "", e->origin,
+                         dims[i].key, (long long)v, dims[i].what);
+        if (w > 0) len += (size_t)w;
+    }
+    if (!n) return CA_OK;
+    ca_error(CA_ERR_UNSUPPORTED, "%s: not supported yet (caccel runs data parallelism: plain, or sharded under "
+             "distributed_type FSDP / DEEPSPEED)", msg);
+    ca_error_hint("set %s to 1 or remove %s; parallelism_config_dp_shard_size and dp_replicate_size (HSDP) "
+                  "are honoured under FSDP", n > 1 ? "them" : "it", n > 1 ? "them" : "it");
+    return CA_ERR_UNSUPPORTED;
 }
 
 /* ------------------------------------------------------------------ loading */

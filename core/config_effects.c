@@ -10,7 +10,8 @@
 typedef enum effect_rule {
     WARN_IF_SET,      /* any value asks for something (a plugin's section) */
     WARN_IF_CHANGED,  /* only a value other than the default asks for something */
-    NEVER_WARN        /* describes the setup; nothing to act on */
+    NEVER_WARN,       /* describes the setup; nothing to act on */
+    REFUSED           /* a value other than the default is refused by a run (ca_config_check_parallelism) */
 } effect_rule;
 
 typedef struct effect {
@@ -27,9 +28,14 @@ static const effect effects[] = {
     {"fsdp_config.", WARN_IF_SET, NULL, "FSDP"},
     {"megatron_lm_config.", WARN_IF_SET, NULL, "MEGATRON_LM"},
     {"tp_config.", WARN_IF_SET, "tensor parallelism is not implemented; training is plain data parallel", NULL},
-    {"parallelism_config.dp_", WARN_IF_SET, NULL, "FSDP"},   /* HSDP's groups (accelerator/zero_config.c) */
-    {"parallelism_config.", WARN_IF_SET,
-     "tensor, context and sharded data parallelism are not implemented; training is plain data parallel", NULL},
+    /* HSDP's groups (accelerator/zero_config.c); a size of 1 asks for nothing */
+    {"parallelism_config.parallelism_config_dp_", WARN_IF_CHANGED, NULL, "FSDP"},
+    {"parallelism_config.parallelism_config_tp_size", REFUSED, "tensor parallelism", NULL},
+    {"parallelism_config.parallelism_config_cp_size", REFUSED, "context parallelism", NULL},
+    {"parallelism_config.parallelism_config_sp_size", REFUSED, "sequence parallelism", NULL},
+    {"parallelism_config.", WARN_IF_CHANGED,
+     "it tunes context or sequence parallelism (parallelism_config_cp_size / sp_size above 1), which caccel does "
+     "not support yet", NULL},
     {"fp8_config.", WARN_IF_SET, "fp8 training is not supported by this build (mixed_precision fp8 is refused)",
      NULL},
     {"dynamo_config.", WARN_IF_CHANGED, "torch.compile has no counterpart in caccel; nothing is compiled", NULL},
@@ -63,7 +69,8 @@ static const char *const sharding_keys[] = {
     "fsdp_config.fsdp_use_orig_params", "fsdp_config.fsdp_activation_checkpointing",
     "fsdp_config.fsdp_auto_wrap_policy", "fsdp_config.fsdp_transformer_layer_cls_to_wrap",
     "fsdp_config.fsdp_min_num_params", "fsdp_config.fsdp_forward_prefetch", "fsdp_config.fsdp_backward_prefetch",
-    "parallelism_config.dp_shard_size", "parallelism_config.dp_replicate_size", NULL};
+    "parallelism_config.parallelism_config_dp_shard_size", "parallelism_config.parallelism_config_dp_replicate_size",
+    NULL};
 
 static bool acted_on(const char *key) {
     for (const char *const *k = sharding_keys; *k; k++)
@@ -139,6 +146,12 @@ ca_status ca_config_warn_ignored(const ca_config *c, int *nwarned) {
         if (own && acted_on(d->name)) continue;
         bool asks = e && e->rule == WARN_IF_SET && !own ? !(value && strcmp(value, "null") == 0) : !is_default(d, value);
         if (!asks) continue;
+        if (e && e->rule == REFUSED) {
+            CA_LOG_W("%s: %s = %s is not supported yet: %s is not implemented; ca_accelerator_create refuses it",
+                     ca_config_origin(c, d->name), d->name, value, e->why);
+            if (nwarned) (*nwarned)++;
+            continue;
+        }
         why_text(c, e ? e : &(effect){d->name, WARN_IF_CHANGED, NULL, NULL}, d->name, why, sizeof why);
         CA_LOG_W("%s: %s = %s has no effect: %s", ca_config_origin(c, d->name), d->name, value, why);
         if (nwarned) (*nwarned)++;

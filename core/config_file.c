@@ -129,10 +129,14 @@ static ca_status gather_mapping(loader *L, const char *prefix, const ynode *map,
         if (k->type != YN_SCALAR)
             return ca_error(CA_ERR_CONFIG, "%s:%d: keys under '%s' must be plain names", L->path, line_of(k),
                             prefix);
-        char full[512];
-        snprintf(full, sizeof full, "%s.%s", prefix, scalar_text(k));
+        /* as long as the names are: a key is never cut */
+        size_t n = strlen(prefix) + strlen(scalar_text(k)) + 2;
+        char *full = malloc(n);
+        if (!full) return nomem();
+        snprintf(full, n, "%s.%s", prefix, scalar_text(k));
         const ca_key_def *d = ca_config_key_find(full);
         ca_status s = gather_node(L, full, v, line_of(k), outside || !d);
+        free(full);
         if (s != CA_OK) return s;
     }
     return CA_OK;
@@ -339,9 +343,46 @@ static ca_status migrate(loader *L, const ynode *root, const ynode *dt, int dt_l
 
 static bool is_legacy(const pending *p) { return strcmp(p->key, "fp16") == 0 || strcmp(p->key, "dynamo_backend") == 0; }
 
+/* The value `p` sets for key `d`, as stored (NULL when the check refuses it: reported later). */
+static char *stored(const ca_key_def *d, const pending *p) {
+    char *canon = NULL;
+    bool null = false;
+    if (ca_config_check_value(d, p->key, p->value, "", &canon, &null) != CA_OK) {
+        ca_clear_error();
+        return NULL;
+    }
+    return null ? strdup("null") : canon;
+}
+
+/* Both spellings of a key in one file (parallelism_config_tp_size and tp_size) must say the same. */
+static ca_status check_spellings(const loader *L) {
+    for (size_t i = 0; i < L->n; i++) {
+        const pending *p = &L->items[i];
+        const ca_key_def *d = ca_config_key_find(p->key);
+        if (!d || strcmp(d->name, p->key) == 0) continue;   /* only the other spelling looks for its twin */
+        for (size_t j = 0; j < L->n; j++) {
+            const pending *q = &L->items[j];
+            if (j == i || ca_config_key_find(q->key) != d) continue;
+            char *a = stored(d, p), *b = stored(d, q);
+            bool same = a && b && strcmp(a, b) == 0;
+            free(a);
+            free(b);
+            if (same) continue;
+            ca_error(CA_ERR_CONFIG, "%s:%d: '%s' = %s and line %d: '%s' = %s are the same key (%s) with different "
+                     "values", L->path, p->line, p->key, p->value ? p->value : "null", q->line, q->key,
+                     q->value ? q->value : "null", d->name);
+            ca_error_hint("keep one of them (Accelerate reads only %s)", d->name);
+            return CA_ERR_CONFIG;
+        }
+    }
+    return CA_OK;
+}
+
 /* Validates everything, then applies: a bad file leaves the config as it was. */
 static ca_status apply(ca_config *c, loader *L) {
     char origin[4200];
+    ca_status cs = check_spellings(L);
+    if (cs != CA_OK) return cs;
     for (size_t i = 0; i < L->n; i++) {
         pending *p = &L->items[i];
         if (p->outside_schema || is_legacy(p)) continue;

@@ -6,6 +6,8 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
+#include <strings.h>
 
 /* ------------------------------------------------------------------ schema */
 
@@ -44,7 +46,9 @@ typedef struct ca_key_def {
 extern const ca_key_def ca_config_keys[];
 extern const size_t ca_config_nkeys;
 
-/* The key definition called `name`, or NULL. */
+/* The key definition called `name`, or NULL. Another spelling of a key
+ * (parallelism_config.tp_size for parallelism_config.parallelism_config_tp_size)
+ * finds the key: compare d->name with `name` to tell. */
 const ca_key_def *ca_config_key_find(const char *name);
 /* Index of `d` in ca_config_keys. */
 size_t ca_config_key_index(const ca_key_def *d);
@@ -70,7 +74,8 @@ typedef enum ca_flag_kind {
     CA_FLAG_VALUE = 0,     /* --flag VALUE or --flag=VALUE: sets `key` */
     CA_FLAG_TRUE,          /* --flag (or --flag=BOOL): sets `key` to true */
     CA_FLAG_DIST_TYPE,     /* --flag: sets distributed_type to `key` */
-    CA_FLAG_CONFIG_FILE    /* --config_file F (read by ca_config_load only) */
+    CA_FLAG_CONFIG_FILE,   /* --config_file F (read by ca_config_load only) */
+    CA_FLAG_IMPLIED        /* --flag (or --flag=BOOL): accepted; caccel always does what it asks */
 } ca_flag_kind;
 typedef struct ca_flag_def {
     const char *flag;      /* without the leading "--", underscores */
@@ -148,6 +153,34 @@ ca_status ca_config_batch_end(ca_config *c);
 /* False when distributed_type `dist` belongs to the other compute
  * environment (SageMaker's DATA_PARALLEL in a LOCAL_MACHINE file). */
 bool ca_config_dist_allowed(const char *compute_env, const char *dist);
+
+/* CA_ERR_UNSUPPORTED naming each parallelism_config size above 1 that caccel
+ * does not implement yet (tensor, context, sequence parallelism), with its
+ * key, value and origin; CA_OK otherwise. */
+ca_status ca_config_check_parallelism(const ca_config *c);
+
+/* The FSDP1 sharding strategy fsdp_config asks for (FULL_SHARD, SHARD_GRAD_OP,
+ * NO_SHARD, HYBRID_SHARD, HYBRID_SHARD_ZERO2, or Accelerate's index 1-5 as
+ * written), and in *key the key that says so: under fsdp_version 2,
+ * fsdp_reshard_after_forward when set (a boolean as Accelerate's str_to_bool
+ * reads it: true FULL_SHARD, false SHARD_GRAD_OP; or a strategy), otherwise
+ * fsdp_sharding_strategy. Inline and on public calls only, so that the caccel
+ * command (env, config update --to-fsdp2) states what the accelerator runs. */
+static inline const char *ca_config_fsdp_strategy(const ca_config *c, const char **key) {
+    static const char *const yes[] = {"true", "yes", "on", "y", "t", "1", NULL};
+    static const char *const no[] = {"false", "no", "off", "n", "f", "0", NULL};
+    int64_t version = 1;
+    if (ca_config_get_int(c, "fsdp_config.fsdp_version", &version) != CA_OK) ca_clear_error();
+    const char *raf = ca_config_get(c, "fsdp_config.fsdp_reshard_after_forward");
+    *key = "fsdp_config.fsdp_sharding_strategy";
+    if (version != 2 || !raf || strcmp(raf, "null") == 0) return ca_config_get(c, *key);
+    *key = "fsdp_config.fsdp_reshard_after_forward";
+    for (int i = 0; yes[i]; i++) {
+        if (strcasecmp(raf, yes[i]) == 0) return "FULL_SHARD";
+        if (strcasecmp(raf, no[i]) == 0) return "SHARD_GRAD_OP";
+    }
+    return raf;
+}
 
 /* caccel's default file ($XDG_CONFIG_HOME/caccel/default_config.yaml) and
  * Accelerate's ($HF_HOME/accelerate/default_config.yaml); "" when HOME and

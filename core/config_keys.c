@@ -38,6 +38,8 @@ static const char *const v_prefetch[] = {"BACKWARD_PRE", "BACKWARD_POST", "NO_PR
 static const char *const v_state_dict[] = {"FULL_STATE_DICT", "LOCAL_STATE_DICT", "SHARDED_STATE_DICT",
                                            "1", "2", "3", END};
 static const char *const v_cp_comm[] = {"allgather", "alltoall", END};
+static const char *const v_cp_backend[] = {"torch", END};
+static const char *const v_sp_backend[] = {"deepspeed", END};
 static const char *const v_dynamo_backend[] = {
     "no", "eager", "aot_eager", "inductor", "aot_ts_nvfuser", "nvprims_nvfuser", "cudagraphs",
     "ofi", "fx2trt", "onnxrt", "tensorrt", "aot_torchxla_trace_once", "torchxla_trace_once",
@@ -142,12 +144,27 @@ const ca_key_def ca_config_keys[] = {
     KM("tp_config", CL, "tensor parallelism"),
     KI("tp_config.tp_size", "1", 1, BIG, CL, "tensor-parallel degree"),
 
-    KM("parallelism_config", CL, "ParallelismConfig (data/tensor/context parallel sizes)"),
-    KI("parallelism_config.dp_replicate_size", "1", 1, BIG, CL, "replicated data-parallel size"),
-    KI("parallelism_config.dp_shard_size", "1", 1, BIG, CL, "sharded data-parallel size"),
-    KI("parallelism_config.tp_size", "1", 1, BIG, CL, "tensor-parallel size"),
-    KI("parallelism_config.cp_size", "1", 1, BIG, CL, "context-parallel size"),
-    KE("parallelism_config.cp_comm_strategy", "allgather", v_cp_comm, CL, "context-parallel exchange"),
+    /* Accelerate 1.10+ (FSDP2's N-d parallelism): its files and its launcher spell every key with the
+     * parallelism_config_ prefix; the field names alone are read too (ca_config_key_find). */
+    KM("parallelism_config", CL, "ParallelismConfig: sizes of the data, tensor, context and sequence parallel dimensions"),
+    KI("parallelism_config.parallelism_config_dp_replicate_size", "1", 1, BIG, CL,
+       "replicated data-parallel size (HSDP's replicas, under FSDP)"),
+    KI("parallelism_config.parallelism_config_dp_shard_size", "1", 1, BIG, CL,
+       "sharded data-parallel size (FSDP's shard group, under FSDP)"),
+    KI("parallelism_config.parallelism_config_tp_size", "1", 1, BIG, CL, "tensor-parallel size (above 1: refused)"),
+    KI("parallelism_config.parallelism_config_cp_size", "1", 1, BIG, CL, "context-parallel size (above 1: refused)"),
+    KE("parallelism_config.parallelism_config_cp_backend", "torch", v_cp_backend, CL, "context-parallel backend"),
+    KE("parallelism_config.parallelism_config_cp_comm_strategy", "allgather", v_cp_comm, CL,
+       "context-parallel exchange"),
+    KI("parallelism_config.parallelism_config_sp_size", "1", 1, BIG, CL, "sequence-parallel size (above 1: refused)"),
+    KE("parallelism_config.parallelism_config_sp_backend", "deepspeed", v_sp_backend, CL,
+       "sequence-parallel backend (ALST/Ulysses)"),
+    KS("parallelism_config.parallelism_config_sp_seq_length", NULL, CL,
+       "sequence length when every batch has the same (None: unset)"),
+    KB("parallelism_config.parallelism_config_sp_seq_length_is_variable", "true", CL,
+       "the sequence length may change between batches"),
+    KS("parallelism_config.parallelism_config_sp_attn_implementation", NULL, CL,
+       "attention under sequence parallelism (sdpa, flash_attention_2, ...)"),
 
     KM("megatron_lm_config", CL, "Megatron-LM plugin"),
     KI("megatron_lm_config.megatron_lm_tp_degree", "1", 1, BIG, CL, "tensor-parallel degree"),
@@ -304,11 +321,18 @@ const ca_env_def ca_config_envs[] = {
     {"MEGATRON_LM_RECOMPUTE_ACTIVATIONS", CA_ENV_KEY, "megatron_lm_config.megatron_lm_recompute_activations"},
     {"MEGATRON_LM_USE_DISTRIBUTED_OPTIMIZER", CA_ENV_KEY, "megatron_lm_config.megatron_lm_use_distributed_optimizer"},
     {"MEGATRON_LM_GRADIENT_CLIPPING", CA_ENV_KEY, "megatron_lm_config.megatron_lm_gradient_clipping"},
-    {"PARALLELISM_CONFIG_DP_REPLICATE_SIZE", CA_ENV_KEY, "parallelism_config.dp_replicate_size"},
-    {"PARALLELISM_CONFIG_DP_SHARD_SIZE", CA_ENV_KEY, "parallelism_config.dp_shard_size"},
-    {"PARALLELISM_CONFIG_TP_SIZE", CA_ENV_KEY, "parallelism_config.tp_size"},
-    {"PARALLELISM_CONFIG_CP_SIZE", CA_ENV_KEY, "parallelism_config.cp_size"},
-    {"PARALLELISM_CONFIG_CP_COMM_STRATEGY", CA_ENV_KEY, "parallelism_config.cp_comm_strategy"},
+    /* what Accelerate's launcher sets (utils/launch.py) and ParallelismConfig reads */
+    {"PARALLELISM_CONFIG_DP_REPLICATE_SIZE", CA_ENV_KEY, "parallelism_config.parallelism_config_dp_replicate_size"},
+    {"PARALLELISM_CONFIG_DP_SHARD_SIZE", CA_ENV_KEY, "parallelism_config.parallelism_config_dp_shard_size"},
+    {"PARALLELISM_CONFIG_TP_SIZE", CA_ENV_KEY, "parallelism_config.parallelism_config_tp_size"},
+    {"PARALLELISM_CONFIG_CP_SIZE", CA_ENV_KEY, "parallelism_config.parallelism_config_cp_size"},
+    {"PARALLELISM_CONFIG_CP_BACKEND", CA_ENV_KEY, "parallelism_config.parallelism_config_cp_backend"},
+    {"PARALLELISM_CONFIG_CP_COMM_STRATEGY", CA_ENV_KEY, "parallelism_config.parallelism_config_cp_comm_strategy"},
+    {"PARALLELISM_CONFIG_SP_SIZE", CA_ENV_KEY, "parallelism_config.parallelism_config_sp_size"},
+    {"PARALLELISM_CONFIG_SP_BACKEND", CA_ENV_KEY, "parallelism_config.parallelism_config_sp_backend"},
+    {"PARALLELISM_CONFIG_SP_SEQ_LENGTH", CA_ENV_KEY, "parallelism_config.parallelism_config_sp_seq_length"},
+    {"PARALLELISM_CONFIG_SP_SEQ_LENGTH_IS_VARIABLE", CA_ENV_KEY, "parallelism_config.parallelism_config_sp_seq_length_is_variable"},
+    {"PARALLELISM_CONFIG_SP_ATTN_IMPLEMENTATION", CA_ENV_KEY, "parallelism_config.parallelism_config_sp_attn_implementation"},
     {"MASTER_ADDR", CA_ENV_KEY, "main_process_ip"},
     {"MASTER_PORT", CA_ENV_KEY, "main_process_port"},
     {"CACCEL_BACKEND", CA_ENV_KEY, "backend"},
@@ -405,6 +429,19 @@ const ca_flag_def ca_config_flags[] = {
     {"megatron_lm_recompute_activations", CA_FLAG_VALUE, "megatron_lm_config.megatron_lm_recompute_activations"},
     {"megatron_lm_use_distributed_optimizer", CA_FLAG_VALUE, "megatron_lm_config.megatron_lm_use_distributed_optimizer"},
     {"megatron_lm_gradient_clipping", CA_FLAG_VALUE, "megatron_lm_config.megatron_lm_gradient_clipping"},
+    {"parallelism_config_dp_replicate_size", CA_FLAG_VALUE, "parallelism_config.parallelism_config_dp_replicate_size"},
+    {"parallelism_config_dp_shard_size", CA_FLAG_VALUE, "parallelism_config.parallelism_config_dp_shard_size"},
+    {"parallelism_config_tp_size", CA_FLAG_VALUE, "parallelism_config.parallelism_config_tp_size"},
+    {"parallelism_config_cp_size", CA_FLAG_VALUE, "parallelism_config.parallelism_config_cp_size"},
+    {"parallelism_config_cp_backend", CA_FLAG_VALUE, "parallelism_config.parallelism_config_cp_backend"},
+    {"parallelism_config_cp_comm_strategy", CA_FLAG_VALUE, "parallelism_config.parallelism_config_cp_comm_strategy"},
+    {"parallelism_config_sp_size", CA_FLAG_VALUE, "parallelism_config.parallelism_config_sp_size"},
+    {"parallelism_config_sp_backend", CA_FLAG_VALUE, "parallelism_config.parallelism_config_sp_backend"},
+    {"parallelism_config_sp_seq_length", CA_FLAG_VALUE, "parallelism_config.parallelism_config_sp_seq_length"},
+    {"parallelism_config_sp_seq_length_is_variable", CA_FLAG_VALUE, "parallelism_config.parallelism_config_sp_seq_length_is_variable"},
+    {"parallelism_config_sp_attn_implementation", CA_FLAG_VALUE, "parallelism_config.parallelism_config_sp_attn_implementation"},
+    /* the sizes apply whenever set: nothing to switch on */
+    {"use_parallelism_config", CA_FLAG_IMPLIED, NULL},
     {"fp8_backend", CA_FLAG_VALUE, "fp8_config.backend"},
     {"fp8_use_autocast_during_eval", CA_FLAG_TRUE, "fp8_config.use_autocast_during_eval"},
     {"fp8_margin", CA_FLAG_VALUE, "fp8_config.margin"},
@@ -439,11 +476,34 @@ const size_t ca_config_nflags = sizeof ca_config_flags / sizeof ca_config_flags[
 
 /* ------------------------------------------------------------------ lookups */
 
-const ca_key_def *ca_config_key_find(const char *name) {
-    if (!name) return NULL;
+/* Other spellings of keys, read as the key itself (the origin names the spelling): ParallelismConfig's
+ * field names, which caccel read before Accelerate's files and launcher settled on the prefixed ones. */
+static const struct { const char *alias, *key; } aliases[] = {
+    {"parallelism_config.dp_replicate_size", "parallelism_config.parallelism_config_dp_replicate_size"},
+    {"parallelism_config.dp_shard_size", "parallelism_config.parallelism_config_dp_shard_size"},
+    {"parallelism_config.tp_size", "parallelism_config.parallelism_config_tp_size"},
+    {"parallelism_config.cp_size", "parallelism_config.parallelism_config_cp_size"},
+    {"parallelism_config.cp_backend", "parallelism_config.parallelism_config_cp_backend"},
+    {"parallelism_config.cp_comm_strategy", "parallelism_config.parallelism_config_cp_comm_strategy"},
+    {"parallelism_config.sp_size", "parallelism_config.parallelism_config_sp_size"},
+    {"parallelism_config.sp_backend", "parallelism_config.parallelism_config_sp_backend"},
+    {"parallelism_config.sp_seq_length", "parallelism_config.parallelism_config_sp_seq_length"},
+    {"parallelism_config.sp_seq_length_is_variable", "parallelism_config.parallelism_config_sp_seq_length_is_variable"},
+    {"parallelism_config.sp_attn_implementation", "parallelism_config.parallelism_config_sp_attn_implementation"},
+};
+
+static const ca_key_def *key_named(const char *name) {
     for (size_t i = 0; i < ca_config_nkeys; i++)
         if (strcmp(ca_config_keys[i].name, name) == 0) return &ca_config_keys[i];
     return NULL;
+}
+
+const ca_key_def *ca_config_key_find(const char *name) {
+    if (!name) return NULL;
+    const ca_key_def *d = key_named(name);
+    for (size_t i = 0; !d && i < sizeof aliases / sizeof aliases[0]; i++)
+        if (strcmp(aliases[i].alias, name) == 0) d = key_named(aliases[i].key);
+    return d;
 }
 
 size_t ca_config_key_index(const ca_key_def *d) { return (size_t)(d - ca_config_keys); }

@@ -20,6 +20,10 @@ EXTRA_DIST += tests/test_cli_env.sh
 TESTS += tests/test_cli_config.sh
 EXTRA_DIST += tests/test_cli_config.sh
 
+# `caccel config update` without a terminal: files of any size, the read-back check, --to-fsdp2.
+TESTS += tests/test_cli_config_update.sh
+EXTRA_DIST += tests/test_cli_config_update.sh
+
 # `caccel estimate-memory`: figures against the parameter counts of files the test writes.
 TESTS += tests/test_cli_estimate.sh
 EXTRA_DIST += tests/test_cli_estimate.sh

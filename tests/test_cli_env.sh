@@ -86,6 +86,30 @@ if [ -f "$doc" ]; then
     if [ -n "$undocumented" ]; then fail "keys missing from docs/CONFIGURATION.md: $undocumented"; else echo "ok: every listed key is documented"; fi
 fi
 
+# --- Accelerate 1.10's parallelism_config: its spelling in the file, the field name alone, the variables
+# and the launcher's flags, each with its origin; a size caccel cannot run yet is shown and warned about
+printf '%s\n' 'distributed_type: FSDP' 'num_processes: 4' 'fsdp_config:' '  fsdp_version: 2' 'parallelism_config:' \
+    '  parallelism_config_dp_replicate_size: 2' '  dp_shard_size: 2' '  parallelism_config_cp_size: 1' >"$tmp/nd.yaml"
+PARALLELISM_CONFIG_SP_BACKEND=deepspeed PARALLELISM_CONFIG_TP_SIZE=2 "$caccel" env --config_file "$tmp/nd.yaml" \
+    --use_parallelism_config --parallelism_config_sp_seq_length_is_variable false >"$tmp/env" 2>&1 ||
+    { fail "caccel env on a parallelism_config file exited $?"; cat "$tmp/env"; }
+expect_row "$tmp/env" 'parallelism_config\.parallelism_config_dp_replicate_size' 2 "$tmp/nd.yaml:6"
+expect_row "$tmp/env" 'parallelism_config\.parallelism_config_dp_shard_size' 2 \
+    "$tmp/nd.yaml:7 \(parallelism_config\.dp_shard_size\)"
+expect_row "$tmp/env" 'parallelism_config\.parallelism_config_cp_size' 1 "$tmp/nd.yaml:8"
+expect_row "$tmp/env" 'parallelism_config\.parallelism_config_tp_size' 2 "env PARALLELISM_CONFIG_TP_SIZE"
+expect_row "$tmp/env" 'parallelism_config\.parallelism_config_sp_backend' deepspeed "env PARALLELISM_CONFIG_SP_BACKEND"
+expect_row "$tmp/env" 'parallelism_config\.parallelism_config_sp_seq_length_is_variable' false \
+    "--parallelism_config_sp_seq_length_is_variable"
+expect_text "$tmp/env" "warning: env PARALLELISM_CONFIG_TP_SIZE: parallelism_config.parallelism_config_tp_size = 2 is not supported yet: tensor parallelism is not implemented; ca_accelerator_create refuses it"
+if grep -F "not a key caccel knows" "$tmp/env" >/dev/null; then fail "a parallelism_config key is unknown"; else echo "ok: every parallelism_config key known"; fi
+
+# --- under FSDP, the strategy in effect from FSDP1's or FSDP2's keys (any spelling of a boolean)
+"$caccel" env --use_fsdp --fsdp_version 2 --fsdp_reshard_after_forward False >"$tmp/env" 2>&1 || fail "env FSDP2 exited $?"
+expect_text "$tmp/env" "Resolved FSDP: sharding strategy SHARD_GRAD_OP (fsdp_config.fsdp_reshard_after_forward = False, --fsdp_reshard_after_forward), state dict type FULL_STATE_DICT (not set: full)"
+"$caccel" env --use_fsdp --fsdp_sharding_strategy 4 --fsdp_state_dict_type SHARDED_STATE_DICT >"$tmp/env" 2>&1 || fail "env FSDP1 exited $?"
+expect_text "$tmp/env" "Resolved FSDP: sharding strategy HYBRID_SHARD (fsdp_config.fsdp_sharding_strategy = 4, --fsdp_sharding_strategy), state dict type SHARDED_STATE_DICT (--fsdp_state_dict_type)"
+
 # --- env refuses Accelerate's invalid file, naming both keys and the file
 "$caccel" env --config_file "$data/tests_invalid_keys.yaml" >"$tmp/bad" 2>&1 && fail "invalid keys accepted"
 expect_text "$tmp/bad" "tests_invalid_keys.yaml"

@@ -1,6 +1,7 @@
 /* Tests of the configuration API: defaults, the merge rule, env and flag mappings, provenance, errors, the typed view. */
 #include "tests/config_test_util.h"
 
+#include <ctype.h>
 #include <math.h>
 #include <strings.h>
 
@@ -1082,9 +1083,22 @@ static void test_ignored_settings_warn(void **state) {
         {NULL, NULL, NULL, "distributed_type: NO\ndynamo_backend: INDUCTOR\n",
          "ign.yaml:2 (dynamo_backend): dynamo_config.dynamo_backend = inductor has no effect", NULL},
         {NULL, NULL, "PARALLELISM_CONFIG_TP_SIZE", NULL,
-         "env PARALLELISM_CONFIG_TP_SIZE: parallelism_config.tp_size = 2 has no effect: tensor, context and sharded "
-         "data parallelism are not implemented", NULL},
-        {NULL, NULL, NULL, "distributed_type: NO\nparallelism_config:\n  parallelism_config_tp_size: 2\n", NULL, NULL},
+         "env PARALLELISM_CONFIG_TP_SIZE: parallelism_config.parallelism_config_tp_size = 2 is not supported yet: "
+         "tensor parallelism is not implemented; ca_accelerator_create refuses it", NULL},
+        {NULL, NULL, NULL, "distributed_type: NO\nparallelism_config:\n  parallelism_config_tp_size: 2\n",
+         "ign.yaml:3: parallelism_config.parallelism_config_tp_size = 2 is not supported yet", NULL},
+        {NULL, NULL, NULL, "distributed_type: NO\nparallelism_config:\n  cp_size: 2\n",
+         "ign.yaml:3 (parallelism_config.cp_size): parallelism_config.parallelism_config_cp_size = 2 is not "
+         "supported yet: context parallelism", NULL},
+        /* sizes of 1 ask for nothing */
+        {NULL, NULL, NULL, "distributed_type: MULTI_CPU\nnum_processes: 2\nparallelism_config:\n"
+         "  parallelism_config_dp_replicate_size: 1\n  parallelism_config_tp_size: 1\n  sp_size: 1\n", NULL, NULL},
+        {"--parallelism_config_dp_shard_size", "2", NULL, "distributed_type: MULTI_CPU\nnum_processes: 2\n",
+         "--parallelism_config_dp_shard_size: parallelism_config.parallelism_config_dp_shard_size = 2 has no "
+         "effect: sharded data parallelism (FSDP) acts only under distributed_type FSDP", NULL},
+        {"--parallelism_config_sp_attn_implementation", "sdpa", NULL, NULL,
+         "parallelism_config_sp_attn_implementation = sdpa has no effect: it tunes context or sequence "
+         "parallelism", NULL},
         {"--enable_cpu_affinity", NULL, NULL, NULL,
          "--enable_cpu_affinity: enable_cpu_affinity = true has no effect: processes are not pinned to cores", NULL},
         {"--mpirun_hostfile", "hosts", NULL, NULL, NULL, NULL},   /* caccel launch runs mpirun with it */
@@ -1134,7 +1148,9 @@ static void test_plain_files_do_not_warn(void **state) {
 }
 
 /* A value that asks for something, for a key of the documented type. */
-static void value_for(const char *type, const char *def, char *out, size_t size) {
+/* A value other than the default for a key of `type`; false when there is none (an enumeration of
+ * one value, such as parallelism_config_cp_backend's torch, cannot ask for anything else). */
+static bool value_for(const char *type, const char *def, char *out, size_t size) {
     if (strncmp(type, "bool", 4) == 0) {
         snprintf(out, size, "%s", strcmp(def, "true") == 0 ? "false" : "true");
     } else if (strncmp(type, "int", 3) == 0 || strncmp(type, "float", 5) == 0) {
@@ -1144,16 +1160,18 @@ static void value_for(const char *type, const char *def, char *out, size_t size)
         if (dots && v > strtol(dots + 2, NULL, 10)) v = d - 1;
         snprintf(out, size, "%ld", v);
     } else if (strncmp(type, "one of: ", 8) == 0) {
-        const char *p = type + 8;
-        for (;;) {
+        for (const char *p = type + 8; *p && *p != '(';) {
             size_t n = strcspn(p, ", (");
             snprintf(out, size, "%.*s", (int)n, p);
-            if (strcasecmp(out, def) != 0) break;
-            p += n + 2;
+            if (strcasecmp(out, def) != 0) return true;
+            p += n;
+            p += strspn(p, ", ");
         }
+        return false;
     } else {
         snprintf(out, size, "x");   /* string, list */
     }
+    return true;
 }
 
 /* Every key the documentation marks "reports" (accepted, not acted on)
@@ -1175,7 +1193,7 @@ static void test_every_reported_key_warns(void **state) {
         /* sections hold the keys; old keys become the keys checked here */
         if (strncmp(type, "section", 7) == 0 || strcmp(key, "fp16") == 0 || strcmp(key, "dynamo_backend") == 0)
             continue;
-        value_for(type, def, value, sizeof value);
+        if (!value_for(type, def, value, sizeof value)) continue;
         ca_config *c = new_config();
         ca_log_set_level(CA_LOG_OFF);
         assert_ok(ca_config_set(c, key, value, CA_SRC_CLI, "--origin-of-it"));
@@ -1215,6 +1233,127 @@ static void test_accelerator_warns_ignored(void **state) {
     assert_null(strstr(first + 1, "zero_stage = 3"));
     free(log);
     ca_accelerator_destroy(acc);
+}
+
+/* Accelerate's ParallelismConfig keys (1.10+): every variable its launcher sets and every flag it
+ * takes, with its origin; the field names alone are the same keys, the origin naming the spelling. */
+static void test_parallelism_config_keys(void **state) {
+    (void)state;
+    static const struct { const char *name, *value, *want; } keys[] = {
+        {"dp_replicate_size", "2", "2"}, {"dp_shard_size", "4", "4"}, {"tp_size", "2", "2"},
+        {"cp_size", "1", "1"}, {"cp_backend", "torch", "torch"}, {"cp_comm_strategy", "alltoall", "alltoall"},
+        {"sp_size", "2", "2"}, {"sp_backend", "deepspeed", "deepspeed"}, {"sp_seq_length", "4096", "4096"},
+        {"sp_seq_length_is_variable", "False", "false"}, {"sp_attn_implementation", "sdpa", "sdpa"},
+    };
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
+        char key[128], var[128], env[160], flag[128], alias[128], origin[160];
+        snprintf(key, sizeof key, "parallelism_config.parallelism_config_%s", keys[i].name);
+        snprintf(var, sizeof var, "PARALLELISM_CONFIG_%s", keys[i].name);
+        for (char *p = var; *p; p++) *p = (char)toupper((unsigned char)*p);
+        /* the environment */
+        snprintf(env, sizeof env, "%s=%s", var, keys[i].value);
+        char *envp[] = {env, NULL};
+        ca_config *c = new_config();
+        assert_ok(ca_config_apply_env(c, envp));
+        assert_string_equal(ca_config_get(c, key), keys[i].want);
+        snprintf(origin, sizeof origin, "env %s", var);
+        assert_string_equal(ca_config_origin(c, key), origin);
+        ca_config_destroy(c);
+        /* the flag, as accelerate launch takes it */
+        snprintf(flag, sizeof flag, "--parallelism_config_%s=%s", keys[i].name, keys[i].value);
+        char *argv[] = {"prog", "--use_parallelism_config", flag, NULL};
+        c = new_config();
+        assert_ok(ca_config_apply_args(c, 3, argv));
+        assert_string_equal(ca_config_get(c, key), keys[i].want);
+        snprintf(origin, sizeof origin, "--parallelism_config_%s", keys[i].name);
+        assert_string_equal(ca_config_origin(c, key), origin);
+        assert_int_equal(ca_config_flag_arity(flag), 0);
+        ca_config_destroy(c);
+        /* the other spelling: the same key; read back under either name */
+        snprintf(alias, sizeof alias, "parallelism_config.%s", keys[i].name);
+        c = new_config();
+        assert_ok(ca_config_set(c, alias, keys[i].value, CA_SRC_PROGRAM, "program"));
+        assert_string_equal(ca_config_get(c, key), keys[i].want);
+        assert_string_equal(ca_config_get(c, alias), keys[i].want);
+        snprintf(origin, sizeof origin, "program (%s)", alias);
+        assert_string_equal(ca_config_origin(c, key), origin);
+        ca_config_destroy(c);
+    }
+    assert_int_equal(ca_config_flag_arity("--use_parallelism_config"), 0);
+    assert_int_equal(ca_config_flag_arity("--parallelism_config_tp_size"), 1);
+    /* Accelerate's values are checked */
+    ca_config *c = new_config();
+    assert_status(ca_config_set(c, "parallelism_config.parallelism_config_cp_backend", "ring", CA_SRC_CLI, "--x"),
+                  CA_ERR_CONFIG);
+    assert_contains(ca_last_error(), "(allowed: torch)");
+    assert_status(ca_config_set(c, "parallelism_config.tp_size", "0", CA_SRC_CLI, "--x"), CA_ERR_CONFIG);
+    assert_contains(ca_last_error(), "--x (parallelism_config.tp_size): invalid value '0' for key "
+                                     "'parallelism_config.parallelism_config_tp_size'");
+    ca_config_destroy(c);
+}
+
+/* What caccel cannot run yet is refused by ca_accelerator_create, every dimension named with its key,
+ * value and origin; sizes of 1 and the data-parallel sizes run. */
+static void test_parallelism_refused(void **state) {
+    (void)state;
+    char *argv[] = {"prog", "--cpu", "--parallelism_config_tp_size", "2", "--parallelism_config_sp_size=4", NULL};
+    setenv("PARALLELISM_CONFIG_CP_SIZE", "1", 1);
+    ca_options o = {.argc = 5, .argv = argv};
+    ca_accelerator *acc = NULL;
+    ca_log_set_level(CA_LOG_OFF);
+    assert_status(ca_accelerator_create(&o, &acc), CA_ERR_UNSUPPORTED);
+    assert_null(acc);
+    assert_contains(ca_last_error(), "--parallelism_config_tp_size: parallelism_config.parallelism_config_tp_size "
+                                     "= 2 asks for tensor parallelism");
+    assert_contains(ca_last_error(), "--parallelism_config_sp_size: parallelism_config.parallelism_config_sp_size "
+                                     "= 4 asks for sequence parallelism");
+    assert_contains(ca_last_error(), "not supported yet");
+    assert_not_contains(ca_last_error(), "context parallelism");
+    setenv("PARALLELISM_CONFIG_CP_SIZE", "3", 1);
+    char *argv2[] = {"prog", "--cpu", NULL};
+    ca_options o2 = {.argc = 2, .argv = argv2};
+    assert_status(ca_accelerator_create(&o2, &acc), CA_ERR_UNSUPPORTED);
+    assert_contains(ca_last_error(), "env PARALLELISM_CONFIG_CP_SIZE: parallelism_config.parallelism_config_cp_size "
+                                     "= 3 asks for context parallelism: not supported yet");
+    unsetenv("PARALLELISM_CONFIG_CP_SIZE");
+    char *argv3[] = {"prog", "--cpu", "--use_parallelism_config", "--parallelism_config_tp_size", "1",
+                     "--parallelism_config_dp_replicate_size", "1", NULL};
+    ca_options o3 = {.argc = 7, .argv = argv3};
+    assert_ok(ca_accelerator_create(&o3, &acc));
+    ca_accelerator_destroy(acc);
+    acc = NULL;
+    /* Accelerate's FSDP over dp_shard_size processes: every process, or it is refused (it was ignored) */
+    char *argv4[] = {"prog", "--use_fsdp", "--parallelism_config_dp_shard_size", "2", NULL};
+    ca_options o4 = {.argc = 4, .argv = argv4};
+    assert_status(ca_accelerator_create(&o4, &acc), CA_ERR_CONFIG);
+    assert_contains(ca_last_error(), "--parallelism_config_dp_shard_size: parallelism_config.parallelism_config_"
+                                     "dp_shard_size = 2: 1 processes are not one shard group of 2");
+    char *argv5[] = {"prog", "--use_fsdp", "--parallelism_config_dp_shard_size", "1", NULL};
+    ca_options o5 = {.argc = 4, .argv = argv5};
+    assert_ok(ca_accelerator_create(&o5, &acc));
+    ca_accelerator_destroy(acc);
+}
+
+/* FSDP2's fsdp_reshard_after_forward in any spelling Accelerate's str_to_bool reads (a YAML True is the
+ * text "True" here): the accelerator runs it (it refused "True" as no sharding strategy). */
+static void test_fsdp2_reshard_spellings(void **state) {
+    (void)state;
+    static const char *const spellings[] = {"True", "yes", "FALSE", "off", "1", "SHARD_GRAD_OP"};
+    ca_log_set_level(CA_LOG_OFF);
+    for (size_t i = 0; i < sizeof spellings / sizeof spellings[0]; i++) {
+        char *argv[] = {"prog", "--use_fsdp", "--fsdp_version", "2", "--fsdp_reshard_after_forward",
+                        (char *)spellings[i], NULL};
+        ca_options o = {.argc = 6, .argv = argv};
+        ca_accelerator *acc = NULL;
+        if (ca_accelerator_create(&o, &acc) != CA_OK)
+            fail_msg("fsdp_reshard_after_forward %s: %s", spellings[i], ca_last_error());
+        ca_accelerator_destroy(acc);
+    }
+    char *argv[] = {"prog", "--use_fsdp", "--fsdp_version", "2", "--fsdp_reshard_after_forward", "maybe", NULL};
+    ca_options o = {.argc = 6, .argv = argv};
+    ca_accelerator *acc = NULL;
+    assert_status(ca_accelerator_create(&o, &acc), CA_ERR_CONFIG);
+    assert_contains(ca_last_error(), "fsdp_config.fsdp_reshard_after_forward = maybe is not a sharding strategy");
 }
 
 /* even_batches has a flag and a variable, and reaches the accelerator (its
@@ -1371,6 +1510,9 @@ int main(void) {
         cmocka_unit_test_setup(test_plain_files_do_not_warn, setup),
         cmocka_unit_test_setup(test_every_reported_key_warns, setup),
         cmocka_unit_test_setup(test_accelerator_warns_ignored, setup),
+        cmocka_unit_test_setup(test_parallelism_config_keys, setup),
+        cmocka_unit_test_setup(test_parallelism_refused, setup),
+        cmocka_unit_test_setup(test_fsdp2_reshard_spellings, setup),
         cmocka_unit_test_setup(test_even_batches, setup),
         cmocka_unit_test_setup(test_dataloader_config, setup),
     };

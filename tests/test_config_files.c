@@ -729,6 +729,89 @@ static void test_many_keys_linear(void **state) {
     ca_config_destroy(c);
 }
 
+/* Keys and values of any length are read whole: a 1,000-byte key inside a section was cut at 510. */
+static void test_long_keys_whole(void **state) {
+    (void)state;
+    char key[1001], value[5001], text[8000];
+    memset(key, 'k', sizeof key - 1);
+    key[sizeof key - 1] = '\0';
+    memset(value, 'v', sizeof value - 1);
+    value[sizeof value - 1] = '\0';
+    snprintf(text, sizeof text, "distributed_type: NO\nfsdp_config:\n  %s: %s\n", key, value);
+    char path[512];
+    snprintf(path, sizeof path, "%s", ct_write("long_keys.yaml", text));
+    ca_config *c = new_config();
+    ct_capture_begin();   /* a warning for the key caccel does not know */
+    ca_status s = ca_config_load_file(c, path);
+    free(ct_capture_end());
+    assert_ok(s);
+    char full[1100];
+    snprintf(full, sizeof full, "fsdp_config.%s", key);
+    expect(c, full, value);
+    ca_config_destroy(c);
+}
+
+/* A file `accelerate config` 1.10+ writes for FSDP2 with N-d parallelism: parallelism_config's keys with
+ * their prefix, read with file:line; the field names alone are the same keys, the origin naming the
+ * spelling; both spellings in one file must agree. */
+static void test_parallelism_config_file(void **state) {
+    (void)state;
+    const char *path = ct_write("nd.yaml",
+                                "compute_environment: LOCAL_MACHINE\n"
+                                "distributed_type: FSDP\n"
+                                "fsdp_config:\n"
+                                "  fsdp_reshard_after_forward: true\n"
+                                "  fsdp_version: 2\n"
+                                "num_processes: 8\n"
+                                "parallelism_config:\n"
+                                "  parallelism_config_cp_size: 1\n"
+                                "  parallelism_config_dp_replicate_size: 2\n"
+                                "  parallelism_config_dp_shard_size: 4\n"
+                                "  parallelism_config_tp_size: 1\n"
+                                "  parallelism_config_sp_backend: deepspeed\n"
+                                "  parallelism_config_sp_seq_length_is_variable: false\n");
+    ca_config *c = new_config();
+    ct_capture_begin();
+    assert_ok(ca_config_load_file(c, path));
+    char *log = ct_capture_end();
+    assert_not_contains(log, "not a key caccel knows");   /* these keys were unknown */
+    free(log);
+    expect(c, "parallelism_config.parallelism_config_dp_replicate_size", "2");
+    expect(c, "parallelism_config.parallelism_config_dp_shard_size", "4");
+    expect(c, "parallelism_config.parallelism_config_sp_seq_length_is_variable", "false");
+    char origin[600];
+    snprintf(origin, sizeof origin, "%s:10", path);
+    assert_string_equal(ca_config_origin(c, "parallelism_config.parallelism_config_dp_shard_size"), origin);
+    ca_config_destroy(c);
+
+    path = ct_write("nd_short.yaml", "distributed_type: FSDP\nparallelism_config:\n  dp_shard_size: 4\n"
+                                     "  sp_size: 1\n  parallelism_config_sp_size: 1\n");
+    c = load(path);
+    expect(c, "parallelism_config.parallelism_config_dp_shard_size", "4");
+    snprintf(origin, sizeof origin, "%s:3 (parallelism_config.dp_shard_size)", path);
+    assert_string_equal(ca_config_origin(c, "parallelism_config.parallelism_config_dp_shard_size"), origin);
+    ca_config_destroy(c);
+
+    path = ct_write("nd_both.yaml", "distributed_type: FSDP\nparallelism_config:\n  tp_size: 2\n"
+                                    "  parallelism_config_tp_size: 1\n");
+    c = new_config();
+    assert_status(ca_config_load_file(c, path), CA_ERR_CONFIG);
+    assert_contains(ca_last_error(), "nd_both.yaml:3: 'parallelism_config.tp_size' = 2 and line 4: "
+                                     "'parallelism_config.parallelism_config_tp_size' = 1 are the same key");
+    expect(c, "parallelism_config.parallelism_config_tp_size", "1");   /* the file changed nothing */
+    assert_int_equal(ca_config_source_of(c, "parallelism_config.parallelism_config_tp_size"), CA_SRC_DEFAULT);
+    ca_config_destroy(c);
+
+    path = ct_write("nd_bad.yaml", "distributed_type: FSDP\nparallelism_config:\n"
+                                   "  parallelism_config_cp_comm_strategy: ring\n");
+    c = new_config();
+    assert_status(ca_config_load_file(c, path), CA_ERR_CONFIG);
+    assert_contains(ca_last_error(), "nd_bad.yaml:3: invalid value 'ring' for key "
+                                     "'parallelism_config.parallelism_config_cp_comm_strategy' (allowed: allgather, "
+                                     "alltoall)");
+    ca_config_destroy(c);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup(test_every_file_in_folder, setup),
@@ -749,6 +832,8 @@ int main(void) {
         cmocka_unit_test_setup(test_file_size_limit, setup),
         cmocka_unit_test_setup(test_second_document, setup),
         cmocka_unit_test_setup(test_many_keys_linear, setup),
+        cmocka_unit_test_setup(test_long_keys_whole, setup),
+        cmocka_unit_test_setup(test_parallelism_config_file, setup),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     ct_cleanup();

@@ -56,23 +56,42 @@ int ca_cli_match_flag(const char *arg, const char *name, const char **value);
 
 /* A configuration file being written (tools/config_doc.c): "key" or
  * "section.key" with its value as text; `plain` values (booleans, numbers,
- * lists) are written as they are, the others as strings. */
-#define CA_CLI_DOC_MAX 160
+ * lists) are written as they are, the others as strings. As many keys, and
+ * keys and values as long, as the file holds. */
 typedef struct ca_cli_doc_item {
-    char key[96];
-    char value[1024];
+    char *key;
+    char *value;
     bool plain;
 } ca_cli_doc_item;
 typedef struct ca_cli_doc {
-    int n;
-    ca_cli_doc_item items[CA_CLI_DOC_MAX];
+    ca_cli_doc_item *items;
+    size_t n, cap;
+    bool nomem;       /* a put ran out of memory: the document is incomplete */
 } ca_cli_doc;
-/* Adds or replaces `key`. */
-void ca_cli_doc_put(ca_cli_doc *d, const char *key, const char *value, bool plain);
+/* Adds or replaces `key`; -1 (and d->nomem) when out of memory. */
+int ca_cli_doc_put(ca_cli_doc *d, const char *key, const char *value, bool plain);
+/* The item called `key`, or NULL. */
+const ca_cli_doc_item *ca_cli_doc_find(const ca_cli_doc *d, const char *key);
 void ca_cli_doc_drop(ca_cli_doc *d, const char *key);
+void ca_cli_doc_free(ca_cli_doc *d);
 /* Sorts the keys (as Accelerate writes them) and renders YAML, with `header`
- * as a comment, or JSON; -1 when `buf` is too small. */
-int ca_cli_doc_render(ca_cli_doc *d, bool json, const char *header, char *buf, size_t size);
+ * as a comment, or JSON: a malloc'd text, NULL when out of memory. */
+char *ca_cli_doc_render(ca_cli_doc *d, bool json, const char *header);
+/* Writes the document to `path` for `caccel <cmd>`: rendered (JSON when `path`
+ * ends in .json), written to a temporary file in the same directory with
+ * permissions `mode` and synced, read back by the configuration's loader and
+ * compared with the document, and renamed over `path` only when every key
+ * reads back with its value and nothing else appears; otherwise the temporary
+ * file is removed and `path` is left as it was. `replace` false: an existing
+ * `path` is left alone (an error). Prints "caccel <cmd>: error: ..." and
+ * returns 1 on failure, 0 when written. */
+int ca_cli_doc_save(ca_cli_doc *d, const char *path, const char *header, unsigned mode, bool replace,
+                    const char *cmd);
+/* `config update --to-fsdp2` (tools/config_fsdp2.c): the document's FSDP1 fsdp_config keys in FSDP2's
+ * (Accelerate's to-fsdp2 table), each change printed; `c` is the file as loaded. Returns 1, with the
+ * reason printed, where FSDP2 would run something else than the file runs now; 0 otherwise (also
+ * when there is no fsdp_config or it is FSDP2 already). */
+int ca_cli_to_fsdp2(ca_cli_doc *d, const ca_config *c, const char *path);
 /* True when `path` ends in ".json": Accelerate then writes JSON. */
 bool ca_cli_path_is_json(const char *path);
 /* mkdir -p of the directory part of `path`. */

@@ -1,5 +1,6 @@
 /* `caccel env`: the version, the backends and devices found, and the merged configuration with each value's origin. */
 #include "tools/cli_impl.h"
+#include "core/config_impl.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -63,6 +64,20 @@ static void print_backends(void) {
     if (n == 0) printf("  (none)\n");
 }
 
+/* What sharded data parallelism runs under FSDP: the strategy from FSDP1's or FSDP2's keys (the
+ * accelerator's own rule, ca_config_fsdp_strategy) and the state dict type. */
+static void print_fsdp(const ca_config *c) {
+    static const char *const by_index[] = {"FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD",
+                                           "HYBRID_SHARD_ZERO2"};
+    const char *key, *v = ca_config_fsdp_strategy(c, &key);
+    const char *name = v && v[0] >= '1' && v[0] <= '5' && !v[1] ? by_index[v[0] - '1'] : v;
+    const char *sd = ca_config_get(c, "fsdp_config.fsdp_state_dict_type");
+    bool sd_set = sd && strcmp(sd, "null") != 0;
+    printf("Resolved FSDP: sharding strategy %s (%s = %s, %s), state dict type %s (%s)\n", name ? name : "?", key,
+           ca_config_get(c, key), ca_config_origin(c, key), sd_set ? sd : "FULL_STATE_DICT",
+           sd_set ? ca_config_origin(c, "fsdp_config.fsdp_state_dict_type") : "not set: full");
+}
+
 static void print_config(const ca_config *c) {
     const char *file = ca_config_file(c);
     if (file) {
@@ -99,6 +114,7 @@ static void print_config(const ca_config *c) {
                "backend %s, timeout %.10gs\n",
                st.distributed_type_name, ca_mixed_precision_name(st.mixed_precision), st.use_cpu ? "true" : "false",
                st.num_processes, st.backend ? st.backend : "auto", (double)st.timeout_ms / 1000.0);
+        if (st.distributed_type == CA_DIST_FSDP) print_fsdp(c);
     }
 }
 

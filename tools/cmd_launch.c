@@ -79,6 +79,17 @@ static const struct { const char *key, *var; } exported[] = {
     {"fsdp_config.fsdp_cpu_ram_efficient_loading", "FSDP_CPU_RAM_EFFICIENT_LOADING"},
     {"fsdp_config.fsdp_sync_module_states", "FSDP_SYNC_MODULE_STATES"},
     {"fsdp_config.fsdp_activation_checkpointing", "FSDP_ACTIVATION_CHECKPOINTING"},
+    {"parallelism_config.parallelism_config_dp_replicate_size", "PARALLELISM_CONFIG_DP_REPLICATE_SIZE"},
+    {"parallelism_config.parallelism_config_dp_shard_size", "PARALLELISM_CONFIG_DP_SHARD_SIZE"},
+    {"parallelism_config.parallelism_config_tp_size", "PARALLELISM_CONFIG_TP_SIZE"},
+    {"parallelism_config.parallelism_config_cp_size", "PARALLELISM_CONFIG_CP_SIZE"},
+    {"parallelism_config.parallelism_config_cp_backend", "PARALLELISM_CONFIG_CP_BACKEND"},
+    {"parallelism_config.parallelism_config_cp_comm_strategy", "PARALLELISM_CONFIG_CP_COMM_STRATEGY"},
+    {"parallelism_config.parallelism_config_sp_size", "PARALLELISM_CONFIG_SP_SIZE"},
+    {"parallelism_config.parallelism_config_sp_backend", "PARALLELISM_CONFIG_SP_BACKEND"},
+    {"parallelism_config.parallelism_config_sp_seq_length", "PARALLELISM_CONFIG_SP_SEQ_LENGTH"},
+    {"parallelism_config.parallelism_config_sp_seq_length_is_variable", "PARALLELISM_CONFIG_SP_SEQ_LENGTH_IS_VARIABLE"},
+    {"parallelism_config.parallelism_config_sp_attn_implementation", "PARALLELISM_CONFIG_SP_ATTN_IMPLEMENTATION"},
 };
 
 /* A distributed_type given on the command line (--use_fsdp, --use_deepspeed, --tpu) reaches the

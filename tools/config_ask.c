@@ -707,24 +707,15 @@ static bool may_write(ask *a, const char *path) {
 }
 
 static int save(ask *a, const char *path) {
-    static char text[1 << 17];
     char header[128];
     snprintf(header, sizeof header, "Written by `caccel config` (caccel %s). Accelerate reads this file too.",
              CA_VERSION);
-    if (ca_cli_doc_render(a->doc, ca_cli_path_is_json(path), header, text, sizeof text) != 0) {
-        fprintf(stderr, "caccel config: error: the configuration for %s is too large to write\n", path);
-        return 1;
-    }
-    if (ca_cli_make_parents(path) != 0 || ca_cli_write_atomic(path, text, true) != 0) {
+    if (ca_cli_make_parents(path) != 0) {
         fprintf(stderr, "caccel config: error: cannot write %s: %s\n", path, strerror(errno));
         return 1;
     }
-    /* What was written must load: the same loader every program uses. */
-    ca_config *c = NULL;
-    if (ca_config_create(&c) != CA_OK) return ca_cli_fail("config");
-    ca_status s = ca_config_load_file(c, path);
-    ca_config_destroy(c);
-    if (s != CA_OK) return ca_cli_fail("config");
+    /* What was written must load, with every answer: the same loader every program uses. */
+    if (ca_cli_doc_save(a->doc, path, header, 0644, true, "config") != 0) return 1;
     printf("caccel configuration saved at %s\n", path);
     return 0;
 }
@@ -748,6 +739,7 @@ static int run_questionnaire(const char *path) {
             rc = save(&a, path);
     }
     ca_config_destroy(a.cfg);
+    ca_cli_doc_free(a.doc);
     free(a.doc);
     return rc;
 }

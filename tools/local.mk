@@ -4,7 +4,7 @@ tools_caccel_SOURCES = \
 	tools/cli_impl.h \
 	tools/caccel.c \
 	tools/cmd_env.c \
-	tools/cmd_config.c tools/config_ask.c tools/config_update.c tools/config_doc.c \
+	tools/cmd_config.c tools/config_ask.c tools/config_update.c tools/config_fsdp2.c tools/config_doc.c \
 	tools/cmd_launch.c tools/cmd_merge_weights.c core/store.c core/store_impl.h \
 	tools/cmd_estimate_memory.c tools/cmd_test.c core/json.c core/json_impl.h
 tools_caccel_CFLAGS = $(AM_CFLAGS) $(JSONC_CFLAGS)
