@@ -6,6 +6,7 @@
 #include "accelerator/checkpoint_impl.h"
 #include "accelerator/accelerator_impl.h"
 #include "tensor/safetensors_impl.h"
+#include "base/file_impl.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -244,6 +245,38 @@ static ca_status save_model(ca_accelerator *acc, ca_module *model, const char *d
     return ck_share_status(acc, s);
 }
 
+/* ------------------------------------------------------------- JSON files */
+
+ca_status ca_ck_json_load(const char *path, ca_file_kind kind, json_object **out) {
+    *out = NULL;
+    char *text = NULL;
+    size_t len = 0;
+    ca_status s = ca_file_read(path, kind, &text, &len);
+    if (s != CA_OK) return s;
+    json_tokener *tok = len <= INT_MAX ? json_tokener_new() : NULL;   /* json-c takes int lengths */
+    if (!tok) {
+        free(text);
+        return ca_error(len <= INT_MAX ? CA_ERR_NOMEM : CA_ERR_IO, "%s: %s", path,
+                        len <= INT_MAX ? "out of memory" : "too large for a JSON reader");
+    }
+    json_object *root = json_tokener_parse_ex(tok, text, (int)len);
+    enum json_tokener_error err = json_tokener_get_error(tok);
+    size_t at = json_tokener_get_parse_end(tok);
+    json_tokener_free(tok);
+    free(text);
+    if (!root || err != json_tokener_success)
+        s = ca_error(CA_ERR_IO, "%s: not valid JSON (near byte %zu: %s)", path, at,
+                     err == json_tokener_continue ? "the text ends inside a value" : json_tokener_error_desc(err));
+    else if (!json_object_is_type(root, json_type_object))
+        s = ca_error(CA_ERR_IO, "%s: not a JSON object", path);
+    if (s != CA_OK) {
+        json_object_put(root);
+        return s;
+    }
+    *out = root;
+    return CA_OK;
+}
+
 /* ------------------------------------------------------------- loading */
 
 /* The tensors to load: each one's file and entry. */
@@ -326,12 +359,10 @@ static ca_status ck_src_map(const char *index, json_object *map, ck_src *src) {
 }
 
 static ca_status ck_src_index(const char *index, ck_src *src) {
-    json_object *root = json_object_from_file(index);
-    if (!root)
-        return ca_error(access(index, R_OK) == 0 ? CA_ERR_IO : CA_ERR_NOT_FOUND,
-                        "%s: cannot read the index: %s", index, json_util_get_last_err());
+    json_object *root = NULL;
+    ca_status s = ca_ck_json_load(index, CA_FILE_INDEX, &root);
+    if (s != CA_OK) return s;
     json_object *map = NULL;
-    ca_status s = CA_OK;
     if (!json_object_object_get_ex(root, "weight_map", &map) ||
         !json_object_is_type(map, json_type_object))
         s = ca_error(CA_ERR_IO, "%s: no \"weight_map\" object", index);

@@ -5,6 +5,10 @@
 
 #include <caccel/checkpoint.h>
 
+#include "base/file_impl.h"
+
+#include <json-c/json.h>
+
 /* Writes model.safetensors (or shards + index) of `model` into the existing `dir`, on this
  * process only (no collective). */
 ca_status ca_ck_save_model_files(ca_module *model, const char *dir, size_t max_shard_size);
@@ -16,6 +20,10 @@ ca_status ca_ck_model_open(const char *where, ca_module *model, ca_ck_model_src 
 /* Copies the checked tensors into the model's parameters. */
 ca_status ca_ck_model_apply(const ca_ck_model_src *m, ca_module *model);
 void ca_ck_model_close(ca_ck_model_src *m);    /* accepts NULL */
+
+/* The JSON object in the file at `path`, a regular file within kind's bound (base/file_impl.h);
+ * the caller puts it. Errors name the file and, for invalid JSON, the byte. */
+ca_status ca_ck_json_load(const char *path, ca_file_kind kind, json_object **out);
 
 /* The bytes of t where a save can write them without a copy (a contiguous tensor in host memory,
  * its device synchronised), else NULL: the caller copies it to the host. */

@@ -3,6 +3,7 @@
  * filled from the configuration, as Accelerate fills them). Fields caccel does not implement fail
  * together in one error naming each of them. */
 #include "accelerator/accelerator_impl.h"
+#include "accelerator/checkpoint_impl.h"
 
 #include <json-c/json.h>
 #include <math.h>
@@ -270,11 +271,11 @@ static void ds_resolve(const ca_accelerator *acc, const char *path, char *out, s
 static ca_status configure_ds_json(ca_accelerator *acc, const char *path) {
     const char *key = "deepspeed_config.deepspeed_config_file";
     ds_resolve(acc, path, acc->zero.json, sizeof acc->zero.json);
-    json_object *root = json_object_from_file(acc->zero.json);
-    if (!root || !json_object_is_type(root, json_type_object)) {
-        json_object_put(root);
-        return ca_error(CA_ERR_CONFIG, "%s: %s = %s: cannot read it as a JSON object (%s)",
-                        ca_config_origin(acc->cfg, key), key, acc->zero.json, json_util_get_last_err());
+    json_object *root = NULL;
+    if (ca_ck_json_load(acc->zero.json, CA_FILE_DEEPSPEED, &root) != CA_OK) {
+        char why[1024];   /* names the file and what is wrong with it */
+        snprintf(why, sizeof why, "%s", ca_last_error());
+        return ca_error(CA_ERR_CONFIG, "%s: %s: %s", ca_config_origin(acc->cfg, key), key, why);
     }
     ds_ctx c = {.acc = acc, .file = acc->zero.json};
     ds_top(&c, root);

@@ -1,6 +1,7 @@
 /* A Hugging Face BERT checkpoint's config.json (BertConfig), the names and shapes of BertModel's
  * parameters, and the check that a model.safetensors holds them. */
 #include "tensor/safetensors_impl.h"
+#include "base/file_impl.h"
 
 #include <caccel/bert_config.h>
 
@@ -140,26 +141,10 @@ static ca_status read_fields(json_object *root, ca_bert_config *c, const char *p
 }
 
 static ca_status parse(const char *path, ca_bert_config *out) {
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return ca_error(errno == ENOENT ? CA_ERR_NOT_FOUND : CA_ERR_IO,
-                        "config '%s': cannot open: %s", path, strerror(errno));
     char *buf = NULL;
-    size_t len = 0, cap = 0, got;
-    do {
-        if (len + 4096 > cap) {
-            char *p = realloc(buf, cap = cap * 2 + 8192);
-            if (!p) {
-                free(buf);
-                fclose(f);
-                return ca_error(CA_ERR_NOMEM, "config '%s': out of memory", path);
-            }
-            buf = p;
-        }
-        got = fread(buf + len, 1, cap - len, f);
-        len += got;
-    } while (got > 0);
-    fclose(f);
+    size_t len = 0;
+    ca_status rs = ca_file_read(path, CA_FILE_MODEL_CONFIG, &buf, &len);
+    if (rs != CA_OK) return rs;
     json_tokener *tk = json_tokener_new();
     if (!tk) {
         free(buf);

@@ -3,6 +3,7 @@
  * model states of each ZeRO stage. The model is read from its safetensors headers only (shapes),
  * so a multi-gigabyte checkpoint costs a few kilobytes of reading. */
 #include "tools/cli_impl.h"
+#include "base/file_impl.h"
 
 #include <json-c/json.h>
 
@@ -47,8 +48,9 @@ static ca_status em_add(em_model *m, const char *name, uint64_t numel) {
 }
 
 static ca_status em_read_header(const char *path, char **out) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return ca_error(errno == ENOENT ? CA_ERR_NOT_FOUND : CA_ERR_IO, "%s: %s", path, strerror(errno));
+    FILE *f;
+    ca_status o = ca_file_fopen(path, CA_FILE_SAFETENSORS, &f, NULL);   /* only the header is read */
+    if (o != CA_OK) return o;
     unsigned char len8[8];
     uint64_t len = 0;
     ca_status s = CA_OK;
@@ -108,9 +110,13 @@ static ca_status em_load_file(const char *path, em_model *m) {
 
 /* An index (model.safetensors.index.json): the headers of the distinct shards it names. */
 static ca_status em_load_index(const char *index, em_model *m) {
-    json_object *root = json_object_from_file(index), *map = NULL;
-    if (!root) return ca_error(CA_ERR_IO, "%s: cannot read the index: %s", index, json_util_get_last_err());
-    ca_status s = CA_OK;
+    char *text = NULL;
+    size_t len = 0;
+    ca_status s = ca_file_read(index, CA_FILE_INDEX, &text, &len);
+    if (s != CA_OK) return s;
+    json_object *root = json_tokener_parse(text), *map = NULL;
+    free(text);
+    if (!root) return ca_error(CA_ERR_IO, "%s: cannot read the index: not valid JSON", index);
     if (!json_object_object_get_ex(root, "weight_map", &map) || !json_object_is_type(map, json_type_object))
         s = ca_error(CA_ERR_IO, "%s: no \"weight_map\" object", index);
     json_object *seen = json_object_new_object();
