@@ -257,6 +257,24 @@ static void test_reader(void **state) {
     }
 }
 
+/* log_with mlflow looks for its experiment in every mlruns/<id>/meta.yaml: one that is a FIFO is
+ * passed over (with a warning naming it) instead of blocking ca_init_trackers. */
+static void test_mlflow_meta(void **state) {
+    (void)state;
+    char ld[300];
+    snprintf(ld, sizeof ld, "logging_dir=%s", g_dir);
+    assert_int_equal(mkdir(in_dir("mlruns"), 0755), 0);
+    assert_int_equal(mkdir(in_dir("mlruns/7"), 0755), 0);
+    assert_int_equal(mkfifo(in_dir("mlruns/7/meta.yaml"), 0600), 0);
+    const char *settings[] = {"use_cpu=true", ld, "log_with=mlflow", NULL};
+    char *argv[] = {"test_files", NULL};
+    ca_accelerator *acc = NULL;
+    T_OK(ca_accelerator_create(&(ca_options){.argc = 1, .argv = argv, .settings = settings}, &acc));
+    T_OK(ca_init_trackers(acc, "run1", NULL));
+    T_OK(ca_end_training(acc));
+    ca_accelerator_destroy(acc);
+}
+
 /* ------------------------------------------------------------------ the helper itself */
 
 /* A regular file is read whole, through the bound's edge; a directory is refused by name. */
@@ -302,11 +320,12 @@ int main(int argc, char **argv) {
     ca_log_set_level(CA_LOG_ERROR);
     signal(SIGALRM, SIG_DFL);
     enum { NR = sizeof readers / sizeof *readers };
-    struct CMUnitTest tests[NR + 2];
+    struct CMUnitTest tests[NR + 3];
     for (int i = 0; i < NR; i++)
         tests[i] = (struct CMUnitTest){readers[i].label, test_reader, setup, teardown, (void *)&readers[i]};
     tests[NR] = (struct CMUnitTest)cmocka_unit_test_setup_teardown(test_read_whole, setup, teardown);
     tests[NR + 1] = (struct CMUnitTest)cmocka_unit_test_setup_teardown(test_open_flags, setup, teardown);
+    tests[NR + 2] = (struct CMUnitTest)cmocka_unit_test_setup_teardown(test_mlflow_meta, setup, teardown);
     static char filter[128];
     if (argc > 1) {
         snprintf(filter, sizeof filter, "*%s*", argv[1]);
