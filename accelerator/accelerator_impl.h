@@ -254,7 +254,9 @@ void ca_zero_offload_free(ca_accelerator *acc);
 /* zero_state.c: sharded state dicts (fsdp_state_dict_type SHARDED_STATE_DICT). */
 /* This rank's zero_shard_<rank>.safetensors (parameter and optimizer-state shard); rank 0 the index. */
 ca_status ca_zero_save_shard(ca_accelerator *acc, const char *dir);
-bool ca_zero_is_sharded_checkpoint(const char *dir);
+/* The index's name: a checkpoint whose complete.json lists it is sharded; and each shard's. */
+#define CA_ZERO_INDEX "zero_index.json"
+#define CA_ZERO_SHARD_FMT "zero_shard_%d.safetensors"
 /* The index against this run: the same world size, parameter names and offsets. */
 ca_status ca_zero_check_shard(ca_accelerator *acc, const char *dir);
 /* The parameters from every rank's file, the optimizer state from this rank's. */

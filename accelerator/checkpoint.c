@@ -7,6 +7,7 @@
 #include "accelerator/accelerator_impl.h"
 #include "tensor/safetensors_impl.h"
 #include "core/json_impl.h"
+#include "base/file_impl.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -326,12 +327,10 @@ static ca_status ck_src_map(const char *index, json_object *map, ck_src *src) {
 
 static ca_status ck_src_index(const char *index, ck_src *src) {
     char why[256];
-    int err;
-    json_object *root = ca_json_load(index, why, sizeof why, &err);
-    if (!root)
-        return ca_error(err == ENOENT ? CA_ERR_NOT_FOUND : CA_ERR_IO, "%s: cannot read the index: %s", index, why);
+    ca_status s;
+    json_object *root = ca_json_load(index, CA_FILE_INDEX, why, sizeof why, &s);
+    if (!root) return why[0] ? ca_error(CA_ERR_IO, "%s: cannot read the index: %s", index, why) : s;
     json_object *map = NULL;
-    ca_status s = CA_OK;
     if (!json_object_object_get_ex(root, "weight_map", &map) ||
         !json_object_is_type(map, json_type_object))
         s = ca_error(CA_ERR_IO, "%s: no \"weight_map\" object", index);

@@ -5,6 +5,10 @@
 
 #include <caccel/checkpoint.h>
 
+#include "base/file_impl.h"
+
+#include <json-c/json.h>
+
 /* Writes model.safetensors (or shards + index) of `model` into the existing `dir`, on this
  * process only (no collective). */
 ca_status ca_ck_save_model_files(ca_module *model, const char *dir, size_t max_shard_size);

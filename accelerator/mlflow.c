@@ -1,6 +1,9 @@
 /* log_with mlflow: MLflow's local file store (mlflow_impl.h). Everything is plain files, so no MLflow
  * client is needed; the layout is the one MLflow's FileStore reads. */
 #include "accelerator/mlflow_impl.h"
+#include "base/file_impl.h"
+
+#include <caccel/log.h>
 
 #include <dirent.h>
 #include <errno.h>
@@ -106,8 +109,12 @@ static ca_status mlf_put(const char *dir, const char *sub, const char *name, con
 /* The value of `name:` in an experiment's meta.yaml, unquoted, into out (empty when absent). */
 static void mlf_meta_name(const char *meta, char *out, size_t cap) {
     out[0] = '\0';
-    FILE *f = fopen(meta, "r");
-    if (!f) return;
+    FILE *f;
+    if (ca_file_fopen(meta, CA_FILE_MLFLOW_META, &f, NULL) != CA_OK) {
+        if (ca_last_status() != CA_ERR_NOT_FOUND) CA_LOG_W("mlflow: %s; passing over that experiment", ca_last_error());
+        ca_clear_error();
+        return;
+    }
     char line[1024];
     while (fgets(line, sizeof line, f)) {
         if (strncmp(line, "name: ", 6) != 0) continue;

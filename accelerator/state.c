@@ -10,6 +10,7 @@
 #include "accelerator/checkpoint_impl.h"
 #include "tensor/safetensors_impl.h"
 #include "core/json_impl.h"
+#include "base/file_impl.h"
 
 #include <caccel/log.h>
 
@@ -66,36 +67,11 @@ static ca_status ss_write_json(const char *dir, const char *name, json_object *r
     return ca_st_write_atomic(path, (const void *const[]){text, "\n"}, (const size_t[]){len, 1}, 2);
 }
 
-static ca_status ss_read_file(const char *path, unsigned char **buf, size_t *len) {
-    *buf = NULL;
-    *len = 0;
-    FILE *f = fopen(path, "rb");
-    if (!f) return ca_error(errno == ENOENT ? CA_ERR_NOT_FOUND : CA_ERR_IO, "%s: %s", path, strerror(errno));
-    struct stat st;
-    ca_status s = CA_OK;
-    if (fstat(fileno(f), &st) != 0) s = ca_error(CA_ERR_IO, "%s: %s", path, strerror(errno));
-    size_t n = s == CA_OK ? (size_t)st.st_size : 0;
-    if (s == CA_OK && !(*buf = malloc(n ? n : 1))) s = ca_error(CA_ERR_NOMEM, "%s: out of memory", path);
-    if (s == CA_OK && fread(*buf, 1, n, f) != n) s = ca_error(CA_ERR_IO, "%s: read failed", path);
-    fclose(f);
-    if (s != CA_OK) {
-        free(*buf);
-        *buf = NULL;
-    } else {
-        *len = n;
-    }
-    return s;
-}
-
-static uint32_t ss_crc(const unsigned char *p, size_t n) {
-    uLong c = crc32(0L, Z_NULL, 0);
-    while (n > 0) {   /* zlib takes uInt lengths */
-        uInt k = n > (1u << 30) ? (1u << 30) : (uInt)n;
-        c = crc32(c, p, k);
-        p += k;
-        n -= k;
-    }
-    return (uint32_t)c;
+/* A file of the checkpoint whole; `max`: the size its manifest records (checked already). */
+static ca_status ss_read_file(const char *path, uint64_t max, unsigned char **buf, size_t *len) {
+    ca_file_kind k = CA_FILE_CHECKPOINT;
+    k.max_bytes = max;
+    return ca_file_read(path, k, (char **)buf, len);
 }
 
 static ca_status ss_sync_dir(const char *dir) {
@@ -354,13 +330,14 @@ static const char *js_str(ss_json *j, json_object *o, const char *key) {
 
 static ca_status js_load(const char *path, json_object **out) {
     char why[256];
-    int err;
-    *out = ca_json_load(path, why, sizeof why, &err);
+    ca_status s;
+    *out = ca_json_load(path, CA_FILE_CHECKPOINT_JSON, why, sizeof why, &s);
     if (*out && json_object_is_type(*out, json_type_object)) return CA_OK;
+    if (!*out && !why[0]) return s;   /* the reader's error names the file */
     if (*out) snprintf(why, sizeof why, "a JSON %s, not an object", json_type_to_name(json_object_get_type(*out)));
     json_object_put(*out);
     *out = NULL;
-    return ca_error(err == ENOENT ? CA_ERR_NOT_FOUND : CA_ERR_IO, "%s: cannot read the JSON: %s", path, why);
+    return ca_error(CA_ERR_IO, "%s: cannot read the JSON: %s", path, why);
 }
 
 /* ------------------------------------------------------------------ saving: the pieces */
@@ -607,22 +584,31 @@ static void ss_test_stall(const ca_accelerator *acc, const char *phase) {
 }
 
 /* Size and CRC-32 of a file, read in 4 MiB pieces (the files are still in the page cache; a whole
- * copy would cost a fresh allocation as large as the file). */
-static ca_status ss_file_crc(const char *path, size_t *len, uint32_t *crc) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return ca_error(CA_ERR_IO, "%s: %s", path, strerror(errno));
+ * copy would cost a fresh allocation as large as the file). want >= 0: a file of another size is
+ * refused before it is read. */
+static ca_status ss_file_crc(const char *path, int64_t want, size_t *len, uint32_t *crc) {
+    int fd;
+    uint64_t size;
+    ca_status s = ca_file_open(path, CA_FILE_CHECKPOINT, &fd, &size);
+    if (s != CA_OK) return s;
+    if (want >= 0 && size != (uint64_t)want) {
+        close(fd);
+        return ca_error(CA_ERR_IO, "%s: %s: %llu bytes, the checkpoint recorded %" PRId64, path,
+                        size < (uint64_t)want ? "truncated" : "size differs", (unsigned long long)size, want);
+    }
     enum { CHUNK = 4 << 20 };
     unsigned char *buf = malloc(CHUNK);
     uLong c = crc32(0L, Z_NULL, 0);
-    size_t total = 0, k;
-    while (buf && (k = fread(buf, 1, CHUNK, f)) > 0) {
+    size_t total = 0;
+    int64_t k = 0;
+    while (buf && (k = ca_file_read_fd(fd, buf, CHUNK)) > 0) {
         c = crc32(c, buf, (uInt)k);
-        total += k;
+        total += (size_t)k;
     }
-    ca_status s = !buf ? ca_error(CA_ERR_NOMEM, "%s: out of memory", path)
-                : ferror(f) ? ca_error(CA_ERR_IO, "%s: read failed", path) : CA_OK;
+    s = !buf ? ca_error(CA_ERR_NOMEM, "%s: out of memory", path)
+        : k < 0 ? ca_error(CA_ERR_IO, "%s: read failed: %s", path, strerror(errno)) : CA_OK;
     free(buf);
-    fclose(f);
+    close(fd);
     *len = total;
     *crc = (uint32_t)c;
     return s;
@@ -641,7 +627,7 @@ static ca_status ss_manifest(const char *dir, int world, json_object **out) {
         size_t len = 0;
         uint32_t crc = 0;
         s = ss_path(path, dir, e->d_name);
-        if (s == CA_OK) s = ss_file_crc(path, &len, &crc);
+        if (s == CA_OK) s = ss_file_crc(path, -1, &len, &crc);
         if (s != CA_OK) break;
         json_object *f = json_object_new_object();
         json_object_object_add(f, "size", json_object_new_int64((int64_t)len));
@@ -968,6 +954,7 @@ static ca_status save_state(ca_accelerator *acc, const char *dir) {
 
 /* Everything read and checked, waiting to be applied. */
 typedef struct ss_loaded {
+    json_object *manifest, *files;     /* complete.json and its "files": all that a load reads */
     ca_ck_model_src *model;
     ca_st_file *opts;
     json_object *state, *rng;
@@ -986,11 +973,35 @@ static void ss_loaded_free(ss_loaded *L) {
     free(L->custom_len);
     json_object_put(L->state);
     json_object_put(L->rng);
+    json_object_put(L->manifest);
     memset(L, 0, sizeof *L);
 }
 
-/* The marker exists and every file it lists has its recorded size and CRC-32. */
-static ca_status ss_check_files(const char *dir) {
+/* The size complete.json records for `name`, or -1 when it does not list it. */
+static int64_t ss_listed(const ss_loaded *L, const char *name) {
+    json_object *f = NULL, *v = NULL;
+    if (!L->files || !json_object_object_get_ex(L->files, name, &f) || !json_object_object_get_ex(f, "size", &v))
+        return -1;
+    return json_object_get_int64(v);
+}
+
+/* dir/name for a file the load reads. Only a file complete.json lists has been checked (size and
+ * CRC-32), so only such a file is read, whatever else the directory holds. */
+static ca_status ss_listed_path(const ss_loaded *L, const char *dir, const char *name, char *path) {
+    ca_status s = ss_path(path, dir, name);
+    if (s == CA_OK && ss_listed(L, name) < 0)
+        s = ca_error(CA_ERR_IO, "load_state: %s: " SS_MARKER " does not list %s; the checkpoint was not saved "
+                     "with it, so it is not read", dir, name);
+    return s;
+}
+
+/* A name complete.json may list: a file of the checkpoint's own directory. */
+static bool ss_plain_name(const char *name) {
+    return name[0] && strchr(name, '/') == NULL && strcmp(name, ".") != 0 && strcmp(name, "..") != 0;
+}
+
+/* The marker exists and every file it lists has its recorded size and CRC-32; L keeps the list. */
+static ca_status ss_check_files(const char *dir, ss_loaded *L) {
     char path[PATH_MAX];
     ca_status s = ss_path(path, dir, SS_MARKER);
     if (s != CA_OK) return s;
@@ -998,36 +1009,32 @@ static ca_status ss_check_files(const char *dir) {
     if (!ss_exists(path))
         return ca_error(CA_ERR_NOT_FOUND, "load_state: %s is not a complete checkpoint: it has no "
                         SS_MARKER " (the save did not finish)", dir);
-    json_object *man = NULL;
-    s = js_load(path, &man);
+    s = js_load(path, &L->manifest);
     ss_json j = {path, false};
-    json_object *files = s == CA_OK ? js_get(&j, man, "files", json_type_object) : NULL;
+    json_object *files = s == CA_OK ? js_get(&j, L->manifest, "files", json_type_object) : NULL;
     if (s == CA_OK && j.bad) s = ca_last_status();
-    if (s == CA_OK) {
-        json_object_object_foreach(files, name, f) {
-            int64_t size = js_int(&j, f, "size");
-            uint32_t crc = (uint32_t)js_int(&j, f, "crc32");
-            unsigned char *buf = NULL;
-            size_t len = 0;
-            char fp[PATH_MAX];
-            if (j.bad) {
-                s = ca_last_status();
-                break;
-            }
-            s = ss_path(fp, dir, name);
-            if (s == CA_OK) s = ss_read_file(fp, &buf, &len);
-            if (s == CA_OK && (int64_t)len != size)
-                s = ca_error(CA_ERR_IO, "%s: %s: %zu bytes, the checkpoint recorded %" PRId64,
-                             fp, (int64_t)len < size ? "truncated" : "size differs", len, size);
-            if (s == CA_OK && ss_crc(buf, len) != crc)
-                s = ca_error(CA_ERR_IO, "%s: corrupt: CRC-32 %08" PRIx32 ", the checkpoint recorded "
-                             "%08" PRIx32, fp, ss_crc(buf, len), crc);
-            free(buf);
-            if (s != CA_OK) break;
-        }
+    if (s != CA_OK) return s;
+    json_object_object_foreach(files, name, f) {
+        int64_t size = js_int(&j, f, "size");
+        uint32_t crc = (uint32_t)js_int(&j, f, "crc32"), got = 0;
+        size_t len = 0;
+        char fp[PATH_MAX];
+        if (j.bad) return ca_last_status();
+        if (!ss_plain_name(name) || size < 0)
+            return ca_error(CA_ERR_IO, "%s: \"%s\" (%" PRId64 " bytes) is not a file of the checkpoint's "
+                            "directory", path, name, size);
+        s = ss_path(fp, dir, name);
+        if (s == CA_OK) s = ss_file_crc(fp, size, &len, &got);
+        if (s == CA_OK && (int64_t)len != size)
+            s = ca_error(CA_ERR_IO, "%s: %s: %zu bytes, the checkpoint recorded %" PRId64,
+                         fp, (int64_t)len < size ? "truncated" : "size differs", len, size);
+        if (s == CA_OK && got != crc)
+            s = ca_error(CA_ERR_IO, "%s: corrupt: CRC-32 %08" PRIx32 ", the checkpoint recorded "
+                         "%08" PRIx32, fp, got, crc);
+        if (s != CA_OK) return s;
     }
-    json_object_put(man);
-    return s;
+    L->files = files;
+    return CA_OK;
 }
 
 static ca_status ss_check_opt_tensors(ca_optimizer *o, const ca_st_file *f) {
@@ -1114,7 +1121,7 @@ static ca_status ss_check_loader(ss_json *j, ca_dataloader *dl, json_object *jl,
 
 static ca_status ss_check_state(ca_accelerator *acc, const char *dir, ss_loaded *L) {
     char path[PATH_MAX];
-    ca_status s = ss_path(path, dir, SS_STATE);
+    ca_status s = ss_listed_path(L, dir, SS_STATE, path);
     if (s == CA_OK) s = js_load(path, &L->state);
     if (s != CA_OK) return s;
     ss_json j = {path, false};
@@ -1163,28 +1170,23 @@ static ca_status ss_check_state(ca_accelerator *acc, const char *dir, ss_loaded 
     return s;
 }
 
-/* This rank's file of a per-rank kind, or rank 0's when the checkpoint has fewer ranks. Rank 0's own
- * file missing is left to the read to report (there is nothing else to use); rank 0's file missing
- * as well is an error naming both, not a warning that goes on to use it. */
-static ca_status ss_rank_file(const char *dir, char *path, const char *mine, const char *rank0) {
-    ca_status s = ss_path(path, dir, mine);
-    if (s != CA_OK || ss_exists(path) || strcmp(mine, rank0) == 0) return s;
-    char zero[PATH_MAX];
-    s = ss_path(zero, dir, rank0);
-    if (s == CA_OK && !ss_exists(zero))
-        s = ca_error(CA_ERR_NOT_FOUND, "load_state: %s has neither %s nor rank 0's %s, which a rank the checkpoint "
-                     "has no file for takes", dir, mine, rank0);
-    if (s != CA_OK) return s;
+/* This rank's file of a per-rank kind, or rank 0's when the checkpoint has fewer ranks. Only files
+ * complete.json lists are read; rank 0's own file unlisted is left to ss_listed_path to report, and
+ * neither file listed is an error naming both, not a warning that goes on to use one. */
+static ca_status ss_rank_file(const ss_loaded *L, const char *dir, char *path, const char *mine, const char *rank0) {
+    if (ss_listed(L, mine) >= 0 || strcmp(mine, rank0) == 0) return ss_listed_path(L, dir, mine, path);
+    if (ss_listed(L, rank0) < 0)
+        return ca_error(CA_ERR_NOT_FOUND, "load_state: %s has neither %s nor rank 0's %s, which a rank the checkpoint "
+                        "has no file for takes", dir, mine, rank0);
     CA_LOG_W("load_state: %s: no %s (saved with fewer processes); using %s", dir, mine, rank0);
-    snprintf(path, PATH_MAX, "%s", zero);
-    return CA_OK;
+    return ss_listed_path(L, dir, rank0, path);
 }
 
 static ca_status ss_check_rng(ca_accelerator *acc, const char *dir, ss_loaded *L) {
     char path[PATH_MAX], mine[64], zero[64];
     ss_rng_name(mine, sizeof mine, acc->rank);
     ss_rng_name(zero, sizeof zero, 0);
-    ca_status s = ss_rank_file(dir, path, mine, zero);
+    ca_status s = ss_rank_file(L, dir, path, mine, zero);
     if (s == CA_OK) s = js_load(path, &L->rng);
     ss_json j = {path, false};
     if (s == CA_OK) {
@@ -1206,28 +1208,41 @@ static ca_status ss_check_custom(ca_accelerator *acc, const char *dir, ss_loaded
         char path[PATH_MAX], mine[80], zero[80];
         ss_custom_name(mine, sizeof mine, i, c->per_rank, acc->rank);
         ss_custom_name(zero, sizeof zero, i, c->per_rank, 0);
-        s = ss_rank_file(dir, path, mine, zero);
-        if (s == CA_OK) s = ss_read_file(path, &L->custom[i], &L->custom_len[i]);
+        s = ss_rank_file(L, dir, path, mine, zero);
+        /* bounded by the size complete.json lists for it (mine or zero: the name after the '/') */
+        if (s == CA_OK)
+            s = ss_read_file(path, (uint64_t)ss_listed(L, strrchr(path, '/') + 1), &L->custom[i], &L->custom_len[i]);
         if (s == CA_OK && (s = c->load(c->ctx, L->custom[i], L->custom_len[i], false)) != CA_OK)
             ca_error_context("%s: custom object '%s'", path, c->name);
     }
     return s;
 }
 
-/* Reads and checks every file of `dir` that this rank needs; applies nothing. */
-static ca_status ss_check_all(ca_accelerator *acc, const char *dir, ss_loaded *L) {
-    ca_status s = ss_check_files(dir);
-    if (s == CA_OK) s = ss_check_state(acc, dir, L);
+/* Every rank's shard of a sharded checkpoint is listed (ca_zero_check_shard matched its world size). */
+static ca_status ss_shards_listed(const ca_accelerator *acc, const char *dir, const ss_loaded *L) {
     char path[PATH_MAX], name[64];
-    bool sharded = ca_zero_is_sharded_checkpoint(dir);   /* the tensors are in the shard files */
+    ca_status s = CA_OK;
+    for (int r = 0; s == CA_OK && r < acc->zero.world; r++) {
+        snprintf(name, sizeof name, CA_ZERO_SHARD_FMT, r);
+        s = ss_listed_path(L, dir, name, path);
+    }
+    return s;
+}
+
+/* Reads and checks every file of `dir` that this rank needs (those complete.json lists, checked by
+ * ss_check_files); applies nothing. sharded: the tensors are in the shard files. */
+static ca_status ss_check_all(ca_accelerator *acc, const char *dir, ss_loaded *L, bool sharded) {
+    ca_status s = ss_check_state(acc, dir, L);
+    char path[PATH_MAX], name[64];
     if (s == CA_OK && sharded) s = ca_zero_check_shard(acc, dir);
-    if (s == CA_OK && acc->model && !sharded && (s = ss_path(path, dir, SS_MODEL)) == CA_OK)
+    if (s == CA_OK && sharded) s = ss_shards_listed(acc, dir, L);
+    if (s == CA_OK && acc->model && !sharded && (s = ss_listed_path(L, dir, SS_MODEL, path)) == CA_OK)
         s = ca_ck_model_open(path, acc->model, &L->model);
     if (s == CA_OK && !(L->opts = calloc((size_t)(acc->nopts ? acc->nopts : 1), sizeof *L->opts)))
         s = ca_error(CA_ERR_NOMEM, "load_state: out of memory");
     for (int i = 0; s == CA_OK && !sharded && i < acc->nopts; i++) {
         ss_opt_name(name, sizeof name, i);
-        s = ss_path(path, dir, name);
+        s = ss_listed_path(L, dir, name, path);
         if (s == CA_OK) s = ca_st_open(path, &L->opts[i]);
         if (s == CA_OK) L->nopts = i + 1;
         if (s == CA_OK) s = ss_check_opt_tensors(acc->opts[i], &L->opts[i]);
@@ -1332,13 +1347,13 @@ static ca_status ss_apply(ca_accelerator *acc, ss_loaded *L) {
 static ca_status ss_load_dir(ca_accelerator *acc, const char *dir) {
     ss_loaded L = {0};
     int bad;
-    ca_status s = CA_OK;
-    bool sharded = ca_zero_is_sharded_checkpoint(dir);
+    ca_status s = ss_check_files(dir, &L);   /* what complete.json lists is all the load reads */
+    bool sharded = ss_listed(&L, CA_ZERO_INDEX) >= 0;
     /* sharded run, full checkpoint: the full state is read into per-parameter tensors, then each rank
      * keeps its shard; sharded checkpoint: each rank reads its shard file */
-    bool full = acc->zero.stage && !sharded;
+    bool full = s == CA_OK && acc->zero.stage && !sharded;
     for (int i = 0; s == CA_OK && full && i < acc->nopts; i++) s = ca_optimizer_init_state(acc->opts[i]);
-    if (s == CA_OK) s = ss_check_all(acc, dir, &L);
+    if (s == CA_OK) s = ss_check_all(acc, dir, &L, sharded);
     s = ss_exchange(acc, s, &bad);                  /* nothing is applied unless every rank can */
     if (s == CA_OK) s = ss_apply(acc, &L);
     else s = ss_fail(acc, s, bad, "load_state", dir);

@@ -5,6 +5,7 @@
 #include "accelerator/accelerator_impl.h"
 #include "core/json_impl.h"
 #include "core/config_impl.h"
+#include "accelerator/checkpoint_impl.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -277,7 +278,13 @@ static ca_status configure_ds_json(ca_accelerator *acc, const char *path) {
     const char *key = "deepspeed_config.deepspeed_config_file";
     ds_resolve(acc, path, acc->zero.json, sizeof acc->zero.json);
     char why[256];
-    json_object *root = ca_json_load(acc->zero.json, why, sizeof why, NULL);
+    ca_status rs;
+    json_object *root = ca_json_load(acc->zero.json, CA_FILE_DEEPSPEED, why, sizeof why, &rs);
+    if (!root && !why[0]) {   /* the reader's message names the file and what is wrong with it */
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s", ca_last_error());
+        return ca_error(CA_ERR_CONFIG, "%s: %s: %s", ca_config_origin(acc->cfg, key), key, msg);
+    }
     if (root && !json_object_is_type(root, json_type_object))
         snprintf(why, sizeof why, "a JSON %s, not an object", json_type_to_name(json_object_get_type(root)));
     if (!root || !json_object_is_type(root, json_type_object)) {

@@ -3,6 +3,7 @@
  * and rank 0 an index, zero_index.json, of where each parameter lies in the flat index space.
  * ca_merge_weights turns such a checkpoint into one model.safetensors. */
 #include "accelerator/accelerator_impl.h"
+#include "accelerator/checkpoint_impl.h"
 #include "tensor/safetensors_impl.h"
 #include "core/json_impl.h"
 
@@ -13,10 +14,10 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#define ZS_INDEX "zero_index.json"
+#define ZS_INDEX CA_ZERO_INDEX
 
 static void shard_name(char *buf, size_t size, const char *dir, int rank) {
-    snprintf(buf, size, "%s/zero_shard_%d.safetensors", dir, rank);
+    snprintf(buf, size, "%s/" CA_ZERO_SHARD_FMT, dir, rank);
 }
 
 /* This rank's parameter shard, on the host (padding zero): packed on the device, copied once. */
@@ -102,13 +103,12 @@ static ca_status read_index(const char *dir, zs_index *ix) {
     snprintf(path, sizeof path, "%s/" ZS_INDEX, dir);
     memset(ix, 0, sizeof *ix);
     char why[256];
-    int err;
-    ix->root = ca_json_load(path, why, sizeof why, &err);
+    ca_status s;
+    ix->root = ca_json_load(path, CA_FILE_CHECKPOINT_JSON, why, sizeof why, &s);
     if (!ix->root)
-        return ca_error(err == ENOENT ? CA_ERR_NOT_FOUND : CA_ERR_IO, "%s: cannot read the sharded-checkpoint index: %s",
-                        path, why);
+        return why[0] ? ca_error(CA_ERR_IO, "%s: cannot read the sharded-checkpoint index: %s", path, why) : s;
     json_object *w, *sh, *nu;
-    if ( !json_object_object_get_ex(ix->root, "world_size", &w) ||
+    if (!json_object_object_get_ex(ix->root, "world_size", &w) ||
         !json_object_object_get_ex(ix->root, "shard", &sh) || !json_object_object_get_ex(ix->root, "numel", &nu) ||
         !json_object_object_get_ex(ix->root, "params", &ix->params) ||
         !json_object_is_type(ix->params, json_type_array))
@@ -120,13 +120,6 @@ static ca_status read_index(const char *dir, zs_index *ix) {
         return ca_error(CA_ERR_IO, "%s: inconsistent world_size %d, shard %lld, numel %lld", path, ix->world,
                         (long long)ix->shard, (long long)ix->numel);
     return CA_OK;
-}
-
-bool ca_zero_is_sharded_checkpoint(const char *dir) {
-    char path[PATH_MAX];
-    struct stat st;
-    snprintf(path, sizeof path, "%s/" ZS_INDEX, dir);
-    return stat(path, &st) == 0;
 }
 
 /* Every rank's parameter shard concatenated: the flat parameters [world * shard]. */

@@ -1,7 +1,9 @@
 # base/: what every room and plugin may call: status and error records, logging, dtype and
-# operator names, the monotonic clock.
+# operator names, the monotonic clock; and, for the library's rooms only, opening the files its
+# readers are handed (file.c).
 libcaccel_la_SOURCES += \
 	base/base_impl.h \
+	base/file_impl.h \
 	base/half_impl.h \
 	base/kernel_check_impl.h \
 	base/ptr_map_impl.h \
@@ -9,6 +11,7 @@ libcaccel_la_SOURCES += \
 	base/slurm_impl.h \
 	base/text_impl.h \
 	base/unary_math_impl.h \
+	base/file.c \
 	base/status.c \
 	base/log.c \
 	base/types.c

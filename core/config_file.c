@@ -1,6 +1,7 @@
 /* Reading Accelerate config files (YAML, or JSON by content) with libyaml into the configuration, with file:line. */
 #include "core/config_impl.h"
 #include "base/base_impl.h"
+#include "base/file_impl.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -198,37 +199,12 @@ static void note_unknown(loader *L, const char *key, int line, const char *why) 
     L->nunknown++;
 }
 
-/* Reads the file, refusing one above CA_CONFIG_MAX_FILE_BYTES before it
- * is all in memory. */
+/* Reads the file: a regular one of at most CA_FILE_MAX_CONFIG bytes, refused before it is read. */
 static ca_status read_all(const char *path, char **out, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        ca_error(CA_ERR_IO, "cannot open config file '%s': %s", path, strerror(errno));
-        return CA_ERR_IO;
-    }
-    size_t cap = CA_CONFIG_MAX_FILE_BYTES + 2;
-    char *buf = malloc(cap);
-    if (!buf) { fclose(f); return nomem(); }
-    size_t n = fread(buf, 1, cap - 1, f);
-    bool err = ferror(f);
-    fclose(f);
-    if (err) {
-        free(buf);
-        return ca_error(CA_ERR_IO, "cannot read config file '%s'", path);
-    }
-    if (n > CA_CONFIG_MAX_FILE_BYTES) {
-        int line = 1;
-        for (size_t i = 0; i < CA_CONFIG_MAX_FILE_BYTES; i++) line += buf[i] == '\n';
-        free(buf);
-        ca_error(CA_ERR_CONFIG, "%s:%d: the file is larger than %d bytes, the limit for a config file", path, line,
-                 CA_CONFIG_MAX_FILE_BYTES);
+    ca_status s = ca_file_read(path, CA_FILE_CONFIG, out, len);
+    if (s == CA_ERR_CONFIG)
         ca_error_hint("an Accelerate config file is a few hundred bytes; is '%s' the right file?", path);
-        return CA_ERR_CONFIG;
-    }
-    buf[n] = '\0';
-    *out = buf;
-    *len = n;
-    return CA_OK;
+    return s;
 }
 
 /* JSON is read by the same YAML parser (its flow syntax is JSON's). JSON

@@ -189,9 +189,9 @@ void ca_config_default_paths(char *caccel_path, size_t n1, char *hf_path, size_t
 
 /* ------------------------------------------------------------------ file */
 
-/* Limits of a config file (Accelerate's files are a few hundred bytes);
- * beyond them the file is refused naming the file, the line and the limit. */
-#define CA_CONFIG_MAX_FILE_BYTES (1024 * 1024)
+/* Limits of a config file (Accelerate's files are a few hundred bytes; its size is bounded by
+ * CA_FILE_MAX_CONFIG, base/file_impl.h); beyond them the file is refused naming the file, the line
+ * and the limit. */
 #define CA_CONFIG_MAX_DEPTH 32            /* nested mappings and lists */
 #define CA_CONFIG_MAX_ALIAS_VALUES 10000  /* values copied by aliases, in all */
 

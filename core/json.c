@@ -40,56 +40,20 @@ json_object *ca_json_parse(const char *text, size_t len, const char **why, size_
     return NULL;
 }
 
-/* The whole file in a malloc'd buffer, or NULL with *err (errno: a directory gives EISDIR). */
-static char *read_all(const char *path, size_t *len, int *err) {
-    *err = 0;
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        *err = errno;
-        return NULL;
-    }
-    size_t cap = 0, n = 0;
-    char *buf = NULL;
-    for (;;) {
-        if (n == cap) {
-            char *nb = cap <= SIZE_MAX / 2 - 4096 ? realloc(buf, cap = cap * 2 + 4096) : NULL;
-            if (!nb) {
-                *err = ENOMEM;
-                break;
-            }
-            buf = nb;
-        }
-        errno = 0;
-        size_t got = fread(buf + n, 1, cap - n, f);
-        n += got;
-        if (got == 0) {
-            if (ferror(f)) *err = errno ? errno : EIO;
-            break;
-        }
-    }
-    fclose(f);
-    if (*err) {
-        free(buf);
-        return NULL;
-    }
-    *len = n;
-    return buf;
-}
-
-json_object *ca_json_load(const char *path, char *why, size_t len, int *sys_errno) {
+json_object *ca_json_load(const char *path, ca_file_kind kind, char *why, size_t len, ca_status *st) {
+    why[0] = '\0';
+    char *text = NULL;
     size_t n = 0;
-    int e;
-    char *text = read_all(path, &n, &e);
-    if (sys_errno) *sys_errno = e;
-    if (!text) {
-        snprintf(why, len, "%s", strerror(e));
-        return NULL;
-    }
+    *st = ca_file_read(path, kind, &text, &n);
+    if (*st != CA_OK) return NULL;
     const char *reason;
     size_t where;
     json_object *root = ca_json_parse(text, n, &reason, &where);
     free(text);
-    if (!root) snprintf(why, len, "%s at byte %zu", reason, where);
+    if (!root) {
+        snprintf(why, len, "%s at byte %zu", reason, where);
+        *st = CA_ERR_INVALID;
+    }
     return root;
 }
 

@@ -5,6 +5,8 @@
 #ifndef CACCEL_JSON_IMPL_H
 #define CACCEL_JSON_IMPL_H
 
+#include "base/file_impl.h"
+
 #include <json-c/json.h>
 
 #include <stdbool.h>
@@ -16,11 +18,13 @@
  * description of any other error, "bytes after the value") and *where (the byte it stopped at). */
 json_object *ca_json_parse(const char *text, size_t len, const char **why, size_t *where);
 
-/* The parsed value of the file at path, or NULL with a reason in why[len]: the system's for a file
- * that cannot be opened or read (*sys_errno, when non-NULL, receives errno: ENOENT for a missing
- * file; 0 for a parse error), else ca_json_parse's with the byte ("unexpected end of input at byte
- * 12"). */
-json_object *ca_json_load(const char *path, char *why, size_t len, int *sys_errno);
+/* The parsed value of the file at path, read as a file of `kind` (base/file_impl.h: opened without
+ * blocking, a regular file only, within the kind's size bound), or NULL. When the file cannot be
+ * read, why[0] is NUL, *st the reader's status and ca_last_error() its message, which names the file
+ * (kind.missing for a missing file); when it holds no JSON value, why[len] says so with
+ * ca_json_parse's reason and the byte ("unexpected end of input at byte 12") and *st is
+ * CA_ERR_INVALID: the caller words the error for its file. */
+json_object *ca_json_load(const char *path, ca_file_kind kind, char *why, size_t len, ca_status *st);
 
 /* An integer value as uint64: false for a non-integer or a negative one. json-c keeps integers up
  * to 2^64 - 1 (json_object_get_int64 saturates at 2^63 - 1) and saturates larger ones at 2^64 - 1:

@@ -4,6 +4,7 @@
 #include "backends/cpu/cpu_plugin.h"
 #include "backends/xla_stub/xla_plugin.h"
 #include "collectives/single.h"
+#include "base/file_impl.h"
 
 #include <pthread.h>
 #include <dirent.h>
@@ -148,17 +149,26 @@ static void ensure_builtins(void) {
 }
 
 /* Why: dlopen maps a truncated shared object as if whole and the process dies of SIGBUS when the
- * loader touches a page past the end of the file. So a 64-bit ELF file must hold every loadable
- * segment and its section headers before it is opened; anything else is left to dlopen's checks. */
-static bool elf_truncated(const char *path, char *why, size_t len) {
-    FILE *f = fopen(path, "rb");
-    struct stat st;
+ * loader touches a page past the end of the file, and it blocks for ever opening a FIFO. So a
+ * plugin must be a regular file, and a 64-bit ELF file must hold every loadable segment and its
+ * section headers before it is opened; anything else is left to dlopen's checks. */
+static bool unfit_plugin_file(const char *path, char *why, size_t len) {
+    FILE *f;
+    uint64_t size;
     Elf64_Ehdr eh;
-    if (!f) return false;
+    if (ca_file_fopen(path, CA_FILE_PLUGIN, &f, &size) != CA_OK) {
+        bool missing = ca_last_status() == CA_ERR_NOT_FOUND;   /* dlopen says so, as before */
+        const char *msg = ca_last_error();
+        size_t pl = strlen(path);
+        if (strncmp(msg, path, pl) == 0 && strncmp(msg + pl, ": ", 2) == 0) msg += pl + 2;   /* named already */
+        snprintf(why, len, "%s", msg);
+        ca_clear_error();
+        return !missing;
+    }
     bool bad = false;
-    if (fstat(fileno(f), &st) == 0 && fread(&eh, sizeof eh, 1, f) == 1 &&
+    if (fread(&eh, sizeof eh, 1, f) == 1 &&
         memcmp(eh.e_ident, ELFMAG, SELFMAG) == 0 && eh.e_ident[EI_CLASS] == ELFCLASS64) {
-        uint64_t size = (uint64_t)st.st_size, need = eh.e_phoff + (uint64_t)eh.e_phnum * sizeof(Elf64_Phdr);
+        uint64_t need = eh.e_phoff + (uint64_t)eh.e_phnum * sizeof(Elf64_Phdr);
         if (eh.e_shnum) {
             uint64_t sh = eh.e_shoff + (uint64_t)eh.e_shnum * eh.e_shentsize;
             if (sh > need) need = sh;
@@ -182,7 +192,7 @@ static bool elf_truncated(const char *path, char *why, size_t len) {
 
 static ca_status load_file_locked(const char *path) {
     char why[160];
-    if (elf_truncated(path, why, sizeof why)) {
+    if (unfit_plugin_file(path, why, sizeof why)) {
         ca_log_printf(CA_LOG_WARNING, "plugin %s skipped: %s", path, why);
         return ca_error(CA_ERR_BACKEND, "plugin %s could not be loaded: %s", path, why);
     }

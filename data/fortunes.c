@@ -1,6 +1,7 @@
 /* The fortunes dataset: fortune files (Debian's fortunes package) as a labelled text corpus,
  * the collection an entry comes from being its label, tokenized for BERT. */
 #include "data/tokenizer_impl.h"
+#include "base/file_impl.h"
 
 #include <caccel/log.h>
 
@@ -8,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <utf8proc.h>
 
 #define FORTUNES_DEBIAN_DIR "/usr/share/games/fortunes"
@@ -91,32 +93,14 @@ ca_status ca_fortunes_read(const char *path, char ***entries, int64_t *n) {
     if (!path || !entries || !n) return ca_error(CA_ERR_INVALID, "ca_fortunes_read: NULL argument");
     *entries = NULL;
     *n = 0;
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        ca_status s = ca_error(CA_ERR_IO, "fortunes '%s': cannot open: %s", path, strerror(errno));
-        ca_error_hint(FORTUNES_HINT);
-        return s;
-    }
     char *buf = NULL;
-    size_t len = 0, cap = 0;
-    ca_status st = CA_OK;
-    for (;;) {
-        if (len + 65536 > cap) {
-            cap = cap ? cap * 2 : 1 << 20;
-            char *p = realloc(buf, cap);
-            if (!p) {
-                st = ca_error(CA_ERR_NOMEM, "fortunes '%s': out of memory", path);
-                break;
-            }
-            buf = p;
-        }
-        size_t got = fread(buf + len, 1, cap - len, f);
-        len += got;
-        if (got == 0) break;
+    size_t len = 0;
+    ca_status st = ca_file_read(path, CA_FILE_FORTUNES, &buf, &len);
+    if (st != CA_OK) {
+        if (access(path, F_OK) != 0) ca_error_hint(FORTUNES_HINT);
+        return st;
     }
-    if (st == CA_OK && ferror(f)) st = ca_error(CA_ERR_IO, "fortunes '%s': read error", path);
-    fclose(f);
-    if (st == CA_OK) st = split_entries(buf, len, path, entries, n);
+    st = split_entries(buf, len, path, entries, n);
     free(buf);
     if (st != CA_OK) {
         ca_fortunes_free(*entries, *n);

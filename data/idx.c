@@ -1,11 +1,13 @@
 /* The IDX reader (gzip'd or plain, through zlib's gz* API) and the IDX image/label dataset. */
 #include "data/data_impl.h"
+#include "base/file_impl.h"
 
 #include <errno.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <zlib.h>
 
 #define IDX_MAGIC_IMAGES 0x00000803u  /* u8, 3 dimensions: n, rows, cols */
@@ -157,16 +159,18 @@ static ca_status check_end(gzFile f, const char *path, uint64_t expected) {
 static ca_status idx_read(const char *path, uint32_t want_magic, int want_ndims, idx_file *out) {
     memset(out, 0, sizeof *out);
     if (!path) return ca_error(CA_ERR_INVALID, "IDX path is NULL");
-    errno = 0;
-    gzFile f = gzopen(path, "rb");
+    int fd;
+    ca_status st = ca_file_open(path, CA_FILE_IDX, &fd, NULL);
+    if (st != CA_OK) return st;
+    gzFile f = gzdopen(fd, "rb");   /* owns fd from here, gzclose closes it */
     if (!f) {
-        int e = errno;
-        return ca_error(CA_ERR_IO, "cannot open IDX file '%s': %s", path, e ? strerror(e) : "out of memory");
+        close(fd);
+        return ca_error(CA_ERR_NOMEM, "IDX file '%s': out of memory for the gzip stream", path);
     }
     gzbuffer(f, 1u << 18);
     size_t hdr_len = 4 + 4 * (size_t)want_ndims, have = 0;
     uint64_t payload = 0;
-    ca_status st = read_header(f, path, want_magic, want_ndims, out, &payload);
+    st = read_header(f, path, want_magic, want_ndims, out, &payload);
     if (st == CA_OK) st = read_payload(f, path, payload, out, &have);
     if (st == CA_OK && have < payload) st = truncated_data(f, path, out, want_ndims, payload, have, hdr_len);
     if (st == CA_OK) st = check_end(f, path, payload + hdr_len);

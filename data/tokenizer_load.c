@@ -4,6 +4,7 @@
  * other ids than Hugging Face. */
 #include "data/tokenizer_impl.h"
 #include "core/json_impl.h"
+#include "base/file_impl.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -32,24 +33,7 @@ void ca_tokenizer_destroy(ca_tokenizer *t) {
 }
 
 static ca_status read_file(const char *path, char **buf, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return ca_error(CA_ERR_IO, "tokenizer '%s': cannot open: %s", path, strerror(errno));
-    ca_status st = CA_OK;
-    long size = -1;
-    if (fseek(f, 0, SEEK_END) == 0) size = ftell(f);
-    if (size < 0 || fseek(f, 0, SEEK_SET) != 0) {
-        st = ca_error(CA_ERR_IO, "tokenizer '%s': cannot read: %s", path, strerror(errno));
-    } else if (!(*buf = malloc((size_t)size + 1))) {
-        st = ca_error(CA_ERR_NOMEM, "tokenizer '%s': out of memory", path);
-    } else if (fread(*buf, 1, (size_t)size, f) != (size_t)size) {
-        st = ca_error(CA_ERR_IO, "tokenizer '%s': short read", path);
-        free(*buf);
-    } else {
-        (*buf)[size] = '\0';
-        *len = (size_t)size;
-    }
-    fclose(f);
-    return st;
+    return ca_file_read(path, CA_FILE_TOKENIZER, buf, len);
 }
 
 /* A tokenizer with room for n tokens (tokens zeroed, table empty). */

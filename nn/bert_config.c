@@ -2,6 +2,7 @@
  * parameters, and the check that a model.safetensors holds them. */
 #include "tensor/safetensors_impl.h"
 #include "core/json_impl.h"
+#include "base/file_impl.h"
 
 #include <caccel/bert_config.h>
 
@@ -141,11 +142,9 @@ static ca_status read_fields(json_object *root, ca_bert_config *c, const char *p
 
 static ca_status parse(const char *path, ca_bert_config *out) {
     char why[256];
-    int err;
-    json_object *root = ca_json_load(path, why, sizeof why, &err);
-    if (!root && err)
-        return ca_error(err == ENOENT ? CA_ERR_NOT_FOUND : err == ENOMEM ? CA_ERR_NOMEM : CA_ERR_IO,
-                        "config '%s': cannot open: %s", path, why);
+    ca_status rs;
+    json_object *root = ca_json_load(path, CA_FILE_MODEL_CONFIG, why, sizeof why, &rs);
+    if (!root && !why[0]) return rs;   /* the reader's error names the file */
     if (!root) return ca_error(CA_ERR_INVALID, "config '%s': not valid JSON: %s", path, why);
     ca_status st = json_object_is_type(root, json_type_object)
                        ? read_fields(root, out, path)

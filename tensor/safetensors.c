@@ -3,6 +3,7 @@
  * does, with json-c for the header. Every malformed file fails with the file and tensor named. */
 #include "tensor/safetensors_impl.h"
 #include "core/json_impl.h"
+#include "base/file_impl.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -34,26 +35,12 @@ static int st_dtype_parse(const char *s) {
 
 /* ------------------------------------------------------------- reading */
 
+/* The whole file: a regular one of at most CA_FILE_MAX_SAFETENSORS bytes. */
 static ca_status st_read_all(const char *path, ca_st_file *f) {
-    FILE *fp = fopen(path, "rb");
-    if (!fp)
-        return ca_error(errno == ENOENT ? CA_ERR_NOT_FOUND : CA_ERR_IO, "%s: cannot open: %s",
-                        path, strerror(errno));
-    struct stat st;
-    if (fstat(fileno(fp), &st) != 0 || !S_ISREG(st.st_mode)) {
-        fclose(fp);
-        return ca_error(CA_ERR_IO, "%s: not a regular file", path);
-    }
-    f->size = (size_t)st.st_size;
-    f->buf = malloc(f->size ? f->size : 1);
-    if (!f->buf) {
-        fclose(fp);
-        return ca_error(CA_ERR_NOMEM, "%s: cannot allocate %zu bytes", path, f->size);
-    }
-    size_t got = fread(f->buf, 1, f->size, fp);
-    fclose(fp);
-    if (got != f->size) return ca_error(CA_ERR_IO, "%s: read %zu of %zu bytes", path, got, f->size);
-    return CA_OK;
+    char *buf = NULL;
+    ca_status s = ca_file_read(path, CA_FILE_SAFETENSORS, &buf, &f->size);
+    f->buf = (uint8_t *)buf;
+    return s;
 }
 
 static ca_status st_parse_shape(const char *path, const char *name, json_object *js,

@@ -90,3 +90,11 @@ EXTRA_DIST += tests/test_progress_ranks.sh
 tests_test_progress_SOURCES = tests/test_progress.c tests/test_util.h
 tests_test_progress_CFLAGS = $(CA_TEST_CFLAGS)
 tests_test_progress_LDADD = $(CA_TEST_LIBS)
+# Every reader handed a FIFO, /dev/zero or an oversized file; the file opener itself (hidden in the
+# library, so the test links it).
+check_PROGRAMS += tests/test_files
+TESTS += tests/test_files
+VALGRIND_TESTS += tests/test_files
+tests_test_files_SOURCES = tests/test_files.c tests/test_util.h base/file.c base/file_impl.h
+tests_test_files_CFLAGS = $(CA_TEST_CFLAGS) $(ZLIB_CFLAGS)
+tests_test_files_LDADD = $(CA_TEST_LIBS) $(ZLIB_LIBS)

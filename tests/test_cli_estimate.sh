@@ -123,6 +123,17 @@ printf 'not a model' >"$tmp/bad.safetensors"
 "$caccel" estimate-memory "$tmp/bad.safetensors" >"$tmp/out" 2>&1
 [ $? -eq 1 ] || fail "a bad file did not exit 1"
 expect_text "$tmp/out" "$tmp/bad.safetensors: not a safetensors file"
+# A FIFO or /dev/zero in place of the model or its index is refused at once, naming it (a FIFO
+# blocked the command for ever).
+mkfifo "$tmp/fifo.safetensors" "$tmp/fifo.index.json"
+ln -s /dev/zero "$tmp/zero.safetensors"
+for f in fifo.safetensors fifo.index.json zero.safetensors; do
+    timeout 20 "$caccel" estimate-memory "$tmp/$f" >"$tmp/out" 2>&1
+    rc=$?
+    [ $rc -eq 1 ] || fail "$f: exit $rc, not 1 (124: it blocked)"
+    case $f in fifo*) what="a FIFO" ;; *) what="a character device" ;; esac
+    expect_text "$tmp/out" "$tmp/$f: not a regular file ($what)"
+done
 "$caccel" estimate-memory "$tmp/sharded" --dtypes fp8 >"$tmp/out" 2>&1
 [ $? -eq 2 ] || fail "--dtypes fp8 did not exit 2"
 expect_text "$tmp/out" "--dtypes: unknown dtype 'fp8'"

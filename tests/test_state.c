@@ -498,8 +498,21 @@ static uint32_t crc32_of(const uint8_t *p, size_t n) {   /* zlib's CRC-32 (refle
     return c ^ 0xFFFFFFFFu;
 }
 
-/* Rewrites dir/complete.json for the files as they are now (a checkpoint edited after the save). */
-static void reseal(const char *dir) {
+/* One entry of complete.json for dir/name, with its true size and CRC-32. */
+static void seal_entry(FILE *out, const char *dir, const char *name, int *n) {
+    char p[700];
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    FILE *f = fopen(p, "rb");
+    assert_non_null(f);
+    static uint8_t buf[1 << 22];
+    size_t len = fread(buf, 1, sizeof buf, f);
+    fclose(f);
+    fprintf(out, "%s\"%s\": {\"size\": %zu, \"crc32\": %u}", (*n)++ ? ", " : "", name, len, crc32_of(buf, len));
+}
+
+/* Rewrites dir/complete.json for the files as they are now (a checkpoint edited after the save),
+ * leaving out `skip` and adding `extra` (a name relative to dir) when they are not NULL. */
+static void reseal_list(const char *dir, const char *skip, const char *extra) {
     char p[700];
     snprintf(p, sizeof p, "%s/complete.json", dir);
     FILE *out = fopen(p, "w");
@@ -509,18 +522,17 @@ static void reseal(const char *dir) {
     struct dirent *e;
     int n = 0;
     while ((e = readdir(d))) {
-        if (e->d_name[0] == '.' || !strcmp(e->d_name, "complete.json")) continue;
-        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
-        FILE *f = fopen(p, "rb");
-        static uint8_t buf[1 << 22];
-        size_t len = fread(buf, 1, sizeof buf, f);
-        fclose(f);
-        fprintf(out, "%s\"%s\": {\"size\": %zu, \"crc32\": %u}", n++ ? ", " : "", e->d_name, len, crc32_of(buf, len));
+        if (e->d_name[0] == '.' || !strcmp(e->d_name, "complete.json") || (skip && !strcmp(e->d_name, skip)))
+            continue;
+        seal_entry(out, dir, e->d_name, &n);
     }
     closedir(d);
+    if (extra) seal_entry(out, dir, extra, &n);
     fputs("}}\n", out);
     fclose(out);
 }
+
+static void reseal(const char *dir) { reseal_list(dir, NULL, NULL); }
 
 /* Replaces the first `from` in dir/name by `to` of the same length (binary files too), then reseals. */
 static void edit(const char *dir, const char *name, const char *from, const char *to) {
@@ -611,16 +623,16 @@ static void test_wrong_contents(void **state) {
     assert_error(ca_load_state(r.acc, bad), CA_ERR_IO, "random_states_0.json: key \"offset\"", NULL);
     assert_unchanged(&r, p0, len, steps);
 
-    /* rank 0's own random states missing (and not in the manifest): the read says so, and no warning
-     * claims to use the very file it found missing */
+    /* rank 0's own random states missing (and not in the manifest): the load says the manifest does not
+     * list it, and no warning claims to use the very file it found missing */
     copy_tree(in_dir("good"), bad);
     char rs[700];
     snprintf(rs, sizeof rs, "%s/random_states_0.json", bad);
     assert_int_equal(unlink(rs), 0);
     reseal(bad);
     char *log;
-    assert_error(load_logged(r.acc, bad, &log), CA_ERR_NOT_FOUND,
-                 "random_states_0.json: cannot read the JSON: No such file or directory", NULL);
+    assert_error(load_logged(r.acc, bad, &log), CA_ERR_IO,
+                 "complete.json does not list random_states_0.json", NULL);
     if (strstr(log, "using random_states_0.json")) fail_msg("a warning uses the missing file: %s", log);
     free(log);
     assert_unchanged(&r, p0, len, steps);
@@ -654,6 +666,46 @@ static void test_wrong_contents(void **state) {
     assert_error(ca_load_state(other.acc, in_dir("good")), CA_ERR_INVALID,
                  "dataloaders[0]: batch size 8, 90 samples, shuffled in the file; batch size 4", NULL);
     run_close(&other);
+    free(p0);
+    run_close(&r);
+}
+
+/* A load reads only the files complete.json lists (and so has checked): a file it leaves out is
+ * not read even where the directory holds it, and a listed name outside the directory is refused
+ * although its size and CRC-32 are right. The run is unchanged. */
+static void test_manifest_only(void **state) {
+    (void)state;
+    run r;
+    float l[64];
+    run_open(&r, 8, false, NULL);
+    assert_false(train(&r, 1, 3, l));
+    T_OK(ca_save_state(r.acc, in_dir("good")));
+    assert_false(train(&r, 1, 7, l));
+    size_t len;
+    uint8_t *p0 = params(r.m, &len);
+    int64_t steps = ca_optimizer_steps(r.opt);
+    char bad[600];
+    snprintf(bad, sizeof bad, "%s", in_dir("bad"));
+    const char *unlisted[] = {"random_states_0.json", "caccel_state.json", "optimizer.safetensors",
+                              "model.safetensors", "custom_checkpoint_0.bin"};
+    for (size_t i = 0; i < sizeof unlisted / sizeof *unlisted; i++) {
+        copy_tree(in_dir("good"), bad);
+        reseal_list(bad, unlisted[i], NULL);
+        assert_error(ca_load_state(r.acc, bad), CA_ERR_IO, "complete.json does not list", unlisted[i]);
+        assert_unchanged(&r, p0, len, steps);
+    }
+    copy_tree(in_dir("good"), bad);
+    FILE *f = fopen(in_dir("outside.bin"), "w");
+    fputs("not the checkpoint's", f);
+    fclose(f);
+    reseal_list(bad, NULL, "../outside.bin");
+    assert_error(ca_load_state(r.acc, bad), CA_ERR_IO, "\"../outside.bin\" (20 bytes) is not a file of the "
+                 "checkpoint's directory", "complete.json");
+    assert_unchanged(&r, p0, len, steps);
+    copy_tree(in_dir("good"), bad);
+    reseal(bad);
+    T_OK(ca_load_state(r.acc, bad));
+    assert_int_equal(r.met.steps, 3);
     free(p0);
     run_close(&r);
 }
@@ -1077,6 +1129,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test_setup_teardown(test_project, setup, teardown),
         cmocka_unit_test_setup_teardown(test_errors, setup, teardown),
         cmocka_unit_test_setup_teardown(test_wrong_contents, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_manifest_only, setup, teardown),
         cmocka_unit_test_setup_teardown(test_stream_resume, setup, teardown),
         cmocka_unit_test_setup_teardown(test_kill_every_stage, setup, teardown),
         cmocka_unit_test_setup_teardown(test_not_ours, setup, teardown),

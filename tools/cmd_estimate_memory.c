@@ -4,6 +4,9 @@
  * so a multi-gigabyte checkpoint costs a few kilobytes of reading. */
 #include "tools/cli_impl.h"
 #include "core/json_impl.h"
+#include "base/file_impl.h"
+
+#include <json-c/json.h>
 
 #include <errno.h>
 #include <limits.h>
@@ -46,8 +49,9 @@ static ca_status em_add(em_model *m, const char *name, uint64_t numel) {
 }
 
 static ca_status em_read_header(const char *path, char **out) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return ca_error(errno == ENOENT ? CA_ERR_NOT_FOUND : CA_ERR_IO, "%s: %s", path, strerror(errno));
+    FILE *f;
+    ca_status o = ca_file_fopen(path, CA_FILE_SAFETENSORS, &f, NULL);   /* only the header is read */
+    if (o != CA_OK) return o;
     unsigned char len8[8];
     uint64_t len = 0;
     ca_status s = CA_OK;
@@ -111,9 +115,9 @@ static ca_status em_load_file(const char *path, em_model *m) {
 /* An index (model.safetensors.index.json): the headers of the distinct shards it names. */
 static ca_status em_load_index(const char *index, em_model *m) {
     char why[256];
-    json_object *root = ca_json_load(index, why, sizeof why, NULL), *map = NULL;
-    if (!root) return ca_error(CA_ERR_IO, "%s: cannot read the index: %s", index, why);
-    ca_status s = CA_OK;
+    ca_status s;
+    json_object *root = ca_json_load(index, CA_FILE_INDEX, why, sizeof why, &s), *map = NULL;
+    if (!root) return why[0] ? ca_error(CA_ERR_IO, "%s: cannot read the index: %s", index, why) : s;
     if (!json_object_object_get_ex(root, "weight_map", &map) || !json_object_is_type(map, json_type_object))
         s = ca_error(CA_ERR_IO, "%s: no \"weight_map\" object", index);
     json_object *seen = json_object_new_object();

@@ -1,6 +1,7 @@
 /* `caccel launch`: Accelerate's launcher flags; spawns, supervises and tees the ranks, serves the rendezvous store. */
 #include "tools/cli_impl.h"
 #include "core/store_impl.h"
+#include "base/file_impl.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -293,9 +294,15 @@ static int physical_cores(void) {
 
 /* ------------------------------------------------------------------ token */
 
+/* 1: a token read; 0: the file is empty; -1: there is no file; -2: it cannot be a token file (a
+ * FIFO, a directory, too large, unreadable), the error recorded. */
 static int read_token_file(const char *path, char *tok, size_t len) {
-    FILE *f = fopen(path, "r");
-    if (!f) return -1;
+    FILE *f;
+    if (ca_file_fopen(path, CA_FILE_TOKEN, &f, NULL) != CA_OK) {
+        if (ca_last_status() != CA_ERR_NOT_FOUND) return -2;
+        ca_clear_error();
+        return -1;
+    }
     char buf[CA_STORE_MAX_TOKEN + 2] = "";
     bool ok = fgets(buf, sizeof buf, f) != NULL;
     fclose(f);
@@ -321,6 +328,7 @@ static int resolve_token(launch *L) {
         if (L->machine_rank == 0) {
             int r = read_token_file(path, L->token, sizeof L->token);
             if (r > 0) return 0;
+            if (r == -2) return ca_cli_fail(cmd_name);
             if (ca_store_make_token(L->token, sizeof L->token) != CA_OK) return ca_cli_fail(cmd_name);
             int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
             if (fd < 0) return fail_msg("cannot write the job token to %s: %s", path, strerror(errno));
@@ -330,7 +338,9 @@ static int resolve_token(launch *L) {
         }
         int64_t until = ca_now_ms() + L->timeout_ms;
         while (ca_now_ms() < until) {
-            if (read_token_file(path, L->token, sizeof L->token) > 0) return 0;
+            int r = read_token_file(path, L->token, sizeof L->token);
+            if (r > 0) return 0;
+            if (r == -2) return ca_cli_fail(cmd_name);
             usleep(200 * 1000);
         }
         return fail_msg("no job token appeared in %s within %lld s (machine 0 writes it)", path,

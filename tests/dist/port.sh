@@ -1,5 +1,6 @@
 #!/bin/sh
-# A busy rendezvous port: one machine picks a free one (with a warning), several machines fail naming it.
+# A busy rendezvous port: one machine picks a free one (with a warning), several machines fail naming it;
+# a job token file that is a FIFO is refused at once.
 . "$(dirname "$0")/lib.sh"
 need_caccel
 need_backend gloo
@@ -33,6 +34,17 @@ env -u CACCEL_JOB_TOKEN timeout 60 "$CACCEL" launch --num_machines 2 --machine_r
     --main_process_port "$port" --num_processes 2 "$CHECK" --tag "$TAG" >"$WORK/out" 2>&1
 [ $? -ne 0 ] || fail "a multi-machine job started without a token"
 count 1 "needs a shared job token" "$WORK/out"
+
+note "a FIFO as the job token file: refused at once, naming it, on machine 0 and on machine 1"
+mkfifo "$WORK/token.fifo"
+for mr in 0 1; do
+    env -u CACCEL_JOB_TOKEN timeout 20 "$CACCEL" launch --num_machines 2 --machine_rank $mr --main_process_ip 127.0.0.1 \
+        --main_process_port "$port" --token_file "$WORK/token.fifo" --num_processes 2 "$CHECK" --tag "$TAG" \
+        >"$WORK/out" 2>&1
+    rc=$?
+    [ $rc -eq 1 ] || { cat "$WORK/out"; fail "machine $mr: exit $rc with a FIFO as the token file (124: it blocked)"; }
+    count 1 "error: $WORK/token.fifo: not a regular file (a FIFO); a job token file must be one" "$WORK/out"
+done
 kill_holder
 no_orphans 1
 echo "PASS"
