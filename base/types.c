@@ -3,37 +3,37 @@
 
 #include <time.h>
 
-size_t ca_dtype_size(ca_dtype dt) {
-    switch (dt) {
-    case CA_F32: case CA_I32: return 4;
-    case CA_F16: case CA_BF16: return 2;
-    case CA_I64: return 8;
-    case CA_U8: return 1;
-    default: return 0;
-    }
-}
+/* Every table here is generated from the enum's list in caccel/types.h. */
+#define NAME_ROW(e, name, ...) name,
 
-const char *ca_dtype_name(ca_dtype dt) {
-    static const char *names[] = {"f32", "f16", "bf16", "i32", "i64", "u8"};
-    return (unsigned)dt < CA_DTYPE_COUNT ? names[dt] : "?";
-}
+static const struct { const char *name; uint8_t size; bool is_float; } dtypes[] = {
+#define DTYPE_ROW(e, name, size, is_float) {name, size, is_float},
+    CA_DTYPE_LIST(DTYPE_ROW)
+#undef DTYPE_ROW
+};
+CA_TABLE_COVERS(dtypes, CA_DTYPE_COUNT);
 
-bool ca_dtype_is_float(ca_dtype dt) { return dt == CA_F32 || dt == CA_F16 || dt == CA_BF16; }
+size_t ca_dtype_size(ca_dtype dt) { return (unsigned)dt < CA_DTYPE_COUNT ? dtypes[dt].size : 0; }
+
+const char *ca_dtype_name(ca_dtype dt) { return (unsigned)dt < CA_DTYPE_COUNT ? dtypes[dt].name : "?"; }
+
+bool ca_dtype_is_float(ca_dtype dt) { return (unsigned)dt < CA_DTYPE_COUNT && dtypes[dt].is_float; }
 
 const char *ca_reduce_op_name(ca_reduce_op op) {
-    static const char *names[] = {"sum", "avg", "min", "max"};
-    return (unsigned)op < 4 ? names[op] : "?";
+    static const char *const names[] = {CA_REDUCE_OP_LIST(NAME_ROW)};
+    CA_TABLE_COVERS(names, CA_REDUCE_OP_COUNT);
+    return (unsigned)op < CA_REDUCE_OP_COUNT ? names[op] : "?";
 }
 
 const char *ca_unary_op_name(ca_unary_op op) {
-    static const char *names[] = {"neg", "relu", "gelu", "tanh", "sigmoid", "exp", "log", "sqrt",
-                                  "rsqrt", "abs", "square", "recip", "scale", "add_scalar", "pow",
-                                  "gelu_erf", "silu"};
+    static const char *const names[] = {CA_UNARY_OP_LIST(NAME_ROW)};
+    CA_TABLE_COVERS(names, CA_UNARY_OP_COUNT);
     return (unsigned)op < CA_UNARY_OP_COUNT ? names[op] : "?";
 }
 
 const char *ca_binary_op_name(ca_binary_op op) {
-    static const char *names[] = {"add", "sub", "mul", "div", "max", "min"};
+    static const char *const names[] = {CA_BINARY_OP_LIST(NAME_ROW)};
+    CA_TABLE_COVERS(names, CA_BINARY_OP_COUNT);
     return (unsigned)op < CA_BINARY_OP_COUNT ? names[op] : "?";
 }
 

@@ -107,7 +107,7 @@ CA_MATH_INLINE void ca_unary_f32_loop(ca_unary_op op, int64_t n, const float *x,
         for (int64_t i = 0; i < n; i++) y[i] = x[i] * ca_phif(x[i]);
         break;
     case CA_UNARY_SILU: for (int64_t i = 0; i < n; i++) y[i] = x[i] / (1.0f + ca_fast_expf(-x[i])); break;
-    default: break;
+    case CA_UNARY_OP_COUNT: break;   /* not an op; no default, so -Wswitch wants a case per op */
     }
 }
 

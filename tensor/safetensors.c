@@ -3,6 +3,7 @@
  * does, with json-c for the header. Every malformed file fails with the file and tensor named. */
 #include "tensor/safetensors_impl.h"
 #include "core/json_impl.h"
+#include "base/base_impl.h"
 #include "base/file_impl.h"
 
 #include <errno.h>
@@ -18,10 +19,12 @@
 /* The reference reader refuses headers over 100 MB; so do we (a corrupt length is caught early). */
 #define CA_ST_MAX_HEADER (100u * 1000u * 1000u)
 
-static const char *const st_names[CA_DTYPE_COUNT] = {
+/* No size given: a dtype appended to CA_DTYPE_LIST without its name here fails to compile. */
+static const char *const st_names[] = {
     [CA_F32] = "F32", [CA_F16] = "F16", [CA_BF16] = "BF16",
     [CA_I32] = "I32", [CA_I64] = "I64", [CA_U8] = "U8",
 };
+CA_TABLE_COVERS(st_names, CA_DTYPE_COUNT);
 
 const char *ca_st_dtype_name(ca_dtype dt) {
     return (unsigned)dt < CA_DTYPE_COUNT ? st_names[dt] : "?";

@@ -1,6 +1,7 @@
 /* Core tests: status and logging, the registry (plugins, wrong-ABI refusal), the caching allocator, tensors and scopes. */
 #include "test_util.h"
 #include "base/ptr_map_impl.h"
+#include "tensor/tensor_impl.h"   /* to read the name autograd records for an op */
 
 #include <unistd.h>
 
@@ -53,6 +54,67 @@ static void test_dtypes(void **state) {
     assert_string_equal(ca_dtype_name(CA_U8), "u8");
     assert_true(ca_dtype_is_float(CA_F16));
     assert_false(ca_dtype_is_float(CA_I32));
+}
+
+/* Every entry of each enum list in caccel/types.h has a name of its own, and the out-of-range
+ * value gets "?". */
+typedef const char *(*name_fn)(int);
+static void check_names(const char *what, int count, name_fn name) {
+    for (int i = 0; i < count; i++) {
+        const char *n = name(i);
+        if (!n || !*n || !strcmp(n, "?")) fail_msg("%s %d has no name", what, i);
+        for (int j = 0; j < i; j++)
+            if (!strcmp(n, name(j))) fail_msg("%s %d and %d are both named '%s'", what, j, i, n);
+    }
+    assert_string_equal(name(count), "?");
+    assert_string_equal(name(-1), "?");
+}
+static const char *dtype_name(int i) { return ca_dtype_name((ca_dtype)i); }
+static const char *reduce_name(int i) { return ca_reduce_op_name((ca_reduce_op)i); }
+static const char *unary_name(int i) { return ca_unary_op_name((ca_unary_op)i); }
+static const char *binary_name(int i) { return ca_binary_op_name((ca_binary_op)i); }
+
+static void test_enum_names(void **state) {
+    check_names("dtype", CA_DTYPE_COUNT, dtype_name);
+    check_names("reduce op", CA_REDUCE_OP_COUNT, reduce_name);
+    check_names("unary op", CA_UNARY_OP_COUNT, unary_name);
+    check_names("binary op", CA_BINARY_OP_COUNT, binary_name);
+    for (int i = 0; i < CA_DTYPE_COUNT; i++)
+        if (ca_dtype_size((ca_dtype)i) == 0) fail_msg("dtype %s has no size", ca_dtype_name((ca_dtype)i));
+    assert_int_equal(ca_dtype_size(CA_DTYPE_COUNT), 0);
+    assert_false(ca_dtype_is_float(CA_DTYPE_COUNT));
+    assert_string_equal(ca_reduce_op_name(CA_OP_AVG), "avg");
+    assert_string_equal(ca_binary_op_name(CA_BINARY_MIN), "min");
+}
+
+/* The name an op's autograd node carries (what "backward of %s" errors say) is the op's name
+ * from caccel/types.h: ca_mul_scalar's was "mul_scalar" in the graph but "scale" in errors. */
+static void test_op_node_names(void **state) {
+    CA_SCOPE {
+        float v[2] = {1, 2};
+        ca_tensor *x = ca_from_host(ca_cpu_device(), CA_F32, CA_SHAPE(2), v);
+        ca_tensor_set_requires_grad(x, true);
+        struct { ca_tensor *y; const char *want; } c[] = {
+            {ca_mul_scalar(x, 3), ca_unary_op_name(CA_UNARY_SCALE)},
+            {ca_add_scalar(x, 3), ca_unary_op_name(CA_UNARY_ADD_SCALAR)},
+            {ca_gelu(x), ca_unary_op_name(CA_UNARY_GELU_TANH)},
+            {ca_silu(x), ca_unary_op_name(CA_UNARY_SILU)},
+            {ca_add(x, x), ca_binary_op_name(CA_BINARY_ADD)},
+            {ca_div(x, x), ca_binary_op_name(CA_BINARY_DIV)},
+        };
+        for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
+            assert_non_null(c[i].y);
+            assert_non_null(c[i].y->grad_fn);
+            assert_string_equal(c[i].y->grad_fn->vt->name, c[i].want);
+        }
+        assert_string_equal(ca_unary_op_name(CA_UNARY_SCALE), "mul_scalar");
+        /* and an error names the op the user called */
+        int32_t iv[2] = {1, 2};
+        ca_tensor *xi = ca_from_host(ca_cpu_device(), CA_I32, CA_SHAPE(2), iv);
+        assert_null(ca_mul_scalar(xi, 2));
+        assert_non_null(strstr(ca_last_error(), "mul_scalar"));
+        ca_clear_error();
+    }
 }
 
 /* ------------------------------------------------------------------ registry */
@@ -330,6 +392,8 @@ int main(void) {
         cmocka_unit_test(test_ptr_map),
         cmocka_unit_test(test_log_levels),
         cmocka_unit_test(test_dtypes),
+        cmocka_unit_test(test_enum_names),
+        cmocka_unit_test(test_op_node_names),
         cmocka_unit_test(test_registry_builtins),
         cmocka_unit_test(test_registry_refuses_wrong_abi),
         cmocka_unit_test(test_registry_loads_plugin_with_reason),

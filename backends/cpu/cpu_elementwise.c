@@ -114,7 +114,7 @@ CPU_INLINE void unary_grad(ca_unary_op op, int64_t n, const float *x, const floa
             g[i] = dy[i] * sg * (1.0f + v * (1.0f - sg));
         }
         break;
-    default: break;
+    case CA_UNARY_OP_COUNT: break;   /* not an op; no default, so -Wswitch wants a case per op */
     }
 }
 
@@ -216,7 +216,7 @@ CPU_CLONES static void binary_row(ca_binary_op op, int64_t n, const float *a, in
     /* NaN propagates, as torch.maximum/minimum */
     case CA_BINARY_MAX: BINARY_ROW((av > bv || av != av) ? av : bv); break;
     case CA_BINARY_MIN: BINARY_ROW((av < bv || av != av) ? av : bv); break;
-    default: break;
+    case CA_BINARY_OP_COUNT: break;   /* not an op; no default, so -Wswitch wants a case per op */
     }
 }
 

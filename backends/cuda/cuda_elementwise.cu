@@ -237,6 +237,11 @@ extern "C" ca_status cu_copy_strided(void *dev, ca_dtype dt, int ndim, const int
 
 /* ----------------------------------------------------------------- unary */
 
+/* Device code gets no -Wswitch: an op added to CA_UNARY_OP_LIST stops the build here until
+ * unary_f and unary_grad_f have its case and this count is raised (likewise binary_f). */
+static_assert(CA_UNARY_OP_COUNT == 17, "unary_f and unary_grad_f need a case for every ca_unary_op");
+static_assert(CA_BINARY_OP_COUNT == 6, "binary_f needs a case for every ca_binary_op");
+
 /* The CPU's unary_loop for one element, operation for operation. */
 CU_D float unary_f(int op, float x, float alpha) {
     switch (op) {

@@ -206,7 +206,7 @@ INLINE void binary_chunk(ca_binary_op op, int64_t n, const float *restrict a, co
     case CA_BINARY_DIV: BIN(av / bv);
     case CA_BINARY_MAX: BIN((av > bv || av != av) ? av : bv);
     case CA_BINARY_MIN: BIN((av < bv || av != av) ? av : bv);
-    default: break;
+    case CA_BINARY_OP_COUNT: break;   /* not an op; no default, so -Wswitch wants a case per op */
     }
 }
 
