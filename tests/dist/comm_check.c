@@ -38,6 +38,13 @@
  *                rank: by the collective timeout) and exit --fail-code; a stopped
  *                victim that is continued fails in its next collective and exits 5
  *   spin         every rank reduces forever (signal and orphan tests stop it)
+ *   last-bcast   two all_reduces, then a broadcast from rank 0 (#2) as every
+ *                rank's last collective; each rank destroys its communicator
+ *                (printing how long that took) and exits as soon as its part is
+ *                done. With CACCEL_TEST_WAIT_DELAY holding a peer in its wait
+ *                for the broadcast, rank 0 finishes (and leaves the store it
+ *                serves) while the peer's watchdog still reads the store: the
+ *                peer must complete the broadcast all the same
  *   badtoken     rank 1 presents a wrong job token
  *   env          prints what the process environment says (rank, size, backend)
  * A rank prints "comm_check: OK ..." or "comm_check: EXPECTED ..." when it did
@@ -474,6 +481,20 @@ static int fault_mode(ca_comm *c, const opts *o) {
     return named ? o->fail_code : 1;
 }
 
+static int last_bcast_mode(ca_comm *c) {
+    int r = ca_comm_rank(c), w = ca_comm_size(c), checks = 0;
+    float x[16] = {0};
+    for (int i = 0; i < 2; i++)
+        if (ca_comm_all_reduce(c, x, x, 16, CA_F32, CA_OP_SUM, NULL) != CA_OK) return die(r, "warm-up all_reduce");
+    if (check_broadcast(c, CA_F32, 97, 0, &checks)) return 1;
+    printf("comm_check: OK rank %d of %d: its last collective, broadcast #%llu, done; exiting\n", r, w,
+           (unsigned long long)(ca_comm_seq(c) - 1));
+    double t0 = now_s();
+    ca_comm_destroy(c);
+    printf("comm_check: rank %d destroyed its communicator in %.1f s\n", r, now_s() - t0);
+    return -1;
+}
+
 int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IOLBF, 0);
     opts o = {.mode = "correctness", .large_mib = 16, .sleep_ms = 6000, .victim = -1, .fault = "kill9"};
@@ -530,6 +551,10 @@ int main(int argc, char **argv) {
         if (rc < 0) return 0;
     }
     else if (strcmp(o.mode, "fault") == 0) rc = fault_mode(c, &o);
+    else if (strcmp(o.mode, "last-bcast") == 0) {
+        rc = last_bcast_mode(c);
+        if (rc < 0) return 0;
+    }
     else if (strcmp(o.mode, "spin") == 0) {
         float x[16] = {0};
         printf("comm_check: rank %d spinning\n", ca_comm_rank(c));
