@@ -86,5 +86,5 @@ if command -v "${MPIRUN:-mpirun}" >/dev/null 2>&1 && have mpi; then
 else
     echo "SKIPPED PART: mpirun (no mpirun or no MPI plugin)"
 fi
-no_orphans 1
+no_orphans
 echo "PASS"
