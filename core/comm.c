@@ -87,6 +87,29 @@ static ca_status finish(ca_comm *c, ca_work *w, ca_status s) {
     return w->status;
 }
 
+/* Test hook: CACCEL_TEST_WAIT_DELAY=<rank>:<n>:<ms> holds rank <rank> of a communicator that is not a
+ * split's child for <ms> ms in its wait for collective #<n>, after it has said that it waits (so its
+ * watchdog watches the peers) and before it looks at the backend: a peer that finishes the collective
+ * and exits meanwhile is then certain to have done so while this rank still waited. Read once. */
+static struct { int rank; unsigned long long seq; long ms; } g_wait_delay = { -1, 0, 0 };
+static pthread_once_t g_wait_delay_once = PTHREAD_ONCE_INIT;
+
+static void wait_delay_init(void) {
+    const char *v = getenv("CACCEL_TEST_WAIT_DELAY");
+    if (v && sscanf(v, "%d:%llu:%ld", &g_wait_delay.rank, &g_wait_delay.seq, &g_wait_delay.ms) != 3)
+        g_wait_delay.rank = -1;
+}
+
+static void test_wait_delay(const ca_comm *c, uint64_t seq) {
+    pthread_once(&g_wait_delay_once, wait_delay_init);
+    long ms = g_wait_delay.ms;
+    if (g_wait_delay.rank != c->rank || g_wait_delay.seq != seq || ms <= 0 || c->parent) return;
+    fprintf(stderr, "caccel: rank %d holds its wait for collective #%llu for %ld ms (CACCEL_TEST_WAIT_DELAY)\n",
+            c->rank, g_wait_delay.seq, ms);
+    struct timespec ts = { .tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000L };
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {}
+}
+
 /* Waits for w until deadline; a passed deadline of the operation fails the
  * communicator, a shorter caller deadline only returns CA_ERR_TIMEOUT. */
 static ca_status wait_work_on(ca_comm *c, ca_work *w, int64_t deadline, bool op_deadline) {
@@ -98,6 +121,7 @@ static ca_status wait_work_on(ca_comm *c, ca_work *w, int64_t deadline, bool op_
     c->wait_start_ms = ca_now_ms();
     c->version++;
     pthread_mutex_unlock(&c->mu);
+    test_wait_delay(c, w->seq);
     ca_status ret;
     for (;;) {
         if (atomic_load(&c->failed)) {
@@ -670,6 +694,7 @@ void ca_comm_destroy(ca_comm *c) {
         if (ca_comm_diag_publish(c, true) != CA_OK) ca_clear_error();
     }
     if (announce && atomic_load(&c->failed)) ca_comm_diag_linger(c, LINGER_MS);
+    else if (announce && c->store_host) ca_comm_diag_drain(c);
     ca_comm_diag_live_remove(c, announce);
     if (c->bc && c->ops.destroy) c->ops.destroy(c->bc);
     ca_store_client_close(c->own_client);
@@ -782,6 +807,7 @@ static ca_status comm_start(ca_comm *c, const ca_comm_options *o, const split_re
     }
     if (s == CA_OK) s = join(c);
     if (s != CA_OK) return s;
+    c->store_host = c->parent ? c->parent->store_host : c->own_server != NULL;
     if (pthread_create(&c->wd, NULL, ca_comm_diag_watchdog_main, c) != 0)
         return ca_error(CA_ERR_NOMEM, "cannot start the communicator's watchdog thread");
     c->wd_running = true;

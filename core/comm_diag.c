@@ -345,6 +345,35 @@ void ca_comm_diag_linger(ca_comm *c, int64_t ms) {
     }
 }
 
+/* Whether peer p is done with our collectives #0..#n-1: it has issued and finished them all, or failed,
+ * left or died (a peer ahead of us is done with them too). */
+static bool done_with(const rank_state *p, uint64_t n) {
+    return p->aborted || p->gone || p->dead || (p->nissued >= n && (!p->has_unf || p->unf >= n));
+}
+
+/* The store's host ends the store with its communicator (rank 0 without a launcher), yet a peer still
+ * in a collective that this rank has finished reads the store: its watchdog reads every record 0.2 s
+ * into a wait (and fails the wait when the store is gone), a checked collective reads them before it
+ * moves data. So a peer slower than rank 0 to see its last collective complete failed it ("the
+ * rendezvous store ... is gone"), once in about a hundred runs on a loaded machine. The host therefore
+ * waits until every peer's record says that it is done with every collective this rank issued; a peer
+ * that is stopped, hung, or dead on another machine (its record cannot say so) costs the bound. */
+void ca_comm_diag_drain(ca_comm *c) {
+    pthread_mutex_lock(&c->mu);
+    uint64_t n = c->next_seq;
+    pthread_mutex_unlock(&c->mu);
+    /* a peer that has not finished within the collective timeout has failed by its own */
+    int64_t deadline = ca_now_ms() + (c->timeout_ms < DRAIN_MS ? c->timeout_ms : DRAIN_MS);
+    for (int r = 0; r < c->world && ca_now_ms() < deadline && !atomic_load(&c->store_lost);) {
+        rank_state st;
+        if (r == c->rank || (fetch_state(c, r, 100, &st) && done_with(&st, n))) {
+            r++;
+            continue;
+        }
+        usleep(20 * 1000);
+    }
+}
+
 /* Peer p can never take part in our collective #s: it left or died before issuing it, or while in it. */
 static bool gone_before(const rank_state *p, uint64_t s) {
     if (!p->gone && !p->dead) return false;
@@ -935,6 +964,9 @@ static void announce_exit(int status, void *arg) {
         if (c->own_client) ca_store_client_set_io_timeout(c->own_client, EXIT_IO_MS);
         if (ca_comm_diag_publish(c, true) != CA_OK) ca_clear_error();
     }
+    /* a clean exit without ca_comm_destroy takes the store down as well (a failing one leaves at once) */
+    for (ca_comm *c = g_live; c && status == 0; c = c->live_next)
+        if (c->store_host && !atomic_load(&c->failed)) ca_comm_diag_drain(c);
     while (g_departed) {
         departed *d = g_departed;
         g_departed = d->next;

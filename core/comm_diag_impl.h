@@ -24,6 +24,7 @@
 #define LEFT_GRACE_MS 300      /* a peer that destroyed its communicator may be about to exit: wait for its status */
 #define BACKEND_SETTLE_MS 200  /* a backend error waits this long for the peer that caused it to show */
 #define LINGER_MS 2000         /* a failed rank waits this long at destroy for its peers to report the cause */
+#define DRAIN_MS 10000         /* the store's host waits this long at most for its peers to finish its collectives */
 #define STALL_MS 1000         /* a store with requests pending and no reply this long has stalled */
 #define EXIT_IO_MS 2000        /* the exit announcement gives up on an unreachable store this soon */
 #define POSITIONS_MS 4000      /* a timeout's reading of the other ranks' positions ends this soon */
@@ -93,6 +94,7 @@ struct ca_comm {
     struct ca_comm *parent;    /* a split's child: its parent, which counts the child's bytes too */
     _Atomic uint64_t split_bytes; /* bytes sent by the communicators split from this one */
     int *global;               /* a split's child: the job's rank of each of its ranks (owned) */
+    bool store_host;           /* this process serves the store (own_server here or on the split's root) */
     bool launch_notes;         /* the store is caccel launch's: leave it a note on failure */
 
     pthread_mutex_t mu;        /* the record below */
@@ -155,6 +157,10 @@ void *ca_comm_diag_watchdog_main(void *arg);
 /* On a failed communicator: waits until every peer has failed, left or died, at most ms, so that
  * they report the cause before this rank's exit takes the store or the job down. */
 void ca_comm_diag_linger(ca_comm *c, int64_t ms);
+/* On the store's host, before the store closes: waits until every peer has finished every collective
+ * this rank issued (or has failed, left or died), at most DRAIN_MS (the timeout, if shorter), so that
+ * no collective that completed here fails on a peer for want of the store. */
+void ca_comm_diag_drain(ca_comm *c);
 /* The process's live communicators, for the exit announcement (on_exit). */
 void ca_comm_diag_live_add(ca_comm *c);
 void ca_comm_diag_live_remove(ca_comm *c, bool announce);

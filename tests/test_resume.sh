@@ -25,7 +25,7 @@ CLEANUPS="kill_ours"
 wait_for() {
     i=0
     while [ ! -e "$1" ]; do
-        kill -0 "$2" 2>/dev/null || return 1
+        running "$2" || return 1
         i=$((i + 1))
         [ $i -lt 6000 ] || return 1
         sleep 0.05
@@ -95,21 +95,21 @@ restart_check() {
     echo "  same parameters, bit for bit"
 }
 
-# stall_check NAME PHASE:N EXPECT REF LAUNCH...: killed while held in save N at PHASE, resumed: the
-# parameters equal WORK/REF (the uninterrupted 400 steps)
+# stall_check NAME PHASE:N STALLS EXPECT REF LAUNCH...: killed while held in save N at PHASE (once
+# the STALLS ranks that reach it have said so), resumed: the parameters equal WORK/REF (the
+# uninterrupted 400 steps)
 stall_check() {
-    name=$1 stall=$2 expect=$3 ref=$4; shift 4
+    name=$1 stall=$2 stalls=$3 expect=$4 ref=$5; shift 5
     CACCEL_TEST_SAVE_STALL=$stall "$@" "$FM" $ARGS --max-steps 400 --checkpoint_dir "$WORK/$name" \
         --checkpointing_steps 100 > "$WORK/$name.a.out" 2>&1 &
     pid=$!
     PIDS="$PIDS $pid"
     i=0
-    until grep -q "stalled at" "$WORK/$name.a.out" 2>/dev/null; do
-        kill -0 $pid 2>/dev/null || { cat "$WORK/$name.a.out"; fail "$name: the run ended without stalling"; }
-        i=$((i + 1)); [ $i -lt 6000 ] || fail "$name: no stall within 300 s"
+    until [ "$(grep -c "stalled at" "$WORK/$name.a.out" 2>/dev/null)" -ge "$stalls" ]; do
+        running $pid || { cat "$WORK/$name.a.out"; fail "$name: the run ended without $stalls rank(s) stalling"; }
+        i=$((i + 1)); [ $i -lt 6000 ] || { cat "$WORK/$name.a.out"; fail "$name: not $stalls stall(s) within 300 s"; }
         sleep 0.05
     done
-    sleep 0.2   # the other rank reaches the hook or waits in the exchange
     pkill -KILL -P $pid 2>/dev/null
     kill -9 $pid 2>/dev/null
     wait $pid 2>/dev/null
@@ -126,10 +126,10 @@ note "1 process: kill -9 after the 4th checkpoint, resume"
 resume_check one
 note "1 process: kill -9 during saves"
 "$FM" $ARGS --max-steps 400 --dump-params "$WORK/ref1" > "$WORK/ref.out" 2>&1 || { cat "$WORK/ref.out"; fail "reference run"; }
-stall_check files "files:3" "" ref1
+stall_check files "files:3" 1 "" ref1
 [ -d "$WORK/files/checkpoints/checkpoint_2.tmp" ] && [ -f "$WORK/files/checkpoints/checkpoint_1/complete.json" ] ||
     fail "expected checkpoint_1 complete and checkpoint_2.tmp left behind"
-stall_check renamed "renamed:2" "" ref1
+stall_check renamed "renamed:2" 1 "" ref1
 [ -f "$WORK/renamed.copy/checkpoints/checkpoint_1/complete.json" ] || fail "checkpoint_1 was published without its complete.json"
 
 have_backend() {
@@ -150,9 +150,9 @@ if have_backend gloo && [ -x "$CACCEL" ]; then
     ARGS=$saved_args
     note "2 processes: kill -9 while both ranks are in a save"
     $L "$FM" $ARGS --max-steps 400 --dump-params "$WORK/ref2" > "$WORK/ref2.out" 2>&1 || { cat "$WORK/ref2.out"; fail "reference run (2)"; }
-    stall_check files2 "files:2" "" ref2 $L
+    stall_check files2 "files:2" 2 "" ref2 $L
     note "2 processes: kill -9 while rank 0 publishes a save (complete.json written in checkpoint_1.tmp)"
-    stall_check manifest2 "manifest:2" "" ref2 $L
+    stall_check manifest2 "manifest:2" 1 "" ref2 $L
     [ -f "$WORK/manifest2.copy/checkpoints/checkpoint_1.tmp/complete.json" ] && [ ! -e "$WORK/manifest2.copy/checkpoints/checkpoint_1" ] ||
         fail "expected a complete checkpoint_1.tmp, not yet published"
     # another world size: the run goes on from the same global sample position (not bit for bit)

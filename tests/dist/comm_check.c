@@ -37,9 +37,24 @@
  *                prints when (epoch ms); the others must fail naming it (a stopped
  *                rank: by the collective timeout) and exit --fail-code; a stopped
  *                victim that is continued fails in its next collective and exits 5
- *   spin         every rank reduces forever (signal and orphan tests stop it)
+ *   spin         every rank reduces forever (signal and orphan tests stop it); it
+ *                prints "spinning" once its first all_reduce has completed, so
+ *                a test that acts on the job on that line acts on a job that is
+ *                connected and reducing
+ *   last-bcast   two all_reduces, then a broadcast from rank 0 (#2) as every
+ *                rank's last collective; each rank destroys its communicator
+ *                (printing how long that took) and exits as soon as its part is
+ *                done. With CACCEL_TEST_WAIT_DELAY holding a peer in its wait
+ *                for the broadcast, rank 0 finishes (and leaves the store it
+ *                serves) while the peer's watchdog still reads the store: the
+ *                peer must complete the broadcast all the same
  *   badtoken     rank 1 presents a wrong job token
  *   env          prints what the process environment says (rank, size, backend)
+ * --gate FILE: before creating the communicator, a rank says "comm_check: rank R at
+ * the gate" and waits (at most 300 s) until FILE exists. A test that opens the gate
+ * once every rank is there starts every rendezvous at once, however long the
+ * processes took to start on a busy machine: a short --timeout-ms or
+ * CACCEL_TIMEOUT (which bounds the rendezvous too) then times the collectives.
  * A rank prints "comm_check: OK ..." or "comm_check: EXPECTED ..." when it did
  * what the mode asks, and exits 0; anything else exits non-zero.
  */
@@ -55,6 +70,7 @@ typedef struct opts {
     int fail_code;             /* exit status of a rank that failed as expected (leave modes) */
     const char *fault;         /* fault mode: kill9, stop, exit0, exit1, abort */
     int step;                  /* fault mode: the all_reduce at which the victim injects it */
+    const char *gate;          /* a file to wait for before creating the communicator */
 } opts;
 
 static double now_s(void) {
@@ -364,6 +380,13 @@ static int exit_mode(ca_comm *c) {
         if (ca_comm_all_reduce(c, x, x, 16, CA_F32, CA_OP_SUM, NULL) != CA_OK) return die(r, "all_reduce");
 }
 
+/* Now, in ms since the epoch: when a fault happened, for the scripts to time the job's end from it. */
+static double epoch_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
+}
+
 /* The victim leaves (exit1-mid, exit0-early, kill9); the others must fail
  * fast, naming it. Returns -1 when this rank is the victim and should return
  * 0 from main without destroying the communicator again. */
@@ -373,7 +396,7 @@ static int leave_mode(ca_comm *c, const opts *o) {
     for (int i = 0; i < 3; i++)
         if (ca_comm_all_reduce(c, x, x, 16, CA_F32, CA_OP_SUM, NULL) != CA_OK) return die(r, "warm-up all_reduce");
     if (r == victim) {
-        printf("comm_check: rank %d leaves (%s) after collective #2\n", r, o->mode);
+        printf("comm_check: rank %d leaves (%s) after collective #2, at %.0f ms\n", r, o->mode, epoch_ms());
         fflush(stdout);
         if (strcmp(o->mode, "exit1-mid") == 0) exit(1);
         if (strcmp(o->mode, "kill9") == 0) raise(SIGKILL);
@@ -432,12 +455,6 @@ static int split_mode(ca_comm *c) {
     return ok ? 0 : 1;
 }
 
-static double epoch_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
-}
-
 static void inject(const opts *o, int r) {
     printf("comm_check: rank %d injects %s at step %d, at %.0f ms\n", r, o->fault, o->step, epoch_ms());
     fflush(stdout);
@@ -474,6 +491,34 @@ static int fault_mode(ca_comm *c, const opts *o) {
     return named ? o->fail_code : 1;
 }
 
+static int last_bcast_mode(ca_comm *c) {
+    int r = ca_comm_rank(c), w = ca_comm_size(c), checks = 0;
+    float x[16] = {0};
+    for (int i = 0; i < 2; i++)
+        if (ca_comm_all_reduce(c, x, x, 16, CA_F32, CA_OP_SUM, NULL) != CA_OK) return die(r, "warm-up all_reduce");
+    if (check_broadcast(c, CA_F32, 97, 0, &checks)) return 1;
+    printf("comm_check: OK rank %d of %d: its last collective, broadcast #%llu, done; exiting\n", r, w,
+           (unsigned long long)(ca_comm_seq(c) - 1));
+    double t0 = now_s();
+    ca_comm_destroy(c);
+    printf("comm_check: rank %d destroyed its communicator in %.1f s\n", r, now_s() - t0);
+    return -1;
+}
+
+/* --gate: the rank as the launcher numbers it (the communicator does not exist yet) */
+static int pass_gate(const char *gate) {
+    const char *rk = getenv("RANK") ? getenv("RANK") : "?";
+    printf("comm_check: rank %s at the gate\n", rk);
+    for (int i = 0; access(gate, F_OK) != 0; i++) {
+        if (i >= 300 * 50) {
+            fprintf(stderr, "comm_check: FAILED on rank %s: the gate %s did not open within 300 s\n", rk, gate);
+            return 1;
+        }
+        usleep(20 * 1000);
+    }
+    return 0;
+}
+
 int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IOLBF, 0);
     opts o = {.mode = "correctness", .large_mib = 16, .sleep_ms = 6000, .victim = -1, .fault = "kill9"};
@@ -488,6 +533,7 @@ int main(int argc, char **argv) {
         else if (strcmp(a, "--fail-code") == 0 && v) o.fail_code = atoi(argv[++i]);
         else if (strcmp(a, "--fault") == 0 && v) o.fault = argv[++i];
         else if (strcmp(a, "--step") == 0 && v) o.step = atoi(argv[++i]);
+        else if (strcmp(a, "--gate") == 0 && v) o.gate = argv[++i];
         else if (strcmp(a, "--debug") == 0) o.debug = true;
         else if (strcmp(a, "--tag") == 0 && v) i++;   /* a marker for the scripts' pgrep */
         else {
@@ -499,6 +545,7 @@ int main(int argc, char **argv) {
         const char *rk = getenv("RANK");
         if (rk && atoi(rk) == 1) setenv("CACCEL_JOB_TOKEN", "not-the-job-token", 1);
     }
+    if (o.gate && pass_gate(o.gate)) return 1;
     ca_comm *c = NULL;
     ca_comm_options co = {.backend = o.backend, .timeout_ms = o.timeout_ms, .debug = o.debug};
     ca_status s = ca_comm_create(&co, &c);
@@ -530,10 +577,18 @@ int main(int argc, char **argv) {
         if (rc < 0) return 0;
     }
     else if (strcmp(o.mode, "fault") == 0) rc = fault_mode(c, &o);
+    else if (strcmp(o.mode, "last-bcast") == 0) {
+        rc = last_bcast_mode(c);
+        if (rc < 0) return 0;
+    }
     else if (strcmp(o.mode, "spin") == 0) {
         float x[16] = {0};
-        printf("comm_check: rank %d spinning\n", ca_comm_rank(c));
-        while (ca_comm_all_reduce(c, x, x, 16, CA_F32, CA_OP_SUM, NULL) == CA_OK) usleep(1000);
+        /* the sign the tests act on: printed once an all_reduce has completed, not before the first one
+         * (a job still connecting is not the job a signal, a cut link or a stopped rank should meet) */
+        for (uint64_t i = 0; ca_comm_all_reduce(c, x, x, 16, CA_F32, CA_OP_SUM, NULL) == CA_OK; i++) {
+            if (i == 0) printf("comm_check: rank %d spinning (all_reduce #0 done)\n", ca_comm_rank(c));
+            usleep(1000);
+        }
         rc = die(ca_comm_rank(c), "all_reduce");
     }
     else if (strcmp(o.mode, "sigpipe") == 0) {

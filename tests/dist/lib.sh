@@ -90,19 +90,43 @@ run_mpi_watched() {
     [ -n "$RANKS_END_MS" ] || RANKS_END_MS=$(date +%s%3N)
 }
 
+# running PID: PID is a process that has not ended (an ended child of this shell stays a zombie
+# until it is waited for, and `kill -0` still finds it)
+running() {
+    st=$(sed 's/^.*) \(.\).*$/\1/' "/proc/$1/stat" 2>/dev/null) && [ "$st" != Z ]
+}
+
+# wait_lines N PATTERN WHAT "PIDS" FILES...: until FILES hold N lines matching PATTERN. The sign a
+# test acts on (kill, stop, cut a link) is a line printed after the state it needs, never a sleep.
+# Fails naming WHAT, with the output, when one of PIDS (the job's launchers) ends first or after
+# WAIT_LINES_S seconds (default 120: a loaded machine starts processes slowly).
+wait_lines() {
+    n=$1 pat=$2 what=$3 pids=$4; shift 4
+    end=$(( $(date +%s) + ${WAIT_LINES_S:-120} ))
+    until [ "$(cat "$@" 2>/dev/null | grep -c -- "$pat")" -ge "$n" ]; do
+        for p in $pids; do
+            running "$p" || { cat "$@"; fail "$what: the job ended before $n line(s) matched '$pat'"; }
+        done
+        [ "$(date +%s)" -lt "$end" ] ||
+            { cat "$@"; fail "$what: fewer than $n line(s) matched '$pat' within ${WAIT_LINES_S:-120} s"; }
+        sleep 0.1
+    done
+}
+
 # count LINES PATTERN FILE: FILE holds exactly LINES lines matching PATTERN
 count() {
     n=$(grep -c -- "$2" "$3" || true)
     [ "$n" -eq "$1" ] || { cat "$3"; fail "expected $1 line(s) matching '$2' in $(basename "$3"), got $n"; }
 }
 
-# No process carrying this test's marker may outlive its launcher.
+# No process carrying this test's marker may outlive its launcher: once it has ended they are gone
+# within 10 s (checked every 0.1 s; a busy machine takes a while to run a killed process's exit).
 no_orphans() {
-    sleep "${1:-1}"
-    if pgrep -f -- "$TAG" >/dev/null; then
-        pgrep -a -f -- "$TAG"
-        fail "processes outlived their launcher"
-    fi
+    end=$(( $(date +%s) + 10 ))
+    while pgrep -f -- "$TAG" >/dev/null; do
+        [ "$(date +%s)" -lt "$end" ] || { pgrep -a -f -- "$TAG"; fail "processes outlived their launcher by 10 s"; }
+        sleep 0.1
+    done
 }
 
 # launch_machines OUT LAUNCH_ARGS...: 2 machines x 2 processes on this host, two `caccel launch`

@@ -34,7 +34,7 @@ for m in 0 1; do
     grep -q "rank 5 on machine 2 exited with code 7; stopping this machine's processes\|rank 5 on $(ns_addr 2) \(exited\|died\)\|cannot complete: rank [0-9] \(on [0-9.]* \)\?failed: " \
         "$WORK/m$m" || { cat "$WORK/m$m"; fail "machine $m's output does not name rank 5 or a peer that failed"; }
 done
-no_orphans 1
+no_orphans
 
 # The same global batch (48) on one process, on 3 processes of one machine (shared memory) and on
 # 3 machines (Gloo over TCP). The sums run in another order per transport: 1e-5 absolute, as
@@ -68,17 +68,22 @@ fi
 # machines 0 and 1 wait for ranks 4 and 5, time out and name them; machine 2, cut off from them and
 # from the store on machine 0, times out too and says the store does not answer. Every launcher ends
 # with a failure status. cut_off PORT HOW: HOW (a command) cuts machine 2 off.
+# The timeout bounds the rendezvous too, and the three launchers start one after the other: so every
+# rank waits at a gate until all six are there, and the cut comes once every rank has completed an
+# all-reduce ("spinning"): a job that is connected and reducing, however busy the machine.
 cut_off() {
     port=$1; shift
     export CACCEL_TIMEOUT=5 CACCEL_JOB_TOKEN="netns-test-token-$$"
-    for m in 0 1 2; do ns_launch "$m" 6 "$port" "$CHECK" --tag "$TAG" --backend gloo --mode spin; done
-    i=0
-    until [ "$(cat "$WORK"/m0 "$WORK"/m1 "$WORK"/m2 | grep -c "spinning")" -eq 6 ]; do
-        i=$((i + 1))
-        [ "$i" -lt 300 ] || { cat "$WORK"/m0 "$WORK"/m1 "$WORK"/m2; fail "the 6 ranks did not start reducing"; }
-        sleep 0.1
+    rm -f "$WORK/gate"
+    for m in 0 1 2; do
+        ns_launch "$m" 6 "$port" "$CHECK" --tag "$TAG" --backend gloo --mode spin --gate "$WORK/gate"
     done
-    sleep 1
+    launchers="$NS_PID_0 $NS_PID_1 $NS_PID_2"
+    wait_lines 6 "comm_check: rank [0-5] at the gate" "the 6 ranks did not start" "$launchers" \
+        "$WORK"/m0 "$WORK"/m1 "$WORK"/m2
+    touch "$WORK/gate"
+    wait_lines 6 "comm_check: rank [0-5] spinning" "the 6 ranks did not start reducing" "$launchers" \
+        "$WORK"/m0 "$WORK"/m1 "$WORK"/m2
     start=$(date +%s)
     "$@" || fail "cutting machine 2 off: $*"
     # by when each launcher has ended, in seconds after the cut
@@ -118,10 +123,10 @@ if command -v tc >/dev/null 2>&1; then
     note "every packet of machine 2 lost ($loss) during all-reduces: every machine ends within the bound, naming ranks 4,5 and their host"
     cut_off 29560 ip netns exec "$(ns_name 2)" tc qdisc add dev eth0 root $loss
     ip netns exec "$(ns_name 2)" tc qdisc del dev eth0 root || fail "tc qdisc del"
-    no_orphans 1
+    no_orphans
 fi
 # The link goes down (no route to the others: connections fail at once with "network unreachable")
 note "link of machine 2 down during all-reduces: every machine ends within the bound, naming ranks 4,5 and their host"
 cut_off 29558 ip -n "$(ns_name 2)" link set eth0 down
-no_orphans 1
+no_orphans
 echo "PASS"

@@ -4,13 +4,18 @@
 . "$(dirname "$0")/lib.sh"
 need_caccel
 need_backend gloo
-# hold a port: a first launcher serving its store while its one process sleeps
-timeout 120 "$CACCEL" launch -q --num_processes 1 --main_process_port 0 sh -c "echo \$MASTER_PORT > $WORK/port; sleep 60 # $TAG" &
+# hold a port: a first launcher serving its store while its one process sleeps (long enough for the
+# cases below on a busy machine; it is stopped at the end); its process says which port, once the
+# launcher serves it
+timeout 240 "$CACCEL" launch -q --num_processes 1 --main_process_port 0 sh -c "echo \$MASTER_PORT > $WORK/port.tmp && mv $WORK/port.tmp $WORK/port; sleep 180 # $TAG" &
 holder=$!
 CLEANUPS="kill_holder"
 kill_holder() { kill $holder 2>/dev/null; }
-i=0
-while [ ! -s "$WORK/port" ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
+end=$(( $(date +%s) + 120 ))
+until [ -s "$WORK/port" ]; do
+    running $holder && [ "$(date +%s)" -lt "$end" ] || fail "the first launcher did not start its process within 120 s"
+    sleep 0.1
+done
 port=$(cat "$WORK/port")
 [ -n "$port" ] || fail "the first launcher did not start"
 
@@ -46,5 +51,5 @@ for mr in 0 1; do
     count 1 "error: $WORK/token.fifo: not a regular file (a FIFO); a job token file must be one" "$WORK/out"
 done
 kill_holder
-no_orphans 1
+no_orphans
 echo "PASS"

@@ -84,7 +84,9 @@ chmod +x "$WORK/prog2.sh"
 need_backend gloo
 for fr in 3 0; do
     note "--max_restarts 1 on 2 machines: rank $fr fails, both machines restart, the new group rendezvouses"
-    CHECK="$CHECK" FAIL_RANK=$fr MACHINES_TIMEOUT=120 launch_machines "$WORK/both.out" --cpu --monitor_interval 0.2 \
+    # each case takes 75-80 s with both CPUs busy (comm_check's collectives up to 16 MiB at 4 ranks over
+    # TCP); a launcher gets the default 300 s: 120 s ran out under a parallel `make check`
+    CHECK="$CHECK" FAIL_RANK=$fr launch_machines "$WORK/both.out" --cpu --monitor_interval 0.2 \
         --max_restarts 1 "$WORK/prog2.sh" --tag "$TAG" --backend gloo
     [ "$m0_rc" -eq 0 ] && [ "$m1_rc" -eq 0 ] || { cat "$WORK/both.out"; fail "launcher statuses $m0_rc and $m1_rc after the restart"; }
     count 2 "restarting every process (restart 1 of 1)" "$WORK/both.out"

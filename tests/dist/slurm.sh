@@ -217,6 +217,8 @@ rank_pid() {
     done
     return 1
 }
+# rank 0 prints its "process(es) on cpu" line after prepare's broadcasts of the parameters, which every
+# rank took part in: the job is connected and training, and rank 1 can be killed at once
 training() { grep -q 'process(es) on cpu' "$WORK/kill.out" && rank_pid 0 && rank_pid 1; }
 bounded_wait 120 "the ranks did not start training" training
 r0=$(rank_pid 0) r1=$(rank_pid 1)
@@ -225,7 +227,6 @@ port=$((29500 + job % 1000))
 ss -Htlnp "sport = :$port" | grep -q "pid=$r0," ||
     { ss -Htlnp; fail "rank 0 (pid $r0) does not serve the store on $port = 29500 + job id $job mod 1000"; }
 echo "  job $job: rank 0 (pid $r0) serves the store on port $port; rank 1 is pid $r1"
-sleep 1
 t0=$(date +%s.%N)
 kill -KILL "$r1"
 wait "$sp"
