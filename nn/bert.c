@@ -148,12 +148,8 @@ static ca_tensor *bert_model_forward(ca_module *self, ca_tensor *x, void *ctx);
 ca_status ca_bert_model_create(const ca_bert_config *c, ca_module **out) {
     if (out) *out = NULL;
     if (!c || !out) return ca_error(CA_ERR_INVALID, "ca_bert_model_create: config and out are required");
-    if (c->hidden_size <= 0 || c->num_attention_heads <= 0 || c->hidden_size % c->num_attention_heads ||
-        c->num_hidden_layers < 0 || c->intermediate_size <= 0 || c->vocab_size <= 0 ||
-        c->max_position_embeddings <= 0 || c->type_vocab_size <= 0)
-        return ca_error(CA_ERR_INVALID, "BertModel: config sizes must be positive and hidden_size (%lld) a "
-                        "multiple of num_attention_heads (%lld)", (long long)c->hidden_size,
-                        (long long)c->num_attention_heads);
+    ca_status s = ca_bert_check_sizes(c, 0, MODEL_TYPE);
+    if (s != CA_OK) return s;
     bert_model *b = calloc(1, sizeof *b);
     if (b) b->layers = calloc((size_t)(c->num_hidden_layers ? c->num_hidden_layers : 1), sizeof *b->layers);
     if (!b || !b->layers) {
@@ -163,7 +159,7 @@ ca_status ca_bert_model_create(const ca_bert_config *c, ca_module **out) {
     b->cfg = *c;
     b->nlayers = c->num_hidden_layers;
     ca_module *root, *enc, *layers, *pooler;
-    ca_status s = ca_module_create(MODEL_TYPE, bert_model_forward, b, bert_model_free, &root);
+    s = ca_module_create(MODEL_TYPE, bert_model_forward, b, bert_model_free, &root);
     if (s != CA_OK) return s;
     s = build_embeddings(root, b);
     if (s != CA_OK) ca_error_context("BertModel: embeddings");   /* out of memory, most likely */
@@ -198,8 +194,13 @@ ca_status ca_bert_for_sequence_classification_create(const ca_bert_config *c, in
         free(k);
         return ca_error(CA_ERR_INVALID, "%s: num_labels must be positive", CLS_TYPE);
     }
+    ca_status s = ca_bert_check_sizes(&k->cfg, k->cfg.num_labels, CLS_TYPE);
+    if (s != CA_OK) {
+        free(k);
+        return s;
+    }
     ca_module *root;
-    ca_status s = ca_module_create(CLS_TYPE, bert_cls_forward, k, free, &root);
+    s = ca_module_create(CLS_TYPE, bert_cls_forward, k, free, &root);
     if (s != CA_OK) return s;
     s = ca_bert_model_create(&k->cfg, &k->bert);
     if (s == CA_OK) s = ca_module_add(root, "bert", k->bert);

@@ -247,6 +247,35 @@ static void test_mismatch(void **state) {
     ca_module_destroy(m);
 }
 
+/* A config of sizes no memory holds fails before any allocation, naming the key; *out is NULL. */
+static void test_sizes_refused(void **state) {
+    (void)state;
+    static int stale_obj;
+    ca_bert_config c = small();
+    c.intermediate_size = (int64_t)1 << 40;
+    ca_module *m = (ca_module *)&stale_obj;
+    assert_int_equal(ca_bert_model_create(&c, &m), CA_ERR_INVALID);
+    assert_null(m);
+    if (!strstr(ca_last_error(), "BertModel: \"intermediate_size\" 1099511627776 makes a 1099511627776 x 8 "
+                                 "weight (encoder.layer.N.intermediate.dense.weight"))
+        fail_msg("%s", ca_last_error());
+    c = small();
+    c.max_position_embeddings = (int64_t)1 << 40;
+    assert_int_equal(ca_bert_model_create(&c, &m), CA_ERR_INVALID);
+    assert_non_null(strstr(ca_last_error(), "\"max_position_embeddings\" 1099511627776 makes a"));
+    c = small();
+    c.num_attention_heads = 0;
+    assert_int_equal(ca_bert_model_create(&c, &m), CA_ERR_INVALID);
+    assert_non_null(strstr(ca_last_error(), "BertModel: \"num_attention_heads\" is 0; it must be at least 1"));
+    c = small();
+    m = (ca_module *)&stale_obj;
+    assert_int_equal(ca_bert_for_sequence_classification_create(&c, (int64_t)1 << 40, &m), CA_ERR_INVALID);
+    assert_null(m);
+    if (!strstr(ca_last_error(), "BertForSequenceClassification: \"num_labels\" 1099511627776 makes a "
+                                 "1099511627776 x 8 weight (classifier.weight"))
+        fail_msg("%s", ca_last_error());
+}
+
 /* The process's mapped size (VmSize), in bytes; 0 when /proc does not say. */
 static uint64_t vm_size(void) {
     FILE *f = fopen("/proc/self/status", "r");
@@ -322,6 +351,7 @@ int main(void) {
         cmocka_unit_test(test_gradients),
         cmocka_unit_test(test_round_trip),
         cmocka_unit_test(test_mismatch),
+        cmocka_unit_test(test_sizes_refused),
         cmocka_unit_test(test_out_of_memory),
     };
     int rc = cmocka_run_group_tests(tests, setup, teardown);

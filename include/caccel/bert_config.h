@@ -40,7 +40,10 @@ typedef struct ca_bert_config {
 /* Reads `path` (a config.json, or a directory holding one). Fails with CA_ERR_UNSUPPORTED when
  * model_type is not "bert", an architecture is not a Bert* class, position_embedding_type is not
  * "absolute", or hidden_act is unknown; CA_ERR_INVALID for a key of the wrong type or a value out
- * of range (hidden_size not a multiple of num_attention_heads, ...). Messages name the file and
+ * of range (hidden_size not a multiple of num_attention_heads, more than 1000 layers, ...), and
+ * for sizes whose model could not be built: a weight (e.g. intermediate_size x hidden_size), or
+ * the whole model (with a classifier of num_labels), larger in f32 than the memory there is
+ * (physical memory, or the RLIMIT_AS / RLIMIT_DATA limit when lower). Messages name the file and
  * the key. */
 CA_API ca_status ca_bert_config_load(const char *path, ca_bert_config *out);
 
