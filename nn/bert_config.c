@@ -421,30 +421,40 @@ static ca_status check_one(const ca_st_file *f, const ca_bert_tensor *want, ca_b
     return CA_OK;
 }
 
-/* An encoder layer index >= num_hidden_layers in any tensor name is a config mismatch. */
+/* The file's encoder layers must be the config's: an index >= num_hidden_layers in any tensor
+ * name is a mismatch, and so are fewer layers than the config asks for. The second is found here,
+ * from the names the file has, before the config's names are made: those are 16 a layer, and a
+ * config may ask for millions of layers. */
 static ca_status check_layers(const ca_st_file *f, const ca_bert_config *c, const char *prefix) {
     char head[64];
     snprintf(head, sizeof head, "%sencoder.layer.", prefix);
+    long long have = 0;                    /* the highest layer index in the file, plus one */
     for (int i = 0; i < f->n; i++) {
         const char *n = f->entries[i].name;
-        if (strncmp(n, head, strlen(head)) != 0) continue;
+        if (strncmp(n, head, strlen(head)) != 0 || !isdigit((unsigned char)n[strlen(head)])) continue;
         long long l = strtoll(n + strlen(head), NULL, 10);
         if (l >= c->num_hidden_layers)
             return ca_error(CA_ERR_INVALID, "checkpoint '%s': tensor '%s' is in layer %lld, but "
                             "the config's num_hidden_layers is %lld", f->path, n, l,
                             (long long)c->num_hidden_layers);
+        if (l >= have) have = l + 1;
     }
+    if (have < c->num_hidden_layers)
+        return ca_error(CA_ERR_INVALID, "checkpoint '%s': no tensor '%s%lld.attention.self.query.weight': "
+                        "the config asks for %lld layers, the file has %lld", f->path, head, have,
+                        (long long)c->num_hidden_layers, have);
     return CA_OK;
 }
 
 static ca_status check_file(const ca_st_file *f, const ca_bert_config *c, ca_bert_check *r) {
     snprintf(r->prefix, sizeof r->prefix, "%s",
              ca_st_find(f, "bert.embeddings.word_embeddings.weight") ? "bert." : "");
+    ca_status st = check_layers(f, c, r->prefix);
+    if (st != CA_OK) return st;
     int64_t n = ca_bert_tensor_names(c, NULL, 0);
     ca_bert_tensor *want = malloc((size_t)n * sizeof *want);
     if (!want) return ca_error(CA_ERR_NOMEM, "checkpoint '%s': out of memory", f->path);
     ca_bert_tensor_names(c, want, n);
-    ca_status st = check_layers(f, c, r->prefix);
     int64_t pooler = 0;
     for (int64_t i = 0; st == CA_OK && i < n; i++) {
         bool found;

@@ -312,6 +312,27 @@ static void test_checkpoint(void **state) {
                      CA_ERR_NOT_FOUND);
 }
 
+/* A config asking for more layers than the file has fails at once, from the names the file holds,
+ * without first making the config's 16 names a layer (10^7 layers: 160 million names, 19 GB). */
+static void test_checkpoint_fewer_layers(void **state) {
+    (void)state;
+    write_text("config.json", SMALL);
+    ca_bert_config c;
+    T_OK(ca_bert_config_load(g_tmp, &c));
+    write_checkpoint("a.safetensors", &c, &(variant){.prefix = "bert."});
+    c.num_hidden_layers = 10000000;
+    ca_bert_check r;
+    assert_int_equal(ca_bert_check_checkpoint(path_of("a.safetensors"), &c, &r), CA_ERR_INVALID);
+    const char *e = ca_last_error();
+    if (!strstr(e, path_of("a.safetensors")) ||
+        !strstr(e, "no tensor 'bert.encoder.layer.2.attention.self.query.weight': the config asks for "
+                   "10000000 layers, the file has 2"))
+        fail_msg("%s", e);
+    c.num_hidden_layers = 3;
+    assert_int_equal(ca_bert_check_checkpoint(path_of("a.safetensors"), &c, &r), CA_ERR_INVALID);
+    assert_non_null(strstr(ca_last_error(), "asks for 3 layers, the file has 2"));
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_config),
@@ -319,6 +340,7 @@ int main(void) {
         cmocka_unit_test(test_tensor_names),
         cmocka_unit_test(test_checkpoint),
         cmocka_unit_test(test_config_sizes),
+        cmocka_unit_test(test_checkpoint_fewer_layers),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

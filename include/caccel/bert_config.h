@@ -73,7 +73,10 @@ typedef struct ca_bert_check {
  * "bert." prefix of the Bert*For* classes, detected; LayerNorm weight/bias may be stored under
  * the older names gamma/beta, which transformers also accepts). The pooler may be absent
  * (has_pooler false). A missing tensor, a wrong shape or dtype, or encoder layers beyond num_hidden_layers
- * fail with CA_ERR_INVALID naming the file, the tensor, and the shapes. result may be NULL. */
+ * fail with CA_ERR_INVALID naming the file, the tensor, and the shapes. Fewer layers in the file
+ * than c asks for fail first, in a time that depends on the file, not on c ("no tensor
+ * 'encoder.layer.12.attention.self.query.weight': the config asks for 1000000 layers, the file
+ * has 12"). result may be NULL. */
 CA_API ca_status ca_bert_check_checkpoint(const char *path, const ca_bert_config *c,
                                           ca_bert_check *result);
 
