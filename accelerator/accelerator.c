@@ -139,6 +139,7 @@ static ca_status create_comm(ca_accelerator *acc) {
 
 ca_status ca_accelerator_create(const ca_options *opts, ca_accelerator **out) {
     if (!out) return ca_error(CA_ERR_INVALID, "ca_accelerator_create: out is NULL");
+    *out = NULL;
     ca_accelerator *acc = calloc(1, sizeof *acc);
     if (!acc) return ca_error(CA_ERR_NOMEM, "out of host memory");
     ca_status s = load_config(acc, opts);

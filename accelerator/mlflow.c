@@ -260,6 +260,7 @@ static ca_status mlf_start_run(ca_mlflow *m, const char *root, const ca_mlflow_p
 
 ca_status ca_mlflow_open(const char *root, const char *experiment, const ca_mlflow_param *params, size_t nparams,
                          ca_mlflow **out) {
+    *out = NULL;
     ca_mlflow *m = calloc(1, sizeof *m);
     if (!m) return ca_error(CA_ERR_NOMEM, "mlflow: out of host memory");
     m->start_ms = mlf_now_ms();

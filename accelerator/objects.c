@@ -13,6 +13,8 @@ static ca_tensor *i64_tensor(ca_accelerator *acc, int64_t n, const int64_t *v) {
 
 ca_status ca_gather_object(ca_accelerator *acc, const void *buf, size_t len, void **out, size_t *out_len,
                            size_t *counts) {
+    if (out) *out = NULL;
+    if (out_len) *out_len = 0;
     if (!acc || !out || !out_len || (!buf && len))
         return ca_error(CA_ERR_INVALID, "ca_gather_object: NULL argument");
     int64_t w = acc->world, mine = (int64_t)len;

@@ -103,6 +103,7 @@ static bool pg_enabled(const ca_accelerator *acc) {
 }
 
 ca_status ca_progress_create(ca_accelerator *acc, const ca_progress_opts *opts, ca_progress **out) {
+    if (out) *out = NULL;
     if (!acc || !out) return ca_error(CA_ERR_INVALID, "progress_create: NULL accelerator or output");
     static const ca_progress_opts none;
     const ca_progress_opts *o = opts ? opts : &none;

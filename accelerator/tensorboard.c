@@ -51,6 +51,7 @@ static ca_status tb_write_event(FILE *f, const CaTb__Event *ev) {
 }
 
 ca_status ca_tb_open(const char *dir, FILE **out) {
+    *out = NULL;
     char host[256] = "localhost", path[PATH_MAX];
     gethostname(host, sizeof host - 1);
     struct timespec ts;

@@ -68,6 +68,7 @@ static ca_status open_locked(const char *name, int index, const ca_device_open_a
 
 ca_status ca_device_open(const char *name, int index, const ca_device_open_args *args,
                          ca_device **out) {
+    if (out) *out = NULL;
     if (!name || !out) return ca_error(CA_ERR_INVALID, "ca_device_open: name and out are required");
     pthread_mutex_lock(&dev_mu);
     ca_status s = open_locked(name, index, args, out);

@@ -62,14 +62,15 @@ static ca_status fill_zero(ca_tensor *t) {
 static ca_status add_linear(ca_module *parent, const char *name, int64_t in, int64_t out_f, ca_module **out) {
     ca_module *l;
     ca_status s = ca_linear_create(in, out_f, true, &l);
-    if (s == CA_OK) s = fill_normal(l->params[0], INIT_STD);
+    if (s != CA_OK) return s;              /* nothing was made (out of memory, most likely) */
+    s = fill_normal(l->params[0], INIT_STD);
     if (s == CA_OK) s = fill_zero(l->params[1]);
-    if (s == CA_OK) {
-        s = ca_module_add(parent, name, l);
-        if (s == CA_OK) *out = l;
-    } else {
+    if (s != CA_OK) {
         ca_module_destroy(l);
+        return s;
     }
+    s = ca_module_add(parent, name, l);    /* which destroys l when it fails */
+    if (s == CA_OK) *out = l;
     return s;
 }
 
@@ -85,7 +86,8 @@ static ca_status add_embedding(ca_module *parent, const char *name, int64_t n, i
                                ca_module **out) {
     ca_module *e;
     ca_status s = ca_embedding_create_ex(n, dim, pad, &e);
-    if (s == CA_OK) s = fill_normal(e->params[0], INIT_STD);
+    if (s != CA_OK) return s;              /* nothing was made */
+    s = fill_normal(e->params[0], INIT_STD);
     if (s == CA_OK && pad >= 0)
         s = CA_KCALL(ca_tdev(e->params[0]), fill, CA_F32, dim, 0.0, (float *)ca_tptr(e->params[0]) + pad * dim);
     if (s != CA_OK) {
@@ -144,13 +146,10 @@ static ca_status build_layer(ca_module *layers, int64_t i, const ca_bert_config 
 static ca_tensor *bert_model_forward(ca_module *self, ca_tensor *x, void *ctx);
 
 ca_status ca_bert_model_create(const ca_bert_config *c, ca_module **out) {
+    if (out) *out = NULL;
     if (!c || !out) return ca_error(CA_ERR_INVALID, "ca_bert_model_create: config and out are required");
-    if (c->hidden_size <= 0 || c->num_attention_heads <= 0 || c->hidden_size % c->num_attention_heads ||
-        c->num_hidden_layers < 0 || c->intermediate_size <= 0 || c->vocab_size <= 0 ||
-        c->max_position_embeddings <= 0 || c->type_vocab_size <= 0)
-        return ca_error(CA_ERR_INVALID, "BertModel: config sizes must be positive and hidden_size (%lld) a "
-                        "multiple of num_attention_heads (%lld)", (long long)c->hidden_size,
-                        (long long)c->num_attention_heads);
+    ca_status s = ca_bert_check_sizes(c, 0, MODEL_TYPE);
+    if (s != CA_OK) return s;
     bert_model *b = calloc(1, sizeof *b);
     if (b) b->layers = calloc((size_t)(c->num_hidden_layers ? c->num_hidden_layers : 1), sizeof *b->layers);
     if (!b || !b->layers) {
@@ -160,14 +159,16 @@ ca_status ca_bert_model_create(const ca_bert_config *c, ca_module **out) {
     b->cfg = *c;
     b->nlayers = c->num_hidden_layers;
     ca_module *root, *enc, *layers, *pooler;
-    ca_status s = ca_module_create(MODEL_TYPE, bert_model_forward, b, bert_model_free, &root);
+    s = ca_module_create(MODEL_TYPE, bert_model_forward, b, bert_model_free, &root);
     if (s != CA_OK) return s;
     s = build_embeddings(root, b);
+    if (s != CA_OK) ca_error_context("BertModel: embeddings");   /* out of memory, most likely */
     if (s == CA_OK) s = add_container(root, "encoder", "BertEncoder", &enc);
     if (s == CA_OK) s = add_container(enc, "layer", "ModuleList", &layers);
     for (int64_t i = 0; s == CA_OK && i < b->nlayers; i++) {
         b->layers[i].model = b;
         s = build_layer(layers, i, c, &b->layers[i]);
+        if (s != CA_OK) ca_error_context("BertModel: encoder.layer.%lld", (long long)i);
     }
     if (s == CA_OK) s = add_container(root, "pooler", "BertPooler", &pooler);
     if (s == CA_OK) s = add_linear(pooler, "dense", c->hidden_size, c->hidden_size, &b->pooler);
@@ -183,6 +184,7 @@ static ca_tensor *bert_cls_forward(ca_module *self, ca_tensor *x, void *ctx);
 
 ca_status ca_bert_for_sequence_classification_create(const ca_bert_config *c, int64_t num_labels,
                                                      ca_module **out) {
+    if (out) *out = NULL;
     if (!c || !out) return ca_error(CA_ERR_INVALID, "ca_bert_for_sequence_classification_create: config and out are required");
     bert_cls *k = calloc(1, sizeof *k);
     if (!k) return ca_error(CA_ERR_NOMEM, "out of host memory creating %s", CLS_TYPE);
@@ -192,8 +194,13 @@ ca_status ca_bert_for_sequence_classification_create(const ca_bert_config *c, in
         free(k);
         return ca_error(CA_ERR_INVALID, "%s: num_labels must be positive", CLS_TYPE);
     }
+    ca_status s = ca_bert_check_sizes(&k->cfg, k->cfg.num_labels, CLS_TYPE);
+    if (s != CA_OK) {
+        free(k);
+        return s;
+    }
     ca_module *root;
-    ca_status s = ca_module_create(CLS_TYPE, bert_cls_forward, k, free, &root);
+    s = ca_module_create(CLS_TYPE, bert_cls_forward, k, free, &root);
     if (s != CA_OK) return s;
     s = ca_bert_model_create(&k->cfg, &k->bert);
     if (s == CA_OK) s = ca_module_add(root, "bert", k->bert);

@@ -1,16 +1,20 @@
 /* A Hugging Face BERT checkpoint's config.json (BertConfig), the names and shapes of BertModel's
  * parameters, and the check that a model.safetensors holds them. */
+#include "nn/nn_impl.h"
 #include "tensor/safetensors_impl.h"
 #include "core/json_impl.h"
 #include "base/file_impl.h"
 
 #include <caccel/bert_config.h>
 
+#include <ctype.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 /* Activations BertConfig names that transformers' ACT2FN maps. */
 static const char *const known_acts[] = {"gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_fast",
@@ -38,15 +42,16 @@ static json_object *get(json_object *o, const char *key) {
     return json_object_object_get_ex(o, key, &v) ? v : NULL;
 }
 
-/* Integer key: absent keeps *v; present must be an integer in [lo, 2^40]. */
+/* Integer key: absent keeps *v; present must be an integer in [lo, 2^40] (what the sizes may be
+ * is ca_bert_check_sizes's to say, with the memory there is). */
 static ca_status get_int(json_object *root, const char *key, int64_t lo, int64_t *v,
                          const char *path) {
     json_object *o = get(root, key);
     if (!o) return CA_OK;
     if (!json_object_is_type(o, json_type_int) || json_object_get_int64(o) < lo ||
         json_object_get_int64(o) > ((int64_t)1 << 40))
-        return ca_error(CA_ERR_INVALID, "config '%s': \"%s\" is %s; an integer >= %lld is needed",
-                        path, key, json_object_to_json_string(o), (long long)lo);
+        return ca_error(CA_ERR_INVALID, "config '%s': \"%s\" is %s; an integer in [%lld, 2^40] is "
+                        "needed", path, key, json_object_to_json_string(o), (long long)lo);
     *v = json_object_get_int64(o);
     return CA_OK;
 }
@@ -129,10 +134,11 @@ static ca_status read_fields(json_object *root, ca_bert_config *c, const char *p
     json_object *labels = get(root, "id2label");
     if (st == CA_OK && labels && json_object_is_type(labels, json_type_object))
         c->num_labels = json_object_object_length(labels);
-    if (st == CA_OK && c->hidden_size % c->num_attention_heads != 0)
-        st = ca_error(CA_ERR_INVALID, "config '%s': \"hidden_size\" %lld is not a multiple of "
-                      "\"num_attention_heads\" %lld", path, (long long)c->hidden_size,
-                      (long long)c->num_attention_heads);
+    if (st == CA_OK) {
+        char what[4200];
+        snprintf(what, sizeof what, "config '%s'", path);
+        st = ca_bert_check_sizes(c, c->num_labels, what);
+    }
     if (st == CA_OK && c->pad_token_id >= c->vocab_size)
         st = ca_error(CA_ERR_INVALID, "config '%s': \"pad_token_id\" %lld is not below "
                       "\"vocab_size\" %lld", path, (long long)c->pad_token_id,
@@ -167,6 +173,120 @@ ca_status ca_bert_config_load(const char *path, ca_bert_config *out) {
     ca_status s = parse(path, &c);
     if (s == CA_OK) *out = c;
     return s;
+}
+
+/* ------------------------------------------------------------------ sizes */
+
+/* The deepest Transformers published have about 1,000 layers; a config asking for more is a typo
+ * or hostile, and each layer is 8 modules and 16 tensors to build, name and look up. */
+#define MAX_LAYERS 1000
+
+/* The memory a model's parameters may take: physical memory, or the process's address-space or
+ * data limit (ulimit -v, ulimit -d) when one is lower. *what says which. */
+static double memory_there_is(const char **what) {
+    double mem = 1e300;
+    *what = "physical memory";
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    if (pages > 0 && page > 0) mem = (double)pages * (double)page;
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_AS, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY && (double)rl.rlim_cur < mem) {
+        mem = (double)rl.rlim_cur;
+        *what = "the address-space limit RLIMIT_AS, ulimit -v";
+    }
+    if (getrlimit(RLIMIT_DATA, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY && (double)rl.rlim_cur < mem) {
+        mem = (double)rl.rlim_cur;
+        *what = "the data limit RLIMIT_DATA, ulimit -d";
+    }
+    return mem;
+}
+
+static const char *human_bytes(double b, char *buf, size_t len) {
+    static const char *const unit[] = {"bytes", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB", "ZiB", "YiB"};
+    int u = 0;
+    for (; b >= 1024 && u < 8; u++) b /= 1024;
+    snprintf(buf, len, u ? "%.1f %s" : "%.0f %s", b, unit[u]);
+    return buf;
+}
+
+/* A weight of BertModel (or of the classifier) and the keys its sizes come from. */
+typedef struct bert_weight {
+    const char *name, *rows_key, *cols_key;
+    int64_t rows, cols;
+} bert_weight;
+
+/* The parameters of BertModel for c, with a classifier of num_labels (0: none). In double: the
+ * sizes may be up to 2^63 each, and this only has to say "too many". */
+static double param_count(const ca_bert_config *c, int64_t num_labels) {
+    double H = (double)c->hidden_size, I = (double)c->intermediate_size;
+    double layer = 4 * (H * H + H) + (I * H + I) + (H * I + H) + 2 * 2 * H;
+    double n = ((double)c->vocab_size + (double)c->max_position_embeddings + (double)c->type_vocab_size) * H;
+    n += 2 * H;
+    n += (double)c->num_hidden_layers * layer + H * H + H;
+    return n + (num_labels > 0 ? (double)num_labels * (H + 1) : 0);
+}
+
+/* Each weight, then the whole model, against the memory there is (f32 parameters, as
+ * ca_bert_model_create makes them): a size of 2^40 fails here, naming its key, rather than in an
+ * allocation of petabytes. */
+static ca_status check_memory(const ca_bert_config *c, int64_t num_labels, const char *what) {
+    const char *mem_what;
+    double mem = memory_there_is(&mem_what);
+    int64_t H = c->hidden_size;
+    const bert_weight w[] = {
+        {"embeddings.word_embeddings.weight", "vocab_size", "hidden_size", c->vocab_size, H},
+        {"embeddings.position_embeddings.weight", "max_position_embeddings", "hidden_size",
+         c->max_position_embeddings, H},
+        {"embeddings.token_type_embeddings.weight", "type_vocab_size", "hidden_size", c->type_vocab_size, H},
+        {"encoder.layer.N.attention.self.query.weight", "hidden_size", "hidden_size", H, H},
+        {"encoder.layer.N.intermediate.dense.weight", "intermediate_size", "hidden_size",
+         c->intermediate_size, H},
+        {"classifier.weight", "num_labels", "hidden_size", num_labels > 0 ? num_labels : 1, H},
+    };
+    char b[32], m[32];
+    for (size_t i = 0; i < sizeof w / sizeof *w; i++) {
+        double bytes = (double)w[i].rows * (double)w[i].cols * sizeof(float);
+        if (bytes <= mem) continue;
+        bool rows = w[i].rows >= w[i].cols;
+        return ca_error(CA_ERR_INVALID, "%s: \"%s\" %lld makes a %lld x %lld weight (%s, %s in f32) "
+                        "larger than the %s of memory there is (%s)", what,
+                        rows ? w[i].rows_key : w[i].cols_key, (long long)(rows ? w[i].rows : w[i].cols),
+                        (long long)w[i].rows, (long long)w[i].cols, w[i].name,
+                        human_bytes(bytes, b, sizeof b), human_bytes(mem, m, sizeof m), mem_what);
+    }
+    double n = param_count(c, num_labels);
+    if (n * sizeof(float) > mem)
+        return ca_error(CA_ERR_INVALID, "%s: %lld layers (\"num_hidden_layers\") of \"hidden_size\" %lld "
+                        "and \"intermediate_size\" %lld make %.3g parameters (%s in f32), more than the %s "
+                        "of memory there is (%s)", what, (long long)c->num_hidden_layers, (long long)H,
+                        (long long)c->intermediate_size, n, human_bytes(n * sizeof(float), b, sizeof b),
+                        human_bytes(mem, m, sizeof m), mem_what);
+    return CA_OK;
+}
+
+ca_status ca_bert_check_sizes(const ca_bert_config *c, int64_t num_labels, const char *what) {
+    const struct { const char *key; int64_t v, lo; } sizes[] = {
+        {"vocab_size", c->vocab_size, 1}, {"hidden_size", c->hidden_size, 1},
+        {"num_hidden_layers", c->num_hidden_layers, 0}, {"num_attention_heads", c->num_attention_heads, 1},
+        {"intermediate_size", c->intermediate_size, 1},
+        {"max_position_embeddings", c->max_position_embeddings, 1},
+        {"type_vocab_size", c->type_vocab_size, 1},
+    };
+    for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++)
+        if (sizes[i].v < sizes[i].lo)
+            return ca_error(CA_ERR_INVALID, "%s: \"%s\" is %lld; it must be at least %lld", what, sizes[i].key,
+                            (long long)sizes[i].v, (long long)sizes[i].lo);
+    if (c->num_hidden_layers > MAX_LAYERS)
+        return ca_error(CA_ERR_INVALID, "%s: \"num_hidden_layers\" is %lld; at most %d layers are "
+                        "supported", what, (long long)c->num_hidden_layers, MAX_LAYERS);
+    if (c->num_attention_heads > c->hidden_size)
+        return ca_error(CA_ERR_INVALID, "%s: \"num_attention_heads\" %lld is more than \"hidden_size\" "
+                        "%lld (each head has hidden_size / num_attention_heads channels)", what,
+                        (long long)c->num_attention_heads, (long long)c->hidden_size);
+    if (c->hidden_size % c->num_attention_heads != 0)
+        return ca_error(CA_ERR_INVALID, "%s: \"hidden_size\" %lld is not a multiple of "
+                        "\"num_attention_heads\" %lld", what, (long long)c->hidden_size,
+                        (long long)c->num_attention_heads);
+    return check_memory(c, num_labels, what);
 }
 
 /* ------------------------------------------------------------------ tensor names */
@@ -275,30 +395,40 @@ static ca_status check_one(const ca_st_file *f, const ca_bert_tensor *want, ca_b
     return CA_OK;
 }
 
-/* An encoder layer index >= num_hidden_layers in any tensor name is a config mismatch. */
+/* The file's encoder layers must be the config's: an index >= num_hidden_layers in any tensor
+ * name is a mismatch, and so are fewer layers than the config asks for. The second is found here,
+ * from the names the file has, before the config's names are made: those are 16 a layer, and a
+ * config may ask for millions of layers. */
 static ca_status check_layers(const ca_st_file *f, const ca_bert_config *c, const char *prefix) {
     char head[64];
     snprintf(head, sizeof head, "%sencoder.layer.", prefix);
+    long long have = 0;                    /* the highest layer index in the file, plus one */
     for (int i = 0; i < f->n; i++) {
         const char *n = f->entries[i].name;
-        if (strncmp(n, head, strlen(head)) != 0) continue;
+        if (strncmp(n, head, strlen(head)) != 0 || !isdigit((unsigned char)n[strlen(head)])) continue;
         long long l = strtoll(n + strlen(head), NULL, 10);
         if (l >= c->num_hidden_layers)
             return ca_error(CA_ERR_INVALID, "checkpoint '%s': tensor '%s' is in layer %lld, but "
                             "the config's num_hidden_layers is %lld", f->path, n, l,
                             (long long)c->num_hidden_layers);
+        if (l >= have) have = l + 1;
     }
+    if (have < c->num_hidden_layers)
+        return ca_error(CA_ERR_INVALID, "checkpoint '%s': no tensor '%s%lld.attention.self.query.weight': "
+                        "the config asks for %lld layers, the file has %lld", f->path, head, have,
+                        (long long)c->num_hidden_layers, have);
     return CA_OK;
 }
 
 static ca_status check_file(const ca_st_file *f, const ca_bert_config *c, ca_bert_check *r) {
     snprintf(r->prefix, sizeof r->prefix, "%s",
              ca_st_find(f, "bert.embeddings.word_embeddings.weight") ? "bert." : "");
+    ca_status st = check_layers(f, c, r->prefix);
+    if (st != CA_OK) return st;
     int64_t n = ca_bert_tensor_names(c, NULL, 0);
     ca_bert_tensor *want = malloc((size_t)n * sizeof *want);
     if (!want) return ca_error(CA_ERR_NOMEM, "checkpoint '%s': out of memory", f->path);
     ca_bert_tensor_names(c, want, n);
-    ca_status st = check_layers(f, c, r->prefix);
     int64_t pooler = 0;
     for (int64_t i = 0; st == CA_OK && i < n; i++) {
         bool found;

@@ -41,6 +41,8 @@ static ca_tensor *linear_forward(ca_module *self, ca_tensor *x, void *ctx) {
 }
 
 ca_status ca_linear_create(int64_t in, int64_t out_features, bool bias, ca_module **out) {
+    if (!out) return ca_error(CA_ERR_INVALID, "ca_linear_create: out is NULL");
+    *out = NULL;
     if (in <= 0 || out_features <= 0)
         return ca_error(CA_ERR_INVALID, "Linear(%lld, %lld): sizes must be positive", (long long)in,
                         (long long)out_features);
@@ -64,6 +66,8 @@ static ca_tensor *embedding_forward(ca_module *self, ca_tensor *x, void *ctx) {
 }
 
 ca_status ca_embedding_create(int64_t num, int64_t dim, ca_module **out) {
+    if (!out) return ca_error(CA_ERR_INVALID, "ca_embedding_create: out is NULL");
+    *out = NULL;
     if (num <= 0 || dim <= 0)
         return ca_error(CA_ERR_INVALID, "Embedding(%lld, %lld): sizes must be positive", (long long)num, (long long)dim);
     ca_module *m;
@@ -82,6 +86,8 @@ static ca_tensor *layer_norm_forward(ca_module *self, ca_tensor *x, void *ctx) {
 }
 
 ca_status ca_layer_norm_create(int64_t dim, double eps, ca_module **out) {
+    if (!out) return ca_error(CA_ERR_INVALID, "ca_layer_norm_create: out is NULL");
+    *out = NULL;
     if (dim <= 0) return ca_error(CA_ERR_INVALID, "LayerNorm(%lld): size must be positive", (long long)dim);
     ca_module *m;
     ca_status s = ca_module_create("LayerNorm", layer_norm_forward, NULL, NULL, &m);
@@ -111,6 +117,8 @@ ca_status ca_tanh_create(ca_module **out) { return ca_module_create("Tanh", tanh
 ca_status ca_flatten_create(ca_module **out) { return ca_module_create("Flatten", flatten_forward, NULL, NULL, out); }
 
 ca_status ca_dropout_create(double p, ca_module **out) {
+    if (!out) return ca_error(CA_ERR_INVALID, "ca_dropout_create: out is NULL");
+    *out = NULL;
     if (p < 0 || p >= 1) return ca_error(CA_ERR_INVALID, "Dropout(p=%g): p must be in [0, 1)", p);
     ca_status s = ca_module_create("Dropout", dropout_forward, NULL, NULL, out);
     if (s == CA_OK) (*out)->p = p;
@@ -136,6 +144,8 @@ static ca_tensor *embedding_pad_forward(ca_module *self, ca_tensor *x, void *ctx
 }
 
 ca_status ca_embedding_create_ex(int64_t num, int64_t dim, int64_t padding_idx, ca_module **out) {
+    if (!out) return ca_error(CA_ERR_INVALID, "ca_embedding_create_ex: out is NULL");
+    *out = NULL;
     if (num <= 0 || dim <= 0)
         return ca_error(CA_ERR_INVALID, "Embedding(%lld, %lld): sizes must be positive", (long long)num, (long long)dim);
     if (padding_idx < -1 || padding_idx >= num)
@@ -157,6 +167,8 @@ static ca_tensor *rms_norm_forward(ca_module *self, ca_tensor *x, void *ctx) {
 }
 
 ca_status ca_rms_norm_create(int64_t dim, double eps, ca_module **out) {
+    if (!out) return ca_error(CA_ERR_INVALID, "ca_rms_norm_create: out is NULL");
+    *out = NULL;
     if (dim <= 0) return ca_error(CA_ERR_INVALID, "RMSNorm(%lld): size must be positive", (long long)dim);
     ca_module *m;
     ca_status s = ca_module_create("RMSNorm", rms_norm_forward, NULL, NULL, &m);

@@ -7,6 +7,11 @@
 
 ca_status ca_module_create(const char *type, ca_forward_fn fn, void *ctx, void (*ctx_free)(void *),
                            ca_module **out) {
+    if (!out) {
+        if (ctx_free && ctx) ctx_free(ctx);
+        return ca_error(CA_ERR_INVALID, "ca_module_create: out is NULL");
+    }
+    *out = NULL;
     ca_module *m = calloc(1, sizeof *m);
     if (m) m->type = strdup(type ? type : "Module");
     if (!m || !m->type) {

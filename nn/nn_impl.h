@@ -95,5 +95,13 @@ ca_tensor *ca_optimizer_param_at(const ca_optimizer *o, int i);
  * after moving parameters, so state lives on the training device). */
 ca_status ca_optimizer_init_state(ca_optimizer *o);
 
+/* The sizes of a BERT config (nn/bert_config.c), checked before config.json is accepted and
+ * before ca_bert_model_create allocates anything: positive, at most 1000 layers,
+ * num_attention_heads dividing hidden_size, and each weight and the whole model (with a
+ * classifier of num_labels, 0: none) within the memory there is (physical memory, or ulimit -v
+ * / -d when lower). The message starts with `what` ("config 'x/config.json'", "BertModel") and
+ * names the key. */
+struct ca_bert_config;
+ca_status ca_bert_check_sizes(const struct ca_bert_config *c, int64_t num_labels, const char *what);
 
 #endif

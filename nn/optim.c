@@ -81,6 +81,7 @@ static ca_status add_group(ca_optimizer *o, ca_tensor *const *params, int n, con
 }
 
 static ca_status create(ca_optim_kind kind, ca_tensor *const *params, int n, const void *opts, ca_optimizer **out) {
+    if (out) *out = NULL;
     if (!out || (n > 0 && !params)) return ca_error(CA_ERR_INVALID, "optimizer: parameters and out are required");
     ca_optimizer *o = calloc(1, sizeof *o);
     if (!o) return ca_error(CA_ERR_NOMEM, "out of host memory");
@@ -95,6 +96,7 @@ static ca_status create(ca_optim_kind kind, ca_tensor *const *params, int n, con
 }
 
 static ca_status from_module(ca_optim_kind kind, ca_module *m, const void *opts, ca_optimizer **out) {
+    if (out) *out = NULL;
     if (!m) return ca_error(CA_ERR_INVALID, "optimizer: module is NULL");
     int n = ca_module_num_params(m);
     return create(kind, m->flat, n, opts, out);

@@ -342,6 +342,8 @@ ca_tensor *ca_rand_normal(ca_device *dev, ca_dtype dt, int ndim, const int64_t *
 /* ------------------------------------------------------------------ persistence */
 
 ca_status ca_parameter_create(ca_device *dev, ca_dtype dt, int ndim, const int64_t *shape, ca_tensor **out) {
+    if (!out) return ca_error(CA_ERR_INVALID, "ca_parameter_create: out is NULL");
+    *out = NULL;
     ca_tensor *t = ca_tensor_new(dev, dt, ndim, shape);
     if (!t) return ca_last_status();
     ca_tensor_keep(t);
@@ -398,6 +400,9 @@ ca_status ca_tensor_move_(ca_tensor *t, ca_device *dev) {
 }
 
 ca_status ca_tensor_to_device(const ca_tensor *t, ca_device *dev, ca_tensor **out) {
+    if (!out) return ca_error(CA_ERR_INVALID, "ca_tensor_to_device: out is NULL");
+    *out = NULL;
+    if (!t) return ca_error(CA_ERR_INVALID, "ca_tensor_to_device: tensor is NULL");
     ca_tensor *c = ca_tensor_new(dev, t->dtype, t->ndim, t->shape);
     if (!c) return ca_last_status();
     ca_tensor_keep(c);

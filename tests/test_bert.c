@@ -5,7 +5,9 @@
  * compares the real checkpoint's outputs with PyTorch. */
 #include "test_util.h"
 
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 
 static char g_tmp[] = "/tmp/caccel-bertm-XXXXXX";
 
@@ -245,13 +247,112 @@ static void test_mismatch(void **state) {
     ca_module_destroy(m);
 }
 
+/* A config of sizes no memory holds fails before any allocation, naming the key; *out is NULL. */
+static void test_sizes_refused(void **state) {
+    (void)state;
+    static int stale_obj;
+    ca_bert_config c = small();
+    c.intermediate_size = (int64_t)1 << 40;
+    ca_module *m = (ca_module *)&stale_obj;
+    assert_int_equal(ca_bert_model_create(&c, &m), CA_ERR_INVALID);
+    assert_null(m);
+    if (!strstr(ca_last_error(), "BertModel: \"intermediate_size\" 1099511627776 makes a 1099511627776 x 8 "
+                                 "weight (encoder.layer.N.intermediate.dense.weight"))
+        fail_msg("%s", ca_last_error());
+    c = small();
+    c.max_position_embeddings = (int64_t)1 << 40;
+    assert_int_equal(ca_bert_model_create(&c, &m), CA_ERR_INVALID);
+    assert_non_null(strstr(ca_last_error(), "\"max_position_embeddings\" 1099511627776 makes a"));
+    c = small();
+    c.num_attention_heads = 0;
+    assert_int_equal(ca_bert_model_create(&c, &m), CA_ERR_INVALID);
+    assert_non_null(strstr(ca_last_error(), "BertModel: \"num_attention_heads\" is 0; it must be at least 1"));
+    c = small();
+    m = (ca_module *)&stale_obj;
+    assert_int_equal(ca_bert_for_sequence_classification_create(&c, (int64_t)1 << 40, &m), CA_ERR_INVALID);
+    assert_null(m);
+    if (!strstr(ca_last_error(), "BertForSequenceClassification: \"num_labels\" 1099511627776 makes a "
+                                 "1099511627776 x 8 weight (classifier.weight"))
+        fail_msg("%s", ca_last_error());
+}
+
+/* The process's mapped size (VmSize), in bytes; 0 when /proc does not say. */
+static uint64_t vm_size(void) {
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    unsigned long long kb = 0;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "VmSize: %llu kB", &kb) == 1) break;
+    if (f) fclose(f);
+    return (uint64_t)kb * 1024;
+}
+
+/* The child of test_out_of_memory, a fresh process (main runs this when OOM_CHILD is set): under
+ * an address-space limit of what it maps plus 64 MiB, a model the size check lets through (it is
+ * below the limit) but that does not fit beside what the process already maps. The allocation of
+ * a weight fails, and construction must return CA_ERR_NOMEM naming the layer, with *out NULL and
+ * nothing leaked, rather than destroy the module the failed constructor never made (SIGSEGV). */
+#define OOM_CHILD "CACCEL_TEST_BERT_OOM_CHILD"
+static int oom_child(void) {
+    if (!ca_cpu_device()) return 2;                /* opened before the limit, as a program's is */
+    uint64_t vm = vm_size();
+    if (!vm) return 2;
+    const uint64_t headroom = 64 << 20;
+    uint64_t want = headroom + (vm / 2 < (256u << 20) ? vm / 2 : (256u << 20));   /* in (headroom, vm + headroom) */
+    ca_bert_config c = small();
+    c.hidden_size = 256;
+    c.num_attention_heads = 4;
+    c.intermediate_size = (int64_t)(want / 4 / 256 / 2);   /* two such weights a layer */
+    c.num_hidden_layers = 1;
+    struct rlimit old, rl;
+    getrlimit(RLIMIT_AS, &old);
+    rl = old;
+    rl.rlim_cur = vm + headroom;
+    if (setrlimit(RLIMIT_AS, &rl) != 0) return 3;
+    ca_module *m = (ca_module *)&c;                /* stale: a failure must set it NULL */
+    ca_status s = ca_bert_model_create(&c, &m);
+    bool clean = s == CA_ERR_NOMEM && m == NULL && strstr(ca_last_error(), "BertModel: encoder.layer.0: ");
+    printf("child: %s: %s\n", ca_status_name(s), ca_last_error());
+    setrlimit(RLIMIT_AS, &old);                    /* the leak check at exit needs its memory */
+    if (s == CA_OK) ca_module_destroy(m);
+    ca_shutdown();
+    return clean ? 0 : 1;
+}
+
+/* Runs oom_child in a new process image: there ASan (in the sanitizer build) can be told to return
+ * NULL from a failed allocation, as malloc does, rather than report and abort. */
+static void test_out_of_memory(void **state) {
+    (void)state;
+    if (getenv("CACCEL_UNDER_VALGRIND")) skip();   /* /proc/self/exe is valgrind's own program there */
+    fflush(NULL);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        const char *asan = getenv("ASAN_OPTIONS");
+        char opts[1024];
+        snprintf(opts, sizeof opts, "%s%sallocator_may_return_null=1", asan ? asan : "", asan && *asan ? ":" : "");
+        setenv("ASAN_OPTIONS", opts, 1);
+        setenv(OOM_CHILD, "1", 1);
+        execl("/proc/self/exe", "test_bert", (char *)NULL);
+        _exit(127);
+    }
+    int status = 0;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+        fail_msg("the child %s %d", WIFEXITED(status) ? "exited with" : "died of signal",
+                 WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
+}
+
 int main(void) {
+    if (getenv(OOM_CHILD)) return oom_child();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_names),
         cmocka_unit_test(test_padding_and_eval),
         cmocka_unit_test(test_gradients),
         cmocka_unit_test(test_round_trip),
         cmocka_unit_test(test_mismatch),
+        cmocka_unit_test(test_sizes_refused),
+        cmocka_unit_test(test_out_of_memory),
     };
     int rc = cmocka_run_group_tests(tests, setup, teardown);
     ca_shutdown();

@@ -3,6 +3,8 @@
  * real all-MiniLM-L6-v2 files through the same calls. */
 #include "test_util.h"
 
+#include <sys/resource.h>
+
 static char g_tmp[] = "/tmp/caccel-bert-XXXXXX";
 
 static const char *path_of(const char *name) {
@@ -112,6 +114,63 @@ static void test_config_errors(void **state) {
     ca_bert_config c;
     assert_int_equal(ca_bert_config_load(path_of("none.json"), &c), CA_ERR_NOT_FOUND);
     assert_non_null(strstr(ca_last_error(), path_of("none.json")));
+}
+
+/* What the reader bounds a model by: physical memory, or ulimit -v / -d when lower. */
+static double memory_there_is(void) {
+    double mem = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_AS, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY && (double)rl.rlim_cur < mem)
+        mem = (double)rl.rlim_cur;
+    if (getrlimit(RLIMIT_DATA, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY && (double)rl.rlim_cur < mem)
+        mem = (double)rl.rlim_cur;
+    return mem;
+}
+
+/* Sizes of 2^40 are refused when config.json is read, naming the key and the weight, before any
+ * allocation of petabytes is tried; so are more layers than a model can have, and models whose
+ * weights each fit but not all together. */
+static void test_config_sizes(void **state) {
+    (void)state;
+    expect_config_error("{\"model_type\": \"bert\", \"hidden_size\": 384, \"num_attention_heads\": 12,"
+                        " \"intermediate_size\": 1099511627776}", CA_ERR_INVALID,
+                        "\"intermediate_size\" 1099511627776 makes a 1099511627776 x 384 weight "
+                        "(encoder.layer.N.intermediate.dense.weight, 1.5 PiB in f32) larger than the ");
+    assert_non_null(strstr(ca_last_error(), "of memory there is ("));
+    expect_config_error("{\"model_type\": \"bert\", \"max_position_embeddings\": 1099511627776}",
+                        CA_ERR_INVALID, "\"max_position_embeddings\" 1099511627776 makes a 1099511627776 x "
+                        "768 weight (embeddings.position_embeddings.weight");
+    expect_config_error("{\"model_type\": \"bert\", \"vocab_size\": 1099511627776}", CA_ERR_INVALID,
+                        "\"vocab_size\" 1099511627776 makes a 1099511627776 x 768 weight "
+                        "(embeddings.word_embeddings.weight");
+    expect_config_error("{\"model_type\": \"bert\", \"hidden_size\": 1099511627776, "
+                        "\"num_attention_heads\": 16}", CA_ERR_INVALID,
+                        "\"hidden_size\" 1099511627776 makes a 30522 x 1099511627776 weight "
+                        "(embeddings.word_embeddings.weight");
+    expect_config_error("{\"model_type\": \"bert\", \"num_labels\": 1099511627776}", CA_ERR_INVALID,
+                        "\"num_labels\" 1099511627776 makes a 1099511627776 x 768 weight (classifier.weight");
+    expect_config_error("{\"model_type\": \"bert\", \"num_hidden_layers\": 1099511627776}", CA_ERR_INVALID,
+                        "\"num_hidden_layers\" is 1099511627776; at most 1000 layers are supported");
+    expect_config_error("{\"model_type\": \"bert\", \"hidden_size\": 8, \"num_attention_heads\": 64}",
+                        CA_ERR_INVALID, "\"num_attention_heads\" 64 is more than \"hidden_size\" 8");
+    expect_config_error("{\"model_type\": \"bert\", \"num_hidden_layers\": 4398046511104}", CA_ERR_INVALID,
+                        "\"num_hidden_layers\" is 4398046511104; an integer in [1, 2^40] is needed");
+    /* each weight an eighth of the memory there is, 1000 layers of them: the whole is refused */
+    double mem = memory_there_is();
+    long long h = 1024, inter = (long long)(mem / 8 / 4 / (double)h);
+    char text[512], want[200];
+    snprintf(text, sizeof text, "{\"model_type\": \"bert\", \"hidden_size\": %lld, \"intermediate_size\": "
+             "%lld, \"num_attention_heads\": 16, \"num_hidden_layers\": 1000}", h, inter);
+    snprintf(want, sizeof want, "1000 layers (\"num_hidden_layers\") of \"hidden_size\" 1024 and "
+             "\"intermediate_size\" %lld make ", inter);
+    expect_config_error(text, CA_ERR_INVALID, want);
+    assert_non_null(strstr(ca_last_error(), "of memory there is ("));
+    /* the same at 2 layers is a model the memory holds */
+    snprintf(text, sizeof text, "{\"model_type\": \"bert\", \"hidden_size\": %lld, \"intermediate_size\": "
+             "%lld, \"num_attention_heads\": 16, \"num_hidden_layers\": 2}", h, inter / 4);
+    write_text("ok.json", text);
+    ca_bert_config c;
+    T_OK(ca_bert_config_load(path_of("ok.json"), &c));
 }
 
 /* A safetensors file of zeros: the config's tensors (with prefix), minus the `skip` names, with
@@ -258,12 +317,35 @@ static void test_checkpoint(void **state) {
                      CA_ERR_NOT_FOUND);
 }
 
+/* A config asking for more layers than the file has fails at once, from the names the file holds,
+ * without first making the config's 16 names a layer (10^7 layers: 160 million names, 19 GB). */
+static void test_checkpoint_fewer_layers(void **state) {
+    (void)state;
+    write_text("config.json", SMALL);
+    ca_bert_config c;
+    T_OK(ca_bert_config_load(g_tmp, &c));
+    write_checkpoint("a.safetensors", &c, &(variant){.prefix = "bert."});
+    c.num_hidden_layers = 10000000;
+    ca_bert_check r;
+    assert_int_equal(ca_bert_check_checkpoint(path_of("a.safetensors"), &c, &r), CA_ERR_INVALID);
+    const char *e = ca_last_error();
+    if (!strstr(e, path_of("a.safetensors")) ||
+        !strstr(e, "no tensor 'bert.encoder.layer.2.attention.self.query.weight': the config asks for "
+                   "10000000 layers, the file has 2"))
+        fail_msg("%s", e);
+    c.num_hidden_layers = 3;
+    assert_int_equal(ca_bert_check_checkpoint(path_of("a.safetensors"), &c, &r), CA_ERR_INVALID);
+    assert_non_null(strstr(ca_last_error(), "asks for 3 layers, the file has 2"));
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_config),
         cmocka_unit_test(test_config_errors),
         cmocka_unit_test(test_tensor_names),
         cmocka_unit_test(test_checkpoint),
+        cmocka_unit_test(test_config_sizes),
+        cmocka_unit_test(test_checkpoint_fewer_layers),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

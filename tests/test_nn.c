@@ -147,7 +147,9 @@ static void test_transformer_layers(void **state) {
         assert_true(any);
         free(g);
     }
-    assert_int_equal(ca_embedding_create_ex(6, 4, 6, &act), CA_ERR_INVALID);
+    ca_module *bad;
+    assert_int_equal(ca_embedding_create_ex(6, 4, 6, &bad), CA_ERR_INVALID);
+    assert_null(bad);
     assert_non_null(strstr(ca_last_error(), "padding_idx must be in [0, 6)"));
     ca_module_destroy(emb);
     ca_module_destroy(rms);
@@ -255,6 +257,50 @@ static void test_train_eval_mode(void **state) {
     ca_module_destroy(d);
 }
 
+/* A constructor that fails leaves *out NULL (include/caccel/status.h), never the caller's stale or
+ * uninitialised pointer, which a cleanup path would then destroy. */
+static void test_failed_constructors_clear_out(void **state) {
+    (void)state;
+    static int stale_obj;
+    void *stale = &stale_obj;
+    ca_module *m = stale;
+    assert_int_equal(ca_linear_create(0, 4, true, &m), CA_ERR_INVALID);
+    assert_null(m);
+    m = stale;
+    assert_int_equal(ca_embedding_create(4, 0, &m), CA_ERR_INVALID);
+    assert_null(m);
+    m = stale;
+    assert_int_equal(ca_embedding_create_ex(4, 4, 9, &m), CA_ERR_INVALID);   /* padding_idx out of range */
+    assert_null(m);
+    m = stale;
+    assert_int_equal(ca_layer_norm_create(0, 1e-5, &m), CA_ERR_INVALID);
+    assert_null(m);
+    m = stale;
+    assert_int_equal(ca_rms_norm_create(-1, 0, &m), CA_ERR_INVALID);
+    assert_null(m);
+    m = stale;
+    assert_int_equal(ca_dropout_create(1.5, &m), CA_ERR_INVALID);
+    assert_null(m);
+    ca_optimizer *o = stale;
+    assert_int_equal(ca_adamw_create(NULL, NULL, &o), CA_ERR_INVALID);
+    assert_null(o);
+    o = stale;
+    assert_int_equal(ca_sgd_create_params(NULL, 2, NULL, &o), CA_ERR_INVALID);
+    assert_null(o);
+    ca_tensor *t = stale;
+    assert_int_equal(ca_tensor_to_device(NULL, ca_cpu_device(), &t), CA_ERR_INVALID);
+    assert_null(t);
+    t = stale;
+    assert_int_not_equal(ca_parameter_create(ca_cpu_device(), CA_F32, 1, (int64_t[]){-2}, &t), CA_OK);
+    assert_null(t);
+    ca_device *d = stale;
+    assert_int_not_equal(ca_device_open("no-such-device", 0, NULL, &d), CA_OK);
+    assert_null(d);
+    ca_progress *p = stale;
+    assert_int_equal(ca_progress_create(NULL, NULL, &p), CA_ERR_INVALID);
+    assert_null(p);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_names_and_counts),
@@ -265,6 +311,7 @@ int main(void) {
         cmocka_unit_test(test_param_groups_and_defaults),
         cmocka_unit_test(test_schedules),
         cmocka_unit_test(test_train_eval_mode),
+        cmocka_unit_test(test_failed_constructors_clear_out),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     ca_scope_release_all();

@@ -27,6 +27,12 @@ extern "C" {
  * under `bert` ("bert.embeddings...") and `classifier` Linear(hidden, num_labels)
  * ("classifier.weight", "classifier.bias"); num_labels <= 0 takes c->num_labels.
  *
+ * Both check c's sizes as ca_bert_config_load does (positive, at most 1000 layers, heads dividing
+ * hidden_size, each weight and the whole model within the memory there is) before they allocate
+ * anything, failing with CA_ERR_INVALID naming the key ("BertModel: \"intermediate_size\" ...").
+ * Memory that runs out while the parameters are allocated fails with CA_ERR_NOMEM naming the
+ * layer. On any failure *out is NULL and nothing is left allocated.
+ *
  * FORWARD. ca_module_forward(m, x) takes x as i64 (or i32) [B, L] input ids, every position
  * attended, or [B, 2, L] with row 0 the input ids and row 1 the attention mask (1: a token, 0:
  * padding), which is what the fortunes dataset's samples hold; token type ids are 0. BertModel

@@ -40,7 +40,10 @@ typedef struct ca_bert_config {
 /* Reads `path` (a config.json, or a directory holding one). Fails with CA_ERR_UNSUPPORTED when
  * model_type is not "bert", an architecture is not a Bert* class, position_embedding_type is not
  * "absolute", or hidden_act is unknown; CA_ERR_INVALID for a key of the wrong type or a value out
- * of range (hidden_size not a multiple of num_attention_heads, ...). Messages name the file and
+ * of range (hidden_size not a multiple of num_attention_heads, more than 1000 layers, ...), and
+ * for sizes whose model could not be built: a weight (e.g. intermediate_size x hidden_size), or
+ * the whole model (with a classifier of num_labels), larger in f32 than the memory there is
+ * (physical memory, or the RLIMIT_AS / RLIMIT_DATA limit when lower). Messages name the file and
  * the key. */
 CA_API ca_status ca_bert_config_load(const char *path, ca_bert_config *out);
 
@@ -70,7 +73,10 @@ typedef struct ca_bert_check {
  * "bert." prefix of the Bert*For* classes, detected; LayerNorm weight/bias may be stored under
  * the older names gamma/beta, which transformers also accepts). The pooler may be absent
  * (has_pooler false). A missing tensor, a wrong shape or dtype, or encoder layers beyond num_hidden_layers
- * fail with CA_ERR_INVALID naming the file, the tensor, and the shapes. result may be NULL. */
+ * fail with CA_ERR_INVALID naming the file, the tensor, and the shapes. Fewer layers in the file
+ * than c asks for fail first, in a time that depends on the file, not on c ("no tensor
+ * 'encoder.layer.12.attention.self.query.weight': the config asks for 1000000 layers, the file
+ * has 12"). result may be NULL. */
 CA_API ca_status ca_bert_check_checkpoint(const char *path, const ca_bert_config *c,
                                           ca_bert_check *result);
 

@@ -42,6 +42,12 @@ typedef enum ca_status {
     CA_ERR_INTERNAL = -12     /* a bug in caccel: please report it */
 } ca_status;
 
+/* Constructors. A call that hands back a new object through its last argument (`T **out`:
+ * ca_module_create, ca_linear_create, ca_bert_model_create, ca_adamw_create,
+ * ca_accelerator_create, ca_dataloader_create, ca_tokenizer_load, ca_device_open, ...) sets
+ * *out to NULL before anything else, so after a failure *out is NULL, never a stale or
+ * uninitialised pointer: a caller may pass it to the object's destroy, which accepts NULL. */
+
 /* Short name of a status ("CA_ERR_CONFIG"). Static string; thread-safe. */
 CA_API const char *ca_status_name(ca_status s);
 
