@@ -766,15 +766,16 @@ static void ss_loaded_free(ss_loaded *L) {
     memset(L, 0, sizeof *L);
 }
 
-/* The marker exists and every file it lists has its recorded size and CRC-32. */
-static ca_status ss_check_files(const char *dir) {
+/* The marker exists and every file it lists has its recorded size and CRC-32 (load_state, and
+ * merge-weights before it reads a sharded checkpoint). */
+ca_status ca_state_check_files(const char *who, const char *dir) {
     char path[PATH_MAX];
     ca_status s = ss_path(path, dir, SS_MARKER);
     if (s != CA_OK) return s;
-    if (!ss_exists(dir)) return ca_error(CA_ERR_NOT_FOUND, "load_state: %s: no such directory", dir);
+    if (!ss_exists(dir)) return ca_error(CA_ERR_NOT_FOUND, "%s: %s: no such directory", who, dir);
     if (!ss_exists(path))
-        return ca_error(CA_ERR_NOT_FOUND, "load_state: %s is not a complete checkpoint: it has no "
-                        SS_MARKER " (the save did not finish)", dir);
+        return ca_error(CA_ERR_NOT_FOUND, "%s: %s is not a complete checkpoint: it has no "
+                        SS_MARKER " (the save did not finish)", who, dir);
     json_object *man = NULL;
     s = js_load(path, &man);
     ss_json j = {path, false};
@@ -984,7 +985,7 @@ static ca_status ss_check_custom(ca_accelerator *acc, const char *dir, ss_loaded
 
 /* Reads and checks every file of `dir` that this rank needs; applies nothing. */
 static ca_status ss_check_all(ca_accelerator *acc, const char *dir, ss_loaded *L) {
-    ca_status s = ss_check_files(dir);
+    ca_status s = ca_state_check_files("load_state", dir);
     if (s == CA_OK) s = ss_check_state(acc, dir, L);
     char path[PATH_MAX], name[64];
     bool sharded = ca_zero_is_sharded_checkpoint(dir);   /* the tensors are in the shard files */
