@@ -269,6 +269,9 @@ ca_status ca_join_notify(ca_accelerator *acc, bool sync);
 
 /* state.c: frees what ca_register_for_checkpointing kept. */
 void ca_state_free(ca_accelerator *acc);
+/* state.c: a saved checkpoint's integrity: `dir` has complete.json and every file it lists has the
+ * size and CRC-32 recorded there. Errors name the file; `who` ("load_state") begins the others. */
+ca_status ca_state_check_files(const char *who, const char *dir);
 /* determinism.c: deterministic mode. */
 /* Checks deterministic_shards against the world size and puts the device into deterministic mode. */
 ca_status ca_det_configure(ca_accelerator *acc);

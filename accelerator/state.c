@@ -1000,15 +1000,16 @@ static bool ss_plain_name(const char *name) {
     return name[0] && strchr(name, '/') == NULL && strcmp(name, ".") != 0 && strcmp(name, "..") != 0;
 }
 
-/* The marker exists and every file it lists has its recorded size and CRC-32; L keeps the list. */
-static ca_status ss_check_files(const char *dir, ss_loaded *L) {
+/* The marker exists and every file it lists has its recorded size and CRC-32; L keeps the list.
+ * `who` ("load_state", "merge_weights") begins the errors that name no file. */
+static ca_status ss_check_files(const char *who, const char *dir, ss_loaded *L) {
     char path[PATH_MAX];
     ca_status s = ss_path(path, dir, SS_MARKER);
     if (s != CA_OK) return s;
-    if (!ss_exists(dir)) return ca_error(CA_ERR_NOT_FOUND, "load_state: %s: no such directory", dir);
+    if (!ss_exists(dir)) return ca_error(CA_ERR_NOT_FOUND, "%s: %s: no such directory", who, dir);
     if (!ss_exists(path))
-        return ca_error(CA_ERR_NOT_FOUND, "load_state: %s is not a complete checkpoint: it has no "
-                        SS_MARKER " (the save did not finish)", dir);
+        return ca_error(CA_ERR_NOT_FOUND, "%s: %s is not a complete checkpoint: it has no "
+                        SS_MARKER " (the save did not finish)", who, dir);
     s = js_load(path, &L->manifest);
     ss_json j = {path, false};
     json_object *files = s == CA_OK ? js_get(&j, L->manifest, "files", json_type_object) : NULL;
@@ -1035,6 +1036,13 @@ static ca_status ss_check_files(const char *dir, ss_loaded *L) {
     }
     L->files = files;
     return CA_OK;
+}
+
+ca_status ca_state_check_files(const char *who, const char *dir) {
+    ss_loaded L = {0};
+    ca_status s = ss_check_files(who, dir, &L);
+    ss_loaded_free(&L);
+    return s;
 }
 
 static ca_status ss_check_opt_tensors(ca_optimizer *o, const ca_st_file *f) {
@@ -1347,7 +1355,7 @@ static ca_status ss_apply(ca_accelerator *acc, ss_loaded *L) {
 static ca_status ss_load_dir(ca_accelerator *acc, const char *dir) {
     ss_loaded L = {0};
     int bad;
-    ca_status s = ss_check_files(dir, &L);   /* what complete.json lists is all the load reads */
+    ca_status s = ss_check_files("load_state", dir, &L);   /* what complete.json lists is all the load reads */
     bool sharded = ss_listed(&L, CA_ZERO_INDEX) >= 0;
     /* sharded run, full checkpoint: the full state is read into per-parameter tensors, then each rank
      * keeps its shard; sharded checkpoint: each rank reads its shard file */

@@ -124,9 +124,11 @@ static ca_status tk_write_hparams(const ca_accelerator *acc, const char *dir, co
     json_object_object_add(root, "run", run);
     char path[PATH_MAX];
     snprintf(path, sizeof path, "%s/hparams.json", dir);
+    errno = 0;
     int rc = json_object_to_file_ext(path, root, JSON_C_TO_STRING_PRETTY | JSON_C_TO_STRING_NOSLASHESCAPE);
+    int e = errno;   /* json-c's own text repeats the path and ends in a newline: the system's reason instead */
     json_object_put(root);
-    return rc == 0 ? CA_OK : ca_error(CA_ERR_IO, "trackers: cannot write %s: %s", path, json_util_get_last_err());
+    return rc == 0 ? CA_OK : ca_error(CA_ERR_IO, "trackers: cannot write %s: %s", path, e ? strerror(e) : "write failed");
 }
 
 /* MLflow's params: every configuration value, then the program's pairs (which win on a clash). */

@@ -13,8 +13,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #define ZS_INDEX CA_ZERO_INDEX
+#define ZS_FORMAT "caccel-zero-shards"
 
 static void shard_name(char *buf, size_t size, const char *dir, int rank) {
     snprintf(buf, size, "%s/" CA_ZERO_SHARD_FMT, dir, rank);
@@ -40,7 +42,7 @@ static ca_status params_to_host(ca_accelerator *acc, float *out) {
 static ca_status write_index(ca_accelerator *acc, const char *dir) {
     ca_zero *z = &acc->zero;
     json_object *root = json_object_new_object(), *params = json_object_new_array();
-    json_object_object_add(root, "format", json_object_new_string("caccel-zero-shards"));
+    json_object_object_add(root, "format", json_object_new_string(ZS_FORMAT));
     json_object_object_add(root, "world_size", json_object_new_int(z->world));
     json_object_object_add(root, "shard", json_object_new_int64(z->shard));
     json_object_object_add(root, "numel", json_object_new_int64(z->numel));
@@ -92,41 +94,79 @@ ca_status ca_zero_save_shard(ca_accelerator *acc, const char *dir) {
 /* ------------------------------------------------------------------ reading */
 
 typedef struct zs_index {
+    char path[PATH_MAX];         /* dir/zero_index.json, for the messages */
     json_object *root;
     int world;
-    int64_t shard, numel;
+    int64_t shard, numel;        /* world * shard * sizeof(float) fits in an int64_t */
     json_object *params;
 } zs_index;
 
+/* The integer `key` of o, from lo to hi. Errors name the file, the place in it (`at`: "" or
+ * "params[3] ('fc.weight'): ") and the key. */
+static ca_status zs_int(const char *path, const char *at, json_object *o, const char *key, int64_t lo, int64_t hi,
+                        int64_t *out) {
+    json_object *v = NULL;
+    if (!json_object_object_get_ex(o, key, &v) || !json_object_is_type(v, json_type_int))
+        return ca_error(CA_ERR_IO, "%s: %skey \"%s\" is missing or not an integer", path, at, key);
+    *out = json_object_get_int64(v);   /* json-c saturates larger numbers at INT64_MAX */
+    if (*out < lo || *out > hi)
+        return ca_error(CA_ERR_IO, "%s: %skey \"%s\" is %lld, outside %lld to %lld", path, at, key, (long long)*out,
+                        (long long)lo, (long long)hi);
+    return CA_OK;
+}
+
+/* The index, every top-level field checked: the sizes it gives are allocated and multiplied later. */
 static ca_status read_index(const char *dir, zs_index *ix) {
-    char path[PATH_MAX];
-    snprintf(path, sizeof path, "%s/" ZS_INDEX, dir);
     memset(ix, 0, sizeof *ix);
+    snprintf(ix->path, sizeof ix->path, "%s/" ZS_INDEX, dir);
+    const char *path = ix->path;
     char why[256];
-    ca_status s;
-    ix->root = ca_json_load(path, CA_FILE_CHECKPOINT_JSON, why, sizeof why, &s);
+    ca_status rs;
+    ix->root = ca_json_load(path, CA_FILE_CHECKPOINT_JSON, why, sizeof why, &rs);
     if (!ix->root)
-        return why[0] ? ca_error(CA_ERR_IO, "%s: cannot read the sharded-checkpoint index: %s", path, why) : s;
-    json_object *w, *sh, *nu;
-    if (!json_object_object_get_ex(ix->root, "world_size", &w) ||
-        !json_object_object_get_ex(ix->root, "shard", &sh) || !json_object_object_get_ex(ix->root, "numel", &nu) ||
-        !json_object_object_get_ex(ix->root, "params", &ix->params) ||
-        !json_object_is_type(ix->params, json_type_array))
-        return ca_error(CA_ERR_IO, "%s: not a sharded-checkpoint index (world_size, shard, numel, params)", path);
-    ix->world = json_object_get_int(w);
-    ix->shard = json_object_get_int64(sh);
-    ix->numel = json_object_get_int64(nu);
-    if (ix->world < 1 || ix->shard < 1 || ix->numel > ix->shard * ix->world)
-        return ca_error(CA_ERR_IO, "%s: inconsistent world_size %d, shard %lld, numel %lld", path, ix->world,
-                        (long long)ix->shard, (long long)ix->numel);
+        return why[0] ? ca_error(CA_ERR_IO, "%s: cannot read the sharded-checkpoint index: %s", path, why) : rs;
+    if (!json_object_is_type(ix->root, json_type_object))
+        return ca_error(CA_ERR_IO, "%s: not a sharded-checkpoint index: not a JSON object", path);
+    json_object *fmt = NULL;
+    if (!json_object_object_get_ex(ix->root, "format", &fmt) || !json_object_is_type(fmt, json_type_string) ||
+        strcmp(json_object_get_string(fmt), ZS_FORMAT) != 0)
+        return ca_error(CA_ERR_IO, "%s: key \"format\" is not \"" ZS_FORMAT "\": not a sharded-checkpoint index", path);
+    int64_t world = 0;
+    ca_status s = zs_int(path, "", ix->root, "world_size", 1, INT_MAX, &world);
+    if (s == CA_OK) s = zs_int(path, "", ix->root, "shard", 1, INT64_MAX, &ix->shard);
+    if (s == CA_OK && ix->shard > INT64_MAX / (int64_t)sizeof(float) / world)
+        s = ca_error(CA_ERR_IO, "%s: key \"shard\" (%lld) times key \"world_size\" (%lld) parameters overflow a "
+                     "64-bit byte count", path, (long long)ix->shard, (long long)world);
+    if (s == CA_OK) s = zs_int(path, "", ix->root, "numel", 0, ix->shard * world, &ix->numel);
+    if (s == CA_OK && (!json_object_object_get_ex(ix->root, "params", &ix->params) ||
+                       !json_object_is_type(ix->params, json_type_array)))
+        s = ca_error(CA_ERR_IO, "%s: key \"params\" is missing or not an array", path);
+    ix->world = (int)world;
+    return s;
+}
+
+/* Every shard file exists and can hold its `shard` floats before world * shard of them are
+ * allocated: the index's numbers size nothing that the files do not back. */
+static ca_status check_shard_files(const char *dir, const zs_index *ix) {
+    for (int r = 0; r < ix->world; r++) {
+        char path[PATH_MAX];
+        struct stat st;
+        shard_name(path, sizeof path, dir, r);
+        if (stat(path, &st) != 0)
+            return ca_error(errno == ENOENT ? CA_ERR_NOT_FOUND : CA_ERR_IO, "%s: %s (%s: key \"world_size\" is %d)",
+                            path, strerror(errno), ix->path, ix->world);
+        if ((uint64_t)st.st_size < (uint64_t)ix->shard * sizeof(float))
+            return ca_error(CA_ERR_IO, "%s: %lld bytes, too few for a shard of %lld parameters (%s: key \"shard\")",
+                            path, (long long)st.st_size, (long long)ix->shard, ix->path);
+    }
     return CA_OK;
 }
 
 /* Every rank's parameter shard concatenated: the flat parameters [world * shard]. */
 static ca_status read_all_params(const char *dir, const zs_index *ix, float **out) {
-    float *flat = calloc((size_t)(ix->shard * ix->world), sizeof *flat);
-    if (!flat) return ca_error(CA_ERR_NOMEM, "out of host memory");
-    ca_status s = CA_OK;
+    ca_status s = check_shard_files(dir, ix);
+    float *flat = s == CA_OK ? calloc((size_t)ix->shard * (size_t)ix->world, sizeof *flat) : NULL;
+    if (s == CA_OK && !flat) s = ca_error(CA_ERR_NOMEM, "out of host memory");
     for (int r = 0; s == CA_OK && r < ix->world; r++) {
         char path[PATH_MAX];
         ca_st_file f = {0};
@@ -135,7 +175,7 @@ static ca_status read_all_params(const char *dir, const zs_index *ix, float **ou
         const ca_st_entry *e = s == CA_OK ? ca_st_find(&f, "params") : NULL;
         if (s == CA_OK && (!e || e->dtype != CA_F32 || e->end - e->begin != (uint64_t)ix->shard * sizeof(float)))
             s = ca_error(CA_ERR_IO, "%s: no f32 tensor 'params' of %lld elements", path, (long long)ix->shard);
-        if (s == CA_OK) memcpy(flat + r * ix->shard, ca_st_data(&f, e), (size_t)ix->shard * sizeof *flat);
+        if (s == CA_OK) memcpy(flat + (size_t)r * (size_t)ix->shard, ca_st_data(&f, e), (size_t)ix->shard * sizeof *flat);
         ca_st_close(&f);
     }
     if (s != CA_OK) free(flat);
@@ -214,35 +254,100 @@ ca_status ca_zero_load_shard(ca_accelerator *acc, const char *dir) {
 
 /* ------------------------------------------------------------------ merge-weights */
 
+/* The element count of a shape (0 when a dimension is 0, whatever the others); false when it
+ * overflows an int64_t. */
+static bool shape_numel(const int64_t *shape, int nd, int64_t *numel) {
+    *numel = 0;
+    for (int d = 0; d < nd; d++)
+        if (shape[d] == 0) return true;
+    int64_t n = 1;
+    for (int d = 0; d < nd; d++) {
+        if (n > INT64_MAX / shape[d]) return false;
+        n *= shape[d];
+    }
+    *numel = n;
+    return true;
+}
+
+/* The shape of params[i] into shape; at names the entry for the messages. */
+static ca_status merge_shape(const zs_index *ix, const char *at, json_object *p, int64_t *shape, int *nd) {
+    json_object *js = NULL;
+    if (!json_object_object_get_ex(p, "shape", &js) || !json_object_is_type(js, json_type_array))
+        return ca_error(CA_ERR_IO, "%s: %skey \"shape\" is missing or not an array", ix->path, at);
+    size_t n = json_object_array_length(js);
+    if (n > CA_MAX_DIMS)
+        return ca_error(CA_ERR_IO, "%s: %skey \"shape\" has %zu dimensions, at most %d", ix->path, at, n, CA_MAX_DIMS);
+    for (size_t d = 0; d < n; d++) {
+        json_object *v = json_object_array_get_idx(js, d);
+        if (!json_object_is_type(v, json_type_int) || json_object_get_int64(v) < 0)
+            return ca_error(CA_ERR_IO, "%s: %skey \"shape\": dimension %zu is %s, not a size", ix->path, at, d,
+                            json_object_to_json_string(v));
+        shape[d] = json_object_get_int64(v);
+    }
+    *nd = (int)n;
+    return CA_OK;
+}
+
+/* params[i] of the index as a tensor of the merged file: a name, a shape of at most CA_MAX_DIMS
+ * sizes, and an offset such that its elements lie inside the numel flat parameters (*off). */
+static ca_status merge_param(const zs_index *ix, int i, ca_st_tensor *t, int64_t *shape, int64_t *off) {
+    json_object *p = json_object_array_get_idx(ix->params, (size_t)i), *jn = NULL;
+    char at[300];
+    if (!json_object_is_type(p, json_type_object))
+        return ca_error(CA_ERR_IO, "%s: params[%d] is not an object", ix->path, i);
+    const char *name = json_object_object_get_ex(p, "name", &jn) && json_object_is_type(jn, json_type_string)
+                       ? json_object_get_string(jn) : NULL;
+    if (!name || !name[0] || strlen(name) != (size_t)json_object_get_string_len(jn))
+        return ca_error(CA_ERR_IO, "%s: params[%d]: key \"name\" is missing or not a tensor name", ix->path, i);
+    snprintf(at, sizeof at, "params[%d] ('%.200s'): ", i, name);
+    int nd = 0;
+    int64_t numel = 0;
+    ca_status s = merge_shape(ix, at, p, shape, &nd);
+    if (s == CA_OK && !shape_numel(shape, nd, &numel))
+        s = ca_error(CA_ERR_IO, "%s: %skey \"shape\": the element count overflows 64 bits", ix->path, at);
+    if (s == CA_OK) s = zs_int(ix->path, at, p, "offset", 0, INT64_MAX, off);
+    if (s == CA_OK && (numel > ix->numel || *off > ix->numel - numel))
+        s = ca_error(CA_ERR_IO, "%s: %s%lld elements at key \"offset\" %lld lie outside the %lld parameters (key "
+                     "\"numel\")", ix->path, at, (long long)numel, (long long)*off, (long long)ix->numel);
+    *t = (ca_st_tensor){.name = name, .dtype = CA_F32, .ndim = nd, .shape = shape};
+    return s;
+}
+
+/* out/model.safetensors. A directory this call made is removed again when the write fails, so a
+ * failed merge leaves nothing behind (the file itself is written to a temporary name and renamed). */
+static ca_status write_merged(const zs_index *ix, const char *out, const ca_st_tensor *t, int n) {
+    char path[PATH_MAX];
+    if ((size_t)snprintf(path, sizeof path, "%s/model.safetensors", out) >= sizeof path)
+        return ca_error(CA_ERR_INVALID, "merge_weights: %s/model.safetensors: path too long", out);
+    bool made = mkdir(out, 0777) == 0;
+    if (!made && errno != EEXIST) return ca_error(CA_ERR_IO, "merge_weights: %s: %s", out, strerror(errno));
+    ca_status s = ca_st_write(path, t, n);
+    if (s == CA_ERR_INVALID) ca_error_context("merge_weights: %s", ix->path);   /* a name given twice */
+    if (s != CA_OK && made) rmdir(out);
+    return s;
+}
+
+/* The checkpoint is checked as load_state checks it (complete.json, every file's size and CRC-32)
+ * and every field of the index before anything is allocated from it or written. */
 ca_status ca_merge_weights(const char *dir, const char *out) {
     if (!dir || !out) return ca_error(CA_ERR_INVALID, "merge_weights: a checkpoint directory and an output are required");
-    zs_index ix;
+    zs_index ix = {0};
     float *flat = NULL;
-    ca_status s = read_index(dir, &ix);
-    if (s == CA_OK) s = read_all_params(dir, &ix, &flat);
+    ca_st_tensor *t = NULL;
+    int64_t(*shapes)[CA_MAX_DIMS] = NULL, *offs = NULL;
+    ca_status s = ca_state_check_files("merge_weights", dir);
+    if (s == CA_OK) s = read_index(dir, &ix);
     int n = s == CA_OK ? (int)json_object_array_length(ix.params) : 0;
-    ca_st_tensor *t = s == CA_OK ? calloc((size_t)n + 1, sizeof *t) : NULL;
-    int64_t (*shapes)[CA_MAX_DIMS] = s == CA_OK ? calloc((size_t)n + 1, sizeof *shapes) : NULL;
-    if (s == CA_OK && (!t || !shapes)) s = ca_error(CA_ERR_NOMEM, "out of host memory");
-    for (int i = 0; s == CA_OK && i < n; i++) {
-        json_object *p = json_object_array_get_idx(ix.params, (size_t)i), *shape;
-        int64_t numel = 1, off = param_offset(p);
-        json_object_object_get_ex(p, "shape", &shape);
-        int nd = shape ? (int)json_object_array_length(shape) : 0;
-        if (nd > CA_MAX_DIMS) nd = CA_MAX_DIMS;
-        for (int d = 0; d < nd; d++) numel *= shapes[i][d] = json_object_get_int64(json_object_array_get_idx(shape, (size_t)d));
-        if (off < 0 || off + numel > ix.numel)
-            s = ca_error(CA_ERR_IO, "%s/" ZS_INDEX ": tensor '%s' lies outside the %lld parameters", dir, param_name(p),
-                         (long long)ix.numel);
-        t[i] = (ca_st_tensor){.name = param_name(p), .dtype = CA_F32, .ndim = nd, .shape = shapes[i], .data = flat + off};
-    }
-    if (s == CA_OK && mkdir(out, 0777) != 0 && errno != EEXIST)
-        s = ca_error(CA_ERR_IO, "merge_weights: %s: %s", out, strerror(errno));
-    char path[PATH_MAX];
-    snprintf(path, sizeof path, "%s/model.safetensors", out);
-    if (s == CA_OK) s = ca_st_write(path, t, n);
+    if (s == CA_OK && (!(t = calloc((size_t)n + 1, sizeof *t)) || !(shapes = calloc((size_t)n + 1, sizeof *shapes)) ||
+                       !(offs = calloc((size_t)n + 1, sizeof *offs))))
+        s = ca_error(CA_ERR_NOMEM, "out of host memory");
+    for (int i = 0; s == CA_OK && i < n; i++) s = merge_param(&ix, i, &t[i], shapes[i], &offs[i]);
+    if (s == CA_OK) s = read_all_params(dir, &ix, &flat);
+    for (int i = 0; s == CA_OK && i < n; i++) t[i].data = flat + offs[i];
+    if (s == CA_OK) s = write_merged(&ix, out, t, n);
     free(t);
     free(shapes);
+    free(offs);
     free(flat);
     json_object_put(ix.root);
     return s;

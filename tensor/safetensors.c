@@ -270,6 +270,7 @@ static int st_cmp_name(const void *a, const void *b) {
     return strcmp(x->name, y->name);
 }
 
+/* Checked by st_check_tensors first: no dimension is negative and the product fits. */
 static uint64_t st_tensor_bytes(const ca_st_tensor *t) {
     uint64_t n = ca_dtype_size(t->dtype);
     for (int i = 0; i < t->ndim; i++) n *= (uint64_t)t->shape[i];
@@ -304,15 +305,21 @@ static json_object *st_header_json(const ca_st_tensor *const *order, int n, uint
     return root;
 }
 
+/* Names, dtypes and shapes (no negative dimension, a byte size that fits, as the reader demands);
+ * names given twice are found once sorted. */
 static ca_status st_check_tensors(const char *path, const ca_st_tensor *t, int n) {
     for (int i = 0; i < n; i++) {
         if (!t[i].name || !t[i].name[0] || strcmp(t[i].name, "__metadata__") == 0)
             return ca_error(CA_ERR_INVALID, "%s: tensor %d has no usable name", path, i);
         if ((unsigned)t[i].dtype >= CA_DTYPE_COUNT || t[i].ndim < 0 || t[i].ndim > CA_MAX_DIMS)
             return ca_error(CA_ERR_INVALID, "%s: tensor '%s': bad dtype or rank", path, t[i].name);
-        for (int j = 0; j < i; j++)
-            if (strcmp(t[i].name, t[j].name) == 0)
-                return ca_error(CA_ERR_INVALID, "%s: tensor '%s' given twice", path, t[i].name);
+        ca_st_entry e = {.dtype = t[i].dtype, .ndim = t[i].ndim};
+        for (int d = 0; d < t[i].ndim; d++)
+            if ((e.shape[d] = t[i].shape[d]) < 0)
+                return ca_error(CA_ERR_INVALID, "%s: tensor '%s': dimension %d is %" PRId64, path, t[i].name, d,
+                                t[i].shape[d]);
+        if (st_shape_bytes(&e) > (uint64_t)INT64_MAX)
+            return ca_error(CA_ERR_INVALID, "%s: tensor '%s': its byte size overflows", path, t[i].name);
     }
     return CA_OK;
 }
@@ -357,7 +364,10 @@ ca_status ca_st_write(const char *path, const ca_st_tensor *t, int n) {
     if (!order) return ca_error(CA_ERR_NOMEM, "%s: out of memory", path);
     for (int i = 0; i < n; i++) order[i] = &t[i];
     qsort(order, (size_t)n, sizeof *order, st_cmp_name);
-    s = st_write_sorted(path, order, n);
+    for (int i = 1; s == CA_OK && i < n; i++)
+        if (strcmp(order[i]->name, order[i - 1]->name) == 0)
+            s = ca_error(CA_ERR_INVALID, "%s: tensor '%s' given twice", path, order[i]->name);
+    if (s == CA_OK) s = st_write_sorted(path, order, n);
     free(order);
     return s;
 }

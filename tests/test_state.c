@@ -534,20 +534,23 @@ static void reseal_list(const char *dir, const char *skip, const char *extra) {
 
 static void reseal(const char *dir) { reseal_list(dir, NULL, NULL); }
 
-/* Replaces the first `from` in dir/name by `to` of the same length (binary files too), then reseals. */
+/* Replaces the first `from` in dir/name by `to` (binary files too: then of the same length), then
+ * reseals. */
 static void edit(const char *dir, const char *name, const char *from, const char *to) {
     char p[700];
     static uint8_t buf[1 << 22];
     size_t m = strlen(from), at = 0;
-    assert_int_equal(m, strlen(to));
     snprintf(p, sizeof p, "%s/%s", dir, name);
-    FILE *f = fopen(p, "r+b");
+    FILE *f = fopen(p, "rb");
+    assert_non_null(f);
     size_t n = fread(buf, 1, sizeof buf, f);
+    fclose(f);
     while (at + m <= n && memcmp(buf + at, from, m) != 0) at++;
     if (at + m > n) fail_msg("'%s' not in %s", from, p);
-    memcpy(buf + at, to, m);
-    fseek(f, 0, SEEK_SET);
-    fwrite(buf, 1, n, f);
+    f = fopen(p, "wb");
+    fwrite(buf, 1, at, f);
+    fputs(to, f);
+    fwrite(buf + at + m, 1, n - at - m, f);
     fclose(f);
     reseal(dir);
 }
@@ -708,6 +711,95 @@ static void test_manifest_only(void **state) {
     assert_int_equal(r.met.steps, 3);
     free(p0);
     run_close(&r);
+}
+
+/* ------------------------------------------------------------------ caccel merge-weights */
+
+/* `caccel merge-weights ck out` of a damaged copy of a sharded checkpoint: exit status 1, the
+ * message on stderr has `a` and `b`, and out is not there afterwards. */
+static void merge_refused(const char *ck, const char *a, const char *b) {
+    const char *build = getenv("CACCEL_TEST_BUILDDIR");
+    char cmd[2400], out[600], err[600], text[4096] = "";
+    snprintf(out, sizeof out, "%s", in_dir("merged"));
+    snprintf(err, sizeof err, "%s", in_dir("merge.err"));
+    snprintf(cmd, sizeof cmd, "'%s/tools/caccel' merge-weights '%s' '%s' >/dev/null 2>'%s'", build ? build : ".", ck,
+             out, err);
+    int rc = system(cmd);
+    FILE *f = fopen(err, "r");
+    assert_non_null(f);
+    text[fread(text, 1, sizeof text - 1, f)] = '\0';
+    fclose(f);
+    if (!WIFEXITED(rc) || WEXITSTATUS(rc) != 1) fail_msg("merge-weights %s: status %d, not 1: %s", ck, rc, text);
+    if (!strstr(text, "caccel merge-weights: error: ") || !strstr(text, a) || (b && !strstr(text, b)))
+        fail_msg("merge-weights %s: '%s'%s%s not in: %s", ck, a, b ? " and " : "", b ? b : "", text);
+    if (access(out, F_OK) == 0) fail_msg("merge-weights %s left %s behind", ck, out);
+    printf("refused: %s", text);
+}
+
+/* A sharded checkpoint (fsdp_state_dict_type SHARDED_STATE_DICT) of one process merges; each
+ * defect of its index, a flipped byte in a shard and a missing complete.json are refused. The
+ * index's fields are edited with the manifest resealed, so the check of the index itself is
+ * what refuses them. */
+static void test_merge_weights(void **state) {
+    (void)state;
+    const char *const settings[] = {"distributed_type=FSDP", "fsdp_config.fsdp_sharding_strategy=SHARD_GRAD_OP",
+                                    "fsdp_config.fsdp_state_dict_type=SHARDED_STATE_DICT", NULL};
+    run r;
+    float l[64];
+    run_open(&r, 8, false, settings);
+    assert_false(train(&r, 1, 3, l));
+    T_OK(ca_save_state(r.acc, in_dir("good")));
+    run_close(&r);
+    char good[600], bad[600], p[700];
+    snprintf(good, sizeof good, "%s", in_dir("good"));
+    snprintf(bad, sizeof bad, "%s", in_dir("bad"));
+
+    T_OK(ca_merge_weights(good, in_dir("merged")));
+    assert_int_equal(access(in_dir("merged/model.safetensors"), F_OK), 0);
+    rm_rf(in_dir("merged"));
+
+    /* the index's first entry is fc1.weight [8, 6] */
+    copy_tree(good, bad);
+    edit(bad, "zero_index.json", "\"shape\":", "\"shape\":7,\"was\":");
+    merge_refused(bad, "zero_index.json: params[0] ('fc1.weight'): key \"shape\" is missing or not an array", NULL);
+    copy_tree(good, bad);
+    edit(bad, "zero_index.json", "\"shape\":[", "\"shape\":[-4,");
+    merge_refused(bad, "zero_index.json: params[0] ('fc1.weight'): key \"shape\": dimension 0 is -4, not a size",
+                  NULL);
+    copy_tree(good, bad);
+    edit(bad, "zero_index.json", "\"shape\":[", "\"shape\":[4611686018427387904,");
+    merge_refused(bad, "zero_index.json: params[0] ('fc1.weight'): key \"shape\": the element count overflows",
+                  NULL);
+    copy_tree(good, bad);
+    edit(bad, "zero_index.json", "\"shape\":[", "\"shape\":[1,1,1,1,1,1,1,");
+    merge_refused(bad, "zero_index.json: params[0] ('fc1.weight'): key \"shape\" has 9 dimensions, at most 8", NULL);
+    copy_tree(good, bad);
+    edit(bad, "zero_index.json", "\"offset\":", "\"offset\":80,\"was\":");
+    merge_refused(bad, "zero_index.json: params[0] ('fc1.weight'): 48 elements at key \"offset\" 80 lie outside",
+                  NULL);
+    copy_tree(good, bad);
+    edit(bad, "zero_index.json", "\"fc1.bias\"", "\"fc1.weight\"");
+    merge_refused(bad, "zero_index.json: ", "model.safetensors: tensor 'fc1.weight' given twice");
+    copy_tree(good, bad);
+    edit(bad, "zero_index.json", "\"world_size\":1", "\"world_size\":4");
+    edit(bad, "zero_index.json", "\"shard\":", "\"shard\":4611686018427387968,\"was\":");
+    merge_refused(bad, "zero_index.json: key \"shard\" (4611686018427387968) times key \"world_size\" (4)",
+                  "overflow");
+
+    copy_tree(good, bad);   /* a bit of the first parameter (the data follows the 8-byte length and the header) */
+    snprintf(p, sizeof p, "%s/zero_shard_0.safetensors", bad);
+    FILE *f = fopen(p, "rb");
+    uint8_t len8[8];
+    assert_int_equal(fread(len8, 1, 8, f), 8);
+    fclose(f);
+    long header = 0;
+    for (int i = 7; i >= 0; i--) header = header << 8 | len8[i];
+    flip_byte(p, 8 + header + 1);
+    merge_refused(bad, "zero_shard_0.safetensors: corrupt: CRC-32", NULL);
+    copy_tree(good, bad);
+    snprintf(p, sizeof p, "%s/complete.json", bad);
+    unlink(p);
+    merge_refused(bad, "merge_weights: ", "bad is not a complete checkpoint: it has no complete.json");
 }
 
 /* An iterable dataset: load_state continues at the saved batch of the epoch, reading the stream
@@ -1130,6 +1222,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test_setup_teardown(test_errors, setup, teardown),
         cmocka_unit_test_setup_teardown(test_wrong_contents, setup, teardown),
         cmocka_unit_test_setup_teardown(test_manifest_only, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_merge_weights, setup, teardown),
         cmocka_unit_test_setup_teardown(test_stream_resume, setup, teardown),
         cmocka_unit_test_setup_teardown(test_kill_every_stage, setup, teardown),
         cmocka_unit_test_setup_teardown(test_not_ours, setup, teardown),

@@ -124,7 +124,11 @@ CA_API ca_status ca_register_for_checkpointing(ca_accelerator *acc, const ca_che
 /* A checkpoint saved by ca_save_state under sharded data parallelism with fsdp_state_dict_type
  * SHARDED_STATE_DICT holds each rank's shard (zero_shard_<rank>.safetensors) and an index
  * (zero_index.json). Writes its parameters as one `out/model.safetensors` (creating the directory
- * out), as `accelerate merge-weights` does; ca_load_model reads it. */
+ * out), as `accelerate merge-weights` does; ca_load_model reads it. The checkpoint is checked first
+ * as ca_load_state checks it (complete.json, each file's size and CRC-32), then every field of the
+ * index (types, ranges, at most CA_MAX_DIMS dimensions, sizes that overflow); CA_ERR_NOT_FOUND or
+ * CA_ERR_IO name the file and the key, and nothing is written (a directory out that this call
+ * created is removed again). */
 CA_API ca_status ca_merge_weights(const char *dir, const char *out);
 
 #ifdef __cplusplus
