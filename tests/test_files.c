@@ -18,21 +18,6 @@
 
 static char g_dir[256];
 
-static void rm_tree(const char *path) {
-    DIR *d = opendir(path);
-    struct dirent *e;
-    char p[768];
-    while (d && (e = readdir(d))) {
-        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-        snprintf(p, sizeof p, "%s/%s", path, e->d_name);
-        struct stat st;
-        if (lstat(p, &st) == 0 && S_ISDIR(st.st_mode)) rm_tree(p);
-        else unlink(p);
-    }
-    if (d) closedir(d);
-    rmdir(path);
-}
-
 static int setup(void **state) {
     (void)state;
     const char *base = getenv("TMPDIR");
@@ -45,7 +30,7 @@ static int setup(void **state) {
 static int teardown(void **state) {
     (void)state;
     alarm(0);
-    rm_tree(g_dir);
+    t_rm_tree(g_dir);
     return 0;
 }
 

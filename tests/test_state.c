@@ -23,21 +23,6 @@ static const char *g_argv0;
 static char *argv_cpu[] = {"test", "--cpu", NULL};
 static char g_dir[256];
 
-static void rm_rf(const char *dir) {
-    DIR *d = opendir(dir);
-    struct dirent *e;
-    char p[768];
-    while (d && (e = readdir(d))) {
-        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
-        struct stat st;
-        if (lstat(p, &st) == 0 && S_ISDIR(st.st_mode)) rm_rf(p);
-        else unlink(p);
-    }
-    if (d) closedir(d);
-    rmdir(dir);
-}
-
 static int setup(void **state) {
     (void)state;
     const char *base = getenv("TMPDIR");
@@ -48,7 +33,7 @@ static int setup(void **state) {
 static int teardown(void **state) {
     (void)state;
     ca_scope_release_all();   /* every run is closed by now (another run's loader may hold a scope before) */
-    rm_rf(g_dir);
+    t_rm_tree(g_dir);
     return 0;
 }
 
@@ -756,7 +741,7 @@ static void test_merge_weights(void **state) {
 
     T_OK(ca_merge_weights(good, in_dir("merged")));
     assert_int_equal(access(in_dir("merged/model.safetensors"), F_OK), 0);
-    rm_rf(in_dir("merged"));
+    t_rm_tree(in_dir("merged"));
 
     /* the index's first entry is fc1.weight [8, 6] */
     copy_tree(good, bad);

@@ -4,6 +4,8 @@
 
 #include <caccel/caccel.h>
 
+#include <dirent.h>
+#include <limits.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -12,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <cmocka.h>
 
@@ -27,6 +30,26 @@
     ({ __typeof__(expr) t_v_ = (expr);                                                      \
        if (!t_v_) fail_msg("%s -> NULL: %s", #expr, ca_last_error());                       \
        t_v_; })
+
+/* Removes path and everything below it; a link is removed as a link, never followed (a test that
+ * plants a link to a victim must not empty the victim when it cleans up). */
+static inline void t_rm_tree(const char *path) {
+    struct stat st;
+    if (lstat(path, &st) != 0) return;
+    DIR *d = S_ISDIR(st.st_mode) ? opendir(path) : NULL;
+    if (!d) {
+        unlink(path);
+        return;
+    }
+    struct dirent *e;
+    char p[PATH_MAX];
+    while ((e = readdir(d)))
+        if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..") &&
+            snprintf(p, sizeof p, "%s/%s", path, e->d_name) < (int)sizeof p)
+            t_rm_tree(p);
+    closedir(d);
+    rmdir(path);
+}
 
 /* Deterministic test data (xorshift), independent of caccel's generator. */
 static inline uint64_t t_rand_u64(uint64_t *s) {
