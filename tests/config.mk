@@ -14,7 +14,7 @@ VALGRIND_TESTS += tests/test_config tests/test_config_files
 
 # The caccel command: `caccel env` shows every value with its origin; `caccel config default`.
 TESTS += tests/test_cli_env.sh
-EXTRA_DIST += tests/test_cli_env.sh
+EXTRA_DIST += tests/test_cli_env.sh tests/cli_lib.sh
 
 # `caccel config`: the questionnaire driven through a terminal (tmux; skipped without it), `config update`.
 TESTS += tests/test_cli_config.sh

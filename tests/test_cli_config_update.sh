@@ -7,28 +7,13 @@ set -u
 src=${CACCEL_TEST_SRCDIR:-.}
 build=${CACCEL_TEST_BUILDDIR:-.}
 caccel="$build/tools/caccel"
-: "$src"
 if [ ! -x "$caccel" ]; then
     echo "SKIP: $caccel not built"
     exit 77
 fi
 
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/caccel-update-XXXXXX") || exit 1
-trap 'rm -rf "$tmp"' EXIT INT TERM
-# Nothing of the machine running the tests may leak in: no default files, no variables.
-for v in $(env | sed -n 's/^\(ACCELERATE_[A-Za-z0-9_]*\|FSDP_[A-Za-z0-9_]*\|PARALLELISM_CONFIG_[A-Za-z0-9_]*\|CACCEL_[A-Za-z0-9_]*\|MASTER_ADDR\|MASTER_PORT\)=.*/\1/p'); do
-    case $v in CACCEL_TEST_*|CACCEL_PLUGIN_PATH) ;; *) unset "$v" ;; esac
-done
-HOME="$tmp/home"
-export HOME
-unset XDG_CONFIG_HOME XDG_CACHE_HOME HF_HOME
-mkdir -p "$HOME"
-
-failures=0
-fail() {
-    echo "FAIL: $*"
-    failures=$((failures + 1))
-}
+. "$src/tests/cli_lib.sh"
+cli_isolate update
 ok() { echo "ok: $*"; }
 # check DESCRIPTION COMMAND...: the command must succeed
 check() {

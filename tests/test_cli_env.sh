@@ -11,22 +11,8 @@ if [ ! -x "$caccel" ]; then
     exit 77
 fi
 
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/caccel-cli-XXXXXX") || exit 1
-trap 'rm -rf "$tmp"' EXIT INT TERM
-# Nothing of the machine running the tests may leak in: no default files, no variables.
-for v in $(env | sed -n 's/^\(ACCELERATE_[A-Za-z0-9_]*\|FSDP_[A-Za-z0-9_]*\|MEGATRON_LM_[A-Za-z0-9_]*\|PARALLELISM_CONFIG_[A-Za-z0-9_]*\|CACCEL_BACKEND\|CACCEL_TIMEOUT\|CACCEL_BUCKET_CAP_MB\|CACCEL_ALLOW_UNKNOWN_KEYS\|CACCEL_EVEN_BATCHES\|MASTER_ADDR\|MASTER_PORT\)=.*/\1/p'); do
-    unset "$v"
-done
-HOME="$tmp/home"
-export HOME
-unset XDG_CONFIG_HOME XDG_CACHE_HOME HF_HOME
-mkdir -p "$HOME"
-
-failures=0
-fail() {
-    echo "FAIL: $*"
-    failures=$((failures + 1))
-}
+. "$src/tests/cli_lib.sh"
+cli_isolate cli
 
 # expect_row FILE KEY VALUE ORIGIN: a row of the configuration table
 expect_row() {
