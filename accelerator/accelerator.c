@@ -2,6 +2,8 @@
 #include "accelerator/accelerator_impl.h"
 #include "core/comm_impl.h"
 #include "core/config_impl.h"
+#include "core/registry_impl.h"
+#include <caccel/xla.h>
 
 #include <math.h>
 #include <stdio.h>
@@ -54,39 +56,56 @@ static ca_status check_supported(const ca_accelerator *acc) {
     return ca_config_check_parallelism(acc->cfg);
 }
 
-/* use_cpu -> cpu. Otherwise the CUDA plugin when it reports a device, else the
- * CPU with a one-line notice; MULTI_GPU demands a GPU. */
+/* The kind of device the configuration asks for: lazy for XLA, a GPU unless use_cpu, else the host. */
+static ca_device_kind wanted_kind(const ca_settings *st) {
+    if (st->use_cpu) return CA_DEVICE_HOST;
+    return st->distributed_type == CA_DIST_XLA ? CA_DEVICE_LAZY : CA_DEVICE_GPU;
+}
+
+/* One lazy device per process; bf16 on it is Accelerate's on a TPU: storage in bf16
+ * (XLA_USE_BF16), no autocast. */
+static ca_status open_lazy(ca_accelerator *acc, const ca_backend_info *bi) {
+    ca_device_open_args args = {.struct_size = sizeof args, .local_rank = acc->local_rank};
+    ca_status s = ca_device_open(bi->name, 0, &args, &acc->device);
+    if (s == CA_OK && acc->st.mixed_precision == CA_MP_BF16 && !ca_xla_bf16_storage(acc->device)) {
+        s = ca_xla_set_bf16_storage(acc->device, true);
+        acc->bf16_storage_set = s == CA_OK;
+    }
+    return s;
+}
+
+/* Why no device of `kind` is usable: the first such backend's reason, or what to install. */
+static void why_none(ca_device_kind kind, const ca_backend_info *bi, char *buf, size_t len) {
+    const ca_plugin_hint *h = ca_registry_hint(CA_BACKEND_DEVICE, NULL, kind);
+    if (bi->name)
+        snprintf(buf, len, "%s", bi->reason && bi->reason[0] ? bi->reason : "no device visible");
+    else if (h)
+        snprintf(buf, len, "the %s plugin is not installed (%s, built with %s)", h->name, h->file, h->package);
+    else
+        snprintf(buf, len, "no plugin provides such a device");
+}
+
+/* The best usable device of the kind the configuration asks for (registry score); a GPU run
+ * without one trains on the CPU with a one-line notice, except MULTI_GPU, which demands a GPU. */
 static ca_status select_device(ca_accelerator *acc) {
     const ca_settings *st = &acc->st;
-    if (st->distributed_type == CA_DIST_XLA && !st->use_cpu) {   /* one lazy device per process */
-        ca_device_open_args args = {.struct_size = sizeof args, .local_rank = acc->local_rank};
-        ca_status s = ca_device_open("xla", 0, &args, &acc->device);
-        /* bf16 on xla is Accelerate's on a TPU: storage in bf16 (XLA_USE_BF16), no autocast */
-        if (s == CA_OK && st->mixed_precision == CA_MP_BF16 && !ca_xla_bf16_storage(acc->device)) {
-            s = ca_xla_set_bf16_storage(acc->device, true);
-            acc->bf16_storage_set = s == CA_OK;
+    ca_device_kind kind = wanted_kind(st);
+    if (kind != CA_DEVICE_HOST) {
+        ca_backend_info bi;
+        ca_status found = ca_registry_best_device(kind, &bi);
+        if (found == CA_OK && kind == CA_DEVICE_LAZY) return open_lazy(acc, &bi);
+        if (found == CA_OK) {
+            ca_device_open_args args = {.struct_size = sizeof args, .local_rank = acc->local_rank,
+                                        .gpu_ids = st->gpu_ids};
+            /* more local processes than GPUs share them (Gloo/MPI stage through the host; NCCL refuses) */
+            int index = acc->world > 1 ? acc->local_rank % bi.device_count : 0;
+            return ca_device_open(bi.name, index, &args, &acc->device);
         }
-        return s;
-    }
-    if (!st->use_cpu) {
-        ca_registry_load_plugins();
-        char reason[300] = "the cuda plugin is not installed";
-        bool plugin = false;
-        int n = ca_registry_count();
-        for (int i = 0; i < n; i++) {
-            ca_backend_info bi;
-            if (ca_registry_get(i, &bi) != CA_OK || bi.kind != CA_BACKEND_DEVICE || strcmp(bi.name, "cuda") != 0)
-                continue;
-            if (bi.usable && bi.device_count > 0) {
-                ca_device_open_args args = {.struct_size = sizeof args, .local_rank = acc->local_rank,
-                                            .gpu_ids = st->gpu_ids};
-                /* more local processes than GPUs share them (Gloo/MPI stage through the host; NCCL refuses) */
-                int index = acc->world > 1 ? acc->local_rank % bi.device_count : 0;
-                return ca_device_open("cuda", index, &args, &acc->device);
-            }
-            snprintf(reason, sizeof reason, "%s", bi.reason[0] ? bi.reason : "no CUDA device visible");
-            plugin = true;
-        }
+        char reason[300];
+        why_none(kind, &bi, reason, sizeof reason);
+        if (kind == CA_DEVICE_LAZY)
+            return ca_error(CA_ERR_UNSUPPORTED, "distributed_type XLA (from %s) needs a lazy device: %s",
+                            ca_config_origin(acc->cfg, "distributed_type"), reason);
         if (st->distributed_type == CA_DIST_MULTI_GPU && acc->infer_type) {
             acc->st.distributed_type = CA_DIST_MULTI_CPU;
         } else if (st->distributed_type == CA_DIST_MULTI_GPU)
@@ -94,7 +113,7 @@ static ca_status select_device(ca_accelerator *acc) {
                             ca_config_origin(acc->cfg, "distributed_type"), reason);
         /* one line, where a GPU build finds no GPU; a CPU-only install stays quiet */
         if (acc->rank <= 0)
-            ca_log_printf(plugin ? CA_LOG_WARNING : CA_LOG_INFO,
+            ca_log_printf(bi.name ? CA_LOG_WARNING : CA_LOG_INFO,
                           "use_cpu is false but no GPU is usable (%s): training on the CPU", reason);
     }
     acc->device = ca_cpu_device();

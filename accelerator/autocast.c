@@ -1,6 +1,7 @@
 /* The autocast scope under the program's control (Accelerate's accelerator.autocast). */
 #include "accelerator/accelerator_impl.h"
 #include "tensor/tensor_impl.h"
+#include <caccel/xla.h>
 
 /* The low precision of mixed_precision (CA_F32: none; bf16 on xla is its storage, not autocast). */
 static ca_dtype configured(const ca_accelerator *acc) {

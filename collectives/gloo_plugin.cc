@@ -965,6 +965,7 @@ static const ca_collective_ops gloo_ops = {
     gloo_work_free,
     gloo_abort,
     nullptr,   // split: the core builds a group's communicator over the store
+    false,     // needs_mpi_launcher: ranks and rendezvous come from the store
 };
 
 static const ca_collective_ops *const gloo_list[] = { &gloo_ops };

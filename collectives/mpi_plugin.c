@@ -595,6 +595,7 @@ static const ca_collective_ops mpi_ops = {
     .work_free = mpi_work_free,
     .abort = mpi_abort,
     .split = mpi_split,
+    .needs_mpi_launcher = true,
 };
 
 static const ca_collective_ops *const mpi_list[] = { &mpi_ops };

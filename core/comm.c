@@ -2,6 +2,7 @@
  * hang diagnosis is in comm_diag.c. */
 #include "core/comm_diag_impl.h"
 #include "core/procenv_impl.h"
+#include "core/registry_impl.h"
 
 #include <errno.h>
 #include <ifaddrs.h>
@@ -889,44 +890,45 @@ ca_status ca_comm_create_owning(const ca_comm_options *opts, ca_store_client *cl
 ca_status ca_comm_backend_missing(const char *backend) {
     char reason[1024];
     snprintf(reason, sizeof reason, "%s", ca_last_error());
-    const char *file = NULL, *pkg = NULL, *more = "";
-    if (strcmp(backend, "gloo") == 0) {
-        file = "caccel_gloo.so";
-        pkg = "libgloo-dev";
-        more = "; or start the program with mpirun and backend mpi";
-    } else if (strcmp(backend, "mpi") == 0) {
-        file = "caccel_mpi.so";
-        pkg = "libopenmpi-dev (and openmpi-bin for mpirun)";
-        more = "; the MPI backend runs only under mpirun/mpiexec/srun --mpi";
-    } else if (strcmp(backend, "nccl") == 0) {
-        file = "caccel_cuda.so";
-        pkg = "libnccl-dev and the CUDA toolkit";
-    }
-    if (!file) {
+    const ca_plugin_hint *h = ca_registry_hint(CA_BACKEND_COLLECTIVE, backend, CA_DEVICE_KIND_UNSET);
+    if (!h) {
         ca_error(CA_ERR_NOT_FOUND, "unknown collective backend '%s' (%s)", backend, reason);
         ca_error_hint("backends: single, gloo, mpi, nccl (`caccel env` lists those found)");
         return CA_ERR_NOT_FOUND;
     }
-    ca_error(CA_ERR_NOT_FOUND, "collective backend '%s' is not available: plugin %s (%s)", backend, file, reason);
+    ca_error(CA_ERR_NOT_FOUND, "collective backend '%s' is not available: plugin %s (%s)", backend, h->file, reason);
     ca_error_hint("install the Debian package %s, then reconfigure and rebuild caccel so %s is built and installed "
                   "in %s (or add its directory to CACCEL_PLUGIN_PATH)%s",
-                  pkg, file, CA_PLUGIN_DIR, more);
+                  h->package, h->file, CA_PLUGIN_DIR, h->more);
     return CA_ERR_NOT_FOUND;
+}
+
+/* The collective's needs_mpi_launcher (false in a table of an older minor ABI). */
+static bool needs_mpi_launcher(const ca_collective_ops *ops) {
+    ca_collective_ops o;
+    ca_copy_vtable(&o, sizeof o, ops, ops->struct_size);
+    return o.needs_mpi_launcher;
 }
 
 ca_status ca_comm_create_from_env(const ca_procenv *pe, const char *backend, ca_device *device, int64_t timeout_ms,
                                  bool debug, ca_comm **out) {
     *out = NULL;
     const char *name = ca_procenv_pick_backend(pe, backend);
-    /* GPU memory: NCCL, unless asked otherwise (or under mpirun with no address for its store) */
+    /* GPU memory: the first collective that reduces on the device itself (NCCL on cuda), unless
+     * asked otherwise (or under mpirun with no address for its store); none: the launcher's,
+     * staged through the host */
     bool asked = backend && *backend && strcmp(backend, "auto") != 0;
-    if (!asked && pe->world_size > 1 && device && !ca_device_is_host(device) && !ca_device_is_lazy(device) &&
-        !(pe->under_mpi && (!pe->master_addr[0] || pe->master_port <= 0)))
-        name = "nccl";
-    if (!ca_registry_collective(name)) return ca_comm_backend_missing(name);
-    if (strcmp(name, "mpi") == 0 && !pe->under_mpi && pe->world_size > 1) {
-        ca_error(CA_ERR_CONFIG, "backend mpi asked for, but this process was started by %s, not by an MPI launcher",
-                 pe->launcher_name);
+    if (!asked && pe->world_size > 1 && ca_device_kind_of(device) == CA_DEVICE_GPU &&
+        !(pe->under_mpi && (!pe->master_addr[0] || pe->master_port <= 0))) {
+        const char *serving = ca_registry_collective_serving(ca_device_name(device));
+        if (serving) name = serving;
+    }
+    const ca_collective_ops *ops = ca_registry_collective(name);
+    if (!ops) return ca_comm_backend_missing(name);
+    bool launcher_ranks = needs_mpi_launcher(ops);
+    if (launcher_ranks && !pe->under_mpi && pe->world_size > 1) {
+        ca_error(CA_ERR_CONFIG, "backend %s asked for, but this process was started by %s, not by an MPI launcher",
+                 name, pe->launcher_name);
         ca_error_hint("run `caccel launch --backend mpi ...` (it starts mpirun) or `mpirun -np N ...`");
         return CA_ERR_CONFIG;
     }
@@ -940,7 +942,7 @@ ca_status ca_comm_create_from_env(const ca_procenv *pe, const char *backend, ca_
         .timeout_ms = timeout_ms,
         .debug = debug,
     };
-    if (pe->world_size > 1 && strcmp(name, "mpi") != 0) {
+    if (pe->world_size > 1 && !launcher_ranks) {   /* an MPI launcher's ranks need no store */
         ca_store_client *cl = NULL;
         ca_store_server *srv = NULL;
         ca_status s = ca_procenv_store(pe, timeout_ms > 0 ? timeout_ms : ca_comm_default_timeout_ms(), &cl, &srv);

@@ -2,8 +2,7 @@
 #include "core/device_impl.h"
 #include "core/alloc_impl.h"
 #include "core/registry_impl.h"
-#include "backends/cpu/cpu_plugin.h"
-#include "backends/xla_stub/xla_plugin.h"
+#include <caccel/xla.h>
 
 #include <pthread.h>
 #include <stdio.h>
@@ -39,6 +38,8 @@ static ca_status open_locked(const char *name, int index, const ca_device_open_a
     if (!d) return ca_error(CA_ERR_NOMEM, "out of host memory");
     ca_copy_vtable(&d->ops, sizeof d->ops, ops, ops->struct_size);
     if (ops->kernels) ca_copy_vtable(&d->k, sizeof d->k, ops->kernels, ops->kernels->struct_size);
+    if (d->ops.kind == CA_DEVICE_KIND_UNSET)   /* a table of an older minor ABI */
+        d->ops.kind = d->ops.host_memory ? CA_DEVICE_HOST : CA_DEVICE_GPU;
     d->name = ops->name;
     d->index = index;
     ca_device_open_args def = {.struct_size = sizeof def, .local_rank = -1};
@@ -85,13 +86,14 @@ ca_device *ca_cpu_device(void) {
 }
 
 void ca_device_set_deterministic(ca_device *d, bool on) {
-    if (d && strcmp(d->name, "cpu") == 0) ca_cpu_set_deterministic(on);
+    if (d && d->ops.set_deterministic) d->ops.set_deterministic(d->ctx, on);
 }
 
 const char *ca_device_name(const ca_device *d) { return d ? d->name : "?"; }
 int ca_device_index(const ca_device *d) { return d ? d->index : -1; }
 const char *ca_device_description(const ca_device *d) { return d ? d->description : ""; }
 bool ca_device_is_host(const ca_device *d) { return d && d->ops.host_memory; }
+ca_device_kind ca_device_kind_of(const ca_device *d) { return d ? d->ops.kind : CA_DEVICE_KIND_UNSET; }
 const ca_kernels *ca_device_kernels(const ca_device *d) { return &d->k; }
 void *ca_device_context(const ca_device *d) { return d->ctx; }
 const ca_device_ops *ca_device_ops_of(const ca_device *d) { return &d->ops; }
@@ -100,48 +102,58 @@ ca_status ca_device_synchronize(ca_device *d) {
     return d->ops.synchronize ? d->ops.synchronize(d->ctx) : CA_OK;
 }
 
-bool ca_device_is_lazy(const ca_device *d) { return d && strcmp(d->name, "xla") == 0; }
+bool ca_device_is_lazy(const ca_device *d) { return d && d->ops.kind == CA_DEVICE_LAZY; }
 
 ca_status ca_device_mark_step(ca_device *d) {
     if (!d) return ca_error(CA_ERR_INVALID, "ca_device_mark_step: device is NULL");
-    return ca_device_is_lazy(d) ? ca_xla_ctx_mark_step(d->ctx) : CA_OK;
+    return d->ops.mark_step ? d->ops.mark_step(d->ctx) : CA_OK;
 }
 
-static ca_status need_xla(const ca_device *d, const char *fn) {
-    if (ca_device_is_lazy(d)) return CA_OK;
-    return ca_error(CA_ERR_INVALID, "%s: device %s:%d is not an xla device", fn, d ? d->name : "(null)",
-                    d ? d->index : -1);
+/* The caccel/xla.h extra `proc` of d's backend, or NULL with the error recorded. */
+static void *xla_proc(const ca_device *d, const char *proc, const char *fn) {
+    void *p = d && d->ops.get_proc ? d->ops.get_proc(proc) : NULL;
+    if (!p)
+        ca_error(CA_ERR_INVALID, "%s: device %s:%d is not an xla device", fn, d ? d->name : "(null)",
+                 d ? d->index : -1);
+    return p;
 }
 
 ca_status ca_xla_metrics_get(const ca_device *d, ca_xla_metrics *out) {
-    ca_status s = need_xla(d, "ca_xla_metrics_get");
-    if (s != CA_OK) return s;
+    void *p = xla_proc(d, CA_XLA_PROC_METRICS, "ca_xla_metrics_get");
+    if (!p) return ca_last_status();
     if (!out) return ca_error(CA_ERR_INVALID, "ca_xla_metrics_get: out is NULL");
-    ca_xla_ctx_metrics(d->ctx, out);
+    ((ca_xla_metrics_fn)(uintptr_t)p)(d->ctx, out);
     return CA_OK;
 }
 
 ca_status ca_xla_metrics_reset(ca_device *d) {
-    ca_status s = need_xla(d, "ca_xla_metrics_reset");
-    if (s == CA_OK) ca_xla_ctx_metrics_reset(d->ctx);
-    return s;
+    void *p = xla_proc(d, CA_XLA_PROC_METRICS_RESET, "ca_xla_metrics_reset");
+    if (!p) return ca_last_status();
+    ((ca_xla_metrics_reset_fn)(uintptr_t)p)(d->ctx);
+    return CA_OK;
 }
 
 ca_status ca_xla_metrics_report(const ca_device *d, char *buf, size_t len) {
     ca_xla_metrics m;
     ca_status s = ca_xla_metrics_get(d, &m);
     if (s != CA_OK) return s;
+    void *p = xla_proc(d, CA_XLA_PROC_FORMAT_METRICS, "ca_xla_metrics_report");
+    if (!p) return ca_last_status();
     if (!buf || !len) return ca_error(CA_ERR_INVALID, "ca_xla_metrics_report: buffer is NULL or empty");
-    ca_xla_format_metrics(&m, buf, len);
+    ((ca_xla_format_metrics_fn)(uintptr_t)p)(&m, buf, len);
     return CA_OK;
 }
 
 ca_status ca_xla_set_bf16_storage(ca_device *d, bool on) {
-    ca_status s = need_xla(d, "ca_xla_set_bf16_storage");
-    return s == CA_OK ? ca_xla_ctx_set_bf16_storage(d->ctx, on) : s;
+    if (!d || !d->ops.set_storage_dtype || !ca_device_is_lazy(d))
+        return ca_error(CA_ERR_INVALID, "ca_xla_set_bf16_storage: device %s:%d is not an xla device",
+                        d ? d->name : "(null)", d ? d->index : -1);
+    return d->ops.set_storage_dtype(d->ctx, on ? CA_BF16 : CA_F32);
 }
 
-bool ca_xla_bf16_storage(const ca_device *d) { return ca_device_is_lazy(d) && ca_xla_ctx_bf16_storage(d->ctx); }
+bool ca_xla_bf16_storage(const ca_device *d) {
+    return d && d->ops.storage_dtype && d->ops.storage_dtype(d->ctx) == CA_BF16;
+}
 
 ca_status ca_device_memory_stats(ca_device *d, ca_allocator_stats *out) {
     memset(out, 0, sizeof *out);

@@ -21,10 +21,6 @@ struct ca_device {
     struct ca_device *next;
 };
 
-/* Deterministic mode on d: results must not depend on the thread count (the CPU
- * runs its GEMMs on one thread; other devices are left as they are). */
-void ca_device_set_deterministic(ca_device *d, bool on);
-
 /* Error for a NULL kernel slot: "<backend> has no kernel '<slot>'". */
 ca_status ca_kernel_missing(const ca_device *d, const char *slot);
 

@@ -24,6 +24,7 @@ typedef struct entry {
     const ca_device_ops *dev;
     const ca_collective_ops *coll;
     bool usable;
+    int score;                 /* the plugin's preference (1 without a score slot) */
     bool counted;              /* device_count asked already */
     int device_count;
     char reason[256];
@@ -89,8 +90,8 @@ static ca_status register_locked(const ca_plugin *p, const char *origin) {
                         origin, abi >> 16, abi & 0xffff, CA_ABI_MAJOR, CA_ABI_MINOR);
     }
     char reason[256] = "";
-    bool usable = true;
-    if (p->score && p->score(reason, sizeof reason) <= 0) usable = false;
+    int score = p->score ? p->score(reason, sizeof reason) : 1;
+    bool usable = score > 0;
     for (int i = 0; i < p->num_devices; i++) {
         const ca_device_ops *d = p->devices[i];
         if (!d || !abi_compatible(d->abi_version)) {
@@ -105,6 +106,7 @@ static ca_status register_locked(const ca_plugin *p, const char *origin) {
         if (!e) return ca_error(CA_ERR_NOMEM, "out of memory registering %s", origin);
         e->dev = d;
         e->usable = usable;
+        e->score = score;
         snprintf(e->reason, sizeof e->reason, "%s", reason);
     }
     for (int i = 0; i < p->num_collectives; i++) {
@@ -121,6 +123,7 @@ static ca_status register_locked(const ca_plugin *p, const char *origin) {
         if (!e) return ca_error(CA_ERR_NOMEM, "out of memory registering %s", origin);
         e->coll = c;
         e->usable = usable;
+        e->score = score;
         snprintf(e->reason, sizeof e->reason, "%s", reason);
     }
     return CA_OK;
@@ -333,6 +336,16 @@ static void count_devices(entry *e) {
     }
 }
 
+static void fill_info(entry *e, ca_backend_info *out) {
+    count_devices(e);
+    *out = (ca_backend_info){
+        .name = e->name, .kind = e->kind, .origin = e->origin, .version = e->version,
+        .usable = e->usable && (e->kind == CA_BACKEND_COLLECTIVE || e->device_count > 0),
+        .device_count = e->kind == CA_BACKEND_DEVICE ? e->device_count : -1,
+        .reason = e->reason,
+    };
+}
+
 int ca_registry_count(void) {
     ensure_builtins();
     pthread_mutex_lock(&reg_mu);
@@ -350,15 +363,75 @@ ca_status ca_registry_get(int i, ca_backend_info *out) {
         pthread_mutex_unlock(&reg_mu);
         return ca_error(CA_ERR_NOT_FOUND, "no backend #%d (registry has %d)", i, nentries);
     }
-    count_devices(e);
-    *out = (ca_backend_info){
-        .name = e->name, .kind = e->kind, .origin = e->origin, .version = e->version,
-        .usable = e->usable && (e->kind == CA_BACKEND_COLLECTIVE || e->device_count > 0),
-        .device_count = e->kind == CA_BACKEND_DEVICE ? e->device_count : -1,
-        .reason = e->reason,
-    };
+    fill_info(e, out);
     pthread_mutex_unlock(&reg_mu);
     return CA_OK;
+}
+
+static ca_device_kind entry_kind(const entry *e) {
+    ca_device_ops o;
+    ca_copy_vtable(&o, sizeof o, e->dev, e->dev->struct_size);
+    if (o.kind != CA_DEVICE_KIND_UNSET) return o.kind;
+    return o.host_memory ? CA_DEVICE_HOST : CA_DEVICE_GPU;   /* a table of an older minor ABI */
+}
+
+ca_status ca_registry_best_device(ca_device_kind kind, ca_backend_info *out) {
+    ca_registry_load_plugins();
+    pthread_mutex_lock(&reg_mu);
+    entry *best = NULL, *first = NULL;
+    for (entry *e = entries; e; e = e->next) {
+        if (!e->dev || entry_kind(e) != kind) continue;
+        if (!first) first = e;
+        count_devices(e);
+        if (e->usable && e->device_count > 0 && (!best || e->score > best->score)) best = e;
+    }
+    if (best || first) fill_info(best ? best : first, out);
+    else *out = (ca_backend_info){.kind = CA_BACKEND_DEVICE, .device_count = -1, .reason = ""};
+    pthread_mutex_unlock(&reg_mu);
+    return best ? CA_OK : CA_ERR_NOT_FOUND;
+}
+
+/* True when the comma-separated list `names` names `dev` ("*" names none: it serves any device
+ * only because it moves nothing). */
+static bool names_device(const char *names, const char *dev) {
+    size_t dl = strlen(dev);
+    for (const char *p = names ? names : ""; *p;) {
+        const char *c = strchr(p, ',');
+        size_t l = c ? (size_t)(c - p) : strlen(p);
+        while (l && *p == ' ') { p++; l--; }
+        if (l == dl && strncmp(p, dev, dl) == 0) return true;
+        if (!c) break;
+        p = c + 1;
+    }
+    return false;
+}
+
+const char *ca_registry_collective_serving(const char *device_name) {
+    ca_registry_load_plugins();
+    pthread_mutex_lock(&reg_mu);
+    const char *name = NULL;
+    for (entry *e = entries; e && !name; e = e->next)
+        if (e->coll && e->usable && names_device(e->coll->device_names, device_name)) name = e->name;
+    pthread_mutex_unlock(&reg_mu);
+    return name;
+}
+
+/* What to install when a backend is missing: one row a plugin. */
+static const ca_plugin_hint hints[] = {
+    {CA_BACKEND_COLLECTIVE, "gloo", CA_DEVICE_KIND_UNSET, "caccel_gloo.so", "libgloo-dev",
+     "; or start the program with mpirun and backend mpi"},
+    {CA_BACKEND_COLLECTIVE, "mpi", CA_DEVICE_KIND_UNSET, "caccel_mpi.so", "libopenmpi-dev (and openmpi-bin for mpirun)",
+     "; the MPI backend runs only under mpirun/mpiexec/srun --mpi"},
+    {CA_BACKEND_COLLECTIVE, "nccl", CA_DEVICE_KIND_UNSET, "caccel_cuda.so", "libnccl-dev and the CUDA toolkit", ""},
+    {CA_BACKEND_DEVICE, "cuda", CA_DEVICE_GPU, "caccel_cuda.so", "the CUDA toolkit (nvcc)", ""},
+};
+
+const ca_plugin_hint *ca_registry_hint(ca_backend_kind kind, const char *name, ca_device_kind dev_kind) {
+    for (size_t i = 0; i < CA_ARRAY_LEN(hints); i++)
+        if (hints[i].kind == kind &&
+            (name ? strcmp(hints[i].name, name) == 0 : hints[i].device_kind == dev_kind))
+            return &hints[i];
+    return NULL;
 }
 
 /* "cpu, cuda" — the names of one kind, for error messages. */

@@ -5,11 +5,26 @@
 
 #include "base/base_impl.h"
 
+#include <caccel/device.h>
 #include <stddef.h>
 
 #ifndef CA_PLUGIN_DIR
 #define CA_PLUGIN_DIR "/usr/local/lib/caccel"
 #endif
+
+/* The first registered usable collective backend whose device_names names device_name, or NULL. */
+const char *ca_registry_collective_serving(const char *device_name);
+
+/* What to install for a missing backend: a collective by name, or a device by kind (name NULL). */
+typedef struct ca_plugin_hint {
+    ca_backend_kind kind;
+    const char *name;
+    ca_device_kind device_kind;
+    const char *file;          /* the plugin file, "caccel_gloo.so" */
+    const char *package;       /* the Debian package(s) it builds from */
+    const char *more;          /* appended to the hint, "" or "; ..." */
+} ca_plugin_hint;
+const ca_plugin_hint *ca_registry_hint(ca_backend_kind kind, const char *name, ca_device_kind dev_kind);
 
 /* Forgets every backend (ca_shutdown). */
 void ca_registry_shutdown(void);

@@ -8,6 +8,7 @@ caccelinclude_HEADERS = \
 	include/caccel/config.h \
 	include/caccel/backend.h \
 	include/caccel/device.h \
+	include/caccel/xla.h \
 	include/caccel/collective.h \
 	include/caccel/tensor.h \
 	include/caccel/ops.h \

@@ -201,6 +201,71 @@ static void test_registry_older_minor_lacks_new_kernels(void **state) {
     }
 }
 
+/* A device says what it is through its table, and the core drives it through its slots, never by
+ * its name: a lazy device called anything is lazy, its mark_step and determinism slots are called,
+ * the accelerator's query picks the highest score of a kind, and a table of an older minor (no
+ * `kind`) reads as host or GPU from host_memory. */
+static int slot_steps, slot_det;
+static ca_status count_step(void *dev) { (void)dev; slot_steps++; return CA_OK; }
+static void count_det(void *dev, bool on) { (void)dev; slot_det += on ? 1 : -1; }
+static int prefer(char *reason, size_t len) { (void)reason; (void)len; return 5; }
+
+static void test_device_kind_slots(void **state) {
+    static ca_device_ops lazy, old;
+    static const ca_device_ops *devs[2];
+    static ca_plugin p;
+    ca_device *cpu = ca_cpu_device(), *xla = NULL;
+    assert_int_equal(ca_device_kind_of(cpu), CA_DEVICE_HOST);
+    assert_false(ca_device_is_lazy(cpu));
+    T_OK(ca_device_open("xla", 0, NULL, &xla));
+    assert_int_equal(ca_device_kind_of(xla), CA_DEVICE_LAZY);
+    assert_true(ca_device_is_lazy(xla));
+    ca_backend_info bi;
+    T_OK(ca_registry_best_device(CA_DEVICE_LAZY, &bi));
+    assert_string_equal(bi.name, "xla");
+    assert_int_equal(ca_registry_best_device(CA_DEVICE_GPU + 10, &bi), CA_ERR_NOT_FOUND);
+    assert_null(bi.name);
+
+    lazy = *ca_device_ops_of(cpu);
+    lazy.name = "lazy_test";
+    lazy.kind = CA_DEVICE_LAZY;
+    lazy.mark_step = count_step;
+    lazy.set_deterministic = count_det;
+    old = *ca_device_ops_of(cpu);
+    old.name = "old_gpu_test";
+    old.host_memory = false;
+    old.struct_size = offsetof(ca_device_ops, kind);
+    devs[0] = &lazy;
+    devs[1] = &old;
+    p = (ca_plugin){.struct_size = sizeof p, .abi_version = CA_ABI_VERSION, .name = "kinds", .version = "test",
+                    .num_devices = 2, .devices = devs, .score = prefer};
+    T_OK(ca_register_plugin(&p, "test_core"));
+    T_OK(ca_registry_best_device(CA_DEVICE_LAZY, &bi));
+    assert_string_equal(bi.name, "lazy_test");    /* score 5 beats the built-in's 1 */
+    T_OK(ca_registry_best_device(CA_DEVICE_GPU, &bi));
+    assert_string_equal(bi.name, "old_gpu_test");
+
+    ca_device *d = NULL, *g = NULL;
+    T_OK(ca_device_open("lazy_test", 0, NULL, &d));
+    assert_true(ca_device_is_lazy(d));
+    T_OK(ca_device_mark_step(d));
+    T_OK(ca_device_mark_step(cpu));                 /* no slot: nothing to do */
+    assert_int_equal(slot_steps, 1);
+    ca_device_set_deterministic(d, true);
+    assert_int_equal(slot_det, 1);
+    ca_device_set_deterministic(d, false);
+    assert_int_equal(slot_det, 0);
+    /* the xla extras resolve through get_proc: a lazy device without them is no xla device */
+    ca_xla_metrics m;
+    assert_int_equal(ca_xla_metrics_get(d, &m), CA_ERR_INVALID);
+    assert_non_null(strstr(ca_last_error(), "lazy_test:0 is not an xla device"));
+    assert_false(ca_xla_bf16_storage(d));
+    T_OK(ca_xla_metrics_get(xla, &m));
+    T_OK(ca_device_open("old_gpu_test", 0, NULL, &g));
+    assert_int_equal(ca_device_kind_of(g), CA_DEVICE_GPU);
+    assert_false(ca_device_is_lazy(g));
+}
+
 /* ------------------------------------------------------------------ allocator */
 
 static void test_caching_allocator_reuses(void **state) {
@@ -398,6 +463,7 @@ int main(void) {
         cmocka_unit_test(test_registry_refuses_wrong_abi),
         cmocka_unit_test(test_registry_loads_plugin_with_reason),
         cmocka_unit_test(test_registry_older_minor_lacks_new_kernels),
+        cmocka_unit_test(test_device_kind_slots),
         cmocka_unit_test(test_caching_allocator_reuses),
         cmocka_unit_test(test_caching_allocator_bounded_for_varying_sizes),
         cmocka_unit_test(test_allocator_out_of_memory),

@@ -389,6 +389,12 @@ static const ca_kernels cpu_kernels = {
     .gather_backward = fz_gather_backward,
 };
 
+/* The device slot: determinism is process-wide on the cpu (one GEMM thread pool). */
+static void cpu_set_deterministic(void *dev, bool on) {
+    (void)dev;
+    ca_cpu_set_deterministic(on);
+}
+
 const ca_device_ops cpu_device_ops = {
     .struct_size = sizeof(ca_device_ops),
     .abi_version = CA_ABI_VERSION,
@@ -415,4 +421,6 @@ const ca_device_ops cpu_device_ops = {
     .allocator = NULL,
     .allocator_ctx = NULL,
     .host_memory = true,
+    .kind = CA_DEVICE_HOST,
+    .set_deterministic = cpu_set_deterministic,
 };

@@ -506,4 +506,5 @@ const ca_device_ops cu_device_ops = {
     .allocator = &cu_allocator_ops,
     .allocator_ctx = cu_allocator_ctx,
     .host_memory = false,
+    .kind = CA_DEVICE_GPU,
 };

@@ -909,11 +909,13 @@ static ca_status x_device_count(int *count, char *reason, size_t reason_len) {
 static xla_dev *metrics_dev;   /* the device whose metrics are printed at exit */
 static pthread_mutex_t metrics_mu = PTHREAD_MUTEX_INITIALIZER;
 
+static void x_format_metrics(const ca_xla_metrics *m, char *buf, size_t len);
+
 static void print_metrics(xla_dev *x) {
     char buf[2048];
     ca_xla_metrics m = x->m;
     m.cached_programs = (uint64_t)x->nprogs;
-    ca_xla_format_metrics(&m, buf, sizeof buf);
+    x_format_metrics(&m, buf, sizeof buf);
     fprintf(stderr, "caccel xla metrics:\n%s", buf);
 }
 
@@ -1109,6 +1111,80 @@ static ca_status x_event_synchronize(void *dev, void *event) { return x_synchron
 
 static void *x_allocator_ctx(void *dev) { return dev; }
 
+/* ------------------------------------------------------------------ metrics and plugin */
+
+static void x_metrics(void *dev, ca_xla_metrics *out) {
+    xla_dev *x = dev;
+    pthread_mutex_lock(&x->mu);
+    *out = x->m;
+    out->cached_programs = (uint64_t)x->nprogs;
+    pthread_mutex_unlock(&x->mu);
+}
+
+static ca_status x_mark_step(void *dev) { return xla_mark_step(dev); }
+
+/* CA_BF16: every f32 value rounds to bf16 (ca_xla_set_bf16_storage); CA_F32: native. */
+static ca_status x_set_storage_dtype(void *dev, ca_dtype dt) {
+    xla_dev *x = dev;
+    if (dt != CA_F32 && dt != CA_BF16)
+        return ca_error(CA_ERR_INVALID, "xla device: storage dtype %s is not f32 or bf16", ca_dtype_name(dt));
+    bool on = dt == CA_BF16;
+    pthread_mutex_lock(&x->mu);
+    ca_status s = xla_flush_locked(x);   /* the pending graph runs in the mode it was recorded in */
+    if (s == CA_OK && on && !x->bf16_storage)
+        for (int i = 0; i < x->ntab; i++) x->tab[i]->raw = true;   /* what is there rounds when read */
+    if (s == CA_OK) x->bf16_storage = on;
+    pthread_mutex_unlock(&x->mu);
+    return s;
+}
+
+static ca_dtype x_storage_dtype(void *dev) {
+    xla_dev *x = dev;
+    pthread_mutex_lock(&x->mu);
+    bool on = x->bf16_storage;
+    pthread_mutex_unlock(&x->mu);
+    return on ? CA_BF16 : CA_F32;
+}
+
+static void x_metrics_reset(void *dev) {
+    xla_dev *x = dev;
+    pthread_mutex_lock(&x->mu);
+    memset(&x->m, 0, sizeof x->m);
+    pthread_mutex_unlock(&x->mu);
+}
+
+static void x_format_metrics(const ca_xla_metrics *m, char *buf, size_t len) {
+    snprintf(buf, len,
+             "  graphs: %llu\n  compiles: %llu\n  cache_hits: %llu\n  cached_programs: %llu\n"
+             "  nodes_recorded: %llu\n  nodes_executed: %llu\n  nodes_eliminated: %llu\n"
+             "  last_graph_nodes: %llu\n  max_graph_nodes: %llu\n"
+             "  h2d_transfers: %llu\n  h2d_bytes: %llu\n  d2h_transfers: %llu\n  d2h_bytes: %llu\n"
+             "  mark_steps: %llu\n  compile_ms: %.3f\n  execute_ms: %.3f\n"
+             "  kernels_launched: %llu\n  fused_kernels: %llu\n  fused_nodes: %llu\n"
+             "  planned_peak_bytes: %llu\n  arena_bytes: %llu\n  intermediate_bytes: %llu\n"
+             "  collectives_in_graph: %llu\n",
+             (unsigned long long)m->graphs, (unsigned long long)m->compiles, (unsigned long long)m->cache_hits,
+             (unsigned long long)m->cached_programs, (unsigned long long)m->nodes_recorded,
+             (unsigned long long)m->nodes_executed, (unsigned long long)m->nodes_eliminated,
+             (unsigned long long)m->last_graph_nodes, (unsigned long long)m->max_graph_nodes,
+             (unsigned long long)m->h2d_transfers, (unsigned long long)m->h2d_bytes,
+             (unsigned long long)m->d2h_transfers, (unsigned long long)m->d2h_bytes,
+             (unsigned long long)m->mark_steps, m->compile_ms, m->execute_ms,
+             (unsigned long long)m->kernels_launched, (unsigned long long)m->fused_kernels,
+             (unsigned long long)m->fused_nodes, (unsigned long long)m->planned_peak_bytes,
+             (unsigned long long)m->arena_bytes, (unsigned long long)m->intermediate_bytes,
+             (unsigned long long)m->collectives_in_graph);
+}
+
+/* The extras caccel/xla.h names (ca_xla_metrics_get and friends resolve through them). */
+static void *x_get_proc(const char *name) {
+    if (!name) return NULL;
+    if (strcmp(name, CA_XLA_PROC_METRICS) == 0) return (void *)(uintptr_t)x_metrics;
+    if (strcmp(name, CA_XLA_PROC_METRICS_RESET) == 0) return (void *)(uintptr_t)x_metrics_reset;
+    if (strcmp(name, CA_XLA_PROC_FORMAT_METRICS) == 0) return (void *)(uintptr_t)x_format_metrics;
+    return NULL;
+}
+
 static const ca_device_ops xla_device_ops = {
     .struct_size = sizeof(ca_device_ops),
     .abi_version = CA_ABI_VERSION,
@@ -1134,68 +1210,12 @@ static const ca_device_ops xla_device_ops = {
     .allocator_ctx = x_allocator_ctx,
     .host_memory = false,
     .enqueue_host_fn = x_enqueue_host_fn,
+    .kind = CA_DEVICE_LAZY,
+    .mark_step = x_mark_step,
+    .set_storage_dtype = x_set_storage_dtype,
+    .storage_dtype = x_storage_dtype,
+    .get_proc = x_get_proc,
 };
-
-/* ------------------------------------------------------------------ metrics and plugin */
-
-void ca_xla_ctx_metrics(void *dev, ca_xla_metrics *out) {
-    xla_dev *x = dev;
-    pthread_mutex_lock(&x->mu);
-    *out = x->m;
-    out->cached_programs = (uint64_t)x->nprogs;
-    pthread_mutex_unlock(&x->mu);
-}
-
-ca_status ca_xla_ctx_mark_step(void *dev) { return xla_mark_step(dev); }
-
-ca_status ca_xla_ctx_set_bf16_storage(void *dev, bool on) {
-    xla_dev *x = dev;
-    pthread_mutex_lock(&x->mu);
-    ca_status s = xla_flush_locked(x);   /* the pending graph runs in the mode it was recorded in */
-    if (s == CA_OK && on && !x->bf16_storage)
-        for (int i = 0; i < x->ntab; i++) x->tab[i]->raw = true;   /* what is there rounds when read */
-    if (s == CA_OK) x->bf16_storage = on;
-    pthread_mutex_unlock(&x->mu);
-    return s;
-}
-
-bool ca_xla_ctx_bf16_storage(void *dev) {
-    xla_dev *x = dev;
-    pthread_mutex_lock(&x->mu);
-    bool on = x->bf16_storage;
-    pthread_mutex_unlock(&x->mu);
-    return on;
-}
-
-void ca_xla_ctx_metrics_reset(void *dev) {
-    xla_dev *x = dev;
-    pthread_mutex_lock(&x->mu);
-    memset(&x->m, 0, sizeof x->m);
-    pthread_mutex_unlock(&x->mu);
-}
-
-void ca_xla_format_metrics(const ca_xla_metrics *m, char *buf, size_t len) {
-    snprintf(buf, len,
-             "  graphs: %llu\n  compiles: %llu\n  cache_hits: %llu\n  cached_programs: %llu\n"
-             "  nodes_recorded: %llu\n  nodes_executed: %llu\n  nodes_eliminated: %llu\n"
-             "  last_graph_nodes: %llu\n  max_graph_nodes: %llu\n"
-             "  h2d_transfers: %llu\n  h2d_bytes: %llu\n  d2h_transfers: %llu\n  d2h_bytes: %llu\n"
-             "  mark_steps: %llu\n  compile_ms: %.3f\n  execute_ms: %.3f\n"
-             "  kernels_launched: %llu\n  fused_kernels: %llu\n  fused_nodes: %llu\n"
-             "  planned_peak_bytes: %llu\n  arena_bytes: %llu\n  intermediate_bytes: %llu\n"
-             "  collectives_in_graph: %llu\n",
-             (unsigned long long)m->graphs, (unsigned long long)m->compiles, (unsigned long long)m->cache_hits,
-             (unsigned long long)m->cached_programs, (unsigned long long)m->nodes_recorded,
-             (unsigned long long)m->nodes_executed, (unsigned long long)m->nodes_eliminated,
-             (unsigned long long)m->last_graph_nodes, (unsigned long long)m->max_graph_nodes,
-             (unsigned long long)m->h2d_transfers, (unsigned long long)m->h2d_bytes,
-             (unsigned long long)m->d2h_transfers, (unsigned long long)m->d2h_bytes,
-             (unsigned long long)m->mark_steps, m->compile_ms, m->execute_ms,
-             (unsigned long long)m->kernels_launched, (unsigned long long)m->fused_kernels,
-             (unsigned long long)m->fused_nodes, (unsigned long long)m->planned_peak_bytes,
-             (unsigned long long)m->arena_bytes, (unsigned long long)m->intermediate_bytes,
-             (unsigned long long)m->collectives_in_graph);
-}
 
 static const ca_device_ops *const xla_devices[] = {&xla_device_ops};
 

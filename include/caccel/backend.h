@@ -297,6 +297,15 @@ typedef enum ca_copy_kind {
     CA_COPY_D2D = 2
 } ca_copy_kind;
 
+/* What a device is (ABI 2.1), how the core and the accelerator choose and drive it. 0 in a table
+ * of an older minor: the core reads host_memory (true: host, false: GPU). */
+typedef enum ca_device_kind {
+    CA_DEVICE_KIND_UNSET = 0,
+    CA_DEVICE_HOST = 1,        /* device pointers are host memory (cpu) */
+    CA_DEVICE_GPU = 2,         /* eager accelerator with memory of its own (cuda) */
+    CA_DEVICE_LAZY = 3         /* records work and runs it at synchronisation points (xla) */
+} ca_device_kind;
+
 /* Options a device is opened with (append-only). */
 typedef struct ca_device_open_args {
     size_t struct_size;
@@ -355,6 +364,22 @@ typedef struct ca_device_ops {
      * graph order. */
     ca_status (*enqueue_host_fn)(void *dev, ca_status (*fn)(void *ctx, bool run, const void *in, void *out),
                                  void *ctx, const void *in, size_t in_bytes, void *out, size_t out_bytes);
+
+    /* ---- ABI 2.1 ---- */
+    ca_device_kind kind;
+    /* Optional: a step boundary (torch_xla's mark_step): a lazy device runs what it recorded.
+     * NULL: nothing to do. */
+    ca_status (*mark_step)(void *dev);
+    /* Optional: kernels give bit-identical results run to run (cpu: fixed reduction order),
+     * nested on/off calls balanced. NULL: the device is deterministic already or cannot be. */
+    void (*set_deterministic)(void *dev, bool on);
+    /* Optional: the dtype every f32 value the device holds is stored in: CA_F32 (native) or CA_BF16
+     * (rounded to nearest even, as torch_xla's XLA_USE_BF16). NULL: f32 only. */
+    ca_status (*set_storage_dtype)(void *dev, ca_dtype dt);
+    ca_dtype (*storage_dtype)(void *dev);
+    /* Optional: a backend's own extras by name (as ggml's get_proc_address), NULL when unknown.
+     * A function comes back as a data pointer: cast it through uintptr_t. */
+    void *(*get_proc)(const char *name);
 } ca_device_ops;
 
 /* ------------------------------------------------------------- rendezvous */
@@ -404,7 +429,9 @@ typedef struct ca_collective_ops {
     size_t struct_size;
     uint32_t abi_version;
     const char *name;          /* "single", "mpi", "gloo", "nccl" */
-    /* Devices this backend can reduce on directly ("cpu", "cuda"). */
+    /* Devices this backend can reduce on directly ("cpu", "cuda"; "*": any, as it moves nothing).
+     * A communicator over a device that does not say its backend takes the first registered one
+     * naming the device. */
     const char *device_names;
     ca_status (*init)(const ca_comm_init_args *args, void **comm);
     void (*destroy)(void *comm);
@@ -430,6 +457,11 @@ typedef struct ca_collective_ops {
      * then by rank in comm; color < 0 joins none (*out = NULL). args describe this rank in its
      * group (ignored when color < 0). Called only after every rank of comm reached the split. */
     ca_status (*split)(void *comm, int color, int key, const ca_comm_init_args *args, void **out);
+
+    /* ---- ABI 2.1 ---- */
+    /* True when the ranks are the launcher's (MPI): the backend runs only in processes an MPI
+     * launcher started, and the core makes no store for it. */
+    bool needs_mpi_launcher;
 } ca_collective_ops;
 
 /* ------------------------------------------------------------------ plugins */

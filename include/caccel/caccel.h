@@ -8,6 +8,7 @@
 #include <caccel/types.h>
 #include <caccel/config.h>
 #include <caccel/device.h>
+#include <caccel/xla.h>
 #include <caccel/collective.h>
 #include <caccel/tensor.h>
 #include <caccel/ops.h>

@@ -50,50 +50,12 @@ CA_API ca_status ca_device_copy_from_host(ca_device *d, void *dst, const void *s
 CA_API ca_status ca_device_copy_to_host(ca_device *d, void *dst, const void *src, size_t bytes);
 CA_API ca_status ca_device_copy(ca_device *d, void *dst, const void *src, size_t bytes);
 
-/* The lazy "xla" device (backends/xla_stub): kernels record a graph that is compiled (cached by
- * structure) and run at a synchronisation point. Its counters since open or the last reset: */
-typedef struct ca_xla_metrics {
-    uint64_t graphs;           /* graphs run (one per synchronisation point with pending work) */
-    uint64_t compiles;         /* graphs compiled: cache misses */
-    uint64_t cache_hits;       /* graphs whose compiled program was found in the cache */
-    uint64_t cached_programs;  /* programs held in the cache now */
-    uint64_t nodes_recorded;
-    uint64_t nodes_executed;
-    uint64_t nodes_eliminated; /* dead code removed by the compiler */
-    uint64_t last_graph_nodes, max_graph_nodes;
-    uint64_t h2d_transfers, h2d_bytes;   /* copies host -> device */
-    uint64_t d2h_transfers, d2h_bytes;   /* copies device -> host */
-    uint64_t mark_steps;       /* explicit step boundaries (ca_mark_step, the prepared dataloader) */
-    double compile_ms, execute_ms;       /* wall time in the compiler and in execution */
-    uint64_t kernels_launched; /* kernels run: a fused loop counts once */
-    uint64_t fused_kernels;    /* of them, fused loops of two or more nodes */
-    uint64_t fused_nodes;      /* nodes run inside fused loops */
-    uint64_t planned_peak_bytes;         /* last graph: its intermediates' peak, planned by liveness */
-    uint64_t intermediate_bytes;         /* last graph: the sum of its intermediates (no reuse) */
-    uint64_t collectives_in_graph;       /* collectives run as nodes of a graph (in graph order) */
-    uint64_t arena_bytes;                /* last graph: the memory its intermediates were placed in
-                                          * (planned_peak_bytes, or more where the live ranges
-                                          * do not pack perfectly) */
-} ca_xla_metrics;
-
-/* Metrics of an xla device; CA_ERR_INVALID for another device. */
-CA_API ca_status ca_xla_metrics_get(const ca_device *d, ca_xla_metrics *out);
-CA_API ca_status ca_xla_metrics_reset(ca_device *d);
-/* The metrics as text (one "name: value" a line), as CACCEL_XLA_METRICS=1 prints them at exit. */
-CA_API ca_status ca_xla_metrics_report(const ca_device *d, char *buf, size_t len);
-
-/* bf16 storage on an xla device: every f32 value the device holds is rounded to bf16 (to nearest
- * even), as torch_xla's XLA_USE_BF16 / XLA_DOWNCAST_BF16 make a TPU do (Accelerate sets one of them
- * for mixed_precision bf16 on a TPU; the accelerator here calls this for mixed_precision bf16 on
- * xla). Kernels still compute in f32 and the program still sees f32 tensors; values keep their
- * 4-byte slots (the numbers are a TPU's, the memory is not halved). The pending graph runs first,
- * in the mode it was recorded in; values already on the device are rounded when next read. The
- * device also turns it on at open when XLA_USE_BF16 or XLA_DOWNCAST_BF16 is 1. Errors:
- * CA_ERR_INVALID for a device that is not xla, or the pending graph's error. Not thread-safe
- * against kernels recorded on the device at the same time. */
-CA_API ca_status ca_xla_set_bf16_storage(ca_device *d, bool on);
-/* Whether bf16 storage is on; false for a NULL or non-xla device. */
-CA_API bool ca_xla_bf16_storage(const ca_device *d);
+/* What the device is (host, GPU, lazy), from its backend's table. */
+CA_API ca_device_kind ca_device_kind_of(const ca_device *d);
+/* Deterministic mode on d: results must not depend on the thread count (the CPU runs its GEMMs
+ * on one thread), through the backend's set_deterministic slot; nested on/off calls balanced. A
+ * device without the slot is left as it is. */
+CA_API void ca_device_set_deterministic(ca_device *d, bool on);
 /* True for devices that record work and run it at synchronisation points (xla). */
 CA_API bool ca_device_is_lazy(const ca_device *d);
 /* A step boundary: a lazy device runs the graph recorded so far (torch_xla's mark_step); other
@@ -135,6 +97,10 @@ CA_API ca_status ca_registry_load_plugin_file(const char *path);
 /* Number of known backends and the i-th one (valid until ca_shutdown). */
 CA_API int ca_registry_count(void);
 CA_API ca_status ca_registry_get(int i, ca_backend_info *out);
+/* The best usable device backend of `kind`: the highest plugin score with devices, the first
+ * registered on a tie. CA_ERR_NOT_FOUND when none is usable; then *out describes the first
+ * registered backend of that kind (its reason says why not), or has a NULL name when there is none. */
+CA_API ca_status ca_registry_best_device(ca_device_kind kind, ca_backend_info *out);
 
 /* The collective backend called `name`, or NULL (with the error recorded). */
 CA_API const ca_collective_ops *ca_registry_collective(const char *name);
