@@ -922,6 +922,9 @@ ca_status ca_comm_create_from_env(const ca_procenv *pe, const char *backend, ca_
         !(pe->under_mpi && (!pe->master_addr[0] || pe->master_port <= 0))) {
         const char *serving = ca_registry_collective_serving(ca_device_name(device));
         if (serving) name = serving;
+        else if (pe->rank == 0)   /* said once: it runs, but every collective copies through the host */
+            CA_LOG_W("no collective backend that reduces in %s memory is available (`caccel env` says why); "
+                     "using %s, through host memory", ca_device_name(device), name);
     }
     const ca_collective_ops *ops = ca_registry_collective(name);
     if (!ops) return ca_comm_backend_missing(name);
