@@ -2,10 +2,14 @@
 #include "base/file_impl.h"
 
 #include <errno.h>
+#include <stdbool.h>
 #include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#ifdef __linux__
+#include <sys/vfs.h>
+#endif
 #include <unistd.h>
 
 static const char *file_type(mode_t m) {
@@ -15,6 +19,19 @@ static const char *file_type(mode_t m) {
     if (S_ISBLK(m)) return "a block device";
     if (S_ISSOCK(m)) return "a socket";
     return "of another type";
+}
+
+/* A kernel file of /proc or /sys: it says it is regular and reports a size of 0 (or 4096) whatever
+ * it holds, and some of them (/proc/self/mem) fail every read, so no size bound can hold. */
+static bool kernel_file(int fd) {
+#ifdef __linux__
+    struct statfs fs;
+    return fstatfs(fd, &fs) == 0 && (fs.f_type == 0x9fa0 /* PROC_SUPER_MAGIC */ ||
+                                     fs.f_type == 0x62656572 /* SYSFS_MAGIC */);
+#else
+    (void)fd;
+    return false;
+#endif
 }
 
 /* Why: a FIFO opened for reading blocks until a writer comes, and a device has no end; O_NONBLOCK
@@ -37,6 +54,9 @@ ca_status ca_file_open(const char *path, ca_file_kind kind, int *fd, uint64_t *s
     else if (!S_ISREG(st.st_mode))
         s = ca_error(CA_ERR_IO, "%s: not a regular file (%s); %s must be one", path, file_type(st.st_mode),
                      kind.what);
+    else if (kernel_file(d))
+        s = ca_error(CA_ERR_IO, "%s: a file of the kernel's /proc or /sys, not a file on disk (its size is not "
+                     "known before it is read); %s must be a regular file", path, kind.what);
     else if ((uint64_t)st.st_size > kind.max_bytes)
         s = ca_error(kind.too_large, "%s: the file is larger than %llu bytes, the limit for %s (it has %llu bytes)",
                      path, (unsigned long long)kind.max_bytes, kind.what, (unsigned long long)st.st_size);

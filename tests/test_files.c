@@ -304,17 +304,36 @@ static void test_open_flags(void **state) {
     close(fd);
 }
 
+/* A kernel file says it is regular, with a size of 0 whatever it holds: /proc/self/mem as a config
+ * file was read as an empty file ("a distributed_type must be specified"), /proc/self/status as one
+ * with nothing in it. Both are refused, naming the file and why. */
+static void test_kernel_files(void **state) {
+    (void)state;
+    const char *paths[] = {"/proc/self/mem", "/proc/self/status", "/sys/kernel/mm/transparent_hugepage/enabled"};
+    for (size_t i = 0; i < sizeof paths / sizeof *paths; i++) {
+        struct stat st;
+        if (stat(paths[i], &st) != 0) continue;   /* a container without /sys */
+        char *buf = NULL;
+        size_t len = 0;
+        assert_int_equal(ca_file_read(paths[i], CA_FILE_CONFIG, &buf, &len), CA_ERR_IO);
+        assert_null(buf);
+        if (!strstr(ca_last_error(), paths[i]) || !strstr(ca_last_error(), "a file of the kernel's /proc or /sys"))
+            fail_msg("%s: %s", paths[i], ca_last_error());
+    }
+}
+
 /* With an argument, only the tests whose name holds it (one reader at a time, to see each fail). */
 int main(int argc, char **argv) {
     ca_log_set_level(CA_LOG_ERROR);
     signal(SIGALRM, SIG_DFL);
     enum { NR = sizeof readers / sizeof *readers };
-    struct CMUnitTest tests[NR + 3];
+    struct CMUnitTest tests[NR + 4];
     for (int i = 0; i < NR; i++)
         tests[i] = (struct CMUnitTest){readers[i].label, test_reader, setup, teardown, (void *)&readers[i]};
     tests[NR] = (struct CMUnitTest)cmocka_unit_test_setup_teardown(test_read_whole, setup, teardown);
     tests[NR + 1] = (struct CMUnitTest)cmocka_unit_test_setup_teardown(test_open_flags, setup, teardown);
     tests[NR + 2] = (struct CMUnitTest)cmocka_unit_test_setup_teardown(test_mlflow_meta, setup, teardown);
+    tests[NR + 3] = (struct CMUnitTest)cmocka_unit_test_setup_teardown(test_kernel_files, setup, teardown);
     static char filter[128];
     if (argc > 1) {
         snprintf(filter, sizeof filter, "*%s*", argv[1]);
