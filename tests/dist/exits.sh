@@ -9,22 +9,6 @@ need_caccel
 unset CACCEL_TIMEOUT CACCEL_SHM CACCEL_SHM_SLOT_MB CACCEL_LAUNCHER RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE
 BOUND=20   # seconds from the rank's departure to the end of the job: generous against a busy machine, far below 1800
 
-# run_env NP ARGS...: NP ranks started as torchrun or srun start them (RANK, WORLD_SIZE, ...), no launcher.
-run_env() {
-    np=$1; shift
-    port=$(free_port)
-    [ -n "$port" ] || fail "no free port"
-    pids=""
-    r=0
-    while [ $r -lt "$np" ]; do
-        MASTER_ADDR=127.0.0.1 MASTER_PORT=$port WORLD_SIZE=$np LOCAL_WORLD_SIZE=$np RANK=$r LOCAL_RANK=$r \
-            CACCEL_JOB_TOKEN=exits-$$ timeout 120 "$@" &
-        pids="$pids $!"
-        r=$((r + 1))
-    done
-    for p in $pids; do wait "$p"; done
-}
-
 # bounded [END_MS]: the job ended (at END_MS, epoch ms; default now) within BOUND seconds of the moment
 # the leaving rank left, which it prints: the time its processes took to start and connect on a busy
 # machine is not the time to notice a departure

@@ -207,3 +207,23 @@ fmnist_subset() {
       gzip -dc "$src/train-labels-idx1-ubyte.gz" | tail -c +9 | head -c "$n"; } > "$dst/train-labels-idx1-ubyte" &&
     ln -sf "$src/t10k-images-idx3-ubyte.gz" "$src/t10k-labels-idx1-ubyte.gz" "$dst/"
 }
+
+# run_env NP ARGS...: NP ranks of ARGS started as torchrun or srun start them (RANK, WORLD_SIZE,
+# MASTER_ADDR, ...), no launcher, each for at most 120 s; once all have ended, their outputs on
+# standard output in rank order (rank r's also in $WORK/r<r>).
+run_env() {
+    np=$1; shift
+    port=$(free_port)
+    [ -n "$port" ] || fail "no free port"
+    pids=""
+    r=0
+    while [ $r -lt "$np" ]; do
+        MASTER_ADDR=127.0.0.1 MASTER_PORT=$port WORLD_SIZE=$np LOCAL_WORLD_SIZE=$np RANK=$r LOCAL_RANK=$r \
+            CACCEL_JOB_TOKEN=env-job-$$ timeout 120 "$@" >"$WORK/r$r" 2>&1 &
+        pids="$pids $!"
+        r=$((r + 1))
+    done
+    for p in $pids; do wait "$p"; done
+    r=0
+    while [ $r -lt "$np" ]; do cat "$WORK/r$r"; r=$((r + 1)); done
+}

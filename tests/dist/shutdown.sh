@@ -14,26 +14,6 @@ unset CACCEL_TIMEOUT CACCEL_SHM CACCEL_SHM_SLOT_MB CACCEL_LAUNCHER RANK WORLD_SI
 HOLD=3000
 DRAIN_BOUND=10   # seconds: what the store's host waits at most (core/comm_diag_impl.h, DRAIN_MS)
 
-# run_env NP ARGS...: NP ranks started as torchrun starts them, no launcher; each rank's output in
-# $WORK/r<rank>, every output in $WORK/out
-run_env() {
-    np=$1; shift
-    port=$(free_port)
-    [ -n "$port" ] || fail "no free port"
-    pids=""
-    r=0
-    while [ $r -lt "$np" ]; do
-        MASTER_ADDR=127.0.0.1 MASTER_PORT=$port WORLD_SIZE=$np LOCAL_WORLD_SIZE=$np RANK=$r LOCAL_RANK=$r \
-            CACCEL_JOB_TOKEN=shutdown-$$ timeout 120 "$@" >"$WORK/r$r" 2>&1 &
-        pids="$pids $!"
-        r=$((r + 1))
-    done
-    for p in $pids; do wait "$p"; done
-    r=0
-    : >"$WORK/out"
-    while [ $r -lt "$np" ]; do cat "$WORK/r$r" >>"$WORK/out"; r=$((r + 1)); done
-}
-
 # every rank completed its last broadcast, and the held rank was held
 all_done() {   # all_done NP HELD_RANK
     count "$1" "comm_check: OK rank [0-9]* of $1: its last collective, broadcast #2, done; exiting" "$WORK/out"
@@ -47,13 +27,13 @@ if have gloo; then
         shm=$1 np=$2 h=$(($2 - 1))
         shift 2
         note "no launcher, $*, $np ranks: rank 0 exits after its last broadcast while rank $h still waits in it"
-        CACCEL_SHM=$shm CACCEL_TEST_WAIT_DELAY=$h:2:$HOLD run_env "$np" "$CHECK" --tag "$TAG" --backend gloo --mode last-bcast
+        CACCEL_SHM=$shm CACCEL_TEST_WAIT_DELAY=$h:2:$HOLD run_env "$np" "$CHECK" --tag "$TAG" --backend gloo --mode last-bcast >"$WORK/out"
         all_done "$np" "$h"
     done
 
     note "no launcher, TCP: a peer held past the bound ($DRAIN_BOUND s) does not hold rank 0's exit"
     HOLD=20000
-    CACCEL_SHM=0 CACCEL_TEST_WAIT_DELAY=1:2:$HOLD run_env 2 "$CHECK" --tag "$TAG" --backend gloo --mode last-bcast
+    CACCEL_SHM=0 CACCEL_TEST_WAIT_DELAY=1:2:$HOLD run_env 2 "$CHECK" --tag "$TAG" --backend gloo --mode last-bcast >"$WORK/out"
     count 1 "comm_check: OK rank 0 of 2: its last collective, broadcast #2, done" "$WORK/out"
     t=$(sed -n 's/^comm_check: rank 0 destroyed its communicator in \([0-9.]*\) s$/\1/p' "$WORK/out")
     echo "  rank 0 destroyed its communicator in $t s"
