@@ -1,7 +1,7 @@
 /* The Accelerator: configuration, device and process-group selection, prepare, backward with bucketed gradient all-reduce, accumulation, and the distributed helpers. */
 #include "accelerator/accelerator_impl.h"
-#include "core/comm_impl.h"
-#include "core/config_impl.h"
+#include "comm/comm_impl.h"
+#include "config/config_impl.h"
 #include "core/registry_impl.h"
 #include <caccel/xla.h>
 

@@ -4,7 +4,7 @@
 
 #include "nn/nn_impl.h"
 #include "data/data_impl.h"
-#include "core/procenv_impl.h"
+#include "comm/procenv_impl.h"
 #include <caccel/accelerator.h>
 #include <caccel/checkpoint.h>
 #include <caccel/tracking.h>

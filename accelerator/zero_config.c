@@ -4,7 +4,7 @@
  * together in one error naming each of them. */
 #include "accelerator/accelerator_impl.h"
 #include "core/json_impl.h"
-#include "core/config_impl.h"
+#include "config/config_impl.h"
 #include "accelerator/checkpoint_impl.h"
 
 #include <math.h>

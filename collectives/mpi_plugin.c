@@ -99,7 +99,7 @@ static ca_status mpi_fail(int rc, const char *what, const mpi_comm *c) {
  * (its operations may be in flight, which would hang MPI_Finalize). Not
  * MPI_Abort: several ranks calling it at once while one sat in MPI_Finalize
  * hung Open MPI 4.1's mpirun after every rank had exited (1 job in 7). The
- * communicators' exit announcement (core/comm_diag.c) is registered later, so
+ * communicators' exit announcement (comm/comm_diag.c) is registered later, so
  * it runs first. A clean exit finalises, when caccel initialised MPI; the
  * other ranks learn of it through the store, fail, and their exit ends the job.
  */

@@ -1,5 +1,5 @@
 /* Tests of the rendezvous store: every operation, blocking waits, deadlines, the job token, limits, failures. */
-#include "core/store_impl.h"
+#include "comm/store_impl.h"
 
 #include <caccel/caccel.h>
 

@@ -1,5 +1,5 @@
 /* Communicators with threads as ranks (no MPI, no launcher): Gloo collectives, desync and timeout diagnosis. */
-#include "core/store_impl.h"
+#include "comm/store_impl.h"
 
 #include <caccel/caccel.h>
 

@@ -28,8 +28,8 @@ if command -v bash > /dev/null; then
     [ -z "$(complete_words caccel launch --num_processes 2 ./train --num_p)" ] ||
         fail "flags completed after the program"
     echo "ok: completion of subcommands, flags and values"
-    # every configuration flag (core/config_keys.c) and every flag of caccel launch is listed
-    flags=$(awk '/^const ca_flag_def ca_config_flags/,/^};/' "$src/core/config_keys.c" | sed -n 's/^ *{"\([a-z0-9_]*\)".*/\1/p')
+    # every configuration flag (config/config_keys.c) and every flag of caccel launch is listed
+    flags=$(awk '/^const ca_flag_def ca_config_flags/,/^};/' "$src/config/config_keys.c" | sed -n 's/^ *{"\([a-z0-9_]*\)".*/\1/p')
     flags="$flags $(grep -o 'ca_cli_match_flag(a, "[a-z_]*"' "$src/tools/cmd_launch.c" | sed 's/.*"\(.*\)"/\1/' | sort -u)"
     [ "$(echo $flags | wc -w)" -gt 50 ] || fail "could not read the flag tables"
     missing=

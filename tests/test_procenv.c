@@ -1,6 +1,6 @@
 /* Who started this process: caccel launch, torchrun-style variables, mpirun, srun or nothing; the store. */
-#include "core/procenv_impl.h"
-#include "core/store_impl.h"
+#include "comm/procenv_impl.h"
+#include "comm/store_impl.h"
 
 #include <caccel/caccel.h>
 

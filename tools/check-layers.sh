@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.." || exit 2
 . tools/layers.sh
 report=0
 [ "${1:-}" = --report ] && report=1
-git ls-files 'base/*' 'core/*' 'tensor/*' 'nn/*' 'data/*' 'accelerator/*' 'backends/*' 'collectives/*' 'tools/*' |
+git ls-files 'base/*' 'config/*' 'core/*' 'comm/*' 'tensor/*' 'nn/*' 'data/*' 'accelerator/*' 'backends/*' 'collectives/*' 'tools/*' |
     grep -E '\.(c|h|cc|cu|cuh)$' | xargs grep -n -E '^[[:space:]]*#[[:space:]]*include[[:space:]]*["<]' /dev/null |
     awk -v report="$report" "$LAYERS_AWK"'
     BEGIN {   # what core may see of the rooms under it: the built-in faces only

@@ -7,7 +7,7 @@ report=0
 [ "${2:-}" = --report ] && report=1
 . "$(cd "$(dirname "$0")" && pwd)/layers.sh"
 cd "$b" || exit 2
-objs=$(find base core tensor nn data accelerator backends collectives tools -name '*.o' \
+objs=$(find base config core comm tensor nn data accelerator backends collectives tools -name '*.o' \
            \( -path '*/.libs/*' -o -path 'tools/*' \) ! -name 'tests_*' 2>/dev/null | sort)
 [ -n "$objs" ] || { echo "symbols: no objects under $b (build first)"; exit 2; }
 # shellcheck disable=SC2086

@@ -1,6 +1,6 @@
 /* `caccel env`: the version, the backends and devices found, and the merged configuration with each value's origin. */
 #include "tools/cli_impl.h"
-#include "core/config_impl.h"
+#include "config/config_impl.h"
 
 #include <stdio.h>
 #include <stdlib.h>

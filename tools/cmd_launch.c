@@ -1,6 +1,6 @@
 /* `caccel launch`: Accelerate's launcher flags; spawns, supervises and tees the ranks, serves the rendezvous store. */
 #include "tools/cli_impl.h"
-#include "core/store_impl.h"
+#include "comm/store_impl.h"
 #include "base/file_impl.h"
 
 #include <ctype.h>

@@ -1,7 +1,7 @@
 /* `caccel config update --to-fsdp2`: an FSDP1 fsdp_config section in FSDP2's keys (`accelerate to-fsdp2`),
  * every other key kept, refused where FSDP2 would run something else than the file runs now. */
 #include "tools/cli_impl.h"
-#include "core/config_impl.h"
+#include "config/config_impl.h"
 
 #include <stdio.h>
 #include <stdlib.h>

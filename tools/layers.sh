@@ -17,10 +17,11 @@ LAYERS_AWK='
         below["base"] = ""
         below["backends/cpu"] = below["backends/cuda"] = below["backends/xla_stub"] = "base"
         below["collectives"] = "base"
+        below["config"] = "base"
         below["core"] = "base backends/cpu backends/xla_stub collectives"
-        below["tensor"] = "core base"
+        below["tensor"] = below["comm"] = "core base"     # side by side: neither uses the other
         below["nn"] = below["data"] = "tensor core base"
-        below["accelerator"] = "nn data tensor core base"
-        below["tools"] = "accelerator nn data tensor core base"   # merge-weights calls the accelerator; caccel test trains a model
+        below["accelerator"] = "nn data tensor comm config core base"
+        below["tools"] = "accelerator nn data tensor comm config core base"   # merge-weights calls the accelerator; caccel test trains a model
     }
 '

@@ -5,7 +5,7 @@ set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
 cd "$top"
 tools/install-deps.sh
-if [ ! -x _build/examples/fashion_mnist ] || [ -n "$(find base core tensor nn data accelerator backends collectives include examples tools \
+if [ ! -x _build/examples/fashion_mnist ] || [ -n "$(find base config core comm tensor nn data accelerator backends collectives include examples tools \
         -newer _build/examples/fashion_mnist -name '*.[ch]' -print -quit 2>/dev/null)" ]; then
     [ -x configure ] || ./bootstrap >/dev/null
     mkdir -p _build

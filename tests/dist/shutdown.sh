@@ -12,7 +12,7 @@
 need_caccel
 unset CACCEL_TIMEOUT CACCEL_SHM CACCEL_SHM_SLOT_MB CACCEL_LAUNCHER RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE
 HOLD=3000
-DRAIN_BOUND=10   # seconds: what the store's host waits at most (core/comm_diag_impl.h, DRAIN_MS)
+DRAIN_BOUND=10   # seconds: what the store's host waits at most (comm/comm_diag_impl.h, DRAIN_MS)
 
 # every rank completed its last broadcast, and the held rank was held
 all_done() {   # all_done NP HELD_RANK

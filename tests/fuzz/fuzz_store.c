@@ -5,7 +5,7 @@
  * authenticated handlers (set, add, check, get, wait). */
 #include "tests/fuzz/fuzz_util.h"
 
-#include "core/store_impl.h"
+#include "comm/store_impl.h"
 
 #include <arpa/inet.h>
 #include <errno.h>

@@ -1,5 +1,5 @@
 /* Keys that are accepted but have no effect: one warning each, naming the key, its origin and why. */
-#include "core/config_impl.h"
+#include "config/config_impl.h"
 #include "base/base_impl.h"
 
 #include <stdio.h>

@@ -1,5 +1,5 @@
 /* The rendezvous store: a token-checked TCP key-value server (one poll thread) and a pooled client. */
-#include "core/store_impl.h"
+#include "comm/store_impl.h"
 
 #include <caccel/log.h>
 

@@ -6,8 +6,8 @@
 
 #include "core/device_impl.h"
 #include "core/registry_impl.h"
-#include "core/comm_impl.h"
-#include "core/store_impl.h"
+#include "comm/comm_impl.h"
+#include "comm/store_impl.h"
 
 #include <pthread.h>
 #include <stdatomic.h>

@@ -3,7 +3,7 @@
 #define CACCEL_COMM_IMPL_H
 
 #include <caccel/collective.h>
-#include "core/procenv_impl.h"
+#include "comm/procenv_impl.h"
 
 #include <stdbool.h>
 #include <stdint.h>

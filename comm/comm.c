@@ -1,7 +1,7 @@
 /* Communicators: sequence numbers, deadlines, host staging, creation and destruction. The desync and
  * hang diagnosis is in comm_diag.c. */
-#include "core/comm_diag_impl.h"
-#include "core/procenv_impl.h"
+#include "comm/comm_diag_impl.h"
+#include "comm/procenv_impl.h"
 #include "core/registry_impl.h"
 
 #include <errno.h>

@@ -1,5 +1,5 @@
 /* Reading Accelerate config files (YAML, or JSON by content) with libyaml into the configuration, with file:line. */
-#include "core/config_impl.h"
+#include "config/config_impl.h"
 #include "base/base_impl.h"
 #include "base/file_impl.h"
 

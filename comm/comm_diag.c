@@ -1,7 +1,7 @@
 /* Desync and hang diagnosis of the communicators: each rank's published record, the watchdog
  * that judges the peers while a collective waits, the failure messages that say where every rank
  * is, the checked collectives' rendezvous, and the announcement of a rank that leaves. */
-#include "core/comm_diag_impl.h"
+#include "comm/comm_diag_impl.h"
 #include "base/peer_impl.h"
 
 #include <arpa/inet.h>

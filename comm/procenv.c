@@ -2,9 +2,9 @@
 #include "base/base_impl.h"
 #include "base/slurm_impl.h"
 #include "base/text_impl.h"
-#include "core/comm_impl.h"
-#include "core/procenv_impl.h"
-#include "core/store_impl.h"
+#include "comm/comm_impl.h"
+#include "comm/procenv_impl.h"
+#include "comm/store_impl.h"
 
 #include <ctype.h>
 #include <errno.h>

@@ -1,5 +1,5 @@
 /* The configuration schema: every Accelerate key with its type, default and allowed values; the env and flag maps. */
-#include "core/config_impl.h"
+#include "config/config_impl.h"
 
 #include <ctype.h>
 #include <errno.h>

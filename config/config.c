@@ -1,5 +1,5 @@
 /* The configuration store: values with provenance, the merge rule, env and flag mapping, file search, the typed view. */
-#include "core/config_impl.h"
+#include "config/config_impl.h"
 #include "base/base_impl.h"
 #include "base/text_impl.h"
 

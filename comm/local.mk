@@ -1,0 +1,11 @@
+# comm/: communicators (sequence numbers, deadlines, desync diagnosis), the process environment and
+# the rendezvous store (a token-checked TCP key-value server every launcher and rank talks to).
+libcaccel_la_SOURCES += \
+	comm/comm_impl.h \
+	comm/comm.c \
+	comm/comm_diag_impl.h \
+	comm/comm_diag.c \
+	comm/procenv_impl.h \
+	comm/procenv.c \
+	comm/store_impl.h \
+	comm/store.c
