@@ -8,4 +8,6 @@ libcaccel_la_SOURCES += \
 	comm/procenv_impl.h \
 	comm/procenv.c \
 	comm/store_impl.h \
-	comm/store.c
+	comm/store_wire_impl.h \
+	comm/store_server.c \
+	comm/store_client.c

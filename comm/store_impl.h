@@ -1,4 +1,5 @@
-/* store_impl.h: the rendezvous store: a token-checked TCP key-value server and its client (private). */
+/* store_impl.h: the rendezvous store: a token-checked TCP key-value server (store_server.c) and its
+ * client (store_client.c) (private). */
 #ifndef CACCEL_STORE_IMPL_H
 #define CACCEL_STORE_IMPL_H
 

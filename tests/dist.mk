@@ -8,19 +8,19 @@ tests_dist_comm_check_LDADD = $(CA_TEST_LIBS)
 # The store alone (its sources are hidden in the library, so the test links them itself).
 check_PROGRAMS += tests/test_comm_store tests/test_comm_threads tests/test_comm_single tests/test_procenv
 TESTS += tests/test_comm_store tests/test_comm_threads tests/test_comm_single tests/test_procenv
-tests_test_comm_store_SOURCES = tests/test_comm_store.c comm/store.c comm/store_impl.h
+tests_test_comm_store_SOURCES = tests/test_comm_store.c comm/store_server.c comm/store_client.c comm/store_wire_impl.h comm/store_impl.h
 tests_test_comm_store_CFLAGS = $(CA_TEST_CFLAGS)
 tests_test_comm_store_LDADD = $(CA_TEST_LIBS)
 # Threads as ranks over Gloo: the public ca_comm API, a store served in the test.
-tests_test_comm_threads_SOURCES = tests/test_comm_threads.c comm/store.c comm/store_impl.h
+tests_test_comm_threads_SOURCES = tests/test_comm_threads.c comm/store_server.c comm/store_client.c comm/store_wire_impl.h comm/store_impl.h
 tests_test_comm_threads_CFLAGS = $(CA_TEST_CFLAGS)
 tests_test_comm_threads_LDADD = $(CA_TEST_LIBS)
 tests_test_comm_single_SOURCES = tests/test_comm_single.c
 tests_test_comm_single_CFLAGS = $(CA_TEST_CFLAGS)
 tests_test_comm_single_LDADD = $(CA_TEST_LIBS)
 # Launcher detection from environment lists (procenv.c stands alone with the store).
-tests_test_procenv_SOURCES = tests/test_procenv.c comm/procenv.c comm/procenv_impl.h comm/store.c \
-	comm/store_impl.h
+tests_test_procenv_SOURCES = tests/test_procenv.c comm/procenv.c comm/procenv_impl.h comm/store_server.c comm/store_client.c \
+	comm/store_wire_impl.h comm/store_impl.h
 tests_test_procenv_CFLAGS = $(CA_TEST_CFLAGS)
 tests_test_procenv_LDADD = $(CA_TEST_LIBS)
 VALGRIND_TESTS += tests/test_comm_store tests/test_comm_single tests/test_procenv

@@ -1,12 +1,12 @@
 # tools/: the caccel command. Its subcommands are rows of the table in tools/caccel.c. The store and
-# the file opener (comm/store.c, base/file.c) are hidden in the library, so the command links them itself.
+# the file opener (comm/store_*.c, base/file.c) are hidden in the library, so the command links them itself.
 bin_PROGRAMS += tools/caccel
 tools_caccel_SOURCES = \
 	tools/cli_impl.h \
 	tools/caccel.c \
 	tools/cmd_env.c \
 	tools/cmd_config.c tools/config_ask.c tools/config_update.c tools/config_fsdp2.c tools/config_doc.c \
-	tools/cmd_launch.c tools/cmd_merge_weights.c comm/store.c comm/store_impl.h base/file.c base/file_impl.h \
+	tools/cmd_launch.c tools/cmd_merge_weights.c comm/store_server.c comm/store_client.c comm/store_wire_impl.h comm/store_impl.h base/file.c base/file_impl.h \
 	tools/cmd_estimate_memory.c tools/cmd_test.c core/json.c core/json_impl.h
 tools_caccel_CFLAGS = $(AM_CFLAGS) $(JSONC_CFLAGS)
 tools_caccel_LDADD = libcaccel.la $(JSONC_LIBS)
