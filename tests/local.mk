@@ -11,6 +11,7 @@ include tests/ddp.mk
 include tests/cuda.mk
 include tests/xla.mk
 include tests/fuzz.mk
+include tests/checks.mk
 
 # `make check-slowest-first`: the same tests, the longest-running first, so that with -jN none of
 # them starts last and runs alone while the other slots are idle (tools/test.sh uses it). The list is

@@ -7,8 +7,17 @@ cd "$(dirname "$0")/.." || exit 2
 . tools/layers.sh
 report=0
 [ "${1:-}" = --report ] && report=1
-git ls-files 'base/*' 'config/*' 'core/*' 'comm/*' 'tensor/*' 'nn/*' 'data/*' 'accelerator/*' 'backends/*' 'collectives/*' 'tools/*' |
-    grep -E '\.(c|h|cc|cu|cuh)$' | xargs grep -n -E '^[[:space:]]*#[[:space:]]*include[[:space:]]*["<]' /dev/null |
+rooms='base config core comm tensor nn data accelerator backends collectives tools'
+# The tracked files of a clone; every file of an unpacked tarball, which has no git.
+files() {
+    if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then
+        for r in $rooms; do git ls-files "$r/*"; done
+    else
+        # shellcheck disable=SC2086
+        find $rooms -type f
+    fi
+}
+files | grep -E '\.(c|h|cc|cu|cuh)$' | xargs grep -n -E '^[[:space:]]*#[[:space:]]*include[[:space:]]*["<]' /dev/null |
     awk -v report="$report" "$LAYERS_AWK"'
     BEGIN {   # what core may see of the rooms under it: the built-in faces only
         face["backends/cpu/cpu_plugin.h"] = face["backends/xla_stub/xla_plugin.h"] = face["collectives/single.h"] = 1

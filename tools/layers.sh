@@ -1,6 +1,7 @@
 # layers.sh: the table of rooms (docs/ARCHITECTURE.md), sourced by check-layers.sh and
-# check-symbols.sh. LAYERS_AWK defines room(path) and below[room]: the rooms under a room whose
-# private headers and ca_ symbols it may use.
+# check-symbols.sh. LAYERS_AWK defines room(path), below[room]: the rooms under a room whose
+# private headers and ca_ symbols it may use, and prefix[room]: the other prefix its global symbols
+# may have.
 # shellcheck disable=SC2034
 LAYERS_AWK='
     function room(p) {
@@ -23,5 +24,8 @@ LAYERS_AWK='
         below["nn"] = below["data"] = "tensor core base"
         below["accelerator"] = "nn data tensor comm config core base"
         below["tools"] = "accelerator nn data tensor comm config core base"   # merge-weights calls the accelerator; caccel test trains a model
+        # Besides ca_, the prefix the non-static symbols of a room may carry: the internals of a backend, hidden
+        # in libcaccel or in its plugin (tools/check-symbols.sh checks that nothing but ca_ is exported).
+        prefix["backends/cpu"] = "cpu_"; prefix["backends/xla_stub"] = "xla_"; prefix["backends/cuda"] = "cu_"
     }
 '
