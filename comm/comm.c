@@ -549,20 +549,6 @@ static ca_status number_comm(ca_comm *c) {
     return CA_OK;
 }
 
-static bool device_supported(const char *names, const char *dev) {
-    if (!names || strcmp(names, "*") == 0) return true;
-    size_t dl = strlen(dev);
-    for (const char *p = names; *p;) {
-        const char *e = strchr(p, ',');
-        size_t l = e ? (size_t)(e - p) : strlen(p);
-        while (l && *p == ' ') { p++; l--; }
-        if (l == dl && strncmp(p, dev, dl) == 0) return true;
-        if (!e) break;
-        p = e + 1;
-    }
-    return false;
-}
-
 /* An address of this machine the other machines can reach. */
 static void host_address(char *buf, size_t len) {
     const char *m = getenv("CACCEL_STORE_HOST");
@@ -719,13 +705,14 @@ static ca_status choose_backend(const ca_comm_options *o, ca_device *dev, const 
     if (!dev) return ca_error(CA_ERR_STATE, "ca_comm_create: no CPU device");
     if (!(*ops = ca_registry_collective(o->backend))) return ca_comm_backend_missing(o->backend);
     const char *names = (*ops)->device_names;
-    if (!ca_device_is_host(dev) && (!names || strcmp(names, "*") != 0) &&
-        !(names && device_supported(names, ca_device_name(dev))) && (!names || device_supported(names, "cpu")))
-        *staged = true;
-    if (*staged || device_supported(names, ca_device_name(dev))) return CA_OK;
+    bool direct = !names || strcmp(names, "*") == 0 || ca_registry_names_device(names, ca_device_name(dev));
+    *staged = !ca_device_is_host(dev) && (!names || (!direct && ca_registry_names_host(names)));
+    if (*staged || direct) return CA_OK;
     ca_error(CA_ERR_UNSUPPORTED, "collective backend '%s' cannot reduce on device '%s' (it supports: %s)",
              o->backend, ca_device_name(dev), names);
-    ca_error_hint("use backend nccl for cuda devices, gloo or mpi for cpu");
+    const char *serving = ca_registry_collective_serving(ca_device_name(dev));
+    if (serving) ca_error_hint("use backend %s for %s devices", serving, ca_device_name(dev));
+    else ca_error_hint("no collective backend here reduces on %s devices", ca_device_name(dev));
     return CA_ERR_UNSUPPORTED;
 }
 
@@ -903,13 +890,6 @@ ca_status ca_comm_backend_missing(const char *backend) {
     return CA_ERR_NOT_FOUND;
 }
 
-/* The collective's needs_mpi_launcher (false in a table of an older minor ABI). */
-static bool needs_mpi_launcher(const ca_collective_ops *ops) {
-    ca_collective_ops o;
-    ca_copy_vtable(&o, sizeof o, ops, ops->struct_size);
-    return o.needs_mpi_launcher;
-}
-
 ca_status ca_comm_create_from_env(const ca_procenv *pe, const char *backend, ca_device *device, int64_t timeout_ms,
                                  bool debug, ca_comm **out) {
     *out = NULL;
@@ -928,7 +908,7 @@ ca_status ca_comm_create_from_env(const ca_procenv *pe, const char *backend, ca_
     }
     const ca_collective_ops *ops = ca_registry_collective(name);
     if (!ops) return ca_comm_backend_missing(name);
-    bool launcher_ranks = needs_mpi_launcher(ops);
+    bool launcher_ranks = ca_registry_collective_needs_mpi_launcher(name);
     if (launcher_ranks && !pe->under_mpi && pe->world_size > 1) {
         ca_error(CA_ERR_CONFIG, "backend %s asked for, but this process was started by %s, not by an MPI launcher",
                  name, pe->launcher_name);

@@ -646,6 +646,7 @@ ca_status ca_config_apply_args(ca_config *c, int argc, char *const *argv) {
     if (argc > 0 && !argv) return ca_error(CA_ERR_INVALID, "ca_config_apply_args: argv is NULL");
     char hw_seen[128];
     const char *hw_flag = NULL;   /* Accelerate allows one of --cpu/--multi_gpu/--tpu/--use_deepspeed/--use_fsdp */
+    const char *hw_sets = NULL;   /* what hw_flag set: its distributed type, or use_cpu (--cpu and --use_cpu) */
     for (int i = 1; i < argc; i++) {
         if (!argv[i]) break;
         if (strcmp(argv[i], "--") == 0) break;   /* the rest belongs to the program */
@@ -678,12 +679,9 @@ ca_status ca_config_apply_args(ca_config *c, int argc, char *const *argv) {
             return ca_error(CA_ERR_CONFIG, "%s: invalid value '%s' (allowed: true, false, yes, no, on, off, 1, 0)",
                             origin, ca_escape(value, q, sizeof q));
         if (f->kind == CA_FLAG_IMPLIED) continue;
-        bool exclusive = f->kind == CA_FLAG_DIST_TYPE || strcmp(f->flag, "cpu") == 0 ||
-                         strcmp(f->flag, "use_cpu") == 0;
+        bool exclusive = f->kind == CA_FLAG_DIST_TYPE || strcmp(f->key, "use_cpu") == 0;
         if (exclusive && on) {
-            if (hw_flag && strcmp(hw_flag, origin) != 0 &&
-                !((strcmp(hw_flag, "--cpu") == 0 || strcmp(hw_flag, "--use_cpu") == 0) &&
-                  (strcmp(origin, "--cpu") == 0 || strcmp(origin, "--use_cpu") == 0))) {
+            if (hw_flag && strcmp(hw_sets, f->key) != 0) {
                 ca_error(CA_ERR_CONFIG, "%s and %s cannot be used together", hw_flag, origin);
                 ca_error_hint("use only one of --cpu, --multi_gpu, --tpu, --use_deepspeed, --use_fsdp, "
                               "--use_megatron_lm (as accelerate launch does)");
@@ -691,6 +689,7 @@ ca_status ca_config_apply_args(ca_config *c, int argc, char *const *argv) {
             }
             snprintf(hw_seen, sizeof hw_seen, "%s", origin);
             hw_flag = hw_seen;
+            hw_sets = f->key;
         }
         ca_status s;
         if (f->kind == CA_FLAG_DIST_TYPE) {

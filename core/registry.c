@@ -406,6 +406,20 @@ static bool names_device(const char *names, const char *dev) {
     return false;
 }
 
+bool ca_registry_names_device(const char *names, const char *device_name) {
+    return names_device(names, device_name);
+}
+
+bool ca_registry_names_host(const char *names) {
+    ca_registry_load_plugins();
+    pthread_mutex_lock(&reg_mu);
+    bool found = false;
+    for (entry *e = entries; e && !found; e = e->next)
+        found = e->dev && entry_kind(e) == CA_DEVICE_HOST && names_device(names, e->name);
+    pthread_mutex_unlock(&reg_mu);
+    return found;
+}
+
 const char *ca_registry_collective_serving(const char *device_name) {
     ca_registry_load_plugins();
     pthread_mutex_lock(&reg_mu);
@@ -419,12 +433,35 @@ const char *ca_registry_collective_serving(const char *device_name) {
 /* What to install when a backend is missing: one row a plugin. */
 static const ca_plugin_hint hints[] = {
     {CA_BACKEND_COLLECTIVE, "gloo", CA_DEVICE_KIND_UNSET, "caccel_gloo.so", "libgloo-dev",
-     "; or start the program with mpirun and backend mpi"},
+     "; or start the program with mpirun and backend mpi", false},
     {CA_BACKEND_COLLECTIVE, "mpi", CA_DEVICE_KIND_UNSET, "caccel_mpi.so", "libopenmpi-dev (and openmpi-bin for mpirun)",
-     "; the MPI backend runs only under mpirun/mpiexec/srun --mpi"},
-    {CA_BACKEND_COLLECTIVE, "nccl", CA_DEVICE_KIND_UNSET, "caccel_cuda.so", "libnccl-dev and the CUDA toolkit", ""},
-    {CA_BACKEND_DEVICE, "cuda", CA_DEVICE_GPU, "caccel_cuda.so", "the CUDA toolkit (nvcc)", ""},
+     "; the MPI backend runs only under mpirun/mpiexec/srun --mpi", true},
+    {CA_BACKEND_COLLECTIVE, "nccl", CA_DEVICE_KIND_UNSET, "caccel_cuda.so", "libnccl-dev and the CUDA toolkit", "",
+     false},
+    {CA_BACKEND_DEVICE, "cuda", CA_DEVICE_GPU, "caccel_cuda.so", "the CUDA toolkit (nvcc)", "", false},
 };
+
+/* The collective's needs_mpi_launcher (false in a table of an older minor ABI). */
+static bool coll_needs_mpi_launcher(const ca_collective_ops *ops) {
+    ca_collective_ops o;
+    ca_copy_vtable(&o, sizeof o, ops, ops->struct_size);
+    return o.needs_mpi_launcher;
+}
+
+bool ca_registry_collective_needs_mpi_launcher(const char *name) {
+    if (!name) return false;
+    /* A launcher asks before it starts the ranks: a backend already registered, else the row of a
+     * known plugin, answers without loading plugins (the CUDA one pulls in its libraries). */
+    pthread_mutex_lock(&reg_mu);
+    entry *e = find(name, CA_BACKEND_COLLECTIVE);
+    bool loaded = plugins_done;
+    pthread_mutex_unlock(&reg_mu);
+    if (e) return coll_needs_mpi_launcher(e->coll);
+    const ca_plugin_hint *h = ca_registry_hint(CA_BACKEND_COLLECTIVE, name, CA_DEVICE_KIND_UNSET);
+    if (h || loaded) return h && h->needs_mpi_launcher;
+    const ca_collective_ops *ops = ca_registry_collective(name);
+    return ops && coll_needs_mpi_launcher(ops);
+}
 
 const ca_plugin_hint *ca_registry_hint(ca_backend_kind kind, const char *name, ca_device_kind dev_kind) {
     for (size_t i = 0; i < CA_ARRAY_LEN(hints); i++)

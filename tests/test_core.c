@@ -266,6 +266,65 @@ static void test_device_kind_slots(void **state) {
     assert_false(ca_device_is_lazy(g));
 }
 
+/* A collective says what it needs through its table, never by its name: a communicator over a GPU
+ * stages through host memory for a collective whose device_names names a host device of any name,
+ * and refuses one that names no device it has; needs_mpi_launcher comes from the table (false in a
+ * table of an older minor) or, for a plugin not loaded, from the registry's row for it. */
+static void test_collective_slots(void **state) {
+    static ca_device_ops host, gpu;
+    static ca_collective_ops staged, nowhere, launched, old;
+    static const ca_device_ops *devs[2];
+    static const ca_collective_ops *colls[4];
+    static ca_plugin p;
+    host = *ca_device_ops_of(ca_cpu_device());
+    host.name = "host_named_test";
+    gpu = host;
+    gpu.name = "gpu_named_test";
+    gpu.host_memory = false;
+    gpu.kind = CA_DEVICE_GPU;
+    const ca_collective_ops *single = ca_registry_collective("single");
+    assert_non_null(single);
+    staged = nowhere = launched = old = *single;
+    staged.name = "staged_test";
+    staged.device_names = "host_named_test";
+    nowhere.name = "nowhere_test";
+    nowhere.device_names = "no_device_test";
+    launched.name = "launched_test";
+    launched.needs_mpi_launcher = true;
+    old.name = "old_coll_test";
+    old.needs_mpi_launcher = true;               /* beyond its struct_size: not read */
+    old.struct_size = offsetof(ca_collective_ops, needs_mpi_launcher);
+    devs[0] = &host;
+    devs[1] = &gpu;
+    colls[0] = &staged;
+    colls[1] = &nowhere;
+    colls[2] = &launched;
+    colls[3] = &old;
+    p = (ca_plugin){.struct_size = sizeof p, .abi_version = CA_ABI_VERSION, .name = "coll_slots", .version = "test",
+                    .num_devices = 2, .devices = devs, .num_collectives = 4, .collectives = colls};
+    T_OK(ca_register_plugin(&p, "test_core"));
+
+    ca_device *g = NULL;
+    T_OK(ca_device_open("gpu_named_test", 0, NULL, &g));
+    ca_comm *c = NULL;
+    ca_comm_options o = {.backend = "staged_test", .rank = 0, .world_size = 1, .device = g};
+    T_OK(ca_comm_create(&o, &c));
+    assert_string_equal(ca_comm_backend(c), "staged_test");
+    ca_comm_destroy(c);
+    o.backend = "nowhere_test";
+    assert_int_equal(ca_comm_create(&o, &c), CA_ERR_UNSUPPORTED);
+    assert_non_null(strstr(ca_last_error(), "collective backend 'nowhere_test' cannot reduce on device 'gpu_named_test'"));
+
+    assert_true(ca_registry_collective_needs_mpi_launcher("launched_test"));
+    assert_false(ca_registry_collective_needs_mpi_launcher("old_coll_test"));
+    assert_false(ca_registry_collective_needs_mpi_launcher("staged_test"));
+    assert_true(ca_registry_collective_needs_mpi_launcher("mpi"));   /* loaded or not */
+    assert_false(ca_registry_collective_needs_mpi_launcher("gloo"));
+    assert_false(ca_registry_collective_needs_mpi_launcher("no_such_collective"));
+    ca_clear_error();
+    assert_false(ca_registry_collective_needs_mpi_launcher(NULL));
+}
+
 /* ------------------------------------------------------------------ allocator */
 
 static void test_caching_allocator_reuses(void **state) {
@@ -464,6 +523,7 @@ int main(void) {
         cmocka_unit_test(test_registry_loads_plugin_with_reason),
         cmocka_unit_test(test_registry_older_minor_lacks_new_kernels),
         cmocka_unit_test(test_device_kind_slots),
+        cmocka_unit_test(test_collective_slots),
         cmocka_unit_test(test_caching_allocator_reuses),
         cmocka_unit_test(test_caching_allocator_bounded_for_varying_sizes),
         cmocka_unit_test(test_allocator_out_of_memory),

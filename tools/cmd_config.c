@@ -17,17 +17,15 @@ static void config_usage(FILE *f) {
                "file is never overwritten.\n");
 }
 
-/* Accelerators other than the CPU (and the XLA stub) that a plugin reports here. */
+/* The GPUs (devices of the usable GPU backend the accelerator would pick) a plugin reports here. */
 static int accelerator_count(void) {
     if (ca_registry_load_plugins() != CA_OK) ca_clear_error();
-    int best = 0;
-    for (int i = 0; i < ca_registry_count(); i++) {
-        ca_backend_info b;
-        if (ca_registry_get(i, &b) != CA_OK || b.kind != CA_BACKEND_DEVICE || !b.usable) continue;
-        if (!b.name || strcmp(b.name, "cpu") == 0 || strncmp(b.name, "xla", 3) == 0) continue;
-        if (b.device_count > best) best = b.device_count;
+    ca_backend_info b;
+    if (ca_registry_best_device(CA_DEVICE_GPU, &b) != CA_OK) {
+        ca_clear_error();
+        return 0;
     }
-    return best;
+    return b.device_count;
 }
 
 static int config_default(int argc, char **argv) {

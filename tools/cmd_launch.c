@@ -98,11 +98,17 @@ static const struct { const char *key, *var; } exported[] = {
  * caccel's own, as Accelerate's workers find the TPU through torch_xla instead. */
 static const char *dist_type_var(const ca_config *cfg) {
     if (ca_config_source_of(cfg, "distributed_type") != CA_SRC_CLI) return NULL;
-    const char *v = ca_config_get(cfg, "distributed_type");
-    if (v && !strcmp(v, "FSDP")) return "ACCELERATE_USE_FSDP";
-    if (v && !strcmp(v, "DEEPSPEED")) return "ACCELERATE_USE_DEEPSPEED";
-    if (v && (!strcmp(v, "XLA") || !strcmp(v, "TPU"))) return "CACCEL_USE_XLA";
-    return NULL;
+    ca_settings st;
+    if (ca_config_settings(cfg, &st) != CA_OK) {
+        ca_clear_error();
+        return NULL;
+    }
+    switch (st.distributed_type) {   /* the configuration read the name (TPU is XLA) */
+    case CA_DIST_FSDP: return "ACCELERATE_USE_FSDP";
+    case CA_DIST_DEEPSPEED: return "ACCELERATE_USE_DEEPSPEED";
+    case CA_DIST_XLA: return "CACCEL_USE_XLA";
+    default: return NULL;
+    }
 }
 
 /* Variables of an enclosing MPI job: a worker that saw them would believe
@@ -1162,7 +1168,7 @@ static int resolve_job(launch *L, ca_config *cfg, const ca_settings *st) {
 static int maybe_mpirun(launch *L, ca_config *cfg) {
     const char *hostfile = ca_config_get(cfg, "mpirun_config.mpirun_hostfile");
     bool has_hostfile = hostfile && strcmp(hostfile, "null") != 0;
-    bool mpi = L->backend && strcmp(L->backend, "mpi") == 0;
+    bool mpi = ca_registry_collective_needs_mpi_launcher(L->backend);
     if (has_hostfile && L->backend && !mpi)
         return fail_msg("mpirun_hostfile (%s) starts the processes through mpirun, which needs backend mpi, but "
                         "backend is %s (%s)", ca_config_origin(cfg, "mpirun_config.mpirun_hostfile"), L->backend,

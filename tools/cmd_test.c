@@ -165,7 +165,7 @@ static void ts_gather_bcast(ts_run *r, ca_comm *c, ca_dtype dt) {
 
 static void ts_collectives(ts_run *r) {
     ca_comm *c = ca_accelerator_comm(r->acc);
-    if (strcmp(ca_device_name(ca_accelerator_device(r->acc)), "cpu") != 0) {
+    if (ca_device_kind_of(ca_accelerator_device(r->acc)) != CA_DEVICE_HOST) {
         if (ca_is_main_process(r->acc))
             printf("  skip  communicator collectives on host buffers (device %s: the accelerator's are checked)\n",
                    ca_device_name(ca_accelerator_device(r->acc)));

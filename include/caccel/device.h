@@ -104,6 +104,11 @@ CA_API ca_status ca_registry_best_device(ca_device_kind kind, ca_backend_info *o
 
 /* The collective backend called `name`, or NULL (with the error recorded). */
 CA_API const ca_collective_ops *ca_registry_collective(const char *name);
+/* True when the collective backend `name` runs only in processes an MPI launcher started (its
+ * table's needs_mpi_launcher), as a launcher must know before it starts the ranks. A backend already
+ * registered answers from its table, one of a known plugin from the registry's row for it, so the
+ * plugins are loaded only for a name neither knows; false for NULL or a name no backend has. */
+CA_API bool ca_registry_collective_needs_mpi_launcher(const char *name);
 /* The device backend called `name`, or NULL. */
 CA_API const ca_device_ops *ca_registry_device(const char *name);
 
