@@ -16,6 +16,15 @@ rooms="base config core comm tensor nn data accelerator backends collectives"
 # shellcheck disable=SC2086
 objs=$(find $rooms tools -name '*.o' \( -path '*/.libs/*' -o -path 'tools/*' \) ! -name 'tests_*' 2>/dev/null | sort)
 [ -n "$objs" ] || { echo "symbols: no objects under $b (build first)"; exit 2; }
+# Only objects whose source still exists (in the tree, or generated in the build): a build directory
+# keeps the objects of files that moved or went, which would define symbols in their old rooms.
+src=$(cd "$(dirname "$0")/.." && pwd)
+objs=$(for o in $objs; do
+    f=$(printf '%s\n' "$o" | sed 's#/\.libs/#/#; s#/[^/-]*-\([^/]*\)\.o$#/\1#; s#\.o$##')
+    for e in c cc cu; do
+        if [ -e "$src/$f.$e" ] || [ -e "$f.$e" ]; then echo "$o"; break; fi
+    done
+done)
 [ -f .libs/libcaccel.so ] || { echo "symbols: no .libs/libcaccel.so under $b (build first)"; exit 2; }
 # shellcheck disable=SC2086
 libs=$(find $rooms -name 'caccel_*.so' -path '*/.libs/*' 2>/dev/null | sort)
