@@ -21,9 +21,9 @@ bad() { printf '%s\n' "$1"; nbad=$((nbad + 1)); }
 std=' assert.h complex.h ctype.h errno.h fenv.h float.h inttypes.h iso646.h limits.h locale.h math.h
       setjmp.h signal.h stdalign.h stdarg.h stdbool.h stddef.h stdint.h stdio.h stdlib.h stdnoreturn.h
       string.h tgmath.h time.h uchar.h wchar.h wctype.h'
-std=" $(echo $std) "
-public=$(cd "$src/include/caccel" && ls -- *.h *.h.in | sed 's/\.in$//' | sort -u)
-headers=$(cd "$src/include/caccel" && ls -- *.h)
+std=" $(printf '%s' "$std" | tr -s ' \n' '  ') "
+public=$(cd "$src/include/caccel" && find . -maxdepth 1 \( -name '*.h' -o -name '*.h.in' \) | sed 's#^\./##; s/\.in$//' | sort -u)
+headers=$(cd "$src/include/caccel" && find . -maxdepth 1 -name '*.h' | sed 's#^\./##' | sort)
 [ -n "$headers" ] || { echo "headers: none under $src/include/caccel"; exit 2; }
 
 # 1. What each header includes.
