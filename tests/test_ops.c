@@ -925,6 +925,84 @@ static const op_case OPTIM[] = {
     {"sgd nesterov, 3 steps", b_optimizer, &O_SGD_N, 0, {{0}}, F32, false},
 };
 
+/* The list kernels of the accelerator (gradient norm, scaling, clamping, fp16 unscaling with the
+ * overflow check) on NT prepared parameters with fixed gradients. */
+typedef struct acc_ctx { const char *mp; int kind; } acc_ctx;   /* kind: 0 clip norm, 1 clip value, 2 step */
+static ca_tensor *b_accelerator(ca_tensor **in, const oc_call *c) {
+    const acc_ctx *a = c->ctx;
+    const char *hw = c->dev == devs[DEV_CPU] ? "--cpu" : (c->dev == devs[DEV_XLA] ? "--tpu" : NULL);
+    char *argv[] = {"test_ops", "--mixed_precision", (char *)a->mp, (char *)hw, NULL};
+    ca_accelerator *acc;
+    T_OK(ca_accelerator_create(&(ca_options){.argc = hw ? 4 : 3, .argv = argv}, &acc));
+    ca_device *dev = ca_accelerator_device(acc);
+    if (strcmp(ca_device_name(dev), ca_device_name(c->dev)) != 0)
+        fail_msg("the accelerator runs on %s, not %s", ca_device_name(dev), ca_device_name(c->dev));
+    ca_module *m;
+    T_OK(ca_module_create("Params", NULL, NULL, NULL, &m));
+    uint64_t seed = 77;
+    ca_tensor *p[NT];
+    float *h = malloc(9100 * sizeof *h);
+    for (int i = 0; i < NT; i++) {
+        int64_t n = tl_size(i);
+        T_OK(ca_parameter_create(ca_cpu_device(), CA_F32, 1, &n, &p[i]));
+        for (int64_t j = 0; j < n; j++) h[j] = t_randf(&seed, -1, 1);
+        T_OK(ca_tensor_copy_from_host(p[i], h, (size_t)n * 4));
+        char name[16];
+        snprintf(name, sizeof name, "p%d", i);
+        T_OK(ca_module_add_param(m, name, p[i]));
+    }
+    ca_optimizer *opt;
+    T_OK(ca_sgd_create(m, &(ca_sgd_opts){.lr = 0.1}, &opt));
+    T_OK(ca_prepare(acc, m, opt, NULL));
+    ca_tensor *loss = NULL;
+    for (int i = 0; i < NT; i++) {   /* d loss / d p_i = g_i */
+        int64_t n = tl_size(i);
+        for (int64_t j = 0; j < n; j++) h[j] = t_randf(&seed, -1, 1);
+        if (a->kind == 3 && i == 40) h[5] = 1e35f;   /* times the loss scale: inf */
+        ca_tensor *term = ca_sum(ca_mul(p[i], T_NN(ca_from_host(dev, CA_F32, 1, &n, h))));
+        loss = loss ? ca_add(loss, term) : term;
+    }
+    free(h);
+    T_OK(ca_backward(acc, loss));
+    double norm = 0;
+    if (a->kind == 0) T_OK(ca_clip_grad_norm(acc, 3.0, &norm));
+    if (a->kind == 1) T_OK(ca_clip_grad_value(acc, 0.25));
+    if (a->kind >= 2) T_OK(ca_optimizer_step(opt));
+    ca_grad_scaler_state st = {0};
+    if (strcmp(a->mp, "fp16") == 0) T_OK(ca_grad_scaler_get(acc, &st));
+    /* the norm (163.96), the scale (65536; halved to 32768 on overflow), 1 when the step was skipped */
+    float extra[3] = {(float)norm, (float)st.scale, ca_optimizer_step_was_skipped(opt) ? 1.0f : 0.0f};
+    if ((a->kind == 0 && !(norm > 3)) || (a->kind == 3 && extra[2] != 1.0f))
+        fail_msg("%s: norm %g, skipped %g: the case did not happen", ca_device_name(dev), norm, extra[2]);
+    ca_tensor *all[2 * NT + 1];
+    int n = 0;
+    for (int i = 0; i < NT; i++) {
+        all[n++] = ca_detach(p[i]);
+        if (ca_tensor_grad(p[i])) all[n++] = ca_tensor_grad(p[i]);
+    }
+    all[n++] = ca_from_host(dev, CA_F32, 1, (int64_t[]){3}, extra);
+    ca_tensor *out = NULL;
+    CA_NO_GRAD out = ca_contiguous(ca_concat(n, all, 0));
+    T_OK(ca_device_synchronize(dev));
+    ca_tensor *host = NULL;   /* on the row's device: the accelerator's goes with it */
+    T_OK(ca_tensor_to_device(out, c->dev, &host));
+    ca_optimizer_destroy(opt);
+    ca_module_destroy(m);
+    ca_accelerator_destroy(acc);
+    ca_tensor *r = ca_mul_scalar(host, 1.0);   /* a scoped copy: host is persistent */
+    T_OK(ca_device_synchronize(c->dev));
+    ca_tensor_free(host);
+    return r;
+}
+static const acc_ctx A_NORM = {"no", 0}, A_VALUE = {"no", 1}, A_FP16 = {"fp16", 2}, A_FP16_INF = {"fp16", 3};
+static const op_case ACCEL[] = {
+    {"clip_grad_norm (sum of squares, scale)", b_accelerator, &A_NORM, 0, {{0}}, F32, false,
+     .fwd = {.rtol = 1e-5, .atol = 1e-7, .why = "the norm is summed in another order, and the gradients scaled by it"}},
+    {"clip_grad_value (clamp)", b_accelerator, &A_VALUE, 0, {{0}}, F32, false},
+    {"fp16 step (unscale, check, sgd)", b_accelerator, &A_FP16, 0, {{0}}, F32, false},
+    {"fp16 step with an overflow (skipped, scale halved)", b_accelerator, &A_FP16_INF, 0, {{0}}, F32, false},
+};
+
 /* ------------------------------------------------------------------ cmocka */
 
 #define TABLE(t) static void test_##t(void **state) { run_table(t, sizeof t / sizeof t[0]); }
@@ -939,6 +1017,7 @@ TABLE(INDEX)
 TABLE(RANDOM)
 TABLE(ATTENTION)
 TABLE(OPTIM)
+TABLE(ACCEL)
 
 int main(void) {
     ca_log_set_level(CA_LOG_WARNING);
@@ -947,7 +1026,7 @@ int main(void) {
         cmocka_unit_test(test_MATMUL),  cmocka_unit_test(test_COPY),    cmocka_unit_test(test_UNARY),
         cmocka_unit_test(test_BINARY),  cmocka_unit_test(test_REDUCE),  cmocka_unit_test(test_SOFTMAX),
         cmocka_unit_test(test_NORM),    cmocka_unit_test(test_INDEX),   cmocka_unit_test(test_RANDOM),
-        cmocka_unit_test(test_ATTENTION), cmocka_unit_test(test_OPTIM),
+        cmocka_unit_test(test_ATTENTION), cmocka_unit_test(test_OPTIM),   cmocka_unit_test(test_ACCEL),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     printf("test_ops: %lld row runs on devices, %lld with finite differences\n", (long long)runs, (long long)fd_runs);
