@@ -700,6 +700,10 @@ static const op_case MATMUL[] = {
     {"matmul batched A^T B^T", b_matmul, &TAB, 2, {U(-1, 1, 3, 31, 17), U(-1, 1, 3, 40, 31)}, FLT, true, .fwd = T_GEMM(31), .bwd = T_GEMM(31)},
     {"matmul [4,8,10]x[10,9] (rows folded)", b_matmul, &TN, 2, {U(-1, 1, 4, 8, 10), U(-1, 1, 10, 9)}, FLT, true, .fwd = T_GEMM(10), .bwd = T_GEMM(64)},
     {"matmul [4,8,10]x[9,10]^T", b_matmul, &TB, 2, {U(-1, 1, 4, 8, 10), U(-1, 1, 9, 10)}, FLT, true, .fwd = T_GEMM(10), .bwd = T_GEMM(64)},
+    {"matmul [7,5]^T x [7,3]", b_matmul, &TA, 2, {U(-1, 1, 7, 5), U(-1, 1, 7, 3)}, FLT, true, .fwd = T_OPS, .bwd = T_OPS_B},
+    {"matmul [5,7] x [3,7]^T", b_matmul, &TB, 2, {U(-1, 1, 5, 7), U(-1, 1, 3, 7)}, FLT, true, .fwd = T_OPS, .bwd = T_OPS_B},
+    {"matmul of two dtypes", b_matmul, &TN, 2, {U(-1, 1, 4, 4), {SH(4, 4), .is_fixed = true, .fixed = CA_F32, .lo = -1, .hi = 1}},
+     B(CA_F16), false, .error = "cannot multiply [4, 4] f16 by [4, 4] f32"},
     {"matmul k = 0", b_matmul, &TN, 2, {U(-1, 1, 5, 0), U(-1, 1, 0, 6)}, FLT, false},
     /* the gradient checks */
     {"matmul [5,7]x[7,3]", b_matmul, &TN, 2, {U(-1, 1, 5, 7), U(-1, 1, 7, 3)}, FLT, true, .fwd = T_OPS, .bwd = T_OPS_B},
@@ -770,6 +774,8 @@ static const op_case BINARY[] = {BIN("add", ADD, ADD_T), BIN("sub", SUB, SUB_T),
 static const op_case REDUCE[] = {
     RED3(3, 1000, 1), RED3(2, 17, 33), RED3(1, 100000, 1), RED3(5, 1, 7), RED3(64, 10, 1),
     RED("sum_dim [4,0,3]", R_SUM1, T_SUM, true, 4, 0, 3), RED("mean_dim [4,0,3]", R_MEAN1, T_SUM, true, 4, 0, 3),
+    {"max_dim of length 0", b_reduce, &R_MAX1, 1, {U(-1, 1, 2, 0, 3)}, F32, false, .error = "max of an empty dimension"},
+    RED("sum_dim 1", R_SUM1, T_SUM, true, 3, 4, 5),
     RED("sum", R_SUM, T_SUM, true, 3, 4, 5), RED("mean", R_MEAN, T_SUM, true, 3, 4, 5),
     RED("sum_dim 0", R_SUM0, T_SUM, true, 3, 4, 5), RED("sum_dim 2", R_SUM2, T_SUM, true, 3, 4, 5),
     RED("mean_dim 0 keepdim", R_MEAN0K, T_SUM, true, 3, 4, 5), RED("mean_dim 1 keepdim", R_MEAN1K, T_SUM, true, 3, 4, 5),
@@ -857,7 +863,7 @@ static const op_case RANDOM[] = {
     RNG("uniform", 1), RNG("uniform", 3), RNG("uniform", 4), RNG("uniform", 1001), RNG("uniform", 65537),
     /* glibc's logf is not always correctly rounded: most numbers, not all, are the CPU's bits */
     NORMAL(1, 0), NORMAL(3, 0), NORMAL(4, 0), NORMAL(1001, 0.5), NORMAL(65537, 0.5),
-    DROP(P03, 10007), DROP(P09, 10007), DROP(P03, 12),
+    DROP(P03, 10007), DROP(P09, 10007), {"dropout p 0.3 [3,4]", b_dropout, &P03, 1, {U(-2, 2, 3, 4)}, FLT, true, .rng = true},
 };
 
 #define QKV(tq, tk) U(-1, 1, 2, 2, tq, 3), U(-1, 1, 2, 2, tk, 3), U(-1, 1, 2, 2, tk, 4)
