@@ -201,7 +201,8 @@ static ca_tensor *forward(const op_case *r, ca_tensor **in, const oc_call *c) {
 }
 
 /* Forward (and backward with sum(w * out)) of row r in dtype dt on dev, from the CPU inputs. */
-static bool run_on(const op_case *r, ca_dtype dt, ca_device *dev, ca_tensor **cpu_in, oc_result *res) {
+static bool run_on(const op_case *r, ca_dtype dt, int d, ca_tensor **cpu_in, oc_result *res) {
+    ca_device *dev = devs[d];
     memset(res, 0, sizeof *res);
     for (int i = 0; i < r->nin; i++) {
         T_OK(ca_tensor_to_device(cpu_in[i], dev, &res->in[i]));
@@ -223,7 +224,7 @@ static bool run_on(const op_case *r, ca_dtype dt, ca_device *dev, ca_tensor **cp
             ok = false;
         }
         if (ok && r->grad && ca_tensor_requires_grad(out)) {
-            if (ca_tensor_device(out) != dev) fail_msg("%s: the output is not on %s", r->name, ca_device_description(dev));
+            if (ca_tensor_device(out) != dev) fail_msg("%s: the output is not on %s", r->name, dev_name[d]);
             float *w = loss_weights(res->n);
             ca_tensor *w32 = T_NN(ca_from_host(dev, CA_F32, ca_tensor_ndim(out), ca_tensor_shape(out), w));
             ca_tensor *wt = T_NN(ca_cast(w32, res->dt));
@@ -232,8 +233,9 @@ static bool run_on(const op_case *r, ca_dtype dt, ca_device *dev, ca_tensor **cp
             for (int i = 0; i < r->nin; i++) {
                 if (!ca_tensor_requires_grad(res->in[i])) continue;
                 ca_tensor *g = ca_tensor_grad(res->in[i]);
-                if (!g) fail_msg("%s (%s) on %s: input %d got no gradient", r->name, ca_dtype_name(dt), dev_name[0], i);
-                if (ca_tensor_device(g) != dev) fail_msg("%s: the gradient of input %d is on another device", r->name, i);
+                if (!g) fail_msg("%s (%s) on %s: input %d got no gradient", r->name, ca_dtype_name(dt), dev_name[d], i);
+                if (ca_tensor_device(g) != dev) fail_msg("%s: the gradient of input %d is not on %s", r->name, i,
+                    dev_name[d]);
                 res->gdt[i] = ca_tensor_dtype(g);
                 res->gn[i] = ca_tensor_numel(g);
                 res->grad[i] = host_bytes(g);
@@ -329,7 +331,8 @@ static void compare_results(const op_case *r, ca_dtype dt, int d, const oc_resul
     const oc_tol *fwd = d == DEV_CUDA ? &r->fwd : &EXACT, *bwd = d == DEV_CUDA ? &r->bwd : &EXACT;
     snprintf(what, sizeof what, "%s (%s) forward on %s", r->name, ca_dtype_name(dt), dev_name[d]);
     if (ref->n != got->n || ref->dt != got->dt) fail_msg("%s: %lld %s values, cpu %lld %s", what, (long long)got->n,
-                                                         ca_dtype_name(got->dt), (long long)ref->n, ca_dtype_name(ref->dt));
+                                                         ca_dtype_name(got->dt), (long long)ref->n,
+                                                             ca_dtype_name(ref->dt));
     float *x = NULL;
     if (fwd->bound && r->nin > 0) {   /* the bound reads the input */
         void *raw = host_bytes(cpu_in[0]);
@@ -408,7 +411,7 @@ static void finite_differences(const op_case *r, int d, oc_result *res) {
 /* The op must fail on device d, at the latest when its values are read, naming the cause. */
 static void expect_error(const op_case *r, ca_dtype dt, int d, ca_tensor **cpu_in) {
     oc_result res;
-    bool ok = run_on(r, dt, devs[d], cpu_in, &res);
+    bool ok = run_on(r, dt, d, cpu_in, &res);
     if (ok) fail_msg("%s on %s: succeeded, expected an error with \"%s\"", r->name, dev_name[d], r->error);
     assert_int_equal(ca_last_status(), CA_ERR_INVALID);
     if (!strstr(ca_last_error(), r->error))
@@ -429,13 +432,13 @@ static void run_row(const op_case *r, ca_dtype dt, uint64_t seed) {
                 if (devs[d]) expect_error(r, dt, d, cpu_in);
         } else {
             oc_result ref, got;
-            if (!run_on(r, dt, devs[DEV_CPU], cpu_in, &ref))
+            if (!run_on(r, dt, DEV_CPU, cpu_in, &ref))
                 fail_msg("%s (%s) on cpu: %s", r->name, ca_dtype_name(dt), ca_last_error());
             bool fd = r->grad && dt == CA_F32 && !r->no_fd;
             for (int d = 0; d < ND; d++) {
                 if (!devs[d]) continue;
                 if (d != DEV_CPU) {
-                    if (!run_on(r, dt, devs[d], cpu_in, &got))
+                    if (!run_on(r, dt, d, cpu_in, &got))
                         fail_msg("%s (%s) on %s: %s", r->name, ca_dtype_name(dt), dev_name[d], ca_last_error());
                     compare_results(r, dt, d, &ref, &got, cpu_in);
                 }
@@ -452,7 +455,8 @@ static void run_row(const op_case *r, ca_dtype dt, uint64_t seed) {
 static void run_table(const op_case *rows, size_t nrows) {
     for (size_t k = 0; k < nrows; k++)
         for (int dt = 0; dt < 6; dt++)
-            if (rows[k].dtypes & B(dt)) run_row(&rows[k], (ca_dtype)dt, 0x243f6a8885a308d3ull + k * 7919 + (uint64_t)dt);
+            if (rows[k].dtypes & B(dt)) run_row(&rows[k], (ca_dtype)dt,
+                0x243f6a8885a308d3ull + k * 7919 + (uint64_t)dt);
 }
 
 /* ================================================================== the table */
@@ -463,6 +467,8 @@ static void run_table(const op_case *rows, size_t nrows) {
 /* An input of a fixed dtype (indices, labels, masks): literal data, or a generator. */
 #define FIX(dt_, data_, ...) {SH(__VA_ARGS__), .is_fixed = true, .fixed = (dt_), .arg = (data_)}
 #define FIXG(dt_, gen_, arg_, ...) {SH(__VA_ARGS__), .is_fixed = true, .fixed = (dt_), .gen = (gen_), .arg = (arg_)}
+/* A float input in the row's dtype, uniform in [lo, hi) with |v| >= gap (kinks). */
+#define GAP(lo_, hi_, gap_, ...) {SH(__VA_ARGS__), .lo = (lo_), .hi = (hi_), .gap = (gap_)}
 /* An input in the row's dtype from a generator. */
 #define G(gen_, arg_, ...) {SH(__VA_ARGS__), .gen = (gen_), .arg = (arg_)}
 
@@ -487,7 +493,7 @@ static double shift_ulps(const float *x, const float *ref, int64_t i, int64_t co
 #define T_CE {.rtol = 1e-5, .atol = 1e-6, .why = "cross-entropy: log-sum-exp summed in another order"}
 #define T_CE_B {.rtol = 1e-5, .atol = 1e-7, .why = "cross-entropy backward: expf against glibc's"}
 #define T_LN {.rtol = 2e-5, .atol = 1e-5, .why = "layer norm: mean and variance summed in another order"}
-#define T_LN_B {.rtol = 5e-5, .atol = 2e-5, .why = "layer norm backward: two row sums and a column sum in another order"}
+#define T_LN_B {.rtol = 5e-5, .atol = 2e-5, .why = "layer norm backward: two row sums and a column sum, reordered"}
 /* The embedding backward adds with atomics in another order; the f16/bf16 one accumulates in f32 and
  * rounds once, so it is within 2 ulps of the half type. */
 #define T_EMB_B {.rtol = 1e-5, .atol = 1e-5, .ulps = 2, \
@@ -496,13 +502,17 @@ static double shift_ulps(const float *x, const float *ref, int64_t i, int64_t co
 /* The gradient checks through the ops: fused kernels (attention), sums in another order. */
 #define T_OPS {.rtol = 1e-4, .atol = 1e-4, .why = "composed ops, sums in another order"}
 #define T_OPS_B {.rtol = 1e-3, .atol = 1e-4, .why = "composed backward, sums in another order"}
-/* GEMM: cuBLAS sums k products in another order (and half inputs in f32): per sqrt(k). */
+#define OPS .fwd = T_OPS, .bwd = T_OPS_B
+/* GEMM: cuBLAS sums k products in another order (and half inputs in f32): per sqrt(k); backward's k is
+ * the forward's m or n. */
 #define T_GEMM(k) {.rtol = 2e-5 * SQRT_##k, .atol = 2e-5 * SQRT_##k, .f16 = 3e-3 * SQRT_##k, \
                    .bf16 = 2e-2 * SQRT_##k, .why = "cuBLAS: k products summed in another order (2e-5 sqrt k)"}
+#define GEMM(kf, kb) .fwd = T_GEMM(kf), .bwd = T_GEMM(kb)
 #define SQRT_53 7.2801
 #define SQRT_31 5.5678
 #define SQRT_10 3.1623
-#define SQRT_64 8.0
+#define SQRT_40 6.3246
+#define SQRT_32 5.6569
 
 /* ------------------------------------------------------------------ generators */
 
@@ -643,7 +653,8 @@ static ca_tensor *b_rms(ca_tensor **in, const oc_call *c) { return ca_rms_norm(i
 static const int WITH = 1;
 static ca_tensor *b_embedding(ca_tensor **in, const oc_call *c) { return ca_embedding(in[1], in[0]); }
 /* A language-model head tied to its embedding: logits = emb(idx) W^T with one W. */
-static ca_tensor *b_tied(ca_tensor **in, const oc_call *c) { return ca_linear(ca_embedding(in[1], in[0]), in[0], NULL); }
+static ca_tensor *b_tied(ca_tensor **in, const oc_call *c) { return ca_linear(ca_embedding(in[1], in[0]), in[0],
+    NULL); }
 static ca_tensor *b_index_select(ca_tensor **in, const oc_call *c) { return ca_index_select(in[0], 1, in[1]); }
 static ca_tensor *b_gather(ca_tensor **in, const oc_call *c) { return ca_gather_dim(in[0], 1, in[1]); }
 static ca_tensor *b_where(ca_tensor **in, const oc_call *c) { return ca_where(in[2], in[0], in[1]); }
@@ -657,7 +668,8 @@ static ca_tensor *b_split(ca_tensor **in, const oc_call *c) {
     ca_tensor *r[3] = {ca_mul_scalar(p[2], 2.0), p[0], p[1]};
     return ca_concat(3, r, 0);
 }
-static ca_tensor *b_reshape(ca_tensor **in, const oc_call *c) { return ca_mul(ca_reshape(in[0], 2, (int64_t[]){4, -1}), in[1]); }
+static ca_tensor *b_reshape(ca_tensor **in, const oc_call *c) { return ca_mul(ca_reshape(in[0], 2, (int64_t[]){4, -1}),
+    in[1]); }
 static ca_tensor *b_transpose(ca_tensor **in, const oc_call *c) { return ca_mul(ca_transpose(in[0], 0, 2), in[1]); }
 static ca_tensor *b_narrow(ca_tensor **in, const oc_call *c) { return ca_mul(ca_narrow(in[0], 2, 1, 3), in[1]); }
 /* [2, 3, 6] -> a slice of 4 along the last dim -> [2, 3, 2, 2] (a view of the slice) -> heads first */
@@ -666,7 +678,8 @@ static ca_tensor *b_reshape_slice(ca_tensor **in, const oc_call *c) {
 }
 static ca_tensor *b_flatten(ca_tensor **in, const oc_call *c) { return ca_flatten(in[0]); }
 static ca_tensor *b_expand(ca_tensor **in, const oc_call *c) { return ca_expand(in[0], 3, (int64_t[]){2, 3, 4}); }
-static ca_tensor *b_dropout(ca_tensor **in, const oc_call *c) { return ca_dropout(in[0], *(const double *)c->ctx, true); }
+static ca_tensor *b_dropout(ca_tensor **in, const oc_call *c) { return ca_dropout(in[0], *(const double *)c->ctx,
+    true); }
 static const double P03 = 0.3, P09 = 0.9;
 
 /* Attention: the mask (if any) is input 3. */
@@ -690,28 +703,32 @@ static const int64_t LAB3D[6] = {0, 2, -100, 1, 3, 0};
 
 static const op_case MATMUL[] = {
     /* GEMM as the kernel parity test ran it: every transpose, batched, a rank-2 right operand folded */
-    {"matmul [37,53]x[53,29]", b_matmul, &TN, 2, {U(-1, 1, 37, 53), U(-1, 1, 53, 29)}, FLT, true, .fwd = T_GEMM(53), .bwd = T_GEMM(53)},
-    {"matmul A^T", b_matmul, &TA, 2, {U(-1, 1, 53, 37), U(-1, 1, 53, 29)}, FLT, true, .fwd = T_GEMM(53), .bwd = T_GEMM(53)},
-    {"matmul B^T", b_matmul, &TB, 2, {U(-1, 1, 37, 53), U(-1, 1, 29, 53)}, FLT, true, .fwd = T_GEMM(53), .bwd = T_GEMM(53)},
-    {"matmul A^T B^T", b_matmul, &TAB, 2, {U(-1, 1, 53, 37), U(-1, 1, 29, 53)}, FLT, true, .fwd = T_GEMM(53), .bwd = T_GEMM(53)},
-    {"matmul batched [3,17,31]x[3,31,40]", b_matmul, &TN, 2, {U(-1, 1, 3, 17, 31), U(-1, 1, 3, 31, 40)}, FLT, true, .fwd = T_GEMM(31), .bwd = T_GEMM(31)},
-    {"matmul batched A^T", b_matmul, &TA, 2, {U(-1, 1, 3, 31, 17), U(-1, 1, 3, 31, 40)}, FLT, true, .fwd = T_GEMM(31), .bwd = T_GEMM(31)},
-    {"matmul batched B^T", b_matmul, &TB, 2, {U(-1, 1, 3, 17, 31), U(-1, 1, 3, 40, 31)}, FLT, true, .fwd = T_GEMM(31), .bwd = T_GEMM(31)},
-    {"matmul batched A^T B^T", b_matmul, &TAB, 2, {U(-1, 1, 3, 31, 17), U(-1, 1, 3, 40, 31)}, FLT, true, .fwd = T_GEMM(31), .bwd = T_GEMM(31)},
-    {"matmul [4,8,10]x[10,9] (rows folded)", b_matmul, &TN, 2, {U(-1, 1, 4, 8, 10), U(-1, 1, 10, 9)}, FLT, true, .fwd = T_GEMM(10), .bwd = T_GEMM(64)},
-    {"matmul [4,8,10]x[9,10]^T", b_matmul, &TB, 2, {U(-1, 1, 4, 8, 10), U(-1, 1, 9, 10)}, FLT, true, .fwd = T_GEMM(10), .bwd = T_GEMM(64)},
-    {"matmul [7,5]^T x [7,3]", b_matmul, &TA, 2, {U(-1, 1, 7, 5), U(-1, 1, 7, 3)}, FLT, true, .fwd = T_OPS, .bwd = T_OPS_B},
-    {"matmul [5,7] x [3,7]^T", b_matmul, &TB, 2, {U(-1, 1, 5, 7), U(-1, 1, 3, 7)}, FLT, true, .fwd = T_OPS, .bwd = T_OPS_B},
-    {"matmul of two dtypes", b_matmul, &TN, 2, {U(-1, 1, 4, 4), {SH(4, 4), .is_fixed = true, .fixed = CA_F32, .lo = -1, .hi = 1}},
+    {"matmul [37,53]x[53,29]", b_matmul, &TN, 2, {U(-1, 1, 37, 53), U(-1, 1, 53, 29)}, FLT, true, GEMM(53, 53)},
+    {"matmul A^T", b_matmul, &TA, 2, {U(-1, 1, 53, 37), U(-1, 1, 53, 29)}, FLT, true, GEMM(53, 53)},
+    {"matmul B^T", b_matmul, &TB, 2, {U(-1, 1, 37, 53), U(-1, 1, 29, 53)}, FLT, true, GEMM(53, 53)},
+    {"matmul A^T B^T", b_matmul, &TAB, 2, {U(-1, 1, 53, 37), U(-1, 1, 29, 53)}, FLT, true, GEMM(53, 53)},
+    {"matmul batched [3,17,31]x[3,31,40]", b_matmul, &TN, 2, {U(-1, 1, 3, 17, 31), U(-1, 1, 3, 31, 40)}, FLT, true,
+     GEMM(31, 40)},
+    {"matmul batched A^T", b_matmul, &TA, 2, {U(-1, 1, 3, 31, 17), U(-1, 1, 3, 31, 40)}, FLT, true, GEMM(31, 40)},
+    {"matmul batched B^T", b_matmul, &TB, 2, {U(-1, 1, 3, 17, 31), U(-1, 1, 3, 40, 31)}, FLT, true, GEMM(31, 40)},
+    {"matmul batched A^T B^T", b_matmul, &TAB, 2, {U(-1, 1, 3, 31, 17), U(-1, 1, 3, 40, 31)}, FLT, true,
+     GEMM(31, 40)},
+    {"matmul [4,8,10]x[10,9] (rows folded)", b_matmul, &TN, 2, {U(-1, 1, 4, 8, 10), U(-1, 1, 10, 9)}, FLT, true,
+     GEMM(10, 32)},
+    {"matmul [4,8,10]x[9,10]^T", b_matmul, &TB, 2, {U(-1, 1, 4, 8, 10), U(-1, 1, 9, 10)}, FLT, true, GEMM(10, 32)},
+    {"matmul [7,5]^T x [7,3]", b_matmul, &TA, 2, {U(-1, 1, 7, 5), U(-1, 1, 7, 3)}, FLT, true, OPS},
+    {"matmul [5,7] x [3,7]^T", b_matmul, &TB, 2, {U(-1, 1, 5, 7), U(-1, 1, 3, 7)}, FLT, true, OPS},
+    {"matmul of two dtypes", b_matmul, &TN, 2, {U(-1, 1, 4, 4), {SH(4, 4), .is_fixed = true, .fixed = CA_F32}},
      B(CA_F16), false, .error = "cannot multiply [4, 4] f16 by [4, 4] f32"},
     {"matmul k = 0", b_matmul, &TN, 2, {U(-1, 1, 5, 0), U(-1, 1, 0, 6)}, FLT, false},
     /* the gradient checks */
-    {"matmul [5,7]x[7,3]", b_matmul, &TN, 2, {U(-1, 1, 5, 7), U(-1, 1, 7, 3)}, FLT, true, .fwd = T_OPS, .bwd = T_OPS_B},
-    {"matmul [2,4,3]x[2,3,5]", b_matmul, &TN, 2, {U(-1, 1, 2, 4, 3), U(-1, 1, 2, 3, 5)}, FLT, true, .fwd = T_OPS, .bwd = T_OPS_B},
-    {"matmul broadcast [2,1,4,5]x[3,5,2]", b_matmul, &TN, 2, {U(-1, 1, 2, 1, 4, 5), U(-1, 1, 3, 5, 2)}, FLT, true, .fwd = T_OPS, .bwd = T_OPS_B},
-    {"linear", b_linear, NULL, 3, {U(-1, 1, 6, 5), U(-1, 1, 4, 5), U(-1, 1, 4)}, FLT, true, .fwd = T_OPS, .bwd = T_OPS_B},
-    {"linear 3-D input", b_linear, NULL, 3, {U(-1, 1, 2, 3, 5), U(-1, 1, 4, 5), U(-1, 1, 4)}, FLT, true, .fwd = T_OPS, .bwd = T_OPS_B},
-    {"linear without bias", b_linear_nb, NULL, 2, {U(-1, 1, 6, 5), U(-1, 1, 4, 5)}, FLT, true, .fwd = T_OPS, .bwd = T_OPS_B},
+    {"matmul [5,7]x[7,3]", b_matmul, &TN, 2, {U(-1, 1, 5, 7), U(-1, 1, 7, 3)}, FLT, true, OPS},
+    {"matmul [2,4,3]x[2,3,5]", b_matmul, &TN, 2, {U(-1, 1, 2, 4, 3), U(-1, 1, 2, 3, 5)}, FLT, true, OPS},
+    {"matmul broadcast [2,1,4,5]x[3,5,2]", b_matmul, &TN, 2, {U(-1, 1, 2, 1, 4, 5), U(-1, 1, 3, 5, 2)}, FLT, true,
+     OPS},
+    {"linear", b_linear, NULL, 3, {U(-1, 1, 6, 5), U(-1, 1, 4, 5), U(-1, 1, 4)}, FLT, true, OPS},
+    {"linear 3-D input", b_linear, NULL, 3, {U(-1, 1, 2, 3, 5), U(-1, 1, 4, 5), U(-1, 1, 4)}, FLT, true, OPS},
+    {"linear without bias", b_linear_nb, NULL, 2, {U(-1, 1, 6, 5), U(-1, 1, 4, 5)}, FLT, true, OPS},
 };
 
 #define FILL(v) {"full " #v, b_full, &v, 0, {{0}}, ANY, false}
@@ -723,14 +740,18 @@ static const op_case COPY[] = {
     {"contiguous of a transpose", b_contig_t, NULL, 1, {G(gen_awkward, NULL, 13, 257)}, ANY, false},
     {"expand", b_expand, NULL, 1, {U(-1, 1, 3, 1)}, FLT, true, .bwd = T_SUM},
     {"contiguous", b_contig_t, NULL, 1, {U(-1, 1, 2, 3, 4)}, FLT, true},
-    {"cast f16 round trip", b_cast_rt, &DT_F16, 1, {U(-1, 1, 2, 3, 4)}, F32, true, .fd_eps = 0.05, .fd_atol = 2e-2, .fd_rtol = 5e-2},
-    {"cast bf16 round trip", b_cast_rt, &DT_BF16, 1, {U(-1, 1, 2, 3, 4)}, F32, true, .fd_eps = 0.1, .fd_atol = 6e-2, .fd_rtol = 1e-1},
+    {"cast f16 round trip", b_cast_rt, &DT_F16, 1, {U(-1, 1, 2, 3, 4)}, F32, true, .fd_eps = 0.05, .fd_atol = 2e-2,
+     .fd_rtol = 5e-2},
+    {"cast bf16 round trip", b_cast_rt, &DT_BF16, 1, {U(-1, 1, 2, 3, 4)}, F32, true, .fd_eps = 0.1, .fd_atol = 6e-2,
+     .fd_rtol = 1e-1},
 };
 
 /* Inputs of the unary rows: 3001 values (vector tails), and 13 (the gradient checks). */
-#define UN(name, ctx, lo_, hi_, gap_, fwd_) {name, b_unary, &ctx, 1, {{SH(3001), .lo = lo_, .hi = hi_, .gap = gap_}}, FLT, true, .fwd = fwd_, .bwd = T_TRANSC}
-#define UNP(name, ctx, fwd_) {name, b_unary, &ctx, 1, {U(0.05f, 4, 3001)}, FLT, true, .fd_eps = 1e-3, .fwd = fwd_, .bwd = T_TRANSC}
-#define UN13(name, ctx, lo_, hi_, gap_) {name " [13]", b_unary, &ctx, 1, {{SH(13), .lo = lo_, .hi = hi_, .gap = gap_}}, FLT, true, .fwd = T_OPS, .bwd = T_OPS_B}
+#define UN(name, ctx, lo_, hi_, gap_, fwd_) \
+    {name, b_unary, &ctx, 1, {GAP(lo_, hi_, gap_, 3001)}, FLT, true, .fwd = fwd_, .bwd = T_TRANSC}
+#define UNP(name, ctx, fwd_) \
+    {name, b_unary, &ctx, 1, {U(0.05f, 4, 3001)}, FLT, true, .fd_eps = 1e-3, .fwd = fwd_, .bwd = T_TRANSC}
+#define UN13(name, ctx, lo_, hi_, gap_) {name " [13]", b_unary, &ctx, 1, {GAP(lo_, hi_, gap_, 13)}, FLT, true, OPS}
 static const oc_tol EXACT_TOL = {0};
 static const op_case UNARY[] = {
     UN("neg", U_NEG, -4, 4, 0, EXACT_TOL), UN("relu", U_RELU, -4, 4, 0.05f, EXACT_TOL),
@@ -747,38 +768,46 @@ static const op_case UNARY[] = {
     UN13("log", U_LOG, 0.3f, 3, 0), UN13("sqrt", U_SQRT, 0.3f, 3, 0), UN13("square", U_SQUARE, -2, 2, 0),
     UN13("gelu_erf", U_GELU_ERF, -3, 3, 0), UN13("silu", U_SILU, -3, 3, 0),
     {"add_scalar [4,5]", b_unary, &U_ADDS15, 1, {U(0.3f, 2, 4, 5)}, FLT, true},
-    {"pow 2.5 [4,5]", b_unary, &U_POW25, 1, {U(0.3f, 2, 4, 5)}, FLT, true, .fwd = T_OPS, .bwd = T_OPS_B},
+    {"pow 2.5 [4,5]", b_unary, &U_POW25, 1, {U(0.3f, 2, 4, 5)}, FLT, true, OPS},
     {"add_scalar then mul_scalar [4,5]", b_scalar_chain, NULL, 1, {U(0.3f, 2, 4, 5)}, FLT, true},
     /* a leaf used three times: the tape adds its gradients */
     {"gradient accumulation (axpby)", b_accumulate, NULL, 1, {U(-2, 2, 4099)}, FLT, true},
 };
 
 /* y[4, 5, 6] = a op b: b of the same shape, a row, a column, a scalar; a transposed (strides 1, 4, 20). */
-#define BIN(name, ctx, ctx_t)                                                                                        \
-    {name " [4,5,6]", b_binary, &ctx, 2, {U(-3, 3, 4, 5, 6), U(0.25f, 3, 4, 5, 6)}, FLT, true, .bwd = T_SUM},        \
-    {name " [4,5,6] by [6]", b_binary, &ctx, 2, {U(-3, 3, 4, 5, 6), U(0.25f, 3, 6)}, FLT, true, .bwd = T_SUM},       \
-    {name " [4,5,6] by [4,5,1]", b_binary, &ctx, 2, {U(-3, 3, 4, 5, 6), U(0.25f, 3, 4, 5, 1)}, FLT, true, .bwd = T_SUM}, \
-    {name " [4,5,6] by [1]", b_binary, &ctx, 2, {U(-3, 3, 4, 5, 6), U(0.25f, 3, 1)}, FLT, true, .bwd = T_SUM},       \
-    {name " [6,5,4]^T by [4,5,6]", b_binary, &ctx_t, 2, {U(-3, 3, 6, 5, 4), U(0.25f, 3, 4, 5, 6)}, FLT, true, .bwd = T_SUM}, \
-    {name " [3,4] by [4]", b_binary, &ctx, 2, {{SH(3, 4), .lo = -2, .hi = 2, .gap = 0.3f}, U(0.5f, 2, 4)}, FLT, true, .fwd = T_OPS, .bwd = T_OPS_B}, \
-    {name " [3,4] by [3,1]", b_binary, &ctx, 2, {{SH(3, 4), .lo = -2, .hi = 2, .gap = 0.3f}, U(0.5f, 2, 3, 1)}, FLT, true, .fwd = T_OPS, .bwd = T_OPS_B}, \
-    {name " [2,3,4] by [3,1]", b_binary, &ctx, 2, {{SH(2, 3, 4), .lo = -2, .hi = 2, .gap = 0.3f}, U(0.5f, 2, 3, 1)}, FLT, true, .fwd = T_OPS, .bwd = T_OPS_B}, \
-    {name " [4] by [3,4] (broadcast on the left)", b_binary, &ctx, 2, {U(0.5f, 2, 4), U(0.5f, 2, 3, 4)}, FLT, true, .fwd = T_OPS, .bwd = T_OPS_B}
-static const op_case BINARY[] = {BIN("add", ADD, ADD_T), BIN("sub", SUB, SUB_T), BIN("mul", MUL, MUL_T), BIN("div", DIV, DIV_T)};
+#define BIN(name, ctx, ctx_t)                                                                           \
+    {name " [4,5,6]", b_binary, &ctx, 2, {U(-3, 3, 4, 5, 6), U(0.25f, 3, 4, 5, 6)}, FLT, true, .bwd = T_SUM},   \
+    {name " [4,5,6] by [6]", b_binary, &ctx, 2, {U(-3, 3, 4, 5, 6), U(0.25f, 3, 6)}, FLT, true, .bwd = T_SUM},  \
+    {name " [4,5,6] by [4,5,1]", b_binary, &ctx, 2, {U(-3, 3, 4, 5, 6), U(0.25f, 3, 4, 5, 1)}, FLT, true,      \
+     .bwd = T_SUM},                                                                                              \
+    {name " [4,5,6] by [1]", b_binary, &ctx, 2, {U(-3, 3, 4, 5, 6), U(0.25f, 3, 1)}, FLT, true, .bwd = T_SUM},  \
+    {name " [6,5,4]^T by [4,5,6]", b_binary, &ctx_t, 2, {U(-3, 3, 6, 5, 4), U(0.25f, 3, 4, 5, 6)}, FLT, true,  \
+     .bwd = T_SUM},                                                                                              \
+    {name " [3,4] by [4]", b_binary, &ctx, 2, {GAP(-2, 2, 0.3f, 3, 4), U(0.5f, 2, 4)}, FLT, true, OPS},         \
+    {name " [3,4] by [3,1]", b_binary, &ctx, 2, {GAP(-2, 2, 0.3f, 3, 4), U(0.5f, 2, 3, 1)}, FLT, true, OPS},    \
+    {name " [2,3,4] by [3,1]", b_binary, &ctx, 2, {GAP(-2, 2, 0.3f, 2, 3, 4), U(0.5f, 2, 3, 1)}, FLT, true, OPS}, \
+    {name " [4] by [3,4] (broadcast on the left)", b_binary, &ctx, 2, {U(0.5f, 2, 4), U(0.5f, 2, 3, 4)}, FLT,  \
+     true, OPS}
+static const op_case BINARY[] = {
+    BIN("add", ADD, ADD_T), BIN("sub", SUB, SUB_T), BIN("mul", MUL, MUL_T), BIN("div", DIV, DIV_T),
+};
 
 /* Reductions over dim 1 of [outer, len, inner]: long rows, strided, one long row, len 1, len 0. */
-#define RED(name, ctx, fwd_, g, ...) {name, b_reduce, &ctx, 1, {U(-1, 1, __VA_ARGS__)}, FLT, g, .fwd = fwd_, .bwd = T_SUM}
+#define RED(name, ctx, fwd_, g, ...) \
+    {name, b_reduce, &ctx, 1, {U(-1, 1, __VA_ARGS__)}, FLT, g, .fwd = fwd_, .bwd = T_SUM}
 #define RED3(o, l, i) RED("sum_dim [" #o "," #l "," #i "]", R_SUM1, T_SUM, true, o, l, i), \
                       RED("mean_dim [" #o "," #l "," #i "]", R_MEAN1, T_SUM, true, o, l, i), \
                       RED("max_dim [" #o "," #l "," #i "]", R_MAX1, EXACT_TOL, false, o, l, i)
 static const op_case REDUCE[] = {
     RED3(3, 1000, 1), RED3(2, 17, 33), RED3(1, 100000, 1), RED3(5, 1, 7), RED3(64, 10, 1),
     RED("sum_dim [4,0,3]", R_SUM1, T_SUM, true, 4, 0, 3), RED("mean_dim [4,0,3]", R_MEAN1, T_SUM, true, 4, 0, 3),
-    {"max_dim of length 0", b_reduce, &R_MAX1, 1, {U(-1, 1, 2, 0, 3)}, F32, false, .error = "max of an empty dimension"},
+    {"max_dim of length 0", b_reduce, &R_MAX1, 1, {U(-1, 1, 2, 0, 3)}, F32, false,
+     .error = "max of an empty dimension"},
     RED("sum_dim 1", R_SUM1, T_SUM, true, 3, 4, 5),
     RED("sum", R_SUM, T_SUM, true, 3, 4, 5), RED("mean", R_MEAN, T_SUM, true, 3, 4, 5),
     RED("sum_dim 0", R_SUM0, T_SUM, true, 3, 4, 5), RED("sum_dim 2", R_SUM2, T_SUM, true, 3, 4, 5),
-    RED("mean_dim 0 keepdim", R_MEAN0K, T_SUM, true, 3, 4, 5), RED("mean_dim 1 keepdim", R_MEAN1K, T_SUM, true, 3, 4, 5),
+    RED("mean_dim 0 keepdim", R_MEAN0K, T_SUM, true, 3, 4, 5), RED("mean_dim 1 keepdim", R_MEAN1K, T_SUM, true, 3, 4,
+        5),
     RED("mean_dim 2 keepdim", R_MEAN2K, T_SUM, true, 3, 4, 5),
     /* ties everywhere, NaN (the maximum) in some rows: the first maximum's index */
     {"argmax [37,1]", b_argmax, NULL, 1, {G(gen_ties, &C1, 37, 1)}, FLT, false},
@@ -788,56 +817,68 @@ static const op_case REDUCE[] = {
     {"argmax [37,5000]", b_argmax, NULL, 1, {G(gen_ties, &C5000, 37, 5000)}, FLT, false},
 };
 
-#define SMX(c, fwd_log) {"softmax [29," #c "]", b_softmax, NULL, 1, {U(-8, 8, 29, c)}, FLT, true, .fwd = T_SOFTMAX, .bwd = T_SOFTMAX_B}, \
-                        {"log_softmax [29," #c "]", b_log_softmax, NULL, 1, {U(-8, 8, 29, c)}, FLT, true, .fwd = fwd_log, .bwd = T_SOFTMAX_B}
+#define SMX(c, fwd_log)                                                                                      \
+    {"softmax [29," #c "]", b_softmax, NULL, 1, {U(-8, 8, 29, c)}, FLT, true, .fwd = T_SOFTMAX,                \
+     .bwd = T_SOFTMAX_B},                                                                                      \
+    {"log_softmax [29," #c "]", b_log_softmax, NULL, 1, {U(-8, 8, 29, c)}, FLT, true, .fwd = fwd_log,          \
+     .bwd = T_SOFTMAX_B}
 #define CE(c, lab, ldt) {"cross_entropy [77," #c "] " #ldt " labels, ignore -100", b_ce, NULL, 2, \
                          {U(-5, 5, 77, c), FIXG(ldt, gen_labels, lab, 77)}, FLT, true, .fwd = T_CE, .bwd = T_CE_B}
 static const op_case SOFTMAX[] = {
     SMX(10, T_LOG_SOFTMAX10), SMX(128, T_SOFTMAX), SMX(1000, T_SOFTMAX), SMX(3001, T_SOFTMAX),
-    {"softmax [4,7]", b_softmax, NULL, 1, {U(-3, 3, 4, 7)}, FLT, true, .fwd = T_OPS, .bwd = T_OPS_B},
-    {"log_softmax [4,7]", b_log_softmax, NULL, 1, {U(-3, 3, 4, 7)}, FLT, true, .fwd = T_OPS, .bwd = T_OPS_B},
+    {"softmax [4,7]", b_softmax, NULL, 1, {U(-3, 3, 4, 7)}, FLT, true, OPS},
+    {"log_softmax [4,7]", b_log_softmax, NULL, 1, {U(-3, 3, 4, 7)}, FLT, true, OPS},
     CE(10, LAB10, CA_I32), CE(10, LAB10, CA_I64), CE(1000, LAB1000, CA_I32), CE(1000, LAB1000, CA_I64),
-    {"cross_entropy ignore_index", b_ce, NULL, 2, {U(-2, 2, 6, 5), FIX(CA_I64, LAB64, 6)}, FLT, true, .fwd = T_OPS, .bwd = T_OPS_B},
-    {"cross_entropy sum", b_ce, &CE_SUM, 2, {U(-2, 2, 6, 5), FIX(CA_I64, LAB64, 6)}, FLT, true, .fwd = T_OPS, .bwd = T_OPS_B},
-    {"cross_entropy i32 ignore 4", b_ce, &CE_IGN4, 2, {U(-2, 2, 6, 5), FIX(CA_I32, LAB32, 6)}, FLT, true, .fwd = T_OPS, .bwd = T_OPS_B},
-    {"cross_entropy 3-D logits", b_ce, NULL, 2, {U(-2, 2, 2, 3, 5), FIX(CA_I64, LAB3D, 2, 3)}, FLT, true, .fwd = T_OPS, .bwd = T_OPS_B},
-    {"cross_entropy label out of range", b_ce, NULL, 2, {U(-1, 1, 8, 4), FIXG(CA_I64, gen_labels, LAB_BAD, 8)}, F32, false,
+    {"cross_entropy ignore_index", b_ce, NULL, 2, {U(-2, 2, 6, 5), FIX(CA_I64, LAB64, 6)}, FLT, true, OPS},
+    {"cross_entropy sum", b_ce, &CE_SUM, 2, {U(-2, 2, 6, 5), FIX(CA_I64, LAB64, 6)}, FLT, true, OPS},
+    {"cross_entropy i32 ignore 4", b_ce, &CE_IGN4, 2, {U(-2, 2, 6, 5), FIX(CA_I32, LAB32, 6)}, FLT, true, OPS},
+    {"cross_entropy 3-D logits", b_ce, NULL, 2, {U(-2, 2, 2, 3, 5), FIX(CA_I64, LAB3D, 2, 3)}, FLT, true, OPS},
+    {"cross_entropy label out of range", b_ce, NULL, 2, {U(-1, 1, 8, 4), FIXG(CA_I64, gen_labels, LAB_BAD, 8)}, F32,
+     false,
      .error = "row 6 has label 6"},
-    {"mse_loss", b_mse, NULL, 2, {U(-2, 2, 3, 4), U(-2, 2, 3, 4)}, FLT, true, .fwd = T_OPS, .bwd = T_OPS_B},
+    {"mse_loss", b_mse, NULL, 2, {U(-2, 2, 3, 4), U(-2, 2, 3, 4)}, FLT, true, OPS},
 };
 
-#define LN(c, aff, nin) {"layer_norm [33," #c "] " #aff, b_ln, &aff, nin, {U(-3, 3, 33, c), U(0.5f, 1.5f, c), U(-1, 1, c)}, FLT, true, .fwd = T_LN, .bwd = T_LN_B}
+#define LN(c, aff, nin)                                                                                      \
+    {"layer_norm [33," #c "] " #aff, b_ln, &aff, nin, {U(-3, 3, 33, c), U(0.5f, 1.5f, c), U(-1, 1, c)}, FLT, true, \
+     .fwd = T_LN, .bwd = T_LN_B}
 static const op_case NORM[] = {
     LN(16, AFF0, 1), LN(16, AFF1, 2), LN(16, AFF2, 3), LN(768, AFF0, 1), LN(768, AFF1, 2), LN(768, AFF2, 3),
     LN(3000, AFF0, 1), LN(3000, AFF1, 2), LN(3000, AFF2, 3),
-    {"layer_norm [5,8]", b_ln, &AFF2, 3, {U(-2, 2, 5, 8), U(0.5f, 1.5f, 8), U(-1, 1, 8)}, FLT, true, .fwd = T_OPS, .bwd = T_OPS_B},
-    {"layer_norm [5,8] without affine", b_ln, &AFF0, 1, {U(-2, 2, 5, 8)}, FLT, true, .fwd = T_OPS, .bwd = T_OPS_B},
-    {"rms_norm [3,2,6]", b_rms, &WITH, 2, {U(-2, 2, 3, 2, 6), U(0.5f, 1.5f, 6)}, FLT, true, .fwd = T_OPS, .bwd = T_OPS_B},
-    {"rms_norm [3,2,6] without weight", b_rms, NULL, 1, {U(-2, 2, 3, 2, 6)}, FLT, true, .fwd = T_OPS, .bwd = T_OPS_B},
-    {"rms_norm [33,768]", b_rms, &WITH, 2, {U(-3, 3, 33, 768), U(0.5f, 1.5f, 768)}, FLT, true, .fwd = T_LN, .bwd = T_LN_B},
+    {"layer_norm [5,8]", b_ln, &AFF2, 3, {U(-2, 2, 5, 8), U(0.5f, 1.5f, 8), U(-1, 1, 8)}, FLT, true, OPS},
+    {"layer_norm [5,8] without affine", b_ln, &AFF0, 1, {U(-2, 2, 5, 8)}, FLT, true, OPS},
+    {"rms_norm [3,2,6]", b_rms, &WITH, 2, {U(-2, 2, 3, 2, 6), U(0.5f, 1.5f, 6)}, FLT, true, OPS},
+    {"rms_norm [3,2,6] without weight", b_rms, NULL, 1, {U(-2, 2, 3, 2, 6)}, FLT, true, OPS},
+    {"rms_norm [33,768]", b_rms, &WITH, 2, {U(-3, 3, 33, 768), U(0.5f, 1.5f, 768)}, FLT, true, .fwd = T_LN,
+     .bwd = T_LN_B},
 };
 
 static const op_case INDEX[] = {
     /* 301 lookups of a [50, 37] table with many repeats; the table holds the awkward values */
-    {"embedding [50,37] i32 indices", b_embedding, NULL, 2, {G(gen_awkward, NULL, 50, 37), FIXG(CA_I32, gen_labels, IDX50, 301)},
+    {"embedding [50,37] i32 indices", b_embedding, NULL, 2, {G(gen_awkward, NULL, 50, 37), FIXG(CA_I32, gen_labels,
+     IDX50, 301)},
      FLT, true, .no_fd = "the table holds NaN and inf; the [10,4] row checks the differences", .bwd = T_EMB_B},
-    {"embedding [50,37] i64 indices", b_embedding, NULL, 2, {G(gen_awkward, NULL, 50, 37), FIXG(CA_I64, gen_labels, IDX50, 301)},
+    {"embedding [50,37] i64 indices", b_embedding, NULL, 2, {G(gen_awkward, NULL, 50, 37), FIXG(CA_I64, gen_labels,
+     IDX50, 301)},
      FLT, true, .no_fd = "the table holds NaN and inf; the [10,4] row checks the differences", .bwd = T_EMB_B},
-    {"embedding [10,4]", b_embedding, NULL, 2, {U(-1, 1, 10, 4), FIX(CA_I64, EIDX, 7)}, FLT, true, .fwd = T_OPS, .bwd = T_OPS_B},
-    {"embedding tied to the output layer", b_tied, NULL, 2, {U(-1, 1, 5, 3), FIX(CA_I64, TIED, 4)}, FLT, true, .fwd = T_OPS, .bwd = T_OPS_B},
+    {"embedding [10,4]", b_embedding, NULL, 2, {U(-1, 1, 10, 4), FIX(CA_I64, EIDX, 7)}, FLT, true, OPS},
+    {"embedding tied to the output layer", b_tied, NULL, 2, {U(-1, 1, 5, 3), FIX(CA_I64, TIED, 4)}, FLT, true,
+     OPS},
     {"embedding index out of range", b_embedding, NULL, 2, {U(-1, 1, 50, 4), FIX(CA_I64, BAD_IDX, 3)}, F32, false,
      .error = "index 50 at position 1"},
-    {"index_select", b_index_select, NULL, 2, {U(-1, 1, 2, 4, 3), FIX(CA_I64, SIDX, 5)}, FLT, true, .fwd = T_OPS, .bwd = T_OPS_B},
-    {"gather", b_gather, NULL, 2, {U(-1, 1, 2, 4, 3), FIX(CA_I32, GIDX, 2, 2, 3)}, F32, true, .fwd = T_OPS, .bwd = T_OPS_B},
-    {"where", b_where, NULL, 3, {U(-1, 1, 3, 4), U(-1, 1, 4), FIX(CA_U8, COND3, 3, 1)}, FLT, true, .fwd = T_OPS, .bwd = T_OPS_B},
-    {"masked_fill", b_masked_fill, NULL, 2, {U(-1, 1, 3, 4), FIX(CA_U8, COND3, 3, 1)}, FLT, true, .fwd = T_OPS, .bwd = T_OPS_B},
+    {"index_select", b_index_select, NULL, 2, {U(-1, 1, 2, 4, 3), FIX(CA_I64, SIDX, 5)}, FLT, true, OPS},
+    {"gather", b_gather, NULL, 2, {U(-1, 1, 2, 4, 3), FIX(CA_I32, GIDX, 2, 2, 3)}, F32, true, OPS},
+    {"where", b_where, NULL, 3, {U(-1, 1, 3, 4), U(-1, 1, 4), FIX(CA_U8, COND3, 3, 1)}, FLT, true, OPS},
+    {"masked_fill", b_masked_fill, NULL, 2, {U(-1, 1, 3, 4), FIX(CA_U8, COND3, 3, 1)}, FLT, true, OPS},
     {"concat", b_concat, &N3, 3, {U(-1, 1, 2, 1, 3), U(-1, 1, 2, 2, 3), U(-1, 1, 2, 3, 3)}, FLT, true},
-    {"concat of 4 (chained nodes)", b_concat, &N4, 4, {U(-1, 1, 2, 1, 3), U(-1, 1, 2, 2, 3), U(-1, 1, 2, 3, 3), U(-1, 1, 2, 1, 3)}, FLT, true},
+    {"concat of 4 (chained nodes)", b_concat, &N4, 4, {U(-1, 1, 2, 1, 3), U(-1, 1, 2, 2, 3), U(-1, 1, 2, 3, 3), U(-1,
+     1, 2, 1, 3)}, FLT, true},
     {"stack dim 0", b_stack, &D0, 3, {U(-1, 1, 2, 3), U(-1, 1, 2, 3), U(-1, 1, 2, 3)}, FLT, true},
     {"stack dim 2", b_stack, &D2, 3, {U(-1, 1, 2, 3), U(-1, 1, 2, 3), U(-1, 1, 2, 3)}, FLT, true},
     {"split", b_split, NULL, 1, {U(-1, 1, 6, 4)}, FLT, true},
     {"reshape", b_reshape, NULL, 2, {U(-1, 1, 2, 3, 4), U(-1, 1, 4, 6)}, FLT, true},
-    {"reshape of a strided slice (a view)", b_reshape_slice, NULL, 2, {U(-1, 1, 2, 3, 6), U(-1, 1, 2, 2, 3, 2)}, FLT, true},
+    {"reshape of a strided slice (a view)", b_reshape_slice, NULL, 2, {U(-1, 1, 2, 3, 6), U(-1, 1, 2, 2, 3, 2)}, FLT,
+     true},
     {"transpose", b_transpose, NULL, 2, {U(-1, 1, 2, 3, 4), U(-1, 1, 4, 3, 2)}, FLT, true},
     {"narrow", b_narrow, NULL, 2, {U(-1, 1, 2, 3, 4), U(-1, 1, 2, 3, 3)}, FLT, true},
     {"flatten", b_flatten, NULL, 1, {U(-1, 1, 2, 3, 4)}, FLT, true},
@@ -856,26 +897,33 @@ static ca_tensor *b_rng(ca_tensor **in, const oc_call *c) {
     }
     return ca_concat(3, parts, 0);
 }
-#define RNG(kind, n_, ...) {kind " [" #n_ "]", b_rng, &(const rng_ctx){strcmp(kind, "normal") == 0, n_}, 0, {{0}}, FLT, false, __VA_ARGS__}
+#define RNG(kind, n_, ...) \
+    {kind " [" #n_ "]", b_rng, &(const rng_ctx){strcmp(kind, "normal") == 0, n_}, 0, {{0}}, FLT, false, __VA_ARGS__}
 #define NORMAL(n_, frac) RNG("normal", n_, .fwd = T_NORMAL, .min_identical = frac)
 #define DROP(p, n_) {"dropout p " #p " [" #n_ "]", b_dropout, &p, 1, {U(-2, 2, n_)}, FLT, true, .rng = true}
 static const op_case RANDOM[] = {
     RNG("uniform", 1), RNG("uniform", 3), RNG("uniform", 4), RNG("uniform", 1001), RNG("uniform", 65537),
     /* glibc's logf is not always correctly rounded: most numbers, not all, are the CPU's bits */
     NORMAL(1, 0), NORMAL(3, 0), NORMAL(4, 0), NORMAL(1001, 0.5), NORMAL(65537, 0.5),
-    DROP(P03, 10007), DROP(P09, 10007), {"dropout p 0.3 [3,4]", b_dropout, &P03, 1, {U(-2, 2, 3, 4)}, FLT, true, .rng = true},
+    DROP(P03, 10007), DROP(P09, 10007), {"dropout p 0.3 [3,4]", b_dropout, &P03, 1, {U(-2, 2, 3, 4)}, FLT, true,
+        .rng = true},
 };
 
 #define QKV(tq, tk) U(-1, 1, 2, 2, tq, 3), U(-1, 1, 2, 2, tk, 3), U(-1, 1, 2, 2, tk, 4)
 static const op_case ATTENTION[] = {
-    {"sdpa", b_sdpa, &SD_PLAIN, 3, {QKV(5, 5)}, FLT, true, .fwd = T_OPS, .bwd = T_OPS_B},
-    {"sdpa causal", b_sdpa, &SD_CAUSAL, 3, {QKV(5, 5)}, FLT, true, .fwd = T_OPS, .bwd = T_OPS_B},
-    {"sdpa additive mask, scale 0.7", b_sdpa, &SD_SCALE, 4, {QKV(5, 5), FIX(CA_F32, ADDM, 2, 1, 1, 5)}, FLT, true, .fwd = T_OPS, .bwd = T_OPS_B},
-    {"sdpa key padding", b_sdpa, &SD_PLAIN, 4, {QKV(5, 5), FIX(CA_U8, KEEP, 2, 1, 1, 5)}, FLT, true, .fwd = T_OPS, .bwd = T_OPS_B},
-    {"sdpa key padding + causal", b_sdpa, &SD_CAUSAL, 4, {QKV(5, 5), FIX(CA_U8, KEEP, 2, 1, 1, 5)}, FLT, true, .fwd = T_OPS, .bwd = T_OPS_B},
-    {"sdpa key padding + dropout", b_sdpa, &SD_DROP, 4, {QKV(5, 5), FIX(CA_U8, KEEP, 2, 1, 1, 5)}, FLT, true, .rng = true, .fwd = T_OPS, .bwd = T_OPS_B},
-    {"sdpa causal, 70 queries, 66 keys", b_sdpa, &SD_CAUSAL, 3, {U(-1, 1, 1, 1, 70, 2), U(-1, 1, 1, 1, 66, 2), U(-1, 1, 1, 1, 66, 3)}, FLT, true, .fwd = T_OPS, .bwd = T_OPS_B},
-    {"sdpa causal dropout, 70 queries, 66 keys", b_sdpa, &SD_CAUSAL_DROP, 3, {U(-1, 1, 1, 1, 70, 2), U(-1, 1, 1, 1, 66, 2), U(-1, 1, 1, 1, 66, 3)}, FLT, true, .rng = true, .fwd = T_OPS, .bwd = T_OPS_B},
+    {"sdpa", b_sdpa, &SD_PLAIN, 3, {QKV(5, 5)}, FLT, true, OPS},
+    {"sdpa causal", b_sdpa, &SD_CAUSAL, 3, {QKV(5, 5)}, FLT, true, OPS},
+    {"sdpa additive mask, scale 0.7", b_sdpa, &SD_SCALE, 4, {QKV(5, 5), FIX(CA_F32, ADDM, 2, 1, 1, 5)}, FLT, true,
+     OPS},
+    {"sdpa key padding", b_sdpa, &SD_PLAIN, 4, {QKV(5, 5), FIX(CA_U8, KEEP, 2, 1, 1, 5)}, FLT, true, OPS},
+    {"sdpa key padding + causal", b_sdpa, &SD_CAUSAL, 4, {QKV(5, 5), FIX(CA_U8, KEEP, 2, 1, 1, 5)}, FLT, true,
+     OPS},
+    {"sdpa key padding + dropout", b_sdpa, &SD_DROP, 4, {QKV(5, 5), FIX(CA_U8, KEEP, 2, 1, 1, 5)}, FLT, true,
+     .rng = true, OPS},
+    {"sdpa causal, 70 queries, 66 keys", b_sdpa, &SD_CAUSAL, 3, {U(-1, 1, 1, 1, 70, 2), U(-1, 1, 1, 1, 66, 2), U(-1, 1,
+     1, 1, 66, 3)}, FLT, true, OPS},
+    {"sdpa causal dropout, 70 queries, 66 keys", b_sdpa, &SD_CAUSAL_DROP, 3, {U(-1, 1, 1, 1, 70, 2), U(-1, 1, 1, 1, 66,
+     2), U(-1, 1, 1, 1, 66, 3)}, FLT, true, .rng = true, OPS},
 };
 
 /* ------------------------------------------------------------------ optimizers */
@@ -920,7 +968,8 @@ static ca_tensor *b_optimizer(ca_tensor **in, const oc_call *c) {
     for (int i = 0; i < NT; i++) ca_tensor_free(p[i]);
     return out;
 }
-static const opt_ctx O_ADAMW = {true, {.lr = 1e-3, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .weight_decay = 0.01}, {0}, 3};
+static const opt_ctx O_ADAMW = {true, {.lr = 1e-3, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .weight_decay = 0.01},
+    {0}, 3};
 static const opt_ctx O_SGD = {false, {0}, {.lr = 0.1}, 2};
 static const opt_ctx O_SGD_M = {false, {0}, {.lr = 0.05, .momentum = 0.9, .dampening = 0.1, .weight_decay = 1e-4}, 3};
 static const opt_ctx O_SGD_N = {false, {0}, {.lr = 0.01, .momentum = 0.8, .nesterov = true, .weight_decay = 0.1}, 3};
@@ -1025,7 +1074,38 @@ TABLE(ATTENTION)
 TABLE(OPTIM)
 TABLE(ACCEL)
 
-int main(void) {
+static const char *tol_str(const oc_tol *t, char *buf, size_t len) {
+    if (tol_exact(t)) return "exact";
+    snprintf(buf, len, "%s", t->why);
+    return buf;
+}
+
+/* test_ops --list: the rows, their dtypes, and what the cuda column allows. */
+static void list_rows(void) {
+#define L(t) {#t, t, sizeof t / sizeof t[0]}
+    static const struct { const char *name; const op_case *rows; size_t n; } tables[] = {
+        L(MATMUL), L(COPY), L(UNARY), L(BINARY), L(REDUCE), L(SOFTMAX), L(NORM), L(INDEX), L(RANDOM),
+        L(ATTENTION), L(OPTIM), L(ACCEL),
+    };
+#undef L
+    for (size_t t = 0; t < sizeof tables / sizeof tables[0]; t++)
+        for (size_t k = 0; k < tables[t].n; k++) {
+            const op_case *r = &tables[t].rows[k];
+            char dts[64] = "", f[160], b[160];
+            for (int dt = 0; dt < 6; dt++)
+                if (r->dtypes & B(dt)) snprintf(dts + strlen(dts), sizeof dts - strlen(dts), "%s%s", dts[0] ? "," : "",
+                    ca_dtype_name((ca_dtype)dt));
+            printf("%s | %s | %s | %s | cuda forward: %s | backward: %s\n", tables[t].name, r->name, dts,
+                   r->error ? "error" : (!r->grad ? "forward" : (r->no_fd ? "backward" : "backward, differences")),
+                   tol_str(&r->fwd, f, sizeof f), r->grad ? tol_str(&r->bwd, b, sizeof b) : "-");
+        }
+}
+
+int main(int argc, char **argv) {
+    if (argc > 1 && strcmp(argv[1], "--list") == 0) {
+        list_rows();
+        return 0;
+    }
     ca_log_set_level(CA_LOG_WARNING);
     open_devices();
     const struct CMUnitTest tests[] = {
