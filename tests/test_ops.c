@@ -47,12 +47,14 @@ typedef struct oc_tol {
     const char *why;
 } oc_tol;
 
+#define MAXIN 6   /* inputs of a row */
+
 typedef struct op_case {
     const char *name;
     oc_build build;
     const void *ctx;
     int nin;
-    oc_in in[4];
+    oc_in in[MAXIN];
     unsigned dtypes;           /* the row's dtypes; float inputs are made in it */
     bool grad;                 /* differentiable: backward against the CPU, and finite differences */
     bool rng;                  /* the generator is reset before every forward (dropout) */
@@ -174,10 +176,10 @@ typedef struct oc_result {
     int64_t n;
     void *raw;                 /* the output's bytes */
     int64_t cols;              /* the output's last dimension */
-    void *grad[4];             /* the inputs' gradients (bytes in the input's dtype) */
-    ca_dtype gdt[4];
-    int64_t gn[4];
-    ca_tensor *in[4];          /* the inputs on the device (persistent; freed by result_free) */
+    void *grad[MAXIN];         /* the inputs' gradients (bytes in the input's dtype) */
+    ca_dtype gdt[MAXIN];
+    int64_t gn[MAXIN];
+    ca_tensor *in[MAXIN];      /* the inputs on the device (persistent; freed by result_free) */
 } oc_result;
 
 static void *host_bytes(ca_tensor *t) {
@@ -247,7 +249,7 @@ static bool run_on(const op_case *r, ca_dtype dt, int d, ca_tensor **cpu_in, oc_
 
 static void result_free(oc_result *res) {
     free(res->raw);
-    for (int i = 0; i < 4; i++) {
+    for (int i = 0; i < MAXIN; i++) {
         free(res->grad[i]);
         ca_tensor_free(res->in[i]);
     }
@@ -374,7 +376,8 @@ static double loss_at(const op_case *r, ca_tensor **in, const oc_call *c, const 
     return l;
 }
 
-/* Backward on device d against central differences at up to 24 elements of each input (f32). */
+/* Backward on device d against central differences at up to 48 elements of each input (f32); under
+ * valgrind, which checks memory, not numbers, 6 (each path still runs). */
 static void finite_differences(const op_case *r, int d, oc_result *res) {
     double eps = r->fd_eps ? r->fd_eps : 1e-2, atol = r->fd_atol ? r->fd_atol : 2e-3;
     double rtol = r->fd_rtol ? r->fd_rtol : 2e-2;
@@ -384,7 +387,8 @@ static void finite_differences(const op_case *r, int d, oc_result *res) {
         if (!res->grad[i]) continue;
         ca_tensor *t = res->in[i];
         float *x = t_host(t), *g = to_f32(res->gdt[i], res->grad[i], res->gn[i]);
-        int64_t n = ca_tensor_numel(t), step = n > 24 ? n / 24 : 1;
+        int64_t samples = getenv("CACCEL_UNDER_VALGRIND") ? 6 : 48;
+        int64_t n = ca_tensor_numel(t), step = n > samples ? n / samples : 1;
         for (int64_t j = 0; j < n; j += step) {
             float orig = x[j];
             x[j] = orig + (float)eps;
@@ -424,7 +428,7 @@ static void expect_error(const op_case *r, ca_dtype dt, int d, ca_tensor **cpu_i
 static int64_t runs, fd_runs;
 
 static void run_row(const op_case *r, ca_dtype dt, uint64_t seed) {
-    ca_tensor *cpu_in[4] = {0};
+    ca_tensor *cpu_in[MAXIN] = {0};
     CA_SCOPE {
         for (int i = 0; i < r->nin; i++) cpu_in[i] = make_input(&r->in[i], dt, &seed);
         if (r->error) {
@@ -627,14 +631,15 @@ static ca_tensor *b_binary(ca_tensor **in, const oc_call *c) {
 static const bin_ctx ADD = {ca_add}, SUB = {ca_sub}, MUL = {ca_mul}, DIV = {ca_div};
 static const bin_ctx ADD_T = {ca_add, true}, SUB_T = {ca_sub, true}, MUL_T = {ca_mul, true}, DIV_T = {ca_div, true};
 
-typedef struct red_ctx { int kind, dim; bool keep; } red_ctx;   /* kind: 0 sum, 1 mean, 2 max */
+typedef struct red_ctx { int kind, dim; bool keep, all; } red_ctx;   /* kind: 0 sum, 1 mean, 2 max */
 static ca_tensor *b_reduce(ca_tensor **in, const oc_call *c) {
     const red_ctx *r = c->ctx;
-    if (r->dim < 0) return r->kind ? ca_mean(in[0]) : ca_sum(in[0]);
+    if (r->all) return r->kind ? ca_mean(in[0]) : ca_sum(in[0]);
     if (r->kind == 2) return ca_max_dim(in[0], r->dim, r->keep);
     return r->kind ? ca_mean_dim(in[0], r->dim, r->keep) : ca_sum_dim(in[0], r->dim, r->keep);
 }
-static const red_ctx R_SUM = {0, -1}, R_MEAN = {1, -1}, R_SUM1 = {0, 1}, R_MEAN1 = {1, 1}, R_MAX1 = {2, 1},
+static const red_ctx R_SUM = {0, 0, false, true}, R_MEAN = {1, 0, false, true}, R_SUMM1 = {0, -1},
+                     R_MEANM1K = {1, -1, true}, R_SUM1 = {0, 1}, R_MEAN1 = {1, 1}, R_MAX1 = {2, 1},
                      R_SUM0 = {0, 0}, R_SUM2 = {0, 2}, R_MEAN0K = {1, 0, true}, R_MEAN1K = {1, 1, true},
                      R_MEAN2K = {1, 2, true};
 static ca_tensor *b_argmax(ca_tensor **in, const oc_call *c) { return ca_argmax(in[0]); }
@@ -661,7 +666,7 @@ static ca_tensor *b_where(ca_tensor **in, const oc_call *c) { return ca_where(in
 static ca_tensor *b_masked_fill(ca_tensor **in, const oc_call *c) { return ca_masked_fill(in[0], in[1], -3.5); }
 static ca_tensor *b_concat(ca_tensor **in, const oc_call *c) { return ca_concat(*(const int *)c->ctx, in, 1); }
 static ca_tensor *b_stack(ca_tensor **in, const oc_call *c) { return ca_stack(3, in, *(const int *)c->ctx); }
-static const int N3 = 3, N4 = 4, D0 = 0, D2 = 2;
+static const int N3 = 3, N6 = 6, D0 = 0, D2 = 2;
 static ca_tensor *b_split(ca_tensor **in, const oc_call *c) {
     ca_tensor *p[3];
     if (ca_split(in[0], 0, 3, (const int64_t[]){2, 1, 3}, p) != CA_OK) return NULL;
@@ -726,6 +731,11 @@ static const op_case MATMUL[] = {
     {"matmul [2,4,3]x[2,3,5]", b_matmul, &TN, 2, {U(-1, 1, 2, 4, 3), U(-1, 1, 2, 3, 5)}, FLT, true, OPS},
     {"matmul broadcast [2,1,4,5]x[3,5,2]", b_matmul, &TN, 2, {U(-1, 1, 2, 1, 4, 5), U(-1, 1, 3, 5, 2)}, FLT, true,
      OPS},
+    {"matmul [2,3,4,5]x[2,3,5,2]", b_matmul, &TN, 2, {U(-1, 1, 2, 3, 4, 5), U(-1, 1, 2, 3, 5, 2)}, FLT, true, OPS},
+    {"matmul [2,4,5]x[5,3] (a weight on the right)", b_matmul, &TN, 2, {U(-1, 1, 2, 4, 5), U(-1, 1, 5, 3)}, FLT, true,
+     OPS},
+    {"matmul [4,5]x[2,5,3] (a matrix on the left)", b_matmul, &TN, 2, {U(-1, 1, 4, 5), U(-1, 1, 2, 5, 3)}, FLT, true,
+     OPS},
     {"linear", b_linear, NULL, 3, {U(-1, 1, 6, 5), U(-1, 1, 4, 5), U(-1, 1, 4)}, FLT, true, OPS},
     {"linear 3-D input", b_linear, NULL, 3, {U(-1, 1, 2, 3, 5), U(-1, 1, 4, 5), U(-1, 1, 4)}, FLT, true, OPS},
     {"linear without bias", b_linear_nb, NULL, 2, {U(-1, 1, 6, 5), U(-1, 1, 4, 5)}, FLT, true, OPS},
@@ -768,6 +778,7 @@ static const op_case UNARY[] = {
     UN13("log", U_LOG, 0.3f, 3, 0), UN13("sqrt", U_SQRT, 0.3f, 3, 0), UN13("square", U_SQUARE, -2, 2, 0),
     UN13("gelu_erf", U_GELU_ERF, -3, 3, 0), UN13("silu", U_SILU, -3, 3, 0),
     {"add_scalar [4,5]", b_unary, &U_ADDS15, 1, {U(0.3f, 2, 4, 5)}, FLT, true},
+    {"mul_scalar [4,5]", b_unary, &U_SCALE, 1, {U(0.3f, 2, 4, 5)}, FLT, true},
     {"pow 2.5 [4,5]", b_unary, &U_POW25, 1, {U(0.3f, 2, 4, 5)}, FLT, true, OPS},
     {"add_scalar then mul_scalar [4,5]", b_scalar_chain, NULL, 1, {U(0.3f, 2, 4, 5)}, FLT, true},
     /* a leaf used three times: the tape adds its gradients */
@@ -775,7 +786,17 @@ static const op_case UNARY[] = {
 };
 
 /* y[4, 5, 6] = a op b: b of the same shape, a row, a column, a scalar; a transposed (strides 1, 4, 20). */
-#define BIN(name, ctx, ctx_t)                                                                           \
+/* The gradient checks: a [3,4] (or [2,3,4]) kept 0.3 from 0 by b of the same shape, a row, a column, a
+ * scalar, or leading dims broadcast; then swapped (broadcast on the left: sw, positive for div). */
+#define BGC(name, ctx, sa, sb) \
+    {name " " #sa " by " #sb, b_binary, &ctx, 2, {GAP(-2, 2, 0.3f, ID sa), U(0.5f, 2, ID sb)}, FLT, true, OPS}
+#define BSW(name, ctx, sw, sa, sb) \
+    {name " " #sb " by " #sa " (swapped)", b_binary, &ctx, 2, {U(0.5f, 2, ID sb), sw(ID sa)}, FLT, true, OPS}
+#define ID(...) __VA_ARGS__
+#define SW_ANY(...) GAP(-2, 2, 0.3f, __VA_ARGS__)
+#define SW_DIV(...) U(0.5f, 2, __VA_ARGS__)
+/* y[4, 5, 6] = a op b: b of the same shape, a row, a column, a scalar; a transposed (strides 1, 4, 20). */
+#define BIN(name, ctx, ctx_t, sw)                                                                       \
     {name " [4,5,6]", b_binary, &ctx, 2, {U(-3, 3, 4, 5, 6), U(0.25f, 3, 4, 5, 6)}, FLT, true, .bwd = T_SUM},   \
     {name " [4,5,6] by [6]", b_binary, &ctx, 2, {U(-3, 3, 4, 5, 6), U(0.25f, 3, 6)}, FLT, true, .bwd = T_SUM},  \
     {name " [4,5,6] by [4,5,1]", b_binary, &ctx, 2, {U(-3, 3, 4, 5, 6), U(0.25f, 3, 4, 5, 1)}, FLT, true,      \
@@ -783,13 +804,13 @@ static const op_case UNARY[] = {
     {name " [4,5,6] by [1]", b_binary, &ctx, 2, {U(-3, 3, 4, 5, 6), U(0.25f, 3, 1)}, FLT, true, .bwd = T_SUM},  \
     {name " [6,5,4]^T by [4,5,6]", b_binary, &ctx_t, 2, {U(-3, 3, 6, 5, 4), U(0.25f, 3, 4, 5, 6)}, FLT, true,  \
      .bwd = T_SUM},                                                                                              \
-    {name " [3,4] by [4]", b_binary, &ctx, 2, {GAP(-2, 2, 0.3f, 3, 4), U(0.5f, 2, 4)}, FLT, true, OPS},         \
-    {name " [3,4] by [3,1]", b_binary, &ctx, 2, {GAP(-2, 2, 0.3f, 3, 4), U(0.5f, 2, 3, 1)}, FLT, true, OPS},    \
-    {name " [2,3,4] by [3,1]", b_binary, &ctx, 2, {GAP(-2, 2, 0.3f, 2, 3, 4), U(0.5f, 2, 3, 1)}, FLT, true, OPS}, \
-    {name " [4] by [3,4] (broadcast on the left)", b_binary, &ctx, 2, {U(0.5f, 2, 4), U(0.5f, 2, 3, 4)}, FLT,  \
-     true, OPS}
+    BGC(name, ctx, (3, 4), (3, 4)), BGC(name, ctx, (3, 4), (4)), BGC(name, ctx, (3, 4), (3, 1)),                \
+    BGC(name, ctx, (3, 4), (1)), BGC(name, ctx, (2, 3, 4), (3, 1)),                                             \
+    BSW(name, ctx, sw, (3, 4), (3, 4)), BSW(name, ctx, sw, (3, 4), (4)), BSW(name, ctx, sw, (3, 4), (3, 1)),    \
+    BSW(name, ctx, sw, (3, 4), (1)), BSW(name, ctx, sw, (2, 3, 4), (3, 1))
 static const op_case BINARY[] = {
-    BIN("add", ADD, ADD_T), BIN("sub", SUB, SUB_T), BIN("mul", MUL, MUL_T), BIN("div", DIV, DIV_T),
+    BIN("add", ADD, ADD_T, SW_ANY), BIN("sub", SUB, SUB_T, SW_ANY), BIN("mul", MUL, MUL_T, SW_ANY),
+    BIN("div", DIV, DIV_T, SW_DIV),
 };
 
 /* Reductions over dim 1 of [outer, len, inner]: long rows, strided, one long row, len 1, len 0. */
@@ -809,6 +830,7 @@ static const op_case REDUCE[] = {
     RED("mean_dim 0 keepdim", R_MEAN0K, T_SUM, true, 3, 4, 5), RED("mean_dim 1 keepdim", R_MEAN1K, T_SUM, true, 3, 4,
         5),
     RED("mean_dim 2 keepdim", R_MEAN2K, T_SUM, true, 3, 4, 5),
+    RED("sum_dim -1", R_SUMM1, T_SUM, true, 3, 4, 5), RED("mean_dim -1 keepdim", R_MEANM1K, T_SUM, true, 3, 4, 5),
     /* ties everywhere, NaN (the maximum) in some rows: the first maximum's index */
     {"argmax [37,1]", b_argmax, NULL, 1, {G(gen_ties, &C1, 37, 1)}, FLT, false},
     {"argmax [37,10]", b_argmax, NULL, 1, {G(gen_ties, &C10, 37, 10)}, FLT, false},
@@ -871,8 +893,9 @@ static const op_case INDEX[] = {
     {"where", b_where, NULL, 3, {U(-1, 1, 3, 4), U(-1, 1, 4), FIX(CA_U8, COND3, 3, 1)}, FLT, true, OPS},
     {"masked_fill", b_masked_fill, NULL, 2, {U(-1, 1, 3, 4), FIX(CA_U8, COND3, 3, 1)}, FLT, true, OPS},
     {"concat", b_concat, &N3, 3, {U(-1, 1, 2, 1, 3), U(-1, 1, 2, 2, 3), U(-1, 1, 2, 3, 3)}, FLT, true},
-    {"concat of 4 (chained nodes)", b_concat, &N4, 4, {U(-1, 1, 2, 1, 3), U(-1, 1, 2, 2, 3), U(-1, 1, 2, 3, 3), U(-1,
-     1, 2, 1, 3)}, FLT, true},
+    {"concat of 6 (chained nodes)", b_concat, &N6, 6,
+     {U(-1, 1, 2, 1, 3), U(-1, 1, 2, 2, 3), U(-1, 1, 2, 3, 3), U(-1, 1, 2, 1, 3), U(-1, 1, 2, 2, 3), U(-1, 1, 2, 3, 3)},
+     FLT, true},
     {"stack dim 0", b_stack, &D0, 3, {U(-1, 1, 2, 3), U(-1, 1, 2, 3), U(-1, 1, 2, 3)}, FLT, true},
     {"stack dim 2", b_stack, &D2, 3, {U(-1, 1, 2, 3), U(-1, 1, 2, 3), U(-1, 1, 2, 3)}, FLT, true},
     {"split", b_split, NULL, 1, {U(-1, 1, 6, 4)}, FLT, true},
