@@ -98,3 +98,11 @@ VALGRIND_TESTS += tests/test_files
 tests_test_files_SOURCES = tests/test_files.c tests/test_util.h base/file.c base/file_impl.h
 tests_test_files_CFLAGS = $(CA_TEST_CFLAGS) $(ZLIB_CFLAGS)
 tests_test_files_LDADD = $(CA_TEST_LIBS) $(ZLIB_LIBS)
+# Op conformance: every op case of one table on every device that opens (cpu, xla, cuda), forward,
+# backward and finite differences against the CPU (docs/TESTING.md, "test_ops"). 2 s; 20 s CPU under valgrind.
+check_PROGRAMS += tests/test_ops
+TESTS += tests/test_ops
+VALGRIND_TESTS += tests/test_ops
+tests_test_ops_SOURCES = tests/test_ops.c tests/test_util.h
+tests_test_ops_CFLAGS = $(CA_TEST_CFLAGS)
+tests_test_ops_LDADD = $(CA_TEST_LIBS)

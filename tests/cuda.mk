@@ -1,23 +1,17 @@
 # tests/cuda.mk: the CUDA plugin. test_cuda_plugin and test_cuda_cli run on any machine (the plugin
-# loads without a driver); the others need a GPU and exit 77 (SKIP) with the driver's reason.
+# loads without a driver); the others need a GPU and exit 77 (SKIP) with the driver's reason. The ops on
+# the GPU against the CPU are rows of tests/test_ops (tests/core.mk), which runs them when a GPU opens.
 EXTRA_DIST += tests/test_cuda_util.h tests/test_cuda_cli.sh tests/test_cuda_train.sh
 if HAVE_CUDA
-ca_cuda_tests = tests/test_cuda_plugin tests/test_cuda_kernels tests/test_cuda_alloc tests/test_cuda_autograd \
-	tests/test_cuda_nccl
+ca_cuda_tests = tests/test_cuda_plugin tests/test_cuda_alloc tests/test_cuda_nccl
 check_PROGRAMS += $(ca_cuda_tests)
 TESTS += $(ca_cuda_tests) tests/test_cuda_cli.sh tests/test_cuda_train.sh
 tests_test_cuda_plugin_SOURCES = tests/test_cuda_plugin.c tests/test_cuda_util.h
 tests_test_cuda_plugin_CFLAGS = $(CA_TEST_CFLAGS)
 tests_test_cuda_plugin_LDADD = $(CA_TEST_LIBS)
-tests_test_cuda_kernels_SOURCES = tests/test_cuda_kernels.c tests/test_cuda_util.h
-tests_test_cuda_kernels_CFLAGS = $(CA_TEST_CFLAGS)
-tests_test_cuda_kernels_LDADD = $(CA_TEST_LIBS)
 tests_test_cuda_alloc_SOURCES = tests/test_cuda_alloc.c tests/test_cuda_util.h
 tests_test_cuda_alloc_CFLAGS = $(CA_TEST_CFLAGS)
 tests_test_cuda_alloc_LDADD = $(CA_TEST_LIBS)
-tests_test_cuda_autograd_SOURCES = tests/test_cuda_autograd.c tests/test_cuda_util.h tests/gradcheck_util.h
-tests_test_cuda_autograd_CFLAGS = $(CA_TEST_CFLAGS)
-tests_test_cuda_autograd_LDADD = $(CA_TEST_LIBS)
 tests_test_cuda_nccl_SOURCES = tests/test_cuda_nccl.c tests/test_cuda_util.h
 tests_test_cuda_nccl_CFLAGS = $(CA_TEST_CFLAGS)
 tests_test_cuda_nccl_LDADD = $(CA_TEST_LIBS)

@@ -41,19 +41,6 @@ static inline int tc_gpu_count(char *reason, size_t len) {
     return n;
 }
 
-#ifdef TC_XLA
-/* The same cases on the lazy xla device (tests/test_xla_*.c): built in, always there; its
- * executor is the cpu backend, so every result must be the CPU's bit for bit. */
-static inline ca_device *tc_open_or_skip(const char *test) {
-    ca_device *g = NULL;
-    if (ca_device_open("xla", 0, NULL, &g) != CA_OK) {
-        fprintf(stderr, "FAIL: cannot open the xla device: %s\n", ca_last_error());
-        exit(1);
-    }
-    printf("%s: on %s\n", test, ca_device_description(g));
-    return g;
-}
-#else
 /* Opens GPU 0, or exits 77 (automake's SKIP) saying why there is none. */
 static inline ca_device *tc_open_or_skip(const char *test) {
     tc_load_plugin();
@@ -71,7 +58,6 @@ static inline ca_device *tc_open_or_skip(const char *test) {
     printf("%s: on %s\n", test, ca_device_description(g));
     return g;
 }
-#endif
 
 /* Device buffers freed together by tc_free_all. */
 #define TC_MAX_BUFS 4096
