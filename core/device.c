@@ -14,7 +14,8 @@ static ca_device *devices;
 static ca_device *_Atomic cpu_dev;
 
 ca_status ca_kernel_missing(const ca_device *d, const char *slot) {
-    return ca_error(CA_ERR_UNSUPPORTED, "device backend '%s' has no kernel '%s'", d->name, slot);
+    return ca_error(CA_ERR_UNSUPPORTED, "device backend '%s' has no kernel '%s': op %s cannot run on device %s:%d",
+                    d->name, slot, slot, d->name, d->index);
 }
 
 static ca_status open_locked(const char *name, int index, const ca_device_open_args *args,

@@ -19,6 +19,15 @@ static ca_device *G, *C;
 static const ca_kernels *GK, *CK;
 static void *gx, *cx;     /* kernel contexts */
 
+/* Kernel calls checked as the core checks them (test_kcall.h): CKC on the CPU, GKC on the device. */
+#include "test_kcall.h"
+#define CKC(slot, ...) TKC("cpu", CK, cx, slot, __VA_ARGS__)
+#define CKC_ARGS(slot, a) TKC_ARGS("cpu", CK, cx, slot, a)
+#define CKC_LIST(slot, tl, a) TKC_LIST("cpu", CK, cx, slot, tl, a)
+#define GKC(slot, ...) TKC(ca_device_name(G), GK, gx, slot, __VA_ARGS__)
+#define GKC_ARGS(slot, a) TKC_ARGS(ca_device_name(G), GK, gx, slot, a)
+#define GKC_LIST(slot, tl, a) TKC_LIST(ca_device_name(G), GK, gx, slot, tl, a)
+
 static uint64_t seed_state = 0x243f6a8885a308d3ull;
 static float frand(float lo, float hi) { return t_randf(&seed_state, lo, hi); }
 
@@ -31,7 +40,7 @@ static const ca_dtype ALL[] = {CA_F32, CA_F16, CA_BF16, CA_I32, CA_I64, CA_U8};
 static void *host_from_f32(ca_dtype dt, const float *v, int64_t n) {
     size_t es = ca_dtype_size(dt);
     void *h = malloc((size_t)(n ? n : 1) * es);
-    T_OK(CK->cast(cx, CA_F32, v, dt, h, n, 1.0f));
+    T_OK(CKC(cast, .src_dt = CA_F32, .x = v, .dst_dt = dt, .y = h, .n = n, .alpha = 1.0f));
     return h;
 }
 
@@ -46,7 +55,7 @@ static void *host_rand(ca_dtype dt, int64_t n, float lo, float hi) {
 
 static float *as_f32(ca_dtype dt, const void *h, int64_t n) {
     float *f = malloc((size_t)(n ? n : 1) * sizeof *f);
-    T_OK(CK->cast(cx, dt, h, CA_F32, f, n, 1.0f));
+    T_OK(CKC(cast, .src_dt = dt, .x = h, .dst_dt = CA_F32, .y = f, .n = n, .alpha = 1.0f));
     return f;
 }
 
@@ -135,11 +144,11 @@ static void gemm_case(ca_dtype dt, ca_dtype cdt, bool ta, bool tb, int64_t m, in
                       .a_dtype = dt, .b_dtype = dt, .c_dtype = cdt, .a = ha, .lda = lda, .stride_a = sa,
                       .b = hb, .ldb = ldb, .stride_b = sb, .c = hc, .ldc = ldc, .stride_c = sc,
                       .batch = batch, .allow_tf32 = tf32};
-    T_OK(CK->gemm(cx, &g));
+    T_OK(CKC_ARGS(gemm, &g));
     g.a = da;
     g.b = db;
     g.c = dc;
-    T_OK(GK->gemm(gx, &g));
+    T_OK(GKC_ARGS(gemm, &g));
     void *out = malloc((size_t)nc * ces);
     tc_get(out, dc, (size_t)nc * ces);
     /* compare the m x n part of each matrix; the padding must be untouched */
@@ -195,7 +204,7 @@ static void test_gemm(void **state) {
     /* argument errors come back as errors */
     ca_gemm_args bad = {.m = 4, .n = 4, .k = 4, .a_dtype = CA_F16, .b_dtype = CA_F32, .c_dtype = CA_F32,
                         .lda = 4, .ldb = 4, .ldc = 4};
-    ca_status s = GK->gemm(gx, &bad);
+    ca_status s = GKC_ARGS(gemm, &bad);
     if (s == CA_OK) s = ca_device_synchronize(G);   /* a lazy device reports at the synchronisation */
     assert_int_equal(s, CA_ERR_INVALID);
 }
@@ -210,9 +219,9 @@ static void test_fill(void **state) {
             ca_dtype dt = ALL[d];
             size_t bytes = (size_t)n * ca_dtype_size(dt);
             void *h = malloc(bytes), *o = malloc(bytes);
-            T_OK(CK->fill(cx, dt, n, values[v], h));
+            T_OK(CKC(fill, .dt = dt, .n = n, .value = values[v], .y = h));
             void *dy = tc_alloc(bytes);
-            T_OK(GK->fill(gx, dt, n, values[v], dy));
+            T_OK(GKC(fill, .dt = dt, .n = n, .value = values[v], .y = dy));
             tc_get(o, dy, bytes);
             char what[64];
             snprintf(what, sizeof what, "fill %s %g", ca_dtype_name(dt), values[v]);
@@ -257,9 +266,9 @@ static void test_cast(void **state) {
                 size_t ss = ca_dtype_size(sdt), ds = ca_dtype_size(ddt);
                 void *hx = cast_input(sdt, n);
                 void *hy = malloc((size_t)n * ds), *gy = malloc((size_t)n * ds);
-                T_OK(CK->cast(cx, sdt, hx, ddt, hy, n, alphas[a]));
+                T_OK(CKC(cast, .src_dt = sdt, .x = hx, .dst_dt = ddt, .y = hy, .n = n, .alpha = alphas[a]));
                 void *dx = tc_put(hx, (size_t)n * ss), *dy = tc_alloc((size_t)n * ds);
-                T_OK(GK->cast(gx, sdt, dx, ddt, dy, n, alphas[a]));
+                T_OK(GKC(cast, .src_dt = sdt, .x = dx, .dst_dt = ddt, .y = dy, .n = n, .alpha = alphas[a]));
                 tc_get(gy, dy, (size_t)n * ds);
                 char what[96];
                 snprintf(what, sizeof what, "cast %s -> %s alpha %g", ca_dtype_name(sdt), ca_dtype_name(ddt), alphas[a]);
@@ -267,8 +276,9 @@ static void test_cast(void **state) {
                 /* in place into elements no larger */
                 if (ds <= ss) {
                     void *hin = hdup(hx, (size_t)n * ss);
-                    T_OK(CK->cast(cx, sdt, hin, ddt, hin, n, alphas[a]));
-                    T_OK(GK->cast(gx, sdt, dx, ddt, dx, n, alphas[a]));
+                    T_OK(CKC(cast, .src_dt = sdt, .x = hin, .dst_dt = ddt, .y = hin, .n = n,
+                             .alpha = alphas[a]));
+                    T_OK(GKC(cast, .src_dt = sdt, .x = dx, .dst_dt = ddt, .y = dx, .n = n, .alpha = alphas[a]));
                     tc_get(gy, dx, (size_t)n * ds);
                     strcat(what, " in place");
                     check_exact(what, hin, gy, (size_t)n * ds, ds);
@@ -293,14 +303,18 @@ static void test_copy_strided(void **state) {
         void *hx = cast_input(dt, xn);
         void *hy = host_rand(CA_U8, yn * (int64_t)es, 0, 255), *gy = malloc((size_t)yn * es);
         void *dx = tc_put(hx, (size_t)xn * es), *dy = tc_put(hy, (size_t)yn * es);
-        T_OK(CK->copy_strided(cx, dt, 4, shape, hx, xs, hy, ys));
-        T_OK(GK->copy_strided(gx, dt, 4, shape, dx, xs, dy, ys));
+        T_OK(CKC(copy_strided, .dt = dt, .ndim = 4, .shape = shape, .x = hx, .x_stride = xs, .y = hy,
+                 .y_stride = ys));
+        T_OK(GKC(copy_strided, .dt = dt, .ndim = 4, .shape = shape, .x = dx, .x_stride = xs, .y = dy,
+                 .y_stride = ys));
         tc_get(gy, dy, (size_t)yn * es);
         check_exact(ca_dtype_name(dt), hy, gy, (size_t)yn * es, es);
         /* contiguous: one copy */
         int64_t cs[1] = {xn}, one[1] = {1};
-        T_OK(CK->copy_strided(cx, dt, 1, cs, hx, one, hy, one));
-        T_OK(GK->copy_strided(gx, dt, 1, cs, dx, one, dy, one));
+        T_OK(CKC(copy_strided, .dt = dt, .ndim = 1, .shape = cs, .x = hx, .x_stride = one, .y = hy,
+                 .y_stride = one));
+        T_OK(GKC(copy_strided, .dt = dt, .ndim = 1, .shape = cs, .x = dx, .x_stride = one, .y = dy,
+                 .y_stride = one));
         tc_get(gy, dy, (size_t)yn * es);
         check_exact("copy_strided contiguous", hy, gy, (size_t)xn * es, es);
         free(hx);
@@ -337,16 +351,16 @@ static void test_unary(void **state) {
                 size_t bytes = (size_t)n * ca_dtype_size(dt);
                 void *hx = positive_input(op) ? host_rand(dt, n, 0.05f, 4) : host_rand(dt, n, -4, 4);
                 void *hy = malloc(bytes), *gy = malloc(bytes);
-                T_OK(CK->unary(cx, op, dt, n, hx, hy, alpha));
+                T_OK(CKC(unary, .op = op, .dt = dt, .n = n, .x = hx, .y = hy, .alpha = alpha));
                 void *dx = tc_put(hx, bytes), *dy = tc_alloc(bytes);
-                T_OK(GK->unary(gx, op, dt, n, dx, dy, alpha));
+                T_OK(GKC(unary, .op = op, .dt = dt, .n = n, .x = dx, .y = dy, .alpha = alpha));
                 tc_get(gy, dy, bytes);
                 char what[64];
                 snprintf(what, sizeof what, "unary %s alpha %g", ca_unary_op_name(op), alpha);
                 if (unary_exact(op, alpha)) check_exact(what, hy, gy, bytes, ca_dtype_size(dt));
                 else check_close(what, dt, hy, gy, n, 4e-6, 1e-6);
                 /* in place */
-                T_OK(GK->unary(gx, op, dt, n, dx, dx, alpha));
+                T_OK(GKC(unary, .op = op, .dt = dt, .n = n, .x = dx, .y = dx, .alpha = alpha));
                 tc_get(gy, dx, bytes);
                 if (unary_exact(op, alpha)) check_exact(what, hy, gy, bytes, ca_dtype_size(dt));
                 else check_close(what, dt, hy, gy, n, 4e-6, 1e-6);
@@ -357,8 +371,10 @@ static void test_unary(void **state) {
                     void *hdx = host_rand(dt, n, -1, 1);
                     void *ddx = tc_put(hdx, bytes), *ddy = tc_put(hdy, bytes);
                     void *dx2 = tc_put(hx, bytes), *dy2 = tc_put(hy, bytes);
-                    T_OK(CK->unary_backward(cx, op, dt, n, hx, hy, hdy, hdx, alpha, betas[b]));
-                    T_OK(GK->unary_backward(gx, op, dt, n, dx2, dy2, ddy, ddx, alpha, betas[b]));
+                    T_OK(CKC(unary_backward, .op = op, .dt = dt, .n = n, .x = hx, .y = hy, .dy = hdy,
+                             .dx = hdx, .alpha = alpha, .beta = betas[b]));
+                    T_OK(GKC(unary_backward, .op = op, .dt = dt, .n = n, .x = dx2, .y = dy2, .dy = ddy,
+                             .dx = ddx, .alpha = alpha, .beta = betas[b]));
                     tc_get(gy, ddx, bytes);
                     snprintf(what, sizeof what, "unary_backward %s alpha %g beta %g", ca_unary_op_name(op), alpha,
                              betas[b]);
@@ -406,9 +422,9 @@ static void test_binary(void **state) {
                     free(hn);
                 }
                 void *hy = malloc((size_t)n * es), *gy = malloc((size_t)n * es);
-                T_OK(CK->binary(cx, op, dt, &shapes[s], ha, hb, hy));
+                T_OK(CKC(binary, .op = op, .dt = dt, .shape = shapes[s], .a = ha, .b = hb, .y = hy));
                 void *da = tc_put(ha, (size_t)n * es), *db = tc_put(hb, (size_t)n * es), *dy = tc_alloc((size_t)n * es);
-                T_OK(GK->binary(gx, op, dt, &shapes[s], da, db, dy));
+                T_OK(GKC(binary, .op = op, .dt = dt, .shape = shapes[s], .a = da, .b = db, .y = dy));
                 tc_get(gy, dy, (size_t)n * es);
                 char what[64];
                 snprintf(what, sizeof what, "binary %s shape case %d %s", ca_binary_op_name(op), s, ca_dtype_name(dt));
@@ -430,8 +446,8 @@ static void test_axpby(void **state) {
             size_t bytes = (size_t)n * ca_dtype_size(dt);
             void *hx = host_rand(dt, n, -2, 2), *hy = host_rand(dt, n, -2, 2), *gy = malloc(bytes);
             void *dx = tc_put(hx, bytes), *dy = tc_put(hy, bytes);
-            T_OK(CK->axpby(cx, dt, n, ab[k][0], hx, ab[k][1], hy));
-            T_OK(GK->axpby(gx, dt, n, ab[k][0], dx, ab[k][1], dy));
+            T_OK(CKC(axpby, .dt = dt, .n = n, .alpha = ab[k][0], .x = hx, .beta = ab[k][1], .y = hy));
+            T_OK(GKC(axpby, .dt = dt, .n = n, .alpha = ab[k][0], .x = dx, .beta = ab[k][1], .y = dy));
             tc_get(gy, dy, bytes);
             check_exact("axpby", hy, gy, bytes, ca_dtype_size(dt));
             free(hx);
@@ -457,8 +473,10 @@ static void test_reduce(void **state) {
                     int64_t nx = o * l * in, ny = o * in;
                     void *hx = host_rand(dt, nx, -1, 1), *hy = host_rand(dt, ny, -1, 1), *gy = malloc((size_t)ny * es);
                     void *dx = tc_put(hx, (size_t)nx * es), *dy = tc_put(hy, (size_t)ny * es);
-                    T_OK(CK->reduce(cx, op, dt, o, l, in, hx, hy, betas[b]));
-                    T_OK(GK->reduce(gx, op, dt, o, l, in, dx, dy, betas[b]));
+                    T_OK(CKC(reduce, .op = op, .dt = dt, .outer = o, .len = l, .inner = in, .x = hx, .y = hy,
+                             .beta = betas[b]));
+                    T_OK(GKC(reduce, .op = op, .dt = dt, .outer = o, .len = l, .inner = in, .x = dx, .y = dy,
+                             .beta = betas[b]));
                     tc_get(gy, dy, (size_t)ny * es);
                     char what[96];
                     snprintf(what, sizeof what, "reduce %s [%lld, %lld, %lld] beta %g", ca_reduce_op_name(op),
@@ -472,7 +490,8 @@ static void test_reduce(void **state) {
                     free(gy);
                     tc_free_all();
                 }
-    assert_int_equal(GK->reduce(gx, CA_OP_MAX, CA_F32, 2, 0, 3, NULL, (void *)16, 0.0f), CA_ERR_INVALID);
+    assert_int_equal(GKC(reduce, .op = CA_OP_MAX, .dt = CA_F32, .outer = 2, .len = 0, .inner = 3, .x = NULL,
+                         .y = (void *)16, .beta = 0.0f), CA_ERR_INVALID);
 }
 
 static void test_argmax(void **state) {
@@ -491,9 +510,9 @@ static void test_argmax(void **state) {
             }
             void *hx = host_from_f32(dt, v, n);
             int64_t *hi = malloc((size_t)rows * 8), *gi = malloc((size_t)rows * 8);
-            T_OK(CK->argmax(cx, dt, rows, cols, hx, hi));
+            T_OK(CKC(argmax, .dt = dt, .rows = rows, .cols = cols, .x = hx, .idx = hi));
             void *dx = tc_put(hx, (size_t)n * ca_dtype_size(dt)), *di = tc_alloc((size_t)rows * 8);
-            T_OK(GK->argmax(gx, dt, rows, cols, dx, di));
+            T_OK(GKC(argmax, .dt = dt, .rows = rows, .cols = cols, .x = dx, .idx = di));
             tc_get(gi, di, (size_t)rows * 8);
             check_exact("argmax", hi, gi, (size_t)rows * 8, 8);
             free(v);
@@ -515,17 +534,19 @@ static void test_softmax(void **state) {
                 int64_t rows = 29, cols = cols_list[c], n = rows * cols;
                 size_t bytes = (size_t)n * ca_dtype_size(dt);
                 void *hx = host_rand(dt, n, -8, 8), *hy = malloc(bytes), *gy = malloc(bytes);
-                T_OK(CK->softmax(cx, lg, dt, rows, cols, hx, hy));
+                T_OK(CKC(softmax, .log = lg, .dt = dt, .rows = rows, .cols = cols, .x = hx, .y = hy));
                 void *dx = tc_put(hx, bytes), *dy = tc_alloc(bytes);
-                T_OK(GK->softmax(gx, lg, dt, rows, cols, dx, dy));
+                T_OK(GKC(softmax, .log = lg, .dt = dt, .rows = rows, .cols = cols, .x = dx, .y = dy));
                 tc_get(gy, dy, bytes);
                 check_close(lg ? "log_softmax" : "softmax", dt, hy, gy, n, 1e-5, 1e-7);
                 static const float betas[] = {0.0f, 1.0f, 0.5f};
                 for (int b = 0; b < 3; b++) {
                     void *hdy = host_rand(dt, n, -1, 1), *hdx = host_rand(dt, n, -1, 1);
                     void *ddy = tc_put(hdy, bytes), *ddx = tc_put(hdx, bytes), *dyy = tc_put(hy, bytes);
-                    T_OK(CK->softmax_backward(cx, lg, dt, rows, cols, hy, hdy, hdx, betas[b]));
-                    T_OK(GK->softmax_backward(gx, lg, dt, rows, cols, dyy, ddy, ddx, betas[b]));
+                    T_OK(CKC(softmax_backward, .log = lg, .dt = dt, .rows = rows, .cols = cols, .y = hy,
+                             .dy = hdy, .dx = hdx, .beta = betas[b]));
+                    T_OK(GKC(softmax_backward, .log = lg, .dt = dt, .rows = rows, .cols = cols, .y = dyy,
+                             .dy = ddy, .dx = ddx, .beta = betas[b]));
                     tc_get(gy, ddx, bytes);
                     check_close(lg ? "log_softmax_backward" : "softmax_backward", dt, hdx, gy, n, 2e-5, 1e-6);
                     free(hdy);
@@ -564,10 +585,12 @@ static void test_cross_entropy(void **state) {
                 void *hx = host_rand(dt, n, -5, 5), *hl = labels_host(ldt, rows, cols, ignore, -1);
                 float hloss, hcount, gloss, gcount;
                 float *hlse = malloc((size_t)rows * 4), *glse = malloc((size_t)rows * 4);
-                T_OK(CK->cross_entropy(cx, dt, rows, cols, hx, ldt, hl, ignore, &hloss, hlse, &hcount));
+                T_OK(CKC(cross_entropy, .dt = dt, .rows = rows, .cols = cols, .logits = hx, .label_dt = ldt,
+                         .labels = hl, .ignore_index = ignore, .loss = &hloss, .lse = hlse, .count = &hcount));
                 void *dx = tc_put(hx, bytes), *dl = tc_put(hl, (size_t)rows * ca_dtype_size(ldt));
                 float *dloss = tc_alloc(4), *dcount = tc_alloc(4), *dlse = tc_alloc((size_t)rows * 4);
-                T_OK(GK->cross_entropy(gx, dt, rows, cols, dx, ldt, dl, ignore, dloss, dlse, dcount));
+                T_OK(GKC(cross_entropy, .dt = dt, .rows = rows, .cols = cols, .logits = dx, .label_dt = ldt,
+                         .labels = dl, .ignore_index = ignore, .loss = dloss, .lse = dlse, .count = dcount));
                 tc_get(&gloss, dloss, 4);
                 tc_get(&gcount, dcount, 4);
                 tc_get(glse, dlse, (size_t)rows * 4);
@@ -580,10 +603,12 @@ static void test_cross_entropy(void **state) {
                 for (int b = 0; b < 2; b++) {
                     void *hdx = host_rand(dt, n, -1, 1), *gdx = malloc(bytes);
                     void *ddx = tc_put(hdx, bytes);
-                    T_OK(CK->cross_entropy_backward(cx, dt, rows, cols, hx, hlse, ldt, hl, ignore, &dlv, &hcount, hdx,
-                                                    betas[b]));
-                    T_OK(GK->cross_entropy_backward(gx, dt, rows, cols, dx, dlse, ldt, dl, ignore, ddl, dcount, ddx,
-                                                    betas[b]));
+                    T_OK(CKC(cross_entropy_backward, .dt = dt, .rows = rows, .cols = cols, .logits = hx,
+                             .lse = hlse, .label_dt = ldt, .labels = hl, .ignore_index = ignore,
+                             .dloss = &dlv, .count = &hcount, .dlogits = hdx, .beta = betas[b]));
+                    T_OK(GKC(cross_entropy_backward, .dt = dt, .rows = rows, .cols = cols, .logits = dx,
+                             .lse = dlse, .label_dt = ldt, .labels = dl, .ignore_index = ignore, .dloss = ddl,
+                             .count = dcount, .dlogits = ddx, .beta = betas[b]));
                     tc_get(gdx, ddx, bytes);
                     check_close("cross_entropy_backward", dt, hdx, gdx, n, 1e-5, 1e-7);
                     free(hdx);
@@ -599,8 +624,10 @@ static void test_cross_entropy(void **state) {
     int64_t rows = 8, cols = 4;
     void *hx = host_rand(CA_F32, rows * cols, -1, 1), *hl = labels_host(CA_I64, rows, cols, -100, 6);
     float *loss = tc_alloc(4), *count = tc_alloc(4), *lse = tc_alloc(rows * 4);
-    ca_status s = GK->cross_entropy(gx, CA_F32, rows, cols, tc_put(hx, rows * cols * 4), CA_I64,
-                                    tc_put(hl, rows * 8), -100, loss, lse, count);
+    ca_status s = GKC(cross_entropy, .dt = CA_F32, .rows = rows, .cols = cols,
+                      .logits = tc_put(hx, rows * cols * 4), .label_dt = CA_I64,
+                      .labels = tc_put(hl, rows * 8), .ignore_index = -100, .loss = loss, .lse = lse,
+                      .count = count);
     if (s == CA_OK) s = ca_device_synchronize(G);
     assert_int_equal(s, CA_ERR_INVALID);
     assert_non_null(strstr(ca_last_error(), "row 6 has label 6"));
@@ -625,11 +652,13 @@ static void test_layer_norm(void **state) {
                 void *hy = malloc(bytes), *gy = malloc(bytes);
                 float *hm = malloc((size_t)rows * 4), *hr = malloc((size_t)rows * 4);
                 float *gm = malloc((size_t)rows * 4), *gr = malloc((size_t)rows * 4);
-                T_OK(CK->layer_norm(cx, dt, rows, cols, hx, g, bb, 1e-5f, hy, hm, hr));
+                T_OK(CKC(layer_norm, .dt = dt, .rows = rows, .cols = cols, .x = hx, .gamma = g, .beta_ = bb,
+                         .eps = 1e-5f, .y = hy, .mean = hm, .rstd = hr));
                 void *dx = tc_put(hx, bytes), *dg = g ? tc_put(hg, (size_t)cols * es) : NULL;
                 void *db = bb ? tc_put(hb, (size_t)cols * es) : NULL, *dy = tc_alloc(bytes);
                 float *dm = tc_alloc((size_t)rows * 4), *dr = tc_alloc((size_t)rows * 4);
-                T_OK(GK->layer_norm(gx, dt, rows, cols, dx, dg, db, 1e-5f, dy, dm, dr));
+                T_OK(GKC(layer_norm, .dt = dt, .rows = rows, .cols = cols, .x = dx, .gamma = dg, .beta_ = db,
+                         .eps = 1e-5f, .y = dy, .mean = dm, .rstd = dr));
                 tc_get(gy, dy, bytes);
                 tc_get(gm, dm, (size_t)rows * 4);
                 tc_get(gr, dr, (size_t)rows * 4);
@@ -642,8 +671,12 @@ static void test_layer_norm(void **state) {
                     void *ddy = tc_put(hdy, bytes), *ddx = tc_put(hdx, bytes);
                     void *ddg = tc_put(hdg, (size_t)cols * es), *ddb = tc_put(hdb, (size_t)cols * es);
                     float beta = acc ? 1.0f : 0.0f;
-                    T_OK(CK->layer_norm_backward(cx, dt, rows, cols, hx, g, hm, hr, hdy, hdx, beta, hdg, hdb, acc));
-                    T_OK(GK->layer_norm_backward(gx, dt, rows, cols, dx, dg, dm, dr, ddy, ddx, beta, ddg, ddb, acc));
+                    T_OK(CKC(layer_norm_backward, .dt = dt, .rows = rows, .cols = cols, .x = hx, .gamma = g,
+                             .mean = hm, .rstd = hr, .dy = hdy, .dx = hdx, .beta = beta, .dgamma = hdg,
+                             .dbeta_ = hdb, .accumulate_params = acc));
+                    T_OK(GKC(layer_norm_backward, .dt = dt, .rows = rows, .cols = cols, .x = dx, .gamma = dg,
+                             .mean = dm, .rstd = dr, .dy = ddy, .dx = ddx, .beta = beta, .dgamma = ddg,
+                             .dbeta_ = ddb, .accumulate_params = acc));
                     void *o = malloc(bytes);
                     tc_get(o, ddx, bytes);
                     check_close("layer_norm_backward dx", dt, hdx, o, n, 5e-5, 2e-5);
@@ -681,18 +714,22 @@ static void test_embedding(void **state) {
             void *ht = cast_input(dt, rows * dim);
             void *hi = labels_host(ldt, n, rows, 0, -1);   /* many repeats */
             void *hy = malloc((size_t)(n * dim) * es), *gy = malloc((size_t)(n * dim) * es);
-            T_OK(CK->embedding(cx, dt, n, rows, dim, ht, ldt, hi, hy));
+            T_OK(CKC(embedding, .dt = dt, .n = n, .rows = rows, .dim = dim, .table = ht, .idx_dt = ldt,
+                     .idx = hi, .y = hy));
             void *dt_ = tc_put(ht, (size_t)(rows * dim) * es), *di = tc_put(hi, (size_t)n * ca_dtype_size(ldt));
             void *dy = tc_alloc((size_t)(n * dim) * es);
-            T_OK(GK->embedding(gx, dt, n, rows, dim, dt_, ldt, di, dy));
+            T_OK(GKC(embedding, .dt = dt, .n = n, .rows = rows, .dim = dim, .table = dt_, .idx_dt = ldt,
+                     .idx = di, .y = dy));
             tc_get(gy, dy, (size_t)(n * dim) * es);
             check_exact("embedding", hy, gy, (size_t)(n * dim) * es, es);
             if (ca_dtype_is_float(dt)) {
                 void *hdy = host_rand(dt, n * dim, -1, 1), *hdt = host_rand(dt, rows * dim, -1, 1);
                 void *gdt = malloc((size_t)(rows * dim) * es);
                 void *ddy = tc_put(hdy, (size_t)(n * dim) * es), *ddt = tc_put(hdt, (size_t)(rows * dim) * es);
-                T_OK(CK->embedding_backward(cx, dt, n, rows, dim, ldt, hi, hdy, hdt));
-                T_OK(GK->embedding_backward(gx, dt, n, rows, dim, ldt, di, ddy, ddt));
+                T_OK(CKC(embedding_backward, .dt = dt, .n = n, .rows = rows, .dim = dim, .idx_dt = ldt,
+                         .idx = hi, .dy = hdy, .dtable = hdt));
+                T_OK(GKC(embedding_backward, .dt = dt, .n = n, .rows = rows, .dim = dim, .idx_dt = ldt,
+                         .idx = di, .dy = ddy, .dtable = ddt));
                 tc_get(gdt, ddt, (size_t)(rows * dim) * es);
                 /* atomics add in another order; each row gets about n / rows additions */
                 check_close("embedding_backward", dt, hdt, gdt, rows * dim,
@@ -710,7 +747,8 @@ static void test_embedding(void **state) {
     /* an index outside the table */
     int64_t idx[3] = {1, 50, 2};
     void *tab = tc_alloc(50 * 4 * 4), *y = tc_alloc(3 * 4 * 4);
-    ca_status s = GK->embedding(gx, CA_F32, 3, 50, 4, tab, CA_I64, tc_put(idx, sizeof idx), y);
+    ca_status s = GKC(embedding, .dt = CA_F32, .n = 3, .rows = 50, .dim = 4, .table = tab, .idx_dt = CA_I64,
+                      .idx = tc_put(idx, sizeof idx), .y = y);
     if (s == CA_OK) s = ca_device_synchronize(G);
     assert_int_equal(s, CA_ERR_INVALID);
     assert_non_null(strstr(ca_last_error(), "index 50 at position 1"));
@@ -732,8 +770,10 @@ static void test_rng(void **state) {
                     size_t bytes = (size_t)n * ca_dtype_size(dt);
                     void *hy = malloc(bytes), *gy = malloc(bytes), *dy = tc_alloc(bytes);
                     float a = kind ? 0.5f : -2.0f, b = kind ? 2.0f : 3.0f;
-                    T_OK(CK->rng(cx, kind, dt, n, seeds[k], offsets[k], a, b, hy));
-                    T_OK(GK->rng(gx, kind, dt, n, seeds[k], offsets[k], a, b, dy));
+                    T_OK(CKC(rng, .kind = kind, .dt = dt, .n = n, .seed = seeds[k], .offset = offsets[k],
+                             .a = a, .b = b, .y = hy));
+                    T_OK(GKC(rng, .kind = kind, .dt = dt, .n = n, .seed = seeds[k], .offset = offsets[k],
+                             .a = a, .b = b, .y = dy));
                     tc_get(gy, dy, bytes);
                     if (kind == CA_RNG_UNIFORM) {
                         check_exact("rng uniform", hy, gy, bytes, ca_dtype_size(dt));
@@ -767,24 +807,29 @@ static void test_dropout(void **state) {
             size_t bytes = (size_t)n * ca_dtype_size(dt);
             void *hx = host_rand(dt, n, -2, 2), *hy = malloc(bytes), *gy = malloc(bytes);
             uint8_t *hm = malloc((size_t)n), *gm = malloc((size_t)n);
-            T_OK(CK->dropout(cx, dt, n, ps[pi], 1234, 99, hx, hy, hm));
+            T_OK(CKC(dropout, .dt = dt, .n = n, .p = ps[pi], .seed = 1234, .offset = 99, .x = hx, .y = hy,
+                     .mask = hm));
             void *dx = tc_put(hx, bytes), *dy = tc_alloc(bytes);
             uint8_t *dm = tc_alloc((size_t)n);
-            T_OK(GK->dropout(gx, dt, n, ps[pi], 1234, 99, dx, dy, dm));
+            T_OK(GKC(dropout, .dt = dt, .n = n, .p = ps[pi], .seed = 1234, .offset = 99, .x = dx, .y = dy,
+                     .mask = dm));
             tc_get(gy, dy, bytes);
             tc_get(gm, dm, (size_t)n);
             check_exact("dropout y", hy, gy, bytes, ca_dtype_size(dt));
             check_exact("dropout mask", hm, gm, (size_t)n, 1);
             /* in place, without a mask */
-            T_OK(GK->dropout(gx, dt, n, ps[pi], 1234, 99, dx, dx, NULL));
+            T_OK(GKC(dropout, .dt = dt, .n = n, .p = ps[pi], .seed = 1234, .offset = 99, .x = dx, .y = dx,
+                     .mask = NULL));
             tc_get(gy, dx, bytes);
             check_exact("dropout in place", hy, gy, bytes, ca_dtype_size(dt));
             static const float betas[] = {0.0f, 1.0f};
             for (int b = 0; b < 2; b++) {
                 void *hdy = host_rand(dt, n, -1, 1), *hdx = host_rand(dt, n, -1, 1);
                 void *ddy = tc_put(hdy, bytes), *ddx = tc_put(hdx, bytes);
-                T_OK(CK->dropout_backward(cx, dt, n, ps[pi], hm, hdy, hdx, betas[b]));
-                T_OK(GK->dropout_backward(gx, dt, n, ps[pi], dm, ddy, ddx, betas[b]));
+                T_OK(CKC(dropout_backward, .dt = dt, .n = n, .p = ps[pi], .mask = hm, .dy = hdy, .dx = hdx,
+                         .beta = betas[b]));
+                T_OK(GKC(dropout_backward, .dt = dt, .n = n, .p = ps[pi], .mask = dm, .dy = ddy, .dx = ddx,
+                         .beta = betas[b]));
                 tc_get(gy, ddx, bytes);
                 check_exact("dropout_backward", hdx, gy, bytes, ca_dtype_size(dt));
                 free(hdy);
@@ -861,8 +906,8 @@ static void test_optimizers(void **state) {
             ca_adamw_args a = {.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .weight_decay = 0.01f,
                                .bias_correction1 = 1.0f - powf(0.9f, (float)step),
                                .bias_correction2 = 1.0f - powf(0.999f, (float)step), .grad_scale = 0.5f};
-            T_OK(CK->adamw(cx, &hl, &a));
-            T_OK(GK->adamw(gx, &dl, &a));
+            T_OK(CKC_LIST(adamw, &hl, &a));
+            T_OK(GKC_LIST(adamw, &dl, &a));
         }
         tl_check(&t, t.hp, t.dp, CA_F32, "adamw param");
         tl_check(&t, t.hs1, t.ds1, CA_F32, "adamw exp_avg");
@@ -876,8 +921,8 @@ static void test_optimizers(void **state) {
         for (size_t k = 0; k < sizeof sgds / sizeof sgds[0]; k++) {
             ca_sgd_args s = sgds[k];
             if (s.grad_scale == 0.0f) s.grad_scale = 1.0f;
-            T_OK(CK->sgd(cx, &hl, &s));
-            T_OK(GK->sgd(gx, &dl, &s));
+            T_OK(CKC_LIST(sgd, &hl, &s));
+            T_OK(GKC_LIST(sgd, &dl, &s));
             tl_check(&t, t.hp, t.dp, CA_F32, "sgd param");
             tl_check(&t, t.hs1, t.ds1, CA_F32, "sgd momentum");
         }
@@ -894,20 +939,20 @@ static void test_list_utils(void **state) {
         ca_tensor_list hl = {.count = NT, .param = t.hg, .numel = t.numel, .grad_dtype = dt};
         ca_tensor_list dl = {.count = NT, .param = t.dg, .numel = t.numel, .grad_dtype = dt};
         float hs = 3.0f, *ds = tc_put(&hs, 4), gs;
-        T_OK(CK->sum_squares(cx, &hl, &hs, 0.5f));
-        T_OK(GK->sum_squares(gx, &dl, ds, 0.5f));
+        T_OK(CKC(sum_squares, .t = &hl, .out = &hs, .beta = 0.5f));
+        T_OK(GKC(sum_squares, .t = &dl, .out = ds, .beta = 0.5f));
         tc_get(&gs, ds, 4);
         check_close("sum_squares", CA_F32, &hs, &gs, 1, 1e-5, 0);
-        T_OK(CK->scale_list(cx, &hl, 0.37f));
-        T_OK(GK->scale_list(gx, &dl, 0.37f));
+        T_OK(CKC(scale_list, .t = &hl, .alpha = 0.37f));
+        T_OK(GKC(scale_list, .t = &dl, .alpha = 0.37f));
         tl_check(&t, t.hg, t.dg, dt, "scale_list");
-        T_OK(CK->clamp_list(cx, &hl, -0.2f, 0.25f));
-        T_OK(GK->clamp_list(gx, &dl, -0.2f, 0.25f));
+        T_OK(CKC(clamp_list, .t = &hl, .lo = -0.2f, .hi = 0.25f));
+        T_OK(GKC(clamp_list, .t = &dl, .lo = -0.2f, .hi = 0.25f));
         tl_check(&t, t.hg, t.dg, dt, "clamp_list");
         /* unscale: finite stays 0; an Inf (or a finite value that overflows) sets 1; never reset */
         float hf = 0.0f, *df = tc_put(&hf, 4), gf;
-        T_OK(CK->unscale_check(cx, &hl, 4.0f, &hf));
-        T_OK(GK->unscale_check(gx, &dl, 4.0f, df));
+        T_OK(CKC(unscale_check, .t = &hl, .inv_scale = 4.0f, .found_inf = &hf));
+        T_OK(GKC(unscale_check, .t = &dl, .inv_scale = 4.0f, .found_inf = df));
         tc_get(&gf, df, 4);
         assert_true(hf == 0.0f && gf == 0.0f);
         tl_check(&t, t.hg, t.dg, dt, "unscale_check");
@@ -916,15 +961,15 @@ static void test_list_utils(void **state) {
         memcpy((char *)t.hg[40] + 5 * ca_dtype_size(dt), hb, ca_dtype_size(dt));
         T_OK(ca_device_copy_from_host(G, (char *)t.dg[40] + 5 * ca_dtype_size(dt), hb, ca_dtype_size(dt)));
         free(hb);
-        T_OK(CK->unscale_check(cx, &hl, 16.0f, &hf));
-        T_OK(GK->unscale_check(gx, &dl, 16.0f, df));
+        T_OK(CKC(unscale_check, .t = &hl, .inv_scale = 16.0f, .found_inf = &hf));
+        T_OK(GKC(unscale_check, .t = &dl, .inv_scale = 16.0f, .found_inf = df));
         tc_get(&gf, df, 4);
         assert_true(hf == 1.0f && gf == 1.0f);
         tl_check(&t, t.hg, t.dg, dt, "unscale_check with overflow");
-        T_OK(GK->unscale_check(gx, &dl, 0.0f, df));
+        T_OK(GKC(unscale_check, .t = &dl, .inv_scale = 0.0f, .found_inf = df));
         tc_get(&gf, df, 4);
         assert_true(gf == 1.0f);
-        ca_status s = GK->clamp_list(gx, &dl, 1.0f, -1.0f);
+        ca_status s = GKC(clamp_list, .t = &dl, .lo = 1.0f, .hi = -1.0f);
         if (s == CA_OK) s = ca_device_synchronize(G);
         assert_int_equal(s, CA_ERR_INVALID);
         tl_free(&t);

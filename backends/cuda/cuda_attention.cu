@@ -15,7 +15,7 @@ struct att_k {
     int64_t ms0, ms1, ms2, ms3;
 };
 
-static att_k att_pack(const ca_attention_args *a) {
+static att_k att_pack(const ca_attention_params *a) {
     att_k k;
     k.heads = a->heads; k.tq = a->tq; k.tk = a->tk; k.d = a->d; k.dv = a->dv;
     k.scale = a->scale; k.p = a->dropout_p; k.causal = a->causal;
@@ -116,7 +116,7 @@ __global__ void att_bwd_k(att_k a, int64_t rows, const float *q, const float *k,
     }
 }
 
-static ca_status att_check(const char *k, ca_dtype dt, const ca_attention_args *a, const void *q,
+static ca_status att_check(const char *k, ca_dtype dt, const ca_attention_params *a, const void *q,
                            const void *kk, const void *v) {
     if (dt != CA_F32) return cu_bad_dtype(k, "tensor", dt);
     if (!a) return ca_error(CA_ERR_INVALID, "cuda kernel %s: args is NULL", k);
@@ -134,8 +134,14 @@ static ca_status att_check(const char *k, ca_dtype dt, const ca_attention_args *
     return CA_OK;
 }
 
-extern "C" ca_status cu_attention(void *dev, ca_dtype dt, const ca_attention_args *a, const void *q, const void *k,
-                                  const void *v, void *out, float *lse) {
+extern "C" ca_status cu_attention(void *dev, const ca_attention_args *args) {
+    ca_dtype dt = args->dt;
+    const ca_attention_params *a = &args->p;
+    const void *q = args->q;
+    const void *k = args->k;
+    const void *v = args->v;
+    void *out = args->out;
+    float *lse = args->lse;
     cuda_device *d = (cuda_device *)dev;
     ca_status st = att_check("attention", dt, a, q, k, v);
     if (st == CA_OK) st = cu_enter(d, "kernel attention");
@@ -149,9 +155,18 @@ extern "C" ca_status cu_attention(void *dev, ca_dtype dt, const ca_attention_arg
     return CU_LAUNCHED(d, "attention");
 }
 
-extern "C" ca_status cu_attention_backward(void *dev, ca_dtype dt, const ca_attention_args *a, const void *q,
-                                           const void *k, const void *v, const void *out, const void *dout,
-                                           const float *lse, void *dq, void *dk, void *dv) {
+extern "C" ca_status cu_attention_backward(void *dev, const ca_attention_backward_args *args) {
+    ca_dtype dt = args->dt;
+    const ca_attention_params *a = &args->p;
+    const void *q = args->q;
+    const void *k = args->k;
+    const void *v = args->v;
+    const void *out = args->out;
+    const void *dout = args->dout;
+    const float *lse = args->lse;
+    void *dq = args->dq;
+    void *dk = args->dk;
+    void *dv = args->dv;
     cuda_device *d = (cuda_device *)dev;
     ca_status st = att_check("attention_backward", dt, a, q, k, v);
     if (st == CA_OK) st = cu_enter(d, "kernel attention_backward");
@@ -195,8 +210,14 @@ __global__ void where_k(where_k_args w, int64_t n, const uint8_t *cond, const E 
     }
 }
 
-extern "C" ca_status cu_where(void *dev, ca_dtype dt, const ca_bcast_args *s, const int64_t *cs, const uint8_t *cond,
-                              const void *a, const void *b, void *y) {
+extern "C" ca_status cu_where(void *dev, const ca_where_args *args) {
+    ca_dtype dt = args->dt;
+    const ca_bcast_args *s = &args->shape;
+    const int64_t *cs = args->cond_stride;
+    const uint8_t *cond = args->cond;
+    const void *a = args->a;
+    const void *b = args->b;
+    void *y = args->y;
     cuda_device *d = (cuda_device *)dev;
     size_t es = ca_dtype_size(dt);
     if (!es) return cu_bad_dtype("where", "tensor", dt);
@@ -261,8 +282,16 @@ static ca_status gather_check(const char *k, ca_dtype idx_dt, int64_t outer, int
     return CA_OK;
 }
 
-extern "C" ca_status cu_gather(void *dev, ca_dtype dt, int64_t outer, int64_t len, int64_t inner, int64_t n,
-                               const void *x, ca_dtype idx_dt, const void *idx, void *y) {
+extern "C" ca_status cu_gather(void *dev, const ca_gather_args *args) {
+    ca_dtype dt = args->dt;
+    int64_t outer = args->outer;
+    int64_t len = args->len;
+    int64_t inner = args->inner;
+    int64_t n = args->n;
+    const void *x = args->x;
+    ca_dtype idx_dt = args->idx_dt;
+    const void *idx = args->idx;
+    void *y = args->y;
     cuda_device *d = (cuda_device *)dev;
     size_t es = ca_dtype_size(dt);
     if (!es) return cu_bad_dtype("gather", "tensor", dt);
@@ -287,8 +316,16 @@ extern "C" ca_status cu_gather(void *dev, ca_dtype dt, int64_t outer, int64_t le
     return CU_LAUNCHED(d, "gather");
 }
 
-extern "C" ca_status cu_gather_backward(void *dev, ca_dtype dt, int64_t outer, int64_t len, int64_t inner, int64_t n,
-                                        ca_dtype idx_dt, const void *idx, const void *dy, void *dx) {
+extern "C" ca_status cu_gather_backward(void *dev, const ca_gather_backward_args *args) {
+    ca_dtype dt = args->dt;
+    int64_t outer = args->outer;
+    int64_t len = args->len;
+    int64_t inner = args->inner;
+    int64_t n = args->n;
+    ca_dtype idx_dt = args->idx_dt;
+    const void *idx = args->idx;
+    const void *dy = args->dy;
+    void *dx = args->dx;
     cuda_device *d = (cuda_device *)dev;
     if (dt != CA_F32) return cu_bad_dtype("gather_backward", "tensor", dt);
     ca_status st = gather_check("gather_backward", idx_dt, outer, len, inner, n, idx);

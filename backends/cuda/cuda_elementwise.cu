@@ -34,7 +34,11 @@ extern "C" cudaError_t cu_probe_kernels(void) {
     return e;
 }
 
-extern "C" ca_status cu_fill(void *dev, ca_dtype dt, int64_t n, double value, void *y) {
+extern "C" ca_status cu_fill(void *dev, const ca_fill_args *args) {
+    ca_dtype dt = args->dt;
+    int64_t n = args->n;
+    double value = args->value;
+    void *y = args->y;
     cuda_device *d = (cuda_device *)dev;
     if (n < 0) return ca_error(CA_ERR_INVALID, "cuda kernel fill: negative length %lld", (long long)n);
     if ((unsigned)dt >= CA_DTYPE_COUNT) return cu_bad_dtype("fill", "output", dt);
@@ -116,8 +120,13 @@ __global__ void cast_int_k(ca_dtype sdt, const void *x, ca_dtype ddt, void *y, i
 
 static bool is_int(ca_dtype dt) { return dt == CA_I32 || dt == CA_I64 || dt == CA_U8; }
 
-extern "C" ca_status cu_cast(void *dev, ca_dtype src_dt, const void *x, ca_dtype dst_dt, void *y, int64_t n,
-                             float alpha) {
+extern "C" ca_status cu_cast(void *dev, const ca_cast_args *args) {
+    ca_dtype src_dt = args->src_dt;
+    const void *x = args->x;
+    ca_dtype dst_dt = args->dst_dt;
+    void *y = args->y;
+    int64_t n = args->n;
+    float alpha = args->alpha;
     cuda_device *d = (cuda_device *)dev;
     if ((unsigned)src_dt >= CA_DTYPE_COUNT) return cu_bad_dtype("cast", "input", src_dt);
     if ((unsigned)dst_dt >= CA_DTYPE_COUNT) return cu_bad_dtype("cast", "output", dst_dt);
@@ -186,8 +195,14 @@ __global__ void copy_strided_k(strided_args a, int64_t total, const U *x, U *y) 
     }
 }
 
-extern "C" ca_status cu_copy_strided(void *dev, ca_dtype dt, int ndim, const int64_t *shape, const void *x,
-                                     const int64_t *x_stride, void *y, const int64_t *y_stride) {
+extern "C" ca_status cu_copy_strided(void *dev, const ca_copy_strided_args *args) {
+    ca_dtype dt = args->dt;
+    int ndim = args->ndim;
+    const int64_t *shape = args->shape;
+    const void *x = args->x;
+    const int64_t *x_stride = args->x_stride;
+    void *y = args->y;
+    const int64_t *y_stride = args->y_stride;
     cuda_device *d = (cuda_device *)dev;
     size_t es = ca_dtype_size(dt);
     if (!es) return cu_bad_dtype("copy_strided", "tensor", dt);
@@ -278,8 +293,13 @@ __global__ void unary_k(int op, int64_t n, const typename T::S *x, typename T::S
     CU_GRID_LOOP(i, n) T::st(y, i, unary_f(op, T::ld(x, i), alpha));
 }
 
-extern "C" ca_status cu_unary(void *dev, ca_unary_op op, ca_dtype dt, int64_t n, const void *x, void *y,
-                              float alpha) {
+extern "C" ca_status cu_unary(void *dev, const ca_unary_args *args) {
+    ca_unary_op op = args->op;
+    ca_dtype dt = args->dt;
+    int64_t n = args->n;
+    const void *x = args->x;
+    void *y = args->y;
+    float alpha = args->alpha;
     cuda_device *d = (cuda_device *)dev;
     if (!ca_dtype_is_float(dt)) return cu_bad_dtype("unary", "tensor", dt);
     if ((unsigned)op >= CA_UNARY_OP_COUNT) return ca_error(CA_ERR_INVALID, "cuda kernel unary: unknown op %d", (int)op);
@@ -361,8 +381,16 @@ static bool reads_input(ca_unary_op op) {
     return !(op == CA_UNARY_NEG || op == CA_UNARY_SCALE || op == CA_UNARY_ADD_SCALAR);
 }
 
-extern "C" ca_status cu_unary_backward(void *dev, ca_unary_op op, ca_dtype dt, int64_t n, const void *x,
-                                       const void *y, const void *dy, void *dx, float alpha, float beta) {
+extern "C" ca_status cu_unary_backward(void *dev, const ca_unary_backward_args *args) {
+    ca_unary_op op = args->op;
+    ca_dtype dt = args->dt;
+    int64_t n = args->n;
+    const void *x = args->x;
+    const void *y = args->y;
+    const void *dy = args->dy;
+    void *dx = args->dx;
+    float alpha = args->alpha;
+    float beta = args->beta;
     cuda_device *d = (cuda_device *)dev;
     if (!ca_dtype_is_float(dt)) return cu_bad_dtype("unary_backward", "tensor", dt);
     if ((unsigned)op >= CA_UNARY_OP_COUNT)
@@ -425,8 +453,13 @@ __global__ void binary_flat_k(int op, int64_t total, const typename T::S *x, con
     CU_GRID_LOOP(i, total) T::st(y, i, binary_f(op, T::ld(x, i), T::ld(z, i)));
 }
 
-extern "C" ca_status cu_binary(void *dev, ca_binary_op op, ca_dtype dt, const ca_bcast_args *shape, const void *a,
-                               const void *b, void *y) {
+extern "C" ca_status cu_binary(void *dev, const ca_binary_args *args) {
+    ca_binary_op op = args->op;
+    ca_dtype dt = args->dt;
+    const ca_bcast_args *shape = &args->shape;
+    const void *a = args->a;
+    const void *b = args->b;
+    void *y = args->y;
     cuda_device *d = (cuda_device *)dev;
     if (!ca_dtype_is_float(dt)) return cu_bad_dtype("binary", "tensor", dt);
     if ((unsigned)op >= CA_BINARY_OP_COUNT) return ca_error(CA_ERR_INVALID, "cuda kernel binary: unknown op %d", (int)op);
@@ -491,7 +524,13 @@ __global__ void axpby_k(int64_t n, float alpha, const typename T::S *x, float be
     }
 }
 
-extern "C" ca_status cu_axpby(void *dev, ca_dtype dt, int64_t n, float alpha, const void *x, float beta, void *y) {
+extern "C" ca_status cu_axpby(void *dev, const ca_axpby_args *args) {
+    ca_dtype dt = args->dt;
+    int64_t n = args->n;
+    float alpha = args->alpha;
+    const void *x = args->x;
+    float beta = args->beta;
+    void *y = args->y;
     cuda_device *d = (cuda_device *)dev;
     if (!ca_dtype_is_float(dt)) return cu_bad_dtype("axpby", "tensor", dt);
     if (n < 0) return ca_error(CA_ERR_INVALID, "cuda kernel axpby: negative length %lld", (long long)n);

@@ -15,7 +15,8 @@ static cudaDataType_t cu_type(ca_dtype dt) {
     }
 }
 
-ca_status cu_gemm(void *dev, const ca_gemm_args *g) {
+ca_status cu_gemm(void *dev, const ca_gemm_args *args) {
+    const ca_gemm_args *g = args;
     cuda_device *d = dev;
     if (!g) return ca_error(CA_ERR_INVALID, "cuda kernel gemm: args is NULL");
     if (!ca_dtype_is_float(g->a_dtype)) return cu_bad_dtype("gemm", "A", g->a_dtype);

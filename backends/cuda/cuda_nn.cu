@@ -71,9 +71,17 @@ static ca_status check_ce(const char *k, ca_dtype dt, int64_t rows, int64_t cols
     return CA_OK;
 }
 
-extern "C" ca_status cu_cross_entropy(void *dev, ca_dtype dt, int64_t rows, int64_t cols, const void *logits,
-                                      ca_dtype label_dt, const void *labels, int64_t ignore_index, float *loss,
-                                      float *lse, float *count) {
+extern "C" ca_status cu_cross_entropy(void *dev, const ca_cross_entropy_args *args) {
+    ca_dtype dt = args->dt;
+    int64_t rows = args->rows;
+    int64_t cols = args->cols;
+    const void *logits = args->logits;
+    ca_dtype label_dt = args->label_dt;
+    const void *labels = args->labels;
+    int64_t ignore_index = args->ignore_index;
+    float *loss = args->loss;
+    float *lse = args->lse;
+    float *count = args->count;
     cuda_device *d = (cuda_device *)dev;
     const char *k = "cross_entropy";
     ca_status st = check_ce(k, dt, rows, cols, label_dt);
@@ -120,10 +128,19 @@ __global__ void ce_bwd_k(int64_t rows, int64_t cols, const typename T::S *x, con
     }
 }
 
-extern "C" ca_status cu_cross_entropy_backward(void *dev, ca_dtype dt, int64_t rows, int64_t cols,
-                                               const void *logits, const float *lse, ca_dtype label_dt,
-                                               const void *labels, int64_t ignore_index, const float *dloss,
-                                               const float *count, void *dlogits, float beta) {
+extern "C" ca_status cu_cross_entropy_backward(void *dev, const ca_cross_entropy_backward_args *args) {
+    ca_dtype dt = args->dt;
+    int64_t rows = args->rows;
+    int64_t cols = args->cols;
+    const void *logits = args->logits;
+    const float *lse = args->lse;
+    ca_dtype label_dt = args->label_dt;
+    const void *labels = args->labels;
+    int64_t ignore_index = args->ignore_index;
+    const float *dloss = args->dloss;
+    const float *count = args->count;
+    void *dlogits = args->dlogits;
+    float beta = args->beta;
     cuda_device *d = (cuda_device *)dev;
     const char *k = "cross_entropy_backward";
     ca_status st = check_ce(k, dt, rows, cols, label_dt);
@@ -170,9 +187,17 @@ __global__ void ln_k(int64_t rows, int64_t cols, const typename T::S *x, const t
     }
 }
 
-extern "C" ca_status cu_layer_norm(void *dev, ca_dtype dt, int64_t rows, int64_t cols, const void *x,
-                                   const void *gamma, const void *beta_, float eps, void *y, float *mean,
-                                   float *rstd) {
+extern "C" ca_status cu_layer_norm(void *dev, const ca_layer_norm_args *args) {
+    ca_dtype dt = args->dt;
+    int64_t rows = args->rows;
+    int64_t cols = args->cols;
+    const void *x = args->x;
+    const void *gamma = args->gamma;
+    const void *beta_ = args->beta_;
+    float eps = args->eps;
+    void *y = args->y;
+    float *mean = args->mean;
+    float *rstd = args->rstd;
     cuda_device *d = (cuda_device *)dev;
     const char *k = "layer_norm";
     if (!ca_dtype_is_float(dt)) return cu_bad_dtype(k, "tensor", dt);
@@ -245,10 +270,20 @@ __global__ void ln_dx_k(int64_t rows, int64_t cols, const typename T::S *x, cons
     }
 }
 
-extern "C" ca_status cu_layer_norm_backward(void *dev, ca_dtype dt, int64_t rows, int64_t cols, const void *x,
-                                            const void *gamma, const float *mean, const float *rstd,
-                                            const void *dy, void *dx, float beta, void *dgamma, void *dbeta_,
-                                            bool accumulate_params) {
+extern "C" ca_status cu_layer_norm_backward(void *dev, const ca_layer_norm_backward_args *args) {
+    ca_dtype dt = args->dt;
+    int64_t rows = args->rows;
+    int64_t cols = args->cols;
+    const void *x = args->x;
+    const void *gamma = args->gamma;
+    const float *mean = args->mean;
+    const float *rstd = args->rstd;
+    const void *dy = args->dy;
+    void *dx = args->dx;
+    float beta = args->beta;
+    void *dgamma = args->dgamma;
+    void *dbeta_ = args->dbeta_;
+    bool accumulate_params = args->accumulate_params;
     cuda_device *d = (cuda_device *)dev;
     const char *k = "layer_norm_backward";
     if (!ca_dtype_is_float(dt)) return cu_bad_dtype(k, "tensor", dt);
@@ -315,8 +350,15 @@ __global__ void embedding_k(int64_t n, int64_t rows, int64_t dim, const U *table
     }
 }
 
-extern "C" ca_status cu_embedding(void *dev, ca_dtype dt, int64_t n, int64_t rows, int64_t dim, const void *table,
-                                  ca_dtype idx_dt, const void *idx, void *y) {
+extern "C" ca_status cu_embedding(void *dev, const ca_embedding_args *args) {
+    ca_dtype dt = args->dt;
+    int64_t n = args->n;
+    int64_t rows = args->rows;
+    int64_t dim = args->dim;
+    const void *table = args->table;
+    ca_dtype idx_dt = args->idx_dt;
+    const void *idx = args->idx;
+    void *y = args->y;
     cuda_device *d = (cuda_device *)dev;
     const char *k = "embedding";
     size_t es = ca_dtype_size(dt);
@@ -362,8 +404,15 @@ __global__ void embedding_bwd_k(int64_t n, int64_t rows, int64_t dim, bool i64, 
     }
 }
 
-extern "C" ca_status cu_embedding_backward(void *dev, ca_dtype dt, int64_t n, int64_t rows, int64_t dim, ca_dtype idx_dt,
-                                           const void *idx, const void *dy, void *dtable) {
+extern "C" ca_status cu_embedding_backward(void *dev, const ca_embedding_backward_args *args) {
+    ca_dtype dt = args->dt;
+    int64_t n = args->n;
+    int64_t rows = args->rows;
+    int64_t dim = args->dim;
+    ca_dtype idx_dt = args->idx_dt;
+    const void *idx = args->idx;
+    const void *dy = args->dy;
+    void *dtable = args->dtable;
     cuda_device *d = (cuda_device *)dev;
     const char *k = "embedding_backward";
     if (!ca_dtype_is_float(dt)) return cu_bad_dtype(k, "table", dt);

@@ -84,7 +84,9 @@ __global__ void adamw_k(list_group G, adam_consts k) {
     }
 }
 
-extern "C" ca_status cu_adamw(void *dev, const ca_tensor_list *t, const ca_adamw_args *a) {
+extern "C" ca_status cu_adamw(void *dev, const ca_adamw_args *args) {
+    const ca_tensor_list *t = args->t;
+    const ca_adamw_args *a = args;
     cuda_device *d = (cuda_device *)dev;
     const char *k = "adamw";
     ca_status st = check_list(k, t, true, true, true);
@@ -139,7 +141,9 @@ __global__ void sgd_k(list_group G, sgd_consts k) {
     }
 }
 
-extern "C" ca_status cu_sgd(void *dev, const ca_tensor_list *t, const ca_sgd_args *a) {
+extern "C" ca_status cu_sgd(void *dev, const ca_sgd_args *args) {
+    const ca_tensor_list *t = args->t;
+    const ca_sgd_args *a = args;
     cuda_device *d = (cuda_device *)dev;
     const char *k = "sgd";
     if (!a) return ca_error(CA_ERR_INVALID, "cuda kernel %s: args is NULL", k);
@@ -189,7 +193,10 @@ __global__ void sumsq_final_k(const double *acc, float *out, float beta) {
     *out = beta == 0.0f ? (float)total : (float)((double)beta * (double)*out + total);
 }
 
-extern "C" ca_status cu_sum_squares(void *dev, const ca_tensor_list *t, float *out, float beta) {
+extern "C" ca_status cu_sum_squares(void *dev, const ca_sum_squares_args *args) {
+    const ca_tensor_list *t = args->t;
+    float *out = args->out;
+    float beta = args->beta;
     cuda_device *d = (cuda_device *)dev;
     const char *k = "sum_squares";
     ca_status st = check_list(k, t, false, false, false);
@@ -252,16 +259,24 @@ static ca_status list_apply(cuda_device *d, const char *k, const ca_tensor_list 
     });
 }
 
-extern "C" ca_status cu_scale_list(void *dev, const ca_tensor_list *t, float alpha) {
+extern "C" ca_status cu_scale_list(void *dev, const ca_scale_list_args *args) {
+    const ca_tensor_list *t = args->t;
+    float alpha = args->alpha;
     return list_apply((cuda_device *)dev, "scale_list", t, LIST_SCALE, alpha, 0.0f, NULL);
 }
 
-extern "C" ca_status cu_unscale_check(void *dev, const ca_tensor_list *t, float inv_scale, float *found_inf) {
+extern "C" ca_status cu_unscale_check(void *dev, const ca_unscale_check_args *args) {
+    const ca_tensor_list *t = args->t;
+    float inv_scale = args->inv_scale;
+    float *found_inf = args->found_inf;
     if (!found_inf) return ca_error(CA_ERR_INVALID, "cuda kernel unscale_check: found_inf is NULL");
     return list_apply((cuda_device *)dev, "unscale_check", t, LIST_UNSCALE, inv_scale, 0.0f, found_inf);
 }
 
-extern "C" ca_status cu_clamp_list(void *dev, const ca_tensor_list *t, float lo, float hi) {
+extern "C" ca_status cu_clamp_list(void *dev, const ca_clamp_list_args *args) {
+    const ca_tensor_list *t = args->t;
+    float lo = args->lo;
+    float hi = args->hi;
     if (lo > hi)
         return ca_error(CA_ERR_INVALID, "cuda kernel clamp_list: lo %g is greater than hi %g", (double)lo, (double)hi);
     return list_apply((cuda_device *)dev, "clamp_list", t, LIST_CLAMP, lo, hi, NULL);

@@ -53,8 +53,15 @@ __global__ void reduce_cols_k(int op, int64_t outer, int64_t len, int64_t inner,
     }
 }
 
-extern "C" ca_status cu_reduce(void *dev, ca_reduce_op op, ca_dtype dt, int64_t outer, int64_t len, int64_t inner,
-                               const void *x, void *y, float beta) {
+extern "C" ca_status cu_reduce(void *dev, const ca_reduce_args *args) {
+    ca_reduce_op op = args->op;
+    ca_dtype dt = args->dt;
+    int64_t outer = args->outer;
+    int64_t len = args->len;
+    int64_t inner = args->inner;
+    const void *x = args->x;
+    void *y = args->y;
+    float beta = args->beta;
     cuda_device *d = (cuda_device *)dev;
     if (!ca_dtype_is_float(dt)) return cu_bad_dtype("reduce", "tensor", dt);
     if ((unsigned)op > CA_OP_MAX) return ca_error(CA_ERR_INVALID, "cuda kernel reduce: unknown op %d", (int)op);
@@ -138,7 +145,12 @@ __global__ void argmax_k(int64_t rows, int64_t cols, const typename T::S *x, int
     }
 }
 
-extern "C" ca_status cu_argmax(void *dev, ca_dtype dt, int64_t rows, int64_t cols, const void *x, int64_t *idx) {
+extern "C" ca_status cu_argmax(void *dev, const ca_argmax_args *args) {
+    ca_dtype dt = args->dt;
+    int64_t rows = args->rows;
+    int64_t cols = args->cols;
+    const void *x = args->x;
+    int64_t *idx = args->idx;
     cuda_device *d = (cuda_device *)dev;
     if (!ca_dtype_is_float(dt)) return cu_bad_dtype("argmax", "input", dt);
     if (rows < 0 || cols < 1)
@@ -192,8 +204,13 @@ static ca_status check_rows(const char *k, ca_dtype dt, int64_t rows, int64_t co
     return CA_OK;
 }
 
-extern "C" ca_status cu_softmax(void *dev, bool log, ca_dtype dt, int64_t rows, int64_t cols, const void *x,
-                                void *y) {
+extern "C" ca_status cu_softmax(void *dev, const ca_softmax_args *args) {
+    bool log = args->log;
+    ca_dtype dt = args->dt;
+    int64_t rows = args->rows;
+    int64_t cols = args->cols;
+    const void *x = args->x;
+    void *y = args->y;
     cuda_device *d = (cuda_device *)dev;
     const char *k = log ? "log_softmax" : "softmax";
     ca_status st = check_rows(k, dt, rows, cols);
@@ -227,8 +244,15 @@ __global__ void softmax_bwd_k(bool log, int64_t rows, int64_t cols, const typena
     }
 }
 
-extern "C" ca_status cu_softmax_backward(void *dev, bool log, ca_dtype dt, int64_t rows, int64_t cols,
-                                         const void *y, const void *dy, void *dx, float beta) {
+extern "C" ca_status cu_softmax_backward(void *dev, const ca_softmax_backward_args *args) {
+    bool log = args->log;
+    ca_dtype dt = args->dt;
+    int64_t rows = args->rows;
+    int64_t cols = args->cols;
+    const void *y = args->y;
+    const void *dy = args->dy;
+    void *dx = args->dx;
+    float beta = args->beta;
     cuda_device *d = (cuda_device *)dev;
     const char *k = log ? "log_softmax_backward" : "softmax_backward";
     ca_status st = check_rows(k, dt, rows, cols);
