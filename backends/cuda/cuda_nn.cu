@@ -62,12 +62,6 @@ __global__ void ce_total_k(int64_t rows, const double *terms, const int *valid, 
 }
 
 static ca_status check_ce(const char *k, ca_dtype dt, int64_t rows, int64_t cols, ca_dtype label_dt) {
-    if (!ca_dtype_is_float(dt)) return cu_bad_dtype(k, "tensor", dt);
-    if (rows < 0 || cols < 0)
-        return ca_error(CA_ERR_INVALID, "cuda kernel %s: negative shape [%lld, %lld]", k, (long long)rows,
-                        (long long)cols);
-    if (label_dt != CA_I32 && label_dt != CA_I64) return cu_bad_dtype(k, "labels", label_dt);
-    if (rows > 0 && cols < 1) return ca_error(CA_ERR_INVALID, "cuda kernel %s: logits have no classes", k);
     return CA_OK;
 }
 
@@ -86,9 +80,6 @@ extern "C" ca_status cu_cross_entropy(void *dev, const ca_cross_entropy_args *ar
     const char *k = "cross_entropy";
     ca_status st = check_ce(k, dt, rows, cols, label_dt);
     if (st != CA_OK) return st;
-    if (!loss || !count || (rows > 0 && (!logits || !labels || !lse)))
-        return ca_error(CA_ERR_INVALID, "cuda kernel %s: %s is NULL", k,
-                        !loss ? "loss" : (!count ? "count" : (!logits ? "logits" : (!labels ? "labels" : "lse"))));
     if ((st = cu_enter(d, "kernel cross_entropy")) != CA_OK) return st;
     void *tmp = NULL;
     double *terms = NULL;
@@ -146,9 +137,6 @@ extern "C" ca_status cu_cross_entropy_backward(void *dev, const ca_cross_entropy
     ca_status st = check_ce(k, dt, rows, cols, label_dt);
     if (st != CA_OK) return st;
     if (rows == 0) return CA_OK;
-    if (!logits || !lse || !labels || !dloss || !count || !dlogits)
-        return ca_error(CA_ERR_INVALID, "cuda kernel %s: %s is NULL", k,
-                        !logits ? "logits" : (!lse ? "lse" : (!labels ? "labels" : (!dloss ? "dloss" : (!count ? "count" : "dlogits")))));
     if ((st = cu_enter(d, "kernel cross_entropy_backward")) != CA_OK) return st;
     unsigned g = cu_grid(d, rows * cols, CU_THREADS);
     CU_FLOAT_SWITCH(dt, T, ce_bwd_k<T><<<g, CU_THREADS, 0, d->stream>>>(rows, cols, (const T::S *)logits, lse,
@@ -200,13 +188,7 @@ extern "C" ca_status cu_layer_norm(void *dev, const ca_layer_norm_args *args) {
     float *rstd = args->rstd;
     cuda_device *d = (cuda_device *)dev;
     const char *k = "layer_norm";
-    if (!ca_dtype_is_float(dt)) return cu_bad_dtype(k, "tensor", dt);
-    if (rows < 0 || cols < 0)
-        return ca_error(CA_ERR_INVALID, "cuda kernel %s: negative shape [%lld, %lld]", k, (long long)rows,
-                        (long long)cols);
     if (rows == 0) return CA_OK;
-    if (cols < 1) return ca_error(CA_ERR_INVALID, "cuda kernel %s: rows have no elements", k);
-    if (!x || !y) return ca_error(CA_ERR_INVALID, "cuda kernel %s: %s is NULL", k, x ? "y" : "x");
     ca_status st = cu_enter(d, "kernel layer_norm");
     if (st != CA_OK) return st;
     int th = cu_row_threads(cols);
@@ -286,14 +268,6 @@ extern "C" ca_status cu_layer_norm_backward(void *dev, const ca_layer_norm_backw
     bool accumulate_params = args->accumulate_params;
     cuda_device *d = (cuda_device *)dev;
     const char *k = "layer_norm_backward";
-    if (!ca_dtype_is_float(dt)) return cu_bad_dtype(k, "tensor", dt);
-    if (rows < 0 || cols < 0)
-        return ca_error(CA_ERR_INVALID, "cuda kernel %s: negative shape [%lld, %lld]", k, (long long)rows,
-                        (long long)cols);
-    if (cols < 1 && rows > 0) return ca_error(CA_ERR_INVALID, "cuda kernel %s: rows have no elements", k);
-    if (rows > 0 && (!x || !mean || !rstd || !dy))
-        return ca_error(CA_ERR_INVALID, "cuda kernel %s: %s is NULL", k,
-                        !x ? "x" : (!mean ? "mean" : (!rstd ? "rstd" : "dy")));
     if (cols == 0) return CA_OK;
     ca_status st = cu_enter(d, "kernel layer_norm_backward");
     if (st != CA_OK) return st;
@@ -362,15 +336,8 @@ extern "C" ca_status cu_embedding(void *dev, const ca_embedding_args *args) {
     cuda_device *d = (cuda_device *)dev;
     const char *k = "embedding";
     size_t es = ca_dtype_size(dt);
-    if (!es) return cu_bad_dtype(k, "table", dt);
-    if (idx_dt != CA_I32 && idx_dt != CA_I64) return cu_bad_dtype(k, "indices", idx_dt);
-    if (n < 0 || dim < 0 || rows < 0)
-        return ca_error(CA_ERR_INVALID, "cuda kernel %s: negative shape (n %lld, rows %lld, dim %lld)", k,
-                        (long long)n, (long long)rows, (long long)dim);
     if (n == 0) return CA_OK;
-    if (!idx) return ca_error(CA_ERR_INVALID, "cuda kernel %s: idx is NULL", k);
     if (dim == 0) return CA_OK;
-    if (!table || !y) return ca_error(CA_ERR_INVALID, "cuda kernel %s: %s is NULL", k, table ? "y" : "table");
     ca_status st = cu_enter(d, "kernel embedding");
     if (st != CA_OK) return st;
     unsigned g = cu_grid(d, n * dim, CU_THREADS);
@@ -415,15 +382,8 @@ extern "C" ca_status cu_embedding_backward(void *dev, const ca_embedding_backwar
     void *dtable = args->dtable;
     cuda_device *d = (cuda_device *)dev;
     const char *k = "embedding_backward";
-    if (!ca_dtype_is_float(dt)) return cu_bad_dtype(k, "table", dt);
-    if (idx_dt != CA_I32 && idx_dt != CA_I64) return cu_bad_dtype(k, "indices", idx_dt);
-    if (n < 0 || dim < 0 || rows < 0)
-        return ca_error(CA_ERR_INVALID, "cuda kernel %s: negative shape (n %lld, rows %lld, dim %lld)", k,
-                        (long long)n, (long long)rows, (long long)dim);
     if (n == 0) return CA_OK;
-    if (!idx) return ca_error(CA_ERR_INVALID, "cuda kernel %s: idx is NULL", k);
     if (dim == 0) return CA_OK;
-    if (!dy || !dtable) return ca_error(CA_ERR_INVALID, "cuda kernel %s: %s is NULL", k, dy ? "dtable" : "dy");
     ca_status st = cu_enter(d, "kernel embedding_backward");
     if (st != CA_OK) return st;
     unsigned g = cu_grid(d, n * dim, CU_THREADS);
