@@ -24,7 +24,10 @@ struct ca_device {
 
 /* Error for a NULL kernel slot: "device backend '<backend>' has no kernel '<slot>' (device
  * <backend>:<index>; the op needs it)". */
-ca_status ca_kernel_missing(const ca_device *d, const char *slot);
+static inline ca_status ca_kernel_missing(const ca_device *d, const char *slot) {
+    return ca_error(CA_ERR_UNSUPPORTED, "device backend '%s' has no kernel '%s': op %s cannot run on device %s:%d",
+                    d->name, slot, slot, d->name, d->index);
+}
 
 /* ca_kcall_<slot>(d, args): the checked call of kernel `slot` on device d, one per slot of
  * CA_KERNEL_LIST. The contract's checks (base/kernel_check_impl.h) run here, above the backends,

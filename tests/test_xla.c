@@ -7,6 +7,7 @@
  * order, the metrics; bf16 storage (downcast_bf16). */
 #include "test_util.h"
 #include "test_kcall.h"
+#include "core/device_impl.h"
 
 /* XKC(slot, ...): kernel `slot` of table k on context c, checked as the core checks it. */
 #define XKC(slot, ...) TKC("xla", k, c, slot, __VA_ARGS__)
@@ -100,6 +101,33 @@ static void test_host_fn_in_graph_order(void **state) {
         assert_int_equal(h.drops, 1);
         assert_int_equal(h.runs, 2);
     }
+}
+
+/* The core checks a kernel call's contract before the lazy device records it: a bad call fails at
+ * the call, naming the kernel and the device, records nothing, and leaves the step to run. */
+static void test_bad_call_fails_at_the_op(void **state) {
+    T_OK(ca_xla_metrics_reset(X));
+    ca_tensor *a = ca_tensor_keep(ca_full(X, CA_F32, CA_SHAPE(4), 2.0));
+    ca_tensor *y = ca_tensor_keep(ca_empty(X, CA_F32, CA_SHAPE(4)));
+    assert_non_null(y);
+    uint64_t before = metrics().nodes_recorded;
+    ca_bcast_args sh = {.ndim = 1, .shape = {-4}, .a_stride = {1}, .b_stride = {1}};
+    ca_status s = CA_KCALL(X, binary, .op = CA_BINARY_ADD, .dt = CA_F32, .shape = sh, .a = ca_tensor_data(a),
+                           .b = ca_tensor_data(a), .y = ca_tensor_data(y));
+    assert_int_equal(s, CA_ERR_INVALID);
+    assert_non_null(strstr(ca_last_error(), "xla kernel binary"));
+    assert_non_null(strstr(ca_last_error(), "dim 0 has negative size -4"));
+    s = CA_KCALL(X, softmax, .dt = CA_I32, .rows = 1, .cols = 4, .x = ca_tensor_data(a), .y = ca_tensor_data(y));
+    assert_int_equal(s, CA_ERR_UNSUPPORTED);
+    assert_non_null(strstr(ca_last_error(), "xla kernel softmax: tensor dtype i32"));
+    assert_int_equal(metrics().nodes_recorded, before);
+    ca_clear_error();
+    T_OK(ca_device_synchronize(X));
+    float h[4];
+    T_OK(ca_tensor_to_host(a, h, sizeof h));
+    assert_true(h[0] == 2.0f && h[3] == 2.0f);
+    ca_tensor_free(a);
+    ca_tensor_free(y);
 }
 
 /* Device memory is the arena's: a host pointer handed to a kernel is refused, naming the kernel. */
@@ -714,7 +742,7 @@ int main(void) {
     T_OK(ca_device_open("xla", 0, NULL, &X));
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_lazy_until_read), cmocka_unit_test(test_host_memory_refused),
-        cmocka_unit_test(test_host_fn_in_graph_order),
+        cmocka_unit_test(test_host_fn_in_graph_order), cmocka_unit_test(test_bad_call_fails_at_the_op),
         cmocka_unit_test(test_dead_code),       cmocka_unit_test(test_training_cache),
         cmocka_unit_test(test_metrics_other_device), cmocka_unit_test(test_fusion),
         cmocka_unit_test(test_fusion_every_unary),

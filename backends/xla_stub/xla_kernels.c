@@ -440,6 +440,6 @@ const char *xla_slot_name(xslot s) {
 #define X_NAME(slot) #slot,
     static const char *const names[] = {CA_KERNEL_LIST(X_NAME) "memcpy", "host_fn"};
 #undef X_NAME
-    _Static_assert(sizeof names / sizeof names[0] == XS_COUNT, "a name per node kind");
+    CA_TABLE_COVERS(names, XS_COUNT);
     return (unsigned)s < XS_COUNT ? names[s] : "?";
 }

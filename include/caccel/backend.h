@@ -379,6 +379,11 @@ typedef struct ca_kernels {
 #define CA_KERNEL_COUNT_(slot) +1
 enum { CA_KERNEL_COUNT = 0 CA_KERNEL_LIST(CA_KERNEL_COUNT_) };
 #undef CA_KERNEL_COUNT_
+/* Slot positions are ABI: the table is the two header fields, then exactly one pointer per list
+ * entry in list order (the first and the ABI-1.1 slots pinned). */
+CA_TYPES_ASSERT_(sizeof(ca_kernels) == offsetof(ca_kernels, gemm) + CA_KERNEL_COUNT * sizeof(void (*)(void)) &&
+                     offsetof(ca_kernels, attention) == offsetof(ca_kernels, gemm) + 27 * sizeof(void (*)(void)),
+                 "ca_kernels has one slot per CA_KERNEL_LIST entry, in order");
 
 /* ---------------------------------------------------------------- allocator */
 
