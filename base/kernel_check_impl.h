@@ -427,6 +427,22 @@ static inline ca_status ca_kcheck_gather_backward(const char *be, const ca_gathe
     return a->outer * a->n * a->inner != 0 ? CK_PTRS(be, "gather_backward", "dy,dx", a->dy, a->dx) : CA_OK;
 }
 
+static inline ca_status ca_kcheck_rms_norm(const char *be, const ca_rms_norm_args *a) {
+    const char *k = "rms_norm";
+    CK_TRY(ca_kcheck_rows(be, k, a->dt, a->rows, a->cols));
+    if (a->rows == 0) return CA_OK;
+    if (a->cols < 1) return CK_ERR("%s kernel %s: rows have no elements", be, k);
+    return CK_PTRS(be, k, "x,y,rstd", a->x, a->y, a->rstd);
+}
+
+static inline ca_status ca_kcheck_rms_norm_backward(const char *be, const ca_rms_norm_backward_args *a) {
+    const char *k = "rms_norm_backward";
+    CK_TRY(ca_kcheck_rows(be, k, a->dt, a->rows, a->cols));
+    if (a->rows == 0) return CA_OK;
+    if (a->cols < 1) return CK_ERR("%s kernel %s: rows have no elements", be, k);
+    return CK_PTRS(be, k, "x,rstd,dy,dx", a->x, a->rstd, a->dy, a->dx);
+}
+
 /* The check table: one function per slot of CA_KERNEL_LIST (a slot without its ca_kcheck_<slot>
  * does not compile), called with a copy of the caller's args whose struct_size is this build's. */
 #define CA_KCHECKED_(slot)                                                                              \

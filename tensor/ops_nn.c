@@ -295,19 +295,54 @@ ca_tensor *ca_embedding_ex(ca_tensor *idx, ca_tensor *table, int64_t padding_idx
 
 /* ------------------------------------------------------------------ rms norm */
 
+static ca_status rms_norm_backward(ca_node *n, ca_tensor *g) {
+    ca_tensor *x = n->in[0], *w = n->nin > 1 ? n->in[1] : NULL, *rstd = n->saved[0];
+    int64_t cols = last_dim(x), rows = cols ? x->numel / cols : 0;
+    float bx = 0, bw = 0;
+    ca_tensor *dx = ca_grad_target(x, &bx);
+    if (!dx && x->requires_grad) return ca_last_status();
+    if (!dx && !(dx = ca_op_new_like(x))) return ca_last_status();   /* kernel always writes dx */
+    ca_tensor *dw = w ? ca_grad_target(w, &bw) : NULL;
+    if (w && w->requires_grad && !dw) return ca_last_status();
+    ca_status s = CA_KCALL(ca_tdev(x), rms_norm_backward, .dt = x->dtype, .rows = rows, .cols = cols,
+                           .x = ca_tptr(x), .gamma = w ? ca_tptr(w) : NULL, .rstd = ca_tptr(rstd), .dy = ca_tptr(g),
+                           .dx = ca_tptr(dx), .beta = bx, .dgamma = dw ? ca_tptr(dw) : NULL,
+                           .accumulate_params = bw != 0);
+    if (s != CA_OK) return s;
+    if (x->requires_grad) ca_grad_written(x);
+    if (dw) ca_grad_written(w);
+    return CA_OK;
+}
+static const ca_node_vt rms_norm_vt = {"rms_norm", rms_norm_backward};
+
+/* One kernel each way (rms_norm, rms_norm_backward); tests/test_transformer_ops.c checks it against
+ * the same op made of elementwise ops and a mean. */
 ca_tensor *ca_rms_norm(ca_tensor *x, ca_tensor *w, double eps) {
     x = ca_autocast_f32(x);
     if (x && w && x->dtype != w->dtype) x = ca_cast(x, w->dtype);
     CA_OP_NULLCHECK1(x);
     if (!ca_op_check_float("rms_norm", x)) return NULL;
-    int64_t cols = last_dim(x);
+    int64_t cols = last_dim(x), rows = cols ? x->numel / cols : 0;
     if (w && (w->numel != cols || !ca_op_check_same_device("rms_norm", x, w))) {
         if (w->numel != cols)
             ca_error(CA_ERR_INVALID, "rms_norm: weight must have %lld elements (the last dimension), has %lld",
                      (long long)cols, (long long)w->numel);
         return NULL;
     }
-    ca_tensor *ms = ca_mean_dim(ca_square(x), -1, true);
-    ca_tensor *y = ca_mul(x, ca_pow_scalar(ca_add_scalar(ms, eps), -0.5));
-    return w ? ca_mul(y, w) : y;
+    x = ca_contiguous(x);
+    ca_tensor *y = x ? ca_op_new_like(x) : NULL;
+    ca_tensor *rstd = y ? ca_tensor_new(ca_tdev(x), CA_F32, 1, &rows) : NULL;
+    if (!rstd) return NULL;
+    if (rows && CA_KCALL(ca_tdev(x), rms_norm, .dt = x->dtype, .rows = rows, .cols = cols, .x = ca_tptr(x),
+                         .gamma = w ? ca_tptr(w) : NULL, .eps = (float)eps, .y = ca_tptr(y),
+                         .rstd = ca_tptr(rstd)) != CA_OK)
+        return NULL;
+    ca_tensor *in[2] = {x, w};
+    int nin = w ? 2 : 1;
+    if (ca_needs_grad(nin, in)) {
+        ca_node *n = ca_record(&rms_norm_vt, y, nin, in);
+        if (!n) return NULL;
+        n->saved[0] = rstd;
+    }
+    return y;
 }

@@ -518,3 +518,70 @@ ca_status cpu_embedding_backward(void *dev, const ca_embedding_backward_args *ar
     }
     return CA_OK;
 }
+
+/* ------------------------------------------------------------- rms norm */
+
+ca_status cpu_rms_norm(void *dev, const ca_rms_norm_args *a) {
+    int64_t rows = a->rows, cols = a->cols;
+    if (rows == 0) return CA_OK;
+    float *ws;
+    ca_status st = rows_alloc("rms_norm", cols, 3, &ws);
+    if (st != CA_OK) return st;
+    float *xb = ws, *gb = ws + cols, *yb = ws + 2 * cols;
+    const float *g = a->gamma ? cpu_view_f32(a->dt, a->gamma, 0, cols, gb) : NULL;
+    for (int64_t r = 0; r < rows; r++) {
+        const float *x = cpu_view_f32(a->dt, a->x, r * cols, cols, xb);
+        double ss = 0.0;
+        for (int64_t c = 0; c < cols; c++) ss += (double)x[c] * x[c];
+        float rs = 1.0f / sqrtf((float)(ss / (double)cols) + a->eps);
+        a->rstd[r] = rs;
+        for (int64_t c = 0; c < cols; c++) yb[c] = g ? x[c] * rs * g[c] : x[c] * rs;
+        cpu_from_f32(a->dt, yb, cols, a->y, r * cols);
+    }
+    free(ws);
+    return CA_OK;
+}
+
+/* One row of the backward: dxr = rstd (g dy - xhat mean(g dy xhat)) (before beta); dg += dy xhat. */
+static void rms_bwd_row(const float *x, const float *g, const float *dy, float rs, int64_t cols, float *dxr,
+                        float *dg) {
+    double s = 0.0;
+    for (int64_t c = 0; c < cols; c++) s += (double)(g ? g[c] * dy[c] : dy[c]) * (x[c] * rs);
+    float m = (float)(s / (double)cols);
+    for (int64_t c = 0; c < cols; c++) {
+        float xhat = x[c] * rs, gdy = g ? g[c] * dy[c] : dy[c];
+        dxr[c] = rs * (gdy - xhat * m);
+        if (dg) dg[c] += dy[c] * xhat;
+    }
+}
+
+ca_status cpu_rms_norm_backward(void *dev, const ca_rms_norm_backward_args *a) {
+    int64_t rows = a->rows, cols = a->cols;
+    if (cols == 0) return CA_OK;
+    float *ws;
+    ca_status st = rows_alloc("rms_norm_backward", cols, 6, &ws);
+    if (st != CA_OK) return st;
+    float *xb = ws, *gb = ws + cols, *db = ws + 2 * cols, *dxr = ws + 3 * cols, *old = ws + 4 * cols;
+    float *dg = a->dgamma ? ws + 5 * cols : NULL;
+    if (dg) memset(dg, 0, (size_t)cols * sizeof(float));
+    const float *g = a->gamma ? cpu_view_f32(a->dt, a->gamma, 0, cols, gb) : NULL;
+    for (int64_t r = 0; r < rows; r++) {
+        const float *x = cpu_view_f32(a->dt, a->x, r * cols, cols, xb);
+        const float *dy = cpu_view_f32(a->dt, a->dy, r * cols, cols, db);
+        rms_bwd_row(x, g, dy, a->rstd[r], cols, dxr, dg);
+        if (a->beta != 0.0f) {
+            cpu_to_f32(a->dt, a->dx, r * cols, cols, old);
+            for (int64_t c = 0; c < cols; c++) dxr[c] += a->beta * old[c];
+        }
+        cpu_from_f32(a->dt, dxr, cols, a->dx, r * cols);
+    }
+    if (dg) {
+        if (a->accumulate_params) {
+            cpu_to_f32(a->dt, a->dgamma, 0, cols, old);
+            for (int64_t c = 0; c < cols; c++) dg[c] += old[c];
+        }
+        cpu_from_f32(a->dt, dg, cols, a->dgamma, 0);
+    }
+    free(ws);
+    return CA_OK;
+}

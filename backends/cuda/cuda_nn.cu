@@ -144,17 +144,19 @@ extern "C" ca_status cu_cross_entropy_backward(void *dev, const ca_cross_entropy
     return CU_LAUNCHED(d, k);
 }
 
-/* ------------------------------------------------------------ layer norm */
+/* ------------------------------------------------------- layer and rms norm */
 
+/* Layer norm; with center false, RMSNorm (the mean taken as 0, no bias). */
 template <typename T>
 __global__ void ln_k(int64_t rows, int64_t cols, const typename T::S *x, const typename T::S *gamma,
-                     const typename T::S *beta_, float eps, typename T::S *y, float *mean, float *rstd) {
+                     const typename T::S *beta_, float eps, typename T::S *y, float *mean, float *rstd, bool center) {
     __shared__ float shf[32];
     for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
         int64_t off = r * cols;
         float s = 0.0f;
-        for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) s += T::ld(x, off + c);
-        float mu = cu_block_reduce(s, CuSum(), shf) / (float)cols;
+        if (center)
+            for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) s += T::ld(x, off + c);
+        float mu = center ? cu_block_reduce(s, CuSum(), shf) / (float)cols : 0.0f;
         float q = 0.0f;
         for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
             float dv = T::ld(x, off + c) - mu;
@@ -193,8 +195,20 @@ extern "C" ca_status cu_layer_norm(void *dev, const ca_layer_norm_args *args) {
     if (st != CA_OK) return st;
     int th = cu_row_threads(cols);
     CU_FLOAT_SWITCH(dt, T, ln_k<T><<<cu_row_grid(rows), th, 0, d->stream>>>(rows, cols, (const T::S *)x,
-        (const T::S *)gamma, (const T::S *)beta_, eps, (T::S *)y, mean, rstd));
+        (const T::S *)gamma, (const T::S *)beta_, eps, (T::S *)y, mean, rstd, true));
     return CU_LAUNCHED(d, k);
+}
+
+extern "C" ca_status cu_rms_norm(void *dev, const ca_rms_norm_args *a) {
+    cuda_device *d = (cuda_device *)dev;
+    if (a->rows == 0) return CA_OK;
+    ca_status st = cu_enter(d, "kernel rms_norm");
+    if (st != CA_OK) return st;
+    int th = cu_row_threads(a->cols);
+    CU_FLOAT_SWITCH(a->dt, T, ln_k<T><<<cu_row_grid(a->rows), th, 0, d->stream>>>(a->rows, a->cols,
+        (const T::S *)a->x, (const T::S *)a->gamma, (const T::S *)NULL, a->eps, (T::S *)a->y, (float *)NULL, a->rstd,
+        false));
+    return CU_LAUNCHED(d, "rms_norm");
 }
 
 /* Partial parameter gradients over a chunk of rows: pg[chunk, c] = sum dy xhat, pb[chunk, c] = sum dy. */
@@ -207,7 +221,7 @@ __global__ void ln_params_k(int64_t rows, int64_t cols, int64_t chunk, const typ
     float sg = 0.0f, sb = 0.0f;
     for (int64_t r = r0; r < r1; r++) {
         float dv = T::ld(dy, r * cols + c);
-        float xhat = (T::ld(x, r * cols + c) - mean[r]) * rstd[r];
+        float xhat = (T::ld(x, r * cols + c) - (mean ? mean[r] : 0.0f)) * rstd[r];
         sg += dv * xhat;
         sb += dv;
     }
@@ -226,14 +240,15 @@ __global__ void ln_params_final_k(int64_t cols, int64_t nchunks, const float *p,
     }
 }
 
-/* dx = beta dx + rstd (g dy - mean(g dy) - xhat mean(g dy xhat)); dx may be dy. */
+/* dx = beta dx + rstd (g dy - mean(g dy) - xhat mean(g dy xhat)); dx may be dy. Without mean
+ * (RMSNorm) the mean is 0 and the mean(g dy) term is dropped. */
 template <typename T>
 __global__ void ln_dx_k(int64_t rows, int64_t cols, const typename T::S *x, const typename T::S *gamma,
                         const float *mean, const float *rstd, const typename T::S *dy, typename T::S *dx, float beta) {
     __shared__ float shf[32];
     for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
         int64_t off = r * cols;
-        float mu = mean[r], rs = rstd[r];
+        float mu = mean ? mean[r] : 0.0f, rs = rstd[r];
         float a1 = 0.0f, a2 = 0.0f;
         for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
             float xhat = (T::ld(x, off + c) - mu) * rs;
@@ -241,7 +256,7 @@ __global__ void ln_dx_k(int64_t rows, int64_t cols, const typename T::S *x, cons
             a1 += gdy;
             a2 += gdy * xhat;
         }
-        float c1 = cu_block_reduce(a1, CuSum(), shf) / (float)cols;
+        float c1 = mean ? cu_block_reduce(a1, CuSum(), shf) / (float)cols : 0.0f;
         float c2 = cu_block_reduce(a2, CuSum(), shf) / (float)cols;
         for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
             float xhat = (T::ld(x, off + c) - mu) * rs;
@@ -252,24 +267,12 @@ __global__ void ln_dx_k(int64_t rows, int64_t cols, const typename T::S *x, cons
     }
 }
 
-extern "C" ca_status cu_layer_norm_backward(void *dev, const ca_layer_norm_backward_args *args) {
-    ca_dtype dt = args->dt;
-    int64_t rows = args->rows;
-    int64_t cols = args->cols;
-    const void *x = args->x;
-    const void *gamma = args->gamma;
-    const float *mean = args->mean;
-    const float *rstd = args->rstd;
-    const void *dy = args->dy;
-    void *dx = args->dx;
-    float beta = args->beta;
-    void *dgamma = args->dgamma;
-    void *dbeta_ = args->dbeta_;
-    bool accumulate_params = args->accumulate_params;
-    cuda_device *d = (cuda_device *)dev;
-    const char *k = "layer_norm_backward";
+/* The backward of layer norm, or of RMSNorm when mean is NULL (then dbeta_ is NULL too). */
+static ca_status norm_backward(cuda_device *d, const char *k, ca_dtype dt, int64_t rows, int64_t cols, const void *x,
+                               const void *gamma, const float *mean, const float *rstd, const void *dy, void *dx,
+                               float beta, void *dgamma, void *dbeta_, bool accumulate_params) {
     if (cols == 0) return CA_OK;
-    ca_status st = cu_enter(d, "kernel layer_norm_backward");
+    ca_status st = cu_enter(d, mean ? "kernel layer_norm_backward" : "kernel rms_norm_backward");
     if (st != CA_OK) return st;
     /* parameters first: dx may be dy itself */
     if (dgamma || dbeta_) {
@@ -305,6 +308,16 @@ extern "C" ca_status cu_layer_norm_backward(void *dev, const ca_layer_norm_backw
             (const T::S *)gamma, mean, rstd, (const T::S *)dy, (T::S *)dx, beta));
     }
     return CU_LAUNCHED(d, k);
+}
+
+extern "C" ca_status cu_layer_norm_backward(void *dev, const ca_layer_norm_backward_args *a) {
+    return norm_backward((cuda_device *)dev, "layer_norm_backward", a->dt, a->rows, a->cols, a->x, a->gamma, a->mean,
+                         a->rstd, a->dy, a->dx, a->beta, a->dgamma, a->dbeta_, a->accumulate_params);
+}
+
+extern "C" ca_status cu_rms_norm_backward(void *dev, const ca_rms_norm_backward_args *a) {
+    return norm_backward((cuda_device *)dev, "rms_norm_backward", a->dt, a->rows, a->cols, a->x, a->gamma, NULL,
+                         a->rstd, a->dy, a->dx, a->beta, a->dgamma, NULL, a->accumulate_params);
 }
 
 /* ------------------------------------------------------------- embedding */

@@ -384,6 +384,29 @@ static ca_status x_gather_backward(void *dev, const ca_gather_backward_args *a) 
     E();
 }
 
+static ca_status x_rms_norm(void *dev, const ca_rms_norm_args *a) {
+    B(rms_norm);
+    K(a->dt); K(a->rows); K(a->cols); K(a->gamma != NULL);
+    R(rms_norm.x, 0, a->dt);
+    R(rms_norm.gamma, 0, a->dt);
+    W(rms_norm.y, N0(a->rows) * N0(a->cols) * SZ(a->dt), a->y == a->x ? XR_READ : XR_FULL, a->dt);
+    W(rms_norm.rstd, N0(a->rows) * sizeof(float), XR_FULL, CA_F32);
+    E();
+}
+
+static ca_status x_rms_norm_backward(void *dev, const ca_rms_norm_backward_args *a) {
+    B(rms_norm_backward);
+    K(a->dt); K(a->rows); K(a->cols); K(a->gamma != NULL); K(a->beta == 0); K(a->accumulate_params);
+    K(a->dgamma != NULL);
+    R(rms_norm_backward.x, 0, a->dt);
+    R(rms_norm_backward.gamma, 0, a->dt);
+    R(rms_norm_backward.rstd, 0, CA_F32);
+    R(rms_norm_backward.dy, 0, a->dt);
+    W(rms_norm_backward.dx, 0, XR_READ, a->dt);
+    W(rms_norm_backward.dgamma, 0, XR_READ, a->dt);
+    E();
+}
+
 /* The table: x_<slot> for every slot of CA_KERNEL_LIST. */
 #define X_SLOT(slot) .slot = x_##slot,
 const ca_kernels xla_kernels = {

@@ -60,7 +60,8 @@ extern "C" {
     X(reduce) X(argmax) X(softmax) X(softmax_backward) X(cross_entropy) X(cross_entropy_backward) \
     X(layer_norm) X(layer_norm_backward) X(embedding) X(embedding_backward) X(rng) X(dropout)     \
     X(dropout_backward) X(adamw) X(sgd) X(sum_squares) X(scale_list) X(unscale_check)             \
-    X(clamp_list) X(attention) X(attention_backward) X(where) X(gather) X(gather_backward)
+    X(clamp_list) X(attention) X(attention_backward) X(where) X(gather) X(gather_backward)          \
+    X(rms_norm) X(rms_norm_backward)
 
 /* Row-major GEMM: C[m,n] = alpha * op(A)[m,k] * op(B)[k,n] + beta * C.
  * op(X) = X or X^T. lda/ldb/ldc are row strides in elements. When batch > 1,
@@ -365,6 +366,22 @@ typedef struct ca_gather_backward_args {
     size_t struct_size;
     ca_dtype dt; int64_t outer, len, inner, n; ca_dtype idx_dt; const void *idx; const void *dy; void *dx;
 } ca_gather_backward_args;
+
+/* RMSNorm over the last dim (ABI 3.1): y = x * rstd * gamma with rstd = 1 / sqrt(mean(x^2) + eps);
+ * writes rstd (f32, [rows]). gamma may be NULL (no weight). */
+typedef struct ca_rms_norm_args {
+    size_t struct_size;
+    ca_dtype dt; int64_t rows, cols; const void *x; const void *gamma; float eps; void *y; float *rstd;
+} ca_rms_norm_args;
+
+/* dx = beta dx + rstd (g dy - xhat mean(g dy xhat)) with xhat = x rstd, g = gamma (1 when NULL);
+ * dgamma (when non-NULL) = sum over rows of dy xhat, added to it when `accumulate_params`, else
+ * overwritten. rstd is the forward's. */
+typedef struct ca_rms_norm_backward_args {
+    size_t struct_size;
+    ca_dtype dt; int64_t rows, cols; const void *x; const void *gamma; const float *rstd; const void *dy;
+    void *dx; float beta; void *dgamma; bool accumulate_params;
+} ca_rms_norm_backward_args;
 
 /* The kernel table: struct_size, abi_version, then one slot per CA_KERNEL_LIST entry. */
 #define CA_KERNEL_SLOT_(slot) ca_status (*slot)(void *dev, const ca_##slot##_args *args);
