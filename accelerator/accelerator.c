@@ -552,18 +552,18 @@ static ca_status for_grads(const grad_set *gs, ca_device *dev,
 typedef struct sumsq_ctx { float *out; bool first; } sumsq_ctx;
 static ca_status sumsq_fn(ca_device *dev, const ca_tensor_list *tl, void *ctx) {
     sumsq_ctx *c = ctx;
-    ca_status s = CA_KCALL(dev, sum_squares, tl, c->out, c->first ? 0.0f : 1.0f);
+    ca_status s = CA_KCALL(dev, sum_squares, .t = tl, .out = c->out, .beta = c->first ? 0.0f : 1.0f);
     c->first = false;
     return s;
 }
 static ca_status clamp_fn(ca_device *dev, const ca_tensor_list *tl, void *ctx) {
     float v = *(float *)ctx;
-    return CA_KCALL(dev, clamp_list, tl, -v, v);
+    return CA_KCALL(dev, clamp_list, .t = tl, .lo = -v, .hi = v);
 }
 typedef struct unscale_ctx { float inv; float *found; } unscale_ctx;
 static ca_status unscale_fn(ca_device *dev, const ca_tensor_list *tl, void *ctx) {
     unscale_ctx *c = ctx;
-    return CA_KCALL(dev, unscale_check, tl, c->inv, c->found);
+    return CA_KCALL(dev, unscale_check, .t = tl, .inv_scale = c->inv, .found_inf = c->found);
 }
 
 /* ------------------------------------------------------------------ fp16 loss scaling */
@@ -723,7 +723,7 @@ static ca_status scale_grads_by(const grad_set *gs, ca_device *dev, const void *
     for (int i = 0; i < gs->n && s == CA_OK; i++) {
         void *g = ca_tptr(gs->t[i]->grad);
         ca_bcast_args b = {.ndim = 1, .shape = {gs->t[i]->numel}, .a_stride = {1}, .b_stride = {0}};
-        s = CA_KCALL(dev, binary, CA_BINARY_MUL, CA_F32, &b, g, coef, g);
+        s = CA_KCALL(dev, binary, .op = CA_BINARY_MUL, .dt = CA_F32, .shape = b, .a = g, .b = coef, .y = g);
     }
     return s;
 }
@@ -755,7 +755,7 @@ ca_status ca_clip_grad_norm(ca_accelerator *acc, double max_norm, double *total_
         void *cp = coef ? ca_tptr(coef) : NULL;
         int64_t one = 1;
         ca_tensor_list tl = {.count = 1, .param = &cp, .numel = &one, .grad_dtype = CA_F32};
-        if (s == CA_OK) s = CA_KCALL(acc->device, clamp_list, &tl, 0.0f, 1.0f);
+        if (s == CA_OK) s = CA_KCALL(acc->device, clamp_list, .t = &tl, .lo = 0.0f, .hi = 1.0f);
         /* on host memory the coefficient costs nothing to read: a pass multiplying by 1 is skipped */
         double cv = 0;
         if (s == CA_OK && ca_device_is_host(acc->device)) s = ca_tensor_item(coef, &cv);

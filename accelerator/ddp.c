@@ -36,7 +36,8 @@ static ca_status zero_unwritten(ca_bucket *bk) {
     for (int i = 0; i < bk->nparams; i++) {
         ca_tensor *p = bk->params[i];
         if (p->grad_defined) continue;
-        ca_status s = CA_KCALL(ca_tdev(p), fill, CA_F32, p->grad->numel, 0.0, ca_tptr(p->grad));
+        ca_status s = CA_KCALL(ca_tdev(p), fill, .dt = CA_F32, .n = p->grad->numel, .value = 0.0,
+                               .y = ca_tptr(p->grad));
         if (s != CA_OK) return s;
         p->grad_defined = true;
     }
@@ -64,8 +65,8 @@ static ca_status launch(ca_accelerator *acc, ca_bucket *bk) {
         return ca_comm_all_reduce(acc->comm, ca_tptr(bk->flat), ca_tptr(bk->flat), (size_t)bk->numel, CA_F32,
                                   CA_OP_AVG, &bk->work);
     ca_dtype dt = bk->wire->dtype;
-    s = CA_KCALL(ca_tdev(bk->flat), cast, CA_F32, ca_tptr(bk->flat), dt, ca_tptr(bk->wire), bk->numel,
-                 1.0f / (float)acc->world);
+    s = CA_KCALL(ca_tdev(bk->flat), cast, .src_dt = CA_F32, .x = ca_tptr(bk->flat), .dst_dt = dt,
+                 .y = ca_tptr(bk->wire), .n = bk->numel, .alpha = 1.0f / (float)acc->world);
     if (s == CA_OK)
         s = ca_comm_all_reduce(acc->comm, ca_tptr(bk->wire), ca_tptr(bk->wire), (size_t)bk->numel, dt, CA_OP_SUM,
                                &bk->work);
@@ -73,8 +74,8 @@ static ca_status launch(ca_accelerator *acc, ca_bucket *bk) {
 }
 
 static ca_status widen_wire(ca_bucket *bk) {
-    return CA_KCALL(ca_tdev(bk->flat), cast, bk->wire->dtype, ca_tptr(bk->wire), CA_F32, ca_tptr(bk->flat),
-                    bk->numel, 1.0f);
+    return CA_KCALL(ca_tdev(bk->flat), cast, .src_dt = bk->wire->dtype, .x = ca_tptr(bk->wire),
+                    .dst_dt = CA_F32, .y = ca_tptr(bk->flat), .n = bk->numel, .alpha = 1.0f);
 }
 
 /* A model's buckets launch strictly in index order on every rank. */

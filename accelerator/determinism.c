@@ -76,12 +76,13 @@ ca_status ca_det_collect(ca_accelerator *acc, int part) {
     for (int i = 0; i < d->nparams; i++) {
         ca_tensor *p = d->params[i];
         if (p->grad_defined) continue;
-        ca_status s = CA_KCALL(dev, fill, CA_F32, p->numel, 0.0, ca_tptr(p->grad));
+        ca_status s = CA_KCALL(dev, fill, .dt = CA_F32, .n = p->numel, .value = 0.0, .y = ca_tptr(p->grad));
         if (s != CA_OK) return s;
     }
     float *dst = row(d->local, d->numel, part);
     ca_status s = d->written[part]
-                      ? CA_KCALL(dev, axpby, CA_F32, d->numel, 1.0f, ca_tptr(d->flat), 1.0f, dst)
+                      ? CA_KCALL(dev, axpby, .dt = CA_F32, .n = d->numel, .alpha = 1.0f,
+                                 .x = ca_tptr(d->flat), .beta = 1.0f, .y = dst)
                       : ca_device_copy(dev, dst, ca_tptr(d->flat), (size_t)d->numel * sizeof(float));
     d->written[part] = true;
     for (int i = 0; i < d->nparams; i++) d->params[i]->grad_defined = false;
@@ -97,16 +98,19 @@ ca_status ca_det_reduce(ca_accelerator *acc) {
     ca_device *dev = acc->device;
     ca_status s = CA_OK;
     for (int r = 0; s == CA_OK && r < d->parts; r++)
-        if (!d->written[r]) s = CA_KCALL(dev, fill, CA_F32, d->numel, 0.0, row(d->local, d->numel, r));
+        if (!d->written[r]) s = CA_KCALL(dev, fill, .dt = CA_F32, .n = d->numel, .value = 0.0,
+                                         .y = row(d->local, d->numel, r));
     if (s == CA_OK && acc->world > 1)
         s = ca_comm_all_gather(acc->comm, ca_tptr(d->local), ca_tptr(d->all), (size_t)(d->numel * d->parts), CA_F32,
                                NULL);
     float *flat = ca_tptr(d->flat);
     if (s == CA_OK) s = ca_device_copy(dev, flat, row(d->all, d->numel, 0), (size_t)d->numel * sizeof(float));
     for (int v = 1; s == CA_OK && v < d->shards; v++)
-        s = CA_KCALL(dev, axpby, CA_F32, d->numel, 1.0f, row(d->all, d->numel, v), 1.0f, flat);
+        s = CA_KCALL(dev, axpby, .dt = CA_F32, .n = d->numel, .alpha = 1.0f, .x = row(d->all, d->numel, v),
+                     .beta = 1.0f, .y = flat);
     if (s == CA_OK && d->shards > 1)
-        s = CA_KCALL(dev, axpby, CA_F32, d->numel, (float)(1.0 / d->shards), flat, 0.0f, flat);
+        s = CA_KCALL(dev, axpby, .dt = CA_F32, .n = d->numel, .alpha = (float)(1.0 / d->shards), .x = flat,
+                     .beta = 0.0f, .y = flat);
     memset(d->written, 0, (size_t)d->parts * sizeof *d->written);
     for (int i = 0; i < d->nparams; i++) d->params[i]->grad_defined = true;
     return s == CA_OK ? CA_OK : ca_error_context("deterministic mode: summing the %d shard gradients", d->shards);

@@ -25,7 +25,8 @@ ca_status ca_join_notify(ca_accelerator *acc, bool sync) {
 static ca_status shadow_buckets(ca_accelerator *acc) {
     for (int b = 0; b < acc->nbuckets; b++) {
         ca_bucket *bk = &acc->buckets[b];
-        ca_status s = CA_KCALL(acc->device, fill, CA_F32, bk->numel, 0.0, ca_tptr(bk->flat));
+        ca_status s = CA_KCALL(acc->device, fill, .dt = CA_F32, .n = bk->numel, .value = 0.0,
+                               .y = ca_tptr(bk->flat));
         if (s == CA_OK)
             s = ca_comm_all_reduce(acc->comm, ca_tptr(bk->flat), ca_tptr(bk->flat), (size_t)bk->numel, CA_F32,
                                    CA_OP_AVG, NULL);

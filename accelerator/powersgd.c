@@ -187,15 +187,16 @@ static ca_status mm(ca_device *d, bool ta, bool tb, int64_t rows, int64_t cols, 
     ca_gemm_args g = {.trans_a = ta, .trans_b = tb, .m = rows, .n = cols, .k = inner, .alpha = 1.0f, .beta = 0.0f,
                       .a_dtype = CA_F32, .b_dtype = CA_F32, .c_dtype = CA_F32, .a = a, .lda = lda, .b = b,
                       .ldb = ldb, .c = c, .ldc = cols, .batch = 1};
-    return CA_KCALL(d, gemm, &g);
+    return CA_KCALL_ARGS(d, gemm, &g);
 }
 
 /* Q of every matrix: drawn (the first step, or every step without warm start) or last step's, orthonormal. */
 static ca_status prepare_q(ca_psgd *ps) {
     if (ps->q_numel == 0) return CA_OK;
     if (!ps->have_q || !ps->warm_start) {
-        ca_status s = CA_KCALL(ca_tdev(ps->q), rng, CA_RNG_NORMAL, CA_F32, ps->q_numel, (uint64_t)ps->seed,
-                               ps->rng_offset, 0.0f, 1.0f, ca_tptr(ps->q));
+        ca_status s = CA_KCALL(ca_tdev(ps->q), rng, .kind = CA_RNG_NORMAL, .dt = CA_F32, .n = ps->q_numel,
+                               .seed = (uint64_t)ps->seed, .offset = ps->rng_offset, .a = 0.0f, .b = 1.0f,
+                               .y = ca_tptr(ps->q));
         if (s != CA_OK) return s;
         ps->rng_offset += ca_rng_counters(CA_RNG_NORMAL, ps->q_numel);
         ps->have_q = true;
@@ -256,7 +257,8 @@ static void log_stats(const ca_accelerator *acc, const ca_bucket *bk, const ca_p
 ca_status ca_psgd_reset(ca_psgd *ps) {
     if (!ps) return CA_OK;
     ps->have_q = false;
-    return ps->error ? CA_KCALL(ca_tdev(ps->error), fill, CA_F32, ps->len, 0.0, ca_tptr(ps->error)) : CA_OK;
+    return ps->error ? CA_KCALL(ca_tdev(ps->error), fill, .dt = CA_F32, .n = ps->len, .value = 0.0,
+                                .y = ca_tptr(ps->error)) : CA_OK;
 }
 
 bool ca_psgd_compresses(ca_psgd *ps) {
@@ -272,10 +274,12 @@ ca_status ca_psgd_reduce(ca_accelerator *acc, ca_bucket *bk) {
     if (ps->batched) {
         buf = ca_tptr(ps->pad);
         s = ca_device_copy(d, buf, flat, (size_t)bk->numel * sizeof(float));
-        if (s == CA_OK && ps->len > bk->numel) s = CA_KCALL(d, fill, CA_F32, ps->len - bk->numel, 0.0, buf + bk->numel);
+        if (s == CA_OK && ps->len > bk->numel) s = CA_KCALL(d, fill, .dt = CA_F32, .n = ps->len - bk->numel,
+                                                            .value = 0.0, .y = buf + bk->numel);
     }
     float *err = ps->error ? ca_tptr(ps->error) : NULL;
-    if (s == CA_OK && err) s = CA_KCALL(d, axpby, CA_F32, ps->len, 1.0f, err, 1.0f, buf);
+    if (s == CA_OK && err) s = CA_KCALL(d, axpby, .dt = CA_F32, .n = ps->len, .alpha = 1.0f, .x = err,
+                                        .beta = 1.0f, .y = buf);
     if (s == CA_OK && err) s = ca_device_copy(d, err, buf, (size_t)ps->len * sizeof(float));
     /* the collectives run one after the other, in the same order on every rank */
     if (s == CA_OK && ps->unc_numel) s = move_spans(ps, buf, true);
@@ -284,7 +288,8 @@ ca_status ca_psgd_reduce(ca_accelerator *acc, ca_bucket *bk) {
                                CA_OP_AVG, NULL);
     if (s == CA_OK && ps->unc_numel) s = move_spans(ps, buf, false);
     if (s == CA_OK) s = low_rank(acc, ps, buf);
-    if (s == CA_OK && err) s = CA_KCALL(d, axpby, CA_F32, ps->len, -1.0f, buf, 1.0f, err);
+    if (s == CA_OK && err) s = CA_KCALL(d, axpby, .dt = CA_F32, .n = ps->len, .alpha = -1.0f, .x = buf,
+                                        .beta = 1.0f, .y = err);
     if (s == CA_OK && ps->batched) s = ca_device_copy(d, flat, buf, (size_t)bk->numel * sizeof(float));
     if (s != CA_OK) return ca_error_context("PowerSGD on a gradient bucket of %lld values (rank %d)",
                                             (long long)bk->numel, acc->rank);

@@ -15,7 +15,8 @@ float *ca_zero_fptr(const ca_tensor *t, int64_t off) { return (float *)ca_tptr(t
 
 ca_status ca_zero_copy_f32(ca_device *d, const float *x, float *y, int64_t n) {
     int64_t shape[1] = {n}, st[1] = {1};
-    return n ? CA_KCALL(d, copy_strided, CA_F32, 1, shape, x, st, y, st) : CA_OK;
+    return n ? CA_KCALL(d, copy_strided, .dt = CA_F32, .ndim = 1, .shape = shape, .x = x, .x_stride = st,
+                        .y = y, .y_stride = st) : CA_OK;
 }
 
 ca_tensor *ca_zero_kept_zeros(ca_device *d, ca_dtype dt, int64_t n) {
@@ -213,7 +214,8 @@ ca_status ca_zero_reduce(ca_accelerator *acc) {
     for (int i = 0; i < z->nparams; i++) {   /* unused parameters reduce zeros, as under DDP */
         ca_tensor *p = z->params[i];
         if (p->grad_defined) continue;
-        ca_status s = CA_KCALL(acc->device, fill, CA_F32, p->numel, 0.0, ca_tptr(p->grad));
+        ca_status s = CA_KCALL(acc->device, fill, .dt = CA_F32, .n = p->numel, .value = 0.0,
+                               .y = ca_tptr(p->grad));
         if (s != CA_OK) return s;
         p->grad_defined = true;
     }
@@ -262,19 +264,21 @@ static ca_status update_group(ca_accelerator *acc, ca_optimizer *o, int g) {
         ca_status s;
         if (o->kind == CA_OPTIM_ADAMW) {
             ca_adamw_args a = {
+                .t = &tl,
                 .lr = (float)gr->lr, .beta1 = (float)gr->adamw.beta1, .beta2 = (float)gr->adamw.beta2,
                 .eps = (float)gr->adamw.eps, .weight_decay = (float)gr->adamw.weight_decay,
                 .bias_correction1 = (float)(1.0 - pow(gr->adamw.beta1, t)),
                 .bias_correction2 = (float)(1.0 - pow(gr->adamw.beta2, t)), .grad_scale = 1.0f,
             };
-            s = CA_KCALL(dev, adamw, &tl, &a);
+            s = CA_KCALL_ARGS(dev, adamw, &a);
         } else {
             ca_sgd_args a = {
+                .t = &tl,
                 .lr = (float)gr->lr, .momentum = (float)gr->sgd.momentum, .dampening = (float)gr->sgd.dampening,
                 .weight_decay = (float)gr->sgd.weight_decay, .nesterov = gr->sgd.nesterov,
                 .first_step = o->steps == 0, .grad_scale = 1.0f,
             };
-            s = CA_KCALL(dev, sgd, &tl, &a);
+            s = CA_KCALL_ARGS(dev, sgd, &a);
         }
         if (s != CA_OK) return s;
         k = 0;

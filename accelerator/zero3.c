@@ -96,7 +96,7 @@ static ca_dtype gather_dtype(const ca_accelerator *acc) {
 
 /* Casts n elements between device buffers (f32 <-> the gather's dtype). */
 static ca_status cast_n(ca_device *d, ca_dtype from, const void *x, ca_dtype to, void *y, int64_t n) {
-    return n ? CA_KCALL(d, cast, from, x, to, y, n, 1.0f) : CA_OK;
+    return n ? CA_KCALL(d, cast, .src_dt = from, .x = x, .dst_dt = to, .y = y, .n = n, .alpha = 1.0f) : CA_OK;
 }
 
 /* This rank's part into send: packed in f32, then (mixed precision) cast to the gather's dtype. */
@@ -251,7 +251,8 @@ static ca_status unit_reduce(ca_zero_unit *u) {
     ca_status s = unit_grads(u);
     for (int j = 0; s == CA_OK && j < u->n; j++) {
         ca_tensor *p = z->params[u->idx[j]];
-        if (!p->grad_defined) s = CA_KCALL(acc->device, fill, CA_F32, p->numel, 0.0, ca_tptr(p->grad));
+        if (!p->grad_defined) s = CA_KCALL(acc->device, fill, .dt = CA_F32, .n = p->numel, .value = 0.0,
+                                           .y = ca_tptr(p->grad));
         p->grad_defined = true;
     }
     bool parts = u->by_part && z->world > 1;

@@ -31,8 +31,9 @@ static ca_status params_to_host(ca_accelerator *acc, float *out) {
     for (int i = 0; s == CA_OK && i < z->nsegs; i++) {
         const ca_zero_seg *sg = &z->segs[i];
         int64_t shape[1] = {sg->n}, st[1] = {1};
-        s = CA_KCALL(acc->device, copy_strided, CA_F32, 1, shape, (float *)ca_tptr(sg->param) + sg->poff, st,
-                     (float *)ca_tptr(tmp) + sg->soff, st);
+        s = CA_KCALL(acc->device, copy_strided, .dt = CA_F32, .ndim = 1, .shape = shape,
+                     .x = (float *)ca_tptr(sg->param) + sg->poff, .x_stride = st,
+                     .y = (float *)ca_tptr(tmp) + sg->soff, .y_stride = st);
     }
     if (s == CA_OK) s = ca_tensor_to_host(tmp, out, (size_t)z->shard * sizeof *out);
     ca_tensor_free(tmp);

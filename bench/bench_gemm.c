@@ -51,7 +51,7 @@ static int lda_of(const bench_case *bc) { return bc->ta ? bc->m : bc->k; }
 static int ldb_of(const bench_case *bc) { return bc->tb ? bc->k : bc->n; }
 
 static int run_kernel(const bench_case *bc, int iters) {
-    ca_gemm_args g = {.trans_a = bc->ta, .trans_b = bc->tb, .m = bc->m, .n = bc->n, .k = bc->k,
+    ca_gemm_args g = {.struct_size = sizeof g, .trans_a = bc->ta, .trans_b = bc->tb, .m = bc->m, .n = bc->n, .k = bc->k,
                       .alpha = 1.0f, .beta = 0.0f, .a_dtype = CA_F32, .b_dtype = CA_F32,
                       .c_dtype = CA_F32, .a = bc->a, .lda = lda_of(bc), .b = bc->b, .ldb = ldb_of(bc),
                       .c = bc->c, .ldc = bc->n};

@@ -49,15 +49,15 @@ typedef struct ctx {
 } ctx;
 
 static double best_step_us(ctx *c, bufs *b, bool adam, float scale, int samples, int steps) {
-    ca_adamw_args a = {.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .weight_decay = 0.0f,
+    ca_adamw_args a = {.struct_size = sizeof a, .t = &c->list, .lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .weight_decay = 0.0f,
                        .bias_correction1 = 0.9f, .bias_correction2 = 0.5f, .grad_scale = 1.0f};
-    ca_sgd_args s = {.lr = 1e-2f, .momentum = 0.9f, .grad_scale = 1.0f};
+    ca_sgd_args s = {.struct_size = sizeof s, .t = &c->list, .lr = 1e-2f, .momentum = 0.9f, .grad_scale = 1.0f};
     double best = 1e30;
     for (int r = 0; r < samples; r++) {
         reset(b, scale);
         double t0 = now_s();
         for (int i = 0; i < steps; i++) {
-            ca_status st = adam ? c->k->adamw(c->dev, &c->list, &a) : c->k->sgd(c->dev, &c->list, &s);
+            ca_status st = adam ? c->k->adamw(c->dev, &a) : c->k->sgd(c->dev, &s);
             if (st != CA_OK) { fprintf(stderr, "bench_optim: %s\n", ca_last_error()); exit(1); }
         }
         double us = (now_s() - t0) / steps * 1e6;

@@ -13,10 +13,6 @@ static pthread_mutex_t dev_mu = PTHREAD_MUTEX_INITIALIZER;
 static ca_device *devices;
 static ca_device *_Atomic cpu_dev;
 
-ca_status ca_kernel_missing(const ca_device *d, const char *slot) {
-    return ca_error(CA_ERR_UNSUPPORTED, "device backend '%s' has no kernel '%s'", d->name, slot);
-}
-
 static ca_status open_locked(const char *name, int index, const ca_device_open_args *args,
                              ca_device **out) {
     for (ca_device *d = devices; d; d = d->next)

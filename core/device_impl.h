@@ -4,6 +4,7 @@
 #define CACCEL_DEVICE_IMPL_H
 
 #include "base/base_impl.h"
+#include "base/kernel_check_impl.h"
 #include <caccel/device.h>
 
 /* An opened device. The registry owns it; it lives until ca_shutdown(). The
@@ -21,11 +22,29 @@ struct ca_device {
     struct ca_device *next;
 };
 
-/* Error for a NULL kernel slot: "<backend> has no kernel '<slot>'". */
-ca_status ca_kernel_missing(const ca_device *d, const char *slot);
+/* Error for a NULL kernel slot: "device backend '<backend>' has no kernel '<slot>' (device
+ * <backend>:<index>; the op needs it)". */
+static inline ca_status ca_kernel_missing(const ca_device *d, const char *slot) {
+    return ca_error(CA_ERR_UNSUPPORTED, "device backend '%s' has no kernel '%s': op %s cannot run on device %s:%d",
+                    d->name, slot, slot, d->name, d->index);
+}
 
-/* Calls kernel `slot` of device d with the device context prepended. */
-#define CA_KCALL(d, slot, ...)                                                  \
-    ((d)->k.slot ? (d)->k.slot((d)->ctx, __VA_ARGS__) : ca_kernel_missing((d), #slot))
+/* ca_kcall_<slot>(d, args): the checked call of kernel `slot` on device d, one per slot of
+ * CA_KERNEL_LIST. The contract's checks (base/kernel_check_impl.h) run here, above the backends,
+ * so a bad call fails at the op on every device, a lazy one included. */
+#define CA_KCALL_FN_(slot)                                                                     \
+    static inline ca_status ca_kcall_##slot(const ca_device *d, const ca_##slot##_args *args) { \
+        if (!d->k.slot) return ca_kernel_missing(d, #slot);                                    \
+        return ca_kernel_checked_##slot(d->name, &d->k, d->ctx, args);                         \
+    }
+CA_KERNEL_LIST(CA_KCALL_FN_)
+#undef CA_KCALL_FN_
+
+/* Calls kernel `slot` of device d with its arguments as designated initialisers of
+ * ca_<slot>_args: CA_KCALL(d, fill, .dt = dt, .n = n, .value = v, .y = y). Fields not named are
+ * zero; struct_size is set by the call. */
+#define CA_KCALL(d, slot, ...) ca_kcall_##slot((d), &(const ca_##slot##_args){.struct_size = 0, __VA_ARGS__})
+/* The same with an args struct built beforehand (its struct_size need not be set). */
+#define CA_KCALL_ARGS(d, slot, args) ca_kcall_##slot((d), (args))
 
 #endif

@@ -613,8 +613,8 @@ static ca_status batch_from(ca_dataloader *dl, const slot *s, int64_t first, int
         x = ca_empty(dev, dl->x_dtype, 1 + ds->x.ndim, shape);
         if (st == CA_OK && !x) st = ca_last_status() != CA_OK ? ca_last_status() : CA_ERR_NOMEM;
         if (st == CA_OK)
-            st = k->cast(ca_device_context(dev), ds->x.dtype, ca_tensor_data(raw), dl->x_dtype,
-                         ca_tensor_data(x), ca_tensor_numel(x), dl->x_scale);
+            st = CA_KCALL(dev, cast, .src_dt = ds->x.dtype, .x = ca_tensor_data(raw), .dst_dt = dl->x_dtype,
+                          .y = ca_tensor_data(x), .n = ca_tensor_numel(x), .alpha = dl->x_scale);
         ca_tensor_free(raw);
         if (st != CA_OK) return ca_error_context("dataloader: converting x (%s -> %s) on %s",
                                                  ca_dtype_name(ds->x.dtype),

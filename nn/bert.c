@@ -51,11 +51,12 @@ static ca_status fill_normal(ca_tensor *t, float std) {
     uint64_t seed, unused;
     ca_rng_get_state(&seed, &unused);
     uint64_t off = ca_rng_reserve(ca_rng_counters(CA_RNG_NORMAL, t->numel));
-    return CA_KCALL(ca_tdev(t), rng, CA_RNG_NORMAL, t->dtype, t->numel, seed, off, 0.0f, std, ca_tptr(t));
+    return CA_KCALL(ca_tdev(t), rng, .kind = CA_RNG_NORMAL, .dt = t->dtype, .n = t->numel, .seed = seed,
+                    .offset = off, .a = 0.0f, .b = std, .y = ca_tptr(t));
 }
 
 static ca_status fill_zero(ca_tensor *t) {
-    return CA_KCALL(ca_tdev(t), fill, CA_F32, t->numel, 0.0, ca_tptr(t));
+    return CA_KCALL(ca_tdev(t), fill, .dt = CA_F32, .n = t->numel, .value = 0.0, .y = ca_tptr(t));
 }
 
 /* Linear with BERT's initialisation, added to parent as `name`; *out is the child. */
@@ -89,7 +90,8 @@ static ca_status add_embedding(ca_module *parent, const char *name, int64_t n, i
     if (s != CA_OK) return s;              /* nothing was made */
     s = fill_normal(e->params[0], INIT_STD);
     if (s == CA_OK && pad >= 0)
-        s = CA_KCALL(ca_tdev(e->params[0]), fill, CA_F32, dim, 0.0, (float *)ca_tptr(e->params[0]) + pad * dim);
+        s = CA_KCALL(ca_tdev(e->params[0]), fill, .dt = CA_F32, .n = dim, .value = 0.0,
+                     .y = (float *)ca_tptr(e->params[0]) + pad * dim);
     if (s != CA_OK) {
         ca_module_destroy(e);
         return s;

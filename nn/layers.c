@@ -11,7 +11,8 @@ static ca_status init_param(ca_tensor *t, ca_rng_kind kind, float a, float b) {
     uint64_t seed, unused;
     ca_rng_get_state(&seed, &unused);
     uint64_t off = ca_rng_reserve(ca_rng_counters(kind, t->numel));
-    return CA_KCALL(ca_tdev(t), rng, kind, t->dtype, t->numel, seed, off, a, b, ca_tptr(t));
+    return CA_KCALL(ca_tdev(t), rng, .kind = kind, .dt = t->dtype, .n = t->numel, .seed = seed, .offset = off,
+                    .a = a, .b = b, .y = ca_tptr(t));
 }
 
 static ca_status new_param(ca_module *m, const char *name, int ndim, const int64_t *shape, ca_tensor **out) {
@@ -95,9 +96,9 @@ ca_status ca_layer_norm_create(int64_t dim, double eps, ca_module **out) {
     m->p = eps > 0 ? eps : 1e-5;
     ca_tensor *w, *b;
     s = new_param(m, "weight", 1, &dim, &w);
-    if (s == CA_OK) s = CA_KCALL(ca_tdev(w), fill, CA_F32, dim, 1.0, ca_tptr(w));
+    if (s == CA_OK) s = CA_KCALL(ca_tdev(w), fill, .dt = CA_F32, .n = dim, .value = 1.0, .y = ca_tptr(w));
     if (s == CA_OK) s = new_param(m, "bias", 1, &dim, &b);
-    if (s == CA_OK) s = CA_KCALL(ca_tdev(b), fill, CA_F32, dim, 0.0, ca_tptr(b));
+    if (s == CA_OK) s = CA_KCALL(ca_tdev(b), fill, .dt = CA_F32, .n = dim, .value = 0.0, .y = ca_tptr(b));
     return finish(m, s, out);
 }
 
@@ -158,7 +159,8 @@ ca_status ca_embedding_create_ex(int64_t num, int64_t dim, int64_t padding_idx, 
     s = new_param(m, "weight", 2, (int64_t[]){num, dim}, &w);
     if (s == CA_OK) s = init_param(w, CA_RNG_NORMAL, 0.0f, 1.0f);
     if (s == CA_OK && padding_idx >= 0)     /* torch zeroes the padding row */
-        s = CA_KCALL(ca_tdev(w), fill, CA_F32, dim, 0.0, (float *)ca_tptr(w) + padding_idx * dim);
+        s = CA_KCALL(ca_tdev(w), fill, .dt = CA_F32, .n = dim, .value = 0.0,
+                     .y = (float *)ca_tptr(w) + padding_idx * dim);
     return finish(m, s, out);
 }
 
@@ -176,7 +178,7 @@ ca_status ca_rms_norm_create(int64_t dim, double eps, ca_module **out) {
     m->p = eps > 0 ? eps : 1.1920928955078125e-07;    /* torch: finfo(float32).eps */
     ca_tensor *w;
     s = new_param(m, "weight", 1, &dim, &w);
-    if (s == CA_OK) s = CA_KCALL(ca_tdev(w), fill, CA_F32, dim, 1.0, ca_tptr(w));
+    if (s == CA_OK) s = CA_KCALL(ca_tdev(w), fill, .dt = CA_F32, .n = dim, .value = 1.0, .y = ca_tptr(w));
     return finish(m, s, out);
 }
 

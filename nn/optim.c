@@ -209,20 +209,22 @@ static ca_status apply_group(ca_optimizer *o, ca_optim_group *g, float grad_scal
         double t = (double)(o->steps + 1);
         if (o->kind == CA_OPTIM_ADAMW) {
             ca_adamw_args a = {
+                .t = &tl,
                 .lr = (float)g->lr, .beta1 = (float)g->adamw.beta1, .beta2 = (float)g->adamw.beta2,
                 .eps = (float)g->adamw.eps, .weight_decay = (float)g->adamw.weight_decay,
                 .bias_correction1 = (float)(1.0 - pow(g->adamw.beta1, t)),
                 .bias_correction2 = (float)(1.0 - pow(g->adamw.beta2, t)),
                 .grad_scale = grad_scale,
             };
-            s = CA_KCALL(dev, adamw, &tl, &a);
+            s = CA_KCALL_ARGS(dev, adamw, &a);
         } else {
             ca_sgd_args a = {
+                .t = &tl,
                 .lr = (float)g->lr, .momentum = (float)g->sgd.momentum, .dampening = (float)g->sgd.dampening,
                 .weight_decay = (float)g->sgd.weight_decay, .nesterov = g->sgd.nesterov,
                 .first_step = o->steps == 0, .grad_scale = grad_scale,
             };
-            s = CA_KCALL(dev, sgd, &tl, &a);
+            s = CA_KCALL_ARGS(dev, sgd, &a);
         }
         if (s != CA_OK) return s;
     }

@@ -40,7 +40,8 @@ ca_tensor *ca_autocast_weight(ca_tensor *w, ca_dtype dt) {
         w->lowp_version = w->version - 1;
     }
     if (w->lowp_version != w->version) {
-        if (w->numel && CA_KCALL(dev, cast, w->dtype, ca_tptr(w), dt, ca_tptr(w->lowp), w->numel, 1.0f) != CA_OK)
+        if (w->numel && CA_KCALL(dev, cast, .src_dt = w->dtype, .x = ca_tptr(w), .dst_dt = dt,
+                                 .y = ca_tptr(w->lowp), .n = w->numel, .alpha = 1.0f) != CA_OK)
             return NULL;
         w->lowp_version = w->version;
     }

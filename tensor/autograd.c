@@ -177,7 +177,7 @@ static ca_status seed_gradient(ca_tensor *out, const ca_tensor *grad_out) {
     if (!g) return ca_last_status();
     ca_status s;
     if (grad_out) s = ca_tensor_copy_(g, grad_out);
-    else s = CA_KCALL(ca_tdev(g), fill, g->dtype, g->numel, 1.0, ca_tptr(g));
+    else s = CA_KCALL(ca_tdev(g), fill, .dt = g->dtype, .n = g->numel, .value = 1.0, .y = ca_tptr(g));
     if (s == CA_OK) ca_grad_written(out);
     return s;
 }
@@ -206,7 +206,8 @@ static ca_status seed_add(ca_tensor *t, const ca_tensor *grad) {
     float beta;
     ca_tensor *g = ca_grad_target(t, &beta);
     if (!g) return ca_last_status();
-    ca_status s = CA_KCALL(ca_tdev(g), axpby, g->dtype, g->numel, 1.0f, ca_tptr(grad), beta, ca_tptr(g));
+    ca_status s = CA_KCALL(ca_tdev(g), axpby, .dt = g->dtype, .n = g->numel, .alpha = 1.0f,
+                           .x = ca_tptr(grad), .beta = beta, .y = ca_tptr(g));
     if (s == CA_OK) ca_grad_written(t);
     return s;
 }

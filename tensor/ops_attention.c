@@ -6,7 +6,7 @@
 
 /* The kernel arguments of a recorded node: sizes from the saved tensors' shapes,
  * the rest from the node's slots (see ca_scaled_dot_product_attention). */
-static void node_args(const ca_node *n, ca_attention_args *a) {
+static void node_args(const ca_node *n, ca_attention_params *a) {
     const ca_tensor *q = n->in[0], *k = n->in[1], *v = n->in[2], *mask = n->saved[1];
     memset(a, 0, sizeof *a);
     a->batch = q->shape[0]; a->heads = q->shape[1]; a->tq = q->shape[2]; a->d = q->shape[3];
@@ -25,12 +25,13 @@ static void node_args(const ca_node *n, ca_attention_args *a) {
 
 static ca_status attention_backward(ca_node *n, ca_tensor *g) {
     ca_tensor *q = n->in[0], *k = n->in[1], *v = n->in[2], *lse = n->saved[0];
-    ca_attention_args a;
+    ca_attention_params a;
     node_args(n, &a);
     ca_tensor *dq = ca_op_new_like(q), *dk = ca_op_new_like(k), *dv = ca_op_new_like(v);
     if (!dq || !dk || !dv) return ca_last_status();
-    ca_status s = CA_KCALL(ca_tdev(q), attention_backward, CA_F32, &a, ca_tptr(q), ca_tptr(k), ca_tptr(v),
-                           ca_tptr(n->out), ca_tptr(g), ca_tptr(lse), ca_tptr(dq), ca_tptr(dk), ca_tptr(dv));
+    ca_status s = CA_KCALL(ca_tdev(q), attention_backward, .dt = CA_F32, .p = a, .q = ca_tptr(q),
+                           .k = ca_tptr(k), .v = ca_tptr(v), .out = ca_tptr(n->out), .dout = ca_tptr(g),
+                           .lse = ca_tptr(lse), .dq = ca_tptr(dq), .dk = ca_tptr(dk), .dv = ca_tptr(dv));
     if (s == CA_OK && q->requires_grad) s = ca_op_accumulate_owned(q, dq, 1.0f);
     if (s == CA_OK && k->requires_grad) s = ca_op_accumulate_owned(k, dk, 1.0f);
     if (s == CA_OK && v->requires_grad) s = ca_op_accumulate_owned(v, dv, 1.0f);
@@ -84,7 +85,7 @@ ca_tensor *ca_scaled_dot_product_attention(ca_tensor *q, ca_tensor *k, ca_tensor
     }
     ca_dtype out_dt = ca_autocast_dtype() != CA_F32 ? CA_F32 : q->dtype;
     ca_device *dev = ca_tdev(q);
-    ca_attention_args a = {
+    ca_attention_params a = {
         .batch = q->shape[0], .heads = q->shape[1], .tq = q->shape[2], .tk = k->shape[2],
         .d = q->shape[3], .dv = v->shape[3], .causal = causal, .dropout_p = (float)dropout_p,
         .scale = (float)(scale > 0 ? scale : 1.0 / sqrt((double)(q->shape[3] ? q->shape[3] : 1))),
@@ -115,7 +116,8 @@ ca_tensor *ca_scaled_dot_product_attention(ca_tensor *q, ca_tensor *k, ca_tensor
     ca_tensor *out = ca_tensor_new(dev, CA_F32, 4, oshape);
     ca_tensor *lse = out ? ca_tensor_new(dev, CA_F32, 3, oshape) : NULL;
     if (!lse) return NULL;
-    if (CA_KCALL(dev, attention, CA_F32, &a, ca_tptr(q), ca_tptr(k), ca_tptr(v), ca_tptr(out), ca_tptr(lse)) != CA_OK)
+    if (CA_KCALL(dev, attention, .dt = CA_F32, .p = a, .q = ca_tptr(q), .k = ca_tptr(k), .v = ca_tptr(v),
+                 .out = ca_tptr(out), .lse = ca_tptr(lse)) != CA_OK)
         return NULL;
     ca_tensor *in[3] = {q, k, v};
     if (ca_needs_grad(3, in)) {

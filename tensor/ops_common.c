@@ -30,7 +30,8 @@ ca_status ca_op_accumulate(ca_tensor *t, ca_tensor *g, float alpha) {
     float beta;
     ca_tensor *dst = ca_grad_target(t, &beta);
     if (!dst) return t->requires_grad ? ca_last_status() : CA_OK;
-    ca_status s = CA_KCALL(ca_tdev(t), axpby, dst->dtype, dst->numel, alpha, ca_tptr(g), beta, ca_tptr(dst));
+    ca_status s = CA_KCALL(ca_tdev(t), axpby, .dt = dst->dtype, .n = dst->numel, .alpha = alpha,
+                           .x = ca_tptr(g), .beta = beta, .y = ca_tptr(dst));
     if (s == CA_OK) ca_grad_written(t);
     return s;
 }
@@ -42,7 +43,8 @@ static ca_status reduce_run(ca_device *dev, ca_dtype dt, const int64_t *shape, i
     for (int i = 0; i < d0; i++) outer *= shape[i];
     for (int i = d0; i < d1; i++) len *= shape[i];
     for (int i = d1; i < ndim; i++) inner *= shape[i];
-    return CA_KCALL(dev, reduce, CA_OP_SUM, dt, outer, len, inner, x, y, beta);
+    return CA_KCALL(dev, reduce, .op = CA_OP_SUM, .dt = dt, .outer = outer, .len = len, .inner = inner,
+                    .x = x, .y = y, .beta = beta);
 }
 
 ca_status ca_op_accumulate_reduced(ca_tensor *t, ca_tensor *g, float alpha) {

@@ -10,8 +10,9 @@ static ca_status unary_backward(ca_node *n, ca_tensor *g) {
     float beta;
     ca_tensor *dx = ca_grad_target(x, &beta);
     if (!dx) return x->requires_grad ? ca_last_status() : CA_OK;
-    ca_status s = CA_KCALL(ca_tdev(x), unary_backward, (ca_unary_op)n->i[0], x->dtype, x->numel,
-                           ca_tptr(n->saved[0]), ca_tptr(y), ca_tptr(g), ca_tptr(dx), (float)n->f[0], beta);
+    ca_status s = CA_KCALL(ca_tdev(x), unary_backward, .op = (ca_unary_op)n->i[0], .dt = x->dtype,
+                           .n = x->numel, .x = ca_tptr(n->saved[0]), .y = ca_tptr(y), .dy = ca_tptr(g),
+                           .dx = ca_tptr(dx), .alpha = (float)n->f[0], .beta = beta);
     if (s == CA_OK) ca_grad_written(x);
     return s;
 }
@@ -31,7 +32,8 @@ static ca_tensor *unary(ca_tensor *x, ca_unary_op op, double alpha) {
     x = ca_contiguous(x);
     ca_tensor *y = x ? ca_op_new_like(x) : NULL;
     if (!y) return NULL;
-    if (x->numel && CA_KCALL(ca_tdev(x), unary, op, x->dtype, x->numel, ca_tptr(x), ca_tptr(y), (float)alpha) != CA_OK)
+    if (x->numel && CA_KCALL(ca_tdev(x), unary, .op = op, .dt = x->dtype, .n = x->numel, .x = ca_tptr(x),
+                             .y = ca_tptr(y), .alpha = (float)alpha) != CA_OK)
         return NULL;
     if (ca_needs_grad(1, &x)) {
         ca_node *n = ca_record(&unary_vt[op], y, 1, &x);
@@ -89,7 +91,8 @@ static ca_tensor *binary_raw(ca_binary_op op, ca_tensor *g, ca_tensor *v) {
     if (!broadcast(g, v, ca_binary_op_name(op), &bc)) return NULL;
     ca_tensor *r = ca_tensor_new(ca_tdev(g), g->dtype, g->ndim, g->shape);
     if (!r) return NULL;
-    if (CA_KCALL(ca_tdev(g), binary, op, g->dtype, &bc, ca_tptr(g), ca_tptr(v), ca_tptr(r)) != CA_OK) return NULL;
+    if (CA_KCALL(ca_tdev(g), binary, .op = op, .dt = g->dtype, .shape = bc, .a = ca_tptr(g), .b = ca_tptr(v),
+                 .y = ca_tptr(r)) != CA_OK) return NULL;
     return r;
 }
 
@@ -148,7 +151,8 @@ static ca_tensor *binary(ca_tensor *a, ca_tensor *b, ca_binary_op op) {
     int nd = a->ndim > b->ndim ? a->ndim : b->ndim;
     ca_tensor *y = ca_tensor_new(ca_tdev(a), a->dtype, nd, bc.shape);
     if (!y) return NULL;
-    if (y->numel && CA_KCALL(ca_tdev(a), binary, op, a->dtype, &bc, ca_tptr(a), ca_tptr(b), ca_tptr(y)) != CA_OK)
+    if (y->numel && CA_KCALL(ca_tdev(a), binary, .op = op, .dt = a->dtype, .shape = bc, .a = ca_tptr(a),
+                             .b = ca_tptr(b), .y = ca_tptr(y)) != CA_OK)
         return NULL;
     ca_tensor *in[2] = {a, b};
     if (ca_needs_grad(2, in)) {

@@ -26,8 +26,9 @@ static ca_status concat_backward(ca_node *n, ca_tensor *g) {
         if (!x->requires_grad) continue;
         ca_tensor *part = ca_op_new_like(x);
         if (!part) return ca_last_status();
-        ca_status s = CA_KCALL(ca_tdev(x), copy_strided, g->dtype, x->ndim, x->shape, at_dim(g, dim, n->i[1 + j]),
-                               g->stride, ca_tptr(part), part->stride);
+        ca_status s = CA_KCALL(ca_tdev(x), copy_strided, .dt = g->dtype, .ndim = x->ndim, .shape = x->shape,
+                               .x = at_dim(g, dim, n->i[1 + j]), .x_stride = g->stride, .y = ca_tptr(part),
+                               .y_stride = part->stride);
         if (s == CA_OK) s = ca_op_accumulate_owned(x, part, 1.0f);
         if (s != CA_OK) return s;
     }
@@ -63,8 +64,9 @@ static ca_tensor *concat_few(int n, ca_tensor *const *xs, int dim) {
     if (!y) return NULL;
     for (int j = 0; j < n; j++) {
         const ca_tensor *x = xs[j];
-        if (x->numel && CA_KCALL(dev, copy_strided, x->dtype, x->ndim, x->shape, ca_tptr(x), x->stride,
-                                 at_dim(y, dim, starts[j]), y->stride) != CA_OK)
+        if (x->numel && CA_KCALL(dev, copy_strided, .dt = x->dtype, .ndim = x->ndim, .shape = x->shape,
+                                 .x = ca_tptr(x), .x_stride = x->stride, .y = at_dim(y, dim, starts[j]),
+                                 .y_stride = y->stride) != CA_OK)
             return NULL;
     }
     if (ca_needs_grad(n, xs)) {
@@ -153,11 +155,12 @@ static ca_status index_backward(ca_node *n, ca_tensor *g) {
     ca_device *dev = ca_tdev(x);
     size_t es = ca_dtype_size(dx->dtype);
     ca_status s = CA_OK;
-    if (beta == 0.0f) s = CA_KCALL(dev, fill, dx->dtype, dx->numel, 0.0, ca_tptr(dx));
+    if (beta == 0.0f) s = CA_KCALL(dev, fill, .dt = dx->dtype, .n = dx->numel, .value = 0.0, .y = ca_tptr(dx));
     for (int64_t o = 0; s == CA_OK && o < outer; o++)
-        s = CA_KCALL(dev, embedding_backward, dx->dtype, idx->numel, len, inner, idx->dtype, ca_tptr(idx),
-                     (char *)ca_tptr(g) + (size_t)(o * idx->numel * inner) * es,
-                     (char *)ca_tptr(dx) + (size_t)(o * len * inner) * es);
+        s = CA_KCALL(dev, embedding_backward, .dt = dx->dtype, .n = idx->numel, .rows = len, .dim = inner,
+                     .idx_dt = idx->dtype, .idx = ca_tptr(idx),
+                     .dy = (char *)ca_tptr(g) + (size_t)(o * idx->numel * inner) * es,
+                     .dtable = (char *)ca_tptr(dx) + (size_t)(o * len * inner) * es);
     if (s == CA_OK) ca_grad_written(x);
     return s;
 }
@@ -186,9 +189,9 @@ ca_tensor *ca_index_select(ca_tensor *x, int dim, ca_tensor *idx) {
     if (!y) return NULL;
     size_t es = ca_dtype_size(x->dtype);
     for (int64_t o = 0; y->numel && o < outer; o++)
-        if (CA_KCALL(ca_tdev(x), embedding, x->dtype, idx->numel, len, inner,
-                     (char *)ca_tptr(x) + (size_t)(o * len * inner) * es, idx->dtype, ca_tptr(idx),
-                     (char *)ca_tptr(y) + (size_t)(o * idx->numel * inner) * es) != CA_OK)
+        if (CA_KCALL(ca_tdev(x), embedding, .dt = x->dtype, .n = idx->numel, .rows = len, .dim = inner,
+                     .table = (char *)ca_tptr(x) + (size_t)(o * len * inner) * es, .idx_dt = idx->dtype,
+                     .idx = ca_tptr(idx), .y = (char *)ca_tptr(y) + (size_t)(o * idx->numel * inner) * es) != CA_OK)
             return NULL;
     if (ca_needs_grad(1, &x)) {
         ca_node *n = ca_record(&index_vt, y, 1, &x);
@@ -209,10 +212,11 @@ static ca_status gather_backward(ca_node *n, ca_tensor *g) {
     if (!dx) return x->requires_grad ? ca_last_status() : CA_OK;
     ca_device *dev = ca_tdev(x);
     ca_status s = CA_OK;
-    if (beta == 0.0f) s = CA_KCALL(dev, fill, dx->dtype, dx->numel, 0.0, ca_tptr(dx));
+    if (beta == 0.0f) s = CA_KCALL(dev, fill, .dt = dx->dtype, .n = dx->numel, .value = 0.0, .y = ca_tptr(dx));
     if (s == CA_OK)
-        s = CA_KCALL(dev, gather_backward, dx->dtype, n->i[0], n->i[1], n->i[2], n->i[3], idx->dtype, ca_tptr(idx),
-                     ca_tptr(g), ca_tptr(dx));
+        s = CA_KCALL(dev, gather_backward, .dt = dx->dtype, .outer = n->i[0], .len = n->i[1],
+                     .inner = n->i[2], .n = n->i[3], .idx_dt = idx->dtype, .idx = ca_tptr(idx),
+                     .dy = ca_tptr(g), .dx = ca_tptr(dx));
     if (s == CA_OK) ca_grad_written(x);
     return s;
 }
@@ -237,8 +241,9 @@ ca_tensor *ca_gather_dim(ca_tensor *x, int dim, ca_tensor *idx) {
     int64_t outer = 1, inner = 1, len = x->shape[dim], cnt = idx->shape[dim];
     for (int d = 0; d < dim; d++) outer *= x->shape[d];
     for (int d = dim + 1; d < x->ndim; d++) inner *= x->shape[d];
-    if (y->numel && CA_KCALL(ca_tdev(x), gather, x->dtype, outer, len, inner, cnt, ca_tptr(x), idx->dtype,
-                             ca_tptr(idx), ca_tptr(y)) != CA_OK)
+    if (y->numel && CA_KCALL(ca_tdev(x), gather, .dt = x->dtype, .outer = outer, .len = len, .inner = inner,
+                             .n = cnt, .x = ca_tptr(x), .idx_dt = idx->dtype, .idx = ca_tptr(idx),
+                             .y = ca_tptr(y)) != CA_OK)
         return NULL;
     if (ca_dtype_is_float(x->dtype) && ca_needs_grad(1, &x)) {
         ca_node *n = ca_record(&gather_vt, y, 1, &x);
@@ -302,7 +307,8 @@ static ca_tensor *where_grad(ca_tensor *cond, ca_tensor *g, bool first) {
         memcpy(w.ab.b_stride, tmp, sizeof tmp);
     }
     const void *a = first ? ca_tptr(g) : ca_tptr(zero), *b = first ? ca_tptr(zero) : ca_tptr(g);
-    if (CA_KCALL(ca_tdev(g), where, g->dtype, &w.ab, w.cs, ca_tptr(cond), a, b, ca_tptr(r)) != CA_OK) return NULL;
+    if (CA_KCALL(ca_tdev(g), where, .dt = g->dtype, .shape = w.ab, .cond_stride = w.cs, .cond = ca_tptr(cond),
+                 .a = a, .b = b, .y = ca_tptr(r)) != CA_OK) return NULL;
     return r;
 }
 
@@ -340,8 +346,8 @@ ca_tensor *ca_where(ca_tensor *cond, ca_tensor *a, ca_tensor *b) {
     if (cond->ndim == 0 && a->ndim == 0 && b->ndim == 0) nd = 0;
     ca_tensor *y = ca_tensor_new(ca_tdev(a), a->dtype, nd, w.ab.shape);
     if (!y) return NULL;
-    if (y->numel && CA_KCALL(ca_tdev(a), where, a->dtype, &w.ab, w.cs, ca_tptr(cond), ca_tptr(a), ca_tptr(b),
-                             ca_tptr(y)) != CA_OK)
+    if (y->numel && CA_KCALL(ca_tdev(a), where, .dt = a->dtype, .shape = w.ab, .cond_stride = w.cs,
+                             .cond = ca_tptr(cond), .a = ca_tptr(a), .b = ca_tptr(b), .y = ca_tptr(y)) != CA_OK)
         return NULL;
     ca_tensor *in[2] = {a, b};
     if (ca_needs_grad(2, in)) {

@@ -40,8 +40,9 @@ static ca_status gemm(ca_device *dev, bool ta, bool tb, int64_t m, int64_t n, in
         .c = ca_tptr(c), .ldc = ldc, .stride_c = sc, .batch = batch,
     };
     if (m == 0 || n == 0) return CA_OK;
-    if (k == 0) return beta == 0.0f ? CA_KCALL(dev, fill, c->dtype, c->numel, 0.0, ca_tptr(c)) : CA_OK;
-    return CA_KCALL(dev, gemm, &g);
+    if (k == 0) return beta == 0.0f ? CA_KCALL(dev, fill, .dt = c->dtype, .n = c->numel, .value = 0.0,
+                                               .y = ca_tptr(c)) : CA_OK;
+    return CA_KCALL_ARGS(dev, gemm, &g);
 }
 
 /* ------------------------------------------------------------------ matmul */
@@ -134,7 +135,8 @@ static ca_status linear_backward(ca_node *n, ca_tensor *g) {
     } else if (s == CA_OK && w->requires_grad) return ca_last_status();
     ca_tensor *db = s == CA_OK && b ? ca_grad_target(b, &beta) : NULL;  /* db = column sums of g */
     if (db) {
-        s = CA_KCALL(dev, reduce, CA_OP_SUM, g->dtype, 1, M, out, ca_tptr(g), ca_tptr(db), beta);
+        s = CA_KCALL(dev, reduce, .op = CA_OP_SUM, .dt = g->dtype, .outer = 1, .len = M, .inner = out,
+                     .x = ca_tptr(g), .y = ca_tptr(db), .beta = beta);
         if (s == CA_OK) ca_grad_written(b);
     } else if (s == CA_OK && b && b->requires_grad) return ca_last_status();
     return s;
@@ -165,8 +167,10 @@ static ca_status linear_amp_backward(ca_node *n, ca_tensor *g) {
     ca_tensor *db = s == CA_OK && b ? ca_grad_target(b, &beta) : NULL;
     if (db) {   /* column sums in f32 */
         ca_tensor *g32 = ca_tensor_new(dev, CA_F32, g->ndim, g->shape);
-        s = g32 ? CA_KCALL(dev, cast, g->dtype, ca_tptr(g), CA_F32, ca_tptr(g32), g->numel, 1.0f) : ca_last_status();
-        if (s == CA_OK) s = CA_KCALL(dev, reduce, CA_OP_SUM, CA_F32, 1, M, out, ca_tptr(g32), ca_tptr(db), beta);
+        s = g32 ? CA_KCALL(dev, cast, .src_dt = g->dtype, .x = ca_tptr(g), .dst_dt = CA_F32,
+                           .y = ca_tptr(g32), .n = g->numel, .alpha = 1.0f) : ca_last_status();
+        if (s == CA_OK) s = CA_KCALL(dev, reduce, .op = CA_OP_SUM, .dt = CA_F32, .outer = 1, .len = M,
+                                     .inner = out, .x = ca_tptr(g32), .y = ca_tptr(db), .beta = beta);
         if (s == CA_OK) ca_grad_written(b);
     } else if (s == CA_OK && b && b->requires_grad) return ca_last_status();
     return s;
@@ -187,7 +191,8 @@ static ca_tensor *linear_amp(ca_tensor *x, ca_tensor *w, ca_tensor *b, ca_dtype 
     float beta = 0.0f;
     if (bl && M) {
         int64_t bshape[2] = {M, out}, bs[2] = {0, 1}, ys[2] = {out, 1};
-        if (CA_KCALL(dev, copy_strided, lp, 2, bshape, ca_tptr(bl), bs, ca_tptr(y), ys) != CA_OK) return NULL;
+        if (CA_KCALL(dev, copy_strided, .dt = lp, .ndim = 2, .shape = bshape, .x = ca_tptr(bl),
+                     .x_stride = bs, .y = ca_tptr(y), .y_stride = ys) != CA_OK) return NULL;
         beta = 1.0f;
     }
     if (gemm(dev, false, true, M, out, in, 1.0f, x, in, 0, wl, in, 0, beta, y, out, 0, 1) != CA_OK) return NULL;
@@ -233,7 +238,8 @@ ca_tensor *ca_linear(ca_tensor *x, ca_tensor *w, ca_tensor *b) {
     float beta = 0.0f;
     if (b && M) {   /* rows of y start as the bias; the GEMM adds x W^T on top */
         int64_t bshape[2] = {M, out}, bs[2] = {0, 1}, ys[2] = {out, 1};
-        if (CA_KCALL(dev, copy_strided, b->dtype, 2, bshape, ca_tptr(b), bs, ca_tptr(y), ys) != CA_OK) return NULL;
+        if (CA_KCALL(dev, copy_strided, .dt = b->dtype, .ndim = 2, .shape = bshape, .x = ca_tptr(b),
+                     .x_stride = bs, .y = ca_tptr(y), .y_stride = ys) != CA_OK) return NULL;
         beta = 1.0f;
     }
     if (gemm(dev, false, true, M, out, in, 1.0f, x, in, 0, w, in, 0, beta, y, out, 0, 1) != CA_OK) return NULL;

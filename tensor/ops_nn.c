@@ -13,8 +13,8 @@ static ca_status softmax_backward(ca_node *n, ca_tensor *g) {
     ca_tensor *dx = ca_grad_target(x, &beta);
     if (!dx) return x->requires_grad ? ca_last_status() : CA_OK;
     int64_t cols = last_dim(x), rows = cols ? x->numel / cols : 0;
-    ca_status s = CA_KCALL(ca_tdev(x), softmax_backward, n->i[0] != 0, x->dtype, rows, cols, ca_tptr(y),
-                           ca_tptr(g), ca_tptr(dx), beta);
+    ca_status s = CA_KCALL(ca_tdev(x), softmax_backward, .log = n->i[0] != 0, .dt = x->dtype, .rows = rows,
+                           .cols = cols, .y = ca_tptr(y), .dy = ca_tptr(g), .dx = ca_tptr(dx), .beta = beta);
     if (s == CA_OK) ca_grad_written(x);
     return s;
 }
@@ -29,7 +29,8 @@ static ca_tensor *softmax(ca_tensor *x, bool log) {
     ca_tensor *y = x ? ca_op_new_like(x) : NULL;
     if (!y) return NULL;
     int64_t cols = last_dim(x), rows = cols ? x->numel / cols : 0;
-    if (rows && CA_KCALL(ca_tdev(x), softmax, log, x->dtype, rows, cols, ca_tptr(x), ca_tptr(y)) != CA_OK)
+    if (rows && CA_KCALL(ca_tdev(x), softmax, .log = log, .dt = x->dtype, .rows = rows, .cols = cols,
+                         .x = ca_tptr(x), .y = ca_tptr(y)) != CA_OK)
         return NULL;
     if (ca_needs_grad(1, &x)) {
         ca_node *n = ca_record(log ? &log_softmax_vt : &softmax_vt, y, 1, &x);
@@ -51,9 +52,10 @@ static ca_status ce_backward(ca_node *n, ca_tensor *g) {
     ca_tensor *dl = ca_grad_target(logits, &beta);
     if (!dl) return logits->requires_grad ? ca_last_status() : CA_OK;
     int64_t cols = last_dim(logits), rows = cols ? logits->numel / cols : 0;
-    ca_status s = CA_KCALL(ca_tdev(logits), cross_entropy_backward, logits->dtype, rows, cols, ca_tptr(logits),
-                           ca_tptr(lse), labels->dtype, ca_tptr(labels), n->i[0], ca_tptr(g), ca_tptr(count),
-                           ca_tptr(dl), beta);
+    ca_status s = CA_KCALL(ca_tdev(logits), cross_entropy_backward, .dt = logits->dtype, .rows = rows,
+                           .cols = cols, .logits = ca_tptr(logits), .lse = ca_tptr(lse),
+                           .label_dt = labels->dtype, .labels = ca_tptr(labels), .ignore_index = n->i[0],
+                           .dloss = ca_tptr(g), .count = ca_tptr(count), .dlogits = ca_tptr(dl), .beta = beta);
     if (s == CA_OK) ca_grad_written(logits);
     return s;
 }
@@ -82,13 +84,15 @@ ca_tensor *ca_cross_entropy_ex(ca_tensor *logits, ca_tensor *labels, const ca_cr
     ca_tensor *lse = ca_tensor_new(dev, CA_F32, 1, &rows);
     ca_tensor *count = ca_tensor_new(dev, CA_F32, 0, NULL);
     if (!logits || !labels || !loss || !lse || !count) return NULL;
-    if (CA_KCALL(dev, cross_entropy, logits->dtype, rows, cols, ca_tptr(logits), labels->dtype, ca_tptr(labels),
-                 ignore, ca_tptr(loss), ca_tptr(lse), ca_tptr(count)) != CA_OK)
+    if (CA_KCALL(dev, cross_entropy, .dt = logits->dtype, .rows = rows, .cols = cols,
+                 .logits = ca_tptr(logits), .label_dt = labels->dtype, .labels = ca_tptr(labels),
+                 .ignore_index = ignore, .loss = ca_tptr(loss), .lse = ca_tptr(lse), .count = ca_tptr(count)) != CA_OK)
         return NULL;
     ca_tensor *grad_count = count;
     if (sum) {     /* sum = mean * count; its gradient is not divided by count */
         ca_bcast_args bc = {.ndim = 1, .shape = {1}};
-        if (CA_KCALL(dev, binary, CA_BINARY_MUL, CA_F32, &bc, ca_tptr(loss), ca_tptr(count), ca_tptr(loss)) != CA_OK)
+        if (CA_KCALL(dev, binary, .op = CA_BINARY_MUL, .dt = CA_F32, .shape = bc, .a = ca_tptr(loss),
+                     .b = ca_tptr(count), .y = ca_tptr(loss)) != CA_OK)
             return NULL;
         grad_count = ca_op_scalar(dev, 1.0f);
         if (!grad_count) return NULL;
@@ -117,8 +121,8 @@ static ca_status dropout_backward(ca_node *n, ca_tensor *g) {
     float beta;
     ca_tensor *dx = ca_grad_target(x, &beta);
     if (!dx) return x->requires_grad ? ca_last_status() : CA_OK;
-    ca_status s = CA_KCALL(ca_tdev(x), dropout_backward, x->dtype, x->numel, (float)n->f[0], ca_tptr(mask),
-                           ca_tptr(g), ca_tptr(dx), beta);
+    ca_status s = CA_KCALL(ca_tdev(x), dropout_backward, .dt = x->dtype, .n = x->numel, .p = (float)n->f[0],
+                           .mask = ca_tptr(mask), .dy = ca_tptr(g), .dx = ca_tptr(dx), .beta = beta);
     if (s == CA_OK) ca_grad_written(x);
     return s;
 }
@@ -139,8 +143,8 @@ ca_tensor *ca_dropout(ca_tensor *x, double p, bool training) {
     uint64_t seed, unused;
     ca_rng_get_state(&seed, &unused);
     uint64_t off = ca_rng_reserve(ca_rng_counters(CA_RNG_UNIFORM, x->numel));
-    if (x->numel && CA_KCALL(ca_tdev(x), dropout, x->dtype, x->numel, (float)p, seed, off, ca_tptr(x), ca_tptr(y),
-                             ca_tptr(mask)) != CA_OK)
+    if (x->numel && CA_KCALL(ca_tdev(x), dropout, .dt = x->dtype, .n = x->numel, .p = (float)p, .seed = seed,
+                             .offset = off, .x = ca_tptr(x), .y = ca_tptr(y), .mask = ca_tptr(mask)) != CA_OK)
         return NULL;
     if (ca_needs_grad(1, &x)) {
         ca_node *n = ca_record(&dropout_vt, y, 1, &x);
@@ -170,11 +174,14 @@ static ca_status layer_norm_backward(ca_node *n, ca_tensor *g) {
     if (dw && db && (bw != 0) != (bb != 0)) {
         if (!(db_k = ca_op_new_like(b))) return ca_last_status();
     }
-    ca_status s = CA_KCALL(dev, layer_norm_backward, x->dtype, rows, cols, ca_tptr(x), w ? ca_tptr(w) : NULL,
-                           ca_tptr(mean), ca_tptr(rstd), ca_tptr(g), ca_tptr(dx), bx,
-                           dw_k ? ca_tptr(dw_k) : NULL, db_k ? ca_tptr(db_k) : NULL, acc);
+    ca_status s = CA_KCALL(dev, layer_norm_backward, .dt = x->dtype, .rows = rows, .cols = cols,
+                           .x = ca_tptr(x), .gamma = w ? ca_tptr(w) : NULL, .mean = ca_tptr(mean),
+                           .rstd = ca_tptr(rstd), .dy = ca_tptr(g), .dx = ca_tptr(dx), .beta = bx,
+                           .dgamma = dw_k ? ca_tptr(dw_k) : NULL, .dbeta_ = db_k ? ca_tptr(db_k) : NULL,
+                           .accumulate_params = acc);
     if (s == CA_OK && db_k != db)
-        s = CA_KCALL(dev, axpby, db->dtype, db->numel, 1.0f, ca_tptr(db_k), bb, ca_tptr(db));
+        s = CA_KCALL(dev, axpby, .dt = db->dtype, .n = db->numel, .alpha = 1.0f, .x = ca_tptr(db_k),
+                     .beta = bb, .y = ca_tptr(db));
     if (s != CA_OK) return s;
     if (x->requires_grad) ca_grad_written(x);
     if (dw) ca_grad_written(w);
@@ -201,8 +208,9 @@ ca_tensor *ca_layer_norm(ca_tensor *x, ca_tensor *w, ca_tensor *b, double eps) {
     ca_tensor *mean = y ? ca_tensor_new(ca_tdev(x), CA_F32, 1, &rows) : NULL;
     ca_tensor *rstd = mean ? ca_tensor_new(ca_tdev(x), CA_F32, 1, &rows) : NULL;
     if (!rstd) return NULL;
-    if (rows && CA_KCALL(ca_tdev(x), layer_norm, x->dtype, rows, cols, ca_tptr(x), w ? ca_tptr(w) : NULL,
-                         b ? ca_tptr(b) : NULL, (float)eps, ca_tptr(y), ca_tptr(mean), ca_tptr(rstd)) != CA_OK)
+    if (rows && CA_KCALL(ca_tdev(x), layer_norm, .dt = x->dtype, .rows = rows, .cols = cols, .x = ca_tptr(x),
+                         .gamma = w ? ca_tptr(w) : NULL, .beta_ = b ? ca_tptr(b) : NULL, .eps = (float)eps,
+                         .y = ca_tptr(y), .mean = ca_tptr(mean), .rstd = ca_tptr(rstd)) != CA_OK)
         return NULL;
     ca_tensor *in[3] = {x, w, b};
     int nin = b ? 3 : w ? 2 : 1;
@@ -234,14 +242,17 @@ static ca_status embedding_backward(ca_node *n, ca_tensor *g) {
     void *pad_row = pad >= 0 ? (char *)ca_tptr(dt) + (size_t)(pad * dim) * ca_dtype_size(dt->dtype) : NULL;
     ca_tensor *keep = pad_row && beta != 0.0f ? ca_tensor_new(dev, dt->dtype, 1, &dim) : NULL;
     if (pad_row && beta != 0.0f && !keep) return ca_last_status();
-    if (beta == 0.0f) s = CA_KCALL(dev, fill, dt->dtype, dt->numel, 0.0, ca_tptr(dt));
-    if (s == CA_OK && keep) s = CA_KCALL(dev, axpby, dt->dtype, dim, 1.0f, pad_row, 0.0f, ca_tptr(keep));
+    if (beta == 0.0f) s = CA_KCALL(dev, fill, .dt = dt->dtype, .n = dt->numel, .value = 0.0, .y = ca_tptr(dt));
+    if (s == CA_OK && keep) s = CA_KCALL(dev, axpby, .dt = dt->dtype, .n = dim, .alpha = 1.0f, .x = pad_row,
+                                         .beta = 0.0f, .y = ca_tptr(keep));
     if (s == CA_OK)
-        s = CA_KCALL(dev, embedding_backward, dt->dtype, idx->numel, table->shape[0], dim, idx->dtype,
-                     ca_tptr(idx), ca_tptr(g), ca_tptr(dt));
+        s = CA_KCALL(dev, embedding_backward, .dt = dt->dtype, .n = idx->numel, .rows = table->shape[0],
+                     .dim = dim, .idx_dt = idx->dtype, .idx = ca_tptr(idx), .dy = ca_tptr(g),
+                     .dtable = ca_tptr(dt));
     if (s == CA_OK && pad_row)
-        s = keep ? CA_KCALL(dev, axpby, dt->dtype, dim, 1.0f, ca_tptr(keep), 0.0f, pad_row)
-                 : CA_KCALL(dev, fill, dt->dtype, dim, 0.0, pad_row);
+        s = keep ? CA_KCALL(dev, axpby, .dt = dt->dtype, .n = dim, .alpha = 1.0f, .x = ca_tptr(keep),
+                            .beta = 0.0f, .y = pad_row)
+                 : CA_KCALL(dev, fill, .dt = dt->dtype, .n = dim, .value = 0.0, .y = pad_row);
     if (s == CA_OK) ca_grad_written(table);
     return s;
 }
@@ -269,8 +280,9 @@ ca_tensor *ca_embedding_ex(ca_tensor *idx, ca_tensor *table, int64_t padding_idx
     shape[idx->ndim] = table->shape[1];
     ca_tensor *y = ca_tensor_new(ca_tdev(table), table->dtype, idx->ndim + 1, shape);
     if (!y) return NULL;
-    if (idx->numel && CA_KCALL(ca_tdev(table), embedding, table->dtype, idx->numel, table->shape[0], table->shape[1],
-                               ca_tptr(table), idx->dtype, ca_tptr(idx), ca_tptr(y)) != CA_OK)
+    if (idx->numel && CA_KCALL(ca_tdev(table), embedding, .dt = table->dtype, .n = idx->numel,
+                               .rows = table->shape[0], .dim = table->shape[1], .table = ca_tptr(table),
+                               .idx_dt = idx->dtype, .idx = ca_tptr(idx), .y = ca_tptr(y)) != CA_OK)
         return NULL;
     if (ca_needs_grad(1, &table)) {
         ca_node *n = ca_record(&embedding_vt, y, 1, &table);
@@ -283,19 +295,54 @@ ca_tensor *ca_embedding_ex(ca_tensor *idx, ca_tensor *table, int64_t padding_idx
 
 /* ------------------------------------------------------------------ rms norm */
 
+static ca_status rms_norm_backward(ca_node *n, ca_tensor *g) {
+    ca_tensor *x = n->in[0], *w = n->nin > 1 ? n->in[1] : NULL, *rstd = n->saved[0];
+    int64_t cols = last_dim(x), rows = cols ? x->numel / cols : 0;
+    float bx = 0, bw = 0;
+    ca_tensor *dx = ca_grad_target(x, &bx);
+    if (!dx && x->requires_grad) return ca_last_status();
+    if (!dx && !(dx = ca_op_new_like(x))) return ca_last_status();   /* kernel always writes dx */
+    ca_tensor *dw = w ? ca_grad_target(w, &bw) : NULL;
+    if (w && w->requires_grad && !dw) return ca_last_status();
+    ca_status s = CA_KCALL(ca_tdev(x), rms_norm_backward, .dt = x->dtype, .rows = rows, .cols = cols,
+                           .x = ca_tptr(x), .gamma = w ? ca_tptr(w) : NULL, .rstd = ca_tptr(rstd), .dy = ca_tptr(g),
+                           .dx = ca_tptr(dx), .beta = bx, .dgamma = dw ? ca_tptr(dw) : NULL,
+                           .accumulate_params = bw != 0);
+    if (s != CA_OK) return s;
+    if (x->requires_grad) ca_grad_written(x);
+    if (dw) ca_grad_written(w);
+    return CA_OK;
+}
+static const ca_node_vt rms_norm_vt = {"rms_norm", rms_norm_backward};
+
+/* One kernel each way (rms_norm, rms_norm_backward); tests/test_transformer_ops.c checks it against
+ * the same op made of elementwise ops and a mean. */
 ca_tensor *ca_rms_norm(ca_tensor *x, ca_tensor *w, double eps) {
     x = ca_autocast_f32(x);
     if (x && w && x->dtype != w->dtype) x = ca_cast(x, w->dtype);
     CA_OP_NULLCHECK1(x);
     if (!ca_op_check_float("rms_norm", x)) return NULL;
-    int64_t cols = last_dim(x);
+    int64_t cols = last_dim(x), rows = cols ? x->numel / cols : 0;
     if (w && (w->numel != cols || !ca_op_check_same_device("rms_norm", x, w))) {
         if (w->numel != cols)
             ca_error(CA_ERR_INVALID, "rms_norm: weight must have %lld elements (the last dimension), has %lld",
                      (long long)cols, (long long)w->numel);
         return NULL;
     }
-    ca_tensor *ms = ca_mean_dim(ca_square(x), -1, true);
-    ca_tensor *y = ca_mul(x, ca_pow_scalar(ca_add_scalar(ms, eps), -0.5));
-    return w ? ca_mul(y, w) : y;
+    x = ca_contiguous(x);
+    ca_tensor *y = x ? ca_op_new_like(x) : NULL;
+    ca_tensor *rstd = y ? ca_tensor_new(ca_tdev(x), CA_F32, 1, &rows) : NULL;
+    if (!rstd) return NULL;
+    if (rows && CA_KCALL(ca_tdev(x), rms_norm, .dt = x->dtype, .rows = rows, .cols = cols, .x = ca_tptr(x),
+                         .gamma = w ? ca_tptr(w) : NULL, .eps = (float)eps, .y = ca_tptr(y),
+                         .rstd = ca_tptr(rstd)) != CA_OK)
+        return NULL;
+    ca_tensor *in[2] = {x, w};
+    int nin = w ? 2 : 1;
+    if (ca_needs_grad(nin, in)) {
+        ca_node *n = ca_record(&rms_norm_vt, y, nin, in);
+        if (!n) return NULL;
+        n->saved[0] = rstd;
+    }
+    return y;
 }

@@ -22,8 +22,8 @@ static ca_status expand_backward(ca_node *n, ca_tensor *g) {
             s *= x->shape[i];
         }
     }
-    ca_status st = CA_KCALL(dev, copy_strided, x->dtype, x->ndim, x->shape, ca_tptr(g), gs,
-                            ca_tptr(full), full->stride);
+    ca_status st = CA_KCALL(dev, copy_strided, .dt = x->dtype, .ndim = x->ndim, .shape = x->shape,
+                            .x = ca_tptr(g), .x_stride = gs, .y = ca_tptr(full), .y_stride = full->stride);
     return st == CA_OK ? ca_op_accumulate_owned(x, full, scale) : st;
 }
 static const ca_node_vt sum_vt = {"sum", expand_backward};
@@ -63,7 +63,8 @@ static ca_tensor *reduce_dim(ca_tensor *x, int dim, bool keepdim, ca_reduce_op o
     }
     ca_tensor *y = ca_tensor_new(ca_tdev(x), x->dtype, nd, shape);
     if (!y) return NULL;
-    if (y->numel && CA_KCALL(ca_tdev(x), reduce, op, x->dtype, outer, len, inner, ca_tptr(x), ca_tptr(y), 0.0f) != CA_OK)
+    if (y->numel && CA_KCALL(ca_tdev(x), reduce, .op = op, .dt = x->dtype, .outer = outer, .len = len,
+                             .inner = inner, .x = ca_tptr(x), .y = ca_tptr(y), .beta = 0.0f) != CA_OK)
         return NULL;
     if (vt && ca_needs_grad(1, &x)) {
         ca_node *n = ca_record(vt, y, 1, &x);
@@ -93,6 +94,7 @@ ca_tensor *ca_argmax(ca_tensor *x) {
     int64_t cols = x->shape[x->ndim - 1], rows = cols ? x->numel / cols : 0;
     ca_tensor *y = ca_tensor_new(ca_tdev(x), CA_I64, x->ndim - 1, x->shape);
     if (!y) return NULL;
-    if (rows && CA_KCALL(ca_tdev(x), argmax, x->dtype, rows, cols, ca_tptr(x), ca_tptr(y)) != CA_OK) return NULL;
+    if (rows && CA_KCALL(ca_tdev(x), argmax, .dt = x->dtype, .rows = rows, .cols = cols, .x = ca_tptr(x),
+                         .idx = ca_tptr(y)) != CA_OK) return NULL;
     return y;
 }

@@ -18,8 +18,8 @@ ca_tensor *ca_contiguous(ca_tensor *x) {
     if (!y) return NULL;
     int64_t ys[CA_MAX_DIMS];
     memcpy(ys, y->stride, sizeof ys);
-    if (CA_KCALL(ca_tdev(x), copy_strided, x->dtype, x->ndim, x->shape, ca_tptr(x), x->stride,
-                 ca_tptr(y), ys) != CA_OK)
+    if (CA_KCALL(ca_tdev(x), copy_strided, .dt = x->dtype, .ndim = x->ndim, .shape = x->shape,
+                 .x = ca_tptr(x), .x_stride = x->stride, .y = ca_tptr(y), .y_stride = ys) != CA_OK)
         return NULL;
     if (ca_needs_grad(1, &x) && !ca_record(&contiguous_vt, y, 1, &x)) return NULL;
     return y;
@@ -117,13 +117,15 @@ static ca_status transpose_backward(ca_node *n, ca_tensor *g) {
     gs[d1] = g->stride[d0];
     ca_status s;
     if (beta == 0.0f) {
-        s = CA_KCALL(ca_tdev(x), copy_strided, x->dtype, x->ndim, x->shape, ca_tptr(g), gs, ca_tptr(dx), dx->stride);
+        s = CA_KCALL(ca_tdev(x), copy_strided, .dt = x->dtype, .ndim = x->ndim, .shape = x->shape,
+                     .x = ca_tptr(g), .x_stride = gs, .y = ca_tptr(dx), .y_stride = dx->stride);
     } else {
         ca_bcast_args bc = {.ndim = x->ndim};
         memcpy(bc.shape, x->shape, sizeof bc.shape);
         memcpy(bc.a_stride, dx->stride, sizeof bc.a_stride);
         memcpy(bc.b_stride, gs, sizeof bc.b_stride);
-        s = CA_KCALL(ca_tdev(x), binary, CA_BINARY_ADD, x->dtype, &bc, ca_tptr(dx), ca_tptr(g), ca_tptr(dx));
+        s = CA_KCALL(ca_tdev(x), binary, .op = CA_BINARY_ADD, .dt = x->dtype, .shape = bc, .a = ca_tptr(dx),
+                     .b = ca_tptr(g), .y = ca_tptr(dx));
     }
     if (s == CA_OK) ca_grad_written(x);
     return s;
@@ -169,9 +171,10 @@ static ca_status narrow_backward(ca_node *n, ca_tensor *g) {
     void *region = (char *)ca_tptr(dx) + (size_t)(start * dx->stride[dim]) * ca_dtype_size(dx->dtype);
     ca_status s;
     if (beta == 0.0f) {   /* zeros, then g into its place */
-        s = CA_KCALL(dev, fill, dx->dtype, dx->numel, 0.0, ca_tptr(dx));
+        s = CA_KCALL(dev, fill, .dt = dx->dtype, .n = dx->numel, .value = 0.0, .y = ca_tptr(dx));
         if (s == CA_OK)
-            s = CA_KCALL(dev, copy_strided, g->dtype, g->ndim, g->shape, ca_tptr(g), g->stride, region, dx->stride);
+            s = CA_KCALL(dev, copy_strided, .dt = g->dtype, .ndim = g->ndim, .shape = g->shape,
+                         .x = ca_tptr(g), .x_stride = g->stride, .y = region, .y_stride = dx->stride);
     } else {              /* region + g into a contiguous temporary, then back into place */
         ca_tensor *tmp = ca_op_new_like(g);
         if (!tmp) return ca_last_status();
@@ -179,9 +182,11 @@ static ca_status narrow_backward(ca_node *n, ca_tensor *g) {
         memcpy(bc.shape, g->shape, sizeof bc.shape);
         memcpy(bc.a_stride, dx->stride, sizeof bc.a_stride);
         memcpy(bc.b_stride, g->stride, sizeof bc.b_stride);
-        s = CA_KCALL(dev, binary, CA_BINARY_ADD, g->dtype, &bc, region, ca_tptr(g), ca_tptr(tmp));
+        s = CA_KCALL(dev, binary, .op = CA_BINARY_ADD, .dt = g->dtype, .shape = bc, .a = region,
+                     .b = ca_tptr(g), .y = ca_tptr(tmp));
         if (s == CA_OK)
-            s = CA_KCALL(dev, copy_strided, g->dtype, g->ndim, g->shape, ca_tptr(tmp), tmp->stride, region, dx->stride);
+            s = CA_KCALL(dev, copy_strided, .dt = g->dtype, .ndim = g->ndim, .shape = g->shape,
+                         .x = ca_tptr(tmp), .x_stride = tmp->stride, .y = region, .y_stride = dx->stride);
     }
     if (s == CA_OK) ca_grad_written(x);
     return s;
@@ -219,12 +224,15 @@ static ca_status cast_backward(ca_node *n, ca_tensor *g) {
     ca_device *dev = ca_tdev(x);
     ca_status s;
     if (beta == 0.0f) {
-        s = CA_KCALL(dev, cast, g->dtype, ca_tptr(g), dx->dtype, ca_tptr(dx), g->numel, 1.0f);
+        s = CA_KCALL(dev, cast, .src_dt = g->dtype, .x = ca_tptr(g), .dst_dt = dx->dtype, .y = ca_tptr(dx),
+                     .n = g->numel, .alpha = 1.0f);
     } else {
         ca_tensor *t = ca_op_new_like(x);
         if (!t) return ca_last_status();
-        s = CA_KCALL(dev, cast, g->dtype, ca_tptr(g), t->dtype, ca_tptr(t), g->numel, 1.0f);
-        if (s == CA_OK) s = CA_KCALL(dev, axpby, dx->dtype, dx->numel, 1.0f, ca_tptr(t), 1.0f, ca_tptr(dx));
+        s = CA_KCALL(dev, cast, .src_dt = g->dtype, .x = ca_tptr(g), .dst_dt = t->dtype, .y = ca_tptr(t),
+                     .n = g->numel, .alpha = 1.0f);
+        if (s == CA_OK) s = CA_KCALL(dev, axpby, .dt = dx->dtype, .n = dx->numel, .alpha = 1.0f,
+                                     .x = ca_tptr(t), .beta = 1.0f, .y = ca_tptr(dx));
     }
     if (s == CA_OK) ca_grad_written(x);
     return s;
@@ -237,7 +245,8 @@ ca_tensor *ca_cast(ca_tensor *x, ca_dtype dt) {
     x = ca_contiguous(x);
     ca_tensor *y = x ? ca_tensor_new(ca_tdev(x), dt, x->ndim, x->shape) : NULL;
     if (!y) return NULL;
-    if (x->numel && CA_KCALL(ca_tdev(x), cast, x->dtype, ca_tptr(x), dt, ca_tptr(y), x->numel, 1.0f) != CA_OK)
+    if (x->numel && CA_KCALL(ca_tdev(x), cast, .src_dt = x->dtype, .x = ca_tptr(x), .dst_dt = dt,
+                             .y = ca_tptr(y), .n = x->numel, .alpha = 1.0f) != CA_OK)
         return NULL;
     if (ca_dtype_is_float(x->dtype) && ca_dtype_is_float(dt) && ca_needs_grad(1, &x) &&
         !ca_record(&cast_vt, y, 1, &x))
@@ -280,8 +289,8 @@ ca_tensor *ca_expand(ca_tensor *x, int ndim, const int64_t *shape) {
     }
     ca_tensor *y = ca_tensor_new(ca_tdev(x), x->dtype, ndim, shape);
     if (!y) return NULL;
-    if (y->numel && CA_KCALL(ca_tdev(x), copy_strided, x->dtype, ndim, shape, ca_tptr(x), xs, ca_tptr(y),
-                             y->stride) != CA_OK)
+    if (y->numel && CA_KCALL(ca_tdev(x), copy_strided, .dt = x->dtype, .ndim = ndim, .shape = shape,
+                             .x = ca_tptr(x), .x_stride = xs, .y = ca_tptr(y), .y_stride = y->stride) != CA_OK)
         return NULL;
     if (ca_needs_grad(1, &x) && !ca_record(&expand_vt, y, 1, &x)) return NULL;
     return y;

@@ -262,7 +262,7 @@ ca_tensor *ca_empty(ca_device *dev, ca_dtype dt, int ndim, const int64_t *shape)
 
 ca_tensor *ca_full(ca_device *dev, ca_dtype dt, int ndim, const int64_t *shape, double v) {
     ca_tensor *t = ca_tensor_new(dev, dt, ndim, shape);
-    if (t && t->numel && CA_KCALL(dev, fill, dt, t->numel, v, ca_tptr(t)) != CA_OK) return NULL;
+    if (t && t->numel && CA_KCALL(dev, fill, .dt = dt, .n = t->numel, .value = v, .y = ca_tptr(t)) != CA_OK) return NULL;
     return t;
 }
 
@@ -327,7 +327,8 @@ static ca_tensor *rand_tensor(ca_device *dev, ca_dtype dt, int ndim, const int64
     if (!t || !t->numel) return t;
     uint64_t seed = current_seed();
     uint64_t off = ca_rng_reserve(ca_rng_counters(kind, t->numel));
-    if (CA_KCALL(dev, rng, kind, dt, t->numel, seed, off, a, b, ca_tptr(t)) != CA_OK) return NULL;
+    if (CA_KCALL(dev, rng, .kind = kind, .dt = dt, .n = t->numel, .seed = seed, .offset = off, .a = a, .b = b,
+                 .y = ca_tptr(t)) != CA_OK) return NULL;
     return t;
 }
 
@@ -482,8 +483,8 @@ static ca_status gather_contiguous(const ca_tensor *src, void *dst) {
         dstride[i] = s;
         s *= src->shape[i];
     }
-    return CA_KCALL(d, copy_strided, src->dtype, src->ndim, src->shape, ca_tptr(src), src->stride,
-                    dst, dstride);
+    return CA_KCALL(d, copy_strided, .dt = src->dtype, .ndim = src->ndim, .shape = src->shape,
+                    .x = ca_tptr(src), .x_stride = src->stride, .y = dst, .y_stride = dstride);
 }
 
 ca_status ca_tensor_to_host(const ca_tensor *t, void *dst, size_t bytes) {
@@ -560,7 +561,8 @@ ca_status ca_tensor_item(const ca_tensor *t, double *out) {
     case CA_BF16: { uint32_t b = (uint32_t)v.h << 16; float f; memcpy(&f, &b, 4); *out = f; break; }
     case CA_F16: {
         float f;
-        ca_status cs = CA_KCALL(ca_cpu_device(), cast, CA_F16, &v.h, CA_F32, &f, 1, 1.0f);
+        ca_status cs = CA_KCALL(ca_cpu_device(), cast, .src_dt = CA_F16, .x = &v.h, .dst_dt = CA_F32, .y = &f,
+                                .n = 1, .alpha = 1.0f);
         if (cs != CA_OK) return cs;
         *out = f;
         break;

@@ -173,7 +173,7 @@ static void test_registry_loads_plugin_with_reason(void **state) {
 
 /* A backend whose kernel table ends where ABI 1.0's did (the CPU's tables cut before
  * `attention`, the first slot 1.1 appended) loads, runs the kernels it has, and names
- * the kernel it lacks. */
+ * the kernel it lacks and the device. */
 static void test_registry_older_minor_lacks_new_kernels(void **state) {
     static ca_kernels k10;
     static ca_device_ops ops;
@@ -197,6 +197,7 @@ static void test_registry_older_minor_lacks_new_kernels(void **state) {
         assert_non_null(ca_add(q, q));
         assert_null(ca_scaled_dot_product_attention(q, q, q, NULL, false, 0, 0));
         assert_non_null(strstr(ca_last_error(), "device backend 'cpu_abi10' has no kernel 'attention'"));
+        assert_non_null(strstr(ca_last_error(), "op attention cannot run on device cpu_abi10:0"));
         assert_int_equal(ca_last_status(), CA_ERR_UNSUPPORTED);
     }
 }

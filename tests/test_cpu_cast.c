@@ -23,7 +23,7 @@ static void test_half_to_f32_exhaustive(void **state) {
     for (int i = 0; i < 65536; i++) h[i] = (uint16_t)i;
     for (int d = 0; d < 2; d++) {
         ca_dtype dt = dts[d];
-        OK(K->cast(dev, dt, h, CA_F32, f, 65536, 1.0f));
+        OK(KC(cast, .src_dt = dt, .x = h, .dst_dt = CA_F32, .y = f, .n = 65536, .alpha = 1.0f));
         for (int i = 0; i < 65536; i++) {
             double r = ref_decode((uint16_t)i, ebits_of(dt), mbits_of(dt));
             if (isnan(r)) {
@@ -35,7 +35,7 @@ static void test_half_to_f32_exhaustive(void **state) {
             }
         }
         /* and back: the identity, except that NaNs come back quiet */
-        OK(K->cast(dev, CA_F32, f, dt, back, 65536, 1.0f));
+        OK(KC(cast, .src_dt = CA_F32, .x = f, .dst_dt = dt, .y = back, .n = 65536, .alpha = 1.0f));
         uint16_t quiet = dt == CA_F16 ? 0x0200 : 0x0040;
         for (int i = 0; i < 65536; i++) {
             uint16_t want = (uint16_t)i;
@@ -50,7 +50,7 @@ static void test_half_to_f32_exhaustive(void **state) {
 
 static void check_f32_to_half(ca_dtype dt, const float *x, int64_t n) {
     uint16_t *h = malloc((size_t)n * 2);
-    OK(K->cast(dev, CA_F32, x, dt, h, n, 1.0f));
+    OK(KC(cast, .src_dt = CA_F32, .x = x, .dst_dt = dt, .y = h, .n = n, .alpha = 1.0f));
     for (int64_t i = 0; i < n; i++) {
         if (isnan(x[i])) {
             if (!isnan(ref_decode(h[i], ebits_of(dt), mbits_of(dt))))
@@ -84,7 +84,7 @@ static void test_f32_to_half(void **state) {
     /* the ties, spelled out */
     uint16_t h[8];
     float t16[8] = {1.0f + 0x1p-11f, 1.0f + 0x3p-11f, 0x1p-25f, 0x3p-25f, 65520.0f, 65519.99f, 1e-10f, -0x1p-24f};
-    OK(K->cast(dev, CA_F32, t16, CA_F16, h, 8, 1.0f));
+    OK(KC(cast, .src_dt = CA_F32, .x = t16, .dst_dt = CA_F16, .y = h, .n = 8, .alpha = 1.0f));
     assert_int_equal(h[0], 0x3c00);  /* tie to even: down */
     assert_int_equal(h[1], 0x3c02);  /* tie to even: up */
     assert_int_equal(h[2], 0x0000);  /* half the smallest subnormal: to 0 */
@@ -94,7 +94,7 @@ static void test_f32_to_half(void **state) {
     assert_int_equal(h[6], 0x0000);
     assert_int_equal(h[7], 0x8001);
     float tb[4] = {u2f(0x3f808000u), u2f(0x3f818000u), u2f(0x7f7f8000u), u2f(0x00008000u)};
-    OK(K->cast(dev, CA_F32, tb, CA_BF16, h, 4, 1.0f));
+    OK(KC(cast, .src_dt = CA_F32, .x = tb, .dst_dt = CA_BF16, .y = h, .n = 4, .alpha = 1.0f));
     assert_int_equal(h[0], 0x3f80);
     assert_int_equal(h[1], 0x3f82);
     assert_int_equal(h[2], 0x7f80);  /* overflow to Inf */
@@ -104,13 +104,13 @@ static void test_f32_to_half(void **state) {
 static void test_half_to_half(void **state) {
     uint16_t *h = malloc(65536 * 2), *o = malloc(65536 * 2);
     for (int i = 0; i < 65536; i++) h[i] = (uint16_t)i;
-    OK(K->cast(dev, CA_F16, h, CA_BF16, o, 65536, 1.0f));
+    OK(KC(cast, .src_dt = CA_F16, .x = h, .dst_dt = CA_BF16, .y = o, .n = 65536, .alpha = 1.0f));
     for (int i = 0; i < 65536; i++) {
         double v = ref_decode((uint16_t)i, 5, 10);
         if (isnan(v)) assert_true(isnan(ref_decode(o[i], 8, 7)));
         else if (o[i] != ref_encode(v, 8, 7)) fail_msg("f16 0x%04x -> bf16 0x%04x", i, o[i]);
     }
-    OK(K->cast(dev, CA_BF16, h, CA_F16, o, 65536, 1.0f));
+    OK(KC(cast, .src_dt = CA_BF16, .x = h, .dst_dt = CA_F16, .y = o, .n = 65536, .alpha = 1.0f));
     for (int i = 0; i < 65536; i++) {
         double v = ref_decode((uint16_t)i, 8, 7);
         if (isnan(v)) assert_true(isnan(ref_decode(o[i], 5, 10)));
@@ -118,7 +118,7 @@ static void test_half_to_half(void **state) {
     }
     /* in place with alpha: bf16 -> bf16 times 2 */
     uint16_t v[3] = {0x3f80, 0xc000, 0x7f80};
-    OK(K->cast(dev, CA_BF16, v, CA_BF16, v, 3, 2.0f));
+    OK(KC(cast, .src_dt = CA_BF16, .x = v, .dst_dt = CA_BF16, .y = v, .n = 3, .alpha = 2.0f));
     assert_true(v[0] == 0x4000 && v[1] == 0xc080 && v[2] == 0x7f80);
     free(h);
     free(o);
@@ -132,22 +132,22 @@ static void test_int_casts(void **state) {
     for (int i = 0; i < 256; i++) px[i] = (uint8_t)i;
     const float inv = 1.0f / 255.0f;
     for (int n = 1; n <= 256; n += 17) {
-        OK(K->cast(dev, CA_U8, px, CA_F32, f, n, inv));
+        OK(KC(cast, .src_dt = CA_U8, .x = px, .dst_dt = CA_F32, .y = f, .n = n, .alpha = inv));
         for (int i = 0; i < n; i++) assert_true(f[i] == inv * (float)i);
     }
     assert_true(f[255] == inv * 255.0f);
     /* f32 -> u8: ties to even, saturation, NaN -> 0 */
     float fx[] = {0.4f, 0.5f, 1.5f, 2.5f, 254.5f, 255.4f, 300.0f, -3.0f, NAN, INFINITY, -0.6f};
     uint8_t u[NELEM(fx)];
-    OK(K->cast(dev, CA_F32, fx, CA_U8, u, NELEM(fx), 1.0f));
+    OK(KC(cast, .src_dt = CA_F32, .x = fx, .dst_dt = CA_U8, .y = u, .n = NELEM(fx), .alpha = 1.0f));
     const uint8_t uw[] = {0, 0, 2, 2, 254, 255, 255, 0, 0, 255, 0};
     assert_memory_equal(u, uw, sizeof uw);
     /* f32 -> i32 / i64 */
     float fi[] = {2.5f, -2.5f, 3.5f, 3e9f, -3e9f, NAN, 1e19f, -1e19f, 16777216.0f};
     int32_t i32[NELEM(fi)];
     int64_t i64[NELEM(fi)];
-    OK(K->cast(dev, CA_F32, fi, CA_I32, i32, NELEM(fi), 1.0f));
-    OK(K->cast(dev, CA_F32, fi, CA_I64, i64, NELEM(fi), 1.0f));
+    OK(KC(cast, .src_dt = CA_F32, .x = fi, .dst_dt = CA_I32, .y = i32, .n = NELEM(fi), .alpha = 1.0f));
+    OK(KC(cast, .src_dt = CA_F32, .x = fi, .dst_dt = CA_I64, .y = i64, .n = NELEM(fi), .alpha = 1.0f));
     const int32_t w32[] = {2, -2, 4, INT32_MAX, INT32_MIN, 0, INT32_MAX, INT32_MIN, 16777216};
     const int64_t w64[] = {2, -2, 4, 3000000000LL, -3000000000LL, 0, INT64_MAX, INT64_MIN, 16777216};
     assert_memory_equal(i32, w32, sizeof w32);
@@ -155,55 +155,55 @@ static void test_int_casts(void **state) {
     /* float scale then round: 7 * 0.5 = 3.5 -> 4 */
     int32_t seven = 7, r;
     float seven_f = 7.0f;
-    OK(K->cast(dev, CA_F32, &seven_f, CA_I32, &r, 1, 0.5f));
+    OK(KC(cast, .src_dt = CA_F32, .x = &seven_f, .dst_dt = CA_I32, .y = &r, .n = 1, .alpha = 0.5f));
     assert_int_equal(r, 4);
-    OK(K->cast(dev, CA_I32, &seven, CA_I32, &r, 1, 0.5f));
+    OK(KC(cast, .src_dt = CA_I32, .x = &seven, .dst_dt = CA_I32, .y = &r, .n = 1, .alpha = 0.5f));
     assert_int_equal(r, 4);
     /* int -> int is exact when alpha == 1, saturating when narrowing */
     int64_t big[] = {16777217, -16777217, 1LL << 40, -(1LL << 40), 300, -1};
     int32_t n32[6];
     uint8_t n8[6];
-    OK(K->cast(dev, CA_I64, big, CA_I32, n32, 6, 1.0f));
+    OK(KC(cast, .src_dt = CA_I64, .x = big, .dst_dt = CA_I32, .y = n32, .n = 6, .alpha = 1.0f));
     const int32_t wn32[] = {16777217, -16777217, INT32_MAX, INT32_MIN, 300, -1};
     assert_memory_equal(n32, wn32, sizeof wn32);
-    OK(K->cast(dev, CA_I64, big, CA_U8, n8, 6, 1.0f));
+    OK(KC(cast, .src_dt = CA_I64, .x = big, .dst_dt = CA_U8, .y = n8, .n = 6, .alpha = 1.0f));
     const uint8_t wn8[] = {255, 0, 255, 0, 255, 0};
     assert_memory_equal(n8, wn8, sizeof wn8);
     int64_t back[6];
-    OK(K->cast(dev, CA_I32, n32, CA_I64, back, 6, 1.0f));
+    OK(KC(cast, .src_dt = CA_I32, .x = n32, .dst_dt = CA_I64, .y = back, .n = 6, .alpha = 1.0f));
     for (int i = 0; i < 6; i++) assert_true(back[i] == n32[i]);
     /* int -> float with a scale; i64 and i32 */
     float ff[6];
-    OK(K->cast(dev, CA_I64, big, CA_F32, ff, 6, 2.0f));
+    OK(KC(cast, .src_dt = CA_I64, .x = big, .dst_dt = CA_F32, .y = ff, .n = 6, .alpha = 2.0f));
     for (int i = 0; i < 6; i++) assert_true(ff[i] == 2.0f * (float)big[i]);
-    OK(K->cast(dev, CA_I32, n32, CA_F32, ff, 6, 1.0f));
+    OK(KC(cast, .src_dt = CA_I32, .x = n32, .dst_dt = CA_F32, .y = ff, .n = 6, .alpha = 1.0f));
     for (int i = 0; i < 6; i++) assert_true(ff[i] == (float)n32[i]);
     /* u8 -> f16/bf16 and f16 -> u8 */
     uint16_t hh[256];
-    OK(K->cast(dev, CA_U8, px, CA_F16, hh, 256, inv));
+    OK(KC(cast, .src_dt = CA_U8, .x = px, .dst_dt = CA_F16, .y = hh, .n = 256, .alpha = inv));
     for (int i = 0; i < 256; i++) assert_int_equal(hh[i], ref_encode(inv * (float)i, 5, 10));
-    OK(K->cast(dev, CA_U8, px, CA_BF16, hh, 256, 1.0f));
-    OK(K->cast(dev, CA_BF16, hh, CA_U8, u, 11, 1.0f));
+    OK(KC(cast, .src_dt = CA_U8, .x = px, .dst_dt = CA_BF16, .y = hh, .n = 256, .alpha = 1.0f));
+    OK(KC(cast, .src_dt = CA_BF16, .x = hh, .dst_dt = CA_U8, .y = u, .n = 11, .alpha = 1.0f));
     for (int i = 0; i < 11; i++) assert_int_equal(u[i], i);
     /* same dtype, alpha 1: a copy; f32 in place with alpha */
     float c[4] = {1, 2, 3, 4};
-    OK(K->cast(dev, CA_F32, c, CA_F32, c, 4, 1.0f));
-    OK(K->cast(dev, CA_F32, c, CA_F32, c, 4, -2.0f));
+    OK(KC(cast, .src_dt = CA_F32, .x = c, .dst_dt = CA_F32, .y = c, .n = 4, .alpha = 1.0f));
+    OK(KC(cast, .src_dt = CA_F32, .x = c, .dst_dt = CA_F32, .y = c, .n = 4, .alpha = -2.0f));
     assert_true(c[0] == -2 && c[3] == -8);
     /* narrowing in place (f32 -> bf16 over the same buffer) is allowed */
-    OK(K->cast(dev, CA_F32, c, CA_BF16, c, 4, 1.0f));
+    OK(KC(cast, .src_dt = CA_F32, .x = c, .dst_dt = CA_BF16, .y = c, .n = 4, .alpha = 1.0f));
     assert_int_equal(((uint16_t *)c)[3], 0xc100);
     /* widening over its own input is refused */
     uint16_t w[4] = {0};
-    assert_int_equal(K->cast(dev, CA_BF16, w, CA_F32, w, 2, 1.0f), CA_ERR_INVALID);
-    assert_int_equal(K->cast(dev, (ca_dtype)42, w, CA_F32, f, 1, 1.0f), CA_ERR_INVALID);
-    OK(K->cast(dev, CA_F32, NULL, CA_F16, NULL, 0, 1.0f));
+    assert_int_equal(KC(cast, .src_dt = CA_BF16, .x = w, .dst_dt = CA_F32, .y = w, .n = 2, .alpha = 1.0f), CA_ERR_INVALID);
+    assert_int_equal(KC(cast, .src_dt = (ca_dtype)42, .x = w, .dst_dt = CA_F32, .y = f, .n = 1, .alpha = 1.0f), CA_ERR_INVALID);
+    OK(KC(cast, .src_dt = CA_F32, .x = NULL, .dst_dt = CA_F16, .y = NULL, .n = 0, .alpha = 1.0f));
     /* a large conversion crosses many chunks */
     int64_t nn = 100003;
     uint8_t *bx = malloc((size_t)nn);
     float *by = malloc((size_t)nn * 4);
     for (int64_t i = 0; i < nn; i++) bx[i] = (uint8_t)(i * 7);
-    OK(K->cast(dev, CA_U8, bx, CA_F32, by, nn, inv));
+    OK(KC(cast, .src_dt = CA_U8, .x = bx, .dst_dt = CA_F32, .y = by, .n = nn, .alpha = inv));
     for (int64_t i = 0; i < nn; i++) assert_true(by[i] == inv * (float)bx[i]);
     free(bx);
     free(by);
@@ -216,21 +216,21 @@ static void test_fill(void **state) {
     for (int s = 0; s < NELEM(sizes); s++) {
         int64_t n = sizes[s];
         float *f = mk(CA_F32, n);
-        OK(K->fill(dev, CA_F32, n, 0.1, f));
+        OK(KC(fill, .dt = CA_F32, .n = n, .value = 0.1, .y = f));
         for (int64_t i = 0; i < n; i++) assert_true(f[i] == 0.1f);
         uint16_t *h = mk(CA_F16, n);
-        OK(K->fill(dev, CA_F16, n, -2.5, h));
+        OK(KC(fill, .dt = CA_F16, .n = n, .value = -2.5, .y = h));
         for (int64_t i = 0; i < n; i++) assert_int_equal(h[i], 0xc100);
-        OK(K->fill(dev, CA_BF16, n, 3.0, h));
+        OK(KC(fill, .dt = CA_BF16, .n = n, .value = 3.0, .y = h));
         for (int64_t i = 0; i < n; i++) assert_int_equal(h[i], 0x4040);
         int32_t *i32 = mk(CA_I32, n);
-        OK(K->fill(dev, CA_I32, n, 2.5, i32));
+        OK(KC(fill, .dt = CA_I32, .n = n, .value = 2.5, .y = i32));
         for (int64_t i = 0; i < n; i++) assert_int_equal(i32[i], 2);
         int64_t *i64 = mk(CA_I64, n);
-        OK(K->fill(dev, CA_I64, n, -7, i64));
+        OK(KC(fill, .dt = CA_I64, .n = n, .value = -7, .y = i64));
         for (int64_t i = 0; i < n; i++) assert_true(i64[i] == -7);
         uint8_t *u8 = mk(CA_U8, n);
-        OK(K->fill(dev, CA_U8, n, 300, u8));
+        OK(KC(fill, .dt = CA_U8, .n = n, .value = 300, .y = u8));
         for (int64_t i = 0; i < n; i++) assert_int_equal(u8[i], 255);
         free(f);
         free(h);
@@ -239,14 +239,14 @@ static void test_fill(void **state) {
         free(u8);
     }
     uint16_t h;
-    OK(K->fill(dev, CA_F16, 1, 1e6, &h));
+    OK(KC(fill, .dt = CA_F16, .n = 1, .value = 1e6, .y = &h));
     assert_int_equal(h, 0x7c00);
     float f;
-    OK(K->fill(dev, CA_F32, 1, NAN, &f));
+    OK(KC(fill, .dt = CA_F32, .n = 1, .value = NAN, .y = &f));
     assert_true(isnan(f));
-    OK(K->fill(dev, CA_F32, 0, 1, NULL));
-    assert_int_equal(K->fill(dev, CA_F32, -1, 1, &f), CA_ERR_INVALID);
-    assert_int_equal(K->fill(dev, CA_DTYPE_COUNT, 1, 1, &f), CA_ERR_INVALID);
+    OK(KC(fill, .dt = CA_F32, .n = 0, .value = 1, .y = NULL));
+    assert_int_equal(KC(fill, .dt = CA_F32, .n = -1, .value = 1, .y = &f), CA_ERR_INVALID);
+    assert_int_equal(KC(fill, .dt = CA_DTYPE_COUNT, .n = 1, .value = 1, .y = &f), CA_ERR_INVALID);
 }
 
 /* ------------------------------------------------------------ copy_strided */
@@ -273,7 +273,8 @@ static void check_copy(ca_dtype dt, int ndim, const int64_t *shape, const int64_
             idx[d] = 0;
         }
     }
-    OK(K->copy_strided(dev, dt, ndim, shape, x + xoff * (int64_t)es, xs, y, ys));
+    OK(KC(copy_strided, .dt = dt, .ndim = ndim, .shape = shape, .x = x + xoff * (int64_t)es, .x_stride = xs,
+          .y = y, .y_stride = ys));
     assert_memory_equal(y, want, (size_t)ylen * es);
     free(x);
     free(y);
@@ -306,9 +307,12 @@ static void test_copy_strided(void **state) {
         check_copy(dt, 0, NULL, NULL, 0, 1, NULL, 1);
     }
     int64_t zero[2] = {0, 5}, st[2] = {5, 1};
-    OK(K->copy_strided(dev, CA_F32, 2, zero, NULL, st, NULL, st));
-    assert_int_equal(K->copy_strided(dev, CA_F32, CA_MAX_DIMS + 1, zero, NULL, st, NULL, st), CA_ERR_INVALID);
-    assert_int_equal(K->copy_strided(dev, (ca_dtype)-1, 1, zero, NULL, st, NULL, st), CA_ERR_INVALID);
+    OK(KC(copy_strided, .dt = CA_F32, .ndim = 2, .shape = zero, .x = NULL, .x_stride = st, .y = NULL,
+          .y_stride = st));
+    assert_int_equal(KC(copy_strided, .dt = CA_F32, .ndim = CA_MAX_DIMS + 1, .shape = zero, .x = NULL,
+                        .x_stride = st, .y = NULL, .y_stride = st), CA_ERR_INVALID);
+    assert_int_equal(KC(copy_strided, .dt = (ca_dtype)-1, .ndim = 1, .shape = zero, .x = NULL, .x_stride = st,
+                        .y = NULL, .y_stride = st), CA_ERR_INVALID);
 }
 
 /* ------------------------------------------------------------ RNG */
@@ -378,7 +382,8 @@ static void test_rng_uniform(void **state) {
     for (int s = 0; s < NELEM(sizes); s++) {
         int64_t n = sizes[s];
         float *y = malloc((size_t)n * 4);
-        OK(K->rng(dev, CA_RNG_UNIFORM, CA_F32, n, seed, offset, -1.0f, 3.0f, y));
+        OK(KC(rng, .kind = CA_RNG_UNIFORM, .dt = CA_F32, .n = n, .seed = seed, .offset = offset, .a = -1.0f,
+              .b = 3.0f, .y = y));
         for (int64_t i = 0; i < n; i++) {
             uint32_t w[4];
             ref_words(seed, offset + (uint64_t)i / 4, w);
@@ -389,11 +394,13 @@ static void test_rng_uniform(void **state) {
         }
         /* offset consistency: n elements from offset o are the tail of a longer draw from o - 5 */
         float *longer = malloc((size_t)(n + 20) * 4);
-        OK(K->rng(dev, CA_RNG_UNIFORM, CA_F32, n + 20, seed, offset - 5, -1.0f, 3.0f, longer));
+        OK(KC(rng, .kind = CA_RNG_UNIFORM, .dt = CA_F32, .n = n + 20, .seed = seed, .offset = offset - 5,
+              .a = -1.0f, .b = 3.0f, .y = longer));
         assert_memory_equal(longer + 20, y, (size_t)n * 4);
         /* same arguments, same numbers; f16 output is the f32 draw rounded */
         uint16_t *h = malloc((size_t)n * 2);
-        OK(K->rng(dev, CA_RNG_UNIFORM, CA_F16, n, seed, offset, -1.0f, 3.0f, h));
+        OK(KC(rng, .kind = CA_RNG_UNIFORM, .dt = CA_F16, .n = n, .seed = seed, .offset = offset, .a = -1.0f,
+              .b = 3.0f, .y = h));
         for (int64_t i = 0; i < n; i++) assert_int_equal(h[i], ref_encode(y[i], 5, 10));
         free(h);
         free(longer);
@@ -401,13 +408,15 @@ static void test_rng_uniform(void **state) {
     }
     /* a different seed gives different numbers */
     float a[64], b[64];
-    OK(K->rng(dev, CA_RNG_UNIFORM, CA_F32, 64, 1, 0, 0, 1, a));
-    OK(K->rng(dev, CA_RNG_UNIFORM, CA_F32, 64, 2, 0, 0, 1, b));
+    OK(KC(rng, .kind = CA_RNG_UNIFORM, .dt = CA_F32, .n = 64, .seed = 1, .offset = 0, .a = 0, .b = 1, .y = a));
+    OK(KC(rng, .kind = CA_RNG_UNIFORM, .dt = CA_F32, .n = 64, .seed = 2, .offset = 0, .a = 0, .b = 1, .y = b));
     assert_true(memcmp(a, b, sizeof a) != 0);
     assert_int_equal(ca_rng_counters(CA_RNG_UNIFORM, 5), 2);
     assert_int_equal(ca_rng_counters(CA_RNG_NORMAL, 5), 3);
-    assert_int_equal(K->rng(dev, (ca_rng_kind)7, CA_F32, 1, 0, 0, 0, 1, a), CA_ERR_INVALID);
-    assert_int_equal(K->rng(dev, CA_RNG_UNIFORM, CA_I32, 1, 0, 0, 0, 1, a), CA_ERR_UNSUPPORTED);
+    assert_int_equal(KC(rng, .kind = (ca_rng_kind)7, .dt = CA_F32, .n = 1, .seed = 0, .offset = 0, .a = 0,
+                        .b = 1, .y = a), CA_ERR_INVALID);
+    assert_int_equal(KC(rng, .kind = CA_RNG_UNIFORM, .dt = CA_I32, .n = 1, .seed = 0, .offset = 0, .a = 0,
+                        .b = 1, .y = a), CA_ERR_UNSUPPORTED);
 }
 
 static void test_rng_normal(void **state) {
@@ -416,7 +425,8 @@ static void test_rng_normal(void **state) {
     for (int s = 0; s < NELEM(sizes); s++) {
         int64_t n = sizes[s];
         float *y = malloc((size_t)n * 4);
-        OK(K->rng(dev, CA_RNG_NORMAL, CA_F32, n, seed, offset, 0.5f, 2.0f, y));
+        OK(KC(rng, .kind = CA_RNG_NORMAL, .dt = CA_F32, .n = n, .seed = seed, .offset = offset, .a = 0.5f,
+              .b = 2.0f, .y = y));
         double sum = 0, sq = 0;
         for (int64_t i = 0; i < n; i++) {
             uint32_t w[4];
@@ -436,7 +446,8 @@ static void test_rng_normal(void **state) {
             assert_true(fabs(var - 1) < 0.03);
         }
         float *longer = malloc((size_t)(n + 6) * 4);
-        OK(K->rng(dev, CA_RNG_NORMAL, CA_F32, n + 6, seed, offset - 3, 0.5f, 2.0f, longer));
+        OK(KC(rng, .kind = CA_RNG_NORMAL, .dt = CA_F32, .n = n + 6, .seed = seed, .offset = offset - 3,
+              .a = 0.5f, .b = 2.0f, .y = longer));
         assert_memory_equal(longer + 6, y, (size_t)n * 4);
         free(longer);
         free(y);
@@ -459,8 +470,10 @@ static void test_dropout(void **state) {
                 void *x = mk_rand(dt, n, -2, 2), *y = mk(dt, n);
                 uint8_t *mask = malloc((size_t)n);
                 float *u = malloc((size_t)n * 4);
-                OK(K->dropout(dev, dt, n, p, seed, off, x, y, mask));
-                OK(K->rng(dev, CA_RNG_UNIFORM, CA_F32, n, seed, off, 0, 1, u));
+                OK(KC(dropout, .dt = dt, .n = n, .p = p, .seed = seed, .offset = off, .x = x, .y = y,
+                      .mask = mask));
+                OK(KC(rng, .kind = CA_RNG_UNIFORM, .dt = CA_F32, .n = n, .seed = seed, .offset = off, .a = 0,
+                      .b = 1, .y = u));
                 double scale = p < 1 ? 1.0 / (1.0 - (double)p) : 0, kept = 0;
                 double *ref = malloc((size_t)n * 8);
                 for (int64_t i = 0; i < n; i++) {
@@ -478,14 +491,16 @@ static void test_dropout(void **state) {
                     if (!b) fill_nan(dt, dx, n);
                     for (int64_t i = 0; i < n; i++)
                         ref[i] = (b ? 0.5 * get(dt, dx, i) : 0) + (mask[i] ? get(dt, dy, i) * scale : 0);
-                    OK(K->dropout_backward(dev, dt, n, p, mask, dy, dx, b ? 0.5f : 0.0f));
+                    OK(KC(dropout_backward, .dt = dt, .n = n, .p = p, .mask = mask, .dy = dy, .dx = dx,
+                          .beta = b ? 0.5f : 0.0f));
                     check_close("dropout_backward", dt, dx, ref, n, tol_of(dt), 1e-7);
                     free(dy);
                     free(dx);
                 }
                 /* in place, no mask wanted */
                 for (int64_t i = 0; i < n; i++) ref[i] = mask[i] ? get(dt, x, i) * scale : 0;
-                OK(K->dropout(dev, dt, n, p, seed, off, x, x, NULL));
+                OK(KC(dropout, .dt = dt, .n = n, .p = p, .seed = seed, .offset = off, .x = x, .y = x,
+                      .mask = NULL));
                 check_close("dropout in place", dt, x, ref, n, tol_of(dt), 0);
                 free(x);
                 free(y);
@@ -495,9 +510,12 @@ static void test_dropout(void **state) {
             }
     float v = 1;
     uint8_t m;
-    assert_int_equal(K->dropout(dev, CA_F32, 1, 1.5f, 0, 0, &v, &v, &m), CA_ERR_INVALID);
-    assert_int_equal(K->dropout(dev, CA_F32, 1, NAN, 0, 0, &v, &v, &m), CA_ERR_INVALID);
-    assert_int_equal(K->dropout_backward(dev, CA_F32, 1, 0.5f, NULL, &v, &v, 0), CA_ERR_INVALID);
+    assert_int_equal(KC(dropout, .dt = CA_F32, .n = 1, .p = 1.5f, .seed = 0, .offset = 0, .x = &v, .y = &v,
+                        .mask = &m), CA_ERR_INVALID);
+    assert_int_equal(KC(dropout, .dt = CA_F32, .n = 1, .p = NAN, .seed = 0, .offset = 0, .x = &v, .y = &v,
+                        .mask = &m), CA_ERR_INVALID);
+    assert_int_equal(KC(dropout_backward, .dt = CA_F32, .n = 1, .p = 0.5f, .mask = NULL, .dy = &v, .dx = &v,
+                        .beta = 0), CA_ERR_INVALID);
 }
 
 int main(void) {

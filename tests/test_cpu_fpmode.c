@@ -25,7 +25,7 @@ static float subnormal(void) {
 
 static void mul1(float a, float b, float *y) {
     ca_bcast_args sh = {.ndim = 1, .shape = {1}, .a_stride = {1}, .b_stride = {1}};
-    OK(K->binary(dev, CA_BINARY_MUL, CA_F32, &sh, &a, &b, y));
+    OK(KC(binary, .op = CA_BINARY_MUL, .dt = CA_F32, .shape = sh, .a = &a, .b = &b, .y = y));
 }
 
 /* Runs first: the variable is read at the first kernel call. */
@@ -49,10 +49,10 @@ static void test_flushed_inside_restored_outside(void **state) {
     assert_true(y == 0.0f);                           /* FTZ: the subnormal product is 0 */
     float s = subnormal(), zero = 0.0f;
     ca_bcast_args sh = {.ndim = 1, .shape = {1}, .a_stride = {1}, .b_stride = {1}};
-    OK(K->binary(dev, CA_BINARY_ADD, CA_F32, &sh, &s, &zero, &y));
+    OK(KC(binary, .op = CA_BINARY_ADD, .dt = CA_F32, .shape = sh, .a = &s, .b = &zero, .y = &y));
     assert_true(y == 0.0f);                           /* DAZ: a subnormal input reads as 0 */
     float e, x = -100.0f;
-    OK(K->unary(dev, CA_UNARY_EXP, CA_F32, 1, &x, &e, 0));
+    OK(KC(unary, .op = CA_UNARY_EXP, .dt = CA_F32, .n = 1, .x = &x, .y = &e, .alpha = 0));
     assert_true(e == 0.0f);                           /* exp(-100) ~ 3.7e-44 flushes */
     assert_int_equal(_mm_getcsr() & CONTROL, before & CONTROL);
     assert_true(caller_square(TINY) > 0.0f);         /* and the caller still does */
@@ -82,7 +82,7 @@ static void test_adamw_state_flushed(void **state) {
                         .numel = numel, .grad_dtype = CA_F32};
     ca_adamw_args a = {.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .weight_decay = 0,
                        .bias_correction1 = 0.5f, .bias_correction2 = 0.5f, .grad_scale = 1};
-    OK(K->adamw(dev, &t, &a));
+    OK(KC_LIST(adamw, &t, &a));
     for (int i = 0; i < 4; i++) {
         assert_true(m[i] == 0.0f && v[i] == 0.0f);
         assert_true(p[i] == 1.0f);
@@ -91,7 +91,7 @@ static void test_adamw_state_flushed(void **state) {
     ca_cpu_set_flush_denormal(false);
     assert_false(ca_cpu_flush_denormal());
     for (int i = 0; i < 4; i++) m[i] = v[i] = subnormal() * (float)(i + 1);
-    OK(K->adamw(dev, &t, &a));
+    OK(KC_LIST(adamw, &t, &a));
     ca_cpu_set_flush_denormal(true);
     for (int i = 0; i < 4; i++) {
         assert_true(m[i] > 0.0f && m[i] < 1.2e-38f);
@@ -105,7 +105,7 @@ static void test_flush_off(void **state) {
     ca_cpu_set_flush_denormal(false);
     float y = 0.0f, e, x = -100.0f;
     mul1(TINY, TINY, &y);
-    OK(K->unary(dev, CA_UNARY_EXP, CA_F32, 1, &x, &e, 0));
+    OK(KC(unary, .op = CA_UNARY_EXP, .dt = CA_F32, .n = 1, .x = &x, .y = &e, .alpha = 0));
     ca_cpu_set_flush_denormal(true);
     assert_true(y == caller_square(TINY) && y > 0.0f);
     assert_true(e > 3.7e-44f && e < 3.9e-44f);
@@ -114,17 +114,19 @@ static void test_flush_off(void **state) {
 /* Copies, casts, fills and gathers pass subnormals through bit for bit. */
 static void test_movers_keep_subnormals(void **state) {
     float x[3] = {subnormal(), -subnormal(), 1.0f}, y[3] = {0};
-    OK(K->cast(dev, CA_F32, x, CA_F32, y, 3, 1.0f));
+    OK(KC(cast, .src_dt = CA_F32, .x = x, .dst_dt = CA_F32, .y = y, .n = 3, .alpha = 1.0f));
     assert_memory_equal(x, y, sizeof x);
     int64_t shape[1] = {3}, st[1] = {1};
     memset(y, 0, sizeof y);
-    OK(K->copy_strided(dev, CA_F32, 1, shape, x, st, y, st));
+    OK(KC(copy_strided, .dt = CA_F32, .ndim = 1, .shape = shape, .x = x, .x_stride = st, .y = y,
+          .y_stride = st));
     assert_memory_equal(x, y, sizeof x);
-    OK(K->fill(dev, CA_F32, 3, 1e-40, y));
+    OK(KC(fill, .dt = CA_F32, .n = 3, .value = 1e-40, .y = y));
     assert_true(y[0] == (float)1e-40 && y[0] > 0.0f);
     int32_t idx[2] = {1, 0};
     float g[2];
-    OK(K->gather(dev, CA_F32, 1, 3, 1, 2, x, CA_I32, idx, g));
+    OK(KC(gather, .dt = CA_F32, .outer = 1, .len = 3, .inner = 1, .n = 2, .x = x, .idx_dt = CA_I32,
+          .idx = idx, .y = g));
     assert_memory_equal(g, ((float[]){x[1], x[0]}), sizeof g);
 }
 

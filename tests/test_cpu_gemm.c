@@ -43,7 +43,7 @@ static void run_gemm(const gcase *g) {
                          .alpha = g->alpha, .beta = g->beta, .a_dtype = g->ab, .b_dtype = g->ab,
                          .c_dtype = g->c, .a = a, .lda = lda, .stride_a = sa, .b = b, .ldb = ldb,
                          .stride_b = sb, .c = c, .ldc = ldc, .stride_c = sc, .batch = batch};
-    OK(K->gemm(dev, &args));
+    OK(KC_ARGS(gemm, &args));
     double out_tol = g->c == CA_F32 ? 0 : (g->c == CA_F16 ? 1e-3 : 8e-3);
     for (int64_t t = 0; t < nb; t++)
         for (int64_t i = 0; i < m; i++) {
@@ -106,57 +106,57 @@ static void test_gemm_edges(void **state) {
     ca_gemm_args g = {.m = 1, .n = 3, .k = 0, .alpha = 1, .beta = 0, .a_dtype = CA_F32,
                       .b_dtype = CA_F32, .c_dtype = CA_F32, .a = a, .lda = 1, .b = b, .ldb = 3,
                       .c = c, .ldc = 3};
-    OK(K->gemm(dev, &g));
+    OK(KC_ARGS(gemm, &g));
     assert_true(c[0] == 0 && c[1] == 0 && c[2] == 0 && c[3] == 1);
     g.c = c + 3;
     g.beta = 2;
-    OK(K->gemm(dev, &g));
+    OK(KC_ARGS(gemm, &g));
     assert_true(c[3] == 2 && c[4] == 4 && c[5] == 6);
     /* alpha == 0: A and B are not read (b holds NaN) */
     g.k = 1;
     g.alpha = 0;
     g.beta = 0.5f;
-    OK(K->gemm(dev, &g));
+    OK(KC_ARGS(gemm, &g));
     assert_true(c[3] == 1 && c[4] == 2 && c[5] == 3);
     /* m == 0: nothing to do, C may be NULL */
     g.m = 0;
     g.c = NULL;
-    OK(K->gemm(dev, &g));
+    OK(KC_ARGS(gemm, &g));
     /* a batch sharing one A (stride_a = 0) */
     float A[2] = {2, 3}, B[4] = {1, 10, 100, 1000}, C[4];
     ca_gemm_args sb = {.m = 1, .n = 1, .k = 2, .alpha = 1, .beta = 0, .a_dtype = CA_F32,
                        .b_dtype = CA_F32, .c_dtype = CA_F32, .a = A, .lda = 2, .stride_a = 0,
                        .b = B, .ldb = 1, .stride_b = 2, .c = C, .ldc = 1, .stride_c = 1, .batch = 2};
-    OK(K->gemm(dev, &sb));
+    OK(KC_ARGS(gemm, &sb));
     assert_true(C[0] == 32 && C[1] == 3200);
     uint16_t Ah[2] = {0x4000, 0x4200}; /* f16 2, 3 */
     sb.a = Ah;
     sb.a_dtype = sb.b_dtype = CA_F16;
     uint16_t Bh[4] = {0x3c00, 0x4900, 0x5640, 0x63d0}; /* 1, 10, 100, 1000 */
     sb.b = Bh;
-    OK(K->gemm(dev, &sb));
+    OK(KC_ARGS(gemm, &sb));
     assert_true(C[0] == 32 && C[1] == 3200);
     /* errors */
     ca_gemm_args e = {.m = 2, .n = 2, .k = 2, .alpha = 1, .a_dtype = CA_F32, .b_dtype = CA_F32,
                       .c_dtype = CA_F32, .a = a, .lda = 1, .b = a, .ldb = 2, .c = c, .ldc = 2};
-    assert_int_equal(K->gemm(dev, &e), CA_ERR_INVALID);
+    assert_int_equal(KC_ARGS(gemm, &e), CA_ERR_INVALID);
     assert_non_null(strstr(ca_last_error(), "lda"));
     e.lda = 2;
     e.ldc = 1;
-    assert_int_equal(K->gemm(dev, &e), CA_ERR_INVALID);
+    assert_int_equal(KC_ARGS(gemm, &e), CA_ERR_INVALID);
     e.ldc = 2;
     e.b_dtype = CA_F16;
-    assert_int_equal(K->gemm(dev, &e), CA_ERR_INVALID);
+    assert_int_equal(KC_ARGS(gemm, &e), CA_ERR_INVALID);
     e.a_dtype = CA_BF16;
     e.b_dtype = CA_BF16;
     e.c_dtype = CA_F16;
-    assert_int_equal(K->gemm(dev, &e), CA_ERR_INVALID);
+    assert_int_equal(KC_ARGS(gemm, &e), CA_ERR_INVALID);
     e.a_dtype = e.b_dtype = e.c_dtype = CA_I32;
-    assert_int_equal(K->gemm(dev, &e), CA_ERR_UNSUPPORTED);
+    assert_int_equal(KC_ARGS(gemm, &e), CA_ERR_UNSUPPORTED);
     e.a_dtype = e.b_dtype = e.c_dtype = CA_F32;
     e.m = -1;
-    assert_int_equal(K->gemm(dev, &e), CA_ERR_INVALID);
-    assert_int_equal(K->gemm(dev, NULL), CA_ERR_INVALID);
+    assert_int_equal(KC_ARGS(gemm, &e), CA_ERR_INVALID);
+    assert_int_equal(KC_ARGS(gemm, NULL), CA_ERR_INVALID);
 }
 
 /* The shapes of a Linear layer at batch 128 (784-256): forward x W^T, and the

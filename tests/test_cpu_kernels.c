@@ -79,10 +79,10 @@ static void test_unary(void **state) {
                     for (int64_t i = 0; i < n; i++) ref[i] = ref_unary(op, get(dt, x, i), alpha);
                     char what[64];
                     snprintf(what, sizeof what, "unary %s n=%lld", ca_unary_op_name(op), (long long)n);
-                    OK(K->unary(dev, op, dt, n, x, y, alpha));
+                    OK(KC(unary, .op = op, .dt = dt, .n = n, .x = x, .y = y, .alpha = alpha));
                     check_close(what, dt, y, ref, n, tol_of(dt), 1e-6);
                     /* in place */
-                    OK(K->unary(dev, op, dt, n, x, x, alpha));
+                    OK(KC(unary, .op = op, .dt = dt, .n = n, .x = x, .y = x, .alpha = alpha));
                     check_close(what, dt, x, ref, n, tol_of(dt), 1e-6);
                     free(x);
                     free(y);
@@ -92,23 +92,23 @@ static void test_unary(void **state) {
 
 static void test_unary_special(void **state) {
     float x[6] = {NAN, INFINITY, -INFINITY, -0.0f, 100.0f, -100.0f}, y[6];
-    OK(K->unary(dev, CA_UNARY_RELU, CA_F32, 6, x, y, 0));
+    OK(KC(unary, .op = CA_UNARY_RELU, .dt = CA_F32, .n = 6, .x = x, .y = y, .alpha = 0));
     assert_true(isnan(y[0]));
     assert_true(y[1] == INFINITY && y[2] == 0.0f && y[4] == 100.0f && y[5] == 0.0f);
     /* subnormal results need flushing off (tests/test_cpu_fpmode.c checks it on) */
     ca_cpu_set_flush_denormal(false);
-    OK(K->unary(dev, CA_UNARY_EXP, CA_F32, 6, x, y, 0));
+    OK(KC(unary, .op = CA_UNARY_EXP, .dt = CA_F32, .n = 6, .x = x, .y = y, .alpha = 0));
     assert_true(isnan(y[0]) && y[1] == INFINITY && y[2] == 0.0f && y[3] == 1.0f);
     assert_true(y[4] == INFINITY);                     /* overflow */
     assert_true(y[5] > 3.7e-44 && y[5] < 3.9e-44);     /* exp(-100) is subnormal */
-    OK(K->unary(dev, CA_UNARY_SIGMOID, CA_F32, 6, x, y, 0));
+    OK(KC(unary, .op = CA_UNARY_SIGMOID, .dt = CA_F32, .n = 6, .x = x, .y = y, .alpha = 0));
     assert_true(isnan(y[0]) && y[1] == 1.0f && y[2] == 0.0f && y[3] == 0.5f && y[4] == 1.0f && y[5] == 0.0f);
-    OK(K->unary(dev, CA_UNARY_GELU_TANH, CA_F32, 6, x, y, 0));
+    OK(KC(unary, .op = CA_UNARY_GELU_TANH, .dt = CA_F32, .n = 6, .x = x, .y = y, .alpha = 0));
     assert_true(isnan(y[0]) && y[4] == 100.0f && y[5] == -0.0f);
     /* exp across the subnormal range matches libm */
     for (float v = -103.0f; v < 89.0f; v += 0.37f) {
         float e;
-        OK(K->unary(dev, CA_UNARY_EXP, CA_F32, 1, &v, &e, 0));
+        OK(KC(unary, .op = CA_UNARY_EXP, .dt = CA_F32, .n = 1, .x = &v, .y = &e, .alpha = 0));
         double r = exp((double)v);
         double tol = r < 1.2e-38 ? 2e-45 * 4 : 4e-7 * r;
         if (fabs(e - r) > tol) fail_msg("exp(%g) = %g, want %g", (double)v, (double)e, r);
@@ -118,18 +118,19 @@ static void test_unary_special(void **state) {
      * from erfc there, not from 1 + erf, which cancels to 0 below x = -5.7) */
     for (float v = -9.0f; v < 9.0f; v += 0.013f) {
         float gl, d, one = 1.0f;
-        OK(K->unary(dev, CA_UNARY_GELU_ERF, CA_F32, 1, &v, &gl, 0));
-        OK(K->unary_backward(dev, CA_UNARY_GELU_ERF, CA_F32, 1, &v, NULL, &one, &d, 0, 0));
+        OK(KC(unary, .op = CA_UNARY_GELU_ERF, .dt = CA_F32, .n = 1, .x = &v, .y = &gl, .alpha = 0));
+        OK(KC(unary_backward, .op = CA_UNARY_GELU_ERF, .dt = CA_F32, .n = 1, .x = &v, .y = NULL, .dy = &one,
+              .dx = &d, .alpha = 0, .beta = 0));
         double r = ref_unary(CA_UNARY_GELU_ERF, v, 0), rd = ref_dunary(CA_UNARY_GELU_ERF, v, r, 0);
         r = 0.5 * v * erfc(-v / sqrt(2.0));  /* the reference itself, without cancellation */
         if (fabs(gl - r) > 1e-5 * fabs(r)) fail_msg("gelu(%g) = %.9g, want %.9g", (double)v, (double)gl, r);
         if (fabs(d - rd) > 1e-5 * fabs(rd) + 1e-7)
             fail_msg("gelu'(%g) = %.9g, want %.9g", (double)v, (double)d, rd);
     }
-    assert_int_equal(K->unary(dev, CA_UNARY_OP_COUNT, CA_F32, 1, x, y, 0), CA_ERR_INVALID);
-    assert_int_equal(K->unary(dev, CA_UNARY_NEG, CA_I32, 1, x, y, 0), CA_ERR_UNSUPPORTED);
+    assert_int_equal(KC(unary, .op = CA_UNARY_OP_COUNT, .dt = CA_F32, .n = 1, .x = x, .y = y, .alpha = 0), CA_ERR_INVALID);
+    assert_int_equal(KC(unary, .op = CA_UNARY_NEG, .dt = CA_I32, .n = 1, .x = x, .y = y, .alpha = 0), CA_ERR_UNSUPPORTED);
     assert_non_null(strstr(ca_last_error(), "unary"));
-    assert_int_equal(K->unary(dev, CA_UNARY_NEG, CA_F32, 4, x, x + 1, 0), CA_ERR_INVALID);
+    assert_int_equal(KC(unary, .op = CA_UNARY_NEG, .dt = CA_F32, .n = 4, .x = x, .y = x + 1, .alpha = 0), CA_ERR_INVALID);
 }
 
 static void test_unary_backward(void **state) {
@@ -155,7 +156,8 @@ static void test_unary_backward(void **state) {
                     char what[64];
                     snprintf(what, sizeof what, "unary_backward %s n=%lld beta=%g",
                              ca_unary_op_name(op), (long long)n, (double)beta);
-                    OK(K->unary_backward(dev, op, dt, n, x, y, dy, dx, alpha, beta));
+                    OK(KC(unary_backward, .op = op, .dt = dt, .n = n, .x = x, .y = y, .dy = dy, .dx = dx,
+                          .alpha = alpha, .beta = beta));
                     check_close(what, dt, dx, ref, n, tol_of(dt) * 2, 1e-5);
                     free(x);
                     free(y);
@@ -165,10 +167,13 @@ static void test_unary_backward(void **state) {
                 }
     /* relu reads only y, gelu only x: the other may be NULL */
     float x[3] = {-1, 0.5f, 2}, y[3] = {0, 0.5f, 2}, dy[3] = {1, 1, 1}, dx[3];
-    OK(K->unary_backward(dev, CA_UNARY_RELU, CA_F32, 3, NULL, y, dy, dx, 0, 0));
+    OK(KC(unary_backward, .op = CA_UNARY_RELU, .dt = CA_F32, .n = 3, .x = NULL, .y = y, .dy = dy, .dx = dx,
+          .alpha = 0, .beta = 0));
     assert_true(dx[0] == 0 && dx[1] == 1 && dx[2] == 1);
-    OK(K->unary_backward(dev, CA_UNARY_GELU_TANH, CA_F32, 3, x, NULL, dy, dx, 0, 0));
-    assert_int_equal(K->unary_backward(dev, CA_UNARY_LOG, CA_F32, 3, NULL, y, dy, dx, 0, 0),
+    OK(KC(unary_backward, .op = CA_UNARY_GELU_TANH, .dt = CA_F32, .n = 3, .x = x, .y = NULL, .dy = dy,
+          .dx = dx, .alpha = 0, .beta = 0));
+    assert_int_equal(KC(unary_backward, .op = CA_UNARY_LOG, .dt = CA_F32, .n = 3, .x = NULL, .y = y, .dy = dy,
+                        .dx = dx, .alpha = 0, .beta = 0),
                      CA_ERR_INVALID);
 }
 
@@ -220,7 +225,7 @@ static void run_binary_case(const bcase *c, ca_dtype dt, ca_binary_op op) {
     }
     char what[96];
     snprintf(what, sizeof what, "binary %s ndim=%d n=%lld", ca_binary_op_name(op), c->ndim, (long long)n);
-    OK(K->binary(dev, op, dt, &args, a, b, y));
+    OK(KC(binary, .op = op, .dt = dt, .shape = args, .a = a, .b = b, .y = y));
     check_close(what, dt, y, ref, n, tol_of(dt), 1e-6);
     /* in place into a when a is dense with y's shape */
     if (c->alen == n) {
@@ -231,7 +236,7 @@ static void run_binary_case(const bcase *c, ca_dtype dt, ca_binary_op op) {
             st *= c->shape[d];
         }
         if (dense) {
-            OK(K->binary(dev, op, dt, &args, a, b, a));
+            OK(KC(binary, .op = op, .dt = dt, .shape = args, .a = a, .b = b, .y = a));
             check_close(what, dt, a, ref, n, tol_of(dt), 1e-6);
         }
     }
@@ -267,12 +272,13 @@ static void test_binary(void **state) {
             for (int op = 0; op < CA_BINARY_OP_COUNT; op++) run_binary_case(&cases[c], FLOATS[d], op);
     ca_bcast_args bad = {.ndim = 0};
     float v = 1;
-    assert_int_equal(K->binary(dev, CA_BINARY_ADD, CA_F32, &bad, &v, &v, &v), CA_ERR_INVALID);
+    assert_int_equal(KC(binary, .op = CA_BINARY_ADD, .dt = CA_F32, .shape = bad, .a = &v, .b = &v, .y = &v), CA_ERR_INVALID);
     bad.ndim = 1;
     bad.shape[0] = 1;
-    assert_int_equal(K->binary(dev, CA_BINARY_OP_COUNT, CA_F32, &bad, &v, &v, &v), CA_ERR_INVALID);
+    assert_int_equal(KC(binary, .op = CA_BINARY_OP_COUNT, .dt = CA_F32, .shape = bad, .a = &v, .b = &v,
+                        .y = &v), CA_ERR_INVALID);
     bad.shape[0] = 0;  /* empty: nothing to do */
-    OK(K->binary(dev, CA_BINARY_ADD, CA_F32, &bad, NULL, NULL, NULL));
+    OK(KC(binary, .op = CA_BINARY_ADD, .dt = CA_F32, .shape = bad, .a = NULL, .b = NULL, .y = NULL));
 }
 
 static void test_axpby(void **state) {
@@ -288,7 +294,7 @@ static void test_axpby(void **state) {
                 double *ref = malloc((size_t)n * sizeof *ref);
                 for (int64_t i = 0; i < n; i++)
                     ref[i] = alpha * get(dt, x, i) + (beta ? beta * get(dt, y, i) : 0);
-                OK(K->axpby(dev, dt, n, alpha, x, beta, y));
+                OK(KC(axpby, .dt = dt, .n = n, .alpha = alpha, .x = x, .beta = beta, .y = y));
                 check_close("axpby", dt, y, ref, n, tol_of(dt), 1e-6);
                 free(x);
                 free(y);
@@ -331,7 +337,8 @@ static void test_reduce(void **state) {
                             ref[o * inner + i] = (beta ? beta * get(dt, y, o * inner + i) : 0) + acc;
                             bound[o * inner + i] = ab;
                         }
-                    OK(K->reduce(dev, op, dt, outer, len, inner, x, y, beta));
+                    OK(KC(reduce, .op = op, .dt = dt, .outer = outer, .len = len, .inner = inner, .x = x,
+                          .y = y, .beta = beta));
                     for (int64_t i = 0; i < outer * inner; i++) {
                         double g = get(dt, y, i);
                         double tol = tol_of(dt) * (fabs(ref[i]) + (op <= CA_OP_AVG ? 1e-3 * bound[i] : 0)) + 1e-6;
@@ -347,44 +354,56 @@ static void test_reduce(void **state) {
                 }
     /* NaN propagates through max/min; empty dims */
     float x[5] = {1, 2, NAN, 4, 0}, y[2];
-    OK(K->reduce(dev, CA_OP_MAX, CA_F32, 1, 5, 1, x, y, 0));
+    OK(KC(reduce, .op = CA_OP_MAX, .dt = CA_F32, .outer = 1, .len = 5, .inner = 1, .x = x, .y = y, .beta = 0));
     assert_true(isnan(y[0]));
-    OK(K->reduce(dev, CA_OP_MIN, CA_F32, 1, 5, 1, x, y, 0));
+    OK(KC(reduce, .op = CA_OP_MIN, .dt = CA_F32, .outer = 1, .len = 5, .inner = 1, .x = x, .y = y, .beta = 0));
     assert_true(isnan(y[0]));
     /* long runs (the vector lanes): NaN anywhere wins; all-negative and infinite values order right */
     float run[100];
     for (int at = 0; at < 100; at += 33) {
         for (int i = 0; i < 100; i++) run[i] = (float)(i % 7) - 50.0f;
         run[at] = NAN;
-        OK(K->reduce(dev, CA_OP_MAX, CA_F32, 1, 100, 1, run, y, 0));
+        OK(KC(reduce, .op = CA_OP_MAX, .dt = CA_F32, .outer = 1, .len = 100, .inner = 1, .x = run, .y = y,
+              .beta = 0));
         assert_true(isnan(y[0]));
-        OK(K->reduce(dev, CA_OP_MIN, CA_F32, 1, 100, 1, run, y, 0));
+        OK(KC(reduce, .op = CA_OP_MIN, .dt = CA_F32, .outer = 1, .len = 100, .inner = 1, .x = run, .y = y,
+              .beta = 0));
         assert_true(isnan(y[0]));
     }
     for (int i = 0; i < 100; i++) run[i] = -1000.0f - (float)((i * 37) % 100);
-    OK(K->reduce(dev, CA_OP_MAX, CA_F32, 1, 100, 1, run, y, 0));
+    OK(KC(reduce, .op = CA_OP_MAX, .dt = CA_F32, .outer = 1, .len = 100, .inner = 1, .x = run, .y = y,
+          .beta = 0));
     assert_true(y[0] == -1000.0f);
-    OK(K->reduce(dev, CA_OP_MIN, CA_F32, 1, 100, 1, run, y, 0));
+    OK(KC(reduce, .op = CA_OP_MIN, .dt = CA_F32, .outer = 1, .len = 100, .inner = 1, .x = run, .y = y,
+          .beta = 0));
     assert_true(y[0] == -1099.0f);
     run[64] = -INFINITY;
     run[65] = INFINITY;
-    OK(K->reduce(dev, CA_OP_MAX, CA_F32, 1, 100, 1, run, y, 0));
+    OK(KC(reduce, .op = CA_OP_MAX, .dt = CA_F32, .outer = 1, .len = 100, .inner = 1, .x = run, .y = y,
+          .beta = 0));
     assert_true(y[0] == INFINITY);
-    OK(K->reduce(dev, CA_OP_MIN, CA_F32, 1, 100, 1, run, y, 0));
+    OK(KC(reduce, .op = CA_OP_MIN, .dt = CA_F32, .outer = 1, .len = 100, .inner = 1, .x = run, .y = y,
+          .beta = 0));
     assert_true(y[0] == -INFINITY);
-    OK(K->reduce(dev, CA_OP_SUM, CA_F32, 2, 0, 1, NULL, y, 0));
+    OK(KC(reduce, .op = CA_OP_SUM, .dt = CA_F32, .outer = 2, .len = 0, .inner = 1, .x = NULL, .y = y,
+          .beta = 0));
     assert_true(y[0] == 0 && y[1] == 0);
-    OK(K->reduce(dev, CA_OP_AVG, CA_F32, 1, 0, 2, NULL, y, 0));
+    OK(KC(reduce, .op = CA_OP_AVG, .dt = CA_F32, .outer = 1, .len = 0, .inner = 2, .x = NULL, .y = y,
+          .beta = 0));
     assert_true(isnan(y[0]) && isnan(y[1]));
-    assert_int_equal(K->reduce(dev, CA_OP_MAX, CA_F32, 1, 0, 1, x, y, 0), CA_ERR_INVALID);
-    assert_int_equal(K->reduce(dev, CA_OP_SUM, CA_I32, 1, 1, 1, x, y, 0), CA_ERR_UNSUPPORTED);
+    assert_int_equal(KC(reduce, .op = CA_OP_MAX, .dt = CA_F32, .outer = 1, .len = 0, .inner = 1, .x = x,
+                        .y = y, .beta = 0), CA_ERR_INVALID);
+    assert_int_equal(KC(reduce, .op = CA_OP_SUM, .dt = CA_I32, .outer = 1, .len = 1, .inner = 1, .x = x,
+                        .y = y, .beta = 0), CA_ERR_UNSUPPORTED);
     /* a long sum stays accurate */
     int64_t big = 1 << 20;
     float *ones = malloc((size_t)big * sizeof *ones);
     for (int64_t i = 0; i < big; i++) ones[i] = 0.1f;
-    OK(K->reduce(dev, CA_OP_SUM, CA_F32, 1, big, 1, ones, y, 0));
+    OK(KC(reduce, .op = CA_OP_SUM, .dt = CA_F32, .outer = 1, .len = big, .inner = 1, .x = ones, .y = y,
+          .beta = 0));
     assert_true(fabs(y[0] - 0.1f * (double)big) < 1e-5 * 0.1 * (double)big);
-    OK(K->reduce(dev, CA_OP_SUM, CA_F32, 1, big / 2, 2, ones, y, 0));
+    OK(KC(reduce, .op = CA_OP_SUM, .dt = CA_F32, .outer = 1, .len = big / 2, .inner = 2, .x = ones, .y = y,
+          .beta = 0));
     assert_true(fabs(y[1] - 0.1f * (double)big / 2) < 1e-5 * 0.1 * (double)big);
     free(ones);
 }
@@ -397,7 +416,7 @@ static void test_argmax(void **state) {
             int64_t rows = shapes[s][0], cols = shapes[s][1];
             void *x = mk_rand(dt, rows * cols, -5, 5);
             int64_t *idx = malloc((size_t)rows * sizeof *idx);
-            OK(K->argmax(dev, dt, rows, cols, x, idx));
+            OK(KC(argmax, .dt = dt, .rows = rows, .cols = cols, .x = x, .idx = idx));
             for (int64_t r = 0; r < rows; r++) {
                 int64_t best = 0;
                 for (int64_t c = 1; c < cols; c++)
@@ -409,10 +428,10 @@ static void test_argmax(void **state) {
         }
     float t[8] = {1, 3, 3, 2, /* */ 1, NAN, 5, NAN};
     int64_t idx[2];
-    OK(K->argmax(dev, CA_F32, 2, 4, t, idx));
+    OK(KC(argmax, .dt = CA_F32, .rows = 2, .cols = 4, .x = t, .idx = idx));
     assert_int_equal(idx[0], 1);  /* first of the ties */
     assert_int_equal(idx[1], 1);  /* first NaN */
-    assert_int_equal(K->argmax(dev, CA_F32, 1, 0, t, idx), CA_ERR_INVALID);
+    assert_int_equal(KC(argmax, .dt = CA_F32, .rows = 1, .cols = 0, .x = t, .idx = idx), CA_ERR_INVALID);
 }
 
 /* ------------------------------------------------------------ softmax */
@@ -437,7 +456,7 @@ static void test_softmax(void **state) {
                         ref[r * cols + c] = lg ? v - log(sum) : exp(v) / sum;
                     }
                 }
-                OK(K->softmax(dev, lg, dt, rows, cols, x, y));
+                OK(KC(softmax, .log = lg, .dt = dt, .rows = rows, .cols = cols, .x = x, .y = y));
                 check_close(lg ? "log_softmax" : "softmax", dt, y, ref, n, tol_of(dt), lg ? 1e-5 : 1e-7);
                 /* backward with beta 0 (dx NaN) and 0.5, from the kernel's own y */
                 for (int b = 0; b < 2; b++) {
@@ -457,14 +476,16 @@ static void test_softmax(void **state) {
                             ref[i] = (b ? beta * get(dt, dx, i) : 0) + v;
                         }
                     }
-                    OK(K->softmax_backward(dev, lg, dt, rows, cols, y, dy, dx, beta));
+                    OK(KC(softmax_backward, .log = lg, .dt = dt, .rows = rows, .cols = cols, .y = y, .dy = dy,
+                          .dx = dx, .beta = beta));
                     check_close(lg ? "log_softmax_backward" : "softmax_backward", dt, dx, ref, n,
                                 tol_of(dt) * 2, 1e-5);
                     /* in place: dx == dy */
                     if (dt == CA_F32 && !b) {
                         void *dx2 = mk(dt, n);
                         memcpy(dx2, dy, (size_t)n * 4);
-                        OK(K->softmax_backward(dev, lg, dt, rows, cols, y, dx2, dx2, 0));
+                        OK(KC(softmax_backward, .log = lg, .dt = dt, .rows = rows, .cols = cols, .y = y,
+                              .dy = dx2, .dx = dx2, .beta = 0));
                         check_close("softmax_backward in place", dt, dx2, ref, n, 4e-5, 1e-5);
                         free(dx2);
                     }
@@ -476,7 +497,7 @@ static void test_softmax(void **state) {
                 free(ref);
             }
     float ninf[3] = {-INFINITY, -INFINITY, 0}, out[3];
-    OK(K->softmax(dev, false, CA_F32, 1, 3, ninf, out));
+    OK(KC(softmax, .log = false, .dt = CA_F32, .rows = 1, .cols = 3, .x = ninf, .y = out));
     assert_true(out[0] == 0 && out[1] == 0 && out[2] == 1);
 }
 
@@ -506,7 +527,8 @@ static void test_cross_entropy(void **state) {
                     cnt++;
                 }
                 float loss, count, *klse = malloc((size_t)rows * sizeof *klse);
-                OK(K->cross_entropy(dev, dt, rows, cols, x, ldt, lab, ignore, &loss, klse, &count));
+                OK(KC(cross_entropy, .dt = dt, .rows = rows, .cols = cols, .logits = x, .label_dt = ldt,
+                      .labels = lab, .ignore_index = ignore, .loss = &loss, .lse = klse, .count = &count));
                 assert_true(count == (float)cnt);
                 if (cnt) assert_true(fabs(loss - total / cnt) <= 1e-5 * fabs(total / cnt) + 1e-6);
                 else assert_true(isnan(loss));
@@ -525,8 +547,9 @@ static void test_cross_entropy(void **state) {
                             ref[i] = (b ? beta * get(dt, dx, i) : 0) + g;
                         }
                     }
-                    OK(K->cross_entropy_backward(dev, dt, rows, cols, x, klse, ldt, lab, ignore,
-                                                 &dloss, &count, dx, beta));
+                    OK(KC(cross_entropy_backward, .dt = dt, .rows = rows, .cols = cols, .logits = x,
+                          .lse = klse, .label_dt = ldt, .labels = lab, .ignore_index = ignore,
+                          .dloss = &dloss, .count = &count, .dlogits = dx, .beta = beta));
                     check_close("cross_entropy_backward", dt, dx, ref, n, tol_of(dt), 1e-6);
                     free(dx);
                     free(ref);
@@ -542,26 +565,33 @@ static void test_cross_entropy_bad_labels(void **state) {
     float x[4 * 7] = {0}, loss = -1, lse[4], count = -1, dloss = 1, dx[4 * 7];
     int32_t l32[4] = {0, 2, 1, 9};
     int64_t l64[4] = {0, -5, 1, 2};
-    assert_int_equal(K->cross_entropy(dev, CA_F32, 4, 7, x, CA_I32, l32, -100, &loss, lse, &count),
+    assert_int_equal(KC(cross_entropy, .dt = CA_F32, .rows = 4, .cols = 7, .logits = x, .label_dt = CA_I32,
+                        .labels = l32, .ignore_index = -100, .loss = &loss, .lse = lse, .count = &count),
                      CA_ERR_INVALID);
     assert_non_null(strstr(ca_last_error(), "row 3"));
     assert_non_null(strstr(ca_last_error(), "label 9"));
     assert_true(loss == -1 && count == -1);  /* nothing written */
-    assert_int_equal(K->cross_entropy(dev, CA_F32, 4, 7, x, CA_I64, l64, -100, &loss, lse, &count),
+    assert_int_equal(KC(cross_entropy, .dt = CA_F32, .rows = 4, .cols = 7, .logits = x, .label_dt = CA_I64,
+                        .labels = l64, .ignore_index = -100, .loss = &loss, .lse = lse, .count = &count),
                      CA_ERR_INVALID);
     assert_non_null(strstr(ca_last_error(), "row 1"));
     assert_non_null(strstr(ca_last_error(), "label -5"));
     count = 3;
-    assert_int_equal(K->cross_entropy_backward(dev, CA_F32, 4, 7, x, lse, CA_I32, l32, -100, &dloss,
-                                               &count, dx, 0), CA_ERR_INVALID);
+    assert_int_equal(KC(cross_entropy_backward, .dt = CA_F32, .rows = 4, .cols = 7, .logits = x, .lse = lse,
+                        .label_dt = CA_I32, .labels = l32, .ignore_index = -100, .dloss = &dloss,
+                        .count = &count, .dlogits = dx, .beta = 0), CA_ERR_INVALID);
     assert_non_null(strstr(ca_last_error(), "row 3"));
     /* -5 is fine when it is the ignore_index; every row ignored gives NaN */
     int64_t all[2] = {-5, -5};
-    OK(K->cross_entropy(dev, CA_F32, 2, 7, x, CA_I64, all, -5, &loss, lse, &count));
+    OK(KC(cross_entropy, .dt = CA_F32, .rows = 2, .cols = 7, .logits = x, .label_dt = CA_I64, .labels = all,
+          .ignore_index = -5, .loss = &loss, .lse = lse, .count = &count));
     assert_true(isnan(loss) && count == 0);
-    OK(K->cross_entropy_backward(dev, CA_F32, 2, 7, x, lse, CA_I64, all, -5, &dloss, &count, dx, 0));
+    OK(KC(cross_entropy_backward, .dt = CA_F32, .rows = 2, .cols = 7, .logits = x, .lse = lse,
+          .label_dt = CA_I64, .labels = all, .ignore_index = -5, .dloss = &dloss, .count = &count,
+          .dlogits = dx, .beta = 0));
     for (int i = 0; i < 14; i++) assert_true(dx[i] == 0);
-    assert_int_equal(K->cross_entropy(dev, CA_F32, 4, 7, x, CA_F32, l32, -100, &loss, lse, &count),
+    assert_int_equal(KC(cross_entropy, .dt = CA_F32, .rows = 4, .cols = 7, .logits = x, .label_dt = CA_F32,
+                        .labels = l32, .ignore_index = -100, .loss = &loss, .lse = lse, .count = &count),
                      CA_ERR_UNSUPPORTED);
 }
 
@@ -594,7 +624,8 @@ static void test_layer_norm(void **state) {
                         ref[r * cols + c] = (get(dt, x, r * cols + c) - mu) * rr[r] *
                                                 (g ? get(dt, g, c) : 1) + (bb ? get(dt, bb, c) : 0);
                 }
-                OK(K->layer_norm(dev, dt, rows, cols, x, g, bb, eps, y, mean, rstd));
+                OK(KC(layer_norm, .dt = dt, .rows = rows, .cols = cols, .x = x, .gamma = g, .beta_ = bb,
+                      .eps = eps, .y = y, .mean = mean, .rstd = rstd));
                 check_close("layer_norm y", dt, y, ref, n, tol_of(dt) * 2, 1e-4);
                 check_close("layer_norm mean", CA_F32, mean, rm, rows, 1e-5, 1e-6);
                 check_close("layer_norm rstd", CA_F32, rstd, rr, rows, 1e-4, 1e-6);
@@ -631,8 +662,9 @@ static void test_layer_norm(void **state) {
                             rdx[i] = (b ? beta * get(dt, dx, i) : 0) + rr[r] * (gd - c1 - xh * c2);
                         }
                     }
-                    OK(K->layer_norm_backward(dev, dt, rows, cols, x, g, mean, rstd, dy, dx, beta,
-                                              dg, db, b == 1));
+                    OK(KC(layer_norm_backward, .dt = dt, .rows = rows, .cols = cols, .x = x, .gamma = g,
+                          .mean = mean, .rstd = rstd, .dy = dy, .dx = dx, .beta = beta, .dgamma = dg,
+                          .dbeta_ = db, .accumulate_params = b == 1));
                     /* dx has cancellation (gd - c1 - xh c2): compare against its scale */
                     check_close("layer_norm_backward dx", dt, dx, rdx, n, tol_of(dt) * 4,
                                 (dt == CA_F32 ? 1e-4 : 0.05) * (cols > 1 ? 1 : 0) + 1e-5);
@@ -673,7 +705,8 @@ static void test_embedding(void **state) {
                 void *idx = mk(ldt, n);
                 for (int64_t i = 0; i < n; i++) set(ldt, idx, i, (double)((i * 5) % V));
                 void *y = mk(dt, n * dim);
-                OK(K->embedding(dev, dt, n, V, dim, table, ldt, idx, y));
+                OK(KC(embedding, .dt = dt, .n = n, .rows = V, .dim = dim, .table = table, .idx_dt = ldt,
+                      .idx = idx, .y = y));
                 size_t es = ca_dtype_size(dt);
                 for (int64_t i = 0; i < n; i++) {
                     int64_t v = (int64_t)get(ldt, idx, i);
@@ -690,7 +723,8 @@ static void test_embedding(void **state) {
                         int64_t v = (int64_t)get(ldt, idx, i);
                         for (int64_t c = 0; c < dim; c++) ref[v * dim + c] += get(dt, dy, i * dim + c);
                     }
-                    OK(K->embedding_backward(dev, dt, n, V, dim, ldt, idx, dy, dt_));
+                    OK(KC(embedding_backward, .dt = dt, .n = n, .rows = V, .dim = dim, .idx_dt = ldt,
+                          .idx = idx, .dy = dy, .dtable = dt_));
                     /* half tables round after every addition: error in units of the terms (|dy| <= 1) */
                     check_close("embedding_backward", dt, dt_, ref, V * dim, tol_of(dt) * 2,
                                 dt == CA_F32 ? 1e-5 : 2 * tol_of(dt));
@@ -704,14 +738,19 @@ static void test_embedding(void **state) {
             }
     float table[6] = {1, 2, 3, 4, 5, 6}, y[6], dtab[6] = {0}, dy[6] = {1, 1, 1, 1, 1, 1};
     int32_t bad[3] = {0, 1, -2}, past[3] = {2, 3, 0};     /* the table has 3 rows */
-    assert_int_equal(K->embedding(dev, CA_F32, 3, 3, 2, table, CA_I32, bad, y), CA_ERR_INVALID);
+    assert_int_equal(KC(embedding, .dt = CA_F32, .n = 3, .rows = 3, .dim = 2, .table = table,
+                        .idx_dt = CA_I32, .idx = bad, .y = y), CA_ERR_INVALID);
     assert_non_null(strstr(ca_last_error(), "-2"));
-    assert_int_equal(K->embedding(dev, CA_F32, 3, 3, 2, table, CA_I32, past, y), CA_ERR_INVALID);
+    assert_int_equal(KC(embedding, .dt = CA_F32, .n = 3, .rows = 3, .dim = 2, .table = table,
+                        .idx_dt = CA_I32, .idx = past, .y = y), CA_ERR_INVALID);
     assert_non_null(strstr(ca_last_error(), "index 3 at position 1"));
-    assert_int_equal(K->embedding_backward(dev, CA_F32, 3, 3, 2, CA_I32, bad, dy, dtab), CA_ERR_INVALID);
-    assert_int_equal(K->embedding_backward(dev, CA_F32, 3, 3, 2, CA_I32, past, dy, dtab), CA_ERR_INVALID);
+    assert_int_equal(KC(embedding_backward, .dt = CA_F32, .n = 3, .rows = 3, .dim = 2, .idx_dt = CA_I32,
+                        .idx = bad, .dy = dy, .dtable = dtab), CA_ERR_INVALID);
+    assert_int_equal(KC(embedding_backward, .dt = CA_F32, .n = 3, .rows = 3, .dim = 2, .idx_dt = CA_I32,
+                        .idx = past, .dy = dy, .dtable = dtab), CA_ERR_INVALID);
     for (int i = 0; i < 6; i++) assert_true(dtab[i] == 0);  /* nothing written */
-    assert_int_equal(K->embedding(dev, CA_F32, 3, 3, 2, table, CA_F32, bad, y), CA_ERR_UNSUPPORTED);
+    assert_int_equal(KC(embedding, .dt = CA_F32, .n = 3, .rows = 3, .dim = 2, .table = table,
+                        .idx_dt = CA_F32, .idx = bad, .y = y), CA_ERR_UNSUPPORTED);
 }
 
 /* ------------------------------------------------------------ optimizers */
@@ -785,7 +824,7 @@ static void test_adamw(void **state) {
                                    .eps = (float)eps, .weight_decay = (float)wd,
                                    .bias_correction1 = (float)bc1, .bias_correction2 = (float)bc2,
                                    .grad_scale = (float)gs};
-                OK(K->adamw(dev, &t, &a));
+                OK(KC_LIST(adamw, &t, &a));
                 for (int i = 0; i < NT; i++)
                     for (int64_t j = 0; j < numel[i]; j++) {
                         double g = get(gdt, o.g[i], j) * gs;
@@ -805,7 +844,7 @@ static void test_adamw(void **state) {
         }
     ca_tensor_list empty = {.count = 0};
     ca_adamw_args a = {.lr = 1, .bias_correction1 = 1, .bias_correction2 = 1, .grad_scale = 1};
-    OK(K->adamw(dev, &empty, &a));
+    OK(KC_LIST(adamw, &empty, &a));
     float p = 1, g = 1, m = 0, v = 0;
     void *pp[1] = {&p}, *mm[1] = {&m}, *vv[1] = {&v};
     const void *gg[1] = {&g};
@@ -813,10 +852,10 @@ static void test_adamw(void **state) {
     ca_tensor_list t1 = {.count = 1, .param = pp, .grad = gg, .state1 = mm, .state2 = vv, .numel = &one,
                          .grad_dtype = CA_F32};
     a.bias_correction2 = 0;
-    assert_int_equal(K->adamw(dev, &t1, &a), CA_ERR_INVALID);
+    assert_int_equal(KC_LIST(adamw, &t1, &a), CA_ERR_INVALID);
     t1.state2 = NULL;
     a.bias_correction2 = 1;
-    assert_int_equal(K->adamw(dev, &t1, &a), CA_ERR_INVALID);
+    assert_int_equal(KC_LIST(adamw, &t1, &a), CA_ERR_INVALID);
     assert_non_null(strstr(ca_last_error(), "state2"));
 }
 
@@ -843,7 +882,7 @@ static void test_sgd(void **state) {
                 ca_sgd_args a = {.lr = (float)lr, .momentum = (float)mom, .dampening = (float)damp,
                                  .weight_decay = (float)wd, .nesterov = nest, .first_step = step == 1,
                                  .grad_scale = (float)gs};
-                OK(K->sgd(dev, &t, &a));
+                OK(KC_LIST(sgd, &t, &a));
                 for (int i = 0; i < NT; i++)
                     for (int64_t j = 0; j < numel[i]; j++) {
                         double g = get(gdt, o.g[i], j) * gs + wd * o.rp[i][j];
@@ -862,7 +901,7 @@ static void test_sgd(void **state) {
         }
     ca_sgd_args bad = {.lr = 1, .momentum = 0, .nesterov = true, .grad_scale = 1};
     ca_tensor_list empty = {.count = 0};
-    assert_int_equal(K->sgd(dev, &empty, &bad), CA_ERR_INVALID);
+    assert_int_equal(KC_LIST(sgd, &empty, &bad), CA_ERR_INVALID);
 }
 
 /* ------------------------------------------------------------ list utilities */
@@ -881,10 +920,10 @@ static void test_list_utils(void **state) {
         }
         ca_tensor_list t = {.count = NT, .param = x, .numel = numel, .grad_dtype = dt};
         float out = NAN;
-        OK(K->sum_squares(dev, &t, &out, 0));
+        OK(KC(sum_squares, .t = &t, .out = &out, .beta = 0));
         assert_true(fabs(out - ss) <= 1e-5 * ss);
         out = 2;
-        OK(K->sum_squares(dev, &t, &out, 0.5f));
+        OK(KC(sum_squares, .t = &t, .out = &out, .beta = 0.5f));
         assert_true(fabs(out - (ss + 1)) <= 1e-5 * ss);
 
         /* scale_list, then unscale_check finds nothing and leaves found_inf alone */
@@ -893,46 +932,46 @@ static void test_list_utils(void **state) {
             ref[i] = malloc((size_t)numel[i] * 8);
             for (int64_t j = 0; j < numel[i]; j++) ref[i][j] = get(dt, x[i], j) * 4;
         }
-        OK(K->scale_list(dev, &t, 4.0f));
+        OK(KC(scale_list, .t = &t, .alpha = 4.0f));
         for (int i = 0; i < NT; i++) check_close("scale_list", dt, x[i], ref[i], numel[i], tol_of(dt), 0);
         for (int i = 0; i < NT; i++)
             for (int64_t j = 0; j < numel[i]; j++) ref[i][j] = get(dt, x[i], j) * 0.125;
         float found = 0;
-        OK(K->unscale_check(dev, &t, 0.125f, &found));
+        OK(KC(unscale_check, .t = &t, .inv_scale = 0.125f, .found_inf = &found));
         assert_true(found == 0);
         for (int i = 0; i < NT; i++) check_close("unscale_check", dt, x[i], ref[i], numel[i], tol_of(dt), 0);
         found = 1;  /* never reset to 0 */
-        OK(K->unscale_check(dev, &t, 1.0f, &found));
+        OK(KC(unscale_check, .t = &t, .inv_scale = 1.0f, .found_inf = &found));
         assert_true(found == 1);
         /* Inf in the middle of tensor 2, NaN at the end of tensor 4 */
         found = 0;
         set(dt, x[2], 100, INFINITY);
-        OK(K->unscale_check(dev, &t, 0.5f, &found));
+        OK(KC(unscale_check, .t = &t, .inv_scale = 0.5f, .found_inf = &found));
         assert_true(found == 1);
         set(dt, x[2], 100, 1.0);
         found = 0;
         set(dt, x[4], numel[4] - 1, NAN);
-        OK(K->unscale_check(dev, &t, 0.5f, &found));
+        OK(KC(unscale_check, .t = &t, .inv_scale = 0.5f, .found_inf = &found));
         assert_true(found == 1);
         set(dt, x[4], numel[4] - 1, 1.0);
         found = 0;
-        OK(K->unscale_check(dev, &t, 0.5f, &found));
+        OK(KC(unscale_check, .t = &t, .inv_scale = 0.5f, .found_inf = &found));
         assert_true(found == 0);
         /* overflow by the scale itself (f16: finite in f32, Inf once stored) */
         set(dt, x[0], 0, dt == CA_F16 ? 1000.0 : 3e38);
-        OK(K->unscale_check(dev, &t, dt == CA_F16 ? 1e5f : 10.0f, &found));
+        OK(KC(unscale_check, .t = &t, .inv_scale = dt == CA_F16 ? 1e5f : 10.0f, .found_inf = &found));
         assert_true(found == 1);
 
         /* clamp keeps NaN */
         set(dt, x[1], 3, NAN);
-        OK(K->clamp_list(dev, &t, -0.25f, 0.5f));
+        OK(KC(clamp_list, .t = &t, .lo = -0.25f, .hi = 0.5f));
         for (int i = 0; i < NT; i++)
             for (int64_t j = 0; j < numel[i]; j++) {
                 double v = get(dt, x[i], j);
                 if (i == 1 && j == 3) assert_true(isnan(v));
                 else assert_true(v >= -0.25 && v <= 0.5);
             }
-        assert_int_equal(K->clamp_list(dev, &t, 1.0f, 0.0f), CA_ERR_INVALID);
+        assert_int_equal(KC(clamp_list, .t = &t, .lo = 1.0f, .hi = 0.0f), CA_ERR_INVALID);
         for (int i = 0; i < NT; i++) {
             free(x[i]);
             free(ref[i]);
@@ -940,11 +979,11 @@ static void test_list_utils(void **state) {
         free(ref);
     }
     float f = 0;
-    assert_int_equal(K->unscale_check(dev, NULL, 1.0f, &f), CA_ERR_INVALID);
+    assert_int_equal(KC(unscale_check, .t = NULL, .inv_scale = 1.0f, .found_inf = &f), CA_ERR_INVALID);
     ca_tensor_list bad = {.count = 1, .param = NULL, .numel = NULL, .grad_dtype = CA_F32};
-    assert_int_equal(K->sum_squares(dev, &bad, &f, 0), CA_ERR_INVALID);
+    assert_int_equal(KC(sum_squares, .t = &bad, .out = &f, .beta = 0), CA_ERR_INVALID);
     bad.grad_dtype = CA_I64;
-    assert_int_equal(K->scale_list(dev, &bad, 1.0f), CA_ERR_UNSUPPORTED);
+    assert_int_equal(KC(scale_list, .t = &bad, .alpha = 1.0f), CA_ERR_UNSUPPORTED);
 }
 
 int main(void) {

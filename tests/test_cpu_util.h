@@ -16,10 +16,16 @@
 
 #include "core/device_impl.h"
 #include "backends/cpu/cpu_plugin.h"
+#include "test_kcall.h"
 
 static const ca_device_ops *ops;
 static const ca_kernels *K;
 static void *dev;
+
+/* KC(slot, .field = value, ...): kernel `slot` of the CPU table, checked as the core checks it. */
+#define KC(slot, ...) TKC("cpu", K, dev, slot, __VA_ARGS__)
+#define KC_ARGS(slot, a) TKC_ARGS("cpu", K, dev, slot, a)
+#define KC_LIST(slot, tl, a) TKC_LIST("cpu", K, dev, slot, tl, a)
 
 static inline int setup(void **state) {
     const ca_plugin *pl = ca_cpu_plugin();

@@ -1,5 +1,6 @@
 /* The nccl collective backend at world size 1 on one GPU: every op and dtype through the public communicator API, blocking and asynchronous. */
 #include "test_cuda_util.h"
+#include "test_kcall.h"
 
 static ca_device *G;
 static ca_comm *comm;
@@ -11,8 +12,8 @@ static void *values(ca_dtype dt, size_t n, int base) {
     float *f = malloc(n * sizeof *f);
     for (size_t i = 0; i < n; i++) f[i] = (float)((base + (int)i) % 50);
     void *h = malloc(n * ca_dtype_size(dt));
-    T_OK(ca_device_kernels(ca_cpu_device())->cast(ca_device_context(ca_cpu_device()), CA_F32, f, dt, h, (int64_t)n,
-                                                  1.0f));
+    T_OK(TKC("cpu", ca_device_kernels(ca_cpu_device()), ca_device_context(ca_cpu_device()), cast, .src_dt = CA_F32,
+             .x = f, .dst_dt = dt, .y = h, .n = (int64_t)n, .alpha = 1.0f));
     free(f);
     return h;
 }

@@ -311,6 +311,49 @@ static void test_activation_and_norm_values(void **state) {
 
 /* ------------------------------------------------------------------ cross entropy */
 
+/* RMSNorm as the same op made of elementwise ops and a mean (what ca_rms_norm was before its kernels). */
+static ca_tensor *rms_norm_composite(ca_tensor *x, ca_tensor *w, double eps) {
+    ca_tensor *ms = ca_mean_dim(ca_square(x), -1, true);
+    ca_tensor *y = ca_mul(x, ca_pow_scalar(ca_add_scalar(ms, eps), -0.5));
+    return w ? ca_mul(y, w) : y;
+}
+
+/* The rms_norm kernels against the composite op: output, and the gradients of x and the weight under
+ * a weighted sum (so that dy differs per element), with and without weight, several row lengths. */
+static void test_rms_norm_kernel_vs_composite(void **state) {
+    uint64_t s = 11;
+    const int64_t cols[] = {1, 7, 64, 1000};
+    for (int ci = 0; ci < 4; ci++)
+        for (int weighted = 0; weighted < 2; weighted++) CA_SCOPE {
+            int64_t C = cols[ci], n = 3 * C;
+            float *hy[2], *hgx[2], *hgw[2] = {NULL, NULL};
+            ca_tensor *up = t_randn(&s, CA_SHAPE(3, C), -1, 1, 0);
+            uint64_t s0 = s;
+            for (int k = 0; k < 2; k++) {   /* the same x and w for both */
+                uint64_t sk = s0;
+                ca_tensor *x = t_randn(&sk, CA_SHAPE(3, C), -2, 2, 0), *w = t_randn(&sk, CA_SHAPE(C), 0.5f, 1.5f, 0);
+                if (!weighted) w = NULL;
+                ca_tensor_set_requires_grad(x, true);
+                if (w) ca_tensor_set_requires_grad(w, true);
+                ca_tensor *y = T_NN(k == 0 ? ca_rms_norm(x, w, 1e-5) : rms_norm_composite(x, w, 1e-5));
+                T_OK(ca_autograd_backward(ca_sum(ca_mul(y, up))));
+                hy[k] = t_host(y);
+                hgx[k] = t_host(ca_tensor_grad(x));
+                if (w) hgw[k] = t_host(ca_tensor_grad(w));
+            }
+            double want[3000];
+            for (int64_t i = 0; i < n; i++) want[i] = hy[1][i];
+            expect_close("rms_norm kernel vs composite", hy[0], want, n, 1e-5);
+            for (int64_t i = 0; i < n; i++) want[i] = hgx[1][i];
+            expect_close("rms_norm dx kernel vs composite", hgx[0], want, n, 1e-4);
+            if (weighted) {
+                for (int64_t i = 0; i < C; i++) want[i] = hgw[1][i];
+                expect_close("rms_norm dweight kernel vs composite", hgw[0], want, C, 1e-4);
+            }
+            for (int k = 0; k < 2; k++) { free(hy[k]); free(hgx[k]); free(hgw[k]); }
+        }
+}
+
 /* GPT-2's padded vocabulary: the loss and its gradient against a double-precision reference. */
 static void test_cross_entropy_large_vocab(void **state) {
     enum { R = 3, V = 50304 };
@@ -351,7 +394,7 @@ int main(void) {
         cmocka_unit_test(test_attention_memory),
         cmocka_unit_test(test_attention_errors),
         cmocka_unit_test(test_join_select_values),
-        cmocka_unit_test(test_activation_and_norm_values),
+        cmocka_unit_test(test_activation_and_norm_values), cmocka_unit_test(test_rms_norm_kernel_vs_composite),
         cmocka_unit_test(test_cross_entropy_large_vocab),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);

@@ -6,6 +6,11 @@
  * counted), host functions (collectives) in graph
  * order, the metrics; bf16 storage (downcast_bf16). */
 #include "test_util.h"
+#include "test_kcall.h"
+#include "core/device_impl.h"
+
+/* XKC(slot, ...): kernel `slot` of table k on context c, checked as the core checks it. */
+#define XKC(slot, ...) TKC("xla", k, c, slot, __VA_ARGS__)
 
 static ca_device *X;
 
@@ -98,10 +103,38 @@ static void test_host_fn_in_graph_order(void **state) {
     }
 }
 
+/* The core checks a kernel call's contract before the lazy device records it: a bad call fails at
+ * the call, naming the kernel and the device, records nothing, and leaves the step to run. */
+static void test_bad_call_fails_at_the_op(void **state) {
+    T_OK(ca_xla_metrics_reset(X));
+    ca_tensor *a = ca_tensor_keep(ca_full(X, CA_F32, CA_SHAPE(4), 2.0));
+    ca_tensor *y = ca_tensor_keep(ca_empty(X, CA_F32, CA_SHAPE(4)));
+    assert_non_null(y);
+    uint64_t before = metrics().nodes_recorded;
+    ca_bcast_args sh = {.ndim = 1, .shape = {-4}, .a_stride = {1}, .b_stride = {1}};
+    ca_status s = CA_KCALL(X, binary, .op = CA_BINARY_ADD, .dt = CA_F32, .shape = sh, .a = ca_tensor_data(a),
+                           .b = ca_tensor_data(a), .y = ca_tensor_data(y));
+    assert_int_equal(s, CA_ERR_INVALID);
+    assert_non_null(strstr(ca_last_error(), "xla kernel binary"));
+    assert_non_null(strstr(ca_last_error(), "dim 0 has negative size -4"));
+    s = CA_KCALL(X, softmax, .dt = CA_I32, .rows = 1, .cols = 4, .x = ca_tensor_data(a), .y = ca_tensor_data(y));
+    assert_int_equal(s, CA_ERR_UNSUPPORTED);
+    assert_non_null(strstr(ca_last_error(), "xla kernel softmax: tensor dtype i32"));
+    assert_int_equal(metrics().nodes_recorded, before);
+    ca_clear_error();
+    T_OK(ca_device_synchronize(X));
+    float h[4];
+    T_OK(ca_tensor_to_host(a, h, sizeof h));
+    assert_true(h[0] == 2.0f && h[3] == 2.0f);
+    ca_tensor_free(a);
+    ca_tensor_free(y);
+}
+
 /* Device memory is the arena's: a host pointer handed to a kernel is refused, naming the kernel. */
 static void test_host_memory_refused(void **state) {
     float host[8] = {0};
-    ca_status s = ca_device_kernels(X)->fill(ca_device_context(X), CA_F32, 8, 1.0, host);
+    ca_status s = TKC("xla", ca_device_kernels(X), ca_device_context(X), fill, .dt = CA_F32, .n = 8, .value = 1.0,
+                      .y = host);
     assert_int_equal(s, CA_ERR_INVALID);
     assert_non_null(strstr(ca_last_error(), "xla fill"));
     assert_non_null(strstr(ca_last_error(), "is not"));
@@ -134,12 +167,12 @@ static void test_dead_code(void **state) {
     T_OK(ca_device_alloc(X, 64 * 4, &p));
     T_OK(ca_device_synchronize(X));
     T_OK(ca_xla_metrics_reset(X));
-    T_OK(k->fill(c, CA_F32, 64, 1.0, a));           /* dead: overwritten below, unread */
-    T_OK(k->fill(c, CA_F32, 64, 2.0, a));
-    T_OK(k->fill(c, CA_F32, 64, 3.0, t));           /* live: read by the next node */
-    T_OK(k->axpby(c, CA_F32, 64, 1.0f, t, 1.0f, p));        /* p survives: live */
-    T_OK(k->unary(c, CA_UNARY_NEG, CA_F32, 64, t, t, 0));   /* dead: t is freed unread */
-    T_OK(k->axpby(c, CA_F32, 64, 1.0f, a, 0.0f, t));        /* dead: t is freed unread */
+    T_OK(XKC(fill, .dt = CA_F32, .n = 64, .value = 1.0, .y = a));           /* dead: overwritten below, unread */
+    T_OK(XKC(fill, .dt = CA_F32, .n = 64, .value = 2.0, .y = a));
+    T_OK(XKC(fill, .dt = CA_F32, .n = 64, .value = 3.0, .y = t));           /* live: read by the next node */
+    T_OK(XKC(axpby, .dt = CA_F32, .n = 64, .alpha = 1.0f, .x = t, .beta = 1.0f, .y = p));        /* p survives: live */
+    T_OK(XKC(unary, .op = CA_UNARY_NEG, .dt = CA_F32, .n = 64, .x = t, .y = t, .alpha = 0));   /* dead: t is freed unread */
+    T_OK(XKC(axpby, .dt = CA_F32, .n = 64, .alpha = 1.0f, .x = a, .beta = 0.0f, .y = t));        /* dead: t is freed unread */
     ca_device_free(X, t);
     float h[64];
     T_OK(ca_device_copy_to_host(X, h, a, sizeof h));
@@ -398,10 +431,11 @@ static void unary_through(ca_device *d, ca_unary_op op, const float *ha, const f
     T_OK(ca_device_copy_from_host(d, a, ha, bytes));
     T_OK(ca_device_copy_from_host(d, b, hb, bytes));
     ca_bcast_args sh = {.ndim = 1, .shape = {(int64_t)n}, .a_stride = {1}, .b_stride = {1}};
-    T_OK(k->binary(c, CA_BINARY_ADD, CA_F32, &sh, a, b, t));
-    T_OK(k->unary(c, op, CA_F32, (int64_t)n, t, u, op == CA_UNARY_POW ? 3.0f : 0.75f));
+    T_OK(XKC(binary, .op = CA_BINARY_ADD, .dt = CA_F32, .shape = sh, .a = a, .b = b, .y = t));
+    T_OK(XKC(unary, .op = op, .dt = CA_F32, .n = (int64_t)n, .x = t, .y = u,
+             .alpha = op == CA_UNARY_POW ? 3.0f : 0.75f));
     ca_device_free(d, t);
-    T_OK(k->unary(c, CA_UNARY_SCALE, CA_F32, (int64_t)n, u, y, 1.5f));
+    T_OK(XKC(unary, .op = CA_UNARY_SCALE, .dt = CA_F32, .n = (int64_t)n, .x = u, .y = y, .alpha = 1.5f));
     ca_device_free(d, u);
     T_OK(ca_device_copy_to_host(d, out, y, bytes));
     ca_device_free(d, a);
@@ -452,8 +486,8 @@ static void test_fusion_overlap(void **state) {
     T_OK(ca_device_copy_from_host(X, b, hb, sizeof hb));
     T_OK(ca_xla_metrics_reset(X));
     ca_bcast_args sh = {.ndim = 2, .shape = {R, N}, .a_stride = {0, 1}, .b_stride = {N, 1}};
-    T_OK(k->binary(c, CA_BINARY_ADD, CA_F32, &sh, y, b, t));
-    T_OK(k->unary(c, CA_UNARY_RELU, CA_F32, R * N, t, y, 0));
+    T_OK(XKC(binary, .op = CA_BINARY_ADD, .dt = CA_F32, .shape = sh, .a = y, .b = b, .y = t));
+    T_OK(XKC(unary, .op = CA_UNARY_RELU, .dt = CA_F32, .n = R * N, .x = t, .y = y, .alpha = 0));
     ca_device_free(X, t);
     T_OK(ca_device_copy_to_host(X, hy, y, sizeof hy));
     assert_memory_equal(hy, want, sizeof hy);
@@ -708,7 +742,7 @@ int main(void) {
     T_OK(ca_device_open("xla", 0, NULL, &X));
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_lazy_until_read), cmocka_unit_test(test_host_memory_refused),
-        cmocka_unit_test(test_host_fn_in_graph_order),
+        cmocka_unit_test(test_host_fn_in_graph_order), cmocka_unit_test(test_bad_call_fails_at_the_op),
         cmocka_unit_test(test_dead_code),       cmocka_unit_test(test_training_cache),
         cmocka_unit_test(test_metrics_other_device), cmocka_unit_test(test_fusion),
         cmocka_unit_test(test_fusion_every_unary),

@@ -12,24 +12,12 @@
 /* A BLAS leading dimension: at least 1, also for empty operands. */
 static int ld(int64_t n) { return n > 0 ? (int)n : 1; }
 
-static ca_status att_check(const char *k, ca_dtype dt, const ca_attention_args *a, const void *q,
-                           const void *kk, const void *v) {
-    if (dt != CA_F32) return cpu_bad_dtype(k, "tensor", dt);
-    if (!a) return ca_error(CA_ERR_INVALID, "cpu kernel %s: args is NULL", k);
-    if (a->batch < 0 || a->heads < 0 || a->tq < 0 || a->tk < 0 || a->d < 0 || a->dv < 0)
-        return ca_error(CA_ERR_INVALID, "cpu kernel %s: negative size", k);
-    if (!(a->dropout_p >= 0.0f && a->dropout_p < 1.0f))
-        return ca_error(CA_ERR_INVALID, "cpu kernel %s: dropout probability %g outside [0, 1)", k,
-                        (double)a->dropout_p);
-    if (a->mask && a->mask_dtype != CA_F32 && a->mask_dtype != CA_U8)
-        return cpu_bad_dtype(k, "mask", a->mask_dtype);
-    if (a->batch * a->heads * a->tq > 0 && (!q || !kk || !v))
-        return ca_error(CA_ERR_INVALID, "cpu kernel %s: q, k or v is NULL", k);
-    return CA_OK;
+/* The core has checked the call's contract (base/kernel_check_impl.h); f32 is this backend's limit. */
+static ca_status att_dtype(const char *k, ca_dtype dt) {
+    return dt == CA_F32 ? CA_OK : cpu_bad_dtype(k, "tensor", dt);
 }
-
 /* Last key a query row may see plus one: causal rows stop at the diagonal. */
-static int64_t row_cols(const ca_attention_args *a, int64_t i) {
+static int64_t row_cols(const ca_attention_params *a, int64_t i) {
     return a->causal ? (i + 1 < a->tk ? i + 1 : a->tk) : a->tk;
 }
 
@@ -101,7 +89,7 @@ CPU_CLONES static float dot(const float *restrict x, const float *restrict y, in
 }
 
 /* s[j] = scale q.k_j is given; applies the mask and the causal cut (-inf). */
-static void mask_row(const ca_attention_args *a, int64_t b, int64_t h, int64_t i, float *s) {
+static void mask_row(const ca_attention_params *a, int64_t b, int64_t h, int64_t i, float *s) {
     int64_t n = row_cols(a, i);
     for (int64_t j = n; j < a->tk; j++) s[j] = -INFINITY;
     if (!a->mask) return;
@@ -135,7 +123,7 @@ typedef struct att_scratch {
     uint32_t *words;
 } att_scratch;
 
-static ca_status scratch_alloc(const ca_attention_args *a, att_scratch *w, const char *k) {
+static ca_status scratch_alloc(const ca_attention_params *a, att_scratch *w, const char *k) {
     size_t n = (size_t)QBLOCK * (size_t)(a->tk ? a->tk : 1);
     w->s = malloc(n * sizeof(float));
     w->p = malloc(n * sizeof(float));
@@ -152,7 +140,7 @@ static void scratch_free(att_scratch *w) { free(w->s); free(w->p); free(w->words
 
 /* The Philox words of the dropout stream for rows [i0, i0+rows) of problem bh: element
  * ((bh Tq + i) Tk + j) of the stream; returns where row i0's words start (NULL: no dropout). */
-static const uint32_t *block_words(const ca_attention_args *a, uint64_t bh, int64_t i0, int64_t rows,
+static const uint32_t *block_words(const ca_attention_params *a, uint64_t bh, int64_t i0, int64_t rows,
                                    uint32_t *words) {
     if (a->dropout_p <= 0.0f) return NULL;
     uint64_t e0 = (bh * (uint64_t)a->tq + (uint64_t)i0) * (uint64_t)a->tk;
@@ -164,7 +152,7 @@ static const uint32_t *block_words(const ca_attention_args *a, uint64_t bh, int6
 /* Scores of query rows [i0, i0+rows) of problem (b, h) into w->s, masked; then the probabilities
  * (masked entries 0): with lse_in from the saved lse, else by softmax, writing lse_out. Row r spans
  * ld = tk floats; ncols is the widest row. */
-static void block_probs(const ca_attention_args *a, int64_t b, int64_t h, int64_t i0, int64_t rows,
+static void block_probs(const ca_attention_params *a, int64_t b, int64_t h, int64_t i0, int64_t rows,
                         int64_t ncols, const float *q, const float *k, const float *lse_in, float *lse_out,
                         att_scratch *w) {
     int64_t tk = a->tk;
@@ -183,14 +171,19 @@ static void block_probs(const ca_attention_args *a, int64_t b, int64_t h, int64_
     }
 }
 
-ca_status cpu_attention(void *dev, ca_dtype dt, const ca_attention_args *a, const void *q, const void *k,
-                        const void *v, void *out, float *lse) {
+ca_status cpu_attention(void *dev, const ca_attention_args *args) {
+    ca_dtype dt = args->dt;
+    const ca_attention_params *a = &args->p;
+    const void *q = args->q;
+    const void *k = args->k;
+    const void *v = args->v;
+    void *out = args->out;
+    float *lse = args->lse;
     (void)dev;
-    ca_status st = att_check("attention", dt, a, q, k, v);
+    ca_status st = att_dtype("attention", dt);
     if (st != CA_OK) return st;
     int64_t nq = a->batch * a->heads * a->tq;
     if (nq == 0) return CA_OK;
-    if (!out || !lse) return ca_error(CA_ERR_INVALID, "cpu kernel attention: out or lse is NULL");
     if (a->tk == 0 || a->dv == 0) {
         memset(out, 0, (size_t)(nq * a->dv) * sizeof(float));
         for (int64_t i = 0; i < nq; i++) lse[i] = -INFINITY;
@@ -225,16 +218,23 @@ ca_status cpu_attention(void *dev, ca_dtype dt, const ca_attention_args *a, cons
 /* With P the probabilities, D the dropout factors and Pd = P*D (out = Pd V):
  *   dV = Pd^T dO,  dPd = dO V^T,  dS = P * (dPd * D - rowsum(dO * O)),
  *   dQ = scale dS K,  dK = scale dS^T Q. */
-ca_status cpu_attention_backward(void *dev, ca_dtype dt, const ca_attention_args *a, const void *q, const void *k,
-                                 const void *v, const void *out, const void *dout, const float *lse, void *dq,
-                                 void *dk, void *dv) {
+ca_status cpu_attention_backward(void *dev, const ca_attention_backward_args *args) {
+    ca_dtype dt = args->dt;
+    const ca_attention_params *a = &args->p;
+    const void *q = args->q;
+    const void *k = args->k;
+    const void *v = args->v;
+    const void *out = args->out;
+    const void *dout = args->dout;
+    const float *lse = args->lse;
+    void *dq = args->dq;
+    void *dk = args->dk;
+    void *dv = args->dv;
     (void)dev;
-    ca_status st = att_check("attention_backward", dt, a, q, k, v);
+    ca_status st = att_dtype("attention_backward", dt);
     if (st != CA_OK) return st;
     int64_t nbh = a->batch * a->heads, tq = a->tq, tk = a->tk, d = a->d, dvn = a->dv;
     if (nbh == 0) return CA_OK;
-    if (!dq || !dk || !dv || (tq && (!out || !dout || !lse)))
-        return ca_error(CA_ERR_INVALID, "cpu kernel attention_backward: an output or saved buffer is NULL");
     memset(dq, 0, (size_t)(nbh * tq * d) * sizeof(float));
     memset(dk, 0, (size_t)(nbh * tk * d) * sizeof(float));
     memset(dv, 0, (size_t)(nbh * tk * dvn) * sizeof(float));
@@ -282,17 +282,19 @@ ca_status cpu_attention_backward(void *dev, ca_dtype dt, const ca_attention_args
 /* ---------------------------------------------------------------- where */
 
 /* y = cond ? a : b: a selection, so any dtype is copied by its element size. */
-ca_status cpu_where(void *dev, ca_dtype dt, const ca_bcast_args *s, const int64_t *cs, const uint8_t *cond,
-                    const void *a, const void *b, void *y) {
+ca_status cpu_where(void *dev, const ca_where_args *args) {
+    ca_dtype dt = args->dt;
+    const ca_bcast_args *s = &args->shape;
+    const int64_t *cs = args->cond_stride;
+    const uint8_t *cond = args->cond;
+    const void *a = args->a;
+    const void *b = args->b;
+    void *y = args->y;
     (void)dev;
     size_t es = ca_dtype_size(dt);
-    if (!es) return cpu_bad_dtype("where", "tensor", dt);
-    if (!s || !cs || s->ndim < 1 || s->ndim > CA_MAX_DIMS)
-        return ca_error(CA_ERR_INVALID, "cpu kernel where: bad shape arguments");
     int64_t n = 1;
     for (int d = 0; d < s->ndim; d++) n *= s->shape[d];
     if (n <= 0) return CA_OK;
-    if (!cond || !a || !b || !y) return ca_error(CA_ERR_INVALID, "cpu kernel where: a buffer is NULL");
     int64_t idx[CA_MAX_DIMS] = {0}, oc = 0, oa = 0, ob = 0;
     int nd = s->ndim;
     for (int64_t i = 0; i < n; i++) {
@@ -310,13 +312,10 @@ ca_status cpu_where(void *dev, ca_dtype dt, const ca_bcast_args *s, const int64_
 
 /* ---------------------------------------------------------------- gather */
 
+/* Every index in [0, len) (the data; the core has checked the rest). */
 static ca_status gather_check(const char *k, ca_dtype idx_dt, int64_t outer, int64_t len, int64_t inner, int64_t n,
                               const void *idx) {
-    if (idx_dt != CA_I32 && idx_dt != CA_I64) return cpu_bad_dtype(k, "indices", idx_dt);
-    if (outer < 0 || len < 0 || inner < 0 || n < 0)
-        return ca_error(CA_ERR_INVALID, "cpu kernel %s: negative shape", k);
     int64_t total = outer * n * inner;
-    if (total && !idx) return ca_error(CA_ERR_INVALID, "cpu kernel %s: idx is NULL", k);
     for (int64_t p = 0; p < total; p++) {
         int64_t v = cpu_index_at(idx_dt, idx, p);
         if (v < 0 || v >= len)
@@ -326,13 +325,19 @@ static ca_status gather_check(const char *k, ca_dtype idx_dt, int64_t outer, int
     return CA_OK;
 }
 
-ca_status cpu_gather(void *dev, ca_dtype dt, int64_t outer, int64_t len, int64_t inner, int64_t n, const void *x,
-                     ca_dtype idx_dt, const void *idx, void *y) {
+ca_status cpu_gather(void *dev, const ca_gather_args *args) {
+    ca_dtype dt = args->dt;
+    int64_t outer = args->outer;
+    int64_t len = args->len;
+    int64_t inner = args->inner;
+    int64_t n = args->n;
+    const void *x = args->x;
+    ca_dtype idx_dt = args->idx_dt;
+    const void *idx = args->idx;
+    void *y = args->y;
     size_t es = ca_dtype_size(dt);
-    if (!es) return cpu_bad_dtype("gather", "tensor", dt);
     ca_status st = gather_check("gather", idx_dt, outer, len, inner, n, idx);
     if (st != CA_OK || outer * n * inner == 0) return st;
-    if (!x || !y) return ca_error(CA_ERR_INVALID, "cpu kernel gather: %s is NULL", x ? "y" : "x");
     for (int64_t o = 0; o < outer; o++)
         for (int64_t j = 0; j < n; j++)
             for (int64_t i = 0; i < inner; i++) {
@@ -342,12 +347,19 @@ ca_status cpu_gather(void *dev, ca_dtype dt, int64_t outer, int64_t len, int64_t
     return CA_OK;
 }
 
-ca_status cpu_gather_backward(void *dev, ca_dtype dt, int64_t outer, int64_t len, int64_t inner, int64_t n,
-                              ca_dtype idx_dt, const void *idx, const void *dy, void *dx) {
+ca_status cpu_gather_backward(void *dev, const ca_gather_backward_args *args) {
+    ca_dtype dt = args->dt;
+    int64_t outer = args->outer;
+    int64_t len = args->len;
+    int64_t inner = args->inner;
+    int64_t n = args->n;
+    ca_dtype idx_dt = args->idx_dt;
+    const void *idx = args->idx;
+    const void *dy = args->dy;
+    void *dx = args->dx;
     if (dt != CA_F32) return cpu_bad_dtype("gather_backward", "tensor", dt);
     ca_status st = gather_check("gather_backward", idx_dt, outer, len, inner, n, idx);
     if (st != CA_OK || outer * n * inner == 0) return st;
-    if (!dy || !dx) return ca_error(CA_ERR_INVALID, "cpu kernel gather_backward: %s is NULL", dy ? "dx" : "dy");
     const float *g = dy;
     float *out = dx;
     for (int64_t o = 0; o < outer; o++)

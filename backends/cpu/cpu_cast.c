@@ -92,9 +92,11 @@ CPU_CLONES static void fill_u16(uint16_t *restrict y, int64_t n, uint16_t v) {
     for (int64_t i = 0; i < n; i++) y[i] = v;
 }
 
-ca_status cpu_fill(void *dev, ca_dtype dt, int64_t n, double value, void *y) {
-    if (n < 0) return ca_error(CA_ERR_INVALID, "cpu kernel fill: negative length %lld", (long long)n);
-    if (n > 0 && !y) return ca_error(CA_ERR_INVALID, "cpu kernel fill: output is NULL");
+ca_status cpu_fill(void *dev, const ca_fill_args *args) {
+    ca_dtype dt = args->dt;
+    int64_t n = args->n;
+    double value = args->value;
+    void *y = args->y;
     switch (dt) {
     case CA_F32: fill_f32(y, n, (float)value); break;
     case CA_F16: fill_u16(y, n, ca_f32_to_f16((float)value)); break;
@@ -204,13 +206,14 @@ static void cast_int_int(ca_dtype sdt, const void *x, ca_dtype ddt, void *y, int
 
 static bool is_int(ca_dtype dt) { return dt == CA_I32 || dt == CA_I64 || dt == CA_U8; }
 
-ca_status cpu_cast(void *dev, ca_dtype src_dt, const void *x, ca_dtype dst_dt, void *y,
-                   int64_t n, float alpha) {
-    if ((unsigned)src_dt >= CA_DTYPE_COUNT) return cpu_bad_dtype("cast", "input", src_dt);
-    if ((unsigned)dst_dt >= CA_DTYPE_COUNT) return cpu_bad_dtype("cast", "output", dst_dt);
-    if (n < 0) return ca_error(CA_ERR_INVALID, "cpu kernel cast: negative length %lld", (long long)n);
+ca_status cpu_cast(void *dev, const ca_cast_args *args) {
+    ca_dtype src_dt = args->src_dt;
+    const void *x = args->x;
+    ca_dtype dst_dt = args->dst_dt;
+    void *y = args->y;
+    int64_t n = args->n;
+    float alpha = args->alpha;
     if (n == 0) return CA_OK;
-    if (!x || !y) return ca_error(CA_ERR_INVALID, "cpu kernel cast: %s is NULL", x ? "y" : "x");
     /* Chunks of x are read completely before they are written, so y may be x
      * itself when its elements are no larger; other overlaps are refused. */
     size_t ssz = ca_dtype_size(src_dt), dsz = ca_dtype_size(dst_dt);
@@ -244,23 +247,19 @@ ca_status cpu_cast(void *dev, ca_dtype src_dt, const void *x, ca_dtype dst_dt, v
 
 /* --------------------------------------------------------- copy_strided */
 
-ca_status cpu_copy_strided(void *dev, ca_dtype dt, int ndim, const int64_t *shape,
-                           const void *x, const int64_t *x_stride, void *y,
-                           const int64_t *y_stride) {
+ca_status cpu_copy_strided(void *dev, const ca_copy_strided_args *args) {
+    ca_dtype dt = args->dt;
+    int ndim = args->ndim;
+    const int64_t *shape = args->shape;
+    const void *x = args->x;
+    const int64_t *x_stride = args->x_stride;
+    void *y = args->y;
+    const int64_t *y_stride = args->y_stride;
     size_t es = ca_dtype_size(dt);
-    if (!es) return cpu_bad_dtype("copy_strided", "tensor", dt);
-    if (ndim < 0 || ndim > CA_MAX_DIMS)
-        return ca_error(CA_ERR_INVALID, "cpu kernel copy_strided: ndim %d outside [0, %d]", ndim,
-                        CA_MAX_DIMS);
-    if (ndim > 0 && (!shape || !x_stride || !y_stride))
-        return ca_error(CA_ERR_INVALID, "cpu kernel copy_strided: shape or strides are NULL");
     /* Drop size-1 dims and merge dims that are contiguous in both x and y. */
     int64_t sh[CA_MAX_DIMS], xs[CA_MAX_DIMS], ys[CA_MAX_DIMS];
     int nd = 0;
     for (int d = 0; d < ndim; d++) {
-        if (shape[d] < 0)
-            return ca_error(CA_ERR_INVALID, "cpu kernel copy_strided: dim %d has negative size %lld",
-                            d, (long long)shape[d]);
         if (shape[d] == 0) return CA_OK;
         if (shape[d] == 1) continue;
         if (nd > 0 && xs[nd - 1] == x_stride[d] * shape[d] && ys[nd - 1] == y_stride[d] * shape[d]) {
@@ -274,7 +273,6 @@ ca_status cpu_copy_strided(void *dev, ca_dtype dt, int ndim, const int64_t *shap
         ys[nd] = y_stride[d];
         nd++;
     }
-    if (!x || !y) return ca_error(CA_ERR_INVALID, "cpu kernel copy_strided: %s is NULL", x ? "y" : "x");
     if (nd == 0) {
         memmove(y, x, es);
         return CA_OK;

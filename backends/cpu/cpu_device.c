@@ -277,117 +277,33 @@ static inline void fp_leave(unsigned saved) {
 #endif
 }
 
-/* fz_<name>: cpu_<name> between fp_enter and fp_leave. */
-#define FZ(name, params, args)                     \
-    static ca_status fz_##name params {            \
-        unsigned saved_ = fp_enter();              \
-        ca_status st_ = cpu_##name args;           \
-        fp_leave(saved_);                          \
-        return st_;                                \
+/* The kernels whose results flushing would change although they do no arithmetic on floats: they
+ * convert (fill, cast), compare (argmax, clamp_list) or move bytes, so they keep denormals as
+ * they are. (strcmp of two literals folds to a constant.) */
+#define CPU_EXACT(slot)                                                                           \
+    (!strcmp(slot, "fill") || !strcmp(slot, "cast") || !strcmp(slot, "copy_strided") ||          \
+     !strcmp(slot, "argmax") || !strcmp(slot, "embedding") || !strcmp(slot, "clamp_list") ||      \
+     !strcmp(slot, "where") || !strcmp(slot, "gather"))
+
+/* fz_<slot>: cpu_<slot> between fp_enter and fp_leave (the others as they are). */
+#define FZ(slot)                                                                  \
+    static ca_status fz_##slot(void *dev, const ca_##slot##_args *args) {         \
+        if (CPU_EXACT(#slot)) return cpu_##slot(dev, args);                        \
+        unsigned saved_ = fp_enter();                                              \
+        ca_status st_ = cpu_##slot(dev, args);                                     \
+        fp_leave(saved_);                                                          \
+        return st_;                                                                \
     }
+CA_KERNEL_LIST(FZ)
+#undef FZ
 
-FZ(gemm, (void *dev, const ca_gemm_args *a), (dev, a))
-FZ(unary, (void *dev, ca_unary_op op, ca_dtype dt, int64_t n, const void *x, void *y, float alpha),
-   (dev, op, dt, n, x, y, alpha))
-FZ(unary_backward,
-   (void *dev, ca_unary_op op, ca_dtype dt, int64_t n, const void *x, const void *y, const void *dy,
-    void *dx, float alpha, float beta),
-   (dev, op, dt, n, x, y, dy, dx, alpha, beta))
-FZ(binary, (void *dev, ca_binary_op op, ca_dtype dt, const ca_bcast_args *sh, const void *a,
-            const void *b, void *y),
-   (dev, op, dt, sh, a, b, y))
-FZ(axpby, (void *dev, ca_dtype dt, int64_t n, float alpha, const void *x, float beta, void *y),
-   (dev, dt, n, alpha, x, beta, y))
-FZ(reduce, (void *dev, ca_reduce_op op, ca_dtype dt, int64_t outer, int64_t len, int64_t inner,
-            const void *x, void *y, float beta),
-   (dev, op, dt, outer, len, inner, x, y, beta))
-FZ(softmax, (void *dev, bool log, ca_dtype dt, int64_t rows, int64_t cols, const void *x, void *y),
-   (dev, log, dt, rows, cols, x, y))
-FZ(softmax_backward, (void *dev, bool log, ca_dtype dt, int64_t rows, int64_t cols, const void *y,
-                      const void *dy, void *dx, float beta),
-   (dev, log, dt, rows, cols, y, dy, dx, beta))
-FZ(cross_entropy, (void *dev, ca_dtype dt, int64_t rows, int64_t cols, const void *logits,
-                   ca_dtype label_dt, const void *labels, int64_t ignore, float *loss, float *lse,
-                   float *count),
-   (dev, dt, rows, cols, logits, label_dt, labels, ignore, loss, lse, count))
-FZ(cross_entropy_backward,
-   (void *dev, ca_dtype dt, int64_t rows, int64_t cols, const void *logits, const float *lse,
-    ca_dtype label_dt, const void *labels, int64_t ignore, const float *dloss, const float *count,
-    void *dlogits, float beta),
-   (dev, dt, rows, cols, logits, lse, label_dt, labels, ignore, dloss, count, dlogits, beta))
-FZ(layer_norm, (void *dev, ca_dtype dt, int64_t rows, int64_t cols, const void *x, const void *gamma,
-                const void *beta_, float eps, void *y, float *mean, float *rstd),
-   (dev, dt, rows, cols, x, gamma, beta_, eps, y, mean, rstd))
-FZ(layer_norm_backward,
-   (void *dev, ca_dtype dt, int64_t rows, int64_t cols, const void *x, const void *gamma,
-    const float *mean, const float *rstd, const void *dy, void *dx, float beta, void *dgamma,
-    void *dbeta_, bool acc),
-   (dev, dt, rows, cols, x, gamma, mean, rstd, dy, dx, beta, dgamma, dbeta_, acc))
-FZ(embedding_backward, (void *dev, ca_dtype dt, int64_t n, int64_t rows, int64_t dim, ca_dtype idx_dt,
-                        const void *idx, const void *dy, void *dtable),
-   (dev, dt, n, rows, dim, idx_dt, idx, dy, dtable))
-FZ(rng, (void *dev, ca_rng_kind kind, ca_dtype dt, int64_t n, uint64_t seed, uint64_t offset, float a,
-         float b, void *y),
-   (dev, kind, dt, n, seed, offset, a, b, y))
-FZ(dropout, (void *dev, ca_dtype dt, int64_t n, float p, uint64_t seed, uint64_t offset, const void *x,
-             void *y, uint8_t *mask),
-   (dev, dt, n, p, seed, offset, x, y, mask))
-FZ(dropout_backward, (void *dev, ca_dtype dt, int64_t n, float p, const uint8_t *mask, const void *dy,
-                      void *dx, float beta),
-   (dev, dt, n, p, mask, dy, dx, beta))
-FZ(adamw, (void *dev, const ca_tensor_list *t, const ca_adamw_args *a), (dev, t, a))
-FZ(sgd, (void *dev, const ca_tensor_list *t, const ca_sgd_args *a), (dev, t, a))
-FZ(sum_squares, (void *dev, const ca_tensor_list *t, float *out, float beta), (dev, t, out, beta))
-FZ(scale_list, (void *dev, const ca_tensor_list *t, float alpha), (dev, t, alpha))
-FZ(unscale_check, (void *dev, const ca_tensor_list *t, float inv_scale, float *found_inf),
-   (dev, t, inv_scale, found_inf))
-FZ(attention, (void *dev, ca_dtype dt, const ca_attention_args *a, const void *q, const void *k,
-               const void *v, void *out, float *lse),
-   (dev, dt, a, q, k, v, out, lse))
-FZ(attention_backward,
-   (void *dev, ca_dtype dt, const ca_attention_args *a, const void *q, const void *k, const void *v,
-    const void *out, const void *dout, const float *lse, void *dq, void *dk, void *dv),
-   (dev, dt, a, q, k, v, out, dout, lse, dq, dk, dv))
-FZ(gather_backward, (void *dev, ca_dtype dt, int64_t outer, int64_t len, int64_t inner, int64_t n,
-                     ca_dtype idx_dt, const void *idx, const void *dy, void *dx),
-   (dev, dt, outer, len, inner, n, idx_dt, idx, dy, dx))
-
+#define CPU_SLOT(slot) .slot = fz_##slot,
 static const ca_kernels cpu_kernels = {
     .struct_size = sizeof(ca_kernels),
     .abi_version = CA_ABI_VERSION,
-    .gemm = fz_gemm,
-    .fill = cpu_fill,
-    .cast = cpu_cast,
-    .copy_strided = cpu_copy_strided,
-    .unary = fz_unary,
-    .unary_backward = fz_unary_backward,
-    .binary = fz_binary,
-    .axpby = fz_axpby,
-    .reduce = fz_reduce,
-    .argmax = cpu_argmax,
-    .softmax = fz_softmax,
-    .softmax_backward = fz_softmax_backward,
-    .cross_entropy = fz_cross_entropy,
-    .cross_entropy_backward = fz_cross_entropy_backward,
-    .layer_norm = fz_layer_norm,
-    .layer_norm_backward = fz_layer_norm_backward,
-    .embedding = cpu_embedding,
-    .embedding_backward = fz_embedding_backward,
-    .rng = fz_rng,
-    .dropout = fz_dropout,
-    .dropout_backward = fz_dropout_backward,
-    .adamw = fz_adamw,
-    .sgd = fz_sgd,
-    .sum_squares = fz_sum_squares,
-    .scale_list = fz_scale_list,
-    .unscale_check = fz_unscale_check,
-    .clamp_list = cpu_clamp_list,
-    .attention = fz_attention,
-    .attention_backward = fz_attention_backward,
-    .where = cpu_where,
-    .gather = cpu_gather,
-    .gather_backward = fz_gather_backward,
+    CA_KERNEL_LIST(CPU_SLOT)
 };
+#undef CPU_SLOT
 
 /* The device slot: determinism is process-wide on the cpu (one GEMM thread pool). */
 static void cpu_set_deterministic(void *dev, bool on) {

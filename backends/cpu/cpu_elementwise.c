@@ -21,17 +21,14 @@ static bool apart(const void *p, const void *q, int64_t n) {
     return a + len <= b || b + len <= a;
 }
 
-static bool unary_op_valid(ca_unary_op op) { return (unsigned)op < CA_UNARY_OP_COUNT; }
-
-ca_status cpu_unary(void *dev, ca_unary_op op, ca_dtype dt, int64_t n, const void *x, void *y,
-                    float alpha) {
-    if (!ca_dtype_is_float(dt)) return cpu_bad_dtype("unary", "tensor", dt);
-    if (!unary_op_valid(op)) return ca_error(CA_ERR_INVALID, "cpu kernel unary: unknown op %d", (int)op);
-    if (n < 0) return ca_error(CA_ERR_INVALID, "cpu kernel unary %s: negative length %lld",
-                               ca_unary_op_name(op), (long long)n);
+ca_status cpu_unary(void *dev, const ca_unary_args *args) {
+    ca_unary_op op = args->op;
+    ca_dtype dt = args->dt;
+    int64_t n = args->n;
+    const void *x = args->x;
+    void *y = args->y;
+    float alpha = args->alpha;
     if (n == 0) return CA_OK;
-    if (!x || !y) return ca_error(CA_ERR_INVALID, "cpu kernel unary %s: %s is NULL",
-                                  ca_unary_op_name(op), x ? "y" : "x");
     if (dt == CA_F32) {
         const float *xf = x;
         float *yf = y;
@@ -134,28 +131,18 @@ CPU_CLONES static void accumulate_f32(int64_t n, const float *restrict g, float 
         for (int64_t i = 0; i < n; i++) dx[i] = beta * dx[i] + g[i];
 }
 
-static bool reads_y(ca_unary_op op) {
-    return op == CA_UNARY_RELU || op == CA_UNARY_TANH || op == CA_UNARY_SIGMOID ||
-           op == CA_UNARY_EXP || op == CA_UNARY_SQRT;
-}
-
-static bool reads_input(ca_unary_op op) {
-    return !(op == CA_UNARY_NEG || op == CA_UNARY_SCALE || op == CA_UNARY_ADD_SCALAR);
-}
-
-ca_status cpu_unary_backward(void *dev, ca_unary_op op, ca_dtype dt, int64_t n, const void *x,
-                             const void *y, const void *dy, void *dx, float alpha, float beta) {
-    if (!ca_dtype_is_float(dt)) return cpu_bad_dtype("unary_backward", "tensor", dt);
-    if (!unary_op_valid(op))
-        return ca_error(CA_ERR_INVALID, "cpu kernel unary_backward: unknown op %d", (int)op);
-    const char *name = ca_unary_op_name(op);
-    if (n < 0) return ca_error(CA_ERR_INVALID, "cpu kernel unary_backward %s: negative length %lld",
-                               name, (long long)n);
+ca_status cpu_unary_backward(void *dev, const ca_unary_backward_args *args) {
+    ca_unary_op op = args->op;
+    ca_dtype dt = args->dt;
+    int64_t n = args->n;
+    const void *x = args->x;
+    const void *y = args->y;
+    const void *dy = args->dy;
+    void *dx = args->dx;
+    float alpha = args->alpha;
+    float beta = args->beta;
     if (n == 0) return CA_OK;
-    bool need_y = reads_y(op), need_x = !need_y && reads_input(op);
-    if (!dy || !dx || (need_y && !y) || (need_x && !x))
-        return ca_error(CA_ERR_INVALID, "cpu kernel unary_backward %s: %s is NULL", name,
-                        !dy ? "dy" : (!dx ? "dx" : (need_y ? "y (the forward output)" : "x (the forward input)")));
+    bool need_y = ca_unary_grad_reads_y(op), need_x = !need_y && ca_unary_grad_reads_input(op);
     /* dx written directly unless it may alias an input (the loop's pointers are restrict) */
     bool direct = dt == CA_F32 && beta == 0.0f && apart(dx, dy, n) && (!need_x || apart(dx, x, n)) &&
                   (!need_y || apart(dx, y, n));
@@ -220,24 +207,18 @@ CPU_CLONES static void binary_row(ca_binary_op op, int64_t n, const float *a, in
     }
 }
 
-ca_status cpu_binary(void *dev, ca_binary_op op, ca_dtype dt, const ca_bcast_args *shape,
-                     const void *a, const void *b, void *y) {
-    if (!ca_dtype_is_float(dt)) return cpu_bad_dtype("binary", "tensor", dt);
-    if ((unsigned)op >= CA_BINARY_OP_COUNT)
-        return ca_error(CA_ERR_INVALID, "cpu kernel binary: unknown op %d", (int)op);
-    const char *name = ca_binary_op_name(op);
-    if (!shape) return ca_error(CA_ERR_INVALID, "cpu kernel binary %s: shape is NULL", name);
-    if (shape->ndim < 1 || shape->ndim > CA_MAX_DIMS)
-        return ca_error(CA_ERR_INVALID, "cpu kernel binary %s: ndim %d outside [1, %d]", name,
-                        shape->ndim, CA_MAX_DIMS);
+ca_status cpu_binary(void *dev, const ca_binary_args *args) {
+    ca_binary_op op = args->op;
+    ca_dtype dt = args->dt;
+    const ca_bcast_args *shape = &args->shape;
+    const void *a = args->a;
+    const void *b = args->b;
+    void *y = args->y;
     /* Drop size-1 dims, merge dims that are contiguous in a, b and y alike. */
     int64_t sh[CA_MAX_DIMS], as[CA_MAX_DIMS], bs[CA_MAX_DIMS];
     int nd = 0;
     for (int d = 0; d < shape->ndim; d++) {
         int64_t s = shape->shape[d];
-        if (s < 0)
-            return ca_error(CA_ERR_INVALID, "cpu kernel binary %s: dim %d has negative size %lld",
-                            name, d, (long long)s);
         if (s == 0) return CA_OK;
         if (s == 1) continue;
         if (nd > 0 && as[nd - 1] == shape->a_stride[d] * s && bs[nd - 1] == shape->b_stride[d] * s) {
@@ -251,9 +232,6 @@ ca_status cpu_binary(void *dev, ca_binary_op op, ca_dtype dt, const ca_bcast_arg
         bs[nd] = shape->b_stride[d];
         nd++;
     }
-    if (!a || !b || !y)
-        return ca_error(CA_ERR_INVALID, "cpu kernel binary %s: %s is NULL", name,
-                        !a ? "a" : (!b ? "b" : "y"));
     if (nd == 0) {
         sh[0] = 1;
         as[0] = bs[0] = 0;
@@ -307,12 +285,14 @@ CPU_CLONES static void axpby_f32(int64_t n, float alpha, const float *x, float b
     }
 }
 
-ca_status cpu_axpby(void *dev, ca_dtype dt, int64_t n, float alpha, const void *x, float beta,
-                    void *y) {
-    if (!ca_dtype_is_float(dt)) return cpu_bad_dtype("axpby", "tensor", dt);
-    if (n < 0) return ca_error(CA_ERR_INVALID, "cpu kernel axpby: negative length %lld", (long long)n);
+ca_status cpu_axpby(void *dev, const ca_axpby_args *args) {
+    ca_dtype dt = args->dt;
+    int64_t n = args->n;
+    float alpha = args->alpha;
+    const void *x = args->x;
+    float beta = args->beta;
+    void *y = args->y;
     if (n == 0) return CA_OK;
-    if (!x || !y) return ca_error(CA_ERR_INVALID, "cpu kernel axpby: %s is NULL", x ? "y" : "x");
     if (dt == CA_F32) {
         axpby_f32(n, alpha, x, beta, y);
         return CA_OK;

@@ -98,72 +98,9 @@ extern const ca_device_ops cpu_device_ops;
 
 /* ---------------------------------------------------------------- kernels */
 
-ca_status cpu_gemm(void *dev, const ca_gemm_args *args);
-ca_status cpu_fill(void *dev, ca_dtype dt, int64_t n, double value, void *y);
-ca_status cpu_cast(void *dev, ca_dtype src_dt, const void *x, ca_dtype dst_dt, void *y,
-                   int64_t n, float alpha);
-ca_status cpu_copy_strided(void *dev, ca_dtype dt, int ndim, const int64_t *shape,
-                           const void *x, const int64_t *x_stride, void *y,
-                           const int64_t *y_stride);
-ca_status cpu_unary(void *dev, ca_unary_op op, ca_dtype dt, int64_t n, const void *x, void *y,
-                    float alpha);
-ca_status cpu_unary_backward(void *dev, ca_unary_op op, ca_dtype dt, int64_t n, const void *x,
-                             const void *y, const void *dy, void *dx, float alpha, float beta);
-ca_status cpu_binary(void *dev, ca_binary_op op, ca_dtype dt, const ca_bcast_args *shape,
-                     const void *a, const void *b, void *y);
-ca_status cpu_axpby(void *dev, ca_dtype dt, int64_t n, float alpha, const void *x, float beta,
-                    void *y);
-ca_status cpu_reduce(void *dev, ca_reduce_op op, ca_dtype dt, int64_t outer, int64_t len,
-                     int64_t inner, const void *x, void *y, float beta);
-ca_status cpu_argmax(void *dev, ca_dtype dt, int64_t rows, int64_t cols, const void *x,
-                     int64_t *idx);
-ca_status cpu_softmax(void *dev, bool log, ca_dtype dt, int64_t rows, int64_t cols,
-                      const void *x, void *y);
-ca_status cpu_softmax_backward(void *dev, bool log, ca_dtype dt, int64_t rows, int64_t cols,
-                               const void *y, const void *dy, void *dx, float beta);
-ca_status cpu_cross_entropy(void *dev, ca_dtype dt, int64_t rows, int64_t cols,
-                            const void *logits, ca_dtype label_dt, const void *labels,
-                            int64_t ignore_index, float *loss, float *lse, float *count);
-ca_status cpu_cross_entropy_backward(void *dev, ca_dtype dt, int64_t rows, int64_t cols,
-                                     const void *logits, const float *lse, ca_dtype label_dt,
-                                     const void *labels, int64_t ignore_index,
-                                     const float *dloss, const float *count, void *dlogits,
-                                     float beta);
-ca_status cpu_layer_norm(void *dev, ca_dtype dt, int64_t rows, int64_t cols, const void *x,
-                         const void *gamma, const void *beta_, float eps, void *y, float *mean,
-                         float *rstd);
-ca_status cpu_layer_norm_backward(void *dev, ca_dtype dt, int64_t rows, int64_t cols,
-                                  const void *x, const void *gamma, const float *mean,
-                                  const float *rstd, const void *dy, void *dx, float beta,
-                                  void *dgamma, void *dbeta_, bool accumulate_params);
-ca_status cpu_embedding(void *dev, ca_dtype dt, int64_t n, int64_t rows, int64_t dim, const void *table,
-                        ca_dtype idx_dt, const void *idx, void *y);
-ca_status cpu_embedding_backward(void *dev, ca_dtype dt, int64_t n, int64_t rows, int64_t dim,
-                                 ca_dtype idx_dt, const void *idx, const void *dy,
-                                 void *dtable);
-ca_status cpu_rng(void *dev, ca_rng_kind kind, ca_dtype dt, int64_t n, uint64_t seed,
-                  uint64_t offset, float a, float b, void *y);
-ca_status cpu_dropout(void *dev, ca_dtype dt, int64_t n, float p, uint64_t seed,
-                      uint64_t offset, const void *x, void *y, uint8_t *mask);
-ca_status cpu_dropout_backward(void *dev, ca_dtype dt, int64_t n, float p, const uint8_t *mask,
-                               const void *dy, void *dx, float beta);
-ca_status cpu_adamw(void *dev, const ca_tensor_list *t, const ca_adamw_args *args);
-ca_status cpu_sgd(void *dev, const ca_tensor_list *t, const ca_sgd_args *args);
-ca_status cpu_sum_squares(void *dev, const ca_tensor_list *t, float *out, float beta);
-ca_status cpu_scale_list(void *dev, const ca_tensor_list *t, float alpha);
-ca_status cpu_unscale_check(void *dev, const ca_tensor_list *t, float inv_scale,
-                            float *found_inf);
-ca_status cpu_clamp_list(void *dev, const ca_tensor_list *t, float lo, float hi);
-ca_status cpu_attention(void *dev, ca_dtype dt, const ca_attention_args *args, const void *q,
-                        const void *k, const void *v, void *out, float *lse);
-ca_status cpu_attention_backward(void *dev, ca_dtype dt, const ca_attention_args *args,
-                                 const void *q, const void *k, const void *v, const void *out,
-                                 const void *dout, const float *lse, void *dq, void *dk, void *dv);
-ca_status cpu_where(void *dev, ca_dtype dt, const ca_bcast_args *shape, const int64_t *cond_stride,
-                    const uint8_t *cond, const void *a, const void *b, void *y);
-ca_status cpu_gather(void *dev, ca_dtype dt, int64_t outer, int64_t len, int64_t inner, int64_t n,
-                     const void *x, ca_dtype idx_dt, const void *idx, void *y);
-ca_status cpu_gather_backward(void *dev, ca_dtype dt, int64_t outer, int64_t len, int64_t inner,
-                              int64_t n, ca_dtype idx_dt, const void *idx, const void *dy, void *dx);
+/* cpu_<slot>(dev, args) for every slot of CA_KERNEL_LIST. */
+#define CPU_KERNEL_PROTO(slot) ca_status cpu_##slot(void *dev, const ca_##slot##_args *args);
+CA_KERNEL_LIST(CPU_KERNEL_PROTO)
+#undef CPU_KERNEL_PROTO
 
 #endif

@@ -14,14 +14,6 @@ static ca_status rows_alloc(const char *kernel, int64_t cols, int count, float *
     return CA_OK;
 }
 
-static ca_status check_rows(const char *kernel, ca_dtype dt, int64_t rows, int64_t cols) {
-    if (!ca_dtype_is_float(dt)) return cpu_bad_dtype(kernel, "tensor", dt);
-    if (rows < 0 || cols < 0)
-        return ca_error(CA_ERR_INVALID, "cpu kernel %s: negative shape [%lld, %lld]", kernel,
-                        (long long)rows, (long long)cols);
-    return CA_OK;
-}
-
 /* Rows with few columns are handled a block of rows at a time, so that the
  * exp loop runs over a whole block (vector-wide) rather than one short row. */
 #define SMALL_COLS 256
@@ -96,13 +88,16 @@ static const float *row_in(ca_dtype dt, const void *x, int64_t r, int64_t cols, 
     return cpu_view_f32(dt, x, r * cols, cols, buf);
 }
 
-ca_status cpu_softmax(void *dev, bool log, ca_dtype dt, int64_t rows, int64_t cols,
-                      const void *x, void *y) {
+ca_status cpu_softmax(void *dev, const ca_softmax_args *args) {
+    bool log = args->log;
+    ca_dtype dt = args->dt;
+    int64_t rows = args->rows;
+    int64_t cols = args->cols;
+    const void *x = args->x;
+    void *y = args->y;
     const char *k = log ? "log_softmax" : "softmax";
-    ca_status st = check_rows(k, dt, rows, cols);
-    if (st != CA_OK) return st;
+    ca_status st = CA_OK;
     if (rows == 0 || cols == 0) return CA_OK;
-    if (!x || !y) return ca_error(CA_ERR_INVALID, "cpu kernel %s: %s is NULL", k, x ? "y" : "x");
     float *ws, m[CPU_CHUNK], sum[CPU_CHUNK];
     int64_t len, R = block_rows(cols);
     if ((st = block_alloc(k, cols, &ws, &len)) != CA_OK) return st;
@@ -155,14 +150,18 @@ CPU_CLONES static void softmax_grad_row(bool log, const float *restrict y, const
     }
 }
 
-ca_status cpu_softmax_backward(void *dev, bool log, ca_dtype dt, int64_t rows, int64_t cols,
-                               const void *y, const void *dy, void *dx, float beta) {
+ca_status cpu_softmax_backward(void *dev, const ca_softmax_backward_args *args) {
+    bool log = args->log;
+    ca_dtype dt = args->dt;
+    int64_t rows = args->rows;
+    int64_t cols = args->cols;
+    const void *y = args->y;
+    const void *dy = args->dy;
+    void *dx = args->dx;
+    float beta = args->beta;
     const char *k = log ? "log_softmax_backward" : "softmax_backward";
-    ca_status st = check_rows(k, dt, rows, cols);
-    if (st != CA_OK) return st;
+    ca_status st = CA_OK;
     if (rows == 0 || cols == 0) return CA_OK;
-    if (!y || !dy || !dx)
-        return ca_error(CA_ERR_INVALID, "cpu kernel %s: %s is NULL", k, !y ? "y" : (!dy ? "dy" : "dx"));
     float *ws = NULL;
     if ((dt != CA_F32 || dx == dy || dx == y) && (st = rows_alloc(k, cols, 3, &ws)) != CA_OK)
         return st;
@@ -191,24 +190,19 @@ static ca_status check_label(const char *k, int64_t r, int64_t label, int64_t co
     return CA_ERR_INVALID;
 }
 
-static ca_status check_ce(const char *k, ca_dtype dt, int64_t rows, int64_t cols, ca_dtype label_dt) {
-    ca_status st = check_rows(k, dt, rows, cols);
-    if (st != CA_OK) return st;
-    if (label_dt != CA_I32 && label_dt != CA_I64) return cpu_bad_dtype(k, "labels", label_dt);
-    if (rows > 0 && cols < 1)
-        return ca_error(CA_ERR_INVALID, "cpu kernel %s: logits have no classes", k);
-    return CA_OK;
-}
-
-ca_status cpu_cross_entropy(void *dev, ca_dtype dt, int64_t rows, int64_t cols,
-                            const void *logits, ca_dtype label_dt, const void *labels,
-                            int64_t ignore_index, float *loss, float *lse, float *count) {
+ca_status cpu_cross_entropy(void *dev, const ca_cross_entropy_args *args) {
+    ca_dtype dt = args->dt;
+    int64_t rows = args->rows;
+    int64_t cols = args->cols;
+    const void *logits = args->logits;
+    ca_dtype label_dt = args->label_dt;
+    const void *labels = args->labels;
+    int64_t ignore_index = args->ignore_index;
+    float *loss = args->loss;
+    float *lse = args->lse;
+    float *count = args->count;
     const char *k = "cross_entropy";
-    ca_status st = check_ce(k, dt, rows, cols, label_dt);
-    if (st != CA_OK) return st;
-    if (!loss || !count || (rows > 0 && (!logits || !labels || !lse)))
-        return ca_error(CA_ERR_INVALID, "cpu kernel %s: %s is NULL", k,
-                        !loss ? "loss" : (!count ? "count" : (!logits ? "logits" : (!labels ? "labels" : "lse"))));
+    ca_status st = CA_OK;
     for (int64_t r = 0; r < rows; r++)
         if ((st = check_label(k, r, cpu_index_at(label_dt, labels, r), cols, ignore_index)) != CA_OK)
             return st;
@@ -248,18 +242,22 @@ CPU_CLONES static void axpby_block(const float *restrict g, int64_t n, float sca
         for (int64_t i = 0; i < n; i++) out[i] = beta * out[i] + scale * g[i];
 }
 
-ca_status cpu_cross_entropy_backward(void *dev, ca_dtype dt, int64_t rows, int64_t cols,
-                                     const void *logits, const float *lse, ca_dtype label_dt,
-                                     const void *labels, int64_t ignore_index,
-                                     const float *dloss, const float *count, void *dlogits,
-                                     float beta) {
+ca_status cpu_cross_entropy_backward(void *dev, const ca_cross_entropy_backward_args *args) {
+    ca_dtype dt = args->dt;
+    int64_t rows = args->rows;
+    int64_t cols = args->cols;
+    const void *logits = args->logits;
+    const float *lse = args->lse;
+    ca_dtype label_dt = args->label_dt;
+    const void *labels = args->labels;
+    int64_t ignore_index = args->ignore_index;
+    const float *dloss = args->dloss;
+    const float *count = args->count;
+    void *dlogits = args->dlogits;
+    float beta = args->beta;
     const char *k = "cross_entropy_backward";
-    ca_status st = check_ce(k, dt, rows, cols, label_dt);
-    if (st != CA_OK) return st;
+    ca_status st = CA_OK;
     if (rows == 0) return CA_OK;
-    if (!logits || !lse || !labels || !dloss || !count || !dlogits)
-        return ca_error(CA_ERR_INVALID, "cpu kernel %s: %s is NULL", k,
-                        !logits ? "logits" : (!lse ? "lse" : (!labels ? "labels" : (!dloss ? "dloss" : (!count ? "count" : "dlogits")))));
     for (int64_t r = 0; r < rows; r++)
         if ((st = check_label(k, r, cpu_index_at(label_dt, labels, r), cols, ignore_index)) != CA_OK)
             return st;
@@ -318,15 +316,20 @@ CPU_CLONES static void norm_row(const float *restrict x, int64_t n, float mean, 
         for (int64_t i = 0; i < n; i++) y[i] = (x[i] - mean) * rstd;
 }
 
-ca_status cpu_layer_norm(void *dev, ca_dtype dt, int64_t rows, int64_t cols, const void *x,
-                         const void *gamma, const void *beta_, float eps, void *y, float *mean,
-                         float *rstd) {
+ca_status cpu_layer_norm(void *dev, const ca_layer_norm_args *args) {
+    ca_dtype dt = args->dt;
+    int64_t rows = args->rows;
+    int64_t cols = args->cols;
+    const void *x = args->x;
+    const void *gamma = args->gamma;
+    const void *beta_ = args->beta_;
+    float eps = args->eps;
+    void *y = args->y;
+    float *mean = args->mean;
+    float *rstd = args->rstd;
     const char *k = "layer_norm";
-    ca_status st = check_rows(k, dt, rows, cols);
-    if (st != CA_OK) return st;
+    ca_status st = CA_OK;
     if (rows == 0) return CA_OK;
-    if (cols < 1) return ca_error(CA_ERR_INVALID, "cpu kernel %s: rows have no elements", k);
-    if (!x || !y) return ca_error(CA_ERR_INVALID, "cpu kernel %s: %s is NULL", k, x ? "y" : "x");
     float *ws = NULL;
     if (dt != CA_F32 && (st = rows_alloc(k, cols, 4, &ws)) != CA_OK) return st;
     const float *g = NULL, *b = NULL;
@@ -392,17 +395,22 @@ CPU_CLONES static void ln_bwd_params(const float *restrict xhat, const float *re
         for (int64_t i = 0; i < n; i++) db[i] += dy[i];
 }
 
-ca_status cpu_layer_norm_backward(void *dev, ca_dtype dt, int64_t rows, int64_t cols,
-                                  const void *x, const void *gamma, const float *mean,
-                                  const float *rstd, const void *dy, void *dx, float beta,
-                                  void *dgamma, void *dbeta_, bool accumulate_params) {
+ca_status cpu_layer_norm_backward(void *dev, const ca_layer_norm_backward_args *args) {
+    ca_dtype dt = args->dt;
+    int64_t rows = args->rows;
+    int64_t cols = args->cols;
+    const void *x = args->x;
+    const void *gamma = args->gamma;
+    const float *mean = args->mean;
+    const float *rstd = args->rstd;
+    const void *dy = args->dy;
+    void *dx = args->dx;
+    float beta = args->beta;
+    void *dgamma = args->dgamma;
+    void *dbeta_ = args->dbeta_;
+    bool accumulate_params = args->accumulate_params;
     const char *k = "layer_norm_backward";
-    ca_status st = check_rows(k, dt, rows, cols);
-    if (st != CA_OK) return st;
-    if (cols < 1 && rows > 0) return ca_error(CA_ERR_INVALID, "cpu kernel %s: rows have no elements", k);
-    if (rows > 0 && (!x || !mean || !rstd || !dy))
-        return ca_error(CA_ERR_INVALID, "cpu kernel %s: %s is NULL", k,
-                        !x ? "x" : (!mean ? "mean" : (!rstd ? "rstd" : "dy")));
+    ca_status st = CA_OK;
     /* rows of work: x, dy, xhat, gdy, dx out, gamma; then dgamma, dbeta accumulators */
     float *ws = NULL;
     int64_t c = cols > 0 ? cols : 1;
@@ -453,21 +461,21 @@ static ca_status check_indices(const char *k, ca_dtype idx_dt, const void *idx, 
     return CA_OK;
 }
 
-ca_status cpu_embedding(void *dev, ca_dtype dt, int64_t n, int64_t rows, int64_t dim, const void *table,
-                        ca_dtype idx_dt, const void *idx, void *y) {
+ca_status cpu_embedding(void *dev, const ca_embedding_args *args) {
+    ca_dtype dt = args->dt;
+    int64_t n = args->n;
+    int64_t rows = args->rows;
+    int64_t dim = args->dim;
+    const void *table = args->table;
+    ca_dtype idx_dt = args->idx_dt;
+    const void *idx = args->idx;
+    void *y = args->y;
     const char *k = "embedding";
     size_t es = ca_dtype_size(dt);
-    if (!es) return cpu_bad_dtype(k, "table", dt);
-    if (idx_dt != CA_I32 && idx_dt != CA_I64) return cpu_bad_dtype(k, "indices", idx_dt);
-    if (n < 0 || dim < 0)
-        return ca_error(CA_ERR_INVALID, "cpu kernel %s: negative shape (n %lld, dim %lld)", k,
-                        (long long)n, (long long)dim);
     if (n == 0) return CA_OK;
-    if (!idx) return ca_error(CA_ERR_INVALID, "cpu kernel %s: idx is NULL", k);
     ca_status st = check_indices(k, idx_dt, idx, n, rows);
     if (st != CA_OK) return st;
     if (dim == 0) return CA_OK;
-    if (!table || !y) return ca_error(CA_ERR_INVALID, "cpu kernel %s: %s is NULL", k, table ? "y" : "table");
     size_t row = (size_t)dim * es;
     for (int64_t i = 0; i < n; i++)
         memcpy((char *)y + (size_t)i * row, (const char *)table + (size_t)cpu_index_at(idx_dt, idx, i) * row, row);
@@ -478,22 +486,21 @@ CPU_CLONES static void add_row(float *restrict t, const float *restrict d, int64
     for (int64_t i = 0; i < n; i++) t[i] += d[i];
 }
 
-ca_status cpu_embedding_backward(void *dev, ca_dtype dt, int64_t n, int64_t rows, int64_t dim,
-                                 ca_dtype idx_dt, const void *idx, const void *dy,
-                                 void *dtable) {
+ca_status cpu_embedding_backward(void *dev, const ca_embedding_backward_args *args) {
+    ca_dtype dt = args->dt;
+    int64_t n = args->n;
+    int64_t rows = args->rows;
+    int64_t dim = args->dim;
+    ca_dtype idx_dt = args->idx_dt;
+    const void *idx = args->idx;
+    const void *dy = args->dy;
+    void *dtable = args->dtable;
     const char *k = "embedding_backward";
-    if (!ca_dtype_is_float(dt)) return cpu_bad_dtype(k, "table", dt);
-    if (idx_dt != CA_I32 && idx_dt != CA_I64) return cpu_bad_dtype(k, "indices", idx_dt);
-    if (n < 0 || dim < 0)
-        return ca_error(CA_ERR_INVALID, "cpu kernel %s: negative shape (n %lld, dim %lld)", k,
-                        (long long)n, (long long)dim);
     if (n == 0) return CA_OK;
-    if (!idx) return ca_error(CA_ERR_INVALID, "cpu kernel %s: idx is NULL", k);
     /* all indices are checked before anything is written */
     ca_status st = check_indices(k, idx_dt, idx, n, rows);
     if (st != CA_OK) return st;
     if (dim == 0) return CA_OK;
-    if (!dy || !dtable) return ca_error(CA_ERR_INVALID, "cpu kernel %s: %s is NULL", k, dy ? "dtable" : "dy");
     float tb[CPU_CHUNK], db[CPU_CHUNK];
     for (int64_t i = 0; i < n; i++) {
         int64_t v = cpu_index_at(idx_dt, idx, i);
@@ -509,5 +516,72 @@ ca_status cpu_embedding_backward(void *dev, ca_dtype dt, int64_t n, int64_t rows
             cpu_from_f32(dt, tb, c, dtable, v * dim + c0);
         }
     }
+    return CA_OK;
+}
+
+/* ------------------------------------------------------------- rms norm */
+
+ca_status cpu_rms_norm(void *dev, const ca_rms_norm_args *a) {
+    int64_t rows = a->rows, cols = a->cols;
+    if (rows == 0) return CA_OK;
+    float *ws;
+    ca_status st = rows_alloc("rms_norm", cols, 3, &ws);
+    if (st != CA_OK) return st;
+    float *xb = ws, *gb = ws + cols, *yb = ws + 2 * cols;
+    const float *g = a->gamma ? cpu_view_f32(a->dt, a->gamma, 0, cols, gb) : NULL;
+    for (int64_t r = 0; r < rows; r++) {
+        const float *x = cpu_view_f32(a->dt, a->x, r * cols, cols, xb);
+        double ss = 0.0;
+        for (int64_t c = 0; c < cols; c++) ss += (double)x[c] * x[c];
+        float rs = 1.0f / sqrtf((float)(ss / (double)cols) + a->eps);
+        a->rstd[r] = rs;
+        for (int64_t c = 0; c < cols; c++) yb[c] = g ? x[c] * rs * g[c] : x[c] * rs;
+        cpu_from_f32(a->dt, yb, cols, a->y, r * cols);
+    }
+    free(ws);
+    return CA_OK;
+}
+
+/* One row of the backward: dxr = rstd (g dy - xhat mean(g dy xhat)) (before beta); dg += dy xhat. */
+static void rms_bwd_row(const float *x, const float *g, const float *dy, float rs, int64_t cols, float *dxr,
+                        float *dg) {
+    double s = 0.0;
+    for (int64_t c = 0; c < cols; c++) s += (double)(g ? g[c] * dy[c] : dy[c]) * (x[c] * rs);
+    float m = (float)(s / (double)cols);
+    for (int64_t c = 0; c < cols; c++) {
+        float xhat = x[c] * rs, gdy = g ? g[c] * dy[c] : dy[c];
+        dxr[c] = rs * (gdy - xhat * m);
+        if (dg) dg[c] += dy[c] * xhat;
+    }
+}
+
+ca_status cpu_rms_norm_backward(void *dev, const ca_rms_norm_backward_args *a) {
+    int64_t rows = a->rows, cols = a->cols;
+    if (cols == 0) return CA_OK;
+    float *ws;
+    ca_status st = rows_alloc("rms_norm_backward", cols, 6, &ws);
+    if (st != CA_OK) return st;
+    float *xb = ws, *gb = ws + cols, *db = ws + 2 * cols, *dxr = ws + 3 * cols, *old = ws + 4 * cols;
+    float *dg = a->dgamma ? ws + 5 * cols : NULL;
+    if (dg) memset(dg, 0, (size_t)cols * sizeof(float));
+    const float *g = a->gamma ? cpu_view_f32(a->dt, a->gamma, 0, cols, gb) : NULL;
+    for (int64_t r = 0; r < rows; r++) {
+        const float *x = cpu_view_f32(a->dt, a->x, r * cols, cols, xb);
+        const float *dy = cpu_view_f32(a->dt, a->dy, r * cols, cols, db);
+        rms_bwd_row(x, g, dy, a->rstd[r], cols, dxr, dg);
+        if (a->beta != 0.0f) {
+            cpu_to_f32(a->dt, a->dx, r * cols, cols, old);
+            for (int64_t c = 0; c < cols; c++) dxr[c] += a->beta * old[c];
+        }
+        cpu_from_f32(a->dt, dxr, cols, a->dx, r * cols);
+    }
+    if (dg) {
+        if (a->accumulate_params) {
+            cpu_to_f32(a->dt, a->dgamma, 0, cols, old);
+            for (int64_t c = 0; c < cols; c++) dg[c] += old[c];
+        }
+        cpu_from_f32(a->dt, dg, cols, a->dgamma, 0);
+    }
+    free(ws);
     return CA_OK;
 }

@@ -3,10 +3,6 @@
 
 #define LANES 16
 
-static ca_status check_list(const char *k, const ca_tensor_list *t, bool grad, bool s1, bool s2) {
-    return ca_kernel_check_list("cpu", k, t, grad, s1, s2);
-}
-
 /* ---------------------------------------------------------------- AdamW */
 
 typedef struct adam_consts {
@@ -33,15 +29,9 @@ CPU_CLONES static void adamw_f32(int64_t n, const adam_consts *kc, float *restri
     }
 }
 
-ca_status cpu_adamw(void *dev, const ca_tensor_list *t, const ca_adamw_args *a) {
-    const char *k = "adamw";
-    ca_status st = check_list(k, t, true, true, true);
-    if (st != CA_OK) return st;
-    if (!a) return ca_error(CA_ERR_INVALID, "cpu kernel %s: args is NULL", k);
-    if (!(a->bias_correction1 > 0.0f) || !(a->bias_correction2 > 0.0f))
-        return ca_error(CA_ERR_INVALID, "cpu kernel %s: bias corrections must be > 0 (got %g and %g; "
-                                        "1 - beta^step with step >= 1)",
-                        k, (double)a->bias_correction1, (double)a->bias_correction2);
+ca_status cpu_adamw(void *dev, const ca_adamw_args *args) {
+    const ca_tensor_list *t = args->t;
+    const ca_adamw_args *a = args;
     adam_consts kc = {
         .decay = 1.0f - a->lr * a->weight_decay,
         .b1 = a->beta1, .c1 = 1.0f - a->beta1,
@@ -97,16 +87,10 @@ CPU_CLONES static void sgd_f32(int64_t n, const sgd_consts *kc, float *restrict 
     }
 }
 
-ca_status cpu_sgd(void *dev, const ca_tensor_list *t, const ca_sgd_args *a) {
-    const char *k = "sgd";
-    if (!a) return ca_error(CA_ERR_INVALID, "cpu kernel %s: args is NULL", k);
+ca_status cpu_sgd(void *dev, const ca_sgd_args *args) {
+    const ca_tensor_list *t = args->t;
+    const ca_sgd_args *a = args;
     bool mom = a->momentum != 0.0f;
-    ca_status st = check_list(k, t, true, mom, false);
-    if (st != CA_OK) return st;
-    if (a->nesterov && (!mom || a->dampening != 0.0f))
-        return ca_error(CA_ERR_INVALID, "cpu kernel %s: nesterov needs momentum > 0 and dampening 0 "
-                                        "(momentum %g, dampening %g)",
-                        k, (double)a->momentum, (double)a->dampening);
     sgd_consts kc = {.lr = a->lr, .momentum = a->momentum, .damp1 = 1.0f - a->dampening,
                      .wd = a->weight_decay, .gscale = a->grad_scale, .nesterov = a->nesterov,
                      .first = a->first_step};
@@ -140,11 +124,10 @@ CPU_CLONES static float sumsq_run(const float *restrict x, int64_t n) {
     return s;
 }
 
-ca_status cpu_sum_squares(void *dev, const ca_tensor_list *t, float *out, float beta) {
-    const char *k = "sum_squares";
-    ca_status st = check_list(k, t, false, false, false);
-    if (st != CA_OK) return st;
-    if (!out) return ca_error(CA_ERR_INVALID, "cpu kernel %s: out is NULL", k);
+ca_status cpu_sum_squares(void *dev, const ca_sum_squares_args *args) {
+    const ca_tensor_list *t = args->t;
+    float *out = args->out;
+    float beta = args->beta;
     double total = 0.0;  /* per-chunk f32 sums, added in f64 */
     float buf[CPU_CHUNK];
     for (int i = 0; i < t->count; i++)
@@ -200,10 +183,7 @@ static bool half_nonfinite(ca_dtype dt, const void *x, int64_t off, int64_t n) {
 
 enum list_op { LIST_SCALE, LIST_UNSCALE, LIST_CLAMP };
 
-static ca_status list_apply(const char *k, const ca_tensor_list *t, enum list_op op, float a,
-                            float b, float *found_inf) {
-    ca_status st = check_list(k, t, false, false, false);
-    if (st != CA_OK) return st;
+static ca_status list_apply(const ca_tensor_list *t, enum list_op op, float a, float b, float *found_inf) {
     float buf[CPU_CHUNK];
     bool bad = false;
     for (int i = 0; i < t->count; i++) {
@@ -233,18 +213,22 @@ static ca_status list_apply(const char *k, const ca_tensor_list *t, enum list_op
     return CA_OK;
 }
 
-ca_status cpu_scale_list(void *dev, const ca_tensor_list *t, float alpha) {
-    return list_apply("scale_list", t, LIST_SCALE, alpha, 0.0f, NULL);
+ca_status cpu_scale_list(void *dev, const ca_scale_list_args *args) {
+    const ca_tensor_list *t = args->t;
+    float alpha = args->alpha;
+    return list_apply(t, LIST_SCALE, alpha, 0.0f, NULL);
 }
 
-ca_status cpu_unscale_check(void *dev, const ca_tensor_list *t, float inv_scale, float *found_inf) {
-    if (!found_inf) return ca_error(CA_ERR_INVALID, "cpu kernel unscale_check: found_inf is NULL");
-    return list_apply("unscale_check", t, LIST_UNSCALE, inv_scale, 0.0f, found_inf);
+ca_status cpu_unscale_check(void *dev, const ca_unscale_check_args *args) {
+    const ca_tensor_list *t = args->t;
+    float inv_scale = args->inv_scale;
+    float *found_inf = args->found_inf;
+    return list_apply(t, LIST_UNSCALE, inv_scale, 0.0f, found_inf);
 }
 
-ca_status cpu_clamp_list(void *dev, const ca_tensor_list *t, float lo, float hi) {
-    if (lo > hi)
-        return ca_error(CA_ERR_INVALID, "cpu kernel clamp_list: lo %g is greater than hi %g",
-                        (double)lo, (double)hi);
-    return list_apply("clamp_list", t, LIST_CLAMP, lo, hi, NULL);
+ca_status cpu_clamp_list(void *dev, const ca_clamp_list_args *args) {
+    const ca_tensor_list *t = args->t;
+    float lo = args->lo;
+    float hi = args->hi;
+    return list_apply(t, LIST_CLAMP, lo, hi, NULL);
 }

@@ -94,21 +94,16 @@ static float reduce_row(ca_reduce_op op, ca_dtype dt, const void *x, int64_t off
     return m;
 }
 
-ca_status cpu_reduce(void *dev, ca_reduce_op op, ca_dtype dt, int64_t outer, int64_t len,
-                     int64_t inner, const void *x, void *y, float beta) {
-    if (!ca_dtype_is_float(dt)) return cpu_bad_dtype("reduce", "tensor", dt);
-    if ((unsigned)op > CA_OP_MAX)
-        return ca_error(CA_ERR_INVALID, "cpu kernel reduce: unknown op %d", (int)op);
-    const char *name = ca_reduce_op_name(op);
-    if (outer < 0 || len < 0 || inner < 0)
-        return ca_error(CA_ERR_INVALID, "cpu kernel reduce %s: negative size (outer %lld, len %lld, inner %lld)",
-                        name, (long long)outer, (long long)len, (long long)inner);
+ca_status cpu_reduce(void *dev, const ca_reduce_args *args) {
+    ca_reduce_op op = args->op;
+    ca_dtype dt = args->dt;
+    int64_t outer = args->outer;
+    int64_t len = args->len;
+    int64_t inner = args->inner;
+    const void *x = args->x;
+    void *y = args->y;
+    float beta = args->beta;
     if (outer == 0 || inner == 0) return CA_OK;
-    if (len == 0 && (op == CA_OP_MIN || op == CA_OP_MAX))
-        return ca_error(CA_ERR_INVALID, "cpu kernel reduce %s: cannot take the %s over an empty dimension",
-                        name, name);
-    if (!y || (len > 0 && !x))
-        return ca_error(CA_ERR_INVALID, "cpu kernel reduce %s: %s is NULL", name, !y ? "y" : "x");
     float buf[CPU_CHUNK], acc[CPU_CHUNK], res[CPU_CHUNK], ob[CPU_CHUNK];
     double dacc[CPU_CHUNK];
     bool sum = op == CA_OP_SUM || op == CA_OP_AVG;
@@ -161,14 +156,13 @@ ca_status cpu_reduce(void *dev, ca_reduce_op op, ca_dtype dt, int64_t outer, int
     return CA_OK;
 }
 
-ca_status cpu_argmax(void *dev, ca_dtype dt, int64_t rows, int64_t cols, const void *x,
-                     int64_t *idx) {
-    if (!ca_dtype_is_float(dt)) return cpu_bad_dtype("argmax", "input", dt);
-    if (rows < 0 || cols < 1)
-        return ca_error(CA_ERR_INVALID, "cpu kernel argmax: bad shape [%lld, %lld] (cols must be >= 1)",
-                        (long long)rows, (long long)cols);
+ca_status cpu_argmax(void *dev, const ca_argmax_args *args) {
+    ca_dtype dt = args->dt;
+    int64_t rows = args->rows;
+    int64_t cols = args->cols;
+    const void *x = args->x;
+    int64_t *idx = args->idx;
     if (rows == 0) return CA_OK;
-    if (!x || !idx) return ca_error(CA_ERR_INVALID, "cpu kernel argmax: %s is NULL", x ? "idx" : "x");
     float buf[CPU_CHUNK];
     for (int64_t r = 0; r < rows; r++) {
         /* the first maximum; a NaN counts as the largest value */

@@ -68,13 +68,15 @@ static void words_normal(const uint32_t *restrict w, int64_t n, float mean, floa
     }
 }
 
-ca_status cpu_rng(void *dev, ca_rng_kind kind, ca_dtype dt, int64_t n, uint64_t seed,
-                  uint64_t offset, float a, float b, void *y) {
-    if (!ca_dtype_is_float(dt)) return cpu_bad_dtype("rng", "output", dt);
-    if (kind != CA_RNG_UNIFORM && kind != CA_RNG_NORMAL)
-        return ca_error(CA_ERR_INVALID, "cpu kernel rng: unknown kind %d", (int)kind);
-    if (n < 0) return ca_error(CA_ERR_INVALID, "cpu kernel rng: negative length %lld", (long long)n);
-    if (n > 0 && !y) return ca_error(CA_ERR_INVALID, "cpu kernel rng: output is NULL");
+ca_status cpu_rng(void *dev, const ca_rng_args *args) {
+    ca_rng_kind kind = args->kind;
+    ca_dtype dt = args->dt;
+    int64_t n = args->n;
+    uint64_t seed = args->seed;
+    uint64_t offset = args->offset;
+    float a = args->a;
+    float b = args->b;
+    void *y = args->y;
     uint32_t words[4 * RNG_BLOCK];
     float buf[2 * RNG_BLOCK];
     /* elements per block of RNG_BLOCK counters */
@@ -106,14 +108,15 @@ CPU_CLONES static void dropout_f32(const uint32_t *restrict w, int64_t n, float 
     }
 }
 
-ca_status cpu_dropout(void *dev, ca_dtype dt, int64_t n, float p, uint64_t seed,
-                      uint64_t offset, const void *x, void *y, uint8_t *mask) {
-    if (!ca_dtype_is_float(dt)) return cpu_bad_dtype("dropout", "tensor", dt);
-    if (n < 0) return ca_error(CA_ERR_INVALID, "cpu kernel dropout: negative length %lld", (long long)n);
-    if (!(p >= 0.0f && p <= 1.0f))
-        return ca_error(CA_ERR_INVALID, "cpu kernel dropout: probability %g outside [0, 1]", (double)p);
-    if (n > 0 && (!x || !y))
-        return ca_error(CA_ERR_INVALID, "cpu kernel dropout: %s is NULL", x ? "y" : "x");
+ca_status cpu_dropout(void *dev, const ca_dropout_args *args) {
+    ca_dtype dt = args->dt;
+    int64_t n = args->n;
+    float p = args->p;
+    uint64_t seed = args->seed;
+    uint64_t offset = args->offset;
+    const void *x = args->x;
+    void *y = args->y;
+    uint8_t *mask = args->mask;
     float scale = p < 1.0f ? 1.0f / (1.0f - p) : 0.0f;
     uint32_t words[4 * RNG_BLOCK];
     float xb[4 * RNG_BLOCK], yb[4 * RNG_BLOCK];
@@ -139,17 +142,14 @@ CPU_CLONES static void dropout_bwd_f32(int64_t n, float scale, const uint8_t *re
     }
 }
 
-ca_status cpu_dropout_backward(void *dev, ca_dtype dt, int64_t n, float p, const uint8_t *mask,
-                               const void *dy, void *dx, float beta) {
-    if (!ca_dtype_is_float(dt)) return cpu_bad_dtype("dropout_backward", "tensor", dt);
-    if (n < 0)
-        return ca_error(CA_ERR_INVALID, "cpu kernel dropout_backward: negative length %lld", (long long)n);
-    if (!(p >= 0.0f && p <= 1.0f))
-        return ca_error(CA_ERR_INVALID, "cpu kernel dropout_backward: probability %g outside [0, 1]",
-                        (double)p);
-    if (n > 0 && (!mask || !dy || !dx))
-        return ca_error(CA_ERR_INVALID, "cpu kernel dropout_backward: %s is NULL",
-                        !mask ? "mask" : (!dy ? "dy" : "dx"));
+ca_status cpu_dropout_backward(void *dev, const ca_dropout_backward_args *args) {
+    ca_dtype dt = args->dt;
+    int64_t n = args->n;
+    float p = args->p;
+    const uint8_t *mask = args->mask;
+    const void *dy = args->dy;
+    void *dx = args->dx;
+    float beta = args->beta;
     float scale = p < 1.0f ? 1.0f / (1.0f - p) : 0.0f;
     float db[CPU_CHUNK], xb[CPU_CHUNK];
     for (int64_t off = 0; off < n; off += CPU_CHUNK) {

@@ -15,7 +15,7 @@ struct att_k {
     int64_t ms0, ms1, ms2, ms3;
 };
 
-static att_k att_pack(const ca_attention_args *a) {
+static att_k att_pack(const ca_attention_params *a) {
     att_k k;
     k.heads = a->heads; k.tq = a->tq; k.tk = a->tk; k.d = a->d; k.dv = a->dv;
     k.scale = a->scale; k.p = a->dropout_p; k.causal = a->causal;
@@ -116,50 +116,54 @@ __global__ void att_bwd_k(att_k a, int64_t rows, const float *q, const float *k,
     }
 }
 
-static ca_status att_check(const char *k, ca_dtype dt, const ca_attention_args *a, const void *q,
+static ca_status att_check(const char *k, ca_dtype dt, const ca_attention_params *a, const void *q,
                            const void *kk, const void *v) {
     if (dt != CA_F32) return cu_bad_dtype(k, "tensor", dt);
-    if (!a) return ca_error(CA_ERR_INVALID, "cuda kernel %s: args is NULL", k);
-    if (a->batch < 0 || a->heads < 0 || a->tq < 0 || a->tk < 0 || a->d < 0 || a->dv < 0)
-        return ca_error(CA_ERR_INVALID, "cuda kernel %s: negative size", k);
-    if (!(a->dropout_p >= 0.0f && a->dropout_p < 1.0f))
-        return ca_error(CA_ERR_INVALID, "cuda kernel %s: dropout probability %g outside [0, 1)", k,
-                        (double)a->dropout_p);
     if (a->mask && a->mask_dtype != CA_F32 && a->mask_dtype != CA_U8) return cu_bad_dtype(k, "mask", a->mask_dtype);
     if ((size_t)a->tk * sizeof(float) > 48 * 1024)
         return ca_error(CA_ERR_UNSUPPORTED, "cuda kernel %s: %lld keys; this kernel keeps a row of scores in "
                         "shared memory and takes at most %d", k, (long long)a->tk, 48 * 1024 / 4);
-    if (a->batch * a->heads * a->tq > 0 && (!q || !kk || !v))
-        return ca_error(CA_ERR_INVALID, "cuda kernel %s: q, k or v is NULL", k);
     return CA_OK;
 }
 
-extern "C" ca_status cu_attention(void *dev, ca_dtype dt, const ca_attention_args *a, const void *q, const void *k,
-                                  const void *v, void *out, float *lse) {
+extern "C" ca_status cu_attention(void *dev, const ca_attention_args *args) {
+    ca_dtype dt = args->dt;
+    const ca_attention_params *a = &args->p;
+    const void *q = args->q;
+    const void *k = args->k;
+    const void *v = args->v;
+    void *out = args->out;
+    float *lse = args->lse;
     cuda_device *d = (cuda_device *)dev;
     ca_status st = att_check("attention", dt, a, q, k, v);
     if (st == CA_OK) st = cu_enter(d, "kernel attention");
     if (st != CA_OK) return st;
     int64_t rows = a->batch * a->heads * a->tq;
     if (rows == 0) return CA_OK;
-    if (!out || !lse) return ca_error(CA_ERR_INVALID, "cuda kernel attention: out or lse is NULL");
     size_t shm = (size_t)(a->tk ? a->tk : 1) * sizeof(float);
     att_fwd_k<<<cu_row_grid(rows), ATT_THREADS, shm, d->stream>>>(att_pack(a), rows, (const float *)q,
                                                                   (const float *)k, (const float *)v, (float *)out, lse);
     return CU_LAUNCHED(d, "attention");
 }
 
-extern "C" ca_status cu_attention_backward(void *dev, ca_dtype dt, const ca_attention_args *a, const void *q,
-                                           const void *k, const void *v, const void *out, const void *dout,
-                                           const float *lse, void *dq, void *dk, void *dv) {
+extern "C" ca_status cu_attention_backward(void *dev, const ca_attention_backward_args *args) {
+    ca_dtype dt = args->dt;
+    const ca_attention_params *a = &args->p;
+    const void *q = args->q;
+    const void *k = args->k;
+    const void *v = args->v;
+    const void *out = args->out;
+    const void *dout = args->dout;
+    const float *lse = args->lse;
+    void *dq = args->dq;
+    void *dk = args->dk;
+    void *dv = args->dv;
     cuda_device *d = (cuda_device *)dev;
     ca_status st = att_check("attention_backward", dt, a, q, k, v);
     if (st == CA_OK) st = cu_enter(d, "kernel attention_backward");
     if (st != CA_OK) return st;
     int64_t nbh = a->batch * a->heads, rows = nbh * a->tq;
     if (nbh == 0) return CA_OK;
-    if (!dq || !dk || !dv || (rows && (!out || !dout || !lse)))
-        return ca_error(CA_ERR_INVALID, "cuda kernel attention_backward: an output or saved buffer is NULL");
     CA_CUDA_TRY(cudaMemsetAsync(dq, 0, (size_t)(rows * a->d) * sizeof(float), d->stream),
                 "cuda kernel attention_backward (zeroing dq)");
     CA_CUDA_TRY(cudaMemsetAsync(dk, 0, (size_t)(nbh * a->tk * a->d) * sizeof(float), d->stream),
@@ -195,13 +199,16 @@ __global__ void where_k(where_k_args w, int64_t n, const uint8_t *cond, const E 
     }
 }
 
-extern "C" ca_status cu_where(void *dev, ca_dtype dt, const ca_bcast_args *s, const int64_t *cs, const uint8_t *cond,
-                              const void *a, const void *b, void *y) {
+extern "C" ca_status cu_where(void *dev, const ca_where_args *args) {
+    ca_dtype dt = args->dt;
+    const ca_bcast_args *s = &args->shape;
+    const int64_t *cs = args->cond_stride;
+    const uint8_t *cond = args->cond;
+    const void *a = args->a;
+    const void *b = args->b;
+    void *y = args->y;
     cuda_device *d = (cuda_device *)dev;
     size_t es = ca_dtype_size(dt);
-    if (!es) return cu_bad_dtype("where", "tensor", dt);
-    if (!s || !cs || s->ndim < 1 || s->ndim > CA_MAX_DIMS)
-        return ca_error(CA_ERR_INVALID, "cuda kernel where: bad shape arguments");
     where_k_args w;
     w.nd = s->ndim;
     int64_t n = 1;
@@ -210,7 +217,6 @@ extern "C" ca_status cu_where(void *dev, ca_dtype dt, const ca_bcast_args *s, co
         n *= s->shape[i];
     }
     if (n <= 0) return CA_OK;
-    if (!cond || !a || !b || !y) return ca_error(CA_ERR_INVALID, "cuda kernel where: a buffer is NULL");
     ca_status st = cu_enter(d, "kernel where");
     if (st != CA_OK) return st;
     unsigned g = cu_grid(d, n, CU_THREADS);
@@ -254,22 +260,24 @@ __global__ void gather_bwd_k(int64_t outer, int64_t len, int64_t inner, int64_t 
 
 static ca_status gather_check(const char *k, ca_dtype idx_dt, int64_t outer, int64_t len, int64_t inner, int64_t n,
                               const void *idx) {
-    if (idx_dt != CA_I32 && idx_dt != CA_I64) return cu_bad_dtype(k, "indices", idx_dt);
-    if (outer < 0 || len < 0 || inner < 0 || n < 0)
-        return ca_error(CA_ERR_INVALID, "cuda kernel %s: negative shape", k);
-    if (outer * n * inner && !idx) return ca_error(CA_ERR_INVALID, "cuda kernel %s: idx is NULL", k);
     return CA_OK;
 }
 
-extern "C" ca_status cu_gather(void *dev, ca_dtype dt, int64_t outer, int64_t len, int64_t inner, int64_t n,
-                               const void *x, ca_dtype idx_dt, const void *idx, void *y) {
+extern "C" ca_status cu_gather(void *dev, const ca_gather_args *args) {
+    ca_dtype dt = args->dt;
+    int64_t outer = args->outer;
+    int64_t len = args->len;
+    int64_t inner = args->inner;
+    int64_t n = args->n;
+    const void *x = args->x;
+    ca_dtype idx_dt = args->idx_dt;
+    const void *idx = args->idx;
+    void *y = args->y;
     cuda_device *d = (cuda_device *)dev;
     size_t es = ca_dtype_size(dt);
-    if (!es) return cu_bad_dtype("gather", "tensor", dt);
     ca_status st = gather_check("gather", idx_dt, outer, len, inner, n, idx);
     int64_t total = outer * n * inner;
     if (st != CA_OK || total == 0) return st;
-    if (!x || !y) return ca_error(CA_ERR_INVALID, "cuda kernel gather: %s is NULL", x ? "y" : "x");
     if ((st = cu_enter(d, "kernel gather")) != CA_OK) return st;
     unsigned g = cu_grid(d, total, CU_THREADS);
     bool i64 = idx_dt == CA_I64;
@@ -287,14 +295,21 @@ extern "C" ca_status cu_gather(void *dev, ca_dtype dt, int64_t outer, int64_t le
     return CU_LAUNCHED(d, "gather");
 }
 
-extern "C" ca_status cu_gather_backward(void *dev, ca_dtype dt, int64_t outer, int64_t len, int64_t inner, int64_t n,
-                                        ca_dtype idx_dt, const void *idx, const void *dy, void *dx) {
+extern "C" ca_status cu_gather_backward(void *dev, const ca_gather_backward_args *args) {
+    ca_dtype dt = args->dt;
+    int64_t outer = args->outer;
+    int64_t len = args->len;
+    int64_t inner = args->inner;
+    int64_t n = args->n;
+    ca_dtype idx_dt = args->idx_dt;
+    const void *idx = args->idx;
+    const void *dy = args->dy;
+    void *dx = args->dx;
     cuda_device *d = (cuda_device *)dev;
     if (dt != CA_F32) return cu_bad_dtype("gather_backward", "tensor", dt);
     ca_status st = gather_check("gather_backward", idx_dt, outer, len, inner, n, idx);
     int64_t total = outer * n * inner;
     if (st != CA_OK || total == 0) return st;
-    if (!dy || !dx) return ca_error(CA_ERR_INVALID, "cuda kernel gather_backward: %s is NULL", dy ? "dx" : "dy");
     if ((st = cu_enter(d, "kernel gather_backward")) != CA_OK) return st;
     gather_bwd_k<<<cu_grid(d, total, CU_THREADS), CU_THREADS, 0, d->stream>>>(outer, len, inner, n,
         idx_dt == CA_I64, idx, (const float *)dy, (float *)dx, cu_err_of(d));

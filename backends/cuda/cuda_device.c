@@ -443,42 +443,14 @@ static ca_status cu_synchronize(void *dev) {
 
 static void *cu_allocator_ctx(void *dev) { return ((cuda_device *)dev)->alloc; }
 
+/* The table: cu_<slot> for every slot of CA_KERNEL_LIST. */
+#define CU_SLOT(slot) .slot = cu_##slot,
 static const ca_kernels cu_kernels = {
     .struct_size = sizeof(ca_kernels),
     .abi_version = CA_ABI_VERSION,
-    .gemm = cu_gemm,
-    .fill = cu_fill,
-    .cast = cu_cast,
-    .copy_strided = cu_copy_strided,
-    .unary = cu_unary,
-    .unary_backward = cu_unary_backward,
-    .binary = cu_binary,
-    .axpby = cu_axpby,
-    .reduce = cu_reduce,
-    .argmax = cu_argmax,
-    .softmax = cu_softmax,
-    .softmax_backward = cu_softmax_backward,
-    .cross_entropy = cu_cross_entropy,
-    .cross_entropy_backward = cu_cross_entropy_backward,
-    .layer_norm = cu_layer_norm,
-    .layer_norm_backward = cu_layer_norm_backward,
-    .embedding = cu_embedding,
-    .embedding_backward = cu_embedding_backward,
-    .rng = cu_rng,
-    .dropout = cu_dropout,
-    .dropout_backward = cu_dropout_backward,
-    .adamw = cu_adamw,
-    .sgd = cu_sgd,
-    .sum_squares = cu_sum_squares,
-    .scale_list = cu_scale_list,
-    .unscale_check = cu_unscale_check,
-    .clamp_list = cu_clamp_list,
-    .attention = cu_attention,
-    .attention_backward = cu_attention_backward,
-    .where = cu_where,
-    .gather = cu_gather,
-    .gather_backward = cu_gather_backward,
+    CA_KERNEL_LIST(CU_SLOT)
 };
+#undef CU_SLOT
 
 const ca_device_ops cu_device_ops = {
     .struct_size = sizeof(ca_device_ops),

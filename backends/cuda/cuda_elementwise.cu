@@ -34,12 +34,13 @@ extern "C" cudaError_t cu_probe_kernels(void) {
     return e;
 }
 
-extern "C" ca_status cu_fill(void *dev, ca_dtype dt, int64_t n, double value, void *y) {
+extern "C" ca_status cu_fill(void *dev, const ca_fill_args *args) {
+    ca_dtype dt = args->dt;
+    int64_t n = args->n;
+    double value = args->value;
+    void *y = args->y;
     cuda_device *d = (cuda_device *)dev;
-    if (n < 0) return ca_error(CA_ERR_INVALID, "cuda kernel fill: negative length %lld", (long long)n);
-    if ((unsigned)dt >= CA_DTYPE_COUNT) return cu_bad_dtype("fill", "output", dt);
     if (n == 0) return CA_OK;
-    if (!y) return ca_error(CA_ERR_INVALID, "cuda kernel fill: output is NULL");
     ca_status st = cu_enter(d, "kernel fill");
     if (st != CA_OK) return st;
     unsigned g = cu_grid(d, n, CU_THREADS);
@@ -116,14 +117,15 @@ __global__ void cast_int_k(ca_dtype sdt, const void *x, ca_dtype ddt, void *y, i
 
 static bool is_int(ca_dtype dt) { return dt == CA_I32 || dt == CA_I64 || dt == CA_U8; }
 
-extern "C" ca_status cu_cast(void *dev, ca_dtype src_dt, const void *x, ca_dtype dst_dt, void *y, int64_t n,
-                             float alpha) {
+extern "C" ca_status cu_cast(void *dev, const ca_cast_args *args) {
+    ca_dtype src_dt = args->src_dt;
+    const void *x = args->x;
+    ca_dtype dst_dt = args->dst_dt;
+    void *y = args->y;
+    int64_t n = args->n;
+    float alpha = args->alpha;
     cuda_device *d = (cuda_device *)dev;
-    if ((unsigned)src_dt >= CA_DTYPE_COUNT) return cu_bad_dtype("cast", "input", src_dt);
-    if ((unsigned)dst_dt >= CA_DTYPE_COUNT) return cu_bad_dtype("cast", "output", dst_dt);
-    if (n < 0) return ca_error(CA_ERR_INVALID, "cuda kernel cast: negative length %lld", (long long)n);
     if (n == 0) return CA_OK;
-    if (!x || !y) return ca_error(CA_ERR_INVALID, "cuda kernel cast: %s is NULL", x ? "y" : "x");
     size_t ssz = ca_dtype_size(src_dt), dsz = ca_dtype_size(dst_dt);
     uintptr_t xb = (uintptr_t)x, yb = (uintptr_t)y;
     bool overlap = yb < xb + (size_t)n * ssz && xb < yb + (size_t)n * dsz;
@@ -186,22 +188,20 @@ __global__ void copy_strided_k(strided_args a, int64_t total, const U *x, U *y) 
     }
 }
 
-extern "C" ca_status cu_copy_strided(void *dev, ca_dtype dt, int ndim, const int64_t *shape, const void *x,
-                                     const int64_t *x_stride, void *y, const int64_t *y_stride) {
+extern "C" ca_status cu_copy_strided(void *dev, const ca_copy_strided_args *args) {
+    ca_dtype dt = args->dt;
+    int ndim = args->ndim;
+    const int64_t *shape = args->shape;
+    const void *x = args->x;
+    const int64_t *x_stride = args->x_stride;
+    void *y = args->y;
+    const int64_t *y_stride = args->y_stride;
     cuda_device *d = (cuda_device *)dev;
     size_t es = ca_dtype_size(dt);
-    if (!es) return cu_bad_dtype("copy_strided", "tensor", dt);
-    if (ndim < 0 || ndim > CA_MAX_DIMS)
-        return ca_error(CA_ERR_INVALID, "cuda kernel copy_strided: ndim %d outside [0, %d]", ndim, CA_MAX_DIMS);
-    if (ndim > 0 && (!shape || !x_stride || !y_stride))
-        return ca_error(CA_ERR_INVALID, "cuda kernel copy_strided: shape or strides are NULL");
     strided_args a;
     a.nd = 0;
     int64_t total = 1;
     for (int k = 0; k < ndim; k++) {
-        if (shape[k] < 0)
-            return ca_error(CA_ERR_INVALID, "cuda kernel copy_strided: dim %d has negative size %lld", k,
-                            (long long)shape[k]);
         if (shape[k] == 0) return CA_OK;
         if (shape[k] == 1) continue;
         int nd = a.nd;
@@ -217,7 +217,6 @@ extern "C" ca_status cu_copy_strided(void *dev, ca_dtype dt, int ndim, const int
         }
         total *= shape[k];
     }
-    if (!x || !y) return ca_error(CA_ERR_INVALID, "cuda kernel copy_strided: %s is NULL", x ? "y" : "x");
     ca_status st = cu_enter(d, "kernel copy_strided");
     if (st != CA_OK) return st;
     if (a.nd == 0 || (a.nd == 1 && a.xs[0] == 1 && a.ys[0] == 1)) {
@@ -278,17 +277,15 @@ __global__ void unary_k(int op, int64_t n, const typename T::S *x, typename T::S
     CU_GRID_LOOP(i, n) T::st(y, i, unary_f(op, T::ld(x, i), alpha));
 }
 
-extern "C" ca_status cu_unary(void *dev, ca_unary_op op, ca_dtype dt, int64_t n, const void *x, void *y,
-                              float alpha) {
+extern "C" ca_status cu_unary(void *dev, const ca_unary_args *args) {
+    ca_unary_op op = args->op;
+    ca_dtype dt = args->dt;
+    int64_t n = args->n;
+    const void *x = args->x;
+    void *y = args->y;
+    float alpha = args->alpha;
     cuda_device *d = (cuda_device *)dev;
-    if (!ca_dtype_is_float(dt)) return cu_bad_dtype("unary", "tensor", dt);
-    if ((unsigned)op >= CA_UNARY_OP_COUNT) return ca_error(CA_ERR_INVALID, "cuda kernel unary: unknown op %d", (int)op);
-    if (n < 0)
-        return ca_error(CA_ERR_INVALID, "cuda kernel unary %s: negative length %lld", ca_unary_op_name(op),
-                        (long long)n);
     if (n == 0) return CA_OK;
-    if (!x || !y)
-        return ca_error(CA_ERR_INVALID, "cuda kernel unary %s: %s is NULL", ca_unary_op_name(op), x ? "y" : "x");
     size_t bytes = (size_t)n * ca_dtype_size(dt);
     if (x != y && (uintptr_t)y < (uintptr_t)x + bytes && (uintptr_t)x < (uintptr_t)y + bytes)
         return ca_error(CA_ERR_INVALID, "cuda kernel unary %s: y partly overlaps x", ca_unary_op_name(op));
@@ -361,20 +358,20 @@ static bool reads_input(ca_unary_op op) {
     return !(op == CA_UNARY_NEG || op == CA_UNARY_SCALE || op == CA_UNARY_ADD_SCALAR);
 }
 
-extern "C" ca_status cu_unary_backward(void *dev, ca_unary_op op, ca_dtype dt, int64_t n, const void *x,
-                                       const void *y, const void *dy, void *dx, float alpha, float beta) {
+extern "C" ca_status cu_unary_backward(void *dev, const ca_unary_backward_args *args) {
+    ca_unary_op op = args->op;
+    ca_dtype dt = args->dt;
+    int64_t n = args->n;
+    const void *x = args->x;
+    const void *y = args->y;
+    const void *dy = args->dy;
+    void *dx = args->dx;
+    float alpha = args->alpha;
+    float beta = args->beta;
     cuda_device *d = (cuda_device *)dev;
-    if (!ca_dtype_is_float(dt)) return cu_bad_dtype("unary_backward", "tensor", dt);
-    if ((unsigned)op >= CA_UNARY_OP_COUNT)
-        return ca_error(CA_ERR_INVALID, "cuda kernel unary_backward: unknown op %d", (int)op);
     const char *name = ca_unary_op_name(op);
-    if (n < 0)
-        return ca_error(CA_ERR_INVALID, "cuda kernel unary_backward %s: negative length %lld", name, (long long)n);
     if (n == 0) return CA_OK;
     bool need_y = reads_y(op), need_x = !need_y && reads_input(op);
-    if (!dy || !dx || (need_y && !y) || (need_x && !x))
-        return ca_error(CA_ERR_INVALID, "cuda kernel unary_backward %s: %s is NULL", name,
-                        !dy ? "dy" : (!dx ? "dx" : (need_y ? "y (the forward output)" : "x (the forward input)")));
     ca_status st = cu_enter(d, "kernel unary_backward");
     if (st != CA_OK) return st;
     unsigned g = cu_grid(d, n, CU_THREADS);
@@ -425,24 +422,20 @@ __global__ void binary_flat_k(int op, int64_t total, const typename T::S *x, con
     CU_GRID_LOOP(i, total) T::st(y, i, binary_f(op, T::ld(x, i), T::ld(z, i)));
 }
 
-extern "C" ca_status cu_binary(void *dev, ca_binary_op op, ca_dtype dt, const ca_bcast_args *shape, const void *a,
-                               const void *b, void *y) {
+extern "C" ca_status cu_binary(void *dev, const ca_binary_args *args) {
+    ca_binary_op op = args->op;
+    ca_dtype dt = args->dt;
+    const ca_bcast_args *shape = &args->shape;
+    const void *a = args->a;
+    const void *b = args->b;
+    void *y = args->y;
     cuda_device *d = (cuda_device *)dev;
-    if (!ca_dtype_is_float(dt)) return cu_bad_dtype("binary", "tensor", dt);
-    if ((unsigned)op >= CA_BINARY_OP_COUNT) return ca_error(CA_ERR_INVALID, "cuda kernel binary: unknown op %d", (int)op);
     const char *name = ca_binary_op_name(op);
-    if (!shape) return ca_error(CA_ERR_INVALID, "cuda kernel binary %s: shape is NULL", name);
-    if (shape->ndim < 1 || shape->ndim > CA_MAX_DIMS)
-        return ca_error(CA_ERR_INVALID, "cuda kernel binary %s: ndim %d outside [1, %d]", name, shape->ndim,
-                        CA_MAX_DIMS);
     bcast_args m;
     m.nd = 0;
     int64_t total = 1;
     for (int k = 0; k < shape->ndim; k++) {
         int64_t s = shape->shape[k];
-        if (s < 0)
-            return ca_error(CA_ERR_INVALID, "cuda kernel binary %s: dim %d has negative size %lld", name, k,
-                            (long long)s);
         if (s == 0) return CA_OK;
         if (s == 1) continue;
         int nd = m.nd;
@@ -458,8 +451,6 @@ extern "C" ca_status cu_binary(void *dev, ca_binary_op op, ca_dtype dt, const ca
         }
         total *= s;
     }
-    if (!a || !b || !y)
-        return ca_error(CA_ERR_INVALID, "cuda kernel binary %s: %s is NULL", name, !a ? "a" : (!b ? "b" : "y"));
     if (m.nd == 0) {
         m.nd = 1;
         m.sh[0] = 1;
@@ -491,12 +482,15 @@ __global__ void axpby_k(int64_t n, float alpha, const typename T::S *x, float be
     }
 }
 
-extern "C" ca_status cu_axpby(void *dev, ca_dtype dt, int64_t n, float alpha, const void *x, float beta, void *y) {
+extern "C" ca_status cu_axpby(void *dev, const ca_axpby_args *args) {
+    ca_dtype dt = args->dt;
+    int64_t n = args->n;
+    float alpha = args->alpha;
+    const void *x = args->x;
+    float beta = args->beta;
+    void *y = args->y;
     cuda_device *d = (cuda_device *)dev;
-    if (!ca_dtype_is_float(dt)) return cu_bad_dtype("axpby", "tensor", dt);
-    if (n < 0) return ca_error(CA_ERR_INVALID, "cuda kernel axpby: negative length %lld", (long long)n);
     if (n == 0) return CA_OK;
-    if (!x || !y) return ca_error(CA_ERR_INVALID, "cuda kernel axpby: %s is NULL", x ? "y" : "x");
     ca_status st = cu_enter(d, "kernel axpby");
     if (st != CA_OK) return st;
     unsigned g = cu_grid(d, n, CU_THREADS);

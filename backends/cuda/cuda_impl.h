@@ -151,73 +151,14 @@ cudaError_t cu_probe_kernels(void);
 
 /* ---------------------------------------------------------- kernels */
 
-ca_status cu_gemm(void *dev, const ca_gemm_args *args);
+/* cu_<slot>(dev, args) for every slot of CA_KERNEL_LIST. */
+#define CU_KERNEL_PROTO(slot) ca_status cu_##slot(void *dev, const ca_##slot##_args *args);
+CA_KERNEL_LIST(CU_KERNEL_PROTO)
+#undef CU_KERNEL_PROTO
 /* C[i] = beta C[i] over `batch` m x n matrices (beta == 0: zeros, C not read);
  * GEMM with k == 0 or alpha == 0. */
 ca_status cu_gemm_scale_c(cuda_device *d, ca_dtype dt, int64_t m, int64_t n, int64_t ldc, int64_t stride_c,
                           int64_t batch, float beta, void *c);
-ca_status cu_fill(void *dev, ca_dtype dt, int64_t n, double value, void *y);
-ca_status cu_cast(void *dev, ca_dtype src_dt, const void *x, ca_dtype dst_dt, void *y, int64_t n,
-                  float alpha);
-ca_status cu_copy_strided(void *dev, ca_dtype dt, int ndim, const int64_t *shape, const void *x,
-                          const int64_t *x_stride, void *y, const int64_t *y_stride);
-ca_status cu_unary(void *dev, ca_unary_op op, ca_dtype dt, int64_t n, const void *x, void *y,
-                   float alpha);
-ca_status cu_unary_backward(void *dev, ca_unary_op op, ca_dtype dt, int64_t n, const void *x,
-                            const void *y, const void *dy, void *dx, float alpha, float beta);
-ca_status cu_binary(void *dev, ca_binary_op op, ca_dtype dt, const ca_bcast_args *shape,
-                    const void *a, const void *b, void *y);
-ca_status cu_axpby(void *dev, ca_dtype dt, int64_t n, float alpha, const void *x, float beta,
-                   void *y);
-ca_status cu_reduce(void *dev, ca_reduce_op op, ca_dtype dt, int64_t outer, int64_t len,
-                    int64_t inner, const void *x, void *y, float beta);
-ca_status cu_argmax(void *dev, ca_dtype dt, int64_t rows, int64_t cols, const void *x,
-                    int64_t *idx);
-ca_status cu_softmax(void *dev, bool log, ca_dtype dt, int64_t rows, int64_t cols, const void *x,
-                     void *y);
-ca_status cu_softmax_backward(void *dev, bool log, ca_dtype dt, int64_t rows, int64_t cols,
-                              const void *y, const void *dy, void *dx, float beta);
-ca_status cu_cross_entropy(void *dev, ca_dtype dt, int64_t rows, int64_t cols, const void *logits,
-                           ca_dtype label_dt, const void *labels, int64_t ignore_index,
-                           float *loss, float *lse, float *count);
-ca_status cu_cross_entropy_backward(void *dev, ca_dtype dt, int64_t rows, int64_t cols,
-                                    const void *logits, const float *lse, ca_dtype label_dt,
-                                    const void *labels, int64_t ignore_index, const float *dloss,
-                                    const float *count, void *dlogits, float beta);
-ca_status cu_layer_norm(void *dev, ca_dtype dt, int64_t rows, int64_t cols, const void *x,
-                        const void *gamma, const void *beta_, float eps, void *y, float *mean,
-                        float *rstd);
-ca_status cu_layer_norm_backward(void *dev, ca_dtype dt, int64_t rows, int64_t cols,
-                                 const void *x, const void *gamma, const float *mean,
-                                 const float *rstd, const void *dy, void *dx, float beta,
-                                 void *dgamma, void *dbeta_, bool accumulate_params);
-ca_status cu_embedding(void *dev, ca_dtype dt, int64_t n, int64_t rows, int64_t dim, const void *table,
-                       ca_dtype idx_dt, const void *idx, void *y);
-ca_status cu_embedding_backward(void *dev, ca_dtype dt, int64_t n, int64_t rows, int64_t dim, ca_dtype idx_dt,
-                                const void *idx, const void *dy, void *dtable);
-ca_status cu_rng(void *dev, ca_rng_kind kind, ca_dtype dt, int64_t n, uint64_t seed,
-                 uint64_t offset, float a, float b, void *y);
-ca_status cu_dropout(void *dev, ca_dtype dt, int64_t n, float p, uint64_t seed, uint64_t offset,
-                     const void *x, void *y, uint8_t *mask);
-ca_status cu_dropout_backward(void *dev, ca_dtype dt, int64_t n, float p, const uint8_t *mask,
-                              const void *dy, void *dx, float beta);
-ca_status cu_adamw(void *dev, const ca_tensor_list *t, const ca_adamw_args *args);
-ca_status cu_sgd(void *dev, const ca_tensor_list *t, const ca_sgd_args *args);
-ca_status cu_sum_squares(void *dev, const ca_tensor_list *t, float *out, float beta);
-ca_status cu_scale_list(void *dev, const ca_tensor_list *t, float alpha);
-ca_status cu_unscale_check(void *dev, const ca_tensor_list *t, float inv_scale, float *found_inf);
-ca_status cu_clamp_list(void *dev, const ca_tensor_list *t, float lo, float hi);
-ca_status cu_attention(void *dev, ca_dtype dt, const ca_attention_args *args, const void *q, const void *k,
-                       const void *v, void *out, float *lse);
-ca_status cu_attention_backward(void *dev, ca_dtype dt, const ca_attention_args *args, const void *q,
-                                const void *k, const void *v, const void *out, const void *dout,
-                                const float *lse, void *dq, void *dk, void *dv);
-ca_status cu_where(void *dev, ca_dtype dt, const ca_bcast_args *shape, const int64_t *cond_stride,
-                   const uint8_t *cond, const void *a, const void *b, void *y);
-ca_status cu_gather(void *dev, ca_dtype dt, int64_t outer, int64_t len, int64_t inner, int64_t n, const void *x,
-                    ca_dtype idx_dt, const void *idx, void *y);
-ca_status cu_gather_backward(void *dev, ca_dtype dt, int64_t outer, int64_t len, int64_t inner, int64_t n,
-                             ca_dtype idx_dt, const void *idx, const void *dy, void *dx);
 
 /* ------------------------------------------------------- collectives */
 

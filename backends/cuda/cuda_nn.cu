@@ -62,25 +62,24 @@ __global__ void ce_total_k(int64_t rows, const double *terms, const int *valid, 
 }
 
 static ca_status check_ce(const char *k, ca_dtype dt, int64_t rows, int64_t cols, ca_dtype label_dt) {
-    if (!ca_dtype_is_float(dt)) return cu_bad_dtype(k, "tensor", dt);
-    if (rows < 0 || cols < 0)
-        return ca_error(CA_ERR_INVALID, "cuda kernel %s: negative shape [%lld, %lld]", k, (long long)rows,
-                        (long long)cols);
-    if (label_dt != CA_I32 && label_dt != CA_I64) return cu_bad_dtype(k, "labels", label_dt);
-    if (rows > 0 && cols < 1) return ca_error(CA_ERR_INVALID, "cuda kernel %s: logits have no classes", k);
     return CA_OK;
 }
 
-extern "C" ca_status cu_cross_entropy(void *dev, ca_dtype dt, int64_t rows, int64_t cols, const void *logits,
-                                      ca_dtype label_dt, const void *labels, int64_t ignore_index, float *loss,
-                                      float *lse, float *count) {
+extern "C" ca_status cu_cross_entropy(void *dev, const ca_cross_entropy_args *args) {
+    ca_dtype dt = args->dt;
+    int64_t rows = args->rows;
+    int64_t cols = args->cols;
+    const void *logits = args->logits;
+    ca_dtype label_dt = args->label_dt;
+    const void *labels = args->labels;
+    int64_t ignore_index = args->ignore_index;
+    float *loss = args->loss;
+    float *lse = args->lse;
+    float *count = args->count;
     cuda_device *d = (cuda_device *)dev;
     const char *k = "cross_entropy";
     ca_status st = check_ce(k, dt, rows, cols, label_dt);
     if (st != CA_OK) return st;
-    if (!loss || !count || (rows > 0 && (!logits || !labels || !lse)))
-        return ca_error(CA_ERR_INVALID, "cuda kernel %s: %s is NULL", k,
-                        !loss ? "loss" : (!count ? "count" : (!logits ? "logits" : (!labels ? "labels" : "lse"))));
     if ((st = cu_enter(d, "kernel cross_entropy")) != CA_OK) return st;
     void *tmp = NULL;
     double *terms = NULL;
@@ -120,18 +119,24 @@ __global__ void ce_bwd_k(int64_t rows, int64_t cols, const typename T::S *x, con
     }
 }
 
-extern "C" ca_status cu_cross_entropy_backward(void *dev, ca_dtype dt, int64_t rows, int64_t cols,
-                                               const void *logits, const float *lse, ca_dtype label_dt,
-                                               const void *labels, int64_t ignore_index, const float *dloss,
-                                               const float *count, void *dlogits, float beta) {
+extern "C" ca_status cu_cross_entropy_backward(void *dev, const ca_cross_entropy_backward_args *args) {
+    ca_dtype dt = args->dt;
+    int64_t rows = args->rows;
+    int64_t cols = args->cols;
+    const void *logits = args->logits;
+    const float *lse = args->lse;
+    ca_dtype label_dt = args->label_dt;
+    const void *labels = args->labels;
+    int64_t ignore_index = args->ignore_index;
+    const float *dloss = args->dloss;
+    const float *count = args->count;
+    void *dlogits = args->dlogits;
+    float beta = args->beta;
     cuda_device *d = (cuda_device *)dev;
     const char *k = "cross_entropy_backward";
     ca_status st = check_ce(k, dt, rows, cols, label_dt);
     if (st != CA_OK) return st;
     if (rows == 0) return CA_OK;
-    if (!logits || !lse || !labels || !dloss || !count || !dlogits)
-        return ca_error(CA_ERR_INVALID, "cuda kernel %s: %s is NULL", k,
-                        !logits ? "logits" : (!lse ? "lse" : (!labels ? "labels" : (!dloss ? "dloss" : (!count ? "count" : "dlogits")))));
     if ((st = cu_enter(d, "kernel cross_entropy_backward")) != CA_OK) return st;
     unsigned g = cu_grid(d, rows * cols, CU_THREADS);
     CU_FLOAT_SWITCH(dt, T, ce_bwd_k<T><<<g, CU_THREADS, 0, d->stream>>>(rows, cols, (const T::S *)logits, lse,
@@ -139,17 +144,19 @@ extern "C" ca_status cu_cross_entropy_backward(void *dev, ca_dtype dt, int64_t r
     return CU_LAUNCHED(d, k);
 }
 
-/* ------------------------------------------------------------ layer norm */
+/* ------------------------------------------------------- layer and rms norm */
 
+/* Layer norm; with center false, RMSNorm (the mean taken as 0, no bias). */
 template <typename T>
 __global__ void ln_k(int64_t rows, int64_t cols, const typename T::S *x, const typename T::S *gamma,
-                     const typename T::S *beta_, float eps, typename T::S *y, float *mean, float *rstd) {
+                     const typename T::S *beta_, float eps, typename T::S *y, float *mean, float *rstd, bool center) {
     __shared__ float shf[32];
     for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
         int64_t off = r * cols;
         float s = 0.0f;
-        for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) s += T::ld(x, off + c);
-        float mu = cu_block_reduce(s, CuSum(), shf) / (float)cols;
+        if (center)
+            for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) s += T::ld(x, off + c);
+        float mu = center ? cu_block_reduce(s, CuSum(), shf) / (float)cols : 0.0f;
         float q = 0.0f;
         for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
             float dv = T::ld(x, off + c) - mu;
@@ -170,24 +177,38 @@ __global__ void ln_k(int64_t rows, int64_t cols, const typename T::S *x, const t
     }
 }
 
-extern "C" ca_status cu_layer_norm(void *dev, ca_dtype dt, int64_t rows, int64_t cols, const void *x,
-                                   const void *gamma, const void *beta_, float eps, void *y, float *mean,
-                                   float *rstd) {
+extern "C" ca_status cu_layer_norm(void *dev, const ca_layer_norm_args *args) {
+    ca_dtype dt = args->dt;
+    int64_t rows = args->rows;
+    int64_t cols = args->cols;
+    const void *x = args->x;
+    const void *gamma = args->gamma;
+    const void *beta_ = args->beta_;
+    float eps = args->eps;
+    void *y = args->y;
+    float *mean = args->mean;
+    float *rstd = args->rstd;
     cuda_device *d = (cuda_device *)dev;
     const char *k = "layer_norm";
-    if (!ca_dtype_is_float(dt)) return cu_bad_dtype(k, "tensor", dt);
-    if (rows < 0 || cols < 0)
-        return ca_error(CA_ERR_INVALID, "cuda kernel %s: negative shape [%lld, %lld]", k, (long long)rows,
-                        (long long)cols);
     if (rows == 0) return CA_OK;
-    if (cols < 1) return ca_error(CA_ERR_INVALID, "cuda kernel %s: rows have no elements", k);
-    if (!x || !y) return ca_error(CA_ERR_INVALID, "cuda kernel %s: %s is NULL", k, x ? "y" : "x");
     ca_status st = cu_enter(d, "kernel layer_norm");
     if (st != CA_OK) return st;
     int th = cu_row_threads(cols);
     CU_FLOAT_SWITCH(dt, T, ln_k<T><<<cu_row_grid(rows), th, 0, d->stream>>>(rows, cols, (const T::S *)x,
-        (const T::S *)gamma, (const T::S *)beta_, eps, (T::S *)y, mean, rstd));
+        (const T::S *)gamma, (const T::S *)beta_, eps, (T::S *)y, mean, rstd, true));
     return CU_LAUNCHED(d, k);
+}
+
+extern "C" ca_status cu_rms_norm(void *dev, const ca_rms_norm_args *a) {
+    cuda_device *d = (cuda_device *)dev;
+    if (a->rows == 0) return CA_OK;
+    ca_status st = cu_enter(d, "kernel rms_norm");
+    if (st != CA_OK) return st;
+    int th = cu_row_threads(a->cols);
+    CU_FLOAT_SWITCH(a->dt, T, ln_k<T><<<cu_row_grid(a->rows), th, 0, d->stream>>>(a->rows, a->cols,
+        (const T::S *)a->x, (const T::S *)a->gamma, (const T::S *)NULL, a->eps, (T::S *)a->y, (float *)NULL, a->rstd,
+        false));
+    return CU_LAUNCHED(d, "rms_norm");
 }
 
 /* Partial parameter gradients over a chunk of rows: pg[chunk, c] = sum dy xhat, pb[chunk, c] = sum dy. */
@@ -200,7 +221,7 @@ __global__ void ln_params_k(int64_t rows, int64_t cols, int64_t chunk, const typ
     float sg = 0.0f, sb = 0.0f;
     for (int64_t r = r0; r < r1; r++) {
         float dv = T::ld(dy, r * cols + c);
-        float xhat = (T::ld(x, r * cols + c) - mean[r]) * rstd[r];
+        float xhat = (T::ld(x, r * cols + c) - (mean ? mean[r] : 0.0f)) * rstd[r];
         sg += dv * xhat;
         sb += dv;
     }
@@ -219,14 +240,15 @@ __global__ void ln_params_final_k(int64_t cols, int64_t nchunks, const float *p,
     }
 }
 
-/* dx = beta dx + rstd (g dy - mean(g dy) - xhat mean(g dy xhat)); dx may be dy. */
+/* dx = beta dx + rstd (g dy - mean(g dy) - xhat mean(g dy xhat)); dx may be dy. Without mean
+ * (RMSNorm) the mean is 0 and the mean(g dy) term is dropped. */
 template <typename T>
 __global__ void ln_dx_k(int64_t rows, int64_t cols, const typename T::S *x, const typename T::S *gamma,
                         const float *mean, const float *rstd, const typename T::S *dy, typename T::S *dx, float beta) {
     __shared__ float shf[32];
     for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
         int64_t off = r * cols;
-        float mu = mean[r], rs = rstd[r];
+        float mu = mean ? mean[r] : 0.0f, rs = rstd[r];
         float a1 = 0.0f, a2 = 0.0f;
         for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
             float xhat = (T::ld(x, off + c) - mu) * rs;
@@ -234,7 +256,7 @@ __global__ void ln_dx_k(int64_t rows, int64_t cols, const typename T::S *x, cons
             a1 += gdy;
             a2 += gdy * xhat;
         }
-        float c1 = cu_block_reduce(a1, CuSum(), shf) / (float)cols;
+        float c1 = mean ? cu_block_reduce(a1, CuSum(), shf) / (float)cols : 0.0f;
         float c2 = cu_block_reduce(a2, CuSum(), shf) / (float)cols;
         for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
             float xhat = (T::ld(x, off + c) - mu) * rs;
@@ -245,22 +267,12 @@ __global__ void ln_dx_k(int64_t rows, int64_t cols, const typename T::S *x, cons
     }
 }
 
-extern "C" ca_status cu_layer_norm_backward(void *dev, ca_dtype dt, int64_t rows, int64_t cols, const void *x,
-                                            const void *gamma, const float *mean, const float *rstd,
-                                            const void *dy, void *dx, float beta, void *dgamma, void *dbeta_,
-                                            bool accumulate_params) {
-    cuda_device *d = (cuda_device *)dev;
-    const char *k = "layer_norm_backward";
-    if (!ca_dtype_is_float(dt)) return cu_bad_dtype(k, "tensor", dt);
-    if (rows < 0 || cols < 0)
-        return ca_error(CA_ERR_INVALID, "cuda kernel %s: negative shape [%lld, %lld]", k, (long long)rows,
-                        (long long)cols);
-    if (cols < 1 && rows > 0) return ca_error(CA_ERR_INVALID, "cuda kernel %s: rows have no elements", k);
-    if (rows > 0 && (!x || !mean || !rstd || !dy))
-        return ca_error(CA_ERR_INVALID, "cuda kernel %s: %s is NULL", k,
-                        !x ? "x" : (!mean ? "mean" : (!rstd ? "rstd" : "dy")));
+/* The backward of layer norm, or of RMSNorm when mean is NULL (then dbeta_ is NULL too). */
+static ca_status norm_backward(cuda_device *d, const char *k, ca_dtype dt, int64_t rows, int64_t cols, const void *x,
+                               const void *gamma, const float *mean, const float *rstd, const void *dy, void *dx,
+                               float beta, void *dgamma, void *dbeta_, bool accumulate_params) {
     if (cols == 0) return CA_OK;
-    ca_status st = cu_enter(d, "kernel layer_norm_backward");
+    ca_status st = cu_enter(d, mean ? "kernel layer_norm_backward" : "kernel rms_norm_backward");
     if (st != CA_OK) return st;
     /* parameters first: dx may be dy itself */
     if (dgamma || dbeta_) {
@@ -298,6 +310,16 @@ extern "C" ca_status cu_layer_norm_backward(void *dev, ca_dtype dt, int64_t rows
     return CU_LAUNCHED(d, k);
 }
 
+extern "C" ca_status cu_layer_norm_backward(void *dev, const ca_layer_norm_backward_args *a) {
+    return norm_backward((cuda_device *)dev, "layer_norm_backward", a->dt, a->rows, a->cols, a->x, a->gamma, a->mean,
+                         a->rstd, a->dy, a->dx, a->beta, a->dgamma, a->dbeta_, a->accumulate_params);
+}
+
+extern "C" ca_status cu_rms_norm_backward(void *dev, const ca_rms_norm_backward_args *a) {
+    return norm_backward((cuda_device *)dev, "rms_norm_backward", a->dt, a->rows, a->cols, a->x, a->gamma, NULL,
+                         a->rstd, a->dy, a->dx, a->beta, a->dgamma, NULL, a->accumulate_params);
+}
+
 /* ------------------------------------------------------------- embedding */
 
 template <typename U>
@@ -315,20 +337,20 @@ __global__ void embedding_k(int64_t n, int64_t rows, int64_t dim, const U *table
     }
 }
 
-extern "C" ca_status cu_embedding(void *dev, ca_dtype dt, int64_t n, int64_t rows, int64_t dim, const void *table,
-                                  ca_dtype idx_dt, const void *idx, void *y) {
+extern "C" ca_status cu_embedding(void *dev, const ca_embedding_args *args) {
+    ca_dtype dt = args->dt;
+    int64_t n = args->n;
+    int64_t rows = args->rows;
+    int64_t dim = args->dim;
+    const void *table = args->table;
+    ca_dtype idx_dt = args->idx_dt;
+    const void *idx = args->idx;
+    void *y = args->y;
     cuda_device *d = (cuda_device *)dev;
     const char *k = "embedding";
     size_t es = ca_dtype_size(dt);
-    if (!es) return cu_bad_dtype(k, "table", dt);
-    if (idx_dt != CA_I32 && idx_dt != CA_I64) return cu_bad_dtype(k, "indices", idx_dt);
-    if (n < 0 || dim < 0 || rows < 0)
-        return ca_error(CA_ERR_INVALID, "cuda kernel %s: negative shape (n %lld, rows %lld, dim %lld)", k,
-                        (long long)n, (long long)rows, (long long)dim);
     if (n == 0) return CA_OK;
-    if (!idx) return ca_error(CA_ERR_INVALID, "cuda kernel %s: idx is NULL", k);
     if (dim == 0) return CA_OK;
-    if (!table || !y) return ca_error(CA_ERR_INVALID, "cuda kernel %s: %s is NULL", k, table ? "y" : "table");
     ca_status st = cu_enter(d, "kernel embedding");
     if (st != CA_OK) return st;
     unsigned g = cu_grid(d, n * dim, CU_THREADS);
@@ -362,19 +384,19 @@ __global__ void embedding_bwd_k(int64_t n, int64_t rows, int64_t dim, bool i64, 
     }
 }
 
-extern "C" ca_status cu_embedding_backward(void *dev, ca_dtype dt, int64_t n, int64_t rows, int64_t dim, ca_dtype idx_dt,
-                                           const void *idx, const void *dy, void *dtable) {
+extern "C" ca_status cu_embedding_backward(void *dev, const ca_embedding_backward_args *args) {
+    ca_dtype dt = args->dt;
+    int64_t n = args->n;
+    int64_t rows = args->rows;
+    int64_t dim = args->dim;
+    ca_dtype idx_dt = args->idx_dt;
+    const void *idx = args->idx;
+    const void *dy = args->dy;
+    void *dtable = args->dtable;
     cuda_device *d = (cuda_device *)dev;
     const char *k = "embedding_backward";
-    if (!ca_dtype_is_float(dt)) return cu_bad_dtype(k, "table", dt);
-    if (idx_dt != CA_I32 && idx_dt != CA_I64) return cu_bad_dtype(k, "indices", idx_dt);
-    if (n < 0 || dim < 0 || rows < 0)
-        return ca_error(CA_ERR_INVALID, "cuda kernel %s: negative shape (n %lld, rows %lld, dim %lld)", k,
-                        (long long)n, (long long)rows, (long long)dim);
     if (n == 0) return CA_OK;
-    if (!idx) return ca_error(CA_ERR_INVALID, "cuda kernel %s: idx is NULL", k);
     if (dim == 0) return CA_OK;
-    if (!dy || !dtable) return ca_error(CA_ERR_INVALID, "cuda kernel %s: %s is NULL", k, dy ? "dtable" : "dy");
     ca_status st = cu_enter(d, "kernel embedding_backward");
     if (st != CA_OK) return st;
     unsigned g = cu_grid(d, n * dim, CU_THREADS);

@@ -27,10 +27,6 @@ CU_D int group_find(const list_group &G, int64_t b, int64_t *lo, int64_t *hi) {
     return t;
 }
 
-static ca_status check_list(const char *k, const ca_tensor_list *t, bool grad, bool s1, bool s2) {
-    return ca_kernel_check_list("cuda", k, t, grad, s1, s2);
-}
-
 /* Calls launch(group, blocks) for consecutive groups of the non-empty tensors. */
 template <typename F>
 static ca_status for_groups(cuda_device *d, const char *k, const ca_tensor_list *t, bool s1, bool s2, F launch) {
@@ -84,16 +80,12 @@ __global__ void adamw_k(list_group G, adam_consts k) {
     }
 }
 
-extern "C" ca_status cu_adamw(void *dev, const ca_tensor_list *t, const ca_adamw_args *a) {
+extern "C" ca_status cu_adamw(void *dev, const ca_adamw_args *args) {
+    const ca_tensor_list *t = args->t;
+    const ca_adamw_args *a = args;
     cuda_device *d = (cuda_device *)dev;
     const char *k = "adamw";
-    ca_status st = check_list(k, t, true, true, true);
-    if (st != CA_OK) return st;
-    if (!a) return ca_error(CA_ERR_INVALID, "cuda kernel %s: args is NULL", k);
-    if (!(a->bias_correction1 > 0.0f) || !(a->bias_correction2 > 0.0f))
-        return ca_error(CA_ERR_INVALID, "cuda kernel %s: bias corrections must be > 0 (got %g and %g; "
-                                        "1 - beta^step with step >= 1)",
-                        k, (double)a->bias_correction1, (double)a->bias_correction2);
+    ca_status st = CA_OK;
     if (t->count == 0) return CA_OK;
     if ((st = cu_enter(d, "kernel adamw")) != CA_OK) return st;
     adam_consts kc;
@@ -139,17 +131,13 @@ __global__ void sgd_k(list_group G, sgd_consts k) {
     }
 }
 
-extern "C" ca_status cu_sgd(void *dev, const ca_tensor_list *t, const ca_sgd_args *a) {
+extern "C" ca_status cu_sgd(void *dev, const ca_sgd_args *args) {
+    const ca_tensor_list *t = args->t;
+    const ca_sgd_args *a = args;
     cuda_device *d = (cuda_device *)dev;
     const char *k = "sgd";
-    if (!a) return ca_error(CA_ERR_INVALID, "cuda kernel %s: args is NULL", k);
     bool mom = a->momentum != 0.0f;
-    ca_status st = check_list(k, t, true, mom, false);
-    if (st != CA_OK) return st;
-    if (a->nesterov && (!mom || a->dampening != 0.0f))
-        return ca_error(CA_ERR_INVALID, "cuda kernel %s: nesterov needs momentum > 0 and dampening 0 "
-                                        "(momentum %g, dampening %g)",
-                        k, (double)a->momentum, (double)a->dampening);
+    ca_status st = CA_OK;
     if (t->count == 0) return CA_OK;
     if ((st = cu_enter(d, "kernel sgd")) != CA_OK) return st;
     sgd_consts kc;
@@ -189,12 +177,13 @@ __global__ void sumsq_final_k(const double *acc, float *out, float beta) {
     *out = beta == 0.0f ? (float)total : (float)((double)beta * (double)*out + total);
 }
 
-extern "C" ca_status cu_sum_squares(void *dev, const ca_tensor_list *t, float *out, float beta) {
+extern "C" ca_status cu_sum_squares(void *dev, const ca_sum_squares_args *args) {
+    const ca_tensor_list *t = args->t;
+    float *out = args->out;
+    float beta = args->beta;
     cuda_device *d = (cuda_device *)dev;
     const char *k = "sum_squares";
-    ca_status st = check_list(k, t, false, false, false);
-    if (st != CA_OK) return st;
-    if (!out) return ca_error(CA_ERR_INVALID, "cuda kernel %s: out is NULL", k);
+    ca_status st = CA_OK;
     if ((st = cu_enter(d, "kernel sum_squares")) != CA_OK) return st;
     void *tmp = NULL;
     if ((st = cu_tmp_alloc(d, sizeof(double), &tmp)) != CA_OK) return ca_error_context("cuda kernel %s", k);
@@ -242,8 +231,7 @@ __global__ void list_k(list_group G, int op, float a, float b, float *found_inf)
 
 static ca_status list_apply(cuda_device *d, const char *k, const ca_tensor_list *t, enum list_op op, float a,
                             float b, float *found_inf) {
-    ca_status st = check_list(k, t, false, false, false);
-    if (st != CA_OK) return st;
+    ca_status st = CA_OK;
     if (t->count == 0) return CA_OK;
     if ((st = cu_enter(d, k)) != CA_OK) return st;
     ca_dtype dt = t->grad_dtype;
@@ -252,17 +240,22 @@ static ca_status list_apply(cuda_device *d, const char *k, const ca_tensor_list 
     });
 }
 
-extern "C" ca_status cu_scale_list(void *dev, const ca_tensor_list *t, float alpha) {
+extern "C" ca_status cu_scale_list(void *dev, const ca_scale_list_args *args) {
+    const ca_tensor_list *t = args->t;
+    float alpha = args->alpha;
     return list_apply((cuda_device *)dev, "scale_list", t, LIST_SCALE, alpha, 0.0f, NULL);
 }
 
-extern "C" ca_status cu_unscale_check(void *dev, const ca_tensor_list *t, float inv_scale, float *found_inf) {
-    if (!found_inf) return ca_error(CA_ERR_INVALID, "cuda kernel unscale_check: found_inf is NULL");
+extern "C" ca_status cu_unscale_check(void *dev, const ca_unscale_check_args *args) {
+    const ca_tensor_list *t = args->t;
+    float inv_scale = args->inv_scale;
+    float *found_inf = args->found_inf;
     return list_apply((cuda_device *)dev, "unscale_check", t, LIST_UNSCALE, inv_scale, 0.0f, found_inf);
 }
 
-extern "C" ca_status cu_clamp_list(void *dev, const ca_tensor_list *t, float lo, float hi) {
-    if (lo > hi)
-        return ca_error(CA_ERR_INVALID, "cuda kernel clamp_list: lo %g is greater than hi %g", (double)lo, (double)hi);
+extern "C" ca_status cu_clamp_list(void *dev, const ca_clamp_list_args *args) {
+    const ca_tensor_list *t = args->t;
+    float lo = args->lo;
+    float hi = args->hi;
     return list_apply((cuda_device *)dev, "clamp_list", t, LIST_CLAMP, lo, hi, NULL);
 }

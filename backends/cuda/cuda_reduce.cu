@@ -53,21 +53,18 @@ __global__ void reduce_cols_k(int op, int64_t outer, int64_t len, int64_t inner,
     }
 }
 
-extern "C" ca_status cu_reduce(void *dev, ca_reduce_op op, ca_dtype dt, int64_t outer, int64_t len, int64_t inner,
-                               const void *x, void *y, float beta) {
+extern "C" ca_status cu_reduce(void *dev, const ca_reduce_args *args) {
+    ca_reduce_op op = args->op;
+    ca_dtype dt = args->dt;
+    int64_t outer = args->outer;
+    int64_t len = args->len;
+    int64_t inner = args->inner;
+    const void *x = args->x;
+    void *y = args->y;
+    float beta = args->beta;
     cuda_device *d = (cuda_device *)dev;
-    if (!ca_dtype_is_float(dt)) return cu_bad_dtype("reduce", "tensor", dt);
-    if ((unsigned)op > CA_OP_MAX) return ca_error(CA_ERR_INVALID, "cuda kernel reduce: unknown op %d", (int)op);
     const char *name = ca_reduce_op_name(op);
-    if (outer < 0 || len < 0 || inner < 0)
-        return ca_error(CA_ERR_INVALID, "cuda kernel reduce %s: negative size (outer %lld, len %lld, inner %lld)",
-                        name, (long long)outer, (long long)len, (long long)inner);
     if (outer == 0 || inner == 0) return CA_OK;
-    if (len == 0 && (op == CA_OP_MIN || op == CA_OP_MAX))
-        return ca_error(CA_ERR_INVALID, "cuda kernel reduce %s: cannot take the %s over an empty dimension", name,
-                        name);
-    if (!y || (len > 0 && !x))
-        return ca_error(CA_ERR_INVALID, "cuda kernel reduce %s: %s is NULL", name, !y ? "y" : "x");
     ca_status st = cu_enter(d, "kernel reduce");
     if (st != CA_OK) return st;
     if (inner == 1) {
@@ -138,14 +135,14 @@ __global__ void argmax_k(int64_t rows, int64_t cols, const typename T::S *x, int
     }
 }
 
-extern "C" ca_status cu_argmax(void *dev, ca_dtype dt, int64_t rows, int64_t cols, const void *x, int64_t *idx) {
+extern "C" ca_status cu_argmax(void *dev, const ca_argmax_args *args) {
+    ca_dtype dt = args->dt;
+    int64_t rows = args->rows;
+    int64_t cols = args->cols;
+    const void *x = args->x;
+    int64_t *idx = args->idx;
     cuda_device *d = (cuda_device *)dev;
-    if (!ca_dtype_is_float(dt)) return cu_bad_dtype("argmax", "input", dt);
-    if (rows < 0 || cols < 1)
-        return ca_error(CA_ERR_INVALID, "cuda kernel argmax: bad shape [%lld, %lld] (cols must be >= 1)",
-                        (long long)rows, (long long)cols);
     if (rows == 0) return CA_OK;
-    if (!x || !idx) return ca_error(CA_ERR_INVALID, "cuda kernel argmax: %s is NULL", x ? "idx" : "x");
     ca_status st = cu_enter(d, "kernel argmax");
     if (st != CA_OK) return st;
     int th = cu_row_threads(cols);
@@ -185,21 +182,21 @@ __global__ void softmax_k(bool log, int64_t rows, int64_t cols, const typename T
 }
 
 static ca_status check_rows(const char *k, ca_dtype dt, int64_t rows, int64_t cols) {
-    if (!ca_dtype_is_float(dt)) return cu_bad_dtype(k, "tensor", dt);
-    if (rows < 0 || cols < 0)
-        return ca_error(CA_ERR_INVALID, "cuda kernel %s: negative shape [%lld, %lld]", k, (long long)rows,
-                        (long long)cols);
     return CA_OK;
 }
 
-extern "C" ca_status cu_softmax(void *dev, bool log, ca_dtype dt, int64_t rows, int64_t cols, const void *x,
-                                void *y) {
+extern "C" ca_status cu_softmax(void *dev, const ca_softmax_args *args) {
+    bool log = args->log;
+    ca_dtype dt = args->dt;
+    int64_t rows = args->rows;
+    int64_t cols = args->cols;
+    const void *x = args->x;
+    void *y = args->y;
     cuda_device *d = (cuda_device *)dev;
     const char *k = log ? "log_softmax" : "softmax";
     ca_status st = check_rows(k, dt, rows, cols);
     if (st != CA_OK) return st;
     if (rows == 0 || cols == 0) return CA_OK;
-    if (!x || !y) return ca_error(CA_ERR_INVALID, "cuda kernel %s: %s is NULL", k, x ? "y" : "x");
     if ((st = cu_enter(d, "kernel softmax")) != CA_OK) return st;
     int th = cu_row_threads(cols);
     CU_FLOAT_SWITCH(dt, T, softmax_k<T><<<cu_row_grid(rows), th, 0, d->stream>>>(log, rows, cols,
@@ -227,15 +224,20 @@ __global__ void softmax_bwd_k(bool log, int64_t rows, int64_t cols, const typena
     }
 }
 
-extern "C" ca_status cu_softmax_backward(void *dev, bool log, ca_dtype dt, int64_t rows, int64_t cols,
-                                         const void *y, const void *dy, void *dx, float beta) {
+extern "C" ca_status cu_softmax_backward(void *dev, const ca_softmax_backward_args *args) {
+    bool log = args->log;
+    ca_dtype dt = args->dt;
+    int64_t rows = args->rows;
+    int64_t cols = args->cols;
+    const void *y = args->y;
+    const void *dy = args->dy;
+    void *dx = args->dx;
+    float beta = args->beta;
     cuda_device *d = (cuda_device *)dev;
     const char *k = log ? "log_softmax_backward" : "softmax_backward";
     ca_status st = check_rows(k, dt, rows, cols);
     if (st != CA_OK) return st;
     if (rows == 0 || cols == 0) return CA_OK;
-    if (!y || !dy || !dx)
-        return ca_error(CA_ERR_INVALID, "cuda kernel %s: %s is NULL", k, !y ? "y" : (!dy ? "dy" : "dx"));
     if ((st = cu_enter(d, "kernel softmax_backward")) != CA_OK) return st;
     int th = cu_row_threads(cols);
     CU_FLOAT_SWITCH(dt, T, softmax_bwd_k<T><<<cu_row_grid(rows), th, 0, d->stream>>>(log, rows, cols,

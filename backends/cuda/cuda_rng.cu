@@ -42,15 +42,17 @@ __global__ void normal_k(int64_t n, uint64_t seed, uint64_t offset, float mean, 
     }
 }
 
-extern "C" ca_status cu_rng(void *dev, ca_rng_kind kind, ca_dtype dt, int64_t n, uint64_t seed, uint64_t offset,
-                            float a, float b, void *y) {
+extern "C" ca_status cu_rng(void *dev, const ca_rng_args *args) {
+    ca_rng_kind kind = args->kind;
+    ca_dtype dt = args->dt;
+    int64_t n = args->n;
+    uint64_t seed = args->seed;
+    uint64_t offset = args->offset;
+    float a = args->a;
+    float b = args->b;
+    void *y = args->y;
     cuda_device *d = (cuda_device *)dev;
-    if (!ca_dtype_is_float(dt)) return cu_bad_dtype("rng", "output", dt);
-    if (kind != CA_RNG_UNIFORM && kind != CA_RNG_NORMAL)
-        return ca_error(CA_ERR_INVALID, "cuda kernel rng: unknown kind %d", (int)kind);
-    if (n < 0) return ca_error(CA_ERR_INVALID, "cuda kernel rng: negative length %lld", (long long)n);
     if (n == 0) return CA_OK;
-    if (!y) return ca_error(CA_ERR_INVALID, "cuda kernel rng: output is NULL");
     ca_status st = cu_enter(d, "kernel rng");
     if (st != CA_OK) return st;
     int64_t counters = (int64_t)ca_rng_counters(kind, n);
@@ -84,14 +86,16 @@ __global__ void dropout_k(int64_t n, float p, float scale, uint64_t seed, uint64
     }
 }
 
-extern "C" ca_status cu_dropout(void *dev, ca_dtype dt, int64_t n, float p, uint64_t seed, uint64_t offset,
-                                const void *x, void *y, uint8_t *mask) {
+extern "C" ca_status cu_dropout(void *dev, const ca_dropout_args *args) {
+    ca_dtype dt = args->dt;
+    int64_t n = args->n;
+    float p = args->p;
+    uint64_t seed = args->seed;
+    uint64_t offset = args->offset;
+    const void *x = args->x;
+    void *y = args->y;
+    uint8_t *mask = args->mask;
     cuda_device *d = (cuda_device *)dev;
-    if (!ca_dtype_is_float(dt)) return cu_bad_dtype("dropout", "tensor", dt);
-    if (n < 0) return ca_error(CA_ERR_INVALID, "cuda kernel dropout: negative length %lld", (long long)n);
-    if (!(p >= 0.0f && p <= 1.0f))
-        return ca_error(CA_ERR_INVALID, "cuda kernel dropout: probability %g outside [0, 1]", (double)p);
-    if (n > 0 && (!x || !y)) return ca_error(CA_ERR_INVALID, "cuda kernel dropout: %s is NULL", x ? "y" : "x");
     if (n == 0) return CA_OK;
     ca_status st = cu_enter(d, "kernel dropout");
     if (st != CA_OK) return st;
@@ -111,17 +115,15 @@ __global__ void dropout_bwd_k(int64_t n, float scale, const uint8_t *mask, const
     }
 }
 
-extern "C" ca_status cu_dropout_backward(void *dev, ca_dtype dt, int64_t n, float p, const uint8_t *mask,
-                                         const void *dy, void *dx, float beta) {
+extern "C" ca_status cu_dropout_backward(void *dev, const ca_dropout_backward_args *args) {
+    ca_dtype dt = args->dt;
+    int64_t n = args->n;
+    float p = args->p;
+    const uint8_t *mask = args->mask;
+    const void *dy = args->dy;
+    void *dx = args->dx;
+    float beta = args->beta;
     cuda_device *d = (cuda_device *)dev;
-    if (!ca_dtype_is_float(dt)) return cu_bad_dtype("dropout_backward", "tensor", dt);
-    if (n < 0)
-        return ca_error(CA_ERR_INVALID, "cuda kernel dropout_backward: negative length %lld", (long long)n);
-    if (!(p >= 0.0f && p <= 1.0f))
-        return ca_error(CA_ERR_INVALID, "cuda kernel dropout_backward: probability %g outside [0, 1]", (double)p);
-    if (n > 0 && (!mask || !dy || !dx))
-        return ca_error(CA_ERR_INVALID, "cuda kernel dropout_backward: %s is NULL",
-                        !mask ? "mask" : (!dy ? "dy" : "dx"));
     if (n == 0) return CA_OK;
     ca_status st = cu_enter(d, "kernel dropout_backward");
     if (st != CA_OK) return st;

@@ -337,7 +337,7 @@ xnode *xla_node_begin(xla_dev *x, xslot slot) {
     return n;
 }
 
-static bool is_list(xslot s) { return s >= XS_ADAMW && s <= XS_CLAMP_LIST; }
+static bool is_list(xslot s) { return s >= XS_adamw && s <= XS_clamp_list; }
 
 static void drop_node_data(xnode *n) {
     if (is_list(n->slot)) free(n->a.list.l.mem);

@@ -35,10 +35,10 @@ static int64_t numel_of(const ca_bcast_args *b) {
 
 /* Elements of the node's output when it can join a fused loop, else 0. */
 static int64_t fusable_numel(const xnode *n) {
-    if (n->slot == XS_UNARY)
+    if (n->slot == XS_unary)
         return n->a.unary.dt == CA_F32 && unary_fusable(n->a.unary.op) && n->nref == 2 && n->a.unary.n > 0
                    ? n->a.unary.n : 0;
-    if (n->slot != XS_BINARY || n->a.binary.dt != CA_F32 || n->nref != 3 ||
+    if (n->slot != XS_binary || n->a.binary.dt != CA_F32 || n->nref != 3 ||
         (unsigned)n->a.binary.op >= CA_BINARY_OP_COUNT)
         return 0;
     const ca_bcast_args *b = &n->a.binary.shape;
@@ -59,7 +59,7 @@ static bool contiguous(const ca_bcast_args *b, const int64_t *stride) {
 }
 
 static bool reads_identity(const xnode *n, int operand) {
-    if (n->slot == XS_UNARY) return true;
+    if (n->slot == XS_unary) return true;
     const ca_bcast_args *b = &n->a.binary.shape;
     return contiguous(b, operand == 0 ? b->a_stride : b->b_stride);
 }
@@ -134,7 +134,7 @@ static int64_t extent(const ca_bcast_args *b, const operand *o) {
 
 static void set_operands(step *s, const void *prev) {
     const xnode *n = s->n;
-    if (n->slot == XS_UNARY) {
+    if (n->slot == XS_unary) {
         s->nops = 1;
         s->op[0] = (operand){.p = n->a.unary.x == prev ? NULL : n->a.unary.x, .contig = true};
         return;
@@ -157,7 +157,7 @@ static bool overlaps_badly(const step *s, const float *y, int64_t e) {
     for (int k = 0; k < s->nops; k++) {
         const operand *o = &s->op[k];
         if (!o->p) continue;
-        int64_t ext = s->n->slot == XS_UNARY ? e : extent(&s->n->a.binary.shape, o);
+        int64_t ext = s->n->slot == XS_unary ? e : extent(&s->n->a.binary.shape, o);
         bool apart = o->p + ext <= y || y + e <= o->p;
         if (!apart && !(o->contig && o->p == y)) return true;
     }
@@ -231,7 +231,7 @@ CLONES static void run_chunks(const step *st, int len, float *y, int64_t e) {
         for (int s = 0; s < len; s++) {
             out = buf[s & 1];
             const xnode *n = st[s].n;
-            if (n->slot == XS_UNARY) {
+            if (n->slot == XS_unary) {
                 ca_unary_f32_loop(n->a.unary.op, c, operand_chunk(&st[s], 0, prev, e0, c, ta), out, n->a.unary.alpha);
             } else {
                 const float *a = operand_chunk(&st[s], 0, prev, e0, c, ta);
@@ -243,7 +243,7 @@ CLONES static void run_chunks(const step *st, int len, float *y, int64_t e) {
     }
 }
 
-static void *out_of(const xnode *n) { return n->slot == XS_UNARY ? n->a.unary.out : n->a.binary.y; }
+static void *out_of(const xnode *n) { return n->slot == XS_unary ? n->a.unary.y : n->a.binary.y; }
 
 bool xla_run_fused(const xla_dev *x, const int *idx, int len) {
     step st[XLA_MAX_CHAIN];

@@ -40,14 +40,10 @@ typedef struct xref {
     void **slot;               /* ... or this slot of a copied tensor list (field -1) */
 } xref;
 
-typedef enum xslot {
-    XS_GEMM, XS_FILL, XS_CAST, XS_COPY_STRIDED, XS_UNARY, XS_UNARY_BACKWARD, XS_BINARY, XS_AXPBY,
-    XS_REDUCE, XS_ARGMAX, XS_SOFTMAX, XS_SOFTMAX_BACKWARD, XS_CROSS_ENTROPY, XS_CROSS_ENTROPY_BACKWARD,
-    XS_LAYER_NORM, XS_LAYER_NORM_BACKWARD, XS_EMBEDDING, XS_EMBEDDING_BACKWARD, XS_RNG, XS_DROPOUT,
-    XS_DROPOUT_BACKWARD, XS_ADAMW, XS_SGD, XS_SUM_SQUARES, XS_SCALE_LIST, XS_UNSCALE_CHECK,
-    XS_CLAMP_LIST, XS_ATTENTION, XS_ATTENTION_BACKWARD, XS_WHERE, XS_GATHER, XS_GATHER_BACKWARD,
-    XS_MEMCPY, XS_HOST, XS_COUNT
-} xslot;
+/* What a node runs: a kernel slot (XS_<slot>, in CA_KERNEL_LIST's order), a copy, a host function. */
+#define XS_ENUM_(slot) XS_##slot,
+typedef enum xslot { CA_KERNEL_LIST(XS_ENUM_) XS_MEMCPY, XS_HOST, XS_COUNT } xslot;
+#undef XS_ENUM_
 
 /* A tensor list copied with the node (the caller's arrays do not outlive the call). */
 typedef struct xlist {
@@ -55,39 +51,24 @@ typedef struct xlist {
     void *mem;
 } xlist;
 
-/* The arguments of one kernel call, copied: the node runs later. */
+/* The arguments of one kernel call, copied: the node runs later. One member per slot (its args
+ * struct); the slots whose args point at arrays also keep a copy of them after the args, in the
+ * members that begin with the same args struct (copy, where_x, list). */
+#define XARGS_(slot) ca_##slot##_args slot;
 typedef union xargs {
-    ca_gemm_args gemm;
-    struct { ca_dtype dt; int64_t n; double value; void *y; } fill;
-    struct { ca_dtype src, dst; const void *x; void *y; int64_t n; float alpha; } cast;
-    struct { ca_dtype dt; int ndim; int64_t shape[CA_MAX_DIMS], xs[CA_MAX_DIMS], ys[CA_MAX_DIMS];
-             const void *x; void *y; } copy;
-    struct { ca_unary_op op; ca_dtype dt; int64_t n; const void *x, *y, *dy; void *out;
-             float alpha, beta; } unary;
-    struct { ca_binary_op op; ca_dtype dt; ca_bcast_args shape; int64_t cond_stride[CA_MAX_DIMS];
-             const uint8_t *cond; const void *a, *b; void *y; } binary;   /* binary and where */
-    struct { ca_dtype dt; int64_t n; float alpha, beta; const void *x; void *y; } axpby;
-    struct { ca_reduce_op op; ca_dtype dt; int64_t outer, len, inner; const void *x; void *y;
-             float beta; } reduce;
-    struct { bool log; ca_dtype dt; int64_t rows, cols; const void *x, *y, *dy; void *out;
-             int64_t *idx; float beta; } softmax;   /* softmax, its backward, argmax */
-    struct { ca_dtype dt, label_dt; int64_t rows, cols, ignore; const void *logits, *labels;
-             const float *lse_in, *dloss, *count_in; float *loss, *lse, *count; void *dlogits;
-             float beta; } ce;
-    struct { ca_dtype dt; int64_t rows, cols; const void *x, *gamma, *beta_, *dy; float eps;
-             void *y, *dx, *dgamma, *dbeta_; float *mean, *rstd; const float *mean_in, *rstd_in;
-             float beta; bool accumulate; } ln;
-    struct { ca_dtype dt, idx_dt; int64_t n, rows, dim, outer, len, inner; const void *table, *idx, *dy;
-             void *y; } index;   /* embedding, gather and their backwards */
-    struct { ca_rng_kind kind; ca_dtype dt; int64_t n; uint64_t seed, offset; float a, b, p;
-             const void *x, *dy; void *y; uint8_t *mask; const uint8_t *mask_in; float beta; } rng;
-    struct { xlist l; ca_adamw_args adamw; ca_sgd_args sgd; float *out; float alpha, beta, lo, hi; } list;
-    struct { ca_dtype dt; ca_attention_args a; const void *q, *k, *v, *out_in, *dout; const float *lse_in;
-             void *out, *dq, *dk, *dv; float *lse; } attn;
+    CA_KERNEL_LIST(XARGS_)
+    struct { ca_copy_strided_args a; int64_t shape[CA_MAX_DIMS], xs[CA_MAX_DIMS], ys[CA_MAX_DIMS]; } copy;
+    struct { ca_where_args a; int64_t cond_stride[CA_MAX_DIMS]; } where_x;
+    struct {
+        union { ca_adamw_args adamw; ca_sgd_args sgd; ca_sum_squares_args sum_squares; ca_scale_list_args scale_list;
+                ca_unscale_check_args unscale_check; ca_clamp_list_args clamp_list; } a;
+        xlist l;
+    } list;
     struct { void *dst; const void *src; size_t bytes; } memcpy;
     struct { ca_status (*fn)(void *ctx, bool run, const void *in, void *out); void *ctx; const void *in;
              void *out; } host;   /* ctx owned until run or dropped */
 } xargs;
+#undef XARGS_
 
 typedef struct xnode {
     xslot slot;

@@ -8,12 +8,12 @@
 #define SZ(dt) ((uint64_t)ca_dtype_size(dt))
 #define N0(v) ((v) > 0 ? (uint64_t)(v) : 0)
 
-/* Node prologue/epilogue: B opens node n of slot S on device x; R/W add references to the device
+/* Node prologue/epilogue: B opens node n of slot S on device x and copies the call's args `a`; R/W add references to the device
  * address held in field f of the node's copied arguments (the executor puts the memory's address
  * there before the node runs); K adds a
  * structural attribute (part of the cache key: shapes, dtypes, enums; never float scalars,
  * seeds or pointers, which are the program's runtime parameters). */
-#define B(S) xla_dev *x = dev; xnode *n = xla_node_begin(x, S); ca_status s = CA_OK
+#define B(S) xla_dev *x = dev; xnode *n = xla_node_begin(x, XS_##S); ca_status s = CA_OK; n->a.S = *a
 #define R(f, bytes, dt) if (s == CA_OK) s = xla_ref(x, n, n->a.f, XLA_FIELD(n, f), NULL, bytes, XR_READ, (int)(dt), #f)
 #define W(f, bytes, fl, dt) \
     if (s == CA_OK) s = xla_ref(x, n, n->a.f, XLA_FIELD(n, f), NULL, bytes, XR_WRITE | (fl), (int)(dt), #f)
@@ -35,9 +35,9 @@ static uint64_t bcast_numel(const ca_bcast_args *b) {
     return e;
 }
 
-static ca_status x_gemm(void *dev, const ca_gemm_args *g) {
-    B(XS_GEMM);
-    n->a.gemm = *g;
+static ca_status x_gemm(void *dev, const ca_gemm_args *a) {
+    B(gemm);
+    const ca_gemm_args *g = a;
     K(g->trans_a); K(g->trans_b); K(g->m); K(g->n); K(g->k); K(g->a_dtype); K(g->b_dtype); K(g->c_dtype);
     K(g->lda); K(g->ldb); K(g->ldc); K(g->stride_a); K(g->stride_b); K(g->stride_c); K(g->batch);
     K(g->allow_tf32); K(g->beta == 0);
@@ -48,253 +48,198 @@ static ca_status x_gemm(void *dev, const ca_gemm_args *g) {
     E();
 }
 
-static ca_status x_fill(void *dev, ca_dtype dt, int64_t cnt, double value, void *y) {
-    B(XS_FILL);
-    n->a.fill.dt = dt; n->a.fill.n = cnt; n->a.fill.value = value; n->a.fill.y = y;
-    K(dt); K(cnt);
-    W(fill.y, N0(cnt) * SZ(dt), XR_FULL, dt);
+static ca_status x_fill(void *dev, const ca_fill_args *a) {
+    B(fill);
+    K(a->dt); K(a->n);
+    W(fill.y, N0(a->n) * SZ(a->dt), XR_FULL, a->dt);
     E();
 }
 
-static ca_status x_cast(void *dev, ca_dtype src_dt, const void *xp, ca_dtype dst_dt, void *y, int64_t cnt,
-                        float alpha) {
-    B(XS_CAST);
-    n->a.cast.src = src_dt; n->a.cast.dst = dst_dt; n->a.cast.x = xp; n->a.cast.y = y;
-    n->a.cast.n = cnt; n->a.cast.alpha = alpha;
-    K(src_dt); K(dst_dt); K(cnt);
-    R(cast.x, N0(cnt) * SZ(src_dt), src_dt);
-    W(cast.y, N0(cnt) * SZ(dst_dt), xp == y ? XR_READ : XR_FULL, dst_dt);
+static ca_status x_cast(void *dev, const ca_cast_args *a) {
+    B(cast);
+    K(a->src_dt); K(a->dst_dt); K(a->n);
+    R(cast.x, N0(a->n) * SZ(a->src_dt), a->src_dt);
+    W(cast.y, N0(a->n) * SZ(a->dst_dt), a->x == a->y ? XR_READ : XR_FULL, a->dst_dt);
     E();
 }
 
-static ca_status x_copy_strided(void *dev, ca_dtype dt, int ndim, const int64_t *shape, const void *xp,
-                                const int64_t *xs, void *y, const int64_t *ys) {
-    B(XS_COPY_STRIDED);
-    if (ndim < 0 || ndim > CA_MAX_DIMS) s = ca_error(CA_ERR_INVALID, "xla copy_strided: ndim %d", ndim);
-    int nd = s == CA_OK ? ndim : 0;
-    n->a.copy.dt = dt; n->a.copy.ndim = ndim; n->a.copy.x = xp; n->a.copy.y = y;
-    memcpy(n->a.copy.shape, shape, (size_t)nd * sizeof *shape);
-    memcpy(n->a.copy.xs, xs, (size_t)nd * sizeof *xs);
-    memcpy(n->a.copy.ys, ys, (size_t)nd * sizeof *ys);
-    K(dt); K(ndim);
-    for (int i = 0; i < nd; i++) { K(shape[i]); K(xs[i]); K(ys[i]); }
-    R(copy.x, 0, dt);
-    W(copy.y, 0, 0, dt);
+/* The shape and strides are copied with the node (xla_fix_args points the args at them). */
+static ca_status x_copy_strided(void *dev, const ca_copy_strided_args *a) {
+    B(copy_strided);
+    int nd = a->ndim;
+    if (nd > 0) {
+        memcpy(n->a.copy.shape, a->shape, (size_t)nd * sizeof *a->shape);
+        memcpy(n->a.copy.xs, a->x_stride, (size_t)nd * sizeof *a->x_stride);
+        memcpy(n->a.copy.ys, a->y_stride, (size_t)nd * sizeof *a->y_stride);
+    }
+    K(a->dt); K(nd);
+    for (int i = 0; i < nd; i++) { K(a->shape[i]); K(a->x_stride[i]); K(a->y_stride[i]); }
+    R(copy_strided.x, 0, a->dt);
+    W(copy_strided.y, 0, 0, a->dt);
     E();
 }
 
-static ca_status x_unary(void *dev, ca_unary_op op, ca_dtype dt, int64_t cnt, const void *xp, void *y,
-                         float alpha) {
-    B(XS_UNARY);
-    n->a.unary.op = op; n->a.unary.dt = dt; n->a.unary.n = cnt; n->a.unary.x = xp; n->a.unary.out = y;
-    n->a.unary.alpha = alpha;
-    K(op); K(dt); K(cnt);
-    R(unary.x, N0(cnt) * SZ(dt), dt);
-    W(unary.out, N0(cnt) * SZ(dt), xp == y ? XR_READ : XR_FULL, dt);
+static ca_status x_unary(void *dev, const ca_unary_args *a) {
+    B(unary);
+    K(a->op); K(a->dt); K(a->n);
+    R(unary.x, N0(a->n) * SZ(a->dt), a->dt);
+    W(unary.y, N0(a->n) * SZ(a->dt), a->x == a->y ? XR_READ : XR_FULL, a->dt);
     E();
 }
 
-static ca_status x_unary_backward(void *dev, ca_unary_op op, ca_dtype dt, int64_t cnt, const void *xp,
-                                  const void *y, const void *dy, void *dx, float alpha, float beta) {
-    B(XS_UNARY_BACKWARD);
-    n->a.unary.op = op; n->a.unary.dt = dt; n->a.unary.n = cnt; n->a.unary.x = xp; n->a.unary.y = y;
-    n->a.unary.dy = dy; n->a.unary.out = dx; n->a.unary.alpha = alpha; n->a.unary.beta = beta;
-    K(op); K(dt); K(cnt); K(beta == 0); K(xp != NULL); K(y != NULL);
-    R(unary.x, 0, dt);
-    R(unary.y, 0, dt);
-    R(unary.dy, 0, dt);
-    bool alias = dx == xp || dx == y || dx == dy;
-    OUT(unary.out, N0(cnt) * SZ(dt), alias ? 1 : beta, dt);
+static ca_status x_unary_backward(void *dev, const ca_unary_backward_args *a) {
+    B(unary_backward);
+    K(a->op); K(a->dt); K(a->n); K(a->beta == 0); K(a->x != NULL); K(a->y != NULL);
+    R(unary_backward.x, 0, a->dt);
+    R(unary_backward.y, 0, a->dt);
+    R(unary_backward.dy, 0, a->dt);
+    bool alias = a->dx == a->x || a->dx == a->y || a->dx == a->dy;
+    OUT(unary_backward.dx, N0(a->n) * SZ(a->dt), alias ? 1 : a->beta, a->dt);
     E();
 }
 
-static ca_status x_binary(void *dev, ca_binary_op op, ca_dtype dt, const ca_bcast_args *shape, const void *a,
-                          const void *b, void *y) {
-    B(XS_BINARY);
-    n->a.binary.op = op; n->a.binary.dt = dt; n->a.binary.shape = *shape;
-    n->a.binary.a = a; n->a.binary.b = b; n->a.binary.y = y;
-    K(op); K(dt); key_bcast(x, n, shape);
-    R(binary.a, 0, dt);
-    R(binary.b, 0, dt);
-    W(binary.y, bcast_numel(shape) * SZ(dt), y == a || y == b ? XR_READ : XR_FULL, dt);
+static ca_status x_binary(void *dev, const ca_binary_args *a) {
+    B(binary);
+    K(a->op); K(a->dt); key_bcast(x, n, &a->shape);
+    R(binary.a, 0, a->dt);
+    R(binary.b, 0, a->dt);
+    W(binary.y, bcast_numel(&a->shape) * SZ(a->dt), a->y == a->a || a->y == a->b ? XR_READ : XR_FULL, a->dt);
     E();
 }
 
-static ca_status x_axpby(void *dev, ca_dtype dt, int64_t cnt, float alpha, const void *xp, float beta, void *y) {
-    B(XS_AXPBY);
-    n->a.axpby.dt = dt; n->a.axpby.n = cnt; n->a.axpby.alpha = alpha; n->a.axpby.beta = beta;
-    n->a.axpby.x = xp; n->a.axpby.y = y;
-    K(dt); K(cnt); K(beta == 0);
-    R(axpby.x, N0(cnt) * SZ(dt), dt);
-    OUT(axpby.y, N0(cnt) * SZ(dt), xp == y ? 1 : beta, dt);
+static ca_status x_axpby(void *dev, const ca_axpby_args *a) {
+    B(axpby);
+    K(a->dt); K(a->n); K(a->beta == 0);
+    R(axpby.x, N0(a->n) * SZ(a->dt), a->dt);
+    OUT(axpby.y, N0(a->n) * SZ(a->dt), a->x == a->y ? 1 : a->beta, a->dt);
     E();
 }
 
-static ca_status x_reduce(void *dev, ca_reduce_op op, ca_dtype dt, int64_t outer, int64_t len, int64_t inner,
-                          const void *xp, void *y, float beta) {
-    B(XS_REDUCE);
-    n->a.reduce.op = op; n->a.reduce.dt = dt; n->a.reduce.outer = outer; n->a.reduce.len = len;
-    n->a.reduce.inner = inner; n->a.reduce.x = xp; n->a.reduce.y = y; n->a.reduce.beta = beta;
-    K(op); K(dt); K(outer); K(len); K(inner); K(beta == 0);
-    R(reduce.x, 0, dt);
-    OUT(reduce.y, N0(outer) * N0(inner) * SZ(dt), xp == y ? 1 : beta, dt);
+static ca_status x_reduce(void *dev, const ca_reduce_args *a) {
+    B(reduce);
+    K(a->op); K(a->dt); K(a->outer); K(a->len); K(a->inner); K(a->beta == 0);
+    R(reduce.x, 0, a->dt);
+    OUT(reduce.y, N0(a->outer) * N0(a->inner) * SZ(a->dt), a->x == a->y ? 1 : a->beta, a->dt);
     E();
 }
 
-static ca_status x_argmax(void *dev, ca_dtype dt, int64_t rows, int64_t cols, const void *xp, int64_t *idx) {
-    B(XS_ARGMAX);
-    n->a.softmax.dt = dt; n->a.softmax.rows = rows; n->a.softmax.cols = cols; n->a.softmax.x = xp;
-    n->a.softmax.idx = idx;
-    K(dt); K(rows); K(cols);
-    R(softmax.x, 0, dt);
-    W(softmax.idx, N0(rows) * sizeof(int64_t), XR_FULL, CA_I64);
+static ca_status x_argmax(void *dev, const ca_argmax_args *a) {
+    B(argmax);
+    K(a->dt); K(a->rows); K(a->cols);
+    R(argmax.x, 0, a->dt);
+    W(argmax.idx, N0(a->rows) * sizeof(int64_t), XR_FULL, CA_I64);
     E();
 }
 
-static ca_status x_softmax(void *dev, bool log, ca_dtype dt, int64_t rows, int64_t cols, const void *xp, void *y) {
-    B(XS_SOFTMAX);
-    n->a.softmax.log = log; n->a.softmax.dt = dt; n->a.softmax.rows = rows; n->a.softmax.cols = cols;
-    n->a.softmax.x = xp; n->a.softmax.out = y;
-    K(log); K(dt); K(rows); K(cols);
-    R(softmax.x, 0, dt);
-    W(softmax.out, N0(rows) * N0(cols) * SZ(dt), xp == y ? XR_READ : XR_FULL, dt);
+static ca_status x_softmax(void *dev, const ca_softmax_args *a) {
+    B(softmax);
+    K(a->log); K(a->dt); K(a->rows); K(a->cols);
+    R(softmax.x, 0, a->dt);
+    W(softmax.y, N0(a->rows) * N0(a->cols) * SZ(a->dt), a->x == a->y ? XR_READ : XR_FULL, a->dt);
     E();
 }
 
-static ca_status x_softmax_backward(void *dev, bool log, ca_dtype dt, int64_t rows, int64_t cols, const void *y,
-                                    const void *dy, void *dx, float beta) {
-    B(XS_SOFTMAX_BACKWARD);
-    n->a.softmax.log = log; n->a.softmax.dt = dt; n->a.softmax.rows = rows; n->a.softmax.cols = cols;
-    n->a.softmax.y = y; n->a.softmax.dy = dy; n->a.softmax.out = dx; n->a.softmax.beta = beta;
-    K(log); K(dt); K(rows); K(cols); K(beta == 0);
-    R(softmax.y, 0, dt);
-    R(softmax.dy, 0, dt);
-    OUT(softmax.out, N0(rows) * N0(cols) * SZ(dt), dx == y || dx == dy ? 1 : beta, dt);
+static ca_status x_softmax_backward(void *dev, const ca_softmax_backward_args *a) {
+    B(softmax_backward);
+    K(a->log); K(a->dt); K(a->rows); K(a->cols); K(a->beta == 0);
+    R(softmax_backward.y, 0, a->dt);
+    R(softmax_backward.dy, 0, a->dt);
+    OUT(softmax_backward.dx, N0(a->rows) * N0(a->cols) * SZ(a->dt), a->dx == a->y || a->dx == a->dy ? 1 : a->beta,
+        a->dt);
     E();
 }
 
-static ca_status x_cross_entropy(void *dev, ca_dtype dt, int64_t rows, int64_t cols, const void *logits,
-                                 ca_dtype label_dt, const void *labels, int64_t ignore, float *loss, float *lse,
-                                 float *count) {
-    B(XS_CROSS_ENTROPY);
-    n->a.ce.dt = dt; n->a.ce.rows = rows; n->a.ce.cols = cols; n->a.ce.logits = logits;
-    n->a.ce.label_dt = label_dt; n->a.ce.labels = labels; n->a.ce.ignore = ignore;
-    n->a.ce.loss = loss; n->a.ce.lse = lse; n->a.ce.count = count;
-    K(dt); K(rows); K(cols); K(label_dt); K(ignore);
-    R(ce.logits, 0, dt);
-    R(ce.labels, 0, label_dt);
-    W(ce.loss, sizeof(float), XR_FULL, CA_F32);
-    W(ce.lse, N0(rows) * sizeof(float), XR_FULL, CA_F32);
-    W(ce.count, sizeof(float), XR_FULL, CA_F32);
+static ca_status x_cross_entropy(void *dev, const ca_cross_entropy_args *a) {
+    B(cross_entropy);
+    K(a->dt); K(a->rows); K(a->cols); K(a->label_dt); K(a->ignore_index);
+    R(cross_entropy.logits, 0, a->dt);
+    R(cross_entropy.labels, 0, a->label_dt);
+    W(cross_entropy.loss, sizeof(float), XR_FULL, CA_F32);
+    W(cross_entropy.lse, N0(a->rows) * sizeof(float), XR_FULL, CA_F32);
+    W(cross_entropy.count, sizeof(float), XR_FULL, CA_F32);
     E();
 }
 
-static ca_status x_cross_entropy_backward(void *dev, ca_dtype dt, int64_t rows, int64_t cols, const void *logits,
-                                          const float *lse, ca_dtype label_dt, const void *labels, int64_t ignore,
-                                          const float *dloss, const float *count, void *dlogits, float beta) {
-    B(XS_CROSS_ENTROPY_BACKWARD);
-    n->a.ce.dt = dt; n->a.ce.rows = rows; n->a.ce.cols = cols; n->a.ce.logits = logits; n->a.ce.lse_in = lse;
-    n->a.ce.label_dt = label_dt; n->a.ce.labels = labels; n->a.ce.ignore = ignore; n->a.ce.dloss = dloss;
-    n->a.ce.count_in = count; n->a.ce.dlogits = dlogits; n->a.ce.beta = beta;
-    K(dt); K(rows); K(cols); K(label_dt); K(ignore); K(beta == 0);
-    R(ce.logits, 0, dt);
-    R(ce.lse_in, 0, CA_F32);
-    R(ce.labels, 0, label_dt);
-    R(ce.dloss, 0, CA_F32);
-    R(ce.count_in, 0, CA_F32);
-    OUT(ce.dlogits, N0(rows) * N0(cols) * SZ(dt), dlogits == logits ? 1 : beta, dt);
+static ca_status x_cross_entropy_backward(void *dev, const ca_cross_entropy_backward_args *a) {
+    B(cross_entropy_backward);
+    K(a->dt); K(a->rows); K(a->cols); K(a->label_dt); K(a->ignore_index); K(a->beta == 0);
+    R(cross_entropy_backward.logits, 0, a->dt);
+    R(cross_entropy_backward.lse, 0, CA_F32);
+    R(cross_entropy_backward.labels, 0, a->label_dt);
+    R(cross_entropy_backward.dloss, 0, CA_F32);
+    R(cross_entropy_backward.count, 0, CA_F32);
+    OUT(cross_entropy_backward.dlogits, N0(a->rows) * N0(a->cols) * SZ(a->dt), a->dlogits == a->logits ? 1 : a->beta,
+        a->dt);
     E();
 }
 
-static ca_status x_layer_norm(void *dev, ca_dtype dt, int64_t rows, int64_t cols, const void *xp,
-                              const void *gamma, const void *beta_, float eps, void *y, float *mean, float *rstd) {
-    B(XS_LAYER_NORM);
-    n->a.ln.dt = dt; n->a.ln.rows = rows; n->a.ln.cols = cols; n->a.ln.x = xp; n->a.ln.gamma = gamma;
-    n->a.ln.beta_ = beta_; n->a.ln.eps = eps; n->a.ln.y = y; n->a.ln.mean = mean; n->a.ln.rstd = rstd;
-    K(dt); K(rows); K(cols); K(gamma != NULL); K(beta_ != NULL);
-    R(ln.x, 0, dt);
-    R(ln.gamma, 0, dt);
-    R(ln.beta_, 0, dt);
-    W(ln.y, N0(rows) * N0(cols) * SZ(dt), y == xp ? XR_READ : XR_FULL, dt);
-    W(ln.mean, N0(rows) * sizeof(float), XR_FULL, CA_F32);
-    W(ln.rstd, N0(rows) * sizeof(float), XR_FULL, CA_F32);
+static ca_status x_layer_norm(void *dev, const ca_layer_norm_args *a) {
+    B(layer_norm);
+    K(a->dt); K(a->rows); K(a->cols); K(a->gamma != NULL); K(a->beta_ != NULL);
+    R(layer_norm.x, 0, a->dt);
+    R(layer_norm.gamma, 0, a->dt);
+    R(layer_norm.beta_, 0, a->dt);
+    W(layer_norm.y, N0(a->rows) * N0(a->cols) * SZ(a->dt), a->y == a->x ? XR_READ : XR_FULL, a->dt);
+    W(layer_norm.mean, N0(a->rows) * sizeof(float), XR_FULL, CA_F32);
+    W(layer_norm.rstd, N0(a->rows) * sizeof(float), XR_FULL, CA_F32);
     E();
 }
 
-static ca_status x_layer_norm_backward(void *dev, ca_dtype dt, int64_t rows, int64_t cols, const void *xp,
-                                       const void *gamma, const float *mean, const float *rstd, const void *dy,
-                                       void *dx, float beta, void *dgamma, void *dbeta_, bool accumulate) {
-    B(XS_LAYER_NORM_BACKWARD);
-    n->a.ln.dt = dt; n->a.ln.rows = rows; n->a.ln.cols = cols; n->a.ln.x = xp; n->a.ln.gamma = gamma;
-    n->a.ln.mean_in = mean; n->a.ln.rstd_in = rstd; n->a.ln.dy = dy; n->a.ln.dx = dx; n->a.ln.beta = beta;
-    n->a.ln.dgamma = dgamma; n->a.ln.dbeta_ = dbeta_; n->a.ln.accumulate = accumulate;
-    K(dt); K(rows); K(cols); K(gamma != NULL); K(beta == 0); K(accumulate); K(dgamma != NULL); K(dbeta_ != NULL);
-    R(ln.x, 0, dt);
-    R(ln.gamma, 0, dt);
-    R(ln.mean_in, 0, CA_F32);
-    R(ln.rstd_in, 0, CA_F32);
-    R(ln.dy, 0, dt);
-    W(ln.dx, 0, XR_READ, dt);
-    W(ln.dgamma, 0, XR_READ, dt);
-    W(ln.dbeta_, 0, XR_READ, dt);
+static ca_status x_layer_norm_backward(void *dev, const ca_layer_norm_backward_args *a) {
+    B(layer_norm_backward);
+    K(a->dt); K(a->rows); K(a->cols); K(a->gamma != NULL); K(a->beta == 0); K(a->accumulate_params);
+    K(a->dgamma != NULL); K(a->dbeta_ != NULL);
+    R(layer_norm_backward.x, 0, a->dt);
+    R(layer_norm_backward.gamma, 0, a->dt);
+    R(layer_norm_backward.mean, 0, CA_F32);
+    R(layer_norm_backward.rstd, 0, CA_F32);
+    R(layer_norm_backward.dy, 0, a->dt);
+    W(layer_norm_backward.dx, 0, XR_READ, a->dt);
+    W(layer_norm_backward.dgamma, 0, XR_READ, a->dt);
+    W(layer_norm_backward.dbeta_, 0, XR_READ, a->dt);
     E();
 }
 
-static ca_status x_embedding(void *dev, ca_dtype dt, int64_t cnt, int64_t rows, int64_t dim, const void *table,
-                             ca_dtype idx_dt, const void *idx, void *y) {
-    B(XS_EMBEDDING);
-    n->a.index.dt = dt; n->a.index.n = cnt; n->a.index.rows = rows; n->a.index.dim = dim;
-    n->a.index.table = table; n->a.index.idx_dt = idx_dt; n->a.index.idx = idx; n->a.index.y = y;
-    K(dt); K(cnt); K(rows); K(dim); K(idx_dt);
-    R(index.table, 0, dt);
-    R(index.idx, 0, idx_dt);
-    W(index.y, N0(cnt) * N0(dim) * SZ(dt), XR_FULL, dt);
+static ca_status x_embedding(void *dev, const ca_embedding_args *a) {
+    B(embedding);
+    K(a->dt); K(a->n); K(a->rows); K(a->dim); K(a->idx_dt);
+    R(embedding.table, 0, a->dt);
+    R(embedding.idx, 0, a->idx_dt);
+    W(embedding.y, N0(a->n) * N0(a->dim) * SZ(a->dt), XR_FULL, a->dt);
     E();
 }
 
-static ca_status x_embedding_backward(void *dev, ca_dtype dt, int64_t cnt, int64_t rows, int64_t dim,
-                                      ca_dtype idx_dt, const void *idx, const void *dy, void *dtable) {
-    B(XS_EMBEDDING_BACKWARD);
-    n->a.index.dt = dt; n->a.index.n = cnt; n->a.index.rows = rows; n->a.index.dim = dim;
-    n->a.index.idx_dt = idx_dt; n->a.index.idx = idx; n->a.index.dy = dy; n->a.index.y = dtable;
-    K(dt); K(cnt); K(rows); K(dim); K(idx_dt);
-    R(index.idx, 0, idx_dt);
-    R(index.dy, 0, dt);
-    W(index.y, 0, XR_READ, dt);
+static ca_status x_embedding_backward(void *dev, const ca_embedding_backward_args *a) {
+    B(embedding_backward);
+    K(a->dt); K(a->n); K(a->rows); K(a->dim); K(a->idx_dt);
+    R(embedding_backward.idx, 0, a->idx_dt);
+    R(embedding_backward.dy, 0, a->dt);
+    W(embedding_backward.dtable, 0, XR_READ, a->dt);
     E();
 }
 
-static ca_status x_rng(void *dev, ca_rng_kind kind, ca_dtype dt, int64_t cnt, uint64_t seed, uint64_t offset,
-                       float a, float b, void *y) {
-    B(XS_RNG);
-    n->a.rng.kind = kind; n->a.rng.dt = dt; n->a.rng.n = cnt; n->a.rng.seed = seed; n->a.rng.offset = offset;
-    n->a.rng.a = a; n->a.rng.b = b; n->a.rng.y = y;
-    K(kind); K(dt); K(cnt);
-    W(rng.y, N0(cnt) * SZ(dt), XR_FULL, dt);
+static ca_status x_rng(void *dev, const ca_rng_args *a) {
+    B(rng);
+    K(a->kind); K(a->dt); K(a->n);
+    W(rng.y, N0(a->n) * SZ(a->dt), XR_FULL, a->dt);
     E();
 }
 
-static ca_status x_dropout(void *dev, ca_dtype dt, int64_t cnt, float p, uint64_t seed, uint64_t offset,
-                           const void *xp, void *y, uint8_t *mask) {
-    B(XS_DROPOUT);
-    n->a.rng.dt = dt; n->a.rng.n = cnt; n->a.rng.p = p; n->a.rng.seed = seed; n->a.rng.offset = offset;
-    n->a.rng.x = xp; n->a.rng.y = y; n->a.rng.mask = mask;
-    K(dt); K(cnt);
-    R(rng.x, 0, dt);
-    W(rng.y, N0(cnt) * SZ(dt), y == xp ? XR_READ : XR_FULL, dt);
-    W(rng.mask, N0(cnt), XR_FULL, CA_U8);
+static ca_status x_dropout(void *dev, const ca_dropout_args *a) {
+    B(dropout);
+    K(a->dt); K(a->n);
+    R(dropout.x, 0, a->dt);
+    W(dropout.y, N0(a->n) * SZ(a->dt), a->y == a->x ? XR_READ : XR_FULL, a->dt);
+    W(dropout.mask, N0(a->n), XR_FULL, CA_U8);
     E();
 }
 
-static ca_status x_dropout_backward(void *dev, ca_dtype dt, int64_t cnt, float p, const uint8_t *mask,
-                                    const void *dy, void *dx, float beta) {
-    B(XS_DROPOUT_BACKWARD);
-    n->a.rng.dt = dt; n->a.rng.n = cnt; n->a.rng.p = p; n->a.rng.mask_in = mask; n->a.rng.dy = dy;
-    n->a.rng.y = dx; n->a.rng.beta = beta;
-    K(dt); K(cnt); K(beta == 0);
-    R(rng.mask_in, 0, CA_U8);
-    R(rng.dy, 0, dt);
-    OUT(rng.y, N0(cnt) * SZ(dt), dx == dy ? 1 : beta, dt);
+static ca_status x_dropout_backward(void *dev, const ca_dropout_backward_args *a) {
+    B(dropout_backward);
+    K(a->dt); K(a->n); K(a->beta == 0);
+    R(dropout_backward.mask, 0, CA_U8);
+    R(dropout_backward.dy, 0, a->dt);
+    OUT(dropout_backward.dx, N0(a->n) * SZ(a->dt), a->dx == a->dy ? 1 : a->beta, a->dt);
     E();
 }
 
@@ -335,265 +280,189 @@ static ca_status copy_list(xla_dev *x, xnode *n, const ca_tensor_list *t, int pa
     return s;
 }
 
-#define LIST(S, flags, pdt) B(S); s = copy_list(x, n, t, flags, pdt)
+/* A list kernel's node: the args and a copy of their tensor list (xla_fix_args points args->t at it). */
+#define LIST(S, flags, pdt) B(S); if (s == CA_OK) s = copy_list(x, n, a->t, flags, pdt)
 
-static ca_status x_adamw(void *dev, const ca_tensor_list *t, const ca_adamw_args *args) {
-    LIST(XS_ADAMW, XR_READ | XR_WRITE, CA_F32);
-    n->a.list.adamw = *args;
+static ca_status x_adamw(void *dev, const ca_adamw_args *a) {
+    LIST(adamw, XR_READ | XR_WRITE, CA_F32);
     E();
 }
 
-static ca_status x_sgd(void *dev, const ca_tensor_list *t, const ca_sgd_args *args) {
-    LIST(XS_SGD, XR_READ | XR_WRITE, CA_F32);
-    n->a.list.sgd = *args;   /* first_step is a runtime flag of the update, not of the program */
-    K(args->nesterov);
+static ca_status x_sgd(void *dev, const ca_sgd_args *a) {
+    LIST(sgd, XR_READ | XR_WRITE, CA_F32);   /* first_step is a runtime flag of the update, not of the program */
+    K(a->nesterov);
     E();
 }
 
-static ca_status x_sum_squares(void *dev, const ca_tensor_list *t, float *out, float beta) {
-    LIST(XS_SUM_SQUARES, XR_READ, t->grad_dtype);
-    n->a.list.out = out; n->a.list.beta = beta;
-    K(beta == 0);
-    OUT(list.out, sizeof(float), beta, CA_F32);
+static ca_status x_sum_squares(void *dev, const ca_sum_squares_args *a) {
+    LIST(sum_squares, XR_READ, a->t->grad_dtype);
+    K(a->beta == 0);
+    OUT(sum_squares.out, sizeof(float), a->beta, CA_F32);
     E();
 }
 
-static ca_status x_scale_list(void *dev, const ca_tensor_list *t, float alpha) {
-    LIST(XS_SCALE_LIST, XR_READ | XR_WRITE, t->grad_dtype);
-    n->a.list.alpha = alpha;
+static ca_status x_scale_list(void *dev, const ca_scale_list_args *a) {
+    LIST(scale_list, XR_READ | XR_WRITE, a->t->grad_dtype);
     E();
 }
 
-static ca_status x_unscale_check(void *dev, const ca_tensor_list *t, float inv_scale, float *found_inf) {
-    LIST(XS_UNSCALE_CHECK, XR_READ | XR_WRITE, t->grad_dtype);
-    n->a.list.alpha = inv_scale; n->a.list.out = found_inf;
-    W(list.out, 0, XR_READ, CA_F32);
+static ca_status x_unscale_check(void *dev, const ca_unscale_check_args *a) {
+    LIST(unscale_check, XR_READ | XR_WRITE, a->t->grad_dtype);
+    W(unscale_check.found_inf, 0, XR_READ, CA_F32);
     E();
 }
 
-static ca_status x_clamp_list(void *dev, const ca_tensor_list *t, float lo, float hi) {
-    LIST(XS_CLAMP_LIST, XR_READ | XR_WRITE, t->grad_dtype);
-    n->a.list.lo = lo; n->a.list.hi = hi;
+static ca_status x_clamp_list(void *dev, const ca_clamp_list_args *a) {
+    LIST(clamp_list, XR_READ | XR_WRITE, a->t->grad_dtype);
     E();
 }
 
-static void key_attention(xla_dev *x, xnode *n, ca_dtype dt, const ca_attention_args *a) {
+static void key_attention(xla_dev *x, xnode *n, ca_dtype dt, const ca_attention_params *a) {
     K(dt); K(a->batch); K(a->heads); K(a->tq); K(a->tk); K(a->d); K(a->dv); K(a->causal);
     K(a->dropout_p == 0); K(a->mask != NULL); K(a->mask_dtype);
     for (int i = 0; i < 4; i++) K(a->mask_stride[i]);
 }
 
-static ca_status x_attention(void *dev, ca_dtype dt, const ca_attention_args *args, const void *q, const void *k,
-                             const void *v, void *out, float *lse) {
-    B(XS_ATTENTION);
-    n->a.attn.dt = dt; n->a.attn.a = *args; n->a.attn.q = q; n->a.attn.k = k; n->a.attn.v = v;
-    n->a.attn.out = out; n->a.attn.lse = lse;
-    key_attention(x, n, dt, args);
-    R(attn.a.mask, 0, args->mask_dtype);
-    R(attn.q, 0, dt);
-    R(attn.k, 0, dt);
-    R(attn.v, 0, dt);
-    W(attn.out, 0, 0, dt);
-    W(attn.lse, 0, 0, CA_F32);
+static ca_status x_attention(void *dev, const ca_attention_args *a) {
+    B(attention);
+    key_attention(x, n, a->dt, &a->p);
+    R(attention.p.mask, 0, a->p.mask_dtype);
+    R(attention.q, 0, a->dt);
+    R(attention.k, 0, a->dt);
+    R(attention.v, 0, a->dt);
+    W(attention.out, 0, 0, a->dt);
+    W(attention.lse, 0, 0, CA_F32);
     E();
 }
 
-static ca_status x_attention_backward(void *dev, ca_dtype dt, const ca_attention_args *args, const void *q,
-                                      const void *k, const void *v, const void *out, const void *dout,
-                                      const float *lse, void *dq, void *dk, void *dv) {
-    B(XS_ATTENTION_BACKWARD);
-    n->a.attn.dt = dt; n->a.attn.a = *args; n->a.attn.q = q; n->a.attn.k = k; n->a.attn.v = v;
-    n->a.attn.out_in = out; n->a.attn.dout = dout; n->a.attn.lse_in = lse;
-    n->a.attn.dq = dq; n->a.attn.dk = dk; n->a.attn.dv = dv;
-    key_attention(x, n, dt, args);
-    R(attn.a.mask, 0, args->mask_dtype);
-    R(attn.q, 0, dt);
-    R(attn.k, 0, dt);
-    R(attn.v, 0, dt);
-    R(attn.out_in, 0, dt);
-    R(attn.dout, 0, dt);
-    R(attn.lse_in, 0, CA_F32);
-    W(attn.dq, 0, 0, dt);
-    W(attn.dk, 0, 0, dt);
-    W(attn.dv, 0, 0, dt);
+static ca_status x_attention_backward(void *dev, const ca_attention_backward_args *a) {
+    B(attention_backward);
+    key_attention(x, n, a->dt, &a->p);
+    R(attention_backward.p.mask, 0, a->p.mask_dtype);
+    R(attention_backward.q, 0, a->dt);
+    R(attention_backward.k, 0, a->dt);
+    R(attention_backward.v, 0, a->dt);
+    R(attention_backward.out, 0, a->dt);
+    R(attention_backward.dout, 0, a->dt);
+    R(attention_backward.lse, 0, CA_F32);
+    W(attention_backward.dq, 0, 0, a->dt);
+    W(attention_backward.dk, 0, 0, a->dt);
+    W(attention_backward.dv, 0, 0, a->dt);
     E();
 }
 
-static ca_status x_where(void *dev, ca_dtype dt, const ca_bcast_args *shape, const int64_t *cond_stride,
-                         const uint8_t *cond, const void *a, const void *b, void *y) {
-    B(XS_WHERE);
-    n->a.binary.dt = dt; n->a.binary.shape = *shape; n->a.binary.cond = cond;
-    n->a.binary.a = a; n->a.binary.b = b; n->a.binary.y = y;
-    K(dt); key_bcast(x, n, shape);
-    for (int i = 0; i < shape->ndim && i < CA_MAX_DIMS; i++) {
-        n->a.binary.cond_stride[i] = cond_stride[i];
-        K(cond_stride[i]);
+/* cond_stride is copied with the node (xla_fix_args points the args at it). */
+static ca_status x_where(void *dev, const ca_where_args *a) {
+    B(where);
+    K(a->dt); key_bcast(x, n, &a->shape);
+    for (int i = 0; i < a->shape.ndim; i++) {
+        n->a.where_x.cond_stride[i] = a->cond_stride[i];
+        K(a->cond_stride[i]);
     }
-    R(binary.cond, 0, CA_U8);
-    R(binary.a, 0, dt);
-    R(binary.b, 0, dt);
-    W(binary.y, bcast_numel(shape) * SZ(dt), y == a || y == b ? XR_READ : XR_FULL, dt);
+    R(where.cond, 0, CA_U8);
+    R(where.a, 0, a->dt);
+    R(where.b, 0, a->dt);
+    W(where.y, bcast_numel(&a->shape) * SZ(a->dt), a->y == a->a || a->y == a->b ? XR_READ : XR_FULL, a->dt);
     E();
 }
 
-static ca_status x_gather(void *dev, ca_dtype dt, int64_t outer, int64_t len, int64_t inner, int64_t cnt,
-                          const void *xp, ca_dtype idx_dt, const void *idx, void *y) {
-    B(XS_GATHER);
-    n->a.index.dt = dt; n->a.index.outer = outer; n->a.index.len = len; n->a.index.inner = inner;
-    n->a.index.n = cnt; n->a.index.table = xp; n->a.index.idx_dt = idx_dt; n->a.index.idx = idx;
-    n->a.index.y = y;
-    K(dt); K(outer); K(len); K(inner); K(cnt); K(idx_dt);
-    R(index.table, 0, dt);
-    R(index.idx, 0, idx_dt);
-    W(index.y, N0(outer) * N0(cnt) * N0(inner) * SZ(dt), XR_FULL, dt);
+static ca_status x_gather(void *dev, const ca_gather_args *a) {
+    B(gather);
+    K(a->dt); K(a->outer); K(a->len); K(a->inner); K(a->n); K(a->idx_dt);
+    R(gather.x, 0, a->dt);
+    R(gather.idx, 0, a->idx_dt);
+    W(gather.y, N0(a->outer) * N0(a->n) * N0(a->inner) * SZ(a->dt), XR_FULL, a->dt);
     E();
 }
 
-static ca_status x_gather_backward(void *dev, ca_dtype dt, int64_t outer, int64_t len, int64_t inner, int64_t cnt,
-                                   ca_dtype idx_dt, const void *idx, const void *dy, void *dx) {
-    B(XS_GATHER_BACKWARD);
-    n->a.index.dt = dt; n->a.index.outer = outer; n->a.index.len = len; n->a.index.inner = inner;
-    n->a.index.n = cnt; n->a.index.idx_dt = idx_dt; n->a.index.idx = idx; n->a.index.dy = dy;
-    n->a.index.y = dx;
-    K(dt); K(outer); K(len); K(inner); K(cnt); K(idx_dt);
-    R(index.idx, 0, idx_dt);
-    R(index.dy, 0, dt);
-    W(index.y, 0, XR_READ, dt);
+static ca_status x_gather_backward(void *dev, const ca_gather_backward_args *a) {
+    B(gather_backward);
+    K(a->dt); K(a->outer); K(a->len); K(a->inner); K(a->n); K(a->idx_dt);
+    R(gather_backward.idx, 0, a->idx_dt);
+    R(gather_backward.dy, 0, a->dt);
+    W(gather_backward.dx, 0, XR_READ, a->dt);
     E();
 }
 
+static ca_status x_rms_norm(void *dev, const ca_rms_norm_args *a) {
+    B(rms_norm);
+    K(a->dt); K(a->rows); K(a->cols); K(a->gamma != NULL);
+    R(rms_norm.x, 0, a->dt);
+    R(rms_norm.gamma, 0, a->dt);
+    W(rms_norm.y, N0(a->rows) * N0(a->cols) * SZ(a->dt), a->y == a->x ? XR_READ : XR_FULL, a->dt);
+    W(rms_norm.rstd, N0(a->rows) * sizeof(float), XR_FULL, CA_F32);
+    E();
+}
+
+static ca_status x_rms_norm_backward(void *dev, const ca_rms_norm_backward_args *a) {
+    B(rms_norm_backward);
+    K(a->dt); K(a->rows); K(a->cols); K(a->gamma != NULL); K(a->beta == 0); K(a->accumulate_params);
+    K(a->dgamma != NULL);
+    R(rms_norm_backward.x, 0, a->dt);
+    R(rms_norm_backward.gamma, 0, a->dt);
+    R(rms_norm_backward.rstd, 0, CA_F32);
+    R(rms_norm_backward.dy, 0, a->dt);
+    W(rms_norm_backward.dx, 0, XR_READ, a->dt);
+    W(rms_norm_backward.dgamma, 0, XR_READ, a->dt);
+    E();
+}
+
+/* The table: x_<slot> for every slot of CA_KERNEL_LIST. */
+#define X_SLOT(slot) .slot = x_##slot,
 const ca_kernels xla_kernels = {
     .struct_size = sizeof(ca_kernels),
     .abi_version = CA_ABI_VERSION,
-    .gemm = x_gemm,
-    .fill = x_fill,
-    .cast = x_cast,
-    .copy_strided = x_copy_strided,
-    .unary = x_unary,
-    .unary_backward = x_unary_backward,
-    .binary = x_binary,
-    .axpby = x_axpby,
-    .reduce = x_reduce,
-    .argmax = x_argmax,
-    .softmax = x_softmax,
-    .softmax_backward = x_softmax_backward,
-    .cross_entropy = x_cross_entropy,
-    .cross_entropy_backward = x_cross_entropy_backward,
-    .layer_norm = x_layer_norm,
-    .layer_norm_backward = x_layer_norm_backward,
-    .embedding = x_embedding,
-    .embedding_backward = x_embedding_backward,
-    .rng = x_rng,
-    .dropout = x_dropout,
-    .dropout_backward = x_dropout_backward,
-    .adamw = x_adamw,
-    .sgd = x_sgd,
-    .sum_squares = x_sum_squares,
-    .scale_list = x_scale_list,
-    .unscale_check = x_unscale_check,
-    .clamp_list = x_clamp_list,
-    .attention = x_attention,
-    .attention_backward = x_attention_backward,
-    .where = x_where,
-    .gather = x_gather,
-    .gather_backward = x_gather_backward,
+    CA_KERNEL_LIST(X_SLOT)
 };
+#undef X_SLOT
 
 /* ------------------------------------------------------------------ execution */
+
+/* Points the pointers of a node's args that lead to data copied with the node (the node array
+ * moves as it grows) at those copies. */
+static void fix_args(xargs *a, xslot slot) {
+    switch (slot) {
+    case XS_copy_strided:
+        a->copy_strided.shape = a->copy.shape;
+        a->copy_strided.x_stride = a->copy.xs;
+        a->copy_strided.y_stride = a->copy.ys;
+        break;
+    case XS_where: a->where.cond_stride = a->where_x.cond_stride; break;
+    case XS_adamw: a->adamw.t = &a->list.l.t; break;
+    case XS_sgd: a->sgd.t = &a->list.l.t; break;
+    case XS_sum_squares: a->sum_squares.t = &a->list.l.t; break;
+    case XS_scale_list: a->scale_list.t = &a->list.l.t; break;
+    case XS_unscale_check: a->unscale_check.t = &a->list.l.t; break;
+    case XS_clamp_list: a->clamp_list.t = &a->list.l.t; break;
+    default: break;
+    }
+}
 
 /* Calls the executor's kernel for node n with its recorded arguments. */
 ca_status xla_exec_node(xla_dev *x, const xnode *n) {
     const ca_kernels *k = x->k;
     void *c = x->exec_ctx;
-    const xargs *a = &n->a;
+    xargs a = n->a;
+    fix_args(&a, n->slot);
+#define X_EXEC(slot) case XS_##slot: return k->slot(c, &a.slot);
     switch (n->slot) {
-    case XS_GEMM: return k->gemm(c, &a->gemm);
-    case XS_FILL: return k->fill(c, a->fill.dt, a->fill.n, a->fill.value, a->fill.y);
-    case XS_CAST: return k->cast(c, a->cast.src, a->cast.x, a->cast.dst, a->cast.y, a->cast.n, a->cast.alpha);
-    case XS_COPY_STRIDED:
-        return k->copy_strided(c, a->copy.dt, a->copy.ndim, a->copy.shape, a->copy.x, a->copy.xs, a->copy.y,
-                               a->copy.ys);
-    case XS_UNARY: return k->unary(c, a->unary.op, a->unary.dt, a->unary.n, a->unary.x, a->unary.out, a->unary.alpha);
-    case XS_UNARY_BACKWARD:
-        return k->unary_backward(c, a->unary.op, a->unary.dt, a->unary.n, a->unary.x, a->unary.y, a->unary.dy,
-                                 a->unary.out, a->unary.alpha, a->unary.beta);
-    case XS_BINARY:
-        return k->binary(c, a->binary.op, a->binary.dt, &a->binary.shape, a->binary.a, a->binary.b, a->binary.y);
-    case XS_AXPBY: return k->axpby(c, a->axpby.dt, a->axpby.n, a->axpby.alpha, a->axpby.x, a->axpby.beta, a->axpby.y);
-    case XS_REDUCE:
-        return k->reduce(c, a->reduce.op, a->reduce.dt, a->reduce.outer, a->reduce.len, a->reduce.inner, a->reduce.x,
-                         a->reduce.y, a->reduce.beta);
-    case XS_ARGMAX: return k->argmax(c, a->softmax.dt, a->softmax.rows, a->softmax.cols, a->softmax.x, a->softmax.idx);
-    case XS_SOFTMAX:
-        return k->softmax(c, a->softmax.log, a->softmax.dt, a->softmax.rows, a->softmax.cols, a->softmax.x,
-                          a->softmax.out);
-    case XS_SOFTMAX_BACKWARD:
-        return k->softmax_backward(c, a->softmax.log, a->softmax.dt, a->softmax.rows, a->softmax.cols, a->softmax.y,
-                                   a->softmax.dy, a->softmax.out, a->softmax.beta);
-    case XS_CROSS_ENTROPY:
-        return k->cross_entropy(c, a->ce.dt, a->ce.rows, a->ce.cols, a->ce.logits, a->ce.label_dt, a->ce.labels,
-                                a->ce.ignore, a->ce.loss, a->ce.lse, a->ce.count);
-    case XS_CROSS_ENTROPY_BACKWARD:
-        return k->cross_entropy_backward(c, a->ce.dt, a->ce.rows, a->ce.cols, a->ce.logits, a->ce.lse_in,
-                                         a->ce.label_dt, a->ce.labels, a->ce.ignore, a->ce.dloss, a->ce.count_in,
-                                         a->ce.dlogits, a->ce.beta);
-    case XS_LAYER_NORM:
-        return k->layer_norm(c, a->ln.dt, a->ln.rows, a->ln.cols, a->ln.x, a->ln.gamma, a->ln.beta_, a->ln.eps,
-                             a->ln.y, a->ln.mean, a->ln.rstd);
-    case XS_LAYER_NORM_BACKWARD:
-        return k->layer_norm_backward(c, a->ln.dt, a->ln.rows, a->ln.cols, a->ln.x, a->ln.gamma, a->ln.mean_in,
-                                      a->ln.rstd_in, a->ln.dy, a->ln.dx, a->ln.beta, a->ln.dgamma, a->ln.dbeta_,
-                                      a->ln.accumulate);
-    case XS_EMBEDDING:
-        return k->embedding(c, a->index.dt, a->index.n, a->index.rows, a->index.dim, a->index.table,
-                            a->index.idx_dt, a->index.idx, a->index.y);
-    case XS_EMBEDDING_BACKWARD:
-        return k->embedding_backward(c, a->index.dt, a->index.n, a->index.rows, a->index.dim, a->index.idx_dt,
-                                     a->index.idx, a->index.dy, a->index.y);
-    case XS_RNG:
-        return k->rng(c, a->rng.kind, a->rng.dt, a->rng.n, a->rng.seed, a->rng.offset, a->rng.a, a->rng.b, a->rng.y);
-    case XS_DROPOUT:
-        return k->dropout(c, a->rng.dt, a->rng.n, a->rng.p, a->rng.seed, a->rng.offset, a->rng.x, a->rng.y,
-                          a->rng.mask);
-    case XS_DROPOUT_BACKWARD:
-        return k->dropout_backward(c, a->rng.dt, a->rng.n, a->rng.p, a->rng.mask_in, a->rng.dy, a->rng.y, a->rng.beta);
-    case XS_ADAMW: return k->adamw(c, &a->list.l.t, &a->list.adamw);
-    case XS_SGD: return k->sgd(c, &a->list.l.t, &a->list.sgd);
-    case XS_SUM_SQUARES: return k->sum_squares(c, &a->list.l.t, a->list.out, a->list.beta);
-    case XS_SCALE_LIST: return k->scale_list(c, &a->list.l.t, a->list.alpha);
-    case XS_UNSCALE_CHECK: return k->unscale_check(c, &a->list.l.t, a->list.alpha, a->list.out);
-    case XS_CLAMP_LIST: return k->clamp_list(c, &a->list.l.t, a->list.lo, a->list.hi);
-    case XS_ATTENTION:
-        return k->attention(c, a->attn.dt, &a->attn.a, a->attn.q, a->attn.k, a->attn.v, a->attn.out, a->attn.lse);
-    case XS_ATTENTION_BACKWARD:
-        return k->attention_backward(c, a->attn.dt, &a->attn.a, a->attn.q, a->attn.k, a->attn.v, a->attn.out_in,
-                                     a->attn.dout, a->attn.lse_in, a->attn.dq, a->attn.dk, a->attn.dv);
-    case XS_WHERE:
-        return k->where(c, a->binary.dt, &a->binary.shape, a->binary.cond_stride, a->binary.cond, a->binary.a,
-                        a->binary.b, a->binary.y);
-    case XS_GATHER:
-        return k->gather(c, a->index.dt, a->index.outer, a->index.len, a->index.inner, a->index.n, a->index.table,
-                         a->index.idx_dt, a->index.idx, a->index.y);
-    case XS_GATHER_BACKWARD:
-        return k->gather_backward(c, a->index.dt, a->index.outer, a->index.len, a->index.inner, a->index.n,
-                                  a->index.idx_dt, a->index.idx, a->index.dy, a->index.y);
+    CA_KERNEL_LIST(X_EXEC)
     case XS_MEMCPY:
-        memmove(a->memcpy.dst, a->memcpy.src, a->memcpy.bytes);
+        memmove(a.memcpy.dst, a.memcpy.src, a.memcpy.bytes);
         return CA_OK;
     case XS_HOST:   /* the function frees its context as it runs (exec_one forgets it) */
-        return a->host.ctx ? a->host.fn(a->host.ctx, true, a->host.in, a->host.out)
-                           : ca_error(CA_ERR_STATE, "xla: a host function ran twice");
+        return a.host.ctx ? a.host.fn(a.host.ctx, true, a.host.in, a.host.out)
+                          : ca_error(CA_ERR_STATE, "xla: a host function ran twice");
     case XS_COUNT: break;
     }
+#undef X_EXEC
     return ca_error(CA_ERR_INVALID, "xla: unknown node kind %d", (int)n->slot);
 }
 
 const char *xla_slot_name(xslot s) {
-    static const char *const names[XS_COUNT] = {
-        "gemm", "fill", "cast", "copy_strided", "unary", "unary_backward", "binary", "axpby", "reduce", "argmax",
-        "softmax", "softmax_backward", "cross_entropy", "cross_entropy_backward", "layer_norm",
-        "layer_norm_backward", "embedding", "embedding_backward", "rng", "dropout", "dropout_backward", "adamw",
-        "sgd", "sum_squares", "scale_list", "unscale_check", "clamp_list", "attention", "attention_backward",
-        "where", "gather", "gather_backward", "memcpy", "host_fn"};
+#define X_NAME(slot) #slot,
+    static const char *const names[] = {CA_KERNEL_LIST(X_NAME) "memcpy", "host_fn"};
+#undef X_NAME
+    CA_TABLE_COVERS(names, XS_COUNT);
     return (unsigned)s < XS_COUNT ? names[s] : "?";
 }

@@ -37,12 +37,39 @@ extern "C" {
 
 /* ------------------------------------------------------------------ kernels */
 
+/*
+ * ABI 3: every kernel takes the device context and ONE argument struct,
+ * `ca_status (*slot)(void *dev, const ca_<slot>_args *args)`, as PJRT's C API does.
+ * Each struct starts with `struct_size` (the caller's sizeof, set by the core's call
+ * macro), so a struct may grow by appending fields: a backend reads a field beyond
+ * args->struct_size as zero. The core checks every call's shapes, dtypes, enum values
+ * and NULL pointers (base/kernel_check_impl.h, ca_kcheck_<slot>) before the backend
+ * sees it; a backend checks only its own limits and what depends on the data (an
+ * index out of range).
+ *
+ * Every output named y/dx/... takes a `beta` where noted: out = beta * out + result;
+ * beta == 0 means out is not read. Shapes are plain integers; all buffers are
+ * contiguous unless a stride is passed. A NULL slot is "unsupported on this device".
+ */
+
+/* The kernel slots, in table order. APPEND ONLY: the table, the backends' tables and
+ * prototypes, the core's checked dispatch and the lazy device's records are all
+ * expanded from this list (X(slot) for each slot). */
+#define CA_KERNEL_LIST(X)                                                                         \
+    X(gemm) X(fill) X(cast) X(copy_strided) X(unary) X(unary_backward) X(binary) X(axpby)         \
+    X(reduce) X(argmax) X(softmax) X(softmax_backward) X(cross_entropy) X(cross_entropy_backward) \
+    X(layer_norm) X(layer_norm_backward) X(embedding) X(embedding_backward) X(rng) X(dropout)     \
+    X(dropout_backward) X(adamw) X(sgd) X(sum_squares) X(scale_list) X(unscale_check)             \
+    X(clamp_list) X(attention) X(attention_backward) X(where) X(gather) X(gather_backward)          \
+    X(rms_norm) X(rms_norm_backward)
+
 /* Row-major GEMM: C[m,n] = alpha * op(A)[m,k] * op(B)[k,n] + beta * C.
  * op(X) = X or X^T. lda/ldb/ldc are row strides in elements. When batch > 1,
  * matrix i starts at a + i*stride_a (elements), likewise b and c.
  * Dtypes: a_dtype == b_dtype in {f32, f16, bf16}; c_dtype f32 or the same as a;
  * accumulation is always in f32. beta == 0 means C is not read. */
 typedef struct ca_gemm_args {
+    size_t struct_size;
     bool trans_a, trans_b;
     int64_t m, n, k;
     float alpha, beta;
@@ -54,8 +81,45 @@ typedef struct ca_gemm_args {
     bool allow_tf32; /* devices with TF32 may use it for f32 inputs */
 } ca_gemm_args;
 
-/* Broadcasting binary op: y (contiguous, `shape`) = op(a, b) where a and b are
- * read with their element strides (0 on broadcast dimensions). */
+/* y[i] = value, converted to dt. */
+typedef struct ca_fill_args {
+    size_t struct_size;
+    ca_dtype dt; int64_t n; double value; void *y;
+} ca_fill_args;
+
+/* y[i] = (dst_dt)(alpha * (float)x[i]); float->int rounds to nearest;
+ * f32->f16/bf16 rounds to nearest even, keeps NaN/Inf, saturates to Inf. */
+typedef struct ca_cast_args {
+    size_t struct_size;
+    ca_dtype src_dt; const void *x; ca_dtype dst_dt; void *y; int64_t n; float alpha;
+} ca_cast_args;
+
+/* y[strided] = x[strided] over `shape` (ndim 0..CA_MAX_DIMS, element strides; any may
+ * be 0 on x). The three arrays have ndim entries. */
+typedef struct ca_copy_strided_args {
+    size_t struct_size;
+    ca_dtype dt; int ndim; const int64_t *shape;
+    const void *x; const int64_t *x_stride;
+    void *y; const int64_t *y_stride;
+} ca_copy_strided_args;
+
+/* y = f(x) (float dtypes; y may alias x, or not overlap it at all). */
+typedef struct ca_unary_args {
+    size_t struct_size;
+    ca_unary_op op; ca_dtype dt; int64_t n; const void *x; void *y; float alpha;
+} ca_unary_args;
+
+/* dx = beta dx + dy * f'(x). x is the forward input and y the forward output;
+ * relu/tanh/sigmoid/exp/sqrt read only y, neg/scale/add_scalar neither, the others
+ * read x (the unused one may be NULL). */
+typedef struct ca_unary_backward_args {
+    size_t struct_size;
+    ca_unary_op op; ca_dtype dt; int64_t n; const void *x; const void *y; const void *dy;
+    void *dx; float alpha, beta;
+} ca_unary_backward_args;
+
+/* Broadcast shape of binary and where: y (contiguous, `shape`) = op(a, b) where a and b
+ * are read with their element strides (0 on broadcast dimensions). */
 typedef struct ca_bcast_args {
     int ndim;                      /* 1..CA_MAX_DIMS */
     int64_t shape[CA_MAX_DIMS];
@@ -63,35 +127,92 @@ typedef struct ca_bcast_args {
     int64_t b_stride[CA_MAX_DIMS];
 } ca_bcast_args;
 
-/* A list of tensors updated by one fused kernel (one launch per parameter
- * group). Arrays have `count` entries; unused arrays may be NULL. */
-typedef struct ca_tensor_list {
-    int count;
-    void *const *param;        /* f32 master weights, updated in place */
-    const void *const *grad;   /* gradients (grad_dtype) */
-    void *const *state1;       /* SGD momentum buffer / AdamW exp_avg (f32) */
-    void *const *state2;       /* AdamW exp_avg_sq (f32) */
-    const int64_t *numel;
-    ca_dtype grad_dtype;       /* f32 (f16/bf16 allowed where the backend says so) */
-} ca_tensor_list;
+/* y = op(a, b) with broadcasting (see ca_bcast_args). */
+typedef struct ca_binary_args {
+    size_t struct_size;
+    ca_binary_op op; ca_dtype dt; ca_bcast_args shape; const void *a; const void *b; void *y;
+} ca_binary_args;
 
-/* AdamW (decoupled weight decay, bias-corrected), as torch.optim.AdamW:
- *   p -= lr*wd*p;  m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;
- *   p -= lr * (m / bc1) / (sqrt(v / bc2) + eps)        with bc_i = 1 - b_i^t. */
-typedef struct ca_adamw_args {
-    float lr, beta1, beta2, eps, weight_decay;
-    float bias_correction1, bias_correction2;
-    float grad_scale;          /* gradients are multiplied by this first (1 = none) */
-} ca_adamw_args;
+/* y = alpha x + beta y. */
+typedef struct ca_axpby_args {
+    size_t struct_size;
+    ca_dtype dt; int64_t n; float alpha; const void *x; float beta; void *y;
+} ca_axpby_args;
 
-/* SGD as torch.optim.SGD: g += wd p; buf = first ? g : momentum buf + (1-dampening) g;
- * g = nesterov ? g + momentum buf : buf (when momentum != 0); p -= lr g. */
-typedef struct ca_sgd_args {
-    float lr, momentum, dampening, weight_decay;
-    bool nesterov;
-    bool first_step;           /* momentum buffers are initialised from g */
-    float grad_scale;
-} ca_sgd_args;
+/* y[o, i] = beta y[o, i] + R_l x[o, l, i] for l < len (R = sum, mean, min, max). */
+typedef struct ca_reduce_args {
+    size_t struct_size;
+    ca_reduce_op op; ca_dtype dt; int64_t outer, len, inner; const void *x; void *y; float beta;
+} ca_reduce_args;
+
+/* idx[r] = argmax_c x[r, c] (first on ties), i64 output. */
+typedef struct ca_argmax_args {
+    size_t struct_size;
+    ca_dtype dt; int64_t rows, cols; const void *x; int64_t *idx;
+} ca_argmax_args;
+
+/* Row-wise softmax or log_softmax over `cols`. */
+typedef struct ca_softmax_args {
+    size_t struct_size;
+    bool log; ca_dtype dt; int64_t rows, cols; const void *x; void *y;
+} ca_softmax_args;
+
+/* softmax: dx = beta dx + y (dy - sum(dy y));  log: dx = beta dx + dy - exp(y) sum(dy). */
+typedef struct ca_softmax_backward_args {
+    size_t struct_size;
+    bool log; ca_dtype dt; int64_t rows, cols; const void *y; const void *dy; void *dx; float beta;
+} ca_softmax_backward_args;
+
+/* Mean cross-entropy of logits [rows, cols] against integer labels (label_dt
+ * i32 or i64); rows whose label == ignore_index count for nothing.
+ * Writes loss (f32 scalar), lse[rows] (f32, saved for backward) and
+ * count (f32 scalar: rows not ignored). Labels outside [0, cols) other
+ * than ignore_index give CA_ERR_INVALID where the device can check. */
+typedef struct ca_cross_entropy_args {
+    size_t struct_size;
+    ca_dtype dt; int64_t rows, cols; const void *logits; ca_dtype label_dt; const void *labels;
+    int64_t ignore_index; float *loss; float *lse; float *count;
+} ca_cross_entropy_args;
+
+/* dlogits = beta dlogits + dloss / count * (softmax(logits) - onehot(label));
+ * dloss and count are device scalars (f32). */
+typedef struct ca_cross_entropy_backward_args {
+    size_t struct_size;
+    ca_dtype dt; int64_t rows, cols; const void *logits; const float *lse; ca_dtype label_dt;
+    const void *labels; int64_t ignore_index; const float *dloss; const float *count;
+    void *dlogits; float beta;
+} ca_cross_entropy_backward_args;
+
+/* y = (x - mean) * rstd * gamma + beta_ over the last dim; writes mean, rstd
+ * (f32, [rows]). gamma/beta_ may be NULL (no affine). */
+typedef struct ca_layer_norm_args {
+    size_t struct_size;
+    ca_dtype dt; int64_t rows, cols; const void *x; const void *gamma; const void *beta_;
+    float eps; void *y; float *mean; float *rstd;
+} ca_layer_norm_args;
+
+/* dx = beta dx + ...; dgamma, dbeta_ accumulate (+=) when non-NULL and
+ * `accumulate_params`, else are overwritten. */
+typedef struct ca_layer_norm_backward_args {
+    size_t struct_size;
+    ca_dtype dt; int64_t rows, cols; const void *x; const void *gamma; const float *mean;
+    const float *rstd; const void *dy; void *dx; float beta; void *dgamma; void *dbeta_;
+    bool accumulate_params;
+} ca_layer_norm_backward_args;
+
+/* y[i, :] = table[idx[i], :] for a table of `rows` rows; idx_dt i32 or i64. An
+ * index outside [0, rows) gives CA_ERR_INVALID (position and value) where the
+ * device can check, and never reads outside the table. */
+typedef struct ca_embedding_args {
+    size_t struct_size;
+    ca_dtype dt; int64_t n, rows, dim; const void *table; ca_dtype idx_dt; const void *idx; void *y;
+} ca_embedding_args;
+
+/* dtable[idx[i], :] += dy[i, :]; same index rule. */
+typedef struct ca_embedding_backward_args {
+    size_t struct_size;
+    ca_dtype dt; int64_t n, rows, dim; ca_dtype idx_dt; const void *idx; const void *dy; void *dtable;
+} ca_embedding_backward_args;
 
 /* The counter-based RNG, identical on every backend: Philox4x32-10 with
  * key = (seed lo, seed hi) and counter = (c lo, c hi, 0, 0), c = offset + j.
@@ -105,7 +226,88 @@ static inline uint64_t ca_rng_counters(ca_rng_kind kind, int64_t n) {
     return kind == CA_RNG_NORMAL ? (uint64_t)(n + 1) / 2 : (uint64_t)(n + 3) / 4;
 }
 
-/* Scaled dot-product attention over batch*heads independent problems (ABI 1.1).
+/* Counter-based random numbers (see the RNG contract above): uniform [a,b) / normal(a, b). */
+typedef struct ca_rng_args {
+    size_t struct_size;
+    ca_rng_kind kind; ca_dtype dt; int64_t n; uint64_t seed, offset; float a, b; void *y;
+} ca_rng_args;
+
+/* y = x * mask / (1 - p), mask[i] = 1 when element i is kept (u8). */
+typedef struct ca_dropout_args {
+    size_t struct_size;
+    ca_dtype dt; int64_t n; float p; uint64_t seed, offset; const void *x; void *y; uint8_t *mask;
+} ca_dropout_args;
+
+/* dx = beta dx + dy * mask / (1 - p). */
+typedef struct ca_dropout_backward_args {
+    size_t struct_size;
+    ca_dtype dt; int64_t n; float p; const uint8_t *mask; const void *dy; void *dx; float beta;
+} ca_dropout_backward_args;
+
+/* A list of tensors updated by one fused kernel (one launch per parameter
+ * group). Arrays have `count` entries; unused arrays may be NULL. The list kernels
+ * other than adamw and sgd read the tensors in t->param, with dtype t->grad_dtype
+ * (the accelerator passes gradients there). */
+typedef struct ca_tensor_list {
+    int count;
+    void *const *param;        /* f32 master weights, updated in place */
+    const void *const *grad;   /* gradients (grad_dtype) */
+    void *const *state1;       /* SGD momentum buffer / AdamW exp_avg (f32) */
+    void *const *state2;       /* AdamW exp_avg_sq (f32) */
+    const int64_t *numel;
+    ca_dtype grad_dtype;       /* f32 (f16/bf16 allowed where the backend says so) */
+} ca_tensor_list;
+
+/* Fused AdamW over a parameter group (param, grad, state1, state2), decoupled weight
+ * decay, bias-corrected, as torch.optim.AdamW:
+ *   p -= lr*wd*p;  m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;
+ *   p -= lr * (m / bc1) / (sqrt(v / bc2) + eps)        with bc_i = 1 - b_i^t. */
+typedef struct ca_adamw_args {
+    size_t struct_size;
+    const ca_tensor_list *t;
+    float lr, beta1, beta2, eps, weight_decay;
+    float bias_correction1, bias_correction2;
+    float grad_scale;          /* gradients are multiplied by this first (1 = none) */
+} ca_adamw_args;
+
+/* Fused SGD over a parameter group (param, grad, state1 when momentum != 0), as
+ * torch.optim.SGD: g += wd p; buf = first ? g : momentum buf + (1-dampening) g;
+ * g = nesterov ? g + momentum buf : buf (when momentum != 0); p -= lr g. */
+typedef struct ca_sgd_args {
+    size_t struct_size;
+    const ca_tensor_list *t;
+    float lr, momentum, dampening, weight_decay;
+    bool nesterov;
+    bool first_step;           /* momentum buffers are initialised from g */
+    float grad_scale;
+} ca_sgd_args;
+
+/* out (f32 device scalar) = beta out + sum over tensors of sum(x^2). */
+typedef struct ca_sum_squares_args {
+    size_t struct_size;
+    const ca_tensor_list *t; float *out; float beta;
+} ca_sum_squares_args;
+
+/* x *= alpha for every tensor in t->param (dtype t->grad_dtype). */
+typedef struct ca_scale_list_args {
+    size_t struct_size;
+    const ca_tensor_list *t; float alpha;
+} ca_scale_list_args;
+
+/* x *= inv_scale for every tensor in t->param; *found_inf (f32 device
+ * scalar) is set to 1 if any result is Inf or NaN (never reset to 0 here). */
+typedef struct ca_unscale_check_args {
+    size_t struct_size;
+    const ca_tensor_list *t; float inv_scale; float *found_inf;
+} ca_unscale_check_args;
+
+/* x = clamp(x, lo, hi) elementwise over every tensor in t->param. */
+typedef struct ca_clamp_list_args {
+    size_t struct_size;
+    const ca_tensor_list *t; float lo, hi;
+} ca_clamp_list_args;
+
+/* The problem of scaled dot-product attention over batch*heads independent problems.
  * q [B,H,Tq,D], k [B,H,Tk,D], v [B,H,Tk,Dv], out [B,H,Tq,Dv], contiguous:
  *   s_ij = scale q_i.k_j (+ mask_ij when the mask is f32); key j is excluded when
  *   causal and j > i (top-left aligned, as torch's is_causal) or when a u8 mask
@@ -114,7 +316,7 @@ static inline uint64_t ca_rng_counters(ca_rng_kind kind, int64_t n) {
  *   out_i = sum_j p_ij d_ij v_j with d_ij = keep/(1-dropout_p) from the dropout
  *   contract above, element ((b H + h) Tq + i) Tk + j of the stream at `offset`.
  * A row with every key excluded gives out_i = 0 and lse_i = -inf. */
-typedef struct ca_attention_args {
+typedef struct ca_attention_params {
     int64_t batch, heads, tq, tk, d, dv;
     float scale;
     bool causal;
@@ -123,140 +325,82 @@ typedef struct ca_attention_args {
     const void *mask;              /* NULL, f32 (additive) or u8 (boolean) */
     ca_dtype mask_dtype;
     int64_t mask_stride[4];        /* element strides over [b, h, i, j]; 0 broadcasts */
+} ca_attention_params;
+
+/* Forward of ca_attention_params (dt f32; the backend may take more). */
+typedef struct ca_attention_args {
+    size_t struct_size;
+    ca_dtype dt; ca_attention_params p;
+    const void *q; const void *k; const void *v; void *out; float *lse;
 } ca_attention_args;
 
-/* The kernel table. Every output argument named y/dx/... takes a `beta`
- * where noted: out = beta * out + result; beta == 0 means out is not read.
- * Shapes are given as plain integers; all buffers are contiguous unless a
- * stride is passed. A NULL slot is "unsupported on this device". */
+/* dq, dk, dv (overwritten) from dout, recomputing p from q, k and the saved
+ * lse (no [Tq, Tk] tensor is kept between forward and backward); out is
+ * the forward's output (its row dot with dout is softmax's correction). */
+typedef struct ca_attention_backward_args {
+    size_t struct_size;
+    ca_dtype dt; ca_attention_params p;
+    const void *q; const void *k; const void *v; const void *out; const void *dout;
+    const float *lse; void *dq; void *dk; void *dv;
+} ca_attention_backward_args;
+
+/* y = cond ? a : b with broadcasting (any dtype): `shape` gives y's shape and the
+ * strides of a and b; cond (u8, nonzero = true) is read with cond_stride (ndim entries). */
+typedef struct ca_where_args {
+    size_t struct_size;
+    ca_dtype dt; ca_bcast_args shape; const int64_t *cond_stride; const uint8_t *cond;
+    const void *a; const void *b; void *y;
+} ca_where_args;
+
+/* torch.gather along the middle dim of x [outer, len, inner]:
+ * y[o, j, i] = x[o, idx[o, j, i], i] for idx, y [outer, n, inner] (idx_dt i32 or
+ * i64; any dtype for x). An index outside [0, len) gives CA_ERR_INVALID
+ * (position and value) where the device can check, and is never read. */
+typedef struct ca_gather_args {
+    size_t struct_size;
+    ca_dtype dt; int64_t outer, len, inner, n; const void *x; ca_dtype idx_dt; const void *idx; void *y;
+} ca_gather_args;
+
+/* dx[o, idx[o, j, i], i] += dy[o, j, i] (float dtypes the device names; f32 at least). */
+typedef struct ca_gather_backward_args {
+    size_t struct_size;
+    ca_dtype dt; int64_t outer, len, inner, n; ca_dtype idx_dt; const void *idx; const void *dy; void *dx;
+} ca_gather_backward_args;
+
+/* RMSNorm over the last dim (ABI 3.1): y = x * rstd * gamma with rstd = 1 / sqrt(mean(x^2) + eps);
+ * writes rstd (f32, [rows]). gamma may be NULL (no weight). */
+typedef struct ca_rms_norm_args {
+    size_t struct_size;
+    ca_dtype dt; int64_t rows, cols; const void *x; const void *gamma; float eps; void *y; float *rstd;
+} ca_rms_norm_args;
+
+/* dx = beta dx + rstd (g dy - xhat mean(g dy xhat)) with xhat = x rstd, g = gamma (1 when NULL);
+ * dgamma (when non-NULL) = sum over rows of dy xhat, added to it when `accumulate_params`, else
+ * overwritten. rstd is the forward's. */
+typedef struct ca_rms_norm_backward_args {
+    size_t struct_size;
+    ca_dtype dt; int64_t rows, cols; const void *x; const void *gamma; const float *rstd; const void *dy;
+    void *dx; float beta; void *dgamma; bool accumulate_params;
+} ca_rms_norm_backward_args;
+
+/* The kernel table: struct_size, abi_version, then one slot per CA_KERNEL_LIST entry. */
+#define CA_KERNEL_SLOT_(slot) ca_status (*slot)(void *dev, const ca_##slot##_args *args);
 typedef struct ca_kernels {
     size_t struct_size;
     uint32_t abi_version;
-
-    ca_status (*gemm)(void *dev, const ca_gemm_args *args);
-
-    /* y[i] = value, converted to dt. */
-    ca_status (*fill)(void *dev, ca_dtype dt, int64_t n, double value, void *y);
-    /* y[i] = (dst_dt)(alpha * (float)x[i]); float->int rounds to nearest;
-     * f32->f16/bf16 rounds to nearest even, keeps NaN/Inf, saturates to Inf. */
-    ca_status (*cast)(void *dev, ca_dtype src_dt, const void *x, ca_dtype dst_dt, void *y,
-                      int64_t n, float alpha);
-    /* y[strided] = x[strided] over `shape` (element strides; any may be 0 on x). */
-    ca_status (*copy_strided)(void *dev, ca_dtype dt, int ndim, const int64_t *shape,
-                              const void *x, const int64_t *x_stride,
-                              void *y, const int64_t *y_stride);
-    /* y = f(x) (float dtypes; y may alias x). */
-    ca_status (*unary)(void *dev, ca_unary_op op, ca_dtype dt, int64_t n, const void *x,
-                       void *y, float alpha);
-    /* dx = beta dx + dy * f'(x). x is the forward input and y the forward output;
-     * relu/tanh/sigmoid/exp/sqrt read only y, the others read x (the unused one may be NULL). */
-    ca_status (*unary_backward)(void *dev, ca_unary_op op, ca_dtype dt, int64_t n,
-                                const void *x, const void *y, const void *dy, void *dx,
-                                float alpha, float beta);
-    /* y = op(a, b) with broadcasting (see ca_bcast_args). */
-    ca_status (*binary)(void *dev, ca_binary_op op, ca_dtype dt, const ca_bcast_args *shape,
-                        const void *a, const void *b, void *y);
-    /* y = alpha x + beta y. */
-    ca_status (*axpby)(void *dev, ca_dtype dt, int64_t n, float alpha, const void *x,
-                       float beta, void *y);
-    /* y[o, i] = beta y[o, i] + R_l x[o, l, i] for l < len (R = sum, mean, min, max). */
-    ca_status (*reduce)(void *dev, ca_reduce_op op, ca_dtype dt, int64_t outer, int64_t len,
-                        int64_t inner, const void *x, void *y, float beta);
-    /* idx[r] = argmax_c x[r, c] (first on ties), i64 output. */
-    ca_status (*argmax)(void *dev, ca_dtype dt, int64_t rows, int64_t cols, const void *x,
-                        int64_t *idx);
-    /* Row-wise softmax or log_softmax over `cols`. */
-    ca_status (*softmax)(void *dev, bool log, ca_dtype dt, int64_t rows, int64_t cols,
-                         const void *x, void *y);
-    /* softmax: dx = beta dx + y (dy - sum(dy y));  log: dx = beta dx + dy - exp(y) sum(dy). */
-    ca_status (*softmax_backward)(void *dev, bool log, ca_dtype dt, int64_t rows, int64_t cols,
-                                  const void *y, const void *dy, void *dx, float beta);
-    /* Mean cross-entropy of logits [rows, cols] against integer labels (label_dt
-     * i32 or i64); rows whose label == ignore_index count for nothing.
-     * Writes loss (f32 scalar), lse[rows] (f32, saved for backward) and
-     * count (f32 scalar: rows not ignored). Labels outside [0, cols) other
-     * than ignore_index give CA_ERR_INVALID where the device can check. */
-    ca_status (*cross_entropy)(void *dev, ca_dtype dt, int64_t rows, int64_t cols,
-                               const void *logits, ca_dtype label_dt, const void *labels,
-                               int64_t ignore_index, float *loss, float *lse, float *count);
-    /* dlogits = beta dlogits + dloss / count * (softmax(logits) - onehot(label));
-     * dloss and count are device scalars (f32). */
-    ca_status (*cross_entropy_backward)(void *dev, ca_dtype dt, int64_t rows, int64_t cols,
-                                        const void *logits, const float *lse,
-                                        ca_dtype label_dt, const void *labels,
-                                        int64_t ignore_index, const float *dloss,
-                                        const float *count, void *dlogits, float beta);
-    /* y = (x - mean) * rstd * gamma + beta_ over the last dim; writes mean, rstd
-     * (f32, [rows]). gamma/beta_ may be NULL (no affine). */
-    ca_status (*layer_norm)(void *dev, ca_dtype dt, int64_t rows, int64_t cols, const void *x,
-                            const void *gamma, const void *beta_, float eps, void *y,
-                            float *mean, float *rstd);
-    /* dx = beta dx + ...; dgamma, dbeta_ accumulate (+=) when non-NULL and
-     * `accumulate_params`, else are overwritten. */
-    ca_status (*layer_norm_backward)(void *dev, ca_dtype dt, int64_t rows, int64_t cols,
-                                     const void *x, const void *gamma, const float *mean,
-                                     const float *rstd, const void *dy, void *dx, float beta,
-                                     void *dgamma, void *dbeta_, bool accumulate_params);
-    /* y[i, :] = table[idx[i], :] for a table of `rows` rows; idx_dt i32 or i64. An
-     * index outside [0, rows) gives CA_ERR_INVALID (position and value) where the
-     * device can check, and never reads outside the table. */
-    ca_status (*embedding)(void *dev, ca_dtype dt, int64_t n, int64_t rows, int64_t dim,
-                           const void *table, ca_dtype idx_dt, const void *idx, void *y);
-    /* dtable[idx[i], :] += dy[i, :]; same index rule. */
-    ca_status (*embedding_backward)(void *dev, ca_dtype dt, int64_t n, int64_t rows, int64_t dim,
-                                    ca_dtype idx_dt, const void *idx, const void *dy,
-                                    void *dtable);
-    /* Counter-based random numbers (see the RNG contract above). */
-    ca_status (*rng)(void *dev, ca_rng_kind kind, ca_dtype dt, int64_t n, uint64_t seed,
-                     uint64_t offset, float a, float b, void *y);  /* uniform [a,b) / normal(a, b) */
-    /* y = x * mask / (1 - p), mask[i] = 1 when element i is kept (u8). */
-    ca_status (*dropout)(void *dev, ca_dtype dt, int64_t n, float p, uint64_t seed,
-                         uint64_t offset, const void *x, void *y, uint8_t *mask);
-    ca_status (*dropout_backward)(void *dev, ca_dtype dt, int64_t n, float p,
-                                  const uint8_t *mask, const void *dy, void *dx, float beta);
-    /* Fused optimizer updates over a whole parameter group. */
-    ca_status (*adamw)(void *dev, const ca_tensor_list *t, const ca_adamw_args *args);
-    ca_status (*sgd)(void *dev, const ca_tensor_list *t, const ca_sgd_args *args);
-    /* The list kernels below read the tensors in t->param, with dtype t->grad_dtype
-     * (the accelerator passes gradients there). */
-    /* out (f32 device scalar) = beta out + sum over tensors of sum(x^2). */
-    ca_status (*sum_squares)(void *dev, const ca_tensor_list *t, float *out, float beta);
-    /* x *= alpha for every tensor in t->param (dtype t->grad_dtype). */
-    ca_status (*scale_list)(void *dev, const ca_tensor_list *t, float alpha);
-    /* x *= inv_scale for every tensor in t->param; *found_inf (f32 device
-     * scalar) is set to 1 if any result is Inf or NaN (never reset to 0 here). */
-    ca_status (*unscale_check)(void *dev, const ca_tensor_list *t, float inv_scale,
-                               float *found_inf);
-    /* x = clamp(x, lo, hi) elementwise over every tensor in t->param. */
-    ca_status (*clamp_list)(void *dev, const ca_tensor_list *t, float lo, float hi);
-
-    /* ---- ABI 1.1 ---- */
-    /* Forward of ca_attention_args (dt f32; the backend may take more). */
-    ca_status (*attention)(void *dev, ca_dtype dt, const ca_attention_args *args,
-                           const void *q, const void *k, const void *v, void *out, float *lse);
-    /* dq, dk, dv (overwritten) from dout, recomputing p from q, k and the saved
-     * lse (no [Tq, Tk] tensor is kept between forward and backward); out is
-     * the forward's output (its row dot with dout is softmax's correction). */
-    ca_status (*attention_backward)(void *dev, ca_dtype dt, const ca_attention_args *args,
-                                    const void *q, const void *k, const void *v,
-                                    const void *out, const void *dout, const float *lse,
-                                    void *dq, void *dk, void *dv);
-    /* y = cond ? a : b with broadcasting: `shape` gives y's shape and the strides
-     * of a and b; cond (u8, nonzero = true) is read with cond_stride. */
-    ca_status (*where)(void *dev, ca_dtype dt, const ca_bcast_args *shape,
-                       const int64_t *cond_stride, const uint8_t *cond, const void *a,
-                       const void *b, void *y);
-    /* torch.gather along the middle dim of x [outer, len, inner]:
-     * y[o, j, i] = x[o, idx[o, j, i], i] for idx, y [outer, n, inner] (idx_dt i32 or
-     * i64; any dtype for x). An index outside [0, len) gives CA_ERR_INVALID
-     * (position and value) where the device can check, and is never read. */
-    ca_status (*gather)(void *dev, ca_dtype dt, int64_t outer, int64_t len, int64_t inner,
-                        int64_t n, const void *x, ca_dtype idx_dt, const void *idx, void *y);
-    /* dx[o, idx[o, j, i], i] += dy[o, j, i] (float dtypes the device names; f32 at least). */
-    ca_status (*gather_backward)(void *dev, ca_dtype dt, int64_t outer, int64_t len, int64_t inner,
-                                 int64_t n, ca_dtype idx_dt, const void *idx, const void *dy,
-                                 void *dx);
+    CA_KERNEL_LIST(CA_KERNEL_SLOT_)
 } ca_kernels;
+#undef CA_KERNEL_SLOT_
+
+/* The number of kernel slots. */
+#define CA_KERNEL_COUNT_(slot) +1
+enum { CA_KERNEL_COUNT = 0 CA_KERNEL_LIST(CA_KERNEL_COUNT_) };
+#undef CA_KERNEL_COUNT_
+/* Slot positions are ABI: the table is the two header fields, then exactly one pointer per list
+ * entry in list order (the first and the ABI-1.1 slots pinned). */
+CA_TYPES_ASSERT_(sizeof(ca_kernels) == offsetof(ca_kernels, gemm) + CA_KERNEL_COUNT * sizeof(void (*)(void)) &&
+                     offsetof(ca_kernels, attention) == offsetof(ca_kernels, gemm) + 27 * sizeof(void (*)(void)),
+                 "ca_kernels has one slot per CA_KERNEL_LIST entry, in order");
 
 /* ---------------------------------------------------------------- allocator */
 

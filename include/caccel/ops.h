@@ -88,7 +88,7 @@ CA_API ca_tensor *ca_dropout(ca_tensor *x, double p, bool training);
 /* Normalises over the last dimension; weight/bias [C] or NULL. */
 CA_API ca_tensor *ca_layer_norm(ca_tensor *x, ca_tensor *weight, ca_tensor *bias, double eps);
 /* RMSNorm over the last dimension, as torch.nn.RMSNorm: x / sqrt(mean(x^2) + eps)
- * * weight; weight [C] or NULL. Composed of elementwise ops and a mean. */
+ * * weight; weight [C] or NULL. One kernel each way (rms_norm, rms_norm_backward). */
 CA_API ca_tensor *ca_rms_norm(ca_tensor *x, ca_tensor *weight, double eps);
 /* idx [...] (i32/i64) into table [V, D] -> [..., D]. */
 CA_API ca_tensor *ca_embedding(ca_tensor *idx, ca_tensor *table);
