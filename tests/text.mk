@@ -3,9 +3,11 @@
 # on the real vocabulary, and the real all-MiniLM-L6-v2 files through the readers.
 check_PROGRAMS += tests/test_tokenizer tests/test_bert_config tests/text_tool
 TESTS += tests/test_tokenizer tests/test_bert_config tests/test_tokenizer_parity.sh \
+	tests/test_tokenizer_bpe_parity.sh \
 	tests/test_minilm_files.sh
 VALGRIND_TESTS += tests/test_tokenizer tests/test_bert_config
-EXTRA_DIST += tests/test_tokenizer_parity.sh tests/tokenizer_cases.py tests/test_minilm_files.sh
+EXTRA_DIST += tests/test_tokenizer_parity.sh tests/tokenizer_cases.py tests/test_minilm_files.sh \
+	tests/test_tokenizer_bpe_parity.sh tests/tokenizer_bpe_cases.py
 
 tests_test_tokenizer_SOURCES = tests/test_tokenizer.c tests/test_util.h
 tests_test_tokenizer_CFLAGS = $(CA_TEST_CFLAGS)
