@@ -68,8 +68,9 @@ static ca_status add_token(ca_tokenizer *t, const char *content, int64_t id, con
     return CA_OK;
 }
 
-static const char *const special_names[CA_TOKEN_COUNT] = {"[PAD]", "[UNK]", "[CLS]", "[SEP]",
-                                                          "[MASK]"};
+/* BERT's special tokens, by ca_special_token (BOS and EOS are BPE's). */
+static const char *const special_names[] = {"[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"};
+#define BERT_SPECIALS ((int)(sizeof special_names / sizeof *special_names))
 
 /* ------------------------------------------------------------------ vocab.txt */
 
@@ -106,7 +107,7 @@ static ca_status apply_options(ca_tokenizer *t, const ca_tokenizer_options *o, c
     t->handle_chinese_chars = o->handle_chinese_chars;
     t->clean_text = o->clean_text;
     t->max_chars = o->max_input_chars_per_word > 0 ? o->max_input_chars_per_word : 100;
-    for (int k = 0; k < CA_TOKEN_COUNT; k++) {
+    for (int k = 0; k < BERT_SPECIALS; k++) {
         int64_t id = ca_tokenizer_token_id(t, special_names[k]);
         if (id < 0 && k != CA_TOKEN_MASK)
             return ca_error(CA_ERR_INVALID, "vocab '%s': no %s token", path, special_names[k]);
