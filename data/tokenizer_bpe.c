@@ -214,13 +214,13 @@ static bool split_by(const mlist *m, int behavior, bool invert, const char *s, b
 
 /* ------------------------------------------------------------------ pre-tokenizers */
 
-/* GPT-2's bytes_to_unicode: printable bytes stand for themselves, the others for 256 + n. */
+/* GPT-2's bytes_to_unicode: printable bytes (33-126, 161-172, 174-255) stand for themselves, the
+ * 68 others, in order, for 256 + n: 0-32, then 127-160, then 173. */
 static int32_t byte_char(unsigned char c) {
-    if ((c >= 33 && c <= 126) || (c >= 161 && c <= 172) || c >= 174) return c;
-    int n = 0;
-    for (int x = 0; x < c; x++)
-        if (!((x >= 33 && x <= 126) || (x >= 161 && x <= 172) || x >= 174)) n++;
-    return 256 + n;
+    if (c <= 32) return 256 + c;
+    if (c >= 127 && c <= 160) return 256 + 33 + (c - 127);
+    if (c == 173) return 256 + 67;
+    return c;
 }
 
 static bool push_byte_level(plist *out, const char *s, size_t len) {
@@ -684,12 +684,11 @@ static bool push_lossy(plist *out, const char *s, size_t len) {
     return true;
 }
 
-/* The byte a byte-level character stands for, or -1. */
+/* The byte a byte-level character stands for, or -1 (byte_char's inverse). */
 static int char_byte(int32_t c) {
-    if (c < 0 || c > 0x143) return -1;
-    for (int x = 0; x < 256; x++)
-        if (byte_char((unsigned char)x) == c) return x;
-    return -1;
+    if (c < 0 || c > 256 + 67) return -1;
+    if (c >= 256) return c <= 256 + 32 ? c - 256 : c < 256 + 67 ? c - 256 - 33 + 127 : 173;
+    return byte_char((unsigned char)c) == c ? c : -1;
 }
 
 /* ByteLevel: the bytes each token's characters stand for (a token with another character keeps

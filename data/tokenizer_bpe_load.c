@@ -311,23 +311,28 @@ static ca_status load_model(ca_tokenizer *t, json_object *model, const char *pat
 
 /* ------------------------------------------------------------------ regexes */
 
+/* Oniguruma's \s: the Unicode White_Space property (25 code points). */
+#define ONIG_SPACE "\\t\\n\\x{0B}\\f\\r\\x{20}\\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}" \
+                   "\\x{2028}\\x{2029}\\x{202F}\\x{205F}\\x{3000}"
+
 /* Oniguruma's pattern as PCRE2 takes it. Both read \p{L}, \p{N}, (?i:...), (?!...), possessive
- * and atomic groups alike; Oniguruma's \s also matches U+0085 (NEL), PCRE2's (UCP) does not, so \s
- * and \S get it added. \h (a hex digit in Oniguruma, horizontal space in PCRE2), \S inside a
+ * and atomic groups alike; their \s differ: PCRE2's (UCP) also matches U+180E (MONGOLIAN VOWEL
+ * SEPARATOR, no longer White_Space since Unicode 6.3), Oniguruma's is exactly White_Space, so \s
+ * and \S become that list. \h (a hex digit in Oniguruma, horizontal space in PCRE2), \S inside a
  * class and nested classes are refused: *why says which. */
 static char *onig_to_pcre2(const char *p, const char **why) {
     size_t len = strlen(p), k = 0;
-    char *o = malloc(12 * len + 1);
+    char *o = malloc(64 * len + 1);
     bool cls = false;
     *why = NULL;
     for (size_t i = 0; o && i < len && !*why; i++) {
         char c = p[i];
         if (c == '\\' && i + 1 < len) {
             char d = p[++i];
-            const char *rep = d == 's' ? (cls ? "\\s\\x{85}" : "[\\s\\x{85}]")
-                              : d == 'S' && !cls ? "[^\\s\\x{85}]" : NULL;
-            if (d == 'h' || d == 'H') *why = "\\h and \\H mean a hex digit in Oniguruma and "
-                                             "horizontal space in PCRE2";
+            const char *rep = d == 's' ? (cls ? ONIG_SPACE : "[" ONIG_SPACE "]")
+                              : d == 'S' && !cls ? "[^" ONIG_SPACE "]" : NULL;
+            if (d == 'h' || d == 'H')
+                *why = "\\h or \\H (a hex digit in Oniguruma, horizontal space in PCRE2)";
             else if (d == 'S' && cls) *why = "\\S inside a character class";
             if (rep) {
                 memcpy(o + k, rep, strlen(rep));

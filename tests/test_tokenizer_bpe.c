@@ -1,7 +1,7 @@
 /* The BPE tokenizer on small hand-written tokenizer.json files (tests/data/tokenizer-bpe): the
  * merge rules (rank before position, leftmost on a tie, stale queue entries, repeated pairs,
  * ignore_merges, unknown characters with and without unk_token and fuse_unk, byte fallback), Llama
- * 3's Split regex with Oniguruma's \s, added tokens with lstrip / rstrip / single_word, the
+ * 3's Split regex with Oniguruma's \s (U+0085 in, U+180E out), added tokens with lstrip / rstrip / single_word, the
  * template, the decoders, a long word in O(n log n), and every refusal by name. The expected ids
  * are what Hugging Face's tokenizers gives for the same files. No Python needed;
  * tests/test_tokenizer_bpe_parity.sh checks trained tokenizers against tokenizers itself. */
@@ -80,6 +80,16 @@ static void test_long_word(void **state) {
     if (secs > 5) fail_msg("200,000 letters took %.1f s of CPU", secs);
     free(ids);
     free(s);
+    /* past 64 MiB a call is refused before any work, naming the size */
+    size_t big = ((size_t)64 << 20) + 1;
+    s = malloc(big + 1);
+    memset(s, 'a', big);
+    s[big] = '\0';
+    ids = NULL;
+    assert_int_equal(ca_tokenizer_tokenize(t, s, &ids, &k), CA_ERR_INVALID);
+    assert_null(ids);
+    assert_non_null(strstr(ca_last_error(), "the text has 67108865 bytes, more than the 67108864"));
+    free(s);
     ca_tokenizer_destroy(t);
 }
 
@@ -135,23 +145,26 @@ static void test_split_bytelevel(void **state) {
     ca_tokenizer *t = load("split_bytelevel.json");
     EXPECT_IDS(t, "the cat's", "116 256 32 99 97 116 261");   /* "h e" first; no "t he" merge */
     EXPECT_IDS(t, "THE'S", "84 72 69 39 83");                 /* (?i:'s) takes 'S */
-    EXPECT_IDS(t, "x<mask>y  <mask>", "120 266 121 266");     /* <mask> lstrip eats the spaces */
+    EXPECT_IDS(t, "x<mask>y  <mask>", "120 269 121 269");     /* <mask> lstrip eats the spaces */
     EXPECT_IDS(t, "word sword words (word)",                  /* single_word */
-               "267 32 115 119 111 114 100 32 119 111 114 100 115 32 40 267 41");
-    EXPECT_IDS(t, "a<r>   b", "97 268 98");                   /* <r> rstrip */
-    /* U+0085 is \s for Oniguruma (not for PCRE2's \s): "\x85" | "\x85b", so "Âħb" merges */
+               "270 32 115 119 111 114 100 32 119 111 114 100 115 32 40 270 41");
+    EXPECT_IDS(t, "a<r>   b", "97 271 98");                   /* <r> rstrip */
+    /* U+0085 is \s: "\x85" | "\x85b", so the merge "Âħ b" applies */
     EXPECT_IDS(t, "a\xc2\x85\xc2\x85" "b", "97 263 264");
+    /* U+180E is not \s for Oniguruma (PCRE2's own \s has it): "\u180e\u180e" | "b", so the
+     * merge of U+180E and b does not apply */
+    EXPECT_IDS(t, "a\xe1\xa0\x8e\xe1\xa0\x8e" "b", "97 266 266 98");
     EXPECT_IDS(t, "  \n\n  x", "32 32 10 10 32 32 120");
     EXPECT_IDS(t, "12345", "49 50 51 52 53");
     int64_t ids[8], ty[8], len;
     T_OK(ca_tokenizer_encode(t, "the", "cat", 8, ids, ty, NULL, &len));
-    int64_t want[] = {265, 116, 256, 265, 99, 97, 116}, want_ty[] = {0, 0, 0, 1, 1, 1, 1};
+    int64_t want[] = {268, 116, 256, 268, 99, 97, 116}, want_ty[] = {0, 0, 0, 1, 1, 1, 1};
     assert_int_equal(len, 7);
     for (int i = 0; i < 7; i++) {
         assert_int_equal(ids[i], want[i]);
         assert_int_equal(ty[i], want_ty[i]);
     }
-    int64_t dec[] = {265, 120, 266, 121, 266};
+    int64_t dec[] = {268, 120, 269, 121, 269};
     expect_decode(t, dec, 5, false, "<|begin_of_text|>x<mask>y<mask>");
     expect_decode(t, dec, 5, true, "xy");
     int64_t dec2[] = {97, 263, 264};
@@ -193,7 +206,7 @@ static void test_refusals(void **state) {
     expect_refused("refuse_post.json", CA_ERR_UNSUPPORTED,
                    "post_processor.type 'RobertaProcessing' is not supported");
     expect_refused("refuse_regex_h.json", CA_ERR_UNSUPPORTED,
-                   "pre_tokenizer.pattern.Regex: the regex '\\h+' uses \\h and \\H");
+                   "pre_tokenizer.pattern.Regex: the regex '\\h+' uses \\h or \\H (a hex digit");
     expect_refused("refuse_regex_syntax.json", CA_ERR_UNSUPPORTED,
                    "pre_tokenizer.pattern.Regex: the regex '(a|b' does not compile under PCRE2");
     expect_refused("bad_merge.json", CA_ERR_INVALID, "model.merges[1] ('b' 'z'): 'z' is not in");

@@ -2,7 +2,7 @@
 # caccel's BPE tokenizer against Hugging Face's `tokenizers`, both loading the same tokenizer.json
 # files, which tests/tokenizer_bpe_cases.py trains with tokenizers on the fortunes (every entry
 # of every collection of Debian's fortunes package) in the shapes of GPT-2, RoBERTa, Llama 3,
-# Llama 2 (new and old file) and Mistral: the ids (untruncated; and with the template, truncated
+# Qwen2, Llama 2 (new and old file) and Mistral: the ids (untruncated; and with the template, truncated
 # and padded, single and paired) are equal on every entry and on hand-picked hard cases (invalid
 # UTF-8 refused where Python cannot decode it, combining marks, emoji and ZWJ sequences, CJK,
 # long words, runs of spaces and newlines, special tokens inside text, the empty string), and
@@ -29,7 +29,7 @@ colls=$(cd "$fdir" && ls | grep -v '\.')
 # shellcheck disable=SC2086
 "$tool" fortunes "$fdir" $colls > "$tmp/entries.txt"
 python3 "$src/tests/tokenizer_bpe_cases.py" "$tmp"
-for tok in gpt2 gpt2p llama3 llama2 llama2n mistral; do
+for tok in gpt2 gpt2p llama3 qwen2 llama2 llama2n mistral; do
     for run in fortunes:0 fortunes:64 cases:0 cases:64 cases:8 pairs:64 pairs:8; do
         set=${run%:*}; L=${run#*:}
         "$tool" encode "$tmp/$tok.json" "$L" < "$tmp/$set.in" > "$tmp/$set.$L.$tok.out"

@@ -16,6 +16,8 @@ The tokenizers, each shaped as a real model family's tokenizer.json:
              special tokens after the vocabulary, <|begin_of_text|> template, merges as [a, b]
              lists (when this tokenizers reads them), added tokens with lstrip / rstrip /
              single_word / normalized
+  qwen2      the same vocabulary with Qwen2's regex (single digits), its NFC normaliser, ByteLevel
+             post-processor (no BOS) and no ignore_merges
   llama2     SentencePiece-style: Metaspace (prepend_scheme first, split false), byte_fallback
              with <0x00>..<0xFF>, <unk> fused, <s> template, Replace+ByteFallback+Fuse+Strip decoder
   llama2n    the older Llama 2 file: normaliser Prepend("▁") + Replace(" ", "▁"), no pre-tokenizer
@@ -26,12 +28,14 @@ import sys
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-TOKS = ["gpt2", "gpt2p", "llama3", "llama2", "llama2n", "mistral"]
+TOKS = ["gpt2", "gpt2p", "llama3", "qwen2", "llama2", "llama2n", "mistral"]
 RUNS = [("fortunes", 0), ("fortunes", 64), ("cases", 0), ("cases", 64), ("cases", 8),
         ("pairs", 64), ("pairs", 8)]
 
 LLAMA3 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|"
           r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+QWEN2 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|"
+         r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 LLAMA3_SPECIAL = ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>",
                   "<|end_header_id|>", "<|eot_id|>"]
 
@@ -50,8 +54,10 @@ CASES = [
     "a" * 1000, "ab" * 700, "supercalifragilisticexpialidocious" * 20, "é" * 300, "我" * 400,
     " " * 100, "\n" * 100, " \n" * 50, "\t" * 30 + "x", "x" + " " * 57 + "y", "   leading",
     "trailing   ", "a  b   c    d", "line\r\nbreaks\r\n\r\nhere", "!!!???...,,,;;;" * 10,
-    # odd whitespace and controls (U+0085 is \s in Oniguruma; no NUL: a C string ends there)
-    "nel\x85x nbsp\u00a0x ideo\u3000y em\u2003z ls\u2028ps\u2029", "a\x01b\x02c\x7f\x1b[0m\x1f",
+    # odd whitespace and controls (U+0085 is \s in Oniguruma, U+180E is not; no NUL: a C string
+    # ends there)
+    "nel\x85x nbsp\u00a0x ideo\u3000y em\u2003z ls\u2028ps\u2029", "mvs\u180e\u180ex \u180e y\u180e",
+    "a\x01b\x02c\x7f\x1b[0m\x1f",
     "zero\u200bwidth soft\u00adhyphen bom\ufeffx \u200e\u200f", "\ufffd \ue000 \U0010fffd",
     # special and added tokens inside text
     "hello<|endoftext|>world <|endoftext|> <|endoftext|><|endoftext|>", "<|endoftext",
@@ -218,6 +224,13 @@ def prepare(tmp):
             entries.append(bytes.fromhex(h).decode("utf-8"))
     made = dict(zip(["gpt2", "gpt2p"], byte_level(entries)))
     made["llama3"] = llama3(entries)
+    qwen2 = json.loads(json.dumps(made["llama3"]))
+    qwen2["normalizer"] = {"type": "NFC"}
+    qwen2["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = QWEN2
+    qwen2["post_processor"] = {"type": "ByteLevel", "add_prefix_space": False,
+                               "trim_offsets": False, "use_regex": False}
+    qwen2["model"]["ignore_merges"] = False
+    made["qwen2"] = qwen2
     made.update(zip(["llama2", "llama2n", "mistral"], sentencepiece(entries)))
     for name, d in made.items():
         if name in ("llama2", "mistral") and not accepts(d):
