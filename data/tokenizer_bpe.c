@@ -502,7 +502,9 @@ static int32_t char_at(const char *s, size_t len, size_t i, size_t *k) {
 /* The leftmost-longest added token of the given kind (normalized or not) in s[from, len). */
 static int next_added(const ca_tokenizer *t, bool normalized, const char *s, size_t from,
                       size_t len, size_t *at) {
+    const bool *first = t->bpe->added_first[normalized];
     for (size_t i = from; i < len; i++) {
+        if (!first[(unsigned char)s[i]]) continue;   /* Llama 3 has 256 added tokens */
         int best = -1;
         for (int k = 0; k < t->n_added; k++) {
             const ca_added_token *a = &t->added[k];

@@ -69,6 +69,7 @@ struct ca_bpe {
     int n_dec;
     ca_bpe_item *single, *pair;
     int n_single, n_pair;
+    bool added_first[2][256];  /* [normalized][byte]: an added token starts with that byte */
 };
 
 /* The merge of (a, b): its rank and new id, or false. */

@@ -147,6 +147,7 @@ static ca_status add_flags(ca_tokenizer *t, json_object *a, int64_t id, const ch
     x->rstrip = get_bool(a, "rstrip", false);
     x->single_word = get_bool(a, "single_word", false);
     x->normalized = get_bool(a, "normalized", !x->special);
+    t->bpe->added_first[x->normalized][(unsigned char)content[0]] = true;
     return CA_OK;
 }
 

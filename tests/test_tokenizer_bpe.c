@@ -77,7 +77,8 @@ static void test_long_word(void **state) {
     double secs = (double)(clock() - c0) / CLOCKS_PER_SEC;
     assert_int_equal(k, (int64_t)n / 4);
     for (int64_t i = 0; i < k; i++) assert_int_equal(ids[i], 9);
-    if (secs > 5) fail_msg("200,000 letters took %.1f s of CPU", secs);
+    double limit = getenv("CACCEL_UNDER_VALGRIND") ? 100 : 5;   /* about 0.05 s natively */
+    if (secs > limit) fail_msg("200,000 letters took %.1f s of CPU", secs);
     free(ids);
     free(s);
     /* past 64 MiB a call is refused before any work, naming the size */
