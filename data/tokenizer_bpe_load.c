@@ -316,11 +316,19 @@ static ca_status load_model(ca_tokenizer *t, json_object *model, const char *pat
 #define ONIG_SPACE "\\t\\n\\x{0B}\\f\\r\\x{20}\\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}" \
                    "\\x{2028}\\x{2029}\\x{202F}\\x{205F}\\x{3000}"
 
+/* Whether the '}' at p[end] closes an interval quantifier ({n}, {n,}, {n,m}, {,m}). */
+static bool is_interval(const char *p, size_t end) {
+    size_t i = end;
+    while (i > 0 && ((p[i - 1] >= '0' && p[i - 1] <= '9') || p[i - 1] == ',')) i--;
+    return i > 0 && i < end && p[i - 1] == '{' && (i < 2 || p[i - 2] != '\\');
+}
+
 /* Oniguruma's pattern as PCRE2 takes it. Both read \p{L}, \p{N}, (?i:...), (?!...), possessive
  * and atomic groups alike; their \s differ: PCRE2's (UCP) also matches U+180E (MONGOLIAN VOWEL
  * SEPARATOR, no longer White_Space since Unicode 6.3), Oniguruma's is exactly White_Space, so \s
- * and \S become that list. \h (a hex digit in Oniguruma, horizontal space in PCRE2), \S inside a
- * class and nested classes are refused: *why says which. */
+ * and \S become that list. \h (a hex digit in Oniguruma, horizontal space in PCRE2), {n,m}+ (a
+ * repeated interval in Oniguruma, possessive in PCRE2), \S inside a class and nested classes are
+ * refused: *why says which. */
 static char *onig_to_pcre2(const char *p, const char **why) {
     size_t len = strlen(p), k = 0;
     char *o = malloc(64 * len + 1);
@@ -362,6 +370,9 @@ static char *onig_to_pcre2(const char *p, const char **why) {
             continue;
         }
         if (cls && c == ']') cls = false;
+        if (!cls && c == '}' && p[i + 1] == '+' && is_interval(p, i))
+            *why = "an interval followed by + ({n,m}+ repeats the interval in Oniguruma, is "
+                   "possessive in PCRE2)";
         o[k++] = c;
     }
     if (o) o[k] = '\0';

@@ -181,6 +181,16 @@ static void test_split_bytelevel(void **state) {
     ca_tokenizer_destroy(t);
 }
 
+/* Possessive and atomic groups mean the same in Oniguruma and PCRE2; MergedWithPrevious. */
+static void test_split_possessive(void **state) {
+    (void)state;
+    ca_tokenizer *t = load("split_possessive.json");
+    /* "'" and "s" are pieces of their own (no "'s" merge); digits come in threes */
+    EXPECT_IDS(t, "the cat's 12345", "116 256 32 99 97 116 39 115 32 49 50 51 52 53");
+    EXPECT_IDS(t, "he  the", "256 32 258");
+    ca_tokenizer_destroy(t);
+}
+
 /* Loading `name` fails with s and a message naming the file and holding `what`. */
 static void expect_refused(const char *name, ca_status s, const char *what) {
     ca_tokenizer *t = (ca_tokenizer *)1;
@@ -208,6 +218,8 @@ static void test_refusals(void **state) {
                    "post_processor.type 'RobertaProcessing' is not supported");
     expect_refused("refuse_regex_h.json", CA_ERR_UNSUPPORTED,
                    "pre_tokenizer.pattern.Regex: the regex '\\h+' uses \\h or \\H (a hex digit");
+    expect_refused("refuse_regex_interval.json", CA_ERR_UNSUPPORTED,
+                   "the regex '\\p{N}{1,3}+' uses an interval followed by +");
     expect_refused("refuse_regex_syntax.json", CA_ERR_UNSUPPORTED,
                    "pre_tokenizer.pattern.Regex: the regex '(a|b' does not compile under PCRE2");
     expect_refused("bad_merge.json", CA_ERR_INVALID, "model.merges[1] ('b' 'z'): 'z' is not in");
@@ -221,7 +233,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_merges),        cmocka_unit_test(test_long_word),
         cmocka_unit_test(test_byte_fallback), cmocka_unit_test(test_split_bytelevel),
-        cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_split_possessive), cmocka_unit_test(test_refusals),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
