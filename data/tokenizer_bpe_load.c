@@ -312,6 +312,12 @@ static ca_status load_model(ca_tokenizer *t, json_object *model, const char *pat
 
 /* ------------------------------------------------------------------ regexes */
 
+/* Whether p (after "(?") is an option group: letters of "imx-", then ':' or ')'. */
+static bool option_group(const char *p) {
+    size_t n = strspn(p, "imx-");
+    return n > 0 && (p[n] == ':' || p[n] == ')');
+}
+
 /* Oniguruma's \s: the Unicode White_Space property (25 code points). */
 #define ONIG_SPACE "\\t\\n\\x{0B}\\f\\r\\x{20}\\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}" \
                    "\\x{2028}\\x{2029}\\x{202F}\\x{205F}\\x{3000}"
@@ -320,15 +326,23 @@ static ca_status load_model(ca_tokenizer *t, json_object *model, const char *pat
 static bool is_interval(const char *p, size_t end) {
     size_t i = end;
     while (i > 0 && ((p[i - 1] >= '0' && p[i - 1] <= '9') || p[i - 1] == ',')) i--;
-    return i > 0 && i < end && p[i - 1] == '{' && (i < 2 || p[i - 2] != '\\');
+    if (i == 0 || i == end || p[i - 1] != '{') return false;
+    size_t b = i - 1;    /* not \{ nor the brace of \x{..} \o{..} \p{..} \P{..} \u{..} */
+    return !(b >= 1 && p[b - 1] == '\\') &&
+           !(b >= 2 && p[b - 2] == '\\' && strchr("xopPu", p[b - 1]));
 }
 
 /* Oniguruma's pattern as PCRE2 takes it. Both read \p{L}, \p{N}, (?i:...), (?!...), possessive
  * and atomic groups alike; their \s differ: PCRE2's (UCP) also matches U+180E (MONGOLIAN VOWEL
  * SEPARATOR, no longer White_Space since Unicode 6.3), Oniguruma's is exactly White_Space, so \s
- * and \S become that list. \h (a hex digit in Oniguruma, horizontal space in PCRE2), {n,m}+ (a
- * repeated interval in Oniguruma, possessive in PCRE2), \S inside a class and nested classes are
- * refused: *why says which. */
+ * and \S become that list; Oniguruma's \v is VT alone (PCRE2's: all vertical space), so it
+ * becomes \x{0B}; \uHHHH becomes \x{HHHH}; the option (?m) (dot-all in Oniguruma) becomes (?s);
+ * ^ and $ match at lines in both (compile's PCRE2_MULTILINE). Refused, *why
+ * saying which: \h (a hex digit in Oniguruma, horizontal space in PCRE2), \w and \b (Oniguruma's
+ * word characters include combining marks), {n,m}+ (a repeated interval in Oniguruma, possessive
+ * in PCRE2), \S inside a class, nested classes. Not translated: Oniguruma's multi-character case
+ * folding ((?i)ss also matches "ß"); GPT-2's, Llama 3's and Qwen2's (?i:'s|'t|...) hold no
+ * sequence a character folds to. */
 static char *onig_to_pcre2(const char *p, const char **why) {
     size_t len = strlen(p), k = 0;
     char *o = malloc(64 * len + 1);
@@ -340,9 +354,19 @@ static char *onig_to_pcre2(const char *p, const char **why) {
             char d = p[++i];
             const char *rep = d == 's' ? (cls ? ONIG_SPACE : "[" ONIG_SPACE "]")
                               : d == 'S' && !cls ? "[^" ONIG_SPACE "]" : NULL;
-            if (d == 'h' || d == 'H')
-                *why = "\\h or \\H (a hex digit in Oniguruma, horizontal space in PCRE2)";
+            if (d == 'v') rep = "\\x{0B}";     /* Oniguruma's \v is VT alone, PCRE2's a class */
+            if (d == 'h' || d == 'H' || d == 'V')
+                *why = "\\h, \\H or \\V (\\h is a hex digit in Oniguruma, horizontal space in "
+                       "PCRE2)";
+            else if (d == 'w' || d == 'W' || ((d == 'b' || d == 'B') && !cls))
+                *why = "\\w, \\W, \\b or \\B (Oniguruma's word characters include combining "
+                       "marks, PCRE2's do not)";
             else if (d == 'S' && cls) *why = "\\S inside a character class";
+            if (d == 'u' && i + 4 < len && strspn(p + i + 1, "0123456789abcdefABCDEF") >= 4) {
+                k += (size_t)sprintf(o + k, "\\x{%.4s}", p + i + 1);   /* \uHHHH */
+                i += 4;
+                continue;
+            }
             if (rep) {
                 memcpy(o + k, rep, strlen(rep));
                 k += strlen(rep);
@@ -350,6 +374,12 @@ static char *onig_to_pcre2(const char *p, const char **why) {
                 o[k++] = '\\';
                 o[k++] = d;
             }
+            continue;
+        }
+        if (!cls && c == '(' && p[i + 1] == '?' && option_group(p + i + 2)) {
+            o[k++] = c;      /* (?m) is dot-all in Oniguruma: PCRE2's (?s) */
+            o[k++] = p[++i];
+            while (strchr("imx-", p[i + 1])) o[k++] = p[++i] == 'm' ? 's' : p[i];
             continue;
         }
         if (cls && c == '[' && p[i + 1] != ':') *why = "a nested character class";
@@ -393,7 +423,8 @@ static ca_status compile(const char *pattern, bool literal, pcre2_code **re, con
     }
     int err;
     PCRE2_SIZE off;
-    uint32_t opt = PCRE2_UTF | PCRE2_UCP | (literal ? PCRE2_LITERAL : 0);
+    /* Oniguruma's ^ and $ (Ruby syntax) match at every line: PCRE2's multiline mode */
+    uint32_t opt = PCRE2_UTF | PCRE2_UCP | (literal ? PCRE2_LITERAL : PCRE2_MULTILINE);
     *re = pcre2_compile((PCRE2_SPTR)pat, PCRE2_ZERO_TERMINATED, opt, &err, &off, NULL);
     free(pat);
     if (!*re) {

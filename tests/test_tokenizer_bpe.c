@@ -191,6 +191,17 @@ static void test_split_possessive(void **state) {
     ca_tokenizer_destroy(t);
 }
 
+/* Oniguruma's meanings where PCRE2's differ: ^ and $ at every line, (?m) dot-all, \v VT alone,
+ * \uHHHH; the pattern removes what it matches, so the ids show what it matched. */
+static void test_split_oniguruma(void **state) {
+    (void)state;
+    ca_tokenizer *t = load("split_oniguruma.json");
+    EXPECT_IDS(t, "xa\nab\nbx", "120 97 10 10 98 120");
+    EXPECT_IDS(t, "c\nd\x0b\x0c", "100 12");
+    EXPECT_IDS(t, "BAB", "66 66");
+    ca_tokenizer_destroy(t);
+}
+
 /* Loading `name` fails with s and a message naming the file and holding `what`. */
 static void expect_refused(const char *name, ca_status s, const char *what) {
     ca_tokenizer *t = (ca_tokenizer *)1;
@@ -217,7 +228,9 @@ static void test_refusals(void **state) {
     expect_refused("refuse_post.json", CA_ERR_UNSUPPORTED,
                    "post_processor.type 'RobertaProcessing' is not supported");
     expect_refused("refuse_regex_h.json", CA_ERR_UNSUPPORTED,
-                   "pre_tokenizer.pattern.Regex: the regex '\\h+' uses \\h or \\H (a hex digit");
+                   "pre_tokenizer.pattern.Regex: the regex '\\h+' uses \\h, \\H or \\V");
+    expect_refused("refuse_regex_word.json", CA_ERR_UNSUPPORTED,
+                   "the regex '\\w+' uses \\w, \\W, \\b or \\B (Oniguruma's word characters");
     expect_refused("refuse_regex_interval.json", CA_ERR_UNSUPPORTED,
                    "the regex '\\p{N}{1,3}+' uses an interval followed by +");
     expect_refused("refuse_regex_syntax.json", CA_ERR_UNSUPPORTED,
@@ -233,7 +246,8 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_merges),        cmocka_unit_test(test_long_word),
         cmocka_unit_test(test_byte_fallback), cmocka_unit_test(test_split_bytelevel),
-        cmocka_unit_test(test_split_possessive), cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_split_possessive), cmocka_unit_test(test_split_oniguruma),
+        cmocka_unit_test(test_refusals),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
