@@ -252,6 +252,7 @@ static bool next_special(const ca_tokenizer *t, const char *text, size_t from, s
 }
 
 ca_status ca_tokenize_into(const ca_tokenizer *t, const char *text, ca_idvec *out) {
+    if (t->bpe) return ca_bpe_tokenize_into(t, text, strlen(text), out);
     size_t len = strlen(text), pos = 0, at = 0;
     int which = 0;
     while (pos < len) {
@@ -325,11 +326,47 @@ static void put(int64_t *ids, int64_t *types, int64_t *mask, size_t *k, int64_t 
     (*k)++;
 }
 
+/* BPE: the file's template around a (and b), truncated longest-first to max_length, padded with
+ * the padding section's token (id 0 when the file names none). */
+static ca_status bpe_encode(const ca_tokenizer *t, const char *a, const char *b,
+                            int64_t max_length, int64_t *input_ids, int64_t *token_type_ids,
+                            int64_t *attention_mask, int64_t *length) {
+    size_t added = ca_bpe_template_added(t, b != NULL);
+    if (max_length < (int64_t)added)
+        return ca_error(CA_ERR_INVALID,
+                        "ca_tokenizer_encode: max_length %lld cannot hold the %zu special tokens",
+                        (long long)max_length, added);
+    ca_idvec va = {0}, vb = {0}, ids = {0}, types = {0};
+    ca_status st = ca_tokenize_into(t, a, &va);
+    if (st == CA_OK && b) st = ca_tokenize_into(t, b, &vb);
+    size_t na = va.n, nb = vb.n, room = (size_t)max_length - added;
+    if (b) truncate_pair(room, &na, &nb);
+    else if (na > room) na = room;
+    if (st == CA_OK) st = ca_bpe_template(t, &va, b ? &vb : NULL, na, nb, &ids, &types);
+    if (st == CA_OK) {
+        int64_t pad = t->special[CA_TOKEN_PAD] >= 0 ? t->special[CA_TOKEN_PAD] : 0;
+        for (size_t k = 0; k < (size_t)max_length; k++) {
+            bool tok = k < ids.n;
+            input_ids[k] = tok ? ids.v[k] : pad;
+            if (token_type_ids) token_type_ids[k] = tok ? types.v[k] : 0;
+            if (attention_mask) attention_mask[k] = tok;
+        }
+        if (length) *length = (int64_t)ids.n;
+    }
+    free(va.v);
+    free(vb.v);
+    free(ids.v);
+    free(types.v);
+    return st;
+}
+
 ca_status ca_tokenizer_encode(const ca_tokenizer *t, const char *a, const char *b,
                               int64_t max_length, int64_t *input_ids, int64_t *token_type_ids,
                               int64_t *attention_mask, int64_t *length) {
     if (!t || !a || !input_ids)
         return ca_error(CA_ERR_INVALID, "ca_tokenizer_encode: NULL argument");
+    if (t->bpe)
+        return bpe_encode(t, a, b, max_length, input_ids, token_type_ids, attention_mask, length);
     int64_t added = b ? 3 : 2;
     if (max_length < added)
         return ca_error(CA_ERR_INVALID,
@@ -360,4 +397,72 @@ ca_status ca_tokenizer_encode(const ca_tokenizer *t, const char *a, const char *
     free(va.v);
     free(vb.v);
     return st;
+}
+
+const char *ca_tokenizer_model(const ca_tokenizer *t) {
+    return !t ? NULL : t->bpe ? "BPE" : "WordPiece";
+}
+
+/* tokenizers' cleanup of one decoded WordPiece token: punctuation and English contractions glued
+ * back to the word before. s is rewritten in place (no replacement lengthens it). */
+static void cleanup(char *s) {
+    static const char *const from[] = {" .", " ?", " !", " ,", " ' ", " n't", " 'm", " do not",
+                                       " 's", " 've", " 're"};
+    static const char *const to[] = {".", "?", "!", ",", "'", "n't", "'m", " don't", "'s", "'ve",
+                                     "'re"};
+    for (size_t r = 0; r < sizeof from / sizeof *from; r++) {
+        size_t fl = strlen(from[r]), tl = strlen(to[r]), w = 0;
+        for (size_t i = 0; s[i];) {
+            if (strncmp(s + i, from[r], fl) == 0) {
+                memmove(s + w, to[r], tl);
+                w += tl;
+                i += fl;
+            } else {
+                s[w++] = s[i++];
+            }
+        }
+        s[w] = '\0';
+    }
+}
+
+/* WordPiece's decoder: continuations ("##ing") join the previous token, other tokens follow a
+ * space, each then cleaned up as tokenizers does. */
+static ca_status wordpiece_decode(const ca_tokenizer *t, const int64_t *ids, size_t n,
+                                  bool skip_special, char **text) {
+    size_t cap = 1, plen = strlen(t->prefix), k = 0, kept = 0;
+    for (size_t i = 0; i < n; i++) cap += strlen(t->tokens[ids[i]]) + 1;
+    char *s = malloc(cap);
+    if (!s) return ca_error(CA_ERR_NOMEM, "tokenizer: out of memory");
+    for (size_t i = 0; i < n; i++) {
+        bool special = false;
+        for (int a = 0; a < t->n_added && skip_special; a++) special |= t->added[a].id == ids[i];
+        if (special) continue;
+        const char *tok = t->tokens[ids[i]];
+        size_t start = k;
+        if (kept > 0 && strncmp(tok, t->prefix, plen) == 0) tok += plen;
+        else if (kept > 0) s[k++] = ' ';
+        size_t l = strlen(tok);
+        memcpy(s + k, tok, l);
+        s[k + l] = '\0';
+        cleanup(s + start);
+        k = start + strlen(s + start);
+        kept++;
+    }
+    s[k] = '\0';
+    *text = s;
+    return CA_OK;
+}
+
+ca_status ca_tokenizer_decode(const ca_tokenizer *t, const int64_t *ids, int64_t n,
+                              bool skip_special_tokens, char **text) {
+    if (!t || (!ids && n > 0) || n < 0 || !text)
+        return ca_error(CA_ERR_INVALID, "ca_tokenizer_decode: NULL argument or negative count");
+    *text = NULL;
+    for (int64_t i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= t->n)
+            return ca_error(CA_ERR_INVALID, "ca_tokenizer_decode: id %lld (at %lld) is not in the "
+                            "vocabulary of %lld tokens", (long long)ids[i], (long long)i,
+                            (long long)t->n);
+    if (t->bpe) return ca_bpe_decode(t, ids, (size_t)n, skip_special_tokens, text);
+    return wordpiece_decode(t, ids, (size_t)n, skip_special_tokens, text);
 }

@@ -29,6 +29,7 @@ void ca_tokenizer_destroy(ca_tokenizer *t) {
     free(t->slots);
     free(t->added);
     free(t->prefix);
+    ca_bpe_free(t->bpe);
     free(t);
 }
 
@@ -67,8 +68,9 @@ static ca_status add_token(ca_tokenizer *t, const char *content, int64_t id, con
     return CA_OK;
 }
 
-static const char *const special_names[CA_TOKEN_COUNT] = {"[PAD]", "[UNK]", "[CLS]", "[SEP]",
-                                                          "[MASK]"};
+/* BERT's special tokens, by ca_special_token (BOS and EOS are BPE's). */
+static const char *const special_names[] = {"[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"};
+#define BERT_SPECIALS ((int)(sizeof special_names / sizeof *special_names))
 
 /* ------------------------------------------------------------------ vocab.txt */
 
@@ -105,7 +107,7 @@ static ca_status apply_options(ca_tokenizer *t, const ca_tokenizer_options *o, c
     t->handle_chinese_chars = o->handle_chinese_chars;
     t->clean_text = o->clean_text;
     t->max_chars = o->max_input_chars_per_word > 0 ? o->max_input_chars_per_word : 100;
-    for (int k = 0; k < CA_TOKEN_COUNT; k++) {
+    for (int k = 0; k < BERT_SPECIALS; k++) {
         int64_t id = ca_tokenizer_token_id(t, special_names[k]);
         if (id < 0 && k != CA_TOKEN_MASK)
             return ca_error(CA_ERR_INVALID, "vocab '%s': no %s token", path, special_names[k]);
@@ -162,7 +164,7 @@ static ca_status unsupported(const char *path, const char *field, const char *go
 static ca_status load_model(ca_tokenizer **out, json_object *model, const char *path) {
     const char *type = get_str(model, "type");
     if (!type || strcmp(type, "WordPiece") != 0)
-        return unsupported(path, "model.type", type, "'WordPiece'");
+        return unsupported(path, "model.type", type, "'WordPiece' or 'BPE'");
     json_object *vocab = get(model, "vocab");
     if (!vocab || !json_object_is_type(vocab, json_type_object))
         return ca_error(CA_ERR_INVALID, "tokenizer '%s': model.vocab is missing or not an object",
@@ -334,6 +336,12 @@ static ca_status parse_json(ca_tokenizer **out, const char *buf, size_t len, con
     if (!root)
         return ca_error(CA_ERR_INVALID, "tokenizer '%s': not valid JSON: %s at byte %zu", path, why, where);
     ca_tokenizer *t = NULL;
+    const char *type = get_str(get(root, "model"), "type");
+    if (type && strcmp(type, "BPE") == 0) {
+        ca_status st = ca_bpe_load(out, root, path);
+        json_object_put(root);
+        return st;
+    }
     ca_status st = load_model(&t, get(root, "model"), path);
     if (st == CA_OK) st = load_normalizer(t, root, path);
     if (st == CA_OK) st = load_template(t, root, path);

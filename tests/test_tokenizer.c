@@ -230,8 +230,12 @@ static void test_errors(void **state) {
     /* json-c calls a truncated text "continue" */
     expect_load_error("bad.json", "{\"model\": [1, 2", CA_ERR_INVALID,
                       "not valid JSON: unexpected end of input at byte 15");
+    write_json("unigram.json", "Unigram");
+    expect_load_error("unigram.json", NULL, CA_ERR_UNSUPPORTED,
+                      "model.type is 'Unigram'; only 'WordPiece' or 'BPE'");
+    /* BERT's file as BPE: its "##" prefix is refused by name */
     write_json("bpe.json", "BPE");
-    expect_load_error("bpe.json", NULL, CA_ERR_UNSUPPORTED, "model.type is 'BPE'");
+    expect_load_error("bpe.json", NULL, CA_ERR_UNSUPPORTED, "model.continuing_subword_prefix");
     expect_load_error("nomodel.json", "{\"normalizer\": null}", CA_ERR_UNSUPPORTED,
                       "model.type is missing");
     expect_load_error("ids.json",
@@ -272,6 +276,25 @@ static void test_errors(void **state) {
 }
 
 /* ------------------------------------------------------------------ fortunes */
+
+/* WordPiece's decoder as tokenizers': "##" pieces join, cleanup glues punctuation. */
+static void test_decode(void **state) {
+    (void)state;
+    ca_tokenizer *t = load("tokenizer.json");
+    assert_string_equal(ca_tokenizer_model(t), "WordPiece");
+    int64_t ids[] = {2, 5, 10, 7, 8, 9, 11, 3};
+    char *text;
+    T_OK(ca_tokenizer_decode(t, ids, 8, true, &text));
+    assert_string_equal(text, "hello, unaffable!");
+    free(text);
+    T_OK(ca_tokenizer_decode(t, ids, 8, false, &text));
+    assert_string_equal(text, "[CLS] hello, unaffable! [SEP]");
+    free(text);
+    int64_t bad[] = {5, 23};
+    assert_int_equal(ca_tokenizer_decode(t, bad, 2, true, &text), CA_ERR_INVALID);
+    assert_non_null(strstr(ca_last_error(), "id 23 (at 1)"));
+    ca_tokenizer_destroy(t);
+}
 
 static void test_fortunes_read(void **state) {
     (void)state;
@@ -352,7 +375,8 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_vocab_txt),        cmocka_unit_test(test_tokenizer_json),
         cmocka_unit_test(test_options),          cmocka_unit_test(test_encode),
-        cmocka_unit_test(test_errors),           cmocka_unit_test(test_fortunes_read),
+        cmocka_unit_test(test_errors),           cmocka_unit_test(test_decode),
+        cmocka_unit_test(test_fortunes_read),
         cmocka_unit_test(test_fortunes_dataset),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -1,12 +1,17 @@
 # tests/text.mk: BERT's WordPiece tokenizer, the fortunes dataset and BERT's config.json: unit
 # tests on a small hand-written vocabulary and checkpoint, parity with Hugging Face's tokenizers
 # on the real vocabulary, and the real all-MiniLM-L6-v2 files through the readers.
-check_PROGRAMS += tests/test_tokenizer tests/test_bert_config tests/text_tool
-TESTS += tests/test_tokenizer tests/test_bert_config tests/test_tokenizer_parity.sh \
+check_PROGRAMS += tests/test_tokenizer tests/test_tokenizer_bpe tests/test_bert_config tests/text_tool
+TESTS += tests/test_tokenizer tests/test_tokenizer_bpe tests/test_bert_config tests/test_tokenizer_parity.sh \
+	tests/test_tokenizer_bpe_parity.sh \
 	tests/test_minilm_files.sh
-VALGRIND_TESTS += tests/test_tokenizer tests/test_bert_config
-EXTRA_DIST += tests/test_tokenizer_parity.sh tests/tokenizer_cases.py tests/test_minilm_files.sh
+VALGRIND_TESTS += tests/test_tokenizer tests/test_tokenizer_bpe tests/test_bert_config
+EXTRA_DIST += tests/test_tokenizer_parity.sh tests/tokenizer_cases.py tests/test_minilm_files.sh \
+	tests/test_tokenizer_bpe_parity.sh tests/tokenizer_bpe_cases.py
 
+tests_test_tokenizer_bpe_SOURCES = tests/test_tokenizer_bpe.c tests/test_util.h
+tests_test_tokenizer_bpe_CFLAGS = $(CA_TEST_CFLAGS)
+tests_test_tokenizer_bpe_LDADD = $(CA_TEST_LIBS)
 tests_test_tokenizer_SOURCES = tests/test_tokenizer.c tests/test_util.h
 tests_test_tokenizer_CFLAGS = $(CA_TEST_CFLAGS)
 tests_test_tokenizer_LDADD = $(CA_TEST_LIBS)

@@ -3,7 +3,11 @@
  *   text_tool encode TOKENIZER MAXLEN  stdin: lines "HEX_A" or "HEX_A HEX_B" (UTF-8 bytes in hex;
  *                                      "-" for the empty string); stdout per line:
  *                                      "ids;type_ids;mask" (space-separated numbers), or, with
- *                                      MAXLEN 0, the ids of ca_tokenizer_tokenize
+ *                                      MAXLEN 0, the ids of ca_tokenizer_tokenize; a text
+ *                                      the tokenizer refuses (bad UTF-8) prints "ERR"
+ *   text_tool decode TOKENIZER SKIP    stdin: lines of ids ("-": none); stdout: the text of
+ *                                      ca_tokenizer_decode in hex ("-": empty), SKIP 1 leaves the
+ *                                      special tokens out
  *   text_tool fortunes DIR [COLL...]   every entry of the collections (default: the dataset's
  *                                      four): "COLLECTION INDEX HEX"
  *   text_tool dataset TOKENIZER DIR    the fortunes dataset's per-class counts, both splits
@@ -45,11 +49,15 @@ static int encode(const char *path, int64_t L) {
         char *a = unhex(line), *b = sp ? unhex(sp + 1) : NULL;
         if (L == 0) {
             int64_t *ids, n;
-            CA_CHECK(ca_tokenizer_tokenize(t, a, &ids, &n));
-            print_row(ids, n, "\n");
-            free(ids);
+            if (ca_tokenizer_tokenize(t, a, &ids, &n) != CA_OK) {
+                puts("ERR");
+            } else {
+                print_row(ids, n, "\n");
+                free(ids);
+            }
+        } else if (ca_tokenizer_encode(t, a, b, L, buf, buf + L, buf + 2 * L, NULL) != CA_OK) {
+            puts("ERR");
         } else {
-            CA_CHECK(ca_tokenizer_encode(t, a, b, L, buf, buf + L, buf + 2 * L, NULL));
             print_row(buf, L, ";");
             print_row(buf + L, L, ";");
             print_row(buf + 2 * L, L, "\n");
@@ -58,6 +66,29 @@ static int encode(const char *path, int64_t L) {
         free(b);
     }
     free(buf);
+    ca_tokenizer_destroy(t);
+    return 0;
+}
+
+static int decode(const char *path, bool skip) {
+    ca_tokenizer *t;
+    CA_CHECK(ca_tokenizer_load(path, &t));
+    static char line[1 << 22];
+    int64_t *ids = malloc(sizeof line / 2 * sizeof *ids);
+    while (ids && fgets(line, sizeof line, stdin)) {
+        int64_t n = 0;
+        for (char *p = line, *e; *p && *p != '\n' && *p != '-'; p = e) {
+            ids[n++] = strtoll(p, &e, 10);
+            if (e == p) break;
+        }
+        char *text;
+        CA_CHECK(ca_tokenizer_decode(t, ids, n, skip, &text));
+        if (!*text) putchar('-');
+        for (const unsigned char *p = (const unsigned char *)text; *p; p++) printf("%02x", *p);
+        putchar('\n');
+        free(text);
+    }
+    free(ids);
     ca_tokenizer_destroy(t);
     return 0;
 }
@@ -125,10 +156,12 @@ static int bert(const char *dir) {
 
 int main(int argc, char **argv) {
     if (argc >= 4 && strcmp(argv[1], "encode") == 0) return encode(argv[2], atoll(argv[3]));
+    if (argc == 4 && strcmp(argv[1], "decode") == 0) return decode(argv[2], atoi(argv[3]) != 0);
     if (argc >= 3 && strcmp(argv[1], "fortunes") == 0) return dump(argv[2], argc - 3, argv + 3);
     if (argc == 4 && strcmp(argv[1], "dataset") == 0) return dataset(argv[2], argv[3]);
     if (argc == 3 && strcmp(argv[1], "bert") == 0) return bert(argv[2]);
-    fprintf(stderr, "usage: text_tool encode TOKENIZER MAXLEN | fortunes DIR [COLL...] | "
+    fprintf(stderr, "usage: text_tool encode TOKENIZER MAXLEN | decode TOKENIZER SKIP | "
+                    "fortunes DIR [COLL...] | "
                     "dataset TOKENIZER DIR | bert DIR\n");
     return 2;
 }

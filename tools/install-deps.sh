@@ -7,7 +7,7 @@ set -euo pipefail
 tests=false
 [ "${1:-}" = "--test" ] && tests=true
 pkgs=(build-essential autoconf automake libtool libtool-bin pkg-config
-      libopenblas-dev libyaml-dev zlib1g-dev libjson-c-dev libutf8proc-dev libcmocka-dev
+      libopenblas-dev libyaml-dev zlib1g-dev libjson-c-dev libutf8proc-dev libpcre2-dev libcmocka-dev
       libopenmpi-dev openmpi-bin libgloo-dev libprotobuf-c-dev protobuf-c-compiler
       libdnnl2 dataset-fashion-mnist fortunes iproute2 procps valgrind tmux
       clang libclang-rt-14-dev)   # clang's libFuzzer: configure CC=clang --enable-fuzzing (tests/fuzz)
@@ -61,7 +61,8 @@ if command -v python3 >/dev/null && ! python3 -c 'import mlflow' 2>/dev/null; th
     python3 -m pip --version >/dev/null 2>&1 &&
         { python3 -m pip install -q --user --break-system-packages mlflow-skinny 2>/dev/null || true; }
 fi
-# The tokenizer parity test compares with Hugging Face's `tokenizers`; optional in the same way.
+# The tokenizer parity tests (WordPiece and BPE) compare with Hugging Face's `tokenizers`; optional in
+# the same way. The BPE test trains its tokenizer.json files with it; any version from 0.15 on.
 if command -v python3 >/dev/null && ! python3 -c 'import tokenizers' 2>/dev/null; then
     python3 -m pip --version >/dev/null 2>&1 && { python3 -m pip install -q tokenizers || true; }
 fi

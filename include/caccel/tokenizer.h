@@ -1,12 +1,16 @@
-/* caccel/tokenizer.h: BERT's WordPiece tokenizer (Hugging Face tokenizer.json or vocab.txt), and
- * the fortunes text-classification dataset built on it.
+/* caccel/tokenizer.h: BERT's WordPiece tokenizer (Hugging Face tokenizer.json or vocab.txt), the
+ * byte-level and SentencePiece-style BPE of decoder models (GPT-2, Llama 2/3, Mistral, Qwen2:
+ * tokenizer.json with model.type "BPE"), and the fortunes text-classification dataset.
  *
  * The tokenizer gives the ids Hugging Face's `tokenizers` gives for the same tokenizer.json:
  * BertNormalizer (clean text, CJK spacing, NFD accent stripping, lower-casing), BertPreTokenizer
  * (whitespace and punctuation splitting), WordPiece (greedy longest match, "##" continuations,
  * [UNK] for words past max_input_chars_per_word), the special tokens matched in the raw text, and
  * BERT's template ([CLS] A [SEP] / [CLS] A [SEP] B [SEP]) with longest-first truncation and right
- * padding. docs/TEXT.md describes the details and the known differences.
+ * padding. A BPE tokenizer.json runs its added tokens, normaliser (NFC, Prepend, Replace),
+ * pre-tokenizers (ByteLevel, Split with a regex, Metaspace), BPE merges (byte_fallback,
+ * ignore_merges), template (BOS) and decoder as tokenizers does; ca_tokenizer_encode then uses the
+ * file's template instead of BERT's. docs/TEXT.md describes the details and the known differences.
  *
  * Ownership: a ca_tokenizer is created by ca_tokenizer_load*, owned by the caller and released with
  * ca_tokenizer_destroy. Threading: a loaded tokenizer is immutable; any number of threads may
@@ -39,9 +43,9 @@ typedef struct ca_tokenizer_options {
 CA_API void ca_tokenizer_options_default(ca_tokenizer_options *o);
 
 /* Loads a tokenizer from `path`: a tokenizer.json, a vocab.txt (one token per line, id = line
- * number, BERT uncased's settings), or a directory holding either (tokenizer.json first). Only
- * BERT-style tokenizers load (model WordPiece, BertNormalizer, BertPreTokenizer, BERT's template);
- * anything else fails with CA_ERR_UNSUPPORTED naming the file and the field. */
+ * number, BERT uncased's settings), or a directory holding either (tokenizer.json first). BERT-style
+ * WordPiece files (BertNormalizer, BertPreTokenizer, BERT's template) and BPE files (see above)
+ * load; anything else fails with CA_ERR_UNSUPPORTED naming the file and the key. */
 CA_API ca_status ca_tokenizer_load(const char *path, ca_tokenizer **out);
 /* A vocab.txt with explicit settings (NULL: ca_tokenizer_options_default). */
 CA_API ca_status ca_tokenizer_load_vocab(const char *vocab_txt, const ca_tokenizer_options *o,
@@ -59,19 +63,35 @@ typedef enum ca_special_token {
     CA_TOKEN_UNK = 1,
     CA_TOKEN_CLS = 2,
     CA_TOKEN_SEP = 3,
-    CA_TOKEN_MASK = 4
+    CA_TOKEN_MASK = 4,
+    CA_TOKEN_BOS = 5,      /* BPE: the template's special token before $A (<s>, <|begin_of_text|>) */
+    CA_TOKEN_EOS = 6       /* BPE: the template's special token after $A, if any */
 } ca_special_token;
-/* Id of a special token, or -1 when the tokenizer has none ([MASK] may be absent). */
+/* Id of a special token, or -1 when the tokenizer has none ([MASK] may be absent; a BPE
+ * tokenizer has PAD only when its file has a padding section, UNK only with model.unk_token). */
 CA_API int64_t ca_tokenizer_special_id(const ca_tokenizer *t, ca_special_token which);
 
 /* The token ids of `text` (UTF-8) without special tokens, truncation or padding. *ids is
  * malloc'd (the caller frees it; NULL when *n is 0). Fails with CA_ERR_INVALID on bad UTF-8,
- * naming the byte offset. */
+ * naming the byte offset (Python's tokenizers cannot be given such text either), and, for BPE,
+ * on a text over 64 MiB. */
 CA_API ca_status ca_tokenizer_tokenize(const ca_tokenizer *t, const char *text, int64_t **ids,
                                        int64_t *n);
 
+/* The text of ids (UTF-8, malloc'd, the caller frees it) as tokenizers' decode gives it: the
+ * file's decoder for BPE (ByteLevel, or Metaspace / Replace + ByteFallback + Fuse + Strip), the
+ * WordPiece decoder with its cleanup for BERT. skip_special_tokens leaves the special added
+ * tokens out. An id outside the vocabulary fails with CA_ERR_INVALID naming it. */
+CA_API ca_status ca_tokenizer_decode(const ca_tokenizer *t, const int64_t *ids, int64_t n,
+                                     bool skip_special_tokens, char **text);
+
+/* "WordPiece" or "BPE": the model of the loaded tokenizer.json (vocab.txt: WordPiece). */
+CA_API const char *ca_tokenizer_model(const ca_tokenizer *t);
+
 /* Encodes text `a` (and `b` when not NULL) as BERT's input of exactly max_length positions:
  * [CLS] a [SEP] (b [SEP]), truncated longest-first to fit, padded on the right with [PAD].
+ * A BPE tokenizer puts its template's tokens instead (e.g. <s> a), with the template's type ids,
+ * and pads with the padding section's pad_id (0 when the file has none; the mask says where).
  * input_ids gets max_length ids; token_type_ids (0 for [CLS] a [SEP], 1 for b [SEP], 0 for
  * padding) and attention_mask (1 for tokens, 0 for padding) likewise when not NULL; *length (when
  * not NULL) the number of tokens before padding. max_length must be at least 2 (3 with b). */
