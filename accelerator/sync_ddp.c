@@ -1,20 +1,10 @@
-/* Data parallelism (DDP): rank 0's parameters broadcast at prepare, and gradient buckets whose
- * all-reduce starts during backward as soon as every gradient of a bucket is final. */
-#include "accelerator/accelerator_impl.h"
+/* Data parallelism (DDP), the strategy of several processes that each hold the whole model:
+ * gradient buckets whose all-reduce starts during backward as soon as every gradient of a bucket is
+ * final. A comm_hook (fp16, bf16, PowerSGD) changes how a bucket is sent. */
+#include "accelerator/sync_impl.h"
 
 #include <stdlib.h>
 #include <string.h>
-
-ca_status ca_ddp_broadcast_params(ca_accelerator *acc, ca_module *m) {
-    int n = ca_module_num_params(m);
-    for (int i = 0; i < n; i++) {
-        ca_tensor *p = m->flat[i];
-        ca_status s = ca_comm_broadcast(acc->comm, ca_tptr(p), (size_t)p->numel, p->dtype, 0, NULL);
-        if (s != CA_OK) return ca_error_context("broadcasting parameter %s from rank 0", m->flat_names[i]);
-    }
-    return CA_OK;
-}
-
 
 static void bucket_launch_ready(ca_accelerator *acc, int g);
 
@@ -120,17 +110,6 @@ ca_status ca_ddp_finish_buckets(ca_accelerator *acc) {
     return s;
 }
 
-ca_status ca_ddp_check_hook(ca_accelerator *acc) {
-    ca_comm_hook h = acc->st.comm_hook;
-    if (h == CA_COMM_HOOK_NO) return CA_OK;
-    const char *name = ca_config_get(acc->cfg, "comm_hook"), *from = ca_config_origin(acc->cfg, "comm_hook");
-    if ((acc->st.deterministic || acc->zero.stage) && acc->rank == 0)
-        ca_log_printf(CA_LOG_WARNING, "comm_hook %s (from %s) compresses plain data parallelism's all-reduce; "
-                      "%s reduces its own way and sends f32", name, from,
-                      acc->st.deterministic ? "deterministic mode" : "ZeRO/FSDP");
-    return CA_OK;
-}
-
 /* A new group for the next model's buckets. */
 static ca_status add_group(ca_accelerator *acc) {
     int *gb = realloc(acc->group_begin, (size_t)(acc->ngroups + 2) * sizeof *gb);
@@ -218,3 +197,45 @@ void ca_ddp_free_buckets(ca_accelerator *acc) {
     acc->group_begin = acc->group_next = NULL;
     acc->ngroups = 0;
 }
+
+/* ------------------------------------------------------------------ the strategy */
+
+static bool ddp_selected(const ca_accelerator *acc) { return acc->world > 1; }
+
+static ca_status ddp_prepare_extra_model(ca_accelerator *acc, ca_module *m) {
+    if (!acc->nbuckets)
+        return ca_error(CA_ERR_STATE, "ca_prepare: the first model has no gradient buckets (rank %d)", acc->rank);
+    return ca_ddp_build_buckets(acc, m);
+}
+
+/* After a synchronising backward, also a failed one: what it launched is waited for. */
+static ca_status ddp_after_backward(ca_accelerator *acc, bool sync, bool failed) {
+    (void)failed;
+    return acc->nbuckets && sync ? ca_ddp_finish_buckets(acc) : CA_OK;
+}
+
+/* An fp16 overflow skipped the step: PowerSGD's error feedback held the overflowed values. */
+static ca_status ddp_skip_step(ca_accelerator *acc) {
+    ca_status s = CA_OK;
+    for (int b = 0; b < acc->nbuckets && s == CA_OK; b++) s = ca_psgd_reset(acc->buckets[b].psgd);
+    return s;
+}
+
+/* The buckets of model group g reduce nothing any more (their parameters are gone). */
+static void ddp_forget_model(ca_accelerator *acc, int g, bool last) {
+    for (int b = 0; b < acc->nbuckets; b++)
+        if (acc->buckets[b].group == g) acc->buckets[b].nparams = 0;
+    if (last) ca_ddp_free_buckets(acc);
+}
+
+const ca_sync_strategy ca_sync_ddp = {
+    .name = "ddp",
+    .key = "distributed_type",
+    .selected = ddp_selected,
+    .prepare_model = ca_ddp_build_buckets,
+    .prepare_extra_model = ddp_prepare_extra_model,
+    .after_backward = ddp_after_backward,
+    .skip_step = ddp_skip_step,
+    .forget_model = ddp_forget_model,
+    .free = ca_ddp_free_buckets,
+};
