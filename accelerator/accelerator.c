@@ -186,7 +186,7 @@ void ca_accelerator_destroy(ca_accelerator *acc) {
     /* prepared objects that outlive the accelerator go back to plain use */
     for (int i = 0; i < acc->nopts; i++) ca_optimizer_set_owner(acc->opts[i], NULL);
     for (int i = 0; i < acc->nloaders; i++) {
-        ca_dataloader_set_owner(acc->loaders[i], NULL, NULL);
+        ca_dataloader_set_owner(acc->loaders[i], NULL);
         ca_dataloader_set_dispatch(acc->loaders[i], NULL, NULL);   /* the hook's context is acc */
         if (acc->sync_ops->release_loader) acc->sync_ops->release_loader(acc, acc->loaders[i]);
     }
@@ -402,7 +402,7 @@ ca_status ca_prepare_dataloader(ca_accelerator *acc, ca_dataloader *dl) {
     if (!nl) return ca_error(CA_ERR_NOMEM, "out of host memory");
     acc->loaders = nl;
     acc->loaders[acc->nloaders++] = dl;
-    ca_dataloader_set_owner(dl, acc, forget);
+    ca_dataloader_set_owner(dl, &(ca_dataloader_owner){.owner = acc, .forget = forget});
     return CA_OK;
 }
 

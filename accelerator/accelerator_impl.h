@@ -131,6 +131,7 @@ struct ca_accelerator {
     /* gradient synchronisation: the strategy chosen at creation (sync_impl.h) */
     const struct ca_sync_strategy *sync_ops;
     /* data parallel */
+    const struct ca_bucket_hook *bucket_hook;   /* comm_hook (NULL: none; sync_ddp.c) */
     int nbuckets;
     ca_bucket *buckets;
     int next_launch;             /* buckets launch strictly in index order on every rank */
@@ -186,16 +187,20 @@ struct ca_accelerator {
 ca_status ca_ddp_build_buckets(ca_accelerator *acc, ca_module *m);
 /* After a synchronising backward: launches what unused parameters held back and waits for all. */
 ca_status ca_ddp_finish_buckets(ca_accelerator *acc);
-/* PowerSGD (powersgd.c): a bucket's state from comm_state_option (batched: the whole bucket as one
- * square matrix); the bucket's reduction, run where its all-reduce would be issued (blocking: three
- * collectives in a row, the same order on every rank); freeing (NULL is fine). */
-typedef struct ca_psgd ca_psgd;
-ca_status ca_psgd_create(ca_accelerator *acc, ca_bucket *bk, bool batched);
-/* Counts this synchronising step; false for PyTorch's warm-up (start_powerSGD_iter plain averages). */
-bool ca_psgd_compresses(ca_psgd *ps);
-ca_status ca_psgd_reduce(ca_accelerator *acc, ca_bucket *bk);
-ca_status ca_psgd_reset(ca_psgd *ps);   /* after an overflow: error feedback zeroed, Q drawn anew */
-void ca_psgd_free(ca_psgd *ps);
+/* A DDP communication hook (comm_hook): how a bucket is sent. The plain f32 average needs none; the
+ * fp16/bf16 compression hooks are sync_ddp.c's, PowerSGD's (powersgd.c: its state from
+ * comm_state_option; batched: the whole bucket as one square matrix) run where the bucket's
+ * all-reduce would be issued. NULL slots: nothing to do. */
+typedef struct ca_bucket_hook {
+    const char *name;
+    ca_status (*init)(ca_accelerator *acc, ca_bucket *bk);   /* its state for a new bucket */
+    /* the bucket's reduction, at its turn; *done false: the plain f32 average instead */
+    ca_status (*launch)(ca_accelerator *acc, ca_bucket *bk, bool *done);
+    ca_status (*finish)(ca_bucket *bk);                      /* after the wait for what launch issued */
+    ca_status (*reset)(ca_bucket *bk);                       /* after an overflow skipped the step */
+    void (*free)(ca_bucket *bk);
+} ca_bucket_hook;
+extern const ca_bucket_hook ca_bucket_hook_power_sgd, ca_bucket_hook_batched_power_sgd;
 void ca_ddp_free_buckets(ca_accelerator *acc);
 
 /* zero_config.c: the stage from distributed_type FSDP / DEEPSPEED, their keys and DeepSpeed's JSON

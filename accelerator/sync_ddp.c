@@ -33,38 +33,61 @@ static ca_status zero_unwritten(ca_bucket *bk) {
     return CA_OK;
 }
 
-/* The element type comm_hook sends gradients in (CA_F32: no hook). */
-static ca_dtype wire_dtype(const ca_accelerator *acc) {
-    switch (acc->st.comm_hook) {
-    case CA_COMM_HOOK_FP16: return CA_F16;
-    case CA_COMM_HOOK_BF16: return CA_BF16;
-    default: return CA_F32;
-    }
-}
+/* ------------------------------------------------------------------ the fp16/bf16 hooks */
 
-/* With an fp16/bf16 hook, as PyTorch's compress hooks: the bucket divided by the process count and
- * rounded to 16 bits is summed (in 16 bits, so the sum cannot overflow where the mean does not);
- * widen_wire brings the result back once the all-reduce is done. */
-static ca_status launch(ca_accelerator *acc, ca_bucket *bk) {
-    ca_status s = zero_unwritten(bk);
-    bk->launched = true;
-    if (s != CA_OK) return s;
-    if (bk->psgd && ca_psgd_compresses(bk->psgd)) return ca_psgd_reduce(acc, bk);
-    if (!bk->wire)
-        return ca_comm_all_reduce(acc->comm, ca_tptr(bk->flat), ca_tptr(bk->flat), (size_t)bk->numel, CA_F32,
-                                  CA_OP_AVG, &bk->work);
+/* As PyTorch's compress hooks: the bucket divided by the process count and rounded to 16 bits is
+ * summed (in 16 bits, so the sum cannot overflow where the mean does not); wire_finish brings the
+ * result back once the all-reduce is done. The bucket's 16-bit copy is its `wire`. */
+static ca_status wire_init(ca_accelerator *acc, ca_bucket *bk, ca_dtype dt) {
+    ca_tensor *w = ca_zeros(acc->device, dt, 1, &bk->numel);
+    if (!w) return ca_last_status();
+    bk->wire = ca_tensor_keep(w);
+    return CA_OK;
+}
+static ca_status wire_init_f16(ca_accelerator *acc, ca_bucket *bk) { return wire_init(acc, bk, CA_F16); }
+static ca_status wire_init_bf16(ca_accelerator *acc, ca_bucket *bk) { return wire_init(acc, bk, CA_BF16); }
+
+static ca_status wire_launch(ca_accelerator *acc, ca_bucket *bk, bool *done) {
     ca_dtype dt = bk->wire->dtype;
-    s = CA_KCALL(ca_tdev(bk->flat), cast, CA_F32, ca_tptr(bk->flat), dt, ca_tptr(bk->wire), bk->numel,
-                 1.0f / (float)acc->world);
+    *done = true;
+    ca_status s = CA_KCALL(ca_tdev(bk->flat), cast, CA_F32, ca_tptr(bk->flat), dt, ca_tptr(bk->wire), bk->numel,
+                           1.0f / (float)acc->world);
     if (s == CA_OK)
         s = ca_comm_all_reduce(acc->comm, ca_tptr(bk->wire), ca_tptr(bk->wire), (size_t)bk->numel, dt, CA_OP_SUM,
                                &bk->work);
     return s;
 }
 
-static ca_status widen_wire(ca_bucket *bk) {
+static ca_status wire_finish(ca_bucket *bk) {
     return CA_KCALL(ca_tdev(bk->flat), cast, bk->wire->dtype, ca_tptr(bk->wire), CA_F32, ca_tptr(bk->flat),
                     bk->numel, 1.0f);
+}
+
+static void wire_free(ca_bucket *bk) {
+    ca_tensor_free(bk->wire);
+    bk->wire = NULL;
+}
+
+static const ca_bucket_hook hook_fp16 = {
+    .name = "fp16", .init = wire_init_f16, .launch = wire_launch, .finish = wire_finish, .free = wire_free,
+};
+static const ca_bucket_hook hook_bf16 = {
+    .name = "bf16", .init = wire_init_bf16, .launch = wire_launch, .finish = wire_finish, .free = wire_free,
+};
+
+/* ------------------------------------------------------------------ buckets */
+
+/* The bucket's reduction: the hook's, or the plain f32 average. */
+static ca_status launch(ca_accelerator *acc, ca_bucket *bk) {
+    ca_status s = zero_unwritten(bk);
+    bk->launched = true;
+    if (s != CA_OK) return s;
+    const ca_bucket_hook *h = acc->bucket_hook;
+    bool done = false;
+    if (h && h->launch) s = h->launch(acc, bk, &done);
+    if (s != CA_OK || done) return s;
+    return ca_comm_all_reduce(acc->comm, ca_tptr(bk->flat), ca_tptr(bk->flat), (size_t)bk->numel, CA_F32,
+                              CA_OP_AVG, &bk->work);
 }
 
 /* A model's buckets launch strictly in index order on every rank. */
@@ -101,7 +124,8 @@ ca_status ca_ddp_finish_buckets(ca_accelerator *acc) {
             ca_work_free(bk->work);
             bk->work = NULL;
         }
-        if (s == CA_OK && bk->wire && bk->launched) s = widen_wire(bk);
+        const ca_bucket_hook *h = acc->bucket_hook;
+        if (s == CA_OK && h && h->finish && bk->launched) s = h->finish(bk);
         bk->ready = 0;
         bk->launched = false;
     }
@@ -131,7 +155,6 @@ ca_status ca_ddp_build_buckets(ca_accelerator *acc, ca_module *m) {
     if (gs != CA_OK) return gs;
     int group = acc->ngroups - 1;
     size_t cap = (size_t)(acc->st.bucket_cap_mb * 1024 * 1024 / sizeof(float));
-    ca_dtype wire = wire_dtype(acc);
     if (cap < 1) cap = 1;
     for (int i = n - 1; i >= 0;) {
         int64_t numel = 0;
@@ -150,11 +173,6 @@ ca_status ca_ddp_build_buckets(ca_accelerator *acc, ca_module *m) {
         if (!flat) return ca_last_status() ? ca_last_status() : ca_error(CA_ERR_NOMEM, "out of host memory");
         bk->flat = ca_tensor_keep(flat);
         bk->numel = numel;
-        if (wire != CA_F32) {
-            ca_tensor *w = ca_zeros(acc->device, wire, 1, &numel);
-            if (!w) return ca_last_status();
-            bk->wire = ca_tensor_keep(w);
-        }
         int64_t off = 0;
         for (int k = 0; k < bk->nparams; k++) {
             ca_tensor *p = m->flat[first - k];
@@ -172,11 +190,9 @@ ca_status ca_ddp_build_buckets(ca_accelerator *acc, ca_module *m) {
             ca_tensor_set_grad_hook(p, grad_ready, acc);
             off += p->numel;
         }
-        ca_comm_hook h = acc->st.comm_hook;
-        if (h == CA_COMM_HOOK_POWER_SGD || h == CA_COMM_HOOK_BATCHED_POWER_SGD) {
-            ca_status s = ca_psgd_create(acc, bk, h == CA_COMM_HOOK_BATCHED_POWER_SGD);
-            if (s != CA_OK) return ca_error_context("comm_hook %s", ca_config_get(acc->cfg, "comm_hook"));
-        }
+        const ca_bucket_hook *h = acc->bucket_hook;
+        if (h && h->init && h->init(acc, bk) != CA_OK)
+            return ca_error_context("comm_hook %s", ca_config_get(acc->cfg, "comm_hook"));
     }
     return CA_OK;
 }
@@ -186,8 +202,7 @@ void ca_ddp_free_buckets(ca_accelerator *acc) {
         ca_work_free(acc->buckets[i].work);
         free(acc->buckets[i].params);
         ca_tensor_free(acc->buckets[i].flat);
-        ca_tensor_free(acc->buckets[i].wire);
-        ca_psgd_free(acc->buckets[i].psgd);
+        if (acc->bucket_hook && acc->bucket_hook->free) acc->bucket_hook->free(&acc->buckets[i]);
     }
     free(acc->buckets);
     acc->buckets = NULL;
@@ -202,6 +217,18 @@ void ca_ddp_free_buckets(ca_accelerator *acc) {
 
 static bool ddp_selected(const ca_accelerator *acc) { return acc->world > 1; }
 
+/* comm_hook: how each bucket is sent (no hook: the plain f32 average). */
+static ca_status ddp_configure(ca_accelerator *acc) {
+    switch (acc->st.comm_hook) {
+    case CA_COMM_HOOK_NO: acc->bucket_hook = NULL; break;
+    case CA_COMM_HOOK_FP16: acc->bucket_hook = &hook_fp16; break;
+    case CA_COMM_HOOK_BF16: acc->bucket_hook = &hook_bf16; break;
+    case CA_COMM_HOOK_POWER_SGD: acc->bucket_hook = &ca_bucket_hook_power_sgd; break;
+    case CA_COMM_HOOK_BATCHED_POWER_SGD: acc->bucket_hook = &ca_bucket_hook_batched_power_sgd; break;
+    }
+    return CA_OK;
+}
+
 static ca_status ddp_prepare_extra_model(ca_accelerator *acc, ca_module *m) {
     if (!acc->nbuckets)
         return ca_error(CA_ERR_STATE, "ca_prepare: the first model has no gradient buckets (rank %d)", acc->rank);
@@ -214,10 +241,12 @@ static ca_status ddp_after_backward(ca_accelerator *acc, bool sync, bool failed)
     return acc->nbuckets && sync ? ca_ddp_finish_buckets(acc) : CA_OK;
 }
 
-/* An fp16 overflow skipped the step: PowerSGD's error feedback held the overflowed values. */
+/* An fp16 overflow skipped the step: a hook's state that followed the gradients (PowerSGD's error
+ * feedback) held the overflowed values. */
 static ca_status ddp_skip_step(ca_accelerator *acc) {
+    const ca_bucket_hook *h = acc->bucket_hook;
     ca_status s = CA_OK;
-    for (int b = 0; b < acc->nbuckets && s == CA_OK; b++) s = ca_psgd_reset(acc->buckets[b].psgd);
+    for (int b = 0; h && h->reset && b < acc->nbuckets && s == CA_OK; b++) s = h->reset(&acc->buckets[b]);
     return s;
 }
 
@@ -232,6 +261,7 @@ const ca_sync_strategy ca_sync_ddp = {
     .name = "ddp",
     .key = "distributed_type",
     .selected = ddp_selected,
+    .configure = ddp_configure,
     .prepare_model = ca_ddp_build_buckets,
     .prepare_extra_model = ddp_prepare_extra_model,
     .after_backward = ddp_after_backward,
