@@ -109,7 +109,7 @@ static bool group_touched(const ca_accelerator *acc, int g) {
 }
 
 /* After backward: launch what unused parameters held back, then wait for all. */
-ca_status ca_ddp_finish_buckets(ca_accelerator *acc) {
+static ca_status finish_buckets(ca_accelerator *acc) {
     for (int g = 0; g < acc->ngroups; g++) {
         if (!group_touched(acc, g)) continue;
         for (; acc->bucket_status == CA_OK && acc->group_next[g] < acc->group_begin[g + 1]; acc->group_next[g]++)
@@ -149,7 +149,7 @@ static ca_status add_group(ca_accelerator *acc) {
 /* Buckets of at most bucket_cap_mb, filled in reverse registration order
  * (gradients arrive roughly from the last layer back), each parameter's .grad
  * a view into its bucket. */
-ca_status ca_ddp_build_buckets(ca_accelerator *acc, ca_module *m) {
+static ca_status build_buckets(ca_accelerator *acc, ca_module *m) {
     int n = ca_module_num_params(m);
     ca_status gs = add_group(acc);
     if (gs != CA_OK) return gs;
@@ -197,7 +197,7 @@ ca_status ca_ddp_build_buckets(ca_accelerator *acc, ca_module *m) {
     return CA_OK;
 }
 
-void ca_ddp_free_buckets(ca_accelerator *acc) {
+static void free_buckets(ca_accelerator *acc) {
     for (int i = 0; i < acc->nbuckets; i++) {
         ca_work_free(acc->buckets[i].work);
         free(acc->buckets[i].params);
@@ -232,13 +232,13 @@ static ca_status ddp_configure(ca_accelerator *acc) {
 static ca_status ddp_prepare_extra_model(ca_accelerator *acc, ca_module *m) {
     if (!acc->nbuckets)
         return ca_error(CA_ERR_STATE, "ca_prepare: the first model has no gradient buckets (rank %d)", acc->rank);
-    return ca_ddp_build_buckets(acc, m);
+    return build_buckets(acc, m);
 }
 
 /* After a synchronising backward, also a failed one: what it launched is waited for. */
 static ca_status ddp_after_backward(ca_accelerator *acc, bool sync, bool failed) {
     (void)failed;
-    return acc->nbuckets && sync ? ca_ddp_finish_buckets(acc) : CA_OK;
+    return acc->nbuckets && sync ? finish_buckets(acc) : CA_OK;
 }
 
 /* An fp16 overflow skipped the step: a hook's state that followed the gradients (PowerSGD's error
@@ -250,11 +250,25 @@ static ca_status ddp_skip_step(ca_accelerator *acc) {
     return s;
 }
 
+/* Join (join.c): a rank whose data ran out issues the all-reduces of the others' synchronising
+ * backward with zero gradients. */
+static ca_status ddp_shadow_backward(ca_accelerator *acc) {
+    for (int b = 0; b < acc->nbuckets; b++) {
+        ca_bucket *bk = &acc->buckets[b];
+        ca_status s = CA_KCALL(acc->device, fill, CA_F32, bk->numel, 0.0, ca_tptr(bk->flat));
+        if (s == CA_OK)
+            s = ca_comm_all_reduce(acc->comm, ca_tptr(bk->flat), ca_tptr(bk->flat), (size_t)bk->numel, CA_F32,
+                                   CA_OP_AVG, NULL);
+        if (s != CA_OK) return ca_error_context("join_uneven_inputs: shadowing bucket %d on rank %d", b, acc->rank);
+    }
+    return CA_OK;
+}
+
 /* The buckets of model group g reduce nothing any more (their parameters are gone). */
 static void ddp_forget_model(ca_accelerator *acc, int g, bool last) {
     for (int b = 0; b < acc->nbuckets; b++)
         if (acc->buckets[b].group == g) acc->buckets[b].nparams = 0;
-    if (last) ca_ddp_free_buckets(acc);
+    if (last) free_buckets(acc);
 }
 
 const ca_sync_strategy ca_sync_ddp = {
@@ -262,10 +276,11 @@ const ca_sync_strategy ca_sync_ddp = {
     .key = "distributed_type",
     .selected = ddp_selected,
     .configure = ddp_configure,
-    .prepare_model = ca_ddp_build_buckets,
+    .prepare_model = build_buckets,
     .prepare_extra_model = ddp_prepare_extra_model,
     .after_backward = ddp_after_backward,
     .skip_step = ddp_skip_step,
+    .shadow_backward = ddp_shadow_backward,
     .forget_model = ddp_forget_model,
-    .free = ca_ddp_free_buckets,
+    .free = free_buckets,
 };

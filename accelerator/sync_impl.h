@@ -30,6 +30,9 @@ typedef struct ca_sync_strategy {
     /* around a backward; sync: this backward synchronises; failed: the backward itself failed */
     ca_status (*before_backward)(ca_accelerator *acc);
     ca_status (*after_backward)(ca_accelerator *acc, bool sync, bool failed);
+    /* join_uneven_inputs (join.c): the collectives of the others' synchronising backward, issued by a
+     * rank whose data ran out, with zero gradients (NULL: nothing to shadow) */
+    ca_status (*shadow_backward)(ca_accelerator *acc);
     /* the update of o's parameters once its gradients are unscaled and clipped (NULL: o's own) */
     ca_status (*step)(ca_accelerator *acc, ca_optimizer *o);
     /* a step skipped for an fp16 overflow: state that followed the gradients goes back */
