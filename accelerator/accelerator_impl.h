@@ -181,12 +181,6 @@ struct ca_accelerator {
     struct ca_progress *progress;
 };
 
-/* sync_ddp.c: data parallelism over acc->comm. */
-/* Makes each parameter's .grad a view into f32 buckets of at most bucket_cap_mb and installs the
- * hook that launches a bucket's all-reduce (average) once all its gradients are final. */
-ca_status ca_ddp_build_buckets(ca_accelerator *acc, ca_module *m);
-/* After a synchronising backward: launches what unused parameters held back and waits for all. */
-ca_status ca_ddp_finish_buckets(ca_accelerator *acc);
 /* A DDP communication hook (comm_hook): how a bucket is sent. The plain f32 average needs none; the
  * fp16/bf16 compression hooks are sync_ddp.c's, PowerSGD's (powersgd.c: its state from
  * comm_state_option; batched: the whole bucket as one square matrix) run where the bucket's
@@ -201,7 +195,6 @@ typedef struct ca_bucket_hook {
     void (*free)(ca_bucket *bk);
 } ca_bucket_hook;
 extern const ca_bucket_hook ca_bucket_hook_power_sgd, ca_bucket_hook_batched_power_sgd;
-void ca_ddp_free_buckets(ca_accelerator *acc);
 
 /* zero_config.c: the stage from distributed_type FSDP / DEEPSPEED, their keys and DeepSpeed's JSON
  * (fills acc->zero.stage and overrides the settings the JSON gives). */
@@ -274,17 +267,6 @@ void ca_state_free(ca_accelerator *acc);
 /* state.c: a saved checkpoint's integrity: `dir` has complete.json and every file it lists has the
  * size and CRC-32 recorded there. Errors name the file; `who` ("load_state") begins the others. */
 ca_status ca_state_check_files(const char *who, const char *dir);
-/* sync_deterministic.c: deterministic mode. */
-/* Checks deterministic_shards against the world size and puts the device into deterministic mode. */
-ca_status ca_det_configure(ca_accelerator *acc);
-/* Makes every parameter's .grad a view of one flat buffer and allocates the shard rows. */
-ca_status ca_det_build(ca_accelerator *acc, ca_module *m);
-/* After the backward of micro-batch `part`: adds .grad into that shard's row and frees .grad. */
-ca_status ca_det_collect(ca_accelerator *acc, int part);
-/* At the synchronising step: .grad = (sum of every shard's row, in shard order) / shards. */
-ca_status ca_det_reduce(ca_accelerator *acc);
-void ca_det_free(ca_accelerator *acc);
-
 /* progress.c: ca_log_metrics passes its values to the open bar (a loss is shown); the accelerator
  * detaches the bar when it is destroyed first. */
 void ca_progress_note_metrics(struct ca_progress *p, const ca_metric *values, size_t n);

@@ -6,7 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-ca_status ca_det_configure(ca_accelerator *acc) {
+/* Checks deterministic_shards against the world size and puts the device into deterministic mode. */
+static ca_status det_configure(ca_accelerator *acc) {
     ca_det *d = &acc->det;
     int v = acc->st.deterministic_shards;
     if (v < 1 || v % acc->world != 0)
@@ -31,7 +32,7 @@ static ca_tensor *persistent_zeros(ca_device *dev, int64_t numel) {
 
 /* Every parameter's .grad becomes a view into one flat buffer, so a shard's
  * gradient moves with one copy and the sum runs over flat rows. */
-ca_status ca_det_build(ca_accelerator *acc, ca_module *m) {
+static ca_status det_build(ca_accelerator *acc, ca_module *m) {
     ca_det *d = &acc->det;
     int n = ca_module_num_params(m);
     d->params = calloc((size_t)(n ? n : 1), sizeof *d->params);
@@ -70,7 +71,7 @@ static float *row(ca_tensor *t, int64_t numel, int r) { return (float *)ca_tptr(
  * wrote one) is added to this rank's row for the shard, and .grad is free for
  * the next micro-batch. The first write of a row in an accumulation window
  * copies, so each row is the sum of its own micro-steps in time order. */
-ca_status ca_det_collect(ca_accelerator *acc, int part) {
+static ca_status det_collect(ca_accelerator *acc, int part) {
     ca_det *d = &acc->det;
     ca_device *dev = acc->device;
     for (int i = 0; i < d->nparams; i++) {
@@ -92,7 +93,7 @@ ca_status ca_det_collect(ca_accelerator *acc, int part) {
  * rank r's rows r * parts .. at their shard index) and sums them in shard order
  * 0 .. V-1, then scales by 1/V. No all-reduce, whose summation order depends on
  * the backend and the world size. */
-ca_status ca_det_reduce(ca_accelerator *acc) {
+static ca_status det_reduce(ca_accelerator *acc) {
     ca_det *d = &acc->det;
     ca_device *dev = acc->device;
     ca_status s = CA_OK;
@@ -112,7 +113,7 @@ ca_status ca_det_reduce(ca_accelerator *acc) {
     return s == CA_OK ? CA_OK : ca_error_context("deterministic mode: summing the %d shard gradients", d->shards);
 }
 
-void ca_det_free(ca_accelerator *acc) {
+static void det_free(ca_accelerator *acc) {
     ca_det *d = &acc->det;
     if (d->device_set) ca_device_set_deterministic(acc->device, false);
     if (d->all != d->local) ca_tensor_free(d->all);
@@ -160,8 +161,8 @@ static ca_status det_after_backward(ca_accelerator *acc, bool sync, bool failed)
     if (failed || !acc->model) return CA_OK;
     int part = 0, parts = 0;
     det_part(acc, &part, &parts);
-    ca_status s = ca_det_collect(acc, part);
-    if (s == CA_OK && sync) s = ca_det_reduce(acc);
+    ca_status s = det_collect(acc, part);
+    if (s == CA_OK && sync) s = det_reduce(acc);
     return s;
 }
 
@@ -187,13 +188,13 @@ const ca_sync_strategy ca_sync_deterministic = {
     .key = "deterministic",
     .own_reduction = "deterministic mode",
     .selected = det_selected,
-    .configure = ca_det_configure,
-    .prepare_model = ca_det_build,
+    .configure = det_configure,
+    .prepare_model = det_build,
     .prepare_loader = det_prepare_loader,
     .release_loader = det_release_loader,
     .batch_done = det_batch_done,
     .before_backward = det_before_backward,
     .after_backward = det_after_backward,
     .forget_model = det_forget_model,
-    .free = ca_det_free,
+    .free = det_free,
 };
