@@ -1,5 +1,8 @@
-/* The Accelerator: configuration, device and process-group selection, prepare, backward with bucketed gradient all-reduce, accumulation, and the distributed helpers. */
+/* The Accelerator: configuration, device and process-group selection, the choice of the gradient
+ * synchronisation strategy (sync_impl.h), prepare, backward and the optimizer step (unscale, clip,
+ * the strategy's update), clipping. Process state is process_state.c's, accumulation accumulate.c's. */
 #include "accelerator/accelerator_impl.h"
+#include "accelerator/sync_impl.h"
 #include "comm/comm_impl.h"
 #include "config/config_impl.h"
 #include "core/registry_impl.h"
@@ -166,11 +169,10 @@ ca_status ca_accelerator_create(const ca_options *opts, ca_accelerator **out) {
     if (s == CA_OK) s = setup_processes(acc);
     if (s == CA_OK && acc->rank <= 0) s = ca_config_warn_ignored(acc->cfg, NULL);   /* once per run */
     if (s == CA_OK) s = select_device(acc);
-    if (s == CA_OK) s = ca_zero_configure(acc);
-    if (s == CA_OK && acc->st.deterministic) s = ca_det_configure(acc);
+    /* Accelerate's defaults, before a strategy's configuration (DeepSpeed's JSON) overrides them */
+    if (s == CA_OK) s = ca_grad_scaler_configure(acc, &(ca_grad_scaler_opts){0});
+    if (s == CA_OK) s = ca_sync_select(acc);   /* the one place the parallelism is chosen */
     if (s == CA_OK) s = create_comm(acc);
-    if (s == CA_OK) s = ca_grad_scaler_configure(acc, &(ca_grad_scaler_opts){0});   /* Accelerate's defaults */
-    if (s == CA_OK && acc->zero.scaler_set) s = ca_grad_scaler_configure(acc, &acc->zero.scaler);
     if (s != CA_OK) {
         ca_accelerator_destroy(acc);
         return s;
@@ -184,16 +186,14 @@ void ca_accelerator_destroy(ca_accelerator *acc) {
     /* prepared objects that outlive the accelerator go back to plain use */
     for (int i = 0; i < acc->nopts; i++) ca_optimizer_set_owner(acc->opts[i], NULL);
     for (int i = 0; i < acc->nloaders; i++) {
-        ca_dataloader_set_owner(acc->loaders[i], NULL, NULL);
+        ca_dataloader_set_owner(acc->loaders[i], NULL);
         ca_dataloader_set_dispatch(acc->loaders[i], NULL, NULL);   /* the hook's context is acc */
-        if (acc->st.deterministic) ca_dataloader_set_parts(acc->loaders[i], 0);   /* whole batches again */
+        if (acc->sync_ops->release_loader) acc->sync_ops->release_loader(acc, acc->loaders[i]);
     }
     for (int k = -1; k < acc->nextra; k++) {
         ca_module *m = k < 0 ? acc->model : acc->extra[k];
         if (!m) continue;
-        m->owner = NULL;
-        m->autocast = CA_F32;
-        for (int i = 0; i < ca_module_num_params(m); i++) ca_tensor_set_grad_hook(m->flat[i], NULL, NULL);
+        ca_module_set_owner(m, NULL);   /* no autocast, no gradient hooks */
     }
     ca_end_training(acc);
     /* the device outlives the accelerator: its storage goes back to f32 (a failure of the graph still
@@ -201,39 +201,13 @@ void ca_accelerator_destroy(ca_accelerator *acc) {
     if (acc->bf16_storage_set && ca_xla_set_bf16_storage(acc->device, false) != CA_OK) ca_clear_error();
     ca_progress_detach(acc->progress);
     free(acc->extra);
-    ca_ddp_free_buckets(acc);
-    ca_zero_free(acc);
+    if (acc->sync_ops && acc->sync_ops->free) acc->sync_ops->free(acc);
     ca_state_free(acc);
-    ca_det_free(acc);
     ca_comm_destroy(acc->comm);
     ca_config_destroy(acc->cfg);
     free(acc->opts);
     free(acc->loaders);
     free(acc);
-}
-
-/* ------------------------------------------------------------------ queries */
-
-ca_device *ca_accelerator_device(const ca_accelerator *acc) { return acc->device; }
-const ca_config *ca_accelerator_config(const ca_accelerator *acc) { return acc->cfg; }
-const ca_settings *ca_accelerator_settings(const ca_accelerator *acc) { return &acc->st; }
-ca_mixed_precision ca_accelerator_mixed_precision(const ca_accelerator *acc) { return acc->st.mixed_precision; }
-ca_distributed_type ca_accelerator_distributed_type(const ca_accelerator *acc) { return acc->st.distributed_type; }
-int ca_process_index(const ca_accelerator *acc) { return acc->rank; }
-int ca_local_process_index(const ca_accelerator *acc) { return acc->local_rank; }
-int ca_num_processes(const ca_accelerator *acc) { return acc->world; }
-bool ca_is_main_process(const ca_accelerator *acc) { return acc->rank == 0; }
-bool ca_is_local_main_process(const ca_accelerator *acc) { return acc->local_rank == 0; }
-bool ca_is_last_process(const ca_accelerator *acc) { return acc->rank == acc->world - 1; }
-ca_comm *ca_accelerator_comm(const ca_accelerator *acc) { return acc->comm; }
-
-void ca_print(const ca_accelerator *acc, const char *fmt, ...) {
-    if (acc && acc->rank != 0) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vfprintf(stdout, fmt, ap);
-    va_end(ap);
-    fflush(stdout);
 }
 
 /* The shuffle seed of prepared loaders: data_seed with use_seedable_sampler (as
@@ -262,28 +236,19 @@ ca_status ca_set_seed(ca_accelerator *acc, uint64_t seed) {
 /* ------------------------------------------------------------------ prepare */
 
 /* A prepared object is being destroyed before the accelerator: drop every reference to it. */
-/* The buckets of model group g reduce nothing any more (their parameters are gone). */
-static void drop_group(ca_accelerator *acc, int g) {
-    for (int b = 0; b < acc->nbuckets; b++)
-        if (acc->buckets[b].group == g) acc->buckets[b].nparams = 0;
+static void forget_model(ca_accelerator *acc, int g, bool last) {
+    if (acc->sync_ops->forget_model) acc->sync_ops->forget_model(acc, g, last);
 }
 
 static void forget(void *owner, const void *obj) {
     ca_accelerator *acc = owner;
     for (int i = 0; i < acc->nextra; i++)
         if (acc->extra[i] == obj) {
-            drop_group(acc, i + 1);
+            forget_model(acc, i + 1, false);
             acc->extra[i] = NULL;   /* kept as a hole: the group numbers stay */
         }
-    if (obj == acc->model && acc->nextra) {
-        drop_group(acc, 0);
-        acc->model = NULL;
-    } else if (obj == acc->model) {
-        for (int b = 0; b < acc->nbuckets; b++) acc->buckets[b].nparams = 0;
-        ca_ddp_free_buckets(acc);
-        acc->zero.nparams = 0;   /* the parameters go with the model */
-        ca_zero_free(acc);
-        acc->det.nparams = 0;
+    if (obj == acc->model) {
+        forget_model(acc, 0, !acc->nextra);
         acc->model = NULL;
     }
     for (int i = 0; i < acc->nopts; i++)
@@ -293,7 +258,8 @@ static void forget(void *owner, const void *obj) {
 }
 
 static ca_status optimizer_step(void *owner, ca_optimizer *o);
-static bool should_zero_grad(const void *owner);
+/* Gradients are zeroed on synchronising steps only: accumulation keeps them. */
+static bool should_zero_grad(const void *owner) { return ca_sync_gradients(owner); }
 
 /* fsdp_activation_checkpointing: the model's layers recompute their activations in backward. */
 static ca_status apply_checkpointing(ca_accelerator *acc, ca_module *m) {
@@ -309,31 +275,49 @@ static ca_status apply_checkpointing(ca_accelerator *acc, ca_module *m) {
 
 /* What every prepared model gets: the owner, the autocast of mixed_precision. */
 static void own_model(ca_accelerator *acc, ca_module *m) {
-    m->owner = acc;
-    m->owner_forget = forget;
     /* bf16 storage on xla replaces autocast there, as Accelerate's native_amp is off on a TPU */
     bool bf16_storage = ca_xla_bf16_storage(acc->device);
-    m->autocast = acc->st.mixed_precision == CA_MP_BF16 && !bf16_storage ? CA_BF16
-                  : acc->st.mixed_precision == CA_MP_FP16 ? CA_F16 : CA_F32;
-    for (int i = 0; i < ca_module_num_params(m); i++) m->flat[i]->version++;
+    ca_dtype autocast = acc->st.mixed_precision == CA_MP_BF16 && !bf16_storage ? CA_BF16
+                        : acc->st.mixed_precision == CA_MP_FP16 ? CA_F16 : CA_F32;
+    ca_module_set_owner(m, &(ca_module_owner){.owner = acc, .forget = forget, .autocast = autocast});
+}
+
+/* Every process starts from rank 0's parameters, whatever the strategy (collective). */
+static ca_status broadcast_params(ca_accelerator *acc, ca_module *m) {
+    if (acc->world == 1) return CA_OK;
+    int n = ca_module_num_params(m);
+    for (int i = 0; i < n; i++) {
+        ca_tensor *p = ca_module_param_at(m, i);
+        ca_status s = ca_comm_broadcast(acc->comm, ca_tptr(p), (size_t)p->numel, p->dtype, 0, NULL);
+        if (s != CA_OK) return ca_error_context("broadcasting parameter %s from rank 0", ca_module_param_name(m, i));
+    }
+    return CA_OK;
+}
+
+/* A comm_hook compresses DDP's bucket all-reduce; a strategy that reduces its own way sends f32. */
+static void warn_unused_hook(const ca_accelerator *acc) {
+    if (acc->st.comm_hook == CA_COMM_HOOK_NO || !acc->sync_ops->own_reduction || acc->rank != 0) return;
+    ca_log_printf(CA_LOG_WARNING, "comm_hook %s (from %s) compresses plain data parallelism's all-reduce; "
+                  "%s reduces its own way and sends f32", ca_config_get(acc->cfg, "comm_hook"),
+                  ca_config_origin(acc->cfg, "comm_hook"), acc->sync_ops->own_reduction);
 }
 
 /* A second, third, ... model (GANs, teacher/student): its own buckets; plain data parallelism only. */
 static ca_status prepare_extra_model(ca_accelerator *acc, ca_module *m) {
     for (int i = 0; i < acc->nextra; i++)
         if (acc->extra[i] == m) return CA_OK;
-    if (acc->zero.stage || acc->st.deterministic || acc->joining)
+    const ca_sync_strategy *ops = acc->sync_ops;
+    if (!ops->prepare_extra_model || acc->joining) {   /* refused: the strategy takes one model */
+        const char *key = ops->prepare_extra_model ? "distributed_type" : ops->key;
         return ca_error(CA_ERR_UNSUPPORTED, "ca_prepare: several models need plain data parallelism; %s (from %s) "
-                        "takes one model per accelerator", acc->st.deterministic ? "deterministic" : "distributed_type",
-                        ca_config_origin(acc->cfg, acc->st.deterministic ? "deterministic" : "distributed_type"));
-    if (acc->world > 1 && !acc->nbuckets)
-        return ca_error(CA_ERR_STATE, "ca_prepare: the first model has no gradient buckets (rank %d)", acc->rank);
+                        "takes one model per accelerator", key, ca_config_origin(acc->cfg, key));
+    }
     ca_module **ne = realloc(acc->extra, (size_t)(acc->nextra + 1) * sizeof *ne);
     if (!ne) return ca_error(CA_ERR_NOMEM, "out of host memory");
     acc->extra = ne;
     ca_status s = ca_module_to(m, acc->device);
-    if (s == CA_OK && acc->world > 1) s = ca_ddp_broadcast_params(acc, m);
-    if (s == CA_OK && acc->world > 1) s = ca_ddp_build_buckets(acc, m);
+    if (s == CA_OK) s = broadcast_params(acc, m);
+    if (s == CA_OK) s = ops->prepare_extra_model(acc, m);
     if (s != CA_OK) return s;
     acc->extra[acc->nextra++] = m;
     own_model(acc, m);
@@ -344,12 +328,10 @@ static ca_status prepare_model(ca_accelerator *acc, ca_module *m) {
     if (acc->model && acc->model != m) return prepare_extra_model(acc, m);
     if (acc->model == m) return CA_OK;
     if (acc->nextra) return ca_error(CA_ERR_STATE, "ca_prepare: the first prepared model was destroyed");
-    ca_status s = acc->world > 1 ? ca_ddp_check_hook(acc) : CA_OK;
-    if (s == CA_OK) s = ca_module_to(m, acc->device);
-    if (s == CA_OK && acc->world > 1) s = ca_ddp_broadcast_params(acc, m);
-    if (s == CA_OK && acc->st.deterministic) s = ca_det_build(acc, m);
-    else if (s == CA_OK && acc->zero.stage) s = ca_zero_build(acc, m);
-    else if (s == CA_OK && acc->world > 1) s = ca_ddp_build_buckets(acc, m);
+    if (acc->world > 1) warn_unused_hook(acc);
+    ca_status s = ca_module_to(m, acc->device);
+    if (s == CA_OK) s = broadcast_params(acc, m);
+    if (s == CA_OK && acc->sync_ops->prepare_model) s = acc->sync_ops->prepare_model(acc, m);
     if (s == CA_OK) {
         acc->model = m;
         own_model(acc, m);
@@ -381,7 +363,7 @@ static ca_status prepare_optimizer(ca_accelerator *acc, ca_optimizer *o) {
      * global batch is the loader's batch_size on any number of processes) */
     ca_optimizer_set_schedule_stride(o, acc->world > 1 && !acc->st.split_batches ? acc->world : 1);
     ca_status s = ca_optimizer_init_state(o);
-    if (s == CA_OK && acc->zero.stage) s = ca_zero_add_optimizer(acc, o);
+    if (s == CA_OK && acc->sync_ops->prepare_optimizer) s = acc->sync_ops->prepare_optimizer(acc, o);
     return s;
 }
 
@@ -412,7 +394,7 @@ ca_status ca_prepare_dataloader(ca_accelerator *acc, ca_dataloader *dl) {
     static const ca_dispatch_ops dispatch = {.bcast = dispatch_bcast};
     if (s == CA_OK && acc->st.dispatch_batches && acc->world > 1) s = ca_dataloader_set_dispatch(dl, &dispatch, acc);
     /* a loader that cannot split (an evaluation loader, say) stays whole; ca_backward refuses its batches */
-    if (s == CA_OK && acc->st.deterministic && ca_dataloader_set_parts(dl, acc->det.parts) != CA_OK) ca_clear_error();
+    if (s == CA_OK && acc->sync_ops->prepare_loader) s = acc->sync_ops->prepare_loader(acc, dl);
     uint64_t seed;
     if (s == CA_OK && loader_seed(acc, &seed)) s = ca_dataloader_set_seed(dl, seed);
     if (s != CA_OK) return s;
@@ -420,7 +402,7 @@ ca_status ca_prepare_dataloader(ca_accelerator *acc, ca_dataloader *dl) {
     if (!nl) return ca_error(CA_ERR_NOMEM, "out of host memory");
     acc->loaders = nl;
     acc->loaders[acc->nloaders++] = dl;
-    ca_dataloader_set_owner(dl, acc, forget);
+    ca_dataloader_set_owner(dl, &(ca_dataloader_owner){.owner = acc, .forget = forget});
     return CA_OK;
 }
 
@@ -432,61 +414,6 @@ ca_status ca_prepare(ca_accelerator *acc, ca_module *model, ca_optimizer *opt, c
     if (s == CA_OK && dl) s = ca_prepare_dataloader(acc, dl);
     return s;
 }
-
-/* ------------------------------------------------------------------ accumulation */
-
-/* End of the dataloader being iterated: of the prepared loaders with a pass in
- * flight, the one that handed out the newest batch (as Accelerate tracks the
- * active loader), so an inner loader run inside an outer loop's step neither
- * hides nor fakes the outer loader's end. */
-static const ca_dataloader *active_loader(const ca_accelerator *acc) {
-    const ca_dataloader *active = NULL;
-    uint64_t newest = 0;
-    for (int i = 0; i < acc->nloaders; i++) {
-        uint64_t seq = ca_dataloader_handed_seq(acc->loaders[i]);
-        if (seq > newest) newest = seq, active = acc->loaders[i];
-    }
-    return active;
-}
-
-static bool loader_at_end(const ca_accelerator *acc) {
-    const ca_dataloader *active = active_loader(acc);
-    return active && ca_dataloader_handed_last(active);
-}
-
-/* Deterministic mode: the micro-batch (virtual shard of this rank) the active loader handed out. */
-static void det_part(const ca_accelerator *acc, int *part, int *parts) {
-    ca_dataloader_handed_part(active_loader(acc), part, parts);
-}
-
-/* Deterministic mode: false on every micro-batch of a batch but its last. */
-static bool det_batch_done(const ca_accelerator *acc) {
-    if (!acc->st.deterministic) return true;
-    int part, parts;
-    det_part(acc, &part, &parts);
-    return parts <= 1 || part == parts - 1;
-}
-
-int ca_accumulate_begin(ca_accelerator *acc, ca_module *model) {
-    acc->in_accumulate = true;
-    if (!det_batch_done(acc)) {   /* a virtual shard before the batch's last: accumulate only */
-        acc->sync = false;
-        return 1;
-    }
-    int64_t k = acc->st.gradient_accumulation_steps > 0 ? acc->st.gradient_accumulation_steps : 1;
-    acc->micro_step++;
-    acc->sync = acc->micro_step % k == 0 || loader_at_end(acc);
-    if (acc->sync) acc->micro_step = 0;
-    return 1;
-}
-
-void ca_accumulate_end(ca_accelerator *acc) { acc->in_accumulate = false; }
-
-bool ca_sync_gradients(const ca_accelerator *acc) {
-    return det_batch_done(acc) && (acc->in_accumulate ? acc->sync : acc->sync_set != CA_NO);
-}
-
-static bool should_zero_grad(const void *owner) { return ca_sync_gradients(owner); }
 
 /* ------------------------------------------------------------------ gradients as kernel lists */
 
@@ -513,10 +440,16 @@ static ca_status set_add(grad_set *gs, ca_tensor *p) {
 }
 
 /* Sharded: once reduced, the gradient of every optimizer is this rank's shard. */
-static bool sharded_grads(const ca_accelerator *acc) { return acc->zero.stage && acc->zero.reduced; }
+static ca_tensor *sharded_grads(const ca_accelerator *acc, ca_comm **group) {
+    ca_comm *g = NULL;
+    ca_tensor *t = acc->sync_ops->shard_grads ? acc->sync_ops->shard_grads(acc, &g) : NULL;
+    if (group) *group = g;
+    return t;
+}
 
 static ca_status collect_grads(const ca_accelerator *acc, const ca_optimizer *o, grad_set *gs) {
-    if (sharded_grads(acc)) return set_add(gs, acc->zero.view);
+    ca_tensor *shard = sharded_grads(acc, NULL);
+    if (shard) return set_add(gs, shard);
     ca_status s = CA_OK;
     for (int k = 0; s == CA_OK && k < acc->nopts; k++) {
         if (o && acc->opts[k] != o) continue;
@@ -578,7 +511,7 @@ static ca_status unscale(ca_accelerator *acc, ca_optimizer *o) {
     ca_status s = CA_OK;
     for (int k = 0; s == CA_OK && k < acc->nopts; k++) {
         /* sharded: one shard holds every optimizer's gradients, unscaled together */
-        if ((o && acc->opts[k] != o && !sharded_grads(acc)) || acc->opts[k]->amp_unscaled) continue;
+        if ((o && acc->opts[k] != o && !sharded_grads(acc, NULL)) || acc->opts[k]->amp_unscaled) continue;
         s = collect_grads(acc, acc->opts[k], &gs);
         acc->opts[k]->amp_unscaled = true;
     }
@@ -612,62 +545,20 @@ static void update_scale(ca_accelerator *acc) {
     acc->model_unscaled = false;
 }
 
-ca_status ca_grad_scaler_get(const ca_accelerator *acc, ca_grad_scaler_state *out) {
-    if (!acc || !out) return ca_error(CA_ERR_INVALID, "ca_grad_scaler_get: NULL argument");
-    *out = acc->scaler;
-    return CA_OK;
-}
-
-ca_status ca_grad_scaler_set(ca_accelerator *acc, const ca_grad_scaler_state *st) {
-    if (!acc || !st || !(st->scale > 0) || st->growth_tracker < 0)
-        return ca_error(CA_ERR_INVALID, "grad scaler state: the scale must be > 0 and the tracker >= 0");
-    acc->scaler = *st;
-    return CA_OK;
-}
-
-ca_status ca_grad_scaler_configure(ca_accelerator *acc, const ca_grad_scaler_opts *opts) {
-    if (!acc || !opts) return ca_error(CA_ERR_INVALID, "ca_grad_scaler_configure: NULL argument");
-    /* a field left 0 keeps Accelerate's default (GradScalerKwargs) */
-    ca_grad_scaler_opts o = *opts;
-    if (o.init_scale == 0) o.init_scale = 65536.0;
-    if (o.growth_factor == 0) o.growth_factor = 2.0;
-    if (o.backoff_factor == 0) o.backoff_factor = 0.5;
-    if (o.growth_interval == 0) o.growth_interval = 2000;
-    if (!(o.init_scale > 0) || !(o.growth_factor > 1) || !(o.backoff_factor > 0) || !(o.backoff_factor < 1) ||
-        o.growth_interval < 1)
-        return ca_error(CA_ERR_INVALID, "grad scaler options: init_scale > 0, growth_factor > 1, "
-                        "0 < backoff_factor < 1, growth_interval >= 1 (0: the default)");
-    acc->scaler_opts = o;
-    acc->scaler = (ca_grad_scaler_state){.scale = o.init_scale};
-    return CA_OK;
-}
-
 /* ------------------------------------------------------------------ backward and step */
-
-/* Deterministic mode, a batch that is not a virtual shard: why. */
-static ca_status det_refuse(const ca_accelerator *acc) {
-    const ca_dataloader *dl = active_loader(acc);
-    if (dl && ca_dataloader_check_parts(dl, acc->det.parts) != CA_OK)
-        return ca_error_context("ca_backward: this batch's dataloader cannot hand out virtual shards");
-    return ca_error(CA_ERR_STATE, "deterministic mode: ca_backward needs a batch from a dataloader prepared by "
-                    "this accelerator (it hands each process its %d virtual shards as micro-batches)",
-                    acc->det.parts);
-}
 
 ca_status ca_backward(ca_accelerator *acc, ca_tensor *loss) {
     if (!acc) return ca_error(CA_ERR_INVALID, "ca_backward: accelerator is NULL");
     if (!loss) return ca_last_status() ? ca_last_status() : ca_error(CA_ERR_INVALID, "ca_backward: loss is NULL");
     int64_t k = acc->in_accumulate && acc->st.gradient_accumulation_steps > 1 ? acc->st.gradient_accumulation_steps : 1;
     double seed = scaling(acc) ? acc->scaler.scale / (double)k : 1.0 / (double)k;
-    int part = 0, parts = 0;
-    if (acc->st.deterministic) det_part(acc, &part, &parts);
-    if (acc->st.deterministic && acc->model && parts != acc->det.parts) return det_refuse(acc);
+    const ca_sync_strategy *ops = acc->sync_ops;
     bool sync = ca_backward_syncs(acc), step_sync = acc->sync;
     ca_status s = acc->joining ? ca_join_notify(acc, sync) : CA_OK;
     if (s != CA_OK) return s;
     acc->sync = sync;   /* what the bucket hooks read during this backward */
     acc->in_backward = true;
-    s = acc->zero.stage && acc->model ? ca_zero_before_backward(acc) : CA_OK;
+    s = ops->before_backward ? ops->before_backward(acc) : CA_OK;
     if (s != CA_OK) {
         acc->in_backward = false;
         acc->sync = step_sync;
@@ -681,16 +572,9 @@ ca_status ca_backward(ca_accelerator *acc, ca_tensor *loss) {
     }
     acc->in_backward = false;
     if (acc->in_accumulate) acc->sync = step_sync;   /* no_sync / trigger do not change the step */
-    if (acc->nbuckets && sync) {
-        ca_status f = ca_ddp_finish_buckets(acc);
-        if (s == CA_OK) s = f;
-    }
-    if (s == CA_OK && acc->zero.stage && acc->model && sync) s = ca_zero_reduce(acc);
-    if (s == CA_OK && acc->st.deterministic && acc->model) {
-        s = ca_det_collect(acc, part);
-        if (s == CA_OK && sync) s = ca_det_reduce(acc);
-    }
-    return s;
+    /* the strategy's reduction; DDP's buckets also wait for what a failed backward launched */
+    ca_status f = ops->after_backward ? ops->after_backward(acc, sync, s != CA_OK) : CA_OK;
+    return s != CA_OK ? s : f;
 }
 
 /* The order unscale -> clip -> step belongs to the runtime, so a gradient is
@@ -706,9 +590,9 @@ static ca_status optimizer_step(void *owner, ca_optimizer *o) {
         o->skipped = true;     /* no parameter, no optimizer state changes */
         ca_log_printf(CA_LOG_INFO, "fp16: gradients overflowed at loss scale %g; step skipped",
                       acc->scaler.scale);
-        for (int b = 0; b < acc->nbuckets && s == CA_OK; b++) s = ca_psgd_reset(acc->buckets[b].psgd);
+        if (acc->sync_ops->skip_step) s = acc->sync_ops->skip_step(acc);
     } else {
-        s = acc->zero.stage ? ca_zero_step(acc, o) : ca_optimizer_apply(o, 1.0f);
+        s = acc->sync_ops->step ? acc->sync_ops->step(acc, o) : ca_optimizer_apply(o, 1.0f);
     }
     o->amp_unscaled = false;
     if (scaling(acc)) update_scale(acc);
@@ -746,8 +630,9 @@ ca_status ca_clip_grad_norm(ca_accelerator *acc, double max_norm, double *total_
         /* data parallel: gradients are already averaged, so every rank holds the same norm; sharded:
          * the norm of all shards is the square root of the sum over ranks of each shard's sum of
          * squares */
-        if (s == CA_OK && sharded_grads(acc) && acc->zero.world > 1)   /* over the shard group */
-            s = ca_comm_all_reduce(acc->zero.comm, ca_tptr(sq), ca_tptr(sq), 1, CA_F32, CA_OP_SUM, NULL);
+        ca_comm *group = NULL;
+        if (s == CA_OK && sharded_grads(acc, &group) && group)   /* over the shard group */
+            s = ca_comm_all_reduce(group, ca_tptr(sq), ca_tptr(sq), 1, CA_F32, CA_OP_SUM, NULL);
         ca_tensor *total = s == CA_OK ? ca_sqrt(sq) : NULL;
         ca_tensor *coef = total ? ca_div(ca_full(acc->device, CA_F32, 0, NULL, max_norm), ca_add_scalar(total, 1e-6))
                                 : NULL;
@@ -777,70 +662,3 @@ ca_status ca_clip_grad_value(ca_accelerator *acc, double clip_value) {
     return s;
 }
 
-/* ------------------------------------------------------------------ collectives */
-
-ca_status ca_wait_for_everyone(ca_accelerator *acc) { return ca_comm_barrier(acc->comm, NULL); }
-
-ca_status ca_mark_step(ca_accelerator *acc) {
-    if (!acc) return ca_error(CA_ERR_INVALID, "ca_mark_step: accelerator is NULL");
-    return ca_device_mark_step(acc->device);
-}
-
-static ca_status need_contiguous(const ca_tensor *t, const char *op) {
-    if (!t) return ca_last_status() ? ca_last_status() : ca_error(CA_ERR_INVALID, "%s: tensor is NULL", op);
-    if (!ca_tensor_is_contiguous(t)) return ca_error(CA_ERR_INVALID, "%s: tensor must be contiguous", op);
-    return CA_OK;
-}
-
-ca_status ca_reduce(ca_accelerator *acc, ca_tensor *t, ca_reduce_op op) {
-    ca_status s = need_contiguous(t, "reduce");
-    if (s != CA_OK) return s;
-    return ca_comm_all_reduce(acc->comm, ca_tptr(t), ca_tptr(t), (size_t)t->numel, t->dtype, op, NULL);
-}
-
-ca_status ca_broadcast(ca_accelerator *acc, ca_tensor *t, int root) {
-    ca_status s = need_contiguous(t, "broadcast");
-    if (s != CA_OK) return s;
-    return ca_comm_broadcast(acc->comm, ca_tptr(t), (size_t)t->numel, t->dtype, root, NULL);
-}
-
-ca_tensor *ca_gather(ca_accelerator *acc, ca_tensor *t) {
-    if (need_contiguous(t, "gather") != CA_OK) return NULL;
-    int64_t shape[CA_MAX_DIMS];
-    int nd = t->ndim ? t->ndim : 1;
-    memcpy(shape, t->shape, sizeof shape);
-    if (!t->ndim) shape[0] = 1;
-    shape[0] *= acc->world;
-    ca_tensor *out = ca_tensor_new(ca_tdev(t), t->dtype, nd, shape);
-    if (!out) return NULL;
-    if (ca_comm_all_gather(acc->comm, ca_tptr(t), ca_tptr(out), (size_t)t->numel, t->dtype, NULL) != CA_OK)
-        return NULL;
-    return out;
-}
-
-ca_tensor *ca_gather_for_metrics(ca_accelerator *acc, ca_tensor *t, const ca_batch *b) {
-    ca_tensor *all = ca_gather(acc, t);
-    if (!all || !b) return all;
-    /* padding repeats samples at the end of the global order, which is rank order */
-    ca_tensor *pad = ca_full(acc->device, CA_I64, 0, NULL, (double)b->num_padded);
-    if (!pad || ca_reduce(acc, pad, CA_OP_SUM) != CA_OK) return NULL;
-    double total;
-    if (ca_tensor_item(pad, &total) != CA_OK) return NULL;
-    int64_t rows = all->shape[0], keep = rows - (int64_t)total;
-    if (keep <= 0) keep = 0;
-    return keep == rows ? all : ca_narrow(all, 0, 0, keep);
-}
-
-void ca_split_between_processes(const ca_accelerator *acc, int64_t n, int64_t *begin, int64_t *end) {
-    int64_t w = acc->world, r = acc->rank, base = n / w, extra = n % w;
-    *begin = r * base + (r < extra ? r : extra);
-    *end = *begin + base + (r < extra ? 1 : 0);
-}
-
-ca_status ca_main_process_first_begin(ca_accelerator *acc) {
-    return acc->rank == 0 ? CA_OK : ca_comm_barrier(acc->comm, NULL);
-}
-
-ca_status ca_main_process_first_end(ca_accelerator *acc) {
-    return acc->rank == 0 ? ca_comm_barrier(acc->comm, NULL) : CA_OK;
-}

@@ -128,7 +128,10 @@ struct ca_accelerator {
     ca_optimizer **opts;
     int nloaders;
     ca_dataloader **loaders;
+    /* gradient synchronisation: the strategy chosen at creation (sync_impl.h) */
+    const struct ca_sync_strategy *sync_ops;
     /* data parallel */
+    const struct ca_bucket_hook *bucket_hook;   /* comm_hook (NULL: none; sync_ddp.c) */
     int nbuckets;
     ca_bucket *buckets;
     int next_launch;             /* buckets launch strictly in index order on every rank */
@@ -153,7 +156,7 @@ struct ca_accelerator {
     ca_det det;
     /* sharded data parallelism */
     ca_zero zero;
-    /* sync.c: no_sync and trigger_sync_in_backward scopes, sync_gradients set by the program,
+    /* accumulate.c: no_sync and trigger_sync_in_backward scopes, sync_gradients set by the program,
      * the trigger flag */
     int no_sync_depth, force_sync_depth;
     ca_tristate sync_set;        /* outside CA_ACCUMULATE: CA_NO holds steps and synchronisation back */
@@ -178,34 +181,26 @@ struct ca_accelerator {
     struct ca_progress *progress;
 };
 
-/* ddp.c: data parallelism over acc->comm. */
-/* Broadcasts every parameter of m from rank 0 (collective: every rank calls it). */
-ca_status ca_ddp_broadcast_params(ca_accelerator *acc, ca_module *m);
-/* Makes each parameter's .grad a view into f32 buckets of at most bucket_cap_mb and installs the
- * hook that launches a bucket's all-reduce (average) once all its gradients are final. */
-ca_status ca_ddp_build_buckets(ca_accelerator *acc, ca_module *m);
-/* Refuses a comm_hook that is not implemented; warns when one is set where DDP's buckets are not used
- * (deterministic mode, ZeRO/FSDP). */
-ca_status ca_ddp_check_hook(ca_accelerator *acc);
-/* After a synchronising backward: launches what unused parameters held back and waits for all. */
-ca_status ca_ddp_finish_buckets(ca_accelerator *acc);
-/* PowerSGD (powersgd.c): a bucket's state from comm_state_option (batched: the whole bucket as one
- * square matrix); the bucket's reduction, run where its all-reduce would be issued (blocking: three
- * collectives in a row, the same order on every rank); freeing (NULL is fine). */
-typedef struct ca_psgd ca_psgd;
-ca_status ca_psgd_create(ca_accelerator *acc, ca_bucket *bk, bool batched);
-/* Counts this synchronising step; false for PyTorch's warm-up (start_powerSGD_iter plain averages). */
-bool ca_psgd_compresses(ca_psgd *ps);
-ca_status ca_psgd_reduce(ca_accelerator *acc, ca_bucket *bk);
-ca_status ca_psgd_reset(ca_psgd *ps);   /* after an overflow: error feedback zeroed, Q drawn anew */
-void ca_psgd_free(ca_psgd *ps);
-void ca_ddp_free_buckets(ca_accelerator *acc);
+/* A DDP communication hook (comm_hook): how a bucket is sent. The plain f32 average needs none; the
+ * fp16/bf16 compression hooks are sync_ddp.c's, PowerSGD's (powersgd.c: its state from
+ * comm_state_option; batched: the whole bucket as one square matrix) run where the bucket's
+ * all-reduce would be issued. NULL slots: nothing to do. */
+typedef struct ca_bucket_hook {
+    const char *name;
+    ca_status (*init)(ca_accelerator *acc, ca_bucket *bk);   /* its state for a new bucket */
+    /* the bucket's reduction, at its turn; *done false: the plain f32 average instead */
+    ca_status (*launch)(ca_accelerator *acc, ca_bucket *bk, bool *done);
+    ca_status (*finish)(ca_bucket *bk);                      /* after the wait for what launch issued */
+    ca_status (*reset)(ca_bucket *bk);                       /* after an overflow skipped the step */
+    void (*free)(ca_bucket *bk);
+} ca_bucket_hook;
+extern const ca_bucket_hook ca_bucket_hook_power_sgd, ca_bucket_hook_batched_power_sgd;
 
 /* zero_config.c: the stage from distributed_type FSDP / DEEPSPEED, their keys and DeepSpeed's JSON
  * (fills acc->zero.stage and overrides the settings the JSON gives). */
 ca_status ca_zero_configure(ca_accelerator *acc);
-/* zero.c: sharded data parallelism. The helpers over flat f32 buffers are zero3.c's too: a float
- * pointer into a device tensor, a device copy of n floats, a zeroed buffer kept past scopes. */
+/* zero.c: sharded data parallelism. zero_buffers.c: the helpers over flat f32 buffers (zero3.c's
+ * too): a float pointer into a device tensor, a device copy of n floats, a zeroed buffer kept past scopes. */
 float *ca_zero_fptr(const ca_tensor *t, int64_t off);
 ca_status ca_zero_copy_f32(ca_device *d, const float *x, float *y, int64_t n);
 ca_tensor *ca_zero_persistent_zeros(ca_device *d, int64_t n);
@@ -262,7 +257,7 @@ ca_status ca_zero_check_shard(ca_accelerator *acc, const char *dir);
 /* The parameters from every rank's file, the optimizer state from this rank's. */
 ca_status ca_zero_load_shard(ca_accelerator *acc, const char *dir);
 
-/* sync.c: whether this backward all-reduces (the step's decision, no_sync, trigger_sync_in_backward). */
+/* accumulate.c: whether this backward all-reduces (the step's decision, no_sync, trigger_sync_in_backward). */
 bool ca_backward_syncs(const ca_accelerator *acc);
 /* join.c: an active rank's part of the join protocol before a backward (collective under join). */
 ca_status ca_join_notify(ca_accelerator *acc, bool sync);
@@ -272,17 +267,6 @@ void ca_state_free(ca_accelerator *acc);
 /* state.c: a saved checkpoint's integrity: `dir` has complete.json and every file it lists has the
  * size and CRC-32 recorded there. Errors name the file; `who` ("load_state") begins the others. */
 ca_status ca_state_check_files(const char *who, const char *dir);
-/* determinism.c: deterministic mode. */
-/* Checks deterministic_shards against the world size and puts the device into deterministic mode. */
-ca_status ca_det_configure(ca_accelerator *acc);
-/* Makes every parameter's .grad a view of one flat buffer and allocates the shard rows. */
-ca_status ca_det_build(ca_accelerator *acc, ca_module *m);
-/* After the backward of micro-batch `part`: adds .grad into that shard's row and frees .grad. */
-ca_status ca_det_collect(ca_accelerator *acc, int part);
-/* At the synchronising step: .grad = (sum of every shard's row, in shard order) / shards. */
-ca_status ca_det_reduce(ca_accelerator *acc);
-void ca_det_free(ca_accelerator *acc);
-
 /* progress.c: ca_log_metrics passes its values to the open bar (a loss is shown); the accelerator
  * detaches the bar when it is destroyed first. */
 void ca_progress_note_metrics(struct ca_progress *p, const ca_metric *values, size_t n);

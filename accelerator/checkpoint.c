@@ -4,7 +4,7 @@
 #include <caccel/tensor.h>
 
 #include "accelerator/checkpoint_impl.h"
-#include "accelerator/accelerator_impl.h"
+#include "accelerator/sync_impl.h"
 #include "tensor/safetensors_impl.h"
 #include "core/json_impl.h"
 #include "base/file_impl.h"
@@ -451,9 +451,9 @@ static ca_status load_model(ca_module *model, const char *dir_or_file) {   /* ev
 
 /* Stage 3 keeps shards of the parameters between steps: whole while they are saved or loaded. */
 static bool summon(ca_accelerator *acc, ca_module *model, ca_status *s) {
-    bool shards = acc && model && acc->zero.stage == 3 && acc->model == model &&
-                  !acc->zero.summoned;
-    *s = shards ? ca_summon_full_params(acc, true) : CA_OK;
+    const ca_sync_strategy *ops = acc ? acc->sync_ops : NULL;
+    bool shards = ops && model && acc->model == model && ops->params_sharded && ops->params_sharded(acc);
+    *s = shards ? ops->summon(acc, true) : CA_OK;
     return shards;
 }
 
@@ -462,7 +462,7 @@ ca_status ca_save_model(ca_accelerator *acc, ca_module *model, const char *dir, 
     ca_status s;
     bool shards = summon(acc, model, &s);
     if (s == CA_OK) s = save_model(acc, model, dir, max_shard_size);
-    ca_status r = shards ? ca_summon_full_params(acc, false) : CA_OK;
+    ca_status r = shards ? acc->sync_ops->summon(acc, false) : CA_OK;
     return s != CA_OK ? s : r;
 }
 
@@ -471,6 +471,6 @@ ca_status ca_load_model(ca_accelerator *acc, ca_module *model, const char *dir_o
     ca_status s;
     bool shards = summon(acc, model, &s);
     if (s == CA_OK) s = load_model(model, dir_or_file);
-    ca_status r = shards ? ca_summon_full_params(acc, false) : CA_OK;
+    ca_status r = shards ? acc->sync_ops->summon(acc, false) : CA_OK;
     return s != CA_OK ? s : r;
 }

@@ -1,7 +1,7 @@
 /* Uneven inputs (Accelerate's join_uneven_inputs over PyTorch's Join with DDP): a rank whose
  * dataloader ran out shadows the collectives of the ranks still training until every rank is done,
  * then every rank takes the parameters of the last rank to finish. */
-#include "accelerator/accelerator_impl.h"
+#include "accelerator/sync_impl.h"
 
 #include <stdlib.h>
 
@@ -18,21 +18,6 @@ static ca_status join_round(ca_accelerator *acc, int64_t active, int64_t sync, i
 ca_status ca_join_notify(ca_accelerator *acc, bool sync) {
     int64_t r[2];
     return join_round(acc, 1, sync ? 1 : 0, r);
-}
-
-/* The all-reduces of a synchronising backward, with zero gradients (the average stays over the
- * whole world, as DDP's join with divide_by_initial_world_size). */
-static ca_status shadow_buckets(ca_accelerator *acc) {
-    for (int b = 0; b < acc->nbuckets; b++) {
-        ca_bucket *bk = &acc->buckets[b];
-        ca_status s = CA_KCALL(acc->device, fill, .dt = CA_F32, .n = bk->numel, .value = 0.0,
-                               .y = ca_tptr(bk->flat));
-        if (s == CA_OK)
-            s = ca_comm_all_reduce(acc->comm, ca_tptr(bk->flat), ca_tptr(bk->flat), (size_t)bk->numel, CA_F32,
-                                   CA_OP_AVG, NULL);
-        if (s != CA_OK) return ca_error_context("join_uneven_inputs: shadowing bucket %d on rank %d", b, acc->rank);
-    }
-    return CA_OK;
 }
 
 /* Every rank takes the parameters of the highest-numbered rank among the last to finish. */
@@ -109,7 +94,9 @@ ca_status ca_join_uneven_inputs_end(ca_accelerator *acc) {
             s = join_round(acc, 0, 0, r);
             if (s != CA_OK || r[0] == 0) break;
             last = false;
-            if (r[1] > 0) s = shadow_buckets(acc);
+            /* the collectives of a synchronising backward, with zero gradients (the average stays over
+             * the whole world, as DDP's join with divide_by_initial_world_size) */
+            if (r[1] > 0 && acc->sync_ops->shadow_backward) s = acc->sync_ops->shadow_backward(acc);
             if (s != CA_OK) break;
         }
         if (s == CA_OK) s = sync_final_model(acc, last);

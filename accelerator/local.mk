@@ -2,20 +2,27 @@
 # accumulation, clipping, mixed precision, and the collective helpers for training loops.
 libcaccel_la_SOURCES += \
 	accelerator/accelerator_impl.h \
+	accelerator/process_state.c \
+	accelerator/accumulate.c \
+	accelerator/grad_scaler.c \
 	accelerator/accelerator.c \
-	accelerator/ddp.c \
+	accelerator/sync_impl.h \
+	accelerator/strategy.c \
+	accelerator/sync_none.c \
+	accelerator/sync_ddp.c \
+	accelerator/sync_zero.c \
+	accelerator/sync_deterministic.c \
 	accelerator/powersgd.c \
 	accelerator/local_sgd.c \
+	accelerator/zero_buffers.c \
 	accelerator/zero.c \
 	accelerator/zero3.c \
 	accelerator/zero_config.c \
 	accelerator/zero_offload.c \
 	accelerator/zero_state.c \
-	accelerator/determinism.c \
 	accelerator/checkpoint_impl.h \
 	accelerator/checkpoint.c \
 	accelerator/state.c \
-	accelerator/sync.c \
 	accelerator/objects.c \
 	accelerator/join.c \
 	accelerator/autocast.c \

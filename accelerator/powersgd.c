@@ -20,6 +20,7 @@ typedef struct psgd_mat {
     int64_t p_off, q_off;        /* P (n x r) and Q (m x r) in the P and Q buffers */
 } psgd_mat;
 
+typedef struct ca_psgd ca_psgd;
 struct ca_psgd {
     bool batched;
     int64_t len;                 /* elements compressed: the bucket's, or side^2 (batched) */
@@ -96,7 +97,7 @@ static ca_tensor *persistent(ca_device *d, int64_t n) {
     return t ? ca_tensor_keep(t) : NULL;
 }
 
-ca_status ca_psgd_create(ca_accelerator *acc, ca_bucket *bk, bool batched) {
+static ca_status psgd_create(ca_accelerator *acc, ca_bucket *bk, bool batched) {
     ca_psgd *ps = calloc(1, sizeof *ps);
     if (!ps) return ca_error(CA_ERR_NOMEM, "out of host memory");
     bk->psgd = ps;
@@ -128,7 +129,7 @@ ca_status ca_psgd_create(ca_accelerator *acc, ca_bucket *bk, bool batched) {
     return CA_OK;
 }
 
-void ca_psgd_free(ca_psgd *ps) {
+static void psgd_free(ca_psgd *ps) {
     if (!ps) return;
     free(ps->mats);
     free(ps->spans);
@@ -254,18 +255,20 @@ static void log_stats(const ca_accelerator *acc, const ca_bucket *bk, const ca_p
 /* After a skipped fp16 step: an overflow went through the factors, so the error feedback and Q hold
  * non-finite values every later step would inherit (and skip); both start afresh, alike on every rank
  * (every rank skips). */
-ca_status ca_psgd_reset(ca_psgd *ps) {
+static ca_status psgd_reset(ca_psgd *ps) {
     if (!ps) return CA_OK;
     ps->have_q = false;
     return ps->error ? CA_KCALL(ca_tdev(ps->error), fill, .dt = CA_F32, .n = ps->len, .value = 0.0,
                                 .y = ca_tptr(ps->error)) : CA_OK;
 }
 
-bool ca_psgd_compresses(ca_psgd *ps) {
+/* Counts this synchronising step; false for PyTorch's warm-up (start_powerSGD_iter plain averages). */
+static bool psgd_compresses(ca_psgd *ps) {
     return ps->iter++ >= ps->start_iter;
 }
 
-ca_status ca_psgd_reduce(ca_accelerator *acc, ca_bucket *bk) {
+/* Blocking: three collectives in a row, the same order on every rank. */
+static ca_status psgd_reduce(ca_accelerator *acc, ca_bucket *bk) {
     ca_psgd *ps = bk->psgd;
     float *flat = ca_tptr(bk->flat);
     ca_device *d = acc->device;
@@ -296,3 +299,30 @@ ca_status ca_psgd_reduce(ca_accelerator *acc, ca_bucket *bk) {
     log_stats(acc, bk, ps);
     return CA_OK;
 }
+
+/* ------------------------------------------------------------------ as DDP's bucket hook */
+
+static ca_status psgd_init(ca_accelerator *acc, ca_bucket *bk) { return psgd_create(acc, bk, false); }
+static ca_status psgd_init_batched(ca_accelerator *acc, ca_bucket *bk) { return psgd_create(acc, bk, true); }
+
+/* The warm-up's steps leave the bucket to the plain average. */
+static ca_status psgd_launch(ca_accelerator *acc, ca_bucket *bk, bool *done) {
+    *done = psgd_compresses(bk->psgd);
+    return *done ? psgd_reduce(acc, bk) : CA_OK;
+}
+
+static ca_status psgd_reset_bucket(ca_bucket *bk) { return psgd_reset(bk->psgd); }
+
+static void psgd_free_bucket(ca_bucket *bk) {
+    psgd_free(bk->psgd);
+    bk->psgd = NULL;
+}
+
+const ca_bucket_hook ca_bucket_hook_power_sgd = {
+    .name = "power_sgd", .init = psgd_init, .launch = psgd_launch, .reset = psgd_reset_bucket,
+    .free = psgd_free_bucket,
+};
+const ca_bucket_hook ca_bucket_hook_batched_power_sgd = {
+    .name = "batched_power_sgd", .init = psgd_init_batched, .launch = psgd_launch, .reset = psgd_reset_bucket,
+    .free = psgd_free_bucket,
+};

@@ -6,7 +6,7 @@
  * size and CRC-32 in complete.json inside <dir>.tmp, swaps it with <dir> (or renames it there),
  * removes the previous checkpoint and tells the others. A load checks every file on every rank,
  * exchanges the statuses, and only then applies anything. */
-#include "accelerator/accelerator_impl.h"
+#include "accelerator/sync_impl.h"
 #include "accelerator/checkpoint_impl.h"
 #include "tensor/safetensors_impl.h"
 #include "core/json_impl.h"
@@ -546,23 +546,19 @@ static ca_status ss_save_local(ca_accelerator *acc, const char *dir, int64_t ite
     return s;
 }
 
-/* Sharded (accelerator/zero.c): the full optimizer state is gathered from every rank's shard for
- * the files rank 0 writes (FULL_STATE_DICT), then freed again. Collective. */
-static bool ss_sharded_dict(const ca_accelerator *acc) {
-    const char *v = ca_config_get(acc->cfg, "fsdp_config.fsdp_state_dict_type");
-    return acc->zero.stage && acc->model && v &&
-           (!strcmp(v, "SHARDED_STATE_DICT") || !strcmp(v, "LOCAL_STATE_DICT") || !strcmp(v, "2") || !strcmp(v, "3"));
-}
-
+/* A strategy that keeps the optimizer state in parts (sync_zero.c): either each rank saves its part
+ * (SHARDED_STATE_DICT), or the full state is gathered from every rank's part for the files rank 0
+ * writes (FULL_STATE_DICT), then freed again. Collective. */
 static ca_status ss_save_local_full(ca_accelerator *acc, const char *dir, int64_t iteration) {
-    if (ss_sharded_dict(acc)) {   /* SHARDED_STATE_DICT: each rank its shard, no full files */
-        ca_status s = ca_zero_save_shard(acc, dir);
+    const ca_sync_strategy *ops = acc->sync_ops;
+    if (ops->saves_shards && ops->saves_shards(acc)) {   /* each rank its shard, no full files */
+        ca_status s = ops->save_shard(acc, dir);
         return s == CA_OK ? ss_save_local(acc, dir, iteration, true) : s;
     }
     ca_status s = CA_OK;
-    for (int i = 0; s == CA_OK && acc->zero.stage && i < acc->nopts; i++) s = ca_zero_gather_state(acc, acc->opts[i]);
+    for (int i = 0; s == CA_OK && ops->gather_state && i < acc->nopts; i++) s = ops->gather_state(acc, acc->opts[i]);
     if (s == CA_OK) s = ss_save_local(acc, dir, iteration, false);
-    for (int i = 0; acc->zero.stage && i < acc->nopts; i++) ca_zero_drop_state(acc->opts[i]);
+    for (int i = 0; ops->drop_state && i < acc->nopts; i++) ops->drop_state(acc->opts[i]);
     return s;
 }
 
@@ -1226,11 +1222,19 @@ static ca_status ss_check_custom(ca_accelerator *acc, const char *dir, ss_loaded
     return s;
 }
 
-/* Every rank's shard of a sharded checkpoint is listed (ca_zero_check_shard matched its world size). */
+/* A sharded checkpoint's index against this run; a run whose strategy keeps no shards refuses it. */
+static ca_status check_shard(ca_accelerator *acc, const char *dir) {
+    if (acc->sync_ops->check_shard) return acc->sync_ops->check_shard(acc, dir);
+    return ca_error(CA_ERR_INVALID, "load_state: %s holds a sharded state dict: load it under sharded data "
+                    "parallelism, or merge its weights first (caccel merge-weights)", dir);
+}
+
+/* Every rank's shard of a sharded checkpoint is listed (check_shard matched its world size). */
 static ca_status ss_shards_listed(const ca_accelerator *acc, const char *dir, const ss_loaded *L) {
     char path[PATH_MAX], name[64];
     ca_status s = CA_OK;
-    for (int r = 0; s == CA_OK && r < acc->zero.world; r++) {
+    int n = acc->sync_ops->shard_count ? acc->sync_ops->shard_count(acc) : 0;
+    for (int r = 0; s == CA_OK && r < n; r++) {
         snprintf(name, sizeof name, CA_ZERO_SHARD_FMT, r);
         s = ss_listed_path(L, dir, name, path);
     }
@@ -1242,7 +1246,7 @@ static ca_status ss_shards_listed(const ca_accelerator *acc, const char *dir, co
 static ca_status ss_check_all(ca_accelerator *acc, const char *dir, ss_loaded *L, bool sharded) {
     ca_status s = ss_check_state(acc, dir, L);
     char path[PATH_MAX], name[64];
-    if (s == CA_OK && sharded) s = ca_zero_check_shard(acc, dir);
+    if (s == CA_OK && sharded) s = check_shard(acc, dir);
     if (s == CA_OK && sharded) s = ss_shards_listed(acc, dir, L);
     if (s == CA_OK && acc->model && !sharded && (s = ss_listed_path(L, dir, SS_MODEL, path)) == CA_OK)
         s = ca_ck_model_open(path, acc->model, &L->model);
@@ -1359,16 +1363,17 @@ static ca_status ss_load_dir(ca_accelerator *acc, const char *dir) {
     bool sharded = ss_listed(&L, CA_ZERO_INDEX) >= 0;
     /* sharded run, full checkpoint: the full state is read into per-parameter tensors, then each rank
      * keeps its shard; sharded checkpoint: each rank reads its shard file */
-    bool full = s == CA_OK && acc->zero.stage && !sharded;
+    const ca_sync_strategy *ops = acc->sync_ops;
+    bool full = s == CA_OK && ops->scatter_state && !sharded;
     for (int i = 0; s == CA_OK && full && i < acc->nopts; i++) s = ca_optimizer_init_state(acc->opts[i]);
     if (s == CA_OK) s = ss_check_all(acc, dir, &L, sharded);
     s = ss_exchange(acc, s, &bad);                  /* nothing is applied unless every rank can */
     if (s == CA_OK) s = ss_apply(acc, &L);
     else s = ss_fail(acc, s, bad, "load_state", dir);
-    if (s == CA_OK && sharded) s = ca_zero_load_shard(acc, dir);
+    if (s == CA_OK && sharded) s = ops->load_shard(acc, dir);
     for (int i = 0; full && i < acc->nopts; i++) {
-        ca_status z = s == CA_OK ? ca_zero_scatter_state(acc, acc->opts[i]) : CA_OK;
-        ca_zero_drop_state(acc->opts[i]);
+        ca_status z = s == CA_OK ? ops->scatter_state(acc, acc->opts[i]) : CA_OK;
+        ops->drop_state(acc->opts[i]);
         if (s == CA_OK) s = z;
     }
     if (s == CA_OK && L.iteration >= 0) {
@@ -1473,10 +1478,11 @@ void ca_state_free(ca_accelerator *acc) {
 /* Stage 3 keeps shards of the parameters between steps: whole while they are saved or loaded. */
 static ca_status with_full_params(ca_accelerator *acc, ca_status (*fn)(ca_accelerator *, const char *),
                                   const char *dir) {
-    bool shards = acc->zero.stage == 3 && acc->model && !acc->zero.summoned;
-    ca_status s = shards ? ca_zero3_summon(acc, true) : CA_OK;
+    const ca_sync_strategy *ops = acc->sync_ops;
+    bool shards = ops->params_sharded && ops->params_sharded(acc);
+    ca_status s = shards ? ops->summon(acc, true) : CA_OK;
     if (s == CA_OK) s = fn(acc, dir);
-    ca_status r = shards ? ca_zero3_summon(acc, false) : CA_OK;
+    ca_status r = shards ? ops->summon(acc, false) : CA_OK;
     return s != CA_OK ? s : r;
 }
 

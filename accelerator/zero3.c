@@ -506,9 +506,7 @@ ca_status ca_zero3_build(ca_accelerator *acc, ca_module *m) {
         u->gathered = true;
         if (!u->n) continue;   /* a wrapped module with no parameters of its own (the root, often) */
         used++;
-        u->mod->pre_forward = pre_forward;
-        u->mod->post_forward = post_forward;
-        u->mod->hook_ctx = u;
+        ca_module_set_forward_hooks(u->mod, pre_forward, post_forward, u);
         for (int j = 0; j < u->n; j++) ca_tensor_set_grad_hook(z->params[u->idx[j]], grad_done, u);
     }
     ca_zero3_release_all(acc);
@@ -539,11 +537,6 @@ ca_status ca_zero3_summon(ca_accelerator *acc, bool on) {
     return s;
 }
 
-ca_status ca_summon_full_params(ca_accelerator *acc, bool on) {
-    if (!acc) return ca_error(CA_ERR_INVALID, "ca_summon_full_params: accelerator is NULL");
-    return acc->zero.stage == 3 && acc->model ? ca_zero3_summon(acc, on) : CA_OK;
-}
-
 void ca_zero3_free(ca_accelerator *acc) {
     ca_zero *z = &acc->zero;
     if (z->gathers && acc->rank <= 0)
@@ -564,9 +557,7 @@ void ca_zero3_free(ca_accelerator *acc) {
     }
     for (int k = 0; k < z->nunits; k++) {
         if (z->nparams) {
-            z->units[k].mod->pre_forward = NULL;
-            z->units[k].mod->post_forward = NULL;
-            z->units[k].mod->hook_ctx = NULL;
+            ca_module_set_forward_hooks(z->units[k].mod, NULL, NULL, NULL);
         }
         if (z->nparams) free_grads(&z->units[k]);   /* else the views went with the model */
         ca_tensor_free(z->units[k].grad);

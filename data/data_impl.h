@@ -153,8 +153,15 @@ void ca_dataloader_handed_part(const ca_dataloader *dl, int *part, int *parts);
 /* When the loader last handed out a batch of the pass in flight, in process-wide
  * order (larger is newer); 0 when no pass is in flight. */
 uint64_t ca_dataloader_handed_seq(const ca_dataloader *dl);
-/* The accelerator that prepared dl; `forget` is called when dl is destroyed first. */
-void ca_dataloader_set_owner(ca_dataloader *dl, void *owner, void (*forget)(void *owner, const void *obj));
+/* What the owner of a prepared loader (the Accelerator) installs, as ca_optimizer_owner and
+ * ca_module_owner: told when the loader is destroyed first. */
+typedef struct ca_dataloader_owner {
+    void *owner;
+    void (*forget)(void *owner, const void *obj);
+} ca_dataloader_owner;
+
+/* Installs (or, with NULL, removes: plain use again) the owner of dl. */
+void ca_dataloader_set_owner(ca_dataloader *dl, const ca_dataloader_owner *owner);
 
 /*
  * dispatch_batches (Accelerate's DataLoaderDispatcher). The accelerator installs

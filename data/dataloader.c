@@ -667,9 +667,9 @@ uint64_t ca_dataloader_handed_seq(const ca_dataloader *dl) {
     return dl && dl->active ? dl->handed_seq : 0;
 }
 
-void ca_dataloader_set_owner(ca_dataloader *dl, void *owner, void (*forget)(void *owner, const void *obj)) {
-    dl->owner = owner;
-    dl->owner_forget = forget;
+void ca_dataloader_set_owner(ca_dataloader *dl, const ca_dataloader_owner *owner) {
+    dl->owner = owner ? owner->owner : NULL;
+    dl->owner_forget = owner ? owner->forget : NULL;
 }
 
 /* After a batch is consumed: whether it was the pass's last. A stream's end is

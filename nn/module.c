@@ -285,6 +285,28 @@ void ca_module_zero_grad(ca_module *m) {
     for (int i = 0; i < n; i++) ca_tensor_zero_grad(m->flat[i]);
 }
 
+void ca_module_set_owner(ca_module *m, const ca_module_owner *owner) {
+    int n = ca_module_num_params(m);
+    if (!owner) {
+        m->owner = NULL;
+        m->owner_forget = NULL;
+        m->autocast = CA_F32;
+        for (int i = 0; i < n; i++) ca_tensor_set_grad_hook(m->flat[i], NULL, NULL);
+        return;
+    }
+    m->owner = owner->owner;
+    m->owner_forget = owner->forget;
+    m->autocast = owner->autocast;
+    for (int i = 0; i < n; i++) m->flat[i]->version++;   /* copies cast under another autocast are stale */
+}
+
+void ca_module_set_forward_hooks(ca_module *m, ca_status (*pre)(void *ctx, ca_module *m),
+                                 ca_tensor *(*post)(void *ctx, ca_module *m, ca_tensor *y), void *ctx) {
+    m->pre_forward = pre;
+    m->post_forward = post;
+    m->hook_ctx = ctx;
+}
+
 void ca_module_destroy(ca_module *m) {
     if (!m) return;
     if (m->owner && m->owner_forget) m->owner_forget(m->owner, m);

@@ -37,6 +37,22 @@ struct ca_module {
     char **flat_names;
 };
 
+/* What the owner of a prepared module (the Accelerator) installs, as ca_optimizer_owner: told when
+ * the module is destroyed first; the autocast of mixed precision its forward runs under. */
+typedef struct ca_module_owner {
+    void *owner;
+    void (*forget)(void *owner, const void *obj);
+    ca_dtype autocast;               /* CA_F32: none */
+} ca_module_owner;
+
+/* Installs (or, with NULL, removes: plain use again, no autocast, no gradient hooks on its
+ * parameters) the owner of m. Installing one makes low-precision copies of the parameters stale. */
+void ca_module_set_owner(ca_module *m, const ca_module_owner *owner);
+/* Installs (or, with pre and post NULL, removes) the hooks around m's forward (ZeRO stage 3's
+ * gather and release of a wrap unit's parameters). */
+void ca_module_set_forward_hooks(ca_module *m, ca_status (*pre)(void *ctx, ca_module *m),
+                                 ca_tensor *(*post)(void *ctx, ca_module *m, ca_tensor *y), void *ctx);
+
 typedef enum ca_optim_kind { CA_OPTIM_SGD = 1, CA_OPTIM_ADAMW = 2 } ca_optim_kind;
 
 typedef struct ca_optim_group {

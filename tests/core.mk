@@ -29,6 +29,9 @@ VALGRIND_TESTS += tests/test_transformer_ops
 tests_test_transformer_ops_SOURCES = tests/test_transformer_ops.c tests/test_util.h
 tests_test_transformer_ops_CFLAGS = $(CA_TEST_CFLAGS)
 tests_test_transformer_ops_LDADD = $(CA_TEST_LIBS)
+# accelerator/'s files call each other without a circle (read from the built objects with nm)
+TESTS += tests/test_file_cycles.sh
+EXTRA_DIST += tests/test_file_cycles.sh
 check_PROGRAMS += tests/test_accelerator
 TESTS += tests/test_accelerator
 VALGRIND_TESTS += tests/test_accelerator

@@ -14,7 +14,7 @@ tools_caccel_LDADD = libcaccel.la $(JSONC_LIBS)
 # Scripts: the README's commands, CI's dependencies, the layer checks, measurement helpers.
 EXTRA_DIST += tools/quickstart.sh tools/test.sh tools/install-deps.sh tools/gpu-bundle.sh \
 	tools/layers.sh tools/check-layers.sh tools/check-symbols.sh tools/check-headers.sh tools/check-names.sh tools/accuracy-spread.sh \
-	tools/fetch-minilm.sh
+	tools/fetch-minilm.sh tools/check-file-cycles.sh tools/count-mode-tests.sh
 
 # Manual pages (caccel(1): the command; caccel(3): the C API) and bash completion for the command.
 dist_man_MANS = docs/man/caccel.1 docs/man/caccel.3

@@ -1,20 +1,10 @@
-/* Data parallelism (DDP): rank 0's parameters broadcast at prepare, and gradient buckets whose
- * all-reduce starts during backward as soon as every gradient of a bucket is final. */
-#include "accelerator/accelerator_impl.h"
+/* Data parallelism (DDP), the strategy of several processes that each hold the whole model:
+ * gradient buckets whose all-reduce starts during backward as soon as every gradient of a bucket is
+ * final. A comm_hook (fp16, bf16, PowerSGD) changes how a bucket is sent. */
+#include "accelerator/sync_impl.h"
 
 #include <stdlib.h>
 #include <string.h>
-
-ca_status ca_ddp_broadcast_params(ca_accelerator *acc, ca_module *m) {
-    int n = ca_module_num_params(m);
-    for (int i = 0; i < n; i++) {
-        ca_tensor *p = m->flat[i];
-        ca_status s = ca_comm_broadcast(acc->comm, ca_tptr(p), (size_t)p->numel, p->dtype, 0, NULL);
-        if (s != CA_OK) return ca_error_context("broadcasting parameter %s from rank 0", m->flat_names[i]);
-    }
-    return CA_OK;
-}
-
 
 static void bucket_launch_ready(ca_accelerator *acc, int g);
 
@@ -44,38 +34,61 @@ static ca_status zero_unwritten(ca_bucket *bk) {
     return CA_OK;
 }
 
-/* The element type comm_hook sends gradients in (CA_F32: no hook). */
-static ca_dtype wire_dtype(const ca_accelerator *acc) {
-    switch (acc->st.comm_hook) {
-    case CA_COMM_HOOK_FP16: return CA_F16;
-    case CA_COMM_HOOK_BF16: return CA_BF16;
-    default: return CA_F32;
-    }
-}
+/* ------------------------------------------------------------------ the fp16/bf16 hooks */
 
-/* With an fp16/bf16 hook, as PyTorch's compress hooks: the bucket divided by the process count and
- * rounded to 16 bits is summed (in 16 bits, so the sum cannot overflow where the mean does not);
- * widen_wire brings the result back once the all-reduce is done. */
-static ca_status launch(ca_accelerator *acc, ca_bucket *bk) {
-    ca_status s = zero_unwritten(bk);
-    bk->launched = true;
-    if (s != CA_OK) return s;
-    if (bk->psgd && ca_psgd_compresses(bk->psgd)) return ca_psgd_reduce(acc, bk);
-    if (!bk->wire)
-        return ca_comm_all_reduce(acc->comm, ca_tptr(bk->flat), ca_tptr(bk->flat), (size_t)bk->numel, CA_F32,
-                                  CA_OP_AVG, &bk->work);
+/* As PyTorch's compress hooks: the bucket divided by the process count and rounded to 16 bits is
+ * summed (in 16 bits, so the sum cannot overflow where the mean does not); wire_finish brings the
+ * result back once the all-reduce is done. The bucket's 16-bit copy is its `wire`. */
+static ca_status wire_init(ca_accelerator *acc, ca_bucket *bk, ca_dtype dt) {
+    ca_tensor *w = ca_zeros(acc->device, dt, 1, &bk->numel);
+    if (!w) return ca_last_status();
+    bk->wire = ca_tensor_keep(w);
+    return CA_OK;
+}
+static ca_status wire_init_f16(ca_accelerator *acc, ca_bucket *bk) { return wire_init(acc, bk, CA_F16); }
+static ca_status wire_init_bf16(ca_accelerator *acc, ca_bucket *bk) { return wire_init(acc, bk, CA_BF16); }
+
+static ca_status wire_launch(ca_accelerator *acc, ca_bucket *bk, bool *done) {
     ca_dtype dt = bk->wire->dtype;
-    s = CA_KCALL(ca_tdev(bk->flat), cast, .src_dt = CA_F32, .x = ca_tptr(bk->flat), .dst_dt = dt,
-                 .y = ca_tptr(bk->wire), .n = bk->numel, .alpha = 1.0f / (float)acc->world);
+    *done = true;
+    ca_status s = CA_KCALL(ca_tdev(bk->flat), cast, .src_dt = CA_F32, .x = ca_tptr(bk->flat), .dst_dt = dt,
+                           .y = ca_tptr(bk->wire), .n = bk->numel, .alpha = 1.0f / (float)acc->world);
     if (s == CA_OK)
         s = ca_comm_all_reduce(acc->comm, ca_tptr(bk->wire), ca_tptr(bk->wire), (size_t)bk->numel, dt, CA_OP_SUM,
                                &bk->work);
     return s;
 }
 
-static ca_status widen_wire(ca_bucket *bk) {
+static ca_status wire_finish(ca_bucket *bk) {
     return CA_KCALL(ca_tdev(bk->flat), cast, .src_dt = bk->wire->dtype, .x = ca_tptr(bk->wire),
                     .dst_dt = CA_F32, .y = ca_tptr(bk->flat), .n = bk->numel, .alpha = 1.0f);
+}
+
+static void wire_free(ca_bucket *bk) {
+    ca_tensor_free(bk->wire);
+    bk->wire = NULL;
+}
+
+static const ca_bucket_hook hook_fp16 = {
+    .name = "fp16", .init = wire_init_f16, .launch = wire_launch, .finish = wire_finish, .free = wire_free,
+};
+static const ca_bucket_hook hook_bf16 = {
+    .name = "bf16", .init = wire_init_bf16, .launch = wire_launch, .finish = wire_finish, .free = wire_free,
+};
+
+/* ------------------------------------------------------------------ buckets */
+
+/* The bucket's reduction: the hook's, or the plain f32 average. */
+static ca_status launch(ca_accelerator *acc, ca_bucket *bk) {
+    ca_status s = zero_unwritten(bk);
+    bk->launched = true;
+    if (s != CA_OK) return s;
+    const ca_bucket_hook *h = acc->bucket_hook;
+    bool done = false;
+    if (h && h->launch) s = h->launch(acc, bk, &done);
+    if (s != CA_OK || done) return s;
+    return ca_comm_all_reduce(acc->comm, ca_tptr(bk->flat), ca_tptr(bk->flat), (size_t)bk->numel, CA_F32,
+                              CA_OP_AVG, &bk->work);
 }
 
 /* A model's buckets launch strictly in index order on every rank. */
@@ -97,7 +110,7 @@ static bool group_touched(const ca_accelerator *acc, int g) {
 }
 
 /* After backward: launch what unused parameters held back, then wait for all. */
-ca_status ca_ddp_finish_buckets(ca_accelerator *acc) {
+static ca_status finish_buckets(ca_accelerator *acc) {
     for (int g = 0; g < acc->ngroups; g++) {
         if (!group_touched(acc, g)) continue;
         for (; acc->bucket_status == CA_OK && acc->group_next[g] < acc->group_begin[g + 1]; acc->group_next[g]++)
@@ -112,24 +125,14 @@ ca_status ca_ddp_finish_buckets(ca_accelerator *acc) {
             ca_work_free(bk->work);
             bk->work = NULL;
         }
-        if (s == CA_OK && bk->wire && bk->launched) s = widen_wire(bk);
+        const ca_bucket_hook *h = acc->bucket_hook;
+        if (s == CA_OK && h && h->finish && bk->launched) s = h->finish(bk);
         bk->ready = 0;
         bk->launched = false;
     }
     for (int g = 0; g < acc->ngroups; g++) acc->group_next[g] = acc->group_begin[g];
     acc->bucket_status = CA_OK;
     return s;
-}
-
-ca_status ca_ddp_check_hook(ca_accelerator *acc) {
-    ca_comm_hook h = acc->st.comm_hook;
-    if (h == CA_COMM_HOOK_NO) return CA_OK;
-    const char *name = ca_config_get(acc->cfg, "comm_hook"), *from = ca_config_origin(acc->cfg, "comm_hook");
-    if ((acc->st.deterministic || acc->zero.stage) && acc->rank == 0)
-        ca_log_printf(CA_LOG_WARNING, "comm_hook %s (from %s) compresses plain data parallelism's all-reduce; "
-                      "%s reduces its own way and sends f32", name, from,
-                      acc->st.deterministic ? "deterministic mode" : "ZeRO/FSDP");
-    return CA_OK;
 }
 
 /* A new group for the next model's buckets. */
@@ -147,13 +150,12 @@ static ca_status add_group(ca_accelerator *acc) {
 /* Buckets of at most bucket_cap_mb, filled in reverse registration order
  * (gradients arrive roughly from the last layer back), each parameter's .grad
  * a view into its bucket. */
-ca_status ca_ddp_build_buckets(ca_accelerator *acc, ca_module *m) {
+static ca_status build_buckets(ca_accelerator *acc, ca_module *m) {
     int n = ca_module_num_params(m);
     ca_status gs = add_group(acc);
     if (gs != CA_OK) return gs;
     int group = acc->ngroups - 1;
     size_t cap = (size_t)(acc->st.bucket_cap_mb * 1024 * 1024 / sizeof(float));
-    ca_dtype wire = wire_dtype(acc);
     if (cap < 1) cap = 1;
     for (int i = n - 1; i >= 0;) {
         int64_t numel = 0;
@@ -172,11 +174,6 @@ ca_status ca_ddp_build_buckets(ca_accelerator *acc, ca_module *m) {
         if (!flat) return ca_last_status() ? ca_last_status() : ca_error(CA_ERR_NOMEM, "out of host memory");
         bk->flat = ca_tensor_keep(flat);
         bk->numel = numel;
-        if (wire != CA_F32) {
-            ca_tensor *w = ca_zeros(acc->device, wire, 1, &numel);
-            if (!w) return ca_last_status();
-            bk->wire = ca_tensor_keep(w);
-        }
         int64_t off = 0;
         for (int k = 0; k < bk->nparams; k++) {
             ca_tensor *p = m->flat[first - k];
@@ -194,22 +191,19 @@ ca_status ca_ddp_build_buckets(ca_accelerator *acc, ca_module *m) {
             ca_tensor_set_grad_hook(p, grad_ready, acc);
             off += p->numel;
         }
-        ca_comm_hook h = acc->st.comm_hook;
-        if (h == CA_COMM_HOOK_POWER_SGD || h == CA_COMM_HOOK_BATCHED_POWER_SGD) {
-            ca_status s = ca_psgd_create(acc, bk, h == CA_COMM_HOOK_BATCHED_POWER_SGD);
-            if (s != CA_OK) return ca_error_context("comm_hook %s", ca_config_get(acc->cfg, "comm_hook"));
-        }
+        const ca_bucket_hook *h = acc->bucket_hook;
+        if (h && h->init && h->init(acc, bk) != CA_OK)
+            return ca_error_context("comm_hook %s", ca_config_get(acc->cfg, "comm_hook"));
     }
     return CA_OK;
 }
 
-void ca_ddp_free_buckets(ca_accelerator *acc) {
+static void free_buckets(ca_accelerator *acc) {
     for (int i = 0; i < acc->nbuckets; i++) {
         ca_work_free(acc->buckets[i].work);
         free(acc->buckets[i].params);
         ca_tensor_free(acc->buckets[i].flat);
-        ca_tensor_free(acc->buckets[i].wire);
-        ca_psgd_free(acc->buckets[i].psgd);
+        if (acc->bucket_hook && acc->bucket_hook->free) acc->bucket_hook->free(&acc->buckets[i]);
     }
     free(acc->buckets);
     acc->buckets = NULL;
@@ -219,3 +213,75 @@ void ca_ddp_free_buckets(ca_accelerator *acc) {
     acc->group_begin = acc->group_next = NULL;
     acc->ngroups = 0;
 }
+
+/* ------------------------------------------------------------------ the strategy */
+
+static bool ddp_selected(const ca_accelerator *acc) { return acc->world > 1; }
+
+/* comm_hook: how each bucket is sent (no hook: the plain f32 average). */
+static ca_status ddp_configure(ca_accelerator *acc) {
+    switch (acc->st.comm_hook) {
+    case CA_COMM_HOOK_NO: acc->bucket_hook = NULL; break;
+    case CA_COMM_HOOK_FP16: acc->bucket_hook = &hook_fp16; break;
+    case CA_COMM_HOOK_BF16: acc->bucket_hook = &hook_bf16; break;
+    case CA_COMM_HOOK_POWER_SGD: acc->bucket_hook = &ca_bucket_hook_power_sgd; break;
+    case CA_COMM_HOOK_BATCHED_POWER_SGD: acc->bucket_hook = &ca_bucket_hook_batched_power_sgd; break;
+    }
+    return CA_OK;
+}
+
+static ca_status ddp_prepare_extra_model(ca_accelerator *acc, ca_module *m) {
+    if (!acc->nbuckets)
+        return ca_error(CA_ERR_STATE, "ca_prepare: the first model has no gradient buckets (rank %d)", acc->rank);
+    return build_buckets(acc, m);
+}
+
+/* After a synchronising backward, also a failed one: what it launched is waited for. */
+static ca_status ddp_after_backward(ca_accelerator *acc, bool sync, bool failed) {
+    (void)failed;
+    return acc->nbuckets && sync ? finish_buckets(acc) : CA_OK;
+}
+
+/* An fp16 overflow skipped the step: a hook's state that followed the gradients (PowerSGD's error
+ * feedback) held the overflowed values. */
+static ca_status ddp_skip_step(ca_accelerator *acc) {
+    const ca_bucket_hook *h = acc->bucket_hook;
+    ca_status s = CA_OK;
+    for (int b = 0; h && h->reset && b < acc->nbuckets && s == CA_OK; b++) s = h->reset(&acc->buckets[b]);
+    return s;
+}
+
+/* Join (join.c): a rank whose data ran out issues the all-reduces of the others' synchronising
+ * backward with zero gradients. */
+static ca_status ddp_shadow_backward(ca_accelerator *acc) {
+    for (int b = 0; b < acc->nbuckets; b++) {
+        ca_bucket *bk = &acc->buckets[b];
+        ca_status s = CA_KCALL(acc->device, fill, .dt = CA_F32, .n = bk->numel, .value = 0.0, .y = ca_tptr(bk->flat));
+        if (s == CA_OK)
+            s = ca_comm_all_reduce(acc->comm, ca_tptr(bk->flat), ca_tptr(bk->flat), (size_t)bk->numel, CA_F32,
+                                   CA_OP_AVG, NULL);
+        if (s != CA_OK) return ca_error_context("join_uneven_inputs: shadowing bucket %d on rank %d", b, acc->rank);
+    }
+    return CA_OK;
+}
+
+/* The buckets of model group g reduce nothing any more (their parameters are gone). */
+static void ddp_forget_model(ca_accelerator *acc, int g, bool last) {
+    for (int b = 0; b < acc->nbuckets; b++)
+        if (acc->buckets[b].group == g) acc->buckets[b].nparams = 0;
+    if (last) free_buckets(acc);
+}
+
+const ca_sync_strategy ca_sync_ddp = {
+    .name = "ddp",
+    .key = "distributed_type",
+    .selected = ddp_selected,
+    .configure = ddp_configure,
+    .prepare_model = build_buckets,
+    .prepare_extra_model = ddp_prepare_extra_model,
+    .after_backward = ddp_after_backward,
+    .skip_step = ddp_skip_step,
+    .shadow_backward = ddp_shadow_backward,
+    .forget_model = ddp_forget_model,
+    .free = free_buckets,
+};

@@ -1,12 +1,13 @@
 /* Deterministic mode: gradients kept per virtual shard and summed in one fixed order, so the
  * parameters after training do not depend on the number of processes or threads
  * (docs/DETERMINISM.md). */
-#include "accelerator/accelerator_impl.h"
+#include "accelerator/sync_impl.h"
 
 #include <stdlib.h>
 #include <string.h>
 
-ca_status ca_det_configure(ca_accelerator *acc) {
+/* Checks deterministic_shards against the world size and puts the device into deterministic mode. */
+static ca_status det_configure(ca_accelerator *acc) {
     ca_det *d = &acc->det;
     int v = acc->st.deterministic_shards;
     if (v < 1 || v % acc->world != 0)
@@ -31,7 +32,7 @@ static ca_tensor *persistent_zeros(ca_device *dev, int64_t numel) {
 
 /* Every parameter's .grad becomes a view into one flat buffer, so a shard's
  * gradient moves with one copy and the sum runs over flat rows. */
-ca_status ca_det_build(ca_accelerator *acc, ca_module *m) {
+static ca_status det_build(ca_accelerator *acc, ca_module *m) {
     ca_det *d = &acc->det;
     int n = ca_module_num_params(m);
     d->params = calloc((size_t)(n ? n : 1), sizeof *d->params);
@@ -70,7 +71,7 @@ static float *row(ca_tensor *t, int64_t numel, int r) { return (float *)ca_tptr(
  * wrote one) is added to this rank's row for the shard, and .grad is free for
  * the next micro-batch. The first write of a row in an accumulation window
  * copies, so each row is the sum of its own micro-steps in time order. */
-ca_status ca_det_collect(ca_accelerator *acc, int part) {
+static ca_status det_collect(ca_accelerator *acc, int part) {
     ca_det *d = &acc->det;
     ca_device *dev = acc->device;
     for (int i = 0; i < d->nparams; i++) {
@@ -93,7 +94,7 @@ ca_status ca_det_collect(ca_accelerator *acc, int part) {
  * rank r's rows r * parts .. at their shard index) and sums them in shard order
  * 0 .. V-1, then scales by 1/V. No all-reduce, whose summation order depends on
  * the backend and the world size. */
-ca_status ca_det_reduce(ca_accelerator *acc) {
+static ca_status det_reduce(ca_accelerator *acc) {
     ca_det *d = &acc->det;
     ca_device *dev = acc->device;
     ca_status s = CA_OK;
@@ -116,7 +117,7 @@ ca_status ca_det_reduce(ca_accelerator *acc) {
     return s == CA_OK ? CA_OK : ca_error_context("deterministic mode: summing the %d shard gradients", d->shards);
 }
 
-void ca_det_free(ca_accelerator *acc) {
+static void det_free(ca_accelerator *acc) {
     ca_det *d = &acc->det;
     if (d->device_set) ca_device_set_deterministic(acc->device, false);
     if (d->all != d->local) ca_tensor_free(d->all);
@@ -126,3 +127,78 @@ void ca_det_free(ca_accelerator *acc) {
     free(d->written);
     memset(d, 0, sizeof *d);
 }
+
+/* ------------------------------------------------------------------ the strategy */
+
+static bool det_selected(const ca_accelerator *acc) { return acc->st.deterministic; }
+
+/* The micro-batch (virtual shard of this rank) the active loader handed out. */
+static void det_part(const ca_accelerator *acc, int *part, int *parts) {
+    ca_dataloader_handed_part(ca_active_loader(acc), part, parts);
+}
+
+/* False on every micro-batch of a batch but its last. */
+static bool det_batch_done(const ca_accelerator *acc) {
+    int part, parts;
+    det_part(acc, &part, &parts);
+    return parts <= 1 || part == parts - 1;
+}
+
+/* A batch that is not a virtual shard: why. */
+static ca_status det_refuse(const ca_accelerator *acc) {
+    const ca_dataloader *dl = ca_active_loader(acc);
+    if (dl && ca_dataloader_check_parts(dl, acc->det.parts) != CA_OK)
+        return ca_error_context("ca_backward: this batch's dataloader cannot hand out virtual shards");
+    return ca_error(CA_ERR_STATE, "deterministic mode: ca_backward needs a batch from a dataloader prepared by "
+                    "this accelerator (it hands each process its %d virtual shards as micro-batches)",
+                    acc->det.parts);
+}
+
+static ca_status det_before_backward(ca_accelerator *acc) {
+    int part = 0, parts = 0;
+    det_part(acc, &part, &parts);
+    return acc->model && parts != acc->det.parts ? det_refuse(acc) : CA_OK;
+}
+
+/* The shard's gradient into its row; at the synchronising micro-batch, the fixed-order sum. */
+static ca_status det_after_backward(ca_accelerator *acc, bool sync, bool failed) {
+    if (failed || !acc->model) return CA_OK;
+    int part = 0, parts = 0;
+    det_part(acc, &part, &parts);
+    ca_status s = det_collect(acc, part);
+    if (s == CA_OK && sync) s = det_reduce(acc);
+    return s;
+}
+
+/* A loader that cannot split (an evaluation loader, say) stays whole; ca_backward refuses its batches. */
+static ca_status det_prepare_loader(ca_accelerator *acc, ca_dataloader *dl) {
+    if (ca_dataloader_set_parts(dl, acc->det.parts) != CA_OK) ca_clear_error();
+    return CA_OK;
+}
+
+static void det_release_loader(ca_accelerator *acc, ca_dataloader *dl) {
+    (void)acc;
+    ca_dataloader_set_parts(dl, 0);   /* whole batches again */
+}
+
+static void det_forget_model(ca_accelerator *acc, int g, bool last) {
+    (void)g;
+    (void)last;
+    acc->det.nparams = 0;   /* the parameters go with the model */
+}
+
+const ca_sync_strategy ca_sync_deterministic = {
+    .name = "deterministic",
+    .key = "deterministic",
+    .own_reduction = "deterministic mode",
+    .selected = det_selected,
+    .configure = det_configure,
+    .prepare_model = det_build,
+    .prepare_loader = det_prepare_loader,
+    .release_loader = det_release_loader,
+    .batch_done = det_batch_done,
+    .before_backward = det_before_backward,
+    .after_backward = det_after_backward,
+    .forget_model = det_forget_model,
+    .free = det_free,
+};
