@@ -36,7 +36,7 @@ static cudaDataType_t cuda_type(ca_dtype dt) { return dt == CA_BF16 ? CUDA_R_16B
 static double caccel_gemm(ca_device *g, const mode *m, int n, void *a, void *b, void *c, int reps) {
     const ca_kernels *k = ca_device_kernels(g);
     void *ctx = ca_device_context(g);
-    ca_gemm_args args = {.m = n, .n = n, .k = n, .alpha = 1, .beta = 0, .a_dtype = m->in, .b_dtype = m->in,
+    ca_gemm_args args = {.struct_size = sizeof(ca_gemm_args), .m = n, .n = n, .k = n, .alpha = 1, .beta = 0, .a_dtype = m->in, .b_dtype = m->in,
                          .c_dtype = m->out, .a = a, .lda = n, .b = b, .ldb = n, .c = c, .ldc = n,
                          .allow_tf32 = m->tf32};
     for (int i = 0; i < 3; i++) CA_CHECK(k->gemm(ctx, &args));
@@ -78,8 +78,12 @@ static void bench_gemm(ca_device *g, const int *sizes, int nsizes) {
             CA_CHECK(ca_device_alloc(g, bytes, &b));
             CA_CHECK(ca_device_alloc(g, (size_t)n * n * ca_dtype_size(m->out), &c));
             const ca_kernels *k = ca_device_kernels(g);
-            CA_CHECK(k->rng(ca_device_context(g), CA_RNG_UNIFORM, m->in, (int64_t)n * n, 1, 0, -1, 1, a));
-            CA_CHECK(k->rng(ca_device_context(g), CA_RNG_UNIFORM, m->in, (int64_t)n * n, 2, 0, -1, 1, b));
+            CA_CHECK(k->rng(ca_device_context(g), &(ca_rng_args){.struct_size = sizeof(ca_rng_args), .kind = CA_RNG_UNIFORM,
+                                                        .dt = m->in, .n = (int64_t)n * n, .seed = 1, .offset = 0,
+                                                        .a = -1, .b = 1, .y = a}));
+            CA_CHECK(k->rng(ca_device_context(g), &(ca_rng_args){.struct_size = sizeof(ca_rng_args), .kind = CA_RNG_UNIFORM,
+                                                        .dt = m->in, .n = (int64_t)n * n, .seed = 2, .offset = 0,
+                                                        .a = -1, .b = 1, .y = b}));
             int reps = n <= 2048 ? 50 : (n <= 4096 ? 10 : 4);
             /* alternate, so that clocks and temperature treat both alike */
             double tc = 1e30, tr = 1e30;
