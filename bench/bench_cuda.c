@@ -37,8 +37,8 @@ static double caccel_gemm(ca_device *g, const mode *m, int n, void *a, void *b, 
     const ca_kernels *k = ca_device_kernels(g);
     void *ctx = ca_device_context(g);
     ca_gemm_args args = {.struct_size = sizeof(ca_gemm_args), .m = n, .n = n, .k = n, .alpha = 1, .beta = 0,
-                         .a_dtype = m->in, .b_dtype = m->in, .c_dtype = m->out, .a = a, .lda = n, .b = b, .ldb = n, .c = c, .ldc = n,
-                         .allow_tf32 = m->tf32};
+                         .a_dtype = m->in, .b_dtype = m->in, .c_dtype = m->out, .a = a, .lda = n, .b = b,
+                         .ldb = n, .c = c, .ldc = n, .allow_tf32 = m->tf32};
     for (int i = 0; i < 3; i++) CA_CHECK(k->gemm(ctx, &args));
     CA_CHECK(ca_device_synchronize(g));
     double t0 = now_s();
