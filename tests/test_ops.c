@@ -1363,15 +1363,15 @@ static const float ZERO1[1] = {0};
     KGEMM("gemm A^T B^T [" #m_ "," #n_ "," #k_ "] batch " #b_ " ldc +" #pad_ " alpha " #al " beta " #be, 3, m_,  \
           n_, k_, b_, pad_, al, be, false, false, FLT, __VA_ARGS__)
 static const kernel_row K_GEMM[] = {
-    KGEMM4(17, 40, 31, 3, 2, 0.5f, 0.75f, T_GEMM(31)),
-    KGEMM4(8, 9, 10, 4, 1, 1.0f, 1.0f, T_GEMM(10)),
-    KGEMM("gemm alpha 0 (C = beta C) ldc +2", 0, 5, 6, 7, 2, 2, 0.0f, 0.5f, false, false, FLT, T_EXACT),
-    KGEMM("gemm k 0 beta 0.5", 0, 5, 6, 0, 0, 1, 1.0f, 0.5f, false, false, FLT, T_EXACT),
-    KGEMM("gemm TF32 B^T [128,96,256]", 2, 128, 96, 256, 0, 0, 1.0f, 0.0f, true, false, F32, T_TF32),
-    KGEMM("gemm TF32 A^T [64,64,512] batch 2 beta 1", 1, 64, 64, 512, 2, 0, 1.0f, 1.0f, true, false, F32, T_TF32),
-    KGEMM("gemm f16 into f32, ldc +2, alpha 0.5 beta 0.75", 0, 17, 40, 31, 3, 2, 0.5f, 0.75f, false, true,
+    KGEMM4(17, 40, 31, 3, 2, 0.5, 0.75, T_GEMM(31)),
+    KGEMM4(8, 9, 10, 4, 1, 1.0, 1.0, T_GEMM(10)),
+    KGEMM("gemm alpha 0 (C = beta C) ldc +2", 0, 5, 6, 7, 2, 2, 0.0, 0.5, false, false, FLT, T_EXACT),
+    KGEMM("gemm k 0 beta 0.5", 0, 5, 6, 0, 0, 1, 1.0, 0.5, false, false, FLT, T_EXACT),
+    KGEMM("gemm TF32 B^T [128,96,256]", 2, 128, 96, 256, 0, 0, 1.0, 0.0, true, false, F32, T_TF32),
+    KGEMM("gemm TF32 A^T [64,64,512] batch 2 beta 1", 1, 64, 64, 512, 2, 0, 1.0, 1.0, true, false, F32, T_TF32),
+    KGEMM("gemm f16 into f32, ldc +2, alpha 0.5 beta 0.75", 0, 17, 40, 31, 3, 2, 0.5, 0.75, false, true,
           B(CA_F16), T_HALF_IN(3e-3 * SQRT_31)),
-    KGEMM("gemm bf16 into f32, B^T", 2, 17, 40, 31, 3, 2, 1.0f, 0.0f, false, true, B(CA_BF16),
+    KGEMM("gemm bf16 into f32, B^T", 2, 17, 40, 31, 3, 2, 1.0, 0.0, false, true, B(CA_BF16),
           T_HALF_IN(2e-2 * SQRT_31)),
 };
 
@@ -1383,13 +1383,13 @@ static const kernel_row K_GEMM[] = {
     {KROW("cast in place " #src " to " #dst " alpha " #al, cast, .s = {1031}, .alpha = al, .inplace = true, \
           .dt2 = dst), 1, {KFG(src, 1031, gen_awkward, NULL)}, F32}
 static const kernel_row K_CAST[] = {
-    KCAST(CA_F32, 0.5f, 1031), KCAST(CA_F16, 0.5f, 1031), KCAST(CA_BF16, 0.5f, 1031), KCAST(CA_I32, 0.5f, 1031),
-    KCAST(CA_I64, 0.5f, 1031), KCAST(CA_U8, 0.5f, 1031),
-    KCAST(CA_F32, 1.0f / 255, 1031), KCAST(CA_F16, 1.0f / 255, 1031), KCAST(CA_BF16, 1.0f / 255, 1031),
-    KCAST(CA_I32, 1.0f / 255, 1031), KCAST(CA_I64, 1.0f / 255, 1031), KCAST(CA_U8, 1.0f / 255, 1031),
-    KCAST(CA_F32, 0.5f, 1), KCAST(CA_F32, 0.5f, 7), KCAST(CA_F32, 0.5f, 13), KCAST(CA_F32, 0.5f, 257),
-    KCAST_IP(CA_F32, CA_I32, 0.5f), KCAST_IP(CA_I32, CA_F32, 1.0f), KCAST_IP(CA_F16, CA_BF16, 1.0f),
-    KCAST_IP(CA_BF16, CA_F16, 0.5f), KCAST_IP(CA_F32, CA_F32, 1.0f / 255),
+    KCAST(CA_F32, 0.5, 1031), KCAST(CA_F16, 0.5, 1031), KCAST(CA_BF16, 0.5, 1031), KCAST(CA_I32, 0.5, 1031),
+    KCAST(CA_I64, 0.5, 1031), KCAST(CA_U8, 0.5, 1031),
+    KCAST(CA_F32, 1.0 / 255, 1031), KCAST(CA_F16, 1.0 / 255, 1031), KCAST(CA_BF16, 1.0 / 255, 1031),
+    KCAST(CA_I32, 1.0 / 255, 1031), KCAST(CA_I64, 1.0 / 255, 1031), KCAST(CA_U8, 1.0 / 255, 1031),
+    KCAST(CA_F32, 0.5, 1), KCAST(CA_F32, 0.5, 7), KCAST(CA_F32, 0.5, 13), KCAST(CA_F32, 0.5, 257),
+    KCAST_IP(CA_F32, CA_I32, 0.5), KCAST_IP(CA_I32, CA_F32, 1.0), KCAST_IP(CA_F16, CA_BF16, 1.0),
+    KCAST_IP(CA_BF16, CA_F16, 0.5), KCAST_IP(CA_F32, CA_F32, 1.0 / 255),
     /* a permuted read into a destination whose rows are padded: the padding stays as it was */
     {KROW("copy_strided into a padded destination", copy_strided, .s = {5, 4, 6, 3}), 2,
      {KR(120, -50, 50), KR(210, -50, 50)}, ANY},
@@ -1400,24 +1400,24 @@ static const kernel_row K_CAST[] = {
     {KROW(name " [" #n_ "]", unary, .op = op_, .s = {n_}, .inplace = inp), 2, {xbuf, KR(n_, -1, 1)}, FLT, tol_}
 #define KUB(name, op_, al, be, tol_)                                                                           \
     {KROW(name " backward beta " #be, unary_backward, .op = op_, .s = {1031}, .alpha = al, .beta = be), 4,    \
-     {KR(1031, 0.1f, 4), KR(1031, 0.1f, 4), KR(1031, -1, 1), KR(1031, -1, 1)}, FLT, tol_}
+     {KR(1031, 0.1, 4), KR(1031, 0.1, 4), KR(1031, -1, 1), KR(1031, -1, 1)}, FLT, tol_}
 #define T_UB {.rtol = 4e-6, .atol = 1e-6, .why = "the derivative's functions and dx = beta dx + ... : a few ulp"}
 static const kernel_row K_UNARY[] = {
-    KUN("rsqrt", CA_UNARY_RSQRT, 1, false, KR(1, 0.05f, 4), T_EXACT),
-    KUN("rsqrt", CA_UNARY_RSQRT, 7, false, KR(7, 0.05f, 4), T_EXACT),
-    KUN("rsqrt", CA_UNARY_RSQRT, 13, false, KR(13, 0.05f, 4), T_EXACT),
-    KUN("rsqrt", CA_UNARY_RSQRT, 257, false, KR(257, 0.05f, 4), T_EXACT),
-    KUN("rsqrt", CA_UNARY_RSQRT, 1031, false, KR(1031, 0.05f, 4), T_EXACT),
+    KUN("rsqrt", CA_UNARY_RSQRT, 1, false, KR(1, 0.05, 4), T_EXACT),
+    KUN("rsqrt", CA_UNARY_RSQRT, 7, false, KR(7, 0.05, 4), T_EXACT),
+    KUN("rsqrt", CA_UNARY_RSQRT, 13, false, KR(13, 0.05, 4), T_EXACT),
+    KUN("rsqrt", CA_UNARY_RSQRT, 257, false, KR(257, 0.05, 4), T_EXACT),
+    KUN("rsqrt", CA_UNARY_RSQRT, 1031, false, KR(1031, 0.05, 4), T_EXACT),
     KUN("abs of the awkward values", CA_UNARY_ABS, 1031, false, KG(1031, gen_awkward, NULL), T_EXACT),
     KUN("recip of the awkward values", CA_UNARY_RECIP, 1031, false, KG(1031, gen_awkward, NULL), T_EXACT),
-    KUN("recip", CA_UNARY_RECIP, 13, false, KR(13, 0.25f, 4), T_EXACT),
+    KUN("recip", CA_UNARY_RECIP, 13, false, KR(13, 0.25, 4), T_EXACT),
     KUN("abs in place", CA_UNARY_ABS, 257, true, KR(257, -4, 4), T_EXACT),
     KUN("exp in place", CA_UNARY_EXP, 1031, true, KR(1031, -4, 4), T_TRANSC),
-    KUN("rsqrt in place", CA_UNARY_RSQRT, 13, true, KR(13, 0.05f, 4), T_EXACT),
-    KUB("rsqrt", CA_UNARY_RSQRT, 0, 0.5f, T_UB), KUB("abs", CA_UNARY_ABS, 0, 1.0f, T_UB),
-    KUB("recip", CA_UNARY_RECIP, 0, 0.5f, T_UB), KUB("tanh", CA_UNARY_TANH, 0, 1.0f, T_UB),
-    KUB("pow 2.5", CA_UNARY_POW, 2.5f, 0.5f, T_UB), KUB("gelu", CA_UNARY_GELU_TANH, 0, 1.0f, T_UB),
-    KUB("log", CA_UNARY_LOG, 0, 0.0f, T_UB),
+    KUN("rsqrt in place", CA_UNARY_RSQRT, 13, true, KR(13, 0.05, 4), T_EXACT),
+    KUB("rsqrt", CA_UNARY_RSQRT, 0, 0.5, T_UB), KUB("abs", CA_UNARY_ABS, 0, 1.0, T_UB),
+    KUB("recip", CA_UNARY_RECIP, 0, 0.5, T_UB), KUB("tanh", CA_UNARY_TANH, 0, 1.0, T_UB),
+    KUB("pow 2.5", CA_UNARY_POW, 2.5, 0.5, T_UB), KUB("gelu", CA_UNARY_GELU_TANH, 0, 1.0, T_UB),
+    KUB("log", CA_UNARY_LOG, 0, 0.0, T_UB),
 };
 
 /* max/min with NaN among the awkward values, in place, a row broadcast; axpby's other pairs. */
@@ -1432,8 +1432,8 @@ static const kernel_row K_BINARY[] = {
     KBIN("min (NaN, inf) [1031]", CA_BINARY_MIN, 1, 1031, false, false),
     KBIN("max [7,13] by [13] in place", CA_BINARY_MAX, 7, 13, true, true),
     KBIN("min [7,13] by [13] in place", CA_BINARY_MIN, 7, 13, true, true),
-    KAXPBY(0.5f, -1.25f, 1), KAXPBY(0.5f, -1.25f, 7), KAXPBY(0.5f, -1.25f, 13), KAXPBY(0.5f, -1.25f, 257),
-    KAXPBY(0.5f, -1.25f, 1031), KAXPBY(-2.0f, 0.0f, 1031), KAXPBY(0.0f, 0.5f, 1031), KAXPBY(1.0f, -1.0f, 13),
+    KAXPBY(0.5, -1.25, 1), KAXPBY(0.5, -1.25, 7), KAXPBY(0.5, -1.25, 13), KAXPBY(0.5, -1.25, 257),
+    KAXPBY(0.5, -1.25, 1031), KAXPBY(-2.0, 0.0, 1031), KAXPBY(0.0, 0.5, 1031), KAXPBY(1.0, -1.0, 13),
 };
 
 /* reduce min, and beta != 0 (y = beta y + R x). */
@@ -1441,10 +1441,10 @@ static const kernel_row K_BINARY[] = {
     {KROW(name " [" #o "," #l "," #i "] beta " #be, reduce, .op = op_, .s = {o, l, i}, .beta = be), 2, \
      {KR(o * l * i, -1, 1), KR(o * i, -1, 1)}, FLT, tol_}
 static const kernel_row K_REDUCE[] = {
-    KRED("min", CA_OP_MIN, 3, 1000, 1, 0.0f, T_EXACT), KRED("min", CA_OP_MIN, 2, 17, 33, 0.0f, T_EXACT),
-    KRED("min", CA_OP_MIN, 5, 1, 7, 0.0f, T_EXACT), KRED("min", CA_OP_MIN, 2, 17, 33, 0.5f, T_SUM),
-    KRED("max", CA_OP_MAX, 2, 17, 33, 0.5f, T_SUM), KRED("sum", CA_OP_SUM, 2, 17, 33, 0.5f, T_SUM),
-    KRED("mean", CA_OP_AVG, 3, 1000, 1, 0.5f, T_SUM),
+    KRED("min", CA_OP_MIN, 3, 1000, 1, 0.0, T_EXACT), KRED("min", CA_OP_MIN, 2, 17, 33, 0.0, T_EXACT),
+    KRED("min", CA_OP_MIN, 5, 1, 7, 0.0, T_EXACT), KRED("min", CA_OP_MIN, 2, 17, 33, 0.5, T_SUM),
+    KRED("max", CA_OP_MAX, 2, 17, 33, 0.5, T_SUM), KRED("sum", CA_OP_SUM, 2, 17, 33, 0.5, T_SUM),
+    KRED("mean", CA_OP_AVG, 3, 1000, 1, 0.5, T_SUM),
 };
 
 /* The internal outputs (lse, mean, rstd), the backward kernels' beta, dgamma accumulation. */
@@ -1457,57 +1457,57 @@ static const kernel_row K_REDUCE[] = {
       KF(CA_F32, 1, 0, 1)}, FLT, T_CE}
 #define KCEB(c, be) \
     {KROW("cross_entropy_backward [77," #c "] beta " #be, cross_entropy_backward, .s = {77, c}, .beta = be), 6, \
-     {KR(77 * c, -5, 5), KF(CA_F32, 77, 2, 4), KFG(CA_I64, 77, gen_labels, LAB10), KF(CA_F32, 1, 0.5f, 1), \
+     {KR(77 * c, -5, 5), KF(CA_F32, 77, 2, 4), KFG(CA_I64, 77, gen_labels, LAB10), KF(CA_F32, 1, 0.5, 1), \
       KF(CA_F32, 1, 50, 60), KR(77 * c, -1, 1)}, FLT, T_CE_B}
 #define KLN_(c) \
     {KROW("layer_norm [33," #c "] y, mean, rstd", layer_norm, .s = {33, c}), 6, \
-     {KR(33 * c, -3, 3), KR(c, 0.5f, 2), KR(c, -1, 1), KR(33 * c, 0, 1), KF(CA_F32, 33, 0, 1), KF(CA_F32, 33, 0, 1)}, \
+     {KR(33 * c, -3, 3), KR(c, 0.5, 2), KR(c, -1, 1), KR(33 * c, 0, 1), KF(CA_F32, 33, 0, 1), KF(CA_F32, 33, 0, 1)}, \
      FLT, T_LN}
 #define KLNB(c, acc, be) \
     {KROW("layer_norm_backward [33," #c "] accumulate " #acc " beta " #be, layer_norm_backward, .s = {33, c}, .flag = acc, \
           .beta = be), 8, \
-     {KR(33 * c, -3, 3), KR(c, 0.5f, 2), KF(CA_F32, 33, -1, 1), KF(CA_F32, 33, 0.5f, 2), KR(33 * c, -1, 1), \
+     {KR(33 * c, -3, 3), KR(c, 0.5, 2), KF(CA_F32, 33, -1, 1), KF(CA_F32, 33, 0.5, 2), KR(33 * c, -1, 1), \
       KR(33 * c, -1, 1), KR(c, -1, 1), KR(c, -1, 1)}, FLT, T_LN_B}
 #define KRMS(c) \
     {KROW("rms_norm [33," #c "] y, rstd", rms_norm, .s = {33, c}), 4, \
-     {KR(33 * c, -3, 3), KR(c, 0.5f, 2), KR(33 * c, 0, 1), KF(CA_F32, 33, 0, 1)}, FLT, T_LN}
+     {KR(33 * c, -3, 3), KR(c, 0.5, 2), KR(33 * c, 0, 1), KF(CA_F32, 33, 0, 1)}, FLT, T_LN}
 #define KRMSB(c, acc, be) \
     {KROW("rms_norm_backward [33," #c "] accumulate " #acc " beta " #be, rms_norm_backward, .s = {33, c}, .flag = acc, \
           .beta = be), 6, \
-     {KR(33 * c, -3, 3), KR(c, 0.5f, 2), KF(CA_F32, 33, 0.5f, 2), KR(33 * c, -1, 1), KR(33 * c, -1, 1), \
+     {KR(33 * c, -3, 3), KR(c, 0.5, 2), KF(CA_F32, 33, 0.5, 2), KR(33 * c, -1, 1), KR(33 * c, -1, 1), \
       KR(c, -1, 1)}, FLT, T_LN_B}
 #define KATT(tq, tk, causal) \
     {KROW("attention [1,2," #tq "," #tk "] causal " #causal " out, lse", attention, .s = {tq, tk}, .flag = causal), \
      5, {KR(6 * tq, -1, 1), KR(6 * tk, -1, 1), KR(6 * tk, -1, 1), KR(6 * tq, 0, 1), KF(CA_F32, 2 * tq, 0, 1)}, F32, \
      T_ATT}
 static const kernel_row K_NN[] = {
-    KSMB(false, 1.0f, 128), KSMB(false, 0.5f, 1000), KSMB(true, 1.0f, 128), KSMB(true, 0.5f, 10),
-    {KROW("dropout_backward p 0.3 [10007] beta 1", dropout_backward, .s = {10007}, .alpha = 0.3f, .beta = 1.0f), 3,
+    KSMB(false, 1.0, 128), KSMB(false, 0.5, 1000), KSMB(true, 1.0, 128), KSMB(true, 0.5, 10),
+    {KROW("dropout_backward p 0.3 [10007] beta 1", dropout_backward, .s = {10007}, .alpha = 0.3, .beta = 1.0), 3,
      {KR(10007, -2, 2), KR(10007, -2, 2), KF(CA_U8, 10007, 0, 2)}, FLT},
-    KCE(10), KCE(1000), KCEB(10, 1.0f), KCEB(1000, 0.5f),
-    KLN_(16), KLN_(768), KLNB(16, true, 1.0f), KLNB(768, true, 0.5f), KLNB(768, false, 0.0f),
-    KRMS(16), KRMS(768), KRMSB(16, true, 1.0f), KRMSB(768, true, 0.5f), KRMSB(768, false, 0.0f),
+    KCE(10), KCE(1000), KCEB(10, 1.0), KCEB(1000, 0.5),
+    KLN_(16), KLN_(768), KLNB(16, true, 1.0), KLNB(768, true, 0.5), KLNB(768, false, 0.0),
+    KRMS(16), KRMS(768), KRMSB(16, true, 1.0), KRMSB(768, true, 0.5), KRMSB(768, false, 0.0),
     KATT(5, 7, false), KATT(5, 7, true), KATT(70, 66, true),
 };
 
 /* The list kernels over half gradients, grad_scale, unscale by 0, clamp_list's error. */
 #define KLP KF(CA_F32, KLIST_TOTAL, -1, 1)
 static const kernel_row K_LIST[] = {
-    {KROW("adamw, half gradients, grad_scale 0.5", adamw, .alpha = 0.5f), 4,
-     {KLP, KR(KLIST_TOTAL, -1, 1), KF(CA_F32, KLIST_TOTAL, -0.1f, 0.1f), KF(CA_F32, KLIST_TOTAL, 0, 0.01f)}, FLT},
-    {KROW("sgd momentum, half gradients, first step, grad_scale 0.25", sgd, .alpha = 0.25f, .flag = true), 3,
-     {KLP, KR(KLIST_TOTAL, -1, 1), KF(CA_F32, KLIST_TOTAL, -0.1f, 0.1f)}, FLT},
-    {KROW("sgd momentum, half gradients, grad_scale 2", sgd, .alpha = 2.0f), 3,
-     {KLP, KR(KLIST_TOTAL, -1, 1), KF(CA_F32, KLIST_TOTAL, -0.1f, 0.1f)}, FLT},
-    {KROW("sum_squares beta 1", sum_squares, .beta = 1.0f), 2, {KR(KLIST_TOTAL, -1, 1), KF(CA_F32, 1, 0, 10)}, FLT,
+    {KROW("adamw, half gradients, grad_scale 0.5", adamw, .alpha = 0.5), 4,
+     {KLP, KR(KLIST_TOTAL, -1, 1), KF(CA_F32, KLIST_TOTAL, -0.1, 0.1), KF(CA_F32, KLIST_TOTAL, 0, 0.01)}, FLT},
+    {KROW("sgd momentum, half gradients, first step, grad_scale 0.25", sgd, .alpha = 0.25, .flag = true), 3,
+     {KLP, KR(KLIST_TOTAL, -1, 1), KF(CA_F32, KLIST_TOTAL, -0.1, 0.1)}, FLT},
+    {KROW("sgd momentum, half gradients, grad_scale 2", sgd, .alpha = 2.0), 3,
+     {KLP, KR(KLIST_TOTAL, -1, 1), KF(CA_F32, KLIST_TOTAL, -0.1, 0.1)}, FLT},
+    {KROW("sum_squares beta 1", sum_squares, .beta = 1.0), 2, {KR(KLIST_TOTAL, -1, 1), KF(CA_F32, 1, 0, 10)}, FLT,
      T_SUM},
-    {KROW("scale_list 0.5", scale_list, .alpha = 0.5f), 1, {KR(KLIST_TOTAL, -4, 4)}, FLT},
-    {KROW("unscale_check by 0 (the awkward values: inf * 0 is NaN)", unscale_check, .alpha = 0.0f), 2,
+    {KROW("scale_list 0.5", scale_list, .alpha = 0.5), 1, {KR(KLIST_TOTAL, -4, 4)}, FLT},
+    {KROW("unscale_check by 0 (the awkward values: inf * 0 is NaN)", unscale_check, .alpha = 0.0), 2,
      {KG(KLIST_TOTAL, gen_awkward, NULL), KFG(CA_F32, 1, NULL, ZERO1)}, FLT},
-    {KROW("unscale_check 2^-16, finite", unscale_check, .alpha = 1.0f / 65536), 2,
+    {KROW("unscale_check 2^-16, finite", unscale_check, .alpha = 1.0 / 65536), 2,
      {KR(KLIST_TOTAL, -4, 4), KFG(CA_F32, 1, NULL, ZERO1)}, FLT},
-    {KROW("clamp_list -0.5, 0.25", clamp_list, .alpha = -0.5f, .beta = 0.25f), 1, {KR(KLIST_TOTAL, -2, 2)}, FLT},
-    {KROW("clamp_list 1, -1", clamp_list, .alpha = 1.0f, .beta = -1.0f), 1, {KR(KLIST_TOTAL, -2, 2)}, FLT,
+    {KROW("clamp_list -0.5, 0.25", clamp_list, .alpha = -0.5, .beta = 0.25), 1, {KR(KLIST_TOTAL, -2, 2)}, FLT},
+    {KROW("clamp_list 1, -1", clamp_list, .alpha = 1.0, .beta = -1.0), 1, {KR(KLIST_TOTAL, -2, 2)}, FLT,
      .error = "lo 1 is greater than hi -1"},
 };
 
