@@ -1158,7 +1158,8 @@ static ca_status kc_cast(KARGS) {
 static ca_status kc_copy_strided(KARGS) {   /* x [a, b, c] read permuted (c, a, b) into y with a padded row */
     int64_t a = q->s[0], b = q->s[1], c = q->s[2], pad = q->s[3];
     return KC(copy_strided, .dt = bdt[0], .ndim = 3, .shape = (const int64_t[]){c, a, b}, .x = p[0],
-              .x_stride = (const int64_t[]){1, b * c, c}, .y = p[1], .y_stride = (const int64_t[]){a * (b + pad), b + pad, 1});
+              .x_stride = (const int64_t[]){1, b * c, c}, .y = p[1],
+              .y_stride = (const int64_t[]){a * (b + pad), b + pad, 1});
 }
 static ca_status kc_unary(KARGS) {
     return KC(unary, .op = q->op, .dt = bdt[0], .n = q->s[0], .x = p[0], .y = p[q->inplace ? 0 : 1], .alpha = q->alpha);
@@ -1450,7 +1451,8 @@ static const kernel_row K_REDUCE[] = {
 
 /* The internal outputs (lse, mean, rstd), the backward kernels' beta, dgamma accumulation. */
 #define KSMB(lg, be, c) \
-    {KROW("softmax_backward log " #lg " [29," #c "] beta " #be, softmax_backward, .flag = lg, .s = {29, c}, .beta = be), \
+    {KROW("softmax_backward log " #lg " [29," #c "] beta " #be, softmax_backward, .flag = lg, .s = {29, c}, \
+          .beta = be), \
      3, {KR(29 * c, lg ? -5 : 0, lg ? 0 : 1), KR(29 * c, -1, 1), KR(29 * c, -1, 1)}, FLT, T_SOFTMAX_B}
 #define KCE(c) \
     {KROW("cross_entropy [77," #c "] loss, lse, count", cross_entropy, .s = {77, c}), 5, \
@@ -1465,8 +1467,8 @@ static const kernel_row K_REDUCE[] = {
      {KR(33 * c, -3, 3), KR(c, 0.5, 2), KR(c, -1, 1), KR(33 * c, 0, 1), KF(CA_F32, 33, 0, 1), KF(CA_F32, 33, 0, 1)}, \
      FLT, T_LN}
 #define KLNB(c, acc, be) \
-    {KROW("layer_norm_backward [33," #c "] accumulate " #acc " beta " #be, layer_norm_backward, .s = {33, c}, .flag = acc, \
-          .beta = be), 8, \
+    {KROW("layer_norm_backward [33," #c "] accumulate " #acc " beta " #be, layer_norm_backward, .s = {33, c}, \
+          .flag = acc, .beta = be), 8, \
      {KR(33 * c, -3, 3), KR(c, 0.5, 2), KF(CA_F32, 33, -1, 1), KF(CA_F32, 33, 0.5, 2), KR(33 * c, -1, 1), \
       KR(33 * c, -1, 1), KR(c, -1, 1), KR(c, -1, 1)}, FLT, T_LN_B}
 #define KRMS(c) \
@@ -1562,7 +1564,8 @@ KTABLE(K_LIST)
 
 /* Every slot of CA_KERNEL_LIST has a conformance case: a kernel row that ran, or an op table. */
 static void test_coverage(void **state) {
-    for (size_t i = 0; i < sizeof op_table_slots / sizeof op_table_slots[0]; i++) slot_covered[op_table_slots[i]] = true;
+    for (size_t i = 0; i < sizeof op_table_slots / sizeof op_table_slots[0]; i++)
+        slot_covered[op_table_slots[i]] = true;
     for (int i = 0; i < KS_COUNT; i++)
         if (!slot_covered[i])
             fail_msg("kernel slot %s has no conformance case: add a kernel row (or an op row and its slot to "
