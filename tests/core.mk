@@ -102,7 +102,8 @@ tests_test_files_SOURCES = tests/test_files.c tests/test_util.h base/file.c base
 tests_test_files_CFLAGS = $(CA_TEST_CFLAGS) $(ZLIB_CFLAGS)
 tests_test_files_LDADD = $(CA_TEST_LIBS) $(ZLIB_LIBS)
 # Op conformance: every op case of one table on every device that opens (cpu, xla, cuda), forward,
-# backward and finite differences against the CPU (docs/TESTING.md, "test_ops"). 2 s; 20 s CPU under valgrind.
+# backward and finite differences against the CPU, and the kernel rows (docs/TESTING.md, "test_ops").
+# 2 s; 23 s CPU under valgrind.
 check_PROGRAMS += tests/test_ops
 TESTS += tests/test_ops
 VALGRIND_TESTS += tests/test_ops

@@ -67,9 +67,11 @@ typedef struct op_case {
 
 /* ------------------------------------------------------------------ devices */
 
-enum { DEV_CPU, DEV_XLA, DEV_CUDA, ND };
-static const char *dev_name[ND] = {"cpu", "xla", "cuda"};
-static ca_device *devs[ND];
+/* DEV_COUNT, outside the columns: the CPU's kernels behind a table that records which slots the op
+ * rows reach (the coverage check at the end). */
+enum { DEV_CPU, DEV_XLA, DEV_CUDA, ND, DEV_COUNT = ND };
+static const char *dev_name[ND + 1] = {"cpu", "xla", "cuda", "count"};
+static ca_device *devs[ND + 1];
 static char skip_reason[ND][512];
 
 static void open_cuda(void) {
@@ -108,6 +110,44 @@ static void open_cuda(void) {
     }
 }
 
+/* The slots, numbered as in CA_KERNEL_LIST: a new slot is a new number, and the coverage check at the
+ * end fails until an op row reaches it or a kernel row runs it. */
+#define KS_ENUM_(s) KS_##s,
+enum { CA_KERNEL_LIST(KS_ENUM_) KS_COUNT };
+#undef KS_ENUM_
+#define KS_NAME_(s) #s,
+static const char *const slot_name[KS_COUNT] = {CA_KERNEL_LIST(KS_NAME_)};
+#undef KS_NAME_
+static bool slot_covered[KS_COUNT];
+
+static const ca_kernels *cpu_kernels;
+#define KS_COUNTING_(s) \
+    static ca_status count_##s(void *dev, const ca_##s##_args *a) { slot_covered[KS_##s] = true; \
+                                                                      return cpu_kernels->s(dev, a); }
+CA_KERNEL_LIST(KS_COUNTING_)
+#undef KS_COUNTING_
+
+/* The "count" device: the CPU's device with every kernel slot counted. */
+static void open_counting(void) {
+    static ca_kernels k;
+    static ca_device_ops ops;
+    static const ca_device_ops *list[1];
+    static ca_plugin p;
+    ops = *ca_device_ops_of(ca_cpu_device());
+    cpu_kernels = ops.kernels;
+    k = *cpu_kernels;
+#define KS_SET_(s) k.s = count_##s;
+    CA_KERNEL_LIST(KS_SET_)
+#undef KS_SET_
+    ops.name = "count";
+    ops.kernels = &k;
+    list[0] = &ops;
+    p = (ca_plugin){.struct_size = sizeof p, .abi_version = ops.abi_version, .name = "count", .version = "test",
+                    .num_devices = 1, .devices = list};
+    T_OK(ca_register_plugin(&p, "test_ops"));
+    T_OK(ca_device_open("count", 0, NULL, &devs[DEV_COUNT]));
+}
+
 static void open_devices(void) {
     devs[DEV_CPU] = ca_cpu_device();
     if (ca_device_open("xla", 0, NULL, &devs[DEV_XLA]) != CA_OK) {   /* built in: always there */
@@ -115,6 +155,7 @@ static void open_devices(void) {
         exit(1);
     }
     open_cuda();
+    open_counting();
     for (int d = 0; d < ND; d++) {
         if (devs[d]) printf("test_ops: %s: %s\n", dev_name[d], ca_device_description(devs[d]));
         else printf("SKIP %s: %s\n", dev_name[d], skip_reason[d]);
@@ -426,6 +467,8 @@ static void expect_error(const op_case *r, ca_dtype dt, int d, ca_tensor **cpu_i
 }
 
 static int64_t runs, fd_runs;
+/* The accelerator rows pick their device by name from the configuration: not the count device. */
+static ca_tensor *b_accelerator(ca_tensor **in, const oc_call *c);
 
 static void run_row(const op_case *r, ca_dtype dt, uint64_t seed) {
     ca_tensor *cpu_in[MAXIN] = {0};
@@ -452,6 +495,10 @@ static void run_row(const op_case *r, ca_dtype dt, uint64_t seed) {
                 fd_runs += fd;
             }
             result_free(&ref);
+            if (r->build != b_accelerator && !(r->dtypes & (B(dt) - 1))) {   /* once a row: its slots */
+                if (!run_on(r, dt, DEV_COUNT, cpu_in, &got)) fail_msg("%s on count: %s", r->name, ca_last_error());
+                result_free(&got);
+            }
         }
     }
 }
@@ -1081,6 +1128,436 @@ static const op_case ACCEL[] = {
     {"fp16 step with an overflow (skipped, scale halved)", b_accelerator, &A_FP16_INF, 0, {{0}}, F32, false},
 };
 
+/* ================================================================== kernel rows */
+/* Kernel parameters the ops API cannot reach (GEMM alpha/beta/TF32/half into f32/padded ldc, scaled
+ * and in-place casts, rsqrt/abs/recip, max/min, reduce min, the backward kernels' beta, a padded
+ * strided destination, the internal lse/mean/rstd outputs, dgamma accumulation, half gradient
+ * lists, grad_scale, unscale by 0, clamp_list's error): a row names a slot of CA_KERNEL_LIST and
+ * the buffers of its args; it runs through each device's raw table with the core's checks
+ * (test_kcall.h) on buffers of the public device API, and every buffer is compared with the CPU's. */
+
+#include "test_kcall.h"
+
+#define KMAXB 8   /* buffers of a kernel row */
+
+/* A buffer: of the row's dtype (row) or a fixed one; uniform in [lo, hi), or from a generator
+ * (gen, arg), or literal data (arg alone). */
+typedef struct kbuf {
+    int64_t n;
+    bool row;
+    ca_dtype dt;
+    float lo, hi;
+    oc_gen gen;
+    const void *arg;
+} kbuf;
+
+/* A row's parameters: each slot family reads those it needs. */
+typedef struct kp {
+    int op;
+    float alpha, beta;
+    int64_t s[6];              /* sizes */
+    bool flag;                 /* tf32, log softmax, accumulate_params, first_step */
+    bool inplace;
+    ca_dtype dt2;              /* in-place cast: the destination dtype */
+} kp;
+
+/* Builds the slot's args over the device buffers p (dtypes bdt) and calls it as the core would. */
+typedef ca_status (*kr_call)(const kp *q, const ca_dtype *bdt, const char *be, const ca_kernels *k, void *cx,
+                             void *const *p);
+
+typedef struct kernel_row {
+    const char *name;
+    int slot;
+    kr_call call;
+    const kp *q;
+    int nb;
+    kbuf b[KMAXB];
+    unsigned dtypes;
+    oc_tol tol;                /* the cuda column (xla: bit for bit) */
+    const char *error;         /* the call must fail on every device with this in the message */
+} kernel_row;
+
+#define KC(slot, ...) TKC(be, k, cx, slot, __VA_ARGS__)
+#define KARGS const kp *q, const ca_dtype *bdt, const char *be, const ca_kernels *k, void *cx, void *const *p
+
+static ca_status kc_gemm(KARGS) {   /* op: bit 0 transposes a, bit 1 b; s: m, n, k, batch, ldc padding */
+    int64_t m = q->s[0], n = q->s[1], kk = q->s[2], ldc = n + q->s[4];
+    return KC(gemm, .trans_a = q->op & 1, .trans_b = (q->op & 2) != 0, .m = m, .n = n, .k = kk, .alpha = q->alpha,
+              .beta = q->beta, .a_dtype = bdt[0], .b_dtype = bdt[1], .c_dtype = bdt[2], .a = p[0],
+              .lda = q->op & 1 ? m : (kk ? kk : 1), .stride_a = m * kk, .b = p[1], .ldb = q->op & 2 ? kk : n,
+              .stride_b = kk * n, .c = p[2], .ldc = ldc, .stride_c = m * ldc, .batch = q->s[3],
+              .allow_tf32 = q->flag);
+}
+static ca_status kc_cast(KARGS) {
+    return KC(cast, .src_dt = bdt[0], .x = p[0], .dst_dt = q->inplace ? q->dt2 : bdt[1], .y = p[q->inplace ? 0 : 1],
+              .n = q->s[0], .alpha = q->alpha);
+}
+static ca_status kc_copy_strided(KARGS) {   /* x [a, b, c] read permuted (c, a, b) into y with a padded row */
+    int64_t a = q->s[0], b = q->s[1], c = q->s[2], pad = q->s[3];
+    return KC(copy_strided, .dt = bdt[0], .ndim = 3, .shape = (const int64_t[]){c, a, b}, .x = p[0],
+              .x_stride = (const int64_t[]){1, b * c, c}, .y = p[1],
+              .y_stride = (const int64_t[]){a * (b + pad), b + pad, 1});
+}
+static ca_status kc_unary(KARGS) {
+    return KC(unary, .op = q->op, .dt = bdt[0], .n = q->s[0], .x = p[0], .y = p[q->inplace ? 0 : 1], .alpha = q->alpha);
+}
+static ca_status kc_unary_backward(KARGS) {
+    return KC(unary_backward, .op = q->op, .dt = bdt[0], .n = q->s[0], .x = p[0], .y = p[1], .dy = p[2], .dx = p[3],
+              .alpha = q->alpha, .beta = q->beta);
+}
+static ca_status kc_binary(KARGS) {   /* y [s0, s1] = a [s0, s1] op b (s2: b is a row [s1]) */
+    int64_t r = q->s[0], c = q->s[1];
+    ca_bcast_args sh = {.ndim = 2, .shape = {r, c}, .a_stride = {c, 1}, .b_stride = {q->s[2] ? 0 : c, 1}};
+    return KC(binary, .op = q->op, .dt = bdt[0], .shape = sh, .a = p[0], .b = p[1], .y = p[q->inplace ? 0 : 2]);
+}
+static ca_status kc_axpby(KARGS) {
+    return KC(axpby, .dt = bdt[0], .n = q->s[0], .alpha = q->alpha, .x = p[0], .beta = q->beta, .y = p[1]);
+}
+static ca_status kc_reduce(KARGS) {
+    return KC(reduce, .op = q->op, .dt = bdt[0], .outer = q->s[0], .len = q->s[1], .inner = q->s[2], .x = p[0],
+              .y = p[1], .beta = q->beta);
+}
+static ca_status kc_softmax_backward(KARGS) {
+    return KC(softmax_backward, .log = q->flag, .dt = bdt[0], .rows = q->s[0], .cols = q->s[1], .y = p[0], .dy = p[1],
+              .dx = p[2], .beta = q->beta);
+}
+static ca_status kc_dropout_backward(KARGS) {   /* dy, dx, mask */
+    return KC(dropout_backward, .dt = bdt[0], .n = q->s[0], .p = q->alpha, .mask = p[2], .dy = p[0], .dx = p[1],
+              .beta = q->beta);
+}
+static ca_status kc_cross_entropy(KARGS) {   /* logits, labels, loss, lse, count */
+    return KC(cross_entropy, .dt = bdt[0], .rows = q->s[0], .cols = q->s[1], .logits = p[0], .label_dt = bdt[1],
+              .labels = p[1], .ignore_index = -100, .loss = p[2], .lse = p[3], .count = p[4]);
+}
+static ca_status kc_cross_entropy_backward(KARGS) {   /* logits, lse, labels, dloss, count, dlogits */
+    return KC(cross_entropy_backward, .dt = bdt[0], .rows = q->s[0], .cols = q->s[1], .logits = p[0], .lse = p[1],
+              .label_dt = bdt[2], .labels = p[2], .ignore_index = -100, .dloss = p[3], .count = p[4], .dlogits = p[5],
+              .beta = q->beta);
+}
+static ca_status kc_layer_norm(KARGS) {   /* x, gamma, beta, y, mean, rstd */
+    return KC(layer_norm, .dt = bdt[0], .rows = q->s[0], .cols = q->s[1], .x = p[0], .gamma = p[1], .beta_ = p[2],
+              .eps = 1e-5f, .y = p[3], .mean = p[4], .rstd = p[5]);
+}
+static ca_status kc_layer_norm_backward(KARGS) {   /* x, gamma, mean, rstd, dy, dx, dgamma, dbeta */
+    return KC(layer_norm_backward, .dt = bdt[0], .rows = q->s[0], .cols = q->s[1], .x = p[0], .gamma = p[1],
+              .mean = p[2], .rstd = p[3], .dy = p[4], .dx = p[5], .beta = q->beta, .dgamma = p[6], .dbeta_ = p[7],
+              .accumulate_params = q->flag);
+}
+static ca_status kc_rms_norm(KARGS) {   /* x, gamma, y, rstd */
+    return KC(rms_norm, .dt = bdt[0], .rows = q->s[0], .cols = q->s[1], .x = p[0], .gamma = p[1], .eps = 1e-6f,
+              .y = p[2], .rstd = p[3]);
+}
+static ca_status kc_rms_norm_backward(KARGS) {   /* x, gamma, rstd, dy, dx, dgamma */
+    return KC(rms_norm_backward, .dt = bdt[0], .rows = q->s[0], .cols = q->s[1], .x = p[0], .gamma = p[1],
+              .rstd = p[2], .dy = p[3], .dx = p[4], .beta = q->beta, .dgamma = p[5], .accumulate_params = q->flag);
+}
+static ca_status kc_attention(KARGS) {   /* q, k, v, out, lse: [1, 2, s0, 3] x [1, 2, s1, 3] */
+    ca_attention_params ap = {.batch = 1, .heads = 2, .tq = q->s[0], .tk = q->s[1], .d = 3, .dv = 3,
+                              .scale = 0.577f, .causal = q->flag};
+    return KC(attention, .dt = bdt[0], .p = ap, .q = p[0], .k = p[1], .v = p[2], .out = p[3], .lse = p[4]);
+}
+
+/* The tensor lists: tensors of the vector-tail sizes, and an empty one, packed one after the other in
+ * each buffer: param (0), grad (1), state1 (2), state2 (3); the scalar output is buffer 4. */
+#define KLN 6
+static const int64_t klist_n[KLN] = {1, 7, 0, 13, 257, 1031};
+#define KLIST_TOTAL 1309
+typedef struct klist { void *param[KLN]; const void *grad[KLN]; void *s1[KLN], *s2[KLN]; ca_tensor_list t; } klist;
+static void klist_make(klist *l, const ca_dtype *bdt, void *const *p, ca_dtype grad_dt, int nb) {
+    int64_t off = 0;
+    for (int i = 0; i < KLN; i++) {
+        l->param[i] = (char *)p[0] + off * (int64_t)ca_dtype_size(bdt[0]);
+        l->grad[i] = nb > 1 ? (const char *)p[1] + off * (int64_t)ca_dtype_size(bdt[1]) : NULL;
+        l->s1[i] = nb > 2 ? (char *)p[2] + off * 4 : NULL;
+        l->s2[i] = nb > 3 ? (char *)p[3] + off * 4 : NULL;
+        off += klist_n[i];
+    }
+    l->t = (ca_tensor_list){.count = KLN, .param = l->param, .grad = l->grad, .state1 = l->s1, .state2 = l->s2,
+                            .numel = klist_n, .grad_dtype = grad_dt};
+}
+static ca_status kc_adamw(KARGS) {
+    klist l;
+    klist_make(&l, bdt, p, bdt[1], 4);
+    return KC(adamw, .t = &l.t, .lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .weight_decay = 0.01f,
+              .bias_correction1 = 0.19f, .bias_correction2 = 0.003f, .grad_scale = q->alpha);
+}
+static ca_status kc_sgd(KARGS) {
+    klist l;
+    klist_make(&l, bdt, p, bdt[1], 3);
+    return KC(sgd, .t = &l.t, .lr = 0.05f, .momentum = 0.9f, .dampening = 0.1f, .weight_decay = 1e-4f,
+              .first_step = q->flag, .grad_scale = q->alpha);
+}
+static ca_status kc_sum_squares(KARGS) {   /* param (row dtype), out */
+    klist l;
+    klist_make(&l, bdt, p, bdt[0], 1);
+    return KC(sum_squares, .t = &l.t, .out = p[1], .beta = q->beta);
+}
+static ca_status kc_scale_list(KARGS) {
+    klist l;
+    klist_make(&l, bdt, p, bdt[0], 1);
+    return KC(scale_list, .t = &l.t, .alpha = q->alpha);
+}
+static ca_status kc_unscale_check(KARGS) {   /* param (row dtype), found_inf */
+    klist l;
+    klist_make(&l, bdt, p, bdt[0], 1);
+    return KC(unscale_check, .t = &l.t, .inv_scale = q->alpha, .found_inf = p[1]);
+}
+static ca_status kc_clamp_list(KARGS) {
+    klist l;
+    klist_make(&l, bdt, p, bdt[0], 1);
+    return KC(clamp_list, .t = &l.t, .lo = q->alpha, .hi = q->beta);
+}
+#undef KARGS
+
+/* ------------------------------------------------------------------ running a kernel row */
+
+static void kbuf_fill(const kbuf *b, ca_dtype dt, void *raw, uint64_t *seed) {
+    if (b->gen) b->gen(dt, raw, b->n, seed, b->arg);
+    else if (b->arg) memcpy(raw, b->arg, (size_t)b->n * ca_dtype_size(dt));
+    else gen_uniform(dt, raw, b->n, seed, &(const oc_in){.lo = b->lo, .hi = b->hi});
+}
+
+/* Runs row r on device d from the host inputs `in`; the buffers afterwards in out (NULL: an error was
+ * expected and checked). */
+static void kernel_run(const kernel_row *r, const ca_dtype *bdt, int d, void *const *in, void **out) {
+    ca_device *dev = devs[d];
+    void *p[KMAXB] = {0};
+    for (int i = 0; i < r->nb; i++) {
+        size_t bytes = (size_t)r->b[i].n * ca_dtype_size(bdt[i]);
+        T_OK(ca_device_alloc(dev, bytes ? bytes : 1, &p[i]));
+        if (bytes) T_OK(ca_device_copy_from_host(dev, p[i], in[i], bytes));
+    }
+    ca_status s = r->call(r->q, bdt, ca_device_name(dev), ca_device_kernels(dev), ca_device_context(dev), p);
+    if (r->error) {
+        if (s == CA_OK) fail_msg("%s on %s: succeeded, expected an error with \"%s\"", r->name, dev_name[d], r->error);
+        if (!strstr(ca_last_error(), r->error))
+            fail_msg("%s on %s: error \"%s\" does not say \"%s\"", r->name, dev_name[d], ca_last_error(), r->error);
+        ca_clear_error();
+    } else if (s != CA_OK) {
+        fail_msg("%s (%s) on %s: %s", r->name, ca_dtype_name(bdt[0]), dev_name[d], ca_last_error());
+    }
+    for (int i = 0; i < r->nb; i++) {
+        size_t bytes = (size_t)r->b[i].n * ca_dtype_size(bdt[i]);
+        out[i] = malloc(bytes ? bytes : 1);
+        if (bytes) T_OK(ca_device_copy_to_host(dev, out[i], p[i], bytes));
+        ca_device_free(dev, p[i]);
+    }
+}
+
+static void run_kernel_row(const kernel_row *r, ca_dtype dt, uint64_t seed) {
+    ca_dtype bdt[KMAXB];
+    void *in[KMAXB] = {0}, *ref[KMAXB] = {0}, *got[KMAXB] = {0};
+    for (int i = 0; i < r->nb; i++) {
+        bdt[i] = r->b[i].row ? dt : r->b[i].dt;
+        in[i] = malloc(r->b[i].n ? (size_t)r->b[i].n * ca_dtype_size(bdt[i]) : 1);
+        kbuf_fill(&r->b[i], bdt[i], in[i], &seed);
+    }
+    kernel_run(r, bdt, DEV_CPU, in, ref);
+    for (int d = DEV_XLA; d < ND; d++) {
+        if (!devs[d]) continue;
+        kernel_run(r, bdt, d, in, got);
+        for (int i = 0; i < r->nb && !r->error; i++) {
+            char what[256];
+            snprintf(what, sizeof what, "%s (%s) buffer %d on %s", r->name, ca_dtype_name(dt), i, dev_name[d]);
+            compare(what, d == DEV_CUDA ? &r->tol : &EXACT, bdt[i], ref[i], got[i], r->b[i].n, NULL, 0);
+        }
+        for (int i = 0; i < r->nb; i++) free(got[i]);
+        runs++;
+    }
+    for (int i = 0; i < r->nb; i++) {
+        free(in[i]);
+        free(ref[i]);
+    }
+    slot_covered[r->slot] = true;
+}
+
+/* ------------------------------------------------------------------ kernel rows */
+
+/* Buffers: of the row's dtype, uniform in [lo, hi); of a fixed dtype; from a generator; literal data. */
+#define KR(n_, lo_, hi_) {.n = (n_), .row = true, .lo = (lo_), .hi = (hi_)}
+#define KF(dt_, n_, lo_, hi_) {.n = (n_), .dt = (dt_), .lo = (lo_), .hi = (hi_)}
+#define KG(n_, gen_, arg_) {.n = (n_), .row = true, .gen = (gen_), .arg = (arg_)}
+#define KFG(dt_, n_, gen_, arg_) {.n = (n_), .dt = (dt_), .gen = (gen_), .arg = (arg_)}
+#define KROW(name, slot, ...) name, KS_##slot, kc_##slot, &(const kp){__VA_ARGS__}
+static const float ZERO1[1] = {0};
+
+#define T_TF32 {.rtol = 4e-3 * 16, .atol = 4e-3 * 16, .why = "TF32 products (10-bit mantissa): 4e-3 sqrt k"}
+#define T_HALF_IN(v) {.rtol = (v), .atol = (v), .why = "cuBLAS: half products summed in f32 in another order"}
+/* max/min: the same values (a limit far below any ulp), but a NaN's bits are the device's own */
+#define T_MAXMIN {.atol = 1e-30, .ulps = 1e-6, .why = "max/min: a NaN stays NaN (its bits are the device's)"}
+#define T_ATT {.rtol = 1e-4, .atol = 1e-5, .why = "fused attention: exp and row sums in another order"}
+
+/* C [batch, m, n + pad] = alpha op(A) op(B) + beta C; C of the row's dtype or f32 (c32). */
+#define KGEMM(name, t_, m_, n_, k_, b_, pad_, al, be, tf, c32, dts, ...)                                        \
+    {KROW(name, gemm, .op = t_, .s = {m_, n_, k_, b_, pad_}, .alpha = al, .beta = be, .flag = tf), 3,             \
+     {KR((b_ ? b_ : 1) * m_ * k_, -1, 1), KR((b_ ? b_ : 1) * k_ * n_, -1, 1),                                     \
+      {.n = (b_ ? b_ : 1) * m_ * (n_ + pad_), .row = !(c32), .dt = CA_F32, .lo = -1, .hi = 1}}, dts, __VA_ARGS__}
+#define KGEMM4(m_, n_, k_, b_, pad_, al, be, ...)                                                               \
+    KGEMM("gemm [" #m_ "," #n_ "," #k_ "] batch " #b_ " ldc +" #pad_ " alpha " #al " beta " #be, 0, m_, n_, k_,  \
+          b_, pad_, al, be, false, false, FLT, __VA_ARGS__),                                                      \
+    KGEMM("gemm A^T [" #m_ "," #n_ "," #k_ "] batch " #b_ " ldc +" #pad_ " alpha " #al " beta " #be, 1, m_, n_,  \
+          k_, b_, pad_, al, be, false, false, FLT, __VA_ARGS__),                                                  \
+    KGEMM("gemm B^T [" #m_ "," #n_ "," #k_ "] batch " #b_ " ldc +" #pad_ " alpha " #al " beta " #be, 2, m_, n_,  \
+          k_, b_, pad_, al, be, false, false, FLT, __VA_ARGS__),                                                  \
+    KGEMM("gemm A^T B^T [" #m_ "," #n_ "," #k_ "] batch " #b_ " ldc +" #pad_ " alpha " #al " beta " #be, 3, m_,  \
+          n_, k_, b_, pad_, al, be, false, false, FLT, __VA_ARGS__)
+static const kernel_row K_GEMM[] = {
+    KGEMM4(17, 40, 31, 3, 2, 0.5, 0.75, T_GEMM(31)),
+    KGEMM4(8, 9, 10, 4, 1, 1.0, 1.0, T_GEMM(10)),
+    KGEMM("gemm alpha 0 (C = beta C) ldc +2", 0, 5, 6, 7, 2, 2, 0.0, 0.5, false, false, FLT, T_GEMM(10)),
+    KGEMM("gemm k 0 beta 0.5", 0, 5, 6, 0, 0, 1, 1.0, 0.5, false, false, FLT, T_GEMM(10)),
+    KGEMM("gemm TF32 B^T [128,96,256]", 2, 128, 96, 256, 0, 0, 1.0, 0.0, true, false, F32, T_TF32),
+    KGEMM("gemm TF32 A^T [64,64,512] batch 2 beta 1", 1, 64, 64, 512, 2, 0, 1.0, 1.0, true, false, F32, T_TF32),
+    KGEMM("gemm f16 into f32, ldc +2, alpha 0.5 beta 0.75", 0, 17, 40, 31, 3, 2, 0.5, 0.75, false, true,
+          B(CA_F16), T_HALF_IN(3e-3 * SQRT_31)),
+    KGEMM("gemm bf16 into f32, B^T", 2, 17, 40, 31, 3, 2, 1.0, 0.0, false, true, B(CA_BF16),
+          T_HALF_IN(2e-2 * SQRT_31)),
+};
+
+/* y (the row's dtype) = alpha x, x of every dtype holding the awkward values; in place: one buffer. */
+#define KCAST(src, al, n_) \
+    {KROW("cast from " #src " alpha " #al " [" #n_ "]", cast, .s = {n_}, .alpha = al), 2, \
+     {KFG(src, n_, gen_awkward, NULL), KR(n_, 0, 1)}, ANY}
+#define KCAST_IP(src, dst, al) \
+    {KROW("cast in place " #src " to " #dst " alpha " #al, cast, .s = {1031}, .alpha = al, .inplace = true, \
+          .dt2 = dst), 1, {KFG(src, 1031, gen_awkward, NULL)}, F32}
+static const kernel_row K_CAST[] = {
+    KCAST(CA_F32, 0.5, 1031), KCAST(CA_F16, 0.5, 1031), KCAST(CA_BF16, 0.5, 1031), KCAST(CA_I32, 0.5, 1031),
+    KCAST(CA_I64, 0.5, 1031), KCAST(CA_U8, 0.5, 1031),
+    KCAST(CA_F32, 1.0 / 255, 1031), KCAST(CA_F16, 1.0 / 255, 1031), KCAST(CA_BF16, 1.0 / 255, 1031),
+    KCAST(CA_I32, 1.0 / 255, 1031), KCAST(CA_I64, 1.0 / 255, 1031), KCAST(CA_U8, 1.0 / 255, 1031),
+    KCAST(CA_F32, 0.5, 1), KCAST(CA_F32, 0.5, 7), KCAST(CA_F32, 0.5, 13), KCAST(CA_F32, 0.5, 257),
+    KCAST_IP(CA_F32, CA_I32, 0.5), KCAST_IP(CA_I32, CA_F32, 1.0), KCAST_IP(CA_F16, CA_BF16, 1.0),
+    KCAST_IP(CA_BF16, CA_F16, 0.5), KCAST_IP(CA_F32, CA_F32, 1.0 / 255),
+    /* a permuted read into a destination whose rows are padded: the padding stays as it was */
+    {KROW("copy_strided into a padded destination", copy_strided, .s = {5, 4, 6, 3}), 2,
+     {KR(120, -50, 50), KR(210, -50, 50)}, ANY},
+};
+
+/* Unary ops the ops API does not offer, in place, and the backward kernels' beta. */
+#define KUN(name, op_, n_, inp, xbuf, tol_) \
+    {KROW(name " [" #n_ "]", unary, .op = op_, .s = {n_}, .inplace = inp), 2, {xbuf, KR(n_, -1, 1)}, FLT, tol_}
+#define KUB(name, op_, al, be, tol_)                                                                           \
+    {KROW(name " backward beta " #be, unary_backward, .op = op_, .s = {1031}, .alpha = al, .beta = be), 4,    \
+     {KR(1031, 0.1, 4), KR(1031, 0.1, 4), KR(1031, -1, 1), KR(1031, -1, 1)}, FLT, tol_}
+#define T_UB {.rtol = 4e-6, .atol = 1e-6, .why = "the derivative's functions and dx = beta dx + ... : a few ulp"}
+static const kernel_row K_UNARY[] = {
+    KUN("rsqrt", CA_UNARY_RSQRT, 1, false, KR(1, 0.05, 4), T_EXACT),
+    KUN("rsqrt", CA_UNARY_RSQRT, 7, false, KR(7, 0.05, 4), T_EXACT),
+    KUN("rsqrt", CA_UNARY_RSQRT, 13, false, KR(13, 0.05, 4), T_EXACT),
+    KUN("rsqrt", CA_UNARY_RSQRT, 257, false, KR(257, 0.05, 4), T_EXACT),
+    KUN("rsqrt", CA_UNARY_RSQRT, 1031, false, KR(1031, 0.05, 4), T_EXACT),
+    KUN("abs of the awkward values", CA_UNARY_ABS, 1031, false, KG(1031, gen_awkward, NULL), T_EXACT),
+    KUN("recip of the awkward values", CA_UNARY_RECIP, 1031, false, KG(1031, gen_awkward, NULL), T_EXACT),
+    KUN("recip", CA_UNARY_RECIP, 13, false, KR(13, 0.25, 4), T_EXACT),
+    KUN("abs in place", CA_UNARY_ABS, 257, true, KR(257, -4, 4), T_EXACT),
+    KUN("exp in place", CA_UNARY_EXP, 1031, true, KR(1031, -4, 4), T_TRANSC),
+    KUN("rsqrt in place", CA_UNARY_RSQRT, 13, true, KR(13, 0.05, 4), T_EXACT),
+    KUB("rsqrt", CA_UNARY_RSQRT, 0, 0.5, T_UB), KUB("abs", CA_UNARY_ABS, 0, 1.0, T_UB),
+    KUB("recip", CA_UNARY_RECIP, 0, 0.5, T_UB), KUB("tanh", CA_UNARY_TANH, 0, 1.0, T_UB),
+    KUB("pow 2.5", CA_UNARY_POW, 2.5, 0.5, T_UB), KUB("gelu", CA_UNARY_GELU_TANH, 0, 1.0, T_UB),
+    KUB("log", CA_UNARY_LOG, 0, 0.0, T_UB),
+};
+
+/* max/min with NaN among the awkward values, in place, a row broadcast; axpby's other pairs. */
+#define KBIN(name, op_, r, c, rowb, inp) \
+    {KROW(name, binary, .op = op_, .s = {r, c, rowb}, .inplace = inp), 3, \
+     {KG(r * c, gen_awkward, NULL), KR(rowb ? c : r * c, -100, 100), KR(r * c, -1, 1)}, FLT, T_MAXMIN}
+#define KAXPBY(al, be, n_) \
+    {KROW("axpby alpha " #al " beta " #be " [" #n_ "]", axpby, .s = {n_}, .alpha = al, .beta = be), 2, \
+     {KR(n_, -2, 2), KR(n_, -2, 2)}, FLT}
+static const kernel_row K_BINARY[] = {
+    KBIN("max (NaN, inf) [1031]", CA_BINARY_MAX, 1, 1031, false, false),
+    KBIN("min (NaN, inf) [1031]", CA_BINARY_MIN, 1, 1031, false, false),
+    KBIN("max [7,13] by [13] in place", CA_BINARY_MAX, 7, 13, true, true),
+    KBIN("min [7,13] by [13] in place", CA_BINARY_MIN, 7, 13, true, true),
+    KAXPBY(0.5, -1.25, 1), KAXPBY(0.5, -1.25, 7), KAXPBY(0.5, -1.25, 13), KAXPBY(0.5, -1.25, 257),
+    KAXPBY(0.5, -1.25, 1031), KAXPBY(-2.0, 0.0, 1031), KAXPBY(0.0, 0.5, 1031), KAXPBY(1.0, -1.0, 13),
+};
+
+/* reduce min, and beta != 0 (y = beta y + R x). */
+#define KRED(name, op_, o, l, i, be, tol_) \
+    {KROW(name " [" #o "," #l "," #i "] beta " #be, reduce, .op = op_, .s = {o, l, i}, .beta = be), 2, \
+     {KR(o * l * i, -1, 1), KR(o * i, -1, 1)}, FLT, tol_}
+static const kernel_row K_REDUCE[] = {
+    KRED("min", CA_OP_MIN, 3, 1000, 1, 0.0, T_EXACT), KRED("min", CA_OP_MIN, 2, 17, 33, 0.0, T_EXACT),
+    KRED("min", CA_OP_MIN, 5, 1, 7, 0.0, T_EXACT), KRED("min", CA_OP_MIN, 2, 17, 33, 0.5, T_SUM),
+    KRED("max", CA_OP_MAX, 2, 17, 33, 0.5, T_SUM), KRED("sum", CA_OP_SUM, 2, 17, 33, 0.5, T_SUM),
+    KRED("mean", CA_OP_AVG, 3, 1000, 1, 0.5, T_SUM),
+};
+
+/* The internal outputs (lse, mean, rstd), the backward kernels' beta, dgamma accumulation. */
+#define KSMB(lg, be, c) \
+    {KROW("softmax_backward log " #lg " [29," #c "] beta " #be, softmax_backward, .flag = lg, .s = {29, c}, \
+          .beta = be), \
+     3, {KR(29 * c, lg ? -5 : 0, lg ? 0 : 1), KR(29 * c, -1, 1), KR(29 * c, -1, 1)}, FLT, T_SOFTMAX_B}
+#define KCE(c) \
+    {KROW("cross_entropy [77," #c "] loss, lse, count", cross_entropy, .s = {77, c}), 5, \
+     {KR(77 * c, -5, 5), KFG(CA_I64, 77, gen_labels, LAB10), KF(CA_F32, 1, 0, 1), KF(CA_F32, 77, 0, 1), \
+      KF(CA_F32, 1, 0, 1)}, FLT, T_CE}
+#define KCEB(c, be) \
+    {KROW("cross_entropy_backward [77," #c "] beta " #be, cross_entropy_backward, .s = {77, c}, .beta = be), 6, \
+     {KR(77 * c, -5, 5), KF(CA_F32, 77, 2, 4), KFG(CA_I64, 77, gen_labels, LAB10), KF(CA_F32, 1, 0.5, 1), \
+      KF(CA_F32, 1, 50, 60), KR(77 * c, -1, 1)}, FLT, T_CE_B}
+#define KLN_(c) \
+    {KROW("layer_norm [33," #c "] y, mean, rstd", layer_norm, .s = {33, c}), 6, \
+     {KR(33 * c, -3, 3), KR(c, 0.5, 2), KR(c, -1, 1), KR(33 * c, 0, 1), KF(CA_F32, 33, 0, 1), KF(CA_F32, 33, 0, 1)}, \
+     FLT, T_LN}
+#define KLNB(c, acc, be) \
+    {KROW("layer_norm_backward [33," #c "] accumulate " #acc " beta " #be, layer_norm_backward, .s = {33, c}, \
+          .flag = acc, .beta = be), 8, \
+     {KR(33 * c, -3, 3), KR(c, 0.5, 2), KF(CA_F32, 33, -1, 1), KF(CA_F32, 33, 0.5, 2), KR(33 * c, -1, 1), \
+      KR(33 * c, -1, 1), KR(c, -1, 1), KR(c, -1, 1)}, FLT, T_LN_B}
+#define KRMS(c) \
+    {KROW("rms_norm [33," #c "] y, rstd", rms_norm, .s = {33, c}), 4, \
+     {KR(33 * c, -3, 3), KR(c, 0.5, 2), KR(33 * c, 0, 1), KF(CA_F32, 33, 0, 1)}, FLT, T_LN}
+#define KRMSB(c, acc, be) \
+    {KROW("rms_norm_backward [33," #c "] accumulate " #acc " beta " #be, rms_norm_backward, .s = {33, c}, .flag = acc, \
+          .beta = be), 6, \
+     {KR(33 * c, -3, 3), KR(c, 0.5, 2), KF(CA_F32, 33, 0.5, 2), KR(33 * c, -1, 1), KR(33 * c, -1, 1), \
+      KR(c, -1, 1)}, FLT, T_LN_B}
+#define KATT(tq, tk, causal) \
+    {KROW("attention [1,2," #tq "," #tk "] causal " #causal " out, lse", attention, .s = {tq, tk}, .flag = causal), \
+     5, {KR(6 * tq, -1, 1), KR(6 * tk, -1, 1), KR(6 * tk, -1, 1), KR(6 * tq, 0, 1), KF(CA_F32, 2 * tq, 0, 1)}, F32, \
+     T_ATT}
+static const kernel_row K_NN[] = {
+    KSMB(false, 1.0, 128), KSMB(false, 0.5, 1000), KSMB(true, 1.0, 128), KSMB(true, 0.5, 10),
+    {KROW("dropout_backward p 0.3 [10007] beta 1", dropout_backward, .s = {10007}, .alpha = 0.3, .beta = 1.0), 3,
+     {KR(10007, -2, 2), KR(10007, -2, 2), KF(CA_U8, 10007, 0, 2)}, FLT},
+    KCE(10), KCE(1000), KCEB(10, 1.0), KCEB(1000, 0.5),
+    KLN_(16), KLN_(768), KLNB(16, true, 1.0), KLNB(768, true, 0.5), KLNB(768, false, 0.0),
+    KRMS(16), KRMS(768), KRMSB(16, true, 1.0), KRMSB(768, true, 0.5), KRMSB(768, false, 0.0),
+    KATT(5, 7, false), KATT(5, 7, true), KATT(70, 66, true),
+};
+
+/* The list kernels over half gradients, grad_scale, unscale by 0, clamp_list's error. */
+#define KLP KF(CA_F32, KLIST_TOTAL, -1, 1)
+static const kernel_row K_LIST[] = {
+    {KROW("adamw, half gradients, grad_scale 0.5", adamw, .alpha = 0.5), 4,
+     {KLP, KR(KLIST_TOTAL, -1, 1), KF(CA_F32, KLIST_TOTAL, -0.1, 0.1), KF(CA_F32, KLIST_TOTAL, 0, 0.01)}, FLT},
+    {KROW("sgd momentum, half gradients, first step, grad_scale 0.25", sgd, .alpha = 0.25, .flag = true), 3,
+     {KLP, KR(KLIST_TOTAL, -1, 1), KF(CA_F32, KLIST_TOTAL, -0.1, 0.1)}, FLT},
+    {KROW("sgd momentum, half gradients, grad_scale 2", sgd, .alpha = 2.0), 3,
+     {KLP, KR(KLIST_TOTAL, -1, 1), KF(CA_F32, KLIST_TOTAL, -0.1, 0.1)}, FLT},
+    {KROW("sum_squares beta 1", sum_squares, .beta = 1.0), 2, {KR(KLIST_TOTAL, -1, 1), KF(CA_F32, 1, 0, 10)}, FLT,
+     T_SUM},
+    {KROW("scale_list 0.5", scale_list, .alpha = 0.5), 1, {KR(KLIST_TOTAL, -4, 4)}, FLT},
+    {KROW("unscale_check by 0 (the awkward values: inf * 0 is NaN)", unscale_check, .alpha = 0.0), 2,
+     {KG(KLIST_TOTAL, gen_awkward, NULL), KFG(CA_F32, 1, NULL, ZERO1)}, FLT},
+    {KROW("unscale_check 2^-16, finite", unscale_check, .alpha = 1.0 / 65536), 2,
+     {KR(KLIST_TOTAL, -4, 4), KFG(CA_F32, 1, NULL, ZERO1)}, FLT},
+    {KROW("clamp_list -0.5, 0.25", clamp_list, .alpha = -0.5, .beta = 0.25), 1, {KR(KLIST_TOTAL, -2, 2)}, FLT},
+    {KROW("clamp_list 1, -1", clamp_list, .alpha = 1.0, .beta = -1.0), 1, {KR(KLIST_TOTAL, -2, 2)}, FLT,
+     .error = "lo 1 is greater than hi -1"},
+};
+
+static void run_kernel_table(const kernel_row *rows, size_t nrows) {
+    for (size_t k = 0; k < nrows; k++)
+        for (int dt = 0; dt < 6; dt++)
+            if (rows[k].dtypes & B(dt)) run_kernel_row(&rows[k], (ca_dtype)dt, 0x13198a2e03707344ull + k * 7919 +
+                (uint64_t)dt);
+}
+
 /* ------------------------------------------------------------------ cmocka */
 
 #define TABLE(t) static void test_##t(void **state) { run_table(t, sizeof t / sizeof t[0]); }
@@ -1096,11 +1573,51 @@ TABLE(RANDOM)
 TABLE(ATTENTION)
 TABLE(OPTIM)
 TABLE(ACCEL)
+#define KTABLE(t) static void test_##t(void **state) { run_kernel_table(t, sizeof t / sizeof t[0]); }
+KTABLE(K_GEMM)
+KTABLE(K_CAST)
+KTABLE(K_UNARY)
+KTABLE(K_BINARY)
+KTABLE(K_REDUCE)
+KTABLE(K_NN)
+KTABLE(K_LIST)
+
+/* Every slot of CA_KERNEL_LIST has a conformance case: an op row reached it (on the count device) or a
+ * kernel row ran it. */
+static void test_coverage(void **state) {
+    for (int i = 0; i < KS_COUNT; i++)
+        if (!slot_covered[i]) fail_msg("kernel slot %s has no conformance case: add an op row or a kernel row",
+                                       slot_name[i]);
+}
 
 static const char *tol_str(const oc_tol *t, char *buf, size_t len) {
     if (tol_exact(t)) return "exact";
     snprintf(buf, len, "%s", t->why);
     return buf;
+}
+
+static void dtype_names(unsigned dtypes, char *dts, size_t len) {
+    dts[0] = 0;
+    for (int dt = 0; dt < 6; dt++)
+        if (dtypes & B(dt)) snprintf(dts + strlen(dts), len - strlen(dts), "%s%s", dts[0] ? "," : "",
+            ca_dtype_name((ca_dtype)dt));
+}
+
+/* The kernel rows: table | row | dtypes | slot | what the cuda column allows. */
+static void list_kernel_rows(void) {
+#define L(t) {#t, t, sizeof t / sizeof t[0]}
+    static const struct { const char *name; const kernel_row *rows; size_t n; } tables[] = {
+        L(K_GEMM), L(K_CAST), L(K_UNARY), L(K_BINARY), L(K_REDUCE), L(K_NN), L(K_LIST),
+    };
+#undef L
+    for (size_t t = 0; t < sizeof tables / sizeof tables[0]; t++)
+        for (size_t k = 0; k < tables[t].n; k++) {
+            const kernel_row *r = &tables[t].rows[k];
+            char dts[64], f[160];
+            dtype_names(r->dtypes, dts, sizeof dts);
+            printf("%s | %s | %s | kernel %s | %s | cuda: %s\n", tables[t].name, r->name, dts, slot_name[r->slot],
+                   r->error ? "error" : "buffers", tol_str(&r->tol, f, sizeof f));
+        }
 }
 
 /* test_ops --list: the rows, their dtypes, and what the cuda column allows. */
@@ -1122,6 +1639,7 @@ static void list_rows(void) {
                    r->error ? "error" : (!r->grad ? "forward" : (r->no_fd ? "backward" : "backward, differences")),
                    tol_str(&r->fwd, f, sizeof f), r->grad ? tol_str(&r->bwd, b, sizeof b) : "-");
         }
+    list_kernel_rows();
 }
 
 int main(int argc, char **argv) {
@@ -1136,6 +1654,9 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_BINARY),  cmocka_unit_test(test_REDUCE),  cmocka_unit_test(test_SOFTMAX),
         cmocka_unit_test(test_NORM),    cmocka_unit_test(test_INDEX),   cmocka_unit_test(test_RANDOM),
         cmocka_unit_test(test_ATTENTION), cmocka_unit_test(test_OPTIM),   cmocka_unit_test(test_ACCEL),
+        cmocka_unit_test(test_K_GEMM),  cmocka_unit_test(test_K_CAST),  cmocka_unit_test(test_K_UNARY),
+        cmocka_unit_test(test_K_BINARY), cmocka_unit_test(test_K_REDUCE), cmocka_unit_test(test_K_NN),
+        cmocka_unit_test(test_K_LIST),  cmocka_unit_test(test_coverage),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     printf("test_ops: %lld row runs on devices, %lld with finite differences\n", (long long)runs, (long long)fd_runs);
