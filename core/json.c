@@ -63,6 +63,21 @@ bool ca_json_get_u64(json_object *o, uint64_t *out) {
     return true;
 }
 
+json_object *ca_json_member(json_object *o, const char *key) {
+    json_object *v = NULL;
+    return o && json_object_is_type(o, json_type_object) && json_object_object_get_ex(o, key, &v) ? v : NULL;
+}
+
+const char *ca_json_member_str(json_object *o, const char *key) {
+    json_object *v = ca_json_member(o, key);
+    return v && json_object_is_type(v, json_type_string) ? json_object_get_string(v) : NULL;
+}
+
+bool ca_json_member_bool(json_object *o, const char *key, bool dflt) {
+    json_object *v = ca_json_member(o, key);
+    return v && json_object_is_type(v, json_type_boolean) ? json_object_get_boolean(v) : dflt;
+}
+
 const char *ca_json_u64_text(uint64_t v, char *buf, size_t len) {
     if (v == UINT64_MAX) snprintf(buf, len, "%" PRIu64 " (2^64 - 1) or more", v);
     else snprintf(buf, len, "%" PRIu64, v);

@@ -30,6 +30,12 @@ json_object *ca_json_load(const char *path, ca_file_kind kind, char *why, size_t
  * to 2^64 - 1 (json_object_get_int64 saturates at 2^63 - 1) and saturates larger ones at 2^64 - 1:
  * that value means "2^64 - 1 or more" (ca_json_u64_text says so). */
 bool ca_json_get_u64(json_object *o, uint64_t *out);
+/* Member `key` of object o: NULL when o is not an object or has no such member (o may be NULL). */
+json_object *ca_json_member(json_object *o, const char *key);
+/* Member `key` as a string: NULL when absent or not a string. */
+const char *ca_json_member_str(json_object *o, const char *key);
+/* Member `key` as a boolean: dflt when absent or not a boolean. */
+bool ca_json_member_bool(json_object *o, const char *key, bool dflt);
 /* v in decimal into buf (48 bytes), "18446744073709551615 (2^64 - 1) or more" for UINT64_MAX. */
 const char *ca_json_u64_text(uint64_t v, char *buf, size_t len);
 

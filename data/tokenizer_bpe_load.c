@@ -17,23 +17,6 @@
 static const char GPT2_REGEX[] =
     "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
 
-static json_object *get(json_object *o, const char *key) {
-    json_object *v = NULL;
-    return o && json_object_is_type(o, json_type_object) && json_object_object_get_ex(o, key, &v)
-               ? v
-               : NULL;
-}
-
-static const char *get_str(json_object *o, const char *key) {
-    json_object *v = get(o, key);
-    return v && json_object_is_type(v, json_type_string) ? json_object_get_string(v) : NULL;
-}
-
-static bool get_bool(json_object *o, const char *key, bool dflt) {
-    json_object *v = get(o, key);
-    return v && json_object_is_type(v, json_type_boolean) ? json_object_get_boolean(v) : dflt;
-}
-
 static ca_status refuse(const char *path, const char *key, const char *what) {
     return ca_error(CA_ERR_UNSUPPORTED, "tokenizer '%s': %s: %s", path, key, what);
 }
@@ -103,7 +86,7 @@ static ca_status count_ids(json_object *vocab, json_object *added, int64_t *n, c
     }
     size_t na = json_object_is_type(added, json_type_array) ? json_object_array_length(added) : 0;
     for (size_t i = 0; i < na; i++) {
-        int64_t id = json_id(get(json_object_array_get_idx(added, i), "id"));
+        int64_t id = json_id(ca_json_member(json_object_array_get_idx(added, i), "id"));
         if (id < 0 || id >= ((int64_t)1 << 31))
             return ca_error(CA_ERR_INVALID, "tokenizer '%s': added_tokens[%zu].id is missing or not "
                             "an id (0 .. 2^31-1)", path, i);
@@ -142,18 +125,19 @@ static ca_status add_flags(ca_tokenizer *t, json_object *a, int64_t id, const ch
     t->n_added++;
     x->len = strlen(content);
     x->id = id;
-    x->special = get_bool(a, "special", false);
-    x->lstrip = get_bool(a, "lstrip", false);
-    x->rstrip = get_bool(a, "rstrip", false);
-    x->single_word = get_bool(a, "single_word", false);
-    x->normalized = get_bool(a, "normalized", !x->special);
+    x->special = ca_json_member_bool(a, "special", false);
+    x->lstrip = ca_json_member_bool(a, "lstrip", false);
+    x->rstrip = ca_json_member_bool(a, "rstrip", false);
+    x->single_word = ca_json_member_bool(a, "single_word", false);
+    x->normalized = ca_json_member_bool(a, "normalized", !x->special);
     t->bpe->added_first[x->normalized][(unsigned char)content[0]] = true;
     return CA_OK;
 }
 
 /* model.vocab and added_tokens into one table of ids 0..n-1, each id holding one token. */
 static ca_status load_vocab(ca_tokenizer **out, json_object *root, const char *path) {
-    json_object *vocab = get(get(root, "model"), "vocab"), *added = get(root, "added_tokens");
+    json_object *vocab = ca_json_member(ca_json_member(root, "model"), "vocab");
+    json_object *added = ca_json_member(root, "added_tokens");
     if (!vocab || !json_object_is_type(vocab, json_type_object))
         return ca_error(CA_ERR_INVALID, "tokenizer '%s': model.vocab is missing or not an object",
                         path);
@@ -171,8 +155,8 @@ static ca_status load_vocab(ca_tokenizer **out, json_object *root, const char *p
     size_t na = json_object_is_type(added, json_type_array) ? json_object_array_length(added) : 0;
     for (size_t i = 0; st == CA_OK && i < na; i++) {
         json_object *a = json_object_array_get_idx(added, i);
-        const char *content = get_str(a, "content");
-        int64_t id = json_id(get(a, "id"));
+        const char *content = ca_json_member_str(a, "content");
+        int64_t id = json_id(ca_json_member(a, "id"));
         snprintf(where, sizeof where, "added_tokens[%zu]", i);
         if (!content || !*content)
             st = ca_error(CA_ERR_INVALID, "tokenizer '%s': %s has no content", path, where);
@@ -253,7 +237,7 @@ static ca_status load_merge(ca_tokenizer *t, json_object *m, size_t i, const cha
 }
 
 static ca_status load_merges(ca_tokenizer *t, json_object *model, const char *path) {
-    json_object *merges = get(model, "merges");
+    json_object *merges = ca_json_member(model, "merges");
     if (merges && !json_object_is_type(merges, json_type_array))
         return ca_error(CA_ERR_INVALID, "tokenizer '%s': model.merges is not a list", path);
     size_t n = merges ? json_object_array_length(merges) : 0;
@@ -275,7 +259,7 @@ static ca_status load_merges(ca_tokenizer *t, json_object *model, const char *pa
 
 /* A key that must be absent, null, or the neutral value (empty string, false, 0.0). */
 static ca_status refuse_set(json_object *model, const char *key, const char *path) {
-    json_object *v = get(model, key);
+    json_object *v = ca_json_member(model, key);
     bool neutral = !v || (json_object_is_type(v, json_type_string) && !*json_object_get_string(v)) ||
                    (json_object_is_type(v, json_type_boolean) && !json_object_get_boolean(v)) ||
                    (json_object_is_type(v, json_type_double) && json_object_get_double(v) == 0.0);
@@ -293,10 +277,10 @@ static ca_status load_model(ca_tokenizer *t, json_object *model, const char *pat
     if (st == CA_OK) st = load_merges(t, model, path);
     if (st != CA_OK) return st;
     ca_bpe *b = t->bpe;
-    b->byte_fallback = get_bool(model, "byte_fallback", false);
-    b->ignore_merges = get_bool(model, "ignore_merges", false);
-    b->fuse_unk = get_bool(model, "fuse_unk", false);
-    const char *unk = get_str(model, "unk_token");
+    b->byte_fallback = ca_json_member_bool(model, "byte_fallback", false);
+    b->ignore_merges = ca_json_member_bool(model, "ignore_merges", false);
+    b->fuse_unk = ca_json_member_bool(model, "fuse_unk", false);
+    const char *unk = ca_json_member_str(model, "unk_token");
     b->unk = unk ? ca_tokenizer_token_id(t, unk) : -1;
     if (unk && b->unk < 0)
         return ca_error(CA_ERR_INVALID, "tokenizer '%s': model.unk_token '%s' is not in "
@@ -441,15 +425,15 @@ static ca_status compile(const char *pattern, bool literal, pcre2_code **re, con
 /* ------------------------------------------------------------------ normalizer */
 
 static ca_status str_pattern(json_object *o, const char *path, const char *key, char **out) {
-    const char *s = get_str(get(o, "pattern"), "String");
+    const char *s = ca_json_member_str(ca_json_member(o, "pattern"), "String");
     if (!s) return refuse(path, key, "only a String pattern is supported (not Regex)");
     return (*out = strdup(s)) ? CA_OK : NOMEM(path);
 }
 
 static ca_status add_norm(ca_bpe *b, json_object *n, const char *path, const char *key) {
-    const char *type = get_str(n, "type");
+    const char *type = ca_json_member_str(n, "type");
     if (type && strcmp(type, "Sequence") == 0) {
-        json_object *list = get(n, "normalizers");
+        json_object *list = ca_json_member(n, "normalizers");
         size_t cnt = json_object_is_type(list, json_type_array) ? json_object_array_length(list) : 0;
         char k[128];
         for (size_t i = 0; i < cnt; i++) {
@@ -472,7 +456,7 @@ static ca_status add_norm(ca_bpe *b, json_object *n, const char *path, const cha
     memset(x, 0, sizeof *x);
     x->kind = kind;
     if (kind == CA_NORM_PREPEND || kind == CA_NORM_REPLACE) {
-        const char *what = get_str(n, kind == CA_NORM_PREPEND ? "prepend" : "content");
+        const char *what = ca_json_member_str(n, kind == CA_NORM_PREPEND ? "prepend" : "content");
         if (!what) return ca_error(CA_ERR_INVALID, "tokenizer '%s': %s has no %s", path, key,
                                    kind == CA_NORM_PREPEND ? "prepend" : "content");
         if (!(x->content = strdup(what))) return NOMEM(path);
@@ -494,7 +478,7 @@ static ca_bpe_pretok *new_pretok(ca_bpe *b, int kind) {
 
 /* The replacement character of Metaspace (one character, as tokenizers requires). */
 static ca_status replacement(json_object *o, char *repl, const char *path, const char *key) {
-    const char *r = get_str(o, "replacement");
+    const char *r = ca_json_member_str(o, "replacement");
     if (!r || !*r || strlen(r) > 4)
         return ca_error(CA_ERR_INVALID, "tokenizer '%s': %s.replacement is missing or not one "
                         "character", path, key);
@@ -504,9 +488,9 @@ static ca_status replacement(json_object *o, char *repl, const char *path, const
 
 /* Metaspace's prepend_scheme, or the older add_prefix_space (false: never). */
 static ca_status prepend_scheme(json_object *o, int *out, const char *path, const char *key) {
-    const char *s = get_str(o, "prepend_scheme");
+    const char *s = ca_json_member_str(o, "prepend_scheme");
     *out = CA_PREPEND_ALWAYS;
-    if (!get_bool(o, "add_prefix_space", true)) *out = CA_PREPEND_NEVER;
+    if (!ca_json_member_bool(o, "add_prefix_space", true)) *out = CA_PREPEND_NEVER;
     else if (s && strcmp(s, "first") == 0) *out = CA_PREPEND_FIRST;
     else if (s && strcmp(s, "never") == 0) *out = CA_PREPEND_NEVER;
     else if (s && strcmp(s, "always") != 0)
@@ -519,7 +503,7 @@ static ca_status split_pretok(ca_bpe_pretok *x, json_object *p, const char *path
                               const char *key) {
     static const char *const names[] = {"Removed", "Isolated", "MergedWithPrevious",
                                         "MergedWithNext", "Contiguous"};
-    const char *beh = get_str(p, "behavior");
+    const char *beh = ca_json_member_str(p, "behavior");
     x->behavior = -1;
     for (int i = 0; i < 5; i++)
         if (beh && strcmp(beh, names[i]) == 0) x->behavior = i;
@@ -527,9 +511,9 @@ static ca_status split_pretok(ca_bpe_pretok *x, json_object *p, const char *path
         return ca_error(CA_ERR_INVALID, "tokenizer '%s': %s.behavior '%s' is not Removed, Isolated, "
                         "MergedWithPrevious, MergedWithNext or Contiguous", path, key,
                         beh ? beh : "(missing)");
-    x->invert = get_bool(p, "invert", false);
-    json_object *pat = get(p, "pattern");
-    const char *rx = get_str(pat, "Regex"), *lit = get_str(pat, "String");
+    x->invert = ca_json_member_bool(p, "invert", false);
+    json_object *pat = ca_json_member(p, "pattern");
+    const char *rx = ca_json_member_str(pat, "Regex"), *lit = ca_json_member_str(pat, "String");
     char k[128];
     snprintf(k, sizeof k, "%.90s.pattern.%s", key, rx ? "Regex" : "String");
     if (!rx && !lit)
@@ -540,9 +524,9 @@ static ca_status split_pretok(ca_bpe_pretok *x, json_object *p, const char *path
 }
 
 static ca_status add_pretok(ca_bpe *b, json_object *p, const char *path, const char *key) {
-    const char *type = get_str(p, "type");
+    const char *type = ca_json_member_str(p, "type");
     if (type && strcmp(type, "Sequence") == 0) {
-        json_object *list = get(p, "pretokenizers");
+        json_object *list = ca_json_member(p, "pretokenizers");
         size_t cnt = json_object_is_type(list, json_type_array) ? json_object_array_length(list) : 0;
         char k[128];
         for (size_t i = 0; i < cnt; i++) {
@@ -560,23 +544,23 @@ static ca_status add_pretok(ca_bpe *b, json_object *p, const char *path, const c
     if (!x) return NOMEM(path);
     if (kind == CA_PRE_SPLIT) return split_pretok(x, p, path, key);
     if (kind == CA_PRE_METASPACE) {
-        x->split = get_bool(p, "split", true);
+        x->split = ca_json_member_bool(p, "split", true);
         ca_status st = replacement(p, x->repl, path, key);
         return st == CA_OK ? prepend_scheme(p, &x->prepend, path, key) : st;
     }
-    x->add_prefix_space = get_bool(p, "add_prefix_space", true);
+    x->add_prefix_space = ca_json_member_bool(p, "add_prefix_space", true);
     x->behavior = CA_SPLIT_ISOLATED;
     char k[128];
     snprintf(k, sizeof k, "%.90s (GPT-2's regex)", key);
-    return get_bool(p, "use_regex", true) ? compile(GPT2_REGEX, false, &x->re, path, k) : CA_OK;
+    return ca_json_member_bool(p, "use_regex", true) ? compile(GPT2_REGEX, false, &x->re, path, k) : CA_OK;
 }
 
 /* ------------------------------------------------------------------ decoder */
 
 static ca_status add_dec(ca_bpe *b, json_object *d, const char *path, const char *key) {
-    const char *type = get_str(d, "type");
+    const char *type = ca_json_member_str(d, "type");
     if (type && strcmp(type, "Sequence") == 0) {
-        json_object *list = get(d, "decoders");
+        json_object *list = ca_json_member(d, "decoders");
         size_t cnt = json_object_is_type(list, json_type_array) ? json_object_array_length(list) : 0;
         char k[128];
         for (size_t i = 0; i < cnt; i++) {
@@ -605,11 +589,11 @@ static ca_status add_dec(ca_bpe *b, json_object *d, const char *path, const char
         return st == CA_OK ? prepend_scheme(d, &x->prepend, path, key) : st;
     }
     if (kind == CA_DEC_REPLACE || kind == CA_DEC_STRIP) {
-        const char *c = get_str(d, "content");
+        const char *c = ca_json_member_str(d, "content");
         if (!c) return ca_error(CA_ERR_INVALID, "tokenizer '%s': %s has no content", path, key);
         if (!(x->content = strdup(c))) return NOMEM(path);
-        x->start = (int)json_id(get(d, "start"));
-        x->stop = (int)json_id(get(d, "stop"));
+        x->start = (int)json_id(ca_json_member(d, "start"));
+        x->stop = (int)json_id(ca_json_member(d, "stop"));
     }
     return kind == CA_DEC_REPLACE ? str_pattern(d, path, key, &x->pattern) : CA_OK;
 }
@@ -619,17 +603,18 @@ static ca_status add_dec(ca_bpe *b, json_object *d, const char *path, const char
 /* One TemplateProcessing list: special tokens (one id each) and sequences A / B. */
 static ca_status load_items(json_object *pp, const char *which, ca_bpe_item **out, int *n,
                             const char *path) {
-    json_object *list = get(pp, which), *specials = get(pp, "special_tokens");
+    json_object *list = ca_json_member(pp, which), *specials = ca_json_member(pp, "special_tokens");
     size_t cnt = json_object_is_type(list, json_type_array) ? json_object_array_length(list) : 0;
     *out = calloc(cnt + 1, sizeof **out);
     if (!*out) return NOMEM(path);
     for (size_t i = 0; i < cnt; i++) {
         json_object *it = json_object_array_get_idx(list, i);
-        json_object *sp = get(it, "SpecialToken"), *sq = get(it, "Sequence"), *body = sp ? sp : sq;
-        const char *id = get_str(body, "id");
+        json_object *sp = ca_json_member(it, "SpecialToken"), *sq = ca_json_member(it, "Sequence");
+        json_object *body = sp ? sp : sq;
+        const char *id = ca_json_member_str(body, "id");
         ca_bpe_item *x = &(*out)[i];
-        x->type_id = json_id(get(body, "type_id"));
-        json_object *ids = get(get(specials, id ? id : ""), "ids");
+        x->type_id = json_id(ca_json_member(body, "type_id"));
+        json_object *ids = ca_json_member(ca_json_member(specials, id ? id : ""), "ids");
         x->seq = sq && id && !strcmp(id, "A") ? 0 : sq && id && !strcmp(id, "B") ? 1 : -1;
         if (sp && id && json_object_is_type(ids, json_type_array) &&
             json_object_array_length(ids) == 1)
@@ -645,9 +630,9 @@ static ca_status load_items(json_object *pp, const char *which, ca_bpe_item **ou
 }
 
 static ca_status add_post(ca_tokenizer *t, json_object *pp, const char *path, const char *key) {
-    const char *type = get_str(pp, "type");
+    const char *type = ca_json_member_str(pp, "type");
     if (type && strcmp(type, "Sequence") == 0) {
-        json_object *list = get(pp, "processors");
+        json_object *list = ca_json_member(pp, "processors");
         size_t cnt = json_object_is_type(list, json_type_array) ? json_object_array_length(list) : 0;
         char k[128];
         for (size_t i = 0; i < cnt; i++) {
@@ -682,13 +667,13 @@ static void find_specials(ca_tokenizer *t, json_object *root) {
         else if (!seen_a && t->special[CA_TOKEN_BOS] < 0) t->special[CA_TOKEN_BOS] = b->single[i].id;
         else if (seen_a) t->special[CA_TOKEN_EOS] = b->single[i].id;
     }
-    json_object *pad = get(get(root, "padding"), "pad_id");
+    json_object *pad = ca_json_member(ca_json_member(root, "padding"), "pad_id");
     int64_t id = json_id(pad);
     if (id >= 0 && id < t->n) t->special[CA_TOKEN_PAD] = id;
 }
 
 static json_object *present(json_object *root, const char *key) {
-    json_object *v = get(root, key);
+    json_object *v = ca_json_member(root, key);
     return v && !json_object_is_type(v, json_type_null) ? v : NULL;
 }
 
@@ -696,7 +681,7 @@ ca_status ca_bpe_load(ca_tokenizer **out, json_object *root, const char *path) {
     ca_tokenizer *t = NULL;
     ca_status st = load_vocab(&t, root, path);
     if (st != CA_OK) return st;
-    st = load_model(t, get(root, "model"), path);
+    st = load_model(t, ca_json_member(root, "model"), path);
     json_object *v;
     if (st == CA_OK && (v = present(root, "normalizer"))) st = add_norm(t->bpe, v, path, "normalizer");
     if (st == CA_OK && (v = present(root, "pre_tokenizer")))

@@ -142,18 +142,6 @@ ca_status ca_tokenizer_load_vocab(const char *vocab_txt, const ca_tokenizer_opti
 
 /* ------------------------------------------------------------------ tokenizer.json */
 
-static json_object *get(json_object *o, const char *key) {
-    json_object *v = NULL;
-    return o && json_object_is_type(o, json_type_object) && json_object_object_get_ex(o, key, &v)
-               ? v
-               : NULL;
-}
-
-static const char *get_str(json_object *o, const char *key) {
-    json_object *v = get(o, key);
-    return v && json_object_is_type(v, json_type_string) ? json_object_get_string(v) : NULL;
-}
-
 static ca_status unsupported(const char *path, const char *field, const char *got,
                              const char *want) {
     return ca_error(CA_ERR_UNSUPPORTED, "tokenizer '%s': %s is %s%s%s; only %s (BERT) is supported",
@@ -162,10 +150,10 @@ static ca_status unsupported(const char *path, const char *field, const char *go
 
 /* model: WordPiece with its vocab object (ids 0..n-1), unk_token, prefix, max chars. */
 static ca_status load_model(ca_tokenizer **out, json_object *model, const char *path) {
-    const char *type = get_str(model, "type");
+    const char *type = ca_json_member_str(model, "type");
     if (!type || strcmp(type, "WordPiece") != 0)
         return unsupported(path, "model.type", type, "'WordPiece' or 'BPE'");
-    json_object *vocab = get(model, "vocab");
+    json_object *vocab = ca_json_member(model, "vocab");
     if (!vocab || !json_object_is_type(vocab, json_type_object))
         return ca_error(CA_ERR_INVALID, "tokenizer '%s': model.vocab is missing or not an object",
                         path);
@@ -187,14 +175,14 @@ static ca_status load_model(ca_tokenizer **out, json_object *model, const char *
         }
         ca_vocab_insert(t, id);
     }
-    const char *prefix = get_str(model, "continuing_subword_prefix");
+    const char *prefix = ca_json_member_str(model, "continuing_subword_prefix");
     if (st == CA_OK && prefix) {
         free(t->prefix);
         if (!(t->prefix = strdup(prefix))) st = ca_error(CA_ERR_NOMEM, "out of memory");
     }
-    json_object *mc = get(model, "max_input_chars_per_word");
+    json_object *mc = ca_json_member(model, "max_input_chars_per_word");
     t->max_chars = mc && json_object_is_type(mc, json_type_int) ? json_object_get_int64(mc) : 100;
-    const char *unk = get_str(model, "unk_token");
+    const char *unk = ca_json_member_str(model, "unk_token");
     if (st == CA_OK && (t->special[CA_TOKEN_UNK] = unk ? ca_tokenizer_token_id(t, unk) : -1) < 0)
         st = ca_error(CA_ERR_INVALID, "tokenizer '%s': model.unk_token '%s' is not in model.vocab",
                       path, unk ? unk : "(missing)");
@@ -206,21 +194,16 @@ static ca_status load_model(ca_tokenizer **out, json_object *model, const char *
     return CA_OK;
 }
 
-static bool get_bool(json_object *o, const char *key, bool dflt) {
-    json_object *v = get(o, key);
-    return v && json_object_is_type(v, json_type_boolean) ? json_object_get_boolean(v) : dflt;
-}
-
 static ca_status load_normalizer(ca_tokenizer *t, json_object *root, const char *path) {
-    json_object *nz = get(root, "normalizer");
-    const char *type = get_str(nz, "type");
+    json_object *nz = ca_json_member(root, "normalizer");
+    const char *type = ca_json_member_str(nz, "type");
     if (!type || strcmp(type, "BertNormalizer") != 0)
         return unsupported(path, "normalizer.type", type, "'BertNormalizer'");
-    t->clean_text = get_bool(nz, "clean_text", true);
-    t->handle_chinese_chars = get_bool(nz, "handle_chinese_chars", true);
-    t->lowercase = get_bool(nz, "lowercase", true);
-    t->strip_accents = get_bool(nz, "strip_accents", t->lowercase);  /* null: as lowercase */
-    const char *pt = get_str(get(root, "pre_tokenizer"), "type");
+    t->clean_text = ca_json_member_bool(nz, "clean_text", true);
+    t->handle_chinese_chars = ca_json_member_bool(nz, "handle_chinese_chars", true);
+    t->lowercase = ca_json_member_bool(nz, "lowercase", true);
+    t->strip_accents = ca_json_member_bool(nz, "strip_accents", t->lowercase);  /* null: as lowercase */
+    const char *pt = ca_json_member_str(ca_json_member(root, "pre_tokenizer"), "type");
     if (!pt || strcmp(pt, "BertPreTokenizer") != 0)
         return unsupported(path, "pre_tokenizer.type", pt, "'BertPreTokenizer'");
     return CA_OK;
@@ -230,14 +213,14 @@ static ca_status load_normalizer(ca_tokenizer *t, json_object *root, const char 
 static bool template_item(json_object *list, size_t i, const char *kind, const char **id,
                           int64_t type_id) {
     json_object *it = json_object_array_get_idx(list, i);
-    json_object *body = get(it, kind);
-    json_object *ty = get(body, "type_id");
-    *id = get_str(body, "id");
+    json_object *body = ca_json_member(it, kind);
+    json_object *ty = ca_json_member(body, "type_id");
+    *id = ca_json_member_str(body, "id");
     return body && *id && ty && json_object_get_int64(ty) == type_id;
 }
 
 static int64_t special_ids(json_object *specials, const char *name, const ca_tokenizer *t) {
-    json_object *ids = get(get(specials, name), "ids");
+    json_object *ids = ca_json_member(ca_json_member(specials, name), "ids");
     if (!specials) return ca_tokenizer_token_id(t, name);
     if (!ids || !json_object_is_type(ids, json_type_array) || json_object_array_length(ids) != 1)
         return -1;
@@ -255,13 +238,13 @@ static int64_t pair_id(json_object *pair) {
 
 /* TemplateProcessing shaped as BERT's ([CLS]:0 $A:0 [SEP]:0 $B:1 [SEP]:1) or BertProcessing. */
 static ca_status load_template(ca_tokenizer *t, json_object *root, const char *path) {
-    json_object *pp = get(root, "post_processor");
-    const char *type = get_str(pp, "type");
+    json_object *pp = ca_json_member(root, "post_processor");
+    const char *type = ca_json_member_str(pp, "type");
     if (type && strcmp(type, "BertProcessing") == 0) {
-        t->special[CA_TOKEN_CLS] = pair_id(get(pp, "cls"));
-        t->special[CA_TOKEN_SEP] = pair_id(get(pp, "sep"));
+        t->special[CA_TOKEN_CLS] = pair_id(ca_json_member(pp, "cls"));
+        t->special[CA_TOKEN_SEP] = pair_id(ca_json_member(pp, "sep"));
     } else if (type && strcmp(type, "TemplateProcessing") == 0) {
-        json_object *single = get(pp, "single"), *pair = get(pp, "pair");
+        json_object *single = ca_json_member(pp, "single"), *pair = ca_json_member(pp, "pair");
         const char *c0, *a, *s0, *c1, *a1, *s1, *b, *s2;
         bool ok = json_object_is_type(single, json_type_array) &&
                   json_object_array_length(single) == 3 &&
@@ -281,7 +264,7 @@ static ca_status load_template(ca_tokenizer *t, json_object *root, const char *p
                             "tokenizer '%s': post_processor is not BERT's template "
                             "([CLS]:0 $A:0 [SEP]:0 $B:1 [SEP]:1)",
                             path);
-        json_object *specials = get(pp, "special_tokens");
+        json_object *specials = ca_json_member(pp, "special_tokens");
         t->special[CA_TOKEN_CLS] = special_ids(specials, c0, t);
         t->special[CA_TOKEN_SEP] = special_ids(specials, s0, t);
     } else {
@@ -299,20 +282,20 @@ static ca_status load_template(ca_tokenizer *t, json_object *root, const char *p
 
 /* added_tokens: matched in the raw text; BERT's are [PAD] [UNK] [CLS] [SEP] [MASK]. */
 static ca_status load_added(ca_tokenizer *t, json_object *root, const char *path) {
-    json_object *list = get(root, "added_tokens");
+    json_object *list = ca_json_member(root, "added_tokens");
     size_t n = list && json_object_is_type(list, json_type_array) ? json_object_array_length(list) : 0;
     for (size_t i = 0; i < n; i++) {
         json_object *a = json_object_array_get_idx(list, i);
-        const char *content = get_str(a, "content");
-        json_object *idv = get(a, "id");
+        const char *content = ca_json_member_str(a, "content");
+        json_object *idv = ca_json_member(a, "id");
         int64_t id = idv ? json_object_get_int64(idv) : -1;
         if (!content || id < 0 || id >= t->n || strcmp(t->tokens[id], content) != 0)
             return ca_error(CA_ERR_INVALID,
                             "tokenizer '%s': added_tokens[%zu] ('%s', id %lld) is not that "
                             "entry of model.vocab",
                             path, i, content ? content : "?", (long long)id);
-        if (get_bool(a, "normalized", false) || get_bool(a, "single_word", false) ||
-            get_bool(a, "lstrip", false) || get_bool(a, "rstrip", false))
+        if (ca_json_member_bool(a, "normalized", false) || ca_json_member_bool(a, "single_word", false) ||
+            ca_json_member_bool(a, "lstrip", false) || ca_json_member_bool(a, "rstrip", false))
             return ca_error(CA_ERR_UNSUPPORTED,
                             "tokenizer '%s': added_tokens[%zu] ('%s') sets normalized, "
                             "single_word, lstrip or rstrip; only plain tokens are supported",
@@ -320,7 +303,7 @@ static ca_status load_added(ca_tokenizer *t, json_object *root, const char *path
         ca_status st = add_token(t, content, id, path);
         if (st != CA_OK) return st;
     }
-    const char *pad = get_str(get(root, "padding"), "pad_token");
+    const char *pad = ca_json_member_str(ca_json_member(root, "padding"), "pad_token");
     t->special[CA_TOKEN_PAD] = ca_tokenizer_token_id(t, pad ? pad : "[PAD]");
     t->special[CA_TOKEN_MASK] = ca_tokenizer_token_id(t, "[MASK]");
     if (t->special[CA_TOKEN_PAD] < 0)
@@ -336,13 +319,13 @@ static ca_status parse_json(ca_tokenizer **out, const char *buf, size_t len, con
     if (!root)
         return ca_error(CA_ERR_INVALID, "tokenizer '%s': not valid JSON: %s at byte %zu", path, why, where);
     ca_tokenizer *t = NULL;
-    const char *type = get_str(get(root, "model"), "type");
+    const char *type = ca_json_member_str(ca_json_member(root, "model"), "type");
     if (type && strcmp(type, "BPE") == 0) {
         ca_status st = ca_bpe_load(out, root, path);
         json_object_put(root);
         return st;
     }
-    ca_status st = load_model(&t, get(root, "model"), path);
+    ca_status st = load_model(&t, ca_json_member(root, "model"), path);
     if (st == CA_OK) st = load_normalizer(t, root, path);
     if (st == CA_OK) st = load_template(t, root, path);
     if (st == CA_OK) st = load_added(t, root, path);
