@@ -7,6 +7,7 @@ CLEANFILES += bench/bench_gemm
 bench_bench_gemm_SOURCES = bench/bench_gemm.c $(ca_cpu_sources)
 bench_bench_gemm_CFLAGS = $(AM_CFLAGS) $(OPENBLAS_CFLAGS)
 bench_bench_gemm_LDADD = libcaccel.la $(OPENBLAS_LIBS) -lm
+bench_bench_gemm_LDFLAGS = $(OPENMP_CFLAGS)
 
 .PHONY: bench bench-gemm
 bench: bench-gemm

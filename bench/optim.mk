@@ -8,6 +8,7 @@ CLEANFILES += bench/bench_optim
 bench_bench_optim_SOURCES = bench/bench_optim.c $(ca_cpu_sources)
 bench_bench_optim_CFLAGS = $(AM_CFLAGS) $(OPENBLAS_CFLAGS)
 bench_bench_optim_LDADD = libcaccel.la $(OPENBLAS_LIBS) -lm
+bench_bench_optim_LDFLAGS = $(OPENMP_CFLAGS)
 
 .PHONY: bench-optim
 bench: bench-optim

@@ -9,22 +9,27 @@ TESTS += $(ca_cpu_tests)
 tests_test_cpu_device_SOURCES = tests/test_cpu_device.c $(ca_cpu_sources)
 tests_test_cpu_device_CFLAGS = $(CA_TEST_CFLAGS) $(OPENBLAS_CFLAGS)
 tests_test_cpu_device_LDADD = $(CA_TEST_LIBS) $(OPENBLAS_LIBS)
+tests_test_cpu_device_LDFLAGS = $(OPENMP_CFLAGS)
 
 tests_test_cpu_gemm_SOURCES = tests/test_cpu_gemm.c tests/test_cpu_util.h $(ca_cpu_sources)
 tests_test_cpu_gemm_CFLAGS = $(CA_TEST_CFLAGS) $(OPENBLAS_CFLAGS)
 tests_test_cpu_gemm_LDADD = $(CA_TEST_LIBS) $(OPENBLAS_LIBS)
+tests_test_cpu_gemm_LDFLAGS = $(OPENMP_CFLAGS)
 
 tests_test_cpu_cast_SOURCES = tests/test_cpu_cast.c tests/test_cpu_util.h $(ca_cpu_sources)
 tests_test_cpu_cast_CFLAGS = $(CA_TEST_CFLAGS) $(OPENBLAS_CFLAGS)
 tests_test_cpu_cast_LDADD = $(CA_TEST_LIBS) $(OPENBLAS_LIBS)
+tests_test_cpu_cast_LDFLAGS = $(OPENMP_CFLAGS)
 
 tests_test_cpu_kernels_SOURCES = tests/test_cpu_kernels.c tests/test_cpu_util.h $(ca_cpu_sources)
 tests_test_cpu_kernels_CFLAGS = $(CA_TEST_CFLAGS) $(OPENBLAS_CFLAGS)
 tests_test_cpu_kernels_LDADD = $(CA_TEST_LIBS) $(OPENBLAS_LIBS)
+tests_test_cpu_kernels_LDFLAGS = $(OPENMP_CFLAGS)
 
 tests_test_cpu_fpmode_SOURCES = tests/test_cpu_fpmode.c tests/test_cpu_util.h $(ca_cpu_sources)
 tests_test_cpu_fpmode_CFLAGS = $(CA_TEST_CFLAGS) $(OPENBLAS_CFLAGS)
 tests_test_cpu_fpmode_LDADD = $(CA_TEST_LIBS) $(OPENBLAS_LIBS)
+tests_test_cpu_fpmode_LDFLAGS = $(OPENMP_CFLAGS)
 
 # Both bf16 GEMM paths (oneDNN, conversion) pass the GEMM tests.
 TESTS += tests/test_cpu_gemm_paths.sh

@@ -1,5 +1,6 @@
 /* The CPU device vtable: host memory, synchronous copies, dummy streams/events, OpenBLAS threads. */
 #include "backends/cpu/cpu_impl.h"
+#include "backends/cpu/cpu_parallel.h"
 #include "backends/cpu/cpu_plugin.h"
 #include "base/slurm_impl.h"
 
@@ -83,7 +84,8 @@ static ca_status cpu_open(int index, const ca_device_open_args *args, void **dev
     if (!d) return ca_error(CA_ERR_NOMEM, "cpu open: out of host memory");
     d->index = index;
     int t = cpu_default_blas_threads();
-    if (t > 0) openblas_set_num_threads(t);
+    /* 0: the user set OPENBLAS_NUM_THREADS or OMP_NUM_THREADS, which OpenBLAS has read */
+    cpu_set_threads(t > 0 ? t : openblas_get_num_threads());
     d->blas_threads = openblas_get_num_threads();
     *dev = d;
     return CA_OK;
@@ -143,8 +145,11 @@ static ca_status cpu_describe(void *dev, char *buf, size_t len) {
     char model[256];
     cpu_model_name(model, sizeof model);
     const char *config = openblas_get_config(), *core = openblas_get_corename();
-    snprintf(buf, len, "%s, %d threads; %s, core %s, %d BLAS threads; %s; %s", model, online_cpus(),
-             config ? config : "OpenBLAS", core ? core : "?", openblas_get_num_threads(), cpu_f32_gemm_path(),
+    static const char *blas_par[] = {"serial", "pthreads", "OpenMP"};
+    int par = openblas_get_parallel();
+    snprintf(buf, len, "%s, %d threads; %d kernel threads; %s, core %s, %d BLAS threads (%s); %s; %s", model,
+             online_cpus(), cpu_threads(), config ? config : "OpenBLAS", core ? core : "?",
+             openblas_get_num_threads(), par >= 0 && par <= 2 ? blas_par[par] : "?", cpu_f32_gemm_path(),
              cpu_bf16_gemm_path());
     return CA_OK;
 }

@@ -4,6 +4,8 @@ ca_cpu_sources = \
 	backends/cpu/cpu_plugin.h \
 	backends/cpu/cpu_plugin.c \
 	backends/cpu/cpu_device.c \
+	backends/cpu/cpu_parallel.h \
+	backends/cpu/cpu_parallel.c \
 	backends/cpu/cpu_gemm.c \
 	backends/cpu/cpu_onednn.c \
 	backends/cpu/cpu_cast.c \
@@ -21,3 +23,9 @@ libcaccel_la_SOURCES += $(ca_cpu_sources)
 # library and in the tests and benchmarks that compile these sources.
 CA_CPU_KERNEL_CFLAGS = -O3 -fno-math-errno -fno-trapping-math
 backends/cpu/%.lo backends/cpu/%.o: CFLAGS += $(CA_CPU_KERNEL_CFLAGS)
+
+# The one file built with OpenMP (cpu_parallel.h says why); the library links its runtime.
+# (Objects are named per program: libcaccel_la-cpu_parallel.lo, tests_test_cpu_gemm-cpu_parallel.o, ...;
+# every program that compiles $(ca_cpu_sources) links with $(OPENMP_CFLAGS) too.)
+backends/cpu/%-cpu_parallel.lo backends/cpu/%-cpu_parallel.o: CFLAGS += $(OPENMP_CFLAGS)
+libcaccel_la_LIBADD += $(OPENMP_CFLAGS)

@@ -1,0 +1,73 @@
+/* cpu_parallel.c: the drivers of cpu_parallel.h on OpenMP. The only file of the backend built with
+ * -fopenmp: kernels stay serial range functions and need no OpenMP runtime of their own. */
+#include "backends/cpu/cpu_parallel.h"
+
+#include <cblas.h>
+#include <stdatomic.h>
+#ifdef _OPENMP
+#include <omp.h>
+#else /* a compiler without OpenMP: every driver runs its range on the calling thread */
+static int omp_in_parallel(void) { return 0; }
+static int omp_get_thread_num(void) { return 0; }
+static int omp_get_num_threads(void) { return 1; }
+#endif
+
+/* The process-wide count, read on every call: OpenMP's own nthreads-var is per thread, and kernels run
+ * from the caller's threads (a training thread, a dataloader's), which would each start from the default. */
+static atomic_int threads = 1;
+
+int cpu_threads(void) {
+#ifdef _OPENMP
+    return atomic_load_explicit(&threads, memory_order_relaxed);
+#else
+    return 1;
+#endif
+}
+
+void cpu_set_threads(int n) {
+    if (n < 1) n = 1;
+    atomic_store(&threads, n);
+    openblas_set_num_threads(n);
+}
+
+bool cpu_in_parallel(void) { return omp_in_parallel() != 0; }
+
+/* Thread t of nt gets [n*t/nt, n*(t+1)/nt): contiguous, balanced within one element. */
+static void split(int64_t n, int t, int nt, int64_t *lo, int64_t *hi) {
+    *lo = (int64_t)((__int128)n * t / nt);
+    *hi = (int64_t)((__int128)n * (t + 1) / nt);
+}
+
+void cpu_parallel_for(int64_t n, int64_t grain, cpu_range_fn fn, void *ctx) {
+    if (n <= 0) return;
+    if (grain < 1) grain = 1;
+    int nt = cpu_threads();
+    int64_t most = n / grain;  /* never give a thread less than one grain */
+    if (most < nt) nt = most < 1 ? 1 : (int)most;
+    if (nt <= 1 || omp_in_parallel()) {
+        fn(ctx, 0, n);
+        return;
+    }
+#ifdef _OPENMP
+#pragma omp parallel num_threads(nt)
+#endif
+    {
+        int64_t lo, hi;
+        split(n, omp_get_thread_num(), omp_get_num_threads(), &lo, &hi);
+        if (hi > lo) fn(ctx, lo, hi);
+    }
+}
+
+void cpu_parallel_blocks(int64_t nblocks, int64_t block_cost, cpu_block_fn fn, void *ctx) {
+    if (nblocks <= 0) return;
+    int nt = cpu_threads();
+    if (nt > nblocks) nt = (int)nblocks;
+    if (nt <= 1 || omp_in_parallel() || nblocks * (block_cost < 1 ? 1 : block_cost) < CPU_GRAIN) {
+        for (int64_t b = 0; b < nblocks; b++) fn(ctx, b);
+        return;
+    }
+#ifdef _OPENMP
+#pragma omp parallel for num_threads(nt) schedule(static)
+#endif
+    for (int64_t b = 0; b < nblocks; b++) fn(ctx, b);
+}
