@@ -4,6 +4,9 @@
 
 #include <cblas.h>
 #include <stdatomic.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
 #ifdef _OPENMP
 #include <omp.h>
 #else /* a compiler without OpenMP: every driver runs its range on the calling thread */
@@ -32,6 +35,19 @@ void cpu_set_threads(int n) {
 
 bool cpu_in_parallel(void) { return omp_in_parallel() != 0; }
 
+/* The floating-point mode (MXCSR: FTZ/DAZ, rounding) is per thread, and the device sets it on the calling
+ * thread for the length of a kernel (cpu_device.c): a worker runs its part in the caller's mode and then
+ * puts its own back, so a kernel computes the same bits on any thread. */
+#if defined(__x86_64__) || defined(__i386__)
+typedef unsigned fp_mode;
+static fp_mode fp_get(void) { return _mm_getcsr(); }
+static void fp_set(fp_mode m) { _mm_setcsr(m); }
+#else
+typedef int fp_mode;
+static fp_mode fp_get(void) { return 0; }
+static void fp_set(fp_mode m) { (void)m; }
+#endif
+
 /* Thread t of nt gets [n*t/nt, n*(t+1)/nt): contiguous, balanced within one element. */
 static void split(int64_t n, int t, int nt, int64_t *lo, int64_t *hi) {
     *lo = (int64_t)((__int128)n * t / nt);
@@ -48,13 +64,17 @@ void cpu_parallel_for(int64_t n, int64_t grain, cpu_range_fn fn, void *ctx) {
         fn(ctx, 0, n);
         return;
     }
+    fp_mode caller = fp_get();
 #ifdef _OPENMP
 #pragma omp parallel num_threads(nt)
 #endif
     {
         int64_t lo, hi;
         split(n, omp_get_thread_num(), omp_get_num_threads(), &lo, &hi);
+        fp_mode own = fp_get();
+        if (own != caller) fp_set(caller);
         if (hi > lo) fn(ctx, lo, hi);
+        if (own != caller) fp_set(own);
     }
 }
 
@@ -66,8 +86,16 @@ void cpu_parallel_blocks(int64_t nblocks, int64_t block_cost, cpu_block_fn fn, v
         for (int64_t b = 0; b < nblocks; b++) fn(ctx, b);
         return;
     }
+    fp_mode caller = fp_get();
 #ifdef _OPENMP
-#pragma omp parallel for num_threads(nt) schedule(static)
+#pragma omp parallel num_threads(nt)
 #endif
-    for (int64_t b = 0; b < nblocks; b++) fn(ctx, b);
+    {
+        int64_t lo, hi;
+        split(nblocks, omp_get_thread_num(), omp_get_num_threads(), &lo, &hi);
+        fp_mode own = fp_get();
+        if (own != caller) fp_set(caller);
+        for (int64_t b = lo; b < hi; b++) fn(ctx, b);
+        if (own != caller) fp_set(own);
+    }
 }
