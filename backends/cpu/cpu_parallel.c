@@ -4,6 +4,7 @@
 
 #include <cblas.h>
 #include <stdatomic.h>
+#include <stdlib.h>
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #endif
@@ -35,6 +36,21 @@ void cpu_set_threads(int n) {
 
 bool cpu_in_parallel(void) { return omp_in_parallel() != 0; }
 
+/* CACCEL_CPU_GRAIN=N replaces every loop's grain (and the blocks' threshold) by N: with N = 1 the tests run
+ * every parallel path on their small shapes (tests/test_threads.sh). Read once; unset or invalid: the
+ * kernels' own grains. */
+static int64_t grain_override(void) {
+    static atomic_llong g = -1;
+    long long v = atomic_load_explicit(&g, memory_order_relaxed);
+    if (v >= 0) return v;
+    const char *e = getenv("CACCEL_CPU_GRAIN");
+    char *end = NULL;
+    long long n = e && *e ? strtoll(e, &end, 10) : 0;
+    v = end && *end == '\0' && n > 0 ? n : 0;
+    atomic_store(&g, v);
+    return v;
+}
+
 /* The floating-point mode (MXCSR: FTZ/DAZ, rounding) is per thread, and the device sets it on the calling
  * thread for the length of a kernel (cpu_device.c): a worker runs its part in the caller's mode and then
  * puts its own back, so a kernel computes the same bits on any thread. */
@@ -56,6 +72,7 @@ static void split(int64_t n, int t, int nt, int64_t *lo, int64_t *hi) {
 
 void cpu_parallel_for(int64_t n, int64_t grain, cpu_range_fn fn, void *ctx) {
     if (n <= 0) return;
+    if (grain_override() > 0) grain = grain_override();
     if (grain < 1) grain = 1;
     int nt = cpu_threads();
     int64_t most = n / grain;  /* never give a thread less than one grain */
@@ -82,7 +99,8 @@ void cpu_parallel_blocks(int64_t nblocks, int64_t block_cost, cpu_block_fn fn, v
     if (nblocks <= 0) return;
     int nt = cpu_threads();
     if (nt > nblocks) nt = (int)nblocks;
-    if (nt <= 1 || omp_in_parallel() || nblocks * (block_cost < 1 ? 1 : block_cost) < CPU_GRAIN) {
+    int64_t threshold = grain_override() > 0 ? grain_override() : CPU_GRAIN;
+    if (nt <= 1 || omp_in_parallel() || nblocks * (block_cost < 1 ? 1 : block_cost) < threshold) {
         for (int64_t b = 0; b < nblocks; b++) fn(ctx, b);
         return;
     }

@@ -21,6 +21,9 @@
  * kernel with more work per element passes a smaller grain (cpu_grain_for). */
 #define CPU_GRAIN 32768
 
+/* CACCEL_CPU_GRAIN=N in the environment replaces every grain and threshold by N (read once): tests set 1 so
+ * that every parallel path runs on their small shapes. */
+
 /* Elements per fixed block of a deterministic reduction (see above). */
 #define CPU_REDUCE_BLOCK 8192
 
