@@ -16,3 +16,17 @@ tests_test_cuda_nccl_SOURCES = tests/test_cuda_nccl.c tests/test_cuda_util.h
 tests_test_cuda_nccl_CFLAGS = $(CA_TEST_CFLAGS)
 tests_test_cuda_nccl_LDADD = $(CA_TEST_LIBS)
 endif
+
+# What tools/gpu-check.sh runs on a GPU machine (`make print-gpu-tests`) and builds for it beyond `all`
+# (`make print-gpu-programs`): the CUDA tests and the conformance table, whose cuda column needs a GPU.
+ca_gpu_check_tests = tests/test_ops
+ca_gpu_check_programs = tests/test_ops$(EXEEXT)
+if HAVE_CUDA
+ca_gpu_check_tests += $(ca_cuda_tests) tests/test_cuda_cli.sh tests/test_cuda_train.sh
+ca_gpu_check_programs += $(ca_cuda_tests:=$(EXEEXT)) bench/bench_cuda$(EXEEXT)
+endif
+.PHONY: print-gpu-tests print-gpu-programs
+print-gpu-tests:
+	@echo $(ca_gpu_check_tests)
+print-gpu-programs:
+	@echo $(ca_gpu_check_programs)

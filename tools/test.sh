@@ -99,6 +99,17 @@ else
 fi
 cd "$top"
 
+stage "the GPU machine's command without a GPU (tests/test_gpu_check.sh)"
+# tools/gpu-check.sh --no-gpu on the bundle of tools/gpu-bundle.sh unpacked into an empty copy of the
+# tree: a broken bundle or build shows here, not in a GPU machine's few minutes (docs/CUDA.md)
+out=$(bash "$top/tests/test_gpu_check.sh" 2>&1)
+case $? in
+    0) echo "$out" | tail -1; pass=$((pass + 1)) ;;
+    77) echo "$out" | tail -1; skip=$((skip + 1)) ;;
+    *) echo "$out" | tail -25; echo "FAIL: test_gpu_check"; fail=$((fail + 1)) ;;
+esac
+cd "$top"
+
 stage "build with ASan/UBSan, make check"
 if build "$top/_build-asan" --enable-werror --enable-sanitizers; then
     ASAN_OPTIONS=detect_leaks=1 make -j"$check_jobs" check-slowest-first >/dev/null 2>&1
