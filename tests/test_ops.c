@@ -334,6 +334,16 @@ static double limit(const oc_tol *t, ca_dtype dt, const float *x, const float *r
     return (t->atol > 1e-3 ? t->atol : 1e-3) + r * a;
 }
 
+/* Whether the bits of one element of float type dt are a NaN. */
+static bool nan_bits(ca_dtype dt, uint64_t v) {
+    switch (dt) {
+    case CA_F32: return (v & 0x7fffffffu) > 0x7f800000u;
+    case CA_F16: return (v & 0x7fffu) > 0x7c00u;
+    case CA_BF16: return (v & 0x7fffu) > 0x7f80u;
+    default: return false;
+    }
+}
+
 static void compare(const char *what, const oc_tol *t, ca_dtype dt, const void *ref, const void *got, int64_t n,
                     const float *x, int64_t cols) {
     size_t es = ca_dtype_size(dt);
@@ -344,6 +354,9 @@ static void compare(const char *what, const oc_tol *t, ca_dtype dt, const void *
                 uint64_t a = 0, b = 0;
                 memcpy(&a, (const char *)ref + i * es, es);
                 memcpy(&b, (const char *)got + i * es, es);
+                /* NaN payloads are the device's: CUDA's arithmetic gives 0x7fffffff where x86 gives
+                 * 0x7fc00000. Any NaN matches any NaN, as torch.testing's equal_nan. */
+                if (ca_dtype_is_float(dt) && nan_bits(dt, a) && nan_bits(dt, b)) continue;
                 fail_msg("%s: element %lld differs: cpu bits 0x%llx, got 0x%llx", what, (long long)i,
                          (unsigned long long)a, (unsigned long long)b);
             }
@@ -533,7 +546,9 @@ static void run_table(const op_case *rows, size_t nrows) {
 #define T_TRANSC {.rtol = 4e-6, .atol = 1e-6, .why = "CUDA's expf/logf/tanhf/powf against glibc's: a few ulp"}
 #define T_SUM {.rtol = 1e-5, .atol = 1e-5, .why = "sums added in another order"}
 #define T_SOFTMAX {.rtol = 1e-5, .atol = 1e-7, .why = "softmax: expf and a sum in another order"}
-#define T_SOFTMAX_B {.rtol = 2e-5, .atol = 1e-6, .why = "softmax backward: a row sum in another order"}
+/* atol: dx = y (dy - s) with s = sum(dy y) over up to 1000 columns summed in another order (a warp tree
+ * on the GPU); the H200 measured |diff| 1.22e-6 at [29,1000] */
+#define T_SOFTMAX_B {.rtol = 2e-5, .atol = 4e-6, .why = "softmax backward: a row sum in another order"}
 /* log_softmax = x - (max + log sum exp): near its zero (the row's maximum) a relative bound means
  * nothing; the error is that of the shift, a few of its ulps. */
 static double shift_ulps(const float *x, const float *ref, int64_t i, int64_t cols) {
