@@ -1,6 +1,8 @@
 /* CUDA nn kernels: cross-entropy (+ backward, labels checked on the GPU), layer norm (+ backward), embedding (+ backward: a stable sort of the indices, f32 sums in index order). */
 #include "backends/cuda/cuda_common.cuh"
 
+/* without NVTX: CUB's ranges would put NVTX's globals into the plugin (tools/check-symbols.sh) */
+#define CCCL_DISABLE_NVTX
 #include <cub/device/device_radix_sort.cuh>
 
 /* --------------------------------------------------------- cross-entropy */
