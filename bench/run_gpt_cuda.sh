@@ -3,7 +3,8 @@
 # channels, block 1024, vocabulary 50304, --mixed_precision bf16) against the PyTorch GPT of
 # bench/peers/torch_transformer.py under torch.autocast bf16 on the same GPU; tokens/s and MFU
 # (6 N + 12 L T C FLOPs per token, nanoGPT's estimate, against --peak-tflops, default 989 for an H100 SXM's dense bf16).
-# Exits 77 (skip) with the reason when there is no usable GPU or no CUDA PyTorch.
+# Exits 77 with "bench-gpt-cuda skipped: no GPU (<reason>)" when there is no usable GPU, so that make and a
+# GPU check see a failure, never a measurement; without a CUDA PyTorch it measures caccel alone.
 # usage: run_gpt_cuda.sh --gpt PATH [--caccel PATH] [--batch-size 8] [--steps 20] [--peak-tflops X]
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -23,10 +24,10 @@ if [ -n "$caccel" ]; then
     line=$("$caccel" env 2>/dev/null | awk '$1 == "cuda" && $2 == "device"')
     case $line in
         *" ok"*) ;;
-        *) echo "SKIP: no usable CUDA device for caccel: $(echo "${line:-the cuda backend is not built}" | tr -s " ")"; exit 77 ;;
+        *) echo "bench-gpt-cuda skipped: no GPU ($(echo "${line:-the cuda backend is not built}" | tr -s " " | sed 's/^ //'))" >&2; exit 77 ;;
     esac
 fi
-command -v nvidia-smi >/dev/null 2>&1 || { echo "SKIP: nvidia-smi not found: no NVIDIA GPU on this machine"; exit 77; }
+command -v nvidia-smi >/dev/null 2>&1 || { echo "bench-gpt-cuda skipped: no GPU (nvidia-smi not found)" >&2; exit 77; }
 L=12 H=12 C=768 T=1024 V=50304
 echo "# $(date -u +%Y-%m-%dT%H:%MZ) $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1)"
 # N = parameters without the position embedding (tied output layer counted once), nanoGPT's MFU.

@@ -107,6 +107,12 @@ tests_test_files_LDADD = $(CA_TEST_LIBS) $(ZLIB_LIBS)
 check_PROGRAMS += tests/test_ops
 TESTS += tests/test_ops
 VALGRIND_TESTS += tests/test_ops
-tests_test_ops_SOURCES = tests/test_ops.c tests/test_util.h
+tests_test_ops_SOURCES = tests/test_ops.c tests/test_util.h tests/test_ulp.h
 tests_test_ops_CFLAGS = $(CA_TEST_CFLAGS)
 tests_test_ops_LDADD = $(CA_TEST_LIBS)
+# host simulations of the CUDA kernels' rounding against test_ops's bounds (docs/CUDA.md); no GPU needed
+check_PROGRAMS += tests/test_cuda_numerics
+TESTS += tests/test_cuda_numerics
+tests_test_cuda_numerics_SOURCES = tests/test_cuda_numerics.c tests/test_util.h tests/test_ulp.h
+tests_test_cuda_numerics_CFLAGS = $(CA_TEST_CFLAGS)
+tests_test_cuda_numerics_LDADD = $(CA_TEST_LIBS)

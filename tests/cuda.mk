@@ -3,7 +3,7 @@
 # the GPU against the CPU are rows of tests/test_ops (tests/core.mk), which runs them when a GPU opens.
 EXTRA_DIST += tests/test_cuda_util.h tests/test_cuda_cli.sh tests/test_cuda_train.sh
 if HAVE_CUDA
-ca_cuda_tests = tests/test_cuda_plugin tests/test_cuda_alloc tests/test_cuda_nccl
+ca_cuda_tests = tests/test_cuda_plugin tests/test_cuda_alloc tests/test_cuda_nccl tests/test_cuda_big
 check_PROGRAMS += $(ca_cuda_tests)
 TESTS += $(ca_cuda_tests) tests/test_cuda_cli.sh tests/test_cuda_train.sh
 tests_test_cuda_plugin_SOURCES = tests/test_cuda_plugin.c tests/test_cuda_util.h
@@ -15,6 +15,9 @@ tests_test_cuda_alloc_LDADD = $(CA_TEST_LIBS)
 tests_test_cuda_nccl_SOURCES = tests/test_cuda_nccl.c tests/test_cuda_util.h
 tests_test_cuda_nccl_CFLAGS = $(CA_TEST_CFLAGS)
 tests_test_cuda_nccl_LDADD = $(CA_TEST_LIBS)
+tests_test_cuda_big_SOURCES = tests/test_cuda_big.c tests/test_cuda_util.h
+tests_test_cuda_big_CFLAGS = $(CA_TEST_CFLAGS)
+tests_test_cuda_big_LDADD = $(CA_TEST_LIBS)
 endif
 
 # What tools/gpu-check.sh runs on a GPU machine (`make print-gpu-tests`) and builds for it beyond `all`

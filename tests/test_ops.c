@@ -2,6 +2,7 @@
  * that opens (cpu, the lazy xla device, cuda) and compared with the CPU: forward, backward, and
  * backward against central finite differences on every device. docs/TESTING.md, "test_ops". */
 #include "test_util.h"
+#include "test_ulp.h"
 
 #include <caccel/backend.h>   /* the registry: why the cuda device is not there */
 
@@ -308,16 +309,7 @@ static float *to_f32(ca_dtype dt, const void *raw, int64_t n) {
     return f;
 }
 
-/* One unit in the last place of dt at |v|. */
-static double ulp_of(ca_dtype dt, double v) {
-    int mant = dt == CA_F16 ? 10 : (dt == CA_BF16 ? 7 : 23);
-    int emin = dt == CA_F16 ? -14 : -126;
-    int e;
-    frexp(fabs(v), &e);
-    e -= 1;   /* v = 1.m * 2^e */
-    if (e < emin || v == 0) e = emin;
-    return ldexp(1.0, e - mant);
-}
+#define ulp_of t_ulp_of   /* tests/test_ulp.h */
 
 static bool tol_exact(const oc_tol *t) {
     return t->rtol == 0 && t->atol == 0 && t->f16 == 0 && t->bf16 == 0 && t->ulps == 0 && !t->bound;
@@ -544,18 +536,16 @@ static void run_table(const op_case *rows, size_t nrows) {
  * few ulp, and sums are added in another order: */
 #define T_EXACT {0}
 #define T_TRANSC {.rtol = 4e-6, .atol = 1e-6, .why = "CUDA's expf/logf/tanhf/powf against glibc's: a few ulp"}
+#define T_GELU_TAIL {.rtol = 1e-5, .atol = 1e-30, .why = "CUDA's erfcf/expf against the CPU's Phi: relative"}
 #define T_SUM {.rtol = 1e-5, .atol = 1e-5, .why = "sums added in another order"}
 #define T_SOFTMAX {.rtol = 1e-5, .atol = 1e-7, .why = "softmax: expf and a sum in another order"}
 /* atol: dx = y (dy - s) with s = sum(dy y) over up to 1000 columns summed in another order (a warp tree
  * on the GPU); the H200 measured |diff| 1.22e-6 at [29,1000] */
 #define T_SOFTMAX_B {.rtol = 2e-5, .atol = 4e-6, .why = "softmax backward: a row sum in another order"}
 /* log_softmax = x - (max + log sum exp): near its zero (the row's maximum) a relative bound means
- * nothing; the error is that of the shift, a few of its ulps. */
-static double shift_ulps(const float *x, const float *ref, int64_t i, int64_t cols) {
-    double shift = (double)x[i] - (double)ref[i];
-    return 2 * ulp_of(CA_F32, shift) + ulp_of(CA_F32, ref[i]);
-}
-#define T_LOG_SOFTMAX10 {.rtol = 1e-5, .atol = 1e-7, .bound = shift_ulps, \
+ * nothing; the error is that of the shift, a few of its ulps (t_shift_ulps, tests/test_ulp.h;
+ * tests/test_cuda_numerics shows a one-ulp different shift passing it and failing the relative one). */
+#define T_LOG_SOFTMAX10 {.rtol = 1e-5, .atol = 1e-7, .bound = t_shift_ulps, \
                          .why = "f32: 2 ulps of the shift max + log(sum exp) and the result's rounding"}
 #define T_CE {.rtol = 1e-5, .atol = 1e-6, .why = "cross-entropy: log-sum-exp summed in another order"}
 #define T_CE_B {.rtol = 1e-5, .atol = 1e-7, .why = "cross-entropy backward: expf against glibc's"}
@@ -618,6 +608,12 @@ static void gen_labels(ca_dtype dt, void *raw, int64_t n, uint64_t *seed, const 
     }
 }
 static const int64_t LAB10[3] = {10, -100, -1}, LAB1000[3] = {1000, -100, -1}, LAB_BAD[3] = {4, -100, 6};
+static const int64_t GL50[3] = {50, 0, -1};   /* gather along 50: every fifth index 0 */
+
+/* A u8 condition: 0 or 1, about half each (where). */
+static void gen_cond(ca_dtype dt, void *raw, int64_t n, uint64_t *seed, const void *arg) {
+    for (int64_t i = 0; i < n; i++) ((uint8_t *)raw)[i] = (uint8_t)(t_rand_u64(seed) >> 63);
+}
 static const int64_t IDX50[3] = {50, 0, -1};   /* embedding: many repeats */
 
 /* Integers in [-20, 20) (many ties) with NaNs, the maximum, in some rows; arg: the row length. */
@@ -828,6 +824,9 @@ static const op_case COPY[] = {
 static const op_case UNARY[] = {
     UN("neg", U_NEG, -4, 4, 0, T_EXACT), UN("relu", U_RELU, -4, 4, 0.05f, T_EXACT),
     UN("gelu", U_GELU, -4, 4, 0, T_TRANSC), UN("gelu_erf", U_GELU_ERF, -4, 4, 0, T_TRANSC),
+    /* relative only: 1 + erf(x / sqrt 2) cancelled here (10% off at -5), below any absolute term */
+    {"gelu_erf's negative tail [-6,-3)", b_unary, &U_GELU_ERF, 1, {U(-6, -3, 3001)}, F32, true, .fwd = T_GELU_TAIL,
+     .bwd = T_GELU_TAIL, .no_fd = "values of 1e-9 to 4e-3: gelu_erf [-4,4) checks the differences"},
     UN("silu", U_SILU, -4, 4, 0, T_TRANSC), UN("tanh", U_TANH, -4, 4, 0, T_TRANSC),
     UN("sigmoid", U_SIGMOID, -4, 4, 0, T_TRANSC), UN("exp", U_EXP, -4, 4, 0, T_TRANSC),
     UN("square", U_SQUARE, -4, 4, 0, T_EXACT), UN("mul_scalar", U_SCALE, -4, 4, 0, T_EXACT),
@@ -953,6 +952,15 @@ static const op_case INDEX[] = {
     {"index_select", b_index_select, NULL, 2, {U(-1, 1, 2, 4, 3), FIX(CA_I64, SIDX, 5)}, FLT, true, OPS},
     {"gather", b_gather, NULL, 2, {U(-1, 1, 2, 4, 3), FIX(CA_I32, GIDX, 2, 2, 3)}, F32, true, OPS},
     {"where", b_where, NULL, 3, {U(-1, 1, 3, 4), U(-1, 1, 4), FIX(CA_U8, COND3, 3, 1)}, FLT, true, OPS},
+    /* more than one block of the cuda kernels, both operands and the condition broadcast */
+    {"where [33,257], b [257], cond [33,1]", b_where, NULL, 3,
+     {U(-1, 1, 33, 257), U(-1, 1, 257), FIXG(CA_U8, gen_cond, NULL, 33, 1)}, FLT, true, OPS},
+    {"where [3,40,70], cond [3,40,70]", b_where, NULL, 3,
+     {U(-1, 1, 3, 40, 70), U(-1, 1, 3, 40, 70), FIXG(CA_U8, gen_cond, NULL, 3, 40, 70)}, FLT, true, OPS},
+    {"gather [3,50,7] along 50, 20 i64 indices", b_gather, NULL, 2,
+     {U(-1, 1, 3, 50, 7), FIXG(CA_I64, gen_labels, GL50, 3, 20, 7)}, F32, true, OPS},
+    {"gather [2,300,33] along 300, 129 i32 indices", b_gather, NULL, 2,
+     {U(-1, 1, 2, 300, 33), FIXG(CA_I32, gen_labels, GL50, 2, 129, 33)}, F32, true, OPS},
     {"masked_fill", b_masked_fill, NULL, 2, {U(-1, 1, 3, 4), FIX(CA_U8, COND3, 3, 1)}, FLT, true, OPS},
     {"concat", b_concat, &N3, 3, {U(-1, 1, 2, 1, 3), U(-1, 1, 2, 2, 3), U(-1, 1, 2, 3, 3)}, FLT, true},
     {"concat of 6 (chained nodes)", b_concat, &N6, 6,
@@ -1009,6 +1017,11 @@ static const op_case ATTENTION[] = {
      1, 1, 66, 3)}, FLT, true, OPS},
     {"sdpa causal dropout, 70 queries, 66 keys", b_sdpa, &SD_CAUSAL_DROP, 3, {U(-1, 1, 1, 1, 70, 2), U(-1, 1, 1, 1, 66,
      2), U(-1, 1, 1, 1, 66, 3)}, FLT, true, .rng = true, OPS},
+    /* T > 32: several warps per query row and several key blocks in the cuda kernels */
+    {"sdpa 67 queries and keys", b_sdpa, &SD_PLAIN, 3, {QKV(67, 67)}, FLT, true, OPS},
+    {"sdpa causal, 67 queries and keys", b_sdpa, &SD_CAUSAL, 3, {QKV(67, 67)}, FLT, true, OPS},
+    {"sdpa 130 queries and keys", b_sdpa, &SD_PLAIN, 3, {QKV(130, 130)}, FLT, true, OPS},
+    {"sdpa causal, 130 queries and keys", b_sdpa, &SD_CAUSAL, 3, {QKV(130, 130)}, FLT, true, OPS},
 };
 
 /* ------------------------------------------------------------------ optimizers */
@@ -1499,6 +1512,9 @@ static const kernel_row K_REDUCE[] = {
     KRED("min", CA_OP_MIN, 5, 1, 7, 0.0, T_EXACT), KRED("min", CA_OP_MIN, 2, 17, 33, 0.5, T_SUM),
     KRED("max", CA_OP_MAX, 2, 17, 33, 0.5, T_SUM), KRED("sum", CA_OP_SUM, 2, 17, 33, 0.5, T_SUM),
     KRED("mean", CA_OP_AVG, 3, 1000, 1, 0.5, T_SUM),
+    /* a bias gradient's shape: tiles of 32 columns, the 3000 or 8192 rows cut into chunks */
+    KRED("sum", CA_OP_SUM, 1, 8192, 96, 0.0, T_SUM), KRED("mean", CA_OP_AVG, 2, 3000, 45, 0.5, T_SUM),
+    KRED("max", CA_OP_MAX, 1, 3000, 70, 0.0, T_EXACT), KRED("min", CA_OP_MIN, 3, 3000, 33, 1.0, T_SUM),
 };
 
 /* The internal outputs (lse, mean, rstd), the backward kernels' beta, dgamma accumulation. */
@@ -1543,6 +1559,7 @@ static const kernel_row K_NN[] = {
     KLN_(16), KLN_(768), KLNB(16, true, 1.0), KLNB(768, true, 0.5), KLNB(768, false, 0.0),
     KRMS(16), KRMS(768), KRMSB(16, true, 1.0), KRMSB(768, true, 0.5), KRMSB(768, false, 0.0),
     KATT(5, 7, false), KATT(5, 7, true), KATT(70, 66, true),
+    KATT(67, 67, false), KATT(67, 67, true), KATT(130, 130, false), KATT(130, 130, true), KATT(130, 67, false),
 };
 
 /* The list kernels over half gradients, grad_scale, unscale by 0, clamp_list's error. */

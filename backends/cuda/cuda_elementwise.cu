@@ -1,4 +1,5 @@
-/* CUDA elementwise kernels: fill, cast, copy_strided, unary (+ backward), broadcasting binary, axpby, and C = beta C for GEMM. */
+/* CUDA elementwise kernels: fill, cast, copy_strided, unary (+ backward), broadcasting binary, axpby, and C = beta C for GEMM.
+ * Contiguous ones go through ew_k: 16-byte vector loads where aligned, 32-bit indices below 2^31 elements. */
 #include "backends/cuda/cuda_common.cuh"
 
 #define GELU_K 0.7978845608028654f  /* sqrt(2/pi) */
@@ -174,18 +175,29 @@ struct strided_args {
     int64_t sh[CA_MAX_DIMS], xs[CA_MAX_DIMS], ys[CA_MAX_DIMS];
 };
 
-template <typename U>
-__global__ void copy_strided_k(strided_args a, int64_t total, const U *x, U *y) {
-    CU_GRID_LOOP(i, total) {
-        int64_t r = i, xo = 0, yo = 0;
+/* I: uint32_t where total < 2^31 (32-bit divisions), else int64_t; offsets in 64 bits. */
+template <typename U, typename I>
+__global__ void copy_strided_k(strided_args a, I total, const U *x, U *y) {
+    for (I i = (I)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (I)gridDim.x * blockDim.x) {
+        I r = i;
+        int64_t xo = 0, yo = 0;
         for (int dd = a.nd - 1; dd >= 0; dd--) {
-            int64_t c = r % a.sh[dd];
-            r /= a.sh[dd];
-            xo += c * a.xs[dd];
-            yo += c * a.ys[dd];
+            I sh = (I)a.sh[dd], c = r % sh;
+            r /= sh;
+            xo += (int64_t)c * a.xs[dd];
+            yo += (int64_t)c * a.ys[dd];
         }
         y[yo] = x[xo];
     }
+}
+
+template <typename U>
+static void copy_strided_launch(cuda_device *d, const strided_args &a, int64_t total, const void *x, void *y) {
+    unsigned g = cu_grid(d, total, CU_THREADS);
+    if (total < ((int64_t)1 << 31))
+        copy_strided_k<U, uint32_t><<<g, CU_THREADS, 0, d->stream>>>(a, (uint32_t)total, (const U *)x, (U *)y);
+    else
+        copy_strided_k<U, int64_t><<<g, CU_THREADS, 0, d->stream>>>(a, total, (const U *)x, (U *)y);
 }
 
 extern "C" ca_status cu_copy_strided(void *dev, const ca_copy_strided_args *args) {
@@ -224,14 +236,73 @@ extern "C" ca_status cu_copy_strided(void *dev, const ca_copy_strided_args *args
                     "cuda kernel copy_strided (%lld contiguous elements)", (long long)total);
         return CU_LAUNCHED(d, "copy_strided");
     }
-    unsigned g = cu_grid(d, total, CU_THREADS);
     switch (es) {
-    case 1: copy_strided_k<uint8_t><<<g, CU_THREADS, 0, d->stream>>>(a, total, (const uint8_t *)x, (uint8_t *)y); break;
-    case 2: copy_strided_k<uint16_t><<<g, CU_THREADS, 0, d->stream>>>(a, total, (const uint16_t *)x, (uint16_t *)y); break;
-    case 4: copy_strided_k<uint32_t><<<g, CU_THREADS, 0, d->stream>>>(a, total, (const uint32_t *)x, (uint32_t *)y); break;
-    default: copy_strided_k<uint64_t><<<g, CU_THREADS, 0, d->stream>>>(a, total, (const uint64_t *)x, (uint64_t *)y); break;
+    case 1: copy_strided_launch<uint8_t>(d, a, total, x, y); break;
+    case 2: copy_strided_launch<uint16_t>(d, a, total, x, y); break;
+    case 4: copy_strided_launch<uint32_t>(d, a, total, x, y); break;
+    default: copy_strided_launch<uint64_t>(d, a, total, x, y); break;
     }
     return CU_LAUNCHED(d, "copy_strided");
+}
+
+/* ------------------------------------------------- contiguous elementwise */
+
+/* 16 bytes of storage elements: one vector load or store (4 f32, 8 f16/bf16). */
+template <typename S>
+union Vec16 {
+    uint4 u;
+    S s[16 / sizeof(S)];
+};
+
+/* y[i] = f(a[i], b[i], c[i], y[i]) over n contiguous elements; a, b, c may be NULL (read as 0), and
+ * y is read only with read_y. I is the index type: uint32_t where n < 2^31 (32-bit index arithmetic;
+ * i + stride stays below 2^32), else int64_t. With VEC, every pointer is 16-byte aligned and the
+ * elements go in 16-byte vectors, the last n % W one by one. Each element is read before it is
+ * written, by the same thread, so y may be one of the inputs. */
+template <typename T, typename I, bool VEC, typename F>
+__global__ void ew_k(F f, I n, const typename T::S *a, const typename T::S *b, const typename T::S *c,
+                     typename T::S *y, bool read_y) {
+    typedef typename T::S S;
+    I tid = (I)blockIdx.x * blockDim.x + threadIdx.x, step = (I)gridDim.x * blockDim.x, start = 0;
+    if (VEC) {
+        const int W = 16 / sizeof(S);
+        I np = n / W;
+        for (I p = tid; p < np; p += step) {
+            Vec16<S> va, vb, vc, vy;
+            if (a) va.u = ((const uint4 *)a)[p];
+            if (b) vb.u = ((const uint4 *)b)[p];
+            if (c) vc.u = ((const uint4 *)c)[p];
+            if (read_y) vy.u = ((const uint4 *)y)[p];
+#pragma unroll
+            for (int k = 0; k < W; k++)
+                T::st(vy.s, k, f(a ? T::ld(va.s, k) : 0.0f, b ? T::ld(vb.s, k) : 0.0f, c ? T::ld(vc.s, k) : 0.0f,
+                                 read_y ? T::ld(vy.s, k) : 0.0f));
+            ((uint4 *)y)[p] = vy.u;
+        }
+        start = np * W;
+    }
+    for (I i = start + tid; i < n; i += step)
+        T::st(y, i, f(a ? T::ld(a, i) : 0.0f, b ? T::ld(b, i) : 0.0f, c ? T::ld(c, i) : 0.0f,
+                      read_y ? T::ld(y, i) : 0.0f));
+}
+
+static bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
+
+/* Launches ew_k with the index type and vector width the size and pointers allow. */
+template <typename T, typename F>
+static void ew_launch(cuda_device *d, F f, int64_t n, const void *a, const void *b, const void *c, void *y,
+                      bool read_y) {
+    typedef typename T::S S;
+    const S *pa = (const S *)a, *pb = (const S *)b, *pc = (const S *)c;
+    S *py = (S *)y;
+    const int W = 16 / sizeof(S);
+    bool vec = aligned16(a) && aligned16(b) && aligned16(c) && aligned16(y) && n >= W;
+    unsigned g = cu_grid(d, vec ? n / W : n, CU_THREADS);
+    bool small = n < ((int64_t)1 << 31);
+    if (vec && small) ew_k<T, uint32_t, true><<<g, CU_THREADS, 0, d->stream>>>(f, (uint32_t)n, pa, pb, pc, py, read_y);
+    else if (vec) ew_k<T, int64_t, true><<<g, CU_THREADS, 0, d->stream>>>(f, n, pa, pb, pc, py, read_y);
+    else if (small) ew_k<T, uint32_t, false><<<g, CU_THREADS, 0, d->stream>>>(f, (uint32_t)n, pa, pb, pc, py, read_y);
+    else ew_k<T, int64_t, false><<<g, CU_THREADS, 0, d->stream>>>(f, n, pa, pb, pc, py, read_y);
 }
 
 /* ----------------------------------------------------------------- unary */
@@ -240,6 +311,11 @@ extern "C" ca_status cu_copy_strided(void *dev, const ca_copy_strided_args *args
  * unary_f and unary_grad_f have its case and this count is raised (likewise binary_f). */
 static_assert(CA_UNARY_OP_COUNT == 17, "unary_f and unary_grad_f need a case for every ca_unary_op");
 static_assert(CA_BINARY_OP_COUNT == 6, "binary_f needs a case for every ca_binary_op");
+
+/* 2 Phi(x) = 1 + erf(x / sqrt 2), taken as erfc(-x / sqrt 2): 1 + erf cancels in the negative
+ * tail (at x = -5 it kept 10% relative error), erfc keeps full relative accuracy there, as the
+ * CPU's Phi (base/unary_math_impl.h) does. */
+CU_D float gelu_cdf2(float x) { return erfcf(x * -0.7071067811865476f); }
 
 /* The CPU's unary_loop for one element, operation for operation. */
 CU_D float unary_f(int op, float x, float alpha) {
@@ -266,16 +342,17 @@ CU_D float unary_f(int op, float x, float alpha) {
         if (alpha == 1.0f) return x;
         if (alpha == 0.5f) return sqrtf(x);
         return powf(x, alpha);
-    case CA_UNARY_GELU_ERF: return 0.5f * x * (1.0f + erff(x * 0.7071067811865476f));
+    case CA_UNARY_GELU_ERF: return 0.5f * x * gelu_cdf2(x);
     case CA_UNARY_SILU: return x / (1.0f + expf(-x));
     default: return x;
     }
 }
 
-template <typename T>
-__global__ void unary_k(int op, int64_t n, const typename T::S *x, typename T::S *y, float alpha) {
-    CU_GRID_LOOP(i, n) T::st(y, i, unary_f(op, T::ld(x, i), alpha));
-}
+struct UnaryF {
+    int op;
+    float alpha;
+    __device__ __forceinline__ float operator()(float x, float, float, float) const { return unary_f(op, x, alpha); }
+};
 
 extern "C" ca_status cu_unary(void *dev, const ca_unary_args *args) {
     ca_unary_op op = args->op;
@@ -291,8 +368,8 @@ extern "C" ca_status cu_unary(void *dev, const ca_unary_args *args) {
         return ca_error(CA_ERR_INVALID, "cuda kernel unary %s: y partly overlaps x", ca_unary_op_name(op));
     ca_status st = cu_enter(d, "kernel unary");
     if (st != CA_OK) return st;
-    unsigned g = cu_grid(d, n, CU_THREADS);
-    CU_FLOAT_SWITCH(dt, T, unary_k<T><<<g, CU_THREADS, 0, d->stream>>>((int)op, n, (const T::S *)x, (T::S *)y, alpha));
+    UnaryF f = {(int)op, alpha};
+    CU_FLOAT_SWITCH(dt, T, ew_launch<T>(d, f, n, x, NULL, NULL, y, false));
     return CU_LAUNCHED(d, "unary");
 }
 
@@ -323,7 +400,7 @@ CU_D float unary_grad_f(int op, float x, float y, float dy, float alpha) {
         if (alpha == 1.0f) return dy;
         return dy * alpha * powf(x, alpha - 1.0f);
     case CA_UNARY_GELU_ERF:
-        return dy * (0.5f * (1.0f + erff(x * 0.7071067811865476f)) + x * 0.3989422804014327f * expf(-0.5f * x * x));
+        return dy * (0.5f * gelu_cdf2(x) + x * 0.3989422804014327f * expf(-0.5f * x * x));
     case CA_UNARY_SILU: {
         float s = 1.0f / (1.0f + expf(-x));
         return dy * s * (1.0f + x * (1.0f - s));
@@ -339,15 +416,14 @@ CU_D float accumulate(float out, float g, float beta) {
     return beta * out + g;
 }
 
-template <typename T>
-__global__ void unary_bwd_k(int op, int64_t n, const typename T::S *x, const typename T::S *y,
-                            const typename T::S *dy, typename T::S *dx, float alpha, float beta) {
-    CU_GRID_LOOP(i, n) {
-        float xv = x ? T::ld(x, i) : 0.0f, yv = y ? T::ld(y, i) : 0.0f;
-        float g = unary_grad_f(op, xv, yv, T::ld(dy, i), alpha);
-        T::st(dx, i, accumulate(beta != 0.0f ? T::ld(dx, i) : 0.0f, g, beta));
+/* dx = beta dx + grad(x, y, dy); x or y NULL (read as 0) where the op does not need it. */
+struct UnaryBwdF {
+    int op;
+    float alpha, beta;
+    __device__ __forceinline__ float operator()(float x, float y, float dy, float dx) const {
+        return accumulate(dx, unary_grad_f(op, x, y, dy, alpha), beta);
     }
-}
+};
 
 static bool reads_y(ca_unary_op op) {
     return op == CA_UNARY_RELU || op == CA_UNARY_TANH || op == CA_UNARY_SIGMOID || op == CA_UNARY_EXP ||
@@ -374,10 +450,9 @@ extern "C" ca_status cu_unary_backward(void *dev, const ca_unary_backward_args *
     bool need_y = reads_y(op), need_x = !need_y && reads_input(op);
     ca_status st = cu_enter(d, "kernel unary_backward");
     if (st != CA_OK) return st;
-    unsigned g = cu_grid(d, n, CU_THREADS);
     const void *xs = need_x ? x : NULL, *ys = need_y ? y : NULL;
-    CU_FLOAT_SWITCH(dt, T, unary_bwd_k<T><<<g, CU_THREADS, 0, d->stream>>>((int)op, n, (const T::S *)xs,
-        (const T::S *)ys, (const T::S *)dy, (T::S *)dx, alpha, beta));
+    UnaryBwdF f = {(int)op, alpha, beta};
+    CU_FLOAT_SWITCH(dt, T, ew_launch<T>(d, f, n, xs, ys, dy, dx, beta != 0.0f));
     return CU_LAUNCHED(d, "unary_backward");
 }
 
@@ -400,27 +475,28 @@ CU_D float binary_f(int op, float av, float bv) {
     }
 }
 
-template <typename T>
-__global__ void binary_k(int op, bcast_args a, int64_t total, const typename T::S *x, const typename T::S *z,
+/* I: uint32_t where total < 2^31 (32-bit divisions, several times cheaper), else int64_t. */
+template <typename T, typename I>
+__global__ void binary_k(int op, bcast_args a, I total, const typename T::S *x, const typename T::S *z,
                          typename T::S *y) {
-    CU_GRID_LOOP(i, total) {
-        int64_t r = i, ao = 0, bo = 0;
+    for (I i = (I)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (I)gridDim.x * blockDim.x) {
+        I r = i;
+        int64_t ao = 0, bo = 0;
         for (int dd = a.nd - 1; dd >= 0; dd--) {
-            int64_t c = r % a.sh[dd];
-            r /= a.sh[dd];
-            ao += c * a.as[dd];
-            bo += c * a.bs[dd];
+            I sh = (I)a.sh[dd], c = r % sh;
+            r /= sh;
+            ao += (int64_t)c * a.as[dd];
+            bo += (int64_t)c * a.bs[dd];
         }
         T::st(y, i, binary_f(op, T::ld(x, ao), T::ld(z, bo)));
     }
 }
 
 /* Both operands contiguous and of y's shape. */
-template <typename T>
-__global__ void binary_flat_k(int op, int64_t total, const typename T::S *x, const typename T::S *z,
-                              typename T::S *y) {
-    CU_GRID_LOOP(i, total) T::st(y, i, binary_f(op, T::ld(x, i), T::ld(z, i)));
-}
+struct BinaryF {
+    int op;
+    __device__ __forceinline__ float operator()(float a, float b, float, float) const { return binary_f(op, a, b); }
+};
 
 extern "C" ca_status cu_binary(void *dev, const ca_binary_args *args) {
     ca_binary_op op = args->op;
@@ -460,27 +536,29 @@ extern "C" ca_status cu_binary(void *dev, const ca_binary_args *args) {
     if (st != CA_OK) return st;
     unsigned g = cu_grid(d, total, CU_THREADS);
     bool flat = m.nd == 1 && m.as[0] == 1 && m.bs[0] == 1;
+    BinaryF f = {(int)op};
     if (flat)
-        CU_FLOAT_SWITCH(dt, T, binary_flat_k<T><<<g, CU_THREADS, 0, d->stream>>>((int)op, total, (const T::S *)a,
-            (const T::S *)b, (T::S *)y))
+        CU_FLOAT_SWITCH(dt, T, ew_launch<T>(d, f, total, a, b, NULL, y, false))
+    else if (total < ((int64_t)1 << 31))
+        CU_FLOAT_SWITCH(dt, T, binary_k<T, uint32_t><<<g, CU_THREADS, 0, d->stream>>>((int)op, m, (uint32_t)total,
+            (const T::S *)a, (const T::S *)b, (T::S *)y))
     else
-        CU_FLOAT_SWITCH(dt, T, binary_k<T><<<g, CU_THREADS, 0, d->stream>>>((int)op, m, total, (const T::S *)a,
-            (const T::S *)b, (T::S *)y))
+        CU_FLOAT_SWITCH(dt, T, binary_k<T, int64_t><<<g, CU_THREADS, 0, d->stream>>>((int)op, m, total,
+            (const T::S *)a, (const T::S *)b, (T::S *)y))
     return CU_LAUNCHED(d, "binary");
 }
 
 /* ----------------------------------------------------------------- axpby */
 
-template <typename T>
-__global__ void axpby_k(int64_t n, float alpha, const typename T::S *x, float beta, typename T::S *y) {
-    CU_GRID_LOOP(i, n) {
-        float xv = T::ld(x, i), r;
-        if (beta == 0.0f) r = alpha == 1.0f ? xv : alpha * xv;
-        else if (alpha == 1.0f && beta == 1.0f) r = T::ld(y, i) + xv;
-        else r = alpha * xv + beta * T::ld(y, i);
-        T::st(y, i, r);
+/* y = alpha x + beta y, y not read when beta == 0. */
+struct AxpbyF {
+    float alpha, beta;
+    __device__ __forceinline__ float operator()(float xv, float, float, float yv) const {
+        if (beta == 0.0f) return alpha == 1.0f ? xv : alpha * xv;
+        if (alpha == 1.0f && beta == 1.0f) return yv + xv;
+        return alpha * xv + beta * yv;
     }
-}
+};
 
 extern "C" ca_status cu_axpby(void *dev, const ca_axpby_args *args) {
     ca_dtype dt = args->dt;
@@ -493,8 +571,8 @@ extern "C" ca_status cu_axpby(void *dev, const ca_axpby_args *args) {
     if (n == 0) return CA_OK;
     ca_status st = cu_enter(d, "kernel axpby");
     if (st != CA_OK) return st;
-    unsigned g = cu_grid(d, n, CU_THREADS);
-    CU_FLOAT_SWITCH(dt, T, axpby_k<T><<<g, CU_THREADS, 0, d->stream>>>(n, alpha, (const T::S *)x, beta, (T::S *)y));
+    AxpbyF f = {alpha, beta};
+    CU_FLOAT_SWITCH(dt, T, ew_launch<T>(d, f, n, x, NULL, NULL, y, beta != 0.0f));
     return CU_LAUNCHED(d, "axpby");
 }
 

@@ -1,8 +1,9 @@
-/* CUDA nn kernels: cross-entropy (+ backward, labels checked on the GPU), layer norm (+ backward), embedding (+ backward with atomics). */
+/* CUDA nn kernels: cross-entropy (+ backward, labels checked on the GPU), layer norm (+ backward), embedding (+ backward: a stable sort of the indices, f32 sums in index order). */
 #include "backends/cuda/cuda_common.cuh"
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
+/* without NVTX: CUB's ranges would put NVTX's globals into the plugin (tools/check-symbols.sh) */
+#define CCCL_DISABLE_NVTX
+#include <cub/device/device_radix_sort.cuh>
 
 /* --------------------------------------------------------- cross-entropy */
 
@@ -297,8 +298,9 @@ static ca_status norm_backward(cuda_device *d, const char *k, ca_dtype dt, int64
         if (dbeta_)
             CU_FLOAT_SWITCH(dt, T, ln_params_final_k<T><<<g, CU_THREADS, 0, d->stream>>>(cols, nchunks, pb,
                 (T::S *)dbeta_, accumulate_params));
-        st = cudaGetLastError() == cudaSuccess ? CA_OK
-                                               : ca_error(CA_ERR_BACKEND, "cuda kernel %s: parameter gradients: launch failed", k);
+        cudaError_t e = cudaGetLastError();
+        st = e == cudaSuccess ? CA_OK
+                              : cu_error_at(e, __FILE__, __LINE__, "cuda kernel %s: parameter gradients: launch", k);
         cu_tmp_free(d, tmp);
         if (st != CA_OK) return st;
     }
@@ -365,23 +367,60 @@ extern "C" ca_status cu_embedding(void *dev, const ca_embedding_args *args) {
     return CU_LAUNCHED(d, k);
 }
 
-CU_D void atomic_add_as(float *p, float v) { atomicAdd(p, v); }
-CU_D void atomic_add_as(__half *p, __half v) { atomicAdd(p, v); }
-CU_D void atomic_add_as(__nv_bfloat16 *p, __nv_bfloat16 v) { atomicAdd(p, v); }
+/* The backward sorts the positions by index (a stable radix sort: equal indices keep their order),
+ * then one block per run of equal indices adds that row's gradients in f32 in index order and
+ * rounds once: the CPU's sum, bit for bit, and the same on every run. Atomics added in arbitrary
+ * order, and the f16/bf16 ones rounded at every add (several half ulps off after a few repeats). */
 
-/* dtable[idx[i], :] += dy[i, :]; rows that repeat meet in the atomics. */
-template <typename A>
-__global__ void embedding_bwd_k(int64_t n, int64_t rows, int64_t dim, bool i64, const void *idx, const A *dy,
-                                A *dtable, cu_err_ref err) {
-    CU_GRID_LOOP(t, n * dim) {
-        int64_t i = t / dim, c = t % dim;
+/* keys[i] = idx[i], or rows (past every row) for an index outside the table, reported; pos[i] = i. */
+__global__ void emb_keys_k(int64_t n, int64_t rows, bool i64, const void *idx, uint64_t *keys, int64_t *pos,
+                           cu_err_ref err) {
+    CU_GRID_LOOP(i, n) {
         int64_t v = cu_index_at(i64, idx, i);
-        if (v < 0 || v >= rows) {
-            if (c == 0) cu_report(err, CU_ERR_EMB_INDEX, 1, i, v, rows, 0);
-            continue;
+        if (v < 0 || v >= rows) {   /* reported, and its row skipped */
+            cu_report(err, CU_ERR_EMB_INDEX, 1, i, v, rows, 0);
+            v = rows;
         }
-        atomic_add_as(dtable + v * dim + c, dy[t]);
+        keys[i] = (uint64_t)v;
+        pos[i] = i;
     }
+}
+
+/* A block per sorted position that starts a run of one index v (the others return):
+ * dtable[v, c] = round(f32(dtable[v, c]) + dy[p0, c] + dy[p1, c] + ...), p0 < p1 < ... */
+template <typename T>
+__global__ void emb_bwd_runs_k(int64_t n, int64_t rows, int64_t dim, const uint64_t *keys, const int64_t *pos,
+                               const typename T::S *dy, typename T::S *dtable) {
+    for (int64_t s = blockIdx.x; s < n; s += gridDim.x) {
+        uint64_t v = keys[s];
+        if (v >= (uint64_t)rows || (s > 0 && keys[s - 1] == v)) continue;
+        int64_t e = s + 1;
+        while (e < n && keys[e] == v) e++;
+        typename T::S *out = dtable + (int64_t)v * dim;
+        for (int64_t c = threadIdx.x; c < dim; c += blockDim.x) {
+            float acc = T::ld(out, c);
+            for (int64_t j = s; j < e; j++) acc += T::ld(dy, pos[j] * dim + c);
+            T::st(out, c, acc);
+        }
+    }
+}
+
+/* Bits of the keys 0..rows: the radix sort looks at no more. */
+static int key_bits(int64_t rows) {
+    int b = 1;
+    while (b < 63 && ((uint64_t)1 << b) <= (uint64_t)rows) b++;
+    return b;
+}
+
+/* Sorts (keys, pos) by key into the second halves of the buffers; tmp holds keys and pos twice,
+ * then CUB's scratch. */
+static ca_status emb_sort(cuda_device *d, int64_t n, int64_t rows, uint64_t *keys, int64_t *pos, void *scratch,
+                          size_t scratch_bytes) {
+    size_t need = scratch_bytes;
+    CA_CUDA_TRY(cub::DeviceRadixSort::SortPairs(scratch, need, keys, keys + n, pos, pos + n, n, 0, key_bits(rows),
+                                                d->stream),
+                "cuda kernel embedding_backward: sorting %lld indices", (long long)n);
+    return CA_OK;
 }
 
 extern "C" ca_status cu_embedding_backward(void *dev, const ca_embedding_backward_args *args) {
@@ -389,30 +428,32 @@ extern "C" ca_status cu_embedding_backward(void *dev, const ca_embedding_backwar
     int64_t n = args->n;
     int64_t rows = args->rows;
     int64_t dim = args->dim;
-    ca_dtype idx_dt = args->idx_dt;
-    const void *idx = args->idx;
-    const void *dy = args->dy;
-    void *dtable = args->dtable;
+    bool i64 = args->idx_dt == CA_I64;
     cuda_device *d = (cuda_device *)dev;
     const char *k = "embedding_backward";
     if (n == 0) return CA_OK;
     if (dim == 0) return CA_OK;
     ca_status st = cu_enter(d, "kernel embedding_backward");
     if (st != CA_OK) return st;
-    unsigned g = cu_grid(d, n * dim, CU_THREADS);
-    bool i64 = idx_dt == CA_I64;
-    cu_err_ref e = cu_err_of(d);
-    switch (dt) {
-    case CA_F16:
-        embedding_bwd_k<__half><<<g, CU_THREADS, 0, d->stream>>>(n, rows, dim, i64, idx, (const __half *)dy, (__half *)dtable, e);
-        break;
-    case CA_BF16:
-        embedding_bwd_k<__nv_bfloat16><<<g, CU_THREADS, 0, d->stream>>>(n, rows, dim, i64, idx, (const __nv_bfloat16 *)dy,
-                                                                        (__nv_bfloat16 *)dtable, e);
-        break;
-    default:
-        embedding_bwd_k<float><<<g, CU_THREADS, 0, d->stream>>>(n, rows, dim, i64, idx, (const float *)dy, (float *)dtable, e);
-        break;
+    size_t sort_bytes = 0;
+    CA_CUDA_TRY(cub::DeviceRadixSort::SortPairs(NULL, sort_bytes, (const uint64_t *)NULL, (uint64_t *)NULL,
+                                                (const int64_t *)NULL, (int64_t *)NULL, n, 0, key_bits(rows),
+                                                d->stream),
+                "cuda kernel embedding_backward: sizing the sort of %lld indices", (long long)n);
+    size_t pairs = ((size_t)n * 2 * (sizeof(uint64_t) + sizeof(int64_t)) + 255) & ~(size_t)255;   /* CUB's alignment */
+    void *tmp = NULL;
+    if ((st = cu_tmp_alloc(d, pairs + sort_bytes, &tmp)) != CA_OK) return ca_error_context("cuda kernel %s", k);
+    uint64_t *keys = (uint64_t *)tmp;
+    int64_t *pos = (int64_t *)(keys + 2 * n);
+    emb_keys_k<<<cu_grid(d, n, CU_THREADS), CU_THREADS, 0, d->stream>>>(n, rows, i64, args->idx, keys, pos,
+                                                                       cu_err_of(d));
+    st = emb_sort(d, n, rows, keys, pos, (char *)tmp + pairs, sort_bytes);
+    if (st == CA_OK) {
+        int th = cu_row_threads(dim);
+        CU_FLOAT_SWITCH(dt, T, emb_bwd_runs_k<T><<<cu_row_grid(n), th, 0, d->stream>>>(n, rows, dim, keys + n,
+            pos + n, (const T::S *)args->dy, (T::S *)args->dtable));
+        st = CU_LAUNCHED(d, k);
     }
-    return CU_LAUNCHED(d, k);
+    cu_tmp_free(d, tmp);
+    return st;
 }

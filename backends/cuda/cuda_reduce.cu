@@ -30,27 +30,103 @@ __global__ void reduce_rows_k(int op, int64_t outer, int64_t len, const typename
     }
 }
 
-/* inner > 1: one thread per output (o, i), reading a column of x; coalesced over i. */
+/* inner > 1 (a bias gradient: the sum over 8192 rows of [8192, 768]): tiles of RC_COLS columns
+ * (coalesced over i) by RC_LANES row lanes, so that a column's rows are read by 16 threads, not one;
+ * long columns are cut into chunks on gridDim.y as well, so that small outputs still fill the GPU.
+ * Every partial is combined in a fixed order: the result does not depend on the schedule. */
+#define RC_COLS 32
+#define RC_LANES 16
+#define RC_MIN_CHUNK 256   /* rows of a chunk at least: 16 per lane */
+
+/* The reduction's identity and combine step, sums in f64, max/min NaN-winning. */
+CU_D double rc_init(int op) { return op == CA_OP_MAX ? -INFINITY : (op == CA_OP_MIN ? INFINITY : 0.0); }
+CU_D double rc_add(int op, double acc, double v) {
+    if (op == CA_OP_MAX) return (double)CuMax()((float)acc, (float)v);
+    if (op == CA_OP_MIN) return (double)CuMin()((float)acc, (float)v);
+    return acc + v;
+}
+
+/* The output from the combined value: the mean's scale, NaN for the mean of nothing, beta. */
 template <typename T>
-__global__ void reduce_cols_k(int op, int64_t outer, int64_t len, int64_t inner, const typename T::S *x,
-                              typename T::S *y, float beta) {
-    CU_GRID_LOOP(t, outer * inner) {
-        int64_t o = t / inner, i = t % inner;
-        const typename T::S *col = x + o * len * inner + i;
-        float res;
-        if (op == CA_OP_SUM || op == CA_OP_AVG) {
-            double s = 0.0;
-            for (int64_t l = 0; l < len; l++) s += (double)T::ld(col, l * inner);
-            double scale = op == CA_OP_AVG ? 1.0 / (double)len : 1.0;
-            res = len ? (float)(s * scale) : (op == CA_OP_AVG ? NAN : 0.0f);
-        } else {
-            float m = T::ld(col, 0);
-            for (int64_t l = 1; l < len; l++)
-                m = op == CA_OP_MAX ? CuMax()(m, T::ld(col, l * inner)) : CuMin()(m, T::ld(col, l * inner));
-            res = m;
-        }
-        T::st(y, t, beta == 0.0f ? res : beta * T::ld(y, t) + res);
+__device__ __forceinline__ void rc_store(int op, int64_t len, double acc, typename T::S *y, int64_t t, float beta) {
+    float res;
+    if (op == CA_OP_SUM || op == CA_OP_AVG) {
+        double scale = op == CA_OP_AVG ? 1.0 / (double)len : 1.0;
+        res = len ? (float)(acc * scale) : (op == CA_OP_AVG ? NAN : 0.0f);
+    } else {
+        res = (float)acc;
     }
+    T::st(y, t, beta == 0.0f ? res : beta * T::ld(y, t) + res);
+}
+
+/* Block (tile of outer * ntiles, chunk blockIdx.y), threads (RC_COLS, RC_LANES): lane ty takes rows
+ * l0 + ty, l0 + ty + RC_LANES, ...; the lanes' partials are combined in lane order. With one chunk
+ * the block writes y, else the chunk's partial (part[chunk][o * inner + i]). */
+template <typename T>
+__global__ void reduce_tiles_k(int op, int64_t outer, int64_t len, int64_t inner, int64_t chunk, int64_t ntiles,
+                               const typename T::S *x, double *part, typename T::S *y, float beta) {
+    __shared__ double sh[RC_LANES][RC_COLS + 1];
+    int tx = threadIdx.x, ty = threadIdx.y;
+    int64_t l0 = (int64_t)blockIdx.y * chunk, l1 = l0 + chunk < len ? l0 + chunk : len;
+    for (int64_t b = blockIdx.x; b < outer * ntiles; b += gridDim.x) {
+        int64_t o = b / ntiles, i = (b % ntiles) * RC_COLS + tx;
+        double acc = rc_init(op);
+        if (i < inner) {
+            const typename T::S *col = x + o * len * inner + i;
+            for (int64_t l = l0 + ty; l < l1; l += RC_LANES) acc = rc_add(op, acc, (double)T::ld(col, l * inner));
+        }
+        __syncthreads();   /* sh may still be read for the previous tile */
+        sh[ty][tx] = acc;
+        __syncthreads();
+        if (ty == 0 && i < inner) {
+            for (int k = 1; k < RC_LANES; k++) acc = rc_add(op, acc, sh[k][tx]);
+            if (part) part[(int64_t)blockIdx.y * outer * inner + o * inner + i] = acc;
+            else rc_store<T>(op, len, acc, y, o * inner + i, beta);
+        }
+    }
+}
+
+/* y[t] from the chunks' partials, added in chunk order. */
+template <typename T>
+__global__ void reduce_chunks_k(int op, int64_t total, int64_t len, int64_t nchunks, const double *part,
+                                typename T::S *y, float beta) {
+    CU_GRID_LOOP(t, total) {
+        double acc = part[t];
+        for (int64_t k = 1; k < nchunks; k++) acc = rc_add(op, acc, part[k * total + t]);
+        rc_store<T>(op, len, acc, y, t, beta);
+    }
+}
+
+/* The tiled reduction over the middle dimension; a scratch for the partials when len is cut. */
+static ca_status reduce_cols(cuda_device *d, int op, ca_dtype dt, int64_t outer, int64_t len, int64_t inner,
+                             const void *x, void *y, float beta) {
+    int64_t ntiles = (inner + RC_COLS - 1) / RC_COLS, blocks = outer * ntiles;
+    int64_t want = (int64_t)d->sm_count * 4, nchunks = 1;
+    if (blocks < want && len > RC_MIN_CHUNK) {
+        nchunks = want / blocks;
+        int64_t most = (len + RC_MIN_CHUNK - 1) / RC_MIN_CHUNK;
+        if (nchunks > most) nchunks = most;
+        if (nchunks > 65535) nchunks = 65535;
+        if (nchunks < 1) nchunks = 1;
+    }
+    int64_t chunk = len > 0 ? (len + nchunks - 1) / nchunks : 1;
+    nchunks = len > 0 ? (len + chunk - 1) / chunk : 1;
+    void *tmp = NULL;
+    if (nchunks > 1) {
+        ca_status st = cu_tmp_alloc(d, (size_t)nchunks * (size_t)(outer * inner) * sizeof(double), &tmp);
+        if (st != CA_OK) return ca_error_context("cuda kernel reduce (%lld column partials)", (long long)nchunks);
+    }
+    dim3 grid(cu_row_grid(blocks), (unsigned)nchunks), th(RC_COLS, RC_LANES);
+    CU_FLOAT_SWITCH(dt, T, reduce_tiles_k<T><<<grid, th, 0, d->stream>>>(op, outer, len, inner, chunk, ntiles,
+        (const T::S *)x, (double *)tmp, (T::S *)y, beta));
+    if (tmp) {
+        unsigned g = cu_grid(d, outer * inner, CU_THREADS);
+        CU_FLOAT_SWITCH(dt, T, reduce_chunks_k<T><<<g, CU_THREADS, 0, d->stream>>>(op, outer * inner, len, nchunks,
+            (const double *)tmp, (T::S *)y, beta));
+    }
+    ca_status st = CU_LAUNCHED(d, "reduce");
+    if (tmp) cu_tmp_free(d, tmp);
+    return st;
 }
 
 extern "C" ca_status cu_reduce(void *dev, const ca_reduce_args *args) {
@@ -71,12 +147,9 @@ extern "C" ca_status cu_reduce(void *dev, const ca_reduce_args *args) {
         int th = cu_row_threads(len);
         CU_FLOAT_SWITCH(dt, T, reduce_rows_k<T><<<cu_row_grid(outer), th, 0, d->stream>>>((int)op, outer, len,
             (const T::S *)x, (T::S *)y, beta));
-    } else {
-        unsigned g = cu_grid(d, outer * inner, CU_THREADS);
-        CU_FLOAT_SWITCH(dt, T, reduce_cols_k<T><<<g, CU_THREADS, 0, d->stream>>>((int)op, outer, len, inner,
-            (const T::S *)x, (T::S *)y, beta));
+        return CU_LAUNCHED(d, "reduce");
     }
-    return CU_LAUNCHED(d, "reduce");
+    return reduce_cols(d, (int)op, dt, outer, len, inner, x, y, beta);
 }
 
 /* ---------------------------------------------------------------- argmax */
