@@ -40,6 +40,8 @@ tests_test_cpu_parallel_LDFLAGS = $(OPENMP_CFLAGS)
 TESTS += tests/test_cpu_gemm_paths.sh
 EXTRA_DIST += tests/test_cpu_gemm_paths.sh
 
-# The clamp of a thread count above the CPUs allowed (taskset; docs/ARCHITECTURE.md, "Threads on the CPU").
-TESTS += tests/test_threads_clamp.sh
-EXTRA_DIST += tests/test_threads_clamp.sh
+# The kernels' threads (docs/ARCHITECTURE.md, "Threads on the CPU"): the conformance and equivalence
+# tests at 1, 2 and 3 threads with every loop split, deterministic training bit-identical at 1, 2 and
+# 3 threads (examples/gpt), and the clamp of a count above the CPUs allowed (taskset).
+TESTS += tests/test_threads.sh tests/test_threads_det.sh tests/test_threads_clamp.sh
+EXTRA_DIST += tests/test_threads.sh tests/test_threads_det.sh tests/test_threads_clamp.sh
