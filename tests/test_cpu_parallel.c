@@ -262,8 +262,13 @@ static void test_cgroup_quota(void **state) {
     assert_int_equal(quota(""), 0);
     put("cpu/docker/abc/cpu.cfs_quota_us", "250000\n");
     assert_int_equal(quota("cgroup cpu.cfs_quota_us/cpu.cfs_period_us quota 250000/100000 = 3 CPUs"), 3);
-    put("proc_cgroup", "garbage\n");
+    put("proc_cgroup", "garbage\n");                   /* no cgroup named, or none with cpu */
     assert_int_equal(quota(""), 0);
+    put("proc_cgroup", "3:memory:/docker/abc\n4:cpuset:/docker/abc\n");
+    assert_int_equal(quota(""), 0);
+    char why[200] = "x";
+    assert_int_equal(cpu_cgroup_cpus("/nonexistent/cgroup", tmp, why, sizeof why), 0);
+    assert_string_equal(why, "");
     char cmd[128];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
     assert_int_equal(system(cmd), 0);

@@ -112,6 +112,7 @@ static int dir_quota_cpus(const char *dir, char *why, size_t len) {
  * hierarchy whose controllers include "cpu" ("4:cpu,cpuacct:/path"), else v2's "0::/path" (a hybrid
  * system lists both, with the cpu controller on v1). Sets *v2; the path has no trailing slash. */
 static bool cgroup_path(const char *proc_cgroup, char *out, size_t len, bool *v2) {
+    out[0] = '\0';
     FILE *f = fopen(proc_cgroup, "r");
     if (!f) return false;
     char line[PATH_MAX + 64];
