@@ -2,7 +2,7 @@
 # The programs compile the backend's sources themselves (the library keeps
 # them hidden) and call them through ca_cpu_plugin()->devices[0].
 ca_cpu_tests = tests/test_cpu_device tests/test_cpu_gemm tests/test_cpu_cast tests/test_cpu_kernels \
-	tests/test_cpu_fpmode
+	tests/test_cpu_fpmode tests/test_cpu_parallel
 check_PROGRAMS += $(ca_cpu_tests)
 TESTS += $(ca_cpu_tests)
 
@@ -31,6 +31,17 @@ tests_test_cpu_fpmode_CFLAGS = $(CA_TEST_CFLAGS) $(OPENBLAS_CFLAGS)
 tests_test_cpu_fpmode_LDADD = $(CA_TEST_LIBS) $(OPENBLAS_LIBS)
 tests_test_cpu_fpmode_LDFLAGS = $(OPENMP_CFLAGS)
 
+tests_test_cpu_parallel_SOURCES = tests/test_cpu_parallel.c tests/test_cpu_util.h $(ca_cpu_sources)
+tests_test_cpu_parallel_CFLAGS = $(CA_TEST_CFLAGS) $(OPENBLAS_CFLAGS)
+tests_test_cpu_parallel_LDADD = $(CA_TEST_LIBS) $(OPENBLAS_LIBS)
+tests_test_cpu_parallel_LDFLAGS = $(OPENMP_CFLAGS)
+
 # Both bf16 GEMM paths (oneDNN, conversion) pass the GEMM tests.
 TESTS += tests/test_cpu_gemm_paths.sh
 EXTRA_DIST += tests/test_cpu_gemm_paths.sh
+
+# The kernels' threads (docs/ARCHITECTURE.md, "Threads on the CPU"): the conformance and equivalence
+# tests at 1, 2 and 3 threads with every loop split, deterministic training bit-identical at 1, 2 and
+# 3 threads (examples/gpt), and the clamp of a count above the CPUs allowed (taskset).
+TESTS += tests/test_threads.sh tests/test_threads_det.sh tests/test_threads_clamp.sh
+EXTRA_DIST += tests/test_threads.sh tests/test_threads_det.sh tests/test_threads_clamp.sh

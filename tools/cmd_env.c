@@ -118,6 +118,18 @@ static void print_config(const ca_config *c) {
     }
 }
 
+/* The CPU device's description: its kernel threads (and their clamp), the BLAS's count and threading.
+ * With OpenBLAS's pthreads build, its pool and the kernels' OpenMP team are two pools of threads. */
+static void print_cpu_device(void) {
+    ca_device *cpu = ca_cpu_device();
+    const char *desc = cpu ? ca_device_description(cpu) : NULL;
+    printf("\nCPU device: %s\n", desc ? desc : "(unavailable)");
+    if (desc && strstr(desc, "BLAS threads (pthreads)"))
+        printf("warning: OpenBLAS is its pthreads build: its thread pool and the CPU kernels' OpenMP team are two "
+               "pools that spin against each other (the OpenMP build, Debian's libopenblas-openmp-dev, shares one)\n");
+    printf("\n");
+}
+
 int ca_cmd_env(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
@@ -142,8 +154,7 @@ int ca_cmd_env(int argc, char **argv) {
     printf("caccel %s (plugin ABI %d.%d)\n\n", CA_VERSION, CA_ABI_MAJOR, CA_ABI_MINOR);
     printf("Backends (built in, and plugins from the plugin directory and CACCEL_PLUGIN_PATH):\n");
     print_backends();
-    ca_device *cpu = ca_cpu_device();
-    printf("\nCPU device: %s\n\n", cpu ? ca_device_description(cpu) : "(unavailable)");
+    print_cpu_device();
     if (s != CA_OK) {
         fflush(stdout);
         int rc = ca_cli_fail("env");

@@ -453,6 +453,8 @@ static int setup_env(launch *L, ca_config *cfg, const ca_settings *st) {
         snprintf(num, sizeof num, "%d", threads);
         if (forced || !getenv("OMP_NUM_THREADS")) setenv("OMP_NUM_THREADS", num, 1);
         if (forced || !getenv("OPENBLAS_NUM_THREADS")) setenv("OPENBLAS_NUM_THREADS", num, 1);
+        /* names the launcher as the count's source when the CPU device clamps it (cpu_threads.c) */
+        setenv("CACCEL_NUM_CPU_THREADS_PER_PROCESS", num, 1);
     }
     for (char **e = environ; *e;) {
         if (scrub(*e)) {

@@ -2,12 +2,10 @@
 #include "backends/cpu/cpu_impl.h"
 #include "backends/cpu/cpu_parallel.h"
 #include "backends/cpu/cpu_plugin.h"
-#include "base/slurm_impl.h"
 
 #include <caccel/log.h>
 #include <cblas.h>
 #include <pthread.h>
-#include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,54 +24,6 @@ static ca_status cpu_device_count(int *count, char *reason, size_t reason_len) {
     return CA_OK;
 }
 
-static int env_positive(const char *name, int def) {
-    const char *v = getenv(name);
-    if (!v || !*v) return def;
-    char *end;
-    long x = strtol(v, &end, 10);
-    if (*end != '\0' || x < 1 || x > 1 << 20) return def;
-    return (int)x;
-}
-
-static int online_cpus(void) {
-    long n = sysconf(_SC_NPROCESSORS_ONLN);
-    return n < 1 ? 1 : (int)n;
-}
-
-/* CPUs this process may run on (a Slurm step bound to its CPUs, taskset), at most the online ones. */
-static int usable_cpus(void) {
-    cpu_set_t set;
-    int online = online_cpus();
-    if (sched_getaffinity(0, sizeof set, &set) != 0) return online;
-    int n = CPU_COUNT(&set);
-    return n > 0 && n < online ? n : online;
-}
-
-static bool in_slurm_step(void) {
-    const char *id = getenv("SLURM_STEP_ID"), *old = getenv("SLURM_STEPID"), *proc = getenv("SLURM_PROCID");
-    return proc && *proc && ((id && *id) || (old && *old));
-}
-
-/* Online cores shared among the processes of this machine, unless the user
- * has told OpenBLAS (or OpenMP) how many threads to use. 0 = leave as is.
- * srun sets no local size of its own: a task of a Slurm step takes the CPUs
- * Slurm gave it (SLURM_CPUS_PER_TASK), else its share among the step's tasks
- * on this node, so that N tasks do not each start a thread per core. */
-int cpu_default_blas_threads(void) {
-    const char *ob = getenv("OPENBLAS_NUM_THREADS"), *omp = getenv("OMP_NUM_THREADS");
-    if ((ob && *ob) || (omp && *omp)) return 0;
-    int procs = env_positive("LOCAL_WORLD_SIZE", env_positive("OMPI_COMM_WORLD_LOCAL_SIZE", 0));
-    if (procs == 0 && in_slurm_step()) {
-        /* a step's tasks inherit the job's SLURM_CPUS_PER_TASK even where the step got fewer CPUs
-         * (srun of Slurm 22.05 does not inherit -c): never more threads than CPUs to run on */
-        int given = env_positive("SLURM_CPUS_PER_TASK", 0), usable = usable_cpus();
-        if (given > 0) return given < usable ? given : usable;
-        procs = ca_slurm_tasks_on_node(getenv("SLURM_STEP_TASKS_PER_NODE"), env_positive("SLURM_NODEID", 0));
-    }
-    int t = online_cpus() / (procs > 0 ? procs : 1);
-    return t < 1 ? 1 : t;
-}
-
 static ca_status cpu_open(int index, const ca_device_open_args *args, void **dev) {
     if (!dev) return ca_error(CA_ERR_INVALID, "cpu open: output pointer is NULL");
     *dev = NULL;
@@ -83,9 +33,7 @@ static ca_status cpu_open(int index, const ca_device_open_args *args, void **dev
     cpu_device *d = calloc(1, sizeof *d);
     if (!d) return ca_error(CA_ERR_NOMEM, "cpu open: out of host memory");
     d->index = index;
-    int t = cpu_default_blas_threads();
-    /* 0: the user set OPENBLAS_NUM_THREADS or OMP_NUM_THREADS, which OpenBLAS has read */
-    cpu_set_threads(t > 0 ? t : openblas_get_num_threads());
+    cpu_threads_open();
     d->blas_threads = openblas_get_num_threads();
     *dev = d;
     return CA_OK;
@@ -147,8 +95,11 @@ static ca_status cpu_describe(void *dev, char *buf, size_t len) {
     const char *config = openblas_get_config(), *core = openblas_get_corename();
     static const char *blas_par[] = {"serial", "pthreads", "OpenMP"};
     int par = openblas_get_parallel();
-    snprintf(buf, len, "%s, %d threads; %d kernel threads; %s, core %s, %d BLAS threads (%s); %s; %s", model,
-             online_cpus(), cpu_threads(), config ? config : "OpenBLAS", core ? core : "?",
+    char clamp[320], note[340] = "";
+    cpu_threads_clamp(clamp, sizeof clamp);
+    if (clamp[0]) snprintf(note, sizeof note, " (%s)", clamp);
+    snprintf(buf, len, "%s, %d threads; %d kernel threads%s; %s, core %s, %d BLAS threads (%s); %s; %s", model,
+             cpu_online_cpus(), cpu_threads(), note, config ? config : "OpenBLAS", core ? core : "?",
              openblas_get_num_threads(), par >= 0 && par <= 2 ? blas_par[par] : "?", cpu_f32_gemm_path(),
              cpu_bf16_gemm_path());
     return CA_OK;

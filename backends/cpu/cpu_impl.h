@@ -90,8 +90,18 @@ float cpu_run_max(const float *x, int64_t n, float m);
  * `counter`: out[4j + w] is word w of counter + j. */
 void cpu_philox_words(uint64_t seed, uint64_t counter, int64_t count, uint32_t *out);
 
-/* The OpenBLAS thread count this process should use by default. */
+/* Threads (cpu_threads.c). The OpenBLAS thread count this process should use by default; 0 when
+ * OPENBLAS_NUM_THREADS or OMP_NUM_THREADS is set. */
 int cpu_default_blas_threads(void);
+int cpu_online_cpus(void);
+/* At device open: sets the kernels' and OpenBLAS's count from the environment, clamped to the CPUs the
+ * process may use (warned once), and registers the fork handler (first open). */
+void cpu_threads_open(void);
+/* The last open's clamp ("clamped from 2 (OMP_NUM_THREADS): affinity mask allows 1 CPU"), "" if none. */
+void cpu_threads_clamp(char *out, size_t len);
+/* CPUs a cgroup CPU quota allows (0: none): `proc_cgroup` in /proc/self/cgroup's format, `root` the
+ * cgroup mount (v2's, or the folder of v1's "cpu" hierarchy); `why` names the quota. */
+int cpu_cgroup_cpus(const char *proc_cgroup, const char *root, char *why, size_t len);
 
 /* The device vtable (cpu_device.c), which points at the kernel table. */
 extern const ca_device_ops cpu_device_ops;

@@ -6,6 +6,7 @@ ca_cpu_sources = \
 	backends/cpu/cpu_device.c \
 	backends/cpu/cpu_parallel.h \
 	backends/cpu/cpu_parallel.c \
+	backends/cpu/cpu_threads.c \
 	backends/cpu/cpu_gemm.c \
 	backends/cpu/cpu_onednn.c \
 	backends/cpu/cpu_cast.c \

@@ -1,0 +1,35 @@
+#!/bin/sh
+# The CPU kernels' parallel paths (docs/ARCHITECTURE.md, "Threads on the CPU") against the same
+# references as their serial ones: the op conformance table (with finite differences), the kernel and
+# cast tests, autograd, the layers, the transformer ops, mixed precision, activation checkpointing,
+# BERT, and GPT's activation-checkpointing equivalence (losses identical with and without the
+# recompute, on 1 and 2 processes), each at 1, 2 and 3 threads with CACCEL_CPU_GRAIN=1, so that every loop of every kernel
+# splits even on these tests' small shapes (3 threads: ranges of unequal length).
+set -u
+b=${CACCEL_TEST_BUILDDIR:-.}
+s=$(cd "$(dirname "$0")" && pwd)
+fail() { echo "FAIL: $*"; exit 1; }
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/caccel-threads.XXXXXX")
+trap 'rm -rf "$WORK"' EXIT
+export CACCEL_CPU_GRAIN=1
+
+for t in 1 2 3; do
+    echo "== $t thread(s), CACCEL_CPU_GRAIN=1"
+    for p in test_ops test_cpu_kernels test_cpu_cast test_autograd test_nn test_transformer_ops \
+             test_mixed_precision test_actckpt test_bert; do
+        [ -x "$b/tests/$p" ] || fail "tests/$p is not built"
+        OMP_NUM_THREADS=$t OPENBLAS_NUM_THREADS=$t "$b/tests/$p" > "$WORK/log" 2>&1 ||
+            { tail -40 "$WORK/log"; fail "tests/$p at $t thread(s)"; }
+        echo "  $p: ok"
+    done
+    # where this machine clamps the count (an affinity mask, a cgroup quota), say so
+    OMP_NUM_THREADS=$t "$b/tools/caccel" env 2>/dev/null | grep -q "; $t kernel threads" ||
+        echo "  (this machine runs fewer than $t kernel threads: $(OMP_NUM_THREADS=$t "$b/tools/caccel" env 2>/dev/null |
+            grep -o '[0-9]* kernel threads[^;]*'))"
+    if [ -f "${CACCEL_FORTUNES_DIR:-/usr/share/games/fortunes}/science" ]; then
+        OMP_NUM_THREADS=$t sh "$s/test_actckpt_gpt.sh" > "$WORK/log" 2>&1 ||
+            { tail -40 "$WORK/log"; fail "tests/test_actckpt_gpt.sh at $t thread(s)"; }
+        echo "  test_actckpt_gpt.sh: ok"
+    fi
+done
+echo ok
