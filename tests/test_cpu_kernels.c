@@ -725,7 +725,7 @@ static void test_embedding(void **state) {
                     }
                     OK(KC(embedding_backward, .dt = dt, .n = n, .rows = V, .dim = dim, .idx_dt = ldt,
                           .idx = idx, .dy = dy, .dtable = dt_));
-                    /* half tables round after every addition: error in units of the terms (|dy| <= 1) */
+                    /* half tables: the f32 sum rounded once (tests/test_cpu_nn_threads.c: bit for bit) */
                     check_close("embedding_backward", dt, dt_, ref, V * dim, tol_of(dt) * 2,
                                 dt == CA_F32 ? 1e-5 : 2 * tol_of(dt));
                     free(dy);

@@ -551,8 +551,9 @@ static void run_table(const op_case *rows, size_t nrows) {
 #define T_CE_B {.rtol = 1e-5, .atol = 1e-7, .why = "cross-entropy backward: expf against glibc's"}
 #define T_LN {.rtol = 2e-5, .atol = 1e-5, .why = "layer norm: mean and variance summed in another order"}
 #define T_LN_B {.rtol = 5e-5, .atol = 2e-5, .why = "layer norm backward: two row sums and a column sum, reordered"}
-/* The embedding backward adds with atomics in another order; the f16/bf16 one accumulates in f32 and
- * rounds once, so it is within 2 ulps of the half type. */
+/* The embedding backward: the CPU adds each element's gradients in index order, f16/bf16 in f32 with
+ * one rounding at the end; CUDA adds with atomics in another order. A half type: within 2 ulps of the
+ * CPU (two f32 sums of the same terms in different orders, each rounded once). */
 #define T_EMB_B {.rtol = 1e-5, .atol = 1e-5, .ulps = 2, \
                  .why = "atomics add in another order (half types: f32 accumulation, rounded once)"}
 #define T_NORMAL {.rtol = 6e-7, .atol = 6e-7, .why = "glibc's logf and cosf are not correctly rounded in every case"}

@@ -1,16 +1,84 @@
-/* CPU row-wise nn kernels: softmax/log_softmax, cross-entropy, layer norm (each + backward), embedding (+ backward). */
+/* CPU row-wise nn kernels: softmax/log_softmax, cross-entropy, layer norm, RMS norm (each + backward),
+ * embedding (+ backward).
+ *
+ * Threads: every kernel splits its rows among the kernel threads (cpu_parallel.h). A row's output depends
+ * on that row only, so forward passes and input gradients are the same at any thread count. The sums over
+ * rows (the loss, the norms' parameter gradients) add fixed blocks of rows and then the blocks' partials in
+ * block order (block_len); the embedding backward adds each table row's gradients in index order on one
+ * thread. Every result is therefore bit-identical at 1, 2, 3 ... threads. */
 #include "backends/cpu/cpu_impl.h"
+#include "backends/cpu/cpu_parallel.h"
 
+#include <stdatomic.h>
 #include <stdlib.h>
 
 #define LANES 16
 
-/* Row scratch for f16/bf16 data: `count` arrays of `cols` floats. */
-static ca_status rows_alloc(const char *kernel, int64_t cols, int count, float **out) {
-    *out = malloc((size_t)cols * (size_t)count * sizeof(float));
+/* ---------------------------------------------------------------- threads */
+
+/* What every parallel kernel shares with its ranges. A range allocates its own row buffers (`floats` of
+ * them); a worker cannot report an error itself (the message is per thread), so it raises `nomem` and the
+ * kernel reports it on the calling thread. */
+typedef struct nn_job {
+    const char *kernel;
+    int64_t floats;
+    atomic_bool nomem;
+} nn_job;
+
+/* The range's buffers (NULL without failing when the kernel needs none). */
+static bool job_alloc(nn_job *job, float **ws) {
+    *ws = NULL;
+    if (job->floats == 0) return true;
+    *ws = malloc((size_t)job->floats * sizeof(float));
+    if (!*ws) atomic_store(&job->nomem, true);
+    return *ws != NULL;
+}
+
+/* fn over [0, n) on the kernel threads, n items (rows or blocks of rows) of `cost` streaming elements each. */
+static ca_status run_job(nn_job *job, int64_t n, int64_t cost, cpu_range_fn fn, void *ctx) {
+    cpu_parallel_for(n, cpu_grain_for(cost), fn, ctx);
+    if (!atomic_load(&job->nomem)) return CA_OK;
+    return ca_error(CA_ERR_NOMEM, "cpu kernel %s: out of host memory for a thread's row buffers (%lld floats)",
+                    job->kernel, (long long)job->floats);
+}
+
+/* Rows per block of a sum over rows: at least CPU_REDUCE_BLOCK elements, and at most MAX_ROW_BLOCKS blocks,
+ * so that the partials (blocks x cols floats) stay a small part of the data. It depends on the shape only:
+ * the sum is the same at every thread count. */
+#define MAX_ROW_BLOCKS 64
+
+static int64_t block_len(int64_t rows, int64_t cols) {
+    int64_t c = cols > 0 ? cols : 1, len = (CPU_REDUCE_BLOCK + c - 1) / c;
+    int64_t fewest = (rows + MAX_ROW_BLOCKS - 1) / MAX_ROW_BLOCKS;
+    return len > fewest ? len : (fewest > 0 ? fewest : 1);
+}
+
+static int64_t blocks_of(int64_t rows, int64_t len) { return (rows + len - 1) / len; }
+
+CPU_CLONES static void add_row(float *restrict t, const float *restrict d, int64_t n) {
+    for (int64_t i = 0; i < n; i++) t[i] += d[i];
+}
+
+/* A parameter gradient from its blocks' partials: out = (accumulate ? out : 0) + the partials added in
+ * block order. acc, old: buffers of cols floats. */
+static void combine_params(ca_dtype dt, const float *part, int64_t nb, int64_t cols, bool accumulate, float *acc,
+                           float *old, void *out) {
+    memset(acc, 0, (size_t)cols * sizeof(float));
+    for (int64_t b = 0; b < nb; b++) add_row(acc, part + b * cols, cols);
+    if (accumulate) {
+        cpu_to_f32(dt, out, 0, cols, old);
+        add_row(acc, old, cols);
+    }
+    cpu_from_f32(dt, acc, cols, out, 0);
+}
+
+/* Buffers of the calling thread: `count` arrays of `cols` floats. */
+static ca_status rows_alloc(const char *kernel, int64_t cols, int64_t count, float **out) {
+    int64_t c = cols > 0 ? cols : 1;
+    *out = malloc((size_t)c * (size_t)count * sizeof(float));
     if (!*out)
-        return ca_error(CA_ERR_NOMEM, "cpu kernel %s: out of host memory for %d row buffers of %lld floats",
-                        kernel, count, (long long)cols);
+        return ca_error(CA_ERR_NOMEM, "cpu kernel %s: out of host memory for %lld row buffers of %lld floats",
+                        kernel, (long long)count, (long long)cols);
     return CA_OK;
 }
 
@@ -20,12 +88,8 @@ static ca_status rows_alloc(const char *kernel, int64_t cols, int count, float *
 
 static int64_t block_rows(int64_t cols) { return cols <= SMALL_COLS ? CPU_CHUNK / cols : 1; }
 
-/* Block buffers: 3 arrays of max(CPU_CHUNK, cols) floats. */
-static ca_status block_alloc(const char *kernel, int64_t cols, float **ws, int64_t *len) {
-    *len = cols > CPU_CHUNK ? cols : CPU_CHUNK;
-    return rows_alloc(kernel, *len, 3, ws);
-}
-
+/* Floats of one of the three block buffers: max(CPU_CHUNK, cols). */
+static int64_t chunk_len(int64_t cols) { return cols > CPU_CHUNK ? cols : CPU_CHUNK; }
 /* e[r, c] = exp(x[r, c] - shift[r]) over nr rows of cols. */
 CPU_CLONES static void exp_rows(const float *restrict x, int64_t nr, int64_t cols,
                                 const float *restrict shift, float *restrict e) {
@@ -88,39 +152,47 @@ static const float *row_in(ca_dtype dt, const void *x, int64_t r, int64_t cols, 
     return cpu_view_f32(dt, x, r * cols, cols, buf);
 }
 
-ca_status cpu_softmax(void *dev, const ca_softmax_args *args) {
-    bool log = args->log;
-    ca_dtype dt = args->dt;
-    int64_t rows = args->rows;
-    int64_t cols = args->cols;
-    const void *x = args->x;
-    void *y = args->y;
-    const char *k = log ? "log_softmax" : "softmax";
-    ca_status st = CA_OK;
-    if (rows == 0 || cols == 0) return CA_OK;
+/* Streaming elements per row of the softmax kernels: a max, an exp, a sum and a scale pass. */
+#define SOFTMAX_COST 4
+
+typedef struct softmax_job {
+    nn_job job;
+    const ca_softmax_args *a;
+} softmax_job;
+
+/* Rows [lo, hi), R rows at a time. */
+static void softmax_range(void *ctx, int64_t lo, int64_t hi) {
+    softmax_job *j = ctx;
+    const ca_softmax_args *a = j->a;
+    int64_t cols = a->cols, len = chunk_len(cols), R = block_rows(cols);
     float *ws, m[CPU_CHUNK], sum[CPU_CHUNK];
-    int64_t len, R = block_rows(cols);
-    if ((st = block_alloc(k, cols, &ws, &len)) != CA_OK) return st;
+    if (!job_alloc(&j->job, &ws)) return;
     float *xb = ws, *e = ws + len, *ob = ws + 2 * len;
-    for (int64_t r0 = 0; r0 < rows; r0 += R) {
-        int64_t nr = rows - r0 < R ? rows - r0 : R, n = nr * cols;
-        const float *xs = cpu_view_f32(dt, x, r0 * cols, n, xb);
-        float *out = dt == CA_F32 ? (float *)y + r0 * cols : ob;
+    for (int64_t r0 = lo; r0 < hi; r0 += R) {
+        int64_t nr = hi - r0 < R ? hi - r0 : R, n = nr * cols;
+        const float *xs = cpu_view_f32(a->dt, a->x, r0 * cols, n, xb);
+        float *out = a->dt == CA_F32 ? (float *)a->y + r0 * cols : ob;
         row_max(xs, nr, cols, m);
         exp_rows(xs, nr, cols, m, e);
         row_sum(e, nr, cols, sum);
         for (int64_t r = 0; r < nr; r++) {
             float s = sum[r];
-            if (log)
+            if (a->log)
                 sub_row(xs + r * cols, cols, m[r] + logf(s), out + r * cols);
             else
                 scale_row(memcpy(out + r * cols, e + r * cols, (size_t)cols * sizeof(float)), cols,
                           1.0f / s);
         }
-        if (dt != CA_F32) cpu_from_f32(dt, ob, n, y, r0 * cols);
+        if (a->dt != CA_F32) cpu_from_f32(a->dt, ob, n, a->y, r0 * cols);
     }
     free(ws);
-    return CA_OK;
+}
+
+ca_status cpu_softmax(void *dev, const ca_softmax_args *args) {
+    if (args->rows == 0 || args->cols == 0) return CA_OK;
+    softmax_job j = {.job = {.kernel = args->log ? "log_softmax" : "softmax", .floats = 3 * chunk_len(args->cols)},
+                     .a = args};
+    return run_job(&j.job, args->rows, SOFTMAX_COST * args->cols, softmax_range, &j);
 }
 
 CPU_CLONES static float dot_row(const float *restrict a, const float *restrict b, int64_t n) {
@@ -150,32 +222,38 @@ CPU_CLONES static void softmax_grad_row(bool log, const float *restrict y, const
     }
 }
 
-ca_status cpu_softmax_backward(void *dev, const ca_softmax_backward_args *args) {
-    bool log = args->log;
-    ca_dtype dt = args->dt;
-    int64_t rows = args->rows;
-    int64_t cols = args->cols;
-    const void *y = args->y;
-    const void *dy = args->dy;
-    void *dx = args->dx;
-    float beta = args->beta;
-    const char *k = log ? "log_softmax_backward" : "softmax_backward";
-    ca_status st = CA_OK;
-    if (rows == 0 || cols == 0) return CA_OK;
-    float *ws = NULL;
-    if ((dt != CA_F32 || dx == dy || dx == y) && (st = rows_alloc(k, cols, 3, &ws)) != CA_OK)
-        return st;
-    for (int64_t r = 0; r < rows; r++) {
-        const float *yr = row_in(dt, y, r, cols, ws);
-        const float *dr = row_in(dt, dy, r, cols, ws + cols);
-        float s = log ? cpu_run_sum(dr, cols) : dot_row(dr, yr, cols);
-        float *out = ws ? ws + 2 * cols : (float *)dx + r * cols;
-        if (ws && beta != 0.0f) cpu_to_f32(dt, dx, r * cols, cols, out);
-        softmax_grad_row(log, yr, dr, cols, s, beta, out);
-        if (ws) cpu_from_f32(dt, out, cols, dx, r * cols);
+typedef struct softmax_bwd_job {
+    nn_job job;
+    const ca_softmax_backward_args *a;
+} softmax_bwd_job;
+
+/* Rows [lo, hi); row buffers (ws) when the data are f16/bf16 or dx is y or dy. */
+static void softmax_bwd_range(void *ctx, int64_t lo, int64_t hi) {
+    softmax_bwd_job *j = ctx;
+    const ca_softmax_backward_args *a = j->a;
+    int64_t cols = a->cols;
+    ca_dtype dt = a->dt;
+    float *ws;
+    if (!job_alloc(&j->job, &ws)) return;
+    for (int64_t r = lo; r < hi; r++) {
+        const float *yr = row_in(dt, a->y, r, cols, ws);
+        const float *dr = row_in(dt, a->dy, r, cols, ws ? ws + cols : NULL);
+        float s = a->log ? cpu_run_sum(dr, cols) : dot_row(dr, yr, cols);
+        float *out = ws ? ws + 2 * cols : (float *)a->dx + r * cols;
+        if (ws && a->beta != 0.0f) cpu_to_f32(dt, a->dx, r * cols, cols, out);
+        softmax_grad_row(a->log, yr, dr, cols, s, a->beta, out);
+        if (ws) cpu_from_f32(dt, out, cols, a->dx, r * cols);
     }
     free(ws);
-    return CA_OK;
+}
+
+ca_status cpu_softmax_backward(void *dev, const ca_softmax_backward_args *args) {
+    if (args->rows == 0 || args->cols == 0) return CA_OK;
+    bool bufs = args->dt != CA_F32 || args->dx == args->dy || args->dx == args->y;
+    softmax_bwd_job j = {.job = {.kernel = args->log ? "log_softmax_backward" : "softmax_backward",
+                                 .floats = bufs ? 3 * args->cols : 0},
+                         .a = args};
+    return run_job(&j.job, args->rows, SOFTMAX_COST * args->cols, softmax_bwd_range, &j);
 }
 
 /* ------------------------------------------------------------ cross-entropy */
@@ -190,46 +268,78 @@ static ca_status check_label(const char *k, int64_t r, int64_t label, int64_t co
     return CA_ERR_INVALID;
 }
 
-ca_status cpu_cross_entropy(void *dev, const ca_cross_entropy_args *args) {
-    ca_dtype dt = args->dt;
-    int64_t rows = args->rows;
-    int64_t cols = args->cols;
-    const void *logits = args->logits;
-    ca_dtype label_dt = args->label_dt;
-    const void *labels = args->labels;
-    int64_t ignore_index = args->ignore_index;
-    float *loss = args->loss;
-    float *lse = args->lse;
-    float *count = args->count;
-    const char *k = "cross_entropy";
+static ca_status check_labels(const char *k, ca_dtype label_dt, const void *labels, int64_t rows, int64_t cols,
+                              int64_t ignore_index) {
     ca_status st = CA_OK;
-    for (int64_t r = 0; r < rows; r++)
-        if ((st = check_label(k, r, cpu_index_at(label_dt, labels, r), cols, ignore_index)) != CA_OK)
-            return st;
-    float *ws, m[CPU_CHUNK], sum[CPU_CHUNK];
-    int64_t len, R = block_rows(cols);
-    if ((st = block_alloc(k, cols, &ws, &len)) != CA_OK) return st;
-    float *xb = ws, *e = ws + len;
-    double total = 0.0;
-    int64_t n = 0;
-    for (int64_t r0 = 0; r0 < rows; r0 += R) {
-        int64_t nr = rows - r0 < R ? rows - r0 : R;
-        const float *xs = cpu_view_f32(dt, logits, r0 * cols, nr * cols, xb);
-        row_max(xs, nr, cols, m);
-        exp_rows(xs, nr, cols, m, e);
-        row_sum(e, nr, cols, sum);
-        for (int64_t r = 0; r < nr; r++) {
-            float l = m[r] + logf(sum[r]);
-            lse[r0 + r] = l;
-            int64_t label = cpu_index_at(label_dt, labels, r0 + r);
-            if (label == ignore_index) continue;
-            total += (double)l - (double)xs[r * cols + label];
-            n++;
-        }
+    for (int64_t r = 0; r < rows && st == CA_OK; r++)
+        st = check_label(k, r, cpu_index_at(label_dt, labels, r), cols, ignore_index);
+    return st;
+}
+
+/* The loss is a sum over rows: each fixed block of `len` rows sums its own (total, count) on one thread. */
+typedef struct ce_job {
+    nn_job job;
+    const ca_cross_entropy_args *a;
+    int64_t len;
+    double total[MAX_ROW_BLOCKS];
+    int64_t count[MAX_ROW_BLOCKS];
+} ce_job;
+
+/* Rows r0 .. r0 + nr of one block: lse, and the block's loss total and count of rows not ignored. */
+static void ce_rows(const ca_cross_entropy_args *a, int64_t r0, int64_t nr, float *xb, float *e, double *total,
+                    int64_t *count) {
+    float m[CPU_CHUNK], sum[CPU_CHUNK];
+    int64_t cols = a->cols;
+    const float *xs = cpu_view_f32(a->dt, a->logits, r0 * cols, nr * cols, xb);
+    row_max(xs, nr, cols, m);
+    exp_rows(xs, nr, cols, m, e);
+    row_sum(e, nr, cols, sum);
+    for (int64_t r = 0; r < nr; r++) {
+        float l = m[r] + logf(sum[r]);
+        a->lse[r0 + r] = l;
+        int64_t label = cpu_index_at(a->label_dt, a->labels, r0 + r);
+        if (label == a->ignore_index) continue;
+        *total += (double)l - (double)xs[r * cols + label];
+        (*count)++;
+    }
+}
+
+/* Blocks [b0, b1). */
+static void ce_range(void *ctx, int64_t b0, int64_t b1) {
+    ce_job *j = ctx;
+    const ca_cross_entropy_args *a = j->a;
+    int64_t len = chunk_len(a->cols), R = block_rows(a->cols);
+    float *ws;
+    if (!job_alloc(&j->job, &ws)) return;
+    for (int64_t b = b0; b < b1; b++) {
+        int64_t lo = b * j->len, hi = lo + j->len < a->rows ? lo + j->len : a->rows;
+        double total = 0.0;
+        int64_t count = 0;
+        for (int64_t r0 = lo; r0 < hi; r0 += R)
+            ce_rows(a, r0, hi - r0 < R ? hi - r0 : R, ws, ws + len, &total, &count);
+        j->total[b] = total;
+        j->count[b] = count;
     }
     free(ws);
-    *count = (float)n;
-    *loss = n ? (float)(total / (double)n) : NAN;  /* all rows ignored: NaN, as torch */
+}
+
+ca_status cpu_cross_entropy(void *dev, const ca_cross_entropy_args *args) {
+    ca_status st = check_labels("cross_entropy", args->label_dt, args->labels, args->rows, args->cols,
+                                args->ignore_index);
+    if (st != CA_OK) return st;
+    /* the job lives on this stack only while the kernel runs: its partials are MAX_ROW_BLOCKS wide */
+    ce_job j = {.job = {.kernel = "cross_entropy", .floats = 2 * chunk_len(args->cols)}, .a = args,
+                .len = block_len(args->rows, args->cols)};
+    int64_t nb = blocks_of(args->rows, j.len);
+    if ((st = run_job(&j.job, nb, j.len * SOFTMAX_COST * args->cols, ce_range, &j)) != CA_OK) return st;
+    double total = 0.0;
+    int64_t n = 0;
+    for (int64_t b = 0; b < nb; b++) {
+        total += j.total[b];
+        n += j.count[b];
+    }
+    *args->count = (float)n;
+    *args->loss = n ? (float)(total / (double)n) : NAN;  /* all rows ignored: NaN, as torch */
     return CA_OK;
 }
 
@@ -242,51 +352,50 @@ CPU_CLONES static void axpby_block(const float *restrict g, int64_t n, float sca
         for (int64_t i = 0; i < n; i++) out[i] = beta * out[i] + scale * g[i];
 }
 
-ca_status cpu_cross_entropy_backward(void *dev, const ca_cross_entropy_backward_args *args) {
-    ca_dtype dt = args->dt;
-    int64_t rows = args->rows;
-    int64_t cols = args->cols;
-    const void *logits = args->logits;
-    const float *lse = args->lse;
-    ca_dtype label_dt = args->label_dt;
-    const void *labels = args->labels;
-    int64_t ignore_index = args->ignore_index;
-    const float *dloss = args->dloss;
-    const float *count = args->count;
-    void *dlogits = args->dlogits;
-    float beta = args->beta;
-    const char *k = "cross_entropy_backward";
-    ca_status st = CA_OK;
-    if (rows == 0) return CA_OK;
-    for (int64_t r = 0; r < rows; r++)
-        if ((st = check_label(k, r, cpu_index_at(label_dt, labels, r), cols, ignore_index)) != CA_OK)
-            return st;
+typedef struct ce_bwd_job {
+    nn_job job;
+    const ca_cross_entropy_backward_args *a;
+    float scale;
+} ce_bwd_job;
+
+/* Rows [lo, hi), R rows at a time. */
+static void ce_bwd_range(void *ctx, int64_t lo, int64_t hi) {
+    ce_bwd_job *j = ctx;
+    const ca_cross_entropy_backward_args *a = j->a;
+    int64_t cols = a->cols, len = chunk_len(cols), R = block_rows(cols);
+    ca_dtype dt = a->dt;
     float *ws;
-    int64_t len, R = block_rows(cols);
-    if ((st = block_alloc(k, cols, &ws, &len)) != CA_OK) return st;
+    if (!job_alloc(&j->job, &ws)) return;
     float *xb = ws, *e = ws + len, *ob = ws + 2 * len;
-    float scale = *count > 0.0f ? *dloss / *count : 0.0f;
-    for (int64_t r0 = 0; r0 < rows; r0 += R) {
-        int64_t nr = rows - r0 < R ? rows - r0 : R, n = nr * cols;
-        const float *xs = cpu_view_f32(dt, logits, r0 * cols, n, xb);
+    for (int64_t r0 = lo; r0 < hi; r0 += R) {
+        int64_t nr = hi - r0 < R ? hi - r0 : R, n = nr * cols;
+        const float *xs = cpu_view_f32(dt, a->logits, r0 * cols, n, xb);
         /* e = softmax - onehot, zero on ignored rows */
-        exp_rows(xs, nr, cols, lse + r0, e);
+        exp_rows(xs, nr, cols, a->lse + r0, e);
         for (int64_t r = 0; r < nr; r++) {
-            int64_t label = cpu_index_at(label_dt, labels, r0 + r);
-            if (label == ignore_index)
+            int64_t label = cpu_index_at(a->label_dt, a->labels, r0 + r);
+            if (label == a->ignore_index)
                 memset(e + r * cols, 0, (size_t)cols * sizeof(float));
             else
                 e[r * cols + label] -= 1.0f;
         }
-        float *out = dt == CA_F32 ? (float *)dlogits + r0 * cols : ob;
-        if (dt != CA_F32 && beta != 0.0f) cpu_to_f32(dt, dlogits, r0 * cols, n, ob);
-        axpby_block(e, n, scale, beta, out);
-        if (dt != CA_F32) cpu_from_f32(dt, ob, n, dlogits, r0 * cols);
+        float *out = dt == CA_F32 ? (float *)a->dlogits + r0 * cols : ob;
+        if (dt != CA_F32 && a->beta != 0.0f) cpu_to_f32(dt, a->dlogits, r0 * cols, n, ob);
+        axpby_block(e, n, j->scale, a->beta, out);
+        if (dt != CA_F32) cpu_from_f32(dt, ob, n, a->dlogits, r0 * cols);
     }
     free(ws);
-    return CA_OK;
 }
 
+ca_status cpu_cross_entropy_backward(void *dev, const ca_cross_entropy_backward_args *args) {
+    if (args->rows == 0) return CA_OK;
+    ca_status st = check_labels("cross_entropy_backward", args->label_dt, args->labels, args->rows, args->cols,
+                                args->ignore_index);
+    if (st != CA_OK) return st;
+    ce_bwd_job j = {.job = {.kernel = "cross_entropy_backward", .floats = 3 * chunk_len(args->cols)}, .a = args,
+                    .scale = *args->count > 0.0f ? *args->dloss / *args->count : 0.0f};
+    return run_job(&j.job, args->rows, SOFTMAX_COST * args->cols, ce_bwd_range, &j);
+}
 /* ---------------------------------------------------------------- layer norm */
 
 CPU_CLONES static float sq_dev_sum(const float *restrict x, int64_t n, float mean) {
@@ -316,38 +425,51 @@ CPU_CLONES static void norm_row(const float *restrict x, int64_t n, float mean, 
         for (int64_t i = 0; i < n; i++) y[i] = (x[i] - mean) * rstd;
 }
 
-ca_status cpu_layer_norm(void *dev, const ca_layer_norm_args *args) {
-    ca_dtype dt = args->dt;
-    int64_t rows = args->rows;
-    int64_t cols = args->cols;
-    const void *x = args->x;
-    const void *gamma = args->gamma;
-    const void *beta_ = args->beta_;
-    float eps = args->eps;
-    void *y = args->y;
-    float *mean = args->mean;
-    float *rstd = args->rstd;
-    const char *k = "layer_norm";
-    ca_status st = CA_OK;
-    if (rows == 0) return CA_OK;
-    float *ws = NULL;
-    if (dt != CA_F32 && (st = rows_alloc(k, cols, 4, &ws)) != CA_OK) return st;
-    const float *g = NULL, *b = NULL;
-    if (gamma) g = cpu_view_f32(dt, gamma, 0, cols, ws ? ws + 2 * cols : NULL);
-    if (beta_) b = cpu_view_f32(dt, beta_, 0, cols, ws ? ws + 3 * cols : NULL);
-    for (int64_t r = 0; r < rows; r++) {
-        const float *xr = row_in(dt, x, r, cols, ws);
+/* Streaming elements per row of a norm: forward reads a row three times, backward about five. */
+#define NORM_COST 3
+#define NORM_BWD_COST 5
+
+typedef struct ln_job {
+    nn_job job;
+    const ca_layer_norm_args *a;
+    const float *g, *b;        /* gamma and beta as f32, or NULL */
+} ln_job;
+
+/* Rows [lo, hi); f16/bf16 rows pass through two row buffers. */
+static void ln_range(void *ctx, int64_t lo, int64_t hi) {
+    ln_job *j = ctx;
+    const ca_layer_norm_args *a = j->a;
+    int64_t cols = a->cols;
+    float *ws;
+    if (!job_alloc(&j->job, &ws)) return;
+    for (int64_t r = lo; r < hi; r++) {
+        const float *xr = row_in(a->dt, a->x, r, cols, ws);
         float mu = cpu_run_sum(xr, cols) / (float)cols;
         float var = sq_dev_sum(xr, cols, mu) / (float)cols;
-        float rs = 1.0f / sqrtf(var + eps);
-        if (mean) mean[r] = mu;
-        if (rstd) rstd[r] = rs;
-        float *out = dt == CA_F32 ? (float *)y + r * cols : ws + cols;
-        norm_row(xr, cols, mu, rs, g, b, out);
-        if (dt != CA_F32) cpu_from_f32(dt, out, cols, y, r * cols);
+        float rs = 1.0f / sqrtf(var + a->eps);
+        if (a->mean) a->mean[r] = mu;
+        if (a->rstd) a->rstd[r] = rs;
+        float *out = a->dt == CA_F32 ? (float *)a->y + r * cols : ws + cols;
+        norm_row(xr, cols, mu, rs, j->g, j->b, out);
+        if (a->dt != CA_F32) cpu_from_f32(a->dt, out, cols, a->y, r * cols);
     }
     free(ws);
-    return CA_OK;
+}
+
+ca_status cpu_layer_norm(void *dev, const ca_layer_norm_args *args) {
+    ca_dtype dt = args->dt;
+    int64_t cols = args->cols;
+    const char *k = "layer_norm";
+    if (args->rows == 0) return CA_OK;
+    float *ws = NULL;   /* gamma and beta as f32 */
+    ca_status st = dt == CA_F32 ? CA_OK : rows_alloc(k, cols, 2, &ws);
+    if (st != CA_OK) return st;
+    ln_job j = {.job = {.kernel = k, .floats = dt == CA_F32 ? 0 : 2 * cols}, .a = args};
+    if (args->gamma) j.g = cpu_view_f32(dt, args->gamma, 0, cols, ws);
+    if (args->beta_) j.b = cpu_view_f32(dt, args->beta_, 0, cols, ws ? ws + cols : NULL);
+    st = run_job(&j.job, args->rows, NORM_COST * cols, ln_range, &j);
+    free(ws);
+    return st;
 }
 
 /* gdy = g * dy (g may be NULL), xhat = (x - mean) rstd; returns the sums of
@@ -395,60 +517,73 @@ CPU_CLONES static void ln_bwd_params(const float *restrict xhat, const float *re
         for (int64_t i = 0; i < n; i++) db[i] += dy[i];
 }
 
-ca_status cpu_layer_norm_backward(void *dev, const ca_layer_norm_backward_args *args) {
-    ca_dtype dt = args->dt;
-    int64_t rows = args->rows;
-    int64_t cols = args->cols;
-    const void *x = args->x;
-    const void *gamma = args->gamma;
-    const float *mean = args->mean;
-    const float *rstd = args->rstd;
-    const void *dy = args->dy;
-    void *dx = args->dx;
-    float beta = args->beta;
-    void *dgamma = args->dgamma;
-    void *dbeta_ = args->dbeta_;
-    bool accumulate_params = args->accumulate_params;
-    const char *k = "layer_norm_backward";
-    ca_status st = CA_OK;
-    /* rows of work: x, dy, xhat, gdy, dx out, gamma; then dgamma, dbeta accumulators */
-    float *ws = NULL;
-    int64_t c = cols > 0 ? cols : 1;
-    if ((st = rows_alloc(k, c, 8, &ws)) != CA_OK) return st;
-    float *xb = ws, *db = ws + c, *xhat = ws + 2 * c, *gdy = ws + 3 * c, *ob = ws + 4 * c;
-    float *gb = ws + 5 * c, *dga = ws + 6 * c, *dba = ws + 7 * c;
-    const float *g = gamma ? cpu_view_f32(dt, gamma, 0, cols, gb) : NULL;
-    if (dgamma) memset(dga, 0, (size_t)c * sizeof(float));
-    if (dbeta_) memset(dba, 0, (size_t)c * sizeof(float));
-    for (int64_t r = 0; r < rows; r++) {
-        const float *xr = row_in(dt, x, r, cols, xb);
-        const float *dr = row_in(dt, dy, r, cols, db);
-        float s1, s2;
-        ln_bwd_sums(xr, dr, g, cols, mean[r], rstd[r], xhat, gdy, &s1, &s2);
-        /* before dx is written: dx may be dy itself */
-        ln_bwd_params(xhat, dr, cols, dgamma ? dga : NULL, dbeta_ ? dba : NULL);
-        if (dx) {
-            float *out = dt == CA_F32 ? (float *)dx + r * cols : ob;
-            if (dt != CA_F32 && beta != 0.0f) cpu_to_f32(dt, dx, r * cols, cols, ob);
-            ln_bwd_dx(xhat, gdy, cols, rstd[r], s1 / (float)cols, s2 / (float)cols, beta, out);
-            if (dt != CA_F32) cpu_from_f32(dt, ob, cols, dx, r * cols);
-        }
-    }
-    /* parameters: overwrite, or add to what is there */
-    void *outs[2] = {dgamma, dbeta_};
-    float *accs[2] = {dga, dba};
-    for (int p = 0; p < 2; p++) {
-        if (!outs[p] || cols == 0) continue;
-        if (accumulate_params) {
-            cpu_to_f32(dt, outs[p], 0, cols, ob);
-            for (int64_t i = 0; i < cols; i++) accs[p][i] += ob[i];
-        }
-        cpu_from_f32(dt, accs[p], cols, outs[p], 0);
-    }
-    free(ws);
-    return CA_OK;
+/* dgamma and dbeta are sums over rows: block b of `len` rows adds its rows into its own partials
+ * pdg + b cols, pdb + b cols (NULL: not wanted); cpu_layer_norm_backward adds the blocks in order. */
+typedef struct ln_bwd_job {
+    nn_job job;
+    const ca_layer_norm_backward_args *a;
+    const float *g;            /* gamma as f32, or NULL */
+    int64_t len;
+    float *pdg, *pdb;
+} ln_bwd_job;
+
+/* Row r: dx, and its terms of the block's partials dg, db (NULL: not wanted). ws: 5 rows. */
+static void ln_bwd_row(const ln_bwd_job *j, int64_t r, float *ws, float *dg, float *db) {
+    const ca_layer_norm_backward_args *a = j->a;
+    int64_t cols = a->cols;
+    ca_dtype dt = a->dt;
+    float *xhat = ws + 2 * cols, *gdy = ws + 3 * cols, *ob = ws + 4 * cols;
+    const float *xr = row_in(dt, a->x, r, cols, ws);
+    const float *dr = row_in(dt, a->dy, r, cols, ws + cols);
+    float s1, s2;
+    ln_bwd_sums(xr, dr, j->g, cols, a->mean[r], a->rstd[r], xhat, gdy, &s1, &s2);
+    /* before dx is written: dx may be dy itself */
+    ln_bwd_params(xhat, dr, cols, dg, db);
+    if (!a->dx) return;
+    float *out = dt == CA_F32 ? (float *)a->dx + r * cols : ob;
+    if (dt != CA_F32 && a->beta != 0.0f) cpu_to_f32(dt, a->dx, r * cols, cols, ob);
+    ln_bwd_dx(xhat, gdy, cols, a->rstd[r], s1 / (float)cols, s2 / (float)cols, a->beta, out);
+    if (dt != CA_F32) cpu_from_f32(dt, ob, cols, a->dx, r * cols);
 }
 
+/* Blocks [b0, b1). */
+static void ln_bwd_range(void *ctx, int64_t b0, int64_t b1) {
+    ln_bwd_job *j = ctx;
+    int64_t cols = j->a->cols, rows = j->a->rows;
+    float *ws;
+    if (!job_alloc(&j->job, &ws)) return;
+    for (int64_t b = b0; b < b1; b++) {
+        float *dg = j->pdg ? j->pdg + b * cols : NULL, *db = j->pdb ? j->pdb + b * cols : NULL;
+        if (dg) memset(dg, 0, (size_t)cols * sizeof(float));
+        if (db) memset(db, 0, (size_t)cols * sizeof(float));
+        int64_t hi = (b + 1) * j->len < rows ? (b + 1) * j->len : rows;
+        for (int64_t r = b * j->len; r < hi; r++) ln_bwd_row(j, r, ws, dg, db);
+    }
+    free(ws);
+}
+
+ca_status cpu_layer_norm_backward(void *dev, const ca_layer_norm_backward_args *args) {
+    ca_dtype dt = args->dt;
+    int64_t rows = args->rows, cols = args->cols;
+    const char *k = "layer_norm_backward";
+    if (cols == 0) return CA_OK;
+    ln_bwd_job j = {.job = {.kernel = k, .floats = 5 * cols}, .a = args, .len = block_len(rows, cols)};
+    int64_t nb = blocks_of(rows, j.len), np = (args->dgamma != NULL) + (args->dbeta_ != NULL);
+    /* this thread's buffers: gamma, two rows to combine the partials, then the partials */
+    float *ws;
+    ca_status st = rows_alloc(k, cols, 3 + np * nb, &ws);
+    if (st != CA_OK) return st;
+    float *acc = ws + cols, *old = ws + 2 * cols, *part = ws + 3 * cols;
+    j.g = args->gamma ? cpu_view_f32(dt, args->gamma, 0, cols, ws) : NULL;
+    if (args->dgamma) j.pdg = part;
+    if (args->dbeta_) j.pdb = part + (args->dgamma ? nb * cols : 0);
+    st = run_job(&j.job, nb, j.len * NORM_BWD_COST * cols, ln_bwd_range, &j);
+    bool add = args->accumulate_params;
+    if (st == CA_OK && args->dgamma) combine_params(dt, j.pdg, nb, cols, add, acc, old, args->dgamma);
+    if (st == CA_OK && args->dbeta_) combine_params(dt, j.pdb, nb, cols, add, acc, old, args->dbeta_);
+    free(ws);
+    return st;
+}
 /* ---------------------------------------------------------------- embedding */
 
 static ca_status check_indices(const char *k, ca_dtype idx_dt, const void *idx, int64_t n, int64_t rows) {
@@ -461,75 +596,123 @@ static ca_status check_indices(const char *k, ca_dtype idx_dt, const void *idx, 
     return CA_OK;
 }
 
-ca_status cpu_embedding(void *dev, const ca_embedding_args *args) {
-    ca_dtype dt = args->dt;
-    int64_t n = args->n;
-    int64_t rows = args->rows;
-    int64_t dim = args->dim;
-    const void *table = args->table;
-    ca_dtype idx_dt = args->idx_dt;
-    const void *idx = args->idx;
-    void *y = args->y;
-    const char *k = "embedding";
-    size_t es = ca_dtype_size(dt);
-    if (n == 0) return CA_OK;
-    ca_status st = check_indices(k, idx_dt, idx, n, rows);
-    if (st != CA_OK) return st;
-    if (dim == 0) return CA_OK;
-    size_t row = (size_t)dim * es;
-    for (int64_t i = 0; i < n; i++)
-        memcpy((char *)y + (size_t)i * row, (const char *)table + (size_t)cpu_index_at(idx_dt, idx, i) * row, row);
-    return CA_OK;
+typedef struct emb_job {
+    nn_job job;
+    const ca_embedding_args *a;
+} emb_job;
+
+/* Lookups [lo, hi). */
+static void emb_range(void *ctx, int64_t lo, int64_t hi) {
+    const ca_embedding_args *a = ((emb_job *)ctx)->a;
+    size_t row = (size_t)a->dim * ca_dtype_size(a->dt);
+    for (int64_t i = lo; i < hi; i++) {
+        size_t v = (size_t)cpu_index_at(a->idx_dt, a->idx, i);
+        memcpy((char *)a->y + (size_t)i * row, (const char *)a->table + v * row, row);
+    }
 }
 
-CPU_CLONES static void add_row(float *restrict t, const float *restrict d, int64_t n) {
-    for (int64_t i = 0; i < n; i++) t[i] += d[i];
+ca_status cpu_embedding(void *dev, const ca_embedding_args *args) {
+    const char *k = "embedding";
+    if (args->n == 0) return CA_OK;
+    ca_status st = check_indices(k, args->idx_dt, args->idx, args->n, args->rows);
+    if (st != CA_OK || args->dim == 0) return st;
+    emb_job j = {.job = {.kernel = k}, .a = args};
+    int64_t cost = args->dim * (int64_t)ca_dtype_size(args->dt) / 4;
+    return run_job(&j.job, args->n, cost, emb_range, &j);
+}
+
+/* The lookups grouped by table row: positions order[start[v] .. start[v + 1]) read row v, in index order.
+ * One thread adds a whole group, in that order: every element of the table gets its sum in index order,
+ * whatever the thread count, and no two threads write one row. */
+typedef struct emb_bwd_job {
+    nn_job job;
+    const ca_embedding_backward_args *a;
+    const int64_t *start, *order;
+} emb_bwd_job;
+
+/* dtable[v] += dy[pos[0]] + dy[pos[1]] + ... in that order. f16/bf16 add in f32 and round once per element
+ * (rounding after every addition loses the small terms of a frequent token). */
+static void emb_bwd_group(const ca_embedding_backward_args *a, int64_t v, const int64_t *pos, int64_t count) {
+    int64_t dim = a->dim;
+    if (a->dt == CA_F32) {
+        for (int64_t p = 0; p < count; p++)
+            add_row((float *)a->dtable + v * dim, (const float *)a->dy + pos[p] * dim, dim);
+        return;
+    }
+    float tb[CPU_CHUNK], db[CPU_CHUNK];
+    for (int64_t c0 = 0; c0 < dim; c0 += CPU_CHUNK) {
+        int64_t c = dim - c0 < CPU_CHUNK ? dim - c0 : CPU_CHUNK;
+        cpu_to_f32(a->dt, a->dtable, v * dim + c0, c, tb);
+        for (int64_t p = 0; p < count; p++) {
+            cpu_to_f32(a->dt, a->dy, pos[p] * dim + c0, c, db);
+            add_row(tb, db, c);
+        }
+        cpu_from_f32(a->dt, tb, c, a->dtable, v * dim + c0);
+    }
+}
+
+/* The groups that begin in [lo, hi) of the sorted positions (a group may run past hi). */
+static void emb_bwd_range(void *ctx, int64_t lo, int64_t hi) {
+    const emb_bwd_job *j = ctx;
+    const ca_embedding_backward_args *a = j->a;
+    int64_t k = lo;
+    if (k > 0) {   /* a group begun before lo is the previous range's */
+        int64_t v = cpu_index_at(a->idx_dt, a->idx, j->order[k]);
+        if (j->start[v] < k) k = j->start[v + 1];
+    }
+    while (k < hi) {
+        int64_t v = cpu_index_at(a->idx_dt, a->idx, j->order[k]), end = j->start[v + 1];
+        emb_bwd_group(a, v, j->order + k, end - k);
+        k = end;
+    }
+}
+
+/* start[rows + 1], order[n]: the positions sorted by row, each row's in index order (a counting sort). */
+static void emb_bwd_sort(const ca_embedding_backward_args *a, int64_t *start, int64_t *order) {
+    memset(start, 0, (size_t)(a->rows + 1) * sizeof *start);
+    for (int64_t i = 0; i < a->n; i++) start[cpu_index_at(a->idx_dt, a->idx, i) + 1]++;
+    for (int64_t v = 0; v < a->rows; v++) start[v + 1] += start[v];
+    for (int64_t i = 0; i < a->n; i++) order[start[cpu_index_at(a->idx_dt, a->idx, i)]++] = i;
+    /* each start[v] is now row v's end, the start of row v + 1 */
+    memmove(start + 1, start, (size_t)a->rows * sizeof *start);
+    start[0] = 0;
 }
 
 ca_status cpu_embedding_backward(void *dev, const ca_embedding_backward_args *args) {
-    ca_dtype dt = args->dt;
-    int64_t n = args->n;
-    int64_t rows = args->rows;
-    int64_t dim = args->dim;
-    ca_dtype idx_dt = args->idx_dt;
-    const void *idx = args->idx;
-    const void *dy = args->dy;
-    void *dtable = args->dtable;
     const char *k = "embedding_backward";
-    if (n == 0) return CA_OK;
+    if (args->n == 0) return CA_OK;
     /* all indices are checked before anything is written */
-    ca_status st = check_indices(k, idx_dt, idx, n, rows);
-    if (st != CA_OK) return st;
-    if (dim == 0) return CA_OK;
-    float tb[CPU_CHUNK], db[CPU_CHUNK];
-    for (int64_t i = 0; i < n; i++) {
-        int64_t v = cpu_index_at(idx_dt, idx, i);
-        if (dt == CA_F32) {
-            add_row((float *)dtable + v * dim, (const float *)dy + i * dim, dim);
-            continue;
-        }
-        for (int64_t c0 = 0; c0 < dim; c0 += CPU_CHUNK) {
-            int64_t c = dim - c0 < CPU_CHUNK ? dim - c0 : CPU_CHUNK;
-            cpu_to_f32(dt, dtable, v * dim + c0, c, tb);
-            cpu_to_f32(dt, dy, i * dim + c0, c, db);
-            add_row(tb, db, c);
-            cpu_from_f32(dt, tb, c, dtable, v * dim + c0);
-        }
-    }
-    return CA_OK;
+    ca_status st = check_indices(k, args->idx_dt, args->idx, args->n, args->rows);
+    if (st != CA_OK || args->dim == 0) return st;
+    int64_t *start = malloc((size_t)(args->rows + 1 + args->n) * sizeof *start);
+    if (!start)
+        return ca_error(CA_ERR_NOMEM, "cpu kernel %s: out of host memory to group %lld lookups by the table's "
+                        "%lld rows", k, (long long)args->n, (long long)args->rows);
+    emb_bwd_job j = {.job = {.kernel = k}, .a = args, .start = start, .order = start + args->rows + 1};
+    emb_bwd_sort(args, start, start + args->rows + 1);
+    st = run_job(&j.job, args->n, args->dim, emb_bwd_range, &j);
+    free(start);
+    return st;
 }
 
 /* ------------------------------------------------------------- rms norm */
 
-ca_status cpu_rms_norm(void *dev, const ca_rms_norm_args *a) {
-    int64_t rows = a->rows, cols = a->cols;
-    if (rows == 0) return CA_OK;
+typedef struct rms_job {
+    nn_job job;
+    const ca_rms_norm_args *a;
+    const float *g;            /* gamma as f32, or NULL */
+} rms_job;
+
+/* Rows [lo, hi); two row buffers. */
+static void rms_range(void *ctx, int64_t lo, int64_t hi) {
+    rms_job *j = ctx;
+    const ca_rms_norm_args *a = j->a;
+    int64_t cols = a->cols;
+    const float *g = j->g;
     float *ws;
-    ca_status st = rows_alloc("rms_norm", cols, 3, &ws);
-    if (st != CA_OK) return st;
-    float *xb = ws, *gb = ws + cols, *yb = ws + 2 * cols;
-    const float *g = a->gamma ? cpu_view_f32(a->dt, a->gamma, 0, cols, gb) : NULL;
-    for (int64_t r = 0; r < rows; r++) {
+    if (!job_alloc(&j->job, &ws)) return;
+    float *xb = ws, *yb = ws + cols;
+    for (int64_t r = lo; r < hi; r++) {
         const float *x = cpu_view_f32(a->dt, a->x, r * cols, cols, xb);
         double ss = 0.0;
         for (int64_t c = 0; c < cols; c++) ss += (double)x[c] * x[c];
@@ -539,7 +722,19 @@ ca_status cpu_rms_norm(void *dev, const ca_rms_norm_args *a) {
         cpu_from_f32(a->dt, yb, cols, a->y, r * cols);
     }
     free(ws);
-    return CA_OK;
+}
+
+ca_status cpu_rms_norm(void *dev, const ca_rms_norm_args *a) {
+    int64_t rows = a->rows, cols = a->cols;
+    if (rows == 0) return CA_OK;
+    float *gb;
+    ca_status st = rows_alloc("rms_norm", cols, 1, &gb);
+    if (st != CA_OK) return st;
+    rms_job j = {.job = {.kernel = "rms_norm", .floats = 2 * cols}, .a = a,
+                 .g = a->gamma ? cpu_view_f32(a->dt, a->gamma, 0, cols, gb) : NULL};
+    st = run_job(&j.job, rows, NORM_COST * cols, rms_range, &j);
+    free(gb);
+    return st;
 }
 
 /* One row of the backward: dxr = rstd (g dy - xhat mean(g dy xhat)) (before beta); dg += dy xhat. */
@@ -555,33 +750,56 @@ static void rms_bwd_row(const float *x, const float *g, const float *dy, float r
     }
 }
 
-ca_status cpu_rms_norm_backward(void *dev, const ca_rms_norm_backward_args *a) {
-    int64_t rows = a->rows, cols = a->cols;
-    if (cols == 0) return CA_OK;
+/* dgamma is a sum over rows: block b of `len` rows adds its rows into pdg + b cols (NULL: not wanted). */
+typedef struct rms_bwd_job {
+    nn_job job;
+    const ca_rms_norm_backward_args *a;
+    const float *g;            /* gamma as f32, or NULL */
+    int64_t len;
+    float *pdg;
+} rms_bwd_job;
+
+/* Blocks [b0, b1); four row buffers. */
+static void rms_bwd_range(void *ctx, int64_t b0, int64_t b1) {
+    rms_bwd_job *j = ctx;
+    const ca_rms_norm_backward_args *a = j->a;
+    int64_t cols = a->cols;
     float *ws;
-    ca_status st = rows_alloc("rms_norm_backward", cols, 6, &ws);
-    if (st != CA_OK) return st;
-    float *xb = ws, *gb = ws + cols, *db = ws + 2 * cols, *dxr = ws + 3 * cols, *old = ws + 4 * cols;
-    float *dg = a->dgamma ? ws + 5 * cols : NULL;
-    if (dg) memset(dg, 0, (size_t)cols * sizeof(float));
-    const float *g = a->gamma ? cpu_view_f32(a->dt, a->gamma, 0, cols, gb) : NULL;
-    for (int64_t r = 0; r < rows; r++) {
-        const float *x = cpu_view_f32(a->dt, a->x, r * cols, cols, xb);
-        const float *dy = cpu_view_f32(a->dt, a->dy, r * cols, cols, db);
-        rms_bwd_row(x, g, dy, a->rstd[r], cols, dxr, dg);
-        if (a->beta != 0.0f) {
-            cpu_to_f32(a->dt, a->dx, r * cols, cols, old);
-            for (int64_t c = 0; c < cols; c++) dxr[c] += a->beta * old[c];
+    if (!job_alloc(&j->job, &ws)) return;
+    float *xb = ws, *db = ws + cols, *dxr = ws + 2 * cols, *old = ws + 3 * cols;
+    for (int64_t b = b0; b < b1; b++) {
+        float *dg = j->pdg ? j->pdg + b * cols : NULL;
+        if (dg) memset(dg, 0, (size_t)cols * sizeof(float));
+        int64_t hi = (b + 1) * j->len < a->rows ? (b + 1) * j->len : a->rows;
+        for (int64_t r = b * j->len; r < hi; r++) {
+            const float *x = cpu_view_f32(a->dt, a->x, r * cols, cols, xb);
+            const float *dy = cpu_view_f32(a->dt, a->dy, r * cols, cols, db);
+            rms_bwd_row(x, j->g, dy, a->rstd[r], cols, dxr, dg);
+            if (a->beta != 0.0f) {
+                cpu_to_f32(a->dt, a->dx, r * cols, cols, old);
+                for (int64_t c = 0; c < cols; c++) dxr[c] += a->beta * old[c];
+            }
+            cpu_from_f32(a->dt, dxr, cols, a->dx, r * cols);
         }
-        cpu_from_f32(a->dt, dxr, cols, a->dx, r * cols);
-    }
-    if (dg) {
-        if (a->accumulate_params) {
-            cpu_to_f32(a->dt, a->dgamma, 0, cols, old);
-            for (int64_t c = 0; c < cols; c++) dg[c] += old[c];
-        }
-        cpu_from_f32(a->dt, dg, cols, a->dgamma, 0);
     }
     free(ws);
-    return CA_OK;
+}
+
+ca_status cpu_rms_norm_backward(void *dev, const ca_rms_norm_backward_args *a) {
+    int64_t rows = a->rows, cols = a->cols;
+    const char *k = "rms_norm_backward";
+    if (cols == 0) return CA_OK;
+    rms_bwd_job j = {.job = {.kernel = k, .floats = 4 * cols}, .a = a, .len = block_len(rows, cols)};
+    int64_t nb = blocks_of(rows, j.len);
+    /* this thread's buffers: gamma, two rows to combine the partials, then the partials */
+    float *ws;
+    ca_status st = rows_alloc(k, cols, 3 + (a->dgamma ? nb : 0), &ws);
+    if (st != CA_OK) return st;
+    j.g = a->gamma ? cpu_view_f32(a->dt, a->gamma, 0, cols, ws) : NULL;
+    j.pdg = a->dgamma ? ws + 3 * cols : NULL;
+    st = run_job(&j.job, nb, j.len * NORM_BWD_COST * cols, rms_bwd_range, &j);
+    if (st == CA_OK && a->dgamma)
+        combine_params(a->dt, j.pdg, nb, cols, a->accumulate_params, ws + cols, ws + 2 * cols, a->dgamma);
+    free(ws);
+    return st;
 }
