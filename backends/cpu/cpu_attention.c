@@ -1,5 +1,6 @@
 /* CPU scaled dot-product attention (forward, and a backward that recomputes the probabilities), where and gather. */
 #include "backends/cpu/cpu_impl.h"
+#include "backends/cpu/cpu_parallel.h"
 
 #include <cblas.h>
 #include <stdlib.h>
@@ -118,25 +119,85 @@ static float softmax_row(float *s, int64_t n) {
     return m + logf(sum);
 }
 
+/* One thread's scratch: a [QBLOCK, Tk] block of scores and one of probabilities (or score gradients), the
+ * block's dropout words, and in the backward one query block's terms of dK [Tk, D] and dV [Tk, Dv]. */
 typedef struct att_scratch {
-    float *s, *p;
+    float *s, *p, *dk, *dv;
     uint32_t *words;
 } att_scratch;
 
-static ca_status scratch_alloc(const ca_attention_params *a, att_scratch *w, const char *k) {
-    size_t n = (size_t)QBLOCK * (size_t)(a->tk ? a->tk : 1);
-    w->s = malloc(n * sizeof(float));
-    w->p = malloc(n * sizeof(float));
-    w->words = a->dropout_p > 0.0f ? malloc((n + 8) * sizeof(uint32_t)) : NULL;
-    if (!w->s || !w->p || (a->dropout_p > 0.0f && !w->words)) {
-        free(w->s); free(w->p); free(w->words);
-        return ca_error(CA_ERR_NOMEM, "cpu kernel %s: no memory for a %d x %lld block", k, QBLOCK,
-                        (long long)a->tk);
+/* `n` scratches, one per thread that runs (cpu_threads(), at most one per unit of work), so that the memory
+ * stays a few blocks per thread and never grows with Tq. */
+typedef struct att_slots {
+    int n;
+    att_scratch w[];
+} att_slots;
+
+static att_slots *slots_alloc(const ca_attention_params *a, int64_t units, bool backward, const char *k) {
+    int64_t n = cpu_threads() < units ? cpu_threads() : units;
+    if (n < 1 || cpu_in_parallel()) n = 1;
+    size_t tk = (size_t)(a->tk ? a->tk : 1), blk = (size_t)QBLOCK * tk;
+    size_t terms = backward ? tk * (size_t)(a->d + a->dv) : 0, per = 2 * blk + terms;
+    size_t nw = a->dropout_p > 0.0f ? blk + 8 : 0;
+    att_slots *sl = malloc(sizeof *sl + (size_t)n * sizeof(att_scratch));
+    float *f = malloc((size_t)n * per * sizeof(float));
+    uint32_t *u = nw ? malloc((size_t)n * nw * sizeof(uint32_t)) : NULL;
+    if (!sl || !f || (nw && !u)) {
+        free(sl); free(f); free(u);
+        ca_error(CA_ERR_NOMEM, "cpu kernel %s: no memory for %lld threads' %d x %lld blocks", k, (long long)n,
+                 QBLOCK, (long long)a->tk);
+        return NULL;
     }
-    return CA_OK;
+    sl->n = (int)n;
+    for (int64_t i = 0; i < n; i++) {
+        float *base = f + (size_t)i * per;
+        sl->w[i] = (att_scratch){.s = base, .p = base + blk, .dk = terms ? base + 2 * blk : NULL,
+                                 .dv = terms ? base + 2 * blk + tk * (size_t)a->d : NULL,
+                                 .words = u ? u + (size_t)i * nw : NULL};
+    }
+    return sl;
 }
 
-static void scratch_free(att_scratch *w) { free(w->s); free(w->p); free(w->words); }
+static void slots_free(att_slots *sl) {
+    if (!sl) return;
+    free(sl->w[0].s);
+    free(sl->w[0].words);
+    free(sl);
+}
+
+/* Units [base, base + units) of a kernel's work spread over the slots: slot s takes a contiguous share with
+ * its own scratch. What a unit computes does not depend on the slot that runs it: its GEMMs run on the
+ * calling thread inside the parallel region. A single unit on several threads therefore gets a region too
+ * (with an idle second block): outside one, OpenBLAS would thread the GEMM, which may round differently. */
+typedef void (*att_unit_fn)(const void *ctx, att_scratch *w, int64_t unit);
+typedef struct att_run {
+    att_unit_fn fn;
+    const void *ctx;
+    att_slots *sl;
+    int64_t base, units;
+    int n;
+} att_run;
+
+static void run_slot(void *ctx, int64_t s) {
+    const att_run *r = ctx;
+    if (s >= r->n) return;
+    for (int64_t u = r->units * s / r->n; u < r->units * (s + 1) / r->n; u++)
+        r->fn(r->ctx, &r->sl->w[s], r->base + u);
+}
+
+static void run_units(att_unit_fn fn, const void *ctx, att_slots *sl, int64_t base, int64_t units, int64_t cost) {
+    att_run r = {.fn = fn, .ctx = ctx, .sl = sl, .base = base, .units = units,
+                 .n = units < sl->n ? (int)units : sl->n};
+    int blocks = r.n == 1 && cpu_threads() > 1 ? 2 : r.n;
+    cpu_parallel_blocks(blocks, cost * units / blocks, run_slot, &r);
+}
+
+/* Streaming-element cost (cpu_parallel.h) of one query block: the block's GEMMs (at about 8 multiply-adds
+ * per streamed element) and its exps; the backward runs 5 GEMMs where the forward runs 2. Work below the
+ * grain stays on the caller, where its GEMMs (m n k < 2^18) are below OpenBLAS's own threshold for threads. */
+static int64_t block_cost(const ca_attention_params *a, int gemms) {
+    return (int64_t)QBLOCK * a->tk * ((a->d + a->dv) * gemms / 2 + 8) / 8;
+}
 
 /* The Philox words of the dropout stream for rows [i0, i0+rows) of problem bh: element
  * ((bh Tq + i) Tk + j) of the stream; returns where row i0's words start (NULL: no dropout). */
@@ -171,111 +232,180 @@ static void block_probs(const ca_attention_params *a, int64_t b, int64_t h, int6
     }
 }
 
+/* Query blocks per problem, and the rows of block qb. */
+static int64_t query_blocks(const ca_attention_params *a) { return (a->tq + QBLOCK - 1) / QBLOCK; }
+static int64_t block_rows(const ca_attention_params *a, int64_t qb) {
+    return a->tq - qb * QBLOCK < QBLOCK ? a->tq - qb * QBLOCK : QBLOCK;
+}
+
+/* ------------------------------------------------------------- forward */
+
+/* Forward unit u: query block of problem u / nqb. Causal blocks cost in proportion to their index, so the
+ * blocks of a problem are taken in the order 0, n-1, 1, n-2, ...: any contiguous share of the units then
+ * holds about as much work as its length says. */
+static void fwd_unit(const void *ctx, att_scratch *w, int64_t u) {
+    const ca_attention_args *g = ctx;
+    const ca_attention_params *a = &g->p;
+    int64_t nqb = query_blocks(a), bh = u / nqb, j = u % nqb;
+    int64_t qb = !a->causal ? j : j % 2 == 0 ? j / 2 : nqb - 1 - j / 2;
+    int64_t i0 = qb * QBLOCK, rows = block_rows(a, qb), ncols = row_cols(a, i0 + rows - 1);
+    const float *q = (const float *)g->q + (bh * a->tq + i0) * a->d, *k = (const float *)g->k + bh * a->tk * a->d;
+    const float *v = (const float *)g->v + bh * a->tk * a->dv;
+    block_probs(a, bh / a->heads, bh % a->heads, i0, rows, ncols, q, k, NULL, g->lse + bh * a->tq + i0, w);
+    const uint32_t *wd = block_words(a, (uint64_t)bh, i0, rows, w->words);
+    if (wd)   /* P D in place: the forward needs no P of its own */
+        for (int64_t r = 0; r < rows; r++)
+            scale_drop(w->s + r * a->tk, ncols, 1.0f, wd + r * a->tk, a->dropout_p, 1.0f / (1.0f - a->dropout_p),
+                       w->s + r * a->tk);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)rows, (int)a->dv, (int)ncols, 1.0f, w->s,
+                ld(a->tk), v, ld(a->dv), 0.0f, (float *)g->out + (bh * a->tq + i0) * a->dv, ld(a->dv));
+}
+
+/* Every query block of every (b, h) is independent: the threads share them out. */
 ca_status cpu_attention(void *dev, const ca_attention_args *args) {
-    ca_dtype dt = args->dt;
     const ca_attention_params *a = &args->p;
-    const void *q = args->q;
-    const void *k = args->k;
-    const void *v = args->v;
-    void *out = args->out;
-    float *lse = args->lse;
     (void)dev;
-    ca_status st = att_dtype("attention", dt);
+    ca_status st = att_dtype("attention", args->dt);
     if (st != CA_OK) return st;
     int64_t nq = a->batch * a->heads * a->tq;
     if (nq == 0) return CA_OK;
     if (a->tk == 0 || a->dv == 0) {
-        memset(out, 0, (size_t)(nq * a->dv) * sizeof(float));
-        for (int64_t i = 0; i < nq; i++) lse[i] = -INFINITY;
+        memset(args->out, 0, (size_t)(nq * a->dv) * sizeof(float));
+        for (int64_t i = 0; i < nq; i++) args->lse[i] = -INFINITY;
         return CA_OK;
     }
-    att_scratch w;
-    if ((st = scratch_alloc(a, &w, "attention")) != CA_OK) return st;
-    float keep_scale = 1.0f / (1.0f - a->dropout_p);
-    for (int64_t b = 0; b < a->batch; b++)
-        for (int64_t h = 0; h < a->heads; h++) {
-            int64_t bh = b * a->heads + h;
-            const float *qb = (const float *)q + bh * a->tq * a->d, *kb = (const float *)k + bh * a->tk * a->d;
-            const float *vb = (const float *)v + bh * a->tk * a->dv;
-            float *ob = (float *)out + bh * a->tq * a->dv, *lb = lse + bh * a->tq;
-            for (int64_t i0 = 0; i0 < a->tq; i0 += QBLOCK) {
-                int64_t rows = a->tq - i0 < QBLOCK ? a->tq - i0 : QBLOCK;
-                int64_t ncols = row_cols(a, i0 + rows - 1);
-                block_probs(a, b, h, i0, rows, ncols, qb + i0 * a->d, kb, NULL, lb + i0, &w);
-                const uint32_t *wd = block_words(a, (uint64_t)bh, i0, rows, w.words);
-                if (wd)   /* P D in place: the forward needs no P of its own */
-                    for (int64_t r = 0; r < rows; r++)
-                        scale_drop(w.s + r * a->tk, ncols, 1.0f, wd + r * a->tk, a->dropout_p, keep_scale,
-                                   w.s + r * a->tk);
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)rows, (int)a->dv, (int)ncols, 1.0f,
-                            w.s, ld(a->tk), vb, ld(a->dv), 0.0f, ob + i0 * a->dv, ld(a->dv));
-            }
-        }
-    scratch_free(&w);
+    int64_t units = a->batch * a->heads * query_blocks(a);
+    att_slots *sl = slots_alloc(a, units, false, "attention");
+    if (!sl) return CA_ERR_NOMEM;
+    run_units(fwd_unit, args, sl, 0, units, block_cost(a, 2));
+    slots_free(sl);
     return CA_OK;
 }
 
+/* ------------------------------------------------------------ backward */
+
 /* With P the probabilities, D the dropout factors and Pd = P*D (out = Pd V):
  *   dV = Pd^T dO,  dPd = dO V^T,  dS = P * (dPd * D - rowsum(dO * O)),
- *   dQ = scale dS K,  dK = scale dS^T Q. */
-ca_status cpu_attention_backward(void *dev, const ca_attention_backward_args *args) {
-    ca_dtype dt = args->dt;
-    const ca_attention_params *a = &args->p;
-    const void *q = args->q;
-    const void *k = args->k;
-    const void *v = args->v;
-    const void *out = args->out;
-    const void *dout = args->dout;
-    const float *lse = args->lse;
-    void *dq = args->dq;
-    void *dk = args->dk;
-    void *dv = args->dv;
-    (void)dev;
-    ca_status st = att_dtype("attention_backward", dt);
-    if (st != CA_OK) return st;
-    int64_t nbh = a->batch * a->heads, tq = a->tq, tk = a->tk, d = a->d, dvn = a->dv;
-    if (nbh == 0) return CA_OK;
-    memset(dq, 0, (size_t)(nbh * tq * d) * sizeof(float));
-    memset(dk, 0, (size_t)(nbh * tk * d) * sizeof(float));
-    memset(dv, 0, (size_t)(nbh * tk * dvn) * sizeof(float));
-    if (tq == 0 || tk == 0) return CA_OK;
-    att_scratch w;
-    if ((st = scratch_alloc(a, &w, "attention_backward")) != CA_OK) return st;
+ *   dQ = scale dS K,  dK = scale dS^T Q.
+ * Query block qb of problem bh: writes its rows of dQ, and its terms of dK and dV (keys [0, returned)) into
+ * w->dk and w->dv. Adding the terms in block order, whichever thread computed them, makes dK and dV the
+ * same at every thread count. */
+static int64_t bwd_block(const ca_attention_backward_args *g, att_scratch *w, int64_t bh, int64_t qb) {
+    const ca_attention_params *a = &g->p;
+    int64_t tq = a->tq, tk = a->tk, d = a->d, dvn = a->dv;
+    int64_t i0 = qb * QBLOCK, rows = block_rows(a, qb), nc = row_cols(a, i0 + rows - 1);
+    const float *qi = (const float *)g->q + (bh * tq + i0) * d, *kb = (const float *)g->k + bh * tk * d;
+    const float *vb = (const float *)g->v + bh * tk * dvn, *oi = (const float *)g->out + (bh * tq + i0) * dvn;
+    const float *gi = (const float *)g->dout + (bh * tq + i0) * dvn;
     float p = a->dropout_p, keep_scale = 1.0f / (1.0f - p);
-    for (int64_t b = 0; b < a->batch; b++)
-        for (int64_t h = 0; h < a->heads; h++) {
-            int64_t bh = b * a->heads + h;
-            const float *qb = (const float *)q + bh * tq * d, *kb = (const float *)k + bh * tk * d;
-            const float *vb = (const float *)v + bh * tk * dvn, *ob = (const float *)out + bh * tq * dvn;
-            const float *gb = (const float *)dout + bh * tq * dvn;
-            float *dqb = (float *)dq + bh * tq * d, *dkb = (float *)dk + bh * tk * d;
-            float *dvb = (float *)dv + bh * tk * dvn;
-            for (int64_t i0 = 0; i0 < tq; i0 += QBLOCK) {
-                int64_t rows = tq - i0 < QBLOCK ? tq - i0 : QBLOCK;
-                int64_t nc = row_cols(a, i0 + rows - 1);
-                const float *qi = qb + i0 * d, *gi = gb + i0 * dvn, *oi = ob + i0 * dvn;
-                block_probs(a, b, h, i0, rows, nc, qi, kb, lse + bh * tq + i0, NULL, &w);
-                const uint32_t *wd = block_words(a, (uint64_t)bh, i0, rows, w.words);
-                const float *pd = w.s;
-                if (wd) {
-                    for (int64_t r = 0; r < rows; r++)
-                        scale_drop(w.s + r * tk, nc, 1.0f, wd + r * tk, p, keep_scale, w.p + r * tk);
-                    pd = w.p;
-                }
-                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)nc, (int)dvn, (int)rows, 1.0f, pd, ld(tk),
-                            gi, ld(dvn), 1.0f, dvb, ld(dvn));
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)rows, (int)nc, (int)dvn, 1.0f, gi,
-                            ld(dvn), vb, ld(dvn), 0.0f, w.p, ld(tk));
-                for (int64_t r = 0; r < rows; r++)
-                    score_grad(w.s + r * tk, w.p + r * tk, nc, dot(gi + r * dvn, oi + r * dvn, dvn),
-                               wd ? wd + r * tk : NULL, p, keep_scale);
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)rows, (int)d, (int)nc, a->scale, w.s,
-                            ld(tk), kb, ld(d), 0.0f, dqb + i0 * d, ld(d));
-                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)nc, (int)d, (int)rows, a->scale, w.s,
-                            ld(tk), qi, ld(d), 1.0f, dkb, ld(d));
-            }
-        }
-    scratch_free(&w);
+    block_probs(a, bh / a->heads, bh % a->heads, i0, rows, nc, qi, kb, g->lse + bh * tq + i0, NULL, w);
+    const uint32_t *wd = block_words(a, (uint64_t)bh, i0, rows, w->words);
+    const float *pd = w->s;
+    if (wd) {
+        for (int64_t r = 0; r < rows; r++)
+            scale_drop(w->s + r * tk, nc, 1.0f, wd + r * tk, p, keep_scale, w->p + r * tk);
+        pd = w->p;
+    }
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)nc, (int)dvn, (int)rows, 1.0f, pd, ld(tk), gi,
+                ld(dvn), 0.0f, w->dv, ld(dvn));
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)rows, (int)nc, (int)dvn, 1.0f, gi, ld(dvn), vb,
+                ld(dvn), 0.0f, w->p, ld(tk));
+    for (int64_t r = 0; r < rows; r++)
+        score_grad(w->s + r * tk, w->p + r * tk, nc, dot(gi + r * dvn, oi + r * dvn, dvn), wd ? wd + r * tk : NULL,
+                   p, keep_scale);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)rows, (int)d, (int)nc, a->scale, w->s, ld(tk), kb,
+                ld(d), 0.0f, (float *)g->dq + (bh * tq + i0) * d, ld(d));
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)nc, (int)d, (int)rows, a->scale, w->s, ld(tk), qi,
+                ld(d), 0.0f, w->dk, ld(d));
+    return nc;
+}
+
+CPU_CLONES static void add_terms(float *restrict y, const float *restrict x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) y[i] += x[i];
+}
+
+/* Adds keys [lo, hi) of one block's terms (w, computed for `nc` keys) into problem bh's dK and dV. */
+static void add_block(const ca_attention_backward_args *g, const att_scratch *w, int64_t bh, int64_t nc,
+                      int64_t lo, int64_t hi) {
+    int64_t d = g->p.d, dvn = g->p.dv;
+    if (hi > nc) hi = nc;
+    if (hi <= lo) return;
+    add_terms((float *)g->dk + (bh * g->p.tk + lo) * d, w->dk + lo * d, (hi - lo) * d);
+    add_terms((float *)g->dv + (bh * g->p.tk + lo) * dvn, w->dv + lo * dvn, (hi - lo) * dvn);
+}
+
+/* A whole problem on one thread: its blocks in order, each block's terms added as they come. */
+static void bwd_problem(const void *ctx, att_scratch *w, int64_t bh) {
+    const ca_attention_backward_args *g = ctx;
+    int64_t tk = g->p.tk;
+    memset((float *)g->dk + bh * tk * g->p.d, 0, (size_t)(tk * g->p.d) * sizeof(float));
+    memset((float *)g->dv + bh * tk * g->p.dv, 0, (size_t)(tk * g->p.dv) * sizeof(float));
+    for (int64_t qb = 0; qb < query_blocks(&g->p); qb++) add_block(g, w, bh, bwd_block(g, w, bh, qb), 0, tk);
+}
+
+/* Fewer problems than threads can share: the threads take blocks, a wave of one block per slot (unit u:
+ * block u / nbh of problem u % nbh, so that a wave's blocks cost alike), then add the wave's terms in unit
+ * order, which is block order within each problem, in parallel over keys. */
+typedef struct bwd_wave {
+    const ca_attention_backward_args *g;
+    att_slots *sl;
+    int64_t base, units;
+} bwd_wave;
+
+static void wave_unit(const void *ctx, att_scratch *w, int64_t u) {
+    const bwd_wave *c = ctx;
+    int64_t nbh = c->g->p.batch * c->g->p.heads;
+    bwd_block(c->g, w, u % nbh, u / nbh);
+}
+
+static void wave_add(void *ctx, int64_t lo, int64_t hi) {
+    const bwd_wave *c = ctx;
+    const ca_attention_params *a = &c->g->p;
+    int64_t nbh = a->batch * a->heads;
+    for (int64_t s = 0; s < c->units; s++) {
+        int64_t u = c->base + s, qb = u / nbh;
+        add_block(c->g, &c->sl->w[s], u % nbh, row_cols(a, qb * QBLOCK + block_rows(a, qb) - 1), lo, hi);
+    }
+}
+
+static void zero_terms(void *ctx, int64_t lo, int64_t hi) {
+    const ca_attention_backward_args *g = ctx;
+    int64_t tk = g->p.tk;
+    memset((float *)g->dk + lo * tk * g->p.d, 0, (size_t)((hi - lo) * tk * g->p.d) * sizeof(float));
+    memset((float *)g->dv + lo * tk * g->p.dv, 0, (size_t)((hi - lo) * tk * g->p.dv) * sizeof(float));
+}
+
+static void bwd_waves(const ca_attention_backward_args *g, att_slots *sl) {
+    const ca_attention_params *a = &g->p;
+    int64_t nbh = a->batch * a->heads, units = nbh * query_blocks(a);
+    cpu_parallel_for(nbh, cpu_grain_for(a->tk * (a->d + a->dv)), zero_terms, (void *)g);
+    for (int64_t base = 0; base < units; base += sl->n) {
+        bwd_wave c = {.g = g, .sl = sl, .base = base, .units = units - base < sl->n ? units - base : sl->n};
+        run_units(wave_unit, &c, sl, base, c.units, block_cost(a, 5));
+        cpu_parallel_for(a->tk, cpu_grain_for(c.units * (a->d + a->dv)), wave_add, &c);
+    }
+}
+
+/* Parallel over problems (b, h) when there are at least two per thread; else over query blocks too. */
+ca_status cpu_attention_backward(void *dev, const ca_attention_backward_args *args) {
+    const ca_attention_params *a = &args->p;
+    (void)dev;
+    ca_status st = att_dtype("attention_backward", args->dt);
+    if (st != CA_OK) return st;
+    int64_t nbh = a->batch * a->heads, tq = a->tq, tk = a->tk;
+    if (nbh == 0) return CA_OK;
+    if (tq == 0 || tk == 0) {
+        memset(args->dq, 0, (size_t)(nbh * tq * a->d) * sizeof(float));
+        memset(args->dk, 0, (size_t)(nbh * tk * a->d) * sizeof(float));
+        memset(args->dv, 0, (size_t)(nbh * tk * a->dv) * sizeof(float));
+        return CA_OK;
+    }
+    bool waves = nbh < 2 * (int64_t)cpu_threads() && !cpu_in_parallel();
+    att_slots *sl = slots_alloc(a, waves ? nbh * query_blocks(a) : nbh, true, "attention_backward");
+    if (!sl) return CA_ERR_NOMEM;
+    if (waves && sl->n > 1) bwd_waves(args, sl);
+    else run_units(bwd_problem, args, sl, 0, nbh, block_cost(a, 5) * query_blocks(a));
+    slots_free(sl);
     return CA_OK;
 }
 

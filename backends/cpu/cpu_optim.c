@@ -1,7 +1,53 @@
 /* CPU multi-tensor kernels: fused AdamW and SGD, sum of squares, scale, unscale-and-check, clamp. */
 #include "backends/cpu/cpu_impl.h"
+#include "backends/cpu/cpu_parallel.h"
+
+#include <stdatomic.h>
+#include <stdlib.h>
 
 #define LANES 16
+
+/* ------------------------------------------------- the list in chunks, on the threads */
+
+/* A list's elements are taken in chunks of CPU_CHUNK, each tensor's chunks in turn, and the threads take
+ * contiguous ranges of chunks. fn sees runs of whole chunks of one tensor (tensor i, elements [off,
+ * off + n), `chunk` the list's index of the first), so that what it computes for an element, or a sum for a
+ * chunk, is the same at every thread count. */
+typedef void (*list_run_fn)(const void *ctx, int i, int64_t chunk, int64_t off, int64_t n);
+
+typedef struct list_job {
+    const ca_tensor_list *t;
+    list_run_fn fn;
+    const void *ctx;
+} list_job;
+
+static int64_t chunks_of(int64_t n) { return (n + CPU_CHUNK - 1) / CPU_CHUNK; }
+
+static int64_t list_chunks(const ca_tensor_list *t) {
+    int64_t c = 0;
+    for (int i = 0; i < t->count; i++) c += chunks_of(t->numel[i]);
+    return c;
+}
+
+static void list_range(void *ctx, int64_t lo, int64_t hi) {
+    const list_job *j = ctx;
+    int64_t first = 0;  /* the list's index of tensor i's first chunk */
+    for (int i = 0; i < j->t->count && first < hi; i++) {
+        int64_t n = j->t->numel[i], nc = chunks_of(n);
+        int64_t a = lo > first ? lo - first : 0, b = hi - first < nc ? hi - first : nc;
+        if (a < b) {
+            int64_t off = a * CPU_CHUNK, end = b * CPU_CHUNK < n ? b * CPU_CHUNK : n;
+            j->fn(j->ctx, i, first + a, off, end - off);
+        }
+        first += nc;
+    }
+}
+
+/* fn over the whole list; `cost`: streaming elements (cpu_parallel.h) per element of the list. */
+static void list_for(const ca_tensor_list *t, int64_t cost, list_run_fn fn, const void *ctx) {
+    list_job j = {.t = t, .fn = fn, .ctx = ctx};
+    cpu_parallel_for(list_chunks(t), cpu_grain_for(cost * CPU_CHUNK), list_range, &j);
+}
 
 /* ---------------------------------------------------------------- AdamW */
 
@@ -29,31 +75,39 @@ CPU_CLONES static void adamw_f32(int64_t n, const adam_consts *kc, float *restri
     }
 }
 
+typedef struct adam_job {
+    const ca_adamw_args *args;
+    adam_consts k;
+} adam_job;
+
+static void adamw_list_run(const void *ctx, int i, int64_t chunk, int64_t off, int64_t n) {
+    const adam_job *j = ctx;
+    const ca_tensor_list *t = j->args->t;
+    float *p = (float *)t->param[i] + off, *m = (float *)t->state1[i] + off, *v = (float *)t->state2[i] + off;
+    if (t->grad_dtype == CA_F32) {
+        adamw_f32(n, &j->k, p, (const float *)t->grad[i] + off, m, v);
+        return;
+    }
+    float gb[CPU_CHUNK];
+    for (int64_t o = 0; o < n; o += CPU_CHUNK) {
+        int64_t c = n - o < CPU_CHUNK ? n - o : CPU_CHUNK;
+        cpu_to_f32(t->grad_dtype, t->grad[i], off + o, c, gb);
+        adamw_f32(c, &j->k, p + o, gb, m + o, v + o);
+    }
+}
+
+/* Seven streams (p, g, m, v in; p, m, v out) and a square root and a division per element. */
 ca_status cpu_adamw(void *dev, const ca_adamw_args *args) {
-    const ca_tensor_list *t = args->t;
     const ca_adamw_args *a = args;
-    adam_consts kc = {
+    adam_job j = {.args = args, .k = {
         .decay = 1.0f - a->lr * a->weight_decay,
         .b1 = a->beta1, .c1 = 1.0f - a->beta1,
         .b2 = a->beta2, .c2 = 1.0f - a->beta2,
         .step = a->lr / a->bias_correction1,
         .inv_bc2_sqrt = 1.0f / sqrtf(a->bias_correction2),
         .eps = a->eps, .gscale = a->grad_scale,
-    };
-    float gb[CPU_CHUNK];
-    for (int i = 0; i < t->count; i++) {
-        int64_t n = t->numel[i];
-        float *p = t->param[i], *m = t->state1[i], *v = t->state2[i];
-        if (t->grad_dtype == CA_F32) {
-            adamw_f32(n, &kc, p, t->grad[i], m, v);
-            continue;
-        }
-        for (int64_t off = 0; off < n; off += CPU_CHUNK) {
-            int64_t c = n - off < CPU_CHUNK ? n - off : CPU_CHUNK;
-            cpu_to_f32(t->grad_dtype, t->grad[i], off, c, gb);
-            adamw_f32(c, &kc, p + off, gb, m + off, v + off);
-        }
-    }
+    }};
+    list_for(args->t, 4, adamw_list_run, &j);
     return CA_OK;
 }
 
@@ -87,27 +141,33 @@ CPU_CLONES static void sgd_f32(int64_t n, const sgd_consts *kc, float *restrict 
     }
 }
 
-ca_status cpu_sgd(void *dev, const ca_sgd_args *args) {
-    const ca_tensor_list *t = args->t;
-    const ca_sgd_args *a = args;
-    bool mom = a->momentum != 0.0f;
-    sgd_consts kc = {.lr = a->lr, .momentum = a->momentum, .damp1 = 1.0f - a->dampening,
-                     .wd = a->weight_decay, .gscale = a->grad_scale, .nesterov = a->nesterov,
-                     .first = a->first_step};
-    float gb[CPU_CHUNK];
-    for (int i = 0; i < t->count; i++) {
-        int64_t n = t->numel[i];
-        float *p = t->param[i], *b = mom ? t->state1[i] : NULL;
-        if (t->grad_dtype == CA_F32) {
-            sgd_f32(n, &kc, p, t->grad[i], b);
-            continue;
-        }
-        for (int64_t off = 0; off < n; off += CPU_CHUNK) {
-            int64_t c = n - off < CPU_CHUNK ? n - off : CPU_CHUNK;
-            cpu_to_f32(t->grad_dtype, t->grad[i], off, c, gb);
-            sgd_f32(c, &kc, p + off, gb, b ? b + off : NULL);
-        }
+typedef struct sgd_job {
+    const ca_sgd_args *args;
+    sgd_consts k;
+} sgd_job;
+
+static void sgd_list_run(const void *ctx, int i, int64_t chunk, int64_t off, int64_t n) {
+    const sgd_job *j = ctx;
+    const ca_tensor_list *t = j->args->t;
+    float *p = (float *)t->param[i] + off, *b = j->args->momentum != 0.0f ? (float *)t->state1[i] + off : NULL;
+    if (t->grad_dtype == CA_F32) {
+        sgd_f32(n, &j->k, p, (const float *)t->grad[i] + off, b);
+        return;
     }
+    float gb[CPU_CHUNK];
+    for (int64_t o = 0; o < n; o += CPU_CHUNK) {
+        int64_t c = n - o < CPU_CHUNK ? n - o : CPU_CHUNK;
+        cpu_to_f32(t->grad_dtype, t->grad[i], off + o, c, gb);
+        sgd_f32(c, &j->k, p + o, gb, b ? b + o : NULL);
+    }
+}
+
+ca_status cpu_sgd(void *dev, const ca_sgd_args *args) {
+    const ca_sgd_args *a = args;
+    sgd_job j = {.args = args, .k = {.lr = a->lr, .momentum = a->momentum, .damp1 = 1.0f - a->dampening,
+                                     .wd = a->weight_decay, .gscale = a->grad_scale, .nesterov = a->nesterov,
+                                     .first = a->first_step}};
+    list_for(args->t, 3, sgd_list_run, &j);
     return CA_OK;
 }
 
@@ -124,18 +184,35 @@ CPU_CLONES static float sumsq_run(const float *restrict x, int64_t n) {
     return s;
 }
 
+/* Each chunk's sum in f32 into sums[chunk]. */
+typedef struct sumsq_job {
+    const ca_tensor_list *t;
+    float *sums;
+} sumsq_job;
+
+static void sumsq_list_run(const void *ctx, int i, int64_t chunk, int64_t off, int64_t n) {
+    const sumsq_job *j = ctx;
+    float buf[CPU_CHUNK];
+    for (int64_t o = 0; o < n; o += CPU_CHUNK, chunk++) {
+        int64_t c = n - o < CPU_CHUNK ? n - o : CPU_CHUNK;
+        j->sums[chunk] = sumsq_run(cpu_view_f32(j->t->grad_dtype, j->t->param[i], off + o, c, buf), c);
+    }
+}
+
+/* The chunks' f32 sums, computed on the threads, are added in f64 in chunk order on this thread: the same
+ * bits at every thread count. */
 ca_status cpu_sum_squares(void *dev, const ca_sum_squares_args *args) {
     const ca_tensor_list *t = args->t;
-    float *out = args->out;
-    float beta = args->beta;
-    double total = 0.0;  /* per-chunk f32 sums, added in f64 */
-    float buf[CPU_CHUNK];
-    for (int i = 0; i < t->count; i++)
-        for (int64_t off = 0; off < t->numel[i]; off += CPU_CHUNK) {
-            int64_t c = t->numel[i] - off < CPU_CHUNK ? t->numel[i] - off : CPU_CHUNK;
-            total += sumsq_run(cpu_view_f32(t->grad_dtype, t->param[i], off, c, buf), c);
-        }
-    *out = beta == 0.0f ? (float)total : (float)((double)beta * (double)*out + total);
+    int64_t chunks = list_chunks(t);
+    float small[256], *sums = chunks <= 256 ? small : malloc((size_t)chunks * sizeof(float));
+    if (!sums)
+        return ca_error(CA_ERR_NOMEM, "cpu kernel sum_squares: no memory for %lld chunk sums", (long long)chunks);
+    sumsq_job j = {.t = t, .sums = sums};
+    list_for(t, 1, sumsq_list_run, &j);
+    double total = 0.0;
+    for (int64_t c = 0; c < chunks; c++) total += sums[c];
+    if (sums != small) free(sums);
+    *args->out = args->beta == 0.0f ? (float)total : (float)((double)args->beta * (double)*args->out + total);
     return CA_OK;
 }
 
@@ -183,33 +260,46 @@ static bool half_nonfinite(ca_dtype dt, const void *x, int64_t off, int64_t n) {
 
 enum list_op { LIST_SCALE, LIST_UNSCALE, LIST_CLAMP };
 
-static ca_status list_apply(const ca_tensor_list *t, enum list_op op, float a, float b, float *found_inf) {
+typedef struct apply_job {
+    const ca_tensor_list *t;
+    enum list_op op;
+    float a, b;
+    atomic_int *bad;   /* set when unscaling finds an Inf or NaN */
+} apply_job;
+
+static void apply_list_run(const void *ctx, int i, int64_t chunk, int64_t off, int64_t n) {
+    const apply_job *j = ctx;
+    const ca_tensor_list *t = j->t;
+    void *x = t->param[i];
     float buf[CPU_CHUNK];
     bool bad = false;
-    for (int i = 0; i < t->count; i++) {
-        int64_t n = t->numel[i];
-        void *x = t->param[i];
-        for (int64_t off = 0; off < n; off += CPU_CHUNK) {
-            int64_t c = n - off < CPU_CHUNK ? n - off : CPU_CHUNK;
-            float *v = t->grad_dtype == CA_F32 ? (float *)x + off : buf;
-            if (v == buf) cpu_to_f32(t->grad_dtype, x, off, c, buf);
-            switch (op) {
-            case LIST_SCALE: scale_run(v, c, a); break;
-            case LIST_UNSCALE: {
-                float s = scale_check_run(v, c, a);
-                if (s != s && t->grad_dtype == CA_F32) bad = true;
-                break;
-            }
-            case LIST_CLAMP: clamp_run(v, c, a, b); break;
-            }
-            if (v == buf) {
-                cpu_from_f32(t->grad_dtype, buf, c, x, off);
-                /* a finite f32 may still round to Inf in half precision */
-                if (op == LIST_UNSCALE && half_nonfinite(t->grad_dtype, x, off, c)) bad = true;
-            }
+    for (int64_t o = off; o < off + n; o += CPU_CHUNK) {
+        int64_t c = off + n - o < CPU_CHUNK ? off + n - o : CPU_CHUNK;
+        float *v = t->grad_dtype == CA_F32 ? (float *)x + o : buf;
+        if (v == buf) cpu_to_f32(t->grad_dtype, x, o, c, buf);
+        switch (j->op) {
+        case LIST_SCALE: scale_run(v, c, j->a); break;
+        case LIST_UNSCALE: {
+            float s = scale_check_run(v, c, j->a);
+            if (s != s && t->grad_dtype == CA_F32) bad = true;
+            break;
+        }
+        case LIST_CLAMP: clamp_run(v, c, j->a, j->b); break;
+        }
+        if (v == buf) {
+            cpu_from_f32(t->grad_dtype, buf, c, x, o);
+            /* a finite f32 may still round to Inf in half precision */
+            if (j->op == LIST_UNSCALE && half_nonfinite(t->grad_dtype, x, o, c)) bad = true;
         }
     }
-    if (bad) *found_inf = 1.0f;
+    if (bad) atomic_store_explicit(j->bad, 1, memory_order_relaxed);
+}
+
+static ca_status list_apply(const ca_tensor_list *t, enum list_op op, float a, float b, float *found_inf) {
+    atomic_int bad = 0;
+    apply_job j = {.t = t, .op = op, .a = a, .b = b, .bad = &bad};
+    list_for(t, t->grad_dtype == CA_F32 ? 1 : 2, apply_list_run, &j);
+    if (atomic_load(&bad)) *found_inf = 1.0f;
     return CA_OK;
 }
 
