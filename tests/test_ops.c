@@ -1528,6 +1528,7 @@ static const kernel_row K_NN[] = {
     KLN_(16), KLN_(768), KLNB(16, true, 1.0), KLNB(768, true, 0.5), KLNB(768, false, 0.0),
     KRMS(16), KRMS(768), KRMSB(16, true, 1.0), KRMSB(768, true, 0.5), KRMSB(768, false, 0.0),
     KATT(5, 7, false), KATT(5, 7, true), KATT(70, 66, true),
+    KATT(3, 13000, false),   /* a row of scores larger than a block's shared memory */
 };
 
 /* The list kernels over half gradients, grad_scale, unscale by 0, clamp_list's error. */
@@ -1571,6 +1572,13 @@ TABLE(NORM)
 TABLE(INDEX)
 TABLE(RANDOM)
 TABLE(ATTENTION)
+/* The attention rows again with a scratch budget of 1 byte (CACCEL_CUDA_ATT_SCRATCH, read per call): the
+ * CUDA kernels then run one head per chunk, several chunks per call, as long sequences do. */
+static void test_ATTENTION_chunked(void **state) {
+    setenv("CACCEL_CUDA_ATT_SCRATCH", "1", 1);
+    run_table(ATTENTION, sizeof ATTENTION / sizeof ATTENTION[0]);
+    unsetenv("CACCEL_CUDA_ATT_SCRATCH");
+}
 TABLE(OPTIM)
 TABLE(ACCEL)
 #define KTABLE(t) static void test_##t(void **state) { run_kernel_table(t, sizeof t / sizeof t[0]); }
@@ -1653,7 +1661,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_MATMUL),  cmocka_unit_test(test_COPY),    cmocka_unit_test(test_UNARY),
         cmocka_unit_test(test_BINARY),  cmocka_unit_test(test_REDUCE),  cmocka_unit_test(test_SOFTMAX),
         cmocka_unit_test(test_NORM),    cmocka_unit_test(test_INDEX),   cmocka_unit_test(test_RANDOM),
-        cmocka_unit_test(test_ATTENTION), cmocka_unit_test(test_OPTIM),   cmocka_unit_test(test_ACCEL),
+        cmocka_unit_test(test_ATTENTION), cmocka_unit_test(test_ATTENTION_chunked), cmocka_unit_test(test_OPTIM),   cmocka_unit_test(test_ACCEL),
         cmocka_unit_test(test_K_GEMM),  cmocka_unit_test(test_K_CAST),  cmocka_unit_test(test_K_UNARY),
         cmocka_unit_test(test_K_BINARY), cmocka_unit_test(test_K_REDUCE), cmocka_unit_test(test_K_NN),
         cmocka_unit_test(test_K_LIST),  cmocka_unit_test(test_coverage),
