@@ -400,6 +400,23 @@ __global__ void gather_bwd_k(int64_t outer, int64_t len, int64_t inner, int64_t 
     }
 }
 
+/* Deterministic mode: one thread per element (o, v, i) of dx adds, in position order j, every dy[o, j, i]
+ * whose index is v, as the CPU does (so the result is the CPU's, bit for bit). It reads the whole index
+ * column for each of the len rows: len x n work per column, against n for the atomics. */
+__global__ void gather_bwd_ordered_k(int64_t outer, int64_t len, int64_t inner, int64_t n, bool i64, const void *idx,
+                                     const float *dy, float *dx, cu_err_ref err) {
+    CU_GRID_LOOP(t, outer * len * inner) {
+        int64_t i = t % inner, v = t / inner % len, o = t / (inner * len);
+        float acc = dx[t];
+        for (int64_t j = 0; j < n; j++) {
+            int64_t p = (o * n + j) * inner + i, x = cu_index_at(i64, idx, p);
+            if (x == v) acc += dy[p];
+            else if (v == 0 && (x < 0 || x >= len)) cu_report(err, CU_ERR_GATHER_INDEX, 1, p, x, len, 0);
+        }
+        dx[t] = acc;
+    }
+}
+
 static ca_status gather_check(const char *k, ca_dtype idx_dt, int64_t outer, int64_t len, int64_t inner, int64_t n,
                               const void *idx) {
     return CA_OK;
@@ -453,6 +470,11 @@ extern "C" ca_status cu_gather_backward(void *dev, const ca_gather_backward_args
     int64_t total = outer * n * inner;
     if (st != CA_OK || total == 0) return st;
     if ((st = cu_enter(d, "kernel gather_backward")) != CA_OK) return st;
+    if (d->deterministic && len > 0) {   /* (len 0: every index is reported, nothing is added) */
+        gather_bwd_ordered_k<<<cu_grid(d, outer * len * inner, CU_THREADS), CU_THREADS, 0, d->stream>>>(outer, len,
+            inner, n, idx_dt == CA_I64, idx, (const float *)dy, (float *)dx, cu_err_of(d));
+        return CU_LAUNCHED(d, "gather_backward (ordered)");
+    }
     gather_bwd_k<<<cu_grid(d, total, CU_THREADS), CU_THREADS, 0, d->stream>>>(outer, len, inner, n,
         idx_dt == CA_I64, idx, (const float *)dy, (float *)dx, cu_err_of(d));
     return CU_LAUNCHED(d, "gather_backward");

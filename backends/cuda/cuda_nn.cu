@@ -397,6 +397,10 @@ extern "C" ca_status cu_embedding_backward(void *dev, const ca_embedding_backwar
     const char *k = "embedding_backward";
     if (n == 0) return CA_OK;
     if (dim == 0) return CA_OK;
+    if (d->deterministic)
+        return ca_error(CA_ERR_UNSUPPORTED, "cuda kernel embedding_backward: deterministic mode: this kernel adds the "
+                        "gradients of repeated indices with atomics, in an order that varies run to run; train on "
+                        "the CPU for bit-identical parameters");
     ca_status st = cu_enter(d, "kernel embedding_backward");
     if (st != CA_OK) return st;
     unsigned g = cu_grid(d, n * dim, CU_THREADS);
