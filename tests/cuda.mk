@@ -2,6 +2,12 @@
 # loads without a driver); the others need a GPU and exit 77 (SKIP) with the driver's reason. The ops on
 # the GPU against the CPU are rows of tests/test_ops (tests/core.mk), which runs them when a GPU opens.
 EXTRA_DIST += tests/test_cuda_util.h tests/test_cuda_cli.sh tests/test_cuda_train.sh
+# the attention chunk plan is plain C (backends/cuda/cuda_att_plan.h): checked with or without CUDA
+check_PROGRAMS += tests/test_cuda_att_plan
+TESTS += tests/test_cuda_att_plan
+tests_test_cuda_att_plan_SOURCES = tests/test_cuda_att_plan.c backends/cuda/cuda_att_plan.h
+tests_test_cuda_att_plan_CFLAGS = $(CA_TEST_CFLAGS)
+tests_test_cuda_att_plan_LDADD = $(CMOCKA_LIBS)
 if HAVE_CUDA
 ca_cuda_tests = tests/test_cuda_plugin tests/test_cuda_alloc tests/test_cuda_nccl tests/test_cuda_big
 check_PROGRAMS += $(ca_cuda_tests)

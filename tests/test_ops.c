@@ -1561,6 +1561,7 @@ static const kernel_row K_NN[] = {
     KRMS(16), KRMS(768), KRMSB(16, true, 1.0), KRMSB(768, true, 0.5), KRMSB(768, false, 0.0),
     KATT(5, 7, false), KATT(5, 7, true), KATT(70, 66, true),
     KATT(67, 67, false), KATT(67, 67, true), KATT(130, 130, false), KATT(130, 130, true), KATT(130, 67, false),
+    KATT(3, 13000, false),   /* a row of scores larger than a block's shared memory */
 };
 
 /* The list kernels over half gradients, grad_scale, unscale by 0, clamp_list's error. */
@@ -1604,6 +1605,13 @@ TABLE(NORM)
 TABLE(INDEX)
 TABLE(RANDOM)
 TABLE(ATTENTION)
+/* The attention rows again with a scratch budget of 1 byte (CACCEL_CUDA_ATT_SCRATCH, read per call): the
+ * CUDA kernels then run one head per chunk, several chunks per call, as long sequences do. */
+static void test_ATTENTION_chunked(void **state) {
+    setenv("CACCEL_CUDA_ATT_SCRATCH", "1", 1);
+    run_table(ATTENTION, sizeof ATTENTION / sizeof ATTENTION[0]);
+    unsetenv("CACCEL_CUDA_ATT_SCRATCH");
+}
 TABLE(OPTIM)
 TABLE(ACCEL)
 #define KTABLE(t) static void test_##t(void **state) { run_kernel_table(t, sizeof t / sizeof t[0]); }
@@ -1614,6 +1622,78 @@ KTABLE(K_BINARY)
 KTABLE(K_REDUCE)
 KTABLE(K_NN)
 KTABLE(K_LIST)
+
+/* Deterministic mode on the GPU: gather_backward adds in position order (the CPU's bits), sum_squares sums
+ * its block partials in a fixed order (the same bits run after run), embedding_backward gives the CPU's
+ * bits (it is ordered in every mode). */
+static void *det_up(ca_device *g, const void *x, size_t bytes) {
+    void *p = NULL;
+    T_OK(ca_device_alloc(g, bytes, &p));
+    T_OK(ca_device_copy_from_host(g, p, x, bytes));
+    return p;
+}
+static void test_cuda_deterministic(void **state) {
+    (void)state;
+    ca_device *g = devs[DEV_CUDA], *c = ca_cpu_device();
+    if (!g) {
+        printf("SKIP cuda deterministic mode: %s\n", skip_reason[DEV_CUDA]);
+        return;
+    }
+    enum { OUTER = 3, LEN = 7, INNER = 5, N = 40, NY = OUTER * N * INNER, NX = OUTER * LEN * INNER };
+    static float dy[NY], dx_cpu[NX], dx_gpu[NX];
+    static int32_t idx[NY];
+    for (int i = 0; i < NY; i++) {
+        dy[i] = sinf((float)i) * (i % 3 == 0 ? 1e4f : 1.0f);   /* magnitudes whose sum depends on the order */
+        idx[i] = (i * 7 + i / 3) % LEN;
+    }
+    for (int i = 0; i < NX; i++) dx_cpu[i] = 0.25f * (float)i;
+    void *ddy = det_up(g, dy, sizeof dy), *didx = det_up(g, idx, sizeof idx), *ddx = det_up(g, dx_cpu, sizeof dx_cpu);
+    ca_gather_backward_args a = {sizeof a, CA_F32, OUTER, LEN, INNER, N, CA_I32, idx, dy, dx_cpu};
+    T_OK(ca_device_kernels(c)->gather_backward(ca_device_context(c), &a));
+    ca_device_set_deterministic(g, true);
+    a.idx = didx; a.dy = ddy; a.dx = ddx;
+    T_OK(ca_device_kernels(g)->gather_backward(ca_device_context(g), &a));
+    T_OK(ca_device_copy_to_host(g, dx_gpu, ddx, sizeof dx_gpu));
+    assert_memory_equal(dx_gpu, dx_cpu, sizeof dx_cpu);
+
+    /* 3 tensors over several 4096-element blocks: the partials summed in block order, twice the same bits */
+    static float x[3][9001];
+    void *px[3];
+    int64_t numel[3] = {9001, 1, 5000};
+    for (int t = 0; t < 3; t++) {
+        for (int i = 0; i < 9001; i++) x[t][i] = sinf((float)(i + 7 * t)) * (i % 5 == 0 ? 100.0f : 0.01f);
+        px[t] = det_up(g, x[t], sizeof x[t]);
+    }
+    float out[2] = {0, 0}, zero = 0.0f;
+    void *dout = det_up(g, &zero, sizeof zero);
+    ca_tensor_list tl = {.count = 3, .param = px, .numel = numel, .grad_dtype = CA_F32};
+    ca_sum_squares_args sq = {sizeof sq, &tl, dout, 0.0f};
+    double want = 0.0;
+    for (int t = 0; t < 3; t++)
+        for (int64_t i = 0; i < numel[t]; i++) want += (double)x[t][i] * x[t][i];
+    for (int r = 0; r < 2; r++) {
+        T_OK(ca_device_kernels(g)->sum_squares(ca_device_context(g), &sq));
+        T_OK(ca_device_copy_to_host(g, &out[r], dout, sizeof out[r]));
+    }
+    assert_memory_equal(&out[0], &out[1], sizeof out[0]);
+    assert_true(fabs(out[0] - want) <= 1e-5 * want);
+
+    /* embedding backward adds each table row's gradients in index order (sorted runs) in every mode: the
+     * CPU's bits, with magnitudes whose sum depends on the order */
+    static float et_cpu[LEN], et_gpu[LEN];
+    for (int i = 0; i < LEN; i++) et_cpu[i] = 0.5f * (float)i;
+    void *det = det_up(g, et_cpu, sizeof et_cpu);
+    ca_embedding_backward_args e = {sizeof e, CA_F32, NY, LEN, 1, CA_I32, idx, dy, et_cpu};
+    T_OK(ca_device_kernels(c)->embedding_backward(ca_device_context(c), &e));
+    e.idx = didx; e.dy = ddy; e.dtable = det;
+    T_OK(ca_device_kernels(g)->embedding_backward(ca_device_context(g), &e));
+    T_OK(ca_device_copy_to_host(g, et_gpu, det, sizeof et_gpu));
+    assert_memory_equal(et_gpu, et_cpu, sizeof et_cpu);
+    ca_device_set_deterministic(g, false);
+    ca_device_free(g, ddy); ca_device_free(g, didx); ca_device_free(g, ddx); ca_device_free(g, dout);
+    ca_device_free(g, det);
+    for (int t = 0; t < 3; t++) ca_device_free(g, px[t]);
+}
 
 /* Every slot of CA_KERNEL_LIST has a conformance case: an op row reached it (on the count device) or a
  * kernel row ran it. */
@@ -1686,10 +1766,10 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_MATMUL),  cmocka_unit_test(test_COPY),    cmocka_unit_test(test_UNARY),
         cmocka_unit_test(test_BINARY),  cmocka_unit_test(test_REDUCE),  cmocka_unit_test(test_SOFTMAX),
         cmocka_unit_test(test_NORM),    cmocka_unit_test(test_INDEX),   cmocka_unit_test(test_RANDOM),
-        cmocka_unit_test(test_ATTENTION), cmocka_unit_test(test_OPTIM),   cmocka_unit_test(test_ACCEL),
+        cmocka_unit_test(test_ATTENTION), cmocka_unit_test(test_ATTENTION_chunked), cmocka_unit_test(test_OPTIM),   cmocka_unit_test(test_ACCEL),
         cmocka_unit_test(test_K_GEMM),  cmocka_unit_test(test_K_CAST),  cmocka_unit_test(test_K_UNARY),
         cmocka_unit_test(test_K_BINARY), cmocka_unit_test(test_K_REDUCE), cmocka_unit_test(test_K_NN),
-        cmocka_unit_test(test_K_LIST),  cmocka_unit_test(test_coverage),
+        cmocka_unit_test(test_K_LIST),  cmocka_unit_test(test_cuda_deterministic), cmocka_unit_test(test_coverage),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     printf("test_ops: %lld row runs on devices, %lld with finite differences\n", (long long)runs, (long long)fd_runs);

@@ -1,13 +1,18 @@
-/* CUDA scaled dot-product attention (one block per query row, the row's scores in shared memory; backward recomputes them, dK/dV by atomics), where and gather. */
+/* CUDA scaled dot-product attention as strided-batched cuBLAS GEMMs over chunks of heads, with row kernels for the masked softmax and the score gradient (no atomics: run-to-run reproducible), where and gather. */
 #include "backends/cuda/cuda_common.cuh"
+#include "backends/cuda/cuda_att_plan.h"
 
-/* Threads per query row. */
-#define ATT_THREADS 128
+#include <errno.h>
+#include <limits.h>
+#include <stdlib.h>
 
-/* The kernels' arguments, passed by value (mask is a device pointer). */
+/* Threads per score row of the row kernels. */
+#define ATT_THREADS 256
+
+/* The row kernels' arguments, passed by value (mask is a device pointer). */
 struct att_k {
-    int64_t heads, tq, tk, d, dv;
-    float scale, p;
+    int64_t heads, tq, tk, dv;
+    float p, keep_scale;
     bool causal;
     uint64_t seed, offset;
     const void *mask;
@@ -17,20 +22,19 @@ struct att_k {
 
 static att_k att_pack(const ca_attention_params *a) {
     att_k k;
-    k.heads = a->heads; k.tq = a->tq; k.tk = a->tk; k.d = a->d; k.dv = a->dv;
-    k.scale = a->scale; k.p = a->dropout_p; k.causal = a->causal;
+    k.heads = a->heads; k.tq = a->tq; k.tk = a->tk; k.dv = a->dv;
+    k.p = a->dropout_p; k.keep_scale = 1.0f / (1.0f - a->dropout_p);   /* as the CPU's keep_scale */
+    k.causal = a->causal;
     k.seed = a->seed; k.offset = a->offset;
     k.mask = a->mask; k.mask_f32 = a->mask_dtype == CA_F32;
     k.ms0 = a->mask_stride[0]; k.ms1 = a->mask_stride[1]; k.ms2 = a->mask_stride[2]; k.ms3 = a->mask_stride[3];
     return k;
 }
 
-/* The masked score of key j for row (b, h, i), -inf when excluded (the CPU's mask_row). */
-CU_D float att_score(const att_k &a, int64_t b, int64_t h, int64_t i, int64_t j, const float *q, const float *k) {
+/* Score s (= scale q_i.k_j) of key j for row (b, h, i) after the causal cut and the mask; -inf when
+ * excluded (the CPU's mask_row). */
+CU_D float att_mask(const att_k &a, int64_t b, int64_t h, int64_t i, int64_t j, float s) {
     if (a.causal && j > i) return -INFINITY;
-    float s = 0.0f;
-    for (int64_t e = 0; e < a.d; e++) s += q[e] * k[j * a.d + e];
-    s *= a.scale;
     if (a.mask) {
         int64_t o = b * a.ms0 + h * a.ms1 + i * a.ms2 + j * a.ms3;
         if (a.mask_f32) s += ((const float *)a.mask)[o];
@@ -39,143 +43,281 @@ CU_D float att_score(const att_k &a, int64_t b, int64_t h, int64_t i, int64_t j,
     return s;
 }
 
-/* keep/(1-p) for dropout element idx (backend.h's contract). */
+/* keep/(1-p) for element idx of the dropout stream (backend.h's contract; the CPU's drop_factor). */
 CU_D float att_drop(const att_k &a, uint64_t idx) {
-    if (a.p <= 0.0f) return 1.0f;
     uint32_t w[4];
     cu_philox(a.seed, a.offset + idx / 4, w);
-    float u = (float)(w[idx % 4] >> 8) * CU_TWO_M24;
-    return u >= a.p ? 1.0f / (1.0f - a.p) : 0.0f;
+    return (float)(w[idx % 4] >> 8) * CU_TWO_M24 >= a.p ? a.keep_scale : 0.0f;
 }
 
-/* One block per row r = (b H + h) Tq + i; s (dynamic shared) holds the row's Tk scores. */
-__global__ void att_fwd_k(att_k a, int64_t rows, const float *q, const float *k, const float *v, float *out,
-                          float *lse) {
-    extern __shared__ float s[];
+/* Row r of a chunk that starts at head bh0: its head, batch, query and dropout-stream element of key 0. */
+struct att_row {
+    int64_t bh, b, h, i, q;   /* q: the row's index over every head, (bh Tq + i) */
+    uint64_t e0;
+};
+CU_D att_row att_row_of(const att_k &a, int64_t bh0, int64_t r) {
+    att_row w;
+    w.bh = bh0 + r / a.tq;
+    w.i = r % a.tq;
+    w.b = w.bh / a.heads;
+    w.h = w.bh % a.heads;
+    w.q = w.bh * a.tq + w.i;
+    w.e0 = (uint64_t)w.q * (uint64_t)a.tk;
+    return w;
+}
+
+/* Forward: one block per row of s [rows, Tk] (the scores): the masked softmax in place, times the
+ * dropout factors (P D, what O = P D V needs), and the row's log-sum-exp. The row stays in global
+ * memory (three passes over it), so any Tk runs. A row with every key excluded: zeros, lse -inf. */
+__global__ void att_softmax_k(att_k a, int64_t bh0, int64_t rows, float *s, float *lse) {
     __shared__ float red[32];
     for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-        int64_t bh = r / a.tq, i = r % a.tq, b = bh / a.heads, h = bh % a.heads;
-        const float *qi = q + r * a.d, *kb = k + bh * a.tk * a.d, *vb = v + bh * a.tk * a.dv;
+        att_row w = att_row_of(a, bh0, r);
+        float *row = s + r * a.tk;
         float m = -INFINITY;
         for (int64_t j = threadIdx.x; j < a.tk; j += blockDim.x) {
-            s[j] = att_score(a, b, h, i, j, qi, kb);
-            m = CuMax()(m, s[j]);
+            float x = att_mask(a, w.b, w.h, w.i, j, row[j]);
+            row[j] = x;
+            m = CuMax()(m, x);
         }
         m = cu_block_reduce(m, CuMax(), red);
         float sum = 0.0f;
-        for (int64_t j = threadIdx.x; j < a.tk; j += blockDim.x) {
-            s[j] = m == -INFINITY ? 0.0f : expf(s[j] - m);
-            sum += s[j];
+        for (int64_t j = threadIdx.x; j < a.tk; j += blockDim.x) {   /* the same thread's j: no barrier */
+            float e = m == -INFINITY ? 0.0f : expf(row[j] - m);
+            row[j] = e;
+            sum += e;
         }
         sum = cu_block_reduce(sum, CuSum(), red);
-        float l = m == -INFINITY ? -INFINITY : m + logf(sum), inv = m == -INFINITY ? 0.0f : 1.0f / sum;
-        for (int64_t j = threadIdx.x; j < a.tk; j += blockDim.x) s[j] *= inv * att_drop(a, (uint64_t)(r * a.tk + j));
-        __syncthreads();
-        for (int64_t e = threadIdx.x; e < a.dv; e += blockDim.x) {
-            float acc = 0.0f;
-            for (int64_t j = 0; j < a.tk; j++) acc += s[j] * vb[j * a.dv + e];
-            out[r * a.dv + e] = acc;
+        float inv = m == -INFINITY ? 0.0f : 1.0f / sum;
+        for (int64_t j = threadIdx.x; j < a.tk; j += blockDim.x) {
+            float pr = row[j] * inv;
+            row[j] = a.p > 0.0f ? pr * att_drop(a, w.e0 + (uint64_t)j) : pr;
         }
-        if (threadIdx.x == 0) lse[r] = l;
-        __syncthreads();
+        if (threadIdx.x == 0) lse[w.q] = m == -INFINITY ? -INFINITY : m + logf(sum);
     }
 }
 
-/* dS_j = P_j (D_j dO.v_j - dO.O), dQ = scale dS K; dK += scale dS q, dV += P_j D_j dO (atomics). */
-__global__ void att_bwd_k(att_k a, int64_t rows, const float *q, const float *k, const float *v, const float *out,
-                          const float *dout, const float *lse, float *dq, float *dk, float *dv) {
-    extern __shared__ float s[];
+/* Backward: the probabilities again from the saved lse, in place of the scores in s (excluded keys
+ * and rows with lse -inf: 0), and P D in pd when there is dropout (pd NULL otherwise). */
+__global__ void att_probs_k(att_k a, int64_t bh0, int64_t rows, const float *lse, float *s, float *pd) {
+    for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+        att_row w = att_row_of(a, bh0, r);
+        float *row = s + r * a.tk, l = lse[w.q];
+        for (int64_t j = threadIdx.x; j < a.tk; j += blockDim.x) {
+            float pr = l == -INFINITY ? 0.0f : expf(att_mask(a, w.b, w.h, w.i, j, row[j]) - l);
+            row[j] = pr;
+            if (pd) pd[r * a.tk + j] = pr * att_drop(a, w.e0 + (uint64_t)j);
+        }
+    }
+}
+
+/* Backward: the score gradient dS = P (dPd D - delta) in place of P in s, with dPd = dO V^T in dp and
+ * delta = dO_i . O_i (softmax's correction, computed as the CPU does). */
+__global__ void att_dscore_k(att_k a, int64_t bh0, int64_t rows, const float *out, const float *dout,
+                             const float *dp, float *s) {
     __shared__ float red[32];
     for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-        int64_t bh = r / a.tq, i = r % a.tq, b = bh / a.heads, h = bh % a.heads;
-        const float *qi = q + r * a.d, *kb = k + bh * a.tk * a.d, *vb = v + bh * a.tk * a.dv;
-        const float *gi = dout + r * a.dv, *oi = out + r * a.dv;
-        float *dkb = dk + bh * a.tk * a.d, *dvb = dv + bh * a.tk * a.dv;
+        att_row w = att_row_of(a, bh0, r);
+        const float *oi = out + w.q * a.dv, *gi = dout + w.q * a.dv;
         float delta = 0.0f;
         for (int64_t e = threadIdx.x; e < a.dv; e += blockDim.x) delta += gi[e] * oi[e];
         delta = cu_block_reduce(delta, CuSum(), red);
-        float l = lse[r];
+        float *row = s + r * a.tk;
+        const float *g = dp + r * a.tk;
         for (int64_t j = threadIdx.x; j < a.tk; j += blockDim.x) {
-            float sc = att_score(a, b, h, i, j, qi, kb);
-            float p = l == -INFINITY ? 0.0f : expf(sc - l), dr = att_drop(a, (uint64_t)(r * a.tk + j));
-            float dp = 0.0f;
-            for (int64_t e = 0; e < a.dv; e++) dp += gi[e] * vb[j * a.dv + e];
-            s[j] = p * (dp * dr - delta);
-            if (p * dr != 0.0f)
-                for (int64_t e = 0; e < a.dv; e++) atomicAdd(&dvb[j * a.dv + e], p * dr * gi[e]);
-            if (s[j] != 0.0f)
-                for (int64_t e = 0; e < a.d; e++) atomicAdd(&dkb[j * a.d + e], a.scale * s[j] * qi[e]);
+            float gj = a.p > 0.0f ? g[j] * att_drop(a, w.e0 + (uint64_t)j) : g[j];
+            row[j] = row[j] * (gj - delta);
         }
-        __syncthreads();
-        for (int64_t e = threadIdx.x; e < a.d; e += blockDim.x) {
-            float acc = 0.0f;
-            for (int64_t j = 0; j < a.tk; j++) acc += s[j] * kb[j * a.d + e];
-            dq[r * a.d + e] = a.scale * acc;
-        }
-        __syncthreads();
     }
 }
 
-static ca_status att_check(const char *k, ca_dtype dt, const ca_attention_params *a, const void *q,
-                           const void *kk, const void *v) {
-    if (dt != CA_F32) return cu_bad_dtype(k, "tensor", dt);
-    if (a->mask && a->mask_dtype != CA_F32 && a->mask_dtype != CA_U8) return cu_bad_dtype(k, "mask", a->mask_dtype);
-    if ((size_t)a->tk * sizeof(float) > 48 * 1024)
-        return ca_error(CA_ERR_UNSUPPORTED, "cuda kernel %s: %lld keys; this kernel keeps a row of scores in "
-                        "shared memory and takes at most %d", k, (long long)a->tk, 48 * 1024 / 4);
+__global__ void att_fill_k(float *x, int64_t n, float v) {
+    CU_GRID_LOOP(i, n) x[i] = v;
+}
+
+/* C[c] = alpha op(A[c]) op(B[c]) for c < batch, row-major f32 with f32 accumulation (no TF32: the
+ * CPU's precision); op(A) is [m, k] (A stored [k, m] when ta), op(B) [k, n] (B stored [n, k] when tb),
+ * C [m, n] contiguous, heads sa, sb and m n floats apart. cuBLAS is column-major: it computes
+ * C^T = op(B)^T op(A)^T, so B goes first (as cu_gemm). k == 0 gives zeros. */
+static ca_status att_gemm(cuda_device *d, const char *kname, const char *what, bool ta, bool tb, int64_t m,
+                          int64_t n, int64_t k, float alpha, const float *A, int64_t sa, const float *B, int64_t sb,
+                          float *C, int64_t batch) {
+    if (m == 0 || n == 0 || batch == 0) return CA_OK;
+    if (k == 0) {
+        CA_CUDA_TRY(cudaMemsetAsync(C, 0, (size_t)(batch * m * n) * sizeof(float), d->stream),
+                    "cuda kernel %s (%s, k 0)", kname, what);
+        return CA_OK;
+    }
+    float beta = 0.0f;
+    cublasStatus_t bs = cu_blas.gemm_strided_batched_ex(
+        (cublasHandle_t)d->cublas, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, (int)n, (int)m,
+        (int)k, &alpha, B, CUDA_R_32F, (int)(tb ? k : n), (long long)sb, A, CUDA_R_32F, (int)(ta ? m : k),
+        (long long)sa, &beta, C, CUDA_R_32F, (int)n, (long long)(m * n), (int)batch, CUBLAS_COMPUTE_32F,
+        CUBLAS_GEMM_DEFAULT);
+    if (bs != CUBLAS_STATUS_SUCCESS)
+        return ca_error(bs == CUBLAS_STATUS_ALLOC_FAILED ? CA_ERR_NOMEM : CA_ERR_BACKEND,
+                        "cuda kernel %s: cublasGemmStridedBatchedEx for %s (m %lld, n %lld, k %lld, batch %lld): "
+                        "%s (%s)", kname, what, (long long)m, (long long)n, (long long)k, (long long)batch,
+                        cu_blas.status_name(bs), cu_blas.status_string(bs));
+    return cu_after_launch(d, what);
+}
+
+/* The scratch budget: CACCEL_CUDA_ATT_SCRATCH (bytes; tests set it small to run several chunks on
+ * small shapes) or CU_ATT_SCRATCH_DEFAULT. */
+static ca_status att_budget(const char *k, size_t *out) {
+    const char *e = getenv("CACCEL_CUDA_ATT_SCRATCH");
+    *out = CU_ATT_SCRATCH_DEFAULT;
+    if (!e || !*e) return CA_OK;
+    char *end = NULL;
+    errno = 0;
+    unsigned long long v = strtoull(e, &end, 10);
+    if (errno || *end || v == 0 || e[0] == '-' || v > SIZE_MAX)
+        return ca_error(CA_ERR_INVALID, "cuda kernel %s: CACCEL_CUDA_ATT_SCRATCH=%s is not a positive number of "
+                        "bytes", k, e);
+    *out = (size_t)v;
     return CA_OK;
 }
 
+/* The dtype (f32, the CPU's limit too), the mask's dtype, sizes within cuBLAS's 32-bit integers, and
+ * the chunk plan of `buffers` [Tq, Tk] f32 buffers per head. */
+static ca_status att_check(const char *k, ca_dtype dt, const ca_attention_params *a, int buffers,
+                           cu_att_plan *plan) {
+    if (dt != CA_F32) return cu_bad_dtype(k, "tensor", dt);
+    if (a->mask && a->mask_dtype != CA_F32 && a->mask_dtype != CA_U8) return cu_bad_dtype(k, "mask", a->mask_dtype);
+    if (a->tq > INT_MAX || a->tk > INT_MAX || a->d > INT_MAX || a->dv > INT_MAX)
+        return ca_error(CA_ERR_UNSUPPORTED, "cuda kernel %s: Tq %lld, Tk %lld, D %lld or Dv %lld exceeds cuBLAS's "
+                        "32-bit sizes", k, (long long)a->tq, (long long)a->tk, (long long)a->d, (long long)a->dv);
+    int64_t bh = a->batch * a->heads;
+    if (bh == 0 || a->tq == 0 || a->tk == 0) {
+        plan->heads = plan->chunks = 0;
+        plan->bytes = 0;
+        return CA_OK;
+    }
+    size_t budget;
+    ca_status st = att_budget(k, &budget);
+    if (st != CA_OK) return st;
+    if (!cu_att_plan_make(bh, a->tq, a->tk, buffers, budget, plan))
+        return ca_error(CA_ERR_NOMEM, "cuda kernel %s: %d score buffers of %lld x %lld floats exceed the address "
+                        "space", k, buffers, (long long)a->tq, (long long)a->tk);
+    return CA_OK;
+}
+
+/* The launch of a row kernel over `rows` rows, checked under its own name. */
+#define ATT_ROWS(d, name, kern, rows, ...) \
+    (kern<<<cu_row_grid(rows), ATT_THREADS, 0, (d)->stream>>>(__VA_ARGS__), cu_after_launch((d), (name)))
+
+/* Forward of heads [bh0, bh0 + hc): S = scale Q K^T, P D = dropout(softmax(S + mask)), O = P D V. */
+static ca_status att_fwd_chunk(cuda_device *d, const ca_attention_params *a, int64_t bh0, int64_t hc,
+                               const float *q, const float *k, const float *v, float *out, float *lse, float *s) {
+    int64_t tq = a->tq, tk = a->tk, dd = a->d, dv = a->dv, rows = hc * tq;
+    const char *kn = "attention";
+    ca_status st = att_gemm(d, kn, "attention (S = scale Q K^T)", false, true, tq, tk, dd, a->scale, q + bh0 * tq * dd,
+                            tq * dd, k + bh0 * tk * dd, tk * dd, s, hc);
+    if (st == CA_OK) st = ATT_ROWS(d, "attention (softmax)", att_softmax_k, rows, att_pack(a), bh0, rows, s, lse);
+    if (st == CA_OK)
+        st = att_gemm(d, kn, "attention (O = P V)", false, false, tq, dv, tk, 1.0f, s, tq * tk, v + bh0 * tk * dv,
+                      tk * dv, out + bh0 * tq * dv, hc);
+    return st;
+}
+
 extern "C" ca_status cu_attention(void *dev, const ca_attention_args *args) {
-    ca_dtype dt = args->dt;
     const ca_attention_params *a = &args->p;
-    const void *q = args->q;
-    const void *k = args->k;
-    const void *v = args->v;
-    void *out = args->out;
-    float *lse = args->lse;
     cuda_device *d = (cuda_device *)dev;
-    ca_status st = att_check("attention", dt, a, q, k, v);
+    cu_att_plan plan;
+    ca_status st = att_check("attention", args->dt, a, 1, &plan);
     if (st == CA_OK) st = cu_enter(d, "kernel attention");
     if (st != CA_OK) return st;
-    int64_t rows = a->batch * a->heads * a->tq;
-    if (rows == 0) return CA_OK;
-    size_t shm = (size_t)(a->tk ? a->tk : 1) * sizeof(float);
-    att_fwd_k<<<cu_row_grid(rows), ATT_THREADS, shm, d->stream>>>(att_pack(a), rows, (const float *)q,
-                                                                  (const float *)k, (const float *)v, (float *)out, lse);
-    return CU_LAUNCHED(d, "attention");
+    int64_t nq = a->batch * a->heads * a->tq;
+    if (nq == 0) return CA_OK;
+    if (a->tk == 0 || a->dv == 0) {   /* as the CPU: zeros, and lse -inf */
+        CA_CUDA_TRY(cudaMemsetAsync(args->out, 0, (size_t)(nq * a->dv) * sizeof(float), d->stream),
+                    "cuda kernel attention (zeroing out)");
+        att_fill_k<<<cu_grid(d, nq, CU_THREADS), CU_THREADS, 0, d->stream>>>(args->lse, nq, -INFINITY);
+        return CU_LAUNCHED(d, "attention (lse -inf)");
+    }
+    void *tmp = NULL;
+    if ((st = cu_tmp_alloc(d, plan.bytes, &tmp)) != CA_OK)
+        return ca_error_context("cuda kernel attention: scores of %lld heads x %lld x %lld", (long long)plan.heads,
+                                (long long)a->tq, (long long)a->tk);
+    int64_t bh = a->batch * a->heads;
+    for (int64_t bh0 = 0; bh0 < bh && st == CA_OK; bh0 += plan.heads)
+        st = att_fwd_chunk(d, a, bh0, bh - bh0 < plan.heads ? bh - bh0 : plan.heads, (const float *)args->q,
+                           (const float *)args->k, (const float *)args->v, (float *)args->out, args->lse,
+                           (float *)tmp);
+    cu_tmp_free(d, tmp);
+    return st;
+}
+
+/* The backward's tensors (all f32). */
+struct att_bwd_io {
+    const float *q, *k, *v, *out, *dout, *lse;
+    float *dq, *dk, *dv;
+};
+
+/* Backward of heads [bh0, bh0 + hc), with s and w two [hc, Tq, Tk] buffers (as the CPU's):
+ *   S = scale Q K^T; P (in s) from lse, Pd = P D (in w, with dropout); dV = Pd^T dO;
+ *   dPd = dO V^T (in w); dS = P (dPd D - rowsum(dO O)) (in s); dQ = scale dS K; dK = scale dS^T Q.
+ * Every output is written once per head (beta 0): no atomics, no accumulation across chunks. */
+static ca_status att_bwd_chunk(cuda_device *d, const ca_attention_params *a, int64_t bh0, int64_t hc,
+                               const att_bwd_io *t, float *s, float *w) {
+    int64_t tq = a->tq, tk = a->tk, dd = a->d, dv = a->dv, rows = hc * tq, ss = tq * tk;
+    const float *q = t->q + bh0 * tq * dd, *k = t->k + bh0 * tk * dd, *v = t->v + bh0 * tk * dv;
+    const float *g = t->dout + bh0 * tq * dv;
+    const char *kn = "attention_backward";
+    bool drop = a->dropout_p > 0.0f;
+    att_k ak = att_pack(a);
+    ca_status st = att_gemm(d, kn, "attention_backward (S = scale Q K^T)", false, true, tq, tk, dd, a->scale, q,
+                            tq * dd, k, tk * dd, s, hc);
+    if (st == CA_OK)
+        st = ATT_ROWS(d, "attention_backward (probabilities)", att_probs_k, rows, ak, bh0, rows, t->lse, s,
+                      drop ? w : (float *)NULL);
+    if (st == CA_OK)
+        st = att_gemm(d, kn, "attention_backward (dV = P^T dO)", true, false, tk, dv, tq, 1.0f, drop ? w : s, ss, g,
+                      tq * dv, t->dv + bh0 * tk * dv, hc);
+    if (st == CA_OK)
+        st = att_gemm(d, kn, "attention_backward (dP = dO V^T)", false, true, tq, tk, dv, 1.0f, g, tq * dv, v,
+                      tk * dv, w, hc);
+    if (st == CA_OK)
+        st = ATT_ROWS(d, "attention_backward (dS)", att_dscore_k, rows, ak, bh0, rows, t->out, t->dout, w, s);
+    if (st == CA_OK)
+        st = att_gemm(d, kn, "attention_backward (dQ = scale dS K)", false, false, tq, dd, tk, a->scale, s, ss, k,
+                      tk * dd, t->dq + bh0 * tq * dd, hc);
+    if (st == CA_OK)
+        st = att_gemm(d, kn, "attention_backward (dK = scale dS^T Q)", true, false, tk, dd, tq, a->scale, s, ss, q,
+                      tq * dd, t->dk + bh0 * tk * dd, hc);
+    return st;
 }
 
 extern "C" ca_status cu_attention_backward(void *dev, const ca_attention_backward_args *args) {
-    ca_dtype dt = args->dt;
     const ca_attention_params *a = &args->p;
-    const void *q = args->q;
-    const void *k = args->k;
-    const void *v = args->v;
-    const void *out = args->out;
-    const void *dout = args->dout;
-    const float *lse = args->lse;
-    void *dq = args->dq;
-    void *dk = args->dk;
-    void *dv = args->dv;
     cuda_device *d = (cuda_device *)dev;
-    ca_status st = att_check("attention_backward", dt, a, q, k, v);
+    cu_att_plan plan;
+    ca_status st = att_check("attention_backward", args->dt, a, 2, &plan);
     if (st == CA_OK) st = cu_enter(d, "kernel attention_backward");
     if (st != CA_OK) return st;
-    int64_t nbh = a->batch * a->heads, rows = nbh * a->tq;
+    int64_t nbh = a->batch * a->heads;
     if (nbh == 0) return CA_OK;
-    CA_CUDA_TRY(cudaMemsetAsync(dq, 0, (size_t)(rows * a->d) * sizeof(float), d->stream),
-                "cuda kernel attention_backward (zeroing dq)");
-    CA_CUDA_TRY(cudaMemsetAsync(dk, 0, (size_t)(nbh * a->tk * a->d) * sizeof(float), d->stream),
-                "cuda kernel attention_backward (zeroing dk)");
-    CA_CUDA_TRY(cudaMemsetAsync(dv, 0, (size_t)(nbh * a->tk * a->dv) * sizeof(float), d->stream),
-                "cuda kernel attention_backward (zeroing dv)");
-    if (rows == 0 || a->tk == 0) return CA_OK;
-    size_t shm = (size_t)a->tk * sizeof(float);
-    att_bwd_k<<<cu_row_grid(rows), ATT_THREADS, shm, d->stream>>>(att_pack(a), rows, (const float *)q,
-        (const float *)k, (const float *)v, (const float *)out, (const float *)dout, lse, (float *)dq, (float *)dk,
-        (float *)dv);
-    return CU_LAUNCHED(d, "attention_backward");
+    if (a->tq == 0 || a->tk == 0) {   /* no scores: the gradients are zeros (as the CPU) */
+        CA_CUDA_TRY(cudaMemsetAsync(args->dq, 0, (size_t)(nbh * a->tq * a->d) * sizeof(float), d->stream),
+                    "cuda kernel attention_backward (zeroing dq)");
+        CA_CUDA_TRY(cudaMemsetAsync(args->dk, 0, (size_t)(nbh * a->tk * a->d) * sizeof(float), d->stream),
+                    "cuda kernel attention_backward (zeroing dk)");
+        CA_CUDA_TRY(cudaMemsetAsync(args->dv, 0, (size_t)(nbh * a->tk * a->dv) * sizeof(float), d->stream),
+                    "cuda kernel attention_backward (zeroing dv)");
+        return CA_OK;
+    }
+    att_bwd_io t = {(const float *)args->q, (const float *)args->k, (const float *)args->v,
+                    (const float *)args->out, (const float *)args->dout, args->lse, (float *)args->dq,
+                    (float *)args->dk, (float *)args->dv};
+    void *tmp = NULL;
+    if ((st = cu_tmp_alloc(d, plan.bytes, &tmp)) != CA_OK)
+        return ca_error_context("cuda kernel attention_backward: 2 score buffers of %lld heads x %lld x %lld",
+                                (long long)plan.heads, (long long)a->tq, (long long)a->tk);
+    float *s = (float *)tmp, *w = s + plan.heads * a->tq * a->tk;
+    for (int64_t bh0 = 0; bh0 < nbh && st == CA_OK; bh0 += plan.heads)
+        st = att_bwd_chunk(d, a, bh0, nbh - bh0 < plan.heads ? nbh - bh0 : plan.heads, &t, s, w);
+    cu_tmp_free(d, tmp);
+    return st;
 }
 
 /* ---------------------------------------------------------------- where */
@@ -258,6 +400,23 @@ __global__ void gather_bwd_k(int64_t outer, int64_t len, int64_t inner, int64_t 
     }
 }
 
+/* Deterministic mode: one thread per element (o, v, i) of dx adds, in position order j, every dy[o, j, i]
+ * whose index is v, as the CPU does (so the result is the CPU's, bit for bit). It reads the whole index
+ * column for each of the len rows: len x n work per column, against n for the atomics. */
+__global__ void gather_bwd_ordered_k(int64_t outer, int64_t len, int64_t inner, int64_t n, bool i64, const void *idx,
+                                     const float *dy, float *dx, cu_err_ref err) {
+    CU_GRID_LOOP(t, outer * len * inner) {
+        int64_t i = t % inner, v = t / inner % len, o = t / (inner * len);
+        float acc = dx[t];
+        for (int64_t j = 0; j < n; j++) {
+            int64_t p = (o * n + j) * inner + i, x = cu_index_at(i64, idx, p);
+            if (x == v) acc += dy[p];
+            else if (v == 0 && (x < 0 || x >= len)) cu_report(err, CU_ERR_GATHER_INDEX, 1, p, x, len, 0);
+        }
+        dx[t] = acc;
+    }
+}
+
 static ca_status gather_check(const char *k, ca_dtype idx_dt, int64_t outer, int64_t len, int64_t inner, int64_t n,
                               const void *idx) {
     return CA_OK;
@@ -311,6 +470,11 @@ extern "C" ca_status cu_gather_backward(void *dev, const ca_gather_backward_args
     int64_t total = outer * n * inner;
     if (st != CA_OK || total == 0) return st;
     if ((st = cu_enter(d, "kernel gather_backward")) != CA_OK) return st;
+    if (d->deterministic && len > 0) {   /* (len 0: every index is reported, nothing is added) */
+        gather_bwd_ordered_k<<<cu_grid(d, outer * len * inner, CU_THREADS), CU_THREADS, 0, d->stream>>>(outer, len,
+            inner, n, idx_dt == CA_I64, idx, (const float *)dy, (float *)dx, cu_err_of(d));
+        return CU_LAUNCHED(d, "gather_backward (ordered)");
+    }
     gather_bwd_k<<<cu_grid(d, total, CU_THREADS), CU_THREADS, 0, d->stream>>>(outer, len, inner, n,
         idx_dt == CA_I64, idx, (const float *)dy, (float *)dx, cu_err_of(d));
     return CU_LAUNCHED(d, "gather_backward");

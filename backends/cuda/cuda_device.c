@@ -443,6 +443,14 @@ static ca_status cu_synchronize(void *dev) {
 
 static void *cu_allocator_ctx(void *dev) { return ((cuda_device *)dev)->alloc; }
 
+/* Deterministic mode (nested on/off calls, balanced): the kernels whose atomics add in a varying order
+ * take an ordered path or refuse (docs/CUDA.md, Reproducibility). */
+static void cu_set_deterministic(void *dev, bool on) {
+    cuda_device *d = dev;
+    if (on) d->deterministic++;
+    else if (d->deterministic > 0) d->deterministic--;
+}
+
 /* The table: cu_<slot> for every slot of CA_KERNEL_LIST. */
 #define CU_SLOT(slot) .slot = cu_##slot,
 static const ca_kernels cu_kernels = {
@@ -479,4 +487,5 @@ const ca_device_ops cu_device_ops = {
     .allocator_ctx = cu_allocator_ctx,
     .host_memory = false,
     .kind = CA_DEVICE_GPU,
+    .set_deterministic = cu_set_deterministic,
 };

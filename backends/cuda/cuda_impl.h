@@ -58,6 +58,7 @@ typedef struct cuda_device {
     cu_dev_error *err_dev;    /* ... and its device address */
     int *err_claim;           /* device word: the first kernel to swap 0 -> 1 writes the record */
     bool sync_checks;         /* CACCEL_CUDA_SYNC=1 or CUDA_LAUNCH_BLOCKING=1 */
+    int deterministic;        /* set_deterministic users: kernels with atomics take an ordered path or refuse */
     int sm_count;
     int cc_major, cc_minor;
     size_t total_mem;

@@ -156,9 +156,10 @@ extern "C" ca_status cu_sgd(void *dev, const ca_sgd_args *args) {
 
 /* ----------------------------------------- list utilities (param[] in grad_dtype) */
 
-/* Per block: sum of x^2 in f64, added to *acc. */
+/* Per block: sum of x^2 in f64, added to *acc, or in deterministic mode stored in part[blockIdx.x] (the
+ * atomics' order varies run to run; sumsq_ordered_k adds the partials in a fixed order). */
 template <typename T>
-__global__ void sumsq_k(list_group G, double *acc) {
+__global__ void sumsq_k(list_group G, double *acc, double *part) {
     __shared__ double shd[32];
     int64_t lo, hi;
     int t = group_find(G, blockIdx.x, &lo, &hi);
@@ -169,7 +170,19 @@ __global__ void sumsq_k(list_group G, double *acc) {
         s += v * v;
     }
     double tot = cu_block_reduce((double)s, CuSum(), shd);
-    if (threadIdx.x == 0) atomicAdd(acc, tot);
+    if (threadIdx.x == 0) {
+        if (part) part[blockIdx.x] = tot;
+        else atomicAdd(acc, tot);
+    }
+}
+
+/* Deterministic mode: *acc = the nb block partials summed in a fixed order (one block). */
+__global__ void sumsq_ordered_k(const double *part, int64_t nb, double *acc) {
+    __shared__ double shd[32];
+    double s = 0.0;
+    for (int64_t b = threadIdx.x; b < nb; b += blockDim.x) s += part[b];
+    s = cu_block_reduce(s, CuSum(), shd);
+    if (threadIdx.x == 0) *acc = s;
 }
 
 __global__ void sumsq_final_k(const double *acc, float *out, float beta) {
@@ -185,9 +198,14 @@ extern "C" ca_status cu_sum_squares(void *dev, const ca_sum_squares_args *args) 
     const char *k = "sum_squares";
     ca_status st = CA_OK;
     if ((st = cu_enter(d, "kernel sum_squares")) != CA_OK) return st;
+    int64_t nb = 0;   /* deterministic mode: one partial per block of every group */
+    if (d->deterministic)
+        for (int i = 0; i < t->count; i++) nb += (t->numel[i] + CHUNK - 1) / CHUNK;
     void *tmp = NULL;
-    if ((st = cu_tmp_alloc(d, sizeof(double), &tmp)) != CA_OK) return ca_error_context("cuda kernel %s", k);
-    double *acc = (double *)tmp;
+    if ((st = cu_tmp_alloc(d, sizeof(double) * (size_t)(1 + nb), &tmp)) != CA_OK)
+        return ca_error_context("cuda kernel %s", k);
+    double *acc = (double *)tmp, *part = nb ? acc + 1 : NULL;
+    int64_t base = 0;
     cudaError_t e = cudaMemsetAsync(acc, 0, sizeof(double), d->stream);
     if (e != cudaSuccess) {
         cu_tmp_free(d, tmp);
@@ -195,8 +213,14 @@ extern "C" ca_status cu_sum_squares(void *dev, const ca_sum_squares_args *args) 
     }
     ca_dtype dt = t->grad_dtype;
     st = for_groups(d, k, t, false, false, [&](const list_group &G, int64_t blocks) {
-        CU_FLOAT_SWITCH(dt, T, sumsq_k<T><<<(unsigned)blocks, CU_THREADS, 0, d->stream>>>(G, acc));
+        CU_FLOAT_SWITCH(dt, T, sumsq_k<T><<<(unsigned)blocks, CU_THREADS, 0, d->stream>>>(G, acc,
+            part ? part + base : (double *)NULL));
+        base += blocks;
     });
+    if (st == CA_OK && part) {
+        sumsq_ordered_k<<<1, CU_THREADS, 0, d->stream>>>(part, nb, acc);
+        st = CU_LAUNCHED(d, k);
+    }
     if (st == CA_OK) {
         sumsq_final_k<<<1, 1, 0, d->stream>>>(acc, out, beta);
         st = CU_LAUNCHED(d, k);

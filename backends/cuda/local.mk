@@ -51,3 +51,4 @@ $(ca_cuda_cu_objects): $(srcdir)/backends/cuda/cuda_common.cuh $(srcdir)/backend
 	$(top_srcdir)/include/caccel/status.h
 # the bundle for GPU machines without Debian packages (docs/CUDA.md)
 EXTRA_DIST += tools/gpu-bundle.sh
+backends/cuda/cuda_attention.lo: $(srcdir)/backends/cuda/cuda_att_plan.h
