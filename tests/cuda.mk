@@ -12,6 +12,12 @@ tests_test_cuda_plugin_LDADD = $(CA_TEST_LIBS)
 tests_test_cuda_alloc_SOURCES = tests/test_cuda_alloc.c tests/test_cuda_util.h
 tests_test_cuda_alloc_CFLAGS = $(CA_TEST_CFLAGS)
 tests_test_cuda_alloc_LDADD = $(CA_TEST_LIBS)
+# the allocator on a mocked CUDA runtime: runs on any machine, links no CUDA library
+check_PROGRAMS += tests/test_cuda_alloc_mock
+TESTS += tests/test_cuda_alloc_mock
+tests_test_cuda_alloc_mock_SOURCES = tests/test_cuda_alloc_mock.c backends/cuda/cuda_alloc.c
+tests_test_cuda_alloc_mock_CFLAGS = $(CA_TEST_CFLAGS) $(CUDA_CPPFLAGS)
+tests_test_cuda_alloc_mock_LDADD = $(CA_TEST_LIBS)
 tests_test_cuda_nccl_SOURCES = tests/test_cuda_nccl.c tests/test_cuda_util.h
 tests_test_cuda_nccl_CFLAGS = $(CA_TEST_CFLAGS)
 tests_test_cuda_nccl_LDADD = $(CA_TEST_LIBS)

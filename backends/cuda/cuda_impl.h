@@ -113,6 +113,9 @@ extern const ca_allocator_ops cu_allocator_ops;
  * orders its reuse after the kernel. */
 ca_status cu_tmp_alloc(cuda_device *d, size_t bytes, void **ptr);
 void cu_tmp_free(cuda_device *d, void *ptr);
+/* Says that the block holding ptr (allocated for another stream) is used on `stream` too, as
+ * torch's recordStream: its free is then held back until the work queued there so far is done. */
+void cu_alloc_record_stream(cu_alloc *a, const void *ptr, cudaStream_t stream);
 
 /* ------------------------------------------------------------ cuBLAS */
 
