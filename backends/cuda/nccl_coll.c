@@ -1,6 +1,8 @@
 /* The "nccl" collective backend: one rank per GPU, the unique id through the rendezvous store, non-blocking communicator setup with a deadline, ops on the device's stream with event-backed work handles. */
 #include "backends/cuda/cuda_impl.h"
 
+#include <caccel/device.h>
+
 /* nccl.h declares some functions without prototypes */
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wstrict-prototypes"
@@ -15,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 /* ------------------------------------------------------------ loading */
 
@@ -114,6 +117,12 @@ typedef struct nccl_comm {
     pthread_mutex_t mu;
     cudaEvent_t *events;       /* recycled events */
     int nevents, cap_events;
+    /* Several ranks on one GPU (NCCL refuses that): every op goes through a gloo communicator on
+     * host copies instead (gloo_*), in `host`, pinned, grown as needed. */
+    const ca_collective_ops *gloo;
+    void *gc;
+    char *host;
+    size_t host_cap;
 } nccl_comm;
 
 struct ca_work_impl {
@@ -170,6 +179,114 @@ static ncclResult_t settle(ncclComm_t comm, ncclResult_t r, int64_t deadline_ms,
     return r;
 }
 
+/* ------------------------------------------- several ranks on one GPU */
+
+/* Whether two ranks of the job use the same GPU (same host and PCI bus id): rank 0 gathers every
+ * rank's through the store and publishes the answer, so that every rank decides alike. */
+static ca_status gpu_shared(const ca_comm_init_args *a, nccl_comm *c, bool *shared, char *note, size_t note_len) {
+    *shared = false;
+    char mine[160], host[100] = "?", bus[48] = "?", key[300];
+    gethostname(host, sizeof host - 1);
+    if (cudaDeviceGetPCIBusId(bus, (int)sizeof bus, c->d->ordinal) != cudaSuccess) cudaGetLastError();
+    snprintf(mine, sizeof mine, "%s %s", host, bus);
+    const char *prefix = a->prefix ? a->prefix : "caccel/nccl";
+    snprintf(key, sizeof key, "%s/gpu/%d", prefix, c->rank);
+    ca_status st = a->store.ops->set(a->store.store, key, mine, strlen(mine) + 1);
+    char answer[256] = "";
+    if (st == CA_OK && c->rank == 0) {
+        char (*all)[160] = calloc((size_t)c->world, sizeof *all);
+        if (!all) return ca_error(CA_ERR_NOMEM, "nccl init: out of host memory");
+        for (int r = 0; r < c->world && st == CA_OK; r++) {
+            size_t len = sizeof all[r] - 1;
+            snprintf(key, sizeof key, "%s/gpu/%d", prefix, r);
+            st = a->store.ops->get(a->store.store, key, all[r], &len, c->timeout_ms);
+            for (int q = 0; st == CA_OK && q < r && !answer[0]; q++)
+                if (strcmp(all[q], all[r]) == 0)
+                    snprintf(answer, sizeof answer, "ranks %d and %d share GPU %s", q, r, all[r]);
+        }
+        free(all);
+        snprintf(key, sizeof key, "%s/gpu_shared", prefix);
+        if (st == CA_OK) st = a->store.ops->set(a->store.store, key, answer, strlen(answer) + 1);
+    } else if (st == CA_OK) {
+        size_t len = sizeof answer - 1;
+        snprintf(key, sizeof key, "%s/gpu_shared", prefix);
+        st = a->store.ops->get(a->store.store, key, answer, &len, c->timeout_ms);
+    }
+    if (st != CA_OK) return ca_error_context("nccl init (rank %d of %d): sharing which GPU each rank uses", c->rank,
+                                             c->world);
+    *shared = answer[0] != '\0';
+    snprintf(note, note_len, "%s", answer);
+    return CA_OK;
+}
+
+/* The gloo communicator that replaces NCCL's when ranks share a GPU. */
+static ca_status gloo_start(const ca_comm_init_args *a, nccl_comm *c, const char *note) {
+    c->gloo = ca_registry_collective("gloo");
+    if (!c->gloo) {
+        ca_error_context("nccl init: %s, which NCCL refuses, and gloo (to stage through the host) is not available",
+                         note);
+        return ca_last_status();
+    }
+    if (c->rank == 0)
+        CA_LOG_W("nccl: %s; NCCL needs one GPU per rank, so collectives use gloo, staged through host memory "
+                 "(set gpu_ids to give each rank its own GPU)", note);
+    char prefix[300];
+    snprintf(prefix, sizeof prefix, "%s/gloo", a->prefix ? a->prefix : "caccel/nccl");
+    ca_comm_init_args ga = *a;
+    ga.device_ops = ca_device_ops_of(ca_cpu_device());
+    ga.device = ca_device_context(ca_cpu_device());
+    ga.prefix = prefix;
+    ca_status st = c->gloo->init(&ga, &c->gc);
+    if (st != CA_OK) {
+        c->gloo = NULL;
+        return ca_error_context("nccl init: the gloo communicator for ranks sharing a GPU");
+    }
+    return CA_OK;
+}
+
+typedef enum { GL_ALL_REDUCE, GL_BROADCAST, GL_ALL_GATHER, GL_REDUCE_SCATTER, GL_BARRIER } gl_kind;
+
+/* One op over gloo: the device data to pinned host memory, the op, and back. Synchronous: the
+ * host copy is reused by the next op (the core takes a NULL handle as done). */
+static ca_status gloo_op(nccl_comm *c, gl_kind k, const void *send, void *recv, size_t count, ca_dtype dt,
+                         ca_reduce_op op, int root, const char *what) {
+    size_t es = ca_dtype_size(dt), w = (size_t)c->world;
+    size_t sn = count * es * (k == GL_REDUCE_SCATTER ? w : 1), rn = count * es * (k == GL_ALL_GATHER ? w : 1);
+    ca_work_impl *wk = NULL;
+    pthread_mutex_lock(&c->mu);
+    ca_status st = cu_enter(c->d, "nccl (gloo)");
+    if (st == CA_OK && k != GL_BARRIER && sn + rn > c->host_cap) {
+        if (c->host) cudaFreeHost(c->host);
+        c->host = NULL;
+        c->host_cap = 0;
+        CA_CUDA_TRY_GOTO(cudaHostAlloc((void **)&c->host, sn + rn, cudaHostAllocPortable), st, out,
+                         "nccl %s: %zu bytes of pinned memory to stage through", what, sn + rn);
+        c->host_cap = sn + rn;
+    }
+    if (st != CA_OK) goto out;
+    char *hs = c->host, *hr = k == GL_BROADCAST ? c->host : c->host + sn;
+    if (k != GL_BARRIER) {
+        CA_CUDA_TRY_GOTO(cudaMemcpyAsync(hs, send, sn, cudaMemcpyDeviceToHost, c->d->stream), st, out, "nccl %s", what);
+        CA_CUDA_TRY_GOTO(cudaStreamSynchronize(c->d->stream), st, out, "nccl %s: copying to the host", what);
+    }
+    switch (k) {
+    case GL_ALL_REDUCE: st = c->gloo->all_reduce(c->gc, hs, hr, count, dt, op, &wk); break;
+    case GL_BROADCAST: st = c->gloo->broadcast(c->gc, hs, count, dt, root, &wk); break;
+    case GL_ALL_GATHER: st = c->gloo->all_gather(c->gc, hs, hr, count, dt, &wk); break;
+    case GL_REDUCE_SCATTER: st = c->gloo->reduce_scatter(c->gc, hs, hr, count, dt, op, &wk); break;
+    case GL_BARRIER: st = c->gloo->barrier(c->gc, &wk); break;
+    }
+    if (st == CA_OK && wk) st = c->gloo->work_wait(wk, c->timeout_ms);
+    if (wk) c->gloo->work_free(wk);
+    if (st != CA_OK || k == GL_BARRIER) goto out;
+    CA_CUDA_TRY_GOTO(cudaMemcpyAsync(recv, hr, rn, cudaMemcpyHostToDevice, c->d->stream), st, out, "nccl %s", what);
+    CA_CUDA_TRY_GOTO(cudaStreamSynchronize(c->d->stream), st, out, "nccl %s: copying back to the GPU", what);
+out:
+    pthread_mutex_unlock(&c->mu);
+    if (st != CA_OK) ca_error_context("nccl %s (rank %d of %d, through gloo)", what, c->rank, c->world);
+    return st;
+}
+
 /* ------------------------------------------------------------ create */
 
 static void nccl_destroy(void *comm);
@@ -198,6 +315,14 @@ static ca_status nccl_init(const ca_comm_init_args *a, void **out) {
     int64_t deadline = ca_now_ms() + c->timeout_ms;
     st = cu_enter(c->d, "nccl init");
     if (st != CA_OK) goto fail;
+    bool shared = false;
+    char note[256];
+    if (c->world > 1 && (st = gpu_shared(a, c, &shared, note, sizeof note)) != CA_OK) goto fail;
+    if (shared) {
+        if ((st = gloo_start(a, c, note)) != CA_OK) goto fail;
+        *out = c;
+        return CA_OK;
+    }
 
     /* rank 0 makes the id, the others read it from the store */
     ncclUniqueId id;
@@ -277,6 +402,8 @@ static void nccl_destroy(void *comm) {
     }
     c->comm = NULL;
     pthread_mutex_unlock(&c->mu);
+    if (c->gloo) c->gloo->destroy(c->gc);
+    if (c->host) cudaFreeHost(c->host);
     if (c->one) cudaFree(c->one);
     if (c->ready) cudaEventDestroy(c->ready);
     if (c->stream) cudaStreamDestroy(c->stream);   /* released once its queued work is done */
@@ -401,6 +528,7 @@ static ca_status nccl_all_reduce(void *comm, const void *send, void *recv, size_
     if (!nccl_op(op, &o)) return ca_error(CA_ERR_INVALID, "nccl all_reduce: unknown reduce op %d", (int)op);
     char what[96];
     snprintf(what, sizeof what, "all_reduce(%s, %zu elements, %s)", ca_dtype_name(dt), count, ca_reduce_op_name(op));
+    if (c && c->gloo) return gloo_op(c, GL_ALL_REDUCE, send, recv, count, dt, op, 0, what);
     ca_status st = begin(c, what, dt, &t, send, recv);
     if (st != CA_OK) return st;
     return finish_issue(c, nc.all_reduce(send, recv, count, t, o, c->comm, c->stream), what, work);
@@ -411,6 +539,7 @@ static ca_status nccl_broadcast(void *comm, void *buf, size_t count, ca_dtype dt
     ncclDataType_t t;
     char what[96];
     snprintf(what, sizeof what, "broadcast(%s, %zu elements, root %d)", ca_dtype_name(dt), count, root);
+    if (c && c->gloo) return gloo_op(c, GL_BROADCAST, buf, buf, count, dt, CA_OP_SUM, root, what);
     ca_status st = begin(c, what, dt, &t, buf, NULL);
     if (st != CA_OK) return st;
     return finish_issue(c, nc.broadcast(buf, buf, count, t, root, c->comm, c->stream), what, work);
@@ -422,6 +551,7 @@ static ca_status nccl_all_gather(void *comm, const void *send, void *recv, size_
     ncclDataType_t t;
     char what[96];
     snprintf(what, sizeof what, "all_gather(%s, %zu elements per rank)", ca_dtype_name(dt), count);
+    if (c && c->gloo) return gloo_op(c, GL_ALL_GATHER, send, recv, count, dt, CA_OP_SUM, 0, what);
     ca_status st = begin(c, what, dt, &t, send, recv);
     if (st != CA_OK) return st;
     return finish_issue(c, nc.all_gather(send, recv, count, t, c->comm, c->stream), what, work);
@@ -436,6 +566,7 @@ static ca_status nccl_reduce_scatter(void *comm, const void *send, void *recv, s
     char what[96];
     snprintf(what, sizeof what, "reduce_scatter(%s, %zu elements per rank, %s)", ca_dtype_name(dt), count,
              ca_reduce_op_name(op));
+    if (c && c->gloo) return gloo_op(c, GL_REDUCE_SCATTER, send, recv, count, dt, op, 0, what);
     ca_status st = begin(c, what, dt, &t, send, recv);
     if (st != CA_OK) return st;
     return finish_issue(c, nc.reduce_scatter(send, recv, count, t, o, c->comm, c->stream), what, work);
@@ -445,6 +576,7 @@ static ca_status nccl_reduce_scatter(void *comm, const void *send, void *recv, s
 static ca_status nccl_barrier(void *comm, ca_work_impl **work) {
     nccl_comm *c = comm;
     ncclDataType_t t;
+    if (c && c->gloo) return gloo_op(c, GL_BARRIER, NULL, NULL, 0, CA_F32, CA_OP_SUM, 0, "barrier");
     ca_status st = begin(c, "barrier", CA_F32, &t, NULL, NULL);
     if (st != CA_OK) return st;
     return finish_issue(c, nc.all_reduce(c->one, c->one, 1, t, ncclSum, c->comm, c->stream), "barrier", work);
@@ -545,6 +677,7 @@ static ca_status nccl_abort(void *comm) {
     nccl_comm *c = comm;
     if (!c) return CA_OK;
     if (atomic_exchange(&c->aborted, true)) return CA_OK;
+    if (c->gloo) return c->gloo->abort ? c->gloo->abort(c->gc) : CA_OK;   /* gloo's is for another thread */
     cudaSetDevice(c->d->ordinal);
     int64_t until = ca_now_ms() + NC_ABORT_GRACE_MS;
     bool locked;
