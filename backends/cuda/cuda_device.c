@@ -228,7 +228,9 @@ static ca_status cu_open(int index, const ca_device_open_args *args, void **out)
     d->index = index;
     d->ordinal = ordinal;
     d->sync_checks = env_on("CACCEL_CUDA_SYNC") || env_on("CUDA_LAUNCH_BLOCKING");
-    d->allow_tf32 = env_on("CACCEL_ALLOW_TF32") || env_on("TORCH_ALLOW_TF32_CUBLAS_OVERRIDE");
+    bool tf32_arg = args && args->struct_size >= offsetof(ca_device_open_args, allow_tf32) + sizeof(bool) &&
+                    args->allow_tf32;
+    d->allow_tf32 = tf32_arg || env_on("CACCEL_ALLOW_TF32") || env_on("TORCH_ALLOW_TF32_CUBLAS_OVERRIDE");
     pthread_mutex_init(&d->stage_mu, NULL);
     struct cudaDeviceProp prop;
     CA_CUDA_TRY_GOTO(cudaSetDevice(ordinal), st, fail, "cuda open: selecting GPU %d", ordinal);

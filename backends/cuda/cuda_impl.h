@@ -76,8 +76,8 @@ typedef struct cuda_device {
     /* cuBLAS's workspace on the default stream (CU_BLAS_WORKSPACE bytes): cublasSetStream resets
      * the handle to cuBLAS's own pool, so set_stream hands it back when the default is current */
     void *blas_workspace;
-    /* f32 GEMMs on TF32 tensor cores (torch's allow_tf32 for matmul; off by default):
-     * CACCEL_ALLOW_TF32=1 or torch's TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1 */
+    /* f32 GEMMs on TF32 tensor cores (torch's allow_tf32 for matmul; off by default): the
+     * config key allow_tf32 (CACCEL_ALLOW_TF32=1), or torch's TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1 */
     bool allow_tf32;
     pthread_mutex_t stage_mu; /* the dataloader's thread and the main thread both copy */
     cu_stage_slot stage[CU_STAGE_SLOTS];
