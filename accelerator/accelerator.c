@@ -99,7 +99,7 @@ static ca_status select_device(ca_accelerator *acc) {
         if (found == CA_OK && kind == CA_DEVICE_LAZY) return open_lazy(acc, &bi);
         if (found == CA_OK) {
             ca_device_open_args args = {.struct_size = sizeof args, .local_rank = acc->local_rank,
-                                        .gpu_ids = st->gpu_ids};
+                                        .gpu_ids = st->gpu_ids, .allow_tf32 = st->allow_tf32};
             /* more local processes than GPUs share them (Gloo/MPI stage through the host; NCCL refuses) */
             int index = acc->world > 1 ? acc->local_rank % bi.device_count : 0;
             return ca_device_open(bi.name, index, &args, &acc->device);

@@ -1012,6 +1012,7 @@ ca_status ca_config_settings(const ca_config *c, ca_settings *out) {
     out->main_process_ip = K(c, "main_process_ip")->value;
     out->main_process_port = (int)int_or(K(c, "main_process_port"), 0);
     out->gpu_ids = K(c, "gpu_ids")->value;
+    out->allow_tf32 = bool_or(K(c, "allow_tf32"), false);
     const ca_cfg_entry *ga = K(c, "gradient_accumulation_steps"), *gc = K(c, "gradient_clipping");
     out->gradient_accumulation_steps = (int)int_or(ga, 1);
     out->gradient_clipping = double_or(gc, 0.0);

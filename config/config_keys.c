@@ -219,6 +219,7 @@ const ca_key_def ca_config_keys[] = {
     KE("backend", NULL, v_backend, EX | S | CF, "collective backend (null: gloo for CPUs, nccl for GPUs, mpi under mpirun)"),
     KF("timeout", "1800", 0.001, 1e9, EX | S, "seconds before a collective or the rendezvous gives up"),
     KF("bucket_cap_mb", "25", 0.001, 1e6, EX | S, "gradient bucket size in MiB for the all-reduce"),
+    KB("allow_tf32", "false", EX | S, "f32 matmuls on a GPU's TF32 tensor cores (torch's allow_tf32 for matmul)"),
     KE("comm_hook", "no", v_comm_hook, EX | S | CF,
        "DDP communication hook: fp16/bf16 send the gradients in 16 bits, power_sgd/batched_power_sgd as low-rank "
        "factors"),
@@ -338,6 +339,7 @@ const ca_env_def ca_config_envs[] = {
     {"CACCEL_BACKEND", CA_ENV_KEY, "backend"},
     {"CACCEL_TIMEOUT", CA_ENV_KEY, "timeout"},
     {"CACCEL_BUCKET_CAP_MB", CA_ENV_KEY, "bucket_cap_mb"},
+    {"CACCEL_ALLOW_TF32", CA_ENV_KEY, "allow_tf32"},
     {"CACCEL_COMM_HOOK", CA_ENV_KEY, "comm_hook"},
     {"CACCEL_ALLOW_UNKNOWN_KEYS", CA_ENV_KEY, "allow_unknown_keys"},
     {"CACCEL_EVEN_BATCHES", CA_ENV_KEY, "even_batches"},

@@ -18,6 +18,23 @@ tests_test_cuda_plugin_LDADD = $(CA_TEST_LIBS)
 tests_test_cuda_alloc_SOURCES = tests/test_cuda_alloc.c tests/test_cuda_util.h
 tests_test_cuda_alloc_CFLAGS = $(CA_TEST_CFLAGS)
 tests_test_cuda_alloc_LDADD = $(CA_TEST_LIBS)
+# the allocator on a mocked CUDA runtime: runs on any machine, links no CUDA library
+check_PROGRAMS += tests/test_cuda_alloc_mock
+TESTS += tests/test_cuda_alloc_mock
+tests_test_cuda_alloc_mock_SOURCES = tests/test_cuda_alloc_mock.c backends/cuda/cuda_alloc.c
+tests_test_cuda_alloc_mock_CFLAGS = $(CA_TEST_CFLAGS) $(CUDA_CPPFLAGS)
+tests_test_cuda_alloc_mock_LDADD = $(CA_TEST_LIBS)
+# the nccl backend on a mocked CUDA runtime and a mocked libnccl (mock_nccl.so, opened through
+# CACCEL_NCCL_LIBRARY): streams and events of an op, abort while an enqueue is stuck
+check_LTLIBRARIES += tests/mock_nccl.la
+tests_mock_nccl_la_SOURCES = tests/mock_nccl.c
+tests_mock_nccl_la_CFLAGS = $(AM_CFLAGS) $(CUDA_CPPFLAGS)
+tests_mock_nccl_la_LDFLAGS = -module -avoid-version -rpath /nowhere
+check_PROGRAMS += tests/test_cuda_nccl_mock
+TESTS += tests/test_cuda_nccl_mock
+tests_test_cuda_nccl_mock_SOURCES = tests/test_cuda_nccl_mock.c backends/cuda/nccl_coll.c
+tests_test_cuda_nccl_mock_CFLAGS = $(CA_TEST_CFLAGS) $(CUDA_CPPFLAGS)
+tests_test_cuda_nccl_mock_LDADD = $(CA_TEST_LIBS) -lpthread
 tests_test_cuda_nccl_SOURCES = tests/test_cuda_nccl.c tests/test_cuda_util.h
 tests_test_cuda_nccl_CFLAGS = $(CA_TEST_CFLAGS)
 tests_test_cuda_nccl_LDADD = $(CA_TEST_LIBS)

@@ -30,7 +30,7 @@ static void test_defaults(void **state) {
         {"num_machines", "1"}, {"gpu_ids", "null"}, {"main_process_ip", "null"}, {"main_process_port", "null"},
         {"rdzv_backend", "static"}, {"same_network", "false"}, {"main_training_function", "main"},
         {"enable_cpu_affinity", "false"}, {"downcast_bf16", "false"}, {"tpu_use_cluster", "false"},
-        {"region", "us-east-1"}, {"backend", "null"}, {"timeout", "1800"}, {"bucket_cap_mb", "25"},
+        {"region", "us-east-1"}, {"backend", "null"}, {"timeout", "1800"}, {"bucket_cap_mb", "25"}, {"allow_tf32", "false"},
         {"comm_hook", "no"}, {"even_batches", "true"}, {"split_batches", "false"}, {"dispatch_batches", "false"},
         {"use_seedable_sampler", "false"}, {"data_seed", "null"}, {"non_blocking", "false"},
         {"gradient_accumulation_steps", "1"}, {"gradient_clipping", "null"},
@@ -70,6 +70,7 @@ static void test_defaults(void **state) {
     assert_null(st.backend);
     assert_int_equal(st.timeout_ms, 1800000);
     assert_true(st.bucket_cap_mb == 25.0);
+    assert_false(st.allow_tf32);
     assert_true(st.even_batches);
     assert_false(st.split_batches);
     assert_false(st.dispatch_batches);
@@ -1356,6 +1357,26 @@ static void test_fsdp2_reshard_spellings(void **state) {
     assert_contains(ca_last_error(), "fsdp_config.fsdp_reshard_after_forward = maybe is not a sharding strategy");
 }
 
+/* allow_tf32 (torch's allow_tf32 for matmul, off by default) from a file or CACCEL_ALLOW_TF32 reaches
+ * the settings the accelerator opens its device with. */
+static void test_allow_tf32(void **state) {
+    (void)state;
+    ca_config *c = new_config();
+    assert_ok(ca_config_set(c, "allow_tf32", "true", CA_SRC_FILE, "f.yaml:3"));
+    ca_settings st;
+    assert_ok(ca_config_settings(c, &st));
+    assert_true(st.allow_tf32);
+    ca_config_destroy(c);
+    setenv("CACCEL_ALLOW_TF32", "1", 1);
+    c = new_config();
+    assert_ok(ca_config_load(c, NULL, 0, NULL));
+    assert_string_equal(ca_config_origin(c, "allow_tf32"), "env CACCEL_ALLOW_TF32");
+    assert_ok(ca_config_settings(c, &st));
+    assert_true(st.allow_tf32);
+    ca_config_destroy(c);
+    unsetenv("CACCEL_ALLOW_TF32");
+}
+
 /* even_batches has a flag and a variable, and reaches the accelerator (its
  * dataloaders are sharded with it). */
 static void test_even_batches(void **state) {
@@ -1513,6 +1534,7 @@ int main(void) {
         cmocka_unit_test_setup(test_parallelism_config_keys, setup),
         cmocka_unit_test_setup(test_parallelism_refused, setup),
         cmocka_unit_test_setup(test_fsdp2_reshard_spellings, setup),
+        cmocka_unit_test_setup(test_allow_tf32, setup),
         cmocka_unit_test_setup(test_even_batches, setup),
         cmocka_unit_test_setup(test_dataloader_config, setup),
     };

@@ -11,6 +11,12 @@ CACCEL_PLUGIN_PATH="$b/backends/cuda/.libs${CACCEL_PLUGIN_PATH:+:$CACCEL_PLUGIN_
 export CACCEL_PLUGIN_PATH
 unset CACCEL_LOG_LEVEL ACCELERATE_LOG_LEVEL ACCELERATE_USE_CPU ACCELERATE_DISTRIBUTED_TYPE RANK WORLD_SIZE LOCAL_RANK
 
+# NCCL and cuBLAS are opened when first used: a machine without them still loads the plugin and its GPU
+if command -v readelf >/dev/null 2>&1; then
+    needed=$(readelf -d "$plugin" | grep NEEDED) || fail "readelf -d $plugin lists no NEEDED entries"
+    echo "$needed" | grep -E 'libnccl|libcublas' && fail "$plugin links NCCL or cuBLAS at load time: $needed"
+fi
+
 out=$("$b/tools/caccel" env 2>&1) || { echo "$out"; fail "caccel env exited non-zero"; }
 row=$(echo "$out" | grep -E '^  cuda +device ') || { echo "$out"; fail "caccel env does not list the cuda backend"; }
 echo "$out" | grep -E '^  nccl +collective ' >/dev/null || { echo "$out"; fail "caccel env does not list nccl"; }

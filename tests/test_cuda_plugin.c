@@ -1,5 +1,7 @@
-/* The CUDA plugin on any machine: it loads (also without a driver, and without mapping cuBLAS until a GPU opens), lists its backends, reports its GPU count with the driver's reason, and the accelerator falls back to the CPU or, for MULTI_GPU, fails with that reason. */
+/* The CUDA plugin on any machine: it loads (also without a driver, and without mapping cuBLAS until a GPU opens, or NCCL until a communicator needs it), lists its backends, reports its GPU count with the driver's reason, and the accelerator falls back to the CPU or, for MULTI_GPU, fails with that reason. */
 #include "test_cuda_util.h"
+
+#include <dlfcn.h>
 
 static char reason[512];
 static int ngpu;
@@ -94,6 +96,39 @@ static bool mapped(const char *name) {
     return found;
 }
 
+/* NCCL is opened on first use, not with the plugin: without it (main names a library that is not
+ * there in CACCEL_NCCL_LIBRARY) the cuda device is listed as before and the nccl backend says why. */
+static void test_nccl_missing(void **state) {
+    /* the registry refuses the plugin's backends on a machine without a GPU: its table, directly */
+    char path[4096];
+    tc_plugin_path(path, sizeof path);
+    void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    assert_non_null(h);
+    ca_plugin_init_fn init = (ca_plugin_init_fn)dlsym(h, CA_PLUGIN_INIT_SYMBOL);
+    assert_non_null(init);
+    const ca_plugin *pl = init();
+    assert_int_equal(pl->num_collectives, 1);
+    const ca_collective_ops *ops = pl->collectives[0];
+    assert_string_equal(ops->name, "nccl");
+    static const ca_device_ops unusable = {.struct_size = sizeof(ca_device_ops), .name = "cuda"};
+    const ca_device_ops *dops = ca_registry_device("cuda");
+    if (!dops) {   /* no GPU: the registry lists cuda as unusable; init checks the library before the device */
+        ca_clear_error();
+        dops = &unusable;
+    }
+    int dummy = 0;
+    ca_comm_init_args a = {.struct_size = sizeof a, .world_size = 1, .timeout_ms = 1000, .device_ops = dops,
+                           .device = &dummy};
+    void *comm = NULL;
+    assert_int_equal(ops->init(&a, &comm), CA_ERR_UNSUPPORTED);
+    assert_null(comm);
+    printf("without NCCL: %s\n  hint: %s\n", ca_last_error(), ca_last_hint());
+    assert_non_null(strstr(ca_last_error(), "NCCL not found (libcaccel-test-no-nccl.so.2: "));
+    assert_non_null(strstr(ca_last_hint(), "CACCEL_NCCL_LIBRARY"));
+    assert_false(mapped("libnccl"));
+    dlclose(h);
+}
+
 /* cuBLAS (with cuBLASLt, 0.1 s and 25,000 page faults to map) comes with the first GPU opened, not
  * with the plugin: a process on a machine without a GPU never maps it. */
 static void test_cublas_with_the_gpu(void **state) {
@@ -110,6 +145,7 @@ static void test_cublas_with_the_gpu(void **state) {
 
 int main(void) {
     ca_log_set_level(CA_LOG_ERROR);
+    setenv("CACCEL_NCCL_LIBRARY", "libcaccel-test-no-nccl.so.2", 1);   /* test_nccl_missing */
     tc_load_plugin();
     ngpu = tc_gpu_count(reason, sizeof reason);
     if (ngpu == 0 && !reason[0]) {
@@ -122,6 +158,7 @@ int main(void) {
         cmocka_unit_test(test_accelerator_device),
         cmocka_unit_test(test_multi_gpu),
         cmocka_unit_test(test_nccl_needs_cuda),
+        cmocka_unit_test(test_nccl_missing),
         cmocka_unit_test(test_cublas_with_the_gpu),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);

@@ -20,6 +20,13 @@
  * segment whose blocks are all free is one block again and can be returned
  * by empty_cache. Blocks are reused only on the stream they were allocated
  * for: the stream orders the reuse after the kernels that used them.
+ *
+ * A block used on another stream too (NCCL's, a copy stream) says so with
+ * cu_alloc_record_stream, as torch's recordStream: its free then records an
+ * event on each such stream and parks the block; it becomes free (merges and
+ * serves requests) only once those events completed, which the allocator
+ * checks on each alloc. Without this, the block's own stream would hand it to
+ * the next request while the other stream still reads or writes it.
  */
 
 #define ROUND 512u
@@ -36,6 +43,11 @@ typedef struct cu_block {
     bool in_use;
     bool small;                        /* which pool */
     struct cu_block *prev, *next;      /* neighbours in the segment, by address */
+    cudaStream_t *uses;                /* other streams it was used on while in use (record_stream) */
+    int nuses, cap_uses;
+    cudaEvent_t *events;               /* parked after free: recorded on those streams */
+    int nevents;
+    struct cu_block *next_parked;
 } cu_block;
 
 typedef struct pool {
@@ -48,6 +60,9 @@ struct cu_alloc {
     pthread_mutex_t mu;
     pool small, large;
     ca_ptr_map in_use;                 /* ptr -> block, the blocks in use */
+    cu_block *parked;                  /* freed, waiting for their events */
+    cudaEvent_t *spare;                /* completed events, recycled */
+    int nspare, cap_spare;
     ca_allocator_stats st;
 };
 
@@ -132,6 +147,7 @@ static void release_free_segments(cu_alloc *a) {
             cudaFree(b->ptr);
             a->st.reserved -= b->size;
             a->st.num_device_frees++;
+            free(b->uses);
             free(b);
         }
         p->n = w;
@@ -160,6 +176,138 @@ static ca_status oom(cu_alloc *a, size_t bytes, size_t seg) {
     return CA_ERR_NOMEM;
 }
 
+/* -------------------------------------------- release, parked blocks */
+
+/* Makes a block that is no longer used free: merges it with free neighbours of its segment and
+ * puts it in its pool. Caller holds mu. */
+static void release_block(cu_alloc *a, cu_block *b) {
+    pool *p = b->small ? &a->small : &a->large;
+    b->in_use = false;
+    a->st.allocated -= b->size;
+    b->nuses = 0;
+    /* merge with free neighbours of the same segment */
+    cu_block *n = b->next;
+    if (n && !n->in_use) {
+        pool_remove(p, n);
+        b->size += n->size;
+        b->next = n->next;
+        if (n->next) n->next->prev = b;
+        free(n->uses);
+        free(n);
+    }
+    cu_block *q = b->prev;
+    if (q && !q->in_use) {
+        pool_remove(p, q);
+        q->size += b->size;
+        q->next = b->next;
+        if (b->next) b->next->prev = q;
+        free(b->uses);
+        free(b);
+        b = q;
+    }
+    if (!pool_insert(p, b)) {
+        /* cannot remember it as free: return it when it is a whole segment, else it is lost to reuse */
+        if (!b->prev && !b->next) {
+            cudaSetDevice(a->d->ordinal);
+            cudaFree(b->ptr);
+            cudaGetLastError();
+            a->st.reserved -= b->size;
+            a->st.num_device_frees++;
+            free(b->uses);
+            free(b);
+        } else {
+            CA_LOG_E("cuda allocator: out of host memory; %zu bytes at %p stay unused", b->size, (void *)b->ptr);
+        }
+    }
+}
+
+/* An event to record, recycled when possible. Caller holds mu. */
+static cudaError_t take_event(cu_alloc *a, cudaEvent_t *ev) {
+    if (a->nspare > 0) {
+        *ev = a->spare[--a->nspare];
+        return cudaSuccess;
+    }
+    return cudaEventCreateWithFlags(ev, cudaEventDisableTiming);
+}
+
+static void give_event(cu_alloc *a, cudaEvent_t ev) {
+    if (a->nspare == a->cap_spare) {
+        int cap = a->cap_spare ? a->cap_spare * 2 : 16;
+        cudaEvent_t *v = realloc(a->spare, (size_t)cap * sizeof *v);
+        if (!v) {
+            cudaEventDestroy(ev);
+            return;
+        }
+        a->spare = v;
+        a->cap_spare = cap;
+    }
+    a->spare[a->nspare++] = ev;
+}
+
+/* Parks b behind an event on each stream it was used on. False when an event cannot be recorded:
+ * then the other streams are waited for here, so the block can be released at once. */
+static bool park_block(cu_alloc *a, cu_block *b) {
+    b->events = calloc((size_t)b->nuses, sizeof *b->events);
+    bool ok = b->events != NULL;
+    for (int i = 0; ok && i < b->nuses; i++) {
+        cudaEvent_t ev;
+        if (take_event(a, &ev) != cudaSuccess) {
+            ok = false;
+            break;
+        }
+        if (cudaEventRecord(ev, b->uses[i]) != cudaSuccess) {
+            give_event(a, ev);
+            ok = false;
+            break;
+        }
+        b->events[b->nevents++] = ev;
+    }
+    if (ok) {
+        b->next_parked = a->parked;
+        a->parked = b;
+        return true;
+    }
+    cudaGetLastError();
+    for (int i = 0; i < b->nuses; i++) cudaStreamSynchronize(b->uses[i]);
+    cudaGetLastError();
+    for (int i = 0; i < b->nevents; i++) give_event(a, b->events[i]);
+    free(b->events);
+    b->events = NULL;
+    b->nevents = 0;
+    return false;
+}
+
+/* Releases the parked blocks whose events completed (wait: waits for them all first). Caller
+ * holds mu. */
+static void process_parked(cu_alloc *a, bool wait) {
+    cu_block **link = &a->parked;
+    while (*link) {
+        cu_block *b = *link;
+        bool done = true;
+        while (b->nevents > 0) {
+            cudaEvent_t ev = b->events[b->nevents - 1];
+            cudaError_t e = wait ? cudaEventSynchronize(ev) : cudaEventQuery(ev);
+            if (e == cudaErrorNotReady) {
+                done = false;
+                break;
+            }
+            /* an error here is the context's (sticky), reported by the next call that checks */
+            give_event(a, ev);
+            b->nevents--;
+        }
+        cudaGetLastError();
+        if (!done) {
+            link = &b->next_parked;
+            continue;
+        }
+        *link = b->next_parked;
+        b->next_parked = NULL;
+        free(b->events);
+        b->events = NULL;
+        release_block(a, b);
+    }
+}
+
 /* ------------------------------------------------------ alloc/free */
 
 static ca_status cu_alloc_alloc(void *actx, size_t bytes, void *stream, void **ptr) {
@@ -175,6 +323,7 @@ static ca_status cu_alloc_alloc(void *actx, size_t bytes, void *stream, void **p
     if (st != CA_OK) return st;
 
     pthread_mutex_lock(&a->mu);
+    if (a->parked) process_parked(a, false);
     cu_block *b = NULL;
     size_t i = lower_bound(p, s, size, NULL);
     if (i < p->n && p->v[i]->stream == s) {
@@ -187,6 +336,7 @@ static ca_status cu_alloc_alloc(void *actx, size_t bytes, void *stream, void **p
         cudaError_t e = cudaMalloc(&mem, seg);
         if (e != cudaSuccess) {
             cudaGetLastError();
+            process_parked(a, true);    /* blocks other streams still hold, then */
             release_free_segments(a);   /* give back what is cached and try once more */
             e = cudaMalloc(&mem, seg);
         }
@@ -257,41 +407,39 @@ static void cu_alloc_free(void *actx, void *ptr) {
         CA_LOG_E("cuda allocator: free of %p, which it did not allocate or already freed", ptr);
         return;
     }
-    pool *p = b->small ? &a->small : &a->large;
-    b->in_use = false;
-    a->st.allocated -= b->size;
     a->st.num_frees++;
-    /* merge with free neighbours of the same segment */
-    cu_block *n = b->next;
-    if (n && !n->in_use) {
-        pool_remove(p, n);
-        b->size += n->size;
-        b->next = n->next;
-        if (n->next) n->next->prev = b;
-        free(n);
+    if (b->nuses == 0 || !park_block(a, b)) release_block(a, b);
+    pthread_mutex_unlock(&a->mu);
+}
+
+/* The block in use that holds ptr (a tensor may start inside its allocation). Caller holds mu. */
+static cu_block *block_holding(cu_alloc *a, const void *ptr) {
+    cu_block *b = ca_ptr_map_get(&a->in_use, ptr);
+    if (b) return b;
+    for (size_t i = 0; i < a->in_use.nslots; i++) {
+        b = a->in_use.slots[i].val;
+        if (b && (const char *)ptr >= b->ptr && (const char *)ptr < b->ptr + b->size) return b;
     }
-    cu_block *q = b->prev;
-    if (q && !q->in_use) {
-        pool_remove(p, q);
-        q->size += b->size;
-        q->next = b->next;
-        if (b->next) b->next->prev = q;
-        free(b);
-        b = q;
-    }
-    if (!pool_insert(p, b)) {
-        /* cannot remember it as free: return it when it is a whole segment, else it is lost to reuse */
-        if (!b->prev && !b->next) {
-            cudaSetDevice(a->d->ordinal);
-            cudaFree(b->ptr);
-            cudaGetLastError();
-            a->st.reserved -= b->size;
-            a->st.num_device_frees++;
-            free(b);
-        } else {
-            CA_LOG_E("cuda allocator: out of host memory; %zu bytes at %p stay unused", b->size, (void *)b->ptr);
+    return NULL;
+}
+
+void cu_alloc_record_stream(cu_alloc *a, const void *ptr, cudaStream_t stream) {
+    if (!a || !ptr) return;
+    pthread_mutex_lock(&a->mu);
+    cu_block *b = block_holding(a, ptr);
+    bool known = b == NULL || b->stream == stream;
+    for (int i = 0; b && !known && i < b->nuses; i++) known = b->uses[i] == stream;
+    if (!known && b->nuses == b->cap_uses) {
+        int cap = b->cap_uses ? b->cap_uses * 2 : 2;
+        cudaStream_t *v = realloc(b->uses, (size_t)cap * sizeof *v);
+        if (v) {
+            b->uses = v;
+            b->cap_uses = cap;
         }
     }
+    if (!known && b->nuses < b->cap_uses) b->uses[b->nuses++] = stream;
+    else if (!known)   /* no room to remember it: the block is not reused before that stream is done */
+        cudaStreamSynchronize(stream);
     pthread_mutex_unlock(&a->mu);
 }
 
@@ -312,6 +460,7 @@ static void cu_alloc_empty(void *actx) {
     cudaStreamSynchronize(a->d->stream);
     cudaGetLastError();
     pthread_mutex_lock(&a->mu);
+    process_parked(a, true);
     release_free_segments(a);
     pthread_mutex_unlock(&a->mu);
 }
@@ -351,6 +500,7 @@ void cu_alloc_destroy(cu_alloc *a) {
     cudaSetDevice(a->d->ordinal);
     /* collect the segment heads: free blocks and blocks in use, walked to their first block */
     size_t cap = a->small.n + a->large.n + a->in_use.nused, n = 0;
+    for (cu_block *b = a->parked; b; b = b->next_parked) cap++;
     cu_block **heads = calloc(cap ? cap : 1, sizeof *heads);
     pool *pools[2] = {&a->small, &a->large};
     for (int k = 0; k < 2; k++)
@@ -362,11 +512,20 @@ void cu_alloc_destroy(cu_alloc *a) {
         cu_block *b = a->in_use.slots[i].val;
         if (b && !b->prev && heads) heads[n++] = b;
     }
+    /* parked blocks: the device was synchronised by close; their events go */
+    for (cu_block *b = a->parked; b; b = b->next_parked) {
+        for (int i = 0; i < b->nevents; i++) cudaEventDestroy(b->events[i]);
+        free(b->events);
+        if (!b->prev && heads) heads[n++] = b;
+    }
+    for (int i = 0; i < a->nspare; i++) cudaEventDestroy(a->spare[i]);
+    free(a->spare);
     for (size_t i = 0; i < n; i++) {
         cu_block *b = heads[i];
         cudaFree(b->ptr);
         while (b) {
             cu_block *next = b->next;
+            free(b->uses);
             free(b);
             b = next;
         }

@@ -41,6 +41,8 @@ static void cu_blas_load_once(void) {
     CU_BIND(create, cublasCreate);
     CU_BIND(destroy, cublasDestroy);
     CU_BIND(set_stream, cublasSetStream);
+    CU_BIND(set_workspace, cublasSetWorkspace);
+    CU_BIND(set_math_mode, cublasSetMathMode);
     CU_BIND(status_name, cublasGetStatusName);
     CU_BIND(status_string, cublasGetStatusString);
     CU_BIND(gemm_strided_batched_ex, cublasGemmStridedBatchedEx);

@@ -193,7 +193,23 @@ static bool env_on(const char *name) {
     return v && *v && strcmp(v, "0") != 0;
 }
 
+/* The handle's workspace (when the default stream is current: cublasSetStream just reset it) and
+ * math mode. */
+static ca_status cu_blas_setup(cuda_device *d, const char *what) {
+    cublasHandle_t h = (cublasHandle_t)d->cublas;
+    cublasStatus_t bs = CUBLAS_STATUS_SUCCESS;
+    if (d->stream == d->default_stream && d->blas_workspace)
+        bs = cu_blas.set_workspace(h, d->blas_workspace, CU_BLAS_WORKSPACE);
+    if (bs == CUBLAS_STATUS_SUCCESS)
+        bs = cu_blas.set_math_mode(h, d->allow_tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH);
+    if (bs != CUBLAS_STATUS_SUCCESS)
+        return ca_error(CA_ERR_BACKEND, "%s: cublasSetWorkspace/cublasSetMathMode on GPU %d: %s", what, d->ordinal,
+                        cu_blas.status_string(bs));
+    return CA_OK;
+}
+
 static void cu_close(void *dev);
+static void stage_free(cuda_device *d);
 
 static ca_status cu_open(int index, const ca_device_open_args *args, void **out) {
     if (!out) return ca_error(CA_ERR_INVALID, "cuda open: output pointer is NULL");
@@ -212,6 +228,10 @@ static ca_status cu_open(int index, const ca_device_open_args *args, void **out)
     d->index = index;
     d->ordinal = ordinal;
     d->sync_checks = env_on("CACCEL_CUDA_SYNC") || env_on("CUDA_LAUNCH_BLOCKING");
+    bool tf32_arg = args && args->struct_size >= offsetof(ca_device_open_args, allow_tf32) + sizeof(bool) &&
+                    args->allow_tf32;
+    d->allow_tf32 = tf32_arg || env_on("CACCEL_ALLOW_TF32") || env_on("TORCH_ALLOW_TF32_CUBLAS_OVERRIDE");
+    pthread_mutex_init(&d->stage_mu, NULL);
     struct cudaDeviceProp prop;
     CA_CUDA_TRY_GOTO(cudaSetDevice(ordinal), st, fail, "cuda open: selecting GPU %d", ordinal);
     CA_CUDA_TRY_GOTO(cudaFree(NULL), st, fail, "cuda open: creating the context of GPU %d", ordinal);
@@ -257,6 +277,10 @@ static ca_status cu_open(int index, const ca_device_open_args *args, void **out)
         st = ca_error(CA_ERR_BACKEND, "cuda open: cublasSetStream: %s", cu_blas.status_string(bs));
         goto fail;
     }
+    CA_CUDA_TRY_GOTO(cudaMalloc(&d->blas_workspace, CU_BLAS_WORKSPACE), st, fail,
+                     "cuda open: cuBLAS's workspace (%zu MiB) on GPU %d", CU_BLAS_WORKSPACE >> 20, ordinal);
+    st = cu_blas_setup(d, "cuda open");
+    if (st != CA_OK) goto fail;
     st = cu_alloc_create(d, &d->alloc);
     if (st != CA_OK) goto fail;
     *out = d;
@@ -273,11 +297,14 @@ static void cu_close(void *dev) {
     cudaDeviceSynchronize();
     cu_alloc_destroy(d->alloc);
     if (d->cublas) cu_blas.destroy((cublasHandle_t)d->cublas);
+    if (d->blas_workspace) cudaFree(d->blas_workspace);
+    stage_free(d);
     if (d->stream && d->stream != d->default_stream) d->stream = d->default_stream;
     if (d->default_stream) cudaStreamDestroy(d->default_stream);
     if (d->err_host) cudaFreeHost(d->err_host);
     if (d->err_claim) cudaFree(d->err_claim);
     cudaGetLastError();
+    pthread_mutex_destroy(&d->stage_mu);
     free(d);
 }
 
@@ -327,6 +354,78 @@ static void cu_host_free(void *dev, void *ptr) {
         CA_LOG_E("cuda host_free of %p: %s", ptr, cudaGetErrorString(cudaGetLastError()));
 }
 
+/* Whether p is page-locked host memory (cudaHostAlloc'd or registered), which the GPU reads
+ * directly and asynchronously. */
+static bool is_pinned(const void *p) {
+    struct cudaPointerAttributes at;
+    if (cudaPointerGetAttributes(&at, p) != cudaSuccess) {
+        cudaGetLastError();
+        return false;
+    }
+    return at.type == cudaMemoryTypeHost;
+}
+
+/* The staging slots, made on first use; false (and copies wait for the stream) without pinned
+ * memory for them. Caller holds stage_mu. */
+static bool stage_ready(cuda_device *d) {
+    if (d->stage[0].buf) return true;
+    if (d->stage_failed) return false;
+    for (int i = 0; i < CU_STAGE_SLOTS; i++) {
+        cu_stage_slot *sl = &d->stage[i];
+        if (cudaHostAlloc(&sl->buf, CU_STAGE_BYTES, cudaHostAllocPortable) != cudaSuccess ||
+            cudaEventCreateWithFlags(&sl->ev, cudaEventDisableTiming) != cudaSuccess) {
+            cudaGetLastError();
+            CA_LOG_W("cuda: no pinned memory for copy staging on GPU %d: host-to-device copies wait for the GPU",
+                     d->ordinal);
+            d->stage_failed = true;
+            return false;
+        }
+    }
+    return true;
+}
+
+static void stage_free(cuda_device *d) {
+    for (int i = 0; i < CU_STAGE_SLOTS; i++) {
+        if (d->stage[i].buf) cudaFreeHost(d->stage[i].buf);
+        if (d->stage[i].ev) cudaEventDestroy(d->stage[i].ev);
+        d->stage[i].buf = NULL;
+        d->stage[i].ev = NULL;
+    }
+    cudaGetLastError();
+}
+
+/* Host (pageable) to device without waiting for the GPU: each chunk is copied into the next slot
+ * once the GPU has read that slot's previous chunk, then queued on the stream. The caller may
+ * reuse src when this returns; the stream orders dst's readers after the copy. */
+static ca_status staged_h2d(cuda_device *d, char *dst, const char *src, size_t bytes, bool *done) {
+    *done = false;
+    pthread_mutex_lock(&d->stage_mu);
+    if (!stage_ready(d)) {
+        pthread_mutex_unlock(&d->stage_mu);
+        return CA_OK;
+    }
+    ca_status st = CA_OK;
+    for (size_t off = 0; off < bytes && st == CA_OK; off += CU_STAGE_BYTES) {
+        size_t n = bytes - off < CU_STAGE_BYTES ? bytes - off : CU_STAGE_BYTES;
+        cu_stage_slot *sl = &d->stage[d->stage_next];
+        d->stage_next = (d->stage_next + 1) % CU_STAGE_SLOTS;
+        cudaError_t e = cudaEventSynchronize(sl->ev);   /* the GPU has read its last chunk */
+        if (e == cudaSuccess) {
+            memcpy(sl->buf, src + off, n);
+            e = cudaMemcpyAsync(dst + off, sl->buf, n, cudaMemcpyHostToDevice, d->stream);
+        }
+        if (e == cudaSuccess) e = cudaEventRecord(sl->ev, d->stream);
+        if (e != cudaSuccess)
+            st = cu_error_at(e, __FILE__, __LINE__, "cuda memcpy host to device of %zu bytes (staged, at %zu)", bytes,
+                             off);
+    }
+    pthread_mutex_unlock(&d->stage_mu);
+    *done = st == CA_OK;
+    return st;
+}
+
+/* Device to device never waits (the stream orders it); host to device waits only when it cannot
+ * stage (pinned sources with async go directly); device to host waits unless async. */
 static ca_status cu_memcpy(void *dev, void *dst, const void *src, size_t bytes, ca_copy_kind kind, bool async) {
     cuda_device *d = dev;
     if (bytes == 0) return CA_OK;
@@ -339,9 +438,14 @@ static ca_status cu_memcpy(void *dev, void *dst, const void *src, size_t bytes, 
     if ((unsigned)kind > CA_COPY_D2D) return ca_error(CA_ERR_INVALID, "cuda memcpy: unknown copy kind %d", (int)kind);
     ca_status st = cu_enter(d, "memcpy");
     if (st != CA_OK) return st;
+    if (kind == CA_COPY_H2D && !(async && is_pinned(src))) {
+        bool done = false;
+        st = staged_h2d(d, dst, src, bytes, &done);
+        if (st != CA_OK || done) return st;
+    }
     CA_CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, kinds[kind], d->stream), "cuda memcpy %s of %zu bytes",
                 names[kind], bytes);
-    if (async) return CA_OK;
+    if (async || kind == CA_COPY_D2D) return CA_OK;
     CA_CUDA_TRY(cudaStreamSynchronize(d->stream), "cuda memcpy %s of %zu bytes (waiting for the stream)",
                 names[kind], bytes);
     return cu_check_deferred(d);
@@ -366,7 +470,8 @@ static ca_status set_stream_impl(cuda_device *d, cudaStream_t s) {
     if (bs != CUBLAS_STATUS_SUCCESS)
         return ca_error(CA_ERR_BACKEND, "cuda set_stream: cublasSetStream: %s", cu_blas.status_string(bs));
     d->stream = s;
-    return CA_OK;
+    /* the workspace serves the default stream only: kernels of two streams must not share it */
+    return cu_blas_setup(d, "cuda set_stream");
 }
 
 static void cu_stream_destroy(void *dev, void *stream) {

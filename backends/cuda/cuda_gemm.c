@@ -32,7 +32,7 @@ ca_status cu_gemm(void *dev, const ca_gemm_args *args) {
         return cu_gemm_scale_c(d, g->c_dtype, m, n, g->ldc, g->stride_c, batch, g->beta, g->c);
 
     cublasComputeType_t compute = CUBLAS_COMPUTE_32F;
-    if (g->a_dtype == CA_F32 && g->allow_tf32) compute = CUBLAS_COMPUTE_32F_FAST_TF32;
+    if (g->a_dtype == CA_F32 && (g->allow_tf32 || d->allow_tf32)) compute = CUBLAS_COMPUTE_32F_FAST_TF32;
     cublasOperation_t opa = g->trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
     cublasOperation_t opb = g->trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
     float alpha = g->alpha, beta = g->beta;

@@ -9,6 +9,7 @@
 #include <cuda_runtime_api.h>
 #include <cublas_v2.h>
 
+#include <pthread.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -23,6 +24,16 @@ extern "C" {
 #endif
 
 typedef struct cu_alloc cu_alloc;   /* the caching allocator (cuda_alloc.c) */
+
+/* Pinned staging for host-to-device copies from pageable memory (cuda_device.c): a copy goes
+ * through the slots in turn, CU_STAGE_BYTES at a time, and returns without waiting for the GPU;
+ * a slot's event says when the GPU has read it, and a slot is refilled only after that. */
+#define CU_STAGE_SLOTS 4
+#define CU_STAGE_BYTES ((size_t)4 << 20)
+typedef struct cu_stage_slot {
+    void *buf;                /* pinned, CU_STAGE_BYTES */
+    cudaEvent_t ev;           /* recorded after the copy that reads buf */
+} cu_stage_slot;
 
 /* A problem a kernel found in its data (a label out of range, a negative
  * index). The device cannot return an error from a kernel, so the first such
@@ -63,7 +74,21 @@ typedef struct cuda_device {
     int cc_major, cc_minor;
     size_t total_mem;
     char name[256];
+    /* cuBLAS's workspace on the default stream (CU_BLAS_WORKSPACE bytes): cublasSetStream resets
+     * the handle to cuBLAS's own pool, so set_stream hands it back when the default is current */
+    void *blas_workspace;
+    /* f32 GEMMs on TF32 tensor cores (torch's allow_tf32 for matmul; off by default): the
+     * config key allow_tf32 (CACCEL_ALLOW_TF32=1), or torch's TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1 */
+    bool allow_tf32;
+    pthread_mutex_t stage_mu; /* the dataloader's thread and the main thread both copy */
+    cu_stage_slot stage[CU_STAGE_SLOTS];
+    int stage_next;
+    bool stage_failed;        /* no pinned memory for it: copies wait for the stream instead */
 } cuda_device;
+
+/* cuBLAS's workspace per handle: 32 MiB, as torch gives it on sm_90 (CUBLAS_WORKSPACE_CONFIG's
+ * default there), so that cuBLASLt's split-K kernels need no allocation of their own. */
+#define CU_BLAS_WORKSPACE ((size_t)32 << 20)
 
 /* ------------------------------------------------------------ errors */
 
@@ -114,6 +139,9 @@ extern const ca_allocator_ops cu_allocator_ops;
  * orders its reuse after the kernel. */
 ca_status cu_tmp_alloc(cuda_device *d, size_t bytes, void **ptr);
 void cu_tmp_free(cuda_device *d, void *ptr);
+/* Says that the block holding ptr (allocated for another stream) is used on `stream` too, as
+ * torch's recordStream: its free is then held back until the work queued there so far is done. */
+void cu_alloc_record_stream(cu_alloc *a, const void *ptr, cudaStream_t stream);
 
 /* ------------------------------------------------------------ cuBLAS */
 
@@ -124,6 +152,8 @@ typedef struct cu_blas_api {
     cublasStatus_t (*create)(cublasHandle_t *handle);
     cublasStatus_t (*destroy)(cublasHandle_t handle);
     cublasStatus_t (*set_stream)(cublasHandle_t handle, cudaStream_t stream);
+    cublasStatus_t (*set_workspace)(cublasHandle_t handle, void *workspace, size_t bytes);
+    cublasStatus_t (*set_math_mode)(cublasHandle_t handle, cublasMath_t mode);
     const char *(*status_name)(cublasStatus_t status);
     const char *(*status_string)(cublasStatus_t status);
     cublasStatus_t (*gemm_strided_batched_ex)(cublasHandle_t handle, cublasOperation_t transa,

@@ -1,7 +1,8 @@
 # backends/cuda: the CUDA device backend and the NCCL collective backend, one dlopen'd plugin
 # (caccel_cuda.so in $(pkglibdir)). libcaccel never links CUDA; the plugin links the CUDA runtime
-# statically, so it loads (and reports why there is no GPU) on machines without a driver, and opens
-# cuBLAS only when a GPU opens (cuda_blas.c), so that loading it costs a process next to nothing.
+# (statically where the toolkit has libcudart_static.a), so it loads (and reports why there is no GPU)
+# on machines without a driver; it opens cuBLAS only when a GPU opens (cuda_blas.c) and NCCL only
+# when a communicator needs it (nccl_coll.c): loading it costs next to nothing and needs neither.
 ca_cuda_cu_sources = \
 	backends/cuda/cuda_elementwise.cu \
 	backends/cuda/cuda_reduce.cu \

@@ -455,6 +455,8 @@ typedef struct ca_device_open_args {
     size_t struct_size;
     int local_rank;            /* -1 when not distributed */
     const char *gpu_ids;       /* config's gpu_ids ("all", "0,1"), may be NULL */
+    /* appended: f32 GEMMs may use TF32 (config's allow_tf32; read only when struct_size covers it) */
+    bool allow_tf32;
 } ca_device_open_args;
 
 typedef struct ca_device_ops {

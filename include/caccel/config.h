@@ -152,6 +152,7 @@ typedef struct ca_settings {
     bool non_blocking;                  /* accepted; no effect */
     bool deterministic;                 /* bit-identical results for any process/thread count */
     int deterministic_shards;           /* virtual shards per global batch (deterministic mode) */
+    bool allow_tf32;                    /* f32 GEMMs on TF32 tensor cores (GPU devices) */
 } ca_settings;
 
 /* Fills `out` from c (strings point into c). Never fails on a loaded config. */
