@@ -140,8 +140,8 @@ static void builtins_locked(void) {
     if (builtins_done) return;
     builtins_done = true;
     register_locked(ca_cpu_plugin(), "built-in");
-    /* the lazy device runs its graphs on the cpu backend's kernels */
-    register_locked(ca_xla_plugin(ca_cpu_plugin()->devices[0]), "built-in");
+    /* the lazy device runs its graphs on the cpu backend's kernels, and its own loops on their threads */
+    register_locked(ca_xla_plugin(ca_cpu_plugin()->devices[0], ca_cpu_parallel_for), "built-in");
     register_locked(ca_single_collective_plugin(), "built-in");
 }
 

@@ -2,7 +2,8 @@
 # The programs compile the backend's sources themselves (the library keeps
 # them hidden) and call them through ca_cpu_plugin()->devices[0].
 ca_cpu_tests = tests/test_cpu_device tests/test_cpu_gemm tests/test_cpu_cast tests/test_cpu_kernels \
-	tests/test_cpu_fpmode tests/test_cpu_parallel tests/test_cpu_nn_threads tests/test_cpu_threads_attn
+	tests/test_cpu_fpmode tests/test_cpu_parallel tests/test_cpu_nn_threads tests/test_cpu_threads_attn \
+	tests/test_cpu_threads
 check_PROGRAMS += $(ca_cpu_tests)
 TESTS += $(ca_cpu_tests)
 
@@ -45,6 +46,12 @@ tests_test_cpu_threads_attn_SOURCES = tests/test_cpu_threads_attn.c tests/test_c
 tests_test_cpu_threads_attn_CFLAGS = $(CA_TEST_CFLAGS) $(OPENBLAS_CFLAGS)
 tests_test_cpu_threads_attn_LDADD = $(CA_TEST_LIBS) $(OPENBLAS_LIBS)
 tests_test_cpu_threads_attn_LDFLAGS = $(OPENMP_CFLAGS)
+
+# The kernels' bits at 1, 2 and 3 threads (reductions, random draws, split elementwise ranges).
+tests_test_cpu_threads_SOURCES = tests/test_cpu_threads.c tests/test_cpu_util.h $(ca_cpu_sources)
+tests_test_cpu_threads_CFLAGS = $(CA_TEST_CFLAGS) $(OPENBLAS_CFLAGS)
+tests_test_cpu_threads_LDADD = $(CA_TEST_LIBS) $(OPENBLAS_LIBS)
+tests_test_cpu_threads_LDFLAGS = $(OPENMP_CFLAGS)
 
 # Both bf16 GEMM paths (oneDNN, conversion) pass the GEMM tests.
 TESTS += tests/test_cpu_gemm_paths.sh

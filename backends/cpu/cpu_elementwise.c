@@ -1,5 +1,6 @@
 /* CPU elementwise kernels: unary (+ backward), broadcasting binary, axpby. */
 #include "backends/cpu/cpu_impl.h"
+#include "backends/cpu/cpu_parallel.h"
 
 
 /* ---------------------------------------------------------------- unary */
@@ -21,34 +22,45 @@ static bool apart(const void *p, const void *q, int64_t n) {
     return a + len <= b || b + len <= a;
 }
 
-ca_status cpu_unary(void *dev, const ca_unary_args *args) {
-    ca_unary_op op = args->op;
-    ca_dtype dt = args->dt;
-    int64_t n = args->n;
-    const void *x = args->x;
-    void *y = args->y;
-    float alpha = args->alpha;
-    if (n == 0) return CA_OK;
-    if (dt == CA_F32) {
-        const float *xf = x;
-        float *yf = y;
-        if (xf == yf) {
-            unary_f32_inplace(op, n, yf, alpha);
-        } else if (apart(xf, yf, n)) {
-            unary_f32(op, n, xf, yf, alpha);
-        } else {
-            return ca_error(CA_ERR_INVALID, "cpu kernel unary %s: y partly overlaps x",
-                            ca_unary_op_name(op));
-        }
-        return CA_OK;
+/* Streaming elements one element of the op costs: the ops that call exp/log/erf/pow do several
+ * times the work of a load and a store, so their loops go parallel at a smaller size. */
+static int64_t unary_cost(ca_unary_op op) {
+    switch (op) {
+    case CA_UNARY_NEG: case CA_UNARY_RELU: case CA_UNARY_ABS: case CA_UNARY_SQUARE:
+    case CA_UNARY_SCALE: case CA_UNARY_ADD_SCALAR: case CA_UNARY_RECIP: case CA_UNARY_SQRT:
+    case CA_UNARY_RSQRT:
+        return 1;
+    default: return 4;
+    }
+}
+
+/* Elements [lo, hi) of a unary call; f16/bf16 through a chunk buffer of the range's own. */
+static void unary_range(void *ctx, int64_t lo, int64_t hi) {
+    const ca_unary_args *a = ctx;
+    if (a->dt == CA_F32) {
+        const float *x = (const float *)a->x + lo;
+        float *y = (float *)a->y + lo;
+        if (x == y)
+            unary_f32_inplace(a->op, hi - lo, y, a->alpha);
+        else
+            unary_f32(a->op, hi - lo, x, y, a->alpha);
+        return;
     }
     float buf[CPU_CHUNK];
-    for (int64_t off = 0; off < n; off += CPU_CHUNK) {
-        int64_t c = n - off < CPU_CHUNK ? n - off : CPU_CHUNK;
-        cpu_to_f32(dt, x, off, c, buf);
-        unary_f32_inplace(op, c, buf, alpha);
-        cpu_from_f32(dt, buf, c, y, off);
+    for (int64_t off = lo; off < hi; off += CPU_CHUNK) {
+        int64_t c = hi - off < CPU_CHUNK ? hi - off : CPU_CHUNK;
+        cpu_to_f32(a->dt, a->x, off, c, buf);
+        unary_f32_inplace(a->op, c, buf, a->alpha);
+        cpu_from_f32(a->dt, buf, c, a->y, off);
     }
+}
+
+ca_status cpu_unary(void *dev, const ca_unary_args *args) {
+    if (args->n == 0) return CA_OK;
+    if (args->dt == CA_F32 && args->x != args->y && !apart(args->x, args->y, args->n))
+        return ca_error(CA_ERR_INVALID, "cpu kernel unary %s: y partly overlaps x", ca_unary_op_name(args->op));
+    int64_t cost = unary_cost(args->op) + (args->dt != CA_F32);
+    cpu_parallel_for(args->n, cpu_grain_for(cost), unary_range, (void *)args);
     return CA_OK;
 }
 
@@ -131,41 +143,49 @@ CPU_CLONES static void accumulate_f32(int64_t n, const float *restrict g, float 
         for (int64_t i = 0; i < n; i++) dx[i] = beta * dx[i] + g[i];
 }
 
-ca_status cpu_unary_backward(void *dev, const ca_unary_backward_args *args) {
-    ca_unary_op op = args->op;
-    ca_dtype dt = args->dt;
-    int64_t n = args->n;
-    const void *x = args->x;
-    const void *y = args->y;
-    const void *dy = args->dy;
-    void *dx = args->dx;
-    float alpha = args->alpha;
-    float beta = args->beta;
-    if (n == 0) return CA_OK;
-    bool need_y = ca_unary_grad_reads_y(op), need_x = !need_y && ca_unary_grad_reads_input(op);
-    /* dx written directly unless it may alias an input (the loop's pointers are restrict) */
-    bool direct = dt == CA_F32 && beta == 0.0f && apart(dx, dy, n) && (!need_x || apart(dx, x, n)) &&
-                  (!need_y || apart(dx, y, n));
+/* What the ranges of one unary_backward call share. */
+typedef struct unary_bwd_ctx {
+    const ca_unary_backward_args *a;
+    bool need_x, need_y;
+    bool direct;               /* dx written by the grad loop itself (f32, beta 0, no aliasing) */
+} unary_bwd_ctx;
+
+static void unary_backward_range(void *ctx, int64_t lo, int64_t hi) {
+    const unary_bwd_ctx *u = ctx;
+    const ca_unary_backward_args *a = u->a;
+    ca_dtype dt = a->dt;
     float xb[CPU_CHUNK], yb[CPU_CHUNK], db[CPU_CHUNK], gb[CPU_CHUNK];
-    for (int64_t off = 0; off < n; off += CPU_CHUNK) {
-        int64_t c = n - off < CPU_CHUNK ? n - off : CPU_CHUNK;
-        const float *xs = need_x ? cpu_view_f32(dt, x, off, c, xb) : NULL;
-        const float *ys = need_y ? cpu_view_f32(dt, y, off, c, yb) : NULL;
-        const float *ds = cpu_view_f32(dt, dy, off, c, db);
-        if (direct) {   /* straight into dx: no staging copy */
-            unary_grad_f32(op, c, xs, ys, ds, (float *)dx + off, alpha);
+    for (int64_t off = lo; off < hi; off += CPU_CHUNK) {
+        int64_t c = hi - off < CPU_CHUNK ? hi - off : CPU_CHUNK;
+        const float *xs = u->need_x ? cpu_view_f32(dt, a->x, off, c, xb) : NULL;
+        const float *ys = u->need_y ? cpu_view_f32(dt, a->y, off, c, yb) : NULL;
+        const float *ds = cpu_view_f32(dt, a->dy, off, c, db);
+        if (u->direct) {   /* straight into dx: no staging copy */
+            unary_grad_f32(a->op, c, xs, ys, ds, (float *)a->dx + off, a->alpha);
             continue;
         }
-        unary_grad_f32(op, c, xs, ys, ds, gb, alpha);
+        unary_grad_f32(a->op, c, xs, ys, ds, gb, a->alpha);
         if (dt == CA_F32) {
-            accumulate_f32(c, gb, beta, (float *)dx + off);
+            accumulate_f32(c, gb, a->beta, (float *)a->dx + off);
         } else {
             float ob[CPU_CHUNK];
-            if (beta != 0.0f) cpu_to_f32(dt, dx, off, c, ob);
-            accumulate_f32(c, gb, beta, ob);
-            cpu_from_f32(dt, ob, c, dx, off);
+            if (a->beta != 0.0f) cpu_to_f32(dt, a->dx, off, c, ob);
+            accumulate_f32(c, gb, a->beta, ob);
+            cpu_from_f32(dt, ob, c, a->dx, off);
         }
     }
+}
+
+ca_status cpu_unary_backward(void *dev, const ca_unary_backward_args *args) {
+    int64_t n = args->n;
+    if (n == 0) return CA_OK;
+    unary_bwd_ctx u = {.a = args, .need_y = ca_unary_grad_reads_y(args->op)};
+    u.need_x = !u.need_y && ca_unary_grad_reads_input(args->op);
+    /* dx written directly unless it may alias an input (the loop's pointers are restrict) */
+    u.direct = args->dt == CA_F32 && args->beta == 0.0f && apart(args->dx, args->dy, n) &&
+               (!u.need_x || apart(args->dx, args->x, n)) && (!u.need_y || apart(args->dx, args->y, n));
+    int64_t cost = unary_cost(args->op) + 1 + (args->dt != CA_F32);
+    cpu_parallel_for(n, cpu_grain_for(cost), unary_backward_range, &u);
     return CA_OK;
 }
 
@@ -207,19 +227,73 @@ CPU_CLONES static void binary_row(ca_binary_op op, int64_t n, const float *a, in
     }
 }
 
-ca_status cpu_binary(void *dev, const ca_binary_args *args) {
-    ca_binary_op op = args->op;
-    ca_dtype dt = args->dt;
-    const ca_bcast_args *shape = &args->shape;
-    const void *a = args->a;
-    const void *b = args->b;
-    void *y = args->y;
-    /* Drop size-1 dims, merge dims that are contiguous in a, b and y alike. */
+/* A binary call's shape with size-1 dims dropped and dims contiguous in a, b and y alike merged:
+ * rows of `inner` contiguous outputs, the row index running over sh[0..nd-1). */
+typedef struct binary_ctx {
+    const ca_binary_args *a;
+    int nd;
     int64_t sh[CA_MAX_DIMS], as[CA_MAX_DIMS], bs[CA_MAX_DIMS];
+} binary_ctx;
+
+/* n outputs of one row from y[yo], its operands at a[ao] and b[bo]: one row call, or chunks through
+ * f32 buffers (the range's own) for f16/bf16. */
+static void binary_piece(const binary_ctx *bc, int64_t ao, int64_t bo, int64_t yo, int64_t n) {
+    const ca_binary_args *a = bc->a;
+    int64_t sa = bc->as[bc->nd - 1], sb = bc->bs[bc->nd - 1];
+    if (a->dt == CA_F32) {
+        binary_row(a->op, n, (const float *)a->a + ao, sa, (const float *)a->b + bo, sb, (float *)a->y + yo);
+        return;
+    }
+    float abuf[CPU_CHUNK], bbuf[CPU_CHUNK], ybuf[CPU_CHUNK];
+    for (int64_t off = 0; off < n; off += CPU_CHUNK) {
+        int64_t c = n - off < CPU_CHUNK ? n - off : CPU_CHUNK;
+        /* a scalar side stays a single converted element */
+        cpu_to_f32_strided(a->dt, a->a, ao + off * sa, sa, sa ? c : 1, abuf);
+        cpu_to_f32_strided(a->dt, a->b, bo + off * sb, sb, sb ? c : 1, bbuf);
+        binary_row(a->op, c, abuf, sa ? 1 : 0, bbuf, sb ? 1 : 0, ybuf);
+        cpu_from_f32(a->dt, ybuf, c, a->y, yo + off);
+    }
+}
+
+/* Output elements [lo, hi) in row-major order: a partial row at either end, whole rows between. */
+static void binary_range(void *ctx, int64_t lo, int64_t hi) {
+    const binary_ctx *bc = ctx;
+    int nd = bc->nd;
+    int64_t inner = bc->sh[nd - 1], sa = bc->as[nd - 1], sb = bc->bs[nd - 1];
+    int64_t idx[CA_MAX_DIMS] = {0}, ao = 0, bo = 0, r = lo / inner, col = lo % inner;
+    for (int d = nd - 2; d >= 0; d--) {
+        idx[d] = r % bc->sh[d];
+        r /= bc->sh[d];
+        ao += idx[d] * bc->as[d];
+        bo += idx[d] * bc->bs[d];
+    }
+    for (int64_t yo = lo; yo < hi;) {
+        int64_t n = inner - col < hi - yo ? inner - col : hi - yo;
+        binary_piece(bc, ao + col * sa, bo + col * sb, yo, n);
+        yo += n;
+        col = 0;
+        for (int d = nd - 2; d >= 0; d--) {
+            ao += bc->as[d];
+            bo += bc->bs[d];
+            if (++idx[d] < bc->sh[d]) break;
+            ao -= bc->as[d] * bc->sh[d];
+            bo -= bc->bs[d] * bc->sh[d];
+            idx[d] = 0;
+        }
+    }
+}
+
+ca_status cpu_binary(void *dev, const ca_binary_args *args) {
+    const ca_bcast_args *shape = &args->shape;
+    binary_ctx bc = {.a = args};
+    int64_t *sh = bc.sh, *as = bc.as, *bs = bc.bs;
+    /* Drop size-1 dims, merge dims that are contiguous in a, b and y alike. */
     int nd = 0;
+    int64_t total = 1;
     for (int d = 0; d < shape->ndim; d++) {
         int64_t s = shape->shape[d];
         if (s == 0) return CA_OK;
+        total *= s;
         if (s == 1) continue;
         if (nd > 0 && as[nd - 1] == shape->a_stride[d] * s && bs[nd - 1] == shape->b_stride[d] * s) {
             sh[nd - 1] *= s;
@@ -237,36 +311,10 @@ ca_status cpu_binary(void *dev, const ca_binary_args *args) {
         as[0] = bs[0] = 0;
         nd = 1;
     }
-    int64_t inner = sh[nd - 1], sa = as[nd - 1], sb = bs[nd - 1];
-    int64_t idx[CA_MAX_DIMS] = {0};
-    int64_t ao = 0, bo = 0, yo = 0;
-    float abuf[CPU_CHUNK], bbuf[CPU_CHUNK], ybuf[CPU_CHUNK];
-    for (;;) {
-        if (dt == CA_F32) {
-            binary_row(op, inner, (const float *)a + ao, sa, (const float *)b + bo, sb,
-                       (float *)y + yo);
-        } else {
-            for (int64_t off = 0; off < inner; off += CPU_CHUNK) {
-                int64_t c = inner - off < CPU_CHUNK ? inner - off : CPU_CHUNK;
-                /* a scalar side stays a single converted element */
-                cpu_to_f32_strided(dt, a, ao + off * sa, sa, sa ? c : 1, abuf);
-                cpu_to_f32_strided(dt, b, bo + off * sb, sb, sb ? c : 1, bbuf);
-                binary_row(op, c, abuf, sa ? 1 : 0, bbuf, sb ? 1 : 0, ybuf);
-                cpu_from_f32(dt, ybuf, c, y, yo + off);
-            }
-        }
-        yo += inner;
-        int d = nd - 2;
-        for (; d >= 0; d--) {
-            ao += as[d];
-            bo += bs[d];
-            if (++idx[d] < sh[d]) break;
-            ao -= as[d] * sh[d];
-            bo -= bs[d] * sh[d];
-            idx[d] = 0;
-        }
-        if (d < 0) break;
-    }
+    bc.nd = nd;
+    /* y may be a or b itself, read at y's own element: each element is read before it is written,
+     * whichever thread runs it */
+    cpu_parallel_for(total, cpu_grain_for(args->dt == CA_F32 ? 1 : 2), binary_range, &bc);
     return CA_OK;
 }
 
@@ -285,25 +333,23 @@ CPU_CLONES static void axpby_f32(int64_t n, float alpha, const float *x, float b
     }
 }
 
-ca_status cpu_axpby(void *dev, const ca_axpby_args *args) {
-    ca_dtype dt = args->dt;
-    int64_t n = args->n;
-    float alpha = args->alpha;
-    const void *x = args->x;
-    float beta = args->beta;
-    void *y = args->y;
-    if (n == 0) return CA_OK;
-    if (dt == CA_F32) {
-        axpby_f32(n, alpha, x, beta, y);
-        return CA_OK;
+static void axpby_range(void *ctx, int64_t lo, int64_t hi) {
+    const ca_axpby_args *a = ctx;
+    if (a->dt == CA_F32) {
+        axpby_f32(hi - lo, a->alpha, (const float *)a->x + lo, a->beta, (float *)a->y + lo);
+        return;
     }
     float xb[CPU_CHUNK], yb[CPU_CHUNK];
-    for (int64_t off = 0; off < n; off += CPU_CHUNK) {
-        int64_t c = n - off < CPU_CHUNK ? n - off : CPU_CHUNK;
-        cpu_to_f32(dt, x, off, c, xb);
-        if (beta != 0.0f) cpu_to_f32(dt, y, off, c, yb);
-        axpby_f32(c, alpha, xb, beta, yb);
-        cpu_from_f32(dt, yb, c, y, off);
+    for (int64_t off = lo; off < hi; off += CPU_CHUNK) {
+        int64_t c = hi - off < CPU_CHUNK ? hi - off : CPU_CHUNK;
+        cpu_to_f32(a->dt, a->x, off, c, xb);
+        if (a->beta != 0.0f) cpu_to_f32(a->dt, a->y, off, c, yb);
+        axpby_f32(c, a->alpha, xb, a->beta, yb);
+        cpu_from_f32(a->dt, yb, c, a->y, off);
     }
+}
+
+ca_status cpu_axpby(void *dev, const ca_axpby_args *args) {
+    cpu_parallel_for(args->n, cpu_grain_for(args->dt == CA_F32 ? 1 : 2), axpby_range, (void *)args);
     return CA_OK;
 }

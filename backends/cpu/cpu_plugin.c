@@ -2,6 +2,7 @@
 #include "base/base_impl.h"
 #include "backends/cpu/cpu_plugin.h"
 #include "backends/cpu/cpu_impl.h"
+#include "backends/cpu/cpu_parallel.h"
 
 #include <cblas.h>
 #include <pthread.h>
@@ -40,6 +41,10 @@ static const ca_plugin cpu_plugin = {
     .collectives = NULL,
     .score = cpu_score,
 };
+
+void ca_cpu_parallel_for(int64_t n, int64_t cost, void (*fn)(void *ctx, int64_t lo, int64_t hi), void *ctx) {
+    cpu_parallel_for(n, cpu_grain_for(cost), fn, ctx);
+}
 
 const ca_plugin *ca_cpu_plugin(void) {
     pthread_once(&cpu_version_once, cpu_version_init);

@@ -13,6 +13,11 @@ const ca_plugin *ca_cpu_plugin(void);
  * thread count from before. Process-wide. */
 void ca_cpu_set_deterministic(bool on);
 
+/* The kernels' loop splitter (cpu_parallel.h) as the registry hands it to the lazy device, whose own
+ * loops run on the same threads as these kernels: fn(ctx, lo, hi) over [0, n) in contiguous ranges,
+ * each element costing about `cost` streaming elements (serial below the grain that makes). */
+void ca_cpu_parallel_for(int64_t n, int64_t cost, void (*fn)(void *ctx, int64_t lo, int64_t hi), void *ctx);
+
 /* Subnormal flushing inside the backend's arithmetic kernels (docs/ARCHITECTURE.md, "Subnormal
  * numbers"): FTZ and DAZ are set for the duration of each kernel call and the caller's mode is
  * restored. On by default; CACCEL_CPU_FLUSH_DENORMAL=0 turns it off. Process-wide. */

@@ -1,5 +1,6 @@
 /* CPU counter-based random numbers: Philox4x32-10, uniform and normal draws, dropout (the contract of backend.h). */
 #include "backends/cpu/cpu_impl.h"
+#include "backends/cpu/cpu_parallel.h"
 
 #define PHILOX_M0 0xD2511F53u
 #define PHILOX_M1 0xCD9E8D57u
@@ -68,33 +69,35 @@ static void words_normal(const uint32_t *restrict w, int64_t n, float mean, floa
     }
 }
 
-ca_status cpu_rng(void *dev, const ca_rng_args *args) {
-    ca_rng_kind kind = args->kind;
-    ca_dtype dt = args->dt;
-    int64_t n = args->n;
-    uint64_t seed = args->seed;
-    uint64_t offset = args->offset;
-    float a = args->a;
-    float b = args->b;
-    void *y = args->y;
+/* Element i of a draw comes from counter offset + i / (elements per counter) alone, so a block of
+ * RNG_BLOCK counters can be drawn on any thread: the output is the same at every thread count. */
+
+/* Blocks [lo, hi) of RNG_BLOCK counters of an rng call. */
+static void rng_range(void *ctx, int64_t lo, int64_t hi) {
+    const ca_rng_args *a = ctx;
     uint32_t words[4 * RNG_BLOCK];
     float buf[2 * RNG_BLOCK];
     /* elements per block of RNG_BLOCK counters */
-    int64_t per = kind == CA_RNG_NORMAL ? 2 * RNG_BLOCK : 4 * RNG_BLOCK;
-    uint64_t counter = offset;
-    for (int64_t i0 = 0; i0 < n; i0 += per, counter += RNG_BLOCK) {
-        int64_t c = n - i0 < per ? n - i0 : per;
-        cpu_philox_words(seed, counter, (int64_t)ca_rng_counters(kind, c), words);
+    int64_t per = a->kind == CA_RNG_NORMAL ? 2 * RNG_BLOCK : 4 * RNG_BLOCK;
+    for (int64_t blk = lo; blk < hi; blk++) {
+        int64_t i0 = blk * per, c = a->n - i0 < per ? a->n - i0 : per;
+        cpu_philox_words(a->seed, a->offset + (uint64_t)blk * RNG_BLOCK, (int64_t)ca_rng_counters(a->kind, c), words);
         for (int64_t j = 0; j < c; j += 2 * RNG_BLOCK) {
             int64_t cj = c - j < 2 * RNG_BLOCK ? c - j : 2 * RNG_BLOCK;
-            float *out = dt == CA_F32 ? (float *)y + i0 + j : buf;
-            if (kind == CA_RNG_UNIFORM)
-                words_uniform(words + j, cj, a, b - a, out);
+            float *out = a->dt == CA_F32 ? (float *)a->y + i0 + j : buf;
+            if (a->kind == CA_RNG_UNIFORM)
+                words_uniform(words + j, cj, a->a, a->b - a->a, out);
             else
-                words_normal(words + 2 * j, cj, a, b, out);
-            if (dt != CA_F32) cpu_from_f32(dt, buf, cj, y, i0 + j);
+                words_normal(words + 2 * j, cj, a->a, a->b, out);
+            if (a->dt != CA_F32) cpu_from_f32(a->dt, buf, cj, a->y, i0 + j);
         }
     }
+}
+
+ca_status cpu_rng(void *dev, const ca_rng_args *args) {
+    int64_t per = args->kind == CA_RNG_NORMAL ? 2 * RNG_BLOCK : 4 * RNG_BLOCK;
+    /* ten Philox rounds per counter (and log/cos per normal): several streaming elements' work each */
+    cpu_parallel_for((args->n + per - 1) / per, cpu_grain_for(4 * per), rng_range, (void *)args);
     return CA_OK;
 }
 
@@ -108,28 +111,27 @@ CPU_CLONES static void dropout_f32(const uint32_t *restrict w, int64_t n, float 
     }
 }
 
-ca_status cpu_dropout(void *dev, const ca_dropout_args *args) {
-    ca_dtype dt = args->dt;
-    int64_t n = args->n;
-    float p = args->p;
-    uint64_t seed = args->seed;
-    uint64_t offset = args->offset;
-    const void *x = args->x;
-    void *y = args->y;
-    uint8_t *mask = args->mask;
-    float scale = p < 1.0f ? 1.0f / (1.0f - p) : 0.0f;
+/* Blocks [lo, hi) of 4 * RNG_BLOCK elements of a dropout (one RNG_BLOCK of counters each). */
+static void dropout_range(void *ctx, int64_t lo, int64_t hi) {
+    const ca_dropout_args *a = ctx;
+    float scale = a->p < 1.0f ? 1.0f / (1.0f - a->p) : 0.0f;
     uint32_t words[4 * RNG_BLOCK];
     float xb[4 * RNG_BLOCK], yb[4 * RNG_BLOCK];
     uint8_t mb[4 * RNG_BLOCK];
-    uint64_t counter = offset;
-    for (int64_t i0 = 0; i0 < n; i0 += 4 * RNG_BLOCK, counter += RNG_BLOCK) {
-        int64_t c = n - i0 < 4 * RNG_BLOCK ? n - i0 : 4 * RNG_BLOCK;
-        cpu_philox_words(seed, counter, (int64_t)ca_rng_counters(CA_RNG_UNIFORM, c), words);
-        const float *xs = cpu_view_f32(dt, x, i0, c, xb);
-        float *ys = dt == CA_F32 && x != y ? (float *)y + i0 : yb;
-        dropout_f32(words, c, p, scale, xs, ys, mask ? mask + i0 : mb);
-        if (ys == yb) cpu_from_f32(dt, yb, c, y, i0);
+    for (int64_t blk = lo; blk < hi; blk++) {
+        int64_t i0 = blk * 4 * RNG_BLOCK, c = a->n - i0 < 4 * RNG_BLOCK ? a->n - i0 : 4 * RNG_BLOCK;
+        cpu_philox_words(a->seed, a->offset + (uint64_t)blk * RNG_BLOCK,
+                         (int64_t)ca_rng_counters(CA_RNG_UNIFORM, c), words);
+        const float *xs = cpu_view_f32(a->dt, a->x, i0, c, xb);
+        float *ys = a->dt == CA_F32 && a->x != a->y ? (float *)a->y + i0 : yb;
+        dropout_f32(words, c, a->p, scale, xs, ys, a->mask ? a->mask + i0 : mb);
+        if (ys == yb) cpu_from_f32(a->dt, yb, c, a->y, i0);
     }
+}
+
+ca_status cpu_dropout(void *dev, const ca_dropout_args *args) {
+    int64_t per = 4 * RNG_BLOCK;
+    cpu_parallel_for((args->n + per - 1) / per, cpu_grain_for(4 * per), dropout_range, (void *)args);
     return CA_OK;
 }
 
@@ -142,26 +144,26 @@ CPU_CLONES static void dropout_bwd_f32(int64_t n, float scale, const uint8_t *re
     }
 }
 
-ca_status cpu_dropout_backward(void *dev, const ca_dropout_backward_args *args) {
-    ca_dtype dt = args->dt;
-    int64_t n = args->n;
-    float p = args->p;
-    const uint8_t *mask = args->mask;
-    const void *dy = args->dy;
-    void *dx = args->dx;
-    float beta = args->beta;
-    float scale = p < 1.0f ? 1.0f / (1.0f - p) : 0.0f;
+/* Elements [lo, hi) of a dropout backward. */
+static void dropout_bwd_range(void *ctx, int64_t lo, int64_t hi) {
+    const ca_dropout_backward_args *a = ctx;
+    ca_dtype dt = a->dt;
+    float scale = a->p < 1.0f ? 1.0f / (1.0f - a->p) : 0.0f;
     float db[CPU_CHUNK], xb[CPU_CHUNK];
-    for (int64_t off = 0; off < n; off += CPU_CHUNK) {
-        int64_t c = n - off < CPU_CHUNK ? n - off : CPU_CHUNK;
-        const float *d = cpu_view_f32(dt, dy, off, c, db);
-        if (dt == CA_F32 && dx != dy) {
-            dropout_bwd_f32(c, scale, mask + off, d, beta, (float *)dx + off);
+    for (int64_t off = lo; off < hi; off += CPU_CHUNK) {
+        int64_t c = hi - off < CPU_CHUNK ? hi - off : CPU_CHUNK;
+        const float *d = cpu_view_f32(dt, a->dy, off, c, db);
+        if (dt == CA_F32 && a->dx != a->dy) {
+            dropout_bwd_f32(c, scale, a->mask + off, d, a->beta, (float *)a->dx + off);
             continue;
         }
-        if (beta != 0.0f) cpu_to_f32(dt, dx, off, c, xb);
-        dropout_bwd_f32(c, scale, mask + off, d, beta, xb);
-        cpu_from_f32(dt, xb, c, dx, off);
+        if (a->beta != 0.0f) cpu_to_f32(dt, a->dx, off, c, xb);
+        dropout_bwd_f32(c, scale, a->mask + off, d, a->beta, xb);
+        cpu_from_f32(dt, xb, c, a->dx, off);
     }
+}
+
+ca_status cpu_dropout_backward(void *dev, const ca_dropout_backward_args *args) {
+    cpu_parallel_for(args->n, cpu_grain_for(args->dt == CA_F32 ? 1 : 2), dropout_bwd_range, (void *)args);
     return CA_OK;
 }

@@ -708,11 +708,10 @@ static inline uint32_t bf16_bits(uint32_t u) {
     return (u & 0x7fffffffu) > 0x7f800000u ? (u | 0x00400000u) & 0xffff0000u : r;
 }
 
-static void round_bf16(xalloc *a, uint64_t off, uint64_t bytes) {
-    if (!a->phys) return;      /* fused away: never stored */
-    if (bytes == 0 || off + bytes > a->bytes) bytes = off < a->bytes ? a->bytes - off : 0;
-    unsigned char *p = a->phys + off;   /* f32 values, read as bits through memcpy */
-    uint64_t n = bytes / sizeof(float), i = 0;
+/* Floats [lo, hi) of the run at ctx. */
+static void round_bf16_range(void *ctx, int64_t lo, int64_t hi) {
+    unsigned char *p = (unsigned char *)ctx + lo * 4;   /* f32 values, read as bits through memcpy */
+    int64_t n = hi - lo, i = 0;
     for (; i + 16 <= n; i += 16) {
         uint32_t u[16];
         memcpy(u, p + i * 4, sizeof u);
@@ -727,11 +726,17 @@ static void round_bf16(xalloc *a, uint64_t off, uint64_t bytes) {
     }
 }
 
+static void round_bf16(const xla_dev *x, xalloc *a, uint64_t off, uint64_t bytes) {
+    if (!a->phys) return;      /* fused away: never stored */
+    if (bytes == 0 || off + bytes > a->bytes) bytes = off < a->bytes ? a->bytes - off : 0;
+    x->parallel_for((int64_t)(bytes / sizeof(float)), 1, round_bf16_range, a->phys + off);
+}
+
 static void round_inputs(xla_dev *x, const xnode *n) {
     for (int r = n->ref0; r < n->ref0 + n->nref; r++) {
         xref *f = &x->refs[r];
         if ((f->flags & XR_READ) && f->dt == CA_F32 && f->al->raw) {
-            round_bf16(f->al, 0, f->al->bytes);
+            round_bf16(x, f->al, 0, f->al->bytes);
             f->al->raw = false;
         }
     }
@@ -741,7 +746,7 @@ static void round_outputs(xla_dev *x, const xnode *n) {
     for (int r = n->ref0; r < n->ref0 + n->nref; r++) {
         xref *f = &x->refs[r];
         if (!(f->flags & XR_WRITE)) continue;
-        if (f->dt == CA_F32) round_bf16(f->al, f->off, f->bytes);
+        if (f->dt == CA_F32) round_bf16(x, f->al, f->off, f->bytes);
         else if (f->dt < 0) f->al->raw = true;
     }
 }
@@ -898,6 +903,13 @@ ca_status xla_flush_locked(xla_dev *x) {
 /* ------------------------------------------------------------------ the device */
 
 static const ca_device_ops *exec_ops;   /* set by ca_xla_plugin */
+static ca_xla_parallel_for_fn exec_parallel_for;
+
+/* Without the executor's splitter: the whole range on the calling thread. */
+static void serial_for(int64_t n, int64_t cost, ca_xla_range_fn fn, void *ctx) {
+    (void)cost;
+    if (n > 0) fn(ctx, 0, n);
+}
 
 static ca_status x_device_count(int *count, char *reason, size_t reason_len) {
     if (!count) return ca_error(CA_ERR_INVALID, "xla device_count: count is NULL");
@@ -946,6 +958,7 @@ static ca_status x_open(int index, const ca_device_open_args *args, void **dev) 
     pthread_mutex_init(&x->mu, NULL);
     x->exec = exec_ops;
     x->k = exec_ops->kernels;
+    x->parallel_for = exec_parallel_for ? exec_parallel_for : serial_for;
     x->gen = 1;
     x->bf16_storage = env_one("XLA_USE_BF16") || env_one("XLA_DOWNCAST_BF16");   /* torch_xla's names */
     if (!vspace_open(x)) {
@@ -1231,7 +1244,8 @@ static const ca_plugin xla_plugin = {
     .score = NULL,
 };
 
-const ca_plugin *ca_xla_plugin(const ca_device_ops *executor) {
+const ca_plugin *ca_xla_plugin(const ca_device_ops *executor, ca_xla_parallel_for_fn parallel_for) {
     exec_ops = executor;
+    exec_parallel_for = parallel_for;
     return &xla_plugin;
 }

@@ -220,12 +220,12 @@ INLINE const float *operand_chunk(const step *s, int k, const float *prev, int64
     return tmp;
 }
 
-/* Every step writes a chunk buffer (never memory an operand may share), the last one's is copied
- * out: so each loop's pointers are distinct. */
-CLONES static void run_chunks(const step *st, int len, float *y, int64_t e) {
+/* Outputs [lo, hi) of the chain. Every step writes a chunk buffer (never memory an operand may
+ * share), the last one's is copied out: so each loop's pointers are distinct. */
+CLONES static void run_chunks(const step *st, int len, float *y, int64_t lo, int64_t hi) {
     float buf[2][CHUNK] __attribute__((aligned(64))), ta[CHUNK], tb[CHUNK];
-    for (int64_t e0 = 0; e0 < e; e0 += CHUNK) {
-        int64_t c = e - e0 < CHUNK ? e - e0 : CHUNK;
+    for (int64_t e0 = lo; e0 < hi; e0 += CHUNK) {
+        int64_t c = hi - e0 < CHUNK ? hi - e0 : CHUNK;
         const float *prev = NULL;
         float *out = NULL;
         for (int s = 0; s < len; s++) {
@@ -243,6 +243,17 @@ CLONES static void run_chunks(const step *st, int len, float *y, int64_t e) {
     }
 }
 
+typedef struct chain_run {
+    const step *st;
+    int len;
+    float *y;
+} chain_run;
+
+static void chain_range(void *ctx, int64_t lo, int64_t hi) {
+    const chain_run *r = ctx;
+    run_chunks(r->st, r->len, r->y, lo, hi);
+}
+
 static void *out_of(const xnode *n) { return n->slot == XS_unary ? n->a.unary.y : n->a.binary.y; }
 
 bool xla_run_fused(const xla_dev *x, const int *idx, int len) {
@@ -257,6 +268,10 @@ bool xla_run_fused(const xla_dev *x, const int *idx, int len) {
     int64_t e = fusable_numel(st[0].n);
     for (int s = 0; s < len; s++)
         if (overlaps_badly(&st[s], y, e)) return false;
-    run_chunks(st, len, y, e);
+    /* Split among the executor's threads: an output element depends on the same elements of the
+     * inputs alone, and an input overlapping y is read only at y's own element (overlaps_badly),
+     * so any split computes the same bits. A step costs about a streaming element. */
+    chain_run r = {st, len, y};
+    x->parallel_for(e, len, chain_range, &r);
     return true;
 }

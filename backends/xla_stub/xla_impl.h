@@ -102,6 +102,7 @@ typedef struct xla_dev {
     const ca_device_ops *exec;     /* executor backend (cpu) */
     const ca_kernels *k;
     void *exec_ctx;
+    ca_xla_parallel_for_fn parallel_for;   /* the executor's threads for the device's own loops */
     /* the address space: virtual ranges, free ones sorted by address and coalesced */
     uintptr_t vbase;
     size_t vsize;
