@@ -785,6 +785,9 @@ static ca_status comm_start(ca_comm *c, const ca_comm_options *o, const split_re
         .device_ops = ca_device_ops_of(via),
         .device = ca_device_context(via),
         .prefix = bprefix,
+        .host_collective = ca_registry_collective("gloo"),
+        .host_device_ops = ca_device_ops_of(ca_cpu_device()),
+        .host_device = ca_device_context(ca_cpu_device()),
     };
     if ((sp ? c->ops.split(sp->parent, sp->color, sp->key, &ia, &c->bc) : c->ops.init(&ia, &c->bc)) != CA_OK)
         return ca_error_context("creating a %s communicator (rank %d of %d)", o->backend, o->rank, o->world_size);

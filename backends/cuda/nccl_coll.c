@@ -221,8 +221,11 @@ static ca_status gpu_shared(const ca_comm_init_args *a, nccl_comm *c, bool *shar
 
 /* The gloo communicator that replaces NCCL's when ranks share a GPU. */
 static ca_status gloo_start(const ca_comm_init_args *a, nccl_comm *c, const char *note) {
-    c->gloo = ca_registry_collective("gloo");
-    if (!c->gloo) {
+    /* the host backend comes from the core (older cores hand none over) */
+    bool has = a->struct_size >= offsetof(ca_comm_init_args, host_device) + sizeof a->host_device;
+    c->gloo = has ? a->host_collective : NULL;
+    if (!c->gloo || !a->host_device_ops) {
+        c->gloo = NULL;
         ca_error_context("nccl init: %s, which NCCL refuses, and gloo (to stage through the host) is not available",
                          note);
         return ca_last_status();
@@ -233,8 +236,8 @@ static ca_status gloo_start(const ca_comm_init_args *a, nccl_comm *c, const char
     char prefix[300];
     snprintf(prefix, sizeof prefix, "%s/gloo", a->prefix ? a->prefix : "caccel/nccl");
     ca_comm_init_args ga = *a;
-    ga.device_ops = ca_device_ops_of(ca_cpu_device());
-    ga.device = ca_device_context(ca_cpu_device());
+    ga.device_ops = a->host_device_ops;
+    ga.device = a->host_device;
     ga.prefix = prefix;
     ca_status st = c->gloo->init(&ga, &c->gc);
     if (st != CA_OK) {

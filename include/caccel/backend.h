@@ -563,6 +563,12 @@ typedef struct ca_comm_init_args {
     const ca_device_ops *device_ops; /* the device buffers live on */
     void *device;
     const char *prefix;        /* store key prefix for this communicator */
+    /* A host-memory backend (gloo where it is registered, else NULL) and the host device, for a device
+     * backend that cannot serve this job and stages through host memory instead (nccl when ranks share
+     * a GPU): the core hands them over so that a plugin need not reach into the registry. ABI 3.2. */
+    const struct ca_collective_ops *host_collective;
+    const ca_device_ops *host_device_ops;
+    void *host_device;
 } ca_comm_init_args;
 
 typedef struct ca_work_impl ca_work_impl;  /* backend-defined */
