@@ -32,8 +32,9 @@
 # bench/bench_xla (`make bench-threads` builds them and passes it); a part whose program or data is missing is
 # skipped with a note. A 16-core machine without Debian packages (python3 with torch and transformers, no perf):
 #   THREADS="1 2 4 8 16" TORCH_PYTHON=python3 bash bench/run_threads.sh --build DIR
-# with DIR's programs able to find libcaccel, OpenBLAS (its OpenMP build) and libgomp (LD_LIBRARY_PATH), and
-# CACCEL_DATA_DIR / CACCEL_FORTUNES_DIR pointing at copies of the data; without perf only the fit is printed.
+# where DIR is what bench/stage_threads.sh copied from a build (the programs themselves, their libraries and the
+# data), with LD_LIBRARY_PATH=DIR/lib CACCEL_FORTUNES_DIR=DIR/fortunes (and CACCEL_DATA_DIR=DIR if staged with
+# --data; else the mlp part is skipped); without perf only the fit is printed.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 build=. threads=${THREADS:-1 2} reps=${REPS:-3} parts=${PARTS:-gpt,bert,mlp,xla} quick=${QUICK:-0}
@@ -115,7 +116,7 @@ peers() {   # IMPL-suffix flags: the torch runs of one part, eager then compiled
 echo "# $(date -u +%Y-%m-%dT%H:%MZ) $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(getconf _NPROCESSORS_ONLN) CPUs, load average $(cut -d' ' -f1-3 /proc/loadavg), threads $threads, medians of $reps$([ "$quick" = 1 ] && echo ', QUICK (few steps: not results)')"
 if [ -x "$build/tools/caccel" ]; then "$build/tools/caccel" env 2>/dev/null | grep '^CPU device' | sed 's/^/# /' || true; fi
 if [ "$torch_ok" = 1 ]; then
-    $py -c "import torch, transformers as t; print(f'# torch {torch.__version__}, transformers {t.__version__}, {torch.__config__.parallel_info().splitlines()[0]}')" || true
+    $py -c "import torch, transformers as t; b = [l for l in torch.__config__.parallel_info().splitlines() if 'backend' in l]; print(f'# torch {torch.__version__}, transformers {t.__version__}', *b[:1], sep=', ')" || true
 fi
 for t in $threads; do
     export OPENBLAS_NUM_THREADS=$t OMP_NUM_THREADS=$t
@@ -293,6 +294,8 @@ print(f"# profile: perf cpu-clock:u samples inside the timed loop at {pthreads} 
       f" S = main's work - others' work / (n - 1), f = S / all work")
 print(f"# fit: f = (k / s_k - 1) / (k - 1) from the measured 1 -> k speed-up s_k (k = the largest thread count)")
 print(f"{'workload':>20} {'method':>8} | {'f':>6} {'main ms':>8} {'others ms':>9} | {'s(2)':>5} {'s(16)':>6} {'s(64)':>6}")
+if not fit and not any(os.path.exists(os.path.join(tmp, prof[n][0] + ".samples")) for n in live):
+    print("# none: the fit needs 1 thread and more in THREADS, the profile needs perf")
 for name in live:
     pr = serial(*prof[name]) if pthreads > 1 else None
     if pr:
