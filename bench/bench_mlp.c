@@ -161,6 +161,7 @@ int main(int argc, char **argv) {
         }
         CA_CHECK(ca_local_sgd_end(lsgd));
         double secs = now_s() - t0;
+        bench_window("mlp", B, t0, t0 + secs);
         CA_CHECK(ca_device_memory_stats(dev, &m1));
         double step_s = secs / (double)steps;
         double gemm_s = gemm_step_seconds(B, 200, blas_sgemm);

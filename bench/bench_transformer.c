@@ -129,10 +129,12 @@ static void bench_bert(ca_accelerator *acc, const int *batches, int nb, int L, i
         ca_tensor *y = ca_tensor_keep(ca_from_host(dev, CA_I64, CA_SHAPE(B), lab));
         ca_allocator_stats m0, m1;
         double secs = 0, cpu = 0;
+        double w0 = 0;
         for (int s = -2; s < steps; s++) {   /* two warm-up steps */
             if (s == 0) {
                 CA_CHECK(ca_device_reset_peak_stats(dev));
                 CA_CHECK(ca_device_memory_stats(dev, &m0));
+                w0 = now_s();
             }
             double t0 = now_s(), c0 = cpu_s();
             CA_SCOPE {
@@ -143,6 +145,7 @@ static void bench_bert(ca_accelerator *acc, const int *batches, int nb, int L, i
             }
             if (s >= 0) secs += now_s() - t0, cpu += cpu_s() - c0;
         }
+        bench_window("bert", B, w0, now_s());
         CA_CHECK(ca_device_memory_stats(dev, &m1));
         double step_s = secs / steps, step_c = cpu / steps, lin_c, att_gemm_c, att_c;
         double lin_s = bert_linear_gemm_seconds(&c, B, L, 3, &lin_c);

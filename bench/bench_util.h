@@ -6,6 +6,7 @@
 #include <caccel/caccel.h>
 
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
 
@@ -23,6 +24,13 @@ static inline double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* With BENCH_WINDOWS set, the CLOCK_MONOTONIC window [t0, t1] of a timed loop on stderr: bench/run_threads.sh
+ * keeps only a profile's samples inside it (perf record -k CLOCK_MONOTONIC stamps samples on the same
+ * clock), so that setup, data loading and the GEMM-bound measurements stay out of a step's profile. */
+static inline void bench_window(const char *what, int batch, double t0, double t1) {
+    if (getenv("BENCH_WINDOWS")) fprintf(stderr, "# window %s batch=%d from=%.6f to=%.6f\n", what, batch, t0, t1);
 }
 
 /* CPU seconds of the whole process (all threads): on a loaded machine a 1-thread run's CPU

@@ -54,6 +54,7 @@ static run train(ca_device *dev, int B, int warm, int steps) {
         CA_CHECK(ca_device_mark_step(dev));
     }
     CA_CHECK(ca_device_synchronize(dev));
+    if (lazy) bench_window("xla-mlp", B, t0, now_s());
     r.samples_per_s = (double)steps * B / (now_s() - t0);
     r.cpu_samples_per_s = (double)steps * B / (cpu_s() - c0);
     ca_allocator_stats st;

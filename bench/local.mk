@@ -12,6 +12,7 @@ include bench/transformer.mk
 include bench/actckpt.mk
 include bench/zero.mk
 include bench/progress.mk
+include bench/threads.mk
 
 # Builds every benchmark without running one (tools/test.sh does, so they keep compiling).
 .PHONY: bench-build

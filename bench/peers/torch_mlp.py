@@ -37,12 +37,22 @@ def blas_library():
     return ",".join(sorted(os.path.realpath(p) for p in libs)) or "none"
 
 
+def compile_warm(model, xtr, b, n):
+    """torch.compile(model), compiled (forward and backward) for the batch and the short last batch."""
+    f = torch.compile(model)
+    for size in sorted({b, n % b} - {0}):
+        f(xtr[:size]).sum().backward()
+    model.zero_grad(set_to_none=True)
+    return f
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--batch-sizes", default="16,32,128,512")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--epochs", type=int, default=1)
     ap.add_argument("--precision", default="no", choices=["no", "bf16", "fp16"])
+    ap.add_argument("--compile", action="store_true", help="the model through torch.compile")
     ap.add_argument("--data", default=os.environ.get("CACCEL_DATA_DIR", "/usr/share/datasets") + "/fashion-mnist")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
@@ -61,11 +71,20 @@ def main():
                                     torch.nn.ReLU(), torch.nn.Linear(128, 10))
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
         loss_fn = torch.nn.CrossEntropyLoss()
+        f = model
+        if a.compile:
+            try:
+                f = compile_warm(model, xtr, b, n)
+            except Exception as e:   # torch.compile's failures surface at the first call, as many types
+                reason = "_".join(f"{type(e).__name__}: {e}".split())[:200].replace("=", ":")
+                print(f"impl=torch-compile precision={a.precision} batch={b} threads={torch.get_num_threads()} "
+                      f"status=failed reason={reason}", flush=True)
+                continue
         t0 = time.perf_counter()
         for _ in range(a.epochs):
             for i in range(0, n, b):
                 with amp:
-                    loss = loss_fn(model(xtr[i:i + b]), ytr[i:i + b])
+                    loss = loss_fn(f(xtr[i:i + b]), ytr[i:i + b])
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 opt.step()
@@ -73,7 +92,7 @@ def main():
         with torch.no_grad():
             acc = (model(xte).argmax(1) == yte).float().mean().item() * 100
         rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
-        print(f"impl=torch precision={a.precision} batch={b} threads={torch.get_num_threads()} samples_per_s={n * a.epochs / secs:.0f} "
+        print(f"impl={'torch-compile' if a.compile else 'torch'} precision={a.precision} batch={b} threads={torch.get_num_threads()} samples_per_s={n * a.epochs / secs:.0f} "
               f"accuracy={acc:.2f} peak_rss_mib={rss:.1f}", flush=True)
 
 

@@ -1,0 +1,309 @@
+#!/usr/bin/env bash
+# Thread scaling of the CPU backend against PyTorch: each workload at each thread count in a list, caccel,
+# PyTorch eager and PyTorch torch.compile alternating, medians of REPS runs; then a table of throughputs,
+# caccel/PyTorch ratios and the 1 -> k thread scaling, and each caccel step's serial fraction with its
+# Amdahl projection to 16 and 64 cores. Nothing here is asserted by a test.
+#
+# Workloads (--parts, comma-separated):
+#   gpt   examples/gpt's training tokens/s at 4 x 128 (4 heads), T 64, batch 32 and at 6 x 384 (6 heads),
+#         T 256, batch 8, against the PyTorch GPT of tests/test_gpt_parity.sh (bench/peers/torch_transformer.py);
+#   bert  a BERT fine-tune step at all-MiniLM-L6-v2's shape, T 128, batch 8 (bench_transformer bert) against
+#         transformers' BertForSequenceClassification;
+#   mlp   the 784-256-128-10 MLP, one Fashion-MNIST epoch at batch 16 and 128 (bench_mlp, bench/peers/torch_mlp.py);
+#   xla   the same MLP on the lazy xla device (bench_xla, synthetic inputs), set against the PyTorch MLP rows.
+# Threads: OMP_NUM_THREADS and OPENBLAS_NUM_THREADS for caccel (one OpenMP team, backends/cpu/cpu_parallel.h),
+# torch.set_num_threads (and the same variables) for PyTorch.
+#
+# Serial fraction f (time in code that runs on one thread while the others wait, over the 1-thread work):
+#   profile  where `perf record` works: the caccel step at PROFILE_THREADS threads (default 2) under
+#            perf record -e cpu-clock:u -k CLOCK_MONOTONIC, only the samples inside the timed loop (the bench
+#            programs print its window with BENCH_WINDOWS=1; examples/gpt's two log lines bound it). A sample
+#            in libgomp is waiting (spin, barrier, fork-join); any other is work. With M the main thread's
+#            work and K the other threads' at n threads: serial S = M - K / (n - 1), f = S / (M + K).
+#   fit      always: from the measured speed-up s_k at k threads, Amdahl's f = (k / s_k - 1) / (k - 1).
+#   Projection: speed-up(N) = 1 / (f + (1 - f) / N) for N = 16 and 64.
+#
+# usage: run_threads.sh [--build DIR] [--threads "1 2"] [--reps N] [--parts gpt,bert,mlp,xla] [--quick]
+# Environment (defaults): THREADS ("1 2"), REPS (3), PARTS (gpt,bert,mlp,xla), QUICK (0: 1 = few steps, to see
+# that everything runs; not for results), TORCH_PYTHON (python3: the interpreter with torch and transformers),
+# TORCH_COMPILE (1; 0 skips the torch.compile runs), PROFILE_THREADS (2), PROFILE (1; 0 skips perf),
+# CACCEL_DATA_DIR (fashion-mnist's parent, default /usr/share/datasets), CACCEL_FORTUNES_DIR (examples/gpt's data).
+# DIR (default .) is the build directory holding examples/gpt, bench/bench_transformer, bench/bench_mlp and
+# bench/bench_xla (`make bench-threads` builds them and passes it); a part whose program or data is missing is
+# skipped with a note. A 16-core machine without Debian packages (python3 with torch and transformers, no perf):
+#   THREADS="1 2 4 8 16" TORCH_PYTHON=python3 bash bench/run_threads.sh --build DIR
+# where DIR is what bench/stage_threads.sh copied from a build (the programs themselves, their libraries and the
+# data), with LD_LIBRARY_PATH=DIR/lib CACCEL_FORTUNES_DIR=DIR/fortunes (and CACCEL_DATA_DIR=DIR if staged with
+# --data; else the mlp part is skipped); without perf only the fit is printed.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+build=. threads=${THREADS:-1 2} reps=${REPS:-3} parts=${PARTS:-gpt,bert,mlp,xla} quick=${QUICK:-0}
+while [ $# -gt 0 ]; do
+    case $1 in
+        --build) build=$2; shift 2 ;;
+        --threads) threads=$2; shift 2 ;;
+        --reps) reps=$2; shift 2 ;;
+        --parts) parts=$2; shift 2 ;;
+        --quick) quick=1; shift ;;
+        *) echo "run_threads.sh: unknown argument $1" >&2; exit 2 ;;
+    esac
+done
+threads=${threads//,/ }
+py=${TORCH_PYTHON:-python3}
+compile=${TORCH_COMPILE:-1}
+pthreads=${PROFILE_THREADS:-2}
+data=${CACCEL_DATA_DIR:-/usr/share/datasets}/fashion-mnist
+gpt=$build/examples/gpt bert=$build/bench/bench_transformer mlp=$build/bench/bench_mlp xla=$build/bench/bench_xla
+# steps: the GPT's timed steps are the second half of its log (as run_transformer.sh)
+if [ "$quick" = 1 ]; then gpt_small=8 gpt_large=4 bert_steps=1 xla_steps=30; else gpt_small=40 gpt_large=6 bert_steps=5 xla_steps=300; fi
+gpt_shapes=("4 4 128 64 32 $gpt_small" "6 6 384 256 8 $gpt_large")
+has() { case ",$parts," in *",$1,"*) return 0 ;; *) return 1 ;; esac; }
+
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+out=$tmp/rows
+: > "$out"
+note() { echo "# $*" | tee -a "$tmp/notes" >&2; }
+# Skip what cannot run here, saying why.
+for p in gpt bert mlp xla; do
+    has $p || continue
+    prog=${!p}
+    [ -x "$prog" ] || { note "$p: skipped, $prog not built"; parts=${parts//$p/}; }
+done
+if has mlp && [ ! -e "$data/train-images-idx3-ubyte.gz" ]; then
+    note "mlp: skipped, no Fashion-MNIST in $data (CACCEL_DATA_DIR)"; parts=${parts//mlp/}
+fi
+torch_ok=1
+if ! $py -c "import torch, transformers" 2>/dev/null; then
+    note "PyTorch peers skipped: $py cannot import torch and transformers (TORCH_PYTHON)"; torch_ok=0
+fi
+
+# row IMPL MODEL THREADS CMD...: runs CMD, appends its key=value rows; a failing run is one status=failed row.
+row() {
+    local impl=$1 model=$2 t=$3; shift 3
+    local rc=0
+    "$@" >> "$out" 2>> "$tmp/stderr" || rc=$?
+    if [ $rc != 0 ]; then
+        echo "impl=$impl model=$model threads=$t status=failed reason=exit_status_$rc" >> "$out"
+        note "$impl $model at $t threads failed: $(tail -1 "$tmp/stderr")"
+    fi
+}
+gpt_caccel() {   # L H C T B N: examples/gpt's second-half tokens/s as a row
+    local tps
+    tps=$("$gpt" --cpu --n_layer "$1" --n_head "$2" --n_embd "$3" --block_size "$4" --batch_size "$5" \
+          --max_steps "$6" --log_interval $(($6 / 2)) --eval_interval 0 --eval_samples 4 --sample_tokens 0 |
+          sed -n 's/.* \([0-9.]*\) tokens\/s$/\1/p' | tail -1)
+    [ -n "$tps" ] || return 1
+    echo "impl=caccel model=gpt shape=${1}x${2}x${3}xT${4} batch=$5 threads=$t tokens_per_s=$tps"
+}
+xla_caccel() {   # bench_xla's MLP table (batch, cpu samples/s, xla samples/s, ...) as rows
+    "$xla" --batch-sizes 16,128 --steps "$xla_steps" --reps 1 |
+        awk -v t="$t" '/^ *batch /{on=1; next} on && NF==0 {exit}
+                       on {print "impl=caccel model=xla-mlp batch=" $1 " threads=" t " samples_per_s=" $3
+                           " eager_samples_per_s=" $2}'
+}
+peers() {   # IMPL-suffix flags: the torch runs of one part, eager then compiled
+    local model=$1; shift
+    [ "$torch_ok" = 1 ] || return 0
+    row torch "$model" "$t" "$py" "$@"
+    if [ "$compile" = 1 ] && [ ! -e "$tmp/compile-failed-$model" ]; then
+        row torch-compile "$model" "$t" "$py" "$@" --compile
+        # one failure (a missing compiler, an unsupported op) is reported once, not retried every run
+        if grep -q "impl=torch-compile model=$model .*status=failed" "$out"; then : > "$tmp/compile-failed-$model"; fi
+    fi
+}
+
+echo "# $(date -u +%Y-%m-%dT%H:%MZ) $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(getconf _NPROCESSORS_ONLN) CPUs, load average $(cut -d' ' -f1-3 /proc/loadavg), threads $threads, medians of $reps$([ "$quick" = 1 ] && echo ', QUICK (few steps: not results)')"
+if [ -x "$build/tools/caccel" ]; then "$build/tools/caccel" env 2>/dev/null | grep '^CPU device' | sed 's/^/# /' || true; fi
+if [ "$torch_ok" = 1 ]; then
+    $py -c "import torch, transformers as t; b = [l for l in torch.__config__.parallel_info().splitlines() if 'backend' in l]; print(f'# torch {torch.__version__}, transformers {t.__version__}', *b[:1], sep=', ')" || true
+fi
+for t in $threads; do
+    export OPENBLAS_NUM_THREADS=$t OMP_NUM_THREADS=$t
+    for r in $(seq "$reps"); do
+        if has gpt; then
+            for s in "${gpt_shapes[@]}"; do
+                read -r L H C T B N <<< "$s"
+                row caccel gpt "$t" gpt_caccel "$L" "$H" "$C" "$T" "$B" "$N"
+                peers gpt "$here/peers/torch_transformer.py" gpt --threads "$t" --n_layer "$L" --n_head "$H" \
+                    --n_embd "$C" --block_size "$T" --batch_size "$B" --steps $((N / 2))
+            done
+        fi
+        if has bert; then
+            row caccel bert "$t" "$bert" bert --batch-sizes 8 --steps "$bert_steps"
+            peers bert "$here/peers/torch_transformer.py" bert --threads "$t" --batch-sizes 8 --steps "$bert_steps"
+        fi
+        if has mlp; then
+            row caccel mlp "$t" "$mlp" --batch-sizes 16,128
+            peers mlp "$here/peers/torch_mlp.py" --threads "$t" --batch-sizes 16,128 --data "$data"
+        fi
+        if has xla; then row caccel xla-mlp "$t" xla_caccel; fi
+    done
+done
+
+# The profile: each caccel step at $pthreads threads under perf, the samples inside its timed window kept.
+# stdout passes through a stamper (the monotonic time of each line's arrival: examples/gpt flushes its log
+# lines, which bound its window); the bench programs print their windows on stderr.
+cat > "$tmp/stamp.py" <<'PY'
+import sys, time
+for line in sys.stdin:
+    print(f"{time.monotonic():.6f} {line}", end="", flush=True)
+PY
+profile() {   # NAME CMD...: perf's samples as "pid/tid time dso" lines in $tmp/NAME.samples, windows in .windows
+    local name=$1; shift
+    if ! BENCH_WINDOWS=1 OPENBLAS_NUM_THREADS=$pthreads OMP_NUM_THREADS=$pthreads \
+        perf record -q -e cpu-clock:u -c 250000 -k CLOCK_MONOTONIC -o "$tmp/$name.data" -- "$@" \
+        2> "$tmp/$name.err" | python3 -u "$tmp/stamp.py" > "$tmp/$name.out"; then
+        note "profile of $name failed: $(tail -1 "$tmp/$name.err")"
+        return 0
+    fi
+    grep '^# window ' "$tmp/$name.err" > "$tmp/$name.windows" || true
+    perf script -i "$tmp/$name.data" -F pid,tid,time,ip,dso 2>/dev/null |
+        awk '{sub(":", "", $2); print $1, $2, $NF}' > "$tmp/$name.samples"
+}
+gpt_window() {   # NAME: examples/gpt's timed half, between its first and its last log line
+    awk '/tokens\/s$/ {if (!a) a = $1; b = $1} END {if (a && b > a) print "# window gpt batch=0 from=" a " to=" b}' \
+        "$tmp/$1.out" > "$tmp/$1.windows"
+}
+if [ "${PROFILE:-1}" = 1 ] && command -v perf > /dev/null &&
+   perf record -q -e cpu-clock:u -k CLOCK_MONOTONIC -o "$tmp/probe.data" -- true > /dev/null 2>&1; then
+    if has gpt; then
+        for s in "${gpt_shapes[@]}"; do
+            read -r L H C T B N <<< "$s"
+            name=gpt-${L}x${H}x${C}xT${T}
+            profile "$name" "$gpt" --cpu --n_layer "$L" --n_head "$H" --n_embd "$C" --block_size "$T" \
+                --batch_size "$B" --max_steps "$N" --log_interval $((N / 2)) --eval_interval 0 --eval_samples 4 \
+                --sample_tokens 0
+            gpt_window "$name"
+        done
+    fi
+    if has bert; then profile bert "$bert" bert --batch-sizes 8 --steps "$bert_steps"; fi
+    if has mlp; then profile mlp "$mlp" --batch-sizes 16,128; fi
+    if has xla; then profile xla-mlp "$xla" --batch-sizes 16,128 --steps "$xla_steps" --reps 1; fi
+else
+    note "no perf profile (perf missing, not permitted, or PROFILE=0): the serial fraction from the speed-up fit only"
+fi
+
+python3 - "$out" "$tmp" "$pthreads" <<'PY'
+import glob, os, statistics, sys
+out, tmp, pthreads = sys.argv[1], sys.argv[2], int(sys.argv[3])
+rows = []
+for line in open(out):
+    if line.startswith("impl="):
+        rows.append(dict(kv.split("=", 1) for kv in line.split() if "=" in kv))
+
+def med(impl, w, t):
+    v = [float(r[w["key"]]) for r in rows if r["impl"] == impl and r.get("threads") == str(t)
+         and w["key"] in r and all(r.get(k) == x for k, x in w["match"].items())]
+    return (statistics.median(v), len(v)) if v else (float("nan"), 0)
+
+# workload: how its rows are picked, its unit, and (xla) the PyTorch rows it is set against
+W = [dict(name="gpt 4x128 T64 b32", match={"model": "gpt", "shape": "4x4x128xT64"}, key="tokens_per_s", unit="tok/s"),
+     dict(name="gpt 6x384 T256 b8", match={"model": "gpt", "shape": "6x6x384xT256"}, key="tokens_per_s", unit="tok/s"),
+     dict(name="bert MiniLM T128 b8", match={"model": "bert", "batch": "8"}, key="samples_per_s", unit="samples/s"),
+     dict(name="mlp b16", match={"model": None, "batch": "16", "precision": "no"}, key="samples_per_s", unit="samples/s"),
+     dict(name="mlp b128", match={"model": None, "batch": "128", "precision": "no"}, key="samples_per_s", unit="samples/s"),
+     dict(name="xla mlp b16", match={"model": "xla-mlp", "batch": "16"}, key="samples_per_s", unit="samples/s",
+          peer={"model": None, "batch": "16", "precision": "no"}),
+     dict(name="xla mlp b128", match={"model": "xla-mlp", "batch": "128"}, key="samples_per_s", unit="samples/s",
+          peer={"model": None, "batch": "128", "precision": "no"})]
+ths = sorted({int(r["threads"]) for r in rows if "threads" in r})
+nan = float("nan")
+def ratio(a, b):
+    return f"{a / b:.2f}" if a == a and b == b and b > 0 else "-"
+def num(x):
+    return f"{x:.0f}" if x >= 100 else f"{x:.2f}" if x == x else "-"
+
+print("\nThroughput (median of the runs), caccel/torch and caccel/torch.compile")
+print(f"{'workload':>20} {'unit':>9} {'thr':>3} | {'caccel':>9} {'torch':>9} {'compile':>9} | {'c/torch':>7} {'c/compile':>9} | n")
+live = []
+for w in W:
+    peer = dict(w, match=w.get("peer", w["match"]))
+    for t in ths:
+        c, n = med("caccel", w, t)
+        if not n:
+            continue
+        q, _ = med("torch", peer, t)
+        k, _ = med("torch-compile", peer, t)
+        if w["name"] not in live:
+            live.append(w["name"])
+        print(f"{w['name']:>20} {w['unit']:>9} {t:>3} | {num(c):>9} {num(q):>9} {num(k):>9} | {ratio(c, q):>7} {ratio(c, k):>9} | {n}")
+fails = {(r["impl"], r["model"]) : r.get("reason", "") for r in rows if r.get("status") == "failed"}
+for (impl, model), why in sorted(fails.items()):
+    print(f"# {impl} {model}: failed ({why.replace('_', ' ')})")
+if "xla mlp b16" in live:
+    print("# xla rows: bench_xla's synthetic inputs against the PyTorch MLP's Fashion-MNIST epoch (same model, batch, AdamW)")
+
+fit = {}
+if len(ths) > 1 and ths[0] == 1:
+    print("\nScaling from 1 thread: throughput at k threads / at 1 thread")
+    print(f"{'workload':>20} {'impl':>13} | " + " ".join(f"{'1->' + str(k):>6}" for k in ths[1:]))
+    for w in W:
+        if w["name"] not in live:
+            continue
+        for impl in ("caccel", "torch", "torch-compile"):
+            pw = w if impl == "caccel" else dict(w, match=w.get("peer", w["match"]))
+            base = med(impl, pw, 1)[0]
+            if base != base:
+                continue
+            s = [med(impl, pw, k)[0] / base for k in ths[1:]]
+            if impl == "caccel":
+                fit[w["name"]] = (ths[-1], s[-1])
+            print(f"{w['name']:>20} {impl:>13} | " + " ".join(f"{x:6.2f}" for x in s))
+
+# The profile: per thread, samples (0.25 ms of CPU each) in libgomp (waiting) and elsewhere (work), in the windows.
+def windows(name, batch):
+    p = os.path.join(tmp, name + ".windows")
+    if not os.path.exists(p):
+        return []
+    ws = [dict(kv.split("=") for kv in l.split()[3:]) for l in open(p)]
+    return [(float(w["from"]), float(w["to"])) for w in ws if batch is None or w["batch"] == str(batch)]
+def serial(name, batch):
+    """f, main's work ms, the other team threads' work ms; None without a profile."""
+    ws, path = windows(name, batch), os.path.join(tmp, name + ".samples")
+    if not ws or not os.path.exists(path):
+        return None
+    work, gomp, per_pid = {}, set(), {}
+    for line in open(path):
+        ids, ts, dso = line.split()
+        if not any(a <= float(ts) <= b for a, b in ws):
+            continue
+        pid, tid = ids.split("/")
+        per_pid[pid] = per_pid.get(pid, 0) + 1
+        if "libgomp" in dso:
+            gomp.add((pid, tid))
+        else:
+            work[(pid, tid)] = work.get((pid, tid), 0) + 1
+    if not per_pid:
+        return None
+    pid = max(per_pid, key=per_pid.get)   # the program (not a helper process it started)
+    M = work.get((pid, pid), 0)
+    # the other threads of its OpenMP team: those seen in libgomp (another thread's work is not the step's)
+    K = sum(v for (p, t), v in work.items() if p == pid and t != pid and (p, t) in gomp)
+    n = pthreads
+    S = max(0.0, M - K / (n - 1))
+    return (S / (M + K), M * 0.25, K * 0.25) if M + K else None
+
+def amdahl(f, N):
+    return 1 / (f + (1 - f) / N)
+prof = {"gpt 4x128 T64 b32": ("gpt-4x4x128xT64", None), "gpt 6x384 T256 b8": ("gpt-6x6x384xT256", None),
+        "bert MiniLM T128 b8": ("bert", 8), "mlp b16": ("mlp", 16), "mlp b128": ("mlp", 128),
+        "xla mlp b16": ("xla-mlp", 16), "xla mlp b128": ("xla-mlp", 128)}
+print(f"\nSerial fraction f of the caccel step and Amdahl's speed-up 1 / (f + (1 - f) / N)")
+print(f"# profile: perf cpu-clock:u samples inside the timed loop at {pthreads} threads, libgomp = waiting;"
+      f" S = main's work - others' work / (n - 1), f = S / all work")
+print(f"# fit: f = (k / s_k - 1) / (k - 1) from the measured 1 -> k speed-up s_k (k = the largest thread count)")
+print(f"{'workload':>20} {'method':>8} | {'f':>6} {'main ms':>8} {'others ms':>9} | {'s(2)':>5} {'s(16)':>6} {'s(64)':>6}")
+if not fit and not any(os.path.exists(os.path.join(tmp, prof[n][0] + ".samples")) for n in live):
+    print("# none: the fit needs 1 thread and more in THREADS, the profile needs perf")
+for name in live:
+    pr = serial(*prof[name]) if pthreads > 1 else None
+    if pr:
+        f, M, K = pr
+        print(f"{name:>20} {'profile':>8} | {f:6.3f} {M:8.0f} {K:9.0f} | {amdahl(f, 2):5.2f} {amdahl(f, 16):6.2f} {amdahl(f, 64):6.2f}")
+    if name in fit:
+        k, s = fit[name]
+        f = min(1.0, max(0.0, (k / s - 1) / (k - 1)))
+        print(f"{name:>20} {'fit':>8} | {f:6.3f} {'-':>8} {'-':>9} | {amdahl(f, 2):5.2f} {amdahl(f, 16):6.2f} {amdahl(f, 64):6.2f}"
+              f"   (s_{k} = {s:.2f})")
+PY
