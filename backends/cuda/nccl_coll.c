@@ -294,6 +294,26 @@ out:
 
 static void nccl_destroy(void *comm);
 
+/* NCCL's unique id: rank 0 makes it and publishes it in the store, the others read it from there. */
+static ca_status exchange_id(const ca_comm_init_args *a, nccl_comm *c, ncclUniqueId *id) {
+    char key[256];
+    snprintf(key, sizeof key, "%s/nccl_unique_id", a->prefix ? a->prefix : "caccel/nccl");
+    if (c->rank == 0) {
+        ncclResult_t r = nc.get_unique_id(id);
+        if (r != ncclSuccess) return nccl_fail(c, r, "init: ncclGetUniqueId");
+        if (c->world > 1 && a->store.ops->set(a->store.store, key, id, sizeof *id) != CA_OK)
+            return ca_error_context("nccl init: publishing the unique id");
+        return CA_OK;
+    }
+    size_t len = sizeof *id;
+    if (a->store.ops->get(a->store.store, key, id, &len, c->timeout_ms) != CA_OK)
+        return ca_error_context("nccl init (rank %d of %d): waiting for rank 0's unique id", c->rank, c->world);
+    if (len != sizeof *id)
+        return ca_error(CA_ERR_PEER, "nccl init: the unique id in the store (key %s) has %zu bytes, not %zu", key,
+                        len, sizeof *id);
+    return CA_OK;
+}
+
 static ca_status nccl_init(const ca_comm_init_args *a, void **out) {
     if (!a || !out) return ca_error(CA_ERR_INVALID, "nccl init: arguments are NULL");
     *out = NULL;
@@ -327,33 +347,8 @@ static ca_status nccl_init(const ca_comm_init_args *a, void **out) {
         return CA_OK;
     }
 
-    /* rank 0 makes the id, the others read it from the store */
     ncclUniqueId id;
-    char key[256];
-    snprintf(key, sizeof key, "%s/nccl_unique_id", a->prefix ? a->prefix : "caccel/nccl");
-    if (c->rank == 0) {
-        ncclResult_t r = nc.get_unique_id(&id);
-        if (r != ncclSuccess) {
-            st = nccl_fail(c, r, "init: ncclGetUniqueId");
-            goto fail;
-        }
-        if (c->world > 1 && (st = a->store.ops->set(a->store.store, key, &id, sizeof id)) != CA_OK) {
-            ca_error_context("nccl init: publishing the unique id");
-            goto fail;
-        }
-    } else {
-        size_t len = sizeof id;
-        st = a->store.ops->get(a->store.store, key, &id, &len, c->timeout_ms);
-        if (st != CA_OK) {
-            ca_error_context("nccl init (rank %d of %d): waiting for rank 0's unique id", c->rank, c->world);
-            goto fail;
-        }
-        if (len != sizeof id) {
-            st = ca_error(CA_ERR_PEER, "nccl init: the unique id in the store (key %s) has %zu bytes, not %zu",
-                          key, len, sizeof id);
-            goto fail;
-        }
-    }
+    if ((st = exchange_id(a, c, &id)) != CA_OK) goto fail;
 
     ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
     cfg.blocking = 0;   /* so that a rank that never arrives cannot hang us past the deadline */
