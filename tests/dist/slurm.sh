@@ -191,13 +191,13 @@ cmp "$WORK/launch.bin" "$WORK/sbatch.bin" || fail "the batch job's parameters di
 results "$WORK/sbatch.out" | diff "$WORK/launch.res" - || fail "the batch job printed other results than caccel launch"
 echo "  parameters identical, results equal"
 
-note "BLAS threads under srun: the CPUs Slurm gave each task (-c), else the node's CPUs shared among its tasks"
+note "kernel and BLAS threads under srun: the CPUs Slurm gave each task (-c), else the node's CPUs shared among its tasks"
 share=$(( cpus / 2 > 0 ? cpus / 2 : 1 ))
 timeout 120 srun -n 2 "$CACCEL" env >"$WORK/env.out" 2>&1 || { cat "$WORK/env.out"; fail "srun caccel env"; }
-count 2 "^CPU device: .*, $share BLAS threads;" "$WORK/env.out"
+count 2 "^CPU device: .*; $share kernel threads[ ;].*, $share BLAS threads[ ;]" "$WORK/env.out"
 c2=$(( cpus < 2 ? cpus : 2 ))   # -c 2, but never more threads than CPUs
 timeout 120 srun -n 2 -c 2 "$CACCEL" env >"$WORK/env.out" 2>&1 || { cat "$WORK/env.out"; fail "srun -c 2 caccel env"; }
-count 2 "^CPU device: .*, $c2 BLAS threads;" "$WORK/env.out"
+count 2 "^CPU device: .*; $c2 kernel threads[ ;].*, $c2 BLAS threads[ ;]" "$WORK/env.out"
 echo "  srun -n 2: $share each ($cpus CPUs online); srun -n 2 -c 2: $c2 each"
 
 # Without --kill-on-bad-exit (Slurm's default, KillOnBadExit=0) Slurm leaves rank 0 running when rank 1
