@@ -88,7 +88,9 @@ cat > "$dir/env.sh" <<'ENV'
 # env.sh: source it in the repository root on the GPU machine (`. @DIR@/env.sh`). It unpacks the
 # runtime libraries, restores the autotools output, finds CUDA, cuBLAS and NCCL (the toolkit, or the
 # nvidia-* Python packages PyTorch brings) and exports what ./configure and the programs need.
-B=$(pwd)/@DIR@
+# the bundle is where this file is (bash), else @DIR@ under the repository root: the bundle may have been
+# made under another name or path and moved into the tree, as tests/test_gpu_check.sh does
+if [ -n "${BASH_SOURCE:-}" ]; then B=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd); else B=$(pwd)/@DIR@; fi
 [ -f "$B/env.sh" ] || { echo "env.sh: source it in the repository root" >&2; return 1; }
 R=$B/root
 if [ ! -d "$R" ]; then
