@@ -70,17 +70,8 @@ static void split(int64_t n, int t, int nt, int64_t *lo, int64_t *hi) {
     *hi = (int64_t)((__int128)n * (t + 1) / nt);
 }
 
-void cpu_parallel_for(int64_t n, int64_t grain, cpu_range_fn fn, void *ctx) {
-    if (n <= 0) return;
-    if (grain_override() > 0) grain = grain_override();
-    if (grain < 1) grain = 1;
-    int nt = cpu_threads();
-    int64_t most = n / grain;  /* never give a thread less than one grain */
-    if (most < nt) nt = most < 1 ? 1 : (int)most;
-    if (nt <= 1 || omp_in_parallel()) {
-        fn(ctx, 0, n);
-        return;
-    }
+/* fn over [0, n) on a team of nt threads, each in the caller's floating-point mode. */
+static void run_team(int64_t n, int nt, cpu_range_fn fn, void *ctx) {
     fp_mode caller = fp_get();
 #ifdef _OPENMP
 #pragma omp parallel num_threads(nt)
@@ -95,25 +86,38 @@ void cpu_parallel_for(int64_t n, int64_t grain, cpu_range_fn fn, void *ctx) {
     }
 }
 
+void cpu_parallel_for(int64_t n, int64_t grain, cpu_range_fn fn, void *ctx) {
+    if (n <= 0) return;
+    if (grain_override() > 0) grain = grain_override();
+    if (grain < 1) grain = 1;
+    int nt = cpu_threads();
+    int64_t most = n / grain;  /* never give a thread less than one grain */
+    if (most < nt) nt = most < 1 ? 1 : (int)most;
+    if (nt <= 1 || omp_in_parallel()) {
+        fn(ctx, 0, n);
+        return;
+    }
+    run_team(n, nt, fn, ctx);
+}
+
+typedef struct blocks_ctx {
+    cpu_block_fn fn;
+    void *ctx;
+} blocks_ctx;
+
+static void blocks_range(void *p, int64_t lo, int64_t hi) {
+    const blocks_ctx *b = p;
+    for (int64_t i = lo; i < hi; i++) b->fn(b->ctx, i);
+}
+
 void cpu_parallel_blocks(int64_t nblocks, int64_t block_cost, cpu_block_fn fn, void *ctx) {
     if (nblocks <= 0) return;
     int nt = cpu_threads();
     if (nt > nblocks) nt = (int)nblocks;
     int64_t threshold = grain_override() > 0 ? grain_override() : CPU_GRAIN;
-    if (nt <= 1 || omp_in_parallel() || nblocks * (block_cost < 1 ? 1 : block_cost) < threshold) {
-        for (int64_t b = 0; b < nblocks; b++) fn(ctx, b);
-        return;
-    }
-    fp_mode caller = fp_get();
-#ifdef _OPENMP
-#pragma omp parallel num_threads(nt)
-#endif
-    {
-        int64_t lo, hi;
-        split(nblocks, omp_get_thread_num(), omp_get_num_threads(), &lo, &hi);
-        fp_mode own = fp_get();
-        if (own != caller) fp_set(caller);
-        for (int64_t b = lo; b < hi; b++) fn(ctx, b);
-        if (own != caller) fp_set(own);
-    }
+    blocks_ctx b = {fn, ctx};
+    if (nt <= 1 || omp_in_parallel() || nblocks * (block_cost < 1 ? 1 : block_cost) < threshold)
+        blocks_range(&b, 0, nblocks);
+    else
+        run_team(nblocks, nt, blocks_range, &b);
 }
