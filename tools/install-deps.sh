@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian packages caccel builds, tests and trains with (skips what is already there).
 # --test adds what only the tests use: Slurm and munge (tests/dist/slurm.sh runs its own one-node
-# cluster), Debian's PyTorch, and Python's safetensors and tokenizers (and transformers for Debian's
+# cluster), Debian's PyTorch, and Python's safetensors and tokenizers (and transformers and peft for Debian's
 # python) from PyPI.
 set -euo pipefail
 tests=false
@@ -49,6 +49,12 @@ fi
 if [ -x /usr/bin/python3 ] && /usr/bin/python3 -c 'import torch' 2>/dev/null &&
    ! /usr/bin/python3 -c 'import transformers' 2>/dev/null; then
     /usr/bin/python3 -m pip install -q --user --break-system-packages 'transformers<4.40' 2>/dev/null || true
+fi
+# The LoRA parity tests compare with PEFT on the same python: peft 0.10 with an accelerate that still
+# takes torch 1.13 (an unpinned accelerate would pull a new torch of several GB into the user site).
+if [ -x /usr/bin/python3 ] && /usr/bin/python3 -c 'import torch, transformers' 2>/dev/null &&
+   ! /usr/bin/python3 -c 'import peft' 2>/dev/null; then
+    /usr/bin/python3 -m pip install -q --user --break-system-packages 'peft==0.10.0' 'accelerate<0.30' 2>/dev/null || true
 fi
 # The TensorBoard test reads caccel's event files back with TensorBoard's own reader; optional in
 # the same way (the test skips without it).
