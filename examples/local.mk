@@ -12,3 +12,6 @@ examples_bert_classifier_SOURCES = examples/bert_classifier.c
 examples_bert_classifier_LDADD = libcaccel.la -lm
 # The batch script for Slurm (docs/DISTRIBUTED.md); tests/dist/slurm.sh submits it.
 EXTRA_DIST += examples/slurm/train.sbatch
+noinst_PROGRAMS += examples/llm_finetune
+examples_llm_finetune_SOURCES = examples/llm_finetune.c
+examples_llm_finetune_LDADD = libcaccel.la -lm

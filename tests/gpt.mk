@@ -5,3 +5,6 @@ EXTRA_DIST += tests/test_gpt.sh tests/test_gpt_parity.sh tests/torch_reference.p
 # --gradient_checkpointing trains exactly as without it.
 TESTS += tests/test_actckpt_gpt.sh
 EXTRA_DIST += tests/test_actckpt_gpt.sh
+# examples/llm_finetune: a small Llama from scratch, then LoRA on 1 and 2 processes, read by transformers and PEFT
+TESTS += tests/test_llm_finetune.sh
+EXTRA_DIST += tests/test_llm_finetune.sh
