@@ -13,6 +13,7 @@ include bench/actckpt.mk
 include bench/zero.mk
 include bench/progress.mk
 include bench/threads.mk
+include bench/llm.mk
 
 # Builds every benchmark without running one (tools/test.sh does, so they keep compiling).
 .PHONY: bench-build

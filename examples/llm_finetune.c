@@ -21,7 +21,7 @@
 
 typedef struct args {
     const char *model, *data, *output_dir, *prompt, *target_modules;
-    int64_t lora_r, block_size, batch_size, max_steps, epochs, log_interval, sample_tokens, top_k;
+    int64_t lora_r, block_size, batch_size, max_steps, epochs, log_interval, sample_tokens, top_k, eval_blocks;
     double lora_alpha, lora_dropout, lr, weight_decay, grad_clip, temperature, warmup;
     uint64_t seed;
     bool from_scratch, gradient_checkpointing;
@@ -34,12 +34,13 @@ static void usage(FILE *f) {
             "           [--batch_size B] [--epochs N] [--max_steps N] [--lr X] [--weight_decay X]\n"
             "           [--warmup FRACTION] [--grad_clip X] [--seed N] [--log_interval N]\n"
             "           [--output_dir DIR] [--sample_tokens N] [--temperature X] [--top_k K]\n"
-            "           [--prompt TEXT] [--gradient_checkpointing] [configuration flags]\n"
+            "           [--prompt TEXT] [--eval_blocks N] [--gradient_checkpointing] [configuration flags]\n"
             "--model: a Hugging Face checkpoint directory (config.json, model.safetensors or its\n"
             "index, tokenizer.json). --lora_r 0 fine-tunes every parameter; otherwise LoRA adapters\n"
             "of rank N on --target_modules (PEFT's default for the family when not given) train and\n"
             "the base stays frozen. --data: one text per line (default: the fortunes of\n"
-            "$CACCEL_FORTUNES_DIR, else /usr/share/games/fortunes); every tenth text is held out.\n"
+            "$CACCEL_FORTUNES_DIR, else /usr/share/games/fortunes); every tenth text is held out\n"
+            "(--eval_blocks N: only its first N blocks are evaluated; 0, the default: all).\n"
             "--output_dir: the adapter (adapter_model.safetensors, adapter_config.json) or, for a\n"
             "full fine-tune, the whole model in Hugging Face's layout. Defaults: LoRA r 8, alpha 16,\n"
             "block 128, batch 8, 1 epoch, lr 2e-4 (LoRA) or 5e-5 (full), 2 samples of 40 tokens.\n"
@@ -82,6 +83,7 @@ static bool parse_one(args *a, const char *s, int argc, char **argv, int *i) {
     else if (flag(s, "--sample_tokens", argc, argv, i, &v)) a->sample_tokens = atoll(v);
     else if (flag(s, "--temperature", argc, argv, i, &v)) a->temperature = atof(v);
     else if (flag(s, "--top_k", argc, argv, i, &v)) a->top_k = atoll(v);
+    else if (flag(s, "--eval_blocks", argc, argv, i, &v)) a->eval_blocks = atoll(v);
     else if (!strcmp(s, "--from_scratch")) a->from_scratch = true;
     else if (!strcmp(s, "--gradient_checkpointing")) a->gradient_checkpointing = true;
     else return false;
@@ -106,7 +108,7 @@ static args parse(int argc, char **argv) {
     }
     if (a.lr < 0) a.lr = a.lora_r > 0 ? 2e-4 : 5e-5;
     const char *bad = !a.model ? "--model DIR is required"
-                    : a.lora_r < 0 || a.block_size < 2 || a.batch_size < 1 || a.epochs < 1 ? "--lora_r must be >= 0, --block_size >= 2, --batch_size and --epochs >= 1"
+                    : a.lora_r < 0 || a.block_size < 2 || a.batch_size < 1 || a.epochs < 1 || a.eval_blocks < 0 ? "--lora_r and --eval_blocks must be >= 0, --block_size >= 2, --batch_size and --epochs >= 1"
                     : a.lr <= 0 || a.temperature <= 0 ? "--lr and --temperature must be positive"
                     : a.lora_dropout < 0 || a.lora_dropout >= 1 ? "--lora_dropout must be in [0, 1)" : NULL;
     if (bad) {
@@ -231,7 +233,7 @@ static ca_status blk_get(void *ctx, int64_t i, void *x, void *y) {
     return CA_OK;
 }
 
-static ca_dataset *block_dataset(const stream *s, int64_t T, const char *what) {
+static ca_dataset *block_dataset(const stream *s, int64_t T, int64_t max_blocks, const char *what) {
     if (s->n < T) {
         fprintf(stderr, "llm_finetune: the %s texts hold %lld tokens, fewer than --block_size %lld\n", what,
                 (long long)s->n, (long long)T);
@@ -240,6 +242,7 @@ static ca_dataset *block_dataset(const stream *s, int64_t T, const char *what) {
     blocks *b = malloc(sizeof *b);
     if (!b) exit(1);
     *b = (blocks){.ids = s->ids, .n = s->n / T, .T = T};
+    if (max_blocks > 0 && b->n > max_blocks) b->n = max_blocks;
     ca_sample_spec spec = {.dtype = CA_I64, .ndim = 1, .shape = {T}};
     ca_dataset *ds;
     CA_CHECK(ca_dataset_create(&(ca_dataset_ops){.struct_size = sizeof(ca_dataset_ops), .length = blk_length,
@@ -659,7 +662,8 @@ int main(int argc, char **argv) {
     stream tr = {0}, va = {0};
     tokenize_all(tok, &t, eos_id(&cfg), &tr, &va);
     texts_free(&t);
-    ca_dataset *train_ds = block_dataset(&tr, a.block_size, "training"), *val_ds = block_dataset(&va, a.block_size, "held-out");
+    ca_dataset *train_ds = block_dataset(&tr, a.block_size, 0, "training"),
+               *val_ds = block_dataset(&va, a.block_size, a.eval_blocks, "held-out");
     ca_print(acc, "llm_finetune: %s (%lld parameters) on %d process(es), %s; %lld training and %lld held-out "
                   "blocks of %lld tokens\n", a.model, (long long)ca_module_param_count(model), ca_num_processes(acc),
              ca_device_name(ca_accelerator_device(acc)), (long long)ca_dataset_length(train_ds),

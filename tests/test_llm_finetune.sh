@@ -28,7 +28,7 @@ cat > "$WORK/base/config.json" <<'EOF'
  "max_position_embeddings": 256, "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "hidden_act": "silu",
  "tie_word_embeddings": false, "bos_token_id": null, "eos_token_id": 256, "initializer_range": 0.02}
 EOF
-COMMON="--block_size 64 --batch_size 16 --log_interval 50 --seed 7"
+COMMON="--block_size 64 --batch_size 16 --log_interval 50 --seed 7 --eval_blocks 96"
 
 loss_before() { sed -n 's/^before training: held-out loss \([0-9.]*\),.*/\1/p' "$1" | head -1; }
 loss_after() { sed -n 's/^epoch [0-9]*: .*held-out loss \([0-9.]*\) .*/\1/p' "$1" | tail -1; }
@@ -64,7 +64,7 @@ gloo=""
 for d in $(echo "${CACCEL_PLUGIN_PATH:-}" | tr ':' ' '); do [ -e "$d/caccel_gloo.so" ] && gloo=yes; done
 if [ -n "$gloo" ]; then
     timeout 300 "$CACCEL" launch --num_processes 2 --cpu --backend gloo "$FT" --model "$WORK/small" --lora_r 8 \
-        --lora_alpha 16 --lora_dropout 0 --block_size 64 --batch_size 8 --log_interval 50 --seed 7 --max_steps 60 \
+        --lora_alpha 16 --lora_dropout 0 --block_size 64 --batch_size 8 --log_interval 50 --seed 7 --eval_blocks 96 --max_steps 60 \
         --lr 2e-3 --sample_tokens 0 > "$WORK/two" 2>&1 || { cat "$WORK/two"; fail "two processes: exited non-zero"; }
     grep -q 'on 2 process(es)' "$WORK/two" || { cat "$WORK/two"; fail "not two processes"; }
     t1=$(loss_after "$WORK/two")
