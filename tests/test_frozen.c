@@ -314,6 +314,16 @@ static void test_refused_after_prepare(void **state) {
     ca_clear_error();
     assert_true(ca_tensor_requires_grad(ca_module_param(r.m, "fc1.weight")));
     run_close(&r);
+    /* a sharded state dict of stage 2 holds the flat space: the trainable parameters only */
+    const char *const sharded[] = {"distributed_type=FSDP", "fsdp_config.fsdp_sharding_strategy=SHARD_GRAD_OP",
+                                   "fsdp_config.fsdp_state_dict_type=SHARDED_STATE_DICT", NULL};
+    run_open(&r, true, sharded);
+    run_steps(&r, 0, 1);
+    snprintf(ck, sizeof ck, "%s/sharded", g_dir);
+    assert_int_equal(ca_save_state(r.acc, ck), CA_ERR_UNSUPPORTED);
+    assert_non_null(strstr(ca_last_error(), "shards the trainable parameters only; 2 of the model's 4 are frozen"));
+    ca_clear_error();
+    run_close(&r);
     t_rm_tree(g_dir);
 }
 
