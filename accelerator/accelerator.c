@@ -201,6 +201,7 @@ void ca_accelerator_destroy(ca_accelerator *acc) {
     if (acc->bf16_storage_set && ca_xla_set_bf16_storage(acc->device, false) != CA_OK) ca_clear_error();
     ca_progress_detach(acc->progress);
     free(acc->extra);
+    ca_trainable_free(acc);
     if (acc->sync_ops && acc->sync_ops->free) acc->sync_ops->free(acc);
     ca_state_free(acc);
     ca_comm_destroy(acc->comm);
@@ -242,6 +243,7 @@ static void forget_model(ca_accelerator *acc, int g, bool last) {
 
 static void forget(void *owner, const void *obj) {
     ca_accelerator *acc = owner;
+    ca_trainable_forget(acc, obj);
     for (int i = 0; i < acc->nextra; i++)
         if (acc->extra[i] == obj) {
             forget_model(acc, i + 1, false);
@@ -318,6 +320,7 @@ static ca_status prepare_extra_model(ca_accelerator *acc, ca_module *m) {
     ca_status s = ca_module_to(m, acc->device);
     if (s == CA_OK) s = broadcast_params(acc, m);
     if (s == CA_OK) s = ops->prepare_extra_model(acc, m);
+    if (s == CA_OK) s = ca_trainable_snapshot(acc, m);
     if (s != CA_OK) return s;
     acc->extra[acc->nextra++] = m;
     own_model(acc, m);
@@ -332,6 +335,7 @@ static ca_status prepare_model(ca_accelerator *acc, ca_module *m) {
     ca_status s = ca_module_to(m, acc->device);
     if (s == CA_OK) s = broadcast_params(acc, m);
     if (s == CA_OK && acc->sync_ops->prepare_model) s = acc->sync_ops->prepare_model(acc, m);
+    if (s == CA_OK) s = ca_trainable_snapshot(acc, m);
     if (s == CA_OK) {
         acc->model = m;
         own_model(acc, m);
@@ -447,6 +451,10 @@ static ca_tensor *sharded_grads(const ca_accelerator *acc, ca_comm **group) {
     return t;
 }
 
+/* A frozen parameter (requires_grad false) is in no sum, unscale or clip, as in torch, where its
+ * .grad is None; a gradient it still has (frozen after a backward) is not the optimizer's. */
+static ca_status add_param(grad_set *gs, ca_tensor *p) { return p->requires_grad ? set_add(gs, p) : CA_OK; }
+
 static ca_status collect_grads(const ca_accelerator *acc, const ca_optimizer *o, grad_set *gs) {
     ca_tensor *shard = sharded_grads(acc, NULL);
     if (shard) return set_add(gs, shard);
@@ -454,11 +462,11 @@ static ca_status collect_grads(const ca_accelerator *acc, const ca_optimizer *o,
     for (int k = 0; s == CA_OK && k < acc->nopts; k++) {
         if (o && acc->opts[k] != o) continue;
         for (int i = 0; s == CA_OK && i < ca_optimizer_num_params(acc->opts[k]); i++)
-            s = set_add(gs, ca_optimizer_param_at(acc->opts[k], i));
+            s = add_param(gs, ca_optimizer_param_at(acc->opts[k], i));
     }
     for (int k = -1; !o && !acc->nopts && k < acc->nextra; k++) {
         ca_module *m = k < 0 ? acc->model : acc->extra[k];
-        for (int i = 0; s == CA_OK && m && i < ca_module_num_params(m); i++) s = set_add(gs, m->flat[i]);
+        for (int i = 0; s == CA_OK && m && i < ca_module_num_params(m); i++) s = add_param(gs, m->flat[i]);
     }
     return s;
 }
@@ -554,7 +562,8 @@ ca_status ca_backward(ca_accelerator *acc, ca_tensor *loss) {
     double seed = scaling(acc) ? acc->scaler.scale / (double)k : 1.0 / (double)k;
     const ca_sync_strategy *ops = acc->sync_ops;
     bool sync = ca_backward_syncs(acc), step_sync = acc->sync;
-    ca_status s = acc->joining ? ca_join_notify(acc, sync) : CA_OK;
+    ca_status s = ca_trainable_check(acc);   /* the same on every rank: refused before any collective */
+    if (s == CA_OK && acc->joining) s = ca_join_notify(acc, sync);
     if (s != CA_OK) return s;
     acc->sync = sync;   /* what the bucket hooks read during this backward */
     acc->in_backward = true;

@@ -52,6 +52,7 @@ typedef struct ca_zero_unit {
     ca_module *mod;
     struct ca_accelerator *acc;
     int n;
+    int ntrain;                  /* of them those with requires_grad: a unit of frozen ones reduces nothing */
     int *idx;                    /* its parameters, as indices into ca_zero.params */
     int64_t numel;
     int64_t slice;               /* the gather's per-rank count: the most of it one rank's shard holds */
@@ -78,7 +79,8 @@ typedef struct ca_zero {
     ca_grad_scaler_opts scaler;
     char json[4096];             /* the DeepSpeed JSON read, if any */
     int nparams;
-    ca_tensor **params;
+    ca_tensor **params;          /* stages 1 and 2: the trainable parameters; stage 3: every parameter */
+    const char **names;          /* [nparams] their names in the model */
     int64_t *off;                /* params[i] starts at off[i] in the flat index space */
     int64_t numel, shard;
     ca_tensor *gflat;            /* [world * shard] local gradients; stage 2: only from backward to step */
@@ -124,6 +126,9 @@ struct ca_accelerator {
     bool seeded;
     /* prepared objects */
     ca_module *model;
+    /* frozen.c: each prepared model's trainable set at ca_prepare (requires_grad per parameter) */
+    int nsnaps;
+    struct ca_trainable_snap *snaps;
     int nopts;
     ca_optimizer **opts;
     int nloaders;
@@ -195,6 +200,14 @@ typedef struct ca_bucket_hook {
     void (*free)(ca_bucket *bk);
 } ca_bucket_hook;
 extern const ca_bucket_hook ca_bucket_hook_power_sgd, ca_bucket_hook_batched_power_sgd;
+
+/* frozen.c: the trainable set (requires_grad of each parameter) of a model as ca_prepare laid out its
+ * buckets or shards; check: CA_ERR_STATE naming the first parameter changed since (torch's DDP refuses
+ * the same); forget: the model is gone; free: all of them. */
+ca_status ca_trainable_snapshot(ca_accelerator *acc, ca_module *m);
+ca_status ca_trainable_check(const ca_accelerator *acc);
+void ca_trainable_forget(ca_accelerator *acc, const void *m);
+void ca_trainable_free(ca_accelerator *acc);
 
 /* zero_config.c: the stage from distributed_type FSDP / DEEPSPEED, their keys and DeepSpeed's JSON
  * (fills acc->zero.stage and overrides the settings the JSON gives). */

@@ -14,6 +14,7 @@ libcaccel_la_SOURCES += \
 	accelerator/sync_deterministic.c \
 	accelerator/powersgd.c \
 	accelerator/local_sgd.c \
+	accelerator/frozen.c \
 	accelerator/zero_buffers.c \
 	accelerator/zero.c \
 	accelerator/zero3.c \

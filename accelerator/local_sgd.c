@@ -48,6 +48,7 @@ static ca_status average(ca_local_sgd *ls) {
     int n = ca_module_num_params(ls->model);
     for (int i = 0; i < n && s == CA_OK; i++) {
         ca_tensor *p = ls->model->flat[i];
+        if (!p->requires_grad) continue;   /* frozen: equal on every process, and kept bit for bit */
         s = ca_comm_all_reduce(acc->comm, ca_tptr(p), ca_tptr(p), (size_t)p->numel, p->dtype, CA_OP_AVG, NULL);
         if (s != CA_OK)
             ca_error_context("LocalSGD averaging parameter %s after step %lld", ls->model->flat_names[i],

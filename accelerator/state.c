@@ -448,6 +448,11 @@ static json_object *ss_state_json(ca_accelerator *acc, int64_t iteration) {
         model = json_object_new_object();
         json_object_object_add(model, "file", json_object_new_string(SS_MODEL));
         json_object_object_add(model, "num_params", json_object_new_int(ca_module_num_params(acc->model)));
+        json_object *frozen = json_object_new_array();   /* requires_grad false, by name */
+        for (int i = 0; i < ca_module_num_params(acc->model); i++)
+            if (!acc->model->flat[i]->requires_grad)
+                json_object_array_add(frozen, json_object_new_string(acc->model->flat_names[i]));
+        json_object_object_add(model, "frozen", frozen);
     }
     json_object_object_add(root, "model", model);
     json_object *opts = json_object_new_array(), *loaders = json_object_new_array();
@@ -958,6 +963,7 @@ typedef struct ss_loaded {
     size_t *custom_len;
     int nopts, ncustom;
     int64_t iteration;
+    bool *was_on;                      /* the model's requires_grad before the checkpoint's were set */
 } ss_loaded;
 
 static void ss_loaded_free(ss_loaded *L) {
@@ -970,6 +976,7 @@ static void ss_loaded_free(ss_loaded *L) {
     json_object_put(L->state);
     json_object_put(L->rng);
     json_object_put(L->manifest);
+    free(L->was_on);
     memset(L, 0, sizeof *L);
 }
 
@@ -1123,6 +1130,48 @@ static ca_status ss_check_loader(ss_json *j, ca_dataloader *dl, json_object *jl,
     return CA_OK;
 }
 
+static bool ss_name_in(json_object *names, const char *name) {
+    for (size_t k = 0; k < json_object_array_length(names); k++) {
+        json_object *v = json_object_array_get_idx(names, k);
+        if (json_object_is_type(v, json_type_string) && !strcmp(json_object_get_string(v), name)) return true;
+    }
+    return false;
+}
+
+/* The checkpoint's requires_grad per parameter (model.frozen: the frozen ones by name; absent in
+ * checkpoints older than it: nothing to restore). A model whose reduction was laid out at ca_prepare
+ * over another trainable set is refused; otherwise the flags are set now, before the optimizer's state
+ * is checked against the file (a frozen parameter has none), and L->was_on undoes that if the load
+ * fails. */
+static ca_status ss_restore_frozen(ca_accelerator *acc, ss_json *j, json_object *model, ss_loaded *L) {
+    json_object *frozen = NULL;
+    if (!acc->model || !model || !json_object_object_get_ex(model, "frozen", &frozen)) return CA_OK;
+    if (!json_object_is_type(frozen, json_type_array))
+        return ca_error(CA_ERR_INVALID, "%s: key \"model.frozen\" is not an array of parameter names", j->file);
+    ca_module *m = acc->model;
+    int n = ca_module_num_params(m);
+    for (int i = 0; i < n; i++) {
+        bool on = !ss_name_in(frozen, m->flat_names[i]);
+        if (on == m->flat[i]->requires_grad || !acc->nsnaps) continue;
+        return ca_error(CA_ERR_INVALID, "%s: parameter %s is %s in the checkpoint and %s in the prepared model; "
+                        "%s laid out its gradient reduction over the trainable set at ca_prepare: set requires_grad "
+                        "as the checkpoint has it before ca_prepare (rank %d)", j->file, m->flat_names[i],
+                        on ? "trainable" : "frozen", on ? "frozen" : "trainable", acc->sync_ops->name, acc->rank);
+    }
+    if (!(L->was_on = calloc((size_t)n + 1, sizeof *L->was_on))) return ca_error(CA_ERR_NOMEM, "out of host memory");
+    for (int i = 0; i < n; i++) {
+        L->was_on[i] = m->flat[i]->requires_grad;
+        ca_tensor_set_requires_grad(m->flat[i], !ss_name_in(frozen, m->flat_names[i]));
+    }
+    return CA_OK;
+}
+
+/* A failed load leaves requires_grad as it was. */
+static void ss_undo_frozen(ca_accelerator *acc, const ss_loaded *L) {
+    for (int i = 0; L->was_on && acc->model && i < ca_module_num_params(acc->model); i++)
+        ca_tensor_set_requires_grad(acc->model->flat[i], L->was_on[i]);
+}
+
 static ca_status ss_check_state(ca_accelerator *acc, const char *dir, ss_loaded *L) {
     char path[PATH_MAX];
     ca_status s = ss_listed_path(L, dir, SS_STATE, path);
@@ -1157,6 +1206,7 @@ static ca_status ss_check_state(ca_accelerator *acc, const char *dir, ss_loaded 
         return ca_error(CA_ERR_INVALID, "%s: %d optimizer(s), %d dataloader(s), %d custom object(s) in the "
                         "checkpoint; the program prepared %d, %d and registered %d", path, no, nl, nc,
                         acc->nopts, acc->nloaders, acc->ncustom);
+    if (has_model) s = ss_restore_frozen(acc, &j, model, L);
     for (int i = 0; s == CA_OK && i < no; i++)
         s = ss_check_optimizer(&j, acc->opts[i], json_object_array_get_idx(opts, (size_t)i), i);
     for (int i = 0; s == CA_OK && i < nl; i++)
@@ -1376,6 +1426,7 @@ static ca_status ss_load_dir(ca_accelerator *acc, const char *dir) {
         ops->drop_state(acc->opts[i]);
         if (s == CA_OK) s = z;
     }
+    if (s != CA_OK) ss_undo_frozen(acc, &L);
     if (s == CA_OK && L.iteration >= 0) {
         acc->iteration = L.iteration + 1;
         acc->iteration_known = true;

@@ -150,17 +150,13 @@ static ca_status add_group(ca_accelerator *acc) {
 /* Buckets of at most bucket_cap_mb, filled in reverse registration order
  * (gradients arrive roughly from the last layer back), each parameter's .grad
  * a view into its bucket. */
-static ca_status build_buckets(ca_accelerator *acc, ca_module *m) {
-    int n = ca_module_num_params(m);
-    ca_status gs = add_group(acc);
-    if (gs != CA_OK) return gs;
-    int group = acc->ngroups - 1;
-    size_t cap = (size_t)(acc->st.bucket_cap_mb * 1024 * 1024 / sizeof(float));
-    if (cap < 1) cap = 1;
+
+/* Buckets over the trainable parameters tp (names tn) in reverse order, each at most cap floats. */
+static ca_status fill_buckets(ca_accelerator *acc, ca_tensor **tp, const char **tn, int n, int group, size_t cap) {
     for (int i = n - 1; i >= 0;) {
         int64_t numel = 0;
         int first = i;
-        while (i >= 0 && (numel == 0 || (size_t)(numel + m->flat[i]->numel) <= cap)) numel += m->flat[i--]->numel;
+        while (i >= 0 && (numel == 0 || (size_t)(numel + tp[i]->numel) <= cap)) numel += tp[i--]->numel;
         ca_bucket *nb = realloc(acc->buckets, (size_t)(acc->nbuckets + 1) * sizeof *nb);
         if (!nb) return ca_error(CA_ERR_NOMEM, "out of host memory");
         acc->buckets = nb;
@@ -176,10 +172,10 @@ static ca_status build_buckets(ca_accelerator *acc, ca_module *m) {
         bk->numel = numel;
         int64_t off = 0;
         for (int k = 0; k < bk->nparams; k++) {
-            ca_tensor *p = m->flat[first - k];
+            ca_tensor *p = tp[first - k];
             if (p->dtype != CA_F32 || ca_tdev(p) != acc->device)
-                return ca_error(CA_ERR_INVALID, "data-parallel parameters must be f32 on the training device (%s)",
-                                m->flat_names[first - k]);
+                return ca_error(CA_ERR_INVALID, "data-parallel parameters must be f32 on the training device (%s); "
+                                "a frozen one (requires_grad false) may be of any dtype", tn[first - k]);
             bk->params[k] = p;
             int64_t st[CA_MAX_DIMS], s = 1;
             for (int d = p->ndim - 1; d >= 0; d--) { st[d] = s; s *= p->shape[d]; }
@@ -196,6 +192,32 @@ static ca_status build_buckets(ca_accelerator *acc, ca_module *m) {
             return ca_error_context("comm_hook %s", ca_config_get(acc->cfg, "comm_hook"));
     }
     return CA_OK;
+}
+
+static ca_status build_buckets(ca_accelerator *acc, ca_module *m) {
+    int n = ca_module_num_params(m);
+    ca_status gs = add_group(acc);
+    if (gs != CA_OK) return gs;
+    int group = acc->ngroups - 1;
+    size_t cap = (size_t)(acc->st.bucket_cap_mb * 1024 * 1024 / sizeof(float));
+    if (cap < 1) cap = 1;
+    /* only the trainable parameters have a slot (torch's DDP: the parameters that require grad) */
+    ca_tensor **tp = calloc((size_t)n + 1, sizeof *tp);
+    const char **tn = calloc((size_t)n + 1, sizeof *tn);
+    int nt = 0;
+    if (!tp || !tn) {
+        free(tp); free(tn);
+        return ca_error(CA_ERR_NOMEM, "out of host memory");
+    }
+    for (int i = 0; i < n; i++)
+        if (m->flat[i]->requires_grad) {
+            tn[nt] = m->flat_names[i];
+            tp[nt++] = m->flat[i];
+        }
+    gs = fill_buckets(acc, tp, tn, nt, group, cap);
+    free(tp);
+    free(tn);
+    return gs;
 }
 
 static void free_buckets(ca_accelerator *acc) {

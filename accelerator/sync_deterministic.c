@@ -38,11 +38,12 @@ static ca_status det_build(ca_accelerator *acc, ca_module *m) {
     d->params = calloc((size_t)(n ? n : 1), sizeof *d->params);
     d->written = calloc((size_t)d->parts, sizeof *d->written);
     if (!d->params || !d->written) return ca_error(CA_ERR_NOMEM, "out of host memory");
-    for (int i = 0; i < n; i++) {
+    for (int i = 0; i < n; i++) {   /* the trainable parameters only: a frozen one has no gradient row */
         ca_tensor *p = m->flat[i];
+        if (!p->requires_grad) continue;
         if (p->dtype != CA_F32 || ca_tdev(p) != acc->device)
-            return ca_error(CA_ERR_INVALID, "deterministic mode: parameters must be f32 on the training device (%s)",
-                            m->flat_names[i]);
+            return ca_error(CA_ERR_INVALID, "deterministic mode: parameters must be f32 on the training device (%s); "
+                            "a frozen one (requires_grad false) may be of any dtype", m->flat_names[i]);
         d->numel += p->numel;
     }
     d->flat = persistent_zeros(acc->device, d->numel);
@@ -52,6 +53,7 @@ static ca_status det_build(ca_accelerator *acc, ca_module *m) {
     int64_t off = 0;
     for (int i = 0; i < n; i++) {
         ca_tensor *p = m->flat[i];
+        if (!p->requires_grad) continue;
         int64_t st[CA_MAX_DIMS], s = 1;
         for (int k = p->ndim - 1; k >= 0; k--) { st[k] = s; s *= p->shape[k]; }
         ca_tensor *g = ca_tensor_view(d->flat, p->ndim, p->shape, st, off);

@@ -86,17 +86,23 @@ ca_status ca_zero_build(ca_accelerator *acc, ca_module *m) {
     ca_zero *z = &acc->zero;
     ca_status s = build_groups(acc);
     if (s != CA_OK) return s;
-    z->nparams = ca_module_num_params(m);
-    z->params = calloc((size_t)z->nparams + 1, sizeof *z->params);
-    z->off = calloc((size_t)z->nparams + 1, sizeof *z->off);
-    if (!z->params || !z->off) return ca_error(CA_ERR_NOMEM, "out of host memory");
-    for (int i = 0; i < z->nparams; i++) {
+    int n = ca_module_num_params(m);
+    z->params = calloc((size_t)n + 1, sizeof *z->params);
+    z->names = calloc((size_t)n + 1, sizeof *z->names);
+    z->off = calloc((size_t)n + 1, sizeof *z->off);
+    if (!z->params || !z->names || !z->off) return ca_error(CA_ERR_NOMEM, "out of host memory");
+    for (int i = 0; i < n; i++) {
         ca_tensor *p = m->flat[i];
+        /* stages 1 and 2 keep every parameter whole: a frozen one needs no gradient or state shard. Stage 3
+         * shards it too (the frozen base of the model is the bulk of it), with no update */
+        if (!p->requires_grad && z->stage < 3) continue;
         if (p->dtype != CA_F32 || ca_tdev(p) != acc->device || !ca_tensor_is_contiguous(p))
             return ca_error(CA_ERR_INVALID, "sharded data parallelism (stage %d): parameter %s must be a contiguous "
-                            "f32 tensor on the training device", z->stage, m->flat_names[i]);
-        z->params[i] = p;
-        z->off[i] = z->numel;
+                            "f32 tensor on the training device%s", z->stage, m->flat_names[i],
+                            z->stage < 3 ? " (a frozen one, requires_grad false, may be of any dtype)" : "");
+        z->params[z->nparams] = p;
+        z->names[z->nparams] = m->flat_names[i];
+        z->off[z->nparams++] = z->numel;
         z->numel += p->numel;
     }
     z->shard = (z->numel + z->world - 1) / z->world;
@@ -118,8 +124,10 @@ ca_status ca_zero_build(ca_accelerator *acc, ca_module *m) {
     z->view->grad = g;
     z->view->grad_defined = true;
     if (acc->rank == 0)
-        ca_log_printf(CA_LOG_INFO, "sharded data parallelism: stage %d (%s), %lld parameters in %d shards of %lld",
-                      z->stage, z->origin, (long long)z->numel, z->world, (long long)z->shard);
+        ca_log_printf(CA_LOG_INFO, "sharded data parallelism: stage %d (%s), %lld parameters in %d shards of %lld%s",
+                      z->stage, z->origin, (long long)z->numel, z->world, (long long)z->shard,
+                      z->nparams < n ? "; the frozen ones (requires_grad false) kept whole, with no gradient "
+                                       "or optimizer state" : "");
     if (acc->rank == 0 && z->rep)
         ca_log_printf(CA_LOG_INFO, "HYBRID_SHARD: shards within groups of %d processes, replicated %d times",
                       z->world, acc->world / z->world);
@@ -149,7 +157,7 @@ ca_status ca_zero_add_optimizer(ca_accelerator *acc, ca_optimizer *o) {
         return ca_error(CA_ERR_STATE, "sharded data parallelism: prepare the model before (or with) its optimizer");
     for (int k = 0; k < z->nsegs; k++) {   /* segments of parameters o does not hold stay unassigned */
         int g = group_of(o, z->segs[k].param);
-        if (g < 0) continue;
+        if (g < 0 || !z->segs[k].param->requires_grad) continue;   /* stage 3's frozen ones: not updated */
         z->segs[k].opt = o;
         z->segs[k].group = g;
     }
@@ -382,10 +390,12 @@ void ca_zero_free(ca_accelerator *acc) {
     z->own = z->rep = NULL;
     z->comm = NULL;
     free(z->params);
+    free(z->names);
     free(z->off);
     free(z->segs);
     z->gflat = z->gshard = z->view = z->s1 = z->s2 = NULL;
     z->params = NULL;
+    z->names = NULL;
     z->off = NULL;
     z->segs = NULL;
     z->nparams = z->nsegs = 0;

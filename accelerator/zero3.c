@@ -245,7 +245,7 @@ static ca_status by_rank(ca_accelerator *acc, ca_zero_unit *u, float *buf, float
 /* Reduce-scatters (average) the unit's gradient into this rank's gradient shard and frees it.
  * Gradients no backward reached are zeros. */
 static ca_status unit_reduce(ca_zero_unit *u) {
-    if (u->reduced || !u->n) return CA_OK;
+    if (u->reduced || !u->ntrain) return CA_OK;   /* frozen parameters only: no gradient to reduce */
     ca_accelerator *acc = u->acc;
     ca_zero *z = &acc->zero;
     ca_status s = unit_grads(u);
@@ -367,7 +367,7 @@ static void grad_done(ca_tensor *leaf, void *ctx) {
     (void)leaf;
     ca_zero_unit *u = ctx;
     ca_accelerator *acc = u->acc;
-    if (++u->done < u->n) return;
+    if (++u->done < u->ntrain) return;   /* a frozen parameter's gradient never comes */
     if (acc->zero.bwd_prefetch == 2 && acc->zero.err == CA_OK) acc->zero.err = prefetch(u, -1);   /* BACKWARD_POST */
     if (acc->in_backward && acc->sync && acc->zero.err == CA_OK) acc->zero.err = unit_reduce(u);
     unit_release(u);
@@ -507,7 +507,10 @@ ca_status ca_zero3_build(ca_accelerator *acc, ca_module *m) {
         if (!u->n) continue;   /* a wrapped module with no parameters of its own (the root, often) */
         used++;
         ca_module_set_forward_hooks(u->mod, pre_forward, post_forward, u);
-        for (int j = 0; j < u->n; j++) ca_tensor_set_grad_hook(z->params[u->idx[j]], grad_done, u);
+        for (int j = 0; j < u->n; j++) {
+            u->ntrain += z->params[u->idx[j]]->requires_grad;
+            ca_tensor_set_grad_hook(z->params[u->idx[j]], grad_done, u);
+        }
     }
     ca_zero3_release_all(acc);
     if (acc->rank == 0)

@@ -50,7 +50,7 @@ static ca_status write_index(ca_accelerator *acc, const char *dir) {
     for (int i = 0; i < z->nparams; i++) {
         json_object *p = json_object_new_object(), *shape = json_object_new_array();
         for (int d = 0; d < z->params[i]->ndim; d++) json_object_array_add(shape, json_object_new_int64(z->params[i]->shape[d]));
-        json_object_object_add(p, "name", json_object_new_string(acc->model->flat_names[i]));
+        json_object_object_add(p, "name", json_object_new_string(acc->zero.names[i]));
         json_object_object_add(p, "shape", shape);
         json_object_object_add(p, "offset", json_object_new_int64(z->off[i]));
         json_object_array_add(params, p);
@@ -68,6 +68,12 @@ static ca_status write_index(ca_accelerator *acc, const char *dir) {
 
 ca_status ca_zero_save_shard(ca_accelerator *acc, const char *dir) {
     ca_zero *z = &acc->zero;
+    if (acc->model && z->nparams != ca_module_num_params(acc->model))   /* stages 1, 2: frozen ones not in it */
+        return ca_error(CA_ERR_UNSUPPORTED, "save_state: fsdp_state_dict_type %s under stage %d shards the "
+                        "trainable parameters only; %d of the model's %d are frozen (requires_grad false): use "
+                        "FULL_STATE_DICT (rank %d)", ca_config_get(acc->cfg, "fsdp_config.fsdp_state_dict_type"),
+                        z->stage, ca_module_num_params(acc->model) - z->nparams, ca_module_num_params(acc->model),
+                        acc->rank);
     if (acc->rank >= z->world) return CA_OK;   /* HYBRID_SHARD: the first group writes; the others hold copies */
     float *buf = malloc((size_t)z->shard * 3 * sizeof *buf);
     if (!buf) return ca_error(CA_ERR_NOMEM, "out of host memory");
@@ -208,9 +214,9 @@ ca_status ca_zero_check_shard(ca_accelerator *acc, const char *dir) {
                      (long long)ix.numel, (int)json_object_array_length(ix.params), (long long)z->numel, z->nparams);
     for (int i = 0; s == CA_OK && i < z->nparams; i++) {
         json_object *p = json_object_array_get_idx(ix.params, (size_t)i);
-        if (strcmp(param_name(p), acc->model->flat_names[i]) != 0 || param_offset(p) != z->off[i])
+        if (strcmp(param_name(p), acc->zero.names[i]) != 0 || param_offset(p) != z->off[i])
             s = ca_error(CA_ERR_INVALID, "load_state: %s: tensor %d is '%s' at %lld, the model's is '%s' at %lld", dir,
-                         i, param_name(p), (long long)param_offset(p), acc->model->flat_names[i], (long long)z->off[i]);
+                         i, param_name(p), (long long)param_offset(p), acc->zero.names[i], (long long)z->off[i]);
     }
     json_object_put(ix.root);
     return s;

@@ -285,6 +285,71 @@ void ca_module_zero_grad(ca_module *m) {
     for (int i = 0; i < n; i++) ca_tensor_zero_grad(m->flat[i]);
 }
 
+/* torch's Module.requires_grad_: a frozen parameter keeps no gradient either (its old one would
+ * otherwise be stepped again by an optimizer that sees it defined). */
+ca_status ca_module_requires_grad(ca_module *m, bool on) {
+    if (!m) return ca_error(CA_ERR_INVALID, "requires_grad: module is NULL");
+    int n = ca_module_num_params(m);
+    for (int i = 0; i < n; i++) {
+        ca_tensor_set_requires_grad(m->flat[i], on);
+        if (!on) ca_tensor_zero_grad(m->flat[i]);
+    }
+    return CA_OK;
+}
+
+void ca_module_get_nb_trainable_parameters(ca_module *m, int64_t *trainable, int64_t *all) {
+    int64_t t = 0, a = 0;
+    int n = m ? ca_module_num_params(m) : 0;
+    for (int i = 0; i < n; i++) {
+        a += m->flat[i]->numel;
+        if (m->flat[i]->requires_grad) t += m->flat[i]->numel;
+    }
+    if (trainable) *trainable = t;
+    if (all) *all = a;
+}
+
+int64_t ca_module_num_trainable_params(ca_module *m) {
+    int64_t t;
+    ca_module_get_nb_trainable_parameters(m, &t, NULL);
+    return t;
+}
+
+int64_t ca_module_trainable_bytes(ca_module *m) {
+    int64_t b = 0;
+    int n = m ? ca_module_num_params(m) : 0;
+    for (int i = 0; i < n; i++)
+        if (m->flat[i]->requires_grad) b += m->flat[i]->numel * (int64_t)ca_dtype_size(m->flat[i]->dtype);
+    return b;
+}
+
+/* v with a comma every three digits, as Python's "{:,d}". */
+static void with_commas(int64_t v, char *out, size_t size) {
+    char digits[32];
+    int n = snprintf(digits, sizeof digits, "%lld", (long long)v), k = 0;
+    for (int i = 0; i < n && (size_t)k + 2 < size; i++) {
+        if (i && digits[i - 1] != '-' && (n - i) % 3 == 0) out[k++] = ',';
+        out[k++] = digits[i];
+    }
+    out[k] = 0;
+}
+
+void ca_module_trainable_summary(ca_module *m, char *buf, size_t size) {
+    if (!buf || !size) return;
+    int64_t t, a;
+    ca_module_get_nb_trainable_parameters(m, &t, &a);
+    char ts[40], as[40];
+    with_commas(t, ts, sizeof ts);
+    with_commas(a, as, sizeof as);
+    snprintf(buf, size, "trainable params: %s || all params: %s || trainable%%: %.4f", ts, as,
+             a ? 100.0 * (double)t / (double)a : 0.0);
+}
+
+void ca_module_print_trainable_parameters(ca_module *m) {
+    char buf[160];
+    ca_module_trainable_summary(m, buf, sizeof buf);
+    printf("%s\n", buf);
+}
+
 void ca_module_set_owner(ca_module *m, const ca_module_owner *owner) {
     int n = ca_module_num_params(m);
     if (!owner) {

@@ -156,12 +156,23 @@ ca_status ca_optimizer_init_state(ca_optimizer *o) {
         ca_optim_group *gr = &o->groups[g];
         bool needs1 = o->kind == CA_OPTIM_ADAMW || gr->sgd.momentum != 0;
         for (int i = 0; i < gr->n; i++) {
+            if (!gr->params[i]->requires_grad) continue;   /* frozen: never stepped, no state */
             ca_status s = needs1 ? zero_state(gr->params[i], &gr->state1[i]) : CA_OK;
             if (s == CA_OK && o->kind == CA_OPTIM_ADAMW) s = zero_state(gr->params[i], &gr->state2[i]);
             if (s != CA_OK) return s;
         }
     }
     return CA_OK;
+}
+
+int64_t ca_optimizer_state_bytes(const ca_optimizer *o) {
+    int64_t b = 0;
+    for (int g = 0; o && g < o->ngroups; g++)
+        for (int i = 0; i < o->groups[g].n; i++) {
+            if (o->groups[g].state1[i]) b += (int64_t)ca_tensor_nbytes(o->groups[g].state1[i]);
+            if (o->groups[g].state2[i]) b += (int64_t)ca_tensor_nbytes(o->groups[g].state2[i]);
+        }
+    return b;
 }
 
 int ca_optimizer_num_params(const ca_optimizer *o) {
@@ -193,7 +204,8 @@ static ca_status apply_group(ca_optimizer *o, ca_optim_group *g, float grad_scal
         ca_device *dev = NULL;
         for (; i < g->n && k < MAX_BATCH; i++) {
             ca_tensor *t = g->params[i];
-            if (!t->grad_defined || !t->grad) continue;     /* no gradient: skipped, as in PyTorch */
+            /* no gradient (or frozen, whose gradient a bucket may still hold): skipped, as in PyTorch */
+            if (!t->requires_grad || !t->grad_defined || !t->grad) continue;
             if (dev && ca_tdev(t) != dev) break;
             dev = ca_tdev(t);
             p[k] = ca_tptr(t);
@@ -253,7 +265,8 @@ ca_status ca_optimizer_apply(ca_optimizer *o, float grad_scale) {
     for (int g = 0; s == CA_OK && g < o->ngroups; g++) s = apply_group(o, &o->groups[g], grad_scale);
     if (s != CA_OK) return s;
     for (int g = 0; g < o->ngroups; g++)      /* low-precision copies are now stale */
-        for (int i = 0; i < o->groups[g].n; i++) o->groups[g].params[i]->version++;
+        for (int i = 0; i < o->groups[g].n; i++)
+            if (o->groups[g].params[i]->requires_grad) o->groups[g].params[i]->version++;
     o->steps++;
     o->skipped = false;
     advance_schedule(o);
@@ -328,13 +341,15 @@ static ca_status build_state_names(ca_optimizer *o) {
     return CA_OK;
 }
 
-/* Present state tensors, in (param, slot) order. */
+/* Present state tensors, in (param, slot) order. A frozen parameter's are not listed, also those it
+ * kept from before it was frozen: checkpoints hold the trainable parameters' state only. */
 static ca_tensor *state_slot(ca_optimizer *o, int k, int *idx) {
     int pi = k / 2, slot = k % 2;
     *idx = k;
     for (int g = 0; g < o->ngroups; g++) {
-        if (pi < o->groups[g].n) return slot ? o->groups[g].state2[pi] : o->groups[g].state1[pi];
-        pi -= o->groups[g].n;
+        const ca_optim_group *gr = &o->groups[g];
+        if (pi < gr->n) return !gr->params[pi]->requires_grad ? NULL : slot ? gr->state2[pi] : gr->state1[pi];
+        pi -= gr->n;
     }
     return NULL;
 }

@@ -216,6 +216,10 @@ ca_tensor *ca_linear(ca_tensor *x, ca_tensor *w, ca_tensor *b) {
     int64_t in = w->ndim == 2 ? w->shape[1] : -1, out = w->ndim == 2 ? w->shape[0] : -1;
     ca_dtype lp = ca_autocast_dtype();
     bool amp = lp != CA_F32 && w->dtype == CA_F32 && (!b || b->dtype == CA_F32);
+    if (lp != CA_F32 && w->dtype == lp && (!b || b->dtype == lp) && x->dtype != lp && ca_dtype_is_float(x->dtype)) {
+        x = ca_cast(x, lp);   /* a weight stored in low precision (a frozen bf16 base): autocast casts the input */
+        if (!x) return NULL;
+    }
     if (x->ndim < 1 || w->ndim != 2 || x->shape[x->ndim - 1] != in || (!amp && x->dtype != w->dtype) ||
         (b && (b->numel != out || b->dtype != w->dtype))) {
         ca_error(CA_ERR_INVALID, "linear: input %s %s does not fit weight %s %s%s",

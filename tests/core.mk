@@ -63,6 +63,13 @@ VALGRIND_TESTS += tests/test_state
 tests_test_state_SOURCES = tests/test_state.c tests/test_util.h
 tests_test_state_CFLAGS = $(CA_TEST_CFLAGS)
 tests_test_state_LDADD = $(CA_TEST_LIBS)
+# Frozen parameters (requires_grad false): optimizers, clipping, mixed precision, checkpoints, one process.
+check_PROGRAMS += tests/test_frozen
+TESTS += tests/test_frozen
+VALGRIND_TESTS += tests/test_frozen
+tests_test_frozen_SOURCES = tests/test_frozen.c tests/test_util.h
+tests_test_frozen_CFLAGS = $(CA_TEST_CFLAGS)
+tests_test_frozen_LDADD = $(CA_TEST_LIBS)
 TESTS += tests/test_resume.sh tests/test_state_ranks.sh tests/test_full_disk.sh
 EXTRA_DIST += tests/test_resume.sh tests/test_state_ranks.sh tests/test_full_disk.sh
 # Broken files in the plugin path (truncated, text, not a plugin) are skipped with a warning naming each.

@@ -19,6 +19,9 @@
  * --read-sharded: after training, before ca_summon_full_params, reads fc1.weight and prints
  *   read_sharded=<the error> (under stage 3 its values are a shard until the summon).
  * --stop-rank R: rank R stops itself (SIGSTOP) before its third micro-step, a hung peer.
+ * --freeze NAME: the parameters of child NAME (fc1, fc2) are frozen (requires_grad false) before the
+ *   optimizer is made; every rank prints opt_state_bytes=B (the optimizer's own state tensors) and, after
+ *   training, frozen_unchanged=1 when the frozen parameters still hold their first values bit for bit.
  * --hidden H widens the hidden layer (32); --depth D adds D Linear(H, H)+Tanh layers (0); --mem prints
  * state_bytes: the allocator's bytes in use before the last step for parameters, gradients and
  * optimizer state (the growth from before ca_prepare, plus the parameters the model held then; the
@@ -35,7 +38,7 @@ typedef struct opts {
     const char *mode;
     int steps, k;
     int64_t batch, hidden, depth;
-    const char *dump, *dump_grads;
+    const char *dump, *dump_grads, *freeze;
     int64_t sched_total;
     double lr;
     bool mem, digest, inf_input, read_sharded;
@@ -91,6 +94,24 @@ static void dump(ca_accelerator *acc, ca_module *m, const char *path) {
         free(h);
     }
     fclose(f);
+}
+
+/* The bytes of every parameter of m, one after another (on the host). */
+static size_t snapshot_bytes(ca_module *m) {
+    size_t n = 0;
+    for (int i = 0; i < ca_module_num_params(m); i++) n += ca_tensor_nbytes(ca_module_param_at(m, i));
+    return n;
+}
+
+static void *snapshot(ca_module *m) {
+    unsigned char *b = malloc(snapshot_bytes(m) + 1);
+    size_t off = 0;
+    for (int i = 0; i < ca_module_num_params(m); i++) {
+        ca_tensor *p = ca_module_param_at(m, i);
+        CA_CHECK(ca_tensor_to_host(p, b + off, ca_tensor_nbytes(p)));
+        off += ca_tensor_nbytes(p);
+    }
+    return b;
 }
 
 /* FNV-1a over every parameter's bytes. */
@@ -152,6 +173,7 @@ static opts parse(int argc, char **argv) {
         else if (!strcmp(argv[i], "--k") && i + 1 < argc) o.k = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--batch") && i + 1 < argc) o.batch = atoll(argv[++i]);
         else if (!strcmp(argv[i], "--dump") && i + 1 < argc) o.dump = argv[++i];
+        else if (!strcmp(argv[i], "--freeze") && i + 1 < argc) o.freeze = argv[++i];
         else if (!strcmp(argv[i], "--dump-grads") && i + 1 < argc) o.dump_grads = argv[++i];
         else if (!strcmp(argv[i], "--hidden") && i + 1 < argc) o.hidden = atoll(argv[++i]);
         else if (!strcmp(argv[i], "--depth") && i + 1 < argc) o.depth = atoll(argv[++i]);
@@ -273,6 +295,9 @@ int main(int argc, char **argv) {
     int64_t pbytes = 0;
     for (int i = 0; i < ca_module_num_params(m); i++) pbytes += (int64_t)ca_tensor_nbytes(ca_module_param_at(m, i));
     CA_CHECK(ca_device_memory_stats(ca_accelerator_device(acc), &st0));
+    ca_module *frozen = o.freeze ? ca_module_child(m, o.freeze) : NULL;
+    void *frozen0 = frozen ? snapshot(frozen) : NULL;
+    if (frozen) CA_CHECK(ca_module_requires_grad(frozen, false));
     ca_optimizer *opt;
     CA_CHECK(ca_sgd_create(m, &(ca_sgd_opts){.lr = o.lr, .momentum = 0.9}, &opt));
     if (o.sched_total > 0)
@@ -358,6 +383,13 @@ int main(int argc, char **argv) {
         free(h);
     }
     CA_CHECK(ca_summon_full_params(acc, true));   /* stage 3: the parameters are shards until now */
+    if (frozen) {
+        void *now = snapshot(frozen);
+        printf("rank=%d opt_state_bytes=%lld\n", rank, (long long)ca_optimizer_state_bytes(opt));
+        printf("rank=%d frozen_unchanged=%d\n", rank, !memcmp(now, frozen0, snapshot_bytes(frozen)));
+        free(now);
+        free(frozen0);
+    }
     dump(acc, m, o.dump);
     if (o.digest) digest(m, rank);
     CA_CHECK(ca_wait_for_everyone(acc));

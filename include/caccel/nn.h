@@ -96,6 +96,27 @@ CA_API ca_status ca_module_checkpoint_layers(ca_module *m, bool on, int *marked)
 CA_API ca_status ca_module_to(ca_module *m, ca_device *dev);
 /* Drops the gradients of every parameter. */
 CA_API void ca_module_zero_grad(ca_module *m);
+
+/* ----------------------------------------------------------- frozen parameters
+ * torch's Module.requires_grad_(on): sets requires_grad on every parameter of
+ * the subtree m (a frozen parameter gets no gradient from backward, no
+ * optimizer state and no step, no DDP bucket slot, no ZeRO gradient or state
+ * shard; see docs/DISTRIBUTED.md). Freezing also drops the parameters'
+ * gradients. Freeze before ca_prepare: a prepared model refuses a changed
+ * trainable set at its next ca_backward (as torch's DDP does). CA_ERR_INVALID
+ * for a NULL module. Not thread-safe against a running forward/backward. */
+CA_API ca_status ca_module_requires_grad(ca_module *m, bool on);
+/* PEFT's get_nb_trainable_parameters: scalar counts of the parameters with
+ * requires_grad and of all parameters (either pointer may be NULL). */
+CA_API void ca_module_get_nb_trainable_parameters(ca_module *m, int64_t *trainable, int64_t *all);
+CA_API int64_t ca_module_num_trainable_params(ca_module *m);
+/* Bytes of the trainable parameters in their own dtypes. */
+CA_API int64_t ca_module_trainable_bytes(ca_module *m);
+/* "trainable params: 1,843,200 || all params: 775,873,280 || trainable%: 0.2376"
+ * (PEFT's print_trainable_parameters line) into buf (truncated to size), and
+ * printed to stdout. */
+CA_API void ca_module_trainable_summary(ca_module *m, char *buf, size_t size);
+CA_API void ca_module_print_trainable_parameters(ca_module *m);
 /* Frees the module, its children and parameters. Accepts NULL. */
 CA_API void ca_module_destroy(ca_module *m);
 /* Prints the module tree with parameter shapes (like print(model)). */

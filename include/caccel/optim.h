@@ -97,6 +97,14 @@ CA_API double ca_lr_schedule_factor(const ca_lr_schedule *s, int64_t step);
  * "state.<i>.exp_avg_sq", "state.<i>.momentum_buffer"), for checkpoints. */
 CA_API int ca_optimizer_num_state(ca_optimizer *o);
 CA_API ca_tensor *ca_optimizer_state_at(ca_optimizer *o, int i, const char **name);
+/* Bytes of the per-parameter state tensors the optimizer holds now (0 for a
+ * prepared optimizer under ZeRO, whose state lives in the shard). A frozen
+ * parameter (requires_grad false) gets no state and is not stepped, also when
+ * it was frozen after the optimizer was made (torch skips a parameter whose
+ * .grad is None; state it had already is kept in memory for when it is
+ * unfrozen). ca_optimizer_state_at lists the trainable parameters' state only,
+ * so checkpoints hold only theirs. */
+CA_API int64_t ca_optimizer_state_bytes(const ca_optimizer *o);
 /* Scalar state: step count. */
 CA_API ca_status ca_optimizer_set_steps(ca_optimizer *o, int64_t steps);
 
