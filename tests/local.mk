@@ -5,6 +5,7 @@ include tests/config.mk
 include tests/cpu.mk
 include tests/data.mk
 include tests/text.mk
+include tests/decoder.mk
 include tests/gpt.mk
 include tests/dist.mk
 include tests/ddp.mk

@@ -18,6 +18,7 @@
 #include <caccel/tokenizer.h>
 #include <caccel/bert_config.h>
 #include <caccel/bert.h>
+#include <caccel/causal_lm.h>
 #include <caccel/accelerator.h>
 #include <caccel/checkpoint.h>
 #include <caccel/tracking.h>
