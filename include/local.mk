@@ -19,6 +19,7 @@ caccelinclude_HEADERS = \
 	include/caccel/bert_config.h \
 	include/caccel/bert.h \
 	include/caccel/lora.h \
+	include/caccel/causal_lm.h \
 	include/caccel/accelerator.h \
 	include/caccel/checkpoint.h \
 	include/caccel/tracking.h \

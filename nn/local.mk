@@ -1,6 +1,7 @@
 # nn/: modules, layers, optimizers and learning-rate schedules; BERT's config.json and the names
-# and shapes of its checkpoint's tensors; BertModel and BertForSequenceClassification; LoRA adapters
-# and PEFT's adapter files.
+# and shapes of its checkpoint's tensors; BertModel and BertForSequenceClassification; decoder
+# language models (Llama, Qwen2, Mistral) with their Hugging Face files; LoRA adapters and PEFT's
+# adapter files.
 libcaccel_la_SOURCES += \
 	nn/nn_impl.h \
 	nn/module.c \
@@ -9,6 +10,9 @@ libcaccel_la_SOURCES += \
 	nn/schedule.c \
 	nn/bert_config.c \
 	nn/bert.c \
+	nn/causal_lm_config.c \
+	nn/causal_lm.c \
+	nn/causal_lm_io.c \
 	nn/lora_impl.h \
 	nn/lora.c \
 	nn/lora_files.c

@@ -120,4 +120,11 @@ ca_status ca_optimizer_init_state(ca_optimizer *o);
 struct ca_bert_config;
 ca_status ca_bert_check_sizes(const struct ca_bert_config *c, int64_t num_labels, const char *what);
 
+/* The same checks for a decoder config (nn/causal_lm_config.c): sizes in [1, 2^40], at most 1000
+ * layers, heads of an even size dividing hidden_size, num_key_value_heads dividing the heads,
+ * pad_token_id below vocab_size, the model within the memory there is. Messages start with
+ * `what` and name the key. */
+struct ca_causal_lm_config;
+ca_status ca_causal_lm_check_sizes(const struct ca_causal_lm_config *c, const char *what);
+
 #endif

@@ -6,6 +6,7 @@ include tests/cpu.mk
 include tests/data.mk
 include tests/text.mk
 include tests/lora.mk
+include tests/decoder.mk
 include tests/gpt.mk
 include tests/dist.mk
 include tests/ddp.mk

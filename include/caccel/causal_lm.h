@@ -1,0 +1,161 @@
+/* caccel/causal_lm.h: Hugging Face decoder language models (LlamaForCausalLM, Qwen2ForCausalLM,
+ * MistralForCausalLM) as modules with the state dict's parameter names, read from and written as
+ * a Hugging Face checkpoint directory (config.json, generation_config.json, model.safetensors or
+ * a sharded model.safetensors.index.json). docs/DECODER.md describes the families and what is
+ * refused.
+ *
+ * Ownership: the module is an ordinary ca_module (ca_module_destroy frees it); the config passed
+ * to ca_causal_lm_create is copied. Threading: as any module, one thread builds and trains one;
+ * the config calls are reentrant. Errors: a status, with a message naming the file, the key or
+ * tensor and what differs (ca_last_error). */
+#ifndef CACCEL_CAUSAL_LM_H
+#define CACCEL_CAUSAL_LM_H
+
+#include <caccel/nn.h>
+#include <caccel/status.h>
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum ca_causal_lm_family {
+    CA_CAUSAL_LM_LLAMA = 1,                /* model_type "llama", LlamaForCausalLM */
+    CA_CAUSAL_LM_QWEN2 = 2,                /* "qwen2", Qwen2ForCausalLM: q/k/v biases */
+    CA_CAUSAL_LM_MISTRAL = 3,              /* "mistral", MistralForCausalLM: sliding window */
+} ca_causal_lm_family;
+
+#define CA_CAUSAL_LM_MAX_EOS 8
+
+/* The fields of the family's transformers config (4.39) that change the model, and
+ * generation_config.json's. Absent keys take the family's transformers defaults. */
+typedef struct ca_causal_lm_config {
+    ca_causal_lm_family family;
+    int64_t vocab_size;
+    int64_t hidden_size;
+    int64_t intermediate_size;
+    int64_t num_hidden_layers;
+    int64_t num_attention_heads;
+    int64_t num_key_value_heads;           /* divides num_attention_heads (grouped-query) */
+    int64_t max_position_embeddings;
+    double rms_norm_eps;
+    double rope_theta;
+    char rope_scaling_type[16];            /* "" (none), "linear" or "dynamic" (Llama only) */
+    double rope_scaling_factor;            /* > 1 when rope_scaling_type is set */
+    bool tie_word_embeddings;              /* lm_head uses model.embed_tokens.weight */
+    bool qkv_bias;                         /* q/k/v_proj biases (Qwen2; Llama attention_bias) */
+    bool o_bias;                           /* o_proj bias (Llama attention_bias) */
+    int64_t sliding_window;                /* 0: none; else sequences longer are refused */
+    bool use_sliding_window;               /* Qwen2's switch (the window applies only when on) */
+    int64_t max_window_layers;             /* Qwen2's (kept for writing config.json back) */
+    double attention_dropout;
+    double initializer_range;
+    int64_t pretraining_tp;                /* Llama's (kept; mathematically the same model) */
+    int64_t bos_token_id, pad_token_id;    /* -1: none */
+    int64_t eos_token_ids[CA_CAUSAL_LM_MAX_EOS];
+    int n_eos;                             /* eos_token_id: an integer (1) or a list */
+    /* generation_config.json (when the directory has one; else from config.json's ids) */
+    bool has_generation_config;
+    int64_t gen_bos_token_id, gen_pad_token_id;                      /* -1: none */
+    int64_t gen_eos_token_ids[CA_CAUSAL_LM_MAX_EOS];
+    int gen_n_eos;
+    int64_t max_length;                    /* 0: not given (transformers' default 20) */
+    int64_t max_new_tokens;                /* 0: not given */
+    bool do_sample;
+    double temperature;                    /* 1 when not given */
+    int64_t top_k;                         /* 50 when not given */
+    double top_p;                          /* 1 when not given */
+    char architectures[128];               /* comma-separated, as config.json lists them */
+} ca_causal_lm_config;
+
+/*
+ * Reads dir's config.json (dir may also be the file itself; a generation_config.json beside it
+ * is read when present). model_type picks the family; architectures, when given, must be that
+ * family's *ForCausalLM or *Model. Every size is checked: positive, at most 1000 layers,
+ * num_attention_heads dividing hidden_size into an even head size, num_key_value_heads dividing
+ * num_attention_heads, each weight and the whole model within the memory there is. Refused by
+ * name: an unknown model_type (CA_ERR_UNSUPPORTED), a rope_scaling type other than "linear" or
+ * "dynamic" ('config.json: rope_scaling type "yarn" is not supported yet'), a hidden_act other
+ * than silu, a head_dim other than hidden_size / num_attention_heads, mlp_bias; a key of the
+ * wrong type or out of range (CA_ERR_INVALID). Messages name the file and the key.
+ */
+CA_API ca_status ca_causal_lm_config_load(const char *dir, ca_causal_lm_config *out);
+
+/* A config with the family's transformers defaults (as an empty config.json gives). */
+CA_API void ca_causal_lm_config_default(ca_causal_lm_family family, ca_causal_lm_config *out);
+
+/* "llama", "qwen2", "mistral" (NULL for another value). */
+CA_API const char *ca_causal_lm_model_type(ca_causal_lm_family family);
+
+/*
+ * Builds the family's *ForCausalLM for c: `model.embed_tokens`, `model.layers.N.{input_layernorm,
+ * self_attn.{q,k,v,o}_proj, post_attention_layernorm, mlp.{gate,up,down}_proj}`, `model.norm`
+ * and `lm_head` (absent when tie_word_embeddings: the head uses model.embed_tokens.weight, one
+ * parameter), so ca_module_param_name gives the state dict's names. Initialisation is
+ * transformers': Linear and Embedding weights ~ N(0, initializer_range), biases 0, the
+ * pad_token_id row 0, RMSNorm weights 1. c is checked as ca_causal_lm_config_load checks it
+ * before anything is allocated; on failure *out is NULL and nothing is left allocated.
+ *
+ * ca_module_forward(m, x) takes x as i64/i32 input ids [B, T] (every token attended) or
+ * [B, 2, T] (row 0 the ids, row 1 the attention mask) and returns the logits [B, T, vocab].
+ */
+CA_API ca_status ca_causal_lm_create(const ca_causal_lm_config *c, ca_module **out);
+
+/* The config a causal LM module was built from, or NULL for another module. */
+CA_API const ca_causal_lm_config *ca_causal_lm_module_config(const ca_module *m);
+
+/*
+ * Runs m on input_ids [B, T] (i32/i64). attention_mask [B, T] (any dtype, nonzero = a token, 0 =
+ * padding; NULL: all tokens) masks padded keys on top of causal attention; position_ids [B, T]
+ * (i32/i64; NULL: 0..T-1 for every row, as transformers' forward) pick the rotary angles.
+ * *logits [B, T, vocab] is in the current scope. The computation is transformers' eager one:
+ * per layer, x + o_proj(attention(RoPE(q), RoPE(k), v)) over RMSNorm(x), then
+ * x + down_proj(silu(gate_proj(h)) * up_proj(h)) over RMSNorm(x), grouped-query heads repeated as
+ * repeat_kv does; attention dropout in training mode. A sequence longer than the sliding window
+ * (Mistral; Qwen2 with use_sliding_window) is refused with CA_ERR_INVALID naming sliding_window
+ * and the length. A padded query position that may attend to no key (left padding) gives
+ * attention output 0 there, where transformers averages every key: logits at padded positions
+ * are not meaningful in either.
+ */
+CA_API ca_status ca_causal_lm_forward(ca_module *m, ca_tensor *input_ids, ca_tensor *attention_mask,
+                                      ca_tensor *position_ids, ca_tensor **logits);
+
+/* transformers' causal LM loss: cross-entropy of logits[:, :-1] against labels[:, 1:] (labels
+ * [B, T] i32/i64, -100 ignored), the mean over the counted tokens (a scalar; NaN when none is
+ * counted, as PyTorch). NULL with an error for shapes that do not match. */
+CA_API ca_tensor *ca_causal_lm_loss(ca_tensor *logits, ca_tensor *labels);
+
+/* What ca_causal_lm_load_pretrained did. */
+typedef struct ca_causal_lm_load_info {
+    int files;                             /* safetensors files read (shards) */
+    int64_t loaded;                        /* parameters read */
+    int64_t unused;                        /* tensors of the files the model does not use */
+    char first_unused[96];                 /* e.g. "model.layers.0.self_attn.rotary_emb.inv_freq" */
+} ca_causal_lm_load_info;
+
+/*
+ * Loads a Hugging Face checkpoint into m (built from the same config): path is a directory
+ * holding model.safetensors or model.safetensors.index.json (shards), or a .safetensors file.
+ * Every parameter must be in the files with its shape and a floating-point dtype (F32, F16, BF16,
+ * converted to f32); other tensors (buffers of older checkpoints, a tied lm_head.weight) are
+ * counted as unused, as from_pretrained ignores them. Everything is checked before a parameter is
+ * written: a missing tensor or a wrong shape or dtype fails with CA_ERR_INVALID naming the file,
+ * the tensor and both shapes, and leaves m unchanged. info may be NULL.
+ */
+CA_API ca_status ca_causal_lm_load_pretrained(ca_module *m, const char *path,
+                                              ca_causal_lm_load_info *info);
+
+/*
+ * Writes config.json (every key the family's transformers config reads, model_type and
+ * architectures) and generation_config.json into directory dir, each atomically. With
+ * ca_save_model(acc, m, dir, max_shard_size) for the weights, this is a directory
+ * AutoModelForCausalLM.from_pretrained loads.
+ */
+CA_API ca_status ca_causal_lm_save_config(const ca_module *m, const char *dir);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

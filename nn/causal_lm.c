@@ -1,0 +1,403 @@
+/* Decoder language models (LlamaForCausalLM, Qwen2ForCausalLM, MistralForCausalLM) with Hugging
+ * Face's parameter names: building, the forward of transformers 4.39 (eager attention), the
+ * shifted loss, loading model.safetensors or its shards, and writing config.json and
+ * generation_config.json. */
+#include "base/half_impl.h"
+#include "core/json_impl.h"
+#include "base/file_impl.h"
+#include "nn/nn_impl.h"
+#include "tensor/safetensors_impl.h"
+
+#include <caccel/causal_lm.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+typedef struct lm_model lm_model;
+
+typedef struct lm_layer {
+    const lm_model *model;                 /* the owner (a checkpointed layer's context) */
+    ca_module *module;                     /* "model.layers.N" */
+    ca_module *in_ln, *q, *k, *v, *o, *post_ln, *gate, *up, *down;
+} lm_layer;
+
+/* The root module's ctx: the config and the submodules (which own the parameters). */
+struct lm_model {
+    ca_causal_lm_config cfg;
+    ca_module *embed, *norm, *lm_head;     /* lm_head NULL when tied */
+    int64_t nlayers;
+    lm_layer *layers;
+};
+
+static const char *const ARCH[] = {"", "LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM"};
+static const char *const BASE[] = {"", "LlamaModel", "Qwen2Model", "MistralModel"};
+
+static void lm_model_free(void *p) {
+    lm_model *b = p;
+    free(b->layers);
+    free(b);
+}
+
+/* ------------------------------------------------------------------ building */
+
+static ca_status fill_normal(ca_tensor *t, float std) {
+    uint64_t seed, unused;
+    ca_rng_get_state(&seed, &unused);
+    uint64_t off = ca_rng_reserve(ca_rng_counters(CA_RNG_NORMAL, t->numel));
+    return CA_KCALL(ca_tdev(t), rng, .kind = CA_RNG_NORMAL, .dt = t->dtype, .n = t->numel, .seed = seed,
+                    .offset = off, .a = 0.0f, .b = std, .y = ca_tptr(t));
+}
+
+/* Linear with transformers' initialisation (N(0, initializer_range), bias 0) added to parent. */
+static ca_status add_linear(ca_module *parent, const char *name, int64_t in, int64_t out_f, bool bias,
+                            float std, ca_module **out) {
+    ca_module *l;
+    ca_status s = ca_linear_create(in, out_f, bias, &l);
+    if (s != CA_OK) return s;              /* nothing was made (out of memory, most likely) */
+    s = fill_normal(l->params[0], std);
+    if (s == CA_OK && bias)
+        s = CA_KCALL(ca_tdev(l->params[1]), fill, .dt = CA_F32, .n = out_f, .value = 0.0, .y = ca_tptr(l->params[1]));
+    if (s != CA_OK) {
+        ca_module_destroy(l);
+        return s;
+    }
+    s = ca_module_add(parent, name, l);    /* which destroys l when it fails */
+    if (s == CA_OK) *out = l;
+    return s;
+}
+
+static ca_status add_rms_norm(ca_module *parent, const char *name, const ca_causal_lm_config *c, ca_module **out) {
+    ca_module *l;
+    ca_status s = ca_rms_norm_create(c->hidden_size, c->rms_norm_eps, &l);
+    if (s == CA_OK) s = ca_module_add(parent, name, l);
+    if (s == CA_OK) *out = l;
+    return s;
+}
+
+static ca_status add_container(ca_module *parent, const char *name, const char *type, ca_module **out) {
+    ca_module *m;
+    ca_status s = ca_module_create(type, NULL, NULL, NULL, &m);
+    if (s == CA_OK) s = ca_module_add(parent, name, m);
+    if (s == CA_OK) *out = m;
+    return s;
+}
+
+static ca_status add_embedding(ca_module *parent, const ca_causal_lm_config *c, ca_module **out) {
+    ca_module *e;
+    int64_t pad = c->pad_token_id, H = c->hidden_size;
+    ca_status s = ca_embedding_create_ex(c->vocab_size, H, pad, &e);
+    if (s != CA_OK) return s;
+    s = fill_normal(e->params[0], (float)c->initializer_range);
+    if (s == CA_OK && pad >= 0)
+        s = CA_KCALL(ca_tdev(e->params[0]), fill, .dt = CA_F32, .n = H, .value = 0.0,
+                     .y = (float *)ca_tptr(e->params[0]) + pad * H);
+    if (s != CA_OK) {
+        ca_module_destroy(e);
+        return s;
+    }
+    s = ca_module_add(parent, "embed_tokens", e);
+    if (s == CA_OK) *out = e;
+    return s;
+}
+
+static ca_status build_layer(ca_module *layers, int64_t i, const ca_causal_lm_config *c, lm_layer *l) {
+    char name[24];
+    snprintf(name, sizeof name, "%lld", (long long)i);
+    int64_t h = c->hidden_size, f = c->intermediate_size;
+    int64_t kv = c->num_key_value_heads * (h / c->num_attention_heads);
+    float std = (float)c->initializer_range;
+    ca_module *layer, *attn, *mlp;
+    ca_status s = add_container(layers, name, "DecoderLayer", &layer);
+    if (s == CA_OK) l->module = layer;
+    if (s == CA_OK) s = add_rms_norm(layer, "input_layernorm", c, &l->in_ln);
+    if (s == CA_OK) s = add_container(layer, "self_attn", "Attention", &attn);
+    if (s == CA_OK) s = add_linear(attn, "q_proj", h, h, c->qkv_bias, std, &l->q);
+    if (s == CA_OK) s = add_linear(attn, "k_proj", h, kv, c->qkv_bias, std, &l->k);
+    if (s == CA_OK) s = add_linear(attn, "v_proj", h, kv, c->qkv_bias, std, &l->v);
+    if (s == CA_OK) s = add_linear(attn, "o_proj", h, h, c->o_bias, std, &l->o);
+    if (s == CA_OK) s = add_rms_norm(layer, "post_attention_layernorm", c, &l->post_ln);
+    if (s == CA_OK) s = add_container(layer, "mlp", "MLP", &mlp);
+    if (s == CA_OK) s = add_linear(mlp, "gate_proj", h, f, false, std, &l->gate);
+    if (s == CA_OK) s = add_linear(mlp, "up_proj", h, f, false, std, &l->up);
+    if (s == CA_OK) s = add_linear(mlp, "down_proj", f, h, false, std, &l->down);
+    return s;
+}
+
+static ca_status build(ca_module *root, lm_model *b) {
+    const ca_causal_lm_config *c = &b->cfg;
+    ca_module *model, *layers;
+    ca_status s = add_container(root, "model", BASE[c->family], &model);
+    if (s == CA_OK) s = add_embedding(model, c, &b->embed);
+    if (s != CA_OK) return ca_error_context("%s: model.embed_tokens", ARCH[c->family]);
+    s = add_container(model, "layers", "ModuleList", &layers);
+    for (int64_t i = 0; s == CA_OK && i < b->nlayers; i++) {
+        b->layers[i].model = b;
+        s = build_layer(layers, i, c, &b->layers[i]);
+        if (s != CA_OK) ca_error_context("%s: model.layers.%lld", ARCH[c->family], (long long)i);
+    }
+    if (s == CA_OK) s = add_rms_norm(model, "norm", c, &b->norm);
+    if (s == CA_OK && !c->tie_word_embeddings)
+        s = add_linear(root, "lm_head", c->hidden_size, c->vocab_size, false, (float)c->initializer_range,
+                       &b->lm_head);
+    return s;
+}
+
+static ca_tensor *lm_module_forward(ca_module *self, ca_tensor *x, void *ctx);
+
+ca_status ca_causal_lm_create(const ca_causal_lm_config *c, ca_module **out) {
+    if (out) *out = NULL;
+    if (!c || !out) return ca_error(CA_ERR_INVALID, "ca_causal_lm_create: config and out are required");
+    const char *type = ca_causal_lm_model_type(c->family) ? ARCH[c->family] : "ca_causal_lm_create";
+    ca_status s = ca_causal_lm_check_sizes(c, type);
+    if (s != CA_OK) return s;
+    lm_model *b = calloc(1, sizeof *b);
+    if (b) b->layers = calloc((size_t)c->num_hidden_layers, sizeof *b->layers);
+    if (!b || !b->layers) {
+        if (b) lm_model_free(b);
+        return ca_error(CA_ERR_NOMEM, "out of host memory creating %s", type);
+    }
+    b->cfg = *c;
+    b->nlayers = c->num_hidden_layers;
+    ca_module *root;
+    s = ca_module_create(type, lm_module_forward, b, lm_model_free, &root);
+    if (s != CA_OK) return s;
+    s = build(root, b);
+    if (s != CA_OK) {
+        ca_module_destroy(root);
+        return s;
+    }
+    *out = root;
+    return CA_OK;
+}
+
+static lm_model *model_of(const ca_module *m) {
+    return m && m->forward == lm_module_forward ? m->ctx : NULL;
+}
+
+const ca_causal_lm_config *ca_causal_lm_module_config(const ca_module *m) {
+    lm_model *b = model_of(m);
+    return b ? &b->cfg : NULL;
+}
+
+/* ------------------------------------------------------------------ rotary embeddings */
+
+/* transformers 4.39 LlamaRotaryEmbedding's cos and sin for positions pos ([rows, T]; NULL: 0..T-1
+ * in one row), as [rows, 1, T, head_dim] tables on dev: inv_freq = 1 / base^(2i/d) in f32, angles
+ * inv_freq * position in f32 (position / factor for "linear"; for "dynamic" the base grows to
+ * base * (factor * L / max_pos - (factor - 1))^(d / (d - 2)) when the longest position L exceeds
+ * max_position_embeddings), each angle used for channel i and i + d/2. The fused ca_rope op may
+ * take its place. */
+static ca_status rope_tables(const ca_causal_lm_config *c, const int64_t *pos, int64_t rows, int64_t T,
+                             ca_device *dev, ca_tensor **cos_t, ca_tensor **sin_t) {
+    int64_t d = c->hidden_size / c->num_attention_heads, half = d / 2, n = rows * T * d;
+    double base = c->rope_theta, factor = c->rope_scaling_factor;
+    bool linear = !strcmp(c->rope_scaling_type, "linear"), dynamic = !strcmp(c->rope_scaling_type, "dynamic");
+    int64_t longest = 0;
+    for (int64_t i = 0; i < rows * T; i++) {
+        int64_t p = pos ? pos[i] : i % T;
+        if (p + 1 > longest) longest = p + 1;
+    }
+    if (dynamic && longest > c->max_position_embeddings)
+        base = (float)(base * pow(factor * (double)longest / (double)c->max_position_embeddings - (factor - 1),
+                                  (double)d / (double)(d - 2)));
+    float *cs = malloc((size_t)(2 * n + half) * sizeof *cs);
+    if (!cs) return ca_error(CA_ERR_NOMEM, "out of host memory for the rotary tables");
+    float *sn = cs + n, *inv = sn + n;
+    for (int64_t i = 0; i < half; i++) inv[i] = 1.0f / (float)pow(base, (double)((float)(2 * i) / (float)d));
+    for (int64_t r = 0; r < rows * T; r++) {
+        float p = (float)(pos ? pos[r] : r % T);
+        if (linear) p = p / (float)factor;
+        for (int64_t i = 0; i < half; i++) {
+            double a = (double)(inv[i] * p);
+            cs[r * d + i] = cs[r * d + i + half] = (float)cos(a);
+            sn[r * d + i] = sn[r * d + i + half] = (float)sin(a);
+        }
+    }
+    int64_t shape[4] = {rows, 1, T, d};
+    *cos_t = ca_from_host(dev, CA_F32, 4, shape, cs);
+    *sin_t = ca_from_host(dev, CA_F32, 4, shape, sn);
+    free(cs);
+    return *cos_t && *sin_t ? CA_OK : ca_last_status();
+}
+
+/* x * cos + rotate_half(x) * sin for x [B, heads, T, d], rotate_half(x) = (-x2, x1). The fused
+ * ca_rope op may take its place. */
+static ca_tensor *rope_apply(ca_tensor *x, ca_tensor *cos_t, ca_tensor *sin_t) {
+    if (!x) return NULL;
+    int64_t half = x->shape[3] / 2;
+    ca_tensor *parts[2] = {ca_neg(ca_narrow(x, 3, half, half)), ca_narrow(x, 3, 0, half)};
+    if (!parts[0] || !parts[1]) return NULL;
+    return ca_add(ca_mul(x, cos_t), ca_mul(ca_concat(2, parts, 3), sin_t));
+}
+
+/* silu(gate) * up: the MLP's activation. The fused ca_swiglu op may take its place. */
+static ca_tensor *swiglu(ca_tensor *gate, ca_tensor *up) {
+    return ca_mul(ca_silu(gate), up);
+}
+
+/* ------------------------------------------------------------------ forward */
+
+/* [B, T, heads * d] -> [B, heads, T, d] */
+static ca_tensor *split_heads(ca_tensor *x, int64_t heads) {
+    if (!x) return NULL;
+    int64_t b = x->shape[0], t = x->shape[1], d = x->shape[2] / heads;
+    return ca_contiguous(ca_transpose(ca_reshape(x, 4, (int64_t[]){b, t, heads, d}), 1, 2));
+}
+
+static ca_tensor *merge_heads(ca_tensor *x) {
+    if (!x) return NULL;
+    int64_t b = x->shape[0], heads = x->shape[1], t = x->shape[2], d = x->shape[3];
+    return ca_reshape(ca_contiguous(ca_transpose(x, 1, 2)), 3, (int64_t[]){b, t, heads * d});
+}
+
+/* transformers' repeat_kv: each of the kv heads serves n_rep query heads in a row. */
+static ca_tensor *repeat_kv(ca_tensor *x, int64_t n_rep) {
+    if (!x || n_rep == 1) return x;
+    int64_t b = x->shape[0], kv = x->shape[1], t = x->shape[2], d = x->shape[3];
+    x = ca_expand(ca_reshape(x, 5, (int64_t[]){b, kv, 1, t, d}), 5, (int64_t[]){b, kv, n_rep, t, d});
+    return ca_reshape(x, 4, (int64_t[]){b, kv * n_rep, t, d});
+}
+
+/* in: hidden [B, T, H], cos, sin, and the key-padding mask [B, 1, 1, T] (u8) or NULL. */
+static ca_tensor *decoder_layer(const lm_layer *l, ca_tensor *const *in, bool training) {
+    const ca_causal_lm_config *c = &l->model->cfg;
+    ca_tensor *h = in[0], *cos_t = in[1], *sin_t = in[2], *mask = in[3];
+    ca_tensor *x = ca_module_forward(l->in_ln, h);
+    ca_tensor *q = rope_apply(split_heads(ca_module_forward(l->q, x), c->num_attention_heads), cos_t, sin_t);
+    ca_tensor *k = rope_apply(split_heads(ca_module_forward(l->k, x), c->num_key_value_heads), cos_t, sin_t);
+    ca_tensor *v = split_heads(ca_module_forward(l->v, x), c->num_key_value_heads);
+    int64_t n_rep = c->num_attention_heads / c->num_key_value_heads;
+    ca_tensor *a = ca_scaled_dot_product_attention(q, repeat_kv(k, n_rep), repeat_kv(v, n_rep), mask, true,
+                                                   training ? c->attention_dropout : 0, 0);
+    h = ca_add(h, ca_module_forward(l->o, merge_heads(a)));
+    x = ca_module_forward(l->post_ln, h);
+    return ca_add(h, ca_module_forward(l->down, swiglu(ca_module_forward(l->gate, x), ca_module_forward(l->up, x))));
+}
+
+/* ctx: the layer, which lives as long as the model (backward reruns this). */
+static ca_status checkpointed_layer(void *ctx, int n_in, ca_tensor *const *in, int n_out, ca_tensor **out) {
+    (void)n_out;
+    const lm_layer *l = ctx;
+    ca_tensor *args[4] = {in[0], in[1], in[2], n_in > 3 ? in[3] : NULL};
+    out[0] = decoder_layer(l, args, l->module->training);
+    return out[0] ? CA_OK : ca_last_status();
+}
+
+/* One layer, checkpointed when its module is marked (ca_module_set_checkpointing). */
+static ca_tensor *run_layer(const lm_model *b, int64_t i, ca_tensor **in, bool training) {
+    const lm_layer *l = &b->layers[i];
+    if (!in[0]) return NULL;
+    if (!ca_module_checkpointing(l->module) || !ca_grad_enabled()) return decoder_layer(l, in, training);
+    ca_tensor *y = NULL;
+    if (ca_checkpoint(checkpointed_layer, (void *)l, in[3] ? 4 : 3, in, 1, &y) != CA_OK) {
+        ca_error_context("checkpointed model.layers.%lld", (long long)i);
+        return NULL;
+    }
+    return y;
+}
+
+/* position_ids as host i64 (*out NULL when pos is NULL). */
+static ca_status host_positions(ca_tensor *pos, int64_t **out) {
+    *out = NULL;
+    if (!pos) return CA_OK;
+    ca_tensor *p = pos->dtype == CA_I64 ? ca_contiguous(pos) : ca_cast(pos, CA_I64);
+    int64_t *h = malloc((size_t)pos->numel * sizeof *h);
+    if (!p || !h) {
+        free(h);
+        return p ? ca_error(CA_ERR_NOMEM, "out of host memory for position_ids") : ca_last_status();
+    }
+    ca_status s = ca_tensor_to_host(p, h, (size_t)pos->numel * sizeof *h);
+    for (int64_t i = 0; s == CA_OK && i < pos->numel; i++)
+        if (h[i] < 0) s = ca_error(CA_ERR_INVALID, "position_ids[%lld] is %lld; positions are >= 0", (long long)i,
+                                   (long long)h[i]);
+    if (s == CA_OK) *out = h;
+    else free(h);
+    return s;
+}
+
+/* The sliding window applies (Mistral; Qwen2 with use_sliding_window) and the sequence is longer. */
+static ca_status check_window(const ca_causal_lm_config *c, int64_t len) {
+    bool on = c->sliding_window > 0 && (c->family == CA_CAUSAL_LM_MISTRAL ||
+                                        (c->family == CA_CAUSAL_LM_QWEN2 && c->use_sliding_window));
+    if (on && len > c->sliding_window)
+        return ca_error(CA_ERR_INVALID, "%s: the sequence length %lld is longer than sliding_window %lld; "
+                        "sliding-window attention is not supported yet (a window at least as long as the "
+                        "sequence is plain causal attention)", ARCH[c->family], (long long)len,
+                        (long long)c->sliding_window);
+    return CA_OK;
+}
+
+static ca_status run_lm(lm_model *b, bool training, ca_tensor *ids, ca_tensor *mask, ca_tensor *pos,
+                        ca_tensor **logits) {
+    const ca_causal_lm_config *c = &b->cfg;
+    int64_t bsz = ids->shape[0], len = ids->shape[1];
+    ca_status s = check_window(c, len);
+    int64_t *hpos = NULL;
+    if (s == CA_OK) s = host_positions(pos, &hpos);
+    ca_tensor *in[4] = {NULL, NULL, NULL, NULL};
+    if (s == CA_OK) s = rope_tables(c, hpos, hpos ? bsz : 1, len, ca_tdev(ids), &in[1], &in[2]);
+    free(hpos);
+    if (s != CA_OK) return s;
+    if (mask) {
+        in[3] = ca_reshape(mask, 4, (int64_t[]){bsz, 1, 1, len});
+        if (in[3] && in[3]->dtype != CA_U8) in[3] = ca_cast(in[3], CA_U8);
+        if (!in[3]) return ca_last_status();
+    }
+    in[0] = ca_module_forward(b->embed, ca_contiguous(ids));
+    for (int64_t i = 0; i < b->nlayers; i++) in[0] = run_layer(b, i, in, training);
+    ca_tensor *h = ca_module_forward(b->norm, in[0]);
+    *logits = b->lm_head ? ca_module_forward(b->lm_head, h) : ca_linear(h, b->embed->params[0], NULL);
+    return *logits ? CA_OK : ca_last_status();
+}
+
+static ca_status check_ids(const char *what, const ca_tensor *t, const ca_tensor *ids, bool int_only) {
+    if (!t) return CA_OK;
+    if (t->ndim != 2 || (int_only && t->dtype != CA_I64 && t->dtype != CA_I32) ||
+        (ids && (t->shape[0] != ids->shape[0] || t->shape[1] != ids->shape[1])))
+        return ca_error(CA_ERR_INVALID, "ca_causal_lm_forward: %s must be %s[batch, length]%s", what,
+                        int_only ? "i32/i64 " : "", ids ? " as input_ids" : "");
+    return CA_OK;
+}
+
+ca_status ca_causal_lm_forward(ca_module *m, ca_tensor *ids, ca_tensor *mask, ca_tensor *pos, ca_tensor **logits) {
+    lm_model *b = model_of(m);
+    if (logits) *logits = NULL;
+    if (!b || !ids || !logits)
+        return ca_error(CA_ERR_INVALID, "ca_causal_lm_forward: a module made by ca_causal_lm_create, input_ids and "
+                        "logits are required");
+    ca_status s = check_ids("input_ids", ids, NULL, true);
+    if (s == CA_OK) s = check_ids("attention_mask", mask, ids, false);
+    if (s == CA_OK) s = check_ids("position_ids", pos, ids, true);
+    if (s == CA_OK && ids->shape[1] < 1) s = ca_error(CA_ERR_INVALID, "ca_causal_lm_forward: an empty sequence");
+    return s == CA_OK ? run_lm(b, m->training, ids, mask, pos, logits) : s;
+}
+
+/* x: [B, T] ids, or [B, 2, T] ids and attention mask. */
+static ca_tensor *lm_module_forward(ca_module *self, ca_tensor *x, void *ctx) {
+    (void)ctx;
+    ca_tensor *ids = x, *mask = NULL, *logits = NULL;
+    if (x && x->ndim == 3 && x->shape[1] == 2) {
+        int64_t shape[2] = {x->shape[0], x->shape[2]};
+        ids = ca_reshape(ca_narrow(x, 1, 0, 1), 2, shape);
+        mask = ca_reshape(ca_narrow(x, 1, 1, 1), 2, shape);
+        if (!ids || !mask) return NULL;
+    }
+    return ca_causal_lm_forward(self, ids, mask, NULL, &logits) == CA_OK ? logits : NULL;
+}
+
+ca_tensor *ca_causal_lm_loss(ca_tensor *logits, ca_tensor *labels) {
+    if (!logits || !labels || logits->ndim != 3 || labels->ndim != 2 || logits->shape[0] != labels->shape[0] ||
+        logits->shape[1] != labels->shape[1] || logits->shape[1] < 2) {
+        ca_error(CA_ERR_INVALID, "ca_causal_lm_loss: logits [batch, length, vocab] and labels [batch, length] "
+                 "with length >= 2 are needed");
+        return NULL;
+    }
+    int64_t b = logits->shape[0], t = logits->shape[1] - 1, v = logits->shape[2];
+    ca_tensor *x = ca_reshape(ca_contiguous(ca_narrow(logits, 1, 0, t)), 2, (int64_t[]){b * t, v});
+    ca_tensor *y = ca_reshape(ca_contiguous(ca_narrow(labels, 1, 1, t)), 1, (int64_t[]){b * t});
+    return x && y ? ca_cross_entropy(x, y) : NULL;
+}

@@ -1,0 +1,365 @@
+/* A Hugging Face decoder checkpoint's config.json (LlamaConfig, Qwen2Config, MistralConfig of
+ * transformers 4.39) and generation_config.json, read into ca_causal_lm_config and checked. */
+#include "nn/nn_impl.h"
+#include "core/json_impl.h"
+#include "base/file_impl.h"
+
+#include <caccel/causal_lm.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* The deepest Transformers published have about 1,000 layers (as BERT's reader). */
+#define MAX_LAYERS 1000
+
+static const struct {
+    ca_causal_lm_family family;
+    const char *model_type, *arch_prefix;
+} families[] = {
+    {CA_CAUSAL_LM_LLAMA, "llama", "Llama"},
+    {CA_CAUSAL_LM_QWEN2, "qwen2", "Qwen2"},
+    {CA_CAUSAL_LM_MISTRAL, "mistral", "Mistral"},
+};
+
+const char *ca_causal_lm_model_type(ca_causal_lm_family family) {
+    for (size_t i = 0; i < sizeof families / sizeof *families; i++)
+        if (families[i].family == family) return families[i].model_type;
+    return NULL;
+}
+
+void ca_causal_lm_config_default(ca_causal_lm_family family, ca_causal_lm_config *c) {
+    memset(c, 0, sizeof *c);
+    c->family = family;
+    c->vocab_size = family == CA_CAUSAL_LM_QWEN2 ? 151936 : 32000;
+    c->hidden_size = 4096;
+    c->intermediate_size = family == CA_CAUSAL_LM_LLAMA ? 11008 : family == CA_CAUSAL_LM_QWEN2 ? 22016 : 14336;
+    c->num_hidden_layers = 32;
+    c->num_attention_heads = 32;
+    c->num_key_value_heads = family == CA_CAUSAL_LM_MISTRAL ? 8 : 32;
+    c->max_position_embeddings = family == CA_CAUSAL_LM_LLAMA ? 2048 : family == CA_CAUSAL_LM_QWEN2 ? 32768 : 131072;
+    c->rms_norm_eps = 1e-6;
+    c->rope_theta = 10000.0;
+    c->rope_scaling_factor = 1.0;
+    c->qkv_bias = family == CA_CAUSAL_LM_QWEN2;
+    c->sliding_window = family == CA_CAUSAL_LM_LLAMA ? 0 : 4096;
+    c->max_window_layers = family == CA_CAUSAL_LM_QWEN2 ? 28 : 0;
+    c->initializer_range = 0.02;
+    c->pretraining_tp = 1;
+    /* Llama's and Mistral's configs default bos 1 and eos 2; Qwen2's leaves them unset */
+    bool ids = family != CA_CAUSAL_LM_QWEN2;
+    c->bos_token_id = ids ? 1 : -1;
+    c->pad_token_id = -1;
+    c->n_eos = ids ? 1 : 0;
+    c->eos_token_ids[0] = 2;
+    c->gen_bos_token_id = c->bos_token_id;
+    c->gen_pad_token_id = -1;
+    c->gen_n_eos = c->n_eos;
+    c->gen_eos_token_ids[0] = 2;
+    c->temperature = 1.0;
+    c->top_k = 50;
+    c->top_p = 1.0;
+}
+
+static json_object *get(json_object *o, const char *key) {
+    json_object *v = NULL;
+    return json_object_object_get_ex(o, key, &v) ? v : NULL;
+}
+
+static bool is_null(json_object *o) { return !o || json_object_is_type(o, json_type_null); }
+
+/* Integer key: absent (or null when null_ok) keeps *v; present must be an integer in [lo, 2^40]. */
+static ca_status get_int(json_object *root, const char *key, int64_t lo, int64_t *v, const char *path) {
+    json_object *o = get(root, key);
+    if (is_null(o)) return CA_OK;
+    if (!json_object_is_type(o, json_type_int) || json_object_get_int64(o) < lo ||
+        json_object_get_int64(o) > ((int64_t)1 << 40))
+        return ca_error(CA_ERR_INVALID, "config '%s': \"%s\" is %s; an integer in [%lld, 2^40] is needed",
+                        path, key, json_object_to_json_string(o), (long long)lo);
+    *v = json_object_get_int64(o);
+    return CA_OK;
+}
+
+static ca_status get_real(json_object *root, const char *key, double lo, double hi, double *v, const char *path) {
+    json_object *o = get(root, key);
+    if (is_null(o)) return CA_OK;
+    double d = json_object_get_double(o);
+    if (!(json_object_is_type(o, json_type_double) || json_object_is_type(o, json_type_int)) || !(d >= lo && d <= hi))
+        return ca_error(CA_ERR_INVALID, "config '%s': \"%s\" is %s; a number in [%g, %g] is needed", path, key,
+                        json_object_to_json_string(o), lo, hi);
+    *v = d;
+    return CA_OK;
+}
+
+static ca_status get_bool(json_object *root, const char *key, bool *v, const char *path) {
+    json_object *o = get(root, key);
+    if (is_null(o)) return CA_OK;
+    if (!json_object_is_type(o, json_type_boolean))
+        return ca_error(CA_ERR_INVALID, "config '%s': \"%s\" is %s; true or false is needed", path, key,
+                        json_object_to_json_string(o));
+    *v = json_object_get_boolean(o);
+    return CA_OK;
+}
+
+/* A token id key: null (-1), an integer, or for eos a list of integers. */
+static ca_status get_ids(json_object *root, const char *key, int64_t *ids, int *n, int cap, const char *path) {
+    json_object *o = get(root, key);
+    if (!o) return CA_OK;
+    *n = 0;
+    if (json_object_is_type(o, json_type_null)) {
+        if (cap == 1) ids[0] = -1;
+        return CA_OK;
+    }
+    bool list = json_object_is_type(o, json_type_array) && cap > 1;
+    size_t len = list ? json_object_array_length(o) : 1;
+    for (size_t i = 0; i < len; i++) {
+        json_object *e = list ? json_object_array_get_idx(o, i) : o;
+        if (!json_object_is_type(e, json_type_int) || json_object_get_int64(e) < 0 || i >= (size_t)cap)
+            return ca_error(CA_ERR_INVALID, "config '%s': \"%s\" is %s; a token id (an integer >= 0)%s is "
+                            "needed", path, key, json_object_to_json_string(o),
+                            cap > 1 ? " or a list of at most 8" : "");
+        ids[(*n)++] = json_object_get_int64(e);
+    }
+    return CA_OK;
+}
+
+static ca_status get_id(json_object *root, const char *key, int64_t *id, const char *path) {
+    int n = 1;
+    return get_ids(root, key, id, &n, 1, path);
+}
+
+static ca_status check_identity(json_object *root, ca_causal_lm_config *c, const char *path) {
+    json_object *mt = get(root, "model_type");
+    const char *type = mt && json_object_is_type(mt, json_type_string) ? json_object_get_string(mt) : NULL;
+    size_t f = 0;
+    while (f < sizeof families / sizeof *families && !(type && !strcmp(type, families[f].model_type))) f++;
+    if (f == sizeof families / sizeof *families)
+        return ca_error(CA_ERR_UNSUPPORTED, "config '%s': \"model_type\" is %s; supported: \"llama\", \"qwen2\", "
+                        "\"mistral\"", path, mt ? json_object_to_json_string(mt) : "missing");
+    ca_causal_lm_config_default(families[f].family, c);
+    json_object *arch = get(root, "architectures");
+    if (!is_null(arch) && !json_object_is_type(arch, json_type_array))
+        return ca_error(CA_ERR_INVALID, "config '%s': \"architectures\" is not a list", path);
+    size_t n = is_null(arch) ? 0 : json_object_array_length(arch);
+    for (size_t i = 0; i < n; i++) {
+        const char *a = json_object_get_string(json_object_array_get_idx(arch, i));
+        const char *p = families[f].arch_prefix;
+        if (!a || strncmp(a, p, strlen(p)) != 0)
+            return ca_error(CA_ERR_UNSUPPORTED, "config '%s': \"architectures\"[%zu] is '%s'; model_type \"%s\" "
+                            "needs a %s* class (%sForCausalLM)", path, i, a ? a : "?", type, p, p);
+        size_t used = strlen(c->architectures);
+        snprintf(c->architectures + used, sizeof c->architectures - used, "%s%s", i ? "," : "", a);
+    }
+    return CA_OK;
+}
+
+/* rope_scaling: null, or {"type": "linear" | "dynamic", "factor": > 1} (Llama in 4.39). */
+static ca_status read_rope_scaling(json_object *root, ca_causal_lm_config *c, const char *path) {
+    json_object *rs = get(root, "rope_scaling");
+    if (is_null(rs)) return CA_OK;
+    if (!json_object_is_type(rs, json_type_object))
+        return ca_error(CA_ERR_INVALID, "config '%s': \"rope_scaling\" is %s; null or an object is needed", path,
+                        json_object_to_json_string(rs));
+    json_object *t = get(rs, "type");
+    if (!t) t = get(rs, "rope_type");
+    const char *type = t && json_object_is_type(t, json_type_string) ? json_object_get_string(t) : NULL;
+    if (!type || (strcmp(type, "linear") && strcmp(type, "dynamic")) || c->family != CA_CAUSAL_LM_LLAMA)
+        return ca_error(CA_ERR_INVALID, "config '%s': rope_scaling type %s is not supported yet%s", path,
+                        t ? json_object_to_json_string(t) : "(missing)",
+                        c->family == CA_CAUSAL_LM_LLAMA ? " (\"linear\" and \"dynamic\" are)"
+                                                        : " (this family has no rope_scaling in transformers 4.39)");
+    snprintf(c->rope_scaling_type, sizeof c->rope_scaling_type, "%s", type);
+    json_object *f = get(rs, "factor");
+    bool number = f && (json_object_is_type(f, json_type_double) || json_object_is_type(f, json_type_int));
+    c->rope_scaling_factor = number ? json_object_get_double(f) : 0;
+    if (!(c->rope_scaling_factor > 1 && c->rope_scaling_factor <= 1e9))
+        return ca_error(CA_ERR_INVALID, "config '%s': rope_scaling \"factor\" is %s; a number > 1 is needed", path,
+                        f ? json_object_to_json_string(f) : "missing");
+    return CA_OK;
+}
+
+/* Keys that change the model in ways this implementation does not follow. */
+static ca_status read_refusals(json_object *root, const ca_causal_lm_config *c, const char *path) {
+    json_object *act = get(root, "hidden_act");
+    if (act && (!json_object_is_type(act, json_type_string) ||
+                (strcmp(json_object_get_string(act), "silu") && strcmp(json_object_get_string(act), "swish"))))
+        return ca_error(CA_ERR_UNSUPPORTED, "config '%s': \"hidden_act\" is %s; only \"silu\" (SwiGLU) is "
+                        "supported", path, json_object_to_json_string(act));
+    bool mlp_bias = false;
+    ca_status s = get_bool(root, "mlp_bias", &mlp_bias, path);
+    if (s == CA_OK && mlp_bias)
+        s = ca_error(CA_ERR_UNSUPPORTED, "config '%s': \"mlp_bias\" true is not supported", path);
+    int64_t head_dim = 0;
+    if (s == CA_OK) s = get_int(root, "head_dim", 1, &head_dim, path);
+    if (s == CA_OK && head_dim && c->num_attention_heads > 0 && head_dim * c->num_attention_heads != c->hidden_size)
+        s = ca_error(CA_ERR_UNSUPPORTED, "config '%s': \"head_dim\" %lld is not \"hidden_size\" / "
+                     "\"num_attention_heads\" (%lld / %lld); a separate head size is not supported", path,
+                     (long long)head_dim, (long long)c->hidden_size, (long long)c->num_attention_heads);
+    return s;
+}
+
+static ca_status read_sizes(json_object *root, ca_causal_lm_config *c, const char *path) {
+    ca_status s = get_int(root, "vocab_size", 1, &c->vocab_size, path);
+    if (s == CA_OK) s = get_int(root, "hidden_size", 1, &c->hidden_size, path);
+    if (s == CA_OK) s = get_int(root, "intermediate_size", 1, &c->intermediate_size, path);
+    if (s == CA_OK) s = get_int(root, "num_hidden_layers", 1, &c->num_hidden_layers, path);
+    if (s == CA_OK) s = get_int(root, "num_attention_heads", 1, &c->num_attention_heads, path);
+    c->num_key_value_heads = c->num_attention_heads;          /* transformers: None means as many */
+    if (s == CA_OK) s = get_int(root, "num_key_value_heads", 1, &c->num_key_value_heads, path);
+    if (s == CA_OK) s = get_int(root, "max_position_embeddings", 1, &c->max_position_embeddings, path);
+    if (s == CA_OK) s = get_int(root, "pretraining_tp", 1, &c->pretraining_tp, path);
+    if (s == CA_OK) s = get_int(root, "max_window_layers", 0, &c->max_window_layers, path);
+    /* "sliding_window": null (Mistral v0.2's) is no window; json-c gives NULL for it, as for no key */
+    if (s == CA_OK && json_object_object_get_ex(root, "sliding_window", NULL) && !get(root, "sliding_window"))
+        c->sliding_window = 0;
+    if (s == CA_OK) s = get_int(root, "sliding_window", 1, &c->sliding_window, path);
+    return s;
+}
+
+static ca_status read_fields(json_object *root, ca_causal_lm_config *c, const char *path) {
+    ca_status s = check_identity(root, c, path);
+    if (s == CA_OK) s = read_sizes(root, c, path);
+    if (s == CA_OK) s = read_refusals(root, c, path);
+    if (s == CA_OK) s = read_rope_scaling(root, c, path);
+    if (s == CA_OK) s = get_real(root, "rms_norm_eps", 0, 1, &c->rms_norm_eps, path);
+    if (s == CA_OK) s = get_real(root, "rope_theta", 1e-9, 1e30, &c->rope_theta, path);
+    if (s == CA_OK) s = get_real(root, "attention_dropout", 0, 1, &c->attention_dropout, path);
+    if (s == CA_OK) s = get_real(root, "initializer_range", 0, 1e3, &c->initializer_range, path);
+    if (s == CA_OK) s = get_bool(root, "tie_word_embeddings", &c->tie_word_embeddings, path);
+    if (s == CA_OK) s = get_bool(root, "use_sliding_window", &c->use_sliding_window, path);
+    bool bias = false;
+    if (s == CA_OK && c->family == CA_CAUSAL_LM_LLAMA) s = get_bool(root, "attention_bias", &bias, path);
+    if (bias) c->qkv_bias = c->o_bias = true;
+    if (s == CA_OK) s = get_id(root, "bos_token_id", &c->bos_token_id, path);
+    if (s == CA_OK) s = get_id(root, "pad_token_id", &c->pad_token_id, path);
+    if (s == CA_OK) s = get_ids(root, "eos_token_id", c->eos_token_ids, &c->n_eos, CA_CAUSAL_LM_MAX_EOS, path);
+    if (s != CA_OK) return s;
+    char what[4200];
+    snprintf(what, sizeof what, "config '%s'", path);
+    return ca_causal_lm_check_sizes(c, what);
+}
+
+static ca_status read_generation(json_object *root, ca_causal_lm_config *c, const char *path) {
+    int n = 0;
+    ca_status s = get_id(root, "bos_token_id", &c->gen_bos_token_id, path);
+    if (s == CA_OK) s = get_id(root, "pad_token_id", &c->gen_pad_token_id, path);
+    if (s == CA_OK && get(root, "eos_token_id"))
+        s = get_ids(root, "eos_token_id", c->gen_eos_token_ids, &n, CA_CAUSAL_LM_MAX_EOS, path), c->gen_n_eos = n;
+    if (s == CA_OK) s = get_int(root, "max_length", 1, &c->max_length, path);
+    if (s == CA_OK) s = get_int(root, "max_new_tokens", 1, &c->max_new_tokens, path);
+    if (s == CA_OK) s = get_int(root, "top_k", 0, &c->top_k, path);
+    if (s == CA_OK) s = get_real(root, "temperature", 0, 1e9, &c->temperature, path);
+    if (s == CA_OK) s = get_real(root, "top_p", 0, 1, &c->top_p, path);
+    if (s == CA_OK) s = get_bool(root, "do_sample", &c->do_sample, path);
+    return s;
+}
+
+/* Reads `path` as a JSON object and hands it to fn. */
+static ca_status parse(const char *path, ca_causal_lm_config *c,
+                       ca_status (*fn)(json_object *, ca_causal_lm_config *, const char *)) {
+    char why[256];
+    ca_status rs;
+    json_object *root = ca_json_load(path, CA_FILE_MODEL_CONFIG, why, sizeof why, &rs);
+    if (!root && !why[0]) return rs;   /* the reader's error names the file */
+    if (!root) return ca_error(CA_ERR_INVALID, "config '%s': not valid JSON: %s", path, why);
+    ca_status st = json_object_is_type(root, json_type_object)
+                       ? fn(root, c, path)
+                       : ca_error(CA_ERR_INVALID, "config '%s': not a JSON object but a JSON %s", path,
+                                  json_type_to_name(json_object_get_type(root)));
+    json_object_put(root);
+    return st;
+}
+
+ca_status ca_causal_lm_config_load(const char *dir, ca_causal_lm_config *out) {
+    if (!dir || !out) return ca_error(CA_ERR_INVALID, "ca_causal_lm_config_load: NULL argument");
+    char file[4096], base[4096];
+    struct stat st;
+    bool is_dir = stat(dir, &st) == 0 && S_ISDIR(st.st_mode);
+    snprintf(base, sizeof base, "%s", dir);
+    char *slash = is_dir ? NULL : strrchr(base, '/');
+    if (slash) *slash = '\0';
+    else if (!is_dir) snprintf(base, sizeof base, ".");
+    snprintf(file, sizeof file, is_dir ? "%s/config.json" : "%s", dir);
+    ca_causal_lm_config c;
+    ca_causal_lm_config_default(CA_CAUSAL_LM_LLAMA, &c);
+    ca_status s = parse(file, &c, read_fields);
+    /* generation_config.json starts from the model config's ids, as GenerationConfig.from_model_config */
+    c.gen_bos_token_id = c.bos_token_id;
+    c.gen_pad_token_id = c.pad_token_id;
+    c.gen_n_eos = c.n_eos;
+    memcpy(c.gen_eos_token_ids, c.eos_token_ids, sizeof c.eos_token_ids);
+    snprintf(file, sizeof file, "%s/generation_config.json", base);
+    if (s == CA_OK && stat(file, &st) == 0) {
+        c.has_generation_config = true;
+        s = parse(file, &c, read_generation);
+    }
+    if (s == CA_OK) *out = c;
+    return s;
+}
+
+/* ------------------------------------------------------------------ sizes */
+
+/* The memory the parameters may take: physical memory, or RLIMIT_AS / RLIMIT_DATA when lower. */
+static double memory_there_is(void) {
+    double mem = 1e300;
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    if (pages > 0 && page > 0) mem = (double)pages * (double)page;
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_AS, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY && (double)rl.rlim_cur < mem)
+        mem = (double)rl.rlim_cur;
+    if (getrlimit(RLIMIT_DATA, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY && (double)rl.rlim_cur < mem)
+        mem = (double)rl.rlim_cur;
+    return mem;
+}
+
+static ca_status check_memory(const ca_causal_lm_config *c, const char *what) {
+    double mem = memory_there_is(), H = (double)c->hidden_size, I = (double)c->intermediate_size;
+    double V = (double)c->vocab_size, KV = (double)c->num_key_value_heads * (H / (double)c->num_attention_heads);
+    if (V * H * 4 > mem || I * H * 4 > mem)
+        return ca_error(CA_ERR_INVALID, "%s: \"%s\" %lld makes a weight larger than the %.3g bytes of memory there "
+                        "is", what, V > I ? "vocab_size" : "intermediate_size",
+                        (long long)(V > I ? c->vocab_size : c->intermediate_size), mem);
+    double layer = 2 * H * H + 2 * H * KV + 3 * H * I + 2 * H;
+    double n = V * H * (c->tie_word_embeddings ? 1 : 2) + (double)c->num_hidden_layers * layer + H;
+    if (n * 4 > mem)
+        return ca_error(CA_ERR_INVALID, "%s: %lld layers (\"num_hidden_layers\") of \"hidden_size\" %lld and "
+                        "\"intermediate_size\" %lld make %.3g parameters, more than the %.3g bytes of memory "
+                        "there is hold in f32", what, (long long)c->num_hidden_layers, (long long)c->hidden_size,
+                        (long long)c->intermediate_size, n, mem);
+    return CA_OK;
+}
+
+ca_status ca_causal_lm_check_sizes(const ca_causal_lm_config *c, const char *what) {
+    if (!ca_causal_lm_model_type(c->family))
+        return ca_error(CA_ERR_INVALID, "%s: unknown family %d", what, (int)c->family);
+    const struct { const char *key; int64_t v; } sizes[] = {
+        {"vocab_size", c->vocab_size}, {"hidden_size", c->hidden_size},
+        {"intermediate_size", c->intermediate_size}, {"num_hidden_layers", c->num_hidden_layers},
+        {"num_attention_heads", c->num_attention_heads}, {"num_key_value_heads", c->num_key_value_heads},
+        {"max_position_embeddings", c->max_position_embeddings},
+    };
+    for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++)
+        if (sizes[i].v < 1 || sizes[i].v > ((int64_t)1 << 40))
+            return ca_error(CA_ERR_INVALID, "%s: \"%s\" is %lld; it must be in [1, 2^40]", what, sizes[i].key,
+                            (long long)sizes[i].v);
+    if (c->num_hidden_layers > MAX_LAYERS)
+        return ca_error(CA_ERR_INVALID, "%s: \"num_hidden_layers\" is %lld; at most %d layers are supported", what,
+                        (long long)c->num_hidden_layers, MAX_LAYERS);
+    if (c->hidden_size % c->num_attention_heads || (c->hidden_size / c->num_attention_heads) % 2)
+        return ca_error(CA_ERR_INVALID, "%s: \"hidden_size\" %lld is not \"num_attention_heads\" %lld heads of an "
+                        "even size (rotary embeddings rotate pairs of channels)", what, (long long)c->hidden_size,
+                        (long long)c->num_attention_heads);
+    if (c->num_attention_heads % c->num_key_value_heads)
+        return ca_error(CA_ERR_INVALID, "%s: \"num_key_value_heads\" %lld does not divide \"num_attention_heads\" "
+                        "%lld", what, (long long)c->num_key_value_heads, (long long)c->num_attention_heads);
+    if (c->pad_token_id >= c->vocab_size)
+        return ca_error(CA_ERR_INVALID, "%s: \"pad_token_id\" %lld is not below \"vocab_size\" %lld", what,
+                        (long long)c->pad_token_id, (long long)c->vocab_size);
+    if (c->sliding_window < 0 || !(c->rms_norm_eps >= 0) || !(c->rope_theta > 0))
+        return ca_error(CA_ERR_INVALID, "%s: \"sliding_window\", \"rms_norm_eps\" or \"rope_theta\" is out of "
+                        "range", what);
+    return check_memory(c, what);
+}
