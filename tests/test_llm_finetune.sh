@@ -1,15 +1,18 @@
 #!/bin/sh
 # examples/llm_finetune as the README runs it: a small Llama (2 layers, 64 channels, 4 heads of which
 # 2 key/value heads, byte-level tokenizer of 257 tokens) trained from scratch on the fortunes and saved
-# in Hugging Face's layout, then fine-tuned with LoRA (r 8 on q_proj and v_proj) on one process and on
-# two under `caccel launch`, the adapter saved as PEFT's files and merged by `caccel merge-weights`.
+# in Hugging Face's layout, then fine-tuned with LoRA (r 8 on q_proj and v_proj) on text of another
+# kind (the lines of the GPL, which every Debian system has: /usr/share/common-licenses/GPL-3) on one
+# process and on two under `caccel launch`, the adapter saved as PEFT's files and merged by
+# `caccel merge-weights`.
 # With /usr/bin/python3 holding torch, transformers and peft, the saved model loads with
 # AutoModelForCausalLM.from_pretrained, the adapter with PeftModel.from_pretrained, and the merged
 # model gives PEFT's merged logits (to 1e-4 relative).
 #
 # Bounds (no timing): from scratch, the held-out loss falls by at least 1.5 nats in 150 steps (a model
-# that learned nothing scores ln 257 = 5.55; measured 5.6 -> 2.9); the LoRA fine-tune then lowers the
-# held-out perplexity by at least 3% (measured: see docs/DECODER.md), with only the adapters trained.
+# that learned nothing scores ln 257 = 5.55; measured 5.56 -> 2.73); the LoRA fine-tune then lowers the
+# held-out perplexity of the new text by at least 3% in 60 steps (measured 15.19 -> 14.12, 7%; a full
+# fine-tune reaches 11.31 and LoRA on every projection 13.21), with only the adapters trained.
 set -u
 b=${CACCEL_TEST_BUILDDIR:-.}
 FT="$b/examples/llm_finetune"
@@ -17,6 +20,8 @@ CACCEL="$b/tools/caccel"
 fail() { echo "FAIL: $*"; exit 1; }
 fdir=${CACCEL_FORTUNES_DIR:-/usr/share/games/fortunes}
 [ -f "$fdir/science" ] || { echo "SKIP: fortunes not found in $fdir (apt-get install fortunes)"; exit 77; }
+gpl=/usr/share/common-licenses/GPL-3
+[ -f "$gpl" ] || { echo "SKIP: $gpl not found (Debian's base-files)"; exit 77; }
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/caccel-llm.XXXXXX")
 trap 'rm -rf "$WORK"' EXIT
 export OPENBLAS_NUM_THREADS=1
@@ -45,8 +50,8 @@ for f in config.json generation_config.json model.safetensors tokenizer.json; do
 done
 
 echo "== LoRA fine-tune of the small Llama (one process)"
-"$FT" --cpu --model "$WORK/small" --lora_r 8 --lora_alpha 16 --lora_dropout 0 $COMMON --max_steps 60 --lr 2e-3 \
-    --sample_tokens 12 --prompt "The " --output_dir "$WORK/adapter" > "$WORK/lora" 2>&1 || { cat "$WORK/lora"; fail "LoRA: exited non-zero"; }
+"$FT" --cpu --model "$WORK/small" --lora_r 8 --lora_alpha 16 --lora_dropout 0 $COMMON --max_steps 60 --lr 5e-3 \
+    --data "$gpl" --sample_tokens 12 --prompt "The " --output_dir "$WORK/adapter" > "$WORK/lora" 2>&1 || { cat "$WORK/lora"; fail "LoRA: exited non-zero"; }
 grep -q 'LoRA r 8, alpha 16 on 4 layers' "$WORK/lora" || { cat "$WORK/lora"; fail "LoRA: not 4 wrapped layers (q_proj, v_proj of 2 layers)"; }
 grep -q '^sample 2 ' "$WORK/lora" || { cat "$WORK/lora"; fail "LoRA: no samples"; }
 l0=$(loss_before "$WORK/lora"); l1=$(loss_after "$WORK/lora")
@@ -65,7 +70,7 @@ for d in $(echo "${CACCEL_PLUGIN_PATH:-}" | tr ':' ' '); do [ -e "$d/caccel_gloo
 if [ -n "$gloo" ]; then
     timeout 300 "$CACCEL" launch --num_processes 2 --cpu --backend gloo "$FT" --model "$WORK/small" --lora_r 8 \
         --lora_alpha 16 --lora_dropout 0 --block_size 64 --batch_size 8 --log_interval 50 --seed 7 --eval_blocks 96 --max_steps 60 \
-        --lr 2e-3 --sample_tokens 0 > "$WORK/two" 2>&1 || { cat "$WORK/two"; fail "two processes: exited non-zero"; }
+        --lr 5e-3 --data "$gpl" --sample_tokens 0 > "$WORK/two" 2>&1 || { cat "$WORK/two"; fail "two processes: exited non-zero"; }
     grep -q 'on 2 process(es)' "$WORK/two" || { cat "$WORK/two"; fail "not two processes"; }
     t1=$(loss_after "$WORK/two")
     echo "two processes (batch 8 each, the same global batch): held-out loss $(loss_before "$WORK/two") -> $t1"
