@@ -89,7 +89,7 @@ for shape in ${shapes//,/ }; do
             read -r _ _ tr all < <(tail -1 "$work/c")
             state=$(awk -v a="$tr" -v b="$all" 'BEGIN { if (b > 0) printf "%.3f%% of the full fine-tune'"'"'s", 100 * a / b }')
             printf '%-5s %-4s %2s %12.1f %12.1f %7.2f %10.0f %10.0f %s\n' "$shape" $mode "$th" "$c" "$t" \
-                "$(awk -v a="$c" -v b="$t" 'BEGIN { print b > 0 ? a / b : 0 }')" "$(awk -v k="$cm" 'BEGIN { print k / 1024 }')" \
+                "$(awk -v a="$c" -v b="$t" 'BEGIN { print (b > 0 ? a / b : 0) }')" "$(awk -v k="$cm" 'BEGIN { print k / 1024 }')" \
                 "$(awk -v k="$tm" 'BEGIN { print k / 1024 }')" "$([ $mode = lora ] && echo "$state")"
         done
     done
