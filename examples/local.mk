@@ -15,3 +15,4 @@ EXTRA_DIST += examples/slurm/train.sbatch
 noinst_PROGRAMS += examples/llm_finetune
 examples_llm_finetune_SOURCES = examples/llm_finetune.c
 examples_llm_finetune_LDADD = libcaccel.la -lm
+EXTRA_DIST += examples/llama-tiny.json

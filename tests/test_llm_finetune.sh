@@ -27,12 +27,8 @@ trap 'rm -rf "$WORK"' EXIT
 export OPENBLAS_NUM_THREADS=1
 
 mkdir "$WORK/base"
-cat > "$WORK/base/config.json" <<'EOF'
-{"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 257, "hidden_size": 64,
- "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
- "max_position_embeddings": 256, "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "hidden_act": "silu",
- "tie_word_embeddings": false, "bos_token_id": null, "eos_token_id": 256, "initializer_range": 0.02}
-EOF
+srcdir=${CACCEL_TEST_SRCDIR:-${srcdir:-.}}
+cp "$srcdir/examples/llama-tiny.json" "$WORK/base/config.json" || fail "no examples/llama-tiny.json"
 COMMON="--block_size 64 --batch_size 16 --log_interval 50 --seed 7 --eval_blocks 96"
 
 loss_before() { sed -n 's/^before training: held-out loss \([0-9.]*\),.*/\1/p' "$1" | head -1; }
