@@ -7,4 +7,5 @@ libcaccel_la_SOURCES += \
 	nn/optim.c \
 	nn/schedule.c \
 	nn/bert_config.c \
-	nn/bert.c
+	nn/bert.c \
+	nn/rope.c
