@@ -58,13 +58,13 @@ static void pos_freqs(double base, int64_t rot, float *p) {
     }
 }
 
-/* 4.39's dynamic NTK base, f32 throughout: base * ((factor seq / max) - (factor - 1)) ** (rot / (rot - 2)). */
+/* 4.39's dynamic NTK base, in f32: base * ((factor seq / max) - (factor - 1)) ** (rot / (rot - 2)). */
 static double dynamic_base(const ca_rope_config *c, double base, int64_t seq_len, int64_t rot) {
     if (seq_len <= c->max_position_embeddings) return base;
     float s = (float)c->factor * (float)seq_len;
     s = s / (float)c->max_position_embeddings;
     s = s - (float)(c->factor - 1.0);
-    float pw = (float)pow((double)s, (double)(float)((double)rot / (double)(rot - 2)));
+    float pw = (float)pow((double)s, (double)rot / (double)(rot - 2));   /* torch keeps a double exponent */
     return (double)((float)base * pw);
 }
 
