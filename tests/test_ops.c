@@ -1311,6 +1311,16 @@ static ca_status kc_rms_norm_backward(KARGS) {   /* x, gamma, rstd, dy, dx, dgam
     return KC(rms_norm_backward, .dt = bdt[0], .rows = q->s[0], .cols = q->s[1], .x = p[0], .gamma = p[1],
               .rstd = p[2], .dy = p[3], .dx = p[4], .beta = q->beta, .dgamma = p[5], .accumulate_params = q->flag);
 }
+static ca_status kc_rope(KARGS) {   /* x, cos, sin, y; s: batch, heads, seq, dim, rot, table_batch */
+    return KC(rope, .dt = bdt[0], .batch = q->s[0], .heads = q->s[1], .seq = q->s[2], .dim = q->s[3], .rot = q->s[4],
+              .table_batch = q->s[5], .x = p[0], .cos = p[1], .sin = p[2], .inverse = q->flag,
+              .y = p[q->inplace ? 0 : 3], .beta = q->beta);
+}
+static ca_status kc_swiglu_backward(KARGS) {   /* gate, up, dy, dgate, dup; op bit 0: no dgate, bit 1: no dup */
+    return KC(swiglu_backward, .dt = bdt[0], .n = q->s[0], .gate = p[0], .up = p[1], .dy = p[2],
+              .dgate = q->op & 1 ? NULL : p[3], .dup = q->op & 2 ? NULL : p[4], .beta_gate = q->beta,
+              .beta_up = q->alpha);
+}
 static ca_status kc_attention(KARGS) {   /* q, k, v, out, lse: [1, 2, s0, 3] x [1, 2, s1, 3] */
     ca_attention_params ap = {.batch = 1, .heads = 2, .tq = q->s[0], .tk = q->s[1], .d = 3, .dv = 3,
                               .scale = 0.577f, .causal = q->flag};
@@ -1590,6 +1600,15 @@ static const kernel_row K_NN[] = {
     KCE(10), KCE(1000), KCEB(10, 1.0), KCEB(1000, 0.5),
     KLN_(16), KLN_(768), KLNB(16, true, 1.0), KLNB(768, true, 0.5), KLNB(768, false, 0.0),
     KRMS(16), KRMS(768), KRMSB(16, true, 1.0), KRMSB(768, true, 0.5), KRMSB(768, false, 0.0),
+    /* rope's inverse (the backward) accumulated, in place; swiglu_backward's betas and a missing output */
+    {KROW("rope [2,3,7,10] rot 6, per-batch tables, inverse, beta 0.5", rope, .s = {2, 3, 7, 10, 6, 2}, .flag = true,
+          .beta = 0.5), 4, {KR(420, -2, 2), KF(CA_F32, 42, -1, 1), KF(CA_F32, 42, -1, 1), KR(420, -1, 1)}, FLT, T_ROPE},
+    {KROW("rope [1,2,5,8] in place, beta 1", rope, .s = {1, 2, 5, 8, 8, 1}, .inplace = true, .beta = 1.0), 4,
+     {KR(80, -2, 2), KF(CA_F32, 20, -1, 1), KF(CA_F32, 20, -1, 1), KR(1, 0, 1)}, FLT, T_ROPE},
+    {KROW("swiglu_backward [1031] beta 1 and 0.5", swiglu_backward, .s = {1031}, .beta = 1.0, .alpha = 0.5), 5,
+     {KR(1031, -6, 6), KR(1031, -2, 2), KR(1031, -1, 1), KR(1031, -1, 1), KR(1031, -1, 1)}, FLT, T_SWIGLU_B},
+    {KROW("swiglu_backward [257] dup only", swiglu_backward, .s = {257}, .op = 1), 5,
+     {KR(257, -6, 6), KR(257, -2, 2), KR(257, -1, 1), KR(257, -1, 1), KR(257, -1, 1)}, FLT, T_SWIGLU_B},
     KATT(5, 7, false), KATT(5, 7, true), KATT(70, 66, true),
     KATT(67, 67, false), KATT(67, 67, true), KATT(130, 130, false), KATT(130, 130, true), KATT(130, 67, false),
     KATT(3, 13000, false),   /* a row of scores larger than a block's shared memory */
