@@ -383,7 +383,7 @@ typedef struct ca_rms_norm_backward_args {
     void *dx; float beta; void *dgamma; bool accumulate_params;
 } ca_rms_norm_backward_args;
 
-/* Rotary position embedding (ABI 3.2), Hugging Face's "rotate_half" layout (GPT-NeoX, Llama): x and
+/* Rotary position embedding (ABI 3.3), Hugging Face's "rotate_half" layout (GPT-NeoX, Llama): x and
  * y are [batch, heads, seq, dim]; within the first `rot` dims of each row (rot even, 0 < rot <= dim)
  * element i and element i + rot/2 (i < rot/2) turn by the angle of position t:
  *   y[i] = x[i] c - x[i + rot/2] s,   y[i + rot/2] = x[i + rot/2] c + x[i] s,
@@ -398,7 +398,7 @@ typedef struct ca_rope_args {
     const float *sin; bool inverse; void *y; float beta;
 } ca_rope_args;
 
-/* SwiGLU (ABI 3.2): y = silu(gate) up = gate / (1 + exp(-gate)) * up over n elements (float dtypes,
+/* SwiGLU (ABI 3.3): y = silu(gate) up = gate / (1 + exp(-gate)) * up over n elements (float dtypes,
  * computed in f32); y does not overlap gate or up. */
 typedef struct ca_swiglu_args {
     size_t struct_size;
