@@ -821,6 +821,7 @@ CPU_CLONES static void rope_row(const float *restrict x, const float *restrict c
 typedef struct rope_job {
     nn_job job;
     const ca_rope_args *a;
+    bool direct;               /* rows written straight into y (f32, beta 0, y is not x) */
 } rope_job;
 
 /* Rows [lo, hi) of the [batch * heads * seq, dim] view; three row buffers (x, y, the old y). */
@@ -835,7 +836,12 @@ static void rope_range(void *ctx, int64_t lo, int64_t hi) {
         int64_t b = a->table_batch == 1 ? 0 : r / per_batch, t = r % a->seq;
         int64_t toff = (b * a->seq + t) * half;
         const float *x = cpu_view_f32(a->dt, a->x, r * dim, dim, xb);
-        rope_row(x, a->cos + toff, a->sin + toff, a->inverse ? -1.0f : 1.0f, half, dim, yb);
+        float sg = a->inverse ? -1.0f : 1.0f;
+        if (j->direct) {   /* f32, beta 0, y apart from x: no staging copy */
+            rope_row(x, a->cos + toff, a->sin + toff, sg, half, dim, (float *)a->y + r * dim);
+            continue;
+        }
+        rope_row(x, a->cos + toff, a->sin + toff, sg, half, dim, yb);
         if (a->beta != 0.0f) {
             cpu_to_f32(a->dt, a->y, r * dim, dim, old);
             for (int64_t c = 0; c < dim; c++) yb[c] += a->beta * old[c];
@@ -850,6 +856,7 @@ static void rope_range(void *ctx, int64_t lo, int64_t hi) {
 ca_status cpu_rope(void *dev, const ca_rope_args *a) {
     int64_t rows = a->batch * a->heads * a->seq;
     if (rows == 0 || a->dim == 0) return CA_OK;
-    rope_job j = {.job = {.kernel = "rope", .floats = 3 * a->dim}, .a = a};
+    rope_job j = {.job = {.kernel = "rope", .floats = 3 * a->dim}, .a = a,
+                  .direct = a->dt == CA_F32 && a->beta == 0.0f && a->y != a->x};
     return run_job(&j.job, rows, 2 * a->dim, rope_range, &j);
 }
