@@ -443,6 +443,37 @@ static inline ca_status ca_kcheck_rms_norm_backward(const char *be, const ca_rms
     return CK_PTRS(be, k, "x,rstd,dy,dx", a->x, a->rstd, a->dy, a->dx);
 }
 
+static inline ca_status ca_kcheck_rope(const char *be, const ca_rope_args *a) {
+    const char *k = "rope";
+    CK_TRY(ca_kcheck_float(be, k, "tensor", a->dt));
+    if (a->batch < 0 || a->heads < 0 || a->seq < 0 || a->dim < 0)
+        return CK_ERR("%s kernel %s: negative shape [%lld, %lld, %lld, %lld]", be, k, (long long)a->batch,
+                      (long long)a->heads, (long long)a->seq, (long long)a->dim);
+    if (a->rot < 2 || a->rot % 2 || a->rot > a->dim)
+        return CK_ERR("%s kernel %s: rotary dims %lld must be even, at least 2 and at most the head dim %lld", be, k,
+                      (long long)a->rot, (long long)a->dim);
+    if (a->table_batch != 1 && a->table_batch != a->batch)
+        return CK_ERR("%s kernel %s: the tables hold %lld batches; 1 or the batch %lld", be, k,
+                      (long long)a->table_batch, (long long)a->batch);
+    if (a->batch * a->heads * a->seq == 0) return CA_OK;
+    return CK_PTRS(be, k, "x,cos,sin,y", a->x, a->cos, a->sin, a->y);
+}
+
+static inline ca_status ca_kcheck_swiglu(const char *be, const ca_swiglu_args *a) {
+    CK_TRY(ca_kcheck_float(be, "swiglu", "tensor", a->dt));
+    if (a->n < 0) return CK_ERR("%s kernel swiglu: negative length %lld", be, (long long)a->n);
+    return a->n ? CK_PTRS(be, "swiglu", "gate,up,y", a->gate, a->up, a->y) : CA_OK;
+}
+
+static inline ca_status ca_kcheck_swiglu_backward(const char *be, const ca_swiglu_backward_args *a) {
+    const char *k = "swiglu_backward";
+    CK_TRY(ca_kcheck_float(be, k, "tensor", a->dt));
+    if (a->n < 0) return CK_ERR("%s kernel %s: negative length %lld", be, k, (long long)a->n);
+    if (a->n == 0) return CA_OK;
+    if (!a->dgate && !a->dup) return CK_ERR("%s kernel %s: dgate and dup are both NULL", be, k);
+    return CK_PTRS(be, k, "gate,up,dy", a->gate, a->up, a->dy);
+}
+
 /* The check table: one function per slot of CA_KERNEL_LIST (a slot without its ca_kcheck_<slot>
  * does not compile), called with a copy of the caller's args whose struct_size is this build's. */
 #define CA_KCHECKED_(slot)                                                                              \

@@ -15,4 +15,5 @@ libcaccel_la_SOURCES += \
 	nn/causal_lm_io.c \
 	nn/lora_impl.h \
 	nn/lora.c \
-	nn/lora_files.c
+	nn/lora_files.c \
+	nn/rope.c

@@ -1,4 +1,5 @@
-/* Neural-network functions: softmax, log_softmax, cross_entropy, mse_loss, dropout, layer_norm, rms_norm, embedding. */
+/* Neural-network functions: softmax, log_softmax, cross_entropy, mse_loss, dropout, layer_norm, rms_norm, embedding,
+ * rope (rotary position embedding), swiglu. */
 #include "tensor/ops_impl.h"
 
 #include <string.h>
@@ -343,6 +344,137 @@ ca_tensor *ca_rms_norm(ca_tensor *x, ca_tensor *w, double eps) {
         ca_node *n = ca_record(&rms_norm_vt, y, nin, in);
         if (!n) return NULL;
         n->saved[0] = rstd;
+    }
+    return y;
+}
+
+/* ------------------------------------------------------------------ rope */
+
+/* The rope kernel over x's [B, H, T, D] with the tables cs/sn ([T, rot/2] or [tb, T, rot/2], f32):
+ * dst = beta dst + (src turned by the angles, or by minus them when inverse). */
+static ca_status rope_call(const ca_tensor *x, const ca_tensor *cs, const ca_tensor *sn, const void *src, void *dst,
+                           bool inverse, float beta) {
+    return CA_KCALL(ca_tdev(x), rope, .dt = x->dtype, .batch = x->shape[0], .heads = x->shape[1],
+                    .seq = x->shape[2], .dim = x->shape[3], .rot = 2 * last_dim(cs),
+                    .table_batch = cs->ndim == 3 ? cs->shape[0] : 1, .x = src, .cos = ca_tptr(cs),
+                    .sin = ca_tptr(sn), .inverse = inverse, .y = dst, .beta = beta);
+}
+
+/* The rotation is orthogonal: its backward turns dy by minus the angles (the same kernel, inverse). */
+static ca_status rope_backward(ca_node *n, ca_tensor *g) {
+    ca_tensor *x = n->in[0];
+    float beta;
+    ca_tensor *dx = ca_grad_target(x, &beta);
+    if (!dx) return x->requires_grad ? ca_last_status() : CA_OK;
+    ca_status s = rope_call(x, n->saved[0], n->saved[1], ca_tptr(g), ca_tptr(dx), true, beta);
+    if (s == CA_OK) ca_grad_written(x);
+    return s;
+}
+static const ca_node_vt rope_vt = {"rope", rope_backward};
+
+/* NULL (error recorded) unless cos and sin are tables for x: the same shape, [T, R] or [B or 1, T, R]
+ * with T x's sequence, 2R <= x's head dim, f32 after the cast, on x's device, no gradient wanted. */
+static bool rope_tables_ok(const ca_tensor *x, ca_tensor *cs, ca_tensor *sn) {
+    char a[64], b[64];
+    if (!ca_op_check_same_device("rope", x, cs) || !ca_op_check_same_device("rope", x, sn)) return false;
+    if (cs->requires_grad || sn->requires_grad) {
+        ca_error(CA_ERR_UNSUPPORTED, "rope: the cos/sin tables get no gradient; pass them detached");
+        return false;
+    }
+    bool same = cs->ndim == sn->ndim && memcmp(cs->shape, sn->shape, (size_t)cs->ndim * sizeof *cs->shape) == 0;
+    int64_t tb = cs->ndim == 3 ? cs->shape[0] : 1, r = last_dim(cs);
+    if (!same || (cs->ndim != 2 && cs->ndim != 3) || cs->shape[cs->ndim - 2] != x->shape[2] ||
+        (tb != 1 && tb != x->shape[0]) || r < 1 || 2 * r > x->shape[3]) {
+        ca_error(CA_ERR_INVALID, "rope: cos %s and sin %s must both be [T, R] or [B or 1, T, R] with T = %lld and "
+                 "2R <= the head dim %lld (x [B, H, T, D] = %s)", ca_shape_str(cs->ndim, cs->shape, a, sizeof a),
+                 ca_shape_str(sn->ndim, sn->shape, b, sizeof b), (long long)x->shape[2], (long long)x->shape[3],
+                 ca_shape_str(x->ndim, x->shape, (char[64]){0}, 64));
+        return false;
+    }
+    return true;
+}
+
+/* One kernel each way (rope, with `inverse` for the backward); the tables are inputs the caller makes
+ * (ca_rope_tables) and reuses across layers. */
+ca_tensor *ca_rope(ca_tensor *x, ca_tensor *cos, ca_tensor *sin) {
+    CA_OP_NULLCHECK2(x, cos);
+    CA_OP_NULLCHECK1(sin);
+    if (!ca_op_check_float("rope", x) || !ca_op_check_float("rope", cos) || !ca_op_check_float("rope", sin))
+        return NULL;
+    if (x->ndim != 4) {
+        char a[64];
+        ca_error(CA_ERR_INVALID, "rope: x must be [batch, heads, seq, head_dim], is %s",
+                 ca_shape_str(x->ndim, x->shape, a, sizeof a));
+        return NULL;
+    }
+    if (!rope_tables_ok(x, cos, sin)) return NULL;
+    if (cos->dtype != CA_F32) cos = ca_cast(cos, CA_F32);
+    if (sin->dtype != CA_F32) sin = ca_cast(sin, CA_F32);
+    x = ca_contiguous(x);
+    cos = cos ? ca_contiguous(cos) : NULL;
+    sin = sin ? ca_contiguous(sin) : NULL;
+    ca_tensor *y = x && cos && sin ? ca_op_new_like(x) : NULL;
+    if (!y) return NULL;
+    if (x->numel && rope_call(x, cos, sin, ca_tptr(x), ca_tptr(y), false, 0.0f) != CA_OK) return NULL;
+    if (ca_needs_grad(1, &x)) {
+        ca_node *n = ca_record(&rope_vt, y, 1, &x);
+        if (!n) return NULL;
+        n->saved[0] = cos;
+        n->saved[1] = sin;
+    }
+    return y;
+}
+
+/* ------------------------------------------------------------------ swiglu */
+
+/* Both gradients in one kernel. swiglu(x, x) (one tensor twice): dup goes to a scratch tensor and is
+ * added after, since the kernel's two outputs must not overlap. */
+static ca_status swiglu_backward(ca_node *n, ca_tensor *g) {
+    ca_tensor *gt = n->in[0], *ut = n->in[1];
+    bool same = gt == ut;
+    float bg = 0, bu = 0;
+    ca_tensor *dg = ca_grad_target(gt, &bg);
+    if (!dg && gt->requires_grad) return ca_last_status();
+    ca_tensor *du = !ut->requires_grad ? NULL : same ? ca_op_new_like(ut) : ca_grad_target(ut, &bu);
+    if (!du && ut->requires_grad) return ca_last_status();
+    ca_status s = CA_KCALL(ca_tdev(gt), swiglu_backward, .dt = gt->dtype, .n = gt->numel, .gate = ca_tptr(gt),
+                           .up = ca_tptr(ut), .dy = ca_tptr(g), .dgate = dg ? ca_tptr(dg) : NULL,
+                           .dup = du ? ca_tptr(du) : NULL, .beta_gate = bg, .beta_up = bu);
+    if (s != CA_OK) return s;
+    if (dg) ca_grad_written(gt);
+    if (du && same) return ca_op_accumulate(ut, du, 1.0f);
+    if (du) ca_grad_written(ut);
+    return CA_OK;
+}
+static const ca_node_vt swiglu_vt = {"swiglu", swiglu_backward};
+
+/* silu(gate) * up in one kernel each way; tests/test_ops.c checks it against ca_mul(ca_silu(gate), up). */
+ca_tensor *ca_swiglu(ca_tensor *gate, ca_tensor *up) {
+    CA_OP_NULLCHECK2(gate, up);
+    if (!ca_op_check_float("swiglu", gate) || !ca_op_check_float("swiglu", up) ||
+        !ca_op_check_same_device("swiglu", gate, up))
+        return NULL;
+    if (gate->ndim != up->ndim || memcmp(gate->shape, up->shape, (size_t)gate->ndim * sizeof *gate->shape) != 0) {
+        char a[64], b[64];
+        ca_error(CA_ERR_INVALID, "swiglu: gate %s and up %s must have the same shape",
+                 ca_shape_str(gate->ndim, gate->shape, a, sizeof a), ca_shape_str(up->ndim, up->shape, b, sizeof b));
+        return NULL;
+    }
+    if (gate->dtype != up->dtype) {   /* mixed float dtypes promote to f32, as the binary ops do */
+        gate = ca_cast(gate, CA_F32);
+        up = ca_cast(up, CA_F32);
+        CA_OP_NULLCHECK2(gate, up);
+    }
+    gate = ca_contiguous(gate);
+    up = gate && up ? ca_contiguous(up) : NULL;
+    ca_tensor *y = up ? ca_op_new_like(gate) : NULL;
+    if (!y) return NULL;
+    if (y->numel && CA_KCALL(ca_tdev(gate), swiglu, .dt = gate->dtype, .n = gate->numel, .gate = ca_tptr(gate),
+                             .up = ca_tptr(up), .y = ca_tptr(y)) != CA_OK)
+        return NULL;
+    ca_tensor *in[2] = {gate, up};
+    if (ca_needs_grad(2, in)) {
+        if (!ca_record(&swiglu_vt, y, 2, in)) return NULL;
     }
     return y;
 }

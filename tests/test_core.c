@@ -202,6 +202,38 @@ static void test_registry_older_minor_lacks_new_kernels(void **state) {
     }
 }
 
+/* A 3.1 backend (the CPU's table cut before `rope`, the first slot 3.3 appended) loads and runs
+ * rms_norm; rope and swiglu fail naming the kernel the table lacks. */
+static void test_registry_abi31_lacks_rope_swiglu(void **state) {
+    static ca_kernels k31;
+    static ca_device_ops ops;
+    static const ca_device_ops *devs[1];
+    static ca_plugin p;
+    ops = *ca_device_ops_of(ca_cpu_device());
+    memcpy(&k31, ops.kernels, offsetof(ca_kernels, rope));
+    k31.struct_size = offsetof(ca_kernels, rope);
+    k31.abi_version = (uint32_t)CA_ABI_MAJOR << 16 | 1;
+    ops.name = "cpu_abi31";
+    ops.abi_version = k31.abi_version;
+    ops.kernels = &k31;
+    devs[0] = &ops;
+    p = (ca_plugin){.struct_size = sizeof p, .abi_version = k31.abi_version, .name = "cpu_abi31",
+                    .version = "test", .num_devices = 1, .devices = devs};
+    T_OK(ca_register_plugin(&p, "test_core"));
+    ca_device *d = NULL;
+    T_OK(ca_device_open("cpu_abi31", 0, NULL, &d));
+    CA_SCOPE {
+        ca_tensor *x = T_NN(ca_full(d, CA_F32, CA_SHAPE(1, 1, 2, 4), 0.5));
+        ca_tensor *c = T_NN(ca_full(d, CA_F32, CA_SHAPE(2, 2), 1.0));
+        assert_non_null(ca_rms_norm(x, NULL, 1e-6));
+        assert_null(ca_rope(x, c, c));
+        assert_non_null(strstr(ca_last_error(), "device backend 'cpu_abi31' has no kernel 'rope'"));
+        assert_null(ca_swiglu(x, x));
+        assert_non_null(strstr(ca_last_error(), "device backend 'cpu_abi31' has no kernel 'swiglu'"));
+        assert_int_equal(ca_last_status(), CA_ERR_UNSUPPORTED);
+    }
+}
+
 /* A device says what it is through its table, and the core drives it through its slots, never by
  * its name: a lazy device called anything is lazy, its mark_step and determinism slots are called,
  * the accelerator's query picks the highest score of a kind, and a table of an older minor (no
@@ -523,6 +555,7 @@ int main(void) {
         cmocka_unit_test(test_registry_refuses_wrong_abi),
         cmocka_unit_test(test_registry_loads_plugin_with_reason),
         cmocka_unit_test(test_registry_older_minor_lacks_new_kernels),
+        cmocka_unit_test(test_registry_abi31_lacks_rope_swiglu),
         cmocka_unit_test(test_device_kind_slots),
         cmocka_unit_test(test_collective_slots),
         cmocka_unit_test(test_caching_allocator_reuses),

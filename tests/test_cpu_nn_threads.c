@@ -147,11 +147,36 @@ static void run_embedding(ca_dtype dt, int64_t rows, int64_t cols, blob *out) {
     free(idx), free(table), free(y), free(dy), free(dtab);
 }
 
+/* rope over [2, 1, rows / 2, cols] (per-batch tables), rot the even part of cols (37: partial); forward,
+ * then the inverse accumulated in place (beta 0.5, y = x). swiglu (cpu_elementwise.c) over rows * cols,
+ * forward and both gradients, one accumulated. */
+static void run_rope_swiglu(ca_dtype dt, int64_t rows, int64_t cols, blob *out) {
+    rng_state = 0x9e3779b97f4a7c15ull;
+    int64_t n = rows * cols, seq = rows / 2 > 0 ? rows / 2 : 1, rot = cols & ~(int64_t)1, m = 2 * seq * cols;
+    float *cs = mk_rand(CA_F32, 2 * seq * rot / 2, -1, 1), *sn = mk_rand(CA_F32, 2 * seq * rot / 2, -1, 1);
+    void *x = mk_rand(dt, m, -2, 2), *y = mk(dt, m);
+    OK(KC(rope, .dt = dt, .batch = 2, .heads = 1, .seq = seq, .dim = cols, .rot = rot, .table_batch = 2, .x = x,
+          .cos = cs, .sin = sn, .y = y));
+    put(out, y, bytes(dt, m));
+    OK(KC(rope, .dt = dt, .batch = 2, .heads = 1, .seq = seq, .dim = cols, .rot = rot, .table_batch = 2, .x = y,
+          .cos = cs, .sin = sn, .inverse = true, .y = y, .beta = 0.5f));
+    put(out, y, bytes(dt, m));
+    void *g = mk_rand(dt, n, -6, 6), *u = mk_rand(dt, n, -2, 2), *sy = mk(dt, n), *dy = mk_rand(dt, n, -1, 1);
+    void *dg = mk_rand(dt, n, -1, 1), *du = mk(dt, n);
+    OK(KC(swiglu, .dt = dt, .n = n, .gate = g, .up = u, .y = sy));
+    OK(KC(swiglu_backward, .dt = dt, .n = n, .gate = g, .up = u, .dy = dy, .dgate = dg, .dup = du, .beta_gate = 1.0f));
+    put(out, sy, bytes(dt, n));
+    put(out, dg, bytes(dt, n));
+    put(out, du, bytes(dt, n));
+    free(cs), free(sn), free(x), free(y), free(g), free(u), free(sy), free(dy), free(dg), free(du);
+}
+
 static void test_layer_norm_threads(void **state) { same_at_threads("layer_norm", run_layer_norm); }
 static void test_rms_norm_threads(void **state) { same_at_threads("rms_norm", run_rms_norm); }
 static void test_softmax_threads(void **state) { same_at_threads("softmax", run_softmax); }
 static void test_cross_entropy_threads(void **state) { same_at_threads("cross_entropy", run_cross_entropy); }
 static void test_embedding_threads(void **state) { same_at_threads("embedding", run_embedding); }
+static void test_rope_swiglu_threads(void **state) { same_at_threads("rope, swiglu", run_rope_swiglu); }
 
 /* The embedding backward against its definition: each table element plus its gradients in index order,
  * added in f32 and rounded to the table's type once. Rounding after every addition would lose the terms
@@ -201,6 +226,7 @@ int main(void) {
         cmocka_unit_test(test_softmax_threads),
         cmocka_unit_test(test_cross_entropy_threads),
         cmocka_unit_test(test_embedding_threads),
+        cmocka_unit_test(test_rope_swiglu_threads),
         cmocka_unit_test(test_embedding_backward_rounds_once),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -523,6 +523,8 @@ static void run_table(const op_case *rows, size_t nrows) {
 /* An input of a fixed dtype (indices, labels, masks): literal data, or a generator. */
 #define FIX(dt_, data_, ...) {SH(__VA_ARGS__), .is_fixed = true, .fixed = (dt_), .arg = (data_)}
 #define FIXG(dt_, gen_, arg_, ...) {SH(__VA_ARGS__), .is_fixed = true, .fixed = (dt_), .gen = (gen_), .arg = (arg_)}
+/* uniform f32 values in [lo, hi) whatever the row's dtype, never differentiated (rope's tables) */
+#define UF32(lo_, hi_, ...) {SH(__VA_ARGS__), .lo = (lo_), .hi = (hi_), .is_fixed = true, .fixed = CA_F32}
 /* A float input in the row's dtype, uniform in [lo, hi) with |v| >= gap (kinks). */
 #define GAP(lo_, hi_, gap_, ...) {SH(__VA_ARGS__), .lo = (lo_), .hi = (hi_), .gap = (gap_)}
 /* An input in the row's dtype from a generator. */
@@ -558,6 +560,8 @@ static void run_table(const op_case *rows, size_t nrows) {
                  .why = "atomics add in another order (half types: f32 accumulation, rounded once)"}
 #define T_NORMAL {.rtol = 6e-7, .atol = 6e-7, .why = "glibc's logf and cosf are not correctly rounded in every case"}
 /* The gradient checks through the ops: fused kernels (attention), sums in another order. */
+#define T_ROPE {.rtol = 1e-6, .atol = 1e-6, .why = "rope: the same f32 products (nvcc --fmad=false); a few ulps of margin"}
+#define T_SWIGLU_B {.rtol = 4e-6, .atol = 1e-6, .why = "swiglu backward: CUDA's expf against the CPU's"}
 #define T_OPS {.rtol = 1e-4, .atol = 1e-4, .why = "composed ops, sums in another order"}
 #define T_OPS_B {.rtol = 1e-3, .atol = 1e-4, .why = "composed backward, sums in another order"}
 #define OPS .fwd = T_OPS, .bwd = T_OPS_B
@@ -716,6 +720,11 @@ static ca_tensor *b_ln(ca_tensor **in, const oc_call *c) {
 static const int AFF0 = 0, AFF1 = 1, AFF2 = 2;
 static ca_tensor *b_rms(ca_tensor **in, const oc_call *c) { return ca_rms_norm(in[0], c->ctx ? in[1] : NULL, 1e-6); }
 static const int WITH = 1;
+static ca_tensor *b_rope(ca_tensor **in, const oc_call *c) { return ca_rope(in[0], in[1], in[2]); }
+static ca_tensor *b_swiglu(ca_tensor **in, const oc_call *c) {
+    return c->ctx ? ca_swiglu(in[0], in[0]) : ca_swiglu(in[0], in[1]);
+}
+static const int SAME = 1;
 static ca_tensor *b_embedding(ca_tensor **in, const oc_call *c) { return ca_embedding(in[1], in[0]); }
 /* A language-model head tied to its embedding: logits = emb(idx) W^T with one W. */
 static ca_tensor *b_tied(ca_tensor **in, const oc_call *c) { return ca_linear(ca_embedding(in[1], in[0]), in[0],
@@ -935,6 +944,28 @@ static const op_case NORM[] = {
     {"rms_norm [3,2,6] without weight", b_rms, NULL, 1, {U(-2, 2, 3, 2, 6)}, FLT, true, OPS},
     {"rms_norm [33,768]", b_rms, &WITH, 2, {U(-3, 3, 33, 768), U(0.5f, 1.5f, 768)}, FLT, true, .fwd = T_LN,
      .bwd = T_LN_B},
+    /* rope: full and partial rotary, one table for every batch or one per batch ([1, T, R] too) */
+    {"rope [2,3,5,8] tables [5,4]", b_rope, NULL, 3, {U(-2, 2, 2, 3, 5, 8), UF32(-1, 1, 5, 4), UF32(-1, 1, 5, 4)},
+     FLT, true, .fwd = T_ROPE, .bwd = T_ROPE},
+    {"rope [2,2,4,10] partial rot 6, per-batch tables [2,4,3]", b_rope, NULL, 3,
+     {U(-2, 2, 2, 2, 4, 10), UF32(-1, 1, 2, 4, 3), UF32(-1, 1, 2, 4, 3)}, FLT, true, .fwd = T_ROPE, .bwd = T_ROPE},
+    {"rope [1,2,3,6] tables [1,3,3]", b_rope, NULL, 3, {U(-2, 2, 1, 2, 3, 6), UF32(-1, 1, 1, 3, 3),
+     UF32(-1, 1, 1, 3, 3)}, FLT, true, .fwd = T_ROPE, .bwd = T_ROPE},
+    {"rope [3,4,37,64] tables [37,32]", b_rope, NULL, 3, {U(-2, 2, 3, 4, 37, 64), UF32(-1, 1, 37, 32),
+     UF32(-1, 1, 37, 32)}, FLT, true, .fwd = T_ROPE, .bwd = T_ROPE},
+    {"rope tables for another sequence length", b_rope, NULL, 3, {U(-1, 1, 1, 2, 5, 8), UF32(-1, 1, 4, 4),
+     UF32(-1, 1, 4, 4)}, F32, false, .error = "must both be [T, R] or [B or 1, T, R] with T = 5"},
+    {"rope tables wider than the head", b_rope, NULL, 3, {U(-1, 1, 1, 2, 5, 8), UF32(-1, 1, 5, 5),
+     UF32(-1, 1, 5, 5)}, F32, false, .error = "2R <= the head dim 8"},
+    {"rope x not 4-D", b_rope, NULL, 3, {U(-1, 1, 2, 5, 8), UF32(-1, 1, 5, 4), UF32(-1, 1, 5, 4)}, F32, false,
+     .error = "x must be [batch, heads, seq, head_dim]"},
+    /* swiglu: the same tensor as gate and up (its two gradients added), more than a vector's tail */
+    {"swiglu [3,7]", b_swiglu, NULL, 2, {U(-4, 4, 3, 7), U(-2, 2, 3, 7)}, FLT, true, .fwd = T_TRANSC, .bwd = T_SWIGLU_B},
+    {"swiglu [33,257]", b_swiglu, NULL, 2, {U(-6, 6, 33, 257), U(-2, 2, 33, 257)}, FLT, true, .fwd = T_TRANSC,
+     .bwd = T_SWIGLU_B},
+    {"swiglu gate = up [5,9]", b_swiglu, &SAME, 1, {U(-4, 4, 5, 9)}, FLT, true, .fwd = T_TRANSC, .bwd = T_SWIGLU_B},
+    {"swiglu shapes differ", b_swiglu, NULL, 2, {U(-1, 1, 3, 4), U(-1, 1, 4, 3)}, F32, false,
+     .error = "swiglu: gate [3, 4] and up [4, 3] must have the same shape"},
 };
 
 static const op_case INDEX[] = {
@@ -1280,6 +1311,16 @@ static ca_status kc_rms_norm_backward(KARGS) {   /* x, gamma, rstd, dy, dx, dgam
     return KC(rms_norm_backward, .dt = bdt[0], .rows = q->s[0], .cols = q->s[1], .x = p[0], .gamma = p[1],
               .rstd = p[2], .dy = p[3], .dx = p[4], .beta = q->beta, .dgamma = p[5], .accumulate_params = q->flag);
 }
+static ca_status kc_rope(KARGS) {   /* x, cos, sin, y; s: batch, heads, seq, dim, rot, table_batch */
+    return KC(rope, .dt = bdt[0], .batch = q->s[0], .heads = q->s[1], .seq = q->s[2], .dim = q->s[3], .rot = q->s[4],
+              .table_batch = q->s[5], .x = p[0], .cos = p[1], .sin = p[2], .inverse = q->flag,
+              .y = p[q->inplace ? 0 : 3], .beta = q->beta);
+}
+static ca_status kc_swiglu_backward(KARGS) {   /* gate, up, dy, dgate, dup; op bit 0: no dgate, bit 1: no dup */
+    return KC(swiglu_backward, .dt = bdt[0], .n = q->s[0], .gate = p[0], .up = p[1], .dy = p[2],
+              .dgate = q->op & 1 ? NULL : p[3], .dup = q->op & 2 ? NULL : p[4], .beta_gate = q->beta,
+              .beta_up = q->alpha);
+}
 static ca_status kc_attention(KARGS) {   /* q, k, v, out, lse: [1, 2, s0, 3] x [1, 2, s1, 3] */
     ca_attention_params ap = {.batch = 1, .heads = 2, .tq = q->s[0], .tk = q->s[1], .d = 3, .dv = 3,
                               .scale = 0.577f, .causal = q->flag};
@@ -1559,6 +1600,15 @@ static const kernel_row K_NN[] = {
     KCE(10), KCE(1000), KCEB(10, 1.0), KCEB(1000, 0.5),
     KLN_(16), KLN_(768), KLNB(16, true, 1.0), KLNB(768, true, 0.5), KLNB(768, false, 0.0),
     KRMS(16), KRMS(768), KRMSB(16, true, 1.0), KRMSB(768, true, 0.5), KRMSB(768, false, 0.0),
+    /* rope's inverse (the backward) accumulated, in place; swiglu_backward's betas and a missing output */
+    {KROW("rope [2,3,7,10] rot 6, per-batch tables, inverse, beta 0.5", rope, .s = {2, 3, 7, 10, 6, 2}, .flag = true,
+          .beta = 0.5), 4, {KR(420, -2, 2), KF(CA_F32, 42, -1, 1), KF(CA_F32, 42, -1, 1), KR(420, -1, 1)}, FLT, T_ROPE},
+    {KROW("rope [1,2,5,8] in place, beta 1", rope, .s = {1, 2, 5, 8, 8, 1}, .inplace = true, .beta = 1.0), 4,
+     {KR(80, -2, 2), KF(CA_F32, 20, -1, 1), KF(CA_F32, 20, -1, 1), KR(1, 0, 1)}, FLT, T_ROPE},
+    {KROW("swiglu_backward [1031] beta 1 and 0.5", swiglu_backward, .s = {1031}, .beta = 1.0, .alpha = 0.5), 5,
+     {KR(1031, -6, 6), KR(1031, -2, 2), KR(1031, -1, 1), KR(1031, -1, 1), KR(1031, -1, 1)}, FLT, T_SWIGLU_B},
+    {KROW("swiglu_backward [257] dup only", swiglu_backward, .s = {257}, .op = 1), 5,
+     {KR(257, -6, 6), KR(257, -2, 2), KR(257, -1, 1), KR(257, -1, 1), KR(257, -1, 1)}, FLT, T_SWIGLU_B},
     KATT(5, 7, false), KATT(5, 7, true), KATT(70, 66, true),
     KATT(67, 67, false), KATT(67, 67, true), KATT(130, 130, false), KATT(130, 130, true), KATT(130, 67, false),
     KATT(3, 13000, false),   /* a row of scores larger than a block's shared memory */

@@ -354,6 +354,77 @@ static void test_rms_norm_kernel_vs_composite(void **state) {
         }
 }
 
+/* The swiglu kernels against ca_mul(ca_silu(gate), up): in f32 the same expressions in the same order, so
+ * output and both gradients are bit for bit the composite's; sizes around a vector and a chunk. */
+static void test_swiglu_equals_composite(void **state) {
+    uint64_t s = 5;
+    const int64_t sizes[] = {1, 7, 64, 1031, 5000};
+    for (int si = 0; si < 5; si++) CA_SCOPE {
+        int64_t n = sizes[si];
+        float *h[2][3];
+        ca_tensor *w = t_randn(&s, CA_SHAPE(n), -1, 1, 0);
+        uint64_t s0 = s;
+        for (int k = 0; k < 2; k++) {
+            uint64_t sk = s0;
+            ca_tensor *g = t_randn(&sk, CA_SHAPE(n), -8, 8, 0), *u = t_randn(&sk, CA_SHAPE(n), -2, 2, 0);
+            ca_tensor_set_requires_grad(g, true);
+            ca_tensor_set_requires_grad(u, true);
+            ca_tensor *y = T_NN(k == 0 ? ca_swiglu(g, u) : ca_mul(ca_silu(g), u));
+            T_OK(ca_autograd_backward(ca_sum(ca_mul(y, w))));
+            h[k][0] = t_host(y);
+            h[k][1] = t_host(ca_tensor_grad(g));
+            h[k][2] = t_host(ca_tensor_grad(u));
+        }
+        for (int j = 0; j < 3; j++) {
+            if (memcmp(h[0][j], h[1][j], (size_t)n * sizeof(float)) != 0)
+                fail_msg("swiglu [%lld]: %s differs from the composite's", (long long)n,
+                         j == 0 ? "the output" : j == 1 ? "the gate's gradient" : "up's gradient");
+            free(h[0][j]);
+            free(h[1][j]);
+        }
+    }
+}
+
+/* rope's refusals: tables that want a gradient; rope_scaling types by name; configs out of range. */
+static void test_rope_refusals(void **state) {
+    CA_SCOPE {
+        uint64_t s = 3;
+        ca_tensor *x = t_randn(&s, CA_SHAPE(1, 2, 3, 4), -1, 1, 0), *c = t_randn(&s, CA_SHAPE(3, 2), -1, 1, 0);
+        ca_tensor *sn = t_randn(&s, CA_SHAPE(3, 2), -1, 1, 0);
+        ca_tensor_set_requires_grad(sn, true);
+        assert_null(ca_rope(x, c, sn));
+        assert_int_equal(ca_last_status(), CA_ERR_UNSUPPORTED);
+        assert_non_null(strstr(ca_last_error(), "the cos/sin tables get no gradient"));
+    }
+    ca_rope_scaling_type t;
+    assert_int_equal(ca_rope_scaling_parse("longrope", &t), CA_ERR_INVALID);
+    assert_string_equal(ca_last_error(), "rope_scaling type \"longrope\" is not supported (linear, dynamic, llama3, yarn)");
+    const char *ok[] = {NULL, "", "default", "none", "linear", "dynamic", "llama3", "yarn"};
+    const ca_rope_scaling_type want[] = {CA_ROPE_SCALING_NONE, CA_ROPE_SCALING_NONE, CA_ROPE_SCALING_NONE,
+                                         CA_ROPE_SCALING_NONE, CA_ROPE_SCALING_LINEAR, CA_ROPE_SCALING_DYNAMIC,
+                                         CA_ROPE_SCALING_LLAMA3, CA_ROPE_SCALING_YARN};
+    for (int i = 0; i < 8; i++) {
+        T_OK(ca_rope_scaling_parse(ok[i], &t));
+        assert_int_equal(t, want[i]);
+    }
+    ca_tensor *cs = (ca_tensor *)1, *sn = (ca_tensor *)1;
+    const struct { ca_rope_config c; const char *msg; } bad[] = {
+        {{.head_dim = 8, .rotary_dim = 5}, "rotary_dim is out of range"},
+        {{.head_dim = 8, .rotary_dim = 10}, "rotary_dim is out of range"},
+        {{.head_dim = 8, .type = CA_ROPE_SCALING_LINEAR}, "rope_scaling factor is out of range for rope_scaling type linear"},
+        {{.head_dim = 8, .type = CA_ROPE_SCALING_DYNAMIC, .factor = 2}, "max_position_embeddings is out of range"},
+        {{.head_dim = 8, .type = CA_ROPE_SCALING_LLAMA3, .factor = 8, .original_max_position_embeddings = 64,
+          .low_freq_factor = 4, .high_freq_factor = 1}, "low_freq_factor/high_freq_factor is out of range"},
+        {{.head_dim = 8, .type = CA_ROPE_SCALING_YARN, .factor = 4}, "original_max_position_embeddings is out of range"},
+    };
+    for (int i = 0; i < 6; i++) {
+        assert_int_equal(ca_rope_tables(ca_cpu_device(), &bad[i].c, NULL, 1, 4, &cs, &sn), CA_ERR_INVALID);
+        if (!strstr(ca_last_error(), bad[i].msg)) fail_msg("config %d: %s", i, ca_last_error());
+        assert_null(cs);
+        assert_null(sn);
+    }
+}
+
 /* GPT-2's padded vocabulary: the loss and its gradient against a double-precision reference. */
 static void test_cross_entropy_large_vocab(void **state) {
     enum { R = 3, V = 50304 };
@@ -395,6 +466,7 @@ int main(void) {
         cmocka_unit_test(test_attention_errors),
         cmocka_unit_test(test_join_select_values),
         cmocka_unit_test(test_activation_and_norm_values), cmocka_unit_test(test_rms_norm_kernel_vs_composite),
+        cmocka_unit_test(test_swiglu_equals_composite), cmocka_unit_test(test_rope_refusals),
         cmocka_unit_test(test_cross_entropy_large_vocab),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);

@@ -35,3 +35,11 @@ tests_test_bert_LDADD = $(CA_TEST_LIBS)
 tests_bert_tool_SOURCES = tests/bert_tool.c
 tests_bert_tool_CFLAGS = $(AM_CFLAGS)
 tests_bert_tool_LDADD = libcaccel.la
+
+# Rotary tables and ca_rope: parity with transformers (tests/test_rope_parity.sh drives rope_tool).
+check_PROGRAMS += tests/rope_tool
+TESTS += tests/test_rope_parity.sh
+EXTRA_DIST += tests/test_rope_parity.sh
+tests_rope_tool_SOURCES = tests/rope_tool.c
+tests_rope_tool_CFLAGS = $(AM_CFLAGS)
+tests_rope_tool_LDADD = libcaccel.la

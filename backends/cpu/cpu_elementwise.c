@@ -353,3 +353,75 @@ ca_status cpu_axpby(void *dev, const ca_axpby_args *args) {
     cpu_parallel_for(args->n, cpu_grain_for(args->dt == CA_F32 ? 1 : 2), axpby_range, (void *)args);
     return CA_OK;
 }
+
+/* ---------------------------------------------------------------- swiglu */
+
+/* y = silu(g) u, silu as the unary op computes it (g / (1 + exp(-g))), so that y equals
+ * ca_mul(ca_silu(g), u) bit for bit in f32. */
+CPU_CLONES static void swiglu_f32(int64_t n, const float *restrict g, const float *restrict u, float *restrict y) {
+    for (int64_t i = 0; i < n; i++) y[i] = g[i] / (1.0f + ca_fast_expf(-g[i])) * u[i];
+}
+
+static void swiglu_range(void *ctx, int64_t lo, int64_t hi) {
+    const ca_swiglu_args *a = ctx;
+    if (a->dt == CA_F32) {
+        swiglu_f32(hi - lo, (const float *)a->gate + lo, (const float *)a->up + lo, (float *)a->y + lo);
+        return;
+    }
+    float gb[CPU_CHUNK], ub[CPU_CHUNK], yb[CPU_CHUNK];
+    for (int64_t off = lo; off < hi; off += CPU_CHUNK) {
+        int64_t c = hi - off < CPU_CHUNK ? hi - off : CPU_CHUNK;
+        cpu_to_f32(a->dt, a->gate, off, c, gb);
+        cpu_to_f32(a->dt, a->up, off, c, ub);
+        swiglu_f32(c, gb, ub, yb);
+        cpu_from_f32(a->dt, yb, c, a->y, off);
+    }
+}
+
+ca_status cpu_swiglu(void *dev, const ca_swiglu_args *args) {
+    if (args->n == 0) return CA_OK;
+    cpu_parallel_for(args->n, cpu_grain_for(4 + (args->dt != CA_F32)), swiglu_range, (void *)args);
+    return CA_OK;
+}
+
+/* Both gradients of one chunk, the expressions the composite's backward evaluates (the mul's, then
+ * silu's unary_grad), so that they match it bit for bit in f32. */
+CPU_CLONES static void swiglu_grad_f32(int64_t n, const float *restrict g, const float *restrict u,
+                                       const float *restrict dy, float *restrict dg, float *restrict du) {
+    for (int64_t i = 0; i < n; i++) {
+        float v = g[i], den = 1.0f + ca_fast_expf(-v), sg = 1.0f / den;
+        dg[i] = dy[i] * u[i] * sg * (1.0f + v * (1.0f - sg));
+        du[i] = dy[i] * (v / den);
+    }
+}
+
+/* out[off, off + n) = beta out + g, in the output's dtype. */
+static void swiglu_store(ca_dtype dt, const float *g, int64_t n, float beta, void *out, int64_t off) {
+    if (dt == CA_F32) {
+        accumulate_f32(n, g, beta, (float *)out + off);
+        return;
+    }
+    float ob[CPU_CHUNK];
+    if (beta != 0.0f) cpu_to_f32(dt, out, off, n, ob);
+    accumulate_f32(n, g, beta, ob);
+    cpu_from_f32(dt, ob, n, out, off);
+}
+
+static void swiglu_backward_range(void *ctx, int64_t lo, int64_t hi) {
+    const ca_swiglu_backward_args *a = ctx;
+    ca_dtype dt = a->dt;
+    float gb[CPU_CHUNK], ub[CPU_CHUNK], db[CPU_CHUNK], dgb[CPU_CHUNK], dub[CPU_CHUNK];
+    for (int64_t off = lo; off < hi; off += CPU_CHUNK) {
+        int64_t c = hi - off < CPU_CHUNK ? hi - off : CPU_CHUNK;
+        swiglu_grad_f32(c, cpu_view_f32(dt, a->gate, off, c, gb), cpu_view_f32(dt, a->up, off, c, ub),
+                        cpu_view_f32(dt, a->dy, off, c, db), dgb, dub);
+        if (a->dgate) swiglu_store(dt, dgb, c, a->beta_gate, a->dgate, off);
+        if (a->dup) swiglu_store(dt, dub, c, a->beta_up, a->dup, off);
+    }
+}
+
+ca_status cpu_swiglu_backward(void *dev, const ca_swiglu_backward_args *args) {
+    if (args->n == 0) return CA_OK;
+    cpu_parallel_for(args->n, cpu_grain_for(6 + (args->dt != CA_F32)), swiglu_backward_range, (void *)args);
+    return CA_OK;
+}

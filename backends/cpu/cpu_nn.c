@@ -803,3 +803,60 @@ ca_status cpu_rms_norm_backward(void *dev, const ca_rms_norm_backward_args *a) {
     free(ws);
     return st;
 }
+
+/* ------------------------------------------------------------------ rope */
+
+/* One row turned: the pairs (i, i + half) of the first 2 half dims by the angles (c, sg s); the rest
+ * copied. sg is -1 for the inverse rotation. */
+CPU_CLONES static void rope_row(const float *restrict x, const float *restrict c, const float *restrict s, float sg,
+                                int64_t half, int64_t dim, float *restrict y) {
+    for (int64_t i = 0; i < half; i++) {
+        float si = sg * s[i], a = x[i], b = x[i + half];
+        y[i] = a * c[i] - b * si;
+        y[i + half] = b * c[i] + a * si;
+    }
+    for (int64_t i = 2 * half; i < dim; i++) y[i] = x[i];
+}
+
+typedef struct rope_job {
+    nn_job job;
+    const ca_rope_args *a;
+    bool direct;               /* rows written straight into y (f32, beta 0, y is not x) */
+} rope_job;
+
+/* Rows [lo, hi) of the [batch * heads * seq, dim] view; three row buffers (x, y, the old y). */
+static void rope_range(void *ctx, int64_t lo, int64_t hi) {
+    rope_job *j = ctx;
+    const ca_rope_args *a = j->a;
+    int64_t dim = a->dim, half = a->rot / 2, per_batch = a->heads * a->seq;
+    float *ws;
+    if (!job_alloc(&j->job, &ws)) return;
+    float *xb = ws, *yb = ws + dim, *old = ws + 2 * dim;
+    for (int64_t r = lo; r < hi; r++) {
+        int64_t b = a->table_batch == 1 ? 0 : r / per_batch, t = r % a->seq;
+        int64_t toff = (b * a->seq + t) * half;
+        const float *x = cpu_view_f32(a->dt, a->x, r * dim, dim, xb);
+        float sg = a->inverse ? -1.0f : 1.0f;
+        if (j->direct) {   /* f32, beta 0, y apart from x: no staging copy */
+            rope_row(x, a->cos + toff, a->sin + toff, sg, half, dim, (float *)a->y + r * dim);
+            continue;
+        }
+        rope_row(x, a->cos + toff, a->sin + toff, sg, half, dim, yb);
+        if (a->beta != 0.0f) {
+            cpu_to_f32(a->dt, a->y, r * dim, dim, old);
+            for (int64_t c = 0; c < dim; c++) yb[c] += a->beta * old[c];
+        }
+        cpu_from_f32(a->dt, yb, dim, a->y, r * dim);
+    }
+    free(ws);
+}
+
+/* Every row's result depends on that row only: the same at any thread count. y may be x: a row is read
+ * whole into f32 before it is written. */
+ca_status cpu_rope(void *dev, const ca_rope_args *a) {
+    int64_t rows = a->batch * a->heads * a->seq;
+    if (rows == 0 || a->dim == 0) return CA_OK;
+    rope_job j = {.job = {.kernel = "rope", .floats = 3 * a->dim}, .a = a,
+                  .direct = a->dt == CA_F32 && a->beta == 0.0f && a->y != a->x};
+    return run_job(&j.job, rows, 2 * a->dim, rope_range, &j);
+}

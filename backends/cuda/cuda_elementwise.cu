@@ -597,3 +597,99 @@ extern "C" ca_status cu_gemm_scale_c(cuda_device *d, ca_dtype dt, int64_t m, int
     CU_FLOAT_SWITCH(dt, T, scale_c_k<T><<<g, CU_THREADS, 0, d->stream>>>(m, n, ldc, stride_c, batch, beta, (T::S *)c));
     return CU_LAUNCHED(d, "gemm");
 }
+
+/* ---------------------------------------------------------------- swiglu */
+
+/* y = silu(gate) up, silu as unary_f computes it. */
+struct SwigluF {
+    __device__ __forceinline__ float operator()(float g, float u, float, float) const {
+        return g / (1.0f + expf(-g)) * u;
+    }
+};
+
+extern "C" ca_status cu_swiglu(void *dev, const ca_swiglu_args *a) {
+    cuda_device *d = (cuda_device *)dev;
+    if (a->n == 0) return CA_OK;
+    ca_status st = cu_enter(d, "kernel swiglu");
+    if (st != CA_OK) return st;
+    CU_FLOAT_SWITCH(a->dt, T, ew_launch<T>(d, SwigluF(), a->n, a->gate, a->up, NULL, a->y, false));
+    return CU_LAUNCHED(d, "swiglu");
+}
+
+/* Both gradients of one element (the CPU's swiglu_grad_f32), each added to its output's old value. */
+struct SwigluBwdF {
+    float bg, bu;
+    __device__ __forceinline__ void operator()(float g, float u, float dy, float og, float ou, float *dg,
+                                               float *du) const {
+        float den = 1.0f + expf(-g), s = 1.0f / den;
+        *dg = accumulate(og, dy * u * s * (1.0f + g * (1.0f - s)), bg);
+        *du = accumulate(ou, dy * (g / den), bu);
+    }
+};
+
+/* ew_k with two outputs: dgate and dup (either NULL), 16-byte vectors with VEC, index type I. */
+template <typename T, typename I, bool VEC>
+__global__ void swiglu_bwd_k(SwigluBwdF f, I n, const typename T::S *g, const typename T::S *u,
+                             const typename T::S *dy, typename T::S *dg, typename T::S *du) {
+    typedef typename T::S S;
+    I tid = (I)blockIdx.x * blockDim.x + threadIdx.x, step = (I)gridDim.x * blockDim.x, start = 0;
+    bool rg = dg && f.bg != 0.0f, ru = du && f.bu != 0.0f;
+    float og = 0.0f, ou = 0.0f, rdg, rdu;
+    if (VEC) {
+        const int W = 16 / sizeof(S);
+        I np = n / W;
+        for (I p = tid; p < np; p += step) {
+            Vec16<S> vg, vu, vd, vog, vou;
+            vg.u = ((const uint4 *)g)[p];
+            vu.u = ((const uint4 *)u)[p];
+            vd.u = ((const uint4 *)dy)[p];
+            if (rg) vog.u = ((const uint4 *)dg)[p];
+            if (ru) vou.u = ((const uint4 *)du)[p];
+#pragma unroll
+            for (int k = 0; k < W; k++) {
+                f(T::ld(vg.s, k), T::ld(vu.s, k), T::ld(vd.s, k), rg ? T::ld(vog.s, k) : 0.0f,
+                  ru ? T::ld(vou.s, k) : 0.0f, &rdg, &rdu);
+                T::st(vog.s, k, rdg);
+                T::st(vou.s, k, rdu);
+            }
+            if (dg) ((uint4 *)dg)[p] = vog.u;
+            if (du) ((uint4 *)du)[p] = vou.u;
+        }
+        start = np * W;
+    }
+    for (I i = start + tid; i < n; i += step) {
+        if (rg) og = T::ld(dg, i);
+        if (ru) ou = T::ld(du, i);
+        f(T::ld(g, i), T::ld(u, i), T::ld(dy, i), og, ou, &rdg, &rdu);
+        if (dg) T::st(dg, i, rdg);
+        if (du) T::st(du, i, rdu);
+    }
+}
+
+template <typename T>
+static void swiglu_bwd_launch(cuda_device *d, const ca_swiglu_backward_args *a) {
+    typedef typename T::S S;
+    int64_t n = a->n;
+    const int W = 16 / sizeof(S);
+    bool vec = aligned16(a->gate) && aligned16(a->up) && aligned16(a->dy) && aligned16(a->dgate) &&
+               aligned16(a->dup) && n >= W;
+    unsigned grid = cu_grid(d, vec ? n / W : n, CU_THREADS);
+    bool small = n < ((int64_t)1 << 31);
+    SwigluBwdF f = {a->beta_gate, a->beta_up};
+    const S *g = (const S *)a->gate, *u = (const S *)a->up, *dy = (const S *)a->dy;
+    S *dg = (S *)a->dgate, *du = (S *)a->dup;
+    dim3 gr(grid), th(CU_THREADS);
+    if (vec && small) swiglu_bwd_k<T, uint32_t, true><<<gr, th, 0, d->stream>>>(f, (uint32_t)n, g, u, dy, dg, du);
+    else if (vec) swiglu_bwd_k<T, int64_t, true><<<gr, th, 0, d->stream>>>(f, n, g, u, dy, dg, du);
+    else if (small) swiglu_bwd_k<T, uint32_t, false><<<gr, th, 0, d->stream>>>(f, (uint32_t)n, g, u, dy, dg, du);
+    else swiglu_bwd_k<T, int64_t, false><<<gr, th, 0, d->stream>>>(f, n, g, u, dy, dg, du);
+}
+
+extern "C" ca_status cu_swiglu_backward(void *dev, const ca_swiglu_backward_args *a) {
+    cuda_device *d = (cuda_device *)dev;
+    if (a->n == 0) return CA_OK;
+    ca_status st = cu_enter(d, "kernel swiglu_backward");
+    if (st != CA_OK) return st;
+    CU_FLOAT_SWITCH(a->dt, T, swiglu_bwd_launch<T>(d, a));
+    return CU_LAUNCHED(d, "swiglu_backward");
+}

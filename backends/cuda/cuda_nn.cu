@@ -457,3 +457,52 @@ extern "C" ca_status cu_embedding_backward(void *dev, const ca_embedding_backwar
     cu_tmp_free(d, tmp);
     return st;
 }
+
+/* ------------------------------------------------------------------ rope */
+
+/* One thread per pair (i, i + half) of a row, or per element past rot (copied): w = dim - half items
+ * a row. Each thread reads its elements before it writes them, and no two threads share one, so y may
+ * be x. I: uint32_t where every index stays below 2^31, else int64_t. */
+template <typename T, typename I>
+__global__ void rope_k(I total, I w, I dim, I half, I seq, I per_batch, bool per_b, const typename T::S *x,
+                       const float *cs, const float *sn, float sg, typename T::S *y, float beta) {
+    for (I k = (I)blockIdx.x * blockDim.x + threadIdx.x; k < total; k += (I)gridDim.x * blockDim.x) {
+        I r = k / w, j = k - r * w, off = r * dim;
+        if (j < half) {
+            I to = ((per_b ? r / per_batch : 0) * seq + r % seq) * half + j;
+            float c = cs[to], s = sg * sn[to], a = T::ld(x, off + j), b = T::ld(x, off + j + half);
+            float y0 = a * c - b * s, y1 = b * c + a * s;
+            if (beta != 0.0f) {
+                y0 += beta * T::ld(y, off + j);
+                y1 += beta * T::ld(y, off + j + half);
+            }
+            T::st(y, off + j, y0);
+            T::st(y, off + j + half, y1);
+        } else {
+            I i = j + half;
+            float v = T::ld(x, off + i);
+            if (beta != 0.0f) v += beta * T::ld(y, off + i);
+            T::st(y, off + i, v);
+        }
+    }
+}
+
+extern "C" ca_status cu_rope(void *dev, const ca_rope_args *a) {
+    cuda_device *d = (cuda_device *)dev;
+    int64_t rows = a->batch * a->heads * a->seq, half = a->rot / 2, w = a->dim - half, total = rows * w;
+    if (total == 0) return CA_OK;
+    ca_status st = cu_enter(d, "kernel rope");
+    if (st != CA_OK) return st;
+    unsigned g = cu_grid(d, total, CU_THREADS);
+    bool per_b = a->table_batch != 1;
+    float sg = a->inverse ? -1.0f : 1.0f;
+    if (rows * a->dim < ((int64_t)1 << 31)) {
+        CU_FLOAT_SWITCH(a->dt, T, rope_k<T, uint32_t><<<g, CU_THREADS, 0, d->stream>>>((uint32_t)total,
+            (uint32_t)w, (uint32_t)a->dim, (uint32_t)half, (uint32_t)a->seq, (uint32_t)(a->heads * a->seq), per_b,
+            (const T::S *)a->x, a->cos, a->sin, sg, (T::S *)a->y, a->beta));
+    } else {
+        CU_FLOAT_SWITCH(a->dt, T, rope_k<T, int64_t><<<g, CU_THREADS, 0, d->stream>>>(total, w, a->dim, half,
+            a->seq, a->heads * a->seq, per_b, (const T::S *)a->x, a->cos, a->sin, sg, (T::S *)a->y, a->beta));
+    }
+    return CU_LAUNCHED(d, "rope");
+}

@@ -407,6 +407,40 @@ static ca_status x_rms_norm_backward(void *dev, const ca_rms_norm_backward_args 
     E();
 }
 
+/* y may be x (read) or accumulated into (beta != 0). */
+static ca_status x_rope(void *dev, const ca_rope_args *a) {
+    B(rope);
+    K(a->dt); K(a->batch); K(a->heads); K(a->seq); K(a->dim); K(a->rot); K(a->table_batch); K(a->inverse);
+    K(a->beta == 0);
+    uint64_t bytes = N0(a->batch) * N0(a->heads) * N0(a->seq) * N0(a->dim) * SZ(a->dt);
+    R(rope.x, bytes, a->dt);
+    R(rope.cos, 0, CA_F32);
+    R(rope.sin, 0, CA_F32);
+    OUT(rope.y, bytes, a->y == a->x ? 1 : a->beta, a->dt);
+    E();
+}
+
+static ca_status x_swiglu(void *dev, const ca_swiglu_args *a) {
+    B(swiglu);
+    K(a->dt); K(a->n);
+    R(swiglu.gate, N0(a->n) * SZ(a->dt), a->dt);
+    R(swiglu.up, N0(a->n) * SZ(a->dt), a->dt);
+    W(swiglu.y, N0(a->n) * SZ(a->dt), XR_FULL, a->dt);
+    E();
+}
+
+static ca_status x_swiglu_backward(void *dev, const ca_swiglu_backward_args *a) {
+    B(swiglu_backward);
+    K(a->dt); K(a->n); K(a->dgate != NULL); K(a->dup != NULL); K(a->beta_gate == 0); K(a->beta_up == 0);
+    uint64_t bytes = N0(a->n) * SZ(a->dt);
+    R(swiglu_backward.gate, bytes, a->dt);
+    R(swiglu_backward.up, bytes, a->dt);
+    R(swiglu_backward.dy, bytes, a->dt);
+    OUT(swiglu_backward.dgate, bytes, a->beta_gate, a->dt);
+    OUT(swiglu_backward.dup, bytes, a->beta_up, a->dt);
+    E();
+}
+
 /* The table: x_<slot> for every slot of CA_KERNEL_LIST. */
 #define X_SLOT(slot) .slot = x_##slot,
 const ca_kernels xla_kernels = {

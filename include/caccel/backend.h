@@ -61,7 +61,7 @@ extern "C" {
     X(layer_norm) X(layer_norm_backward) X(embedding) X(embedding_backward) X(rng) X(dropout)     \
     X(dropout_backward) X(adamw) X(sgd) X(sum_squares) X(scale_list) X(unscale_check)             \
     X(clamp_list) X(attention) X(attention_backward) X(where) X(gather) X(gather_backward)          \
-    X(rms_norm) X(rms_norm_backward)
+    X(rms_norm) X(rms_norm_backward) X(rope) X(swiglu) X(swiglu_backward)
 
 /* Row-major GEMM: C[m,n] = alpha * op(A)[m,k] * op(B)[k,n] + beta * C.
  * op(X) = X or X^T. lda/ldb/ldc are row strides in elements. When batch > 1,
@@ -382,6 +382,38 @@ typedef struct ca_rms_norm_backward_args {
     ca_dtype dt; int64_t rows, cols; const void *x; const void *gamma; const float *rstd; const void *dy;
     void *dx; float beta; void *dgamma; bool accumulate_params;
 } ca_rms_norm_backward_args;
+
+/* Rotary position embedding (ABI 3.3), Hugging Face's "rotate_half" layout (GPT-NeoX, Llama): x and
+ * y are [batch, heads, seq, dim]; within the first `rot` dims of each row (rot even, 0 < rot <= dim)
+ * element i and element i + rot/2 (i < rot/2) turn by the angle of position t:
+ *   y[i] = x[i] c - x[i + rot/2] s,   y[i + rot/2] = x[i + rot/2] c + x[i] s,
+ * c = cos[b', t, i], s = sin[b', t, i] (f32 tables [table_batch, seq, rot/2]; table_batch is 1, one
+ * table for every batch (b' = 0), or batch, per-batch positions (b' = b)); dims from rot on are copied.
+ * inverse: turn by minus the angle (s negated), which is the backward (the rotation's transpose).
+ * y = beta y + the rotated x (beta 0: y is not read); y is x itself or does not overlap it. x and y
+ * in dt (float dtypes the device names; f32 at least), computed in f32. */
+typedef struct ca_rope_args {
+    size_t struct_size;
+    ca_dtype dt; int64_t batch, heads, seq, dim, rot, table_batch; const void *x; const float *cos;
+    const float *sin; bool inverse; void *y; float beta;
+} ca_rope_args;
+
+/* SwiGLU (ABI 3.3): y = silu(gate) up = gate / (1 + exp(-gate)) * up over n elements (float dtypes,
+ * computed in f32); y does not overlap gate or up. */
+typedef struct ca_swiglu_args {
+    size_t struct_size;
+    ca_dtype dt; int64_t n; const void *gate; const void *up; void *y;
+} ca_swiglu_args;
+
+/* Its backward in one pass: with s = sigmoid(gate),
+ *   dgate = beta_gate dgate + dy up s (1 + gate (1 - s)),   dup = beta_up dup + dy silu(gate).
+ * Either output may be NULL (not wanted), not both; beta 0: the output is not read. The outputs do
+ * not overlap each other or the inputs. */
+typedef struct ca_swiglu_backward_args {
+    size_t struct_size;
+    ca_dtype dt; int64_t n; const void *gate; const void *up; const void *dy; void *dgate; void *dup;
+    float beta_gate, beta_up;
+} ca_swiglu_backward_args;
 
 /* The kernel table: struct_size, abi_version, then one slot per CA_KERNEL_LIST entry. */
 #define CA_KERNEL_SLOT_(slot) ca_status (*slot)(void *dev, const ca_##slot##_args *args);

@@ -122,6 +122,58 @@ CA_API void ca_module_destroy(ca_module *m);
 /* Prints the module tree with parameter shapes (like print(model)). */
 CA_API void ca_module_print(ca_module *m);
 
+/* ------------------------------------------------------------------ rotary position tables */
+
+/* rope_scaling's type, as a Hugging Face config names it. */
+typedef enum ca_rope_scaling_type {
+    CA_ROPE_SCALING_NONE = 0,  /* no rope_scaling (or rope_type "default") */
+    CA_ROPE_SCALING_LINEAR,    /* positions divided by factor */
+    CA_ROPE_SCALING_DYNAMIC,   /* NTK: the base grows once positions pass max_position_embeddings */
+    CA_ROPE_SCALING_LLAMA3,    /* Llama 3.1: long wavelengths divided by factor, a smooth band between */
+    CA_ROPE_SCALING_YARN,      /* YaRN: ramp between interpolation and extrapolation, cos/sin scaled */
+} ca_rope_scaling_type;
+
+/* What the tables need from a model's config. Zero fields take the default named. */
+typedef struct ca_rope_config {
+    int64_t head_dim;          /* D, required */
+    int64_t rotary_dim;        /* rot: even, <= head_dim (int(head_dim * partial_rotary_factor)); 0: head_dim */
+    double theta;              /* rope_theta, the base; 0: 10000 */
+    ca_rope_scaling_type type;
+    double factor;             /* linear, dynamic, llama3, yarn: > 0 (yarn: transformers >= 4.48 takes
+                                * max_position_embeddings / original_max_position_embeddings when the config
+                                * names the latter: pass that) */
+    int64_t max_position_embeddings;           /* dynamic (and yarn without the original) */
+    int64_t original_max_position_embeddings;  /* llama3 (required), yarn (0: max_position_embeddings) */
+    double low_freq_factor, high_freq_factor;  /* llama3: 0 < low < high */
+    double beta_fast, beta_slow;               /* yarn; 0: 32 and 1 */
+    double attention_factor;   /* yarn: the cos/sin scale; 0: 0.1 ln(factor) + 1 (1 when factor <= 1), or the
+                                * mscale ratio when both mscale and mscale_all_dim are set */
+    double mscale, mscale_all_dim;             /* yarn (DeepSeek's); 0: unset */
+} ca_rope_config;
+
+/* rope_scaling's "type" (or "rope_type") by name into *out: NULL, "", "default" and "none" are
+ * CA_ROPE_SCALING_NONE; others than linear, dynamic, llama3 and yarn fail with CA_ERR_INVALID,
+ * 'rope_scaling type "longrope" is not supported (linear, dynamic, llama3, yarn)'. */
+CA_API ca_status ca_rope_scaling_parse(const char *name, ca_rope_scaling_type *out);
+/* The name of a type ("default" for none). */
+CA_API const char *ca_rope_scaling_name(ca_rope_scaling_type t);
+
+/* The rot/2 inverse frequencies, computed in f32 operation for operation as transformers does
+ * (LlamaRotaryEmbedding and its linear/dynamic variants in 4.39; modeling_rope_utils' llama3 and
+ * yarn), into inv_freq, and the cos/sin scale (yarn's attention factor, else 1) into *scale (may be
+ * NULL). seq_len (the largest position + 1) matters only to dynamic. CA_ERR_INVALID naming the
+ * field for a config out of range. */
+CA_API ca_status ca_rope_inv_freq(const ca_rope_config *c, int64_t seq_len, float *inv_freq, float *scale);
+
+/* The cos and sin tables ca_rope takes, on dev: positions NULL: 0 .. t-1, tables [t, rot/2];
+ * else positions [batch, t] (host memory, row-major), tables [batch, t, rot/2] (per-batch
+ * positions, as position_ids). angle = f32(inv_freq[i] * f32(position)) (linear: the position
+ * divided by factor first); cos/sin of the f32 angle, times the scale. New tensors in the current
+ * scope (ca_tensor_keep to hold them beyond it); *cos and *sin are set to NULL first and both set
+ * only on success. */
+CA_API ca_status ca_rope_tables(ca_device *dev, const ca_rope_config *c, const int64_t *positions, int64_t batch,
+                                int64_t t, ca_tensor **cos, ca_tensor **sin);
+
 #ifdef __cplusplus
 }
 #endif

@@ -90,6 +90,20 @@ CA_API ca_tensor *ca_layer_norm(ca_tensor *x, ca_tensor *weight, ca_tensor *bias
 /* RMSNorm over the last dimension, as torch.nn.RMSNorm: x / sqrt(mean(x^2) + eps)
  * * weight; weight [C] or NULL. One kernel each way (rms_norm, rms_norm_backward). */
 CA_API ca_tensor *ca_rms_norm(ca_tensor *x, ca_tensor *weight, double eps);
+/* Rotary position embedding, Hugging Face's layout (apply_rotary_pos_emb with rotate_half, as
+ * GPT-NeoX and Llama): x [B, H, T, D] (any float dtype, computed in f32, the result in x's dtype);
+ * cos and sin [T, R] or [B, T, R] (per-batch positions; [1, T, R] too), the same shape, f32 (other
+ * float dtypes are cast), no gradient wanted (CA_ERR_UNSUPPORTED otherwise); rot = 2R <= D. For
+ * i < R: y[i] = x[i] cos[t, i] - x[i + R] sin[t, i], y[i + R] = x[i + R] cos[t, i] + x[i] sin[t, i];
+ * dims from 2R on (partial rotary) pass through. The tables hold only the R distinct angles of a
+ * position (Hugging Face's cos repeats them twice); ca_rope_tables (nn.h) makes them. One kernel
+ * (rope), its backward the same kernel turning by minus the angles. CA_ERR_INVALID naming the
+ * shapes for tables that do not fit x. */
+CA_API ca_tensor *ca_rope(ca_tensor *x, ca_tensor *cos, ca_tensor *sin);
+/* SwiGLU's gating, silu(gate) * up (equal to ca_mul(ca_silu(gate), up), in one pass): gate and up
+ * the same shape (no broadcast: CA_ERR_INVALID naming both), float; mixed float dtypes promote to
+ * f32. One kernel each way (swiglu, swiglu_backward: both gradients in one pass). */
+CA_API ca_tensor *ca_swiglu(ca_tensor *gate, ca_tensor *up);
 /* idx [...] (i32/i64) into table [V, D] -> [..., D]. */
 CA_API ca_tensor *ca_embedding(ca_tensor *idx, ca_tensor *table);
 /* As ca_embedding, with torch's padding_idx: rows looked up at padding_idx
