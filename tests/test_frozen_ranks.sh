@@ -3,7 +3,8 @@
 # parameters), 2 and 4 ranks under caccel launch (Gloo) and mpirun (MPI) hold the same parameters as
 # one rank on the same global batch, for DDP and ZeRO stages 1, 2 and 3; the frozen parameters keep
 # their first values bit for bit; and the bytes are those of the 99 trainable parameters only: the
-# optimizer's state (SGD momentum: 99 x 4 bytes), DDP's bucket all-reduce per step, the ZeRO
+# optimizer's state (SGD momentum: 99 x 4 bytes), DDP's bucket all-reduce per step (also compressed
+# by comm_hook fp16), the ZeRO
 # stage 1/2 flat space (99 parameters in shards of 50; its all-reduce / reduce-scatter and all-gather
 # per step), stage 3 keeps optimizer state for the trainable elements of each shard only and its unit
 # of frozen parameters reduce-scatters nothing; save_state after 3 steps and load_state then 3 more
@@ -61,6 +62,8 @@ note "bytes per optimizer step on 2 ranks (accumulation 2): the trainable parame
 # per-rank part of b bytes counts (N - 1) b = b
 launch 2 "$be" "$DDP" --freeze fc1 --mode accum --k 2 --batch 12 --steps 3 > "$WORK/o" || { cat "$WORK/o"; fail "DDP accum"; }
 count 6 'bytes_per_step=396$' "$WORK/o"         # fc2's 99 gradients in f32
+launch 2 "$be" "$DDP" --freeze fc1 --mode accum --k 2 --batch 12 --steps 3 --comm_hook fp16 > "$WORK/o" || { cat "$WORK/o"; fail "DDP fp16 hook"; }
+count 6 'bytes_per_step=198$' "$WORK/o"         # the same 99 in f16
 zlaunch 2 "$be" 1 "$DDP" --freeze fc1 --mode accum --k 2 --batch 12 --steps 3 > "$WORK/o" || { cat "$WORK/o"; fail "stage 1 accum"; }
 count 6 'bytes_per_step=600$' "$WORK/o"         # all-reduce of 2 x 50, all-gather of 50
 zlaunch 2 "$be" 2 "$DDP" --freeze fc1 --mode accum --k 2 --batch 12 --steps 3 > "$WORK/o" || { cat "$WORK/o"; fail "stage 2 accum"; }
