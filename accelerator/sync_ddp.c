@@ -147,10 +147,6 @@ static ca_status add_group(ca_accelerator *acc) {
     return CA_OK;
 }
 
-/* Buckets of at most bucket_cap_mb, filled in reverse registration order
- * (gradients arrive roughly from the last layer back), each parameter's .grad
- * a view into its bucket. */
-
 /* Buckets over the trainable parameters tp (names tn) in reverse order, each at most cap floats. */
 static ca_status fill_buckets(ca_accelerator *acc, ca_tensor **tp, const char **tn, int n, int group, size_t cap) {
     for (int i = n - 1; i >= 0;) {
@@ -194,6 +190,9 @@ static ca_status fill_buckets(ca_accelerator *acc, ca_tensor **tp, const char **
     return CA_OK;
 }
 
+/* Buckets of at most bucket_cap_mb, filled in reverse registration order
+ * (gradients arrive roughly from the last layer back), each parameter's .grad
+ * a view into its bucket. */
 static ca_status build_buckets(ca_accelerator *acc, ca_module *m) {
     int n = ca_module_num_params(m);
     ca_status gs = add_group(acc);
