@@ -251,9 +251,10 @@ static ca_status ddp_configure(ca_accelerator *acc) {
     return CA_OK;
 }
 
+/* The first model may have no bucket (wholly frozen: a teacher); its group is there all the same. */
 static ca_status ddp_prepare_extra_model(ca_accelerator *acc, ca_module *m) {
-    if (!acc->nbuckets)
-        return ca_error(CA_ERR_STATE, "ca_prepare: the first model has no gradient buckets (rank %d)", acc->rank);
+    if (!acc->ngroups)
+        return ca_error(CA_ERR_STATE, "ca_prepare: the first model has no gradient bucket group (rank %d)", acc->rank);
     return build_buckets(acc, m);
 }
 
