@@ -45,6 +45,7 @@ typedef struct ca_zero_seg {     /* the part of one parameter inside this rank's
     int64_t poff, soff, n;       /* offset in the parameter, offset in the shard, length */
     ca_optimizer *opt;           /* the prepared optimizer that updates it (NULL: none) */
     int group;
+    int64_t toff;                /* offset in the shard's optimizer state (-1: frozen, none) */
 } ca_zero_seg;
 
 /* Stage 3: a wrap unit, the parameters gathered together before its module's forward and backward. */
@@ -88,6 +89,9 @@ typedef struct ca_zero {
     ca_tensor *view;             /* a [shard] tensor whose .grad is gshard: what unscale and clipping see */
     ca_tensor *s1, *s2;          /* optimizer state of the shard (exp_avg / momentum, exp_avg_sq); on the
                                   * CPU device under offload */
+    int64_t tshard;              /* elements of s1, s2: the shard's, or with frozen parameters in the shard
+                                  * (stage 3) those of its trainable segments only (compact) */
+    bool compact;
     float *hp, *hg;              /* offload: host (pinned) copies of the shard's parameters and gradient */
     int nsegs;
     ca_zero_seg *segs;
@@ -230,6 +234,10 @@ ca_status ca_zero_before_backward(ca_accelerator *acc);
 ca_status ca_zero_reduce(ca_accelerator *acc);
 /* The update of o's part of the shard, then the all-gather of the parameters. */
 ca_status ca_zero_step(ca_accelerator *acc, ca_optimizer *o);
+/* A compact state buffer (s1, s2) as a shard-sized one on its device (zeros where the shard holds
+ * frozen parameters), kept: the caller frees it unless it is st itself (not compact); and back. */
+ca_tensor *ca_zero_state_unpack(ca_accelerator *acc, ca_tensor *st);
+ca_status ca_zero_state_pack(ca_accelerator *acc, ca_tensor *full, ca_tensor *st);
 /* Full optimizer state tensors of o from every rank's shard (for a full state dict), and back. */
 ca_status ca_zero_gather_state(ca_accelerator *acc, ca_optimizer *o);
 ca_status ca_zero_scatter_state(ca_accelerator *acc, ca_optimizer *o);

@@ -147,10 +147,6 @@ static ca_status add_group(ca_accelerator *acc) {
     return CA_OK;
 }
 
-/* Buckets of at most bucket_cap_mb, filled in reverse registration order
- * (gradients arrive roughly from the last layer back), each parameter's .grad
- * a view into its bucket. */
-
 /* Buckets over the trainable parameters tp (names tn) in reverse order, each at most cap floats. */
 static ca_status fill_buckets(ca_accelerator *acc, ca_tensor **tp, const char **tn, int n, int group, size_t cap) {
     for (int i = n - 1; i >= 0;) {
@@ -194,6 +190,9 @@ static ca_status fill_buckets(ca_accelerator *acc, ca_tensor **tp, const char **
     return CA_OK;
 }
 
+/* Buckets of at most bucket_cap_mb, filled in reverse registration order
+ * (gradients arrive roughly from the last layer back), each parameter's .grad
+ * a view into its bucket. */
 static ca_status build_buckets(ca_accelerator *acc, ca_module *m) {
     int n = ca_module_num_params(m);
     ca_status gs = add_group(acc);
@@ -252,9 +251,10 @@ static ca_status ddp_configure(ca_accelerator *acc) {
     return CA_OK;
 }
 
+/* The first model may have no bucket (wholly frozen: a teacher); its group is there all the same. */
 static ca_status ddp_prepare_extra_model(ca_accelerator *acc, ca_module *m) {
-    if (!acc->nbuckets)
-        return ca_error(CA_ERR_STATE, "ca_prepare: the first model has no gradient buckets (rank %d)", acc->rank);
+    if (!acc->ngroups)
+        return ca_error(CA_ERR_STATE, "ca_prepare: the first model has no gradient bucket group (rank %d)", acc->rank);
     return build_buckets(acc, m);
 }
 

@@ -51,7 +51,42 @@ static ca_status build_segments(ca_accelerator *acc) {
         z->segs[z->nsegs++] = (ca_zero_seg){.param = z->params[i], .poff = s - b, .soff = s - lo, .n = t - s,
                                              .group = -1};
     }
+    /* stage 3 with frozen parameters: the optimizer state holds the trainable segments only */
+    z->tshard = z->shard;
+    for (int i = 0; i < z->nparams; i++) z->compact = z->compact || !z->params[i]->requires_grad;
+    if (z->compact) z->tshard = 0;
+    for (int k = 0; k < z->nsegs; k++) {
+        ca_zero_seg *sg = &z->segs[k];
+        sg->toff = !z->compact ? sg->soff : sg->param->requires_grad ? z->tshard : -1;
+        if (z->compact && sg->toff >= 0) z->tshard += sg->n;
+    }
     return CA_OK;
+}
+
+ca_tensor *ca_zero_state_unpack(ca_accelerator *acc, ca_tensor *st) {
+    ca_zero *z = &acc->zero;
+    if (!z->compact) return st;
+    ca_device *d = ca_tensor_device(st);
+    ca_tensor *full = ca_zero_persistent_zeros(d, z->shard);
+    for (int k = 0; full && k < z->nsegs; k++) {
+        const ca_zero_seg *sg = &z->segs[k];
+        if (sg->toff >= 0 && ca_zero_copy_f32(d, ca_zero_fptr(st, sg->toff), ca_zero_fptr(full, sg->soff), sg->n) != CA_OK) {
+            ca_tensor_free(full);
+            return NULL;
+        }
+    }
+    return full;
+}
+
+ca_status ca_zero_state_pack(ca_accelerator *acc, ca_tensor *full, ca_tensor *st) {
+    ca_zero *z = &acc->zero;
+    ca_status s = CA_OK;
+    for (int k = 0; z->compact && s == CA_OK && k < z->nsegs; k++) {
+        const ca_zero_seg *sg = &z->segs[k];
+        if (sg->toff >= 0)
+            s = ca_zero_copy_f32(ca_tensor_device(st), ca_zero_fptr(full, sg->soff), ca_zero_fptr(st, sg->toff), sg->n);
+    }
+    return s;
 }
 
 /* The shard group: every rank, or under HYBRID_SHARD groups of group_size consecutive ranks (a
@@ -165,8 +200,13 @@ ca_status ca_zero_add_optimizer(ca_accelerator *acc, ca_optimizer *o) {
     for (int g = 0; g < o->ngroups; g++) need1 = need1 || o->groups[g].sgd.momentum != 0;
     bool off = ca_zero_offload_wanted(acc);
     ca_device *sd = off ? ca_cpu_device() : acc->device;   /* where the state lives */
-    if (need1 && !z->s1 && !(z->s1 = ca_zero_persistent_zeros(sd, z->shard))) return oom();
-    if (o->kind == CA_OPTIM_ADAMW && !z->s2 && !(z->s2 = ca_zero_persistent_zeros(sd, z->shard))) return oom();
+    int64_t n = z->tshard ? z->tshard : 1;   /* a shard of frozen parameters only: a token buffer */
+    if (need1 && !z->s1 && !(z->s1 = ca_zero_persistent_zeros(sd, n))) return oom();
+    if (o->kind == CA_OPTIM_ADAMW && !z->s2 && !(z->s2 = ca_zero_persistent_zeros(sd, n))) return oom();
+    if (z->compact)
+        ca_log_printf(CA_LOG_INFO, "sharded data parallelism: rank %d keeps optimizer state for %lld of its %lld "
+                      "shard elements (the others are frozen parameters)", acc->rank, (long long)z->tshard,
+                      (long long)z->shard);
     if (off) {
         ca_status s = ca_zero_offload_init(acc);
         if (s != CA_OK) return s;
@@ -238,8 +278,8 @@ static ca_status update_group(ca_accelerator *acc, ca_optimizer *o, int g) {
                 p[k] = z->pshard ? ca_zero_fptr(z->pshard, sg->soff) : ca_zero_fptr(sg->param, sg->poff);
                 gd[k] = ca_zero_fptr(z->gshard, sg->soff);
             }
-            s1[k] = z->s1 ? ca_zero_fptr(z->s1, sg->soff) : NULL;
-            s2[k] = z->s2 ? ca_zero_fptr(z->s2, sg->soff) : NULL;
+            s1[k] = z->s1 ? ca_zero_fptr(z->s1, sg->toff) : NULL;
+            s2[k] = z->s2 ? ca_zero_fptr(z->s2, sg->toff) : NULL;
             numel[k++] = sg->n;
             if (k < MAXN) continue;
         }
@@ -353,10 +393,20 @@ static ca_status state_exchange(ca_accelerator *acc, ca_optimizer *o, ca_tensor 
     return s;
 }
 
+/* state_exchange over a shard-sized view of a compact state buffer. */
+static ca_status exchange(ca_accelerator *acc, ca_optimizer *o, ca_tensor *st, int which, bool gather) {
+    ca_tensor *full = ca_zero_state_unpack(acc, st);
+    if (!full) return oom();
+    ca_status s = state_exchange(acc, o, full, which, gather);
+    if (s == CA_OK && !gather && full != st) s = ca_zero_state_pack(acc, full, st);
+    if (full != st) ca_tensor_free(full);
+    return s;
+}
+
 ca_status ca_zero_gather_state(ca_accelerator *acc, ca_optimizer *o) {
     ca_status s = ca_optimizer_init_state(o);
-    if (s == CA_OK && acc->zero.s1) s = state_exchange(acc, o, acc->zero.s1, 1, true);
-    if (s == CA_OK && acc->zero.s2) s = state_exchange(acc, o, acc->zero.s2, 2, true);
+    if (s == CA_OK && acc->zero.s1) s = exchange(acc, o, acc->zero.s1, 1, true);
+    if (s == CA_OK && acc->zero.s2) s = exchange(acc, o, acc->zero.s2, 2, true);
     return s;
 }
 
@@ -364,8 +414,8 @@ void ca_zero_drop_state(ca_optimizer *o) { drop_full_state(o); }
 
 ca_status ca_zero_scatter_state(ca_accelerator *acc, ca_optimizer *o) {
     ca_status s = CA_OK;
-    if (acc->zero.s1) s = state_exchange(acc, o, acc->zero.s1, 1, false);
-    if (s == CA_OK && acc->zero.s2) s = state_exchange(acc, o, acc->zero.s2, 2, false);
+    if (acc->zero.s1) s = exchange(acc, o, acc->zero.s1, 1, false);
+    if (s == CA_OK && acc->zero.s2) s = exchange(acc, o, acc->zero.s2, 2, false);
     drop_full_state(o);
     return s;
 }
@@ -399,6 +449,7 @@ void ca_zero_free(ca_accelerator *acc) {
     z->off = NULL;
     z->segs = NULL;
     z->nparams = z->nsegs = 0;
-    z->numel = z->shard = 0;
+    z->numel = z->shard = z->tshard = 0;
+    z->compact = false;
     z->reduced = false;
 }

@@ -66,6 +66,24 @@ static ca_status write_index(ca_accelerator *acc, const char *dir) {
     return s;
 }
 
+/* A state buffer as the shard file holds it: shard-sized, zeros where frozen parameters lie. */
+static ca_status state_to_host(ca_accelerator *acc, ca_tensor *st, float *out) {
+    ca_tensor *full = ca_zero_state_unpack(acc, st);
+    if (!full) return ca_last_status() ? ca_last_status() : ca_error(CA_ERR_NOMEM, "out of memory");
+    ca_status s = ca_tensor_to_host(full, out, (size_t)acc->zero.shard * sizeof *out);
+    if (full != st) ca_tensor_free(full);
+    return s;
+}
+
+static ca_status state_from_host(ca_accelerator *acc, ca_tensor *st, const void *data, size_t bytes) {
+    ca_tensor *full = ca_zero_state_unpack(acc, st);
+    if (!full) return ca_last_status() ? ca_last_status() : ca_error(CA_ERR_NOMEM, "out of memory");
+    ca_status s = ca_tensor_copy_from_host(full, data, bytes);
+    if (s == CA_OK && full != st) s = ca_zero_state_pack(acc, full, st);
+    if (full != st) ca_tensor_free(full);
+    return s;
+}
+
 ca_status ca_zero_save_shard(ca_accelerator *acc, const char *dir) {
     ca_zero *z = &acc->zero;
     if (acc->model && z->nparams != ca_module_num_params(acc->model))   /* stages 1, 2: frozen ones not in it */
@@ -82,11 +100,11 @@ ca_status ca_zero_save_shard(ca_accelerator *acc, const char *dir) {
     ca_status s = params_to_host(acc, buf);
     t[n++] = (ca_st_tensor){.name = "params", .dtype = CA_F32, .ndim = 1, .shape = &z->shard, .data = buf};
     if (s == CA_OK && z->s1) {
-        s = ca_tensor_to_host(z->s1, buf + z->shard, (size_t)z->shard * sizeof *buf);
+        s = state_to_host(acc, z->s1, buf + z->shard);
         t[n++] = (ca_st_tensor){.name = "state1", .dtype = CA_F32, .ndim = 1, .shape = &z->shard, .data = buf + z->shard};
     }
     if (s == CA_OK && z->s2) {
-        s = ca_tensor_to_host(z->s2, buf + 2 * z->shard, (size_t)z->shard * sizeof *buf);
+        s = state_to_host(acc, z->s2, buf + 2 * z->shard);
         t[n++] = (ca_st_tensor){.name = "state2", .dtype = CA_F32, .ndim = 1, .shape = &z->shard,
                                 .data = buf + 2 * z->shard};
     }
@@ -237,7 +255,7 @@ static ca_status load_state_shard(ca_accelerator *acc, const char *dir) {
             s = ca_error(CA_ERR_IO, "%s: no optimizer state '%s' of %lld elements (the optimizer differs)", path,
                          names[k], (long long)z->shard);
         else
-            s = ca_tensor_copy_from_host(dst[k], ca_st_data(&f, e), (size_t)(e->end - e->begin));
+            s = state_from_host(acc, dst[k], ca_st_data(&f, e), (size_t)(e->end - e->begin));
     }
     ca_st_close(&f);
     return s;

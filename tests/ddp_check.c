@@ -22,6 +22,7 @@
  * --freeze NAME: the parameters of child NAME (fc1, fc2) are frozen (requires_grad false) before the
  *   optimizer is made; every rank prints opt_state_bytes=B (the optimizer's own state tensors) and, after
  *   training, frozen_unchanged=1 when the frozen parameters still hold their first values bit for bit.
+ * --load-state DIR loads a state saved by --save-state DIR (after the training loop) right after ca_prepare.
  * --hidden H widens the hidden layer (32); --depth D adds D Linear(H, H)+Tanh layers (0); --mem prints
  * state_bytes: the allocator's bytes in use before the last step for parameters, gradients and
  * optimizer state (the growth from before ca_prepare, plus the parameters the model held then; the
@@ -38,7 +39,7 @@ typedef struct opts {
     const char *mode;
     int steps, k;
     int64_t batch, hidden, depth;
-    const char *dump, *dump_grads, *freeze;
+    const char *dump, *dump_grads, *freeze, *save_state, *load_state;
     int64_t sched_total;
     double lr;
     bool mem, digest, inf_input, read_sharded;
@@ -174,6 +175,8 @@ static opts parse(int argc, char **argv) {
         else if (!strcmp(argv[i], "--batch") && i + 1 < argc) o.batch = atoll(argv[++i]);
         else if (!strcmp(argv[i], "--dump") && i + 1 < argc) o.dump = argv[++i];
         else if (!strcmp(argv[i], "--freeze") && i + 1 < argc) o.freeze = argv[++i];
+        else if (!strcmp(argv[i], "--save-state") && i + 1 < argc) o.save_state = argv[++i];
+        else if (!strcmp(argv[i], "--load-state") && i + 1 < argc) o.load_state = argv[++i];
         else if (!strcmp(argv[i], "--dump-grads") && i + 1 < argc) o.dump_grads = argv[++i];
         else if (!strcmp(argv[i], "--hidden") && i + 1 < argc) o.hidden = atoll(argv[++i]);
         else if (!strcmp(argv[i], "--depth") && i + 1 < argc) o.depth = atoll(argv[++i]);
@@ -304,6 +307,7 @@ int main(int argc, char **argv) {
         CA_CHECK(ca_optimizer_set_schedule(opt, &(ca_lr_schedule){.kind = CA_SCHED_LINEAR,
                                                                   .total_steps = o.sched_total}));
     CA_CHECK(ca_prepare(acc, m, opt, dl));
+    if (o.load_state) CA_CHECK(ca_load_state(acc, o.load_state));
     ca_comm *comm = ca_accelerator_comm(acc);
     int rank = ca_process_index(acc), world = ca_num_processes(acc);
     int rc = 0, micro = 0;
@@ -360,6 +364,7 @@ int main(int argc, char **argv) {
         }
     }
     CA_CHECK(ca_dataloader_status(dl));
+    if (o.save_state) CA_CHECK(ca_save_state(acc, o.save_state));
     if (lsgd) {
         CA_CHECK(ca_local_sgd_end(lsgd));
         printf("rank=%d collectives=%llu\n", rank, (unsigned long long)(ca_comm_seq(comm) - seq0));

@@ -7,6 +7,7 @@
  *   --mode trigger: the last rank raises the trigger at iteration 3
  *   --mode objects: gather_object, broadcast_object_list, pad_across_processes, reduce, rng states
  *   --mode models : two models and optimizers on one accelerator, each model its own buckets
+ *   --mode teacher: a frozen teacher prepared first (no optimizer), then the trained student
  *   --mode autocast: CA_AUTOCAST scopes, nested, with and without mixed_precision
  *   --mode join   : 103 samples without even batches, trained inside join_uneven_inputs
  *                   (--even yes|no overrides even_batches) */
@@ -205,6 +206,29 @@ static void two_models(ca_accelerator *acc) {
     ca_module_destroy(a);
 }
 
+/* A wholly frozen teacher prepared before its student (Accelerate wraps no DDP around a model with
+ * nothing to train): the student's bucket is the only reduction. */
+static void teacher(ca_accelerator *acc) {
+    ca_module *t, *s;
+    ca_optimizer *os;
+    CA_CHECK(ca_linear_create(1, 1, false, &t));
+    CA_CHECK(ca_linear_create(1, 1, false, &s));
+    CA_CHECK(ca_module_requires_grad(t, false));
+    CA_CHECK(ca_sgd_create(s, &(ca_sgd_opts){.lr = 0.5}, &os));
+    CA_CHECK(ca_prepare(acc, t, NULL, NULL));
+    CA_CHECK(ca_prepare(acc, s, os, NULL));
+    ca_comm *c = ca_accelerator_comm(acc);
+    uint64_t s0 = ca_comm_seq(c);
+    float x = (float)(rank + 1);
+    ca_tensor *in = ca_from_host(ca_accelerator_device(acc), CA_F32, 2, (int64_t[]){1, 1}, &x);
+    CA_CHECK(ca_backward(acc, ca_add(ca_sum(ca_module_forward(s, in)), ca_sum(ca_module_forward(t, in)))));
+    printf("rank=%d teacher collectives=%llu grad_s=%g teacher_has_grad=%d\n", rank,
+           (unsigned long long)(ca_comm_seq(c) - s0), grad0(s), ca_tensor_grad(ca_module_param_at(t, 0)) != NULL);
+    ca_optimizer_destroy(os);
+    ca_module_destroy(s);
+    ca_module_destroy(t);
+}
+
 /* The dtype a matmul of f32 inputs produces: the autocast in force. */
 static const char *mm(ca_accelerator *acc) {
     ca_tensor *x = ca_full(ca_accelerator_device(acc), CA_F32, 2, (int64_t[]){2, 2}, 1);
@@ -309,6 +333,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(mode, "objects")) objects(acc);
     else if (!strcmp(mode, "join")) join(acc, even);
     else if (!strcmp(mode, "models")) two_models(acc);
+    else if (!strcmp(mode, "teacher")) teacher(acc);
     else if (!strcmp(mode, "autocast")) autocast(acc);
     else { fprintf(stderr, "sync_check: unknown mode %s\n", mode); return 2; }
     fflush(stdout);

@@ -2,7 +2,8 @@
  * print_trainable_parameters line), no optimizer state and no step for a frozen parameter (also one
  * frozen after the optimizer was made), clipping over the trainable gradients only, a bf16 frozen
  * base under bf16 mixed precision with an f32 adapter, save_state/load_state keeping requires_grad
- * and the optimizer state, and the refusal of a trainable set changed after ca_prepare. The
+ * and the optimizer state (ca_save_model writing every parameter), activation checkpointing over a
+ * frozen layer, and the refusal of a trainable set changed after ca_prepare. The
  * multi-process side (DDP and ZeRO buckets and shards) is tests/test_frozen_ranks.sh. */
 #include "test_util.h"
 
@@ -274,9 +275,45 @@ static void test_checkpoint_roundtrip(void **state) {
         assert_unchanged(ca_module_param_at(b.m, i), pa);
         free(pa);
     }
+    /* ca_save_model writes every parameter, frozen or not: a model of other values loads all four */
+    char md[300];
+    snprintf(md, sizeof md, "%s/model", g_dir);
+    assert_int_equal(mkdir(md, 0700), 0);
+    T_OK(ca_save_model(a.acc, a.m, md, 0));
+    ca_manual_seed(99);
+    ca_module *c = mlp();
+    T_OK(ca_load_model(a.acc, c, md));
+    for (int i = 0; i < ca_module_num_params(a.m); i++) {
+        void *pa = host_copy(ca_module_param_at(a.m, i));
+        assert_unchanged(ca_module_param_at(c, i), pa);
+        free(pa);
+    }
+    ca_module_destroy(c);
     run_close(&a);
     run_close(&b);
     t_rm_tree(g_dir);
+}
+
+/* Activation checkpointing of a model whose first layer is frozen: no gradient for it, the trainable
+ * layer's gradient bit for bit that of the plain backward. */
+static void test_checkpointing_frozen(void **state) {
+    (void)state;
+    ca_module *m[2];
+    for (int k = 0; k < 2; k++) {
+        ca_manual_seed(8);
+        m[k] = mlp();
+        T_OK(ca_module_requires_grad(ca_module_child(m[k], "fc1"), false));
+    }
+    T_OK(ca_module_set_checkpointing(m[1], true));
+    for (int k = 0; k < 2; k++) CA_SCOPE { T_OK(ca_autograd_backward(loss_of(m[k], 12))); }
+    for (int k = 0; k < 2; k++) {
+        assert_null(ca_tensor_grad(ca_module_param(m[k], "fc1.weight")));
+        assert_null(ca_tensor_grad(ca_module_param(m[k], "fc1.bias")));
+    }
+    void *g = host_copy(ca_tensor_grad(ca_module_param(m[0], "fc2.weight")));
+    assert_unchanged(ca_tensor_grad(ca_module_param(m[1], "fc2.weight")), g);
+    free(g);
+    for (int k = 0; k < 2; k++) ca_module_destroy(m[k]);
 }
 
 /* ZeRO (here stage 2 on one process) lays its shards out at ca_prepare over the trainable
@@ -335,6 +372,7 @@ int main(void) {
         cmocka_unit_test(test_clip_ignores_frozen),
         cmocka_unit_test(test_bf16_frozen_base),
         cmocka_unit_test(test_checkpoint_roundtrip),
+        cmocka_unit_test(test_checkpointing_frozen),
         cmocka_unit_test(test_refused_after_prepare),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);

@@ -58,6 +58,9 @@ for r in $runs; do
     count "$np" "both collectives=$((2 * one)) grad_a=$half grad_b=$(awk -v h="$half" 'BEGIN { print 3 * h }')$" "$WORK/o"
     count "$np" "steps delta_a=-$(awk -v h="$half" 'BEGIN { print h / 2 }') delta_b=-$(awk -v h="$half" 'BEGIN { print 1.5 * h }')$" "$WORK/o"
     count "$np" "save_state_error=save_state: 1 model(s) prepared after the first" "$WORK/o"
+    # a wholly frozen teacher prepared first: only the student's bucket is reduced
+    launch "$np" "$be" "$SC" --mode teacher > "$WORK/o" || { cat "$WORK/o"; fail "teacher $np $be"; }
+    count "$np" "teacher collectives=$one grad_s=$half teacher_has_grad=0$" "$WORK/o"
 
     launch "$np" "$be" "$SC" --mode objects > "$WORK/o" || { cat "$WORK/o"; fail "objects $np $be"; }
     case $np in

@@ -51,7 +51,12 @@ CA_API void ca_accelerator_destroy(ca_accelerator *acc);
  * holds one model). With the key dispatch_batches and more than one process,
  * the loader's data is read by rank 0 alone and each ca_dataloader_next becomes
  * a collective (every rank calls it, in step) that broadcasts the global batch;
- * that fails, naming the key, over a custom batch sampler (docs/DATA.md). */
+ * that fails, naming the key, over a custom batch sampler (docs/DATA.md).
+ * Frozen parameters (requires_grad false) get no gradient bucket slot, no
+ * ZeRO gradient or state shard (stage 3 still shards their values); the
+ * trainable set is fixed here: under DDP, ZeRO or deterministic mode a later
+ * change of requires_grad makes the next ca_backward fail with CA_ERR_STATE
+ * naming the parameter (docs/DISTRIBUTED.md, "Frozen parameters"). */
 CA_API ca_status ca_prepare(ca_accelerator *acc, ca_module *model, ca_optimizer *opt,
                             ca_dataloader *dl);
 CA_API ca_status ca_prepare_dataloader(ca_accelerator *acc, ca_dataloader *dl);

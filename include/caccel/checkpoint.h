@@ -100,7 +100,11 @@ CA_API ca_status ca_save_state(ca_accelerator *acc, const char *dir);
  * warning; automatic naming then continues after it. At the same world size the run continues
  * exactly (bit for bit on the CPU with the same thread count); at another world size the
  * dataloaders continue at the same global sample position, rounded down to the new world's
- * step (docs/CHECKPOINTS.md). */
+ * step (docs/CHECKPOINTS.md). requires_grad of the model's parameters is set as
+ * saved (the checkpoint records the frozen ones); a checkpoint whose trainable set
+ * differs from the one DDP, ZeRO or deterministic mode laid out at ca_prepare is
+ * CA_ERR_INVALID, naming the parameter. Optimizer files hold the trainable
+ * parameters' state only. */
 CA_API ca_status ca_load_state(ca_accelerator *acc, const char *dir);
 
 /* User state saved with the accelerator's (Accelerate's register_for_checkpointing). */
