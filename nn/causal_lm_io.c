@@ -221,8 +221,41 @@ static void family_keys(json_object *o, const ca_causal_lm_config *c) {
     }
 }
 
+/* GPT2Config's keys (n_* sizes, its dropouts and attention switches). */
+static json_object *gpt2_config_json(const ca_causal_lm_config *c) {
+    json_object *o = json_object_new_object(), *a = json_object_new_array();
+    json_object_array_add(a, json_object_new_string("GPT2LMHeadModel"));
+    json_object_object_add(o, "architectures", a);
+    json_object_object_add(o, "model_type", json_object_new_string("gpt2"));
+    json_object_object_add(o, "vocab_size", json_object_new_int64(c->vocab_size));
+    json_object_object_add(o, "n_embd", json_object_new_int64(c->hidden_size));
+    json_object_object_add(o, "n_layer", json_object_new_int64(c->num_hidden_layers));
+    json_object_object_add(o, "n_head", json_object_new_int64(c->num_attention_heads));
+    json_object_object_add(o, "n_inner", c->intermediate_size == 4 * c->hidden_size
+                                             ? NULL : json_object_new_int64(c->intermediate_size));
+    json_object_object_add(o, "n_positions", json_object_new_int64(c->max_position_embeddings));
+    json_object_object_add(o, "activation_function", json_object_new_string(c->activation_function));
+    json_object_object_add(o, "resid_pdrop", real(c->resid_pdrop));
+    json_object_object_add(o, "embd_pdrop", real(c->embd_pdrop));
+    json_object_object_add(o, "attn_pdrop", real(c->attention_dropout));
+    json_object_object_add(o, "layer_norm_epsilon", real(c->rms_norm_eps));
+    json_object_object_add(o, "initializer_range", real(c->initializer_range));
+    json_object_object_add(o, "scale_attn_weights", json_object_new_boolean(c->scale_attn_weights));
+    json_object_object_add(o, "scale_attn_by_inverse_layer_idx",
+                           json_object_new_boolean(c->scale_attn_by_inverse_layer_idx));
+    json_object_object_add(o, "reorder_and_upcast_attn", json_object_new_boolean(c->reorder_and_upcast_attn));
+    json_object_object_add(o, "tie_word_embeddings", json_object_new_boolean(c->tie_word_embeddings));
+    json_object_object_add(o, "use_cache", json_object_new_boolean(1));
+    json_object_object_add(o, "bos_token_id", id_or_null(c->bos_token_id));
+    json_object_object_add(o, "eos_token_id", ids_json(c->eos_token_ids, c->n_eos));
+    if (c->pad_token_id >= 0) json_object_object_add(o, "pad_token_id", json_object_new_int64(c->pad_token_id));
+    json_object_object_add(o, "torch_dtype", json_object_new_string("float32"));
+    return o;
+}
+
 static json_object *config_json(const ca_causal_lm_config *c) {
     static const char *const arch[] = {"", "LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM"};
+    if (c->family == CA_CAUSAL_LM_GPT2) return gpt2_config_json(c);
     json_object *o = json_object_new_object(), *a = json_object_new_array();
     json_object_array_add(a, json_object_new_string(arch[c->family]));
     json_object_object_add(o, "architectures", a);

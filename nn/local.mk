@@ -1,6 +1,6 @@
 # nn/: modules, layers, optimizers and learning-rate schedules; BERT's config.json and the names
 # and shapes of its checkpoint's tensors; BertModel and BertForSequenceClassification.
-# Decoder language models (Llama, Qwen2, Mistral) with their Hugging Face files.
+# Decoder language models (Llama, Qwen2, Mistral, GPT-2) with their Hugging Face files.
 libcaccel_la_SOURCES += \
 	nn/nn_impl.h \
 	nn/module.c \
@@ -11,4 +11,5 @@ libcaccel_la_SOURCES += \
 	nn/bert.c \
 	nn/causal_lm_config.c \
 	nn/causal_lm.c \
-	nn/causal_lm_io.c
+	nn/causal_lm_io.c \
+	nn/gpt2_lm.c

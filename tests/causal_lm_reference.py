@@ -1,4 +1,5 @@
-"""Parity of caccel's decoder LMs with transformers (4.39) on tiny random models of each family.
+"""Parity of caccel's decoder LMs with transformers (4.39) on tiny random models of each family
+(Llama, Qwen2, Mistral, GPT-2).
 
 For each case: a model made by transformers with a fixed seed is saved (f32); causal_lm_tool
 loads it and writes its logits (no mask), its logits with a padding mask and position ids, the
@@ -28,7 +29,11 @@ CASES = [
      dict(max_position_embeddings=8, rope_scaling={"type": "dynamic", "factor": 2.0}, num_key_value_heads=1)),
     ("qwen2", transformers.Qwen2Config, dict(sliding_window=64, use_sliding_window=False, tie_word_embeddings=True)),
     ("mistral", transformers.MistralConfig, dict(sliding_window=16)),
+    ("gpt2", transformers.GPT2Config, dict()),
+    ("gpt2-untied-inner-gelu", transformers.GPT2Config,
+     dict(tie_word_embeddings=False, n_inner=96, activation_function="gelu", scale_attn_by_inverse_layer_idx=True)),
 ]
+GPT2_SMALL = dict(vocab_size=128, n_embd=64, n_layer=2, n_head=4, n_positions=32, initializer_range=0.1)
 
 
 def rel(got, want, where=None):
@@ -54,9 +59,9 @@ def inputs(b=3, t=12):
 
 def check(name, cls, extra, tool, tmp):
     torch.manual_seed(0)
-    cfg = cls(**{**SMALL, **extra})
+    cfg = cls(**{**(GPT2_SMALL if cls is transformers.GPT2Config else SMALL), **extra})
     cfg._attn_implementation = "eager"
-    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").float()
+    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").float().eval()
     hf, ca = os.path.join(tmp, name + "-hf"), os.path.join(tmp, name + "-ca")
     os.makedirs(ca)
     model.save_pretrained(hf)

@@ -251,6 +251,56 @@ static void test_names_save_load(void **state) {
     ca_scope_release_all();
 }
 
+#define GPT2_TINY "\"model_type\": \"gpt2\", \"vocab_size\": 16, \"n_embd\": 8, \"n_layer\": 1, \"n_head\": 2, " \
+                  "\"n_positions\": 4"
+
+/* GPT-2: GPT2Config's n_* keys, Conv1D weights kept [in, out], learned positions bounded by
+ * n_positions, refusals naming GPT-2's keys. */
+static void test_gpt2(void **state) {
+    (void)state;
+    ca_causal_lm_config c;
+    T_OK(load_text("{" GPT2_TINY "}", &c));
+    assert_true(c.family == CA_CAUSAL_LM_GPT2 && c.tie_word_embeddings && c.scale_attn_weights);
+    assert_int_equal(c.intermediate_size, 32);                   /* n_inner null: 4 * n_embd */
+    assert_int_equal(c.bos_token_id, 50256);
+    assert_string_equal(c.activation_function, "gelu_new");
+    assert_true(c.rms_norm_eps == 1e-5);
+    ca_module *m;
+    T_OK(ca_causal_lm_create(&c, &m));
+    const int64_t *w = ca_tensor_shape(T_NN(ca_module_param(m, "transformer.h.0.attn.c_attn.weight")));
+    assert_true(w[0] == 8 && w[1] == 24);
+    w = ca_tensor_shape(T_NN(ca_module_param(m, "transformer.h.0.mlp.c_proj.weight")));
+    assert_true(w[0] == 32 && w[1] == 8);
+    assert_null(ca_module_param(m, "lm_head.weight"));
+    const int64_t ids[5] = {1, 2, 3, 4, 5};
+    ca_tensor *logits;
+    assert_int_equal(ca_causal_lm_forward(m, ids_tensor(1, 5, ids), NULL, NULL, &logits), CA_ERR_INVALID);
+    assert_non_null(strstr(ca_last_error(), "position 4 is not below n_positions 4"));
+    T_OK(ca_causal_lm_forward(m, ids_tensor(1, 4, ids), NULL, NULL, &logits));
+    assert_int_equal(ca_tensor_shape(logits)[2], 16);
+    char dir[600];
+    snprintf(dir, sizeof dir, "%s/gpt2", g_tmp);
+    assert_int_equal(mkdir(dir, 0755), 0);
+    T_OK(ca_causal_lm_save_config(m, dir));
+    ca_causal_lm_config back;
+    T_OK(ca_causal_lm_config_load(dir, &back));
+    assert_true(back.family == CA_CAUSAL_LM_GPT2 && back.hidden_size == 8 && back.max_position_embeddings == 4);
+    ca_module_destroy(m);
+    static const struct {
+        const char *json, *words;
+    } bad[] = {
+        {"{" GPT2_TINY ", \"n_head\": 3}", "\"n_embd\" 8 is not \"n_head\" 3 heads"},
+        {"{" GPT2_TINY ", \"activation_function\": \"gelu_10\"}", "\"activation_function\" is \"gelu_10\""},
+        {"{" GPT2_TINY ", \"add_cross_attention\": true}", "\"add_cross_attention\" true"},
+        {"{" GPT2_TINY ", \"n_layer\": 0}", "\"n_layer\" is 0"},
+        {"{" GPT2_TINY ", \"architectures\": [\"LlamaForCausalLM\"]}", "\"architectures\"[0] is 'LlamaForCausalLM'"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
+        if (load_text(bad[i].json, &c) == CA_OK || !strstr(ca_last_error(), bad[i].words))
+            fail_msg("case %zu: %s: %s", i, bad[i].json, ca_last_error());
+    ca_scope_release_all();
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_config),
@@ -258,6 +308,7 @@ int main(void) {
         cmocka_unit_test(test_loss),
         cmocka_unit_test(test_sliding_window),
         cmocka_unit_test(test_names_save_load),
+        cmocka_unit_test(test_gpt2),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
