@@ -5,9 +5,11 @@ For each case: a model made by transformers with a fixed seed is saved (f32); ca
 loads it and writes its logits (no mask), its logits with a padding mask and position ids, the
 loss against labels holding -100 and every parameter's gradient; each must equal transformers'
 within 1e-4 relative (max abs difference / max abs value). The directory caccel writes must load
-in AutoModelForCausalLM.from_pretrained with the same logits, and a sharded checkpoint
-(save_pretrained with a small max_shard_size) must load in caccel with the same logits.
+in AutoModelForCausalLM.from_pretrained with the same logits, a sharded checkpoint
+(save_pretrained with a small max_shard_size) must load in caccel with the same logits, and bf16
+and f16 checkpoints must give transformers' logits of the same files read as f32.
 usage: causal_lm_reference.py TOOL TMPDIR"""
+import copy
 import os
 import subprocess
 import sys
@@ -15,6 +17,7 @@ import sys
 import numpy as np
 import torch
 import transformers
+from safetensors import safe_open
 from transformers import AutoModelForCausalLM
 
 BOUND = 1e-4
@@ -108,6 +111,17 @@ def check(name, cls, extra, tool, tmp):
                          text=True).stdout.strip())
     got = torch.from_numpy(np.fromfile(tmp + "/out2", dtype="<f4").copy()).view_as(ref_plain)
     results.append(("sharded checkpoint logits", rel(got, ref_plain)))
+    for dtype in (torch.bfloat16, torch.float16):     # read as f32, as from_pretrained(torch_dtype=f32)
+        low = os.path.join(tmp, "%s-%s" % (name, str(dtype)[6:]))
+        copy.deepcopy(model).to(dtype).save_pretrained(low)
+        with safe_open(os.path.join(low, "model.safetensors"), "pt") as f:
+            assert all(f.get_tensor(k).dtype == dtype for k in f.keys()), "not saved as %s" % dtype
+        subprocess.run([tool, "logits", low, tmp + "/in", tmp + "/out3"], check=True, capture_output=True)
+        got = torch.from_numpy(np.fromfile(tmp + "/out3", dtype="<f4").copy()).view_as(ref_plain)
+        with torch.no_grad():
+            want = AutoModelForCausalLM.from_pretrained(low, torch_dtype=torch.float32,
+                                                        attn_implementation="eager")(ids).logits
+        results.append(("%s checkpoint logits" % str(dtype)[6:], rel(got, want)))
     ok = True
     for what, r in results:
         print("%s: %s: relative %.3g (bound %g)" % (name, what, r, BOUND))
