@@ -13,6 +13,9 @@
 typedef struct gpt2_model gpt2_model;
 
 typedef struct gpt2_block {
+    const gpt2_model *model;               /* the owner (a checkpointed block's context) */
+    int64_t index;
+    ca_module *module;                     /* "transformer.h.N", marked for checkpointing or not */
     ca_module *ln_1, *c_attn, *c_proj, *ln_2, *c_fc, *mlp_proj;
 } gpt2_block;
 
@@ -99,6 +102,7 @@ static ca_status build_block(ca_module *h, int64_t i, const ca_causal_lm_config 
     ca_module *block, *attn, *mlp;
     ca_status s = ca_module_create("GPT2Block", NULL, NULL, NULL, &block);
     if (s == CA_OK) s = ca_module_add(h, name, block);
+    if (s == CA_OK) b->module = block;
     if (s == CA_OK) s = add_ln(block, "ln_1", c, &b->ln_1);
     if (s == CA_OK) s = ca_module_create("GPT2Attention", NULL, NULL, NULL, &attn);
     if (s == CA_OK) s = ca_module_add(block, "attn", attn);
@@ -122,6 +126,8 @@ static ca_status build(ca_module *root, gpt2_model *g) {
     if (s == CA_OK) s = ca_module_create("ModuleList", NULL, NULL, NULL, &h);
     if (s == CA_OK) s = ca_module_add(t, "h", h);
     for (int64_t i = 0; s == CA_OK && i < g->nlayers; i++) {
+        g->blocks[i].model = g;
+        g->blocks[i].index = i;
         s = build_block(h, i, c, &g->blocks[i]);
         if (s != CA_OK) ca_error_context("%s: transformer.h.%lld", TYPE, (long long)i);
     }
@@ -209,6 +215,26 @@ static ca_tensor *block_forward(const gpt2_model *g, int64_t i, ca_tensor *h, ca
     return ca_add(h, ca_dropout(ca_module_forward(b->mlp_proj, m), pr, training));
 }
 
+/* ctx: the block, which lives as long as the model (backward reruns this). */
+static ca_status checkpointed_block(void *ctx, int n_in, ca_tensor *const *in, int n_out, ca_tensor **out) {
+    (void)n_out;
+    const gpt2_block *b = ctx;
+    out[0] = block_forward(b->model, b->index, in[0], n_in > 1 ? in[1] : NULL, b->module->training);
+    return out[0] ? CA_OK : ca_last_status();
+}
+
+/* One block, checkpointed when its module is marked (ca_module_checkpoint_layers). */
+static ca_tensor *run_block(const gpt2_model *g, int64_t i, ca_tensor *h, ca_tensor *mask, bool training) {
+    const gpt2_block *b = &g->blocks[i];
+    if (!ca_module_checkpointing(b->module) || !ca_grad_enabled()) return block_forward(g, i, h, mask, training);
+    ca_tensor *in[2] = {h, mask}, *y = NULL;
+    if (ca_checkpoint(checkpointed_block, (void *)b, mask ? 2 : 1, in, 1, &y) != CA_OK) {
+        ca_error_context("checkpointed transformer.h.%lld", (long long)i);
+        return NULL;
+    }
+    return y;
+}
+
 /* The rows of wpe: position_ids (each checked below n_positions), or 0..T-1. */
 static ca_tensor *position_rows(const gpt2_model *g, ca_tensor *pos, int64_t len, ca_device *dev) {
     int64_t n = pos ? pos->numel : len, *h = malloc((size_t)n * sizeof *h);
@@ -245,7 +271,7 @@ ca_status ca_gpt2_lm_run(ca_module *m, ca_tensor *ids, ca_tensor *mask, ca_tenso
     }
     ca_tensor *h = ca_add(ca_module_forward(g->wte, ca_contiguous(ids)), ca_module_forward(g->wpe, rows));
     h = ca_dropout(h, c->embd_pdrop, training);
-    for (int64_t i = 0; i < g->nlayers && h; i++) h = block_forward(g, i, h, mask4, training);
+    for (int64_t i = 0; i < g->nlayers && h; i++) h = run_block(g, i, h, mask4, training);
     h = ca_module_forward(g->ln_f, h);
     *logits = g->lm_head ? ca_module_forward(g->lm_head, h) : ca_linear(h, g->wte->params[0], NULL);
     return *logits ? CA_OK : ca_last_status();

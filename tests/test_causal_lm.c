@@ -301,6 +301,62 @@ static void test_gpt2(void **state) {
     ca_scope_release_all();
 }
 
+/* Gradients of the loss over every parameter (host copies, concatenated). */
+static float *all_grads(ca_module *m, ca_tensor *x, ca_tensor *labels, size_t *n, int64_t *live) {
+    ca_module_zero_grad(m);
+    ca_tensor *logits = T_NN(ca_module_forward(m, x));
+    ca_tensor *loss = T_NN(ca_causal_lm_loss(logits, labels));
+    *live = ca_scope_live_tensors();       /* what the forward keeps for backward */
+    T_OK(ca_autograd_backward(loss));
+    size_t total = (size_t)ca_module_param_count(m), off = 0;
+    float *g = malloc(total * sizeof *g);
+    for (int i = 0; i < ca_module_num_params(m); i++) {
+        ca_tensor *gi = T_NN(ca_tensor_grad(ca_module_param_at(m, i)));
+        T_OK(ca_tensor_to_host(gi, g + off, ca_tensor_nbytes(gi)));
+        off += (size_t)ca_tensor_numel(gi);
+    }
+    *n = total;
+    ca_scope_release_all();
+    return g;
+}
+
+/* ca_module_checkpoint_layers marks each decoder layer (GPT-2 block), and the model's forward
+ * recomputes them in backward: the same gradients, with the padding mask passed through. */
+static void test_activation_checkpointing(void **state) {
+    (void)state;
+    static const char *const configs[] = {
+        "{\"model_type\": \"llama\", " TINY ", \"num_hidden_layers\": 2, \"num_key_value_heads\": 1}",
+        "{" GPT2_TINY ", \"n_layer\": 2}",
+    };
+    for (int k = 0; k < 2; k++) {
+        ca_module *m = tiny_model(configs[k]);
+        ca_module_train(m, false);            /* GPT-2's dropouts would draw other numbers each run */
+        int64_t v[2 * 2 * 4] = {1, 2, 3, 4, 1, 1, 1, 1, 5, 6, 7, 0, 1, 1, 1, 0};   /* [B, 2, T]: ids, mask */
+        int64_t lab[8] = {1, 2, 3, 4, 5, 6, 7, -100};
+        ca_tensor *x = T_NN(ca_from_host(ca_cpu_device(), CA_I64, 3, (int64_t[]){2, 2, 4}, v));
+        ca_tensor_keep(x);
+        ca_tensor *labels = ids_tensor(2, 4, lab);
+        ca_tensor_keep(labels);
+        size_t n, n2;
+        int64_t live, live_ckpt;
+        float *plain = all_grads(m, x, labels, &n, &live);
+        int marked = 0;
+        T_OK(ca_module_checkpoint_layers(m, true, &marked));
+        assert_int_equal(marked, 2);
+        float *ckpt = all_grads(m, x, labels, &n2, &live_ckpt);
+        assert_int_equal(n, n2);
+        if (live_ckpt >= live) fail_msg("model %d: %lld tensors kept with checkpointing, %lld without", k,
+                                        (long long)live_ckpt, (long long)live);
+        for (size_t i = 0; i < n; i++)
+            if (fabsf(plain[i] - ckpt[i]) > 1e-6f) fail_msg("model %d: gradient %zu: %g vs %g", k, i, plain[i], ckpt[i]);
+        free(plain);
+        free(ckpt);
+        ca_tensor_free(x);
+        ca_tensor_free(labels);
+        ca_module_destroy(m);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_config),
@@ -309,6 +365,7 @@ int main(void) {
         cmocka_unit_test(test_sliding_window),
         cmocka_unit_test(test_names_save_load),
         cmocka_unit_test(test_gpt2),
+        cmocka_unit_test(test_activation_checkpointing),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
