@@ -186,6 +186,16 @@ static void test_sliding_window(void **state) {
     assert_non_null(strstr(ca_last_error(), "sequence length 5 is longer than sliding_window 4"));
     T_OK(ca_causal_lm_forward(m, ids_tensor(1, 4, ids), NULL, NULL, &logits));
     assert_int_equal(ca_tensor_shape(logits)[2], 16);
+    /* a token id past the vocabulary, a negative position, a mask of another shape */
+    const int64_t bad[2] = {3, 16}, neg[2] = {0, -1};
+    assert_int_not_equal(ca_causal_lm_forward(m, ids_tensor(1, 2, bad), NULL, NULL, &logits), CA_OK);
+    assert_non_null(strstr(ca_last_error(), "index 16 at position 1 is outside the table's 16 rows"));
+    assert_int_equal(ca_causal_lm_forward(m, ids_tensor(1, 2, ids), NULL, ids_tensor(1, 2, neg), &logits),
+                     CA_ERR_INVALID);
+    assert_non_null(strstr(ca_last_error(), "position_ids[1] is -1"));
+    assert_int_equal(ca_causal_lm_forward(m, ids_tensor(1, 2, ids), ids_tensor(2, 1, ids), NULL, &logits),
+                     CA_ERR_INVALID);
+    assert_non_null(strstr(ca_last_error(), "attention_mask must be [batch, length] as input_ids"));
     ca_module_destroy(m);
     /* Qwen2's window applies only with use_sliding_window */
     m = tiny_model("{\"model_type\": \"qwen2\", " TINY ", \"sliding_window\": 4}");
