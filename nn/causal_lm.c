@@ -2,11 +2,7 @@
  * Face's parameter names: building, the forward of transformers 4.39 (eager attention), the
  * shifted loss, loading model.safetensors or its shards, and writing config.json and
  * generation_config.json. */
-#include "base/half_impl.h"
-#include "core/json_impl.h"
-#include "base/file_impl.h"
 #include "nn/nn_impl.h"
-#include "tensor/safetensors_impl.h"
 
 #include <caccel/causal_lm.h>
 
@@ -14,8 +10,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 typedef struct lm_model lm_model;
 
