@@ -10,6 +10,7 @@
 #include <caccel/causal_lm.h>
 
 #include <json-c/json.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -134,13 +135,29 @@ static ca_status copy_entry(const ca_st_file *f, const ca_st_entry *e, ca_tensor
     return s;
 }
 
+/* The base model's prefix: a file saved from GPT2Model or LlamaModel (the hub's gpt2 is) names
+ * its tensors without it, and from_pretrained adds it back. */
+static const char *base_prefix(const ca_module *m) {
+    return ca_causal_lm_module_config(m)->family == CA_CAUSAL_LM_GPT2 ? "transformer." : "model.";
+}
+
+/* Does the file's tensor `name` go to a parameter of m (with or without the base prefix)? */
+static bool used(ca_module *m, const char *name) {
+    char full[256];
+    snprintf(full, sizeof full, "%s%s", base_prefix(m), name);
+    return ca_module_param(m, name) || ca_module_param(m, full);
+}
+
 /* Every parameter's entry, checked; then the first unused tensor for info. */
 static ca_status match(ca_module *m, const shards *s, const ca_st_entry **entries, const ca_st_file **files,
                        ca_causal_lm_load_info *info) {
     int n = ca_module_num_params(m);
+    const char *prefix = base_prefix(m);
+    size_t pl = strlen(prefix);
     for (int i = 0; i < n; i++) {
         const char *name = ca_module_param_name(m, i);
         entries[i] = find(s, name, &files[i]);
+        if (!entries[i] && !strncmp(name, prefix, pl)) entries[i] = find(s, name + pl, &files[i]);
         if (!entries[i])
             return ca_error(CA_ERR_INVALID, "checkpoint '%s': tensor '%s' is missing", s->files[0].path, name);
         ca_status st = check_entry(files[i], entries[i], ca_module_param_at(m, i));
@@ -151,7 +168,7 @@ static ca_status match(ca_module *m, const shards *s, const ca_st_entry **entrie
     for (int f = 0; f < s->n; f++) {
         total += s->files[f].n;
         for (int j = 0; j < s->files[f].n && !info->first_unused[0]; j++)
-            if (!ca_module_param(m, s->files[f].entries[j].name))
+            if (!used(m, s->files[f].entries[j].name))
                 snprintf(info->first_unused, sizeof info->first_unused, "%s", s->files[f].entries[j].name);
     }
     info->unused = total - info->loaded;

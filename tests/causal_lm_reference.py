@@ -111,6 +111,12 @@ def check(name, cls, extra, tool, tmp):
                          text=True).stdout.strip())
     got = torch.from_numpy(np.fromfile(tmp + "/out2", dtype="<f4").copy()).view_as(ref_plain)
     results.append(("sharded checkpoint logits", rel(got, ref_plain)))
+    if cfg.tie_word_embeddings:             # a base model's file (GPT2Model, LlamaModel): no prefix
+        base = os.path.join(tmp, name + "-base")
+        model.base_model.save_pretrained(base)
+        subprocess.run([tool, "logits", base, tmp + "/in", tmp + "/out4"], check=True, capture_output=True)
+        got = torch.from_numpy(np.fromfile(tmp + "/out4", dtype="<f4").copy()).view_as(ref_plain)
+        results.append(("%s's file (no prefix) logits" % type(model.base_model).__name__, rel(got, ref_plain)))
     for dtype in (torch.bfloat16, torch.float16):     # read as f32, as from_pretrained(torch_dtype=f32)
         low = os.path.join(tmp, "%s-%s" % (name, str(dtype)[6:]))
         copy.deepcopy(model).to(dtype).save_pretrained(low)

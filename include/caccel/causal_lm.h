@@ -155,7 +155,9 @@ typedef struct ca_causal_lm_load_info {
  * Loads a Hugging Face checkpoint into m (built from the same config): path is a directory
  * holding model.safetensors or model.safetensors.index.json (shards), or a .safetensors file.
  * Every parameter must be in the files with its shape and a floating-point dtype (F32, F16, BF16,
- * converted to f32); other tensors (buffers of older checkpoints, a tied lm_head.weight) are
+ * converted to f32), under the state dict's names or, for a file saved from the base model
+ * (GPT2Model, LlamaModel), without the "transformer." / "model." prefix; other tensors (buffers
+ * of older checkpoints, a tied lm_head.weight) are
  * counted as unused, as from_pretrained ignores them. Everything is checked before a parameter is
  * written: a missing tensor or a wrong shape or dtype fails with CA_ERR_INVALID naming the file,
  * the tensor and both shapes, and leaves m unchanged. info may be NULL.
