@@ -2,11 +2,7 @@
  * Face's parameter names: building, the forward of transformers 4.39 (eager attention), the
  * shifted loss, loading model.safetensors or its shards, and writing config.json and
  * generation_config.json. */
-#include "base/half_impl.h"
-#include "core/json_impl.h"
-#include "base/file_impl.h"
 #include "nn/nn_impl.h"
-#include "tensor/safetensors_impl.h"
 
 #include <caccel/causal_lm.h>
 
@@ -14,8 +10,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 typedef struct lm_model lm_model;
 
@@ -33,8 +27,9 @@ struct lm_model {
     lm_layer *layers;
 };
 
-static const char *const ARCH[] = {"", "LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM"};
-static const char *const BASE[] = {"", "LlamaModel", "Qwen2Model", "MistralModel"};
+static const char *const ARCH[] = {"", "LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM",
+                                   "GPT2LMHeadModel"};
+static const char *const BASE[] = {"", "LlamaModel", "Qwen2Model", "MistralModel", "GPT2Model"};
 
 static void lm_model_free(void *p) {
     lm_model *b = p;
@@ -154,6 +149,7 @@ ca_status ca_causal_lm_create(const ca_causal_lm_config *c, ca_module **out) {
     const char *type = ca_causal_lm_model_type(c->family) ? ARCH[c->family] : "ca_causal_lm_create";
     ca_status s = ca_causal_lm_check_sizes(c, type);
     if (s != CA_OK) return s;
+    if (c->family == CA_CAUSAL_LM_GPT2) return ca_gpt2_lm_create(c, out);
     lm_model *b = calloc(1, sizeof *b);
     if (b) b->layers = calloc((size_t)c->num_hidden_layers, sizeof *b->layers);
     if (!b || !b->layers) {
@@ -180,7 +176,7 @@ static lm_model *model_of(const ca_module *m) {
 
 const ca_causal_lm_config *ca_causal_lm_module_config(const ca_module *m) {
     lm_model *b = model_of(m);
-    return b ? &b->cfg : NULL;
+    return b ? &b->cfg : ca_gpt2_lm_config(m);
 }
 
 /* ------------------------------------------------------------------ rotary embeddings */
@@ -366,14 +362,15 @@ static ca_status check_ids(const char *what, const ca_tensor *t, const ca_tensor
 ca_status ca_causal_lm_forward(ca_module *m, ca_tensor *ids, ca_tensor *mask, ca_tensor *pos, ca_tensor **logits) {
     lm_model *b = model_of(m);
     if (logits) *logits = NULL;
-    if (!b || !ids || !logits)
+    if (!ca_causal_lm_module_config(m) || !ids || !logits)
         return ca_error(CA_ERR_INVALID, "ca_causal_lm_forward: a module made by ca_causal_lm_create, input_ids and "
                         "logits are required");
     ca_status s = check_ids("input_ids", ids, NULL, true);
     if (s == CA_OK) s = check_ids("attention_mask", mask, ids, false);
     if (s == CA_OK) s = check_ids("position_ids", pos, ids, true);
     if (s == CA_OK && ids->shape[1] < 1) s = ca_error(CA_ERR_INVALID, "ca_causal_lm_forward: an empty sequence");
-    return s == CA_OK ? run_lm(b, m->training, ids, mask, pos, logits) : s;
+    if (s != CA_OK) return s;
+    return b ? run_lm(b, m->training, ids, mask, pos, logits) : ca_gpt2_lm_run(m, ids, mask, pos, logits);
 }
 
 /* x: [B, T] ids, or [B, 2, T] ids and attention mask. */

@@ -23,7 +23,30 @@ static const struct {
     {CA_CAUSAL_LM_LLAMA, "llama", "Llama"},
     {CA_CAUSAL_LM_QWEN2, "qwen2", "Qwen2"},
     {CA_CAUSAL_LM_MISTRAL, "mistral", "Mistral"},
+    {CA_CAUSAL_LM_GPT2, "gpt2", "GPT2"},
 };
+
+/* GPT-2's activations transformers' ACT2FN maps that caccel computes the same way. */
+static const char *const gpt2_acts[] = {"gelu_new", "gelu_pytorch_tanh", "gelu_fast", "gelu", "relu",
+                                        "silu", "swish", "tanh"};
+
+/* GPT2Config's defaults (gpt2, the 124M model). */
+static void gpt2_defaults(ca_causal_lm_config *c) {
+    c->vocab_size = 50257;
+    c->hidden_size = 768;
+    c->num_hidden_layers = 12;
+    c->num_attention_heads = c->num_key_value_heads = 12;
+    c->intermediate_size = 4 * 768;
+    c->max_position_embeddings = 1024;
+    c->rms_norm_eps = 1e-5;
+    c->sliding_window = 0;
+    c->tie_word_embeddings = true;
+    c->qkv_bias = c->o_bias = true;
+    snprintf(c->activation_function, sizeof c->activation_function, "gelu_new");
+    c->resid_pdrop = c->embd_pdrop = c->attention_dropout = 0.1;
+    c->scale_attn_weights = true;
+    c->bos_token_id = c->eos_token_ids[0] = c->gen_bos_token_id = c->gen_eos_token_ids[0] = 50256;
+}
 
 const char *ca_causal_lm_model_type(ca_causal_lm_family family) {
     for (size_t i = 0; i < sizeof families / sizeof *families; i++)
@@ -62,6 +85,7 @@ void ca_causal_lm_config_default(ca_causal_lm_family family, ca_causal_lm_config
     c->temperature = 1.0;
     c->top_k = 50;
     c->top_p = 1.0;
+    if (family == CA_CAUSAL_LM_GPT2) gpt2_defaults(c);
 }
 
 static json_object *get(json_object *o, const char *key) {
@@ -138,7 +162,7 @@ static ca_status check_identity(json_object *root, ca_causal_lm_config *c, const
     while (f < sizeof families / sizeof *families && !(type && !strcmp(type, families[f].model_type))) f++;
     if (f == sizeof families / sizeof *families)
         return ca_error(CA_ERR_UNSUPPORTED, "config '%s': \"model_type\" is %s; supported: \"llama\", \"qwen2\", "
-                        "\"mistral\"", path, mt ? json_object_to_json_string(mt) : "missing");
+                        "\"mistral\", \"gpt2\"", path, mt ? json_object_to_json_string(mt) : "missing");
     ca_causal_lm_config_default(families[f].family, c);
     json_object *arch = get(root, "architectures");
     if (!is_null(arch) && !json_object_is_type(arch, json_type_array))
@@ -219,8 +243,58 @@ static ca_status read_sizes(json_object *root, ca_causal_lm_config *c, const cha
     return s;
 }
 
+static ca_status read_gpt2_act(json_object *root, ca_causal_lm_config *c, const char *path) {
+    json_object *o = get(root, "activation_function");
+    if (!o) return CA_OK;
+    const char *a = json_object_is_type(o, json_type_string) ? json_object_get_string(o) : NULL;
+    for (size_t i = 0; a && i < sizeof gpt2_acts / sizeof *gpt2_acts; i++)
+        if (!strcmp(a, gpt2_acts[i])) {
+            snprintf(c->activation_function, sizeof c->activation_function, "%s", a);
+            return CA_OK;
+        }
+    return ca_error(CA_ERR_UNSUPPORTED, "config '%s': \"activation_function\" is %s; supported: gelu_new, "
+                    "gelu_pytorch_tanh, gelu_fast, gelu, relu, silu, swish, tanh", path, json_object_to_json_string(o));
+}
+
+/* GPT2Config: n_* names for the sizes, n_inner null meaning 4 * n_embd. */
+static ca_status read_gpt2(json_object *root, ca_causal_lm_config *c, const char *path) {
+    ca_status s = get_int(root, "vocab_size", 1, &c->vocab_size, path);
+    if (s == CA_OK) s = get_int(root, "n_embd", 1, &c->hidden_size, path);
+    if (s == CA_OK) s = get_int(root, "n_layer", 1, &c->num_hidden_layers, path);
+    if (s == CA_OK) s = get_int(root, "n_head", 1, &c->num_attention_heads, path);
+    c->num_key_value_heads = c->num_attention_heads;
+    c->intermediate_size = 4 * c->hidden_size;
+    if (s == CA_OK) s = get_int(root, "n_inner", 1, &c->intermediate_size, path);
+    if (s == CA_OK) s = get_int(root, "n_positions", 1, &c->max_position_embeddings, path);
+    if (s == CA_OK) s = get_real(root, "layer_norm_epsilon", 0, 1, &c->rms_norm_eps, path);
+    if (s == CA_OK) s = get_real(root, "resid_pdrop", 0, 1, &c->resid_pdrop, path);
+    if (s == CA_OK) s = get_real(root, "embd_pdrop", 0, 1, &c->embd_pdrop, path);
+    if (s == CA_OK) s = get_real(root, "attn_pdrop", 0, 1, &c->attention_dropout, path);
+    if (s == CA_OK) s = get_real(root, "initializer_range", 0, 1e3, &c->initializer_range, path);
+    if (s == CA_OK) s = get_bool(root, "scale_attn_weights", &c->scale_attn_weights, path);
+    if (s == CA_OK) s = get_bool(root, "scale_attn_by_inverse_layer_idx", &c->scale_attn_by_inverse_layer_idx, path);
+    if (s == CA_OK) s = get_bool(root, "reorder_and_upcast_attn", &c->reorder_and_upcast_attn, path);
+    if (s == CA_OK) s = get_bool(root, "tie_word_embeddings", &c->tie_word_embeddings, path);
+    if (s == CA_OK) s = read_gpt2_act(root, c, path);
+    bool cross = false;
+    if (s == CA_OK) s = get_bool(root, "add_cross_attention", &cross, path);
+    if (s == CA_OK && cross)
+        s = ca_error(CA_ERR_UNSUPPORTED, "config '%s': \"add_cross_attention\" true (an encoder-decoder GPT-2) "
+                     "is not supported", path);
+    return s;
+}
+
 static ca_status read_fields(json_object *root, ca_causal_lm_config *c, const char *path) {
     ca_status s = check_identity(root, c, path);
+    if (s == CA_OK && c->family == CA_CAUSAL_LM_GPT2) {
+        s = read_gpt2(root, c, path);
+        if (s == CA_OK) s = get_id(root, "bos_token_id", &c->bos_token_id, path);
+        if (s == CA_OK) s = get_id(root, "pad_token_id", &c->pad_token_id, path);
+        if (s == CA_OK) s = get_ids(root, "eos_token_id", c->eos_token_ids, &c->n_eos, CA_CAUSAL_LM_MAX_EOS, path);
+        char what[4200];
+        snprintf(what, sizeof what, "config '%s'", path);
+        return s == CA_OK ? ca_causal_lm_check_sizes(c, what) : s;
+    }
     if (s == CA_OK) s = read_sizes(root, c, path);
     if (s == CA_OK) s = read_refusals(root, c, path);
     if (s == CA_OK) s = read_rope_scaling(root, c, path);
@@ -322,8 +396,12 @@ static ca_status check_memory(const ca_causal_lm_config *c, const char *what) {
         return ca_error(CA_ERR_INVALID, "%s: \"%s\" %lld makes a weight larger than the %.3g bytes of memory there "
                         "is", what, V > I ? "vocab_size" : "intermediate_size",
                         (long long)(V > I ? c->vocab_size : c->intermediate_size), mem);
-    double layer = 2 * H * H + 2 * H * KV + 3 * H * I + 2 * H;
-    double n = V * H * (c->tie_word_embeddings ? 1 : 2) + (double)c->num_hidden_layers * layer + H;
+    double layer = 2 * H * H + 2 * H * KV + 3 * H * I + 4 * H;
+    double P = c->family == CA_CAUSAL_LM_GPT2 ? (double)c->max_position_embeddings : 0;
+    double n = V * H * (c->tie_word_embeddings ? 1 : 2) + (double)c->num_hidden_layers * layer + 2 * H + P * H;
+    if (P * H * 4 > mem)
+        return ca_error(CA_ERR_INVALID, "%s: \"n_positions\" %lld makes a weight larger than the %.3g bytes of "
+                        "memory there is", what, (long long)c->max_position_embeddings, mem);
     if (n * 4 > mem)
         return ca_error(CA_ERR_INVALID, "%s: %lld layers (\"num_hidden_layers\") of \"hidden_size\" %lld and "
                         "\"intermediate_size\" %lld make %.3g parameters, more than the %.3g bytes of memory "
@@ -332,29 +410,34 @@ static ca_status check_memory(const ca_causal_lm_config *c, const char *what) {
     return CA_OK;
 }
 
+/* The config.json keys of the sizes, in check_sizes's order: GPT2Config names them n_*. */
+static const char *const size_keys[2][7] = {
+    {"vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+     "num_key_value_heads", "max_position_embeddings"},
+    {"vocab_size", "n_embd", "n_inner", "n_layer", "n_head", "n_head", "n_positions"},
+};
+
 ca_status ca_causal_lm_check_sizes(const ca_causal_lm_config *c, const char *what) {
     if (!ca_causal_lm_model_type(c->family))
         return ca_error(CA_ERR_INVALID, "%s: unknown family %d", what, (int)c->family);
-    const struct { const char *key; int64_t v; } sizes[] = {
-        {"vocab_size", c->vocab_size}, {"hidden_size", c->hidden_size},
-        {"intermediate_size", c->intermediate_size}, {"num_hidden_layers", c->num_hidden_layers},
-        {"num_attention_heads", c->num_attention_heads}, {"num_key_value_heads", c->num_key_value_heads},
-        {"max_position_embeddings", c->max_position_embeddings},
-    };
-    for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++)
-        if (sizes[i].v < 1 || sizes[i].v > ((int64_t)1 << 40))
-            return ca_error(CA_ERR_INVALID, "%s: \"%s\" is %lld; it must be in [1, 2^40]", what, sizes[i].key,
-                            (long long)sizes[i].v);
+    bool rope = c->family != CA_CAUSAL_LM_GPT2;
+    const char *const *key = size_keys[!rope];
+    const int64_t v[7] = {c->vocab_size, c->hidden_size, c->intermediate_size, c->num_hidden_layers,
+                          c->num_attention_heads, c->num_key_value_heads, c->max_position_embeddings};
+    for (int i = 0; i < 7; i++)
+        if (v[i] < 1 || v[i] > ((int64_t)1 << 40))
+            return ca_error(CA_ERR_INVALID, "%s: \"%s\" is %lld; it must be in [1, 2^40]", what, key[i], (long long)v[i]);
     if (c->num_hidden_layers > MAX_LAYERS)
-        return ca_error(CA_ERR_INVALID, "%s: \"num_hidden_layers\" is %lld; at most %d layers are supported", what,
+        return ca_error(CA_ERR_INVALID, "%s: \"%s\" is %lld; at most %d layers are supported", what, key[3],
                         (long long)c->num_hidden_layers, MAX_LAYERS);
-    if (c->hidden_size % c->num_attention_heads || (c->hidden_size / c->num_attention_heads) % 2)
-        return ca_error(CA_ERR_INVALID, "%s: \"hidden_size\" %lld is not \"num_attention_heads\" %lld heads of an "
-                        "even size (rotary embeddings rotate pairs of channels)", what, (long long)c->hidden_size,
-                        (long long)c->num_attention_heads);
-    if (c->num_attention_heads % c->num_key_value_heads)
+    if (c->hidden_size % c->num_attention_heads || (rope && (c->hidden_size / c->num_attention_heads) % 2))
+        return ca_error(CA_ERR_INVALID, "%s: \"%s\" %lld is not \"%s\" %lld heads%s", what, key[1],
+                        (long long)c->hidden_size, key[4], (long long)c->num_attention_heads,
+                        rope ? " of an even size (rotary embeddings rotate pairs of channels)" : " of one size");
+    if (c->num_attention_heads % c->num_key_value_heads || (!rope && c->num_key_value_heads != c->num_attention_heads))
         return ca_error(CA_ERR_INVALID, "%s: \"num_key_value_heads\" %lld does not divide \"num_attention_heads\" "
-                        "%lld", what, (long long)c->num_key_value_heads, (long long)c->num_attention_heads);
+                        "%lld%s", what, (long long)c->num_key_value_heads, (long long)c->num_attention_heads,
+                        rope ? "" : " (GPT-2 has as many key/value heads as heads)");
     if (c->pad_token_id >= c->vocab_size)
         return ca_error(CA_ERR_INVALID, "%s: \"pad_token_id\" %lld is not below \"vocab_size\" %lld", what,
                         (long long)c->pad_token_id, (long long)c->vocab_size);

@@ -10,6 +10,7 @@
 #include <caccel/causal_lm.h>
 
 #include <json-c/json.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -134,13 +135,29 @@ static ca_status copy_entry(const ca_st_file *f, const ca_st_entry *e, ca_tensor
     return s;
 }
 
+/* The base model's prefix: a file saved from GPT2Model or LlamaModel (the hub's gpt2 is) names
+ * its tensors without it, and from_pretrained adds it back. */
+static const char *base_prefix(const ca_module *m) {
+    return ca_causal_lm_module_config(m)->family == CA_CAUSAL_LM_GPT2 ? "transformer." : "model.";
+}
+
+/* Does the file's tensor `name` go to a parameter of m (with or without the base prefix)? */
+static bool used(ca_module *m, const char *name) {
+    char full[256];
+    snprintf(full, sizeof full, "%s%s", base_prefix(m), name);
+    return ca_module_param(m, name) || ca_module_param(m, full);
+}
+
 /* Every parameter's entry, checked; then the first unused tensor for info. */
 static ca_status match(ca_module *m, const shards *s, const ca_st_entry **entries, const ca_st_file **files,
                        ca_causal_lm_load_info *info) {
     int n = ca_module_num_params(m);
+    const char *prefix = base_prefix(m);
+    size_t pl = strlen(prefix);
     for (int i = 0; i < n; i++) {
         const char *name = ca_module_param_name(m, i);
         entries[i] = find(s, name, &files[i]);
+        if (!entries[i] && !strncmp(name, prefix, pl)) entries[i] = find(s, name + pl, &files[i]);
         if (!entries[i])
             return ca_error(CA_ERR_INVALID, "checkpoint '%s': tensor '%s' is missing", s->files[0].path, name);
         ca_status st = check_entry(files[i], entries[i], ca_module_param_at(m, i));
@@ -151,7 +168,7 @@ static ca_status match(ca_module *m, const shards *s, const ca_st_entry **entrie
     for (int f = 0; f < s->n; f++) {
         total += s->files[f].n;
         for (int j = 0; j < s->files[f].n && !info->first_unused[0]; j++)
-            if (!ca_module_param(m, s->files[f].entries[j].name))
+            if (!used(m, s->files[f].entries[j].name))
                 snprintf(info->first_unused, sizeof info->first_unused, "%s", s->files[f].entries[j].name);
     }
     info->unused = total - info->loaded;
@@ -221,8 +238,41 @@ static void family_keys(json_object *o, const ca_causal_lm_config *c) {
     }
 }
 
+/* GPT2Config's keys (n_* sizes, its dropouts and attention switches). */
+static json_object *gpt2_config_json(const ca_causal_lm_config *c) {
+    json_object *o = json_object_new_object(), *a = json_object_new_array();
+    json_object_array_add(a, json_object_new_string("GPT2LMHeadModel"));
+    json_object_object_add(o, "architectures", a);
+    json_object_object_add(o, "model_type", json_object_new_string("gpt2"));
+    json_object_object_add(o, "vocab_size", json_object_new_int64(c->vocab_size));
+    json_object_object_add(o, "n_embd", json_object_new_int64(c->hidden_size));
+    json_object_object_add(o, "n_layer", json_object_new_int64(c->num_hidden_layers));
+    json_object_object_add(o, "n_head", json_object_new_int64(c->num_attention_heads));
+    json_object_object_add(o, "n_inner", c->intermediate_size == 4 * c->hidden_size
+                                             ? NULL : json_object_new_int64(c->intermediate_size));
+    json_object_object_add(o, "n_positions", json_object_new_int64(c->max_position_embeddings));
+    json_object_object_add(o, "activation_function", json_object_new_string(c->activation_function));
+    json_object_object_add(o, "resid_pdrop", real(c->resid_pdrop));
+    json_object_object_add(o, "embd_pdrop", real(c->embd_pdrop));
+    json_object_object_add(o, "attn_pdrop", real(c->attention_dropout));
+    json_object_object_add(o, "layer_norm_epsilon", real(c->rms_norm_eps));
+    json_object_object_add(o, "initializer_range", real(c->initializer_range));
+    json_object_object_add(o, "scale_attn_weights", json_object_new_boolean(c->scale_attn_weights));
+    json_object_object_add(o, "scale_attn_by_inverse_layer_idx",
+                           json_object_new_boolean(c->scale_attn_by_inverse_layer_idx));
+    json_object_object_add(o, "reorder_and_upcast_attn", json_object_new_boolean(c->reorder_and_upcast_attn));
+    json_object_object_add(o, "tie_word_embeddings", json_object_new_boolean(c->tie_word_embeddings));
+    json_object_object_add(o, "use_cache", json_object_new_boolean(1));
+    json_object_object_add(o, "bos_token_id", id_or_null(c->bos_token_id));
+    json_object_object_add(o, "eos_token_id", ids_json(c->eos_token_ids, c->n_eos));
+    if (c->pad_token_id >= 0) json_object_object_add(o, "pad_token_id", json_object_new_int64(c->pad_token_id));
+    json_object_object_add(o, "torch_dtype", json_object_new_string("float32"));
+    return o;
+}
+
 static json_object *config_json(const ca_causal_lm_config *c) {
     static const char *const arch[] = {"", "LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM"};
+    if (c->family == CA_CAUSAL_LM_GPT2) return gpt2_config_json(c);
     json_object *o = json_object_new_object(), *a = json_object_new_array();
     json_object_array_add(a, json_object_new_string(arch[c->family]));
     json_object_object_add(o, "architectures", a);

@@ -127,4 +127,11 @@ ca_status ca_bert_check_sizes(const struct ca_bert_config *c, int64_t num_labels
 struct ca_causal_lm_config;
 ca_status ca_causal_lm_check_sizes(const struct ca_causal_lm_config *c, const char *what);
 
+/* GPT2LMHeadModel (nn/gpt2_lm.c), reached through ca_causal_lm_create / ca_causal_lm_forward:
+ * create for a checked config; the config of a GPT-2 module (NULL for another module); the forward
+ * on arguments ca_causal_lm_forward checked. */
+ca_status ca_gpt2_lm_create(const struct ca_causal_lm_config *c, ca_module **out);
+const struct ca_causal_lm_config *ca_gpt2_lm_config(const ca_module *m);
+ca_status ca_gpt2_lm_run(ca_module *m, ca_tensor *ids, ca_tensor *mask, ca_tensor *pos, ca_tensor **logits);
+
 #endif

@@ -1,12 +1,15 @@
-"""Parity of caccel's decoder LMs with transformers (4.39) on tiny random models of each family.
+"""Parity of caccel's decoder LMs with transformers (4.39) on tiny random models of each family
+(Llama, Qwen2, Mistral, GPT-2).
 
 For each case: a model made by transformers with a fixed seed is saved (f32); causal_lm_tool
 loads it and writes its logits (no mask), its logits with a padding mask and position ids, the
 loss against labels holding -100 and every parameter's gradient; each must equal transformers'
 within 1e-4 relative (max abs difference / max abs value). The directory caccel writes must load
-in AutoModelForCausalLM.from_pretrained with the same logits, and a sharded checkpoint
-(save_pretrained with a small max_shard_size) must load in caccel with the same logits.
+in AutoModelForCausalLM.from_pretrained with the same logits, a sharded checkpoint
+(save_pretrained with a small max_shard_size) must load in caccel with the same logits, and bf16
+and f16 checkpoints must give transformers' logits of the same files read as f32.
 usage: causal_lm_reference.py TOOL TMPDIR"""
+import copy
 import os
 import subprocess
 import sys
@@ -14,6 +17,7 @@ import sys
 import numpy as np
 import torch
 import transformers
+from safetensors import safe_open
 from transformers import AutoModelForCausalLM
 
 BOUND = 1e-4
@@ -28,7 +32,11 @@ CASES = [
      dict(max_position_embeddings=8, rope_scaling={"type": "dynamic", "factor": 2.0}, num_key_value_heads=1)),
     ("qwen2", transformers.Qwen2Config, dict(sliding_window=64, use_sliding_window=False, tie_word_embeddings=True)),
     ("mistral", transformers.MistralConfig, dict(sliding_window=16)),
+    ("gpt2", transformers.GPT2Config, dict()),
+    ("gpt2-untied-inner-gelu", transformers.GPT2Config,
+     dict(tie_word_embeddings=False, n_inner=96, activation_function="gelu", scale_attn_by_inverse_layer_idx=True)),
 ]
+GPT2_SMALL = dict(vocab_size=128, n_embd=64, n_layer=2, n_head=4, n_positions=32, initializer_range=0.1)
 
 
 def rel(got, want, where=None):
@@ -54,9 +62,9 @@ def inputs(b=3, t=12):
 
 def check(name, cls, extra, tool, tmp):
     torch.manual_seed(0)
-    cfg = cls(**{**SMALL, **extra})
+    cfg = cls(**{**(GPT2_SMALL if cls is transformers.GPT2Config else SMALL), **extra})
     cfg._attn_implementation = "eager"
-    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").float()
+    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").float().eval()
     hf, ca = os.path.join(tmp, name + "-hf"), os.path.join(tmp, name + "-ca")
     os.makedirs(ca)
     model.save_pretrained(hf)
@@ -103,6 +111,23 @@ def check(name, cls, extra, tool, tmp):
                          text=True).stdout.strip())
     got = torch.from_numpy(np.fromfile(tmp + "/out2", dtype="<f4").copy()).view_as(ref_plain)
     results.append(("sharded checkpoint logits", rel(got, ref_plain)))
+    if cfg.tie_word_embeddings:             # a base model's file (GPT2Model, LlamaModel): no prefix
+        base = os.path.join(tmp, name + "-base")
+        model.base_model.save_pretrained(base)
+        subprocess.run([tool, "logits", base, tmp + "/in", tmp + "/out4"], check=True, capture_output=True)
+        got = torch.from_numpy(np.fromfile(tmp + "/out4", dtype="<f4").copy()).view_as(ref_plain)
+        results.append(("%s's file (no prefix) logits" % type(model.base_model).__name__, rel(got, ref_plain)))
+    for dtype in (torch.bfloat16, torch.float16):     # read as f32, as from_pretrained(torch_dtype=f32)
+        low = os.path.join(tmp, "%s-%s" % (name, str(dtype)[6:]))
+        copy.deepcopy(model).to(dtype).save_pretrained(low)
+        with safe_open(os.path.join(low, "model.safetensors"), "pt") as f:
+            assert all(f.get_tensor(k).dtype == dtype for k in f.keys()), "not saved as %s" % dtype
+        subprocess.run([tool, "logits", low, tmp + "/in", tmp + "/out3"], check=True, capture_output=True)
+        got = torch.from_numpy(np.fromfile(tmp + "/out3", dtype="<f4").copy()).view_as(ref_plain)
+        with torch.no_grad():
+            want = AutoModelForCausalLM.from_pretrained(low, torch_dtype=torch.float32,
+                                                        attn_implementation="eager")(ids).logits
+        results.append(("%s checkpoint logits" % str(dtype)[6:], rel(got, want)))
     ok = True
     for what, r in results:
         print("%s: %s: relative %.3g (bound %g)" % (name, what, r, BOUND))

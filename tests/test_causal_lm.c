@@ -186,6 +186,16 @@ static void test_sliding_window(void **state) {
     assert_non_null(strstr(ca_last_error(), "sequence length 5 is longer than sliding_window 4"));
     T_OK(ca_causal_lm_forward(m, ids_tensor(1, 4, ids), NULL, NULL, &logits));
     assert_int_equal(ca_tensor_shape(logits)[2], 16);
+    /* a token id past the vocabulary, a negative position, a mask of another shape */
+    const int64_t bad[2] = {3, 16}, neg[2] = {0, -1};
+    assert_int_not_equal(ca_causal_lm_forward(m, ids_tensor(1, 2, bad), NULL, NULL, &logits), CA_OK);
+    assert_non_null(strstr(ca_last_error(), "index 16 at position 1 is outside the table's 16 rows"));
+    assert_int_equal(ca_causal_lm_forward(m, ids_tensor(1, 2, ids), NULL, ids_tensor(1, 2, neg), &logits),
+                     CA_ERR_INVALID);
+    assert_non_null(strstr(ca_last_error(), "position_ids[1] is -1"));
+    assert_int_equal(ca_causal_lm_forward(m, ids_tensor(1, 2, ids), ids_tensor(2, 1, ids), NULL, &logits),
+                     CA_ERR_INVALID);
+    assert_non_null(strstr(ca_last_error(), "attention_mask must be [batch, length] as input_ids"));
     ca_module_destroy(m);
     /* Qwen2's window applies only with use_sliding_window */
     m = tiny_model("{\"model_type\": \"qwen2\", " TINY ", \"sliding_window\": 4}");
@@ -251,6 +261,112 @@ static void test_names_save_load(void **state) {
     ca_scope_release_all();
 }
 
+#define GPT2_TINY "\"model_type\": \"gpt2\", \"vocab_size\": 16, \"n_embd\": 8, \"n_layer\": 1, \"n_head\": 2, " \
+                  "\"n_positions\": 4"
+
+/* GPT-2: GPT2Config's n_* keys, Conv1D weights kept [in, out], learned positions bounded by
+ * n_positions, refusals naming GPT-2's keys. */
+static void test_gpt2(void **state) {
+    (void)state;
+    ca_causal_lm_config c;
+    T_OK(load_text("{" GPT2_TINY "}", &c));
+    assert_true(c.family == CA_CAUSAL_LM_GPT2 && c.tie_word_embeddings && c.scale_attn_weights);
+    assert_int_equal(c.intermediate_size, 32);                   /* n_inner null: 4 * n_embd */
+    assert_int_equal(c.bos_token_id, 50256);
+    assert_string_equal(c.activation_function, "gelu_new");
+    assert_true(c.rms_norm_eps == 1e-5);
+    ca_module *m;
+    T_OK(ca_causal_lm_create(&c, &m));
+    const int64_t *w = ca_tensor_shape(T_NN(ca_module_param(m, "transformer.h.0.attn.c_attn.weight")));
+    assert_true(w[0] == 8 && w[1] == 24);
+    w = ca_tensor_shape(T_NN(ca_module_param(m, "transformer.h.0.mlp.c_proj.weight")));
+    assert_true(w[0] == 32 && w[1] == 8);
+    assert_null(ca_module_param(m, "lm_head.weight"));
+    const int64_t ids[5] = {1, 2, 3, 4, 5};
+    ca_tensor *logits;
+    assert_int_equal(ca_causal_lm_forward(m, ids_tensor(1, 5, ids), NULL, NULL, &logits), CA_ERR_INVALID);
+    assert_non_null(strstr(ca_last_error(), "position 4 is not below n_positions 4"));
+    T_OK(ca_causal_lm_forward(m, ids_tensor(1, 4, ids), NULL, NULL, &logits));
+    assert_int_equal(ca_tensor_shape(logits)[2], 16);
+    char dir[600];
+    snprintf(dir, sizeof dir, "%s/gpt2", g_tmp);
+    assert_int_equal(mkdir(dir, 0755), 0);
+    T_OK(ca_causal_lm_save_config(m, dir));
+    ca_causal_lm_config back;
+    T_OK(ca_causal_lm_config_load(dir, &back));
+    assert_true(back.family == CA_CAUSAL_LM_GPT2 && back.hidden_size == 8 && back.max_position_embeddings == 4);
+    ca_module_destroy(m);
+    static const struct {
+        const char *json, *words;
+    } bad[] = {
+        {"{" GPT2_TINY ", \"n_head\": 3}", "\"n_embd\" 8 is not \"n_head\" 3 heads"},
+        {"{" GPT2_TINY ", \"activation_function\": \"gelu_10\"}", "\"activation_function\" is \"gelu_10\""},
+        {"{" GPT2_TINY ", \"add_cross_attention\": true}", "\"add_cross_attention\" true"},
+        {"{" GPT2_TINY ", \"n_layer\": 0}", "\"n_layer\" is 0"},
+        {"{" GPT2_TINY ", \"architectures\": [\"LlamaForCausalLM\"]}", "\"architectures\"[0] is 'LlamaForCausalLM'"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
+        if (load_text(bad[i].json, &c) == CA_OK || !strstr(ca_last_error(), bad[i].words))
+            fail_msg("case %zu: %s: %s", i, bad[i].json, ca_last_error());
+    ca_scope_release_all();
+}
+
+/* Gradients of the loss over every parameter (host copies, concatenated). */
+static float *all_grads(ca_module *m, ca_tensor *x, ca_tensor *labels, size_t *n, int64_t *live) {
+    ca_module_zero_grad(m);
+    ca_tensor *logits = T_NN(ca_module_forward(m, x));
+    ca_tensor *loss = T_NN(ca_causal_lm_loss(logits, labels));
+    *live = ca_scope_live_tensors();       /* what the forward keeps for backward */
+    T_OK(ca_autograd_backward(loss));
+    size_t total = (size_t)ca_module_param_count(m), off = 0;
+    float *g = malloc(total * sizeof *g);
+    for (int i = 0; i < ca_module_num_params(m); i++) {
+        ca_tensor *gi = T_NN(ca_tensor_grad(ca_module_param_at(m, i)));
+        T_OK(ca_tensor_to_host(gi, g + off, ca_tensor_nbytes(gi)));
+        off += (size_t)ca_tensor_numel(gi);
+    }
+    *n = total;
+    ca_scope_release_all();
+    return g;
+}
+
+/* ca_module_checkpoint_layers marks each decoder layer (GPT-2 block), and the model's forward
+ * recomputes them in backward: the same gradients, with the padding mask passed through. */
+static void test_activation_checkpointing(void **state) {
+    (void)state;
+    static const char *const configs[] = {
+        "{\"model_type\": \"llama\", " TINY ", \"num_hidden_layers\": 2, \"num_key_value_heads\": 1}",
+        "{" GPT2_TINY ", \"n_layer\": 2}",
+    };
+    for (int k = 0; k < 2; k++) {
+        ca_module *m = tiny_model(configs[k]);
+        ca_module_train(m, false);            /* GPT-2's dropouts would draw other numbers each run */
+        int64_t v[2 * 2 * 4] = {1, 2, 3, 4, 1, 1, 1, 1, 5, 6, 7, 0, 1, 1, 1, 0};   /* [B, 2, T]: ids, mask */
+        int64_t lab[8] = {1, 2, 3, 4, 5, 6, 7, -100};
+        ca_tensor *x = T_NN(ca_from_host(ca_cpu_device(), CA_I64, 3, (int64_t[]){2, 2, 4}, v));
+        ca_tensor_keep(x);
+        ca_tensor *labels = ids_tensor(2, 4, lab);
+        ca_tensor_keep(labels);
+        size_t n, n2;
+        int64_t live, live_ckpt;
+        float *plain = all_grads(m, x, labels, &n, &live);
+        int marked = 0;
+        T_OK(ca_module_checkpoint_layers(m, true, &marked));
+        assert_int_equal(marked, 2);
+        float *ckpt = all_grads(m, x, labels, &n2, &live_ckpt);
+        assert_int_equal(n, n2);
+        if (live_ckpt >= live) fail_msg("model %d: %lld tensors kept with checkpointing, %lld without", k,
+                                        (long long)live_ckpt, (long long)live);
+        for (size_t i = 0; i < n; i++)
+            if (fabsf(plain[i] - ckpt[i]) > 1e-6f) fail_msg("model %d: gradient %zu: %g vs %g", k, i, plain[i], ckpt[i]);
+        free(plain);
+        free(ckpt);
+        ca_tensor_free(x);
+        ca_tensor_free(labels);
+        ca_module_destroy(m);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_config),
@@ -258,6 +374,8 @@ int main(void) {
         cmocka_unit_test(test_loss),
         cmocka_unit_test(test_sliding_window),
         cmocka_unit_test(test_names_save_load),
+        cmocka_unit_test(test_gpt2),
+        cmocka_unit_test(test_activation_checkpointing),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

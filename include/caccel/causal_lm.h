@@ -1,5 +1,5 @@
 /* caccel/causal_lm.h: Hugging Face decoder language models (LlamaForCausalLM, Qwen2ForCausalLM,
- * MistralForCausalLM) as modules with the state dict's parameter names, read from and written as
+ * MistralForCausalLM, GPT2LMHeadModel) as modules with the state dict's parameter names, read from and written as
  * a Hugging Face checkpoint directory (config.json, generation_config.json, model.safetensors or
  * a sharded model.safetensors.index.json). docs/DECODER.md describes the families and what is
  * refused.
@@ -25,6 +25,8 @@ typedef enum ca_causal_lm_family {
     CA_CAUSAL_LM_LLAMA = 1,                /* model_type "llama", LlamaForCausalLM */
     CA_CAUSAL_LM_QWEN2 = 2,                /* "qwen2", Qwen2ForCausalLM: q/k/v biases */
     CA_CAUSAL_LM_MISTRAL = 3,              /* "mistral", MistralForCausalLM: sliding window */
+    CA_CAUSAL_LM_GPT2 = 4,                 /* "gpt2", GPT2LMHeadModel: learned positions, LayerNorm,
+                                              Conv1D weights [in, out], GELU MLP */
 } ca_causal_lm_family;
 
 #define CA_CAUSAL_LM_MAX_EOS 8
@@ -40,7 +42,7 @@ typedef struct ca_causal_lm_config {
     int64_t num_attention_heads;
     int64_t num_key_value_heads;           /* divides num_attention_heads (grouped-query) */
     int64_t max_position_embeddings;
-    double rms_norm_eps;
+    double rms_norm_eps;                   /* the norms' eps (GPT-2: layer_norm_epsilon) */
     double rope_theta;
     char rope_scaling_type[16];            /* "" (none), "linear" or "dynamic" (Llama only) */
     double rope_scaling_factor;            /* > 1 when rope_scaling_type is set */
@@ -67,6 +69,12 @@ typedef struct ca_causal_lm_config {
     double temperature;                    /* 1 when not given */
     int64_t top_k;                         /* 50 when not given */
     double top_p;                          /* 1 when not given */
+    /* GPT-2 only (n_embd, n_layer, n_head, n_inner, n_positions fill the sizes above) */
+    char activation_function[24];          /* "gelu_new" (tanh form), "gelu", "relu", ... */
+    double resid_pdrop, embd_pdrop;        /* attn_pdrop is attention_dropout */
+    bool scale_attn_weights;               /* scores / sqrt(head size) */
+    bool scale_attn_by_inverse_layer_idx;  /* scores / (layer index + 1) */
+    bool reorder_and_upcast_attn;          /* kept for config.json (the scores are f32 anyway) */
     char architectures[128];               /* comma-separated, as config.json lists them */
 } ca_causal_lm_config;
 
@@ -78,24 +86,29 @@ typedef struct ca_causal_lm_config {
  * num_attention_heads, each weight and the whole model within the memory there is. Refused by
  * name: an unknown model_type (CA_ERR_UNSUPPORTED), a rope_scaling type other than "linear" or
  * "dynamic" ('config.json: rope_scaling type "yarn" is not supported yet'), a hidden_act other
- * than silu, a head_dim other than hidden_size / num_attention_heads, mlp_bias; a key of the
- * wrong type or out of range (CA_ERR_INVALID). Messages name the file and the key.
+ * than silu, a head_dim other than hidden_size / num_attention_heads, mlp_bias; for GPT-2 (whose
+ * sizes are n_embd, n_layer, n_head, n_inner, n_positions) an activation_function caccel does not
+ * compute and add_cross_attention; a key of the wrong type or out of range (CA_ERR_INVALID).
+ * Messages name the file and the key.
  */
 CA_API ca_status ca_causal_lm_config_load(const char *dir, ca_causal_lm_config *out);
 
 /* A config with the family's transformers defaults (as an empty config.json gives). */
 CA_API void ca_causal_lm_config_default(ca_causal_lm_family family, ca_causal_lm_config *out);
 
-/* "llama", "qwen2", "mistral" (NULL for another value). */
+/* "llama", "qwen2", "mistral", "gpt2" (NULL for another value). */
 CA_API const char *ca_causal_lm_model_type(ca_causal_lm_family family);
 
 /*
  * Builds the family's *ForCausalLM for c: `model.embed_tokens`, `model.layers.N.{input_layernorm,
  * self_attn.{q,k,v,o}_proj, post_attention_layernorm, mlp.{gate,up,down}_proj}`, `model.norm`
  * and `lm_head` (absent when tie_word_embeddings: the head uses model.embed_tokens.weight, one
- * parameter), so ca_module_param_name gives the state dict's names. Initialisation is
- * transformers': Linear and Embedding weights ~ N(0, initializer_range), biases 0, the
- * pad_token_id row 0, RMSNorm weights 1. c is checked as ca_causal_lm_config_load checks it
+ * parameter), so ca_module_param_name gives the state dict's names. GPT-2:
+ * `transformer.{wte, wpe, h.N.{ln_1, attn.c_attn, attn.c_proj, ln_2, mlp.c_fc, mlp.c_proj}, ln_f}`
+ * with Conv1D weights stored [in, out] as transformers keeps them (y = x W + b), and `lm_head`
+ * only when not tied to wte. Initialisation is transformers': Linear, Conv1D and Embedding
+ * weights ~ N(0, initializer_range) (GPT-2's c_proj: / sqrt(2 n_layer)), biases 0, the
+ * pad_token_id row 0, norm weights 1 (LayerNorm biases 0). c is checked as ca_causal_lm_config_load checks it
  * before anything is allocated; on failure *out is NULL and nothing is left allocated.
  *
  * ca_module_forward(m, x) takes x as i64/i32 input ids [B, T] (every token attended) or
@@ -109,11 +122,14 @@ CA_API const ca_causal_lm_config *ca_causal_lm_module_config(const ca_module *m)
 /*
  * Runs m on input_ids [B, T] (i32/i64). attention_mask [B, T] (any dtype, nonzero = a token, 0 =
  * padding; NULL: all tokens) masks padded keys on top of causal attention; position_ids [B, T]
- * (i32/i64; NULL: 0..T-1 for every row, as transformers' forward) pick the rotary angles.
+ * (i32/i64; NULL: 0..T-1 for every row, as transformers' forward) pick the rotary angles (GPT-2:
+ * the rows of wpe, each below n_positions).
  * *logits [B, T, vocab] is in the current scope. The computation is transformers' eager one:
  * per layer, x + o_proj(attention(RoPE(q), RoPE(k), v)) over RMSNorm(x), then
  * x + down_proj(silu(gate_proj(h)) * up_proj(h)) over RMSNorm(x), grouped-query heads repeated as
- * repeat_kv does; attention dropout in training mode. A sequence longer than the sliding window
+ * repeat_kv does; attention dropout in training mode. GPT-2: (wte + wpe) -> dropout, per block
+ * x + attn(ln_1(x)), x + mlp(ln_2(x)) with the activation_function, ln_f, the tied head; the
+ * embedding, attention and residual dropouts in training mode. A sequence longer than the sliding window
  * (Mistral; Qwen2 with use_sliding_window) is refused with CA_ERR_INVALID naming sliding_window
  * and the length. A padded query position that may attend to no key (left padding) gives
  * attention output 0 there, where transformers averages every key: logits at padded positions
@@ -139,7 +155,9 @@ typedef struct ca_causal_lm_load_info {
  * Loads a Hugging Face checkpoint into m (built from the same config): path is a directory
  * holding model.safetensors or model.safetensors.index.json (shards), or a .safetensors file.
  * Every parameter must be in the files with its shape and a floating-point dtype (F32, F16, BF16,
- * converted to f32); other tensors (buffers of older checkpoints, a tied lm_head.weight) are
+ * converted to f32), under the state dict's names or, for a file saved from the base model
+ * (GPT2Model, LlamaModel), without the "transformer." / "model." prefix; other tensors (buffers
+ * of older checkpoints, a tied lm_head.weight) are
  * counted as unused, as from_pretrained ignores them. Everything is checked before a parameter is
  * written: a missing tensor or a wrong shape or dtype fails with CA_ERR_INVALID naming the file,
  * the tensor and both shapes, and leaves m unchanged. info may be NULL.
