@@ -181,58 +181,18 @@ const ca_causal_lm_config *ca_causal_lm_module_config(const ca_module *m) {
 
 /* ------------------------------------------------------------------ rotary embeddings */
 
-/* transformers 4.39 LlamaRotaryEmbedding's cos and sin for positions pos ([rows, T]; NULL: 0..T-1
- * in one row), as [rows, 1, T, head_dim] tables on dev: inv_freq = 1 / base^(2i/d) in f32, angles
- * inv_freq * position in f32 (position / factor for "linear"; for "dynamic" the base grows to
- * base * (factor * L / max_pos - (factor - 1))^(d / (d - 2)) when the longest position L exceeds
- * max_position_embeddings), each angle used for channel i and i + d/2. The fused ca_rope op may
- * take its place. */
+/* The rotary tables of config c for positions pos ([rows, T]; NULL: 0..T-1, tables [T, d/2]; else
+ * [rows, T, d/2]) on dev, as ca_rope takes them: ca_rope_tables computes them as transformers 4.39's
+ * LlamaRotaryEmbedding does (linear: positions divided by the factor; dynamic: the base grows once
+ * the longest position passes max_position_embeddings). */
 static ca_status rope_tables(const ca_causal_lm_config *c, const int64_t *pos, int64_t rows, int64_t T,
                              ca_device *dev, ca_tensor **cos_t, ca_tensor **sin_t) {
-    int64_t d = c->hidden_size / c->num_attention_heads, half = d / 2, n = rows * T * d;
-    double base = c->rope_theta, factor = c->rope_scaling_factor;
-    bool linear = !strcmp(c->rope_scaling_type, "linear"), dynamic = !strcmp(c->rope_scaling_type, "dynamic");
-    int64_t longest = 0;
-    for (int64_t i = 0; i < rows * T; i++) {
-        int64_t p = pos ? pos[i] : i % T;
-        if (p + 1 > longest) longest = p + 1;
-    }
-    if (dynamic && longest > c->max_position_embeddings)
-        base = (float)(base * pow(factor * (double)longest / (double)c->max_position_embeddings - (factor - 1),
-                                  (double)d / (double)(d - 2)));
-    float *cs = malloc((size_t)(2 * n + half) * sizeof *cs);
-    if (!cs) return ca_error(CA_ERR_NOMEM, "out of host memory for the rotary tables");
-    float *sn = cs + n, *inv = sn + n;
-    for (int64_t i = 0; i < half; i++) inv[i] = 1.0f / (float)pow(base, (double)((float)(2 * i) / (float)d));
-    for (int64_t r = 0; r < rows * T; r++) {
-        float p = (float)(pos ? pos[r] : r % T);
-        if (linear) p = p / (float)factor;
-        for (int64_t i = 0; i < half; i++) {
-            double a = (double)(inv[i] * p);
-            cs[r * d + i] = cs[r * d + i + half] = (float)cos(a);
-            sn[r * d + i] = sn[r * d + i + half] = (float)sin(a);
-        }
-    }
-    int64_t shape[4] = {rows, 1, T, d};
-    *cos_t = ca_from_host(dev, CA_F32, 4, shape, cs);
-    *sin_t = ca_from_host(dev, CA_F32, 4, shape, sn);
-    free(cs);
-    return *cos_t && *sin_t ? CA_OK : ca_last_status();
-}
-
-/* x * cos + rotate_half(x) * sin for x [B, heads, T, d], rotate_half(x) = (-x2, x1). The fused
- * ca_rope op may take its place. */
-static ca_tensor *rope_apply(ca_tensor *x, ca_tensor *cos_t, ca_tensor *sin_t) {
-    if (!x) return NULL;
-    int64_t half = x->shape[3] / 2;
-    ca_tensor *parts[2] = {ca_neg(ca_narrow(x, 3, half, half)), ca_narrow(x, 3, 0, half)};
-    if (!parts[0] || !parts[1]) return NULL;
-    return ca_add(ca_mul(x, cos_t), ca_mul(ca_concat(2, parts, 3), sin_t));
-}
-
-/* silu(gate) * up: the MLP's activation. The fused ca_swiglu op may take its place. */
-static ca_tensor *swiglu(ca_tensor *gate, ca_tensor *up) {
-    return ca_mul(ca_silu(gate), up);
+    ca_rope_config rc = {.head_dim = c->hidden_size / c->num_attention_heads, .theta = c->rope_theta,
+                         .max_position_embeddings = c->max_position_embeddings};
+    ca_status s = ca_rope_scaling_parse(c->rope_scaling_type, &rc.type);
+    if (s != CA_OK) return s;
+    if (rc.type != CA_ROPE_SCALING_NONE) rc.factor = c->rope_scaling_factor;
+    return ca_rope_tables(dev, &rc, pos, pos ? rows : 1, T, cos_t, sin_t);
 }
 
 /* ------------------------------------------------------------------ forward */
@@ -263,15 +223,15 @@ static ca_tensor *decoder_layer(const lm_layer *l, ca_tensor *const *in, bool tr
     const ca_causal_lm_config *c = &l->model->cfg;
     ca_tensor *h = in[0], *cos_t = in[1], *sin_t = in[2], *mask = in[3];
     ca_tensor *x = ca_module_forward(l->in_ln, h);
-    ca_tensor *q = rope_apply(split_heads(ca_module_forward(l->q, x), c->num_attention_heads), cos_t, sin_t);
-    ca_tensor *k = rope_apply(split_heads(ca_module_forward(l->k, x), c->num_key_value_heads), cos_t, sin_t);
+    ca_tensor *q = ca_rope(split_heads(ca_module_forward(l->q, x), c->num_attention_heads), cos_t, sin_t);
+    ca_tensor *k = ca_rope(split_heads(ca_module_forward(l->k, x), c->num_key_value_heads), cos_t, sin_t);
     ca_tensor *v = split_heads(ca_module_forward(l->v, x), c->num_key_value_heads);
     int64_t n_rep = c->num_attention_heads / c->num_key_value_heads;
     ca_tensor *a = ca_scaled_dot_product_attention(q, repeat_kv(k, n_rep), repeat_kv(v, n_rep), mask, true,
                                                    training ? c->attention_dropout : 0, 0);
     h = ca_add(h, ca_module_forward(l->o, merge_heads(a)));
     x = ca_module_forward(l->post_ln, h);
-    return ca_add(h, ca_module_forward(l->down, swiglu(ca_module_forward(l->gate, x), ca_module_forward(l->up, x))));
+    return ca_add(h, ca_module_forward(l->down, ca_swiglu(ca_module_forward(l->gate, x), ca_module_forward(l->up, x))));
 }
 
 /* ctx: the layer, which lives as long as the model (backward reruns this). */
