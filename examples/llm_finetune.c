@@ -20,11 +20,12 @@
 #include <unistd.h>
 
 typedef struct args {
-    const char *model, *data, *output_dir, *prompt, *target_modules;
+    const char *model, *data, *output_dir, *prompt, *target_modules, *checkpoint_dir;
     int64_t lora_r, block_size, batch_size, max_steps, epochs, log_interval, sample_tokens, top_k, eval_blocks;
+    int64_t checkpointing_steps;
     double lora_alpha, lora_dropout, lr, weight_decay, grad_clip, temperature, warmup;
     uint64_t seed;
-    bool from_scratch, gradient_checkpointing;
+    bool from_scratch, gradient_checkpointing, resume;
 } args;
 
 static void usage(FILE *f) {
@@ -34,7 +35,8 @@ static void usage(FILE *f) {
             "           [--batch_size B] [--epochs N] [--max_steps N] [--lr X] [--weight_decay X]\n"
             "           [--warmup FRACTION] [--grad_clip X] [--seed N] [--log_interval N]\n"
             "           [--output_dir DIR] [--sample_tokens N] [--temperature X] [--top_k K]\n"
-            "           [--prompt TEXT] [--eval_blocks N] [--gradient_checkpointing] [configuration flags]\n"
+            "           [--prompt TEXT] [--eval_blocks N] [--gradient_checkpointing]\n"
+            "           [--checkpoint_dir DIR [--checkpointing_steps N] [--resume]] [configuration flags]\n"
             "--model: a Hugging Face checkpoint directory (config.json, model.safetensors or its\n"
             "index, tokenizer.json). --lora_r 0 fine-tunes every parameter; otherwise LoRA adapters\n"
             "of rank N on --target_modules (PEFT's default for the family when not given) train and\n"
@@ -44,6 +46,8 @@ static void usage(FILE *f) {
             "--output_dir: the adapter (adapter_model.safetensors, adapter_config.json) or, for a\n"
             "full fine-tune, the whole model in Hugging Face's layout. Defaults: LoRA r 8, alpha 16,\n"
             "block 128, batch 8, 1 epoch, lr 2e-4 (LoRA) or 5e-5 (full), 2 samples of 40 tokens.\n"
+            "--checkpoint_dir: save_state every --checkpointing_steps optimizer steps into\n"
+            "DIR/checkpoints/checkpoint_<i>; --resume continues from the newest complete one.\n"
             "Configuration flags are Accelerate's (--mixed_precision bf16, --use_fsdp, ...).\n");
 }
 
@@ -84,6 +88,9 @@ static bool parse_one(args *a, const char *s, int argc, char **argv, int *i) {
     else if (flag(s, "--temperature", argc, argv, i, &v)) a->temperature = atof(v);
     else if (flag(s, "--top_k", argc, argv, i, &v)) a->top_k = atoll(v);
     else if (flag(s, "--eval_blocks", argc, argv, i, &v)) a->eval_blocks = atoll(v);
+    else if (flag(s, "--checkpoint_dir", argc, argv, i, &v)) a->checkpoint_dir = v;
+    else if (flag(s, "--checkpointing_steps", argc, argv, i, &v)) a->checkpointing_steps = atoll(v);
+    else if (!strcmp(s, "--resume")) a->resume = true;
     else if (!strcmp(s, "--from_scratch")) a->from_scratch = true;
     else if (!strcmp(s, "--gradient_checkpointing")) a->gradient_checkpointing = true;
     else return false;
@@ -110,7 +117,9 @@ static args parse(int argc, char **argv) {
     const char *bad = !a.model ? "--model DIR is required"
                     : a.lora_r < 0 || a.block_size < 2 || a.batch_size < 1 || a.epochs < 1 || a.eval_blocks < 0 ? "--lora_r and --eval_blocks must be >= 0, --block_size >= 2, --batch_size and --epochs >= 1"
                     : a.lr <= 0 || a.temperature <= 0 ? "--lr and --temperature must be positive"
-                    : a.lora_dropout < 0 || a.lora_dropout >= 1 ? "--lora_dropout must be in [0, 1)" : NULL;
+                    : a.lora_dropout < 0 || a.lora_dropout >= 1 ? "--lora_dropout must be in [0, 1)"
+                    : (a.resume || a.checkpointing_steps) && !a.checkpoint_dir ? "--resume and --checkpointing_steps need --checkpoint_dir"
+                    : a.checkpointing_steps < 0 ? "--checkpointing_steps must be >= 0" : NULL;
     if (bad) {
         fprintf(stderr, "llm_finetune: %s\n", bad);
         exit(2);
@@ -474,6 +483,10 @@ static double train_epoch(run *r, int64_t epoch) {
         sum[1] += 1, tot[1] += 1;
         sum[2] += (double)b.size;
         int64_t step = ca_optimizer_steps(r->opt);
+        if (step != before && r->a->checkpointing_steps && step % r->a->checkpointing_steps == 0) {
+            CA_CHECK(ca_save_state(r->acc, NULL));
+            ca_print(r->acc, "step %lld: state saved under %s/checkpoints\n", (long long)step, r->a->checkpoint_dir);
+        }
         if (step == before || r->a->log_interval <= 0 || step % r->a->log_interval) continue;
         double last = read_loss(&loss);
         sum[0] += last, tot[0] += last;
@@ -617,12 +630,26 @@ static void save(ca_accelerator *acc, ca_module *model, const args *a) {
     }
 }
 
+/* --resume: the newest complete checkpoint of --checkpoint_dir (model, optimizer, schedule, RNG
+ * and the dataloader's position), or a fresh start when there is none yet. */
+static void resume(run *r) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/checkpoints", r->a->checkpoint_dir);
+    struct stat st;
+    if (stat(path, &st) != 0) {
+        ca_print(r->acc, "llm_finetune: no checkpoint under %s yet: starting from the beginning\n", path);
+        return;
+    }
+    CA_CHECK(ca_load_state(r->acc, NULL));
+    ca_print(r->acc, "resumed from %s at step %lld\n", path, (long long)ca_optimizer_steps(r->opt));
+}
+
 static int64_t plan_steps(run *r) {
     int64_t ga = ca_accelerator_settings(r->acc)->gradient_accumulation_steps;
     int64_t per_epoch = ca_dataloader_num_batches(r->train) / (ga < 1 ? 1 : ga);
     if (per_epoch < 1) per_epoch = 1;
-    int64_t total = r->a->epochs * per_epoch;
-    return r->a->max_steps > 0 && r->a->max_steps < total ? r->a->max_steps : total;
+    /* --max_steps, when given, wins over --epochs (transformers' Trainer: max_steps overrides num_train_epochs) */
+    return r->a->max_steps > 0 ? r->a->max_steps : r->a->epochs * per_epoch;
 }
 
 static void train(run *r, const ca_tokenizer *tok, const ca_causal_lm_config *cfg) {
@@ -634,9 +661,11 @@ static void train(run *r, const ca_tokenizer *tok, const ca_causal_lm_config *cf
     CA_CHECK(ca_optimizer_set_schedule(r->opt, &(ca_lr_schedule){.kind = CA_SCHED_LINEAR,
                                                                   .warmup_steps = (int64_t)(a->warmup * (double)sched),
                                                                   .total_steps = sched}));
+    if (a->resume) resume(r);
     double v0 = evaluate(r->acc, r->model, r->val), t0 = now_s();
-    ca_print(r->acc, "before training: held-out loss %.4f, perplexity %.2f\n", v0, exp(v0));
-    for (int64_t e = 1; ca_optimizer_steps(r->opt) < r->total_steps; e++) {
+    ca_print(r->acc, "%s: held-out loss %.4f, perplexity %.2f\n",
+             ca_optimizer_steps(r->opt) ? "resumed" : "before training", v0, exp(v0));
+    for (int64_t e = ca_dataloader_epoch(r->train) + 1; ca_optimizer_steps(r->opt) < r->total_steps; e++) {
         double tl = train_epoch(r, e), vl = evaluate(r->acc, r->model, r->val);
         ca_print(r->acc, "epoch %lld: train loss %.4f (perplexity %.2f), held-out loss %.4f (perplexity %.2f)\n",
                  (long long)e, tl, exp(tl), vl, exp(vl));
@@ -653,7 +682,11 @@ static void train(run *r, const ca_tokenizer *tok, const ca_causal_lm_config *cf
 int main(int argc, char **argv) {
     args a = parse(argc, argv);
     ca_accelerator *acc;
-    CA_CHECK(ca_accelerator_create(&(ca_options){.argc = argc, .argv = argv}, &acc));
+    char project[4096];   /* --checkpoint_dir: the run's project_dir, with automatic checkpoint naming */
+    snprintf(project, sizeof project, "project_dir=%s", a.checkpoint_dir ? a.checkpoint_dir : "");
+    const char *const ck_settings[] = {project, "automatic_checkpoint_naming=true", NULL};
+    CA_CHECK(ca_accelerator_create(&(ca_options){.argc = argc, .argv = argv,
+                                                 .settings = a.checkpoint_dir ? ck_settings : NULL}, &acc));
     CA_CHECK(ca_set_seed(acc, a.seed));
     ca_tokenizer *tok = load_tokenizer(&a);
     ca_causal_lm_config cfg;

@@ -192,6 +192,15 @@ static ca_status rope_tables(const ca_causal_lm_config *c, const int64_t *pos, i
     ca_status s = ca_rope_scaling_parse(c->rope_scaling_type, &rc.type);
     if (s != CA_OK) return s;
     if (rc.type != CA_ROPE_SCALING_NONE) rc.factor = c->rope_scaling_factor;
+    rc.low_freq_factor = c->rope_low_freq_factor;
+    rc.high_freq_factor = c->rope_high_freq_factor;
+    rc.original_max_position_embeddings = c->rope_original_max_position_embeddings;
+    rc.beta_fast = c->rope_beta_fast;
+    rc.beta_slow = c->rope_beta_slow;
+    rc.attention_factor = c->rope_attention_factor;
+    /* yarn with the pretrained length named: transformers (4.48 on) scales by the ratio of the lengths */
+    if (rc.type == CA_ROPE_SCALING_YARN && rc.original_max_position_embeddings > 0)
+        rc.factor = (double)c->max_position_embeddings / (double)rc.original_max_position_embeddings;
     return ca_rope_tables(dev, &rc, pos, pos ? rows : 1, T, cos_t, sin_t);
 }
 

@@ -180,7 +180,27 @@ static ca_status check_identity(json_object *root, ca_causal_lm_config *c, const
     return CA_OK;
 }
 
-/* rope_scaling: null, or {"type": "linear" | "dynamic", "factor": > 1} (Llama in 4.39). */
+/* llama3's and yarn's own keys (modeling_rope_utils' names); llama3 needs all three. */
+static ca_status read_rope_extras(json_object *rs, ca_causal_lm_config *c, const char *path) {
+    bool llama3 = !strcmp(c->rope_scaling_type, "llama3");
+    static const char *const need[] = {"low_freq_factor", "high_freq_factor", "original_max_position_embeddings"};
+    for (int i = 0; llama3 && i < 3; i++)
+        if (is_null(get(rs, need[i])))
+            return ca_error(CA_ERR_INVALID, "config '%s': rope_scaling type \"llama3\" needs \"%s\"", path, need[i]);
+    ca_status s = get_real(rs, "low_freq_factor", 1e-9, 1e9, &c->rope_low_freq_factor, path);
+    if (s == CA_OK) s = get_real(rs, "high_freq_factor", 1e-9, 1e9, &c->rope_high_freq_factor, path);
+    if (s == CA_OK) s = get_int(rs, "original_max_position_embeddings", 1, &c->rope_original_max_position_embeddings, path);
+    if (s == CA_OK) s = get_real(rs, "beta_fast", 1e-9, 1e9, &c->rope_beta_fast, path);
+    if (s == CA_OK) s = get_real(rs, "beta_slow", 1e-9, 1e9, &c->rope_beta_slow, path);
+    if (s == CA_OK) s = get_real(rs, "attention_factor", 1e-9, 1e9, &c->rope_attention_factor, path);
+    if (s == CA_OK && llama3 && !(c->rope_low_freq_factor < c->rope_high_freq_factor))
+        return ca_error(CA_ERR_INVALID, "config '%s': rope_scaling \"low_freq_factor\" %g is not below "
+                        "\"high_freq_factor\" %g", path, c->rope_low_freq_factor, c->rope_high_freq_factor);
+    return s;
+}
+
+/* rope_scaling: null, or {"type" or "rope_type": "linear" | "dynamic" | "llama3" | "yarn",
+ * "factor": > 1, and llama3's and yarn's keys} (Llama only, as transformers 4.39 has it). */
 static ca_status read_rope_scaling(json_object *root, ca_causal_lm_config *c, const char *path) {
     json_object *rs = get(root, "rope_scaling");
     if (is_null(rs)) return CA_OK;
@@ -190,10 +210,12 @@ static ca_status read_rope_scaling(json_object *root, ca_causal_lm_config *c, co
     json_object *t = get(rs, "type");
     if (!t) t = get(rs, "rope_type");
     const char *type = t && json_object_is_type(t, json_type_string) ? json_object_get_string(t) : NULL;
-    if (!type || (strcmp(type, "linear") && strcmp(type, "dynamic")) || c->family != CA_CAUSAL_LM_LLAMA)
+    ca_rope_scaling_type known;
+    if (!type || ca_rope_scaling_parse(type, &known) != CA_OK || known == CA_ROPE_SCALING_NONE ||
+        c->family != CA_CAUSAL_LM_LLAMA)
         return ca_error(CA_ERR_INVALID, "config '%s': rope_scaling type %s is not supported yet%s", path,
                         t ? json_object_to_json_string(t) : "(missing)",
-                        c->family == CA_CAUSAL_LM_LLAMA ? " (\"linear\" and \"dynamic\" are)"
+                        c->family == CA_CAUSAL_LM_LLAMA ? " (\"linear\", \"dynamic\", \"llama3\" and \"yarn\" are)"
                                                         : " (this family has no rope_scaling in transformers 4.39)");
     snprintf(c->rope_scaling_type, sizeof c->rope_scaling_type, "%s", type);
     json_object *f = get(rs, "factor");
@@ -202,7 +224,7 @@ static ca_status read_rope_scaling(json_object *root, ca_causal_lm_config *c, co
     if (!(c->rope_scaling_factor > 1 && c->rope_scaling_factor <= 1e9))
         return ca_error(CA_ERR_INVALID, "config '%s': rope_scaling \"factor\" is %s; a number > 1 is needed", path,
                         f ? json_object_to_json_string(f) : "missing");
-    return CA_OK;
+    return read_rope_extras(rs, c, path);
 }
 
 /* Keys that change the model in ways this implementation does not follow. */

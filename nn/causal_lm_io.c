@@ -217,6 +217,18 @@ static json_object *ids_json(const int64_t *ids, int n) {
     return a;
 }
 
+/* llama3's and yarn's keys of rope_scaling, those the config has. */
+static void rope_extras(json_object *rs, const ca_causal_lm_config *c) {
+    if (c->rope_low_freq_factor > 0) json_object_object_add(rs, "low_freq_factor", real(c->rope_low_freq_factor));
+    if (c->rope_high_freq_factor > 0) json_object_object_add(rs, "high_freq_factor", real(c->rope_high_freq_factor));
+    if (c->rope_original_max_position_embeddings > 0)
+        json_object_object_add(rs, "original_max_position_embeddings",
+                               json_object_new_int64(c->rope_original_max_position_embeddings));
+    if (c->rope_beta_fast > 0) json_object_object_add(rs, "beta_fast", real(c->rope_beta_fast));
+    if (c->rope_beta_slow > 0) json_object_object_add(rs, "beta_slow", real(c->rope_beta_slow));
+    if (c->rope_attention_factor > 0) json_object_object_add(rs, "attention_factor", real(c->rope_attention_factor));
+}
+
 static void family_keys(json_object *o, const ca_causal_lm_config *c) {
     if (c->family == CA_CAUSAL_LM_LLAMA) {
         json_object_object_add(o, "attention_bias", json_object_new_boolean(c->o_bias));
@@ -226,6 +238,7 @@ static void family_keys(json_object *o, const ca_causal_lm_config *c) {
             rs = json_object_new_object();
             json_object_object_add(rs, "type", json_object_new_string(c->rope_scaling_type));
             json_object_object_add(rs, "factor", real(c->rope_scaling_factor));
+            rope_extras(rs, c);
         }
         json_object_object_add(o, "rope_scaling", rs);
     }

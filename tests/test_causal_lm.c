@@ -86,10 +86,13 @@ static void test_config_refusals(void **state) {
         {"{" TINY "}", "\"model_type\" is missing", CA_ERR_UNSUPPORTED},
         {"{\"model_type\": \"llama\", \"architectures\": [\"MistralForCausalLM\"], " TINY "}",
          "\"architectures\"[0] is 'MistralForCausalLM'", CA_ERR_UNSUPPORTED},
-        {"{\"model_type\": \"llama\", " TINY ", \"rope_scaling\": {\"type\": \"yarn\", \"factor\": 4.0}}",
-         "rope_scaling type \"yarn\" is not supported yet", CA_ERR_INVALID},
+        {"{\"model_type\": \"llama\", " TINY ", \"rope_scaling\": {\"type\": \"longrope\", \"factor\": 4.0}}",
+         "rope_scaling type \"longrope\" is not supported yet", CA_ERR_INVALID},
         {"{\"model_type\": \"llama\", " TINY ", \"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 8.0}}",
-         "rope_scaling type \"llama3\" is not supported yet", CA_ERR_INVALID},
+         "rope_scaling type \"llama3\" needs \"low_freq_factor\"", CA_ERR_INVALID},
+        {"{\"model_type\": \"llama\", " TINY ", \"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 8.0, "
+         "\"low_freq_factor\": 4.0, \"high_freq_factor\": 1.0, \"original_max_position_embeddings\": 8192}}",
+         "\"low_freq_factor\" 4 is not below \"high_freq_factor\" 1", CA_ERR_INVALID},
         {"{\"model_type\": \"llama\", " TINY ", \"rope_scaling\": {\"type\": \"linear\", \"factor\": 0.5}}",
          "rope_scaling \"factor\" is 0.5", CA_ERR_INVALID},
         {"{\"model_type\": \"mistral\", " TINY ", \"rope_scaling\": {\"type\": \"linear\", \"factor\": 2.0}}",
@@ -261,6 +264,46 @@ static void test_names_save_load(void **state) {
     ca_scope_release_all();
 }
 
+/* Llama 3.1's rope_scaling (llama3): read with its keys, written back the same, and used: position 0
+ * gives the unscaled model's logits (angle 0), later positions differ (the long wavelengths are
+ * divided by the factor). */
+static void test_rope_llama3(void **state) {
+    (void)state;
+    ca_module *m = tiny_model("{\"model_type\": \"llama\", " TINY ", \"max_position_embeddings\": 64, "
+                              "\"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 8.0, \"low_freq_factor\": 1.0, "
+                              "\"high_freq_factor\": 4.0, \"original_max_position_embeddings\": 4}}");
+    const ca_causal_lm_config *c = ca_causal_lm_module_config(m);
+    assert_string_equal(c->rope_scaling_type, "llama3");
+    assert_true(c->rope_low_freq_factor == 1.0 && c->rope_high_freq_factor == 4.0);
+    assert_int_equal(c->rope_original_max_position_embeddings, 4);
+    char dir[600];
+    snprintf(dir, sizeof dir, "%s/llama3", g_tmp);
+    assert_int_equal(mkdir(dir, 0755), 0);
+    T_OK(ca_causal_lm_save_config(m, dir));
+    T_OK(ca_save_model(NULL, m, dir, 0));
+    ca_causal_lm_config back;
+    T_OK(ca_causal_lm_config_load(dir, &back));
+    assert_string_equal(back.rope_scaling_type, "llama3");
+    assert_true(back.rope_scaling_factor == 8.0 && back.rope_high_freq_factor == 4.0);
+    assert_int_equal(back.rope_original_max_position_embeddings, 4);
+    ca_module *plain = tiny_model("{\"model_type\": \"llama\", " TINY ", \"max_position_embeddings\": 64}");
+    T_OK(ca_causal_lm_load_pretrained(plain, dir, NULL));
+    const int64_t ids[6] = {1, 2, 3, 4, 5, 6};
+    ca_tensor *a, *b;
+    T_OK(ca_causal_lm_forward(m, ids_tensor(1, 6, ids), NULL, NULL, &a));
+    T_OK(ca_causal_lm_forward(plain, ids_tensor(1, 6, ids), NULL, NULL, &b));
+    float *ha = t_host(a), *hb = t_host(b);
+    assert_memory_equal(ha, hb, 16 * sizeof(float));              /* position 0 */
+    double diff = 0;
+    for (int i = 16; i < 6 * 16; i++) diff = fmax(diff, fabs((double)ha[i] - hb[i]));
+    assert_true(diff > 1e-6);
+    free(ha);
+    free(hb);
+    ca_module_destroy(plain);
+    ca_module_destroy(m);
+    ca_scope_release_all();
+}
+
 #define GPT2_TINY "\"model_type\": \"gpt2\", \"vocab_size\": 16, \"n_embd\": 8, \"n_layer\": 1, \"n_head\": 2, " \
                   "\"n_positions\": 4"
 
@@ -374,6 +417,7 @@ int main(void) {
         cmocka_unit_test(test_loss),
         cmocka_unit_test(test_sliding_window),
         cmocka_unit_test(test_names_save_load),
+        cmocka_unit_test(test_rope_llama3),
         cmocka_unit_test(test_gpt2),
         cmocka_unit_test(test_activation_checkpointing),
     };

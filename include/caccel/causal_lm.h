@@ -44,8 +44,13 @@ typedef struct ca_causal_lm_config {
     int64_t max_position_embeddings;
     double rms_norm_eps;                   /* the norms' eps (GPT-2: layer_norm_epsilon) */
     double rope_theta;
-    char rope_scaling_type[16];            /* "" (none), "linear" or "dynamic" (Llama only) */
+    char rope_scaling_type[16];            /* "" (none), "linear", "dynamic", "llama3", "yarn" (Llama only) */
     double rope_scaling_factor;            /* > 1 when rope_scaling_type is set */
+    /* llama3 (Llama 3.1 and later): all three required; yarn: the original length optional (0) */
+    double rope_low_freq_factor, rope_high_freq_factor;
+    int64_t rope_original_max_position_embeddings;
+    double rope_beta_fast, rope_beta_slow;  /* yarn; 0: 32 and 1 */
+    double rope_attention_factor;           /* yarn; 0: 0.1 ln(factor) + 1 */
     bool tie_word_embeddings;              /* lm_head uses model.embed_tokens.weight */
     bool qkv_bias;                         /* q/k/v_proj biases (Qwen2; Llama attention_bias) */
     bool o_bias;                           /* o_proj bias (Llama attention_bias) */
@@ -84,8 +89,9 @@ typedef struct ca_causal_lm_config {
  * family's *ForCausalLM or *Model. Every size is checked: positive, at most 1000 layers,
  * num_attention_heads dividing hidden_size into an even head size, num_key_value_heads dividing
  * num_attention_heads, each weight and the whole model within the memory there is. Refused by
- * name: an unknown model_type (CA_ERR_UNSUPPORTED), a rope_scaling type other than "linear" or
- * "dynamic" ('config.json: rope_scaling type "yarn" is not supported yet'), a hidden_act other
+ * name: an unknown model_type (CA_ERR_UNSUPPORTED), a rope_scaling type other than "linear",
+ * "dynamic", "llama3" or "yarn" ('rope_scaling type "longrope" is not supported yet'; rope_scaling
+ * only on Llama, as transformers 4.39 has it), a hidden_act other
  * than silu, a head_dim other than hidden_size / num_attention_heads, mlp_bias; for GPT-2 (whose
  * sizes are n_embd, n_layer, n_head, n_inner, n_positions) an activation_function caccel does not
  * compute and add_cross_attention; a key of the wrong type or out of range (CA_ERR_INVALID).
