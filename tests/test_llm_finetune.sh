@@ -5,7 +5,8 @@
 # kind (the lines of the GPL, which every Debian system has: /usr/share/common-licenses/GPL-3) on one
 # process and on two under `caccel launch`, the adapter saved as PEFT's files and merged by
 # `caccel merge-weights`; a run resumed from its step-20 checkpoint ends with the same adapter, bit
-# for bit, as the uninterrupted one.
+# for bit, as the uninterrupted one; under FSDP (the frozen base sharded) the adapter equals DDP's
+# bit for bit; bf16 autocast with gradient checkpointing trains.
 # With /usr/bin/python3 holding torch, transformers and peft, the saved model loads with
 # AutoModelForCausalLM.from_pretrained, the adapter with PeftModel.from_pretrained, and the merged
 # model gives PEFT's merged logits (to 1e-4 relative).
@@ -71,6 +72,14 @@ echo "uninterrupted: held-out loss $r1; resumed at step 20: $r2"
 cmp -s "$WORK/a1/adapter_model.safetensors" "$WORK/a2/adapter_model.safetensors" ||
     fail "the resumed run's adapter differs from the uninterrupted run's"
 
+echo "== LoRA with bf16 autocast and gradient checkpointing"
+"$FT" --cpu --model "$WORK/small" --lora_r 8 --lora_alpha 16 --lora_dropout 0 --block_size 64 --batch_size 8 --seed 7 \
+    --eval_blocks 32 --max_steps 20 --lr 5e-3 --data "$gpl" --sample_tokens 0 --mixed_precision bf16 \
+    --gradient_checkpointing > "$WORK/bf16" 2>&1 || { cat "$WORK/bf16"; fail "bf16: exited non-zero"; }
+b0=$(loss_before "$WORK/bf16"); b1=$(loss_after "$WORK/bf16")
+echo "bf16, gradient checkpointing: held-out loss $b0 -> $b1"
+awk -v a="$b0" -v b="$b1" 'BEGIN { exit !(b < a) }' || fail "bf16: the held-out loss did not fall ($b0 -> $b1)"
+
 echo "== caccel merge-weights --adapter"
 "$CACCEL" merge-weights --adapter "$WORK/adapter" "$WORK/small" "$WORK/merged" > "$WORK/merge" 2>&1 ||
     { cat "$WORK/merge"; fail "caccel merge-weights --adapter exited non-zero"; }
@@ -87,8 +96,18 @@ if [ -n "$gloo" ]; then
     t1=$(loss_after "$WORK/two")
     echo "two processes (batch 8 each, the same global batch): held-out loss $(loss_before "$WORK/two") -> $t1"
     awk -v a="$l0" -v b="$t1" 'BEGIN { exit !(exp(b) <= 0.97 * exp(a)) }' || fail "two processes: held-out perplexity did not fall by 3%"
+    echo "== LoRA under FSDP (the frozen base sharded) ends with DDP's adapter, bit for bit"
+    SHORT="--model $WORK/small --lora_r 8 --lora_alpha 16 --lora_dropout 0 --block_size 64 --batch_size 8 --seed 7 \
+        --eval_blocks 32 --max_steps 20 --lr 5e-3 --data $gpl --sample_tokens 0 --log_interval 0"
+    for mode in ddp fsdp; do
+        flags=""; [ $mode = fsdp ] && flags=--use_fsdp
+        timeout 300 "$CACCEL" launch --num_processes 2 --backend gloo $flags "$FT" $SHORT --output_dir "$WORK/$mode" \
+            > "$WORK/$mode.log" 2>&1 || { cat "$WORK/$mode.log"; fail "$mode: exited non-zero"; }
+    done
+    cmp -s "$WORK/ddp/adapter_model.safetensors" "$WORK/fsdp/adapter_model.safetensors" ||
+        fail "the adapter trained under FSDP differs from DDP's"
 else
-    echo "(no Gloo plugin on CACCEL_PLUGIN_PATH: the two-process run is left out)"
+    echo "(no Gloo plugin on CACCEL_PLUGIN_PATH: the two-process runs are left out)"
 fi
 
 py=""
