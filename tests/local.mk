@@ -20,7 +20,8 @@ include tests/checks.mk
 # measured (docs/TESTING.md, "How long CI takes"); a name not in TESTS is ignored.
 ca_slowest_tests = tests/test_bert_classifier.sh tests/test_resume.sh tests/test_zero.sh tests/dist/netns.sh \
 	tests/dist/mpi.sh tests/dist/gloo.sh tests/dist/restarts.sh tests/test_determinism.sh tests/test_ddp.sh \
-	tests/dist/exits.sh tests/test_examples.sh tests/dist/slurm.sh tests/dist/faults.sh tests/test_xla_train.sh
+	tests/dist/exits.sh tests/test_examples.sh tests/dist/slurm.sh tests/dist/faults.sh tests/test_xla_train.sh \
+	tests/test_frozen_ranks.sh tests/test_llm_finetune.sh tests/test_causal_lm_parity.sh
 check-slowest-first: all
 	$(MAKE) $(AM_MAKEFLAGS) check \
 	  TESTS="$(foreach t,$(ca_slowest_tests),$(filter $(t),$(TESTS))) $(filter-out $(ca_slowest_tests),$(TESTS))"
