@@ -14,6 +14,7 @@ include bench/zero.mk
 include bench/progress.mk
 include bench/threads.mk
 include bench/llm.mk
+include bench/tokenizer.mk
 
 # Builds every benchmark without running one (tools/test.sh does, so they keep compiling).
 .PHONY: bench-build
