@@ -967,7 +967,9 @@ static int fresh_store(launch *L) {
 }
 
 /* Machines 1.. of a restart: after saying in the old store that their processes have ended, they
- * reconnect until the store they reach is the new one (machine 0 marks it with the attempt's key). */
+ * reconnect until the store they reach is the new one (machine 0 marks it with the attempt's key).
+ * The old store goes away meanwhile: a connection it accepts and then closes (while this launcher
+ * presents the job token) is part of the swap, not a failure, and is tried again until the deadline. */
 static int rejoin_store(launch *L, const char *gen_key, int64_t deadline) {
     ca_store_client_close(L->client);
     L->client = NULL;
@@ -976,7 +978,13 @@ static int rejoin_store(launch *L, const char *gen_key, int64_t deadline) {
         if (left <= 0)
             return fail_msg("restart %d: machine 0's new rendezvous store at %s:%d did not come up within %d s",
                             L->restart_count, L->master_addr, L->port, grace_s() + 30);
-        if (connect_store(L, left) != 0) return 1;
+        if (ca_store_client_connect(L->master_addr, L->port, L->token, left, &L->client) != CA_OK) {
+            if (deadline - ca_now_ms() <= 0) return ca_cli_fail(cmd_name);
+            ca_clear_error();
+            usleep(100 * 1000);
+            continue;
+        }
+        ca_store_client_set_io_timeout(L->client, STORE_IO_MS);
         ca_store_ref s = ca_store_client_ref(L->client);
         if (s.ops->check(s.store, gen_key) == CA_OK) return 0;
         ca_clear_error();
