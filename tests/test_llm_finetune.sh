@@ -6,7 +6,7 @@
 # process and on two under `caccel launch`, the adapter saved as PEFT's files and merged by
 # `caccel merge-weights`; a run resumed from its step-20 checkpoint ends with the same adapter, bit
 # for bit, as the uninterrupted one; under FSDP (the frozen base sharded) the adapter equals DDP's
-# bit for bit; bf16 autocast with gradient checkpointing trains.
+# bit for bit; bf16 autocast with gradient checkpointing, and the lazy xla device (--tpu), train.
 # With /usr/bin/python3 holding torch, transformers and peft, the saved model loads with
 # AutoModelForCausalLM.from_pretrained, the adapter with PeftModel.from_pretrained, and the merged
 # model gives PEFT's merged logits (to 1e-4 relative).
@@ -79,6 +79,15 @@ echo "== LoRA with bf16 autocast and gradient checkpointing"
 b0=$(loss_before "$WORK/bf16"); b1=$(loss_after "$WORK/bf16")
 echo "bf16, gradient checkpointing: held-out loss $b0 -> $b1"
 awk -v a="$b0" -v b="$b1" 'BEGIN { exit !(b < a) }' || fail "bf16: the held-out loss did not fall ($b0 -> $b1)"
+
+echo "== LoRA on the lazy xla device (--tpu), unchanged"
+"$FT" --tpu --model "$WORK/small" --lora_r 8 --lora_alpha 16 --lora_dropout 0 --block_size 64 --batch_size 8 --seed 7 \
+    --eval_blocks 32 --max_steps 20 --lr 5e-3 --data "$gpl" --sample_tokens 0 > "$WORK/xla" 2>&1 ||
+    { cat "$WORK/xla"; fail "--tpu: exited non-zero"; }
+grep -q 'on 1 process(es), xla' "$WORK/xla" || { cat "$WORK/xla"; fail "--tpu did not run on the xla device"; }
+x0=$(loss_before "$WORK/xla"); x1=$(loss_after "$WORK/xla")
+echo "xla: held-out loss $x0 -> $x1"
+awk -v a="$x0" -v b="$x1" 'BEGIN { exit !(b < a) }' || fail "--tpu: the held-out loss did not fall ($x0 -> $x1)"
 
 echo "== caccel merge-weights --adapter"
 "$CACCEL" merge-weights --adapter "$WORK/adapter" "$WORK/small" "$WORK/merged" > "$WORK/merge" 2>&1 ||
