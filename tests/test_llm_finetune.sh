@@ -5,8 +5,8 @@
 # kind (the lines of the GPL, which every Debian system has: /usr/share/common-licenses/GPL-3) on one
 # process and on two under `caccel launch`, the adapter saved as PEFT's files and merged by
 # `caccel merge-weights`; a run resumed from its step-20 checkpoint ends with the same adapter, bit
-# for bit, as the uninterrupted one; under FSDP (the frozen base sharded) the adapter equals DDP's
-# bit for bit; bf16 autocast with gradient checkpointing, and the lazy xla device (--tpu), train.
+# for bit, as the uninterrupted one; under FSDP (the frozen base sharded) and under mpirun (MPI) the
+# adapter equals caccel launch's DDP (Gloo) one bit for bit; bf16 autocast with gradient checkpointing, and the lazy xla device (--tpu), train.
 # With /usr/bin/python3 holding torch, transformers and peft, the saved model loads with
 # AutoModelForCausalLM.from_pretrained, the adapter with PeftModel.from_pretrained, and the merged
 # model gives PEFT's merged logits (to 1e-4 relative).
@@ -115,6 +115,18 @@ if [ -n "$gloo" ]; then
     done
     cmp -s "$WORK/ddp/adapter_model.safetensors" "$WORK/fsdp/adapter_model.safetensors" ||
         fail "the adapter trained under FSDP differs from DDP's"
+    mpi=""
+    for d in $(echo "${CACCEL_PLUGIN_PATH:-}" | tr ':' ' '); do [ -e "$d/caccel_mpi.so" ] && mpi=yes; done
+    if [ -n "$mpi" ] && command -v mpirun >/dev/null 2>&1; then
+        echo "== LoRA under mpirun (MPI) ends with caccel launch's (Gloo) adapter, bit for bit"
+        # Open MPI's own allocations are never freed: a sanitizer build must not count them as leaks
+        ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0" timeout -k 5 300 mpirun --allow-run-as-root \
+            --oversubscribe -np 2 "$FT" $SHORT --cpu --backend mpi --output_dir "$WORK/mpi" > "$WORK/mpi.log" 2>&1 ||
+            { cat "$WORK/mpi.log"; fail "mpirun: exited non-zero"; }
+        grep -q 'on 2 process(es)' "$WORK/mpi.log" || { cat "$WORK/mpi.log"; fail "mpirun: not two processes"; }
+        cmp -s "$WORK/ddp/adapter_model.safetensors" "$WORK/mpi/adapter_model.safetensors" ||
+            fail "the adapter trained under mpirun differs from caccel launch's"
+    fi
 else
     echo "(no Gloo plugin on CACCEL_PLUGIN_PATH: the two-process runs are left out)"
 fi
