@@ -6,7 +6,8 @@
 # process and on two under `caccel launch`, the adapter saved as PEFT's files and merged by
 # `caccel merge-weights`; a run resumed from its step-20 checkpoint ends with the same adapter, bit
 # for bit, as the uninterrupted one; under FSDP (the frozen base sharded) and under mpirun (MPI) the
-# adapter equals caccel launch's DDP (Gloo) one bit for bit; bf16 autocast with gradient checkpointing, and the lazy xla device (--tpu), train.
+# adapter equals caccel launch's DDP (Gloo) one bit for bit; bf16 autocast with gradient
+# checkpointing, and the lazy xla device (--tpu), train.
 # With /usr/bin/python3 holding torch, transformers and peft, the saved model loads with
 # AutoModelForCausalLM.from_pretrained, the adapter with PeftModel.from_pretrained, and the merged
 # model gives PEFT's merged logits (to 1e-4 relative).
