@@ -47,32 +47,9 @@ static void bert_model_free(void *p) {
 
 /* ------------------------------------------------------------------ building */
 
-static ca_status fill_normal(ca_tensor *t, float std) {
-    uint64_t seed, unused;
-    ca_rng_get_state(&seed, &unused);
-    uint64_t off = ca_rng_reserve(ca_rng_counters(CA_RNG_NORMAL, t->numel));
-    return CA_KCALL(ca_tdev(t), rng, .kind = CA_RNG_NORMAL, .dt = t->dtype, .n = t->numel, .seed = seed,
-                    .offset = off, .a = 0.0f, .b = std, .y = ca_tptr(t));
-}
-
-static ca_status fill_zero(ca_tensor *t) {
-    return CA_KCALL(ca_tdev(t), fill, .dt = CA_F32, .n = t->numel, .value = 0.0, .y = ca_tptr(t));
-}
-
 /* Linear with BERT's initialisation, added to parent as `name`; *out is the child. */
 static ca_status add_linear(ca_module *parent, const char *name, int64_t in, int64_t out_f, ca_module **out) {
-    ca_module *l;
-    ca_status s = ca_linear_create(in, out_f, true, &l);
-    if (s != CA_OK) return s;              /* nothing was made (out of memory, most likely) */
-    s = fill_normal(l->params[0], INIT_STD);
-    if (s == CA_OK) s = fill_zero(l->params[1]);
-    if (s != CA_OK) {
-        ca_module_destroy(l);
-        return s;
-    }
-    s = ca_module_add(parent, name, l);    /* which destroys l when it fails */
-    if (s == CA_OK) *out = l;
-    return s;
+    return ca_nn_add_linear(parent, name, in, out_f, true, INIT_STD, out);
 }
 
 static ca_status add_layer_norm(ca_module *parent, const char *name, const ca_bert_config *c, ca_module **out) {
@@ -80,24 +57,6 @@ static ca_status add_layer_norm(ca_module *parent, const char *name, const ca_be
     ca_status s = ca_layer_norm_create(c->hidden_size, c->layer_norm_eps, &l);
     if (s == CA_OK) s = ca_module_add(parent, name, l);
     if (s == CA_OK) *out = l;
-    return s;
-}
-
-static ca_status add_embedding(ca_module *parent, const char *name, int64_t n, int64_t dim, int64_t pad,
-                               ca_module **out) {
-    ca_module *e;
-    ca_status s = ca_embedding_create_ex(n, dim, pad, &e);
-    if (s != CA_OK) return s;              /* nothing was made */
-    s = fill_normal(e->params[0], INIT_STD);
-    if (s == CA_OK && pad >= 0)
-        s = CA_KCALL(ca_tdev(e->params[0]), fill, .dt = CA_F32, .n = dim, .value = 0.0,
-                     .y = (float *)ca_tptr(e->params[0]) + pad * dim);
-    if (s != CA_OK) {
-        ca_module_destroy(e);
-        return s;
-    }
-    s = ca_module_add(parent, name, e);
-    if (s == CA_OK) *out = e;
     return s;
 }
 
@@ -115,9 +74,10 @@ static ca_status build_embeddings(ca_module *root, bert_model *b) {
     ca_module *e;
     ca_status s = add_container(root, "embeddings", "BertEmbeddings", &e);
     int64_t pad = c->pad_token_id >= 0 && c->pad_token_id < c->vocab_size ? c->pad_token_id : -1;
-    if (s == CA_OK) s = add_embedding(e, "word_embeddings", c->vocab_size, c->hidden_size, pad, &b->word);
-    if (s == CA_OK) s = add_embedding(e, "position_embeddings", c->max_position_embeddings, c->hidden_size, -1, &b->pos);
-    if (s == CA_OK) s = add_embedding(e, "token_type_embeddings", c->type_vocab_size, c->hidden_size, -1, &b->type);
+    int64_t h = c->hidden_size;
+    if (s == CA_OK) s = ca_nn_add_embedding(e, "word_embeddings", c->vocab_size, h, pad, INIT_STD, &b->word);
+    if (s == CA_OK) s = ca_nn_add_embedding(e, "position_embeddings", c->max_position_embeddings, h, -1, INIT_STD, &b->pos);
+    if (s == CA_OK) s = ca_nn_add_embedding(e, "token_type_embeddings", c->type_vocab_size, h, -1, INIT_STD, &b->type);
     if (s == CA_OK) s = add_layer_norm(e, "LayerNorm", c, &b->emb_ln);
     return s;
 }

@@ -39,32 +39,6 @@ static void lm_model_free(void *p) {
 
 /* ------------------------------------------------------------------ building */
 
-static ca_status fill_normal(ca_tensor *t, float std) {
-    uint64_t seed, unused;
-    ca_rng_get_state(&seed, &unused);
-    uint64_t off = ca_rng_reserve(ca_rng_counters(CA_RNG_NORMAL, t->numel));
-    return CA_KCALL(ca_tdev(t), rng, .kind = CA_RNG_NORMAL, .dt = t->dtype, .n = t->numel, .seed = seed,
-                    .offset = off, .a = 0.0f, .b = std, .y = ca_tptr(t));
-}
-
-/* Linear with transformers' initialisation (N(0, initializer_range), bias 0) added to parent. */
-static ca_status add_linear(ca_module *parent, const char *name, int64_t in, int64_t out_f, bool bias,
-                            float std, ca_module **out) {
-    ca_module *l;
-    ca_status s = ca_linear_create(in, out_f, bias, &l);
-    if (s != CA_OK) return s;              /* nothing was made (out of memory, most likely) */
-    s = fill_normal(l->params[0], std);
-    if (s == CA_OK && bias)
-        s = CA_KCALL(ca_tdev(l->params[1]), fill, .dt = CA_F32, .n = out_f, .value = 0.0, .y = ca_tptr(l->params[1]));
-    if (s != CA_OK) {
-        ca_module_destroy(l);
-        return s;
-    }
-    s = ca_module_add(parent, name, l);    /* which destroys l when it fails */
-    if (s == CA_OK) *out = l;
-    return s;
-}
-
 static ca_status add_rms_norm(ca_module *parent, const char *name, const ca_causal_lm_config *c, ca_module **out) {
     ca_module *l;
     ca_status s = ca_rms_norm_create(c->hidden_size, c->rms_norm_eps, &l);
@@ -81,24 +55,6 @@ static ca_status add_container(ca_module *parent, const char *name, const char *
     return s;
 }
 
-static ca_status add_embedding(ca_module *parent, const ca_causal_lm_config *c, ca_module **out) {
-    ca_module *e;
-    int64_t pad = c->pad_token_id, H = c->hidden_size;
-    ca_status s = ca_embedding_create_ex(c->vocab_size, H, pad, &e);
-    if (s != CA_OK) return s;
-    s = fill_normal(e->params[0], (float)c->initializer_range);
-    if (s == CA_OK && pad >= 0)
-        s = CA_KCALL(ca_tdev(e->params[0]), fill, .dt = CA_F32, .n = H, .value = 0.0,
-                     .y = (float *)ca_tptr(e->params[0]) + pad * H);
-    if (s != CA_OK) {
-        ca_module_destroy(e);
-        return s;
-    }
-    s = ca_module_add(parent, "embed_tokens", e);
-    if (s == CA_OK) *out = e;
-    return s;
-}
-
 static ca_status build_layer(ca_module *layers, int64_t i, const ca_causal_lm_config *c, lm_layer *l) {
     char name[24];
     snprintf(name, sizeof name, "%lld", (long long)i);
@@ -110,15 +66,15 @@ static ca_status build_layer(ca_module *layers, int64_t i, const ca_causal_lm_co
     if (s == CA_OK) l->module = layer;
     if (s == CA_OK) s = add_rms_norm(layer, "input_layernorm", c, &l->in_ln);
     if (s == CA_OK) s = add_container(layer, "self_attn", "Attention", &attn);
-    if (s == CA_OK) s = add_linear(attn, "q_proj", h, h, c->qkv_bias, std, &l->q);
-    if (s == CA_OK) s = add_linear(attn, "k_proj", h, kv, c->qkv_bias, std, &l->k);
-    if (s == CA_OK) s = add_linear(attn, "v_proj", h, kv, c->qkv_bias, std, &l->v);
-    if (s == CA_OK) s = add_linear(attn, "o_proj", h, h, c->o_bias, std, &l->o);
+    if (s == CA_OK) s = ca_nn_add_linear(attn, "q_proj", h, h, c->qkv_bias, std, &l->q);
+    if (s == CA_OK) s = ca_nn_add_linear(attn, "k_proj", h, kv, c->qkv_bias, std, &l->k);
+    if (s == CA_OK) s = ca_nn_add_linear(attn, "v_proj", h, kv, c->qkv_bias, std, &l->v);
+    if (s == CA_OK) s = ca_nn_add_linear(attn, "o_proj", h, h, c->o_bias, std, &l->o);
     if (s == CA_OK) s = add_rms_norm(layer, "post_attention_layernorm", c, &l->post_ln);
     if (s == CA_OK) s = add_container(layer, "mlp", "MLP", &mlp);
-    if (s == CA_OK) s = add_linear(mlp, "gate_proj", h, f, false, std, &l->gate);
-    if (s == CA_OK) s = add_linear(mlp, "up_proj", h, f, false, std, &l->up);
-    if (s == CA_OK) s = add_linear(mlp, "down_proj", f, h, false, std, &l->down);
+    if (s == CA_OK) s = ca_nn_add_linear(mlp, "gate_proj", h, f, false, std, &l->gate);
+    if (s == CA_OK) s = ca_nn_add_linear(mlp, "up_proj", h, f, false, std, &l->up);
+    if (s == CA_OK) s = ca_nn_add_linear(mlp, "down_proj", f, h, false, std, &l->down);
     return s;
 }
 
@@ -126,7 +82,8 @@ static ca_status build(ca_module *root, lm_model *b) {
     const ca_causal_lm_config *c = &b->cfg;
     ca_module *model, *layers;
     ca_status s = add_container(root, "model", BASE[c->family], &model);
-    if (s == CA_OK) s = add_embedding(model, c, &b->embed);
+    if (s == CA_OK) s = ca_nn_add_embedding(model, "embed_tokens", c->vocab_size, c->hidden_size, c->pad_token_id,
+                                           (float)c->initializer_range, &b->embed);
     if (s != CA_OK) return ca_error_context("%s: model.embed_tokens", ARCH[c->family]);
     s = add_container(model, "layers", "ModuleList", &layers);
     for (int64_t i = 0; s == CA_OK && i < b->nlayers; i++) {
@@ -136,8 +93,8 @@ static ca_status build(ca_module *root, lm_model *b) {
     }
     if (s == CA_OK) s = add_rms_norm(model, "norm", c, &b->norm);
     if (s == CA_OK && !c->tie_word_embeddings)
-        s = add_linear(root, "lm_head", c->hidden_size, c->vocab_size, false, (float)c->initializer_range,
-                       &b->lm_head);
+        s = ca_nn_add_linear(root, "lm_head", c->hidden_size, c->vocab_size, false, (float)c->initializer_range,
+                             &b->lm_head);
     return s;
 }
 

@@ -35,14 +35,6 @@ static void gpt2_free(void *p) {
     free(g);
 }
 
-static ca_status fill_normal(ca_tensor *t, float std) {
-    uint64_t seed, unused;
-    ca_rng_get_state(&seed, &unused);
-    uint64_t off = ca_rng_reserve(ca_rng_counters(CA_RNG_NORMAL, t->numel));
-    return CA_KCALL(ca_tdev(t), rng, .kind = CA_RNG_NORMAL, .dt = t->dtype, .n = t->numel, .seed = seed,
-                    .offset = off, .a = 0.0f, .b = std, .y = ca_tptr(t));
-}
-
 /* transformers' Conv1D: y = x W + b with W [in, out]. */
 static ca_tensor *conv1d_forward(ca_module *self, ca_tensor *x, void *ctx) {
     (void)ctx;
@@ -57,7 +49,7 @@ static ca_status add_conv1d(ca_module *parent, const char *name, int64_t in, int
     ca_tensor *w = NULL, *b = NULL;
     s = ca_parameter_create(ca_cpu_device(), CA_F32, 2, (int64_t[]){in, out_f}, &w);
     if (s == CA_OK) s = ca_module_add_param(m, "weight", w);
-    if (s == CA_OK) s = fill_normal(w, std);
+    if (s == CA_OK) s = ca_nn_init_normal(w, std);
     if (s == CA_OK) s = ca_parameter_create(ca_cpu_device(), CA_F32, 1, &out_f, &b);
     if (s == CA_OK) s = ca_module_add_param(m, "bias", b);
     if (s == CA_OK) s = CA_KCALL(ca_tdev(b), fill, .dt = CA_F32, .n = out_f, .value = 0.0, .y = ca_tptr(b));
@@ -83,7 +75,7 @@ static ca_status add_embedding(ca_module *parent, const char *name, int64_t n, i
     ca_module *e;
     ca_status s = ca_embedding_create_ex(n, c->hidden_size, pad, &e);
     if (s != CA_OK) return s;
-    s = fill_normal(e->params[0], (float)c->initializer_range);
+    s = ca_nn_init_normal(e->params[0], (float)c->initializer_range);
     if (s != CA_OK) {
         ca_module_destroy(e);
         return s;
@@ -133,16 +125,8 @@ static ca_status build(ca_module *root, gpt2_model *g) {
     }
     if (s == CA_OK) s = add_ln(t, "ln_f", c, &g->ln_f);
     if (s != CA_OK || c->tie_word_embeddings) return s;
-    ca_module *l;
-    s = ca_linear_create(c->hidden_size, c->vocab_size, false, &l);
-    if (s != CA_OK) return s;
-    s = fill_normal(l->params[0], (float)c->initializer_range);
-    if (s != CA_OK) {
-        ca_module_destroy(l);
-        return s;
-    }
-    s = ca_module_add(root, "lm_head", l);     /* which destroys l when it fails */
-    if (s == CA_OK) g->lm_head = l;
+    s = ca_nn_add_linear(root, "lm_head", c->hidden_size, c->vocab_size, false, (float)c->initializer_range,
+                         &g->lm_head);
     return s;
 }
 

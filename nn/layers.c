@@ -187,3 +187,48 @@ static ca_tensor *silu_forward(ca_module *self, ca_tensor *x, void *ctx) { retur
 
 ca_status ca_gelu_erf_create(ca_module **out) { return ca_module_create("GELU", gelu_erf_forward, NULL, NULL, out); }
 ca_status ca_silu_create(ca_module **out) { return ca_module_create("SiLU", silu_forward, NULL, NULL, out); }
+
+/* ------------------------------------------------------------------ pretrained models' initialisation */
+
+ca_status ca_nn_init_normal(ca_tensor *t, float std) {
+    uint64_t seed, unused;
+    ca_rng_get_state(&seed, &unused);
+    uint64_t off = ca_rng_reserve(ca_rng_counters(CA_RNG_NORMAL, t->numel));
+    return CA_KCALL(ca_tdev(t), rng, .kind = CA_RNG_NORMAL, .dt = t->dtype, .n = t->numel, .seed = seed,
+                    .offset = off, .a = 0.0f, .b = std, .y = ca_tptr(t));
+}
+
+ca_status ca_nn_add_linear(ca_module *parent, const char *name, int64_t in, int64_t out_f, bool bias, float std,
+                           ca_module **out) {
+    ca_module *l;
+    ca_status s = ca_linear_create(in, out_f, bias, &l);
+    if (s != CA_OK) return s;              /* nothing was made (out of memory, most likely) */
+    s = ca_nn_init_normal(l->params[0], std);
+    if (s == CA_OK && bias)
+        s = CA_KCALL(ca_tdev(l->params[1]), fill, .dt = CA_F32, .n = out_f, .value = 0.0, .y = ca_tptr(l->params[1]));
+    if (s != CA_OK) {
+        ca_module_destroy(l);
+        return s;
+    }
+    s = ca_module_add(parent, name, l);    /* which destroys l when it fails */
+    if (s == CA_OK) *out = l;
+    return s;
+}
+
+ca_status ca_nn_add_embedding(ca_module *parent, const char *name, int64_t n, int64_t dim, int64_t pad, float std,
+                              ca_module **out) {
+    ca_module *e;
+    ca_status s = ca_embedding_create_ex(n, dim, pad, &e);
+    if (s != CA_OK) return s;              /* nothing was made */
+    s = ca_nn_init_normal(e->params[0], std);
+    if (s == CA_OK && pad >= 0)
+        s = CA_KCALL(ca_tdev(e->params[0]), fill, .dt = CA_F32, .n = dim, .value = 0.0,
+                     .y = (float *)ca_tptr(e->params[0]) + pad * dim);
+    if (s != CA_OK) {
+        ca_module_destroy(e);
+        return s;
+    }
+    s = ca_module_add(parent, name, e);    /* which destroys e when it fails */
+    if (s == CA_OK) *out = e;
+    return s;
+}

@@ -111,6 +111,17 @@ ca_tensor *ca_optimizer_param_at(const ca_optimizer *o, int i);
  * after moving parameters, so state lives on the training device). */
 ca_status ca_optimizer_init_state(ca_optimizer *o);
 
+/* Initialisation as transformers' _init_weights does it for the pretrained models (nn/layers.c):
+ * ca_nn_init_normal fills t with N(0, std) from the process generator; ca_nn_add_linear adds a
+ * Linear (weight N(0, std), bias 0) and ca_nn_add_embedding an Embedding (N(0, std), the
+ * padding_idx row pad zeroed when pad >= 0) to parent as `name`, setting *out. On failure nothing
+ * is left allocated. */
+ca_status ca_nn_init_normal(ca_tensor *t, float std);
+ca_status ca_nn_add_linear(ca_module *parent, const char *name, int64_t in, int64_t out_f, bool bias, float std,
+                           ca_module **out);
+ca_status ca_nn_add_embedding(ca_module *parent, const char *name, int64_t n, int64_t dim, int64_t pad, float std,
+                              ca_module **out);
+
 /* The sizes of a BERT config (nn/bert_config.c), checked before config.json is accepted and
  * before ca_bert_model_create allocates anything: positive, at most 1000 layers,
  * num_attention_heads dividing hidden_size, and each weight and the whole model (with a
