@@ -429,6 +429,7 @@ static json_object *ss_loader_json(const ca_dataloader *dl) {
     json_object_object_add(j, "shuffle", json_object_new_boolean(ls.shuffle));
     json_object_object_add(j, "drop_last", json_object_new_boolean(ls.drop_last));
     json_object_object_add(j, "world_size", json_object_new_int(ls.world));
+    json_object_object_add(j, "split_batches", json_object_new_boolean(ls.split));
     return j;
 }
 
@@ -1359,18 +1360,23 @@ static ca_status ss_apply_optimizer(ca_optimizer *o, json_object *jo, const ca_s
 }
 
 /* The batch to continue at: the same one on the same world size; else the same global sample
- * position, rounded down to a whole step of the new world (a few samples are seen again). */
+ * position, rounded down to a whole step of the new world (a few samples are seen again). Under
+ * split_batches a rank's batch is a slice of the global one, so its position counts global batches
+ * (a checkpoint without the key was saved as this run loads). */
 static int64_t ss_loader_skip(const ca_accelerator *acc, json_object *jl, const ca_loader_state *now) {
     ss_json j = {"", false};
     int64_t pos = js_int(&j, jl, "position"), w = js_int(&j, jl, "world_size");
     int64_t most = now->rank_batches < 0 ? INT64_MAX : now->rank_batches;   /* < 0: a stream, length unknown */
     if (w == now->world) return pos < most ? pos : most;
-    int64_t global = pos * w;                   /* global batches consumed */
-    int64_t k = global / acc->world;
-    if (k * acc->world != global)
+    json_object *js = NULL;
+    bool split = json_object_object_get_ex(jl, "split_batches", &js) ? json_object_get_boolean(js) : now->split;
+    int64_t global = split ? pos : pos * w;     /* global batches consumed */
+    int64_t per = now->split ? 1 : acc->world;   /* global batches per batch of a rank */
+    int64_t k = global / per;
+    if (k * per != global)
         CA_LOG_W("load_state: the checkpoint was saved on %lld processes: the dataloader continues at "
                  "global batch %lld, not %lld (the batches in between are seen again)",
-                 (long long)w, (long long)(k * acc->world), (long long)global);
+                 (long long)w, (long long)(k * per), (long long)global);
     return k < most ? k : most;
 }
 

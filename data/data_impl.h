@@ -201,6 +201,7 @@ typedef struct ca_loader_state {
     uint64_t seed;                 /* the shuffle's seed in effect */
     uint64_t seed_fixed;           /* opts.seed (0: none; it then wins over set_seed) */
     bool shuffle, drop_last;
+    bool split;                    /* split_batches: a batch is the global one, position counts global batches */
     int world;
 } ca_loader_state;
 void ca_dataloader_get_state(const ca_dataloader *dl, ca_loader_state *out);

@@ -1061,7 +1061,7 @@ void ca_dataloader_get_state(const ca_dataloader *dl, ca_loader_state *out) {
                              .dataset_len = ca_dataset_length(dl->ds),
                              .rank_batches = ca_dataloader_num_batches(dl), .seed = effective_seed(dl),
                              .seed_fixed = dl->seed_opt, .shuffle = dl->shuffle,
-                             .drop_last = dl->drop_last, .world = dl->world};
+                             .drop_last = dl->drop_last, .split = dl->split, .world = dl->world};
 }
 
 ca_status ca_dataloader_set_device(ca_dataloader *dl, ca_device *dev) {
