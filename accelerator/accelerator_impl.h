@@ -116,6 +116,7 @@ typedef struct ca_zero {
     int norder;
     bool order_known;            /* set at the first backward: from then on prefetches follow order */
     uint64_t gathers, prefetched; /* gathers issued, and of them those issued ahead of their unit */
+    struct ca_zero_load *load;   /* a sharded checkpoint read and checked, not yet applied (zero_state.c) */
 } ca_zero;
 
 struct ca_accelerator {
@@ -273,10 +274,16 @@ ca_status ca_zero_save_shard(ca_accelerator *acc, const char *dir);
 /* The index's name: a checkpoint whose complete.json lists it is sharded; and each shard's. */
 #define CA_ZERO_INDEX "zero_index.json"
 #define CA_ZERO_SHARD_FMT "zero_shard_%d.safetensors"
-/* The index against this run: the same world size, parameter names and offsets. */
+/* The index against this run (parameter names, shapes, offsets; any world size, stage or HSDP
+ * grouping), and the slices of the old shard files this rank needs read into host buffers; changes
+ * nothing of the run. */
 ca_status ca_zero_check_shard(ca_accelerator *acc, const char *dir);
-/* The parameters from every rank's file, the optimizer state from this rank's. */
+/* The shard files the checked checkpoint has (its world size; this run's before a check). */
+int ca_zero_load_shards(const ca_accelerator *acc);
+/* What ca_zero_check_shard read, applied: every parameter, this rank's optimizer-state shard. */
 ca_status ca_zero_load_shard(ca_accelerator *acc, const char *dir);
+/* Drops what ca_zero_check_shard read (a load that another rank refused). */
+void ca_zero_load_free(ca_accelerator *acc);
 
 /* accumulate.c: whether this backward all-reduces (the step's decision, no_sync, trigger_sync_in_backward). */
 bool ca_backward_syncs(const ca_accelerator *acc);

@@ -35,7 +35,8 @@ static bool zero_saves_shards(const ca_accelerator *acc) {
            (!strcmp(v, "SHARDED_STATE_DICT") || !strcmp(v, "LOCAL_STATE_DICT") || !strcmp(v, "2") || !strcmp(v, "3"));
 }
 
-static int zero_shard_count(const ca_accelerator *acc) { return acc->zero.world; }
+/* The shard files a load reads: those the checked checkpoint was saved as (any number). */
+static int zero_shard_count(const ca_accelerator *acc) { return ca_zero_load_shards(acc); }
 
 /* Stage 3 keeps shards of the parameters between steps. */
 static bool zero_params_sharded(const ca_accelerator *acc) {

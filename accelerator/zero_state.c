@@ -208,75 +208,6 @@ static ca_status read_all_params(const char *dir, const zs_index *ix, float **ou
     return s;
 }
 
-static const char *param_name(json_object *p) {
-    json_object *v;
-    return json_object_object_get_ex(p, "name", &v) ? json_object_get_string(v) : "";
-}
-static int64_t param_offset(json_object *p) {
-    json_object *v;
-    return json_object_object_get_ex(p, "offset", &v) ? json_object_get_int64(v) : -1;
-}
-
-ca_status ca_zero_check_shard(ca_accelerator *acc, const char *dir) {
-    zs_index ix;
-    ca_zero *z = &acc->zero;
-    ca_status s = read_index(dir, &ix);
-    if (s == CA_OK && !z->stage)
-        s = ca_error(CA_ERR_INVALID, "load_state: %s holds a sharded state dict: load it under sharded data "
-                     "parallelism, or merge its weights first (caccel merge-weights)", dir);
-    else if (s == CA_OK && ix.world != z->world)
-        s = ca_error(CA_ERR_INVALID, "load_state: %s was saved as %d shards, this run shards over %d processes: load "
-                     "it on %d, or save with fsdp_state_dict_type FULL_STATE_DICT", dir, ix.world, z->world, ix.world);
-    else if (s == CA_OK && (ix.numel != z->numel || (int)json_object_array_length(ix.params) != z->nparams))
-        s = ca_error(CA_ERR_INVALID, "load_state: %s: %lld parameters in %d tensors, the model has %lld in %d", dir,
-                     (long long)ix.numel, (int)json_object_array_length(ix.params), (long long)z->numel, z->nparams);
-    for (int i = 0; s == CA_OK && i < z->nparams; i++) {
-        json_object *p = json_object_array_get_idx(ix.params, (size_t)i);
-        if (strcmp(param_name(p), acc->zero.names[i]) != 0 || param_offset(p) != z->off[i])
-            s = ca_error(CA_ERR_INVALID, "load_state: %s: tensor %d is '%s' at %lld, the model's is '%s' at %lld", dir,
-                         i, param_name(p), (long long)param_offset(p), acc->zero.names[i], (long long)z->off[i]);
-    }
-    json_object_put(ix.root);
-    return s;
-}
-
-static ca_status load_state_shard(ca_accelerator *acc, const char *dir) {
-    ca_zero *z = &acc->zero;
-    char path[PATH_MAX];
-    ca_st_file f = {0};
-    shard_name(path, sizeof path, dir, z->rank);
-    ca_status s = ca_st_open(path, &f);
-    ca_tensor *dst[2] = {z->s1, z->s2};
-    const char *names[2] = {"state1", "state2"};
-    for (int k = 0; s == CA_OK && k < 2; k++) {
-        if (!dst[k]) continue;
-        const ca_st_entry *e = ca_st_find(&f, names[k]);
-        if (!e || e->end - e->begin != (uint64_t)z->shard * sizeof(float))
-            s = ca_error(CA_ERR_IO, "%s: no optimizer state '%s' of %lld elements (the optimizer differs)", path,
-                         names[k], (long long)z->shard);
-        else
-            s = state_from_host(acc, dst[k], ca_st_data(&f, e), (size_t)(e->end - e->begin));
-    }
-    ca_st_close(&f);
-    return s;
-}
-
-ca_status ca_zero_load_shard(ca_accelerator *acc, const char *dir) {
-    ca_zero *z = &acc->zero;
-    zs_index ix;
-    float *flat = NULL;
-    ca_status s = read_index(dir, &ix);
-    if (s == CA_OK) s = read_all_params(dir, &ix, &flat);
-    for (int i = 0; s == CA_OK && i < z->nparams; i++) {
-        s = ca_tensor_copy_from_host(z->params[i], flat + z->off[i], (size_t)z->params[i]->numel * sizeof *flat);
-        z->params[i]->version++;
-    }
-    if (s == CA_OK) s = load_state_shard(acc, dir);
-    free(flat);
-    json_object_put(ix.root);
-    return s;
-}
-
 /* ------------------------------------------------------------------ merge-weights */
 
 /* The element count of a shape (0 when a dimension is 0, whatever the others); false when it
@@ -375,5 +306,175 @@ ca_status ca_merge_weights(const char *dir, const char *out) {
     free(offs);
     free(flat);
     json_object_put(ix.root);
+    return s;
+}
+
+/* ------------------------------------------------------------------ loading at any world size */
+
+/* The flat index space is the same at every world size and stage (parameters back to back in the
+ * model's order, zero_index.json's offsets; only the padding at its end, up to world * shard,
+ * differs), so a checkpoint of W shards of S loads into a run of N shards of S' by position: old
+ * shard k holds elements [k S, (k + 1) S), this rank's new shard [rank S', (rank + 1) S'). The check
+ * reads what this rank needs into host buffers, the load only copies them to the device: a refusal
+ * on any rank leaves every rank's run as it was. */
+struct ca_zero_load {
+    int world;                   /* the checkpoint's shard count */
+    float *flat;                 /* [numel] every parameter: each rank holds them whole at a load */
+    float *st[2];                /* [shard] state1, state2 over this rank's new shard (NULL: not kept) */
+};
+
+static const char *const zs_state[2] = {"state1", "state2"};
+static const char *const zs_state_what[2] = {"exp_avg or momentum_buffer", "exp_avg_sq"};
+
+void ca_zero_load_free(ca_accelerator *acc) {
+    struct ca_zero_load *L = acc->zero.load;
+    if (!L) return;
+    free(L->flat);
+    free(L->st[0]);
+    free(L->st[1]);
+    free(L);
+    acc->zero.load = NULL;
+}
+
+int ca_zero_load_shards(const ca_accelerator *acc) {
+    return acc->zero.load ? acc->zero.load->world : acc->zero.world;
+}
+
+static void shape_text(char *buf, size_t size, const int64_t *shape, int nd) {
+    size_t k = (size_t)snprintf(buf, size, "[");
+    for (int d = 0; d < nd && k < size; d++)
+        k += (size_t)snprintf(buf + k, size - k, d ? ", %lld" : "%lld", (long long)shape[d]);
+    if (k < size) snprintf(buf + k, size - k, "]");
+}
+
+/* params[i] of the index (checked as merge-weights checks it) is the model's i-th sharded parameter:
+ * the same name, shape and offset. */
+static ca_status check_param(ca_accelerator *acc, const zs_index *ix, int i) {
+    const ca_zero *z = &acc->zero;
+    ca_st_tensor t;
+    int64_t shape[CA_MAX_DIMS], off = 0;
+    ca_status s = merge_param(ix, i, &t, shape, &off);
+    if (s != CA_OK) return s;
+    const ca_tensor *p = z->params[i];
+    bool same = strcmp(t.name, z->names[i]) == 0 && off == z->off[i] && t.ndim == p->ndim;
+    for (int d = 0; same && d < t.ndim; d++) same = shape[d] == p->shape[d];
+    if (same) return CA_OK;
+    char was[160], is[160];
+    shape_text(was, sizeof was, shape, t.ndim);
+    shape_text(is, sizeof is, p->shape, p->ndim);
+    return ca_error(CA_ERR_INVALID, "load_state: %s: params[%d] is '%s' of shape %s at offset %lld, the model's "
+                    "parameter %d is '%s' of shape %s at offset %lld", ix->path, i, t.name, was, (long long)off, i,
+                    z->names[i], is, (long long)z->off[i]);
+}
+
+/* Parameter by parameter first, so that a model of another size is named by its first parameter
+ * that differs; then the counts (a parameter more or less at the end). */
+static ca_status check_index_params(ca_accelerator *acc, const zs_index *ix) {
+    const ca_zero *z = &acc->zero;
+    int n = (int)json_object_array_length(ix->params);
+    ca_status s = CA_OK;
+    for (int i = 0; s == CA_OK && i < n && i < z->nparams; i++) s = check_param(acc, ix, i);
+    if (s == CA_OK && (ix->numel != z->numel || n != z->nparams))
+        s = ca_error(CA_ERR_INVALID, "load_state: %s: %lld parameters in %d tensors, the model shards %lld in %d "
+                     "(stages 1 and 2 shard the trainable parameters, stage 3 every one)", ix->path,
+                     (long long)ix->numel, n, (long long)z->numel, z->nparams);
+    return s;
+}
+
+/* Tensor `name` of an old shard file: absent (*e NULL), or f32 of the index's `shard` elements. */
+static ca_status shard_entry(const ca_st_file *f, const zs_index *ix, const char *name, const ca_st_entry **e) {
+    *e = ca_st_find(f, name);
+    if (*e && ((*e)->dtype != CA_F32 || (*e)->end - (*e)->begin != (uint64_t)ix->shard * sizeof(float)))
+        return ca_error(CA_ERR_IO, "%s: tensor '%s' is not f32 of %lld elements (%s: key \"shard\")", f->path, name,
+                        (long long)ix->shard, ix->path);
+    return CA_OK;
+}
+
+/* The old file's optimizer state k against this run's optimizer: both keep it or neither does. */
+static ca_status check_state_kind(const ca_st_file *f, int k, bool kept, bool saved) {
+    if (kept && !saved)
+        return ca_error(CA_ERR_INVALID, "load_state: %s: no optimizer state '%s' (%s), which this run's optimizer "
+                        "keeps: the checkpoint's optimizer is of another kind", f->path, zs_state[k], zs_state_what[k]);
+    if (!kept && saved)
+        return ca_error(CA_ERR_INVALID, "load_state: %s: optimizer state '%s' (%s), which this run's optimizer does "
+                        "not keep: the checkpoint's optimizer is of another kind", f->path, zs_state[k],
+                        zs_state_what[k]);
+    return CA_OK;
+}
+
+/* Old shard k: its parameters into L->flat, and of its optimizer state the part that overlaps this
+ * rank's new shard into L->st (only those byte ranges are touched). */
+static ca_status read_old_shard(ca_accelerator *acc, const char *dir, const zs_index *ix, int k,
+                                struct ca_zero_load *L) {
+    const ca_zero *z = &acc->zero;
+    char path[PATH_MAX];
+    ca_st_file f = {0};
+    shard_name(path, sizeof path, dir, k);
+    int64_t ob = (int64_t)k * ix->shard, oe = ob + ix->shard < ix->numel ? ob + ix->shard : ix->numel;
+    int64_t nb = (int64_t)z->rank * z->shard, ne = nb + z->shard < z->numel ? nb + z->shard : z->numel;
+    int64_t b = ob > nb ? ob : nb, t = oe < ne ? oe : ne;   /* the overlap, empty when t <= b */
+    const ca_st_entry *e = NULL;
+    ca_status s = ca_st_open(path, &f);
+    if (s == CA_OK) s = shard_entry(&f, ix, "params", &e);
+    if (s == CA_OK && !e) s = ca_error(CA_ERR_IO, "%s: no tensor 'params' (a shard of the flat parameters)", path);
+    if (s == CA_OK && oe > ob) memcpy(L->flat + ob, ca_st_data(&f, e), (size_t)(oe - ob) * sizeof(float));
+    for (int j = 0; s == CA_OK && j < 2; j++) {
+        s = shard_entry(&f, ix, zs_state[j], &e);
+        if (s == CA_OK) s = check_state_kind(&f, j, L->st[j] != NULL, e != NULL);
+        if (s == CA_OK && L->st[j] && t > b)
+            memcpy(L->st[j] + (b - nb), (const char *)ca_st_data(&f, e) + (size_t)(b - ob) * sizeof(float),
+                   (size_t)(t - b) * sizeof(float));
+    }
+    ca_st_close(&f);
+    return s;
+}
+
+static ca_status load_alloc(const ca_zero *z, int world, struct ca_zero_load **out) {
+    struct ca_zero_load *L = calloc(1, sizeof *L);
+    *out = L;
+    if (!L) return ca_error(CA_ERR_NOMEM, "load_state: out of host memory");
+    L->world = world;
+    L->flat = malloc((size_t)(z->numel ? z->numel : 1) * sizeof *L->flat);
+    ca_tensor *kept[2] = {z->s1, z->s2};
+    bool ok = L->flat != NULL;
+    for (int j = 0; j < 2; j++)
+        if (kept[j]) ok = ok && (L->st[j] = calloc((size_t)z->shard, sizeof *L->st[j])) != NULL;
+    return ok ? CA_OK : ca_error(CA_ERR_NOMEM, "load_state: out of host memory");
+}
+
+ca_status ca_zero_check_shard(ca_accelerator *acc, const char *dir) {
+    ca_zero *z = &acc->zero;
+    zs_index ix;
+    ca_zero_load_free(acc);
+    ca_status s = read_index(dir, &ix);
+    if (s == CA_OK && !z->stage)
+        s = ca_error(CA_ERR_INVALID, "load_state: %s holds a sharded state dict: load it under sharded data "
+                     "parallelism, or merge its weights first (caccel merge-weights)", dir);
+    if (s == CA_OK) s = check_index_params(acc, &ix);
+    if (s == CA_OK) s = check_shard_files(dir, &ix);
+    if (s == CA_OK) s = load_alloc(z, ix.world, &z->load);
+    for (int k = 0; s == CA_OK && k < ix.world; k++) s = read_old_shard(acc, dir, &ix, k, z->load);
+    if (s != CA_OK) ca_zero_load_free(acc);
+    if (s == CA_OK && acc->rank == 0 && ix.world != z->world)
+        ca_log_printf(CA_LOG_INFO, "load_state: %s was saved as %d shards; each rank reads the parts of its shard of "
+                      "%d (stage %d)", dir, ix.world, z->world, z->stage);
+    json_object_put(ix.root);
+    return s;
+}
+
+ca_status ca_zero_load_shard(ca_accelerator *acc, const char *dir) {
+    ca_zero *z = &acc->zero;
+    struct ca_zero_load *L = z->load;
+    if (!L) return ca_error(CA_ERR_STATE, "load_state: %s: the sharded checkpoint was not checked first", dir);
+    ca_status s = CA_OK;
+    for (int i = 0; s == CA_OK && i < z->nparams; i++) {
+        s = ca_tensor_copy_from_host(z->params[i], L->flat + z->off[i],
+                                     (size_t)z->params[i]->numel * sizeof *L->flat);
+        z->params[i]->version++;
+    }
+    ca_tensor *dst[2] = {z->s1, z->s2};
+    for (int j = 0; s == CA_OK && j < 2; j++)
+        if (dst[j]) s = state_from_host(acc, dst[j], L->st[j], (size_t)z->shard * sizeof(float));
+    ca_zero_load_free(acc);
     return s;
 }

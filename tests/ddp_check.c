@@ -23,6 +23,7 @@
  *   optimizer is made; every rank prints opt_state_bytes=B (the optimizer's own state tensors) and, after
  *   training, frozen_unchanged=1 when the frozen parameters still hold their first values bit for bit.
  * --load-state DIR loads a state saved by --save-state DIR (after the training loop) right after ca_prepare.
+ * --adamw trains with AdamW (lr --lr / 20) instead of SGD with momentum.
  * --hidden H widens the hidden layer (32); --depth D adds D Linear(H, H)+Tanh layers (0); --mem prints
  * state_bytes: the allocator's bytes in use before the last step for parameters, gradients and
  * optimizer state (the growth from before ca_prepare, plus the parameters the model held then; the
@@ -42,7 +43,7 @@ typedef struct opts {
     const char *dump, *dump_grads, *freeze, *save_state, *load_state;
     int64_t sched_total;
     double lr;
-    bool mem, digest, inf_input, read_sharded;
+    bool mem, digest, inf_input, read_sharded, adamw;
     int stop_rank;               /* --stop-rank R: rank R stops itself (SIGSTOP) before micro-step 3 */
     int lsgd_steps, sim;         /* --local-sgd-steps K, --sim N */
 } opts;
@@ -181,6 +182,7 @@ static opts parse(int argc, char **argv) {
         else if (!strcmp(argv[i], "--hidden") && i + 1 < argc) o.hidden = atoll(argv[++i]);
         else if (!strcmp(argv[i], "--depth") && i + 1 < argc) o.depth = atoll(argv[++i]);
         else if (!strcmp(argv[i], "--mem")) o.mem = true;
+        else if (!strcmp(argv[i], "--adamw")) o.adamw = true;
         else if (!strcmp(argv[i], "--digest")) o.digest = true;
         else if (!strcmp(argv[i], "--inf-input")) o.inf_input = true;
         else if (!strcmp(argv[i], "--read-sharded")) o.read_sharded = true;
@@ -302,7 +304,8 @@ int main(int argc, char **argv) {
     void *frozen0 = frozen ? snapshot(frozen) : NULL;
     if (frozen) CA_CHECK(ca_module_requires_grad(frozen, false));
     ca_optimizer *opt;
-    CA_CHECK(ca_sgd_create(m, &(ca_sgd_opts){.lr = o.lr, .momentum = 0.9}, &opt));
+    if (o.adamw) CA_CHECK(ca_adamw_create(m, &(ca_adamw_opts){.lr = o.lr / 20}, &opt));
+    else CA_CHECK(ca_sgd_create(m, &(ca_sgd_opts){.lr = o.lr, .momentum = 0.9}, &opt));
     if (o.sched_total > 0)
         CA_CHECK(ca_optimizer_set_schedule(opt, &(ca_lr_schedule){.kind = CA_SCHED_LINEAR,
                                                                   .total_steps = o.sched_total}));

@@ -332,7 +332,7 @@ z3fm --max-steps 20 --checkpoint_dir "$WORK/ck" --resume --dump-params "$WORK/re
 same "$WORK/full.bin" "$WORK/res5.bin"
 rm -rf "$WORK/ck"
 
-note "SHARDED_STATE_DICT: each rank saves its shard; resume == uninterrupted; merge-weights == the full state dict's model.safetensors; another world size is refused"
+note "SHARDED_STATE_DICT: each rank saves its shard; resume == uninterrupted; merge-weights == the full state dict's model.safetensors; another world size loads"
 sfm() { np=$1; shift; launch "$np" "$be" --use_fsdp --fsdp_sharding_strategy SHARD_GRAD_OP --fsdp_state_dict_type SHARDED_STATE_DICT "$FM" --batch-size 128 --epochs 1 "$@"; }
 rm -rf "$WORK/ck" "$WORK/ckf"
 sfm 2 --max-steps 10 --checkpointing_steps 10 --checkpoint_dir "$WORK/ck" > "$WORK/o" || { cat "$WORK/o"; fail "sharded save"; }
@@ -354,10 +354,9 @@ same "$WORK/full.bin" "$WORK/res6.bin"
 cp -r "$WORK/ck3" "$WORK/ck5"
 s3fm --max-steps 20 --checkpoint_dir "$WORK/ck5" --resume --dump-params "$WORK/res7.bin" > "$WORK/o" || { cat "$WORK/o"; fail "stage 2 checkpoint resumed under stage 3"; }
 same "$WORK/full.bin" "$WORK/res7.bin"
-t0=$(date +%s)
-sfm 3 --max-steps 20 --checkpoint_dir "$WORK/ck3" --resume > "$WORK/o" && fail "a 2-shard checkpoint loaded on 3 processes"
-grep -q 'was saved as 2 shards, this run shards over 3 processes' "$WORK/o" || { cat "$WORK/o"; fail "the error does not name both world sizes"; }
-[ $(($(date +%s) - t0)) -lt 60 ] || fail "the error took more than 60 s"
+# another world size reshards (tests/test_reshard.sh checks the state bit for bit)
+sfm 3 --max-steps 20 --checkpoint_dir "$WORK/ck3" --resume > "$WORK/o" || { cat "$WORK/o"; fail "a 2-shard checkpoint on 3 processes"; }
+count 1 'was saved as 2 shards; each rank reads the parts of its shard of 3 (stage 2)' "$WORK/o"
 
 note "HSDP (dp_replicate_size 2, FULL_SHARD, 4 processes) with SHARDED_STATE_DICT: the first group writes 2 shards; resume to 20 == 20 uninterrupted"
 hfm() { PARALLELISM_CONFIG_DP_REPLICATE_SIZE=2 launch 4 "$be" --use_fsdp --fsdp_sharding_strategy FULL_SHARD --fsdp_state_dict_type SHARDED_STATE_DICT "$FM" --batch-size 64 --epochs 1 "$@"; }
