@@ -41,7 +41,7 @@ run() {
     echo "$name $secs $(tail -1 "$work/rss")" >> "$work/runs"
 }
 : > "$work/runs"
-for r in $(seq "$reps"); do
+for _ in $(seq "$reps"); do
     run caccel env OMP_NUM_THREADS=1 "$build/bench/bench_load" --load "$work" --layers "$layers"
     run torch env OMP_NUM_THREADS=1 "$py" "$here/peers/torch_load.py" "$file" "$layers"
     run cat bash -c 's=$(date +%s.%N); cat "$1" > /dev/null; e=$(date +%s.%N); echo "$e - $s" | bc' _ "$file"
