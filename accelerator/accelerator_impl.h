@@ -244,6 +244,8 @@ ca_status ca_zero_gather_state(ca_accelerator *acc, ca_optimizer *o);
 ca_status ca_zero_scatter_state(ca_accelerator *acc, ca_optimizer *o);
 /* Frees the per-parameter state tensors again (the shard keeps the state). */
 void ca_zero_drop_state(ca_optimizer *o);
+/* The elements of param in this rank's shard, [*off, *off + *n) of it (*n = 0: none). */
+void ca_zero_state_slice(const ca_accelerator *acc, const ca_tensor *param, int64_t *off, int64_t *n);
 void ca_zero_free(ca_accelerator *acc);
 /* zero3.c: stage 3 (parameters sharded between steps). */
 /* Wrap units from fsdp_auto_wrap_policy, pshard from the parameters, hooks on the units' modules;

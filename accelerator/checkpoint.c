@@ -272,9 +272,14 @@ static ca_status ck_src_alloc(ck_src *src, int nfiles, int n) {
     return CA_OK;
 }
 
-static ca_status ck_src_single(const char *path, ck_src *src) {
+/* One opened file (taken: *opened is left empty), or the file at path opened here. */
+static ca_status ck_src_single_file(const char *path, ca_st_file *opened, ck_src *src) {
     ca_status s = ck_src_alloc(src, 1, 0);
-    if (s == CA_OK) s = ca_st_open(path, &src->files[0]);
+    if (s == CA_OK && opened) {
+        src->files[0] = *opened;
+        memset(opened, 0, sizeof *opened);
+    }
+    if (s == CA_OK && !opened) s = ca_st_open(path, &src->files[0]);
     if (s != CA_OK) return s;
     src->nfiles = 1;
     ca_st_file *f = &src->files[0];
@@ -287,6 +292,8 @@ static ca_status ck_src_single(const char *path, ck_src *src) {
     src->n = f->n;
     return CA_OK;
 }
+
+static ca_status ck_src_single(const char *path, ck_src *src) { return ck_src_single_file(path, NULL, src); }
 
 /* The shard called `fname` next to the index, opened once. */
 static ca_status ck_shard(ck_src *src, const char *index, const char *fname, ca_st_file **out) {
@@ -415,6 +422,24 @@ ca_status ca_ck_model_open(const char *where, ca_module *model, ca_ck_model_src 
     *out = calloc(1, sizeof **out);
     if (!*out) return ca_error(CA_ERR_NOMEM, "load_model: out of memory");
     ca_status s = ck_src_open(where, &(*out)->src);
+    if (s == CA_OK) s = ck_validate(&(*out)->src, model, where);
+    if (s != CA_OK) {
+        ca_ck_model_close(*out);
+        *out = NULL;
+    }
+    return s;
+}
+
+ca_status ca_ck_model_adopt(ca_st_file *f, ca_module *model, ca_ck_model_src **out) {
+    *out = calloc(1, sizeof **out);
+    if (!*out) {
+        ca_st_close(f);
+        return ca_error(CA_ERR_NOMEM, "load_model: out of memory");
+    }
+    char where[PATH_MAX];
+    snprintf(where, sizeof where, "%s", f->path);
+    ca_status s = ck_src_single_file(where, f, &(*out)->src);
+    ca_st_close(f);   /* taken on success (left empty); closed on a failed allocation */
     if (s == CA_OK) s = ck_validate(&(*out)->src, model, where);
     if (s != CA_OK) {
         ca_ck_model_close(*out);

@@ -19,6 +19,10 @@ typedef struct ca_ck_model_src ca_ck_model_src;
 ca_status ca_ck_model_open(const char *where, ca_module *model, ca_ck_model_src **out);
 /* Copies the checked tensors into the model's parameters. */
 ca_status ca_ck_model_apply(const ca_ck_model_src *m, ca_module *model);
+/* ca_ck_model_open for one safetensors file already opened (load_state maps and verifies it once):
+ * the file is taken (*f is left empty, and closed on failure). */
+struct ca_st_file;
+ca_status ca_ck_model_adopt(struct ca_st_file *f, ca_module *model, ca_ck_model_src **out);
 void ca_ck_model_close(ca_ck_model_src *m);    /* accepts NULL */
 
 /* The bytes of t where a save can write them without a copy (a contiguous tensor in host memory,

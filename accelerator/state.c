@@ -585,10 +585,17 @@ static void ss_test_stall(const ca_accelerator *acc, const char *phase) {
     for (;;) pause();
 }
 
+/* The chunk size the manifest records (CACCEL_TEST_ST_CHUNK: another, for tests of small files). */
+static uint64_t ss_chunk_size(void) {
+    const char *v = getenv("CACCEL_TEST_ST_CHUNK");
+    long long n = v ? atoll(v) : 0;
+    return n > 0 ? (uint64_t)n : CA_ST_CHUNK_SIZE;
+}
+
 /* Size and CRC-32 of a file, read in 4 MiB pieces (the files are still in the page cache; a whole
  * copy would cost a fresh allocation as large as the file). want >= 0: a file of another size is
- * refused before it is read. */
-static ca_status ss_file_crc(const char *path, int64_t want, size_t *len, uint32_t *crc) {
+ * refused before it is read. chunks: also the CRC-32 of every ss_chunk_size() bytes, appended. */
+static ca_status ss_file_crc(const char *path, int64_t want, size_t *len, uint32_t *crc, json_object *chunks) {
     int fd;
     uint64_t size;
     ca_status s = ca_file_open(path, CA_FILE_CHECKPOINT, &fd, &size);
@@ -598,22 +605,30 @@ static ca_status ss_file_crc(const char *path, int64_t want, size_t *len, uint32
         return ca_error(CA_ERR_IO, "%s: %s: %llu bytes, the checkpoint recorded %" PRId64, path,
                         size < (uint64_t)want ? "truncated" : "size differs", (unsigned long long)size, want);
     }
-    enum { CHUNK = 4 << 20 };
-    unsigned char *buf = malloc(CHUNK);
-    uLong c = crc32(0L, Z_NULL, 0);
+    uint64_t cs = ss_chunk_size(), piece = chunks ? cs : 4 << 20;
+    if (piece > (64u << 20)) piece = 4 << 20;   /* a chunk read in pieces would need its own running CRC */
+    unsigned char *buf = malloc(piece);
+    uLong c = crc32(0L, Z_NULL, 0), cc = c;
     size_t total = 0;
     int64_t k = 0;
-    while (buf && (k = ca_file_read_fd(fd, buf, CHUNK)) > 0) {
+    while (buf && (k = ca_file_read_fd(fd, buf, piece)) > 0) {
         c = crc32(c, buf, (uInt)k);
+        if (chunks) json_object_array_add(chunks, json_object_new_int64((int64_t)crc32(cc, buf, (uInt)k)));
         total += (size_t)k;
     }
     s = !buf ? ca_error(CA_ERR_NOMEM, "%s: out of memory", path)
-        : k < 0 ? ca_error(CA_ERR_IO, "%s: read failed: %s", path, strerror(errno)) : CA_OK;
+        : k < 0 ? ca_error(CA_ERR_IO, "%s: read failed: %s", path, strerror(errno))
+        : chunks && piece != cs ? ca_error(CA_ERR_INVALID, "%s: CACCEL_TEST_ST_CHUNK above 64 MiB", path) : CA_OK;
     free(buf);
     close(fd);
     *len = total;
     *crc = (uint32_t)c;
     return s;
+}
+
+static bool ss_ends_with(const char *s, const char *suffix) {
+    size_t a = strlen(s), b = strlen(suffix);
+    return a >= b && strcmp(s + a - b, suffix) == 0;
 }
 
 /* The manifest: every file of `dir` with its size and CRC-32. */
@@ -629,11 +644,18 @@ static ca_status ss_manifest(const char *dir, int world, json_object **out) {
         size_t len = 0;
         uint32_t crc = 0;
         s = ss_path(path, dir, e->d_name);
-        if (s == CA_OK) s = ss_file_crc(path, -1, &len, &crc);
-        if (s != CA_OK) break;
+        /* safetensors files: chunk sums too, so that a load verifies only the ranges it reads */
+        json_object *chunks = ss_ends_with(e->d_name, ".safetensors") ? json_object_new_array() : NULL;
+        if (s == CA_OK) s = ss_file_crc(path, -1, &len, &crc, chunks);
+        if (s != CA_OK) {
+            json_object_put(chunks);
+            break;
+        }
         json_object *f = json_object_new_object();
         json_object_object_add(f, "size", json_object_new_int64((int64_t)len));
         json_object_object_add(f, "crc32", json_object_new_int64(crc));
+        if (chunks) json_object_object_add(f, "chunk_size", json_object_new_int64((int64_t)ss_chunk_size()));
+        if (chunks) json_object_object_add(f, "chunk_crc32", chunks);
         json_object_object_add(files, e->d_name, f);
     }
     closedir(d);
@@ -965,6 +987,7 @@ typedef struct ss_loaded {
     int nopts, ncustom;
     int64_t iteration;
     bool *was_on;                      /* the model's requires_grad before the checkpoint's were set */
+    bool sliced;                       /* each optimizer state tensor: only this rank's slice is read */
 } ss_loaded;
 
 static void ss_loaded_free(ss_loaded *L) {
@@ -1004,9 +1027,70 @@ static bool ss_plain_name(const char *name) {
     return name[0] && strchr(name, '/') == NULL && strcmp(name, ".") != 0 && strcmp(name, "..") != 0;
 }
 
+/* The files load_state maps and verifies itself, over the same mapping it reads them from
+ * (ss_open_listed): the model's and the optimizers'. */
+static bool ss_mapped_by_load(const char *name) {
+    return strcmp(name, SS_MODEL) == 0 || (strncmp(name, "optimizer", 9) == 0 && ss_ends_with(name, ".safetensors"));
+}
+
+/* The size of a file that is verified later, checked now as ss_file_crc checks it. */
+static ca_status ss_file_size(const char *path, size_t *len) {
+    int fd;
+    uint64_t size;
+    ca_status s = ca_file_open(path, CA_FILE_CHECKPOINT, &fd, &size);
+    if (s != CA_OK) return s;
+    close(fd);
+    *len = (size_t)size;
+    return CA_OK;
+}
+
+/* What complete.json records of `name` (listed: ss_check_files checked its size): size, CRC-32 and,
+ * where the checkpoint has them, the chunk sums into *chunks (the caller frees it). */
+static ca_status ss_sums(const ss_loaded *L, const char *dir, const char *name, ca_st_sums *sums, uint32_t **chunks) {
+    json_object *f = NULL, *v = NULL, *list = NULL;
+    json_object_object_get_ex(L->files, name, &f);
+    *chunks = NULL;
+    *sums = (ca_st_sums){.size = (uint64_t)ss_listed(L, name)};
+    if (json_object_object_get_ex(f, "crc32", &v)) sums->crc32 = (uint32_t)json_object_get_int64(v);
+    if (!json_object_object_get_ex(f, "chunk_size", &v)) return CA_OK;   /* an older checkpoint: verified whole */
+    int64_t cs = json_object_is_type(v, json_type_int) ? json_object_get_int64(v) : 0;
+    size_t n = cs > 0 ? (size_t)((sums->size + (uint64_t)cs - 1) / (uint64_t)cs) : 0;
+    if (cs <= 0 || !json_object_object_get_ex(f, "chunk_crc32", &list) || !json_object_is_type(list, json_type_array) ||
+        json_object_array_length(list) != n)
+        return ca_error(CA_ERR_IO, "%s/" SS_MARKER ": %s: \"chunk_size\" is not a positive integer or \"chunk_crc32\" "
+                        "is not a list of one CRC-32 per chunk", dir, name);
+    if (!(*chunks = malloc((n ? n : 1) * sizeof **chunks))) return ca_error(CA_ERR_NOMEM, "load_state: out of memory");
+    for (size_t i = 0; i < n; i++) {
+        json_object *c = json_object_array_get_idx(list, i);
+        int64_t x = json_object_is_type(c, json_type_int) ? json_object_get_int64(c) : -1;
+        if (x < 0 || x > UINT32_MAX)
+            return ca_error(CA_ERR_IO, "%s/" SS_MARKER ": %s: \"chunk_crc32\"[%zu] is not a CRC-32", dir, name, i);
+        (*chunks)[i] = (uint32_t)x;
+    }
+    sums->chunk_size = (uint64_t)cs;
+    sums->nchunks = n;
+    sums->chunk_crc = *chunks;
+    return CA_OK;
+}
+
+/* A file ss_mapped_by_load names, mapped once: its CRC-32 verified over the mapping (whole, or
+ * only the header: the caller verifies the ranges it reads), then parsed. */
+static ca_status ss_open_listed(const ss_loaded *L, const char *dir, const char *name, bool whole, ca_st_file *f) {
+    char path[PATH_MAX];
+    ca_st_sums sums;
+    uint32_t *chunks = NULL;
+    ca_status s = ss_listed_path(L, dir, name, path);
+    if (s == CA_OK) s = ss_sums(L, dir, name, &sums, &chunks);
+    if (s == CA_OK) s = ca_st_open_checked(path, &sums, whole, f);
+    else memset(f, 0, sizeof *f);
+    free(chunks);
+    return s;
+}
+
 /* The marker exists and every file it lists has its recorded size and CRC-32; L keeps the list.
- * `who` ("load_state", "merge_weights") begins the errors that name no file. */
-static ca_status ss_check_files(const char *who, const char *dir, ss_loaded *L) {
+ * `who` ("load_state", "merge_weights") begins the errors that name no file. defer: the files
+ * ss_mapped_by_load names are only measured here; their bytes are verified where they are read. */
+static ca_status ss_check_files(const char *who, const char *dir, ss_loaded *L, bool defer) {
     char path[PATH_MAX];
     ca_status s = ss_path(path, dir, SS_MARKER);
     if (s != CA_OK) return s;
@@ -1029,7 +1113,9 @@ static ca_status ss_check_files(const char *who, const char *dir, ss_loaded *L) 
             return ca_error(CA_ERR_IO, "%s: \"%s\" (%" PRId64 " bytes) is not a file of the checkpoint's "
                             "directory", path, name, size);
         s = ss_path(fp, dir, name);
-        if (s == CA_OK) s = ss_file_crc(fp, size, &len, &got);
+        bool later = defer && ss_mapped_by_load(name);
+        if (s == CA_OK) s = later ? ss_file_size(fp, &len) : ss_file_crc(fp, size, &len, &got, NULL);
+        if (later) got = crc;
         if (s == CA_OK && (int64_t)len != size)
             s = ca_error(CA_ERR_IO, "%s: %s: %zu bytes, the checkpoint recorded %" PRId64,
                          fp, (int64_t)len < size ? "truncated" : "size differs", len, size);
@@ -1044,7 +1130,7 @@ static ca_status ss_check_files(const char *who, const char *dir, ss_loaded *L) 
 
 ca_status ca_state_check_files(const char *who, const char *dir) {
     ss_loaded L = {0};
-    ca_status s = ss_check_files(who, dir, &L);
+    ca_status s = ss_check_files(who, dir, &L, false);
     ss_loaded_free(&L);
     return s;
 }
@@ -1068,6 +1154,35 @@ static ca_status ss_check_opt_tensors(ca_optimizer *o, const ca_st_file *f) {
                             ca_st_dtype_name(ca_tensor_dtype(x)), (long long)ca_tensor_numel(x));
     }
     return CA_OK;
+}
+
+/* The elements [*off, *off + *n) of optimizer state tensor x that this rank keeps (a sharded run,
+ * sync_ops->state_slice), found through the parameter x belongs to; the whole tensor otherwise. */
+static void ss_opt_slice(const ca_accelerator *acc, const ca_optimizer *o, const ca_tensor *x, int64_t *off,
+                         int64_t *n) {
+    *off = 0;
+    *n = ca_tensor_numel(x);
+    for (int g = 0; g < o->ngroups; g++)
+        for (int j = 0; j < o->groups[g].n; j++)
+            if (o->groups[g].state1[j] == x || o->groups[g].state2[j] == x) {
+                acc->sync_ops->state_slice(acc, o->groups[g].params[j], off, n);
+                return;
+            }
+}
+
+/* Every state tensor's slice of f verified (ss_check_opt_tensors matched names, dtypes, shapes). */
+static ca_status ss_verify_opt_slices(const ca_accelerator *acc, ca_optimizer *o, ca_st_file *f) {
+    ca_status s = CA_OK;
+    for (int i = 0; s == CA_OK && i < ca_optimizer_num_state(o); i++) {
+        const char *name = NULL;
+        ca_tensor *x = ca_optimizer_state_at(o, i, &name);
+        const ca_st_entry *e = ca_st_find(f, name);
+        int64_t off, n;
+        size_t es = ca_dtype_size(e->dtype);
+        ss_opt_slice(acc, o, x, &off, &n);
+        s = ca_st_verify_range(f, f->data_start + e->begin + (uint64_t)off * es, (uint64_t)n * es);
+    }
+    return s;
 }
 
 static ca_status ss_check_optimizer(ss_json *j, ca_optimizer *o, json_object *jo, int i) {
@@ -1296,19 +1411,24 @@ static ca_status ss_shards_listed(const ca_accelerator *acc, const char *dir, co
  * ss_check_files); applies nothing. sharded: the tensors are in the shard files. */
 static ca_status ss_check_all(ca_accelerator *acc, const char *dir, ss_loaded *L, bool sharded) {
     ca_status s = ss_check_state(acc, dir, L);
-    char path[PATH_MAX], name[64];
+    char name[64];
     if (s == CA_OK && sharded) s = check_shard(acc, dir);
     if (s == CA_OK && sharded) s = ss_shards_listed(acc, dir, L);
-    if (s == CA_OK && acc->model && !sharded && (s = ss_listed_path(L, dir, SS_MODEL, path)) == CA_OK)
-        s = ca_ck_model_open(path, acc->model, &L->model);
+    if (s == CA_OK && acc->model && !sharded) {
+        ca_st_file mf;
+        s = ss_open_listed(L, dir, SS_MODEL, true, &mf);
+        if (s == CA_OK) s = ca_ck_model_adopt(&mf, acc->model, &L->model);
+    }
     if (s == CA_OK && !(L->opts = calloc((size_t)(acc->nopts ? acc->nopts : 1), sizeof *L->opts)))
         s = ca_error(CA_ERR_NOMEM, "load_state: out of memory");
+    /* a sharded run keeps a slice of each optimizer state tensor: only the slices are verified and read */
+    L->sliced = !sharded && acc->sync_ops->scatter_state && acc->sync_ops->state_slice;
     for (int i = 0; s == CA_OK && !sharded && i < acc->nopts; i++) {
         ss_opt_name(name, sizeof name, i);
-        s = ss_listed_path(L, dir, name, path);
-        if (s == CA_OK) s = ca_st_open(path, &L->opts[i]);
+        s = ss_open_listed(L, dir, name, !L->sliced, &L->opts[i]);
         if (s == CA_OK) L->nopts = i + 1;
         if (s == CA_OK) s = ss_check_opt_tensors(acc->opts[i], &L->opts[i]);
+        if (s == CA_OK && L->sliced) s = ss_verify_opt_slices(acc, acc->opts[i], &L->opts[i]);
     }
     if (s == CA_OK) s = ss_check_rng(acc, dir, L);
     if (s == CA_OK) s = ss_check_custom(acc, dir, L);
@@ -1317,7 +1437,24 @@ static ca_status ss_check_all(ca_accelerator *acc, const char *dir, ss_loaded *L
 
 /* ------------------------------------------------------------------ loading: applying */
 
-static ca_status ss_apply_optimizer(ca_optimizer *o, json_object *jo, const ca_st_file *f) {
+/* State tensor x from f: all of it, or (sliced) only the slice this rank keeps; the rest of x stays
+ * as ca_optimizer_init_state made it, and scatter_state reads only the slice. */
+static ca_status ss_copy_state(const ca_accelerator *acc, const ca_optimizer *o, ca_tensor *x, ca_st_file *f,
+                               const ca_st_entry *e, bool sliced) {
+    int64_t off = 0, n = ca_tensor_numel(x);
+    size_t es = ca_dtype_size(e->dtype);
+    if (sliced) ss_opt_slice(acc, o, x, &off, &n);
+    /* the size again, just before the mapping is read: a file cut short since the check would fault */
+    ca_status s = ca_st_verify_range(f, f->data_start + e->begin + (uint64_t)off * es, 0);
+    if (s != CA_OK || n == 0) return s;
+    if (!sliced) return ca_tensor_copy_from_host(x, ca_st_data(f, e), (size_t)(e->end - e->begin));
+    x->version++;
+    return ca_device_copy_from_host(ca_tdev(x), (char *)ca_tptr(x) + (size_t)off * es,
+                                    (const char *)ca_st_data(f, e) + (size_t)off * es, (size_t)n * es);
+}
+
+static ca_status ss_apply_optimizer(const ca_accelerator *acc, ca_optimizer *o, json_object *jo, ca_st_file *f,
+                                    bool sliced) {
     ss_json j = {f->path ? f->path : SS_STATE, false};
     json_object *groups = js_get(&j, jo, "param_groups", json_type_array), *sched = NULL;
     for (int g = 0; g < o->ngroups; g++) {
@@ -1350,8 +1487,7 @@ static ca_status ss_apply_optimizer(ca_optimizer *o, json_object *jo, const ca_s
     for (int i = 0; s == CA_OK && i < n; i++) {
         const char *name = NULL;
         ca_tensor *x = ca_optimizer_state_at(o, i, &name);
-        const ca_st_entry *e = ca_st_find(f, name);
-        s = ca_tensor_copy_from_host(x, ca_st_data(f, e), (size_t)(e->end - e->begin));
+        s = ss_copy_state(acc, o, x, f, ca_st_find(f, name), sliced);
     }
     /* the step count last: with a schedule it recomputes each group's lr from base_lr, which
      * gives the saved lr again on the same world size */
@@ -1386,7 +1522,7 @@ static ca_status ss_apply(ca_accelerator *acc, ss_loaded *L) {
     ca_status s = acc->model && L->model ? ca_ck_model_apply(L->model, acc->model) : CA_OK;
     json_object *opts = js_get(&j, st, "optimizers", json_type_array);
     for (int i = 0; s == CA_OK && i < acc->nopts; i++)
-        s = ss_apply_optimizer(acc->opts[i], json_object_array_get_idx(opts, (size_t)i), &L->opts[i]);
+        s = ss_apply_optimizer(acc, acc->opts[i], json_object_array_get_idx(opts, (size_t)i), &L->opts[i], L->sliced);
     json_object *gs = js_get(&j, st, "grad_scaler", json_type_object);
     if (s == CA_OK) {
         acc->scaler.scale = js_double(&j, gs, "scale");
@@ -1415,7 +1551,7 @@ static ca_status ss_apply(ca_accelerator *acc, ss_loaded *L) {
 static ca_status ss_load_dir(ca_accelerator *acc, const char *dir) {
     ss_loaded L = {0};
     int bad;
-    ca_status s = ss_check_files("load_state", dir, &L);   /* what complete.json lists is all the load reads */
+    ca_status s = ss_check_files("load_state", dir, &L, true);   /* what complete.json lists is all the load reads */
     bool sharded = ss_listed(&L, CA_ZERO_INDEX) >= 0;
     /* sharded run, full checkpoint: the full state is read into per-parameter tensors, then each rank
      * keeps its shard; sharded checkpoint: each rank reads its shard file */

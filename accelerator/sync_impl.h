@@ -44,6 +44,9 @@ typedef struct ca_sync_strategy {
     ca_status (*gather_state)(ca_accelerator *acc, ca_optimizer *o);
     ca_status (*scatter_state)(ca_accelerator *acc, ca_optimizer *o);
     void (*drop_state)(ca_optimizer *o);
+    /* the elements [*off, *off + *n) of param's optimizer state that this rank keeps after
+     * scatter_state (NULL: all of them): a full checkpoint's load reads only those */
+    void (*state_slice)(const ca_accelerator *acc, const ca_tensor *param, int64_t *off, int64_t *n);
     /* sharded checkpoints (each rank its part): whether save_state writes them, the part count, and
      * this rank's file written, an index checked against this run, the parts read */
     bool (*saves_shards)(const ca_accelerator *acc);

@@ -69,6 +69,7 @@ const ca_sync_strategy ca_sync_zero = {
     .gather_state = ca_zero_gather_state,
     .scatter_state = ca_zero_scatter_state,
     .drop_state = ca_zero_drop_state,
+    .state_slice = ca_zero_state_slice,
     .saves_shards = zero_saves_shards,
     .shard_count = zero_shard_count,
     .save_shard = ca_zero_save_shard,

@@ -118,6 +118,18 @@ ca_status ca_zero_save_shard(ca_accelerator *acc, const char *dir) {
 
 /* ------------------------------------------------------------------ reading */
 
+/* A FULL_STATE_DICT load reads, of each parameter's optimizer state, the slice scatter_state keeps. */
+void ca_zero_state_slice(const ca_accelerator *acc, const ca_tensor *param, int64_t *off, int64_t *n) {
+    const ca_zero *z = &acc->zero;
+    *off = *n = 0;
+    for (int i = 0; i < z->nsegs; i++)
+        if (z->segs[i].param == param) {
+            *off = z->segs[i].poff;
+            *n = z->segs[i].n;
+            return;
+        }
+}
+
 typedef struct zs_index {
     char path[PATH_MAX];         /* dir/zero_index.json, for the messages */
     json_object *root;

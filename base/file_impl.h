@@ -35,8 +35,8 @@ typedef struct ca_file_kind {
 #define CA_FILE_MODEL_CONFIG CA_FILE_KIND("a model config file", 16 * CA_FILE_MIB, CA_ERR_NOT_FOUND, CA_ERR_INVALID)
 /* tokenizer.json or vocab.txt: the largest multilingual tokenizers are tens of MB. */
 #define CA_FILE_TOKENIZER CA_FILE_KIND("a tokenizer file", 256 * CA_FILE_MIB, CA_ERR_IO, CA_ERR_INVALID)
-/* A safetensors file is read whole into host memory; the JSON header has its own bound (100 MB,
- * the reference reader's). */
+/* A safetensors file is memory-mapped (read whole into host memory where it cannot be); the JSON
+ * header has its own bound (100 MB, the reference reader's). */
 #define CA_FILE_MAX_SAFETENSORS (256 * CA_FILE_GIB)
 #define CA_FILE_SAFETENSORS CA_FILE_KIND("a safetensors file", CA_FILE_MAX_SAFETENSORS, CA_ERR_NOT_FOUND, CA_ERR_IO)
 /* model.safetensors.index.json: one line per tensor. */

@@ -13,8 +13,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <zlib.h>
 
 /* The reference reader refuses headers over 100 MB; so do we (a corrupt length is caught early). */
 #define CA_ST_MAX_HEADER (100u * 1000u * 1000u)
@@ -38,12 +40,65 @@ static int st_dtype_parse(const char *s) {
 
 /* ------------------------------------------------------------- reading */
 
-/* The whole file: a regular one of at most CA_FILE_MAX_SAFETENSORS bytes. */
-static ca_status st_read_all(const char *path, ca_st_file *f) {
-    char *buf = NULL;
-    ca_status s = ca_file_read(path, CA_FILE_SAFETENSORS, &buf, &f->size);
-    f->buf = (uint8_t *)buf;
+/* The whole file read into memory, from the descriptor ca_file_open checked. */
+static ca_status st_read_fd(int fd, const char *path, uint64_t size, ca_st_file *f) {
+    uint8_t *b = size < SIZE_MAX ? malloc((size_t)size + 1) : NULL;
+    if (!b)
+        return ca_error(CA_ERR_NOMEM, "%s: cannot allocate %llu bytes for the file", path, (unsigned long long)size);
+    int64_t got = ca_file_read_fd(fd, b, (size_t)size);
+    ca_status s = CA_OK;
+    if (got < 0)
+        s = ca_error(CA_ERR_IO, "%s: cannot read: %s", path, strerror(errno));
+    else if ((uint64_t)got != size)
+        s = ca_error(CA_ERR_IO, "%s: read %lld of %llu bytes (the file shrank while it was read)", path,
+                     (long long)got, (unsigned long long)size);
+    if (s != CA_OK) {
+        free(b);
+        return s;
+    }
+    f->buf = b;
+    return CA_OK;
+}
+
+/* The file, a regular one of at most CA_FILE_MAX_SAFETENSORS bytes, mapped read-only and private:
+ * nothing is copied, and only the pages a reader touches are read from disk. The mapping shares
+ * the page cache, so a file loaded by every rank of a machine is held in memory once. Read instead
+ * where mapping fails (a file system without mmap answers ENODEV; a file under 8 bytes gets the
+ * reader's "truncated" message, and mmap refuses 0 bytes) or CACCEL_TEST_ST_NO_MMAP=1 asks it, so
+ * that that path is tested too. */
+static ca_status st_load(const char *path, ca_st_file *f) {
+    int fd;
+    uint64_t size;
+    ca_status s = ca_file_open(path, CA_FILE_SAFETENSORS, &fd, &size);
+    if (s != CA_OK) return s;
+    f->size = (size_t)size;
+    const char *no = getenv("CACCEL_TEST_ST_NO_MMAP");
+    void *p = MAP_FAILED;
+    if (size >= 8 && size <= SIZE_MAX && !(no && strcmp(no, "1") == 0))
+        p = mmap(NULL, (size_t)size, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (p != MAP_FAILED) {
+        f->buf = p;
+        f->mapped = true;
+        f->fd = fd;
+        return CA_OK;
+    }
+    s = st_read_fd(fd, path, size, f);
+    close(fd);
     return s;
+}
+
+/* A file truncated under its mapping raises SIGBUS where its lost pages are touched. Checkpoint
+ * files are not changed once published, but a file can still be cut short by another program:
+ * the size is checked (one fstat) before the bytes are used, so that case is an error instead of
+ * a crash, except in the short window between this check and the use. */
+static ca_status st_still_whole(const ca_st_file *f) {
+    struct stat st;
+    if (!f->mapped) return CA_OK;
+    if (fstat(f->fd, &st) != 0) return ca_error(CA_ERR_IO, "%s: cannot stat: %s", f->path, strerror(errno));
+    if ((uint64_t)st.st_size < f->size)
+        return ca_error(CA_ERR_IO, "%s: the file shrank to %lld bytes after it was opened with %zu (a file must not "
+                        "change while it is read)", f->path, (long long)st.st_size, f->size);
+    return CA_OK;
 }
 
 static ca_status st_parse_shape(const char *path, const char *name, json_object *js,
@@ -187,21 +242,130 @@ static ca_status st_parse(ca_st_file *f) {
     return s;
 }
 
-ca_status ca_st_open(const char *path, ca_st_file *f) {
+/* ------------------------------------------------------------- verifying */
+
+static uint32_t st_crc(const uint8_t *p, uint64_t n) {
+    uLong c = crc32(0L, Z_NULL, 0);
+    while (n > 0) {
+        uInt k = n > (1u << 30) ? (1u << 30) : (uInt)n;
+        c = crc32(c, p, k);
+        p += k;
+        n -= k;
+    }
+    return (uint32_t)c;
+}
+
+static ca_status st_verify_whole(ca_st_file *f) {
+    if (f->all_ok) return CA_OK;
+    uint32_t got = st_crc(f->buf, f->size);
+    f->verified += f->size;
+    if (got != f->sums.crc32)
+        return ca_error(CA_ERR_IO, "%s: corrupt: CRC-32 %08" PRIx32 ", the checkpoint recorded %08" PRIx32, f->path,
+                        got, f->sums.crc32);
+    f->all_ok = true;
+    return CA_OK;
+}
+
+static ca_status st_verify_chunk(ca_st_file *f, size_t c) {
+    if (f->chunk_ok[c]) return CA_OK;
+    uint64_t b = (uint64_t)c * f->sums.chunk_size, e = b + f->sums.chunk_size;
+    if (e > f->size) e = f->size;
+    uint32_t got = st_crc(f->buf + b, e - b);
+    f->verified += e - b;
+    if (got != f->sums.chunk_crc[c])
+        return ca_error(CA_ERR_IO, "%s: corrupt: CRC-32 %08" PRIx32 " in chunk %zu of %zu (bytes %" PRIu64 " to %"
+                        PRIu64 "), the checkpoint recorded %08" PRIx32, f->path, got, c, f->sums.nchunks, b, e,
+                        f->sums.chunk_crc[c]);
+    f->chunk_ok[c] = 1;
+    return CA_OK;
+}
+
+ca_status ca_st_verify_range(ca_st_file *f, uint64_t off, uint64_t len) {
+    if (off > f->size || len > f->size - off)
+        return ca_error(CA_ERR_INVALID, "%s: bytes %" PRIu64 " to %" PRIu64 " lie outside its %zu bytes", f->path, off,
+                        off + len, f->size);
+    ca_status s = st_still_whole(f);
+    if (s != CA_OK || !f->has_sums || len == 0) return s;
+    if (!f->sums.chunk_size) return st_verify_whole(f);
+    for (uint64_t c = off / f->sums.chunk_size; s == CA_OK && c <= (off + len - 1) / f->sums.chunk_size; c++)
+        s = st_verify_chunk(f, (size_t)c);
+    return s;
+}
+
+/* Takes a copy of the sums; a file of another size than they record is refused. */
+static ca_status st_set_sums(ca_st_file *f, const ca_st_sums *sums) {
+    if (f->size != sums->size)
+        return ca_error(CA_ERR_IO, "%s: %s: %zu bytes, the checkpoint recorded %" PRIu64, f->path,
+                        f->size < sums->size ? "truncated" : "size differs", f->size, sums->size);
+    uint64_t cs = sums->chunk_size;
+    if (cs && sums->nchunks != (sums->size + cs - 1) / cs)
+        return ca_error(CA_ERR_INVALID, "%s: %zu chunk sums for %" PRIu64 " bytes in chunks of %" PRIu64, f->path,
+                        sums->nchunks, sums->size, cs);
+    f->sums = *sums;
+    f->sums.chunk_crc = NULL;
+    f->has_sums = true;
+    if (!cs || !sums->nchunks) return CA_OK;
+    uint32_t *crc = malloc(sums->nchunks * sizeof *crc);
+    f->chunk_ok = calloc(sums->nchunks, 1);
+    if (crc) memcpy(crc, sums->chunk_crc, sums->nchunks * sizeof *crc);
+    f->sums.chunk_crc = crc;
+    return crc && f->chunk_ok ? CA_OK : ca_error(CA_ERR_NOMEM, "%s: out of memory", f->path);
+}
+
+/* The chunks that hold the 8-byte length and the header it announces (as far as the file goes). */
+static ca_status st_verify_header(ca_st_file *f) {
+    if (f->size < 8) return ca_st_verify_range(f, 0, f->size);
+    uint64_t hl = 0;
+    for (int i = 7; i >= 0; i--) hl = hl << 8 | f->buf[i];
+    return ca_st_verify_range(f, 0, 8 + (hl < f->size - 8 ? hl : f->size - 8));
+}
+
+ca_status ca_st_open_checked(const char *path, const ca_st_sums *sums, bool whole, ca_st_file *f) {
     memset(f, 0, sizeof *f);
     f->path = strdup(path);
     if (!f->path) return ca_error(CA_ERR_NOMEM, "%s: out of memory", path);
-    ca_status s = st_read_all(path, f);
+    ca_status s = st_load(path, f);
+    if (s == CA_OK && sums) s = st_set_sums(f, sums);
+    if (s == CA_OK && sums) s = whole ? ca_st_verify_range(f, 0, f->size) : st_verify_header(f);
+    if (s == CA_OK) s = st_still_whole(f);
     if (s == CA_OK) s = st_parse(f);
     if (s != CA_OK) ca_st_close(f);
     return s;
 }
 
+ca_status ca_st_open(const char *path, ca_st_file *f) { return ca_st_open_checked(path, NULL, true, f); }
+
+/* The resident bytes of the mapping at `addr` (/proc/self/smaps "Rss"), or -1. */
+static long long st_resident(const void *addr) {
+    FILE *in = fopen("/proc/self/smaps", "r");
+    if (!in) return -1;
+    char line[512];
+    bool here = false;
+    long long kb = -1;
+    while (kb < 0 && fgets(line, sizeof line, in)) {
+        unsigned long lo, hi;
+        if (sscanf(line, "%lx-%lx ", &lo, &hi) == 2) here = lo == (unsigned long)(uintptr_t)addr;
+        else if (here && sscanf(line, "Rss: %lld kB", &kb) == 1) break;
+    }
+    fclose(in);
+    return kb < 0 ? -1 : kb * 1024;
+}
+
 void ca_st_close(ca_st_file *f) {
     if (!f) return;
+    if (f->path && f->buf && getenv("CACCEL_TEST_ST_REPORT"))
+        fprintf(stderr, "safetensors: %s: %" PRIu64 " of %zu bytes verified, %lld resident\n", f->path, f->verified,
+                f->size, f->mapped ? st_resident(f->buf) : -1);
     for (int i = 0; i < f->n; i++) free(f->entries[i].name);
     free(f->entries);
-    free(f->buf);
+    if (f->mapped) {
+        munmap(f->buf, f->size);
+        close(f->fd);
+    } else {
+        free(f->buf);
+    }
+    free((void *)f->sums.chunk_crc);
+    free(f->chunk_ok);
     free(f->path);
     memset(f, 0, sizeof *f);
 }

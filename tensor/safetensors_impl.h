@@ -5,6 +5,7 @@
 
 #include <caccel/types.h>
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -17,21 +18,57 @@ typedef struct ca_st_entry {
     uint64_t begin, end;               /* data_offsets, relative to the data section */
 } ca_st_entry;
 
-/* A whole safetensors file in memory, validated: every entry's dtype is known, its shape's byte
- * size equals end - begin, and the ranges lie inside the data section without overlapping. */
+/* What a checkpoint's complete.json records of a file: its size, its CRC-32 and, for files written
+ * since chunk sums exist, the CRC-32 of every chunk_size bytes (the last chunk shorter). */
+typedef struct ca_st_sums {
+    uint64_t size;
+    uint32_t crc32;
+    uint64_t chunk_size;               /* 0: no chunk sums (an older checkpoint): verified whole */
+    size_t nchunks;                    /* ceil(size / chunk_size) */
+    const uint32_t *chunk_crc;         /* copied by ca_st_open_checked */
+} ca_st_sums;
+
+/* The chunk size save_state records (docs/CHECKPOINTS.md, "Chunk sums"): a slice a rank reads costs
+ * at most one chunk more at each end, and the list stays under 1 MB for a 256 GiB file. */
+#define CA_ST_CHUNK_SIZE ((uint64_t)4 << 20)
+
+/* A whole safetensors file, memory-mapped (read-only, private) where the file system allows it,
+ * else read into memory; validated: every entry's dtype is known, its shape's byte size equals
+ * end - begin, and the ranges lie inside the data section without overlapping. A mapped file's
+ * pages are read from disk only when touched: a caller that reads part of a tensor reads that part. */
 typedef struct ca_st_file {
     char *path;
-    uint8_t *buf;                      /* the file's bytes */
+    uint8_t *buf;                      /* the file's bytes (read-only when mapped) */
     size_t size;
     size_t data_start;                 /* 8 + header length */
     int n;
     ca_st_entry *entries;              /* in header order */
+    /* private to tensor/safetensors.c */
+    bool mapped;                       /* buf is a mapping of fd (else malloc'd) */
+    int fd;                            /* valid when mapped: for the size check before a use */
+    bool has_sums, all_ok;             /* sums given; every byte verified */
+    ca_st_sums sums;
+    uint8_t *chunk_ok;                 /* [sums.nchunks]: chunk verified (each is hashed once) */
+    uint64_t verified;                 /* bytes hashed so far (CACCEL_TEST_ST_REPORT) */
 } ca_st_file;
 
-/* Reads and validates `path`. Errors (CA_ERR_NOT_FOUND, CA_ERR_IO for a truncated or malformed
- * file, CA_ERR_NOMEM) name the file and, where one is involved, the tensor. On failure *f is
- * left empty (ca_st_close is still allowed). */
+/* Maps (or reads) and validates `path`. Errors (CA_ERR_NOT_FOUND, CA_ERR_IO for a truncated or
+ * malformed file, CA_ERR_NOMEM) name the file and, where one is involved, the tensor. On failure
+ * *f is left empty (ca_st_close is still allowed). Sums are not checked: ca_st_open_checked. */
 ca_status ca_st_open(const char *path, ca_st_file *f);
+/* ca_st_open for a file a checkpoint lists with `sums`: a file of another size is refused, and the
+ * bytes are verified before the header is parsed, all of them (whole) or only the chunks holding
+ * the header (!whole: the caller verifies the ranges it reads with ca_st_verify_range). A CRC
+ * mismatch is CA_ERR_IO "<path>: corrupt: ..." naming the chunk where there are chunk sums. */
+ca_status ca_st_open_checked(const char *path, const ca_st_sums *sums, bool whole, ca_st_file *f);
+/* Verifies bytes [off, off + len) of the file (the chunks that hold them, each once; without chunk
+ * sums the whole file, once) and that the file still has its size (a file truncated under a
+ * mapping would fault on access: SIGBUS). A file opened without sums has nothing to verify: only
+ * the size is checked. */
+ca_status ca_st_verify_range(ca_st_file *f, uint64_t off, uint64_t len);
+/* Releases the mapping or the buffer; with CACCEL_TEST_ST_REPORT set, first prints to stderr
+ * "safetensors: <path>: <v> of <size> bytes verified, <r> resident" (r: the mapping's resident
+ * bytes from /proc/self/smaps, -1 where unknown), the tests' measure of what a load read. */
 void ca_st_close(ca_st_file *f);
 /* The entry called `name`, or NULL. */
 const ca_st_entry *ca_st_find(const ca_st_file *f, const char *name);

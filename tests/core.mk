@@ -72,6 +72,16 @@ tests_test_frozen_CFLAGS = $(CA_TEST_CFLAGS)
 tests_test_frozen_LDADD = $(CA_TEST_LIBS)
 TESTS += tests/test_resume.sh tests/test_state_ranks.sh tests/test_full_disk.sh
 EXTRA_DIST += tests/test_resume.sh tests/test_state_ranks.sh tests/test_full_disk.sh
+# The safetensors reader's mapping and chunk verification (its functions are not exported: the objects).
+check_PROGRAMS += tests/test_safetensors_map
+TESTS += tests/test_safetensors_map
+VALGRIND_TESTS += tests/test_safetensors_map
+tests_test_safetensors_map_SOURCES = tests/test_safetensors_map.c tests/test_util.h
+tests_test_safetensors_map_CFLAGS = $(CA_TEST_CFLAGS) $(JSONC_CFLAGS)
+tests_test_safetensors_map_LDADD = $(libcaccel_la_OBJECTS) $(libcaccel_la_LIBADD) $(CMOCKA_LIBS) -lm
+# A full state dict under ZeRO: each rank verifies and reads only its slice of the optimizer state.
+TESTS += tests/test_state_ranges.sh
+EXTRA_DIST += tests/test_state_ranges.sh
 # Broken files in the plugin path (truncated, text, not a plugin) are skipped with a warning naming each.
 TESTS += tests/test_plugin_files.sh
 EXTRA_DIST += tests/test_plugin_files.sh
