@@ -167,9 +167,12 @@ static ca_status check_config(const ca_profile_config *c) {
     if ((c->wait || c->warmup || c->repeat) && !c->active)
         return ca_error(CA_ERR_INVALID, "profiler: a schedule (wait=%d warmup=%d repeat=%d) needs active >= 1",
                         c->wait, c->warmup, c->repeat);
-    const char *a = c->activities;
-    if (a && strcmp(a, "cpu") && strcmp(a, "cuda") && strcmp(a, "cpu,cuda") && strcmp(a, "cuda,cpu"))
-        return ca_error(CA_ERR_INVALID, "profiler: activities '%s': expected cpu, cuda or cpu,cuda", a);
+    /* ProfileKwargs' activity names, not backends: they are only kept in the trace's metadata */
+    static const char *const known[] = {"cpu", "cuda", "cpu,cuda", "cuda,cpu"};
+    bool ok = !c->activities;
+    for (size_t i = 0; !ok && i < CA_ARRAY_LEN(known); i++) ok = strcmp(c->activities, known[i]) == 0;
+    if (!ok)
+        return ca_error(CA_ERR_INVALID, "profiler: activities '%s': expected cpu, cuda or cpu,cuda", c->activities);
     if (c->output_trace_dir && strlen(c->output_trace_dir) >= sizeof g.dir)
         return ca_error(CA_ERR_INVALID, "profiler: output_trace_dir is longer than %zu bytes", sizeof g.dir - 1);
     return CA_OK;
