@@ -1,13 +1,15 @@
 /* The profiler's recorder: per-thread text buffers of Chrome trace events, the step schedule, the
  * trace file. A thread's first event registers its buffer on a global list (one mutex, once per
- * thread); later events append to it without a lock. The list and the buffers are freed at
- * ca_profile_end, after recording stopped, so a thread still inside a hook must have finished it:
- * the caller ends the profile once its own work (the training loop) is done. */
+ * thread); later events append to it without a lock. ca_profile_end clears the flag, then waits
+ * until no thread is inside a recording call (g_writers: each call counts itself in and looks at the
+ * flag again, so a thread either sees the flag clear or is waited for) before it frees the buffers:
+ * a dataloader or communication thread that records while the profile ends is safe. */
 #include "base/base_impl.h"
 #include "base/trace_impl.h"
 
 #include <errno.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -39,6 +41,7 @@ static struct {
     int64_t t_begin_ns;
 } g = { .mu = PTHREAD_MUTEX_INITIALIZER };
 
+static _Atomic int g_writers;   /* recording calls in progress (ca_profile_end waits for 0) */
 static _Thread_local tbuf *t_buf;
 static _Thread_local uint64_t t_gen;   /* the profile t_buf belongs to (t_buf is freed with it) */
 
@@ -104,8 +107,17 @@ static void esc(const char *s, char *out, size_t n) {
 
 static int trace_pid(void) { return g.cfg.rank < 0 ? 0 : g.cfg.rank; }
 
-void ca_trace_slice_at(const char *cat, const char *name, int64_t t0, int64_t t1, const char *args) {
-    if (!ca_trace_on()) return;
+/* Counts the caller in as a writer; false (and counted out) when recording stopped meanwhile. */
+static bool writer_in(void) {
+    atomic_fetch_add(&g_writers, 1);
+    if (atomic_load(&ca_trace_flags_) & CA_TRACE_ON) return true;
+    atomic_fetch_sub(&g_writers, 1);
+    return false;
+}
+
+static void writer_out(void) { atomic_fetch_sub(&g_writers, 1); }
+
+static void slice_at(const char *cat, const char *name, int64_t t0, int64_t t1, const char *args) {
     tbuf *b = cur_buf();
     if (!b) return;
     char en[256];
@@ -115,16 +127,23 @@ void ca_trace_slice_at(const char *cat, const char *name, int64_t t0, int64_t t1
                trace_pid(), b->tid, args ? args : "");
 }
 
+void ca_trace_slice_at(const char *cat, const char *name, int64_t t0, int64_t t1, const char *args) {
+    if (!ca_trace_on() || !writer_in()) return;
+    slice_at(cat, name, t0, t1, args);
+    writer_out();
+}
+
 void ca_trace_slice(const char *cat, const char *name, int64_t t0, const char *args) {
     ca_trace_slice_at(cat, name, t0, ca_trace_now_ns(), args);
 }
 
 void ca_trace_counter(const char *name, const char *args) {
-    if (!ca_trace_on()) return;
+    if (!ca_trace_on() || !writer_in()) return;
     tbuf *b = cur_buf();
-    if (!b) return;
-    buf_printf(b, ",\n{\"ph\":\"C\",\"name\":\"%s\",\"ts\":%.3f,\"pid\":%d,\"tid\":%d,\"args\":{%s}}", name,
-               (double)(ca_trace_now_ns() - g.t_begin_ns) / 1e3, trace_pid(), b->tid, args ? args : "");
+    if (b)
+        buf_printf(b, ",\n{\"ph\":\"C\",\"name\":\"%s\",\"ts\":%.3f,\"pid\":%d,\"tid\":%d,\"args\":{%s}}", name,
+                   (double)(ca_trace_now_ns() - g.t_begin_ns) / 1e3, trace_pid(), b->tid, args ? args : "");
+    writer_out();
 }
 
 int64_t ca_profile_range_begin(void) { return ca_trace_on() ? ca_trace_now_ns() : 0; }
@@ -255,8 +274,9 @@ ca_status ca_profile_end(void) {
     if (!g.running) return ca_error(CA_ERR_STATE, "profiler: ca_profile_end without ca_profile_begin");
     pthread_mutex_lock(&g.mu);
     g.running = false;
-    atomic_store_explicit(&ca_trace_flags_, 0, memory_order_relaxed);
+    atomic_store(&ca_trace_flags_, 0);
     pthread_mutex_unlock(&g.mu);
+    while (atomic_load(&g_writers) > 0) sched_yield();   /* a recording call still writing */
     char path[4200], tmp[4300];
     snprintf(path, sizeof path, "%s/trace_rank%d.json", g.dir, trace_pid());
     snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
