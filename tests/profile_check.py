@@ -6,6 +6,7 @@ profile_check.py single TRACE      one rank's trace: well-formed events, kernel 
 profile_check.py ranks DIR N        DIR/trace_rank0..N-1.json: each as above, collectives with the same
                                     sequence numbers on every rank; DIR/trace_merged.json holds them all
 profile_check.py steps TRACE K      exactly K recorded steps (ProfilerStep markers)
+profile_check.py names TRACE N...   a well-formed trace with slices of each name N
 """
 import json
 import sys
@@ -101,10 +102,20 @@ def steps(path, k):
     print("ok: %s: %d recorded steps" % (path, got))
 
 
+def names(path, want):
+    have = {e["name"] for e in load(path) if e["ph"] == "X"}
+    missing = [n for n in want if n not in have]
+    if missing:
+        fail("%s: no %s slices" % (path, ", ".join(missing)))
+    print("ok: %s: slices %s" % (path, ", ".join(want)))
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "single":
         single(sys.argv[2])
     elif sys.argv[1] == "ranks":
         ranks(sys.argv[2], int(sys.argv[3]))
+    elif sys.argv[1] == "names":
+        names(sys.argv[2], sys.argv[3:])
     else:
         steps(sys.argv[2], int(sys.argv[3]))

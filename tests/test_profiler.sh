@@ -2,7 +2,8 @@
 # The profiler as users run it: `--profile --output_trace_dir DIR` on a training program (one rank,
 # then 2 ranks under caccel launch over Gloo) writes DIR/trace_rank<r>.json in the Chrome
 # trace-event format, with kernel slices (op, shapes, dtype, device, FLOPs), autograd's backward
-# nodes, the allocator's counter track, dataloader waits, the checkpoint save and, at 2 ranks,
+# nodes, the allocator's counter track, dataloader waits, the checkpoint save, the lazy device's
+# graph compiles and runs and, at 2 ranks,
 # the collectives with the same sequence numbers on both; `caccel trace merge DIR` puts both ranks
 # on one timeline; the schedule's keys come from the environment; an unwritable directory is
 # refused at the start. The events are checked with python's json module (tests/profile_check.py);
@@ -31,6 +32,11 @@ CACCEL_PROFILE=true CACCEL_PROFILE_WAIT=1 CACCEL_PROFILE_WARMUP=1 CACCEL_PROFILE
     CACCEL_OUTPUT_TRACE_DIR="$WORK/t3" "$DDP" --cpu --mode plain --batch 8 --steps 4 > "$WORK/o3" 2>&1 ||
     { cat "$WORK/o3"; fail "scheduled run"; }
 "$PY" "$CHECK_PY" steps "$WORK/t3/trace_rank0.json" 1 || fail "schedule"
+
+note "the lazy device (--tpu): its graph compiles and runs"
+"$DDP" --tpu --mode plain --batch 8 --steps 3 --profile --output_trace_dir "$WORK/t5" > "$WORK/o5" 2>&1 ||
+    { cat "$WORK/o5"; fail "profiled run on the lazy device"; }
+"$PY" "$CHECK_PY" names "$WORK/t5/trace_rank0.json" xla_compile xla_execute dataloader_wait || fail "lazy device trace"
 
 note "an output_trace_dir below a regular file is refused before training, naming it"
 : > "$WORK/afile"
