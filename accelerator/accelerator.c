@@ -173,6 +173,7 @@ ca_status ca_accelerator_create(const ca_options *opts, ca_accelerator **out) {
     if (s == CA_OK) s = ca_grad_scaler_configure(acc, &(ca_grad_scaler_opts){0});
     if (s == CA_OK) s = ca_sync_select(acc);   /* the one place the parallelism is chosen */
     if (s == CA_OK) s = create_comm(acc);
+    if (s == CA_OK) s = ca_accelerator_profile_begin(acc);
     if (s != CA_OK) {
         ca_accelerator_destroy(acc);
         return s;
@@ -183,6 +184,7 @@ ca_status ca_accelerator_create(const ca_options *opts, ca_accelerator **out) {
 
 void ca_accelerator_destroy(ca_accelerator *acc) {
     if (!acc) return;
+    ca_accelerator_profile_end(acc);   /* the trace is written while the ranks are all here */
     /* prepared objects that outlive the accelerator go back to plain use */
     for (int i = 0; i < acc->nopts; i++) ca_optimizer_set_owner(acc->opts[i], NULL);
     for (int i = 0; i < acc->nloaders; i++) {
@@ -605,6 +607,7 @@ static ca_status optimizer_step(void *owner, ca_optimizer *o) {
     }
     o->amp_unscaled = false;
     if (scaling(acc)) update_scale(acc);
+    ca_accelerator_profile_step(acc, o);
     return s;
 }
 

@@ -182,6 +182,7 @@ struct ca_accelerator {
     int *group_begin, *group_next;
     /* mixed_precision bf16 on xla turned the device's bf16 storage on; destroy turns it off */
     bool bf16_storage_set;
+    bool profiling;                /* this accelerator began the running profile (profile.c) */
     /* autocast.c: the thread's autocast before each open CA_AUTOCAST scope */
     int autocast_depth;
     ca_dtype autocast_saved[16];
@@ -301,5 +302,11 @@ ca_status ca_state_check_files(const char *who, const char *dir);
  * detaches the bar when it is destroyed first. */
 void ca_progress_note_metrics(struct ca_progress *p, const ca_metric *values, size_t n);
 void ca_progress_detach(struct ca_progress *p);
+
+/* The profiler (profile.c): begun from the configuration at create, a step per optimizer step,
+ * ended (the trace written) at destroy. */
+ca_status ca_accelerator_profile_begin(ca_accelerator *acc);
+void ca_accelerator_profile_step(ca_accelerator *acc, const ca_optimizer *o);
+void ca_accelerator_profile_end(ca_accelerator *acc);
 
 #endif

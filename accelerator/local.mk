@@ -6,6 +6,7 @@ libcaccel_la_SOURCES += \
 	accelerator/accumulate.c \
 	accelerator/grad_scaler.c \
 	accelerator/accelerator.c \
+	accelerator/profile.c \
 	accelerator/sync_impl.h \
 	accelerator/strategy.c \
 	accelerator/sync_none.c \

@@ -9,6 +9,7 @@
 #include "accelerator/sync_impl.h"
 #include "accelerator/checkpoint_impl.h"
 #include "tensor/safetensors_impl.h"
+#include "base/trace_impl.h"
 #include "core/json_impl.h"
 #include "base/file_impl.h"
 
@@ -1684,7 +1685,10 @@ ca_status ca_save_state(ca_accelerator *acc, const char *dir) {
     if (acc->nextra)   /* the checkpoint layout holds one model */
         return ca_error(CA_ERR_UNSUPPORTED, "save_state: %d model(s) prepared after the first; save them with "
                         "ca_save_model or ca_register_for_checkpointing", acc->nextra);
-    return with_full_params(acc, save_state, dir);
+    int64_t t0 = ca_trace_on() ? ca_trace_now_ns() : 0;   /* the profiler's checkpoint stall */
+    ca_status s = with_full_params(acc, save_state, dir);
+    if (t0) ca_trace_slice("checkpoint", "save_state", t0, s == CA_OK ? "\"ok\":true" : "\"ok\":false");
+    return s;
 }
 
 ca_status ca_load_state(ca_accelerator *acc, const char *dir) {

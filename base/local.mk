@@ -10,8 +10,10 @@ libcaccel_la_SOURCES += \
 	base/peer_impl.h \
 	base/slurm_impl.h \
 	base/text_impl.h \
+	base/trace_impl.h \
 	base/unary_math_impl.h \
 	base/file.c \
 	base/status.c \
 	base/log.c \
-	base/types.c
+	base/types.c \
+	base/trace.c

@@ -13,6 +13,7 @@ include bench/transformer.mk
 include bench/actckpt.mk
 include bench/zero.mk
 include bench/progress.mk
+include bench/profile.mk
 include bench/threads.mk
 include bench/llm.mk
 include bench/tokenizer.mk

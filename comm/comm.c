@@ -1,6 +1,7 @@
 /* Communicators: sequence numbers, deadlines, host staging, creation and destruction. The desync and
  * hang diagnosis is in comm_diag.c. */
 #include "comm/comm_diag_impl.h"
+#include "base/trace_impl.h"
 #include "comm/procenv_impl.h"
 #include "core/registry_impl.h"
 
@@ -69,9 +70,26 @@ static ca_status unstage(ca_comm *c, ca_work *w, ca_status s) {
     return s;
 }
 
+/* The profiler's slice of a collective, from its issue to its end, with its sequence number. The
+ * backends (Gloo, MPI, NCCL) do not say when the peers arrived and when the data moved, so the
+ * time the caller was blocked in the wait (wait_us) holds both; issue_us is from the issue to the
+ * wait (the caller's overlap). */
+static void trace_coll(const ca_comm *c, const ca_work *w, ca_status s) {
+    int64_t now = ca_trace_now_ns(), wt = w->tr_wait_ns ? w->tr_wait_ns : now;
+    char args[320];
+    snprintf(args, sizeof args, "\"seq\":%llu,\"comm\":\"%s\",\"rank\":%d,\"world\":%d,\"dtype\":\"%s\","
+             "\"count\":%llu,\"bytes\":%llu,\"issue_us\":%.3f,\"wait_us\":%.3f,\"ok\":%s",
+             (unsigned long long)w->seq, c->prefix[0] ? c->prefix : "single", c->rank, c->world,
+             w->sig.dtype >= 0 ? ca_dtype_name((ca_dtype)w->sig.dtype) : "none", (unsigned long long)w->sig.count,
+             (unsigned long long)w->tr_bytes, (double)(wt - w->tr_issue_ns) / 1e3, (double)(now - wt) / 1e3,
+             s == CA_OK ? "true" : "false");
+    ca_trace_slice_at("collective", ca_coll_kind_name(w->sig.kind), w->tr_issue_ns, now, args);
+}
+
 /* Marks w finished (under mu) and frees its backend handle; returns its final status. */
 static ca_status finish(ca_comm *c, ca_work *w, ca_status s) {
     if (!w->done && (w->st_send || w->st_recv)) s = unstage(c, w, s);
+    if (!w->done && w->tr_issue_ns && ca_trace_on()) trace_coll(c, w, s);
     pthread_mutex_lock(&c->mu);
     if (!w->done) {
         w->done = true;
@@ -122,6 +140,7 @@ static ca_status wait_work_on(ca_comm *c, ca_work *w, int64_t deadline, bool op_
     c->wait_start_ms = ca_now_ms();
     c->version++;
     pthread_mutex_unlock(&c->mu);
+    if (w->tr_issue_ns && !w->tr_wait_ns) w->tr_wait_ns = ca_trace_now_ns();
     test_wait_delay(c, w->seq);
     ca_status ret;
     for (;;) {
@@ -291,6 +310,10 @@ static void enlist(ca_comm *c, ca_work *w, ca_coll_kind kind, const issue_args *
     w->seq = c->next_seq++;
     uint64_t sent = bus_bytes(c, kind, a);
     c->bytes += sent;
+    if (ca_trace_on()) {
+        w->tr_issue_ns = ca_trace_now_ns();
+        w->tr_bytes = sent;
+    }
     for (ca_comm *p = c->parent; p; p = p->parent) atomic_fetch_add(&p->split_bytes, sent);
     c->last_sig = w->sig;
     c->hist[w->seq % HIST] = w->sig;
@@ -328,6 +351,7 @@ static ca_status deferred_run(void *ctx, bool run, const void *in, void *out) {
         d->a.send = d->a.send == d->a.recv ? out : in;   /* the same bytes at their host addresses */
         d->a.recv = out;
         w->issue_ms = ca_now_ms();   /* the deadline runs from when the graph reaches it */
+        if (w->tr_issue_ns) w->tr_issue_ns = ca_trace_now_ns();
         int64_t deadline = w->issue_ms + c->timeout_ms;
         s = atomic_load(&c->failed) ? ca_comm_diag_failed_already(c, ca_coll_kind_name(d->kind)) : CA_OK;
         if (s == CA_OK && d->checked) s = ca_comm_diag_precheck(c, w->seq, &w->sig, deadline);

@@ -72,6 +72,9 @@ struct ca_work {
     void *st_send, *st_recv;
     void *dev_recv;
     size_t recv_bytes;
+    /* the profiler's times (ns; 0: not recorded): issued, the caller began to wait; bytes sent */
+    int64_t tr_issue_ns, tr_wait_ns;
+    uint64_t tr_bytes;
 };
 
 struct ca_comm {

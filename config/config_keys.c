@@ -38,6 +38,7 @@ static const char *const v_prefetch[] = {"BACKWARD_PRE", "BACKWARD_POST", "NO_PR
 static const char *const v_state_dict[] = {"FULL_STATE_DICT", "LOCAL_STATE_DICT", "SHARDED_STATE_DICT",
                                            "1", "2", "3", END};
 static const char *const v_cp_comm[] = {"allgather", "alltoall", END};
+static const char *const v_activities[] = {"cpu", "cuda", "cpu,cuda", "cuda,cpu", END};
 static const char *const v_cp_backend[] = {"torch", END};
 static const char *const v_sp_backend[] = {"deepspeed", END};
 static const char *const v_dynamo_backend[] = {
@@ -258,6 +259,17 @@ const ca_key_def ca_config_keys[] = {
     KI("iteration", "0", 0, 1e15, EX | S, "number of the next automatically named checkpoint (load_state continues after the one it loads)"),
     KB("deterministic", "false", EX | S, "parameters bit-identical for any process and BLAS thread count (docs/DETERMINISM.md)"),
     KI("deterministic_shards", "4", 1, 1e6, EX | S, "virtual shards per global batch in deterministic mode (a multiple of the process count)"),
+    /* the profiler: Accelerate's ProfileKwargs (docs/PROFILING.md) */
+    KB("profiling", "false", EX | S, "write a Chrome trace of the run per rank (flag --profile; docs/PROFILING.md; `profile` is SageMaker's AWS profile)"),
+    KS("output_trace_dir", NULL, EX | S, "where the profiler writes trace_rank<r>.json (null: the current directory)"),
+    KE("profile_activities", "cpu,cuda", v_activities, EX | S, "ProfileKwargs.activities: cpu, cuda or cpu,cuda"),
+    KI("profile_wait", "0", 0, 1e9, EX | S, "schedule_option.wait: optimizer steps skipped first in each cycle"),
+    KI("profile_warmup", "0", 0, 1e9, EX | S, "schedule_option.warmup: steps not recorded after wait"),
+    KI("profile_active", "0", 0, 1e9, EX | S, "schedule_option.active: steps recorded per cycle (0 with no wait/warmup/repeat: every step)"),
+    KI("profile_repeat", "0", 0, 1e9, EX | S, "schedule_option.repeat: cycles (0: until the end)"),
+    KB("profile_record_shapes", "false", EX | S, "ProfileKwargs.record_shapes: kernel slices carry shapes"),
+    KB("profile_memory", "false", EX | S, "ProfileKwargs.profile_memory: the allocator's live and reserved bytes as a counter track"),
+    KB("profile_with_flops", "false", EX | S, "ProfileKwargs.with_flops: kernel slices carry FLOPs"),
 };
 const size_t ca_config_nkeys = sizeof ca_config_keys / sizeof ca_config_keys[0];
 
@@ -357,6 +369,16 @@ const ca_env_def ca_config_envs[] = {
     {"CACCEL_ITERATION", CA_ENV_KEY, "iteration"},
     {"CACCEL_DETERMINISTIC", CA_ENV_KEY, "deterministic"},
     {"CACCEL_DETERMINISTIC_SHARDS", CA_ENV_KEY, "deterministic_shards"},
+    {"CACCEL_PROFILE", CA_ENV_KEY, "profiling"},
+    {"CACCEL_OUTPUT_TRACE_DIR", CA_ENV_KEY, "output_trace_dir"},
+    {"CACCEL_PROFILE_ACTIVITIES", CA_ENV_KEY, "profile_activities"},
+    {"CACCEL_PROFILE_WAIT", CA_ENV_KEY, "profile_wait"},
+    {"CACCEL_PROFILE_WARMUP", CA_ENV_KEY, "profile_warmup"},
+    {"CACCEL_PROFILE_ACTIVE", CA_ENV_KEY, "profile_active"},
+    {"CACCEL_PROFILE_REPEAT", CA_ENV_KEY, "profile_repeat"},
+    {"CACCEL_PROFILE_RECORD_SHAPES", CA_ENV_KEY, "profile_record_shapes"},
+    {"CACCEL_PROFILE_MEMORY", CA_ENV_KEY, "profile_memory"},
+    {"CACCEL_PROFILE_WITH_FLOPS", CA_ENV_KEY, "profile_with_flops"},
 };
 const size_t ca_config_nenvs = sizeof ca_config_envs / sizeof ca_config_envs[0];
 
@@ -473,6 +495,16 @@ const ca_flag_def ca_config_flags[] = {
     {"iteration", CA_FLAG_VALUE, "iteration"},
     {"deterministic", CA_FLAG_TRUE, "deterministic"},
     {"deterministic_shards", CA_FLAG_VALUE, "deterministic_shards"},
+    {"profile", CA_FLAG_TRUE, "profiling"},
+    {"output_trace_dir", CA_FLAG_VALUE, "output_trace_dir"},
+    {"profile_activities", CA_FLAG_VALUE, "profile_activities"},
+    {"profile_wait", CA_FLAG_VALUE, "profile_wait"},
+    {"profile_warmup", CA_FLAG_VALUE, "profile_warmup"},
+    {"profile_active", CA_FLAG_VALUE, "profile_active"},
+    {"profile_repeat", CA_FLAG_VALUE, "profile_repeat"},
+    {"profile_record_shapes", CA_FLAG_VALUE, "profile_record_shapes"},
+    {"profile_memory", CA_FLAG_VALUE, "profile_memory"},
+    {"profile_with_flops", CA_FLAG_VALUE, "profile_with_flops"},
 };
 const size_t ca_config_nflags = sizeof ca_config_flags / sizeof ca_config_flags[0];
 

@@ -3,6 +3,8 @@
 #include <caccel/device.h>
 #include <pthread.h>
 #include "base/ptr_map_impl.h"
+#include "base/trace_impl.h"
+#include <stdio.h>
 
 #include <stdlib.h>
 #include <string.h>
@@ -165,6 +167,16 @@ static ca_status reserve_block(caching *c, size_t size, size_t bytes, void *stre
     return CA_OK;
 }
 
+/* The profiler's counter track (profile_memory): bytes in use by tensors and reserved from the
+ * device, one sample per allocation and free, taken under the allocator's lock. */
+static void trace_memory(const caching *c) {
+    if (!(ca_trace_flags() & CA_TRACE_MEMORY)) return;
+    char a[128], name[64];
+    snprintf(a, sizeof a, "\"allocated\":%zu,\"reserved\":%zu", c->st.allocated, c->st.reserved);
+    snprintf(name, sizeof name, "memory %s", c->ops->name);
+    ca_trace_counter(name, a);
+}
+
 static ca_status caching_alloc(void *actx, size_t bytes, void *stream, void **ptr) {
     caching *c = actx;
     size_t size = size_class(bytes ? bytes : 1);
@@ -182,6 +194,7 @@ static ca_status caching_alloc(void *actx, size_t bytes, void *stream, void **pt
         b->next_free = NULL;
         note_alloc(c, b);
         *ptr = b->ptr;
+        if (ca_trace_on()) trace_memory(c);
     }
     pthread_mutex_unlock(&c->mu);
     return s;
@@ -204,6 +217,7 @@ static void caching_free(void *actx, void *ptr) {
         } else {           /* no memory for a list: return the block to the device */
             free_block(c, b);
         }
+        if (ca_trace_on()) trace_memory(c);
     } else {
         ca_log_printf(CA_LOG_ERROR, "%s allocator: free of %p, which it did not allocate or already freed",
                       c->ops->name, ptr);

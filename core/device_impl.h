@@ -5,6 +5,8 @@
 
 #include "base/base_impl.h"
 #include "base/kernel_check_impl.h"
+#include "base/trace_impl.h"
+#include "core/kernel_desc_impl.h"
 #include <caccel/device.h>
 
 /* An opened device. The registry owns it; it lives until ca_shutdown(). The
@@ -29,12 +31,27 @@ static inline ca_status ca_kernel_missing(const ca_device *d, const char *slot) 
                     d->name, slot, slot, d->name, d->index);
 }
 
+/* Records the slice of kernel `slot` on dev from t0 (ns) to now. */
+CA_API void ca_kernel_trace(const ca_device *dev, const char *slot, int64_t t0, const ca_kdesc *d);
+
 /* ca_kcall_<slot>(d, args): the checked call of kernel `slot` on device d, one per slot of
  * CA_KERNEL_LIST. The contract's checks (base/kernel_check_impl.h) run here, above the backends,
  * so a bad call fails at the op on every device, a lazy one included. */
+/* The one hook of the profiler on the kernel path: off, a load and a branch per call; on, the
+ * call is timed and described out of line (cold, so the untraced path stays as it was). */
 #define CA_KCALL_FN_(slot)                                                                     \
+    static __attribute__((cold, noinline, unused)) ca_status ca_kcall_traced_##slot(           \
+        const ca_device *d, const ca_##slot##_args *args) {                                    \
+        int64_t t0_ = ca_trace_now_ns();                                                       \
+        ca_status s_ = ca_kernel_checked_##slot(d->name, &d->k, d->ctx, args);                 \
+        ca_kdesc kd_ = {.dtype = -1};                                                          \
+        if (args) CA_KDESC_(args, &kd_);                                                       \
+        ca_kernel_trace(d, #slot, t0_, &kd_);                                                  \
+        return s_;                                                                             \
+    }                                                                                          \
     static inline ca_status ca_kcall_##slot(const ca_device *d, const ca_##slot##_args *args) { \
         if (!d->k.slot) return ca_kernel_missing(d, #slot);                                    \
+        if (ca_trace_on()) return ca_kcall_traced_##slot(d, args);                             \
         return ca_kernel_checked_##slot(d->name, &d->k, d->ctx, args);                         \
     }
 CA_KERNEL_LIST(CA_KCALL_FN_)

@@ -1,6 +1,7 @@
 /* The DataLoader: seeded per-epoch shuffle, rank sharding, a prefetch thread, and batches as step-scoped tensors. */
 #include "data/data_impl.h"
 #include "tensor/tensor_impl.h"
+#include "base/trace_impl.h"
 
 #include <caccel/log.h>
 
@@ -827,6 +828,14 @@ static bool dispatch_next(ca_dataloader *dl, ca_batch *b) {
     return true;
 }
 
+/* The profiler's slice of the training loop's wait for the prefetching worker's next batch. */
+static void trace_wait(const ca_dataloader *dl, int64_t t0, bool end) {
+    char a[96];
+    snprintf(a, sizeof a, "\"batch\":%llu,\"epoch\":%llu,\"end_of_pass\":%s", (unsigned long long)dl->consumed,
+             (unsigned long long)dl->epoch, end ? "true" : "false");
+    ca_trace_slice("dataloader", "dataloader_wait", t0, a);
+}
+
 bool ca_dataloader_next(ca_dataloader *dl, ca_batch *b) {
     if (!dl || !b) {
         ca_error(CA_ERR_INVALID, "ca_dataloader_next: NULL argument");
@@ -853,10 +862,12 @@ bool ca_dataloader_next(ca_dataloader *dl, ca_batch *b) {
         }
     }
     if (dispatching(dl)) return dispatch_next(dl, b);
+    int64_t t0 = ca_trace_on() ? ca_trace_now_ns() : 0;
     pthread_mutex_lock(&dl->mu);
     while (dl->produced <= dl->consumed && !dl->done) pthread_cond_wait(&dl->ready, &dl->mu);
     bool end = dl->produced <= dl->consumed;
     pthread_mutex_unlock(&dl->mu);
+    if (t0) trace_wait(dl, t0, end);
     if (end) {
         stop_pass(dl);
         dl->epoch++;

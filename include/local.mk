@@ -23,5 +23,6 @@ caccelinclude_HEADERS = \
 	include/caccel/accelerator.h \
 	include/caccel/checkpoint.h \
 	include/caccel/tracking.h \
-	include/caccel/progress.h
+	include/caccel/progress.h \
+	include/caccel/profile.h
 nodist_caccelinclude_HEADERS = include/caccel/version.h

@@ -1,5 +1,8 @@
 /* Autograd: the tape (nodes recorded by ops), gradient buffers, backward, no_grad and leaf hooks. */
 #include "tensor/tensor_impl.h"
+#include "base/trace_impl.h"
+
+#include <stdio.h>
 
 #include <stdlib.h>
 #include <string.h>
@@ -156,14 +159,24 @@ static void leaf_used(ca_tensor *t) {
     if (--t->pending_uses == 0 && t->hook) t->hook(t, t->hook_ctx);
 }
 
+/* The profiler's slice of one backward node, named as torch names its nodes ("<op>Backward"). */
+static void trace_node(const ca_node *n, int64_t t0) {
+    char name[96], args[96];
+    snprintf(name, sizeof name, "%sBackward", n->vt->name);
+    snprintf(args, sizeof args, "\"op\":\"%s\",\"inputs\":%d", n->vt->name, n->nin);
+    ca_trace_slice("autograd", name, t0, args);
+}
+
 /* Runs the sorted nodes' backward functions, then tells each leaf input it was used. */
 static ca_status process(node_vec *nodes) {
     ca_status s = CA_OK;
     for (size_t k = 0; s == CA_OK && k < nodes->n; k++) {
         ca_node *n = nodes->v[k];
         if (n->out->bgrad_defined || n->always) {
+            int64_t t0 = ca_trace_on() ? ca_trace_now_ns() : 0;
             s = n->vt->backward(n, n->out->bgrad_defined ? n->out->bgrad : NULL);
             if (s != CA_OK) ca_error_context("backward of %s", n->vt->name);
+            if (t0) trace_node(n, t0);
         }
         for (int i = 0; s == CA_OK && i < n->nin; i++) leaf_used(n->in[i]);
         for (int i = 0; s == CA_OK && i < n->nleaves; i++) leaf_used(n->leaves[i]);

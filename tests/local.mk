@@ -10,6 +10,7 @@ include tests/decoder.mk
 include tests/gpt.mk
 include tests/dist.mk
 include tests/ddp.mk
+include tests/profile.mk
 include tests/cuda.mk
 include tests/xla.mk
 include tests/fuzz.mk

@@ -36,6 +36,8 @@ int ca_cmd_merge_weights(int argc, char **argv);
 int ca_cmd_estimate_memory(int argc, char **argv);
 /* `caccel test`: the self-check under the configured launch (tools/cmd_test.c). */
 int ca_cmd_test(int argc, char **argv);
+/* caccel trace merge DIR (cmd_trace.c) */
+int ca_cmd_trace(int argc, char **argv);
 
 /* Prints "caccel <cmd>: error: <last error>" and its hint to stderr; returns 1. */
 int ca_cli_fail(const char *cmd);

@@ -91,6 +91,17 @@ static const struct { const char *key, *var; } exported[] = {
     {"parallelism_config.parallelism_config_sp_seq_length", "PARALLELISM_CONFIG_SP_SEQ_LENGTH"},
     {"parallelism_config.parallelism_config_sp_seq_length_is_variable", "PARALLELISM_CONFIG_SP_SEQ_LENGTH_IS_VARIABLE"},
     {"parallelism_config.parallelism_config_sp_attn_implementation", "PARALLELISM_CONFIG_SP_ATTN_IMPLEMENTATION"},
+    /* the profiler (docs/PROFILING.md): caccel launch --profile --output_trace_dir DIR prog */
+    {"profiling", "CACCEL_PROFILE"},
+    {"output_trace_dir", "CACCEL_OUTPUT_TRACE_DIR"},
+    {"profile_activities", "CACCEL_PROFILE_ACTIVITIES"},
+    {"profile_wait", "CACCEL_PROFILE_WAIT"},
+    {"profile_warmup", "CACCEL_PROFILE_WARMUP"},
+    {"profile_active", "CACCEL_PROFILE_ACTIVE"},
+    {"profile_repeat", "CACCEL_PROFILE_REPEAT"},
+    {"profile_record_shapes", "CACCEL_PROFILE_RECORD_SHAPES"},
+    {"profile_memory", "CACCEL_PROFILE_MEMORY"},
+    {"profile_with_flops", "CACCEL_PROFILE_WITH_FLOPS"},
 };
 
 /* A distributed_type given on the command line (--use_fsdp, --use_deepspeed, --tpu) reaches the

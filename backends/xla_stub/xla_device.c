@@ -2,6 +2,7 @@
  * (dead-code elimination, structural cache, buffer placement) and the executor that runs a program
  * on the host backend's kernels. */
 #include "backends/xla_stub/xla_impl.h"
+#include "base/trace_impl.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -819,6 +820,13 @@ static ca_status exec_one(xla_dev *x, int i) {
 
 /* Runs the program's groups in order: a chain of two or more as one fused loop (or node by node
  * when its buffers overlap in a way the loop cannot honour), the others as single kernels. */
+/* The profiler's slice of a graph's compile or run: the nodes recorded and the nodes that run. */
+static void trace_graph(const char *what, int64_t t0, int nodes, int nrun) {
+    char a[80];
+    snprintf(a, sizeof a, "\"nodes\":%d,\"nodes_run\":%d", nodes, nrun);
+    ca_trace_slice("xla", what, t0, a);
+}
+
 static ca_status execute(xla_dev *x, const xprogram *p) {
     int idx[XLA_MAX_CHAIN];
     ca_status s = bind(x, p);
@@ -877,15 +885,19 @@ ca_status xla_flush_locked(xla_dev *x) {
             p->hits++;
             x->m.cache_hits++;
         } else {
+            int64_t tc = ca_trace_on() ? ca_trace_now_ns() : 0;
             p = compile(x, h, key, len, nblocks);
             if (!p) s = ca_last_status();
             x->m.compile_ms += now_ms() - t0;
+            if (tc) trace_graph("xla_compile", tc, x->nnodes, p ? p->nrun : 0);
         }
     }
     if (s == CA_OK) {
         double t1 = now_ms();
+        int64_t te = ca_trace_on() ? ca_trace_now_ns() : 0;
         s = execute(x, p);
         x->m.execute_ms += now_ms() - t1;
+        if (te) trace_graph("xla_execute", te, x->nnodes, p->nrun);
         x->m.graphs++;
         x->m.nodes_executed += (uint64_t)p->nrun;
         x->m.nodes_eliminated += (uint64_t)(x->nnodes - p->nrun);

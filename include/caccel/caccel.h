@@ -24,5 +24,6 @@
 #include <caccel/checkpoint.h>
 #include <caccel/tracking.h>
 #include <caccel/progress.h>
+#include <caccel/profile.h>
 
 #endif

@@ -1,0 +1,121 @@
+"""Checks a caccel profiler trace (Chrome trace-event JSON) with the json module alone.
+
+profile_check.py single TRACE      one rank's trace: well-formed events, kernel slices with op, shapes,
+                                    dtype, device and FLOPs, backward nodes, the allocator's counter
+                                    track, dataloader waits, the checkpoint save, step markers
+profile_check.py ranks DIR N        DIR/trace_rank0..N-1.json: each as above, collectives with the same
+                                    sequence numbers on every rank; DIR/trace_merged.json holds them all
+profile_check.py steps TRACE K      exactly K recorded steps (ProfilerStep markers)
+profile_check.py names TRACE N...   a well-formed trace with slices of each name N
+"""
+import json
+import sys
+
+
+def fail(msg):
+    print("FAIL: " + msg)
+    sys.exit(1)
+
+
+def load(path):
+    with open(path) as f:
+        doc = json.load(f)
+    ev = doc.get("traceEvents")
+    if not isinstance(ev, list) or not ev:
+        fail(path + ": no traceEvents")
+    for e in ev:
+        for k in ("ph", "name", "pid", "tid", "ts"):
+            if k not in e:
+                fail("%s: event without %s: %r" % (path, k, e))
+        if e["ph"] not in ("X", "C", "M"):
+            fail("%s: unexpected phase %r" % (path, e))
+        if not isinstance(e["ts"], (int, float)) or e["ts"] < 0:
+            fail("%s: bad ts %r" % (path, e))
+        if e["ph"] == "X" and (not isinstance(e.get("dur"), (int, float)) or e["dur"] < 0):
+            fail("%s: complete event without a duration: %r" % (path, e))
+        if not isinstance(e.get("args", {}), dict):
+            fail("%s: args not an object: %r" % (path, e))
+    return ev
+
+
+def single(path, rank=0):
+    ev = load(path)
+    xs = [e for e in ev if e["ph"] == "X"]
+    if any(e["pid"] != rank for e in ev):
+        fail("%s: an event with pid other than %d" % (path, rank))
+    gemm = [e for e in xs if e.get("cat") == "kernel" and e["name"] == "gemm"]
+    if not gemm:
+        fail(path + ": no gemm kernel slice")
+    a = gemm[0]["args"]
+    if a.get("op") != "gemm" or a.get("device") != "cpu:0" or a.get("dtype") != "f32":
+        fail(path + ": gemm args %r" % a)
+    if not isinstance(a.get("shapes"), list) or len(a["shapes"]) != 2 or not a.get("flops", 0) > 0:
+        fail(path + ": gemm without shapes or flops: %r" % a)
+    m_k, k_n = a["shapes"]
+    if a["flops"] != 2 * m_k[0] * m_k[1] * m_k[2] * k_n[2]:
+        fail(path + ": gemm flops %r is not 2 m n k of %r" % (a["flops"], a["shapes"]))
+    names = {e["name"] for e in xs}
+    for want in ("dataloader_wait", "save_state", "ProfilerStep"):
+        if want not in names:
+            fail("%s: no %s slice (have %s)" % (path, want, sorted(names)[:40]))
+    if not any(e.get("cat") == "autograd" and e["name"].endswith("Backward") for e in xs):
+        fail(path + ": no autograd backward node")
+    mem = [e for e in ev if e["ph"] == "C" and e["name"].startswith("memory")]
+    if not mem or not all("allocated" in e["args"] and "reserved" in e["args"] for e in mem):
+        fail(path + ": no allocator counter track with allocated and reserved")
+    if not any(e["args"]["reserved"] >= e["args"]["allocated"] > 0 for e in mem):
+        fail(path + ": allocator counter never shows live bytes")
+    kinds = {e["name"] for e in xs if e.get("cat") == "kernel"}
+    print("ok: %s: %d events, %d kernel slices of %d ops, %d counter samples" %
+          (path, len(ev), sum(1 for e in xs if e.get("cat") == "kernel"), len(kinds), len(mem)))
+    return ev
+
+
+def ranks(d, n):
+    seqs = []
+    for r in range(n):
+        ev = single("%s/trace_rank%d.json" % (d, r), r)
+        coll = [e for e in ev if e.get("cat") == "collective"]
+        if not coll:
+            fail("rank %d: no collective slices" % r)
+        for e in coll:
+            for k in ("seq", "bytes", "wait_us", "issue_us", "world"):
+                if k not in e["args"]:
+                    fail("rank %d: collective without %s: %r" % (r, k, e))
+        if not any(e["name"] == "all_reduce" and e["args"]["world"] == n for e in coll):
+            fail("rank %d: no all_reduce over %d ranks" % (r, n))
+        seqs.append(sorted((e["args"]["comm"], e["args"]["seq"], e["name"]) for e in coll))
+    if any(s != seqs[0] for s in seqs):
+        fail("ranks recorded different collectives (sequence numbers)")
+    merged = load(d + "/trace_merged.json")
+    pids = {e["pid"] for e in merged}
+    if pids != set(range(n)):
+        fail("merged trace holds pids %r, not 0..%d" % (pids, n - 1))
+    print("ok: %d ranks, %d collectives each with matching sequence numbers; merged trace holds every rank"
+          % (n, len(seqs[0])))
+
+
+def steps(path, k):
+    got = sum(1 for e in load(path) if e["name"] == "ProfilerStep")
+    if got != k:
+        fail("%s: %d recorded steps, expected %d" % (path, got, k))
+    print("ok: %s: %d recorded steps" % (path, got))
+
+
+def names(path, want):
+    have = {e["name"] for e in load(path) if e["ph"] == "X"}
+    missing = [n for n in want if n not in have]
+    if missing:
+        fail("%s: no %s slices" % (path, ", ".join(missing)))
+    print("ok: %s: slices %s" % (path, ", ".join(want)))
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "single":
+        single(sys.argv[2])
+    elif sys.argv[1] == "ranks":
+        ranks(sys.argv[2], int(sys.argv[3]))
+    elif sys.argv[1] == "names":
+        names(sys.argv[2], sys.argv[3:])
+    else:
+        steps(sys.argv[2], int(sys.argv[3]))

@@ -1,0 +1,118 @@
+/* caccel trace merge DIR: the profiler's per-rank traces (DIR/trace_rank<r>.json) on one timeline,
+ * written to DIR/trace_merged.json. Each rank's timestamps are relative to its own begin; the files
+ * say where that begin was on CLOCK_MONOTONIC (otherData.clock_origin_ns), so the merge shifts each
+ * rank by its origin's distance from the earliest. That is one clock on one machine; ranks of
+ * several machines keep their own begins as zero (their clocks are not comparable). */
+#include "tools/cli_impl.h"
+#include "base/file_impl.h"
+#include "core/json_impl.h"
+
+#include <dirent.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define CA_FILE_TRACE CA_FILE_KIND("a trace file", 16 * CA_FILE_GIB, CA_ERR_IO, CA_ERR_INVALID)
+#define MAX_RANKS 4096
+
+typedef struct {
+    json_object *doc[MAX_RANKS];
+    int rank[MAX_RANKS];
+    int64_t origin[MAX_RANKS];
+    int n;
+} traces;
+
+static int usage(FILE *f) {
+    fprintf(f, "usage: caccel trace merge DIR\n"
+               "  joins DIR/trace_rank<r>.json (written by --profile --output_trace_dir DIR) into\n"
+               "  DIR/trace_merged.json: every rank a process of one timeline (docs/PROFILING.md)\n");
+    return f == stdout ? 0 : 2;
+}
+
+static int load_one(traces *t, const char *dir, const char *name, int rank) {
+    char path[4400], why[256];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    ca_status st;
+    json_object *o = ca_json_load(path, CA_FILE_TRACE, why, sizeof why, &st);
+    if (!o) {
+        if (why[0]) fprintf(stderr, "caccel trace: error: %s is not JSON: %s\n", path, why);
+        else fprintf(stderr, "caccel trace: error: %s\n", ca_last_error());
+        return 1;
+    }
+    if (!json_object_is_type(ca_json_member(o, "traceEvents"), json_type_array)) {
+        fprintf(stderr, "caccel trace: error: %s has no traceEvents array (not a Chrome trace)\n", path);
+        json_object_put(o);
+        return 1;
+    }
+    json_object *org = ca_json_member(ca_json_member(o, "otherData"), "clock_origin_ns");
+    t->doc[t->n] = o;
+    t->rank[t->n] = rank;
+    t->origin[t->n] = org ? json_object_get_int64(org) : 0;
+    t->n++;
+    return 0;
+}
+
+static int load_dir(traces *t, const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d) {
+        fprintf(stderr, "caccel trace: error: cannot open directory '%s'\n", dir);
+        return 1;
+    }
+    int rc = 0;
+    for (struct dirent *e; rc == 0 && (e = readdir(d));) {
+        int rank, used = 0;
+        if (sscanf(e->d_name, "trace_rank%d.json%n", &rank, &used) != 1 || e->d_name[used] != '\0') continue;
+        if (t->n == MAX_RANKS) {
+            fprintf(stderr, "caccel trace: error: more than %d traces in '%s'\n", MAX_RANKS, dir);
+            rc = 1;
+        } else rc = load_one(t, dir, e->d_name, rank);
+    }
+    closedir(d);
+    if (rc == 0 && t->n == 0) {
+        fprintf(stderr, "caccel trace: error: no trace_rank<r>.json in '%s' (run with --profile --output_trace_dir %s)\n",
+                dir, dir);
+        rc = 1;
+    }
+    return rc;
+}
+
+/* Moves every event of t->doc[i] into out, its timestamp shifted by shift_us. */
+static void append_events(json_object *out, json_object *doc, double shift_us) {
+    json_object *ev = ca_json_member(doc, "traceEvents");
+    size_t n = json_object_array_length(ev);
+    for (size_t k = 0; k < n; k++) {
+        json_object *e = json_object_array_get_idx(ev, k), *ts = ca_json_member(e, "ts");
+        if (ts && shift_us != 0) json_object_object_add(e, "ts", json_object_new_double(json_object_get_double(ts) + shift_us));
+        json_object_array_add(out, json_object_get(e));
+    }
+}
+
+static int merge(const char *dir) {
+    traces *t = calloc(1, sizeof *t);
+    if (!t) return 1;
+    int rc = load_dir(t, dir);
+    if (rc == 0) {
+        int64_t min = t->origin[0];
+        for (int i = 1; i < t->n; i++) if (t->origin[i] < min) min = t->origin[i];
+        json_object *root = json_object_new_object(), *events = json_object_new_array();
+        for (int i = 0; i < t->n; i++) append_events(events, t->doc[i], t->origin[i] ? (double)(t->origin[i] - min) / 1e3 : 0);
+        json_object_object_add(root, "displayTimeUnit", json_object_new_string("ms"));
+        json_object_object_add(root, "traceEvents", events);
+        char path[4200];
+        snprintf(path, sizeof path, "%s/trace_merged.json", dir);
+        if (json_object_to_file_ext(path, root, JSON_C_TO_STRING_PLAIN) != 0) {
+            fprintf(stderr, "caccel trace: error: cannot write '%s': %s\n", path, json_util_get_last_err());
+            rc = 1;
+        } else printf("caccel trace: merged %d rank%s into %s\n", t->n, t->n == 1 ? "" : "s", path);
+        json_object_put(root);
+    }
+    for (int i = 0; i < t->n; i++) json_object_put(t->doc[i]);
+    free(t);
+    return rc;
+}
+
+int ca_cmd_trace(int argc, char **argv) {
+    if (argc >= 2 && (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help"))) return usage(stdout);
+    if (argc != 3 || strcmp(argv[1], "merge") != 0) return usage(stderr);
+    return merge(argv[2]);
+}
