@@ -314,7 +314,7 @@ static ca_status broadcast_params(ca_accelerator *acc, ca_module *m) {
 /* A model built under ca_init_empty_weights gets its values here: in full, except under ZeRO-3 /
  * FULL_SHARD, where ca_zero3_build makes only this rank's shard of them. */
 static ca_status materialize(ca_accelerator *acc, ca_module *m, bool sharded) {
-    if (sharded && acc->zero.stage == 3) return CA_OK;
+    if (sharded && acc->sync_ops == &ca_sync_zero && acc->zero.stage == 3) return CA_OK;
     return ca_module_materialize(m);
 }
 

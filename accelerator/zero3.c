@@ -492,14 +492,17 @@ static ca_status check_params(ca_accelerator *acc, ca_module *m) {
 }
 
 /* A meta parameter's part of the shard (a model built under ca_init_empty_weights): its whole values
- * made in a scratch buffer, one parameter at a time, this rank's slice kept, the buffer freed: the
+ * made in a host scratch buffer, one parameter at a time, this rank's slice kept, the buffer freed: the
  * rank's memory peaks at its shard plus the largest parameter, never the whole model. */
 static ca_status meta_slice(ca_accelerator *acc, const ca_zero_seg *sg) {
+    ca_device *cpu = ca_cpu_device();   /* where the layers build eagerly: their values to the bit */
     void *tmp = NULL;
-    ca_status s = ca_device_alloc(acc->device, sg->param->storage->bytes, &tmp);
-    if (s == CA_OK) s = ca_meta_fill(sg->param, acc->device, tmp);
-    if (s == CA_OK) s = ca_zero_copy_f32(acc->device, (float *)tmp + sg->poff, ca_zero_fptr(acc->zero.pshard, sg->soff), sg->n);
-    ca_device_free(acc->device, tmp);
+    ca_status s = cpu ? ca_device_alloc(cpu, sg->param->storage->bytes, &tmp) : ca_last_status();
+    if (s == CA_OK) s = ca_meta_fill(sg->param, cpu, tmp);
+    if (s == CA_OK)
+        s = ca_device_copy_from_host(acc->device, ca_zero_fptr(acc->zero.pshard, sg->soff), (float *)tmp + sg->poff,
+                                     (size_t)sg->n * sizeof(float));
+    if (tmp) ca_device_free(cpu, tmp);
     return s == CA_OK ? CA_OK : ca_error_context("stage 3: materialising rank %d's part of the meta parameter %s",
                                                  acc->rank, ca_tensor_name(sg->param));
 }

@@ -147,11 +147,25 @@ ca_status ca_meta_fill(const ca_tensor *t, ca_device *dev, void *dst) {
     return CA_OK;
 }
 
+/* The values are made by the CPU's kernels, where the layers build eagerly (their RNG is then the
+ * eager build's to the bit on any device), and copied to the parameter's device. */
+static ca_status fill_on(const ca_tensor *t, ca_device *dev, void *p) {
+    ca_device *cpu = ca_cpu_device();
+    if (!cpu) return ca_last_status();
+    if (dev == cpu) return ca_meta_fill(t, cpu, p);
+    void *h = NULL;
+    ca_status s = ca_device_alloc(cpu, t->storage->bytes, &h);
+    if (s == CA_OK) s = ca_meta_fill(t, cpu, h);
+    if (s == CA_OK) s = ca_device_copy_from_host(dev, p, h, t->storage->bytes);
+    ca_device_free(cpu, h);
+    return s;
+}
+
 static ca_status materialize(ca_tensor *t, bool fill) {
     ca_storage *st = t->storage;
     void *p = NULL;
     ca_status s = ca_device_alloc(st->dev, st->bytes, &p);
-    if (s == CA_OK && fill) s = ca_meta_fill(t, st->dev, p);
+    if (s == CA_OK && fill) s = fill_on(t, st->dev, p);
     if (s != CA_OK) {
         ca_device_free(st->dev, p);
         return ca_error_context("materialising '%s' (%zu bytes)", t->name ? t->name : "", st->bytes);

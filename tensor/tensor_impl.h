@@ -126,7 +126,8 @@ ca_status ca_meta_storage(ca_storage *st);
 /* Frees a storage's fill record (storage_release). */
 void ca_meta_init_free(struct ca_meta_init *mi);
 /* Writes the whole values of meta tensor t (t->numel elements of its dtype) into dst, memory of
- * dev: the recorded fills replayed, the same kernels and RNG counters an eager build ran. */
+ * dev: the recorded fills replayed, the same kernels and RNG counters an eager build ran (which
+ * builds on the CPU: pass the CPU device for the eager values to the bit). */
 ca_status ca_meta_fill(const ca_tensor *t, ca_device *dev, void *dst);
 /* The fill record of meta tensor t as bytes (*bytes: its size; *count: its ops), to be sent to
  * other processes as is; NULL with *bytes 0 for an empty record. */
