@@ -28,7 +28,8 @@ static atomic_int live;
 
 static const char meta_why[] =
     "has no storage: it was created under ca_init_empty_weights (the meta device) and gets its values "
-    "at ca_prepare or ca_module_materialize; only those (and ca_load_model into a prepared model) may use it";
+    "at ca_prepare or ca_module_materialize, or the file's from ca_load_model, ca_bert_load_pretrained or "
+    "ca_causal_lm_load_pretrained";
 
 ca_status ca_init_empty_weights(bool on) {
     tl_empty = on;
