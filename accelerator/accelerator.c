@@ -287,15 +287,37 @@ static void own_model(ca_accelerator *acc, ca_module *m) {
 }
 
 /* Every process starts from rank 0's parameters, whatever the strategy (collective). */
+static ca_status dispatch_bcast(void *ctx, void *buf, size_t bytes);
+
+/* A meta parameter has no values to send: rank 0's record of how to make them goes instead (its
+ * RNG seed and counters), so every rank materialises rank 0's values, as the eager broadcast gives. */
+static ca_status broadcast_meta(ca_accelerator *acc, ca_tensor *p) {
+    size_t bytes;
+    int64_t count;
+    ca_meta_record(p, &bytes, &count);
+    ca_status s = dispatch_bcast(acc, &count, sizeof count);
+    if (s == CA_OK && acc->rank != 0) s = ca_meta_record_resize(p, count);
+    void *rec = s == CA_OK ? ca_meta_record(p, &bytes, &count) : NULL;
+    return s == CA_OK && rec ? dispatch_bcast(acc, rec, bytes) : s;
+}
+
 static ca_status broadcast_params(ca_accelerator *acc, ca_module *m) {
     if (acc->world == 1) return CA_OK;
     int n = ca_module_num_params(m);
     for (int i = 0; i < n; i++) {
         ca_tensor *p = ca_module_param_at(m, i);
-        ca_status s = ca_comm_broadcast(acc->comm, ca_tptr(p), (size_t)p->numel, p->dtype, 0, NULL);
+        ca_status s = ca_tensor_is_meta(p) ? broadcast_meta(acc, p)
+                                           : ca_comm_broadcast(acc->comm, ca_tptr(p), (size_t)p->numel, p->dtype, 0, NULL);
         if (s != CA_OK) return ca_error_context("broadcasting parameter %s from rank 0", ca_module_param_name(m, i));
     }
     return CA_OK;
+}
+
+/* A model built under ca_init_empty_weights gets its values here: in full, except under ZeRO-3 /
+ * FULL_SHARD, where ca_zero3_build makes only this rank's shard of them. */
+static ca_status materialize(ca_accelerator *acc, ca_module *m, bool sharded) {
+    if (sharded && acc->sync_ops == &ca_sync_zero && acc->zero.stage == 3) return CA_OK;
+    return ca_module_materialize(m);
 }
 
 /* A comm_hook compresses DDP's bucket all-reduce; a strategy that reduces its own way sends f32. */
@@ -320,6 +342,7 @@ static ca_status prepare_extra_model(ca_accelerator *acc, ca_module *m) {
     if (!ne) return ca_error(CA_ERR_NOMEM, "out of host memory");
     acc->extra = ne;
     ca_status s = ca_module_to(m, acc->device);
+    if (s == CA_OK) s = materialize(acc, m, false);
     if (s == CA_OK) s = broadcast_params(acc, m);
     if (s == CA_OK) s = ops->prepare_extra_model(acc, m);
     if (s == CA_OK) s = ca_trainable_snapshot(acc, m);
@@ -335,7 +358,8 @@ static ca_status prepare_model(ca_accelerator *acc, ca_module *m) {
     if (acc->nextra) return ca_error(CA_ERR_STATE, "ca_prepare: the first prepared model was destroyed");
     if (acc->world > 1) warn_unused_hook(acc);
     ca_status s = ca_module_to(m, acc->device);
-    if (s == CA_OK) s = broadcast_params(acc, m);
+    if (s == CA_OK) s = broadcast_params(acc, m);   /* a meta parameter: the record of rank 0's values */
+    if (s == CA_OK) s = materialize(acc, m, true);
     if (s == CA_OK && acc->sync_ops->prepare_model) s = acc->sync_ops->prepare_model(acc, m);
     if (s == CA_OK) s = ca_trainable_snapshot(acc, m);
     if (s == CA_OK) {
@@ -368,7 +392,9 @@ static ca_status prepare_optimizer(ca_accelerator *acc, ca_optimizer *o) {
      * each process reads whole batches (the global batch grew N times), one with split_batches (the
      * global batch is the loader's batch_size on any number of processes) */
     ca_optimizer_set_schedule_stride(o, acc->world > 1 && !acc->st.split_batches ? acc->world : 1);
-    ca_status s = ca_optimizer_init_state(o);
+    /* sharded data parallelism keeps the state of its shard only (ca_zero_add_optimizer drops the
+     * optimizer's own): never made whole, it does not raise the rank's peak to the model's size */
+    ca_status s = acc->zero.params ? CA_OK : ca_optimizer_init_state(o);
     if (s == CA_OK && acc->sync_ops->prepare_optimizer) s = acc->sync_ops->prepare_optimizer(acc, o);
     return s;
 }

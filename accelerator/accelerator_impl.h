@@ -260,6 +260,10 @@ ca_status ca_zero3_reduce(ca_accelerator *acc);
 void ca_zero3_release_all(ca_accelerator *acc);
 /* Gathers every unit (on) or writes this rank's segments back into pshard and releases (off). */
 ca_status ca_zero3_summon(ca_accelerator *acc, bool on);
+/* Model files into a stage-3 model without gathering it (fsdp_cpu_ram_efficient_loading): each rank
+ * copies only the slices of its shard, data_of(ctx, name) giving a parameter's f32 values in host
+ * memory (the file's bytes; mapped, only the pages of those slices are read). */
+ca_status ca_zero3_load_shard(ca_accelerator *acc, const void *(*data_of)(void *ctx, const char *name), void *ctx);
 void ca_zero3_free(ca_accelerator *acc);
 
 /* zero_offload.c: the optimizer state and update of the shard in host memory (offload_optimizer,

@@ -453,7 +453,9 @@ ca_status ca_ck_model_apply(const ca_ck_model_src *m, ca_module *model) {
     ca_status s = CA_OK;
     for (int i = 0; i < src->n && s == CA_OK; i++) {
         const ca_st_entry *e = src->entry[i];
-        s = ca_tensor_copy_from_host(ca_module_param(model, e->name), ca_st_data(src->file_of[i], e),
+        ca_tensor *p = ca_module_param(model, e->name);
+        if (ca_tensor_is_meta(p)) s = ca_meta_allocate(p);   /* a meta model: memory, not its init */
+        if (s == CA_OK) s = ca_tensor_copy_from_host(p, ca_st_data(src->file_of[i], e),
                                      (size_t)(e->end - e->begin));
         if (s != CA_OK) ca_error_context("%s: tensor '%s'", src->file_of[i]->path, e->name);
     }
@@ -491,9 +493,32 @@ ca_status ca_save_model(ca_accelerator *acc, ca_module *model, const char *dir, 
     return s != CA_OK ? s : r;
 }
 
+static const void *ck_data_of(void *ctx, const char *name) {
+    const ck_src *src = ctx;
+    for (int i = 0; i < src->n; i++)
+        if (!strcmp(src->entry[i]->name, name)) return ca_st_data(src->file_of[i], src->entry[i]);
+    return NULL;
+}
+
+/* A stage-3 model under fsdp_cpu_ram_efficient_loading (Accelerate's default for FSDP): each rank
+ * reads only the slices its shard keeps, no rank gathers the whole model. */
+static bool lean_load(ca_accelerator *acc, ca_module *model) {
+    if (!acc || acc->model != model || acc->zero.stage != 3 || !acc->zero.pshard || acc->zero.summoned) return false;
+    bool on = true;
+    if (ca_config_get_bool(acc->cfg, "fsdp_config.fsdp_cpu_ram_efficient_loading", &on) != CA_OK) ca_clear_error();
+    return on;
+}
+
 ca_status ca_load_model(ca_accelerator *acc, ca_module *model, const char *dir_or_file) {
     if (!model || !dir_or_file) return ca_error(CA_ERR_INVALID, "load_model: model and a path are required");
     ca_status s;
+    if (lean_load(acc, model)) {
+        ca_ck_model_src *m = NULL;
+        s = ca_ck_model_open(dir_or_file, model, &m);
+        if (s == CA_OK) s = ca_zero3_load_shard(acc, ck_data_of, &m->src);
+        ca_ck_model_close(m);
+        return s;
+    }
     bool shards = summon(acc, model, &s);
     if (s == CA_OK) s = load_model(model, dir_or_file);
     ca_status r = shards ? acc->sync_ops->summon(acc, false) : CA_OK;

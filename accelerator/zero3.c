@@ -491,13 +491,57 @@ static ca_status check_params(ca_accelerator *acc, ca_module *m) {
     return CA_OK;
 }
 
+/* A meta parameter's part of the shard (a model built under ca_init_empty_weights): its whole values
+ * made in a host scratch buffer, one parameter at a time, this rank's slice kept, the buffer freed: the
+ * rank's memory peaks at its shard plus the largest parameter, never the whole model. */
+static ca_status meta_slice(ca_accelerator *acc, const ca_zero_seg *sg) {
+    ca_device *cpu = ca_cpu_device();   /* where the layers build eagerly: their values to the bit */
+    void *tmp = NULL;
+    ca_status s = cpu ? ca_device_alloc(cpu, sg->param->storage->bytes, &tmp) : ca_last_status();
+    if (s == CA_OK) s = ca_meta_fill(sg->param, cpu, tmp);
+    if (s == CA_OK)
+        s = ca_device_copy_from_host(acc->device, ca_zero_fptr(acc->zero.pshard, sg->soff), (float *)tmp + sg->poff,
+                                     (size_t)sg->n * sizeof(float));
+    if (tmp) ca_device_free(cpu, tmp);
+    return s == CA_OK ? CA_OK : ca_error_context("stage 3: materialising rank %d's part of the meta parameter %s",
+                                                 acc->rank, ca_tensor_name(sg->param));
+}
+
+static ca_status fill_shard(ca_accelerator *acc) {
+    ca_zero *z = &acc->zero;
+    ca_status s = CA_OK;
+    for (int k = 0; s == CA_OK && k < z->nsegs; k++)
+        s = ca_tensor_is_meta(z->segs[k].param)
+                ? meta_slice(acc, &z->segs[k])
+                : ca_zero_copy_f32(acc->device, ca_zero_fptr(z->segs[k].param, z->segs[k].poff),
+                                   ca_zero_fptr(z->pshard, z->segs[k].soff), z->segs[k].n);
+    for (int i = 0; s == CA_OK && i < z->nparams; i++) {   /* the shard holds the values now */
+        ca_storage *st = z->params[i]->storage;
+        ca_meta_init_free(st->meta);
+        st->meta = NULL;
+    }
+    return s;
+}
+
+ca_status ca_zero3_load_shard(ca_accelerator *acc, const void *(*data_of)(void *ctx, const char *name), void *ctx) {
+    ca_zero *z = &acc->zero;
+    ca_status s = CA_OK;
+    for (int k = 0; s == CA_OK && k < z->nsegs; k++) {
+        const ca_zero_seg *sg = &z->segs[k];
+        const float *src = data_of(ctx, ca_tensor_name(sg->param));
+        s = src ? ca_device_copy_from_host(acc->device, ca_zero_fptr(z->pshard, sg->soff), src + sg->poff,
+                                           (size_t)sg->n * sizeof(float))
+                : ca_error(CA_ERR_INTERNAL, "stage 3: no values for parameter %s", ca_tensor_name(sg->param));
+    }
+    for (int i = 0; i < z->nparams; i++) z->params[i]->version++;   /* copies cast from older values are stale */
+    return s == CA_OK ? CA_OK : ca_error_context("stage 3: loading rank %d's shard", acc->rank);
+}
+
 ca_status ca_zero3_build(ca_accelerator *acc, ca_module *m) {
     ca_zero *z = &acc->zero;
     ca_status s = check_params(acc, m);
     if (s == CA_OK && !(z->pshard = ca_zero_persistent_zeros(acc->device, z->shard))) s = oom();
-    for (int k = 0; s == CA_OK && k < z->nsegs; k++)
-        s = ca_zero_copy_f32(acc->device, ca_zero_fptr(z->segs[k].param, z->segs[k].poff), ca_zero_fptr(z->pshard, z->segs[k].soff),
-                     z->segs[k].n);
+    if (s == CA_OK) s = fill_shard(acc);
     if (s == CA_OK) s = make_units(acc, m);
     if (s != CA_OK) return s;
     int used = 0;

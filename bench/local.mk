@@ -17,6 +17,7 @@ include bench/profile.mk
 include bench/threads.mk
 include bench/llm.mk
 include bench/tokenizer.mk
+include bench/load_rss.mk
 
 # Builds every benchmark without running one (tools/test.sh does, so they keep compiling).
 .PHONY: bench-build

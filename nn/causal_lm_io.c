@@ -122,6 +122,10 @@ static ca_status check_entry(const ca_st_file *f, const ca_st_entry *e, const ca
 static ca_status copy_entry(const ca_st_file *f, const ca_st_entry *e, ca_tensor *t) {
     const void *src = ca_st_data(f, e);
     size_t n = (size_t)t->numel;
+    /* a model built under ca_init_empty_weights: memory for the file's values, no init run; the
+     * parameters the file lacks stay meta and get their initialisation at ca_prepare */
+    ca_status a = ca_meta_allocate(t);
+    if (a != CA_OK) return a;
     if (e->dtype == CA_F32) return ca_tensor_copy_from_host(t, src, n * sizeof(float));
     float *buf = malloc((n ? n : 1) * sizeof *buf);
     if (!buf) return ca_error(CA_ERR_NOMEM, "out of host memory reading '%s'", e->name);

@@ -52,7 +52,7 @@ static ca_status add_conv1d(ca_module *parent, const char *name, int64_t in, int
     if (s == CA_OK) s = ca_nn_init_normal(w, std);
     if (s == CA_OK) s = ca_parameter_create(ca_cpu_device(), CA_F32, 1, &out_f, &b);
     if (s == CA_OK) s = ca_module_add_param(m, "bias", b);
-    if (s == CA_OK) s = CA_KCALL(ca_tdev(b), fill, .dt = CA_F32, .n = out_f, .value = 0.0, .y = ca_tptr(b));
+    if (s == CA_OK) s = ca_tensor_init_fill_(b, 0, out_f, 0.0);
     if (s != CA_OK) {
         ca_module_destroy(m);
         return s;

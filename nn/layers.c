@@ -5,14 +5,9 @@
 #include <stdint.h>
 #include <string.h>
 
-/* Fills a parameter from the process generator in place. */
+/* Fills a parameter from the process generator in place (records the draw on a meta parameter). */
 static ca_status init_param(ca_tensor *t, ca_rng_kind kind, float a, float b) {
-    if (!t->numel) return CA_OK;
-    uint64_t seed, unused;
-    ca_rng_get_state(&seed, &unused);
-    uint64_t off = ca_rng_reserve(ca_rng_counters(kind, t->numel));
-    return CA_KCALL(ca_tdev(t), rng, .kind = kind, .dt = t->dtype, .n = t->numel, .seed = seed, .offset = off,
-                    .a = a, .b = b, .y = ca_tptr(t));
+    return kind == CA_RNG_NORMAL ? ca_tensor_init_normal_(t, a, b) : ca_tensor_init_uniform_(t, a, b);
 }
 
 static ca_status new_param(ca_module *m, const char *name, int ndim, const int64_t *shape, ca_tensor **out) {
@@ -96,9 +91,9 @@ ca_status ca_layer_norm_create(int64_t dim, double eps, ca_module **out) {
     m->p = eps > 0 ? eps : 1e-5;
     ca_tensor *w, *b;
     s = new_param(m, "weight", 1, &dim, &w);
-    if (s == CA_OK) s = CA_KCALL(ca_tdev(w), fill, .dt = CA_F32, .n = dim, .value = 1.0, .y = ca_tptr(w));
+    if (s == CA_OK) s = ca_tensor_init_fill_(w, 0, dim, 1.0);
     if (s == CA_OK) s = new_param(m, "bias", 1, &dim, &b);
-    if (s == CA_OK) s = CA_KCALL(ca_tdev(b), fill, .dt = CA_F32, .n = dim, .value = 0.0, .y = ca_tptr(b));
+    if (s == CA_OK) s = ca_tensor_init_fill_(b, 0, dim, 0.0);
     return finish(m, s, out);
 }
 
@@ -159,8 +154,7 @@ ca_status ca_embedding_create_ex(int64_t num, int64_t dim, int64_t padding_idx, 
     s = new_param(m, "weight", 2, (int64_t[]){num, dim}, &w);
     if (s == CA_OK) s = init_param(w, CA_RNG_NORMAL, 0.0f, 1.0f);
     if (s == CA_OK && padding_idx >= 0)     /* torch zeroes the padding row */
-        s = CA_KCALL(ca_tdev(w), fill, .dt = CA_F32, .n = dim, .value = 0.0,
-                     .y = (float *)ca_tptr(w) + padding_idx * dim);
+        s = ca_tensor_init_fill_(w, padding_idx * dim, dim, 0.0);
     return finish(m, s, out);
 }
 
@@ -178,7 +172,7 @@ ca_status ca_rms_norm_create(int64_t dim, double eps, ca_module **out) {
     m->p = eps > 0 ? eps : 1.1920928955078125e-07;    /* torch: finfo(float32).eps */
     ca_tensor *w;
     s = new_param(m, "weight", 1, &dim, &w);
-    if (s == CA_OK) s = CA_KCALL(ca_tdev(w), fill, .dt = CA_F32, .n = dim, .value = 1.0, .y = ca_tptr(w));
+    if (s == CA_OK) s = ca_tensor_init_fill_(w, 0, dim, 1.0);
     return finish(m, s, out);
 }
 
@@ -190,13 +184,7 @@ ca_status ca_silu_create(ca_module **out) { return ca_module_create("SiLU", silu
 
 /* ------------------------------------------------------------------ pretrained models' initialisation */
 
-ca_status ca_nn_init_normal(ca_tensor *t, float std) {
-    uint64_t seed, unused;
-    ca_rng_get_state(&seed, &unused);
-    uint64_t off = ca_rng_reserve(ca_rng_counters(CA_RNG_NORMAL, t->numel));
-    return CA_KCALL(ca_tdev(t), rng, .kind = CA_RNG_NORMAL, .dt = t->dtype, .n = t->numel, .seed = seed,
-                    .offset = off, .a = 0.0f, .b = std, .y = ca_tptr(t));
-}
+ca_status ca_nn_init_normal(ca_tensor *t, float std) { return ca_tensor_init_normal_(t, 0.0f, std); }
 
 ca_status ca_nn_add_linear(ca_module *parent, const char *name, int64_t in, int64_t out_f, bool bias, float std,
                            ca_module **out) {
@@ -205,7 +193,7 @@ ca_status ca_nn_add_linear(ca_module *parent, const char *name, int64_t in, int6
     if (s != CA_OK) return s;              /* nothing was made (out of memory, most likely) */
     s = ca_nn_init_normal(l->params[0], std);
     if (s == CA_OK && bias)
-        s = CA_KCALL(ca_tdev(l->params[1]), fill, .dt = CA_F32, .n = out_f, .value = 0.0, .y = ca_tptr(l->params[1]));
+        s = ca_tensor_init_fill_(l->params[1], 0, out_f, 0.0);
     if (s != CA_OK) {
         ca_module_destroy(l);
         return s;
@@ -222,8 +210,7 @@ ca_status ca_nn_add_embedding(ca_module *parent, const char *name, int64_t n, in
     if (s != CA_OK) return s;              /* nothing was made */
     s = ca_nn_init_normal(e->params[0], std);
     if (s == CA_OK && pad >= 0)
-        s = CA_KCALL(ca_tdev(e->params[0]), fill, .dt = CA_F32, .n = dim, .value = 0.0,
-                     .y = (float *)ca_tptr(e->params[0]) + pad * dim);
+        s = ca_tensor_init_fill_(e->params[0], pad * dim, dim, 0.0);
     if (s != CA_OK) {
         ca_module_destroy(e);
         return s;

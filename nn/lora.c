@@ -336,7 +336,7 @@ static ca_status make_adapters(ca_module *m, ca_lora_layer *l) {
     if (s == CA_OK) s = ca_linear_create(l->cfg.r, l->out, false, &b);
     ca_tensor *bw = b ? b->params[0] : NULL;
     if (s == CA_OK && l->cfg.init_lora_weights)
-        s = CA_KCALL(ca_tdev(bw), fill, .dt = CA_F32, .n = bw->numel, .value = 0.0, .y = ca_tptr(bw));
+        s = ca_tensor_init_fill_(bw, 0, bw->numel, 0.0);
     ca_device *dev = ca_tensor_device(m->params[0]);
     if (s == CA_OK) s = ca_module_to(a, dev);
     if (s == CA_OK) s = ca_module_to(b, dev);

@@ -113,6 +113,22 @@ static ca_tensor *run_forward(ca_module *m, ca_tensor *x) {
     return y;
 }
 
+static int first_meta(ca_module *m) {
+    int n = ca_module_num_params(m);
+    for (int i = 0; i < n; i++)
+        if (ca_tensor_is_meta(m->flat[i])) return i;
+    return -1;
+}
+
+/* A forward of a model built under ca_init_empty_weights, before ca_prepare gave it its values. */
+static ca_status meta_refused(ca_module *m) {
+    int i = first_meta(m);
+    if (i < 0) return CA_OK;
+    return ca_error(CA_ERR_STATE, "forward of %s: parameter %s has no storage (built under ca_init_empty_weights, "
+                    "the meta device); ca_prepare or ca_module_materialize gives it its values first", m->type,
+                    m->flat_names[i]);
+}
+
 ca_tensor *ca_module_forward(ca_module *m, ca_tensor *x) {
     if (!m) {
         ca_error(CA_ERR_INVALID, "forward of a NULL module");
@@ -123,6 +139,7 @@ ca_tensor *ca_module_forward(ca_module *m, ca_tensor *x) {
         ca_error(CA_ERR_INVALID, "module %s has no forward function", m->type);
         return NULL;
     }
+    if (ca_meta_live() && meta_refused(m) != CA_OK) return NULL;
     /* a prepared model's forward runs under the accelerator's autocast */
     if (m->pre_forward && m->pre_forward(m->hook_ctx, m) != CA_OK) {
         ca_error_context("gathering the parameters of %s", m->type);
@@ -157,6 +174,11 @@ static bool collect(ca_module *m, const char *prefix, ca_module *root) {
         if (nn) root->flat_names = nn;
         if (!name || !nn) { free(name); return false; }
         snprintf(name, len, "%s%s%s", prefix, *prefix ? "." : "", m->param_names[i]);
+        /* a meta parameter's refusals name it (ca_tensor_check_present): by its longest name, the
+         * one from the outermost module listed */
+        if (ca_tensor_is_meta(m->params[i]) && strlen(name) > strlen(ca_tensor_name(m->params[i])) &&
+            ca_tensor_set_name(m->params[i], name) != CA_OK)
+            ca_clear_error();
         root->flat[root->nflat] = m->params[i];
         root->flat_names[root->nflat++] = name;
     }
@@ -277,6 +299,17 @@ ca_status ca_module_to(ca_module *m, ca_device *dev) {
         ca_status s = ca_tensor_move_(m->flat[i], dev);
         if (s != CA_OK) return ca_error_context("moving parameter %s", m->flat_names[i]);
     }
+    return CA_OK;
+}
+
+bool ca_module_is_meta(ca_module *m) { return m && first_meta(m) >= 0; }
+
+ca_status ca_module_materialize(ca_module *m) {
+    if (!m) return ca_error(CA_ERR_INVALID, "ca_module_materialize: module is NULL");
+    int n = ca_module_num_params(m);
+    for (int i = 0; i < n; i++)
+        if (ca_tensor_materialize_(m->flat[i]) != CA_OK)
+            return ca_error_context("materialising parameter %s", m->flat_names[i]);
     return CA_OK;
 }
 

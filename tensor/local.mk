@@ -3,6 +3,7 @@
 libcaccel_la_SOURCES += \
 	tensor/tensor_impl.h \
 	tensor/tensor.c \
+	tensor/meta.c \
 	tensor/autograd.c \
 	tensor/checkpoint.c \
 	tensor/autocast.c \

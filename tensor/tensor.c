@@ -48,6 +48,7 @@ uint64_t ca_scope_id(const ca_scope *s) { return s ? s->id : 0; }
 static void storage_release(ca_storage *st) {
     if (!st) return;
     if (atomic_fetch_sub(&st->refs, 1) == 1) {
+        ca_meta_init_free(st->meta);
         ca_device_free(st->dev, st->ptr);
         free(st);
     }
@@ -239,6 +240,29 @@ ca_tensor *ca_tensor_new(ca_device *dev, ca_dtype dt, int ndim, const int64_t *s
     return t->storage ? t : NULL;
 }
 
+ca_tensor *ca_meta_parameter_new(ca_device *dev, ca_dtype dt, int ndim, const int64_t *shape) {
+    if (!dev) {
+        ca_error(CA_ERR_INVALID, "no device given for a new tensor");
+        return NULL;
+    }
+    if (check_shape(dt, ndim, shape) != CA_OK) return NULL;
+    ca_tensor *t = ca_tensor_alloc_struct();
+    if (!t) return NULL;
+    t->dtype = dt;
+    t->ndim = ndim;
+    if (ndim) memcpy(t->shape, shape, (size_t)ndim * sizeof *shape);
+    ca_tensor_set_contiguous(t);
+    t->storage = calloc(1, sizeof *t->storage);
+    if (!t->storage) {
+        ca_error(CA_ERR_NOMEM, "out of host memory for a meta parameter");
+        return NULL;
+    }
+    t->storage->dev = dev;
+    t->storage->bytes = (size_t)t->numel * ca_dtype_size(dt);
+    atomic_init(&t->storage->refs, 1);
+    return ca_meta_storage(t->storage) == CA_OK ? t : NULL;
+}
+
 ca_tensor *ca_tensor_view(ca_tensor *t, int ndim, const int64_t *shape, const int64_t *stride,
                           int64_t offset) {
     ca_tensor *v = ca_tensor_alloc_struct();
@@ -345,7 +369,8 @@ ca_tensor *ca_rand_normal(ca_device *dev, ca_dtype dt, int ndim, const int64_t *
 ca_status ca_parameter_create(ca_device *dev, ca_dtype dt, int ndim, const int64_t *shape, ca_tensor **out) {
     if (!out) return ca_error(CA_ERR_INVALID, "ca_parameter_create: out is NULL");
     *out = NULL;
-    ca_tensor *t = ca_tensor_new(dev, dt, ndim, shape);
+    ca_tensor *t = ca_init_empty_weights_enabled() ? ca_meta_parameter_new(dev, dt, ndim, shape)
+                                                   : ca_tensor_new(dev, dt, ndim, shape);
     if (!t) return ca_last_status();
     ca_tensor_keep(t);
     t->requires_grad = true;
@@ -374,6 +399,10 @@ void ca_tensor_free(ca_tensor *t) {
 ca_status ca_tensor_move_(ca_tensor *t, ca_device *dev) {
     if (!t || !dev) return ca_error(CA_ERR_INVALID, "ca_tensor_move_: tensor and device are required");
     if (ca_tdev(t) == dev) return CA_OK;
+    if (t->storage->meta && !t->storage->ptr) {   /* nothing to copy: its values will be made on dev */
+        t->storage->dev = dev;
+        return CA_OK;
+    }
     if (!ca_tensor_is_contiguous(t))
         return ca_error(CA_ERR_INVALID, "ca_tensor_move_: only contiguous tensors can move");
     size_t bytes = ca_tensor_nbytes(t);

@@ -18,6 +18,10 @@ typedef struct ca_storage {
      * between uses): the rest of a sentence saying why the values are not here and how to get them.
      * Every read or write of the values reports it (ca_tensor_check_present). NULL otherwise. */
     const char *absent;
+    /* A parameter created without memory (ca_init_empty_weights, the meta device): ptr is NULL,
+     * absent says so, and this records the fills that give its values (tensor/meta.c). NULL
+     * otherwise, and once the values are materialised. */
+    struct ca_meta_init *meta;
 } ca_storage;
 
 typedef struct ca_node ca_node;
@@ -113,6 +117,27 @@ void ca_scope_add_node(ca_node *n);
 /* CA_OK when t's values are in memory; else (its storage's owner released them: `absent`) an
  * error naming op, the tensor and the owner's reason, recorded as the last error. */
 ca_status ca_tensor_check_present(const ca_tensor *t, const char *op);
+/* ------------------------------------------------------------------ meta parameters (tensor/meta.c) */
+/* A persistent parameter with t's shape and no memory on dev, recording its fills; what
+ * ca_parameter_create makes under ca_init_empty_weights. */
+ca_tensor *ca_meta_parameter_new(ca_device *dev, ca_dtype dt, int ndim, const int64_t *shape);
+/* Makes st (ptr NULL) a meta storage: an empty fill record, absent saying why. */
+ca_status ca_meta_storage(ca_storage *st);
+/* Frees a storage's fill record (storage_release). */
+void ca_meta_init_free(struct ca_meta_init *mi);
+/* Writes the whole values of meta tensor t (t->numel elements of its dtype) into dst, memory of
+ * dev: the recorded fills replayed, the same kernels and RNG counters an eager build ran (which
+ * builds on the CPU: pass the CPU device for the eager values to the bit). */
+ca_status ca_meta_fill(const ca_tensor *t, ca_device *dev, void *dst);
+/* The fill record of meta tensor t as bytes (*bytes: its size; *count: its ops), to be sent to
+ * other processes as is; NULL with *bytes 0 for an empty record. */
+void *ca_meta_record(const ca_tensor *t, size_t *bytes, int64_t *count);
+/* Makes t's record `count` ops long (an empty one to receive another process's bytes). */
+ca_status ca_meta_record_resize(ca_tensor *t, int64_t count);
+/* Gives meta tensor t its memory without its recorded values (a load overwrites them all). */
+ca_status ca_meta_allocate(ca_tensor *t);
+/* Live meta parameters in the process (0: no check needed). */
+int ca_meta_live(void);
 /* Contiguous strides for t->shape; sets numel. */
 void ca_tensor_set_contiguous(ca_tensor *t);
 /* A scoped tensor with fresh storage on dev. */

@@ -22,8 +22,13 @@
  * --freeze NAME: the parameters of child NAME (fc1, fc2) are frozen (requires_grad false) before the
  *   optimizer is made; every rank prints opt_state_bytes=B (the optimizer's own state tensors) and, after
  *   training, frozen_unchanged=1 when the frozen parameters still hold their first values bit for bit.
+ * --save-model DIR writes the model's files (ca_save_model) after training; --load-model DIR loads them
+ *   (ca_load_model) right after ca_prepare.
  * --load-state DIR loads a state saved by --save-state DIR (after the training loop) right after ca_prepare.
  * --adamw trains with AdamW (lr --lr / 20) instead of SGD with momentum.
+ * --meta builds the model under ca_init_empty_weights (no storage until ca_prepare); with --mem every
+ *   rank prints prepare_peak_bytes (the allocator's peak from before the model was built to the end of
+ *   ca_prepare), model_bytes and largest_param_bytes.
  * --hidden H widens the hidden layer (32); --depth D adds D Linear(H, H)+Tanh layers (0); --mem prints
  * state_bytes: the allocator's bytes in use before the last step for parameters, gradients and
  * optimizer state (the growth from before ca_prepare, plus the parameters the model held then; the
@@ -40,10 +45,10 @@ typedef struct opts {
     const char *mode;
     int steps, k;
     int64_t batch, hidden, depth;
-    const char *dump, *dump_grads, *freeze, *save_state, *load_state;
+    const char *dump, *dump_grads, *freeze, *save_state, *load_state, *save_model, *load_model;
     int64_t sched_total;
     double lr;
-    bool mem, digest, inf_input, read_sharded, adamw;
+    bool mem, digest, inf_input, read_sharded, adamw, meta;
     int stop_rank;               /* --stop-rank R: rank R stops itself (SIGSTOP) before micro-step 3 */
     int lsgd_steps, sim;         /* --local-sgd-steps K, --sim N */
 } opts;
@@ -178,11 +183,14 @@ static opts parse(int argc, char **argv) {
         else if (!strcmp(argv[i], "--freeze") && i + 1 < argc) o.freeze = argv[++i];
         else if (!strcmp(argv[i], "--save-state") && i + 1 < argc) o.save_state = argv[++i];
         else if (!strcmp(argv[i], "--load-state") && i + 1 < argc) o.load_state = argv[++i];
+        else if (!strcmp(argv[i], "--save-model") && i + 1 < argc) o.save_model = argv[++i];
+        else if (!strcmp(argv[i], "--load-model") && i + 1 < argc) o.load_model = argv[++i];
         else if (!strcmp(argv[i], "--dump-grads") && i + 1 < argc) o.dump_grads = argv[++i];
         else if (!strcmp(argv[i], "--hidden") && i + 1 < argc) o.hidden = atoll(argv[++i]);
         else if (!strcmp(argv[i], "--depth") && i + 1 < argc) o.depth = atoll(argv[++i]);
         else if (!strcmp(argv[i], "--mem")) o.mem = true;
         else if (!strcmp(argv[i], "--adamw")) o.adamw = true;
+        else if (!strcmp(argv[i], "--meta")) o.meta = true;
         else if (!strcmp(argv[i], "--digest")) o.digest = true;
         else if (!strcmp(argv[i], "--inf-input")) o.inf_input = true;
         else if (!strcmp(argv[i], "--read-sharded")) o.read_sharded = true;
@@ -295,10 +303,19 @@ int main(int argc, char **argv) {
     }
     ca_dataloader *dl;
     CA_CHECK(ca_dataloader_create(ds, &(ca_loader_opts){.batch_size = o.batch, .shuffle = true, .seed = 5}, &dl));
-    ca_module *m = model(o.hidden, o.depth);
     ca_allocator_stats st0, st1, st2;
-    int64_t pbytes = 0;
-    for (int i = 0; i < ca_module_num_params(m); i++) pbytes += (int64_t)ca_tensor_nbytes(ca_module_param_at(m, i));
+    CA_CHECK(ca_device_reset_peak_stats(ca_accelerator_device(acc)));
+    CA_CHECK(ca_device_memory_stats(ca_accelerator_device(acc), &st0));
+    int64_t base0 = (int64_t)st0.allocated;
+    CA_CHECK(ca_init_empty_weights(o.meta));
+    ca_module *m = model(o.hidden, o.depth);
+    CA_CHECK(ca_init_empty_weights(false));
+    int64_t pbytes = 0, largest = 0;
+    for (int i = 0; i < ca_module_num_params(m); i++) {
+        int64_t b = (int64_t)ca_tensor_nbytes(ca_module_param_at(m, i));
+        pbytes += b;
+        largest = b > largest ? b : largest;
+    }
     CA_CHECK(ca_device_memory_stats(ca_accelerator_device(acc), &st0));
     ca_module *frozen = o.freeze ? ca_module_child(m, o.freeze) : NULL;
     void *frozen0 = frozen ? snapshot(frozen) : NULL;
@@ -310,7 +327,15 @@ int main(int argc, char **argv) {
         CA_CHECK(ca_optimizer_set_schedule(opt, &(ca_lr_schedule){.kind = CA_SCHED_LINEAR,
                                                                   .total_steps = o.sched_total}));
     CA_CHECK(ca_prepare(acc, m, opt, dl));
+    if (o.mem) {   /* the most held from before the model was built to the end of ca_prepare */
+        ca_allocator_stats sp;
+        CA_CHECK(ca_device_memory_stats(ca_accelerator_device(acc), &sp));
+        printf("rank=%d prepare_peak_bytes=%lld model_bytes=%lld largest_param_bytes=%lld\n",
+               ca_process_index(acc), (long long)((int64_t)sp.peak_allocated - base0), (long long)pbytes,
+               (long long)largest);
+    }
     if (o.load_state) CA_CHECK(ca_load_state(acc, o.load_state));
+    if (o.load_model) CA_CHECK(ca_load_model(acc, m, o.load_model));
     ca_comm *comm = ca_accelerator_comm(acc);
     int rank = ca_process_index(acc), world = ca_num_processes(acc);
     int rc = 0, micro = 0;
@@ -368,6 +393,7 @@ int main(int argc, char **argv) {
     }
     CA_CHECK(ca_dataloader_status(dl));
     if (o.save_state) CA_CHECK(ca_save_state(acc, o.save_state));
+    if (o.save_model) CA_CHECK(ca_save_model(acc, m, o.save_model, 0));
     if (lsgd) {
         CA_CHECK(ca_local_sgd_end(lsgd));
         printf("rank=%d collectives=%llu\n", rank, (unsigned long long)(ca_comm_seq(comm) - seq0));

@@ -40,7 +40,11 @@ CA_API ca_status ca_save_model(ca_accelerator *acc, ca_module *model, const char
  * `model`: dir_or_file is a directory holding model.safetensors or model.safetensors.index.json,
  * a .safetensors file, or an index .json file. Every tensor must match a parameter of the same
  * name, shape and dtype, and every parameter must be present; everything is checked before the
- * first parameter is written. Each rank reads the files itself. */
+ * first parameter is written. Each rank reads the files itself. Into a model prepared at stage 3
+ * (FSDP FULL_SHARD, ZeRO-3) with fsdp_cpu_ram_efficient_loading true (the default), each rank copies
+ * only the slices of its shard, never gathering the model; false gathers it whole, loads, keeps the
+ * shard. Into a meta model (ca_init_empty_weights) not yet prepared, each parameter gets its memory
+ * and the file's values (docs/DISTRIBUTED.md, "Deferred initialisation"). */
 CA_API ca_status ca_load_model(ca_accelerator *acc, ca_module *model, const char *dir_or_file);
 
 /* ------------------------------------------------------------------ training state */

@@ -94,6 +94,15 @@ CA_API bool ca_module_checkpointing(const ca_module *m);
 CA_API ca_status ca_module_checkpoint_layers(ca_module *m, bool on, int *marked);
 /* Moves every parameter to dev. */
 CA_API ca_status ca_module_to(ca_module *m, ca_device *dev);
+/* Deferred initialisation (ca_init_empty_weights in caccel/tensor.h: Accelerate's
+ * init_empty_weights): a model built while it is on has parameters without storage (meta).
+ * ca_module_is_meta: whether any parameter of m is still meta. ca_module_materialize (torch's
+ * to_empty + the recorded init): gives each meta parameter its memory on its device and the values
+ * an eager build would have had; ca_prepare does it itself (under ZeRO-3 / FULL_SHARD only the
+ * process's shard is ever made, see docs/DISTRIBUTED.md). A forward of a model with a meta
+ * parameter fails with CA_ERR_STATE naming the parameter. */
+CA_API bool ca_module_is_meta(ca_module *m);
+CA_API ca_status ca_module_materialize(ca_module *m);
 /* Drops the gradients of every parameter. */
 CA_API void ca_module_zero_grad(ca_module *m);
 

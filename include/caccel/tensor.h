@@ -59,6 +59,27 @@ CA_API ca_tensor *ca_rand_normal(ca_device *dev, ca_dtype dt, int ndim, const in
 CA_API ca_status ca_parameter_create(ca_device *dev, ca_dtype dt, int ndim,
                                      const int64_t *shape, ca_tensor **out);
 
+/* ------------------------------------------------ deferred initialisation (the meta device)
+ * Accelerate's init_empty_weights / torch's device="meta": while ca_init_empty_weights(true) is on
+ * (this thread only, until ca_init_empty_weights(false)), ca_parameter_create makes parameters with
+ * a shape, dtype and device but no memory, and the layers' initialisation (ca_tensor_init_*_)
+ * records what it would write, taking the same RNG counters from the process generator as an eager
+ * build: materialised later (ca_prepare; ca_module_materialize in caccel/nn.h), such a parameter has
+ * exactly the values the eager build gives. Any other use of a meta parameter fails with
+ * CA_ERR_STATE naming it ("... has no storage: it was created under ca_init_empty_weights ...").
+ * Under ZeRO-3 / FSDP FULL_SHARD ca_prepare makes only the process's shard of the values. */
+CA_API ca_status ca_init_empty_weights(bool on);
+CA_API bool ca_init_empty_weights_enabled(void);
+/* True for a parameter created without storage and not materialised yet. */
+CA_API bool ca_tensor_is_meta(const ca_tensor *t);
+/* torch.nn.init's uniform_ / normal_ from the process generator, and constant_ over the elements
+ * [start, start + n) of a contiguous tensor: run now, or recorded on a meta tensor. */
+CA_API ca_status ca_tensor_init_uniform_(ca_tensor *t, float lo, float hi);
+CA_API ca_status ca_tensor_init_normal_(ca_tensor *t, float mean, float std);
+CA_API ca_status ca_tensor_init_fill_(ca_tensor *t, int64_t start, int64_t n, double value);
+/* Gives a meta tensor its memory on its device and its recorded values (no-op for others). */
+CA_API ca_status ca_tensor_materialize_(ca_tensor *t);
+
 /* Moves t out of its scope: it becomes persistent and must be freed with
  * ca_tensor_free. Returns t (NULL passes through). */
 CA_API ca_tensor *ca_tensor_keep(ca_tensor *t);

@@ -1,0 +1,15 @@
+# bench/load_rss.mk: peak resident memory per rank while loading and preparing a model of 1 GB f32,
+# eager and deferred (ca_init_empty_weights), DDP and ZeRO-3, at 1, 2 and 4 processes
+# (`make bench-load-rss`; BENCH_LOAD_RSS_ARGS passes e.g. "--layers 4 --width 1024").
+EXTRA_PROGRAMS += bench/bench_load_rss
+ca_bench_programs += bench/bench_load_rss$(EXEEXT)
+CLEANFILES += bench/bench_load_rss
+bench_bench_load_rss_SOURCES = bench/bench_load_rss.c
+bench_bench_load_rss_LDADD = libcaccel.la -lm
+EXTRA_DIST += bench/run_load_rss.sh
+
+.PHONY: bench-load-rss
+bench: bench-load-rss
+bench-load-rss: bench/bench_load_rss$(EXEEXT) tools/caccel$(EXEEXT)
+	CACCEL_PLUGIN_PATH='$(abs_top_builddir)/collectives/.libs' bash $(top_srcdir)/bench/run_load_rss.sh \
+	  --bench ./bench/bench_load_rss$(EXEEXT) --caccel ./tools/caccel$(EXEEXT) $(BENCH_LOAD_RSS_ARGS)

@@ -1,0 +1,187 @@
+/* Parameters without storage (torch's device="meta", Accelerate's init_empty_weights): under
+ * ca_init_empty_weights a new parameter has its shape, dtype and device but no memory. Its
+ * initialisation (ca_tensor_init_uniform_/normal_/fill_) takes its RNG counters from the process
+ * generator exactly as an eager build does, and records them instead of running the kernel; the
+ * owner (ca_prepare, ca_module_materialize) replays the record later, whole or one parameter at a
+ * time into a scratch buffer, and gets the values an eager build would have had, bit for bit. */
+#include "tensor/tensor_impl.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct meta_op {
+    bool rng;                    /* a draw from the generator; else a constant over [start, start + n) */
+    ca_rng_kind kind;
+    uint64_t seed, offset;
+    float a, b;
+    double value;
+    int64_t start, n;
+} meta_op;
+
+struct ca_meta_init {
+    int n, cap;
+    meta_op *ops;
+};
+
+static _Thread_local bool tl_empty;
+static atomic_int live;
+
+static const char meta_why[] =
+    "has no storage: it was created under ca_init_empty_weights (the meta device) and gets its values "
+    "at ca_prepare or ca_module_materialize, or the file's from ca_load_model, ca_bert_load_pretrained or "
+    "ca_causal_lm_load_pretrained";
+
+ca_status ca_init_empty_weights(bool on) {
+    tl_empty = on;
+    return CA_OK;
+}
+
+bool ca_init_empty_weights_enabled(void) { return tl_empty; }
+
+int ca_meta_live(void) { return atomic_load(&live); }
+
+bool ca_tensor_is_meta(const ca_tensor *t) { return t && t->storage && t->storage->meta && !t->storage->ptr; }
+
+void ca_meta_init_free(struct ca_meta_init *mi) {
+    if (!mi) return;
+    atomic_fetch_sub(&live, 1);
+    free(mi->ops);
+    free(mi);
+}
+
+ca_status ca_meta_storage(ca_storage *st) {
+    st->meta = calloc(1, sizeof *st->meta);
+    if (!st->meta) return ca_error(CA_ERR_NOMEM, "out of host memory for a meta parameter");
+    st->absent = meta_why;
+    atomic_fetch_add(&live, 1);
+    return CA_OK;
+}
+
+/* An op covering the whole tensor makes the earlier ones moot (ca_nn_add_linear redraws a Linear's
+ * default weight): only the last such op and those after it are replayed. */
+static ca_status record(ca_tensor *t, meta_op op) {
+    struct ca_meta_init *mi = t->storage->meta;
+    if (op.start == 0 && op.n == t->numel) mi->n = 0;
+    if (mi->n == mi->cap) {
+        int cap = mi->cap ? 2 * mi->cap : 2;
+        meta_op *no = realloc(mi->ops, (size_t)cap * sizeof *no);
+        if (!no) return ca_error(CA_ERR_NOMEM, "out of host memory recording an initialisation");
+        mi->ops = no;
+        mi->cap = cap;
+    }
+    mi->ops[mi->n++] = op;
+    return CA_OK;
+}
+
+void *ca_meta_record(const ca_tensor *t, size_t *bytes, int64_t *count) {
+    const struct ca_meta_init *mi = t->storage->meta;
+    *count = mi ? mi->n : 0;
+    *bytes = (size_t)*count * sizeof(meta_op);
+    return *count ? mi->ops : NULL;
+}
+
+ca_status ca_meta_record_resize(ca_tensor *t, int64_t count) {
+    struct ca_meta_init *mi = t->storage->meta;
+    if (!mi || count < 0 || count > 1 << 20) return ca_error(CA_ERR_INVALID, "a meta record of %lld ops", (long long)count);
+    if (count > mi->cap) {
+        meta_op *no = realloc(mi->ops, (size_t)count * sizeof *no);
+        if (!no) return ca_error(CA_ERR_NOMEM, "out of host memory for a meta record");
+        mi->ops = no;
+        mi->cap = (int)count;
+    }
+    mi->n = (int)count;
+    return CA_OK;
+}
+
+static ca_status run_op(const meta_op *op, ca_device *dev, ca_dtype dt, void *dst) {
+    void *y = (char *)dst + (size_t)op->start * ca_dtype_size(dt);
+    if (op->rng)
+        return CA_KCALL(dev, rng, .kind = op->kind, .dt = dt, .n = op->n, .seed = op->seed, .offset = op->offset,
+                        .a = op->a, .b = op->b, .y = y);
+    return CA_KCALL(dev, fill, .dt = dt, .n = op->n, .value = op->value, .y = y);
+}
+
+/* Draws from the process generator into t (or records the draw): the same counters either way. */
+static ca_status init_rng(ca_tensor *t, ca_rng_kind kind, float a, float b) {
+    if (!t) return ca_error(CA_ERR_INVALID, "initialising a NULL tensor");
+    if (!t->numel) return CA_OK;
+    if (!ca_tensor_is_contiguous(t))
+        return ca_error(CA_ERR_INVALID, "initialising '%s': only contiguous tensors", t->name ? t->name : "");
+    uint64_t seed, unused;
+    ca_rng_get_state(&seed, &unused);
+    meta_op op = {.rng = true, .kind = kind, .seed = seed, .a = a, .b = b, .n = t->numel};
+    op.offset = ca_rng_reserve(ca_rng_counters(kind, t->numel));
+    if (ca_tensor_is_meta(t)) return record(t, op);
+    ca_status s = ca_tensor_check_present(t, "initialising");
+    return s == CA_OK ? run_op(&op, ca_tdev(t), t->dtype, ca_tptr(t)) : s;
+}
+
+ca_status ca_tensor_init_uniform_(ca_tensor *t, float lo, float hi) { return init_rng(t, CA_RNG_UNIFORM, lo, hi); }
+
+ca_status ca_tensor_init_normal_(ca_tensor *t, float mean, float std) { return init_rng(t, CA_RNG_NORMAL, mean, std); }
+
+ca_status ca_tensor_init_fill_(ca_tensor *t, int64_t start, int64_t n, double value) {
+    if (!t) return ca_error(CA_ERR_INVALID, "ca_tensor_init_fill_: tensor is NULL");
+    if (start < 0 || n < 0 || start + n > t->numel || !ca_tensor_is_contiguous(t))
+        return ca_error(CA_ERR_INVALID, "ca_tensor_init_fill_ of '%s': [%lld, %lld) is outside its %lld elements "
+                        "(or it is not contiguous)", t->name ? t->name : "", (long long)start,
+                        (long long)(start + n), (long long)t->numel);
+    if (!n) return CA_OK;
+    meta_op op = {.value = value, .start = start, .n = n};
+    if (ca_tensor_is_meta(t)) return record(t, op);
+    ca_status s = ca_tensor_check_present(t, "initialising");
+    return s == CA_OK ? run_op(&op, ca_tdev(t), t->dtype, ca_tptr(t)) : s;
+}
+
+ca_status ca_meta_fill(const ca_tensor *t, ca_device *dev, void *dst) {
+    const struct ca_meta_init *mi = t->storage->meta;
+    if (!mi) return ca_error(CA_ERR_INTERNAL, "ca_meta_fill: '%s' is not a meta tensor", t->name ? t->name : "");
+    /* never initialised: zeros rather than whatever the allocator hands out, on every rank alike */
+    if (!mi->n || mi->ops[0].start != 0 || mi->ops[0].n != t->numel) {
+        ca_status s = CA_KCALL(dev, fill, .dt = t->dtype, .n = t->numel, .value = 0.0, .y = dst);
+        if (s != CA_OK) return s;
+    }
+    for (int i = 0; i < mi->n; i++) {
+        ca_status s = run_op(&mi->ops[i], dev, t->dtype, dst);
+        if (s != CA_OK) return s;
+    }
+    return CA_OK;
+}
+
+/* The values are made by the CPU's kernels, where the layers build eagerly (their RNG is then the
+ * eager build's to the bit on any device), and copied to the parameter's device. */
+static ca_status fill_on(const ca_tensor *t, ca_device *dev, void *p) {
+    ca_device *cpu = ca_cpu_device();
+    if (!cpu) return ca_last_status();
+    if (dev == cpu) return ca_meta_fill(t, cpu, p);
+    void *h = NULL;
+    ca_status s = ca_device_alloc(cpu, t->storage->bytes, &h);
+    if (s == CA_OK) s = ca_meta_fill(t, cpu, h);
+    if (s == CA_OK) s = ca_device_copy_from_host(dev, p, h, t->storage->bytes);
+    ca_device_free(cpu, h);
+    return s;
+}
+
+static ca_status materialize(ca_tensor *t, bool fill) {
+    ca_storage *st = t->storage;
+    void *p = NULL;
+    ca_status s = ca_device_alloc(st->dev, st->bytes, &p);
+    if (s == CA_OK && fill) s = fill_on(t, st->dev, p);
+    if (s != CA_OK) {
+        ca_device_free(st->dev, p);
+        return ca_error_context("materialising '%s' (%zu bytes)", t->name ? t->name : "", st->bytes);
+    }
+    st->ptr = p;
+    st->absent = NULL;
+    ca_meta_init_free(st->meta);
+    st->meta = NULL;
+    t->version++;
+    return CA_OK;
+}
+
+ca_status ca_tensor_materialize_(ca_tensor *t) {
+    if (!t) return ca_error(CA_ERR_INVALID, "ca_tensor_materialize_: tensor is NULL");
+    return ca_tensor_is_meta(t) ? materialize(t, true) : CA_OK;
+}
+
+ca_status ca_meta_allocate(ca_tensor *t) { return ca_tensor_is_meta(t) ? materialize(t, false) : CA_OK; }
