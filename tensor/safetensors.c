@@ -246,8 +246,64 @@ static ca_status st_sync_dir(const char *path) {
     return rc == 0 ? CA_OK : ca_error(CA_ERR_IO, "%s: fsync failed: %s", dir, strerror(errno));
 }
 
+static _Thread_local ca_st_capture *tl_capture;
+
+ca_st_capture *ca_st_capture_set(ca_st_capture *c) {
+    ca_st_capture *prev = tl_capture;
+    tl_capture = c;
+    return prev;
+}
+
+/* The parts of one file, concatenated into a new buffer of the capture. */
+static ca_status st_capture_add(ca_st_capture *c, const char *path, const void *const *parts, const size_t *lens,
+                                int nparts) {
+    size_t len = 0;
+    for (int i = 0; i < nparts; i++) len += lens[i];
+    if (c->n == c->cap) {
+        int cap = c->cap ? 2 * c->cap : 16;
+        ca_st_held *f = realloc(c->files, (size_t)cap * sizeof *f);
+        if (!f) return ca_error(CA_ERR_NOMEM, "%s: out of memory for the host copy", path);
+        c->files = f;
+        c->cap = cap;
+    }
+    ca_st_held h = {strdup(path), malloc(len ? len : 1), len};
+    if (!h.path || !h.data) {
+        free(h.path);
+        free(h.data);
+        return ca_error(CA_ERR_NOMEM, "%s: out of memory for the host copy (%zu bytes)", path, len);
+    }
+    size_t off = 0;
+    for (int i = 0; i < nparts; i++) {
+        if (lens[i]) memcpy(h.data + off, parts[i], lens[i]);
+        off += lens[i];
+    }
+    c->files[c->n++] = h;
+    c->bytes += len;
+    return CA_OK;
+}
+
+ca_status ca_st_capture_write(const ca_st_capture *c) {
+    ca_status s = CA_OK;
+    for (int i = 0; s == CA_OK && i < c->n; i++)
+        s = ca_st_write_atomic(c->files[i].path, (const void *const[]){c->files[i].data},
+                               (const size_t[]){c->files[i].len}, 1);
+    return s;
+}
+
+void ca_st_capture_free(ca_st_capture *c) {
+    for (int i = 0; c && i < c->n; i++) {
+        free(c->files[i].path);
+        free(c->files[i].data);
+    }
+    if (c) {
+        free(c->files);
+        *c = (ca_st_capture){0};
+    }
+}
+
 ca_status ca_st_write_atomic(const char *path, const void *const *parts, const size_t *lens,
                              int nparts) {
+    if (tl_capture) return st_capture_add(tl_capture, path, parts, lens, nparts);
     char tmp[PATH_MAX];
     if ((size_t)snprintf(tmp, sizeof tmp, "%s.tmp", path) >= sizeof tmp)
         return ca_error(CA_ERR_INVALID, "%s: path too long", path);

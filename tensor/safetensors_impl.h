@@ -57,6 +57,28 @@ ca_status ca_st_write(const char *path, const ca_st_tensor *t, int n);
 ca_status ca_st_write_atomic(const char *path, const void *const *parts, const size_t *lens,
                              int nparts);
 
+/* Files held in memory instead of written: while a capture is set on a thread, that thread's
+ * ca_st_write_atomic (and so ca_st_write) copies the bytes it would write into one buffer per file
+ * and returns; nothing touches the disk. An asynchronous save_state takes its snapshot so (the bytes
+ * are those a direct write would have written) and writes the files later, on another thread, with
+ * ca_st_capture_write. */
+typedef struct ca_st_held {
+    char *path;
+    unsigned char *data;
+    size_t len;
+} ca_st_held;
+typedef struct ca_st_capture {
+    ca_st_held *files;
+    int n, cap;
+    size_t bytes;   /* all files together */
+} ca_st_capture;
+/* Sets the calling thread's capture (NULL: write to the disk again); returns the previous one. */
+ca_st_capture *ca_st_capture_set(ca_st_capture *c);
+/* Writes every held file with ca_st_write_atomic, in the order they were captured; stops at the
+ * first failure (its error names the file). */
+ca_status ca_st_capture_write(const ca_st_capture *c);
+void ca_st_capture_free(ca_st_capture *c);   /* the buffers; the struct is the caller's */
+
 /* "F32", "F16", "BF16", "I32", "I64", "U8". */
 const char *ca_st_dtype_name(ca_dtype dt);
 
