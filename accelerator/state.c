@@ -1035,7 +1035,7 @@ static ca_status ss_async_write(ss_async *a) {
     int bad;
     ss_test_hold(acc, a->hold_fd);
     ca_status s = ca_st_capture_write(&a->files);
-    ca_st_capture_free(&a->files);   /* the host copy goes as soon as it is on the disk */
+    ca_st_capture_reset(&a->files);   /* kept for the next save: fresh memory costs a page fault a page */
     if (s == CA_OK) ss_test_stall(acc, "files");
     s = ss_exchange_bg(a, s, &bad);
     if (s != CA_OK) {
@@ -1103,10 +1103,18 @@ static ca_status ss_async_start(ca_accelerator *acc, const char *dir) {
     if (s != CA_OK) return s;
     acc->nsaves++;
     int bad;
-    s = acc->rank == 0 ? ss_prepare_dirs(acc, a->target, a->tmp, dir == NULL) : CA_OK;
-    s = ss_exchange(acc, s, &bad);
-    if (s != CA_OK) return ss_fail(acc, s, bad, "save_state", a->target);
+    /* From here every file goes to host memory, the ownership file of <dir>.tmp first: the
+     * background thread writes it (fsync'd, as every file) before the others, and until then the
+     * directory is empty, which save_state also takes for its own. The caller waits for no fsync. */
     ca_st_capture *prev = ca_st_capture_set(&a->files);
+    s = acc->rank == 0 ? ss_prepare_dirs(acc, a->target, a->tmp, dir == NULL) : CA_OK;
+    ca_st_capture_set(prev);
+    s = ss_exchange(acc, s, &bad);
+    if (s != CA_OK) {
+        ca_st_capture_free(&a->files);
+        return ss_fail(acc, s, bad, "save_state", a->target);
+    }
+    prev = ca_st_capture_set(&a->files);
     s = ss_save_local_full(acc, a->tmp, iteration);   /* every file, into host memory */
     ca_st_capture_set(prev);
     s = ss_exchange(acc, s, &bad);                     /* every rank has its copy */
@@ -1720,6 +1728,7 @@ ca_status ca_register_for_checkpointing(ca_accelerator *acc, const ca_checkpoint
 void ca_state_free(ca_accelerator *acc) {
     if (acc->async) {   /* the save in flight ends first; its failure, unreported, is logged */
         if (ss_async_join(acc, "teardown") != CA_OK) CA_LOG_E("%s", ca_last_error());
+        ca_st_capture_free(&acc->async->files);
         ca_comm_destroy(acc->async->comm);
         free(acc->async);
         acc->async = NULL;

@@ -5,6 +5,7 @@ include bench/mlp.mk
 include bench/optim.mk
 include bench/comm.mk
 include bench/save.mk
+include bench/async_save.mk
 include bench/det.mk
 include bench/cuda.mk
 include bench/xla.mk

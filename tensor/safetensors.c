@@ -266,10 +266,17 @@ static ca_status st_capture_add(ca_st_capture *c, const char *path, const void *
         c->files = f;
         c->cap = cap;
     }
-    ca_st_held h = {strdup(path), malloc(len ? len : 1), len};
+    size_t size = len ? len : 1;
+    ca_st_held *slot = c->n < c->kept ? &c->files[c->n] : NULL;   /* the previous capture's buffer */
+    if (slot && slot->size < len) {
+        free(slot->data);
+        slot->data = malloc(size);
+        slot->size = slot->data ? size : 0;
+    }
+    ca_st_held h = {strdup(path), slot ? slot->data : malloc(size), len, slot ? slot->size : size};
     if (!h.path || !h.data) {
         free(h.path);
-        free(h.data);
+        if (!slot) free(h.data);
         return ca_error(CA_ERR_NOMEM, "%s: out of memory for the host copy (%zu bytes)", path, len);
     }
     size_t off = 0;
@@ -290,7 +297,20 @@ ca_status ca_st_capture_write(const ca_st_capture *c) {
     return s;
 }
 
+void ca_st_capture_reset(ca_st_capture *c) {
+    for (int i = 0; i < c->n; i++) {
+        free(c->files[i].path);
+        c->files[i].path = NULL;
+    }
+    if (c->n > c->kept) c->kept = c->n;
+    c->n = 0;
+    c->bytes = 0;
+}
+
 void ca_st_capture_free(ca_st_capture *c) {
+    if (c) ca_st_capture_reset(c);
+    for (int i = 0; c && i < c->kept; i++) free(c->files[i].data);
+    if (c) c->kept = 0;
     for (int i = 0; c && i < c->n; i++) {
         free(c->files[i].path);
         free(c->files[i].data);

@@ -65,11 +65,12 @@ ca_status ca_st_write_atomic(const char *path, const void *const *parts, const s
 typedef struct ca_st_held {
     char *path;
     unsigned char *data;
-    size_t len;
+    size_t len, size;   /* bytes held, bytes allocated */
 } ca_st_held;
 typedef struct ca_st_capture {
     ca_st_held *files;
     int n, cap;
+    int kept;       /* buffers kept by ca_st_capture_reset for the next capture: files[0..kept) */
     size_t bytes;   /* all files together */
 } ca_st_capture;
 /* Sets the calling thread's capture (NULL: write to the disk again); returns the previous one. */
@@ -78,6 +79,9 @@ ca_st_capture *ca_st_capture_set(ca_st_capture *c);
  * first failure (its error names the file). */
 ca_status ca_st_capture_write(const ca_st_capture *c);
 void ca_st_capture_free(ca_st_capture *c);   /* the buffers; the struct is the caller's */
+/* Empties the capture but keeps its buffers: the next capture of files of the same sizes (the
+ * next save of the same state) reuses them, without the page faults of fresh memory. */
+void ca_st_capture_reset(ca_st_capture *c);
 
 /* "F32", "F16", "BF16", "I32", "I64", "U8". */
 const char *ca_st_dtype_name(ca_dtype dt);

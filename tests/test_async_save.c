@@ -186,6 +186,11 @@ static void test_equals_sync(void **state) {
     assert_same_checkpoint(in_dir("sync"), in_dir("async"));
     assert_false(exists(in_dir("async.tmp")));
     T_OK(ca_wait_for_save(r.acc));   /* nothing in flight: CA_OK */
+    train(&r, 2);                    /* again, into the host buffers the first save left */
+    T_OK(ca_save_state(r.acc, in_dir("sync")));
+    T_OK(ca_save_state_ex(r.acc, in_dir("async"), &k_async));
+    T_OK(ca_wait_for_save(r.acc));
+    assert_same_checkpoint(in_dir("sync"), in_dir("async"));
     run_close(&r);
 }
 
