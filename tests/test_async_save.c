@@ -5,8 +5,9 @@
  * second save while one is in flight waits, or is refused with refuse_if_busy; kill -9 while the
  * background thread writes or publishes leaves the previous checkpoint loadable and no partial one.
  * With arguments it is the C side of tests/test_async_save_ranks.sh and of its own kill test:
- *   test_async_save --ranks DIR          (every rank) a synchronous and an asynchronous save of the
- *                                        same state, steps while the second is written
+ *   test_async_save --ranks DIR [--tpu]  (every rank) a synchronous and an asynchronous save of the
+ *                                        same state, steps while the second is written (--tpu: on
+ *                                        the lazy xla device instead of the CPU)
  *   test_async_save --kill-child DIR     a save, then an asynchronous one the stall hook holds */
 #include "test_util.h"
 
@@ -19,6 +20,7 @@
 extern char **environ;
 static const char *g_argv0;
 static char *argv_cpu[] = {"test", "--cpu", NULL};
+static char **g_run_argv = argv_cpu;   /* --ranks DIR --tpu: {"test", "--tpu"} */
 static char g_dir[256];
 static const ca_save_state_options k_async = {.async = true};
 /* The hold pipes' read ends stay open until the test's end: a writer not yet past the hook reads
@@ -79,7 +81,7 @@ typedef struct run {
 
 static void run_open(run *r) {
     memset(r, 0, sizeof *r);
-    T_OK(ca_accelerator_create(&(ca_options){.argc = 2, .argv = argv_cpu}, &r->acc));
+    T_OK(ca_accelerator_create(&(ca_options){.argc = 2, .argv = g_run_argv}, &r->acc));
     T_OK(ca_set_seed(r->acc, 5));
     enum { N = 64, IN = 6 };
     float x[N * IN];
@@ -431,6 +433,12 @@ static int ranks_main(const char *dir) {
 int main(int argc, char **argv) {
     ca_log_set_level(CA_LOG_ERROR);
     if (argc == 3 && !strcmp(argv[1], "--ranks")) return ranks_main(argv[2]);
+    if (argc == 4 && !strcmp(argv[1], "--ranks")) {   /* e.g. --tpu: the lazy xla device */
+        static char *dev[] = {"test", NULL, NULL};
+        dev[1] = argv[3];
+        g_run_argv = dev;
+        return ranks_main(argv[2]);
+    }
     if (argc == 3 && !strcmp(argv[1], "--kill-child")) return kill_child_main(argv[2]);
     g_argv0 = argv[0];
     const struct CMUnitTest tests[] = {
