@@ -617,8 +617,22 @@ static ca_status ss_file_crc(const char *path, int64_t want, size_t *len, uint32
     return s;
 }
 
-/* The manifest: every file of `dir` with its size and CRC-32. */
-static ca_status ss_manifest(const char *dir, int world, json_object **out) {
+/* Size and CRC-32 of a file this thread wrote from the host copy `known` (crcs[i] of its file i,
+ * computed from memory while the disk wrote it): false when it is not one of them. */
+static bool ss_known_crc(const ca_st_capture *known, const uint32_t *crcs, const char *path, size_t *len,
+                         uint32_t *crc) {
+    for (int i = 0; known && crcs && i < known->n; i++)
+        if (!strcmp(known->files[i].path, path)) {
+            *len = known->files[i].len;
+            *crc = crcs[i];
+            return true;
+        }
+    return false;
+}
+
+/* The manifest: every file of `dir` with its size and CRC-32 (read back, but for those of `known`). */
+static ca_status ss_manifest(const char *dir, int world, const ca_st_capture *known, const uint32_t *crcs,
+                             json_object **out) {
     DIR *d = opendir(dir);
     if (!d) return ca_error(CA_ERR_IO, "%s: %s", dir, strerror(errno));
     json_object *files = json_object_new_object();
@@ -630,7 +644,7 @@ static ca_status ss_manifest(const char *dir, int world, json_object **out) {
         size_t len = 0;
         uint32_t crc = 0;
         s = ss_path(path, dir, e->d_name);
-        if (s == CA_OK) s = ss_file_crc(path, -1, &len, &crc);
+        if (s == CA_OK && !ss_known_crc(known, crcs, path, &len, &crc)) s = ss_file_crc(path, -1, &len, &crc);
         if (s != CA_OK) break;
         json_object *f = json_object_new_object();
         json_object_object_add(f, "size", json_object_new_int64((int64_t)len));
@@ -704,11 +718,12 @@ static ca_status ss_publish(const ca_accelerator *acc, const char *tmp, const ch
 /* Rank 0, once every rank has written: the manifest, complete.json, goes into <dir>.tmp (fsync'd
  * with it), so that the directory is complete before it is published; then it is put at <dir>
  * and the previous checkpoint removed. *published: whether <dir>.tmp has moved. */
-static ca_status ss_finish(ca_accelerator *acc, const char *tmp, const char *dir, bool *published) {
+static ca_status ss_finish(ca_accelerator *acc, const char *tmp, const char *dir, const ca_st_capture *known,
+                           const uint32_t *crcs, bool *published) {
     json_object *man = NULL;
     char prev[PATH_MAX];
     *published = false;
-    ca_status s = ss_manifest(tmp, acc->world, &man);
+    ca_status s = ss_manifest(tmp, acc->world, known, crcs, &man);
     if (s == CA_OK) s = ss_write_json(tmp, SS_MARKER, man);   /* atomic; fsyncs the file and tmp */
     json_object_put(man);
     if (s == CA_OK) {
@@ -957,7 +972,7 @@ static ca_status save_state(ca_accelerator *acc, const char *dir) {
         return ss_fail(acc, s, bad, "save_state", target);
     }
     bool published = false;
-    s = acc->rank == 0 ? ss_finish(acc, tmp, target, &published) : CA_OK;
+    s = acc->rank == 0 ? ss_finish(acc, tmp, target, NULL, NULL, &published) : CA_OK;
     if (s != CA_OK && !published) ss_discard(acc, tmp);
     s = ss_exchange(acc, s, &bad);                       /* complete (or not) for every rank */
     if (s != CA_OK) return ss_fail(acc, s, bad, "save_state", target);
@@ -1034,16 +1049,23 @@ static ca_status ss_async_write(ss_async *a) {
     ca_accelerator *acc = a->acc;
     int bad;
     ss_test_hold(acc, a->hold_fd);
-    ca_status s = ca_st_capture_write(&a->files);
-    ca_st_capture_reset(&a->files);   /* kept for the next save: fresh memory costs a page fault a page */
+    /* rank 0's CRC-32s from the host copy, computed while the disk writes (the others' files are
+     * read back for the manifest, as in a synchronous save) */
+    uint32_t *crcs = acc->rank == 0 ? calloc((size_t)a->files.n + 1, sizeof *crcs) : NULL;
+    ca_status s = acc->rank == 0 && !crcs ? ca_error(CA_ERR_NOMEM, "save_state: out of memory")
+                                          : ca_st_capture_write(&a->files, crcs);
     if (s == CA_OK) ss_test_stall(acc, "files");
     s = ss_exchange_bg(a, s, &bad);
-    if (s != CA_OK) {
+    bool published = false;
+    if (s == CA_OK && acc->rank == 0) s = ss_finish(acc, a->tmp, a->target, &a->files, crcs, &published);
+    else if (s != CA_OK) {   /* step 3: a rank failed to write; nothing is published */
+        free(crcs);
+        ca_st_capture_reset(&a->files);
         if (acc->rank == 0) ss_discard(acc, a->tmp);
         return ss_fail(acc, s, bad, "save_state", a->target);
     }
-    bool published = false;
-    s = acc->rank == 0 ? ss_finish(acc, a->tmp, a->target, &published) : CA_OK;
+    free(crcs);
+    ca_st_capture_reset(&a->files);   /* kept for the next save: fresh memory costs a page fault a page */
     if (s != CA_OK && !published) ss_discard(acc, a->tmp);
     s = ss_exchange_bg(a, s, &bad);
     if (s != CA_OK) return ss_fail(acc, s, bad, "save_state", a->target);

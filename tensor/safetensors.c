@@ -16,6 +16,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <zlib.h>
+
 /* The reference reader refuses headers over 100 MB; so do we (a corrupt length is caught early). */
 #define CA_ST_MAX_HEADER (100u * 1000u * 1000u)
 
@@ -289,11 +291,64 @@ static ca_status st_capture_add(ca_st_capture *c, const char *path, const void *
     return CA_OK;
 }
 
-ca_status ca_st_capture_write(const ca_st_capture *c) {
+/* Writes file i to its .tmp (not yet fsync'd) and asks the kernel to start writing it back, so that
+ * the disk works while the caller computes the CRC-32s. *fd: the open .tmp. */
+static ca_status st_capture_write_one(const ca_st_held *f, int *fd) {
+    char tmp[PATH_MAX];
+    if ((size_t)snprintf(tmp, sizeof tmp, "%s.tmp", f->path) >= sizeof tmp)
+        return ca_error(CA_ERR_INVALID, "%s: path too long", f->path);
+    *fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (*fd < 0) return ca_error(CA_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno));
+    const unsigned char *p = f->data;
+    for (size_t left = f->len; left > 0;) {
+        ssize_t w = write(*fd, p, left);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) return ca_error(CA_ERR_IO, "%s: write failed: %s", tmp, strerror(errno));
+        p += w;
+        left -= (size_t)w;
+    }
+#if defined(SYNC_FILE_RANGE_WRITE)
+    (void)sync_file_range(*fd, 0, 0, SYNC_FILE_RANGE_WRITE);   /* a hint: fsync below is what counts */
+#endif
+    return CA_OK;
+}
+
+/* The .tmp of file i made durable and put in place, as ca_st_write_atomic does. */
+static ca_status st_capture_finish_one(const ca_st_held *f, int fd) {
+    char tmp[PATH_MAX];
+    snprintf(tmp, sizeof tmp, "%s.tmp", f->path);
+    ca_status s = fsync(fd) == 0 ? CA_OK : ca_error(CA_ERR_IO, "%s: fsync failed: %s", tmp, strerror(errno));
+    if (close(fd) != 0 && s == CA_OK) s = ca_error(CA_ERR_IO, "%s: close failed: %s", tmp, strerror(errno));
+    if (s == CA_OK && rename(tmp, f->path) != 0)
+        s = ca_error(CA_ERR_IO, "%s: cannot rename to %s: %s", tmp, f->path, strerror(errno));
+    return s == CA_OK ? st_sync_dir(f->path) : s;
+}
+
+ca_status ca_st_capture_write(const ca_st_capture *c, uint32_t *crcs) {
+    int *fds = malloc((size_t)(c->n ? c->n : 1) * sizeof *fds);
+    if (!fds) return ca_error(CA_ERR_NOMEM, "writing the host copy: out of memory");
+    for (int i = 0; i < c->n; i++) fds[i] = -1;
     ca_status s = CA_OK;
-    for (int i = 0; s == CA_OK && i < c->n; i++)
-        s = ca_st_write_atomic(c->files[i].path, (const void *const[]){c->files[i].data},
-                               (const size_t[]){c->files[i].len}, 1);
+    for (int i = 0; s == CA_OK && i < c->n; i++) s = st_capture_write_one(&c->files[i], &fds[i]);
+    for (int i = 0; s == CA_OK && crcs && i < c->n; i++) {   /* while the disk writes */
+        uLong crc = crc32(0L, Z_NULL, 0);
+        for (size_t off = 0; off < c->files[i].len; off += 1u << 30) {
+            size_t k = c->files[i].len - off < (1u << 30) ? c->files[i].len - off : (1u << 30);
+            crc = crc32(crc, c->files[i].data + off, (uInt)k);
+        }
+        crcs[i] = (uint32_t)crc;
+    }
+    int done = 0;
+    for (; s == CA_OK && done < c->n; done++) {
+        s = st_capture_finish_one(&c->files[done], fds[done]);
+        fds[done] = -1;
+    }
+    for (int i = 0; s != CA_OK && i < c->n; i++) {   /* a failure leaves no .tmp behind */
+        char tmp[PATH_MAX];
+        if (fds[i] >= 0) close(fds[i]);
+        if ((size_t)snprintf(tmp, sizeof tmp, "%s.tmp", c->files[i].path) < sizeof tmp) unlink(tmp);
+    }
+    free(fds);
     return s;
 }
 

@@ -75,9 +75,11 @@ typedef struct ca_st_capture {
 } ca_st_capture;
 /* Sets the calling thread's capture (NULL: write to the disk again); returns the previous one. */
 ca_st_capture *ca_st_capture_set(ca_st_capture *c);
-/* Writes every held file with ca_st_write_atomic, in the order they were captured; stops at the
- * first failure (its error names the file). */
-ca_status ca_st_capture_write(const ca_st_capture *c);
+/* Writes every held file as ca_st_write_atomic does (to path.tmp, fsync, rename, fsync of the
+ * directory; renamed in the order they were captured), all files' data first, so that the disk
+ * writes them while crcs[i] (crcs non-NULL) gets each file's CRC-32 from memory. A failure names
+ * the file and leaves no .tmp file. */
+ca_status ca_st_capture_write(const ca_st_capture *c, uint32_t *crcs);
 void ca_st_capture_free(ca_st_capture *c);   /* the buffers; the struct is the caller's */
 /* Empties the capture but keeps its buffers: the next capture of files of the same sizes (the
  * next save of the same state) reuses them, without the page faults of fresh memory. */
