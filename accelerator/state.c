@@ -810,16 +810,17 @@ static ca_status ss_list(const char *root, ss_ck **out, int *count) {
     return s;
 }
 
-/* total_limit (rank 0, after a save): the oldest complete checkpoints beyond the limit go, and so
- * do the incomplete ones older than the newest complete one (what a save or a removal killed
- * half-way left: load_state never picks them); an incomplete one that is not caccel's stays. */
+/* total_limit, or 0 where none is set. Read by the calling thread: an asynchronous save prunes on
+ * its own thread, which does not read the configuration. */
 static int64_t ss_total_limit(const ca_accelerator *acc) {
     int64_t limit = 0;
     if (!ss_cfg_str(acc, "total_limit") || ca_config_get_int(acc->cfg, "total_limit", &limit) != CA_OK) return 0;
     return limit > 0 ? limit : 0;
 }
 
-/* (`limit` read by the calling thread: an asynchronous save prunes on its own thread.) */
+/* total_limit (rank 0, after a save): the oldest complete checkpoints beyond the limit go, and so
+ * do the incomplete ones older than the newest complete one (what a save or a removal killed
+ * half-way left: load_state never picks them); an incomplete one that is not caccel's stays. */
 static ca_status ss_apply_limit(const ca_accelerator *acc, const char *root, int64_t limit) {
     if (limit <= 0) return CA_OK;
     ss_ck *ck = NULL;
