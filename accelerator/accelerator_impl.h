@@ -162,6 +162,7 @@ struct ca_accelerator {
     int64_t iteration;           /* automatic checkpoint naming: the next checkpoint's number */
     bool iteration_known;        /* read from the configuration at first use */
     int nsaves;                  /* save_state calls so far (the test hook counts them) */
+    struct ss_async *async;      /* asynchronous saves (state.c): the one in flight, its thread and communicator */
     /* deterministic mode (st.deterministic) */
     ca_det det;
     /* sharded data parallelism */

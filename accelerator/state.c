@@ -17,6 +17,8 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <fcntl.h>
 #include <inttypes.h>
 #include <limits.h>
@@ -632,8 +634,30 @@ static bool ss_ends_with(const char *s, const char *suffix) {
     return a >= b && strcmp(s + a - b, suffix) == 0;
 }
 
-/* The manifest: every file of `dir` with its size and CRC-32. */
-static ca_status ss_manifest(const char *dir, int world, json_object **out) {
+/* Size and CRC-32 of a file this thread wrote from the host copy `known` (crcs[i] of its file i,
+ * computed from memory while the disk wrote it), and its chunk sums (chunks non-NULL) from memory
+ * too: false when it is not one of them. */
+static bool ss_known_crc(const ca_st_capture *known, const uint32_t *crcs, const char *path, size_t *len,
+                         uint32_t *crc, json_object *chunks) {
+    for (int i = 0; known && crcs && i < known->n; i++)
+        if (!strcmp(known->files[i].path, path)) {
+            const ca_st_held *h = &known->files[i];
+            *len = h->len;
+            *crc = crcs[i];
+            uint64_t cs = ss_chunk_size();
+            for (size_t at = 0; chunks && at < h->len; at += cs) {
+                size_t k = h->len - at < cs ? h->len - at : (size_t)cs;
+                json_object_array_add(chunks, json_object_new_int64((int64_t)crc32(crc32(0L, Z_NULL, 0),
+                                                                                    h->data + at, (uInt)k)));
+            }
+            return true;
+        }
+    return false;
+}
+
+/* The manifest: every file of `dir` with its size and CRC-32 (read back, but for those of `known`). */
+static ca_status ss_manifest(const char *dir, int world, const ca_st_capture *known, const uint32_t *crcs,
+                             json_object **out) {
     DIR *d = opendir(dir);
     if (!d) return ca_error(CA_ERR_IO, "%s: %s", dir, strerror(errno));
     json_object *files = json_object_new_object();
@@ -647,7 +671,8 @@ static ca_status ss_manifest(const char *dir, int world, json_object **out) {
         s = ss_path(path, dir, e->d_name);
         /* safetensors files: chunk sums too, so that a load verifies only the ranges it reads */
         json_object *chunks = ss_ends_with(e->d_name, ".safetensors") ? json_object_new_array() : NULL;
-        if (s == CA_OK) s = ss_file_crc(path, -1, &len, &crc, chunks);
+        if (s == CA_OK && !ss_known_crc(known, crcs, path, &len, &crc, chunks))
+            s = ss_file_crc(path, -1, &len, &crc, chunks);
         if (s != CA_OK) {
             json_object_put(chunks);
             break;
@@ -726,11 +751,12 @@ static ca_status ss_publish(const ca_accelerator *acc, const char *tmp, const ch
 /* Rank 0, once every rank has written: the manifest, complete.json, goes into <dir>.tmp (fsync'd
  * with it), so that the directory is complete before it is published; then it is put at <dir>
  * and the previous checkpoint removed. *published: whether <dir>.tmp has moved. */
-static ca_status ss_finish(ca_accelerator *acc, const char *tmp, const char *dir, bool *published) {
+static ca_status ss_finish(ca_accelerator *acc, const char *tmp, const char *dir, const ca_st_capture *known,
+                           const uint32_t *crcs, bool *published) {
     json_object *man = NULL;
     char prev[PATH_MAX];
     *published = false;
-    ca_status s = ss_manifest(tmp, acc->world, &man);
+    ca_status s = ss_manifest(tmp, acc->world, known, crcs, &man);
     if (s == CA_OK) s = ss_write_json(tmp, SS_MARKER, man);   /* atomic; fsyncs the file and tmp */
     json_object_put(man);
     if (s == CA_OK) {
@@ -817,14 +843,19 @@ static ca_status ss_list(const char *root, ss_ck **out, int *count) {
     return s;
 }
 
+/* total_limit, or 0 where none is set. Read by the calling thread: an asynchronous save prunes on
+ * its own thread, which does not read the configuration. */
+static int64_t ss_total_limit(const ca_accelerator *acc) {
+    int64_t limit = 0;
+    if (!ss_cfg_str(acc, "total_limit") || ca_config_get_int(acc->cfg, "total_limit", &limit) != CA_OK) return 0;
+    return limit > 0 ? limit : 0;
+}
+
 /* total_limit (rank 0, after a save): the oldest complete checkpoints beyond the limit go, and so
  * do the incomplete ones older than the newest complete one (what a save or a removal killed
  * half-way left: load_state never picks them); an incomplete one that is not caccel's stays. */
-static ca_status ss_apply_limit(const ca_accelerator *acc, const char *root) {
-    int64_t limit = 0;
-    if (!ss_cfg_str(acc, "total_limit") || ca_config_get_int(acc->cfg, "total_limit", &limit) != CA_OK ||
-        limit <= 0)
-        return CA_OK;
+static ca_status ss_apply_limit(const ca_accelerator *acc, const char *root, int64_t limit) {
+    if (limit <= 0) return CA_OK;
     ss_ck *ck = NULL;
     int n = 0, complete = 0, newest = -1;
     ca_status s = ss_list(root, &ck, &n);
@@ -931,10 +962,12 @@ static void ss_discard(const ca_accelerator *acc, const char *tmp) {
     ca_error(s, "%s", msg);
 }
 
-static ca_status save_state(ca_accelerator *acc, const char *dir) {
-    char target[PATH_MAX], tmp[PATH_MAX], root[PATH_MAX];
+/* Where a save goes: `target`, its `tmp` beside it and, automatically named, the checkpoints
+ * directory `root` and the iteration (else -1). */
+static ca_status ss_target(ca_accelerator *acc, const char *dir, char *target, char *tmp, char *root,
+                           int64_t *iteration) {
     bool automatic = dir == NULL;
-    int64_t iteration = automatic ? ss_iteration(acc) : -1;
+    *iteration = automatic ? ss_iteration(acc) : -1;
     ca_status s = CA_OK;
     if (automatic) {
         bool on = false;
@@ -942,15 +975,24 @@ static ca_status save_state(ca_accelerator *acc, const char *dir) {
             return ca_error(CA_ERR_INVALID, "save_state: no directory given and "
                             "automatic_checkpoint_naming is off (turn it on, or pass a directory)");
         char name[64];
-        snprintf(name, sizeof name, "checkpoint_%" PRId64, iteration);
+        snprintf(name, sizeof name, "checkpoint_%" PRId64, *iteration);
         s = ss_checkpoints_dir(acc, root);
         if (s == CA_OK) s = ss_path(target, root, name);
-    } else if ((size_t)snprintf(target, sizeof target, "%s", dir) >= sizeof target) {
+    } else if ((size_t)snprintf(target, PATH_MAX, "%s", dir) >= PATH_MAX) {
         s = ca_error(CA_ERR_INVALID, "save_state: %s: path too long", dir);
     }
     if (s != CA_OK) return s;
     while (strlen(target) > 1 && target[strlen(target) - 1] == '/') target[strlen(target) - 1] = '\0';
-    snprintf(tmp, sizeof tmp, "%.*s.tmp", PATH_MAX - 5, target);
+    snprintf(tmp, PATH_MAX, "%.*s.tmp", PATH_MAX - 5, target);
+    return CA_OK;
+}
+
+static ca_status save_state(ca_accelerator *acc, const char *dir) {
+    char target[PATH_MAX], tmp[PATH_MAX], root[PATH_MAX];
+    bool automatic = dir == NULL;
+    int64_t iteration;
+    ca_status s = ss_target(acc, dir, target, tmp, root, &iteration);
+    if (s != CA_OK) return s;
     acc->nsaves++;
     int bad;
     s = acc->rank == 0 ? ss_prepare_dirs(acc, target, tmp, automatic) : CA_OK;
@@ -964,15 +1006,211 @@ static ca_status save_state(ca_accelerator *acc, const char *dir) {
         return ss_fail(acc, s, bad, "save_state", target);
     }
     bool published = false;
-    s = acc->rank == 0 ? ss_finish(acc, tmp, target, &published) : CA_OK;
+    s = acc->rank == 0 ? ss_finish(acc, tmp, target, NULL, NULL, &published) : CA_OK;
     if (s != CA_OK && !published) ss_discard(acc, tmp);
     s = ss_exchange(acc, s, &bad);                       /* complete (or not) for every rank */
     if (s != CA_OK) return ss_fail(acc, s, bad, "save_state", target);
     if (automatic) {
         acc->iteration++;
-        if (acc->rank == 0) s = ss_apply_limit(acc, root);
+        if (acc->rank == 0) s = ss_apply_limit(acc, root, ss_total_limit(acc));
     }
     return s;
+}
+
+/* ------------------------------------------------------------------ asynchronous saves */
+
+/* The save in flight and what stays between saves. The calling thread does every collective on the
+ * accelerator's communicator (the directory exchange, the gathers of sharded state) and the host
+ * copy; the background thread then does steps 2 to 5 of the protocol, its two status exchanges on
+ * `comm`, a communicator of its own: two threads never share one (docs/CHECKPOINTS.md). It reads
+ * acc only for rank, world and the test hooks' save count, which nothing changes while it runs:
+ * every save, load and the teardown join it first. */
+typedef struct ss_async {
+    ca_accelerator *acc;
+    ca_comm *comm;                 /* world > 1: split from acc->comm at the first asynchronous save */
+    pthread_t thread;
+    bool running;                  /* a thread to join */
+    atomic_bool done;              /* it has finished (refuse_if_busy looks without waiting) */
+    ca_st_capture files;           /* the host copy: every file this rank writes, its bytes */
+    char target[PATH_MAX], tmp[PATH_MAX], root[PATH_MAX];
+    int64_t limit;                 /* total_limit to apply after the publication (0: none) */
+    int hold_fd;                   /* test hook CACCEL_TEST_SAVE_HOLD (-1: none) */
+    ca_status status;              /* the finished save's, until a call returns it */
+    char msg[1024];
+} ss_async;
+
+/* The status exchange of ss_exchange on the background thread's communicator (host memory). */
+static ca_status ss_exchange_bg(ss_async *a, ca_status mine, int *bad) {
+    const ca_accelerator *acc = a->acc;
+    *bad = mine != CA_OK ? acc->rank : -1;
+    if (acc->world <= 1) return mine;
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", ca_last_error());
+    float *v = calloc((size_t)acc->world * 2, sizeof *v);
+    if (!v) return ca_error(CA_ERR_NOMEM, "save_state: out of memory");
+    v[acc->rank] = (float)mine;
+    ca_status out = ca_comm_all_reduce(a->comm, v, v + acc->world, (size_t)acc->world, CA_F32, CA_OP_SUM, NULL);
+    for (int r = 0; out == CA_OK && r < acc->world && *bad < 0; r++)
+        if (v[acc->world + r] != 0.0f) *bad = r, mine = (ca_status)(int)v[acc->world + r];
+    free(v);
+    if (out != CA_OK) {
+        *bad = -1;
+        return out;
+    }
+    if (*bad == acc->rank) ca_error(mine, "%s", msg);
+    return *bad < 0 ? CA_OK : mine;
+}
+
+/* Test hook: CACCEL_TEST_SAVE_HOLD=<fd> holds every background write until a byte can be read from
+ * descriptor fd, after printing a line, so that a test steps the run while a save is in flight. The
+ * variable is read on the calling thread (a test changes its environment while the writer runs). */
+static int ss_test_hold_fd(void) {
+    const char *v = getenv("CACCEL_TEST_SAVE_HOLD");
+    return v && *v ? atoi(v) : -1;
+}
+
+static void ss_test_hold(const ca_accelerator *acc, int fd) {
+    if (fd < 0) return;
+    fprintf(stderr, "save_state: rank %d holding the background write of save %d (CACCEL_TEST_SAVE_HOLD)\n",
+            acc->rank, acc->nsaves);
+    fflush(stderr);
+    char c;
+    while (read(fd, &c, 1) < 0 && errno == EINTR) continue;
+}
+
+/* Steps 2-5 from the host copy (as save_state does them from the live state), then total_limit. */
+static ca_status ss_async_write(ss_async *a) {
+    ca_accelerator *acc = a->acc;
+    int bad;
+    ss_test_hold(acc, a->hold_fd);
+    /* rank 0's CRC-32s from the host copy, computed while the disk writes (the others' files are
+     * read back for the manifest, as in a synchronous save) */
+    uint32_t *crcs = acc->rank == 0 ? calloc((size_t)a->files.n + 1, sizeof *crcs) : NULL;
+    ca_status s = acc->rank == 0 && !crcs ? ca_error(CA_ERR_NOMEM, "save_state: out of memory")
+                                          : ca_st_capture_write(&a->files, crcs);
+    if (s == CA_OK) ss_test_stall(acc, "files");
+    s = ss_exchange_bg(a, s, &bad);
+    bool published = false;
+    if (s == CA_OK && acc->rank == 0) s = ss_finish(acc, a->tmp, a->target, &a->files, crcs, &published);
+    else if (s != CA_OK) {   /* step 3: a rank failed to write; nothing is published */
+        free(crcs);
+        ca_st_capture_reset(&a->files);
+        if (acc->rank == 0) ss_discard(acc, a->tmp);
+        return ss_fail(acc, s, bad, "save_state", a->target);
+    }
+    free(crcs);
+    ca_st_capture_reset(&a->files);   /* kept for the next save: fresh memory costs a page fault a page */
+    if (s != CA_OK && !published) ss_discard(acc, a->tmp);
+    s = ss_exchange_bg(a, s, &bad);
+    if (s != CA_OK) return ss_fail(acc, s, bad, "save_state", a->target);
+    return acc->rank == 0 ? ss_apply_limit(acc, a->root, a->limit) : CA_OK;
+}
+
+static void *ss_async_main(void *arg) {
+    ss_async *a = arg;
+    a->status = ss_async_write(a);
+    if (a->status != CA_OK) snprintf(a->msg, sizeof a->msg, "%s", ca_last_error());
+    atomic_store(&a->done, true);
+    return NULL;
+}
+
+/* Joins the save in flight; returns its failure, or an earlier one not returned yet, once. */
+static ca_status ss_async_join(ca_accelerator *acc, const char *who) {
+    ss_async *a = acc->async;
+    if (!a) return CA_OK;
+    if (a->running) pthread_join(a->thread, NULL);
+    a->running = false;
+    ca_status s = a->status;
+    a->status = CA_OK;
+    if (s == CA_OK) return CA_OK;
+    return ca_error(s, "%s: the asynchronous save into %s failed: %s", who, a->target, a->msg);
+}
+
+/* Whether a background thread can exchange statuses without touching the accelerator's
+ * communicator: one process, or a split communicator on host memory whose backend allows a second
+ * thread (MPI runs at MPI_THREAD_SERIALIZED: one thread in MPI at a time). */
+static bool ss_async_possible(const ca_accelerator *acc) {
+    if (acc->world <= 1) return true;
+    return acc->comm && ca_device_is_host(acc->device) && strcmp(ca_comm_backend(acc->comm), "mpi") != 0;
+}
+
+/* The state, the first time: the background thread's communicator (collective: every rank is in
+ * this save). */
+static ca_status ss_async_init(ca_accelerator *acc) {
+    if (acc->async) return CA_OK;
+    ss_async *a = calloc(1, sizeof *a);
+    if (!a) return ca_error(CA_ERR_NOMEM, "save_state: out of memory");
+    a->acc = acc;
+    atomic_init(&a->done, true);
+    ca_status s = acc->world > 1 ? ca_comm_split(acc->comm, 0, acc->rank, &a->comm) : CA_OK;
+    if (s != CA_OK) {
+        free(a);
+        return ca_error_context("save_state: the asynchronous saves' communicator");
+    }
+    acc->async = a;
+    return CA_OK;
+}
+
+/* Step 1 and the host copy on the calling thread, then the thread. */
+static ca_status ss_async_start(ca_accelerator *acc, const char *dir) {
+    ss_async *a = acc->async;
+    int64_t iteration;
+    ca_status s = ss_target(acc, dir, a->target, a->tmp, a->root, &iteration);
+    if (s != CA_OK) return s;
+    acc->nsaves++;
+    int bad;
+    /* From here every file goes to host memory, the ownership file of <dir>.tmp first: the
+     * background thread writes it (fsync'd, as every file) before the others, and until then the
+     * directory is empty, which save_state also takes for its own. The caller waits for no fsync. */
+    ca_st_capture *prev = ca_st_capture_set(&a->files);
+    s = acc->rank == 0 ? ss_prepare_dirs(acc, a->target, a->tmp, dir == NULL) : CA_OK;
+    ca_st_capture_set(prev);
+    s = ss_exchange(acc, s, &bad);
+    if (s != CA_OK) {
+        ca_st_capture_free(&a->files);
+        return ss_fail(acc, s, bad, "save_state", a->target);
+    }
+    prev = ca_st_capture_set(&a->files);
+    s = ss_save_local_full(acc, a->tmp, iteration);   /* every file, into host memory */
+    ca_st_capture_set(prev);
+    s = ss_exchange(acc, s, &bad);                     /* every rank has its copy */
+    if (s != CA_OK) {
+        ca_st_capture_free(&a->files);
+        if (acc->rank == 0) ss_discard(acc, a->tmp);
+        return ss_fail(acc, s, bad, "save_state", a->target);
+    }
+    a->limit = dir == NULL ? ss_total_limit(acc) : 0;
+    a->hold_fd = ss_test_hold_fd();
+    if (dir == NULL) acc->iteration++;                 /* the next save takes the next number */
+    atomic_store(&a->done, false);
+    int rc = pthread_create(&a->thread, NULL, ss_async_main, a);
+    if (rc != 0) {   /* write it here instead: the checkpoint is never lost */
+        atomic_store(&a->done, true);
+        CA_LOG_W("save_state: no background thread (%s); writing %s on this thread", strerror(rc), a->target);
+        ss_async_main(a);
+        return ss_async_join(acc, "save_state");
+    }
+    a->running = true;
+    return CA_OK;
+}
+
+static ca_status save_state_async(ca_accelerator *acc, const char *dir) {
+    ca_status s = ss_async_init(acc);
+    return s == CA_OK ? ss_async_start(acc, dir) : s;
+}
+
+/* refuse_if_busy: every rank refuses when any rank's save is still in flight (a rank that went on
+ * alone would wait in the directory exchange for the others). Collective. */
+static ca_status ss_refuse_if_busy(ca_accelerator *acc) {
+    const ss_async *a = acc->async;
+    bool busy = a && a->running && !atomic_load(&a->done);
+    ca_status mine = busy ? ca_error(CA_ERR_STATE, "save_state: the asynchronous save into %s is still being "
+                                     "written (refuse_if_busy); nothing saved", a->target) : CA_OK;
+    int bad;
+    ca_status s = ss_exchange(acc, mine, &bad);
+    if (s == CA_OK || bad < 0 || bad == acc->rank) return s;
+    return ca_error(CA_ERR_STATE, "save_state: rank %d's asynchronous save is still being written "
+                    "(refuse_if_busy); nothing saved", bad);
 }
 
 /* ------------------------------------------------------------------ loading: checking */
@@ -1663,6 +1901,13 @@ ca_status ca_register_for_checkpointing(ca_accelerator *acc, const ca_checkpoint
 }
 
 void ca_state_free(ca_accelerator *acc) {
+    if (acc->async) {   /* the save in flight ends first; its failure, unreported, is logged */
+        if (ss_async_join(acc, "teardown") != CA_OK) CA_LOG_E("%s", ca_last_error());
+        ca_st_capture_free(&acc->async->files);
+        ca_comm_destroy(acc->async->comm);
+        free(acc->async);
+        acc->async = NULL;
+    }
     for (int i = 0; i < acc->ncustom; i++) free((char *)acc->custom[i].name);
     free(acc->custom);
     acc->custom = NULL;
@@ -1680,18 +1925,44 @@ static ca_status with_full_params(ca_accelerator *acc, ca_status (*fn)(ca_accele
     return s != CA_OK ? s : r;
 }
 
-ca_status ca_save_state(ca_accelerator *acc, const char *dir) {
+ca_status ca_save_state_ex(ca_accelerator *acc, const char *dir, const ca_save_state_options *opts) {
     if (!acc) return ca_error(CA_ERR_INVALID, "save_state: the accelerator is NULL");
     if (acc->nextra)   /* the checkpoint layout holds one model */
         return ca_error(CA_ERR_UNSUPPORTED, "save_state: %d model(s) prepared after the first; save them with "
                         "ca_save_model or ca_register_for_checkpointing", acc->nextra);
+    ca_save_state_options o = {0};
+    if (opts) o = *opts;
+    else if (ca_config_get_bool(acc->cfg, "async_save", &o.async) != CA_OK) o.async = false;
+    ca_status s = o.refuse_if_busy ? ss_refuse_if_busy(acc) : CA_OK;
+    if (s == CA_OK) s = ss_async_join(acc, "save_state");   /* one save in flight; an earlier failure first */
+    if (s != CA_OK) return s;
+    static bool warned;   /* once per process */
+    if (o.async && !ss_async_possible(acc)) {
+        if (!warned)
+            CA_LOG_W("save_state: async: %d processes over %s on %s: saving synchronously (the background "
+                     "thread needs a host-memory communicator of its own that the backend allows on a second "
+                     "thread)", acc->world, acc->comm ? ca_comm_backend(acc->comm) : "none",
+                     ca_device_name(acc->device));
+        warned = true;
+        o.async = false;
+    }
     int64_t t0 = ca_trace_on() ? ca_trace_now_ns() : 0;   /* the profiler's checkpoint stall */
-    ca_status s = with_full_params(acc, save_state, dir);
+    s = with_full_params(acc, o.async ? save_state_async : save_state, dir);
     if (t0) ca_trace_slice("checkpoint", "save_state", t0, s == CA_OK ? "\"ok\":true" : "\"ok\":false");
     return s;
 }
 
+ca_status ca_save_state(ca_accelerator *acc, const char *dir) {
+    return ca_save_state_ex(acc, dir, NULL);
+}
+
+ca_status ca_wait_for_save(ca_accelerator *acc) {
+    if (!acc) return ca_error(CA_ERR_INVALID, "wait_for_save: the accelerator is NULL");
+    return ss_async_join(acc, "wait_for_save");
+}
+
 ca_status ca_load_state(ca_accelerator *acc, const char *dir) {
     if (!acc) return ca_error(CA_ERR_INVALID, "load_state: the accelerator is NULL");
-    return with_full_params(acc, load_state, dir);
+    ca_status s = ss_async_join(acc, "load_state");   /* a save in flight is finished (or failed) first */
+    return s == CA_OK ? with_full_params(acc, load_state, dir) : s;
 }

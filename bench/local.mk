@@ -6,6 +6,7 @@ include bench/optim.mk
 include bench/comm.mk
 include bench/save.mk
 include bench/load.mk
+include bench/async_save.mk
 include bench/det.mk
 include bench/cuda.mk
 include bench/xla.mk

@@ -32,7 +32,7 @@ static void usage(FILE *f) {
             "usage: fashion_mnist [--epochs N] [--batch-size N] [--lr X] [--seed N] [--data DIR]\n"
             "                     [--schedule constant|linear|cosine] [--warmup FRACTION]\n"
             "                     [--max-steps N] [--dump-params FILE] [--output_dir DIR]\n"
-            "                     [--checkpoint_dir DIR [--checkpointing_steps N] [--resume]]\n"
+            "                     [--checkpoint_dir DIR [--checkpointing_steps N] [--resume] [--async_save]]\n"
             "                     [--local_sgd_steps N]\n"
             "                     [configuration flags]\n"
             "--output_dir DIR saves the trained model as DIR/model.safetensors (PyTorch's names:\n"

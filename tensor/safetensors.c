@@ -18,6 +18,8 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include <zlib.h>
+
 /* The reference reader refuses headers over 100 MB; so do we (a corrupt length is caught early). */
 #define CA_ST_MAX_HEADER (100u * 1000u * 1000u)
 
@@ -410,8 +412,137 @@ static ca_status st_sync_dir(const char *path) {
     return rc == 0 ? CA_OK : ca_error(CA_ERR_IO, "%s: fsync failed: %s", dir, strerror(errno));
 }
 
+static _Thread_local ca_st_capture *tl_capture;
+
+ca_st_capture *ca_st_capture_set(ca_st_capture *c) {
+    ca_st_capture *prev = tl_capture;
+    tl_capture = c;
+    return prev;
+}
+
+/* The parts of one file, concatenated into a new buffer of the capture. */
+static ca_status st_capture_add(ca_st_capture *c, const char *path, const void *const *parts, const size_t *lens,
+                                int nparts) {
+    size_t len = 0;
+    for (int i = 0; i < nparts; i++) len += lens[i];
+    if (c->n == c->cap) {
+        int cap = c->cap ? 2 * c->cap : 16;
+        ca_st_held *f = realloc(c->files, (size_t)cap * sizeof *f);
+        if (!f) return ca_error(CA_ERR_NOMEM, "%s: out of memory for the host copy", path);
+        c->files = f;
+        c->cap = cap;
+    }
+    size_t size = len ? len : 1;
+    ca_st_held *slot = c->n < c->kept ? &c->files[c->n] : NULL;   /* the previous capture's buffer */
+    if (slot && slot->size < len) {
+        free(slot->data);
+        slot->data = malloc(size);
+        slot->size = slot->data ? size : 0;
+    }
+    ca_st_held h = {strdup(path), slot ? slot->data : malloc(size), len, slot ? slot->size : size};
+    if (!h.path || !h.data) {
+        free(h.path);
+        if (!slot) free(h.data);
+        return ca_error(CA_ERR_NOMEM, "%s: out of memory for the host copy (%zu bytes)", path, len);
+    }
+    size_t off = 0;
+    for (int i = 0; i < nparts; i++) {
+        if (lens[i]) memcpy(h.data + off, parts[i], lens[i]);
+        off += lens[i];
+    }
+    c->files[c->n++] = h;
+    c->bytes += len;
+    return CA_OK;
+}
+
+/* Writes file i to its .tmp (not yet fsync'd) and asks the kernel to start writing it back, so that
+ * the disk works while the caller computes the CRC-32s. *fd: the open .tmp. */
+static ca_status st_capture_write_one(const ca_st_held *f, int *fd) {
+    char tmp[PATH_MAX];
+    if ((size_t)snprintf(tmp, sizeof tmp, "%s.tmp", f->path) >= sizeof tmp)
+        return ca_error(CA_ERR_INVALID, "%s: path too long", f->path);
+    *fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (*fd < 0) return ca_error(CA_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno));
+    const unsigned char *p = f->data;
+    for (size_t left = f->len; left > 0;) {
+        ssize_t w = write(*fd, p, left);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) return ca_error(CA_ERR_IO, "%s: write failed: %s", tmp, strerror(errno));
+        p += w;
+        left -= (size_t)w;
+    }
+#if defined(SYNC_FILE_RANGE_WRITE)
+    (void)sync_file_range(*fd, 0, 0, SYNC_FILE_RANGE_WRITE);   /* a hint: fsync below is what counts */
+#endif
+    return CA_OK;
+}
+
+/* The .tmp of file i made durable and put in place, as ca_st_write_atomic does. */
+static ca_status st_capture_finish_one(const ca_st_held *f, int fd) {
+    char tmp[PATH_MAX];
+    snprintf(tmp, sizeof tmp, "%s.tmp", f->path);
+    ca_status s = fsync(fd) == 0 ? CA_OK : ca_error(CA_ERR_IO, "%s: fsync failed: %s", tmp, strerror(errno));
+    if (close(fd) != 0 && s == CA_OK) s = ca_error(CA_ERR_IO, "%s: close failed: %s", tmp, strerror(errno));
+    if (s == CA_OK && rename(tmp, f->path) != 0)
+        s = ca_error(CA_ERR_IO, "%s: cannot rename to %s: %s", tmp, f->path, strerror(errno));
+    return s == CA_OK ? st_sync_dir(f->path) : s;
+}
+
+ca_status ca_st_capture_write(const ca_st_capture *c, uint32_t *crcs) {
+    int *fds = malloc((size_t)(c->n ? c->n : 1) * sizeof *fds);
+    if (!fds) return ca_error(CA_ERR_NOMEM, "writing the host copy: out of memory");
+    for (int i = 0; i < c->n; i++) fds[i] = -1;
+    ca_status s = CA_OK;
+    for (int i = 0; s == CA_OK && i < c->n; i++) s = st_capture_write_one(&c->files[i], &fds[i]);
+    for (int i = 0; s == CA_OK && crcs && i < c->n; i++) {   /* while the disk writes */
+        uLong crc = crc32(0L, Z_NULL, 0);
+        for (size_t off = 0; off < c->files[i].len; off += 1u << 30) {
+            size_t k = c->files[i].len - off < (1u << 30) ? c->files[i].len - off : (1u << 30);
+            crc = crc32(crc, c->files[i].data + off, (uInt)k);
+        }
+        crcs[i] = (uint32_t)crc;
+    }
+    int done = 0;
+    for (; s == CA_OK && done < c->n; done++) {
+        s = st_capture_finish_one(&c->files[done], fds[done]);
+        fds[done] = -1;
+    }
+    for (int i = 0; s != CA_OK && i < c->n; i++) {   /* a failure leaves no .tmp behind */
+        char tmp[PATH_MAX];
+        if (fds[i] >= 0) close(fds[i]);
+        if ((size_t)snprintf(tmp, sizeof tmp, "%s.tmp", c->files[i].path) < sizeof tmp) unlink(tmp);
+    }
+    free(fds);
+    return s;
+}
+
+void ca_st_capture_reset(ca_st_capture *c) {
+    for (int i = 0; i < c->n; i++) {
+        free(c->files[i].path);
+        c->files[i].path = NULL;
+    }
+    if (c->n > c->kept) c->kept = c->n;
+    c->n = 0;
+    c->bytes = 0;
+}
+
+void ca_st_capture_free(ca_st_capture *c) {
+    if (c) ca_st_capture_reset(c);
+    for (int i = 0; c && i < c->kept; i++) free(c->files[i].data);
+    if (c) c->kept = 0;
+    for (int i = 0; c && i < c->n; i++) {
+        free(c->files[i].path);
+        free(c->files[i].data);
+    }
+    if (c) {
+        free(c->files);
+        *c = (ca_st_capture){0};
+    }
+}
+
 ca_status ca_st_write_atomic(const char *path, const void *const *parts, const size_t *lens,
                              int nparts) {
+    if (tl_capture) return st_capture_add(tl_capture, path, parts, lens, nparts);
     char tmp[PATH_MAX];
     if ((size_t)snprintf(tmp, sizeof tmp, "%s.tmp", path) >= sizeof tmp)
         return ca_error(CA_ERR_INVALID, "%s: path too long", path);

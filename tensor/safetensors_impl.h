@@ -94,6 +94,34 @@ ca_status ca_st_write(const char *path, const ca_st_tensor *t, int n);
 ca_status ca_st_write_atomic(const char *path, const void *const *parts, const size_t *lens,
                              int nparts);
 
+/* Files held in memory instead of written: while a capture is set on a thread, that thread's
+ * ca_st_write_atomic (and so ca_st_write) copies the bytes it would write into one buffer per file
+ * and returns; nothing touches the disk. An asynchronous save_state takes its snapshot so (the bytes
+ * are those a direct write would have written) and writes the files later, on another thread, with
+ * ca_st_capture_write. */
+typedef struct ca_st_held {
+    char *path;
+    unsigned char *data;
+    size_t len, size;   /* bytes held, bytes allocated */
+} ca_st_held;
+typedef struct ca_st_capture {
+    ca_st_held *files;
+    int n, cap;
+    int kept;       /* buffers kept by ca_st_capture_reset for the next capture: files[0..kept) */
+    size_t bytes;   /* all files together */
+} ca_st_capture;
+/* Sets the calling thread's capture (NULL: write to the disk again); returns the previous one. */
+ca_st_capture *ca_st_capture_set(ca_st_capture *c);
+/* Writes every held file as ca_st_write_atomic does (to path.tmp, fsync, rename, fsync of the
+ * directory; renamed in the order they were captured), all files' data first, so that the disk
+ * writes them while crcs[i] (crcs non-NULL) gets each file's CRC-32 from memory. A failure names
+ * the file and leaves no .tmp file. */
+ca_status ca_st_capture_write(const ca_st_capture *c, uint32_t *crcs);
+void ca_st_capture_free(ca_st_capture *c);   /* the buffers; the struct is the caller's */
+/* Empties the capture but keeps its buffers: the next capture of files of the same sizes (the
+ * next save of the same state) reuses them, without the page faults of fresh memory. */
+void ca_st_capture_reset(ca_st_capture *c);
+
 /* "F32", "F16", "BF16", "I32", "I64", "U8". */
 const char *ca_st_dtype_name(ca_dtype dt);
 

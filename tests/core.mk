@@ -76,6 +76,15 @@ VALGRIND_TESTS += tests/test_frozen
 tests_test_frozen_SOURCES = tests/test_frozen.c tests/test_util.h
 tests_test_frozen_CFLAGS = $(CA_TEST_CFLAGS)
 tests_test_frozen_LDADD = $(CA_TEST_LIBS)
+# Asynchronous save_state: the C test (one process, kill -9 of the background writer) and 2 and 4
+# ranks under caccel launch (Gloo) and mpirun.
+check_PROGRAMS += tests/test_async_save
+TESTS += tests/test_async_save tests/test_async_save_ranks.sh
+VALGRIND_TESTS += tests/test_async_save
+EXTRA_DIST += tests/test_async_save_ranks.sh
+tests_test_async_save_SOURCES = tests/test_async_save.c tests/test_util.h
+tests_test_async_save_CFLAGS = $(CA_TEST_CFLAGS)
+tests_test_async_save_LDADD = $(CA_TEST_LIBS)
 TESTS += tests/test_resume.sh tests/test_state_ranks.sh tests/test_full_disk.sh
 EXTRA_DIST += tests/test_resume.sh tests/test_state_ranks.sh tests/test_full_disk.sh
 # The safetensors reader's mapping and chunk verification (its functions are not exported: the objects).

@@ -98,6 +98,35 @@ CA_API ca_status ca_load_model(ca_accelerator *acc, ca_module *model, const char
  * NULL into the next automatically named checkpoint. */
 CA_API ca_status ca_save_state(ca_accelerator *acc, const char *dir);
 
+/* ASYNCHRONOUS SAVES (Accelerate-style save_state(..., async=True); docs/CHECKPOINTS.md,
+ * "Asynchronous saves"). With async set (or the configuration key async_save true for
+ * ca_save_state), the calling thread does every collective the save needs (the gathers of sharded
+ * state, the ZeRO-3 parameters) and copies every file's bytes into host buffers, then returns: the
+ * parameters, optimizer state, generators and registered objects may change at once. A background
+ * thread writes the files, fsyncs them and publishes the checkpoint as a synchronous save does (the
+ * same files, byte for byte; the same steps of "Atomicity", its status exchanges on a communicator
+ * of its own split from the accelerator's at the first asynchronous save), then applies total_limit.
+ * One save is in flight at a time: a new save, ca_load_state and teardown first wait for it (or the
+ * save returns CA_ERR_STATE at once with refuse_if_busy, on every rank when any rank's is in flight).
+ * A background failure is never lost: the next ca_save_state*, ca_wait_for_save or ca_load_state
+ * returns it (naming the directory), once; a failure still unreported at teardown is logged. Where
+ * the background thread cannot have collectives of its own (several processes over MPI, which
+ * caccel runs at MPI_THREAD_SERIALIZED, or a communicator on a device that is not host memory) the
+ * save is synchronous, with a warning at the first one. The host copy holds the whole state
+ * (about 3x the model for AdamW) until the write is done. */
+typedef struct ca_save_state_options {
+    bool async;            /* copy to host memory and write on a background thread */
+    bool refuse_if_busy;   /* a save still in flight: CA_ERR_STATE instead of waiting for it */
+} ca_save_state_options;
+
+/* ca_save_state with options; opts NULL: the configuration's (async_save). Collective. */
+CA_API ca_status ca_save_state_ex(ca_accelerator *acc, const char *dir, const ca_save_state_options *opts);
+
+/* Waits for the asynchronous save in flight, if any, and returns its status, or that of the last
+ * one if it failed and was not returned yet (CA_OK otherwise; each failure is returned once). Not
+ * collective: every rank may call it at any time from the training thread. */
+CA_API ca_status ca_wait_for_save(ca_accelerator *acc);
+
 /* Loads a state saved by ca_save_state into the prepared objects (the same model, optimizers,
  * dataloaders and registered objects, prepared and registered in the same order). dir NULL: the
  * newest complete checkpoint under <project_dir>/checkpoints, passing over incomplete ones with a
