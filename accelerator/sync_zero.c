@@ -47,11 +47,18 @@ static ca_status zero_summon(ca_accelerator *acc, bool on) {
     return acc->zero.stage == 3 && acc->model ? ca_zero3_summon(acc, on) : CA_OK;
 }
 
+/* The flat buffers (zero.c) and what a sharded load read for them (zero_state.c): freed here, above
+ * both files, so that neither calls the other back. */
+static void zero_free(ca_accelerator *acc) {
+    ca_zero_load_free(acc);
+    ca_zero_free(acc);
+}
+
 static void zero_forget_model(ca_accelerator *acc, int g, bool last) {
     (void)g;   /* one model per accelerator */
     if (!last) return;
     acc->zero.nparams = 0;   /* the parameters go with the model */
-    ca_zero_free(acc);
+    zero_free(acc);
 }
 
 const ca_sync_strategy ca_sync_zero = {
@@ -78,5 +85,5 @@ const ca_sync_strategy ca_sync_zero = {
     .params_sharded = zero_params_sharded,
     .summon = zero_summon,
     .forget_model = zero_forget_model,
-    .free = ca_zero_free,
+    .free = zero_free,
 };

@@ -423,7 +423,6 @@ ca_status ca_zero_scatter_state(ca_accelerator *acc, ca_optimizer *o) {
 void ca_zero_free(ca_accelerator *acc) {
     ca_zero *z = &acc->zero;
     ca_zero3_free(acc);
-    ca_zero_load_free(acc);
     if (z->gflat && z->params)
         for (int i = 0; i < z->nparams; i++) {   /* the parameters keep no view of a freed buffer */
             ca_tensor_free(z->params[i]->grad);
