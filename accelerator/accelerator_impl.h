@@ -282,10 +282,17 @@ ca_status ca_zero_save_shard(ca_accelerator *acc, const char *dir);
 /* The index's name: a checkpoint whose complete.json lists it is sharded; and each shard's. */
 #define CA_ZERO_INDEX "zero_index.json"
 #define CA_ZERO_SHARD_FMT "zero_shard_%d.safetensors"
+/* state.c: the checkpoint a load is checking, as ca_state_open_file opens its files. */
+typedef struct ca_state_files ca_state_files;
+struct ca_st_file;
+/* File `name` of that checkpoint (one complete.json lists), mapped and verified against the sums
+ * recorded there: whole, or only its header (the caller verifies with ca_st_verify_range the
+ * ranges it reads before reading them). The caller closes f. */
+ca_status ca_state_open_file(const ca_state_files *files, const char *name, bool whole, struct ca_st_file *f);
 /* The index against this run (parameter names, shapes, offsets; any world size, stage or HSDP
- * grouping), and the slices of the old shard files this rank needs read into host buffers; changes
- * nothing of the run. */
-ca_status ca_zero_check_shard(ca_accelerator *acc, const char *dir);
+ * grouping), and the slices of the old shard files this rank needs read into host buffers, each
+ * byte range verified (complete.json's chunk sums) before it is read; changes nothing of the run. */
+ca_status ca_zero_check_shard(ca_accelerator *acc, const char *dir, const ca_state_files *files);
 /* The shard files the checked checkpoint has (its world size; this run's before a check). */
 int ca_zero_load_shards(const ca_accelerator *acc);
 /* What ca_zero_check_shard read, applied: every parameter, this rank's optimizer-state shard. */

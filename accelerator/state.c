@@ -1267,9 +1267,11 @@ static bool ss_plain_name(const char *name) {
 }
 
 /* The files load_state maps and verifies itself, over the same mapping it reads them from
- * (ss_open_listed): the model's and the optimizers'. */
+ * (ss_open_listed): the model's, the optimizers' and a sharded checkpoint's shard files (zero_state.c
+ * verifies the ranges it reads through ca_state_open_file). */
 static bool ss_mapped_by_load(const char *name) {
-    return strcmp(name, SS_MODEL) == 0 || (strncmp(name, "optimizer", 9) == 0 && ss_ends_with(name, ".safetensors"));
+    return strcmp(name, SS_MODEL) == 0 || ((strncmp(name, "optimizer", 9) == 0 || strncmp(name, "zero_shard_", 11) == 0) &&
+                                           ss_ends_with(name, ".safetensors"));
 }
 
 /* The size of a file that is verified later, checked now as ss_file_crc checks it. */
@@ -1324,6 +1326,16 @@ static ca_status ss_open_listed(const ss_loaded *L, const char *dir, const char 
     else memset(f, 0, sizeof *f);
     free(chunks);
     return s;
+}
+
+/* The checkpoint a load is checking: the strategy's check_shard opens the shard files through it. */
+struct ca_state_files {
+    const ss_loaded *L;
+    const char *dir;
+};
+
+ca_status ca_state_open_file(const ca_state_files *files, const char *name, bool whole, ca_st_file *f) {
+    return ss_open_listed(files->L, files->dir, name, whole, f);
 }
 
 /* The marker exists and every file it lists has its recorded size and CRC-32; L keeps the list.
@@ -1628,8 +1640,9 @@ static ca_status ss_check_custom(ca_accelerator *acc, const char *dir, ss_loaded
 }
 
 /* A sharded checkpoint's index against this run; a run whose strategy keeps no shards refuses it. */
-static ca_status check_shard(ca_accelerator *acc, const char *dir) {
-    if (acc->sync_ops->check_shard) return acc->sync_ops->check_shard(acc, dir);
+static ca_status check_shard(ca_accelerator *acc, const char *dir, const ss_loaded *L) {
+    ca_state_files files = {L, dir};
+    if (acc->sync_ops->check_shard) return acc->sync_ops->check_shard(acc, dir, &files);
     return ca_error(CA_ERR_INVALID, "load_state: %s holds a sharded state dict: load it under sharded data "
                     "parallelism, or merge its weights first (caccel merge-weights)", dir);
 }
@@ -1651,7 +1664,7 @@ static ca_status ss_shards_listed(const ca_accelerator *acc, const char *dir, co
 static ca_status ss_check_all(ca_accelerator *acc, const char *dir, ss_loaded *L, bool sharded) {
     ca_status s = ss_check_state(acc, dir, L);
     char name[64];
-    if (s == CA_OK && sharded) s = check_shard(acc, dir);
+    if (s == CA_OK && sharded) s = check_shard(acc, dir, L);
     if (s == CA_OK && sharded) s = ss_shards_listed(acc, dir, L);
     if (s == CA_OK && acc->model && !sharded) {
         ca_st_file mf;

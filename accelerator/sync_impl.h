@@ -52,7 +52,7 @@ typedef struct ca_sync_strategy {
     bool (*saves_shards)(const ca_accelerator *acc);
     int (*shard_count)(const ca_accelerator *acc);
     ca_status (*save_shard)(ca_accelerator *acc, const char *dir);
-    ca_status (*check_shard)(ca_accelerator *acc, const char *dir);
+    ca_status (*check_shard)(ca_accelerator *acc, const char *dir, const ca_state_files *files);
     ca_status (*load_shard)(ca_accelerator *acc, const char *dir);
     /* parameters held in parts between steps: whether they are now, and gathering them whole (on)
      * or back into parts (off); collective */

@@ -414,28 +414,37 @@ static ca_status check_state_kind(const ca_st_file *f, int k, bool kept, bool sa
     return CA_OK;
 }
 
+/* Elements [from, from + n) of tensor e of f, verified (complete.json's chunk sums: only the chunks
+ * they lie in) and then copied to out. */
+static ca_status read_range(ca_st_file *f, const ca_st_entry *e, int64_t from, int64_t n, float *out) {
+    if (n <= 0) return CA_OK;
+    uint64_t at = f->data_start + e->begin + (uint64_t)from * sizeof(float);
+    ca_status s = ca_st_verify_range(f, at, (uint64_t)n * sizeof(float));
+    if (s == CA_OK) memcpy(out, (const char *)ca_st_data(f, e) + (size_t)from * sizeof(float), (size_t)n * sizeof(float));
+    return s;
+}
+
 /* Old shard k: its parameters into L->flat, and of its optimizer state the part that overlaps this
- * rank's new shard into L->st (only those byte ranges are touched). */
-static ca_status read_old_shard(ca_accelerator *acc, const char *dir, const zs_index *ix, int k,
+ * rank's new shard into L->st. Only those byte ranges (and the header) are verified and read: of
+ * another rank's shard file, the parameters and the state slices that fall in this rank's shard. */
+static ca_status read_old_shard(ca_accelerator *acc, const ca_state_files *files, const zs_index *ix, int k,
                                 struct ca_zero_load *L) {
     const ca_zero *z = &acc->zero;
-    char path[PATH_MAX];
+    char name[64];
     ca_st_file f = {0};
-    shard_name(path, sizeof path, dir, k);
+    snprintf(name, sizeof name, CA_ZERO_SHARD_FMT, k);
     int64_t ob = (int64_t)k * ix->shard, oe = ob + ix->shard < ix->numel ? ob + ix->shard : ix->numel;
     int64_t nb = (int64_t)z->rank * z->shard, ne = nb + z->shard < z->numel ? nb + z->shard : z->numel;
     int64_t b = ob > nb ? ob : nb, t = oe < ne ? oe : ne;   /* the overlap, empty when t <= b */
     const ca_st_entry *e = NULL;
-    ca_status s = ca_st_open(path, &f);
+    ca_status s = ca_state_open_file(files, name, false, &f);
     if (s == CA_OK) s = shard_entry(&f, ix, "params", &e);
-    if (s == CA_OK && !e) s = ca_error(CA_ERR_IO, "%s: no tensor 'params' (a shard of the flat parameters)", path);
-    if (s == CA_OK && oe > ob) memcpy(L->flat + ob, ca_st_data(&f, e), (size_t)(oe - ob) * sizeof(float));
+    if (s == CA_OK && !e) s = ca_error(CA_ERR_IO, "%s: no tensor 'params' (a shard of the flat parameters)", f.path);
+    if (s == CA_OK) s = read_range(&f, e, 0, oe - ob, L->flat + ob);
     for (int j = 0; s == CA_OK && j < 2; j++) {
         s = shard_entry(&f, ix, zs_state[j], &e);
         if (s == CA_OK) s = check_state_kind(&f, j, L->st[j] != NULL, e != NULL);
-        if (s == CA_OK && L->st[j] && t > b)
-            memcpy(L->st[j] + (b - nb), (const char *)ca_st_data(&f, e) + (size_t)(b - ob) * sizeof(float),
-                   (size_t)(t - b) * sizeof(float));
+        if (s == CA_OK && L->st[j]) s = read_range(&f, e, b - ob, t - b, L->st[j] + (b - nb));
     }
     ca_st_close(&f);
     return s;
@@ -454,7 +463,7 @@ static ca_status load_alloc(const ca_zero *z, int world, struct ca_zero_load **o
     return ok ? CA_OK : ca_error(CA_ERR_NOMEM, "load_state: out of host memory");
 }
 
-ca_status ca_zero_check_shard(ca_accelerator *acc, const char *dir) {
+ca_status ca_zero_check_shard(ca_accelerator *acc, const char *dir, const ca_state_files *files) {
     ca_zero *z = &acc->zero;
     zs_index ix;
     ca_zero_load_free(acc);
@@ -465,7 +474,7 @@ ca_status ca_zero_check_shard(ca_accelerator *acc, const char *dir) {
     if (s == CA_OK) s = check_index_params(acc, &ix);
     if (s == CA_OK) s = check_shard_files(dir, &ix);
     if (s == CA_OK) s = load_alloc(z, ix.world, &z->load);
-    for (int k = 0; s == CA_OK && k < ix.world; k++) s = read_old_shard(acc, dir, &ix, k, z->load);
+    for (int k = 0; s == CA_OK && k < ix.world; k++) s = read_old_shard(acc, files, &ix, k, z->load);
     if (s != CA_OK) ca_zero_load_free(acc);
     if (s == CA_OK && acc->rank == 0 && ix.world != z->world)
         ca_log_printf(CA_LOG_INFO, "load_state: %s was saved as %d shards; each rank reads the parts of its shard of "

@@ -5,7 +5,9 @@
 # reading the file whole gives all of it); resumed == uninterrupted; a corrupt chunk inside one
 # rank's slice fails that rank's check, named, and the load on every rank; a checkpoint without
 # chunk sums (written before them) still loads, verified whole; a chunk list of the wrong length is
-# refused by name.
+# refused by name. A sharded state dict (SHARDED_STATE_DICT, 2 ranks): each rank verifies its own
+# zero_shard file whole and of the other's under half (header and params); a corrupt chunk in one
+# rank's optimizer state is named by that rank only, one in params by both.
 . "$(dirname "$0")/dist/lib.sh"
 need_caccel
 FM="$BUILD/examples/fashion_mnist"
@@ -81,4 +83,44 @@ sed -z 's/"chunk_crc32":[[:space:]]*\[[[:space:]]*[0-9]*,/"chunk_crc32": [/' "$C
 zfm --max-steps 4 --checkpoint_dir "$WORK/ck" --resume > "$WORK/o" 2>&1 && { cat "$WORK/o"; fail "a short chunk list loaded"; }
 grep -q 'complete.json: [a-z_]*\.safetensors: "chunk_size" is not a positive integer or "chunk_crc32" is not a list of one CRC-32 per chunk' "$WORK/o" ||
     { cat "$WORK/o"; fail "no message naming complete.json and the file"; }
+
+# A sharded state dict (FSDP SHARDED_STATE_DICT, SHARD_GRAD_OP, 2 ranks): each rank reads every shard
+# file's params (it holds the parameters whole at a load) but of the optimizer state only the slices
+# in its own shard, so of the other rank's zero_shard_<r>.safetensors it verifies params and the
+# header, under half of the file, and its own whole.
+zsh() { FSDP_STATE_DICT_TYPE=SHARDED_STATE_DICT launch 2 "$be" --use_fsdp --fsdp_sharding_strategy SHARD_GRAD_OP \
+            "$FM" --batch-size 128 --epochs 1 "$@"; }
+note "a sharded state dict: each rank verifies its own shard file whole, of the other's the params only"
+zsh --max-steps 2 --checkpointing_steps 2 --checkpoint_dir "$WORK/sck" > "$WORK/o" 2>&1 || { cat "$WORK/o"; fail "sharded: save"; }
+CK="$WORK/sck/checkpoints/checkpoint_0"
+[ -e "$CK/zero_shard_1.safetensors" ] || { ls "$CK"; fail "not a sharded checkpoint"; }
+cp -r "$WORK/sck" "$WORK/spristine"
+# (that the slices land where they belong: tests/test_reshard.sh, bit for bit at every size)
+CACCEL_TEST_ST_REPORT=1 zsh --max-steps 4 --checkpoint_dir "$WORK/sck" --resume > "$WORK/o" 2>&1 || { cat "$WORK/o"; fail "sharded: resume"; }
+for r in 0 1; do
+    # one report line per rank: the one that verified the file whole is its owner
+    report "$WORK/o" "zero_shard_$r.safetensors" > "$WORK/r"
+    [ "$(wc -l < "$WORK/r")" = 2 ] || { cat "$WORK/o"; fail "not one report per rank for zero_shard_$r.safetensors"; }
+    whole=0 part=0
+    while read -r v size res; do
+        echo "  zero_shard_$r.safetensors: $v of $size bytes verified"
+        if [ "$v" = "$size" ]; then whole=$((whole + 1)); elif [ $((v * 2)) -lt "$size" ]; then part=$((part + 1)); fi
+    done < "$WORK/r"
+    [ "$whole" = 1 ] && [ "$part" = 1 ] || fail "zero_shard_$r.safetensors: not verified whole by one rank and under half by the other"
+done
+
+note "a corrupt chunk in zero_shard_1's optimizer state: rank 1 names it, rank 0 (which does not read it) does not"
+rm -rf "$WORK/sck" && cp -r "$WORK/spristine" "$WORK/sck"
+flip "$CK/zero_shard_1.safetensors" $(( $(wc -c < "$CK/zero_shard_1.safetensors") - 2 ))   # state2's last bytes
+zsh --max-steps 4 --checkpoint_dir "$WORK/sck" --resume > "$WORK/o" 2>&1 && { cat "$WORK/o"; fail "a corrupt shard loaded"; }
+count 1 'zero_shard_1.safetensors: corrupt: CRC-32 [0-9a-f]* in chunk [0-9]* of [0-9]* (bytes' "$WORK/o"
+count 1 'corrupt: CRC-32 .*(rank 1)$' "$WORK/o"
+count 1 'load_state: rank 1 failed (CA_ERR_IO) to load .*nothing was applied (rank 0)' "$WORK/o"
+
+note "a corrupt chunk in zero_shard_1's params: every rank reads them, both name it"
+rm -rf "$WORK/sck" && cp -r "$WORK/spristine" "$WORK/sck"
+hl=$(od -An -tu8 -N8 "$CK/zero_shard_1.safetensors" | tr -d ' ')
+flip "$CK/zero_shard_1.safetensors" $((8 + hl + 100))   # params comes first by name
+zsh --max-steps 4 --checkpoint_dir "$WORK/sck" --resume > "$WORK/o" 2>&1 && { cat "$WORK/o"; fail "a corrupt shard loaded"; }
+count 2 'zero_shard_1.safetensors: corrupt: CRC-32 [0-9a-f]* in chunk [0-9]* of [0-9]* (bytes' "$WORK/o"
 echo "PASS"
