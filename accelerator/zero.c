@@ -145,19 +145,6 @@ ca_status ca_zero_build(ca_accelerator *acc, ca_module *m) {
     s = build_segments(acc);
     if (s == CA_OK && z->stage == 3) s = ca_zero3_build(acc, m);
     if (s != CA_OK) return s;
-    if (z->stage == 1) {   /* the full gradient lives on; the shard's gradient is a view of it */
-        z->gflat = ca_zero_persistent_zeros(acc->device, z->shard * z->world);
-        if (!z->gflat || (s = attach_grads(acc)) != CA_OK) return z->gflat ? s : oom();
-        z->gshard = ca_zero_flat_view(z->gflat, 1, &z->shard, z->rank * z->shard);
-    } else {
-        z->gshard = ca_zero_persistent_zeros(acc->device, z->shard);
-    }
-    if (!z->gshard) return oom();
-    z->view = ca_zero_flat_view(z->gshard, 1, &z->shard, 0);
-    ca_tensor *g = z->view ? ca_zero_flat_view(z->gshard, 1, &z->shard, 0) : NULL;
-    if (!g) return oom();
-    z->view->grad = g;
-    z->view->grad_defined = true;
     if (acc->rank == 0)
         ca_log_printf(CA_LOG_INFO, "sharded data parallelism: stage %d (%s), %lld parameters in %d shards of %lld%s",
                       z->stage, z->origin, (long long)z->numel, z->world, (long long)z->shard,
@@ -215,9 +202,35 @@ ca_status ca_zero_add_optimizer(ca_accelerator *acc, ca_optimizer *o) {
     return CA_OK;
 }
 
+/* The shard's gradient (stage 1: with the full flat gradient it is a view of), made at the first
+ * ca_backward and kept: preparing (and loading) a model holds no gradient, as in PyTorch, where a
+ * .grad appears at the first backward. Zeros, as each later backward finds it. */
+static ca_status grad_shard(ca_accelerator *acc) {
+    ca_zero *z = &acc->zero;
+    if (z->view && z->view->grad) return CA_OK;
+    ca_status s = CA_OK;
+    if (!z->gshard && z->stage == 1) {   /* the full gradient lives on; the shard's gradient is a view of it */
+        z->gflat = ca_zero_persistent_zeros(acc->device, z->shard * z->world);
+        if (!z->gflat || (s = attach_grads(acc)) != CA_OK) return z->gflat ? s : oom();
+        z->gshard = ca_zero_flat_view(z->gflat, 1, &z->shard, z->rank * z->shard);
+    } else if (!z->gshard) {
+        z->gshard = ca_zero_persistent_zeros(acc->device, z->shard);
+    }
+    if (!z->view && z->gshard) z->view = ca_zero_flat_view(z->gshard, 1, &z->shard, 0);
+    ca_tensor *g = z->view ? ca_zero_flat_view(z->gshard, 1, &z->shard, 0) : NULL;
+    if (!g) return oom();
+    z->view->grad = g;
+    z->view->grad_defined = true;
+    return CA_OK;
+}
+
 ca_status ca_zero_before_backward(ca_accelerator *acc) {
     ca_zero *z = &acc->zero;
     z->reduced = false;
+    ca_status s = grad_shard(acc);
+    if (s != CA_OK)
+        return ca_error_context("sharded data parallelism: making the gradient shard of %lld elements on rank %d",
+                                (long long)z->shard, acc->rank);
     if (z->stage == 3) {   /* per-unit gradients (zero3.c) */
         ca_zero3_before_backward(acc);
         return CA_OK;

@@ -3,14 +3,22 @@
  * 1.07 GB). --save DIR writes it (one process, eager) and exits; otherwise each rank builds it
  * (eagerly, or --meta under ca_init_empty_weights), ca_prepares it (no optimizer: the load is what
  * is measured), loads --load DIR with ca_load_model, and prints from /proc/self/status
- *   rank=R base_mb=VmRSS-before-the-model hwm_mb=VmHWM rss_anon_mb=RssAnon rss_file_mb=RssFile model_mb=M unit_mb=U
- * VmHWM counts the file's mapped pages this process touched; RssAnon (at the end) is its own
- * memory, the page cache of the file shared by the machine's ranks is RssFile. */
+ *   rank=R base_mb=VmRSS-before-the-model base_anon_mb=RssAnon-then hwm_mb=VmHWM
+ *          peak_anon_mb=P peak_file_mb=F prep_anon_mb=A prep_file_mb=B rss_anon_mb=RssAnon rss_file_mb=RssFile
+ *          model_mb=M unit_mb=U
+ * VmHWM counts the file's mapped pages this process touched as well as its own (anonymous) memory;
+ * the machine's page cache holds those pages once for all of its ranks. The kernel keeps no peak of
+ * RssAnon alone: a thread samples RssAnon and RssFile every millisecond from before the build to
+ * the end of the load (peak_anon_mb, peak_file_mb; a spike shorter than that may be missed);
+ * prep_* are the values at the end of ca_prepare, rss_* at the end of the load. */
 #include <caccel/caccel.h>
 
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 static long status_kb(const char *key) {
     FILE *f = fopen("/proc/self/status", "r");
@@ -21,6 +29,24 @@ static long status_kb(const char *key) {
         if (!strncmp(line, key, n) && line[n] == ':') v = atol(line + n + 1);
     if (f) fclose(f);
     return v;
+}
+
+/* The sampler: the largest RssAnon and RssFile seen until stop is set. */
+typedef struct sampler {
+    atomic_bool stop;
+    long anon_kb, file_kb;
+} sampler;
+
+static void *sample(void *arg) {
+    sampler *sp = arg;
+    const struct timespec ms = {0, 1000000};
+    while (!atomic_load(&sp->stop)) {
+        long a = status_kb("RssAnon"), f = status_kb("RssFile");
+        if (a > sp->anon_kb) sp->anon_kb = a;
+        if (f > sp->file_kb) sp->file_kb = f;
+        nanosleep(&ms, NULL);
+    }
+    return NULL;
 }
 
 static ca_module *model(int64_t layers, int64_t width) {
@@ -49,7 +75,10 @@ int main(int argc, char **argv) {
     ca_accelerator *acc;
     CA_CHECK(ca_accelerator_create(&(ca_options){.argc = argc, .argv = argv}, &acc));
     CA_CHECK(ca_set_seed(acc, 1));
-    long base_kb = status_kb("VmRSS");   /* the runtime itself: libraries, communicator */
+    long base_kb = status_kb("VmRSS"), base_anon_kb = status_kb("RssAnon");   /* the runtime itself */
+    sampler sp = {.anon_kb = base_anon_kb, .file_kb = status_kb("RssFile")};
+    pthread_t th;
+    bool sampling = !save && pthread_create(&th, NULL, sample, &sp) == 0;
     CA_CHECK(ca_init_empty_weights(meta));
     ca_module *m = model(layers, width);
     CA_CHECK(ca_init_empty_weights(false));
@@ -57,10 +86,16 @@ int main(int argc, char **argv) {
         CA_CHECK(ca_save_model(acc, m, save, 0));
     } else {
         CA_CHECK(ca_prepare(acc, m, NULL, NULL));
+        long prep_anon = status_kb("RssAnon"), prep_file = status_kb("RssFile");
         if (load) CA_CHECK(ca_load_model(acc, m, load));
+        long anon = status_kb("RssAnon"), file = status_kb("RssFile");
+        atomic_store(&sp.stop, true);
+        if (sampling) pthread_join(th, NULL);
         double mb = 1.0 / 1024.0;
-        printf("rank=%d base_mb=%.0f hwm_mb=%.0f rss_anon_mb=%.0f rss_file_mb=%.0f model_mb=%.0f unit_mb=%.0f\n",
-               ca_process_index(acc), base_kb * mb, status_kb("VmHWM") * mb, status_kb("RssAnon") * mb, status_kb("RssFile") * mb,
+        printf("rank=%d base_mb=%.0f base_anon_mb=%.0f hwm_mb=%.0f peak_anon_mb=%.0f peak_file_mb=%.0f prep_anon_mb=%.0f "
+               "prep_file_mb=%.0f rss_anon_mb=%.0f rss_file_mb=%.0f model_mb=%.0f unit_mb=%.0f\n",
+               ca_process_index(acc), base_kb * mb, base_anon_kb * mb, status_kb("VmHWM") * mb, sp.anon_kb * mb,
+               sp.file_kb * mb, prep_anon * mb, prep_file * mb, anon * mb, file * mb,
                (double)(layers * width * width) * 4 / 1048576.0, (double)(width * width) * 4 / 1048576.0);
     }
     ca_module_destroy(m);

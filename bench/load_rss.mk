@@ -5,7 +5,7 @@ EXTRA_PROGRAMS += bench/bench_load_rss
 ca_bench_programs += bench/bench_load_rss$(EXEEXT)
 CLEANFILES += bench/bench_load_rss
 bench_bench_load_rss_SOURCES = bench/bench_load_rss.c
-bench_bench_load_rss_LDADD = libcaccel.la -lm
+bench_bench_load_rss_LDADD = libcaccel.la -lm -lpthread
 EXTRA_DIST += bench/run_load_rss.sh
 
 .PHONY: bench-load-rss

@@ -2,10 +2,13 @@
 # Peak resident memory per rank while building, preparing and loading a model of >= 1 GB f32 from
 # safetensors: eager and deferred (--meta, ca_init_empty_weights), DDP and ZeRO-3 (FULL_SHARD), at
 # 1, 2 and 4 processes (caccel launch, Gloo, CPU). One row per run: the largest VmHWM over the ranks
-# and that rank's peak above its VmRSS before the model was built (the runtime's own libraries and
-# communicator), and rank 0's RssAnon / RssFile at the end. VmHWM counts the pages of a mapped file a
-# rank touched; the machine holds them once in its page cache. The target for ZeRO-3 at N ranks: 1/N of the model + one
-# wrapped unit (here one Linear) + 10%, the machine's page cache of the file counted once (RssFile).
+# (a rank's own memory and the pages of the mapped file it touched); the largest peak of a rank's own
+# (anonymous) memory above its RssAnon before the model was built (the runtime's libraries and
+# communicator), sampled every millisecond since the kernel keeps no peak of RssAnon alone; rank 0's
+# RssAnon at the end of ca_prepare and of the load; and rank 0's largest RssFile (the file's pages it
+# touched, which the machine's page cache holds once for all of its ranks). The target for ZeRO-3 at
+# N ranks: 1/N of the model + one wrapped unit (here one Linear) + 10% of own memory per rank, the
+# page cache of the file counted once per machine, so compared with the own peak.
 # usage: run_load_rss.sh --bench PATH --caccel PATH [bench_load_rss arguments...]
 set -euo pipefail
 bench="" caccel="" args=()
@@ -22,7 +25,7 @@ dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 "$bench" "${args[@]}" --save "$dir" > /dev/null
 echo "# $(date -u +%Y-%m-%dT%H:%MZ) $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(getconf _NPROCESSORS_ONLN) CPUs; bench_load_rss ${args[*]:-} (file $(du -m "$dir" | cut -f1) MB)"
-echo "| processes | mode | build | peak VmHWM MB (max over ranks) | above the runtime's own MB (rank of the max) | rank 0 RssAnon MB | rank 0 RssFile MB | target MB | within |"
+echo "| processes | mode | build | peak VmHWM MB (max over ranks) | peak own (RssAnon) MB above the runtime's (max over ranks) | rank 0 RssAnon MB after prepare / after load | rank 0 peak RssFile MB (page cache, once per machine) | target MB | within |"
 echo "|---|---|---|---|---|---|---|---|---|"
 for np in 1 2 4; do
     for mode in ddp z3; do
@@ -32,18 +35,21 @@ for np in 1 2 4; do
             extra=()
             [ "$build" = meta ] && extra=(--meta)
             out=$("$caccel" launch --num_processes "$np" --backend gloo "${flags[@]}" "$bench" "${args[@]}" "${extra[@]}" --load "$dir" 2>/dev/null | grep '^rank=')
-            top=$(sort -t= -k4 -n <<< "$(sed 's/ hwm_mb=/ =/' <<< "$out")" | tail -1)
-            hwm=$(sed -n 's/.* =\([0-9]*\).*/\1/p' <<< "$top")
-            above=$(( hwm - $(sed -n 's/.* base_mb=\([0-9]*\).*/\1/p' <<< "$top") ))
+            f() { sed -n "s/.* $1=\([0-9]*\).*/\1/p" <<< "$2"; }
+            hwm=0 own=0
+            while read -r line; do
+                h=$(f hwm_mb "$line") o=$(( $(f peak_anon_mb "$line") - $(f base_anon_mb "$line") ))
+                [ "$h" -gt "$hwm" ] && hwm=$h
+                [ "$o" -gt "$own" ] && own=$o
+            done <<< "$out"
             r0=$(grep '^rank=0 ' <<< "$out")
-            v() { sed -n "s/.* $1=\([^ ]*\).*/\1/p" <<< "$r0"; }
-            model=$(v model_mb) unit=$(v unit_mb)
+            model=$(f model_mb "$r0") unit=$(f unit_mb "$r0")
             target="" ok=""
             if [ "$mode" = z3 ]; then
                 target=$(( (model / np + unit) * 11 / 10 ))
-                ok=$([ "$above" -le "$target" ] && echo yes || echo no)
+                ok=$([ "$own" -le "$target" ] && echo yes || echo no)
             fi
-            echo "| $np | $([ $mode = ddp ] && echo DDP || echo ZeRO-3) | $build | $hwm | $above | $(v rss_anon_mb) | $(v rss_file_mb) | $target | $ok |"
+            echo "| $np | $([ $mode = ddp ] && echo DDP || echo ZeRO-3) | $build | $hwm | $own | $(f prep_anon_mb "$r0") / $(f rss_anon_mb "$r0") | $(f peak_file_mb "$r0") | $target | $ok |"
         done
     done
 done
