@@ -30,9 +30,16 @@ static char *read_trace(void) {
     return s;
 }
 
+/* Occurrences of needle in s. Not a strstr loop: under ASan each strstr call measures the whole
+ * rest of the string, which makes counting in a trace of 100,000 events quadratic (minutes). */
 static int count(const char *s, const char *needle) {
+    size_t m = strlen(needle), len = strlen(s);
     int n = 0;
-    for (const char *p = s; (p = strstr(p, needle)); p += strlen(needle)) n++;
+    for (size_t i = 0; i + m <= len; i++)
+        if (s[i] == needle[0] && memcmp(s + i, needle, m) == 0) {
+            n++;
+            i += m - 1;
+        }
     return n;
 }
 
