@@ -159,6 +159,27 @@ static ca_status create_comm(ca_accelerator *acc) {
     return ca_comm_create(&co, &acc->comm);
 }
 
+/* deepspeed_config.zero3_init_flag (DeepSpeed's zero.Init, as Accelerate passes it on): at stage 3 the
+ * models this thread builds from here to ca_prepare are made without storage (ca_init_empty_weights),
+ * so no rank ever holds a whole one; ca_prepare makes each rank's shard and switches it off again. */
+static ca_status zero3_init_begin(ca_accelerator *acc) {
+    if (!acc->zero.init_empty || acc->zero.stage != 3) {
+        acc->zero.init_empty = false;
+        return CA_OK;
+    }
+    if (acc->rank <= 0)
+        ca_log_printf(CA_LOG_INFO, "zero3_init_flag (from %s): the models built on this thread until ca_prepare "
+                      "have no storage (ca_init_empty_weights); ca_prepare makes each rank's shard",
+                      ca_config_origin(acc->cfg, "deepspeed_config.zero3_init_flag"));
+    return ca_init_empty_weights(true);
+}
+
+static void zero3_init_end(ca_accelerator *acc) {
+    if (!acc->zero.init_empty) return;
+    acc->zero.init_empty = false;
+    if (ca_init_empty_weights(false) != CA_OK) ca_clear_error();
+}
+
 ca_status ca_accelerator_create(const ca_options *opts, ca_accelerator **out) {
     if (!out) return ca_error(CA_ERR_INVALID, "ca_accelerator_create: out is NULL");
     *out = NULL;
@@ -173,6 +194,7 @@ ca_status ca_accelerator_create(const ca_options *opts, ca_accelerator **out) {
     if (s == CA_OK) s = ca_grad_scaler_configure(acc, &(ca_grad_scaler_opts){0});
     if (s == CA_OK) s = ca_sync_select(acc);   /* the one place the parallelism is chosen */
     if (s == CA_OK) s = create_comm(acc);
+    if (s == CA_OK) s = zero3_init_begin(acc);
     if (s == CA_OK) s = ca_accelerator_profile_begin(acc);
     if (s != CA_OK) {
         ca_accelerator_destroy(acc);
@@ -185,6 +207,7 @@ ca_status ca_accelerator_create(const ca_options *opts, ca_accelerator **out) {
 void ca_accelerator_destroy(ca_accelerator *acc) {
     if (!acc) return;
     ca_accelerator_profile_end(acc);   /* the trace is written while the ranks are all here */
+    zero3_init_end(acc);   /* never prepared: the thread builds with storage again */
     /* prepared objects that outlive the accelerator go back to plain use */
     for (int i = 0; i < acc->nopts; i++) ca_optimizer_set_owner(acc->opts[i], NULL);
     for (int i = 0; i < acc->nloaders; i++) {
@@ -365,6 +388,7 @@ static ca_status prepare_model(ca_accelerator *acc, ca_module *m) {
     if (s == CA_OK) {
         acc->model = m;
         own_model(acc, m);
+        zero3_init_end(acc);
         s = apply_checkpointing(acc, m);
     }
     return s;

@@ -76,6 +76,7 @@ typedef struct ca_zero {
     int asked;
     const char *origin;          /* the key that chose the stage */
     bool offload;                /* an offload key asks for host memory (a no-op on the CPU) */
+    bool init_empty;             /* deepspeed_config.zero3_init_flag: models built until prepare are meta */
     bool scaler_set;             /* DeepSpeed's JSON gave fp16 loss-scaler options */
     ca_grad_scaler_opts scaler;
     char json[4096];             /* the DeepSpeed JSON read, if any */

@@ -314,6 +314,10 @@ static ca_status configure_deepspeed(ca_accelerator *acc) {
                         "offload_param_device: none or cpu)", ca_config_origin(acc->cfg, dev && !strcmp(dev, "nvme")
                         ? "deepspeed_config.offload_optimizer_device" : "deepspeed_config.offload_param_device"));
     z->offload = (dev && !strcmp(dev, "cpu")) || (pdev && !strcmp(pdev, "cpu"));
+    if (ca_config_get_bool(acc->cfg, "deepspeed_config.zero3_init_flag", &z->init_empty) != CA_OK) {
+        ca_clear_error();   /* null: DeepSpeed's zero.Init is off */
+        z->init_empty = false;
+    }
     /* deepspeed_config.gradient_accumulation_steps / .gradient_clipping: ca_config_settings applied them */
     const char *file = cfg(acc, "deepspeed_config.deepspeed_config_file");
     if (file && strcmp(file, "null") != 0) {

@@ -70,6 +70,7 @@ static const char *const sharding_keys[] = {
     "fsdp_config.fsdp_auto_wrap_policy", "fsdp_config.fsdp_transformer_layer_cls_to_wrap",
     "fsdp_config.fsdp_min_num_params", "fsdp_config.fsdp_forward_prefetch", "fsdp_config.fsdp_backward_prefetch",
     "fsdp_config.fsdp_cpu_ram_efficient_loading",
+    "deepspeed_config.zero3_init_flag",
     "parallelism_config.parallelism_config_dp_shard_size", "parallelism_config.parallelism_config_dp_replicate_size",
     NULL};
 

@@ -307,9 +307,11 @@ int main(int argc, char **argv) {
     CA_CHECK(ca_device_reset_peak_stats(ca_accelerator_device(acc)));
     CA_CHECK(ca_device_memory_stats(ca_accelerator_device(acc), &st0));
     int64_t base0 = (int64_t)st0.allocated;
-    CA_CHECK(ca_init_empty_weights(o.meta));
+    /* only --meta switches it: under zero3_init_flag the accelerator has switched it on already */
+    if (o.meta) CA_CHECK(ca_init_empty_weights(true));
     ca_module *m = model(o.hidden, o.depth);
-    CA_CHECK(ca_init_empty_weights(false));
+    if (o.meta) CA_CHECK(ca_init_empty_weights(false));
+    if (ca_module_is_meta(m)) printf("rank=%d model_meta=1\n", ca_process_index(acc));
     int64_t pbytes = 0, largest = 0;
     for (int i = 0; i < ca_module_num_params(m); i++) {
         int64_t b = (int64_t)ca_tensor_nbytes(ca_module_param_at(m, i));

@@ -37,6 +37,22 @@ for be in $backends; do
 done
 
 be=$(echo "$backends" | awk '{print $1}')
+note "zero3_init_flag (DeepSpeed's zero.Init) at ZeRO-3, 2 ranks: a program that builds eagerly gets a model without storage, equal to the eager run; at stage 2 the flag changes nothing"
+DS3="--use_deepspeed --zero_stage 3"
+# shellcheck disable=SC2086
+launch 2 "$be" $DS3 "$DDP" --mode plain --batch 12 --steps 4 --depth 2 --dump "$WORK/d3e.bin" > "$WORK/o" || { cat "$WORK/o"; fail "DeepSpeed stage 3, eager"; }
+grep -q "model_meta=1" "$WORK/o" && fail "without zero3_init_flag the model was built without storage"
+# shellcheck disable=SC2086
+launch 2 "$be" $DS3 --zero3_init_flag true "$DDP" --mode plain --batch 12 --steps 4 --depth 2 --dump "$WORK/d3i.bin" > "$WORK/o" || { cat "$WORK/o"; fail "DeepSpeed stage 3, zero3_init_flag"; }
+count 2 'model_meta=1' "$WORK/o"
+grep -q "zero3_init_flag (from [^)]*): the models built on this thread until ca_prepare have no storage" "$WORK/o" || { cat "$WORK/o"; fail "zero3_init_flag: no line saying so"; }
+cmp -s "$WORK/d3e.bin" "$WORK/d3i.bin" || fail "zero3_init_flag: the run differs from the eager one"
+same "$WORK/ref.bin" "$WORK/d3i.bin"
+# shellcheck disable=SC2086
+launch 2 "$be" --use_deepspeed --zero_stage 2 --zero3_init_flag true "$DDP" --mode plain --batch 12 --steps 4 --depth 2 --dump "$WORK/d2i.bin" > "$WORK/o" || { cat "$WORK/o"; fail "DeepSpeed stage 2, zero3_init_flag"; }
+grep -q "model_meta=1" "$WORK/o" && fail "zero3_init_flag at stage 2 built the model without storage"
+same "$WORK/ref.bin" "$WORK/d2i.bin"
+
 note "pretrained weights into a meta model under ZeRO-3 (2 ranks): each rank copies its shard's slices from the file (fsdp_cpu_ram_efficient_loading, the default) == the eager model gathered whole and loaded (false) == one rank"
 mkdir -p "$WORK/model"
 "$DDP" --mode plain --batch 24 --steps 3 --depth 2 --save-model "$WORK/model" > /dev/null 2>&1 || fail "saving the model"

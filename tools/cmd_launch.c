@@ -66,6 +66,7 @@ static const struct { const char *key, *var; } exported[] = {
     {"deepspeed_config.deepspeed_config_file", "ACCELERATE_DEEPSPEED_CONFIG_FILE"},
     {"deepspeed_config.offload_optimizer_device", "ACCELERATE_DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE"},
     {"deepspeed_config.offload_param_device", "ACCELERATE_DEEPSPEED_OFFLOAD_PARAM_DEVICE"},
+    {"deepspeed_config.zero3_init_flag", "ACCELERATE_DEEPSPEED_ZERO3_INIT"},
     {"fsdp_config.fsdp_version", "FSDP_VERSION"},
     {"fsdp_config.fsdp_offload_params", "FSDP_OFFLOAD_PARAMS"},
     {"fsdp_config.fsdp_sharding_strategy", "FSDP_SHARDING_STRATEGY"},
