@@ -1128,10 +1128,10 @@ static ca_status ss_async_join(ca_accelerator *acc, const char *who) {
 
 /* Whether a background thread can exchange statuses without touching the accelerator's
  * communicator: one process, or a split communicator on host memory whose backend allows a second
- * thread (MPI runs at MPI_THREAD_SERIALIZED: one thread in MPI at a time). */
+ * thread while the first trains (Gloo; MPI when the library gave MPI_THREAD_MULTIPLE). */
 static bool ss_async_possible(const ca_accelerator *acc) {
     if (acc->world <= 1) return true;
-    return acc->comm && ca_device_is_host(acc->device) && strcmp(ca_comm_backend(acc->comm), "mpi") != 0;
+    return acc->comm && ca_device_is_host(acc->device) && ca_comm_threads_concurrent(acc->comm);
 }
 
 /* The state, the first time: the background thread's communicator (collective: every rank is in
@@ -1941,8 +1941,8 @@ ca_status ca_save_state_ex(ca_accelerator *acc, const char *dir, const ca_save_s
         if (!warned)
             CA_LOG_W("save_state: async: %d processes over %s on %s: saving synchronously (the background "
                      "thread needs a host-memory communicator of its own that the backend allows on a second "
-                     "thread)", acc->world, acc->comm ? ca_comm_backend(acc->comm) : "none",
-                     ca_device_name(acc->device));
+                     "thread; MPI: the library must give MPI_THREAD_MULTIPLE)", acc->world,
+                     acc->comm ? ca_comm_backend(acc->comm) : "none", ca_device_name(acc->device));
         warned = true;
         o.async = false;
     }

@@ -402,10 +402,19 @@ static int ranks_main(const char *dir) {
     int rank = ca_process_index(r.acc);
     train(&r, 4);
     T_OK(ca_save_state(r.acc, a));
+    int h = hold_begin();   /* the writer, if there is one, waits for a byte until the steps are done */
     T_OK(ca_save_state_ex(r.acc, b, &k_async));
     train(&r, 3);
     printf("rank %d: stepped to %lld after the asynchronous save returned\n", rank, (long long)r.steps);
+    hold_release(h);
     T_OK(ca_wait_for_save(r.acc));
+    /* the byte is gone when a background writer read it; a synchronous save never reads it */
+    char c;
+    int fd = h / 1000;
+    fcntl(fd, F_SETFL, O_NONBLOCK);
+    bool background = read(fd, &c, 1) < 0;
+    hold_end(h);
+    printf("rank %d: the save was written %s\n", rank, background ? "in the background" : "on the calling thread");
     if (rank == 0) {
         /* every rank's files, compared on rank 0 (the directory is shared) */
         ca_status s = CA_OK;
