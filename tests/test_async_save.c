@@ -217,6 +217,14 @@ static void hold_end(int h) {
     g_reads[g_nreads++] = h / 1000;
 }
 
+/* Chunks of 100 bytes: the background writer's CRC-32s, combined from the chunk sums it records,
+ * equal the synchronous save's read back from the files (complete.json byte for byte). */
+static void test_equals_sync_small_chunks(void **state) {
+    setenv("CACCEL_TEST_ST_CHUNK", "100", 1);
+    test_equals_sync(state);
+    unsetenv("CACCEL_TEST_ST_CHUNK");
+}
+
 static void test_steps_while_held(void **state) {
     (void)state;
     run r;
@@ -452,6 +460,7 @@ int main(int argc, char **argv) {
     g_argv0 = argv[0];
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_equals_sync, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_equals_sync_small_chunks, setup, teardown),
         cmocka_unit_test_setup_teardown(test_steps_while_held, setup, teardown),
         cmocka_unit_test_setup_teardown(test_failure_reported, setup, teardown),
         cmocka_unit_test_setup_teardown(test_second_save, setup, teardown),
