@@ -635,8 +635,9 @@ static bool ss_ends_with(const char *s, const char *suffix) {
 }
 
 /* Size and CRC-32 of a file this thread wrote from the host copy `known` (crcs[i] of its file i,
- * computed from memory while the disk wrote it), and its chunk sums (chunks non-NULL) from memory
- * too: false when it is not one of them. */
+ * computed from memory while the disk wrote it), and its chunk sums (chunks non-NULL): those the
+ * write computed on the way (the CRC-32 was combined from them), else from memory; false when it
+ * is not one of them. */
 static bool ss_known_crc(const ca_st_capture *known, const uint32_t *crcs, const char *path, size_t *len,
                          uint32_t *crc, json_object *chunks) {
     for (int i = 0; known && crcs && i < known->n; i++)
@@ -645,6 +646,10 @@ static bool ss_known_crc(const ca_st_capture *known, const uint32_t *crcs, const
             *len = h->len;
             *crc = crcs[i];
             uint64_t cs = ss_chunk_size();
+            if (chunks && h->sums && h->nsums == (h->len ? (h->len - 1) / cs + 1 : 0)) {   /* from the write */
+                for (size_t k = 0; k < h->nsums; k++) json_object_array_add(chunks, json_object_new_int64(h->sums[k]));
+                return true;
+            }
             for (size_t at = 0; chunks && at < h->len; at += cs) {
                 size_t k = h->len - at < cs ? h->len - at : (size_t)cs;
                 json_object_array_add(chunks, json_object_new_int64((int64_t)crc32(crc32(0L, Z_NULL, 0),
@@ -1087,7 +1092,7 @@ static ca_status ss_async_write(ss_async *a) {
      * read back for the manifest, as in a synchronous save) */
     uint32_t *crcs = acc->rank == 0 ? calloc((size_t)a->files.n + 1, sizeof *crcs) : NULL;
     ca_status s = acc->rank == 0 && !crcs ? ca_error(CA_ERR_NOMEM, "save_state: out of memory")
-                                          : ca_st_capture_write(&a->files, crcs);
+                                          : ca_st_capture_write(&a->files, crcs, crcs ? ss_chunk_size() : 0);
     if (s == CA_OK) ss_test_stall(acc, "files");
     s = ss_exchange_bg(a, s, &bad);
     bool published = false;
@@ -1128,10 +1133,10 @@ static ca_status ss_async_join(ca_accelerator *acc, const char *who) {
 
 /* Whether a background thread can exchange statuses without touching the accelerator's
  * communicator: one process, or a split communicator on host memory whose backend allows a second
- * thread (MPI runs at MPI_THREAD_SERIALIZED: one thread in MPI at a time). */
+ * thread while the first trains (Gloo; MPI when the library gave MPI_THREAD_MULTIPLE). */
 static bool ss_async_possible(const ca_accelerator *acc) {
     if (acc->world <= 1) return true;
-    return acc->comm && ca_device_is_host(acc->device) && strcmp(ca_comm_backend(acc->comm), "mpi") != 0;
+    return acc->comm && ca_device_is_host(acc->device) && ca_comm_threads_concurrent(acc->comm);
 }
 
 /* The state, the first time: the background thread's communicator (collective: every rank is in
@@ -1954,8 +1959,8 @@ ca_status ca_save_state_ex(ca_accelerator *acc, const char *dir, const ca_save_s
         if (!warned)
             CA_LOG_W("save_state: async: %d processes over %s on %s: saving synchronously (the background "
                      "thread needs a host-memory communicator of its own that the backend allows on a second "
-                     "thread)", acc->world, acc->comm ? ca_comm_backend(acc->comm) : "none",
-                     ca_device_name(acc->device));
+                     "thread; MPI: the library must give MPI_THREAD_MULTIPLE)", acc->world,
+                     acc->comm ? ca_comm_backend(acc->comm) : "none", ca_device_name(acc->device));
         warned = true;
         o.async = false;
     }

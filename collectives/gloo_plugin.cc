@@ -948,6 +948,9 @@ static ca_status gloo_abort(void *comm) {
     }
 }
 
+// Each communicator has its own pairs, buffers and threads: two never share state.
+static bool gloo_threads_concurrent(void *) { return true; }
+
 static const ca_collective_ops gloo_ops = {
     sizeof(ca_collective_ops),
     CA_ABI_VERSION,
@@ -966,6 +969,7 @@ static const ca_collective_ops gloo_ops = {
     gloo_abort,
     nullptr,   // split: the core builds a group's communicator over the store
     false,     // needs_mpi_launcher: ranks and rendezvous come from the store
+    gloo_threads_concurrent,
 };
 
 static const ca_collective_ops *const gloo_list[] = { &gloo_ops };

@@ -19,7 +19,10 @@
 /*
  * Threading: caccel may wait on a work handle from another thread than the
  * one that issued it, so every MPI call here is made under one lock, which
- * MPI_THREAD_SERIALIZED allows. Progress: Open MPI advances a nonblocking
+ * MPI_THREAD_SERIALIZED allows. caccel asks for MPI_THREAD_MULTIPLE all the
+ * same: then two communicators may run collectives on two threads at once
+ * (an asynchronous save_state's writer), each call still under the lock,
+ * which keeps the calls of one operation together. Progress: Open MPI advances a nonblocking
  * collective only inside MPI calls, so a wait polls MPI_Testall, yielding the
  * CPU between polls and sleeping briefly once it has waited long.
  */
@@ -34,6 +37,7 @@ static bool g_we_init;
 static atomic_bool g_any_aborted;
 static MPI_Op g_ops16[2][3];   /* [f16, bf16][sum, min, max] */
 static char g_version[256] = "MPI";
+static int g_provided = MPI_THREAD_SINGLE;   /* the thread level MPI gave (set once g_ready) */
 
 typedef struct mpi_comm {
     MPI_Comm comm;
@@ -144,7 +148,7 @@ static ca_status ensure_mpi(void) {
          * bandwidth of large reductions; Rabenseifner's algorithm (reduce-scatter + all-gather)
          * matches the blocking MPI_Allreduce. The user's own choice (env or mpirun --mca) wins. */
         setenv("OMPI_MCA_coll_libnbc_iallreduce_algorithm", "3", 0);
-        CA_MPI_TRY(MPI_Init_thread(NULL, NULL, MPI_THREAD_SERIALIZED, &provided), "MPI_Init_thread", NULL);
+        CA_MPI_TRY(MPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, &provided), "MPI_Init_thread", NULL);
         g_we_init = true;
     } else {
         CA_MPI_TRY(MPI_Query_thread(&provided), "MPI_Query_thread", NULL);
@@ -162,6 +166,7 @@ static ca_status ensure_mpi(void) {
     MPI_User_function *fns[2][3] = { { sum_f16, min_f16, max_f16 }, { sum_bf16, min_bf16, max_bf16 } };
     for (int t = 0; t < 2; t++)
         for (int o = 0; o < 3; o++) CA_MPI_TRY(MPI_Op_create(fns[t][o], 1, &g_ops16[t][o]), "MPI_Op_create", NULL);
+    g_provided = provided;
     g_ready = true;
 cleanup:
     return st;
@@ -578,6 +583,14 @@ static void mpi_work_free(ca_work_impl *w) {
     work_release(w);
 }
 
+/* Another communicator may run on a second thread at once only under MPI_THREAD_MULTIPLE (the
+ * lock alone would serialise the calls, but MPI_THREAD_SERIALIZED does not promise that two
+ * threads' outstanding operations on two communicators progress together). */
+static bool mpi_threads_concurrent(void *comm) {
+    (void)comm;
+    return g_provided == MPI_THREAD_MULTIPLE;
+}
+
 static const ca_collective_ops mpi_ops = {
     .struct_size = sizeof(ca_collective_ops),
     .abi_version = CA_ABI_VERSION,
@@ -596,6 +609,7 @@ static const ca_collective_ops mpi_ops = {
     .abort = mpi_abort,
     .split = mpi_split,
     .needs_mpi_launcher = true,
+    .threads_concurrent = mpi_threads_concurrent,
 };
 
 static const ca_collective_ops *const mpi_list[] = { &mpi_ops };

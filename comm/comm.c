@@ -21,6 +21,9 @@ int ca_comm_rank(const ca_comm *c) { return c ? c->rank : -1; }
 int ca_comm_size(const ca_comm *c) { return c ? c->world : 0; }
 const char *ca_comm_backend(const ca_comm *c) { return c ? c->backend : "?"; }
 int64_t ca_comm_timeout_ms(const ca_comm *c) { return c ? c->timeout_ms : 0; }
+bool ca_comm_threads_concurrent(const ca_comm *c) {
+    return c && c->ops.threads_concurrent && c->ops.threads_concurrent(c->bc);
+}
 bool ca_comm_is_aborted(const ca_comm *c) { return c && atomic_load(&c->failed); }
 
 uint64_t ca_comm_seq(const ca_comm *c) {

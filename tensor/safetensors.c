@@ -439,7 +439,7 @@ static ca_status st_capture_add(ca_st_capture *c, const char *path, const void *
         slot->data = malloc(size);
         slot->size = slot->data ? size : 0;
     }
-    ca_st_held h = {strdup(path), slot ? slot->data : malloc(size), len, slot ? slot->size : size};
+    ca_st_held h = {strdup(path), slot ? slot->data : malloc(size), len, slot ? slot->size : size, NULL, 0};
     if (!h.path || !h.data) {
         free(h.path);
         if (!slot) free(h.data);
@@ -488,20 +488,41 @@ static ca_status st_capture_finish_one(const ca_st_held *f, int fd) {
     return s == CA_OK ? st_sync_dir(f->path) : s;
 }
 
-ca_status ca_st_capture_write(const ca_st_capture *c, uint32_t *crcs) {
+/* File f's CRC-32 from memory; chunk > 0: from the CRC-32s of its chunks, kept in f->sums (the
+ * manifest records them too), so that memory is read once. */
+static ca_status st_capture_crc(ca_st_held *f, uint64_t chunk, uint32_t *crc) {
+    uLong whole = crc32(0L, Z_NULL, 0);
+    uint64_t step = chunk ? chunk : (1u << 30);
+    size_t n = f->len ? (size_t)((f->len - 1) / step + 1) : 0;
+    free(f->sums);
+    f->sums = NULL;
+    f->nsums = 0;
+    if (chunk && !(f->sums = malloc((n ? n : 1) * sizeof *f->sums)))
+        return ca_error(CA_ERR_NOMEM, "%s: out of memory for its chunk sums", f->path);
+    for (size_t k = 0; k < n; k++) {
+        size_t at = (size_t)(k * step), len = f->len - at < step ? f->len - at : (size_t)step;
+        if (!chunk) {
+            whole = crc32(whole, f->data + at, (uInt)len);
+            continue;
+        }
+        uLong s = crc32(crc32(0L, Z_NULL, 0), f->data + at, (uInt)len);
+        f->sums[k] = (uint32_t)s;
+        whole = crc32_combine(whole, s, (z_off_t)len);
+    }
+    f->nsums = chunk ? n : 0;
+    *crc = (uint32_t)whole;
+    return CA_OK;
+}
+
+ca_status ca_st_capture_write(ca_st_capture *c, uint32_t *crcs, uint64_t chunk) {
     int *fds = malloc((size_t)(c->n ? c->n : 1) * sizeof *fds);
     if (!fds) return ca_error(CA_ERR_NOMEM, "writing the host copy: out of memory");
     for (int i = 0; i < c->n; i++) fds[i] = -1;
     ca_status s = CA_OK;
     for (int i = 0; s == CA_OK && i < c->n; i++) s = st_capture_write_one(&c->files[i], &fds[i]);
-    for (int i = 0; s == CA_OK && crcs && i < c->n; i++) {   /* while the disk writes */
-        uLong crc = crc32(0L, Z_NULL, 0);
-        for (size_t off = 0; off < c->files[i].len; off += 1u << 30) {
-            size_t k = c->files[i].len - off < (1u << 30) ? c->files[i].len - off : (1u << 30);
-            crc = crc32(crc, c->files[i].data + off, (uInt)k);
-        }
-        crcs[i] = (uint32_t)crc;
-    }
+    if (chunk > UINT32_MAX) chunk = 0;   /* a chunk crc32 cannot take in one call: no sums */
+    for (int i = 0; s == CA_OK && crcs && i < c->n; i++)   /* while the disk writes */
+        s = st_capture_crc(&c->files[i], chunk, &crcs[i]);
     int done = 0;
     for (; s == CA_OK && done < c->n; done++) {
         s = st_capture_finish_one(&c->files[done], fds[done]);
@@ -520,6 +541,9 @@ void ca_st_capture_reset(ca_st_capture *c) {
     for (int i = 0; i < c->n; i++) {
         free(c->files[i].path);
         c->files[i].path = NULL;
+        free(c->files[i].sums);
+        c->files[i].sums = NULL;
+        c->files[i].nsums = 0;
     }
     if (c->n > c->kept) c->kept = c->n;
     c->n = 0;

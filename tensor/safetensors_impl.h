@@ -103,6 +103,8 @@ typedef struct ca_st_held {
     char *path;
     unsigned char *data;
     size_t len, size;   /* bytes held, bytes allocated */
+    uint32_t *sums;     /* ca_st_capture_write with a chunk size: each chunk's CRC-32 (NULL: none) */
+    size_t nsums;
 } ca_st_held;
 typedef struct ca_st_capture {
     ca_st_held *files;
@@ -114,9 +116,11 @@ typedef struct ca_st_capture {
 ca_st_capture *ca_st_capture_set(ca_st_capture *c);
 /* Writes every held file as ca_st_write_atomic does (to path.tmp, fsync, rename, fsync of the
  * directory; renamed in the order they were captured), all files' data first, so that the disk
- * writes them while crcs[i] (crcs non-NULL) gets each file's CRC-32 from memory. A failure names
- * the file and leaves no .tmp file. */
-ca_status ca_st_capture_write(const ca_st_capture *c, uint32_t *crcs);
+ * writes them while crcs[i] (crcs non-NULL) gets each file's CRC-32 from memory; with chunk > 0
+ * (a larger one than UINT32_MAX counts as 0) also files[i].sums, the CRC-32 of every chunk bytes (the last shorter), in
+ * the same one pass: the file's CRC-32 is combined from them (crc32_combine). A failure names the
+ * file and leaves no .tmp file. */
+ca_status ca_st_capture_write(ca_st_capture *c, uint32_t *crcs, uint64_t chunk);
 void ca_st_capture_free(ca_st_capture *c);   /* the buffers; the struct is the caller's */
 /* Empties the capture but keeps its buffers: the next capture of files of the same sizes (the
  * next save of the same state) reuses them, without the page faults of fresh memory. */

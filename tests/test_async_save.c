@@ -217,6 +217,14 @@ static void hold_end(int h) {
     g_reads[g_nreads++] = h / 1000;
 }
 
+/* Chunks of 100 bytes: the background writer's CRC-32s, combined from the chunk sums it records,
+ * equal the synchronous save's read back from the files (complete.json byte for byte). */
+static void test_equals_sync_small_chunks(void **state) {
+    setenv("CACCEL_TEST_ST_CHUNK", "100", 1);
+    test_equals_sync(state);
+    unsetenv("CACCEL_TEST_ST_CHUNK");
+}
+
 static void test_steps_while_held(void **state) {
     (void)state;
     run r;
@@ -402,10 +410,19 @@ static int ranks_main(const char *dir) {
     int rank = ca_process_index(r.acc);
     train(&r, 4);
     T_OK(ca_save_state(r.acc, a));
+    int h = hold_begin();   /* the writer, if there is one, waits for a byte until the steps are done */
     T_OK(ca_save_state_ex(r.acc, b, &k_async));
     train(&r, 3);
     printf("rank %d: stepped to %lld after the asynchronous save returned\n", rank, (long long)r.steps);
+    hold_release(h);
     T_OK(ca_wait_for_save(r.acc));
+    /* the byte is gone when a background writer read it; a synchronous save never reads it */
+    char c;
+    int fd = h / 1000;
+    fcntl(fd, F_SETFL, O_NONBLOCK);
+    bool background = read(fd, &c, 1) < 0;
+    hold_end(h);
+    printf("rank %d: the save was written %s\n", rank, background ? "in the background" : "on the calling thread");
     if (rank == 0) {
         /* every rank's files, compared on rank 0 (the directory is shared) */
         ca_status s = CA_OK;
@@ -443,6 +460,7 @@ int main(int argc, char **argv) {
     g_argv0 = argv[0];
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_equals_sync, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_equals_sync_small_chunks, setup, teardown),
         cmocka_unit_test_setup_teardown(test_steps_while_held, setup, teardown),
         cmocka_unit_test_setup_teardown(test_failure_reported, setup, teardown),
         cmocka_unit_test_setup_teardown(test_second_save, setup, teardown),

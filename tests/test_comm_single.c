@@ -37,6 +37,9 @@ static void test_all_reduce_is_identity(void **state) {
     assert_int_equal(ca_comm_size(c), 1);
     assert_int_equal(ca_comm_rank(c), 0);
     assert_string_equal(ca_comm_backend(c), "single");
+    /* no threads_concurrent slot (ABI 3.4) reads as no; so does no communicator */
+    assert_false(ca_comm_threads_concurrent(c));
+    assert_false(ca_comm_threads_concurrent(NULL));
     float h[5] = {1.5f, -2, 3, 0, 7};
     const ca_reduce_op ops[] = {CA_OP_SUM, CA_OP_AVG, CA_OP_MIN, CA_OP_MAX};
     for (size_t k = 0; k < 4; k++) {

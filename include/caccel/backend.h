@@ -646,6 +646,12 @@ typedef struct ca_collective_ops {
     /* True when the ranks are the launcher's (MPI): the backend runs only in processes an MPI
      * launcher started, and the core makes no store for it. */
     bool needs_mpi_launcher;
+
+    /* ---- ABI 3.4 ---- */
+    /* Optional: true when another communicator of this backend may run collectives on a second
+     * thread while comm runs its own on the first (MPI: the library gave MPI_THREAD_MULTIPLE).
+     * NULL or false: the core never does so (an asynchronous save_state then saves synchronously). */
+    bool (*threads_concurrent)(void *comm);
 } ca_collective_ops;
 
 /* ------------------------------------------------------------------ plugins */

@@ -110,8 +110,8 @@ CA_API ca_status ca_save_state(ca_accelerator *acc, const char *dir);
  * save returns CA_ERR_STATE at once with refuse_if_busy, on every rank when any rank's is in flight).
  * A background failure is never lost: the next ca_save_state*, ca_wait_for_save or ca_load_state
  * returns it (naming the directory), once; a failure still unreported at teardown is logged. Where
- * the background thread cannot have collectives of its own (several processes over MPI, which
- * caccel runs at MPI_THREAD_SERIALIZED, or a communicator on a device that is not host memory) the
+ * the background thread cannot have collectives of its own (several processes over an MPI library
+ * that did not give MPI_THREAD_MULTIPLE, or a communicator on a device that is not host memory) the
  * save is synchronous, with a warning at the first one. The host copy holds the whole state
  * (about 3x the model for AdamW) until the write is done. */
 typedef struct ca_save_state_options {

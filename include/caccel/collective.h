@@ -34,6 +34,10 @@ CA_API void ca_comm_destroy(ca_comm *c);          /* accepts NULL */
 CA_API int ca_comm_rank(const ca_comm *c);
 CA_API int ca_comm_size(const ca_comm *c);
 CA_API const char *ca_comm_backend(const ca_comm *c);
+/* Whether a communicator split from c (ca_comm_split) may run collectives on a second thread while
+ * c runs its own on the first: Gloo's may; MPI's when the library gave MPI_THREAD_MULTIPLE; false
+ * for a backend that does not say (ABI before 3.4) and for NULL. */
+CA_API bool ca_comm_threads_concurrent(const ca_comm *c);
 /* Number of collectives issued so far (the sequence number of the next one). */
 CA_API uint64_t ca_comm_seq(const ca_comm *c);
 CA_API int64_t ca_comm_timeout_ms(const ca_comm *c);
