@@ -477,7 +477,8 @@ static ca_status st_capture_write_one(const ca_st_held *f, int *fd) {
     return CA_OK;
 }
 
-/* The .tmp of file i made durable and put in place, as ca_st_write_atomic does. */
+/* The .tmp of file i made durable and put in place, as ca_st_write_atomic does, but for the fsync of
+ * the directory: ca_st_capture_write does that once per directory, after the last rename into it. */
 static ca_status st_capture_finish_one(const ca_st_held *f, int fd) {
     char tmp[PATH_MAX];
     snprintf(tmp, sizeof tmp, "%s.tmp", f->path);
@@ -485,7 +486,14 @@ static ca_status st_capture_finish_one(const ca_st_held *f, int fd) {
     if (close(fd) != 0 && s == CA_OK) s = ca_error(CA_ERR_IO, "%s: close failed: %s", tmp, strerror(errno));
     if (s == CA_OK && rename(tmp, f->path) != 0)
         s = ca_error(CA_ERR_IO, "%s: cannot rename to %s: %s", tmp, f->path, strerror(errno));
-    return s == CA_OK ? st_sync_dir(f->path) : s;
+    return s;
+}
+
+/* Whether a and b lie in the same directory (the same text before the last '/'). */
+static bool st_same_dir(const char *a, const char *b) {
+    const char *sa = strrchr(a, '/'), *sb = strrchr(b, '/');
+    size_t la = sa ? (size_t)(sa - a) : 0, lb = sb ? (size_t)(sb - b) : 0;
+    return la == lb && strncmp(a, b, la) == 0;
 }
 
 /* File f's CRC-32 from memory; chunk > 0: from the CRC-32s of its chunks, kept in f->sums (the
@@ -527,6 +535,9 @@ ca_status ca_st_capture_write(ca_st_capture *c, uint32_t *crcs, uint64_t chunk) 
     for (; s == CA_OK && done < c->n; done++) {
         s = st_capture_finish_one(&c->files[done], fds[done]);
         fds[done] = -1;
+        /* the renames are durable once their directory is fsync'd: once, after its last file */
+        if (s == CA_OK && (done + 1 == c->n || !st_same_dir(c->files[done].path, c->files[done + 1].path)))
+            s = st_sync_dir(c->files[done].path);
     }
     for (int i = 0; s != CA_OK && i < c->n; i++) {   /* a failure leaves no .tmp behind */
         char tmp[PATH_MAX];
