@@ -224,7 +224,9 @@ static ca_storage *storage_new(ca_device *dev, size_t bytes) {
     return st;
 }
 
-ca_tensor *ca_tensor_new(ca_device *dev, ca_dtype dt, int ndim, const int64_t *shape) {
+/* A contiguous tensor's header (dtype, shape, strides) without storage: the part a tensor with
+ * memory and a meta parameter share. */
+static ca_tensor *tensor_header(ca_device *dev, ca_dtype dt, int ndim, const int64_t *shape) {
     if (!dev) {
         ca_error(CA_ERR_INVALID, "no device given for a new tensor");
         return NULL;
@@ -236,22 +238,19 @@ ca_tensor *ca_tensor_new(ca_device *dev, ca_dtype dt, int ndim, const int64_t *s
     t->ndim = ndim;
     if (ndim) memcpy(t->shape, shape, (size_t)ndim * sizeof *shape);
     ca_tensor_set_contiguous(t);
+    return t;
+}
+
+ca_tensor *ca_tensor_new(ca_device *dev, ca_dtype dt, int ndim, const int64_t *shape) {
+    ca_tensor *t = tensor_header(dev, dt, ndim, shape);
+    if (!t) return NULL;
     t->storage = storage_new(dev, (size_t)t->numel * ca_dtype_size(dt));
     return t->storage ? t : NULL;
 }
 
 ca_tensor *ca_meta_parameter_new(ca_device *dev, ca_dtype dt, int ndim, const int64_t *shape) {
-    if (!dev) {
-        ca_error(CA_ERR_INVALID, "no device given for a new tensor");
-        return NULL;
-    }
-    if (check_shape(dt, ndim, shape) != CA_OK) return NULL;
-    ca_tensor *t = ca_tensor_alloc_struct();
+    ca_tensor *t = tensor_header(dev, dt, ndim, shape);
     if (!t) return NULL;
-    t->dtype = dt;
-    t->ndim = ndim;
-    if (ndim) memcpy(t->shape, shape, (size_t)ndim * sizeof *shape);
-    ca_tensor_set_contiguous(t);
     t->storage = calloc(1, sizeof *t->storage);
     if (!t->storage) {
         ca_error(CA_ERR_NOMEM, "out of host memory for a meta parameter");
