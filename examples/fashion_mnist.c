@@ -25,6 +25,8 @@ typedef struct args {
     int64_t checkpointing_steps;     /* ... every N optimizer steps (0: only at epoch ends) */
     bool resume;                     /* load the latest complete checkpoint of checkpoint_dir first */
     int local_sgd_steps;             /* LocalSGD: average the parameters every N steps (0: off) */
+    int64_t max_train_samples;       /* train on the first N samples (0: all), as HF's examples */
+    int64_t max_eval_samples;        /* evaluate on the first N samples (0: all) */
 } args;
 
 static void usage(FILE *f) {
@@ -33,7 +35,7 @@ static void usage(FILE *f) {
             "                     [--schedule constant|linear|cosine] [--warmup FRACTION]\n"
             "                     [--max-steps N] [--dump-params FILE] [--output_dir DIR]\n"
             "                     [--checkpoint_dir DIR [--checkpointing_steps N] [--resume] [--async_save]]\n"
-            "                     [--local_sgd_steps N]\n"
+            "                     [--local_sgd_steps N] [--max_train_samples N] [--max_eval_samples N]\n"
             "                     [configuration flags]\n"
             "--output_dir DIR saves the trained model as DIR/model.safetensors (PyTorch's names:\n"
             "fc1.weight, ...; docs/CHECKPOINTS.md).\n"
@@ -78,6 +80,8 @@ static args parse(int argc, char **argv) {
         else if (flag(s, "--checkpointing_steps", argc, argv, &i, &v)) a.checkpointing_steps = atoll(v);
         else if (!strcmp(s, "--resume")) a.resume = true;
         else if (flag(s, "--local_sgd_steps", argc, argv, &i, &v)) a.local_sgd_steps = atoi(v);
+        else if (flag(s, "--max_train_samples", argc, argv, &i, &v)) a.max_train_samples = atoll(v);
+        else if (flag(s, "--max_eval_samples", argc, argv, &i, &v)) a.max_eval_samples = atoll(v);
         else {
             int arity = ca_config_flag_arity(s);          /* the accelerator reads these */
             if (arity < 0) {
@@ -88,8 +92,10 @@ static args parse(int argc, char **argv) {
             i += arity;
         }
     }
-    if (a.epochs < 1 || a.batch_size < 1 || a.lr <= 0 || a.local_sgd_steps < 0) {
-        fprintf(stderr, "fashion_mnist: --epochs, --batch-size and --lr must be positive, --local_sgd_steps >= 0\n");
+    if (a.epochs < 1 || a.batch_size < 1 || a.lr <= 0 || a.local_sgd_steps < 0 || a.max_train_samples < 0 ||
+        a.max_eval_samples < 0) {
+        fprintf(stderr, "fashion_mnist: --epochs, --batch-size and --lr must be positive, --local_sgd_steps, "
+                        "--max_train_samples and --max_eval_samples >= 0\n");
         exit(2);
     }
     if ((a.resume || a.checkpointing_steps) && !a.checkpoint_dir) {
@@ -115,6 +121,24 @@ static double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* The first n samples of a dataset (n 0: all of it), as `select(range(n))` of Hugging Face's
+ * datasets: the wrapper owns the dataset it wraps. */
+typedef struct head { ca_dataset *d; int64_t n; } head;
+static int64_t head_length(void *ctx) { return ((head *)ctx)->n; }
+static ca_status head_get(void *ctx, int64_t i, void *x, void *y) { return ca_dataset_get(((head *)ctx)->d, i, x, y); }
+static void head_destroy(void *ctx) { ca_dataset_destroy(((head *)ctx)->d); free(ctx); }
+
+static ca_dataset *first_samples(ca_dataset *d, int64_t n) {
+    if (n <= 0 || n >= ca_dataset_length(d)) return d;
+    head *h = malloc(sizeof *h);
+    if (!h) { fprintf(stderr, "fashion_mnist: out of memory\n"); exit(1); }
+    *h = (head){d, n};
+    static const ca_dataset_ops ops = {sizeof ops, head_length, head_get, head_destroy};
+    ca_dataset *out;
+    CA_CHECK(ca_dataset_create(&ops, h, ca_dataset_x_spec(d), ca_dataset_y_spec(d), &out));
+    return out;
 }
 
 /* Correct predictions and samples over this rank's shard, padding excluded. */
@@ -240,6 +264,8 @@ int main(int argc, char **argv) {
     ca_dataset *train, *test;
     CA_CHECK(ca_fashion_mnist_open(a.data, true, &train));
     CA_CHECK(ca_fashion_mnist_open(a.data, false, &test));
+    train = first_samples(train, a.max_train_samples);
+    test = first_samples(test, a.max_eval_samples);
     ca_loader_opts lo = {.batch_size = a.batch_size, .shuffle = true, .x_dtype = CA_F32, .x_dtype_set = true,
                          .x_scale = 1.0f / 255.0f};
     ca_dataloader *train_dl, *test_dl;

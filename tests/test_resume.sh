@@ -17,6 +17,14 @@ FM="$BUILD/examples/fashion_mnist"
 [ -x "$FM" ] || skip "no $FM"
 export OPENBLAS_NUM_THREADS=1
 ARGS="--cpu --epochs 3 --seed 7 --schedule cosine --warmup 0.1"
+# a checkpoint every CK optimizer steps; the runs killed in a save stop after MS steps. Under the
+# sanitizers the runs train on the first 12800 samples (100 steps an epoch on one process, 50 on two)
+# with CK and MS scaled alike: every save still falls before an epoch's end, the kills in the same places.
+CK=100 MS=400
+if [ "${CACCEL_TEST_SANITIZED:-no}" = yes ]; then
+    ARGS="$ARGS --max_train_samples 12800 --max_eval_samples 2000"
+    CK=10 MS=40
+fi
 PIDS=""
 kill_ours() { for p in $PIDS; do pkill -KILL -P "$p" 2>/dev/null; kill -9 "$p" 2>/dev/null; done; }
 CLEANUPS="kill_ours"
@@ -52,7 +60,7 @@ resume_check() {
     name=$1; shift
     "$@" "$FM" $ARGS --dump-params "$WORK/$name.full" > "$WORK/$name.full.out" 2>&1 ||
         { cat "$WORK/$name.full.out"; fail "$name: the uninterrupted run failed"; }
-    "$@" "$FM" $ARGS --checkpoint_dir "$WORK/$name" --checkpointing_steps 100 > "$WORK/$name.a.out" 2>&1 &
+    "$@" "$FM" $ARGS --checkpoint_dir "$WORK/$name" --checkpointing_steps $CK > "$WORK/$name.a.out" 2>&1 &
     pid=$!
     PIDS="$PIDS $pid"
     wait_for "$WORK/$name/checkpoints/checkpoint_3/complete.json" $pid ||
@@ -62,7 +70,7 @@ resume_check() {
     wait $pid 2>/dev/null
     [ "$(epochs "$WORK/$name.a.out" | wc -l)" -lt 3 ] || fail "$name: the run finished before it was killed"
     echo "  killed after $(ls "$WORK/$name/checkpoints" | tr '\n' ' ')"
-    "$@" "$FM" $ARGS --checkpoint_dir "$WORK/$name" --checkpointing_steps 100 --resume \
+    "$@" "$FM" $ARGS --checkpoint_dir "$WORK/$name" --checkpointing_steps $CK --resume \
         --dump-params "$WORK/$name.res" > "$WORK/$name.b.out" 2>&1 ||
         { cat "$WORK/$name.b.out"; fail "$name: the resumed run failed"; }
     cmp "$WORK/$name.full" "$WORK/$name.res" || fail "$name: the resumed parameters differ from the uninterrupted run's"
@@ -76,7 +84,7 @@ resume_check() {
 restart_check() {
     name=$1; shift
     "$@" --max_restarts 1 --monitor_interval 0.2 "$FM" $ARGS --checkpoint_dir "$WORK/$name" \
-        --checkpointing_steps 100 --resume --dump-params "$WORK/$name.res" > "$WORK/$name.out" 2>&1 &
+        --checkpointing_steps $CK --resume --dump-params "$WORK/$name.res" > "$WORK/$name.out" 2>&1 &
     pid=$!
     PIDS="$PIDS $pid"
     wait_for "$WORK/$name/checkpoints/checkpoint_3/complete.json" $pid ||
@@ -100,8 +108,8 @@ restart_check() {
 # uninterrupted 400 steps)
 stall_check() {
     name=$1 stall=$2 stalls=$3 expect=$4 ref=$5; shift 5
-    CACCEL_TEST_SAVE_STALL=$stall "$@" "$FM" $ARGS --max-steps 400 --checkpoint_dir "$WORK/$name" \
-        --checkpointing_steps 100 > "$WORK/$name.a.out" 2>&1 &
+    CACCEL_TEST_SAVE_STALL=$stall "$@" "$FM" $ARGS --max-steps $MS --checkpoint_dir "$WORK/$name" \
+        --checkpointing_steps $CK > "$WORK/$name.a.out" 2>&1 &
     pid=$!
     PIDS="$PIDS $pid"
     i=0
@@ -115,17 +123,17 @@ stall_check() {
     wait $pid 2>/dev/null
     echo "  killed in save ${stall#*:} at '${stall%:*}': $(ls "$WORK/$name/checkpoints" | tr '\n' ' ')"
     cp -r "$WORK/$name" "$WORK/$name.copy"   # for the resumes at another world size below
-    "$@" "$FM" $ARGS --max-steps 400 --checkpoint_dir "$WORK/$name" --resume --dump-params "$WORK/$name.res" \
+    "$@" "$FM" $ARGS --max-steps $MS --checkpoint_dir "$WORK/$name" --resume --dump-params "$WORK/$name.res" \
         > "$WORK/$name.b.out" 2>&1 || { cat "$WORK/$name.b.out"; fail "$name: the resumed run failed"; }
     [ -z "$expect" ] || grep -q "$expect" "$WORK/$name.b.out" || { cat "$WORK/$name.b.out"; fail "$name: no '$expect'"; }
     cmp "$WORK/$ref" "$WORK/$name.res" || fail "$name: the parameters after resuming differ"
-    echo "  same parameters as the uninterrupted 400 steps"
+    echo "  same parameters as the uninterrupted $MS steps"
 }
 
 note "1 process: kill -9 after the 4th checkpoint, resume"
 resume_check one
 note "1 process: kill -9 during saves"
-"$FM" $ARGS --max-steps 400 --dump-params "$WORK/ref1" > "$WORK/ref.out" 2>&1 || { cat "$WORK/ref.out"; fail "reference run"; }
+"$FM" $ARGS --max-steps $MS --dump-params "$WORK/ref1" > "$WORK/ref.out" 2>&1 || { cat "$WORK/ref.out"; fail "reference run"; }
 stall_check files "files:3" 1 "" ref1
 [ -d "$WORK/files/checkpoints/checkpoint_2.tmp" ] && [ -f "$WORK/files/checkpoints/checkpoint_1/complete.json" ] ||
     fail "expected checkpoint_1 complete and checkpoint_2.tmp left behind"
@@ -149,7 +157,7 @@ if have_backend gloo && [ -x "$CACCEL" ]; then
     resume_check det2 $L
     ARGS=$saved_args
     note "2 processes: kill -9 while both ranks are in a save"
-    $L "$FM" $ARGS --max-steps 400 --dump-params "$WORK/ref2" > "$WORK/ref2.out" 2>&1 || { cat "$WORK/ref2.out"; fail "reference run (2)"; }
+    $L "$FM" $ARGS --max-steps $MS --dump-params "$WORK/ref2" > "$WORK/ref2.out" 2>&1 || { cat "$WORK/ref2.out"; fail "reference run (2)"; }
     stall_check files2 "files:2" 2 "" ref2 $L
     note "2 processes: kill -9 while rank 0 publishes a save (complete.json written in checkpoint_1.tmp)"
     stall_check manifest2 "manifest:2" 1 "" ref2 $L
@@ -157,10 +165,10 @@ if have_backend gloo && [ -x "$CACCEL" ]; then
         fail "expected a complete checkpoint_1.tmp, not yet published"
     # another world size: the run goes on from the same global sample position (not bit for bit)
     note "saved on 2 processes, resumed on 1; saved on 1, resumed on 2"
-    "$FM" $ARGS --max-steps 400 --checkpoint_dir "$WORK/files2.copy" --resume > "$WORK/w1.out" 2>&1 ||
+    "$FM" $ARGS --max-steps $MS --checkpoint_dir "$WORK/files2.copy" --resume > "$WORK/w1.out" 2>&1 ||
         { cat "$WORK/w1.out"; fail "2 -> 1 process resume failed"; }
     grep -q '^epoch 1/3: train loss' "$WORK/w1.out" || { cat "$WORK/w1.out"; fail "2 -> 1: no epoch line"; }
-    $L "$FM" $ARGS --max-steps 400 --checkpoint_dir "$WORK/files.copy" --resume > "$WORK/w2.out" 2>&1 ||
+    $L "$FM" $ARGS --max-steps $MS --checkpoint_dir "$WORK/files.copy" --resume > "$WORK/w2.out" 2>&1 ||
         { cat "$WORK/w2.out"; fail "1 -> 2 processes resume failed"; }
     grep -q "no random_states_1.json (saved with fewer processes); using random_states_0.json" "$WORK/w2.out" ||
         { cat "$WORK/w2.out"; fail "1 -> 2: rank 1 did not say whose generator it took"; }

@@ -127,10 +127,10 @@ if [ -d "$top/_build-ci" ]; then
 fi
 cd "$top"
 
-# Each libFuzzer target of tests/fuzz runs CACCEL_FUZZ_SECONDS (default 60) from its seed corpus, as
+# Each libFuzzer target of tests/fuzz runs CACCEL_FUZZ_SECONDS (default 30) from its seed corpus, as
 # many at a time as there are CPUs; a crash, leak, hang or sanitizer report fails that target and
 # leaves its input in _build-fuzz/fuzz-<target>/ (docs/TESTING.md, "Fuzzing").
-fuzz_secs=${CACCEL_FUZZ_SECONDS:-60}
+fuzz_secs=${CACCEL_FUZZ_SECONDS:-30}
 stage "fuzzing: each target for $fuzz_secs s"
 fuzz_one() {   # fuzz_one TARGET: its verdict in _build-fuzz/fuzz-TARGET.verdict
     local t=$1 d=$top/_build-fuzz
