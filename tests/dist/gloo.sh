@@ -7,7 +7,7 @@ need_backend gloo
 for np in 2 3 4; do
     note "caccel launch --num_processes $np: correctness over gloo"
     timeout 600 "$CACCEL" launch -q --num_processes "$np" --main_process_port 0 "$CHECK" --tag "$TAG" \
-        --backend gloo >"$WORK/out" 2>&1 || { cat "$WORK/out"; fail "caccel launch -n $np failed"; }
+        --backend gloo --large-mib "$LARGE_MIB" >"$WORK/out" 2>&1 || { cat "$WORK/out"; fail "caccel launch -n $np failed"; }
     count "$np" "comm_check: OK rank .* backend gloo" "$WORK/out"
 done
 for np in 3 4; do

@@ -39,6 +39,12 @@ need_mpirun() {
 # a sanitizer build must not count them as caccel's leaks. valgrind covers caccel's leaks.
 ASAN_OPTIONS_MPI="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"
 
+# The large size of the correctness runs (comm_check --large-mib): 16 MiB, four shared-memory slots of
+# 4 MiB; under the sanitizers (CACCEL_TEST_SANITIZED=yes) 9 MiB, two whole slots and a part of one,
+# at half the instrumented copying and checking.
+LARGE_MIB=16
+[ "${CACCEL_TEST_SANITIZED:-no}" != yes ] || LARGE_MIB=9
+
 # mpirun as this machine allows it (root, more ranks than cores); MPI_TIMEOUT bounds a hung mpirun
 run_mpi() {
     np=$1; shift
