@@ -167,8 +167,36 @@ ca_status ca_device_reset_peak_stats(ca_device *d) {
     return CA_OK;
 }
 
+ca_status ca_device_set_memory_limit(ca_device *d, size_t bytes) {
+    if (!d) return ca_error(CA_ERR_INVALID, "ca_device_set_memory_limit: device is NULL");
+    __atomic_store_n(&d->memory_limit, bytes, __ATOMIC_RELAXED);
+    return CA_OK;
+}
+
+size_t ca_device_memory_limit(const ca_device *d) {
+    return d ? __atomic_load_n(&d->memory_limit, __ATOMIC_RELAXED) : 0;
+}
+
+/* The limit counts the allocator's bytes in use by tensors (what a smaller GPU would refuse), in
+ * its own terms (size classes), not its cache: the allocation is made, and undone when it took the
+ * bytes in use past the limit, so the check is exact for any allocator. */
+static ca_status check_memory_limit(ca_device *d, size_t bytes, size_t limit, void **ptr) {
+    ca_allocator_stats st = {0};
+    d->aops->stats(d->actx, &st);
+    if (st.allocated <= limit) return CA_OK;
+    d->aops->free(d->actx, *ptr);
+    *ptr = NULL;
+    return ca_error(CA_ERR_NOMEM,
+                    "%s:%d: out of memory allocating %zu bytes: the device's memory limit is %zu bytes "
+                    "and tensors would hold %zu",
+                    d->name, d->index, bytes, limit, st.allocated);
+}
+
 ca_status ca_device_alloc(ca_device *d, size_t bytes, void **ptr) {
-    return d->aops->alloc(d->actx, bytes, NULL, ptr);
+    ca_status s = d->aops->alloc(d->actx, bytes, NULL, ptr);
+    size_t limit = __atomic_load_n(&d->memory_limit, __ATOMIC_RELAXED);
+    if (s == CA_OK && limit) s = check_memory_limit(d, bytes, limit, ptr);
+    return s;
 }
 
 void ca_device_free(ca_device *d, void *ptr) {

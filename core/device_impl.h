@@ -20,6 +20,7 @@ struct ca_device {
     void *ctx;                      /* backend context (the `dev` of kernels) */
     const ca_allocator_ops *aops;   /* the allocator tensors use */
     void *actx;
+    size_t memory_limit;            /* ca_device_set_memory_limit; 0: none (read atomically) */
     char description[256];
     struct ca_device *next;
 };
