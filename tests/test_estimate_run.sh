@@ -1,0 +1,37 @@
+#!/bin/sh
+# `caccel estimate-memory --run`: one step of the Fashion-MNIST MLP (784-256-128-10, AdamW, batch 64)
+# on the lazy xla device; its model states are the MLP's exact sizes and its peak is within 10% of
+# the peak measured by running the same step eagerly on the CPU (--measure, the caching allocator's
+# statistics). Also: a program that never steps is reported, and --run's bad usage.
+. "$(dirname "$0")/dist/lib.sh"
+need_caccel
+FM="$BUILD/examples/fashion_mnist"
+export OPENBLAS_NUM_THREADS=1
+unset ACCELERATE_USE_CPU CACCEL_USE_XLA
+fmnist_subset 256 "$WORK/fm" || skip "no Fashion-MNIST (tools/install-deps.sh installs it)"
+
+field() { sed -n "s/.*\"$1\": \([0-9]*\).*/\1/p"; }
+est=$("$CACCEL" estimate-memory --json --run "$FM" --data "$WORK/fm" --batch-size 64 2>&1) || { echo "$est"; fail "estimate"; }
+echo "$est" | tail -1
+meas=$(ACCELERATE_USE_CPU=true "$CACCEL" estimate-memory --json --measure --run "$FM" --data "$WORK/fm" --batch-size 64 2>&1) ||
+    { echo "$meas"; fail "measure"; }
+echo "$meas" | tail -1
+echo "$est" | grep -q '"device": "xla"' || fail "the estimate did not run on the xla device"
+echo "$meas" | grep -q '"device": "cpu"' || fail "the measurement did not run on the cpu device"
+# 235146 parameters in f32; AdamW keeps two states per parameter
+for out in "$est" "$meas"; do
+    [ "$(echo "$out" | tail -1 | field parameters)" = 940584 ] || fail "parameters"
+    [ "$(echo "$out" | tail -1 | field gradients)" = 940584 ] || fail "gradients"
+    [ "$(echo "$out" | tail -1 | field optimizer_state)" = 1881168 ] || fail "optimizer state"
+done
+pe=$(echo "$est" | tail -1 | field peak) pm=$(echo "$meas" | tail -1 | field peak)
+note "peak: estimated $pe, measured $pm"
+[ "$pe" -gt 0 ] && [ "$pm" -gt 0 ] || fail "no peak"
+d=$((pe > pm ? pe - pm : pm - pe))
+[ $((d * 10)) -le "$pm" ] || fail "estimate $pe is more than 10% off the measured peak $pm"
+
+out=$("$CACCEL" estimate-memory --run /bin/true 2>&1) && fail "a program without a step passed"
+echo "$out" | grep -q "/bin/true ended (exit status 0) without a report from rank 0" || { echo "$out"; fail "no-step message"; }
+out=$("$CACCEL" estimate-memory --num_processes 1,2 --run "$FM" 2>&1) && fail "two process counts passed"
+echo "$out" | grep -q "run takes no more than one --num_processes" || { echo "$out"; fail "usage message"; }
+echo PASS
