@@ -2,7 +2,7 @@
 # `caccel estimate-memory --run`: one step of the Fashion-MNIST MLP (784-256-128-10, AdamW, batch 64)
 # on the lazy xla device; its model states are the MLP's exact sizes and its peak is within 10% of
 # the peak measured by running the same step eagerly on the CPU (--measure, the caching allocator's
-# statistics). Also: a program that never steps is reported, and --run's bad usage.
+# statistics), at 1 process and at 2 under caccel launch. Also: a program that never steps is reported, and --run's bad usage.
 . "$(dirname "$0")/dist/lib.sh"
 need_caccel
 FM="$BUILD/examples/fashion_mnist"
@@ -29,6 +29,19 @@ note "peak: estimated $pe, measured $pm"
 [ "$pe" -gt 0 ] && [ "$pm" -gt 0 ] || fail "no peak"
 d=$((pe > pm ? pe - pm : pm - pe))
 [ $((d * 10)) -le "$pm" ] || fail "estimate $pe is more than 10% off the measured peak $pm"
+
+# 2 processes under caccel launch (Gloo): each rank's estimate within 10% of its measured peak
+if have gloo; then
+    est=$("$CACCEL" estimate-memory --num_processes 2 --json --run "$FM" --data "$WORK/fm" --batch-size 64 2>&1) ||
+        { echo "$est"; fail "estimate, 2 processes"; }
+    meas=$(ACCELERATE_USE_CPU=true "$CACCEL" estimate-memory --num_processes 2 --json --measure --run "$FM" --data "$WORK/fm" \
+        --batch-size 64 2>&1) || { echo "$meas"; fail "measure, 2 processes"; }
+    echo "$est" | tail -1 | grep -q '"rank": 1, "device": "xla"' || { echo "$est"; fail "no report of rank 1"; }
+    pe=$(echo "$est" | tail -1 | field peak) pm=$(echo "$meas" | tail -1 | field peak)
+    note "2 processes, rank 1's peak: estimated $pe, measured $pm"
+    d=$((pe > pm ? pe - pm : pm - pe))
+    [ "$pm" -gt 0 ] && [ $((d * 10)) -le "$pm" ] || fail "2 processes: estimate $pe is more than 10% off $pm"
+fi
 
 out=$("$CACCEL" estimate-memory --run /bin/true 2>&1) && fail "a program without a step passed"
 echo "$out" | grep -q "/bin/true ended (exit status 0) without a report from rank 0" || { echo "$out"; fail "no-step message"; }
