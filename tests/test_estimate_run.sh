@@ -2,7 +2,8 @@
 # `caccel estimate-memory --run`: one step of the Fashion-MNIST MLP (784-256-128-10, AdamW, batch 64)
 # on the lazy xla device; its model states are the MLP's exact sizes and its peak is within 10% of
 # the peak measured by running the same step eagerly on the CPU (--measure, the caching allocator's
-# statistics), at 1 process and at 2 under caccel launch. Also: a program that never steps is reported, and --run's bad usage.
+# statistics), at 1 process and at 2 under caccel launch; the same for the GPT example, also with
+# activation checkpointing and bf16. Also: a program that never steps is reported, and --run's bad usage.
 . "$(dirname "$0")/dist/lib.sh"
 need_caccel
 FM="$BUILD/examples/fashion_mnist"
@@ -41,6 +42,33 @@ if have gloo; then
     note "2 processes, rank 1's peak: estimated $pe, measured $pm"
     d=$((pe > pm ? pe - pm : pm - pe))
     [ "$pm" -gt 0 ] && [ $((d * 10)) -le "$pm" ] || fail "2 processes: estimate $pe is more than 10% off $pm"
+fi
+
+# the GPT example (2 layers, block 32, batch 8): plain, with activation checkpointing, with bf16
+# mixed precision, and at 2 processes; each estimate within 10% of the measured peak
+GPT="$BUILD/examples/gpt"
+close() {   # close NAME NP ARGS...: the estimate and the measurement of one run agree within 10%
+    name=$1 np=$2; shift 2
+    e=$("$CACCEL" estimate-memory --num_processes "$np" --json --run "$GPT" "$@" 2>&1) || { echo "$e"; fail "$name: estimate"; }
+    m=$(ACCELERATE_USE_CPU=true "$CACCEL" estimate-memory --num_processes "$np" --json --measure --run "$GPT" "$@" 2>&1) ||
+        { echo "$m"; fail "$name: measure"; }
+    pe=$(echo "$e" | tail -1 | field peak) pm=$(echo "$m" | tail -1 | field peak)
+    note "$name: estimated $pe, measured $pm"
+    d=$((pe > pm ? pe - pm : pm - pe))
+    [ "$pm" -gt 0 ] && [ $((d * 10)) -le "$pm" ] || fail "$name: estimate $pe is more than 10% off $pm"
+}
+if [ -f "${CACCEL_FORTUNES_DIR:-/usr/share/games/fortunes}/science" ]; then
+    G="--n_layer 2 --n_head 2 --n_embd 64 --block_size 32 --batch_size 8 --eval_interval 1000"
+    # shellcheck disable=SC2086
+    close "gpt" 1 $G
+    # shellcheck disable=SC2086
+    close "gpt, activation checkpointing" 1 $G --gradient_checkpointing
+    # shellcheck disable=SC2086
+    close "gpt, bf16" 1 $G --mixed_precision bf16
+    # shellcheck disable=SC2086
+    have gloo && close "gpt, 2 processes" 2 $G
+else
+    note "SKIP gpt: no fortunes (apt-get install fortunes)"
 fi
 
 out=$("$CACCEL" estimate-memory --run /bin/true 2>&1) && fail "a program without a step passed"
