@@ -657,6 +657,7 @@ static ca_status optimizer_step(void *owner, ca_optimizer *o) {
     }
     o->amp_unscaled = false;
     if (scaling(acc)) update_scale(acc);
+    if (s == CA_OK) s = ca_memory_report_step(acc, o);
     ca_accelerator_profile_step(acc, o);
     return s;
 }

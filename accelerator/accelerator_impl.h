@@ -219,6 +219,9 @@ void ca_trainable_free(ca_accelerator *acc);
 
 /* zero_config.c: the stage from distributed_type FSDP / DEEPSPEED, their keys and DeepSpeed's JSON
  * (fills acc->zero.stage and overrides the settings the JSON gives). */
+/* memory_report.c: with CACCEL_MEMORY_REPORT set, the first real optimizer step writes the device's
+ * memory by category to CACCEL_MEMORY_REPORT.<rank> and ends the process (estimate-memory --run). */
+ca_status ca_memory_report_step(ca_accelerator *acc, ca_optimizer *o);
 ca_status ca_zero_configure(ca_accelerator *acc);
 /* zero.c: sharded data parallelism. zero_buffers.c: the helpers over flat f32 buffers (zero3.c's
  * too): a float pointer into a device tensor, a device copy of n floats, a zeroed buffer kept past scopes. */

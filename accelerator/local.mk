@@ -28,6 +28,8 @@ libcaccel_la_SOURCES += \
 	accelerator/objects.c \
 	accelerator/join.c \
 	accelerator/autocast.c \
+	accelerator/batch_size.c \
+	accelerator/memory_report.c \
 	accelerator/tracking.c \
 	accelerator/mlflow_impl.h \
 	accelerator/mlflow.c \

@@ -55,7 +55,7 @@ typedef struct caching {
     ca_allocator_stats st;
 } caching;
 
-static size_t size_class(size_t n) {
+size_t ca_caching_size_class(size_t n) {
     if (n <= CA_MIN_BLOCK) return CA_MIN_BLOCK;
     size_t p = (size_t)1 << (63 - __builtin_clzll((unsigned long long)(n - 1)));
     /* p is the highest power of two below n; classes p*1.25, 1.5, 1.75, 2 */
@@ -179,7 +179,7 @@ static void trace_memory(const caching *c) {
 
 static ca_status caching_alloc(void *actx, size_t bytes, void *stream, void **ptr) {
     caching *c = actx;
-    size_t size = size_class(bytes ? bytes : 1);
+    size_t size = ca_caching_size_class(bytes ? bytes : 1);
     ca_status s = CA_OK;
     block *b = NULL;
     pthread_mutex_lock(&c->mu);

@@ -9,5 +9,7 @@
 ca_status ca_caching_allocator_create(const ca_device_ops *ops, void *dev,
                                       const ca_allocator_ops **aops, void **actx);
 void ca_caching_allocator_destroy(void *actx);
+/* The block size the caching allocator gives a request of n bytes (its size classes). */
+size_t ca_caching_size_class(size_t n);
 
 #endif

@@ -2,12 +2,18 @@
 #include "core/device_impl.h"
 #include "core/alloc_impl.h"
 #include "core/registry_impl.h"
+#include "base/ptr_map_impl.h"
 #include <caccel/xla.h>
 
 #include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* estimate-memory --run's model of a lazy device's memory on an eager one (below) */
+static void eager_open(ca_device *d);
+static void eager_close(ca_device *d);
 
 static pthread_mutex_t dev_mu = PTHREAD_MUTEX_INITIALIZER;
 static ca_device *devices;
@@ -55,6 +61,7 @@ static ca_status open_locked(const char *name, int index, const ca_device_open_a
             return s;
         }
     }
+    eager_open(d);
     if (!d->ops.describe || d->ops.describe(d->ctx, d->description, sizeof d->description) != CA_OK)
         snprintf(d->description, sizeof d->description, "%s:%d", name, index);
     d->next = devices;
@@ -167,12 +174,91 @@ ca_status ca_device_reset_peak_stats(ca_device *d) {
     return CA_OK;
 }
 
+ca_status ca_device_set_memory_limit(ca_device *d, size_t bytes) {
+    if (!d) return ca_error(CA_ERR_INVALID, "ca_device_set_memory_limit: device is NULL");
+    __atomic_store_n(&d->memory_limit, bytes, __ATOMIC_RELAXED);
+    return CA_OK;
+}
+
+size_t ca_device_memory_limit(const ca_device *d) {
+    return d ? __atomic_load_n(&d->memory_limit, __ATOMIC_RELAXED) : 0;
+}
+
+/* The limit counts the allocator's bytes in use by tensors (what a smaller GPU would refuse), in
+ * its own terms (size classes), not its cache: the allocation is made, and undone when it took the
+ * bytes in use past the limit, so the check is exact for any allocator. */
+static ca_status check_memory_limit(ca_device *d, size_t bytes, size_t limit, void **ptr) {
+    ca_allocator_stats st = {0};
+    d->aops->stats(d->actx, &st);
+    if (st.allocated <= limit) return CA_OK;
+    d->aops->free(d->actx, *ptr);
+    *ptr = NULL;
+    return ca_error(CA_ERR_NOMEM,
+                    "%s:%d: out of memory allocating %zu bytes: the device's memory limit is %zu bytes "
+                    "and tensors would hold %zu",
+                    d->name, d->index, bytes, limit, st.allocated);
+}
+
+/* A lazy device's allocations replayed through the eager caching allocator's size classes: the
+ * lazy device counts its addresses at 64-byte alignment, an eager device holds whole size classes
+ * (up to a quarter more), and an estimate of the eager peak must count as the eager device does. */
+typedef struct ca_eager_model {
+    pthread_mutex_t mu;
+    ca_ptr_map sizes;               /* ptr -> its size class */
+    size_t cur, peak;
+} ca_eager_model;
+
+static void eager_open(ca_device *d) {
+    const char *r = getenv("CACCEL_MEMORY_REPORT");
+    if (d->ops.kind != CA_DEVICE_LAZY || !r || !*r) return;
+    d->eager = calloc(1, sizeof *d->eager);   /* without it the report falls back to the lazy count */
+    if (d->eager) pthread_mutex_init(&d->eager->mu, NULL);
+}
+
+static void eager_close(ca_device *d) {
+    if (!d->eager) return;
+    ca_ptr_map_free(&d->eager->sizes);
+    pthread_mutex_destroy(&d->eager->mu);
+    free(d->eager);
+    d->eager = NULL;
+}
+
+static void eager_note(ca_eager_model *m, void *ptr, size_t bytes) {
+    size_t size = ca_caching_size_class(bytes ? bytes : 1);
+    pthread_mutex_lock(&m->mu);
+    if (ca_ptr_map_put(&m->sizes, ptr, (void *)(uintptr_t)size)) {
+        m->cur += size;
+        if (m->cur > m->peak) m->peak = m->cur;
+    }
+    pthread_mutex_unlock(&m->mu);
+}
+
+static void eager_forget(ca_eager_model *m, void *ptr) {
+    pthread_mutex_lock(&m->mu);
+    m->cur -= (size_t)(uintptr_t)ca_ptr_map_take(&m->sizes, ptr);
+    pthread_mutex_unlock(&m->mu);
+}
+
+size_t ca_device_eager_peak(const ca_device *d) {
+    if (!d || !d->eager) return 0;
+    pthread_mutex_lock(&d->eager->mu);
+    size_t p = d->eager->peak;
+    pthread_mutex_unlock(&d->eager->mu);
+    return p;
+}
+
 ca_status ca_device_alloc(ca_device *d, size_t bytes, void **ptr) {
-    return d->aops->alloc(d->actx, bytes, NULL, ptr);
+    ca_status s = d->aops->alloc(d->actx, bytes, NULL, ptr);
+    size_t limit = __atomic_load_n(&d->memory_limit, __ATOMIC_RELAXED);
+    if (s == CA_OK && limit) s = check_memory_limit(d, bytes, limit, ptr);
+    if (s == CA_OK && d->eager) eager_note(d->eager, *ptr, bytes);
+    return s;
 }
 
 void ca_device_free(ca_device *d, void *ptr) {
-    if (ptr) d->aops->free(d->actx, ptr);
+    if (!ptr) return;
+    if (d->eager) eager_forget(d->eager, ptr);
+    d->aops->free(d->actx, ptr);
 }
 
 static ca_status copy(ca_device *d, void *dst, const void *src, size_t bytes, ca_copy_kind kind) {
@@ -198,6 +284,7 @@ void ca_shutdown(void) {
     for (ca_device *d = devices; d;) {
         ca_device *n = d->next;
         if (d->aops && !d->ops.allocator) ca_caching_allocator_destroy(d->actx);
+        eager_close(d);
         if (d->ops.close) d->ops.close(d->ctx);
         free(d);
         d = n;

@@ -20,9 +20,16 @@ struct ca_device {
     void *ctx;                      /* backend context (the `dev` of kernels) */
     const ca_allocator_ops *aops;   /* the allocator tensors use */
     void *actx;
+    size_t memory_limit;            /* ca_device_set_memory_limit; 0: none (read atomically) */
+    struct ca_eager_model *eager;   /* lazy device under CACCEL_MEMORY_REPORT, else NULL */
     char description[256];
     struct ca_device *next;
 };
+
+/* The peak bytes the allocations of lazy device d would have held on an eager device's caching
+ * allocator (its size classes): estimate-memory --run compares it with an eager step's
+ * peak_allocated. Counted only while CACCEL_MEMORY_REPORT was set when d was opened; 0 otherwise. */
+size_t ca_device_eager_peak(const ca_device *d);
 
 /* Error for a NULL kernel slot: "device backend '<backend>' has no kernel '<slot>' (device
  * <backend>:<index>; the op needs it)". */

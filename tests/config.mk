@@ -27,6 +27,9 @@ EXTRA_DIST += tests/test_cli_config_update.sh
 # `caccel estimate-memory`: figures against the parameter counts of files the test writes.
 TESTS += tests/test_cli_estimate.sh
 EXTRA_DIST += tests/test_cli_estimate.sh
+# estimate-memory --run: one step of the MLP on the lazy device, within 10% of the measured peak
+TESTS += tests/test_estimate_run.sh
+EXTRA_DIST += tests/test_estimate_run.sh
 
 # `caccel test`: the self-check at 1 and 2 processes, and a broken setup.
 TESTS += tests/test_cli_test.sh

@@ -44,6 +44,13 @@ VALGRIND_TESTS += tests/test_accelerator
 tests_test_accelerator_SOURCES = tests/test_accelerator.c tests/test_util.h
 tests_test_accelerator_CFLAGS = $(CA_TEST_CFLAGS)
 tests_test_accelerator_LDADD = $(CA_TEST_LIBS)
+# find_executable_batch_size: the 0.9 steps, the size returned under a device memory limit, refusals
+check_PROGRAMS += tests/test_batch_size
+TESTS += tests/test_batch_size
+VALGRIND_TESTS += tests/test_batch_size
+tests_test_batch_size_SOURCES = tests/test_batch_size.c tests/test_util.h
+tests_test_batch_size_CFLAGS = $(CA_TEST_CFLAGS)
+tests_test_batch_size_LDADD = $(CA_TEST_LIBS)
 check_PROGRAMS += tests/test_mixed_precision
 TESTS += tests/test_mixed_precision
 VALGRIND_TESTS += tests/test_mixed_precision

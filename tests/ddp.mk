@@ -9,3 +9,9 @@ tests_sync_check_SOURCES = tests/sync_check.c
 tests_sync_check_LDADD = libcaccel.la -lm
 TESTS += tests/test_sync.sh
 EXTRA_DIST += tests/test_sync.sh
+# find_executable_batch_size on 2 ranks: one rank out of memory makes both retry at the same size
+check_PROGRAMS += tests/batch_size_check
+tests_batch_size_check_SOURCES = tests/batch_size_check.c
+tests_batch_size_check_LDADD = libcaccel.la -lm
+TESTS += tests/test_batch_size_ranks.sh
+EXTRA_DIST += tests/test_batch_size_ranks.sh

@@ -34,6 +34,16 @@ int ca_cmd_launch(int argc, char **argv);
 int ca_cmd_merge_weights(int argc, char **argv);
 /* `caccel estimate-memory MODEL`: memory for inference and training per dtype and ZeRO stage. */
 int ca_cmd_estimate_memory(int argc, char **argv);
+/* `caccel estimate-memory --run PROGRAM [ARGS]` (tools/estimate_run.c): runs one training step of the
+ * program on the lazy xla device (measure: on its own device) with nprocs processes and prints
+ * each rank's memory by category. Returns the exit status. */
+typedef struct ca_em_run {
+    int argc;
+    char **argv;              /* PROGRAM ARGS */
+    int nprocs;
+    bool measure, json;
+} ca_em_run;
+int ca_em_run_program(const ca_em_run *r);
 /* `caccel test`: the self-check under the configured launch (tools/cmd_test.c). */
 int ca_cmd_test(int argc, char **argv);
 /* caccel trace merge DIR (cmd_trace.c) */

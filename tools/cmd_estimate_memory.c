@@ -356,10 +356,14 @@ typedef struct em_args {
     int nprocs[EM_MAX_NPROCS];
     int nnprocs;
     int json;
+    int measure;              /* --run: on the program's own device, not the lazy one */
+    int run_argc;             /* --run PROGRAM ARGS: 0 when not given */
+    char **run_argv;
 } em_args;
 
 static void em_usage(FILE *f) {
-    fprintf(f, "usage: caccel estimate-memory MODEL [--dtypes D [D ...]] [--num_processes N[,N...]] [--json]\n\n"
+    fprintf(f, "usage: caccel estimate-memory MODEL [--dtypes D [D ...]] [--num_processes N[,N...]] [--json]\n"
+               "       caccel estimate-memory [--num_processes N] [--measure] [--json] --run PROGRAM [ARGS...]\n\n"
                "MODEL: a .safetensors file, a model.safetensors.index.json, or a directory holding either\n"
                "(a Hugging Face model directory). Only the safetensors headers are read.\n\n"
                "Prints Accelerate's table (largest layer, total size, training using Adam, per dtype) and\n"
@@ -368,7 +372,12 @@ static void em_usage(FILE *f) {
                "  --dtypes       float32 float16 bfloat16 int8 int4 (also f32, fp16, bf16); default:\n"
                "                 float32 bfloat16 float16\n"
                "  --num_processes  process counts for the ZeRO table, e.g. 1,2,8 (default 1,2,4,8)\n"
-               "  --json         the same figures, in bytes, as JSON\n");
+               "  --json         the same figures, in bytes, as JSON\n\n"
+               "--run runs one training step of PROGRAM (a caccel program; its configuration as usual:\n"
+               "ZeRO stage, mixed precision, activation checkpointing) on the lazy xla device, with N\n"
+               "processes under caccel launch, and prints per rank the parameters, gradients, optimizer\n"
+               "state, activations and the peak of the step. The program stops after its first optimizer\n"
+               "step. --measure runs the step on the device the configuration chooses instead.\n");
 }
 
 static int em_add_dtypes(em_args *a, const char *list) {
@@ -401,12 +410,31 @@ static int em_add_nprocs(em_args *a, const char *list) {
     return 1;
 }
 
+/* --run takes one process count and no MODEL. */
+static int em_check_run(em_args *a) {
+    const char *bad = a->model ? "a MODEL" : a->nnprocs > 1 ? "more than one --num_processes" : a->ndtypes ? "--dtypes" : NULL;
+    if (bad) {
+        fprintf(stderr, "caccel estimate-memory: error: --run takes no %s (it runs the program at one process count)\n", bad);
+        return em_usage(stderr), 2;
+    }
+    return 0;
+}
+
 /* 0: parsed; 1: --help printed; 2: bad usage (reported). */
 static int em_parse(int argc, char **argv, em_args *a) {
     const char *v = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) return em_usage(stdout), 1;
-        if (ca_cli_match_flag(argv[i], "json", NULL)) {
+        if (ca_cli_match_flag(argv[i], "run", NULL)) {
+            if (i + 1 >= argc) {
+                fprintf(stderr, "caccel estimate-memory: error: --run needs a PROGRAM\n");
+                return em_usage(stderr), 2;
+            }
+            a->run_argc = argc - i - 1, a->run_argv = argv + i + 1;   /* the rest is the program's */
+            break;
+        } else if (ca_cli_match_flag(argv[i], "measure", NULL)) {
+            a->measure = 1;
+        } else if (ca_cli_match_flag(argv[i], "json", NULL)) {
             a->json = 1;
         } else if (ca_cli_match_flag(argv[i], "dtypes", &v)) {
             if (v && !em_add_dtypes(a, v)) return 2;
@@ -422,6 +450,7 @@ static int em_parse(int argc, char **argv, em_args *a) {
             a->model = argv[i];
         }
     }
+    if (a->run_argc) return em_check_run(a);
     if (!a->model) return em_usage(stderr), 2;
     if (!a->ndtypes) em_add_dtypes(a, "float32,bfloat16,float16");
     if (!a->nnprocs) em_add_nprocs(a, "1,2,4,8");
@@ -502,6 +531,9 @@ int ca_cmd_estimate_memory(int argc, char **argv) {
     memset(&a, 0, sizeof a);
     int rc = em_parse(argc, argv, &a);
     if (rc) return rc == 1 ? 0 : 2;
+    if (a.run_argc)
+        return ca_em_run_program(&(ca_em_run){.argc = a.run_argc, .argv = a.run_argv, .json = a.json,
+                                              .measure = a.measure, .nprocs = a.nnprocs ? a.nprocs[0] : 1});
     em_model m = {0};
     if (em_load(a.model, &m) != CA_OK) {
         em_free(&m);

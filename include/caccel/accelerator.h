@@ -141,6 +141,28 @@ CA_API ca_status ca_set_seed(ca_accelerator *acc, uint64_t seed);
  * again. Parameters stay whole, following each update, until off. A no-op in other modes. */
 CA_API ca_status ca_summon_full_params(ca_accelerator *acc, bool on);
 
+/* ----------------------------------------------------------- batch size */
+/* A training function for ca_find_executable_batch_size: runs (or tries) the training at
+ * batch_size and returns CA_ERR_NOMEM when it ran out of memory; it frees what it made persistent
+ * before returning (tensors it left scoped are released by the caller). */
+typedef ca_status (*ca_batch_size_fn)(void *ctx, int64_t batch_size);
+
+/* Accelerate's find_executable_batch_size: calls fn(ctx, b) with b = starting_batch_size and, while
+ * it returns CA_ERR_NOMEM (a device or host allocation failed, or the cap of
+ * ca_device_set_memory_limit was reached), releases the tensors the try left in scope and the
+ * allocator's cache and calls it again at floor(0.9 * b): 64, 57, 51, 45, 40, ... 1. *found is the
+ * batch size with which fn returned CA_OK.
+ * acc may be NULL (one process; the CPU device's cache is emptied). With several processes it is
+ * collective (every rank calls it): after each try the ranks sum their outcomes, and one rank out of
+ * memory makes all retry at the same smaller size, so they keep one batch size. fn should therefore
+ * not leave a collective half-done when it fails (a peer would wait in it until its timeout).
+ * Errors: CA_ERR_NOMEM "find_executable_batch_size: no batch size down to 1 fit in memory (started
+ * at N; last out-of-memory error: ...)"; fn's own status and message when it fails otherwise (the
+ * other ranks then return CA_ERR_PEER naming how many ranks failed), CA_ERR_INVALID for a start below
+ * 1 or a NULL fn or found. *found is 0 after a failure. Call it from one thread per process. */
+CA_API ca_status ca_find_executable_batch_size(ca_accelerator *acc, int64_t starting_batch_size,
+                                               ca_batch_size_fn fn, void *ctx, int64_t *found);
+
 /* ----------------------------------------------------------- collectives */
 /* Blocks until every rank arrives (with the timeout and desync check). */
 CA_API ca_status ca_wait_for_everyone(ca_accelerator *acc);

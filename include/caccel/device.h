@@ -42,6 +42,19 @@ CA_API ca_status ca_device_empty_cache(ca_device *d);
 /* Resets the peak counters to the current values. */
 CA_API ca_status ca_device_reset_peak_stats(ca_device *d);
 
+/* Caps the bytes tensors may hold on d at `bytes` (0: no cap, the default), as
+ * torch.cuda.set_per_process_memory_fraction does: past it an allocation fails with CA_ERR_NOMEM
+ * ("cpu:0: out of memory allocating N bytes: the device's memory limit is L bytes and tensors
+ * would hold H"), the same status a device that runs out reports, so code that handles out-of-memory
+ * (ca_find_executable_batch_size) can be tested on any machine, and a small device simulated on a
+ * big one. The cap counts the allocator's in-use bytes (its size classes), not its cache.
+ * An allocation is made and undone when it went past the cap, so the allocator's peak statistics
+ * count a refused one too. Thread-safe; allocations racing on the same device are checked against
+ * what they hold together (one may be refused that alone would fit). ca_device_memory_limit
+ * returns the cap (0 when none or d is NULL). */
+CA_API ca_status ca_device_set_memory_limit(ca_device *d, size_t bytes);
+CA_API size_t ca_device_memory_limit(const ca_device *d);
+
 /* Raw memory through the device's allocator (tensors use this). Thread-safe. */
 CA_API ca_status ca_device_alloc(ca_device *d, size_t bytes, void **ptr);
 CA_API void ca_device_free(ca_device *d, void *ptr);
