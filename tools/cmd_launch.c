@@ -1236,7 +1236,7 @@ static int maybe_mpirun(launch *L, ca_config *cfg) {
     return run_mpirun(L, cfg);
 }
 
-/* With a hostfile (--hostfile, deepspeed_hostfile) this launcher starts every machine's over ssh,
+/* With a hostfile (--hostfile, deepspeed_hostfile) this launcher starts every machine's launcher over ssh,
  * unless it is one of those (CACCEL_LAUNCH_REMOTE). Returns -1 to go on, else the exit code. */
 static int maybe_hostfile(launch *L, ca_config *cfg, const ca_settings *st, int argc, char **argv, int prog) {
     const char *hostfile = ca_config_get(cfg, "deepspeed_config.deepspeed_hostfile");
