@@ -407,6 +407,7 @@ static int preflight(job *J) {
         while (f && fgets(msg, sizeof msg, f))
             if (msg[0] != '\n' && !strstr(msg, "Warning: Permanently added")) snprintf(last, sizeof last, "%s", msg);
         if (f) fclose(f);
+        else close(h->err_fd);
         last[strcspn(last, "\r\n")] = '\0';
         int st = 0;
         while (waitpid(h->pid, &st, 0) < 0 && errno == EINTR) {}

@@ -11,8 +11,9 @@ trap 'exit 1' HUP INT TERM
 need_caccel
 need_backend gloo
 SSHD=/usr/sbin/sshd
-[ -x "$SSHD" ] && command -v ssh >/dev/null 2>&1 && command -v ssh-keygen >/dev/null 2>&1 ||
+if ! [ -x "$SSHD" ] || ! command -v ssh >/dev/null 2>&1 || ! command -v ssh-keygen >/dev/null 2>&1; then
     skip "no OpenSSH server or client (install openssh-server openssh-client)"
+fi
 ns_setup 3
 export OPENBLAS_NUM_THREADS=1
 FM="$BUILD/examples/fashion_mnist"
@@ -99,6 +100,7 @@ no_orphans
 
 note "a host that dies (every process of machine 2 killed) stops the others, naming it"
 spin_job "$WORK/dead"
+# shellcheck disable=SC2046  # one word per process
 kill -KILL $(ip netns pids "$(ns_name 2)")
 wait "$HL_PID"
 rc=$?
