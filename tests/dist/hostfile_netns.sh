@@ -2,9 +2,9 @@
 # One command starts every machine: three "machines" (network namespaces on a bridge, as
 # tests/dist/netns.sh), each running its own sshd on its own address with keys generated here.
 # `caccel launch --hostfile` on machine 0 trains Fashion-MNIST on 3 x 2 processes to the parameters
-# of one machine with 6; a host that cannot be reached is named before anything starts; Ctrl-C and
-# a host that dies each stop every machine and leave no process behind. Skips without root (network
-# namespaces) or without OpenSSH's server.
+# of one machine with 6; a host that cannot be reached is named before anything starts; a failed
+# rank, Ctrl-C and a host that dies each stop every machine and leave no process behind. Skips
+# without root (network namespaces) or without OpenSSH's server.
 . "$(dirname "$0")/lib.sh"
 . "$(dirname "$0")/netns_lib.sh"
 trap 'exit 1' HUP INT TERM
@@ -82,6 +82,16 @@ same "$WORK/local6.bin" "$WORK/net6.bin"
 for m in 0 1 2; do   # every line reaches this terminal with its host's name
     grep -q "^\[$(ns_addr "$m")\] " "$WORK/o" || { cat "$WORK/o"; fail "no output prefixed with machine $m's host"; }
 done
+
+note "rank 5 (machine 2) exits 7: every machine stops, the host whose launcher failed first is named"
+hostfile_launch "$WORK/exit" "$CHECK" --tag "$TAG" --backend gloo --mode exit
+wait "$HL_PID"
+rc=$?
+[ "$rc" -ne 0 ] || { cat "$WORK/exit"; fail "the job exited 0 although rank 5 failed"; }
+count 1 "^\[$(ns_addr 2)\] caccel launch: rank 5 (local rank 1, pid [0-9]*) exited with code 7" "$WORK/exit"
+# machine 2's launcher ends first unless another's ranks saw rank 5 gone sooner: either is named
+count 1 "^caccel launch: host 10.231.7.[1-3] (machine [0-2]) exited with code [0-9]*: stopping every machine" "$WORK/exit"
+no_orphans
 
 # spin_job OUT: 6 ranks all-reducing in a loop over the 3 machines, once every one of them has
 spin_job() {
