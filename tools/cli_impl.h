@@ -36,6 +36,7 @@ int ca_cmd_launch(int argc, char **argv);
 typedef struct ca_launch_hosts_opts {
     const char *cmd_name;
     const char *hostfile;
+    const char *config_file;     /* the file the configuration came from, or NULL: its content is sent */
     int ssh_port;                /* 0: ssh's own default */
     const char *ssh_opts;        /* words added to each ssh command, or NULL */
     int num_processes, num_machines;   /* as configured, 0 when not given: checked against the file */

@@ -1251,7 +1251,7 @@ static int maybe_hostfile(launch *L, ca_config *cfg, const ca_settings *st, int 
     }
     const char *pv = ca_config_get(cfg, "main_process_port");
     ca_launch_hosts_opts o = {
-        .cmd_name = cmd_name, .hostfile = hostfile, .ssh_port = L->ssh_port, .ssh_opts = L->ssh_opts,
+        .cmd_name = cmd_name, .hostfile = hostfile, .config_file = ca_config_file(cfg), .ssh_port = L->ssh_port, .ssh_opts = L->ssh_opts,
         .num_processes = st->num_processes > 0 ? st->num_processes : 0,
         .num_machines = ca_config_source_of(cfg, "num_machines") != CA_SRC_DEFAULT ? st->num_machines : 0,
         .main_process_ip = st->main_process_ip,

@@ -35,6 +35,9 @@ extern char **environ;
 #define MAX_HOSTFILE_BYTES (1 << 20)
 #define MAX_SLOTS 4096
 #define LINE_MAX_BYTES 4096
+/* A configuration file up to this size travels to every machine on ssh's stdin; a larger one is
+ * named by its path, which the machines must share. */
+#define MAX_SENT_CONFIG 60000
 
 typedef struct host {
     char name[256];      /* as written: [user@]address */
@@ -56,6 +59,9 @@ typedef struct job {
     int64_t term_at, kill_at;   /* when the ssh sessions get SIGTERM, then SIGKILL, after a stop */
     int failed;                 /* the first host that failed, -1 none */
     int interrupted;
+    char *cfg_text;             /* the configuration file's content, sent to every machine; NULL: none */
+    size_t cfg_len;
+    const char *cfg_name;       /* its name, without the directories */
 } job;
 
 static int fail(const job *J, const char *fmt, ...) CA_PRINTF(2, 3);
@@ -166,26 +172,37 @@ static int parse_text(job *J, const char *file, char *text) {
     return 0;
 }
 
-static int read_hostfile(job *J, const char *file) {
+/* The whole of a regular text file of at most `max` bytes into *text (NUL-terminated, the
+ * caller frees it); `what` names the file in the errors. */
+static int slurp(const job *J, const char *what, const char *file, long max, char **text, size_t *len) {
     int fd = open(file, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
-    if (fd < 0) return fail(J, "cannot open the hostfile %s: %s", file, strerror(errno));
+    if (fd < 0) return fail(J, "cannot open the %s %s: %s", what, file, strerror(errno));
     struct stat sb;
-    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode) || sb.st_size > MAX_HOSTFILE_BYTES) {
+    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode) || sb.st_size > max) {
         close(fd);
-        return fail(J, "the hostfile %s is not a regular file of at most %d bytes", file, MAX_HOSTFILE_BYTES);
+        return fail(J, "the %s %s is not a regular file of at most %ld bytes", what, file, max);
     }
-    char *text = malloc((size_t)sb.st_size + 1);
-    ssize_t got = text ? read(fd, text, (size_t)sb.st_size) : -1;
+    char *t = malloc((size_t)sb.st_size + 1);
+    ssize_t got = t ? read(fd, t, (size_t)sb.st_size) : -1;
     close(fd);
     if (got < 0) {
-        free(text);
-        return fail(J, "cannot read the hostfile %s", file);
+        free(t);
+        return fail(J, "cannot read the %s %s", what, file);
     }
-    text[got] = '\0';
-    if (strlen(text) != (size_t)got) {
-        free(text);
-        return fail(J, "the hostfile %s holds a NUL byte: not a text file", file);
+    t[got] = '\0';
+    if (strlen(t) != (size_t)got) {
+        free(t);
+        return fail(J, "the %s %s holds a NUL byte: not a text file", what, file);
     }
+    *text = t;
+    *len = (size_t)got;
+    return 0;
+}
+
+static int read_hostfile(job *J, const char *file) {
+    char *text = NULL;
+    size_t len;
+    if (slurp(J, "hostfile", file, MAX_HOSTFILE_BYTES, &text, &len) != 0) return 1;
     J->h = calloc(MAX_HOSTS, sizeof *J->h);
     int rc = J->h ? parse_text(J, file, text) : fail(J, "out of memory");
     free(text);
@@ -218,9 +235,9 @@ static void raw(sbuf *s, const char *t) {
     s->len += n;
 }
 
-/* Appends " 't'": one shell word whatever it holds, each ' written as '\''. */
-static void word(sbuf *s, const char *t) {
-    raw(s, " '");
+/* Appends 't': one shell word whatever it holds, each ' written as '\''. */
+static void quoted(sbuf *s, const char *t) {
+    raw(s, "'");
     for (const char *q; s->ok && (q = strchr(t, '\'')); t = q + 1) {
         char part[LINE_MAX_BYTES];
         size_t n = (size_t)(q - t);
@@ -240,6 +257,12 @@ static void word(sbuf *s, const char *t) {
     raw(s, "'");
 }
 
+/* " 't'": the next word of a command */
+static void word(sbuf *s, const char *t) {
+    raw(s, " ");
+    quoted(s, t);
+}
+
 static void word_int(sbuf *s, int v) {
     char num[32];
     snprintf(num, sizeof num, "%d", v);
@@ -247,10 +270,12 @@ static void word_int(sbuf *s, int v) {
 }
 
 /* The flags this launcher sets itself for each machine, or that only this side reads. */
-static bool dropped_flag(const char *a, bool *takes_value) {
+static bool dropped_flag(const char *a, bool *takes_value, bool config_sent) {
     static const char *const names[] = {"hostfile", "deepspeed_hostfile", "ssh_port", "ssh_opts", "num_machines",
-                                        "machine_rank", "main_process_ip", "main_process_port", "num_processes"};
-    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+                                        "machine_rank", "main_process_ip", "main_process_port", "num_processes",
+                                        "config_file"};
+    size_t n = sizeof names / sizeof names[0] - !config_sent;
+    for (size_t i = 0; i < n; i++) {
         const char *v = NULL;
         if (ca_cli_match_flag(a, names[i], &v)) {
             *takes_value = v == NULL;
@@ -293,13 +318,21 @@ static char *remote_command(const job *J, int rank, const char *token_var) {
     if (sl <= 0) return NULL;
     self[sl] = '\0';
     sbuf s = {.ok = true};
-    raw(&s, "read -r ");
+    raw(&s, "caccel_cfg_dir=; read -r ");
     raw(&s, token_var);
     raw(&s, " && export ");
     raw(&s, token_var);
+    if (J->cfg_text) {   /* the configuration follows the token: into a directory of its own */
+        char n[32];
+        snprintf(n, sizeof n, "%zu", J->cfg_len);
+        raw(&s, " && caccel_cfg_dir=$(mktemp -d \"${TMPDIR:-/tmp}/caccel-config.XXXXXX\") && head -c ");
+        raw(&s, n);
+        raw(&s, " >\"$caccel_cfg_dir\"/");
+        quoted(&s, J->cfg_name);
+    }
     raw(&s, " && cd");
     word(&s, cwd);
-    raw(&s, " && exec env");
+    raw(&s, J->cfg_text ? " && env" : " && exec env");
     size_t tl = strlen(token_var);
     /* LD_LIBRARY_PATH too: the caccel binary at this path may need it to find libcaccel (an
      * uninstalled build, a prefix outside the loader's paths), and ssh starts a bare environment */
@@ -324,14 +357,21 @@ static char *remote_command(const job *J, int rank, const char *token_var) {
     for (int i = 1; i < o->prog; i++) {
         bool takes = false;
         if (strcmp(o->argv[i], "--") == 0) continue;
-        if (dropped_flag(o->argv[i], &takes)) {
+        if (dropped_flag(o->argv[i], &takes, J->cfg_text != NULL)) {
             i += takes;
             continue;
         }
         word(&s, o->argv[i]);
     }
+    if (J->cfg_text) {
+        raw(&s, " --config_file \"$caccel_cfg_dir\"/");
+        quoted(&s, J->cfg_name);
+    }
     word(&s, "--");
     for (int i = o->prog; i < o->argc; i++) word(&s, o->argv[i]);
+    /* no exec with a configuration: the shell removes it once the launcher has ended */
+    if (J->cfg_text)
+        raw(&s, "; caccel_rc=$?; [ -z \"$caccel_cfg_dir\" ] || rm -rf \"$caccel_cfg_dir\"; exit $caccel_rc");
     if (!s.ok) free(s.b);
     return s.ok ? s.b : NULL;
 }
@@ -600,8 +640,9 @@ static int start_all(job *J, const sigset_t *old) {
             return fail(J, "cannot start ssh for host %s: %s", h->name, strerror(errno));
         }
         h->running = true;
-        /* a pipe holds far more than one line: this write does not block */
-        if (write(h->in_fd, token, tl) != (ssize_t)tl) {
+        /* a pipe holds 64 KiB: the token and a configuration of at most MAX_SENT_CONFIG do not block */
+        if (write(h->in_fd, token, tl) != (ssize_t)tl ||
+            (J->cfg_text && J->cfg_len && write(h->in_fd, J->cfg_text, J->cfg_len) != (ssize_t)J->cfg_len)) {
             stop_all(J);
             return fail(J, "cannot pass the job token to ssh for host %s: %s", h->name, strerror(errno));
         }
@@ -625,13 +666,26 @@ static int resolve(job *J, ca_launch_hosts_opts *o) {
     return 0;
 }
 
+/* The configuration file this launcher read, whose content every machine gets (MAX_SENT_CONFIG). */
+static int read_config(job *J) {
+    const char *f = J->o->config_file;
+    struct stat sb;
+    if (!f || stat(f, &sb) != 0 || !S_ISREG(sb.st_mode) || sb.st_size > MAX_SENT_CONFIG) return 0;
+    if (slurp(J, "configuration file", f, MAX_SENT_CONFIG, &J->cfg_text, &J->cfg_len) != 0) return 1;
+    const char *slash = strrchr(f, '/');
+    J->cfg_name = slash ? slash + 1 : f;
+    return 0;
+}
+
 int ca_launch_hosts(ca_launch_hosts_opts *o) {
     job J0 = {.o = o, .sfd = -1, .failed = -1}, *J = &J0;
     int rc = read_hostfile(J, o->hostfile);
     if (rc == 0) rc = resolve(J, o);
+    if (rc == 0) rc = read_config(J);
     if (rc == 0) rc = preflight(J);
     if (rc != 0) {
         free(J->h);
+        free(J->cfg_text);
         return rc;
     }
     say(J, "%d machine(s) x %d process(es) from %s; machine 0 (%s) serves the rendezvous at %s:%d", J->n,
@@ -653,5 +707,6 @@ int ca_launch_hosts(ca_launch_hosts_opts *o) {
     if (J->sfd >= 0) close(J->sfd);
     sigprocmask(SIG_SETMASK, &old, NULL);
     free(J->h);
+    free(J->cfg_text);
     return code;
 }

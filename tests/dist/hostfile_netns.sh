@@ -93,6 +93,15 @@ count 1 "^\[$(ns_addr 2)\] caccel launch: rank 5 (local rank 1, pid [0-9]*) exit
 count 1 "^caccel launch: host 10.231.7.[1-3] (machine [0-2]) exited with code [0-9]*: stopping every machine" "$WORK/exit"
 no_orphans
 
+note "the configuration file travels: every machine reads a copy, removed when its launcher ends"
+printf 'distributed_type: MULTI_CPU\nmixed_precision: bf16\n' >"$WORK/cfg.yaml"
+hostfile_launch "$WORK/cfg" --config_file "$WORK/cfg.yaml" sh -c 'echo "cfg=$ACCELERATE_CONFIG_FILE $(cat "$ACCELERATE_CONFIG_FILE" | tr "\n" " ")"'
+wait "$HL_PID" || { cat "$WORK/cfg"; fail "the job with a configuration file exited $?"; }
+count 6 "cfg=/.*/caccel-config\.[A-Za-z0-9]*/cfg.yaml distributed_type: MULTI_CPU mixed_precision: bf16 $" "$WORK/cfg"
+for d in $(sed -n 's|.*cfg=\(/.*/caccel-config\.[A-Za-z0-9]*\)/cfg.yaml .*|\1|p' "$WORK/cfg" | sort -u); do
+    [ ! -e "$d" ] || fail "the configuration's copy $d outlived the job"
+done
+
 # spin_job OUT: 6 ranks all-reducing in a loop over the 3 machines, once every one of them has
 spin_job() {
     hostfile_launch "$1" "$CHECK" --tag "$TAG" --backend gloo --mode spin
