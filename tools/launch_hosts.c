@@ -658,6 +658,9 @@ static int resolve(job *J, ca_launch_hosts_opts *o) {
     if (o->num_processes > 0 && o->num_processes != total)
         return fail(J, "--num_processes %d, but the hostfile %s has %d slot(s) in all (%d host(s) x %d)",
                     o->num_processes, o->hostfile, total, J->n, J->h[0].slots);
+    if (o->port == 0 && J->n > 1)   /* machine 0 would pick one that the others cannot know */
+        return fail(J, "--main_process_port 0 (any free port) needs one machine; the hostfile %s lists %d: give "
+                    "a port", o->hostfile, J->n);
     if (!o->main_process_ip || !*o->main_process_ip || strcmp(o->main_process_ip, "null") == 0) {
         /* machine 0 serves the store: its address, without a user name */
         const char *at = strchr(J->h[0].name, '@');

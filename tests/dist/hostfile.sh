@@ -29,6 +29,8 @@ bad 'node1 slots=2\nnode2 slots=3\n' "host node2 has 3 slot(s) but node1 has 2"
 bad 'node1 slots=2\nnode2:2 # mpich form\n' "--num_processes 6, but the hostfile $H has 4 slot(s) in all (2 host(s) x 2)" \
     --num_processes 6
 bad 'node1 slots=2 max_slots=4\nnode2 slots=2\n' "--num_machines 3, but the hostfile $H lists 2 host(s)" --num_machines 3
+bad 'node1 slots=2\nnode2 slots=2\n' "--main_process_port 0 (any free port) needs one machine; the hostfile $H lists 2: give a port" \
+    --main_process_port 0
 timeout 30 "$CACCEL" launch --hostfile "$WORK" true >"$WORK/out" 2>&1 && fail "a directory was read as a hostfile"
 grep -qF "the hostfile $WORK is not a regular file of at most 1048576 bytes" "$WORK/out" || { cat "$WORK/out"; fail "directory"; }
 timeout 30 "$CACCEL" launch --ssh_port 22 true >"$WORK/out" 2>&1 && fail "--ssh_port without --hostfile was accepted"
