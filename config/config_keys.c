@@ -118,7 +118,7 @@ const ca_key_def ca_config_keys[] = {
        "global-norm clipping (used when distributed_type is DEEPSPEED)"),
     KB("deepspeed_config.zero3_init_flag", NULL, CL, "deepspeed.zero.Init for ZeRO-3"),
     KB("deepspeed_config.zero3_save_16bit_model", "false", CL, "save 16-bit weights under ZeRO-3"),
-    KS("deepspeed_config.deepspeed_hostfile", NULL, CL, "multi-node hostfile"),
+    KS("deepspeed_config.deepspeed_hostfile", NULL, CL | S, "hostfile: caccel launch starts every machine over ssh"),
     KS("deepspeed_config.deepspeed_inclusion_filter", NULL, CL, "hosts to include"),
     KS("deepspeed_config.deepspeed_exclusion_filter", NULL, CL, "hosts to exclude"),
     KE("deepspeed_config.deepspeed_multinode_launcher", "pdsh", v_ds_launcher, CL, "multi-node launcher"),
@@ -430,6 +430,7 @@ const ca_flag_def ca_config_flags[] = {
     {"zero3_init_flag", CA_FLAG_VALUE, "deepspeed_config.zero3_init_flag"},
     {"zero3_save_16bit_model", CA_FLAG_VALUE, "deepspeed_config.zero3_save_16bit_model"},
     {"deepspeed_hostfile", CA_FLAG_VALUE, "deepspeed_config.deepspeed_hostfile"},
+    {"hostfile", CA_FLAG_VALUE, "deepspeed_config.deepspeed_hostfile"},   /* DeepSpeed's launcher's name */
     {"deepspeed_exclusion_filter", CA_FLAG_VALUE, "deepspeed_config.deepspeed_exclusion_filter"},
     {"deepspeed_inclusion_filter", CA_FLAG_VALUE, "deepspeed_config.deepspeed_inclusion_filter"},
     {"deepspeed_multinode_launcher", CA_FLAG_VALUE, "deepspeed_config.deepspeed_multinode_launcher"},

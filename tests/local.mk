@@ -19,7 +19,7 @@ include tests/checks.mk
 # `make check-slowest-first`: the same tests, the longest-running first, so that with -jN none of
 # them starts last and runs alone while the other slots are idle (tools/test.sh uses it). The list is
 # measured (docs/TESTING.md, "How long CI takes"); a name not in TESTS is ignored.
-ca_slowest_tests = tests/test_bert_classifier.sh tests/test_resume.sh tests/test_zero.sh tests/dist/netns.sh \
+ca_slowest_tests = tests/test_bert_classifier.sh tests/test_resume.sh tests/test_zero.sh tests/dist/netns.sh tests/dist/hostfile_netns.sh \
 	tests/dist/mpi.sh tests/dist/gloo.sh tests/dist/restarts.sh tests/test_determinism.sh tests/test_ddp.sh \
 	tests/dist/exits.sh tests/test_examples.sh tests/dist/slurm.sh tests/dist/faults.sh tests/test_xla_train.sh \
 	tests/test_frozen_ranks.sh tests/test_llm_finetune.sh tests/test_causal_lm_parity.sh

@@ -30,6 +30,23 @@ int ca_cmd_config_ask(int argc, char **argv);
 int ca_cmd_config_update(int argc, char **argv);
 /* `caccel launch`: spawns and supervises the processes of a job (tools/cmd_launch.c). */
 int ca_cmd_launch(int argc, char **argv);
+/* `caccel launch --hostfile FILE` (tools/launch_hosts.c): starts `caccel launch` on every host of
+ * FILE over ssh, streams their output and stops them all on a failure or a signal. Returns the exit
+ * status. main_process_ip may be replaced by the first host's address. */
+typedef struct ca_launch_hosts_opts {
+    const char *cmd_name;
+    const char *hostfile;
+    const char *config_file;     /* the file the configuration came from, or NULL: its content is sent */
+    int ssh_port;                /* 0: ssh's own default */
+    const char *ssh_opts;        /* words added to each ssh command, or NULL */
+    int num_processes, num_machines;   /* as configured, 0 when not given: checked against the file */
+    const char *main_process_ip; /* NULL: the first host */
+    int port;
+    bool quiet;
+    int argc, prog;              /* argv[1..prog-1]: the launcher's flags, argv[prog..]: the program */
+    char **argv;
+} ca_launch_hosts_opts;
+int ca_launch_hosts(ca_launch_hosts_opts *o);
 /* `caccel merge-weights DIR OUT`: a sharded checkpoint into one model.safetensors. */
 int ca_cmd_merge_weights(int argc, char **argv);
 /* `caccel estimate-memory MODEL`: memory for inference and training per dtype and ZeRO stage. */

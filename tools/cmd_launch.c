@@ -151,6 +151,9 @@ typedef struct launch {
     const char *token_file;
     double monitor_interval;
     int max_restarts;              /* --max_restarts: the whole group is started again after a failure */
+    int ssh_port;                  /* --ssh_port, --ssh_opts: how --hostfile reaches the machines */
+    const char *ssh_opts;
+    bool watch_stdin;              /* started by --hostfile over ssh: EOF on stdin stops the job */
     /* resolved */
     int nproc, nmachines, machine_rank, nlocal;
     char master_addr[256];
@@ -219,7 +222,9 @@ static void usage(FILE *f) {
         "  --timeout SECONDS             collective and rendezvous timeout\n"
         "  --token_file PATH             job token shared by the machines (also CACCEL_JOB_TOKEN_FILE)\n"
         "  --max_restarts N              after a failure, start every process again, up to N times (default 0)\n"
-        "  --monitor_interval SECONDS    how often the processes are checked (default 0.5)\n\n"
+        "  --monitor_interval SECONDS    how often the processes are checked (default 0.5)\n"
+        "  --hostfile FILE               start every machine of FILE (`host slots=N` lines) over ssh\n"
+        "  --ssh_port PORT, --ssh_opts \"OPTIONS\"   how ssh reaches them\n\n"
         "The processes get RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT,\n"
         "CACCEL_JOB_TOKEN and the ACCELERATE_* variables. See docs/DISTRIBUTED.md.\n");
 }
@@ -748,6 +753,20 @@ static void check_remote(launch *L) {
     begin_stop(L, SIGTERM);
 }
 
+/* Started by `caccel launch --hostfile` over ssh: stdin is the ssh channel, and its EOF means that
+ * launcher stopped the job, died, or lost the connection; the ranks stop as on SIGTERM. */
+static void watch_stdin(launch *L) {
+    char buf[256];
+    ssize_t r = read(STDIN_FILENO, buf, sizeof buf);
+    if (r > 0 || (r < 0 && (errno == EINTR || errno == EAGAIN))) return;
+    L->watch_stdin = false;
+    if (L->interrupted) return;
+    L->interrupted = SIGHUP;
+    fprintf(stderr, "caccel %s: the ssh session of caccel launch --hostfile closed: stopping every process\n",
+            cmd_name);
+    begin_stop(L, SIGTERM);
+}
+
 static int supervise(launch *L) {
     int64_t next_remote = 0;
     int64_t interval = (int64_t)(L->monitor_interval * 1000);
@@ -793,10 +812,14 @@ static int supervise(launch *L) {
             check_remote(L);
             next_remote = now + interval;
         }
-        struct pollfd pfd[1 + 2 * MAX_LOCAL];
+        struct pollfd pfd[2 + 2 * MAX_LOCAL];
         int np = 0;
         pfd[np++] = (struct pollfd){.fd = L->sfd, .events = POLLIN};
-        int who[1 + 2 * MAX_LOCAL];
+        int who[2 + 2 * MAX_LOCAL];
+        if (L->watch_stdin) {
+            who[np] = -1;
+            pfd[np++] = (struct pollfd){.fd = STDIN_FILENO, .events = POLLIN};
+        }
         for (int i = 0; i < L->nlocal; i++) {
             if (L->kids[i].out_fd >= 0) {
                 who[np] = 2 * i;
@@ -832,7 +855,10 @@ static int supervise(launch *L) {
             }
         }
         for (int p = 1; p < np; p++)
-            if (pfd[p].revents & (POLLIN | POLLHUP | POLLERR)) pump(L, &L->kids[who[p] / 2], who[p] & 1);
+            if (pfd[p].revents & (POLLIN | POLLHUP | POLLERR | POLLNVAL)) {
+                if (who[p] < 0) watch_stdin(L);
+                else pump(L, &L->kids[who[p] / 2], who[p] & 1);
+            }
     }
     if (L->interrupted) return 128 + L->interrupted;
     if (L->first_fail >= 0) return exit_code_of(L->kids[L->first_fail].status);
@@ -1106,13 +1132,17 @@ static int parse_flags(launch *L, int argc, char **argv, int *prog) {
             if (!parse_tee(L, v)) return fail_msg("--tee takes 0-3 or local_rank:mode pairs, not '%s'", v), 2;
         } else if (ca_cli_match_flag(a, "log_dir", &v) || ca_cli_match_flag(a, "token_file", &v) ||
                    ca_cli_match_flag(a, "monitor_interval", &v) || ca_cli_match_flag(a, "max_restarts", &v) ||
-                   ca_cli_match_flag(a, "role", &v)) {
+                   ca_cli_match_flag(a, "role", &v) || ca_cli_match_flag(a, "ssh_port", &v) ||
+                   ca_cli_match_flag(a, "ssh_opts", &v)) {
             if (!v) {
                 if (i + 1 >= argc) return fail_msg("%s needs a value", a), 2;
                 v = argv[++i];
             }
             if (ca_cli_match_flag(a, "log_dir", NULL)) L->log_dir = v;
             else if (ca_cli_match_flag(a, "token_file", NULL)) L->token_file = v;
+            else if (ca_cli_match_flag(a, "ssh_opts", NULL)) L->ssh_opts = v;
+            else if (ca_cli_match_flag(a, "ssh_port", NULL) && !parse_int(v, 1, 65535, &L->ssh_port))
+                return fail_msg("--ssh_port takes a port 1..65535, not '%s'", v), 2;
             else if (ca_cli_match_flag(a, "monitor_interval", NULL)) {
                 char *end;
                 L->monitor_interval = strtod(v, &end);
@@ -1206,6 +1236,30 @@ static int maybe_mpirun(launch *L, ca_config *cfg) {
     return run_mpirun(L, cfg);
 }
 
+/* With a hostfile (--hostfile, deepspeed_hostfile) this launcher starts every machine's launcher over ssh,
+ * unless it is one of those (CACCEL_LAUNCH_REMOTE). Returns -1 to go on, else the exit code. */
+static int maybe_hostfile(launch *L, ca_config *cfg, const ca_settings *st, int argc, char **argv, int prog) {
+    const char *hostfile = ca_config_get(cfg, "deepspeed_config.deepspeed_hostfile");
+    const char *remote = getenv("CACCEL_LAUNCH_REMOTE");
+    if (remote && strcmp(remote, "1") == 0) {
+        L->watch_stdin = true;
+        return -1;
+    }
+    if (!hostfile || !*hostfile || strcmp(hostfile, "null") == 0) {
+        if (L->ssh_port || L->ssh_opts) return fail_msg("--ssh_port and --ssh_opts need --hostfile"), 2;
+        return -1;
+    }
+    const char *pv = ca_config_get(cfg, "main_process_port");
+    ca_launch_hosts_opts o = {
+        .cmd_name = cmd_name, .hostfile = hostfile, .config_file = ca_config_file(cfg), .ssh_port = L->ssh_port, .ssh_opts = L->ssh_opts,
+        .num_processes = st->num_processes > 0 ? st->num_processes : 0,
+        .num_machines = ca_config_source_of(cfg, "num_machines") != CA_SRC_DEFAULT ? st->num_machines : 0,
+        .main_process_ip = st->main_process_ip,
+        .port = pv && strcmp(pv, "null") != 0 ? st->main_process_port : DEFAULT_PORT,
+        .quiet = L->quiet, .argc = argc, .prog = prog, .argv = argv};
+    return ca_launch_hosts(&o);
+}
+
 /* Starts the local ranks under the rendezvous store and supervises them. */
 static int run_local(launch *L, ca_config *cfg, const ca_settings *st) {
     int rc = resolve_token(L);
@@ -1264,7 +1318,8 @@ int ca_cmd_launch(int argc, char **argv) {
     }
     ca_settings st;
     ca_config_settings(cfg, &st);
-    rc = resolve_job(L, cfg, &st);
+    rc = maybe_hostfile(L, cfg, &st, argc, argv, prog);
+    if (rc < 0) rc = resolve_job(L, cfg, &st);
     if (rc < 0) rc = maybe_mpirun(L, cfg);
     if (rc < 0) rc = run_local(L, cfg, &st);
     ca_config_destroy(cfg);

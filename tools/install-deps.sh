@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian packages caccel builds, tests and trains with (skips what is already there).
 # --test adds what only the tests use: Slurm and munge (tests/dist/slurm.sh runs its own one-node
-# cluster), Debian's PyTorch, and Python's safetensors and tokenizers (and transformers and peft for Debian's
+# cluster), OpenSSH (tests/dist/hostfile_netns.sh runs an sshd per network namespace), Debian's PyTorch, and Python's safetensors and tokenizers (and transformers and peft for Debian's
 # python) from PyPI.
 set -euo pipefail
 tests=false
@@ -11,7 +11,7 @@ pkgs=(build-essential autoconf automake libtool libtool-bin pkg-config
       libopenmpi-dev openmpi-bin libgloo-dev libprotobuf-c-dev protobuf-c-compiler
       libdnnl2 dataset-fashion-mnist fortunes iproute2 procps valgrind tmux
       clang libclang-rt-14-dev)   # clang's libFuzzer: configure CC=clang --enable-fuzzing (tests/fuzz)
-$tests && pkgs+=(python3-torch python3-numpy slurm-wlm munge)
+$tests && pkgs+=(python3-torch python3-numpy slurm-wlm munge openssh-server openssh-client)   # ssh: tests/dist/hostfile*.sh
 missing=()
 for p in "${pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
