@@ -221,6 +221,7 @@ void ca_accelerator_destroy(ca_accelerator *acc) {
         ca_module_set_owner(m, NULL);   /* no autocast, no gradient hooks */
     }
     ca_end_training(acc);
+    ca_throughput_free(acc);
     /* the device outlives the accelerator: its storage goes back to f32 (a failure of the graph still
      * pending was the program's to see at its last synchronisation) */
     if (acc->bf16_storage_set && ca_xla_set_bf16_storage(acc->device, false) != CA_OK) ca_clear_error();

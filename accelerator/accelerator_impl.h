@@ -192,6 +192,8 @@ struct ca_accelerator {
     struct ca_trackers *trackers;
     /* progress.c: the open bar that ca_log_metrics gives its loss (NULL: none) */
     struct ca_progress *progress;
+    /* throughput.c: the meter, made by the first ca_throughput_step (NULL: none) */
+    struct ca_throughput_meter *meter;
 };
 
 /* A DDP communication hook (comm_hook): how a bucket is sent. The plain f32 average needs none; the
@@ -324,5 +326,7 @@ void ca_progress_detach(struct ca_progress *p);
 ca_status ca_accelerator_profile_begin(ca_accelerator *acc);
 void ca_accelerator_profile_step(ca_accelerator *acc, const ca_optimizer *o);
 void ca_accelerator_profile_end(ca_accelerator *acc);
+/* throughput.c: frees the meter and stops its FLOP counting (destroy). */
+void ca_throughput_free(ca_accelerator *acc);
 
 #endif

@@ -7,6 +7,7 @@ libcaccel_la_SOURCES += \
 	accelerator/grad_scaler.c \
 	accelerator/accelerator.c \
 	accelerator/profile.c \
+	accelerator/throughput.c \
 	accelerator/sync_impl.h \
 	accelerator/strategy.c \
 	accelerator/sync_none.c \

@@ -19,6 +19,8 @@
 #include <unistd.h>
 
 _Atomic int ca_trace_flags_;
+_Atomic uint64_t ca_flops_counted_;
+static int g_count_users;   /* under g.mu */
 
 typedef struct tbuf {
     char *data;
@@ -160,9 +162,20 @@ static bool step_records(const ca_profile_config *c, long s) {
     return s % cycle >= (long)c->wait + c->warmup;
 }
 
-static void set_flags(void) {
-    int f = g.running && step_records(&g.cfg, g.step) ? g.flags : 0;
-    atomic_store_explicit(&ca_trace_flags_, f, memory_order_relaxed);
+/* Sets the profiler's bits to f, keeping the meter's COUNT bit as it is. */
+static void store_trace_bits(int f) {
+    int old = atomic_load(&ca_trace_flags_);
+    while (!atomic_compare_exchange_weak(&ca_trace_flags_, &old, (old & CA_TRACE_COUNT) | f)) {}
+}
+
+static void set_flags(void) { store_trace_bits(g.running && step_records(&g.cfg, g.step) ? g.flags : 0); }
+
+void ca_flop_count_enable(bool on) {
+    pthread_mutex_lock(&g.mu);
+    g_count_users += on ? 1 : (g_count_users > 0 ? -1 : 0);
+    if (g_count_users > 0) atomic_fetch_or(&ca_trace_flags_, CA_TRACE_COUNT);
+    else atomic_fetch_and(&ca_trace_flags_, ~CA_TRACE_COUNT);
+    pthread_mutex_unlock(&g.mu);
 }
 
 /* Creates dir (one level) and writes a probe file in it, so an unwritable directory fails at begin. */
@@ -274,7 +287,7 @@ ca_status ca_profile_end(void) {
     if (!g.running) return ca_error(CA_ERR_STATE, "profiler: ca_profile_end without ca_profile_begin");
     pthread_mutex_lock(&g.mu);
     g.running = false;
-    atomic_store(&ca_trace_flags_, 0);
+    store_trace_bits(0);
     pthread_mutex_unlock(&g.mu);
     while (atomic_load(&g_writers) > 0) sched_yield();   /* a recording call still writing */
     char path[4200], tmp[4300];

@@ -9,12 +9,26 @@
 #include <stdatomic.h>
 #include <stdint.h>
 
-/* Bits of ca_trace_flags_: set only while a schedule's active step records. */
-enum { CA_TRACE_ON = 1, CA_TRACE_SHAPES = 2, CA_TRACE_MEMORY = 4, CA_TRACE_FLOPS = 8 };
+/* Bits of ca_trace_flags_: ON..FLOPS set only while a schedule's active step records; COUNT while a
+ * throughput meter counts the kernels' FLOPs (ca_flop_count_enable), profile or not. */
+enum { CA_TRACE_ON = 1, CA_TRACE_SHAPES = 2, CA_TRACE_MEMORY = 4, CA_TRACE_FLOPS = 8, CA_TRACE_COUNT = 16 };
 extern CA_API _Atomic int ca_trace_flags_;
 
 static inline int ca_trace_flags(void) { return atomic_load_explicit(&ca_trace_flags_, memory_order_relaxed); }
 static inline bool ca_trace_on(void) { return __builtin_expect(ca_trace_flags() & CA_TRACE_ON, 0); }
+/* Whether the kernel call must take its out-of-line path (tracing or counting): one load, a branch. */
+static inline bool ca_trace_any(void) { return __builtin_expect(ca_trace_flags() != 0, 0); }
+
+/* The matrix FLOPs of the kernels called (through CA_KCALL, any thread) while counting is on: the
+ * throughput meter's numerator (caccel/throughput.h). Whole FLOPs in 64 bits: 2^64 is 5 hours at
+ * 1 EFLOP/s, and the meter reads differences. */
+extern CA_API _Atomic uint64_t ca_flops_counted_;
+static inline void ca_flops_add(double flops) {
+    if (flops > 0) atomic_fetch_add_explicit(&ca_flops_counted_, (uint64_t)flops, memory_order_relaxed);
+}
+static inline uint64_t ca_flops_counted(void) { return atomic_load_explicit(&ca_flops_counted_, memory_order_relaxed); }
+/* Counting is on while at least one user has it on (reference-counted: a meter per accelerator). */
+CA_API void ca_flop_count_enable(bool on);
 
 /* Monotonic nanoseconds (CLOCK_MONOTONIC): the same clock on every process of a machine. */
 CA_API int64_t ca_trace_now_ns(void);

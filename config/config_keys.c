@@ -271,6 +271,9 @@ const ca_key_def ca_config_keys[] = {
     KB("profile_record_shapes", "false", EX | S, "ProfileKwargs.record_shapes: kernel slices carry shapes"),
     KB("profile_memory", "false", EX | S, "ProfileKwargs.profile_memory: the allocator's live and reserved bytes as a counter track"),
     KB("profile_with_flops", "false", EX | S, "ProfileKwargs.with_flops: kernel slices carry FLOPs"),
+    /* the throughput meter (caccel/throughput.h; docs/PROFILING.md) */
+    KI("throughput_interval", "0", 0, 1e9, EX | S, "ca_throughput_step prints the throughput/MFU line and logs it to the trackers every N steps (0: only when the program asks)"),
+    KF("peak_flops", "0", 0, 1e21, EX | S, "the device's peak FLOP/s for MFU (0: a GEMM probe measures it once per machine and caches it)"),
 };
 const size_t ca_config_nkeys = sizeof ca_config_keys / sizeof ca_config_keys[0];
 
@@ -381,6 +384,8 @@ const ca_env_def ca_config_envs[] = {
     {"CACCEL_PROFILE_RECORD_SHAPES", CA_ENV_KEY, "profile_record_shapes"},
     {"CACCEL_PROFILE_MEMORY", CA_ENV_KEY, "profile_memory"},
     {"CACCEL_PROFILE_WITH_FLOPS", CA_ENV_KEY, "profile_with_flops"},
+    {"CACCEL_THROUGHPUT_INTERVAL", CA_ENV_KEY, "throughput_interval"},
+    {"CACCEL_PEAK_FLOPS", CA_ENV_KEY, "peak_flops"},
 };
 const size_t ca_config_nenvs = sizeof ca_config_envs / sizeof ca_config_envs[0];
 
@@ -509,6 +514,8 @@ const ca_flag_def ca_config_flags[] = {
     {"profile_record_shapes", CA_FLAG_VALUE, "profile_record_shapes"},
     {"profile_memory", CA_FLAG_VALUE, "profile_memory"},
     {"profile_with_flops", CA_FLAG_VALUE, "profile_with_flops"},
+    {"throughput_interval", CA_FLAG_VALUE, "throughput_interval"},
+    {"peak_flops", CA_FLAG_VALUE, "peak_flops"},
 };
 const size_t ca_config_nflags = sizeof ca_config_flags / sizeof ca_config_flags[0];
 

@@ -44,13 +44,17 @@ CA_API void ca_kernel_trace(const ca_device *dev, const char *slot, int64_t t0, 
 /* ca_kcall_<slot>(d, args): the checked call of kernel `slot` on device d, one per slot of
  * CA_KERNEL_LIST. The contract's checks (base/kernel_check_impl.h) run here, above the backends,
  * so a bad call fails at the op on every device, a lazy one included. */
-/* The one hook of the profiler on the kernel path: off, a load and a branch per call; on, the
- * call is timed and described out of line (cold, so the untraced path stays as it was). */
+/* The one hook of the profiler and the throughput meter on the kernel path: both off, a load and
+ * a branch per call; on, the call is counted (its matrix FLOPs) and, profiling, timed and described
+ * out of line (cold, so the plain path stays as it was). */
 #define CA_KCALL_FN_(slot)                                                                     \
     static __attribute__((cold, noinline, unused)) ca_status ca_kcall_traced_##slot(           \
         const ca_device *d, const ca_##slot##_args *args) {                                    \
-        int64_t t0_ = ca_trace_now_ns();                                                       \
+        int f_ = ca_trace_flags();                                                             \
+        int64_t t0_ = (f_ & CA_TRACE_ON) ? ca_trace_now_ns() : 0;                              \
         ca_status s_ = ca_kernel_checked_##slot(d->name, &d->k, d->ctx, args);                 \
+        if ((f_ & CA_TRACE_COUNT) && s_ == CA_OK && args) ca_flops_add(CA_KFLOPS_(args));      \
+        if (!(f_ & CA_TRACE_ON)) return s_;                                                    \
         ca_kdesc kd_ = {.dtype = -1};                                                          \
         if (args) CA_KDESC_(args, &kd_);                                                       \
         ca_kernel_trace(d, #slot, t0_, &kd_);                                                  \
@@ -58,7 +62,7 @@ CA_API void ca_kernel_trace(const ca_device *dev, const char *slot, int64_t t0, 
     }                                                                                          \
     static inline ca_status ca_kcall_##slot(const ca_device *d, const ca_##slot##_args *args) { \
         if (!d->k.slot) return ca_kernel_missing(d, #slot);                                    \
-        if (ca_trace_on()) return ca_kcall_traced_##slot(d, args);                             \
+        if (ca_trace_any()) return ca_kcall_traced_##slot(d, args);                            \
         return ca_kernel_checked_##slot(d->name, &d->k, d->ctx, args);                         \
     }
 CA_KERNEL_LIST(CA_KCALL_FN_)

@@ -18,17 +18,37 @@ typedef struct ca_kdesc {
 
 static inline void ca_kdesc_none(const void *args, ca_kdesc *d) { CA_UNUSED(args); CA_UNUSED(d); }
 
+/* The matrix FLOPs of a call, all the throughput meter counts (caccel/throughput.h): GEMM and
+ * attention, the work a device's peak is quoted for (elementwise ops, which with_flops also
+ * shows, are left out as llm.c's and torchtitan's MFU leave them out). */
+static inline double ca_kflops_gemm(const ca_gemm_args *a) {
+    return 2.0 * (double)a->m * (double)a->n * (double)a->k * (double)(a->batch > 1 ? a->batch : 1);
+}
+static inline double ca_kflops_attn_(const ca_attention_params *p, double gemm_terms) {
+    return 2.0 * (double)p->batch * (double)p->heads * (double)p->tq * (double)p->tk * gemm_terms;
+}
+static inline double ca_kflops_attention(const ca_attention_args *a) {
+    return ca_kflops_attn_(&a->p, (double)(a->p.d + a->p.dv));   /* S = Q K^T, O = P V */
+}
+static inline double ca_kflops_attention_backward(const ca_attention_backward_args *a) {
+    return ca_kflops_attn_(&a->p, (double)(3 * a->p.d + 2 * a->p.dv));   /* S again, dV, dP, dQ, dK */
+}
+static inline double ca_kflops_none(const void *args) { CA_UNUSED(args); return 0; }
+#define CA_KFLOPS_(args)                                                                          \
+    _Generic((args), const ca_gemm_args *: ca_kflops_gemm, const ca_attention_args *: ca_kflops_attention, \
+             const ca_attention_backward_args *: ca_kflops_attention_backward, default: ca_kflops_none)(args)
+
 static inline void ca_kdesc_gemm(const ca_gemm_args *a, ca_kdesc *d) {
     int64_t batch = a->batch > 1 ? a->batch : 1;
     d->dtype = a->a_dtype;
-    d->flops = 2.0 * (double)a->m * (double)a->n * (double)a->k * (double)batch;
+    d->flops = ca_kflops_gemm(a);
     snprintf(d->shapes, sizeof d->shapes, "[[%lld,%lld,%lld],[%lld,%lld,%lld]]", (long long)batch, (long long)a->m,
              (long long)a->k, (long long)batch, (long long)a->k, (long long)a->n);   /* logical: op(A), op(B) */
 }
 
 static inline void ca_kdesc_attn_(const ca_attention_params *p, ca_dtype dt, double gemm_terms, ca_kdesc *d) {
     d->dtype = dt;
-    d->flops = 2.0 * (double)p->batch * (double)p->heads * (double)p->tq * (double)p->tk * gemm_terms;
+    d->flops = ca_kflops_attn_(p, gemm_terms);
     snprintf(d->shapes, sizeof d->shapes, "[[%lld,%lld,%lld,%lld],[%lld,%lld,%lld,%lld]]", (long long)p->batch,
              (long long)p->heads, (long long)p->tq, (long long)p->d, (long long)p->batch, (long long)p->heads,
              (long long)p->tk, (long long)p->dv);

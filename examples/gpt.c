@@ -661,6 +661,14 @@ static ca_tensor *micro_step(ca_accelerator *acc, ca_module *model, ca_optimizer
     return l;
 }
 
+/* The accelerator's throughput line (achieved FLOP/s from the kernels' counts, MFU against the
+ * device's peak) for the interval just logged; none when it held only the first, warm-up step. */
+static void log_throughput(ca_accelerator *acc) {
+    ca_throughput r;
+    if (ca_throughput_report(acc, &r) != CA_OK) { ca_clear_error(); return; }
+    CA_CHECK(ca_throughput_log(acc, &r));
+}
+
 /* Trains max_steps optimizer steps, logging and evaluating at the intervals. */
 static void train_loop(ca_accelerator *acc, ca_module *model, ca_optimizer *opt, ca_dataloader *train_dl,
                          ca_dataloader *val_dl, const args *a) {
@@ -675,6 +683,7 @@ static void train_loop(ca_accelerator *acc, ca_module *model, ca_optimizer *opt,
         loss = micro_step(acc, model, opt, &b, a);
         sum[1] += 1;
         sum[2] += (double)b.size;
+        CA_CHECK(ca_throughput_step(acc, b.size, b.size * a->block_size));   /* a token: a byte of text */
         int64_t step = ca_optimizer_steps(opt);
         if (step == before) continue;   /* an accumulation micro-step */
         if (a->log_interval > 0 && (step % a->log_interval == 0 || step == a->max_steps)) {
@@ -686,11 +695,14 @@ static void train_loop(ca_accelerator *acc, ca_module *model, ca_optimizer *opt,
                      sum[2] / secs, sum[2] * (double)a->block_size / secs);
             sum[0] = sum[1] = sum[2] = 0;
             t0 = now_s();
+            log_throughput(acc);
         }
         if ((a->eval_interval > 0 && step % a->eval_interval == 0) || step == a->max_steps) {
+            CA_CHECK(ca_throughput_pause(acc));   /* throughput excludes evaluation */
             val_loss = evaluate(acc, model, val_dl);
             ca_print(acc, "step %lld: validation loss %.4f, perplexity %.2f\n", (long long)step, val_loss, exp(val_loss));
-            t0 = now_s();   /* throughput excludes evaluation */
+            t0 = now_s();
+            CA_CHECK(ca_throughput_resume(acc));
         }
     }
     read_loss(&loss);   /* a step after the last logged one (no log interval): freed */
@@ -734,6 +746,7 @@ int main(int argc, char **argv) {
     ca_accelerator *acc;
     CA_CHECK(ca_accelerator_create(&(ca_options){.argc = argc, .argv = argv}, &acc));
     CA_CHECK(ca_set_seed(acc, a.seed));
+    CA_CHECK(ca_init_trackers(acc, "gpt", NULL));   /* --log_with json,csv: the throughput metrics */
 
     corpus c = read_corpus(a.data);
     ca_dataset *train = window_dataset(c.train, c.n_train, a.block_size, 0);

@@ -482,9 +482,12 @@ static double train_epoch(run *r, int64_t epoch) {
         loss = micro_step(r->acc, r->model, r->opt, &b, r->a);
         sum[1] += 1, tot[1] += 1;
         sum[2] += (double)b.size;
+        CA_CHECK(ca_throughput_step(r->acc, b.size, b.size * T));   /* a token: a position of a block */
         int64_t step = ca_optimizer_steps(r->opt);
         if (step != before && r->a->checkpointing_steps && step % r->a->checkpointing_steps == 0) {
+            CA_CHECK(ca_throughput_pause(r->acc));   /* the save is not training throughput */
             CA_CHECK(ca_save_state(r->acc, NULL));
+            CA_CHECK(ca_throughput_resume(r->acc));
             ca_print(r->acc, "step %lld: state saved under %s/checkpoints\n", (long long)step, r->a->checkpoint_dir);
         }
         if (step == before || r->a->log_interval <= 0 || step % r->a->log_interval) continue;
@@ -497,6 +500,9 @@ static double train_epoch(run *r, int64_t epoch) {
                  ca_optimizer_get_lr(r->opt, 0), sum[2] * (double)T / secs);
         sum[0] = sum[1] = sum[2] = 0;
         t0 = now_s();
+        ca_throughput th;   /* achieved FLOP/s and MFU; none when the interval held only the warm-up step */
+        if (ca_throughput_report(r->acc, &th) == CA_OK) CA_CHECK(ca_throughput_log(r->acc, &th));
+        else ca_clear_error();
     }
     CA_CHECK(ca_dataloader_status(r->train));
     tot[0] += read_loss(&loss);
@@ -666,7 +672,10 @@ static void train(run *r, const ca_tokenizer *tok, const ca_causal_lm_config *cf
     ca_print(r->acc, "%s: held-out loss %.4f, perplexity %.2f\n",
              ca_optimizer_steps(r->opt) ? "resumed" : "before training", v0, exp(v0));
     for (int64_t e = ca_dataloader_epoch(r->train) + 1; ca_optimizer_steps(r->opt) < r->total_steps; e++) {
-        double tl = train_epoch(r, e), vl = evaluate(r->acc, r->model, r->val);
+        double tl = train_epoch(r, e);
+        CA_CHECK(ca_throughput_pause(r->acc));   /* the next epoch's steps resume it */
+        double vl = evaluate(r->acc, r->model, r->val);
+        CA_CHECK(ca_throughput_resume(r->acc));
         ca_print(r->acc, "epoch %lld: train loss %.4f (perplexity %.2f), held-out loss %.4f (perplexity %.2f)\n",
                  (long long)e, tl, exp(tl), vl, exp(vl));
     }

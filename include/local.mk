@@ -24,5 +24,6 @@ caccelinclude_HEADERS = \
 	include/caccel/checkpoint.h \
 	include/caccel/tracking.h \
 	include/caccel/progress.h \
-	include/caccel/profile.h
+	include/caccel/profile.h \
+	include/caccel/throughput.h
 nodist_caccelinclude_HEADERS = include/caccel/version.h

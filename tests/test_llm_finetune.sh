@@ -43,6 +43,8 @@ echo "== a small Llama from scratch (full training), saved in Hugging Face's lay
 v0=$(loss_before "$WORK/scratch"); v1=$(loss_after "$WORK/scratch")
 [ -n "$v0" ] && [ -n "$v1" ] || { cat "$WORK/scratch"; fail "from scratch: no held-out loss lines"; }
 echo "from scratch: held-out loss $v0 -> $v1"
+grep -q '^throughput: step 100: [0-9.]* samples/s, [0-9]* tokens/s, [0-9.e+]* GFLOP/s' "$WORK/scratch" ||
+    { cat "$WORK/scratch"; fail "from scratch: no throughput line at step 100"; }
 awk -v a="$v0" -v b="$v1" 'BEGIN { exit !(b <= a - 1.5) }' || fail "from scratch: held-out loss fell from $v0 only to $v1 (bound: 1.5 lower)"
 for f in config.json generation_config.json model.safetensors tokenizer.json; do
     [ -s "$WORK/small/$f" ] || fail "the saved model lacks $f"

@@ -25,5 +25,6 @@
 #include <caccel/tracking.h>
 #include <caccel/progress.h>
 #include <caccel/profile.h>
+#include <caccel/throughput.h>
 
 #endif
