@@ -3,6 +3,7 @@
  * the strategy's update), clipping. Process state is process_state.c's, accumulation accumulate.c's. */
 #include "accelerator/accelerator_impl.h"
 #include "accelerator/sync_impl.h"
+#include "comm/affinity_impl.h"
 #include "comm/comm_impl.h"
 #include "config/config_impl.h"
 #include "core/registry_impl.h"
@@ -143,6 +144,14 @@ static ca_status setup_processes(ca_accelerator *acc) {
     return CA_OK;
 }
 
+/* enable_cpu_affinity: this rank bound to its cores before the CPU device opens, so that the kernels' and
+ * OpenBLAS's thread count follows the set (comm/affinity.c). */
+static ca_status bind_cores(ca_accelerator *acc) {
+    if (!acc->st.enable_cpu_affinity) return CA_OK;
+    return ca_affinity_bind(&acc->pe, acc->st.num_cpu_threads_per_process,
+                            ca_config_origin(acc->cfg, "enable_cpu_affinity"));
+}
+
 static ca_status create_comm(ca_accelerator *acc) {
     if (acc->world > 1) {
         ca_status s = ca_comm_create_from_env(&acc->pe, acc->st.backend, acc->device, acc->st.timeout_ms,
@@ -188,6 +197,7 @@ ca_status ca_accelerator_create(const ca_options *opts, ca_accelerator **out) {
     ca_status s = load_config(acc, opts);
     if (s == CA_OK) s = check_supported(acc);
     if (s == CA_OK) s = setup_processes(acc);
+    if (s == CA_OK) s = bind_cores(acc);
     if (s == CA_OK && acc->rank <= 0) s = ca_config_warn_ignored(acc->cfg, NULL);   /* once per run */
     if (s == CA_OK) s = select_device(acc);
     /* Accelerate's defaults, before a strategy's configuration (DeepSpeed's JSON) overrides them */

@@ -36,3 +36,11 @@ bench: bench-netem
 bench-netem: bench/bench_mlp$(EXEEXT) tools/caccel$(EXEEXT) $(filter collectives/%,$(pkglib_LTLIBRARIES))
 	CACCEL_PLUGIN_PATH='$(abs_top_builddir)/collectives/.libs' bash $(top_srcdir)/bench/run_netem.sh \
 	  --bench ./bench/bench_mlp$(EXEEXT) --caccel ./tools/caccel$(EXEEXT) $(BENCH_NETEM_ARGS)
+
+# enable_cpu_affinity at 2 processes, the MLP and the GPT example, with and without binding: `make bench-affinity`
+EXTRA_DIST += bench/run_affinity.sh
+.PHONY: bench-affinity
+bench: bench-affinity
+bench-affinity: bench/bench_mlp$(EXEEXT) examples/gpt$(EXEEXT) tools/caccel$(EXEEXT) $(filter collectives/%,$(pkglib_LTLIBRARIES))
+	CACCEL_PLUGIN_PATH='$(abs_top_builddir)/collectives/.libs' bash $(top_srcdir)/bench/run_affinity.sh \
+	  --bench ./bench/bench_mlp$(EXEEXT) --gpt ./examples/gpt$(EXEEXT) --caccel ./tools/caccel$(EXEEXT) $(BENCH_AFFINITY_ARGS)

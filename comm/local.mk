@@ -1,5 +1,5 @@
 # comm/: communicators (sequence numbers, deadlines, desync diagnosis), the process environment and
-# the rendezvous store (a token-checked TCP key-value server every launcher and rank talks to).
+# enable_cpu_affinity's binding of each local rank to its cores (hwloc), the rendezvous store (a token-checked TCP key-value server every launcher and rank talks to).
 libcaccel_la_SOURCES += \
 	comm/comm_impl.h \
 	comm/comm.c \
@@ -7,6 +7,8 @@ libcaccel_la_SOURCES += \
 	comm/comm_diag.c \
 	comm/procenv_impl.h \
 	comm/procenv.c \
+	comm/affinity_impl.h \
+	comm/affinity.c \
 	comm/store_impl.h \
 	comm/store_wire_impl.h \
 	comm/store_server.c \

@@ -50,7 +50,6 @@ static const effect effects[] = {
      "the loader copies each batch from a page-locked staging buffer synchronously; there is no separate "
      "asynchronous copy to enable", NULL},
     {"main_training_function", WARN_IF_CHANGED, "it names a Python function for TPU launches", NULL},
-    {"enable_cpu_affinity", WARN_IF_CHANGED, "processes are not pinned to cores", NULL},
     {"downcast_bf16", WARN_IF_CHANGED,
      "it differs from mixed_precision bf16 alone only for float64 tensors, which caccel has not: on xla, bf16 "
      "stores every f32 value as bf16 either way (backends/xla_stub/README.md)", NULL},

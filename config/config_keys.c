@@ -86,7 +86,7 @@ const ca_key_def ca_config_keys[] = {
     KS("rdzv_backend", "static", CL, "torchrun rendezvous (static, c10d, ...)"),
     KB("same_network", "false", CL, "all machines on one local network"),
     KS("main_training_function", "main", CL, "Python function run on TPUs"),
-    KB("enable_cpu_affinity", "false", BA, "pin processes to NUMA-local cores"),
+    KB("enable_cpu_affinity", "false", BA | S, "bind each local rank to its own cores of one NUMA node"),
     KB("downcast_bf16", "false", CL, "on XLA with bf16, keep float64 as float32"),
 
     KM("fp8_config", CL, "FP8 recipe (Transformer Engine, MS-AMP, torchao)"),

@@ -39,3 +39,15 @@ fault-matrix: tests/dist/comm_check$(EXEEXT) tools/caccel$(EXEEXT)
 	CACCEL_TEST_BUILDDIR='$(abs_top_builddir)' CACCEL_PLUGIN_PATH='$(abs_top_builddir)/collectives/.libs' \
 	  sh $(top_srcdir)/tests/dist/faults.sh $(FAULT_MATRIX_ARGS)
 .PHONY: fault-matrix
+
+# enable_cpu_affinity: the sets on synthetic topologies and this process's own binding (affinity.c is hidden
+# in the library, so the test links it itself); then ranks of caccel launch and mpirun reporting theirs.
+check_PROGRAMS += tests/test_affinity tests/affinity_rank
+TESTS += tests/test_affinity tests/test_affinity_ranks.sh
+EXTRA_DIST += tests/test_affinity_ranks.sh
+tests_test_affinity_SOURCES = tests/test_affinity.c comm/affinity.c comm/affinity_impl.h
+tests_test_affinity_CFLAGS = $(CA_TEST_CFLAGS) $(HWLOC_CFLAGS)
+tests_test_affinity_LDADD = $(CA_TEST_LIBS) $(HWLOC_LIBS)
+tests_affinity_rank_SOURCES = tests/affinity_rank.c
+tests_affinity_rank_CFLAGS = $(AM_CFLAGS) $(HWLOC_CFLAGS)
+tests_affinity_rank_LDADD = libcaccel.la $(HWLOC_LIBS)

@@ -1,6 +1,7 @@
 /* `caccel env`: the version, the backends and devices found, and the merged configuration with each value's origin. */
 #include "tools/cli_impl.h"
 #include "config/config_impl.h"
+#include "comm/affinity_impl.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -130,6 +131,29 @@ static void print_cpu_device(void) {
     printf("\n");
 }
 
+/* The machine as hwloc sees it and the CPUs enable_cpu_affinity gives each local rank of this configuration
+ * (num_processes over num_machines), whether or not it is on: what a run would be bound to. */
+static void print_cpu_binding(const ca_config *c) {
+    ca_settings st;
+    hwloc_topology_t topo;
+    if (ca_config_settings(c, &st) != CA_OK || hwloc_topology_init(&topo) != 0) return;
+    if (hwloc_topology_load(topo) == 0) {
+        char line[512];
+        ca_affinity_describe(topo, line, sizeof line);
+        printf("\nCPU topology (hwloc %s): %s\n", HWLOC_VERSION, line);
+        int machines = st.num_machines > 0 ? st.num_machines : 1, procs = st.num_processes > 0 ? st.num_processes : 1;
+        int local = procs / machines > 0 ? procs / machines : 1;
+        printf("enable_cpu_affinity %s (%s): %d local process%s\n", st.enable_cpu_affinity ? "true" : "false",
+               ca_config_origin(c, "enable_cpu_affinity"), local, local == 1 ? "" : "es");
+        for (int r = 0; r < local; r++) {
+            if (ca_affinity_rank_line(topo, local, r, st.num_cpu_threads_per_process, line, sizeof line) != CA_OK)
+                snprintf(line, sizeof line, "%s", ca_last_error());
+            printf("  local rank %d: %s\n", r, line);
+        }
+    }
+    hwloc_topology_destroy(topo);
+}
+
 int ca_cmd_env(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
@@ -162,6 +186,7 @@ int ca_cmd_env(int argc, char **argv) {
         return rc;
     }
     print_config(c);
+    print_cpu_binding(c);
     ca_config_destroy(c);
     return 0;
 }

@@ -468,8 +468,11 @@ static int setup_env(launch *L, ca_config *cfg, const ca_settings *st) {
             if (threads < 1) threads = 1;
         }
         snprintf(num, sizeof num, "%d", threads);
-        if (forced || !getenv("OMP_NUM_THREADS")) setenv("OMP_NUM_THREADS", num, 1);
-        if (forced || !getenv("OPENBLAS_NUM_THREADS")) setenv("OPENBLAS_NUM_THREADS", num, 1);
+        /* with enable_cpu_affinity and no count asked for, each rank sizes its count to its set of cores
+         * (comm/affinity.c): the sets differ where the cores do not divide evenly */
+        bool by_set = st->enable_cpu_affinity && !forced;
+        if (forced || (!by_set && !getenv("OMP_NUM_THREADS"))) setenv("OMP_NUM_THREADS", num, 1);
+        if (forced || (!by_set && !getenv("OPENBLAS_NUM_THREADS"))) setenv("OPENBLAS_NUM_THREADS", num, 1);
         /* names the launcher as the count's source when the CPU device clamps it (cpu_threads.c) */
         setenv("CACCEL_NUM_CPU_THREADS_PER_PROCESS", num, 1);
     }

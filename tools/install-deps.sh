@@ -7,7 +7,7 @@ set -euo pipefail
 tests=false
 [ "${1:-}" = "--test" ] && tests=true
 pkgs=(build-essential autoconf automake libtool libtool-bin pkg-config
-      libopenblas-dev libopenblas-openmp-dev libyaml-dev zlib1g-dev libjson-c-dev libutf8proc-dev libpcre2-dev libcmocka-dev
+      libopenblas-dev libopenblas-openmp-dev libyaml-dev zlib1g-dev libjson-c-dev libutf8proc-dev libpcre2-dev libhwloc-dev libcmocka-dev
       libopenmpi-dev openmpi-bin libgloo-dev libprotobuf-c-dev protobuf-c-compiler
       libdnnl2 dataset-fashion-mnist fortunes iproute2 procps valgrind tmux
       clang libclang-rt-14-dev)   # clang's libFuzzer: configure CC=clang --enable-fuzzing (tests/fuzz)
