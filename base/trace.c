@@ -162,7 +162,9 @@ static bool step_records(const ca_profile_config *c, long s) {
 
 static void set_flags(void) {
     int f = g.running && step_records(&g.cfg, g.step) ? g.flags : 0;
-    atomic_store_explicit(&ca_trace_flags_, f, memory_order_relaxed);
+    /* the flight recorder's bit stays as it is */
+    atomic_fetch_and_explicit(&ca_trace_flags_, CA_TRACE_FR | f, memory_order_relaxed);
+    atomic_fetch_or_explicit(&ca_trace_flags_, f & ~CA_TRACE_FR, memory_order_relaxed);
 }
 
 /* Creates dir (one level) and writes a probe file in it, so an unwritable directory fails at begin. */
@@ -274,7 +276,7 @@ ca_status ca_profile_end(void) {
     if (!g.running) return ca_error(CA_ERR_STATE, "profiler: ca_profile_end without ca_profile_begin");
     pthread_mutex_lock(&g.mu);
     g.running = false;
-    atomic_store(&ca_trace_flags_, 0);
+    atomic_fetch_and(&ca_trace_flags_, CA_TRACE_FR);
     pthread_mutex_unlock(&g.mu);
     while (atomic_load(&g_writers) > 0) sched_yield();   /* a recording call still writing */
     char path[4200], tmp[4300];

@@ -9,12 +9,18 @@
 #include <stdatomic.h>
 #include <stdint.h>
 
-/* Bits of ca_trace_flags_: set only while a schedule's active step records. */
-enum { CA_TRACE_ON = 1, CA_TRACE_SHAPES = 2, CA_TRACE_MEMORY = 4, CA_TRACE_FLOPS = 8 };
+/* Bits of ca_trace_flags_: ON, SHAPES, MEMORY, FLOPS set only while a schedule's active step records;
+ * FR (the flight recorder keeps the last kernel calls, core/kernel_trace.c) from the first communicator
+ * made with a flight recorder directory to the end of the process. The profiler's changes keep FR. */
+enum { CA_TRACE_ON = 1, CA_TRACE_SHAPES = 2, CA_TRACE_MEMORY = 4, CA_TRACE_FLOPS = 8, CA_TRACE_FR = 16 };
 extern CA_API _Atomic int ca_trace_flags_;
 
 static inline int ca_trace_flags(void) { return atomic_load_explicit(&ca_trace_flags_, memory_order_relaxed); }
 static inline bool ca_trace_on(void) { return __builtin_expect(ca_trace_flags() & CA_TRACE_ON, 0); }
+/* The kernel call's hook: the profiler records, or the flight recorder keeps kernel calls. */
+static inline bool ca_trace_kernels(void) {
+    return __builtin_expect(ca_trace_flags() & (CA_TRACE_ON | CA_TRACE_FR), 0);
+}
 
 /* Monotonic nanoseconds (CLOCK_MONOTONIC): the same clock on every process of a machine. */
 CA_API int64_t ca_trace_now_ns(void);

@@ -31,8 +31,15 @@ static inline ca_status ca_kernel_missing(const ca_device *d, const char *slot) 
                     d->name, slot, slot, d->name, d->index);
 }
 
-/* Records the slice of kernel `slot` on dev from t0 (ns) to now. */
+/* Records the slice of kernel `slot` on dev from t0 (ns) to now (profiler), and the call in the flight
+ * recorder's ring when that is on. */
 CA_API void ca_kernel_trace(const ca_device *dev, const char *slot, int64_t t0, const ca_kdesc *d);
+/* The flight recorder's ring of the last `entries` kernel calls (docs/PROFILING.md, "Flight recorder"):
+ * allocated by the first call (later calls change nothing), kept to the end of the process; false when
+ * out of memory. Any thread may call. */
+bool ca_kernel_fr_enable(int entries);
+/* Writes the ring, oldest first, as a JSON array to f. Calls that write meanwhile may show torn. */
+void ca_kernel_fr_write(FILE *f);
 
 /* ca_kcall_<slot>(d, args): the checked call of kernel `slot` on device d, one per slot of
  * CA_KERNEL_LIST. The contract's checks (base/kernel_check_impl.h) run here, above the backends,
@@ -51,7 +58,7 @@ CA_API void ca_kernel_trace(const ca_device *dev, const char *slot, int64_t t0, 
     }                                                                                          \
     static inline ca_status ca_kcall_##slot(const ca_device *d, const ca_##slot##_args *args) { \
         if (!d->k.slot) return ca_kernel_missing(d, #slot);                                    \
-        if (ca_trace_on()) return ca_kcall_traced_##slot(d, args);                             \
+        if (ca_trace_kernels()) return ca_kcall_traced_##slot(d, args);                        \
         return ca_kernel_checked_##slot(d->name, &d->k, d->ctx, args);                         \
     }
 CA_KERNEL_LIST(CA_KCALL_FN_)
