@@ -33,7 +33,7 @@
 #include <unistd.h>
 
 #define FR_DEFAULT_ENTRIES 2000
-#define FR_MAX_ENTRIES 1000000
+#define FR_MAX_ENTRIES 100000   /* both rings of 100,000 write about 50 MB: within the reader's 64 MiB */
 
 typedef struct fr_coll {
     bool used;

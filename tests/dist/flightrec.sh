@@ -30,13 +30,15 @@ count 2 "failure (CA_ERR_TIMEOUT): all_reduce #5 .*timed out" "$WORK/report"
 no_orphans
 
 note "a rank killed with SIGKILL: the analyzer names rank 1 and all_reduce #4"
-CACCEL_TIMEOUT=20 CACCEL_FLIGHT_RECORDER_DIR="$WORK/fr_kill" $L -q "$CHECK" --tag "$TAG" --backend gloo --mode fault \
-    --fault kill9 --victim 1 --step 4 --fail-code 3 >"$WORK/out" 2>&1
+# the launcher's flag this time (it passes CACCEL_FLIGHT_RECORDER_DIR on); a matmul (the gemm kernel) a step for the kernel records
+CACCEL_TIMEOUT=20 $L -q --flight_recorder_dir "$WORK/fr_kill" "$CHECK" --tag "$TAG" --backend gloo --mode fault \
+    --fault kill9 --victim 1 --step 4 --fail-code 3 --kernels >"$WORK/out" 2>&1
 [ ! -e "$WORK/fr_kill/rank_1.json" ] || fail "the killed rank 1 wrote a dump"
 analyze "$WORK/fr_kill"
 count 1 "^verdict: rank 1 is behind: no record .*the others stopped at #4 all_reduce(f32, 16, sum)" "$WORK/report"
 count 1 "^rank 1: no record" "$WORK/report"
 count 2 "^rank [02] (pid .*): at #4 all_reduce(f32, 16, sum)" "$WORK/report"
+count 2 "^  last kernel call: gemm f32 \[\[1,4,8\],\[1,8,2\]\] on cpu:0, ended [0-9.]* s before the dump" "$WORK/report"
 no_orphans
 
 note "a rank calling a different collective: the analyzer names rank 0's barrier against the others' all_reduce at #3"
