@@ -269,6 +269,12 @@ static void verdict_mismatch(const fr_job *j, uint64_t at) {
     printf("; every rank must call the same collectives in the same order\n");
 }
 
+/* When rank r gave up on #seq: its end, or (a wait that failed) its dump, written as it failed. */
+static int64_t gave_up(const fr_job *j, int r, uint64_t seq) {
+    const fr_coll *c = find(&j->r[r], seq);
+    return c && c->t_end ? c->t_end : j->r[r].dump_ns;
+}
+
 /* Every rank stopped in #seq: on one machine (one monotonic clock), a rank that issued it only after
  * all the others had given up on it arrived late (it was stopped, or busy elsewhere). -1: none. */
 static int late_arrival(const fr_job *j, uint64_t seq) {
@@ -279,10 +285,8 @@ static int late_arrival(const fr_job *j, uint64_t seq) {
         if (!c || strcmp(j->r[r].host, j->r[0].host) != 0) return -1;
         if (c->t_issue > last_issue) { last_issue = c->t_issue; late = r; }
     }
-    for (int r = 0; r < j->world; r++) {
-        const fr_coll *c = find(&j->r[r], seq);
-        if (r != late && (!c->t_end || c->t_end > last_issue)) return -1;
-    }
+    for (int r = 0; r < j->world; r++)
+        if (r != late && gave_up(j, r, seq) > last_issue) return -1;
     return late;
 }
 
@@ -305,14 +309,12 @@ static void verdict_even(const fr_job *j, uint64_t pos) {
         return;
     }
     const fr_coll *c = find(&j->r[late], pos);
-    int64_t gave_up = 0;
-    for (int r = 0; r < j->world; r++) {
-        const fr_coll *o = find(&j->r[r], pos);
-        if (r != late && o->t_end > gave_up) gave_up = o->t_end;
-    }
+    int64_t last = 0;
+    for (int r = 0; r < j->world; r++)
+        if (r != late && gave_up(j, r, pos) > last) last = gave_up(j, r, pos);
     printf("verdict: rank %d is behind: it issued #%llu %s %.3f s after every other rank had given up on it "
            "(it was stopped or busy elsewhere)\n", late, (unsigned long long)pos, c->sig,
-           (double)(c->t_issue - gave_up) / 1e9);
+           (double)(c->t_issue - last) / 1e9);
 }
 
 /* No mismatch: the ranks without a file, or those least advanced, are behind. */
@@ -337,8 +339,9 @@ static void verdict_behind(const fr_job *j) {
     for (int r = 0; r < j->world; r++) add_rank(progress(&j->r[r]) == lo ? low : ahead, sizeof low, r);
     at_text(&j->r[ref], position(&j->r[ref]), at, sizeof at);
     at_text(&j->r[lref], plo, mine, sizeof mine);
-    printf("verdict: %s %s %s behind: stopped at %s while %s %s at %s\n", strchr(low, ',') ? "ranks" : "rank", low,
-           strchr(low, ',') ? "are" : "is", mine, strchr(ahead, ',') ? "ranks" : "rank", ahead, at);
+    bool many = strchr(ahead, ',') != NULL;
+    printf("verdict: %s %s %s behind: stopped at %s while %s %s %s at %s\n", strchr(low, ',') ? "ranks" : "rank", low,
+           strchr(low, ',') ? "are" : "is", mine, many ? "ranks" : "rank", ahead, many ? "are" : "is", at);
 }
 
 static void ago(int64_t t, int64_t now, char *buf, size_t len) {

@@ -51,6 +51,20 @@ count 1 "^verdict: collective mismatch at #3: rank 0 called barrier; ranks 1,2 c
 count 1 "^rank 0 (pid .*: at #3 barrier (unfinished)" "$WORK/report"
 no_orphans
 
+note "every rank in the same collective: the one that issued it after the others had given up on it is behind"
+# (what a stopped rank continued by the launcher's SIGTERM leaves when it gets to issue the collective first)
+mkdir "$WORK/late"
+dump() {   # dump RANK DUMP_NS ISSUE_NS_OF_#1
+    printf '{"format":"caccel-flight-recorder","version":1,"rank":%s,"world":2,"host":"h","pid":1,"dump_ns":%s,' "$1" "$2"
+    printf '"issued":2,"status":"CA_ERR_TIMEOUT","reason":"r","kernels":[],"collectives":['
+    printf '{"seq":0,"sig":"broadcast(f32, 8, root 0)","state":"completed","t_issue_ns":1000,"t_end_ns":2000},'
+    printf '{"seq":1,"sig":"all_reduce(f32, 16, sum)","state":"unfinished","t_issue_ns":%s,"t_end_ns":0}]}\n' "$3"
+}
+dump 0 5000000000 2000000000 >"$WORK/late/rank_0.json"
+dump 1 8100000000 8000000000 >"$WORK/late/rank_1.json"
+analyze "$WORK/late"
+count 1 "^verdict: rank 1 is behind: it issued #1 all_reduce(f32, 16, sum) 3.000 s after every other rank had given up on it" "$WORK/report"
+
 note "the analyzer's refusals name the file"
 mkdir "$WORK/empty" "$WORK/bad"
 "$CACCEL" trace analyze "$WORK/empty" >"$WORK/report" 2>&1 && fail "an empty directory was analyzed"
