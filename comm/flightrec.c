@@ -51,9 +51,11 @@ static _Atomic int g_fr_signal;       /* a SIGTERM noted by the handler, for the
 static _Atomic int g_fr_watchers;     /* watchdog threads of recording communicators */
 enum { FR_NONE, FR_WRITING, FR_DONE };
 
+static pid_t g_fr_pid;                /* the process that installed the handler (a forked child has no watchdog) */
+
 /* Async-signal-safe: notes the signal, or (no watchdog to write the dump) takes the default action. */
 static void fr_on_sigterm(int sig) {
-    if (atomic_load(&g_fr_watchers) > 0) {
+    if (getpid() == g_fr_pid && atomic_load(&g_fr_watchers) > 0) {
         atomic_store(&g_fr_signal, sig);
         return;
     }
@@ -69,6 +71,7 @@ static void fr_install_sigterm(void) {
     sa.sa_handler = fr_on_sigterm;
     sigemptyset(&sa.sa_mask);
     sa.sa_flags = SA_RESTART;
+    g_fr_pid = getpid();
     sigaction(SIGTERM, &sa, NULL);
 }
 
@@ -235,7 +238,17 @@ void ca_comm_fr_dump(ca_comm *c, ca_status s, const char *msg) {
 }
 
 void ca_comm_fr_watch(ca_comm *c, bool on) {
-    if (c->fr) atomic_fetch_add(&g_fr_watchers, on ? 1 : -1);
+    if (!c->fr) return;
+    if (on) {
+        atomic_fetch_add(&g_fr_watchers, 1);
+        return;
+    }
+    ca_comm_fr_tick(c);   /* a SIGTERM noted meanwhile: this watchdog still acts on it */
+    /* the last watchdog leaves: a SIGTERM the handler noted just now has no one else to act on it */
+    if (atomic_fetch_sub(&g_fr_watchers, 1) == 1 && atomic_load(&g_fr_signal)) {
+        signal(SIGTERM, SIG_DFL);
+        kill(getpid(), SIGTERM);
+    }
 }
 
 void ca_comm_fr_tick(ca_comm *c) {
