@@ -162,10 +162,10 @@ static bool step_records(const ca_profile_config *c, long s) {
     return s % cycle >= (long)c->wait + c->warmup;
 }
 
-/* Sets the profiler's bits to f, keeping the meter's COUNT bit as it is. */
+/* Sets the profiler's bits to f, keeping the meter's COUNT bit and the flight recorder's FR bit. */
 static void store_trace_bits(int f) {
     int old = atomic_load(&ca_trace_flags_);
-    while (!atomic_compare_exchange_weak(&ca_trace_flags_, &old, (old & CA_TRACE_COUNT) | f)) {}
+    while (!atomic_compare_exchange_weak(&ca_trace_flags_, &old, (old & (CA_TRACE_COUNT | CA_TRACE_FR)) | f)) {}
 }
 
 static void set_flags(void) { store_trace_bits(g.running && step_records(&g.cfg, g.step) ? g.flags : 0); }

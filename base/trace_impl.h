@@ -10,13 +10,17 @@
 #include <stdint.h>
 
 /* Bits of ca_trace_flags_: ON..FLOPS set only while a schedule's active step records; COUNT while a
- * throughput meter counts the kernels' FLOPs (ca_flop_count_enable), profile or not. */
-enum { CA_TRACE_ON = 1, CA_TRACE_SHAPES = 2, CA_TRACE_MEMORY = 4, CA_TRACE_FLOPS = 8, CA_TRACE_COUNT = 16 };
+ * throughput meter counts the kernels' FLOPs (ca_flop_count_enable), profile or not; FR (the flight
+ * recorder keeps the last kernel calls, core/kernel_trace.c) from the first communicator made with a
+ * flight recorder directory to the end of the process. The profiler's changes keep COUNT and FR. */
+enum { CA_TRACE_ON = 1, CA_TRACE_SHAPES = 2, CA_TRACE_MEMORY = 4, CA_TRACE_FLOPS = 8, CA_TRACE_COUNT = 16,
+       CA_TRACE_FR = 32 };
 extern CA_API _Atomic int ca_trace_flags_;
 
 static inline int ca_trace_flags(void) { return atomic_load_explicit(&ca_trace_flags_, memory_order_relaxed); }
 static inline bool ca_trace_on(void) { return __builtin_expect(ca_trace_flags() & CA_TRACE_ON, 0); }
-/* Whether the kernel call must take its out-of-line path (tracing or counting): one load, a branch. */
+/* Whether the kernel call must take its out-of-line path (tracing, counting or the flight recorder):
+ * one load, a branch. */
 static inline bool ca_trace_any(void) { return __builtin_expect(ca_trace_flags() != 0, 0); }
 
 /* The matrix FLOPs of the kernels called (through CA_KCALL, any thread) while counting is on: the

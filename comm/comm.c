@@ -98,6 +98,7 @@ static ca_status finish(ca_comm *c, ca_work *w, ca_status s) {
         w->done = true;
         w->status = s;
         unf_remove(c, w);
+        if (c->fr) ca_comm_fr_end(c, w, s);
         if (c->waiting && c->wseq == w->seq) c->waiting = false;
         c->version++;
     }
@@ -320,6 +321,7 @@ static void enlist(ca_comm *c, ca_work *w, ca_coll_kind kind, const issue_args *
     for (ca_comm *p = c->parent; p; p = p->parent) atomic_fetch_add(&p->split_bytes, sent);
     c->last_sig = w->sig;
     c->hist[w->seq % HIST] = w->sig;
+    if (c->fr) ca_comm_fr_issue(c, w);
     w->prev = c->unf_tail;
     if (c->unf_tail) c->unf_tail->next = w;
     else c->unf_head = w;
@@ -717,6 +719,7 @@ void ca_comm_destroy(ca_comm *c) {
     pthread_mutex_destroy(&c->pub_mu);
     pthread_mutex_destroy(&c->wd_mu);
     pthread_cond_destroy(&c->wd_cv);
+    ca_comm_fr_free(c);
     free(c->global);
     free(c);
 }
@@ -767,6 +770,7 @@ static void comm_init_fields(ca_comm *c, const ca_comm_options *o, const ca_coll
     pthread_mutex_init(&c->wd_mu, NULL);
     pthread_cond_init(&c->wd_cv, NULL);
     c->published_version = UINT64_MAX;
+    ca_comm_fr_init(c);
 }
 
 static ca_status check_slots(const ca_comm *c) {

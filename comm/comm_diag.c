@@ -618,6 +618,8 @@ static ca_status comm_fail(ca_comm *c, ca_status s, const char *msg, const char 
         }
         if (c->ops.abort) c->ops.abort(c->bc);
         ca_clear_error();
+        /* before the failure is told: the caller may exit as soon as it is */
+        ca_comm_fr_dump(c, s, msg);
         atomic_store(&c->failed, 1);
     }
     wait_failure_recorded(c);
@@ -816,6 +818,7 @@ void *ca_comm_diag_watchdog_main(void *arg) {
     ca_comm *c = arg;
     int64_t next_check = 0, interval = CHECK_FIRST_MS;
     uint64_t checked_wait = UINT64_MAX;
+    ca_comm_fr_watch(c, true);
     pthread_mutex_lock(&c->wd_mu);
     while (!c->wd_stop) {
         struct timespec ts;
@@ -826,6 +829,7 @@ void *ca_comm_diag_watchdog_main(void *arg) {
         if (c->wd_stop) break;
         pthread_mutex_unlock(&c->wd_mu);
 
+        if (c->fr) ca_comm_fr_tick(c);
         if (ca_comm_diag_publish(c, false) != CA_OK) ca_clear_error();
         if (!atomic_load(&c->failed)) {
             pthread_mutex_lock(&c->mu);
@@ -853,6 +857,7 @@ void *ca_comm_diag_watchdog_main(void *arg) {
         pthread_mutex_lock(&c->wd_mu);
     }
     pthread_mutex_unlock(&c->wd_mu);
+    ca_comm_fr_watch(c, false);
     return NULL;
 }
 

@@ -125,6 +125,9 @@ struct ca_comm {
     char fail_msg[MSG_MAX];
     char fail_hint[512];
 
+    struct fr_coll *fr;        /* the flight recorder's ring of the last fr_n collectives (NULL: off; under mu) */
+    uint64_t fr_n;
+
     pthread_mutex_t pub_mu;    /* one publisher at a time, newest record wins */
     uint64_t published_version;
 
@@ -167,6 +170,27 @@ void ca_comm_diag_drain(ca_comm *c);
 /* The process's live communicators, for the exit announcement (on_exit). */
 void ca_comm_diag_live_add(ca_comm *c);
 void ca_comm_diag_live_remove(ca_comm *c, bool announce);
+
+/* ---------------------------------------------------------------- flightrec.c */
+
+/* The flight recorder (docs/PROFILING.md, "Flight recorder"): with CACCEL_FLIGHT_RECORDER_DIR set,
+ * each communicator keeps its last CACCEL_FLIGHT_RECORDER_ENTRIES collectives (and the process its
+ * last kernel calls); the first communicator failure of the process writes them to
+ * DIR/rank_<r>.json, and so does a SIGTERM (the handler is installed only over the default action).
+ * Off, c->fr is NULL and the hooks are a branch. */
+/* At creation: allocates c->fr when a directory is configured (out of memory: a warning, off). */
+void ca_comm_fr_init(ca_comm *c);
+/* Under c->mu: collective w was issued / finished with status s. */
+void ca_comm_fr_issue(ca_comm *c, const ca_work *w);
+void ca_comm_fr_end(ca_comm *c, const ca_work *w, ca_status s);
+/* c failed with status s and message msg: writes the dump, once per process (a warning when it
+ * cannot). Takes c->mu; called without it. */
+void ca_comm_fr_dump(ca_comm *c, ca_status s, const char *msg);
+void ca_comm_fr_free(ca_comm *c);
+/* The watchdog thread of c starts (on) or ends: a SIGTERM is left to it while one runs. */
+void ca_comm_fr_watch(ca_comm *c, bool on);
+/* Each watchdog tick: after a SIGTERM, writes the dump and ends the process by SIGTERM. */
+void ca_comm_fr_tick(ca_comm *c);
 
 /* Rank r of c as the job numbers it: a split's child maps its own ranks (comm.c). */
 static inline int ca_comm_grank(const ca_comm *c, int r) {

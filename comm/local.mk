@@ -5,6 +5,7 @@ libcaccel_la_SOURCES += \
 	comm/comm.c \
 	comm/comm_diag_impl.h \
 	comm/comm_diag.c \
+	comm/flightrec.c \
 	comm/procenv_impl.h \
 	comm/procenv.c \
 	comm/affinity_impl.h \

@@ -220,6 +220,10 @@ const ca_key_def ca_config_keys[] = {
     KE("backend", NULL, v_backend, EX | S | CF, "collective backend (null: gloo for CPUs, nccl for GPUs, mpi under mpirun)"),
     KF("timeout", "1800", 0.001, 1e9, EX | S, "seconds before a collective or the rendezvous gives up"),
     KF("bucket_cap_mb", "25", 0.001, 1e6, EX | S, "gradient bucket size in MiB for the all-reduce"),
+    KS("flight_recorder_dir", NULL, EX | S,
+       "on a communicator failure or SIGTERM each rank writes its last collectives and kernel calls to "
+       "DIR/rank_<r>.json (null: off; `caccel trace analyze DIR` reads them; docs/PROFILING.md)"),
+    KI("flight_recorder_entries", "2000", 1, 1e5, EX | S, "collectives and kernel calls the flight recorder keeps"),
     KB("allow_tf32", "false", EX | S, "f32 matmuls on a GPU's TF32 tensor cores (torch's allow_tf32 for matmul)"),
     KE("comm_hook", "no", v_comm_hook, EX | S | CF,
        "DDP communication hook: fp16/bf16 send the gradients in 16 bits, power_sgd/batched_power_sgd as low-rank "
@@ -355,6 +359,8 @@ const ca_env_def ca_config_envs[] = {
     {"CACCEL_BACKEND", CA_ENV_KEY, "backend"},
     {"CACCEL_TIMEOUT", CA_ENV_KEY, "timeout"},
     {"CACCEL_BUCKET_CAP_MB", CA_ENV_KEY, "bucket_cap_mb"},
+    {"CACCEL_FLIGHT_RECORDER_DIR", CA_ENV_KEY, "flight_recorder_dir"},
+    {"CACCEL_FLIGHT_RECORDER_ENTRIES", CA_ENV_KEY, "flight_recorder_entries"},
     {"CACCEL_ALLOW_TF32", CA_ENV_KEY, "allow_tf32"},
     {"CACCEL_COMM_HOOK", CA_ENV_KEY, "comm_hook"},
     {"CACCEL_ALLOW_UNKNOWN_KEYS", CA_ENV_KEY, "allow_unknown_keys"},
@@ -486,6 +492,8 @@ const ca_flag_def ca_config_flags[] = {
     {"backend", CA_FLAG_VALUE, "backend"},
     {"timeout", CA_FLAG_VALUE, "timeout"},
     {"bucket_cap_mb", CA_FLAG_VALUE, "bucket_cap_mb"},
+    {"flight_recorder_dir", CA_FLAG_VALUE, "flight_recorder_dir"},
+    {"flight_recorder_entries", CA_FLAG_VALUE, "flight_recorder_entries"},
     {"comm_hook", CA_FLAG_VALUE, "comm_hook"},
     {"allow_unknown_keys", CA_FLAG_TRUE, "allow_unknown_keys"},
     {"even_batches", CA_FLAG_VALUE, "even_batches"},

@@ -38,23 +38,31 @@ static inline ca_status ca_kernel_missing(const ca_device *d, const char *slot) 
                     d->name, slot, slot, d->name, d->index);
 }
 
-/* Records the slice of kernel `slot` on dev from t0 (ns) to now. */
+/* Records the slice of kernel `slot` on dev from t0 (ns) to now (profiler), and the call in the flight
+ * recorder's ring when that is on. */
 CA_API void ca_kernel_trace(const ca_device *dev, const char *slot, int64_t t0, const ca_kdesc *d);
+/* The flight recorder's ring of the last `entries` kernel calls (docs/PROFILING.md, "Flight recorder"):
+ * allocated by the first call (later calls change nothing), kept to the end of the process; false when
+ * out of memory. Any thread may call. */
+bool ca_kernel_fr_enable(int entries);
+/* Writes the ring, oldest first, as a JSON array to f. Calls that write meanwhile may show torn. */
+void ca_kernel_fr_write(FILE *f);
 
 /* ca_kcall_<slot>(d, args): the checked call of kernel `slot` on device d, one per slot of
  * CA_KERNEL_LIST. The contract's checks (base/kernel_check_impl.h) run here, above the backends,
  * so a bad call fails at the op on every device, a lazy one included. */
-/* The one hook of the profiler and the throughput meter on the kernel path: both off, a load and
- * a branch per call; on, the call is counted (its matrix FLOPs) and, profiling, timed and described
- * out of line (cold, so the plain path stays as it was). */
+/* The one hook of the profiler, the throughput meter and the flight recorder on the kernel path: all
+ * off, a load and a branch per call; on, the call is counted (its matrix FLOPs) and, profiling or
+ * recording, timed and described out of line (cold, so the plain path stays as it was). */
 #define CA_KCALL_FN_(slot)                                                                     \
     static __attribute__((cold, noinline, unused)) ca_status ca_kcall_traced_##slot(           \
         const ca_device *d, const ca_##slot##_args *args) {                                    \
         int f_ = ca_trace_flags();                                                             \
-        int64_t t0_ = (f_ & CA_TRACE_ON) ? ca_trace_now_ns() : 0;                              \
+        bool timed_ = (f_ & (CA_TRACE_ON | CA_TRACE_FR)) != 0;                                 \
+        int64_t t0_ = timed_ ? ca_trace_now_ns() : 0;                                          \
         ca_status s_ = ca_kernel_checked_##slot(d->name, &d->k, d->ctx, args);                 \
         if ((f_ & CA_TRACE_COUNT) && s_ == CA_OK && args) ca_flops_add(CA_KFLOPS_(args));      \
-        if (!(f_ & CA_TRACE_ON)) return s_;                                                    \
+        if (!timed_) return s_;                                                                \
         ca_kdesc kd_ = {.dtype = -1};                                                          \
         if (args) CA_KDESC_(args, &kd_);                                                       \
         ca_kernel_trace(d, #slot, t0_, &kd_);                                                  \

@@ -3,7 +3,7 @@
 # configured with CC=clang --enable-fuzzing builds the fuzzers (`make fuzz-build`) and runs each
 # for FUZZ_SECONDS (`make fuzz`). The programs link the library's objects, not libcaccel.so, so the
 # targets reach the readers the library does not export (safetensors, the store, DeepSpeed's JSON).
-FUZZ_TARGETS = config deepspeed state merge_weights idx safetensors tokenizer store bert_config causal_lm_config
+FUZZ_TARGETS = config deepspeed state merge_weights idx safetensors tokenizer store bert_config causal_lm_config flightrec
 FUZZ_SECONDS = 60
 fuzz_cflags = $(CA_TEST_CFLAGS) $(JSONC_CFLAGS) $(YAML_CFLAGS)
 fuzz_ldadd = $(libcaccel_la_OBJECTS) $(libcaccel_la_LIBADD) -lm
@@ -13,11 +13,11 @@ EXTRA_DIST += tests/fuzz
 check_PROGRAMS += tests/fuzz/replay_config tests/fuzz/replay_deepspeed tests/fuzz/replay_state \
 	tests/fuzz/replay_merge_weights tests/fuzz/replay_idx tests/fuzz/replay_safetensors \
 	tests/fuzz/replay_tokenizer tests/fuzz/replay_store tests/fuzz/replay_bert_config \
-	tests/fuzz/replay_causal_lm_config
+	tests/fuzz/replay_causal_lm_config tests/fuzz/replay_flightrec
 fuzz_replays = tests/fuzz/replay_config tests/fuzz/replay_deepspeed tests/fuzz/replay_state \
 	tests/fuzz/replay_merge_weights tests/fuzz/replay_idx tests/fuzz/replay_safetensors \
 	tests/fuzz/replay_tokenizer tests/fuzz/replay_store tests/fuzz/replay_bert_config \
-	tests/fuzz/replay_causal_lm_config
+	tests/fuzz/replay_causal_lm_config tests/fuzz/replay_flightrec
 TESTS += $(fuzz_replays)
 VALGRIND_TESTS += $(fuzz_replays)
 
@@ -51,11 +51,16 @@ tests_fuzz_replay_bert_config_LDADD = $(fuzz_ldadd)
 tests_fuzz_replay_causal_lm_config_SOURCES = tests/fuzz/replay.c tests/fuzz/fuzz_causal_lm_config.c tests/fuzz/fuzz_util.h
 tests_fuzz_replay_causal_lm_config_CFLAGS = $(fuzz_cflags) -DFUZZ_TARGET='"causal_lm_config"'
 tests_fuzz_replay_causal_lm_config_LDADD = $(fuzz_ldadd)
+# the analyzer is the command's, not the library's: its file is compiled in
+tests_fuzz_replay_flightrec_SOURCES = tests/fuzz/replay.c tests/fuzz/fuzz_flightrec.c tests/fuzz/fuzz_util.h \
+	tools/cmd_trace_analyze.c
+tests_fuzz_replay_flightrec_CFLAGS = $(fuzz_cflags) -DFUZZ_TARGET='"flightrec"'
+tests_fuzz_replay_flightrec_LDADD = $(fuzz_ldadd)
 
 # The fuzzers themselves: the same targets with libFuzzer's main (clang only).
 EXTRA_PROGRAMS += tests/fuzz/fuzz_config tests/fuzz/fuzz_deepspeed tests/fuzz/fuzz_state \
 	tests/fuzz/fuzz_merge_weights tests/fuzz/fuzz_idx tests/fuzz/fuzz_safetensors tests/fuzz/fuzz_tokenizer \
-	tests/fuzz/fuzz_store tests/fuzz/fuzz_bert_config tests/fuzz/fuzz_causal_lm_config
+	tests/fuzz/fuzz_store tests/fuzz/fuzz_bert_config tests/fuzz/fuzz_causal_lm_config tests/fuzz/fuzz_flightrec
 fuzz_ldflags = -fsanitize=fuzzer
 tests_fuzz_fuzz_config_SOURCES = tests/fuzz/fuzz_config.c tests/fuzz/fuzz_util.h
 tests_fuzz_fuzz_config_CFLAGS = $(fuzz_cflags)
@@ -97,6 +102,10 @@ tests_fuzz_fuzz_causal_lm_config_SOURCES = tests/fuzz/fuzz_causal_lm_config.c te
 tests_fuzz_fuzz_causal_lm_config_CFLAGS = $(fuzz_cflags)
 tests_fuzz_fuzz_causal_lm_config_LDFLAGS = $(fuzz_ldflags)
 tests_fuzz_fuzz_causal_lm_config_LDADD = $(fuzz_ldadd)
+tests_fuzz_fuzz_flightrec_SOURCES = tests/fuzz/fuzz_flightrec.c tests/fuzz/fuzz_util.h tools/cmd_trace_analyze.c
+tests_fuzz_fuzz_flightrec_CFLAGS = $(fuzz_cflags)
+tests_fuzz_fuzz_flightrec_LDFLAGS = $(fuzz_ldflags)
+tests_fuzz_fuzz_flightrec_LDADD = $(fuzz_ldadd)
 
 if FUZZING
 fuzz-build:

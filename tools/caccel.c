@@ -13,7 +13,7 @@ const ca_cli_command ca_cli_commands[] = {
     {"merge-weights", "merge a sharded checkpoint's weights into one model.safetensors", ca_cmd_merge_weights},
     {"estimate-memory", "memory a model needs for inference and training, per dtype and ZeRO stage",
      ca_cmd_estimate_memory},
-    {"trace", "join the profiler's per-rank traces into one timeline (`caccel trace merge DIR`)", ca_cmd_trace},
+    {"trace", "join the profiler's per-rank traces into one timeline (`caccel trace merge DIR`), or read the flight recorder's dumps (`caccel trace analyze DIR`)", ca_cmd_trace},
     {"test", "check the setup: collectives, sync across ranks, sharding, training (under launch)", ca_cmd_test},
 };
 const size_t ca_cli_ncommands = sizeof ca_cli_commands / sizeof ca_cli_commands[0];

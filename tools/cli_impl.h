@@ -65,6 +65,8 @@ int ca_em_run_program(const ca_em_run *r);
 int ca_cmd_test(int argc, char **argv);
 /* caccel trace merge DIR (cmd_trace.c) */
 int ca_cmd_trace(int argc, char **argv);
+/* `caccel trace analyze DIR`: the flight recorder's dumps read together (tools/cmd_trace_analyze.c). */
+int ca_cmd_trace_analyze(const char *dir);
 
 /* Prints "caccel <cmd>: error: <last error>" and its hint to stderr; returns 1. */
 int ca_cli_fail(const char *cmd);

@@ -52,6 +52,8 @@ static const struct { const char *key, *var; } exported[] = {
     {"backend", "CACCEL_BACKEND"},
     {"timeout", "CACCEL_TIMEOUT"},
     {"bucket_cap_mb", "CACCEL_BUCKET_CAP_MB"},
+    {"flight_recorder_dir", "CACCEL_FLIGHT_RECORDER_DIR"},
+    {"flight_recorder_entries", "CACCEL_FLIGHT_RECORDER_ENTRIES"},
     {"comm_hook", "CACCEL_COMM_HOOK"},
     {"allow_unknown_keys", "CACCEL_ALLOW_UNKNOWN_KEYS"},
     {"even_batches", "CACCEL_EVEN_BATCHES"},

@@ -1,4 +1,5 @@
-/* caccel trace merge DIR: the profiler's per-rank traces (DIR/trace_rank<r>.json) on one timeline,
+/* caccel trace analyze DIR: tools/cmd_trace_analyze.c.
+ * caccel trace merge DIR: the profiler's per-rank traces (DIR/trace_rank<r>.json) on one timeline,
  * written to DIR/trace_merged.json. Each rank's timestamps are relative to its own begin; the files
  * say where that begin was on CLOCK_MONOTONIC (otherData.clock_origin_ns), so the merge shifts each
  * rank by its origin's distance from the earliest. That is one clock on one machine; ranks of
@@ -25,7 +26,11 @@ typedef struct {
 static int usage(FILE *f) {
     fprintf(f, "usage: caccel trace merge DIR\n"
                "  joins DIR/trace_rank<r>.json (written by --profile --output_trace_dir DIR) into\n"
-               "  DIR/trace_merged.json: every rank a process of one timeline (docs/PROFILING.md)\n");
+               "  DIR/trace_merged.json: every rank a process of one timeline (docs/PROFILING.md)\n"
+               "       caccel trace analyze DIR\n"
+               "  reads the flight recorder's DIR/rank_<r>.json (written on a communicator failure with\n"
+               "  CACCEL_FLIGHT_RECORDER_DIR=DIR) and says which rank is behind, on which collective, or\n"
+               "  where the ranks called different collectives, and what each rank was doing\n");
     return f == stdout ? 0 : 2;
 }
 
@@ -113,6 +118,7 @@ static int merge(const char *dir) {
 
 int ca_cmd_trace(int argc, char **argv) {
     if (argc >= 2 && (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help"))) return usage(stdout);
+    if (argc == 3 && strcmp(argv[1], "analyze") == 0) return ca_cmd_trace_analyze(argv[2]);
     if (argc != 3 || strcmp(argv[1], "merge") != 0) return usage(stderr);
     return merge(argv[2]);
 }

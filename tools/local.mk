@@ -8,7 +8,7 @@ tools_caccel_SOURCES = \
 	tools/cmd_env.c \
 	tools/cmd_config.c tools/config_ask.c tools/config_update.c tools/config_fsdp2.c tools/config_doc.c \
 	tools/cmd_launch.c tools/launch_hosts.c tools/cmd_merge_weights.c comm/store_server.c comm/store_client.c comm/store_wire_impl.h comm/store_impl.h base/file.c base/file_impl.h \
-	tools/cmd_estimate_memory.c tools/estimate_run.c tools/cmd_test.c tools/cmd_trace.c core/json.c core/json_impl.h \
+	tools/cmd_estimate_memory.c tools/estimate_run.c tools/cmd_test.c tools/cmd_trace.c tools/cmd_trace_analyze.c core/json.c core/json_impl.h \
 	comm/affinity.c comm/affinity_impl.h
 tools_caccel_CFLAGS = $(AM_CFLAGS) $(JSONC_CFLAGS) $(HWLOC_CFLAGS)
 tools_caccel_LDADD = libcaccel.la $(JSONC_LIBS) $(HWLOC_LIBS)

@@ -36,7 +36,9 @@
  *                injects --fault kill9, stop (SIGSTOP), exit0, exit1 or abort and
  *                prints when (epoch ms); the others must fail naming it (a stopped
  *                rank: by the collective timeout) and exit --fail-code; a stopped
- *                victim that is continued fails in its next collective and exits 5
+ *                victim that is continued fails in its next collective and exits 5;
+ *                with --kernels each step first runs a small matmul ([4,8] x [8,2],
+ *                f32, on the CPU), for the flight recorder's kernel records
  *   spin         every rank reduces forever (signal and orphan tests stop it); it
  *                prints "spinning" once its first all_reduce has completed, so
  *                a test that acts on the job on that line acts on a job that is
@@ -71,6 +73,7 @@ typedef struct opts {
     const char *fault;         /* fault mode: kill9, stop, exit0, exit1, abort */
     int step;                  /* fault mode: the all_reduce at which the victim injects it */
     const char *gate;          /* a file to wait for before creating the communicator */
+    bool kernels;              /* fault mode: a matmul before each all_reduce */
 } opts;
 
 static double now_s(void) {
@@ -465,6 +468,14 @@ static void inject(const opts *o, int r) {
     else if (!strcmp(o->fault, "abort")) abort();
 }
 
+/* --kernels: one kernel call a step (its tensors end with the scope). */
+static void step_kernel(void) {
+    ca_scope *sc = ca_scope_begin();
+    int64_t sa[2] = {4, 8}, sb[2] = {8, 2};
+    ca_matmul(ca_full(ca_cpu_device(), CA_F32, 2, sa, 1.0), ca_full(ca_cpu_device(), CA_F32, 2, sb, 2.0));
+    ca_scope_end(sc);
+}
+
 /* A fault at a chosen step (tests/dist/faults.sh): the others reduce until the failure surfaces. */
 static int fault_mode(ca_comm *c, const opts *o) {
     int r = ca_comm_rank(c), w = ca_comm_size(c), victim = o->victim >= 0 ? o->victim : w - 1;
@@ -473,6 +484,7 @@ static int fault_mode(ca_comm *c, const opts *o) {
     int i = 0;
     for (; s == CA_OK; i++) {
         if (r == victim && i == o->step) inject(o, r);
+        if (o->kernels) step_kernel();
         s = ca_comm_all_reduce(c, x, x, 16, CA_F32, CA_OP_SUM, NULL);
     }
     const char *m = ca_last_error();
@@ -535,6 +547,7 @@ int main(int argc, char **argv) {
         else if (strcmp(a, "--step") == 0 && v) o.step = atoi(argv[++i]);
         else if (strcmp(a, "--gate") == 0 && v) o.gate = argv[++i];
         else if (strcmp(a, "--debug") == 0) o.debug = true;
+        else if (strcmp(a, "--kernels") == 0) o.kernels = true;
         else if (strcmp(a, "--tag") == 0 && v) i++;   /* a marker for the scripts' pgrep */
         else {
             fprintf(stderr, "comm_check: unknown argument %s\n", a);
