@@ -772,6 +772,49 @@ static void watch_stdin(launch *L) {
     begin_stop(L, SIGTERM);
 }
 
+/* The descriptors supervise() waits on: the signalfd first, then ssh's channel when watched (who -1),
+ * then each local process's stdout and stderr (who 2i and 2i+1). Returns how many. */
+static int poll_set(launch *L, struct pollfd *pfd, int *who) {
+    int np = 0;
+    pfd[np++] = (struct pollfd){.fd = L->sfd, .events = POLLIN};
+    if (L->watch_stdin) {
+        who[np] = -1;
+        pfd[np++] = (struct pollfd){.fd = STDIN_FILENO, .events = POLLIN};
+    }
+    for (int i = 0; i < L->nlocal; i++) {
+        if (L->kids[i].out_fd >= 0) {
+            who[np] = 2 * i;
+            pfd[np++] = (struct pollfd){.fd = L->kids[i].out_fd, .events = POLLIN};
+        }
+        if (L->kids[i].err_fd >= 0) {
+            who[np] = 2 * i + 1;
+            pfd[np++] = (struct pollfd){.fd = L->kids[i].err_fd, .events = POLLIN};
+        }
+    }
+    return np;
+}
+
+/* The signals queued on the signalfd: a child's end is reaped; the first SIGINT/SIGTERM/SIGHUP is
+ * passed to every process, a second one kills them. */
+static void read_signals(launch *L) {
+    struct signalfd_siginfo si;
+    while (read(L->sfd, &si, sizeof si) == (ssize_t)sizeof si) {
+        int sig = (int)si.ssi_signo;
+        if (sig == SIGCHLD) {
+            reap(L, (pid_t)si.ssi_pid);
+            continue;
+        }
+        if (L->interrupted) {
+            fprintf(stderr, "caccel %s: %s again: killing every process\n", cmd_name, signame(sig));
+            signal_all(L, SIGKILL);
+            continue;
+        }
+        L->interrupted = sig;
+        say(L, "%s received: passing it to every process", signame(sig));
+        begin_stop(L, sig);
+    }
+}
+
 static int supervise(launch *L) {
     int64_t next_remote = 0;
     int64_t interval = (int64_t)(L->monitor_interval * 1000);
@@ -818,47 +861,15 @@ static int supervise(launch *L) {
             next_remote = now + interval;
         }
         struct pollfd pfd[2 + 2 * MAX_LOCAL];
-        int np = 0;
-        pfd[np++] = (struct pollfd){.fd = L->sfd, .events = POLLIN};
         int who[2 + 2 * MAX_LOCAL];
-        if (L->watch_stdin) {
-            who[np] = -1;
-            pfd[np++] = (struct pollfd){.fd = STDIN_FILENO, .events = POLLIN};
-        }
-        for (int i = 0; i < L->nlocal; i++) {
-            if (L->kids[i].out_fd >= 0) {
-                who[np] = 2 * i;
-                pfd[np++] = (struct pollfd){.fd = L->kids[i].out_fd, .events = POLLIN};
-            }
-            if (L->kids[i].err_fd >= 0) {
-                who[np] = 2 * i + 1;
-                pfd[np++] = (struct pollfd){.fd = L->kids[i].err_fd, .events = POLLIN};
-            }
-        }
+        int np = poll_set(L, pfd, who);
         int64_t wait = interval;
         if (L->decide_at && L->first_fail < 0 && !L->remote_fail_code && L->decide_at - now < wait)
             wait = L->decide_at > now ? L->decide_at - now : 0;
         int r = poll(pfd, (nfds_t)np, (int)wait);
         if (r < 0 && errno != EINTR) return fail_msg("poll: %s", strerror(errno));
         if (r <= 0) continue;
-        if (pfd[0].revents & POLLIN) {
-            struct signalfd_siginfo si;
-            while (read(L->sfd, &si, sizeof si) == (ssize_t)sizeof si) {
-                int sig = (int)si.ssi_signo;
-                if (sig == SIGCHLD) {
-                    reap(L, (pid_t)si.ssi_pid);
-                    continue;
-                }
-                if (L->interrupted) {
-                    fprintf(stderr, "caccel %s: %s again: killing every process\n", cmd_name, signame(sig));
-                    signal_all(L, SIGKILL);
-                    continue;
-                }
-                L->interrupted = sig;
-                say(L, "%s received: passing it to every process", signame(sig));
-                begin_stop(L, sig);
-            }
-        }
+        if (pfd[0].revents & POLLIN) read_signals(L);
         for (int p = 1; p < np; p++)
             if (pfd[p].revents & (POLLIN | POLLHUP | POLLERR | POLLNVAL)) {
                 if (who[p] < 0) watch_stdin(L);
