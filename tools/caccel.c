@@ -1,6 +1,7 @@
 /* The caccel command: --version, --help, and dispatch to the subcommands of a table. */
 #include "tools/cli_impl.h"
 
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,6 +18,27 @@ const ca_cli_command ca_cli_commands[] = {
     {"test", "check the setup: collectives, sync across ranks, sharding, training (under launch)", ca_cmd_test},
 };
 const size_t ca_cli_ncommands = sizeof ca_cli_commands / sizeof ca_cli_commands[0];
+
+static void cli_line(const char *cmd, const char *kind, const char *fmt, va_list ap) {
+    fprintf(stderr, "caccel %s: %s", cmd, kind);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+}
+
+int ca_cli_error(const char *cmd, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    cli_line(cmd, "error: ", fmt, ap);
+    va_end(ap);
+    return 1;
+}
+
+void ca_cli_say(const char *cmd, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    cli_line(cmd, "", fmt, ap);
+    va_end(ap);
+}
 
 int ca_cli_fail(const char *cmd) {
     fprintf(stderr, "caccel %s: error: %s\n", cmd, ca_last_error()[0] ? ca_last_error() : ca_status_name(ca_last_status()));

@@ -70,6 +70,10 @@ int ca_cmd_trace_analyze(const char *dir);
 
 /* Prints "caccel <cmd>: error: <last error>" and its hint to stderr; returns 1. */
 int ca_cli_fail(const char *cmd);
+/* Prints "caccel <cmd>: error: <message>" to stderr; returns 1 (a failed command's exit status). */
+int ca_cli_error(const char *cmd, const char *fmt, ...) CA_PRINTF(2, 3);
+/* Prints "caccel <cmd>: <message>" to stderr: what a command says of its progress. */
+void ca_cli_say(const char *cmd, const char *fmt, ...) CA_PRINTF(2, 3);
 
 /* caccel's default config file: $XDG_CONFIG_HOME/caccel/default_config.yaml
  * (XDG_CONFIG_HOME defaults to ~/.config). "" when neither is known. */

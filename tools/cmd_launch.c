@@ -10,7 +10,6 @@
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
-#include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -183,27 +182,9 @@ typedef struct launch {
     int restart_count;             /* restarts so far (TORCHELASTIC_RESTART_COUNT) */
 } launch;
 
-static void say(const launch *L, const char *fmt, ...) CA_PRINTF(2, 3);
-static void say(const launch *L, const char *fmt, ...) {
-    if (L->quiet) return;
-    va_list ap;
-    va_start(ap, fmt);
-    fprintf(stderr, "caccel %s: ", cmd_name);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
-    va_end(ap);
-}
-
-static int fail_msg(const char *fmt, ...) CA_PRINTF(1, 2);
-static int fail_msg(const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    fprintf(stderr, "caccel %s: error: ", cmd_name);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
-    va_end(ap);
-    return 1;
-}
+/* The command's progress (unless --quiet) and its errors, as every caccel command prints them. */
+#define say(L, ...) ((L)->quiet ? (void)0 : ca_cli_say(cmd_name, __VA_ARGS__))
+#define fail_msg(...) ca_cli_error(cmd_name, __VA_ARGS__)
 
 static void usage(FILE *f) {
     fprintf(f,

@@ -17,7 +17,6 @@
 #include <limits.h>
 #include <poll.h>
 #include <signal.h>
-#include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -64,27 +63,9 @@ typedef struct job {
     const char *cfg_name;       /* its name, without the directories */
 } job;
 
-static int fail(const job *J, const char *fmt, ...) CA_PRINTF(2, 3);
-static int fail(const job *J, const char *fmt, ...) {
-    va_list ap;
-    fprintf(stderr, "caccel %s: error: ", J->o->cmd_name);
-    va_start(ap, fmt);
-    vfprintf(stderr, fmt, ap);
-    va_end(ap);
-    fputc('\n', stderr);
-    return 1;
-}
-
-static void say(const job *J, const char *fmt, ...) CA_PRINTF(2, 3);
-static void say(const job *J, const char *fmt, ...) {
-    if (J->o->quiet) return;
-    va_list ap;
-    fprintf(stderr, "caccel %s: ", J->o->cmd_name);
-    va_start(ap, fmt);
-    vfprintf(stderr, fmt, ap);
-    va_end(ap);
-    fputc('\n', stderr);
-}
+/* Errors and progress (unless quiet), as every caccel command prints them. */
+#define fail(J, ...) ca_cli_error((J)->o->cmd_name, __VA_ARGS__)
+#define say(J, ...) ((J)->o->quiet ? (void)0 : ca_cli_say((J)->o->cmd_name, __VA_ARGS__))
 
 /* ------------------------------------------------------------------ hostfile */
 
