@@ -21,16 +21,25 @@ trap 'rm -rf "$WORK"' EXIT
 
 "$b/examples/linear_regression" --cpu || fail "linear regression did not reach the noise floor"
 
+# Under the sanitizers (CACCEL_TEST_SANITIZED, set by configure --enable-sanitizers) each epoch is the
+# first 12,800 training and 2,000 test samples: the same code runs, a quarter as long. The accuracy
+# floor is then left out (measured there: 80.45-80.70%, too near 80% to be a fair bound); the
+# precision and accumulation comparisons against f32 stay (measured: within 0.07%).
+small=""
+[ "${CACCEL_TEST_SANITIZED:-}" = yes ] && small="--max_train_samples 12800 --max_eval_samples 2000"
+
 fm() {   # fm NAME ARGS...: trains; WORK/NAME.acc and WORK/NAME.loss hold the last epoch's figures
     name=$1; shift
-    out=$("$b/examples/fashion_mnist" --cpu --epochs 1 "$@" 2>&1) || { echo "$out"; fail "fashion_mnist $* exited non-zero"; }
+    # shellcheck disable=SC2086
+    out=$("$b/examples/fashion_mnist" --cpu --epochs 1 $small "$@" 2>&1) || { echo "$out"; fail "fashion_mnist $* exited non-zero"; }
     line=$(echo "$out" | grep 'train loss' | tail -1)
     echo "$line" | sed -n 's/.*test accuracy \([0-9.]*\)%.*/\1/p' > "$WORK/$name.acc"
     echo "$line" | sed -n 's/.*train loss \([0-9.]*\),.*/\1/p' > "$WORK/$name.loss"
     [ -s "$WORK/$name.acc" ] && [ -s "$WORK/$name.loss" ] || { echo "$out"; fail "fashion_mnist $* printed no epoch line"; }
     echo "$name: accuracy $(cat "$WORK/$name.acc")%, train loss $(cat "$WORK/$name.loss")"
 }
-floor() {   # floor NAME: accuracy >= 80%
+floor() {   # floor NAME: accuracy >= 80% (after a whole epoch)
+    [ -z "$small" ] || return 0
     awk -v a="$(cat "$WORK/$1.acc")" 'BEGIN { exit !(a >= 80.0) }' ||
         fail "$1 reached $(cat "$WORK/$1.acc")% after one epoch, below the 80% floor"
 }
@@ -55,6 +64,7 @@ fm bf16 --mixed_precision bf16
 fm fp16 --mixed_precision fp16
 fm accum --gradient_accumulation_steps 4 --batch-size 32
 for n in f32 bf16 fp16 accum; do floor $n; done
+[ -z "$small" ] || echo "  (the 80% floor is left out: short epochs under the sanitizers)"
 near bf16 0.015625
 near fp16 0.015625
 near accum 0.00390625

@@ -35,8 +35,12 @@ train_backends
 
 note "SGD with momentum, global batch 24, 6 steps: 1 rank == DDP == stage 1 == stage 2 == stage 3 at 2, 3 and 4 ranks"
 "$DDP" --mode plain --batch 24 --steps 6 --dump "$WORK/ref.bin" > /dev/null 2>&1 || fail "1 rank"
+# Under the sanitizers (CACCEL_TEST_SANITIZED) 2 and 3 ranks only: 3 gives the uneven shards and
+# padding where an access out of bounds would show; 4 ranks at stage 3 run again further down.
+nps="2 3 4"
+[ "${CACCEL_TEST_SANITIZED:-}" = yes ] && nps="2 3"
 for be in $backends; do
-    for np in 2 3 4; do
+    for np in $nps; do
         b=$((24 / np))
         launch "$np" "$be" "$DDP" --mode plain --batch $b --steps 6 --dump "$WORK/ddp.bin" > "$WORK/o" || { cat "$WORK/o"; fail "DDP $np $be"; }
         same "$WORK/ref.bin" "$WORK/ddp.bin"
