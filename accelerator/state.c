@@ -1897,7 +1897,14 @@ static ca_status load_state(ca_accelerator *acc, const char *dir) {
         CA_LOG_I("load_state: loading %s", path);
         dir = path;
     }
-    return ss_load_dir(acc, dir);
+    s = ss_load_dir(acc, dir);
+    /* an elastic job's log names the step where the group goes on after a change of membership (shown at
+     * the default level, with the launcher's line naming the machines) */
+    const char *base = getenv("CACCEL_ELASTIC_BASE_WORLD_SIZE");
+    if (s == CA_OK && base && *base && acc->rank <= 0 && acc->nopts > 0)
+        ca_log_printf(CA_LOG_WARNING, "elastic: the group of %d processes resumes at optimizer step %lld (%s)",
+                      acc->world, (long long)ca_optimizer_steps(acc->opts[0]), dir);
+    return s;
 }
 
 /* ------------------------------------------------------------------ custom objects */
