@@ -40,6 +40,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 typedef struct opts {
     const char *mode;
@@ -51,7 +52,9 @@ typedef struct opts {
     bool mem, digest, inf_input, read_sharded, adamw, meta;
     int stop_rank;               /* --stop-rank R: rank R stops itself (SIGSTOP) before micro-step 3 */
     int lsgd_steps, sim;         /* --local-sgd-steps K, --sim N */
-    int save_every, halt_step;   /* --save-every N, --halt-step S: see elastic_train */
+    int save_every, halt_step;   /* --save-every N, --halt-step S, --gate-step S --gate FILE: see elastic_train */
+    int gate_step;
+    const char *gate;
     bool resume;
 } opts;
 
@@ -204,6 +207,8 @@ static opts parse(int argc, char **argv) {
         else if (!strcmp(argv[i], "--save-every") && i + 1 < argc) o.save_every = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--halt-step") && i + 1 < argc) o.halt_step = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--resume")) o.resume = true;
+        else if (!strcmp(argv[i], "--gate-step") && i + 1 < argc) o.gate_step = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--gate") && i + 1 < argc) o.gate = argv[++i];
         else if (ca_config_flag_arity(argv[i]) >= 0) i += ca_config_flag_arity(argv[i]);
         else { fprintf(stderr, "ddp_check: unknown argument %s\n", argv[i]); exit(2); }
     }
@@ -293,7 +298,9 @@ static int uneven(ca_accelerator *acc, ca_module *m, ca_dataset *ds) {
  * steps, whatever the accumulation (an elastic job changes it), saving a checkpoint every N steps and
  * printing "rank=R trained step S" after each; --resume first loads the newest complete checkpoint, if
  * any. --halt-step S: in the first start (no restart yet) the last rank stops itself (SIGSTOP) after
- * step S, so that a test can kill its machine while no later checkpoint can be written. */
+ * step S, so that a test can kill its machine while no later checkpoint can be written. --gate-step S
+ * --gate FILE: after the first restart every rank prints "rank=R at the gate" after step S and waits
+ * until FILE exists (a test lets a machine join meanwhile). */
 static void elastic_train(ca_accelerator *acc, ca_module *m, ca_optimizer *opt, ca_dataloader *dl, const opts *o) {
     if (o->resume) {
         ca_status s = ca_load_state(acc, NULL);
@@ -322,6 +329,11 @@ static void elastic_train(ca_accelerator *acc, ca_module *m, ca_optimizer *opt, 
         fflush(stdout);
         if (o->save_every > 0 && step % o->save_every == 0) CA_CHECK(ca_save_state(acc, NULL));
         if (first && step == o->halt_step && rank == world - 1) raise(SIGSTOP);
+        if (o->gate && restart && atoi(restart) == 1 && step == o->gate_step) {
+            printf("rank=%d at the gate\n", rank);
+            fflush(stdout);
+            while (access(o->gate, F_OK) != 0) usleep(20 * 1000);
+        }
     }
 }
 

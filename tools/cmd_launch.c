@@ -185,7 +185,8 @@ typedef struct launch {
     bool elastic;
     int min_machines, max_machines, group_rank;
     int join_timeout_s, last_call_s;   /* --rdzv_conf join_timeout=S,last_call_timeout=S */
-    unsigned char *member;         /* per machine id: in the current round (machine 0 also: survivors) */
+    unsigned char *member;         /* per machine id, M_OUT.. (below): in the current round or not */
+    bool regroup;                  /* the processes stopped at a checkpoint to let a machine join */
     char nm_arg[48];               /* --num_machines=MAX, the configuration's view of MIN:MAX */
 } launch;
 
@@ -215,7 +216,8 @@ static void usage(FILE *f) {
         "  --monitor_interval SECONDS    how often the processes are checked (default 0.5)\n"
         "  --hostfile FILE               start every machine of FILE (`host slots=N` lines) over ssh\n"
         "  --ssh_port PORT, --ssh_opts \"OPTIONS\"   how ssh reaches them\n"
-        "  --num_machines MIN:MAX        elastic membership: start with MIN..MAX machines, shrink when one dies\n"
+        "  --num_machines MIN:MAX        elastic membership: MIN..MAX machines; shrinks when one dies, grows\n"
+        "                                at a checkpoint when one comes\n"
         "  --rdzv_conf join_timeout=S,last_call_timeout=S   how long the rendezvous waits for MIN machines\n"
         "                                (default 600 s), then for more up to MAX (default 30 s)\n\n"
         "The processes get RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT,\n"
@@ -820,6 +822,9 @@ static void read_signals(launch *L) {
  * beats at every --monitor_interval while its processes run, and says when they have stopped). */
 #define BEAT_DEAD_MS 5000
 
+/* L->member: a machine outside the round, in it, (machine 0 at a restart) stopped, gone, waiting to join */
+enum { M_OUT, M_IN, M_STOPPED, M_GONE, M_WAITING };
+
 /* Machines 1.. of an elastic job show they are alive: machine 0 reads the counts when a restart
  * must tell the machines that stopped their processes from the ones that are gone. */
 static void elastic_beat(launch *L) {
@@ -829,6 +834,40 @@ static void elastic_beat(launch *L) {
     snprintf(key, sizeof key, "caccel/elastic/beat/%d", L->machine_rank);
     ca_store_ref s = ca_store_client_ref(L->client);
     if (s.ops->add(s.store, key, 1, &n) != CA_OK) ca_clear_error();
+}
+
+/* Machine 0 of an elastic job: a machine that joined the store after the round closed waits to join;
+ * the processes see the note at their next complete checkpoint and stop there (accelerator/state.c). */
+static void elastic_watch(launch *L) {
+    if (!L->elastic || L->machine_rank != 0 || !L->client) return;
+    ca_store_ref s = ca_store_client_ref(L->client);
+    for (int id = 1; id < L->max_machines; id++) {
+        char key[64];
+        if (L->member[id] != M_OUT) continue;
+        snprintf(key, sizeof key, "caccel/elastic/join/%d", id);
+        if (s.ops->check(s.store, key) != CA_OK) {
+            ca_clear_error();
+            continue;
+        }
+        L->member[id] = M_WAITING;
+        fprintf(stderr, "caccel %s: machine %d waits to join: the job grows at its next checkpoint\n", cmd_name, id);
+        if (s.ops->set(s.store, "caccel/elastic/grow", "1", 1) != CA_OK) ca_clear_error();
+    }
+}
+
+/* Every machine of an elastic job: the processes stopped at a checkpoint to let a machine join (rank 0
+ * left the note): stop them all and start the grown group. */
+static void elastic_check_regroup(launch *L) {
+    if (!L->elastic || !L->client || L->stopping) return;
+    ca_store_ref s = ca_store_client_ref(L->client);
+    if (s.ops->check(s.store, "caccel/elastic/regroup") != CA_OK) {
+        ca_clear_error();
+        return;
+    }
+    fprintf(stderr, "caccel %s: the processes stopped at a checkpoint to let a machine join: starting the group "
+            "again\n", cmd_name);
+    L->regroup = true;
+    begin_stop(L, SIGTERM);
 }
 
 static int supervise(launch *L) {
@@ -848,7 +887,7 @@ static int supervise(launch *L) {
                 /* decide() gave the other machines more time to report the cause: wait for it */
                 if (L->first_fail < 0 && !L->remote_fail_code) continue;
             }
-            if (L->nmachines == 1 || L->first_fail >= 0 || L->remote_fail_code || L->interrupted) break;
+            if (L->nmachines == 1 || L->first_fail >= 0 || L->remote_fail_code || L->interrupted || L->regroup) break;
             /* machine 0 keeps the store up until every machine is done */
             if (!done_reported) {
                 int64_t n;
@@ -872,9 +911,11 @@ static int supervise(launch *L) {
             signal_all(L, SIGKILL);
             L->kill_at = now + 3600 * 1000;
         }
-        if (L->nmachines > 1 && now >= next_remote) {
+        if ((L->nmachines > 1 || L->elastic) && now >= next_remote) {
             check_remote(L);
             elastic_beat(L);
+            elastic_watch(L);
+            elastic_check_regroup(L);
             next_remote = now + interval;
         }
         struct pollfd pfd[2 + 2 * MAX_LOCAL];
@@ -894,6 +935,7 @@ static int supervise(launch *L) {
             }
     }
     if (L->interrupted) return 128 + L->interrupted;
+    if (L->regroup) return 1;   /* not a failure, but a restart all the same */
     if (L->first_fail >= 0) return exit_code_of(L->kids[L->first_fail].status);
     if (L->remote_fail_code) return L->remote_fail_code;
     return 0;
@@ -1114,8 +1156,7 @@ static int member_count(const launch *L, const unsigned char *set) {
 }
 
 /* Machine 0, at a restart: which members of the failed round stopped their processes (and rejoin), and
- * which are gone (no heartbeat for BEAT_DEAD_MS); L->member marks the first 1, the others 3 (gone, named
- * in the round's log). Waits for each member until it has said one or the other, up to `deadline`. */
+ * which are gone (no heartbeat for BEAT_DEAD_MS); L->member marks the first M_IN, the others M_GONE. Waits for each member until it has said one or the other, up to `deadline`. */
 static int elastic_survivors(launch *L, int64_t deadline) {
     int64_t *beat = calloc((size_t)L->max_machines, sizeof *beat), *since = calloc((size_t)L->max_machines, sizeof *since);
     if (!beat || !since) {
@@ -1128,12 +1169,12 @@ static int elastic_survivors(launch *L, int64_t deadline) {
         pending = 0;
         int64_t now = ca_now_ms();
         for (int id = 1; id < L->max_machines; id++) {
-            if (L->member[id] != 1) continue;   /* 1: not heard from yet; 2: stopped */
+            if (L->member[id] != M_IN) continue;   /* not heard from yet */
             char key[96];
             int64_t n = 0;
             snprintf(key, sizeof key, "caccel/launch/restart/%d/stopped/%d", L->restart_count, id);
             if (s.ops->check(s.store, key) == CA_OK) {
-                L->member[id] = 2;
+                L->member[id] = M_STOPPED;
                 continue;
             }
             ca_clear_error();
@@ -1143,7 +1184,7 @@ static int elastic_survivors(launch *L, int64_t deadline) {
             if (now - since[id] >= BEAT_DEAD_MS || now >= deadline) {
                 fprintf(stderr, "caccel %s: machine %d has not answered for %d s: it leaves the job\n", cmd_name, id,
                         (int)((now - since[id]) / 1000));
-                L->member[id] = 3;
+                L->member[id] = M_GONE;
                 continue;
             }
             pending = 1;
@@ -1153,7 +1194,7 @@ static int elastic_survivors(launch *L, int64_t deadline) {
     free(beat);
     free(since);
     for (int id = 1; id < L->max_machines; id++)
-        if (L->member[id] == 2) L->member[id] = 1;
+        if (L->member[id] == M_STOPPED) L->member[id] = M_IN;
     return 0;
 }
 
@@ -1201,7 +1242,8 @@ static int elastic_close(launch *L) {
         n = elastic_joined(L, joined);
         int64_t now = ca_now_ms();
         bool all_back = true;
-        for (int id = 0; id < L->max_machines; id++) all_back &= L->member[id] != 1 || joined[id];
+        for (int id = 0; id < L->max_machines; id++)
+            all_back &= (L->member[id] != M_IN && L->member[id] != M_WAITING) || joined[id];
         if (n == L->max_machines || (L->restart_count && all_back && n >= L->min_machines)) break;
         if (!L->restart_count && n >= L->min_machines && !last_call) last_call = now + (int64_t)L->last_call_s * 1000;
         if (last_call && now >= last_call) break;
@@ -1221,9 +1263,11 @@ static int elastic_close(launch *L) {
         free(joined);
         return fail_msg("out of memory");
     }
-    for (int id = 0; id < L->max_machines; id++) diff[id] = L->member[id] && !joined[id];
+    for (int id = 0; id < L->max_machines; id++)
+        diff[id] = (L->member[id] == M_IN || L->member[id] == M_GONE) && !joined[id];
     id_list(L, diff, left, sizeof left);
-    for (int id = 0; id < L->max_machines; id++) diff[id] = !L->member[id] && joined[id];
+    for (int id = 0; id < L->max_machines; id++)
+        diff[id] = (L->member[id] == M_OUT || L->member[id] == M_WAITING) && joined[id];
     id_list(L, diff, came, sizeof came);
     id_list(L, joined, ids, sizeof ids);
     if (!L->restart_count)
@@ -1237,7 +1281,10 @@ static int elastic_close(launch *L) {
     free(joined);
     free(diff);
     ca_store_ref s = ca_store_client_ref(L->client);
-    if (s.ops->set(s.store, "caccel/elastic/change", change, strlen(change)) != CA_OK ||
+    char round[32];
+    snprintf(round, sizeof round, "%d", L->restart_count);
+    if (s.ops->set(s.store, "caccel/elastic/round", round, strlen(round)) != CA_OK ||
+        s.ops->set(s.store, "caccel/elastic/change", change, strlen(change)) != CA_OK ||
         s.ops->set(s.store, "caccel/elastic/members", ids, strlen(ids)) != CA_OK)
         return ca_cli_fail(cmd_name);
     return 0;
@@ -1270,27 +1317,45 @@ static int elastic_read_members(launch *L, int64_t deadline) {
         n++;
         if (*p == ',') p++;
     }
+    if (L->group_rank < 0) return 3;   /* the round closed without this machine: it joins the next */
     fprintf(stderr, "caccel %s: membership (round %d): %s\n", cmd_name, L->restart_count, change);
-    if (L->group_rank < 0)
-        return fail_msg("machine %d joined after the rendezvous closed on machines %s: joining a running job is not "
-                        "supported yet", L->machine_rank, ids);
     L->nmachines = n;
     L->nproc = n * L->nlocal;
     set_world_env(L);
     return 0;
 }
 
-/* One rendezvous round of an elastic job, before its processes start: every machine joins (machine 0
- * closes the round), then learns its place. */
-static int elastic_round(launch *L) {
-    char key[64], host[256] = "";
-    if (gethostname(host, sizeof host - 1) != 0) snprintf(host, sizeof host, "?");
-    snprintf(key, sizeof key, "caccel/elastic/join/%d", L->machine_rank);
+/* A machine that came after its round closed: machine 0 has seen it (elastic_watch) and the running
+ * group stops at its next checkpoint; this machine waits for the store of that restart (up to
+ * join_timeout) and joins its round. */
+static int elastic_wait_next(launch *L) {
+    char r[32], gen[64];
+    size_t len = sizeof r - 1;
     ca_store_ref s = ca_store_client_ref(L->client);
-    if (s.ops->set(s.store, key, host, strlen(host)) != CA_OK) return ca_cli_fail(cmd_name);
-    if (L->machine_rank == 0 && elastic_close(L) != 0) return 1;
-    int64_t wait_s = (int64_t)L->join_timeout_s + L->last_call_s + grace_s() + 30;
-    return elastic_read_members(L, ca_now_ms() + wait_s * 1000);
+    if (s.ops->get(s.store, "caccel/elastic/round", r, &len, STORE_IO_MS) != CA_OK) return ca_cli_fail(cmd_name);
+    r[len] = '\0';
+    L->restart_count = atoi(r) + 1;
+    fprintf(stderr, "caccel %s: machine %d waits to join: the running group takes it in at its next checkpoint\n",
+            cmd_name, L->machine_rank);
+    snprintf(gen, sizeof gen, "caccel/launch/restart/%d/store", L->restart_count);
+    return rejoin_store(L, gen, ca_now_ms() + (int64_t)L->join_timeout_s * 1000);
+}
+
+/* One rendezvous round of an elastic job, before its processes start: every machine joins (machine 0
+ * closes the round), then learns its place; one that came too late waits for the next round. */
+static int elastic_round(launch *L) {
+    for (;;) {
+        char key[64], host[256] = "";
+        if (gethostname(host, sizeof host - 1) != 0) snprintf(host, sizeof host, "?");
+        snprintf(key, sizeof key, "caccel/elastic/join/%d", L->machine_rank);
+        ca_store_ref s = ca_store_client_ref(L->client);
+        if (s.ops->set(s.store, key, host, strlen(host)) != CA_OK) return ca_cli_fail(cmd_name);
+        if (L->machine_rank == 0 && elastic_close(L) != 0) return 1;
+        int64_t wait_s = (int64_t)L->join_timeout_s + L->last_call_s + grace_s() + 30;
+        int rc = elastic_read_members(L, ca_now_ms() + wait_s * 1000);
+        if (rc != 3) return rc;
+        if (elastic_wait_next(L) != 0) return 1;
+    }
 }
 
 static void set_restart_env(const launch *L) {
@@ -1314,11 +1379,11 @@ static int spawn_and_supervise(launch *L, const sigset_t *old) {
     }
     int code;
     for (;;) {
-        set_restart_env(L);
-        if (L->elastic && elastic_round(L) != 0) {
+        if (L->elastic && elastic_round(L) != 0) {   /* a late machine learns the restart count here */
             code = 1;
             break;
         }
+        set_restart_env(L);
         bool spawn_failed = false;
         code = run_group(L, old, &spawn_failed);
         if (code == 0 || spawn_failed || L->interrupted || L->restart_count >= L->max_restarts) break;
@@ -1332,6 +1397,7 @@ static int spawn_and_supervise(launch *L, const sigset_t *old) {
         L->decide_at = 0;
         L->extended = false;
         L->remote_fail_code = 0;
+        L->regroup = false;
         int agreed = L->elastic ? agree_restart_elastic(L) : L->nmachines > 1 ? agree_restart(L) : fresh_store(L);
         if (agreed != 0) {
             code = 1;
