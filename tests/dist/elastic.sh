@@ -7,9 +7,11 @@
 # gate after step 6. Machine 2 is started again: it waits to join, the gate opens, and the group stops
 # at its next checkpoint (step 8) and restarts at three machines (accumulation 2 again) from it.
 # The parameters at step 12 equal a run without failures through the same sizes at the same steps:
-# 3 processes to step 4, 2 processes (accumulation 3) to step 8, 3 processes to step 12. The refusals (MIN > MAX, MIN:MAX
-# under mpirun or with a hostfile, a bad --rdzv_conf) run everywhere; the rest skips where network
-# namespaces cannot be made (not root).
+# 3 processes to step 4, 2 processes (accumulation 3) to step 8, 3 processes to step 12. Then with
+# --num_machines 2:2 a dead machine leaves fewer than MIN: the job ends. The refusals (MIN > MAX,
+# MIN:MAX under mpirun or with a hostfile, a bad --rdzv_conf) and a rendezvous that gets fewer than
+# MIN within join_timeout run everywhere; the rest skips where network namespaces cannot be made
+# (not root).
 . "$(dirname "$0")/lib.sh"
 . "$(dirname "$0")/netns_lib.sh"
 trap 'exit 1' HUP INT TERM
@@ -30,6 +32,13 @@ grep -q "num_machines 1:2 with a hostfile" "$WORK/o" || { cat "$WORK/o"; fail "h
     fail "an unknown --rdzv_conf key was accepted"
 grep -q "rdzv_conf: 'read_timeout=3' is not join_timeout=SECONDS or last_call_timeout=SECONDS" "$WORK/o" ||
     { cat "$WORK/o"; fail "--rdzv_conf message"; }
+
+note "fewer than MIN machines join within join_timeout: the job ends naming the ones that came"
+CACCEL_JOB_TOKEN="elastic-test-$$" "$CACCEL" launch --num_machines 2:3 --machine_rank 0 --main_process_ip 127.0.0.1 \
+    --main_process_port 0 --num_processes 3 --rdzv_conf join_timeout=1 --cpu true >"$WORK/o" 2>&1 &&
+    fail "a rendezvous of 1 machine for --num_machines 2:3 started"
+grep -q "the rendezvous has 1 machine(s) (0) after [0-9]* s: --num_machines 2:3 needs at least 2" "$WORK/o" ||
+    { cat "$WORK/o"; fail "join_timeout message"; }
 
 need_backend gloo
 ns_setup 3
@@ -98,4 +107,19 @@ same "$WORK/ref.bin" "$WORK/el.bin"
 for m in 0 1 2; do
     [ -z "$(ip netns pids "$(ns_name "$m")")" ] || { ip netns pids "$(ns_name "$m")" | xargs ps -o pid,args -p; fail "processes left on machine $m"; }
 done
+
+note "--num_machines 2:2, machine 1 dies: fewer than MIN remain, the job ends"
+export CACCEL_JOB_TOKEN="netns-test-token-$$"
+NS_MACHINES=2:2
+for m in 0 1; do
+    ns_launch "$m" 2 29572 --max_restarts 1 --monitor_interval 0.2 $TRAIN --k 2 --halt-step 2 --resume --project_dir "$WORK/min"
+done
+unset NS_MACHINES
+wait_lines 1 "rank=1 trained step 2 of 2 processes" "machine 1 did not train" "$NS_PID_0 $NS_PID_1" "$WORK/m1"
+ip netns pids "$(ns_name 1)" | xargs kill -9
+wait "$NS_PID_0"
+rc=$?
+unset CACCEL_JOB_TOKEN
+[ "$rc" -ne 0 ] || { cat "$WORK/m0"; fail "machine 0 alone ended with status 0 under --num_machines 2:2"; }
+count 1 "the rendezvous has 1 machine(s) (0) after [0-9]* s: --num_machines 2:2 needs at least 2" "$WORK/m0"
 echo "PASS"
