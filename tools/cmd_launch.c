@@ -1141,11 +1141,14 @@ static int agree_restart(launch *L) {
 
 /* ------------------------------------------------------------------ elastic membership */
 
-/* "0,1,2": the machines marked in `set` (ids in order) */
-static void id_list(const launch *L, const unsigned char *set, char *buf, size_t len) {
-    size_t u = 0;
+/* The size of a list of machine ids: "0,1,2" for every machine up to MAX (ids have at most 7 digits). */
+static size_t id_list_size(const launch *L) { return (size_t)L->max_machines * 8 + 8; }
+
+/* "0,1,2": the machines marked in `set` (ids in order), into buf of id_list_size() bytes */
+static void id_list(const launch *L, const unsigned char *set, char *buf) {
+    size_t u = 0, len = id_list_size(L);
     buf[0] = '\0';
-    for (int id = 0; id < L->max_machines && u + 12 < len; id++)
+    for (int id = 0; id < L->max_machines && u + 9 < len; id++)
         if (set[id]) u += (size_t)snprintf(buf + u, len - u, "%s%d", u ? "," : "", id);
 }
 
@@ -1156,9 +1159,11 @@ static int member_count(const launch *L, const unsigned char *set) {
 }
 
 /* Machine 0, at a restart: which members of the failed round stopped their processes (and rejoin), and
- * which are gone (no heartbeat for BEAT_DEAD_MS); L->member marks the first M_IN, the others M_GONE. Waits for each member until it has said one or the other, up to `deadline`. */
+ * which are gone (no heartbeat for BEAT_DEAD_MS); L->member marks the first M_IN, the others M_GONE.
+ * Waits for each member until it has said one or the other, up to `deadline`. */
 static int elastic_survivors(launch *L, int64_t deadline) {
-    int64_t *beat = calloc((size_t)L->max_machines, sizeof *beat), *since = calloc((size_t)L->max_machines, sizeof *since);
+    int64_t *beat = calloc((size_t)L->max_machines, sizeof *beat);
+    int64_t *since = calloc((size_t)L->max_machines, sizeof *since);
     if (!beat || !since) {
         free(beat);
         free(since);
@@ -1229,6 +1234,48 @@ static int elastic_joined(launch *L, unsigned char *joined) {
     return member_count(L, joined);
 }
 
+/* Machine 0: the round's members (`joined`, n of them) and the change from the last round, in the
+ * store for every machine; L->member becomes `joined`. */
+static int elastic_publish(launch *L, const unsigned char *joined, int n) {
+    size_t cap = id_list_size(L), ccap = 3 * cap + 200;
+    char *ids = malloc(cap), *left = malloc(cap), *came = malloc(cap), *change = malloc(ccap);
+    unsigned char *diff = calloc((size_t)L->max_machines, 1);
+    int rc = 0;
+    if (!ids || !left || !came || !change || !diff) {
+        rc = fail_msg("out of memory");
+        goto out;
+    }
+    for (int id = 0; id < L->max_machines; id++)
+        diff[id] = (L->member[id] == M_IN || L->member[id] == M_GONE) && !joined[id];
+    id_list(L, diff, left);
+    for (int id = 0; id < L->max_machines; id++)
+        diff[id] = (L->member[id] == M_OUT || L->member[id] == M_WAITING) && joined[id];
+    id_list(L, diff, came);
+    id_list(L, joined, ids);
+    if (!L->restart_count)
+        snprintf(change, ccap, "machines %s joined (%d of --num_machines %d:%d)", ids, n, L->min_machines,
+                 L->max_machines);
+    else
+        snprintf(change, ccap, "%s%s%s%s%s%sthe job goes on with machines %s (%d of --num_machines %d:%d)",
+                 left[0] ? "machine(s) " : "", left, left[0] ? " left; " : "", came[0] ? "machine(s) " : "", came,
+                 came[0] ? " joined; " : "", ids, n, L->min_machines, L->max_machines);
+    memcpy(L->member, joined, (size_t)L->max_machines);
+    ca_store_ref s = ca_store_client_ref(L->client);
+    char round[32];
+    snprintf(round, sizeof round, "%d", L->restart_count);
+    if (s.ops->set(s.store, "caccel/elastic/round", round, strlen(round)) != CA_OK ||
+        s.ops->set(s.store, "caccel/elastic/change", change, strlen(change)) != CA_OK ||
+        s.ops->set(s.store, "caccel/elastic/members", ids, strlen(ids)) != CA_OK)
+        rc = ca_cli_fail(cmd_name);
+out:
+    free(ids);
+    free(left);
+    free(came);
+    free(change);
+    free(diff);
+    return rc;
+}
+
 /* Machine 0 closes the round: the first one admits up to MAX machines, waiting join_timeout for MIN of
  * them and then last_call_timeout for more; a restart waits for the machines that stopped (L->member)
  * to rejoin, admits whoever else is there, and needs MIN of them. Publishes the members and the change. */
@@ -1249,45 +1296,20 @@ static int elastic_close(launch *L) {
         if (last_call && now >= last_call) break;
         if (now >= end && n >= L->min_machines) break;
         if (now >= end || (L->restart_count && all_back)) {
-            char ids[512];
-            id_list(L, joined, ids, sizeof ids);
+            char *ids = malloc(id_list_size(L));
+            if (ids) id_list(L, joined, ids);
             free(joined);
-            return fail_msg("the rendezvous has %d machine(s) (%s) after %d s: --num_machines %d:%d needs at least %d",
-                            n, ids, (int)((now - start) / 1000), L->min_machines, L->max_machines, L->min_machines);
+            int rc = fail_msg("the rendezvous has %d machine(s) (%s) after %d s: --num_machines %d:%d needs at least %d",
+                              n, ids ? ids : "?", (int)((now - start) / 1000), L->min_machines, L->max_machines,
+                              L->min_machines);
+            free(ids);
+            return rc;
         }
         usleep(100 * 1000);
     }
-    char ids[512], left[512], came[512], change[1200];
-    unsigned char *diff = calloc((size_t)L->max_machines, 1);
-    if (!diff) {
-        free(joined);
-        return fail_msg("out of memory");
-    }
-    for (int id = 0; id < L->max_machines; id++)
-        diff[id] = (L->member[id] == M_IN || L->member[id] == M_GONE) && !joined[id];
-    id_list(L, diff, left, sizeof left);
-    for (int id = 0; id < L->max_machines; id++)
-        diff[id] = (L->member[id] == M_OUT || L->member[id] == M_WAITING) && joined[id];
-    id_list(L, diff, came, sizeof came);
-    id_list(L, joined, ids, sizeof ids);
-    if (!L->restart_count)
-        snprintf(change, sizeof change, "machines %s joined (%d of --num_machines %d:%d)", ids, n, L->min_machines,
-                 L->max_machines);
-    else
-        snprintf(change, sizeof change, "%s%s%s%s%s%sthe job goes on with machines %s (%d of --num_machines %d:%d)",
-                 left[0] ? "machine(s) " : "", left, left[0] ? " left; " : "", came[0] ? "machine(s) " : "", came,
-                 came[0] ? " joined; " : "", ids, n, L->min_machines, L->max_machines);
-    memcpy(L->member, joined, (size_t)L->max_machines);
+    int rc = elastic_publish(L, joined, n);
     free(joined);
-    free(diff);
-    ca_store_ref s = ca_store_client_ref(L->client);
-    char round[32];
-    snprintf(round, sizeof round, "%d", L->restart_count);
-    if (s.ops->set(s.store, "caccel/elastic/round", round, strlen(round)) != CA_OK ||
-        s.ops->set(s.store, "caccel/elastic/change", change, strlen(change)) != CA_OK ||
-        s.ops->set(s.store, "caccel/elastic/members", ids, strlen(ids)) != CA_OK)
-        return ca_cli_fail(cmd_name);
-    return 0;
+    return rc;
 }
 
 /* Every machine: the members machine 0 published for this round (waiting for them up to `deadline`),
@@ -1301,24 +1323,30 @@ static int elastic_read_members(launch *L, int64_t deadline) {
                             L->join_timeout_s + L->last_call_s);
         usleep(100 * 1000);
     }
-    char ids[512], change[1200];
-    size_t len = sizeof ids - 1, clen = sizeof change - 1;
-    if (s.ops->get(s.store, "caccel/elastic/members", ids, &len, STORE_IO_MS) != CA_OK ||
-        s.ops->get(s.store, "caccel/elastic/change", change, &clen, STORE_IO_MS) != CA_OK)
-        return ca_cli_fail(cmd_name);
+    size_t cap = id_list_size(L), ccap = 3 * cap + 200, len = cap - 1, clen = ccap - 1;
+    char *ids = malloc(cap), *change = malloc(ccap);
+    if (!ids || !change || s.ops->get(s.store, "caccel/elastic/members", ids, &len, STORE_IO_MS) != CA_OK ||
+        s.ops->get(s.store, "caccel/elastic/change", change, &clen, STORE_IO_MS) != CA_OK) {
+        int rc = ids && change ? ca_cli_fail(cmd_name) : fail_msg("out of memory");
+        free(ids);
+        free(change);
+        return rc;
+    }
     ids[len] = change[clen] = '\0';
     memset(L->member, 0, (size_t)L->max_machines);
     L->group_rank = -1;
     int n = 0;
-    for (char *p = ids; *p;) {
-        int id = (int)strtol(p, &p, 10);
+    for (char *p = ids, *end; *p; p = *end == ',' ? end + 1 : end) {
+        int id = (int)strtol(p, &end, 10);
+        if (end == p) break;   /* not a list machine 0 writes */
         if (id == L->machine_rank) L->group_rank = n;
-        if (id >= 0 && id < L->max_machines) L->member[id] = 1;
+        if (id >= 0 && id < L->max_machines) L->member[id] = M_IN;
         n++;
-        if (*p == ',') p++;
     }
+    if (L->group_rank >= 0) fprintf(stderr, "caccel %s: membership (round %d): %s\n", cmd_name, L->restart_count, change);
+    free(ids);
+    free(change);
     if (L->group_rank < 0) return 3;   /* the round closed without this machine: it joins the next */
-    fprintf(stderr, "caccel %s: membership (round %d): %s\n", cmd_name, L->restart_count, change);
     L->nmachines = n;
     L->nproc = n * L->nlocal;
     set_world_env(L);
