@@ -189,6 +189,30 @@ static void zero3_init_end(ca_accelerator *acc) {
     if (ca_init_empty_weights(false) != CA_OK) ca_clear_error();
 }
 
+/* An elastic job (caccel launch --num_machines MIN:MAX) keeps the global batch its configuration
+ * describes (a warning either way: the run's accumulation is not the configured one), that of MAX machines (CACCEL_ELASTIC_BASE_WORLD_SIZE processes), at whatever size it runs:
+ * the accumulation grows or shrinks by the ratio where that divides, else takes the nearest count (at
+ * least 1) and says how far the global batch moves. */
+static ca_status elastic_accumulation(ca_accelerator *acc) {
+    const char *b = getenv("CACCEL_ELASTIC_BASE_WORLD_SIZE");
+    long base = b && *b ? strtol(b, NULL, 10) : 0;
+    if (base < 1 || base == acc->world || acc->world < 1) return CA_OK;
+    long ga = acc->st.gradient_accumulation_steps > 0 ? acc->st.gradient_accumulation_steps : 1;
+    long total = ga * base, k = (total + acc->world / 2) / acc->world;
+    if (k < 1) k = 1;
+    if (acc->rank <= 0) {
+        if (total % acc->world == 0)
+            ca_log_printf(CA_LOG_WARNING, "elastic: %d processes instead of %ld: gradient_accumulation_steps %ld -> %ld "
+                          "keeps the global batch of %ld per-process batches", acc->world, base, ga, k, total);
+        else
+            ca_log_printf(CA_LOG_WARNING, "elastic: %d processes instead of %ld: %ld per-process batches do not "
+                          "divide by %d; gradient_accumulation_steps %ld -> %ld (the nearest): the global batch is "
+                          "%ld per-process batches", acc->world, base, total, acc->world, ga, k, k * acc->world);
+    }
+    acc->st.gradient_accumulation_steps = (int)k;
+    return CA_OK;
+}
+
 ca_status ca_accelerator_create(const ca_options *opts, ca_accelerator **out) {
     if (!out) return ca_error(CA_ERR_INVALID, "ca_accelerator_create: out is NULL");
     *out = NULL;
@@ -203,6 +227,7 @@ ca_status ca_accelerator_create(const ca_options *opts, ca_accelerator **out) {
     /* Accelerate's defaults, before a strategy's configuration (DeepSpeed's JSON) overrides them */
     if (s == CA_OK) s = ca_grad_scaler_configure(acc, &(ca_grad_scaler_opts){0});
     if (s == CA_OK) s = ca_sync_select(acc);   /* the one place the parallelism is chosen */
+    if (s == CA_OK) s = elastic_accumulation(acc);   /* after a DeepSpeed JSON's accumulation */
     if (s == CA_OK) s = create_comm(acc);
     if (s == CA_OK) s = zero3_init_begin(acc);
     if (s == CA_OK) s = ca_accelerator_profile_begin(acc);

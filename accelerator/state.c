@@ -7,6 +7,7 @@
  * removes the previous checkpoint and tells the others. A load checks every file on every rank,
  * exchanges the statuses, and only then applies anything. */
 #include "accelerator/sync_impl.h"
+#include "comm/comm_impl.h"
 #include "accelerator/checkpoint_impl.h"
 #include "tensor/safetensors_impl.h"
 #include "base/trace_impl.h"
@@ -1897,7 +1898,14 @@ static ca_status load_state(ca_accelerator *acc, const char *dir) {
         CA_LOG_I("load_state: loading %s", path);
         dir = path;
     }
-    return ss_load_dir(acc, dir);
+    s = ss_load_dir(acc, dir);
+    /* an elastic job's log names the step where the group goes on after a change of membership (shown at
+     * the default level, with the launcher's line naming the machines) */
+    const char *base = getenv("CACCEL_ELASTIC_BASE_WORLD_SIZE");
+    if (s == CA_OK && base && *base && acc->rank <= 0 && acc->nopts > 0)
+        ca_log_printf(CA_LOG_WARNING, "elastic: the group of %d processes resumes at optimizer step %lld (%s)",
+                      acc->world, (long long)ca_optimizer_steps(acc->opts[0]), dir);
+    return s;
 }
 
 /* ------------------------------------------------------------------ custom objects */
@@ -1943,6 +1951,35 @@ static ca_status with_full_params(ca_accelerator *acc, ca_status (*fn)(ca_accele
     return s != CA_OK ? s : r;
 }
 
+/* An elastic job grows at a checkpoint: caccel launch marks a machine waiting to join
+ * (caccel/elastic/grow). After a complete synchronous save every rank learns from rank 0 whether one
+ * waits; if so rank 0 asks the launchers to regroup and every process waits for them to stop it, so
+ * that the grown group resumes from exactly this checkpoint (docs/DISTRIBUTED.md, Elastic membership). */
+static void elastic_grow_point(ca_accelerator *acc) {
+    if (!getenv("CACCEL_ELASTIC_BASE_WORLD_SIZE") || acc->world < 2) return;
+    ca_store_ref st = ca_comm_launch_store(acc->comm);
+    if (!st.ops) return;
+    double v = 0;
+    if (acc->rank == 0 && st.ops->check(st.store, "caccel/elastic/grow") == CA_OK) v = 1;
+    ca_clear_error();
+    CA_SCOPE {
+        ca_tensor *t = ca_full(ca_accelerator_device(acc), CA_F32, 0, NULL, v);
+        if (!t || ca_broadcast(acc, t, 0) != CA_OK || ca_tensor_item(t, &v) != CA_OK) v = 0;
+    }
+    ca_clear_error();
+    if (v == 0) return;
+    long long step = acc->nopts > 0 ? (long long)ca_optimizer_steps(acc->opts[0]) : 0;
+    if (acc->rank == 0) {
+        ca_log_printf(CA_LOG_WARNING, "elastic: a machine waits to join: the group stops at this checkpoint "
+                      "(optimizer step %lld) to grow", step);
+        char num[32];
+        snprintf(num, sizeof num, "%lld", step);
+        if (st.ops->set(st.store, "caccel/elastic/regroup", num, strlen(num)) != CA_OK) ca_clear_error();
+    }
+    fflush(NULL);
+    for (;;) pause();   /* the launcher stops every process (SIGTERM) and starts the grown group */
+}
+
 ca_status ca_save_state_ex(ca_accelerator *acc, const char *dir, const ca_save_state_options *opts) {
     if (!acc) return ca_error(CA_ERR_INVALID, "save_state: the accelerator is NULL");
     if (acc->nextra)   /* the checkpoint layout holds one model */
@@ -1967,6 +2004,7 @@ ca_status ca_save_state_ex(ca_accelerator *acc, const char *dir, const ca_save_s
     int64_t t0 = ca_trace_on() ? ca_trace_now_ns() : 0;   /* the profiler's checkpoint stall */
     s = with_full_params(acc, o.async ? save_state_async : save_state, dir);
     if (t0) ca_trace_slice("checkpoint", "save_state", t0, s == CA_OK ? "\"ok\":true" : "\"ok\":false");
+    if (s == CA_OK && !o.async) elastic_grow_point(acc);
     return s;
 }
 

@@ -26,6 +26,11 @@ bool ca_comm_threads_concurrent(const ca_comm *c) {
 }
 bool ca_comm_is_aborted(const ca_comm *c) { return c && atomic_load(&c->failed); }
 
+ca_store_ref ca_comm_launch_store(const ca_comm *c) {
+    ca_store_ref none = {0};
+    return c && c->launch_notes ? c->store : none;
+}
+
 uint64_t ca_comm_seq(const ca_comm *c) {
     if (!c) return 0;
     pthread_mutex_lock((pthread_mutex_t *)&c->mu);

@@ -51,6 +51,9 @@ ca_status ca_comm_create_owning(const ca_comm_options *opts, struct ca_store_cli
 
 /* True once c failed (timeout, desync, peer failure) or was aborted. */
 bool ca_comm_is_aborted(const ca_comm *c);
+/* The rendezvous store of a job started by caccel launch (ops NULL otherwise): an elastic job's processes
+ * read and leave the launcher's notes there (accelerator/state.c). Borrowed: the communicator owns it. */
+ca_store_ref ca_comm_launch_store(const ca_comm *c);
 
 /* Default communicator timeout: CACCEL_TIMEOUT (seconds) or 1800 s. */
 int64_t ca_comm_default_timeout_ms(void);

@@ -40,6 +40,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 typedef struct opts {
     const char *mode;
@@ -51,6 +52,10 @@ typedef struct opts {
     bool mem, digest, inf_input, read_sharded, adamw, meta;
     int stop_rank;               /* --stop-rank R: rank R stops itself (SIGSTOP) before micro-step 3 */
     int lsgd_steps, sim;         /* --local-sgd-steps K, --sim N */
+    int save_every, halt_step;   /* --save-every N, --halt-step S, --gate-step S --gate FILE: see elastic_train */
+    int gate_step;
+    const char *gate;
+    bool resume;
 } opts;
 
 static ca_dataset *synthetic(int64_t n) {
@@ -199,6 +204,11 @@ static opts parse(int argc, char **argv) {
         else if (!strcmp(argv[i], "--sim") && i + 1 < argc) o.sim = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--stop-rank") && i + 1 < argc) o.stop_rank = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--sched-total") && i + 1 < argc) o.sched_total = atoll(argv[++i]);
+        else if (!strcmp(argv[i], "--save-every") && i + 1 < argc) o.save_every = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--halt-step") && i + 1 < argc) o.halt_step = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--resume")) o.resume = true;
+        else if (!strcmp(argv[i], "--gate-step") && i + 1 < argc) o.gate_step = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--gate") && i + 1 < argc) o.gate = argv[++i];
         else if (ca_config_flag_arity(argv[i]) >= 0) i += ca_config_flag_arity(argv[i]);
         else { fprintf(stderr, "ddp_check: unknown argument %s\n", argv[i]); exit(2); }
     }
@@ -284,6 +294,49 @@ static int uneven(ca_accelerator *acc, ca_module *m, ca_dataset *ds) {
     return 0;
 }
 
+/* --save-every N (with --project_dir DIR --automatic_checkpoint_naming): trains to --steps optimizer
+ * steps, whatever the accumulation (an elastic job changes it), saving a checkpoint every N steps and
+ * printing "rank=R trained step S" after each; --resume first loads the newest complete checkpoint, if
+ * any. --halt-step S: in the first start (no restart yet) the last rank stops itself (SIGSTOP) after
+ * step S, so that a test can kill its machine while no later checkpoint can be written. --gate-step S
+ * --gate FILE: after the first restart every rank prints "rank=R at the gate" after step S and waits
+ * until FILE exists (a test lets a machine join meanwhile). */
+static void elastic_train(ca_accelerator *acc, ca_module *m, ca_optimizer *opt, ca_dataloader *dl, const opts *o) {
+    if (o->resume) {
+        ca_status s = ca_load_state(acc, NULL);
+        if (s == CA_ERR_NOT_FOUND) ca_clear_error();
+        else CA_CHECK(s);
+    }
+    int rank = ca_process_index(acc), world = ca_num_processes(acc);
+    const char *restart = getenv("CACCEL_RESTART_COUNT");
+    bool first = !restart || atoi(restart) == 0;
+    ca_batch b;
+    while (ca_optimizer_steps(opt) < o->steps) {
+        if (!ca_dataloader_next(dl, &b)) {
+            CA_CHECK(ca_dataloader_status(dl));
+            continue;   /* the next epoch */
+        }
+        bool boundary = false;
+        CA_ACCUMULATE(acc, m) {
+            CA_CHECK(ca_backward(acc, ca_cross_entropy(ca_module_forward(m, b.x), b.y)));
+            boundary = ca_sync_gradients(acc);
+            CA_CHECK(ca_optimizer_step(opt));
+            ca_optimizer_zero_grad(opt);
+        }
+        if (!boundary) continue;
+        int64_t step = ca_optimizer_steps(opt);
+        printf("rank=%d trained step %lld of %d processes\n", rank, (long long)step, world);
+        fflush(stdout);
+        if (o->save_every > 0 && step % o->save_every == 0) CA_CHECK(ca_save_state(acc, NULL));
+        if (first && step == o->halt_step && rank == world - 1) raise(SIGSTOP);
+        if (o->gate && restart && atoi(restart) == 1 && step == o->gate_step) {
+            printf("rank=%d at the gate\n", rank);
+            fflush(stdout);
+            while (access(o->gate, F_OK) != 0) usleep(20 * 1000);
+        }
+    }
+}
+
 int main(int argc, char **argv) {
     opts o = parse(argc, argv);
     bool fp16 = !strcmp(o.mode, "fp16inf");
@@ -338,6 +391,10 @@ int main(int argc, char **argv) {
     }
     if (o.load_state) CA_CHECK(ca_load_state(acc, o.load_state));
     if (o.load_model) CA_CHECK(ca_load_model(acc, m, o.load_model));
+    if (o.save_every > 0) {
+        elastic_train(acc, m, opt, dl, &o);
+        o.steps = 0;   /* the loop below has nothing left to do */
+    }
     ca_comm *comm = ca_accelerator_comm(acc);
     int rank = ca_process_index(acc), world = ca_num_processes(acc);
     int rc = 0, micro = 0;

@@ -180,6 +180,14 @@ typedef struct launch {
     int remote_fail_code;          /* another machine failed: exit with this */
     int interrupted;               /* signal received, 0 none */
     int restart_count;             /* restarts so far (TORCHELASTIC_RESTART_COUNT) */
+    /* elastic membership (--num_machines MIN:MAX): machine_rank is this machine's id, fixed for the job;
+     * group_rank its place among the machines of the current round, which orders the ranks */
+    bool elastic;
+    int min_machines, max_machines, group_rank;
+    int join_timeout_s, last_call_s;   /* --rdzv_conf join_timeout=S,last_call_timeout=S */
+    unsigned char *member;         /* per machine id, M_OUT.. (below): in the current round or not */
+    bool regroup;                  /* the processes stopped at a checkpoint to let a machine join */
+    char nm_arg[48];               /* --num_machines=MAX, the configuration's view of MIN:MAX */
 } launch;
 
 /* The command's progress (unless --quiet) and its errors, as every caccel command prints them. */
@@ -207,7 +215,11 @@ static void usage(FILE *f) {
         "  --max_restarts N              after a failure, start every process again, up to N times (default 0)\n"
         "  --monitor_interval SECONDS    how often the processes are checked (default 0.5)\n"
         "  --hostfile FILE               start every machine of FILE (`host slots=N` lines) over ssh\n"
-        "  --ssh_port PORT, --ssh_opts \"OPTIONS\"   how ssh reaches them\n\n"
+        "  --ssh_port PORT, --ssh_opts \"OPTIONS\"   how ssh reaches them\n"
+        "  --num_machines MIN:MAX        elastic membership: MIN..MAX machines; shrinks when one dies, grows\n"
+        "                                at a checkpoint when one comes\n"
+        "  --rdzv_conf join_timeout=S,last_call_timeout=S   how long the rendezvous waits for MIN machines\n"
+        "                                (default 600 s), then for more up to MAX (default 30 s)\n\n"
         "The processes get RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT,\n"
         "CACCEL_JOB_TOKEN and the ACCELERATE_* variables. See docs/DISTRIBUTED.md.\n");
 }
@@ -367,7 +379,7 @@ static int resolve_token(launch *L) {
 
 static int start_store(launch *L) {
     if (L->machine_rank != 0) return 0;
-    bool single = L->nmachines == 1;
+    bool single = L->nmachines == 1 && !L->elastic;   /* an elastic job's machines may join later */
     const char *bind = single ? "127.0.0.1" : NULL;
     int err = 0;
     int want = L->port_given ? L->port : DEFAULT_PORT;
@@ -414,6 +426,18 @@ static bool scrub(const char *entry) {
     return false;
 }
 
+/* The job's size as the processes see it; an elastic job sets it again at each round. */
+static void set_world_env(const launch *L) {
+    char num[32];
+    snprintf(num, sizeof num, "%d", L->nproc);
+    setenv("ACCELERATE_NUM_PROCESSES", num, 1);
+    setenv("WORLD_SIZE", num, 1);
+    snprintf(num, sizeof num, "%d", L->group_rank);
+    setenv("GROUP_RANK", num, 1);
+    snprintf(num, sizeof num, "%d", L->nmachines);
+    setenv("GROUP_WORLD_SIZE", num, 1);
+}
+
 /* The environment every local process shares (ranks are added per child). */
 static int setup_env(launch *L, ca_config *cfg, const ca_settings *st) {
     for (size_t i = 0; i < sizeof exported / sizeof exported[0]; i++) {
@@ -425,16 +449,14 @@ static int setup_env(launch *L, ca_config *cfg, const ca_settings *st) {
     const char *file = ca_config_file(cfg);
     if (file) setenv("ACCELERATE_CONFIG_FILE", file, 1);
     char num[32];
-    snprintf(num, sizeof num, "%d", L->nproc);
-    setenv("ACCELERATE_NUM_PROCESSES", num, 1);
-    setenv("WORLD_SIZE", num, 1);
+    set_world_env(L);
     snprintf(num, sizeof num, "%d", L->nlocal);
     setenv("LOCAL_WORLD_SIZE", num, 1);
-    snprintf(num, sizeof num, "%d", L->machine_rank);
-    setenv("GROUP_RANK", num, 1);
-    snprintf(num, sizeof num, "%d", L->nmachines);
-    setenv("GROUP_WORLD_SIZE", num, 1);
-    setenv("MASTER_ADDR", L->nmachines == 1 ? "127.0.0.1" : L->master_addr, 1);
+    /* the global batch the configuration describes is the one at MAX machines: the accelerator keeps
+     * it at another size by changing the accumulation (docs/DISTRIBUTED.md) */
+    snprintf(num, sizeof num, "%d", L->max_machines * L->nlocal);
+    if (L->elastic) setenv("CACCEL_ELASTIC_BASE_WORLD_SIZE", num, 1);
+    setenv("MASTER_ADDR", L->nmachines == 1 && !L->elastic ? "127.0.0.1" : L->master_addr, 1);
     snprintf(num, sizeof num, "%d", L->port);
     setenv("MASTER_PORT", num, 1);
     setenv(CA_STORE_TOKEN_ENV, L->token, 1);
@@ -796,6 +818,58 @@ static void read_signals(launch *L) {
     }
 }
 
+/* A machine of an elastic job that has not reported within this long is taken for dead (its launcher
+ * beats at every --monitor_interval while its processes run, and says when they have stopped). */
+#define BEAT_DEAD_MS 5000
+
+/* L->member: a machine outside the round, in it, (machine 0 at a restart) stopped, gone, waiting to join */
+enum { M_OUT, M_IN, M_STOPPED, M_GONE, M_WAITING };
+
+/* Machines 1.. of an elastic job show they are alive: machine 0 reads the counts when a restart
+ * must tell the machines that stopped their processes from the ones that are gone. */
+static void elastic_beat(launch *L) {
+    if (!L->elastic || L->machine_rank == 0 || !L->client) return;
+    char key[64];
+    int64_t n;
+    snprintf(key, sizeof key, "caccel/elastic/beat/%d", L->machine_rank);
+    ca_store_ref s = ca_store_client_ref(L->client);
+    if (s.ops->add(s.store, key, 1, &n) != CA_OK) ca_clear_error();
+}
+
+/* Machine 0 of an elastic job: a machine that joined the store after the round closed waits to join;
+ * the processes see the note at their next complete checkpoint and stop there (accelerator/state.c). */
+static void elastic_watch(launch *L) {
+    if (!L->elastic || L->machine_rank != 0 || !L->client) return;
+    ca_store_ref s = ca_store_client_ref(L->client);
+    for (int id = 1; id < L->max_machines; id++) {
+        char key[64];
+        if (L->member[id] != M_OUT) continue;
+        snprintf(key, sizeof key, "caccel/elastic/join/%d", id);
+        if (s.ops->check(s.store, key) != CA_OK) {
+            ca_clear_error();
+            continue;
+        }
+        L->member[id] = M_WAITING;
+        fprintf(stderr, "caccel %s: machine %d waits to join: the job grows at its next checkpoint\n", cmd_name, id);
+        if (s.ops->set(s.store, "caccel/elastic/grow", "1", 1) != CA_OK) ca_clear_error();
+    }
+}
+
+/* Every machine of an elastic job: the processes stopped at a checkpoint to let a machine join (rank 0
+ * left the note): stop them all and start the grown group. */
+static void elastic_check_regroup(launch *L) {
+    if (!L->elastic || !L->client || L->stopping) return;
+    ca_store_ref s = ca_store_client_ref(L->client);
+    if (s.ops->check(s.store, "caccel/elastic/regroup") != CA_OK) {
+        ca_clear_error();
+        return;
+    }
+    fprintf(stderr, "caccel %s: the processes stopped at a checkpoint to let a machine join: starting the group "
+            "again\n", cmd_name);
+    L->regroup = true;
+    begin_stop(L, SIGTERM);
+}
+
 static int supervise(launch *L) {
     int64_t next_remote = 0;
     int64_t interval = (int64_t)(L->monitor_interval * 1000);
@@ -813,7 +887,7 @@ static int supervise(launch *L) {
                 /* decide() gave the other machines more time to report the cause: wait for it */
                 if (L->first_fail < 0 && !L->remote_fail_code) continue;
             }
-            if (L->nmachines == 1 || L->first_fail >= 0 || L->remote_fail_code || L->interrupted) break;
+            if (L->nmachines == 1 || L->first_fail >= 0 || L->remote_fail_code || L->interrupted || L->regroup) break;
             /* machine 0 keeps the store up until every machine is done */
             if (!done_reported) {
                 int64_t n;
@@ -837,8 +911,11 @@ static int supervise(launch *L) {
             signal_all(L, SIGKILL);
             L->kill_at = now + 3600 * 1000;
         }
-        if (L->nmachines > 1 && now >= next_remote) {
+        if ((L->nmachines > 1 || L->elastic) && now >= next_remote) {
             check_remote(L);
+            elastic_beat(L);
+            elastic_watch(L);
+            elastic_check_regroup(L);
             next_remote = now + interval;
         }
         struct pollfd pfd[2 + 2 * MAX_LOCAL];
@@ -858,6 +935,7 @@ static int supervise(launch *L) {
             }
     }
     if (L->interrupted) return 128 + L->interrupted;
+    if (L->regroup) return 1;   /* not a failure, but a restart all the same */
     if (L->first_fail >= 0) return exit_code_of(L->kids[L->first_fail].status);
     if (L->remote_fail_code) return L->remote_fail_code;
     return 0;
@@ -957,11 +1035,11 @@ static int run_mpirun(launch *L, ca_config *cfg) {
 static int run_group(launch *L, const sigset_t *old, bool *spawn_failed) {
     int rc = 0;
     say(L, "%d process(es) on this machine (ranks %d-%d of %d, machine %d of %d), rendezvous %s:%d", L->nlocal,
-        L->machine_rank * L->nlocal, L->machine_rank * L->nlocal + L->nlocal - 1, L->nproc, L->machine_rank,
-        L->nmachines, L->nmachines == 1 ? "127.0.0.1" : L->master_addr, L->port);
+        L->group_rank * L->nlocal, L->group_rank * L->nlocal + L->nlocal - 1, L->nproc, L->group_rank,
+        L->nmachines, L->nmachines == 1 && !L->elastic ? "127.0.0.1" : L->master_addr, L->port);
     for (int i = 0; i < L->nlocal; i++) {
         child *k = &L->kids[i];
-        k->rank = L->machine_rank * L->nlocal + i;
+        k->rank = L->group_rank * L->nlocal + i;
         k->local_rank = i;
         k->out_fd = k->err_fd = -1;
         if (spawn(L, k, old) != 0) {
@@ -1011,8 +1089,10 @@ static int rejoin_store(launch *L, const char *gen_key, int64_t deadline) {
     for (;;) {
         int64_t left = deadline - ca_now_ms();
         if (left <= 0)
-            return fail_msg("restart %d: machine 0's new rendezvous store at %s:%d did not come up within %d s",
-                            L->restart_count, L->master_addr, L->port, grace_s() + 30);
+            return fail_msg("restart %d: machine 0's new rendezvous store at %s:%d did not come up within %d s%s",
+                            L->restart_count, L->master_addr, L->port, grace_s() + 30,
+                            L->elastic ? ": machine 0 holds the rendezvous, and an elastic job cannot go on without "
+                                         "it (as with torchrun's c10d rendezvous)" : "");
         if (ca_store_client_connect(L->master_addr, L->port, L->token, left, &L->client) != CA_OK) {
             if (deadline - ca_now_ms() <= 0) return ca_cli_fail(cmd_name);
             ca_clear_error();
@@ -1059,6 +1139,253 @@ static int agree_restart(launch *L) {
     return 0;
 }
 
+/* ------------------------------------------------------------------ elastic membership */
+
+/* The size of a list of machine ids: "0,1,2" for every machine up to MAX (ids have at most 7 digits). */
+static size_t id_list_size(const launch *L) { return (size_t)L->max_machines * 8 + 8; }
+
+/* "0,1,2": the machines marked in `set` (ids in order), into buf of id_list_size() bytes */
+static void id_list(const launch *L, const unsigned char *set, char *buf) {
+    size_t u = 0, len = id_list_size(L);
+    buf[0] = '\0';
+    for (int id = 0; id < L->max_machines && u + 9 < len; id++)
+        if (set[id]) u += (size_t)snprintf(buf + u, len - u, "%s%d", u ? "," : "", id);
+}
+
+static int member_count(const launch *L, const unsigned char *set) {
+    int n = 0;
+    for (int id = 0; id < L->max_machines; id++) n += set[id] != 0;
+    return n;
+}
+
+/* Machine 0, at a restart: which members of the failed round stopped their processes (and rejoin), and
+ * which are gone (no heartbeat for BEAT_DEAD_MS); L->member marks the first M_IN, the others M_GONE.
+ * Waits for each member until it has said one or the other, up to `deadline`. */
+static int elastic_survivors(launch *L, int64_t deadline) {
+    int64_t *beat = calloc((size_t)L->max_machines, sizeof *beat);
+    int64_t *since = calloc((size_t)L->max_machines, sizeof *since);
+    if (!beat || !since) {
+        free(beat);
+        free(since);
+        return fail_msg("out of memory");
+    }
+    ca_store_ref s = ca_store_client_ref(L->client);
+    for (int pending = 1; pending;) {
+        pending = 0;
+        int64_t now = ca_now_ms();
+        for (int id = 1; id < L->max_machines; id++) {
+            if (L->member[id] != M_IN) continue;   /* not heard from yet */
+            char key[96];
+            int64_t n = 0;
+            snprintf(key, sizeof key, "caccel/launch/restart/%d/stopped/%d", L->restart_count, id);
+            if (s.ops->check(s.store, key) == CA_OK) {
+                L->member[id] = M_STOPPED;
+                continue;
+            }
+            ca_clear_error();
+            snprintf(key, sizeof key, "caccel/elastic/beat/%d", id);
+            if (s.ops->add(s.store, key, 0, &n) != CA_OK) ca_clear_error();
+            if (n != beat[id] || !since[id]) beat[id] = n, since[id] = now;
+            if (now - since[id] >= BEAT_DEAD_MS || now >= deadline) {
+                fprintf(stderr, "caccel %s: machine %d has not answered for %d s: it leaves the job\n", cmd_name, id,
+                        (int)((now - since[id]) / 1000));
+                L->member[id] = M_GONE;
+                continue;
+            }
+            pending = 1;
+        }
+        if (pending) usleep(100 * 1000);
+    }
+    free(beat);
+    free(since);
+    for (int id = 1; id < L->max_machines; id++)
+        if (L->member[id] == M_STOPPED) L->member[id] = M_IN;
+    return 0;
+}
+
+/* An elastic restart: the machines that stopped say so (machine 0 waits for them, and no longer for one
+ * that is gone), machine 0 replaces the store, the others rejoin it. Machine 0 holds the store: when it
+ * is gone, the job cannot go on. */
+static int agree_restart_elastic(launch *L) {
+    char key[96], gen[64];
+    snprintf(gen, sizeof gen, "caccel/launch/restart/%d/store", L->restart_count);
+    int64_t deadline = ca_now_ms() + (int64_t)grace_s() * 1000 + 30000;
+    ca_store_ref s = ca_store_client_ref(L->client);
+    if (L->machine_rank != 0) {
+        snprintf(key, sizeof key, "caccel/launch/restart/%d/stopped/%d", L->restart_count, L->machine_rank);
+        if (s.ops->set(s.store, key, "1", 1) != CA_OK) ca_clear_error();   /* machine 0 may be gone */
+        return rejoin_store(L, gen, deadline);
+    }
+    if (elastic_survivors(L, deadline) != 0 || fresh_store(L) != 0) return 1;
+    s = ca_store_client_ref(L->client);
+    if (s.ops->set(s.store, gen, "1", 1) != CA_OK) return ca_cli_fail(cmd_name);
+    return 0;
+}
+
+/* Machine 0: the machines that joined this round's store (ids 0..MAX-1), marked in `joined`. */
+static int elastic_joined(launch *L, unsigned char *joined) {
+    ca_store_ref s = ca_store_client_ref(L->client);
+    for (int id = 0; id < L->max_machines; id++) {
+        char key[64];
+        snprintf(key, sizeof key, "caccel/elastic/join/%d", id);
+        joined[id] = s.ops->check(s.store, key) == CA_OK;
+        if (!joined[id]) ca_clear_error();
+    }
+    return member_count(L, joined);
+}
+
+/* Machine 0: the round's members (`joined`, n of them) and the change from the last round, in the
+ * store for every machine; L->member becomes `joined`. */
+static int elastic_publish(launch *L, const unsigned char *joined, int n) {
+    size_t cap = id_list_size(L), ccap = 3 * cap + 200;
+    char *ids = malloc(cap), *left = malloc(cap), *came = malloc(cap), *change = malloc(ccap);
+    unsigned char *diff = calloc((size_t)L->max_machines, 1);
+    int rc = 0;
+    if (!ids || !left || !came || !change || !diff) {
+        rc = fail_msg("out of memory");
+        goto out;
+    }
+    for (int id = 0; id < L->max_machines; id++)
+        diff[id] = (L->member[id] == M_IN || L->member[id] == M_GONE) && !joined[id];
+    id_list(L, diff, left);
+    for (int id = 0; id < L->max_machines; id++)
+        diff[id] = (L->member[id] == M_OUT || L->member[id] == M_WAITING) && joined[id];
+    id_list(L, diff, came);
+    id_list(L, joined, ids);
+    if (!L->restart_count)
+        snprintf(change, ccap, "machines %s joined (%d of --num_machines %d:%d)", ids, n, L->min_machines,
+                 L->max_machines);
+    else
+        snprintf(change, ccap, "%s%s%s%s%s%sthe job goes on with machines %s (%d of --num_machines %d:%d)",
+                 left[0] ? "machine(s) " : "", left, left[0] ? " left; " : "", came[0] ? "machine(s) " : "", came,
+                 came[0] ? " joined; " : "", ids, n, L->min_machines, L->max_machines);
+    memcpy(L->member, joined, (size_t)L->max_machines);
+    ca_store_ref s = ca_store_client_ref(L->client);
+    char round[32];
+    snprintf(round, sizeof round, "%d", L->restart_count);
+    if (s.ops->set(s.store, "caccel/elastic/round", round, strlen(round)) != CA_OK ||
+        s.ops->set(s.store, "caccel/elastic/change", change, strlen(change)) != CA_OK ||
+        s.ops->set(s.store, "caccel/elastic/members", ids, strlen(ids)) != CA_OK)
+        rc = ca_cli_fail(cmd_name);
+out:
+    free(ids);
+    free(left);
+    free(came);
+    free(change);
+    free(diff);
+    return rc;
+}
+
+/* Machine 0 closes the round: the first one admits up to MAX machines, waiting join_timeout for MIN of
+ * them and then last_call_timeout for more; a restart waits for the machines that stopped (L->member)
+ * to rejoin, admits whoever else is there, and needs MIN of them. Publishes the members and the change. */
+static int elastic_close(launch *L) {
+    unsigned char *joined = calloc((size_t)L->max_machines, 1);
+    if (!joined) return fail_msg("out of memory");
+    int64_t start = ca_now_ms(), last_call = 0;
+    int64_t end = L->restart_count ? start + (int64_t)grace_s() * 1000 + 30000 : start + (int64_t)L->join_timeout_s * 1000;
+    int n;
+    for (;;) {
+        n = elastic_joined(L, joined);
+        int64_t now = ca_now_ms();
+        bool all_back = true;
+        for (int id = 0; id < L->max_machines; id++)
+            all_back &= (L->member[id] != M_IN && L->member[id] != M_WAITING) || joined[id];
+        if (n == L->max_machines || (L->restart_count && all_back && n >= L->min_machines)) break;
+        if (!L->restart_count && n >= L->min_machines && !last_call) last_call = now + (int64_t)L->last_call_s * 1000;
+        if (last_call && now >= last_call) break;
+        if (now >= end && n >= L->min_machines) break;
+        if (now >= end || (L->restart_count && all_back)) {
+            char *ids = malloc(id_list_size(L));
+            if (ids) id_list(L, joined, ids);
+            free(joined);
+            int rc = fail_msg("the rendezvous has %d machine(s) (%s) after %d s: --num_machines %d:%d needs at least %d",
+                              n, ids ? ids : "?", (int)((now - start) / 1000), L->min_machines, L->max_machines,
+                              L->min_machines);
+            free(ids);
+            return rc;
+        }
+        usleep(100 * 1000);
+    }
+    int rc = elastic_publish(L, joined, n);
+    free(joined);
+    return rc;
+}
+
+/* Every machine: the members machine 0 published for this round (waiting for them up to `deadline`),
+ * this machine's place among them, the job's new size. */
+static int elastic_read_members(launch *L, int64_t deadline) {
+    ca_store_ref s = ca_store_client_ref(L->client);
+    while (s.ops->check(s.store, "caccel/elastic/members") != CA_OK) {
+        ca_clear_error();
+        if (ca_now_ms() >= deadline)
+            return fail_msg("machine 0 (%s:%d) closed no rendezvous round within %d s", L->master_addr, L->port,
+                            L->join_timeout_s + L->last_call_s);
+        usleep(100 * 1000);
+    }
+    size_t cap = id_list_size(L), ccap = 3 * cap + 200, len = cap - 1, clen = ccap - 1;
+    char *ids = malloc(cap), *change = malloc(ccap);
+    if (!ids || !change || s.ops->get(s.store, "caccel/elastic/members", ids, &len, STORE_IO_MS) != CA_OK ||
+        s.ops->get(s.store, "caccel/elastic/change", change, &clen, STORE_IO_MS) != CA_OK) {
+        int rc = ids && change ? ca_cli_fail(cmd_name) : fail_msg("out of memory");
+        free(ids);
+        free(change);
+        return rc;
+    }
+    ids[len] = change[clen] = '\0';
+    memset(L->member, 0, (size_t)L->max_machines);
+    L->group_rank = -1;
+    int n = 0;
+    for (char *p = ids, *end; *p; p = *end == ',' ? end + 1 : end) {
+        int id = (int)strtol(p, &end, 10);
+        if (end == p) break;   /* not a list machine 0 writes */
+        if (id == L->machine_rank) L->group_rank = n;
+        if (id >= 0 && id < L->max_machines) L->member[id] = M_IN;
+        n++;
+    }
+    if (L->group_rank >= 0) fprintf(stderr, "caccel %s: membership (round %d): %s\n", cmd_name, L->restart_count, change);
+    free(ids);
+    free(change);
+    if (L->group_rank < 0) return 3;   /* the round closed without this machine: it joins the next */
+    L->nmachines = n;
+    L->nproc = n * L->nlocal;
+    set_world_env(L);
+    return 0;
+}
+
+/* A machine that came after its round closed: machine 0 has seen it (elastic_watch) and the running
+ * group stops at its next checkpoint; this machine waits for the store of that restart (up to
+ * join_timeout) and joins its round. */
+static int elastic_wait_next(launch *L) {
+    char r[32], gen[64];
+    size_t len = sizeof r - 1;
+    ca_store_ref s = ca_store_client_ref(L->client);
+    if (s.ops->get(s.store, "caccel/elastic/round", r, &len, STORE_IO_MS) != CA_OK) return ca_cli_fail(cmd_name);
+    r[len] = '\0';
+    L->restart_count = atoi(r) + 1;
+    fprintf(stderr, "caccel %s: machine %d waits to join: the running group takes it in at its next checkpoint\n",
+            cmd_name, L->machine_rank);
+    snprintf(gen, sizeof gen, "caccel/launch/restart/%d/store", L->restart_count);
+    return rejoin_store(L, gen, ca_now_ms() + (int64_t)L->join_timeout_s * 1000);
+}
+
+/* One rendezvous round of an elastic job, before its processes start: every machine joins (machine 0
+ * closes the round), then learns its place; one that came too late waits for the next round. */
+static int elastic_round(launch *L) {
+    for (;;) {
+        char key[64], host[256] = "";
+        if (gethostname(host, sizeof host - 1) != 0) snprintf(host, sizeof host, "?");
+        snprintf(key, sizeof key, "caccel/elastic/join/%d", L->machine_rank);
+        ca_store_ref s = ca_store_client_ref(L->client);
+        if (s.ops->set(s.store, key, host, strlen(host)) != CA_OK) return ca_cli_fail(cmd_name);
+        if (L->machine_rank == 0 && elastic_close(L) != 0) return 1;
+        int64_t wait_s = (int64_t)L->join_timeout_s + L->last_call_s + grace_s() + 30;
+        int rc = elastic_read_members(L, ca_now_ms() + wait_s * 1000);
+        if (rc != 3) return rc;
+        if (elastic_wait_next(L) != 0) return 1;
+    }
+}
+
 static void set_restart_env(const launch *L) {
     char num[32];
     snprintf(num, sizeof num, "%d", L->restart_count);
@@ -1080,6 +1407,10 @@ static int spawn_and_supervise(launch *L, const sigset_t *old) {
     }
     int code;
     for (;;) {
+        if (L->elastic && elastic_round(L) != 0) {   /* a late machine learns the restart count here */
+            code = 1;
+            break;
+        }
         set_restart_env(L);
         bool spawn_failed = false;
         code = run_group(L, old, &spawn_failed);
@@ -1094,7 +1425,9 @@ static int spawn_and_supervise(launch *L, const sigset_t *old) {
         L->decide_at = 0;
         L->extended = false;
         L->remote_fail_code = 0;
-        if ((L->nmachines > 1 ? agree_restart(L) : fresh_store(L)) != 0) {
+        L->regroup = false;
+        int agreed = L->elastic ? agree_restart_elastic(L) : L->nmachines > 1 ? agree_restart(L) : fresh_store(L);
+        if (agreed != 0) {
             code = 1;
             break;
         }
@@ -1105,6 +1438,55 @@ static int spawn_and_supervise(launch *L, const sigset_t *old) {
     free(L->kids);
     free(L->failed_order);
     return code;
+}
+
+/* --rdzv_conf join_timeout=S,last_call_timeout=S (torchrun's keys; others are refused by name). */
+static bool parse_rdzv_conf(launch *L, const char *v) {
+    char *copy = strdup(v), *save = NULL;
+    bool ok = copy != NULL;
+    for (char *t = copy ? strtok_r(copy, ",", &save) : NULL; t && ok; t = strtok_r(NULL, ",", &save)) {
+        char *eq = strchr(t, '=');
+        int *dst = NULL;
+        if (eq) *eq = '\0';
+        if (strcmp(t, "join_timeout") == 0) dst = &L->join_timeout_s;
+        else if (strcmp(t, "last_call_timeout") == 0) dst = &L->last_call_s;
+        if (!dst || !eq || !parse_int(eq + 1, 0, 86400, dst)) {
+            fail_msg("--rdzv_conf: '%s%s%s' is not join_timeout=SECONDS or last_call_timeout=SECONDS (0..86400)",
+                     t, eq ? "=" : "", eq ? eq + 1 : "");
+            ok = false;
+        }
+    }
+    free(copy);
+    return ok;
+}
+
+/* --num_machines MIN:MAX (torchrun's --nnodes form): the launcher keeps MIN, the configuration reads MAX.
+ * Returns -1 to go on, else the exit code; *out: argv, or a copy (to free) with MAX for MIN:MAX. */
+static int elastic_flag(launch *L, int argc, char **argv, int prog, char ***out) {
+    *out = argv;
+    for (int i = 1; i < prog; i++) {
+        const char *v = NULL;
+        if (!ca_cli_match_flag(argv[i], "num_machines", &v)) continue;
+        int at = v ? i : i + 1;
+        if (!v && (v = i + 1 < prog ? argv[i + 1] : NULL) == NULL) return -1;   /* the configuration says so */
+        const char *colon = strchr(v, ':');
+        if (!colon) continue;
+        char lo[32];
+        snprintf(lo, sizeof lo, "%.*s", (int)(colon - v < 31 ? colon - v : 31), v);
+        if (!parse_int(lo, 1, 1000000, &L->min_machines) || !parse_int(colon + 1, 1, 1000000, &L->max_machines))
+            return fail_msg("--num_machines takes N or MIN:MAX (machines, 1 or more), not '%s'", v), 2;
+        if (L->min_machines > L->max_machines)
+            return fail_msg("--num_machines %s: the minimum %d is larger than the maximum %d", v, L->min_machines,
+                            L->max_machines), 2;
+        char **copy = malloc((size_t)(argc + 1) * sizeof *copy);
+        if (!copy) return fail_msg("out of memory"), 1;
+        memcpy(copy, argv, (size_t)(argc + 1) * sizeof *copy);
+        snprintf(L->nm_arg, sizeof L->nm_arg, at == i ? "--num_machines=%d" : "%d", L->max_machines);
+        copy[at] = L->nm_arg;
+        L->elastic = true;
+        *out = copy;
+    }
+    return -1;
 }
 
 /* The launcher's own flags, up to the program's name; the configuration flags are skipped here and
@@ -1130,7 +1512,7 @@ static int parse_flags(launch *L, int argc, char **argv, int *prog) {
         } else if (ca_cli_match_flag(a, "log_dir", &v) || ca_cli_match_flag(a, "token_file", &v) ||
                    ca_cli_match_flag(a, "monitor_interval", &v) || ca_cli_match_flag(a, "max_restarts", &v) ||
                    ca_cli_match_flag(a, "role", &v) || ca_cli_match_flag(a, "ssh_port", &v) ||
-                   ca_cli_match_flag(a, "ssh_opts", &v)) {
+                   ca_cli_match_flag(a, "ssh_opts", &v) || ca_cli_match_flag(a, "rdzv_conf", &v)) {
             if (!v) {
                 if (i + 1 >= argc) return fail_msg("%s needs a value", a), 2;
                 v = argv[++i];
@@ -1138,6 +1520,7 @@ static int parse_flags(launch *L, int argc, char **argv, int *prog) {
             if (ca_cli_match_flag(a, "log_dir", NULL)) L->log_dir = v;
             else if (ca_cli_match_flag(a, "token_file", NULL)) L->token_file = v;
             else if (ca_cli_match_flag(a, "ssh_opts", NULL)) L->ssh_opts = v;
+            else if (ca_cli_match_flag(a, "rdzv_conf", NULL) && !parse_rdzv_conf(L, v)) return 2;
             else if (ca_cli_match_flag(a, "ssh_port", NULL) && !parse_int(v, 1, 65535, &L->ssh_port))
                 return fail_msg("--ssh_port takes a port 1..65535, not '%s'", v), 2;
             else if (ca_cli_match_flag(a, "monitor_interval", NULL)) {
@@ -1177,7 +1560,8 @@ static int parse_flags(launch *L, int argc, char **argv, int *prog) {
  * to go on, else the exit code. */
 static int resolve_job(launch *L, ca_config *cfg, const ca_settings *st) {
     L->nmachines = st->num_machines > 0 ? st->num_machines : 1;
-    L->machine_rank = st->machine_rank;
+    L->machine_rank = L->group_rank = st->machine_rank;
+    L->max_machines = L->nmachines;   /* MAX of MIN:MAX: the configuration read it */
     L->timeout_ms = st->timeout_ms > 0 ? st->timeout_ms : 1800 * 1000;
     L->backend = st->backend;
     const char *defaulted[2];
@@ -1223,6 +1607,10 @@ static int maybe_mpirun(launch *L, ca_config *cfg) {
                         "backend is %s (%s)", ca_config_origin(cfg, "mpirun_config.mpirun_hostfile"), L->backend,
                         ca_config_origin(cfg, "backend"));
     if (!mpi && !has_hostfile) return -1;
+    if (L->elastic)
+        return fail_msg("--num_machines %d:%d: mpirun starts a fixed set of processes, and elastic membership needs "
+                        "caccel launch to start them (use backend gloo, or a fixed --num_machines)", L->min_machines,
+                        L->max_machines), 2;
     if (L->max_restarts > 0)
         return fail_msg("--max_restarts %d: mpirun starts the processes with backend mpi, and restarts need "
                         "caccel launch to start them (use backend gloo)", L->max_restarts);
@@ -1246,6 +1634,10 @@ static int maybe_hostfile(launch *L, ca_config *cfg, const ca_settings *st, int 
         if (L->ssh_port || L->ssh_opts) return fail_msg("--ssh_port and --ssh_opts need --hostfile"), 2;
         return -1;
     }
+    if (L->elastic)
+        return fail_msg("--num_machines %d:%d with a hostfile (%s): the hostfile names a fixed set of machines; "
+                        "elastic membership is not supported there yet (start caccel launch on each machine)",
+                        L->min_machines, L->max_machines, hostfile), 2;
     const char *pv = ca_config_get(cfg, "main_process_port");
     ca_launch_hosts_opts o = {
         .cmd_name = cmd_name, .hostfile = hostfile, .config_file = ca_config_file(cfg), .ssh_port = L->ssh_port, .ssh_opts = L->ssh_opts,
@@ -1305,20 +1697,31 @@ int ca_cmd_launch(int argc, char **argv) {
     L->early_exit = -1;
     L->monitor_interval = 0.5;
     L->sfd = -1;
+    L->join_timeout_s = 600;   /* torchrun's defaults */
+    L->last_call_s = 30;
     int prog, rc = parse_flags(L, argc, argv, &prog);
     if (rc >= 0) return rc;
+    char **cargv;
+    if ((rc = elastic_flag(L, argc, argv, prog, &cargv)) >= 0) return rc;
     ca_config *cfg = NULL;
-    if (ca_config_create(&cfg) != CA_OK) return ca_cli_fail(cmd_name);
-    if (ca_config_load(cfg, NULL, prog, argv) != CA_OK) {
-        ca_config_destroy(cfg);
+    if (ca_config_create(&cfg) != CA_OK) {
+        if (cargv != argv) free(cargv);
         return ca_cli_fail(cmd_name);
+    }
+    rc = ca_config_load(cfg, NULL, prog, cargv) != CA_OK ? ca_cli_fail(cmd_name) : -1;
+    if (cargv != argv) free(cargv);
+    if (rc >= 0) {
+        ca_config_destroy(cfg);
+        return rc;
     }
     ca_settings st;
     ca_config_settings(cfg, &st);
     rc = maybe_hostfile(L, cfg, &st, argc, argv, prog);
     if (rc < 0) rc = resolve_job(L, cfg, &st);
+    if (rc < 0 && L->elastic && !(L->member = calloc((size_t)L->max_machines, 1))) rc = fail_msg("out of memory");
     if (rc < 0) rc = maybe_mpirun(L, cfg);
     if (rc < 0) rc = run_local(L, cfg, &st);
+    free(L->member);
     ca_config_destroy(cfg);
     return rc;
 }

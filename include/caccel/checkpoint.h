@@ -95,7 +95,10 @@ CA_API ca_status ca_load_model(ca_accelerator *acc, ca_module *model, const char
  */
 
 /* Saves the state into `dir` (created; an existing checkpoint there is replaced), or with dir
- * NULL into the next automatically named checkpoint. */
+ * NULL into the next automatically named checkpoint. In an elastic job (caccel launch --num_machines
+ * MIN:MAX) with a machine waiting to join, a complete synchronous save does not return: every process
+ * waits there for its launcher to stop it, and the grown group resumes from this checkpoint
+ * (docs/DISTRIBUTED.md, Elastic membership). */
 CA_API ca_status ca_save_state(ca_accelerator *acc, const char *dir);
 
 /* ASYNCHRONOUS SAVES (Accelerate-style save_state(..., async=True); docs/CHECKPOINTS.md,
