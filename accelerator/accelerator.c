@@ -2,6 +2,7 @@
  * synchronisation strategy (sync_impl.h), prepare, backward and the optimizer step (unscale, clip,
  * the strategy's update), clipping. Process state is process_state.c's, accumulation accumulate.c's. */
 #include "accelerator/accelerator_impl.h"
+#include "accelerator/mesh_impl.h"
 #include "accelerator/sync_impl.h"
 #include "comm/affinity_impl.h"
 #include "comm/comm_impl.h"
@@ -204,6 +205,7 @@ ca_status ca_accelerator_create(const ca_options *opts, ca_accelerator **out) {
     if (s == CA_OK) s = ca_grad_scaler_configure(acc, &(ca_grad_scaler_opts){0});
     if (s == CA_OK) s = ca_sync_select(acc);   /* the one place the parallelism is chosen */
     if (s == CA_OK) s = create_comm(acc);
+    if (s == CA_OK) s = ca_mesh_setup(acc);    /* tensor parallelism's groups, split from the process group */
     if (s == CA_OK) s = zero3_init_begin(acc);
     if (s == CA_OK) s = ca_accelerator_profile_begin(acc);
     if (s != CA_OK) {
@@ -225,6 +227,7 @@ void ca_accelerator_destroy(ca_accelerator *acc) {
         ca_dataloader_set_dispatch(acc->loaders[i], NULL, NULL);   /* the hook's context is acc */
         if (acc->sync_ops->release_loader) acc->sync_ops->release_loader(acc, acc->loaders[i]);
     }
+    ca_tp_release(acc);
     for (int k = -1; k < acc->nextra; k++) {
         ca_module *m = k < 0 ? acc->model : acc->extra[k];
         if (!m) continue;
@@ -240,6 +243,7 @@ void ca_accelerator_destroy(ca_accelerator *acc) {
     ca_trainable_free(acc);
     if (acc->sync_ops && acc->sync_ops->free) acc->sync_ops->free(acc);
     ca_state_free(acc);
+    ca_mesh_free(acc);
     ca_comm_destroy(acc->comm);
     ca_config_destroy(acc->cfg);
     free(acc->opts);
@@ -367,6 +371,10 @@ static ca_status prepare_extra_model(ca_accelerator *acc, ca_module *m) {
     for (int i = 0; i < acc->nextra; i++)
         if (acc->extra[i] == m) return CA_OK;
     const ca_sync_strategy *ops = acc->sync_ops;
+    if (acc->mesh)
+        return ca_error(CA_ERR_UNSUPPORTED, "ca_prepare: tensor parallelism (parallelism_config_tp_size %d, from %s) "
+                        "takes one model per accelerator (not yet several)", acc->mesh->shape.size[CA_MESH_TP],
+                        ca_config_origin(acc->cfg, "parallelism_config.parallelism_config_tp_size"));
     if (!ops->prepare_extra_model || acc->joining) {   /* refused: the strategy takes one model */
         const char *key = ops->prepare_extra_model ? "distributed_type" : ops->key;
         return ca_error(CA_ERR_UNSUPPORTED, "ca_prepare: several models need plain data parallelism; %s (from %s) "
@@ -394,6 +402,7 @@ static ca_status prepare_model(ca_accelerator *acc, ca_module *m) {
     ca_status s = ca_module_to(m, acc->device);
     if (s == CA_OK) s = broadcast_params(acc, m);   /* a meta parameter: the record of rank 0's values */
     if (s == CA_OK) s = materialize(acc, m, true);
+    if (s == CA_OK) s = ca_tp_apply(acc, m);   /* every rank holds the same whole weights: each keeps its part */
     if (s == CA_OK && acc->sync_ops->prepare_model) s = acc->sync_ops->prepare_model(acc, m);
     if (s == CA_OK) s = ca_trainable_snapshot(acc, m);
     if (s == CA_OK) {
@@ -426,7 +435,9 @@ static ca_status prepare_optimizer(ca_accelerator *acc, ca_optimizer *o) {
     /* Accelerate's AcceleratedScheduler.step: num_processes scheduler steps per optimizer step when
      * each process reads whole batches (the global batch grew N times), one with split_batches (the
      * global batch is the loader's batch_size on any number of processes) */
-    ca_optimizer_set_schedule_stride(o, acc->world > 1 && !acc->st.split_batches ? acc->world : 1);
+    int drank, dworld;
+    ca_mesh_data_rank(acc, &drank, &dworld);
+    ca_optimizer_set_schedule_stride(o, dworld > 1 && !acc->st.split_batches ? dworld : 1);
     /* sharded data parallelism keeps the state of its shard only (ca_zero_add_optimizer drops the
      * optimizer's own): never made whole, it does not raise the rank's peak to the model's size */
     ca_status s = acc->zero.params ? CA_OK : ca_optimizer_init_state(o);
@@ -457,7 +468,9 @@ ca_status ca_prepare_dataloader(ca_accelerator *acc, ca_dataloader *dl) {
         if (acc->loaders[i] == dl) return CA_OK;
     ca_status s = ca_dataloader_set_device(dl, acc->device);
     if (s == CA_OK) s = ca_dataloader_set_split_batches(dl, acc->st.split_batches);
-    if (s == CA_OK) s = ca_dataloader_shard(dl, acc->rank, acc->world, acc->st.even_batches);
+    int drank, dworld;   /* the ranks of one tensor-parallel group read the same batches */
+    ca_mesh_data_rank(acc, &drank, &dworld);
+    if (s == CA_OK) s = ca_dataloader_shard(dl, drank, dworld, acc->st.even_batches);
     static const ca_dispatch_ops dispatch = {.bcast = dispatch_bcast};
     if (s == CA_OK && acc->st.dispatch_batches && acc->world > 1) s = ca_dataloader_set_dispatch(dl, &dispatch, acc);
     /* a loader that cannot split (an evaluation loader, say) stays whole; ca_backward refuses its batches */
@@ -693,6 +706,7 @@ static ca_status scale_grads_by(const grad_set *gs, ca_device *dev, const void *
  * a GPU does not wait for it. */
 ca_status ca_clip_grad_norm(ca_accelerator *acc, double max_norm, double *total_norm) {
     if (!acc || max_norm <= 0) return ca_error(CA_ERR_INVALID, "clip_grad_norm: max_norm must be > 0");
+    if (acc->mesh) return ca_tp_refuse(acc, "clip_grad_norm");
     ca_status s = unscale(acc, NULL);
     grad_set gs = {0};
     if (s == CA_OK) s = collect_grads(acc, NULL, &gs);
