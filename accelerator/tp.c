@@ -77,8 +77,8 @@ typedef struct tp_walk {
     int matched;
 } tp_walk;
 
-/* Splits Linear module l (named `name`) by style over the tp ranks. */
-static ca_status tp_split(tp_walk *w, ca_module *l, const char *name, int style) {
+/* Splits Linear module l (named `name`) by style over the tp ranks, each of its `parts` blocks alike. */
+static ca_status tp_split(tp_walk *w, ca_module *l, const char *name, int style, int parts) {
     ca_mesh *m = w->acc->mesh;
     int tp = m->shape.size[CA_MESH_TP], r = m->coord[CA_MESH_TP];
     if (strcmp(l->type, "Linear") != 0 || l->nparams < 1 || l->params[0]->ndim != 2)
@@ -87,13 +87,14 @@ static ca_status tp_split(tp_walk *w, ca_module *l, const char *name, int style)
     ca_tensor *wt = l->params[0];
     int dim = style == CA_TP_COLWISE ? 0 : 1;     /* weight [out, in]: colwise splits out, rowwise in */
     int64_t n = wt->shape[dim];
-    if (n % tp != 0)
-        return ca_error(CA_ERR_CONFIG, "ca_tp_plan: %s Linear \"%s\" has %lld %s features, which "
+    if (n % parts != 0 || (n / parts) % tp != 0)
+        return ca_error(CA_ERR_CONFIG, "ca_tp_plan: %s Linear \"%s\" has %lld %s features%s, which "
                         "parallelism_config_tp_size %d does not divide", style == CA_TP_COLWISE ? "colwise" : "rowwise",
-                        name, (long long)n, dim ? "input" : "output", tp);
-    int64_t part = n / tp;
-    ca_status s = ca_tensor_narrow_(wt, dim, r * part, part);
-    if (s == CA_OK && l->nparams > 1 && style == CA_TP_COLWISE) s = ca_tensor_narrow_(l->params[1], 0, r * part, part);
+                        name, (long long)(n / parts), dim ? "input" : "output", parts > 1 ? " per fused block" : "", tp);
+    int64_t part = n / parts / tp;
+    ca_status s = ca_tensor_narrow_(wt, dim, parts, r * part, part);
+    if (s == CA_OK && l->nparams > 1 && style == CA_TP_COLWISE)
+        s = ca_tensor_narrow_(l->params[1], 0, parts, r * part, part);
     if (s != CA_OK) return ca_error_context("splitting \"%s\" over the tp ranks (rank %d)", name, w->acc->rank);
     ca_module **nt = realloc(m->tp, (size_t)(m->ntp + 1) * sizeof *nt);
     if (!nt) return ca_error(CA_ERR_NOMEM, "out of host memory");
@@ -110,8 +111,8 @@ static ca_status tp_visit(tp_walk *w, ca_module *mod, const char *prefix) {
     for (int i = 0; i < mod->nchildren; i++) {
         char name[512];
         snprintf(name, sizeof name, "%s%s%s", prefix, prefix[0] ? "." : "", mod->child_names[i]);
-        int style = ca_tp_plan_match(w->root, name);
-        ca_status s = style ? tp_split(w, mod->children[i], name, style) : tp_visit(w, mod->children[i], name);
+        int parts = 1, style = ca_tp_plan_match(w->root, name, &parts);
+        ca_status s = style ? tp_split(w, mod->children[i], name, style, parts) : tp_visit(w, mod->children[i], name);
         if (s != CA_OK) return s;
     }
     return CA_OK;

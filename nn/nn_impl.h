@@ -34,6 +34,7 @@ struct ca_module {
     int ntp;
     char **tp_pattern;               /* module names, "*" standing for one dotted component */
     ca_tp_style *tp_style;
+    int *tp_parts;                   /* equal blocks of the output features split alike (a fused qkv: 3) */
     /* depth-first list of every parameter with full names, rebuilt on change */
     bool flat_valid;
     int nflat;

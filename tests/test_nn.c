@@ -267,15 +267,20 @@ static void test_tp_plan(void **state) {
     assert_int_equal(ca_sequential_create(&m), CA_OK);
     assert_int_equal(ca_tp_plan(m, "layers.*.mlp.up_proj", "colwise"), CA_OK);
     assert_int_equal(ca_tp_plan(m, "layers.*.mlp.*", "rowwise"), CA_OK);
-    assert_int_equal(ca_tp_plan_match(m, "layers.0.mlp.up_proj"), CA_TP_COLWISE);
-    assert_int_equal(ca_tp_plan_match(m, "layers.12.mlp.down_proj"), CA_TP_ROWWISE);
-    assert_int_equal(ca_tp_plan_match(m, "layers.0.mlp"), 0);            /* one component short */
-    assert_int_equal(ca_tp_plan_match(m, "layers.0.mlp.up_proj.x"), 0);  /* one too many */
-    assert_int_equal(ca_tp_plan_match(m, "layers.0.attn.up_proj"), 0);
+    assert_int_equal(ca_tp_plan_match(m, "layers.0.mlp.up_proj", NULL), CA_TP_COLWISE);
+    assert_int_equal(ca_tp_plan_match(m, "layers.12.mlp.down_proj", NULL), CA_TP_ROWWISE);
+    assert_int_equal(ca_tp_plan_match(m, "layers.0.mlp", NULL), 0);            /* one component short */
+    assert_int_equal(ca_tp_plan_match(m, "layers.0.mlp.up_proj.x", NULL), 0);  /* one too many */
+    assert_int_equal(ca_tp_plan_match(m, "layers.0.attn.up_proj", NULL), 0);
     assert_int_equal(ca_tp_plan(m, "lm_head", "sequence_parallel"), CA_ERR_UNSUPPORTED);
     assert_non_null(strstr(ca_last_error(), "style \"sequence_parallel\" for \"lm_head\" is not supported yet"));
     assert_int_equal(ca_tp_plan(m, "", "colwise"), CA_ERR_INVALID);
-    assert_int_equal(ca_tp_plan_match(m, "lm_head"), 0);
+    assert_int_equal(ca_tp_plan_match(m, "lm_head", NULL), 0);
+    int parts = 0;
+    assert_int_equal(ca_tp_plan_fused(m, "h.*.attn.c_attn", "colwise", 3), CA_OK);
+    assert_int_equal(ca_tp_plan_match(m, "h.3.attn.c_attn", &parts), CA_TP_COLWISE);
+    assert_int_equal(parts, 3);
+    assert_int_equal(ca_tp_plan_fused(m, "x", "colwise", 0), CA_ERR_INVALID);
     ca_module_destroy(m);
 }
 

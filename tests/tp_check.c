@@ -8,6 +8,8 @@
  *     colwise layer's backward all-reduces over tp) and of a few elements of every local shard against
  *     central differences; prints "gradcheck ok N" or the first mismatch.
  *   --mode mesh: prints this rank's mesh coordinates and the size of each dimension's communicator.
+ *   --block: the model is a GPT-2 block (fused q, k, v colwise in 3 blocks, 2 heads; see block_model); train
+ *     prints its losses (no --dump).
  *   --clip: calls ca_clip_grad_norm, --save-state DIR: ca_save_state after training (both refused under
  *   tensor parallelism); --bad-plan: a plan naming a Tanh. */
 #include <caccel/caccel.h>
@@ -51,6 +53,65 @@ static ca_module *model(bool plan, bool bad_plan) {
         CA_CHECK(ca_tp_plan(m, "fc2", "rowwise"));
     }
     if (bad_plan) CA_CHECK(ca_tp_plan(m, "act", "colwise"));
+    return m;
+}
+
+/* --block: a GPT-2 block on the 8 inputs read as 2 tokens of 4 channels, 2 heads: c_attn (a fused q, k, v:
+ * colwise in 3 blocks), attn.c_proj rowwise, mlp.c_fc colwise, mlp.c_proj rowwise; then a head Linear(8, 4)
+ * (whole on every rank). Its forward takes the local sizes from the tensors, as a tensor-parallel model must. */
+#define T_TOK 2
+#define C_CH 4
+#define N_HEAD 2
+
+static ca_tensor *block_forward(ca_module *self, ca_tensor *x, void *ctx) {
+    (void)ctx;
+    int64_t B = ca_tensor_dim(x, 0);
+    x = ca_reshape(x, CA_SHAPE(B, T_TOK, C_CH));
+    ca_tensor *h1 = ca_module_forward(ca_module_child(self, "ln_1"), x), *p[3];
+    ca_tensor *qkv = ca_module_forward(ca_module_child(self, "attn.c_attn"), h1);
+    if (!qkv) return NULL;
+    int64_t cl = ca_tensor_dim(qkv, 2) / 3, hl = N_HEAD * cl / C_CH;   /* this tp rank's channels and heads */
+    if (ca_split(qkv, 2, 3, (int64_t[]){cl, cl, cl}, p) != CA_OK) return NULL;
+    for (int i = 0; i < 3; i++) p[i] = ca_transpose(ca_reshape(p[i], CA_SHAPE(B, T_TOK, hl, C_CH / N_HEAD)), 1, 2);
+    ca_tensor *y = ca_scaled_dot_product_attention(p[0], p[1], p[2], NULL, true, 0.0, 0.0);
+    y = ca_reshape(ca_contiguous(ca_transpose(y, 1, 2)), CA_SHAPE(B, T_TOK, cl));
+    x = ca_add(x, ca_module_forward(ca_module_child(self, "attn.c_proj"), y));
+    ca_tensor *h = ca_gelu(ca_module_forward(ca_module_child(self, "mlp.c_fc"), x));
+    x = ca_add(x, ca_module_forward(ca_module_child(self, "mlp.c_proj"), h));
+    return ca_module_forward(ca_module_child(self, "head"), ca_reshape(x, CA_SHAPE(B, T_TOK * C_CH)));
+}
+
+static ca_module *add(ca_module *parent, const char *name, ca_module *child) {
+    CA_CHECK(ca_module_add(parent, name, child));
+    return child;
+}
+
+static ca_module *linear(int64_t in, int64_t out) {
+    ca_module *l;
+    CA_CHECK(ca_linear_create(in, out, true, &l));
+    return l;
+}
+
+static ca_module *block_model(bool plan) {
+    ca_module *m, *attn, *mlp, *l;
+    CA_CHECK(ca_module_create("Block", block_forward, NULL, NULL, &m));
+    CA_CHECK(ca_layer_norm_create(C_CH, 1e-5, &l));
+    add(m, "ln_1", l);
+    CA_CHECK(ca_module_create("Attention", NULL, NULL, NULL, &attn));
+    add(m, "attn", attn);
+    add(attn, "c_attn", linear(C_CH, 3 * C_CH));
+    add(attn, "c_proj", linear(C_CH, C_CH));
+    CA_CHECK(ca_module_create("MLP", NULL, NULL, NULL, &mlp));
+    add(m, "mlp", mlp);
+    add(mlp, "c_fc", linear(C_CH, 4 * C_CH));
+    add(mlp, "c_proj", linear(4 * C_CH, C_CH));
+    add(m, "head", linear(T_TOK * C_CH, OUT));
+    if (plan) {
+        CA_CHECK(ca_tp_plan_fused(m, "attn.c_attn", "colwise", 3));
+        CA_CHECK(ca_tp_plan(m, "attn.c_proj", "rowwise"));
+        CA_CHECK(ca_tp_plan(m, "mlp.c_fc", "colwise"));
+        CA_CHECK(ca_tp_plan(m, "mlp.c_proj", "rowwise"));
+    }
     return m;
 }
 
@@ -136,7 +197,7 @@ static int train(ca_accelerator *acc, ca_module *m, int steps, int64_t batch, co
         printf("rank=%d save_state: %s\n", ca_process_index(acc), ca_last_error());
         return 3;
     }
-    dump(acc, m, dump_path);
+    if (dump_path) dump(acc, m, dump_path);
     printf("rank=%d params=%lld steps=%d\n", ca_process_index(acc), (long long)ca_module_param_count(m), steps);
     ca_dataloader_destroy(dl);
     ca_optimizer_destroy(opt);
@@ -230,7 +291,7 @@ int main(int argc, char **argv) {
     const char *mode = "train", *dump_path = NULL, *save = NULL;
     int steps = 4;
     int64_t batch = 16;
-    bool plan = false, clip = false, bad_plan = false;
+    bool plan = false, clip = false, bad_plan = false, block = false;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--mode") && i + 1 < argc) mode = argv[++i];
         else if (!strcmp(argv[i], "--steps") && i + 1 < argc) steps = atoi(argv[++i]);
@@ -240,11 +301,12 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--plan")) plan = true;
         else if (!strcmp(argv[i], "--clip")) clip = true;
         else if (!strcmp(argv[i], "--bad-plan")) bad_plan = true;
+        else if (!strcmp(argv[i], "--block")) block = true;
     }
     ca_accelerator *acc;
     CA_CHECK(ca_accelerator_create(&(ca_options){.argc = argc, .argv = argv}, &acc));
     CA_CHECK(ca_set_seed(acc, 11));
-    ca_module *m = model(plan, bad_plan);
+    ca_module *m = block ? block_model(plan) : model(plan, bad_plan);
     int rc = 0;
     if (!strcmp(mode, "mesh")) mesh_info(acc);
     else if (!strcmp(mode, "gradcheck")) rc = gradcheck(acc, m);

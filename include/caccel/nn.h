@@ -141,8 +141,13 @@ CA_API void ca_module_print_trainable_parameters(ca_module *m);
  * Not thread-safe: call before ca_prepare from the thread that builds m. */
 typedef enum ca_tp_style { CA_TP_COLWISE = 1, CA_TP_ROWWISE = 2 } ca_tp_style;
 CA_API ca_status ca_tp_plan(ca_module *m, const char *pattern, const char *style);
-/* The plan's style for the module named `name` (relative to m), 0 when no entry matches. */
-CA_API int ca_tp_plan_match(const ca_module *m, const char *name);
+/* ca_tp_plan for a Linear whose split dimension stacks `parts` equal blocks (a fused q, k, v projection
+ * such as GPT-2's c_attn: 3, colwise): each block is split alike, so that tp rank r holds the q, k and v
+ * rows of the same heads. parts 1 is ca_tp_plan. CA_ERR_INVALID for parts < 1. */
+CA_API ca_status ca_tp_plan_fused(ca_module *m, const char *pattern, const char *style, int parts);
+/* The plan's style for the module named `name` (relative to m), 0 when no entry matches; *parts (may be
+ * NULL) gets the entry's block count. */
+CA_API int ca_tp_plan_match(const ca_module *m, const char *name, int *parts);
 
 /* Frees the module, its children and parameters. Accepts NULL. */
 CA_API void ca_module_destroy(ca_module *m);
