@@ -704,9 +704,29 @@ static ca_status scale_grads_by(const grad_set *gs, ca_device *dev, const void *
  * already small enough: exact, and skipped on host memory, where reading coef is free). Nothing else
  * is read back unless the caller asks for the norm, so a lazy device keeps the step in one graph and
  * a GPU does not wait for it. */
+/* Tensor parallelism: each tp rank holds the gradient of its part of the split layers (and the whole
+ * gradient of the others): *sq, this rank's sum of squares, gets the other tp ranks' sums over their
+ * parts added, so that every rank holds the norm of the whole model. */
+static ca_status tp_sumsq(ca_accelerator *acc, const grad_set *gs, ca_tensor **sq) {
+    grad_set sp = {0};
+    ca_status s = CA_OK;
+    for (int i = 0; s == CA_OK && i < gs->n; i++)
+        if (ca_tp_is_split(acc, gs->t[i])) s = set_add(&sp, gs->t[i]);
+    ca_tensor *part = s == CA_OK ? ca_zeros(acc->device, CA_F32, 0, NULL) : NULL;
+    ca_tensor *all = part ? ca_zeros(acc->device, CA_F32, 0, NULL) : NULL;
+    if (s == CA_OK && !all) s = ca_last_status();
+    sumsq_ctx c = {.out = all ? ca_tptr(part) : NULL, .first = true};
+    if (s == CA_OK && sp.n) s = for_grads(&sp, acc->device, sumsq_fn, &c);
+    free(sp.t);
+    if (s == CA_OK) s = ca_comm_all_reduce(ca_mesh_comm(acc, "tp"), ca_tptr(part), ca_tptr(all), 1, CA_F32, CA_OP_SUM, NULL);
+    ca_tensor *sum = s == CA_OK ? ca_add(*sq, ca_sub(all, part)) : NULL;
+    if (s == CA_OK && !sum) s = ca_last_status();
+    if (s == CA_OK) *sq = sum;
+    return s != CA_OK ? ca_error_context("clip_grad_norm: the norm of the tensor-parallel parts (rank %d)", acc->rank) : s;
+}
+
 ca_status ca_clip_grad_norm(ca_accelerator *acc, double max_norm, double *total_norm) {
     if (!acc || max_norm <= 0) return ca_error(CA_ERR_INVALID, "clip_grad_norm: max_norm must be > 0");
-    if (acc->mesh) return ca_tp_refuse(acc, "clip_grad_norm");
     ca_status s = unscale(acc, NULL);
     grad_set gs = {0};
     if (s == CA_OK) s = collect_grads(acc, NULL, &gs);
@@ -721,6 +741,7 @@ ca_status ca_clip_grad_norm(ca_accelerator *acc, double max_norm, double *total_
         ca_comm *group = NULL;
         if (s == CA_OK && sharded_grads(acc, &group) && group)   /* over the shard group */
             s = ca_comm_all_reduce(group, ca_tptr(sq), ca_tptr(sq), 1, CA_F32, CA_OP_SUM, NULL);
+        if (s == CA_OK && acc->mesh) s = tp_sumsq(acc, &gs, &sq);
         ca_tensor *total = s == CA_OK ? ca_sqrt(sq) : NULL;
         ca_tensor *coef = total ? ca_div(ca_full(acc->device, CA_F32, 0, NULL, max_norm), ca_add_scalar(total, 1e-6))
                                 : NULL;

@@ -26,8 +26,6 @@ static ca_status mesh_refuse(const ca_accelerator *acc, const ca_mesh_shape *m) 
     else if (st->comm_hook == CA_COMM_HOOK_POWER_SGD || st->comm_hook == CA_COMM_HOOK_BATCHED_POWER_SGD)
         why = "PowerSGD's compression runs over the whole process group (not yet over the data-parallel one)",
         key = "comm_hook";
-    else if (st->gradient_clipping > 0)
-        why = "gradient clipping does not yet sum the norms of the tensor-parallel shards", key = "gradient_clipping";
     if (!why) return CA_OK;
     return ca_error(CA_ERR_UNSUPPORTED, "parallelism_config_tp_size %d (from %s) with %s (from %s): %s", tp, tpo, key,
                     ca_config_origin(c, key), why);
@@ -124,8 +122,6 @@ ca_status ca_tp_refuse(const ca_accelerator *acc, const char *what) {
     return ca_error(CA_ERR_UNSUPPORTED, "%s: not supported yet with tensor parallelism (parallelism_config_tp_size %d, "
                     "from %s): %s", what, acc->mesh->shape.size[CA_MESH_TP],
                     ca_config_origin(acc->cfg, "parallelism_config.parallelism_config_tp_size"),
-                    strcmp(what, "clip_grad_norm") == 0
-                        ? "the norm of the tp shards is not summed yet"
-                        : "each rank holds its part of the split layers; checkpoints of the parts (and loading them "
-                          "at another tp size) are not implemented");
+                    "each rank holds its part of the split layers; checkpoints of the parts (and loading them at "
+                    "another tp size) are not implemented");
 }

@@ -22,7 +22,9 @@ ca_comm *ca_mesh_grad_comm(const ca_accelerator *acc);
 /* This rank's data shard: its place among the data-parallel ranks (the tp ranks of a group read the
  * same batches). */
 void ca_mesh_data_rank(const ca_accelerator *acc, int *rank, int *world);
-/* CA_ERR_UNSUPPORTED naming `what` (clip_grad_norm, save_state, ...) when tensor parallelism is on: what
+/* Whether parameter t is one rank's part of a split layer (its gradient's norm is summed over tp). */
+bool ca_tp_is_split(const ca_accelerator *acc, const ca_tensor *t);
+/* CA_ERR_UNSUPPORTED naming `what` (save_state, load_model, ...) when tensor parallelism is on: what
  * does not handle the split layers yet; CA_OK otherwise. */
 ca_status ca_tp_refuse(const ca_accelerator *acc, const char *what);
 /* Applies model m's ca_tp_plan over the tp communicator (tp.c): with a mesh, a model without a plan is

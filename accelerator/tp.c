@@ -142,3 +142,11 @@ void ca_tp_release(ca_accelerator *acc) {
     acc->mesh->tp = NULL;
     acc->mesh->ntp = 0;
 }
+
+bool ca_tp_is_split(const ca_accelerator *acc, const ca_tensor *t) {
+    for (int i = 0; acc->mesh && i < acc->mesh->ntp; i++) {
+        const ca_module *l = acc->mesh->tp[i];   /* a rowwise layer's bias is whole */
+        if (l->params[0] == t || (l->forward == colwise_forward && l->nparams > 1 && l->params[1] == t)) return true;
+    }
+    return false;
+}
