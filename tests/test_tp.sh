@@ -12,16 +12,16 @@ TP="$BUILD/tests/tp_check"
 export OPENBLAS_NUM_THREADS=1 ACCELERATE_USE_CPU=true CACCEL_LOG_LEVEL=info
 LAUNCH_FLAGS=""   # no --cpu flag: ACCELERATE_USE_CPU (above) chooses the device, and --use_fsdp goes with it
 
-# tlaunch NP BACKEND FLAGS -- ARGS...: the configuration flags to caccel launch (Gloo) or to the program
-# (mpirun), so that both spellings are exercised
+# tlaunch NP BACKEND FLAGS -- ARGS...: $PROG (default tp_check) with the configuration flags to caccel launch
+# (Gloo) or to the program (mpirun), so that both spellings are exercised
 tlaunch() {
     np=$1 be=$2; shift 2
     flags=""
     while [ "$1" != "--" ]; do flags="$flags $1"; shift; done
     shift
     # shellcheck disable=SC2086
-    if [ "$be" = mpi ]; then launch "$np" "$be" "$TP" "$@" $flags
-    else launch "$np" "$be" $flags "$TP" "$@"; fi
+    if [ "$be" = mpi ]; then launch "$np" "$be" "${PROG:-$TP}" "$@" $flags
+    else launch "$np" "$be" $flags "${PROG:-$TP}" "$@"; fi
 }
 
 # losses FILE: the step lines
@@ -105,6 +105,25 @@ refused() {
     grep -q -- "$1" "$WORK/r" || { cat "$WORK/r"; fail "no message '$1' for: $flags $args"; }
     echo "  refused: $flags $args"
 }
+note "$be: the GPT example unchanged at tp 2 (c_attn fused colwise, the MLP, clipping at 1.0) == one process"
+GPT="$BUILD/examples/gpt"
+SMALL="--n_layer 2 --n_head 2 --n_embd 64 --block_size 32 --lr 3e-3 --log_interval 2 --eval_interval 4 --eval_samples 16"
+# shellcheck disable=SC2086
+"$GPT" $SMALL --batch_size 8 --max_steps 6 --sample_tokens 10 --dropout 0 > "$WORK/g1" 2>&1 || { cat "$WORK/g1"; fail "gpt, 1 rank"; }
+# shellcheck disable=SC2086
+PROG="$GPT" tlaunch 2 "$be" --parallelism_config_tp_size 2 -- $SMALL --batch_size 8 --max_steps 6 --sample_tokens 10 --dropout 0 \
+    > "$WORK/g2" 2>&1 || { cat "$WORK/g2"; fail "gpt tp 2"; }
+gpt_lines() { sed -n -e 's/^\(step [0-9]*\/[0-9]*: loss [0-9.]*\),.*/\1/p' -e '/^step [0-9]*: validation loss/p' -e '/^sample/,/^-- end of sample/p' "$1"; }
+gpt_lines "$WORK/g1" > "$WORK/g1.l"
+gpt_lines "$WORK/g2" > "$WORK/g2.l"
+[ "$(grep -c '^step' "$WORK/g1.l")" -ge 5 ] || { cat "$WORK/g1"; fail "no loss lines"; }
+cmp -s "$WORK/g1.l" "$WORK/g2.l" || { diff "$WORK/g1.l" "$WORK/g2.l"; fail "the GPT example at tp 2 differs from one process"; }
+echo "  $(grep -c . "$WORK/g1.l") loss, validation and sample lines the same"
+# shellcheck disable=SC2086
+if PROG="$GPT" tlaunch 2 "$be" --parallelism_config_tp_size 2 -- --n_layer 1 --n_head 3 --n_embd 48 --max_steps 1 > "$WORK/r" 2>&1; then
+    cat "$WORK/r"; fail "3 heads at tp 2 accepted"; fi
+grep -q 'gpt: --n_head 3 is not a multiple of parallelism_config_tp_size 2' "$WORK/r" || { cat "$WORK/r"; fail "no heads message"; }
+
 note "$be: refusals"
 refused 2 --parallelism_config_tp_size 2 -- --steps 1 -- 'parallelism_config_tp_size 2 (from .*) needs a tensor-parallel plan on the model'
 refused 4 --parallelism_config_tp_size 2 -- --plan --steps 1 -- 'parallelism_config_tp_size 2 (.*) = 2 processes, but the job has 4'
