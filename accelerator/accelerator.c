@@ -718,11 +718,13 @@ static ca_status tp_sumsq(ca_accelerator *acc, const grad_set *gs, ca_tensor **s
     sumsq_ctx c = {.out = all ? ca_tptr(part) : NULL, .first = true};
     if (s == CA_OK && sp.n) s = for_grads(&sp, acc->device, sumsq_fn, &c);
     free(sp.t);
-    if (s == CA_OK) s = ca_comm_all_reduce(ca_mesh_comm(acc, "tp"), ca_tptr(part), ca_tptr(all), 1, CA_F32, CA_OP_SUM, NULL);
+    ca_comm *tp = ca_mesh_comm(acc, "tp");
+    if (s == CA_OK) s = ca_comm_all_reduce(tp, ca_tptr(part), ca_tptr(all), 1, CA_F32, CA_OP_SUM, NULL);
     ca_tensor *sum = s == CA_OK ? ca_add(*sq, ca_sub(all, part)) : NULL;
     if (s == CA_OK && !sum) s = ca_last_status();
     if (s == CA_OK) *sq = sum;
-    return s != CA_OK ? ca_error_context("clip_grad_norm: the norm of the tensor-parallel parts (rank %d)", acc->rank) : s;
+    if (s != CA_OK) ca_error_context("clip_grad_norm: the norm of the tensor-parallel parts (rank %d)", acc->rank);
+    return s;
 }
 
 ca_status ca_clip_grad_norm(ca_accelerator *acc, double max_norm, double *total_norm) {

@@ -13,19 +13,24 @@ static ca_status mesh_refuse(const ca_accelerator *acc, const ca_mesh_shape *m) 
     int tp = m->size[CA_MESH_TP];
     const ca_settings *st = &acc->st;
     const char *why = NULL, *key = NULL;
-    if (m->size[CA_MESH_DP_SHARD] > 1)
+    if (m->size[CA_MESH_DP_SHARD] > 1) {
+        key = "parallelism_config.parallelism_config_dp_shard_size";
         why = "sharded data parallelism over the other ranks is not supported yet; set "
-              "parallelism_config_dp_replicate_size instead", key = "parallelism_config.parallelism_config_dp_shard_size";
-    else if (st->distributed_type == CA_DIST_FSDP || st->distributed_type == CA_DIST_DEEPSPEED)
+              "parallelism_config_dp_replicate_size instead";
+    } else if (st->distributed_type == CA_DIST_FSDP || st->distributed_type == CA_DIST_DEEPSPEED) {
+        key = "distributed_type";
         why = "composition with ZeRO / FSDP is not supported yet (the tensor-parallel shards are not sharded "
-              "further); use distributed_type MULTI_CPU or MULTI_GPU", key = "distributed_type";
-    else if (st->distributed_type == CA_DIST_XLA)
-        why = "the lazy device does not run tensor parallelism yet", key = "distributed_type";
-    else if (st->deterministic)
-        why = "deterministic mode's virtual shards assume every rank holds whole parameters (not yet)", key = "deterministic";
-    else if (st->comm_hook == CA_COMM_HOOK_POWER_SGD || st->comm_hook == CA_COMM_HOOK_BATCHED_POWER_SGD)
-        why = "PowerSGD's compression runs over the whole process group (not yet over the data-parallel one)",
+              "further); use distributed_type MULTI_CPU or MULTI_GPU";
+    } else if (st->distributed_type == CA_DIST_XLA) {
+        key = "distributed_type";
+        why = "the lazy device does not run tensor parallelism yet";
+    } else if (st->deterministic) {
+        key = "deterministic";
+        why = "deterministic mode's virtual shards assume every rank holds whole parameters (not yet)";
+    } else if (st->comm_hook == CA_COMM_HOOK_POWER_SGD || st->comm_hook == CA_COMM_HOOK_BATCHED_POWER_SGD) {
         key = "comm_hook";
+        why = "PowerSGD's compression runs over the whole process group (not yet over the data-parallel one)";
+    }
     if (!why) return CA_OK;
     return ca_error(CA_ERR_UNSUPPORTED, "parallelism_config_tp_size %d (from %s) with %s (from %s): %s", tp, tpo, key,
                     ca_config_origin(c, key), why);
@@ -47,7 +52,8 @@ static ca_status mesh_split(ca_accelerator *acc, ca_mesh *m) {
         ca_status s = ca_comm_split(acc->comm, mesh_color(m, acc->rank, d), key, &m->comm[d]);
         if (s == CA_OK) s = ca_comm_set_name(m->comm[d], ca_mesh_dim_name(d));
         if (s != CA_OK)
-            return ca_error_context("making the device mesh's %s communicator (rank %d)", ca_mesh_dim_name(d), acc->rank);
+            return ca_error_context("making the device mesh's %s communicator (rank %d)", ca_mesh_dim_name(d),
+                                    acc->rank);
     }
     return CA_OK;
 }

@@ -837,9 +837,9 @@ static ca_status mesh_mismatch(const ca_config *c, const ca_mesh_shape *m, int64
     ca_error(CA_ERR_CONFIG, "parallelism_config: %s = %lld processes, but the job has %d (num_processes, from %s): "
              "the device mesh needs their product to equal the process count", msg, (long long)product, world,
              K(c, "num_processes")->origin);
+    int inner = m->size[CA_MESH_TP] * m->size[CA_MESH_CP];
     ca_error_hint("with parallelism_config_tp_size %d, set parallelism_config_dp_replicate_size to %d (data "
-                  "parallel over the tensor-parallel groups)", m->size[CA_MESH_TP],
-                  world % (m->size[CA_MESH_TP] * m->size[CA_MESH_CP]) ? 1 : world / (m->size[CA_MESH_TP] * m->size[CA_MESH_CP]));
+                  "parallel over the tensor-parallel groups)", m->size[CA_MESH_TP], world % inner ? 1 : world / inner);
     return CA_ERR_CONFIG;
 }
 
