@@ -2,6 +2,7 @@
  * synchronisation strategy (sync_impl.h), prepare, backward and the optimizer step (unscale, clip,
  * the strategy's update), clipping. Process state is process_state.c's, accumulation accumulate.c's. */
 #include "accelerator/accelerator_impl.h"
+#include "accelerator/mesh_impl.h"
 #include "accelerator/sync_impl.h"
 #include "comm/affinity_impl.h"
 #include "comm/comm_impl.h"
@@ -229,6 +230,7 @@ ca_status ca_accelerator_create(const ca_options *opts, ca_accelerator **out) {
     if (s == CA_OK) s = ca_sync_select(acc);   /* the one place the parallelism is chosen */
     if (s == CA_OK) s = elastic_accumulation(acc);   /* after a DeepSpeed JSON's accumulation */
     if (s == CA_OK) s = create_comm(acc);
+    if (s == CA_OK) s = ca_mesh_setup(acc);    /* tensor parallelism's groups, split from the process group */
     if (s == CA_OK) s = zero3_init_begin(acc);
     if (s == CA_OK) s = ca_accelerator_profile_begin(acc);
     if (s != CA_OK) {
@@ -250,6 +252,7 @@ void ca_accelerator_destroy(ca_accelerator *acc) {
         ca_dataloader_set_dispatch(acc->loaders[i], NULL, NULL);   /* the hook's context is acc */
         if (acc->sync_ops->release_loader) acc->sync_ops->release_loader(acc, acc->loaders[i]);
     }
+    ca_tp_release(acc);
     for (int k = -1; k < acc->nextra; k++) {
         ca_module *m = k < 0 ? acc->model : acc->extra[k];
         if (!m) continue;
@@ -265,6 +268,7 @@ void ca_accelerator_destroy(ca_accelerator *acc) {
     ca_trainable_free(acc);
     if (acc->sync_ops && acc->sync_ops->free) acc->sync_ops->free(acc);
     ca_state_free(acc);
+    ca_mesh_free(acc);
     ca_comm_destroy(acc->comm);
     ca_config_destroy(acc->cfg);
     free(acc->opts);
@@ -392,6 +396,10 @@ static ca_status prepare_extra_model(ca_accelerator *acc, ca_module *m) {
     for (int i = 0; i < acc->nextra; i++)
         if (acc->extra[i] == m) return CA_OK;
     const ca_sync_strategy *ops = acc->sync_ops;
+    if (acc->mesh)
+        return ca_error(CA_ERR_UNSUPPORTED, "ca_prepare: tensor parallelism (parallelism_config_tp_size %d, from %s) "
+                        "takes one model per accelerator (not yet several)", acc->mesh->shape.size[CA_MESH_TP],
+                        ca_config_origin(acc->cfg, "parallelism_config.parallelism_config_tp_size"));
     if (!ops->prepare_extra_model || acc->joining) {   /* refused: the strategy takes one model */
         const char *key = ops->prepare_extra_model ? "distributed_type" : ops->key;
         return ca_error(CA_ERR_UNSUPPORTED, "ca_prepare: several models need plain data parallelism; %s (from %s) "
@@ -419,6 +427,7 @@ static ca_status prepare_model(ca_accelerator *acc, ca_module *m) {
     ca_status s = ca_module_to(m, acc->device);
     if (s == CA_OK) s = broadcast_params(acc, m);   /* a meta parameter: the record of rank 0's values */
     if (s == CA_OK) s = materialize(acc, m, true);
+    if (s == CA_OK) s = ca_tp_apply(acc, m);   /* every rank holds the same whole weights: each keeps its part */
     if (s == CA_OK && acc->sync_ops->prepare_model) s = acc->sync_ops->prepare_model(acc, m);
     if (s == CA_OK) s = ca_trainable_snapshot(acc, m);
     if (s == CA_OK) {
@@ -451,7 +460,9 @@ static ca_status prepare_optimizer(ca_accelerator *acc, ca_optimizer *o) {
     /* Accelerate's AcceleratedScheduler.step: num_processes scheduler steps per optimizer step when
      * each process reads whole batches (the global batch grew N times), one with split_batches (the
      * global batch is the loader's batch_size on any number of processes) */
-    ca_optimizer_set_schedule_stride(o, acc->world > 1 && !acc->st.split_batches ? acc->world : 1);
+    int drank, dworld;
+    ca_mesh_data_rank(acc, &drank, &dworld);
+    ca_optimizer_set_schedule_stride(o, dworld > 1 && !acc->st.split_batches ? dworld : 1);
     /* sharded data parallelism keeps the state of its shard only (ca_zero_add_optimizer drops the
      * optimizer's own): never made whole, it does not raise the rank's peak to the model's size */
     ca_status s = acc->zero.params ? CA_OK : ca_optimizer_init_state(o);
@@ -482,7 +493,9 @@ ca_status ca_prepare_dataloader(ca_accelerator *acc, ca_dataloader *dl) {
         if (acc->loaders[i] == dl) return CA_OK;
     ca_status s = ca_dataloader_set_device(dl, acc->device);
     if (s == CA_OK) s = ca_dataloader_set_split_batches(dl, acc->st.split_batches);
-    if (s == CA_OK) s = ca_dataloader_shard(dl, acc->rank, acc->world, acc->st.even_batches);
+    int drank, dworld;   /* the ranks of one tensor-parallel group read the same batches */
+    ca_mesh_data_rank(acc, &drank, &dworld);
+    if (s == CA_OK) s = ca_dataloader_shard(dl, drank, dworld, acc->st.even_batches);
     static const ca_dispatch_ops dispatch = {.bcast = dispatch_bcast};
     if (s == CA_OK && acc->st.dispatch_batches && acc->world > 1) s = ca_dataloader_set_dispatch(dl, &dispatch, acc);
     /* a loader that cannot split (an evaluation loader, say) stays whole; ca_backward refuses its batches */
@@ -716,6 +729,29 @@ static ca_status scale_grads_by(const grad_set *gs, ca_device *dev, const void *
  * already small enough: exact, and skipped on host memory, where reading coef is free). Nothing else
  * is read back unless the caller asks for the norm, so a lazy device keeps the step in one graph and
  * a GPU does not wait for it. */
+/* Tensor parallelism: each tp rank holds the gradient of its part of the split layers (and the whole
+ * gradient of the others): *sq, this rank's sum of squares, gets the other tp ranks' sums over their
+ * parts added, so that every rank holds the norm of the whole model. */
+static ca_status tp_sumsq(ca_accelerator *acc, const grad_set *gs, ca_tensor **sq) {
+    grad_set sp = {0};
+    ca_status s = CA_OK;
+    for (int i = 0; s == CA_OK && i < gs->n; i++)
+        if (ca_tp_is_split(acc, gs->t[i])) s = set_add(&sp, gs->t[i]);
+    ca_tensor *part = s == CA_OK ? ca_zeros(acc->device, CA_F32, 0, NULL) : NULL;
+    ca_tensor *all = part ? ca_zeros(acc->device, CA_F32, 0, NULL) : NULL;
+    if (s == CA_OK && !all) s = ca_last_status();
+    sumsq_ctx c = {.out = all ? ca_tptr(part) : NULL, .first = true};
+    if (s == CA_OK && sp.n) s = for_grads(&sp, acc->device, sumsq_fn, &c);
+    free(sp.t);
+    ca_comm *tp = ca_mesh_comm(acc, "tp");
+    if (s == CA_OK) s = ca_comm_all_reduce(tp, ca_tptr(part), ca_tptr(all), 1, CA_F32, CA_OP_SUM, NULL);
+    ca_tensor *sum = s == CA_OK ? ca_add(*sq, ca_sub(all, part)) : NULL;
+    if (s == CA_OK && !sum) s = ca_last_status();
+    if (s == CA_OK) *sq = sum;
+    if (s != CA_OK) ca_error_context("clip_grad_norm: the norm of the tensor-parallel parts (rank %d)", acc->rank);
+    return s;
+}
+
 ca_status ca_clip_grad_norm(ca_accelerator *acc, double max_norm, double *total_norm) {
     if (!acc || max_norm <= 0) return ca_error(CA_ERR_INVALID, "clip_grad_norm: max_norm must be > 0");
     ca_status s = unscale(acc, NULL);
@@ -732,6 +768,7 @@ ca_status ca_clip_grad_norm(ca_accelerator *acc, double max_norm, double *total_
         ca_comm *group = NULL;
         if (s == CA_OK && sharded_grads(acc, &group) && group)   /* over the shard group */
             s = ca_comm_all_reduce(group, ca_tptr(sq), ca_tptr(sq), 1, CA_F32, CA_OP_SUM, NULL);
+        if (s == CA_OK && acc->mesh) s = tp_sumsq(acc, &gs, &sq);
         ca_tensor *total = s == CA_OK ? ca_sqrt(sq) : NULL;
         ca_tensor *coef = total ? ca_div(ca_full(acc->device, CA_F32, 0, NULL, max_norm), ca_add_scalar(total, 1e-6))
                                 : NULL;

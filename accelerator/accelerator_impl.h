@@ -192,6 +192,8 @@ struct ca_accelerator {
     struct ca_trackers *trackers;
     /* progress.c: the open bar that ca_log_metrics gives its loss (NULL: none) */
     struct ca_progress *progress;
+    /* mesh.c: the device mesh's communicators and tp.c's split layers (NULL: no tensor parallelism) */
+    struct ca_mesh *mesh;
     /* throughput.c: the meter, made by the first ca_throughput_step (NULL: none) */
     struct ca_throughput_meter *meter;
 };

@@ -4,6 +4,7 @@
 #include <caccel/tensor.h>
 
 #include "accelerator/checkpoint_impl.h"
+#include "accelerator/mesh_impl.h"
 #include "accelerator/sync_impl.h"
 #include "tensor/safetensors_impl.h"
 #include "core/json_impl.h"
@@ -486,6 +487,7 @@ static bool summon(ca_accelerator *acc, ca_module *model, ca_status *s) {
 
 ca_status ca_save_model(ca_accelerator *acc, ca_module *model, const char *dir, size_t max_shard_size) {
     if (!model || !dir) return ca_error(CA_ERR_INVALID, "save_model: model and dir are required");
+    if (acc && acc->mesh) return ca_tp_refuse(acc, "save_model");
     ca_status s;
     bool shards = summon(acc, model, &s);
     if (s == CA_OK) s = save_model(acc, model, dir, max_shard_size);
@@ -511,6 +513,7 @@ static bool lean_load(ca_accelerator *acc, ca_module *model) {
 
 ca_status ca_load_model(ca_accelerator *acc, ca_module *model, const char *dir_or_file) {
     if (!model || !dir_or_file) return ca_error(CA_ERR_INVALID, "load_model: model and a path are required");
+    if (acc && acc->mesh) return ca_tp_refuse(acc, "load_model");
     ca_status s;
     if (lean_load(acc, model)) {
         ca_ck_model_src *m = NULL;

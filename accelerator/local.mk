@@ -28,6 +28,9 @@ libcaccel_la_SOURCES += \
 	accelerator/state.c \
 	accelerator/objects.c \
 	accelerator/join.c \
+	accelerator/mesh_impl.h \
+	accelerator/mesh.c \
+	accelerator/tp.c \
 	accelerator/autocast.c \
 	accelerator/batch_size.c \
 	accelerator/memory_report.c \

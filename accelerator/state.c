@@ -9,6 +9,7 @@
 #include "accelerator/sync_impl.h"
 #include "comm/comm_impl.h"
 #include "accelerator/checkpoint_impl.h"
+#include "accelerator/mesh_impl.h"
 #include "tensor/safetensors_impl.h"
 #include "base/trace_impl.h"
 #include "core/json_impl.h"
@@ -1982,6 +1983,7 @@ static void elastic_grow_point(ca_accelerator *acc) {
 
 ca_status ca_save_state_ex(ca_accelerator *acc, const char *dir, const ca_save_state_options *opts) {
     if (!acc) return ca_error(CA_ERR_INVALID, "save_state: the accelerator is NULL");
+    if (acc->mesh) return ca_tp_refuse(acc, "save_state");
     if (acc->nextra)   /* the checkpoint layout holds one model */
         return ca_error(CA_ERR_UNSUPPORTED, "save_state: %d model(s) prepared after the first; save them with "
                         "ca_save_model or ca_register_for_checkpointing", acc->nextra);
@@ -2019,6 +2021,7 @@ ca_status ca_wait_for_save(ca_accelerator *acc) {
 
 ca_status ca_load_state(ca_accelerator *acc, const char *dir) {
     if (!acc) return ca_error(CA_ERR_INVALID, "load_state: the accelerator is NULL");
+    if (acc->mesh) return ca_tp_refuse(acc, "load_state");
     ca_status s = ss_async_join(acc, "load_state");   /* a save in flight is finished (or failed) first */
     return s == CA_OK ? with_full_params(acc, load_state, dir) : s;
 }

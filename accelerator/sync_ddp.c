@@ -2,6 +2,7 @@
  * gradient buckets whose all-reduce starts during backward as soon as every gradient of a bucket is
  * final. A comm_hook (fp16, bf16, PowerSGD) changes how a bucket is sent. */
 #include "accelerator/sync_impl.h"
+#include "accelerator/mesh_impl.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -50,11 +51,12 @@ static ca_status wire_init_bf16(ca_accelerator *acc, ca_bucket *bk) { return wir
 
 static ca_status wire_launch(ca_accelerator *acc, ca_bucket *bk, bool *done) {
     ca_dtype dt = bk->wire->dtype;
+    ca_comm *dp = ca_mesh_grad_comm(acc);   /* the data-parallel ranks (all, without tensor parallelism) */
     *done = true;
     ca_status s = CA_KCALL(ca_tdev(bk->flat), cast, .src_dt = CA_F32, .x = ca_tptr(bk->flat), .dst_dt = dt,
-                           .y = ca_tptr(bk->wire), .n = bk->numel, .alpha = 1.0f / (float)acc->world);
+                           .y = ca_tptr(bk->wire), .n = bk->numel, .alpha = 1.0f / (float)ca_comm_size(dp));
     if (s == CA_OK)
-        s = ca_comm_all_reduce(acc->comm, ca_tptr(bk->wire), ca_tptr(bk->wire), (size_t)bk->numel, dt, CA_OP_SUM,
+        s = ca_comm_all_reduce(dp, ca_tptr(bk->wire), ca_tptr(bk->wire), (size_t)bk->numel, dt, CA_OP_SUM,
                                &bk->work);
     return s;
 }
@@ -87,7 +89,7 @@ static ca_status launch(ca_accelerator *acc, ca_bucket *bk) {
     bool done = false;
     if (h && h->launch) s = h->launch(acc, bk, &done);
     if (s != CA_OK || done) return s;
-    return ca_comm_all_reduce(acc->comm, ca_tptr(bk->flat), ca_tptr(bk->flat), (size_t)bk->numel, CA_F32,
+    return ca_comm_all_reduce(ca_mesh_grad_comm(acc), ca_tptr(bk->flat), ca_tptr(bk->flat), (size_t)bk->numel, CA_F32,
                               CA_OP_AVG, &bk->work);
 }
 
@@ -280,8 +282,8 @@ static ca_status ddp_shadow_backward(ca_accelerator *acc) {
         ca_bucket *bk = &acc->buckets[b];
         ca_status s = CA_KCALL(acc->device, fill, .dt = CA_F32, .n = bk->numel, .value = 0.0, .y = ca_tptr(bk->flat));
         if (s == CA_OK)
-            s = ca_comm_all_reduce(acc->comm, ca_tptr(bk->flat), ca_tptr(bk->flat), (size_t)bk->numel, CA_F32,
-                                   CA_OP_AVG, NULL);
+            s = ca_comm_all_reduce(ca_mesh_grad_comm(acc), ca_tptr(bk->flat), ca_tptr(bk->flat), (size_t)bk->numel,
+                                   CA_F32, CA_OP_AVG, NULL);
         if (s != CA_OK) return ca_error_context("join_uneven_inputs: shadowing bucket %d on rank %d", b, acc->rank);
     }
     return CA_OK;

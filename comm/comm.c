@@ -200,7 +200,7 @@ static ca_status wait_work(ca_comm *c, ca_work *w, int64_t deadline, bool op_dea
     ca_status s = wait_work_on(c, w, deadline, op_deadline);
     if (s == CA_OK || !c->global) return s;
     char note[256];
-    size_t at = (size_t)snprintf(note, sizeof note, "(in the group of ranks ");
+    size_t at = (size_t)snprintf(note, sizeof note, "(in the %s%sgroup of ranks ", c->name, c->name[0] ? " " : "");
     for (int i = 0; i < c->world && at < sizeof note; i++)
         at += (size_t)snprintf(note + at, sizeof note - at, "%s%d", i ? ", " : "", c->global[i]);
     if (at < sizeof note)
@@ -1026,6 +1026,16 @@ static void split_place(const ca_comm *p, const int32_t *all, ca_comm_options *o
         }
     }
 }
+
+ca_status ca_comm_set_name(ca_comm *c, const char *name) {
+    if (!c || !name || strlen(name) >= sizeof c->name)
+        return ca_error(CA_ERR_INVALID, "ca_comm_set_name: a communicator and a name of at most %zu characters are "
+                        "required", sizeof c->name - 1);
+    snprintf(c->name, sizeof c->name, "%s", name);
+    return CA_OK;
+}
+
+const char *ca_comm_name(const ca_comm *c) { return c ? c->name : ""; }
 
 ca_status ca_comm_split(ca_comm *parent, int color, int key, ca_comm **out) {
     if (!out) return ca_error(CA_ERR_INVALID, "ca_comm_split: NULL output");

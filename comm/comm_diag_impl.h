@@ -97,6 +97,7 @@ struct ca_comm {
     struct ca_comm *parent;    /* a split's child: its parent, which counts the child's bytes too */
     _Atomic uint64_t split_bytes; /* bytes sent by the communicators split from this one */
     int *global;               /* a split's child: the job's rank of each of its ranks (owned) */
+    char name[24];             /* ca_comm_set_name: what the group is to the program ("tp"); "" none */
     bool store_host;           /* this process serves the store (own_server here or on the split's root) */
     bool launch_notes;         /* the store is caccel launch's: leave it a note on failure */
 

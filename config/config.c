@@ -781,11 +781,10 @@ static ca_status validate(const ca_config *c) {
     return CA_OK;
 }
 
-/* Accelerate's ParallelismConfig beyond data parallelism: each dimension above 1 named with its key,
- * value and origin, all in one error. */
+/* Accelerate's ParallelismConfig beyond data and tensor parallelism (the device mesh, accelerator/mesh.c,
+ * runs those): each dimension above 1 named with its key, value and origin, all in one error. */
 ca_status ca_config_check_parallelism(const ca_config *c) {
     static const struct { const char *key, *what; } dims[] = {
-        {"parallelism_config.parallelism_config_tp_size", "tensor parallelism"},
         {"parallelism_config.parallelism_config_cp_size", "context parallelism"},
         {"parallelism_config.parallelism_config_sp_size", "sequence parallelism"},
     };
@@ -801,11 +800,61 @@ ca_status ca_config_check_parallelism(const ca_config *c) {
         if (w > 0) len += (size_t)w;
     }
     if (!n) return CA_OK;
-    ca_error(CA_ERR_UNSUPPORTED, "%s: not supported yet (caccel runs data parallelism: plain, or sharded under "
-             "distributed_type FSDP / DEEPSPEED)", msg);
+    ca_error(CA_ERR_UNSUPPORTED, "%s: not supported yet (caccel runs data parallelism, plain or sharded under "
+             "distributed_type FSDP / DEEPSPEED, and tensor parallelism, parallelism_config_tp_size)", msg);
     ca_error_hint("set %s to 1 or remove %s; parallelism_config_dp_shard_size and dp_replicate_size (HSDP) "
                   "are honoured under FSDP", n > 1 ? "them" : "it", n > 1 ? "them" : "it");
     return CA_ERR_UNSUPPORTED;
+}
+
+static const char *const mesh_keys[CA_MESH_NDIMS] = {
+    "parallelism_config.parallelism_config_dp_replicate_size", "parallelism_config.parallelism_config_dp_shard_size",
+    "parallelism_config.parallelism_config_cp_size", "parallelism_config.parallelism_config_tp_size",
+};
+
+const char *ca_mesh_dim_name(int dim) {
+    static const char *const names[] = {"dp_replicate", "dp_shard", "cp", "tp", "dp"};
+    return dim >= 0 && dim <= CA_MESH_NDIMS ? names[dim] : NULL;
+}
+
+void ca_mesh_coords(const ca_mesh_shape *m, int rank, int coord[CA_MESH_NDIMS]) {
+    for (int d = CA_MESH_NDIMS - 1; d >= 0; d--) {
+        int n = m->size[d] > 0 ? m->size[d] : 1;
+        coord[d] = rank % n;
+        rank /= n;
+    }
+}
+
+/* The product differs from the process count: every size with its origin, and the count's. */
+static ca_status mesh_mismatch(const ca_config *c, const ca_mesh_shape *m, int64_t product, int world) {
+    char msg[1024];
+    size_t len = 0;
+    for (int d = 0; d < CA_MESH_NDIMS && len < sizeof msg; d++) {
+        int w = snprintf(msg + len, sizeof msg - len, "%s%s %d (%s)", d ? " x " : "", mesh_keys[d] + 19, m->size[d],
+                         K(c, mesh_keys[d])->origin);
+        if (w > 0) len += (size_t)w;
+    }
+    ca_error(CA_ERR_CONFIG, "parallelism_config: %s = %lld processes, but the job has %d (num_processes, from %s): "
+             "the device mesh needs their product to equal the process count", msg, (long long)product, world,
+             K(c, "num_processes")->origin);
+    int inner = m->size[CA_MESH_TP] * m->size[CA_MESH_CP];
+    ca_error_hint("with parallelism_config_tp_size %d, set parallelism_config_dp_replicate_size to %d (data "
+                  "parallel over the tensor-parallel groups)", m->size[CA_MESH_TP], world % inner ? 1 : world / inner);
+    return CA_ERR_CONFIG;
+}
+
+ca_status ca_config_mesh(const ca_config *c, int world, ca_mesh_shape *out) {
+    if (!c || !out || world < 1) return ca_error(CA_ERR_INVALID, "ca_config_mesh: config, out and a world >= 1 are required");
+    int64_t product = 1;
+    for (int d = 0; d < CA_MESH_NDIMS; d++) {
+        int64_t v = int_or(K(c, mesh_keys[d]), 1);
+        out->size[d] = v > 0 && v <= 1 << 20 ? (int)v : 1;
+        product *= out->size[d];
+    }
+    if (out->size[CA_MESH_TP] > 1 || out->size[CA_MESH_CP] > 1)
+        return product == world ? CA_OK : mesh_mismatch(c, out, product, world);
+    if (product != world) *out = (ca_mesh_shape){.size = {world, 1, 1, 1}};   /* plain data parallelism */
+    return CA_OK;
 }
 
 /* ------------------------------------------------------------------ loading */

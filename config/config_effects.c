@@ -30,7 +30,8 @@ static const effect effects[] = {
     {"tp_config.", WARN_IF_SET, "tensor parallelism is not implemented; training is plain data parallel", NULL},
     /* HSDP's groups (accelerator/zero_config.c); a size of 1 asks for nothing */
     {"parallelism_config.parallelism_config_dp_", WARN_IF_CHANGED, NULL, "FSDP"},
-    {"parallelism_config.parallelism_config_tp_size", REFUSED, "tensor parallelism", NULL},
+    /* the device mesh (accelerator/mesh.c) acts on it, and with it above 1 on the dp_ sizes */
+    {"parallelism_config.parallelism_config_tp_size", NEVER_WARN, NULL, NULL},
     {"parallelism_config.parallelism_config_cp_size", REFUSED, "context parallelism", NULL},
     {"parallelism_config.parallelism_config_sp_size", REFUSED, "sequence parallelism", NULL},
     {"parallelism_config.", WARN_IF_CHANGED,
@@ -130,6 +131,14 @@ static void why_text(const ca_config *c, const effect *e, const char *key, char 
     }
 }
 
+/* With tensor parallelism (tp_size above 1) the device mesh lays the ranks out by the data-parallel sizes too
+ * (accelerator/mesh.c), whatever the distributed_type. */
+static bool mesh_acts_on(const ca_config *c, const char *key) {
+    if (strncmp(key, "parallelism_config.parallelism_config_dp_", 41) != 0) return false;
+    const char *tp = ca_config_get(c, "parallelism_config.parallelism_config_tp_size");
+    return tp && atoll(tp) > 1;
+}
+
 ca_status ca_config_warn_ignored(const ca_config *c, int *nwarned) {
     if (nwarned) *nwarned = 0;
     if (!c) return ca_error(CA_ERR_INVALID, "ca_config_warn_ignored: config is NULL");
@@ -138,6 +147,7 @@ ca_status ca_config_warn_ignored(const ca_config *c, int *nwarned) {
         const ca_key_def *d = &ca_config_keys[i];
         if (d->flags & (CA_KF_SUPPORTED | CA_KF_LEGACY) || d->type == CA_KT_MAP) continue;
         if (ca_config_source_of(c, d->name) == CA_SRC_DEFAULT) continue;
+        if (mesh_acts_on(c, d->name)) continue;
         const effect *e = effect_of(d->name);
         if (!e && !(d->flags & CA_KF_CLUSTER)) e = effect_of("compute_environment");   /* SageMaker's keys */
         const char *value = ca_config_get(c, d->name);

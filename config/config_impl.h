@@ -155,8 +155,9 @@ ca_status ca_config_batch_end(ca_config *c);
 bool ca_config_dist_allowed(const char *compute_env, const char *dist);
 
 /* CA_ERR_UNSUPPORTED naming each parallelism_config size above 1 that caccel
- * does not implement yet (tensor, context, sequence parallelism), with its
- * key, value and origin; CA_OK otherwise. */
+ * does not implement yet (context, sequence parallelism), with its key, value
+ * and origin; CA_OK otherwise. Tensor parallelism is the device mesh's
+ * (ca_config_mesh, accelerator/mesh.c). */
 ca_status ca_config_check_parallelism(const ca_config *c);
 
 /* The FSDP1 sharding strategy fsdp_config asks for (FULL_SHARD, SHARD_GRAD_OP,

@@ -149,10 +149,11 @@ const ca_key_def ca_config_keys[] = {
      * parallelism_config_ prefix; the field names alone are read too (ca_config_key_find). */
     KM("parallelism_config", CL, "ParallelismConfig: sizes of the data, tensor, context and sequence parallel dimensions"),
     KI("parallelism_config.parallelism_config_dp_replicate_size", "1", 1, BIG, CL,
-       "replicated data-parallel size (HSDP's replicas, under FSDP)"),
+       "replicated data-parallel size (HSDP's replicas under FSDP; with tp_size above 1, the data-parallel groups)"),
     KI("parallelism_config.parallelism_config_dp_shard_size", "1", 1, BIG, CL,
        "sharded data-parallel size (FSDP's shard group, under FSDP)"),
-    KI("parallelism_config.parallelism_config_tp_size", "1", 1, BIG, CL, "tensor-parallel size (above 1: refused)"),
+    KI("parallelism_config.parallelism_config_tp_size", "1", 1, BIG, CL | S,
+       "tensor-parallel size: the Linear layers a ca_tp_plan names are split over it (docs/DISTRIBUTED.md)"),
     KI("parallelism_config.parallelism_config_cp_size", "1", 1, BIG, CL, "context-parallel size (above 1: refused)"),
     KE("parallelism_config.parallelism_config_cp_backend", "torch", v_cp_backend, CL, "context-parallel backend"),
     KE("parallelism_config.parallelism_config_cp_comm_strategy", "allgather", v_cp_comm, CL,

@@ -283,10 +283,14 @@ static ca_module *layer_norm(ca_module *parent, const char *name, int64_t dim) {
 
 static bool training(const gpt *g) { return ca_module_is_training(g->wte); }
 
+/* Under tensor parallelism (parallelism_config_tp_size) c_attn gives this rank's heads only: the channels
+ * and heads are taken from its output. */
 static ca_tensor *attention(const gpt *g, const block *b, ca_tensor *x) {
-    int64_t B = ca_tensor_dim(x, 0), T = ca_tensor_dim(x, 1), C = g->a.n_embd, H = g->a.n_head;
+    int64_t B = ca_tensor_dim(x, 0), T = ca_tensor_dim(x, 1);
     ca_tensor *qkv = ca_module_forward(b->c_attn, x), *p[3];
-    if (!qkv || ca_split(qkv, 2, 3, (int64_t[]){C, C, C}, p) != CA_OK) return NULL;
+    if (!qkv) return NULL;
+    int64_t C = ca_tensor_dim(qkv, 2) / 3, H = g->a.n_head * C / g->a.n_embd;
+    if (ca_split(qkv, 2, 3, (int64_t[]){C, C, C}, p) != CA_OK) return NULL;
     for (int i = 0; i < 3; i++)   /* [B, T, C] -> [B, H, T, D] */
         p[i] = ca_transpose(ca_reshape(p[i], CA_SHAPE(B, T, H, C / H)), 1, 2);
     double drop = training(g) ? g->a.dropout : 0.0;
@@ -393,6 +397,13 @@ static ca_module *build_gpt(const args *a) {
     g->ln_f = layer_norm(tr, "ln_f", a->n_embd);
     init_normal(ca_module_param(g->wte, "weight"), std);
     init_normal(ca_module_param(g->wpe, "weight"), std);
+    /* Megatron's split, used when parallelism_config_tp_size is above 1: q, k, v and the MLP's first layer by
+     * their output features (c_attn's three blocks alike: each rank whole heads), the projections back into
+     * the residual stream by their input features; embeddings and norms stay whole */
+    CA_CHECK(ca_tp_plan_fused(root, "transformer.h.*.attn.c_attn", "colwise", 3));
+    CA_CHECK(ca_tp_plan(root, "transformer.h.*.attn.c_proj", "rowwise"));
+    CA_CHECK(ca_tp_plan(root, "transformer.h.*.mlp.c_fc", "colwise"));
+    CA_CHECK(ca_tp_plan(root, "transformer.h.*.mlp.c_proj", "rowwise"));
     return root;
 }
 
@@ -506,7 +517,8 @@ static int sample_byte(const float *logits, int64_t V, const args *a, uint64_t *
     return k;
 }
 
-/* Main process only (the forward passes use no collectives). */
+/* The main process, or under tensor parallelism every process (its forward is collective over tp; the
+ * sampling's generator is seeded alike, so every rank draws the same bytes); the main process prints. */
 static void generate(ca_accelerator *acc, ca_module *m, const args *a) {
     size_t np = strlen(a->prompt), n = np;
     int64_t cap = (int64_t)np + a->sample_tokens + 1;   /* + 1: an empty prompt becomes a newline */
@@ -533,9 +545,11 @@ static void generate(ca_accelerator *acc, ca_module *m, const args *a) {
     unsigned char *text = malloc(n);   /* written as bytes: a sample may hold any byte */
     if (!text) exit(1);
     for (size_t i = 0; i < n; i++) text[i] = (unsigned char)ids[i];
-    fwrite(text, 1, n, stdout);
-    printf("\n-- end of sample\n");
-    fflush(stdout);
+    if (ca_is_main_process(acc)) {
+        fwrite(text, 1, n, stdout);
+        printf("\n-- end of sample\n");
+        fflush(stdout);
+    }
     free(text);
     free(ids);
     free(row);
@@ -617,19 +631,27 @@ static void parity_dump(ca_accelerator *acc, ca_module *m, ca_dataset *ds, const
     free(y);
 }
 
+/* The processes that read different batches: all of them, but under tensor parallelism the ranks of one
+ * tp group read the same ones (the device mesh's dp_replicate x dp_shard). */
+static int data_parallel(ca_accelerator *acc) {
+    ca_mesh_shape m;
+    CA_CHECK(ca_accelerator_mesh(acc, &m, NULL));
+    return m.size[CA_MESH_DP_REPLICATE] * m.size[CA_MESH_DP_SHARD];
+}
+
 static void print_header(ca_accelerator *acc, ca_module *model, const corpus *c, ca_dataset *train,
                          ca_dataset *val, const args *a, int64_t ga) {
-    int np = ca_num_processes(acc);
+    int np = ca_num_processes(acc), dp = data_parallel(acc);
     ca_print(acc, "gpt: %d process(es) on %s, mixed precision %s; %d layers, %d heads, %lld channels, "
                   "block %lld, vocab %lld: %lld parameters\n",
              np, ca_device_name(ca_accelerator_device(acc)), ca_mixed_precision_name(ca_accelerator_mixed_precision(acc)),
              a->n_layer, a->n_head, (long long)a->n_embd, (long long)a->block_size, (long long)a->vocab_size,
              (long long)ca_module_param_count(model));
     ca_print(acc, "data: %d fortune files, %lld training bytes (%lld windows), %lld held-out bytes "
-                  "(%lld validation windows); batch %lld x %lld accumulation x %d processes = %lld tokens per step\n",
+                  "(%lld validation windows); batch %lld x %lld accumulation x %d %sprocesses = %lld tokens per step\n",
              c->files, (long long)c->n_train, (long long)ca_dataset_length(train), (long long)c->n_val,
-             (long long)ca_dataset_length(val), (long long)a->batch_size, (long long)ga, np,
-             (long long)(a->batch_size * ga * np * a->block_size));
+             (long long)ca_dataset_length(val), (long long)a->batch_size, (long long)ga, dp,
+             dp != np ? "data-parallel " : "", (long long)(a->batch_size * ga * dp * a->block_size));
 }
 
 static void save(ca_accelerator *acc, ca_module *model, const char *dir) {
@@ -723,8 +745,8 @@ static void run_training(ca_accelerator *acc, ca_module *model, const corpus *c,
     ca_optimizer *opt = make_optimizer(model, a);
     CA_CHECK(ca_prepare(acc, model, opt, train_dl));
     CA_CHECK(ca_prepare_dataloader(acc, val_dl));
-    /* in one-process steps: a prepared schedule advances num_processes steps per step */
-    int64_t total = a->max_steps * ca_num_processes(acc);
+    /* in one-process steps: a prepared schedule advances one step per data-parallel process per step */
+    int64_t total = a->max_steps * data_parallel(acc);
     CA_CHECK(ca_optimizer_set_schedule(opt, &(ca_lr_schedule){.kind = CA_SCHED_COSINE,
                                                                .warmup_steps = (int64_t)(a->warmup * (double)total),
                                                                .total_steps = total, .min_lr_ratio = a->min_lr_ratio}));
@@ -734,7 +756,9 @@ static void run_training(ca_accelerator *acc, ca_module *model, const corpus *c,
     /* generation runs on the main process only: under stage 3 (FULL_SHARD) every process first gathers
      * the whole parameters, or the main process's forward would wait for the others in a gather */
     if (a->sample_tokens > 0) CA_CHECK(ca_summon_full_params(acc, true));
-    if (a->sample_tokens > 0 && ca_is_main_process(acc)) generate(acc, model, a);
+    ca_mesh_shape mesh;
+    CA_CHECK(ca_accelerator_mesh(acc, &mesh, NULL));
+    if (a->sample_tokens > 0 && (ca_is_main_process(acc) || mesh.size[CA_MESH_TP] > 1)) generate(acc, model, a);
     if (a->output_dir) save(acc, model, a->output_dir);
     ca_dataloader_destroy(train_dl);
     ca_dataloader_destroy(val_dl);
@@ -748,6 +772,13 @@ int main(int argc, char **argv) {
     CA_CHECK(ca_set_seed(acc, a.seed));
     CA_CHECK(ca_init_trackers(acc, "gpt", NULL));   /* --log_with json,csv: the throughput metrics */
 
+    ca_mesh_shape mesh;
+    CA_CHECK(ca_accelerator_mesh(acc, &mesh, NULL));
+    if (a.n_head % mesh.size[CA_MESH_TP] != 0) {   /* each tensor-parallel rank computes whole heads */
+        fprintf(stderr, "gpt: --n_head %d is not a multiple of parallelism_config_tp_size %d (each tensor-parallel "
+                "rank computes whole heads)\n", a.n_head, mesh.size[CA_MESH_TP]);
+        exit(2);
+    }
     corpus c = read_corpus(a.data);
     ca_dataset *train = window_dataset(c.train, c.n_train, a.block_size, 0);
     ca_dataset *val = window_dataset(c.val, c.n_val, a.block_size, a.eval_samples);

@@ -405,6 +405,56 @@ void ca_module_set_forward_hooks(ca_module *m, ca_status (*pre)(void *ctx, ca_mo
     m->hook_ctx = ctx;
 }
 
+/* ------------------------------------------------------------------ tensor-parallel plan */
+
+ca_status ca_tp_plan_fused(ca_module *m, const char *pattern, const char *style, int parts) {
+    if (!m || !pattern || !pattern[0] || !style || parts < 1)
+        return ca_error(CA_ERR_INVALID, "ca_tp_plan: a module, a name pattern, a style and parts >= 1 are required");
+    ca_tp_style st = !strcmp(style, "colwise") ? CA_TP_COLWISE : !strcmp(style, "rowwise") ? CA_TP_ROWWISE : 0;
+    if (!st)
+        return ca_error(CA_ERR_UNSUPPORTED, "ca_tp_plan: style \"%s\" for \"%s\" is not supported yet (caccel splits "
+                        "Linear layers \"colwise\" and \"rowwise\"; Hugging Face's colwise_rep, local_colwise, "
+                        "local_rowwise, sequence_parallel, gather and replicate are not implemented)", style, pattern);
+    char **np = realloc(m->tp_pattern, (size_t)(m->ntp + 1) * sizeof *np);
+    if (np) m->tp_pattern = np;
+    ca_tp_style *ns = np ? realloc(m->tp_style, (size_t)(m->ntp + 1) * sizeof *ns) : NULL;
+    if (ns) m->tp_style = ns;
+    int *pp = ns ? realloc(m->tp_parts, (size_t)(m->ntp + 1) * sizeof *pp) : NULL;
+    if (pp) m->tp_parts = pp;
+    char *copy = pp ? strdup(pattern) : NULL;
+    if (!copy) return ca_error(CA_ERR_NOMEM, "out of host memory");
+    m->tp_pattern[m->ntp] = copy;
+    m->tp_parts[m->ntp] = parts;
+    m->tp_style[m->ntp++] = st;
+    return CA_OK;
+}
+
+ca_status ca_tp_plan(ca_module *m, const char *pattern, const char *style) {
+    return ca_tp_plan_fused(m, pattern, style, 1);
+}
+
+/* Whether dotted name matches pattern, "*" standing for one whole component. */
+static bool tp_name_match(const char *pat, const char *name) {
+    while (*pat && *name) {
+        size_t pl = strcspn(pat, "."), nl = strcspn(name, ".");
+        if (!(pl == 1 && pat[0] == '*') && (pl != nl || strncmp(pat, name, pl) != 0)) return false;
+        pat += pl;
+        name += nl;
+        if (*pat != *name) return false;   /* one ends where the other goes on */
+        if (*pat) pat++, name++;
+    }
+    return !*pat && !*name;
+}
+
+int ca_tp_plan_match(const ca_module *m, const char *name, int *parts) {
+    for (int i = 0; m && name && i < m->ntp; i++)
+        if (tp_name_match(m->tp_pattern[i], name)) {
+            if (parts) *parts = m->tp_parts[i];
+            return (int)m->tp_style[i];
+        }
+    return 0;
+}
+
 void ca_module_destroy(ca_module *m) {
     if (!m) return;
     if (m->owner && m->owner_forget) m->owner_forget(m->owner, m);
@@ -417,6 +467,10 @@ void ca_module_destroy(ca_module *m) {
         free(m->param_names[i]);
     }
     free_flat(m);
+    for (int i = 0; i < m->ntp; i++) free(m->tp_pattern[i]);
+    free(m->tp_pattern);
+    free(m->tp_style);
+    free(m->tp_parts);
     if (m->ctx_free && m->ctx) m->ctx_free(m->ctx);
     free(m->children);
     free(m->child_names);

@@ -30,6 +30,11 @@ struct ca_module {
     ca_status (*pre_forward)(void *hook_ctx, ca_module *m);
     ca_tensor *(*post_forward)(void *hook_ctx, ca_module *m, ca_tensor *y);
     void *hook_ctx;
+    /* ca_tp_plan: the tensor-parallel plan the accelerator applies at prepare (accelerator/tp.c) */
+    int ntp;
+    char **tp_pattern;               /* module names, "*" standing for one dotted component */
+    ca_tp_style *tp_style;
+    int *tp_parts;                   /* equal blocks of the output features split alike (a fused qkv: 3) */
     /* depth-first list of every parameter with full names, rebuilt on change */
     bool flat_valid;
     int nflat;

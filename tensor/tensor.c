@@ -428,6 +428,58 @@ ca_status ca_tensor_move_(ca_tensor *t, ca_device *dev) {
     return CA_OK;
 }
 
+/* The slices' elements, copied out of the host copy `full` of a contiguous tensor into `part`: in each
+ * of `parts` equal blocks of dimension dim, [start, start + len) of the block. */
+static void narrow_copy(const ca_tensor *t, int dim, int parts, int64_t start, int64_t len, const char *full,
+                        char *part) {
+    size_t es = ca_dtype_size(t->dtype);
+    int64_t outer = 1, inner = 1, block = t->shape[dim] / parts;
+    for (int d = 0; d < dim; d++) outer *= t->shape[d];
+    for (int d = dim + 1; d < t->ndim; d++) inner *= t->shape[d];
+    size_t row = (size_t)(len * inner) * es;
+    for (int64_t o = 0; o < outer; o++)
+        for (int k = 0; k < parts; k++)
+            memcpy(part + (size_t)(o * parts + k) * row,
+                   full + ((size_t)(o * t->shape[dim] + k * block + start) * (size_t)inner) * es, row);
+}
+
+ca_status ca_tensor_narrow_(ca_tensor *t, int dim, int parts, int64_t start, int64_t len) {
+    if (!t || dim < 0 || dim >= t->ndim || parts < 1 || t->shape[dim] % parts || start < 0 || len < 1 ||
+        start + len > t->shape[dim] / parts)
+        return ca_error(CA_ERR_INVALID, "ca_tensor_narrow_: a tensor and a slice inside each of %d block(s) of "
+                        "dimension %d are required", parts, dim);
+    if (!ca_tensor_is_contiguous(t) || t->storage->absent)
+        return ca_error(CA_ERR_INVALID, "ca_tensor_narrow_: only a contiguous tensor with its values can be narrowed");
+    size_t bytes = ca_tensor_nbytes(t), pbytes = bytes / (size_t)t->shape[dim] * (size_t)(len * parts);
+    char *full = malloc(bytes ? bytes : 1), *part = malloc(pbytes ? pbytes : 1);
+    ca_storage *st = full && part ? storage_new(ca_tdev(t), pbytes) : NULL;
+    ca_status s = !full || !part ? ca_error(CA_ERR_NOMEM, "out of host memory") : st ? CA_OK : ca_last_status();
+    if (s == CA_OK) s = ca_tensor_to_host(t, full, bytes);
+    if (s == CA_OK) narrow_copy(t, dim, parts, start, len, full, part);
+    if (s == CA_OK) s = ca_device_copy_from_host(ca_tdev(t), st->ptr, part, pbytes);
+    free(full);
+    free(part);
+    if (s != CA_OK) {
+        if (st) storage_release(st);
+        return s;
+    }
+    storage_release(t->storage);
+    t->storage = st;
+    t->offset = 0;
+    t->shape[dim] = len * parts;
+    ca_tensor_set_contiguous(t);
+    t->version++;
+    ca_tensor_free(t->lowp);    /* a copy of the old shape */
+    t->lowp = NULL;
+    if (t->grad) {
+        ca_tensor *g = t->grad;
+        t->grad = NULL;
+        t->grad_defined = false;
+        ca_tensor_free(g);
+    }
+    return CA_OK;
+}
+
 ca_status ca_tensor_to_device(const ca_tensor *t, ca_device *dev, ca_tensor **out) {
     if (!out) return ca_error(CA_ERR_INVALID, "ca_tensor_to_device: out is NULL");
     *out = NULL;

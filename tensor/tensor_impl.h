@@ -138,6 +138,12 @@ ca_status ca_meta_record_resize(ca_tensor *t, int64_t count);
 ca_status ca_meta_allocate(ca_tensor *t);
 /* Live meta parameters in the process (0: no check needed). */
 int ca_meta_live(void);
+/* Keeps, of each of `parts` equal blocks of dimension dim of contiguous persistent tensor t (1: the whole
+ * dimension; 3: a fused q, k, v projection), only elements [start, start + len) of the block, in place
+ * (the tensor stays the same object: an optimizer or a module holding it keeps it), in new contiguous
+ * storage on its device; its gradient and low-precision copy go. Tensor parallelism shards a parameter
+ * with it at prepare. CA_ERR_INVALID for a slice outside a block or a view. */
+ca_status ca_tensor_narrow_(ca_tensor *t, int dim, int parts, int64_t start, int64_t len);
 /* Contiguous strides for t->shape; sets numel. */
 void ca_tensor_set_contiguous(ca_tensor *t);
 /* A scoped tensor with fresh storage on dev. */

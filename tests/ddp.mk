@@ -15,3 +15,9 @@ tests_batch_size_check_SOURCES = tests/batch_size_check.c
 tests_batch_size_check_LDADD = libcaccel.la -lm
 TESTS += tests/test_batch_size_ranks.sh
 EXTRA_DIST += tests/test_batch_size_ranks.sh
+# Tensor parallelism on the device mesh (parallelism_config_tp_size): an MLP split colwise/rowwise against one process
+check_PROGRAMS += tests/tp_check
+tests_tp_check_SOURCES = tests/tp_check.c
+tests_tp_check_LDADD = libcaccel.la -lm
+TESTS += tests/test_tp.sh
+EXTRA_DIST += tests/test_tp.sh

@@ -87,7 +87,16 @@ expect_row "$tmp/env" 'parallelism_config\.parallelism_config_tp_size' 2 "env PA
 expect_row "$tmp/env" 'parallelism_config\.parallelism_config_sp_backend' deepspeed "env PARALLELISM_CONFIG_SP_BACKEND"
 expect_row "$tmp/env" 'parallelism_config\.parallelism_config_sp_seq_length_is_variable' false \
     "--parallelism_config_sp_seq_length_is_variable"
-expect_text "$tmp/env" "warning: env PARALLELISM_CONFIG_TP_SIZE: parallelism_config.parallelism_config_tp_size = 2 is not supported yet: tensor parallelism is not implemented; ca_accelerator_create refuses it"
+# tensor parallelism runs: no warning, but the mesh of 2 x 2 x 1 x 2 is not 4 processes, which a run refuses
+expect_text "$tmp/env" "Device mesh: parallelism_config: parallelism_config_dp_replicate_size 2 ($tmp/nd.yaml:6) x parallelism_config_dp_shard_size 2 ($tmp/nd.yaml:7 (parallelism_config.dp_shard_size)) x parallelism_config_cp_size 1 ($tmp/nd.yaml:8) x parallelism_config_tp_size 2 (env PARALLELISM_CONFIG_TP_SIZE) = 8 processes, but the job has 4"
+if grep -F "parallelism_config_tp_size = 2 is not supported yet" "$tmp/env" >/dev/null; then fail "tp_size warned about"; else echo "ok: tp_size not warned about"; fi
+# the device mesh, tp innermost, and each rank's coordinates
+"$caccel" env --num_processes 4 --parallelism_config_tp_size 2 --parallelism_config_dp_replicate_size 2 >"$tmp/env" 2>&1 ||
+    fail "caccel env with a mesh exited $?"
+expect_text "$tmp/env" "Device mesh: dp_replicate 2 x dp_shard 1 x cp 1 x tp 2 (tp innermost), 4 processes"
+expect_text "$tmp/env" "  rank 1: dp_replicate 0, dp_shard 0, cp 0, tp 1"
+expect_text "$tmp/env" "  rank 2: dp_replicate 1, dp_shard 0, cp 0, tp 0"
+if grep -F "has no effect" "$tmp/env" >/dev/null; then cat "$tmp/env"; fail "a mesh key warned about"; else echo "ok: the mesh's keys act"; fi
 if grep -F "not a key caccel knows" "$tmp/env" >/dev/null; then fail "a parallelism_config key is unknown"; else echo "ok: every parallelism_config key known"; fi
 
 # --- under FSDP, the strategy in effect from FSDP1's or FSDP2's keys (any spelling of a boolean)

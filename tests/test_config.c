@@ -1083,11 +1083,10 @@ static void test_ignored_settings_warn(void **state) {
          "--dynamo_backend: dynamo_config.dynamo_backend = inductor has no effect: torch.compile has no counterpart", NULL},
         {NULL, NULL, NULL, "distributed_type: NO\ndynamo_backend: INDUCTOR\n",
          "ign.yaml:2 (dynamo_backend): dynamo_config.dynamo_backend = inductor has no effect", NULL},
-        {NULL, NULL, "PARALLELISM_CONFIG_TP_SIZE", NULL,
-         "env PARALLELISM_CONFIG_TP_SIZE: parallelism_config.parallelism_config_tp_size = 2 is not supported yet: "
-         "tensor parallelism is not implemented; ca_accelerator_create refuses it", NULL},
-        {NULL, NULL, NULL, "distributed_type: NO\nparallelism_config:\n  parallelism_config_tp_size: 2\n",
-         "ign.yaml:3: parallelism_config.parallelism_config_tp_size = 2 is not supported yet", NULL},
+        /* tensor parallelism runs (the device mesh), and with it the data-parallel sizes lay out its groups */
+        {NULL, NULL, "PARALLELISM_CONFIG_TP_SIZE", NULL, NULL, NULL},
+        {"--parallelism_config_dp_replicate_size", "2", NULL,
+         "distributed_type: MULTI_CPU\nparallelism_config:\n  parallelism_config_tp_size: 2\n", NULL, NULL},
         {NULL, NULL, NULL, "distributed_type: NO\nparallelism_config:\n  cp_size: 2\n",
          "ign.yaml:3 (parallelism_config.cp_size): parallelism_config.parallelism_config_cp_size = 2 is not "
          "supported yet: context parallelism", NULL},
@@ -1303,8 +1302,7 @@ static void test_parallelism_refused(void **state) {
     ca_log_set_level(CA_LOG_OFF);
     assert_status(ca_accelerator_create(&o, &acc), CA_ERR_UNSUPPORTED);
     assert_null(acc);
-    assert_contains(ca_last_error(), "--parallelism_config_tp_size: parallelism_config.parallelism_config_tp_size "
-                                     "= 2 asks for tensor parallelism");
+    assert_not_contains(ca_last_error(), "asks for tensor parallelism");   /* the device mesh runs it */
     assert_contains(ca_last_error(), "--parallelism_config_sp_size: parallelism_config.parallelism_config_sp_size "
                                      "= 4 asks for sequence parallelism");
     assert_contains(ca_last_error(), "not supported yet");
@@ -1316,6 +1314,12 @@ static void test_parallelism_refused(void **state) {
     assert_contains(ca_last_error(), "env PARALLELISM_CONFIG_CP_SIZE: parallelism_config.parallelism_config_cp_size "
                                      "= 3 asks for context parallelism: not supported yet");
     unsetenv("PARALLELISM_CONFIG_CP_SIZE");
+    /* the mesh's sizes multiply to the number of processes */
+    char *argv_tp[] = {"prog", "--cpu", "--parallelism_config_tp_size", "2", NULL};
+    ca_options o_tp = {.argc = 4, .argv = argv_tp};
+    assert_status(ca_accelerator_create(&o_tp, &acc), CA_ERR_CONFIG);
+    assert_contains(ca_last_error(), "x parallelism_config_tp_size 2 (--parallelism_config_tp_size) = 2 processes, "
+                                     "but the job has 1");
     char *argv3[] = {"prog", "--cpu", "--use_parallelism_config", "--parallelism_config_tp_size", "1",
                      "--parallelism_config_dp_replicate_size", "1", NULL};
     ca_options o3 = {.argc = 7, .argv = argv3};

@@ -259,6 +259,31 @@ static void test_train_eval_mode(void **state) {
 
 /* A constructor that fails leaves *out NULL (include/caccel/status.h), never the caller's stale or
  * uninitialised pointer, which a cleanup path would then destroy. */
+/* ca_tp_plan: Hugging Face's names with "*" for one dotted component, the first matching entry decides;
+ * styles caccel does not split yet are refused naming them. */
+static void test_tp_plan(void **state) {
+    (void)state;
+    ca_module *m;
+    assert_int_equal(ca_sequential_create(&m), CA_OK);
+    assert_int_equal(ca_tp_plan(m, "layers.*.mlp.up_proj", "colwise"), CA_OK);
+    assert_int_equal(ca_tp_plan(m, "layers.*.mlp.*", "rowwise"), CA_OK);
+    assert_int_equal(ca_tp_plan_match(m, "layers.0.mlp.up_proj", NULL), CA_TP_COLWISE);
+    assert_int_equal(ca_tp_plan_match(m, "layers.12.mlp.down_proj", NULL), CA_TP_ROWWISE);
+    assert_int_equal(ca_tp_plan_match(m, "layers.0.mlp", NULL), 0);            /* one component short */
+    assert_int_equal(ca_tp_plan_match(m, "layers.0.mlp.up_proj.x", NULL), 0);  /* one too many */
+    assert_int_equal(ca_tp_plan_match(m, "layers.0.attn.up_proj", NULL), 0);
+    assert_int_equal(ca_tp_plan(m, "lm_head", "sequence_parallel"), CA_ERR_UNSUPPORTED);
+    assert_non_null(strstr(ca_last_error(), "style \"sequence_parallel\" for \"lm_head\" is not supported yet"));
+    assert_int_equal(ca_tp_plan(m, "", "colwise"), CA_ERR_INVALID);
+    assert_int_equal(ca_tp_plan_match(m, "lm_head", NULL), 0);
+    int parts = 0;
+    assert_int_equal(ca_tp_plan_fused(m, "h.*.attn.c_attn", "colwise", 3), CA_OK);
+    assert_int_equal(ca_tp_plan_match(m, "h.3.attn.c_attn", &parts), CA_TP_COLWISE);
+    assert_int_equal(parts, 3);
+    assert_int_equal(ca_tp_plan_fused(m, "x", "colwise", 0), CA_ERR_INVALID);
+    ca_module_destroy(m);
+}
+
 static void test_failed_constructors_clear_out(void **state) {
     (void)state;
     static int stale_obj;
@@ -312,6 +337,7 @@ int main(void) {
         cmocka_unit_test(test_schedules),
         cmocka_unit_test(test_train_eval_mode),
         cmocka_unit_test(test_failed_constructors_clear_out),
+        cmocka_unit_test(test_tp_plan),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     ca_scope_release_all();

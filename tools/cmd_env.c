@@ -65,6 +65,27 @@ static void print_backends(void) {
     if (n == 0) printf("  (none)\n");
 }
 
+/* ParallelismConfig's device mesh beyond plain data parallelism: its sizes and each rank's coordinates,
+ * or why a run would refuse it. */
+static void print_mesh(const ca_config *c, int np) {
+    ca_mesh_shape m;
+    int world = np > 0 ? np : 1;
+    if (ca_config_mesh(c, world, &m) != CA_OK) {
+        printf("Device mesh: %s\n", ca_last_error());
+        ca_clear_error();
+        return;
+    }
+    if (m.size[CA_MESH_TP] == 1 && m.size[CA_MESH_CP] == 1) return;   /* plain data parallelism */
+    printf("Device mesh: dp_replicate %d x dp_shard %d x cp %d x tp %d (tp innermost), %d process%s\n", m.size[0],
+           m.size[1], m.size[2], m.size[3], world, world > 1 ? "es" : "");
+    for (int r = 0; r < world && r < 64; r++) {
+        int k[CA_MESH_NDIMS];
+        ca_mesh_coords(&m, r, k);
+        printf("  rank %d: dp_replicate %d, dp_shard %d, cp %d, tp %d\n", r, k[0], k[1], k[2], k[3]);
+    }
+    if (world > 64) printf("  ... (%d ranks more)\n", world - 64);
+}
+
 /* What sharded data parallelism runs under FSDP: the strategy from FSDP1's or FSDP2's keys (the
  * accelerator's own rule, ca_config_fsdp_strategy) and the state dict type. */
 static void print_fsdp(const ca_config *c) {
@@ -116,6 +137,7 @@ static void print_config(const ca_config *c) {
                st.distributed_type_name, ca_mixed_precision_name(st.mixed_precision), st.use_cpu ? "true" : "false",
                st.num_processes, st.backend ? st.backend : "auto", (double)st.timeout_ms / 1000.0);
         if (st.distributed_type == CA_DIST_FSDP) print_fsdp(c);
+        print_mesh(c, st.num_processes);
     }
 }
 

@@ -130,6 +130,21 @@ CA_API bool ca_is_last_process(const ca_accelerator *acc);
 /* The process group (NULL before creation finishes). */
 CA_API ca_comm *ca_accelerator_comm(const ca_accelerator *acc);
 
+/* ----------------------------------------------------------- device mesh
+ * Accelerate's ParallelismConfig (parallelism_config_dp_replicate_size, _dp_shard_size, _cp_size,
+ * _tp_size): the processes laid out as dp_replicate x dp_shard x cp x tp, tp innermost (ca_config_mesh in
+ * caccel/config.h). ca_accelerator_mesh: the mesh's sizes and this rank's coordinates (coord may be
+ * NULL); without tensor parallelism it is the plain data-parallel one (dp_replicate = the process count,
+ * or HSDP's dp sizes). CA_ERR_INVALID for NULL acc or shape. */
+CA_API ca_status ca_accelerator_mesh(const ca_accelerator *acc, ca_mesh_shape *shape, int coord[CA_MESH_NDIMS]);
+/* The communicator of one mesh dimension, by name: "tp", "cp", "dp_shard", "dp_replicate", or "dp" (the
+ * ranks sharing this rank's cp and tp coordinates: gradients are averaged over it). Owned by the
+ * accelerator (valid until ca_accelerator_destroy; do not destroy it); its collectives name the dimension
+ * when they fail ("in the tp group of ranks 0, 1"). The same threading rules as ca_accelerator_comm. Made
+ * at ca_accelerator_create when parallelism_config_tp_size is above 1; otherwise NULL with
+ * CA_ERR_NOT_FOUND ("no device mesh"), as for an unknown name (CA_ERR_INVALID). */
+CA_API ca_comm *ca_mesh_comm(ca_accelerator *acc, const char *dim);
+
 /* printf on the main process only (stdout, flushed). */
 CA_API void ca_print(const ca_accelerator *acc, const char *fmt, ...) CA_PRINTF(2, 3);
 /* Seeds the process generator and the dataloaders' shuffles (same on every rank). */

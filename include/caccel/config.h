@@ -158,6 +158,26 @@ typedef struct ca_settings {
 /* Fills `out` from c (strings point into c). Never fails on a loaded config. */
 CA_API ca_status ca_config_settings(const ca_config *c, ca_settings *out);
 
+/* Accelerate's ParallelismConfig device mesh: the processes laid out as dp_replicate x dp_shard x cp x tp, in
+ * that order, row-major (tp innermost: the ranks of one tensor-parallel group are adjacent, as
+ * accelerate.parallelism_config lays them out). */
+typedef enum ca_mesh_dim {
+    CA_MESH_DP_REPLICATE = 0, CA_MESH_DP_SHARD, CA_MESH_CP, CA_MESH_TP, CA_MESH_NDIMS
+} ca_mesh_dim;
+typedef struct ca_mesh_shape {
+    int size[CA_MESH_NDIMS];
+} ca_mesh_shape;
+/* The mesh the configuration asks of `world` processes. With tp_size and cp_size 1 it is plain data
+ * parallelism: the dp sizes when their product is world (HSDP's groups), else dp_replicate = world. With
+ * either above 1 the four sizes as written, whose product must be world: CA_ERR_CONFIG otherwise, naming
+ * each key with its value and origin. Pure: opens nothing. */
+CA_API ca_status ca_config_mesh(const ca_config *c, int world, ca_mesh_shape *out);
+/* "dp_replicate", "dp_shard", "cp", "tp"; "dp" for CA_MESH_NDIMS (the data-parallel ranks of both dp
+ * dimensions together); NULL beyond. */
+CA_API const char *ca_mesh_dim_name(int dim);
+/* The coordinates of `rank` in mesh m (rank = ((r * dp_shard + s) * cp + c) * tp + t). */
+CA_API void ca_mesh_coords(const ca_mesh_shape *m, int rank, int coord[CA_MESH_NDIMS]);
+
 CA_API const char *ca_distributed_type_name(ca_distributed_type t);
 CA_API const char *ca_mixed_precision_name(ca_mixed_precision m);
 

@@ -126,6 +126,29 @@ CA_API int64_t ca_module_trainable_bytes(ca_module *m);
  * printed to stdout. */
 CA_API void ca_module_trainable_summary(ca_module *m, char *buf, size_t size);
 CA_API void ca_module_print_trainable_parameters(ca_module *m);
+/* ------------------------------------------------------------------ tensor-parallel plan
+ * Hugging Face's base_model_tp_plan for the program's own modules: the Linear children of m whose names
+ * (relative to m, "fc1", "h.0.attn.c_attn") match `pattern` are split over the device mesh's tp
+ * dimension when an accelerator with parallelism_config_tp_size above 1 prepares m (docs/DISTRIBUTED.md):
+ *   "colwise": the weight split on the output features (and the bias with it); the output stays split
+ *              over the tp ranks; backward all-reduces the input's gradient over tp.
+ *   "rowwise": the weight split on the input features, whose input is the split output of a colwise
+ *              layer; forward all-reduces the output over tp, then adds the (whole) bias.
+ * In a pattern "*" stands for one dotted component ("layers.*.mlp.up_proj"). Entries add up; the first
+ * that matches a name decides. With tp_size 1 the plan does nothing. Errors: CA_ERR_INVALID for a NULL
+ * or empty argument, CA_ERR_UNSUPPORTED naming the style for Hugging Face's other styles
+ * ("colwise_rep", "local_colwise", "sequence_parallel", "gather", ...: not yet), CA_ERR_NOMEM.
+ * Not thread-safe: call before ca_prepare from the thread that builds m. */
+typedef enum ca_tp_style { CA_TP_COLWISE = 1, CA_TP_ROWWISE = 2 } ca_tp_style;
+CA_API ca_status ca_tp_plan(ca_module *m, const char *pattern, const char *style);
+/* ca_tp_plan for a Linear whose split dimension stacks `parts` equal blocks (a fused q, k, v projection
+ * such as GPT-2's c_attn: 3, colwise): each block is split alike, so that tp rank r holds the q, k and v
+ * rows of the same heads. parts 1 is ca_tp_plan. CA_ERR_INVALID for parts < 1. */
+CA_API ca_status ca_tp_plan_fused(ca_module *m, const char *pattern, const char *style, int parts);
+/* The plan's style for the module named `name` (relative to m), 0 when no entry matches; *parts (may be
+ * NULL) gets the entry's block count. */
+CA_API int ca_tp_plan_match(const ca_module *m, const char *name, int *parts);
+
 /* Frees the module, its children and parameters. Accepts NULL. */
 CA_API void ca_module_destroy(ca_module *m);
 /* Prints the module tree with parameter shapes (like print(model)). */

@@ -1,0 +1,133 @@
+/* The device mesh (Accelerate's ParallelismConfig): the process group split into dp_replicate x dp_shard x
+ * cp x tp communicators, made when tensor parallelism asks for it, and the combinations it refuses. */
+#include "accelerator/accelerator_impl.h"
+#include "accelerator/mesh_impl.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* Refusals with tensor parallelism: what it does not compose with yet, each naming its key. */
+static ca_status mesh_refuse(const ca_accelerator *acc, const ca_mesh_shape *m) {
+    const ca_config *c = acc->cfg;
+    const char *tpo = ca_config_origin(c, "parallelism_config.parallelism_config_tp_size");
+    int tp = m->size[CA_MESH_TP];
+    const ca_settings *st = &acc->st;
+    const char *why = NULL, *key = NULL;
+    if (m->size[CA_MESH_DP_SHARD] > 1) {
+        key = "parallelism_config.parallelism_config_dp_shard_size";
+        why = "sharded data parallelism over the other ranks is not supported yet; set "
+              "parallelism_config_dp_replicate_size instead";
+    } else if (st->distributed_type == CA_DIST_FSDP || st->distributed_type == CA_DIST_DEEPSPEED) {
+        key = "distributed_type";
+        why = "composition with ZeRO / FSDP is not supported yet (the tensor-parallel shards are not sharded "
+              "further); use distributed_type MULTI_CPU or MULTI_GPU";
+    } else if (st->distributed_type == CA_DIST_XLA) {
+        key = "distributed_type";
+        why = "the lazy device does not run tensor parallelism yet";
+    } else if (st->deterministic) {
+        key = "deterministic";
+        why = "deterministic mode's virtual shards assume every rank holds whole parameters (not yet)";
+    } else if (st->comm_hook == CA_COMM_HOOK_POWER_SGD || st->comm_hook == CA_COMM_HOOK_BATCHED_POWER_SGD) {
+        key = "comm_hook";
+        why = "PowerSGD's compression runs over the whole process group (not yet over the data-parallel one)";
+    }
+    if (!why) return CA_OK;
+    return ca_error(CA_ERR_UNSUPPORTED, "parallelism_config_tp_size %d (from %s) with %s (from %s): %s", tp, tpo, key,
+                    ca_config_origin(c, key), why);
+}
+
+/* The color of this rank's group along dimension d: its rank with the d coordinate zeroed (the
+ * combined "dp" dimension: its cp and tp coordinates). */
+static int mesh_color(const ca_mesh *m, int rank, int d) {
+    if (d == CA_MESH_NDIMS) return rank % (m->shape.size[CA_MESH_CP] * m->shape.size[CA_MESH_TP]);
+    int stride = 1;
+    for (int k = CA_MESH_NDIMS - 1; k > d; k--) stride *= m->shape.size[k];
+    return rank - m->coord[d] * stride;
+}
+
+/* Every rank makes every dimension's communicator, in the same order (each split is collective). */
+static ca_status mesh_split(ca_accelerator *acc, ca_mesh *m) {
+    for (int d = 0; d <= CA_MESH_NDIMS; d++) {
+        int key = d < CA_MESH_NDIMS ? m->coord[d] : acc->rank;
+        ca_status s = ca_comm_split(acc->comm, mesh_color(m, acc->rank, d), key, &m->comm[d]);
+        if (s == CA_OK) s = ca_comm_set_name(m->comm[d], ca_mesh_dim_name(d));
+        if (s != CA_OK)
+            return ca_error_context("making the device mesh's %s communicator (rank %d)", ca_mesh_dim_name(d),
+                                    acc->rank);
+    }
+    return CA_OK;
+}
+
+ca_status ca_mesh_setup(ca_accelerator *acc) {
+    ca_mesh_shape shape;
+    ca_status s = ca_config_mesh(acc->cfg, acc->world, &shape);
+    if (s != CA_OK || shape.size[CA_MESH_TP] <= 1) return s;
+    if ((s = mesh_refuse(acc, &shape)) != CA_OK) return s;
+    ca_mesh *m = calloc(1, sizeof *m);
+    if (!m) return ca_error(CA_ERR_NOMEM, "out of host memory");
+    m->shape = shape;
+    ca_mesh_coords(&shape, acc->rank, m->coord);
+    acc->mesh = m;
+    s = mesh_split(acc, m);
+    if (s == CA_OK && acc->rank == 0)
+        ca_log_printf(CA_LOG_INFO, "device mesh: dp_replicate %d x dp_shard %d x cp %d x tp %d",
+                      shape.size[0], shape.size[1], shape.size[2], shape.size[3]);
+    return s;
+}
+
+void ca_mesh_free(ca_accelerator *acc) {
+    ca_mesh *m = acc->mesh;
+    if (!m) return;
+    for (int d = CA_MESH_NDIMS; d >= 0; d--) ca_comm_destroy(m->comm[d]);
+    free(m);
+    acc->mesh = NULL;
+}
+
+ca_comm *ca_mesh_grad_comm(const ca_accelerator *acc) {
+    return acc->mesh ? acc->mesh->comm[CA_MESH_NDIMS] : acc->comm;
+}
+
+void ca_mesh_data_rank(const ca_accelerator *acc, int *rank, int *world) {
+    *rank = acc->rank;
+    *world = acc->world;
+    if (!acc->mesh) return;
+    *rank = ca_comm_rank(acc->mesh->comm[CA_MESH_NDIMS]);
+    *world = ca_comm_size(acc->mesh->comm[CA_MESH_NDIMS]);
+}
+
+ca_status ca_accelerator_mesh(const ca_accelerator *acc, ca_mesh_shape *shape, int coord[CA_MESH_NDIMS]) {
+    if (!acc || !shape) return ca_error(CA_ERR_INVALID, "ca_accelerator_mesh: accelerator and shape are required");
+    if (acc->mesh) {
+        *shape = acc->mesh->shape;
+        if (coord) memcpy(coord, acc->mesh->coord, sizeof acc->mesh->coord);
+        return CA_OK;
+    }
+    ca_status s = ca_config_mesh(acc->cfg, acc->world, shape);
+    if (s == CA_OK && coord) ca_mesh_coords(shape, acc->rank, coord);
+    return s;
+}
+
+ca_comm *ca_mesh_comm(ca_accelerator *acc, const char *dim) {
+    if (!acc || !dim) {
+        ca_error(CA_ERR_INVALID, "ca_mesh_comm: accelerator and dimension are required");
+        return NULL;
+    }
+    for (int d = 0; d <= CA_MESH_NDIMS; d++) {
+        if (strcmp(dim, ca_mesh_dim_name(d)) != 0) continue;
+        if (acc->mesh) return acc->mesh->comm[d];
+        ca_error(CA_ERR_NOT_FOUND, "ca_mesh_comm(\"%s\"): no device mesh (parallelism_config_tp_size is 1, from %s)",
+                 dim, ca_config_origin(acc->cfg, "parallelism_config.parallelism_config_tp_size"));
+        return NULL;
+    }
+    ca_error(CA_ERR_INVALID, "ca_mesh_comm: unknown dimension \"%s\" (tp, cp, dp_shard, dp_replicate, dp)", dim);
+    return NULL;
+}
+
+ca_status ca_tp_refuse(const ca_accelerator *acc, const char *what) {
+    if (!acc || !acc->mesh) return CA_OK;
+    return ca_error(CA_ERR_UNSUPPORTED, "%s: not supported yet with tensor parallelism (parallelism_config_tp_size %d, "
+                    "from %s): %s", what, acc->mesh->shape.size[CA_MESH_TP],
+                    ca_config_origin(acc->cfg, "parallelism_config.parallelism_config_tp_size"),
+                    "each rank holds its part of the split layers; checkpoints of the parts (and loading them at "
+                    "another tp size) are not implemented");
+}

@@ -1,0 +1,318 @@
+/* tp_check: tensor parallelism run as real processes (caccel launch or mpirun), driven by tests/test_tp.sh.
+ * The model is an MLP fc1 = Linear(8, 16), tanh, fc2 = Linear(16, 4); --plan splits fc1 colwise and fc2
+ * rowwise (ca_tp_plan), which the accelerator applies when parallelism_config_tp_size is above 1.
+ *   --mode train (default): S steps of SGD with momentum on a global batch of B (each data-parallel rank
+ *     reads B / dp); every step rank 0 prints "step=N loss=L" (the loss averaged over the dp ranks); after
+ *     training the whole parameters (the tp shards gathered) go to --dump PATH, as one process holds them.
+ *   --mode gradcheck: loss = sum(w * model(x)) with x requiring grad; the gradients of x (which the
+ *     colwise layer's backward all-reduces over tp) and of a few elements of every local shard against
+ *     central differences; prints "gradcheck ok N" or the first mismatch.
+ *   --mode mesh: prints this rank's mesh coordinates and the size of each dimension's communicator.
+ *   --block: the model is a GPT-2 block (fused q, k, v colwise in 3 blocks, 2 heads; see block_model); train
+ *     prints its losses (no --dump).
+ *   --clip: ca_clip_grad_norm(0.1) every step, each rank printing the norm; --save-state DIR: ca_save_state
+ *   after training (refused under tensor parallelism); --bad-plan: a plan naming a Tanh. */
+#include <caccel/caccel.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define IN 8
+#define HID 16
+#define OUT 4
+
+static ca_dataset *synthetic(int64_t n) {
+    float *x = malloc(sizeof(float) * (size_t)(n * IN));
+    int64_t *y = malloc(sizeof(int64_t) * (size_t)n);
+    uint64_t s = 77;
+    for (int64_t i = 0; i < n; i++) {
+        for (int j = 0; j < IN; j++) {
+            s ^= s << 13; s ^= s >> 7; s ^= s << 17;
+            x[i * IN + j] = (float)((s >> 40) * (2.0 / 16777216.0) - 1.0);
+        }
+        y[i] = (int64_t)(s % OUT);
+    }
+    ca_sample_spec xs = {.dtype = CA_F32, .ndim = 1, .shape = {IN}}, ys = {.dtype = CA_I64, .ndim = 0};
+    ca_dataset *ds;
+    CA_CHECK(ca_dataset_from_memory(&xs, x, &ys, y, n, &ds));
+    free(x);
+    free(y);
+    return ds;
+}
+
+static ca_module *model(bool plan, bool bad_plan) {
+    ca_module *m, *l;
+    CA_CHECK(ca_sequential_create(&m));
+    CA_CHECK(ca_linear_create(IN, HID, true, &l)); CA_CHECK(ca_module_add(m, "fc1", l));
+    CA_CHECK(ca_tanh_create(&l));                 CA_CHECK(ca_module_add(m, "act", l));
+    CA_CHECK(ca_linear_create(HID, OUT, true, &l)); CA_CHECK(ca_module_add(m, "fc2", l));
+    if (plan) {
+        CA_CHECK(ca_tp_plan(m, "fc1", "colwise"));
+        CA_CHECK(ca_tp_plan(m, "fc2", "rowwise"));
+    }
+    if (bad_plan) CA_CHECK(ca_tp_plan(m, "act", "colwise"));
+    return m;
+}
+
+/* --block: a GPT-2 block on the 8 inputs read as 2 tokens of 4 channels, 2 heads: c_attn (a fused q, k, v:
+ * colwise in 3 blocks), attn.c_proj rowwise, mlp.c_fc colwise, mlp.c_proj rowwise; then a head Linear(8, 4)
+ * (whole on every rank). Its forward takes the local sizes from the tensors, as a tensor-parallel model must. */
+#define T_TOK 2
+#define C_CH 4
+#define N_HEAD 2
+
+static ca_tensor *block_forward(ca_module *self, ca_tensor *x, void *ctx) {
+    (void)ctx;
+    int64_t B = ca_tensor_dim(x, 0);
+    x = ca_reshape(x, CA_SHAPE(B, T_TOK, C_CH));
+    ca_tensor *h1 = ca_module_forward(ca_module_child(self, "ln_1"), x), *p[3];
+    ca_tensor *qkv = ca_module_forward(ca_module_child(self, "attn.c_attn"), h1);
+    if (!qkv) return NULL;
+    int64_t cl = ca_tensor_dim(qkv, 2) / 3, hl = N_HEAD * cl / C_CH;   /* this tp rank's channels and heads */
+    if (ca_split(qkv, 2, 3, (int64_t[]){cl, cl, cl}, p) != CA_OK) return NULL;
+    for (int i = 0; i < 3; i++) p[i] = ca_transpose(ca_reshape(p[i], CA_SHAPE(B, T_TOK, hl, C_CH / N_HEAD)), 1, 2);
+    ca_tensor *y = ca_scaled_dot_product_attention(p[0], p[1], p[2], NULL, true, 0.0, 0.0);
+    y = ca_reshape(ca_contiguous(ca_transpose(y, 1, 2)), CA_SHAPE(B, T_TOK, cl));
+    x = ca_add(x, ca_module_forward(ca_module_child(self, "attn.c_proj"), y));
+    ca_tensor *h = ca_gelu(ca_module_forward(ca_module_child(self, "mlp.c_fc"), x));
+    x = ca_add(x, ca_module_forward(ca_module_child(self, "mlp.c_proj"), h));
+    return ca_module_forward(ca_module_child(self, "head"), ca_reshape(x, CA_SHAPE(B, T_TOK * C_CH)));
+}
+
+static ca_module *add(ca_module *parent, const char *name, ca_module *child) {
+    CA_CHECK(ca_module_add(parent, name, child));
+    return child;
+}
+
+static ca_module *linear(int64_t in, int64_t out) {
+    ca_module *l;
+    CA_CHECK(ca_linear_create(in, out, true, &l));
+    return l;
+}
+
+static ca_module *block_model(bool plan) {
+    ca_module *m, *attn, *mlp, *l;
+    CA_CHECK(ca_module_create("Block", block_forward, NULL, NULL, &m));
+    CA_CHECK(ca_layer_norm_create(C_CH, 1e-5, &l));
+    add(m, "ln_1", l);
+    CA_CHECK(ca_module_create("Attention", NULL, NULL, NULL, &attn));
+    add(m, "attn", attn);
+    add(attn, "c_attn", linear(C_CH, 3 * C_CH));
+    add(attn, "c_proj", linear(C_CH, C_CH));
+    CA_CHECK(ca_module_create("MLP", NULL, NULL, NULL, &mlp));
+    add(m, "mlp", mlp);
+    add(mlp, "c_fc", linear(C_CH, 4 * C_CH));
+    add(mlp, "c_proj", linear(4 * C_CH, C_CH));
+    add(m, "head", linear(T_TOK * C_CH, OUT));
+    if (plan) {
+        CA_CHECK(ca_tp_plan_fused(m, "attn.c_attn", "colwise", 3));
+        CA_CHECK(ca_tp_plan(m, "attn.c_proj", "rowwise"));
+        CA_CHECK(ca_tp_plan(m, "mlp.c_fc", "colwise"));
+        CA_CHECK(ca_tp_plan(m, "mlp.c_proj", "rowwise"));
+    }
+    return m;
+}
+
+/* The whole value of parameter `name` into h (n floats): a colwise part is a block of rows, a rowwise
+ * weight's a block of columns; gathered over tp on every rank (collective). */
+static void whole_param(ca_accelerator *acc, ca_module *m, const char *name, float *h, int64_t n) {
+    ca_tensor *p = ca_module_param(m, name);
+    int64_t local = ca_tensor_numel(p);
+    ca_comm *tp = ca_mesh_comm(acc, "tp");
+    if (!tp) ca_clear_error();
+    int parts = (int)(n / local);
+    if (parts == 1) {
+        CA_CHECK(ca_tensor_to_host(p, h, (size_t)n * sizeof(float)));
+        return;
+    }
+    float *mine = malloc((size_t)local * sizeof(float)), *all = malloc((size_t)n * sizeof(float));
+    CA_CHECK(ca_tensor_to_host(p, mine, (size_t)local * sizeof(float)));
+    CA_CHECK(ca_comm_all_gather(tp, mine, all, (size_t)local, CA_F32, NULL));
+    if (!strcmp(name, "fc2.weight")) {   /* [OUT, HID / parts] per rank: columns side by side */
+        int64_t cols = HID / parts;
+        for (int r = 0; r < parts; r++)
+            for (int64_t o = 0; o < OUT; o++)
+                memcpy(h + o * HID + r * cols, all + r * local + o * cols, (size_t)cols * sizeof(float));
+    } else {
+        memcpy(h, all, (size_t)n * sizeof(float));
+    }
+    free(mine);
+    free(all);
+}
+
+static void dump(ca_accelerator *acc, ca_module *m, const char *path) {
+    static const struct { const char *name; int64_t n; } ps[] = {
+        {"fc1.weight", HID * IN}, {"fc1.bias", HID}, {"fc2.weight", OUT * HID}, {"fc2.bias", OUT},
+    };
+    FILE *f = path && ca_is_main_process(acc) ? fopen(path, "wb") : NULL;
+    for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) {
+        float *h = malloc((size_t)ps[i].n * sizeof(float));
+        whole_param(acc, m, ps[i].name, h, ps[i].n);
+        if (f) fwrite(h, sizeof(float), (size_t)ps[i].n, f);
+        free(h);
+    }
+    if (f) fclose(f);
+}
+
+/* The loss averaged over the data-parallel ranks (each read its part of the global batch). */
+static double dp_mean(ca_accelerator *acc, double v) {
+    ca_comm *dp = ca_mesh_comm(acc, "dp");
+    if (!dp) {
+        ca_clear_error();
+        dp = ca_accelerator_comm(acc);
+    }
+    float f = (float)v, out = 0;
+    CA_CHECK(ca_comm_all_reduce(dp, &f, &out, 1, CA_F32, CA_OP_AVG, NULL));
+    return out;
+}
+
+static int train(ca_accelerator *acc, ca_module *m, int steps, int64_t batch, const char *dump_path, bool clip,
+                 const char *save) {
+    ca_dataset *ds = synthetic(512);
+    ca_dataloader *dl;
+    CA_CHECK(ca_dataloader_create(ds, &(ca_loader_opts){.batch_size = batch, .shuffle = true, .seed = 5}, &dl));
+    ca_optimizer *opt;
+    CA_CHECK(ca_sgd_create(m, &(ca_sgd_opts){.lr = 0.2, .momentum = 0.9}, &opt));
+    CA_CHECK(ca_prepare(acc, m, opt, dl));
+    ca_batch b;
+    for (int step = 0; step < steps && ca_dataloader_next(dl, &b); step++) {
+        ca_tensor *loss = ca_cross_entropy(ca_module_forward(m, b.x), b.y);
+        double lv;
+        CA_CHECK(ca_tensor_item(loss, &lv));
+        CA_CHECK(ca_backward(acc, loss));
+        if (clip) {   /* 0.1: below these gradients' norm, so every step scales them */
+            double norm;
+            CA_CHECK(ca_clip_grad_norm(acc, 0.1, &norm));
+            printf("rank=%d step=%d norm=%.9f\n", ca_process_index(acc), step, norm);
+        }
+        CA_CHECK(ca_optimizer_step(opt));
+        ca_optimizer_zero_grad(opt);
+        double mean = dp_mean(acc, lv);
+        if (ca_is_main_process(acc)) printf("step=%d loss=%.9f\n", step, mean);
+    }
+    CA_CHECK(ca_dataloader_status(dl));
+    if (save && ca_save_state(acc, save) != CA_OK) {
+        printf("rank=%d save_state: %s\n", ca_process_index(acc), ca_last_error());
+        return 3;
+    }
+    if (dump_path) dump(acc, m, dump_path);
+    printf("rank=%d params=%lld steps=%d\n", ca_process_index(acc), (long long)ca_module_param_count(m), steps);
+    ca_dataloader_destroy(dl);
+    ca_optimizer_destroy(opt);
+    ca_dataset_destroy(ds);
+    return 0;
+}
+
+/* sum(w * model(x)) without a tape: a finite-difference point (every rank runs it: the forward is collective). */
+static double eval(ca_module *m, ca_tensor *x, const float *w) {
+    double l = 0;
+    CA_SCOPE {
+        CA_NO_GRAD {
+            ca_tensor *out = ca_module_forward(m, x);
+            float h[2 * OUT];
+            CA_CHECK(out ? ca_tensor_to_host(out, h, sizeof h) : ca_last_status());
+            for (int i = 0; i < 2 * OUT; i++) l += (double)h[i] * w[i];
+        }
+    }
+    return l;
+}
+
+/* Central difference of element i of t against its analytic gradient g[i]; the rank `who` perturbs (the
+ * others run the same forwards with their values unchanged). */
+static int fd_check(ca_module *m, ca_tensor *x, const float *w, ca_tensor *t, const float *g, int64_t i, bool me,
+                    const char *what) {
+    int64_t n = ca_tensor_numel(t);
+    float *h = malloc((size_t)n * sizeof(float));
+    CA_CHECK(ca_tensor_to_host(t, h, (size_t)n * sizeof(float)));
+    const float eps = 1e-2f, v = h[i];
+    if (me) h[i] = v + eps;
+    CA_CHECK(ca_tensor_copy_from_host(t, h, (size_t)n * sizeof(float)));
+    double lp = eval(m, x, w);
+    if (me) h[i] = v - eps;
+    CA_CHECK(ca_tensor_copy_from_host(t, h, (size_t)n * sizeof(float)));
+    double lm = eval(m, x, w);
+    h[i] = v;
+    CA_CHECK(ca_tensor_copy_from_host(t, h, (size_t)n * sizeof(float)));
+    free(h);
+    double fd = (lp - lm) / (2 * eps);
+    if (!me || fabs(fd - g[i]) <= 2e-3 + 2e-2 * fabs(fd)) return 0;
+    printf("gradcheck FAIL %s[%lld]: backward %.6f, central difference %.6f\n", what, (long long)i, g[i], fd);
+    return 1;
+}
+
+static int gradcheck(ca_accelerator *acc, ca_module *m) {
+    CA_CHECK(ca_prepare(acc, m, NULL, NULL));
+    ca_comm *tp = ca_mesh_comm(acc, "tp");
+    int tpr = tp ? ca_comm_rank(tp) : 0, tpn = tp ? ca_comm_size(tp) : 1, bad = 0, checked = 0;
+    if (!tp) ca_clear_error();
+    float xs[2 * IN], w[2 * OUT];
+    for (int i = 0; i < 2 * IN; i++) xs[i] = sinf(0.7f * (float)i + 0.3f);
+    for (int i = 0; i < 2 * OUT; i++) w[i] = cosf(1.3f * (float)i);
+    ca_tensor *x = ca_tensor_keep(ca_from_host(ca_accelerator_device(acc), CA_F32, 2, (int64_t[]){2, IN}, xs));
+    ca_tensor_set_requires_grad(x, true);
+    CA_SCOPE {
+        ca_tensor *out = ca_module_forward(m, x);
+        ca_tensor *wt = ca_from_host(ca_accelerator_device(acc), CA_F32, 2, (int64_t[]){2, OUT}, w);
+        CA_CHECK(out && wt ? ca_autograd_backward_with(out, wt) : ca_last_status());
+    }
+    static const char *const names[] = {"fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"};
+    for (int k = -1; k < 4; k++) {   /* -1: the input, the same on every rank */
+        ca_tensor *t = k < 0 ? x : ca_module_param(m, names[k]);
+        int64_t n = ca_tensor_numel(t);
+        float *g = malloc((size_t)n * sizeof(float));
+        CA_CHECK(ca_tensor_to_host(ca_tensor_grad(t), g, (size_t)n * sizeof(float)));
+        for (int r = 0; r < (k < 0 ? 1 : tpn); r++)   /* one rank at a time perturbs its own shard */
+            for (int64_t i = 0; i < n; i += n > 6 ? n / 6 : 1) {
+                bad += fd_check(m, x, w, t, g, i, k < 0 || r == tpr, k < 0 ? "input" : names[k]);
+                checked++;
+            }
+        free(g);
+    }
+    ca_tensor_free(x);
+    printf("rank=%d gradcheck %s %d\n", ca_process_index(acc), bad ? "FAILED" : "ok", checked);
+    return bad ? 1 : 0;
+}
+
+static void mesh_info(ca_accelerator *acc) {
+    ca_mesh_shape sh;
+    int c[CA_MESH_NDIMS];
+    CA_CHECK(ca_accelerator_mesh(acc, &sh, c));
+    printf("rank=%d coords dp_replicate=%d dp_shard=%d cp=%d tp=%d", ca_process_index(acc), c[0], c[1], c[2], c[3]);
+    for (int d = 0; d <= CA_MESH_NDIMS; d++) {
+        ca_comm *g = ca_mesh_comm(acc, ca_mesh_dim_name(d));
+        printf(" %s=%d/%d", ca_mesh_dim_name(d), g ? ca_comm_rank(g) : -1, g ? ca_comm_size(g) : -1);
+    }
+    printf("\n");
+}
+
+int main(int argc, char **argv) {
+    const char *mode = "train", *dump_path = NULL, *save = NULL;
+    int steps = 4;
+    int64_t batch = 16;
+    bool plan = false, clip = false, bad_plan = false, block = false;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--mode") && i + 1 < argc) mode = argv[++i];
+        else if (!strcmp(argv[i], "--steps") && i + 1 < argc) steps = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--batch") && i + 1 < argc) batch = atoll(argv[++i]);
+        else if (!strcmp(argv[i], "--dump") && i + 1 < argc) dump_path = argv[++i];
+        else if (!strcmp(argv[i], "--save-state") && i + 1 < argc) save = argv[++i];
+        else if (!strcmp(argv[i], "--plan")) plan = true;
+        else if (!strcmp(argv[i], "--clip")) clip = true;
+        else if (!strcmp(argv[i], "--bad-plan")) bad_plan = true;
+        else if (!strcmp(argv[i], "--block")) block = true;
+    }
+    ca_accelerator *acc;
+    CA_CHECK(ca_accelerator_create(&(ca_options){.argc = argc, .argv = argv}, &acc));
+    CA_CHECK(ca_set_seed(acc, 11));
+    ca_module *m = block ? block_model(plan) : model(plan, bad_plan);
+    int rc = 0;
+    if (!strcmp(mode, "mesh")) mesh_info(acc);
+    else if (!strcmp(mode, "gradcheck")) rc = gradcheck(acc, m);
+    else rc = train(acc, m, steps, batch, dump_path, clip, save);
+    ca_module_destroy(m);
+    ca_accelerator_destroy(acc);
+    ca_shutdown();
+    return rc;
+}
