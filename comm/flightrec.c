@@ -380,19 +380,30 @@ static void fr_install_sigterm(void) {
 }
 
 /* In front of the action sig had, which is kept to be called or put back; an ignored signal stays
- * ignored. The alternate stack, where the old handler had one (a sanitizer's), is kept. */
+ * ignored. On the thread's alternate stack where it has one (fr_alt_stack's, or the program's). */
 static void fr_install(int sig, void (*fn)(int, siginfo_t *, void *)) {
     struct sigaction sa, *old = &g_fr_old[sig];
     if (sigaction(sig, NULL, old) != 0 || (!(old->sa_flags & SA_SIGINFO) && old->sa_handler == SIG_IGN)) return;
     memset(&sa, 0, sizeof sa);
     sa.sa_sigaction = fn;
     sigemptyset(&sa.sa_mask);
-    sa.sa_flags = SA_SIGINFO | SA_RESTART | (old->sa_flags & SA_ONSTACK);
+    sa.sa_flags = SA_SIGINFO | SA_RESTART | SA_ONSTACK;   /* where the thread has one (fr_alt_stack) */
     sigaction(sig, &sa, NULL);
+}
+
+/* The handlers run on a stack of their own on the thread that starts the recorder (the program's
+ * main thread, as a rule), where it has none yet: the interrupted code's stack is left alone below its
+ * stack pointer (oneDNN's GEMM, interrupted there, corrupted the heap; bench/RESULTS.md), and the
+ * dump's buffers (about 30 KB) need not fit what is left of it. */
+static void fr_alt_stack(void) {
+    static char stack[128 * 1024];
+    stack_t old, ss = {.ss_sp = stack, .ss_size = sizeof stack};
+    if (sigaltstack(NULL, &old) == 0 && (old.ss_flags & SS_DISABLE)) (void)sigaltstack(&ss, NULL);
 }
 
 static void fr_install_all(void) {
     g_fr_pid = getpid();
+    fr_alt_stack();
     if (gethostname(g_fr_host, sizeof g_fr_host - 1) != 0) g_fr_host[0] = '\0';
     fr_install_sigterm();
     fr_install(SIGUSR1, fr_on_usr1);
