@@ -54,7 +54,8 @@
  *                (pid P) completed all_reduce #0", waits until --resume FILE exists
  *                (the test signals the ranks meanwhile: SIGUSR1 asks the flight
  *                recorder for a dump), then completes a second all_reduce and
- *                exits 0: the process went on after its dump
+ *                exits 0: the process went on after its dump. Its own SIGUSR1
+ *                handler, installed first, counts the signals it was passed
  *   badtoken     rank 1 presents a wrong job token
  *   env          prints what the process environment says (rank, size, backend)
  * --gate FILE: before creating the communicator, a rank says "comm_check: rank R at
@@ -532,6 +533,14 @@ static bool wait_file(const char *path) {
     return true;
 }
 
+/* The program's own SIGUSR1 handler, installed before the communicator (and its flight recorder):
+ * the recorder's handler must call it after its dump. */
+static volatile sig_atomic_t g_own_usr1;
+static void own_usr1(int sig) {
+    (void)sig;
+    g_own_usr1++;
+}
+
 /* A dump on demand (SIGUSR1) while the job runs: the rank goes on and completes its next collective. */
 static int ondemand_mode(ca_comm *c, const opts *o) {
     int r = ca_comm_rank(c);
@@ -541,7 +550,8 @@ static int ondemand_mode(ca_comm *c, const opts *o) {
     fflush(stdout);
     if (!o->resume || !wait_file(o->resume)) return die(r, "--resume FILE did not appear within 120 s");
     if (ca_comm_all_reduce(c, x, x, 16, CA_F32, CA_OP_SUM, NULL) != CA_OK) return die(r, "second all_reduce");
-    printf("comm_check: OK rank %d went on after its dump\n", r);
+    printf("comm_check: OK rank %d went on after its dump; its own SIGUSR1 handler ran %d times\n", r,
+           (int)g_own_usr1);
     return 0;
 }
 
@@ -588,6 +598,7 @@ int main(int argc, char **argv) {
         if (rk && atoi(rk) == 1) setenv("CACCEL_JOB_TOKEN", "not-the-job-token", 1);
     }
     if (o.gate && pass_gate(o.gate)) return 1;
+    if (strcmp(o.mode, "ondemand") == 0) signal(SIGUSR1, own_usr1);
     ca_comm *c = NULL;
     ca_comm_options co = {.backend = o.backend, .timeout_ms = o.timeout_ms, .debug = o.debug};
     ca_status s = ca_comm_create(&co, &c);
