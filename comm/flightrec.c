@@ -337,12 +337,18 @@ static void signal_dump(int sig) {
     dump_now(c, c->fr, __atomic_load_n(&c->next_seq, __ATOMIC_ACQUIRE), status, msg, true);
 }
 
-/* SIGUSR1: the dump, then the handler the program had, if any; the process goes on. */
+/* SIGUSR1: the dump, then the handler the program had, if any; the process goes on. A forked child
+ * (it inherits the handler, not the recorder) takes the action it would have had. */
 static void fr_on_usr1(int sig, siginfo_t *info, void *ctx) {
+    const struct sigaction *old = &g_fr_old[sig];
+    if (getpid() != g_fr_pid && !(old->sa_flags & SA_SIGINFO) && old->sa_handler == SIG_DFL) {
+        signal(sig, SIG_DFL);
+        raise(sig);
+        return;
+    }
     int saved = errno;
     signal_dump(sig);
     errno = saved;
-    const struct sigaction *old = &g_fr_old[sig];
     if (old->sa_flags & SA_SIGINFO) old->sa_sigaction(sig, info, ctx);
     else if (old->sa_handler != SIG_DFL && old->sa_handler != SIG_IGN) old->sa_handler(sig);
 }
