@@ -9,6 +9,7 @@ libcaccel_la_SOURCES += \
 	base/ptr_map_impl.h \
 	base/peer_impl.h \
 	base/slurm_impl.h \
+	base/sigout_impl.h \
 	base/text_impl.h \
 	base/trace_impl.h \
 	base/unary_math_impl.h \

@@ -508,8 +508,26 @@ static void describe(const rank_state *st, bool plural, char *buf, size_t len) {
     }
 }
 
-/* "rank 3 is in #1042 all_reduce(f32, 301,056, sum) while ranks 0-2 wait in #1043 barrier" */
-static void positions_with(ca_comm *c, int known_rank, const rank_state *known, char *buf, size_t len) {
+/* "; #5 waits on rank 1 (it has not called #5)": the ranks whose records (read just now) have not
+ * issued #s; nothing where every rank has (the wait is then on the data, not on a late rank). */
+static void waited_on(ca_comm *c, const rank_state *st, uint64_t s, char *buf, size_t len) {
+    int *late = calloc((size_t)c->world, sizeof *late), n = 0;
+    buf[0] = '\0';
+    for (int r = 0; late && r < c->world; r++)
+        if (r != c->rank && st[r].valid && st[r].nissued <= s) late[n++] = ca_comm_grank(c, r);
+    if (n > 0) {
+        char rl[256];
+        ca_comm_diag_fmt_ranks(late, n, rl, sizeof rl);
+        snprintf(buf, len, "; #%llu waits on %s %s (%s not called it)", (unsigned long long)s, n > 1 ? "ranks" : "rank",
+                 rl, n > 1 ? "they have" : "it has");
+    }
+    free(late);
+}
+
+/* "rank 3 is in #1042 all_reduce(f32, 301,056, sum) while ranks 0-2 wait in #1043 barrier"; with
+ * `waited` (s: the collective waited in), also the ranks that have not called #s (waited_on). */
+static void positions_with(ca_comm *c, int known_rank, const rank_state *known, char *buf, size_t len, uint64_t s,
+                           char *waited, size_t wlen) {
     int n = c->world;
     rank_state *st = calloc((size_t)n, sizeof *st);
     int *grp = calloc((size_t)n, sizeof *grp), *members = calloc((size_t)n, sizeof *members);
@@ -572,11 +590,12 @@ static void positions_with(ca_comm *c, int known_rank, const rank_state *known, 
             if (o >= len) { o = len - 1; break; }
         }
     }
+    if (waited) waited_on(c, st, s, waited, wlen);
     free(st); free(grp); free(members); free(desc);
 }
 
 /* The same, every record read from the store. */
-static void positions(ca_comm *c, char *buf, size_t len) { positions_with(c, -1, NULL, buf, len); }
+static void positions(ca_comm *c, char *buf, size_t len) { positions_with(c, -1, NULL, buf, len, 0, NULL, 0); }
 
 /* ------------------------------------------------------------------ failure */
 
@@ -683,7 +702,7 @@ static ca_status fail_gone(ca_comm *c, uint64_t s, const ca_coll_sig *x, int pee
     ca_comm_diag_fmt_op(s, x, ours, sizeof ours);
     /* the waiting peers publish their records within a watchdog tick: say where they are now */
     usleep(2 * WATCH_TICK_MS * 1000);
-    positions_with(c, peer, p, pos, sizeof pos);
+    positions_with(c, peer, p, pos, sizeof pos, 0, NULL, 0);
     snprintf(msg, sizeof msg, "%s on rank %d cannot complete: %s", ours, ca_comm_grank(c, c->rank), pos);
     peer = ca_comm_grank(c, peer);
     if (p->gone && (p->gone == GONE_LEFT || p->exit_status == 0))
@@ -748,11 +767,12 @@ ca_status ca_comm_diag_fail_timeout(ca_comm *c, uint64_t s, const ca_coll_sig *x
      * waits' 5 s slack each: the reading of the positions is bounded either way */
     bool stalled = c->own_client && ca_store_client_stalled(c->own_client, STALL_MS);
     int64_t cut = c->own_client ? ca_store_client_cut(c->own_client, stalled ? EXIT_IO_MS : POSITIONS_MS) : 0;
-    if (c->store.ops) positions(c, pos, sizeof pos);
+    char waited[400] = "";
+    if (c->store.ops) positions_with(c, -1, NULL, pos, sizeof pos, s, waited, sizeof waited);
     else snprintf(pos, sizeof pos, "(no rendezvous store: the other ranks' positions are unknown)");
     if (!stalled) ca_store_client_uncut(c->own_client, cut);
-    snprintf(msg, sizeof msg, "%s timed out after %s on rank %d%s: %s", ours, dur, ca_comm_grank(c, c->rank),
-             in_check ? " (waiting for the other ranks to reach it)" : "", pos);
+    snprintf(msg, sizeof msg, "%s timed out after %s on rank %d%s: %s%s", ours, dur, ca_comm_grank(c, c->rank),
+             in_check ? " (waiting for the other ranks to reach it)" : "", pos, waited);
     return comm_fail(c, CA_ERR_TIMEOUT, msg,
                      "a rank that is late (long work on the main process only, a crash, a missing collective) "
                      "is named above; raise the timeout with CACCEL_TIMEOUT (seconds) when the work is legitimate");

@@ -176,16 +176,17 @@ void ca_comm_diag_live_remove(ca_comm *c, bool announce);
 
 /* The flight recorder (docs/PROFILING.md, "Flight recorder"): with CACCEL_FLIGHT_RECORDER_DIR set,
  * each communicator keeps its last CACCEL_FLIGHT_RECORDER_ENTRIES collectives (and the process its
- * last kernel calls); the first communicator failure of the process writes them to
- * DIR/rank_<r>.json, and so does a SIGTERM (the handler is installed only over the default action).
- * Off, c->fr is NULL and the hooks are a branch. */
+ * last kernel calls); every communicator failure writes them to DIR/rank_<r>.json (the newest; each
+ * earlier dump kept as rank_<r>.<n>.json), and so do SIGUSR1 (the process goes on), a fatal signal
+ * (then its old action) and a SIGTERM (installed only over the default action). Off, c->fr is NULL and
+ * the hooks are a branch. */
 /* At creation: allocates c->fr when a directory is configured (out of memory: a warning, off). */
 void ca_comm_fr_init(ca_comm *c);
 /* Under c->mu: collective w was issued / finished with status s. */
 void ca_comm_fr_issue(ca_comm *c, const ca_work *w);
 void ca_comm_fr_end(ca_comm *c, const ca_work *w, ca_status s);
-/* c failed with status s and message msg: writes the dump, once per process (a warning when it
- * cannot). Takes c->mu; called without it. */
+/* c failed with status s and message msg: writes the dump (a warning when it cannot). Takes c->mu;
+ * called without it. */
 void ca_comm_fr_dump(ca_comm *c, ca_status s, const char *msg);
 void ca_comm_fr_free(ca_comm *c);
 /* The watchdog thread of c starts (on) or ends: a SIGTERM is left to it while one runs. */

@@ -45,8 +45,11 @@ CA_API void ca_kernel_trace(const ca_device *dev, const char *slot, int64_t t0, 
  * allocated by the first call (later calls change nothing), kept to the end of the process; false when
  * out of memory. Any thread may call. */
 bool ca_kernel_fr_enable(int entries);
-/* Writes the ring, oldest first, as a JSON array to f. Calls that write meanwhile may show torn. */
-void ca_kernel_fr_write(FILE *f);
+/* Writes the ring, oldest first, as a JSON array to o. Async-signal-safe (no lock, no malloc, no
+ * stdio: a fatal signal's handler calls it); a record being rewritten meanwhile is skipped, or shows
+ * its fields bounded and quoted. */
+struct ca_sigout;
+void ca_kernel_fr_write(struct ca_sigout *o);
 
 /* ca_kcall_<slot>(d, args): the checked call of kernel `slot` on device d, one per slot of
  * CA_KERNEL_LIST. The contract's checks (base/kernel_check_impl.h) run here, above the backends,

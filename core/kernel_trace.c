@@ -4,6 +4,7 @@
  * recorder directory is configured (comm/flightrec.c dumps it with the collectives). */
 #include "core/device_impl.h"
 #include "base/trace_impl.h"
+#include "base/sigout_impl.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -57,28 +58,53 @@ static void kfr_record(const ca_device *dev, const char *slot, int64_t t0, int64
     atomic_store_explicit(&e->ticket, t + 1, memory_order_release);
 }
 
-/* Shapes cut to fit the ring's slot end inside a bracket pair no more: say "" then. */
-static bool shapes_whole(const char *s) {
+/* The slot's shapes when they are a whole JSON array of numbers ("[[2,3],[3,4]]"); else "[]". Cut to
+ * fit the slot, or caught while another thread rewrites it, they may be neither: read within the slot. */
+static const char *shapes_json(const char *s, size_t max) {
     int depth = 0;
-    for (; *s; s++) depth += *s == '[' ? 1 : *s == ']' ? -1 : 0;
-    return depth == 0;
+    size_t i = 0;
+    for (; i < max && s[i]; i++) {
+        char ch = s[i];
+        if (ch != '[' && ch != ']' && ch != ',' && (ch < '0' || ch > '9')) return "[]";
+        depth += ch == '[' ? 1 : ch == ']' ? -1 : 0;
+        if (depth < 0) return "[]";
+    }
+    return i > 0 && i < max && depth == 0 ? s : "[]";
 }
 
-void ca_kernel_fr_write(FILE *f) {
-    fputc('[', f);
+static void write_kernel(ca_sigout *o, uint64_t t, const kfr_entry *e, bool first) {
+    ca_sigout_str(o, first ? "\n    {\"n\":" : ",\n    {\"n\":");
+    ca_sigout_u64(o, t);
+    ca_sigout_str(o, ",\"op\":\"");
+    ca_sigout_str(o, e->op);
+    if (e->detail) {
+        ca_sigout_str(o, ".");
+        ca_sigout_str(o, e->detail);
+    }
+    ca_sigout_str(o, "\",\"device\":");
+    ca_sigout_json(o, e->device, sizeof e->device - 1);
+    ca_sigout_str(o, ",\"dtype\":\"");
+    ca_sigout_str(o, e->dtype >= 0 ? ca_dtype_name((ca_dtype)e->dtype) : "none");
+    ca_sigout_str(o, "\",\"shapes\":");
+    ca_sigout_str(o, shapes_json(e->shapes, sizeof e->shapes));
+    ca_sigout_str(o, ",\"t_start_ns\":");
+    ca_sigout_i64(o, e->t0);
+    ca_sigout_str(o, ",\"t_end_ns\":");
+    ca_sigout_i64(o, e->t1);
+    ca_sigout_str(o, "}");
+}
+
+void ca_kernel_fr_write(ca_sigout *o) {
+    ca_sigout_str(o, "[");
     uint64_t end = atomic_load(&g_kfr_next), n = g_kfr ? g_kfr_n : 0;
     bool first = true;
     for (uint64_t t = end > n ? end - n : 0; t < end && n; t++) {
         const kfr_entry *e = &g_kfr[t % n];
         if (atomic_load_explicit(&e->ticket, memory_order_acquire) != t + 1) continue;   /* overwritten or torn */
-        fprintf(f, "%s\n    {\"n\":%llu,\"op\":\"%s%s%s\",\"device\":\"%s\",\"dtype\":\"%s\",\"shapes\":%s,"
-                "\"t_start_ns\":%lld,\"t_end_ns\":%lld}", first ? "" : ",", (unsigned long long)t, e->op,
-                e->detail ? "." : "", e->detail ? e->detail : "", e->device,
-                e->dtype >= 0 ? ca_dtype_name((ca_dtype)e->dtype) : "none",
-                e->shapes[0] && shapes_whole(e->shapes) ? e->shapes : "[]", (long long)e->t0, (long long)e->t1);
+        write_kernel(o, t, e, first);
         first = false;
     }
-    fputs(first ? "]" : "\n  ]", f);
+    ca_sigout_str(o, first ? "]" : "\n  ]");
 }
 
 void ca_kernel_trace(const ca_device *dev, const char *slot, int64_t t0, const ca_kdesc *d) {

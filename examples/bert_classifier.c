@@ -154,6 +154,15 @@ static ca_tensor *trim(ca_tensor *x) {
     return longest == l ? x : ca_contiguous(ca_narrow(x, 2, 0, longest));
 }
 
+/* The accelerator's throughput line, as examples/gpt.c prints it (this rank's samples/s, tokens/s,
+ * FLOP/s and MFU, then the world's sums); none when the interval held only the first, warm-up step.
+ * Every rank calls it at the same step: the world's sums are a collective. */
+static void log_throughput(ca_accelerator *acc) {
+    ca_throughput r;
+    if (ca_throughput_report(acc, &r) != CA_OK) { ca_clear_error(); return; }
+    CA_CHECK(ca_throughput_log(acc, &r));
+}
+
 /* Held-out accuracy over every rank's predictions, with per-class counts. */
 static void evaluate(ca_accelerator *acc, ca_module *model, ca_dataloader *dl, const ca_fortunes_info *fi) {
     int64_t correct[CA_FORTUNES_MAX_CLASSES] = {0}, total[CA_FORTUNES_MAX_CLASSES] = {0}, n = 0, c = 0;
@@ -289,9 +298,13 @@ int main(int argc, char **argv) {
         double loss_sum = 0, interval_sum = 0, t0 = now_s();
         int64_t batches = 0;
         ca_batch b;
+        CA_CHECK(ca_throughput_resume(acc));   /* paused over the last epoch's evaluation */
         while (ca_dataloader_next(train_dl, &b)) {
+            int64_t tokens = 0;   /* a token: a position of the batch as trimmed */
             CA_ACCUMULATE(acc, model) {
-                ca_tensor *loss = ca_cross_entropy(ca_module_forward(model, trim(b.x)), b.y);
+                ca_tensor *x = trim(b.x);
+                tokens = b.size * ca_tensor_dim(x, 2);
+                ca_tensor *loss = ca_cross_entropy(ca_module_forward(model, x), b.y);
                 CA_CHECK(ca_backward(acc, loss));
                 if (ca_sync_gradients(acc) && a.max_grad_norm > 0)
                     CA_CHECK(ca_clip_grad_norm(acc, a.max_grad_norm, NULL));
@@ -301,11 +314,13 @@ int main(int argc, char **argv) {
                 interval_sum += ca_item(loss);
             }
             batches++;
+            CA_CHECK(ca_throughput_step(acc, b.size, tokens));
             if (a.log_interval && batches % a.log_interval == 0) {   /* this process's batches */
                 ca_print(acc, "  step %lld: loss %.4f (mean of the last %lld batches)\n",
                          (long long)ca_optimizer_steps(opt), interval_sum / (double)a.log_interval,
                          (long long)a.log_interval);
                 interval_sum = 0;
+                log_throughput(acc);   /* every rank: the same batches each */
             }
             if (a.max_steps && ca_optimizer_steps(opt) >= a.max_steps) { done = true; break; }
         }
@@ -318,6 +333,7 @@ int main(int argc, char **argv) {
             ca_print(acc, "epoch %d/%d: train loss %.4f (%lld steps, %.1f s)\n", epoch + 1, a.epochs,
                      ca_item(st) / ca_num_processes(acc), (long long)ca_optimizer_steps(opt), secs);
         }
+        CA_CHECK(ca_throughput_pause(acc));   /* throughput excludes evaluation */
         evaluate(acc, model, test_dl, &fi_test);
     }
     if (a.output_dir) save(acc, model, &a, &fi);

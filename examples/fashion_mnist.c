@@ -251,6 +251,15 @@ static ca_status init_trackers(ca_accelerator *acc, const args *a) {
     return ca_init_trackers(acc, "fashion_mnist", hp);
 }
 
+/* The accelerator's throughput line (this rank's samples/s, FLOP/s and MFU, then the world's sums);
+ * none when the interval held only the first, warm-up step. Every rank calls it at the same step: the
+ * world's sums are a collective. */
+static void log_throughput(ca_accelerator *acc) {
+    ca_throughput r;
+    if (ca_throughput_report(acc, &r) != CA_OK) { ca_clear_error(); return; }
+    CA_CHECK(ca_throughput_log(acc, &r));
+}
+
 int main(int argc, char **argv) {
     args a = parse(argc, argv);
     ca_accelerator *acc;
@@ -316,6 +325,7 @@ int main(int argc, char **argv) {
          * the step, it would make a lazy device (xla) run the graph there, while the step's
          * temporaries are still alive, and make a GPU wait (torch_xla's add_step_closure). */
         ca_tensor *last_loss = NULL;
+        CA_CHECK(ca_throughput_resume(acc));   /* paused over the last epoch's evaluation */
         while (ca_dataloader_next(train_dl, &b)) {
             em.loss_sum += read_loss(&last_loss);
             int64_t before = ca_optimizer_steps(opt);
@@ -328,6 +338,7 @@ int main(int argc, char **argv) {
             }
             em.steps++;
             em.samples += b.size;
+            CA_CHECK(ca_throughput_step(acc, b.size, 0));   /* images: no tokens */
             int64_t read = em.steps - (last_loss != NULL);   /* steps whose loss is in loss_sum */
             if (read > 0) CA_CHECK(ca_progress_set_loss(bar, em.loss_sum / (double)read));
             CA_CHECK(ca_progress_update(bar, 1));
@@ -335,7 +346,9 @@ int main(int argc, char **argv) {
             if (lsgd && now > before) CA_CHECK(ca_local_sgd_step(lsgd));
             if (a.checkpointing_steps && now > before && now % a.checkpointing_steps == 0) {
                 em.loss_sum += read_loss(&last_loss);   /* the saved metrics hold every step's loss */
+                CA_CHECK(ca_throughput_pause(acc));     /* a save is not training throughput */
                 CA_CHECK(ca_save_state(acc, NULL));
+                CA_CHECK(ca_throughput_resume(acc));
             }
             if (a.max_steps && ca_optimizer_steps(opt) >= a.max_steps) { done = true; break; }
         }
@@ -344,6 +357,8 @@ int main(int argc, char **argv) {
         CA_CHECK(ca_local_sgd_end(lsgd));
         CA_CHECK(ca_progress_close(bar));
         double secs = now_s() - t0;
+        log_throughput(acc);   /* the epoch's line, as examples/gpt.c prints it; then paused for evaluation */
+        CA_CHECK(ca_throughput_pause(acc));
         double c, n;
         evaluate(acc, model, test_dl, &c, &n);
         CA_SCOPE {   /* metrics over every rank: mean loss, whole-test-set accuracy, global throughput */

@@ -16,3 +16,6 @@ tests_test_throughput_LDADD = $(CA_TEST_LIBS)
 # The examples measure the device's peak once and cache it (docs/PROFILING.md): in the build tree
 # during the suite, never in the home directory of whoever runs it.
 AM_TESTS_ENVIRONMENT += XDG_CACHE_HOME='$(abs_top_builddir)/tests/xdg-cache'; export XDG_CACHE_HOME;
+# The flight recorder's SIGUSR1 dumps while the Fashion-MNIST MLP trains (its handlers' own stack).
+TESTS += tests/test_flightrec_train.sh
+EXTRA_DIST += tests/test_flightrec_train.sh

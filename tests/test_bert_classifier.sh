@@ -46,6 +46,8 @@ else
     echo "== 1 process"
     timeout 600 "$ex" --cpu $args > "$WORK/one.log" 2>&1 || { cat "$WORK/one.log"; fail "1 process exited non-zero"; }
     check "1 process" "$WORK/one.log"
+    grep -q '^throughput: step 6: [0-9.]* samples/s, [0-9]* tokens/s, [0-9.e+]* GFLOP/s' "$WORK/one.log" ||
+        { cat "$WORK/one.log"; fail "1 process: no throughput line at step 6"; }
 fi
 
 echo "== 2 processes (caccel launch, Gloo)"
@@ -55,6 +57,9 @@ if [ -x "$build/tools/caccel" ] && $gloo; then
     timeout 600 "$build/tools/caccel" launch --num_processes 2 --cpu --backend gloo "$ex" $args \
         --output_dir "$WORK/out" > "$WORK/two.log" 2>&1 || { cat "$WORK/two.log"; fail "2 processes exited non-zero"; }
     check "2 processes" "$WORK/two.log"
+    # the accelerator's throughput line at each --log_interval, as examples/gpt prints it, with the world's sums
+    n=$(grep -c '^throughput: step [0-9]*: [0-9.]* samples/s, [0-9]* tokens/s, [0-9.e+]* GFLOP/s.*; all 2 processes: [0-9.]* samples/s, [0-9]* tokens/s' "$WORK/two.log")
+    [ "$n" -ge 3 ] || { cat "$WORK/two.log"; fail "2 processes: expected a throughput line with the world's totals at each log interval, found $n"; }
 else
     echo "(no caccel command or Gloo plugin: the checkpoint is written by 1 process)"
     "$ex" --cpu --model "$model" --max_steps 2 --batch_size 8 --max_length 32 --output_dir "$WORK/out" \

@@ -74,7 +74,11 @@ out=$("$b/examples/fashion_mnist" --cpu --epochs 1 --max-steps 30 --log_with jso
     { echo "$out"; fail "fashion_mnist --log_with json,csv exited non-zero"; }
 d="$WORK/logs/fashion_mnist"
 loss=$(echo "$out" | sed -n 's/.*train loss \([0-9.]*\),.*/\1/p')
-[ "$(wc -l < "$d/metrics.jsonl")" -eq 1 ] || fail "expected one JSON line per epoch"
+# one line for the epoch, one for the accelerator's throughput line (as examples/gpt prints it)
+[ "$(grep -c '"train_loss"' "$d/metrics.jsonl")" -eq 1 ] || fail "expected one epoch line in metrics.jsonl"
+grep -q '^{"step":30,"time":[0-9.]*,"throughput/samples_per_s":[0-9.]*,"throughput/flops_per_s":[0-9.e+]*' \
+    "$d/metrics.jsonl" || { cat "$d/metrics.jsonl"; fail "no throughput metrics at step 30 in metrics.jsonl"; }
+echo "$out" | grep -q '^throughput: step 30: [0-9.]* samples/s, [0-9.e+]* GFLOP/s' || { echo "$out"; fail "no throughput line"; }
 grep -q '^{"step":30,"time":[0-9.]*,"train_loss":[0-9.]*,"test_accuracy":[0-9.]*,"samples_per_s":[0-9.]*,"epoch":1' \
     "$d/metrics.jsonl" || { cat "$d/metrics.jsonl"; fail "metrics.jsonl"; }
 logged=$(sed -n 's/.*"train_loss":\([0-9.]*\).*/\1/p' "$d/metrics.jsonl")

@@ -3,6 +3,7 @@
 # "throughput: step N: ... samples/s, ... tokens/s, ... GFLOP/s, MFU ...% of ... GFLOP/s f32 peak (...)";
 # the first run of a machine probes the peak and caches it under XDG_CACHE_HOME, the second reads the
 # cache, --peak_flops gives it, and --log_with json logs the same values (throughput/mfu) at the step.
+# At 2 processes the line goes on with the world's totals ("; all 2 processes: ...", the peaks summed).
 set -u
 b=${CACCEL_TEST_BUILDDIR:-.}
 GPT="$b/examples/gpt"
@@ -37,4 +38,24 @@ grep "$LINE (peak_flops)\$" "$WORK/o3" | grep -q "of 1000 GFLOP/s" || { cat "$WO
 m="$WORK/logs/gpt/metrics.jsonl"
 [ -f "$m" ] || fail "no $m"
 grep -q '"throughput/mfu"' "$m" && grep -q '"throughput/tokens_per_s"' "$m" || { cat "$m"; fail "no throughput metrics in $m"; }
+
+echo "== 2 processes (caccel launch, Gloo): the world's totals after the rank's own"
+gloo=false
+for d in $(echo "${CACCEL_PLUGIN_PATH:-}" | tr ':' ' '); do [ -e "$d/caccel_gloo.so" ] && gloo=true; done
+if [ -x "$b/tools/caccel" ] && $gloo; then
+    # shellcheck disable=SC2086
+    timeout 120 "$b/tools/caccel" launch --num_processes 2 --main_process_port 0 --cpu --backend gloo "$GPT" $TINY \
+        --peak_flops 1e12 --log_with json --logging_dir "$WORK/logs2" > "$WORK/o4" 2>&1 ||
+        { cat "$WORK/o4"; fail "gpt at 2 processes exited non-zero"; }
+    WLINE="$LINE (peak_flops); all 2 processes: [0-9.]* samples/s, [0-9]* tokens/s, [0-9.e+]* GFLOP/s, MFU [0-9.]*% of 2000 GFLOP/s\$"
+    n=$(grep -c "$WLINE" "$WORK/o4")
+    [ "$n" = 2 ] || { cat "$WORK/o4"; fail "expected 2 throughput lines with the world's totals (peaks summed: 2000), found $n"; }
+    # the sums hold the other rank's too: above the main process's own samples/s
+    grep "$WLINE" "$WORK/o4" | sed 's/^throughput: step [0-9]*: \([0-9.]*\) samples.*all 2 processes: \([0-9.]*\) samples.*/\1 \2/' |
+        awk '{ if (!($2 > $1)) exit 1 }' || { cat "$WORK/o4"; fail "the world's samples/s is not above the rank's"; }
+    grep -q '"throughput/world_mfu"' "$WORK/logs2/gpt/metrics.jsonl" && grep -q '"throughput/world_tokens_per_s"' \
+        "$WORK/logs2/gpt/metrics.jsonl" || { cat "$WORK/logs2/gpt/metrics.jsonl"; fail "no world metrics"; }
+else
+    echo "(skipped: no caccel command or Gloo plugin)"
+fi
 echo "ok"

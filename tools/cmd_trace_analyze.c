@@ -1,5 +1,6 @@
-/* caccel trace analyze DIR: reads the flight recorder's dumps (DIR/rank_<r>.json, written by each
- * rank whose communicator failed; docs/PROFILING.md, "Flight recorder") and says which rank is
+/* caccel trace analyze DIR: reads the flight recorder's dumps (DIR/rank_<r>.json, the newest each
+ * rank wrote when its communicator failed, on a signal or on SIGUSR1's demand; earlier ones, kept as
+ * rank_<r>.<n>.json, are not read; docs/PROFILING.md, "Flight recorder") and says which rank is
  * behind and on which collective, or where the ranks called different collectives, and what every
  * rank was doing: the collective it was in, its last completed one, its last kernel call. A rank
  * with no file was killed, crashed or stopped before it could write one (only a failing rank that
@@ -349,6 +350,27 @@ static void ago(int64_t t, int64_t now, char *buf, size_t len) {
     else snprintf(buf, len, "%.3f s", (double)(now - t) / 1e9);
 }
 
+/* The peers rank r waited on in #seq, the collective it was in: those that had not called it when
+ * they wrote their files, or on one machine issued it only after r had given up on it, and those with
+ * no file (torch's fr_trace names them the same way). Nothing when every peer was in it too. */
+static void waited_on(const fr_job *j, int r, uint64_t seq) {
+    char late[600] = "", none[600] = "";
+    int64_t gave = gave_up(j, r, seq);
+    for (int q = 0; q < j->world; q++) {
+        const fr_rank *x = &j->r[q];
+        const fr_coll *c = x->present ? find(x, seq) : NULL;
+        if (q == r) continue;
+        if (!x->present) add_rank(none, sizeof none, q);
+        else if (x->issued <= seq || (c && !strcmp(x->host, j->r[r].host) && c->t_issue > gave))
+            add_rank(late, sizeof late, q);
+    }
+    if (!late[0] && !none[0]) return;
+    printf("  waited on in #%llu:", (unsigned long long)seq);
+    if (late[0]) printf(" rank%s %s (not called when it gave up)", strchr(late, ',') ? "s" : "", late);
+    if (none[0]) printf("%s rank%s %s (no record)", late[0] ? ";" : "", strchr(none, ',') ? "s" : "", none);
+    printf("\n");
+}
+
 /* What rank r was doing when it wrote its file. */
 static void describe(const fr_job *j, int r) {
     const fr_rank *x = &j->r[r];
@@ -373,7 +395,9 @@ static void describe(const fr_job *j, int r) {
         ago(x->kernel_ns, x->dump_ns, since, sizeof since);
         printf("  last kernel call: %s, ended %s before the dump\n", x->kernel, since);
     } else printf("  last kernel call: none recorded\n");
-    printf("  failure (%s): %s\n", x->status, x->reason);
+    if (c && c->state != ST_COMPLETED) waited_on(j, r, p);
+    /* SIGUSR1 asked for a dump of a run that had not failed */
+    printf("  %s (%s): %s\n", strcmp(x->status, "SIGUSR1") ? "failure" : "dump on demand", x->status, x->reason);
 }
 
 static void report(const fr_job *j) {

@@ -10,7 +10,10 @@
  * (its warm-up would skew the first interval). With `throughput_interval` N > 0 every N steps close an
  * interval: its line is printed on the main process and its values logged to the trackers
  * (throughput/samples_per_s, throughput/tokens_per_s, throughput/flops_per_s, throughput/mfu).
- * Values are this process's: with several processes each rank's device has its own MFU.
+ * The values are this process's; with several processes ca_throughput_report also sums them over
+ * the ranks (one all-reduce of five numbers: every rank must call it at the same step, as the
+ * interval of throughput_interval does) into the world_ fields: samples/s, tokens/s and FLOP/s summed,
+ * and MFU over the sum of the ranks' peaks.
  *
  * Threading: the three calls come from the training loop's thread; kernels on any thread count. */
 #ifndef CACCEL_THROUGHPUT_H
@@ -40,6 +43,10 @@ typedef struct ca_throughput {
     ca_dtype peak_dtype;        /* the dtype the peak is for: mixed_precision's (f32 without) */
     const char *peak_source;    /* "peak_flops" (the key), "probe" or "cache" (static text) */
     double mfu;                 /* flops_per_s / peak_flops */
+    int world;                  /* the processes summed in the world_ fields (1: this one alone) */
+    double world_samples_per_s, world_tokens_per_s, world_flops_per_s;
+    double world_peak_flops;    /* the ranks' peaks summed; 0 when a rank's is unknown (then world_mfu is 0) */
+    double world_mfu;           /* world_flops_per_s / world_peak_flops */
 } ca_throughput;
 
 /* Counts one step of `samples` samples and `tokens` tokens (>= 0). The first call resolves the peak
@@ -48,7 +55,9 @@ typedef struct ca_throughput {
 CA_API ca_status ca_throughput_step(ca_accelerator *acc, int64_t samples, int64_t tokens);
 
 /* Closes the interval now (the steps since the last close) into *out without printing: for a loop
- * that prints its own line. CA_ERR_STATE when no step was counted since the last close. */
+ * that prints its own line. With several processes a collective (every rank calls it at the same
+ * step; its time is not counted in the next interval): a communicator failure's status. CA_ERR_STATE
+ * when no step was counted since the last close. */
 CA_API ca_status ca_throughput_report(ca_accelerator *acc, ca_throughput *out);
 
 /* Stops the clock and the FLOP count until ca_throughput_resume: evaluation, a checkpoint save or
@@ -59,8 +68,9 @@ CA_API ca_status ca_throughput_pause(ca_accelerator *acc);
 CA_API ca_status ca_throughput_resume(ca_accelerator *acc);
 
 /* Prints r's line on the main process ("throughput: step 20: 41.3 samples/s, 10573 tokens/s,
- * 9.81 GFLOP/s, MFU 12.4% of 79.1 GFLOP/s f32 peak (cache)") and logs its values to the trackers
- * when ca_init_trackers started them. */
+ * 9.81 GFLOP/s, MFU 12.4% of 79.1 GFLOP/s f32 peak (cache)", and with several processes "; all 2
+ * processes: 82.6 samples/s, 21146 tokens/s, 19.6 GFLOP/s, MFU 12.4% of 158.2 GFLOP/s") and logs its
+ * values to the trackers when ca_init_trackers started them (the world's as throughput/world_*). */
 CA_API ca_status ca_throughput_log(ca_accelerator *acc, const ca_throughput *r);
 
 /* The peak FLOP/s of device dev for dtype dt: the cache file's value when it holds one for this

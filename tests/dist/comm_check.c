@@ -50,6 +50,12 @@
  *                for the broadcast, rank 0 finishes (and leaves the store it
  *                serves) while the peer's watchdog still reads the store: the
  *                peer must complete the broadcast all the same
+ *   ondemand     every rank completes an all_reduce, prints "comm_check: rank R
+ *                (pid P) completed all_reduce #0", waits until --resume FILE exists
+ *                (the test signals the ranks meanwhile: SIGUSR1 asks the flight
+ *                recorder for a dump), then completes a second all_reduce and
+ *                exits 0: the process went on after its dump. Its own SIGUSR1
+ *                handler, installed first, counts the signals it was passed
  *   badtoken     rank 1 presents a wrong job token
  *   env          prints what the process environment says (rank, size, backend)
  * --gate FILE: before creating the communicator, a rank says "comm_check: rank R at
@@ -74,6 +80,7 @@ typedef struct opts {
     int step;                  /* fault mode: the all_reduce at which the victim injects it */
     const char *gate;          /* a file to wait for before creating the communicator */
     bool kernels;              /* fault mode: a matmul before each all_reduce */
+    const char *resume;        /* ondemand mode: the file to wait for after the first all_reduce */
 } opts;
 
 static double now_s(void) {
@@ -517,6 +524,37 @@ static int last_bcast_mode(ca_comm *c) {
     return -1;
 }
 
+/* Waits at most 120 s for `path` to exist (the test's go-ahead); false when it does not. */
+static bool wait_file(const char *path) {
+    for (int i = 0; access(path, F_OK) != 0; i++) {
+        if (i >= 120 * 50) return false;
+        usleep(20 * 1000);
+    }
+    return true;
+}
+
+/* The program's own SIGUSR1 handler, installed before the communicator (and its flight recorder):
+ * the recorder's handler must call it after its dump. */
+static volatile sig_atomic_t g_own_usr1;
+static void own_usr1(int sig) {
+    (void)sig;
+    g_own_usr1++;
+}
+
+/* A dump on demand (SIGUSR1) while the job runs: the rank goes on and completes its next collective. */
+static int ondemand_mode(ca_comm *c, const opts *o) {
+    int r = ca_comm_rank(c);
+    float x[16] = {0};
+    if (ca_comm_all_reduce(c, x, x, 16, CA_F32, CA_OP_SUM, NULL) != CA_OK) return die(r, "first all_reduce");
+    printf("comm_check: rank %d (pid %ld) completed all_reduce #0\n", r, (long)getpid());
+    fflush(stdout);
+    if (!o->resume || !wait_file(o->resume)) return die(r, "--resume FILE did not appear within 120 s");
+    if (ca_comm_all_reduce(c, x, x, 16, CA_F32, CA_OP_SUM, NULL) != CA_OK) return die(r, "second all_reduce");
+    printf("comm_check: OK rank %d went on after its dump; its own SIGUSR1 handler ran %d times\n", r,
+           (int)g_own_usr1);
+    return 0;
+}
+
 /* --gate: the rank as the launcher numbers it (the communicator does not exist yet) */
 static int pass_gate(const char *gate) {
     const char *rk = getenv("RANK") ? getenv("RANK") : "?";
@@ -548,6 +586,7 @@ int main(int argc, char **argv) {
         else if (strcmp(a, "--gate") == 0 && v) o.gate = argv[++i];
         else if (strcmp(a, "--debug") == 0) o.debug = true;
         else if (strcmp(a, "--kernels") == 0) o.kernels = true;
+        else if (strcmp(a, "--resume") == 0 && v) o.resume = argv[++i];
         else if (strcmp(a, "--tag") == 0 && v) i++;   /* a marker for the scripts' pgrep */
         else {
             fprintf(stderr, "comm_check: unknown argument %s\n", a);
@@ -559,6 +598,7 @@ int main(int argc, char **argv) {
         if (rk && atoi(rk) == 1) setenv("CACCEL_JOB_TOKEN", "not-the-job-token", 1);
     }
     if (o.gate && pass_gate(o.gate)) return 1;
+    if (strcmp(o.mode, "ondemand") == 0) signal(SIGUSR1, own_usr1);
     ca_comm *c = NULL;
     ca_comm_options co = {.backend = o.backend, .timeout_ms = o.timeout_ms, .debug = o.debug};
     ca_status s = ca_comm_create(&co, &c);
@@ -590,6 +630,7 @@ int main(int argc, char **argv) {
         if (rc < 0) return 0;
     }
     else if (strcmp(o.mode, "fault") == 0) rc = fault_mode(c, &o);
+    else if (strcmp(o.mode, "ondemand") == 0) rc = ondemand_mode(c, &o);
     else if (strcmp(o.mode, "last-bcast") == 0) {
         rc = last_bcast_mode(c);
         if (rc < 0) return 0;

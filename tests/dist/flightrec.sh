@@ -20,6 +20,8 @@ note "a rank stopped with SIGSTOP: the others time out; the analyzer names rank 
 CACCEL_TIMEOUT=3 CACCEL_FLIGHT_RECORDER_DIR="$WORK/fr_stop" $L -q "$CHECK" --tag "$TAG" --backend gloo --mode fault \
     --fault stop --victim 1 --step 5 --fail-code 3 >"$WORK/out" 2>&1
 count 2 "comm_check: EXPECTED rank [02] failed at step 5 (CA_ERR_TIMEOUT)" "$WORK/out"
+# the timeout's message names the rank the collective waited on (its published record: 5 issued)
+count 2 "comm_check: EXPECTED rank [02] failed at step 5 .*; #5 waits on rank 1 (it has not called it)" "$WORK/out"
 [ -f "$WORK/fr_stop/rank_0.json" ] && [ -f "$WORK/fr_stop/rank_2.json" ] || { cat "$WORK/out"; fail "ranks 0 and 2 wrote no dump"; }
 count 1 "flight recorder: rank 0 wrote its last 6 collectives" "$WORK/out"
 analyze "$WORK/fr_stop"
@@ -27,6 +29,7 @@ analyze "$WORK/fr_stop"
 count 1 "^verdict: rank 1 is behind: .*#5 .*all_reduce(f32, 16, sum)" "$WORK/report"
 count 2 "^rank [02] (pid [0-9]*.*): at #5 all_reduce(f32, 16, sum) ([a-z]*), issued [0-9.]* s before the dump; last completed #4 all_reduce" "$WORK/report"
 count 2 "failure (CA_ERR_TIMEOUT): all_reduce #5 .*timed out" "$WORK/report"
+count 2 "^  waited on in #5: rank 1 (not called when it gave up)$" "$WORK/report"
 no_orphans
 
 note "a rank killed with SIGKILL: the analyzer names rank 1 and all_reduce #4"
