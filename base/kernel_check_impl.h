@@ -386,8 +386,17 @@ static inline ca_status ca_kcheck_att(const char *be, const char *k, ca_dtype dt
     return CA_OK;
 }
 
+/* kv_heads 0 (every head its own k and v) or a divisor of heads (grouped-query attention). */
+static inline ca_status ca_kcheck_att_kv(const char *be, const char *k, const ca_attention_params *p, int64_t kv) {
+    if (kv < 0 || (kv > 0 && p->heads % kv != 0))
+        return CK_ERR("%s kernel %s: kv_heads %lld does not divide heads %lld", be, k, (long long)kv,
+                      (long long)p->heads);
+    return CA_OK;
+}
+
 static inline ca_status ca_kcheck_attention(const char *be, const ca_attention_args *a) {
     CK_TRY(ca_kcheck_att(be, "attention", a->dt, &a->p, a->q, a->k, a->v));
+    CK_TRY(ca_kcheck_att_kv(be, "attention", &a->p, a->kv_heads));
     if (a->p.batch * a->p.heads * a->p.tq > 0 && (!a->out || !a->lse))
         return CK_ERR("%s kernel attention: out or lse is NULL", be);
     return CA_OK;
@@ -395,6 +404,7 @@ static inline ca_status ca_kcheck_attention(const char *be, const ca_attention_a
 
 static inline ca_status ca_kcheck_attention_backward(const char *be, const ca_attention_backward_args *a) {
     CK_TRY(ca_kcheck_att(be, "attention_backward", a->dt, &a->p, a->q, a->k, a->v));
+    CK_TRY(ca_kcheck_att_kv(be, "attention_backward", &a->p, a->kv_heads));
     if (a->p.batch * a->p.heads > 0 && (!a->dq || !a->dk || !a->dv || (a->p.tq && (!a->out || !a->dout || !a->lse))))
         return CK_ERR("%s kernel attention_backward: an output or saved buffer is NULL", be);
     return CA_OK;

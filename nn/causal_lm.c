@@ -176,14 +176,6 @@ static ca_tensor *merge_heads(ca_tensor *x) {
     return ca_reshape(ca_contiguous(ca_transpose(x, 1, 2)), 3, (int64_t[]){b, t, heads * d});
 }
 
-/* transformers' repeat_kv: each of the kv heads serves n_rep query heads in a row. */
-static ca_tensor *repeat_kv(ca_tensor *x, int64_t n_rep) {
-    if (!x || n_rep == 1) return x;
-    int64_t b = x->shape[0], kv = x->shape[1], t = x->shape[2], d = x->shape[3];
-    x = ca_expand(ca_reshape(x, 5, (int64_t[]){b, kv, 1, t, d}), 5, (int64_t[]){b, kv, n_rep, t, d});
-    return ca_reshape(x, 4, (int64_t[]){b, kv * n_rep, t, d});
-}
-
 /* in: hidden [B, T, H], cos, sin, and the key-padding mask [B, 1, 1, T] (u8) or NULL. */
 static ca_tensor *decoder_layer(const lm_layer *l, ca_tensor *const *in, bool training) {
     const ca_causal_lm_config *c = &l->model->cfg;
@@ -192,9 +184,8 @@ static ca_tensor *decoder_layer(const lm_layer *l, ca_tensor *const *in, bool tr
     ca_tensor *q = ca_rope(split_heads(ca_module_forward(l->q, x), c->num_attention_heads), cos_t, sin_t);
     ca_tensor *k = ca_rope(split_heads(ca_module_forward(l->k, x), c->num_key_value_heads), cos_t, sin_t);
     ca_tensor *v = split_heads(ca_module_forward(l->v, x), c->num_key_value_heads);
-    int64_t n_rep = c->num_attention_heads / c->num_key_value_heads;
-    ca_tensor *a = ca_scaled_dot_product_attention(q, repeat_kv(k, n_rep), repeat_kv(v, n_rep), mask, true,
-                                                   training ? c->attention_dropout : 0, 0);
+    /* grouped-query attention in the op: k and v keep their num_key_value_heads heads (no repeat_kv copy) */
+    ca_tensor *a = ca_scaled_dot_product_attention(q, k, v, mask, true, training ? c->attention_dropout : 0, 0);
     h = ca_add(h, ca_module_forward(l->o, merge_heads(a)));
     x = ca_module_forward(l->post_ln, h);
     return ca_add(h, ca_module_forward(l->down, ca_swiglu(ca_module_forward(l->gate, x), ca_module_forward(l->up, x))));

@@ -31,7 +31,8 @@ static ca_status attention_backward(ca_node *n, ca_tensor *g) {
     if (!dq || !dk || !dv) return ca_last_status();
     ca_status s = CA_KCALL(ca_tdev(q), attention_backward, .dt = CA_F32, .p = a, .q = ca_tptr(q),
                            .k = ca_tptr(k), .v = ca_tptr(v), .out = ca_tptr(n->out), .dout = ca_tptr(g),
-                           .lse = ca_tptr(lse), .dq = ca_tptr(dq), .dk = ca_tptr(dk), .dv = ca_tptr(dv));
+                           .lse = ca_tptr(lse), .dq = ca_tptr(dq), .dk = ca_tptr(dk), .dv = ca_tptr(dv),
+                           .kv_heads = k->shape[1]);
     if (s == CA_OK && q->requires_grad) s = ca_op_accumulate_owned(q, dq, 1.0f);
     if (s == CA_OK && k->requires_grad) s = ca_op_accumulate_owned(k, dk, 1.0f);
     if (s == CA_OK && v->requires_grad) s = ca_op_accumulate_owned(v, dv, 1.0f);
@@ -39,16 +40,37 @@ static ca_status attention_backward(ca_node *n, ca_tensor *g) {
 }
 static const ca_node_vt attention_vt = {"scaled_dot_product_attention", attention_backward};
 
+/* q [B,H,Tq,D], k [B,Hkv,Tk,D], v [B,Hkv,Tk,Dv] with Hkv dividing H (grouped-query attention when
+ * Hkv < H, as torch's enable_gqa). */
 static bool check_shapes(const ca_tensor *q, const ca_tensor *k, const ca_tensor *v) {
     bool ok = q->ndim == 4 && k->ndim == 4 && v->ndim == 4 && k->shape[0] == q->shape[0] &&
-              v->shape[0] == q->shape[0] && k->shape[1] == q->shape[1] && v->shape[1] == q->shape[1] &&
-              k->shape[3] == q->shape[3] && v->shape[2] == k->shape[2];
-    if (ok) return true;
+              v->shape[0] == q->shape[0] && v->shape[1] == k->shape[1] && k->shape[3] == q->shape[3] &&
+              v->shape[2] == k->shape[2];
     char a[128], b[128], c[128];
-    ca_error(CA_ERR_INVALID, "scaled_dot_product_attention: q %s, k %s, v %s: expected q [B,H,Tq,D], "
-             "k [B,H,Tk,D], v [B,H,Tk,Dv]", ca_shape_str(q->ndim, q->shape, a, sizeof a),
-             ca_shape_str(k->ndim, k->shape, b, sizeof b), ca_shape_str(v->ndim, v->shape, c, sizeof c));
+    if (!ok) {
+        ca_error(CA_ERR_INVALID, "scaled_dot_product_attention: q %s, k %s, v %s: expected q [B,H,Tq,D], "
+                 "k [B,Hkv,Tk,D], v [B,Hkv,Tk,Dv]", ca_shape_str(q->ndim, q->shape, a, sizeof a),
+                 ca_shape_str(k->ndim, k->shape, b, sizeof b), ca_shape_str(v->ndim, v->shape, c, sizeof c));
+        return false;
+    }
+    int64_t h = q->shape[1], hkv = k->shape[1];
+    if (hkv == h || (hkv > 0 && h % hkv == 0)) return true;
+    ca_error(CA_ERR_INVALID, "scaled_dot_product_attention: k and v have %lld heads, which do not divide q's %lld "
+             "heads (grouped-query attention: each kv head serves the same number of query heads)", (long long)hkv,
+             (long long)h);
     return false;
+}
+
+/* A kernel table older than ABI 3.5 reads no kv_heads: there k and v are repeated to H heads first (as
+ * transformers' repeat_kv: kv head j serves query heads [j g, (j + 1) g)), a copy autograd sums back. */
+static ca_tensor *repeat_heads(ca_tensor *x, int64_t heads) {
+    int64_t b = x->shape[0], kv = x->shape[1], t = x->shape[2], d = x->shape[3];
+    x = ca_expand(ca_reshape(x, 5, (int64_t[]){b, kv, 1, t, d}), 5, (int64_t[]){b, kv, heads / kv, t, d});
+    return ca_reshape(x, 4, (int64_t[]){b, heads, t, d});
+}
+static bool kernels_take_kv_heads(const ca_device *dev) {
+    uint32_t v = ca_device_kernels(dev)->abi_version;
+    return (v >> 16) > 3 || ((v >> 16) == 3 && (v & 0xffff) >= 5);
 }
 
 /* The mask's strides over [B,H,Tq,Tk] (0 on broadcast dims); false when it does not broadcast. */
@@ -107,6 +129,11 @@ ca_tensor *ca_scaled_dot_product_attention(ca_tensor *q, ca_tensor *k, ca_tensor
     q = as_f32(q); k = as_f32(k); v = as_f32(v);
     CA_OP_NULLCHECK2(q, k);
     CA_OP_NULLCHECK1(v);
+    if (k->shape[1] != a.heads && !kernels_take_kv_heads(dev)) {
+        k = ca_contiguous(repeat_heads(k, a.heads));
+        v = ca_contiguous(repeat_heads(v, a.heads));
+        CA_OP_NULLCHECK2(k, v);
+    }
     if (dropout_p > 0) {
         uint64_t unused;
         ca_rng_get_state(&a.seed, &unused);
@@ -117,7 +144,7 @@ ca_tensor *ca_scaled_dot_product_attention(ca_tensor *q, ca_tensor *k, ca_tensor
     ca_tensor *lse = out ? ca_tensor_new(dev, CA_F32, 3, oshape) : NULL;
     if (!lse) return NULL;
     if (CA_KCALL(dev, attention, .dt = CA_F32, .p = a, .q = ca_tptr(q), .k = ca_tptr(k), .v = ca_tptr(v),
-                 .out = ca_tptr(out), .lse = ca_tptr(lse)) != CA_OK)
+                 .out = ca_tptr(out), .lse = ca_tptr(lse), .kv_heads = k->shape[1]) != CA_OK)
         return NULL;
     ca_tensor *in[3] = {q, k, v};
     if (ca_needs_grad(3, in)) {

@@ -234,6 +234,60 @@ static void test_registry_abi31_lacks_rope_swiglu(void **state) {
     }
 }
 
+/* A 3.4 kernel table knows no kv_heads (ABI 3.5): grouped-query attention on it gets k and v repeated to
+ * every query head by the op, so the table's kernels see as many kv heads as query heads, and the results
+ * are the CPU's (forward: the same bits; dK: the repeat path sums the heads in another order). */
+static ca_kernels k34;
+static ca_status att34(void *dev, const ca_attention_args *a) {
+    if (a->kv_heads != 0 && a->kv_heads != a->p.heads) return ca_error(CA_ERR_INTERNAL, "kv_heads reached a 3.4 table");
+    return ca_device_ops_of(ca_cpu_device())->kernels->attention(dev, a);
+}
+static ca_status att34_backward(void *dev, const ca_attention_backward_args *a) {
+    if (a->kv_heads != 0 && a->kv_heads != a->p.heads) return ca_error(CA_ERR_INTERNAL, "kv_heads reached a 3.4 table");
+    return ca_device_ops_of(ca_cpu_device())->kernels->attention_backward(dev, a);
+}
+
+/* out (and k's gradient in *dk) of 4 query heads over 2 kv heads on device d. */
+static float *gqa_on(ca_device *d, const float *hq, const float *hk, float **dk) {
+    ca_tensor *q = T_NN(ca_from_host(d, CA_F32, CA_SHAPE(1, 4, 3, 2), hq));
+    ca_tensor *k = T_NN(ca_from_host(d, CA_F32, CA_SHAPE(1, 2, 3, 2), hk));
+    ca_tensor_set_requires_grad(k, true);
+    ca_tensor *o = T_NN(ca_scaled_dot_product_attention(q, k, k, NULL, true, 0, 0));
+    T_OK(ca_autograd_backward(ca_sum(ca_mul(o, o))));
+    *dk = t_host(T_NN(ca_tensor_grad(k)));
+    return t_host(o);
+}
+
+static void test_registry_abi34_attention_repeats_kv(void **state) {
+    static ca_device_ops ops;
+    static const ca_device_ops *devs[1];
+    static ca_plugin p;
+    ops = *ca_device_ops_of(ca_cpu_device());
+    k34 = *ops.kernels;
+    k34.abi_version = (uint32_t)CA_ABI_MAJOR << 16 | 4;
+    k34.attention = att34;
+    k34.attention_backward = att34_backward;
+    ops.name = "cpu_abi34";
+    ops.abi_version = k34.abi_version;
+    ops.kernels = &k34;
+    devs[0] = &ops;
+    p = (ca_plugin){.struct_size = sizeof p, .abi_version = k34.abi_version, .name = "cpu_abi34",
+                    .version = "test", .num_devices = 1, .devices = devs};
+    T_OK(ca_register_plugin(&p, "test_core"));
+    ca_device *d = NULL;
+    T_OK(ca_device_open("cpu_abi34", 0, NULL, &d));
+    float hq[24], hk[12];
+    for (int i = 0; i < 24; i++) hq[i] = (float)((i * 7) % 11) / 5.0f - 1.0f;
+    for (int i = 0; i < 12; i++) hk[i] = (float)((i * 5) % 9) / 4.0f - 1.0f;
+    CA_SCOPE {
+        float *dk_old, *dk_cpu;
+        float *old = gqa_on(d, hq, hk, &dk_old), *cpu = gqa_on(ca_cpu_device(), hq, hk, &dk_cpu);
+        assert_memory_equal(old, cpu, sizeof(float) * 24);
+        for (int i = 0; i < 12; i++) assert_float_equal(dk_old[i], dk_cpu[i], 1e-5);
+        free(old); free(cpu); free(dk_old); free(dk_cpu);
+    }
+}
+
 /* A device says what it is through its table, and the core drives it through its slots, never by
  * its name: a lazy device called anything is lazy, its mark_step and determinism slots are called,
  * the accelerator's query picks the highest score of a kind, and a table of an older minor (no
@@ -556,6 +610,7 @@ int main(void) {
         cmocka_unit_test(test_registry_loads_plugin_with_reason),
         cmocka_unit_test(test_registry_older_minor_lacks_new_kernels),
         cmocka_unit_test(test_registry_abi31_lacks_rope_swiglu),
+        cmocka_unit_test(test_registry_abi34_attention_repeats_kv),
         cmocka_unit_test(test_device_kind_slots),
         cmocka_unit_test(test_collective_slots),
         cmocka_unit_test(test_caching_allocator_reuses),

@@ -1,6 +1,6 @@
 /* The CPU attention (forward and backward) and the optimizer kernels give the same bits at 1, 2 and 3
  * threads: causal and padded attention with one (b, h) problem (the threads share its query blocks) and
- * with more problems than threads, AdamW and SGD over several tensors, and the sum of squares. The
+ * with more problems than threads, grouped-query attention (kv heads shared by query heads), AdamW and SGD over several tensors, and the sum of squares. The
  * grain is forced to 1 so that the parallel paths run on these small shapes. */
 #include "test_cpu_util.h"
 #include "backends/cpu/cpu_parallel.h"
@@ -15,6 +15,7 @@ typedef struct att_case {
     int64_t batch, heads, tq, tk, d, dv;
     bool causal, pad;        /* pad: a u8 key-padding mask, [B, 1, 1, Tk] broadcast */
     float dropout;
+    int64_t kv_heads;        /* 0: as heads; fewer: grouped-query attention */
 } att_case;
 
 typedef struct att_out {
@@ -27,8 +28,10 @@ static float *rnd(int64_t n) {
     return x;
 }
 
+static int64_t kv_problems(const att_case *c) { return c->batch * (c->kv_heads ? c->kv_heads : c->heads); }
+
 static void att_run(const att_case *c, const float *const in[4], const uint8_t *mask, att_out *o) {
-    int64_t nbh = c->batch * c->heads;
+    int64_t nbh = c->batch * c->heads, nkv = kv_problems(c);
     ca_attention_params p = {.batch = c->batch, .heads = c->heads, .tq = c->tq, .tk = c->tk, .d = c->d,
                              .dv = c->dv, .scale = 0.3f, .causal = c->causal, .dropout_p = c->dropout,
                              .seed = 42, .offset = 7};
@@ -41,11 +44,12 @@ static void att_run(const att_case *c, const float *const in[4], const uint8_t *
     o->out = mk(CA_F32, nbh * c->tq * c->dv);
     o->lse = mk(CA_F32, nbh * c->tq);
     o->dq = mk(CA_F32, nbh * c->tq * c->d);
-    o->dk = mk(CA_F32, nbh * c->tk * c->d);
-    o->dv = mk(CA_F32, nbh * c->tk * c->dv);
-    OK(KC(attention, .dt = CA_F32, .p = p, .q = in[0], .k = in[1], .v = in[2], .out = o->out, .lse = o->lse));
+    o->dk = mk(CA_F32, nkv * c->tk * c->d);
+    o->dv = mk(CA_F32, nkv * c->tk * c->dv);
+    OK(KC(attention, .dt = CA_F32, .p = p, .q = in[0], .k = in[1], .v = in[2], .out = o->out, .lse = o->lse,
+          .kv_heads = c->kv_heads));
     OK(KC(attention_backward, .dt = CA_F32, .p = p, .q = in[0], .k = in[1], .v = in[2], .out = o->out,
-          .dout = in[3], .lse = o->lse, .dq = o->dq, .dk = o->dk, .dv = o->dv));
+          .dout = in[3], .lse = o->lse, .dq = o->dq, .dk = o->dk, .dv = o->dv, .kv_heads = c->kv_heads));
 }
 
 static void att_free(att_out *o) { free(o->out); free(o->lse); free(o->dq); free(o->dk); free(o->dv); }
@@ -63,8 +67,8 @@ static bool any_nonzero(const float *x, int64_t n) {
 }
 
 static void att_check(const att_case *c) {
-    int64_t nbh = c->batch * c->heads;
-    float *q = rnd(nbh * c->tq * c->d), *k = rnd(nbh * c->tk * c->d), *v = rnd(nbh * c->tk * c->dv);
+    int64_t nbh = c->batch * c->heads, nkv = kv_problems(c);
+    float *q = rnd(nbh * c->tq * c->d), *k = rnd(nkv * c->tk * c->d), *v = rnd(nkv * c->tk * c->dv);
     float *g = rnd(nbh * c->tq * c->dv);
     const float *in[4] = {q, k, v, g};
     uint8_t *mask = NULL;
@@ -76,15 +80,15 @@ static void att_check(const att_case *c) {
     att_out ref, o;
     cpu_set_threads(1);
     att_run(c, in, mask, &ref);
-    assert_true(any_nonzero(ref.dk, nbh * c->tk * c->d) && any_nonzero(ref.dv, nbh * c->tk * c->dv));
+    assert_true(any_nonzero(ref.dk, nkv * c->tk * c->d) && any_nonzero(ref.dv, nkv * c->tk * c->dv));
     for (int t = 1; t < NTH; t++) {
         cpu_set_threads(THREADS[t]);
         att_run(c, in, mask, &o);
         same_bits("out", c->name, THREADS[t], ref.out, o.out, nbh * c->tq * c->dv);
         same_bits("lse", c->name, THREADS[t], ref.lse, o.lse, nbh * c->tq);
         same_bits("dq", c->name, THREADS[t], ref.dq, o.dq, nbh * c->tq * c->d);
-        same_bits("dk", c->name, THREADS[t], ref.dk, o.dk, nbh * c->tk * c->d);
-        same_bits("dv", c->name, THREADS[t], ref.dv, o.dv, nbh * c->tk * c->dv);
+        same_bits("dk", c->name, THREADS[t], ref.dk, o.dk, nkv * c->tk * c->d);
+        same_bits("dv", c->name, THREADS[t], ref.dv, o.dv, nkv * c->tk * c->dv);
         att_free(&o);
     }
     cpu_set_threads(1);
@@ -94,17 +98,27 @@ static void att_check(const att_case *c) {
 
 /* B*H = 1: the threads share one problem's query blocks (Tq = 200: four blocks of up to 64 rows). */
 static void test_attention_one_problem(void **state) {
-    att_check(&(att_case){"1x1 causal", 1, 1, 200, 200, 16, 8, true, false, 0.0f});
-    att_check(&(att_case){"1x1 padded", 1, 1, 150, 90, 8, 12, false, true, 0.0f});
-    att_check(&(att_case){"1x1 causal padded dropout", 1, 1, 130, 130, 8, 8, true, true, 0.2f});
+    att_check(&(att_case){"1x1 causal", 1, 1, 200, 200, 16, 8, true, false, 0.0f, 0});
+    att_check(&(att_case){"1x1 padded", 1, 1, 150, 90, 8, 12, false, true, 0.0f, 0});
+    att_check(&(att_case){"1x1 causal padded dropout", 1, 1, 130, 130, 8, 8, true, true, 0.2f, 0});
 }
 
 /* B*H = 5 (between 1 and 2 per thread at 3 threads) and 8 (more than 2 per thread): both ways of
  * sharing the work. */
 static void test_attention_many_problems(void **state) {
-    att_check(&(att_case){"1x5 causal", 1, 5, 140, 140, 8, 8, true, false, 0.0f});
-    att_check(&(att_case){"2x4 causal padded", 2, 4, 100, 100, 8, 8, true, true, 0.0f});
-    att_check(&(att_case){"4x2 padded dropout", 4, 2, 70, 150, 4, 8, false, true, 0.1f});
+    att_check(&(att_case){"1x5 causal", 1, 5, 140, 140, 8, 8, true, false, 0.0f, 0});
+    att_check(&(att_case){"2x4 causal padded", 2, 4, 100, 100, 8, 8, true, true, 0.0f, 0});
+    att_check(&(att_case){"4x2 padded dropout", 4, 2, 70, 150, 4, 8, false, true, 0.1f, 0});
+}
+
+/* Grouped-query attention: a kv head's dK and dV sum its query heads' terms, whichever threads computed
+ * them. One kv problem (B 1, H 4, Hkv 1: the threads share the query blocks of its four heads), 2 and 4
+ * kv problems (below two per thread: waves), and 8 (above: whole kv problems per thread). */
+static void test_attention_grouped_query(void **state) {
+    att_check(&(att_case){"1x4 kv 1 causal", 1, 4, 130, 130, 8, 8, true, false, 0.0f, 1});
+    att_check(&(att_case){"2x4 kv 1 causal padded", 2, 4, 100, 100, 8, 8, true, true, 0.0f, 1});
+    att_check(&(att_case){"2x4 kv 2 padded dropout", 2, 4, 70, 90, 4, 8, false, true, 0.1f, 2});
+    att_check(&(att_case){"4x4 kv 2 causal padded", 4, 4, 80, 80, 8, 4, true, true, 0.0f, 2});
 }
 
 /* ------------------------------------------------------------ optimizers */
@@ -192,6 +206,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_attention_one_problem),
         cmocka_unit_test(test_attention_many_problems),
+        cmocka_unit_test(test_attention_grouped_query),
         cmocka_unit_test(test_optimizers_f32),
         cmocka_unit_test(test_optimizers_bf16_grads),
     };

@@ -1035,6 +1035,7 @@ static const op_case RANDOM[] = {
 };
 
 #define QKV(tq, tk) U(-1, 1, 2, 2, tq, 3), U(-1, 1, 2, 2, tk, 3), U(-1, 1, 2, 2, tk, 4)
+#define GQA(hkv, tq, tk) U(-1, 1, 2, 4, tq, 3), U(-1, 1, 2, hkv, tk, 3), U(-1, 1, 2, hkv, tk, 4)
 static const op_case ATTENTION[] = {
     {"sdpa", b_sdpa, &SD_PLAIN, 3, {QKV(5, 5)}, FLT, true, OPS},
     {"sdpa causal", b_sdpa, &SD_CAUSAL, 3, {QKV(5, 5)}, FLT, true, OPS},
@@ -1054,6 +1055,17 @@ static const op_case ATTENTION[] = {
     {"sdpa causal, 67 queries and keys", b_sdpa, &SD_CAUSAL, 3, {QKV(67, 67)}, FLT, true, OPS},
     {"sdpa 130 queries and keys", b_sdpa, &SD_PLAIN, 3, {QKV(130, 130)}, FLT, true, OPS},
     {"sdpa causal, 130 queries and keys", b_sdpa, &SD_CAUSAL, 3, {QKV(130, 130)}, FLT, true, OPS},
+    /* grouped-query attention: 4 query heads over 2 or 1 kv heads (torch's enable_gqa) */
+    {"sdpa GQA 4:2 causal", b_sdpa, &SD_CAUSAL, 3, {GQA(2, 5, 5)}, FLT, true, OPS},
+    {"sdpa GQA 4:1 causal", b_sdpa, &SD_CAUSAL, 3, {GQA(1, 5, 5)}, FLT, true, OPS},
+    {"sdpa GQA 4:2 key padding", b_sdpa, &SD_PLAIN, 4, {GQA(2, 5, 5), FIX(CA_U8, KEEP, 2, 1, 1, 5)}, FLT, true, OPS},
+    {"sdpa GQA 4:1 key padding + causal", b_sdpa, &SD_CAUSAL, 4, {GQA(1, 5, 5), FIX(CA_U8, KEEP, 2, 1, 1, 5)}, FLT,
+     true, OPS},
+    {"sdpa GQA 4:2 key padding + dropout", b_sdpa, &SD_DROP, 4, {GQA(2, 5, 5), FIX(CA_U8, KEEP, 2, 1, 1, 5)}, FLT,
+     true, .rng = true, OPS},
+    {"sdpa GQA 4:2 causal, 70 queries and keys", b_sdpa, &SD_CAUSAL, 3, {GQA(2, 70, 70)}, FLT, true, OPS},
+    {"sdpa GQA 3 kv heads of 4", b_sdpa, &SD_PLAIN, 3, {GQA(3, 5, 5)}, FLT, false,
+     .error = "k and v have 3 heads, which do not divide q's 4 heads"},
 };
 
 /* ------------------------------------------------------------------ optimizers */
@@ -1321,10 +1333,11 @@ static ca_status kc_swiglu_backward(KARGS) {   /* gate, up, dy, dgate, dup; op b
               .dgate = q->op & 1 ? NULL : p[3], .dup = q->op & 2 ? NULL : p[4], .beta_gate = q->beta,
               .beta_up = q->alpha);
 }
-static ca_status kc_attention(KARGS) {   /* q, k, v, out, lse: [1, 2, s0, 3] x [1, 2, s1, 3] */
+static ca_status kc_attention(KARGS) {   /* q, k, v, out, lse: [1, 2, s0, 3] x [1, op or 2, s1, 3] */
     ca_attention_params ap = {.batch = 1, .heads = 2, .tq = q->s[0], .tk = q->s[1], .d = 3, .dv = 3,
                               .scale = 0.577f, .causal = q->flag};
-    return KC(attention, .dt = bdt[0], .p = ap, .q = p[0], .k = p[1], .v = p[2], .out = p[3], .lse = p[4]);
+    return KC(attention, .dt = bdt[0], .p = ap, .q = p[0], .k = p[1], .v = p[2], .out = p[3], .lse = p[4],
+              .kv_heads = q->op);
 }
 
 /* The tensor lists: tensors of the vector-tail sizes, and an empty one, packed one after the other in
@@ -1612,6 +1625,12 @@ static const kernel_row K_NN[] = {
     KATT(5, 7, false), KATT(5, 7, true), KATT(70, 66, true),
     KATT(67, 67, false), KATT(67, 67, true), KATT(130, 130, false), KATT(130, 130, true), KATT(130, 67, false),
     KATT(3, 13000, false),   /* a row of scores larger than a block's shared memory */
+    /* grouped-query attention: both query heads over one kv head; kv_heads that does not divide heads */
+    {KROW("attention [1,2,70,66] over 1 kv head causal out, lse", attention, .s = {70, 66}, .flag = true, .op = 1),
+     5, {KR(6 * 70, -1, 1), KR(3 * 66, -1, 1), KR(3 * 66, -1, 1), KR(6 * 70, 0, 1), KF(CA_F32, 2 * 70, 0, 1)}, F32,
+     T_ATT},
+    {KROW("attention kv_heads 3 of 2 heads", attention, .s = {5, 5}, .op = 3), 5, {KR(30, -1, 1), KR(30, -1, 1),
+     KR(30, -1, 1), KR(30, 0, 1), KF(CA_F32, 10, 0, 1)}, F32, .error = "kv_heads 3 does not divide heads 2"},
 };
 
 /* The list kernels over half gradients, grad_scale, unscale by 0, clamp_list's error. */

@@ -1,4 +1,4 @@
-/* The transformer ops' forward values against naive references: batched matmul, attention, joins and selections, norms, activations, cross-entropy over a large vocabulary. */
+/* The transformer ops' forward values against naive references: batched matmul, attention (grouped-query against the repeat_kv path too), joins and selections, norms, activations, cross-entropy over a large vocabulary. */
 #include "test_util.h"
 
 #include <string.h>
@@ -225,6 +225,62 @@ static void test_attention_errors(void **state) {
         assert_non_null(strstr(ca_last_error(), "mask [4, 5] f32 does not broadcast to [1, 2, 3, 5]"));
         assert_null(ca_scaled_dot_product_attention(q, k, v, NULL, false, 1.0, 0));
         assert_non_null(strstr(ca_last_error(), "dropout probability"));
+        /* grouped-query attention: the kv heads (3) must divide the query heads (2) */
+        ca_tensor *k3 = t_randn(&s, CA_SHAPE(1, 3, 5, 4), -1, 1, 0), *v3h = t_randn(&s, CA_SHAPE(1, 3, 5, 4), -1, 1, 0);
+        assert_null(ca_scaled_dot_product_attention(q, k3, v3h, NULL, false, 0, 0));
+        assert_non_null(strstr(ca_last_error(), "k and v have 3 heads, which do not divide q's 2 heads"));
+        /* k and v with different head counts */
+        ca_tensor *v1 = t_randn(&s, CA_SHAPE(1, 1, 5, 4), -1, 1, 0);
+        assert_null(ca_scaled_dot_product_attention(q, k, v1, NULL, false, 0, 0));
+        assert_non_null(strstr(ca_last_error(), "k [B,Hkv,Tk,D], v [B,Hkv,Tk,Dv]"));
+    }
+}
+
+/* Grouped-query attention against the repeat_kv path (k and v copied to every query head, as transformers'
+ * repeat_kv), 4 query heads over 2 and 1 kv heads, 130 rows (three query blocks of the CPU kernel), causal
+ * with a key-padding mask. The forward and dQ do the same arithmetic in the same order: the same bits. dK
+ * and dV add a kv head's terms in the order (query block, query head) where the repeat path sums each
+ * query head's blocks and then the heads: equal within 1e-5 (relative, plus 1e-5 absolute). */
+static ca_tensor *repeat_kv(ca_tensor *x, int64_t n_rep) {
+    int64_t b = ca_tensor_dim(x, 0), kv = ca_tensor_dim(x, 1), t = ca_tensor_dim(x, 2), d = ca_tensor_dim(x, 3);
+    x = ca_expand(ca_reshape(x, 5, (int64_t[]){b, kv, 1, t, d}), 5, (int64_t[]){b, kv, n_rep, t, d});
+    return ca_reshape(x, 4, (int64_t[]){b, kv * n_rep, t, d});
+}
+
+/* out and the gradients of q, k, v (host copies) of sum(attention(q, k, v) * w), through the repeat path
+ * when `repeat`. */
+static void gqa_run(ca_tensor *const *in, ca_tensor *w, ca_tensor *mask, bool repeat, float **res) {
+    int64_t n_rep = ca_tensor_dim(in[0], 1) / ca_tensor_dim(in[1], 1);
+    for (int i = 0; i < 3; i++) ca_tensor_zero_grad(in[i]);
+    ca_tensor *k = repeat ? repeat_kv(in[1], n_rep) : in[1], *v = repeat ? repeat_kv(in[2], n_rep) : in[2];
+    ca_tensor *o = T_NN(ca_scaled_dot_product_attention(in[0], k, v, mask, true, 0, 0));
+    T_OK(ca_autograd_backward(ca_sum(ca_mul(o, w))));
+    res[0] = t_host(o);
+    for (int i = 0; i < 3; i++) res[i + 1] = t_host(T_NN(ca_tensor_grad(in[i])));
+}
+
+static void test_attention_grouped_query_matches_repeat(void **state) {
+    uint64_t s = 8;
+    enum { B = 2, H = 4, T = 130, D = 8 };
+    for (int64_t hkv = 2; hkv >= 1; hkv--) CA_SCOPE {
+        ca_tensor *in[3] = {t_randn(&s, CA_SHAPE(B, H, T, D), -1, 1, 0), t_randn(&s, CA_SHAPE(B, hkv, T, D), -1, 1, 0),
+                            t_randn(&s, CA_SHAPE(B, hkv, T, D), -1, 1, 0)};
+        for (int i = 0; i < 3; i++) ca_tensor_set_requires_grad(in[i], true);
+        ca_tensor *w = t_randn(&s, CA_SHAPE(B, H, T, D), -1, 1, 0);
+        uint8_t keep[B * T];
+        for (int j = 0; j < B * T; j++) keep[j] = j % T < T - 11 * (j / T) - 2;   /* batch 1 pads 13 keys */
+        ca_tensor *mask = T_NN(ca_from_host(cpu(), CA_U8, CA_SHAPE(B, 1, 1, T), keep));
+        float *g[4], *r[4];
+        gqa_run(in, w, mask, false, g);
+        gqa_run(in, w, mask, true, r);
+        assert_memory_equal(g[0], r[0], sizeof(float) * B * H * T * D);
+        assert_memory_equal(g[1], r[1], sizeof(float) * B * H * T * D);
+        for (int i = 2; i < 4; i++)
+            for (int64_t j = 0; j < B * hkv * T * D; j++)
+                if (!(fabsf(g[i][j] - r[i][j]) <= 1e-5f * (1 + fabsf(r[i][j]))))
+                    fail_msg("H %d, Hkv %lld: %s[%lld] is %.9g, the repeat path's %.9g", H, (long long)hkv,
+                             i == 2 ? "dk" : "dv", (long long)j, g[i][j], r[i][j]);
+        for (int i = 0; i < 4; i++) { free(g[i]); free(r[i]); }
     }
 }
 
@@ -464,6 +520,7 @@ int main(void) {
         cmocka_unit_test(test_attention_dropout),
         cmocka_unit_test(test_attention_memory),
         cmocka_unit_test(test_attention_errors),
+        cmocka_unit_test(test_attention_grouped_query_matches_repeat),
         cmocka_unit_test(test_join_select_values),
         cmocka_unit_test(test_activation_and_norm_values), cmocka_unit_test(test_rms_norm_kernel_vs_composite),
         cmocka_unit_test(test_swiglu_equals_composite), cmocka_unit_test(test_rope_refusals),

@@ -246,11 +246,11 @@ static int64_t block_rows(const ca_attention_params *a, int64_t qb) {
 static void fwd_unit(const void *ctx, att_scratch *w, int64_t u) {
     const ca_attention_args *g = ctx;
     const ca_attention_params *a = &g->p;
-    int64_t nqb = query_blocks(a), bh = u / nqb, j = u % nqb;
+    int64_t nqb = query_blocks(a), bh = u / nqb, j = u % nqb, kvh = bh / ca_attention_group(a->heads, g->kv_heads);
     int64_t qb = !a->causal ? j : j % 2 == 0 ? j / 2 : nqb - 1 - j / 2;
     int64_t i0 = qb * QBLOCK, rows = block_rows(a, qb), ncols = row_cols(a, i0 + rows - 1);
-    const float *q = (const float *)g->q + (bh * a->tq + i0) * a->d, *k = (const float *)g->k + bh * a->tk * a->d;
-    const float *v = (const float *)g->v + bh * a->tk * a->dv;
+    const float *q = (const float *)g->q + (bh * a->tq + i0) * a->d, *k = (const float *)g->k + kvh * a->tk * a->d;
+    const float *v = (const float *)g->v + kvh * a->tk * a->dv;
     block_probs(a, bh / a->heads, bh % a->heads, i0, rows, ncols, q, k, NULL, g->lse + bh * a->tq + i0, w);
     const uint32_t *wd = block_words(a, (uint64_t)bh, i0, rows, w->words);
     if (wd)   /* P D in place: the forward needs no P of its own */
@@ -261,7 +261,8 @@ static void fwd_unit(const void *ctx, att_scratch *w, int64_t u) {
                 ld(a->tk), v, ld(a->dv), 0.0f, (float *)g->out + (bh * a->tq + i0) * a->dv, ld(a->dv));
 }
 
-/* Every query block of every (b, h) is independent: the threads share them out. */
+/* Every query block of every (b, h) is independent: the threads share them out. Query problem bh = b H + h
+ * reads kv problem bh / g (g = H / Hkv query heads per kv head): b Hkv + h / g. */
 ca_status cpu_attention(void *dev, const ca_attention_args *args) {
     const ca_attention_params *a = &args->p;
     (void)dev;
@@ -284,18 +285,22 @@ ca_status cpu_attention(void *dev, const ca_attention_args *args) {
 
 /* ------------------------------------------------------------ backward */
 
+/* Query heads per kv head of a backward call. */
+static int64_t bwd_group(const ca_attention_backward_args *g) { return ca_attention_group(g->p.heads, g->kv_heads); }
+
 /* With P the probabilities, D the dropout factors and Pd = P*D (out = Pd V):
  *   dV = Pd^T dO,  dPd = dO V^T,  dS = P * (dPd * D - rowsum(dO * O)),
  *   dQ = scale dS K,  dK = scale dS^T Q.
  * Query block qb of problem bh: writes its rows of dQ, and its terms of dK and dV (keys [0, returned)) into
- * w->dk and w->dv. Adding the terms in block order, whichever thread computed them, makes dK and dV the
- * same at every thread count. */
+ * w->dk and w->dv. A kv head's dK and dV sum the terms of its g query heads: adding them in the order
+ * (block, query head), whichever thread computed them, makes dK and dV the same at every thread count. */
 static int64_t bwd_block(const ca_attention_backward_args *g, att_scratch *w, int64_t bh, int64_t qb) {
     const ca_attention_params *a = &g->p;
     int64_t tq = a->tq, tk = a->tk, d = a->d, dvn = a->dv;
     int64_t i0 = qb * QBLOCK, rows = block_rows(a, qb), nc = row_cols(a, i0 + rows - 1);
-    const float *qi = (const float *)g->q + (bh * tq + i0) * d, *kb = (const float *)g->k + bh * tk * d;
-    const float *vb = (const float *)g->v + bh * tk * dvn, *oi = (const float *)g->out + (bh * tq + i0) * dvn;
+    int64_t kvh = bh / bwd_group(g);
+    const float *qi = (const float *)g->q + (bh * tq + i0) * d, *kb = (const float *)g->k + kvh * tk * d;
+    const float *vb = (const float *)g->v + kvh * tk * dvn, *oi = (const float *)g->out + (bh * tq + i0) * dvn;
     const float *gi = (const float *)g->dout + (bh * tq + i0) * dvn;
     float p = a->dropout_p, keep_scale = 1.0f / (1.0f - p);
     block_probs(a, bh / a->heads, bh % a->heads, i0, rows, nc, qi, kb, g->lse + bh * tq + i0, NULL, w);
@@ -324,28 +329,33 @@ CPU_CLONES static void add_terms(float *restrict y, const float *restrict x, int
     for (int64_t i = 0; i < n; i++) y[i] += x[i];
 }
 
-/* Adds keys [lo, hi) of one block's terms (w, computed for `nc` keys) into problem bh's dK and dV. */
+/* Adds keys [lo, hi) of one block's terms (w, computed for `nc` keys) of query problem bh into its kv
+ * problem's dK and dV. */
 static void add_block(const ca_attention_backward_args *g, const att_scratch *w, int64_t bh, int64_t nc,
                       int64_t lo, int64_t hi) {
     int64_t d = g->p.d, dvn = g->p.dv;
     if (hi > nc) hi = nc;
     if (hi <= lo) return;
+    bh /= bwd_group(g);
     add_terms((float *)g->dk + (bh * g->p.tk + lo) * d, w->dk + lo * d, (hi - lo) * d);
     add_terms((float *)g->dv + (bh * g->p.tk + lo) * dvn, w->dv + lo * dvn, (hi - lo) * dvn);
 }
 
-/* A whole problem on one thread: its blocks in order, each block's terms added as they come. */
-static void bwd_problem(const void *ctx, att_scratch *w, int64_t bh) {
+/* A whole kv problem on one thread (so no two threads write one kv head): its query heads' blocks in the
+ * order (block, query head), each block's terms added as they come. */
+static void bwd_problem(const void *ctx, att_scratch *w, int64_t kvp) {
     const ca_attention_backward_args *g = ctx;
-    int64_t tk = g->p.tk;
-    memset((float *)g->dk + bh * tk * g->p.d, 0, (size_t)(tk * g->p.d) * sizeof(float));
-    memset((float *)g->dv + bh * tk * g->p.dv, 0, (size_t)(tk * g->p.dv) * sizeof(float));
-    for (int64_t qb = 0; qb < query_blocks(&g->p); qb++) add_block(g, w, bh, bwd_block(g, w, bh, qb), 0, tk);
+    int64_t tk = g->p.tk, grp = bwd_group(g);
+    memset((float *)g->dk + kvp * tk * g->p.d, 0, (size_t)(tk * g->p.d) * sizeof(float));
+    memset((float *)g->dv + kvp * tk * g->p.dv, 0, (size_t)(tk * g->p.dv) * sizeof(float));
+    for (int64_t qb = 0; qb < query_blocks(&g->p); qb++)
+        for (int64_t bh = kvp * grp; bh < (kvp + 1) * grp; bh++) add_block(g, w, bh, bwd_block(g, w, bh, qb), 0, tk);
 }
 
 /* Fewer problems than threads can share: the threads take blocks, a wave of one block per slot (unit u:
- * block u / nbh of problem u % nbh, so that a wave's blocks cost alike), then add the wave's terms in unit
- * order, which is block order within each problem, in parallel over keys. */
+ * block u / nbh of query problem u % nbh, so that a wave's blocks cost alike), then add the wave's terms in
+ * unit order, which is the order (block, query head) within each kv problem, in parallel over keys: one
+ * thread adds every term of a key. */
 typedef struct bwd_wave {
     const ca_attention_backward_args *g;
     att_slots *sl;
@@ -378,7 +388,7 @@ static void zero_terms(void *ctx, int64_t lo, int64_t hi) {
 static void bwd_waves(const ca_attention_backward_args *g, att_slots *sl) {
     const ca_attention_params *a = &g->p;
     int64_t nbh = a->batch * a->heads, units = nbh * query_blocks(a);
-    cpu_parallel_for(nbh, cpu_grain_for(a->tk * (a->d + a->dv)), zero_terms, (void *)g);
+    cpu_parallel_for(nbh / bwd_group(g), cpu_grain_for(a->tk * (a->d + a->dv)), zero_terms, (void *)g);
     for (int64_t base = 0; base < units; base += sl->n) {
         bwd_wave c = {.g = g, .sl = sl, .base = base, .units = units - base < sl->n ? units - base : sl->n};
         run_units(wave_unit, &c, sl, base, c.units, block_cost(a, 5));
@@ -386,25 +396,26 @@ static void bwd_waves(const ca_attention_backward_args *g, att_slots *sl) {
     }
 }
 
-/* Parallel over problems (b, h) when there are at least two per thread; else over query blocks too. */
+/* Parallel over kv problems (b, kv head) when there are at least two per thread; else over query blocks
+ * too. */
 ca_status cpu_attention_backward(void *dev, const ca_attention_backward_args *args) {
     const ca_attention_params *a = &args->p;
     (void)dev;
     ca_status st = att_dtype("attention_backward", args->dt);
     if (st != CA_OK) return st;
-    int64_t nbh = a->batch * a->heads, tq = a->tq, tk = a->tk;
+    int64_t nbh = a->batch * a->heads, grp = bwd_group(args), nkv = nbh / grp, tq = a->tq, tk = a->tk;
     if (nbh == 0) return CA_OK;
     if (tq == 0 || tk == 0) {
         memset(args->dq, 0, (size_t)(nbh * tq * a->d) * sizeof(float));
-        memset(args->dk, 0, (size_t)(nbh * tk * a->d) * sizeof(float));
-        memset(args->dv, 0, (size_t)(nbh * tk * a->dv) * sizeof(float));
+        memset(args->dk, 0, (size_t)(nkv * tk * a->d) * sizeof(float));
+        memset(args->dv, 0, (size_t)(nkv * tk * a->dv) * sizeof(float));
         return CA_OK;
     }
-    bool waves = nbh < 2 * (int64_t)cpu_threads() && !cpu_in_parallel();
-    att_slots *sl = slots_alloc(a, waves ? nbh * query_blocks(a) : nbh, true, "attention_backward");
+    bool waves = nkv < 2 * (int64_t)cpu_threads() && !cpu_in_parallel();
+    att_slots *sl = slots_alloc(a, waves ? nbh * query_blocks(a) : nkv, true, "attention_backward");
     if (!sl) return CA_ERR_NOMEM;
     if (waves && sl->n > 1) bwd_waves(args, sl);
-    else run_units(bwd_problem, args, sl, 0, nbh, block_cost(a, 5) * query_blocks(a));
+    else run_units(bwd_problem, args, sl, 0, nkv, block_cost(a, 5) * query_blocks(a) * grp);
     slots_free(sl);
     return CA_OK;
 }

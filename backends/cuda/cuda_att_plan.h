@@ -41,6 +41,18 @@ static inline bool cu_att_plan_make(int64_t bh, int64_t tq, int64_t tk, int buff
     return true;
 }
 
+/* Grouped-query attention (kv_heads < heads; 0 or heads: every head its own k and v): the g = heads /
+ * kv_heads query heads of a kv head are consecutive and read the same K and V, so one GEMM per kv head
+ * takes their g Tq query rows at once (dK and dV then sum the group inside the GEMM, without atomics).
+ * Plans batch * kv_heads units of g Tq rows each: p->heads counts kv heads per chunk. False when one
+ * unit's buffers exceed SIZE_MAX or its g Tq rows cuBLAS's int. */
+static inline bool cu_att_plan_groups(int64_t batch, int64_t heads, int64_t kv_heads, int64_t tq, int64_t tk,
+                                      int buffers, size_t budget, cu_att_plan *p) {
+    int64_t kv = kv_heads > 0 ? kv_heads : heads, g = kv > 0 && heads / kv > 0 ? heads / kv : 1;
+    if (tq > INT_MAX / g) return false;
+    return cu_att_plan_make(batch * kv, g * tq, tk, buffers, budget, p);
+}
+
 #ifdef __cplusplus
 }
 #endif

@@ -179,16 +179,15 @@ static ca_status att_budget(const char *k, size_t *out) {
 }
 
 /* The dtype (f32, the CPU's limit too), the mask's dtype, sizes within cuBLAS's 32-bit integers, and
- * the chunk plan of `buffers` [Tq, Tk] f32 buffers per head. */
-static ca_status att_check(const char *k, ca_dtype dt, const ca_attention_params *a, int buffers,
+ * the chunk plan of `buffers` [g Tq, Tk] f32 buffers per kv head (cu_att_plan_groups). */
+static ca_status att_check(const char *k, ca_dtype dt, const ca_attention_params *a, int64_t kv_heads, int buffers,
                            cu_att_plan *plan) {
     if (dt != CA_F32) return cu_bad_dtype(k, "tensor", dt);
     if (a->mask && a->mask_dtype != CA_F32 && a->mask_dtype != CA_U8) return cu_bad_dtype(k, "mask", a->mask_dtype);
     if (a->tq > INT_MAX || a->tk > INT_MAX || a->d > INT_MAX || a->dv > INT_MAX)
         return ca_error(CA_ERR_UNSUPPORTED, "cuda kernel %s: Tq %lld, Tk %lld, D %lld or Dv %lld exceeds cuBLAS's "
                         "32-bit sizes", k, (long long)a->tq, (long long)a->tk, (long long)a->d, (long long)a->dv);
-    int64_t bh = a->batch * a->heads;
-    if (bh == 0 || a->tq == 0 || a->tk == 0) {
+    if (a->batch * a->heads == 0 || a->tq == 0 || a->tk == 0) {
         plan->heads = plan->chunks = 0;
         plan->bytes = 0;
         return CA_OK;
@@ -196,9 +195,11 @@ static ca_status att_check(const char *k, ca_dtype dt, const ca_attention_params
     size_t budget;
     ca_status st = att_budget(k, &budget);
     if (st != CA_OK) return st;
-    if (!cu_att_plan_make(bh, a->tq, a->tk, buffers, budget, plan))
-        return ca_error(CA_ERR_NOMEM, "cuda kernel %s: %d score buffers of %lld x %lld floats exceed the address "
-                        "space", k, buffers, (long long)a->tq, (long long)a->tk);
+    int64_t g = ca_attention_group(a->heads, kv_heads);
+    if (!cu_att_plan_groups(a->batch, a->heads, kv_heads, a->tq, a->tk, buffers, budget, plan))
+        return ca_error(CA_ERR_NOMEM, "cuda kernel %s: %d score buffers of %lld x %lld floats (%lld query heads "
+                        "per kv head) exceed the address space or cuBLAS's 32-bit sizes", k, buffers,
+                        (long long)(g * a->tq), (long long)a->tk, (long long)g);
     return CA_OK;
 }
 
@@ -206,17 +207,19 @@ static ca_status att_check(const char *k, ca_dtype dt, const ca_attention_params
 #define ATT_ROWS(d, name, kern, rows, ...) \
     (kern<<<cu_row_grid(rows), ATT_THREADS, 0, (d)->stream>>>(__VA_ARGS__), cu_after_launch((d), (name)))
 
-/* Forward of heads [bh0, bh0 + hc): S = scale Q K^T, P D = dropout(softmax(S + mask)), O = P D V. */
-static ca_status att_fwd_chunk(cuda_device *d, const ca_attention_params *a, int64_t bh0, int64_t hc,
+/* Forward of kv heads [kv0, kv0 + hc), each with its g query heads as g Tq rows (mq) of one GEMM:
+ * S = scale Q K^T, P D = dropout(softmax(S + mask)), O = P D V. */
+static ca_status att_fwd_chunk(cuda_device *d, const ca_attention_params *a, int64_t g, int64_t kv0, int64_t hc,
                                const float *q, const float *k, const float *v, float *out, float *lse, float *s) {
-    int64_t tq = a->tq, tk = a->tk, dd = a->d, dv = a->dv, rows = hc * tq;
+    int64_t mq = g * a->tq, tk = a->tk, dd = a->d, dv = a->dv, rows = hc * mq;
     const char *kn = "attention";
-    ca_status st = att_gemm(d, kn, "attention (S = scale Q K^T)", false, true, tq, tk, dd, a->scale, q + bh0 * tq * dd,
-                            tq * dd, k + bh0 * tk * dd, tk * dd, s, hc);
-    if (st == CA_OK) st = ATT_ROWS(d, "attention (softmax)", att_softmax_k, rows, att_pack(a), bh0, rows, s, lse);
+    ca_status st = att_gemm(d, kn, "attention (S = scale Q K^T)", false, true, mq, tk, dd, a->scale, q + kv0 * mq * dd,
+                            mq * dd, k + kv0 * tk * dd, tk * dd, s, hc);
     if (st == CA_OK)
-        st = att_gemm(d, kn, "attention (O = P V)", false, false, tq, dv, tk, 1.0f, s, tq * tk, v + bh0 * tk * dv,
-                      tk * dv, out + bh0 * tq * dv, hc);
+        st = ATT_ROWS(d, "attention (softmax)", att_softmax_k, rows, att_pack(a), kv0 * g, rows, s, lse);
+    if (st == CA_OK)
+        st = att_gemm(d, kn, "attention (O = P V)", false, false, mq, dv, tk, 1.0f, s, mq * tk, v + kv0 * tk * dv,
+                      tk * dv, out + kv0 * mq * dv, hc);
     return st;
 }
 
@@ -224,7 +227,7 @@ extern "C" ca_status cu_attention(void *dev, const ca_attention_args *args) {
     const ca_attention_params *a = &args->p;
     cuda_device *d = (cuda_device *)dev;
     cu_att_plan plan;
-    ca_status st = att_check("attention", args->dt, a, 1, &plan);
+    ca_status st = att_check("attention", args->dt, a, args->kv_heads, 1, &plan);
     if (st == CA_OK) st = cu_enter(d, "kernel attention");
     if (st != CA_OK) return st;
     int64_t nq = a->batch * a->heads * a->tq;
@@ -239,9 +242,9 @@ extern "C" ca_status cu_attention(void *dev, const ca_attention_args *args) {
     if ((st = cu_tmp_alloc(d, plan.bytes, &tmp)) != CA_OK)
         return ca_error_context("cuda kernel attention: scores of %lld heads x %lld x %lld", (long long)plan.heads,
                                 (long long)a->tq, (long long)a->tk);
-    int64_t bh = a->batch * a->heads;
-    for (int64_t bh0 = 0; bh0 < bh && st == CA_OK; bh0 += plan.heads)
-        st = att_fwd_chunk(d, a, bh0, bh - bh0 < plan.heads ? bh - bh0 : plan.heads, (const float *)args->q,
+    int64_t g = ca_attention_group(a->heads, args->kv_heads), nkv = a->batch * a->heads / g;
+    for (int64_t kv0 = 0; kv0 < nkv && st == CA_OK; kv0 += plan.heads)
+        st = att_fwd_chunk(d, a, g, kv0, nkv - kv0 < plan.heads ? nkv - kv0 : plan.heads, (const float *)args->q,
                            (const float *)args->k, (const float *)args->v, (float *)args->out, args->lse,
                            (float *)tmp);
     cu_tmp_free(d, tmp);
@@ -254,15 +257,17 @@ struct att_bwd_io {
     float *dq, *dk, *dv;
 };
 
-/* Backward of heads [bh0, bh0 + hc), with s and w two [hc, Tq, Tk] buffers (as the CPU's):
+/* Backward of kv heads [kv0, kv0 + hc) (their g query heads as gq = g Tq rows), with s and w two
+ * [hc, g Tq, Tk] buffers (as the CPU's):
  *   S = scale Q K^T; P (in s) from lse, Pd = P D (in w, with dropout); dV = Pd^T dO;
  *   dPd = dO V^T (in w); dS = P (dPd D - rowsum(dO O)) (in s); dQ = scale dS K; dK = scale dS^T Q.
- * Every output is written once per head (beta 0): no atomics, no accumulation across chunks. */
-static ca_status att_bwd_chunk(cuda_device *d, const ca_attention_params *a, int64_t bh0, int64_t hc,
+ * dV and dK contract over the g Tq rows, which sums a kv head's query heads inside the GEMM. Every output
+ * is written once per head (beta 0): no atomics, no accumulation across chunks. */
+static ca_status att_bwd_chunk(cuda_device *d, const ca_attention_params *a, int64_t gq, int64_t kv0, int64_t hc,
                                const att_bwd_io *t, float *s, float *w) {
-    int64_t tq = a->tq, tk = a->tk, dd = a->d, dv = a->dv, rows = hc * tq, ss = tq * tk;
-    const float *q = t->q + bh0 * tq * dd, *k = t->k + bh0 * tk * dd, *v = t->v + bh0 * tk * dv;
-    const float *g = t->dout + bh0 * tq * dv;
+    int64_t tq = gq, tk = a->tk, dd = a->d, dv = a->dv, rows = hc * tq, ss = tq * tk, bh0 = kv0 * (gq / a->tq);
+    const float *q = t->q + kv0 * tq * dd, *k = t->k + kv0 * tk * dd, *v = t->v + kv0 * tk * dv;
+    const float *g = t->dout + kv0 * tq * dv;
     const char *kn = "attention_backward";
     bool drop = a->dropout_p > 0.0f;
     att_k ak = att_pack(a);
@@ -273,7 +278,7 @@ static ca_status att_bwd_chunk(cuda_device *d, const ca_attention_params *a, int
                       drop ? w : (float *)NULL);
     if (st == CA_OK)
         st = att_gemm(d, kn, "attention_backward (dV = P^T dO)", true, false, tk, dv, tq, 1.0f, drop ? w : s, ss, g,
-                      tq * dv, t->dv + bh0 * tk * dv, hc);
+                      tq * dv, t->dv + kv0 * tk * dv, hc);
     if (st == CA_OK)
         st = att_gemm(d, kn, "attention_backward (dP = dO V^T)", false, true, tq, tk, dv, 1.0f, g, tq * dv, v,
                       tk * dv, w, hc);
@@ -281,10 +286,10 @@ static ca_status att_bwd_chunk(cuda_device *d, const ca_attention_params *a, int
         st = ATT_ROWS(d, "attention_backward (dS)", att_dscore_k, rows, ak, bh0, rows, t->out, t->dout, w, s);
     if (st == CA_OK)
         st = att_gemm(d, kn, "attention_backward (dQ = scale dS K)", false, false, tq, dd, tk, a->scale, s, ss, k,
-                      tk * dd, t->dq + bh0 * tq * dd, hc);
+                      tk * dd, t->dq + kv0 * tq * dd, hc);
     if (st == CA_OK)
         st = att_gemm(d, kn, "attention_backward (dK = scale dS^T Q)", true, false, tk, dd, tq, a->scale, s, ss, q,
-                      tq * dd, t->dk + bh0 * tk * dd, hc);
+                      tq * dd, t->dk + kv0 * tk * dd, hc);
     return st;
 }
 
@@ -292,17 +297,17 @@ extern "C" ca_status cu_attention_backward(void *dev, const ca_attention_backwar
     const ca_attention_params *a = &args->p;
     cuda_device *d = (cuda_device *)dev;
     cu_att_plan plan;
-    ca_status st = att_check("attention_backward", args->dt, a, 2, &plan);
+    ca_status st = att_check("attention_backward", args->dt, a, args->kv_heads, 2, &plan);
     if (st == CA_OK) st = cu_enter(d, "kernel attention_backward");
     if (st != CA_OK) return st;
-    int64_t nbh = a->batch * a->heads;
+    int64_t nbh = a->batch * a->heads, g = ca_attention_group(a->heads, args->kv_heads), nkv = nbh / g;
     if (nbh == 0) return CA_OK;
     if (a->tq == 0 || a->tk == 0) {   /* no scores: the gradients are zeros (as the CPU) */
         CA_CUDA_TRY(cudaMemsetAsync(args->dq, 0, (size_t)(nbh * a->tq * a->d) * sizeof(float), d->stream),
                     "cuda kernel attention_backward (zeroing dq)");
-        CA_CUDA_TRY(cudaMemsetAsync(args->dk, 0, (size_t)(nbh * a->tk * a->d) * sizeof(float), d->stream),
+        CA_CUDA_TRY(cudaMemsetAsync(args->dk, 0, (size_t)(nkv * a->tk * a->d) * sizeof(float), d->stream),
                     "cuda kernel attention_backward (zeroing dk)");
-        CA_CUDA_TRY(cudaMemsetAsync(args->dv, 0, (size_t)(nbh * a->tk * a->dv) * sizeof(float), d->stream),
+        CA_CUDA_TRY(cudaMemsetAsync(args->dv, 0, (size_t)(nkv * a->tk * a->dv) * sizeof(float), d->stream),
                     "cuda kernel attention_backward (zeroing dv)");
         return CA_OK;
     }
@@ -313,9 +318,9 @@ extern "C" ca_status cu_attention_backward(void *dev, const ca_attention_backwar
     if ((st = cu_tmp_alloc(d, plan.bytes, &tmp)) != CA_OK)
         return ca_error_context("cuda kernel attention_backward: 2 score buffers of %lld heads x %lld x %lld",
                                 (long long)plan.heads, (long long)a->tq, (long long)a->tk);
-    float *s = (float *)tmp, *w = s + plan.heads * a->tq * a->tk;
-    for (int64_t bh0 = 0; bh0 < nbh && st == CA_OK; bh0 += plan.heads)
-        st = att_bwd_chunk(d, a, bh0, nbh - bh0 < plan.heads ? nbh - bh0 : plan.heads, &t, s, w);
+    float *s = (float *)tmp, *w = s + plan.heads * g * a->tq * a->tk;
+    for (int64_t kv0 = 0; kv0 < nkv && st == CA_OK; kv0 += plan.heads)
+        st = att_bwd_chunk(d, a, g * a->tq, kv0, nkv - kv0 < plan.heads ? nkv - kv0 : plan.heads, &t, s, w);
     cu_tmp_free(d, tmp);
     return st;
 }

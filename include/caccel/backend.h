@@ -308,7 +308,11 @@ typedef struct ca_clamp_list_args {
 } ca_clamp_list_args;
 
 /* The problem of scaled dot-product attention over batch*heads independent problems.
- * q [B,H,Tq,D], k [B,H,Tk,D], v [B,H,Tk,Dv], out [B,H,Tq,Dv], contiguous:
+ * q [B,H,Tq,D], k [B,Hkv,Tk,D], v [B,Hkv,Tk,Dv], out [B,H,Tq,Dv], contiguous, where Hkv is the
+ * args' kv_heads (ABI 3.5; 0 reads as H): query head h reads kv head h / (H / Hkv), each kv head
+ * serving H / Hkv query heads in a row (grouped-query attention, as transformers' repeat_kv orders
+ * them); Hkv divides H. The backward's dk and dv are [B,Hkv,Tk,*]: a kv head's gradient sums the
+ * terms of its query heads.
  *   s_ij = scale q_i.k_j (+ mask_ij when the mask is f32); key j is excluded when
  *   causal and j > i (top-left aligned, as torch's is_causal) or when a u8 mask
  *   is 0 at (i, j) (nonzero = may attend, as torch's boolean attn_mask);
@@ -332,6 +336,7 @@ typedef struct ca_attention_args {
     size_t struct_size;
     ca_dtype dt; ca_attention_params p;
     const void *q; const void *k; const void *v; void *out; float *lse;
+    int64_t kv_heads;              /* ABI 3.5: heads of k and v (0: as many as q) */
 } ca_attention_args;
 
 /* dq, dk, dv (overwritten) from dout, recomputing p from q, k and the saved
@@ -342,7 +347,13 @@ typedef struct ca_attention_backward_args {
     ca_dtype dt; ca_attention_params p;
     const void *q; const void *k; const void *v; const void *out; const void *dout;
     const float *lse; void *dq; void *dk; void *dv;
+    int64_t kv_heads;              /* ABI 3.5: as ca_attention_args' */
 } ca_attention_backward_args;
+
+/* Query heads per kv head of an attention call (1 when kv_heads is 0 or H). */
+static inline int64_t ca_attention_group(int64_t heads, int64_t kv_heads) {
+    return kv_heads > 0 && heads > 0 ? heads / kv_heads : 1;
+}
 
 /* y = cond ? a : b with broadcasting (any dtype): `shape` gives y's shape and the
  * strides of a and b; cond (u8, nonzero = true) is read with cond_stride (ndim entries). */

@@ -132,8 +132,8 @@ CA_API const ca_causal_lm_config *ca_causal_lm_module_config(const ca_module *m)
  * the rows of wpe, each below n_positions).
  * *logits [B, T, vocab] is in the current scope. The computation is transformers' eager one:
  * per layer, x + o_proj(attention(RoPE(q), RoPE(k), v)) over RMSNorm(x), then
- * x + down_proj(silu(gate_proj(h)) * up_proj(h)) over RMSNorm(x), grouped-query heads repeated as
- * repeat_kv does; attention dropout in training mode. GPT-2: (wte + wpe) -> dropout, per block
+ * x + down_proj(silu(gate_proj(h)) * up_proj(h)) over RMSNorm(x), grouped-query heads shared as
+ * repeat_kv orders them (in the attention op, without copying k and v); attention dropout in training mode. GPT-2: (wte + wpe) -> dropout, per block
  * x + attn(ln_1(x)), x + mlp(ln_2(x)) with the activation_function, ln_f, the tied head; the
  * embedding, attention and residual dropouts in training mode. A sequence longer than the sliding window
  * (Mistral; Qwen2 with use_sliding_window) is refused with CA_ERR_INVALID naming sliding_window

@@ -111,9 +111,13 @@ CA_API ca_tensor *ca_embedding(ca_tensor *idx, ca_tensor *table);
 CA_API ca_tensor *ca_embedding_ex(ca_tensor *idx, ca_tensor *table, int64_t padding_idx);
 
 /* Scaled dot-product attention, as torch.nn.functional.scaled_dot_product_attention:
- * q [B,H,Tq,D], k [B,H,Tk,D], v [B,H,Tk,Dv] -> [B,H,Tq,Dv] =
+ * q [B,H,Tq,D], k [B,Hkv,Tk,D], v [B,Hkv,Tk,Dv] -> [B,H,Tq,Dv] =
  *   dropout(softmax(q k^T * scale + mask)) v,
  * with the softmax in f32 and scale <= 0 meaning 1/sqrt(D).
+ * Hkv < H is grouped-query attention, as torch's enable_gqa=True: Hkv must divide H
+ *   (CA_ERR_INVALID naming both head counts otherwise) and query head h reads kv
+ *   head h / (H / Hkv), transformers' repeat_kv order, without k and v being
+ *   copied; the gradients of k and v sum over each kv head's query heads.
  * mask: NULL; an f32 tensor added to the scores (-inf excludes), or a u8
  *   tensor where nonzero means "may attend" (torch's boolean attn_mask); its
  *   shape broadcasts to [B,H,Tq,Tk] (a key-padding mask is [B,1,1,Tk]). Not
