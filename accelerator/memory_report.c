@@ -23,7 +23,8 @@ static void param_bytes(const ca_accelerator *acc, const ca_optimizer *o, size_t
 
 /* One line of key=value pairs: the device's peak of bytes held by tensors so far (the allocator's
  * accounting: on xla the addresses handed out, which is what a device would have to back), the
- * model states, and the rest of the peak as activations and temporaries. */
+ * model states, the rest of the peak as activations and temporaries, and the most the allocator held
+ * (peak_reserved: in use plus its cache of free blocks). */
 static ca_status write_report(ca_accelerator *acc, ca_optimizer *o, const char *base) {
     ca_status s = ca_device_synchronize(acc->device);   /* on xla: run the step's graph */
     ca_allocator_stats st = {0};
@@ -40,8 +41,9 @@ static ca_status write_report(ca_accelerator *acc, ca_optimizer *o, const char *
     FILE *f = fopen(path, "w");
     if (!f) return ca_error(CA_ERR_IO, "CACCEL_MEMORY_REPORT: cannot write %s: %s", path, strerror(errno));
     fprintf(f, "rank=%d world=%d device=%s zero=%d parameters=%zu gradients=%zu optimizer_state=%zu "
-            "activations=%zu peak=%zu lazy_peak=%zu\n", acc->rank < 0 ? 0 : acc->rank, acc->world < 1 ? 1 : acc->world,
-            ca_device_name(acc->device), acc->sync_ops == &ca_sync_zero ? acc->zero.stage : 0, params, grads, state, act, peak, st.peak_allocated);
+            "activations=%zu peak=%zu lazy_peak=%zu peak_reserved=%zu\n", acc->rank < 0 ? 0 : acc->rank,
+            acc->world < 1 ? 1 : acc->world, ca_device_name(acc->device), acc->sync_ops == &ca_sync_zero ? acc->zero.stage : 0,
+            params, grads, state, act, peak, st.peak_allocated, st.peak_reserved);
     if (fclose(f) != 0) return ca_error(CA_ERR_IO, "CACCEL_MEMORY_REPORT: writing %s failed", path);
     return CA_OK;
 }

@@ -19,6 +19,7 @@ include bench/threads.mk
 include bench/llm.mk
 include bench/tokenizer.mk
 include bench/load_rss.mk
+include bench/memory.mk
 
 # Builds every benchmark without running one (tools/test.sh does, so they keep compiling).
 .PHONY: bench-build

@@ -167,6 +167,30 @@ static void trace_node(const ca_node *n, int64_t t0) {
     ca_trace_slice("autograd", name, t0, args);
 }
 
+void ca_grad_release(ca_tensor *t) {
+    ca_tensor *g = t->bgrad;
+    if (!g || g->persistent || !g->storage->ptr || atomic_load(&g->storage->refs) != 1) return;
+    ca_device_free(g->storage->dev, g->storage->ptr);
+    g->storage->ptr = NULL;
+    g->storage->absent = "intermediate gradient, freed once backward had consumed it";
+    t->bgrad = NULL;
+    t->bgrad_defined = false;
+}
+
+/* After n's backward, nothing reads its output's gradient again: every reader of n->out (a node
+ * created later) has run, nodes running in decreasing id order. Its memory goes back to the
+ * allocator then, as torch frees each intermediate gradient once consumed, instead of every
+ * non-leaf gradient of the pass living until the scope ends: the backward's peak holds the
+ * gradients in flight, not all of them. Kept: one handed over to an input (ca_grad_adopt), and the
+ * outputs of a node run for its side effect (n->always: a checkpoint region reads its outputs'
+ * gradients together and releases them itself). */
+static void release_consumed(ca_node *n) {
+    if (n->always) return;
+    for (int i = 0; i < n->nin; i++)
+        if (n->in[i] && n->out->bgrad && n->in[i]->bgrad == n->out->bgrad) return;
+    ca_grad_release(n->out);
+}
+
 /* Runs the sorted nodes' backward functions, then tells each leaf input it was used. */
 static ca_status process(node_vec *nodes) {
     ca_status s = CA_OK;
@@ -177,6 +201,7 @@ static ca_status process(node_vec *nodes) {
             s = n->vt->backward(n, n->out->bgrad_defined ? n->out->bgrad : NULL);
             if (s != CA_OK) ca_error_context("backward of %s", n->vt->name);
             if (t0) trace_node(n, t0);
+            if (s == CA_OK) release_consumed(n);
         }
         for (int i = 0; s == CA_OK && i < n->nin; i++) leaf_used(n->in[i]);
         for (int i = 0; s == CA_OK && i < n->nleaves; i++) leaf_used(n->leaves[i]);

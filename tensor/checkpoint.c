@@ -153,7 +153,9 @@ static ca_status ckpt_backward(ca_node *n, ca_tensor *g) {
     ckpt *c = n->ctx;
     for (int i = 0; i < c->nout && c->nodes[i] != n; i++)
         if (c->nodes[i]->visit == n->visit) return CA_OK;
-    return recompute_backward(c, n->visit);
+    ca_status s = recompute_backward(c, n->visit);
+    for (int i = 0; s == CA_OK && i < c->nout; i++) ca_grad_release(c->nodes[i]->out);   /* consumed */
+    return s;
 }
 
 static const ca_node_vt ckpt_vt = {"checkpoint", ckpt_backward};

@@ -511,7 +511,22 @@ void *ca_tensor_data(const ca_tensor *t) {
 bool ca_tensor_requires_grad(const ca_tensor *t) { return t && t->requires_grad; }
 void ca_tensor_set_requires_grad(ca_tensor *t, bool on) { if (t) t->requires_grad = on; }
 ca_tensor *ca_tensor_grad(const ca_tensor *t) { return t && t->grad_defined ? t->grad : NULL; }
-void ca_tensor_zero_grad(ca_tensor *t) { if (t) t->grad_defined = false; }
+/* The gradient's memory goes back to the allocator, as torch's zero_grad(set_to_none=True): between
+ * the optimizer step and the next backward the model holds no gradients, so the next forward's
+ * activations reuse their blocks and the step's peak is parameters + optimizer state + activations,
+ * not that plus a second copy of the parameters. The next backward writes (beta 0) a fresh one from the
+ * cache, as it wrote the kept one: the same values. A gradient that is a view of a flat buffer
+ * (data-parallel buckets, ZeRO) or that something else still references stays: only its flag drops. */
+void ca_tensor_zero_grad(ca_tensor *t) {
+    if (!t) return;
+    t->grad_defined = false;
+    ca_tensor *g = t->grad;
+    if (g && g->persistent && g->offset == 0 && atomic_load(&g->storage->refs) == 1 &&
+        g->storage->bytes == ca_tensor_nbytes(g)) {
+        t->grad = NULL;
+        ca_tensor_free(g);
+    }
+}
 const char *ca_tensor_name(const ca_tensor *t) { return t && t->name ? t->name : ""; }
 
 int64_t ca_tensor_dim(const ca_tensor *t, int d) {

@@ -171,6 +171,10 @@ void ca_grad_written(ca_tensor *t);
  * the output's gradient given to its last reader (whose node has finished with it). False (and
  * nothing changed) when any of that does not hold: then accumulate as usual. */
 bool ca_grad_adopt(ca_tensor *t, ca_tensor *g);
+/* Frees the memory of non-leaf t's gradient of this pass once nothing will read it (its node's
+ * backward has run) and drops it (t->bgrad NULL). Nothing when it shares its storage (a view) or
+ * has none; the tensor itself stays in its scope, its storage saying why its values are gone. */
+void ca_grad_release(ca_tensor *t);
 /* Backward from several outputs at once, within backward pass `pass` (a
  * checkpoint node's recompute runs inside its caller's pass): grads[i]
  * (contiguous, outs[i]'s shape; NULL: skipped) is added into outs[i]'s gradient. */

@@ -97,6 +97,59 @@ static void test_memory_flat_over_10000_steps(void **state) {
     ca_accelerator_destroy(acc);
 }
 
+/* One training step of the MLP on the next batch; returns the bytes in use just before zero_grad. */
+static size_t one_step(ca_accelerator *acc, ca_dataloader *dl, ca_module *m, ca_optimizer *opt) {
+    ca_batch b;
+    ca_allocator_stats st;
+    assert_true(ca_dataloader_next(dl, &b));
+    ca_tensor *loss = ca_cross_entropy(ca_module_forward(m, b.x), b.y);
+    T_OK(ca_backward(acc, loss));
+    T_OK(ca_optimizer_step(opt));
+    T_OK(ca_device_memory_stats(ca_accelerator_device(acc), &st));
+    ca_optimizer_zero_grad(opt);
+    return st.allocated;
+}
+
+/* The structural part of the peak: the first step reserves what a step needs (activations,
+ * gradients, AdamW's state); every later step is served from that, holds no more at its peak and
+ * ends holding what the first ended with. zero_grad gives the gradients' memory back, as torch's
+ * zero_grad(set_to_none=True) does, so the next forward's activations reuse it. */
+static void test_later_steps_allocate_nothing_new(void **state) {
+    ca_accelerator *acc = make_acc(NULL);
+    ca_device *dev = ca_accelerator_device(acc);
+    ca_dataset *ds = synthetic(512, 64, 4);
+    ca_dataloader *dl;
+    T_OK(ca_dataloader_create(ds, &(ca_loader_opts){.batch_size = 32, .shuffle = true}, &dl));
+    ca_module *m = small_mlp(64, 256, 4);
+    ca_optimizer *opt;
+    T_OK(ca_adamw_create(m, NULL, &opt));
+    T_OK(ca_prepare(acc, m, opt, dl));
+    size_t grad_bytes = 0;
+    for (int i = 0; i < ca_module_num_params(m); i++) grad_bytes += ca_tensor_nbytes(ca_module_param_at(m, i));
+    T_OK(ca_device_empty_cache(dev));
+    T_OK(ca_device_reset_peak_stats(dev));
+    ca_allocator_stats first, now;
+    size_t held = one_step(acc, dl, m, opt);
+    T_OK(ca_device_memory_stats(dev, &first));
+    assert_true(held - first.allocated >= grad_bytes);        /* zero_grad released the gradients */
+    for (int step = 2; step <= 12; step++) {
+        T_OK(ca_device_reset_peak_stats(dev));
+        one_step(acc, dl, m, opt);
+        T_OK(ca_device_memory_stats(dev, &now));
+        if (now.num_device_allocs != first.num_device_allocs || now.allocated != first.allocated ||
+            now.peak_allocated > first.peak_allocated || now.reserved > first.reserved)
+            fail_msg("step %d: %llu raw allocations (first step: %llu), %zu bytes held after it (%zu), "
+                     "%zu at its peak (%zu), %zu reserved (%zu)", step, (unsigned long long)now.num_device_allocs,
+                     (unsigned long long)first.num_device_allocs, now.allocated, first.allocated,
+                     now.peak_allocated, first.peak_allocated, now.reserved, first.reserved);
+    }
+    ca_dataloader_destroy(dl);
+    ca_dataset_destroy(ds);
+    ca_optimizer_destroy(opt);
+    ca_module_destroy(m);
+    ca_accelerator_destroy(acc);
+}
+
 /* Parameters of a model trained for `steps` real steps with accumulation k and batch b. */
 static float *train_params(int k, int64_t batch, int steps, int *nfloats) {
     char ga[64];
@@ -336,6 +389,7 @@ static void test_det_fixed_order_sum(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_memory_flat_over_10000_steps),
+        cmocka_unit_test(test_later_steps_allocate_nothing_new),
         cmocka_unit_test(test_accumulation_equals_big_batch),
         cmocka_unit_test(test_clip_grad_norm),
         cmocka_unit_test(test_nested_loaders_end_of_dataloader),

@@ -112,7 +112,9 @@ CA_API void ca_tensor_set_requires_grad(ca_tensor *t, bool on);
 /* The accumulated gradient of a leaf (NULL before the first backward or after
  * zero_grad). Owned by t. */
 CA_API ca_tensor *ca_tensor_grad(const ca_tensor *t);
-/* Drops the gradient (the next backward writes instead of adding). */
+/* Drops the gradient (the next backward writes instead of adding) and frees its memory, as torch's
+ * zero_grad(set_to_none=True): a pointer from ca_tensor_grad is invalid afterwards. A gradient that is
+ * a view of a shared buffer (data-parallel buckets, ZeRO) keeps its memory. */
 CA_API void ca_tensor_zero_grad(ca_tensor *t);
 CA_API const char *ca_tensor_name(const ca_tensor *t);           /* "" if unnamed */
 CA_API ca_status ca_tensor_set_name(ca_tensor *t, const char *name);
