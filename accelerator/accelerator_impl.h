@@ -273,6 +273,11 @@ ca_status ca_zero3_summon(ca_accelerator *acc, bool on);
  * copies only the slices of its shard, data_of(ctx, name) giving a parameter's f32 values in host
  * memory (the file's bytes; mapped, only the pages of those slices are read). */
 ca_status ca_zero3_load_shard(ca_accelerator *acc, const void *(*data_of)(void *ctx, const char *name), void *ctx);
+/* Whether a load into acc's model copies into the shard without gathering (above, and load_state):
+ * a model prepared at stage 3, not summoned, with fsdp_cpu_ram_efficient_loading true (the default,
+ * as in Accelerate). False: the parameters are gathered whole on every rank, loaded, and the shard
+ * taken from them. */
+bool ca_zero3_loads_lean(const ca_accelerator *acc);
 void ca_zero3_free(ca_accelerator *acc);
 
 /* zero_offload.c: the optimizer state and update of the shard in host memory (offload_optimizer,

@@ -1,6 +1,7 @@
 /* accelerator/checkpoint.c: ca_save_model / ca_load_model, the model files of Accelerate's
  * save_model and load_checkpoint_in_model (safetensors, sharded with Hugging Face's index). */
 #include <caccel/checkpoint.h>
+#include <caccel/log.h>
 #include <caccel/tensor.h>
 
 #include "accelerator/checkpoint_impl.h"
@@ -217,8 +218,9 @@ ca_status ca_ck_save_model_files(ca_module *model, const char *dir, size_t max_s
     return s;
 }
 
-/* Rank 0's status reaches every rank (a broadcast, which also makes the others wait for it). */
-static ca_status ck_share_status(ca_accelerator *acc, ca_status s) {
+/* Rank 0's status reaches every rank (a broadcast, which also makes the others wait for it); `what`
+ * completes the others' error: "save_model: rank 0 failed to <what>". */
+static ca_status ck_share_status(ca_accelerator *acc, ca_status s, const char *what) {
     ca_status out = CA_OK;
     CA_SCOPE {
         ca_tensor *t = ca_full(ca_accelerator_device(acc), CA_F32, 0, NULL, (double)s);
@@ -226,23 +228,27 @@ static ca_status ck_share_status(ca_accelerator *acc, ca_status s) {
         out = t ? ca_broadcast(acc, t, 0) : ca_last_status();
         if (out == CA_OK) out = ca_tensor_item(t, &v);
         if (out == CA_OK && !ca_is_main_process(acc) && v != 0)
-            out = ca_error(CA_ERR_PEER, "save_model: rank 0 failed to write the model (%s)",
-                           ca_status_name((ca_status)(int)v));
+            out = ca_error(CA_ERR_PEER, "%s (%s)", what, ca_status_name((ca_status)(int)v));
     }
     return out == CA_OK ? s : out;
+}
+
+/* Rank 0's status s shared (ck_share_status), keeping rank 0's own message on rank 0. */
+static ca_status ck_share_rank0(ca_accelerator *acc, ca_status s, const char *what) {
+    if (s != CA_OK) {  /* keep rank 0's message: the status broadcast would overwrite it */
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", ca_last_error());
+        ca_status b = ck_share_status(acc, s, what);
+        return b == s ? ca_error(s, "%s", msg) : b;
+    }
+    return ck_share_status(acc, s, what);
 }
 
 static ca_status save_model(ca_accelerator *acc, ca_module *model, const char *dir, size_t max_shard_size) {
     bool main = !acc || ca_is_main_process(acc);
     ca_status s = main ? ca_ck_save_model_files(model, dir, max_shard_size) : CA_OK;
     if (!acc || ca_num_processes(acc) <= 1) return s;
-    if (s != CA_OK) {  /* keep rank 0's message: the status broadcast would overwrite it */
-        char msg[512];
-        snprintf(msg, sizeof msg, "%s", ca_last_error());
-        ca_status b = ck_share_status(acc, s);
-        return b == s ? ca_error(s, "%s", msg) : b;
-    }
-    return ck_share_status(acc, s);
+    return ck_share_rank0(acc, s, "save_model: rank 0 failed to write the model");
 }
 
 /* ------------------------------------------------------------- loading */
@@ -502,26 +508,80 @@ static const void *ck_data_of(void *ctx, const char *name) {
     return NULL;
 }
 
-/* A stage-3 model under fsdp_cpu_ram_efficient_loading (Accelerate's default for FSDP): each rank
- * reads only the slices its shard keeps, no rank gathers the whole model. */
-static bool lean_load(ca_accelerator *acc, ca_module *model) {
-    if (!acc || acc->model != model || acc->zero.stage != 3 || !acc->zero.pshard || acc->zero.summoned) return false;
+/* The file holding tensor `name` (writable: verifying marks its chunks) and its entry. */
+static ca_st_file *ck_file_of(const ck_src *src, const char *name, const ca_st_entry **e) {
+    for (int i = 0; i < src->n; i++)
+        if (!strcmp(src->entry[i]->name, name)) {
+            *e = src->entry[i];
+            return &src->files[src->file_of[i] - src->files];
+        }
+    return NULL;
+}
+
+ca_status ca_ck_model_verify_shard(ca_accelerator *acc, ca_ck_model_src *m) {
+    const ca_zero *z = &acc->zero;
+    ca_status s = CA_OK;
+    for (int k = 0; s == CA_OK && k < z->nsegs; k++) {
+        const ca_zero_seg *sg = &z->segs[k];
+        const ca_st_entry *e = NULL;
+        ca_st_file *f = ck_file_of(&m->src, ca_tensor_name(sg->param), &e);
+        s = f ? ca_st_verify_range(f, f->data_start + e->begin + (uint64_t)sg->poff * sizeof(float),
+                                   (uint64_t)sg->n * sizeof(float))
+              : ca_error(CA_ERR_INTERNAL, "stage 3: no tensor for parameter %s", ca_tensor_name(sg->param));
+    }
+    return s;
+}
+
+ca_status ca_ck_model_apply_shard(ca_accelerator *acc, ca_ck_model_src *m) {
+    ca_status s = CA_OK;   /* the sizes again, just before the mappings are read (a file cut short would fault) */
+    for (int i = 0; s == CA_OK && i < m->src.nfiles; i++) s = ca_st_verify_range(&m->src.files[i], 0, 0);
+    return s == CA_OK ? ca_zero3_load_shard(acc, ck_data_of, &m->src) : s;
+}
+
+/* A prepared model that every rank holds whole and equal (DDP, ZeRO stages 1 and 2) on several
+ * processes, under fsdp_cpu_ram_efficient_loading (true by default): rank 0 reads the files and the
+ * others receive its parameters, as Accelerate's sync_module_states broadcasts rank 0's. */
+static bool rank0_reads(const ca_accelerator *acc, const ca_module *model) {
+    if (!acc || acc->model != model || acc->world < 2 || !acc->comm) return false;
+    const ca_sync_strategy *ops = acc->sync_ops;
+    if (ops != &ca_sync_ddp && ops != &ca_sync_zero) return false;   /* the others: one process, or their own layout */
+    if (ops->params_sharded && ops->params_sharded(acc)) return false;   /* stage 3: the shard's slices */
     bool on = true;
     if (ca_config_get_bool(acc->cfg, "fsdp_config.fsdp_cpu_ram_efficient_loading", &on) != CA_OK) ca_clear_error();
     return on;
+}
+
+/* Rank 0 loads (checked before anything is written: a failure changes no rank), its status reaches
+ * every rank, then every parameter goes from rank 0 to the others: the same bytes on every rank. */
+static ca_status load_on_rank0(ca_accelerator *acc, ca_module *model, const char *where) {
+    ca_status s = acc->rank == 0 ? load_model(model, where) : CA_OK;
+    s = ck_share_rank0(acc, s, "load_model: rank 0 failed to read the model; nothing was loaded");
+    int n = ca_module_num_params(model);
+    for (int i = 0; s == CA_OK && i < n; i++) {
+        ca_tensor *p = ca_module_param_at(model, i);
+        s = ca_comm_broadcast(acc->comm, ca_tptr(p), (size_t)p->numel, p->dtype, 0, NULL);
+        p->version++;   /* copies cast from older values are stale */
+        if (s != CA_OK) ca_error_context("load_model: broadcasting parameter %s from rank 0", ca_module_param_name(model, i));
+    }
+    if (s == CA_OK && acc->rank == 0)
+        CA_LOG_I("load_model: rank 0 read %s and broadcast its %d parameters (fsdp_cpu_ram_efficient_loading)", where, n);
+    return s;
 }
 
 ca_status ca_load_model(ca_accelerator *acc, ca_module *model, const char *dir_or_file) {
     if (!model || !dir_or_file) return ca_error(CA_ERR_INVALID, "load_model: model and a path are required");
     if (acc && acc->mesh) return ca_tp_refuse(acc, "load_model");
     ca_status s;
-    if (lean_load(acc, model)) {
+    /* stage 3 under fsdp_cpu_ram_efficient_loading (Accelerate's default for FSDP): each rank reads
+     * only the slices its shard keeps, no rank gathers the whole model */
+    if (acc && acc->model == model && ca_zero3_loads_lean(acc)) {
         ca_ck_model_src *m = NULL;
         s = ca_ck_model_open(dir_or_file, model, &m);
-        if (s == CA_OK) s = ca_zero3_load_shard(acc, ck_data_of, &m->src);
+        if (s == CA_OK) s = ca_ck_model_apply_shard(acc, m);
         ca_ck_model_close(m);
         return s;
     }
+    if (rank0_reads(acc, model)) return load_on_rank0(acc, model, dir_or_file);
     bool shards = summon(acc, model, &s);
     if (s == CA_OK) s = load_model(model, dir_or_file);
     ca_status r = shards ? acc->sync_ops->summon(acc, false) : CA_OK;

@@ -24,6 +24,12 @@ ca_status ca_ck_model_apply(const ca_ck_model_src *m, ca_module *model);
 struct ca_st_file;
 ca_status ca_ck_model_adopt(struct ca_st_file *f, ca_module *model, ca_ck_model_src **out);
 void ca_ck_model_close(ca_ck_model_src *m);    /* accepts NULL */
+/* A model prepared at stage 3 (ca_zero3_loads_lean): verify_shard verifies, against the sums the
+ * files were opened with, only the byte ranges of the slices this rank's shard keeps (each chunk
+ * once); apply_shard copies those slices from the files straight into the shard, nothing gathered. */
+struct ca_accelerator;
+ca_status ca_ck_model_verify_shard(struct ca_accelerator *acc, ca_ck_model_src *m);
+ca_status ca_ck_model_apply_shard(struct ca_accelerator *acc, ca_ck_model_src *m);
 
 /* The bytes of t where a save can write them without a copy (a contiguous tensor in host memory,
  * its device synchronised), else NULL: the caller copies it to the host. */

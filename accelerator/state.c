@@ -1234,6 +1234,7 @@ typedef struct ss_loaded {
     int64_t iteration;
     bool *was_on;                      /* the model's requires_grad before the checkpoint's were set */
     bool sliced;                       /* each optimizer state tensor: only this rank's slice is read */
+    bool lean;                         /* stage 3: only the model file's slices of this rank's shard */
 } ss_loaded;
 
 static void ss_loaded_free(ss_loaded *L) {
@@ -1673,10 +1674,12 @@ static ca_status ss_check_all(ca_accelerator *acc, const char *dir, ss_loaded *L
     char name[64];
     if (s == CA_OK && sharded) s = check_shard(acc, dir, L);
     if (s == CA_OK && sharded) s = ss_shards_listed(acc, dir, L);
-    if (s == CA_OK && acc->model && !sharded) {
+    if (s == CA_OK && acc->model && !sharded) {   /* stage 3: only the slices of its shard, verified here */
         ca_st_file mf;
-        s = ss_open_listed(L, dir, SS_MODEL, true, &mf);
+        L->lean = ca_zero3_loads_lean(acc);
+        s = ss_open_listed(L, dir, SS_MODEL, !L->lean, &mf);
         if (s == CA_OK) s = ca_ck_model_adopt(&mf, acc->model, &L->model);
+        if (s == CA_OK && L->lean) s = ca_ck_model_verify_shard(acc, L->model);
     }
     if (s == CA_OK && !(L->opts = calloc((size_t)(acc->nopts ? acc->nopts : 1), sizeof *L->opts)))
         s = ca_error(CA_ERR_NOMEM, "load_state: out of memory");
@@ -1778,7 +1781,9 @@ static int64_t ss_loader_skip(const ca_accelerator *acc, json_object *jl, const 
 static ca_status ss_apply(ca_accelerator *acc, ss_loaded *L) {
     ss_json j = {"", false};
     json_object *st = L->state;
-    ca_status s = acc->model && L->model ? ca_ck_model_apply(L->model, acc->model) : CA_OK;
+    ca_status s = !acc->model || !L->model ? CA_OK
+                 : L->lean                 ? ca_ck_model_apply_shard(acc, L->model)
+                                           : ca_ck_model_apply(L->model, acc->model);
     json_object *opts = js_get(&j, st, "optimizers", json_type_array);
     for (int i = 0; s == CA_OK && i < acc->nopts; i++)
         s = ss_apply_optimizer(acc, acc->opts[i], json_object_array_get_idx(opts, (size_t)i), &L->opts[i], L->sliced);
@@ -2023,5 +2028,8 @@ ca_status ca_load_state(ca_accelerator *acc, const char *dir) {
     if (!acc) return ca_error(CA_ERR_INVALID, "load_state: the accelerator is NULL");
     if (acc->mesh) return ca_tp_refuse(acc, "load_state");
     ca_status s = ss_async_join(acc, "load_state");   /* a save in flight is finished (or failed) first */
-    return s == CA_OK ? with_full_params(acc, load_state, dir) : s;
+    if (s != CA_OK) return s;
+    /* stage 3 under fsdp_cpu_ram_efficient_loading: each rank copies its shard's slices of the
+     * files straight into its shard (ss_check_all, ca_zero_check_shard); nothing is gathered */
+    return ca_zero3_loads_lean(acc) ? load_state(acc, dir) : with_full_params(acc, load_state, dir);
 }

@@ -523,6 +523,13 @@ static ca_status fill_shard(ca_accelerator *acc) {
     return s;
 }
 
+bool ca_zero3_loads_lean(const ca_accelerator *acc) {
+    if (!acc || !acc->model || acc->zero.stage != 3 || !acc->zero.pshard || acc->zero.summoned) return false;
+    bool on = true;
+    if (ca_config_get_bool(acc->cfg, "fsdp_config.fsdp_cpu_ram_efficient_loading", &on) != CA_OK) ca_clear_error();
+    return on;
+}
+
 ca_status ca_zero3_load_shard(ca_accelerator *acc, const void *(*data_of)(void *ctx, const char *name), void *ctx) {
     ca_zero *z = &acc->zero;
     ca_status s = CA_OK;

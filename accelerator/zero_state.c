@@ -331,7 +331,9 @@ ca_status ca_merge_weights(const char *dir, const char *out) {
  * on any rank leaves every rank's run as it was. */
 struct ca_zero_load {
     int world;                   /* the checkpoint's shard count */
-    float *flat;                 /* [numel] every parameter: each rank holds them whole at a load */
+    bool lean;                   /* stage 3 (ca_zero3_loads_lean): flat is this rank's new shard only */
+    float *flat;                 /* [numel] every parameter (stages 1, 2 hold them whole), or lean [shard]
+                                  * the parameters of this rank's new shard, its padding zero */
     float *st[2];                /* [shard] state1, state2 over this rank's new shard (NULL: not kept) */
 };
 
@@ -424,9 +426,10 @@ static ca_status read_range(ca_st_file *f, const ca_st_entry *e, int64_t from, i
     return s;
 }
 
-/* Old shard k: its parameters into L->flat, and of its optimizer state the part that overlaps this
- * rank's new shard into L->st. Only those byte ranges (and the header) are verified and read: of
- * another rank's shard file, the parameters and the state slices that fall in this rank's shard. */
+/* Old shard k: its parameters into L->flat (lean: only the part that overlaps this rank's new
+ * shard), and of its optimizer state the part that overlaps into L->st. Only those byte ranges (and
+ * the header) are verified and read: of another rank's shard file, the parameters (lean: none but
+ * the overlap) and the state slices that fall in this rank's shard. */
 static ca_status read_old_shard(ca_accelerator *acc, const ca_state_files *files, const zs_index *ix, int k,
                                 struct ca_zero_load *L) {
     const ca_zero *z = &acc->zero;
@@ -440,7 +443,7 @@ static ca_status read_old_shard(ca_accelerator *acc, const ca_state_files *files
     ca_status s = ca_state_open_file(files, name, false, &f);
     if (s == CA_OK) s = shard_entry(&f, ix, "params", &e);
     if (s == CA_OK && !e) s = ca_error(CA_ERR_IO, "%s: no tensor 'params' (a shard of the flat parameters)", f.path);
-    if (s == CA_OK) s = read_range(&f, e, 0, oe - ob, L->flat + ob);
+    if (s == CA_OK) s = L->lean ? read_range(&f, e, b - ob, t - b, L->flat + (b - nb)) : read_range(&f, e, 0, oe - ob, L->flat + ob);
     for (int j = 0; s == CA_OK && j < 2; j++) {
         s = shard_entry(&f, ix, zs_state[j], &e);
         if (s == CA_OK) s = check_state_kind(&f, j, L->st[j] != NULL, e != NULL);
@@ -450,12 +453,14 @@ static ca_status read_old_shard(ca_accelerator *acc, const ca_state_files *files
     return s;
 }
 
-static ca_status load_alloc(const ca_zero *z, int world, struct ca_zero_load **out) {
+static ca_status load_alloc(const ca_zero *z, int world, bool lean, struct ca_zero_load **out) {
     struct ca_zero_load *L = calloc(1, sizeof *L);
     *out = L;
     if (!L) return ca_error(CA_ERR_NOMEM, "load_state: out of host memory");
     L->world = world;
-    L->flat = malloc((size_t)(z->numel ? z->numel : 1) * sizeof *L->flat);
+    L->lean = lean;
+    int64_t n = lean ? z->shard : z->numel;
+    L->flat = lean ? calloc((size_t)(n ? n : 1), sizeof *L->flat) : malloc((size_t)(n ? n : 1) * sizeof *L->flat);
     ca_tensor *kept[2] = {z->s1, z->s2};
     bool ok = L->flat != NULL;
     for (int j = 0; j < 2; j++)
@@ -473,7 +478,7 @@ ca_status ca_zero_check_shard(ca_accelerator *acc, const char *dir, const ca_sta
                      "parallelism, or merge its weights first (caccel merge-weights)", dir);
     if (s == CA_OK) s = check_index_params(acc, &ix);
     if (s == CA_OK) s = check_shard_files(dir, &ix);
-    if (s == CA_OK) s = load_alloc(z, ix.world, &z->load);
+    if (s == CA_OK) s = load_alloc(z, ix.world, ca_zero3_loads_lean(acc), &z->load);
     for (int k = 0; s == CA_OK && k < ix.world; k++) s = read_old_shard(acc, files, &ix, k, z->load);
     if (s != CA_OK) ca_zero_load_free(acc);
     if (s == CA_OK && acc->rank == 0 && ix.world != z->world)
@@ -488,9 +493,11 @@ ca_status ca_zero_load_shard(ca_accelerator *acc, const char *dir) {
     struct ca_zero_load *L = z->load;
     if (!L) return ca_error(CA_ERR_STATE, "load_state: %s: the sharded checkpoint was not checked first", dir);
     ca_status s = CA_OK;
+    if (L->lean)   /* straight into the stage-3 shard; copies cast from older values are stale */
+        s = ca_device_copy_from_host(acc->device, ca_zero_fptr(z->pshard, 0), L->flat, (size_t)z->shard * sizeof *L->flat);
     for (int i = 0; s == CA_OK && i < z->nparams; i++) {
-        s = ca_tensor_copy_from_host(z->params[i], L->flat + z->off[i],
-                                     (size_t)z->params[i]->numel * sizeof *L->flat);
+        if (!L->lean)
+            s = ca_tensor_copy_from_host(z->params[i], L->flat + z->off[i], (size_t)z->params[i]->numel * sizeof *L->flat);
         z->params[i]->version++;
     }
     ca_tensor *dst[2] = {z->s1, z->s2};

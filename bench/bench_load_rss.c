@@ -10,7 +10,10 @@
  * the machine's page cache holds those pages once for all of its ranks. The kernel keeps no peak of
  * RssAnon alone: a thread samples RssAnon and RssFile every millisecond from before the build to
  * the end of the load (peak_anon_mb, peak_file_mb; a spike shorter than that may be missed);
- * prep_* are the values at the end of ca_prepare, rss_* at the end of the load. */
+ * prep_* are the values at the end of ca_prepare, rss_* at the end of the load.
+ * --save-state DIR: every rank prepares the model and ca_save_states it (its layout as the launch's
+ * configuration says: fsdp_state_dict_type); --load-state DIR: ca_load_state instead of ca_load_model
+ * (no optimizer in either: the parameters are what is measured). */
 #include <caccel/caccel.h>
 
 #include <pthread.h>
@@ -61,13 +64,15 @@ static ca_module *model(int64_t layers, int64_t width) {
 
 int main(int argc, char **argv) {
     int64_t layers = 16, width = 4096;
-    const char *save = NULL, *load = NULL;
+    const char *save = NULL, *load = NULL, *save_state = NULL, *load_state = NULL;
     bool meta = false;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--layers") && i + 1 < argc) layers = atoll(argv[++i]);
         else if (!strcmp(argv[i], "--width") && i + 1 < argc) width = atoll(argv[++i]);
         else if (!strcmp(argv[i], "--save") && i + 1 < argc) save = argv[++i];
         else if (!strcmp(argv[i], "--load") && i + 1 < argc) load = argv[++i];
+        else if (!strcmp(argv[i], "--save-state") && i + 1 < argc) save_state = argv[++i];
+        else if (!strcmp(argv[i], "--load-state") && i + 1 < argc) load_state = argv[++i];
         else if (!strcmp(argv[i], "--meta")) meta = true;
         else if (ca_config_flag_arity(argv[i]) >= 0) i += ca_config_flag_arity(argv[i]);
         else { fprintf(stderr, "bench_load_rss: unknown argument %s\n", argv[i]); return 2; }
@@ -78,16 +83,20 @@ int main(int argc, char **argv) {
     long base_kb = status_kb("VmRSS"), base_anon_kb = status_kb("RssAnon");   /* the runtime itself */
     sampler sp = {.anon_kb = base_anon_kb, .file_kb = status_kb("RssFile")};
     pthread_t th;
-    bool sampling = !save && pthread_create(&th, NULL, sample, &sp) == 0;
+    bool sampling = !save && !save_state && pthread_create(&th, NULL, sample, &sp) == 0;
     CA_CHECK(ca_init_empty_weights(meta));
     ca_module *m = model(layers, width);
     CA_CHECK(ca_init_empty_weights(false));
     if (save) {
         CA_CHECK(ca_save_model(acc, m, save, 0));
+    } else if (save_state) {
+        CA_CHECK(ca_prepare(acc, m, NULL, NULL));
+        CA_CHECK(ca_save_state(acc, save_state));
     } else {
         CA_CHECK(ca_prepare(acc, m, NULL, NULL));
         long prep_anon = status_kb("RssAnon"), prep_file = status_kb("RssFile");
         if (load) CA_CHECK(ca_load_model(acc, m, load));
+        if (load_state) CA_CHECK(ca_load_state(acc, load_state));
         long anon = status_kb("RssAnon"), file = status_kb("RssFile");
         atomic_store(&sp.stop, true);
         if (sampling) pthread_join(th, NULL);

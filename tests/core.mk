@@ -104,6 +104,12 @@ tests_test_safetensors_map_LDADD = $(libcaccel_la_OBJECTS) $(libcaccel_la_LIBADD
 # A full state dict under ZeRO: each rank verifies and reads only its slice of the optimizer state.
 TESTS += tests/test_state_ranges.sh
 EXTRA_DIST += tests/test_state_ranges.sh
+# load_state at ZeRO stage 3: each rank verifies and copies only its shard's ranges, nothing gathered.
+TESTS += tests/test_state_lean.sh
+EXTRA_DIST += tests/test_state_lean.sh
+# ca_load_model under DDP / ZeRO 1-2: rank 0 reads the files and broadcasts the parameters.
+TESTS += tests/test_load_rank0.sh
+EXTRA_DIST += tests/test_load_rank0.sh
 # Broken files in the plugin path (truncated, text, not a plugin) are skipped with a warning naming each.
 TESTS += tests/test_plugin_files.sh
 EXTRA_DIST += tests/test_plugin_files.sh

@@ -1,0 +1,50 @@
+#!/bin/sh
+# ca_load_model into a prepared model that every rank holds whole (DDP; ZeRO stage 2) on 2 processes
+# (caccel launch): rank 0 alone opens the files (one CACCEL_TEST_ST_REPORT line for model.safetensors
+# where each rank reading it gives two) and broadcasts its parameters, which equal on every rank those
+# each rank gets by reading the file itself (fsdp_cpu_ram_efficient_loading false) bit for bit, and
+# the saved ones. A file rank 0 cannot read fails the load on both ranks, rank 1 naming rank 0.
+. "$(dirname "$0")/dist/lib.sh"
+need_caccel
+DDP="$BUILD/tests/ddp_check"
+export OPENBLAS_NUM_THREADS=1 ACCELERATE_USE_CPU=true CACCEL_LOG_LEVEL=info
+LAUNCH_FLAGS=""   # ACCELERATE_USE_CPU chooses the device
+train_backends
+be=$(echo "$backends" | awk '{print $1}')
+# digests FILE: the params_fnv of each rank in FILE, one a line, in rank order
+digests() { sed -n 's/^.*rank=\([0-9]*\) params_fnv=\([0-9a-f]*\).*/\1 \2/p' "$1" | sort -n | cut -d' ' -f2; }
+reports() { grep -c 'safetensors: .*/model.safetensors: [0-9]* of [0-9]* bytes verified' "$1"; }
+
+note "trained 3 steps on 2 ranks and saved with ca_save_model"
+mkdir -p "$WORK/m"
+launch 2 "$be" "$DDP" --steps 3 --hidden 64 --save-model "$WORK/m" --digest > "$WORK/o" 2>&1 || { cat "$WORK/o"; fail "save"; }
+digests "$WORK/o" | head -1 > "$WORK/saved"
+[ -s "$WORK/saved" ] || { cat "$WORK/o"; fail "no digest"; }
+
+for mode in ddp zero2; do
+    fl=""
+    [ "$mode" = zero2 ] && fl="--use_deepspeed --zero_stage 2"
+    note "$mode: loaded into a fresh run: rank 0 reads model.safetensors and broadcasts"
+    # shellcheck disable=SC2086
+    CACCEL_TEST_ST_REPORT=1 launch 2 "$be" $fl "$DDP" --steps 0 --hidden 64 --load-model "$WORK/m" --digest > "$WORK/o" 2>&1 ||
+        { cat "$WORK/o"; fail "$mode: load"; }
+    [ "$(reports "$WORK/o")" = 1 ] || { cat "$WORK/o"; fail "$mode: model.safetensors was opened by $(reports "$WORK/o") ranks, not by rank 0 alone"; }
+    count 1 'load_model: rank 0 read .* and broadcast its 4 parameters (fsdp_cpu_ram_efficient_loading)' "$WORK/o"
+    digests "$WORK/o" > "$WORK/lean"
+    [ "$(sort -u "$WORK/lean" | wc -l)" = 1 ] && [ "$(wc -l < "$WORK/lean")" = 2 ] || { cat "$WORK/o"; fail "$mode: the ranks' parameters differ"; }
+    [ "$(head -1 "$WORK/lean")" = "$(cat "$WORK/saved")" ] || fail "$mode: the loaded parameters are not the saved ones"
+    note "$mode: fsdp_cpu_ram_efficient_loading false: every rank reads the file; the same parameters"
+    # shellcheck disable=SC2086
+    FSDP_CPU_RAM_EFFICIENT_LOADING=false CACCEL_TEST_ST_REPORT=1 launch 2 "$be" $fl "$DDP" --steps 0 --hidden 64 \
+        --load-model "$WORK/m" --digest > "$WORK/o" 2>&1 || { cat "$WORK/o"; fail "$mode: load by every rank"; }
+    [ "$(reports "$WORK/o")" = 2 ] || { cat "$WORK/o"; fail "$mode: not both ranks read the file"; }
+    digests "$WORK/o" > "$WORK/each"
+    cmp "$WORK/lean" "$WORK/each" || fail "$mode: broadcast and per-rank loads differ"
+done
+
+note "a file rank 0 cannot read: both ranks fail, rank 1 naming rank 0"
+printf 'not a safetensors file' > "$WORK/bad.safetensors"
+launch 2 "$be" "$DDP" --steps 0 --hidden 64 --load-model "$WORK/bad.safetensors" > "$WORK/o" 2>&1 && { cat "$WORK/o"; fail "a bad file loaded"; }
+count 1 'bad.safetensors: .*(rank 0)' "$WORK/o"
+count 1 'load_model: rank 0 failed to read the model; nothing was loaded (CA_ERR_IO)' "$WORK/o"
+echo "PASS"
