@@ -357,10 +357,14 @@ static bool done_with(const rank_state *p, uint64_t n) {
  * moves data. So a peer slower than rank 0 to see its last collective complete failed it ("the
  * rendezvous store ... is gone"), once in about a hundred runs on a loaded machine. The host therefore
  * waits until every peer's record says that it is done with every collective this rank issued; a peer
- * that is stopped, hung, or dead on another machine (its record cannot say so) costs the bound. */
+ * that is stopped, hung, or dead on another machine (its record cannot say so) costs the bound.
+ * Groups split from this communicator keep their records in the same store, and a group without this
+ * rank (a tensor-parallel pair of ranks 2 and 3) may still be in a collective this rank never sees: once
+ * a split has been made, the host waits until every peer has left this communicator (it destroys its
+ * groups first) instead. */
 void ca_comm_diag_drain(ca_comm *c) {
     pthread_mutex_lock(&c->mu);
-    uint64_t n = c->next_seq;
+    uint64_t n = c->nsplits > 0 ? UINT64_MAX : c->next_seq;
     pthread_mutex_unlock(&c->mu);
     /* a peer that has not finished within the collective timeout has failed by its own */
     int64_t deadline = ca_now_ms() + (c->timeout_ms < DRAIN_MS ? c->timeout_ms : DRAIN_MS);

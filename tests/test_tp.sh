@@ -57,6 +57,15 @@ for be in $backends; do
     same "$WORK/ref.bin" "$WORK/tp4.bin"
 done
 
+# Under mpirun rank 0 serves the rendezvous store, which also holds the records of the tp group of
+# ranks 2 and 3: that group's collective after rank 0 is done must still complete.
+if echo "$backends" | grep -q mpi; then
+    note "mpi: a tp group without rank 0 runs a collective after rank 0 has finished"
+    tlaunch 4 mpi --parallelism_config_tp_size 2 --parallelism_config_dp_replicate_size 2 -- \
+        --plan --steps 1 --batch 8 --late-tp > "$WORK/o" || { cat "$WORK/o"; fail "late tp collective"; }
+    count 2 'late tp collective done: 2' "$WORK/o"
+fi
+
 for be in $backends; do
     note "$be: a GPT-2 block (fused q, k, v colwise, 2 heads) at tp 2 == one process, 6 steps"
     "$TP" --block --plan --steps 6 --batch 16 > "$WORK/o" 2>&1 || { cat "$WORK/o"; fail "block, 1 rank"; }

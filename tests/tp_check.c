@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define IN 8
 #define HID 16
@@ -287,11 +288,25 @@ static void mesh_info(ca_accelerator *acc) {
     printf("\n");
 }
 
+/* --late-tp: the tp groups without rank 0 run one more collective a while after rank 0 has finished.
+ * Under mpirun rank 0 serves the store their records live in; it must not end it under them. The
+ * delay provokes that order; nothing waits on it. */
+static void late_tp_collective(ca_accelerator *acc) {
+    ca_comm *tp = ca_mesh_comm(acc, "tp");
+    if (!tp) return ca_clear_error();
+    if (ca_process_index(acc) < ca_comm_size(tp)) return;
+    /* the first of the pair waits inside the collective, where its watchdog reads the store */
+    usleep(ca_process_index(acc) % 2 ? 2000 * 1000 : 1000 * 1000);
+    float one = 1, sum = 0;
+    CA_CHECK(ca_comm_all_reduce(tp, &one, &sum, 1, CA_F32, CA_OP_SUM, NULL));
+    printf("late tp collective done: %g\n", (double)sum);
+}
+
 int main(int argc, char **argv) {
     const char *mode = "train", *dump_path = NULL, *save = NULL;
     int steps = 4;
     int64_t batch = 16;
-    bool plan = false, clip = false, bad_plan = false, block = false;
+    bool plan = false, clip = false, bad_plan = false, block = false, late = false;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--mode") && i + 1 < argc) mode = argv[++i];
         else if (!strcmp(argv[i], "--steps") && i + 1 < argc) steps = atoi(argv[++i]);
@@ -302,6 +317,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--clip")) clip = true;
         else if (!strcmp(argv[i], "--bad-plan")) bad_plan = true;
         else if (!strcmp(argv[i], "--block")) block = true;
+        else if (!strcmp(argv[i], "--late-tp")) late = true;
     }
     ca_accelerator *acc;
     CA_CHECK(ca_accelerator_create(&(ca_options){.argc = argc, .argv = argv}, &acc));
@@ -311,6 +327,7 @@ int main(int argc, char **argv) {
     if (!strcmp(mode, "mesh")) mesh_info(acc);
     else if (!strcmp(mode, "gradcheck")) rc = gradcheck(acc, m);
     else rc = train(acc, m, steps, batch, dump_path, clip, save);
+    if (late) late_tp_collective(acc);
     ca_module_destroy(m);
     ca_accelerator_destroy(acc);
     ca_shutdown();
