@@ -544,7 +544,7 @@ ca_status ca_ck_model_apply_shard(ca_accelerator *acc, ca_ck_model_src *m) {
 static bool rank0_reads(const ca_accelerator *acc, const ca_module *model) {
     if (!acc || acc->model != model || acc->world < 2 || !acc->comm) return false;
     const ca_sync_strategy *ops = acc->sync_ops;
-    if (ops != &ca_sync_ddp && ops != &ca_sync_zero) return false;   /* the others: one process, or their own layout */
+    if (!ops || !ops->replicated) return false;   /* the others: one process, or their own layout */
     if (ops->params_sharded && ops->params_sharded(acc)) return false;   /* stage 3: the shard's slices */
     bool on = true;
     if (ca_config_get_bool(acc->cfg, "fsdp_config.fsdp_cpu_ram_efficient_loading", &on) != CA_OK) ca_clear_error();

@@ -298,6 +298,7 @@ static void ddp_forget_model(ca_accelerator *acc, int g, bool last) {
 
 const ca_sync_strategy ca_sync_ddp = {
     .name = "ddp",
+    .replicated = true,
     .key = "distributed_type",
     .selected = ddp_selected,
     .configure = ddp_configure,

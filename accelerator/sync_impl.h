@@ -13,6 +13,9 @@ typedef struct ca_sync_strategy {
     const char *key;                 /* the configuration key that chose it (for messages) */
     /* what it reduces in place of DDP's buckets (a comm_hook is then unused: warned), NULL: DDP */
     const char *own_reduction;
+    /* every rank holds the whole model, equal, between steps (unless params_sharded says otherwise):
+     * a load may read it on rank 0 and broadcast it (checkpoint.c) */
+    bool replicated;
     /* the configuration asks for it (the first row of the table that says yes is taken) */
     bool (*selected)(const ca_accelerator *acc);
     /* at creation, once selected: checks its settings against the world (no collective yet) */

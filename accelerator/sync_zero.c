@@ -63,6 +63,7 @@ static void zero_forget_model(ca_accelerator *acc, int g, bool last) {
 
 const ca_sync_strategy ca_sync_zero = {
     .name = "zero",
+    .replicated = true,
     .key = "distributed_type",
     .own_reduction = "ZeRO/FSDP",
     .selected = zero_selected,
