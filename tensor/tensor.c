@@ -395,6 +395,14 @@ void ca_tensor_free(ca_tensor *t) {
     tensor_destroy(t);
 }
 
+/* The gradient no longer fits a tensor whose storage or shape changed in place: it goes. */
+static void drop_grad(ca_tensor *t) {
+    ca_tensor *g = t->grad;
+    t->grad = NULL;
+    t->grad_defined = false;
+    ca_tensor_free(g);
+}
+
 ca_status ca_tensor_move_(ca_tensor *t, ca_device *dev) {
     if (!t || !dev) return ca_error(CA_ERR_INVALID, "ca_tensor_move_: tensor and device are required");
     if (ca_tdev(t) == dev) return CA_OK;
@@ -419,12 +427,7 @@ ca_status ca_tensor_move_(ca_tensor *t, ca_device *dev) {
     t->storage = st;
     t->offset = 0;
     t->version++;
-    if (t->grad) {
-        ca_tensor *g = t->grad;
-        t->grad = NULL;
-        t->grad_defined = false;
-        ca_tensor_free(g);
-    }
+    drop_grad(t);   /* of the old storage or shape */
     return CA_OK;
 }
 
@@ -471,12 +474,7 @@ ca_status ca_tensor_narrow_(ca_tensor *t, int dim, int parts, int64_t start, int
     t->version++;
     ca_tensor_free(t->lowp);    /* a copy of the old shape */
     t->lowp = NULL;
-    if (t->grad) {
-        ca_tensor *g = t->grad;
-        t->grad = NULL;
-        t->grad_defined = false;
-        ca_tensor_free(g);
-    }
+    drop_grad(t);   /* of the old storage or shape */
     return CA_OK;
 }
 

@@ -1,6 +1,6 @@
 # tests/ddp.mk: data-parallel training through the accelerator, as real processes.
 check_PROGRAMS += tests/ddp_check
-tests_ddp_check_SOURCES = tests/ddp_check.c
+tests_ddp_check_SOURCES = tests/ddp_check.c tests/synthetic_data.h
 tests_ddp_check_LDADD = libcaccel.la -lm
 TESTS += tests/test_ddp.sh tests/test_determinism.sh tests/test_zero.sh tests/test_frozen_ranks.sh tests/test_reshard.sh tests/test_meta_ranks.sh
 EXTRA_DIST += tests/test_ddp.sh tests/test_determinism.sh tests/test_zero.sh tests/test_frozen_ranks.sh tests/test_reshard.sh tests/test_meta_ranks.sh
@@ -17,7 +17,7 @@ TESTS += tests/test_batch_size_ranks.sh
 EXTRA_DIST += tests/test_batch_size_ranks.sh
 # Tensor parallelism on the device mesh (parallelism_config_tp_size): an MLP split colwise/rowwise against one process
 check_PROGRAMS += tests/tp_check
-tests_tp_check_SOURCES = tests/tp_check.c
+tests_tp_check_SOURCES = tests/tp_check.c tests/synthetic_data.h
 tests_tp_check_LDADD = libcaccel.la -lm
 TESTS += tests/test_tp.sh
 EXTRA_DIST += tests/test_tp.sh

@@ -36,6 +36,8 @@
  * above what was allocated before it, and param_bytes: the parameters' f32 bytes (= the gradient's). */
 #include <caccel/caccel.h>
 
+#include "tests/synthetic_data.h"
+
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -59,23 +61,7 @@ typedef struct opts {
 } opts;
 
 static ca_dataset *synthetic(int64_t n) {
-    enum { IN = 8, CLASSES = 3 };
-    float *x = malloc(sizeof(float) * (size_t)(n * IN));
-    int64_t *y = malloc(sizeof(int64_t) * (size_t)n);
-    uint64_t s = 77;
-    for (int64_t i = 0; i < n; i++) {
-        for (int j = 0; j < IN; j++) {
-            s ^= s << 13; s ^= s >> 7; s ^= s << 17;
-            x[i * IN + j] = (float)((s >> 40) * (2.0 / 16777216.0) - 1.0);
-        }
-        y[i] = (int64_t)(s % CLASSES);
-    }
-    ca_sample_spec xs = {.dtype = CA_F32, .ndim = 1, .shape = {IN}}, ys = {.dtype = CA_I64, .ndim = 0};
-    ca_dataset *ds;
-    CA_CHECK(ca_dataset_from_memory(&xs, x, &ys, y, n, &ds));
-    free(x);
-    free(y);
-    return ds;
+    return synthetic_classes(n, 8, 3);
 }
 
 static ca_module *model(int64_t hidden, int64_t depth) {
