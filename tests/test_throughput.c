@@ -176,11 +176,46 @@ static void test_cache(void **state) {
     t_rm_tree(g_cache);
 }
 
+/* A cached peak below what the program runs at (probed while the machine was busy) is raised to the
+ * interval's rate, in the report and in the cache file; MFU stays a fraction. */
+static void test_raised_peak(void **state) {
+    (void)state;
+    char cwd[300], path[1024], text[1200];
+    assert_non_null(getcwd(cwd, sizeof cwd));
+    snprintf(g_cache, sizeof g_cache, "%s/test_throughput_raise.%ld.d", cwd, (long)getpid());
+    t_rm_tree(g_cache);
+    setenv("XDG_CACHE_HOME", g_cache, 1);
+    ca_device *dev = ca_cpu_device();
+    T_OK(ca_peak_cache_path(dev, CA_F32, path, sizeof path));
+    double p = 0;
+    const char *src = NULL;
+    T_OK(ca_peak_flops(dev, CA_F32, 0.05, &p, &src));   /* makes the folder and a valid file */
+    snprintf(text, sizeof text, "{\"device\": \"%s\", \"dtype\": \"f32\", \"peak_flops\": 1000}", ca_device_description(dev));
+    put(path, text);
+    const char *none[] = {NULL};
+    ca_accelerator *acc = make_acc(none);
+    ca_throughput r;
+    T_OK(ca_throughput_step(acc, 1, 0));
+    matmul_step(acc, 64, 64, 64, true);
+    T_OK(ca_throughput_step(acc, 1, 0));
+    T_OK(ca_throughput_report(acc, &r));
+    assert_string_equal(r.peak_source, "raised");
+    assert_true(r.peak_flops == r.flops_per_s && r.peak_flops > 1000);
+    assert_true(fabs(r.mfu - 1) <= 1e-12);
+    ca_accelerator_destroy(acc);
+    T_OK(ca_peak_flops(dev, CA_F32, 0.05, &p, &src));
+    assert_string_equal(src, "cache");
+    assert_true(fabs(p - r.peak_flops) <= 1e-9 * p);
+    unsetenv("XDG_CACHE_HOME");
+    t_rm_tree(g_cache);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_exact_flops),
         cmocka_unit_test(test_config),
         cmocka_unit_test(test_cache),
+        cmocka_unit_test(test_raised_peak),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -41,7 +41,8 @@ typedef struct ca_throughput {
     double flops_per_s;
     double peak_flops;          /* the device's peak FLOP/s; 0: unknown (probe failed), then mfu is 0 */
     ca_dtype peak_dtype;        /* the dtype the peak is for: mixed_precision's (f32 without) */
-    const char *peak_source;    /* "peak_flops" (the key), "probe" or "cache" (static text) */
+    const char *peak_source;    /* "peak_flops" (the key), "probe", "cache", or "raised": a probed or cached peak
+                                 * below the interval's rate became that rate (static text) */
     double mfu;                 /* flops_per_s / peak_flops */
     int world;                  /* the processes summed in the world_ fields (1: this one alone) */
     double world_samples_per_s, world_tokens_per_s, world_flops_per_s;
