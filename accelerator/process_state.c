@@ -3,6 +3,7 @@
  * gather_for_metrics), splitting work between processes and main_process_first. It calls nothing
  * else of the accelerator: every other file of accelerator/ may use it. */
 #include "accelerator/accelerator_impl.h"
+#include "accelerator/mesh_impl.h"
 #include "comm/comm_impl.h"
 
 #include <stdarg.h>
@@ -56,26 +57,32 @@ ca_status ca_broadcast(ca_accelerator *acc, ca_tensor *t, int root) {
     return ca_comm_broadcast(acc->comm, ca_tptr(t), (size_t)t->numel, t->dtype, root, NULL);
 }
 
-ca_tensor *ca_gather(ca_accelerator *acc, ca_tensor *t) {
+/* t from every rank of comm c, stacked along dim 0 in rank order. */
+static ca_tensor *gather_over(ca_comm *c, ca_tensor *t) {
     if (need_contiguous(t, "gather") != CA_OK) return NULL;
     int64_t shape[CA_MAX_DIMS];
     int nd = t->ndim ? t->ndim : 1;
     memcpy(shape, t->shape, sizeof shape);
     if (!t->ndim) shape[0] = 1;
-    shape[0] *= acc->world;
+    shape[0] *= c ? ca_comm_size(c) : 1;
     ca_tensor *out = ca_tensor_new(ca_tdev(t), t->dtype, nd, shape);
     if (!out) return NULL;
-    if (ca_comm_all_gather(acc->comm, ca_tptr(t), ca_tptr(out), (size_t)t->numel, t->dtype, NULL) != CA_OK)
+    if (ca_comm_all_gather(c, ca_tptr(t), ca_tptr(out), (size_t)t->numel, t->dtype, NULL) != CA_OK)
         return NULL;
     return out;
 }
 
+ca_tensor *ca_gather(ca_accelerator *acc, ca_tensor *t) { return gather_over(acc->comm, t); }
+
+/* Over the data-parallel ranks: under tensor parallelism the ranks of a tp group hold the same batch,
+ * and the metrics count each sample once (mesh.c's dp communicator; the whole group without a mesh). */
 ca_tensor *ca_gather_for_metrics(ca_accelerator *acc, ca_tensor *t, const ca_batch *b) {
-    ca_tensor *all = ca_gather(acc, t);
+    ca_comm *dp = ca_mesh_grad_comm(acc);
+    ca_tensor *all = gather_over(dp, t);
     if (!all || !b) return all;
     /* padding repeats samples at the end of the global order, which is rank order */
     ca_tensor *pad = ca_full(acc->device, CA_I64, 0, NULL, (double)b->num_padded);
-    if (!pad || ca_reduce(acc, pad, CA_OP_SUM) != CA_OK) return NULL;
+    if (!pad || ca_comm_all_reduce(dp, ca_tptr(pad), ca_tptr(pad), 1, CA_I64, CA_OP_SUM, NULL) != CA_OK) return NULL;
     double total;
     if (ca_tensor_item(pad, &total) != CA_OK) return NULL;
     int64_t rows = all->shape[0], keep = rows - (int64_t)total;

@@ -2,6 +2,7 @@
  * interval of steps, and MFU against the device's peak, which the `peak_flops` key gives or a GEMM
  * probe measures once per machine and caches (docs/PROFILING.md, "Throughput and MFU"). */
 #include "accelerator/accelerator_impl.h"
+#include "accelerator/mesh_impl.h"
 #include "base/file_impl.h"
 #include "base/trace_impl.h"
 #include "core/json_impl.h"
@@ -252,8 +253,10 @@ static ca_status world_totals(ca_accelerator *acc, ca_throughput *r) {
         ca_status s = ca_comm_all_reduce(acc->comm, v, v, 5, CA_F32, CA_OP_SUM, NULL);
         if (s != CA_OK) return ca_error_context("throughput: summing the interval over %d processes", r->world);
     }
-    r->world_samples_per_s = r->world > 1 ? v[0] : r->samples_per_s;
-    r->world_tokens_per_s = r->world > 1 ? v[1] : r->tokens_per_s;
+    /* the ranks of a tensor-parallel group work on the same samples: counted once (FLOPs add up) */
+    double tp = acc->mesh ? acc->mesh->shape.size[CA_MESH_TP] : 1;
+    r->world_samples_per_s = r->world > 1 ? v[0] / tp : r->samples_per_s;
+    r->world_tokens_per_s = r->world > 1 ? v[1] / tp : r->tokens_per_s;
     r->world_flops_per_s = r->world > 1 ? v[2] : r->flops_per_s;
     r->world_peak_flops = r->world == 1 ? r->peak_flops : (int)v[4] == r->world ? v[3] : 0;
     r->world_mfu = r->world_peak_flops > 0 ? r->world_flops_per_s / r->world_peak_flops : 0;

@@ -57,6 +57,19 @@ for be in $backends; do
     same "$WORK/ref.bin" "$WORK/tp4.bin"
 done
 
+# The ranks of a tp group read the same batch: gather_for_metrics and the throughput line's world
+# figures count it once (8 samples a data-parallel rank, 16 gathered; the world's samples/s is twice a
+# rank's, not four times).
+be=${backends%% *}
+note "$be: gather_for_metrics and the world's samples/s at tp 2 x dp_replicate 2"
+tlaunch 4 "$be" --parallelism_config_tp_size 2 --parallelism_config_dp_replicate_size 2 -- \
+    --plan --steps 3 --batch 8 --metrics > "$WORK/o" || { cat "$WORK/o"; fail "metrics $be"; }
+count 12 'gathered=16$' "$WORK/o"
+for r in $(sed -n 's/.*world_over_rank=\([0-9.]*\).*/\1/p' "$WORK/o"); do
+    awk -v r="$r" 'BEGIN { exit !(r > 1.5 && r < 2.7) }' || { cat "$WORK/o"; fail "world samples/s $r times a rank's (expected about 2)"; }
+done
+count 4 'world_over_rank=' "$WORK/o"
+
 # Under mpirun rank 0 serves the rendezvous store, which also holds the records of the tp group of
 # ranks 2 and 3: that group's collective after rank 0 is done must still complete.
 if echo "$backends" | grep -q mpi; then

@@ -156,6 +156,27 @@ static double dp_mean(ca_accelerator *acc, double v) {
     return out;
 }
 
+/* --metrics: what gather_for_metrics and the throughput line count under tensor parallelism, where
+ * the ranks of a tp group hold the same batch: each sample once. */
+static bool g_metrics;
+
+static void metrics_step(ca_accelerator *acc, const ca_batch *b) {
+    CA_SCOPE {
+        ca_tensor *all = ca_gather_for_metrics(acc, b->y, b);
+        if (!all) CA_CHECK(ca_last_status());
+        printf("rank=%d gathered=%lld\n", ca_process_index(acc), (long long)ca_tensor_dim(all, 0));
+    }
+    CA_CHECK(ca_throughput_step(acc, ca_tensor_dim(b->y, 0), 0));
+}
+
+static void metrics_report(ca_accelerator *acc) {
+    ca_throughput r;
+    CA_CHECK(ca_throughput_report(acc, &r));
+    /* the world's samples/s over this rank's: the data-parallel count (the ranks' intervals end at the
+     * same collectives, so their rates agree to a few percent) */
+    printf("rank=%d world_over_rank=%.3f\n", ca_process_index(acc), r.world_samples_per_s / r.samples_per_s);
+}
+
 static int train(ca_accelerator *acc, ca_module *m, int steps, int64_t batch, const char *dump_path, bool clip,
                  const char *save) {
     ca_dataset *ds = synthetic(512);
@@ -179,7 +200,9 @@ static int train(ca_accelerator *acc, ca_module *m, int steps, int64_t batch, co
         ca_optimizer_zero_grad(opt);
         double mean = dp_mean(acc, lv);
         if (ca_is_main_process(acc)) printf("step=%d loss=%.9f\n", step, mean);
+        if (g_metrics) metrics_step(acc, &b);
     }
+    if (g_metrics) metrics_report(acc);
     CA_CHECK(ca_dataloader_status(dl));
     if (save && ca_save_state(acc, save) != CA_OK) {
         printf("rank=%d save_state: %s\n", ca_process_index(acc), ca_last_error());
@@ -305,6 +328,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--bad-plan")) bad_plan = true;
         else if (!strcmp(argv[i], "--block")) block = true;
         else if (!strcmp(argv[i], "--late-tp")) late = true;
+        else if (!strcmp(argv[i], "--metrics")) g_metrics = true;
     }
     ca_accelerator *acc;
     CA_CHECK(ca_accelerator_create(&(ca_options){.argc = argc, .argv = argv}, &acc));
