@@ -52,4 +52,13 @@ count 1 "^verdict: rank 1 is behind: stopped at #3 (not called yet) while rank 0
 count 1 "^  failure (SIGABRT): the process received SIGABRT (a fatal signal; its action follows) on rank 1$" "$WORK/report"
 count 1 "^  waited on in #3: rank 1 (not called when it gave up)$" "$WORK/report"
 no_orphans
+
+note "a rank that takes SIGSEGV at all_reduce #3 writes its dump before the signal's action"
+$L -q --flight_recorder_dir "$WORK/fr_segv" "$CHECK" --tag "$TAG" --backend gloo --mode fault \
+    --fault segv --victim 1 --step 3 --fail-code 3 >"$WORK/out" 2>&1
+[ -f "$WORK/fr_segv/rank_1.json" ] || { cat "$WORK/out"; fail "rank 1 wrote no dump on SIGSEGV"; }
+count 1 "flight recorder: rank 1 wrote its last 3 collectives" "$WORK/out"
+analyze "$WORK/fr_segv"
+count 1 "^  failure (SIGSEGV): the process received SIGSEGV (a fatal signal; its action follows) on rank 1$" "$WORK/report"
+no_orphans
 echo "PASS"
