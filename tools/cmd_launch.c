@@ -426,16 +426,18 @@ static bool scrub(const char *entry) {
     return false;
 }
 
+static void setenv_int(const char *name, int v) {
+    char num[32];
+    snprintf(num, sizeof num, "%d", v);
+    setenv(name, num, 1);
+}
+
 /* The job's size as the processes see it; an elastic job sets it again at each round. */
 static void set_world_env(const launch *L) {
-    char num[32];
-    snprintf(num, sizeof num, "%d", L->nproc);
-    setenv("ACCELERATE_NUM_PROCESSES", num, 1);
-    setenv("WORLD_SIZE", num, 1);
-    snprintf(num, sizeof num, "%d", L->group_rank);
-    setenv("GROUP_RANK", num, 1);
-    snprintf(num, sizeof num, "%d", L->nmachines);
-    setenv("GROUP_WORLD_SIZE", num, 1);
+    setenv_int("ACCELERATE_NUM_PROCESSES", L->nproc);
+    setenv_int("WORLD_SIZE", L->nproc);
+    setenv_int("GROUP_RANK", L->group_rank);
+    setenv_int("GROUP_WORLD_SIZE", L->nmachines);
 }
 
 /* The environment every local process shares (ranks are added per child). */
@@ -448,17 +450,13 @@ static int setup_env(launch *L, ca_config *cfg, const ca_settings *st) {
     if (dist_type_var(cfg)) setenv(dist_type_var(cfg), "true", 1);
     const char *file = ca_config_file(cfg);
     if (file) setenv("ACCELERATE_CONFIG_FILE", file, 1);
-    char num[32];
     set_world_env(L);
-    snprintf(num, sizeof num, "%d", L->nlocal);
-    setenv("LOCAL_WORLD_SIZE", num, 1);
+    setenv_int("LOCAL_WORLD_SIZE", L->nlocal);
     /* the global batch the configuration describes is the one at MAX machines: the accelerator keeps
      * it at another size by changing the accumulation (docs/DISTRIBUTED.md) */
-    snprintf(num, sizeof num, "%d", L->max_machines * L->nlocal);
-    if (L->elastic) setenv("CACCEL_ELASTIC_BASE_WORLD_SIZE", num, 1);
+    if (L->elastic) setenv_int("CACCEL_ELASTIC_BASE_WORLD_SIZE", L->max_machines * L->nlocal);
     setenv("MASTER_ADDR", L->nmachines == 1 && !L->elastic ? "127.0.0.1" : L->master_addr, 1);
-    snprintf(num, sizeof num, "%d", L->port);
-    setenv("MASTER_PORT", num, 1);
+    setenv_int("MASTER_PORT", L->port);
     setenv(CA_STORE_TOKEN_ENV, L->token, 1);
     setenv("CACCEL_LAUNCHER", "caccel", 1);
     unsetenv("CACCEL_JOB_TOKEN_FILE");
@@ -472,6 +470,7 @@ static int setup_env(launch *L, ca_config *cfg, const ca_settings *st) {
             threads = physical_cores() / L->nlocal;
             if (threads < 1) threads = 1;
         }
+        char num[32];
         snprintf(num, sizeof num, "%d", threads);
         /* with enable_cpu_affinity and no count asked for, each rank sizes its count to its set of cores
          * (comm/affinity.c): the sets differ where the cores do not divide evenly */
@@ -1387,12 +1386,9 @@ static int elastic_round(launch *L) {
 }
 
 static void set_restart_env(const launch *L) {
-    char num[32];
-    snprintf(num, sizeof num, "%d", L->restart_count);
-    setenv("TORCHELASTIC_RESTART_COUNT", num, 1);
-    setenv("CACCEL_RESTART_COUNT", num, 1);
-    snprintf(num, sizeof num, "%d", L->max_restarts);
-    setenv("TORCHELASTIC_MAX_RESTARTS", num, 1);
+    setenv_int("TORCHELASTIC_RESTART_COUNT", L->restart_count);
+    setenv_int("CACCEL_RESTART_COUNT", L->restart_count);
+    setenv_int("TORCHELASTIC_MAX_RESTARTS", L->max_restarts);
 }
 
 /* Runs the group, and as torchrun does with --max_restarts, starts the whole group again after a
