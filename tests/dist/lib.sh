@@ -119,6 +119,18 @@ wait_lines() {
     done
 }
 
+# lines_or_exit N PATTERN PID FILES...: as wait_lines, for a process that may end on its own first:
+# returns 0 once FILES hold N lines matching PATTERN, 1 once PID has ended (a bound as wait_lines').
+lines_or_exit() {
+    n=$1 pat=$2 pid=$3; shift 3
+    end=$(( $(date +%s) + ${WAIT_LINES_S:-120} ))
+    until [ "$(cat "$@" 2>/dev/null | grep -c -- "$pat")" -ge "$n" ]; do
+        running "$pid" || return 1
+        [ "$(date +%s)" -lt "$end" ] || { cat "$@"; fail "fewer than $n line(s) matched '$pat' within ${WAIT_LINES_S:-120} s"; }
+        sleep 0.05
+    done
+}
+
 # count LINES PATTERN FILE: FILE holds exactly LINES lines matching PATTERN
 count() {
     n=$(grep -c -- "$2" "$3" || true)
