@@ -41,24 +41,21 @@ count 2 "^rank [01] (pid .*): at #1 (not called yet); last completed #0 all_redu
 count 2 "^  dump on demand (SIGUSR1): the process received SIGUSR1 (a dump on demand; the process goes on) on rank [01]$" "$WORK/report"
 no_orphans
 
-note "a rank that aborts at all_reduce #3 writes its dump (SIGABRT); rank 0 waited on it in #3"
-$L -q --flight_recorder_dir "$WORK/fr_abort" "$CHECK" --tag "$TAG" --backend gloo --mode fault \
-    --fault abort --victim 1 --step 3 --fail-code 3 >"$WORK/out" 2>&1
-[ -f "$WORK/fr_abort/rank_1.json" ] || { cat "$WORK/out"; fail "the aborting rank 1 wrote no dump"; }
-count 1 "flight recorder: rank 1 wrote its last 3 collectives" "$WORK/out"
-analyze "$WORK/fr_abort"
-count 1 "^flight recorder: 2 of 2 ranks wrote a record" "$WORK/report"
-count 1 "^verdict: rank 1 is behind: stopped at #3 (not called yet) while rank 0 is at #3 all_reduce(f32, 16, sum)" "$WORK/report"
-count 1 "^  failure (SIGABRT): the process received SIGABRT (a fatal signal; its action follows) on rank 1$" "$WORK/report"
-count 1 "^  waited on in #3: rank 1 (not called when it gave up)$" "$WORK/report"
-no_orphans
-
-note "a rank that takes SIGSEGV at all_reduce #3 writes its dump before the signal's action"
-$L -q --flight_recorder_dir "$WORK/fr_segv" "$CHECK" --tag "$TAG" --backend gloo --mode fault \
-    --fault segv --victim 1 --step 3 --fail-code 3 >"$WORK/out" 2>&1
-[ -f "$WORK/fr_segv/rank_1.json" ] || { cat "$WORK/out"; fail "rank 1 wrote no dump on SIGSEGV"; }
-count 1 "flight recorder: rank 1 wrote its last 3 collectives" "$WORK/out"
-analyze "$WORK/fr_segv"
-count 1 "^  failure (SIGSEGV): the process received SIGSEGV (a fatal signal; its action follows) on rank 1$" "$WORK/report"
-no_orphans
+# fatal FAULT SIGNAL: rank 1 injects FAULT before all_reduce #3 and writes its dump before SIGNAL's
+# action; the analyzer names the signal, the rank behind and the rank waited on
+fatal() {
+    note "a rank that takes $2 ($1) at all_reduce #3 writes its dump; rank 0 waited on it in #3"
+    $L -q --flight_recorder_dir "$WORK/fr_$1" "$CHECK" --tag "$TAG" --backend gloo --mode fault \
+        --fault "$1" --victim 1 --step 3 --fail-code 3 >"$WORK/out" 2>&1
+    [ -f "$WORK/fr_$1/rank_1.json" ] || { cat "$WORK/out"; fail "rank 1 wrote no dump on $2"; }
+    count 1 "flight recorder: rank 1 wrote its last 3 collectives" "$WORK/out"
+    analyze "$WORK/fr_$1"
+    count 1 "^flight recorder: 2 of 2 ranks wrote a record" "$WORK/report"
+    count 1 "^verdict: rank 1 is behind: stopped at #3 (not called yet) while rank 0 is at #3 all_reduce(f32, 16, sum)" "$WORK/report"
+    count 1 "^  failure ($2): the process received $2 (a fatal signal; its action follows) on rank 1$" "$WORK/report"
+    count 1 "^  waited on in #3: rank 1 (not called when it gave up)$" "$WORK/report"
+    no_orphans
+}
+fatal abort SIGABRT
+fatal segv SIGSEGV
 echo "PASS"
