@@ -835,8 +835,13 @@ static ca_status comm_start(ca_comm *c, const ca_comm_options *o, const split_re
     if (s == CA_OK) s = join(c);
     if (s != CA_OK) return s;
     c->store_host = c->parent ? c->parent->store_host : c->own_server != NULL;
-    if (pthread_create(&c->wd, NULL, ca_comm_diag_watchdog_main, c) != 0)
+    /* counted as the flight recorder's watcher before it runs: a rank stopped before the new thread
+     * is first scheduled (a busy machine) must still write its dump on the SIGTERM that ends it */
+    ca_comm_fr_watch(c, true);
+    if (pthread_create(&c->wd, NULL, ca_comm_diag_watchdog_main, c) != 0) {
+        ca_comm_fr_watch(c, false);   /* no watchdog after all: a SIGTERM noted meanwhile acts now */
         return ca_error(CA_ERR_NOMEM, "cannot start the communicator's watchdog thread");
+    }
     c->wd_running = true;
     ca_comm_diag_live_add(c);
     return CA_OK;

@@ -841,8 +841,7 @@ static void watch_peers(ca_comm *c) {
 void *ca_comm_diag_watchdog_main(void *arg) {
     ca_comm *c = arg;
     int64_t next_check = 0, interval = CHECK_FIRST_MS;
-    uint64_t checked_wait = UINT64_MAX;
-    ca_comm_fr_watch(c, true);
+    uint64_t checked_wait = UINT64_MAX;   /* counted as a watcher by its creator (ca_comm_fr_watch) */
     pthread_mutex_lock(&c->wd_mu);
     while (!c->wd_stop) {
         struct timespec ts;

@@ -189,7 +189,8 @@ void ca_comm_fr_end(ca_comm *c, const ca_work *w, ca_status s);
  * called without it. */
 void ca_comm_fr_dump(ca_comm *c, ca_status s, const char *msg);
 void ca_comm_fr_free(ca_comm *c);
-/* The watchdog thread of c starts (on) or ends: a SIGTERM is left to it while one runs. */
+/* The watchdog thread of c is about to start (on: by its creator, before pthread_create, so that a
+ * SIGTERM before the thread first runs is still left to it) or ends (off, on that thread). */
 void ca_comm_fr_watch(ca_comm *c, bool on);
 /* Each watchdog tick: after a SIGTERM, writes the dump and ends the process by SIGTERM. */
 void ca_comm_fr_tick(ca_comm *c);
