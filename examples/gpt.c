@@ -605,8 +605,9 @@ static void *host_copy(ca_tensor *t) {
 }
 
 /* For the PyTorch parity test: the initial weights (model.safetensors; 1-D parameters perturbed), the first training batch
- * (x.bin, y.bin: i64), its logits (f32), loss (loss.txt) and every parameter's gradient (grads.bin,
- * f32 in the order and with the names and sizes of grads.txt), with dropout off. */
+ * (x.bin, y.bin: i64), its logits (f32; under tensor parallelism this rank's vocabulary slice), loss (loss.txt)
+ * and every parameter's gradient (grads.bin, f32 in the order and with the names and sizes of grads.txt),
+ * with dropout off. */
 static void parity_dump(ca_accelerator *acc, ca_module *m, ca_dataset *ds, const args *a) {
     if (mkdir(a->parity_dir, 0777) != 0 && errno != EEXIST) {
         fprintf(stderr, "gpt: cannot create --parity_dir %s: %s\n", a->parity_dir, strerror(errno));
@@ -631,7 +632,8 @@ static void parity_dump(ca_accelerator *acc, ca_module *m, ca_dataset *ds, const
     CA_SCOPE {
         ca_device *dev = ca_accelerator_device(acc);
         ca_tensor *logits = ca_module_forward(m, ca_from_host(dev, CA_I64, CA_SHAPE(B, T), x));
-        ca_tensor *loss = ca_cross_entropy(logits, ca_from_host(dev, CA_I64, CA_SHAPE(B, T), y));
+        ca_tensor *loss = ca_tp_cross_entropy(ca_module_child(m, "transformer.wte"), logits,
+                                              ca_from_host(dev, CA_I64, CA_SHAPE(B, T), y));
         if (!loss) CA_CHECK(ca_last_status());
         CA_CHECK(ca_autograd_backward(loss));
         void *h = host_copy(ca_cast(logits, CA_F32));
