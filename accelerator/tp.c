@@ -1,7 +1,8 @@
-/* Tensor-parallel Linear (Megatron-LM's column and row split) over the device mesh's tp communicator, and
- * the plan (ca_tp_plan) that makes a prepared model's Linear layers so. Two autograd ops carry the
- * communication: tp_copy (identity forward, all-reduce of the gradient backward) in front of a colwise
- * layer, tp_reduce (all-reduce forward, identity backward) after a rowwise one. */
+/* Tensor-parallel Linear (Megatron-LM's column and row split) over the device mesh's tp communicator, the
+ * vocabulary-parallel Embedding (its rows split) and cross-entropy (the logits' columns split), and the plan
+ * (ca_tp_plan) that makes a prepared model's layers so. Two autograd ops carry the communication: tp_copy
+ * (identity forward, all-reduce of the gradient backward) in front of a colwise layer, tp_reduce
+ * (all-reduce forward, identity backward) after a rowwise one, the embedding and the loss's sums. */
 #include "accelerator/mesh_impl.h"
 #include "tensor/ops_impl.h"
 
@@ -36,18 +37,24 @@ static ca_status tp_reduce_backward(ca_node *n, ca_tensor *g) {
 }
 static const ca_node_vt tp_reduce_vt = {"tp_reduce", tp_reduce_backward};
 
-/* The sum over the tp ranks of y (each rank's product of its rows of the input features). */
-static ca_tensor *tp_reduce(ca_tensor *y, ca_comm *tp) {
+/* The sum over the tp ranks of y (each rank's part: a rowwise product, its vocabulary rows' lookups or
+ * terms of the loss); `what` names it in an error. Backward is the identity: each rank's loss is the
+ * whole one. */
+static ca_tensor *tp_reduce_what(ca_tensor *y, ca_comm *tp, const char *what) {
     if (!y) return NULL;
     if (!ca_tensor_is_contiguous(y)) y = ca_contiguous(y);
     ca_tensor *out = y ? ca_op_new_like(y) : NULL;
     if (!out) return NULL;
     if (ca_comm_all_reduce(tp, ca_tptr(y), ca_tptr(out), (size_t)y->numel, y->dtype, CA_OP_SUM, NULL) != CA_OK) {
-        ca_error_context("tensor-parallel Linear (rowwise): the output");
+        ca_error_context("%s", what);
         return NULL;
     }
     if (ca_needs_grad(1, &y) && !ca_record(&tp_reduce_vt, out, 1, &y)) return NULL;
     return out;
+}
+
+static ca_tensor *tp_reduce(ca_tensor *y, ca_comm *tp) {
+    return tp_reduce_what(y, tp, "tensor-parallel Linear (rowwise): the output");
 }
 
 /* ------------------------------------------------------------------ the layers' forwards */
@@ -69,6 +76,140 @@ static ca_tensor *rowwise_forward(ca_module *self, ca_tensor *x, void *ctx) {
     return y && self->nparams > 1 ? ca_add(y, self->params[1]) : y;
 }
 
+/* ------------------------------------------------------------------ vocabulary parallelism */
+
+/* Ids (an embedding's) or labels (the loss's) of the whole vocabulary, seen from the tp rank holding rows
+ * [start, start + rows): made on the host, where the ids are read once (a GPU waits for them there). */
+typedef struct vocab_ids {
+    ca_tensor *local;     /* i64, the ids' shape: the row in this rank's slice, 0 for an id outside it */
+    ca_tensor *outside;   /* u8, the ids' shape + [1]: 1 where the id is not in the slice (or is ignored) */
+    ca_tensor *ignored;   /* u8, the ids' shape + [1]: 1 where the label is ignore_index */
+    int64_t counted;      /* the ids not ignored */
+} vocab_ids;
+
+static ca_status vocab_ids_fill(const int64_t *h, int64_t n, int64_t start, int64_t rows, int64_t vocab,
+                                const int64_t *ignore, int64_t *loc, uint8_t *out, uint8_t *ign, vocab_ids *v,
+                                const char *what) {
+    for (int64_t i = 0; i < n; i++) {
+        int64_t id = h[i];
+        ign[i] = ignore && id == *ignore;
+        if (!ign[i] && (id < 0 || id >= vocab))
+            return ca_error(CA_ERR_INVALID, "%s: id %lld (element %lld) is outside the vocabulary of %lld rows", what,
+                            (long long)id, (long long)i, (long long)vocab);
+        bool in = !ign[i] && id >= start && id < start + rows;
+        loc[i] = in ? id - start : 0;
+        out[i] = !in;
+        v->counted += !ign[i];
+    }
+    return CA_OK;
+}
+
+static ca_status vocab_ids_make(ca_tensor *ids, int64_t start, int64_t rows, int64_t vocab, const int64_t *ignore,
+                                const char *what, vocab_ids *v) {
+    *v = (vocab_ids){0};
+    if (ids->dtype != CA_I64 && ids->dtype != CA_I32)
+        return ca_error(CA_ERR_INVALID, "%s: ids must be i32 or i64", what);
+    int64_t n = ids->numel, shape[CA_MAX_DIMS + 1];
+    ca_tensor *c = ca_contiguous(ids->dtype == CA_I64 ? ids : ca_cast(ids, CA_I64));
+    int64_t *h = malloc(sizeof(int64_t) * (size_t)(2 * n + 1));
+    uint8_t *m = malloc((size_t)(2 * n + 1));
+    ca_status s = !c ? ca_last_status() : h && m ? ca_tensor_to_host(c, h, sizeof(int64_t) * (size_t)n)
+                                                 : ca_error(CA_ERR_NOMEM, "out of host memory");
+    if (s == CA_OK) s = vocab_ids_fill(h, n, start, rows, vocab, ignore, h + n, m, m + n, v, what);
+    memcpy(shape, ids->shape, sizeof(int64_t) * (size_t)ids->ndim);
+    shape[ids->ndim] = 1;
+    ca_device *dev = ca_tensor_device(ids);
+    if (s == CA_OK) {
+        v->local = ca_from_host(dev, CA_I64, ids->ndim, shape, h + n);
+        v->outside = ca_from_host(dev, CA_U8, ids->ndim + 1, shape, m);
+        v->ignored = ca_from_host(dev, CA_U8, ids->ndim + 1, shape, m + n);
+        if (!v->local || !v->outside || !v->ignored) s = ca_last_status();
+    }
+    free(h);
+    free(m);
+    return s;
+}
+
+/* Megatron's VocabParallelEmbedding: the ids in this rank's rows looked up, zeros for the others (whose
+ * gradient is zero: the row it lands in is unchanged), summed over tp. */
+static ca_tensor *vocab_embedding_forward(ca_module *self, ca_tensor *ids, void *ctx) {
+    if (!ctx) return no_comm(self);
+    if (!ids) return NULL;
+    ca_tensor *w = self->params[0];
+    int64_t rows = w->shape[0];
+    vocab_ids v;
+    if (vocab_ids_make(ids, ca_comm_rank(ctx) * rows, rows, rows * ca_comm_size(ctx), NULL,
+                       "tensor-parallel Embedding (rowwise)", &v) != CA_OK)
+        return NULL;
+    ca_tensor *y = ca_masked_fill(ca_embedding(v.local, w), v.outside, 0.0);
+    return tp_reduce_what(y, ctx, "tensor-parallel Embedding (rowwise): the lookups");
+}
+
+/* Whether the plan split m so that its output columns are a vocabulary slice: a colwise Linear, or a
+ * rowwise Embedding used as a tied output layer (ca_embedding_attend). */
+static bool vocab_split(const ca_module *m) {
+    return m->forward == colwise_forward || m->forward == vocab_embedding_forward;
+}
+
+ca_tensor *ca_embedding_attend(ca_module *embedding, ca_tensor *x) {
+    if (!embedding || !x || embedding->nparams < 1) {
+        ca_error(CA_ERR_INVALID, "ca_embedding_attend: an Embedding module and an input are required");
+        return NULL;
+    }
+    ca_tensor *w = embedding->params[0];
+    if (embedding->forward != vocab_embedding_forward) return ca_linear(x, w, NULL);
+    if (!embedding->ctx) return no_comm(embedding);
+    return ca_linear(tp_copy(x, embedding->ctx), w, NULL);
+}
+
+/* The all-reduce MAX over tp of x (no gradient: the shift of a log-sum-exp cancels in it). */
+static ca_tensor *tp_max(ca_tensor *x, ca_comm *tp) {
+    x = ca_contiguous(x);
+    ca_tensor *out = x ? ca_op_new_like(x) : NULL;
+    if (!out) return NULL;
+    if (ca_comm_all_reduce(tp, ca_tptr(x), ca_tptr(out), (size_t)x->numel, x->dtype, CA_OP_MAX, NULL) != CA_OK) {
+        ca_error_context("vocabulary-parallel cross-entropy: the rows' maxima");
+        return NULL;
+    }
+    return out;
+}
+
+/* Megatron's vocab_parallel_cross_entropy on logits [N, V/tp] (this rank's columns): with m the rows'
+ * maximum over all ranks, loss = log(sum over tp of sum(exp(z))) - z[label], z = logits - m; the target's
+ * term comes from the rank holding its column. Mean over the labels that are not -100. */
+static ca_tensor *vocab_cross_entropy(ca_comm *tp, ca_tensor *logits, ca_tensor *labels) {
+    int64_t cols = logits->shape[logits->ndim - 1], n = logits->numel / cols, ignore = -100;
+    vocab_ids v;
+    ca_tensor *flat = ca_reshape(labels, CA_SHAPE(n));
+    if (!flat || vocab_ids_make(flat, ca_comm_rank(tp) * cols, cols, cols * ca_comm_size(tp), &ignore,
+                                "ca_tp_cross_entropy: labels", &v) != CA_OK)
+        return NULL;
+    ca_tensor *z = ca_reshape(logits->dtype == CA_F32 ? logits : ca_cast(logits, CA_F32), CA_SHAPE(n, cols));
+    z = ca_sub(z, tp_max(ca_max_dim(ca_detach(z), 1, true), tp));
+    ca_tensor *sum = tp_reduce_what(ca_sum_dim(ca_exp(z), 1, true), tp, "vocabulary-parallel cross-entropy: the sums");
+    ca_tensor *t = ca_masked_fill(ca_gather_dim(z, 1, ca_reshape(v.local, CA_SHAPE(n, 1))), v.outside, 0.0);
+    t = tp_reduce_what(t, tp, "vocabulary-parallel cross-entropy: the labels' logits");
+    ca_tensor *per = ca_masked_fill(ca_sub(ca_log(sum), t), v.ignored, 0.0);
+    return ca_mul_scalar(ca_sum(per), 1.0 / (double)v.counted);   /* none counted: NaN, as torch's mean */
+}
+
+ca_tensor *ca_tp_cross_entropy(const ca_module *head, ca_tensor *logits, ca_tensor *labels) {
+    if (!head || !logits || !labels) {
+        if (!head) ca_error(CA_ERR_INVALID, "ca_tp_cross_entropy: the output layer is NULL");
+        return NULL;
+    }
+    if (!vocab_split(head)) return ca_cross_entropy(logits, labels);
+    if (!head->ctx) return no_comm((ca_module *)head);
+    int64_t rows = head->params[0]->shape[0], cols = logits->ndim ? logits->shape[logits->ndim - 1] : 0;
+    if (cols != rows || logits->numel / (cols ? cols : 1) != labels->numel) {
+        ca_error(CA_ERR_INVALID, "ca_tp_cross_entropy: logits of %lld columns and %lld labels for a tensor-parallel "
+                 "%s holding %lld rows of the vocabulary on tp rank %d (the logits must be its output)",
+                 (long long)cols, (long long)labels->numel, head->type, (long long)rows, ca_comm_rank(head->ctx));
+        return NULL;
+    }
+    return vocab_cross_entropy(head->ctx, logits, labels);
+}
+
 /* ------------------------------------------------------------------ the plan */
 
 typedef struct tp_walk {
@@ -77,22 +218,43 @@ typedef struct tp_walk {
     int matched;
 } tp_walk;
 
-/* Splits Linear module l (named `name`) by style over the tp ranks, each of its `parts` blocks alike. */
+/* Whether the plan can split l: a Linear either way, an Embedding rowwise (its rows: torch's
+ * RowwiseParallel on an nn.Embedding), without padding_idx (its forward's context holds that). */
+static ca_status tp_splittable(const ca_module *l, const char *name, int style, bool emb) {
+    if (!emb && (strcmp(l->type, "Linear") != 0 || l->nparams < 1 || l->params[0]->ndim != 2))
+        return ca_error(CA_ERR_UNSUPPORTED, "ca_tp_plan: \"%s\" is a %s; caccel splits Linear and Embedding layers "
+                        "only (not yet norms)", name, l->type);
+    if (emb && style != CA_TP_ROWWISE)
+        return ca_error(CA_ERR_UNSUPPORTED, "ca_tp_plan: Embedding \"%s\" can be split \"rowwise\" only (its "
+                        "vocabulary rows); colwise (its embedding dimension) is not supported yet", name);
+    if (emb && (l->ctx || l->nparams != 1 || l->params[0]->ndim != 2))
+        return ca_error(CA_ERR_UNSUPPORTED, "ca_tp_plan: Embedding \"%s\" has a padding_idx; a rowwise Embedding "
+                        "with one is not supported yet", name);
+    return CA_OK;
+}
+
+/* Splits Linear or Embedding module l (named `name`) by style over the tp ranks, each of its `parts`
+ * blocks alike. */
 static ca_status tp_split(tp_walk *w, ca_module *l, const char *name, int style, int parts) {
     ca_mesh *m = w->acc->mesh;
     int tp = m->shape.size[CA_MESH_TP], r = m->coord[CA_MESH_TP];
-    if (strcmp(l->type, "Linear") != 0 || l->nparams < 1 || l->params[0]->ndim != 2)
-        return ca_error(CA_ERR_UNSUPPORTED, "ca_tp_plan: \"%s\" is a %s; caccel splits Linear layers only (not yet "
-                        "embeddings or norms)", name, l->type);
+    bool emb = !strcmp(l->type, "Embedding");
+    ca_status s = tp_splittable(l, name, style, emb);
+    if (s != CA_OK) return s;
     ca_tensor *wt = l->params[0];
-    int dim = style == CA_TP_COLWISE ? 0 : 1;     /* weight [out, in]: colwise splits out, rowwise in */
+    int dim = style == CA_TP_COLWISE || emb ? 0 : 1;   /* Linear [out, in]: colwise splits out, rowwise in;
+                                                         * Embedding [vocab, dim]: rowwise splits the vocabulary */
     int64_t n = wt->shape[dim];
+    if (emb && n % tp != 0)
+        return ca_error(CA_ERR_CONFIG, "ca_tp_plan: rowwise Embedding \"%s\" has a vocabulary of %lld rows, which "
+                        "parallelism_config_tp_size %d does not divide (pad the vocabulary to a multiple of it)", name,
+                        (long long)n, tp);
     if (n % parts != 0 || (n / parts) % tp != 0)
         return ca_error(CA_ERR_CONFIG, "ca_tp_plan: %s Linear \"%s\" has %lld %s features%s, which "
                         "parallelism_config_tp_size %d does not divide", style == CA_TP_COLWISE ? "colwise" : "rowwise",
                         name, (long long)(n / parts), dim ? "input" : "output", parts > 1 ? " per fused block" : "", tp);
     int64_t part = n / parts / tp;
-    ca_status s = ca_tensor_narrow_(wt, dim, parts, r * part, part);
+    s = ca_tensor_narrow_(wt, dim, parts, r * part, part);
     if (s == CA_OK && l->nparams > 1 && style == CA_TP_COLWISE)
         s = ca_tensor_narrow_(l->params[1], 0, parts, r * part, part);
     if (s != CA_OK) return ca_error_context("splitting \"%s\" over the tp ranks (rank %d)", name, w->acc->rank);
@@ -100,7 +262,7 @@ static ca_status tp_split(tp_walk *w, ca_module *l, const char *name, int style,
     if (!nt) return ca_error(CA_ERR_NOMEM, "out of host memory");
     m->tp = nt;
     m->tp[m->ntp++] = l;
-    l->forward = style == CA_TP_COLWISE ? colwise_forward : rowwise_forward;
+    l->forward = emb ? vocab_embedding_forward : style == CA_TP_COLWISE ? colwise_forward : rowwise_forward;
     l->ctx = m->comm[CA_MESH_TP];
     w->matched++;
     return CA_OK;

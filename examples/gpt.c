@@ -326,7 +326,8 @@ static ca_tensor *run_block(const gpt *g, const block *b, ca_tensor *x) {
     return ca_checkpoint(checkpointed_block, (void *)b, 1, &x, 1, &y) == CA_OK ? y : NULL;
 }
 
-/* idx [B, T] (i64 bytes) -> logits [B, T, vocab_size]. */
+/* idx [B, T] (i64 bytes) -> logits [B, T, vocab_size], under tensor parallelism this rank's vocabulary
+ * slice [B, T, vocab_size / tp] (the tied token embedding's rows it holds). */
 static ca_tensor *gpt_forward(ca_module *self, ca_tensor *idx, void *ctx) {
     (void)self;
     const gpt *g = ctx;
@@ -336,12 +337,11 @@ static ca_tensor *gpt_forward(ca_module *self, ca_tensor *idx, void *ctx) {
                  (long long)T, (long long)g->a.block_size);
         return NULL;
     }
-    ca_tensor *wte = ca_module_param(g->wte, "weight");
     ca_tensor *pos = ca_from_host(ca_tensor_device(idx), CA_I64, CA_SHAPE(T), g->positions);
-    ca_tensor *x = ca_add(ca_embedding(idx, wte), ca_module_forward(g->wpe, pos));
+    ca_tensor *x = ca_add(ca_module_forward(g->wte, idx), ca_module_forward(g->wpe, pos));
     x = ca_dropout(x, g->a.dropout, training(g));
     for (int l = 0; l < g->a.n_layer; l++) x = run_block(g, &g->h[l], x);
-    return ca_linear(ca_module_forward(g->ln_f, x), wte, NULL);   /* tied to the token embedding */
+    return ca_embedding_attend(g->wte, ca_module_forward(g->ln_f, x));   /* tied to the token embedding */
 }
 
 /* GPT-2's initialisation: weights N(0, 0.02) (--init_std), the projections into the residual
@@ -397,14 +397,23 @@ static ca_module *build_gpt(const args *a) {
     g->ln_f = layer_norm(tr, "ln_f", a->n_embd);
     init_normal(ca_module_param(g->wte, "weight"), std);
     init_normal(ca_module_param(g->wpe, "weight"), std);
-    /* Megatron's split, used when parallelism_config_tp_size is above 1: q, k, v and the MLP's first layer by
-     * their output features (c_attn's three blocks alike: each rank whole heads), the projections back into
-     * the residual stream by their input features; embeddings and norms stay whole */
+    /* Megatron's split, used when parallelism_config_tp_size is above 1: the token embedding by its rows (the
+     * vocabulary: the tied output layer gives each rank its slice of the logits, the loss is vocabulary-parallel),
+     * q, k, v and the MLP's first layer by their output features (c_attn's three blocks alike: each rank whole
+     * heads), the projections back into the residual stream by their input features; wpe and norms stay whole */
+    CA_CHECK(ca_tp_plan(root, "transformer.wte", "rowwise"));
     CA_CHECK(ca_tp_plan_fused(root, "transformer.h.*.attn.c_attn", "colwise", 3));
     CA_CHECK(ca_tp_plan(root, "transformer.h.*.attn.c_proj", "rowwise"));
     CA_CHECK(ca_tp_plan(root, "transformer.h.*.mlp.c_fc", "colwise"));
     CA_CHECK(ca_tp_plan(root, "transformer.h.*.mlp.c_proj", "rowwise"));
     return root;
+}
+
+/* The mean cross-entropy of model m on x against y: under tensor parallelism each rank holds only its
+ * vocabulary slice of the logits, and the loss is computed across the tp ranks. */
+static ca_tensor *gpt_loss(ca_module *m, ca_tensor *x, ca_tensor *y) {
+    ca_tensor *logits = ca_module_forward(m, x);
+    return ca_tp_cross_entropy(ca_module_child(m, "transformer.wte"), logits, y);
 }
 
 /* AdamW with weight decay on the matrices (and embeddings) only, as GPT-2's recipes do. */
@@ -458,6 +467,12 @@ static double read_loss(ca_tensor **t) {
     return v;
 }
 
+static int tp_size(ca_accelerator *acc) {
+    ca_mesh_shape m;
+    CA_CHECK(ca_accelerator_mesh(acc, &m, NULL));
+    return m.size[CA_MESH_TP];
+}
+
 /* Mean loss per token over the validation windows (every rank's share, padding excluded). */
 static double evaluate(ca_accelerator *acc, ca_module *m, ca_dataloader *dl) {
     ca_module_train(m, false);
@@ -469,7 +484,7 @@ static double evaluate(ca_accelerator *acc, ca_module *m, ca_dataloader *dl) {
         ca_tensor *loss = NULL;
         CA_NO_GRAD CA_SCOPE {
             ca_tensor *x = ca_narrow(b.x, 0, 0, real), *y = ca_narrow(b.y, 0, 0, real);
-            loss = ca_tensor_keep(ca_detach(ca_cross_entropy(ca_module_forward(m, x), y)));
+            loss = ca_tensor_keep(ca_detach(gpt_loss(m, x, y)));
         }
         if (!loss) CA_CHECK(ca_last_status());
         s[0] += read_loss(&loss) * (double)real;
@@ -517,6 +532,24 @@ static int sample_byte(const float *logits, int64_t V, const args *a, uint64_t *
     return k;
 }
 
+/* The last position's logits of the whole vocabulary into row (V floats): under tensor parallelism each
+ * rank holds its slice; they are gathered over the processes and this rank's tp group's read (the ranks of
+ * a group are consecutive, tp innermost in the mesh). */
+static void last_logits(ca_accelerator *acc, ca_tensor *logits, float *row, int64_t V) {
+    int64_t T = ca_tensor_dim(logits, 1);
+    int tp = tp_size(acc);
+    ca_tensor *last = ca_contiguous(ca_cast(ca_narrow(logits, 1, T - 1, 1), CA_F32));
+    if (tp > 1) last = ca_contiguous(ca_gather(acc, last));   /* [processes, 1, V / tp] */
+    if (!last) CA_CHECK(ca_last_status());
+    size_t n = (size_t)ca_tensor_numel(last);
+    float *all = malloc(sizeof(float) * n);
+    if (!all) exit(1);
+    CA_CHECK(ca_tensor_to_host(last, all, sizeof(float) * n));
+    size_t first = tp > 1 ? (size_t)(ca_process_index(acc) / tp) * (size_t)V : 0;
+    memcpy(row, all + first, sizeof(float) * (size_t)V);
+    free(all);
+}
+
 /* The main process, or under tensor parallelism every process (its forward is collective over tp; the
  * sampling's generator is seeded alike, so every rank draws the same bytes); the main process prints. */
 static void generate(ca_accelerator *acc, ca_module *m, const args *a) {
@@ -533,9 +566,7 @@ static void generate(ca_accelerator *acc, ca_module *m, const args *a) {
         int64_t T = (int64_t)n < a->block_size ? (int64_t)n : a->block_size;
         CA_NO_GRAD CA_SCOPE {
             ca_tensor *x = ca_from_host(ca_accelerator_device(acc), CA_I64, CA_SHAPE(1, T), ids + n - (size_t)T);
-            ca_tensor *last = ca_contiguous(ca_cast(ca_narrow(ca_module_forward(m, x), 1, T - 1, 1), CA_F32));
-            if (!last) CA_CHECK(ca_last_status());
-            CA_CHECK(ca_tensor_to_host(last, row, sizeof(float) * (size_t)a->vocab_size));
+            last_logits(acc, ca_module_forward(m, x), row, a->vocab_size);
         }
         ids[n++] = sample_byte(row, a->vocab_size, a, &rng);
     }
@@ -574,8 +605,9 @@ static void *host_copy(ca_tensor *t) {
 }
 
 /* For the PyTorch parity test: the initial weights (model.safetensors; 1-D parameters perturbed), the first training batch
- * (x.bin, y.bin: i64), its logits (f32), loss (loss.txt) and every parameter's gradient (grads.bin,
- * f32 in the order and with the names and sizes of grads.txt), with dropout off. */
+ * (x.bin, y.bin: i64), its logits (f32; under tensor parallelism this rank's vocabulary slice), loss (loss.txt)
+ * and every parameter's gradient (grads.bin, f32 in the order and with the names and sizes of grads.txt),
+ * with dropout off. */
 static void parity_dump(ca_accelerator *acc, ca_module *m, ca_dataset *ds, const args *a) {
     if (mkdir(a->parity_dir, 0777) != 0 && errno != EEXIST) {
         fprintf(stderr, "gpt: cannot create --parity_dir %s: %s\n", a->parity_dir, strerror(errno));
@@ -600,7 +632,8 @@ static void parity_dump(ca_accelerator *acc, ca_module *m, ca_dataset *ds, const
     CA_SCOPE {
         ca_device *dev = ca_accelerator_device(acc);
         ca_tensor *logits = ca_module_forward(m, ca_from_host(dev, CA_I64, CA_SHAPE(B, T), x));
-        ca_tensor *loss = ca_cross_entropy(logits, ca_from_host(dev, CA_I64, CA_SHAPE(B, T), y));
+        ca_tensor *loss = ca_tp_cross_entropy(ca_module_child(m, "transformer.wte"), logits,
+                                              ca_from_host(dev, CA_I64, CA_SHAPE(B, T), y));
         if (!loss) CA_CHECK(ca_last_status());
         CA_CHECK(ca_autograd_backward(loss));
         void *h = host_copy(ca_cast(logits, CA_F32));
@@ -672,7 +705,14 @@ static ca_tensor *micro_step(ca_accelerator *acc, ca_module *model, ca_optimizer
                              const args *a) {
     ca_tensor *l = NULL;
     CA_SCOPE CA_ACCUMULATE(acc, model) {
-        ca_tensor *loss = ca_cross_entropy(ca_module_forward(model, b->x), b->y);
+        ca_tensor *logits = ca_module_forward(model, b->x);
+        static bool shown;   /* once a rank: its slice of the logits, never the whole vocabulary */
+        if (logits && !shown && tp_size(acc) > 1 && (shown = true))
+            printf("gpt: rank %d holds logits [%lld, %lld, %lld] of vocab %lld at tp %d\n", ca_process_index(acc),
+                   (long long)ca_tensor_dim(logits, 0), (long long)ca_tensor_dim(logits, 1),
+                   (long long)ca_tensor_dim(logits, 2), (long long)a->vocab_size, tp_size(acc));
+        fflush(stdout);
+        ca_tensor *loss = ca_tp_cross_entropy(ca_module_child(model, "transformer.wte"), logits, b->y);
         if (!loss) CA_CHECK(ca_last_status());
         CA_CHECK(ca_backward(acc, loss));
         if (a->grad_clip > 0 && ca_sync_gradients(acc)) CA_CHECK(ca_clip_grad_norm(acc, a->grad_clip, NULL));

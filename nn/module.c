@@ -413,7 +413,7 @@ ca_status ca_tp_plan_fused(ca_module *m, const char *pattern, const char *style,
     ca_tp_style st = !strcmp(style, "colwise") ? CA_TP_COLWISE : !strcmp(style, "rowwise") ? CA_TP_ROWWISE : 0;
     if (!st)
         return ca_error(CA_ERR_UNSUPPORTED, "ca_tp_plan: style \"%s\" for \"%s\" is not supported yet (caccel splits "
-                        "Linear layers \"colwise\" and \"rowwise\"; Hugging Face's colwise_rep, local_colwise, "
+                        "Linear layers \"colwise\" and \"rowwise\", Embedding layers \"rowwise\"; Hugging Face's colwise_rep, local_colwise, "
                         "local_rowwise, sequence_parallel, gather and replicate are not implemented)", style, pattern);
     char **np = realloc(m->tp_pattern, (size_t)(m->ntp + 1) * sizeof *np);
     if (np) m->tp_pattern = np;

@@ -284,6 +284,36 @@ static void test_tp_plan(void **state) {
     ca_module_destroy(m);
 }
 
+/* Without a split (one process, or a module the plan did not name) the tied head is x weight^T and
+ * ca_tp_cross_entropy is ca_cross_entropy, to the bit; Embedding "rowwise" is a plan entry like a Linear's. */
+static void test_tp_vocab_unsplit(void **state) {
+    (void)state;
+    ca_module *e;
+    assert_int_equal(ca_embedding_create(8, 4, &e), CA_OK);
+    assert_int_equal(ca_tp_plan(e, "wte", "rowwise"), CA_OK);
+    assert_int_equal(ca_tp_plan_match(e, "wte", NULL), CA_TP_ROWWISE);
+    CA_SCOPE {
+        ca_device *dev = ca_cpu_device();
+        ca_tensor *x = ca_rand_normal(dev, CA_F32, CA_SHAPE(2, 3, 4), 0.0f, 1.0f);
+        ca_tensor *y = ca_from_host(dev, CA_I64, CA_SHAPE(2, 3), (int64_t[]){7, 2, -100, 3, 5, 0});
+        ca_tensor *w = ca_module_param(e, "weight");
+        ca_tensor *a = ca_embedding_attend(e, x), *b = ca_linear(x, w, NULL);
+        float ha[2 * 3 * 8], hb[2 * 3 * 8], la, lb;
+        assert_int_equal(ca_tensor_to_host(a, ha, sizeof ha), CA_OK);
+        assert_int_equal(ca_tensor_to_host(b, hb, sizeof hb), CA_OK);
+        assert_memory_equal(ha, hb, sizeof ha);
+        assert_int_equal(ca_tensor_to_host(ca_tp_cross_entropy(e, a, y), &la, sizeof la), CA_OK);
+        assert_int_equal(ca_tensor_to_host(ca_cross_entropy(b, y), &lb, sizeof lb), CA_OK);
+        assert_memory_equal(&la, &lb, sizeof la);
+        assert_null(ca_tp_cross_entropy(NULL, a, y));
+        assert_int_equal(ca_last_status(), CA_ERR_INVALID);
+        assert_null(ca_embedding_attend(NULL, x));
+        assert_int_equal(ca_last_status(), CA_ERR_INVALID);
+        ca_clear_error();
+    }
+    ca_module_destroy(e);
+}
+
 static void test_failed_constructors_clear_out(void **state) {
     (void)state;
     static int stale_obj;
@@ -338,6 +368,7 @@ int main(void) {
         cmocka_unit_test(test_train_eval_mode),
         cmocka_unit_test(test_failed_constructors_clear_out),
         cmocka_unit_test(test_tp_plan),
+        cmocka_unit_test(test_tp_vocab_unsplit),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     ca_scope_release_all();

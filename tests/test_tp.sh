@@ -3,8 +3,10 @@
 # split colwise and fc2 rowwise (ca_tp_plan) trains at tp 2 on 2 ranks and at tp 2 x dp_replicate 2 on 4,
 # under caccel launch (Gloo) and mpirun (MPI), to the losses and parameters of one process on the same
 # global batch; the split layers' gradients (the input's all-reduced over tp) match central differences;
-# the mesh lays the ranks out tp innermost; and each combination that does not work yet is refused with a
-# message naming its key.
+# the vocabulary-parallel embedding and cross-entropy (tied and colwise heads) give one process's loss with
+# half the vocabulary's logits on each rank and gradients that match central differences, as the GPT
+# example does with its tied embedding split; the mesh lays the ranks out tp innermost; and each
+# combination that does not work yet is refused with a message naming its key.
 # Tolerance: 1e-5 (losses and parameters after 4 steps); the split changes only the order of the sums.
 . "$(dirname "$0")/dist/lib.sh"
 need_caccel
@@ -107,6 +109,21 @@ note "$be: the split layers' gradients against central differences at tp 2"
 tlaunch 2 "$be" --parallelism_config_tp_size 2 -- --plan --mode gradcheck > "$WORK/o" || { cat "$WORK/o"; fail "gradcheck"; }
 count 2 'gradcheck ok' "$WORK/o"
 
+note "$be: the vocabulary-parallel embedding, tied and colwise heads and cross-entropy at tp 2 == one process"
+"$TP" --mode vocab > "$WORK/o" 2>&1 || { cat "$WORK/o"; fail "vocab, 1 rank"; }
+count 1 'rank=0 vocab loss=.* logits=2x3x8$' "$WORK/o"
+count 1 'rank=0 vocab gradcheck ok 64$' "$WORK/o"
+sed -n 's/.*vocab loss=\([0-9.]*\).*/\1/p' "$WORK/o" > "$WORK/v1.loss"
+tlaunch 2 "$be" --parallelism_config_tp_size 2 -- --mode vocab > "$WORK/o" || { cat "$WORK/o"; fail "vocab tp 2"; }
+count 2 'vocab loss=.* logits=2x3x4$' "$WORK/o"   # each rank: half the vocabulary's logits, never all
+count 2 'vocab gradcheck ok 32$' "$WORK/o"        # every element of its halves of wte and lm_head
+count 2 'refused: ca_tp_cross_entropy: logits of 8 columns and 6 labels for a tensor-parallel Linear holding 4 rows' "$WORK/o"
+count 2 'refused: ca_tp_cross_entropy: labels: id 9 (element 2) is outside the vocabulary of 8 rows' "$WORK/o"
+for r in 0 1; do
+    sed -n "s/^rank=$r vocab loss=\([0-9.]*\).*/\1/p" "$WORK/o" > "$WORK/v2.loss"
+    NSTEPS=1 same_losses "$WORK/v1.loss" "$WORK/v2.loss"
+done
+
 note "$be: the mesh at 4 ranks, tp innermost"
 tlaunch 4 "$be" --parallelism_config_tp_size 2 --parallelism_config_dp_replicate_size 2 -- --mode mesh > "$WORK/o" ||
     { cat "$WORK/o"; fail "mesh"; }
@@ -129,7 +146,7 @@ refused() {
     grep -q -- "$1" "$WORK/r" || { cat "$WORK/r"; fail "no message '$1' for: $flags $args"; }
     echo "  refused: $flags $args"
 }
-note "$be: the GPT example unchanged at tp 2 (c_attn fused colwise, the MLP, clipping at 1.0) == one process"
+note "$be: the GPT example unchanged at tp 2 (c_attn fused colwise, the MLP, wte and the tied head vocabulary-parallel, clipping at 1.0) == one process"
 GPT="$BUILD/examples/gpt"
 SMALL="--n_layer 2 --n_head 2 --n_embd 64 --block_size 32 --lr 3e-3 --log_interval 2 --eval_interval 4 --eval_samples 16"
 # shellcheck disable=SC2086
@@ -143,6 +160,23 @@ gpt_lines "$WORK/g2" > "$WORK/g2.l"
 [ "$(grep -c '^step' "$WORK/g1.l")" -ge 5 ] || { cat "$WORK/g1"; fail "no loss lines"; }
 cmp -s "$WORK/g1.l" "$WORK/g2.l" || { diff "$WORK/g1.l" "$WORK/g2.l"; fail "the GPT example at tp 2 differs from one process"; }
 echo "  $(grep -c . "$WORK/g1.l") loss, validation and sample lines the same"
+count 1 'gpt: rank 0 holds logits \[8, 32, 128\] of vocab 256 at tp 2' "$WORK/g2"   # the vocabulary-parallel head
+count 1 'gpt: rank 1 holds logits \[8, 32, 128\] of vocab 256 at tp 2' "$WORK/g2"
+note "$be: the GPT example at tp 2 x dp_replicate 2 on 4 ranks (batch 8 each) == one process (batch 16)"
+# shellcheck disable=SC2086
+"$GPT" $SMALL --batch_size 16 --max_steps 6 --sample_tokens 10 --dropout 0 > "$WORK/g1" 2>&1 || { cat "$WORK/g1"; fail "gpt batch 16, 1 rank"; }
+# shellcheck disable=SC2086
+PROG="$GPT" tlaunch 4 "$be" --parallelism_config_tp_size 2 --parallelism_config_dp_replicate_size 2 -- $SMALL --batch_size 8 \
+    --max_steps 6 --sample_tokens 10 --dropout 0 > "$WORK/g4" 2>&1 || { cat "$WORK/g4"; fail "gpt tp 2 x dp 2"; }
+gpt_lines "$WORK/g1" > "$WORK/g1.l"
+gpt_lines "$WORK/g4" > "$WORK/g4.l"
+cmp -s "$WORK/g1.l" "$WORK/g4.l" || { diff "$WORK/g1.l" "$WORK/g4.l"; fail "the GPT example at tp 2 x dp 2 differs from one process"; }
+count 4 'gpt: rank [0-3] holds logits \[8, 32, 128\] of vocab 256 at tp 2' "$WORK/g4"
+# shellcheck disable=SC2086
+if PROG="$GPT" tlaunch 2 "$be" --parallelism_config_tp_size 2 -- --n_layer 1 --n_head 2 --n_embd 32 --vocab_size 257 --max_steps 1 > "$WORK/r" 2>&1; then
+    cat "$WORK/r"; fail "vocabulary 257 at tp 2 accepted"; fi
+grep -q 'rowwise Embedding "transformer.wte" has a vocabulary of 257 rows, which parallelism_config_tp_size 2 does not divide' "$WORK/r" ||
+    { cat "$WORK/r"; fail "no vocabulary message"; }
 # shellcheck disable=SC2086
 if PROG="$GPT" tlaunch 2 "$be" --parallelism_config_tp_size 2 -- --n_layer 1 --n_head 3 --n_embd 48 --max_steps 1 > "$WORK/r" 2>&1; then
     cat "$WORK/r"; fail "3 heads at tp 2 accepted"; fi
@@ -154,7 +188,9 @@ refused 4 --parallelism_config_tp_size 2 -- --plan --steps 1 -- 'parallelism_con
 refused 4 --parallelism_config_tp_size 2 --parallelism_config_dp_shard_size 2 -- --plan --steps 1 -- 'with parallelism_config.parallelism_config_dp_shard_size (from .*): sharded data parallelism over the other ranks is not supported yet'
 refused 2 --parallelism_config_tp_size 2 --use_fsdp -- --plan --steps 1 -- 'with distributed_type (from .*): composition with ZeRO / FSDP is not supported yet'
 refused 2 --parallelism_config_tp_size 2 -- --plan --steps 1 --save-state $WORK/ck -- 'save_state: not supported yet with tensor parallelism'
-refused 2 --parallelism_config_tp_size 2 -- --plan --bad-plan --steps 1 -- '"act" is a Tanh; caccel splits Linear layers only'
+refused 2 --parallelism_config_tp_size 2 -- --plan --bad-plan --steps 1 -- '"act" is a Tanh; caccel splits Linear and Embedding layers only'
+refused 2 --parallelism_config_tp_size 2 -- --mode vocab --vocab-bad colwise -- 'Embedding "wte" can be split "rowwise" only (its vocabulary rows)'
+refused 2 --parallelism_config_tp_size 2 -- --mode vocab --vocab-bad pad -- 'Embedding "wte" has a padding_idx; a rowwise Embedding with one is not supported yet'
 refused 2 --parallelism_config_cp_size 2 -- --plan --steps 1 -- 'parallelism_config_cp_size = 2 asks for context parallelism: not supported yet'
 refused 3 --parallelism_config_tp_size 3 -- --plan --steps 1 -- 'colwise Linear "fc1" has 16 output features, which parallelism_config_tp_size 3 does not divide'
 echo "PASS"

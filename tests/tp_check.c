@@ -10,6 +10,11 @@
  *   --mode mesh: prints this rank's mesh coordinates and the size of each dimension's communicator.
  *   --block: the model is a GPT-2 block (fused q, k, v colwise in 3 blocks, 2 heads; see block_model); train
  *     prints its losses (no --dump).
+ *   --mode vocab: the vocabulary-parallel layers (see vocab_model): prints "rank=R vocab loss=L logits=2x3xC"
+ *     (C: the logits' columns this rank holds) and checks every element of its shards' gradients against
+ *     central differences ("rank=R vocab gradcheck ok N"); then prints "rank=R refused: MESSAGE" for
+ *     ca_tp_cross_entropy given the whole vocabulary's logits (at tp > 1) and a label outside it.
+ *     --vocab-bad colwise|pad: the embedding planned colwise, or made with a padding_idx (refused).
  *   --clip: ca_clip_grad_norm(0.1) every step, each rank printing the norm; --save-state DIR: ca_save_state
  *   after training (refused under tensor parallelism); --bad-plan: a plan naming a Tanh. */
 #include <caccel/caccel.h>
@@ -286,6 +291,109 @@ static int gradcheck(ca_accelerator *acc, ca_module *m) {
     return bad ? 1 : 0;
 }
 
+/* --mode vocab: Embedding(8, 4) "wte" split rowwise (its vocabulary rows) and two output layers whose logits
+ * add up: the tied one (ca_embedding_attend) and Linear(4, 8) "lm_head" split colwise; the loss is
+ * ca_tp_cross_entropy over 2 x 3 tokens whose ids and labels lie on both tp ranks' halves, one label -100. */
+#define V_VOCAB 8
+#define V_DIM 4
+static ca_module *vocab_model(const char *bad) {
+    ca_module *m, *l;
+    CA_CHECK(ca_module_create("VocabModel", NULL, NULL, NULL, &m));
+    if (bad && !strcmp(bad, "pad")) CA_CHECK(ca_embedding_create_ex(V_VOCAB, V_DIM, 0, &l));
+    else CA_CHECK(ca_embedding_create(V_VOCAB, V_DIM, &l));
+    CA_CHECK(ca_module_add(m, "wte", l));
+    CA_CHECK(ca_linear_create(V_DIM, V_VOCAB, false, &l)); CA_CHECK(ca_module_add(m, "lm_head", l));
+    CA_CHECK(ca_tp_plan(m, "wte", bad && !strcmp(bad, "colwise") ? "colwise" : "rowwise"));
+    CA_CHECK(ca_tp_plan(m, "lm_head", "colwise"));
+    return m;
+}
+
+static ca_tensor *vocab_loss(ca_accelerator *acc, ca_module *m, int64_t *cols) {
+    static const int64_t ids[6] = {1, 7, 4, 6, 0, 3}, labels[6] = {7, 2, -100, 3, 5, 0};
+    ca_device *dev = ca_accelerator_device(acc);
+    ca_module *wte = ca_module_child(m, "wte"), *head = ca_module_child(m, "lm_head");
+    ca_tensor *x = ca_tanh(ca_module_forward(wte, ca_from_host(dev, CA_I64, CA_SHAPE(2, 3), ids)));
+    ca_tensor *logits = ca_add(ca_embedding_attend(wte, x), ca_module_forward(head, x));
+    if (cols && logits) *cols = ca_tensor_dim(logits, 2);
+    return ca_tp_cross_entropy(head, logits, ca_from_host(dev, CA_I64, CA_SHAPE(2, 3), labels));
+}
+
+static int64_t cols_of(ca_module *head) { return ca_tensor_dim(ca_module_param(head, "weight"), 0); }
+
+static double vocab_eval(ca_accelerator *acc, ca_module *m) {
+    double l = 0;
+    CA_NO_GRAD CA_SCOPE {
+        ca_tensor *loss = vocab_loss(acc, m, NULL);
+        if (!loss) CA_CHECK(ca_last_status());
+        l = ca_item(loss);
+    }
+    return l;
+}
+
+/* Central differences of every element of the shards, one rank perturbing its own at a time. */
+static int vocab_gradcheck(ca_accelerator *acc, ca_module *m, int tpr, int tpn, int *checked) {
+    static const char *const names[] = {"wte.weight", "lm_head.weight"};
+    int bad = 0;
+    for (int k = 0; k < 2; k++) {
+        ca_tensor *t = ca_module_param(m, names[k]);
+        int64_t n = ca_tensor_numel(t);
+        float *h = malloc((size_t)n * sizeof(float)), *g = malloc((size_t)n * sizeof(float));
+        CA_CHECK(ca_tensor_to_host(t, h, (size_t)n * sizeof(float)));
+        CA_CHECK(ca_tensor_to_host(ca_tensor_grad(t), g, (size_t)n * sizeof(float)));
+        for (int r = 0; r < tpn; r++)
+            for (int64_t i = 0; i < n; i++) {
+                const float eps = 1e-2f, v = h[i];
+                double l[2];
+                for (int side = 0; side < 2; side++) {
+                    if (r == tpr) h[i] = v + (side ? -eps : eps);
+                    CA_CHECK(ca_tensor_copy_from_host(t, h, (size_t)n * sizeof(float)));
+                    l[side] = vocab_eval(acc, m);
+                    h[i] = v;
+                }
+                CA_CHECK(ca_tensor_copy_from_host(t, h, (size_t)n * sizeof(float)));
+                double fd = (l[0] - l[1]) / (2 * eps);
+                if (r != tpr) continue;
+                (*checked)++;
+                if (fabs(fd - g[i]) <= 1e-3 + 1e-2 * fabs(fd)) continue;
+                printf("vocab gradcheck FAIL %s[%lld]: backward %.6f, central difference %.6f\n", names[k], (long long)i,
+                       g[i], fd);
+                bad++;
+            }
+        free(h);
+        free(g);
+    }
+    return bad;
+}
+
+static int vocab_check(ca_accelerator *acc, ca_module *m) {
+    CA_CHECK(ca_prepare(acc, m, NULL, NULL));
+    ca_comm *tp = ca_mesh_comm(acc, "tp");
+    int tpr = tp ? ca_comm_rank(tp) : 0, tpn = tp ? ca_comm_size(tp) : 1, checked = 0;
+    if (!tp) ca_clear_error();
+    int64_t cols = 0;
+    double loss = 0;
+    CA_SCOPE {
+        ca_tensor *l = vocab_loss(acc, m, &cols);
+        CA_CHECK(l ? ca_autograd_backward(l) : ca_last_status());
+        loss = ca_item(l);
+    }
+    printf("rank=%d vocab loss=%.7f logits=2x3x%lld\n", ca_process_index(acc), loss, (long long)cols);
+    int bad = vocab_gradcheck(acc, m, tpr, tpn, &checked);
+    if (tpn > 1) CA_SCOPE {   /* misuse: the whole vocabulary's logits for a split head, a label outside it */
+        ca_device *dev = ca_accelerator_device(acc);
+        ca_module *head = ca_module_child(m, "lm_head");
+        ca_tensor *y = ca_from_host(dev, CA_I64, CA_SHAPE(2, 3), (int64_t[]){0, 1, V_VOCAB + 1, 2, 3, 4});
+        ca_tensor *logits[2] = {ca_zeros(dev, CA_F32, CA_SHAPE(2, 3, V_VOCAB)),
+                                ca_zeros(dev, CA_F32, CA_SHAPE(2, 3, cols_of(head)))};
+        for (int i = 0; i < 2; i++) {
+            if (!ca_tp_cross_entropy(head, logits[i], y)) printf("rank=%d refused: %s\n", ca_process_index(acc), ca_last_error());
+            ca_clear_error();
+        }
+    }
+    printf("rank=%d vocab gradcheck %s %d\n", ca_process_index(acc), bad ? "FAILED" : "ok", checked);
+    return bad ? 1 : 0;
+}
+
 static void mesh_info(ca_accelerator *acc) {
     ca_mesh_shape sh;
     int c[CA_MESH_NDIMS];
@@ -313,7 +421,7 @@ static void late_tp_collective(ca_accelerator *acc) {
 }
 
 int main(int argc, char **argv) {
-    const char *mode = "train", *dump_path = NULL, *save = NULL;
+    const char *mode = "train", *dump_path = NULL, *save = NULL, *vocab_bad = NULL;
     int steps = 4;
     int64_t batch = 16;
     bool plan = false, clip = false, bad_plan = false, block = false, late = false;
@@ -326,6 +434,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--plan")) plan = true;
         else if (!strcmp(argv[i], "--clip")) clip = true;
         else if (!strcmp(argv[i], "--bad-plan")) bad_plan = true;
+        else if (!strcmp(argv[i], "--vocab-bad") && i + 1 < argc) vocab_bad = argv[++i];
         else if (!strcmp(argv[i], "--block")) block = true;
         else if (!strcmp(argv[i], "--late-tp")) late = true;
         else if (!strcmp(argv[i], "--metrics")) g_metrics = true;
@@ -333,10 +442,11 @@ int main(int argc, char **argv) {
     ca_accelerator *acc;
     CA_CHECK(ca_accelerator_create(&(ca_options){.argc = argc, .argv = argv}, &acc));
     CA_CHECK(ca_set_seed(acc, 11));
-    ca_module *m = block ? block_model(plan) : model(plan, bad_plan);
+    ca_module *m = !strcmp(mode, "vocab") ? vocab_model(vocab_bad) : block ? block_model(plan) : model(plan, bad_plan);
     int rc = 0;
     if (!strcmp(mode, "mesh")) mesh_info(acc);
     else if (!strcmp(mode, "gradcheck")) rc = gradcheck(acc, m);
+    else if (!strcmp(mode, "vocab")) rc = vocab_check(acc, m);
     else rc = train(acc, m, steps, batch, dump_path, clip, save);
     if (late) late_tp_collective(acc);
     ca_module_destroy(m);

@@ -127,13 +127,19 @@ CA_API int64_t ca_module_trainable_bytes(ca_module *m);
 CA_API void ca_module_trainable_summary(ca_module *m, char *buf, size_t size);
 CA_API void ca_module_print_trainable_parameters(ca_module *m);
 /* ------------------------------------------------------------------ tensor-parallel plan
- * Hugging Face's base_model_tp_plan for the program's own modules: the Linear children of m whose names
- * (relative to m, "fc1", "h.0.attn.c_attn") match `pattern` are split over the device mesh's tp
+ * Hugging Face's base_model_tp_plan for the program's own modules: the Linear and Embedding children of m
+ * whose names (relative to m, "fc1", "h.0.attn.c_attn") match `pattern` are split over the device mesh's tp
  * dimension when an accelerator with parallelism_config_tp_size above 1 prepares m (docs/DISTRIBUTED.md):
  *   "colwise": the weight split on the output features (and the bias with it); the output stays split
- *              over the tp ranks; backward all-reduces the input's gradient over tp.
+ *              over the tp ranks; backward all-reduces the input's gradient over tp. An output layer
+ *              (lm_head) so split gives each rank its slice of the vocabulary's logits: ca_tp_cross_entropy.
  *   "rowwise": the weight split on the input features, whose input is the split output of a colwise
  *              layer; forward all-reduces the output over tp, then adds the (whole) bias.
+ *              On an Embedding (torch's RowwiseParallel on nn.Embedding, Megatron's VocabParallelEmbedding):
+ *              its rows, the vocabulary, split (the vocabulary size must be a multiple of tp_size:
+ *              CA_ERR_CONFIG naming both at prepare; no padding_idx); each rank looks up the ids in its
+ *              rows, zeros for the others, and forward all-reduces the sum over tp; backward reaches its
+ *              own rows only. ca_embedding_attend makes it a tied output layer.
  * In a pattern "*" stands for one dotted component ("layers.*.mlp.up_proj"). Entries add up; the first
  * that matches a name decides. With tp_size 1 the plan does nothing. Errors: CA_ERR_INVALID for a NULL
  * or empty argument, CA_ERR_UNSUPPORTED naming the style for Hugging Face's other styles
@@ -148,6 +154,21 @@ CA_API ca_status ca_tp_plan_fused(ca_module *m, const char *pattern, const char 
 /* The plan's style for the module named `name` (relative to m), 0 when no entry matches; *parts (may be
  * NULL) gets the entry's block count. */
 CA_API int ca_tp_plan_match(const ca_module *m, const char *name, int *parts);
+/* The logits of x [..., D] against an Embedding's rows, x weight^T -> [..., V]: an output layer tied to the
+ * embedding (GPT-2's). When the plan split the embedding rowwise, this rank's vocabulary slice
+ * [..., V / tp_size] (x's gradient all-reduced over tp): pass it to ca_tp_cross_entropy with the same module.
+ * NULL with CA_ERR_INVALID for a NULL argument; an op (ops.h) otherwise. */
+CA_API ca_tensor *ca_embedding_attend(ca_module *embedding, ca_tensor *x);
+/* ca_cross_entropy (mean over the labels that are not -100) of the logits that output layer `head` gave.
+ * When the plan split head over tp (a colwise Linear, or a rowwise Embedding through ca_embedding_attend),
+ * the logits [..., V / tp_size] are this rank's vocabulary columns and never whole on any rank: Megatron's
+ * vocab_parallel_cross_entropy, with all-reduces over tp of the rows' maxima, of their sums of exp and of
+ * the labels' logits (from the rank holding each label's column); backward gives each rank the gradient of
+ * its own columns. The labels are read on the host (a GPU waits for them). Every tp rank must call it with
+ * the same labels (it is collective) and gets the whole loss. Otherwise ca_cross_entropy. CA_ERR_INVALID
+ * for logits that are not head's output (their columns or rows against the labels, named), or a label
+ * outside the vocabulary. */
+CA_API ca_tensor *ca_tp_cross_entropy(const ca_module *head, ca_tensor *logits, ca_tensor *labels);
 
 /* Frees the module, its children and parameters. Accepts NULL. */
 CA_API void ca_module_destroy(ca_module *m);
