@@ -1110,11 +1110,12 @@ static bool job_ended(launch *L, ca_store_ref s) {
 static int rejoin_store(launch *L, const char *gen_key, int64_t deadline) {
     ca_store_client_close(L->client);
     L->client = NULL;
+    int wait_s = (int)((deadline - ca_now_ms() + 999) / 1000);   /* join_timeout for a machine that waits to join */
     for (;;) {
         int64_t left = deadline - ca_now_ms();
         if (left <= 0)
             return fail_msg("restart %d: machine 0's new rendezvous store at %s:%d did not come up within %d s%s",
-                            L->restart_count, L->master_addr, L->port, grace_s() + 30,
+                            L->restart_count, L->master_addr, L->port, wait_s,
                             L->elastic ? ": machine 0 holds the rendezvous, and an elastic job cannot go on without "
                                          "it (as with torchrun's c10d rendezvous)" : "");
         if (ca_store_client_connect(L->master_addr, L->port, L->token, left, &L->client) != CA_OK) {
