@@ -215,6 +215,38 @@ static ca_status bad_value(const ca_key_def *d, const char *name, const char *va
                     ca_escape(value, q, sizeof q), name, allowed);
 }
 
+/* "MIN:MAX" of a CA_KF_RANGE key (torchrun's --nnodes form): false for any other text. */
+static bool parse_range(const char *v, int64_t *lo, int64_t *hi) {
+    const char *colon = v ? strchr(v, ':') : NULL;
+    char head[32];
+    if (!colon || (size_t)(colon - v) >= sizeof head) return false;
+    memcpy(head, v, (size_t)(colon - v));
+    head[colon - v] = '\0';
+    return ca_config_parse_int(head, lo) && ca_config_parse_int(colon + 1, hi);
+}
+
+/* An integer key's value; a CA_KF_RANGE key given as MIN:MAX reads as MAX (the most it may be). */
+static bool int_of(const ca_key_def *d, const char *text, int64_t *out) {
+    int64_t lo;
+    if (d && (d->flags & CA_KF_RANGE) && parse_range(text, &lo, out)) return true;
+    return ca_config_parse_int(text, out);
+}
+
+/* A CA_KF_RANGE value given as MIN:MAX: both ends in the key's range and MIN <= MAX; stored as "MIN:MAX". */
+static ca_status check_range(const ca_key_def *d, const char *name, const char *value, const char *origin,
+                             char *buf, size_t size) {
+    int64_t lo, hi;
+    char q[256];
+    if (!parse_range(value, &lo, &hi) || (double)lo < d->min || (double)hi < d->min || (double)lo > d->max ||
+        (double)hi > d->max)
+        return bad_value(d, name, value, origin);
+    if (lo > hi)
+        return ca_error(CA_ERR_CONFIG, "%s: invalid value '%s' for key '%s': the minimum %lld is larger than the "
+                        "maximum %lld", origin, ca_escape(value, q, sizeof q), name, (long long)lo, (long long)hi);
+    snprintf(buf, size, "%lld:%lld", (long long)lo, (long long)hi);
+    return CA_OK;
+}
+
 ca_status ca_config_check_value(const ca_key_def *d, const char *name, const char *value, const char *origin,
                                 char **out, bool *is_null) {
     *out = NULL;
@@ -234,6 +266,12 @@ ca_status ca_config_check_value(const ca_key_def *d, const char *name, const cha
     }
     case CA_KT_INT: {
         int64_t v;
+        if ((d->flags & CA_KF_RANGE) && strchr(value, ':')) {
+            ca_status s = check_range(d, name, value, origin, buf, sizeof buf);
+            if (s != CA_OK) return s;
+            store = buf;
+            break;
+        }
         if (!ca_config_parse_int(value, &v)) return bad_value(d, name, value, origin);
         if (d->min <= d->max && ((double)v < d->min || (double)v > d->max))
             return bad_value(d, name, value, origin);
@@ -543,7 +581,7 @@ ca_status ca_config_get_int(const ca_config *c, const char *key, int64_t *out) {
     ca_status s = get_text(c, key, &v);
     if (s != CA_OK) return s;
     char q[256];
-    if (!out || !ca_config_parse_int(v, out))
+    if (!out || !int_of(ca_config_key_find(key), v, out))
         return ca_error(CA_ERR_CONFIG, "configuration key '%s' = '%s' is not an integer", key,
                         ca_escape(v, q, sizeof q));
     return CA_OK;
@@ -726,7 +764,7 @@ static const ca_cfg_entry *K(const ca_config *c, const char *key) {
 
 static int64_t int_or(const ca_cfg_entry *e, int64_t def) {
     int64_t v;
-    return e->value && ca_config_parse_int(e->value, &v) ? v : def;
+    return e->value && int_of(e->def, e->value, &v) ? v : def;
 }
 
 static bool bool_or(const ca_cfg_entry *e, bool def) {
@@ -767,12 +805,16 @@ static ca_status validate(const ca_config *c) {
                  mre->origin, (long long)nm, nme->origin);
         return CA_ERR_CONFIG;
     }
-    if (np > 0 && np < nm) {
+    /* MIN:MAX (elastic): the job runs on MIN..MAX machines, and its processes see the current count of
+     * processes (ACCELERATE_NUM_PROCESSES), which only MIN bounds; the launcher checks the split at MAX */
+    int64_t lo, hi;
+    bool range = parse_range(nme->value, &lo, &hi);
+    if (np > 0 && np < (range ? lo : nm)) {
         ca_error(CA_ERR_CONFIG, "num_processes %lld (%s) is the total over all machines and cannot be less than "
-                 "num_machines %lld (%s)", (long long)np, npe->origin, (long long)nm, nme->origin);
+                 "num_machines %s (%s)", (long long)np, npe->origin, nme->value, nme->origin);
         return CA_ERR_CONFIG;
     }
-    if (np > 0 && np % nm != 0)
+    if (np > 0 && np % nm != 0 && !range)
         CA_LOG_W("num_processes %lld (%s) is not a multiple of num_machines %lld (%s): machines get %lld each",
                  (long long)np, npe->origin, (long long)nm, nme->origin, (long long)(np / nm));
     if (de->value && strcmp(de->value, "MULTI_GPU") == 0 && np == 1 && nm == 1)
@@ -1040,6 +1082,8 @@ ca_status ca_config_settings(const ca_config *c, ca_settings *out) {
     const ca_cfg_entry *de = K(c, "distributed_type"), *ue = K(c, "use_cpu");
     out->num_processes = (int)int_or(K(c, "num_processes"), -1);
     out->num_machines = (int)int_or(K(c, "num_machines"), 1);
+    int64_t lo, hi;
+    out->min_machines = parse_range(K(c, "num_machines")->value, &lo, &hi) ? (int)lo : 0;
     out->machine_rank = (int)int_or(K(c, "machine_rank"), 0);
     out->distributed_type_name = de->value ? de->value : "NO";
     out->distributed_type = dist_from_name(de->value);

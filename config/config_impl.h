@@ -29,7 +29,8 @@ enum {
     CA_KF_SAGEMAKER = 1u << 3,  /* a field of Accelerate's SageMakerConfig (AMAZON_SAGEMAKER files) */
     CA_KF_CACCEL = 1u << 4,     /* caccel's own extension, not an Accelerate key */
     CA_KF_LEGACY = 1u << 5,     /* an old Accelerate key that is migrated (fp16, dynamo_backend) */
-    CA_KF_FREEFORM = 1u << 6    /* a section whose sub-keys are free (SageMaker additional_args) */
+    CA_KF_FREEFORM = 1u << 6,   /* a section whose sub-keys are free (SageMaker additional_args) */
+    CA_KF_RANGE = 1u << 7       /* CA_KT_INT that also takes MIN:MAX (num_machines: elastic), read as MAX */
 };
 #define CA_KF_BASE (CA_KF_CLUSTER | CA_KF_SAGEMAKER)
 

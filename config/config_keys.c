@@ -79,7 +79,7 @@ const ca_key_def ca_config_keys[] = {
 
     KI("num_processes", "-1", -1, 1e6, CL | S, "total number of processes (-1: not given)"),
     KI("machine_rank", "0", 0, 1e6, CL | S, "rank of this machine (0 .. num_machines-1)"),
-    KI("num_machines", "1", 1, 1e6, BA | S, "number of machines"),
+    KI("num_machines", "1", 1, 1e6, BA | S | CA_KF_RANGE, "number of machines; MIN:MAX: elastic membership, MIN to MAX machines (caccel launch)"),
     KS("gpu_ids", NULL, BA | S, "accelerators to use on this machine: \"all\" or \"0,1\""),
     KS("main_process_ip", NULL, CL | S, "address of the machine of rank 0"),
     KI("main_process_port", NULL, 0, 65535, CL | S, "port of the rendezvous on rank 0 (0: any free port)"),
@@ -355,6 +355,10 @@ const ca_env_def ca_config_envs[] = {
     {"PARALLELISM_CONFIG_SP_SEQ_LENGTH", CA_ENV_KEY, "parallelism_config.parallelism_config_sp_seq_length"},
     {"PARALLELISM_CONFIG_SP_SEQ_LENGTH_IS_VARIABLE", CA_ENV_KEY, "parallelism_config.parallelism_config_sp_seq_length_is_variable"},
     {"PARALLELISM_CONFIG_SP_ATTN_IMPLEMENTATION", CA_ENV_KEY, "parallelism_config.parallelism_config_sp_attn_implementation"},
+    /* torchrun's agent reads its flags from PET_<FLAG> (--nnodes, --node_rank); PET_MAX_RESTARTS and
+     * PET_RDZV_CONF set launcher flags that are no keys (tools/cmd_launch.c) */
+    {"PET_NNODES", CA_ENV_KEY, "num_machines"},
+    {"PET_NODE_RANK", CA_ENV_KEY, "machine_rank"},
     {"MASTER_ADDR", CA_ENV_KEY, "main_process_ip"},
     {"MASTER_PORT", CA_ENV_KEY, "main_process_port"},
     {"CACCEL_BACKEND", CA_ENV_KEY, "backend"},
@@ -772,6 +776,7 @@ void ca_config_describe_allowed(const ca_key_def *d, char *buf, size_t size) {
             append(buf, size, &len, "an integer");
         }
         if (strcmp(d->name, "num_processes") == 0) append(buf, size, &len, " other than 0 (-1: not given)");
+        if (d->flags & CA_KF_RANGE) append(buf, size, &len, ", or MIN:MAX (two of those, MIN <= MAX)");
         break;
     case CA_KT_FLOAT:
         if (d->min <= d->max) {

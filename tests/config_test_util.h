@@ -94,7 +94,7 @@ static inline void ct_clean_env(void) {
     static const char *const prefixes[] = {"ACCELERATE_", "FSDP_", "MEGATRON_LM_", "PARALLELISM_CONFIG_",
                                            "CACCEL_BACKEND", "CACCEL_TIMEOUT", "CACCEL_BUCKET_CAP_MB",
                                            "CACCEL_ALLOW_UNKNOWN_KEYS", "CACCEL_EVEN_BATCHES", "MASTER_ADDR",
-                                           "MASTER_PORT"};
+                                           "MASTER_PORT", "PET_"};
     extern char **environ;
     for (int again = 1; again;) {
         again = 0;

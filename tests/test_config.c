@@ -409,6 +409,9 @@ static void test_env_mappings(void **state) {
         {"ACCELERATE_DEEPSPEED_OFFLOAD_PARAM_DEVICE", "cpu", "deepspeed_config.offload_param_device", "cpu"},
         {"ACCELERATE_FP8_BACKEND", "te", "fp8_config.backend", "TE"},
         {"MEGATRON_LM_TP_DEGREE", "2", "megatron_lm_config.megatron_lm_tp_degree", "2"},
+        {"PET_NNODES", "2:4", "num_machines", "2:4"},
+        {"PET_NNODES", "3", "num_machines", "3"},
+        {"PET_NODE_RANK", "1", "machine_rank", "1"},
         {"MASTER_ADDR", "10.0.0.1", "main_process_ip", "10.0.0.1"},
         {"MASTER_PORT", "29501", "main_process_port", "29501"},
         {"CACCEL_BACKEND", "gloo", "backend", "gloo"},
@@ -481,6 +484,89 @@ static void test_env_settings_and_errors(void **state) {
     assert_string_equal(ca_config_get(c, "num_processes"), "3");
     ca_config_destroy(c);
     unsetenv("ACCELERATE_NUM_PROCESSES");
+}
+
+/* num_machines MIN:MAX (torchrun's --nnodes form: elastic membership) from the flag, PET_NNODES or a file:
+ * the flag beats the environment, which beats the file; MAX is what the integer readers see. */
+static void test_elastic_num_machines(void **state) {
+    (void)state;
+    const char *path = ct_write("elastic.yaml", "distributed_type: MULTI_CPU\nnum_machines: '2:3'\nnum_processes: 6\n");
+    char file[512];
+    snprintf(file, sizeof file, "%s", path);
+    char *argv[] = {"prog", "--config_file", file, "--machine_rank", "2", NULL};
+    ca_config *c = new_config();
+    assert_ok(ca_config_load(c, NULL, 5, argv));
+    assert_string_equal(ca_config_get(c, "num_machines"), "2:3");
+    int64_t v = 0;
+    assert_ok(ca_config_get_int(c, "num_machines", &v));
+    assert_int_equal(v, 3);
+    ca_settings st;
+    assert_ok(ca_config_settings(c, &st));
+    assert_int_equal(st.num_machines, 3);
+    assert_int_equal(st.min_machines, 2);
+    ca_config_destroy(c);
+
+    setenv("PET_NNODES", "1:2", 1);   /* the environment beats the file */
+    char *argv2[] = {"prog", "--config_file", file, NULL};
+    c = new_config();
+    assert_ok(ca_config_load(c, NULL, 3, argv2));
+    assert_string_equal(ca_config_origin(c, "num_machines"), "env PET_NNODES");
+    assert_ok(ca_config_settings(c, &st));
+    assert_int_equal(st.num_machines, 2);
+    assert_int_equal(st.min_machines, 1);
+    ca_config_destroy(c);
+    /* the processes of an elastic job at fewer machines: only MIN bounds the count they see */
+    setenv("ACCELERATE_NUM_PROCESSES", "2", 1);
+    setenv("PET_NNODES", "2:3", 1);
+    c = new_config();
+    assert_ok(ca_config_load(c, NULL, 3, argv2));
+    ca_config_destroy(c);
+    setenv("ACCELERATE_NUM_PROCESSES", "1", 1);
+    c = new_config();
+    assert_status(ca_config_load(c, NULL, 3, argv2), CA_ERR_CONFIG);
+    assert_contains(ca_last_error(), "num_processes 1 (env ACCELERATE_NUM_PROCESSES) is the total over all machines "
+                                     "and cannot be less than num_machines 2:3 (env PET_NNODES)");
+    ca_config_destroy(c);
+    ct_clean_env();
+    char *argv3[] = {"prog", "--config_file", file, "--num_machines", "4", NULL};   /* the flag beats both */
+    c = new_config();
+    assert_ok(ca_config_load(c, NULL, 5, argv3));
+    assert_ok(ca_config_settings(c, &st));
+    assert_int_equal(st.num_machines, 4);
+    assert_int_equal(st.min_machines, 0);
+    ca_config_destroy(c);
+    ct_clean_env();
+
+    /* refusals name the origin, the key and the value */
+    static const struct { const char *value, *want; } bad[] = {
+        {"3:2", "--num_machines: invalid value '3:2' for key 'num_machines': the minimum 3 is larger than the maximum 2"},
+        {"1:0", "--num_machines: invalid value '1:0' for key 'num_machines' (allowed: an integer from 1 to 1000000, or "
+                "MIN:MAX (two of those, MIN <= MAX))"},
+        {"0:2", "invalid value '0:2' for key 'num_machines'"},
+        {"1:x", "invalid value '1:x' for key 'num_machines'"},
+        {"1:2:3", "invalid value '1:2:3' for key 'num_machines'"},
+        {":2", "invalid value ':2' for key 'num_machines'"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char *a[] = {"prog", "--num_machines", (char *)bad[i].value, NULL};
+        c = new_config();
+        assert_status(ca_config_load(c, NULL, 3, a), CA_ERR_CONFIG);
+        assert_contains(ca_last_error(), bad[i].want);
+        ca_config_destroy(c);
+    }
+    setenv("PET_NNODES", "4:2", 1);
+    c = new_config();
+    char *a4[] = {"prog", NULL};
+    assert_status(ca_config_load(c, NULL, 1, a4), CA_ERR_CONFIG);
+    assert_contains(ca_last_error(), "env PET_NNODES: invalid value '4:2' for key 'num_machines': the minimum 4");
+    ca_config_destroy(c);
+    ct_clean_env();
+    /* machine_rank is checked against MAX */
+    char *a5[] = {"prog", "--num_machines", "1:3", "--machine_rank", "3", NULL};
+    c = new_config();
+    assert_status(ca_config_load(c, NULL, 5, a5), CA_ERR_CONFIG);
+    assert_contains(ca_last_error(), "machine_rank 3 (--machine_rank) must be less than num_machines 3 (--num_machines)");
+    ca_config_destroy(c);
 }
 
 /* ------------------------------------------------------------------ command line */
@@ -1520,6 +1606,7 @@ int main(void) {
         cmocka_unit_test_setup(test_legacy_keys, setup),
         cmocka_unit_test_setup(test_env_mappings, setup),
         cmocka_unit_test_setup(test_env_settings_and_errors, setup),
+        cmocka_unit_test_setup(test_elastic_num_machines, setup),
         cmocka_unit_test_setup(test_flag_mappings, setup),
         cmocka_unit_test_setup(test_flags_program_args_and_errors, setup),
         cmocka_unit_test_setup(test_flag_arity, setup),

@@ -429,6 +429,33 @@ static void test_sections_and_lists(void **state) {
     ca_config_destroy(c);
 }
 
+/* num_machines MIN:MAX in a file: quoted (what PyYAML, which reads an unquoted 2:3 as the base-60
+ * number 123, and so Accelerate, keep as text) or not, and in JSON; a bad one names the file's line. */
+static void test_elastic_num_machines_file(void **state) {
+    (void)state;
+    static const struct { const char *name, *text; } ok[] = {
+        {"nm_quoted.yaml", "distributed_type: MULTI_CPU\nnum_machines: \"2:3\"\nnum_processes: 6\n"},
+        {"nm_plain.yaml", "distributed_type: MULTI_CPU\nnum_machines: 2:3\nnum_processes: 6\n"},
+        {"nm.json", "{\"distributed_type\": \"MULTI_CPU\", \"num_machines\": \"2:3\", \"num_processes\": 6}"},
+    };
+    for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
+        ca_config *c = load(ct_write(ok[i].name, ok[i].text));
+        expect(c, "num_machines", "2:3");
+        ca_settings st;
+        assert_ok(ca_config_settings(c, &st));
+        assert_int_equal(st.num_machines, 3);
+        assert_int_equal(st.min_machines, 2);
+        ca_config_destroy(c);
+    }
+    const char *p = ct_write("nm_bad.yaml", "distributed_type: MULTI_CPU\nnum_machines: '0:2'\n");
+    char where[600];
+    snprintf(where, sizeof where, "%s:2: invalid value '0:2' for key 'num_machines'", p);
+    ca_config *c = new_config();
+    assert_status(ca_config_load_file(c, p), CA_ERR_CONFIG);
+    assert_contains(ca_last_error(), where);
+    ca_config_destroy(c);
+}
+
 static void test_sagemaker_file(void **state) {
     (void)state;
     const char *p = ct_write("sm.yaml", "compute_environment: AMAZON_SAGEMAKER\n"
@@ -833,6 +860,7 @@ int main(void) {
         cmocka_unit_test_setup(test_every_file_in_folder, setup),
         cmocka_unit_test_setup(test_values_read_back, setup),
         cmocka_unit_test_setup(test_template_details, setup),
+        cmocka_unit_test_setup(test_elastic_num_machines_file, setup),
         cmocka_unit_test_setup(test_reported_keys, setup),
         cmocka_unit_test_setup(test_fp8_is_kept, setup),
         cmocka_unit_test_setup(test_invalid_keys_with_switch, setup),

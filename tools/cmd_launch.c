@@ -179,7 +179,9 @@ typedef struct launch {
     bool extended;                 /* decide_at was pushed back once to hear from other machines */
     int remote_fail_code;          /* another machine failed: exit with this */
     int interrupted;               /* signal received, 0 none */
-    int restart_count;             /* restarts so far (TORCHELASTIC_RESTART_COUNT) */
+    int restart_count;             /* group starts so far after the first, of any cause (CACCEL_RESTART_COUNT) */
+    int failures;                  /* those after a failure (TORCHELASTIC_RESTART_COUNT): what --max_restarts
+                                    * bounds; a restart that lets a machine join is not one, as in torchrun */
     /* elastic membership (--num_machines MIN:MAX): machine_rank is this machine's id, fixed for the job;
      * group_rank its place among the machines of the current round, which orders the ranks */
     bool elastic;
@@ -187,7 +189,7 @@ typedef struct launch {
     int join_timeout_s, last_call_s;   /* --rdzv_conf join_timeout=S,last_call_timeout=S */
     unsigned char *member;         /* per machine id, M_OUT.. (below): in the current round or not */
     bool regroup;                  /* the processes stopped at a checkpoint to let a machine join */
-    char nm_arg[48];               /* --num_machines=MAX, the configuration's view of MIN:MAX */
+    int ended;                     /* the job ended while this machine waited to join: its status + 1, 0 not */
 } launch;
 
 /* The command's progress (unless --quiet) and its errors, as every caccel command prints them. */
@@ -212,16 +214,18 @@ static void usage(FILE *f) {
         "  --backend gloo|mpi            collective backend (mpi: the job is started through mpirun)\n"
         "  --timeout SECONDS             collective and rendezvous timeout\n"
         "  --token_file PATH             job token shared by the machines (also CACCEL_JOB_TOKEN_FILE)\n"
-        "  --max_restarts N              after a failure, start every process again, up to N times (default 0)\n"
+        "  --max_restarts N              after a failure, start every process again, up to N times (default 0;\n"
+        "                                a machine joining an elastic job is no failure)\n"
         "  --monitor_interval SECONDS    how often the processes are checked (default 0.5)\n"
         "  --hostfile FILE               start every machine of FILE (`host slots=N` lines) over ssh\n"
         "  --ssh_port PORT, --ssh_opts \"OPTIONS\"   how ssh reaches them\n"
         "  --num_machines MIN:MAX        elastic membership: MIN..MAX machines; shrinks when one dies, grows\n"
-        "                                at a checkpoint when one comes\n"
+        "                                at a checkpoint when one comes (config file: num_machines: '2:3')\n"
         "  --rdzv_conf join_timeout=S,last_call_timeout=S   how long the rendezvous waits for MIN machines\n"
         "                                (default 600 s), then for more up to MAX (default 30 s)\n\n"
         "The processes get RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT,\n"
-        "CACCEL_JOB_TOKEN and the ACCELERATE_* variables. See docs/DISTRIBUTED.md.\n");
+        "CACCEL_JOB_TOKEN and the ACCELERATE_* variables. As torchrun, flags not given are read from\n"
+        "PET_NNODES, PET_NODE_RANK, PET_MAX_RESTARTS and PET_RDZV_CONF. See docs/DISTRIBUTED.md.\n");
 }
 
 static const char *signame(int sig) {
@@ -1078,6 +1082,27 @@ static int fresh_store(launch *L) {
     return rc;
 }
 
+/* An elastic job's machine that waits for a restart's store: machine 0 may have ended the job instead
+ * (elastic_dismiss): then it says so, tells machine 0 it has seen it, and leaves without waiting out
+ * join_timeout. True when it has ended. */
+static bool job_ended(launch *L, ca_store_ref s) {
+    char v[32], key[64];
+    size_t len = sizeof v - 1;
+    if (s.ops->check(s.store, "caccel/elastic/ended") != CA_OK ||
+        s.ops->get(s.store, "caccel/elastic/ended", v, &len, STORE_IO_MS) != CA_OK) {
+        ca_clear_error();
+        return false;
+    }
+    v[len] = '\0';
+    int status = atoi(v);
+    L->ended = status + 1;
+    fprintf(stderr, "caccel %s: the job ended (machine 0's exit status %d) before machine %d could join: it leaves "
+            "without starting its processes\n", cmd_name, status, L->machine_rank);
+    snprintf(key, sizeof key, "caccel/elastic/left/%d", L->machine_rank);
+    if (s.ops->set(s.store, key, "1", 1) != CA_OK) ca_clear_error();
+    return true;
+}
+
 /* Machines 1.. of a restart: after saying in the old store that their processes have ended, they
  * reconnect until the store they reach is the new one (machine 0 marks it with the attempt's key).
  * The old store goes away meanwhile: a connection it accepts and then closes (while this launcher
@@ -1085,11 +1110,12 @@ static int fresh_store(launch *L) {
 static int rejoin_store(launch *L, const char *gen_key, int64_t deadline) {
     ca_store_client_close(L->client);
     L->client = NULL;
+    int wait_s = (int)((deadline - ca_now_ms() + 999) / 1000);   /* join_timeout for a machine that waits to join */
     for (;;) {
         int64_t left = deadline - ca_now_ms();
         if (left <= 0)
             return fail_msg("restart %d: machine 0's new rendezvous store at %s:%d did not come up within %d s%s",
-                            L->restart_count, L->master_addr, L->port, grace_s() + 30,
+                            L->restart_count, L->master_addr, L->port, wait_s,
                             L->elastic ? ": machine 0 holds the rendezvous, and an elastic job cannot go on without "
                                          "it (as with torchrun's c10d rendezvous)" : "");
         if (ca_store_client_connect(L->master_addr, L->port, L->token, left, &L->client) != CA_OK) {
@@ -1102,6 +1128,7 @@ static int rejoin_store(launch *L, const char *gen_key, int64_t deadline) {
         ca_store_ref s = ca_store_client_ref(L->client);
         if (s.ops->check(s.store, gen_key) == CA_OK) return 0;
         ca_clear_error();
+        if (L->elastic && job_ended(L, s)) return 1;
         ca_store_client_close(L->client);   /* the old store, not replaced yet */
         L->client = NULL;
         usleep(100 * 1000);
@@ -1260,8 +1287,8 @@ static int elastic_publish(launch *L, const unsigned char *joined, int n) {
                  came[0] ? " joined; " : "", ids, n, L->min_machines, L->max_machines);
     memcpy(L->member, joined, (size_t)L->max_machines);
     ca_store_ref s = ca_store_client_ref(L->client);
-    char round[32];
-    snprintf(round, sizeof round, "%d", L->restart_count);
+    char round[32];   /* "ROUND FAILURES": a machine that joins later counts restarts as the others do */
+    snprintf(round, sizeof round, "%d %d", L->restart_count, L->failures);
     if (s.ops->set(s.store, "caccel/elastic/round", round, strlen(round)) != CA_OK ||
         s.ops->set(s.store, "caccel/elastic/change", change, strlen(change)) != CA_OK ||
         s.ops->set(s.store, "caccel/elastic/members", ids, strlen(ids)) != CA_OK)
@@ -1361,7 +1388,8 @@ static int elastic_wait_next(launch *L) {
     ca_store_ref s = ca_store_client_ref(L->client);
     if (s.ops->get(s.store, "caccel/elastic/round", r, &len, STORE_IO_MS) != CA_OK) return ca_cli_fail(cmd_name);
     r[len] = '\0';
-    L->restart_count = atoi(r) + 1;
+    if (sscanf(r, "%d %d", &L->restart_count, &L->failures) != 2) return fail_msg("machine 0 wrote round '%s'", r);
+    L->restart_count++;   /* the restart that takes this machine in: a grow, which --max_restarts does not count */
     fprintf(stderr, "caccel %s: machine %d waits to join: the running group takes it in at its next checkpoint\n",
             cmd_name, L->machine_rank);
     snprintf(gen, sizeof gen, "caccel/launch/restart/%d/store", L->restart_count);
@@ -1385,8 +1413,39 @@ static int elastic_round(launch *L) {
     }
 }
 
+/* Machine 0, when the job ends: the machines that wait to join (their join key is in the store, and they
+ * are no members) learn it now instead of waiting out join_timeout; machine 0 keeps the store up until
+ * each has said it has seen it, or 10 s. */
+static void elastic_dismiss(launch *L, int code) {
+    if (!L->elastic || L->machine_rank != 0 || !L->client) return;
+    ca_store_ref s = ca_store_client_ref(L->client);
+    char key[64], v[16];
+    snprintf(v, sizeof v, "%d", code);
+    if (s.ops->set(s.store, "caccel/elastic/ended", v, strlen(v)) != CA_OK) {
+        ca_clear_error();
+        return;
+    }
+    int64_t deadline = ca_now_ms() + 10000;
+    for (int id = 1; id < L->max_machines; id++) {
+        snprintf(key, sizeof key, "caccel/elastic/join/%d", id);
+        if (L->member[id] == M_IN || s.ops->check(s.store, key) != CA_OK) {
+            ca_clear_error();
+            continue;
+        }
+        snprintf(key, sizeof key, "caccel/elastic/left/%d", id);
+        bool seen;
+        while (!(seen = s.ops->check(s.store, key) == CA_OK) && ca_now_ms() < deadline) {
+            ca_clear_error();
+            usleep(50 * 1000);
+        }
+        ca_clear_error();
+        fprintf(stderr, "caccel %s: machine %d waited to join: %s\n", cmd_name, id,
+                seen ? "it has learnt that the job has ended" : "it did not answer within 10 s; the job ends");
+    }
+}
+
 static void set_restart_env(const launch *L) {
-    setenv_int("TORCHELASTIC_RESTART_COUNT", L->restart_count);
+    setenv_int("TORCHELASTIC_RESTART_COUNT", L->failures);
     setenv_int("CACCEL_RESTART_COUNT", L->restart_count);
     setenv_int("TORCHELASTIC_MAX_RESTARTS", L->max_restarts);
 }
@@ -1404,16 +1463,23 @@ static int spawn_and_supervise(launch *L, const sigset_t *old) {
     int code;
     for (;;) {
         if (L->elastic && elastic_round(L) != 0) {   /* a late machine learns the restart count here */
-            code = 1;
+            code = L->ended ? L->ended > 1 : 1;         /* the job ended without it: its success or failure */
             break;
         }
         set_restart_env(L);
         bool spawn_failed = false;
         code = run_group(L, old, &spawn_failed);
-        if (code == 0 || spawn_failed || L->interrupted || L->restart_count >= L->max_restarts) break;
+        /* a group that stopped to let a machine join did not fail: torchrun counts only failures (a machine
+         * that died is one) against --max_restarts */
+        bool grow = L->regroup && !spawn_failed;
+        if (code == 0 || spawn_failed || L->interrupted || (!grow && L->failures >= L->max_restarts)) break;
         L->restart_count++;
-        fprintf(stderr, "caccel %s: restarting every process (restart %d of %d)\n", cmd_name, L->restart_count,
-                L->max_restarts);
+        if (grow)
+            fprintf(stderr, "caccel %s: restarting every process to let a machine join (not a failure: --max_restarts "
+                    "%d used of %d)\n", cmd_name, L->failures, L->max_restarts);
+        else
+            fprintf(stderr, "caccel %s: restarting every process (restart %d of %d)\n", cmd_name, ++L->failures,
+                    L->max_restarts);
         memset(L->kids, 0, (size_t)L->nlocal * sizeof *L->kids);
         L->stopping = false;
         L->first_fail = L->early_exit = -1;
@@ -1428,18 +1494,22 @@ static int spawn_and_supervise(launch *L, const sigset_t *old) {
             break;
         }
     }
-    if (code != 0 && L->max_restarts > 0 && L->restart_count >= L->max_restarts && !L->interrupted)
+    elastic_dismiss(L, code);
+    if (code != 0 && L->max_restarts > 0 && L->failures >= L->max_restarts && !L->interrupted && !L->ended)
         fprintf(stderr, "caccel %s: the job failed after %d restart(s) (--max_restarts %d)\n", cmd_name,
-                L->restart_count, L->max_restarts);
+                L->failures, L->max_restarts);
     free(L->kids);
     free(L->failed_order);
     return code;
 }
 
-/* --rdzv_conf join_timeout=S,last_call_timeout=S (torchrun's keys; others are refused by name). */
-static bool parse_rdzv_conf(launch *L, const char *v) {
+/* --rdzv_conf join_timeout=S,last_call_timeout=S (torchrun's keys; others are refused by name). It
+ * replaces an earlier one (PET_RDZV_CONF), as torchrun's flag does: the keys not named take their defaults. */
+static bool parse_rdzv_conf(launch *L, const char *v, const char *origin) {
     char *copy = strdup(v), *save = NULL;
     bool ok = copy != NULL;
+    L->join_timeout_s = 600;   /* torchrun's defaults */
+    L->last_call_s = 30;
     for (char *t = copy ? strtok_r(copy, ",", &save) : NULL; t && ok; t = strtok_r(NULL, ",", &save)) {
         char *eq = strchr(t, '=');
         int *dst = NULL;
@@ -1447,7 +1517,7 @@ static bool parse_rdzv_conf(launch *L, const char *v) {
         if (strcmp(t, "join_timeout") == 0) dst = &L->join_timeout_s;
         else if (strcmp(t, "last_call_timeout") == 0) dst = &L->last_call_s;
         if (!dst || !eq || !parse_int(eq + 1, 0, 86400, dst)) {
-            fail_msg("--rdzv_conf: '%s%s%s' is not join_timeout=SECONDS or last_call_timeout=SECONDS (0..86400)",
+            fail_msg("%s: '%s%s%s' is not join_timeout=SECONDS or last_call_timeout=SECONDS (0..86400)", origin,
                      t, eq ? "=" : "", eq ? eq + 1 : "");
             ok = false;
         }
@@ -1456,32 +1526,15 @@ static bool parse_rdzv_conf(launch *L, const char *v) {
     return ok;
 }
 
-/* --num_machines MIN:MAX (torchrun's --nnodes form): the launcher keeps MIN, the configuration reads MAX.
- * Returns -1 to go on, else the exit code; *out: argv, or a copy (to free) with MAX for MIN:MAX. */
-static int elastic_flag(launch *L, int argc, char **argv, int prog, char ***out) {
-    *out = argv;
-    for (int i = 1; i < prog; i++) {
-        const char *v = NULL;
-        if (!ca_cli_match_flag(argv[i], "num_machines", &v)) continue;
-        int at = v ? i : i + 1;
-        if (!v && (v = i + 1 < prog ? argv[i + 1] : NULL) == NULL) return -1;   /* the configuration says so */
-        const char *colon = strchr(v, ':');
-        if (!colon) continue;
-        char lo[32];
-        snprintf(lo, sizeof lo, "%.*s", (int)(colon - v < 31 ? colon - v : 31), v);
-        if (!parse_int(lo, 1, 1000000, &L->min_machines) || !parse_int(colon + 1, 1, 1000000, &L->max_machines))
-            return fail_msg("--num_machines takes N or MIN:MAX (machines, 1 or more), not '%s'", v), 2;
-        if (L->min_machines > L->max_machines)
-            return fail_msg("--num_machines %s: the minimum %d is larger than the maximum %d", v, L->min_machines,
-                            L->max_machines), 2;
-        char **copy = malloc((size_t)(argc + 1) * sizeof *copy);
-        if (!copy) return fail_msg("out of memory"), 1;
-        memcpy(copy, argv, (size_t)(argc + 1) * sizeof *copy);
-        snprintf(L->nm_arg, sizeof L->nm_arg, at == i ? "--num_machines=%d" : "%d", L->max_machines);
-        copy[at] = L->nm_arg;
-        L->elastic = true;
-        *out = copy;
-    }
+/* torchrun's agent reads a flag not given from PET_<FLAG>: caccel launch reads those of its own flags
+ * that are no configuration keys (PET_NNODES and PET_NODE_RANK are: config/config_keys.c); the flags,
+ * read next, replace them. An empty variable counts as unset. Returns -1 to go on, else the exit code. */
+static int env_flags(launch *L) {
+    const char *v = getenv("PET_MAX_RESTARTS");
+    if (v && *v && !parse_int(v, 0, 1000000, &L->max_restarts))
+        return fail_msg("env PET_MAX_RESTARTS (--max_restarts) takes a count 0..1000000, not '%s'", v), 2;
+    v = getenv("PET_RDZV_CONF");
+    if (v && *v && !parse_rdzv_conf(L, v, "env PET_RDZV_CONF (--rdzv_conf)")) return 2;
     return -1;
 }
 
@@ -1516,7 +1569,7 @@ static int parse_flags(launch *L, int argc, char **argv, int *prog) {
             if (ca_cli_match_flag(a, "log_dir", NULL)) L->log_dir = v;
             else if (ca_cli_match_flag(a, "token_file", NULL)) L->token_file = v;
             else if (ca_cli_match_flag(a, "ssh_opts", NULL)) L->ssh_opts = v;
-            else if (ca_cli_match_flag(a, "rdzv_conf", NULL) && !parse_rdzv_conf(L, v)) return 2;
+            else if (ca_cli_match_flag(a, "rdzv_conf", NULL) && !parse_rdzv_conf(L, v, "--rdzv_conf")) return 2;
             else if (ca_cli_match_flag(a, "ssh_port", NULL) && !parse_int(v, 1, 65535, &L->ssh_port))
                 return fail_msg("--ssh_port takes a port 1..65535, not '%s'", v), 2;
             else if (ca_cli_match_flag(a, "monitor_interval", NULL)) {
@@ -1695,23 +1748,22 @@ int ca_cmd_launch(int argc, char **argv) {
     L->sfd = -1;
     L->join_timeout_s = 600;   /* torchrun's defaults */
     L->last_call_s = 30;
-    int prog, rc = parse_flags(L, argc, argv, &prog);
+    int prog, rc = env_flags(L);
+    if (rc < 0) rc = parse_flags(L, argc, argv, &prog);
     if (rc >= 0) return rc;
-    char **cargv;
-    if ((rc = elastic_flag(L, argc, argv, prog, &cargv)) >= 0) return rc;
     ca_config *cfg = NULL;
-    if (ca_config_create(&cfg) != CA_OK) {
-        if (cargv != argv) free(cargv);
-        return ca_cli_fail(cmd_name);
-    }
-    rc = ca_config_load(cfg, NULL, prog, cargv) != CA_OK ? ca_cli_fail(cmd_name) : -1;
-    if (cargv != argv) free(cargv);
+    if (ca_config_create(&cfg) != CA_OK) return ca_cli_fail(cmd_name);
+    rc = ca_config_load(cfg, NULL, prog, argv) != CA_OK ? ca_cli_fail(cmd_name) : -1;
     if (rc >= 0) {
         ca_config_destroy(cfg);
         return rc;
     }
     ca_settings st;
     ca_config_settings(cfg, &st);
+    /* num_machines MIN:MAX (the flag, PET_NNODES or the config file): the configuration reads MAX */
+    L->elastic = st.min_machines > 0;
+    L->min_machines = st.min_machines;
+    L->max_machines = st.num_machines;
     rc = maybe_hostfile(L, cfg, &st, argc, argv, prog);
     if (rc < 0) rc = resolve_job(L, cfg, &st);
     if (rc < 0 && L->elastic && !(L->member = calloc((size_t)L->max_machines, 1))) rc = fail_msg("out of memory");

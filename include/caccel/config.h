@@ -127,7 +127,7 @@ typedef struct ca_settings {
     ca_mixed_precision mixed_precision;
     bool use_cpu;
     int num_processes;                  /* -1: not given */
-    int num_machines;
+    int num_machines;                   /* num_machines MIN:MAX (elastic, caccel launch): MAX */
     int machine_rank;
     const char *main_process_ip;        /* NULL: not given */
     int main_process_port;              /* 0: not given */
@@ -153,6 +153,7 @@ typedef struct ca_settings {
     bool deterministic;                 /* bit-identical results for any process/thread count */
     int deterministic_shards;           /* virtual shards per global batch (deterministic mode) */
     bool allow_tf32;                    /* f32 GEMMs on TF32 tensor cores (GPU devices) */
+    int min_machines;                   /* num_machines MIN:MAX: MIN; 0 when num_machines is one number */
 } ca_settings;
 
 /* Fills `out` from c (strings point into c). Never fails on a loaded config. */

@@ -1,17 +1,19 @@
 #!/bin/sh
 # Elastic membership (caccel launch --num_machines MIN:MAX): three "machines" (network namespaces, as
-# tests/dist/netns.sh) start a job with --num_machines 2:3; once machine 2's rank has trained step 6
+# tests/dist/netns.sh) start a job with num_machines: '2:3' in a config file and PET_MAX_RESTARTS=1;
+# once machine 2's rank has trained step 6
 # (it stops itself there, so no later checkpoint can be written), machine 2 is killed. Machines 0 and 1
-# stop, restart at two machines (a restart of --max_restarts), resume from the newest complete
+# stop, restart at two machines (the one restart of --max_restarts), resume from the newest complete
 # checkpoint (step 4) with the accumulation that keeps the global batch (3 x 2 = 2 x 3) and wait at a
 # gate after step 6. Machine 2 is started again: it waits to join, the gate opens, and the group stops
-# at its next checkpoint (step 8) and restarts at three machines (accumulation 2 again) from it.
+# at its next checkpoint (step 8) and restarts at three machines (accumulation 2 again) from it: a
+# grow, which --max_restarts does not count (torchrun counts failures only).
 # The parameters at step 12 equal a run without failures through the same sizes at the same steps:
 # 3 processes to step 4, 2 processes (accumulation 3) to step 8, 3 processes to step 12. Then with
 # --num_machines 2:2 a dead machine leaves fewer than MIN: the job ends. The refusals (MIN > MAX,
-# MIN:MAX under mpirun or with a hostfile, a bad --rdzv_conf) and a rendezvous that gets fewer than
-# MIN within join_timeout run everywhere; the rest skips where network namespaces cannot be made
-# (not root).
+# MIN:MAX under mpirun or with a hostfile, a bad --rdzv_conf or PET_ variable), a rendezvous that gets
+# fewer than MIN within join_timeout, and a machine that waits to join when the job ends (it leaves at
+# once) run everywhere; the rest skips where network namespaces cannot be made (not root).
 . "$(dirname "$0")/lib.sh"
 . "$(dirname "$0")/netns_lib.sh"
 trap 'exit 1' HUP INT TERM
@@ -19,9 +21,17 @@ need_caccel
 
 note "refusals"
 "$CACCEL" launch --num_machines 3:2 --cpu true >"$WORK/o" 2>&1 && fail "MIN > MAX was accepted"
-grep -q "num_machines 3:2: the minimum 3 is larger than the maximum 2" "$WORK/o" || { cat "$WORK/o"; fail "MIN > MAX message"; }
+grep -q "invalid value '3:2' for key 'num_machines': the minimum 3 is larger than the maximum 2" "$WORK/o" ||
+    { cat "$WORK/o"; fail "MIN > MAX message"; }
 "$CACCEL" launch --num_machines 1:x --cpu true >"$WORK/o" 2>&1 && fail "1:x was accepted"
-grep -q "num_machines takes N or MIN:MAX" "$WORK/o" || { cat "$WORK/o"; fail "1:x message"; }
+grep -q "invalid value '1:x' for key 'num_machines' (allowed: an integer from 1 to 1000000, or MIN:MAX" "$WORK/o" ||
+    { cat "$WORK/o"; fail "1:x message"; }
+PET_MAX_RESTARTS=many "$CACCEL" launch --cpu true >"$WORK/o" 2>&1 && fail "PET_MAX_RESTARTS=many was accepted"
+grep -q "env PET_MAX_RESTARTS (--max_restarts) takes a count 0..1000000, not 'many'" "$WORK/o" ||
+    { cat "$WORK/o"; fail "PET_MAX_RESTARTS message"; }
+PET_RDZV_CONF=read_timeout=3 "$CACCEL" launch --cpu true >"$WORK/o" 2>&1 && fail "PET_RDZV_CONF=read_timeout=3 was accepted"
+grep -q "env PET_RDZV_CONF (--rdzv_conf): 'read_timeout=3' is not join_timeout=SECONDS" "$WORK/o" ||
+    { cat "$WORK/o"; fail "PET_RDZV_CONF message"; }
 "$CACCEL" launch --num_machines 1:2 --backend mpi --num_processes 2 --main_process_ip 127.0.0.1 true >"$WORK/o" 2>&1 &&
     fail "MIN:MAX under mpirun was accepted"
 grep -q "num_machines 1:2: mpirun starts a fixed set of processes" "$WORK/o" || { cat "$WORK/o"; fail "mpirun message"; }
@@ -40,6 +50,31 @@ CACCEL_JOB_TOKEN="elastic-test-$$" "$CACCEL" launch --num_machines 2:3 --machine
 grep -q "the rendezvous has 1 machine(s) (0) after [0-9]* s: --num_machines 2:3 needs at least 2" "$WORK/o" ||
     { cat "$WORK/o"; fail "join_timeout message"; }
 
+note "num_machines: '1:2' in a config file; machine 1 (PET_NNODES=1:2) waits to join, the job ends: it leaves at once"
+printf "distributed_type: MULTI_CPU\nnum_machines: '1:2'\nnum_processes: 2\nuse_cpu: true\n" >"$WORK/el12.yaml"
+port=$(free_port)
+export CACCEL_JOB_TOKEN="elastic-test-$$"
+PET_RDZV_CONF=last_call_timeout=0 timeout 60 "$CACCEL" launch --config_file "$WORK/el12.yaml" --machine_rank 0 \
+    --main_process_ip 127.0.0.1 --main_process_port "$port" sh -c 'echo "rank $RANK of $WORLD_SIZE started"
+        until [ -e "$0" ]; do sleep 0.1; done' "$WORK/gate12" >"$WORK/e0" 2>&1 &
+e0=$!
+wait_lines 1 "rank 0 of 1 started" "machine 0 did not start" "$e0" "$WORK/e0"
+PET_NNODES=1:2 timeout 60 "$CACCEL" launch --machine_rank 1 --num_processes 2 --main_process_ip 127.0.0.1 \
+    --main_process_port "$port" --rdzv_conf join_timeout=20 --cpu true >"$WORK/e1" 2>&1 &
+e1=$!
+wait_lines 1 "machine 1 waits to join: the running group takes it in at its next checkpoint" "machine 1 did not wait" \
+    "$e0 $e1" "$WORK/e1"
+wait_lines 1 "machine 1 waits to join: the job grows at its next checkpoint" "machine 0 did not see machine 1" \
+    "$e0 $e1" "$WORK/e0"
+start=$(date +%s)
+touch "$WORK/gate12"
+wait "$e0" || { cat "$WORK/e0"; fail "machine 0 failed"; }
+wait "$e1" || { cat "$WORK/e1"; fail "machine 1 did not leave with status 0"; }
+unset CACCEL_JOB_TOKEN
+echo "  machine 1 left $(elapsed_since "$start") s after the job's end"
+count 1 "the job ended (machine 0's exit status 0) before machine 1 could join: it leaves without starting" "$WORK/e1"
+count 1 "machine 1 waited to join: it has learnt that the job has ended" "$WORK/e0"
+
 need_backend gloo
 ns_setup 3
 DDP="$BUILD/tests/ddp_check"
@@ -56,11 +91,13 @@ $L --num_processes 3 $TRAIN --k 2 --resume --project_dir "$WORK/ref" --dump "$WO
     { cat "$WORK/ref3"; fail "3 processes from step 8"; }
 count 4 "rank=0 trained step \(9\|10\|11\|12\) of 3 processes" "$WORK/ref3"
 
-note "--num_machines 2:3, 3 machines join; machine 2 dies after step 6: machines 0 and 1 go on from step 4"
+note "num_machines: '2:3' (config file), 3 machines join; machine 2 dies after step 6: machines 0 and 1 go on from step 4"
 export CACCEL_JOB_TOKEN="netns-test-token-$$"
-NS_MACHINES=2:3
+printf "distributed_type: MULTI_CPU\nnum_machines: '2:3'\n" >"$WORK/el.yaml"
+NS_MACHINES= PET_MAX_RESTARTS=1
+export PET_MAX_RESTARTS
 el_launch() {
-    ns_launch "$1" 3 29571 --max_restarts 2 --monitor_interval 0.2 $TRAIN --k 2 --halt-step 6 --resume \
+    ns_launch "$1" 3 29571 --config_file "$WORK/el.yaml" --monitor_interval 0.2 $TRAIN --k 2 --halt-step 6 --resume \
         --gate-step 6 --gate "$WORK/gate" --project_dir "$WORK/el" --dump "$WORK/el.bin"
 }
 for m in 0 1 2; do el_launch "$m"; done
@@ -79,7 +116,7 @@ touch "$WORK/gate"
 start=$(date +%s)
 wait_lines 1 "rank=0 trained step 9 of 3 processes" "the group did not train at 3 machines" "$NS_PID_0 $NS_PID_1 $NS_PID_2" "$WORK/m0"
 echo "  training at 3 machines $(elapsed_since "$start") s after the gate opened (2 steps and a checkpoint before it)"
-unset NS_MACHINES
+unset NS_MACHINES PET_MAX_RESTARTS
 ns_wait
 unset CACCEL_JOB_TOKEN
 [ "$NS_RC_0" -eq 0 ] && [ "$NS_RC_1" -eq 0 ] && [ "$NS_RC_2" -eq 0 ] ||
@@ -87,9 +124,9 @@ unset CACCEL_JOB_TOKEN
 for m in 0 1; do
     count 1 "membership (round 0): machines 0,1,2 joined (3 of --num_machines 2:3)" "$WORK/m$m"
     count 1 "membership (round 1): machine(s) 2 left; the job goes on with machines 0,1 (2 of --num_machines 2:3)" "$WORK/m$m"
-    count 1 "restarting every process (restart 1 of 2)" "$WORK/m$m"
+    count 1 "restarting every process (restart 1 of 1)" "$WORK/m$m"
     count 1 "the processes stopped at a checkpoint to let a machine join: starting the group again" "$WORK/m$m"
-    count 1 "restarting every process (restart 2 of 2)" "$WORK/m$m"
+    count 1 "restarting every process to let a machine join (not a failure: --max_restarts 1 used of 1)" "$WORK/m$m"
 done
 for m in 0 1 2; do
     count 1 "membership (round 2): machine(s) 2 joined; the job goes on with machines 0,1,2 (3 of --num_machines 2:3)" "$WORK/m$m"

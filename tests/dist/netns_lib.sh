@@ -39,14 +39,15 @@ ns_setup() {
 }
 
 # ns_launch M N PORT PROG ARGS...: caccel launch on machine M of NS_COUNT (--num_machines NS_MACHINES
-# when set: MIN:MAX), N processes in all,
+# when set: MIN:MAX; none when set empty: a config file or PET_NNODES says it), N processes in all,
 # in the background; output in $WORK/mM, pid in $NS_PID_M. Machine 0 serves the store.
 ns_launch() {
     m=$1 np=$2 port=$3; shift 3
     # emptied now, not by the background job's own redirection, which a busy machine may run late:
     # a test that waits for a line must not find the previous job's
     : >"$WORK/m$m"
-    ip netns exec "$(ns_name "$m")" timeout -k 5 "${NS_LIMIT:-300}" "$CACCEL" launch --num_machines "${NS_MACHINES:-$NS_COUNT}" \
+    nm=${NS_MACHINES-$NS_COUNT}
+    ip netns exec "$(ns_name "$m")" timeout -k 5 "${NS_LIMIT:-300}" "$CACCEL" launch ${nm:+--num_machines "$nm"} \
         --machine_rank "$m" --main_process_ip "$(ns_addr 0)" --main_process_port "$port" --num_processes "$np" \
         "$@" >>"$WORK/m$m" 2>&1 &
     eval "NS_PID_$m=\$!"
