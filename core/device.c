@@ -239,6 +239,8 @@ static void eager_forget(ca_eager_model *m, void *ptr) {
     pthread_mutex_unlock(&m->mu);
 }
 
+bool ca_device_models_eager(const ca_device *d) { return d && d->eager; }
+
 size_t ca_device_eager_peak(const ca_device *d) {
     if (!d || !d->eager) return 0;
     pthread_mutex_lock(&d->eager->mu);
