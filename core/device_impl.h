@@ -27,7 +27,8 @@ struct ca_device {
 };
 
 /* The peak bytes the allocations of lazy device d would have held on an eager device's caching
- * allocator (its size classes): estimate-memory --run compares it with an eager step's
+ * allocator (replayed through it: its size classes and its reuse of larger free blocks):
+ * estimate-memory --run compares it with an eager step's
  * peak_allocated. Counted only while CACCEL_MEMORY_REPORT was set when d was opened; 0 otherwise. */
 size_t ca_device_eager_peak(const ca_device *d);
 
