@@ -7,6 +7,7 @@
 #include "comm/affinity_impl.h"
 #include "comm/comm_impl.h"
 #include "config/config_impl.h"
+#include "core/device_impl.h"
 #include "core/registry_impl.h"
 #include <caccel/xla.h>
 
@@ -68,11 +69,14 @@ static ca_device_kind wanted_kind(const ca_settings *st) {
 }
 
 /* One lazy device per process; bf16 on it is Accelerate's on a TPU: storage in bf16
- * (XLA_USE_BF16), no autocast. */
+ * (XLA_USE_BF16), no autocast. Except where the device stands in for an eager one (the memory
+ * estimate, CACCEL_MEMORY_REPORT): there bf16 is the eager device's autocast (own_model), whose
+ * bf16 weight copies and activations are what the estimate must count. */
 static ca_status open_lazy(ca_accelerator *acc, const ca_backend_info *bi) {
     ca_device_open_args args = {.struct_size = sizeof args, .local_rank = acc->local_rank};
     ca_status s = ca_device_open(bi->name, 0, &args, &acc->device);
-    if (s == CA_OK && acc->st.mixed_precision == CA_MP_BF16 && !ca_xla_bf16_storage(acc->device)) {
+    if (s == CA_OK && acc->st.mixed_precision == CA_MP_BF16 && !ca_xla_bf16_storage(acc->device) &&
+        !ca_device_models_eager(acc->device)) {
         s = ca_xla_set_bf16_storage(acc->device, true);
         acc->bf16_storage_set = s == CA_OK;
     }

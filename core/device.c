@@ -199,52 +199,77 @@ static ca_status check_memory_limit(ca_device *d, size_t bytes, size_t limit, vo
                     d->name, d->index, bytes, limit, st.allocated);
 }
 
-/* A lazy device's allocations replayed through the eager caching allocator's size classes: the
- * lazy device counts its addresses at 64-byte alignment, an eager device holds whole size classes
- * (up to a quarter more), and an estimate of the eager peak must count as the eager device does. */
+/* A lazy device's allocations replayed through the eager caching allocator itself, over memory
+ * it never touches: the lazy device counts its addresses at 64-byte alignment, an eager device
+ * holds whole size classes (up to a quarter more) and serves a miss from a cached free block of up
+ * to twice the size, counting the whole block (under bf16 autocast the half-size copies land in
+ * blocks the f32 tensors freed). An estimate of the eager peak must count as the eager device does. */
 typedef struct ca_eager_model {
     pthread_mutex_t mu;
-    ca_ptr_map sizes;               /* ptr -> its size class */
-    size_t cur, peak;
+    ca_ptr_map addr;                /* lazy ptr -> the ptr the replayed allocator gave it */
+    ca_device_ops ops;              /* mem_alloc hands out addresses, no memory */
+    const ca_allocator_ops *aops;
+    void *actx;
+    uintptr_t next;                 /* the next address mem_alloc gives */
 } ca_eager_model;
+
+static ca_status eager_mem_alloc(void *dev, size_t bytes, void **ptr) {
+    ca_eager_model *m = dev;        /* called under m->mu (eager_note) */
+    m->next += bytes ? bytes : 1;
+    *ptr = (void *)m->next;
+    return CA_OK;
+}
+
+static void eager_mem_free(void *dev, void *ptr) { (void)dev, (void)ptr; }
 
 static void eager_open(ca_device *d) {
     const char *r = getenv("CACCEL_MEMORY_REPORT");
     if (d->ops.kind != CA_DEVICE_LAZY || !r || !*r) return;
-    d->eager = calloc(1, sizeof *d->eager);   /* without it the report falls back to the lazy count */
-    if (d->eager) pthread_mutex_init(&d->eager->mu, NULL);
+    ca_eager_model *m = calloc(1, sizeof *m);   /* without it the report falls back to the lazy count */
+    if (!m) return;
+    m->ops = (ca_device_ops){.struct_size = sizeof m->ops, .abi_version = CA_ABI_VERSION, .name = "eager model",
+                             .mem_alloc = eager_mem_alloc, .mem_free = eager_mem_free};
+    m->next = 4096;
+    if (ca_caching_allocator_create(&m->ops, m, &m->aops, &m->actx) != CA_OK) {
+        ca_clear_error();
+        free(m);
+        return;
+    }
+    pthread_mutex_init(&m->mu, NULL);
+    d->eager = m;
 }
 
 static void eager_close(ca_device *d) {
     if (!d->eager) return;
-    ca_ptr_map_free(&d->eager->sizes);
+    ca_caching_allocator_destroy(d->eager->actx);
+    ca_ptr_map_free(&d->eager->addr);
     pthread_mutex_destroy(&d->eager->mu);
     free(d->eager);
     d->eager = NULL;
 }
 
 static void eager_note(ca_eager_model *m, void *ptr, size_t bytes) {
-    size_t size = ca_caching_size_class(bytes ? bytes : 1);
+    void *e = NULL;
     pthread_mutex_lock(&m->mu);
-    if (ca_ptr_map_put(&m->sizes, ptr, (void *)(uintptr_t)size)) {
-        m->cur += size;
-        if (m->cur > m->peak) m->peak = m->cur;
-    }
+    if (m->aops->alloc(m->actx, bytes, NULL, &e) == CA_OK && !ca_ptr_map_put(&m->addr, ptr, e))
+        m->aops->free(m->actx, e);  /* no memory to remember it: leave it out of the count */
     pthread_mutex_unlock(&m->mu);
 }
 
 static void eager_forget(ca_eager_model *m, void *ptr) {
     pthread_mutex_lock(&m->mu);
-    m->cur -= (size_t)(uintptr_t)ca_ptr_map_take(&m->sizes, ptr);
+    void *e = ca_ptr_map_take(&m->addr, ptr);
+    if (e) m->aops->free(m->actx, e);
     pthread_mutex_unlock(&m->mu);
 }
 
+bool ca_device_models_eager(const ca_device *d) { return d && d->eager; }
+
 size_t ca_device_eager_peak(const ca_device *d) {
     if (!d || !d->eager) return 0;
-    pthread_mutex_lock(&d->eager->mu);
-    size_t p = d->eager->peak;
-    pthread_mutex_unlock(&d->eager->mu);
-    return p;
+    ca_allocator_stats st = {0};
+    d->eager->aops->stats(d->eager->actx, &st);
+    return st.peak_allocated;
 }
 
 ca_status ca_device_alloc(ca_device *d, size_t bytes, void **ptr) {

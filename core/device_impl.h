@@ -27,9 +27,15 @@ struct ca_device {
 };
 
 /* The peak bytes the allocations of lazy device d would have held on an eager device's caching
- * allocator (its size classes): estimate-memory --run compares it with an eager step's
+ * allocator (replayed through it: its size classes and its reuse of larger free blocks):
+ * estimate-memory --run compares it with an eager step's
  * peak_allocated. Counted only while CACCEL_MEMORY_REPORT was set when d was opened; 0 otherwise. */
 size_t ca_device_eager_peak(const ca_device *d);
+
+/* Whether lazy device d stands in for an eager device (opened under CACCEL_MEMORY_REPORT, like
+ * ca_device_eager_peak's count): then mixed precision bf16 on it must run as the eager device's
+ * autocast, not as xla's bf16 storage, for its memory to be the eager step's. */
+bool ca_device_models_eager(const ca_device *d);
 
 /* Error for a NULL kernel slot: "device backend '<backend>' has no kernel '<slot>' (device
  * <backend>:<index>; the op needs it)". */
