@@ -146,9 +146,11 @@ ca_tensor *ca_module_forward(ca_module *m, ca_tensor *x) {
         return NULL;
     }
     ca_dtype old = m->autocast ? ca_autocast_set(m->autocast) : CA_F32;
+    ca_tape_private_begin();   /* the forward's locals: backward frees them after use */
     ca_tensor *y = run_forward(m, x);
     if (m->autocast) ca_autocast_set(old);
     if (m->post_forward) y = m->post_forward(m->hook_ctx, m, y);
+    ca_tape_private_end(y);
     if (!y && ca_last_status() == CA_OK) ca_error(CA_ERR_INTERNAL, "forward of %s returned NULL without an error", m->type);
     return y;
 }

@@ -8,6 +8,7 @@
 #include <string.h>
 
 static _Thread_local int tl_no_grad;
+static _Thread_local int tl_private;
 static _Atomic uint64_t node_ids;
 static _Atomic uint64_t pass_ids;
 
@@ -17,6 +18,10 @@ bool ca_grad_enabled(void) { return tl_no_grad == 0; }
 int ca_no_grad_depth(void) { return tl_no_grad; }
 void ca_no_grad_set_depth(int depth) { tl_no_grad = depth; }
 uint64_t ca_next_node_id(void) { return atomic_load(&node_ids) + 1; }
+void ca_tape_private_begin(void) { tl_private++; }
+void ca_tape_private_end(ca_tensor *y) {
+    if (tl_private > 0 && --tl_private == 0 && y && y->grad_fn) y->grad_fn->private_out = false;
+}
 
 bool ca_needs_grad(int n, ca_tensor *const *in) {
     if (tl_no_grad) return false;
@@ -36,6 +41,7 @@ ca_node *ca_record(const ca_node_vt *vt, ca_tensor *out, int nin, ca_tensor *con
     n->nin = nin;
     for (int i = 0; i < nin; i++) n->in[i] = in[i];
     n->out = out;
+    n->private_out = tl_private > 0;
     ca_scope_add_node(n);
     out->grad_fn = n;
     out->requires_grad = true;
@@ -107,6 +113,14 @@ static bool vec_push(node_vec *a, ca_node *n) {
     return true;
 }
 
+/* A node an earlier backward ran: what it saved is freed (torch: "Trying to backward through the graph
+ * a second time"). */
+static ca_status refuse_consumed(const ca_node *n) {
+    return ca_error(CA_ERR_STATE, "backward: the graph through %s (node %llu) was already run by an earlier "
+                    "backward, which freed the activations it saved; run the forward again to backpropagate again",
+                    n->vt->name, (unsigned long long)n->id);
+}
+
 /* Every node `root` depends on, marked with `pass`. */
 static ca_status collect(ca_node *root, uint64_t pass, node_vec *out) {
     node_vec stack = {0};
@@ -115,6 +129,7 @@ static ca_status collect(ca_node *root, uint64_t pass, node_vec *out) {
     if (!vec_push(&stack, root)) s = ca_error(CA_ERR_NOMEM, "out of host memory in backward");
     while (s == CA_OK && stack.n) {
         ca_node *n = stack.v[--stack.n];
+        if (n->consumed) { s = refuse_consumed(n); break; }
         if (!vec_push(out, n)) { s = ca_error(CA_ERR_NOMEM, "out of host memory in backward"); break; }
         for (int i = 0; i < n->nin; i++) {
             ca_tensor *t = n->in[i];
@@ -167,14 +182,56 @@ static void trace_node(const ca_node *n, int64_t t0) {
     ca_trace_slice("autograd", name, t0, args);
 }
 
+/* Gives st's memory back to the allocator; the tensors sharing it stay, `why` telling a reader where
+ * the values went (ca_tensor_check_present). */
+static void free_values(ca_storage *st, const char *why) {
+    ca_device_free(st->dev, st->ptr);
+    st->ptr = NULL;
+    st->absent = why;
+}
+
 void ca_grad_release(ca_tensor *t) {
     ca_tensor *g = t->bgrad;
     if (!g || g->persistent || !g->storage->ptr || atomic_load(&g->storage->refs) != 1) return;
-    ca_device_free(g->storage->dev, g->storage->ptr);
-    g->storage->ptr = NULL;
-    g->storage->absent = "intermediate gradient, freed once backward had consumed it";
+    free_values(g->storage, "intermediate gradient, freed once backward had consumed it");
     t->bgrad = NULL;
     t->bgrad_defined = false;
+}
+
+static const char activation_freed[] =
+    "activation, freed by backward once the last node that saved it had run (read it before backward, or "
+    "run the forward again)";
+
+/* Pass `pass` has finished with t, the output of a node it ran: every node reading t's values (t's
+ * own and its readers, created later) has run, nodes running in decreasing id order. The storage's
+ * memory goes once every tensor sharing it is so finished: a view made outside the tape (detach,
+ * no_grad), a parameter or the tensor backward started from (kept) is never counted, so what a
+ * caller can still reach keeps its values. torch frees a node's saved tensors the same way when
+ * backward runs without retain_graph: the backward's peak falls as it proceeds instead of holding
+ * every activation of the step until the scope ends. */
+static void activation_done(ca_tensor *t, uint64_t pass, int nkeep, ca_tensor *const *keep) {
+    ca_storage *st = t->storage;
+    if (t->persistent || !st->ptr) return;
+    for (int i = 0; i < nkeep; i++)
+        if (keep[i] == t) return;
+    if (st->done_pass != pass) {
+        st->done_pass = pass;
+        st->done = 0;
+    }
+    if (t->done_pass == pass) return;
+    t->done_pass = pass;
+    if (++st->done == atomic_load(&st->refs)) free_values(st, activation_freed);
+}
+
+/* What only n's backward read: the tensors the op made for it (a dropout mask, a norm's statistics). */
+static void release_saved(ca_node *n) {
+    for (int i = 0; i < CA_NODE_MAX_SAVED; i++) {
+        ca_tensor *t = n->saved[i];
+        if (!t || !(n->owned_saved & (1u << i)) || t->persistent || !t->storage->ptr ||
+            atomic_load(&t->storage->refs) != 1)
+            continue;
+        free_values(t->storage, activation_freed);
+    }
 }
 
 /* After n's backward, nothing reads its output's gradient again: every reader of n->out (a node
@@ -191,8 +248,24 @@ static void release_consumed(ca_node *n) {
     ca_grad_release(n->out);
 }
 
+/* The tensors backward starts from: their values stay for the caller (the loss it prints). */
+typedef struct roots {
+    int n;
+    ca_tensor *const *t;
+} roots;
+
+/* After n's backward (or its skip: no gradient reached it) the pass is done with what n saved. Its
+ * output goes too when only the tape holds it (a module forward's local: C has no reference count
+ * to tell whether a caller kept a tensor, so what an op returned to the program stays). A
+ * checkpoint's nodes (n->always) keep their outputs: the region's recompute handles them together. */
+static void node_done(ca_node *n, uint64_t pass, roots keep) {
+    n->consumed = true;
+    release_saved(n);
+    if (n->private_out && !n->always) activation_done(n->out, pass, keep.n, keep.t);
+}
+
 /* Runs the sorted nodes' backward functions, then tells each leaf input it was used. */
-static ca_status process(node_vec *nodes) {
+static ca_status process(node_vec *nodes, uint64_t pass, roots keep) {
     ca_status s = CA_OK;
     for (size_t k = 0; s == CA_OK && k < nodes->n; k++) {
         ca_node *n = nodes->v[k];
@@ -203,6 +276,7 @@ static ca_status process(node_vec *nodes) {
             if (t0) trace_node(n, t0);
             if (s == CA_OK) release_consumed(n);
         }
+        if (s == CA_OK) node_done(n, pass, keep);
         for (int i = 0; s == CA_OK && i < n->nin; i++) leaf_used(n->in[i]);
         for (int i = 0; s == CA_OK && i < n->nleaves; i++) leaf_used(n->leaves[i]);
     }
@@ -234,7 +308,7 @@ static ca_status run_backward(ca_tensor *out, const ca_tensor *grad_out) {
         reset_for_pass(&nodes, pass);
         s = seed_gradient(out, grad_out);
     }
-    if (s == CA_OK) s = process(&nodes);
+    if (s == CA_OK) s = process(&nodes, pass, (roots){1, &out});
     free(nodes.v);
     return s;
 }
@@ -262,7 +336,7 @@ ca_status ca_backward_roots(int n, ca_tensor *const *outs, ca_tensor *const *gra
     }
     for (int i = 0; s == CA_OK && i < n; i++)
         if (grads[i] && outs[i]->requires_grad) s = seed_add(outs[i], grads[i]);
-    if (s == CA_OK) s = process(&nodes);
+    if (s == CA_OK) s = process(&nodes, pass, (roots){n, outs});
     free(nodes.v);
     return s;
 }

@@ -152,6 +152,7 @@ ca_tensor *ca_scaled_dot_product_attention(ca_tensor *q, ca_tensor *k, ca_tensor
         if (!n) return NULL;
         n->saved[0] = lse;
         n->saved[1] = mask;
+        n->owned_saved = 1u;   /* the log-sum-exp; the mask is the caller's */
         n->f[0] = a.scale;
         n->f[1] = a.dropout_p;
         n->i[0] = causal;

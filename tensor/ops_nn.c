@@ -102,6 +102,7 @@ ca_tensor *ca_cross_entropy_ex(ca_tensor *logits, ca_tensor *labels, const ca_cr
         ca_node *n = ca_record(&ce_vt, loss, 1, &logits);
         if (!n) return NULL;
         n->saved[0] = labels; n->saved[1] = lse; n->saved[2] = grad_count;
+        n->owned_saved = 6u;   /* labels are the caller's */
         n->i[0] = ignore;
     }
     return loss;
@@ -151,6 +152,7 @@ ca_tensor *ca_dropout(ca_tensor *x, double p, bool training) {
         ca_node *n = ca_record(&dropout_vt, y, 1, &x);
         if (!n) return NULL;
         n->saved[0] = mask;
+        n->owned_saved = 1u;
         n->f[0] = p;
     }
     return y;
@@ -224,6 +226,7 @@ ca_tensor *ca_layer_norm(ca_tensor *x, ca_tensor *w, ca_tensor *b, double eps) {
         if (!n) return NULL;
         n->saved[0] = mean;
         n->saved[1] = rstd;
+        n->owned_saved = 3u;
     }
     return y;
 }
@@ -344,6 +347,7 @@ ca_tensor *ca_rms_norm(ca_tensor *x, ca_tensor *w, double eps) {
         ca_node *n = ca_record(&rms_norm_vt, y, nin, in);
         if (!n) return NULL;
         n->saved[0] = rstd;
+        n->owned_saved = 1u;
     }
     return y;
 }

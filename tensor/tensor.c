@@ -57,6 +57,8 @@ static void storage_release(ca_storage *st) {
 void ca_storage_release(ca_storage *st) { storage_release(st); }
 
 static void tensor_destroy(ca_tensor *t) {
+    /* a finished tensor that goes stops counting: the storage's other tensors decide alone */
+    if (t->storage && t->done_pass && t->done_pass == t->storage->done_pass) t->storage->done--;
     storage_release(t->storage);
     free(t->name);
     free(t);
@@ -560,7 +562,7 @@ void ca_tensor_set_grad_hook(ca_tensor *leaf, ca_grad_hook fn, void *ctx) {
  * address: reading it would hand the device NULL and fail with no word of which tensor or why. */
 ca_status ca_tensor_check_present(const ca_tensor *t, const char *op) {
     if (t->storage->ptr || !t->storage->absent || !t->numel) return CA_OK;
-    const char *what = t->requires_grad ? "parameter" : "tensor";
+    const char *what = t->requires_grad && !t->grad_fn ? "parameter" : "tensor";   /* an activation: a tensor */
     if (t->name && *t->name)
         return ca_error(CA_ERR_STATE, "%s: %s '%s' %s", op, what, t->name, t->storage->absent);
     return ca_error(CA_ERR_STATE, "%s: the %s %s", op, what, t->storage->absent);

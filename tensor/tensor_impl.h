@@ -22,6 +22,10 @@ typedef struct ca_storage {
      * absent says so, and this records the fills that give its values (tensor/meta.c). NULL
      * otherwise, and once the values are materialised. */
     struct ca_meta_init *meta;
+    /* Backward pass `done_pass` has finished with `done` of the tensors sharing this storage (outputs
+     * of nodes it ran): when that reaches refs, nothing reads the values again (tensor/autograd.c). */
+    uint64_t done_pass;
+    int done;
 } ca_storage;
 
 typedef struct ca_node ca_node;
@@ -48,6 +52,7 @@ struct ca_tensor {
     ca_tensor *bgrad;
     bool bgrad_defined;
     int pending_uses;                /* leaves: uses left before the hook fires */
+    uint64_t done_pass;              /* the backward pass that counted it in storage->done */
     uint64_t backward_pass;
     char *name;
     /* parameters: bumped whenever the values change (optimizer step, copies);
@@ -76,6 +81,14 @@ struct ca_node {
     ca_tensor *in[CA_NODE_MAX_IN];
     ca_tensor *out;
     ca_tensor *saved[CA_NODE_MAX_SAVED];
+    /* bit i: saved[i] was made by the op for its backward alone (a dropout mask, a norm's
+     * statistics), so its memory goes once that backward has run */
+    unsigned owned_saved;
+    /* its backward has run and freed what it saved: a later backward through it is refused */
+    bool consumed;
+    /* recorded inside a module's forward and not its result: no caller holds its output, so
+     * backward frees it after use (ca_tape_private_begin) */
+    bool private_out;
     double f[4];
     int64_t i[CA_MAX_DIMS];
     uint64_t visit;                  /* backward pass that collected it */
@@ -151,8 +164,11 @@ ca_tensor *ca_tensor_new(ca_device *dev, ca_dtype dt, int ndim, const int64_t *s
 /* A scoped view of t's storage with the given shape/strides/offset. */
 ca_tensor *ca_tensor_view(ca_tensor *t, int ndim, const int64_t *shape, const int64_t *stride,
                           int64_t offset);
-/* Device pointer of element 0 (typed arithmetic done here, never a dereference). */
+/* Device pointer of element 0 (typed arithmetic done here, never a dereference). NULL when the
+ * storage's memory is gone (an activation backward freed): the kernel's argument check refuses it,
+ * where a view's offset would have turned NULL into a wild address. */
 static inline void *ca_tptr(const ca_tensor *t) {
+    if (!t->storage->ptr) return NULL;
     return (char *)t->storage->ptr + (size_t)t->offset * ca_dtype_size(t->dtype);
 }
 static inline ca_device *ca_tdev(const ca_tensor *t) { return t->storage->dev; }
@@ -186,6 +202,12 @@ void ca_no_grad_set_depth(int depth);
  * y's history to run in backward (sharded parameters are gathered there). y itself when no gradient
  * flows through it. NULL (error recorded) on failure. */
 ca_tensor *ca_backward_hook(ca_tensor *y, ca_status (*fn)(void *ctx), void *ctx);
+/* Between these, nodes record outputs that only the tape holds (the locals of a module's forward,
+ * which torch frees with the graph): backward frees their values once the last node reading them
+ * has run. ca_tape_private_end(y) with the forward's result y (NULL allowed): once the outermost
+ * forward ends, y is the caller's and keeps its values. Per thread, nested. */
+void ca_tape_private_begin(void);
+void ca_tape_private_end(ca_tensor *y);
 /* The id the next recorded node gets (nodes are numbered in recording order). */
 uint64_t ca_next_node_id(void);
 

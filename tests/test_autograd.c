@@ -219,6 +219,79 @@ static void test_errors_propagate_through_chains(void **state) {
     }
 }
 
+/* ------------------------------------------------------------------ saved activations */
+
+enum { CHAIN = 8, ROWS = 256, WIDTH = 64 };
+static size_t live_at_hook[CHAIN];
+static ca_tensor *chain_mid, *chain_kept;
+
+/* Each layer's weight hook fires once its linear's backward has run: the live bytes then. */
+static void record_live(ca_tensor *w, void *ctx) {
+    (void)w;
+    ca_allocator_stats st;
+    T_OK(ca_device_memory_stats(ca_cpu_device(), &st));
+    live_at_hook[(intptr_t)ctx] = st.allocated;
+}
+
+/* 8 linear + gelu layers; keeps (for the test to look at) a middle linear's output and a detached
+ * view of a middle gelu's. */
+static ca_tensor *chain_forward(ca_module *self, ca_tensor *h, void *ctx) {
+    (void)self;
+    ca_tensor **w = ctx;
+    for (int i = 0; i < CHAIN; i++) {
+        ca_tensor *z = ca_linear(h, w[i], NULL);
+        h = ca_gelu(z);
+        if (i == 2) chain_mid = z;
+        if (i == CHAIN / 2) chain_kept = ca_detach(h);
+    }
+    return h;
+}
+
+/* Backward frees the activations of a module's forward once the last node reading them has run, as
+ * torch does without retain_graph: over a chain of 8 linear + gelu layers the live bytes fall as
+ * backward reaches the first layers (before: every activation stayed until the scope ended, and the
+ * live bytes only grew with the weights' gradients). What the program holds keeps its values: the
+ * loss, the module's output and a detached view of a middle activation; a freed one says why when
+ * read, and a second backward through the freed graph is refused naming the op. */
+static void test_backward_frees_saved_activations(void **state) {
+    uint64_t seed = 41;
+    ca_tensor *w[CHAIN];
+    ca_module *m;
+    T_OK(ca_module_create("Chain", chain_forward, w, NULL, &m));
+    CA_SCOPE {
+        ca_tensor *x = t_randn(&seed, CA_SHAPE(ROWS, WIDTH), -1, 1, 0);
+        for (int i = 0; i < CHAIN; i++) {
+            w[i] = leaf(&seed, CA_SHAPE(WIDTH, WIDTH), -0.2f, 0.2f, 0);
+            ca_tensor_set_grad_hook(w[i], record_live, (void *)(intptr_t)i);
+        }
+        ca_tensor *y = T_NN(ca_module_forward(m, x)), *loss = ca_mean(y);
+        size_t act = (size_t)ROWS * WIDTH * sizeof(float), wgrad = (size_t)WIDTH * WIDTH * sizeof(float);
+        float *before = t_host(chain_kept), *out = t_host(y);
+        T_OK(ca_autograd_backward(loss));
+        /* from the last layer's hook to the first's, 7 layers' activations (2 each) went and 7 weight
+         * gradients came; before, the bytes grew by the gradients */
+        assert_true(live_at_hook[CHAIN - 1] > live_at_hook[0]);
+        assert_true(live_at_hook[CHAIN - 1] - live_at_hook[0] >= (CHAIN - 2) * 2 * act - (CHAIN - 1) * wgrad);
+        double l;
+        T_OK(ca_tensor_item(loss, &l));
+        float *after = t_host(chain_kept), *out_after = t_host(y);
+        assert_memory_equal(before, after, act);                 /* a view outside the tape */
+        assert_memory_equal(out, out_after, act);                /* the module's result */
+        free(before);
+        free(after);
+        free(out);
+        free(out_after);
+        float *buf = malloc(act);
+        assert_int_equal(ca_tensor_to_host(chain_mid, buf, act), CA_ERR_STATE);
+        assert_non_null(strstr(ca_last_error(), "freed by backward"));
+        free(buf);
+        assert_int_equal(ca_autograd_backward(loss), CA_ERR_STATE);
+        assert_non_null(strstr(ca_last_error(), "already run by an earlier backward"));
+        assert_non_null(strstr(ca_last_error(), "mean"));
+    }
+    ca_module_destroy(m);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_embedding_padding),
@@ -228,6 +301,7 @@ int main(void) {
         cmocka_unit_test(test_no_grad_and_detach),
         cmocka_unit_test(test_grad_hook_fires_once_when_final),
         cmocka_unit_test(test_errors_propagate_through_chains),
+        cmocka_unit_test(test_backward_frees_saved_activations),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     ca_scope_release_all();

@@ -160,8 +160,15 @@ CA_API void ca_scope_release_all(void);
 
 /* Computes gradients of the scalar `loss` with respect to every tensor that
  * requires grad and that loss depends on; leaves accumulate into .grad. The
- * tape nodes used stay until their scope ends (backward twice is an error:
- * CA_ERR_STATE). Inside a training loop use ca_backward(acc, loss), which also
+ * tape nodes used stay until their scope ends, but the activations only the
+ * tape holds (the locals of a module's forward: what ops inside
+ * ca_module_forward made, other than its result; masks and statistics ops made
+ * for their backward) are freed as soon as the last node reading them has run,
+ * as torch without retain_graph: such a tensor read afterwards fails with
+ * CA_ERR_STATE ("freed by backward"). What an op returned outside a module's
+ * forward, the module's result, `loss`, parameters and storage a view outside
+ * the graph shares (ca_detach) keep their values. A second backward through the
+ * same nodes is CA_ERR_STATE. Inside a training loop use ca_backward(acc, loss), which also
  * scales (fp16) and synchronises gradients. */
 CA_API ca_status ca_autograd_backward(ca_tensor *loss);
 /* Like ca_autograd_backward with an explicit upstream gradient for `out`
