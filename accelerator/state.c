@@ -1946,15 +1946,18 @@ void ca_state_free(ca_accelerator *acc) {
     acc->ncustom = 0;
 }
 
-/* Stage 3 keeps shards of the parameters between steps: whole while they are saved or loaded. */
+/* Stage 3 keeps shards of the parameters between steps, tensor parallelism slices of the split layers (and
+ * of their optimizer state): whole while they are saved or loaded, so that the files are one process's. */
 static ca_status with_full_params(ca_accelerator *acc, ca_status (*fn)(ca_accelerator *, const char *),
                                   const char *dir) {
     const ca_sync_strategy *ops = acc->sync_ops;
     bool shards = ops->params_sharded && ops->params_sharded(acc);
     ca_status s = shards ? ops->summon(acc, true) : CA_OK;
+    if (s == CA_OK) s = ca_tp_summon(acc, true);
     if (s == CA_OK) s = fn(acc, dir);
+    ca_status t = ca_tp_summon(acc, false);
     ca_status r = shards ? ops->summon(acc, false) : CA_OK;
-    return s != CA_OK ? s : r;
+    return s != CA_OK ? s : t != CA_OK ? t : r;
 }
 
 /* An elastic job grows at a checkpoint: caccel launch marks a machine waiting to join
@@ -1988,7 +1991,6 @@ static void elastic_grow_point(ca_accelerator *acc) {
 
 ca_status ca_save_state_ex(ca_accelerator *acc, const char *dir, const ca_save_state_options *opts) {
     if (!acc) return ca_error(CA_ERR_INVALID, "save_state: the accelerator is NULL");
-    if (acc->mesh) return ca_tp_refuse(acc, "save_state");
     if (acc->nextra)   /* the checkpoint layout holds one model */
         return ca_error(CA_ERR_UNSUPPORTED, "save_state: %d model(s) prepared after the first; save them with "
                         "ca_save_model or ca_register_for_checkpointing", acc->nextra);
@@ -2026,7 +2028,6 @@ ca_status ca_wait_for_save(ca_accelerator *acc) {
 
 ca_status ca_load_state(ca_accelerator *acc, const char *dir) {
     if (!acc) return ca_error(CA_ERR_INVALID, "load_state: the accelerator is NULL");
-    if (acc->mesh) return ca_tp_refuse(acc, "load_state");
     ca_status s = ss_async_join(acc, "load_state");   /* a save in flight is finished (or failed) first */
     if (s != CA_OK) return s;
     /* stage 3 under fsdp_cpu_ram_efficient_loading: each rank copies its shard's slices of the
