@@ -1761,7 +1761,7 @@ static ca_status ss_apply_optimizer(const ca_accelerator *acc, ca_optimizer *o, 
  * position, rounded down to a whole step of the new world (a few samples are seen again). Under
  * split_batches a rank's batch is a slice of the global one, so its position counts global batches
  * (a checkpoint without the key was saved as this run loads). */
-static int64_t ss_loader_skip(const ca_accelerator *acc, json_object *jl, const ca_loader_state *now) {
+static int64_t ss_loader_skip(json_object *jl, const ca_loader_state *now) {
     ss_json j = {"", false};
     int64_t pos = js_int(&j, jl, "position"), w = js_int(&j, jl, "world_size");
     int64_t most = now->rank_batches < 0 ? INT64_MAX : now->rank_batches;   /* < 0: a stream, length unknown */
@@ -1769,7 +1769,8 @@ static int64_t ss_loader_skip(const ca_accelerator *acc, json_object *jl, const 
     json_object *js = NULL;
     bool split = json_object_object_get_ex(jl, "split_batches", &js) ? json_object_get_boolean(js) : now->split;
     int64_t global = split ? pos : pos * w;     /* global batches consumed */
-    int64_t per = now->split ? 1 : acc->world;   /* global batches per batch of a rank */
+    int64_t per = now->split ? 1 : now->world;   /* global batches per batch of a rank (the data-parallel
+                                                  * ranks: a tp group reads one batch) */
     int64_t k = global / per;
     if (k * per != global)
         CA_LOG_W("load_state: the checkpoint was saved on %lld processes: the dataloader continues at "
@@ -1801,7 +1802,7 @@ static ca_status ss_apply(ca_accelerator *acc, ss_loaded *L) {
         if (s == CA_OK) s = ca_dataloader_set_epoch(dl, js_int(&j, jl, "epoch"));
         ca_loader_state now;
         ca_dataloader_get_state(dl, &now);
-        if (s == CA_OK) s = ca_dataloader_skip_batches(dl, ss_loader_skip(acc, jl, &now));
+        if (s == CA_OK) s = ca_dataloader_skip_batches(dl, ss_loader_skip(jl, &now));
     }
     if (s == CA_OK) ca_rng_set_state(js_u64(&j, L->rng, "seed"), js_u64(&j, L->rng, "offset"));
     for (int i = 0; s == CA_OK && i < acc->ncustom; i++) {

@@ -153,10 +153,12 @@ count 1 '^step=2 ' "$WORK/o"
 losses "$WORK/o" > "$WORK/r2.loss"
 NSTEPS=2 same_losses "$WORK/ref2.loss" "$WORK/r2.loss"
 same "$WORK/ref.bin" "$WORK/r2.bin"
-note "$be: the checkpoint of one process loaded at tp 2 x dp_replicate 2: its parameters"
+note "$be: the checkpoint of one process loaded at tp 2 x dp_replicate 2: its parameters, the dataloader 2 batches on"
 tlaunch 4 "$be" --parallelism_config_tp_size 2 --parallelism_config_dp_replicate_size 2 -- --plan --steps 0 --batch 16 \
     --load-state "$WORK/ck1" --dump "$WORK/d4.bin" > "$WORK/o" || { cat "$WORK/o"; fail "load at tp 2 x dp 2"; }
 same "$WORK/s1.bin" "$WORK/d4.bin"
+# 2 batches of 16 on 1 data-parallel rank are 1 batch of 16 on each of 2 (not one per process: 4)
+count 0 'the dataloader continues at' "$WORK/o"
 
 # refused NP FLAGS -- ARGS -- PATTERN: the run fails with a message matching PATTERN
 refused() {
