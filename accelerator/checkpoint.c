@@ -491,14 +491,28 @@ static bool summon(ca_accelerator *acc, ca_module *model, ca_status *s) {
     return shards;
 }
 
-ca_status ca_save_model(ca_accelerator *acc, ca_module *model, const char *dir, size_t max_shard_size) {
-    if (!model || !dir) return ca_error(CA_ERR_INVALID, "save_model: model and dir are required");
-    if (acc && acc->mesh) return ca_tp_refuse(acc, "save_model");
+/* Tensor parallelism's split layers of the prepared model whole on every rank (collective) while fn
+ * saves or loads it, then each rank's slice again: the files are one process's at any tp size. */
+static ca_status tp_whole(ca_accelerator *acc, ca_module *model, const char *path,
+                          ca_status (*fn)(ca_accelerator *, ca_module *, const char *, size_t), size_t arg) {
+    bool tp = acc && acc->mesh && acc->model == model;
+    ca_status s = tp ? ca_tp_summon(acc, true) : CA_OK;
+    if (s == CA_OK) s = fn(acc, model, path, arg);
+    ca_status r = tp ? ca_tp_summon(acc, false) : CA_OK;
+    return s != CA_OK ? s : r;
+}
+
+static ca_status save_model_whole(ca_accelerator *acc, ca_module *model, const char *dir, size_t max_shard_size) {
     ca_status s;
     bool shards = summon(acc, model, &s);
     if (s == CA_OK) s = save_model(acc, model, dir, max_shard_size);
     ca_status r = shards ? acc->sync_ops->summon(acc, false) : CA_OK;
     return s != CA_OK ? s : r;
+}
+
+ca_status ca_save_model(ca_accelerator *acc, ca_module *model, const char *dir, size_t max_shard_size) {
+    if (!model || !dir) return ca_error(CA_ERR_INVALID, "save_model: model and dir are required");
+    return tp_whole(acc, model, dir, save_model_whole, max_shard_size);
 }
 
 static const void *ck_data_of(void *ctx, const char *name) {
@@ -568,9 +582,8 @@ static ca_status load_on_rank0(ca_accelerator *acc, ca_module *model, const char
     return s;
 }
 
-ca_status ca_load_model(ca_accelerator *acc, ca_module *model, const char *dir_or_file) {
-    if (!model || !dir_or_file) return ca_error(CA_ERR_INVALID, "load_model: model and a path are required");
-    if (acc && acc->mesh) return ca_tp_refuse(acc, "load_model");
+static ca_status load_model_whole(ca_accelerator *acc, ca_module *model, const char *dir_or_file, size_t unused) {
+    (void)unused;
     ca_status s;
     /* stage 3 under fsdp_cpu_ram_efficient_loading (Accelerate's default for FSDP): each rank reads
      * only the slices its shard keeps, no rank gathers the whole model */
@@ -586,4 +599,9 @@ ca_status ca_load_model(ca_accelerator *acc, ca_module *model, const char *dir_o
     if (s == CA_OK) s = load_model(model, dir_or_file);
     ca_status r = shards ? acc->sync_ops->summon(acc, false) : CA_OK;
     return s != CA_OK ? s : r;
+}
+
+ca_status ca_load_model(ca_accelerator *acc, ca_module *model, const char *dir_or_file) {
+    if (!model || !dir_or_file) return ca_error(CA_ERR_INVALID, "load_model: model and a path are required");
+    return tp_whole(acc, model, dir_or_file, load_model_whole, 0);
 }

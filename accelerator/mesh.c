@@ -122,12 +122,3 @@ ca_comm *ca_mesh_comm(ca_accelerator *acc, const char *dim) {
     ca_error(CA_ERR_INVALID, "ca_mesh_comm: unknown dimension \"%s\" (tp, cp, dp_shard, dp_replicate, dp)", dim);
     return NULL;
 }
-
-ca_status ca_tp_refuse(const ca_accelerator *acc, const char *what) {
-    if (!acc || !acc->mesh) return CA_OK;
-    return ca_error(CA_ERR_UNSUPPORTED, "%s: not supported yet with tensor parallelism (parallelism_config_tp_size %d, "
-                    "from %s): %s", what, acc->mesh->shape.size[CA_MESH_TP],
-                    ca_config_origin(acc->cfg, "parallelism_config.parallelism_config_tp_size"),
-                    "each rank holds its part of the split layers; checkpoints of the parts (and loading them at "
-                    "another tp size) are not implemented");
-}

@@ -4,6 +4,15 @@
 
 #include "accelerator/accelerator_impl.h"
 
+/* A split parameter made whole for a checkpoint (tp_state.c). */
+typedef struct ca_tp_whole {
+    ca_tensor *p;
+    int dim, parts;                    /* how the plan split it: dimension, fused blocks */
+    int64_t slice;                     /* its length along dim on this rank */
+    ca_tensor *grad;                   /* its gradient (a DDP bucket's view) set aside: a resize drops it */
+    bool grad_defined;
+} ca_tp_whole;
+
 typedef struct ca_mesh {
     ca_mesh_shape shape;
     int coord[CA_MESH_NDIMS];          /* this rank's */
@@ -11,6 +20,8 @@ typedef struct ca_mesh {
                                         * ranks (same cp and tp coordinates), over which gradients average */
     int ntp;                           /* Linear modules made tensor-parallel at prepare */
     ca_module **tp;
+    ca_tp_whole *whole;                /* between ca_tp_summon(acc, true) and (acc, false) */
+    int nwhole;
 } ca_mesh;
 
 /* Makes acc->mesh when parallelism_config_tp_size is above 1 (collective: after the process group),
@@ -24,9 +35,15 @@ ca_comm *ca_mesh_grad_comm(const ca_accelerator *acc);
 void ca_mesh_data_rank(const ca_accelerator *acc, int *rank, int *world);
 /* Whether parameter t is one rank's part of a split layer (its gradient's norm is summed over tp). */
 bool ca_tp_is_split(const ca_accelerator *acc, const ca_tensor *t);
-/* CA_ERR_UNSUPPORTED naming `what` (save_state, load_model, ...) when tensor parallelism is on: what
- * does not handle the split layers yet; CA_OK otherwise. */
-ca_status ca_tp_refuse(const ca_accelerator *acc, const char *what);
+/* The dimension along which parameter t is split (0: a colwise Linear's weight and bias, an Embedding's
+ * rows; 1: a rowwise Linear's weight), or -1 when it is whole. */
+int ca_tp_split_dim(const ca_accelerator *acc, const ca_tensor *t);
+/* Full-state checkpoints (tp_state.c). on: every split parameter of the prepared model, and the optimizers'
+ * state of it, gathered over the tp communicator into the whole tensor on every rank (collective; the same
+ * objects, resized in place), so that save_state / save_model write what one process writes and
+ * load_state / load_model read it; off: each rank keeps its slice again (local), gradients as they were.
+ * Nothing without a mesh, or when already in that state. A failed `on` leaves every tensor split. */
+ca_status ca_tp_summon(ca_accelerator *acc, bool on);
 /* Applies model m's ca_tp_plan over the tp communicator (tp.c): with a mesh, a model without a plan is
  * refused; without one, nothing. */
 ca_status ca_tp_apply(ca_accelerator *acc, ca_module *m);

@@ -1761,7 +1761,7 @@ static ca_status ss_apply_optimizer(const ca_accelerator *acc, ca_optimizer *o, 
  * position, rounded down to a whole step of the new world (a few samples are seen again). Under
  * split_batches a rank's batch is a slice of the global one, so its position counts global batches
  * (a checkpoint without the key was saved as this run loads). */
-static int64_t ss_loader_skip(const ca_accelerator *acc, json_object *jl, const ca_loader_state *now) {
+static int64_t ss_loader_skip(json_object *jl, const ca_loader_state *now) {
     ss_json j = {"", false};
     int64_t pos = js_int(&j, jl, "position"), w = js_int(&j, jl, "world_size");
     int64_t most = now->rank_batches < 0 ? INT64_MAX : now->rank_batches;   /* < 0: a stream, length unknown */
@@ -1769,7 +1769,8 @@ static int64_t ss_loader_skip(const ca_accelerator *acc, json_object *jl, const 
     json_object *js = NULL;
     bool split = json_object_object_get_ex(jl, "split_batches", &js) ? json_object_get_boolean(js) : now->split;
     int64_t global = split ? pos : pos * w;     /* global batches consumed */
-    int64_t per = now->split ? 1 : acc->world;   /* global batches per batch of a rank */
+    int64_t per = now->split ? 1 : now->world;   /* global batches per batch of a rank (the data-parallel
+                                                  * ranks: a tp group reads one batch) */
     int64_t k = global / per;
     if (k * per != global)
         CA_LOG_W("load_state: the checkpoint was saved on %lld processes: the dataloader continues at "
@@ -1801,7 +1802,7 @@ static ca_status ss_apply(ca_accelerator *acc, ss_loaded *L) {
         if (s == CA_OK) s = ca_dataloader_set_epoch(dl, js_int(&j, jl, "epoch"));
         ca_loader_state now;
         ca_dataloader_get_state(dl, &now);
-        if (s == CA_OK) s = ca_dataloader_skip_batches(dl, ss_loader_skip(acc, jl, &now));
+        if (s == CA_OK) s = ca_dataloader_skip_batches(dl, ss_loader_skip(jl, &now));
     }
     if (s == CA_OK) ca_rng_set_state(js_u64(&j, L->rng, "seed"), js_u64(&j, L->rng, "offset"));
     for (int i = 0; s == CA_OK && i < acc->ncustom; i++) {
@@ -1946,15 +1947,18 @@ void ca_state_free(ca_accelerator *acc) {
     acc->ncustom = 0;
 }
 
-/* Stage 3 keeps shards of the parameters between steps: whole while they are saved or loaded. */
+/* Stage 3 keeps shards of the parameters between steps, tensor parallelism slices of the split layers (and
+ * of their optimizer state): whole while they are saved or loaded, so that the files are one process's. */
 static ca_status with_full_params(ca_accelerator *acc, ca_status (*fn)(ca_accelerator *, const char *),
                                   const char *dir) {
     const ca_sync_strategy *ops = acc->sync_ops;
     bool shards = ops->params_sharded && ops->params_sharded(acc);
     ca_status s = shards ? ops->summon(acc, true) : CA_OK;
+    if (s == CA_OK) s = ca_tp_summon(acc, true);
     if (s == CA_OK) s = fn(acc, dir);
+    ca_status t = ca_tp_summon(acc, false);
     ca_status r = shards ? ops->summon(acc, false) : CA_OK;
-    return s != CA_OK ? s : r;
+    return s != CA_OK ? s : t != CA_OK ? t : r;
 }
 
 /* An elastic job grows at a checkpoint: caccel launch marks a machine waiting to join
@@ -1988,7 +1992,6 @@ static void elastic_grow_point(ca_accelerator *acc) {
 
 ca_status ca_save_state_ex(ca_accelerator *acc, const char *dir, const ca_save_state_options *opts) {
     if (!acc) return ca_error(CA_ERR_INVALID, "save_state: the accelerator is NULL");
-    if (acc->mesh) return ca_tp_refuse(acc, "save_state");
     if (acc->nextra)   /* the checkpoint layout holds one model */
         return ca_error(CA_ERR_UNSUPPORTED, "save_state: %d model(s) prepared after the first; save them with "
                         "ca_save_model or ca_register_for_checkpointing", acc->nextra);
@@ -2026,7 +2029,6 @@ ca_status ca_wait_for_save(ca_accelerator *acc) {
 
 ca_status ca_load_state(ca_accelerator *acc, const char *dir) {
     if (!acc) return ca_error(CA_ERR_INVALID, "load_state: the accelerator is NULL");
-    if (acc->mesh) return ca_tp_refuse(acc, "load_state");
     ca_status s = ss_async_join(acc, "load_state");   /* a save in flight is finished (or failed) first */
     if (s != CA_OK) return s;
     /* stage 3 under fsdp_cpu_ram_efficient_loading: each rank copies its shard's slices of the

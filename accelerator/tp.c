@@ -306,9 +306,14 @@ void ca_tp_release(ca_accelerator *acc) {
 }
 
 bool ca_tp_is_split(const ca_accelerator *acc, const ca_tensor *t) {
+    return ca_tp_split_dim(acc, t) >= 0;
+}
+
+int ca_tp_split_dim(const ca_accelerator *acc, const ca_tensor *t) {
     for (int i = 0; acc->mesh && i < acc->mesh->ntp; i++) {
         const ca_module *l = acc->mesh->tp[i];   /* a rowwise layer's bias is whole */
-        if (l->params[0] == t || (l->forward == colwise_forward && l->nparams > 1 && l->params[1] == t)) return true;
+        if (l->forward == colwise_forward && l->nparams > 1 && l->params[1] == t) return 0;
+        if (l->params[0] == t) return l->forward == rowwise_forward ? 1 : 0;   /* an Embedding: its rows */
     }
-    return false;
+    return -1;
 }

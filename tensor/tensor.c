@@ -448,6 +448,19 @@ static void narrow_copy(const ca_tensor *t, int dim, int parts, int64_t start, i
                    full + ((size_t)(o * t->shape[dim] + k * block + start) * (size_t)inner) * es, row);
 }
 
+/* t (contiguous) takes storage st, dimension dim now len long: the same object in a new shape. */
+static void adopt_storage(ca_tensor *t, ca_storage *st, int dim, int64_t len) {
+    storage_release(t->storage);
+    t->storage = st;
+    t->offset = 0;
+    t->shape[dim] = len;
+    ca_tensor_set_contiguous(t);
+    t->version++;
+    ca_tensor_free(t->lowp);    /* a copy of the old shape */
+    t->lowp = NULL;
+    drop_grad(t);   /* of the old storage or shape */
+}
+
 ca_status ca_tensor_narrow_(ca_tensor *t, int dim, int parts, int64_t start, int64_t len) {
     if (!t || dim < 0 || dim >= t->ndim || parts < 1 || t->shape[dim] % parts || start < 0 || len < 1 ||
         start + len > t->shape[dim] / parts)
@@ -468,15 +481,25 @@ ca_status ca_tensor_narrow_(ca_tensor *t, int dim, int parts, int64_t start, int
         if (st) storage_release(st);
         return s;
     }
-    storage_release(t->storage);
-    t->storage = st;
-    t->offset = 0;
-    t->shape[dim] = len * parts;
-    ca_tensor_set_contiguous(t);
-    t->version++;
-    ca_tensor_free(t->lowp);    /* a copy of the old shape */
-    t->lowp = NULL;
-    drop_grad(t);   /* of the old storage or shape */
+    adopt_storage(t, st, dim, len * parts);
+    return CA_OK;
+}
+
+ca_status ca_tensor_resize_dim_(ca_tensor *t, int dim, int64_t len, const void *host) {
+    if (!t || !host || dim < 0 || dim >= t->ndim || len < 1 || t->shape[dim] < 1)
+        return ca_error(CA_ERR_INVALID, "ca_tensor_resize_dim_: a tensor, its new values and a length of dimension "
+                        "%d are required", dim);
+    if (!ca_tensor_is_contiguous(t) || t->storage->absent)
+        return ca_error(CA_ERR_INVALID, "ca_tensor_resize_dim_: only a contiguous tensor with its values can be resized");
+    size_t bytes = ca_tensor_nbytes(t) / (size_t)t->shape[dim] * (size_t)len;
+    ca_storage *st = storage_new(ca_tdev(t), bytes);
+    if (!st) return ca_last_status();
+    ca_status s = ca_device_copy_from_host(ca_tdev(t), st->ptr, host, bytes);
+    if (s != CA_OK) {
+        storage_release(st);
+        return s;
+    }
+    adopt_storage(t, st, dim, len);
     return CA_OK;
 }
 

@@ -157,6 +157,11 @@ int ca_meta_live(void);
  * storage on its device; its gradient and low-precision copy go. Tensor parallelism shards a parameter
  * with it at prepare. CA_ERR_INVALID for a slice outside a block or a view. */
 ca_status ca_tensor_narrow_(ca_tensor *t, int dim, int parts, int64_t start, int64_t len);
+/* The inverse of ca_tensor_narrow_: dimension dim of contiguous persistent tensor t becomes len long, its
+ * values the contiguous host copy `host` of the new shape, in place (the same object) in new storage on its
+ * device; its gradient and low-precision copy go. Tensor parallelism makes its split parameters whole with
+ * it while a checkpoint is saved or loaded. CA_ERR_INVALID for a view. */
+ca_status ca_tensor_resize_dim_(ca_tensor *t, int dim, int64_t len, const void *host);
 /* Contiguous strides for t->shape; sets numel. */
 void ca_tensor_set_contiguous(ca_tensor *t);
 /* A scoped tensor with fresh storage on dev. */

@@ -15,8 +15,9 @@
  *     central differences ("rank=R vocab gradcheck ok N"); then prints "rank=R refused: MESSAGE" for
  *     ca_tp_cross_entropy given the whole vocabulary's logits (at tp > 1) and a label outside it.
  *     --vocab-bad colwise|pad: the embedding planned colwise, or made with a padding_idx (refused).
- *   --clip: ca_clip_grad_norm(0.1) every step, each rank printing the norm; --save-state DIR: ca_save_state
- *   after training (refused under tensor parallelism); --bad-plan: a plan naming a Tanh. */
+ *   --clip: ca_clip_grad_norm(0.1) every step, each rank printing the norm; --bad-plan: a plan naming a Tanh.
+ *   --load-state DIR: ca_load_state after prepare (the steps then count on from the checkpoint's);
+ *   --save-state DIR, --save-model DIR: ca_save_state, ca_save_model after training. */
 #include <caccel/caccel.h>
 
 #include "tests/synthetic_data.h"
@@ -182,6 +183,9 @@ static void metrics_report(ca_accelerator *acc) {
            r.world_samples_per_s);
 }
 
+/* --load-state, --save-state, --save-model */
+static const char *g_load, *g_save_model;
+
 static int train(ca_accelerator *acc, ca_module *m, int steps, int64_t batch, const char *dump_path, bool clip,
                  const char *save) {
     ca_dataset *ds = synthetic(512);
@@ -190,8 +194,10 @@ static int train(ca_accelerator *acc, ca_module *m, int steps, int64_t batch, co
     ca_optimizer *opt;
     CA_CHECK(ca_sgd_create(m, &(ca_sgd_opts){.lr = 0.2, .momentum = 0.9}, &opt));
     CA_CHECK(ca_prepare(acc, m, opt, dl));
+    if (g_load) CA_CHECK(ca_load_state(acc, g_load));
+    int first = (int)ca_optimizer_steps(opt);
     ca_batch b;
-    for (int step = 0; step < steps && ca_dataloader_next(dl, &b); step++) {
+    for (int step = first; step < first + steps && ca_dataloader_next(dl, &b); step++) {
         ca_tensor *loss = ca_cross_entropy(ca_module_forward(m, b.x), b.y);
         double lv;
         CA_CHECK(ca_tensor_item(loss, &lv));
@@ -213,6 +219,7 @@ static int train(ca_accelerator *acc, ca_module *m, int steps, int64_t batch, co
         printf("rank=%d save_state: %s\n", ca_process_index(acc), ca_last_error());
         return 3;
     }
+    if (g_save_model) CA_CHECK(ca_save_model(acc, m, g_save_model, 0));
     if (dump_path) dump(acc, m, dump_path);
     printf("rank=%d params=%lld steps=%d\n", ca_process_index(acc), (long long)ca_module_param_count(m), steps);
     ca_dataloader_destroy(dl);
@@ -431,6 +438,8 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--batch") && i + 1 < argc) batch = atoll(argv[++i]);
         else if (!strcmp(argv[i], "--dump") && i + 1 < argc) dump_path = argv[++i];
         else if (!strcmp(argv[i], "--save-state") && i + 1 < argc) save = argv[++i];
+        else if (!strcmp(argv[i], "--load-state") && i + 1 < argc) g_load = argv[++i];
+        else if (!strcmp(argv[i], "--save-model") && i + 1 < argc) g_save_model = argv[++i];
         else if (!strcmp(argv[i], "--plan")) plan = true;
         else if (!strcmp(argv[i], "--clip")) clip = true;
         else if (!strcmp(argv[i], "--bad-plan")) bad_plan = true;
