@@ -20,6 +20,7 @@ include bench/llm.mk
 include bench/tokenizer.mk
 include bench/load_rss.mk
 include bench/memory.mk
+include bench/tp.mk
 
 # Builds every benchmark without running one (tools/test.sh does, so they keep compiling).
 .PHONY: bench-build

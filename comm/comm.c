@@ -78,16 +78,30 @@ static ca_status unstage(ca_comm *c, ca_work *w, ca_status s) {
     return s;
 }
 
+/* s with quotes, backslashes and control characters escaped for a JSON string (ca_comm_set_name takes
+ * any text). */
+static void json_inside(const char *s, char *out, size_t n) {
+    size_t o = 0;
+    for (; *s && o + 7 < n; s++) {
+        unsigned char ch = (unsigned char)*s;
+        if (ch == '"' || ch == '\\') { out[o++] = '\\'; out[o++] = (char)ch; }
+        else if (ch < 0x20) o += (size_t)snprintf(out + o, n - o, "\\u%04x", ch);
+        else out[o++] = (char)ch;
+    }
+    out[o] = '\0';
+}
+
 /* The profiler's slice of a collective, from its issue to its end, with its sequence number. The
  * backends (Gloo, MPI, NCCL) do not say when the peers arrived and when the data moved, so the
  * time the caller was blocked in the wait (wait_us) holds both; issue_us is from the issue to the
  * wait (the caller's overlap). */
 static void trace_coll(const ca_comm *c, const ca_work *w, ca_status s) {
     int64_t now = ca_trace_now_ns(), wt = w->tr_wait_ns ? w->tr_wait_ns : now;
-    char args[320];
-    snprintf(args, sizeof args, "\"seq\":%llu,\"comm\":\"%s\",\"rank\":%d,\"world\":%d,\"dtype\":\"%s\","
-             "\"count\":%llu,\"bytes\":%llu,\"issue_us\":%.3f,\"wait_us\":%.3f,\"ok\":%s",
-             (unsigned long long)w->seq, c->prefix[0] ? c->prefix : "single", c->rank, c->world,
+    char args[400], name[sizeof c->name * 6];
+    json_inside(c->name, name, sizeof name);   /* the program's name ("tp"): a JSON string's inside */
+    snprintf(args, sizeof args, "\"seq\":%llu,\"comm\":\"%s\",\"name\":\"%s\",\"rank\":%d,\"world\":%d,"
+             "\"dtype\":\"%s\",\"count\":%llu,\"bytes\":%llu,\"issue_us\":%.3f,\"wait_us\":%.3f,\"ok\":%s",
+             (unsigned long long)w->seq, c->prefix[0] ? c->prefix : "single", name, c->rank, c->world,
              w->sig.dtype >= 0 ? ca_dtype_name((ca_dtype)w->sig.dtype) : "none", (unsigned long long)w->sig.count,
              (unsigned long long)w->tr_bytes, (double)(wt - w->tr_issue_ns) / 1e3, (double)(now - wt) / 1e3,
              s == CA_OK ? "true" : "false");

@@ -90,6 +90,16 @@ sed -n 's/.*samples_per_s=\([0-9.e+]*\) world_samples_per_s=\([0-9.e+]*\)$/\1 \2
         for (i = 1; i <= NR; i++) { d = w[i] - sum / 2; if (d < 0) d = -d; if (d > 1e-4 * sum) { print "world", w[i], "ranks sum", sum; exit 1 } }
         exit NR != 4 }' || { cat "$WORK/o"; fail "the world's samples/s is not the ranks' sum over tp 2"; }
 
+# The profiler's collective slices carry the communicator's name (ca_comm_set_name: the mesh's "tp"), so
+# that a trace's bytes can be summed per mesh dimension (bench/run_tp.sh does).
+note "$be: the trace's collectives name the tp communicator"
+tlaunch 2 "$be" --parallelism_config_tp_size 2 --profile --output_trace_dir "$WORK/trace" -- --plan --steps 2 --batch 16 \
+    > "$WORK/o" || { cat "$WORK/o"; fail "profiled tp 2 $be"; }
+for r in 0 1; do
+    grep -q '"name":"tp","rank":'$r',"world":2,"dtype":"f32"' "$WORK/trace/trace_rank$r.json" ||
+        fail "rank $r's trace names no collective of the tp communicator"
+done
+
 # Under mpirun rank 0 serves the rendezvous store, which also holds the records of the tp group of
 # ranks 2 and 3: that group's collective after rank 0 is done must still complete.
 if echo "$backends" | grep -q mpi; then

@@ -62,7 +62,8 @@ CA_API ca_status ca_comm_split(ca_comm *parent, int color, int key, ca_comm **ou
 
 /* Names what a split's group is to the program ("tp", "dp_replicate": the device mesh's dimensions), at
  * most 23 characters; a failed collective on it then says "(in the tp group of ranks 0, 1 split from
- * ...)". Set it before the group's first collective, from the thread that uses it. CA_ERR_INVALID for
+ * ...)", and the profiler's slices of its collectives carry it as `name` (docs/PROFILING.md). Set it
+ * before the group's first collective, from the thread that uses it. CA_ERR_INVALID for
  * NULL or a longer name. ca_comm_name: the name, "" when none (and for NULL). */
 CA_API ca_status ca_comm_set_name(ca_comm *c, const char *name);
 CA_API const char *ca_comm_name(const ca_comm *c);

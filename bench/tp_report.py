@@ -1,0 +1,139 @@
+"""bench/run_tp.sh's tables for one shape: tokens/s, step time and peak RSS per rank at 1 process, dp 2
+and tp 2 (and the PyTorch peer), and the bytes each communicator moved per step, read from the
+profiler's Chrome traces, beside the tensor-parallel plan's formula.
+usage: tp_report.py --work DIR --shape "L H C T B" --steps N  (DIR: run_tp.sh's rows and trace.* dirs)"""
+import argparse, glob, json, os, re, statistics
+from collections import defaultdict
+
+p = argparse.ArgumentParser()
+p.add_argument("--work", required=True)
+p.add_argument("--shape", required=True)
+p.add_argument("--steps", type=int, required=True)
+a = p.parse_args()
+L, H, C, T, B = (int(v) for v in a.shape.split())
+MODES = {"1": "1 process", "dp2": "dp 2", "tp2": "tp 2", "torch1": "torch 1 process", "torchtp2": "torch tp 2"}
+
+
+def med(v):
+    return statistics.median(v) if v else float("nan")
+
+
+rows = defaultdict(list)   # mode -> output lines of its timed runs
+for line in open(os.path.join(a.work, "rows"), errors="replace"):
+    m = re.match(r"mode=(\S+) rep=\d+ (.*)", line)
+    if m:
+        rows[m.group(1)].append(m.group(2))
+
+
+def rate(mode):
+    """tokens/s: caccel's throughput lines after step 1 (the whole job's figure at 2 processes)."""
+    v = []
+    for s in rows[mode]:
+        m = re.search(r"throughput: step (\d+): [0-9.]+ samples/s, ([0-9.]+) tokens/s", s)
+        if m and int(m.group(1)) >= 2:
+            w = re.search(r"all \d+ processes: [0-9.]+ samples/s, ([0-9.]+) tokens/s", s)
+            v.append(float((w or m).group(1) if w else m.group(2)))
+        t = re.search(r"tokens_per_s=([0-9.]+)", s)
+        if t and "rank=0" in s:
+            v.append(float(t.group(1)))
+    return med(v), len(v)
+
+
+def rss(mode):
+    """peak RSS per rank, MiB: /usr/bin/time's (caccel) or getrusage's (torch) figure, median over runs."""
+    by = defaultdict(list)
+    for s in rows[mode]:
+        m = re.search(r"peak_rss_kib rank=(\d+) (\d+)", s) or re.search(r"rank=(\d+) .*peak_rss_kib=(\d+)", s)
+        if m:
+            by[int(m.group(1))].append(int(m.group(2)) / 1024)
+    return [med(by[r]) for r in sorted(by)]
+
+
+print(f"\nGPT {L} x {C} ({H} heads), T {T}, global batch {B} ({B * T} tokens a step); "
+      f"dp 2: batch {B // 2} a rank; tp 2: batch {B} on both ranks of the tp group")
+fails = [s for m in ("torch1", "torchtp2") for s in rows[m] if "status=failed" in s]
+for s in fails:
+    print("  torch peer failed: " + s)
+base = rate("1")[0]
+print(f"{'run':>16} | {'tokens/s':>9} {'step ms':>8} {'vs 1 proc':>9} | peak RSS MiB per rank (n)")
+for mode, name in MODES.items():
+    r, n = rate(mode)
+    if n == 0:
+        continue
+    ref = base if not mode.startswith("torch") else rate("torch1")[0]
+    print(f"{name:>16} | {r:9.0f} {B * T / r * 1e3:8.0f} {r / ref:9.2f} | "
+          + " ".join(f"{x:.0f}" for x in rss(mode)) + f" ({n})")
+c1, ct = rate("1")[0], rate("torch1")[0]
+if rate("torchtp2")[1] and rate("tp2")[1]:
+    print(f"caccel / torch: 1 process {c1 / ct:.2f}x, tp 2 {rate('tp2')[0] / rate('torchtp2')[0]:.2f}x")
+
+
+def trace(mode):
+    """per rank: {(comm, op, bytes): count} and the number of recorded steps"""
+    out = {}
+    for f in sorted(glob.glob(os.path.join(a.work, f"trace.{mode}", "trace_rank*.json"))):
+        d = json.load(open(f))
+        ev = d["traceEvents"] if isinstance(d, dict) else d
+        steps = sum(1 for e in ev if e.get("cat") == "step")
+        c = defaultdict(int)
+        for e in ev:
+            if e.get("cat") == "collective":
+                g = e.get("args", {})
+                # the communicator's name (ca_comm_set_name: "tp", "dp", ...), else its prefix
+                who = g.get("name") or str(g.get("comm"))
+                c[(who, e.get("name"), int(g.get("bytes", 0)))] += 1
+        out[int(re.search(r"rank(\d+)", f).group(1))] = (c, steps)
+    return out
+
+
+def params(mode):
+    for s in open(os.path.join(a.work, f"t.{mode}"), errors="replace"):
+        m = re.search(r": (\d+) parameters", s)
+        if m:
+            return int(m.group(1))
+    return 0
+
+
+def vocab_parallel():
+    """the example's line (once a rank at tp > 1) when its logits are split over the vocabulary"""
+    for s in open(os.path.join(a.work, "t.tp2"), errors="replace"):
+        m = re.search(r"holds logits \[\d+, \d+, (\d+)\] of vocab (\d+)", s)
+        if m and int(m.group(1)) < int(m.group(2)):
+            return True
+    return False
+
+
+print("bytes per step per communicator (rank 0's trace; collectives of the recorded steps / their count):")
+for mode in ("1", "dp2", "tp2"):
+    tr = trace(mode)
+    if not tr:
+        print(f"  {MODES[mode]}: no trace")
+        continue
+    c, steps = tr[0]
+    same = all(x == c for x, _ in tr.values())
+    tot = defaultdict(int)
+    for (comm, op, nb), k in c.items():
+        tot[comm] += nb * k
+    print(f"  {MODES[mode]}: {steps} steps recorded; ranks' collectives {'the same' if same else 'DIFFER'}")
+    for comm in sorted(tot):
+        parts = ", ".join(f"{k / steps:g} {op} of {nb} B" for (cm, op, nb), k in sorted(c.items(), key=lambda x: -x[0][2] * x[1])
+                          if cm == comm)
+        print(f"    {comm:>12}: {tot[comm] / steps:14,.0f} B/step ({parts})")
+    if mode == "tp2":
+        tp = tot.get("tp", 0) / steps
+        f = 4 * L * B * T * C * 4 + 4
+        text = f"4*L*B*T*C*4 + 4 = 4*{L}*{B}*{T}*{C}*4 + 4 (clipping's f32 sum of squares) = {f:,}"
+        if vocab_parallel():
+            f += 2 * B * T * C * 4 + 3 * B * T * 4
+            text = (f"(4*L + 2)*B*T*C*4 + 3*B*T*4 + 4 = {f:,} (vocabulary-parallel: the embedding's forward and the "
+                    "tied LM head's input gradient B*T*C each, the cross-entropy's max, sum and target B*T each)")
+        print(f"    tp formula: {text}; measured {tp:,.0f} ({tp / f:.4f}x)")
+    if mode == "dp2":
+        P = params(mode)
+        big = sum(nb * k for (cm, op, nb), k in c.items() if op == "all_reduce" and nb > 64) / steps
+        print(f"    dp gradients: the all-reduces above 64 B move {big:,.0f} B/step against {P:,} parameters x 4 B = "
+              f"{P * 4:,} ({big / (P * 4):.4f}x)")
+    if mode == "tp2":
+        P = params(mode)
+        print(f"    each tp rank holds {P:,} parameters (the split layers' 1/2); with dp 1 no gradient is all-reduced: "
+              f"at dp_replicate D it would be {P:,} x 4 B = {P * 4:,} B on the dp communicator")
