@@ -312,6 +312,11 @@ int ca_zero_load_shards(const ca_accelerator *acc);
 ca_status ca_zero_load_shard(ca_accelerator *acc, const char *dir);
 /* Drops what ca_zero_check_shard read (a load that another rank refused). */
 void ca_zero_load_free(ca_accelerator *acc);
+/* A FULL_STATE_DICT checkpoint's optimizer state under stage 3's lean load: only this rank's slice of
+ * each of o's state tensors in f, verified and read into host buffers of a shard each (changes nothing
+ * of the run); then copied into the shard's state (apply) or dropped. */
+ca_status ca_zero_read_state_slices(ca_accelerator *acc, ca_optimizer *o, struct ca_st_file *f);
+ca_status ca_zero_load_state_slices(ca_accelerator *acc, bool apply);
 
 /* accumulate.c: whether this backward all-reduces (the step's decision, no_sync, trigger_sync_in_backward). */
 bool ca_backward_syncs(const ca_accelerator *acc);

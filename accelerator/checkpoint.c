@@ -555,7 +555,7 @@ ca_status ca_ck_model_apply_shard(ca_accelerator *acc, ca_ck_model_src *m) {
 /* A prepared model that every rank holds whole and equal (DDP, ZeRO stages 1 and 2) on several
  * processes, under fsdp_cpu_ram_efficient_loading (true by default): rank 0 reads the files and the
  * others receive its parameters, as Accelerate's sync_module_states broadcasts rank 0's. */
-static bool rank0_reads(const ca_accelerator *acc, const ca_module *model) {
+bool ca_ck_rank0_reads(const ca_accelerator *acc, const ca_module *model) {
     if (!acc || acc->model != model || acc->world < 2 || !acc->comm) return false;
     const ca_sync_strategy *ops = acc->sync_ops;
     if (!ops || !ops->replicated) return false;   /* the others: one process, or their own layout */
@@ -565,20 +565,26 @@ static bool rank0_reads(const ca_accelerator *acc, const ca_module *model) {
     return on;
 }
 
+ca_status ca_ck_broadcast_params(ca_accelerator *acc, ca_module *model, const char *who) {
+    ca_status s = CA_OK;
+    for (int i = 0; s == CA_OK && i < ca_module_num_params(model); i++) {
+        ca_tensor *p = ca_module_param_at(model, i);
+        s = ca_comm_broadcast(acc->comm, ca_tptr(p), (size_t)p->numel, p->dtype, 0, NULL);
+        p->version++;   /* copies cast from older values are stale */
+        if (s != CA_OK) ca_error_context("%s: broadcasting parameter %s from rank 0", who, ca_module_param_name(model, i));
+    }
+    return s;
+}
+
 /* Rank 0 loads (checked before anything is written: a failure changes no rank), its status reaches
  * every rank, then every parameter goes from rank 0 to the others: the same bytes on every rank. */
 static ca_status load_on_rank0(ca_accelerator *acc, ca_module *model, const char *where) {
     ca_status s = acc->rank == 0 ? load_model(model, where) : CA_OK;
     s = ck_share_rank0(acc, s, "load_model: rank 0 failed to read the model; nothing was loaded");
-    int n = ca_module_num_params(model);
-    for (int i = 0; s == CA_OK && i < n; i++) {
-        ca_tensor *p = ca_module_param_at(model, i);
-        s = ca_comm_broadcast(acc->comm, ca_tptr(p), (size_t)p->numel, p->dtype, 0, NULL);
-        p->version++;   /* copies cast from older values are stale */
-        if (s != CA_OK) ca_error_context("load_model: broadcasting parameter %s from rank 0", ca_module_param_name(model, i));
-    }
+    if (s == CA_OK) s = ca_ck_broadcast_params(acc, model, "load_model");
     if (s == CA_OK && acc->rank == 0)
-        CA_LOG_I("load_model: rank 0 read %s and broadcast its %d parameters (fsdp_cpu_ram_efficient_loading)", where, n);
+        CA_LOG_I("load_model: rank 0 read %s and broadcast its %d parameters (fsdp_cpu_ram_efficient_loading)", where,
+                 ca_module_num_params(model));
     return s;
 }
 
@@ -594,7 +600,7 @@ static ca_status load_model_whole(ca_accelerator *acc, ca_module *model, const c
         ca_ck_model_close(m);
         return s;
     }
-    if (rank0_reads(acc, model)) return load_on_rank0(acc, model, dir_or_file);
+    if (ca_ck_rank0_reads(acc, model)) return load_on_rank0(acc, model, dir_or_file);
     bool shards = summon(acc, model, &s);
     if (s == CA_OK) s = load_model(model, dir_or_file);
     ca_status r = shards ? acc->sync_ops->summon(acc, false) : CA_OK;

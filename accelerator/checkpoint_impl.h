@@ -31,6 +31,13 @@ struct ca_accelerator;
 ca_status ca_ck_model_verify_shard(struct ca_accelerator *acc, ca_ck_model_src *m);
 ca_status ca_ck_model_apply_shard(struct ca_accelerator *acc, ca_ck_model_src *m);
 
+/* Whether a load into `model` reads on rank 0 alone and broadcasts (a prepared model that every rank
+ * holds whole and equal, several processes, fsdp_cpu_ram_efficient_loading true: the default), and
+ * rank 0's parameters to every rank (collective; each one's version advanced). `who` begins the
+ * error context ("load_model", "load_state"). */
+bool ca_ck_rank0_reads(const struct ca_accelerator *acc, const ca_module *model);
+ca_status ca_ck_broadcast_params(struct ca_accelerator *acc, ca_module *model, const char *who);
+
 /* The bytes of t where a save can write them without a copy (a contiguous tensor in host memory,
  * its device synchronised), else NULL: the caller copies it to the host. */
 const void *ca_ck_host_data(ca_tensor *t);

@@ -1235,6 +1235,7 @@ typedef struct ss_loaded {
     bool *was_on;                      /* the model's requires_grad before the checkpoint's were set */
     bool sliced;                       /* each optimizer state tensor: only this rank's slice is read */
     bool lean;                         /* stage 3: only the model file's slices of this rank's shard */
+    bool model0, opts0;                /* the model file, the optimizers' files: read by rank 0 alone */
 } ss_loaded;
 
 static void ss_loaded_free(ss_loaded *L) {
@@ -1394,23 +1395,26 @@ ca_status ca_state_check_files(const char *who, const char *dir) {
     return s;
 }
 
+/* f against o's state as ca_optimizer_init_state would make it (names, f32, the parameters'
+ * shapes), without making it: a sharded run reads only its slices. */
 static ca_status ss_check_opt_tensors(ca_optimizer *o, const ca_st_file *f) {
-    int n = ca_optimizer_num_state(o);
+    int n = 0;
+    while (ca_optimizer_state_param(o, n, NULL, NULL)) n++;
     if (f->n != n)
         return ca_error(CA_ERR_INVALID, "%s: %d state tensors in the file, %d in the optimizer",
                         f->path, f->n, n);
     for (int i = 0; i < n; i++) {
         const char *name = NULL;
-        ca_tensor *x = ca_optimizer_state_at(o, i, &name);
+        const ca_tensor *p = ca_optimizer_state_param(o, i, &name, NULL);
         const ca_st_entry *e = ca_st_find(f, name);
         if (!e) return ca_error(CA_ERR_INVALID, "%s: no tensor '%s' for the optimizer's state", f->path, name);
-        bool same = e->dtype == ca_tensor_dtype(x) && e->ndim == ca_tensor_ndim(x);
-        for (int d = 0; same && d < e->ndim; d++) same = e->shape[d] == ca_tensor_shape(x)[d];
+        bool same = e->dtype == CA_F32 && e->ndim == ca_tensor_ndim(p);
+        for (int d = 0; same && d < e->ndim; d++) same = e->shape[d] == ca_tensor_shape(p)[d];
         if (!same)
             return ca_error(CA_ERR_INVALID, "%s: tensor '%s': %s %lld elements in the file, %s %lld in "
                             "the optimizer", f->path, name, ca_st_dtype_name(e->dtype),
                             (long long)((e->end - e->begin) / (ca_dtype_size(e->dtype) ? ca_dtype_size(e->dtype) : 1)),
-                            ca_st_dtype_name(ca_tensor_dtype(x)), (long long)ca_tensor_numel(x));
+                            ca_st_dtype_name(CA_F32), (long long)ca_tensor_numel(p));
     }
     return CA_OK;
 }
@@ -1432,14 +1436,13 @@ static void ss_opt_slice(const ca_accelerator *acc, const ca_optimizer *o, const
 /* Every state tensor's slice of f verified (ss_check_opt_tensors matched names, dtypes, shapes). */
 static ca_status ss_verify_opt_slices(const ca_accelerator *acc, ca_optimizer *o, ca_st_file *f) {
     ca_status s = CA_OK;
-    for (int i = 0; s == CA_OK && i < ca_optimizer_num_state(o); i++) {
-        const char *name = NULL;
-        ca_tensor *x = ca_optimizer_state_at(o, i, &name);
+    const char *name = NULL;
+    ca_tensor *p;
+    for (int i = 0; s == CA_OK && (p = ca_optimizer_state_param(o, i, &name, NULL)) != NULL; i++) {
         const ca_st_entry *e = ca_st_find(f, name);
         int64_t off, n;
-        size_t es = ca_dtype_size(e->dtype);
-        ss_opt_slice(acc, o, x, &off, &n);
-        s = ca_st_verify_range(f, f->data_start + e->begin + (uint64_t)off * es, (uint64_t)n * es);
+        acc->sync_ops->state_slice(acc, p, &off, &n);
+        s = ca_st_verify_range(f, f->data_start + e->begin + (uint64_t)off * sizeof(float), (uint64_t)n * sizeof(float));
     }
     return s;
 }
@@ -1674,9 +1677,9 @@ static ca_status ss_check_all(ca_accelerator *acc, const char *dir, ss_loaded *L
     char name[64];
     if (s == CA_OK && sharded) s = check_shard(acc, dir, L);
     if (s == CA_OK && sharded) s = ss_shards_listed(acc, dir, L);
-    if (s == CA_OK && acc->model && !sharded) {   /* stage 3: only the slices of its shard, verified here */
+    bool others = acc->rank != 0;   /* rank 0 alone reads what it broadcasts (ss_broadcast) */
+    if (s == CA_OK && acc->model && !sharded && !(L->model0 && others)) {   /* stage 3: only its shard's slices */
         ca_st_file mf;
-        L->lean = ca_zero3_loads_lean(acc);
         s = ss_open_listed(L, dir, SS_MODEL, !L->lean, &mf);
         if (s == CA_OK) s = ca_ck_model_adopt(&mf, acc->model, &L->model);
         if (s == CA_OK && L->lean) s = ca_ck_model_verify_shard(acc, L->model);
@@ -1685,12 +1688,15 @@ static ca_status ss_check_all(ca_accelerator *acc, const char *dir, ss_loaded *L
         s = ca_error(CA_ERR_NOMEM, "load_state: out of memory");
     /* a sharded run keeps a slice of each optimizer state tensor: only the slices are verified and read */
     L->sliced = !sharded && acc->sync_ops->scatter_state && acc->sync_ops->state_slice;
-    for (int i = 0; s == CA_OK && !sharded && i < acc->nopts; i++) {
+    for (int i = 0; s == CA_OK && !sharded && !(L->opts0 && others) && i < acc->nopts; i++) {
         ss_opt_name(name, sizeof name, i);
         s = ss_open_listed(L, dir, name, !L->sliced, &L->opts[i]);
         if (s == CA_OK) L->nopts = i + 1;
         if (s == CA_OK) s = ss_check_opt_tensors(acc->opts[i], &L->opts[i]);
-        if (s == CA_OK && L->sliced) s = ss_verify_opt_slices(acc, acc->opts[i], &L->opts[i]);
+        if (s == CA_OK && L->sliced && !L->lean) s = ss_verify_opt_slices(acc, acc->opts[i], &L->opts[i]);
+        /* stage 3, lean: the slices read into the shard's host buffers now; the file is done with */
+        if (s == CA_OK && L->lean) s = acc->sync_ops->read_state_slices(acc, acc->opts[i], &L->opts[i]);
+        if (L->lean) ca_st_close(&L->opts[i]);
     }
     if (s == CA_OK) s = ss_check_rng(acc, dir, L);
     if (s == CA_OK) s = ss_check_custom(acc, dir, L);
@@ -1813,6 +1819,27 @@ static ca_status ss_apply(ca_accelerator *acc, ss_loaded *L) {
     return s;
 }
 
+/* What rank 0 alone read (L->model0, L->opts0) from rank 0 to every rank: the parameters, then each
+ * optimizer's state tensors (made first on the other ranks, as rank 0's check made its own). */
+static ca_status ss_broadcast(ca_accelerator *acc, const ss_loaded *L, const char *dir) {
+    ca_status s = ca_ck_broadcast_params(acc, acc->model, "load_state");
+    for (int i = 0; s == CA_OK && L->opts0 && i < acc->nopts; i++) {
+        ca_optimizer *o = acc->opts[i];
+        int n = ca_optimizer_num_state(o);
+        for (int k = 0; s == CA_OK && k < n; k++) {
+            const char *name = NULL;
+            ca_tensor *x = ca_optimizer_state_at(o, k, &name);
+            s = ca_comm_broadcast(acc->comm, ca_tptr(x), (size_t)ca_tensor_numel(x), ca_tensor_dtype(x), 0, NULL);
+            x->version++;
+            if (s != CA_OK) ca_error_context("load_state: broadcasting optimizer %d's %s from rank 0", i, name);
+        }
+    }
+    if (s == CA_OK && acc->rank == 0)
+        CA_LOG_I("load_state: rank 0 read %s's model%s and broadcast them (fsdp_cpu_ram_efficient_loading)", dir,
+                 L->opts0 && acc->nopts ? " and optimizer state" : "");
+    return s;
+}
+
 static ca_status ss_load_dir(ca_accelerator *acc, const char *dir) {
     ss_loaded L = {0};
     int bad;
@@ -1821,13 +1848,24 @@ static ca_status ss_load_dir(ca_accelerator *acc, const char *dir) {
     /* sharded run, full checkpoint: the full state is read into per-parameter tensors, then each rank
      * keeps its shard; sharded checkpoint: each rank reads its shard file */
     const ca_sync_strategy *ops = acc->sync_ops;
-    bool full = s == CA_OK && ops->scatter_state && !sharded;
+    /* stage 3, lean: of the optimizer state too only this rank's slices are read, into its shard */
+    L.lean = s == CA_OK && acc->model && !sharded && ops->read_state_slices && ca_zero3_loads_lean(acc);
+    bool full = s == CA_OK && ops->scatter_state && !sharded && !L.lean;
+    /* a model every rank holds whole: rank 0 reads it, and the optimizer state where every rank holds
+     * that whole too (DDP; ZeRO stages 1 and 2 read only each rank's slice of it), and broadcasts */
+    L.model0 = s == CA_OK && !sharded && ca_ck_rank0_reads(acc, acc->model);
+    L.opts0 = L.model0 && !ops->scatter_state;
     for (int i = 0; s == CA_OK && full && i < acc->nopts; i++) s = ca_optimizer_init_state(acc->opts[i]);
     if (s == CA_OK) s = ss_check_all(acc, dir, &L, sharded);
     s = ss_exchange(acc, s, &bad);                  /* nothing is applied unless every rank can */
     if (s == CA_OK) s = ss_apply(acc, &L);
     else s = ss_fail(acc, s, bad, "load_state", dir);
+    if (s == CA_OK && L.model0) s = ss_broadcast(acc, &L, dir);
     if (s == CA_OK && sharded) s = ops->load_shard(acc, dir);
+    if (L.lean) {
+        ca_status z = ops->load_state_slices(acc, s == CA_OK);
+        if (s == CA_OK) s = z;
+    }
     for (int i = 0; full && i < acc->nopts; i++) {
         ca_status z = s == CA_OK ? ops->scatter_state(acc, acc->opts[i]) : CA_OK;
         ops->drop_state(acc->opts[i]);

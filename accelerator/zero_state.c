@@ -453,16 +453,18 @@ static ca_status read_old_shard(ca_accelerator *acc, const ca_state_files *files
     return s;
 }
 
-static ca_status load_alloc(const ca_zero *z, int world, bool lean, struct ca_zero_load **out) {
+/* The host buffers of a load; params false: the optimizer state's only (flat stays NULL). */
+static ca_status load_alloc(const ca_zero *z, int world, bool lean, bool params, struct ca_zero_load **out) {
     struct ca_zero_load *L = calloc(1, sizeof *L);
     *out = L;
     if (!L) return ca_error(CA_ERR_NOMEM, "load_state: out of host memory");
     L->world = world;
     L->lean = lean;
     int64_t n = lean ? z->shard : z->numel;
-    L->flat = lean ? calloc((size_t)(n ? n : 1), sizeof *L->flat) : malloc((size_t)(n ? n : 1) * sizeof *L->flat);
+    if (params)
+        L->flat = lean ? calloc((size_t)(n ? n : 1), sizeof *L->flat) : malloc((size_t)(n ? n : 1) * sizeof *L->flat);
     ca_tensor *kept[2] = {z->s1, z->s2};
-    bool ok = L->flat != NULL;
+    bool ok = !params || L->flat != NULL;
     for (int j = 0; j < 2; j++)
         if (kept[j]) ok = ok && (L->st[j] = calloc((size_t)z->shard, sizeof *L->st[j])) != NULL;
     return ok ? CA_OK : ca_error(CA_ERR_NOMEM, "load_state: out of host memory");
@@ -478,13 +480,59 @@ ca_status ca_zero_check_shard(ca_accelerator *acc, const char *dir, const ca_sta
                      "parallelism, or merge its weights first (caccel merge-weights)", dir);
     if (s == CA_OK) s = check_index_params(acc, &ix);
     if (s == CA_OK) s = check_shard_files(dir, &ix);
-    if (s == CA_OK) s = load_alloc(z, ix.world, ca_zero3_loads_lean(acc), &z->load);
+    if (s == CA_OK) s = load_alloc(z, ix.world, ca_zero3_loads_lean(acc), true, &z->load);
     for (int k = 0; s == CA_OK && k < ix.world; k++) s = read_old_shard(acc, files, &ix, k, z->load);
     if (s != CA_OK) ca_zero_load_free(acc);
     if (s == CA_OK && acc->rank == 0 && ix.world != z->world)
         ca_log_printf(CA_LOG_INFO, "load_state: %s was saved as %d shards; each rank reads the parts of its shard of "
                       "%d (stage %d)", dir, ix.world, z->world, z->stage);
     json_object_put(ix.root);
+    return s;
+}
+
+/* ------------------------------------------------------------------ full state dicts, lean */
+
+/* This rank's segment of param (NULL: no element of it lies in this rank's shard). */
+static const ca_zero_seg *seg_of(const ca_zero *z, const ca_tensor *param) {
+    for (int i = 0; i < z->nsegs; i++)
+        if (z->segs[i].param == param) return &z->segs[i];
+    return NULL;
+}
+
+/* Stage 3 with fsdp_cpu_ram_efficient_loading, a FULL_STATE_DICT checkpoint: of each of o's state
+ * tensors in f only this rank's segment is verified and read, into shard-sized host buffers laid out
+ * as the shard files hold them (frozen parameters and padding zero). No rank builds the full state:
+ * the buffers are 1/N of it. ss_check_opt_tensors matched f's names, dtypes and shapes first. */
+ca_status ca_zero_read_state_slices(ca_accelerator *acc, ca_optimizer *o, ca_st_file *f) {
+    ca_zero *z = &acc->zero;
+    ca_tensor *kept[2] = {z->s1, z->s2};
+    ca_status s = CA_OK;
+    /* a sharded load's buffers (params read: flat), left by a load that another rank refused, go;
+     * the optimizers of this load fill one set of buffers together */
+    if (z->load && z->load->flat) ca_zero_load_free(acc);
+    /* the parameters come from model.safetensors (ca_zero3_load_shard): no buffer for them */
+    if (!z->load && (s = load_alloc(z, z->world, true, false, &z->load)) != CA_OK) return s;
+    const char *name = NULL;
+    int slot = 0;
+    ca_tensor *p;
+    for (int i = 0; s == CA_OK && (p = ca_optimizer_state_param(o, i, &name, &slot)) != NULL; i++) {
+        const ca_zero_seg *sg = seg_of(z, p);
+        if (!sg || !kept[slot]) continue;   /* another rank's parameter; a state this run does not keep */
+        s = read_range(f, ca_st_find(f, name), sg->poff, sg->n, z->load->st[slot] + sg->soff);
+    }
+    return s;
+}
+
+/* What ca_zero_read_state_slices read copied into the shard's optimizer state (apply), or dropped
+ * (a load that a rank refused). */
+ca_status ca_zero_load_state_slices(ca_accelerator *acc, bool apply) {
+    ca_zero *z = &acc->zero;
+    struct ca_zero_load *L = z->load;
+    ca_tensor *dst[2] = {z->s1, z->s2};
+    ca_status s = CA_OK;
+    for (int j = 0; apply && L && s == CA_OK && j < 2; j++)
+        if (dst[j] && L->st[j]) s = state_from_host(acc, dst[j], L->st[j], (size_t)z->shard * sizeof(float));
+    ca_zero_load_free(acc);
     return s;
 }
 

@@ -115,6 +115,11 @@ ca_tensor *ca_optimizer_param_at(const ca_optimizer *o, int i);
 /* Creates missing state tensors on the parameters' devices (prepare does this
  * after moving parameters, so state lives on the training device). */
 ca_status ca_optimizer_init_state(ca_optimizer *o);
+/* The parameter of the i-th state tensor as ca_optimizer_state_at lists them once
+ * ca_optimizer_init_state has made them, with its name and slot (0: exp_avg or momentum_buffer,
+ * 1: exp_avg_sq), without making any (its shape is the parameter's, its dtype f32): a sharded load
+ * reads only its slices. NULL past the last one. */
+ca_tensor *ca_optimizer_state_param(ca_optimizer *o, int i, const char **name, int *slot);
 
 /* Initialisation as transformers' _init_weights does it for the pretrained models (nn/layers.c):
  * ca_nn_init_normal fills t with N(0, std) from the process generator; ca_nn_add_linear adds a

@@ -354,6 +354,22 @@ static ca_tensor *state_slot(ca_optimizer *o, int k, int *idx) {
     return NULL;
 }
 
+ca_tensor *ca_optimizer_state_param(ca_optimizer *o, int i, const char **name, int *slot) {
+    if (!o || build_state_names(o) != CA_OK) return NULL;
+    for (int g = 0; g < o->ngroups; g++) {   /* the states ca_optimizer_init_state makes, in its order */
+        const ca_optim_group *gr = &o->groups[g];
+        bool has[2] = {o->kind == CA_OPTIM_ADAMW || gr->sgd.momentum != 0, o->kind == CA_OPTIM_ADAMW};
+        for (int j = 0; j < gr->n; j++)
+            for (int k = 0; k < 2; k++) {
+                if (!gr->params[j]->requires_grad || !has[k] || i-- > 0) continue;
+                if (name) *name = o->state_names[2 * (gr->first_index + j) + k];
+                if (slot) *slot = k;
+                return gr->params[j];
+            }
+    }
+    return NULL;
+}
+
 int ca_optimizer_num_state(ca_optimizer *o) {
     if (!o || ca_optimizer_init_state(o) != CA_OK) return 0;
     int n = 0, idx;

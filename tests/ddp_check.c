@@ -33,7 +33,9 @@
  * state_bytes: the allocator's bytes in use before the last step for parameters, gradients and
  * optimizer state (the growth from before ca_prepare, plus the parameters the model held then; the
  * batch, a few hundred bytes, is in it), step_peak_bytes: the most allocated during the last step
- * above what was allocated before it, and param_bytes: the parameters' f32 bytes (= the gradient's). */
+ * above what was allocated before it, and param_bytes: the parameters' f32 bytes (= the gradient's);
+ * with --load-state also load_peak_bytes (the most allocated during ca_load_state above what was
+ * allocated before it) and model_bytes. */
 #include <caccel/caccel.h>
 
 #include "tests/synthetic_data.h"
@@ -375,7 +377,16 @@ int main(int argc, char **argv) {
                ca_process_index(acc), (long long)((int64_t)sp.peak_allocated - base0), (long long)pbytes,
                (long long)largest);
     }
-    if (o.load_state) CA_CHECK(ca_load_state(acc, o.load_state));
+    if (o.load_state) {   /* --mem: the most the load held above what the run held before it */
+        ca_allocator_stats l0, l1;
+        CA_CHECK(ca_device_memory_stats(ca_accelerator_device(acc), &l0));
+        CA_CHECK(ca_device_reset_peak_stats(ca_accelerator_device(acc)));
+        CA_CHECK(ca_load_state(acc, o.load_state));
+        CA_CHECK(ca_device_memory_stats(ca_accelerator_device(acc), &l1));
+        if (o.mem)
+            printf("rank=%d load_peak_bytes=%lld model_bytes=%lld\n", ca_process_index(acc),
+                   (long long)l1.peak_allocated - (long long)l0.allocated, (long long)pbytes);
+    }
     if (o.load_model) CA_CHECK(ca_load_model(acc, m, o.load_model));
     if (o.save_every > 0) {
         elastic_train(acc, m, opt, dl, &o);

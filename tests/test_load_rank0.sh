@@ -4,6 +4,10 @@
 # where each rank reading it gives two) and broadcasts its parameters, which equal on every rank those
 # each rank gets by reading the file itself (fsdp_cpu_ram_efficient_loading false) bit for bit, and
 # the saved ones. A file rank 0 cannot read fails the load on both ranks, rank 1 naming rank 0.
+# load_state under DDP reads the same way: rank 0 alone opens model.safetensors and
+# optimizer.safetensors and broadcasts the parameters and the optimizer state; 2 steps saved, loaded
+# and 2 more give every rank the parameters of 4 uninterrupted steps (with the setting false too,
+# where each rank reads the files); a corrupt optimizer file fails the load on both ranks.
 . "$(dirname "$0")/dist/lib.sh"
 need_caccel
 DDP="$BUILD/tests/ddp_check"
@@ -41,6 +45,34 @@ for mode in ddp zero2; do
     digests "$WORK/o" > "$WORK/each"
     cmp "$WORK/lean" "$WORK/each" || fail "$mode: broadcast and per-rank loads differ"
 done
+
+note "load_state under DDP: rank 0 alone reads model.safetensors and optimizer.safetensors and broadcasts; 2 steps, save, load and 2 more == 4 uninterrupted"
+# on2 ARGS: ddp_check on 2 ranks under DDP, AdamW (state of two tensors a parameter)
+on2() { launch 2 "$be" "$DDP" --hidden 64 --adamw --digest "$@"; }
+opened() { grep -c "safetensors: .*/$2: [0-9]* of [0-9]* bytes verified" "$1"; }
+on2 --steps 4 > "$WORK/o" 2>&1 || { cat "$WORK/o"; fail "4 steps"; }
+digests "$WORK/o" | head -1 > "$WORK/full"
+on2 --steps 2 --save-state "$WORK/ck" > "$WORK/o" 2>&1 || { cat "$WORK/o"; fail "2 steps, saved"; }
+for lean in true false; do
+    FSDP_CPU_RAM_EFFICIENT_LOADING=$lean CACCEL_TEST_ST_REPORT=1 on2 --steps 2 --load-state "$WORK/ck" > "$WORK/o" 2>&1 ||
+        { cat "$WORK/o"; fail "load_state ($lean)"; }
+    n=1 c=1
+    [ $lean = false ] && n=2 c=0   # the setting off: every rank reads the files itself
+    for f in model.safetensors optimizer.safetensors; do
+        [ "$(opened "$WORK/o" $f)" = $n ] || { cat "$WORK/o"; fail "fsdp_cpu_ram_efficient_loading $lean: $f was read by $(opened "$WORK/o" $f) ranks, not $n"; }
+    done
+    count $c "load_state: rank 0 read $WORK/ck's model and optimizer state and broadcast them (fsdp_cpu_ram_efficient_loading)" "$WORK/o"
+    digests "$WORK/o" > "$WORK/res"
+    [ "$(sort -u "$WORK/res" | wc -l)" = 1 ] && [ "$(wc -l < "$WORK/res")" = 2 ] || { cat "$WORK/o"; fail "load_state ($lean): the ranks' parameters differ after 2 more steps"; }
+    [ "$(head -1 "$WORK/res")" = "$(cat "$WORK/full")" ] || fail "load_state ($lean): the resumed run differs from the uninterrupted one"
+done
+
+note "load_state, an optimizer.safetensors rank 0 finds corrupt: rank 0 names it, rank 1 that rank 0 failed; nothing loads"
+cp -r "$WORK/ck" "$WORK/bad"
+printf 'X' | dd of="$WORK/bad/optimizer.safetensors" bs=1 seek=$(( $(wc -c < "$WORK/bad/optimizer.safetensors") - 3 )) conv=notrunc 2>/dev/null
+on2 --steps 0 --load-state "$WORK/bad" > "$WORK/o" 2>&1 && { cat "$WORK/o"; fail "a corrupt checkpoint loaded"; }
+count 1 'optimizer.safetensors: corrupt: CRC-32 .*(rank 0)$' "$WORK/o"
+count 1 'load_state: rank 0 failed (CA_ERR_IO) to load .*nothing was applied (rank 1)' "$WORK/o"
 
 note "a file rank 0 cannot read: both ranks fail, rank 1 naming rank 0"
 printf 'not a safetensors file' > "$WORK/bad.safetensors"

@@ -8,7 +8,11 @@
 # the same files as the gathering load (fsdp_cpu_ram_efficient_loading false) writes; and each rank's
 # bytes verified (CACCEL_TEST_ST_REPORT) stay near its share of each file, where the gathering load
 # verifies model.safetensors whole on every rank. A corrupt chunk in one rank's slice of the model file
-# is named by that rank only and nothing loads anywhere.
+# is named by that rank only and nothing loads anywhere. Of optimizer.safetensors too each rank reads
+# only its slices, into its shard: at 2 ranks the allocator's peak during load_state stays below a
+# rank's share of the full optimizer state (building it whole allocated it all), and 2 steps saved,
+# loaded and 2 more equal 4 uninterrupted bit for bit; a corrupt chunk in rank 1's slice of it is
+# named by rank 1 only and nothing loads.
 . "$(dirname "$0")/dist/lib.sh"
 need_caccel
 DDP="$BUILD/tests/ddp_check"
@@ -92,6 +96,20 @@ for np in 2 4; do
     cmp "$WORK/h$np/model.safetensors" "$WORK/s$np/model.safetensors" || fail "lean and gathered sharded loads differ at $np ranks"
 done
 
+note "the optimizer state at 2 ranks: each rank reads its slices into its shard, none makes the full state; 2 steps, save, load and 2 more == 4 uninterrupted"
+z3 2 FULL --steps 4 --dump "$WORK/full.bin" > "$WORK/o" 2>&1 || { cat "$WORK/o"; fail "4 steps"; }
+z3 2 FULL --steps 2 --save-state "$WORK/ck2" > "$WORK/o" 2>&1 || { cat "$WORK/o"; fail "2 steps, saved"; }
+z3 2 FULL --steps 2 --load-state "$WORK/ck2" --mem --dump "$WORK/res.bin" > "$WORK/o" 2>&1 || { cat "$WORK/o"; fail "loaded, 2 more"; }
+cmp "$WORK/full.bin" "$WORK/res.bin" || fail "the resumed run differs from the uninterrupted one"
+sed -n 's/^rank=\([0-9]*\) load_peak_bytes=\([0-9-]*\) model_bytes=\([0-9]*\)$/\1 \2 \3/p' "$WORK/o" > "$WORK/r"
+[ "$(wc -l < "$WORK/r")" = 2 ] || { cat "$WORK/o"; fail "not one load_peak_bytes line per rank"; }
+while read -r rank peak model; do
+    full=$((2 * model))   # AdamW: exp_avg and exp_avg_sq, each the size of the parameters
+    echo "  rank $rank: load_state allocated at most $peak bytes; the full optimizer state is $full"
+    # a rank's share is full / 2; the load allocates less than that (the shard's state exists already)
+    [ "$peak" -lt $((full / 2)) ] || fail "rank $rank: load_state allocated $peak bytes, the full optimizer state is $full"
+done < "$WORK/r"
+
 note "a corrupt chunk in rank 1's slice of model.safetensors: rank 1 names it, rank 0 does not read it; nothing loads"
 cp -r "$WORK/ck.f" "$WORK/bad"
 flip "$WORK/bad/model.safetensors" $(( $(wc -c < "$WORK/bad/model.safetensors") - 2 ))   # the last tensor's end: rank 1's
@@ -100,6 +118,15 @@ CACCEL_TEST_ST_REPORT=1 z3 2 FULL --steps 0 --load-state "$WORK/bad" --save-stat
     { cat "$WORK/o"; fail "a corrupt checkpoint loaded"; }
 count 1 'model.safetensors: corrupt: CRC-32 [0-9a-f]* in chunk [0-9]* of [0-9]* (bytes' "$WORK/o"
 count 1 'corrupt: CRC-32 .*(rank 1)$' "$WORK/o"
+count 1 'load_state: rank 1 failed (CA_ERR_IO) to load .*nothing was applied (rank 0)' "$WORK/o"
+[ -e "$WORK/x" ] && fail "a save ran after a failed load"
+
+note "a corrupt chunk in rank 1's slice of optimizer.safetensors: rank 1 names it; nothing loads"
+rm -rf "$WORK/bad" "$WORK/x"
+cp -r "$WORK/ck.f" "$WORK/bad"
+flip "$WORK/bad/optimizer.safetensors" $(( $(wc -c < "$WORK/bad/optimizer.safetensors") - 2 ))
+z3 2 FULL --steps 0 --load-state "$WORK/bad" --save-state "$WORK/x" > "$WORK/o" 2>&1 && { cat "$WORK/o"; fail "a corrupt optimizer file loaded"; }
+count 1 'optimizer.safetensors: corrupt: CRC-32 [0-9a-f]* in chunk [0-9]* of [0-9]* (bytes .*(rank 1)$' "$WORK/o"
 count 1 'load_state: rank 1 failed (CA_ERR_IO) to load .*nothing was applied (rank 0)' "$WORK/o"
 [ -e "$WORK/x" ] && fail "a save ran after a failed load"
 echo "PASS"
