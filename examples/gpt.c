@@ -751,6 +751,7 @@ static void train_loop(ca_accelerator *acc, ca_module *model, ca_optimizer *opt,
         if (a->log_interval > 0 && (step % a->log_interval == 0 || step == a->max_steps)) {
             sum[0] += read_loss(&loss);
             reduce_sum(acc, sum, 3);
+            sum[2] /= tp_size(acc);   /* the ranks of a tp group train on the same samples: counted once */
             double secs = now_s() - t0, l = sum[0] / sum[1];
             ca_print(acc, "step %lld/%lld: loss %.4f, perplexity %.2f, lr %.2e, %.1f samples/s, %.0f tokens/s\n",
                      (long long)step, (long long)a->max_steps, l, exp(l), ca_optimizer_get_lr(opt, 0),
