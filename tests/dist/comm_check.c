@@ -33,7 +33,7 @@
  *                (--fail-code N: the others exit N after failing as expected,
  *                as a program whose CA_CHECK failed does)
  *   fault        every rank reduces in a loop; at all_reduce --step S the victim
- *                injects --fault kill9, stop (SIGSTOP), exit0, exit1, abort or segv and
+ *                injects --fault kill9, stop (SIGSTOP), exit0, exit1, abort, segv, bus, fpe or ill and
  *                prints when (epoch ms); the others must fail naming it (a stopped
  *                rank: by the collective timeout) and exit --fail-code; a stopped
  *                victim that is continued fails in its next collective and exits 5;
@@ -76,7 +76,7 @@ typedef struct opts {
     int sleep_ms;
     int victim;                /* -1: the last rank */
     int fail_code;             /* exit status of a rank that failed as expected (leave modes) */
-    const char *fault;         /* fault mode: kill9, stop, exit0, exit1, abort, segv */
+    const char *fault;         /* fault mode: kill9, stop, exit0, exit1, abort, segv, bus, fpe, ill */
     int step;                  /* fault mode: the all_reduce at which the victim injects it */
     const char *gate;          /* a file to wait for before creating the communicator */
     bool kernels;              /* fault mode: a matmul before each all_reduce */
@@ -474,6 +474,9 @@ static void inject(const opts *o, int r) {
     else if (!strcmp(o->fault, "exit1")) exit(1);
     else if (!strcmp(o->fault, "abort")) abort();
     else if (!strcmp(o->fault, "segv")) raise(SIGSEGV);   /* as a bad access delivers it, without UB */
+    else if (!strcmp(o->fault, "bus")) raise(SIGBUS);     /* a truncated mapped file's page */
+    else if (!strcmp(o->fault, "fpe")) raise(SIGFPE);     /* an integer division by zero */
+    else if (!strcmp(o->fault, "ill")) raise(SIGILL);     /* an instruction this CPU lacks */
 }
 
 /* --kernels: one kernel call a step (its tensors end with the scope). */

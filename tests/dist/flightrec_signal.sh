@@ -1,8 +1,9 @@
 #!/bin/sh
 # The flight recorder on a signal (docs/PROFILING.md, "Flight recorder"): SIGUSR1 asks every rank for a
 # dump and the job goes on (each later dump keeps the one before as rank_<r>.<n>.json); a rank that
-# aborts writes its dump before SIGABRT's default action, and `caccel trace analyze` reads both kinds
-# and names, for a collective that failed, the rank it waited on.
+# takes a fatal signal (SIGABRT, SIGSEGV, SIGBUS, SIGFPE, SIGILL) writes its dump before the signal's
+# action, and `caccel trace analyze` reads both kinds and names, for a collective that failed, the rank
+# it waited on.
 . "$(dirname "$0")/lib.sh"
 need_caccel
 need_backend gloo
@@ -58,4 +59,7 @@ fatal() {
 }
 fatal abort SIGABRT
 fatal segv SIGSEGV
+fatal bus SIGBUS
+fatal fpe SIGFPE
+fatal ill SIGILL
 echo "PASS"
