@@ -54,9 +54,10 @@ note "num_machines: '1:2' in a config file; machine 1 (PET_NNODES=1:2) waits to 
 printf "distributed_type: MULTI_CPU\nnum_machines: '1:2'\nnum_processes: 2\nuse_cpu: true\n" >"$WORK/el12.yaml"
 port=$(free_port)
 export CACCEL_JOB_TOKEN="elastic-test-$$"
+mkfifo "$WORK/gate12"   # the rank blocks reading it until the test writes (no poll)
 PET_RDZV_CONF=last_call_timeout=0 timeout 60 "$CACCEL" launch --config_file "$WORK/el12.yaml" --machine_rank 0 \
     --main_process_ip 127.0.0.1 --main_process_port "$port" sh -c 'echo "rank $RANK of $WORLD_SIZE started"
-        until [ -e "$0" ]; do sleep 0.1; done' "$WORK/gate12" >"$WORK/e0" 2>&1 &
+        read -r go < "$0"' "$WORK/gate12" >"$WORK/e0" 2>&1 &
 e0=$!
 wait_lines 1 "rank 0 of 1 started" "machine 0 did not start" "$e0" "$WORK/e0"
 PET_NNODES=1:2 timeout 60 "$CACCEL" launch --machine_rank 1 --num_processes 2 --main_process_ip 127.0.0.1 \
@@ -67,7 +68,7 @@ wait_lines 1 "machine 1 waits to join: the running group takes it in at its next
 wait_lines 1 "machine 1 waits to join: the job grows at its next checkpoint" "machine 0 did not see machine 1" \
     "$e0 $e1" "$WORK/e0"
 start=$(date +%s)
-touch "$WORK/gate12"
+timeout 30 sh -c 'echo go > "$1"' _ "$WORK/gate12" || { cat "$WORK/e0"; fail "machine 0's rank did not read its gate"; }
 wait "$e0" || { cat "$WORK/e0"; fail "machine 0 failed"; }
 wait "$e1" || { cat "$WORK/e1"; fail "machine 1 did not leave with status 0"; }
 unset CACCEL_JOB_TOKEN
