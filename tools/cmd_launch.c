@@ -1773,15 +1773,12 @@ static int maybe_hostfile(launch *L, ca_config *cfg, const ca_settings *st, int 
         if (L->ssh_port || L->ssh_opts) return fail_msg("--ssh_port and --ssh_opts need --hostfile"), 2;
         return -1;
     }
-    if (L->elastic)
-        return fail_msg("--num_machines %d:%d with a hostfile (%s): the hostfile names a fixed set of machines; "
-                        "elastic membership is not supported there yet (start caccel launch on each machine)",
-                        L->min_machines, L->max_machines, hostfile), 2;
     const char *pv = ca_config_get(cfg, "main_process_port");
     ca_launch_hosts_opts o = {
         .cmd_name = cmd_name, .hostfile = hostfile, .config_file = ca_config_file(cfg), .ssh_port = L->ssh_port, .ssh_opts = L->ssh_opts,
         .num_processes = st->num_processes > 0 ? st->num_processes : 0,
         .num_machines = ca_config_source_of(cfg, "num_machines") != CA_SRC_DEFAULT ? st->num_machines : 0,
+        .min_machines = L->min_machines,
         .main_process_ip = st->main_process_ip,
         .port = pv && strcmp(pv, "null") != 0 ? st->main_process_port : DEFAULT_PORT,
         .quiet = L->quiet, .argc = argc, .prog = prog, .argv = argv};
