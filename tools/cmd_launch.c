@@ -760,10 +760,12 @@ static bool machine0_gone(launch *L, char *why, size_t len) {
     return true;
 }
 
-/* Machines 1.. of an elastic job: machine 0's store closed this launcher's connection or refused a new
- * one while the job ran (machine 0 replaces its store only once every other machine has stopped its
- * processes, and ends it only once they are done). Machine 0 died or was killed with its launcher, and it
- * holds the rendezvous: stop this machine's processes, and end without a restart. */
+/* Machines 1.. of an elastic job: machine 0's store closed this launcher's connection, refused a new one
+ * or went silent while the job ran (machine 0 replaces its store only once every other machine has
+ * stopped its processes, and ends it only once they are done, or after a failure it has reported in the
+ * store, which this launcher then reads first: check_remote). Machine 0 died, was killed with its
+ * launcher or was cut off, and it holds the rendezvous: stop this machine's processes, and end without
+ * a restart. */
 static void check_machine0(launch *L) {
     char why[256];
     if (!L->elastic || L->machine_rank == 0 || !L->client || L->stopping || !machine0_gone(L, why, sizeof why)) return;
