@@ -6,8 +6,9 @@
 #   restart, leaving no process behind;
 # - machine 0's link goes down (cut off, not dead): the same on machines 1 and 2 (its store no longer
 #   answers), and machine 0, left alone below MIN, ends too;
-# - a member dies while the group restarts to let a machine join (a grow): that is a failure, counted
-#   against --max_restarts (0 here), so the job ends instead of going on at the new size.
+# - a member dies while the group restarts to let a machine join (a grow; its launcher is held so that it
+#   cannot rejoin first): that is a failure, counted against --max_restarts (0 here), so the job ends
+#   instead of going on at the new size.
 # Skips where network namespaces cannot be made (not root).
 . "$(dirname "$0")/lib.sh"
 . "$(dirname "$0")/netns_lib.sh"
@@ -83,6 +84,11 @@ wait_lines 2 "rank=[01] at the gate" "machines 0 and 1 did not reach step 2" "$N
 ns_launch 2 3 29583 $GROW
 wait_lines 1 "machine 2 waits to join: the job grows at its next checkpoint" "machine 0 did not see machine 2" \
     "$NS_PID_0 $NS_PID_1 $NS_PID_2" "$WORK/m0"
+# machine 1's launcher (the child of its `timeout`) is held, so that it cannot stop its rank for the grow
+# or rejoin: machine 1 dies in the grow's restart whenever the test gets to kill it
+launcher1=$(ps -o pid= --ppid "$NS_PID_1")
+[ -n "$launcher1" ] || fail "no launcher under machine 1's timeout ($NS_PID_1)"
+kill -STOP $launcher1
 touch "$WORK/gate"
 wait_lines 1 "elastic: a machine waits to join: the group stops at this checkpoint (optimizer step 4) to grow" \
     "the group did not stop at step 4 to grow" "$NS_PID_0 $NS_PID_1 $NS_PID_2" "$WORK/m0"
@@ -93,6 +99,7 @@ unset CACCEL_JOB_TOKEN
 [ "$NS_RC_0" -ne 0 ] && [ "$NS_RC_2" -ne 0 ] ||
     { cat "$WORK/all"; fail "machines 0 and 2 exited $NS_RC_0 and $NS_RC_2: the job went on after a failure"; }
 count 1 "restarting every process to let a machine join (not a failure: --max_restarts 0 used of 0)" "$WORK/m0"
+count 1 "machine 1 has not answered for [0-9]* s: it leaves the job" "$WORK/m0"
 count 1 "machine(s) 1 left while the group restarted to let a machine join: a failure, and --max_restarts 0 allows no more restarts (0 used): the job ends" "$WORK/m0"
 count 1 "machine 2 waited to join: it has learnt that the job has ended" "$WORK/m0"
 count 1 "the job ended (machine 0's exit status 1) before machine 2 could join: it leaves without starting its processes" "$WORK/m2"
