@@ -538,6 +538,16 @@ void ca_store_client_set_io_timeout(ca_store_client *c, int64_t timeout_ms) {
 
 bool ca_store_client_silent(ca_store_client *c) { return c && atomic_load(&c->silent); }
 
+bool ca_store_client_gone(ca_store_client *c, char *why, size_t len) {
+    if (!c || !is_gone(c)) return false;
+    if (why && len) {
+        pthread_mutex_lock(&c->mu);
+        snprintf(why, len, "%s", c->gone_why);
+        pthread_mutex_unlock(&c->mu);
+    }
+    return true;
+}
+
 /* A GET or WAIT may legitimately wait long for its key: only a request with nothing answered for
  * `ms` while requests are pending counts, which a stopped store shows and a busy one does not. */
 bool ca_store_client_stalled(ca_store_client *c, int64_t ms) {

@@ -63,6 +63,9 @@ int64_t ca_store_client_cut(ca_store_client *c, int64_t within_ms);
 void ca_store_client_uncut(ca_store_client *c, int64_t at);
 /* The last exchange on c timed out unanswered (the store's process stopped or hung). */
 bool ca_store_client_silent(ca_store_client *c);
+/* The store closed a connection of c or refused a new one after c had reached it: its process has
+ * ended (a stopped or unreachable store is silent instead). *why (len bytes, may be NULL) says how. */
+bool ca_store_client_gone(ca_store_client *c, char *why, size_t len);
 /* Requests are under way on c and none was answered for `ms` (or the last one timed out). */
 bool ca_store_client_stalled(ca_store_client *c, int64_t ms);
 

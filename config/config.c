@@ -626,6 +626,58 @@ ca_status ca_config_entry_at(const ca_config *c, int i, ca_config_entry *out) {
     return CA_OK;
 }
 
+/* ------------------------------------------------------------------ rendezvous endpoint */
+
+/* `key` already set at `source` by another origin to another value: a job given two rendezvous addresses
+ * (MASTER_ADDR and PET_RDZV_ENDPOINT, --main_process_ip and --rdzv_endpoint) is refused, naming both. */
+static ca_status endpoint_agrees(const ca_config *c, const char *key, const char *v, ca_config_source source,
+                                 const char *origin) {
+    const ca_cfg_entry *e = find_entry(c, key);
+    if (!e || e->source != source || !e->value || strcmp(e->value, v) == 0) return CA_OK;
+    char q[256];
+    ca_error(CA_ERR_CONFIG, "%s sets %s to '%s', but %s set it to '%s': give the rendezvous address once", origin, key,
+             ca_escape(v, q, sizeof q), e->origin ? e->origin : "?", e->value);
+    return CA_ERR_CONFIG;
+}
+
+/* torchrun's --rdzv_endpoint / PET_RDZV_ENDPOINT, HOST[:PORT] ([ADDR]:PORT for IPv6): machine 0's
+ * rendezvous, which is main_process_ip and main_process_port here. A port left out keeps the port the
+ * other keys give (default 29500). */
+static ca_status set_endpoint(ca_config *c, const char *v, ca_config_source source, const char *origin) {
+    char host[256], q[256];
+    const char *h = v, *hend, *port = NULL;
+    bool bad = false;
+    if (*v == '[') {
+        h = v + 1;
+        hend = strchr(h, ']');
+        if (!hend) bad = true;
+        else if (hend[1] == ':') port = hend + 2;
+        else if (hend[1]) bad = true;
+    } else {
+        hend = strchr(v, ':');
+        if (!hend) hend = v + strlen(v);
+        else if (strchr(port = hend + 1, ':')) bad = true;   /* an IPv6 address goes in brackets */
+    }
+    if (bad || hend == h || (size_t)(hend - h) >= sizeof host || (port && !*port))
+        return ca_error(CA_ERR_CONFIG, "%s: invalid value '%s' (allowed: HOST or HOST:PORT, an IPv6 address in "
+                        "brackets as [ADDR]:PORT: machine 0's rendezvous, as main_process_ip and main_process_port)",
+                        origin, ca_escape(v, q, sizeof q));
+    memcpy(host, h, (size_t)(hend - h));
+    host[hend - h] = '\0';
+    char *canon = NULL;
+    bool is_null;
+    ca_status s = CA_OK;
+    /* the key's own check names `origin` for a port that is no number 0..65535 */
+    if (port) s = ca_config_check_value(ca_config_key_find("main_process_port"), "main_process_port", port, origin,
+                                        &canon, &is_null);
+    if (s == CA_OK) s = endpoint_agrees(c, "main_process_ip", host, source, origin);
+    if (s == CA_OK && canon) s = endpoint_agrees(c, "main_process_port", canon, source, origin);
+    if (s == CA_OK) s = set_key(c, "main_process_ip", host, source, origin, false);
+    if (s == CA_OK && canon) s = set_key(c, "main_process_port", canon, source, origin, false);
+    free(canon);
+    return s;
+}
+
 /* ------------------------------------------------------------------ environment */
 
 static const char *env_lookup(char *const *envp, const char *name) {
@@ -646,6 +698,11 @@ ca_status ca_config_apply_env(ca_config *c, char *const *envp) {
         if (!v || !*v || ev->kind == CA_ENV_CONFIG_FILE) continue;
         char origin[160];
         snprintf(origin, sizeof origin, "env %s", ev->var);
+        if (ev->kind == CA_ENV_ENDPOINT) {
+            ca_status s = set_endpoint(c, v, CA_SRC_ENV, origin);
+            if (s != CA_OK) return s;
+            continue;
+        }
         if (ev->kind == CA_ENV_DIST_TYPE) {
             bool on;
             char q[256];
@@ -671,12 +728,17 @@ ca_status ca_config_apply_env(ca_config *c, char *const *envp) {
 
 /* ------------------------------------------------------------------ command line */
 
+/* --flag VALUE (or --flag=VALUE), rather than a switch */
+static bool takes_value(const ca_flag_def *f) {
+    return f->kind == CA_FLAG_VALUE || f->kind == CA_FLAG_CONFIG_FILE || f->kind == CA_FLAG_ENDPOINT;
+}
+
 int ca_config_flag_arity(const char *arg) {
     const char *value;
     const ca_flag_def *f = ca_config_flag_find(arg, &value);
     if (!f) return -1;
     if (value) return 0;
-    return (f->kind == CA_FLAG_VALUE || f->kind == CA_FLAG_CONFIG_FILE) ? 1 : 0;
+    return takes_value(f) ? 1 : 0;
 }
 
 ca_status ca_config_apply_args(ca_config *c, int argc, char *const *argv) {
@@ -685,6 +747,7 @@ ca_status ca_config_apply_args(ca_config *c, int argc, char *const *argv) {
     char hw_seen[128];
     const char *hw_flag = NULL;   /* Accelerate allows one of --cpu/--multi_gpu/--tpu/--use_deepspeed/--use_fsdp */
     const char *hw_sets = NULL;   /* what hw_flag set: its distributed type, or use_cpu (--cpu and --use_cpu) */
+    const char *endpoint = NULL;  /* --rdzv_endpoint, set after the loop: it must agree with --main_process_ip */
     for (int i = 1; i < argc; i++) {
         if (!argv[i]) break;
         if (strcmp(argv[i], "--") == 0) break;   /* the rest belongs to the program */
@@ -693,7 +756,7 @@ ca_status ca_config_apply_args(ca_config *c, int argc, char *const *argv) {
         if (!f) continue;
         char origin[128];
         snprintf(origin, sizeof origin, "--%s", f->flag);
-        if (f->kind == CA_FLAG_VALUE || f->kind == CA_FLAG_CONFIG_FILE) {
+        if (takes_value(f)) {
             if (!value) {
                 if (i + 1 >= argc || !argv[i + 1] || strncmp(argv[i + 1], "--", 2) == 0) {
                     ca_error(CA_ERR_CONFIG, "%s needs a value", origin);
@@ -707,6 +770,10 @@ ca_status ca_config_apply_args(ca_config *c, int argc, char *const *argv) {
                 value = argv[++i];
             }
             if (f->kind == CA_FLAG_CONFIG_FILE) continue;
+            if (f->kind == CA_FLAG_ENDPOINT) {
+                endpoint = value;
+                continue;
+            }
             ca_status s = set_key(c, f->key, value, CA_SRC_CLI, origin, false);
             if (s != CA_OK) return s;
             continue;
@@ -738,7 +805,7 @@ ca_status ca_config_apply_args(ca_config *c, int argc, char *const *argv) {
         }
         if (s != CA_OK) return s;
     }
-    return CA_OK;
+    return endpoint ? set_endpoint(c, endpoint, CA_SRC_CLI, "--rdzv_endpoint") : CA_OK;
 }
 
 /* ------------------------------------------------------------------ combinations */
@@ -923,7 +990,7 @@ static const char *argv_config_file(int argc, char *const *argv) {
             if (!v && i + 1 < argc) v = argv[i + 1];
             if (v) found = v;
         }
-        if (!v && (f->kind == CA_FLAG_VALUE || f->kind == CA_FLAG_CONFIG_FILE)) i++;
+        if (!v && takes_value(f)) i++;
     }
     return found;
 }

@@ -60,7 +60,8 @@ const ca_key_def *ca_config_section_of(const char *name);
 typedef enum ca_env_kind {
     CA_ENV_KEY = 0,        /* value goes to `key` */
     CA_ENV_DIST_TYPE,      /* a true value sets distributed_type to `key` (ACCELERATE_USE_FSDP) */
-    CA_ENV_CONFIG_FILE     /* names the config file (read by ca_config_load only) */
+    CA_ENV_CONFIG_FILE,    /* names the config file (read by ca_config_load only) */
+    CA_ENV_ENDPOINT        /* HOST[:PORT]: main_process_ip and main_process_port (PET_RDZV_ENDPOINT) */
 } ca_env_kind;
 typedef struct ca_env_def {
     const char *var;
@@ -76,7 +77,8 @@ typedef enum ca_flag_kind {
     CA_FLAG_TRUE,          /* --flag (or --flag=BOOL): sets `key` to true */
     CA_FLAG_DIST_TYPE,     /* --flag: sets distributed_type to `key` */
     CA_FLAG_CONFIG_FILE,   /* --config_file F (read by ca_config_load only) */
-    CA_FLAG_IMPLIED        /* --flag (or --flag=BOOL): accepted; caccel always does what it asks */
+    CA_FLAG_IMPLIED,       /* --flag (or --flag=BOOL): accepted; caccel always does what it asks */
+    CA_FLAG_ENDPOINT       /* --flag HOST[:PORT]: main_process_ip and main_process_port (--rdzv_endpoint) */
 } ca_flag_kind;
 typedef struct ca_flag_def {
     const char *flag;      /* without the leading "--", underscores */

@@ -361,6 +361,8 @@ const ca_env_def ca_config_envs[] = {
     {"PET_NODE_RANK", CA_ENV_KEY, "machine_rank"},
     {"MASTER_ADDR", CA_ENV_KEY, "main_process_ip"},
     {"MASTER_PORT", CA_ENV_KEY, "main_process_port"},
+    /* torchrun's rendezvous endpoint is machine 0's store: after MASTER_ADDR/MASTER_PORT, which it must agree with */
+    {"PET_RDZV_ENDPOINT", CA_ENV_ENDPOINT, NULL},
     {"CACCEL_BACKEND", CA_ENV_KEY, "backend"},
     {"CACCEL_TIMEOUT", CA_ENV_KEY, "timeout"},
     {"CACCEL_BUCKET_CAP_MB", CA_ENV_KEY, "bucket_cap_mb"},
@@ -416,6 +418,7 @@ const ca_flag_def ca_config_flags[] = {
     {"machine_rank", CA_FLAG_VALUE, "machine_rank"},
     {"main_process_ip", CA_FLAG_VALUE, "main_process_ip"},
     {"main_process_port", CA_FLAG_VALUE, "main_process_port"},
+    {"rdzv_endpoint", CA_FLAG_ENDPOINT, NULL},
     {"gpu_ids", CA_FLAG_VALUE, "gpu_ids"},
     {"gradient_accumulation_steps", CA_FLAG_VALUE, "gradient_accumulation_steps"},
     {"gradient_clipping", CA_FLAG_VALUE, "gradient_clipping"},

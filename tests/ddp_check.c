@@ -57,7 +57,7 @@ typedef struct opts {
     int stop_rank;               /* --stop-rank R: rank R stops itself (SIGSTOP) before micro-step 3 */
     int lsgd_steps, sim;         /* --local-sgd-steps K, --sim N */
     int save_every, halt_step;   /* --save-every N, --halt-step S, --gate-step S --gate FILE: see elastic_train */
-    int gate_step;
+    int gate_step, gate_restart;
     const char *gate;
     bool resume;
 } opts;
@@ -166,7 +166,7 @@ static void dump_grads(ca_accelerator *acc, ca_module *m, const char *path) {
 
 static opts parse(int argc, char **argv) {
     opts o = {.mode = "plain", .lr = 0.2, .steps = 10, .k = 1, .batch = 8, .hidden = 32, .stop_rank = -1, .lsgd_steps = 4,
-              .sim = 2};
+              .sim = 2, .gate_restart = 1};
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--mode") && i + 1 < argc) o.mode = argv[++i];
         else if (!strcmp(argv[i], "--steps") && i + 1 < argc) o.steps = atoi(argv[++i]);
@@ -197,6 +197,7 @@ static opts parse(int argc, char **argv) {
         else if (!strcmp(argv[i], "--resume")) o.resume = true;
         else if (!strcmp(argv[i], "--gate-step") && i + 1 < argc) o.gate_step = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--gate") && i + 1 < argc) o.gate = argv[++i];
+        else if (!strcmp(argv[i], "--gate-restart") && i + 1 < argc) o.gate_restart = atoi(argv[++i]);
         else if (ca_config_flag_arity(argv[i]) >= 0) i += ca_config_flag_arity(argv[i]);
         else { fprintf(stderr, "ddp_check: unknown argument %s\n", argv[i]); exit(2); }
     }
@@ -287,8 +288,8 @@ static int uneven(ca_accelerator *acc, ca_module *m, ca_dataset *ds) {
  * printing "rank=R trained step S" after each; --resume first loads the newest complete checkpoint, if
  * any. --halt-step S: in the first start (no restart yet) the last rank stops itself (SIGSTOP) after
  * step S, so that a test can kill its machine while no later checkpoint can be written. --gate-step S
- * --gate FILE: after the first restart every rank prints "rank=R at the gate" after step S and waits
- * until FILE exists (a test lets a machine join meanwhile). */
+ * --gate FILE: after the first restart (the start --gate-restart R names, default 1) every rank prints
+ * "rank=R at the gate" after step S and waits until FILE exists (a test lets a machine join meanwhile). */
 static void elastic_train(ca_accelerator *acc, ca_module *m, ca_optimizer *opt, ca_dataloader *dl, const opts *o) {
     if (o->resume) {
         ca_status s = ca_load_state(acc, NULL);
@@ -317,7 +318,7 @@ static void elastic_train(ca_accelerator *acc, ca_module *m, ca_optimizer *opt, 
         fflush(stdout);
         if (o->save_every > 0 && step % o->save_every == 0) CA_CHECK(ca_save_state(acc, NULL));
         if (first && step == o->halt_step && rank == world - 1) raise(SIGSTOP);
-        if (o->gate && restart && atoi(restart) == 1 && step == o->gate_step) {
+        if (o->gate && (restart ? atoi(restart) : 0) == o->gate_restart && step == o->gate_step) {
             printf("rank=%d at the gate\n", rank);
             fflush(stdout);
             while (access(o->gate, F_OK) != 0) usleep(20 * 1000);

@@ -486,6 +486,68 @@ static void test_env_settings_and_errors(void **state) {
     unsetenv("ACCELERATE_NUM_PROCESSES");
 }
 
+/* torchrun's rendezvous endpoint, --rdzv_endpoint HOST[:PORT] or PET_RDZV_ENDPOINT: main_process_ip and
+ * main_process_port, at the flag's or the environment's precedence; a bad value or a second, different
+ * address names the flag or the variable. */
+static void test_rdzv_endpoint(void **state) {
+    (void)state;
+    static const struct { const char *value, *ip, *port; } good[] = {
+        {"10.0.0.1:29555", "10.0.0.1", "29555"}, {"node-a", "node-a", NULL}, {"[fd00::1]:29501", "fd00::1", "29501"},
+        {"[fd00::2]", "fd00::2", NULL},
+    };
+    for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
+        setenv("PET_RDZV_ENDPOINT", good[i].value, 1);
+        ca_config *c = new_config();
+        char *a[] = {"prog", NULL};
+        assert_ok(ca_config_load(c, NULL, 1, a));
+        assert_string_equal(ca_config_get(c, "main_process_ip"), good[i].ip);
+        assert_string_equal(ca_config_origin(c, "main_process_ip"), "env PET_RDZV_ENDPOINT");
+        if (good[i].port) assert_string_equal(ca_config_get(c, "main_process_port"), good[i].port);
+        else assert_int_equal(ca_config_source_of(c, "main_process_port"), CA_SRC_DEFAULT);
+        ca_config_destroy(c);
+    }
+    /* the flag beats the variable, as --main_process_ip beats MASTER_ADDR */
+    setenv("PET_RDZV_ENDPOINT", "10.0.0.1:29555", 1);
+    char *a2[] = {"prog", "--rdzv_endpoint", "10.0.0.2:29600", NULL};
+    ca_config *c = new_config();
+    assert_ok(ca_config_load(c, NULL, 3, a2));
+    assert_string_equal(ca_config_get(c, "main_process_ip"), "10.0.0.2");
+    assert_string_equal(ca_config_get(c, "main_process_port"), "29600");
+    assert_string_equal(ca_config_origin(c, "main_process_port"), "--rdzv_endpoint");
+    ca_config_destroy(c);
+    ct_clean_env();
+
+    static const struct { const char *var, *value, *flag, *want; } bad[] = {
+        {"PET_RDZV_ENDPOINT", "node:abc", NULL,
+         "env PET_RDZV_ENDPOINT: invalid value 'abc' for key 'main_process_port' (allowed: an integer from 0 to 65535)"},
+        {"PET_RDZV_ENDPOINT", "node:70000", NULL, "env PET_RDZV_ENDPOINT: invalid value '70000' for key 'main_process_port'"},
+        {"PET_RDZV_ENDPOINT", ":29500", NULL, "env PET_RDZV_ENDPOINT: invalid value ':29500' (allowed: HOST or HOST:PORT"},
+        {"PET_RDZV_ENDPOINT", "fd00::1:29500", NULL, "env PET_RDZV_ENDPOINT: invalid value 'fd00::1:29500' (allowed: "},
+        {"PET_RDZV_ENDPOINT", "[fd00::1", NULL, "env PET_RDZV_ENDPOINT: invalid value '[fd00::1' (allowed: "},
+        {"PET_RDZV_ENDPOINT", "node:", NULL, "env PET_RDZV_ENDPOINT: invalid value 'node:' (allowed: "},
+        {NULL, NULL, "--rdzv_endpoint=node:x", "--rdzv_endpoint: invalid value 'x' for key 'main_process_port'"},
+        {"MASTER_ADDR", "10.0.0.3", NULL, "env PET_RDZV_ENDPOINT sets main_process_ip to '10.0.0.1', but env "
+                                          "MASTER_ADDR set it to '10.0.0.3': give the rendezvous address once"},
+        {"MASTER_PORT", "29501", NULL, "env PET_RDZV_ENDPOINT sets main_process_port to '29555', but env MASTER_PORT "
+                                       "set it to '29501'"},
+        {NULL, NULL, "--main_process_ip=10.0.0.4", "--rdzv_endpoint sets main_process_ip to '10.0.0.5', but "
+                                                   "--main_process_ip set it to '10.0.0.4'"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        bool conflict = strstr(bad[i].want, "give the") || strstr(bad[i].want, "but ");
+        if (bad[i].var) setenv(bad[i].var, bad[i].value, 1);
+        if (conflict && bad[i].var) setenv("PET_RDZV_ENDPOINT", "10.0.0.1:29555", 1);
+        /* the flag after --main_process_ip or before it: the same refusal */
+        char *a[] = {"prog", (char *)(bad[i].flag ? bad[i].flag : "--cpu"),
+                     conflict && bad[i].flag ? "--rdzv_endpoint=10.0.0.5" : "--cpu", NULL};
+        c = new_config();
+        assert_status(ca_config_load(c, NULL, 3, a), CA_ERR_CONFIG);
+        assert_contains(ca_last_error(), bad[i].want);
+        ca_config_destroy(c);
+        ct_clean_env();
+    }
+}
+
 /* num_machines MIN:MAX (torchrun's --nnodes form: elastic membership) from the flag, PET_NNODES or a file:
  * the flag beats the environment, which beats the file; MAX is what the integer readers see. */
 static void test_elastic_num_machines(void **state) {
@@ -1607,6 +1669,7 @@ int main(void) {
         cmocka_unit_test_setup(test_env_mappings, setup),
         cmocka_unit_test_setup(test_env_settings_and_errors, setup),
         cmocka_unit_test_setup(test_elastic_num_machines, setup),
+        cmocka_unit_test_setup(test_rdzv_endpoint, setup),
         cmocka_unit_test_setup(test_flag_mappings, setup),
         cmocka_unit_test_setup(test_flags_program_args_and_errors, setup),
         cmocka_unit_test_setup(test_flag_arity, setup),

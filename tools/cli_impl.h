@@ -40,6 +40,7 @@ typedef struct ca_launch_hosts_opts {
     int ssh_port;                /* 0: ssh's own default */
     const char *ssh_opts;        /* words added to each ssh command, or NULL */
     int num_processes, num_machines;   /* as configured, 0 when not given: checked against the file */
+    int min_machines;            /* MIN of --num_machines MIN:MAX (elastic membership), 0: a fixed set */
     const char *main_process_ip; /* NULL: the first host */
     int port;
     bool quiet;

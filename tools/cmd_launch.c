@@ -189,7 +189,10 @@ typedef struct launch {
     int join_timeout_s, last_call_s;   /* --rdzv_conf join_timeout=S,last_call_timeout=S */
     unsigned char *member;         /* per machine id, M_OUT.. (below): in the current round or not */
     bool regroup;                  /* the processes stopped at a checkpoint to let a machine join */
+    bool growing;                  /* this restart is such a regroup: a member it loses is a failure */
     int ended;                     /* the job ended while this machine waited to join: its status + 1, 0 not */
+    bool store_lost;               /* machines 1.. of an elastic job: machine 0's store went away while the
+                                    * job ran, so machine 0 is gone and no restart can follow */
 } launch;
 
 /* The command's progress (unless --quiet) and its errors, as every caccel command prints them. */
@@ -205,6 +208,7 @@ static void usage(FILE *f) {
         "  --config_file FILE            Accelerate/caccel YAML or JSON configuration\n"
         "  --num_processes N             processes in the whole job (all machines)\n"
         "  --num_machines N, --machine_rank R, --main_process_ip IP, --main_process_port PORT\n"
+        "  --rdzv_endpoint HOST[:PORT]   torchrun's name for --main_process_ip and --main_process_port\n"
         "  --cpu, --multi_gpu, --mixed_precision no|fp16|bf16, --gradient_accumulation_steps N, --debug\n"
         "  --num_cpu_threads_per_process N   (default: physical cores / local processes)\n"
         "  -t, --tee [0-3]               prefix output with the rank: 1 stdout, 2 stderr, 3 both (bare --tee: 3)\n"
@@ -222,10 +226,12 @@ static void usage(FILE *f) {
         "  --num_machines MIN:MAX        elastic membership: MIN..MAX machines; shrinks when one dies, grows\n"
         "                                at a checkpoint when one comes (config file: num_machines: '2:3')\n"
         "  --rdzv_conf join_timeout=S,last_call_timeout=S   how long the rendezvous waits for MIN machines\n"
-        "                                (default 600 s), then for more up to MAX (default 30 s)\n\n"
+        "                                (default 600 s), then for more up to MAX (default 30 s); machine 0\n"
+        "                                holds the rendezvous: when it is gone, the others end\n\n"
         "The processes get RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT,\n"
         "CACCEL_JOB_TOKEN and the ACCELERATE_* variables. As torchrun, flags not given are read from\n"
-        "PET_NNODES, PET_NODE_RANK, PET_MAX_RESTARTS and PET_RDZV_CONF. See docs/DISTRIBUTED.md.\n");
+        "PET_NNODES, PET_NODE_RANK, PET_MAX_RESTARTS, PET_RDZV_CONF and PET_RDZV_ENDPOINT.\n"
+        "See docs/DISTRIBUTED.md.\n");
 }
 
 static const char *signame(int sig) {
@@ -463,6 +469,9 @@ static int setup_env(launch *L, ca_config *cfg, const ca_settings *st) {
     setenv_int("MASTER_PORT", L->port);
     setenv(CA_STORE_TOKEN_ENV, L->token, 1);
     setenv("CACCEL_LAUNCHER", "caccel", 1);
+    /* the launcher's rendezvous, read into MASTER_ADDR/MASTER_PORT above: the processes, which read the
+     * configuration again, must not find it disagreeing with those (a single machine's 127.0.0.1) */
+    unsetenv("PET_RDZV_ENDPOINT");
     unsetenv("CACCEL_JOB_TOKEN_FILE");
 
     /* as Accelerate does for CPU jobs: share the cores between the local processes */
@@ -742,12 +751,38 @@ static int running_count(const launch *L) {
     return n;
 }
 
+/* Machine 0's store closed a connection of this launcher, refused a new one, or left a request unanswered
+ * for STORE_IO_MS (its machine cut off): *why says which. */
+static bool machine0_gone(launch *L, char *why, size_t len) {
+    if (ca_store_client_gone(L->client, why, len)) return true;
+    if (!ca_store_client_silent(L->client)) return false;
+    snprintf(why, len, "no answer for %d s", STORE_IO_MS / 1000);
+    return true;
+}
+
+/* Machines 1.. of an elastic job: machine 0's store closed this launcher's connection, refused a new one
+ * or went silent while the job ran (machine 0 replaces its store only once every other machine has
+ * stopped its processes, and ends it only once they are done, or after a failure it has reported in the
+ * store, which this launcher then reads first: check_remote). Machine 0 died, was killed with its
+ * launcher or was cut off, and it holds the rendezvous: stop this machine's processes, and end without
+ * a restart. */
+static void check_machine0(launch *L) {
+    char why[256];
+    if (!L->elastic || L->machine_rank == 0 || !L->client || L->stopping || !machine0_gone(L, why, sizeof why)) return;
+    fprintf(stderr, "caccel %s: machine 0 is gone (its rendezvous store at %s:%d: %s); stopping this machine's "
+            "processes\n", cmd_name, L->master_addr, L->port, why);
+    L->store_lost = true;
+    L->remote_fail_code = 1;
+    begin_stop(L, SIGTERM);
+}
+
 /* Another machine's launcher reported a failure: stop ours too. */
 static void check_remote(launch *L) {
     if (!L->client || L->stopping) return;
     ca_store_ref s = ca_store_client_ref(L->client);
     if (s.ops->check(s.store, "caccel/launch/failed") != CA_OK) {
         ca_clear_error();
+        check_machine0(L);
         return;
     }
     char msg[520];
@@ -1096,8 +1131,12 @@ static bool job_ended(launch *L, ca_store_ref s) {
     v[len] = '\0';
     int status = atoi(v);
     L->ended = status + 1;
-    fprintf(stderr, "caccel %s: the job ended (machine 0's exit status %d) before machine %d could join: it leaves "
-            "without starting its processes\n", cmd_name, status, L->machine_rank);
+    if (L->group_rank < 0 || !L->restart_count)
+        fprintf(stderr, "caccel %s: the job ended (machine 0's exit status %d) before machine %d could join: it leaves "
+                "without starting its processes\n", cmd_name, status, L->machine_rank);
+    else
+        fprintf(stderr, "caccel %s: the job ended (machine 0's exit status %d) at restart %d: machine %d leaves "
+                "without starting its processes\n", cmd_name, status, L->restart_count, L->machine_rank);
     snprintf(key, sizeof key, "caccel/elastic/left/%d", L->machine_rank);
     if (s.ops->set(s.store, key, "1", 1) != CA_OK) ca_clear_error();
     return true;
@@ -1106,24 +1145,34 @@ static bool job_ended(launch *L, ca_store_ref s) {
 /* Machines 1.. of a restart: after saying in the old store that their processes have ended, they
  * reconnect until the store they reach is the new one (machine 0 marks it with the attempt's key).
  * The old store goes away meanwhile: a connection it accepts and then closes (while this launcher
- * presents the job token) is part of the swap, not a failure, and is tried again until the deadline. */
+ * presents the job token) is part of the swap, not a failure, and is tried again until the deadline.
+ * The swap takes machine 0 a moment (it stops the old store and starts the new one on the same port):
+ * in an elastic job, a store that has not answered for BEAT_DEAD_MS (refused or unanswered
+ * connections) is machine 0 gone, as machine 0 takes a silent machine for gone. */
 static int rejoin_store(launch *L, const char *gen_key, int64_t deadline) {
     ca_store_client_close(L->client);
     L->client = NULL;
     int wait_s = (int)((deadline - ca_now_ms() + 999) / 1000);   /* join_timeout for a machine that waits to join */
+    int64_t heard = ca_now_ms();
     for (;;) {
-        int64_t left = deadline - ca_now_ms();
+        int64_t now = ca_now_ms(), left = deadline - now;
         if (left <= 0)
             return fail_msg("restart %d: machine 0's new rendezvous store at %s:%d did not come up within %d s%s",
                             L->restart_count, L->master_addr, L->port, wait_s,
                             L->elastic ? ": machine 0 holds the rendezvous, and an elastic job cannot go on without "
                                          "it (as with torchrun's c10d rendezvous)" : "");
+        if (L->elastic && now - heard >= BEAT_DEAD_MS)
+            return fail_msg("restart %d: machine 0 is gone (its rendezvous store at %s:%d: no answer for %d s); it "
+                            "holds the rendezvous, and an elastic job cannot go on without it (as with torchrun's c10d "
+                            "rendezvous)", L->restart_count, L->master_addr, L->port, (int)((now - heard) / 1000));
+        if (L->elastic && heard + BEAT_DEAD_MS - now < left) left = heard + BEAT_DEAD_MS - now;
         if (ca_store_client_connect(L->master_addr, L->port, L->token, left, &L->client) != CA_OK) {
             if (deadline - ca_now_ms() <= 0) return ca_cli_fail(cmd_name);
             ca_clear_error();
             usleep(100 * 1000);
             continue;
         }
+        heard = ca_now_ms();
         ca_store_client_set_io_timeout(L->client, STORE_IO_MS);
         ca_store_ref s = ca_store_client_ref(L->client);
         if (s.ops->check(s.store, gen_key) == CA_OK) return 0;
@@ -1260,6 +1309,25 @@ static int elastic_joined(launch *L, unsigned char *joined) {
     return member_count(L, joined);
 }
 
+/* Machine 0, at a restart that lets a machine join: members of the last round did not come back (`left`:
+ * gone, or stopped and not rejoined). That is a failure, as a machine that dies while the group runs
+ * is, and counts against --max_restarts (every machine adopts machine 0's count with the round). With
+ * none left, the job ends: the machines that joined this round learn it in the store (elastic_dismiss
+ * waits for them). Returns 0 to go on. */
+static int grow_lost(launch *L, const unsigned char *joined, const char *left) {
+    if (L->failures < L->max_restarts) {
+        L->failures++;
+        fprintf(stderr, "caccel %s: machine(s) %s left while the group restarted to let a machine join: a failure "
+                "(restart %d of %d)\n", cmd_name, left, L->failures, L->max_restarts);
+        return 0;
+    }
+    for (int id = 0; id < L->max_machines; id++)
+        if (joined[id]) L->member[id] = M_OUT;   /* no member any more: each is told the job has ended */
+    return fail_msg("machine(s) %s left while the group restarted to let a machine join: a failure, and "
+                    "--max_restarts %d allows no more restarts (%d used): the job ends", left, L->max_restarts,
+                    L->failures);
+}
+
 /* Machine 0: the round's members (`joined`, n of them) and the change from the last round, in the
  * store for every machine; L->member becomes `joined`. */
 static int elastic_publish(launch *L, const unsigned char *joined, int n) {
@@ -1278,12 +1346,17 @@ static int elastic_publish(launch *L, const unsigned char *joined, int n) {
         diff[id] = (L->member[id] == M_OUT || L->member[id] == M_WAITING) && joined[id];
     id_list(L, diff, came);
     id_list(L, joined, ids);
+    if (L->growing && left[0]) {
+        rc = grow_lost(L, joined, left);
+        if (rc) goto out;
+    }
     if (!L->restart_count)
         snprintf(change, ccap, "machines %s joined (%d of --num_machines %d:%d)", ids, n, L->min_machines,
                  L->max_machines);
     else
         snprintf(change, ccap, "%s%s%s%s%s%sthe job goes on with machines %s (%d of --num_machines %d:%d)",
-                 left[0] ? "machine(s) " : "", left, left[0] ? " left; " : "", came[0] ? "machine(s) " : "", came,
+                 left[0] ? "machine(s) " : "", left, !left[0] ? "" : L->growing ? " left during the restart (a failure); "
+                 : " left; ", came[0] ? "machine(s) " : "", came,
                  came[0] ? " joined; " : "", ids, n, L->min_machines, L->max_machines);
     memcpy(L->member, joined, (size_t)L->max_machines);
     ca_store_ref s = ca_store_client_ref(L->client);
@@ -1342,8 +1415,14 @@ static int elastic_close(launch *L) {
  * this machine's place among them, the job's new size. */
 static int elastic_read_members(launch *L, int64_t deadline) {
     ca_store_ref s = ca_store_client_ref(L->client);
+    char why[256];
     while (s.ops->check(s.store, "caccel/elastic/members") != CA_OK) {
         ca_clear_error();
+        if (L->machine_rank != 0 && job_ended(L, s)) return 1;
+        if (L->machine_rank != 0 && machine0_gone(L, why, sizeof why))
+            return fail_msg("machine 0 is gone (its rendezvous store at %s:%d: %s) before it closed round %d; it "
+                            "holds the rendezvous, and an elastic job cannot go on without it (as with torchrun's c10d "
+                            "rendezvous)", L->master_addr, L->port, why, L->restart_count);
         if (ca_now_ms() >= deadline)
             return fail_msg("machine 0 (%s:%d) closed no rendezvous round within %d s", L->master_addr, L->port,
                             L->join_timeout_s + L->last_call_s);
@@ -1359,6 +1438,11 @@ static int elastic_read_members(launch *L, int64_t deadline) {
         return rc;
     }
     ids[len] = change[clen] = '\0';
+    char r[32];   /* "ROUND FAILURES": machine 0 counts a member lost at a grow as a failure (grow_lost) */
+    size_t rlen = sizeof r - 1;
+    int rnd, failures;
+    if (s.ops->get(s.store, "caccel/elastic/round", r, &rlen, STORE_IO_MS) != CA_OK) ca_clear_error();
+    else if (r[rlen] = '\0', sscanf(r, "%d %d", &rnd, &failures) == 2) L->failures = failures;
     memset(L->member, 0, (size_t)L->max_machines);
     L->group_rank = -1;
     int n = 0;
@@ -1472,6 +1556,14 @@ static int spawn_and_supervise(launch *L, const sigset_t *old) {
         /* a group that stopped to let a machine join did not fail: torchrun counts only failures (a machine
          * that died is one) against --max_restarts */
         bool grow = L->regroup && !spawn_failed;
+        L->growing = grow;
+        if (L->store_lost) {
+            fprintf(stderr, "caccel %s: machine 0 holds the rendezvous, and an elastic job cannot go on without it (as "
+                    "with torchrun's c10d rendezvous): machine %d ends%s\n", cmd_name, L->machine_rank,
+                    L->max_restarts > L->failures ? " without a restart" : "");
+            if (!code) code = 1;
+            break;
+        }
         if (code == 0 || spawn_failed || L->interrupted || (!grow && L->failures >= L->max_restarts)) break;
         L->restart_count++;
         if (grow)
@@ -1683,15 +1775,12 @@ static int maybe_hostfile(launch *L, ca_config *cfg, const ca_settings *st, int 
         if (L->ssh_port || L->ssh_opts) return fail_msg("--ssh_port and --ssh_opts need --hostfile"), 2;
         return -1;
     }
-    if (L->elastic)
-        return fail_msg("--num_machines %d:%d with a hostfile (%s): the hostfile names a fixed set of machines; "
-                        "elastic membership is not supported there yet (start caccel launch on each machine)",
-                        L->min_machines, L->max_machines, hostfile), 2;
     const char *pv = ca_config_get(cfg, "main_process_port");
     ca_launch_hosts_opts o = {
         .cmd_name = cmd_name, .hostfile = hostfile, .config_file = ca_config_file(cfg), .ssh_port = L->ssh_port, .ssh_opts = L->ssh_opts,
         .num_processes = st->num_processes > 0 ? st->num_processes : 0,
         .num_machines = ca_config_source_of(cfg, "num_machines") != CA_SRC_DEFAULT ? st->num_machines : 0,
+        .min_machines = L->min_machines,
         .main_process_ip = st->main_process_ip,
         .port = pv && strcmp(pv, "null") != 0 ? st->main_process_port : DEFAULT_PORT,
         .quiet = L->quiet, .argc = argc, .prog = prog, .argv = argv};

@@ -7,7 +7,12 @@
  * watches its standard input, which is the ssh channel. This launcher holds the write end of each
  * ssh's stdin and never writes after the job token: closing it (a stop), this launcher dying
  * (even by SIGKILL), or the connection dropping all end in EOF there, and the remote launcher then
- * stops its ranks as it does on SIGTERM. No pseudo-terminal is needed, so stdout and stderr stay apart. */
+ * stops its ranks as it does on SIGTERM. No pseudo-terminal is needed, so stdout and stderr stay apart.
+ *
+ * With --num_machines MIN:MAX (MAX the hostfile's hosts) each machine runs an elastic launcher: a machine
+ * other than machine 0 that ends or whose connection is lost leaves the job, which machine 0 restarts at
+ * the smaller size (within --max_restarts), and this launcher keeps the others running; machine 0 holds
+ * the rendezvous, so its end is the job's. */
 #include "tools/cli_impl.h"
 #include "comm/store_impl.h"
 
@@ -57,6 +62,7 @@ typedef struct job {
     bool stopping;
     int64_t term_at, kill_at;   /* when the ssh sessions get SIGTERM, then SIGKILL, after a stop */
     int failed;                 /* the first host that failed, -1 none */
+    int left;                   /* hosts that left an elastic job while it went on */
     int interrupted;
     char *cfg_text;             /* the configuration file's content, sent to every machine; NULL: none */
     size_t cfg_len;
@@ -318,7 +324,8 @@ static char *remote_command(const job *J, int rank, const char *token_var) {
     /* LD_LIBRARY_PATH too: the caccel binary at this path may need it to find libcaccel (an
      * uninstalled build, a prefix outside the loader's paths), and ssh starts a bare environment */
     for (char **e = environ; *e; e++)
-        if ((strncmp(*e, "ACCELERATE_", 11) == 0 || strncmp(*e, "CACCEL_", 7) == 0 ||
+        /* torchrun's PET_ variables (PET_MAX_RESTARTS, PET_RDZV_CONF): the flags below beat the others */
+        if ((strncmp(*e, "ACCELERATE_", 11) == 0 || strncmp(*e, "CACCEL_", 7) == 0 || strncmp(*e, "PET_", 4) == 0 ||
              strncmp(*e, "LD_LIBRARY_PATH=", 16) == 0) &&
             !(strncmp(*e, token_var, tl) == 0 && (*e)[tl] == '='))
             word(&s, *e);
@@ -326,7 +333,13 @@ static char *remote_command(const job *J, int rank, const char *token_var) {
     word(&s, self);
     word(&s, "launch");
     word(&s, "--num_machines");
-    word_int(&s, J->n);
+    if (o->min_machines > 0) {
+        char range[64];
+        snprintf(range, sizeof range, "%d:%d", o->min_machines, J->n);
+        word(&s, range);
+    } else {
+        word_int(&s, J->n);
+    }
     word(&s, "--machine_rank");
     word_int(&s, rank);
     word(&s, "--main_process_ip");
@@ -478,16 +491,23 @@ static void ended(job *J, int i, int st) {
     h->running = false;
     h->status = st;
     if ((WIFEXITED(st) && WEXITSTATUS(st) == 0) || J->failed >= 0 || J->interrupted) return;
-    J->failed = i;
+    /* an elastic job goes on without a machine other than machine 0 (which holds the rendezvous) */
+    bool leaves = J->o->min_machines > 0 && i != 0;
+    const char *then = leaves ? "the elastic job goes on without it" : "stopping every machine";
     if (WIFEXITED(st) && WEXITSTATUS(st) == 255)
-        fprintf(stderr, "caccel %s: the connection to host %s (machine %d) was lost (ssh exited 255): stopping "
-                        "every machine\n", J->o->cmd_name, h->name, i);
+        fprintf(stderr, "caccel %s: the connection to host %s (machine %d) was lost (ssh exited 255): %s\n",
+                J->o->cmd_name, h->name, i, then);
     else if (WIFEXITED(st))
-        fprintf(stderr, "caccel %s: host %s (machine %d) exited with code %d: stopping every machine\n",
-                J->o->cmd_name, h->name, i, WEXITSTATUS(st));
+        fprintf(stderr, "caccel %s: host %s (machine %d) exited with code %d: %s\n", J->o->cmd_name, h->name, i,
+                WEXITSTATUS(st), then);
     else
-        fprintf(stderr, "caccel %s: ssh to host %s (machine %d) was killed by signal %d: stopping every machine\n",
-                J->o->cmd_name, h->name, i, WTERMSIG(st));
+        fprintf(stderr, "caccel %s: ssh to host %s (machine %d) was killed by signal %d: %s\n", J->o->cmd_name,
+                h->name, i, WTERMSIG(st), then);
+    if (leaves) {
+        J->left++;
+        return;
+    }
+    J->failed = i;
     stop_all(J);
 }
 
@@ -634,6 +654,9 @@ static int start_all(job *J, const sigset_t *old) {
 /* The job's shape from the hostfile, checked against what the configuration says. */
 static int resolve(job *J, ca_launch_hosts_opts *o) {
     int total = J->n * J->h[0].slots;
+    if (o->num_machines > 0 && o->num_machines != J->n && o->min_machines > 0)
+        return fail(J, "--num_machines %d:%d, but the hostfile %s lists %d host(s): MAX is the hostfile's hosts",
+                    o->min_machines, o->num_machines, o->hostfile, J->n);
     if (o->num_machines > 0 && o->num_machines != J->n)
         return fail(J, "--num_machines %d, but the hostfile %s lists %d host(s)", o->num_machines, o->hostfile, J->n);
     if (o->num_processes > 0 && o->num_processes != total)
@@ -688,6 +711,9 @@ int ca_launch_hosts(ca_launch_hosts_opts *o) {
     rc = J->sfd < 0 ? fail(J, "signalfd: %s", strerror(errno)) : start_all(J, &old);
     int code = J->sfd >= 0 ? supervise(J) : rc;
     if (rc != 0 && code == 0) code = rc;
+    if (J->left)
+        say(J, "%d of the %d machines left the elastic job while it ran; it ended with machine 0's status %d", J->left,
+            J->n, code);
     if (J->sfd >= 0) close(J->sfd);
     sigprocmask(SIG_SETMASK, &old, NULL);
     free(J->h);

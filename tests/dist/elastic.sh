@@ -11,7 +11,8 @@
 # The parameters at step 12 equal a run without failures through the same sizes at the same steps:
 # 3 processes to step 4, 2 processes (accumulation 3) to step 8, 3 processes to step 12. Then with
 # --num_machines 2:2 a dead machine leaves fewer than MIN: the job ends. The refusals (MIN > MAX,
-# MIN:MAX under mpirun or with a hostfile, a bad --rdzv_conf or PET_ variable), a rendezvous that gets
+# MIN:MAX under mpirun or with a hostfile of other than MAX hosts, a bad --rdzv_conf, --rdzv_endpoint
+# or PET_ variable), a rendezvous that gets
 # fewer than MIN within join_timeout, and a machine that waits to join when the job ends (it leaves at
 # once) run everywhere; the rest skips where network namespaces cannot be made (not root).
 . "$(dirname "$0")/lib.sh"
@@ -36,8 +37,17 @@ grep -q "env PET_RDZV_CONF (--rdzv_conf): 'read_timeout=3' is not join_timeout=S
     fail "MIN:MAX under mpirun was accepted"
 grep -q "num_machines 1:2: mpirun starts a fixed set of processes" "$WORK/o" || { cat "$WORK/o"; fail "mpirun message"; }
 printf 'localhost slots=1\n' >"$WORK/hosts"
-"$CACCEL" launch --num_machines 1:2 --hostfile "$WORK/hosts" --cpu true >"$WORK/o" 2>&1 && fail "MIN:MAX with a hostfile was accepted"
-grep -q "num_machines 1:2 with a hostfile" "$WORK/o" || { cat "$WORK/o"; fail "hostfile message"; }
+"$CACCEL" launch --num_machines 1:2 --hostfile "$WORK/hosts" --cpu true >"$WORK/o" 2>&1 &&
+    fail "MIN:MAX with a hostfile of fewer than MAX hosts was accepted"
+grep -q "num_machines 1:2, but the hostfile $WORK/hosts lists 1 host(s): MAX is the hostfile's hosts" "$WORK/o" ||
+    { cat "$WORK/o"; fail "hostfile message"; }
+PET_RDZV_ENDPOINT=127.0.0.1:port "$CACCEL" launch --cpu true >"$WORK/o" 2>&1 && fail "PET_RDZV_ENDPOINT=127.0.0.1:port was accepted"
+grep -q "env PET_RDZV_ENDPOINT: invalid value 'port' for key 'main_process_port'" "$WORK/o" ||
+    { cat "$WORK/o"; fail "PET_RDZV_ENDPOINT message"; }
+"$CACCEL" launch --rdzv_endpoint 10.0.0.1:29500 --main_process_ip 10.0.0.2 --cpu true >"$WORK/o" 2>&1 &&
+    fail "two rendezvous addresses were accepted"
+grep -q "rdzv_endpoint sets main_process_ip to '10.0.0.1', but --main_process_ip set it to '10.0.0.2'" "$WORK/o" ||
+    { cat "$WORK/o"; fail "--rdzv_endpoint message"; }
 "$CACCEL" launch --num_machines 1:2 --rdzv_conf join_timeout=5,read_timeout=3 --cpu true >"$WORK/o" 2>&1 &&
     fail "an unknown --rdzv_conf key was accepted"
 grep -q "rdzv_conf: 'read_timeout=3' is not join_timeout=SECONDS or last_call_timeout=SECONDS" "$WORK/o" ||
@@ -51,17 +61,18 @@ grep -q "the rendezvous has 1 machine(s) (0) after [0-9]* s: --num_machines 2:3 
     { cat "$WORK/o"; fail "join_timeout message"; }
 
 note "num_machines: '1:2' in a config file; machine 1 (PET_NNODES=1:2) waits to join, the job ends: it leaves at once"
+# machine 0 finds the rendezvous in --rdzv_endpoint, machine 1 in PET_RDZV_ENDPOINT (torchrun's names)
 printf "distributed_type: MULTI_CPU\nnum_machines: '1:2'\nnum_processes: 2\nuse_cpu: true\n" >"$WORK/el12.yaml"
 port=$(free_port)
 export CACCEL_JOB_TOKEN="elastic-test-$$"
 mkfifo "$WORK/gate12"   # the rank blocks reading it until the test writes (no poll)
 PET_RDZV_CONF=last_call_timeout=0 timeout 60 "$CACCEL" launch --config_file "$WORK/el12.yaml" --machine_rank 0 \
-    --main_process_ip 127.0.0.1 --main_process_port "$port" sh -c 'echo "rank $RANK of $WORLD_SIZE started"
+    --rdzv_endpoint "127.0.0.1:$port" sh -c 'echo "rank $RANK of $WORLD_SIZE started"
         read -r go < "$0"' "$WORK/gate12" >"$WORK/e0" 2>&1 &
 e0=$!
 wait_lines 1 "rank 0 of 1 started" "machine 0 did not start" "$e0" "$WORK/e0"
-PET_NNODES=1:2 timeout 60 "$CACCEL" launch --machine_rank 1 --num_processes 2 --main_process_ip 127.0.0.1 \
-    --main_process_port "$port" --rdzv_conf join_timeout=20 --cpu true >"$WORK/e1" 2>&1 &
+PET_NNODES=1:2 PET_RDZV_ENDPOINT="127.0.0.1:$port" timeout 60 "$CACCEL" launch --machine_rank 1 --num_processes 2 \
+    --rdzv_conf join_timeout=20 --cpu true >"$WORK/e1" 2>&1 &
 e1=$!
 wait_lines 1 "machine 1 waits to join: the running group takes it in at its next checkpoint" "machine 1 did not wait" \
     "$e0 $e1" "$WORK/e1"

@@ -3,8 +3,9 @@
 # tests/dist/netns.sh), each running its own sshd on its own address with keys generated here.
 # `caccel launch --hostfile` on machine 0 trains Fashion-MNIST on 3 x 2 processes to the parameters
 # of one machine with 6; a host that cannot be reached is named before anything starts; a failed
-# rank, Ctrl-C and a host that dies each stop every machine and leave no process behind. Skips
-# without root (network namespaces) or without OpenSSH's server.
+# rank, Ctrl-C and a host that dies each stop every machine and leave no process behind; with
+# --num_machines 2:3 a host that dies leaves the job, and the others finish it from the newest
+# checkpoint. Skips without root (network namespaces) or without OpenSSH's server.
 . "$(dirname "$0")/lib.sh"
 . "$(dirname "$0")/netns_lib.sh"
 trap 'exit 1' HUP INT TERM
@@ -116,6 +117,25 @@ rc=$?
 [ "$rc" -ne 0 ] || { cat "$WORK/int"; fail "an interrupted job exited 0"; }
 count 1 "caccel launch: Interrupt received: stopping every machine" "$WORK/int"
 no_orphans
+
+note "--num_machines 2:3: machine 2 dies after step 6; machines 0 and 1 go on from step 4 and finish"
+hostfile_launch "$WORK/el" --num_machines 2:3 --max_restarts 1 --monitor_interval 0.2 "$BUILD/tests/ddp_check" \
+    --mode plain --batch 8 --k 2 --steps 8 --save-every 4 --automatic_checkpoint_naming --resume --halt-step 6 \
+    --project_dir "$WORK/elastic"
+wait_lines 1 "rank=5 trained step 6 of 6 processes" "machine 2 did not train" "$HL_PID" "$WORK/el"
+# every process of machine 2 but its sshd (the next case needs it): its launcher, ranks and ssh session
+# shellcheck disable=SC2046  # one word per process
+kill -KILL $(ip netns pids "$(ns_name 2)" | grep -vx "$SSHD_2")
+wait "$HL_PID" || { cat "$WORK/el"; fail "the elastic --hostfile job exited $? after machine 2 died"; }
+count 1 "^caccel launch: the connection to host $(ns_addr 2) (machine 2) was lost (ssh exited 255): the elastic job goes on without it" "$WORK/el"
+count 1 "^\[$(ns_addr 1)\] caccel launch: membership (round 1): machine(s) 2 left; the job goes on with machines 0,1 (2 of --num_machines 2:3)" "$WORK/el"
+count 1 "^\[$(ns_addr 0)\] .*elastic: the group of 4 processes resumes at optimizer step 4" "$WORK/el"
+count 1 "^\[$(ns_addr 0)\] rank=0 trained step 8 of 4 processes" "$WORK/el"
+count 1 "1 of the 3 machines left the elastic job while it ran; it ended with machine 0's status 0" "$WORK/el"
+for m in 0 1 2; do
+    [ -z "$(ip netns pids "$(ns_name "$m")" | grep -vx "$(eval echo "\$SSHD_$m")")" ] ||
+        { ip netns pids "$(ns_name "$m")" | xargs ps -o pid,args -p; fail "processes left on machine $m"; }
+done
 
 note "a host that dies (every process of machine 2 killed) stops the others, naming it"
 spin_job "$WORK/dead"
