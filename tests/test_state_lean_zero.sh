@@ -101,7 +101,9 @@ for be in $backends; do
     zs 2 "$be" 2 --steps 0 --load-state "$WORK/bad" --save-state "$WORK/x" > "$WORK/o" 2>&1 && { cat "$WORK/o"; fail "$be: a corrupt optimizer file loaded"; }
     count 1 'optimizer.safetensors: corrupt: CRC-32 [0-9a-f]* in chunk [0-9]* of [0-9]* (bytes .*(rank 1)$' "$WORK/o"
     count 0 'corrupt: CRC-32 .*(rank 0)$' "$WORK/o"
-    count 1 'load_state: rank 1 failed (CA_ERR_IO) to load .*nothing was applied (rank 0)' "$WORK/o"
+    # under mpirun rank 1's exit stops rank 0 (the program leaves at its first error), perhaps before
+    # it prints: rank 0's message is checked under caccel launch
+    [ "$be" = mpi ] || count 1 'load_state: rank 1 failed (CA_ERR_IO) to load .*nothing was applied (rank 0)' "$WORK/o"
     [ -e "$WORK/x" ] && fail "$be: a save ran after a failed load"
 done
 echo "PASS"
