@@ -312,9 +312,14 @@ int ca_zero_load_shards(const ca_accelerator *acc);
 ca_status ca_zero_load_shard(ca_accelerator *acc, const char *dir);
 /* Drops what ca_zero_check_shard read (a load that another rank refused). */
 void ca_zero_load_free(ca_accelerator *acc);
-/* A FULL_STATE_DICT checkpoint's optimizer state under stage 3's lean load: only this rank's slice of
- * each of o's state tensors in f, verified and read into host buffers of a shard each (changes nothing
- * of the run); then copied into the shard's state (apply) or dropped. */
+/* Whether a FULL_STATE_DICT load reads only this rank's slices of the optimizer state into its
+ * shard (below) instead of building the full state on every rank: at stages 1 and 2 (whole
+ * parameters, a shard of the state) and at stage 3 when ca_zero3_loads_lean, under
+ * fsdp_cpu_ram_efficient_loading true (the default). */
+bool ca_zero_loads_state_lean(const ca_accelerator *acc);
+/* A FULL_STATE_DICT checkpoint's optimizer state under a lean load: only this rank's slice of each of
+ * o's state tensors in f, verified and read into host buffers of a shard each (changes nothing of the
+ * run); then copied into the shard's state (apply) or dropped. */
 ca_status ca_zero_read_state_slices(ca_accelerator *acc, ca_optimizer *o, struct ca_st_file *f);
 ca_status ca_zero_load_state_slices(ca_accelerator *acc, bool apply);
 

@@ -588,6 +588,62 @@ static ca_status load_on_rank0(ca_accelerator *acc, ca_module *model, const char
     return s;
 }
 
+/* A meta model (ca_init_empty_weights) not yet prepared, on several processes whose strategy will
+ * hold it whole on every rank (DDP, ZeRO stages 1 and 2; not stage 3, not tensor parallelism), its
+ * parameters on the accelerator's device (what the collectives take), under
+ * fsdp_cpu_ram_efficient_loading: rank 0 alone reads the files, as Accelerate's rank 0 loads and
+ * sync_module_states gives the others its values. Every rank calls ca_load_model on it (one program). */
+static bool rank0_reads_meta(const ca_accelerator *acc, ca_module *model) {
+    if (!acc || acc->model == model || acc->world < 2 || !acc->comm || acc->mesh || !ca_module_is_meta(model))
+        return false;
+    const ca_sync_strategy *ops = acc->sync_ops;
+    if (!ops || !ops->replicated || acc->zero.stage == 3) return false;
+    for (int i = 0; i < ca_module_num_params(model); i++)
+        if (ca_tensor_device(ca_module_param_at(model, i)) != acc->device) return false;
+    bool on = true;
+    if (ca_config_get_bool(acc->cfg, "fsdp_config.fsdp_cpu_ram_efficient_loading", &on) != CA_OK) ca_clear_error();
+    return on;
+}
+
+/* Which parameters rank 0 holds values of (has[i] 1), from rank 0 to every rank: those the file gave
+ * (and any it held already); the others stay meta on every rank and ca_prepare initialises them. */
+static ca_status share_loaded(ca_accelerator *acc, ca_module *model, unsigned char *has) {
+    int n = ca_module_num_params(model);
+    for (int i = 0; acc->rank == 0 && i < n; i++) has[i] = !ca_tensor_is_meta(ca_module_param_at(model, i));
+    ca_tensor *t = ca_tensor_keep(ca_empty(acc->device, CA_U8, 1, (int64_t[]){n}));
+    if (!t) return ca_error_context("load_model: a buffer of %d bytes on rank %d", n, acc->rank);
+    ca_status s = acc->rank == 0 ? ca_device_copy_from_host(acc->device, ca_tptr(t), has, (size_t)n) : CA_OK;
+    if (s == CA_OK) s = ca_comm_broadcast(acc->comm, ca_tptr(t), (size_t)n, CA_U8, 0, NULL);
+    if (s == CA_OK && acc->rank != 0) s = ca_device_copy_to_host(acc->device, has, ca_tptr(t), (size_t)n);
+    ca_tensor_free(t);
+    return s;
+}
+
+/* rank0_reads_meta: rank 0 loads (materialising what the file holds), its status reaches every rank,
+ * then each parameter it holds goes to the others, which give it memory first. */
+static ca_status load_meta_on_rank0(ca_accelerator *acc, ca_module *model, const char *where) {
+    int n = ca_module_num_params(model), sent = 0;
+    unsigned char *has = calloc((size_t)(n ? n : 1), 1);
+    ca_status s = has ? CA_OK : ca_error(CA_ERR_NOMEM, "load_model: out of host memory (rank %d)", acc->rank);
+    if (s == CA_OK && acc->rank == 0) s = load_model(model, where);
+    s = ck_share_rank0(acc, s, "load_model: rank 0 failed to read the model; nothing was loaded");
+    if (s == CA_OK) s = share_loaded(acc, model, has);
+    for (int i = 0; s == CA_OK && i < n; i++) {
+        ca_tensor *p = ca_module_param_at(model, i);
+        if (!has[i]) continue;
+        if (ca_tensor_is_meta(p)) s = ca_meta_allocate(p);   /* memory, not its initialisation */
+        if (s == CA_OK) s = ca_comm_broadcast(acc->comm, ca_tptr(p), (size_t)p->numel, p->dtype, 0, NULL);
+        p->version++;
+        sent++;
+        if (s != CA_OK) ca_error_context("load_model: broadcasting parameter %s from rank 0", ca_module_param_name(model, i));
+    }
+    free(has);
+    if (s == CA_OK && acc->rank == 0)
+        CA_LOG_I("load_model: rank 0 read %s into the meta model and broadcast its %d parameters "
+                 "(fsdp_cpu_ram_efficient_loading)", where, sent);
+    return s;
+}
+
 static ca_status load_model_whole(ca_accelerator *acc, ca_module *model, const char *dir_or_file, size_t unused) {
     (void)unused;
     ca_status s;
@@ -601,6 +657,7 @@ static ca_status load_model_whole(ca_accelerator *acc, ca_module *model, const c
         return s;
     }
     if (ca_ck_rank0_reads(acc, model)) return load_on_rank0(acc, model, dir_or_file);
+    if (rank0_reads_meta(acc, model)) return load_meta_on_rank0(acc, model, dir_or_file);
     bool shards = summon(acc, model, &s);
     if (s == CA_OK) s = load_model(model, dir_or_file);
     ca_status r = shards ? acc->sync_ops->summon(acc, false) : CA_OK;

@@ -1235,6 +1235,8 @@ typedef struct ss_loaded {
     bool *was_on;                      /* the model's requires_grad before the checkpoint's were set */
     bool sliced;                       /* each optimizer state tensor: only this rank's slice is read */
     bool lean;                         /* stage 3: only the model file's slices of this rank's shard */
+    bool opt_lean;                     /* ZeRO, any stage: only this rank's slices of the optimizer
+                                        * state, read into its shard's host buffers (no full state) */
     bool model0, opts0;                /* the model file, the optimizers' files: read by rank 0 alone */
 } ss_loaded;
 
@@ -1693,10 +1695,10 @@ static ca_status ss_check_all(ca_accelerator *acc, const char *dir, ss_loaded *L
         s = ss_open_listed(L, dir, name, !L->sliced, &L->opts[i]);
         if (s == CA_OK) L->nopts = i + 1;
         if (s == CA_OK) s = ss_check_opt_tensors(acc->opts[i], &L->opts[i]);
-        if (s == CA_OK && L->sliced && !L->lean) s = ss_verify_opt_slices(acc, acc->opts[i], &L->opts[i]);
-        /* stage 3, lean: the slices read into the shard's host buffers now; the file is done with */
-        if (s == CA_OK && L->lean) s = acc->sync_ops->read_state_slices(acc, acc->opts[i], &L->opts[i]);
-        if (L->lean) ca_st_close(&L->opts[i]);
+        if (s == CA_OK && L->sliced && !L->opt_lean) s = ss_verify_opt_slices(acc, acc->opts[i], &L->opts[i]);
+        /* lean: the slices read into the shard's host buffers now; the file is done with */
+        if (s == CA_OK && L->opt_lean) s = acc->sync_ops->read_state_slices(acc, acc->opts[i], &L->opts[i]);
+        if (L->opt_lean) ca_st_close(&L->opts[i]);
     }
     if (s == CA_OK) s = ss_check_rng(acc, dir, L);
     if (s == CA_OK) s = ss_check_custom(acc, dir, L);
@@ -1848,9 +1850,12 @@ static ca_status ss_load_dir(ca_accelerator *acc, const char *dir) {
     /* sharded run, full checkpoint: the full state is read into per-parameter tensors, then each rank
      * keeps its shard; sharded checkpoint: each rank reads its shard file */
     const ca_sync_strategy *ops = acc->sync_ops;
-    /* stage 3, lean: of the optimizer state too only this rank's slices are read, into its shard */
-    L.lean = s == CA_OK && acc->model && !sharded && ops->read_state_slices && ca_zero3_loads_lean(acc);
-    bool full = s == CA_OK && ops->scatter_state && !sharded && !L.lean;
+    /* stage 3, lean: of model.safetensors only this rank's shard's slices are read, into its shard;
+     * of the optimizer state (every stage: each keeps a shard of it) only this rank's slices */
+    L.lean = s == CA_OK && acc->model && !sharded && ca_zero3_loads_lean(acc);
+    L.opt_lean = s == CA_OK && acc->model && !sharded && ops->read_state_slices && ops->state_lean &&
+                 ops->state_lean(acc);
+    bool full = s == CA_OK && ops->scatter_state && !sharded && !L.opt_lean;
     /* a model every rank holds whole: rank 0 reads it, and the optimizer state where every rank holds
      * that whole too (DDP; ZeRO stages 1 and 2 read only each rank's slice of it), and broadcasts */
     L.model0 = s == CA_OK && !sharded && ca_ck_rank0_reads(acc, acc->model);
@@ -1862,7 +1867,7 @@ static ca_status ss_load_dir(ca_accelerator *acc, const char *dir) {
     else s = ss_fail(acc, s, bad, "load_state", dir);
     if (s == CA_OK && L.model0) s = ss_broadcast(acc, &L, dir);
     if (s == CA_OK && sharded) s = ops->load_shard(acc, dir);
-    if (L.lean) {
+    if (L.opt_lean) {
         ca_status z = ops->load_state_slices(acc, s == CA_OK);
         if (s == CA_OK) s = z;
     }

@@ -50,9 +50,11 @@ typedef struct ca_sync_strategy {
     /* the elements [*off, *off + *n) of param's optimizer state that this rank keeps after
      * scatter_state (NULL: all of them): a full checkpoint's load reads only those */
     void (*state_slice)(const ca_accelerator *acc, const ca_tensor *param, int64_t *off, int64_t *n);
-    /* a full checkpoint's load under stage 3's lean loading: this rank's slices of o's state tensors
-     * in f read into its part's host buffers (no full state made; NULL: the full tensors, then
-     * scatter_state), then copied into its part (apply) or dropped */
+    /* a full checkpoint's load: whether this rank reads only its slices of the optimizer state
+     * (state_lean; NULL or false: the full tensors, then scatter_state), read_state_slices reading
+     * those of o's state tensors in f into its part's host buffers (no full state made), then copied
+     * into its part (apply) or dropped */
+    bool (*state_lean)(const ca_accelerator *acc);
     ca_status (*read_state_slices)(ca_accelerator *acc, ca_optimizer *o, struct ca_st_file *f);
     ca_status (*load_state_slices)(ca_accelerator *acc, bool apply);
     /* sharded checkpoints (each rank its part): whether save_state writes them, the part count, and

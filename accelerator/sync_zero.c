@@ -78,6 +78,7 @@ const ca_sync_strategy ca_sync_zero = {
     .scatter_state = ca_zero_scatter_state,
     .drop_state = ca_zero_drop_state,
     .state_slice = ca_zero_state_slice,
+    .state_lean = ca_zero_loads_state_lean,
     .read_state_slices = ca_zero_read_state_slices,
     .load_state_slices = ca_zero_load_state_slices,
     .saves_shards = zero_saves_shards,

@@ -331,7 +331,8 @@ ca_status ca_merge_weights(const char *dir, const char *out) {
  * on any rank leaves every rank's run as it was. */
 struct ca_zero_load {
     int world;                   /* the checkpoint's shard count */
-    bool lean;                   /* stage 3 (ca_zero3_loads_lean): flat is this rank's new shard only */
+    bool lean;                   /* stage 3 (ca_zero3_loads_lean): flat is this rank's new shard only
+                                  * (a FULL_STATE_DICT load's state buffers: flat NULL) */
     float *flat;                 /* [numel] every parameter (stages 1, 2 hold them whole), or lean [shard]
                                   * the parameters of this rank's new shard, its padding zero */
     float *st[2];                /* [shard] state1, state2 over this rank's new shard (NULL: not kept) */
@@ -499,10 +500,22 @@ static const ca_zero_seg *seg_of(const ca_zero *z, const ca_tensor *param) {
     return NULL;
 }
 
-/* Stage 3 with fsdp_cpu_ram_efficient_loading, a FULL_STATE_DICT checkpoint: of each of o's state
- * tensors in f only this rank's segment is verified and read, into shard-sized host buffers laid out
- * as the shard files hold them (frozen parameters and padding zero). No rank builds the full state:
- * the buffers are 1/N of it. ss_check_opt_tensors matched f's names, dtypes and shapes first. */
+/* Every stage keeps a shard of the optimizer state: stages 1 and 2 read only its slices whatever
+ * the parameters (whole on every rank: rank 0 may read and broadcast them); stage 3 when its
+ * parameters load lean too (not summoned: a summoned load gathers, then scatters the full state). */
+bool ca_zero_loads_state_lean(const ca_accelerator *acc) {
+    if (!acc || !acc->model || acc->zero.stage < 1) return false;
+    if (acc->zero.stage == 3) return ca_zero3_loads_lean(acc);
+    bool on = true;
+    if (ca_config_get_bool(acc->cfg, "fsdp_config.fsdp_cpu_ram_efficient_loading", &on) != CA_OK) ca_clear_error();
+    return on;
+}
+
+/* A FULL_STATE_DICT checkpoint under fsdp_cpu_ram_efficient_loading (ca_zero_loads_state_lean): of
+ * each of o's state tensors in f only this rank's segment is verified and read, into shard-sized host
+ * buffers laid out as the shard files hold them (frozen parameters and padding zero). No rank builds
+ * the full state: the buffers are 1/N of it. ss_check_opt_tensors matched f's names, dtypes and
+ * shapes first. */
 ca_status ca_zero_read_state_slices(ca_accelerator *acc, ca_optimizer *o, ca_st_file *f) {
     ca_zero *z = &acc->zero;
     ca_tensor *kept[2] = {z->s1, z->s2};

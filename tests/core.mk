@@ -107,6 +107,9 @@ EXTRA_DIST += tests/test_state_ranges.sh
 # load_state at ZeRO stage 3: each rank verifies and copies only its shard's ranges, nothing gathered.
 TESTS += tests/test_state_lean.sh
 EXTRA_DIST += tests/test_state_lean.sh
+# ZeRO stages 1-2 (and 3 under MPI): each rank reads only its optimizer-state slices, over Gloo and MPI.
+TESTS += tests/test_state_lean_zero.sh
+EXTRA_DIST += tests/test_state_lean_zero.sh
 # ca_load_model under DDP / ZeRO 1-2: rank 0 reads the files and broadcasts the parameters.
 TESTS += tests/test_load_rank0.sh
 EXTRA_DIST += tests/test_load_rank0.sh
