@@ -2,8 +2,10 @@
 # `caccel estimate-memory --run`: one step of the Fashion-MNIST MLP (784-256-128-10, AdamW, batch 64)
 # on the lazy xla device; its model states are the MLP's exact sizes and its peak is within 5% of
 # the peak measured by running the same step eagerly on the CPU (--measure, the caching allocator's
-# statistics), at 1 process and at 2 and 4 under caccel launch; the same for the GPT example, also with
-# activation checkpointing and bf16. Also: a program that never steps is reported, and --run's bad usage.
+# statistics), at 1 process and at 2 and 4 under caccel launch, also under ZeRO stages 1, 2 and 3
+# (DeepSpeed and FSDP), whose sharded states match the measured run's to the byte; the same for the
+# GPT example, also with activation checkpointing, bf16 and ZeRO. Also: a program that never steps
+# is reported, and --run's bad usage.
 . "$(dirname "$0")/dist/lib.sh"
 need_caccel
 FM="$BUILD/examples/fashion_mnist"
@@ -47,6 +49,48 @@ if have gloo; then
     done
 fi
 
+# ZeRO and FSDP: the strategy runs for real on the lazy device (CACCEL_MEMORY_ESTIMATE chooses the
+# device, not distributed_type, which stays DEEPSPEED or FSDP), so each rank's shards of the optimizer
+# state, the gradients (stages 2 and 3) and the parameters (stage 3) are the measured run's to the
+# byte: the MLP's 235,146 parameters padded to NP shards of ceil(235146 / NP); the peak within 5%.
+# Stages 1, 2 and 3 each at 2 and 4 processes, through DeepSpeed's zero_stage and FSDP's strategy names.
+# Without the lazy device under DeepSpeed/FSDP the estimate stops on "both choose distributed_type".
+zero_case() {   # zero_case NP STAGE VAR=VALUE...: the strategy's variables for both runs
+    np=$1 st=$2; shift 2
+    last=$((np - 1)) shard=$(((235146 + np - 1) / np))
+    e=$(env "$@" "$CACCEL" estimate-memory --num_processes "$np" --json --run "$FM" --data "$WORK/fm" --batch-size 64 2>&1) ||
+        { echo "$e"; fail "$* at $np: estimate"; }
+    m=$(env ACCELERATE_USE_CPU=true "$@" "$CACCEL" estimate-memory --num_processes "$np" --json --measure --run "$FM" \
+        --data "$WORK/fm" --batch-size 64 2>&1) || { echo "$m"; fail "$* at $np: measure"; }
+    e=$(echo "$e" | tail -1) m=$(echo "$m" | tail -1)
+    echo "$e" | grep -q "\"rank\": $last, \"device\": \"xla\", \"zero_stage\": $st," || { echo "$e"; fail "$* at $np: not stage $st on xla"; }
+    echo "$m" | grep -q "\"rank\": $last, \"device\": \"cpu\", \"zero_stage\": $st," || { echo "$m"; fail "$* at $np: not stage $st on cpu"; }
+    want_p=940584 want_g=$((4 * shard * np)) want_u=0
+    [ "$st" -ge 2 ] && want_g=$((4 * shard)) want_u=$((4 * shard * np))
+    [ "$st" = 3 ] && want_p=$((4 * shard))
+    for out in "$e" "$m"; do
+        [ "$(echo "$out" | field parameters)" = $want_p ] || { echo "$out"; fail "$* at $np: parameters (want $want_p)"; }
+        [ "$(echo "$out" | field gradients)" = $want_g ] || { echo "$out"; fail "$* at $np: gradients (want $want_g)"; }
+        [ "$(echo "$out" | field optimizer_state)" = $((8 * shard)) ] || { echo "$out"; fail "$* at $np: optimizer state"; }
+        [ "$st" = 3 ] || [ "$(echo "$out" | field unsharded)" = $want_u ] || { echo "$out"; fail "$* at $np: unsharded"; }
+    done
+    # stage 3's gathered units: the same units gathered in the same order in both runs
+    [ "$(echo "$e" | field unsharded)" = "$(echo "$m" | field unsharded)" ] || { echo "$e"; echo "$m"; fail "$* at $np: unsharded differs"; }
+    pe=$(echo "$e" | field peak) pm=$(echo "$m" | field peak)
+    note "$* at $np processes, rank $last's peak: estimated $pe, measured $pm"
+    d=$((pe > pm ? pe - pm : pm - pe))
+    [ "$pm" -gt 0 ] && [ $((d * 20)) -le "$pm" ] || fail "$* at $np: estimate $pe is more than 5% off $pm"
+}
+if have gloo; then
+    DS="ACCELERATE_USE_DEEPSPEED=true" FS="ACCELERATE_USE_FSDP=true"
+    zero_case 2 1 $DS ACCELERATE_DEEPSPEED_ZERO_STAGE=1
+    zero_case 2 2 $DS ACCELERATE_DEEPSPEED_ZERO_STAGE=2
+    zero_case 2 3 $FS FSDP_SHARDING_STRATEGY=FULL_SHARD
+    zero_case 4 1 $DS ACCELERATE_DEEPSPEED_ZERO_STAGE=1
+    zero_case 4 2 $FS FSDP_SHARDING_STRATEGY=SHARD_GRAD_OP
+    zero_case 4 3 $DS ACCELERATE_DEEPSPEED_ZERO_STAGE=3
+fi
+
 # the GPT example (2 layers, block 32, batch 8): plain, with activation checkpointing, with bf16
 # mixed precision, and at 2 processes; each estimate within 5% of the measured peak (the lazy
 # device's allocations replayed through the eager caching allocator: exact but for a few small
@@ -54,10 +98,13 @@ fi
 # under bf16 and 1.2% for the f32 GPT; 5% and not less, as the eager run's GEMM path, and with it
 # what it allocates, differs from one CPU to the next)
 GPT="$BUILD/examples/gpt"
+ZENV=""    # VAR=VALUE words for both runs of close (the strategy's variables)
 close() {   # close NAME NP ARGS...: the estimate and the measurement of one run agree within 5%
     name=$1 np=$2; shift 2
-    e=$("$CACCEL" estimate-memory --num_processes "$np" --json --run "$GPT" "$@" 2>&1) || { echo "$e"; fail "$name: estimate"; }
-    m=$(ACCELERATE_USE_CPU=true "$CACCEL" estimate-memory --num_processes "$np" --json --measure --run "$GPT" "$@" 2>&1) ||
+    # shellcheck disable=SC2086
+    e=$(env $ZENV "$CACCEL" estimate-memory --num_processes "$np" --json --run "$GPT" "$@" 2>&1) || { echo "$e"; fail "$name: estimate"; }
+    # shellcheck disable=SC2086
+    m=$(env ACCELERATE_USE_CPU=true $ZENV "$CACCEL" estimate-memory --num_processes "$np" --json --measure --run "$GPT" "$@" 2>&1) ||
         { echo "$m"; fail "$name: measure"; }
     pe=$(echo "$e" | tail -1 | field peak) pm=$(echo "$m" | tail -1 | field peak)
     note "$name: estimated $pe, measured $pm"
@@ -76,6 +123,15 @@ if [ -f "${CACCEL_FORTUNES_DIR:-/usr/share/games/fortunes}/science" ]; then
     close "gpt, bf16" 1 $G --mixed_precision bf16
     # shellcheck disable=SC2086
     have gloo && close "gpt, 2 processes" 2 $G
+    # under ZeRO: stage 3 in bf16 (its gathers in bf16, widened into the f32 parameters) and stage 2
+    # at 4 processes
+    ZENV="ACCELERATE_USE_FSDP=true FSDP_SHARDING_STRATEGY=FULL_SHARD"
+    # shellcheck disable=SC2086
+    have gloo && close "gpt, FULL_SHARD, bf16" 2 $G --mixed_precision bf16
+    ZENV="ACCELERATE_USE_DEEPSPEED=true ACCELERATE_DEEPSPEED_ZERO_STAGE=2"
+    # shellcheck disable=SC2086
+    have gloo && close "gpt, zero_stage 2" 4 $G
+    ZENV=""
 else
     note "SKIP gpt: no fortunes (apt-get install fortunes)"
 fi
