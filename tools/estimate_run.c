@@ -98,8 +98,9 @@ static void er_print(const ca_em_run *r, const er_rank *ranks) {
     printf("Memory of one training step of `%s`, %d process%s, %s on the %s device\n", r->argv[0], r->nprocs,
            r->nprocs == 1 ? "" : "es", r->measure ? "measured" : "estimated", ranks[0].device);
     int zero = ranks[0].zero;
-    if (zero) printf("ZeRO stage %d: each rank's shard of the optimizer state%s%s\n", zero,
-                     zero >= 2 ? " and gradients" : "", zero == 3 ? " and parameters" : "");
+    static const char *const sharded[] = {"", "the optimizer state", "the optimizer state and gradients",
+                                          "the optimizer state, gradients and parameters"};
+    if (zero >= 1 && zero <= 3) printf("ZeRO stage %d: each rank holds its shard of %s\n", zero, sharded[zero]);
     printf("%-5s %14s %14s %16s %14s %14s %14s\n", "rank", "parameters", "gradients", "optimizer state", "unsharded",
            "activations", "peak");
     for (int i = 0; i < r->nprocs; i++) {
