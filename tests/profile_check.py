@@ -6,6 +6,8 @@ profile_check.py single TRACE      one rank's trace: well-formed events, kernel 
 profile_check.py ranks DIR N        DIR/trace_rank0..N-1.json: each as above, collectives with the same
                                     sequence numbers on every rank; DIR/trace_merged.json holds them all,
                                     each split into waiting for peers and moving data
+profile_check.py split MERGED       every collective of a merged trace split into waiting for peers and
+                                    moving data
 profile_check.py steps TRACE K      exactly K recorded steps (ProfilerStep markers)
 profile_check.py names TRACE N...   a well-formed trace with slices of each name N
 """
@@ -150,6 +152,8 @@ if __name__ == "__main__":
         single(sys.argv[2])
     elif sys.argv[1] == "ranks":
         ranks(sys.argv[2], int(sys.argv[3]))
+    elif sys.argv[1] == "split":
+        split(load(sys.argv[2]))
     elif sys.argv[1] == "names":
         names(sys.argv[2], sys.argv[3:])
     else:

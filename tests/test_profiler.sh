@@ -65,6 +65,17 @@ if have gloo; then
 else
     echo "skipped-part: 2 ranks (the Gloo plugin was not built)"
 fi
+if have mpi && command -v "${MPIRUN:-mpirun}" >/dev/null 2>&1; then
+    note "2 ranks under mpirun (MPI): caccel trace merge splits each collective"
+    # shellcheck disable=SC2086
+    launch 2 mpi "$DDP" --mode plain --batch 8 --steps 2 --profile --output_trace_dir "$WORK/t6" > "$WORK/o6" ||
+        { cat "$WORK/o6"; fail "2 ranks profiled under MPI"; }
+    "$CACCEL" trace merge "$WORK/t6" > "$WORK/om6" 2>&1 || { cat "$WORK/om6"; fail "caccel trace merge (MPI)"; }
+    count 1 "^caccel trace: [1-9][0-9]* collective slices split into waiting for peers and moving data" "$WORK/om6"
+    "$PY" "$CHECK_PY" split "$WORK/t6/trace_merged.json" || fail "MPI's collectives split"
+else
+    echo "skipped-part: 2 ranks under MPI (the MPI plugin or mpirun is missing)"
+fi
 "$CACCEL" trace merge "$WORK/nothing" > "$WORK/on" 2>&1 && fail "merge of a missing directory succeeded"
 count 1 "cannot open directory '$WORK/nothing'" "$WORK/on"
 
