@@ -62,8 +62,18 @@ static ca_status check_supported(const ca_accelerator *acc) {
     return ca_config_check_parallelism(acc->cfg);
 }
 
-/* The kind of device the configuration asks for: lazy for XLA, a GPU unless use_cpu, else the host. */
+/* Whether this run is `caccel estimate-memory --run`'s estimate (CACCEL_MEMORY_REPORT with
+ * CACCEL_MEMORY_ESTIMATE): the lazy device then stands in for the eager one whatever distributed_type
+ * says, so that DeepSpeed's and FSDP's sharding run on it as they would on the device they model. */
+static bool estimating(void) {
+    const char *r = getenv("CACCEL_MEMORY_REPORT"), *e = getenv("CACCEL_MEMORY_ESTIMATE");
+    return r && *r && e && *e && strcmp(e, "0") != 0;
+}
+
+/* The kind of device the configuration asks for: lazy for XLA (and for a memory estimate), a GPU
+ * unless use_cpu, else the host. */
 static ca_device_kind wanted_kind(const ca_settings *st) {
+    if (estimating()) return CA_DEVICE_LAZY;
     if (st->use_cpu) return CA_DEVICE_HOST;
     return st->distributed_type == CA_DIST_XLA ? CA_DEVICE_LAZY : CA_DEVICE_GPU;
 }

@@ -117,6 +117,8 @@ typedef struct ca_zero {
     int norder;
     bool order_known;            /* set at the first backward: from then on prefetches follow order */
     uint64_t gathers, prefetched; /* gathers issued, and of them those issued ahead of their unit */
+    size_t held_peak;            /* the most bytes of gathered parameters and unit gradients held at once
+                                  * (estimate-memory --run's report, memory_report.c) */
     struct ca_zero_load *load;   /* a sharded checkpoint read and checked, not yet applied (zero_state.c) */
 } ca_zero;
 

@@ -141,6 +141,18 @@ static ca_status gather_start(ca_zero_unit *u, bool ahead) {
     return CA_OK;
 }
 
+/* The bytes stage 3 holds unsharded now, the gathered units' full parameters and the units' full
+ * gradient buffers, into held_peak: the memory report's "unsharded" (called where either grows). */
+static void note_held(ca_zero *z) {
+    size_t now = 0;
+    for (int k = 0; k < z->nunits; k++) {
+        const ca_zero_unit *u = &z->units[k];
+        if (u->gathered && u->n) now += (size_t)u->numel * sizeof(float);
+        if (u->grad) now += ca_tensor_nbytes(u->grad);
+    }
+    if (now > z->held_peak) z->held_peak = now;
+}
+
 /* Waits for the unit's gather and unpacks every rank's part into the parameters' storage. */
 static ca_status gather_finish(ca_zero_unit *u) {
     ca_accelerator *acc = u->acc;
@@ -164,6 +176,7 @@ static ca_status gather_finish(ca_zero_unit *u) {
     gather_drop(u);
     u->gathered = true;
     u->done = 0;
+    note_held(z);
     return CA_OK;
 }
 
@@ -199,6 +212,7 @@ static ca_status unit_grads(ca_zero_unit *u) {
     ca_zero *z = &acc->zero;
     int64_t n = u->by_part ? u->slice * z->world : u->numel;
     if (!(u->grad = ca_zero_persistent_zeros(acc->device, n))) return oom();
+    note_held(z);
     int64_t pos = 0;
     ca_status s = CA_OK;
     for (int j = 0; s == CA_OK && j < u->n; pos += z->params[u->idx[j]]->numel, j++) {

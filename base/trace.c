@@ -254,14 +254,28 @@ bool ca_profile_running(void) { return g.running; }
 bool ca_profile_recording(void) { return ca_trace_on(); }
 const char *ca_profile_last_path(void) { return g.last; }
 
+/* The kernel's boot id: ranks whose traces carry the same one read one CLOCK_MONOTONIC, so `caccel
+ * trace merge` may compare their times (a collective's last arrival); "" where it cannot be read. */
+static void boot_id(char *out, size_t n) {
+    out[0] = '\0';
+    FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
+    if (!f) return;
+    if (!fgets(out, (int)n, f)) out[0] = '\0';
+    fclose(f);
+    for (char *p = out; *p; p++)
+        if (!((*p >= '0' && *p <= '9') || (*p >= 'a' && *p <= 'f') || *p == '-')) { *p = '\0'; break; }
+}
+
 /* Writes the header (metadata events), every thread's events, and the closing bracket. */
 static bool write_events(FILE *f) {
     int pid = trace_pid();
+    char boot[64];
+    boot_id(boot, sizeof boot);
     fprintf(f, "{\"displayTimeUnit\":\"ms\",\"otherData\":{\"producer\":\"caccel\",\"rank\":%d,\"activities\":\"%s\","
-               "\"steps\":%ld,\"clock\":\"CLOCK_MONOTONIC\",\"clock_origin_ns\":%lld},\n\"traceEvents\":[\n"
+               "\"steps\":%ld,\"clock\":\"CLOCK_MONOTONIC\",\"clock_origin_ns\":%lld,\"boot_id\":\"%s\"},\n\"traceEvents\":[\n"
                "{\"ph\":\"M\",\"name\":\"process_name\",\"pid\":%d,\"tid\":0,\"ts\":0,\"args\":{\"name\":\"rank %d\"}},\n"
                "{\"ph\":\"M\",\"name\":\"process_sort_index\",\"pid\":%d,\"tid\":0,\"ts\":0,\"args\":{\"sort_index\":%d}}",
-            pid, g.activities, g.step, (long long)g.t_begin_ns, pid, pid, pid, pid);
+            pid, g.activities, g.step, (long long)g.t_begin_ns, boot, pid, pid, pid, pid);
     bool dropped = false;
     for (tbuf *b = g.bufs; b; b = b->next) {
         fprintf(f, ",\n{\"ph\":\"M\",\"name\":\"thread_name\",\"pid\":%d,\"tid\":%d,\"ts\":0,\"args\":{\"name\":\"thread %d\"}}",

@@ -336,7 +336,7 @@ static ca_tensor *bert_model_forward(ca_module *self, ca_tensor *x, void *ctx) {
 
 static ca_tensor *bert_cls_forward(ca_module *self, ca_tensor *x, void *ctx) {
     bert_cls *k = ctx;
-    ca_tensor *pooled = pooled_of(k->bert, x);
+    ca_tensor *pooled = ca_module_forward(k->bert, x);   /* its hooks: stage 3 gathers the encoder */
     pooled = ca_dropout(pooled, k->cfg.hidden_dropout_prob, self->training);
     return ca_module_forward(k->classifier, pooled);
 }

@@ -4,7 +4,10 @@ profile_check.py single TRACE      one rank's trace: well-formed events, kernel 
                                     dtype, device and FLOPs, backward nodes, the allocator's counter
                                     track, dataloader waits, the checkpoint save, step markers
 profile_check.py ranks DIR N        DIR/trace_rank0..N-1.json: each as above, collectives with the same
-                                    sequence numbers on every rank; DIR/trace_merged.json holds them all
+                                    sequence numbers on every rank; DIR/trace_merged.json holds them all,
+                                    each split into waiting for peers and moving data
+profile_check.py split MERGED       every collective of a merged trace split into waiting for peers and
+                                    moving data
 profile_check.py steps TRACE K      exactly K recorded steps (ProfilerStep markers)
 profile_check.py names TRACE N...   a well-formed trace with slices of each name N
 """
@@ -91,8 +94,42 @@ def ranks(d, n):
     pids = {e["pid"] for e in merged}
     if pids != set(range(n)):
         fail("merged trace holds pids %r, not 0..%d" % (pids, n - 1))
+    split(merged)
     print("ok: %d ranks, %d collectives each with matching sequence numbers; merged trace holds every rank"
           % (n, len(seqs[0])))
+
+
+def split(merged):
+    """Every collective of the merged trace split at the last rank's arrival: peers_wait_us (from this
+    rank's issue to the last rank's, on the merged timeline) plus transfer_us is the slice's duration,
+    every rank names the same last_arrival, which waited for no one."""
+    groups = {}
+    for e in merged:
+        if e.get("cat") == "collective":
+            groups.setdefault((e["args"]["comm"], e["args"]["seq"]), []).append(e)
+    for key, evs in groups.items():
+        for e in evs:
+            a = e["args"]
+            for k in ("peers_wait_us", "transfer_us", "last_arrival"):
+                if k not in a:
+                    fail("merged collective %r without %s: %r" % (key, k, e))
+            if a["peers_wait_us"] < 0 or a["transfer_us"] < 0 or abs(a["peers_wait_us"] + a["transfer_us"] - e["dur"]) > 2e-3:
+                fail("merged collective %r: peers_wait_us + transfer_us is not its duration: %r" % (key, e))
+        last = {e["args"]["last_arrival"] for e in evs}
+        if len(last) != 1:
+            fail("collective %r: the ranks name different last arrivals %r" % (key, last))
+        first_ts = max(e["ts"] for e in evs)   # the last rank's issue
+        for e in evs:
+            want = min(max(first_ts - e["ts"], 0), e["dur"])
+            if abs(e["args"]["peers_wait_us"] - want) > 2e-3:
+                fail("collective %r, rank %d: peers_wait_us %r, not the %r to the last arrival" %
+                     (key, e["args"]["rank"], e["args"]["peers_wait_us"], want))
+            if e["args"]["rank"] == next(iter(last)) and e["args"]["peers_wait_us"] != 0:
+                fail("collective %r: the last to arrive waited for peers: %r" % (key, e))
+    waited = sum(e["args"]["peers_wait_us"] for evs in groups.values() for e in evs)
+    moved = sum(e["args"]["transfer_us"] for evs in groups.values() for e in evs)
+    print("ok: %d collectives split: %.1f us waiting for peers, %.1f us moving data (all ranks)"
+          % (len(groups), waited, moved))
 
 
 def steps(path, k):
@@ -115,6 +152,8 @@ if __name__ == "__main__":
         single(sys.argv[2])
     elif sys.argv[1] == "ranks":
         ranks(sys.argv[2], int(sys.argv[3]))
+    elif sys.argv[1] == "split":
+        split(load(sys.argv[2]))
     elif sys.argv[1] == "names":
         names(sys.argv[2], sys.argv[3:])
     else:

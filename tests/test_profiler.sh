@@ -5,7 +5,8 @@
 # nodes, the allocator's counter track, dataloader waits, the checkpoint save, the lazy device's
 # graph compiles and runs and, at 2 ranks,
 # the collectives with the same sequence numbers on both; `caccel trace merge DIR` puts both ranks
-# on one timeline; the schedule's keys come from the environment; an unwritable directory is
+# on one timeline and splits each collective into waiting for peers and moving data (not for ranks
+# on different machines' clocks); the schedule's keys come from the environment; an unwritable directory is
 # refused at the start. The events are checked with python's json module (tests/profile_check.py);
 # where Perfetto's trace processor (PyPI perfetto) imports and starts, the same facts are queried
 # with it too, else that part says it is skipped.
@@ -53,8 +54,27 @@ if have gloo; then
     "$CACCEL" trace merge "$WORK/t2" > "$WORK/om" 2>&1 || { cat "$WORK/om"; fail "caccel trace merge"; }
     count 1 "merged 2 ranks into $WORK/t2/trace_merged.json" "$WORK/om"
     "$PY" "$CHECK_PY" ranks "$WORK/t2" 2 || fail "traces of 2 ranks"
+    count 1 "^caccel trace: [1-9][0-9]* collective slices split into waiting for peers and moving data" "$WORK/om"
+    # ranks on different clocks (another boot_id: another machine) are merged but not split
+    mkdir -p "$WORK/t2b"
+    cp "$WORK/t2/trace_rank0.json" "$WORK/t2b/"
+    sed 's/"boot_id":"[^"]*"/"boot_id":"another-machine"/' "$WORK/t2/trace_rank1.json" > "$WORK/t2b/trace_rank1.json"
+    "$CACCEL" trace merge "$WORK/t2b" > "$WORK/omb" 2>&1 || { cat "$WORK/omb"; fail "merge of two clocks"; }
+    count 1 "split into waiting for peers and moving data (peers_wait_us, transfer_us); [1-9][0-9]* not: a rank's record missing or the ranks on different machines' clocks" "$WORK/omb"
+    grep -q peers_wait_us "$WORK/t2b/trace_merged.json" && fail "collectives of two clocks were split"
 else
     echo "skipped-part: 2 ranks (the Gloo plugin was not built)"
+fi
+if have mpi && command -v "${MPIRUN:-mpirun}" >/dev/null 2>&1; then
+    note "2 ranks under mpirun (MPI): caccel trace merge splits each collective"
+    # shellcheck disable=SC2086
+    launch 2 mpi "$DDP" --mode plain --batch 8 --steps 2 --profile --output_trace_dir "$WORK/t6" > "$WORK/o6" ||
+        { cat "$WORK/o6"; fail "2 ranks profiled under MPI"; }
+    "$CACCEL" trace merge "$WORK/t6" > "$WORK/om6" 2>&1 || { cat "$WORK/om6"; fail "caccel trace merge (MPI)"; }
+    count 1 "^caccel trace: [1-9][0-9]* collective slices split into waiting for peers and moving data" "$WORK/om6"
+    "$PY" "$CHECK_PY" split "$WORK/t6/trace_merged.json" || fail "MPI's collectives split"
+else
+    echo "skipped-part: 2 ranks under MPI (the MPI plugin or mpirun is missing)"
 fi
 "$CACCEL" trace merge "$WORK/nothing" > "$WORK/on" 2>&1 && fail "merge of a missing directory succeeded"
 count 1 "cannot open directory '$WORK/nothing'" "$WORK/on"

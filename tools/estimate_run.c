@@ -13,8 +13,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#define ER_FIELDS 5
-static const char *const er_keys[ER_FIELDS] = {"parameters", "gradients", "optimizer_state", "activations", "peak"};
+#define ER_FIELDS 6
+static const char *const er_keys[ER_FIELDS] = {"parameters", "gradients", "optimizer_state", "unsharded", "activations",
+                                               "peak"};
 
 typedef struct er_rank {
     unsigned long long v[ER_FIELDS];
@@ -47,10 +48,7 @@ static int er_spawn(const ca_em_run *r, const char *report) {
     pid_t pid = fork();
     if (pid == 0) {
         setenv("CACCEL_MEMORY_REPORT", report, 1);
-        if (!r->measure) {            /* the lazy device; use_cpu would win over it */
-            setenv("CACCEL_USE_XLA", "1", 1);
-            unsetenv("ACCELERATE_USE_CPU");
-        }
+        if (!r->measure) setenv("CACCEL_MEMORY_ESTIMATE", "1", 1);   /* the lazy device, whatever the type */
         execvp(v[0], v);
         fprintf(stderr, "caccel estimate-memory: error: cannot run %s: %s\n", v[0], strerror(errno));
         _exit(127);
@@ -99,13 +97,21 @@ static void er_print(const ca_em_run *r, const er_rank *ranks) {
     }
     printf("Memory of one training step of `%s`, %d process%s, %s on the %s device\n", r->argv[0], r->nprocs,
            r->nprocs == 1 ? "" : "es", r->measure ? "measured" : "estimated", ranks[0].device);
-    printf("%-5s %14s %14s %16s %14s %14s\n", "rank", "parameters", "gradients", "optimizer state", "activations",
-           "peak");
-    for (int i = 0; i < r->nprocs; i++)
-        printf("%-5d %14llu %14llu %16llu %14llu %14llu\n", i, ranks[i].v[0], ranks[i].v[1], ranks[i].v[2],
-               ranks[i].v[3], ranks[i].v[4]);
-    printf("(bytes; activations: the peak less the model states, temporaries included%s)\n",
-           ranks[0].zero ? "; under ZeRO the states live in flat shards, so the split counts them as activations" : "");
+    int zero = ranks[0].zero;
+    static const char *const sharded[] = {"", "the optimizer state", "the optimizer state and gradients",
+                                          "the optimizer state, gradients and parameters"};
+    if (zero >= 1 && zero <= 3) printf("ZeRO stage %d: each rank holds its shard of %s\n", zero, sharded[zero]);
+    printf("%-5s %14s %14s %16s %14s %14s %14s\n", "rank", "parameters", "gradients", "optimizer state", "unsharded",
+           "activations", "peak");
+    for (int i = 0; i < r->nprocs; i++) {
+        printf("%-5d", i);
+        for (int k = 0; k < ER_FIELDS; k++) printf(" %*llu", k == 2 ? 16 : 14, ranks[i].v[k]);
+        printf("\n");
+    }
+    printf("(bytes; unsharded: %s; activations: the peak less the rest, temporaries included)\n",
+           zero == 2 ? "the flat gradient of every parameter, held from the backward to its reduce-scatter"
+           : zero == 3 ? "the most bytes of gathered units (full parameters and gradients) held at once"
+                       : "none, the model states are whole");
 }
 
 int ca_em_run_program(const ca_em_run *r) {
