@@ -53,10 +53,24 @@ gpu_start() {
     (cd "$top" && nice -n 10 bash "$top/tests/test_gpu_check.sh" > "$gpu_log" 2>&1) &
     gpu_pid=$!
 }
+# The fuzzers' build (the fuzzing stage's first half) starts beside make check in the same way.
+# Only the library's objects and the fuzz programs are built, with clang and warnings as errors.
+fuzz_pid="" fuzz_started=0
+fuzz_build() {
+    rm -rf "$top/_build-fuzz" && mkdir -p "$top/_build-fuzz" && cd "$top/_build-fuzz" &&
+        { "$top/configure" -q CC=clang CXX=clang++ --enable-fuzzing --enable-werror &&
+            make -j"$jobs" fuzz-build; } >build.log 2>&1
+}
+fuzz_start() {
+    fuzz_started=$SECONDS
+    (renice -n 10 -p "$BASHPID" >/dev/null 2>&1; fuzz_build) &
+    fuzz_pid=$!
+}
 
 stage "build with -Werror, make check"
 if build "$top/_build-ci" --enable-werror --prefix="$top/_build-ci/_inst"; then
     gpu_start
+    fuzz_start
     make -j"$check_jobs" check-slowest-first >/dev/null 2>&1
     count "$top/_build-ci/test-suite.log"
 else
@@ -159,13 +173,11 @@ fuzz_one() {   # fuzz_one TARGET: its verdict in _build-fuzz/fuzz-TARGET.verdict
         { tail -30 "$d/fuzz-$t.out"; echo "FAIL: fuzz_$t (input kept in _build-fuzz/fuzz-$t/)"; } >"$d/fuzz-$t.verdict"
     fi
 }
-# Only the library's objects and the fuzz programs are built, with clang and warnings as errors.
-fuzz_build() {
-    rm -rf "$top/_build-fuzz" && mkdir -p "$top/_build-fuzz" && cd "$top/_build-fuzz" &&
-        { "$top/configure" -q CC=clang CXX=clang++ --enable-fuzzing --enable-werror &&
-            make -j"$jobs" fuzz-build; } >build.log 2>&1
-}
-if fuzz_build; then
+[ -n "$fuzz_pid" ] || fuzz_start
+wait "$fuzz_pid"
+fuzz_rc=$?
+echo "(its build started at $fuzz_started s)"
+if [ "$fuzz_rc" -eq 0 ]; then
     cd "$top"
     targets=$(sed -n 's/^FUZZ_TARGETS = //p' "$top/tests/fuzz.mk")
     running=0
