@@ -42,8 +42,35 @@ check_jobs=$((jobs + 1))
 
 ./bootstrap >/dev/null 2>&1 || { echo "bootstrap failed"; echo "0 passed, 1 failed"; exit 1; }
 
+# The GPU machine's command without a GPU (its stage below: a bundle, a copy of the tree, one more build
+# and its tests one at a time) starts as soon as the -Werror build is done and runs beside make check,
+# whose multi-process tests leave CPU idle while they wait; nice gives the tests the CPU first. Its
+# output waits in a file until its stage reports it.
+gpu_log=$(mktemp "${TMPDIR:-/tmp}/caccel-gpu-check.XXXXXX") gpu_pid="" gpu_started=0
+trap 'rm -f "$gpu_log"' EXIT
+gpu_start() {
+    gpu_started=$SECONDS
+    (cd "$top" && nice -n 10 bash "$top/tests/test_gpu_check.sh" > "$gpu_log" 2>&1) &
+    gpu_pid=$!
+}
+# The fuzzers' build (the fuzzing stage's first half) starts beside make check in the same way.
+# Only the library's objects and the fuzz programs are built, with clang and warnings as errors.
+fuzz_pid="" fuzz_started=0
+fuzz_build() {
+    rm -rf "$top/_build-fuzz" && mkdir -p "$top/_build-fuzz" && cd "$top/_build-fuzz" &&
+        { "$top/configure" -q CC=clang CXX=clang++ --enable-fuzzing --enable-werror &&
+            make -j"$jobs" fuzz-build; } >build.log 2>&1
+}
+fuzz_start() {
+    fuzz_started=$SECONDS
+    (renice -n 10 -p "$BASHPID" >/dev/null 2>&1; fuzz_build) &
+    fuzz_pid=$!
+}
+
 stage "build with -Werror, make check"
 if build "$top/_build-ci" --enable-werror --prefix="$top/_build-ci/_inst"; then
+    gpu_start
+    fuzz_start
     make -j"$check_jobs" check-slowest-first >/dev/null 2>&1
     count "$top/_build-ci/test-suite.log"
 else
@@ -102,8 +129,13 @@ cd "$top"
 stage "the GPU machine's command without a GPU (tests/test_gpu_check.sh)"
 # tools/gpu-check.sh --no-gpu on the bundle of tools/gpu-bundle.sh unpacked into an empty copy of the
 # tree: a broken bundle or build shows here, not in a GPU machine's few minutes (docs/CUDA.md)
-out=$(bash "$top/tests/test_gpu_check.sh" 2>&1)
-case $? in
+[ -n "$gpu_pid" ] || gpu_start
+waited=$SECONDS
+wait "$gpu_pid"
+rc=$?
+echo "(started at $gpu_started s; waited $((SECONDS - waited)) s for it here)"
+out=$(cat "$gpu_log")
+case $rc in
     0) echo "$out" | tail -1; pass=$((pass + 1)) ;;
     77) echo "$out" | tail -1; skip=$((skip + 1)) ;;
     *) echo "$out" | tail -25; echo "FAIL: test_gpu_check"; fail=$((fail + 1)) ;;
@@ -141,13 +173,11 @@ fuzz_one() {   # fuzz_one TARGET: its verdict in _build-fuzz/fuzz-TARGET.verdict
         { tail -30 "$d/fuzz-$t.out"; echo "FAIL: fuzz_$t (input kept in _build-fuzz/fuzz-$t/)"; } >"$d/fuzz-$t.verdict"
     fi
 }
-# Only the library's objects and the fuzz programs are built, with clang and warnings as errors.
-fuzz_build() {
-    rm -rf "$top/_build-fuzz" && mkdir -p "$top/_build-fuzz" && cd "$top/_build-fuzz" &&
-        { "$top/configure" -q CC=clang CXX=clang++ --enable-fuzzing --enable-werror &&
-            make -j"$jobs" fuzz-build; } >build.log 2>&1
-}
-if fuzz_build; then
+[ -n "$fuzz_pid" ] || fuzz_start
+wait "$fuzz_pid"
+fuzz_rc=$?
+echo "(its build started at $fuzz_started s)"
+if [ "$fuzz_rc" -eq 0 ]; then
     cd "$top"
     targets=$(sed -n 's/^FUZZ_TARGETS = //p' "$top/tests/fuzz.mk")
     running=0
