@@ -310,8 +310,14 @@ ca_tensor *ca_causal_lm_loss(ca_tensor *logits, ca_tensor *labels) {
                  "with length >= 2 are needed");
         return NULL;
     }
-    int64_t b = logits->shape[0], t = logits->shape[1] - 1, v = logits->shape[2];
-    ca_tensor *x = ca_reshape(ca_contiguous(ca_narrow(logits, 1, 0, t)), 2, (int64_t[]){b * t, v});
-    ca_tensor *y = ca_reshape(ca_contiguous(ca_narrow(labels, 1, 1, t)), 1, (int64_t[]){b * t});
+    /* transformers' shift by the labels: every position's logits against the next label, the last
+     * position's against -100 (ignored; the mean counts the same tokens as logits[:, :-1] against
+     * labels[:, 1:]). The logits stay one [B * T, V] view, not a copy of logits[:, :-1] and a scatter
+     * of its gradient into zeros: three passes over [B, T, V] less. */
+    int64_t b = logits->shape[0], t = logits->shape[1], v = logits->shape[2];
+    ca_tensor *x = ca_reshape(logits, 2, (int64_t[]){b * t, v});
+    ca_tensor *tail = ca_full(ca_tdev(labels), labels->dtype, 2, (int64_t[]){b, 1}, -100.0);
+    ca_tensor *parts[2] = {ca_narrow(labels, 1, 1, t - 1), tail};
+    ca_tensor *y = parts[0] && tail ? ca_reshape(ca_concat(2, parts, 1), 1, (int64_t[]){b * t}) : NULL;
     return x && y ? ca_cross_entropy(x, y) : NULL;
 }

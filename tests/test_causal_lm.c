@@ -170,6 +170,34 @@ static void test_loss(void **state) {
     ca_scope_release_all();
 }
 
+/* The loss reads the logits [B, T, V] where an output layer wrote them: no copy of logits[:, :-1] in the
+ * forward, and in the backward only the logits' own gradient (no scatter of a [B, T - 1, V] gradient into
+ * zeros), which the layer's backward reads. */
+static void test_loss_no_logits_copy(void **state) {
+    (void)state;
+    const int64_t b = 2, t = 64, d = 8, v = 1000;
+    ca_device *dev = ca_cpu_device();
+    ca_tensor *h = T_NN(ca_rand_normal(dev, CA_F32, 3, (int64_t[]){b, t, d}, 0.0f, 1.0f));
+    ca_tensor *w = T_NN(ca_rand_normal(dev, CA_F32, 2, (int64_t[]){v, d}, 0.0f, 1.0f));
+    ca_tensor_set_requires_grad(w, true);
+    int64_t *lab = malloc((size_t)(b * t) * sizeof *lab);
+    for (int64_t i = 0; i < b * t; i++) lab[i] = (i * 37) % v;
+    ca_tensor *labels = ids_tensor(b, t, lab);
+    free(lab);
+    ca_tensor *logits = T_NN(ca_linear(h, w, NULL));
+    size_t bytes = ca_tensor_nbytes(logits);
+    ca_allocator_stats st0, st1;
+    T_OK(ca_device_memory_stats(dev, &st0));
+    T_OK(ca_device_reset_peak_stats(dev));
+    ca_tensor *loss = T_NN(ca_causal_lm_loss(logits, labels));
+    T_OK(ca_device_memory_stats(dev, &st1));
+    assert_true(st1.peak_allocated - st0.allocated < bytes / 4);   /* the labels and the rows' lse */
+    T_OK(ca_autograd_backward(loss));
+    T_OK(ca_device_memory_stats(dev, &st1));
+    assert_true(st1.peak_allocated - st0.allocated < bytes + bytes / 4);   /* + the logits' gradient */
+    ca_scope_release_all();
+}
+
 static ca_module *tiny_model(const char *json) {
     ca_causal_lm_config c;
     T_OK(load_text(json, &c));
@@ -415,6 +443,7 @@ int main(void) {
         cmocka_unit_test(test_config),
         cmocka_unit_test(test_config_refusals),
         cmocka_unit_test(test_loss),
+        cmocka_unit_test(test_loss_no_logits_copy),
         cmocka_unit_test(test_sliding_window),
         cmocka_unit_test(test_names_save_load),
         cmocka_unit_test(test_rope_llama3),
