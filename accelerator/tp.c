@@ -299,12 +299,15 @@ static ca_status tp_split(tp_walk *w, ca_module *l, const char *name, int style,
     ca_forward_fn *np = nt ? realloc(m->tp_plain, (size_t)(m->ntp + 1) * sizeof *np) : NULL;
     if (np) m->tp_plain = np;
     ca_forward_fn *nf = np ? realloc(m->tp_fwd, (size_t)(m->ntp + 1) * sizeof *nf) : NULL;
-    if (!nf) return ca_error(CA_ERR_NOMEM, "out of host memory");
-    m->tp_fwd = nf;
+    if (nf) m->tp_fwd = nf;
+    void **nc = nf ? realloc(m->tp_plain_ctx, (size_t)(m->ntp + 1) * sizeof *nc) : NULL;
+    if (!nc) return ca_error(CA_ERR_NOMEM, "out of host memory");
+    m->tp_plain_ctx = nc;
     ca_forward_fn *fwd;
     void **ctx;
     tp_slot(l, &fwd, &ctx);
     m->tp_plain[m->ntp] = *fwd;
+    m->tp_plain_ctx[m->ntp] = *ctx;
     *fwd = emb ? vocab_embedding_forward : style == CA_TP_COLWISE ? colwise_forward : rowwise_forward;
     m->tp_fwd[m->ntp] = *fwd;
     m->tp[m->ntp++] = l;
@@ -362,8 +365,10 @@ void ca_tp_release(ca_accelerator *acc) {
     free(m->tp);
     free(m->tp_plain);
     free(m->tp_fwd);
+    free(m->tp_plain_ctx);
     m->tp = NULL;
     m->tp_plain = m->tp_fwd = NULL;
+    m->tp_plain_ctx = NULL;
     m->ntp = 0;
 }
 
@@ -374,7 +379,7 @@ void ca_tp_set_plain(ca_accelerator *acc, bool plain) {
         void **ctx;
         tp_slot(m->tp[i], &fwd, &ctx);
         *fwd = plain ? m->tp_plain[i] : m->tp_fwd[i];
-        *ctx = plain ? NULL : m->comm[CA_MESH_TP];   /* a split layer's plain forward (Linear, Embedding) has none */
+        *ctx = plain ? m->tp_plain_ctx[i] : m->comm[CA_MESH_TP];
         ca_lora_layer *lo = ca_lora_layer_of(m->tp[i]);
         if (lo) lo->tp_mix = plain ? NULL : m->tp_fwd[i] == rowwise_forward ? lora_mix_reduce : lora_mix_copy;
     }
