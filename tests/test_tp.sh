@@ -120,6 +120,9 @@ same "$WORK/c1.bin" "$WORK/c2.bin"
 note "$be: the split layers' gradients against central differences at tp 2"
 tlaunch 2 "$be" --parallelism_config_tp_size 2 -- --plan --mode gradcheck > "$WORK/o" || { cat "$WORK/o"; fail "gradcheck"; }
 count 2 'gradcheck ok' "$WORK/o"
+note "$be: LoRA adapters on the split layers (fc1's lora_B by rows, fc2's lora_A by columns) against central differences at tp 2"
+tlaunch 2 "$be" --parallelism_config_tp_size 2 -- --plan --lora --mode gradcheck > "$WORK/o" || { cat "$WORK/o"; fail "LoRA gradcheck"; }
+count 2 'gradcheck ok' "$WORK/o"
 
 note "$be: the vocabulary-parallel embedding, tied and colwise heads and cross-entropy at tp 2 == one process"
 "$TP" --mode vocab > "$WORK/o" 2>&1 || { cat "$WORK/o"; fail "vocab, 1 rank"; }
