@@ -254,6 +254,8 @@ ca_status ca_accelerator_create(const ca_options *opts, ca_accelerator **out) {
     *out = acc;
     return CA_OK;
 }
+static void tp_release(ca_accelerator *acc);
+
 
 void ca_accelerator_destroy(ca_accelerator *acc) {
     if (!acc) return;
@@ -266,7 +268,7 @@ void ca_accelerator_destroy(ca_accelerator *acc) {
         ca_dataloader_set_dispatch(acc->loaders[i], NULL, NULL);   /* the hook's context is acc */
         if (acc->sync_ops->release_loader) acc->sync_ops->release_loader(acc, acc->loaders[i]);
     }
-    ca_tp_release(acc);
+    tp_release(acc);
     for (int k = -1; k < acc->nextra; k++) {
         ca_module *m = k < 0 ? acc->model : acc->extra[k];
         if (!m) continue;
@@ -315,6 +317,13 @@ ca_status ca_set_seed(ca_accelerator *acc, uint64_t seed) {
 
 /* ------------------------------------------------------------------ prepare */
 
+/* Tensor parallelism lets the model go: a summon the program did not undo first gives each rank its slices
+ * and the parameters their gradients back (local), so that they are freed with the model. */
+static void tp_release(ca_accelerator *acc) {
+    while (acc->mesh && acc->mesh->summons > 0 && acc->model) ca_tp_full_params(acc, false);
+    ca_tp_release(acc);
+}
+
 /* A prepared object is being destroyed before the accelerator: drop every reference to it. */
 static void forget_model(ca_accelerator *acc, int g, bool last) {
     if (acc->sync_ops->forget_model) acc->sync_ops->forget_model(acc, g, last);
@@ -329,6 +338,7 @@ static void forget(void *owner, const void *obj) {
             acc->extra[i] = NULL;   /* kept as a hole: the group numbers stay */
         }
     if (obj == acc->model) {
+        tp_release(acc);
         forget_model(acc, 0, !acc->nextra);
         acc->model = NULL;
     }

@@ -20,6 +20,10 @@ typedef struct ca_mesh {
                                         * ranks (same cp and tp coordinates), over which gradients average */
     int ntp;                           /* Linear modules made tensor-parallel at prepare */
     ca_module **tp;
+    ca_forward_fn *tp_plain;           /* each one's forward before the split (ca_summon_full_params runs it) */
+    ca_forward_fn *tp_fwd;             /* and the tensor-parallel one the plan gave it (its style) */
+    void **tp_plain_ctx;               /* the plain forward's context */
+    int summons;                       /* ca_tp_summon(on) calls not yet undone (nested: a save while summoned) */
     ca_tp_whole *whole;                /* between ca_tp_summon(acc, true) and (acc, false) */
     int nwhole;
 } ca_mesh;
@@ -42,8 +46,15 @@ int ca_tp_split_dim(const ca_accelerator *acc, const ca_tensor *t);
  * state of it, gathered over the tp communicator into the whole tensor on every rank (collective; the same
  * objects, resized in place), so that save_state / save_model write what one process writes and
  * load_state / load_model read it; off: each rank keeps its slice again (local), gradients as they were.
- * Nothing without a mesh, or when already in that state. A failed `on` leaves every tensor split. */
+ * Nothing without a mesh. Calls nest (a save inside ca_summon_full_params): only the first `on` gathers
+ * and the last `off` splits. A failed `on` leaves every tensor split and counts nothing. */
 ca_status ca_tp_summon(ca_accelerator *acc, bool on);
+/* ca_summon_full_params under tensor parallelism: on, every split parameter whole (ca_tp_summon) and the
+ * split layers running their plain forward, as one process runs the model (generation, an adapter's save);
+ * off, each rank's slices and the tensor-parallel forwards again. Collective over tp. */
+ca_status ca_tp_full_params(ca_accelerator *acc, bool on);
+/* The split layers' forwards: plain (one process's, for whole parameters) or tensor-parallel (tp.c). */
+void ca_tp_set_plain(ca_accelerator *acc, bool plain);
 /* Applies model m's ca_tp_plan over the tp communicator (tp.c): with a mesh, a model without a plan is
  * refused; without one, nothing. */
 ca_status ca_tp_apply(ca_accelerator *acc, ca_module *m);

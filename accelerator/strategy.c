@@ -1,5 +1,6 @@
 /* The table of gradient-synchronisation strategies (sync_impl.h) and the one choice among them.
  * Adding a strategy: its own sync_<name>.c defining a ca_sync_strategy, and one row here. */
+#include "accelerator/mesh_impl.h"
 #include "accelerator/sync_impl.h"
 
 /* In order of precedence: the first row whose `selected` says yes is the run's strategy.
@@ -21,5 +22,7 @@ ca_status ca_sync_select(ca_accelerator *acc) {
 
 ca_status ca_summon_full_params(ca_accelerator *acc, bool on) {
     if (!acc) return ca_error(CA_ERR_INVALID, "ca_summon_full_params: accelerator is NULL");
-    return acc->sync_ops->summon ? acc->sync_ops->summon(acc, on) : CA_OK;
+    ca_status s = acc->sync_ops->summon ? acc->sync_ops->summon(acc, on) : CA_OK;
+    ca_status t = s == CA_OK || !on ? ca_tp_full_params(acc, on) : CA_OK;   /* tensor parallelism's slices */
+    return s != CA_OK ? s : t;
 }

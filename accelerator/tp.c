@@ -4,6 +4,7 @@
  * (identity forward, all-reduce of the gradient backward) in front of a colwise layer, tp_reduce
  * (all-reduce forward, identity backward) after a rowwise one, the embedding and the loss's sums. */
 #include "accelerator/mesh_impl.h"
+#include "nn/lora_impl.h"
 #include "tensor/ops_impl.h"
 
 #include <stdio.h>
@@ -210,6 +211,35 @@ ca_tensor *ca_tp_cross_entropy(const ca_module *head, ca_tensor *logits, ca_tens
     return vocab_cross_entropy(head->ctx, logits, labels);
 }
 
+/* ------------------------------------------------------------------ LoRA adapters on split layers */
+
+/* A colwise base: lora_A (whole) gives every rank the same r-wide product, lora_B (this rank's output rows)
+ * its part of the output; the product's gradient is all-reduced over tp, so that lora_A's gradient and the
+ * input's through it are whole (each rank's lora_B rows contribute a part). */
+static ca_tensor *lora_mix_copy(ca_tensor *h, void *tp) {
+    if (!tp) {
+        ca_error(CA_ERR_STATE, "a LoRA adapter on a tensor-parallel layer runs only while the accelerator that "
+                 "split it exists");
+        return NULL;
+    }
+    return tp_copy(h, tp);
+}
+
+/* A rowwise base: lora_A holds this rank's input columns, so its product is a partial sum; summed over tp
+ * before lora_B (whole, r columns: a small all-reduce), which then gets its whole gradient on every rank. */
+static ca_tensor *lora_mix_reduce(ca_tensor *h, void *tp) {
+    if (!tp) return lora_mix_copy(h, tp);
+    return tp_reduce_what(h, tp, "LoRA adapter on a tensor-parallel Linear (rowwise): lora_A's products");
+}
+
+/* Where the plan puts a split layer's forward and its communicator: the module's own, or under a LoRA
+ * adapter its base layer's (the adapter's forward calls it, then adds its own product). */
+static void tp_slot(ca_module *l, ca_forward_fn **fwd, void ***ctx) {
+    ca_lora_layer *lo = ca_lora_layer_of(l);
+    *fwd = lo ? &lo->base_forward : &l->forward;
+    *ctx = lo ? &lo->base_ctx : &l->ctx;
+}
+
 /* ------------------------------------------------------------------ the plan */
 
 typedef struct tp_walk {
@@ -221,9 +251,11 @@ typedef struct tp_walk {
 /* Whether the plan can split l: a Linear either way, an Embedding rowwise (its rows: torch's
  * RowwiseParallel on an nn.Embedding), without padding_idx (its forward's context holds that). */
 static ca_status tp_splittable(const ca_module *l, const char *name, int style, bool emb) {
-    if (!emb && (strcmp(l->type, "Linear") != 0 || l->nparams < 1 || l->params[0]->ndim != 2))
-        return ca_error(CA_ERR_UNSUPPORTED, "ca_tp_plan: \"%s\" is a %s; caccel splits Linear and Embedding layers "
-                        "only (not yet norms)", name, l->type);
+    const ca_lora_layer *lo = ca_lora_layer_of(l);   /* PEFT's lora.Linear: its base layer is split */
+    const char *type = lo ? lo->base_type : l->type;
+    if (!emb && (strcmp(type, "Linear") != 0 || l->nparams < 1 || l->params[0]->ndim != 2))
+        return ca_error(CA_ERR_UNSUPPORTED, "ca_tp_plan: \"%s\" is a %s%s; caccel splits Linear and Embedding layers "
+                        "only (not yet norms)", name, type, lo ? " under a LoRA adapter" : "");
     if (emb && style != CA_TP_ROWWISE)
         return ca_error(CA_ERR_UNSUPPORTED, "ca_tp_plan: Embedding \"%s\" can be split \"rowwise\" only (its "
                         "vocabulary rows); colwise (its embedding dimension) is not supported yet", name);
@@ -257,13 +289,33 @@ static ca_status tp_split(tp_walk *w, ca_module *l, const char *name, int style,
     s = ca_tensor_narrow_(wt, dim, parts, r * part, part);
     if (s == CA_OK && l->nparams > 1 && style == CA_TP_COLWISE)
         s = ca_tensor_narrow_(l->params[1], 0, parts, r * part, part);
+    ca_lora_layer *lo = ca_lora_layer_of(l);   /* lora_B [out, r] by its rows, lora_A [r, in] by its columns */
+    if (s == CA_OK && lo)
+        s = style == CA_TP_COLWISE ? ca_tensor_narrow_(lo->b->params[0], 0, parts, r * part, part)
+                                   : ca_tensor_narrow_(lo->a->params[0], 1, parts, r * part, part);
     if (s != CA_OK) return ca_error_context("splitting \"%s\" over the tp ranks (rank %d)", name, w->acc->rank);
     ca_module **nt = realloc(m->tp, (size_t)(m->ntp + 1) * sizeof *nt);
-    if (!nt) return ca_error(CA_ERR_NOMEM, "out of host memory");
-    m->tp = nt;
+    if (nt) m->tp = nt;
+    ca_forward_fn *np = nt ? realloc(m->tp_plain, (size_t)(m->ntp + 1) * sizeof *np) : NULL;
+    if (np) m->tp_plain = np;
+    ca_forward_fn *nf = np ? realloc(m->tp_fwd, (size_t)(m->ntp + 1) * sizeof *nf) : NULL;
+    if (nf) m->tp_fwd = nf;
+    void **nc = nf ? realloc(m->tp_plain_ctx, (size_t)(m->ntp + 1) * sizeof *nc) : NULL;
+    if (!nc) return ca_error(CA_ERR_NOMEM, "out of host memory");
+    m->tp_plain_ctx = nc;
+    ca_forward_fn *fwd;
+    void **ctx;
+    tp_slot(l, &fwd, &ctx);
+    m->tp_plain[m->ntp] = *fwd;
+    m->tp_plain_ctx[m->ntp] = *ctx;
+    *fwd = emb ? vocab_embedding_forward : style == CA_TP_COLWISE ? colwise_forward : rowwise_forward;
+    m->tp_fwd[m->ntp] = *fwd;
     m->tp[m->ntp++] = l;
-    l->forward = emb ? vocab_embedding_forward : style == CA_TP_COLWISE ? colwise_forward : rowwise_forward;
-    l->ctx = m->comm[CA_MESH_TP];
+    *ctx = m->comm[CA_MESH_TP];
+    if (lo) {
+        lo->tp_mix = style == CA_TP_COLWISE ? lora_mix_copy : lora_mix_reduce;
+        lo->tp_ctx = m->comm[CA_MESH_TP];
+    }
     w->matched++;
     return CA_OK;
 }
@@ -284,6 +336,8 @@ ca_status ca_tp_apply(ca_accelerator *acc, ca_module *m) {
     if (!acc->mesh) return CA_OK;
     const char *tpo = ca_config_origin(acc->cfg, "parallelism_config.parallelism_config_tp_size");
     int tp = acc->mesh->shape.size[CA_MESH_TP];
+    if (m->tp_prepare && m->tp_prepare(m, tp) != CA_OK)   /* the model's own plan (base_model_tp_plan) */
+        return ca_error_context("ca_prepare: parallelism_config_tp_size %d (from %s)", tp, tpo);
     if (!m->ntp)
         return ca_error(CA_ERR_UNSUPPORTED, "ca_prepare: parallelism_config_tp_size %d (from %s) needs a tensor-parallel "
                         "plan on the model (ca_tp_plan(model, \"fc1\", \"colwise\"), ...); a model without one is "
@@ -298,11 +352,37 @@ ca_status ca_tp_apply(ca_accelerator *acc, ca_module *m) {
 }
 
 void ca_tp_release(ca_accelerator *acc) {
-    if (!acc->mesh) return;
-    for (int i = 0; acc->model && i < acc->mesh->ntp; i++) acc->mesh->tp[i]->ctx = NULL;
-    free(acc->mesh->tp);
-    acc->mesh->tp = NULL;
-    acc->mesh->ntp = 0;
+    ca_mesh *m = acc->mesh;
+    if (!m) return;
+    for (int i = 0; acc->model && i < m->ntp; i++) {
+        ca_forward_fn *fwd;
+        void **ctx;
+        tp_slot(m->tp[i], &fwd, &ctx);
+        *ctx = NULL;
+        ca_lora_layer *lo = ca_lora_layer_of(m->tp[i]);
+        if (lo) lo->tp_ctx = NULL;
+    }
+    free(m->tp);
+    free(m->tp_plain);
+    free(m->tp_fwd);
+    free(m->tp_plain_ctx);
+    m->tp = NULL;
+    m->tp_plain = m->tp_fwd = NULL;
+    m->tp_plain_ctx = NULL;
+    m->ntp = 0;
+}
+
+void ca_tp_set_plain(ca_accelerator *acc, bool plain) {
+    ca_mesh *m = acc->mesh;
+    for (int i = 0; m && i < m->ntp; i++) {
+        ca_forward_fn *fwd;
+        void **ctx;
+        tp_slot(m->tp[i], &fwd, &ctx);
+        *fwd = plain ? m->tp_plain[i] : m->tp_fwd[i];
+        *ctx = plain ? m->tp_plain_ctx[i] : m->comm[CA_MESH_TP];
+        ca_lora_layer *lo = ca_lora_layer_of(m->tp[i]);
+        if (lo) lo->tp_mix = plain ? NULL : m->tp_fwd[i] == rowwise_forward ? lora_mix_reduce : lora_mix_copy;
+    }
 }
 
 bool ca_tp_is_split(const ca_accelerator *acc, const ca_tensor *t) {
@@ -312,8 +392,12 @@ bool ca_tp_is_split(const ca_accelerator *acc, const ca_tensor *t) {
 int ca_tp_split_dim(const ca_accelerator *acc, const ca_tensor *t) {
     for (int i = 0; acc->mesh && i < acc->mesh->ntp; i++) {
         const ca_module *l = acc->mesh->tp[i];   /* a rowwise layer's bias is whole */
-        if (l->forward == colwise_forward && l->nparams > 1 && l->params[1] == t) return 0;
-        if (l->params[0] == t) return l->forward == rowwise_forward ? 1 : 0;   /* an Embedding: its rows */
+        ca_forward_fn f = acc->mesh->tp_fwd[i];
+        const ca_lora_layer *lo = ca_lora_layer_of(l);
+        if (f == colwise_forward && l->nparams > 1 && l->params[1] == t) return 0;
+        if (l->params[0] == t) return f == rowwise_forward ? 1 : 0;   /* an Embedding: its rows */
+        if (lo && f == colwise_forward && lo->b->params[0] == t) return 0;   /* lora_B's output rows */
+        if (lo && f == rowwise_forward && lo->a->params[0] == t) return 1;   /* lora_A's input columns */
     }
     return -1;
 }

@@ -22,6 +22,11 @@ static ca_status tp_split_of(const ca_accelerator *acc, ca_module *model, const 
     snprintf(mod, sizeof mod, "%.*s", len, name);
     *parts = 1;
     int style = ca_tp_plan_match(model, mod, parts);
+    size_t ml = strlen(mod);   /* a LoRA adapter's lora_A / lora_B: split as the plan split its base layer */
+    if (!style && ml > 7 && (!strcmp(mod + ml - 7, ".lora_A") || !strcmp(mod + ml - 7, ".lora_B"))) {
+        mod[ml - 7] = '\0';
+        style = ca_tp_plan_match(model, mod, parts);
+    }
     if (!style)
         return ca_error(CA_ERR_INTERNAL, "tensor parallelism: parameter \"%s\" is split but the plan names no module "
                         "\"%s\"", name, mod);
@@ -126,8 +131,12 @@ static ca_status tp_summon_off(ca_accelerator *acc) {
 
 ca_status ca_tp_summon(ca_accelerator *acc, bool on) {
     ca_mesh *m = acc ? acc->mesh : NULL;
-    if (!m || !acc->model || on == (m->whole != NULL)) return CA_OK;
-    if (!on) return tp_summon_off(acc);
+    if (!m || !acc->model) return CA_OK;
+    if (!on) return m->summons == 0 || --m->summons > 0 ? CA_OK : tp_summon_off(acc);
+    if (m->summons > 0) {
+        m->summons++;
+        return CA_OK;
+    }
     ca_module *model = acc->model;
     int n = ca_module_num_params(model);
     if (!(m->whole = calloc((size_t)(n ? n : 1), sizeof *m->whole))) return ca_error(CA_ERR_NOMEM, "out of host memory");
@@ -151,5 +160,17 @@ ca_status ca_tp_summon(ca_accelerator *acc, bool on) {
         tp_summon_off(acc);
         return ca_error(s, "%s", msg);
     }
+    m->summons = 1;
     return CA_OK;
+}
+
+ca_status ca_tp_full_params(ca_accelerator *acc, bool on) {
+    if (!acc->mesh || !acc->model) return CA_OK;
+    if (!on) {
+        if (acc->mesh->summons == 1) ca_tp_set_plain(acc, false);   /* the last: the split forwards again */
+        return ca_tp_summon(acc, false);
+    }
+    ca_status s = ca_tp_summon(acc, true);
+    if (s == CA_OK) ca_tp_set_plain(acc, true);
+    return s;
 }

@@ -412,6 +412,14 @@ static void reduce_sum(ca_accelerator *acc, double *v, int n) {
     }
 }
 
+/* The data-parallel ranks (dp_replicate x dp_shard of the device mesh): the ranks of a tensor-parallel
+ * group read the same batches, so they count once. */
+static int data_parallel(ca_accelerator *acc) {
+    ca_mesh_shape m;
+    CA_CHECK(ca_accelerator_mesh(acc, &m, NULL));
+    return m.size[CA_MESH_DP_REPLICATE] * m.size[CA_MESH_DP_SHARD];
+}
+
 /* A loss kept from a scope that has ended: read, then freed; 0 when none. */
 static double read_loss(ca_tensor **t) {
     if (!*t) return 0;
@@ -494,8 +502,9 @@ static double train_epoch(run *r, int64_t epoch) {
         double last = read_loss(&loss);
         sum[0] += last, tot[0] += last;
         reduce_sum(r->acc, sum, 3);
+        sum[2] /= (double)ca_num_processes(r->acc) / data_parallel(r->acc);   /* a tp group's samples count once */
         double secs = now_s() - t0, m = sum[0] / sum[1];
-        ca_print(r->acc, "epoch %lld step %lld/%lld: loss %.4f, perplexity %.2f, lr %.2e, %.0f tokens/s\n",
+        ca_print(r->acc, "epoch %lld step %lld/%lld: loss %.6f, perplexity %.2f, lr %.2e, %.0f tokens/s\n",
                  (long long)epoch, (long long)step, (long long)r->total_steps, m, exp(m),
                  ca_optimizer_get_lr(r->opt, 0), sum[2] * (double)T / secs);
         sum[0] = sum[1] = sum[2] = 0;
@@ -558,7 +567,8 @@ static void last_logits(ca_accelerator *acc, ca_module *m, const int64_t *ids, i
     }
 }
 
-/* Two continuations of --prompt (main process only: the forward passes use no collectives). */
+/* Two continuations of --prompt (main process only: the forward passes use no collectives, the parameters
+ * being summoned whole, tensor-parallel ones too). */
 static void generate(ca_accelerator *acc, ca_module *m, const ca_tokenizer *tok, const ca_causal_lm_config *cfg,
                      const args *a) {
     int64_t *prompt, np, V = cfg->vocab_size, ctx = a->block_size, eos = eos_id(cfg);
@@ -662,8 +672,11 @@ static void train(run *r, const ca_tokenizer *tok, const ca_causal_lm_config *cf
     const args *a = r->a;
     CA_CHECK(ca_prepare(r->acc, r->model, r->opt, r->train));
     CA_CHECK(ca_prepare_dataloader(r->acc, r->val));
+    if (data_parallel(r->acc) < ca_num_processes(r->acc))   /* base_model_tp_plan split the layers at prepare */
+        printf("llm_finetune: rank %d holds %lld parameters (its tensor-parallel slices)\n", ca_process_index(r->acc),
+               (long long)ca_module_param_count(r->model));
     r->total_steps = plan_steps(r);
-    int64_t sched = r->total_steps * ca_num_processes(r->acc);   /* a prepared schedule counts per process */
+    int64_t sched = r->total_steps * data_parallel(r->acc);   /* a prepared schedule counts per data-parallel rank */
     CA_CHECK(ca_optimizer_set_schedule(r->opt, &(ca_lr_schedule){.kind = CA_SCHED_LINEAR,
                                                                   .warmup_steps = (int64_t)(a->warmup * (double)sched),
                                                                   .total_steps = sched}));
@@ -680,7 +693,8 @@ static void train(run *r, const ca_tokenizer *tok, const ca_causal_lm_config *cf
                  (long long)e, tl, exp(tl), vl, exp(vl));
     }
     ca_print(r->acc, "trained %lld steps in %.1f s\n", (long long)ca_optimizer_steps(r->opt), now_s() - t0);
-    /* under stage 3 every process gathers the whole parameters for generation and the adapter's save */
+    /* under stage 3 and tensor parallelism every process gathers the whole parameters for generation and the
+     * adapter's save */
     if (a->sample_tokens > 0 || (a->output_dir && a->lora_r > 0)) CA_CHECK(ca_summon_full_params(r->acc, true));
     if (a->sample_tokens > 0 && ca_is_main_process(r->acc)) generate(r->acc, r->model, tok, cfg, a);
     if (a->output_dir && a->lora_r > 0) save(r->acc, r->model, a);

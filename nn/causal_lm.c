@@ -25,6 +25,7 @@ struct lm_model {
     ca_module *embed, *norm, *lm_head;     /* lm_head NULL when tied */
     int64_t nlayers;
     lm_layer *layers;
+    bool tp_planned;                       /* base_model_tp_plan added to the module's plan */
 };
 
 static const char *const ARCH[] = {"", "LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM",
@@ -99,6 +100,67 @@ static ca_status build(ca_module *root, lm_model *b) {
 }
 
 static ca_tensor *lm_module_forward(ca_module *self, ca_tensor *x, void *ctx);
+static lm_model *model_of(const ca_module *m);
+
+/* ------------------------------------------------------------------ tensor parallelism */
+
+/* transformers 5's base_model_tp_plan of LlamaConfig, Qwen2Config and MistralConfig (the same for the three):
+ * Megatron's attention and MLP split, each rank computing num_attention_heads / tp_size heads (and as
+ * many fewer key/value heads) and intermediate_size / tp_size features. */
+static const char *const family_tp_plan[][2] = {
+    {"layers.*.self_attn.q_proj", "colwise"}, {"layers.*.self_attn.k_proj", "colwise"},
+    {"layers.*.self_attn.v_proj", "colwise"}, {"layers.*.self_attn.o_proj", "rowwise"},
+    {"layers.*.mlp.gate_proj", "colwise"},    {"layers.*.mlp.up_proj", "colwise"},
+    {"layers.*.mlp.down_proj", "rowwise"},
+};
+
+/* Whether some entry of the plan (n entries of pattern, style) names a module under `part`. */
+static bool plan_names(const char *const (*plan)[2], const char (*cfg)[2][96], int n, const char *part) {
+    for (int i = 0; i < n; i++)
+        if (strstr(plan ? plan[i][0] : cfg[i][0], part)) return true;
+    return false;
+}
+
+/* The sizes the plan splits, each a multiple of tp: the heads when it splits the attention, the MLP's
+ * features when it splits the MLP. */
+static ca_status tp_check_sizes(const ca_causal_lm_config *c, bool attn, bool mlp, int tp, const char *where) {
+    static const char *const key[3] = {"num_attention_heads", "num_key_value_heads", "intermediate_size"};
+    const int64_t v[3] = {c->num_attention_heads, c->num_key_value_heads, c->intermediate_size};
+    for (int i = 0; i < 3; i++)
+        if ((i < 2 ? attn : mlp) && v[i] % tp != 0)
+            return ca_error(CA_ERR_CONFIG, "%s: \"%s\" %lld is not divisible by parallelism_config_tp_size %d "
+                            "(base_model_tp_plan splits the %s over the tp ranks)", where, key[i], (long long)v[i], tp,
+                            i < 2 ? "attention heads" : "MLP's intermediate features");
+    return CA_OK;
+}
+
+/* ca_module's tp_prepare: the config's base_model_tp_plan (or the family's) checked against tp and added
+ * to the model's plan under "model.", once. */
+static ca_status lm_tp_prepare(ca_module *self, int tp) {
+    lm_model *b = model_of(self);
+    const ca_causal_lm_config *c = &b->cfg;
+    char where[600];
+    snprintf(where, sizeof where, c->config_file[0] ? "config '%s'" : "%s's config", c->config_file[0] ? c->config_file
+                                                                                                         : ARCH[c->family]);
+    bool own = c->n_tp_plan > 0;
+    int n = own ? c->n_tp_plan : (int)(sizeof family_tp_plan / sizeof *family_tp_plan);
+    const char *const (*plan)[2] = own ? NULL : family_tp_plan;
+    ca_status s = tp_check_sizes(c, plan_names(plan, c->tp_plan, n, "self_attn"), plan_names(plan, c->tp_plan, n, "mlp"),
+                                 tp, where);
+    for (int i = 0; s == CA_OK && i < n; i++) {
+        const char *pat = own ? c->tp_plan[i][0] : plan[i][0], *style = own ? c->tp_plan[i][1] : plan[i][1];
+        if (strcmp(style, "colwise") != 0 && strcmp(style, "rowwise") != 0)
+            return ca_error(CA_ERR_UNSUPPORTED, "%s: \"base_model_tp_plan\" style \"%s\" for \"%s\" is not supported "
+                            "yet (caccel splits Linear layers \"colwise\" and \"rowwise\")", where, style, pat);
+    }
+    for (int i = 0; s == CA_OK && !b->tp_planned && i < n; i++) {
+        char name[128];
+        snprintf(name, sizeof name, "model.%s", own ? c->tp_plan[i][0] : plan[i][0]);
+        s = ca_tp_plan(self, name, own ? c->tp_plan[i][1] : plan[i][1]);
+    }
+    if (s == CA_OK) b->tp_planned = true;
+    return s;
+}
 
 ca_status ca_causal_lm_create(const ca_causal_lm_config *c, ca_module **out) {
     if (out) *out = NULL;
@@ -123,6 +185,7 @@ ca_status ca_causal_lm_create(const ca_causal_lm_config *c, ca_module **out) {
         ca_module_destroy(root);
         return s;
     }
+    root->tp_prepare = lm_tp_prepare;
     *out = root;
     return CA_OK;
 }
@@ -163,10 +226,11 @@ static ca_status rope_tables(const ca_causal_lm_config *c, const int64_t *pos, i
 
 /* ------------------------------------------------------------------ forward */
 
-/* [B, T, heads * d] -> [B, heads, T, d] */
-static ca_tensor *split_heads(ca_tensor *x, int64_t heads) {
+/* [B, T, heads * d] -> [B, heads, T, d]: the heads this rank's projection gave (under tensor parallelism
+ * a colwise q/k/v_proj gives num_attention_heads / tp_size of them) */
+static ca_tensor *split_heads(ca_tensor *x, int64_t d) {
     if (!x) return NULL;
-    int64_t b = x->shape[0], t = x->shape[1], d = x->shape[2] / heads;
+    int64_t b = x->shape[0], t = x->shape[1], heads = x->shape[2] / d;
     return ca_contiguous(ca_transpose(ca_reshape(x, 4, (int64_t[]){b, t, heads, d}), 1, 2));
 }
 
@@ -181,9 +245,10 @@ static ca_tensor *decoder_layer(const lm_layer *l, ca_tensor *const *in, bool tr
     const ca_causal_lm_config *c = &l->model->cfg;
     ca_tensor *h = in[0], *cos_t = in[1], *sin_t = in[2], *mask = in[3];
     ca_tensor *x = ca_module_forward(l->in_ln, h);
-    ca_tensor *q = ca_rope(split_heads(ca_module_forward(l->q, x), c->num_attention_heads), cos_t, sin_t);
-    ca_tensor *k = ca_rope(split_heads(ca_module_forward(l->k, x), c->num_key_value_heads), cos_t, sin_t);
-    ca_tensor *v = split_heads(ca_module_forward(l->v, x), c->num_key_value_heads);
+    int64_t d = c->hidden_size / c->num_attention_heads;
+    ca_tensor *q = ca_rope(split_heads(ca_module_forward(l->q, x), d), cos_t, sin_t);
+    ca_tensor *k = ca_rope(split_heads(ca_module_forward(l->k, x), d), cos_t, sin_t);
+    ca_tensor *v = split_heads(ca_module_forward(l->v, x), d);
     /* grouped-query attention in the op: k and v keep their num_key_value_heads heads (no repeat_kv copy) */
     ca_tensor *a = ca_scaled_dot_product_attention(q, k, v, mask, true, training ? c->attention_dropout : 0, 0);
     h = ca_add(h, ca_module_forward(l->o, merge_heads(a)));

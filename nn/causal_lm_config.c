@@ -306,8 +306,31 @@ static ca_status read_gpt2(json_object *root, ca_causal_lm_config *c, const char
     return s;
 }
 
+/* transformers 5's "base_model_tp_plan" key: an object of module pattern -> style (strings), kept as it is
+ * (a style caccel does not split is refused only when tensor parallelism applies it). */
+static ca_status read_tp_plan(json_object *root, ca_causal_lm_config *c, const char *path) {
+    json_object *o = get(root, "base_model_tp_plan");
+    if (!o) return CA_OK;
+    if (!json_object_is_type(o, json_type_object))
+        return ca_error(CA_ERR_INVALID, "config '%s': \"base_model_tp_plan\" must be an object of module name -> "
+                        "style, not %s", path, json_object_to_json_string(o));
+    json_object_object_foreach(o, key, val) {
+        const char *style = json_object_is_type(val, json_type_string) ? json_object_get_string(val) : NULL;
+        if (!style || strlen(key) >= sizeof c->tp_plan[0][0] || strlen(style) >= sizeof c->tp_plan[0][1])
+            return ca_error(CA_ERR_INVALID, "config '%s': \"base_model_tp_plan\" entry \"%.200s\": the style must be "
+                            "a string and both below %zu characters", path, key, sizeof c->tp_plan[0][0]);
+        if (c->n_tp_plan == CA_CAUSAL_LM_MAX_TP_PLAN)
+            return ca_error(CA_ERR_UNSUPPORTED, "config '%s': \"base_model_tp_plan\" has more than %d entries",
+                            path, CA_CAUSAL_LM_MAX_TP_PLAN);
+        snprintf(c->tp_plan[c->n_tp_plan][0], sizeof c->tp_plan[0][0], "%s", key);
+        snprintf(c->tp_plan[c->n_tp_plan++][1], sizeof c->tp_plan[0][1], "%s", style);
+    }
+    return CA_OK;
+}
+
 static ca_status read_fields(json_object *root, ca_causal_lm_config *c, const char *path) {
     ca_status s = check_identity(root, c, path);
+    if (s == CA_OK) s = read_tp_plan(root, c, path);
     if (s == CA_OK && c->family == CA_CAUSAL_LM_GPT2) {
         s = read_gpt2(root, c, path);
         if (s == CA_OK) s = get_id(root, "bos_token_id", &c->bos_token_id, path);
@@ -382,6 +405,7 @@ ca_status ca_causal_lm_config_load(const char *dir, ca_causal_lm_config *out) {
     ca_causal_lm_config c;
     ca_causal_lm_config_default(CA_CAUSAL_LM_LLAMA, &c);
     ca_status s = parse(file, &c, read_fields);
+    snprintf(c.config_file, sizeof c.config_file, "%s", file);   /* after parse, which sets the family's defaults */
     /* generation_config.json starts from the model config's ids, as GenerationConfig.from_model_config */
     c.gen_bos_token_id = c.bos_token_id;
     c.gen_pad_token_id = c.pad_token_id;

@@ -132,6 +132,16 @@ static ca_status build(ca_module *root, gpt2_model *g) {
 
 static ca_tensor *gpt2_module_forward(ca_module *self, ca_tensor *x, void *ctx);
 
+/* ca_module's tp_prepare: transformers defines no base_model_tp_plan for GPT-2, and the plan splits Linear
+ * layers, not Conv1D's [in, out] weights (examples/gpt splits its own GPT-2 with ca_tp_plan). */
+static ca_status gpt2_tp_prepare(ca_module *self, int tp) {
+    const ca_causal_lm_config *c = &((const gpt2_model *)self->ctx)->cfg;
+    return ca_error(CA_ERR_UNSUPPORTED, "%s (config '%s'%s) at parallelism_config_tp_size %d: tensor parallelism of "
+                    "GPT-2's Conv1D layers is not supported yet (transformers defines no base_model_tp_plan for "
+                    "GPT-2)", TYPE, c->config_file[0] ? c->config_file : "of the program",
+                    c->n_tp_plan ? ", with a base_model_tp_plan" : "", tp);
+}
+
 /* c is checked (ca_causal_lm_check_sizes) by the caller. */
 ca_status ca_gpt2_lm_create(const ca_causal_lm_config *c, ca_module **out) {
     gpt2_model *g = calloc(1, sizeof *g);
@@ -150,6 +160,7 @@ ca_status ca_gpt2_lm_create(const ca_causal_lm_config *c, ca_module **out) {
         ca_module_destroy(root);
         return s;
     }
+    root->tp_prepare = gpt2_tp_prepare;
     *out = root;
     return CA_OK;
 }

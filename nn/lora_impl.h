@@ -19,6 +19,11 @@ typedef struct ca_lora_layer {
     void *base_ctx;
     void (*base_ctx_free)(void *);
     char *base_type;
+    /* tensor parallelism (accelerator/tp.c): the exchange of the adapter's r-wide product lora_A(x) over the
+     * tp ranks (a colwise base: its gradient all-reduced; a rowwise one: the partial products summed), or
+     * NULL; tp_ctx is its communicator */
+    ca_tensor *(*tp_mix)(ca_tensor *h, void *tp_ctx);
+    void *tp_ctx;
 } ca_lora_layer;
 
 /* The adapter state of m, or NULL when m is not a wrapped layer. */

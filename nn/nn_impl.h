@@ -35,6 +35,9 @@ struct ca_module {
     char **tp_pattern;               /* module names, "*" standing for one dotted component */
     ca_tp_style *tp_style;
     int *tp_parts;                   /* equal blocks of the output features split alike (a fused qkv: 3) */
+    /* a model's own plan (a causal LM's base_model_tp_plan): checks that tp_size splits it and adds its
+     * entries (after the program's own) when an accelerator at tp_size > 1 prepares it; NULL: none */
+    ca_status (*tp_prepare)(ca_module *self, int tp_size);
     /* depth-first list of every parameter with full names, rebuilt on change */
     bool flat_valid;
     int nflat;

@@ -21,3 +21,6 @@ tests_tp_check_SOURCES = tests/tp_check.c tests/synthetic_data.h
 tests_tp_check_LDADD = libcaccel.la -lm
 TESTS += tests/test_tp.sh
 EXTRA_DIST += tests/test_tp.sh
+# A Hugging Face decoder (examples/llm_finetune) split by base_model_tp_plan, full and LoRA, against one process
+TESTS += tests/test_tp_llm.sh
+EXTRA_DIST += tests/test_tp_llm.sh

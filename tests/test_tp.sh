@@ -36,20 +36,6 @@ same_losses() {
         fail "losses differ beyond 1e-5"
 }
 
-# same_st A B [TOL]: two safetensors files with the same header (names, dtypes, shapes, offsets) and values
-# within TOL (1e-5)
-same_st() {
-    n=$(od -An -t u8 -N 8 "$1" | tr -d ' ')
-    [ "$(wc -c < "$1")" = "$(wc -c < "$2")" ] && cmp -s -n $((8 + n)) "$1" "$2" ||
-        { od -c -N $((8 + n)) "$1"; od -c -N $((8 + n)) "$2"; fail "$1 and $2: other tensors (names, dtypes or shapes)"; }
-    tail -c +$((9 + n)) "$1" > "$WORK/st1.bin"
-    tail -c +$((9 + n)) "$2" > "$WORK/st2.bin"
-    float_pairs "$WORK/st1.bin" "$WORK/st2.bin" | awk -v f="$(basename "$(dirname "$1")")/$(basename "$1")" -v tol="${3:-1e-5}" '
-        { d = $1 - $2; if (d < 0) d = -d; if (d > m) m = d; n++ }
-        END { printf "  %s: %d values, max |diff| %.3g\n", f, n, m; exit !(n > 0 && m <= tol) }' ||
-        fail "$1 and $2: values differ beyond ${3:-1e-5}"
-}
-
 train_backends
 
 note "one process, global batch 16, 4 steps (the plan does nothing at tp 1)"
@@ -133,6 +119,9 @@ done
 same "$WORK/c1.bin" "$WORK/c2.bin"
 note "$be: the split layers' gradients against central differences at tp 2"
 tlaunch 2 "$be" --parallelism_config_tp_size 2 -- --plan --mode gradcheck > "$WORK/o" || { cat "$WORK/o"; fail "gradcheck"; }
+count 2 'gradcheck ok' "$WORK/o"
+note "$be: LoRA adapters on the split layers (fc1's lora_B by rows, fc2's lora_A by columns) against central differences at tp 2"
+tlaunch 2 "$be" --parallelism_config_tp_size 2 -- --plan --lora --mode gradcheck > "$WORK/o" || { cat "$WORK/o"; fail "LoRA gradcheck"; }
 count 2 'gradcheck ok' "$WORK/o"
 
 note "$be: the vocabulary-parallel embedding, tied and colwise heads and cross-entropy at tp 2 == one process"

@@ -15,6 +15,7 @@
  *     central differences ("rank=R vocab gradcheck ok N"); then prints "rank=R refused: MESSAGE" for
  *     ca_tp_cross_entropy given the whole vocabulary's logits (at tp > 1) and a label outside it.
  *     --vocab-bad colwise|pad: the embedding planned colwise, or made with a padding_idx (refused).
+ *   --lora: LoRA adapters on fc1 and fc2 (see add_lora); gradcheck then checks the adapters' tensors.
  *   --clip: ca_clip_grad_norm(0.1) every step, each rank printing the norm; --bad-plan: a plan naming a Tanh.
  *   --load-state DIR: ca_load_state after prepare (the steps then count on from the checkpoint's);
  *   --save-state DIR, --save-model DIR: ca_save_state, ca_save_model after training. */
@@ -265,6 +266,23 @@ static int fd_check(ca_module *m, ca_tensor *x, const float *w, ca_tensor *t, co
     return 1;
 }
 
+/* --lora: LoRA adapters (r 2, lora_B random so that lora_A has a gradient, no dropout) on fc1 and fc2, the
+ * base frozen: at tp 2 fc1's lora_B is split by its rows and fc2's lora_A by its columns. */
+static bool g_lora;
+
+static void add_lora(ca_module *m) {
+    static const char *const targets[] = {"fc1", "fc2"};
+    ca_lora_config c;
+    ca_lora_config_init(&c);
+    c.r = 2;
+    c.lora_alpha = 4;
+    c.init_lora_weights = false;
+    c.target_modules = targets;
+    c.n_target_modules = 2;
+    int n = 0;
+    CA_CHECK(ca_lora_apply(m, &c, &n));
+}
+
 static int gradcheck(ca_accelerator *acc, ca_module *m) {
     CA_CHECK(ca_prepare(acc, m, NULL, NULL));
     ca_comm *tp = ca_mesh_comm(acc, "tp");
@@ -280,15 +298,20 @@ static int gradcheck(ca_accelerator *acc, ca_module *m) {
         ca_tensor *wt = ca_from_host(ca_accelerator_device(acc), CA_F32, 2, (int64_t[]){2, OUT}, w);
         CA_CHECK(out && wt ? ca_autograd_backward_with(out, wt) : ca_last_status());
     }
-    static const char *const names[] = {"fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"};
+    /* the adapters' whole tensors (fc1's lora_A, fc2's lora_B) are perturbed on every rank at once, as the input */
+    static const char *const base[] = {"fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"};
+    static const char *const lora[] = {"fc1.lora_A.weight", "fc1.lora_B.weight", "fc2.lora_A.weight", "fc2.lora_B.weight"};
+    static const bool lora_whole[] = {true, false, false, true};
+    const char *const *names = g_lora ? lora : base;
     for (int k = -1; k < 4; k++) {   /* -1: the input, the same on every rank */
         ca_tensor *t = k < 0 ? x : ca_module_param(m, names[k]);
+        bool whole = k < 0 || (g_lora && lora_whole[k]);
         int64_t n = ca_tensor_numel(t);
         float *g = malloc((size_t)n * sizeof(float));
         CA_CHECK(ca_tensor_to_host(ca_tensor_grad(t), g, (size_t)n * sizeof(float)));
-        for (int r = 0; r < (k < 0 ? 1 : tpn); r++)   /* one rank at a time perturbs its own shard */
+        for (int r = 0; r < (whole ? 1 : tpn); r++)   /* one rank at a time perturbs its own shard */
             for (int64_t i = 0; i < n; i += n > 6 ? n / 6 : 1) {
-                bad += fd_check(m, x, w, t, g, i, k < 0 || r == tpr, k < 0 ? "input" : names[k]);
+                bad += fd_check(m, x, w, t, g, i, whole || r == tpr, k < 0 ? "input" : names[k]);
                 checked++;
             }
         free(g);
@@ -447,11 +470,13 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--block")) block = true;
         else if (!strcmp(argv[i], "--late-tp")) late = true;
         else if (!strcmp(argv[i], "--metrics")) g_metrics = true;
+        else if (!strcmp(argv[i], "--lora")) g_lora = true;
     }
     ca_accelerator *acc;
     CA_CHECK(ca_accelerator_create(&(ca_options){.argc = argc, .argv = argv}, &acc));
     CA_CHECK(ca_set_seed(acc, 11));
     ca_module *m = !strcmp(mode, "vocab") ? vocab_model(vocab_bad) : block ? block_model(plan) : model(plan, bad_plan);
+    if (g_lora) add_lora(m);
     int rc = 0;
     if (!strcmp(mode, "mesh")) mesh_info(acc);
     else if (!strcmp(mode, "gradcheck")) rc = gradcheck(acc, m);

@@ -153,7 +153,12 @@ CA_API ca_status ca_set_seed(ca_accelerator *acc, uint64_t seed);
 /* Stage 3 (FSDP FULL_SHARD, zero_stage 3) keeps only a shard of the parameters between steps: on
  * gathers every parameter of the prepared model whole (collective: every rank calls it), so that
  * they can be read or written; off writes this rank's part back into its shard and frees them
- * again. Parameters stay whole, following each update, until off. A no-op in other modes. */
+ * again. Parameters stay whole, following each update, until off. Under tensor parallelism
+ * (parallelism_config_tp_size above 1) on gathers each split layer's slices (and their optimizer
+ * state) over the tp ranks, and the split layers run their plain forward, as one process runs the
+ * model (generation on one rank, a LoRA adapter's save: ca_lora_save writes PEFT's whole tensors), until
+ * off gives each rank its slices and the tensor-parallel forwards back; do not train in between. A
+ * no-op in other modes. */
 CA_API ca_status ca_summon_full_params(ca_accelerator *acc, bool on);
 
 /* ----------------------------------------------------------- batch size */

@@ -30,6 +30,7 @@ typedef enum ca_causal_lm_family {
 } ca_causal_lm_family;
 
 #define CA_CAUSAL_LM_MAX_EOS 8
+#define CA_CAUSAL_LM_MAX_TP_PLAN 24
 
 /* The fields of the family's transformers config (4.39) that change the model, and
  * generation_config.json's. Absent keys take the family's transformers defaults. */
@@ -81,6 +82,12 @@ typedef struct ca_causal_lm_config {
     bool scale_attn_by_inverse_layer_idx;  /* scores / (layer index + 1) */
     bool reorder_and_upcast_attn;          /* kept for config.json (the scores are f32 anyway) */
     char architectures[128];               /* comma-separated, as config.json lists them */
+    /* Tensor parallelism: config.json's "base_model_tp_plan" (module pattern relative to the base model,
+     * "layers.*.self_attn.q_proj", -> style "colwise", "rowwise", ...), which replaces the family's
+     * transformers plan when present (n_tp_plan 0: the family's). Applied only at tp_size > 1. */
+    int n_tp_plan;
+    char tp_plan[CA_CAUSAL_LM_MAX_TP_PLAN][2][96];
+    char config_file[512];                 /* the config.json read, named in messages; "" when none */
 } ca_causal_lm_config;
 
 /*
@@ -119,6 +126,15 @@ CA_API const char *ca_causal_lm_model_type(ca_causal_lm_family family);
  *
  * ca_module_forward(m, x) takes x as i64/i32 input ids [B, T] (every token attended) or
  * [B, 2, T] (row 0 the ids, row 1 the attention mask) and returns the logits [B, T, vocab].
+ *
+ * Tensor parallelism: when an accelerator with parallelism_config_tp_size above 1 prepares a Llama,
+ * Qwen2 or Mistral model, the config's base_model_tp_plan (transformers 5's, or config.json's own) is
+ * added to the model's plan under "model." (after any ca_tp_plan of the program): q/k/v_proj and
+ * gate/up_proj colwise, o_proj and down_proj rowwise, each rank computing num_attention_heads / tp_size
+ * heads; LoRA adapters on those layers are split with them. Refused at ca_prepare, naming the key and
+ * config.json: num_attention_heads, num_key_value_heads or intermediate_size that tp_size does not
+ * divide, a plan style other than "colwise" / "rowwise" (CA_ERR_UNSUPPORTED, naming the style and the
+ * pattern); GPT-2 (transformers has no plan for it; its Conv1D layers are not split yet).
  */
 CA_API ca_status ca_causal_lm_create(const ca_causal_lm_config *c, ca_module **out);
 

@@ -140,6 +140,9 @@ CA_API void ca_module_print_trainable_parameters(ca_module *m);
  *              CA_ERR_CONFIG naming both at prepare; no padding_idx); each rank looks up the ids in its
  *              rows, zeros for the others, and forward all-reduces the sum over tp; backward reaches its
  *              own rows only. ca_embedding_attend makes it a tied output layer.
+ * A Linear wrapped by a LoRA adapter (ca_lora_apply) is split with its adapter (lora_B by the output rows
+ * of a colwise layer, lora_A by the input columns of a rowwise one). A Llama, Qwen2 or Mistral model of
+ * caccel/causal_lm.h adds its config's base_model_tp_plan at prepare, after the program's entries.
  * In a pattern "*" stands for one dotted component ("layers.*.mlp.up_proj"). Entries add up; the first
  * that matches a name decides. With tp_size 1 the plan does nothing. Errors: CA_ERR_INVALID for a NULL
  * or empty argument, CA_ERR_UNSUPPORTED naming the style for Hugging Face's other styles

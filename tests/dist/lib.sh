@@ -187,6 +187,20 @@ same() {
         fail "parameters differ beyond 1e-5"
 }
 
+# same_st A B [TOL]: two safetensors files with the same header (names, dtypes, shapes, offsets) and values
+# within TOL (1e-5)
+same_st() {
+    n=$(od -An -t u8 -N 8 "$1" | tr -d ' ')
+    [ "$(wc -c < "$1")" = "$(wc -c < "$2")" ] && cmp -s -n $((8 + n)) "$1" "$2" ||
+        { od -c -N $((8 + n)) "$1"; od -c -N $((8 + n)) "$2"; fail "$1 and $2: other tensors (names, dtypes or shapes)"; }
+    tail -c +$((9 + n)) "$1" > "$WORK/st1.bin"
+    tail -c +$((9 + n)) "$2" > "$WORK/st2.bin"
+    float_pairs "$WORK/st1.bin" "$WORK/st2.bin" | awk -v f="$(basename "$(dirname "$1")")/$(basename "$1")" -v tol="${3:-1e-5}" '
+        { d = $1 - $2; if (d < 0) d = -d; if (d > m) m = d; n++ }
+        END { printf "  %s: %d values, max |diff| %.3g\n", f, n, m; exit !(n > 0 && m <= tol) }' ||
+        fail "$1 and $2: values differ beyond ${3:-1e-5}"
+}
+
 have() { for d in $(echo "${CACCEL_PLUGIN_PATH:-}" | tr ':' ' '); do [ -e "$d/caccel_$1.so" ] && return 0; done; return 1; }
 
 # train_backends: sets $backends to the collective backends this build can train over (gloo under
