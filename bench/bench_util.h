@@ -53,24 +53,16 @@ static inline ca_module *mlp(void) {
 }
 
 /* A whole split as persistent device tensors: x f32 [n, 784] (pixels / 255), y i64 [n],
- * rows in a fixed shuffled order (the same permutation as the PyTorch peer's). */
+ * rows in a fixed shuffled order (the same permutation as the PyTorch peer's), decompressed and
+ * converted straight into the tensors a chunk at a time (no host copy of the split). */
+static inline int64_t bench_order(int64_t i, int64_t n, void *ctx) {
+    (void)ctx;
+    return (i * 7919) % n;                             /* 7919 is prime and coprime with 60000 */
+}
+
 static inline void load(ca_device *dev, bool train, ca_tensor **x, ca_tensor **y) {
-    ca_dataset *ds;
-    CA_CHECK(ca_fashion_mnist_open(NULL, train, &ds));
-    int64_t n = ca_dataset_length(ds);
-    float *hx = malloc(sizeof(float) * (size_t)n * 784);
-    int64_t *hy = malloc(sizeof(int64_t) * (size_t)n);
-    uint8_t img[784];
-    for (int64_t i = 0; i < n; i++) {
-        int64_t j = train ? (i * 7919) % n : i;        /* 7919 is prime and coprime with 60000 */
-        CA_CHECK(ca_dataset_get(ds, j, img, &hy[i]));
-        for (int k = 0; k < 784; k++) hx[i * 784 + k] = img[k] / 255.0f;
-    }
-    *x = ca_tensor_keep(ca_from_host(dev, CA_F32, CA_SHAPE(n, 784), hx));
-    *y = ca_tensor_keep(ca_from_host(dev, CA_I64, CA_SHAPE(n), hy));
-    free(hx);
-    free(hy);
-    ca_dataset_destroy(ds);
+    ca_idx_load_opts o = {.x_scale = 1.0f / 255.0f, .order = train ? bench_order : NULL};
+    CA_CHECK(ca_fashion_mnist_load_tensors(NULL, train, dev, &o, x, y));
 }
 
 static inline double accuracy(ca_module *m, ca_tensor *x, ca_tensor *y) {

@@ -52,9 +52,8 @@ static ca_status find_file(const char *dir, const char *name, char *out, size_t 
     return s;
 }
 
-ca_status ca_fashion_mnist_open(const char *dir, bool train, ca_dataset **out) {
-    if (!out) return ca_error(CA_ERR_INVALID, "ca_fashion_mnist_open: out is NULL");
-    *out = NULL;
+/* The split's image and label files under dir (NULL: the default directory). */
+static ca_status split_paths(const char *dir, bool train, char *images, char *labels, size_t len) {
     if (!dir) {
         dir = ca_fashion_mnist_default_dir();
         char env[4096];
@@ -75,14 +74,33 @@ ca_status ca_fashion_mnist_open(const char *dir, bool train, ca_dataset **out) {
         }
     }
     const char *split = train ? "train" : "t10k";
-    char images[4096 + 64], labels[4096 + 64], name[64];
+    char name[64];
     snprintf(name, sizeof name, "%s-images-idx3-ubyte", split);
-    ca_status s = find_file(dir, name, images, sizeof images);
+    ca_status s = find_file(dir, name, images, len);
     if (s != CA_OK) return s;
     snprintf(name, sizeof name, "%s-labels-idx1-ubyte", split);
-    s = find_file(dir, name, labels, sizeof labels);
+    return find_file(dir, name, labels, len);
+}
+
+ca_status ca_fashion_mnist_open(const char *dir, bool train, ca_dataset **out) {
+    if (!out) return ca_error(CA_ERR_INVALID, "ca_fashion_mnist_open: out is NULL");
+    *out = NULL;
+    char images[4096 + 64], labels[4096 + 64];
+    ca_status s = split_paths(dir, train, images, labels, sizeof images);
     if (s != CA_OK) return s;
     s = ca_idx_dataset_open(images, labels, out);
+    if (s != CA_OK) return ca_error_context("Fashion-MNIST (%s)", train ? "train" : "test");
+    return CA_OK;
+}
+
+ca_status ca_fashion_mnist_load_tensors(const char *dir, bool train, ca_device *dev,
+                                        const ca_idx_load_opts *opts, ca_tensor **x, ca_tensor **y) {
+    if (!x || !y) return ca_error(CA_ERR_INVALID, "ca_fashion_mnist_load_tensors: x or y is NULL");
+    *x = *y = NULL;
+    char images[4096 + 64], labels[4096 + 64];
+    ca_status s = split_paths(dir, train, images, labels, sizeof images);
+    if (s != CA_OK) return s;
+    s = ca_idx_load_tensors(dev, images, labels, opts, x, y);
     if (s != CA_OK) return ca_error_context("Fashion-MNIST (%s)", train ? "train" : "test");
     return CA_OK;
 }

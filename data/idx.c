@@ -156,22 +156,36 @@ static ca_status check_end(gzFile f, const char *path, uint64_t expected) {
                     (unsigned long long)(expected + more), gzdirect(f) ? "" : " (uncompressed)");
 }
 
-static ca_status idx_read(const char *path, uint32_t want_magic, int want_ndims, idx_file *out) {
+/* Opens path and reads its header: *f is the stream positioned at the data, *payload its size. */
+static ca_status idx_open(const char *path, uint32_t want_magic, int want_ndims, idx_file *out, gzFile *f,
+                          uint64_t *payload) {
     memset(out, 0, sizeof *out);
+    *f = NULL;
     if (!path) return ca_error(CA_ERR_INVALID, "IDX path is NULL");
     int fd;
     ca_status st = ca_file_open(path, CA_FILE_IDX, &fd, NULL);
     if (st != CA_OK) return st;
-    gzFile f = gzdopen(fd, "rb");   /* owns fd from here, gzclose closes it */
-    if (!f) {
+    *f = gzdopen(fd, "rb");   /* owns fd from here, gzclose closes it */
+    if (!*f) {
         close(fd);
         return ca_error(CA_ERR_NOMEM, "IDX file '%s': out of memory for the gzip stream", path);
     }
-    gzbuffer(f, 1u << 18);
-    size_t hdr_len = 4 + 4 * (size_t)want_ndims, have = 0;
+    gzbuffer(*f, 1u << 18);
+    st = read_header(*f, path, want_magic, want_ndims, out, payload);
+    if (st != CA_OK) {
+        gzclose(*f);
+        *f = NULL;
+    }
+    return st;
+}
+
+static ca_status idx_read(const char *path, uint32_t want_magic, int want_ndims, idx_file *out) {
+    gzFile f;
     uint64_t payload = 0;
-    st = read_header(f, path, want_magic, want_ndims, out, &payload);
-    if (st == CA_OK) st = read_payload(f, path, payload, out, &have);
+    ca_status st = idx_open(path, want_magic, want_ndims, out, &f, &payload);
+    if (st != CA_OK) return st;
+    size_t hdr_len = 4 + 4 * (size_t)want_ndims, have = 0;
+    st = read_payload(f, path, payload, out, &have);
     if (st == CA_OK && have < payload) st = truncated_data(f, path, out, want_ndims, payload, have, hdr_len);
     if (st == CA_OK) st = check_end(f, path, payload + hdr_len);
     if (st == CA_OK) out->bytes = (size_t)payload;
@@ -255,4 +269,188 @@ ca_status ca_idx_dataset_open(const char *images_path, const char *labels_path,
     }
     snprintf((*out)->name, sizeof (*out)->name, "IDX dataset '%s'", images_path);
     return CA_OK;
+}
+
+/* ------------------------------------------------------------- straight into device tensors */
+
+/* Decompressed bytes converted per pass: the host staging of ca_idx_load_tensors is one such chunk
+ * (and its converted copy where the device's memory is not host memory), whatever the file's size. */
+#define IDX_LOAD_CHUNK (1u << 20)
+
+/* Where the rows of one IDX file go: a [n, row] tensor of f32 (pixel * scale) or i64 (labels). */
+typedef struct idx_sink {
+    ca_tensor *t;
+    ca_device *dev;
+    unsigned char *base;       /* ca_tensor_data(t) */
+    size_t in_row, out_row;    /* bytes of a row in the file and in the tensor */
+    float scale;
+    const int64_t *dest;       /* dest[j]: the tensor row of the file's row j (NULL: j) */
+    unsigned char *stage;      /* one chunk of converted rows, where the device is not the host */
+} idx_sink;
+
+static void convert_row(const idx_sink *k, const unsigned char *in, unsigned char *out) {
+    if (ca_tensor_dtype(k->t) == CA_I64) {
+        int64_t v = in[0];
+        memcpy(out, &v, sizeof v);
+        return;
+    }
+    float *o = (float *)(void *)out;
+    for (size_t i = 0; i < k->in_row; i++) o[i] = (float)in[i] * k->scale;
+}
+
+static int64_t dest_row(const idx_sink *k, int64_t j) { return k->dest ? k->dest[j] : j; }
+
+/* Rows [j0, j0 + rows) of the file, read into buf, into their tensor rows: written in place on a host
+ * device; elsewhere converted into the stage and copied in runs of consecutive tensor rows. */
+static ca_status sink_rows(idx_sink *k, int64_t j0, int64_t rows, const unsigned char *buf) {
+    if (!k->stage) {
+        for (int64_t j = 0; j < rows; j++)
+            convert_row(k, buf + (size_t)j * k->in_row, k->base + (size_t)dest_row(k, j0 + j) * k->out_row);
+        return CA_OK;
+    }
+    for (int64_t j = 0; j < rows; j++) convert_row(k, buf + (size_t)j * k->in_row, k->stage + (size_t)j * k->out_row);
+    for (int64_t j = 0; j < rows;) {
+        int64_t run = 1, r = dest_row(k, j0 + j);
+        while (j + run < rows && dest_row(k, j0 + j + run) == r + run) run++;
+        ca_status s = ca_device_copy_from_host(k->dev, k->base + (size_t)r * k->out_row,
+                                               k->stage + (size_t)j * k->out_row, (size_t)run * k->out_row);
+        if (s != CA_OK) return s;
+        j += run;
+    }
+    return CA_OK;
+}
+
+/* Streams the data of an opened IDX file (n rows of in_row bytes) into the sink, one chunk at a time. */
+static ca_status sink_stream(gzFile f, const char *path, const idx_file *hdr, int ndims, uint64_t payload,
+                             idx_sink *k) {
+    int64_t n = hdr->dims[0];
+    int64_t chunk = (int64_t)(IDX_LOAD_CHUNK / k->out_row);
+    if (chunk < 1) chunk = 1;
+    if (chunk > n) chunk = n ? n : 1;
+    unsigned char *buf = malloc((size_t)chunk * k->in_row);
+    if (!buf) return ca_error(CA_ERR_NOMEM, "reading '%s': cannot allocate its staging chunk", path);
+    if (!ca_device_is_host(k->dev)) {
+        k->stage = malloc((size_t)chunk * k->out_row);
+        if (!k->stage) {
+            free(buf);
+            return ca_error(CA_ERR_NOMEM, "reading '%s': cannot allocate its staging chunk", path);
+        }
+    }
+    ca_status st = CA_OK;
+    size_t have = 0, hdr_len = 4 + 4 * (size_t)ndims;
+    for (int64_t j = 0; j < n && st == CA_OK; j += chunk) {
+        int64_t rows = n - j < chunk ? n - j : chunk;
+        int64_t got = gz_read_all(f, buf, (size_t)rows * k->in_row);
+        if (got < 0) st = corrupt(f, path);
+        else if ((size_t)got < (size_t)rows * k->in_row)
+            st = truncated_data(f, path, hdr, ndims, payload, have + (size_t)got, hdr_len);
+        else st = sink_rows(k, j, rows, buf);
+        if (got > 0) have += (size_t)got;
+    }
+    if (st == CA_OK) st = check_end(f, path, payload + hdr_len);
+    free(buf);
+    free(k->stage);
+    k->stage = NULL;
+    return st;
+}
+
+/* One IDX file into a new persistent tensor [n, in_row] (f32 * scale) or [n] (i64); *n_out is its
+ * sample count, which must equal want_n unless want_n is -1. */
+static ca_status idx_load_one(ca_device *dev, const char *path, uint32_t magic, int ndims, float scale,
+                              int64_t want_n, const int64_t *dest, const char *other, ca_tensor **out,
+                              int64_t *n_out) {
+    idx_file hdr;
+    gzFile f;
+    uint64_t payload = 0;
+    ca_status st = idx_open(path, magic, ndims, &hdr, &f, &payload);
+    if (st != CA_OK) return st;
+    int64_t n = hdr.dims[0];
+    if (want_n >= 0 && n != want_n) {
+        gzclose(f);
+        return ca_error(CA_ERR_IO, "IDX sample counts differ: '%s' has %lld images, '%s' has %lld labels", path,
+                        (long long)n, other, (long long)want_n);
+    }
+    idx_sink k = {.dev = dev, .scale = scale, .dest = dest};
+    if (ndims == 3) {
+        k.in_row = (size_t)hdr.dims[1] * hdr.dims[2];
+        k.out_row = k.in_row * sizeof(float);
+        k.t = ca_tensor_keep(ca_empty(dev, CA_F32, CA_SHAPE(n, (int64_t)k.in_row)));
+    } else {
+        k.in_row = 1;
+        k.out_row = sizeof(int64_t);
+        k.t = ca_tensor_keep(ca_empty(dev, CA_I64, CA_SHAPE(n)));
+    }
+    k.base = k.t && n ? ca_tensor_data(k.t) : NULL;
+    if (!k.t || (n && !k.base)) st = ca_last_status() ? ca_last_status() : ca_error(CA_ERR_NOMEM, "'%s': no tensor", path);
+    if (st == CA_OK) st = sink_stream(f, path, &hdr, ndims, payload, &k);
+    gzclose(f);
+    if (st != CA_OK) {
+        ca_tensor_free(k.t);
+        return st;
+    }
+    *out = k.t;
+    *n_out = n;
+    return CA_OK;
+}
+
+/* dest[j] = i where order(i) = j: the inverse of a permutation of 0..n-1, checked. */
+static ca_status invert_order(const ca_idx_load_opts *o, int64_t n, int64_t **dest) {
+    *dest = NULL;
+    if (!o->order) return CA_OK;
+    int64_t *d = malloc(sizeof(int64_t) * (size_t)(n ? n : 1));
+    if (!d) return ca_error(CA_ERR_NOMEM, "ca_idx_load_tensors: cannot allocate the order's inverse");
+    for (int64_t j = 0; j < n; j++) d[j] = -1;
+    for (int64_t i = 0; i < n; i++) {
+        int64_t j = o->order(i, n, o->order_ctx);
+        ca_status s = CA_OK;
+        if (j < 0 || j >= n)
+            s = ca_error(CA_ERR_INVALID, "ca_idx_load_tensors: order(%lld) = %lld is outside 0..%lld", (long long)i,
+                         (long long)j, (long long)(n - 1));
+        else if (d[j] >= 0)
+            s = ca_error(CA_ERR_INVALID, "ca_idx_load_tensors: order is not a permutation: sample %lld is at rows "
+                         "%lld and %lld", (long long)j, (long long)d[j], (long long)i);
+        if (s != CA_OK) {
+            free(d);
+            return s;
+        }
+        d[j] = i;
+    }
+    *dest = d;
+    return CA_OK;
+}
+
+/* The labels' header alone: the sample count, to check the order before any tensor is made. */
+static ca_status idx_count(const char *path, uint32_t magic, int ndims, int64_t *n) {
+    idx_file hdr;
+    gzFile f;
+    uint64_t payload;
+    ca_status st = idx_open(path, magic, ndims, &hdr, &f, &payload);
+    if (st != CA_OK) return st;
+    gzclose(f);
+    *n = hdr.dims[0];
+    return CA_OK;
+}
+
+ca_status ca_idx_load_tensors(ca_device *dev, const char *images_path, const char *labels_path,
+                              const ca_idx_load_opts *opts, ca_tensor **x, ca_tensor **y) {
+    if (!x || !y) return ca_error(CA_ERR_INVALID, "ca_idx_load_tensors: x or y is NULL");
+    *x = *y = NULL;
+    if (!dev) return ca_error(CA_ERR_INVALID, "ca_idx_load_tensors: device is NULL");
+    if (!images_path || !labels_path) return ca_error(CA_ERR_INVALID, "ca_idx_load_tensors: a path is NULL");
+    ca_idx_load_opts o = opts ? *opts : (ca_idx_load_opts){0};
+    float scale = o.x_scale != 0 ? o.x_scale : 1.0f;
+    int64_t n = 0, got = 0, *dest = NULL;
+    ca_status st = idx_count(labels_path, IDX_MAGIC_LABELS, 1, &n);
+    if (st == CA_OK) st = invert_order(&o, n, &dest);
+    if (st == CA_OK) st = idx_load_one(dev, labels_path, IDX_MAGIC_LABELS, 1, 1.0f, -1, dest, NULL, y, &got);
+    if (st == CA_OK && got != n)
+        st = ca_error(CA_ERR_IO, "IDX file '%s' changed while it was read", labels_path);
+    if (st == CA_OK) st = idx_load_one(dev, images_path, IDX_MAGIC_IMAGES, 3, scale, n, dest, labels_path, x, &got);
+    free(dest);
+    if (st != CA_OK) {
+        ca_tensor_free(*y);
+        ca_tensor_free(*x);
+        *x = *y = NULL;
+    }
+    return st;
 }

@@ -248,7 +248,13 @@ static ca_status checkpointed_layer(void *ctx, int n_in, ca_tensor *const *in, i
 /* One encoder layer, checkpointed when its module is marked (ca_module_set_checkpointing). */
 static ca_tensor *run_layer(const bert_model *b, int64_t i, ca_tensor *h, ca_tensor *mask, bool training) {
     const bert_layer *l = &b->layers[i];
-    if (!ca_module_checkpointing(l->module) || !ca_grad_enabled()) return encoder_layer(b, l, h, mask, training);
+    if (!ca_grad_enabled()) {   /* evaluation: the layer's intermediates go when it returns */
+        ca_locals_mark mark = ca_forward_locals_mark();
+        ca_tensor *y = encoder_layer(b, l, h, mask, training);
+        if (y) ca_forward_locals_free(mark, y);
+        return y;
+    }
+    if (!ca_module_checkpointing(l->module)) return encoder_layer(b, l, h, mask, training);
     ca_tensor *in[2] = {h, mask}, *y = NULL;
     if (ca_checkpoint(checkpointed_layer, (void *)l, mask ? 2 : 1, in, 1, &y) != CA_OK) {
         ca_error_context("checkpointed encoder.layer.%lld", (long long)i);

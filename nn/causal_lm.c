@@ -269,7 +269,13 @@ static ca_status checkpointed_layer(void *ctx, int n_in, ca_tensor *const *in, i
 static ca_tensor *run_layer(const lm_model *b, int64_t i, ca_tensor **in, bool training) {
     const lm_layer *l = &b->layers[i];
     if (!in[0]) return NULL;
-    if (!ca_module_checkpointing(l->module) || !ca_grad_enabled()) return decoder_layer(l, in, training);
+    if (!ca_grad_enabled()) {   /* evaluation: the layer's intermediates go when it returns */
+        ca_locals_mark mark = ca_forward_locals_mark();
+        ca_tensor *y = decoder_layer(l, in, training);
+        if (y) ca_forward_locals_free(mark, y);
+        return y;
+    }
+    if (!ca_module_checkpointing(l->module)) return decoder_layer(l, in, training);
     ca_tensor *y = NULL;
     if (ca_checkpoint(checkpointed_layer, (void *)l, in[3] ? 4 : 3, in, 1, &y) != CA_OK) {
         ca_error_context("checkpointed model.layers.%lld", (long long)i);

@@ -147,7 +147,11 @@ ca_tensor *ca_module_forward(ca_module *m, ca_tensor *x) {
     }
     ca_dtype old = m->autocast ? ca_autocast_set(m->autocast) : CA_F32;
     ca_tape_private_begin();   /* the forward's locals: backward frees them after use */
+    bool no_grad = !ca_grad_enabled();
+    ca_locals_mark mark = no_grad ? ca_forward_locals_mark() : (ca_locals_mark){0};
     ca_tensor *y = run_forward(m, x);
+    /* under no_grad nothing reads them again: torch's reference counts free them here too */
+    if (no_grad && y) ca_forward_locals_free(mark, y);
     if (m->autocast) ca_autocast_set(old);
     if (m->post_forward) y = m->post_forward(m->hook_ctx, m, y);
     ca_tape_private_end(y);

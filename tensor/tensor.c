@@ -16,6 +16,8 @@ static _Thread_local int64_t tl_live;
 static _Thread_local uint64_t tl_scope_ids;
 static _Thread_local ca_scope *tl_pool;          /* ended scopes, reused */
 
+static _Thread_local uint64_t tl_serial;   /* tensors made on this thread, numbering them */
+
 static ca_scope *current_scope(void) {
     if (tl_top) return tl_top;
     tl_root_open = true;
@@ -126,8 +128,46 @@ void ca_scope_release_all(void) {
 
 int64_t ca_scope_live_tensors(void) { return tl_live; }
 
+static _Thread_local uint64_t tl_locals_calls;
+
+ca_locals_mark ca_forward_locals_mark(void) {
+    ca_scope *s = current_scope();
+    return (ca_locals_mark){.scope = s, .scope_id = s->id, .serial = tl_serial};
+}
+
+static const char local_freed[] =
+    "local of a module's forward under no_grad, freed when that forward returned (read it inside the "
+    "forward, or return it)";
+
+/* The scope's list holds the newest tensors first: those made since the mark lead it, until the first
+ * older one (a tensor moved in from another scope also ends the walk: fewer frees, never a wrong one). */
+void ca_forward_locals_free(ca_locals_mark mark, const ca_tensor *y) {
+    ca_scope *s = current_scope();
+    if (s != mark.scope || s->id != mark.scope_id) return;   /* the forward changed scopes: left to them */
+    uint64_t call = ++tl_locals_calls;
+    for (ca_tensor *t = s->tensors; t && t->serial > mark.serial; t = t->scope_next) {
+        ca_storage *st = t->storage;
+        if (!st) continue;
+        if (st->local_mark != call) {
+            st->local_mark = call;
+            st->local = 0;
+        }
+        st->local++;
+    }
+    for (ca_tensor *t = s->tensors; t && t->serial > mark.serial; t = t->scope_next) {
+        ca_storage *st = t->storage;
+        if (!st || !st->ptr || st->meta || t->persistent || (y && y->storage == st) ||
+            st->local != atomic_load(&st->refs))
+            continue;
+        ca_device_free(st->dev, st->ptr);
+        st->ptr = NULL;
+        st->absent = local_freed;
+    }
+}
+
 static void scope_add_tensor(ca_tensor *t) {
     ca_scope *s = current_scope();
+    t->serial = ++tl_serial;
     t->scope = s;
     t->scope_next = s->tensors;
     s->tensors = t;

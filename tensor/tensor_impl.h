@@ -26,6 +26,9 @@ typedef struct ca_storage {
      * of nodes it ran): when that reaches refs, nothing reads the values again (tensor/autograd.c). */
     uint64_t done_pass;
     int done;
+    /* ca_forward_locals_free: the call that counted `local` of the tensors sharing this storage */
+    uint64_t local_mark;
+    int local;
 } ca_storage;
 
 typedef struct ca_node ca_node;
@@ -60,6 +63,7 @@ struct ca_tensor {
     uint64_t version;
     ca_tensor *lowp;
     uint64_t lowp_version;
+    uint64_t serial;                 /* creation order on its thread (ca_forward_locals_*) */
 };
 
 /* Backward of one op: reads n->out's gradient `g` and accumulates into the
@@ -213,6 +217,20 @@ ca_tensor *ca_backward_hook(ca_tensor *y, ca_status (*fn)(void *ctx), void *ctx)
  * forward ends, y is the caller's and keeps its values. Per thread, nested. */
 void ca_tape_private_begin(void);
 void ca_tape_private_end(ca_tensor *y);
+/* A forward's locals under no_grad. Nothing records them for a backward, and C has no reference
+ * count to say when the last reader is done, so without this every intermediate of an evaluation
+ * forward would live to its scope's end (torch frees each one when its last reference goes).
+ * ca_forward_locals_mark() before a module's forward, ca_forward_locals_free(mark, y) after it:
+ * the values of the tensors created since the mark on this thread (in the scope current at both
+ * calls) are freed, except y's storage, persistent tensors, and storages that a tensor made before
+ * the mark or kept shares (a view of a parameter, of the input). The structs stay: a later read
+ * fails naming the tensor and why, as for a freed activation. */
+typedef struct ca_locals_mark {
+    ca_scope *scope;
+    uint64_t scope_id, serial;
+} ca_locals_mark;
+ca_locals_mark ca_forward_locals_mark(void);
+void ca_forward_locals_free(ca_locals_mark mark, const ca_tensor *y);
 /* The id the next recorded node gets (nodes are numbered in recording order). */
 uint64_t ca_next_node_id(void);
 

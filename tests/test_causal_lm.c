@@ -438,6 +438,87 @@ static void test_activation_checkpointing(void **state) {
     }
 }
 
+/* One AdamW step of the decoder on a [B, T] batch drawn from *seed; returns the bytes in use just
+ * before zero_grad. */
+static size_t lm_step(ca_accelerator *acc, ca_module *m, ca_optimizer *opt, int64_t vocab, uint64_t *seed) {
+    enum { B = 4, T = 16 };
+    int64_t ids[B * T];
+    for (int i = 0; i < B * T; i++) {
+        *seed = *seed * 6364136223846793005ull + 1442695040888963407ull;
+        ids[i] = (int64_t)((*seed >> 33) % (uint64_t)vocab);
+    }
+    ca_allocator_stats st;
+    CA_SCOPE {
+        ca_device *dev = ca_accelerator_device(acc);
+        ca_tensor *x = T_NN(ca_from_host(dev, CA_I64, CA_SHAPE(B, T), ids));
+        ca_tensor *logits = T_NN(ca_module_forward(m, x));
+        ca_tensor *loss = T_NN(ca_causal_lm_loss(logits, x));
+        T_OK(ca_backward(acc, loss));
+        T_OK(ca_optimizer_step(opt));
+        T_OK(ca_device_memory_stats(dev, &st));
+        ca_optimizer_zero_grad(opt);
+    }
+    return st.allocated;
+}
+
+/* A decoder's training loop (GPT-2 and Llama, AdamW, through the accelerator) at a fixed shape:
+ * every later step holds no more at its peak than the first and ends holding what the first ended
+ * with (zero_grad gave the gradients back); no later step takes new memory from the device: GPT-2's
+ * second step is served from what the first reserved. The Llama's second and third steps reserve a
+ * 2 KiB block each (the cache serves a miss from a block of up to twice the size, so the gradients
+ * of its 2 KiB k/v projections land in other blocks than in the first step), none after. */
+static void test_later_steps_allocate_nothing_new(void **state) {
+    (void)state;
+    static const struct { const char *json; int settled; } models[] = {
+        {"{\"model_type\": \"gpt2\", \"vocab_size\": 64, \"n_embd\": 32, \"n_layer\": 2, \"n_head\": 4, "
+         "\"n_positions\": 16}", 1},
+        {"{\"model_type\": \"llama\", \"vocab_size\": 64, \"hidden_size\": 32, \"intermediate_size\": 48, "
+         "\"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"num_key_value_heads\": 2}", 3},
+    };
+    for (int k = 0; k < 2; k++) {
+        char *argv[] = {"test_causal_lm", "--cpu", NULL};
+        ca_accelerator *acc;
+        T_OK(ca_accelerator_create(&(ca_options){.argc = 2, .argv = argv}, &acc));
+        ca_device *dev = ca_accelerator_device(acc);
+        ca_module *m = tiny_model(models[k].json);
+        ca_optimizer *opt;
+        T_OK(ca_adamw_create(m, NULL, &opt));
+        T_OK(ca_prepare(acc, m, opt, NULL));
+        size_t grad_bytes = 0;
+        for (int i = 0; i < ca_module_num_params(m); i++) grad_bytes += ca_tensor_nbytes(ca_module_param_at(m, i));
+        T_OK(ca_device_empty_cache(dev));
+        T_OK(ca_device_reset_peak_stats(dev));
+        uint64_t seed = 11;
+        ca_allocator_stats first, settled = {0}, now;
+        size_t held = lm_step(acc, m, opt, 64, &seed);
+        T_OK(ca_device_memory_stats(dev, &first));
+        if (held - first.allocated < grad_bytes)
+            fail_msg("model %d: zero_grad and the step's end gave back %zu bytes, the gradients are %zu", k,
+                     held - first.allocated, grad_bytes);
+        if (models[k].settled == 1) settled = first;
+        for (int step = 2; step <= 10; step++) {
+            T_OK(ca_device_reset_peak_stats(dev));
+            lm_step(acc, m, opt, 64, &seed);
+            T_OK(ca_device_memory_stats(dev, &now));
+            if (now.allocated != first.allocated || now.peak_allocated > first.peak_allocated)
+                fail_msg("model %d, step %d: %zu bytes held after it (first step: %zu), %zu at its peak (%zu)", k,
+                         step, now.allocated, first.allocated, now.peak_allocated, first.peak_allocated);
+            if (step == models[k].settled) settled = now;
+            if (step > models[k].settled &&
+                (now.num_device_allocs != settled.num_device_allocs || now.reserved > settled.reserved))
+                fail_msg("model %d, step %d: %llu raw allocations (step %d: %llu), %zu reserved (%zu)", k, step,
+                         (unsigned long long)now.num_device_allocs, models[k].settled,
+                         (unsigned long long)settled.num_device_allocs, now.reserved, settled.reserved);
+        }
+        if (settled.reserved > first.reserved + 4096)
+            fail_msg("model %d: %zu bytes reserved after warm-up, %zu after the first step", k, settled.reserved,
+                     first.reserved);
+        ca_optimizer_destroy(opt);
+        ca_module_destroy(m);
+        ca_accelerator_destroy(acc);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_config),
@@ -449,6 +530,7 @@ int main(void) {
         cmocka_unit_test(test_rope_llama3),
         cmocka_unit_test(test_gpt2),
         cmocka_unit_test(test_activation_checkpointing),
+        cmocka_unit_test(test_later_steps_allocate_nothing_new),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

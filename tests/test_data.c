@@ -8,6 +8,7 @@
 #include <caccel/caccel.h>
 
 #include <dirent.h>
+#include <malloc.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -315,6 +316,199 @@ static void test_idx_zero_dim(void **state) {
     assert_contains(ca_last_error(), "dimension 1 is 0");
 }
 
+/* ------------------------------------------------------------- IDX straight into tensors */
+
+/* A device of the CPU's kernels whose memory counts as not host memory, so ca_idx_load_tensors
+ * stages through a chunk: its host-to-device copies are counted (the largest, and all bytes). */
+static ca_device_ops g_staged_ops;
+static const ca_device_ops *g_cpu_ops;
+static size_t g_h2d_max, g_h2d_total;
+
+static ca_status counting_memcpy(void *dev, void *dst, const void *src, size_t bytes, ca_copy_kind kind,
+                                 bool async) {
+    if (kind == CA_COPY_H2D) {
+        if (bytes > g_h2d_max) g_h2d_max = bytes;
+        g_h2d_total += bytes;
+    }
+    return g_cpu_ops->memcpy(dev, dst, src, bytes, kind, async);
+}
+
+static ca_device *staged_device(void) {
+    static ca_plugin p;
+    static const ca_device_ops *devs[1];
+    static ca_device *d;
+    if (d) return d;
+    g_cpu_ops = ca_device_ops_of(ca_cpu_device());
+    g_staged_ops = *g_cpu_ops;
+    g_staged_ops.name = "staged_data_test";
+    g_staged_ops.host_memory = false;
+    g_staged_ops.kind = CA_DEVICE_GPU;
+    g_staged_ops.memcpy = counting_memcpy;
+    devs[0] = &g_staged_ops;
+    p = (ca_plugin){.struct_size = sizeof p, .abi_version = CA_ABI_VERSION, .name = "staged_data",
+                    .version = "test", .num_devices = 1, .devices = devs};
+    assert_int_equal(ca_register_plugin(&p, "test_data"), CA_OK);
+    assert_int_equal(ca_device_open("staged_data_test", 0, NULL, &d), CA_OK);
+    assert_false(ca_device_is_host(d));
+    return d;
+}
+
+static int64_t reverse_order(int64_t i, int64_t n, void *ctx) { (void)ctx; return n - 1 - i; }
+static int64_t stride_order(int64_t i, int64_t n, void *ctx) { return (i * *(int64_t *)ctx) % n; }
+static int64_t twice_zero(int64_t i, int64_t n, void *ctx) { (void)ctx; return i < 2 ? 0 : i % n; }
+
+/* Every row of x and y against the file: row i holds sample order(i), x = pixel * scale. */
+static void check_loaded(ca_tensor *x, ca_tensor *y, uint32_t n, uint32_t px, const ca_idx_load_opts *o) {
+    assert_int_equal(ca_tensor_dtype(x), CA_F32);
+    assert_int_equal(ca_tensor_ndim(x), 2);
+    assert_int_equal(ca_tensor_dim(x, 0), n);
+    assert_int_equal(ca_tensor_dim(x, 1), px);
+    assert_int_equal(ca_tensor_dtype(y), CA_I64);
+    assert_int_equal(ca_tensor_ndim(y), 1);
+    float *hx = malloc(ca_tensor_nbytes(x));
+    int64_t *hy = malloc(ca_tensor_nbytes(y) + 1);
+    assert_int_equal(ca_tensor_to_host(x, hx, ca_tensor_nbytes(x)), CA_OK);
+    assert_int_equal(ca_tensor_to_host(y, hy, ca_tensor_nbytes(y)), CA_OK);
+    for (uint32_t i = 0; i < n; i++) {
+        uint32_t j = o->order ? (uint32_t)o->order(i, n, o->order_ctx) : i;
+        assert_int_equal(hy[i], label_of(j));
+        for (uint32_t k = 0; k < px; k++)
+            if (hx[(size_t)i * px + k] != (float)pixel(j, k) * o->x_scale)
+                fail_msg("x[%u][%u] = %g, sample %u's pixel is %u", i, k, hx[(size_t)i * px + k], j, pixel(j, k));
+    }
+    free(hx);
+    free(hy);
+}
+
+/* Values, in the files' order and permuted, gzip'd and plain, on the host and through staging: a
+ * file of more rows than one chunk holds, so rows cross chunks and the staging copies runs. */
+static void test_idx_load_tensors(void **state) {
+    (void)state;
+    char ip[4200], lp[4200];
+    const uint32_t n = 1500, rows = 28, cols = 28;   /* 4.7 MB as f32: five chunks */
+    int64_t stride = 7;                                /* coprime with 1500 */
+    ca_idx_load_opts orders[] = {{.x_scale = 1.0f / 255.0f},
+                                 {.x_scale = 0.5f, .order = reverse_order},
+                                 {.x_scale = 1.0f / 255.0f, .order = stride_order, .order_ctx = &stride}};
+    for (int gz = 0; gz < 2; gz++) {
+        tmp_path(ip, sizeof ip, gz ? "lt-images.gz" : "lt-images");
+        tmp_path(lp, sizeof lp, gz ? "lt-labels.gz" : "lt-labels");
+        write_images(ip, n, rows, cols, gz, 0, 0);
+        write_labels(lp, n, gz, 0);
+        for (int dev = 0; dev < 2; dev++)
+            for (size_t o = 0; o < sizeof orders / sizeof *orders; o++) {
+                ca_device *d = dev ? staged_device() : ca_cpu_device();
+                ca_tensor *x = NULL, *y = NULL;
+                g_h2d_max = g_h2d_total = 0;
+                assert_int_equal(ca_idx_load_tensors(d, ip, lp, &orders[o], &x, &y), CA_OK);
+                assert_ptr_equal(ca_tensor_device(x), d);
+                check_loaded(x, y, n, rows * cols, &orders[o]);
+                if (dev) assert_int_equal(g_h2d_total, ca_tensor_nbytes(x) + ca_tensor_nbytes(y));
+                ca_tensor_free(x);
+                ca_tensor_free(y);
+            }
+    }
+}
+
+/* The file's errors as ca_idx_dataset_open words them, and a bad order, leave no tensors. */
+static void test_idx_load_tensors_errors(void **state) {
+    (void)state;
+    char ip[4200], lp[4200], sp[4200];
+    write_images(tmp_path(ip, sizeof ip, "le-images.gz"), 6, 2, 3, true, 0, 0);
+    write_labels(tmp_path(lp, sizeof lp, "le-labels.gz"), 6, true, 0);
+    write_labels(tmp_path(sp, sizeof sp, "le-labels-5"), 5, false, 0);
+    ca_tensor *x = (ca_tensor *)1, *y = (ca_tensor *)1;
+    assert_int_equal(ca_idx_load_tensors(ca_cpu_device(), ip, sp, NULL, &x, &y), CA_ERR_IO);
+    assert_contains(ca_last_error(), "has 6 images");
+    assert_contains(ca_last_error(), "has 5 labels");
+    assert_null(x);
+    assert_null(y);
+    assert_int_equal(ca_idx_load_tensors(ca_cpu_device(), ip, lp, &(ca_idx_load_opts){.order = twice_zero}, &x, &y),
+                     CA_ERR_INVALID);
+    assert_contains(ca_last_error(), "sample 0 is at rows 0 and 1");
+    assert_int_equal(ca_idx_load_tensors(ca_cpu_device(), ip, lp, &(ca_idx_load_opts){.order = stride_order,
+                     .order_ctx = &(int64_t){-1}}, &x, &y), CA_ERR_INVALID);
+    assert_contains(ca_last_error(), "is outside 0..5");
+    write_images(tmp_path(ip, sizeof ip, "le-short.gz"), 6, 2, 3, true, 5, 0);
+    assert_int_equal(ca_idx_load_tensors(ca_cpu_device(), ip, lp, NULL, &x, &y), CA_ERR_IO);
+    assert_contains(ca_last_error(), "is truncated");
+    write_images(tmp_path(ip, sizeof ip, "le-long"), 6, 2, 3, false, 0, 3);
+    assert_int_equal(ca_idx_load_tensors(ca_cpu_device(), ip, lp, NULL, &x, &y), CA_ERR_IO);
+    assert_contains(ca_last_error(), "longer than its header says");
+    assert_null(x);
+    assert_null(y);
+}
+
+/* This process's resident set (VmRSS) or its high-water mark (VmHWM), in KiB; -1 where unknown. */
+static long proc_status_kib(const char *key) {
+    FILE *f = fopen("/proc/self/status", "r");
+    if (!f) return -1;
+    char line[256];
+    long v = -1;
+    size_t kl = strlen(key);
+    while (fgets(line, sizeof line, f))
+        if (!strncmp(line, key, kl) && line[kl] == ':') v = atol(line + kl + 1);
+    fclose(f);
+    return v;
+}
+
+/* Resets the kernel's peak (VmHWM) to the current resident set, after giving the heap's free pages
+ * back (so staging that reuses them counts); false where RSS means nothing (valgrind, ASan: their own
+ * bookkeeping, shadow and quarantine) or /proc cannot reset it. */
+static bool rss_peak_reset(void) {
+#ifdef __SANITIZE_ADDRESS__
+    return false;
+#endif
+    if (getenv("CACCEL_UNDER_VALGRIND")) return false;
+    malloc_trim(0);
+    FILE *f = fopen("/proc/self/clear_refs", "w");
+    if (!f) return false;
+    bool reset = fputs("5", f) >= 0;
+    if (fclose(f) != 0 || !reset) return false;
+    return proc_status_kib("VmRSS") >= 0 && proc_status_kib("VmHWM") >= 0;
+}
+
+/* The bound: loading holds one chunk beside the tensors, never the split. Through staging, no copy
+ * is larger than a chunk (1 MiB and a row); on the host, the process's peak resident memory while
+ * loading grows by the tensors and a few MiB, where the u8 split alone is 25 MiB (and an f32 host
+ * copy 100 MiB more). The peak is the kernel's VmHWM, reset first through /proc/self/clear_refs. */
+static void test_idx_load_tensors_bounded(void **state) {
+    (void)state;
+    char ip[4200], lp[4200];
+    /* 100 MiB of f32 where the peak RSS is checked; valgrind and ASan check the staging alone, on less */
+    const char *san = getenv("CACCEL_TEST_SANITIZED");
+    bool small = getenv("CACCEL_UNDER_VALGRIND") || (san && !strcmp(san, "yes"));
+    const uint32_t n = small ? 4096 : 32768, rows = 28, cols = 28;
+    tmp_path(ip, sizeof ip, "bound-images");
+    tmp_path(lp, sizeof lp, "bound-labels");
+    write_images(ip, n, rows, cols, false, 0, 0);
+    write_labels(lp, n, false, 0);
+    const size_t chunk = (1u << 20) + rows * cols * sizeof(float);
+    ca_tensor *x = NULL, *y = NULL;
+    ca_idx_load_opts o = {.x_scale = 1.0f / 255.0f};
+    long grown = -1, tensors = 0;
+    bool rss = rss_peak_reset();
+    if (rss) {
+        long rss0 = proc_status_kib("VmRSS");
+        assert_int_equal(ca_idx_load_tensors(ca_cpu_device(), ip, lp, &o, &x, &y), CA_OK);
+        grown = proc_status_kib("VmHWM") - rss0;
+        tensors = (long)((ca_tensor_nbytes(x) + ca_tensor_nbytes(y)) / 1024);
+        check_loaded(x, y, n, rows * cols, &o);
+        ca_tensor_free(x);
+        ca_tensor_free(y);
+    }
+    g_h2d_max = g_h2d_total = 0;
+    assert_int_equal(ca_idx_load_tensors(staged_device(), ip, lp, NULL, &x, &y), CA_OK);
+    if (g_h2d_max > chunk) fail_msg("a staging copy of %zu bytes: more than a chunk (%zu)", g_h2d_max, chunk);
+    assert_int_equal(g_h2d_total, ca_tensor_nbytes(x) + ca_tensor_nbytes(y));
+    ca_tensor_free(x);
+    ca_tensor_free(y);
+    if (!rss) skip();
+    if (grown > tensors + 16 * 1024)
+        fail_msg("loading %ld KiB of tensors raised the peak by %ld KiB: staging of %ld KiB", tensors, grown,
+                 grown - tensors);
+}
+
 /* ------------------------------------------------------------- Fashion-MNIST */
 
 static void test_fashion_mnist_real(void **state) {
@@ -527,6 +721,9 @@ int main(void) {
         cmocka_unit_test(test_idx_corrupt_gzip),
         cmocka_unit_test(test_idx_missing),
         cmocka_unit_test(test_idx_zero_dim),
+        cmocka_unit_test(test_idx_load_tensors),
+        cmocka_unit_test(test_idx_load_tensors_errors),
+        cmocka_unit_test(test_idx_load_tensors_bounded),
         cmocka_unit_test(test_fashion_mnist_real),
         cmocka_unit_test(test_fashion_mnist_missing),
         cmocka_unit_test(test_fashion_mnist_env_dir),

@@ -356,6 +356,67 @@ static void test_failed_constructors_clear_out(void **state) {
     assert_null(p);
 }
 
+/* A forward with a local (2x, 4 KiB), a view of its parameter and a result that is a view of another
+ * local (x + 2x, reshaped). */
+static ca_tensor *g_local, *g_param_view;
+
+static ca_tensor *locals_forward(ca_module *self, ca_tensor *x, void *ctx) {
+    (void)ctx;
+    g_local = ca_mul_scalar(x, 2.0);
+    g_param_view = ca_reshape(ca_module_param_at(self, 0), 1, (int64_t[]){1024});
+    ca_tensor *sum = ca_add(ca_add(x, g_local), ca_reshape(g_param_view, 2, (int64_t[]){1, 1024}));
+    return ca_reshape(sum, 2, (int64_t[]){32, 32});
+}
+
+/* Under no_grad a module's forward gives its locals' memory back when it returns (torch's reference
+ * counts free an evaluation's intermediates as it goes; without this, every intermediate of the
+ * forward lived to the scope's end): what stays is the result (a view of a local keeps that local's
+ * values), the input and the parameters. A freed local read later says why. With grad on, the
+ * locals stay for backward as before. */
+static void test_no_grad_forward_frees_locals(void **state) {
+    (void)state;
+    ca_device *dev = ca_cpu_device();
+    ca_module *m;
+    T_OK(ca_module_create("Locals", locals_forward, NULL, NULL, &m));
+    ca_tensor *w;
+    T_OK(ca_parameter_create(dev, CA_F32, 1, (int64_t[]){1024}, &w));
+    T_OK(ca_tensor_init_fill_(w, 0, 1024, 0.5));
+    T_OK(ca_module_add_param(m, "w", w));
+    const size_t bytes = 1024 * sizeof(float);
+    for (int grad = 0; grad < 2; grad++) {
+        CA_SCOPE {
+            ca_tensor *x = T_NN(ca_full(dev, CA_F32, CA_SHAPE(1, 1024), 1.0));
+            ca_allocator_stats before, after;
+            T_OK(ca_device_memory_stats(dev, &before));
+            ca_tensor *y;
+            if (grad) {
+                y = T_NN(ca_module_forward(m, x));
+            } else {
+                CA_NO_GRAD { y = T_NN(ca_module_forward(m, x)); }
+            }
+            T_OK(ca_device_memory_stats(dev, &after));
+            /* no_grad: only the result's storage (x + 2x, then + w); grad: the two locals too */
+            size_t held = after.allocated - before.allocated;
+            if (grad ? held < 3 * bytes : held > bytes)
+                fail_msg("grad %d: the forward left %zu bytes in use, the result is %zu", grad, held, bytes);
+            float h[1024];
+            T_OK(ca_tensor_to_host(y, h, sizeof h));
+            assert_true(h[0] == 3.5f && h[1023] == 3.5f);
+            T_OK(ca_tensor_to_host(x, h, sizeof h));                /* the input stays */
+            T_OK(ca_tensor_to_host(g_param_view, h, sizeof h));     /* a view of a parameter stays */
+            assert_true(h[0] == 0.5f);
+            if (grad) {
+                T_OK(ca_tensor_to_host(g_local, h, sizeof h));
+            } else {
+                assert_int_equal(ca_tensor_to_host(g_local, h, sizeof h), CA_ERR_STATE);
+                assert_non_null(strstr(ca_last_error(), "under no_grad, freed when that forward returned"));
+                ca_clear_error();
+            }
+        }
+    }
+    ca_module_destroy(m);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_names_and_counts),
@@ -369,6 +430,7 @@ int main(void) {
         cmocka_unit_test(test_failed_constructors_clear_out),
         cmocka_unit_test(test_tp_plan),
         cmocka_unit_test(test_tp_vocab_unsplit),
+        cmocka_unit_test(test_no_grad_forward_frees_locals),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     ca_scope_release_all();

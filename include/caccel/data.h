@@ -61,10 +61,31 @@ CA_API ca_status ca_dataset_from_memory(const ca_sample_spec *x, const void *xda
  * what is wrong (missing, bad magic, truncated, counts differ). */
 CA_API ca_status ca_idx_dataset_open(const char *images_path, const char *labels_path,
                                      ca_dataset **out);
+/* How ca_idx_load_tensors lays out what it reads. */
+typedef struct ca_idx_load_opts {
+    float x_scale;             /* x = pixel * x_scale (0: 1); 1/255 for [0, 1] */
+    /* Row i of x and y holds sample order(i, n, order_ctx), n being the files' sample count: a
+     * permutation of 0..n-1 (NULL: the files' order). */
+    int64_t (*order)(int64_t i, int64_t n, void *order_ctx);
+    void *order_ctx;
+} ca_idx_load_opts;
+
+/* An IDX pair (images, labels; gzip'd or not) straight into two persistent tensors on dev: x f32
+ * [n, rows * cols] and y i64 [n] (free them with ca_tensor_free). The files are decompressed and
+ * converted in chunks of about 1 MiB written into the tensors' memory (on a device whose memory is
+ * not host memory, through one staging chunk): the host holds a chunk, never the whole split, so
+ * the peak is the tensors plus a chunk where reading through ca_idx_dataset_open and ca_from_host
+ * holds the u8 data and an f32 copy beside them. Same checks and messages as ca_idx_dataset_open;
+ * a bad order fails with CA_ERR_INVALID naming the entry. */
+CA_API ca_status ca_idx_load_tensors(ca_device *dev, const char *images_path, const char *labels_path,
+                                     const ca_idx_load_opts *opts, ca_tensor **x, ca_tensor **y);
 /* Fashion-MNIST from `dir` (NULL: $CACCEL_DATA_DIR/fashion-mnist, then
  * /usr/share/datasets/fashion-mnist from Debian's dataset-fashion-mnist).
  * Missing files fail with CA_ERR_IO and a hint naming the package and --data. */
 CA_API ca_status ca_fashion_mnist_open(const char *dir, bool train, ca_dataset **out);
+/* A Fashion-MNIST split (dir as ca_fashion_mnist_open) through ca_idx_load_tensors. */
+CA_API ca_status ca_fashion_mnist_load_tensors(const char *dir, bool train, ca_device *dev,
+                                               const ca_idx_load_opts *opts, ca_tensor **x, ca_tensor **y);
 /* The directory ca_fashion_mnist_open(NULL, ...) would use, or NULL. */
 CA_API const char *ca_fashion_mnist_default_dir(void);
 
