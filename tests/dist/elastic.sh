@@ -89,6 +89,14 @@ count 1 "machine 1 waited to join: it has learnt that the job has ended" "$WORK/
 
 need_backend gloo
 ns_setup 3
+# ELASTIC_LINK (for the measurements in bench/RESULTS.md, unset in make check): a tc queueing
+# discipline put on every machine's link, e.g. "tbf rate 100mbit burst 64kb latency 50ms".
+if [ -n "${ELASTIC_LINK:-}" ]; then
+    for m in 0 1 2; do
+        ip netns exec "$(ns_name "$m")" tc qdisc add dev eth0 root $ELASTIC_LINK || fail "tc qdisc add $ELASTIC_LINK"
+    done
+    note "every machine's link shaped: $ELASTIC_LINK"
+fi
 DDP="$BUILD/tests/ddp_check"
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
 TRAIN="--cpu --backend gloo $DDP --mode plain --batch 8 --steps 12 --save-every 4 --automatic_checkpoint_naming"
