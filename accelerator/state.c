@@ -2005,13 +2005,12 @@ static ca_status with_full_params(ca_accelerator *acc, ca_status (*fn)(ca_accele
 }
 
 /* An elastic job grows at a checkpoint: caccel launch marks a machine waiting to join
- * (caccel/elastic/grow). After a complete synchronous save every rank learns from rank 0 whether one
- * waits; if so rank 0 asks the launchers to regroup and every process waits for them to stop it, so
- * that the grown group resumes from exactly this checkpoint (docs/DISTRIBUTED.md, Elastic membership). */
-static void elastic_grow_point(ca_accelerator *acc) {
-    if (!getenv("CACCEL_ELASTIC_BASE_WORLD_SIZE") || acc->world < 2) return;
+ * (caccel/elastic/grow). Every rank learns from rank 0 whether one waits (one broadcast). Outside an
+ * elastic job of several processes: false, with no communication. */
+static bool elastic_grow_pending(ca_accelerator *acc) {
+    if (!getenv("CACCEL_ELASTIC_BASE_WORLD_SIZE") || acc->world < 2) return false;
     ca_store_ref st = ca_comm_launch_store(acc->comm);
-    if (!st.ops) return;
+    if (!st.ops) return false;
     double v = 0;
     if (acc->rank == 0 && st.ops->check(st.store, "caccel/elastic/grow") == CA_OK) v = 1;
     ca_clear_error();
@@ -2020,7 +2019,15 @@ static void elastic_grow_point(ca_accelerator *acc) {
         if (!t || ca_broadcast(acc, t, 0) != CA_OK || ca_tensor_item(t, &v) != CA_OK) v = 0;
     }
     ca_clear_error();
-    if (v == 0) return;
+    return v != 0;
+}
+
+/* After a complete synchronous save: if a machine waits, rank 0 asks the launchers to regroup and
+ * every process waits for them to stop it, so that the grown group resumes from exactly this
+ * checkpoint (docs/DISTRIBUTED.md, Elastic membership). */
+static void elastic_grow_point(ca_accelerator *acc) {
+    if (!elastic_grow_pending(acc)) return;
+    ca_store_ref st = ca_comm_launch_store(acc->comm);
     long long step = acc->nopts > 0 ? (long long)ca_optimizer_steps(acc->opts[0]) : 0;
     if (acc->rank == 0) {
         ca_log_printf(CA_LOG_WARNING, "elastic: a machine waits to join: the group stops at this checkpoint "
@@ -2052,6 +2059,15 @@ ca_status ca_save_state_ex(ca_accelerator *acc, const char *dir, const ca_save_s
                      "thread; MPI: the library must give MPI_THREAD_MULTIPLE)", acc->world,
                      acc->comm ? ca_comm_backend(acc->comm) : "none", ca_device_name(acc->device));
         warned = true;
+        o.async = false;
+    }
+    /* An asynchronous save returns before its checkpoint is complete, so it cannot be where the group
+     * stops to grow; when a machine waits to join, this save is made synchronously instead and the
+     * group grows at it (the next checkpoint boundary, as for synchronous saves). */
+    if (o.async && elastic_grow_pending(acc)) {
+        if (acc->rank == 0)
+            CA_LOG_W("save_state: a machine waits to join the elastic job: this save runs synchronously, so "
+                     "that the group can grow at it");
         o.async = false;
     }
     int64_t t0 = ca_trace_on() ? ca_trace_now_ns() : 0;   /* the profiler's checkpoint stall */

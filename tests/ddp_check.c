@@ -58,6 +58,7 @@ typedef struct opts {
     int stop_rank;               /* --stop-rank R: rank R stops itself (SIGSTOP) before micro-step 3 */
     int lsgd_steps, sim;         /* --local-sgd-steps K, --sim N */
     int save_every, halt_step;   /* --save-every N, --halt-step S, --gate-step S --gate FILE: see elastic_train */
+    int async_from;              /* --async-save-from S: see elastic_train */
     int gate_step, gate_restart;
     const char *gate;
     bool resume;
@@ -195,6 +196,7 @@ static opts parse(int argc, char **argv) {
         else if (!strcmp(argv[i], "--stop-rank") && i + 1 < argc) o.stop_rank = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--sched-total") && i + 1 < argc) o.sched_total = atoll(argv[++i]);
         else if (!strcmp(argv[i], "--save-every") && i + 1 < argc) o.save_every = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--async-save-from") && i + 1 < argc) o.async_from = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--halt-step") && i + 1 < argc) o.halt_step = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--resume")) o.resume = true;
         else if (!strcmp(argv[i], "--gate-step") && i + 1 < argc) o.gate_step = atoi(argv[++i]);
@@ -291,7 +293,8 @@ static int uneven(ca_accelerator *acc, ca_module *m, ca_dataset *ds) {
  * any. --halt-step S: in the first start (no restart yet) the last rank stops itself (SIGSTOP) after
  * step S, so that a test can kill its machine while no later checkpoint can be written. --gate-step S
  * --gate FILE: after the first restart (the start --gate-restart R names, default 1) every rank prints
- * "rank=R at the gate" after step S and waits until FILE exists (a test lets a machine join meanwhile). */
+ * "rank=R at the gate" after step S and waits until FILE exists (a test lets a machine join meanwhile).
+ * --async-save-from S: the saves from step S on are asynchronous (ca_save_state_ex with async). */
 static void elastic_train(ca_accelerator *acc, ca_module *m, ca_optimizer *opt, ca_dataloader *dl, const opts *o) {
     if (o->resume) {
         ca_status s = ca_load_state(acc, NULL);
@@ -318,7 +321,10 @@ static void elastic_train(ca_accelerator *acc, ca_module *m, ca_optimizer *opt, 
         int64_t step = ca_optimizer_steps(opt);
         printf("rank=%d trained step %lld of %d processes\n", rank, (long long)step, world);
         fflush(stdout);
-        if (o->save_every > 0 && step % o->save_every == 0) CA_CHECK(ca_save_state(acc, NULL));
+        if (o->save_every > 0 && step % o->save_every == 0) {
+            ca_save_state_options so = {.async = o->async_from > 0 && step >= o->async_from};
+            CA_CHECK(ca_save_state_ex(acc, NULL, &so));
+        }
         if (first && step == o->halt_step && rank == world - 1) raise(SIGSTOP);
         if (o->gate && (restart ? atoi(restart) : 0) == o->gate_restart && step == o->gate_step) {
             printf("rank=%d at the gate\n", rank);

@@ -6,8 +6,9 @@
 # stop, restart at two machines (the one restart of --max_restarts), resume from the newest complete
 # checkpoint (step 4) with the accumulation that keeps the global batch (3 x 2 = 2 x 3) and wait at a
 # gate after step 6. Machine 2 is started again: it waits to join, the gate opens, and the group stops
-# at its next checkpoint (step 8) and restarts at three machines (accumulation 2 again) from it: a
-# grow, which --max_restarts does not count (torchrun counts failures only).
+# at its next checkpoint (step 8, an asynchronous save, made synchronously for the grow) and restarts
+# at three machines (accumulation 2 again) from it: a grow, which --max_restarts does not count
+# (torchrun counts failures only).
 # The parameters at step 12 equal a run without failures through the same sizes at the same steps:
 # 3 processes to step 4, 2 processes (accumulation 3) to step 8, 3 processes to step 12. Then with
 # --num_machines 2:2 a dead machine leaves fewer than MIN: the job ends. The refusals (MIN > MAX,
@@ -118,7 +119,7 @@ NS_MACHINES= PET_MAX_RESTARTS=1
 export PET_MAX_RESTARTS
 el_launch() {
     ns_launch "$1" 3 29571 --config_file "$WORK/el.yaml" --monitor_interval 0.2 $TRAIN --k 2 --halt-step 6 --resume \
-        --gate-step 6 --gate "$WORK/gate" --project_dir "$WORK/el" --dump "$WORK/el.bin"
+        --gate-step 6 --gate "$WORK/gate" --async-save-from 8 --project_dir "$WORK/el" --dump "$WORK/el.bin"
 }
 for m in 0 1 2; do el_launch "$m"; done
 wait_lines 1 "rank=2 trained step 6 of 3 processes" "machine 2 did not train" "$NS_PID_0 $NS_PID_1 $NS_PID_2" "$WORK/m2"
@@ -152,6 +153,7 @@ for m in 0 1 2; do
     count 1 "membership (round 2): machine(s) 2 joined; the job goes on with machines 0,1,2 (3 of --num_machines 2:3)" "$WORK/m$m"
 done
 count 1 "machine 2 waits to join: the running group takes it in at its next checkpoint" "$WORK/m2"
+count 1 "save_state: a machine waits to join the elastic job: this save runs synchronously" "$WORK/m0"
 count 1 "elastic: a machine waits to join: the group stops at this checkpoint (optimizer step 8) to grow" "$WORK/m0"
 count 1 "elastic: the group of 3 processes resumes at optimizer step 8" "$WORK/m0"
 count 1 "rank=2 trained step 12 of 3 processes" "$WORK/m2"
