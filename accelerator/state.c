@@ -909,15 +909,26 @@ static ca_status ss_recover(const ca_accelerator *acc, const char *dir, const ss
     return s;
 }
 
-/* <dir>.tmp, new, with the file that marks it as caccel's. */
+/* <dir>.tmp, new, with the file that marks it as caccel's. The file is created under its own name, not
+ * written elsewhere and renamed: a process killed at any point here leaves a directory that is empty or
+ * holds that file (its text is not read), both of which a later save recognises as its own and
+ * removes; a rename's temporary file would leave one it must refuse to touch. */
 static ca_status ss_make_tmp(const char *tmp) {
     static const char text[] = "caccel save_state made this directory; it removes it only while this file is here\n";
     char path[PATH_MAX];
     if (mkdir(tmp, 0755) != 0)
         return ca_error(CA_ERR_IO, "%s: cannot create the directory: %s", tmp, strerror(errno));
     ca_status s = ss_path(path, tmp, SS_OWNER);
-    if (s == CA_OK) s = ca_st_write_atomic(path, (const void *const[]){text}, (const size_t[]){sizeof text - 1}, 1);
-    if (s != CA_OK) rmdir(tmp);   /* empty again: ca_st_write_atomic removes its file when it fails */
+    int fd = s == CA_OK ? open(path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644) : -1;
+    if (s == CA_OK && fd < 0) s = ca_error(CA_ERR_IO, "%s: cannot create it: %s", path, strerror(errno));
+    if (fd >= 0 && write(fd, text, sizeof text - 1) != (ssize_t)(sizeof text - 1))
+        s = ca_error(CA_ERR_IO, "%s: cannot write it: %s", path, strerror(errno));
+    if (fd >= 0 && close(fd) != 0 && s == CA_OK)
+        s = ca_error(CA_ERR_IO, "%s: cannot write it: %s", path, strerror(errno));
+    if (s != CA_OK) {   /* empty again */
+        if (fd >= 0) unlink(path);
+        rmdir(tmp);
+    }
     return s;
 }
 
