@@ -1053,6 +1053,7 @@ typedef struct ss_async {
     char target[PATH_MAX], tmp[PATH_MAX], root[PATH_MAX];
     int64_t limit;                 /* total_limit to apply after the publication (0: none) */
     int hold_fd;                   /* test hook CACCEL_TEST_SAVE_HOLD (-1: none) */
+    bool enospc;                   /* test hook CACCEL_TEST_SAVE_ENOSPC names this rank */
     ca_status status;              /* the finished save's, until a call returns it */
     char msg[1024];
 } ss_async;
@@ -1096,6 +1097,21 @@ static void ss_test_hold(const ca_accelerator *acc, int fd) {
     while (read(fd, &c, 1) < 0 && errno == EINTR) continue;
 }
 
+/* Test hook: CACCEL_TEST_SAVE_ENOSPC=<rank>: that rank's background writes fail as on a full disk
+ * (its files not written, ENOSPC), the other ranks' succeed, so that a test sees one rank's failure
+ * reach every rank and keep rank 0 from publishing. Read on the calling thread, as the hold. */
+static bool ss_test_enospc(const ca_accelerator *acc) {
+    const char *v = getenv("CACCEL_TEST_SAVE_ENOSPC");
+    return v && *v && atoi(v) == acc->rank;
+}
+
+static ca_status ss_capture_write(ss_async *a, uint32_t *crcs) {
+    if (a->enospc)
+        return ca_error(CA_ERR_IO, "%s: cannot write: %s (rank %d, CACCEL_TEST_SAVE_ENOSPC)",
+                        a->files.n > 0 ? a->files.files[0].path : a->tmp, strerror(ENOSPC), a->acc->rank);
+    return ca_st_capture_write(&a->files, crcs, crcs ? ss_chunk_size() : 0);
+}
+
 /* Steps 2-5 from the host copy (as save_state does them from the live state), then total_limit. */
 static ca_status ss_async_write(ss_async *a) {
     ca_accelerator *acc = a->acc;
@@ -1105,7 +1121,7 @@ static ca_status ss_async_write(ss_async *a) {
      * read back for the manifest, as in a synchronous save) */
     uint32_t *crcs = acc->rank == 0 ? calloc((size_t)a->files.n + 1, sizeof *crcs) : NULL;
     ca_status s = acc->rank == 0 && !crcs ? ca_error(CA_ERR_NOMEM, "save_state: out of memory")
-                                          : ca_st_capture_write(&a->files, crcs, crcs ? ss_chunk_size() : 0);
+                                          : ss_capture_write(a, crcs);
     if (s == CA_OK) ss_test_stall(acc, "files");
     s = ss_exchange_bg(a, s, &bad);
     bool published = false;
@@ -1145,22 +1161,25 @@ static ca_status ss_async_join(ca_accelerator *acc, const char *who) {
 }
 
 /* Whether a background thread can exchange statuses without touching the accelerator's
- * communicator: one process, or a split communicator on host memory whose backend allows a second
- * thread while the first trains (Gloo; MPI when the library gave MPI_THREAD_MULTIPLE). */
+ * communicator: one process, or its own communicator (ss_async_init: on host memory, whatever the
+ * accelerator's device) whose backend allows a second thread while the first trains (Gloo; MPI when
+ * the library gave MPI_THREAD_MULTIPLE). The same answer on every rank: one backend, one library. */
 static bool ss_async_possible(const ca_accelerator *acc) {
     if (acc->world <= 1) return true;
-    return acc->comm && ca_device_is_host(acc->device) && ca_comm_threads_concurrent(acc->comm);
+    return acc->async && acc->async->comm && ca_comm_threads_concurrent(acc->async->comm);
 }
 
 /* The state, the first time: the background thread's communicator (collective: every rank is in
- * this save). */
+ * this save), on host memory even where the accelerator's collectives are the lazy device's graph
+ * nodes or a GPU's (its exchanges pass a few host floats, and a device graph is the calling
+ * thread's). */
 static ca_status ss_async_init(ca_accelerator *acc) {
     if (acc->async) return CA_OK;
     ss_async *a = calloc(1, sizeof *a);
     if (!a) return ca_error(CA_ERR_NOMEM, "save_state: out of memory");
     a->acc = acc;
     atomic_init(&a->done, true);
-    ca_status s = acc->world > 1 ? ca_comm_split(acc->comm, 0, acc->rank, &a->comm) : CA_OK;
+    ca_status s = acc->world > 1 ? ca_comm_split_host(acc->comm, 0, acc->rank, &a->comm) : CA_OK;
     if (s != CA_OK) {
         free(a);
         return ca_error_context("save_state: the asynchronous saves' communicator");
@@ -1199,6 +1218,7 @@ static ca_status ss_async_start(ca_accelerator *acc, const char *dir) {
     }
     a->limit = dir == NULL ? ss_total_limit(acc) : 0;
     a->hold_fd = ss_test_hold_fd();
+    a->enospc = ss_test_enospc(acc);
     if (dir == NULL) acc->iteration++;                 /* the next save takes the next number */
     atomic_store(&a->done, false);
     int rc = pthread_create(&a->thread, NULL, ss_async_main, a);
@@ -2061,6 +2081,7 @@ ca_status ca_save_state_ex(ca_accelerator *acc, const char *dir, const ca_save_s
     else if (ca_config_get_bool(acc->cfg, "async_save", &o.async) != CA_OK) o.async = false;
     ca_status s = o.refuse_if_busy ? ss_refuse_if_busy(acc) : CA_OK;
     if (s == CA_OK) s = ss_async_join(acc, "save_state");   /* one save in flight; an earlier failure first */
+    if (s == CA_OK && o.async) s = ss_async_init(acc);   /* collective: every rank is in this save */
     if (s != CA_OK) return s;
     static bool warned;   /* once per process */
     if (o.async && !ss_async_possible(acc)) {
