@@ -2,7 +2,11 @@
 # Asynchronous save_state on 2 and 4 ranks, under caccel launch (Gloo: the background thread
 # exchanges the statuses on a communicator of its own) and under mpirun (the same when the MPI
 # library gives MPI_THREAD_MULTIPLE, as ompi_info says Open MPI does; else the save is made
-# synchronously, with a warning), and on the lazy xla device (--tpu) in one process and on 2 ranks.
+# synchronously, with a warning), and on the lazy xla device (--tpu) in one process and on 2 ranks
+# (in the background too: the writer's communicator is on host memory). On 2 ranks of the lazy device:
+# resumed from the asynchronous checkpoint, the run ends with the parameters of the run that went on;
+# killed while the writers are held, the previous checkpoint loads. On 2 ranks of the CPU and the lazy
+# device: a background write failing on rank 1 alone is returned on both ranks, nothing published.
 # Every rank steps after the asynchronous save returned, while its background writer is held; the
 # program says whether a background writer ran (it read the byte that released it); and the
 # checkpoint equals a synchronous save of the same state, every file byte for byte (complete.json
