@@ -107,6 +107,10 @@ if command -v "${MPIRUN:-mpirun}" >/dev/null 2>&1 && [ $mpi_plugin = yes ]; then
         run_mpi $n "$BUILD/tests/test_async_save" --ranks "$d" > "$WORK/o" 2>&1 || { cat "$WORK/o"; fail "mpi, $n ranks"; }
         check "mpi, $n ranks" $n "$WORK/o" "$d" "$how"
     done
+    d="$WORK/mpixla2"   # the lazy device: its collectives are graph nodes, the writer's are on host memory
+    mkdir -p "$d"
+    run_mpi 2 "$BUILD/tests/test_async_save" --ranks "$d" --tpu > "$WORK/o" 2>&1 || { cat "$WORK/o"; fail "mpi, xla, 2 ranks"; }
+    check "mpi, xla, 2 ranks" 2 "$WORK/o" "$d" "$how"
 else
     echo "no mpirun or MPI backend: the MPI part is not run"
 fi
