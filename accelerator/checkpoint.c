@@ -565,10 +565,22 @@ bool ca_ck_rank0_reads(const ca_accelerator *acc, const ca_module *model) {
     return on;
 }
 
+/* Test hook: CACCEL_TEST_BCAST_STALL=<n> stops rank 1 before it takes part in the n-th parameter
+ * broadcast from rank 0 (1-based) of a load (ca_load_model, ca_load_state), after printing a line, so that a test kills or stops it
+ * there: the peer that fails mid-broadcast, at a point no sleep has to hit. */
+static void ck_test_bcast_stall(const ca_accelerator *acc, int i, const char *who) {
+    const char *v = getenv("CACCEL_TEST_BCAST_STALL");
+    if (!v || acc->rank != 1 || atoi(v) != i + 1) return;
+    fprintf(stderr, "%s: rank 1 stalled before parameter broadcast %d (CACCEL_TEST_BCAST_STALL)\n", who, i + 1);
+    fflush(stderr);
+    for (;;) pause();
+}
+
 ca_status ca_ck_broadcast_params(ca_accelerator *acc, ca_module *model, const char *who) {
     ca_status s = CA_OK;
     for (int i = 0; s == CA_OK && i < ca_module_num_params(model); i++) {
         ca_tensor *p = ca_module_param_at(model, i);
+        ck_test_bcast_stall(acc, i, who);
         s = ca_comm_broadcast(acc->comm, ca_tptr(p), (size_t)p->numel, p->dtype, 0, NULL);
         p->version++;   /* copies cast from older values are stale */
         if (s != CA_OK) ca_error_context("%s: broadcasting parameter %s from rank 0", who, ca_module_param_name(model, i));
@@ -643,17 +655,6 @@ static ca_status ck_restore(ca_module *model, const ck_kept *k) {
     return s;
 }
 
-/* Test hook: CACCEL_TEST_BCAST_STALL=<n> stops rank 1 before it takes part in the n-th parameter
- * broadcast of a rank-0 load (1-based), after printing a line, so that a test kills or stops it
- * there: the peer that fails mid-broadcast, at a point no sleep has to hit. */
-static void ck_test_bcast_stall(const ca_accelerator *acc, int i) {
-    const char *v = getenv("CACCEL_TEST_BCAST_STALL");
-    if (!v || acc->rank != 1 || atoi(v) != i + 1) return;
-    fprintf(stderr, "load_model: rank 1 stalled before parameter broadcast %d (CACCEL_TEST_BCAST_STALL)\n", i + 1);
-    fflush(stderr);
-    for (;;) pause();
-}
-
 /* Rank 0 loads (checked before anything is written: a failure changes no rank), its status reaches
  * every rank, then every parameter goes from rank 0 to the others: the same bytes on every rank.
  * All or nothing: every rank first keeps a host copy of its parameters, and after the broadcasts the
@@ -675,13 +676,7 @@ static ca_status load_on_rank0(ca_accelerator *acc, ca_module *model, const char
     bool started = s == CA_OK;
     if (s == CA_OK && acc->rank == 0) s = ca_ck_model_apply(m, model);
     ca_ck_model_close(m);
-    for (int i = 0; s == CA_OK && i < ca_module_num_params(model); i++) {
-        ca_tensor *p = ca_module_param_at(model, i);
-        ck_test_bcast_stall(acc, i);
-        s = ca_comm_broadcast(acc->comm, ca_tptr(p), (size_t)p->numel, p->dtype, 0, NULL);
-        p->version++;   /* copies cast from older values are stale */
-        if (s != CA_OK) ca_error_context("load_model: broadcasting parameter %s from rank 0", ca_module_param_name(model, i));
-    }
+    if (s == CA_OK) s = ca_ck_broadcast_params(acc, model, "load_model");
     if (started) s = ck_agree(acc, s, &bad);   /* every rank has them */
     if (started && s != CA_OK) {
         char msg[1024];

@@ -1870,6 +1870,11 @@ static ca_status ss_broadcast(ca_accelerator *acc, const ss_loaded *L, const cha
     if (s == CA_OK && acc->rank == 0)
         CA_LOG_I("load_state: rank 0 read %s's model%s and broadcast them (fsdp_cpu_ram_efficient_loading)", dir,
                  L->opts0 && acc->nopts ? " and optimizer state" : "");
+    /* every rank has applied the scalars, generators, loaders and objects, rank 0 the files too: not
+     * undone (ca_load_model restores its parameters; a whole training state is not kept), so said */
+    if (s != CA_OK)
+        ca_error_context("load_state: rank %d's training state is now partly %s's (applied before rank 0's "
+                         "broadcast failed): do not train on; load a checkpoint again", acc->rank, dir);
     return s;
 }
 
