@@ -26,13 +26,10 @@
 
 typedef struct ck_host {
     ca_st_tensor *t;      /* one per parameter, in registration order */
-    void **bufs;          /* cap of them, NULL where not allocated */
-    int n, cap;
+    int n;
 } ck_host;
 
 static void ck_host_free(ck_host *h) {
-    for (int i = 0; i < h->cap && h->bufs; i++) free(h->bufs[i]);
-    free(h->bufs);
     free(h->t);
     memset(h, 0, sizeof *h);
 }
@@ -44,31 +41,26 @@ const void *ca_ck_host_data(ca_tensor *t) {
     return ca_tensor_data(t);
 }
 
+/* A device tensor's bytes, copied off the device where the writer wants them (ca_ck_st_tensor). */
+static ca_status ck_fill(void *ctx, void *dst, size_t len) {
+    ca_tensor *t = ctx;
+    ca_status s = ca_tensor_to_host(t, dst, len);
+    return s == CA_OK ? s : ca_error_context("tensor '%s': copying it to the host", ca_tensor_name(t));
+}
+
+void ca_ck_st_tensor(ca_tensor *x, const char *name, ca_st_tensor *out) {
+    const void *host = ca_ck_host_data(x);   /* written from where it lies: no copy */
+    *out = (ca_st_tensor){name, ca_tensor_dtype(x), ca_tensor_ndim(x), ca_tensor_shape(x), host,
+                          host ? NULL : ck_fill, x};
+}
+
+/* Every parameter as the writer takes it: a device's are copied when the files are made. */
 static ca_status ck_host_copies(ca_module *m, ck_host *h) {
     int n = ca_module_num_params(m);
     h->t = calloc((size_t)(n ? n : 1), sizeof *h->t);
-    h->bufs = calloc((size_t)(n ? n : 1), sizeof *h->bufs);
-    if (!h->t || !h->bufs) return ca_error(CA_ERR_NOMEM, "save_model: out of memory");
-    h->cap = n;
-    for (int i = 0; i < n; i++, h->n++) {
-        ca_tensor *p = ca_module_param_at(m, i);
-        size_t nb = ca_tensor_nbytes(p);
-        const void *host = ca_ck_host_data(p);
-        if (host) {   /* written from where it lies: no copy */
-            h->t[i] = (ca_st_tensor){ca_module_param_name(m, i), ca_tensor_dtype(p), ca_tensor_ndim(p),
-                                     ca_tensor_shape(p), host};
-            continue;
-        }
-        h->bufs[i] = malloc(nb ? nb : 1);
-        if (!h->bufs[i])
-            return ca_error(CA_ERR_NOMEM, "save_model: parameter '%s': cannot allocate %zu bytes",
-                            ca_module_param_name(m, i), nb);
-        ca_status s = ca_tensor_to_host(p, h->bufs[i], nb);
-        if (s != CA_OK)
-            return ca_error_context("save_model: parameter '%s'", ca_module_param_name(m, i));
-        h->t[i] = (ca_st_tensor){ca_module_param_name(m, i), ca_tensor_dtype(p), ca_tensor_ndim(p),
-                                 ca_tensor_shape(p), h->bufs[i]};
-    }
+    if (!h->t) return ca_error(CA_ERR_NOMEM, "save_model: out of memory");
+    for (h->n = 0; h->n < n; h->n++)
+        ca_ck_st_tensor(ca_module_param_at(m, h->n), ca_module_param_name(m, h->n), &h->t[h->n]);
     return CA_OK;
 }
 

@@ -396,27 +396,14 @@ static json_object *ss_optimizer_json(ca_optimizer *o, const char *file) {
 static ca_status ss_save_optimizer(ca_optimizer *o, const char *path) {
     int n = ca_optimizer_num_state(o);
     ca_st_tensor *t = calloc((size_t)(n ? n : 1), sizeof *t);
-    void **bufs = calloc((size_t)(n ? n : 1), sizeof *bufs);
-    ca_status s = t && bufs ? CA_OK : ca_error(CA_ERR_NOMEM, "%s: out of memory", path);
+    ca_status s = t ? CA_OK : ca_error(CA_ERR_NOMEM, "%s: out of memory", path);
     for (int i = 0; s == CA_OK && i < n; i++) {
         const char *name = NULL;
         ca_tensor *x = ca_optimizer_state_at(o, i, &name);
-        size_t nb = x ? ca_tensor_nbytes(x) : 0;
-        const void *host = x ? ca_ck_host_data(x) : NULL;
-        if (host) {   /* written from where it lies: no copy */
-            t[i] = (ca_st_tensor){name, ca_tensor_dtype(x), ca_tensor_ndim(x), ca_tensor_shape(x), host};
-            continue;
-        }
-        if (!x || !(bufs[i] = malloc(nb ? nb : 1))) {
-            s = ca_error(CA_ERR_NOMEM, "%s: state tensor %d: out of memory", path, i);
-            break;
-        }
-        s = ca_tensor_to_host(x, bufs[i], nb);
-        t[i] = (ca_st_tensor){name, ca_tensor_dtype(x), ca_tensor_ndim(x), ca_tensor_shape(x), bufs[i]};
+        if (!x) s = ca_error(CA_ERR_INTERNAL, "%s: no state tensor %d", path, i);
+        else ca_ck_st_tensor(x, name, &t[i]);   /* a device's copied when the file is made */
     }
     if (s == CA_OK) s = ca_st_write(path, t, n);
-    for (int i = 0; bufs && i < n; i++) free(bufs[i]);
-    free(bufs);
     free(t);
     return s;
 }
