@@ -26,13 +26,10 @@
 
 typedef struct ck_host {
     ca_st_tensor *t;      /* one per parameter, in registration order */
-    void **bufs;          /* cap of them, NULL where not allocated */
-    int n, cap;
+    int n;
 } ck_host;
 
 static void ck_host_free(ck_host *h) {
-    for (int i = 0; i < h->cap && h->bufs; i++) free(h->bufs[i]);
-    free(h->bufs);
     free(h->t);
     memset(h, 0, sizeof *h);
 }
@@ -44,31 +41,26 @@ const void *ca_ck_host_data(ca_tensor *t) {
     return ca_tensor_data(t);
 }
 
+/* A device tensor's bytes, copied off the device where the writer wants them (ca_ck_st_tensor). */
+static ca_status ck_fill(void *ctx, void *dst, size_t len) {
+    ca_tensor *t = ctx;
+    ca_status s = ca_tensor_to_host(t, dst, len);
+    return s == CA_OK ? s : ca_error_context("tensor '%s': copying it to the host", ca_tensor_name(t));
+}
+
+void ca_ck_st_tensor(ca_tensor *x, const char *name, ca_st_tensor *out) {
+    const void *host = ca_ck_host_data(x);   /* written from where it lies: no copy */
+    *out = (ca_st_tensor){name, ca_tensor_dtype(x), ca_tensor_ndim(x), ca_tensor_shape(x), host,
+                          host ? NULL : ck_fill, x};
+}
+
+/* Every parameter as the writer takes it: a device's are copied when the files are made. */
 static ca_status ck_host_copies(ca_module *m, ck_host *h) {
     int n = ca_module_num_params(m);
     h->t = calloc((size_t)(n ? n : 1), sizeof *h->t);
-    h->bufs = calloc((size_t)(n ? n : 1), sizeof *h->bufs);
-    if (!h->t || !h->bufs) return ca_error(CA_ERR_NOMEM, "save_model: out of memory");
-    h->cap = n;
-    for (int i = 0; i < n; i++, h->n++) {
-        ca_tensor *p = ca_module_param_at(m, i);
-        size_t nb = ca_tensor_nbytes(p);
-        const void *host = ca_ck_host_data(p);
-        if (host) {   /* written from where it lies: no copy */
-            h->t[i] = (ca_st_tensor){ca_module_param_name(m, i), ca_tensor_dtype(p), ca_tensor_ndim(p),
-                                     ca_tensor_shape(p), host};
-            continue;
-        }
-        h->bufs[i] = malloc(nb ? nb : 1);
-        if (!h->bufs[i])
-            return ca_error(CA_ERR_NOMEM, "save_model: parameter '%s': cannot allocate %zu bytes",
-                            ca_module_param_name(m, i), nb);
-        ca_status s = ca_tensor_to_host(p, h->bufs[i], nb);
-        if (s != CA_OK)
-            return ca_error_context("save_model: parameter '%s'", ca_module_param_name(m, i));
-        h->t[i] = (ca_st_tensor){ca_module_param_name(m, i), ca_tensor_dtype(p), ca_tensor_ndim(p),
-                                 ca_tensor_shape(p), h->bufs[i]};
-    }
+    if (!h->t) return ca_error(CA_ERR_NOMEM, "save_model: out of memory");
+    for (h->n = 0; h->n < n; h->n++)
+        ca_ck_st_tensor(ca_module_param_at(m, h->n), ca_module_param_name(m, h->n), &h->t[h->n]);
     return CA_OK;
 }
 
@@ -565,10 +557,22 @@ bool ca_ck_rank0_reads(const ca_accelerator *acc, const ca_module *model) {
     return on;
 }
 
+/* Test hook: CACCEL_TEST_BCAST_STALL=<n> stops rank 1 before it takes part in the n-th parameter
+ * broadcast from rank 0 (1-based) of a load (ca_load_model, ca_load_state), after printing a line, so that a test kills or stops it
+ * there: the peer that fails mid-broadcast, at a point no sleep has to hit. */
+static void ck_test_bcast_stall(const ca_accelerator *acc, int i, const char *who) {
+    const char *v = getenv("CACCEL_TEST_BCAST_STALL");
+    if (!v || acc->rank != 1 || atoi(v) != i + 1) return;
+    fprintf(stderr, "%s: rank 1 stalled before parameter broadcast %d (CACCEL_TEST_BCAST_STALL)\n", who, i + 1);
+    fflush(stderr);
+    for (;;) pause();
+}
+
 ca_status ca_ck_broadcast_params(ca_accelerator *acc, ca_module *model, const char *who) {
     ca_status s = CA_OK;
     for (int i = 0; s == CA_OK && i < ca_module_num_params(model); i++) {
         ca_tensor *p = ca_module_param_at(model, i);
+        ck_test_bcast_stall(acc, i, who);
         s = ca_comm_broadcast(acc->comm, ca_tptr(p), (size_t)p->numel, p->dtype, 0, NULL);
         p->version++;   /* copies cast from older values are stale */
         if (s != CA_OK) ca_error_context("%s: broadcasting parameter %s from rank 0", who, ca_module_param_name(model, i));
@@ -576,12 +580,107 @@ ca_status ca_ck_broadcast_params(ca_accelerator *acc, ca_module *model, const ch
     return s;
 }
 
+/* Every rank's status to every rank (one all-reduce of a slot per rank): CA_OK when all are, else
+ * the first failing rank's status, *bad that rank; a failed exchange (a peer died or timed out) is
+ * returned as it is, *bad -1. This rank's own message is kept when it failed. */
+static ca_status ck_agree(ca_accelerator *acc, ca_status mine, int *bad) {
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", ca_last_error());
+    *bad = -1;
+    ca_status out = CA_OK;
+    CA_SCOPE {
+        ca_tensor *t = ca_zeros(acc->device, CA_F32, CA_SHAPE(acc->world));
+        float *v = calloc((size_t)acc->world, sizeof *v);
+        out = t && v ? CA_OK : ca_error(CA_ERR_NOMEM, "load_model: out of memory (rank %d)", acc->rank);
+        if (v) v[acc->rank] = (float)mine;
+        if (out == CA_OK) out = ca_tensor_copy_from_host(t, v, (size_t)acc->world * sizeof *v);
+        if (out == CA_OK) out = ca_comm_all_reduce(acc->comm, ca_tptr(t), ca_tptr(t), (size_t)acc->world, CA_F32,
+                                                   CA_OP_SUM, NULL);
+        if (out == CA_OK) out = ca_tensor_to_host(t, v, (size_t)acc->world * sizeof *v);
+        for (int r = 0; out == CA_OK && r < acc->world && *bad < 0; r++)
+            if (v[r] != 0.0f) *bad = r, mine = (ca_status)(int)v[r];
+        free(v);
+    }
+    if (out != CA_OK) return mine != CA_OK ? ca_error(mine, "%s", msg) : out;   /* this rank's own failure first */
+    if (*bad == acc->rank) return ca_error(mine, "%s", msg);
+    return *bad < 0 ? CA_OK : mine;
+}
+
+/* Host copies of a model's parameters, taken before a load changes them and put back when it fails. */
+typedef struct ck_kept {
+    void **bytes;
+    int n;
+} ck_kept;
+
+static void ck_kept_free(ck_kept *k) {
+    for (int i = 0; k->bytes && i < k->n; i++) free(k->bytes[i]);
+    free(k->bytes);
+    memset(k, 0, sizeof *k);
+}
+
+static ca_status ck_keep(ca_accelerator *acc, ca_module *model, ck_kept *k) {
+    int n = ca_module_num_params(model);
+    k->bytes = calloc((size_t)(n ? n : 1), sizeof *k->bytes);
+    if (!k->bytes) return ca_error(CA_ERR_NOMEM, "load_model: out of host memory (rank %d)", acc->rank);
+    k->n = n;
+    for (int i = 0; i < n; i++) {
+        ca_tensor *p = ca_module_param_at(model, i);
+        size_t nb = ca_tensor_nbytes(p);
+        if (!(k->bytes[i] = malloc(nb ? nb : 1)))
+            return ca_error(CA_ERR_NOMEM, "load_model: rank %d cannot keep a copy of parameter %s (%zu bytes) "
+                            "to restore if the broadcast fails", acc->rank, ca_module_param_name(model, i), nb);
+        if (ca_tensor_to_host(p, k->bytes[i], nb) != CA_OK)
+            return ca_error_context("load_model: rank %d keeping parameter %s", acc->rank, ca_module_param_name(model, i));
+    }
+    return CA_OK;
+}
+
+/* The kept values back in place (a local copy each: nothing here depends on a peer). */
+static ca_status ck_restore(ca_module *model, const ck_kept *k) {
+    ca_status s = CA_OK;
+    for (int i = 0; i < k->n && i < ca_module_num_params(model); i++) {
+        ca_tensor *p = ca_module_param_at(model, i);
+        ca_status r = ca_tensor_copy_from_host(p, k->bytes[i], ca_tensor_nbytes(p));
+        p->version++;
+        if (r != CA_OK && s == CA_OK) s = r;
+    }
+    return s;
+}
+
 /* Rank 0 loads (checked before anything is written: a failure changes no rank), its status reaches
- * every rank, then every parameter goes from rank 0 to the others: the same bytes on every rank. */
+ * every rank, then every parameter goes from rank 0 to the others: the same bytes on every rank.
+ * All or nothing: every rank first keeps a host copy of its parameters, and after the broadcasts the
+ * ranks agree (one all-reduce) that each received them; when a broadcast or that agreement fails (a
+ * peer died, stopped or timed out), every rank that is still running puts its copy back, rank 0
+ * included, which had written the file's values before sending them. We chose restoring over
+ * "the model is now inconsistent, do not use it": a failed ca_load_model leaves the model as it was,
+ * on every rank, the guarantee it gives everywhere else; it costs a host copy of the model per rank
+ * for the duration of the load. (Rank 0 cannot apply only after the broadcasts instead: the
+ * broadcast sends from its parameters, on the device the communicator works on.) */
 static ca_status load_on_rank0(ca_accelerator *acc, ca_module *model, const char *where) {
-    ca_status s = acc->rank == 0 ? load_model(model, where) : CA_OK;
+    ca_ck_model_src *m = NULL;
+    ck_kept kept = {0};
+    int bad = -1;
+    ca_status s = acc->rank == 0 ? ca_ck_model_open(where, model, &m) : CA_OK;
     s = ck_share_rank0(acc, s, "load_model: rank 0 failed to read the model; nothing was loaded");
+    if (s != CA_OK) return s;
+    s = ck_agree(acc, ck_keep(acc, model, &kept), &bad);   /* no rank starts unless every rank kept its copy */
+    bool started = s == CA_OK;
+    if (s == CA_OK && acc->rank == 0) s = ca_ck_model_apply(m, model);
+    ca_ck_model_close(m);
     if (s == CA_OK) s = ca_ck_broadcast_params(acc, model, "load_model");
+    if (started) s = ck_agree(acc, s, &bad);   /* every rank has them */
+    if (started && s != CA_OK) {
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s", ca_last_error());
+        ca_status r = ck_restore(model, &kept);
+        s = bad >= 0 && bad != acc->rank
+            ? ca_error(CA_ERR_PEER, "load_model: rank %d failed (%s) while rank 0's parameters were broadcast; "
+                       "rank %d's model is as it was before the load", bad, ca_status_name(s), acc->rank)
+            : ca_error(s, "%s; rank %d's model is %s", msg, acc->rank,
+                       r == CA_OK ? "as it was before the load (restored)" : "NOT restored: do not use it");
+    }
+    ck_kept_free(&kept);
     if (s == CA_OK && acc->rank == 0)
         CA_LOG_I("load_model: rank 0 read %s and broadcast its %d parameters (fsdp_cpu_ram_efficient_loading)", where,
                  ca_module_num_params(model));

@@ -41,5 +41,10 @@ ca_status ca_ck_broadcast_params(struct ca_accelerator *acc, ca_module *model, c
 /* The bytes of t where a save can write them without a copy (a contiguous tensor in host memory,
  * its device synchronised), else NULL: the caller copies it to the host. */
 const void *ca_ck_host_data(ca_tensor *t);
+/* x as a tensor for the safetensors writer: its bytes where they lie (ca_ck_host_data), else a fill
+ * that copies it off its device when the file is made (straight into an asynchronous save's host
+ * copy: one copy, no staging buffer). x must outlive the write. */
+struct ca_st_tensor;
+void ca_ck_st_tensor(ca_tensor *x, const char *name, struct ca_st_tensor *out);
 
 #endif

@@ -396,27 +396,14 @@ static json_object *ss_optimizer_json(ca_optimizer *o, const char *file) {
 static ca_status ss_save_optimizer(ca_optimizer *o, const char *path) {
     int n = ca_optimizer_num_state(o);
     ca_st_tensor *t = calloc((size_t)(n ? n : 1), sizeof *t);
-    void **bufs = calloc((size_t)(n ? n : 1), sizeof *bufs);
-    ca_status s = t && bufs ? CA_OK : ca_error(CA_ERR_NOMEM, "%s: out of memory", path);
+    ca_status s = t ? CA_OK : ca_error(CA_ERR_NOMEM, "%s: out of memory", path);
     for (int i = 0; s == CA_OK && i < n; i++) {
         const char *name = NULL;
         ca_tensor *x = ca_optimizer_state_at(o, i, &name);
-        size_t nb = x ? ca_tensor_nbytes(x) : 0;
-        const void *host = x ? ca_ck_host_data(x) : NULL;
-        if (host) {   /* written from where it lies: no copy */
-            t[i] = (ca_st_tensor){name, ca_tensor_dtype(x), ca_tensor_ndim(x), ca_tensor_shape(x), host};
-            continue;
-        }
-        if (!x || !(bufs[i] = malloc(nb ? nb : 1))) {
-            s = ca_error(CA_ERR_NOMEM, "%s: state tensor %d: out of memory", path, i);
-            break;
-        }
-        s = ca_tensor_to_host(x, bufs[i], nb);
-        t[i] = (ca_st_tensor){name, ca_tensor_dtype(x), ca_tensor_ndim(x), ca_tensor_shape(x), bufs[i]};
+        if (!x) s = ca_error(CA_ERR_INTERNAL, "%s: no state tensor %d", path, i);
+        else ca_ck_st_tensor(x, name, &t[i]);   /* a device's copied when the file is made */
     }
     if (s == CA_OK) s = ca_st_write(path, t, n);
-    for (int i = 0; bufs && i < n; i++) free(bufs[i]);
-    free(bufs);
     free(t);
     return s;
 }
@@ -1053,6 +1040,7 @@ typedef struct ss_async {
     char target[PATH_MAX], tmp[PATH_MAX], root[PATH_MAX];
     int64_t limit;                 /* total_limit to apply after the publication (0: none) */
     int hold_fd;                   /* test hook CACCEL_TEST_SAVE_HOLD (-1: none) */
+    bool enospc;                   /* test hook CACCEL_TEST_SAVE_ENOSPC names this rank */
     ca_status status;              /* the finished save's, until a call returns it */
     char msg[1024];
 } ss_async;
@@ -1096,6 +1084,21 @@ static void ss_test_hold(const ca_accelerator *acc, int fd) {
     while (read(fd, &c, 1) < 0 && errno == EINTR) continue;
 }
 
+/* Test hook: CACCEL_TEST_SAVE_ENOSPC=<rank>: that rank's background writes fail as on a full disk
+ * (its files not written, ENOSPC), the other ranks' succeed, so that a test sees one rank's failure
+ * reach every rank and keep rank 0 from publishing. Read on the calling thread, as the hold. */
+static bool ss_test_enospc(const ca_accelerator *acc) {
+    const char *v = getenv("CACCEL_TEST_SAVE_ENOSPC");
+    return v && *v && atoi(v) == acc->rank;
+}
+
+static ca_status ss_capture_write(ss_async *a, uint32_t *crcs) {
+    if (a->enospc)
+        return ca_error(CA_ERR_IO, "%s: cannot write: %s (rank %d, CACCEL_TEST_SAVE_ENOSPC)",
+                        a->files.n > 0 ? a->files.files[0].path : a->tmp, strerror(ENOSPC), a->acc->rank);
+    return ca_st_capture_write(&a->files, crcs, crcs ? ss_chunk_size() : 0);
+}
+
 /* Steps 2-5 from the host copy (as save_state does them from the live state), then total_limit. */
 static ca_status ss_async_write(ss_async *a) {
     ca_accelerator *acc = a->acc;
@@ -1105,7 +1108,7 @@ static ca_status ss_async_write(ss_async *a) {
      * read back for the manifest, as in a synchronous save) */
     uint32_t *crcs = acc->rank == 0 ? calloc((size_t)a->files.n + 1, sizeof *crcs) : NULL;
     ca_status s = acc->rank == 0 && !crcs ? ca_error(CA_ERR_NOMEM, "save_state: out of memory")
-                                          : ca_st_capture_write(&a->files, crcs, crcs ? ss_chunk_size() : 0);
+                                          : ss_capture_write(a, crcs);
     if (s == CA_OK) ss_test_stall(acc, "files");
     s = ss_exchange_bg(a, s, &bad);
     bool published = false;
@@ -1145,22 +1148,25 @@ static ca_status ss_async_join(ca_accelerator *acc, const char *who) {
 }
 
 /* Whether a background thread can exchange statuses without touching the accelerator's
- * communicator: one process, or a split communicator on host memory whose backend allows a second
- * thread while the first trains (Gloo; MPI when the library gave MPI_THREAD_MULTIPLE). */
+ * communicator: one process, or its own communicator (ss_async_init: on host memory, whatever the
+ * accelerator's device) whose backend allows a second thread while the first trains (Gloo; MPI when
+ * the library gave MPI_THREAD_MULTIPLE). The same answer on every rank: one backend, one library. */
 static bool ss_async_possible(const ca_accelerator *acc) {
     if (acc->world <= 1) return true;
-    return acc->comm && ca_device_is_host(acc->device) && ca_comm_threads_concurrent(acc->comm);
+    return acc->async && acc->async->comm && ca_comm_threads_concurrent(acc->async->comm);
 }
 
 /* The state, the first time: the background thread's communicator (collective: every rank is in
- * this save). */
+ * this save), on host memory even where the accelerator's collectives are the lazy device's graph
+ * nodes or a GPU's (its exchanges pass a few host floats, and a device graph is the calling
+ * thread's). */
 static ca_status ss_async_init(ca_accelerator *acc) {
     if (acc->async) return CA_OK;
     ss_async *a = calloc(1, sizeof *a);
     if (!a) return ca_error(CA_ERR_NOMEM, "save_state: out of memory");
     a->acc = acc;
     atomic_init(&a->done, true);
-    ca_status s = acc->world > 1 ? ca_comm_split(acc->comm, 0, acc->rank, &a->comm) : CA_OK;
+    ca_status s = acc->world > 1 ? ca_comm_split_host(acc->comm, 0, acc->rank, &a->comm) : CA_OK;
     if (s != CA_OK) {
         free(a);
         return ca_error_context("save_state: the asynchronous saves' communicator");
@@ -1199,6 +1205,7 @@ static ca_status ss_async_start(ca_accelerator *acc, const char *dir) {
     }
     a->limit = dir == NULL ? ss_total_limit(acc) : 0;
     a->hold_fd = ss_test_hold_fd();
+    a->enospc = ss_test_enospc(acc);
     if (dir == NULL) acc->iteration++;                 /* the next save takes the next number */
     atomic_store(&a->done, false);
     int rc = pthread_create(&a->thread, NULL, ss_async_main, a);
@@ -1850,6 +1857,11 @@ static ca_status ss_broadcast(ca_accelerator *acc, const ss_loaded *L, const cha
     if (s == CA_OK && acc->rank == 0)
         CA_LOG_I("load_state: rank 0 read %s's model%s and broadcast them (fsdp_cpu_ram_efficient_loading)", dir,
                  L->opts0 && acc->nopts ? " and optimizer state" : "");
+    /* every rank has applied the scalars, generators, loaders and objects, rank 0 the files too: not
+     * undone (ca_load_model restores its parameters; a whole training state is not kept), so said */
+    if (s != CA_OK)
+        ca_error_context("load_state: rank %d's training state is now partly %s's (applied before rank 0's "
+                         "broadcast failed): do not train on; load a checkpoint again", acc->rank, dir);
     return s;
 }
 
@@ -2061,6 +2073,7 @@ ca_status ca_save_state_ex(ca_accelerator *acc, const char *dir, const ca_save_s
     else if (ca_config_get_bool(acc->cfg, "async_save", &o.async) != CA_OK) o.async = false;
     ca_status s = o.refuse_if_busy ? ss_refuse_if_busy(acc) : CA_OK;
     if (s == CA_OK) s = ss_async_join(acc, "save_state");   /* one save in flight; an earlier failure first */
+    if (s == CA_OK && o.async) s = ss_async_init(acc);   /* collective: every rank is in this save */
     if (s != CA_OK) return s;
     static bool warned;   /* once per process */
     if (o.async && !ss_async_possible(acc)) {

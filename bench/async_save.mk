@@ -6,7 +6,7 @@ ca_bench_programs += bench/bench_async_save$(EXEEXT)
 CLEANFILES += bench/bench_async_save
 bench_bench_async_save_SOURCES = bench/bench_async_save.c bench/bench_util.h
 bench_bench_async_save_LDADD = libcaccel.la -lm
-EXTRA_DIST += bench/run_async_save.sh
+EXTRA_DIST += bench/run_async_save.sh bench/torch_async_save.py
 
 .PHONY: bench-async-save
 bench: bench-async-save

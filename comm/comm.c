@@ -1056,7 +1056,19 @@ ca_status ca_comm_set_name(ca_comm *c, const char *name) {
 
 const char *ca_comm_name(const ca_comm *c) { return c ? c->name : ""; }
 
-ca_status ca_comm_split(ca_comm *parent, int color, int key, ca_comm **out) {
+/* The backend of a split on `dev`: the parent's where it works there; for a split into host memory
+ * off a backend that does not (nccl), Gloo, which every host reduces on and which rendezvouses over
+ * the parent's store. */
+static const char *split_backend(const ca_comm *parent, ca_device *dev) {
+    const ca_collective_ops *ops = ca_registry_collective(parent->backend);
+    if (dev == parent->device || !ops || !ops->device_names || !strcmp(ops->device_names, "*") ||
+        ca_registry_names_device(ops->device_names, ca_device_name(dev)))
+        return parent->backend;
+    return "gloo";
+}
+
+/* ca_comm_split, the child's buffers on `dev` (the parent's device, or the host's). */
+static ca_status comm_split(ca_comm *parent, int color, int key, ca_device *dev, ca_comm **out) {
     if (!out) return ca_error(CA_ERR_INVALID, "ca_comm_split: NULL output");
     *out = NULL;
     if (!parent) return ca_error(CA_ERR_INVALID, "ca_comm_split: NULL parent communicator");
@@ -1064,7 +1076,8 @@ ca_status ca_comm_split(ca_comm *parent, int color, int key, ca_comm **out) {
     if (!all) return ca_error(CA_ERR_NOMEM, "out of memory splitting communicator %s", parent->prefix);
     ca_status s = gather_colors(parent, color, key, all);
     unsigned n = parent->nsplits++;  /* every parent rank counts every split, so the numbers agree */
-    ca_comm_options o = { .device = parent->device, .timeout_ms = parent->timeout_ms, .debug = parent->debug };
+    ca_comm_options o = { .device = dev, .timeout_ms = parent->timeout_ms, .debug = parent->debug };
+    const char *backend = split_backend(parent, dev);
     int *members = NULL;
     if (s == CA_OK && color >= 0) {
         split_place(parent, all, &o);
@@ -1074,7 +1087,7 @@ ca_status ca_comm_split(ca_comm *parent, int color, int key, ca_comm **out) {
     free(all);
     /* a backend that splits natively (MPI) needs every parent rank in its split, a group of one too */
     split_req sp = { .parent = parent->bc, .color = color, .key = key };
-    bool native = parent->ops.split != NULL;
+    bool native = parent->ops.split != NULL && !strcmp(backend, parent->backend);
     if (s == CA_OK && native && color < 0) {
         void *none = NULL;
         s = parent->ops.split(parent->bc, -1, key, NULL, &none);
@@ -1084,16 +1097,16 @@ ca_status ca_comm_split(ca_comm *parent, int color, int key, ca_comm **out) {
         return s;
     }
     bool alone = o.world_size == 1 && !native;
-    o.backend = alone ? "single" : parent->backend;
+    o.backend = alone ? "single" : backend;
     o.store = alone ? (ca_store_ref){ 0 } : parent->store;
     const ca_collective_ops *ops = NULL;
     bool staged = false;
     ca_comm *c = NULL;
-    if ((s = choose_backend(&o, parent->device, &ops, &staged)) != CA_OK || !(c = calloc(1, sizeof *c))) {
+    if ((s = choose_backend(&o, dev, &ops, &staged)) != CA_OK || !(c = calloc(1, sizeof *c))) {
         free(members);
         return s != CA_OK ? s : ca_error(CA_ERR_NOMEM, "out of memory splitting communicator %s", parent->prefix);
     }
-    comm_init_fields(c, &o, ops, parent->device, staged);
+    comm_init_fields(c, &o, ops, dev, staged);
     c->global = members;   /* the messages name the job's ranks */
     c->parent = parent;
     /* distinct from the parent's keys, from every other split of it and from the other colors */
@@ -1108,4 +1121,12 @@ ca_status ca_comm_split(ca_comm *parent, int color, int key, ca_comm **out) {
     }
     *out = c;
     return CA_OK;
+}
+
+ca_status ca_comm_split(ca_comm *parent, int color, int key, ca_comm **out) {
+    return comm_split(parent, color, key, parent ? parent->device : NULL, out);
+}
+
+ca_status ca_comm_split_host(ca_comm *parent, int color, int key, ca_comm **out) {
+    return comm_split(parent, color, key, ca_cpu_device(), out);
 }

@@ -49,6 +49,13 @@ bool ca_comm_set_checked(ca_comm *c, bool on);
 ca_status ca_comm_create_owning(const ca_comm_options *opts, struct ca_store_client *client,
                                 struct ca_store_server *server, ca_comm **out);
 
+/* ca_comm_split, the child's buffers in host memory (the cpu device) whatever the parent's device:
+ * for a thread that exchanges a few host values while the parent's collectives are recorded or
+ * enqueued on a device (the lazy xla device's graph, CUDA streams). The child's backend is the
+ * parent's where that one reduces on host memory (gloo, mpi), else Gloo over the parent's store
+ * (nccl). Collective over the parent, as ca_comm_split. */
+ca_status ca_comm_split_host(ca_comm *parent, int color, int key, ca_comm **out);
+
 /* True once c failed (timeout, desync, peer failure) or was aborted. */
 bool ca_comm_is_aborted(const ca_comm *c);
 /* The rendezvous store of a job started by caccel launch (ops NULL otherwise): an elastic job's processes

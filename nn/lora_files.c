@@ -304,7 +304,8 @@ static ca_status save_weights(const char *dir, const ca_lora_named *l, int n) {
         tensor_name(buf, sizeof buf, l[i / 2].name, i % 2 ? 'B' : 'A');
         names[i] = strdup(buf);
         s = names[i] ? host_copy(p, &data[i]) : ca_error(CA_ERR_NOMEM, "out of host memory saving an adapter");
-        t[i] = (ca_st_tensor){names[i], p->dtype, p->ndim, p->shape, data[i]};
+        t[i] = (ca_st_tensor){.name = names[i], .dtype = p->dtype, .ndim = p->ndim, .shape = p->shape,
+                              .data = data[i]};
     }
     char path[4096];
     snprintf(path, sizeof path, "%s/" WEIGHTS_FILE, dir);
@@ -492,7 +493,8 @@ static ca_status merge_one(merge_job *j, const ca_st_entry *a, const ca_st_entry
 static ca_status merge_all(merge_job *j) {
     for (int i = 0; i < j->base->n; i++) {
         const ca_st_entry *e = &j->base->entries[i];
-        j->out[i] = (ca_st_tensor){e->name, e->dtype, e->ndim, e->shape, ca_st_data(j->base, e)};
+        j->out[i] = (ca_st_tensor){.name = e->name, .dtype = e->dtype, .ndim = e->ndim, .shape = e->shape,
+                                   .data = ca_st_data(j->base, e)};
     }
     ca_status s = check_adapter_names(j);
     size_t sl = strlen(".lora_A.weight");

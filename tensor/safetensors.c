@@ -420,9 +420,10 @@ ca_st_capture *ca_st_capture_set(ca_st_capture *c) {
     return prev;
 }
 
-/* The parts of one file, concatenated into a new buffer of the capture. */
+/* The parts of one file, concatenated into a new buffer of the capture; a part whose fills entry is
+ * non-NULL (fills itself may be NULL) is that tensor's fill, written in place. */
 static ca_status st_capture_add(ca_st_capture *c, const char *path, const void *const *parts, const size_t *lens,
-                                int nparts) {
+                                int nparts, const ca_st_tensor *const *fills) {
     size_t len = 0;
     for (int i = 0; i < nparts; i++) len += lens[i];
     if (c->n == c->cap) {
@@ -446,9 +447,16 @@ static ca_status st_capture_add(ca_st_capture *c, const char *path, const void *
         return ca_error(CA_ERR_NOMEM, "%s: out of memory for the host copy (%zu bytes)", path, len);
     }
     size_t off = 0;
-    for (int i = 0; i < nparts; i++) {
-        if (lens[i]) memcpy(h.data + off, parts[i], lens[i]);
+    ca_status s = CA_OK;
+    for (int i = 0; s == CA_OK && i < nparts; i++) {
+        if (fills && fills[i]) s = fills[i]->fill(fills[i]->ctx, h.data + off, lens[i]);
+        else if (lens[i]) memcpy(h.data + off, parts[i], lens[i]);
         off += lens[i];
+    }
+    if (s != CA_OK) {   /* the buffer stays the kept slot's, or goes */
+        free(h.path);
+        if (!slot) free(h.data);
+        return ca_error_context("%s: the host copy", path);
     }
     c->files[c->n++] = h;
     c->bytes += len;
@@ -577,7 +585,7 @@ void ca_st_capture_free(ca_st_capture *c) {
 
 ca_status ca_st_write_atomic(const char *path, const void *const *parts, const size_t *lens,
                              int nparts) {
-    if (tl_capture) return st_capture_add(tl_capture, path, parts, lens, nparts);
+    if (tl_capture) return st_capture_add(tl_capture, path, parts, lens, nparts, NULL);
     char tmp[PATH_MAX];
     if ((size_t)snprintf(tmp, sizeof tmp, "%s.tmp", path) >= sizeof tmp)
         return ca_error(CA_ERR_INVALID, "%s: path too long", path);
@@ -650,8 +658,37 @@ static ca_status st_check_tensors(const char *path, const ca_st_tensor *t, int n
                                 t[i].shape[d]);
         if (st_shape_bytes(&e) > (uint64_t)INT64_MAX)
             return ca_error(CA_ERR_INVALID, "%s: tensor '%s': its byte size overflows", path, t[i].name);
+        if (!t[i].data && !t[i].fill && st_shape_bytes(&e) > 0)
+            return ca_error(CA_ERR_INVALID, "%s: tensor '%s': neither data nor a fill", path, t[i].name);
     }
     return CA_OK;
+}
+
+/* ca_st_write_atomic of the header and the tensors (parts[i + 1] is order[i]'s data), filling those
+ * without data: in place under a capture, else each into a buffer of its own first. */
+static ca_status st_write_filled(const char *path, const ca_st_tensor **order, int n, const void **parts,
+                                 const size_t *lens) {
+    const ca_st_tensor **fills = calloc((size_t)n + 1, sizeof *fills);
+    if (!fills) return ca_error(CA_ERR_NOMEM, "%s: out of memory", path);
+    bool any = false;
+    for (int i = 0; i < n; i++) any |= (fills[i + 1] = !order[i]->data && order[i]->fill ? order[i] : NULL) != NULL;
+    ca_status s = CA_OK;
+    if (tl_capture) {
+        s = st_capture_add(tl_capture, path, parts, lens, n + 1, any ? fills : NULL);
+    } else {
+        for (int i = 1; s == CA_OK && any && i <= n; i++) {
+            if (!fills[i]) continue;
+            void *b = malloc(lens[i] ? lens[i] : 1);
+            s = !b ? ca_error(CA_ERR_NOMEM, "%s: tensor '%s': cannot allocate %zu bytes", path, fills[i]->name, lens[i])
+                   : fills[i]->fill(fills[i]->ctx, b, lens[i]);
+            parts[i] = b;
+        }
+        if (s == CA_OK) s = ca_st_write_atomic(path, parts, lens, n + 1);
+        for (int i = 1; any && i <= n; i++)
+            if (fills[i]) free((void *)parts[i]);
+    }
+    free(fills);
+    return s;
 }
 
 static ca_status st_write_sorted(const char *path, const ca_st_tensor **order, int n) {
@@ -677,7 +714,7 @@ static ca_status st_write_sorted(const char *path, const ca_st_tensor **order, i
             parts[i + 1] = order[i]->data;
             lens[i + 1] = (size_t)st_tensor_bytes(order[i]);
         }
-        s = ca_st_write_atomic(path, parts, lens, n + 1);
+        s = st_write_filled(path, order, n, parts, lens);
     }
     json_object_put(root);
     free(hdr);

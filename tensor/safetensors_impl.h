@@ -76,13 +76,18 @@ static inline const void *ca_st_data(const ca_st_file *f, const ca_st_entry *e) 
     return f->buf + f->data_start + e->begin;
 }
 
-/* A tensor to write: host data, row-major, ca_dtype_size(dtype) * numel bytes. */
+/* A tensor to write: host data, row-major, ca_dtype_size(dtype) * numel bytes. With data NULL, fill
+ * writes those bytes to dst when the file is made (a device tensor copied out): under a capture
+ * straight into the captured file's buffer, so the bytes are copied once; else into a buffer of the
+ * writer's, freed after the write. A failed fill fails the write. */
 typedef struct ca_st_tensor {
     const char *name;
     ca_dtype dtype;
     int ndim;
     const int64_t *shape;
     const void *data;
+    ca_status (*fill)(void *ctx, void *dst, size_t len);
+    void *ctx;
 } ca_st_tensor;
 
 /* Writes the n tensors to `path` atomically (ca_st_write_atomic), sorted by name, with

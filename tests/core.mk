@@ -113,6 +113,9 @@ EXTRA_DIST += tests/test_state_lean_zero.sh
 # ca_load_model under DDP / ZeRO 1-2: rank 0 reads the files and broadcasts the parameters.
 TESTS += tests/test_load_rank0.sh
 EXTRA_DIST += tests/test_load_rank0.sh
+# ... and a peer that dies or stops in the middle of those broadcasts: rank 0's model restored.
+TESTS += tests/test_load_rank0_fail.sh
+EXTRA_DIST += tests/test_load_rank0_fail.sh
 # Broken files in the plugin path (truncated, text, not a plugin) are skipped with a warning naming each.
 TESTS += tests/test_plugin_files.sh
 EXTRA_DIST += tests/test_plugin_files.sh

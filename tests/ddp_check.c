@@ -25,6 +25,9 @@
  * --save-model DIR writes the model's files (ca_save_model) after training; --load-model DIR loads them
  *   (ca_load_model) right after ca_prepare.
  * --load-model-early DIR loads them before ca_prepare instead (into the meta model under --meta).
+ * --try-load-model DIR: every rank prints its digest (--digest's line), ca_load_model's status
+ *   (load_model=STATUS: message) and its digest again, and leaves (a failed load may have left the
+ *   communicator broken: no teardown collective).
  * --load-state DIR loads a state saved by --save-state DIR (after the training loop) right after ca_prepare.
  * --adamw trains with AdamW (lr --lr / 20) instead of SGD with momentum.
  * --meta builds the model under ca_init_empty_weights (no storage until ca_prepare); with --mem every
@@ -51,7 +54,7 @@ typedef struct opts {
     const char *mode;
     int steps, k;
     int64_t batch, hidden, depth;
-    const char *dump, *dump_grads, *freeze, *save_state, *load_state, *save_model, *load_model, *load_early;
+    const char *dump, *dump_grads, *freeze, *save_state, *load_state, *save_model, *load_model, *load_early, *try_load;
     int64_t sched_total;
     double lr;
     bool mem, digest, inf_input, read_sharded, adamw, meta;
@@ -181,6 +184,7 @@ static opts parse(int argc, char **argv) {
         else if (!strcmp(argv[i], "--save-model") && i + 1 < argc) o.save_model = argv[++i];
         else if (!strcmp(argv[i], "--load-model") && i + 1 < argc) o.load_model = argv[++i];
         else if (!strcmp(argv[i], "--load-model-early") && i + 1 < argc) o.load_early = argv[++i];
+        else if (!strcmp(argv[i], "--try-load-model") && i + 1 < argc) o.try_load = argv[++i];
         else if (!strcmp(argv[i], "--dump-grads") && i + 1 < argc) o.dump_grads = argv[++i];
         else if (!strcmp(argv[i], "--hidden") && i + 1 < argc) o.hidden = atoll(argv[++i]);
         else if (!strcmp(argv[i], "--depth") && i + 1 < argc) o.depth = atoll(argv[++i]);
@@ -398,6 +402,14 @@ int main(int argc, char **argv) {
                    (long long)l1.peak_allocated - (long long)l0.allocated, (long long)pbytes);
     }
     if (o.load_model) CA_CHECK(ca_load_model(acc, m, o.load_model));
+    if (o.try_load) {
+        digest(m, ca_process_index(acc));
+        ca_status s = ca_load_model(acc, m, o.try_load);
+        printf("rank=%d load_model=%s: %s\n", ca_process_index(acc), ca_status_name(s), s == CA_OK ? "" : ca_last_error());
+        digest(m, ca_process_index(acc));
+        fflush(stdout);
+        _exit(s == CA_OK ? 0 : 3);
+    }
     if (o.save_every > 0) {
         elastic_train(acc, m, opt, dl, &o);
         o.steps = 0;   /* the loop below has nothing left to do */

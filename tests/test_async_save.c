@@ -8,7 +8,9 @@
  *   test_async_save --ranks DIR [--tpu]  (every rank) a synchronous and an asynchronous save of the
  *                                        same state, steps while the second is written (--tpu: on
  *                                        the lazy xla device instead of the CPU)
- *   test_async_save --kill-child DIR     a save, then an asynchronous one the stall hook holds */
+ *   test_async_save --kill-child DIR     a save, then an asynchronous one the stall hook holds
+ *   test_async_save --resume DIR MODE [--tpu]  (every rank) an asynchronous save resumed, or killed
+ *                                        while it is written (resume_main) */
 #include "test_util.h"
 
 #include <dirent.h>
@@ -447,14 +449,95 @@ static int ranks_main(const char *dir) {
     return 0;
 }
 
+/* ------------------------------------------------------------------ several ranks: resume and kill */
+
+/* A digest of every parameter's bytes (FNV-1a), read to the host (on the lazy device: the graph runs). */
+static uint64_t params_digest(run *r) {
+    uint64_t h = 1469598103934665603ull;
+    for (int i = 0; i < ca_module_num_params(r->m); i++) {
+        ca_tensor *p = ca_module_param_at(r->m, i);
+        size_t n = ca_tensor_nbytes(p);
+        unsigned char *b = malloc(n);
+        T_OK(ca_tensor_to_host(p, b, n));
+        for (size_t k = 0; k < n; k++) h = (h ^ b[k]) * 1099511628211ull;
+        free(b);
+    }
+    return h;
+}
+
+/* --resume DIR MODE (every rank):
+ *   run     3 steps, a synchronous save into DIR/ck, 3 more, an asynchronous one into DIR/ck, 4 more
+ *           while it is written (the writer held until then, CACCEL_TEST_SAVE_HOLD on a pipe of its
+ *           own), the parameters' digest at step 10;
+ *   resume  DIR/ck loaded, 4 steps, the digest at step 10 (equal: the checkpoint is the state at the
+ *           asynchronous call);
+ *   kill    as run, the background writer held by CACCEL_TEST_SAVE_STALL (the test kills the job
+ *           once every rank has said that it stepped on);
+ *   load    DIR/ck loaded: which step it holds;
+ *   fail    as run, a background write failing on the rank CACCEL_TEST_SAVE_ENOSPC names: each rank
+ *           says what ca_wait_for_save returned, twice (the failure once, then CA_OK). */
+static int resume_main(const char *dir, const char *mode) {
+    run r;
+    char ck[600];
+    snprintf(ck, sizeof ck, "%s/ck", dir);
+    run_open(&r);
+    int rank = ca_process_index(r.acc);
+    if (!strcmp(mode, "load") || !strcmp(mode, "resume")) {
+        T_OK(ca_load_state(r.acc, ck));
+        printf("rank %d: loaded the checkpoint of step %lld\n", rank, (long long)r.steps);
+        if (!strcmp(mode, "resume")) {
+            train(&r, 4);
+            printf("rank %d: digest %016llx at step %lld\n", rank, (unsigned long long)params_digest(&r),
+                   (long long)r.steps);
+        }
+    } else {
+        bool kill = !strcmp(mode, "kill");
+        train(&r, 3);
+        T_OK(ca_save_state(r.acc, ck));
+        train(&r, 3);
+        int h = kill ? 0 : hold_begin();
+        T_OK(ca_save_state_ex(r.acc, ck, &k_async));
+        train(&r, kill ? 2 : 4);
+        printf("rank %d: stepped to %lld while the save is in flight\n", rank, (long long)r.steps);
+        fflush(stdout);
+        if (!kill) {
+            hold_release(h);
+            hold_end(h);
+        }
+        if (!strcmp(mode, "fail")) {
+            for (int k = 0; k < 2; k++) {
+                ca_status s = ca_wait_for_save(r.acc);
+                printf("rank %d: wait_for_save %d: %s: %s\n", rank, k + 1, ca_status_name(s), s == CA_OK ? "" : ca_last_error());
+            }
+        }
+        T_OK(ca_wait_for_save(r.acc));   /* kill: held here until the test kills the job */
+        printf("rank %d: digest %016llx at step %lld\n", rank, (unsigned long long)params_digest(&r),
+               (long long)r.steps);
+    }
+    fflush(stdout);
+    run_close(&r);
+    ca_shutdown();
+    return 0;
+}
+
+/* The device flag after the arguments (--tpu: the lazy xla device), else the CPU. */
+static void device_arg(int argc, char **argv, int at) {
+    static char *dev[] = {"test", NULL, NULL};
+    if (argc <= at) return;
+    dev[1] = argv[at];
+    g_run_argv = dev;
+}
+
 int main(int argc, char **argv) {
     ca_log_set_level(CA_LOG_ERROR);
     if (argc == 3 && !strcmp(argv[1], "--ranks")) return ranks_main(argv[2]);
     if (argc == 4 && !strcmp(argv[1], "--ranks")) {   /* e.g. --tpu: the lazy xla device */
-        static char *dev[] = {"test", NULL, NULL};
-        dev[1] = argv[3];
-        g_run_argv = dev;
+        device_arg(argc, argv, 3);
         return ranks_main(argv[2]);
+    }
+    if ((argc == 4 || argc == 5) && !strcmp(argv[1], "--resume")) {
+        device_arg(argc, argv, 4);
+        return resume_main(argv[2], argv[3]);
     }
     if (argc == 3 && !strcmp(argv[1], "--kill-child")) return kill_child_main(argv[2]);
     g_argv0 = argv[0];

@@ -1,7 +1,7 @@
 /* The safetensors reader's mapping and verification (tensor/safetensors_impl.h): ca_st_open_checked
  * and ca_st_verify_range against chunk sums and a whole-file CRC, a file cut short under its mapping,
- * and the read path where mapping is not used. Linked with the library's objects: these functions are
- * not exported. */
+ * the read path where mapping is not used, and the writer's fill (test_fill). Linked with the
+ * library's objects: these functions are not exported. */
 #include "test_util.h"
 #include "tensor/safetensors_impl.h"
 
@@ -147,9 +147,69 @@ static void test_mapped_ranges(void **state) {
     free(x);
 }
 
+/* A tensor given by a fill (a device tensor, copied off the device when the file is made) is written
+ * as its data would be, byte for byte: to the disk through a buffer of the writer's, and under a
+ * capture (an asynchronous save's host copy) straight into the captured file's buffer, each fill run
+ * once; a fill that fails fails the write, and nothing is written. */
+static int g_fills;
+
+static ca_status fill_from(void *ctx, void *dst, size_t len) {
+    g_fills++;
+    memcpy(dst, ctx, len);
+    return CA_OK;
+}
+
+static ca_status fill_fails(void *ctx, void *dst, size_t len) {
+    (void)ctx, (void)dst, (void)len;
+    return ca_error(CA_ERR_BACKEND, "the device copy failed");
+}
+
+static void test_fill(void **state) {
+    (void)state;
+    float x[300], y[7];
+    for (int i = 0; i < 300; i++) x[i] = (float)i * 0.5f;
+    for (int i = 0; i < 7; i++) y[i] = (float)-i;
+    int64_t sx[1] = {300}, sy[1] = {7};
+    ca_st_tensor plain[2] = {{.name = "a", .dtype = CA_F32, .ndim = 1, .shape = sx, .data = x},
+                             {.name = "b", .dtype = CA_F32, .ndim = 1, .shape = sy, .data = y}};
+    ca_st_tensor filled[2] = {{.name = "a", .dtype = CA_F32, .ndim = 1, .shape = sx, .fill = fill_from, .ctx = x},
+                              {.name = "b", .dtype = CA_F32, .ndim = 1, .shape = sy, .data = y}};
+    char a[600], b[600];
+    snprintf(a, sizeof a, "%s", path_in("plain.safetensors"));
+    snprintf(b, sizeof b, "%s", path_in("filled.safetensors"));
+    T_OK(ca_st_write(a, plain, 2));
+    g_fills = 0;
+    T_OK(ca_st_write(b, filled, 2));
+    assert_int_equal(g_fills, 1);
+    size_t na, nb;
+    uint8_t *ba = read_all(a, &na), *bb = read_all(b, &nb);
+    assert_int_equal(na, nb);
+    assert_memory_equal(ba, bb, na);
+    ca_st_capture c = {0};
+    ca_st_capture *prev = ca_st_capture_set(&c);
+    g_fills = 0;
+    ca_status s = ca_st_write(b, filled, 2);
+    ca_st_capture_set(prev);
+    T_OK(s);
+    assert_int_equal(g_fills, 1);
+    assert_int_equal(c.n, 1);
+    assert_int_equal(c.files[0].len, na);
+    assert_memory_equal(c.files[0].data, ba, na);
+    ca_st_capture_free(&c);
+    unlink(b);
+    filled[0].fill = fill_fails;
+    s = ca_st_write(b, filled, 2);
+    assert_int_equal(s, CA_ERR_BACKEND);
+    assert_non_null(strstr(ca_last_error(), "the device copy failed"));
+    assert_int_equal(access(b, F_OK), -1);
+    free(ba);
+    free(bb);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_mapped_ranges, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_fill, setup, teardown),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     ca_shutdown();

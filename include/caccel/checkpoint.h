@@ -44,7 +44,10 @@ CA_API ca_status ca_save_model(ca_accelerator *acc, ca_module *model, const char
  * (FSDP FULL_SHARD, ZeRO-3) with fsdp_cpu_ram_efficient_loading true (the default), each rank copies
  * only the slices of its shard, never gathering the model; false gathers it whole, loads, keeps the
  * shard. Into a meta model (ca_init_empty_weights) not yet prepared, each parameter gets its memory
- * and the file's values (docs/DISTRIBUTED.md, "Deferred initialisation"). */
+ * and the file's values (docs/DISTRIBUTED.md, "Deferred initialisation"). Into a prepared model every
+ * rank holds whole (DDP, ZeRO 1-2) on several processes, rank 0 reads and broadcasts; a broadcast
+ * that fails (a peer died, stopped, timed out) puts every surviving rank's parameters back as they
+ * were (each keeps a host copy of them during the load) and returns the error, naming the peer. */
 CA_API ca_status ca_load_model(ca_accelerator *acc, ca_module *model, const char *dir_or_file);
 
 /* ------------------------------------------------------------------ training state */
@@ -107,15 +110,16 @@ CA_API ca_status ca_save_state(ca_accelerator *acc, const char *dir);
  * state, the ZeRO-3 parameters) and copies every file's bytes into host buffers, then returns: the
  * parameters, optimizer state, generators and registered objects may change at once. A background
  * thread writes the files, fsyncs them and publishes the checkpoint as a synchronous save does (the
- * same files, byte for byte; the same steps of "Atomicity", its status exchanges on a communicator
- * of its own split from the accelerator's at the first asynchronous save), then applies total_limit.
+ * same files, byte for byte; the same steps of "Atomicity", its status exchanges on a host-memory
+ * communicator of its own split from the accelerator's at the first asynchronous save, whatever the
+ * device: the lazy xla device and GPUs too), then applies total_limit. A write that fails on any
+ * rank keeps rank 0 from publishing.
  * One save is in flight at a time: a new save, ca_load_state and teardown first wait for it (or the
  * save returns CA_ERR_STATE at once with refuse_if_busy, on every rank when any rank's is in flight).
  * A background failure is never lost: the next ca_save_state*, ca_wait_for_save or ca_load_state
  * returns it (naming the directory), once; a failure still unreported at teardown is logged. Where
  * the background thread cannot have collectives of its own (several processes over an MPI library
- * that did not give MPI_THREAD_MULTIPLE, or a communicator on a device that is not host memory) the
- * save is synchronous, with a warning at the first one. The host copy holds the whole state
+ * that did not give MPI_THREAD_MULTIPLE) the save is synchronous, with a warning at the first one. The host copy holds the whole state
  * (about 3x the model for AdamW) until the write is done. */
 typedef struct ca_save_state_options {
     bool async;            /* copy to host memory and write on a background thread */
