@@ -505,16 +505,18 @@ static ca_status check_params(ca_accelerator *acc, ca_module *m) {
     return CA_OK;
 }
 
-/* A meta parameter's part of the shard (a model built under ca_init_empty_weights): its whole values
- * made in a host scratch buffer, one parameter at a time, this rank's slice kept, the buffer freed: the
- * rank's memory peaks at its shard plus the largest parameter, never the whole model. */
+/* A meta parameter's part of the shard (a model built under ca_init_empty_weights): this rank's slice
+ * of its values in a host buffer of the slice's size, copied into the shard. A parameter whose values
+ * come from a file (a load deferred to here) reads the slice's bytes alone; one made by its recorded
+ * initialisation is made whole in a scratch buffer first: the rank's memory peaks at its shard plus
+ * the largest parameter, never the whole model. */
 static ca_status meta_slice(ca_accelerator *acc, const ca_zero_seg *sg) {
     ca_device *cpu = ca_cpu_device();   /* where the layers build eagerly: their values to the bit */
     void *tmp = NULL;
-    ca_status s = cpu ? ca_device_alloc(cpu, sg->param->storage->bytes, &tmp) : ca_last_status();
-    if (s == CA_OK) s = ca_meta_fill(sg->param, cpu, tmp);
+    ca_status s = cpu ? ca_device_alloc(cpu, (size_t)sg->n * sizeof(float), &tmp) : ca_last_status();
+    if (s == CA_OK) s = ca_meta_fill_range(sg->param, sg->poff, sg->n, tmp);
     if (s == CA_OK)
-        s = ca_device_copy_from_host(acc->device, ca_zero_fptr(acc->zero.pshard, sg->soff), (float *)tmp + sg->poff,
+        s = ca_device_copy_from_host(acc->device, ca_zero_fptr(acc->zero.pshard, sg->soff), tmp,
                                      (size_t)sg->n * sizeof(float));
     if (tmp) ca_device_free(cpu, tmp);
     return s == CA_OK ? CA_OK : ca_error_context("stage 3: materialising rank %d's part of the meta parameter %s",
