@@ -332,3 +332,24 @@ ca_status ca_meta_fill_range(const ca_tensor *t, int64_t start, int64_t n, void 
     if (tmp) ca_device_free(cpu, tmp);
     return s;
 }
+
+ca_status ca_meta_load_entry(ca_tensor *t, const ca_st_file *f, const ca_st_entry *e, ca_meta_src **src) {
+    if (ca_tensor_is_meta(t) && ca_init_empty_weights_enabled()) return ca_meta_record_file(t, f, e, src);
+    const void *data = ca_st_data(f, e);
+    size_t n = (size_t)t->numel;
+    /* a model built under ca_init_empty_weights: memory for the file's values, no init run; the
+     * parameters the file lacks stay meta and get their initialisation at ca_prepare */
+    ca_status a = ca_meta_allocate(t);
+    if (a != CA_OK) return a;
+    if (e->dtype == t->dtype) return ca_tensor_copy_from_host(t, data, n * ca_dtype_size(t->dtype));
+    float *buf = malloc((n ? n : 1) * sizeof *buf);
+    if (!buf) return ca_error(CA_ERR_NOMEM, "out of host memory reading '%s'", e->name);
+    const uint8_t *b = data;
+    for (size_t i = 0; i < n; i++) {
+        uint16_t h = (uint16_t)(b[2 * i] | b[2 * i + 1] << 8);   /* safetensors is little-endian */
+        buf[i] = e->dtype == CA_F16 ? ca_f16_to_f32(h) : ca_bf16_to_f32(h);
+    }
+    ca_status s = ca_tensor_copy_from_host(t, buf, n * sizeof *buf);
+    free(buf);
+    return s;
+}

@@ -167,6 +167,10 @@ struct ca_st_entry;
 ca_status ca_meta_record_file(ca_tensor *t, const struct ca_st_file *f, const struct ca_st_entry *e,
                               ca_meta_src **src);
 void ca_meta_src_unref(ca_meta_src *src);
+/* A pretrained loader's copy of entry e of file f (checked: t's shape; its dtype or f16/bf16 for an
+ * f32 t) into parameter t: while ca_init_empty_weights is on and t is meta, deferred
+ * (ca_meta_record_file, *src as there); else t (given memory if meta) gets the values now. */
+ca_status ca_meta_load_entry(ca_tensor *t, const struct ca_st_file *f, const struct ca_st_entry *e, ca_meta_src **src);
 /* Whether meta tensor t's record reads a file (ca_meta_record_file): its values come from that file
  * on each process, not from another process's record. */
 bool ca_meta_from_file(const ca_tensor *t);

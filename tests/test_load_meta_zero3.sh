@@ -7,7 +7,10 @@
 # device allocator's peak from building the model to the end of ca_prepare stays below half the model
 # plus the momentum's shard plus the largest parameter and 10% (reading it whole, as before, allocated the whole model). The parameters
 # equal bit for bit those of the same file loaded after ca_prepare and those saved; with the setting
-# false every rank loads the whole file, to the same bits.
+# false every rank loads the whole file, to the same bits. examples/llm_finetune with the setting given
+# true builds its Llama under ca_init_empty_weights, ca_causal_lm_load_pretrained defers the read, and
+# ca_prepare reads each rank's half of the file (FULL_SHARD) or rank 0 all of it for both (NO_SHARD,
+# the others reading nothing): the losses print as those of the eager load, digit for digit.
 . "$(dirname "$0")/dist/lib.sh"
 need_caccel
 DDP="$BUILD/tests/ddp_check"
@@ -72,5 +75,46 @@ for be in $backends; do
     digests "$WORK/o" > "$WORK/whole"
     cmp "$WORK/after" "$WORK/whole" || fail "$be: the whole loads differ"
 
+done
+
+# examples/llm_finetune with fsdp_cpu_ram_efficient_loading set true builds the Llama under
+# ca_init_empty_weights and ca_causal_lm_load_pretrained defers the read to ca_prepare
+FT="$BUILD/examples/llm_finetune"
+mkdir -p "$WORK/base"
+cp "$(dirname "$0")/../examples/llama-tiny.json" "$WORK/base/config.json"
+FTA="--lora_r 0 --block_size 64 --batch_size 8 --seed 7 --eval_blocks 16 --max_steps 3 --lr 3e-3 --sample_tokens 0"
+# shellcheck disable=SC2086
+"$FT" --cpu --model "$WORK/base" --from_scratch $FTA --max_steps 1 --output_dir "$WORK/llama" > "$WORK/o" 2>&1 ||
+    { cat "$WORK/o"; fail "llm_finetune: the small Llama"; }
+data=$(( $(stat -c %s "$WORK/llama/model.safetensors") ))
+losses() { grep -E '^(before training|epoch [0-9]*):' "$1"; }
+for be in $backends; do
+    for st in FULL_SHARD NO_SHARD; do
+        for lean in "" true; do
+            fl="--use_fsdp --fsdp_sharding_strategy $st${lean:+ --fsdp_cpu_ram_efficient_loading $lean}"
+            note "$be, llm_finetune, $st, fsdp_cpu_ram_efficient_loading ${lean:-at its default}"
+            # shellcheck disable=SC2086
+            if [ "$be" = mpi ]; then CACCEL_TEST_ST_REPORT=1 launch 2 "$be" "$FT" $fl --model "$WORK/llama" $FTA > "$WORK/o" 2>&1
+            else CACCEL_TEST_ST_REPORT=1 launch 2 "$be" $fl "$FT" --model "$WORK/llama" $FTA > "$WORK/o" 2>&1; fi ||
+                { cat "$WORK/o"; fail "$be: llm_finetune $st ($lean)"; }
+            losses "$WORK/o" > "$WORK/loss.$st$lean"
+            [ -s "$WORK/loss.$st$lean" ] || { cat "$WORK/o"; fail "$be: llm_finetune $st: no losses"; }
+            sed -n 's|^meta: .*/model.safetensors: \([0-9]*\) of [0-9]* bytes read$|\1|p' "$WORK/o" | sort -n > "$WORK/r"
+            if [ -z "$lean" ]; then
+                [ -s "$WORK/r" ] && { cat "$WORK/o"; fail "$be: $st: a deferred read at the default"; }
+                continue
+            fi
+            count 1 'fsdp_cpu_ram_efficient_loading: .* is read at ca_prepare' "$WORK/o"
+            [ "$(wc -l < "$WORK/r")" = 2 ] || { cat "$WORK/o"; fail "$be: $st: not one deferred read per rank"; }
+            lo=$(head -1 "$WORK/r") hi=$(tail -1 "$WORK/r")
+            echo "  $be, $st: the ranks read $lo and $hi of model.safetensors' $data bytes"
+            if [ $st = FULL_SHARD ]; then   # each its half of the data
+                [ "$hi" -le $((data / 2 + 4096)) ] || fail "$be: $st: a rank read $hi of $data bytes"
+            else                            # rank 0 all of it for both, rank 1 nothing
+                [ "$lo" = 0 ] && [ "$hi" -gt $((data - 4096)) ] || fail "$be: $st: the reads were $lo and $hi, not rank 0's alone"
+            fi
+            cmp "$WORK/loss.$st" "$WORK/loss.$st$lean" || fail "$be: llm_finetune $st: the deferred load trains otherwise"
+        done
+    done
 done
 echo PASS

@@ -179,6 +179,40 @@ static void test_bert_pretrained_into_meta(void **state) {
     t_rm_tree(dir);
 }
 
+/* A pretrained BERT loaded while ca_init_empty_weights is still on is deferred: the classifier stays
+ * meta (nothing read yet) and materialises, reading the file then, to the eager load's values. */
+static void test_bert_pretrained_deferred(void **state) {
+    (void)state;
+    char dir[] = "/tmp/caccel-meta-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    ca_manual_seed(5);
+    ca_module *eager = bert();
+    T_OK(ca_save_model(NULL, eager, dir, 0));
+    ca_manual_seed(9);
+    ca_module *loaded = bert();
+    T_OK(ca_bert_load_pretrained(loaded, dir, NULL));   /* the eager load: the classifier head is seed 9's */
+    ca_manual_seed(9);
+    T_OK(ca_init_empty_weights(true));
+    ca_module *meta = bert();
+    T_OK(ca_bert_load_pretrained(meta, dir, NULL));
+    T_OK(ca_init_empty_weights(false));
+    assert_true(ca_module_is_meta(meta));
+    for (int i = 0; i < ca_module_num_params(meta); i++) assert_true(ca_tensor_is_meta(ca_module_param_at(meta, i)));
+    T_OK(ca_module_materialize(meta));
+    assert_false(ca_module_is_meta(meta));
+    for (int i = 0; i < ca_module_num_params(loaded); i++) {
+        ca_tensor *a = ca_module_param_at(loaded, i), *b = ca_module_param_at(meta, i);
+        void *ha = bytes_of(a), *hb = bytes_of(b);
+        if (memcmp(ha, hb, ca_tensor_nbytes(a)) != 0) fail_msg("%s differs", ca_module_param_name(meta, i));
+        free(ha);
+        free(hb);
+    }
+    ca_module_destroy(eager);
+    ca_module_destroy(loaded);
+    ca_module_destroy(meta);
+    t_rm_tree(dir);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_layers_equal),
@@ -187,6 +221,7 @@ int main(void) {
         cmocka_unit_test(test_refused),
         cmocka_unit_test(test_load_into_meta),
         cmocka_unit_test(test_bert_pretrained_into_meta),
+        cmocka_unit_test(test_bert_pretrained_deferred),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     ca_shutdown();
