@@ -523,14 +523,33 @@ static ca_status meta_slice(ca_accelerator *acc, const ca_zero_seg *sg) {
                                                  acc->rank, ca_tensor_name(sg->param));
 }
 
+/* A read of a file's bytes (a load deferred to here) can fail on one rank alone: the file cut short
+ * after the load. Every rank then fails ca_prepare, the others naming the failed ones, where the run's
+ * first collective would have waited for them. */
+static ca_status agree_filled(ca_accelerator *acc, ca_status s) {
+    if (acc->world < 2) return s;
+    int64_t one = 1, bad = s != CA_OK;
+    ca_scope *sc = ca_scope_begin();
+    ca_tensor *t = ca_from_host(acc->device, CA_I64, 1, &one, &bad);
+    ca_status r = t ? ca_reduce(acc, t, CA_OP_SUM) : ca_last_status();
+    if (r == CA_OK) r = ca_tensor_to_host(t, &bad, sizeof bad);
+    ca_scope_end(sc);
+    if (s != CA_OK || r != CA_OK) return s != CA_OK ? s : r;
+    return bad ? ca_error(CA_ERR_PEER, "stage 3: %lld other rank(s) failed to read their shard of the model's "
+                          "files; see their errors", (long long)bad) : CA_OK;
+}
+
 static ca_status fill_shard(ca_accelerator *acc) {
     ca_zero *z = &acc->zero;
     ca_status s = CA_OK;
+    bool files = false;   /* the same on every rank: every rank ran the same load */
+    for (int i = 0; i < z->nparams; i++) files = files || ca_meta_from_file(z->params[i]);
     for (int k = 0; s == CA_OK && k < z->nsegs; k++)
         s = ca_tensor_is_meta(z->segs[k].param)
                 ? meta_slice(acc, &z->segs[k])
                 : ca_zero_copy_f32(acc->device, ca_zero_fptr(z->segs[k].param, z->segs[k].poff),
                                    ca_zero_fptr(z->pshard, z->segs[k].soff), z->segs[k].n);
+    if (files) s = agree_filled(acc, s);
     for (int i = 0; s == CA_OK && i < z->nparams; i++) {   /* the shard holds the values now */
         ca_storage *st = z->params[i]->storage;
         ca_meta_init_free(st->meta);

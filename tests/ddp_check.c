@@ -25,6 +25,7 @@
  * --save-model DIR writes the model's files (ca_save_model) after training; --load-model DIR loads them
  *   (ca_load_model) right after ca_prepare.
  * --load-model-early DIR loads them before ca_prepare instead (into the meta model under --meta).
+ * --cut-before-prepare FILE: after that load rank 0 cuts FILE's last 4 bytes, before ca_prepare.
  * --load-state DIR loads a state saved by --save-state DIR (after the training loop) right after ca_prepare.
  * --adamw trains with AdamW (lr --lr / 20) instead of SGD with momentum.
  * --meta builds the model under ca_init_empty_weights (no storage until ca_prepare); with --mem every
@@ -45,13 +46,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 typedef struct opts {
     const char *mode;
     int steps, k;
     int64_t batch, hidden, depth;
-    const char *dump, *dump_grads, *freeze, *save_state, *load_state, *save_model, *load_model, *load_early;
+    const char *dump, *dump_grads, *freeze, *save_state, *load_state, *save_model, *load_model, *load_early, *cut;
     int64_t sched_total;
     double lr;
     bool mem, digest, inf_input, read_sharded, adamw, meta;
@@ -181,6 +183,7 @@ static opts parse(int argc, char **argv) {
         else if (!strcmp(argv[i], "--save-model") && i + 1 < argc) o.save_model = argv[++i];
         else if (!strcmp(argv[i], "--load-model") && i + 1 < argc) o.load_model = argv[++i];
         else if (!strcmp(argv[i], "--load-model-early") && i + 1 < argc) o.load_early = argv[++i];
+        else if (!strcmp(argv[i], "--cut-before-prepare") && i + 1 < argc) o.cut = argv[++i];
         else if (!strcmp(argv[i], "--dump-grads") && i + 1 < argc) o.dump_grads = argv[++i];
         else if (!strcmp(argv[i], "--hidden") && i + 1 < argc) o.hidden = atoll(argv[++i]);
         else if (!strcmp(argv[i], "--depth") && i + 1 < argc) o.depth = atoll(argv[++i]);
@@ -363,6 +366,15 @@ int main(int argc, char **argv) {
     if (o.meta) CA_CHECK(ca_init_empty_weights(false));
     if (ca_module_is_meta(m)) printf("rank=%d model_meta=1\n", ca_process_index(acc));
     if (o.load_early) CA_CHECK(ca_load_model(acc, m, o.load_early));
+    if (o.cut) {   /* the file shrinks between a deferred load (every rank's) and its read */
+        CA_CHECK(ca_wait_for_everyone(acc));
+        struct stat sb;
+        if (ca_process_index(acc) == 0 && (stat(o.cut, &sb) != 0 || truncate(o.cut, sb.st_size - 4) != 0)) {
+            perror(o.cut);
+            return 1;
+        }
+        CA_CHECK(ca_wait_for_everyone(acc));
+    }
     int64_t pbytes = 0, largest = 0;
     for (int i = 0; i < ca_module_num_params(m); i++) {
         int64_t b = (int64_t)ca_tensor_nbytes(ca_module_param_at(m, i));

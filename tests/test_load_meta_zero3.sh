@@ -7,7 +7,9 @@
 # device allocator's peak from building the model to the end of ca_prepare stays below half the model
 # plus the momentum's shard plus the largest parameter and 10% (reading it whole, as before, allocated the whole model). The parameters
 # equal bit for bit those of the same file loaded after ca_prepare and those saved; with the setting
-# false every rank loads the whole file, to the same bits. examples/llm_finetune with the setting given
+# false every rank loads the whole file, to the same bits. The file cut short between the load and
+# ca_prepare fails ca_prepare on both ranks: rank 1, whose slice it cut, names the file; rank 0 says
+# another rank failed (under mpirun rank 1's exit may end rank 0 first). examples/llm_finetune with the setting given
 # true builds its Llama under ca_init_empty_weights, ca_causal_lm_load_pretrained defers the read, and
 # ca_prepare reads each rank's half of the file (FULL_SHARD) or rank 0 all of it for both (NO_SHARD,
 # the others reading nothing): the losses print as those of the eager load, digit for digit.
@@ -74,6 +76,15 @@ for be in $backends; do
     count 0 'meta: .* bytes read' "$WORK/o"
     digests "$WORK/o" > "$WORK/whole"
     cmp "$WORK/after" "$WORK/whole" || fail "$be: the whole loads differ"
+
+    note "$be: the file cut short between the load and ca_prepare fails ca_prepare on both ranks, naming it"
+    cp "$WORK/m/model.safetensors" "$WORK/cut.safetensors"
+    z3 "$be" --steps 0 --meta --load-model-early "$WORK/cut.safetensors" --cut-before-prepare "$WORK/cut.safetensors" \
+        > "$WORK/o" 2>&1 && { cat "$WORK/o"; fail "$be: a cut file loaded"; }
+    grep -q 'cut.safetensors: reading .*shorter than when it was checked' "$WORK/o" ||
+        { cat "$WORK/o"; fail "$be: the error does not name the file"; }
+    [ "$be" = mpi ] || grep -q 'other rank(s) failed to read their shard' "$WORK/o" ||
+        { cat "$WORK/o"; fail "$be: rank 0 does not report rank 1's failure"; }
 
 done
 
