@@ -52,6 +52,17 @@ static void *bytes_of(ca_tensor *t) {
     return h;
 }
 
+/* Every parameter of b holds a's bytes. */
+static void same_params(ca_module *a, ca_module *b) {
+    for (int i = 0; i < ca_module_num_params(a); i++) {
+        ca_tensor *x = ca_module_param_at(a, i), *y = ca_module_param_at(b, i);
+        void *hx = bytes_of(x), *hy = bytes_of(y);
+        if (memcmp(hx, hy, ca_tensor_nbytes(x)) != 0) fail_msg("%s differs", ca_module_param_name(b, i));
+        free(hx);
+        free(hy);
+    }
+}
+
 /* Built eagerly and under ca_init_empty_weights from the same seed: the same RNG position after
  * the build, and after ca_module_materialize the same bytes in every parameter. */
 static void check_equal(builder build) {
@@ -141,13 +152,7 @@ static void test_load_into_meta(void **state) {
     T_OK(ca_init_empty_weights(false));
     T_OK(ca_load_model(NULL, meta, dir));
     assert_false(ca_module_is_meta(meta));
-    for (int i = 0; i < ca_module_num_params(eager); i++) {
-        ca_tensor *a = ca_module_param_at(eager, i), *b = ca_module_param_at(meta, i);
-        void *ha = bytes_of(a), *hb = bytes_of(b);
-        if (memcmp(ha, hb, ca_tensor_nbytes(a)) != 0) fail_msg("%s differs", ca_module_param_name(meta, i));
-        free(ha);
-        free(hb);
-    }
+    same_params(eager, meta);
     ca_module_destroy(eager);
     ca_module_destroy(meta);
     t_rm_tree(dir);
@@ -167,13 +172,7 @@ static void test_bert_pretrained_into_meta(void **state) {
     T_OK(ca_init_empty_weights(false));
     T_OK(ca_bert_load_pretrained(meta, dir, NULL));
     assert_false(ca_module_is_meta(meta));
-    for (int i = 0; i < ca_module_num_params(eager); i++) {
-        ca_tensor *a = ca_module_param_at(eager, i), *b = ca_module_param_at(meta, i);
-        void *ha = bytes_of(a), *hb = bytes_of(b);
-        if (memcmp(ha, hb, ca_tensor_nbytes(a)) != 0) fail_msg("%s differs", ca_module_param_name(meta, i));
-        free(ha);
-        free(hb);
-    }
+    same_params(eager, meta);
     ca_module_destroy(eager);
     ca_module_destroy(meta);
     t_rm_tree(dir);
@@ -200,13 +199,7 @@ static void test_bert_pretrained_deferred(void **state) {
     for (int i = 0; i < ca_module_num_params(meta); i++) assert_true(ca_tensor_is_meta(ca_module_param_at(meta, i)));
     T_OK(ca_module_materialize(meta));
     assert_false(ca_module_is_meta(meta));
-    for (int i = 0; i < ca_module_num_params(loaded); i++) {
-        ca_tensor *a = ca_module_param_at(loaded, i), *b = ca_module_param_at(meta, i);
-        void *ha = bytes_of(a), *hb = bytes_of(b);
-        if (memcmp(ha, hb, ca_tensor_nbytes(a)) != 0) fail_msg("%s differs", ca_module_param_name(meta, i));
-        free(ha);
-        free(hb);
-    }
+    same_params(loaded, meta);
     ca_module_destroy(eager);
     ca_module_destroy(loaded);
     ca_module_destroy(meta);
