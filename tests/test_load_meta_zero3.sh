@@ -12,7 +12,8 @@
 # another rank failed (under mpirun rank 1's exit may end rank 0 first). examples/llm_finetune with the setting given
 # true builds its Llama under ca_init_empty_weights, ca_causal_lm_load_pretrained defers the read, and
 # ca_prepare reads each rank's half of the file (FULL_SHARD) or rank 0 all of it for both (NO_SHARD,
-# the others reading nothing): the losses print as those of the eager load, digit for digit.
+# the others reading nothing; at parallelism_config_tp_size 2 too, each rank then keeping its slice): the
+# losses print as those of the eager load, digit for digit.
 . "$(dirname "$0")/dist/lib.sh"
 need_caccel
 DDP="$BUILD/tests/ddp_check"
@@ -128,4 +129,15 @@ for be in $backends; do
         done
     done
 done
+first=${backends%% *}
+note "$first, llm_finetune at parallelism_config_tp_size 2: rank 0 reads the whole file for both, each keeps its slice"
+for lean in "" true; do
+    # shellcheck disable=SC2086
+    CACCEL_TEST_ST_REPORT=1 launch 2 "$first" --parallelism_config_tp_size 2 ${lean:+--fsdp_cpu_ram_efficient_loading $lean} \
+        "$FT" --model "$WORK/llama" $FTA > "$WORK/o" 2>&1 || { cat "$WORK/o"; fail "tp 2 ($lean)"; }
+    losses "$WORK/o" > "$WORK/loss.tp$lean"
+done
+sed -n 's|^meta: .*/model.safetensors: \([0-9]*\) of [0-9]* bytes read$|\1|p' "$WORK/o" | sort -n | head -1 > "$WORK/r"
+[ "$(cat "$WORK/r")" = 0 ] || { cat "$WORK/o"; fail "tp 2: rank 1 read the file"; }
+[ -s "$WORK/loss.tp" ] && cmp "$WORK/loss.tp" "$WORK/loss.tptrue" || fail "tp 2: the deferred load trains otherwise"
 echo PASS
