@@ -388,13 +388,37 @@ static ca_status broadcast_meta(ca_accelerator *acc, ca_tensor *p) {
     return s == CA_OK && rec ? dispatch_bcast(acc, rec, bytes) : s;
 }
 
+/* ZeRO-3 / FULL_SHARD: ca_zero3_build makes each rank's shard of a meta model's values. */
+static bool shards_meta(const ca_accelerator *acc) { return acc->sync_ops == &ca_sync_zero && acc->zero.stage == 3; }
+
+/* A meta parameter whose values a deferred load reads from a file (a pretrained loader run under
+ * ca_init_empty_weights): under fsdp_cpu_ram_efficient_loading (true by default) rank 0 alone reads it
+ * and sends the values, one read of the checkpoint for all the ranks, each other rank giving it memory
+ * only; with the key false each rank reads it. At stage 3 each rank reads its shard's bytes later. */
+static ca_status broadcast_file_values(ca_accelerator *acc, ca_tensor *p) {
+    if (shards_meta(acc)) return CA_OK;
+    bool on = true;
+    if (ca_config_get_bool(acc->cfg, "fsdp_config.fsdp_cpu_ram_efficient_loading", &on) != CA_OK) ca_clear_error();
+    if (!on) return ca_tensor_materialize_(p);
+    ca_status s = acc->rank == 0 ? ca_tensor_materialize_(p) : ca_meta_allocate(p);
+    int32_t code = s;   /* rank 0's read failing is every rank's, before a broadcast that would wait */
+    ca_status b = dispatch_bcast(acc, &code, sizeof code);
+    if (b != CA_OK) return b;
+    if (code != CA_OK)
+        return acc->rank == 0 ? s : ca_error(CA_ERR_PEER, "rank 0 failed (%s) to read the parameter's values from "
+                                             "its file; see rank 0's error", ca_status_name((ca_status)code));
+    p->version++;
+    return ca_comm_broadcast(acc->comm, ca_tptr(p), (size_t)p->numel, p->dtype, 0, NULL);
+}
+
 static ca_status broadcast_params(ca_accelerator *acc, ca_module *m) {
     if (acc->world == 1) return CA_OK;
     int n = ca_module_num_params(m);
     for (int i = 0; i < n; i++) {
         ca_tensor *p = ca_module_param_at(m, i);
-        ca_status s = ca_tensor_is_meta(p) ? broadcast_meta(acc, p)
-                                           : ca_comm_broadcast(acc->comm, ca_tptr(p), (size_t)p->numel, p->dtype, 0, NULL);
+        ca_status s = ca_meta_from_file(p) ? broadcast_file_values(acc, p)
+                      : ca_tensor_is_meta(p) ? broadcast_meta(acc, p)
+                                             : ca_comm_broadcast(acc->comm, ca_tptr(p), (size_t)p->numel, p->dtype, 0, NULL);
         if (s != CA_OK) return ca_error_context("broadcasting parameter %s from rank 0", ca_module_param_name(m, i));
     }
     return CA_OK;
@@ -403,7 +427,7 @@ static ca_status broadcast_params(ca_accelerator *acc, ca_module *m) {
 /* A model built under ca_init_empty_weights gets its values here: in full, except under ZeRO-3 /
  * FULL_SHARD, where ca_zero3_build makes only this rank's shard of them. */
 static ca_status materialize(ca_accelerator *acc, ca_module *m, bool sharded) {
-    if (sharded && acc->sync_ops == &ca_sync_zero && acc->zero.stage == 3) return CA_OK;
+    if (sharded && shards_meta(acc)) return CA_OK;
     return ca_module_materialize(m);
 }
 

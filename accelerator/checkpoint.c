@@ -743,6 +743,39 @@ static ca_status load_meta_on_rank0(ca_accelerator *acc, ca_module *model, const
     return s;
 }
 
+/* A meta model not yet prepared, to be prepared at stage 3 (ZeRO-3, FULL_SHARD) under
+ * fsdp_cpu_ram_efficient_loading: nothing is read now. The files are checked against the model and
+ * each meta parameter records where its values lie; ca_prepare then reads on each rank only the
+ * bytes of its shard's slices (ca_zero3_build), and no rank holds a whole parameter. */
+static bool defers_to_prepare(const ca_accelerator *acc, ca_module *model) {
+    if (!acc || acc->model == model || acc->zero.stage != 3 || acc->mesh || !ca_module_is_meta(model)) return false;
+    bool on = true;
+    if (ca_config_get_bool(acc->cfg, "fsdp_config.fsdp_cpu_ram_efficient_loading", &on) != CA_OK) ca_clear_error();
+    return on;
+}
+
+static ca_status load_deferred(ca_module *model, const char *where) {
+    ca_ck_model_src *m = NULL;
+    ca_status s = ca_ck_model_open(where, model, &m);
+    const ck_src *src = s == CA_OK ? &m->src : NULL;
+    ca_meta_src **keep = src ? calloc((size_t)src->nfiles + 1, sizeof *keep) : NULL;
+    if (src && !keep) s = ca_error(CA_ERR_NOMEM, "load_model: out of host memory");
+    for (int i = 0; s == CA_OK && i < src->n; i++) {   /* the meta parameters first: nothing is written yet */
+        ca_tensor *p = ca_module_param(model, src->entry[i]->name);
+        if (ca_tensor_is_meta(p)) s = ca_meta_record_file(p, src->file_of[i], src->entry[i], &keep[src->file_of[i] - src->files]);
+    }
+    for (int i = 0; s == CA_OK && i < src->n; i++) {   /* any parameter that has memory already */
+        ca_tensor *p = ca_module_param(model, src->entry[i]->name);
+        if (!ca_tensor_is_meta(p))
+            s = ca_tensor_copy_from_host(p, ca_st_data(src->file_of[i], src->entry[i]),
+                                         (size_t)(src->entry[i]->end - src->entry[i]->begin));
+    }
+    for (int i = 0; keep && i < src->nfiles; i++) ca_meta_src_unref(keep[i]);
+    free(keep);
+    ca_ck_model_close(m);
+    return s;
+}
+
 static ca_status load_model_whole(ca_accelerator *acc, ca_module *model, const char *dir_or_file, size_t unused) {
     (void)unused;
     ca_status s;
@@ -755,6 +788,7 @@ static ca_status load_model_whole(ca_accelerator *acc, ca_module *model, const c
         ca_ck_model_close(m);
         return s;
     }
+    if (defers_to_prepare(acc, model)) return load_deferred(model, dir_or_file);
     if (ca_ck_rank0_reads(acc, model)) return load_on_rank0(acc, model, dir_or_file);
     if (rank0_reads_meta(acc, model)) return load_meta_on_rank0(acc, model, dir_or_file);
     bool shards = summon(acc, model, &s);

@@ -505,30 +505,51 @@ static ca_status check_params(ca_accelerator *acc, ca_module *m) {
     return CA_OK;
 }
 
-/* A meta parameter's part of the shard (a model built under ca_init_empty_weights): its whole values
- * made in a host scratch buffer, one parameter at a time, this rank's slice kept, the buffer freed: the
- * rank's memory peaks at its shard plus the largest parameter, never the whole model. */
+/* A meta parameter's part of the shard (a model built under ca_init_empty_weights): this rank's slice
+ * of its values in a host buffer of the slice's size, copied into the shard. A parameter whose values
+ * come from a file (a load deferred to here) reads the slice's bytes alone; one made by its recorded
+ * initialisation is made whole in a scratch buffer first: the rank's memory peaks at its shard plus
+ * the largest parameter, never the whole model. */
 static ca_status meta_slice(ca_accelerator *acc, const ca_zero_seg *sg) {
     ca_device *cpu = ca_cpu_device();   /* where the layers build eagerly: their values to the bit */
     void *tmp = NULL;
-    ca_status s = cpu ? ca_device_alloc(cpu, sg->param->storage->bytes, &tmp) : ca_last_status();
-    if (s == CA_OK) s = ca_meta_fill(sg->param, cpu, tmp);
+    ca_status s = cpu ? ca_device_alloc(cpu, (size_t)sg->n * sizeof(float), &tmp) : ca_last_status();
+    if (s == CA_OK) s = ca_meta_fill_range(sg->param, sg->poff, sg->n, tmp);
     if (s == CA_OK)
-        s = ca_device_copy_from_host(acc->device, ca_zero_fptr(acc->zero.pshard, sg->soff), (float *)tmp + sg->poff,
+        s = ca_device_copy_from_host(acc->device, ca_zero_fptr(acc->zero.pshard, sg->soff), tmp,
                                      (size_t)sg->n * sizeof(float));
     if (tmp) ca_device_free(cpu, tmp);
     return s == CA_OK ? CA_OK : ca_error_context("stage 3: materialising rank %d's part of the meta parameter %s",
                                                  acc->rank, ca_tensor_name(sg->param));
 }
 
+/* A read of a file's bytes (a load deferred to here) can fail on one rank alone: the file cut short
+ * after the load. Every rank then fails ca_prepare, the others naming the failed ones, where the run's
+ * first collective would have waited for them. */
+static ca_status agree_filled(ca_accelerator *acc, ca_status s) {
+    if (acc->world < 2) return s;
+    int64_t one = 1, bad = s != CA_OK;
+    ca_scope *sc = ca_scope_begin();
+    ca_tensor *t = ca_from_host(acc->device, CA_I64, 1, &one, &bad);
+    ca_status r = t ? ca_reduce(acc, t, CA_OP_SUM) : ca_last_status();
+    if (r == CA_OK) r = ca_tensor_to_host(t, &bad, sizeof bad);
+    ca_scope_end(sc);
+    if (s != CA_OK || r != CA_OK) return s != CA_OK ? s : r;
+    return bad ? ca_error(CA_ERR_PEER, "stage 3: %lld other rank(s) failed to read their shard of the model's "
+                          "files; see their errors", (long long)bad) : CA_OK;
+}
+
 static ca_status fill_shard(ca_accelerator *acc) {
     ca_zero *z = &acc->zero;
     ca_status s = CA_OK;
+    bool files = false;   /* the same on every rank: every rank ran the same load */
+    for (int i = 0; i < z->nparams; i++) files = files || ca_meta_from_file(z->params[i]);
     for (int k = 0; s == CA_OK && k < z->nsegs; k++)
         s = ca_tensor_is_meta(z->segs[k].param)
                 ? meta_slice(acc, &z->segs[k])
                 : ca_zero_copy_f32(acc->device, ca_zero_fptr(z->segs[k].param, z->segs[k].poff),
                                    ca_zero_fptr(z->pshard, z->segs[k].soff), z->segs[k].n);
+    if (files) s = agree_filled(acc, s);
     for (int i = 0; s == CA_OK && i < z->nparams; i++) {   /* the shard holds the values now */
         ca_storage *st = z->params[i]->storage;
         ca_meta_init_free(st->meta);

@@ -13,7 +13,9 @@
  * prep_* are the values at the end of ca_prepare, rss_* at the end of the load.
  * --save-state DIR: every rank prepares the model and ca_save_states it (its layout as the launch's
  * configuration says: fsdp_state_dict_type); --load-state DIR: ca_load_state instead of ca_load_model
- * (no optimizer in either: the parameters are what is measured). */
+ * (no optimizer in either: the parameters are what is measured). --early (implies --meta) loads --load
+ * into the meta model before ca_prepare: at stage 3 ca_prepare then reads each rank's shard's bytes
+ * alone, under DDP rank 0 reads and broadcasts. */
 #include <caccel/caccel.h>
 
 #include <pthread.h>
@@ -65,7 +67,7 @@ static ca_module *model(int64_t layers, int64_t width) {
 int main(int argc, char **argv) {
     int64_t layers = 16, width = 4096;
     const char *save = NULL, *load = NULL, *save_state = NULL, *load_state = NULL;
-    bool meta = false;
+    bool meta = false, early = false;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--layers") && i + 1 < argc) layers = atoll(argv[++i]);
         else if (!strcmp(argv[i], "--width") && i + 1 < argc) width = atoll(argv[++i]);
@@ -74,6 +76,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--save-state") && i + 1 < argc) save_state = argv[++i];
         else if (!strcmp(argv[i], "--load-state") && i + 1 < argc) load_state = argv[++i];
         else if (!strcmp(argv[i], "--meta")) meta = true;
+        else if (!strcmp(argv[i], "--early")) early = meta = true;
         else if (ca_config_flag_arity(argv[i]) >= 0) i += ca_config_flag_arity(argv[i]);
         else { fprintf(stderr, "bench_load_rss: unknown argument %s\n", argv[i]); return 2; }
     }
@@ -93,9 +96,10 @@ int main(int argc, char **argv) {
         CA_CHECK(ca_prepare(acc, m, NULL, NULL));
         CA_CHECK(ca_save_state(acc, save_state));
     } else {
+        if (load && early) CA_CHECK(ca_load_model(acc, m, load));   /* into the meta model: read at ca_prepare */
         CA_CHECK(ca_prepare(acc, m, NULL, NULL));
         long prep_anon = status_kb("RssAnon"), prep_file = status_kb("RssFile");
-        if (load) CA_CHECK(ca_load_model(acc, m, load));
+        if (load && !early) CA_CHECK(ca_load_model(acc, m, load));
         if (load_state) CA_CHECK(ca_load_state(acc, load_state));
         long anon = status_kb("RssAnon"), file = status_kb("RssFile");
         atomic_store(&sp.stop, true);

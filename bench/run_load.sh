@@ -7,17 +7,19 @@
 # each run the page cache is dropped where this system lets us (echo 1 > /proc/sys/vm/drop_caches);
 # where it does not, every run but the first reads a warm cache, and the header says so.
 # Prints seconds and peak RSS of each run, then the medians and their ratios. Nothing is asserted.
-# usage: run_load.sh [--build DIR] [--reps N] [--layers N] [--dir D]   (TORCH_PYTHON: a python3 with
+# usage: run_load.sh [--build DIR] [--reps N] [--layers N] [--dir D] [--threads T: OMP_NUM_THREADS of
+# both, 1 by default]   (TORCH_PYTHON: a python3 with
 # torch and safetensors)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-build=. reps=3 layers=16 dir=""
+build=. reps=3 layers=16 dir="" threads=1
 while [ $# -gt 0 ]; do
     case $1 in
         --build) build=$2; shift 2 ;;
         --reps) reps=$2; shift 2 ;;
         --layers) layers=$2; shift 2 ;;
         --dir) dir=$2; shift 2 ;;
+        --threads) threads=$2; shift 2 ;;
         *) echo "run_load.sh: unknown argument $1" >&2; exit 2 ;;
     esac
 done
@@ -32,7 +34,7 @@ cache=warm
 if sync && echo 1 > /proc/sys/vm/drop_caches 2>/dev/null; then cache=cold; fi
 drop() { [ "$cache" = warm ] || { sync; echo 1 > /proc/sys/vm/drop_caches; }; }
 echo "date: $(date -u +%F), $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) CPUs; torch $("$py" -c 'import torch; print(torch.__version__)'), safetensors $("$py" -c 'import safetensors; print(safetensors.__version__)')"
-echo "file: $(( $(stat -c %s "$file") / 1048576 )) MiB, $layers tensors; page cache: $cache before each run"
+echo "file: $(( $(stat -c %s "$file") / 1048576 )) MiB, $layers tensors; page cache: $cache before each run; $threads thread(s)"
 # run NAME CMD...: one run; appends "NAME seconds rss_kib" to $work/runs
 run() {
     name=$1; shift
@@ -42,8 +44,8 @@ run() {
 }
 : > "$work/runs"
 for _ in $(seq "$reps"); do
-    run caccel env OMP_NUM_THREADS=1 "$build/bench/bench_load" --load "$work" --layers "$layers"
-    run torch env OMP_NUM_THREADS=1 "$py" "$here/peers/torch_load.py" "$file" "$layers"
+    run caccel env OMP_NUM_THREADS="$threads" "$build/bench/bench_load" --load "$work" --layers "$layers"
+    run torch env OMP_NUM_THREADS="$threads" "$py" "$here/peers/torch_load.py" "$file" "$layers"
     run cat bash -c 's=$(date +%s.%N); cat "$1" > /dev/null; e=$(date +%s.%N); echo "$e - $s" | bc' _ "$file"
 done
 printf '%-8s %4s %10s %14s\n' method run seconds "peak RSS MiB"

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Peak resident memory per rank while building, preparing and loading a model of >= 1 GB f32 from
-# safetensors: eager and deferred (--meta, ca_init_empty_weights), DDP and ZeRO-3 (FULL_SHARD), at
+# safetensors: eager and deferred (--meta, ca_init_empty_weights; early: loaded into the meta model before
+# ca_prepare, which reads it), DDP and ZeRO-3 (FULL_SHARD), at
 # 1, 2 and 4 processes (caccel launch, Gloo, CPU). One row per run: the largest VmHWM over the ranks
 # (a rank's own memory and the pages of the mapped file it touched); the largest peak of a rank's own
 # (anonymous) memory above its RssAnon before the model was built (the runtime's libraries and
@@ -29,11 +30,12 @@ echo "| processes | mode | build | peak VmHWM MB (max over ranks) | peak own (Rs
 echo "|---|---|---|---|---|---|---|---|---|"
 for np in 1 2 4; do
     for mode in ddp z3; do
-        for build in eager meta; do
+        for build in eager meta early; do
             flags=()
             [ "$mode" = z3 ] && flags=(--use_fsdp --fsdp_sharding_strategy FULL_SHARD)
             extra=()
             [ "$build" = meta ] && extra=(--meta)
+            [ "$build" = early ] && extra=(--early)   # loaded into the meta model before ca_prepare
             out=$("$caccel" launch --num_processes "$np" --backend gloo "${flags[@]}" "$bench" "${args[@]}" "${extra[@]}" --load "$dir" 2>/dev/null | grep '^rank=')
             f() { sed -n "s/.* $1=\([0-9]*\).*/\1/p" <<< "$2"; }
             hwm=0 own=0

@@ -231,15 +231,30 @@ static void save(ca_accelerator *acc, ca_module *model, const args *a, const ca_
     ca_print(acc, "fine-tuned model saved to %s (config.json, model.safetensors, tokenizer.json)\n", a->output_dir);
 }
 
+/* fsdp_cpu_ram_efficient_loading set true (a config file, the environment, a flag), as Accelerate's
+ * from_pretrained under it: the model is built without storage (ca_init_empty_weights) and the
+ * checkpoint read at ca_prepare, each rank its shard's bytes under FULL_SHARD, rank 0 for all the
+ * ranks under DDP. Left at its default the model is read here, as before. */
+static bool ram_efficient_loading(const ca_accelerator *acc) {
+    const ca_config *c = ca_accelerator_config(acc);
+    const char *key = "fsdp_config.fsdp_cpu_ram_efficient_loading";
+    bool on = false;
+    if (ca_config_source_of(c, key) == CA_SRC_DEFAULT || ca_config_get_bool(c, key, &on) != CA_OK) return false;
+    return on;
+}
+
 static ca_module *build_model(ca_accelerator *acc, const args *a, const ca_tokenizer *tok, int classes) {
     if (a->bow) return bow_create(ca_tokenizer_vocab_size(tok), classes);
     ca_bert_config cfg;
     CA_CHECK(ca_bert_config_load(a->model_dir, &cfg));
     ca_module *m;
+    bool lean = !a->from_scratch && ram_efficient_loading(acc), was = ca_init_empty_weights_enabled();
+    if (lean) CA_CHECK(ca_init_empty_weights(true));   /* the new head too: made at ca_prepare */
     CA_CHECK(ca_bert_for_sequence_classification_create(&cfg, classes, &m));
     if (a->from_scratch) return m;
     ca_bert_load_info info;
     CA_CHECK(ca_bert_load_pretrained(m, a->model_dir, &info));
+    if (lean) CA_CHECK(ca_init_empty_weights(was));
     ca_print(acc, "loaded %lld tensors from %s (%lld unused); %lld newly initialised (%s, ...)\n",
              (long long)info.loaded, a->model_dir, (long long)info.unused, (long long)info.initialized,
              info.first_initialized);

@@ -336,13 +336,31 @@ static const char *default_targets(const ca_causal_lm_config *cfg) {
 
 static int64_t eos_id(const ca_causal_lm_config *cfg) { return cfg->n_eos > 0 ? cfg->eos_token_ids[0] : -1; }
 
+/* fsdp_cpu_ram_efficient_loading set true (a config file, the environment, a flag), as Accelerate's
+ * from_pretrained under it: the model is built without storage (ca_init_empty_weights) and the
+ * checkpoint read at ca_prepare, each rank its shard's bytes under FULL_SHARD, rank 0 for all the
+ * ranks under DDP. Left at its default the model is read here, as before. */
+static bool ram_efficient_loading(const ca_accelerator *acc) {
+    const ca_config *c = ca_accelerator_config(acc);
+    const char *key = "fsdp_config.fsdp_cpu_ram_efficient_loading";
+    bool on = false;
+    if (ca_config_source_of(c, key) == CA_SRC_DEFAULT || ca_config_get_bool(c, key, &on) != CA_OK) return false;
+    return on;
+}
+
 /* The model of --model: read (or, --from_scratch, initialised) and, with --lora_r, wrapped with
  * adapters (PEFT's default targets for the family unless --target_modules names them). */
 static ca_module *load_model(ca_accelerator *acc, const args *a, ca_causal_lm_config *cfg) {
     CA_CHECK(ca_causal_lm_config_load(a->model, cfg));
     ca_module *m;
+    bool lean = !a->from_scratch && ram_efficient_loading(acc), was = ca_init_empty_weights_enabled();
+    if (lean) CA_CHECK(ca_init_empty_weights(true));
     CA_CHECK(ca_causal_lm_create(cfg, &m));
     if (!a->from_scratch) CA_CHECK(ca_causal_lm_load_pretrained(m, a->model, NULL));
+    if (lean) {
+        CA_CHECK(ca_init_empty_weights(was));
+        ca_print(acc, "llm_finetune: fsdp_cpu_ram_efficient_loading: %s is read at ca_prepare\n", a->model);
+    }
     if (a->gradient_checkpointing) {
         int n = 0;
         CA_CHECK(ca_module_checkpoint_layers(m, true, &n));

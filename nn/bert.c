@@ -385,26 +385,6 @@ static ca_status check_entry(const char *file, const ca_st_entry *e, const ca_te
     return CA_OK;
 }
 
-static ca_status copy_entry(const ca_st_file *f, const ca_st_entry *e, ca_tensor *t) {
-    const void *src = ca_st_data(f, e);
-    size_t n = (size_t)t->numel;
-    /* a model built under ca_init_empty_weights: memory for the file's values, no init run; the
-     * parameters the file lacks stay meta and get their initialisation at ca_prepare */
-    ca_status a = ca_meta_allocate(t);
-    if (a != CA_OK) return a;
-    if (e->dtype == CA_F32) return ca_tensor_copy_from_host(t, src, n * sizeof(float));
-    float *buf = malloc((n ? n : 1) * sizeof *buf);
-    if (!buf) return ca_error(CA_ERR_NOMEM, "out of host memory reading '%s'", e->name);
-    const uint8_t *b = src;
-    for (size_t i = 0; i < n; i++) {
-        uint16_t h = (uint16_t)(b[2 * i] | b[2 * i + 1] << 8);    /* safetensors is little-endian */
-        buf[i] = e->dtype == CA_F16 ? ca_f16_to_f32(h) : ca_bf16_to_f32(h);
-    }
-    ca_status s = ca_tensor_copy_from_host(t, buf, n * sizeof *buf);
-    free(buf);
-    return s;
-}
-
 /* For every parameter of m: the file's entry (NULL: keep the initialisation). Fails on a
  * BertModel tensor the file lacks, or on a mismatch. */
 static ca_status match_entries(ca_module *m, const ca_st_file *f, const ca_bert_check *chk,
@@ -456,8 +436,10 @@ ca_status ca_bert_load_pretrained(ca_module *m, const char *path, ca_bert_load_i
     const ca_st_entry **entries = calloc((size_t)(n ? n : 1), sizeof *entries);
     if (!entries) s = ca_error(CA_ERR_NOMEM, "out of host memory");
     if (s == CA_OK) s = match_entries(m, &f, &chk, entries, info);
+    ca_meta_src *src = NULL;   /* under ca_init_empty_weights: read at ca_prepare */
     for (int i = 0; s == CA_OK && i < n; i++)
-        if (entries[i]) s = copy_entry(&f, entries[i], ca_module_param_at(m, i));
+        if (entries[i]) s = ca_meta_load_entry(ca_module_param_at(m, i), &f, entries[i], &src);
+    ca_meta_src_unref(src);
     free(entries);
     ca_st_close(&f);
     return s;

@@ -119,26 +119,6 @@ static ca_status check_entry(const ca_st_file *f, const ca_st_entry *e, const ca
     return CA_OK;
 }
 
-static ca_status copy_entry(const ca_st_file *f, const ca_st_entry *e, ca_tensor *t) {
-    const void *src = ca_st_data(f, e);
-    size_t n = (size_t)t->numel;
-    /* a model built under ca_init_empty_weights: memory for the file's values, no init run; the
-     * parameters the file lacks stay meta and get their initialisation at ca_prepare */
-    ca_status a = ca_meta_allocate(t);
-    if (a != CA_OK) return a;
-    if (e->dtype == CA_F32) return ca_tensor_copy_from_host(t, src, n * sizeof(float));
-    float *buf = malloc((n ? n : 1) * sizeof *buf);
-    if (!buf) return ca_error(CA_ERR_NOMEM, "out of host memory reading '%s'", e->name);
-    const uint8_t *b = src;
-    for (size_t i = 0; i < n; i++) {
-        uint16_t h = (uint16_t)(b[2 * i] | b[2 * i + 1] << 8);    /* safetensors is little-endian */
-        buf[i] = e->dtype == CA_F16 ? ca_f16_to_f32(h) : ca_bf16_to_f32(h);
-    }
-    ca_status s = ca_tensor_copy_from_host(t, buf, n * sizeof *buf);
-    free(buf);
-    return s;
-}
-
 /* The base model's prefix: a file saved from GPT2Model or LlamaModel (the hub's gpt2 is) names
  * its tensors without it, and from_pretrained adds it back. */
 static const char *base_prefix(const ca_module *m) {
@@ -193,7 +173,12 @@ ca_status ca_causal_lm_load_pretrained(ca_module *m, const char *path, ca_causal
     const ca_st_file **files = calloc((size_t)n, sizeof *files);
     if (st == CA_OK && (!entries || !files)) st = ca_error(CA_ERR_NOMEM, "out of host memory");
     if (st == CA_OK) st = match(m, &s, entries, files, info);
-    for (int i = 0; st == CA_OK && i < n; i++) st = copy_entry(files[i], entries[i], ca_module_param_at(m, i));
+    ca_meta_src **src = st == CA_OK ? calloc((size_t)s.n + 1, sizeof *src) : NULL;   /* one per shard file */
+    if (st == CA_OK && !src) st = ca_error(CA_ERR_NOMEM, "out of host memory");
+    for (int i = 0; st == CA_OK && i < n; i++)   /* under ca_init_empty_weights: read at ca_prepare */
+        st = ca_meta_load_entry(ca_module_param_at(m, i), files[i], entries[i], &src[files[i] - s.files]);
+    for (int i = 0; src && i < s.n; i++) ca_meta_src_unref(src[i]);
+    free(src);
     info->files = s.n;
     free(entries);
     free(files);

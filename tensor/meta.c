@@ -5,9 +5,28 @@
  * owner (ca_prepare, ca_module_materialize) replays the record later, whole or one parameter at a
  * time into a scratch buffer, and gets the values an eager build would have had, bit for bit. */
 #include "tensor/tensor_impl.h"
+#include "tensor/safetensors_impl.h"
+#include "base/half_impl.h"
 
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* A file whose bytes give meta parameters their values (a load deferred to ca_prepare): its
+ * descriptor, kept open so that the bytes read later are those of the file checked at the load
+ * even where a new file has been renamed over its name; shared by the parameters it fills. */
+struct ca_meta_src {
+    _Atomic int refs;
+    int fd;
+    uint64_t size;
+    _Atomic uint64_t read;   /* bytes read from it (CACCEL_TEST_ST_REPORT) */
+    char path[];
+};
 
 typedef struct meta_op {
     bool rng;                    /* a draw from the generator; else a constant over [start, start + n) */
@@ -16,6 +35,9 @@ typedef struct meta_op {
     float a, b;
     double value;
     int64_t start, n;
+    struct ca_meta_src *src;     /* non-NULL: the whole tensor from src's bytes at foff, of dtype fdt */
+    uint64_t foff;
+    ca_dtype fdt;
 } meta_op;
 
 struct ca_meta_init {
@@ -42,9 +64,24 @@ int ca_meta_live(void) { return atomic_load(&live); }
 
 bool ca_tensor_is_meta(const ca_tensor *t) { return t && t->storage && t->storage->meta && !t->storage->ptr; }
 
+void ca_meta_src_unref(ca_meta_src *src) {
+    if (!src || atomic_fetch_sub(&src->refs, 1) != 1) return;
+    if (getenv("CACCEL_TEST_ST_REPORT"))   /* the tests' measure of what a deferred load read */
+        fprintf(stderr, "meta: %s: %" PRIu64 " of %" PRIu64 " bytes read\n", src->path, atomic_load(&src->read),
+                src->size);
+    close(src->fd);
+    free(src);
+}
+
+static void drop_ops(struct ca_meta_init *mi, int from) {
+    for (int i = from; i < mi->n; i++) ca_meta_src_unref(mi->ops[i].src);
+    mi->n = from;
+}
+
 void ca_meta_init_free(struct ca_meta_init *mi) {
     if (!mi) return;
     atomic_fetch_sub(&live, 1);
+    drop_ops(mi, 0);
     free(mi->ops);
     free(mi);
 }
@@ -61,7 +98,7 @@ ca_status ca_meta_storage(ca_storage *st) {
  * default weight): only the last such op and those after it are replayed. */
 static ca_status record(ca_tensor *t, meta_op op) {
     struct ca_meta_init *mi = t->storage->meta;
-    if (op.start == 0 && op.n == t->numel) mi->n = 0;
+    if (op.start == 0 && op.n == t->numel) drop_ops(mi, 0);
     if (mi->n == mi->cap) {
         int cap = mi->cap ? 2 * mi->cap : 2;
         meta_op *no = realloc(mi->ops, (size_t)cap * sizeof *no);
@@ -83,6 +120,9 @@ void *ca_meta_record(const ca_tensor *t, size_t *bytes, int64_t *count) {
 ca_status ca_meta_record_resize(ca_tensor *t, int64_t count) {
     struct ca_meta_init *mi = t->storage->meta;
     if (!mi || count < 0 || count > 1 << 20) return ca_error(CA_ERR_INVALID, "a meta record of %lld ops", (long long)count);
+    if (ca_meta_from_file(t))
+        return ca_error(CA_ERR_INTERNAL, "'%s': a record of a file's values is this process's own (not received)",
+                        t->name ? t->name : "");
     if (count > mi->cap) {
         meta_op *no = realloc(mi->ops, (size_t)count * sizeof *no);
         if (!no) return ca_error(CA_ERR_NOMEM, "out of host memory for a meta record");
@@ -93,8 +133,15 @@ ca_status ca_meta_record_resize(ca_tensor *t, int64_t count) {
     return CA_OK;
 }
 
+static ca_status read_op(const meta_op *op, ca_dtype dt, int64_t start, int64_t n, void *dst);
+
 static ca_status run_op(const meta_op *op, ca_device *dev, ca_dtype dt, void *dst) {
     void *y = (char *)dst + (size_t)op->start * ca_dtype_size(dt);
+    if (op->src) {
+        if (dev != ca_cpu_device())
+            return ca_error(CA_ERR_INTERNAL, "a file's values are read into host memory, not %s", ca_device_name(dev));
+        return read_op(op, dt, 0, op->n, y);
+    }
     if (op->rng)
         return CA_KCALL(dev, rng, .kind = op->kind, .dt = dt, .n = op->n, .seed = op->seed, .offset = op->offset,
                         .a = op->a, .b = op->b, .y = y);
@@ -185,3 +232,124 @@ ca_status ca_tensor_materialize_(ca_tensor *t) {
 }
 
 ca_status ca_meta_allocate(ca_tensor *t) { return ca_tensor_is_meta(t) ? materialize(t, false) : CA_OK; }
+
+/* ------------------------------------------------------------ values from a file (deferred loads) */
+
+static ca_status src_open(const ca_st_file *f, ca_meta_src **out) {
+    size_t len = strlen(f->path);
+    ca_meta_src *src = calloc(1, sizeof *src + len + 1);
+    if (!src) return ca_error(CA_ERR_NOMEM, "out of host memory deferring the read of %s", f->path);
+    memcpy(src->path, f->path, len + 1);
+    /* the mapping's own descriptor where there is one: the very file that was checked */
+    src->fd = f->mapped ? fcntl(f->fd, F_DUPFD_CLOEXEC, 0) : open(f->path, O_RDONLY | O_CLOEXEC);
+    struct stat sb;
+    if (src->fd < 0 || fstat(src->fd, &sb) != 0) {
+        int e = errno;
+        if (src->fd >= 0) close(src->fd);
+        free(src);
+        return ca_error(CA_ERR_IO, "%s: cannot keep the file open for the deferred read: %s", f->path, strerror(e));
+    }
+    if ((uint64_t)sb.st_size != f->size) {
+        close(src->fd);
+        free(src);
+        return ca_error(CA_ERR_IO, "%s: the file changed size (%lld bytes, %zu when it was checked)", f->path,
+                        (long long)sb.st_size, f->size);
+    }
+    src->size = f->size;
+    atomic_init(&src->refs, 1);
+    *out = src;
+    return CA_OK;
+}
+
+ca_status ca_meta_record_file(ca_tensor *t, const ca_st_file *f, const ca_st_entry *e, ca_meta_src **src) {
+    if (!ca_tensor_is_meta(t)) return ca_error(CA_ERR_INTERNAL, "deferring '%s': not a meta tensor", e->name);
+    bool same = e->dtype == t->dtype, half = t->dtype == CA_F32 && (e->dtype == CA_F16 || e->dtype == CA_BF16);
+    if ((!same && !half) || e->end - e->begin != (uint64_t)t->numel * ca_dtype_size(e->dtype))
+        return ca_error(CA_ERR_INVALID, "%s: tensor '%s' (%s) cannot give the values of a %s parameter of %lld elements",
+                        f->path, e->name, ca_st_dtype_name(e->dtype), ca_st_dtype_name(t->dtype), (long long)t->numel);
+    ca_status s = *src ? CA_OK : src_open(f, src);
+    if (s != CA_OK) return s;
+    meta_op op = {.src = *src, .foff = f->data_start + e->begin, .fdt = e->dtype, .n = t->numel};
+    atomic_fetch_add(&(*src)->refs, 1);
+    s = record(t, op);
+    if (s != CA_OK) ca_meta_src_unref(*src);
+    return s;
+}
+
+bool ca_meta_from_file(const ca_tensor *t) {
+    const struct ca_meta_init *mi = ca_tensor_is_meta(t) ? t->storage->meta : NULL;
+    for (int i = 0; mi && i < mi->n; i++)
+        if (mi->ops[i].src) return true;
+    return false;
+}
+
+static ca_status pread_all(ca_meta_src *src, void *dst, size_t len, uint64_t off) {
+    size_t done = 0;
+    while (done < len) {
+        ssize_t r = pread(src->fd, (char *)dst + done, len - done, (off_t)(off + done));
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0)
+            return ca_error(CA_ERR_IO, "%s: reading %zu bytes at offset %" PRIu64 ": %s", src->path, len, off,
+                            r < 0 ? strerror(errno) : "the file is shorter than when it was checked");
+        done += (size_t)r;
+    }
+    atomic_fetch_add(&src->read, (uint64_t)len);
+    return CA_OK;
+}
+
+/* Elements [start, start + n) of the file's tensor into dst (host memory of dtype dt): read as they
+ * are, or as f16/bf16 through a bounded buffer and widened to f32. */
+static ca_status read_op(const meta_op *op, ca_dtype dt, int64_t start, int64_t n, void *dst) {
+    size_t fes = ca_dtype_size(op->fdt);
+    uint64_t off = op->foff + (uint64_t)start * fes;
+    if (op->fdt == dt) return pread_all(op->src, dst, (size_t)n * fes, off);
+    enum { CHUNK = 1 << 16 };
+    uint16_t *h = malloc(CHUNK * sizeof *h);
+    if (!h) return ca_error(CA_ERR_NOMEM, "out of host memory reading %s", op->src->path);
+    ca_status s = CA_OK;
+    float *y = dst;
+    for (int64_t i = 0; s == CA_OK && i < n; i += CHUNK) {
+        size_t k = (size_t)(n - i < CHUNK ? n - i : CHUNK);
+        s = pread_all(op->src, h, k * fes, off + (uint64_t)i * fes);
+        for (size_t j = 0; s == CA_OK && j < k; j++)   /* safetensors is little-endian, as the host */
+            y[i + (int64_t)j] = op->fdt == CA_F16 ? ca_f16_to_f32(h[j]) : ca_bf16_to_f32(h[j]);
+    }
+    free(h);
+    return s;
+}
+
+ca_status ca_meta_fill_range(const ca_tensor *t, int64_t start, int64_t n, void *dst) {
+    const struct ca_meta_init *mi = t->storage->meta;
+    if (!mi || start < 0 || n < 0 || start + n > t->numel)
+        return ca_error(CA_ERR_INTERNAL, "ca_meta_fill_range: '%s' [%lld, +%lld)", t->name ? t->name : "",
+                        (long long)start, (long long)n);
+    if (mi->n == 1 && mi->ops[0].src) return read_op(&mi->ops[0], t->dtype, start, n, dst);   /* those bytes alone */
+    ca_device *cpu = ca_cpu_device();
+    void *tmp = NULL;
+    ca_status s = cpu ? ca_device_alloc(cpu, t->storage->bytes, &tmp) : ca_last_status();
+    if (s == CA_OK) s = ca_meta_fill(t, cpu, tmp);
+    if (s == CA_OK) memcpy(dst, (char *)tmp + (size_t)start * ca_dtype_size(t->dtype), (size_t)n * ca_dtype_size(t->dtype));
+    if (tmp) ca_device_free(cpu, tmp);
+    return s;
+}
+
+ca_status ca_meta_load_entry(ca_tensor *t, const ca_st_file *f, const ca_st_entry *e, ca_meta_src **src) {
+    if (ca_tensor_is_meta(t) && ca_init_empty_weights_enabled()) return ca_meta_record_file(t, f, e, src);
+    const void *data = ca_st_data(f, e);
+    size_t n = (size_t)t->numel;
+    /* a model built under ca_init_empty_weights: memory for the file's values, no init run; the
+     * parameters the file lacks stay meta and get their initialisation at ca_prepare */
+    ca_status a = ca_meta_allocate(t);
+    if (a != CA_OK) return a;
+    if (e->dtype == t->dtype) return ca_tensor_copy_from_host(t, data, n * ca_dtype_size(t->dtype));
+    float *buf = malloc((n ? n : 1) * sizeof *buf);
+    if (!buf) return ca_error(CA_ERR_NOMEM, "out of host memory reading '%s'", e->name);
+    const uint8_t *b = data;
+    for (size_t i = 0; i < n; i++) {
+        uint16_t h = (uint16_t)(b[2 * i] | b[2 * i + 1] << 8);   /* safetensors is little-endian */
+        buf[i] = e->dtype == CA_F16 ? ca_f16_to_f32(h) : ca_bf16_to_f32(h);
+    }
+    ca_status s = ca_tensor_copy_from_host(t, buf, n * sizeof *buf);
+    free(buf);
+    return s;
+}

@@ -151,6 +151,29 @@ ca_status ca_meta_fill(const ca_tensor *t, ca_device *dev, void *dst);
 void *ca_meta_record(const ca_tensor *t, size_t *bytes, int64_t *count);
 /* Makes t's record `count` ops long (an empty one to receive another process's bytes). */
 ca_status ca_meta_record_resize(ca_tensor *t, int64_t count);
+/* Elements [start, start + n) of meta tensor t's values into host memory dst, as ca_meta_fill on
+ * the CPU makes them: of a tensor recorded from a file (ca_meta_record_file), only those bytes of the
+ * file are read; otherwise the whole values are made in a scratch buffer and the range copied. */
+ca_status ca_meta_fill_range(const ca_tensor *t, int64_t start, int64_t n, void *dst);
+/* A load deferred to materialisation: meta tensor t's values become those of entry e of file f
+ * (its dtype, or f16/bf16 widened to an f32 t), read when t is materialised (whole) or filled by
+ * range (ca_meta_fill_range; ZeRO-3's shard). *src caches the file, kept open (the descriptor of the
+ * file f checked) for every tensor recorded from it: NULL on the first call, released by the caller
+ * with ca_meta_src_unref; each tensor holds its own reference until materialised. Errors name the
+ * file and the tensor. Such a record is this process's own: ca_meta_record_resize refuses it. */
+typedef struct ca_meta_src ca_meta_src;
+struct ca_st_file;
+struct ca_st_entry;
+ca_status ca_meta_record_file(ca_tensor *t, const struct ca_st_file *f, const struct ca_st_entry *e,
+                              ca_meta_src **src);
+void ca_meta_src_unref(ca_meta_src *src);
+/* A pretrained loader's copy of entry e of file f (checked: t's shape; its dtype or f16/bf16 for an
+ * f32 t) into parameter t: while ca_init_empty_weights is on and t is meta, deferred
+ * (ca_meta_record_file, *src as there); else t (given memory if meta) gets the values now. */
+ca_status ca_meta_load_entry(ca_tensor *t, const struct ca_st_file *f, const struct ca_st_entry *e, ca_meta_src **src);
+/* Whether meta tensor t's record reads a file (ca_meta_record_file): its values come from that file
+ * on each process, not from another process's record. */
+bool ca_meta_from_file(const ca_tensor *t);
 /* Gives meta tensor t its memory without its recorded values (a load overwrites them all). */
 ca_status ca_meta_allocate(ca_tensor *t);
 /* Live meta parameters in the process (0: no check needed). */

@@ -28,6 +28,7 @@
  * --try-load-model DIR: every rank prints its digest (--digest's line), ca_load_model's status
  *   (load_model=STATUS: message) and its digest again, and leaves (a failed load may have left the
  *   communicator broken: no teardown collective).
+ * --cut-before-prepare FILE: after that load rank 0 cuts FILE's last 4 bytes, before ca_prepare.
  * --load-state DIR loads a state saved by --save-state DIR (after the training loop) right after ca_prepare.
  * --adamw trains with AdamW (lr --lr / 20) instead of SGD with momentum.
  * --meta builds the model under ca_init_empty_weights (no storage until ca_prepare); with --mem every
@@ -48,13 +49,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 typedef struct opts {
     const char *mode;
     int steps, k;
     int64_t batch, hidden, depth;
-    const char *dump, *dump_grads, *freeze, *save_state, *load_state, *save_model, *load_model, *load_early, *try_load;
+    const char *dump, *dump_grads, *freeze, *save_state, *load_state, *save_model, *load_model, *load_early, *try_load,
+        *cut;
     int64_t sched_total;
     double lr;
     bool mem, digest, inf_input, read_sharded, adamw, meta;
@@ -185,6 +188,7 @@ static opts parse(int argc, char **argv) {
         else if (!strcmp(argv[i], "--load-model") && i + 1 < argc) o.load_model = argv[++i];
         else if (!strcmp(argv[i], "--load-model-early") && i + 1 < argc) o.load_early = argv[++i];
         else if (!strcmp(argv[i], "--try-load-model") && i + 1 < argc) o.try_load = argv[++i];
+        else if (!strcmp(argv[i], "--cut-before-prepare") && i + 1 < argc) o.cut = argv[++i];
         else if (!strcmp(argv[i], "--dump-grads") && i + 1 < argc) o.dump_grads = argv[++i];
         else if (!strcmp(argv[i], "--hidden") && i + 1 < argc) o.hidden = atoll(argv[++i]);
         else if (!strcmp(argv[i], "--depth") && i + 1 < argc) o.depth = atoll(argv[++i]);
@@ -367,6 +371,15 @@ int main(int argc, char **argv) {
     if (o.meta) CA_CHECK(ca_init_empty_weights(false));
     if (ca_module_is_meta(m)) printf("rank=%d model_meta=1\n", ca_process_index(acc));
     if (o.load_early) CA_CHECK(ca_load_model(acc, m, o.load_early));
+    if (o.cut) {   /* the file shrinks between a deferred load (every rank's) and its read */
+        CA_CHECK(ca_wait_for_everyone(acc));
+        struct stat sb;
+        if (ca_process_index(acc) == 0 && (stat(o.cut, &sb) != 0 || truncate(o.cut, sb.st_size - 4) != 0)) {
+            perror(o.cut);
+            return 1;
+        }
+        CA_CHECK(ca_wait_for_everyone(acc));
+    }
     int64_t pbytes = 0, largest = 0;
     for (int i = 0; i < ca_module_num_params(m); i++) {
         int64_t b = (int64_t)ca_tensor_nbytes(ca_module_param_at(m, i));

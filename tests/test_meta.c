@@ -52,6 +52,17 @@ static void *bytes_of(ca_tensor *t) {
     return h;
 }
 
+/* Every parameter of b holds a's bytes. */
+static void same_params(ca_module *a, ca_module *b) {
+    for (int i = 0; i < ca_module_num_params(a); i++) {
+        ca_tensor *x = ca_module_param_at(a, i), *y = ca_module_param_at(b, i);
+        void *hx = bytes_of(x), *hy = bytes_of(y);
+        if (memcmp(hx, hy, ca_tensor_nbytes(x)) != 0) fail_msg("%s differs", ca_module_param_name(b, i));
+        free(hx);
+        free(hy);
+    }
+}
+
 /* Built eagerly and under ca_init_empty_weights from the same seed: the same RNG position after
  * the build, and after ca_module_materialize the same bytes in every parameter. */
 static void check_equal(builder build) {
@@ -141,13 +152,7 @@ static void test_load_into_meta(void **state) {
     T_OK(ca_init_empty_weights(false));
     T_OK(ca_load_model(NULL, meta, dir));
     assert_false(ca_module_is_meta(meta));
-    for (int i = 0; i < ca_module_num_params(eager); i++) {
-        ca_tensor *a = ca_module_param_at(eager, i), *b = ca_module_param_at(meta, i);
-        void *ha = bytes_of(a), *hb = bytes_of(b);
-        if (memcmp(ha, hb, ca_tensor_nbytes(a)) != 0) fail_msg("%s differs", ca_module_param_name(meta, i));
-        free(ha);
-        free(hb);
-    }
+    same_params(eager, meta);
     ca_module_destroy(eager);
     ca_module_destroy(meta);
     t_rm_tree(dir);
@@ -167,14 +172,36 @@ static void test_bert_pretrained_into_meta(void **state) {
     T_OK(ca_init_empty_weights(false));
     T_OK(ca_bert_load_pretrained(meta, dir, NULL));
     assert_false(ca_module_is_meta(meta));
-    for (int i = 0; i < ca_module_num_params(eager); i++) {
-        ca_tensor *a = ca_module_param_at(eager, i), *b = ca_module_param_at(meta, i);
-        void *ha = bytes_of(a), *hb = bytes_of(b);
-        if (memcmp(ha, hb, ca_tensor_nbytes(a)) != 0) fail_msg("%s differs", ca_module_param_name(meta, i));
-        free(ha);
-        free(hb);
-    }
+    same_params(eager, meta);
     ca_module_destroy(eager);
+    ca_module_destroy(meta);
+    t_rm_tree(dir);
+}
+
+/* A pretrained BERT loaded while ca_init_empty_weights is still on is deferred: the classifier stays
+ * meta (nothing read yet) and materialises, reading the file then, to the eager load's values. */
+static void test_bert_pretrained_deferred(void **state) {
+    (void)state;
+    char dir[] = "/tmp/caccel-meta-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    ca_manual_seed(5);
+    ca_module *eager = bert();
+    T_OK(ca_save_model(NULL, eager, dir, 0));
+    ca_manual_seed(9);
+    ca_module *loaded = bert();
+    T_OK(ca_bert_load_pretrained(loaded, dir, NULL));   /* the eager load: the classifier head is seed 9's */
+    ca_manual_seed(9);
+    T_OK(ca_init_empty_weights(true));
+    ca_module *meta = bert();
+    T_OK(ca_bert_load_pretrained(meta, dir, NULL));
+    T_OK(ca_init_empty_weights(false));
+    assert_true(ca_module_is_meta(meta));
+    for (int i = 0; i < ca_module_num_params(meta); i++) assert_true(ca_tensor_is_meta(ca_module_param_at(meta, i)));
+    T_OK(ca_module_materialize(meta));
+    assert_false(ca_module_is_meta(meta));
+    same_params(loaded, meta);
+    ca_module_destroy(eager);
+    ca_module_destroy(loaded);
     ca_module_destroy(meta);
     t_rm_tree(dir);
 }
@@ -187,6 +214,7 @@ int main(void) {
         cmocka_unit_test(test_refused),
         cmocka_unit_test(test_load_into_meta),
         cmocka_unit_test(test_bert_pretrained_into_meta),
+        cmocka_unit_test(test_bert_pretrained_deferred),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     ca_shutdown();

@@ -82,7 +82,10 @@ typedef struct ca_bert_load_info {
  * (a fine-tuned checkpoint), else it keeps its initialisation, as from_pretrained does. F32, F16
  * and BF16 tensors are read (converted to f32). Everything is checked before any parameter is
  * written: a missing tensor, a wrong shape or dtype fails with CA_ERR_INVALID naming the file,
- * the tensor and both shapes, and leaves the model unchanged. Each process reads the file itself.
+ * the tensor and both shapes, and leaves the model unchanged. Each process reads the file itself;
+ * called while ca_init_empty_weights is on on a model built under it, the read is deferred: the
+ * parameters stay meta, recording where their values lie, and ca_prepare reads them (each rank its
+ * shard's bytes under ZeRO-3 / FULL_SHARD, rank 0 for all under DDP; docs/CHECKPOINTS.md).
  * info may be NULL.
  */
 CA_API ca_status ca_bert_load_pretrained(ca_module *m, const char *path, ca_bert_load_info *info);

@@ -182,7 +182,9 @@ typedef struct ca_causal_lm_load_info {
  * of older checkpoints, a tied lm_head.weight) are
  * counted as unused, as from_pretrained ignores them. Everything is checked before a parameter is
  * written: a missing tensor or a wrong shape or dtype fails with CA_ERR_INVALID naming the file,
- * the tensor and both shapes, and leaves m unchanged. info may be NULL.
+ * the tensor and both shapes, and leaves m unchanged. info may be NULL. Called while
+ * ca_init_empty_weights is on on a model built under it, the read is deferred to ca_prepare (each
+ * rank its shard's bytes under ZeRO-3 / FULL_SHARD, rank 0 for all under DDP; docs/CHECKPOINTS.md).
  */
 CA_API ca_status ca_causal_lm_load_pretrained(ca_module *m, const char *path,
                                               ca_causal_lm_load_info *info);
