@@ -142,6 +142,7 @@ static bool split_one(size_t i, const ca_trace_coll_key *k, const peer_coll *p, 
  * recording stops first, so the exchange is not in the trace. */
 static void split_collectives(ca_accelerator *acc) {
     ca_profile_stop();
+    int64_t t0 = ca_trace_now_ns();
     size_t n = 0, np = 0, split = 0;
     ca_trace_coll_key *k = ca_trace_coll_keys(&n);
     int world = acc->comm ? ca_comm_size(acc->comm) : 1, me = acc->comm ? ca_comm_rank(acc->comm) : 0;
@@ -177,7 +178,8 @@ static void split_collectives(ca_accelerator *acc) {
     }
     if (p) qsort(p, np, sizeof *p, peer_cmp);
     for (size_t i = 0; p && i < n; i++) split += split_one(i, &k[i], p, np, all, world > 1 ? part : 0, world > 1 ? me : 0);
-    snprintf(note, sizeof note, "%s: %zu of %zu collectives split%s", world > 1 ? "exchanged" : "one process", split, n,
+    snprintf(note, sizeof note, "%s in %.2f ms: %zu of %zu collectives split%s", world > 1 ? "exchanged" : "one process",
+             (double)(ca_trace_now_ns() - t0) / 1e6, split, n,
              split < n ? " (the others: a rank's record missing or the ranks on different machines' clocks)" : "");
     free(p);
     free(solo);

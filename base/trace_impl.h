@@ -69,9 +69,9 @@ CA_API ca_trace_coll_key *ca_trace_coll_keys(size_t *n);
 /* Kept collective i waited for peers for wait_ns of its slice (the rest moved data); last_rank
  * arrived last. Written into its args as peers_wait_us, transfer_us and last_arrival. */
 CA_API void ca_trace_coll_split(size_t i, int64_t wait_ns, int last_rank);
-/* The trace metadata's otherData.collective_split: how the exchange went ("exchanged: 24 of 24 split",
- * "not split: ranks on different machines' clocks"); without one, ca_profile_end says that no exchange
- * ran (a program that ends its profile itself). */
+/* The trace metadata's otherData.collective_split: how the exchange went ("exchanged in 0.41 ms: 24
+ * of 24 collectives split", "... 0 of 24 ... (... different machines' clocks)"); without one,
+ * ca_profile_end says that no exchange ran (a program that ends its profile itself). */
 CA_API void ca_trace_split_note(const char *note);
 /* The kernel's boot id ("" where it cannot be read): ranks with the same one read one CLOCK_MONOTONIC. */
 CA_API void ca_trace_boot_id(char *out, size_t n);
