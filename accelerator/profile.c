@@ -114,6 +114,10 @@ static ca_status exchange(ca_accelerator *acc, const ca_trace_coll_key *k, size_
  * when every rank of its communicator is there and all of them read this rank's clock. */
 static bool split_one(size_t i, const ca_trace_coll_key *k, const peer_coll *p, size_t np, const char *all,
                       size_t part, int me) {
+    if (k->world == 1) {   /* its own communicator ("single" names many): it waited for no one */
+        ca_trace_coll_split(i, 0, k->rank);
+        return true;
+    }
     wire_coll want = {.seq = k->seq, .rank = 0};
     memcpy(want.comm, k->comm, sizeof want.comm);
     peer_coll key = {.w = &want};
