@@ -117,8 +117,13 @@ typedef struct ca_zero {
     int norder;
     bool order_known;            /* set at the first backward: from then on prefetches follow order */
     uint64_t gathers, prefetched; /* gathers issued, and of them those issued ahead of their unit */
-    size_t held_peak;            /* the most bytes of gathered parameters and unit gradients held at once
-                                  * (estimate-memory --run's report, memory_report.c) */
+    size_t held;                 /* bytes of gathered parameters and unit gradients held now (a running
+                                  * total: added where a unit is gathered or its gradient made, taken
+                                  * off where released; the device's peak mark, memory_report.c) */
+    size_t held_peak;            /* the most of held at once (estimate-memory --run's report) */
+    bool check_held;             /* CACCEL_TEST_ZERO3_HELD: each change of held is checked against the
+                                  * sum over the units; the counts are logged at ca_zero3_free */
+    uint64_t held_checks, held_wrong;
     struct ca_zero_load *load;   /* a sharded checkpoint read and checked, not yet applied (zero_state.c) */
 } ca_zero;
 

@@ -30,22 +30,27 @@ static size_t dev_bytes(const ca_accelerator *acc, const ca_tensor *t) {
  * shard (s1, s2); the gradient is the full flat one at stage 1 (the shard is a view of it), else the
  * shard; the parameters are whole at stages 1 and 2, the shard at stage 3. `unsharded` is what the
  * strategy holds whole for a while during the step: at stage 2 the flat gradient of every parameter
- * from the backward to its reduce-scatter, at stage 3 the most bytes of gathered units (their full
- * parameters and gradient buffers) held at once. On the device only: an offloaded state is the host's. */
-static void zero_states(const ca_accelerator *acc, size_t *params, size_t *grads, size_t *state, size_t *unsharded) {
+ * from the backward to its reduce-scatter, at stage 3 the gathered units' bytes (their full
+ * parameters and gradient buffers) at the moment of the step's peak (the device's peak mark, which
+ * zero3.c sets to its running total), so that the activations are the peak's own rest; `most` the
+ * most of them held at once. On the device only: an offloaded state is the host's. */
+static void zero_states(const ca_accelerator *acc, size_t *params, size_t *grads, size_t *state, size_t *unsharded,
+                        size_t *most) {
     const ca_zero *z = &acc->zero;
     *state = dev_bytes(acc, z->s1) + dev_bytes(acc, z->s2);
     *unsharded = 0;
     if (z->stage == 3) {
         *params = dev_bytes(acc, z->pshard);
         *grads = dev_bytes(acc, z->gshard);
-        *unsharded = z->held_peak;
+        *unsharded = ca_device_mark_at_peak(acc->device);
+        *most = z->held_peak;
     } else if (z->stage == 1) {
         *grads = dev_bytes(acc, z->gflat);
     } else {
         *grads = dev_bytes(acc, z->gshard);
         *unsharded = (size_t)(z->shard * z->world) * sizeof(float);
     }
+    if (z->stage != 3) *most = *unsharded;
 }
 
 /* One line of key=value pairs: the device's peak of bytes held by tensors so far (the allocator's
@@ -57,10 +62,10 @@ static ca_status write_report(ca_accelerator *acc, ca_optimizer *o, const char *
     ca_allocator_stats st = {0};
     if (s == CA_OK) s = ca_device_memory_stats(acc->device, &st);
     if (s != CA_OK) return ca_error_context("CACCEL_MEMORY_REPORT on rank %d", acc->rank);
-    size_t params, grads, state = (size_t)ca_optimizer_state_bytes(o), unsharded = 0;
+    size_t params, grads, state = (size_t)ca_optimizer_state_bytes(o), unsharded = 0, most = 0;
     param_bytes(acc, o, &params, &grads);
     int zero = acc->sync_ops == &ca_sync_zero ? acc->zero.stage : 0;
-    if (zero) zero_states(acc, &params, &grads, &state, &unsharded);
+    if (zero) zero_states(acc, &params, &grads, &state, &unsharded, &most);
     size_t states = params + grads + state + unsharded;
     /* on a lazy device, the peak an eager device's allocator would hold (core/device.c) */
     size_t eager = ca_device_eager_peak(acc->device), peak = eager ? eager : st.peak_allocated;
@@ -70,9 +75,9 @@ static ca_status write_report(ca_accelerator *acc, ca_optimizer *o, const char *
     FILE *f = fopen(path, "w");
     if (!f) return ca_error(CA_ERR_IO, "CACCEL_MEMORY_REPORT: cannot write %s: %s", path, strerror(errno));
     fprintf(f, "rank=%d world=%d device=%s zero=%d parameters=%zu gradients=%zu optimizer_state=%zu unsharded=%zu "
-            "activations=%zu peak=%zu lazy_peak=%zu peak_reserved=%zu\n", acc->rank < 0 ? 0 : acc->rank,
+            "activations=%zu peak=%zu lazy_peak=%zu peak_reserved=%zu unsharded_most=%zu\n", acc->rank < 0 ? 0 : acc->rank,
             acc->world < 1 ? 1 : acc->world, ca_device_name(acc->device), zero, params, grads, state, unsharded, act,
-            peak, st.peak_allocated, st.peak_reserved);
+            peak, st.peak_allocated, st.peak_reserved, most);
     if (fclose(f) != 0) return ca_error(CA_ERR_IO, "CACCEL_MEMORY_REPORT: writing %s failed", path);
     return CA_OK;
 }

@@ -12,6 +12,7 @@
 #include "accelerator/mesh_impl.h"
 #include "tensor/safetensors_impl.h"
 #include "base/trace_impl.h"
+#include "base/thread_impl.h"
 #include "core/json_impl.h"
 #include "base/file_impl.h"
 
@@ -1129,6 +1130,7 @@ static ca_status ss_async_write(ss_async *a) {
 
 static void *ss_async_main(void *arg) {
     ss_async *a = arg;
+    ca_thread_begin("async_save");
     a->status = ss_async_write(a);
     if (a->status != CA_OK) snprintf(a->msg, sizeof a->msg, "%s", ca_last_error());
     atomic_store(&a->done, true);

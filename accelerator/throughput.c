@@ -211,6 +211,9 @@ ca_status ca_throughput_resume(ca_accelerator *acc) {
     if (!acc) return ca_error(CA_ERR_INVALID, "ca_throughput_resume: accelerator is NULL");
     struct ca_throughput_meter *m = acc->meter;
     if (!m || !m->paused) return CA_OK;
+    /* the work queued while paused (an evaluation's graph on a lazy device, its kernels on a GPU) runs
+     * now, before the clock restarts, not inside the next interval */
+    if (ca_device_synchronize(acc->device) != CA_OK) ca_clear_error();   /* the program's to see at its next op */
     m->t0_ns = ca_trace_now_ns();
     m->flops0 = ca_flops_counted();
     m->paused = false;

@@ -141,16 +141,42 @@ static ca_status gather_start(ca_zero_unit *u, bool ahead) {
     return CA_OK;
 }
 
-/* The bytes stage 3 holds unsharded now, the gathered units' full parameters and the units' full
- * gradient buffers, into held_peak: the memory report's "unsharded" (called where either grows). */
-static void note_held(ca_zero *z) {
+/* The bytes stage 3 holds unsharded, the gathered units' full parameters and the units' full gradient
+ * buffers: a running total (held), changed where a unit is gathered or released and where its
+ * gradient buffer is made or freed, so a gather costs no pass over the units. The device remembers
+ * it at the step's peak (ca_device_set_peak_mark: the memory report's unsharded bytes then); before an
+ * allocation that it is to count, the mark is set to what held will be once it succeeds. */
+static size_t gathered_bytes(const ca_zero_unit *u) { return u->n ? (size_t)u->numel * sizeof(float) : 0; }
+
+/* The sum the running total stands for (CACCEL_TEST_ZERO3_HELD checks one against the other). */
+static size_t held_recount(const ca_zero *z) {
     size_t now = 0;
     for (int k = 0; k < z->nunits; k++) {
         const ca_zero_unit *u = &z->units[k];
-        if (u->gathered && u->n) now += (size_t)u->numel * sizeof(float);
+        if (u->gathered) now += gathered_bytes(u);
         if (u->grad) now += ca_tensor_nbytes(u->grad);
     }
-    if (now > z->held_peak) z->held_peak = now;
+    return now;
+}
+
+static void held_change(ca_accelerator *acc, size_t add, size_t sub) {
+    ca_zero *z = &acc->zero;
+    z->held = z->held + add - sub;
+    ca_device_set_peak_mark(acc->device, z->held);
+    if (!z->check_held) return;
+    z->held_checks++;
+    z->held_wrong += held_recount(z) != z->held;
+}
+
+static void set_gathered(ca_zero_unit *u, bool on) {
+    if (u->gathered == on) return;
+    u->gathered = on;
+    held_change(u->acc, on ? gathered_bytes(u) : 0, on ? 0 : gathered_bytes(u));
+}
+
+/* held_peak, where held grows (the memory report's "unsharded"). */
+static void note_held(ca_zero *z) {
+    if (z->held > z->held_peak) z->held_peak = z->held;
 }
 
 /* Waits for the unit's gather and unpacks every rank's part into the parameters' storage. */
@@ -158,8 +184,10 @@ static ca_status gather_finish(ca_zero_unit *u) {
     ca_accelerator *acc = u->acc;
     ca_zero *z = &acc->zero;
     ca_status s = u->work ? ca_work_wait(u->work, -1) : CA_OK;
+    size_t got = 0;   /* the storages made so far, counted by the peak mark before set_gathered does */
     for (int j = 0; s == CA_OK && j < u->n; j++) {
         ca_tensor *p = z->params[u->idx[j]];
+        if (!p->storage->ptr) ca_device_set_peak_mark(acc->device, z->held + (got += p->storage->bytes));
         if (!p->storage->ptr) s = ca_device_alloc(acc->device, p->storage->bytes, &p->storage->ptr);
         if (s == CA_OK) p->storage->absent = NULL;
         p->version++;   /* a low-precision copy made from older values is stale */
@@ -172,9 +200,12 @@ static ca_status gather_finish(ca_zero_unit *u) {
     for (int r = 0; s == CA_OK && r < z->world; r++)
         s = unit_pack(acc, u, r, ca_zero_fptr(full, u->by_part ? r * u->slice : part_start(z, u, r)), false);
     if (full && full != u->recv) ca_tensor_free(full);
-    if (s != CA_OK) return gather_failed(u);
+    if (s != CA_OK) {
+        ca_device_set_peak_mark(acc->device, z->held);
+        return gather_failed(u);
+    }
     gather_drop(u);
-    u->gathered = true;
+    set_gathered(u, true);
     u->done = 0;
     note_held(z);
     return CA_OK;
@@ -182,7 +213,7 @@ static ca_status gather_finish(ca_zero_unit *u) {
 
 static ca_status unit_gather(ca_zero_unit *u) {
     if (u->gathered || !u->n) {   /* a unit with no parameters of its own has nothing to gather */
-        u->gathered = true;
+        set_gathered(u, true);
         return CA_OK;
     }
     ca_status s = gather_start(u, false);
@@ -211,7 +242,12 @@ static ca_status unit_grads(ca_zero_unit *u) {
     ca_accelerator *acc = u->acc;
     ca_zero *z = &acc->zero;
     int64_t n = u->by_part ? u->slice * z->world : u->numel;
-    if (!(u->grad = ca_zero_persistent_zeros(acc->device, n))) return oom();
+    ca_device_set_peak_mark(acc->device, z->held + (size_t)n * sizeof(float));
+    if (!(u->grad = ca_zero_persistent_zeros(acc->device, n))) {
+        ca_device_set_peak_mark(acc->device, z->held);
+        return oom();
+    }
+    held_change(acc, ca_tensor_nbytes(u->grad), 0);
     note_held(z);
     int64_t pos = 0;
     ca_status s = CA_OK;
@@ -235,8 +271,11 @@ static void free_grads(ca_zero_unit *u) {
         p->grad = NULL;
         p->grad_defined = false;
     }
+    if (!u->grad) return;
+    size_t bytes = ca_tensor_nbytes(u->grad);
     ca_tensor_free(u->grad);
     u->grad = NULL;
+    held_change(u->acc, 0, bytes);
 }
 
 /* Lays the flat-order gradient out by rank for the reduce-scatter: rank r's part (a contiguous run
@@ -329,7 +368,7 @@ static void unit_release(ca_zero_unit *u) {
         st->ptr = NULL;
         st->absent = released_why;
     }
-    u->gathered = false;
+    set_gathered(u, false);
 }
 
 void ca_zero3_release_all(ca_accelerator *acc) {
@@ -587,9 +626,11 @@ ca_status ca_zero3_build(ca_accelerator *acc, ca_module *m) {
     if (s == CA_OK) s = make_units(acc, m);
     if (s != CA_OK) return s;
     int used = 0;
+    z->held = z->held_peak = 0;
+    z->check_held = getenv("CACCEL_TEST_ZERO3_HELD") != NULL;
     for (int k = 0; k < z->nunits; k++) {
         ca_zero_unit *u = &z->units[k];
-        u->gathered = true;
+        set_gathered(u, true);   /* the model's own storages, released below */
         if (!u->n) continue;   /* a wrapped module with no parameters of its own (the root, often) */
         used++;
         ca_module_set_forward_hooks(u->mod, pre_forward, post_forward, u);
@@ -633,6 +674,11 @@ void ca_zero3_free(ca_accelerator *acc) {
                       "prefetch %s)", (unsigned long long)z->gathers, (unsigned long long)z->prefetched,
                       z->fwd_prefetch ? "on" : "off",
                       z->bwd_prefetch == 1 ? "BACKWARD_PRE" : z->bwd_prefetch == 2 ? "BACKWARD_POST" : "off");
+    if (z->check_held && z->nunits)   /* CACCEL_TEST_ZERO3_HELD (tests/test_zero3_held.sh) */
+        ca_log_printf(CA_LOG_INFO, "stage 3: rank %d's running total of unsharded bytes checked %llu times against "
+                      "the units' sum: %llu wrong (now %zu, the sum %zu; the most %zu)", acc->rank,
+                      (unsigned long long)z->held_checks, (unsigned long long)z->held_wrong, z->held, held_recount(z),
+                      z->held_peak);
     z->gathers = z->prefetched = 0;
     if (z->nparams && z->pshard) {   /* the model outlives the accelerator: whole parameters again */
         z->summoned = false;
@@ -664,4 +710,6 @@ void ca_zero3_free(ca_accelerator *acc) {
     z->pshard = NULL;
     z->nunits = 0;
     z->summoned = false;
+    z->held = z->held_peak = 0;
+    z->check_held = false;
 }

@@ -11,10 +11,12 @@ libcaccel_la_SOURCES += \
 	base/slurm_impl.h \
 	base/sigout_impl.h \
 	base/text_impl.h \
+	base/thread_impl.h \
 	base/trace_impl.h \
 	base/unary_math_impl.h \
 	base/file.c \
 	base/status.c \
 	base/log.c \
 	base/types.c \
-	base/trace.c
+	base/trace.c \
+	base/thread.c

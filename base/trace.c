@@ -41,7 +41,20 @@ static struct {
     tbuf *bufs;
     int ntids;
     int64_t t_begin_ns;
+    bool stopped;            /* ca_profile_stop: nothing more is recorded */
+    struct kept_coll *colls; /* ca_trace_collective's slices, under mu */
+    size_t ncolls, capcolls;
+    char split_note[160];
 } g = { .mu = PTHREAD_MUTEX_INITIALIZER };
+
+/* A collective's slice kept until the end, with the split the exchange gave it (wait_ns < 0: none). */
+typedef struct kept_coll {
+    ca_trace_coll_key key;
+    int tid;
+    char name[32], args[400];
+    int64_t wait_ns;
+    int last;
+} kept_coll;
 
 static _Atomic int g_writers;   /* recording calls in progress (ca_profile_end waits for 0) */
 static _Thread_local tbuf *t_buf;
@@ -139,6 +152,54 @@ void ca_trace_slice(const char *cat, const char *name, int64_t t0, const char *a
     ca_trace_slice_at(cat, name, t0, ca_trace_now_ns(), args);
 }
 
+void ca_trace_collective(const char *name, int64_t t0, int64_t t1, const char *args, const char *comm, uint64_t seq,
+                         int rank, int world) {
+    if (!ca_trace_on() || !writer_in()) return;
+    tbuf *b = cur_buf();
+    pthread_mutex_lock(&g.mu);
+    if (b && g.ncolls == g.capcolls) {
+        size_t cap = g.capcolls ? 2 * g.capcolls : 256;
+        kept_coll *m = realloc(g.colls, cap * sizeof *m);
+        if (m) g.colls = m, g.capcolls = cap;
+        else b->failed = true;   /* reported as dropped events */
+    }
+    if (b && g.ncolls < g.capcolls) {
+        kept_coll *k = &g.colls[g.ncolls++];
+        *k = (kept_coll){.key = {.seq = seq, .rank = rank, .world = world, .issue_ns = t0, .dur_ns = t1 - t0},
+                         .tid = b->tid, .wait_ns = -1};
+        snprintf(k->key.comm, sizeof k->key.comm, "%s", comm);
+        snprintf(k->name, sizeof k->name, "%s", name);
+        snprintf(k->args, sizeof k->args, "%s", args ? args : "");
+    }
+    pthread_mutex_unlock(&g.mu);
+    writer_out();
+}
+
+ca_trace_coll_key *ca_trace_coll_keys(size_t *n) {
+    pthread_mutex_lock(&g.mu);
+    ca_trace_coll_key *k = g.ncolls ? malloc(g.ncolls * sizeof *k) : NULL;
+    for (size_t i = 0; k && i < g.ncolls; i++) k[i] = g.colls[i].key;
+    *n = k ? g.ncolls : 0;
+    pthread_mutex_unlock(&g.mu);
+    return k;
+}
+
+void ca_trace_coll_split(size_t i, int64_t wait_ns, int last_rank) {
+    pthread_mutex_lock(&g.mu);
+    if (i < g.ncolls) {
+        int64_t d = g.colls[i].key.dur_ns;
+        g.colls[i].wait_ns = wait_ns < 0 ? 0 : wait_ns > d ? d : wait_ns;
+        g.colls[i].last = last_rank;
+    }
+    pthread_mutex_unlock(&g.mu);
+}
+
+void ca_trace_split_note(const char *note) {
+    pthread_mutex_lock(&g.mu);
+    snprintf(g.split_note, sizeof g.split_note, "%s", note ? note : "");
+    pthread_mutex_unlock(&g.mu);
+}
+
 void ca_trace_counter(const char *name, const char *args) {
     if (!ca_trace_on() || !writer_in()) return;
     tbuf *b = cur_buf();
@@ -168,7 +229,9 @@ static void store_trace_bits(int f) {
     while (!atomic_compare_exchange_weak(&ca_trace_flags_, &old, (old & (CA_TRACE_COUNT | CA_TRACE_FR)) | f)) {}
 }
 
-static void set_flags(void) { store_trace_bits(g.running && step_records(&g.cfg, g.step) ? g.flags : 0); }
+static void set_flags(void) {
+    store_trace_bits(g.running && !g.stopped && step_records(&g.cfg, g.step) ? g.flags : 0);
+}
 
 void ca_flop_count_enable(bool on) {
     pthread_mutex_lock(&g.mu);
@@ -230,6 +293,9 @@ ca_status ca_profile_begin(const ca_profile_config *cfg) {
     g.ntids = 0;
     g.gen++;
     g.t_begin_ns = ca_trace_now_ns();
+    g.stopped = false;
+    g.ncolls = 0;
+    g.split_note[0] = '\0';
     g.running = true;
     set_flags();
     pthread_mutex_unlock(&g.mu);
@@ -256,26 +322,45 @@ const char *ca_profile_last_path(void) { return g.last; }
 
 /* The kernel's boot id: ranks whose traces carry the same one read one CLOCK_MONOTONIC, so `caccel
  * trace merge` may compare their times (a collective's last arrival); "" where it cannot be read. */
-static void boot_id(char *out, size_t n) {
+void ca_trace_boot_id(char *out, size_t n) {
     out[0] = '\0';
-    FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
-    if (!f) return;
-    if (!fgets(out, (int)n, f)) out[0] = '\0';
-    fclose(f);
+    const char *test = getenv("CACCEL_TEST_BOOT_ID");   /* test hook: a rank that stands for another machine */
+    FILE *f = test && *test ? NULL : fopen("/proc/sys/kernel/random/boot_id", "r");
+    if (test && *test) snprintf(out, n, "%s", test);
+    else if (!f) return;
+    else if (!fgets(out, (int)n, f)) out[0] = '\0';
+    if (f) fclose(f);
     for (char *p = out; *p; p++)
         if (!((*p >= '0' && *p <= '9') || (*p >= 'a' && *p <= 'f') || *p == '-')) { *p = '\0'; break; }
+}
+
+/* The kept collectives' slices, each with its split when the exchange gave one. */
+static void write_colls(FILE *f, int pid) {
+    for (size_t i = 0; i < g.ncolls; i++) {
+        const kept_coll *k = &g.colls[i];
+        char split[160] = "";
+        if (k->wait_ns >= 0)
+            snprintf(split, sizeof split, ",\"peers_wait_us\":%.3f,\"transfer_us\":%.3f,\"last_arrival\":%d",
+                     (double)k->wait_ns / 1e3, (double)(k->key.dur_ns - k->wait_ns) / 1e3, k->last);
+        fprintf(f, ",\n{\"ph\":\"X\",\"cat\":\"collective\",\"name\":\"%s\",\"ts\":%.3f,\"dur\":%.3f,\"pid\":%d,"
+                   "\"tid\":%d,\"args\":{%s%s}}", k->name, (double)(k->key.issue_ns - g.t_begin_ns) / 1e3,
+                (double)k->key.dur_ns / 1e3, pid, k->tid, k->args, split);
+    }
 }
 
 /* Writes the header (metadata events), every thread's events, and the closing bracket. */
 static bool write_events(FILE *f) {
     int pid = trace_pid();
     char boot[64];
-    boot_id(boot, sizeof boot);
+    ca_trace_boot_id(boot, sizeof boot);
     fprintf(f, "{\"displayTimeUnit\":\"ms\",\"otherData\":{\"producer\":\"caccel\",\"rank\":%d,\"activities\":\"%s\","
-               "\"steps\":%ld,\"clock\":\"CLOCK_MONOTONIC\",\"clock_origin_ns\":%lld,\"boot_id\":\"%s\"},\n\"traceEvents\":[\n"
+               "\"steps\":%ld,\"clock\":\"CLOCK_MONOTONIC\",\"clock_origin_ns\":%lld,\"boot_id\":\"%s\","
+               "\"collective_split\":\"%s\"},\n\"traceEvents\":[\n"
                "{\"ph\":\"M\",\"name\":\"process_name\",\"pid\":%d,\"tid\":0,\"ts\":0,\"args\":{\"name\":\"rank %d\"}},\n"
                "{\"ph\":\"M\",\"name\":\"process_sort_index\",\"pid\":%d,\"tid\":0,\"ts\":0,\"args\":{\"sort_index\":%d}}",
-            pid, g.activities, g.step, (long long)g.t_begin_ns, boot, pid, pid, pid, pid);
+            pid, g.activities, g.step, (long long)g.t_begin_ns, boot,
+            g.split_note[0] ? g.split_note : "not split: no exchange between the ranks (the program ended the profile)",
+            pid, pid, pid, pid);
     bool dropped = false;
     for (tbuf *b = g.bufs; b; b = b->next) {
         fprintf(f, ",\n{\"ph\":\"M\",\"name\":\"thread_name\",\"pid\":%d,\"tid\":%d,\"ts\":0,\"args\":{\"name\":\"thread %d\"}}",
@@ -283,6 +368,7 @@ static bool write_events(FILE *f) {
         if (b->len) fwrite(b->data, 1, b->len, f);
         dropped |= b->failed;
     }
+    write_colls(f, pid);
     fprintf(f, "\n]}\n");
     if (dropped) ca_log_printf(CA_LOG_WARNING, "profiler: out of memory while recording; some events were dropped");
     return fflush(f) == 0 && !ferror(f);
@@ -295,15 +381,25 @@ static void free_bufs(void) {
         free(b);
     }
     g.bufs = NULL;
+    free(g.colls);
+    g.colls = NULL;
+    g.ncolls = g.capcolls = 0;
+}
+
+void ca_profile_stop(void) {
+    pthread_mutex_lock(&g.mu);
+    g.stopped = true;
+    store_trace_bits(0);
+    pthread_mutex_unlock(&g.mu);
+    while (atomic_load(&g_writers) > 0) sched_yield();   /* a recording call still writing */
 }
 
 ca_status ca_profile_end(void) {
     if (!g.running) return ca_error(CA_ERR_STATE, "profiler: ca_profile_end without ca_profile_begin");
+    ca_profile_stop();
     pthread_mutex_lock(&g.mu);
     g.running = false;
-    store_trace_bits(0);
     pthread_mutex_unlock(&g.mu);
-    while (atomic_load(&g_writers) > 0) sched_yield();   /* a recording call still writing */
     char path[4200], tmp[4300];
     snprintf(path, sizeof path, "%s/trace_rank%d.json", g.dir, trace_pid());
     snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());

@@ -45,4 +45,35 @@ CA_API void ca_trace_slice_at(const char *cat, const char *name, int64_t t0_ns, 
 /* A counter sample ("ph":"C") now: args_json holds its series ("\"allocated\":1024,\"reserved\":2048"). */
 CA_API void ca_trace_counter(const char *name, const char *args_json);
 
+/* A collective's slice, kept aside (not in the thread's buffer) until ca_profile_end writes it, so
+ * that the split of its time can be added once the ranks have exchanged their issue times
+ * (accelerator/trace_split.c): comm and seq name it on every rank, rank and world are the
+ * communicator's. The calling thread's tid, as for a slice. */
+CA_API void ca_trace_collective(const char *name, int64_t t0_ns, int64_t t1_ns, const char *args_json,
+                                const char *comm, uint64_t seq, int rank, int world);
+
+/* What the exchange needs of each kept collective, in the order they were recorded. */
+typedef struct ca_trace_coll_key {
+    char comm[96];
+    uint64_t seq;
+    int32_t rank, world;
+    int64_t issue_ns, dur_ns;
+} ca_trace_coll_key;
+
+/* Stops recording for good (what ca_profile_end does first) so that the exchange's own collectives
+ * are not recorded; the profile stays open for ca_profile_end. No-op when none runs. */
+CA_API void ca_profile_stop(void);
+/* After ca_profile_stop: a malloc'd copy of the kept collectives' keys (*n of them; NULL, 0 when none
+ * or out of memory: then none is split). The caller frees it. */
+CA_API ca_trace_coll_key *ca_trace_coll_keys(size_t *n);
+/* Kept collective i waited for peers for wait_ns of its slice (the rest moved data); last_rank
+ * arrived last. Written into its args as peers_wait_us, transfer_us and last_arrival. */
+CA_API void ca_trace_coll_split(size_t i, int64_t wait_ns, int last_rank);
+/* The trace metadata's otherData.collective_split: how the exchange went ("exchanged in 0.41 ms: 24
+ * of 24 collectives split", "... 0 of 24 ... (... different machines' clocks)"); without one,
+ * ca_profile_end says that no exchange ran (a program that ends its profile itself). */
+CA_API void ca_trace_split_note(const char *note);
+/* The kernel's boot id ("" where it cannot be read): ranks with the same one read one CLOCK_MONOTONIC. */
+CA_API void ca_trace_boot_id(char *out, size_t n);
+
 #endif

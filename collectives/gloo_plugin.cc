@@ -17,6 +17,7 @@
 #include <caccel/log.h>
 
 #include "base/avg_impl.h"
+#include "base/thread_impl.h"
 #include "collectives/half_reduce_impl.h"
 #include "collectives/shm_impl.h"
 
@@ -738,7 +739,10 @@ static ca_status gloo_init(const ca_comm_init_args *args, void **out) {
                 throw CaError(s, ca_last_error());
             }
         }
-        c->worker = std::thread([c] { c->run_worker(); });
+        c->worker = std::thread([c] {
+            ca_thread_begin("gloo_worker");   /* its own alternate signal stack: a crash here is dumped too */
+            c->run_worker();
+        });
         *out = cp.release();
         return CA_OK;
     } catch (...) {

@@ -105,7 +105,8 @@ static void trace_coll(const ca_comm *c, const ca_work *w, ca_status s) {
              w->sig.dtype >= 0 ? ca_dtype_name((ca_dtype)w->sig.dtype) : "none", (unsigned long long)w->sig.count,
              (unsigned long long)w->tr_bytes, (double)(wt - w->tr_issue_ns) / 1e3, (double)(now - wt) / 1e3,
              s == CA_OK ? "true" : "false");
-    ca_trace_slice_at("collective", ca_coll_kind_name(w->sig.kind), w->tr_issue_ns, now, args);
+    ca_trace_collective(ca_coll_kind_name(w->sig.kind), w->tr_issue_ns, now, args, c->prefix[0] ? c->prefix : "single",
+                        w->seq, c->rank, c->world);
 }
 
 /* Marks w finished (under mu) and frees its backend handle; returns its final status. */

@@ -2,6 +2,7 @@
  * that judges the peers while a collective waits, the failure messages that say where every rank
  * is, the checked collectives' rendezvous, and the announcement of a rank that leaves. */
 #include "comm/comm_diag_impl.h"
+#include "base/thread_impl.h"
 #include "base/peer_impl.h"
 
 #include <arpa/inet.h>
@@ -840,6 +841,7 @@ static void watch_peers(ca_comm *c) {
 
 void *ca_comm_diag_watchdog_main(void *arg) {
     ca_comm *c = arg;
+    ca_thread_begin("watchdog");
     int64_t next_check = 0, interval = CHECK_FIRST_MS;
     uint64_t checked_wait = UINT64_MAX;   /* counted as a watcher by its creator (ca_comm_fr_watch) */
     pthread_mutex_lock(&c->wd_mu);

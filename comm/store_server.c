@@ -1,5 +1,6 @@
 /* The rendezvous store's server: a token-checked TCP key-value server on one poll thread, and the job token. */
 #include "comm/store_wire_impl.h"
+#include "base/thread_impl.h"
 
 #include <caccel/log.h>
 
@@ -519,6 +520,7 @@ static void accept_all(ca_store_server *s) {
 
 static void *server_main(void *arg) {
     ca_store_server *s = arg;
+    ca_thread_begin("store_server");
     struct pollfd *pfd = NULL;
     size_t pcap = 0;
     for (;;) {

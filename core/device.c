@@ -14,6 +14,7 @@
 /* estimate-memory --run's model of a lazy device's memory on an eager one (below) */
 static void eager_open(ca_device *d);
 static void eager_close(ca_device *d);
+static void pmark_open(ca_device *d);
 
 static pthread_mutex_t dev_mu = PTHREAD_MUTEX_INITIALIZER;
 static ca_device *devices;
@@ -62,6 +63,7 @@ static ca_status open_locked(const char *name, int index, const ca_device_open_a
         }
     }
     eager_open(d);
+    pmark_open(d);
     if (!d->ops.describe || d->ops.describe(d->ctx, d->description, sizeof d->description) != CA_OK)
         snprintf(d->description, sizeof d->description, "%s:%d", name, index);
     d->next = devices;
@@ -272,11 +274,59 @@ size_t ca_device_eager_peak(const ca_device *d) {
     return st.peak_allocated;
 }
 
+/* ca_device_set_peak_mark's bookkeeping: the mark, the peak seen so far and the mark then. */
+typedef struct ca_peak_mark {
+    pthread_mutex_t mu;
+    size_t mark, peak, at_peak;
+} ca_peak_mark;
+
+static void pmark_open(ca_device *d) {
+    const char *r = getenv("CACCEL_MEMORY_REPORT");
+    if (!r || !*r || !(d->pmark = calloc(1, sizeof *d->pmark))) return;   /* without it: no mark, 0 read */
+    pthread_mutex_init(&d->pmark->mu, NULL);
+}
+
+static void pmark_close(ca_device *d) {
+    if (!d->pmark) return;
+    pthread_mutex_destroy(&d->pmark->mu);
+    free(d->pmark);
+    d->pmark = NULL;
+}
+
+void ca_device_set_peak_mark(ca_device *d, size_t mark) {
+    if (!d || !d->pmark) return;
+    pthread_mutex_lock(&d->pmark->mu);
+    d->pmark->mark = mark;
+    pthread_mutex_unlock(&d->pmark->mu);
+}
+
+size_t ca_device_mark_at_peak(const ca_device *d) {
+    if (!d || !d->pmark) return 0;
+    pthread_mutex_lock(&d->pmark->mu);
+    size_t v = d->pmark->at_peak;
+    pthread_mutex_unlock(&d->pmark->mu);
+    return v;
+}
+
+/* After an allocation: a new peak of the figure the report reads takes the mark as it is now. */
+static void pmark_note(ca_device *d) {
+    ca_allocator_stats st = {0};
+    if (d->eager) st.peak_allocated = ca_device_eager_peak(d);
+    else d->aops->stats(d->actx, &st);
+    pthread_mutex_lock(&d->pmark->mu);
+    if (st.peak_allocated > d->pmark->peak) {
+        d->pmark->peak = st.peak_allocated;
+        d->pmark->at_peak = d->pmark->mark;
+    }
+    pthread_mutex_unlock(&d->pmark->mu);
+}
+
 ca_status ca_device_alloc(ca_device *d, size_t bytes, void **ptr) {
     ca_status s = d->aops->alloc(d->actx, bytes, NULL, ptr);
     size_t limit = __atomic_load_n(&d->memory_limit, __ATOMIC_RELAXED);
     if (s == CA_OK && limit) s = check_memory_limit(d, bytes, limit, ptr);
     if (s == CA_OK && d->eager) eager_note(d->eager, *ptr, bytes);
+    if (s == CA_OK && d->pmark) pmark_note(d);
     return s;
 }
 
@@ -310,6 +360,7 @@ void ca_shutdown(void) {
         ca_device *n = d->next;
         if (d->aops && !d->ops.allocator) ca_caching_allocator_destroy(d->actx);
         eager_close(d);
+        pmark_close(d);
         if (d->ops.close) d->ops.close(d->ctx);
         free(d);
         d = n;

@@ -22,6 +22,7 @@ struct ca_device {
     void *actx;
     size_t memory_limit;            /* ca_device_set_memory_limit; 0: none (read atomically) */
     struct ca_eager_model *eager;   /* lazy device under CACCEL_MEMORY_REPORT, else NULL */
+    struct ca_peak_mark *pmark;     /* under CACCEL_MEMORY_REPORT (any device), else NULL */
     char description[256];
     struct ca_device *next;
 };
@@ -36,6 +37,15 @@ size_t ca_device_eager_peak(const ca_device *d);
  * ca_device_eager_peak's count): then mixed precision bf16 on it must run as the eager device's
  * autocast, not as xla's bf16 storage, for its memory to be the eager step's. */
 bool ca_device_models_eager(const ca_device *d);
+
+/* A figure of the layer above (stage 3's unsharded bytes) that the memory report needs at the
+ * moment of the step's peak, not at its own: each allocation that raises the peak the report reads
+ * (ca_device_eager_peak's on a lazy device, else the allocator's) remembers the mark set last. Set
+ * the mark before an allocation it counts, so the allocation that makes the peak sees it. Kept only
+ * under CACCEL_MEMORY_REPORT (as ca_device_eager_peak): otherwise the set does nothing and the read
+ * is 0. Any thread; the mark is one value per device. */
+void ca_device_set_peak_mark(ca_device *d, size_t mark);
+size_t ca_device_mark_at_peak(const ca_device *d);
 
 /* Error for a NULL kernel slot: "device backend '<backend>' has no kernel '<slot>' (device
  * <backend>:<index>; the op needs it)". */

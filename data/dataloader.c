@@ -2,6 +2,7 @@
 #include "data/data_impl.h"
 #include "tensor/tensor_impl.h"
 #include "base/trace_impl.h"
+#include "base/thread_impl.h"
 
 #include <caccel/log.h>
 
@@ -393,6 +394,7 @@ static void stream_run(ca_dataloader *dl) {
 
 static void *worker_main(void *arg) {
     ca_dataloader *dl = arg;
+    ca_thread_begin("dataloader");
     if (dl->ds->iterable) {
         stream_run(dl);
     } else {

@@ -2,8 +2,8 @@
 check_PROGRAMS += tests/ddp_check
 tests_ddp_check_SOURCES = tests/ddp_check.c tests/synthetic_data.h
 tests_ddp_check_LDADD = libcaccel.la -lm
-TESTS += tests/test_ddp.sh tests/test_determinism.sh tests/test_zero.sh tests/test_frozen_ranks.sh tests/test_reshard.sh tests/test_meta_ranks.sh
-EXTRA_DIST += tests/test_ddp.sh tests/test_determinism.sh tests/test_zero.sh tests/test_frozen_ranks.sh tests/test_reshard.sh tests/test_meta_ranks.sh
+TESTS += tests/test_ddp.sh tests/test_determinism.sh tests/test_zero.sh tests/test_zero3_held.sh tests/test_frozen_ranks.sh tests/test_reshard.sh tests/test_meta_ranks.sh
+EXTRA_DIST += tests/test_ddp.sh tests/test_determinism.sh tests/test_zero.sh tests/test_zero3_held.sh tests/test_frozen_ranks.sh tests/test_reshard.sh tests/test_meta_ranks.sh
 check_PROGRAMS += tests/sync_check
 tests_sync_check_SOURCES = tests/sync_check.c
 tests_sync_check_LDADD = libcaccel.la -lm

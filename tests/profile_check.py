@@ -8,10 +8,15 @@ profile_check.py ranks DIR N        DIR/trace_rank0..N-1.json: each as above, co
                                     each split into waiting for peers and moving data
 profile_check.py split MERGED       every collective of a merged trace split into waiting for peers and
                                     moving data
+profile_check.py own DIR N          each rank's own DIR/trace_rank<r>.json has its collectives split (the ranks
+                                    exchanged their issue times at the profile's end) as the merged
+                                    trace splits them, and says so in otherData.collective_split
+profile_check.py unsplit DIR N      the ranks' own traces hold no split and say why (different clocks)
 profile_check.py steps TRACE K      exactly K recorded steps (ProfilerStep markers)
 profile_check.py names TRACE N...   a well-formed trace with slices of each name N
 """
 import json
+import re
 import sys
 
 
@@ -132,6 +137,54 @@ def split(merged):
           % (len(groups), waited, moved))
 
 
+def doc_of(path):
+    with open(path) as f:
+        return json.load(f)
+
+
+def own(d, n):
+    """Each rank's own trace: every collective split as the merge splits it (the same peers_wait_us to
+    the nanosecond, the same last arrival), and the metadata counts them all split."""
+    merged = {}
+    for e in load(d + "/trace_merged.json"):
+        if e.get("cat") == "collective":
+            merged[(e["args"]["comm"], e["args"]["seq"], e["args"]["rank"])] = e["args"]
+    total = 0
+    for r in range(n):
+        path = "%s/trace_rank%d.json" % (d, r)
+        colls = [e for e in load(path) if e.get("cat") == "collective"]
+        note = doc_of(path)["otherData"].get("collective_split", "")
+        if not re.fullmatch(r"exchanged in [0-9.]+ ms: %d of %d collectives split" % (len(colls), len(colls)), note):
+            fail("%s: collective_split %r for %d collectives" % (path, note, len(colls)))
+        for e in colls:
+            a = e["args"]
+            m = merged.get((a["comm"], a["seq"], a["rank"]))
+            if m is None:
+                fail("%s: collective %r not in the merged trace" % (path, a))
+            if abs(a["peers_wait_us"] + a["transfer_us"] - e["dur"]) > 2e-3 or a["peers_wait_us"] < 0:
+                fail("%s: peers_wait_us + transfer_us is not the duration: %r" % (path, e))
+            if abs(a["peers_wait_us"] - m["peers_wait_us"]) > 2e-3 or a["last_arrival"] != m["last_arrival"]:
+                fail("%s: split %r, the merge's %r" % (path, a, m))
+        total += len(colls)
+    if not total:
+        fail("%s: no collectives" % d)
+    print("ok: %d collectives split in the ranks' own traces as in the merged one" % total)
+
+
+def unsplit(d, n):
+    for r in range(n):
+        path = "%s/trace_rank%d.json" % (d, r)
+        colls = [e for e in load(path) if e.get("cat") == "collective"]
+        note = doc_of(path)["otherData"].get("collective_split", "")
+        want = r"exchanged in [0-9.]+ ms: 0 of %d collectives split \(the others: a rank's record missing or the " \
+               r"ranks on different machines' clocks\)" % len(colls)
+        if not colls or not re.fullmatch(want, note):
+            fail("%s: collective_split %r, expected %r" % (path, note, want))
+        if any("peers_wait_us" in e["args"] for e in colls):
+            fail("%s: collectives of two clocks split" % path)
+    print("ok: the ranks' own traces on two clocks left unsplit, saying why")
+
+
 def steps(path, k):
     got = sum(1 for e in load(path) if e["name"] == "ProfilerStep")
     if got != k:
@@ -154,6 +207,10 @@ if __name__ == "__main__":
         ranks(sys.argv[2], int(sys.argv[3]))
     elif sys.argv[1] == "split":
         split(load(sys.argv[2]))
+    elif sys.argv[1] == "own":
+        own(sys.argv[2], int(sys.argv[3]))
+    elif sys.argv[1] == "unsplit":
+        unsplit(sys.argv[2], int(sys.argv[3]))
     elif sys.argv[1] == "names":
         names(sys.argv[2], sys.argv[3:])
     else:

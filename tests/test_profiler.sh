@@ -6,7 +6,8 @@
 # graph compiles and runs and, at 2 ranks,
 # the collectives with the same sequence numbers on both; `caccel trace merge DIR` puts both ranks
 # on one timeline and splits each collective into waiting for peers and moving data (not for ranks
-# on different machines' clocks); the schedule's keys come from the environment; an unwritable directory is
+# on different machines' clocks), and each rank's own trace holds the same split (the ranks exchange
+# their issue times at the profile's end; under Gloo and MPI; not on two clocks); the schedule's keys come from the environment; an unwritable directory is
 # refused at the start. The events are checked with python's json module (tests/profile_check.py);
 # where Perfetto's trace processor (PyPI perfetto) imports and starts, the same facts are queried
 # with it too, else that part says it is skipped.
@@ -55,6 +56,13 @@ if have gloo; then
     count 1 "merged 2 ranks into $WORK/t2/trace_merged.json" "$WORK/om"
     "$PY" "$CHECK_PY" ranks "$WORK/t2" 2 || fail "traces of 2 ranks"
     count 1 "^caccel trace: [1-9][0-9]* collective slices split into waiting for peers and moving data" "$WORK/om"
+    # each rank's own trace: the same split, from the issue times the ranks exchanged at the end
+    "$PY" "$CHECK_PY" own "$WORK/t2" 2 || fail "the ranks' own traces (Gloo)"
+    # a rank on another clock (the test hook stands for another machine's boot id): nothing split
+    launch 2 gloo --profile --output_trace_dir "$WORK/t2c" sh -c \
+        '[ "$RANK" = 1 ] && export CACCEL_TEST_BOOT_ID=0000-ffff; exec "$0" "$@"' "$DDP" --mode plain --batch 8 --steps 2 \
+        > "$WORK/o2c" || { cat "$WORK/o2c"; fail "2 ranks on two clocks"; }
+    "$PY" "$CHECK_PY" unsplit "$WORK/t2c" 2 || fail "the ranks' own traces on two clocks"
     # ranks on different clocks (another boot_id: another machine) are merged but not split
     mkdir -p "$WORK/t2b"
     cp "$WORK/t2/trace_rank0.json" "$WORK/t2b/"
@@ -73,6 +81,7 @@ if have mpi && command -v "${MPIRUN:-mpirun}" >/dev/null 2>&1; then
     "$CACCEL" trace merge "$WORK/t6" > "$WORK/om6" 2>&1 || { cat "$WORK/om6"; fail "caccel trace merge (MPI)"; }
     count 1 "^caccel trace: [1-9][0-9]* collective slices split into waiting for peers and moving data" "$WORK/om6"
     "$PY" "$CHECK_PY" split "$WORK/t6/trace_merged.json" || fail "MPI's collectives split"
+    "$PY" "$CHECK_PY" own "$WORK/t6" 2 || fail "the ranks' own traces (MPI)"
 else
     echo "skipped-part: 2 ranks under MPI (the MPI plugin or mpirun is missing)"
 fi

@@ -7,6 +7,7 @@
 #include "base/trace_impl.h"
 
 #include <caccel/throughput.h>
+#include <caccel/xla.h>
 #include <sys/stat.h>
 
 static char *argv_cpu[] = {"test", "--cpu", NULL};
@@ -87,6 +88,48 @@ static void test_exact_flops(void **state) {
         ca_matmul(a, a);
     }
     assert_false(ca_trace_flags() & CA_TRACE_COUNT);
+}
+
+static uint64_t graphs_run(ca_accelerator *acc) {
+    ca_xla_metrics m;
+    T_OK(ca_xla_metrics_get(ca_accelerator_device(acc), &m));
+    return m.graphs;
+}
+
+/* On the lazy device (--tpu) kernels are recorded at trace time and run when a graph executes: the
+ * FLOPs are counted once (when recorded), each interval's time holds its steps' graphs (run at its
+ * end, before the clock stops), and the graph of work done while paused (an evaluation whose result
+ * is still pending) runs at the resume, before the clock restarts, not inside the next interval. */
+static void test_lazy_device(void **state) {
+    (void)state;
+    char *argv_tpu[] = {"test", "--tpu", NULL};
+    const char *settings[] = {"peak_flops=1e12", NULL};
+    ca_accelerator *acc;
+    T_OK(ca_accelerator_create(&(ca_options){.argc = 2, .argv = argv_tpu, .settings = settings}, &acc));
+    assert_true(ca_device_is_lazy(ca_accelerator_device(acc)));
+    matmul_step(acc, 8, 8, 8, true);             /* the warm-up step: its graph runs as the clock starts */
+    T_OK(ca_throughput_step(acc, 1, 0));
+    matmul_step(acc, 3, 5, 7, true);
+    T_OK(ca_throughput_step(acc, 4, 0));
+    uint64_t g0 = graphs_run(acc);
+    ca_throughput r;
+    T_OK(ca_throughput_report(acc, &r));
+    assert_true(graphs_run(acc) > g0);           /* the step's graph ran inside the interval */
+    assert_true(r.flops == 6.0 * 3 * 5 * 7 && r.steps == 1);   /* counted once, when recorded */
+    T_OK(ca_throughput_pause(acc));
+    CA_SCOPE {
+        ca_device *dev = ca_accelerator_device(acc);
+        ca_tensor *e = ca_matmul(ca_full(dev, CA_F32, 2, (int64_t[]){64, 64}, 1),
+                                 ca_full(dev, CA_F32, 2, (int64_t[]){64, 64}, 1));
+        assert_non_null(e);                      /* pending: nothing read it yet */
+        uint64_t g1 = graphs_run(acc);
+        T_OK(ca_throughput_resume(acc));
+        assert_true(graphs_run(acc) > g1);       /* the evaluation's graph ran before the clock restarted */
+        static float v[64 * 64];
+        T_OK(ca_tensor_to_host(e, v, sizeof v));
+        assert_true(v[0] == 64.0f && v[64 * 64 - 1] == 64.0f);
+    }
+    ca_accelerator_destroy(acc);
 }
 
 /* peak_flops from the environment, the dtype from mixed_precision; a negative one is refused. */
@@ -213,6 +256,7 @@ static void test_raised_peak(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_exact_flops),
+        cmocka_unit_test(test_lazy_device),
         cmocka_unit_test(test_config),
         cmocka_unit_test(test_cache),
         cmocka_unit_test(test_raised_peak),

@@ -154,6 +154,8 @@ static int coll_complete(const traces *t, const coll_rec *r, size_t a, size_t b)
  * the reduction and the backend's own handshakes); last_arrival names that rank. Only where every
  * rank of the communicator recorded it and the ranks read one clock (the same boot_id); the others
  * are counted in *unsplit. */
+static const char *const split_keys[3] = {"peers_wait_us", "transfer_us", "last_arrival"};
+
 static int coll_split(const traces *t, const double *shift, int *unsplit) {
     size_t n = 0;
     coll_rec *r = coll_collect(t, shift, &n);
@@ -163,7 +165,9 @@ static int coll_split(const traces *t, const double *shift, int *unsplit) {
     qsort(r, n, sizeof *r, coll_cmp);
     for (size_t a = 0, b; a < n; a = b) {
         for (b = a + 1; b < n && r[b].seq == r[a].seq && strcmp(r[b].comm, r[a].comm) == 0; b++) {}
-        if (!coll_complete(t, r, a, b)) {
+        if (!coll_complete(t, r, a, b)) {   /* a split a rank's own file holds is not the merge's to show */
+            for (size_t k = a; k < b; k++)
+                for (int f = 0; f < 3; f++) json_object_object_del(r[k].args, split_keys[f]);
             *unsplit += (int)(b - a);
             continue;
         }

@@ -13,9 +13,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#define ER_FIELDS 6
+#define ER_FIELDS 7
+#define ER_TABLE 6   /* the table's columns; unsharded_most (stage 3's most at once) goes under it */
 static const char *const er_keys[ER_FIELDS] = {"parameters", "gradients", "optimizer_state", "unsharded", "activations",
-                                               "peak"};
+                                               "peak", "unsharded_most"};
 
 typedef struct er_rank {
     unsigned long long v[ER_FIELDS];
@@ -105,12 +106,14 @@ static void er_print(const ca_em_run *r, const er_rank *ranks) {
            "activations", "peak");
     for (int i = 0; i < r->nprocs; i++) {
         printf("%-5d", i);
-        for (int k = 0; k < ER_FIELDS; k++) printf(" %*llu", k == 2 ? 16 : 14, ranks[i].v[k]);
+        for (int k = 0; k < ER_TABLE; k++) printf(" %*llu", k == 2 ? 16 : 14, ranks[i].v[k]);
         printf("\n");
     }
+    for (int i = 0; zero == 3 && i < r->nprocs; i++)
+        printf("rank %d held at most %llu bytes of gathered units at once during the step\n", i, ranks[i].v[6]);
     printf("(bytes; unsharded: %s; activations: the peak less the rest, temporaries included)\n",
            zero == 2 ? "the flat gradient of every parameter, held from the backward to its reduce-scatter"
-           : zero == 3 ? "the most bytes of gathered units (full parameters and gradients) held at once"
+           : zero == 3 ? "the gathered units (full parameters and gradients) held at the moment of the peak"
                        : "none, the model states are whole");
 }
 

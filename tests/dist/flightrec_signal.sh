@@ -2,8 +2,9 @@
 # The flight recorder on a signal (docs/PROFILING.md, "Flight recorder"): SIGUSR1 asks every rank for a
 # dump and the job goes on (each later dump keeps the one before as rank_<r>.<n>.json); a rank that
 # takes a fatal signal (SIGABRT, SIGSEGV, SIGBUS, SIGFPE, SIGILL) writes its dump before the signal's
-# action, and `caccel trace analyze` reads both kinds and names, for a collective that failed, the rank
-# it waited on.
+# action, also a stack overflow on a thread other than the main one (each runtime thread has its own
+# alternate signal stack), and `caccel trace analyze` reads both kinds and names, for a collective
+# that failed, the rank it waited on.
 . "$(dirname "$0")/lib.sh"
 need_caccel
 need_backend gloo
@@ -57,6 +58,19 @@ fatal() {
     count 1 "^  waited on in #3: rank 1 (not called when it gave up)$" "$WORK/report"
     no_orphans
 }
+# the test hook CACCEL_TEST_THREAD_OVERFLOW=ROLE recurses on that thread until its stack runs out;
+# without an alternate stack there is no room for the handler and the kernel kills the process silently
+for role in watchdog gloo_worker; do
+    note "a stack overflow on rank 1's $role thread (not the main thread): the thread's own alternate signal stack runs the handler, and rank 1 writes its dump"
+    $L -q --flight_recorder_dir "$WORK/fr_$role" sh -c '[ "$RANK" = 1 ] && export CACCEL_TEST_THREAD_OVERFLOW='"$role"'; exec "$0" "$@"' \
+        "$CHECK" --tag "$TAG" --backend gloo --mode ondemand --resume "$WORK/never" >"$WORK/out" 2>&1
+    [ -f "$WORK/fr_$role/rank_1.json" ] || { cat "$WORK/out"; fail "rank 1 wrote no dump on its $role thread's stack overflow"; }
+    count 1 "flight recorder: rank 1 wrote its last [0-9]* collectives" "$WORK/out"
+    analyze "$WORK/fr_$role"
+    count 1 "^  failure (SIGSEGV): the process received SIGSEGV (a fatal signal; its action follows) on rank 1$" "$WORK/report"
+    no_orphans
+done
+
 fatal abort SIGABRT
 fatal segv SIGSEGV
 fatal bus SIGBUS
