@@ -27,7 +27,7 @@ done
 { [ -x "$gpt" ] && [ -x "$caccel" ]; } || { echo "run_tp_zero.sh: --gpt and --caccel are required" >&2; exit 2; }
 [ "$steps" -ge 4 ] || { echo "run_tp_zero.sh: --steps must be at least 4 (steps 1..N-2 are traced)" >&2; exit 2; }
 IFS=, read -r L H C T B <<< "$shape"
-export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
+export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 ACCELERATE_USE_CPU=true   # (--cpu and --use_fsdp do not go together)
 work=$(mktemp -d "${TMPDIR:-/tmp}/caccel-bench-tpzero.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 # shellcheck disable=SC2016  # expanded by the wrapper, per rank
@@ -47,7 +47,7 @@ dpw() { [ "$1" = dp4 ] && echo 4 || echo 2; }
 run() {   # run MODE OUT ARGS...
     local mode=$1 out=$2; shift 2
     # shellcheck disable=SC2046
-    "$caccel" launch --num_processes 4 --cpu --backend gloo $(flags "$mode") -q "$work/rss" "$gpt" "$@" > "$out" 2>&1 ||
+    "$caccel" launch --num_processes 4 --backend gloo $(flags "$mode") -q "$work/rss" "$gpt" "$@" > "$out" 2>&1 ||
         { tail -20 "$out" >&2; echo "run_tp_zero.sh: the $mode run failed" >&2; return 1; }
 }
 common="--n_layer $L --n_head $H --n_embd $C --block_size $T --max_steps $steps --log_interval 1 --eval_interval 0
