@@ -2,7 +2,8 @@
 (FULL_SHARD), tp 2 x dp_replicate 2 and dp 4 on 4 processes, and the bytes each communicator moved per step
 (the profiler's traces) beside the formula.
 usage: tp_zero_report.py --work DIR --shape "L H C T B" --steps N"""
-import argparse, glob, json, os, re, statistics
+import argparse, glob, os, re
+import bench_runs
 from collections import defaultdict
 
 p = argparse.ArgumentParser()
@@ -14,33 +15,15 @@ L, H, C, T, B = (int(v) for v in a.shape.split())
 MODES = {"tpfs": "tp 2 x dp_shard 2 (FULL_SHARD)", "tprep": "tp 2 x dp_replicate 2", "dp4": "dp 4"}
 
 
-def med(v):
-    return statistics.median(v) if v else float("nan")
-
-
-rows = defaultdict(list)
-for line in open(os.path.join(a.work, "rows"), errors="replace"):
-    m = re.match(r"mode=(\S+) rep=\d+ (.*)", line)
-    if m:
-        rows[m.group(1)].append(m.group(2))
+rows = bench_runs.read_rows(a.work)
 
 
 def rate(mode):
-    v = []
-    for s in rows[mode]:
-        m = re.search(r"throughput: step (\d+): .*all \d+ processes: [0-9.]+ samples/s, ([0-9.]+) tokens/s", s)
-        if m and int(m.group(1)) >= 2:
-            v.append(float(m.group(2)))
-    return med(v), len(v)
+    return bench_runs.rate(rows[mode])
 
 
 def rss(mode):
-    by = defaultdict(list)
-    for s in rows[mode]:
-        m = re.search(r"peak_rss_kib rank=(\d+) (\d+)", s)
-        if m:
-            by[int(m.group(1))].append(int(m.group(2)) / 1024)
-    return [med(by[r]) for r in sorted(by)]
+    return bench_runs.rss(rows[mode])
 
 
 def mem(mode):
@@ -71,18 +54,7 @@ for mode, name in MODES.items():
 
 
 def trace(mode):
-    out = {}
-    for f in sorted(glob.glob(os.path.join(a.work, f"trace.{mode}", "trace_rank*.json"))):
-        d = json.load(open(f))
-        ev = d["traceEvents"] if isinstance(d, dict) else d
-        steps = sum(1 for e in ev if e.get("cat") == "step")
-        c = defaultdict(int)
-        for e in ev:
-            if e.get("cat") == "collective":
-                g = e.get("args", {})
-                c[(g.get("name") or str(g.get("comm")), e.get("name"), int(g.get("bytes", 0)))] += 1
-        out[int(re.search(r"rank(\d+)", f).group(1))] = (c, steps)
-    return out
+    return bench_runs.trace(a.work, mode)
 
 
 P = params("dp4")
@@ -98,9 +70,9 @@ for mode in MODES:
         tot[comm] += nb * k
     print(f"  {MODES[mode]}: {steps} steps recorded")
     for comm in sorted(tot):
-        parts = ", ".join(f"{k / steps:g} {op} of {nb} B" for (cm, op, nb), k in
-                          sorted(c.items(), key=lambda x: -x[0][2] * x[1])[:4] if cm == comm)
-        print(f"    {comm:>12}: {tot[comm] / steps:14,.0f} B/step ({parts}{', ...' if len(c) > 4 else ''})")
+        mine = sorted(((key, k) for key, k in c.items() if key[0] == comm), key=lambda x: -x[0][2] * x[1])
+        parts = ", ".join(f"{k / steps:g} {op} of {nb} B" for (cm, op, nb), k in mine[:3])
+        print(f"    {comm:>12}: {tot[comm] / steps:14,.0f} B/step ({parts}{', ...' if len(mine) > 3 else ''})")
     dp = tot.get("dp", 0) + tot.get("dp_shard", 0) + tot.get("single", 0) + tot.get("world", 0)
     Pl = params(mode)
     if mode == "dp4":
