@@ -19,7 +19,10 @@ static bool zero_sharded_dict(const ca_accelerator *acc) {
  * shards are of its own slices: shard files of them (and a load of another tp size) are not written yet. */
 static ca_status zero_configure(ca_accelerator *acc) {
     ca_mesh_shape m = {.size = {1, 1, 1, 1}};
-    if (zero_sharded_dict(acc) && ca_config_mesh(acc->cfg, acc->world, &m) != CA_OK) ca_clear_error();   /* the mesh's */
+    if (zero_sharded_dict(acc) && ca_config_mesh(acc->cfg, acc->world, &m) != CA_OK) {
+        ca_clear_error();   /* sizes that do not fit: the mesh refuses them itself, naming every origin */
+        m.size[CA_MESH_TP] = 1;
+    }
     if (m.size[CA_MESH_TP] > 1)
         return ca_error(CA_ERR_UNSUPPORTED, "fsdp_state_dict_type %s (from %s) with parallelism_config_tp_size %d "
                         "(from %s): sharded state dicts of tensor-parallel slices are not supported yet; use "
