@@ -779,8 +779,9 @@ static ca_status scale_grads_by(const grad_set *gs, ca_device *dev, const void *
  * a GPU does not wait for it. */
 /* Tensor parallelism: each tp rank holds the gradient of its part of the split layers (and the whole
  * gradient of the others): *sq, this rank's sum of squares, gets the other tp ranks' sums over their
- * parts added, so that every rank holds the norm of the whole model. */
-static ca_status tp_sumsq(ca_accelerator *acc, const grad_set *gs, ca_tensor **sq) {
+ * parts added, so that every rank holds the norm of the whole model. Sharded (ZeRO under tp), *sq is the
+ * sum over the shard group already, and so is the split layers' part, summed over the same group first. */
+static ca_status tp_sumsq(ca_accelerator *acc, const grad_set *gs, ca_comm *group, ca_tensor **sq) {
     grad_set sp = {0};
     ca_status s = CA_OK;
     for (int i = 0; s == CA_OK && i < gs->n; i++)
@@ -789,8 +790,13 @@ static ca_status tp_sumsq(ca_accelerator *acc, const grad_set *gs, ca_tensor **s
     ca_tensor *all = part ? ca_zeros(acc->device, CA_F32, 0, NULL) : NULL;
     if (s == CA_OK && !all) s = ca_last_status();
     sumsq_ctx c = {.out = all ? ca_tptr(part) : NULL, .first = true};
-    if (s == CA_OK && sp.n) s = for_grads(&sp, acc->device, sumsq_fn, &c);
+    const ca_sync_strategy *ops = acc->sync_ops;
+    bool sharded = sharded_grads(acc, NULL) && ops->shard_split_sumsq;   /* gs: the shard, not the parameters */
+    if (s == CA_OK && sharded) s = ops->shard_split_sumsq(acc, ca_tptr(part));
+    else if (s == CA_OK && sp.n) s = for_grads(&sp, acc->device, sumsq_fn, &c);
     free(sp.t);
+    if (s == CA_OK && sharded && group)
+        s = ca_comm_all_reduce(group, ca_tptr(part), ca_tptr(part), 1, CA_F32, CA_OP_SUM, NULL);
     ca_comm *tp = ca_mesh_comm(acc, "tp");
     if (s == CA_OK) s = ca_comm_all_reduce(tp, ca_tptr(part), ca_tptr(all), 1, CA_F32, CA_OP_SUM, NULL);
     ca_tensor *sum = s == CA_OK ? ca_add(*sq, ca_sub(all, part)) : NULL;
@@ -816,7 +822,7 @@ ca_status ca_clip_grad_norm(ca_accelerator *acc, double max_norm, double *total_
         ca_comm *group = NULL;
         if (s == CA_OK && sharded_grads(acc, &group) && group)   /* over the shard group */
             s = ca_comm_all_reduce(group, ca_tptr(sq), ca_tptr(sq), 1, CA_F32, CA_OP_SUM, NULL);
-        if (s == CA_OK && acc->mesh) s = tp_sumsq(acc, &gs, &sq);
+        if (s == CA_OK && acc->mesh) s = tp_sumsq(acc, &gs, group, &sq);
         ca_tensor *total = s == CA_OK ? ca_sqrt(sq) : NULL;
         ca_tensor *coef = total ? ca_div(ca_full(acc->device, CA_F32, 0, NULL, max_norm), ca_add_scalar(total, 1e-6))
                                 : NULL;

@@ -250,6 +250,9 @@ ca_status ca_zero_add_optimizer(ca_accelerator *acc, ca_optimizer *o);
 ca_status ca_zero_before_backward(ca_accelerator *acc);
 /* After a synchronising backward: the averaged gradient of this rank's shard into gshard. */
 ca_status ca_zero_reduce(ca_accelerator *acc);
+/* The sum of squares of the gradient shard's segments of tensor-parallel split parameters, added into
+ * the device f32 scalar at out (clip_grad_norm under tp: the tp ranks' sums of them add up). */
+ca_status ca_zero_split_sumsq(ca_accelerator *acc, void *out);
 /* The update of o's part of the shard, then the all-gather of the parameters. */
 ca_status ca_zero_step(ca_accelerator *acc, ca_optimizer *o);
 /* A compact state buffer (s1, s2) as a shard-sized one on its device (zeros where the shard holds

@@ -488,10 +488,13 @@ static bool summon(ca_accelerator *acc, ca_module *model, ca_status *s) {
 static ca_status tp_whole(ca_accelerator *acc, ca_module *model, const char *path,
                           ca_status (*fn)(ca_accelerator *, ca_module *, const char *, size_t), size_t arg) {
     bool tp = acc && acc->mesh && acc->model == model;
-    ca_status s = tp ? ca_tp_summon(acc, true) : CA_OK;
+    ca_status s = CA_OK;
+    bool shards = tp && summon(acc, model, &s);   /* stage 3 under tp: each rank's slices whole first */
+    if (s == CA_OK && tp) s = ca_tp_summon(acc, true);
     if (s == CA_OK) s = fn(acc, model, path, arg);
     ca_status r = tp ? ca_tp_summon(acc, false) : CA_OK;
-    return s != CA_OK ? s : r;
+    ca_status z = shards ? acc->sync_ops->summon(acc, false) : CA_OK;
+    return s != CA_OK ? s : r != CA_OK ? r : z;
 }
 
 static ca_status save_model_whole(ca_accelerator *acc, ca_module *model, const char *dir, size_t max_shard_size) {

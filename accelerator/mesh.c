@@ -13,14 +13,11 @@ static ca_status mesh_refuse(const ca_accelerator *acc, const ca_mesh_shape *m) 
     int tp = m->size[CA_MESH_TP];
     const ca_settings *st = &acc->st;
     const char *why = NULL, *key = NULL;
-    if (m->size[CA_MESH_DP_SHARD] > 1) {
+    if (m->size[CA_MESH_DP_SHARD] > 1 && acc->zero.stage == 0) {   /* zero.c shards over the dp ranks */
         key = "parallelism_config.parallelism_config_dp_shard_size";
-        why = "sharded data parallelism over the other ranks is not supported yet; set "
+        why = "sharded data parallelism needs distributed_type FSDP (fsdp_sharding_strategy FULL_SHARD or "
+              "SHARD_GRAD_OP) or DEEPSPEED (zero_stage 1 to 3); under plain data parallelism set "
               "parallelism_config_dp_replicate_size instead";
-    } else if (st->distributed_type == CA_DIST_FSDP || st->distributed_type == CA_DIST_DEEPSPEED) {
-        key = "distributed_type";
-        why = "composition with ZeRO / FSDP is not supported yet (the tensor-parallel shards are not sharded "
-              "further); use distributed_type MULTI_CPU or MULTI_GPU";
     } else if (st->distributed_type == CA_DIST_XLA) {
         key = "distributed_type";
         why = "the lazy device does not run tensor parallelism yet";

@@ -545,6 +545,14 @@ static ca_status ss_save_local(ca_accelerator *acc, const char *dir, int64_t ite
     return s;
 }
 
+/* Tensor parallelism over a strategy that keeps the optimizer state in parts (ZeRO): the full state is
+ * gathered from the parts before the tp slices are made whole (with_full_params, where it is made whole
+ * over tp too) and kept into the parts after they are split again; a save or a load between them sees
+ * per-parameter tensors, whole. */
+static bool ss_state_whole_outside(const ca_accelerator *acc) {
+    return acc->mesh && acc->model && acc->sync_ops->gather_state && acc->sync_ops->scatter_state;
+}
+
 /* A strategy that keeps the optimizer state in parts (sync_zero.c): either each rank saves its part
  * (SHARDED_STATE_DICT), or the full state is gathered from every rank's part for the files rank 0
  * writes (FULL_STATE_DICT), then freed again. Collective. */
@@ -554,10 +562,11 @@ static ca_status ss_save_local_full(ca_accelerator *acc, const char *dir, int64_
         ca_status s = ops->save_shard(acc, dir);
         return s == CA_OK ? ss_save_local(acc, dir, iteration, true) : s;
     }
+    bool own = !ss_state_whole_outside(acc);
     ca_status s = CA_OK;
-    for (int i = 0; s == CA_OK && ops->gather_state && i < acc->nopts; i++) s = ops->gather_state(acc, acc->opts[i]);
+    for (int i = 0; s == CA_OK && own && ops->gather_state && i < acc->nopts; i++) s = ops->gather_state(acc, acc->opts[i]);
     if (s == CA_OK) s = ss_save_local(acc, dir, iteration, false);
-    for (int i = 0; ops->drop_state && i < acc->nopts; i++) ops->drop_state(acc->opts[i]);
+    for (int i = 0; own && ops->drop_state && i < acc->nopts; i++) ops->drop_state(acc->opts[i]);
     return s;
 }
 
@@ -1709,7 +1718,7 @@ static ca_status ss_check_all(ca_accelerator *acc, const char *dir, ss_loaded *L
     if (s == CA_OK && !(L->opts = calloc((size_t)(acc->nopts ? acc->nopts : 1), sizeof *L->opts)))
         s = ca_error(CA_ERR_NOMEM, "load_state: out of memory");
     /* a sharded run keeps a slice of each optimizer state tensor: only the slices are verified and read */
-    L->sliced = !sharded && acc->sync_ops->scatter_state && acc->sync_ops->state_slice;
+    L->sliced = !sharded && acc->sync_ops->scatter_state && acc->sync_ops->state_slice && !ss_state_whole_outside(acc);
     for (int i = 0; s == CA_OK && !sharded && !(L->opts0 && others) && i < acc->nopts; i++) {
         ss_opt_name(name, sizeof name, i);
         s = ss_open_listed(L, dir, name, !L->sliced, &L->opts[i]);
@@ -1880,7 +1889,7 @@ static ca_status ss_load_dir(ca_accelerator *acc, const char *dir) {
     L.lean = s == CA_OK && acc->model && !sharded && ca_zero3_loads_lean(acc);
     L.opt_lean = s == CA_OK && acc->model && !sharded && ops->read_state_slices && ops->state_lean &&
                  ops->state_lean(acc);
-    bool full = s == CA_OK && ops->scatter_state && !sharded && !L.opt_lean;
+    bool full = s == CA_OK && ops->scatter_state && !sharded && !L.opt_lean && !ss_state_whole_outside(acc);
     /* a model every rank holds whole: rank 0 reads it, and the optimizer state where every rank holds
      * that whole too (DDP; ZeRO stages 1 and 2 read only each rank's slice of it), and broadcasts */
     L.model0 = s == CA_OK && !sharded && ca_ck_rank0_reads(acc, acc->model);
@@ -2018,13 +2027,19 @@ void ca_state_free(ca_accelerator *acc) {
 /* Stage 3 keeps shards of the parameters between steps, tensor parallelism slices of the split layers (and
  * of their optimizer state): whole while they are saved or loaded, so that the files are one process's. */
 static ca_status with_full_params(ca_accelerator *acc, ca_status (*fn)(ca_accelerator *, const char *),
-                                  const char *dir) {
+                                  const char *dir, bool load) {
     const ca_sync_strategy *ops = acc->sync_ops;
-    bool shards = ops->params_sharded && ops->params_sharded(acc);
+    bool shards = ops->params_sharded && ops->params_sharded(acc), state = ss_state_whole_outside(acc);
     ca_status s = shards ? ops->summon(acc, true) : CA_OK;
+    for (int i = 0; s == CA_OK && state && i < acc->nopts; i++) s = ops->gather_state(acc, acc->opts[i]);
     if (s == CA_OK) s = ca_tp_summon(acc, true);
     if (s == CA_OK) s = fn(acc, dir);
     ca_status t = ca_tp_summon(acc, false);
+    for (int i = 0; state && i < acc->nopts; i++) {   /* a load's values into the parts; a save's dropped */
+        ca_status z = load && s == CA_OK && t == CA_OK ? ops->scatter_state(acc, acc->opts[i]) : CA_OK;
+        ops->drop_state(acc->opts[i]);
+        if (t == CA_OK) t = z;
+    }
     ca_status r = shards ? ops->summon(acc, false) : CA_OK;
     return s != CA_OK ? s : t != CA_OK ? t : r;
 }
@@ -2097,7 +2112,7 @@ ca_status ca_save_state_ex(ca_accelerator *acc, const char *dir, const ca_save_s
         o.async = false;
     }
     int64_t t0 = ca_trace_on() ? ca_trace_now_ns() : 0;   /* the profiler's checkpoint stall */
-    s = with_full_params(acc, o.async ? save_state_async : save_state, dir);
+    s = with_full_params(acc, o.async ? save_state_async : save_state, dir, false);
     if (t0) ca_trace_slice("checkpoint", "save_state", t0, s == CA_OK ? "\"ok\":true" : "\"ok\":false");
     if (s == CA_OK && !o.async) elastic_grow_point(acc);
     return s;
@@ -2118,5 +2133,5 @@ ca_status ca_load_state(ca_accelerator *acc, const char *dir) {
     if (s != CA_OK) return s;
     /* stage 3 under fsdp_cpu_ram_efficient_loading: each rank copies its shard's slices of the
      * files straight into its shard (ss_check_all, ca_zero_check_shard); nothing is gathered */
-    return ca_zero3_loads_lean(acc) ? load_state(acc, dir) : with_full_params(acc, load_state, dir);
+    return ca_zero3_loads_lean(acc) ? load_state(acc, dir) : with_full_params(acc, load_state, dir, true);
 }

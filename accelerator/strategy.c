@@ -22,7 +22,11 @@ ca_status ca_sync_select(ca_accelerator *acc) {
 
 ca_status ca_summon_full_params(ca_accelerator *acc, bool on) {
     if (!acc) return ca_error(CA_ERR_INVALID, "ca_summon_full_params: accelerator is NULL");
-    ca_status s = acc->sync_ops->summon ? acc->sync_ops->summon(acc, on) : CA_OK;
-    ca_status t = s == CA_OK || !on ? ca_tp_full_params(acc, on) : CA_OK;   /* tensor parallelism's slices */
-    return s != CA_OK ? s : t;
+    if (!on) {   /* the tp slices first, while stage 3's parameters still hold their values */
+        ca_status t = ca_tp_full_params(acc, false);
+        ca_status s = acc->sync_ops->summon ? acc->sync_ops->summon(acc, false) : CA_OK;
+        return t != CA_OK ? t : s;
+    }
+    ca_status s = acc->sync_ops->summon ? acc->sync_ops->summon(acc, true) : CA_OK;
+    return s == CA_OK ? ca_tp_full_params(acc, true) : s;   /* then tensor parallelism's slices whole */
 }

@@ -43,6 +43,10 @@ typedef struct ca_sync_strategy {
     /* the gradients the optimizers see, where they are not the parameters' own: a tensor whose .grad
      * is them (NULL: the parameters' own), and the group over which a norm of them sums (NULL: none) */
     ca_tensor *(*shard_grads)(const ca_accelerator *acc, ca_comm **group);
+    /* tensor parallelism: the sum of squares of shard_grads' elements that belong to tp-split parameters
+     * (the tp ranks' sums of them add up to the split layers' part of a norm) added into the device f32
+     * scalar at out */
+    ca_status (*shard_split_sumsq)(ca_accelerator *acc, void *out);
     /* checkpoints: o's full optimizer state from every rank's part, back into the parts, dropped */
     ca_status (*gather_state)(ca_accelerator *acc, ca_optimizer *o);
     ca_status (*scatter_state)(ca_accelerator *acc, ca_optimizer *o);

@@ -8,8 +8,28 @@
 
 static bool zero_selected(const ca_accelerator *acc) { return acc->zero.stage > 0; }
 
-/* DeepSpeed's JSON may give the fp16 loss scaler its options. */
+/* fsdp_state_dict_type SHARDED_STATE_DICT (or LOCAL): each rank saves its shard, no full files. */
+static bool zero_sharded_dict(const ca_accelerator *acc) {
+    const char *v = ca_config_get(acc->cfg, "fsdp_config.fsdp_state_dict_type");
+    return v && (!strcmp(v, "SHARDED_STATE_DICT") || !strcmp(v, "LOCAL_STATE_DICT") || !strcmp(v, "2") ||
+                 !strcmp(v, "3"));
+}
+
+/* DeepSpeed's JSON may give the fp16 loss scaler its options. Under tensor parallelism each tp rank's
+ * shards are of its own slices: shard files of them (and a load of another tp size) are not written yet. */
 static ca_status zero_configure(ca_accelerator *acc) {
+    ca_mesh_shape m = {.size = {1, 1, 1, 1}};
+    if (zero_sharded_dict(acc) && ca_config_mesh(acc->cfg, acc->world, &m) != CA_OK) {
+        ca_clear_error();   /* sizes that do not fit: the mesh refuses them itself, naming every origin */
+        m.size[CA_MESH_TP] = 1;
+    }
+    if (m.size[CA_MESH_TP] > 1)
+        return ca_error(CA_ERR_UNSUPPORTED, "fsdp_state_dict_type %s (from %s) with parallelism_config_tp_size %d "
+                        "(from %s): sharded state dicts of tensor-parallel slices are not supported yet; use "
+                        "FULL_STATE_DICT (the files of one process, loadable at any tp size)",
+                        ca_config_get(acc->cfg, "fsdp_config.fsdp_state_dict_type"),
+                        ca_config_origin(acc->cfg, "fsdp_config.fsdp_state_dict_type"), m.size[CA_MESH_TP],
+                        ca_config_origin(acc->cfg, "parallelism_config.parallelism_config_tp_size"));
     return acc->zero.scaler_set ? ca_grad_scaler_configure(acc, &acc->zero.scaler) : CA_OK;
 }
 
@@ -28,12 +48,7 @@ static ca_tensor *zero_shard_grads(const ca_accelerator *acc, ca_comm **group) {
     return acc->zero.view;
 }
 
-/* fsdp_state_dict_type SHARDED_STATE_DICT (or LOCAL): each rank saves its shard, no full files. */
-static bool zero_saves_shards(const ca_accelerator *acc) {
-    const char *v = ca_config_get(acc->cfg, "fsdp_config.fsdp_state_dict_type");
-    return acc->model && v &&
-           (!strcmp(v, "SHARDED_STATE_DICT") || !strcmp(v, "LOCAL_STATE_DICT") || !strcmp(v, "2") || !strcmp(v, "3"));
-}
+static bool zero_saves_shards(const ca_accelerator *acc) { return acc->model && zero_sharded_dict(acc); }
 
 /* The shard files a load reads: those the checked checkpoint was saved as (any number). */
 static int zero_shard_count(const ca_accelerator *acc) { return ca_zero_load_shards(acc); }
@@ -74,6 +89,7 @@ const ca_sync_strategy ca_sync_zero = {
     .after_backward = zero_after_backward,
     .step = ca_zero_step,
     .shard_grads = zero_shard_grads,
+    .shard_split_sumsq = ca_zero_split_sumsq,
     .gather_state = ca_zero_gather_state,
     .scatter_state = ca_zero_scatter_state,
     .drop_state = ca_zero_drop_state,

@@ -6,6 +6,7 @@
  * the parameters' values in the shard only (zero3.c): no all-gather after the step, the wrap units
  * gather theirs when they run and reduce-scatter their gradients as their backward ends. */
 #include "accelerator/accelerator_impl.h"
+#include "accelerator/mesh_impl.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -89,22 +90,27 @@ ca_status ca_zero_state_pack(ca_accelerator *acc, ca_tensor *full, ca_tensor *st
     return s;
 }
 
-/* The shard group: every rank, or under HYBRID_SHARD groups of group_size consecutive ranks (a
- * machine, as launchers place ranks) with a second split joining the ranks at the same place in each
- * group, which hold the same shard and average their shard's gradient. */
+/* The shard group: every data-parallel rank (every rank, or under tensor parallelism those of this rank's
+ * tp coordinate: the mesh's dp communicator, each sharding its own slices), or under HYBRID_SHARD groups of
+ * group_size consecutive ones (a machine, as launchers place ranks; the mesh's dp_shard) with a second
+ * split joining the ranks at the same place in each group, which hold the same shard and average their
+ * shard's gradient. */
 static ca_status build_groups(ca_accelerator *acc) {
     ca_zero *z = &acc->zero;
-    z->comm = acc->comm;
-    z->rank = acc->rank;
-    z->world = acc->world;
+    ca_comm *dp = ca_mesh_grad_comm(acc);
+    int rank, world;
+    ca_mesh_data_rank(acc, &rank, &world);
+    z->comm = dp;
+    z->rank = rank;
+    z->world = world;
     int g = z->group_size;
-    if (g <= 0 || g >= acc->world) return CA_OK;
-    ca_status s = ca_comm_split(acc->comm, acc->rank / g, acc->rank, &z->own);
-    if (s == CA_OK) s = ca_comm_split(acc->comm, acc->rank % g, acc->rank, &z->rep);
+    if (g <= 0 || g >= world) return CA_OK;
+    ca_status s = ca_comm_split(dp, rank / g, rank, &z->own);
+    if (s == CA_OK) s = ca_comm_split(dp, rank % g, rank, &z->rep);
     if (s != CA_OK)
         return ca_error_context("HYBRID_SHARD: forming the shard groups of %d processes (rank %d)", g, acc->rank);
     z->comm = z->own;
-    z->rank = acc->rank % g;
+    z->rank = rank % g;
     z->world = g;
     return CA_OK;
 }
@@ -152,7 +158,7 @@ ca_status ca_zero_build(ca_accelerator *acc, ca_module *m) {
                                        "or optimizer state" : "");
     if (acc->rank == 0 && z->rep)
         ca_log_printf(CA_LOG_INFO, "HYBRID_SHARD: shards within groups of %d processes, replicated %d times",
-                      z->world, acc->world / z->world);
+                      z->world, ca_comm_size(ca_mesh_grad_comm(acc)) / z->world);
     return CA_OK;
 }
 
@@ -260,13 +266,35 @@ ca_status ca_zero_reduce(ca_accelerator *acc) {
     }
     size_t n = (size_t)(z->shard * z->world);
     ca_status s = z->stage == 1
-        ? ca_comm_all_reduce(acc->comm, ca_tptr(z->gflat), ca_tptr(z->gflat), n, CA_F32, CA_OP_AVG, NULL)
+        ? ca_comm_all_reduce(ca_mesh_grad_comm(acc), ca_tptr(z->gflat), ca_tptr(z->gflat), n, CA_F32, CA_OP_AVG, NULL)
         : ca_comm_reduce_scatter(z->comm, ca_tptr(z->gflat), ca_tptr(z->gshard), (size_t)z->shard, CA_F32,
                                  CA_OP_AVG, NULL);
     if (s == CA_OK && z->stage == 2) s = replicas_avg(acc, ca_zero_fptr(z->gshard, 0), z->shard);
     if (s != CA_OK) return ca_error_context("sharded data parallelism: reducing the gradients (stage %d)", z->stage);
     if (z->stage >= 2) detach_grads(acc);
     z->reduced = true;
+    return CA_OK;
+}
+
+ca_status ca_zero_split_sumsq(ca_accelerator *acc, void *out) {
+    enum { MAXN = 256 };
+    ca_zero *z = &acc->zero;
+    void *x[MAXN];
+    int64_t numel[MAXN];
+    int k = 0;
+    for (int i = 0; i <= z->nsegs; i++) {
+        if (i < z->nsegs && !ca_tp_is_split(acc, z->segs[i].param)) continue;
+        if (i < z->nsegs) {
+            x[k] = ca_zero_fptr(z->gshard, z->segs[i].soff);
+            numel[k++] = z->segs[i].n;
+            if (k < MAXN) continue;
+        }
+        if (!k) continue;
+        ca_tensor_list tl = {.count = k, .param = x, .numel = numel, .grad_dtype = CA_F32};
+        ca_status s = CA_KCALL(acc->device, sum_squares, .t = &tl, .out = out, .beta = 1.0f);
+        if (s != CA_OK) return s;
+        k = 0;
+    }
     return CA_OK;
 }
 

@@ -36,38 +36,51 @@ static int fsdp_stage(const char *v, bool *hybrid) {
 #define DP_SHARD "parallelism_config.parallelism_config_dp_shard_size"
 #define DP_REPLICATE "parallelism_config.parallelism_config_dp_replicate_size"
 
+/* The data-parallel processes the shards spread over: every process, or under tensor (or context)
+ * parallelism those of one tp / cp coordinate, world / (tp x cp): each shards its own slices. */
+static int dp_world(const ca_accelerator *acc) {
+    ca_mesh_shape m;
+    if (ca_config_mesh(acc->cfg, acc->world, &m) != CA_OK) {
+        ca_clear_error();   /* a size that does not fit: the mesh refuses it, with every origin */
+        return acc->world;
+    }
+    int inner = m.size[CA_MESH_TP] * m.size[CA_MESH_CP];
+    return inner > 1 && acc->world % inner == 0 ? acc->world / inner : acc->world;
+}
+
 /* HYBRID_SHARD (or parallelism_config's dp_replicate_size > 1, Accelerate's HSDP): shard within
- * groups of consecutive ranks, replicate across them. The group is dp_shard_size where set (or the
+ * groups of consecutive (data-parallel) ranks, replicate across them. The group is dp_shard_size where set (or the
  * world over dp_replicate_size), else the processes of a machine. Without either, dp_shard_size
  * (Accelerate's FSDP over dp_shard_size processes) must be every process. */
 static ca_status hybrid_groups(ca_accelerator *acc, bool hybrid, const char *key, const char *v) {
     ca_zero *z = &acc->zero;
     int64_t shard = 1, rep = 1;
+    int world = dp_world(acc);
     ca_config_get_int(acc->cfg, DP_SHARD, &shard);
     ca_config_get_int(acc->cfg, DP_REPLICATE, &rep);
     if (!hybrid && rep <= 1) {
-        if (shard > 1 && shard != acc->world)
-            return ca_error(CA_ERR_CONFIG, "%s: %s = %lld: %d processes are not one shard group of %lld; with "
+        if (shard > 1 && shard != world)
+            return ca_error(CA_ERR_CONFIG, "%s: %s = %lld: %d %sprocesses are not one shard group of %lld; with "
                             "parallelism_config_dp_replicate_size 1 the shard group is every process (Accelerate "
                             "requires dp_replicate_size x dp_shard_size = the number of processes)",
-                            ca_config_origin(acc->cfg, DP_SHARD), DP_SHARD, (long long)shard, acc->world,
-                            (long long)shard);
+                            ca_config_origin(acc->cfg, DP_SHARD), DP_SHARD, (long long)shard, world,
+                            world < acc->world ? "data-parallel " : "", (long long)shard);
         return CA_OK;
     }
     const char *how = "the processes of one machine (the launcher's local world size)";
-    int64_t g = acc->local_world > 0 ? acc->local_world : acc->world;
+    int64_t g = acc->local_world > 0 && world == acc->world ? acc->local_world : world;
     if (shard > 1) {
         g = shard;
         how = ca_config_origin(acc->cfg, DP_SHARD);
     } else if (rep > 1) {
-        g = acc->world / rep;
+        g = world / rep;
         how = ca_config_origin(acc->cfg, DP_REPLICATE);
     }
-    if (g < 1 || acc->world % g || (rep > 1 && g * rep != acc->world))
-        return ca_error(CA_ERR_CONFIG, "%s: %s = %s: %d processes do not split into shard groups of %lld (from %s)%s",
-                        z->origin, key, v, acc->world, (long long)g, how,
+    if (g < 1 || world % g || (rep > 1 && g * rep != world))
+        return ca_error(CA_ERR_CONFIG, "%s: %s = %s: %d %sprocesses do not split into shard groups of %lld (from %s)%s",
+                        z->origin, key, v, world, world < acc->world ? "data-parallel " : "", (long long)g, how,
                         rep > 1 ? "; dp_shard_size x dp_replicate_size must be the number of processes" : "");
-    z->group_size = g < acc->world ? (int)g : 0;   /* one group: plain sharding */
+    z->group_size = g < world ? (int)g : 0;   /* one group: plain sharding */
     return CA_OK;
 }
 

@@ -4,6 +4,7 @@
  * ca_merge_weights turns such a checkpoint into one model.safetensors. */
 #include "accelerator/accelerator_impl.h"
 #include "accelerator/checkpoint_impl.h"
+#include "accelerator/mesh_impl.h"
 #include "tensor/safetensors_impl.h"
 #include "core/json_impl.h"
 
@@ -476,6 +477,12 @@ ca_status ca_zero_check_shard(ca_accelerator *acc, const char *dir, const ca_sta
     zs_index ix;
     ca_zero_load_free(acc);
     ca_status s = read_index(dir, &ix);
+    if (s == CA_OK && acc->mesh)   /* its shards are of whole parameters, this run's of tp slices */
+        s = ca_error(CA_ERR_UNSUPPORTED, "load_state: %s holds a sharded state dict; loading one under tensor "
+                     "parallelism (parallelism_config_tp_size %d, from %s) is not supported yet: merge its weights "
+                     "first (caccel merge-weights) or save it as FULL_STATE_DICT", dir,
+                     acc->mesh->shape.size[CA_MESH_TP],
+                     ca_config_origin(acc->cfg, "parallelism_config.parallelism_config_tp_size"));
     if (s == CA_OK && !z->stage)
         s = ca_error(CA_ERR_INVALID, "load_state: %s holds a sharded state dict: load it under sharded data "
                      "parallelism, or merge its weights first (caccel merge-weights)", dir);
@@ -504,7 +511,8 @@ static const ca_zero_seg *seg_of(const ca_zero *z, const ca_tensor *param) {
  * the parameters (whole on every rank: rank 0 may read and broadcast them); stage 3 when its
  * parameters load lean too (not summoned: a summoned load gathers, then scatters the full state). */
 bool ca_zero_loads_state_lean(const ca_accelerator *acc) {
-    if (!acc || !acc->model || acc->zero.stage < 1) return false;
+    /* tensor parallelism: the files hold whole tensors, the shard slices of them (the state gathers first) */
+    if (!acc || !acc->model || acc->zero.stage < 1 || acc->mesh) return false;
     if (acc->zero.stage == 3) return ca_zero3_loads_lean(acc);
     bool on = true;
     if (ca_config_get_bool(acc->cfg, "fsdp_config.fsdp_cpu_ram_efficient_loading", &on) != CA_OK) ca_clear_error();

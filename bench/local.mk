@@ -21,6 +21,7 @@ include bench/tokenizer.mk
 include bench/load_rss.mk
 include bench/memory.mk
 include bench/tp.mk
+include bench/tp_zero.mk
 
 # Builds every benchmark without running one (tools/test.sh does, so they keep compiling).
 .PHONY: bench-build

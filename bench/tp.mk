@@ -2,7 +2,7 @@
 # example: tokens/s, peak RSS per rank and each communicator's bytes per step against the plan's formula,
 # and PyTorch's parallelize_module as the peer (`make bench-tp`). BENCH_TP_ARGS passes e.g.
 # "--reps 3 --steps 6 --shapes default,wide --no-torch"; CACCEL_BENCH_PYTHON picks the python with torch.
-EXTRA_DIST += bench/run_tp.sh bench/tp_report.py bench/peers/torch_tp_gpt.py
+EXTRA_DIST += bench/run_tp.sh bench/tp_report.py bench/bench_runs.py bench/peers/torch_tp_gpt.py
 
 .PHONY: bench-tp
 bench: bench-tp

@@ -2,7 +2,8 @@
 and tp 2 (and the PyTorch peer), and the bytes each communicator moved per step, read from the
 profiler's Chrome traces, beside the tensor-parallel plan's formula.
 usage: tp_report.py --work DIR --shape "L H C T B" --steps N  (DIR: run_tp.sh's rows and trace.* dirs)"""
-import argparse, glob, json, os, re, statistics
+import argparse, os, re
+import bench_runs
 from collections import defaultdict
 
 p = argparse.ArgumentParser()
@@ -14,39 +15,15 @@ L, H, C, T, B = (int(v) for v in a.shape.split())
 MODES = {"1": "1 process", "dp2": "dp 2", "tp2": "tp 2", "torch1": "torch 1 process", "torchtp2": "torch tp 2"}
 
 
-def med(v):
-    return statistics.median(v) if v else float("nan")
-
-
-rows = defaultdict(list)   # mode -> output lines of its timed runs
-for line in open(os.path.join(a.work, "rows"), errors="replace"):
-    m = re.match(r"mode=(\S+) rep=\d+ (.*)", line)
-    if m:
-        rows[m.group(1)].append(m.group(2))
+rows = bench_runs.read_rows(a.work)   # mode -> output lines of its timed runs
 
 
 def rate(mode):
-    """tokens/s: caccel's throughput lines after step 1 (the whole job's figure at 2 processes)."""
-    v = []
-    for s in rows[mode]:
-        m = re.search(r"throughput: step (\d+): [0-9.]+ samples/s, ([0-9.]+) tokens/s", s)
-        if m and int(m.group(1)) >= 2:
-            w = re.search(r"all \d+ processes: [0-9.]+ samples/s, ([0-9.]+) tokens/s", s)
-            v.append(float((w or m).group(1) if w else m.group(2)))
-        t = re.search(r"tokens_per_s=([0-9.]+)", s)
-        if t and "rank=0" in s:
-            v.append(float(t.group(1)))
-    return med(v), len(v)
+    return bench_runs.rate(rows[mode])
 
 
 def rss(mode):
-    """peak RSS per rank, MiB: /usr/bin/time's (caccel) or getrusage's (torch) figure, median over runs."""
-    by = defaultdict(list)
-    for s in rows[mode]:
-        m = re.search(r"peak_rss_kib rank=(\d+) (\d+)", s) or re.search(r"rank=(\d+) .*peak_rss_kib=(\d+)", s)
-        if m:
-            by[int(m.group(1))].append(int(m.group(2)) / 1024)
-    return [med(by[r]) for r in sorted(by)]
+    return bench_runs.rss(rows[mode])
 
 
 print(f"\nGPT {L} x {C} ({H} heads), T {T}, global batch {B} ({B * T} tokens a step); "
@@ -69,21 +46,7 @@ if rate("torchtp2")[1] and rate("tp2")[1]:
 
 
 def trace(mode):
-    """per rank: {(comm, op, bytes): count} and the number of recorded steps"""
-    out = {}
-    for f in sorted(glob.glob(os.path.join(a.work, f"trace.{mode}", "trace_rank*.json"))):
-        d = json.load(open(f))
-        ev = d["traceEvents"] if isinstance(d, dict) else d
-        steps = sum(1 for e in ev if e.get("cat") == "step")
-        c = defaultdict(int)
-        for e in ev:
-            if e.get("cat") == "collective":
-                g = e.get("args", {})
-                # the communicator's name (ca_comm_set_name: "tp", "dp", ...), else its prefix
-                who = g.get("name") or str(g.get("comm"))
-                c[(who, e.get("name"), int(g.get("bytes", 0)))] += 1
-        out[int(re.search(r"rank(\d+)", f).group(1))] = (c, steps)
-    return out
+    return bench_runs.trace(a.work, mode)
 
 
 def params(mode):

@@ -24,3 +24,6 @@ EXTRA_DIST += tests/test_tp.sh
 # A Hugging Face decoder (examples/llm_finetune) split by base_model_tp_plan, full and LoRA, against one process
 TESTS += tests/test_tp_llm.sh
 EXTRA_DIST += tests/test_tp_llm.sh
+# Tensor parallelism x ZeRO / FSDP over the data-parallel ranks (dp_shard): tp_check, GPT and a Llama against one process
+TESTS += tests/test_tp_zero.sh
+EXTRA_DIST += tests/test_tp_zero.sh

@@ -233,8 +233,8 @@ grep -q 'gpt: --n_head 3 is not a multiple of parallelism_config_tp_size 2' "$WO
 note "$be: refusals"
 refused 2 --parallelism_config_tp_size 2 -- --steps 1 -- 'parallelism_config_tp_size 2 (from .*) needs a tensor-parallel plan on the model'
 refused 4 --parallelism_config_tp_size 2 -- --plan --steps 1 -- 'parallelism_config_tp_size 2 (.*) = 2 processes, but the job has 4'
-refused 4 --parallelism_config_tp_size 2 --parallelism_config_dp_shard_size 2 -- --plan --steps 1 -- 'with parallelism_config.parallelism_config_dp_shard_size (from .*): sharded data parallelism over the other ranks is not supported yet'
-refused 2 --parallelism_config_tp_size 2 --use_fsdp -- --plan --steps 1 -- 'with distributed_type (from .*): composition with ZeRO / FSDP is not supported yet'
+# (dp_shard with FSDP / DeepSpeed at tp: tests/test_tp_zero.sh)
+refused 4 --parallelism_config_tp_size 2 --parallelism_config_dp_shard_size 2 -- --plan --steps 1 -- 'with parallelism_config.parallelism_config_dp_shard_size (from .*): sharded data parallelism needs distributed_type FSDP'
 refused 2 --parallelism_config_tp_size 2 -- --plan --bad-plan --steps 1 -- '"act" is a Tanh; caccel splits Linear and Embedding layers only'
 refused 2 --parallelism_config_tp_size 2 -- --mode vocab --vocab-bad colwise -- 'Embedding "wte" can be split "rowwise" only (its vocabulary rows)'
 refused 2 --parallelism_config_tp_size 2 -- --mode vocab --vocab-bad pad -- 'Embedding "wte" has a padding_idx; a rowwise Embedding with one is not supported yet'

@@ -142,12 +142,14 @@ static void dump(ca_accelerator *acc, ca_module *m, const char *path) {
         {"fc1.weight", HID * IN}, {"fc1.bias", HID}, {"fc2.weight", OUT * HID}, {"fc2.bias", OUT},
     };
     FILE *f = path && ca_is_main_process(acc) ? fopen(path, "wb") : NULL;
+    CA_CHECK(ca_summon_full_params(acc, true));   /* stage 3 keeps shards between steps; tp: its slices whole */
     for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) {
         float *h = malloc((size_t)ps[i].n * sizeof(float));
         whole_param(acc, m, ps[i].name, h, ps[i].n);
         if (f) fwrite(h, sizeof(float), (size_t)ps[i].n, f);
         free(h);
     }
+    CA_CHECK(ca_summon_full_params(acc, false));
     if (f) fclose(f);
 }
 
