@@ -30,13 +30,13 @@ static const effect effects[] = {
     {"tp_config.", WARN_IF_SET, "tensor parallelism is not implemented; training is plain data parallel", NULL},
     /* HSDP's groups (accelerator/zero_config.c); a size of 1 asks for nothing */
     {"parallelism_config.parallelism_config_dp_", WARN_IF_CHANGED, NULL, "FSDP"},
-    /* the device mesh (accelerator/mesh.c) acts on it, and with it above 1 on the dp_ sizes */
+    /* the device mesh (accelerator/mesh.c) acts on them, and with it above 1 on the dp_ sizes */
     {"parallelism_config.parallelism_config_tp_size", NEVER_WARN, NULL, NULL},
-    {"parallelism_config.parallelism_config_cp_size", REFUSED, "context parallelism", NULL},
+    {"parallelism_config.parallelism_config_cp_size", NEVER_WARN, NULL, NULL},
     {"parallelism_config.parallelism_config_sp_size", REFUSED, "sequence parallelism", NULL},
     {"parallelism_config.", WARN_IF_CHANGED,
-     "it tunes context or sequence parallelism (parallelism_config_cp_size / sp_size above 1), which caccel does "
-     "not support yet", NULL},
+     "it tunes sequence parallelism (parallelism_config_sp_size above 1) or a context-parallel option caccel does "
+     "not read (context parallelism runs the allgather form)", NULL},
     {"fp8_config.", WARN_IF_SET, "fp8 training is not supported by this build (mixed_precision fp8 is refused)",
      NULL},
     {"dynamo_config.", WARN_IF_CHANGED, "torch.compile has no counterpart in caccel; nothing is compiled", NULL},

@@ -154,7 +154,7 @@ const ca_key_def ca_config_keys[] = {
        "sharded data-parallel size (FSDP's shard group, under FSDP)"),
     KI("parallelism_config.parallelism_config_tp_size", "1", 1, BIG, CL | S,
        "tensor-parallel size: the Linear layers a ca_tp_plan names are split over it (docs/DISTRIBUTED.md)"),
-    KI("parallelism_config.parallelism_config_cp_size", "1", 1, BIG, CL, "context-parallel size (above 1: refused)"),
+    KI("parallelism_config.parallelism_config_cp_size", "1", 1, BIG, CL, "context-parallel size (the sequence split over cp ranks)"),
     KE("parallelism_config.parallelism_config_cp_backend", "torch", v_cp_backend, CL, "context-parallel backend"),
     KE("parallelism_config.parallelism_config_cp_comm_strategy", "allgather", v_cp_comm, CL,
        "context-parallel exchange"),
