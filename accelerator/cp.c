@@ -61,8 +61,9 @@ static ca_status sum_backward(ca_node *n, ca_tensor *g) {
     ca_tensor *all = ca_op_new_like(g);
     if (!all) return ca_last_status();
     g = ca_contiguous(g);
-    if (!g || ca_comm_all_reduce(n->ctx, ca_tptr(g), ca_tptr(all), (size_t)g->numel, g->dtype, CA_OP_SUM, NULL) != CA_OK)
-        return ca_error_context("context parallelism: the loss's gradient");
+    ca_status s = g ? ca_comm_all_reduce(n->ctx, ca_tptr(g), ca_tptr(all), (size_t)g->numel, g->dtype, CA_OP_SUM, NULL)
+                    : ca_last_status();
+    if (s != CA_OK) return ca_error_context("context parallelism: the loss's gradient");
     return ca_op_accumulate_owned(n->in[0], all, 1.0f);
 }
 static const ca_node_vt sum_vt = {"cp_sum", sum_backward};
@@ -139,9 +140,11 @@ static ca_tensor *cp_attention(void *ctx, ca_tensor *q, ca_tensor *k, ca_tensor 
     (void)ctx;
     CA_OP_NULLCHECK2(q, k);
     CA_OP_NULLCHECK1(v);
-    if (!causal || mask)
-        return refuse("only causal attention without a mask is split (a padding or other mask is not yet: its "
-                      "columns would have to follow the keys' chunks)");
+    if (mask)
+        return refuse("attention with a mask (padding) is not split yet (its columns would have to follow the keys' "
+                      "chunks); context parallelism takes causal attention without one");
+    if (!causal)
+        return refuse("non-causal attention is not split yet (the load-balanced chunks serve a causal mask)");
     if (dropout_p > 0)
         return refuse("attention dropout is not supported yet (its random draws could not match one process's); "
                       "set the attention dropout to 0");
@@ -173,6 +176,9 @@ static ca_tensor *cp_attention(void *ctx, ca_tensor *q, ca_tensor *k, ca_tensor 
 
 static ca_status split_check(ca_tensor **buffers, const int *seq_dims, int n, int cp, int64_t *seq) {
     *seq = -1;
+    if (n < 1)
+        return ca_error(CA_ERR_INVALID, "ca_maybe_context_parallel: no buffers (the sequence's length is read from "
+                        "them)");
     for (int i = 0; i < n; i++) {
         const ca_tensor *b = buffers[i];
         int d = seq_dims[i];
@@ -200,7 +206,7 @@ static ca_tensor *split_one(ca_tensor *x, int d, int r, int cp) {
 }
 
 ca_status ca_maybe_context_parallel(ca_accelerator *acc, int n, ca_tensor **buffers, const int *seq_dims) {
-    if (!acc || n < 0 || (n > 0 && (!buffers || !seq_dims)))
+    if (!acc || n < 1 || !buffers || !seq_dims)
         return ca_error(CA_ERR_INVALID, "ca_maybe_context_parallel: accelerator, buffers and their sequence "
                         "dimensions are required");
     if (!acc->mesh || acc->mesh->shape.size[CA_MESH_CP] <= 1) return CA_OK;

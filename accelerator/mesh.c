@@ -4,6 +4,7 @@
 #include "accelerator/accelerator_impl.h"
 #include "accelerator/mesh_impl.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -27,6 +28,12 @@ static const char *mesh_why(const ca_accelerator *acc, const ca_mesh_shape *m, b
     if (st->distributed_type == CA_DIST_XLA) {
         snprintf(why, sizeof why, "the lazy device does not run %s parallelism yet", what);
         return why;
+    }
+    const char *strategy = ca_config_get(acc->cfg, "parallelism_config.parallelism_config_cp_comm_strategy");
+    if (!tp && strategy && strcmp(strategy, "allgather") != 0) {
+        *key = "parallelism_config.parallelism_config_cp_comm_strategy";
+        return "context parallelism exchanges keys and values by all-gather only (alltoall, Ulysses' head "
+               "exchange, is not supported yet)";
     }
     if (!tp && !ca_device_is_host(acc->device)) {
         *key = "use_cpu";
@@ -104,6 +111,7 @@ ca_status ca_mesh_setup(ca_accelerator *acc) {
 void ca_mesh_free(ca_accelerator *acc) {
     ca_mesh *m = acc->mesh;
     if (!m) return;
+    ca_context_parallel_end(acc);   /* a split left open: its communicator goes */
     for (int d = CA_MESH_DP_CP; d >= 0; d--) ca_comm_destroy(m->comm[d]);
     free(m);
     acc->mesh = NULL;

@@ -153,10 +153,11 @@ static bool vocab_split(const ca_module *m) {
 }
 
 ca_tensor *ca_embedding_attend(ca_module *embedding, ca_tensor *x) {
-    if (!embedding || !x || embedding->nparams < 1) {
-        ca_error(CA_ERR_INVALID, "ca_embedding_attend: an Embedding module and an input are required");
+    if (!embedding || embedding->nparams < 1) {
+        ca_error(CA_ERR_INVALID, "ca_embedding_attend: an Embedding module is required");
         return NULL;
     }
+    if (!x) return NULL;   /* a failed input: its error stays the one reported */
     ca_tensor *w = embedding->params[0];
     if (embedding->forward != vocab_embedding_forward) return ca_linear(x, w, NULL);
     if (!embedding->ctx) return no_comm(embedding);

@@ -131,12 +131,13 @@ static void why_text(const ca_config *c, const effect *e, const char *key, char 
     }
 }
 
-/* With tensor parallelism (tp_size above 1) the device mesh lays the ranks out by the data-parallel sizes too
- * (accelerator/mesh.c), whatever the distributed_type. */
+/* With tensor or context parallelism (tp_size or cp_size above 1) the device mesh lays the ranks out by the
+ * data-parallel sizes too (accelerator/mesh.c), whatever the distributed_type. */
 static bool mesh_acts_on(const ca_config *c, const char *key) {
     if (strncmp(key, "parallelism_config.parallelism_config_dp_", 41) != 0) return false;
     const char *tp = ca_config_get(c, "parallelism_config.parallelism_config_tp_size");
-    return tp && atoll(tp) > 1;
+    const char *cp = ca_config_get(c, "parallelism_config.parallelism_config_cp_size");
+    return (tp && atoll(tp) > 1) || (cp && atoll(cp) > 1);
 }
 
 ca_status ca_config_warn_ignored(const ca_config *c, int *nwarned) {

@@ -220,8 +220,9 @@ int main(int argc, char **argv) {
     CA_CHECK(ca_set_seed(acc, 7));   /* the same q, k, v on every rank */
     int rc = 0;
     CA_SCOPE {
-        rc = strcmp(mode, "loss") == 0 ? loss_check(acc) : strcmp(mode, "refuse") == 0 ? refuse_check(acc)
-                                                                                       : attention_check(acc, with_central);
+        if (strcmp(mode, "loss") == 0) rc = loss_check(acc);
+        else if (strcmp(mode, "refuse") == 0) rc = refuse_check(acc);
+        else rc = attention_check(acc, with_central);
     }
     CA_CHECK(ca_wait_for_everyone(acc));
     ca_accelerator_destroy(acc);

@@ -158,9 +158,11 @@ CA_API ca_comm *ca_mesh_comm(ca_accelerator *acc, const char *dim);
  * backward) and ca_tp_cross_entropy means over the tokens of every cp rank. Positions must be split with
  * the ids: learned position and rotary embeddings take the global positions. Collective over cp (every
  * cp rank reads the same batch and calls it); the forward and backward in between too. A no-op at cp 1.
- * CA_ERR_INVALID for NULL arguments, a missing dimension, buffers of different lengths, or a length that
- * is not a multiple of 2 cp; CA_ERR_STATE when the thread's batch is split already. Attention with a mask,
- * non-causal or with dropout is refused (CA_ERR_UNSUPPORTED) in between. */
+ * (ca_cross_entropy inside the split is this rank's mean: averaged over the ranks it is one process's
+ * only when every rank counts the same labels.) CA_ERR_INVALID for NULL arguments or none (n < 1), a
+ * missing dimension, buffers of different lengths, or a length that is not a multiple of 2 cp;
+ * CA_ERR_STATE when the thread's batch is split already. Attention with a mask, non-causal or with
+ * dropout is refused (CA_ERR_UNSUPPORTED) in between. */
 CA_API ca_status ca_maybe_context_parallel(ca_accelerator *acc, int n, ca_tensor **buffers, const int *seq_dims);
 /* Ends the calling thread's split (after its backward): attention and the loss are one rank's again. */
 CA_API void ca_context_parallel_end(ca_accelerator *acc);

@@ -160,7 +160,8 @@ CA_API int ca_tp_plan_match(const ca_module *m, const char *name, int *parts);
 /* The logits of x [..., D] against an Embedding's rows, x weight^T -> [..., V]: an output layer tied to the
  * embedding (GPT-2's). When the plan split the embedding rowwise, this rank's vocabulary slice
  * [..., V / tp_size] (x's gradient all-reduced over tp): pass it to ca_tp_cross_entropy with the same module.
- * NULL with CA_ERR_INVALID for a NULL argument; an op (ops.h) otherwise. */
+ * NULL with CA_ERR_INVALID for a NULL embedding; a NULL x passes through (the error that made it stays
+ * the last); an op (ops.h) otherwise. */
 CA_API ca_tensor *ca_embedding_attend(ca_module *embedding, ca_tensor *x);
 /* ca_cross_entropy (mean over the labels that are not -100) of the logits that output layer `head` gave.
  * When the plan split head over tp (a colwise Linear, or a rowwise Embedding through ca_embedding_attend),
