@@ -182,4 +182,8 @@ refused 4 --parallelism_config_cp_size 2 --parallelism_config_dp_shard_size 2 --
 refused 2 --parallelism_config_cp_size 2 --parallelism_config_cp_comm_strategy alltoall -- $TINY -- 'by all-gather only (alltoall, Ulysses'"'"' head exchange, is not supported yet)'
 # shellcheck disable=SC2086
 refused 4 --parallelism_config_cp_size 2 -- $TINY -- 'parallelism_config_cp_size 2 (.*) x parallelism_config_tp_size 1 (default) = 2 processes, but the job has 4'
+# the lazy device (--tpu: distributed_type XLA), without ACCELERATE_USE_CPU, which would contradict it
+# shellcheck disable=SC2086
+(unset ACCELERATE_USE_CPU; refused 2 --parallelism_config_cp_size 2 --tpu -- $TINY -- 'parallelism_config_cp_size 2 (from .*) with distributed_type (from .*): the lazy device does not run context parallelism yet') ||
+    exit 1
 echo "PASS"
