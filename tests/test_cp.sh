@@ -96,6 +96,18 @@ for be in $backends; do
 done
 
 be=${backends%% *}
+note "$be: the GPT example at cp 2 with --gradient_checkpointing (the blocks recompute their split attention in backward) == one process"
+# shellcheck disable=SC2086
+"$GPT" $SMALL --batch_size 8 --max_steps 3 --gradient_checkpointing > "$WORK/c1" 2>&1 || { cat "$WORK/c1"; fail "checkpointing, 1 rank"; }
+# shellcheck disable=SC2086
+PROG="$GPT" tlaunch 2 "$be" --parallelism_config_cp_size 2 -- $SMALL --batch_size 8 --max_steps 3 --gradient_checkpointing \
+    > "$WORK/c2" 2>&1 || { cat "$WORK/c2"; fail "gpt cp 2 checkpointing"; }
+count 1 'gradient checkpointing: 2 blocks recompute' "$WORK/c2"
+gpt_lines "$WORK/c1" > "$WORK/c1.l"
+gpt_lines "$WORK/c2" > "$WORK/c2.l"
+[ "$(grep -c '^step' "$WORK/c1.l")" -ge 4 ] || { cat "$WORK/c1"; fail "no loss lines"; }
+cmp -s "$WORK/c1.l" "$WORK/c2.l" || { diff "$WORK/c1.l" "$WORK/c2.l"; fail "checkpointed blocks at cp 2 differ from one process"; }
+
 note "$be: the GPT example at cp 2 x tp 2 on 4 ranks (each rank: 16 tokens, one head, half the vocabulary) == one process"
 rm -rf "$WORK/go4"
 # shellcheck disable=SC2086
