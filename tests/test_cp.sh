@@ -14,19 +14,11 @@ need_caccel
 CP="$BUILD/tests/cp_check"
 GPT="$BUILD/examples/gpt"
 export OPENBLAS_NUM_THREADS=1 ACCELERATE_USE_CPU=true CACCEL_LOG_LEVEL=info
-LAUNCH_FLAGS=""
+# shellcheck disable=SC2034
+LAUNCH_FLAGS=""   # read by launch: ACCELERATE_USE_CPU chooses the device
 
-# tlaunch NP BACKEND FLAGS -- ARGS...: $PROG with the configuration flags to caccel launch (Gloo) or to the
-# program (mpirun), so that both spellings are exercised
-tlaunch() {
-    np=$1 be=$2; shift 2
-    flags=""
-    while [ "$1" != "--" ]; do flags="$flags $1"; shift; done
-    shift
-    # shellcheck disable=SC2086
-    if [ "$be" = mpi ]; then launch "$np" "$be" "${PROG:-$CP}" "$@" $flags
-    else launch "$np" "$be" $flags "${PROG:-$CP}" "$@"; fi
-}
+# tlaunch NP BACKEND FLAGS -- ARGS...: $PROG (default cp_check) through mesh_launch (dist/lib.sh)
+tlaunch() { tl_np=$1 tl_be=$2; shift 2; mesh_launch "$tl_np" "$tl_be" "${PROG:-$CP}" "$@"; }
 train_backends
 
 note "cp 1: ca_maybe_context_parallel leaves the batch whole, the attention and loss are one process's"
@@ -166,36 +158,29 @@ if [ -f "$gpl" ]; then
     done
 fi
 
-# refused NP FLAGS -- ARGS -- PATTERN: the run fails with a message matching PATTERN
+# refused NP PATTERN FLAGS -- ARGS...: the GPT example fails with a message matching PATTERN
 refused() {
-    np=$1; shift
-    flags=""
-    while [ "$1" != "--" ]; do flags="$flags $1"; shift; done
-    shift
-    args=""
-    while [ "$1" != "--" ]; do args="$args $1"; shift; done
-    shift
-    # shellcheck disable=SC2086
-    if PROG="$GPT" tlaunch "$np" "$be" $flags -- $args > "$WORK/r" 2>&1; then cat "$WORK/r"; fail "accepted: $flags $args"; fi
-    grep -q -- "$1" "$WORK/r" || { cat "$WORK/r"; fail "no message '$1' for: $flags $args"; }
-    echo "  refused: $flags $args"
+    rf_np=$1 rf_pat=$2; shift 2
+    if PROG="$GPT" tlaunch "$rf_np" "$be" "$@" > "$WORK/r" 2>&1; then cat "$WORK/r"; fail "accepted: $*"; fi
+    grep -q -- "$rf_pat" "$WORK/r" || { cat "$WORK/r"; fail "no message '$rf_pat' for: $*"; }
+    echo "  refused: $*"
 }
 note "$be: refusals"
 TINY="--n_layer 1 --n_head 2 --n_embd 32 --max_steps 1 --eval_samples 4"
 # shellcheck disable=SC2086
-refused 2 --parallelism_config_cp_size 2 -- $TINY --block_size 30 -- 'a sequence of 30 tokens does not split into 2 x parallelism_config_cp_size = 4 equal chunks'
+refused 2 'a sequence of 30 tokens does not split into 2 x parallelism_config_cp_size = 4 equal chunks' --parallelism_config_cp_size 2 -- $TINY --block_size 30
 # shellcheck disable=SC2086
-refused 2 --parallelism_config_cp_size 2 -- $TINY --dropout 0.1 -- 'attention dropout is not supported yet'
+refused 2 'attention dropout is not supported yet' --parallelism_config_cp_size 2 -- $TINY --dropout 0.1
 # shellcheck disable=SC2086
-refused 2 --parallelism_config_cp_size 2 --use_fsdp -- $TINY -- 'parallelism_config_cp_size 2 (from .*) with distributed_type (from .*): composition with ZeRO / FSDP is not supported yet'
+refused 2 'parallelism_config_cp_size 2 (from .*) with distributed_type (from .*): composition with ZeRO / FSDP is not supported yet' --parallelism_config_cp_size 2 --use_fsdp -- $TINY
 # shellcheck disable=SC2086
-refused 4 --parallelism_config_cp_size 2 --parallelism_config_dp_shard_size 2 -- $TINY -- 'parallelism_config_cp_size 2 (from .*) with parallelism_config.parallelism_config_dp_shard_size (from .*): sharded data parallelism'
+refused 4 'parallelism_config_cp_size 2 (from .*) with parallelism_config.parallelism_config_dp_shard_size (from .*): sharded data parallelism' --parallelism_config_cp_size 2 --parallelism_config_dp_shard_size 2 -- $TINY
 # shellcheck disable=SC2086
-refused 2 --parallelism_config_cp_size 2 --parallelism_config_cp_comm_strategy alltoall -- $TINY -- 'by all-gather only (alltoall, Ulysses'"'"' head exchange, is not supported yet)'
+refused 2 'by all-gather only (alltoall, Ulysses'"'"' head exchange, is not supported yet)' --parallelism_config_cp_size 2 --parallelism_config_cp_comm_strategy alltoall -- $TINY
 # shellcheck disable=SC2086
-refused 4 --parallelism_config_cp_size 2 -- $TINY -- 'parallelism_config_cp_size 2 (.*) x parallelism_config_tp_size 1 (default) = 2 processes, but the job has 4'
+refused 4 'parallelism_config_cp_size 2 (.*) x parallelism_config_tp_size 1 (default) = 2 processes, but the job has 4' --parallelism_config_cp_size 2 -- $TINY
 # the lazy device (--tpu: distributed_type XLA), without ACCELERATE_USE_CPU, which would contradict it
 # shellcheck disable=SC2086
-(unset ACCELERATE_USE_CPU; refused 2 --parallelism_config_cp_size 2 --tpu -- $TINY -- 'parallelism_config_cp_size 2 (from .*) with distributed_type (from .*): the lazy device does not run context parallelism yet') ||
+(unset ACCELERATE_USE_CPU; refused 2 'parallelism_config_cp_size 2 (from .*) with distributed_type (from .*): the lazy device does not run context parallelism yet' --parallelism_config_cp_size 2 --tpu -- $TINY) ||
     exit 1
 echo "PASS"
