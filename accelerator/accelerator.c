@@ -445,9 +445,12 @@ static ca_status prepare_extra_model(ca_accelerator *acc, ca_module *m) {
         if (acc->extra[i] == m) return CA_OK;
     const ca_sync_strategy *ops = acc->sync_ops;
     if (acc->mesh)
-        return ca_error(CA_ERR_UNSUPPORTED, "ca_prepare: tensor parallelism (parallelism_config_tp_size %d, from %s) "
-                        "takes one model per accelerator (not yet several)", acc->mesh->shape.size[CA_MESH_TP],
-                        ca_config_origin(acc->cfg, "parallelism_config.parallelism_config_tp_size"));
+        return ca_error(CA_ERR_UNSUPPORTED, "ca_prepare: the device mesh (parallelism_config_tp_size %d, from %s; "
+                        "cp_size %d, from %s) takes one model per accelerator (not yet several)",
+                        acc->mesh->shape.size[CA_MESH_TP],
+                        ca_config_origin(acc->cfg, "parallelism_config.parallelism_config_tp_size"),
+                        acc->mesh->shape.size[CA_MESH_CP],
+                        ca_config_origin(acc->cfg, "parallelism_config.parallelism_config_cp_size"));
     if (!ops->prepare_extra_model || acc->joining) {   /* refused: the strategy takes one model */
         const char *key = ops->prepare_extra_model ? "distributed_type" : ops->key;
         return ca_error(CA_ERR_UNSUPPORTED, "ca_prepare: several models need plain data parallelism; %s (from %s) "

@@ -13,11 +13,17 @@ typedef struct ca_tp_whole {
     bool grad_defined;
 } ca_tp_whole;
 
+/* comm[CA_MESH_DP_CP]: under context parallelism, the ranks of the same tp coordinate (Accelerate's
+ * "dp_cp"), over which gradients average: the cp ranks hold the same parameters and each saw part of
+ * every sequence. */
+#define CA_MESH_DP_CP (CA_MESH_NDIMS + 1)
+
 typedef struct ca_mesh {
     ca_mesh_shape shape;
     int coord[CA_MESH_NDIMS];          /* this rank's */
-    ca_comm *comm[CA_MESH_NDIMS + 1];  /* one per dimension, and [CA_MESH_NDIMS] "dp": the data-parallel
-                                        * ranks (same cp and tp coordinates), over which gradients average */
+    ca_comm *comm[CA_MESH_NDIMS + 2];  /* one per dimension, [CA_MESH_NDIMS] "dp": the data-parallel ranks
+                                        * (same cp and tp coordinates), which read different batches, and
+                                        * [CA_MESH_DP_CP] (NULL at cp 1) */
     int ntp;                           /* Linear modules made tensor-parallel at prepare */
     ca_module **tp;
     ca_forward_fn *tp_plain;           /* each one's forward before the split (ca_summon_full_params runs it) */
@@ -28,12 +34,15 @@ typedef struct ca_mesh {
     int nwhole;
 } ca_mesh;
 
-/* Makes acc->mesh when parallelism_config_tp_size is above 1 (collective: after the process group),
- * refusing what does not compose with it yet; nothing otherwise. */
+/* Makes acc->mesh when parallelism_config_tp_size or cp_size is above 1 (collective: after the process
+ * group), refusing what does not compose with them yet; nothing otherwise. */
 ca_status ca_mesh_setup(ca_accelerator *acc);
 void ca_mesh_free(ca_accelerator *acc);
-/* Where gradients are averaged: the mesh's dp communicator, or the whole process group. */
+/* Where gradients are averaged: the mesh's dp_cp communicator under context parallelism, else its dp
+ * one, or the whole process group. */
 ca_comm *ca_mesh_grad_comm(const ca_accelerator *acc);
+/* The ranks that read different batches: the mesh's dp communicator, or the whole process group. */
+ca_comm *ca_mesh_data_comm(const ca_accelerator *acc);
 /* This rank's data shard: its place among the data-parallel ranks (the tp ranks of a group read the
  * same batches). */
 void ca_mesh_data_rank(const ca_accelerator *acc, int *rank, int *world);
@@ -60,5 +69,13 @@ void ca_tp_set_plain(ca_accelerator *acc, bool plain);
 ca_status ca_tp_apply(ca_accelerator *acc, ca_module *m);
 /* The accelerator goes: its tensor-parallel modules can no longer run (their communicator is gone). */
 void ca_tp_release(ca_accelerator *acc);
+
+/* Context parallelism (cp.c). Whether ca_maybe_context_parallel has split the calling thread's batch. */
+bool ca_cp_active(void);
+/* sum / counted: a mean over the labels; under the split, over every cp rank's (both reduced over cp: the
+ * loss of one process on the whole sequence, backward scaled for dp_cp's average). */
+ca_tensor *ca_cp_mean(ca_tensor *sum, int64_t counted);
+/* ca_cross_entropy (mean over the labels that are not -100) through ca_cp_mean. */
+ca_tensor *ca_cp_cross_entropy(ca_tensor *logits, ca_tensor *labels);
 
 #endif

@@ -77,7 +77,7 @@ ca_tensor *ca_gather(ca_accelerator *acc, ca_tensor *t) { return gather_over(acc
 /* Over the data-parallel ranks: under tensor parallelism the ranks of a tp group hold the same batch,
  * and the metrics count each sample once (mesh.c's dp communicator; the whole group without a mesh). */
 ca_tensor *ca_gather_for_metrics(ca_accelerator *acc, ca_tensor *t, const ca_batch *b) {
-    ca_comm *dp = ca_mesh_grad_comm(acc);
+    ca_comm *dp = ca_mesh_data_comm(acc);
     ca_tensor *all = gather_over(dp, t);
     if (!all || !b) return all;
     /* padding repeats samples at the end of the global order, which is rank order */

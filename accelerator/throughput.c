@@ -256,8 +256,9 @@ static ca_status world_totals(ca_accelerator *acc, ca_throughput *r) {
         ca_status s = ca_comm_all_reduce(acc->comm, v, v, 5, CA_F32, CA_OP_SUM, NULL);
         if (s != CA_OK) return ca_error_context("throughput: summing the interval over %d processes", r->world);
     }
-    /* the ranks of a tensor-parallel group work on the same samples: counted once (FLOPs add up) */
-    double tp = acc->mesh ? acc->mesh->shape.size[CA_MESH_TP] : 1;
+    /* the ranks of a tensor- or context-parallel group work on the same samples: counted once (FLOPs add
+     * up) */
+    double tp = acc->mesh ? acc->mesh->shape.size[CA_MESH_TP] * acc->mesh->shape.size[CA_MESH_CP] : 1;
     r->world_samples_per_s = r->world > 1 ? v[0] / tp : r->samples_per_s;
     r->world_tokens_per_s = r->world > 1 ? v[1] / tp : r->tokens_per_s;
     r->world_flops_per_s = r->world > 1 ? v[2] : r->flops_per_s;

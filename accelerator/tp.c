@@ -153,10 +153,11 @@ static bool vocab_split(const ca_module *m) {
 }
 
 ca_tensor *ca_embedding_attend(ca_module *embedding, ca_tensor *x) {
-    if (!embedding || !x || embedding->nparams < 1) {
-        ca_error(CA_ERR_INVALID, "ca_embedding_attend: an Embedding module and an input are required");
+    if (!embedding || embedding->nparams < 1) {
+        ca_error(CA_ERR_INVALID, "ca_embedding_attend: an Embedding module is required");
         return NULL;
     }
+    if (!x) return NULL;   /* a failed input: its error stays the one reported */
     ca_tensor *w = embedding->params[0];
     if (embedding->forward != vocab_embedding_forward) return ca_linear(x, w, NULL);
     if (!embedding->ctx) return no_comm(embedding);
@@ -191,7 +192,7 @@ static ca_tensor *vocab_cross_entropy(ca_comm *tp, ca_tensor *logits, ca_tensor 
     ca_tensor *t = ca_masked_fill(ca_gather_dim(z, 1, ca_reshape(v.local, CA_SHAPE(n, 1))), v.outside, 0.0);
     t = tp_reduce_what(t, tp, "vocabulary-parallel cross-entropy: the labels' logits");
     ca_tensor *per = ca_masked_fill(ca_sub(ca_log(sum), t), v.ignored, 0.0);
-    return ca_mul_scalar(ca_sum(per), 1.0 / (double)v.counted);   /* none counted: NaN, as torch's mean */
+    return ca_cp_mean(ca_sum(per), v.counted);   /* over the cp ranks' labels too */
 }
 
 ca_tensor *ca_tp_cross_entropy(const ca_module *head, ca_tensor *logits, ca_tensor *labels) {
@@ -199,7 +200,7 @@ ca_tensor *ca_tp_cross_entropy(const ca_module *head, ca_tensor *logits, ca_tens
         if (!head) ca_error(CA_ERR_INVALID, "ca_tp_cross_entropy: the output layer is NULL");
         return NULL;
     }
-    if (!vocab_split(head)) return ca_cross_entropy(logits, labels);
+    if (!vocab_split(head)) return ca_cp_active() ? ca_cp_cross_entropy(logits, labels) : ca_cross_entropy(logits, labels);
     if (!head->ctx) return no_comm((ca_module *)head);
     int64_t rows = head->params[0]->shape[0], cols = logits->ndim ? logits->shape[logits->ndim - 1] : 0;
     if (cols != rows || logits->numel / (cols ? cols : 1) != labels->numel) {
@@ -333,7 +334,7 @@ static ca_status tp_visit(tp_walk *w, ca_module *mod, const char *prefix) {
 }
 
 ca_status ca_tp_apply(ca_accelerator *acc, ca_module *m) {
-    if (!acc->mesh) return CA_OK;
+    if (!acc->mesh || acc->mesh->shape.size[CA_MESH_TP] <= 1) return CA_OK;   /* context parallelism alone */
     const char *tpo = ca_config_origin(acc->cfg, "parallelism_config.parallelism_config_tp_size");
     int tp = acc->mesh->shape.size[CA_MESH_TP];
     if (m->tp_prepare && m->tp_prepare(m, tp) != CA_OK)   /* the model's own plan (base_model_tp_plan) */

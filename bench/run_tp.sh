@@ -2,7 +2,9 @@
 # Tensor parallelism against data parallelism and one process: examples/gpt trained on the same global
 # batch at 1 process, dp 2 (2 processes, plain data parallel) and tp 2 (2 processes,
 # parallelism_config_tp_size 2: c_attn colwise fused, attn c_proj rowwise, mlp c_fc colwise, mlp c_proj
-# rowwise), under caccel launch (Gloo), 1 thread a process; alternating, medians of REPS runs. Prints
+# rowwise) and, with --modes naming it, cp 2 (2 processes, parallelism_config_cp_size 2: each rank 128 of
+# every 256 tokens, keys and values all-gathered), under caccel launch (Gloo), 1 thread a process;
+# alternating, medians of REPS runs. Prints
 #   (a) tokens/s (the accelerator's throughput line, log_interval 1: the whole job's rate, a tp group's
 #       batch counted once; median of the steps after the first) and the step time it gives,
 #   (b) each rank's peak resident memory (/usr/bin/time %M around every rank),
@@ -17,12 +19,13 @@
 #   default  6 layers x 384 channels, 6 heads, T 256, B 8 (bench/run_transformer.sh's larger GPT shape)
 #   wide     2 layers x 1024 channels, 8 heads, T 128, B 8
 #   tiny     2 layers x 64 channels, 2 heads, T 32, B 8 (a check of the script, in seconds)
-# usage: run_tp.sh --gpt PATH --caccel PATH [--reps N] [--steps N] [--shapes default,wide] [--no-torch]
+# usage: run_tp.sh --gpt PATH --caccel PATH [--reps N] [--steps N] [--shapes default,wide] [--modes 1,dp2,tp2,cp2]
+#                  [--no-torch]
 # Environment: CACCEL_BENCH_PYTHON (else TORCH_PYTHON, else python3): the interpreter with torch >= 2.2
 # for the peer; CACCEL_FORTUNES_DIR (the example's corpus).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-gpt="" caccel="" reps=3 steps=6 shapes=default,wide peer=1
+gpt="" caccel="" reps=3 steps=6 shapes=default,wide peer=1 modes=1,dp2,tp2
 while [ $# -gt 0 ]; do
     case $1 in
         --gpt) gpt=$2; shift 2 ;;
@@ -30,6 +33,7 @@ while [ $# -gt 0 ]; do
         --reps) reps=$2; shift 2 ;;
         --steps) steps=$2; shift 2 ;;
         --shapes) shapes=$2; shift 2 ;;
+        --modes) modes=$2; shift 2 ;;
         --no-torch) peer=0; shift ;;
         *) echo "run_tp.sh: unknown argument $1" >&2; exit 2 ;;
     esac
@@ -50,13 +54,15 @@ printf '#!/bin/sh\nexec /usr/bin/time -f "peak_rss_kib rank=${RANK:-0} %%M" "$@"
 chmod +x "$work/rss"
 echo "# $(date -u +%Y-%m-%dT%H:%MZ) $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(getconf _NPROCESSORS_ONLN) CPUs, 1 thread a process, $reps repetitions, $steps steps a run$([ $peer = 1 ] && echo "; torch $("$py" -c 'import torch; print(torch.__version__)')")"
 
-# run MODE OUT ARGS...: the example at MODE (1, dp2, tp2), every rank under the RSS wrapper
+# run MODE OUT ARGS...: the example at MODE (1, dp2, tp2, cp2), every rank under the RSS wrapper
 run() {
     local mode=$1 out=$2; shift 2
     case $mode in
         1) "$work/rss" "$gpt" "$@" > "$out" 2>&1 ;;
         dp2) "$caccel" launch --num_processes 2 --cpu --backend gloo -q "$work/rss" "$gpt" "$@" > "$out" 2>&1 ;;
         tp2) "$caccel" launch --num_processes 2 --cpu --backend gloo --parallelism_config_tp_size 2 -q \
+                 "$work/rss" "$gpt" "$@" > "$out" 2>&1 ;;
+        cp2) "$caccel" launch --num_processes 2 --cpu --backend gloo --parallelism_config_cp_size 2 -q \
                  "$work/rss" "$gpt" "$@" > "$out" 2>&1 ;;
     esac || { tail -20 "$out" >&2; echo "run_tp.sh: the $mode run failed" >&2; return 1; }
 }
@@ -72,8 +78,8 @@ for shape in ${shapes//,/ }; do
             --eval_interval 0 --eval_samples $B --sample_tokens 0 --dropout 0"
     : > "$work/rows"
     for r in $(seq "$reps"); do
-        for mode in 1 dp2 tp2; do
-            b=$B; [ $mode = dp2 ] && b=$((B / 2))   # a tp group reads one batch; dp ranks each their half
+        for mode in ${modes//,/ }; do
+            b=$B; [ $mode = dp2 ] && b=$((B / 2))   # a tp or cp group reads one batch; dp ranks each their half
             # shellcheck disable=SC2086
             run $mode "$work/o" $common --batch_size $b
             sed "s/^/mode=$mode rep=$r /" "$work/o" >> "$work/rows"
@@ -88,7 +94,7 @@ for shape in ${shapes//,/ }; do
         fi
     done
     # the traced runs: steps 1..N-2 recorded (wait 1, active N-2, one cycle)
-    for mode in 1 dp2 tp2; do
+    for mode in ${modes//,/ }; do
         b=$B; [ $mode = dp2 ] && b=$((B / 2))
         rm -rf "$work/trace.$mode"
         # shellcheck disable=SC2086

@@ -12,7 +12,8 @@ p.add_argument("--shape", required=True)
 p.add_argument("--steps", type=int, required=True)
 a = p.parse_args()
 L, H, C, T, B = (int(v) for v in a.shape.split())
-MODES = {"1": "1 process", "dp2": "dp 2", "tp2": "tp 2", "torch1": "torch 1 process", "torchtp2": "torch tp 2"}
+MODES = {"1": "1 process", "dp2": "dp 2", "tp2": "tp 2", "cp2": "cp 2", "torch1": "torch 1 process",
+         "torchtp2": "torch tp 2"}
 
 
 rows = bench_runs.read_rows(a.work)   # mode -> output lines of its timed runs
@@ -27,7 +28,8 @@ def rss(mode):
 
 
 print(f"\nGPT {L} x {C} ({H} heads), T {T}, global batch {B} ({B * T} tokens a step); "
-      f"dp 2: batch {B // 2} a rank; tp 2: batch {B} on both ranks of the tp group")
+      f"dp 2: batch {B // 2} a rank; tp 2: batch {B} on both ranks of the tp group; cp 2: batch {B}, T {T // 2} "
+      "a rank")
 fails = [s for m in ("torch1", "torchtp2") for s in rows[m] if "status=failed" in s]
 for s in fails:
     print("  torch peer failed: " + s)
@@ -67,10 +69,11 @@ def vocab_parallel():
 
 
 print("bytes per step per communicator (rank 0's trace; collectives of the recorded steps / their count):")
-for mode in ("1", "dp2", "tp2"):
+for mode in ("1", "dp2", "tp2", "cp2"):
     tr = trace(mode)
     if not tr:
-        print(f"  {MODES[mode]}: no trace")
+        if mode != "cp2":
+            print(f"  {MODES[mode]}: no trace")
         continue
     c, steps = tr[0]
     same = all(x == c for x, _ in tr.values())
@@ -91,7 +94,13 @@ for mode in ("1", "dp2", "tp2"):
             text = (f"(4*L + 2)*B*T*C*4 + 3*B*T*4 + 4 = {f:,} (vocabulary-parallel: the embedding's forward and the "
                     "tied LM head's input gradient B*T*C each, the cross-entropy's max, sum and target B*T each)")
         print(f"    tp formula: {text}; measured {tp:,.0f} ({tp / f:.4f}x)")
-    if mode == "dp2":
+    if mode == "cp2":
+        cp = tot.get("cp", 0) / steps
+        f = 2 * L * B * T * C * 4 + 16
+        print(f"    cp formula: per layer K and V all-gathered forward and their gradients reduce-scattered backward, "
+              f"each (cp - 1) x B*T/cp*C*4 B at cp 2: 4*L*B*T*C*4*(cp-1)/cp + 16 (the loss's token count, sum and "
+              f"gradient) = {f:,}; measured {cp:,.0f} ({cp / f:.4f}x)")
+    if mode in ("dp2", "cp2"):
         P = params(mode)
         big = sum(nb * k for (cm, op, nb), k in c.items() if op == "all_reduce" and nb > 64) / steps
         print(f"    dp gradients: the all-reduces above 64 B move {big:,.0f} B/step against {P:,} parameters x 4 B = "

@@ -890,11 +890,10 @@ static ca_status validate(const ca_config *c) {
     return CA_OK;
 }
 
-/* Accelerate's ParallelismConfig beyond data and tensor parallelism (the device mesh, accelerator/mesh.c,
- * runs those): each dimension above 1 named with its key, value and origin, all in one error. */
+/* Accelerate's ParallelismConfig beyond data, tensor and context parallelism (the device mesh,
+ * accelerator/mesh.c, runs those): each dimension above 1 named with its key, value and origin, all in one error. */
 ca_status ca_config_check_parallelism(const ca_config *c) {
     static const struct { const char *key, *what; } dims[] = {
-        {"parallelism_config.parallelism_config_cp_size", "context parallelism"},
         {"parallelism_config.parallelism_config_sp_size", "sequence parallelism"},
     };
     char msg[1024];
@@ -910,7 +909,8 @@ ca_status ca_config_check_parallelism(const ca_config *c) {
     }
     if (!n) return CA_OK;
     ca_error(CA_ERR_UNSUPPORTED, "%s: not supported yet (caccel runs data parallelism, plain or sharded under "
-             "distributed_type FSDP / DEEPSPEED, and tensor parallelism, parallelism_config_tp_size)", msg);
+             "distributed_type FSDP / DEEPSPEED, tensor parallelism, parallelism_config_tp_size, and context "
+             "parallelism, parallelism_config_cp_size)", msg);
     ca_error_hint("set %s to 1 or remove %s; parallelism_config_dp_shard_size and dp_replicate_size (HSDP) "
                   "are honoured under FSDP", n > 1 ? "them" : "it", n > 1 ? "them" : "it");
     return CA_ERR_UNSUPPORTED;
@@ -947,8 +947,9 @@ static ca_status mesh_mismatch(const ca_config *c, const ca_mesh_shape *m, int64
              "the device mesh needs their product to equal the process count", msg, (long long)product, world,
              K(c, "num_processes")->origin);
     int inner = m->size[CA_MESH_TP] * m->size[CA_MESH_CP];
-    ca_error_hint("with parallelism_config_tp_size %d, set parallelism_config_dp_replicate_size to %d (data "
-                  "parallel over the tensor-parallel groups)", m->size[CA_MESH_TP], world % inner ? 1 : world / inner);
+    ca_error_hint("with parallelism_config_tp_size %d and cp_size %d, set parallelism_config_dp_replicate_size to %d "
+                  "(data parallel over the tensor- and context-parallel groups)", m->size[CA_MESH_TP],
+                  m->size[CA_MESH_CP], world % inner ? 1 : world / inner);
     return CA_ERR_CONFIG;
 }
 

@@ -30,13 +30,13 @@ static const effect effects[] = {
     {"tp_config.", WARN_IF_SET, "tensor parallelism is not implemented; training is plain data parallel", NULL},
     /* HSDP's groups (accelerator/zero_config.c); a size of 1 asks for nothing */
     {"parallelism_config.parallelism_config_dp_", WARN_IF_CHANGED, NULL, "FSDP"},
-    /* the device mesh (accelerator/mesh.c) acts on it, and with it above 1 on the dp_ sizes */
+    /* the device mesh (accelerator/mesh.c) acts on them, and with it above 1 on the dp_ sizes */
     {"parallelism_config.parallelism_config_tp_size", NEVER_WARN, NULL, NULL},
-    {"parallelism_config.parallelism_config_cp_size", REFUSED, "context parallelism", NULL},
+    {"parallelism_config.parallelism_config_cp_size", NEVER_WARN, NULL, NULL},
     {"parallelism_config.parallelism_config_sp_size", REFUSED, "sequence parallelism", NULL},
     {"parallelism_config.", WARN_IF_CHANGED,
-     "it tunes context or sequence parallelism (parallelism_config_cp_size / sp_size above 1), which caccel does "
-     "not support yet", NULL},
+     "it tunes sequence parallelism (parallelism_config_sp_size above 1) or a context-parallel option caccel does "
+     "not read (context parallelism runs the allgather form)", NULL},
     {"fp8_config.", WARN_IF_SET, "fp8 training is not supported by this build (mixed_precision fp8 is refused)",
      NULL},
     {"dynamo_config.", WARN_IF_CHANGED, "torch.compile has no counterpart in caccel; nothing is compiled", NULL},
@@ -131,12 +131,13 @@ static void why_text(const ca_config *c, const effect *e, const char *key, char 
     }
 }
 
-/* With tensor parallelism (tp_size above 1) the device mesh lays the ranks out by the data-parallel sizes too
- * (accelerator/mesh.c), whatever the distributed_type. */
+/* With tensor or context parallelism (tp_size or cp_size above 1) the device mesh lays the ranks out by the
+ * data-parallel sizes too (accelerator/mesh.c), whatever the distributed_type. */
 static bool mesh_acts_on(const ca_config *c, const char *key) {
     if (strncmp(key, "parallelism_config.parallelism_config_dp_", 41) != 0) return false;
     const char *tp = ca_config_get(c, "parallelism_config.parallelism_config_tp_size");
-    return tp && atoll(tp) > 1;
+    const char *cp = ca_config_get(c, "parallelism_config.parallelism_config_cp_size");
+    return (tp && atoll(tp) > 1) || (cp && atoll(cp) > 1);
 }
 
 ca_status ca_config_warn_ignored(const ca_config *c, int *nwarned) {

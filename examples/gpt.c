@@ -326,6 +326,10 @@ static ca_tensor *run_block(const gpt *g, const block *b, ca_tensor *x) {
     return ca_checkpoint(checkpointed_block, (void *)b, 1, &x, 1, &y) == CA_OK ? y : NULL;
 }
 
+/* Under context parallelism (parallelism_config_cp_size) the global positions of the tokens this rank
+ * holds, split with the batch by ca_maybe_context_parallel; NULL: 0 .. T-1. */
+static ca_tensor *split_positions;
+
 /* idx [B, T] (i64 bytes) -> logits [B, T, vocab_size], under tensor parallelism this rank's vocabulary
  * slice [B, T, vocab_size / tp] (the tied token embedding's rows it holds). */
 static ca_tensor *gpt_forward(ca_module *self, ca_tensor *idx, void *ctx) {
@@ -337,7 +341,8 @@ static ca_tensor *gpt_forward(ca_module *self, ca_tensor *idx, void *ctx) {
                  (long long)T, (long long)g->a.block_size);
         return NULL;
     }
-    ca_tensor *pos = ca_from_host(ca_tensor_device(idx), CA_I64, CA_SHAPE(T), g->positions);
+    ca_tensor *pos = split_positions ? split_positions
+                                     : ca_from_host(ca_tensor_device(idx), CA_I64, CA_SHAPE(T), g->positions);
     ca_tensor *x = ca_add(ca_module_forward(g->wte, idx), ca_module_forward(g->wpe, pos));
     x = ca_dropout(x, g->a.dropout, training(g));
     for (int l = 0; l < g->a.n_layer; l++) x = run_block(g, &g->h[l], x);
@@ -705,16 +710,27 @@ static ca_tensor *micro_step(ca_accelerator *acc, ca_module *model, ca_optimizer
                              const args *a) {
     ca_tensor *l = NULL;
     CA_SCOPE CA_ACCUMULATE(acc, model) {
-        ca_tensor *logits = ca_module_forward(model, b->x);
+        /* context parallelism: this rank's tokens of every sequence, their labels and global positions (at
+         * cp 1 the call leaves them whole) */
+        int64_t T = ca_tensor_dim(b->x, 1), *t = malloc(sizeof *t * (size_t)T);
+        if (!t) exit(1);
+        for (int64_t i = 0; i < T; i++) t[i] = i;
+        ca_tensor *buf[3] = {b->x, b->y, ca_from_host(ca_accelerator_device(acc), CA_I64, CA_SHAPE(T), t)};
+        free(t);
+        CA_CHECK(ca_maybe_context_parallel(acc, 3, buf, (int[]){1, 1, 0}));
+        split_positions = buf[2];
+        ca_tensor *logits = ca_module_forward(model, buf[0]);
         static bool shown;   /* once a rank: its slice of the logits, never the whole vocabulary */
         if (logits && !shown && tp_size(acc) > 1 && (shown = true))
             printf("gpt: rank %d holds logits [%lld, %lld, %lld] of vocab %lld at tp %d\n", ca_process_index(acc),
                    (long long)ca_tensor_dim(logits, 0), (long long)ca_tensor_dim(logits, 1),
                    (long long)ca_tensor_dim(logits, 2), (long long)a->vocab_size, tp_size(acc));
         fflush(stdout);
-        ca_tensor *loss = ca_tp_cross_entropy(ca_module_child(model, "transformer.wte"), logits, b->y);
+        ca_tensor *loss = ca_tp_cross_entropy(ca_module_child(model, "transformer.wte"), logits, buf[1]);
         if (!loss) CA_CHECK(ca_last_status());
         CA_CHECK(ca_backward(acc, loss));
+        ca_context_parallel_end(acc);
+        split_positions = NULL;
         if (a->grad_clip > 0 && ca_sync_gradients(acc)) CA_CHECK(ca_clip_grad_norm(acc, a->grad_clip, NULL));
         CA_CHECK(ca_optimizer_step(opt));
         ca_optimizer_zero_grad(opt);
@@ -751,7 +767,8 @@ static void train_loop(ca_accelerator *acc, ca_module *model, ca_optimizer *opt,
         if (a->log_interval > 0 && (step % a->log_interval == 0 || step == a->max_steps)) {
             sum[0] += read_loss(&loss);
             reduce_sum(acc, sum, 3);
-            sum[2] /= tp_size(acc);   /* the ranks of a tp group train on the same samples: counted once */
+            sum[2] /= ca_num_processes(acc) / data_parallel(acc);   /* the ranks of a tp or cp group train on
+                                                                     * the same samples: counted once */
             double secs = now_s() - t0, l = sum[0] / sum[1];
             ca_print(acc, "step %lld/%lld: loss %.4f, perplexity %.2f, lr %.2e, %.1f samples/s, %.0f tokens/s\n",
                      (long long)step, (long long)a->max_steps, l, exp(l), ca_optimizer_get_lr(opt, 0),

@@ -471,13 +471,44 @@ static double evaluate(ca_accelerator *acc, ca_module *m, ca_dataloader *dl) {
     return s[0] / s[1];
 }
 
+static int cp_size(ca_accelerator *acc) {
+    ca_mesh_shape m;
+    CA_CHECK(ca_accelerator_mesh(acc, &m, NULL));
+    return m.size[CA_MESH_CP];
+}
+
+/* The causal-LM loss under context parallelism (parallelism_config_cp_size): the labels shifted by one
+ * before the split (the shift crosses the chunks), then the ids, those labels and the global positions
+ * split by ca_maybe_context_parallel; the model takes [B, 3, T / cp] (ids, no padding, positions) and the
+ * loss means over the tokens of every cp rank. The caller ends the split after backward. */
+static ca_tensor *cp_loss(ca_accelerator *acc, ca_module *model, const ca_batch *b) {
+    int64_t B = ca_tensor_dim(b->x, 0), T = ca_tensor_dim(b->x, 1), *p = malloc(sizeof *p * (size_t)(B * T));
+    if (!p) exit(1);
+    for (int64_t i = 0; i < B * T; i++) p[i] = i % T;
+    ca_device *dev = ca_accelerator_device(acc);
+    ca_tensor *next[2] = {ca_narrow(b->y, 1, 1, T - 1), ca_full(dev, CA_I64, 2, (int64_t[]){B, 1}, -100.0)};
+    ca_tensor *buf[3] = {b->x, ca_concat(2, next, 1), ca_from_host(dev, CA_I64, 2, (int64_t[]){B, T}, p)};
+    free(p);
+    CA_CHECK(ca_maybe_context_parallel(acc, 3, buf, (int[]){1, 1, 1}));
+    int64_t t = ca_tensor_dim(buf[0], 1);
+    ca_tensor *rows[3] = {buf[0], ca_full(dev, CA_I64, 2, (int64_t[]){B, t}, 1.0), buf[2]};
+    ca_tensor *logits = ca_module_forward(model, ca_stack(3, rows, 1));
+    ca_module *head = ca_module_child(model, "lm_head");   /* the output layer, or the tied embedding */
+    if (!head) head = ca_module_child(model, "model.embed_tokens");
+    int64_t v = logits ? ca_tensor_dim(logits, 2) : 0;
+    return ca_tp_cross_entropy(head, ca_reshape(logits, 2, (int64_t[]){B * t, v}),
+                               ca_reshape(buf[1], 1, (int64_t[]){B * t}));
+}
+
 static ca_tensor *micro_step(ca_accelerator *acc, ca_module *model, ca_optimizer *opt, const ca_batch *b,
                              const args *a) {
     ca_tensor *l = NULL;
+    bool cp = cp_size(acc) > 1;
     CA_SCOPE CA_ACCUMULATE(acc, model) {
-        ca_tensor *loss = ca_causal_lm_loss(ca_module_forward(model, b->x), b->y);
+        ca_tensor *loss = cp ? cp_loss(acc, model, b) : ca_causal_lm_loss(ca_module_forward(model, b->x), b->y);
         if (!loss) CA_CHECK(ca_last_status());
         CA_CHECK(ca_backward(acc, loss));
+        ca_context_parallel_end(acc);
         if (a->grad_clip > 0 && ca_sync_gradients(acc)) CA_CHECK(ca_clip_grad_norm(acc, a->grad_clip, NULL));
         CA_CHECK(ca_optimizer_step(opt));
         ca_optimizer_zero_grad(opt);

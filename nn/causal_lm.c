@@ -361,17 +361,32 @@ ca_status ca_causal_lm_forward(ca_module *m, ca_tensor *ids, ca_tensor *mask, ca
     return b ? run_lm(b, m->training, ids, mask, pos, logits) : ca_gpt2_lm_run(m, ids, mask, pos, logits);
 }
 
-/* x: [B, T] ids, or [B, 2, T] ids and attention mask. */
+/* Whether the attention mask m (i64 or i32 [B, T]) is all ones: no padding, so no mask (transformers'
+ * SDPA path drops such a mask too; context parallelism splits only attention without one). */
+static bool all_ones(ca_tensor *m) {
+    ca_tensor *c = ca_contiguous(m->dtype == CA_I64 ? m : ca_cast(m, CA_I64));
+    int64_t *h = c ? malloc(sizeof *h * (size_t)(c->numel ? c->numel : 1)) : NULL;
+    bool ones = h && ca_tensor_to_host(c, h, sizeof *h * (size_t)c->numel) == CA_OK;
+    for (int64_t i = 0; ones && i < c->numel; i++) ones = h[i] == 1;
+    free(h);
+    return ones;   /* unreadable: kept as a mask */
+}
+
+/* x: [B, T] ids, [B, 2, T] ids and attention mask, or [B, 3, T] ids, attention mask and position_ids
+ * (context parallelism's split: each rank's tokens with their global positions; there a mask of all ones
+ * is none). */
 static ca_tensor *lm_module_forward(ca_module *self, ca_tensor *x, void *ctx) {
     (void)ctx;
-    ca_tensor *ids = x, *mask = NULL, *logits = NULL;
-    if (x && x->ndim == 3 && x->shape[1] == 2) {
+    ca_tensor *ids = x, *mask = NULL, *pos = NULL, *logits = NULL;
+    if (x && x->ndim == 3 && (x->shape[1] == 2 || x->shape[1] == 3)) {
         int64_t shape[2] = {x->shape[0], x->shape[2]};
         ids = ca_reshape(ca_narrow(x, 1, 0, 1), 2, shape);
         mask = ca_reshape(ca_narrow(x, 1, 1, 1), 2, shape);
-        if (!ids || !mask) return NULL;
+        if (x->shape[1] == 3) pos = ca_reshape(ca_narrow(x, 1, 2, 1), 2, shape);
+        if (!ids || !mask || (x->shape[1] == 3 && !pos)) return NULL;
+        if (pos && all_ones(mask)) mask = NULL;
     }
-    return ca_causal_lm_forward(self, ids, mask, NULL, &logits) == CA_OK ? logits : NULL;
+    return ca_causal_lm_forward(self, ids, mask, pos, &logits) == CA_OK ? logits : NULL;
 }
 
 ca_tensor *ca_causal_lm_loss(ca_tensor *logits, ca_tensor *labels) {

@@ -92,8 +92,24 @@ static ca_tensor *as_f32(ca_tensor *x) {
     return ca_contiguous(x);
 }
 
+/* The calling thread's replacement (context parallelism's, set between ca_maybe_context_parallel and
+ * ca_context_parallel_end): thread-local, as a program's forward runs on its own thread. */
+static _Thread_local ca_attention_hook hook_fn;
+static _Thread_local void *hook_ctx;
+
+void ca_attention_set_hook(ca_attention_hook fn, void *ctx) {
+    hook_fn = fn;
+    hook_ctx = fn ? ctx : NULL;
+}
+
 ca_tensor *ca_scaled_dot_product_attention(ca_tensor *q, ca_tensor *k, ca_tensor *v, ca_tensor *mask,
                                            bool causal, double dropout_p, double scale) {
+    if (hook_fn) return hook_fn(hook_ctx, q, k, v, mask, causal, dropout_p, scale);
+    return ca_op_attention(q, k, v, mask, causal, dropout_p, scale);
+}
+
+ca_tensor *ca_op_attention(ca_tensor *q, ca_tensor *k, ca_tensor *v, ca_tensor *mask, bool causal,
+                           double dropout_p, double scale) {
     CA_OP_NULLCHECK2(q, k);
     CA_OP_NULLCHECK1(v);
     const char *op = "scaled_dot_product_attention";

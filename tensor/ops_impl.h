@@ -22,6 +22,15 @@ ca_status ca_op_accumulate_reduced(ca_tensor *t, ca_tensor *g, float alpha);
 /* ca_op_accumulate_reduced for a g that nothing reads or writes afterwards: when alpha is 1 and t
  * has no gradient yet this pass, g becomes it (ca_grad_adopt) instead of being copied. */
 ca_status ca_op_accumulate_owned(ca_tensor *t, ca_tensor *g, float alpha);
+/* A replacement of ca_scaled_dot_product_attention for the calling thread (context parallelism's,
+ * accelerator/cp.c), with its arguments; NULL fn restores the op. The replacement runs the op itself
+ * through ca_op_attention. */
+typedef ca_tensor *(*ca_attention_hook)(void *ctx, ca_tensor *q, ca_tensor *k, ca_tensor *v, ca_tensor *mask,
+                                        bool causal, double dropout_p, double scale);
+void ca_attention_set_hook(ca_attention_hook fn, void *ctx);
+/* ca_scaled_dot_product_attention without the hook. */
+ca_tensor *ca_op_attention(ca_tensor *q, ca_tensor *k, ca_tensor *v, ca_tensor *mask, bool causal,
+                           double dropout_p, double scale);
 /* Scalar f32 tensor holding v (scoped). */
 ca_tensor *ca_op_scalar(ca_device *dev, float v);
 

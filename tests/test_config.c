@@ -1235,9 +1235,8 @@ static void test_ignored_settings_warn(void **state) {
         {NULL, NULL, "PARALLELISM_CONFIG_TP_SIZE", NULL, NULL, NULL},
         {"--parallelism_config_dp_replicate_size", "2", NULL,
          "distributed_type: MULTI_CPU\nparallelism_config:\n  parallelism_config_tp_size: 2\n", NULL, NULL},
-        {NULL, NULL, NULL, "distributed_type: NO\nparallelism_config:\n  cp_size: 2\n",
-         "ign.yaml:3 (parallelism_config.cp_size): parallelism_config.parallelism_config_cp_size = 2 is not "
-         "supported yet: context parallelism", NULL},
+        /* context parallelism runs too (the device mesh's cp dimension) */
+        {NULL, NULL, NULL, "distributed_type: NO\nparallelism_config:\n  cp_size: 2\n", NULL, NULL},
         /* sizes of 1 ask for nothing */
         {NULL, NULL, NULL, "distributed_type: MULTI_CPU\nnum_processes: 2\nparallelism_config:\n"
          "  parallelism_config_dp_replicate_size: 1\n  parallelism_config_tp_size: 1\n  sp_size: 1\n", NULL, NULL},
@@ -1245,8 +1244,7 @@ static void test_ignored_settings_warn(void **state) {
          "--parallelism_config_dp_shard_size: parallelism_config.parallelism_config_dp_shard_size = 2 has no "
          "effect: sharded data parallelism (FSDP) acts only under distributed_type FSDP", NULL},
         {"--parallelism_config_sp_attn_implementation", "sdpa", NULL, NULL,
-         "parallelism_config_sp_attn_implementation = sdpa has no effect: it tunes context or sequence "
-         "parallelism", NULL},
+         "parallelism_config_sp_attn_implementation = sdpa has no effect: it tunes sequence parallelism", NULL},
         {"--enable_cpu_affinity", NULL, NULL, NULL, NULL, NULL},   /* binds each local rank (comm/affinity.c) */
         {"--mpirun_hostfile", "hosts", NULL, NULL, NULL, NULL},   /* caccel launch runs mpirun with it */
     };
@@ -1454,13 +1452,14 @@ static void test_parallelism_refused(void **state) {
     assert_contains(ca_last_error(), "--parallelism_config_sp_size: parallelism_config.parallelism_config_sp_size "
                                      "= 4 asks for sequence parallelism");
     assert_contains(ca_last_error(), "not supported yet");
-    assert_not_contains(ca_last_error(), "context parallelism");
-    setenv("PARALLELISM_CONFIG_CP_SIZE", "3", 1);
+    assert_not_contains(ca_last_error(), "asks for context parallelism");   /* the device mesh runs it too */
+    setenv("PARALLELISM_CONFIG_CP_SIZE", "3", 1);   /* the device mesh runs it: 3 processes are needed */
     char *argv2[] = {"prog", "--cpu", NULL};
     ca_options o2 = {.argc = 2, .argv = argv2};
-    assert_status(ca_accelerator_create(&o2, &acc), CA_ERR_UNSUPPORTED);
-    assert_contains(ca_last_error(), "env PARALLELISM_CONFIG_CP_SIZE: parallelism_config.parallelism_config_cp_size "
-                                     "= 3 asks for context parallelism: not supported yet");
+    assert_status(ca_accelerator_create(&o2, &acc), CA_ERR_CONFIG);
+    assert_contains(ca_last_error(), "x parallelism_config_cp_size 3 (env PARALLELISM_CONFIG_CP_SIZE) x "
+                                     "parallelism_config_tp_size 1 (default) = 3 processes, but the job has 1");
+    assert_not_contains(ca_last_error(), "asks for context parallelism");
     unsetenv("PARALLELISM_CONFIG_CP_SIZE");
     /* the mesh's sizes multiply to the number of processes */
     char *argv_tp[] = {"prog", "--cpu", "--parallelism_config_tp_size", "2", NULL};

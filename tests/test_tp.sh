@@ -238,6 +238,5 @@ refused 4 --parallelism_config_tp_size 2 --parallelism_config_dp_shard_size 2 --
 refused 2 --parallelism_config_tp_size 2 -- --plan --bad-plan --steps 1 -- '"act" is a Tanh; caccel splits Linear and Embedding layers only'
 refused 2 --parallelism_config_tp_size 2 -- --mode vocab --vocab-bad colwise -- 'Embedding "wte" can be split "rowwise" only (its vocabulary rows)'
 refused 2 --parallelism_config_tp_size 2 -- --mode vocab --vocab-bad pad -- 'Embedding "wte" has a padding_idx; a rowwise Embedding with one is not supported yet'
-refused 2 --parallelism_config_cp_size 2 -- --plan --steps 1 -- 'parallelism_config_cp_size = 2 asks for context parallelism: not supported yet'
 refused 3 --parallelism_config_tp_size 3 -- --plan --steps 1 -- 'colwise Linear "fc1" has 16 output features, which parallelism_config_tp_size 3 does not divide'
 echo "PASS"

@@ -7,7 +7,8 @@
  *   --mode gradcheck: loss = sum(w * model(x)) with x requiring grad; the gradients of x (which the
  *     colwise layer's backward all-reduces over tp) and of a few elements of every local shard against
  *     central differences; prints "gradcheck ok N" or the first mismatch.
- *   --mode mesh: prints this rank's mesh coordinates and the size of each dimension's communicator.
+ *   --mode mesh: prints this rank's mesh coordinates and the size of each dimension's communicator (and of
+ *     dp_cp under context parallelism).
  *   --block: the model is a GPT-2 block (fused q, k, v colwise in 3 blocks, 2 heads; see block_model); train
  *     prints its losses (no --dump).
  *   --mode vocab: the vocabulary-parallel layers (see vocab_model): prints "rank=R vocab loss=L logits=2x3xC"
@@ -435,6 +436,8 @@ static void mesh_info(ca_accelerator *acc) {
         ca_comm *g = ca_mesh_comm(acc, ca_mesh_dim_name(d));
         printf(" %s=%d/%d", ca_mesh_dim_name(d), g ? ca_comm_rank(g) : -1, g ? ca_comm_size(g) : -1);
     }
+    ca_comm *dcp = sh.size[CA_MESH_CP] > 1 ? ca_mesh_comm(acc, "dp_cp") : NULL;   /* context parallelism's */
+    if (dcp) printf(" dp_cp=%d/%d", ca_comm_rank(dcp), ca_comm_size(dcp));
     printf("\n");
 }
 

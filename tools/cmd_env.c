@@ -84,6 +84,9 @@ static void print_mesh(const ca_config *c, int np) {
         printf("  rank %d: dp_replicate %d, dp_shard %d, cp %d, tp %d\n", r, k[0], k[1], k[2], k[3]);
     }
     if (world > 64) printf("  ... (%d ranks more)\n", world - 64);
+    if (m.size[CA_MESH_CP] > 1)   /* the cp ranks hold the same parameters, each part of every sequence */
+        printf("  cp: groups of %d ranks split every sequence (they read the same batches); gradients averaged over "
+               "dp_cp (%d ranks each)\n", m.size[CA_MESH_CP], world / m.size[CA_MESH_TP]);
 }
 
 /* What sharded data parallelism runs under FSDP: the strategy from FSDP1's or FSDP2's keys (the

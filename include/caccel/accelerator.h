@@ -137,13 +137,35 @@ CA_API ca_comm *ca_accelerator_comm(const ca_accelerator *acc);
  * NULL); without tensor parallelism it is the plain data-parallel one (dp_replicate = the process count,
  * or HSDP's dp sizes). CA_ERR_INVALID for NULL acc or shape. */
 CA_API ca_status ca_accelerator_mesh(const ca_accelerator *acc, ca_mesh_shape *shape, int coord[CA_MESH_NDIMS]);
-/* The communicator of one mesh dimension, by name: "tp", "cp", "dp_shard", "dp_replicate", or "dp" (the
- * ranks sharing this rank's cp and tp coordinates: gradients are averaged over it). Owned by the
+/* The communicator of one mesh dimension, by name: "tp", "cp", "dp_shard", "dp_replicate", "dp" (the
+ * ranks sharing this rank's cp and tp coordinates, which read different batches), or "dp_cp" under
+ * context parallelism (the ranks sharing its tp coordinate: gradients are averaged over it; without
+ * context parallelism over "dp"). Owned by the
  * accelerator (valid until ca_accelerator_destroy; do not destroy it); its collectives name the dimension
  * when they fail ("in the tp group of ranks 0, 1"). The same threading rules as ca_accelerator_comm. Made
- * at ca_accelerator_create when parallelism_config_tp_size is above 1; otherwise NULL with
+ * at ca_accelerator_create when parallelism_config_tp_size or cp_size is above 1; otherwise NULL with
  * CA_ERR_NOT_FOUND ("no device mesh"), as for an unknown name (CA_ERR_INVALID). */
 CA_API ca_comm *ca_mesh_comm(ca_accelerator *acc, const char *dim);
+
+/* Context parallelism (parallelism_config_cp_size above 1; Accelerate's maybe_context_parallel): splits
+ * each of the n buffers (input ids, labels, positions: the same sequence, along seq_dims[i]) so that this
+ * cp rank keeps its T / cp tokens: the sequence cut into 2 cp chunks, rank r keeping chunks r and
+ * 2 cp - 1 - r (torch's and Megatron's load balancing: the causal work is the same on every rank).
+ * buffers[i] is replaced by this rank's part (a tensor of the current scope; the caller's stays as it
+ * was: Accelerate's no_restore_buffers). Until ca_context_parallel_end, on the calling thread,
+ * ca_scaled_dot_product_attention runs causal attention of the local queries against the keys and values
+ * of the whole sequence (all-gathered over the cp communicator; their gradients reduce-scattered back in
+ * backward) and ca_tp_cross_entropy means over the tokens of every cp rank. Positions must be split with
+ * the ids: learned position and rotary embeddings take the global positions. Collective over cp (every
+ * cp rank reads the same batch and calls it); the forward and backward in between too. A no-op at cp 1.
+ * (ca_cross_entropy inside the split is this rank's mean: averaged over the ranks it is one process's
+ * only when every rank counts the same labels.) CA_ERR_INVALID for NULL arguments or none (n < 1), a
+ * missing dimension, buffers of different lengths, or a length that is not a multiple of 2 cp;
+ * CA_ERR_STATE when the thread's batch is split already. Attention with a mask, non-causal or with
+ * dropout is refused (CA_ERR_UNSUPPORTED) in between. */
+CA_API ca_status ca_maybe_context_parallel(ca_accelerator *acc, int n, ca_tensor **buffers, const int *seq_dims);
+/* Ends the calling thread's split (after its backward): attention and the loss are one rank's again. */
+CA_API void ca_context_parallel_end(ca_accelerator *acc);
 
 /* printf on the main process only (stdout, flushed). */
 CA_API void ca_print(const ca_accelerator *acc, const char *fmt, ...) CA_PRINTF(2, 3);

@@ -125,7 +125,9 @@ CA_API const char *ca_causal_lm_model_type(ca_causal_lm_family family);
  * before anything is allocated; on failure *out is NULL and nothing is left allocated.
  *
  * ca_module_forward(m, x) takes x as i64/i32 input ids [B, T] (every token attended) or
- * [B, 2, T] (row 0 the ids, row 1 the attention mask) and returns the logits [B, T, vocab].
+ * [B, 2, T] (row 0 the ids, row 1 the attention mask) and returns the logits [B, T, vocab]; the Llama family
+ * also takes [B, 3, T], row 2 the position_ids (context parallelism: a rank's tokens of every sequence
+ * with their global positions; there an all-ones mask is no mask).
  *
  * Tensor parallelism: when an accelerator with parallelism_config_tp_size above 1 prepares a Llama,
  * Qwen2 or Mistral model, the config's base_model_tp_plan (transformers 5's, or config.json's own) is

@@ -160,7 +160,8 @@ CA_API int ca_tp_plan_match(const ca_module *m, const char *name, int *parts);
 /* The logits of x [..., D] against an Embedding's rows, x weight^T -> [..., V]: an output layer tied to the
  * embedding (GPT-2's). When the plan split the embedding rowwise, this rank's vocabulary slice
  * [..., V / tp_size] (x's gradient all-reduced over tp): pass it to ca_tp_cross_entropy with the same module.
- * NULL with CA_ERR_INVALID for a NULL argument; an op (ops.h) otherwise. */
+ * NULL with CA_ERR_INVALID for a NULL embedding; a NULL x passes through (the error that made it stays
+ * the last); an op (ops.h) otherwise. */
 CA_API ca_tensor *ca_embedding_attend(ca_module *embedding, ca_tensor *x);
 /* ca_cross_entropy (mean over the labels that are not -100) of the logits that output layer `head` gave.
  * When the plan split head over tp (a colwise Linear, or a rowwise Embedding through ca_embedding_attend),
@@ -168,7 +169,10 @@ CA_API ca_tensor *ca_embedding_attend(ca_module *embedding, ca_tensor *x);
  * vocab_parallel_cross_entropy, with all-reduces over tp of the rows' maxima, of their sums of exp and of
  * the labels' logits (from the rank holding each label's column); backward gives each rank the gradient of
  * its own columns. The labels are read on the host (a GPU waits for them). Every tp rank must call it with
- * the same labels (it is collective) and gets the whole loss. Otherwise ca_cross_entropy. CA_ERR_INVALID
+ * the same labels (it is collective) and gets the whole loss. Otherwise ca_cross_entropy. Between
+ * ca_maybe_context_parallel and ca_context_parallel_end (context parallelism: each cp rank holds part of
+ * every sequence) the mean is over the labels of all cp ranks (the sum and the count all-reduced over cp):
+ * every cp rank gets the loss one process gets on the whole sequence (collective over cp). CA_ERR_INVALID
  * for logits that are not head's output (their columns or rows against the labels, named), or a label
  * outside the vocabulary. */
 CA_API ca_tensor *ca_tp_cross_entropy(const ca_module *head, ca_tensor *logits, ca_tensor *labels);

@@ -222,6 +222,19 @@ launch() {
     else timeout 300 "$CACCEL" launch --num_processes "$np" ${LAUNCH_FLAGS---cpu} --backend gloo "$@" 2>&1; fi
 }
 
+# mesh_launch NP BACKEND PROG FLAGS... -- ARGS...: PROG on NP processes with the configuration flags
+# (--parallelism_config_*) given to caccel launch (Gloo) or to the program (mpirun), so that both
+# spellings are exercised
+mesh_launch() {
+    ml_np=$1 ml_be=$2 ml_prog=$3; shift 3
+    ml_flags=""
+    while [ "$1" != "--" ]; do ml_flags="$ml_flags $1"; shift; done
+    shift
+    # shellcheck disable=SC2086
+    if [ "$ml_be" = mpi ]; then launch "$ml_np" "$ml_be" "$ml_prog" "$@" $ml_flags
+    else launch "$ml_np" "$ml_be" $ml_flags "$ml_prog" "$@"; fi
+}
+
 # fmnist_subset N DIR: writes into DIR the first N training samples of Fashion-MNIST as plain IDX
 # files (the test split linked whole), from $CACCEL_DATA_DIR/fashion-mnist or Debian's copy; for
 # tests whose claim holds for any data and that would otherwise train on all 60,000 samples.
