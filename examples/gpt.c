@@ -484,11 +484,12 @@ static double evaluate(ca_accelerator *acc, ca_module *m, ca_dataloader *dl) {
     double s[2] = {0, 0};   /* loss x windows, windows */
     ca_batch b;
     while (ca_dataloader_next(dl, &b)) {
-        int64_t real = b.size - b.num_padded;
-        if (real <= 0) continue;
+        /* a batch of padding only still runs the forward, counted 0: under FULL_SHARD it is collective */
+        int64_t real = b.size - b.num_padded, rows = real > 0 ? real : b.size;
+        if (real < 0) real = 0;
         ca_tensor *loss = NULL;
         CA_NO_GRAD CA_SCOPE {
-            ca_tensor *x = ca_narrow(b.x, 0, 0, real), *y = ca_narrow(b.y, 0, 0, real);
+            ca_tensor *x = ca_narrow(b.x, 0, 0, rows), *y = ca_narrow(b.y, 0, 0, rows);
             loss = ca_tensor_keep(ca_detach(gpt_loss(m, x, y)));
         }
         if (!loss) CA_CHECK(ca_last_status());

@@ -4,7 +4,8 @@
 # validation loss are the same to the last printed digit, as the gradients are bit-identical.
 # On two processes (Gloo) the configuration key fsdp_activation_checkpointing does the same through
 # ca_prepare, with the gradient hooks that start the all-reduce firing after the recompute, and
-# under FSDP FULL_SHARD (stage 3: parameters gathered per Linear for the forward and the recompute).
+# under FSDP FULL_SHARD (stage 3: parameters gathered per Linear for the forward and the recompute),
+# also when a rank's only validation batch is padding.
 set -u
 b=${CACCEL_TEST_BUILDDIR:-.}
 GPT="$b/examples/gpt"
@@ -58,6 +59,15 @@ if [ -x "$CACCEL" ] && [ -n "$gloo" ]; then
     losses "$WORK/z3" > "$WORK/z3.l"
     diff "$WORK/plain.l" "$WORK/z3.l" || fail "losses differ under FULL_SHARD with checkpointing on two processes"
     echo "same under FULL_SHARD: $(tail -1 "$WORK/z3.l")"
+    # one validation window on two processes: rank 1's only batch is all padding, and under FULL_SHARD
+    # its forward is collective, so it must still run it (it skipped it, and rank 0 waited out the timeout)
+    run2 --max_steps 2 --eval_samples 1 > "$WORK/one" 2>&1 || { cat "$WORK/one"; fail "gpt --eval_samples 1"; }
+    ACCELERATE_USE_CPU=true CACCEL_TIMEOUT=60 run3 --max_steps 2 --eval_samples 1 > "$WORK/z3one" 2>&1 ||
+        { cat "$WORK/z3one"; fail "gpt under FULL_SHARD with one validation window exited non-zero"; }
+    losses "$WORK/one" > "$WORK/one.l"
+    losses "$WORK/z3one" > "$WORK/z3one.l"
+    diff "$WORK/one.l" "$WORK/z3one.l" || fail "one validation window: losses under FULL_SHARD differ from plain data parallelism"
+    echo "same with a batch of padding only: $(tail -1 "$WORK/z3one.l")"
 else
     echo "(two processes skipped: no caccel or Gloo plugin on CACCEL_PLUGIN_PATH)"
 fi
