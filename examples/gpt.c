@@ -293,8 +293,12 @@ static ca_tensor *attention(const gpt *g, const block *b, ca_tensor *x) {
     if (ca_split(qkv, 2, 3, (int64_t[]){C, C, C}, p) != CA_OK) return NULL;
     for (int i = 0; i < 3; i++)   /* [B, T, C] -> [B, H, T, D] */
         p[i] = ca_transpose(ca_reshape(p[i], CA_SHAPE(B, T, H, C / H)), 1, 2);
+    /* at tp each rank drops what one process drops for its heads (the dropouts after the rowwise layers
+     * and the embedding see the whole activations, the same on every rank: the same mask) */
     double drop = training(g) ? g->a.dropout : 0.0;
-    ca_tensor *y = ca_scaled_dot_product_attention(p[0], p[1], p[2], NULL, true, drop, 0.0);
+    int64_t h0, heads;
+    if (ca_tp_heads(b->c_attn, H, &h0, &heads) != CA_OK) return NULL;
+    ca_tensor *y = ca_scaled_dot_product_attention_heads(p[0], p[1], p[2], NULL, true, drop, 0.0, h0, heads);
     y = ca_reshape(ca_contiguous(ca_transpose(y, 1, 2)), CA_SHAPE(B, T, C));
     return ca_dropout(ca_module_forward(b->attn_proj, y), g->a.dropout, training(g));
 }

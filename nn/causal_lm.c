@@ -158,6 +158,11 @@ static ca_status lm_tp_prepare(ca_module *self, int tp) {
         snprintf(name, sizeof name, "model.%s", own ? c->tp_plan[i][0] : plan[i][0]);
         s = ca_tp_plan(self, name, own ? c->tp_plan[i][1] : plan[i][1]);
     }
+    /* transformers' model-level plan: lm_head colwise_gather_output (each rank its vocabulary's logits, then
+     * gathered: ca_causal_lm_loss unchanged). A tied head is the embedding, which the plan keeps whole; a
+     * vocabulary tp does not divide keeps the head whole too (a tokenizer's 257 rows). */
+    if (s == CA_OK && !b->tp_planned && b->lm_head && c->vocab_size % tp == 0)
+        s = ca_tp_plan(self, "lm_head", "colwise_gather_output");
     if (s == CA_OK) b->tp_planned = true;
     return s;
 }
@@ -249,8 +254,12 @@ static ca_tensor *decoder_layer(const lm_layer *l, ca_tensor *const *in, bool tr
     ca_tensor *q = ca_rope(split_heads(ca_module_forward(l->q, x), d), cos_t, sin_t);
     ca_tensor *k = ca_rope(split_heads(ca_module_forward(l->k, x), d), cos_t, sin_t);
     ca_tensor *v = split_heads(ca_module_forward(l->v, x), d);
-    /* grouped-query attention in the op: k and v keep their num_key_value_heads heads (no repeat_kv copy) */
-    ca_tensor *a = ca_scaled_dot_product_attention(q, k, v, mask, true, training ? c->attention_dropout : 0, 0);
+    /* grouped-query attention in the op: k and v keep their num_key_value_heads heads (no repeat_kv copy);
+     * under tensor parallelism the dropout of this rank's heads is one process's (ca_tp_heads) */
+    int64_t h0 = 0, heads = 1;
+    if (q && ca_tp_heads(l->q, q->shape[1], &h0, &heads) != CA_OK) return NULL;
+    ca_tensor *a = ca_scaled_dot_product_attention_heads(q, k, v, mask, true, training ? c->attention_dropout : 0, 0,
+                                                         h0, heads);
     h = ca_add(h, ca_module_forward(l->o, merge_heads(a)));
     x = ca_module_forward(l->post_ln, h);
     return ca_add(h, ca_module_forward(l->down, ca_swiglu(ca_module_forward(l->gate, x), ca_module_forward(l->up, x))));

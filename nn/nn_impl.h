@@ -38,6 +38,8 @@ struct ca_module {
     /* a model's own plan (a causal LM's base_model_tp_plan): checks that tp_size splits it and adds its
      * entries (after the program's own) when an accelerator at tp_size > 1 prepares it; NULL: none */
     ca_status (*tp_prepare)(ca_module *self, int tp_size);
+    int tp_rank, tp_size;            /* a colwise layer while its split forward runs: its tp coordinates
+                                      * (accelerator/tp.c; ca_tp_heads reads them); 0 otherwise */
     /* depth-first list of every parameter with full names, rebuilt on change */
     bool flat_valid;
     int nflat;

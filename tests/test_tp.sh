@@ -7,7 +7,8 @@
 # half the vocabulary's logits on each rank and gradients that match central differences, as the GPT
 # example does with its tied embedding split; the mesh lays the ranks out tp innermost; save_state and
 # save_model at tp 2 write the files of one process (the split layers and their momentum gathered), and a
-# checkpoint of either resumes at the other to the uninterrupted run; and each combination that does not
+# checkpoint of either resumes at the other to the uninterrupted run; the GPT example's attention dropout at
+# tp 2 draws one process's masks; and each combination that does not
 # work yet is refused with a message naming its key.
 # Tolerance: 1e-5 (losses and parameters after 4 steps); the split changes only the order of the sums.
 . "$(dirname "$0")/dist/lib.sh"
@@ -207,6 +208,19 @@ cmp -s "$WORK/g1.l" "$WORK/g2.l" || { diff "$WORK/g1.l" "$WORK/g2.l"; fail "the 
 echo "  $(grep -c . "$WORK/g1.l") loss, validation and sample lines the same"
 count 1 'gpt: rank 0 holds logits \[8, 32, 128\] of vocab 256 at tp 2' "$WORK/g2"   # the vocabulary-parallel head
 count 1 'gpt: rank 1 holds logits \[8, 32, 128\] of vocab 256 at tp 2' "$WORK/g2"
+note "$be: the GPT example with dropout 0.1 (attention, residual and embedding) at tp 2 == one process"
+# each rank draws one process's attention-dropout mask for its heads (ca_scaled_dot_product_attention_heads),
+# and the same masks as one process on the replicated activations
+# shellcheck disable=SC2086
+"$GPT" $SMALL --batch_size 8 --max_steps 6 --sample_tokens 10 --dropout 0.1 --output_dir "$WORK/gd1" > "$WORK/g1" 2>&1 ||
+    { cat "$WORK/g1"; fail "gpt dropout, 1 rank"; }
+# shellcheck disable=SC2086
+PROG="$GPT" tlaunch 2 "$be" --parallelism_config_tp_size 2 -- $SMALL --batch_size 8 --max_steps 6 --sample_tokens 10 \
+    --dropout 0.1 --output_dir "$WORK/gd2" > "$WORK/g2" 2>&1 || { cat "$WORK/g2"; fail "gpt dropout tp 2"; }
+gpt_lines "$WORK/g1" > "$WORK/g1.l"
+gpt_lines "$WORK/g2" > "$WORK/g2.l"
+cmp -s "$WORK/g1.l" "$WORK/g2.l" || { diff "$WORK/g1.l" "$WORK/g2.l"; fail "the GPT example with dropout at tp 2 differs from one process"; }
+same_st "$WORK/gd1/model.safetensors" "$WORK/gd2/model.safetensors" 1e-4
 note "$be: the GPT example at tp 2 x dp_replicate 2 on 4 ranks (batch 8 each) == one process (batch 16)"
 # shellcheck disable=SC2086
 "$GPT" $SMALL --batch_size 16 --max_steps 6 --sample_tokens 10 --dropout 0 > "$WORK/g1" 2>&1 || { cat "$WORK/g1"; fail "gpt batch 16, 1 rank"; }

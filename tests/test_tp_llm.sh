@@ -6,7 +6,8 @@
 # launch, Gloo) and at tp 2 x dp_replicate 2 on 4 ranks gives one process's per-step losses and saved model
 # on the same global batch; LoRA adapters on colwise and rowwise layers at tp 2 (Gloo and mpirun) give one
 # process's losses and adapter (PEFT's files, gathered whole); a checkpoint saved at tp 2 resumes at one
-# process to the uninterrupted run; config.json's own base_model_tp_plan replaces the family's; sizes tp
+# process to the uninterrupted run; tp 4 on 4 ranks (a Llama of 8 heads, 4 key/value heads) and a Mistral at
+# tp 2 give one process's; config.json's own base_model_tp_plan replaces the family's; sizes tp
 # does not divide, GPT-2 and plan styles caccel does not split are refused, naming the key and the file.
 # Tolerance: 1e-5 (losses and parameters after 4 AdamW steps at lr 5e-3): the split changes only the
 # order of the sums.
@@ -101,6 +102,43 @@ launch 2 gloo --parallelism_config_tp_size 2 "$FT" --model "$WORK/mlp" $RUN --lo
     { cat "$WORK/mlp.out"; fail "the MLP-only plan"; }
 count 2 'holds 82368 parameters' "$WORK/mlp.out"   # 106944 - half of 2 x 3 x 64 x 128
 same_losses "$WORK/full1" "$WORK/mlp.out"
+
+note "$first: tp 4 on 4 ranks == one process (a Llama of 8 heads, 4 key/value heads: 2 and 1 a rank; a vocabulary of 260: lm_head colwise_gather_output)"
+mkdir "$WORK/l8"
+sed -e 's/"num_attention_heads": 4, "num_key_value_heads": 2/"num_attention_heads": 8, "num_key_value_heads": 4/' \
+    -e 's/"vocab_size": 257/"vocab_size": 260/' "$WORK/base/config.json" > "$WORK/l8/config.json"
+grep -q '"num_key_value_heads": 4.*' "$WORK/l8/config.json" && grep -q '"vocab_size": 260' "$WORK/l8/config.json" ||
+    fail "the 8-head config was not made"
+# shellcheck disable=SC2086
+"$FT" --cpu --model "$WORK/l8" $RUN --lora_r 0 --batch_size 8 --output_dir "$WORK/l8m1" > "$WORK/l8one" 2>&1 ||
+    { cat "$WORK/l8one"; fail "the 8-head Llama at 1 process"; }
+for b in $backends; do
+    if [ "$b" = mpi ]; then launch 4 mpi "$FT" --model "$WORK/l8" $RUN --lora_r 0 --batch_size 8 --output_dir "$WORK/l8m4$b" \
+        --parallelism_config_tp_size 4 > "$WORK/l8tp4$b"
+    else launch 4 gloo --parallelism_config_tp_size 4 "$FT" --model "$WORK/l8" $RUN --lora_r 0 --batch_size 8 \
+        --output_dir "$WORK/l8m4$b" > "$WORK/l8tp4$b"; fi || { cat "$WORK/l8tp4$b"; fail "the 8-head Llama at tp 4 ($b)"; }
+    count 1 'device mesh: dp_replicate 1 x dp_shard 1 x cp 1 x tp 4' "$WORK/l8tp4$b"
+    # 107328 parameters: each rank a quarter of the 7 projections of each layer (2 x 36864) and of lm_head
+    # (260 x 64), the rest whole
+    count 4 'llm_finetune: rank [0-3] holds 39552 parameters (its tensor-parallel slices)' "$WORK/l8tp4$b"
+    same_losses "$WORK/l8one" "$WORK/l8tp4$b"
+    # 5e-5: 4 AdamW steps (lr 5e-3) turn tp 4's other order of sums into up to 2.6e-5 in the parameters
+    same_st "$WORK/l8m1/model.safetensors" "$WORK/l8m4$b/model.safetensors" 5e-5
+done
+
+note "$first: a Mistral (sliding_window 32: the blocks of 32 tokens fit it; attention_dropout 0.1) at tp 2 == one process"
+mkdir "$WORK/mis"
+sed -e 's/"LlamaForCausalLM"/"MistralForCausalLM"/' -e 's/"model_type": "llama"/"model_type": "mistral"/' \
+    -e 's/^{/{"sliding_window": 32, "attention_dropout": 0.1, /' "$WORK/base/config.json" > "$WORK/mis/config.json"
+grep -q '"model_type": "mistral"' "$WORK/mis/config.json" || fail "the Mistral config was not made"
+# shellcheck disable=SC2086
+"$FT" --cpu --model "$WORK/mis" $RUN --lora_r 0 --batch_size 16 --output_dir "$WORK/mism1" > "$WORK/misone" 2>&1 ||
+    { cat "$WORK/misone"; fail "the Mistral at 1 process"; }
+tp mis2 2 "$first" --parallelism_config_tp_size 2 -- --model "$WORK/mis" --lora_r 0 --batch_size 16 --output_dir "$WORK/mism2"
+count 2 'holds 70080 parameters' "$WORK/mis2"
+same_losses "$WORK/misone" "$WORK/mis2"
+same_st "$WORK/mism1/model.safetensors" "$WORK/mism2/model.safetensors" 5e-5   # 2.5e-5 measured (as tp 4's)
+grep -q '"model_type": *"mistral"' "$WORK/mism2/config.json" || { cat "$WORK/mism2/config.json"; fail "not saved as a Mistral"; }
 
 # refused NP CONFIG-SED PATTERN: the example at tp NP on config.json edited by CONFIG-SED fails naming PATTERN
 refused() {

@@ -133,6 +133,10 @@ CA_API void ca_module_print_trainable_parameters(ca_module *m);
  *   "colwise": the weight split on the output features (and the bias with it); the output stays split
  *              over the tp ranks; backward all-reduces the input's gradient over tp. An output layer
  *              (lm_head) so split gives each rank its slice of the vocabulary's logits: ca_tp_cross_entropy.
+ *   "colwise_gather_output": split as "colwise", and the output's slices all-gathered along the last
+ *              dimension over tp, so that every rank gets the whole output (transformers' plan for a
+ *              decoder's lm_head: each rank computes its vocabulary's logits); backward keeps the rank's
+ *              slice of the gradient.
  *   "rowwise": the weight split on the input features, whose input is the split output of a colwise
  *              layer; forward all-reduces the output over tp, then adds the (whole) bias.
  *              On an Embedding (torch's RowwiseParallel on nn.Embedding, Megatron's VocabParallelEmbedding):
@@ -148,7 +152,7 @@ CA_API void ca_module_print_trainable_parameters(ca_module *m);
  * or empty argument, CA_ERR_UNSUPPORTED naming the style for Hugging Face's other styles
  * ("colwise_rep", "local_colwise", "sequence_parallel", "gather", ...: not yet), CA_ERR_NOMEM.
  * Not thread-safe: call before ca_prepare from the thread that builds m. */
-typedef enum ca_tp_style { CA_TP_COLWISE = 1, CA_TP_ROWWISE = 2 } ca_tp_style;
+typedef enum ca_tp_style { CA_TP_COLWISE = 1, CA_TP_ROWWISE = 2, CA_TP_COLWISE_GATHER = 3 } ca_tp_style;
 CA_API ca_status ca_tp_plan(ca_module *m, const char *pattern, const char *style);
 /* ca_tp_plan for a Linear whose split dimension stacks `parts` equal blocks (a fused q, k, v projection
  * such as GPT-2's c_attn: 3, colwise): each block is split alike, so that tp rank r holds the q, k and v
@@ -162,6 +166,12 @@ CA_API int ca_tp_plan_match(const ca_module *m, const char *name, int *parts);
  * [..., V / tp_size] (x's gradient all-reduced over tp): pass it to ca_tp_cross_entropy with the same module.
  * NULL with CA_ERR_INVALID for a NULL argument; an op (ops.h) otherwise. */
 CA_API ca_tensor *ca_embedding_attend(ca_module *embedding, ca_tensor *x);
+/* Which heads of the attention the output of `proj` (the colwise layer that gives the heads: a q
+ * projection, a fused q, k, v) holds when it gives local_heads of them: under tensor parallelism tp rank r's
+ * *head0 = r local_heads of *heads = tp local_heads, else 0 of local_heads. For
+ * ca_scaled_dot_product_attention_heads, so that attention dropout at tp draws one process's masks.
+ * Local, no communication. CA_ERR_INVALID for a NULL argument or local_heads < 1. */
+CA_API ca_status ca_tp_heads(ca_module *proj, int64_t local_heads, int64_t *head0, int64_t *heads);
 /* ca_cross_entropy (mean over the labels that are not -100) of the logits that output layer `head` gave.
  * When the plan split head over tp (a colwise Linear, or a rowwise Embedding through ca_embedding_attend),
  * the logits [..., V / tp_size] are this rank's vocabulary columns and never whole on any rank: Megatron's
