@@ -23,6 +23,8 @@ typedef struct ca_mesh {
     ca_forward_fn *tp_plain;           /* each one's forward before the split (ca_summon_full_params runs it) */
     ca_forward_fn *tp_fwd;             /* and the tensor-parallel one the plan gave it (its style) */
     void **tp_plain_ctx;               /* the plain forward's context */
+    bool seq;                          /* the plan has "sequence_parallel" entries: colwise and rowwise
+                                        * layers take and give this rank's tokens (tp_seq.c) */
     int summons;                       /* ca_tp_summon(on) calls not yet undone (nested: a save while summoned) */
     ca_tp_whole *whole;                /* between ca_tp_summon(acc, true) and (acc, false) */
     int nwhole;
@@ -58,6 +60,12 @@ void ca_tp_set_plain(ca_accelerator *acc, bool plain);
 /* Applies model m's ca_tp_plan over the tp communicator (tp.c): with a mesh, a model without a plan is
  * refused; without one, nothing. */
 ca_status ca_tp_apply(ca_accelerator *acc, ca_module *m);
+/* Sequence parallelism (tp_seq.c): a colwise layer's input x [B, T/tp, ...] (this rank's tokens)
+ * all-gathered along dimension 1 (backward: the gradient reduce-scattered, summed over tp); a rowwise
+ * layer's partial output y [B, T, ...] reduce-scattered to this rank's tokens (backward: all-gathered).
+ * Collective over c. NULL with the error set (a T that tp does not divide, a failed collective). */
+ca_tensor *ca_tp_seq_colwise_input(ca_comm *c, ca_tensor *x);
+ca_tensor *ca_tp_seq_rowwise_output(ca_comm *c, ca_tensor *y);
 /* The accelerator goes: its tensor-parallel modules can no longer run (their communicator is gone). */
 void ca_tp_release(ca_accelerator *acc);
 

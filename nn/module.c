@@ -417,12 +417,13 @@ ca_status ca_tp_plan_fused(ca_module *m, const char *pattern, const char *style,
     if (!m || !pattern || !pattern[0] || !style || parts < 1)
         return ca_error(CA_ERR_INVALID, "ca_tp_plan: a module, a name pattern, a style and parts >= 1 are required");
     ca_tp_style st = !strcmp(style, "colwise") ? CA_TP_COLWISE : !strcmp(style, "rowwise") ? CA_TP_ROWWISE
-                     : !strcmp(style, "colwise_gather_output") ? CA_TP_COLWISE_GATHER : 0;
+                     : !strcmp(style, "colwise_gather_output") ? CA_TP_COLWISE_GATHER
+                     : !strcmp(style, "sequence_parallel") ? CA_TP_SEQUENCE : 0;
     if (!st)
         return ca_error(CA_ERR_UNSUPPORTED, "ca_tp_plan: style \"%s\" for \"%s\" is not supported yet (caccel splits "
-                        "Linear layers \"colwise\", \"colwise_gather_output\" and \"rowwise\", Embedding layers \"rowwise\"; "
-                        "Hugging Face's colwise_rep, local_colwise, local_rowwise, sequence_parallel, gather and "
-                        "replicate are not implemented)", style, pattern);
+                        "Linear layers \"colwise\", \"colwise_gather_output\" and \"rowwise\", Embedding layers \"rowwise\", "
+                        "norms \"sequence_parallel\"; Hugging Face's colwise_rep, local_colwise, local_rowwise, gather "
+                        "and replicate are not implemented)", style, pattern);
     char **np = realloc(m->tp_pattern, (size_t)(m->ntp + 1) * sizeof *np);
     if (np) m->tp_pattern = np;
     ca_tp_style *ns = np ? realloc(m->tp_style, (size_t)(m->ntp + 1) * sizeof *ns) : NULL;

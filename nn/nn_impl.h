@@ -40,6 +40,8 @@ struct ca_module {
     ca_status (*tp_prepare)(ca_module *self, int tp_size);
     int tp_rank, tp_size;            /* a colwise layer while its split forward runs: its tp coordinates
                                       * (accelerator/tp.c; ca_tp_heads reads them); 0 otherwise */
+    void *tp_seq;                    /* a module of a plan with sequence_parallel entries, split: the tp
+                                      * communicator (ca_tp_sequence_split); NULL otherwise */
     /* depth-first list of every parameter with full names, rebuilt on change */
     bool flat_valid;
     int nflat;
