@@ -107,12 +107,13 @@ note "$first: tp 4 on 4 ranks == one process (a Llama of 8 heads, 4 key/value he
 mkdir "$WORK/l8"
 sed -e 's/"num_attention_heads": 4, "num_key_value_heads": 2/"num_attention_heads": 8, "num_key_value_heads": 4/' \
     -e 's/"vocab_size": 257/"vocab_size": 260/' "$WORK/base/config.json" > "$WORK/l8/config.json"
-grep -q '"num_key_value_heads": 4.*' "$WORK/l8/config.json" && grep -q '"vocab_size": 260' "$WORK/l8/config.json" ||
-    fail "the 8-head config was not made"
+grep -q '"num_key_value_heads": 4' "$WORK/l8/config.json" || fail "the 8-head config was not made"
+grep -q '"vocab_size": 260' "$WORK/l8/config.json" || fail "the vocabulary of 260 was not set"
 # shellcheck disable=SC2086
 "$FT" --cpu --model "$WORK/l8" $RUN --lora_r 0 --batch_size 8 --output_dir "$WORK/l8m1" > "$WORK/l8one" 2>&1 ||
     { cat "$WORK/l8one"; fail "the 8-head Llama at 1 process"; }
 for b in $backends; do
+    # shellcheck disable=SC2086
     if [ "$b" = mpi ]; then launch 4 mpi "$FT" --model "$WORK/l8" $RUN --lora_r 0 --batch_size 8 --output_dir "$WORK/l8m4$b" \
         --parallelism_config_tp_size 4 > "$WORK/l8tp4$b"
     else launch 4 gloo --parallelism_config_tp_size 4 "$FT" --model "$WORK/l8" $RUN --lora_r 0 --batch_size 8 \
