@@ -31,7 +31,6 @@ libcaccel_la_SOURCES += \
 	accelerator/mesh_impl.h \
 	accelerator/mesh.c \
 	accelerator/tp.c \
-	accelerator/tp_seq.c \
 	accelerator/tp_state.c \
 	accelerator/autocast.c \
 	accelerator/batch_size.c \

@@ -60,12 +60,6 @@ void ca_tp_set_plain(ca_accelerator *acc, bool plain);
 /* Applies model m's ca_tp_plan over the tp communicator (tp.c): with a mesh, a model without a plan is
  * refused; without one, nothing. */
 ca_status ca_tp_apply(ca_accelerator *acc, ca_module *m);
-/* Sequence parallelism (tp_seq.c): a colwise layer's input x [B, T/tp, ...] (this rank's tokens)
- * all-gathered along dimension 1 (backward: the gradient reduce-scattered, summed over tp); a rowwise
- * layer's partial output y [B, T, ...] reduce-scattered to this rank's tokens (backward: all-gathered).
- * Collective over c. NULL with the error set (a T that tp does not divide, a failed collective). */
-ca_tensor *ca_tp_seq_colwise_input(ca_comm *c, ca_tensor *x);
-ca_tensor *ca_tp_seq_rowwise_output(ca_comm *c, ca_tensor *y);
 /* The accelerator goes: its tensor-parallel modules can no longer run (their communicator is gone). */
 void ca_tp_release(ca_accelerator *acc);
 

@@ -3,6 +3,7 @@
 #define CACCEL_NN_IMPL_H
 
 #include "tensor/tensor_impl.h"
+#include <caccel/collective.h>
 #include <caccel/nn.h>
 #include <caccel/optim.h>
 
@@ -64,6 +65,13 @@ void ca_module_set_owner(ca_module *m, const ca_module_owner *owner);
  * gather and release of a wrap unit's parameters). */
 void ca_module_set_forward_hooks(ca_module *m, ca_status (*pre)(void *ctx, ca_module *m),
                                  ca_tensor *(*post)(void *ctx, ca_module *m, ca_tensor *y), void *ctx);
+
+/* Sequence parallelism (nn/tp_seq.c; the accelerator's split layers call them): a colwise layer's input x [B, T/tp, ...] (this rank's tokens)
+ * all-gathered along dimension 1 (backward: the gradient reduce-scattered, summed over tp); a rowwise
+ * layer's partial output y [B, T, ...] reduce-scattered to this rank's tokens (backward: all-gathered).
+ * Collective over c. NULL with the error set (a T that tp does not divide, a failed collective). */
+ca_tensor *ca_tp_seq_colwise_input(ca_comm *c, ca_tensor *x);
+ca_tensor *ca_tp_seq_rowwise_output(ca_comm *c, ca_tensor *y);
 
 typedef enum ca_optim_kind { CA_OPTIM_SGD = 1, CA_OPTIM_ADAMW = 2 } ca_optim_kind;
 

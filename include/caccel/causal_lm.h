@@ -134,10 +134,13 @@ CA_API const char *ca_causal_lm_model_type(ca_causal_lm_family family);
  * heads; LoRA adapters on those layers are split with them. An untied lm_head whose vocab_size tp_size
  * divides is "colwise_gather_output" (transformers' model-level entry): each rank computes its vocabulary
  * slice of the logits, gathered whole on every rank. Attention dropout draws one process's masks
- * (ca_scaled_dot_product_attention_heads). Refused at ca_prepare, naming the key and
+ * (ca_scaled_dot_product_attention_heads). A config.json plan with input_layernorm,
+ * post_attention_layernorm and norm "sequence_parallel" runs the decoder sequence-parallel (the
+ * residual stream on each rank's tokens; all three or none). Refused at ca_prepare, naming the key and
  * config.json: num_attention_heads, num_key_value_heads or intermediate_size that tp_size does not
- * divide, a plan style other than "colwise" / "rowwise" (CA_ERR_UNSUPPORTED, naming the style and the
- * pattern); GPT-2 (transformers has no plan for it; its Conv1D layers are not split yet).
+ * divide, a plan style other than "colwise" / "rowwise" / "sequence_parallel" (CA_ERR_UNSUPPORTED,
+ * naming the style and the pattern); GPT-2 (transformers has no plan for it; its Conv1D layers are not
+ * split yet).
  */
 CA_API ca_status ca_causal_lm_create(const ca_causal_lm_config *c, ca_module **out);
 

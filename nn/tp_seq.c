@@ -5,8 +5,10 @@
  * gradient over tp, so it replaces the colwise all-reduce), a rowwise layer reduce-scatters its partial
  * outputs along the sequence instead of all-reducing them (backward: all-gather), and a norm planned
  * "sequence_parallel" sums its weight's gradients over tp (each rank saw its tokens only). */
-#include "accelerator/mesh_impl.h"
+#include "nn/nn_impl.h"
 #include "tensor/ops_impl.h"
+
+#include <caccel/collective.h>
 
 #include <string.h>
 
