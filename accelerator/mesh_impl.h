@@ -29,6 +29,8 @@ typedef struct ca_mesh {
     ca_forward_fn *tp_plain;           /* each one's forward before the split (ca_summon_full_params runs it) */
     ca_forward_fn *tp_fwd;             /* and the tensor-parallel one the plan gave it (its style) */
     void **tp_plain_ctx;               /* the plain forward's context */
+    bool seq;                          /* the plan has "sequence_parallel" entries: colwise and rowwise
+                                        * layers take and give this rank's tokens (tp_seq.c) */
     int summons;                       /* ca_tp_summon(on) calls not yet undone (nested: a save while summoned) */
     ca_tp_whole *whole;                /* between ca_tp_summon(acc, true) and (acc, false) */
     int nwhole;

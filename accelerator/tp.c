@@ -71,11 +71,90 @@ static ca_tensor *colwise_forward(ca_module *self, ca_tensor *x, void *ctx) {
     return ca_linear(tp_copy(x, ctx), self->params[0], self->nparams > 1 ? self->params[1] : NULL);
 }
 
+/* Backward of tp_gather_last: this rank's columns of the whole output's gradient. */
+static ca_status tp_gather_backward(ca_node *n, ca_tensor *g) {
+    ca_tensor *x = n->in[0];
+    int last = x->ndim - 1;
+    ca_tensor *dx = ca_op_new_like(x);
+    if (!dx) return ca_last_status();
+    const char *from = (const char *)ca_tptr(g) + (size_t)(n->i[0] * x->shape[last] * g->stride[last]) * ca_dtype_size(g->dtype);
+    ca_status s = CA_KCALL(ca_tdev(x), copy_strided, .dt = g->dtype, .ndim = x->ndim, .shape = x->shape, .x = from,
+                           .x_stride = g->stride, .y = ca_tptr(dx), .y_stride = dx->stride);
+    if (s != CA_OK) return ca_error_context("tensor-parallel Linear (colwise_gather_output): the output's gradient");
+    return ca_op_accumulate_owned(x, dx, 1.0f);
+}
+static const ca_node_vt tp_gather_vt = {"tp_gather", tp_gather_backward};
+
+/* y [..., n] of every tp rank side by side along the last dimension: [..., n tp], rank r's at columns
+ * [r n, (r + 1) n) (an all-gather, then each rank's block copied into its columns). */
+static ca_tensor *tp_gather_last(ca_tensor *y, ca_comm *tp) {
+    if (!y) return NULL;
+    if (!ca_tensor_is_contiguous(y)) y = ca_contiguous(y);
+    int tpn = ca_comm_size(tp), last = y ? y->ndim - 1 : 0;
+    int64_t all = y ? y->numel * tpn : 0, shape[CA_MAX_DIMS];
+    ca_tensor *recv = y ? ca_tensor_keep(ca_tensor_new(ca_tdev(y), y->dtype, 1, &all)) : NULL;   /* freed below */
+    if (!recv) return NULL;
+    memcpy(shape, y->shape, sizeof(int64_t) * (size_t)y->ndim);
+    shape[last] *= tpn;
+    ca_tensor *out = ca_tensor_new(ca_tdev(y), y->dtype, y->ndim, shape);
+    ca_status s = out ? ca_comm_all_gather(tp, ca_tptr(y), ca_tptr(recv), (size_t)y->numel, y->dtype, NULL)
+                      : ca_last_status();
+    size_t es = ca_dtype_size(y->dtype);
+    for (int r = 0; s == CA_OK && r < tpn; r++)
+        s = CA_KCALL(ca_tdev(y), copy_strided, .dt = y->dtype, .ndim = y->ndim, .shape = y->shape,
+                     .x = (char *)ca_tptr(recv) + (size_t)(r * y->numel) * es, .x_stride = y->stride,
+                     .y = (char *)ca_tptr(out) + (size_t)(r * y->shape[last]) * es, .y_stride = out->stride);
+    ca_tensor_free(recv);
+    if (s != CA_OK) {
+        ca_error_context("tensor-parallel Linear (colwise_gather_output): gathering the output");
+        return NULL;
+    }
+    if (ca_needs_grad(1, &y)) {
+        ca_node *n = ca_record(&tp_gather_vt, out, 1, &y);
+        if (!n) return NULL;
+        n->i[0] = ca_comm_rank(tp);
+    }
+    return out;
+}
+
+/* transformers' colwise_gather_output (a decoder's lm_head): each rank computes its columns, then every
+ * rank gets the whole output. */
+static ca_tensor *colwise_gather_forward(ca_module *self, ca_tensor *x, void *ctx) {
+    if (!ctx) return no_comm(self);
+    return tp_gather_last(colwise_forward(self, x, ctx), ctx);
+}
+
 static ca_tensor *rowwise_forward(ca_module *self, ca_tensor *x, void *ctx) {
     if (!ctx) return no_comm(self);
     ca_tensor *y = tp_reduce(ca_linear(x, self->params[0], NULL), ctx);
     return y && self->nparams > 1 ? ca_add(y, self->params[1]) : y;
 }
+
+/* Under sequence parallelism (tp_seq.c): the input is this rank's tokens, all-gathered first (whose
+ * backward sums the input's gradient over tp as tp_copy would); the output reduce-scattered to this rank's
+ * tokens instead of all-reduced, the (whole) bias added to them, its gradient summed over tp. */
+static ca_tensor *colwise_seq_forward(ca_module *self, ca_tensor *x, void *ctx) {
+    if (!ctx) return no_comm(self);
+    return ca_linear(ca_tp_seq_colwise_input(ctx, x), self->params[0], self->nparams > 1 ? self->params[1] : NULL);
+}
+
+static ca_tensor *rowwise_seq_forward(ca_module *self, ca_tensor *x, void *ctx) {
+    if (!ctx) return no_comm(self);
+    ca_tensor *y = ca_tp_seq_rowwise_output(ctx, ca_linear(x, self->params[0], NULL));
+    return y && self->nparams > 1 ? ca_add(y, tp_copy(self->params[1], ctx)) : y;   /* the bias: this rank's tokens' sum */
+}
+
+/* A norm planned "sequence_parallel" runs on this rank's tokens: its weight (and bias) pass through
+ * tp_copy, so that their gradients, each rank's from its tokens, are summed over tp. */
+static ca_tensor *norm_seq_forward(ca_module *self, ca_tensor *x, void *ctx) {
+    if (!ctx) return no_comm(self);
+    ca_tensor *w = tp_copy(self->params[0], ctx);
+    if (!strcmp(self->type, "RMSNorm")) return ca_rms_norm(x, w, self->p);
+    return ca_layer_norm(x, w, self->nparams > 1 ? tp_copy(self->params[1], ctx) : NULL, self->p);
+}
+
+static bool is_colwise(ca_forward_fn f) { return f == colwise_forward || f == colwise_seq_forward; }
+static bool is_rowwise(ca_forward_fn f) { return f == rowwise_forward || f == rowwise_seq_forward; }
 
 /* ------------------------------------------------------------------ vocabulary parallelism */
 
@@ -149,7 +228,7 @@ static ca_tensor *vocab_embedding_forward(ca_module *self, ca_tensor *ids, void 
 /* Whether the plan split m so that its output columns are a vocabulary slice: a colwise Linear, or a
  * rowwise Embedding used as a tied output layer (ca_embedding_attend). */
 static bool vocab_split(const ca_module *m) {
-    return m->forward == colwise_forward || m->forward == vocab_embedding_forward;
+    return is_colwise(m->forward) || m->forward == vocab_embedding_forward;
 }
 
 ca_tensor *ca_embedding_attend(ca_module *embedding, ca_tensor *x) {
@@ -254,6 +333,11 @@ typedef struct tp_walk {
 static ca_status tp_splittable(const ca_module *l, const char *name, int style, bool emb) {
     const ca_lora_layer *lo = ca_lora_layer_of(l);   /* PEFT's lora.Linear: its base layer is split */
     const char *type = lo ? lo->base_type : l->type;
+    if (style == CA_TP_SEQUENCE)
+        return !lo && (!strcmp(type, "LayerNorm") || !strcmp(type, "RMSNorm")) && l->nparams >= 1
+                   ? CA_OK
+                   : ca_error(CA_ERR_UNSUPPORTED, "ca_tp_plan: \"%s\" is a %s; \"sequence_parallel\" applies to "
+                              "LayerNorm and RMSNorm layers only", name, type);
     if (!emb && (strcmp(type, "Linear") != 0 || l->nparams < 1 || l->params[0]->ndim != 2))
         return ca_error(CA_ERR_UNSUPPORTED, "ca_tp_plan: \"%s\" is a %s%s; caccel splits Linear and Embedding layers "
                         "only (not yet norms)", name, type, lo ? " under a LoRA adapter" : "");
@@ -266,16 +350,31 @@ static ca_status tp_splittable(const ca_module *l, const char *name, int style, 
     return CA_OK;
 }
 
+/* A colwise layer's place among the tp ranks while its split forward runs (ca_tp_heads reads it: which
+ * attention heads its output holds); tp NULL: none (not split, or its plain forward). */
+static void tp_mark(ca_module *l, ca_comm *tp) {
+    l->tp_rank = tp ? ca_comm_rank(tp) : 0;
+    l->tp_size = tp ? ca_comm_size(tp) : 0;
+}
+
+static ca_status tp_record(tp_walk *w, ca_module *l, ca_forward_fn f);
+
 /* Splits Linear or Embedding module l (named `name`) by style over the tp ranks, each of its `parts`
- * blocks alike. */
+ * blocks alike; a norm planned "sequence_parallel" stays whole. */
 static ca_status tp_split(tp_walk *w, ca_module *l, const char *name, int style, int parts) {
     ca_mesh *m = w->acc->mesh;
     int tp = m->shape.size[CA_MESH_TP], r = m->coord[CA_MESH_TP];
     bool emb = !strcmp(l->type, "Embedding");
     ca_status s = tp_splittable(l, name, style, emb);
     if (s != CA_OK) return s;
+    if (style == CA_TP_SEQUENCE) return tp_record(w, l, norm_seq_forward);   /* whole, on this rank's tokens */
+    if (m->seq && (ca_lora_layer_of(l) || style == CA_TP_COLWISE_GATHER))
+        return ca_error(CA_ERR_UNSUPPORTED, "ca_tp_plan: \"%s\" is %s; under sequence parallelism (a plan entry "
+                        "\"sequence_parallel\") that is not supported yet", name,
+                        ca_lora_layer_of(l) ? "a LoRA adapter's layer" : "planned \"colwise_gather_output\"");
     ca_tensor *wt = l->params[0];
-    int dim = style == CA_TP_COLWISE || emb ? 0 : 1;   /* Linear [out, in]: colwise splits out, rowwise in;
+    bool col = style != CA_TP_ROWWISE;   /* colwise, colwise_gather_output */
+    int dim = col || emb ? 0 : 1;   /* Linear [out, in]: colwise splits out, rowwise in;
                                                          * Embedding [vocab, dim]: rowwise splits the vocabulary */
     int64_t n = wt->shape[dim];
     if (emb && n % tp != 0)
@@ -284,17 +383,25 @@ static ca_status tp_split(tp_walk *w, ca_module *l, const char *name, int style,
                         (long long)n, tp);
     if (n % parts != 0 || (n / parts) % tp != 0)
         return ca_error(CA_ERR_CONFIG, "ca_tp_plan: %s Linear \"%s\" has %lld %s features%s, which "
-                        "parallelism_config_tp_size %d does not divide", style == CA_TP_COLWISE ? "colwise" : "rowwise",
+                        "parallelism_config_tp_size %d does not divide", col ? "colwise" : "rowwise",
                         name, (long long)(n / parts), dim ? "input" : "output", parts > 1 ? " per fused block" : "", tp);
     int64_t part = n / parts / tp;
     s = ca_tensor_narrow_(wt, dim, parts, r * part, part);
-    if (s == CA_OK && l->nparams > 1 && style == CA_TP_COLWISE)
+    if (s == CA_OK && l->nparams > 1 && col)
         s = ca_tensor_narrow_(l->params[1], 0, parts, r * part, part);
     ca_lora_layer *lo = ca_lora_layer_of(l);   /* lora_B [out, r] by its rows, lora_A [r, in] by its columns */
     if (s == CA_OK && lo)
-        s = style == CA_TP_COLWISE ? ca_tensor_narrow_(lo->b->params[0], 0, parts, r * part, part)
+        s = col ? ca_tensor_narrow_(lo->b->params[0], 0, parts, r * part, part)
                                    : ca_tensor_narrow_(lo->a->params[0], 1, parts, r * part, part);
     if (s != CA_OK) return ca_error_context("splitting \"%s\" over the tp ranks (rank %d)", name, w->acc->rank);
+    return tp_record(w, l, emb ? vocab_embedding_forward : style == CA_TP_COLWISE_GATHER ? colwise_gather_forward
+                           : col ? (m->seq ? colwise_seq_forward : colwise_forward)
+                                 : (m->seq ? rowwise_seq_forward : rowwise_forward));
+}
+
+/* l, split, gets forward f over the tp communicator (its plain one kept for ca_summon_full_params). */
+static ca_status tp_record(tp_walk *w, ca_module *l, ca_forward_fn f) {
+    ca_mesh *m = w->acc->mesh;
     ca_module **nt = realloc(m->tp, (size_t)(m->ntp + 1) * sizeof *nt);
     if (nt) m->tp = nt;
     ca_forward_fn *np = nt ? realloc(m->tp_plain, (size_t)(m->ntp + 1) * sizeof *np) : NULL;
@@ -309,12 +416,15 @@ static ca_status tp_split(tp_walk *w, ca_module *l, const char *name, int style,
     tp_slot(l, &fwd, &ctx);
     m->tp_plain[m->ntp] = *fwd;
     m->tp_plain_ctx[m->ntp] = *ctx;
-    *fwd = emb ? vocab_embedding_forward : style == CA_TP_COLWISE ? colwise_forward : rowwise_forward;
+    *fwd = f;
     m->tp_fwd[m->ntp] = *fwd;
     m->tp[m->ntp++] = l;
     *ctx = m->comm[CA_MESH_TP];
+    tp_mark(l, is_colwise(f) ? m->comm[CA_MESH_TP] : NULL);
+    l->tp_seq = m->seq ? m->comm[CA_MESH_TP] : NULL;   /* ca_tp_sequence_split finds the communicator there */
+    ca_lora_layer *lo = ca_lora_layer_of(l);
     if (lo) {
-        lo->tp_mix = style == CA_TP_COLWISE ? lora_mix_copy : lora_mix_reduce;
+        lo->tp_mix = is_rowwise(f) ? lora_mix_reduce : lora_mix_copy;
         lo->tp_ctx = m->comm[CA_MESH_TP];
     }
     w->matched++;
@@ -343,6 +453,7 @@ ca_status ca_tp_apply(ca_accelerator *acc, ca_module *m) {
         return ca_error(CA_ERR_UNSUPPORTED, "ca_prepare: parallelism_config_tp_size %d (from %s) needs a tensor-parallel "
                         "plan on the model (ca_tp_plan(model, \"fc1\", \"colwise\"), ...); a model without one is "
                         "not split automatically yet", tp, tpo);
+    for (int i = 0; i < m->ntp; i++) acc->mesh->seq |= m->tp_style[i] == CA_TP_SEQUENCE;
     tp_walk w = {.acc = acc, .root = m};
     ca_status s = tp_visit(&w, m, "");
     if (s == CA_OK && !w.matched)
@@ -360,6 +471,8 @@ void ca_tp_release(ca_accelerator *acc) {
         void **ctx;
         tp_slot(m->tp[i], &fwd, &ctx);
         *ctx = NULL;
+        tp_mark(m->tp[i], NULL);
+        m->tp[i]->tp_seq = NULL;
         ca_lora_layer *lo = ca_lora_layer_of(m->tp[i]);
         if (lo) lo->tp_ctx = NULL;
     }
@@ -381,8 +494,10 @@ void ca_tp_set_plain(ca_accelerator *acc, bool plain) {
         tp_slot(m->tp[i], &fwd, &ctx);
         *fwd = plain ? m->tp_plain[i] : m->tp_fwd[i];
         *ctx = plain ? m->tp_plain_ctx[i] : m->comm[CA_MESH_TP];
+        tp_mark(m->tp[i], !plain && is_colwise(m->tp_fwd[i]) ? m->comm[CA_MESH_TP] : NULL);
+        m->tp[i]->tp_seq = !plain && m->seq ? m->comm[CA_MESH_TP] : NULL;
         ca_lora_layer *lo = ca_lora_layer_of(m->tp[i]);
-        if (lo) lo->tp_mix = plain ? NULL : m->tp_fwd[i] == rowwise_forward ? lora_mix_reduce : lora_mix_copy;
+        if (lo) lo->tp_mix = plain ? NULL : is_rowwise(m->tp_fwd[i]) ? lora_mix_reduce : lora_mix_copy;
     }
 }
 
@@ -395,10 +510,12 @@ int ca_tp_split_dim(const ca_accelerator *acc, const ca_tensor *t) {
         const ca_module *l = acc->mesh->tp[i];   /* a rowwise layer's bias is whole */
         ca_forward_fn f = acc->mesh->tp_fwd[i];
         const ca_lora_layer *lo = ca_lora_layer_of(l);
-        if (f == colwise_forward && l->nparams > 1 && l->params[1] == t) return 0;
-        if (l->params[0] == t) return f == rowwise_forward ? 1 : 0;   /* an Embedding: its rows */
-        if (lo && f == colwise_forward && lo->b->params[0] == t) return 0;   /* lora_B's output rows */
-        if (lo && f == rowwise_forward && lo->a->params[0] == t) return 1;   /* lora_A's input columns */
+        if (f == norm_seq_forward) continue;   /* whole (its gradient summed over tp) */
+        bool col = is_colwise(f) || f == colwise_gather_forward;   /* split alike */
+        if (col && l->nparams > 1 && l->params[1] == t) return 0;
+        if (l->params[0] == t) return is_rowwise(f) ? 1 : 0;   /* an Embedding: its rows */
+        if (lo && col && lo->b->params[0] == t) return 0;   /* lora_B's output rows */
+        if (lo && is_rowwise(f) && lo->a->params[0] == t) return 1;   /* lora_A's input columns */
     }
     return -1;
 }

@@ -30,7 +30,7 @@ static ca_status tp_split_of(const ca_accelerator *acc, ca_module *model, const 
     if (!style)
         return ca_error(CA_ERR_INTERNAL, "tensor parallelism: parameter \"%s\" is split but the plan names no module "
                         "\"%s\"", name, mod);
-    if (style != CA_TP_COLWISE && style != CA_TP_ROWWISE)   /* a style added later says how it splits here */
+    if (style != CA_TP_COLWISE && style != CA_TP_ROWWISE && style != CA_TP_COLWISE_GATHER)   /* a style added later says how it splits here */
         return ca_error(CA_ERR_UNSUPPORTED, "tensor parallelism: parameter \"%s\" is split by tensor-parallel style "
                         "%d, whose full-state checkpoint (the gather of its slices) is not implemented", name, style);
     *dim = ca_tp_split_dim(acc, p);

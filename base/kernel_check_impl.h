@@ -394,9 +394,19 @@ static inline ca_status ca_kcheck_att_kv(const char *be, const char *k, const ca
     return CA_OK;
 }
 
+/* The dropout stream's heads (ABI 3.6): 0, or the call's heads within [0, stream_heads). */
+static inline ca_status ca_kcheck_att_stream(const char *be, const char *k, const ca_attention_params *p, int64_t sh,
+                                             int64_t h0) {
+    if (sh < 0 || (sh == 0 && h0 != 0) || (sh > 0 && (h0 < 0 || h0 + p->heads > sh)))
+        return CK_ERR("%s kernel %s: heads [%lld, %lld) are not within the dropout stream's %lld heads", be, k,
+                      (long long)h0, (long long)(h0 + p->heads), (long long)sh);
+    return CA_OK;
+}
+
 static inline ca_status ca_kcheck_attention(const char *be, const ca_attention_args *a) {
     CK_TRY(ca_kcheck_att(be, "attention", a->dt, &a->p, a->q, a->k, a->v));
     CK_TRY(ca_kcheck_att_kv(be, "attention", &a->p, a->kv_heads));
+    CK_TRY(ca_kcheck_att_stream(be, "attention", &a->p, a->stream_heads, a->stream_head0));
     if (a->p.batch * a->p.heads * a->p.tq > 0 && (!a->out || !a->lse))
         return CK_ERR("%s kernel attention: out or lse is NULL", be);
     return CA_OK;
@@ -405,6 +415,7 @@ static inline ca_status ca_kcheck_attention(const char *be, const ca_attention_a
 static inline ca_status ca_kcheck_attention_backward(const char *be, const ca_attention_backward_args *a) {
     CK_TRY(ca_kcheck_att(be, "attention_backward", a->dt, &a->p, a->q, a->k, a->v));
     CK_TRY(ca_kcheck_att_kv(be, "attention_backward", &a->p, a->kv_heads));
+    CK_TRY(ca_kcheck_att_stream(be, "attention_backward", &a->p, a->stream_heads, a->stream_head0));
     if (a->p.batch * a->p.heads > 0 && (!a->dq || !a->dk || !a->dv || (a->p.tq && (!a->out || !a->dout || !a->lse))))
         return CK_ERR("%s kernel attention_backward: an output or saved buffer is NULL", be);
     return CA_OK;

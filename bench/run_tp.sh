@@ -3,7 +3,8 @@
 # batch at 1 process, dp 2 (2 processes, plain data parallel) and tp 2 (2 processes,
 # parallelism_config_tp_size 2: c_attn colwise fused, attn c_proj rowwise, mlp c_fc colwise, mlp c_proj
 # rowwise) and, with --modes naming it, cp 2 (2 processes, parallelism_config_cp_size 2: each rank 128 of
-# every 256 tokens, keys and values all-gathered), under caccel launch (Gloo), 1 thread a process;
+# every 256 tokens, keys and values all-gathered), under caccel launch (Gloo), --threads threads a process
+# (default 1; OMP_NUM_THREADS and OPENBLAS_NUM_THREADS, the PyTorch peer's torch.set_num_threads);
 # alternating, medians of REPS runs. Prints
 #   (a) tokens/s (the accelerator's throughput line, log_interval 1: the whole job's rate, a tp group's
 #       batch counted once; median of the steps after the first) and the step time it gives,
@@ -20,12 +21,12 @@
 #   wide     2 layers x 1024 channels, 8 heads, T 128, B 8
 #   tiny     2 layers x 64 channels, 2 heads, T 32, B 8 (a check of the script, in seconds)
 # usage: run_tp.sh --gpt PATH --caccel PATH [--reps N] [--steps N] [--shapes default,wide] [--modes 1,dp2,tp2,cp2]
-#                  [--no-torch]
+#                  [--threads N] [--no-torch]
 # Environment: CACCEL_BENCH_PYTHON (else TORCH_PYTHON, else python3): the interpreter with torch >= 2.2
 # for the peer; CACCEL_FORTUNES_DIR (the example's corpus).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-gpt="" caccel="" reps=3 steps=6 shapes=default,wide peer=1 modes=1,dp2,tp2
+gpt="" caccel="" reps=3 steps=6 shapes=default,wide peer=1 modes=1,dp2,tp2 threads=1
 while [ $# -gt 0 ]; do
     case $1 in
         --gpt) gpt=$2; shift 2 ;;
@@ -34,6 +35,7 @@ while [ $# -gt 0 ]; do
         --steps) steps=$2; shift 2 ;;
         --shapes) shapes=$2; shift 2 ;;
         --modes) modes=$2; shift 2 ;;
+        --threads) threads=$2; shift 2 ;;
         --no-torch) peer=0; shift ;;
         *) echo "run_tp.sh: unknown argument $1" >&2; exit 2 ;;
     esac
@@ -45,14 +47,14 @@ if [ $peer = 1 ] && ! "$py" -c 'import torch.distributed.tensor.parallel' 2>/dev
     echo "# the PyTorch peer is left out: $py has no torch.distributed.tensor.parallel (set CACCEL_BENCH_PYTHON)"
     peer=0
 fi
-export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
+export OPENBLAS_NUM_THREADS=$threads OMP_NUM_THREADS=$threads   # caccel launch keeps them; the peer reads the second
 work=$(mktemp -d "${TMPDIR:-/tmp}/caccel-bench-tp.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 # every rank under /usr/bin/time: its peak resident set, tagged with its rank
 # shellcheck disable=SC2016  # expanded by the wrapper, per rank
 printf '#!/bin/sh\nexec /usr/bin/time -f "peak_rss_kib rank=${RANK:-0} %%M" "$@"\n' > "$work/rss"
 chmod +x "$work/rss"
-echo "# $(date -u +%Y-%m-%dT%H:%MZ) $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(getconf _NPROCESSORS_ONLN) CPUs, 1 thread a process, $reps repetitions, $steps steps a run$([ $peer = 1 ] && echo "; torch $("$py" -c 'import torch; print(torch.__version__)')")"
+echo "# $(date -u +%Y-%m-%dT%H:%MZ) $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(getconf _NPROCESSORS_ONLN) CPUs, $threads thread(s) a process, $reps repetitions, $steps steps a run$([ $peer = 1 ] && echo "; torch $("$py" -c 'import torch; print(torch.__version__)')")"
 
 # run MODE OUT ARGS...: the example at MODE (1, dp2, tp2, cp2), every rank under the RSS wrapper
 run() {

@@ -6,6 +6,10 @@ EXTRA_DIST += bench/run_tp.sh bench/tp_report.py bench/bench_runs.py bench/peers
 
 .PHONY: bench-tp
 bench: bench-tp
+# At 1 and 2 threads a process (BENCH_TP_THREADS).
+BENCH_TP_THREADS = 1 2
 bench-tp: examples/gpt$(EXEEXT) tools/caccel$(EXEEXT) $(filter collectives/%,$(pkglib_LTLIBRARIES))
-	CACCEL_PLUGIN_PATH='$(abs_top_builddir)/collectives/.libs' bash $(top_srcdir)/bench/run_tp.sh \
-	  --gpt ./examples/gpt$(EXEEXT) --caccel ./tools/caccel$(EXEEXT) $(BENCH_TP_ARGS)
+	for t in $(BENCH_TP_THREADS); do \
+	  CACCEL_PLUGIN_PATH='$(abs_top_builddir)/collectives/.libs' bash $(top_srcdir)/bench/run_tp.sh \
+	    --gpt ./examples/gpt$(EXEEXT) --caccel ./tools/caccel$(EXEEXT) --threads $$t $(BENCH_TP_ARGS) || exit 1; \
+	done

@@ -30,6 +30,8 @@ typedef struct args {
     const char *output_dir;    /* save the trained model (model.safetensors) */
     const char *parity_dir;    /* write weights, one batch's logits, loss and gradients; no training */
     bool gradient_checkpointing;   /* recompute each block's activations in backward */
+    bool sequence_parallel;    /* under tensor parallelism, the norms and the residual stream on 1/tp of the tokens */
+    int tp;                    /* parallelism_config_tp_size (set by main) */
 } args;
 
 static void usage(FILE *f) {
@@ -39,7 +41,7 @@ static void usage(FILE *f) {
             "           [--warmup FRACTION] [--weight_decay X] [--grad_clip X] [--init_std X] [--seed N]\n"
             "           [--log_interval N] [--eval_interval N] [--eval_samples N] [--data DIR]\n"
             "           [--sample_tokens N] [--temperature X] [--top_k K] [--prompt TEXT]\n"
-            "           [--output_dir DIR] [--parity_dir DIR] [--gradient_checkpointing]\n"
+            "           [--output_dir DIR] [--parity_dir DIR] [--gradient_checkpointing] [--sequence_parallel]\n"
             "           [configuration flags]\n"
             "Tokens are bytes (0..255); --vocab_size (at least 256) only sizes the embedding, so\n"
             "GPT-2's 50304 can be set for benchmarks. --data: a directory of fortune files (default\n"
@@ -49,6 +51,8 @@ static void usage(FILE *f) {
             "channels, block 64, batch 32, 600 steps of AdamW at lr 4e-3 (5%% warm-up, cosine to\n"
             "10%%), dropout 0. --gradient_checkpointing keeps only each block's input during\n"
             "forward and recomputes the block in backward (less memory, about one more forward).\n"
+            "--sequence_parallel (with parallelism_config_tp_size above 1, Megatron's): the LayerNorms\n"
+            "and the residual stream hold 1/tp of the tokens on each rank (dropout 0 only).\n"
             "docs/GPT.md describes the model.\n");
 }
 
@@ -101,6 +105,7 @@ static args parse(int argc, char **argv) {
         else if (flag(s, "--output_dir", argc, argv, &i, &v)) a.output_dir = v;
         else if (flag(s, "--parity_dir", argc, argv, &i, &v)) a.parity_dir = v;
         else if (!strcmp(s, "--gradient_checkpointing")) a.gradient_checkpointing = true;
+        else if (!strcmp(s, "--sequence_parallel")) a.sequence_parallel = true;
         else {
             int arity = ca_config_flag_arity(s);          /* the accelerator reads these */
             if (arity < 0) {
@@ -286,15 +291,19 @@ static bool training(const gpt *g) { return ca_module_is_training(g->wte); }
 /* Under tensor parallelism (parallelism_config_tp_size) c_attn gives this rank's heads only: the channels
  * and heads are taken from its output. */
 static ca_tensor *attention(const gpt *g, const block *b, ca_tensor *x) {
-    int64_t B = ca_tensor_dim(x, 0), T = ca_tensor_dim(x, 1);
     ca_tensor *qkv = ca_module_forward(b->c_attn, x), *p[3];
     if (!qkv) return NULL;
+    int64_t B = ca_tensor_dim(qkv, 0), T = ca_tensor_dim(qkv, 1);   /* all the tokens (sequence-parallel: x has 1/tp) */
     int64_t C = ca_tensor_dim(qkv, 2) / 3, H = g->a.n_head * C / g->a.n_embd;
     if (ca_split(qkv, 2, 3, (int64_t[]){C, C, C}, p) != CA_OK) return NULL;
     for (int i = 0; i < 3; i++)   /* [B, T, C] -> [B, H, T, D] */
         p[i] = ca_transpose(ca_reshape(p[i], CA_SHAPE(B, T, H, C / H)), 1, 2);
+    /* at tp each rank drops what one process drops for its heads (the dropouts after the rowwise layers
+     * and the embedding see the whole activations, the same on every rank: the same mask) */
     double drop = training(g) ? g->a.dropout : 0.0;
-    ca_tensor *y = ca_scaled_dot_product_attention(p[0], p[1], p[2], NULL, true, drop, 0.0);
+    int64_t h0, heads;
+    if (ca_tp_heads(b->c_attn, H, &h0, &heads) != CA_OK) return NULL;
+    ca_tensor *y = ca_scaled_dot_product_attention_heads(p[0], p[1], p[2], NULL, true, drop, 0.0, h0, heads);
     y = ca_reshape(ca_contiguous(ca_transpose(y, 1, 2)), CA_SHAPE(B, T, C));
     return ca_dropout(ca_module_forward(b->attn_proj, y), g->a.dropout, training(g));
 }
@@ -345,8 +354,18 @@ static ca_tensor *gpt_forward(ca_module *self, ca_tensor *idx, void *ctx) {
                                      : ca_from_host(ca_tensor_device(idx), CA_I64, CA_SHAPE(T), g->positions);
     ca_tensor *x = ca_add(ca_module_forward(g->wte, idx), ca_module_forward(g->wpe, pos));
     x = ca_dropout(x, g->a.dropout, training(g));
+    /* --sequence_parallel: each tp rank runs the blocks' norms and residual stream on its tokens (the
+     * sequence padded to a multiple of tp: causal attention keeps the padding out of the real tokens) */
+    int64_t pad = g->a.sequence_parallel ? (g->a.tp - T % g->a.tp) % g->a.tp : 0;
+    if (pad && x) {
+        ca_tensor *zeros = ca_zeros(ca_tensor_device(x), ca_tensor_dtype(x), CA_SHAPE(ca_tensor_dim(x, 0), pad, g->a.n_embd));
+        x = ca_concat(2, (ca_tensor *[]){x, zeros}, 1);
+    }
+    x = ca_tp_sequence_split(g->wte, x);
     for (int l = 0; l < g->a.n_layer; l++) x = run_block(g, &g->h[l], x);
-    return ca_embedding_attend(g->wte, ca_module_forward(g->ln_f, x));   /* tied to the token embedding */
+    x = ca_tp_sequence_gather(g->wte, ca_module_forward(g->ln_f, x));
+    if (pad && x) x = ca_narrow(x, 1, 0, T);
+    return ca_embedding_attend(g->wte, x);   /* tied to the token embedding */
 }
 
 /* GPT-2's initialisation: weights N(0, 0.02) (--init_std), the projections into the residual
@@ -411,6 +430,11 @@ static ca_module *build_gpt(const args *a) {
     CA_CHECK(ca_tp_plan(root, "transformer.h.*.attn.c_proj", "rowwise"));
     CA_CHECK(ca_tp_plan(root, "transformer.h.*.mlp.c_fc", "colwise"));
     CA_CHECK(ca_tp_plan(root, "transformer.h.*.mlp.c_proj", "rowwise"));
+    if (a->sequence_parallel) {   /* the norms on this rank's tokens: Megatron's sequence parallelism */
+        CA_CHECK(ca_tp_plan(root, "transformer.h.*.ln_1", "sequence_parallel"));
+        CA_CHECK(ca_tp_plan(root, "transformer.h.*.ln_2", "sequence_parallel"));
+        CA_CHECK(ca_tp_plan(root, "transformer.ln_f", "sequence_parallel"));
+    }
     return root;
 }
 
@@ -836,6 +860,12 @@ int main(int argc, char **argv) {
     if (a.n_head % mesh.size[CA_MESH_TP] != 0) {   /* each tensor-parallel rank computes whole heads */
         fprintf(stderr, "gpt: --n_head %d is not a multiple of parallelism_config_tp_size %d (each tensor-parallel "
                 "rank computes whole heads)\n", a.n_head, mesh.size[CA_MESH_TP]);
+        exit(2);
+    }
+    a.tp = mesh.size[CA_MESH_TP];
+    if (a.sequence_parallel && a.dropout != 0) {
+        fprintf(stderr, "gpt: --sequence_parallel with --dropout above 0 is not supported yet (each rank would drop "
+                "its tokens' part of a mask other than one process's)\n");
         exit(2);
     }
     corpus c = read_corpus(a.data);

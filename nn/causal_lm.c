@@ -5,6 +5,7 @@
 #include "nn/nn_impl.h"
 
 #include <caccel/causal_lm.h>
+#include <caccel/collective.h>
 
 #include <math.h>
 #include <stdio.h>
@@ -134,6 +135,21 @@ static ca_status tp_check_sizes(const ca_causal_lm_config *c, bool attn, bool ml
     return CA_OK;
 }
 
+/* Sequence parallelism (a config plan's "sequence_parallel" entries): the residual stream stays on each
+ * rank's tokens from the first layer's input_layernorm to the final norm, so every norm on it must be one. */
+static ca_status tp_check_seq(const ca_module *self, const char *where) {
+    static const char *const norms[3] = {"input_layernorm", "post_attention_layernorm", "norm"};
+    for (int i = 0; i < 3; i++) {
+        char name[96];
+        snprintf(name, sizeof name, i < 2 ? "model.layers.0.%s" : "model.%s", norms[i]);
+        if (ca_tp_plan_match(self, name, NULL) != CA_TP_SEQUENCE)
+            return ca_error(CA_ERR_UNSUPPORTED, "%s: \"base_model_tp_plan\" runs some norms \"sequence_parallel\" but "
+                            "not \"%s\"; caccel runs the decoder sequence-parallel with layers.*.input_layernorm, "
+                            "layers.*.post_attention_layernorm and norm all so", where, name + 6);
+    }
+    return CA_OK;
+}
+
 /* ca_module's tp_prepare: the config's base_model_tp_plan (or the family's) checked against tp and added
  * to the model's plan under "model.", once. */
 static ca_status lm_tp_prepare(ca_module *self, int tp) {
@@ -149,15 +165,24 @@ static ca_status lm_tp_prepare(ca_module *self, int tp) {
                                  tp, where);
     for (int i = 0; s == CA_OK && i < n; i++) {
         const char *pat = own ? c->tp_plan[i][0] : plan[i][0], *style = own ? c->tp_plan[i][1] : plan[i][1];
-        if (strcmp(style, "colwise") != 0 && strcmp(style, "rowwise") != 0)
+        if (strcmp(style, "colwise") != 0 && strcmp(style, "rowwise") != 0 && strcmp(style, "sequence_parallel") != 0)
             return ca_error(CA_ERR_UNSUPPORTED, "%s: \"base_model_tp_plan\" style \"%s\" for \"%s\" is not supported "
-                            "yet (caccel splits Linear layers \"colwise\" and \"rowwise\")", where, style, pat);
+                            "yet (caccel splits Linear layers \"colwise\" and \"rowwise\", and runs norms "
+                            "\"sequence_parallel\")", where, style, pat);
     }
+    bool seq = false;
+    for (int i = 0; own && i < n; i++) seq |= !strcmp(c->tp_plan[i][1], "sequence_parallel");
     for (int i = 0; s == CA_OK && !b->tp_planned && i < n; i++) {
         char name[128];
         snprintf(name, sizeof name, "model.%s", own ? c->tp_plan[i][0] : plan[i][0]);
         s = ca_tp_plan(self, name, own ? c->tp_plan[i][1] : plan[i][1]);
     }
+    /* transformers' model-level plan: lm_head colwise_gather_output (each rank its vocabulary's logits, then
+     * gathered: ca_causal_lm_loss unchanged). A tied head is the embedding, which the plan keeps whole; a
+     * vocabulary tp does not divide keeps the head whole too (a tokenizer's 257 rows). */
+    if (s == CA_OK && !b->tp_planned && b->lm_head && c->vocab_size % tp == 0 && !seq)
+        s = ca_tp_plan(self, "lm_head", "colwise_gather_output");
+    if (s == CA_OK && seq) s = tp_check_seq(self, where);
     if (s == CA_OK) b->tp_planned = true;
     return s;
 }
@@ -249,8 +274,12 @@ static ca_tensor *decoder_layer(const lm_layer *l, ca_tensor *const *in, bool tr
     ca_tensor *q = ca_rope(split_heads(ca_module_forward(l->q, x), d), cos_t, sin_t);
     ca_tensor *k = ca_rope(split_heads(ca_module_forward(l->k, x), d), cos_t, sin_t);
     ca_tensor *v = split_heads(ca_module_forward(l->v, x), d);
-    /* grouped-query attention in the op: k and v keep their num_key_value_heads heads (no repeat_kv copy) */
-    ca_tensor *a = ca_scaled_dot_product_attention(q, k, v, mask, true, training ? c->attention_dropout : 0, 0);
+    /* grouped-query attention in the op: k and v keep their num_key_value_heads heads (no repeat_kv copy);
+     * under tensor parallelism the dropout of this rank's heads is one process's (ca_tp_heads) */
+    int64_t h0 = 0, heads = 1;
+    if (q && ca_tp_heads(l->q, q->shape[1], &h0, &heads) != CA_OK) return NULL;
+    ca_tensor *a = ca_scaled_dot_product_attention_heads(q, k, v, mask, true, training ? c->attention_dropout : 0, 0,
+                                                         h0, heads);
     h = ca_add(h, ca_module_forward(l->o, merge_heads(a)));
     x = ca_module_forward(l->post_ln, h);
     return ca_add(h, ca_module_forward(l->down, ca_swiglu(ca_module_forward(l->gate, x), ca_module_forward(l->up, x))));
@@ -315,11 +344,34 @@ static ca_status check_window(const ca_causal_lm_config *c, int64_t len) {
     return CA_OK;
 }
 
+/* Under sequence parallelism (the norms planned "sequence_parallel", prepared at tp > 1) the tokens a
+ * sequence is padded with at its end to a multiple of tp (causal attention keeps them out of the real
+ * ones): ids and the mask (if any) padded in place. 0 otherwise. */
+static int64_t seq_pad(const lm_model *b, ca_tensor **ids, ca_tensor **mask, const ca_tensor *pos) {
+    void *tp = b->nlayers ? b->layers[0].in_ln->tp_seq : NULL;
+    int64_t len = (*ids)->shape[1], n = tp ? ca_comm_size(tp) : 1, pad = (n - len % n) % n, bsz = (*ids)->shape[0];
+    if (!pad) return 0;
+    if (pos) {
+        ca_error(CA_ERR_UNSUPPORTED, "ca_causal_lm_forward: position_ids with sequence parallelism and a length (%lld) "
+                 "that parallelism_config_tp_size %lld does not divide are not supported yet", (long long)len,
+                 (long long)n);
+        return -1;
+    }
+    ca_device *dev = ca_tdev(*ids);
+    bool masked = *mask != NULL;
+    *ids = ca_concat(2, (ca_tensor *[]){*ids, ca_zeros(dev, (*ids)->dtype, 2, (int64_t[]){bsz, pad})}, 1);
+    if (masked)
+        *mask = ca_concat(2, (ca_tensor *[]){*mask, ca_full(dev, (*mask)->dtype, 2, (int64_t[]){bsz, pad}, 1)}, 1);
+    return *ids && (!masked || *mask) ? pad : -1;
+}
+
 static ca_status run_lm(lm_model *b, bool training, ca_tensor *ids, ca_tensor *mask, ca_tensor *pos,
                         ca_tensor **logits) {
     const ca_causal_lm_config *c = &b->cfg;
+    int64_t real = ids->shape[1], pad = seq_pad(b, &ids, &mask, pos);
+    if (pad < 0) return ca_last_status();
     int64_t bsz = ids->shape[0], len = ids->shape[1];
-    ca_status s = check_window(c, len);
+    ca_status s = check_window(c, real);
     int64_t *hpos = NULL;
     if (s == CA_OK) s = host_positions(pos, &hpos);
     ca_tensor *in[4] = {NULL, NULL, NULL, NULL};
@@ -332,8 +384,11 @@ static ca_status run_lm(lm_model *b, bool training, ca_tensor *ids, ca_tensor *m
         if (!in[3]) return ca_last_status();
     }
     in[0] = ca_module_forward(b->embed, ca_contiguous(ids));
+    ca_module *first_ln = b->nlayers ? b->layers[0].in_ln : b->norm;   /* sequence-parallel: each rank its tokens */
+    in[0] = ca_tp_sequence_split(first_ln, in[0]);
     for (int64_t i = 0; i < b->nlayers; i++) in[0] = run_layer(b, i, in, training);
-    ca_tensor *h = ca_module_forward(b->norm, in[0]);
+    ca_tensor *h = ca_tp_sequence_gather(first_ln, ca_module_forward(b->norm, in[0]));
+    if (pad && h) h = ca_narrow(h, 1, 0, real);
     *logits = b->lm_head ? ca_module_forward(b->lm_head, h) : ca_linear(h, b->embed->params[0], NULL);
     return *logits ? CA_OK : ca_last_status();
 }

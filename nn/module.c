@@ -416,11 +416,14 @@ void ca_module_set_forward_hooks(ca_module *m, ca_status (*pre)(void *ctx, ca_mo
 ca_status ca_tp_plan_fused(ca_module *m, const char *pattern, const char *style, int parts) {
     if (!m || !pattern || !pattern[0] || !style || parts < 1)
         return ca_error(CA_ERR_INVALID, "ca_tp_plan: a module, a name pattern, a style and parts >= 1 are required");
-    ca_tp_style st = !strcmp(style, "colwise") ? CA_TP_COLWISE : !strcmp(style, "rowwise") ? CA_TP_ROWWISE : 0;
+    ca_tp_style st = !strcmp(style, "colwise") ? CA_TP_COLWISE : !strcmp(style, "rowwise") ? CA_TP_ROWWISE
+                     : !strcmp(style, "colwise_gather_output") ? CA_TP_COLWISE_GATHER
+                     : !strcmp(style, "sequence_parallel") ? CA_TP_SEQUENCE : 0;
     if (!st)
         return ca_error(CA_ERR_UNSUPPORTED, "ca_tp_plan: style \"%s\" for \"%s\" is not supported yet (caccel splits "
-                        "Linear layers \"colwise\" and \"rowwise\", Embedding layers \"rowwise\"; Hugging Face's colwise_rep, local_colwise, "
-                        "local_rowwise, sequence_parallel, gather and replicate are not implemented)", style, pattern);
+                        "Linear layers \"colwise\", \"colwise_gather_output\" and \"rowwise\", Embedding layers \"rowwise\", "
+                        "norms \"sequence_parallel\"; Hugging Face's colwise_rep, local_colwise, local_rowwise, gather "
+                        "and replicate are not implemented)", style, pattern);
     char **np = realloc(m->tp_pattern, (size_t)(m->ntp + 1) * sizeof *np);
     if (np) m->tp_pattern = np;
     ca_tp_style *ns = np ? realloc(m->tp_style, (size_t)(m->ntp + 1) * sizeof *ns) : NULL;
@@ -459,6 +462,15 @@ int ca_tp_plan_match(const ca_module *m, const char *name, int *parts) {
             return (int)m->tp_style[i];
         }
     return 0;
+}
+
+ca_status ca_tp_heads(ca_module *proj, int64_t local_heads, int64_t *head0, int64_t *heads) {
+    if (!proj || !head0 || !heads || local_heads < 1)
+        return ca_error(CA_ERR_INVALID, "ca_tp_heads: a module, a head count above 0 and two outputs are required");
+    bool split = proj->tp_size > 1;   /* set by the accelerator while the split forward runs */
+    *head0 = split ? proj->tp_rank * local_heads : 0;
+    *heads = split ? proj->tp_size * local_heads : local_heads;
+    return CA_OK;
 }
 
 void ca_module_destroy(ca_module *m) {

@@ -3,6 +3,7 @@
 #define CACCEL_NN_IMPL_H
 
 #include "tensor/tensor_impl.h"
+#include <caccel/collective.h>
 #include <caccel/nn.h>
 #include <caccel/optim.h>
 
@@ -38,6 +39,10 @@ struct ca_module {
     /* a model's own plan (a causal LM's base_model_tp_plan): checks that tp_size splits it and adds its
      * entries (after the program's own) when an accelerator at tp_size > 1 prepares it; NULL: none */
     ca_status (*tp_prepare)(ca_module *self, int tp_size);
+    int tp_rank, tp_size;            /* a colwise layer while its split forward runs: its tp coordinates
+                                      * (accelerator/tp.c; ca_tp_heads reads them); 0 otherwise */
+    void *tp_seq;                    /* a module of a plan with sequence_parallel entries, split: the tp
+                                      * communicator (ca_tp_sequence_split); NULL otherwise */
     /* depth-first list of every parameter with full names, rebuilt on change */
     bool flat_valid;
     int nflat;
@@ -60,6 +65,13 @@ void ca_module_set_owner(ca_module *m, const ca_module_owner *owner);
  * gather and release of a wrap unit's parameters). */
 void ca_module_set_forward_hooks(ca_module *m, ca_status (*pre)(void *ctx, ca_module *m),
                                  ca_tensor *(*post)(void *ctx, ca_module *m, ca_tensor *y), void *ctx);
+
+/* Sequence parallelism (nn/tp_seq.c; the accelerator's split layers call them): a colwise layer's input x [B, T/tp, ...] (this rank's tokens)
+ * all-gathered along dimension 1 (backward: the gradient reduce-scattered, summed over tp); a rowwise
+ * layer's partial output y [B, T, ...] reduce-scattered to this rank's tokens (backward: all-gathered).
+ * Collective over c. NULL with the error set (a T that tp does not divide, a failed collective). */
+ca_tensor *ca_tp_seq_colwise_input(ca_comm *c, ca_tensor *x);
+ca_tensor *ca_tp_seq_rowwise_output(ca_comm *c, ca_tensor *y);
 
 typedef enum ca_optim_kind { CA_OPTIM_SGD = 1, CA_OPTIM_ADAMW = 2 } ca_optim_kind;
 

@@ -32,7 +32,7 @@ static ca_status attention_backward(ca_node *n, ca_tensor *g) {
     ca_status s = CA_KCALL(ca_tdev(q), attention_backward, .dt = CA_F32, .p = a, .q = ca_tptr(q),
                            .k = ca_tptr(k), .v = ca_tptr(v), .out = ca_tptr(n->out), .dout = ca_tptr(g),
                            .lse = ca_tptr(lse), .dq = ca_tptr(dq), .dk = ca_tptr(dk), .dv = ca_tptr(dv),
-                           .kv_heads = k->shape[1]);
+                           .kv_heads = k->shape[1], .stream_heads = (int64_t)n->f[3], .stream_head0 = (int64_t)n->f[2]);
     if (s == CA_OK && q->requires_grad) s = ca_op_accumulate_owned(q, dq, 1.0f);
     if (s == CA_OK && k->requires_grad) s = ca_op_accumulate_owned(k, dk, 1.0f);
     if (s == CA_OK && v->requires_grad) s = ca_op_accumulate_owned(v, dv, 1.0f);
@@ -68,9 +68,27 @@ static ca_tensor *repeat_heads(ca_tensor *x, int64_t heads) {
     x = ca_expand(ca_reshape(x, 5, (int64_t[]){b, kv, 1, t, d}), 5, (int64_t[]){b, kv, heads / kv, t, d});
     return ca_reshape(x, 4, (int64_t[]){b, heads, t, d});
 }
-static bool kernels_take_kv_heads(const ca_device *dev) {
+static bool kernels_abi(const ca_device *dev, uint32_t minor) {
     uint32_t v = ca_device_kernels(dev)->abi_version;
-    return (v >> 16) > 3 || ((v >> 16) == 3 && (v & 0xffff) >= 5);
+    return (v >> 16) > 3 || ((v >> 16) == 3 && (v & 0xffff) >= minor);
+}
+static bool kernels_take_kv_heads(const ca_device *dev) { return kernels_abi(dev, 5); }
+
+/* The dropout stream of heads [head0, head0 + H) of `heads` (ca_scaled_dot_product_attention_heads):
+ * a kernel table older than ABI 3.6 reads no stream_heads and would draw another mask. */
+static bool check_stream(const ca_device *dev, int64_t h, int64_t head0, int64_t heads, double dropout_p) {
+    const char *op = "scaled_dot_product_attention_heads";
+    if (head0 < 0 || heads < 1 || head0 + h > heads) {
+        ca_error(CA_ERR_INVALID, "%s: q's %lld heads from head %lld are not within %lld heads", op, (long long)h,
+                 (long long)head0, (long long)heads);
+        return false;
+    }
+    if (dropout_p > 0 && heads != h && !kernels_abi(dev, 6)) {
+        ca_error(CA_ERR_UNSUPPORTED, "%s: the %s device's kernels (ABI before 3.6) cannot draw the dropout of a "
+                 "part of the heads", op, ca_device_name(dev));
+        return false;
+    }
+    return true;
 }
 
 /* The mask's strides over [B,H,Tq,Tk] (0 on broadcast dims); false when it does not broadcast. */
@@ -104,18 +122,41 @@ void ca_attention_set_hook(ca_attention_hook fn, void *ctx) {
 
 ca_tensor *ca_scaled_dot_product_attention(ca_tensor *q, ca_tensor *k, ca_tensor *v, ca_tensor *mask,
                                            bool causal, double dropout_p, double scale) {
+    CA_OP_NULLCHECK1(q);
+    int64_t h = q->ndim == 4 ? q->shape[1] : 1;
+    return ca_scaled_dot_product_attention_heads(q, k, v, mask, causal, dropout_p, scale, 0, h > 0 ? h : 1);
+}
+
+static ca_tensor *attention_heads(ca_tensor *q, ca_tensor *k, ca_tensor *v, ca_tensor *mask, bool causal,
+                                  double dropout_p, double scale, int64_t head0, int64_t heads);
+
+/* Context parallelism's hook takes the call whole: it refuses dropout, the only use of the head range. */
+ca_tensor *ca_scaled_dot_product_attention_heads(ca_tensor *q, ca_tensor *k, ca_tensor *v, ca_tensor *mask,
+                                                 bool causal, double dropout_p, double scale, int64_t head0,
+                                                 int64_t heads) {
     if (hook_fn) return hook_fn(hook_ctx, q, k, v, mask, causal, dropout_p, scale);
-    return ca_op_attention(q, k, v, mask, causal, dropout_p, scale);
+    return attention_heads(q, k, v, mask, causal, dropout_p, scale, head0, heads);
 }
 
 ca_tensor *ca_op_attention(ca_tensor *q, ca_tensor *k, ca_tensor *v, ca_tensor *mask, bool causal,
                            double dropout_p, double scale) {
+    CA_OP_NULLCHECK1(q);
+    int64_t h = q->ndim == 4 ? q->shape[1] : 1;
+    return attention_heads(q, k, v, mask, causal, dropout_p, scale, 0, h > 0 ? h : 1);
+}
+
+/* The dropout draws element ((b heads + head0 + h) Tq + i) Tk + j of a stream reserved for all `heads`:
+ * every tensor-parallel rank reserves the same counters (the whole attention's, so that what follows
+ * draws as one process does) and draws its heads' part of the one mask, without making the others'. */
+static ca_tensor *attention_heads(ca_tensor *q, ca_tensor *k, ca_tensor *v, ca_tensor *mask, bool causal,
+                                  double dropout_p, double scale, int64_t head0, int64_t heads) {
     CA_OP_NULLCHECK2(q, k);
     CA_OP_NULLCHECK1(v);
     const char *op = "scaled_dot_product_attention";
     if (!ca_op_check_float(op, q) || !ca_op_check_float(op, k) || !ca_op_check_float(op, v) ||
         !ca_op_check_same_device(op, q, k) || !ca_op_check_same_device(op, q, v) ||
-        (mask && !ca_op_check_same_device(op, q, mask)) || !check_shapes(q, k, v))
+        (mask && !ca_op_check_same_device(op, q, mask)) || !check_shapes(q, k, v) ||
+        !check_stream(ca_tdev(q), q->shape[1], head0, heads, dropout_p))
         return NULL;
     if (!(dropout_p >= 0 && dropout_p < 1)) {
         ca_error(CA_ERR_INVALID, "%s: dropout probability must be in [0, 1), got %g", op, dropout_p);
@@ -153,14 +194,15 @@ ca_tensor *ca_op_attention(ca_tensor *q, ca_tensor *k, ca_tensor *v, ca_tensor *
     if (dropout_p > 0) {
         uint64_t unused;
         ca_rng_get_state(&a.seed, &unused);
-        a.offset = ca_rng_reserve(ca_rng_counters(CA_RNG_UNIFORM, a.batch * a.heads * a.tq * a.tk));
+        a.offset = ca_rng_reserve(ca_rng_counters(CA_RNG_UNIFORM, a.batch * heads * a.tq * a.tk));
     }
     int64_t oshape[4] = {a.batch, a.heads, a.tq, a.dv};
     ca_tensor *out = ca_tensor_new(dev, CA_F32, 4, oshape);
     ca_tensor *lse = out ? ca_tensor_new(dev, CA_F32, 3, oshape) : NULL;
     if (!lse) return NULL;
     if (CA_KCALL(dev, attention, .dt = CA_F32, .p = a, .q = ca_tptr(q), .k = ca_tptr(k), .v = ca_tptr(v),
-                 .out = ca_tptr(out), .lse = ca_tptr(lse), .kv_heads = k->shape[1]) != CA_OK)
+                 .out = ca_tptr(out), .lse = ca_tptr(lse), .kv_heads = k->shape[1],
+                 .stream_heads = heads == a.heads ? 0 : heads, .stream_head0 = heads == a.heads ? 0 : head0) != CA_OK)
         return NULL;
     ca_tensor *in[3] = {q, k, v};
     if (ca_needs_grad(3, in)) {
@@ -171,6 +213,8 @@ ca_tensor *ca_op_attention(ca_tensor *q, ca_tensor *k, ca_tensor *v, ca_tensor *
         n->owned_saved = 1u;   /* the log-sum-exp; the mask is the caller's */
         n->f[0] = a.scale;
         n->f[1] = a.dropout_p;
+        n->f[2] = heads == a.heads ? 0 : (double)head0;   /* the dropout stream's heads (exact in a double) */
+        n->f[3] = heads == a.heads ? 0 : (double)heads;
         n->i[0] = causal;
         n->i[1] = (int64_t)a.seed;
         n->i[2] = (int64_t)a.offset;

@@ -272,8 +272,8 @@ static void test_tp_plan(void **state) {
     assert_int_equal(ca_tp_plan_match(m, "layers.0.mlp", NULL), 0);            /* one component short */
     assert_int_equal(ca_tp_plan_match(m, "layers.0.mlp.up_proj.x", NULL), 0);  /* one too many */
     assert_int_equal(ca_tp_plan_match(m, "layers.0.attn.up_proj", NULL), 0);
-    assert_int_equal(ca_tp_plan(m, "lm_head", "sequence_parallel"), CA_ERR_UNSUPPORTED);
-    assert_non_null(strstr(ca_last_error(), "style \"sequence_parallel\" for \"lm_head\" is not supported yet"));
+    assert_int_equal(ca_tp_plan(m, "lm_head", "colwise_rep"), CA_ERR_UNSUPPORTED);
+    assert_non_null(strstr(ca_last_error(), "style \"colwise_rep\" for \"lm_head\" is not supported yet"));
     assert_int_equal(ca_tp_plan(m, "", "colwise"), CA_ERR_INVALID);
     assert_int_equal(ca_tp_plan_match(m, "lm_head", NULL), 0);
     int parts = 0;
@@ -281,6 +281,10 @@ static void test_tp_plan(void **state) {
     assert_int_equal(ca_tp_plan_match(m, "h.3.attn.c_attn", &parts), CA_TP_COLWISE);
     assert_int_equal(parts, 3);
     assert_int_equal(ca_tp_plan_fused(m, "x", "colwise", 0), CA_ERR_INVALID);
+    assert_int_equal(ca_tp_plan(m, "norm", "sequence_parallel"), CA_OK);   /* a norm on each rank's tokens */
+    assert_int_equal(ca_tp_plan_match(m, "norm", NULL), CA_TP_SEQUENCE);
+    assert_int_equal(ca_tp_plan(m, "head", "colwise_gather_output"), CA_OK);   /* a decoder's lm_head */
+    assert_int_equal(ca_tp_plan_match(m, "head", NULL), CA_TP_COLWISE_GATHER);
     ca_module_destroy(m);
 }
 

@@ -1683,6 +1683,56 @@ static void test_ATTENTION_chunked(void **state) {
 }
 TABLE(OPTIM)
 TABLE(ACCEL)
+
+/* The host values of t (f32, at most 1024). */
+static void heads_host(ca_tensor *t, float *h, int64_t n) {
+    assert_int_equal(ca_tensor_numel(t), n);
+    T_OK(ca_tensor_to_host(T_NN(ca_contiguous(ca_detach(t))), h, (size_t)n * sizeof(float)));
+}
+
+/* ca_scaled_dot_product_attention_heads: heads [2, 4) of 4 (a tensor-parallel rank's) with dropout drop
+ * what the whole attention drops for them, forward and backward, bit for bit, and leave the generator
+ * where the whole attention leaves it; heads outside [0, heads) are refused. */
+static void test_ATTENTION_heads(void **state) {
+    (void)state;
+    ca_device *cpu = ca_cpu_device();
+    int64_t sh[4] = {2, 4, 6, 8};
+    enum { N = 2 * 2 * 6 * 8 };
+    ca_manual_seed(11);
+    ca_tensor *in[3], *part_in[3];
+    for (int i = 0; i < 3; i++) {
+        in[i] = T_NN(ca_rand_uniform(cpu, CA_F32, 4, sh, -1.0f, 1.0f));
+        part_in[i] = T_NN(ca_contiguous(ca_narrow(in[i], 1, 2, 2)));
+        ca_tensor_set_requires_grad(in[i], true);
+        ca_tensor_set_requires_grad(part_in[i], true);
+    }
+    uint64_t seed, whole_off, part_off;
+    ca_manual_seed(3);
+    ca_tensor *whole = T_NN(ca_scaled_dot_product_attention(in[0], in[1], in[2], NULL, true, 0.3, 0));
+    ca_rng_get_state(&seed, &whole_off);
+    ca_manual_seed(3);
+    ca_tensor *part = T_NN(ca_scaled_dot_product_attention_heads(part_in[0], part_in[1], part_in[2], NULL, true, 0.3,
+                                                                 0, 2, 4));
+    ca_rng_get_state(&seed, &part_off);
+    assert_true(whole_off == part_off);
+    static float a[N], b[N];
+    heads_host(ca_narrow(whole, 1, 2, 2), a, N);
+    heads_host(part, b, N);
+    assert_memory_equal(a, b, sizeof a);
+    T_OK(ca_autograd_backward(T_NN(ca_sum(ca_square(ca_narrow(whole, 1, 2, 2))))));
+    T_OK(ca_autograd_backward(T_NN(ca_sum(ca_square(part)))));
+    for (int i = 0; i < 3; i++) {
+        heads_host(ca_narrow(ca_tensor_grad(in[i]), 1, 2, 2), a, N);
+        heads_host(ca_tensor_grad(part_in[i]), b, N);
+        assert_memory_equal(a, b, sizeof a);
+    }
+    ca_manual_seed(3);   /* without the stream's heads the part draws other masks */
+    heads_host(T_NN(ca_scaled_dot_product_attention(part_in[0], part_in[1], part_in[2], NULL, true, 0.3, 0)), b, N);
+    heads_host(ca_narrow(whole, 1, 2, 2), a, N);
+    assert_true(memcmp(a, b, sizeof a) != 0);
+    assert_null(ca_scaled_dot_product_attention_heads(part_in[0], part_in[1], part_in[2], NULL, true, 0.3, 0, 3, 4));
+    assert_non_null(strstr(ca_last_error(), "q's 2 heads from head 3 are not within 4 heads"));
+}
 #define KTABLE(t) static void test_##t(void **state) { run_kernel_table(t, sizeof t / sizeof t[0]); }
 KTABLE(K_GEMM)
 KTABLE(K_CAST)
@@ -1846,7 +1896,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_MATMUL),  cmocka_unit_test(test_COPY),    cmocka_unit_test(test_UNARY),
         cmocka_unit_test(test_BINARY),  cmocka_unit_test(test_REDUCE),  cmocka_unit_test(test_SOFTMAX),
         cmocka_unit_test(test_NORM),    cmocka_unit_test(test_INDEX),   cmocka_unit_test(test_RANDOM),
-        cmocka_unit_test(test_ATTENTION), cmocka_unit_test(test_ATTENTION_chunked), cmocka_unit_test(test_OPTIM),   cmocka_unit_test(test_ACCEL),
+        cmocka_unit_test(test_ATTENTION), cmocka_unit_test(test_ATTENTION_chunked), cmocka_unit_test(test_ATTENTION_heads), cmocka_unit_test(test_OPTIM),   cmocka_unit_test(test_ACCEL),
         cmocka_unit_test(test_K_GEMM),  cmocka_unit_test(test_K_CAST),  cmocka_unit_test(test_K_UNARY),
         cmocka_unit_test(test_K_BINARY), cmocka_unit_test(test_K_REDUCE), cmocka_unit_test(test_K_NN),
         cmocka_unit_test(test_K_LIST),  cmocka_unit_test(test_cuda_deterministic), cmocka_unit_test(test_coverage),

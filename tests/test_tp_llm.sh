@@ -6,7 +6,9 @@
 # launch, Gloo) and at tp 2 x dp_replicate 2 on 4 ranks gives one process's per-step losses and saved model
 # on the same global batch; LoRA adapters on colwise and rowwise layers at tp 2 (Gloo and mpirun) give one
 # process's losses and adapter (PEFT's files, gathered whole); a checkpoint saved at tp 2 resumes at one
-# process to the uninterrupted run; config.json's own base_model_tp_plan replaces the family's; sizes tp
+# process to the uninterrupted run; tp 4 on 4 ranks (a Llama of 8 heads, 4 key/value heads) and a Mistral at
+# tp 2 give one process's, as RMSNorms planned sequence_parallel in config.json do; config.json's own
+# base_model_tp_plan replaces the family's; sizes tp
 # does not divide, GPT-2 and plan styles caccel does not split are refused, naming the key and the file.
 # Tolerance: 1e-5 (losses and parameters after 4 AdamW steps at lr 5e-3): the split changes only the
 # order of the sums.
@@ -102,6 +104,59 @@ launch 2 gloo --parallelism_config_tp_size 2 "$FT" --model "$WORK/mlp" $RUN --lo
 count 2 'holds 82368 parameters' "$WORK/mlp.out"   # 106944 - half of 2 x 3 x 64 x 128
 same_losses "$WORK/full1" "$WORK/mlp.out"
 
+note "$first: tp 4 on 4 ranks == one process (a Llama of 8 heads, 4 key/value heads: 2 and 1 a rank; a vocabulary of 260: lm_head colwise_gather_output)"
+mkdir "$WORK/l8"
+sed -e 's/"num_attention_heads": 4, "num_key_value_heads": 2/"num_attention_heads": 8, "num_key_value_heads": 4/' \
+    -e 's/"vocab_size": 257/"vocab_size": 260/' "$WORK/base/config.json" > "$WORK/l8/config.json"
+grep -q '"num_key_value_heads": 4' "$WORK/l8/config.json" || fail "the 8-head config was not made"
+grep -q '"vocab_size": 260' "$WORK/l8/config.json" || fail "the vocabulary of 260 was not set"
+# shellcheck disable=SC2086
+"$FT" --cpu --model "$WORK/l8" $RUN --lora_r 0 --batch_size 8 --output_dir "$WORK/l8m1" > "$WORK/l8one" 2>&1 ||
+    { cat "$WORK/l8one"; fail "the 8-head Llama at 1 process"; }
+for b in $backends; do
+    # shellcheck disable=SC2086
+    if [ "$b" = mpi ]; then launch 4 mpi "$FT" --model "$WORK/l8" $RUN --lora_r 0 --batch_size 8 --output_dir "$WORK/l8m4$b" \
+        --parallelism_config_tp_size 4 > "$WORK/l8tp4$b"
+    else launch 4 gloo --parallelism_config_tp_size 4 "$FT" --model "$WORK/l8" $RUN --lora_r 0 --batch_size 8 \
+        --output_dir "$WORK/l8m4$b" > "$WORK/l8tp4$b"; fi || { cat "$WORK/l8tp4$b"; fail "the 8-head Llama at tp 4 ($b)"; }
+    count 1 'device mesh: dp_replicate 1 x dp_shard 1 x cp 1 x tp 4' "$WORK/l8tp4$b"
+    # 107328 parameters: each rank a quarter of the 7 projections of each layer (2 x 36864) and of lm_head
+    # (260 x 64), the rest whole
+    count 4 'llm_finetune: rank [0-3] holds 39552 parameters (its tensor-parallel slices)' "$WORK/l8tp4$b"
+    same_losses "$WORK/l8one" "$WORK/l8tp4$b"
+    # 5e-5: 4 AdamW steps (lr 5e-3) turn tp 4's other order of sums into up to 2.6e-5 in the parameters
+    same_st "$WORK/l8m1/model.safetensors" "$WORK/l8m4$b/model.safetensors" 5e-5
+done
+
+note "$first: a Mistral (sliding_window 32: the blocks of 32 tokens fit it; attention_dropout 0.1) at tp 2 == one process"
+mkdir "$WORK/mis"
+sed -e 's/"LlamaForCausalLM"/"MistralForCausalLM"/' -e 's/"model_type": "llama"/"model_type": "mistral"/' \
+    -e 's/^{/{"sliding_window": 32, "attention_dropout": 0.1, /' "$WORK/base/config.json" > "$WORK/mis/config.json"
+grep -q '"model_type": "mistral"' "$WORK/mis/config.json" || fail "the Mistral config was not made"
+# shellcheck disable=SC2086
+"$FT" --cpu --model "$WORK/mis" $RUN --lora_r 0 --batch_size 16 --output_dir "$WORK/mism1" > "$WORK/misone" 2>&1 ||
+    { cat "$WORK/misone"; fail "the Mistral at 1 process"; }
+tp mis2 2 "$first" --parallelism_config_tp_size 2 -- --model "$WORK/mis" --lora_r 0 --batch_size 16 --output_dir "$WORK/mism2"
+count 2 'holds 70080 parameters' "$WORK/mis2"
+same_losses "$WORK/misone" "$WORK/mis2"
+same_st "$WORK/mism1/model.safetensors" "$WORK/mism2/model.safetensors" 5e-5   # 2.5e-5 measured (as tp 4's)
+grep -q '"model_type": *"mistral"' "$WORK/mism2/config.json" || { cat "$WORK/mism2/config.json"; fail "not saved as a Mistral"; }
+
+note "$first: sequence-parallel RMSNorms (config.json's plan: the family's, the three norms sequence_parallel) at tp 2"
+SPPLAN='"layers.*.self_attn.q_proj": "colwise", "layers.*.self_attn.k_proj": "colwise", '
+SPPLAN=$SPPLAN'"layers.*.self_attn.v_proj": "colwise", "layers.*.self_attn.o_proj": "rowwise", '
+SPPLAN=$SPPLAN'"layers.*.mlp.gate_proj": "colwise", "layers.*.mlp.up_proj": "colwise", "layers.*.mlp.down_proj": "rowwise", '
+SPPLAN=$SPPLAN'"layers.*.input_layernorm": "sequence_parallel", "layers.*.post_attention_layernorm": "sequence_parallel"'
+mkdir "$WORK/sp"
+sed "s/^{/{\"base_model_tp_plan\": {$SPPLAN, \"norm\": \"sequence_parallel\"}, /" "$WORK/base/config.json" > "$WORK/sp/config.json"
+tp sp2 2 "$first" --parallelism_config_tp_size 2 --profile --output_trace_dir "$WORK/sptrace" -- --model "$WORK/sp" --lora_r 0 \
+    --batch_size 16 --output_dir "$WORK/spm2"
+same_losses "$WORK/full1" "$WORK/sp2"   # the samples' odd lengths are padded to a multiple of tp
+same_st "$WORK/m1/model.safetensors" "$WORK/spm2/model.safetensors"
+# the rowwise layers reduce-scatter over tp (sequence-parallel) instead of all-reducing
+grep -q 'reduce_scatter","ts":[0-9.]*,"dur":[0-9.]*,"pid":0,"tid":[0-9]*,"args":{"seq":[0-9]*,"comm":"[^"]*","name":"tp"' \
+    "$WORK/sptrace/trace_rank0.json" || fail "no reduce-scatter over tp in the sequence-parallel run's trace"
+
 # refused NP CONFIG-SED PATTERN: the example at tp NP on config.json edited by CONFIG-SED fails naming PATTERN
 refused() {
     mkdir -p "$WORK/bad"
@@ -116,6 +171,8 @@ note "$first: refusals"
 refused 3 's/x/x/' "config '.*/bad/config.json': \"num_attention_heads\" 4 is not divisible by parallelism_config_tp_size 3"
 refused 4 's/x/x/' "config '.*/bad/config.json': \"num_key_value_heads\" 2 is not divisible by parallelism_config_tp_size 4"
 refused 2 's/"intermediate_size": 128/"intermediate_size": 129/' "\"intermediate_size\" 129 is not divisible by parallelism_config_tp_size 2"
+refused 2 "s/^{/{\"base_model_tp_plan\": {$SPPLAN}, /" \
+    "\"base_model_tp_plan\" runs some norms \"sequence_parallel\" but not \"norm\""
 refused 2 's/^{/{"base_model_tp_plan": {"layers.*.self_attn.q_proj": "colwise_rep"}, /' \
     "\"base_model_tp_plan\" style \"colwise_rep\" for \"layers.\*.self_attn.q_proj\" is not supported yet"
 refused 2 '1s/.*/{"model_type": "gpt2", "vocab_size": 257, "n_embd": 32, "n_layer": 1, "n_head": 2, "n_positions": 64}/;1!d' \

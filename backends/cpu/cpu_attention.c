@@ -200,11 +200,12 @@ static int64_t block_cost(const ca_attention_params *a, int gemms) {
 }
 
 /* The Philox words of the dropout stream for rows [i0, i0+rows) of problem bh: element
- * ((bh Tq + i) Tk + j) of the stream; returns where row i0's words start (NULL: no dropout). */
-static const uint32_t *block_words(const ca_attention_params *a, uint64_t bh, int64_t i0, int64_t rows,
+ * ((sbh Tq + i) Tk + j) of the stream, sbh the problem's number in the stream (the args' stream_heads,
+ * ca_attention_stream_bh); returns where row i0's words start (NULL: no dropout). */
+static const uint32_t *block_words(const ca_attention_params *a, uint64_t sbh, int64_t i0, int64_t rows,
                                    uint32_t *words) {
     if (a->dropout_p <= 0.0f) return NULL;
-    uint64_t e0 = (bh * (uint64_t)a->tq + (uint64_t)i0) * (uint64_t)a->tk;
+    uint64_t e0 = (sbh * (uint64_t)a->tq + (uint64_t)i0) * (uint64_t)a->tk;
     uint64_t c0 = e0 / 4, c1 = (e0 + (uint64_t)(rows * a->tk) + 3) / 4;
     cpu_philox_words(a->seed, a->offset + c0, (int64_t)(c1 - c0), words);
     return words + (e0 - 4 * c0);
@@ -252,7 +253,8 @@ static void fwd_unit(const void *ctx, att_scratch *w, int64_t u) {
     const float *q = (const float *)g->q + (bh * a->tq + i0) * a->d, *k = (const float *)g->k + kvh * a->tk * a->d;
     const float *v = (const float *)g->v + kvh * a->tk * a->dv;
     block_probs(a, bh / a->heads, bh % a->heads, i0, rows, ncols, q, k, NULL, g->lse + bh * a->tq + i0, w);
-    const uint32_t *wd = block_words(a, (uint64_t)bh, i0, rows, w->words);
+    const uint32_t *wd = block_words(a, ca_attention_stream_bh(bh, a->heads, g->stream_heads, g->stream_head0), i0,
+                                     rows, w->words);
     if (wd)   /* P D in place: the forward needs no P of its own */
         for (int64_t r = 0; r < rows; r++)
             scale_drop(w->s + r * a->tk, ncols, 1.0f, wd + r * a->tk, a->dropout_p, 1.0f / (1.0f - a->dropout_p),
@@ -304,7 +306,8 @@ static int64_t bwd_block(const ca_attention_backward_args *g, att_scratch *w, in
     const float *gi = (const float *)g->dout + (bh * tq + i0) * dvn;
     float p = a->dropout_p, keep_scale = 1.0f / (1.0f - p);
     block_probs(a, bh / a->heads, bh % a->heads, i0, rows, nc, qi, kb, g->lse + bh * tq + i0, NULL, w);
-    const uint32_t *wd = block_words(a, (uint64_t)bh, i0, rows, w->words);
+    const uint32_t *wd = block_words(a, ca_attention_stream_bh(bh, a->heads, g->stream_heads, g->stream_head0), i0,
+                                     rows, w->words);
     const float *pd = w->s;
     if (wd) {
         for (int64_t r = 0; r < rows; r++)

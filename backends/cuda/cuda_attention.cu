@@ -15,13 +15,15 @@ struct att_k {
     float p, keep_scale;
     bool causal;
     uint64_t seed, offset;
+    int64_t sheads, shead0;   /* the args' stream_heads and stream_head0 (ca_attention_stream_bh) */
     const void *mask;
     bool mask_f32;
     int64_t ms0, ms1, ms2, ms3;
 };
 
-static att_k att_pack(const ca_attention_params *a) {
+static att_k att_pack(const ca_attention_params *a, int64_t stream_heads, int64_t stream_head0) {
     att_k k;
+    k.sheads = stream_heads; k.shead0 = stream_head0;
     k.heads = a->heads; k.tq = a->tq; k.tk = a->tk; k.dv = a->dv;
     k.p = a->dropout_p; k.keep_scale = 1.0f / (1.0f - a->dropout_p);   /* as the CPU's keep_scale */
     k.causal = a->causal;
@@ -62,7 +64,8 @@ CU_D att_row att_row_of(const att_k &a, int64_t bh0, int64_t r) {
     w.b = w.bh / a.heads;
     w.h = w.bh % a.heads;
     w.q = w.bh * a.tq + w.i;
-    w.e0 = (uint64_t)w.q * (uint64_t)a.tk;
+    int64_t sbh = a.sheads > 0 ? w.b * a.sheads + a.shead0 + w.h : w.bh;   /* ca_attention_stream_bh */
+    w.e0 = ((uint64_t)sbh * (uint64_t)a.tq + (uint64_t)w.i) * (uint64_t)a.tk;
     return w;
 }
 
@@ -209,14 +212,14 @@ static ca_status att_check(const char *k, ca_dtype dt, const ca_attention_params
 
 /* Forward of kv heads [kv0, kv0 + hc), each with its g query heads as g Tq rows (mq) of one GEMM:
  * S = scale Q K^T, P D = dropout(softmax(S + mask)), O = P D V. */
-static ca_status att_fwd_chunk(cuda_device *d, const ca_attention_params *a, int64_t g, int64_t kv0, int64_t hc,
-                               const float *q, const float *k, const float *v, float *out, float *lse, float *s) {
+static ca_status att_fwd_chunk(cuda_device *d, const ca_attention_params *a, const att_k &ak, int64_t g, int64_t kv0,
+                               int64_t hc, const float *q, const float *k, const float *v, float *out, float *lse, float *s) {
     int64_t mq = g * a->tq, tk = a->tk, dd = a->d, dv = a->dv, rows = hc * mq;
     const char *kn = "attention";
     ca_status st = att_gemm(d, kn, "attention (S = scale Q K^T)", false, true, mq, tk, dd, a->scale, q + kv0 * mq * dd,
                             mq * dd, k + kv0 * tk * dd, tk * dd, s, hc);
     if (st == CA_OK)
-        st = ATT_ROWS(d, "attention (softmax)", att_softmax_k, rows, att_pack(a), kv0 * g, rows, s, lse);
+        st = ATT_ROWS(d, "attention (softmax)", att_softmax_k, rows, ak, kv0 * g, rows, s, lse);
     if (st == CA_OK)
         st = att_gemm(d, kn, "attention (O = P V)", false, false, mq, dv, tk, 1.0f, s, mq * tk, v + kv0 * tk * dv,
                       tk * dv, out + kv0 * mq * dv, hc);
@@ -243,8 +246,9 @@ extern "C" ca_status cu_attention(void *dev, const ca_attention_args *args) {
         return ca_error_context("cuda kernel attention: scores of %lld heads x %lld x %lld", (long long)plan.heads,
                                 (long long)a->tq, (long long)a->tk);
     int64_t g = ca_attention_group(a->heads, args->kv_heads), nkv = a->batch * a->heads / g;
+    att_k ak = att_pack(a, args->stream_heads, args->stream_head0);
     for (int64_t kv0 = 0; kv0 < nkv && st == CA_OK; kv0 += plan.heads)
-        st = att_fwd_chunk(d, a, g, kv0, nkv - kv0 < plan.heads ? nkv - kv0 : plan.heads, (const float *)args->q,
+        st = att_fwd_chunk(d, a, ak, g, kv0, nkv - kv0 < plan.heads ? nkv - kv0 : plan.heads, (const float *)args->q,
                            (const float *)args->k, (const float *)args->v, (float *)args->out, args->lse,
                            (float *)tmp);
     cu_tmp_free(d, tmp);
@@ -263,14 +267,13 @@ struct att_bwd_io {
  *   dPd = dO V^T (in w); dS = P (dPd D - rowsum(dO O)) (in s); dQ = scale dS K; dK = scale dS^T Q.
  * dV and dK contract over the g Tq rows, which sums a kv head's query heads inside the GEMM. Every output
  * is written once per head (beta 0): no atomics, no accumulation across chunks. */
-static ca_status att_bwd_chunk(cuda_device *d, const ca_attention_params *a, int64_t gq, int64_t kv0, int64_t hc,
-                               const att_bwd_io *t, float *s, float *w) {
+static ca_status att_bwd_chunk(cuda_device *d, const ca_attention_params *a, const att_k &ak, int64_t gq, int64_t kv0,
+                               int64_t hc, const att_bwd_io *t, float *s, float *w) {
     int64_t tq = gq, tk = a->tk, dd = a->d, dv = a->dv, rows = hc * tq, ss = tq * tk, bh0 = kv0 * (gq / a->tq);
     const float *q = t->q + kv0 * tq * dd, *k = t->k + kv0 * tk * dd, *v = t->v + kv0 * tk * dv;
     const float *g = t->dout + kv0 * tq * dv;
     const char *kn = "attention_backward";
     bool drop = a->dropout_p > 0.0f;
-    att_k ak = att_pack(a);
     ca_status st = att_gemm(d, kn, "attention_backward (S = scale Q K^T)", false, true, tq, tk, dd, a->scale, q,
                             tq * dd, k, tk * dd, s, hc);
     if (st == CA_OK)
@@ -319,8 +322,9 @@ extern "C" ca_status cu_attention_backward(void *dev, const ca_attention_backwar
         return ca_error_context("cuda kernel attention_backward: 2 score buffers of %lld heads x %lld x %lld",
                                 (long long)plan.heads, (long long)a->tq, (long long)a->tk);
     float *s = (float *)tmp, *w = s + plan.heads * g * a->tq * a->tk;
+    att_k ak = att_pack(a, args->stream_heads, args->stream_head0);
     for (int64_t kv0 = 0; kv0 < nkv && st == CA_OK; kv0 += plan.heads)
-        st = att_bwd_chunk(d, a, g * a->tq, kv0, nkv - kv0 < plan.heads ? nkv - kv0 : plan.heads, &t, s, w);
+        st = att_bwd_chunk(d, a, ak, g * a->tq, kv0, nkv - kv0 < plan.heads ? nkv - kv0 : plan.heads, &t, s, w);
     cu_tmp_free(d, tmp);
     return st;
 }

@@ -326,7 +326,7 @@ static void key_attention(xla_dev *x, xnode *n, ca_dtype dt, const ca_attention_
 static ca_status x_attention(void *dev, const ca_attention_args *a) {
     B(attention);
     key_attention(x, n, a->dt, &a->p);
-    K(a->kv_heads);
+    K(a->kv_heads); K(a->stream_heads); K(a->stream_head0);
     R(attention.p.mask, 0, a->p.mask_dtype);
     R(attention.q, 0, a->dt);
     R(attention.k, 0, a->dt);
@@ -339,7 +339,7 @@ static ca_status x_attention(void *dev, const ca_attention_args *a) {
 static ca_status x_attention_backward(void *dev, const ca_attention_backward_args *a) {
     B(attention_backward);
     key_attention(x, n, a->dt, &a->p);
-    K(a->kv_heads);
+    K(a->kv_heads); K(a->stream_heads); K(a->stream_head0);
     R(attention_backward.p.mask, 0, a->p.mask_dtype);
     R(attention_backward.q, 0, a->dt);
     R(attention_backward.k, 0, a->dt);

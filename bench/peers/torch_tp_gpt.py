@@ -113,7 +113,7 @@ def main():
     p.add_argument("--vocab_size", type=int, default=256)
     p.add_argument("--steps", type=int, default=6)
     a = p.parse_args()
-    torch.set_num_threads(1)
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))   # run_tp.sh --threads
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     head = f"impl=torch procs={world} tp={world} shape={a.n_layer}x{a.n_embd}"

@@ -318,7 +318,8 @@ typedef struct ca_clamp_list_args {
  *   is 0 at (i, j) (nonzero = may attend, as torch's boolean attn_mask);
  *   p_ij = softmax_j(s_ij) in f32, lse_i = log sum_j exp(s_ij) ([B,H,Tq], f32);
  *   out_i = sum_j p_ij d_ij v_j with d_ij = keep/(1-dropout_p) from the dropout
- *   contract above, element ((b H + h) Tq + i) Tk + j of the stream at `offset`.
+ *   contract above, element ((b H + h) Tq + i) Tk + j of the stream at `offset` (with the args'
+ *   stream_heads, ABI 3.6: ((b Hs + h0 + h) Tq + i) Tk + j).
  * A row with every key excluded gives out_i = 0 and lse_i = -inf. */
 typedef struct ca_attention_params {
     int64_t batch, heads, tq, tk, d, dv;
@@ -337,6 +338,11 @@ typedef struct ca_attention_args {
     ca_dtype dt; ca_attention_params p;
     const void *q; const void *k; const void *v; void *out; float *lse;
     int64_t kv_heads;              /* ABI 3.5: heads of k and v (0: as many as q) */
+    /* ABI 3.6: the dropout stream's heads. This call's H heads are heads [stream_head0, stream_head0 + H)
+     * of an attention of stream_heads heads (0: H from 0), and head h of batch b draws element
+     * ((b stream_heads + stream_head0 + h) Tq + i) Tk + j: a tensor-parallel rank's heads drop what the
+     * whole attention drops for them (ca_attention_stream_bh). */
+    int64_t stream_heads, stream_head0;
 } ca_attention_args;
 
 /* dq, dk, dv (overwritten) from dout, recomputing p from q, k and the saved
@@ -348,7 +354,15 @@ typedef struct ca_attention_backward_args {
     const void *q; const void *k; const void *v; const void *out; const void *dout;
     const float *lse; void *dq; void *dk; void *dv;
     int64_t kv_heads;              /* ABI 3.5: as ca_attention_args' */
+    int64_t stream_heads, stream_head0;   /* ABI 3.6: as ca_attention_args' */
 } ca_attention_backward_args;
+
+/* Problem bh = b H + h of an attention call of H heads as the dropout stream numbers it: b stream_heads +
+ * stream_head0 + h (bh itself when stream_heads is 0). */
+static inline uint64_t ca_attention_stream_bh(int64_t bh, int64_t heads, int64_t stream_heads, int64_t head0) {
+    if (stream_heads <= 0 || heads <= 0) return (uint64_t)bh;
+    return (uint64_t)(bh / heads * stream_heads + head0 + bh % heads);
+}
 
 /* Query heads per kv head of an attention call (1 when kv_heads is 0 or H). */
 static inline int64_t ca_attention_group(int64_t heads, int64_t kv_heads) {

@@ -133,10 +133,16 @@ CA_API const char *ca_causal_lm_model_type(ca_causal_lm_family family);
  * Qwen2 or Mistral model, the config's base_model_tp_plan (transformers 5's, or config.json's own) is
  * added to the model's plan under "model." (after any ca_tp_plan of the program): q/k/v_proj and
  * gate/up_proj colwise, o_proj and down_proj rowwise, each rank computing num_attention_heads / tp_size
- * heads; LoRA adapters on those layers are split with them. Refused at ca_prepare, naming the key and
+ * heads; LoRA adapters on those layers are split with them. An untied lm_head whose vocab_size tp_size
+ * divides is "colwise_gather_output" (transformers' model-level entry): each rank computes its vocabulary
+ * slice of the logits, gathered whole on every rank. Attention dropout draws one process's masks
+ * (ca_scaled_dot_product_attention_heads). A config.json plan with input_layernorm,
+ * post_attention_layernorm and norm "sequence_parallel" runs the decoder sequence-parallel (the
+ * residual stream on each rank's tokens; all three or none). Refused at ca_prepare, naming the key and
  * config.json: num_attention_heads, num_key_value_heads or intermediate_size that tp_size does not
- * divide, a plan style other than "colwise" / "rowwise" (CA_ERR_UNSUPPORTED, naming the style and the
- * pattern); GPT-2 (transformers has no plan for it; its Conv1D layers are not split yet).
+ * divide, a plan style other than "colwise" / "rowwise" / "sequence_parallel" (CA_ERR_UNSUPPORTED,
+ * naming the style and the pattern); GPT-2 (transformers has no plan for it; its Conv1D layers are not
+ * split yet).
  */
 CA_API ca_status ca_causal_lm_create(const ca_causal_lm_config *c, ca_module **out);
 

@@ -133,6 +133,18 @@ CA_API void ca_module_print_trainable_parameters(ca_module *m);
  *   "colwise": the weight split on the output features (and the bias with it); the output stays split
  *              over the tp ranks; backward all-reduces the input's gradient over tp. An output layer
  *              (lm_head) so split gives each rank its slice of the vocabulary's logits: ca_tp_cross_entropy.
+ *   "colwise_gather_output": split as "colwise", and the output's slices all-gathered along the last
+ *              dimension over tp, so that every rank gets the whole output (transformers' plan for a
+ *              decoder's lm_head: each rank computes its vocabulary's logits); backward keeps the rank's
+ *              slice of the gradient.
+ *   "sequence_parallel": on a LayerNorm or RMSNorm (torch's SequenceParallel, Megatron's
+ *              --sequence-parallel): the model runs sequence-parallel. The norm stays whole and runs on this
+ *              rank's tokens [B, T/tp, ...] (its weight's gradient summed over tp); every colwise layer
+ *              all-gathers its input along dimension 1 (the sequence) and every rowwise layer
+ *              reduce-scatters its output along it instead of the all-reduce, so between them the
+ *              activations are this rank's tokens. The program splits the whole activations into its
+ *              tokens with ca_tp_sequence_split and gathers them with ca_tp_sequence_gather. Not yet with
+ *              LoRA adapters or "colwise_gather_output" (CA_ERR_UNSUPPORTED at prepare).
  *   "rowwise": the weight split on the input features, whose input is the split output of a colwise
  *              layer; forward all-reduces the output over tp, then adds the (whole) bias.
  *              On an Embedding (torch's RowwiseParallel on nn.Embedding, Megatron's VocabParallelEmbedding):
@@ -148,7 +160,9 @@ CA_API void ca_module_print_trainable_parameters(ca_module *m);
  * or empty argument, CA_ERR_UNSUPPORTED naming the style for Hugging Face's other styles
  * ("colwise_rep", "local_colwise", "sequence_parallel", "gather", ...: not yet), CA_ERR_NOMEM.
  * Not thread-safe: call before ca_prepare from the thread that builds m. */
-typedef enum ca_tp_style { CA_TP_COLWISE = 1, CA_TP_ROWWISE = 2 } ca_tp_style;
+typedef enum ca_tp_style {
+    CA_TP_COLWISE = 1, CA_TP_ROWWISE = 2, CA_TP_COLWISE_GATHER = 3, CA_TP_SEQUENCE = 4
+} ca_tp_style;
 CA_API ca_status ca_tp_plan(ca_module *m, const char *pattern, const char *style);
 /* ca_tp_plan for a Linear whose split dimension stacks `parts` equal blocks (a fused q, k, v projection
  * such as GPT-2's c_attn: 3, colwise): each block is split alike, so that tp rank r holds the q, k and v
@@ -163,6 +177,21 @@ CA_API int ca_tp_plan_match(const ca_module *m, const char *name, int *parts);
  * NULL with CA_ERR_INVALID for a NULL embedding; a NULL x passes through (the error that made it stays
  * the last); an op (ops.h) otherwise. */
 CA_API ca_tensor *ca_embedding_attend(ca_module *embedding, ca_tensor *x);
+/* Which heads of the attention the output of `proj` (the colwise layer that gives the heads: a q
+ * projection, a fused q, k, v) holds when it gives local_heads of them: under tensor parallelism tp rank r's
+ * *head0 = r local_heads of *heads = tp local_heads, else 0 of local_heads. For
+ * ca_scaled_dot_product_attention_heads, so that attention dropout at tp draws one process's masks.
+ * Local, no communication. CA_ERR_INVALID for a NULL argument or local_heads < 1. */
+CA_API ca_status ca_tp_heads(ca_module *proj, int64_t local_heads, int64_t *head0, int64_t *heads);
+/* Sequence parallelism (a plan with "sequence_parallel" entries, prepared at tp_size > 1); m is any module
+ * the plan split. ca_tp_sequence_split: x [B, T, ...], the same on every tp rank, -> this rank's tokens
+ * [B, T/tp, ...] (backward all-gathers the gradient). ca_tp_sequence_gather: this rank's tokens -> the whole
+ * [B, T, ...] on every rank (all-gathered; backward keeps this rank's tokens of the gradient, which must be
+ * the same on every rank: a tied head's or a colwise layer's input sums its own over tp). x itself when m
+ * does not run sequence-parallel. Collective over tp. NULL with CA_ERR_INVALID for a NULL module or a T
+ * (dimension 1) that tp_size does not divide; a failed collective's error. */
+CA_API ca_tensor *ca_tp_sequence_split(ca_module *m, ca_tensor *x);
+CA_API ca_tensor *ca_tp_sequence_gather(ca_module *m, ca_tensor *x);
 /* ca_cross_entropy (mean over the labels that are not -100) of the logits that output layer `head` gave.
  * When the plan split head over tp (a colwise Linear, or a rowwise Embedding through ca_embedding_attend),
  * the logits [..., V / tp_size] are this rank's vocabulary columns and never whole on any rank: Megatron's

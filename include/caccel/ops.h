@@ -129,6 +129,15 @@ CA_API ca_tensor *ca_embedding_ex(ca_tensor *idx, ca_tensor *table, int64_t padd
  * log-sum-exp; no [Tq, Tk] tensor is kept (docs/ARCHITECTURE.md). */
 CA_API ca_tensor *ca_scaled_dot_product_attention(ca_tensor *q, ca_tensor *k, ca_tensor *v, ca_tensor *mask,
                                                   bool causal, double dropout_p, double scale);
+/* ca_scaled_dot_product_attention of heads [head0, head0 + H) of an attention of `heads` heads (a
+ * tensor-parallel rank's heads: ca_tp_heads gives both): the dropout drops what the whole attention's
+ * drops for these heads, and the generator advances as for all `heads`, so that every rank of a tp group
+ * draws one process's masks. Equal to ca_scaled_dot_product_attention when head0 is 0 and heads is H.
+ * CA_ERR_INVALID when the heads are not within [0, heads); CA_ERR_UNSUPPORTED for dropout on a device
+ * plugin older than ABI 3.6 (it draws the whole attention's stream only). */
+CA_API ca_tensor *ca_scaled_dot_product_attention_heads(ca_tensor *q, ca_tensor *k, ca_tensor *v, ca_tensor *mask,
+                                                        bool causal, double dropout_p, double scale, int64_t head0,
+                                                        int64_t heads);
 
 /* ----------------------------------------------------------- shape */
 /* Views where the strides allow, else a copy. One dim may be -1. */
