@@ -14,12 +14,16 @@
 # Threads: OMP_NUM_THREADS and OPENBLAS_NUM_THREADS for caccel (one OpenMP team, backends/cpu/cpu_parallel.h),
 # torch.set_num_threads (and the same variables) for PyTorch.
 #
-# Serial fraction f (time in code that runs on one thread while the others wait, over the 1-thread work):
-#   profile  where `perf record` works: the caccel step at PROFILE_THREADS threads (default 2) under
-#            perf record -e cpu-clock:u -k CLOCK_MONOTONIC, only the samples inside the timed loop (the bench
-#            programs print its window with BENCH_WINDOWS=1; examples/gpt's two log lines bound it). A sample
-#            in libgomp is waiting (spin, barrier, fork-join); any other is work. With M the main thread's
-#            work and K the other threads' at n threads: serial S = M - K / (n - 1), f = S / (M + K).
+# Serial fraction f (work done while one thread runs and the others wait, over all the work):
+#   profile  where `perf record` works: each caccel step at 1 and at PROFILE_THREADS threads (default 2) under
+#            perf record -e cpu-clock[:u] --switch-events (+ sched:sched_wakeup where permitted) -k
+#            CLOCK_MONOTONIC, the samples inside the timed loop only (the bench programs print its window
+#            with BENCH_WINDOWS=1; examples/gpt's two log lines bound it), and the caccel trace of the same run
+#            (CACCEL_PROFILE). bench/serial_profile.py rebuilds each thread's time line from its own samples
+#            and switches (working; waiting in libgomp or a yield; asleep; preempted) and sweeps them: the
+#            work of a stretch with one busy thread is serial (a preempted thread's catch-up excepted), f =
+#            serial / all work; the same over the gemm kernel calls gives the GEMMs' own f; the serial
+#            time by function and by kernel call, and the work at n threads against 1, are printed too.
 #   fit      always: from the measured speed-up s_k at k threads, Amdahl's f = (k / s_k - 1) / (k - 1).
 #   Projection: speed-up(N) = 1 / (f + (1 - f) / N) for N = 16 and 64.
 #

@@ -38,8 +38,10 @@ SWITCH = re.compile(r"^\s*(\d+)/(\d+)\s+(\d+\.\d+):\s+PERF_RECORD_SWITCH\s+(IN|O
 GEMM_DSOS = ("openblas", "libblas", "dnnl", "mkl_", "/perf-")   # perf-PID.map: JIT code (oneDNN's kernels)
 BUSY = ("work", "stalled-work")
 # Waiting outside libgomp: a yield (OpenBLAS's threads wait for each other with sched_yield) and, where perf
-# samples the kernel too, the scheduler's and futexes' own code.
-WAITING = re.compile(r"sched_yield|^(__)?schedule$|finish_task_switch|futex")
+# samples the kernel too, a futex's code. The kernel's context-switch path (a thread switched back in, an
+# interrupt's return) says nothing of what the thread does: such a sample takes the kind of the next one.
+WAITING = re.compile(r"sched_yield|futex")
+THROUGH = re.compile(r"finish_task_switch|^(__)?schedule$|irqentry_exit")
 
 
 def short(sym, dso):
@@ -80,6 +82,7 @@ def read_events(lines):
         kind = "wait" if "libgomp" in dso or WAITING.search(name) else "work"
         if dso == "[kernel.kallsyms]":      # on behalf of the user code that entered it (a syscall, a fault)
             kind = "wait" if kind == "wait" or user_kind.get(key) == "wait" else "work"
+            kind = "through" if THROUGH.search(name) else kind
             name = "[kernel] " + name
         else:
             user_kind[key] = kind
@@ -96,7 +99,10 @@ def segments(events, period):
     woke = None                 # when it was woken after blocking (runnable from then on)
     for e in sorted(events, key=lambda e: e[1]):
         t = e[1]
-        if e[0] == "s":
+        if e[0] == "s" and e[2] == "through":
+            pending.append((t - period if mark is None else max(mark, t - period), t, "on"))
+            mark = t
+        elif e[0] == "s":
             _, _, kind, name, gemm = e
             for a, b, k in pending:
                 if k == "on":

@@ -2,8 +2,10 @@
 # bench/serial_profile.py (the serial fraction of bench/run_threads.sh's PROFILE mode) on a made-up
 # `perf script` of two threads whose time line is known, at a period of 1 ms of CPU per sample,
 # window [10.000, 10.100] s:
-#    0-20 ms  both work;                      20-30  main alone (emb_bwd_range), the worker spins in libgomp;
-#   30-40     both work;                      40-50  the worker is preempted mid-work, main works;
+#    0-20 ms  both work;                      20-30  main alone (emb_bwd_range), the worker spins in libgomp
+#                                                    and yields (sched_yield, and the system call in the kernel);
+#   30-40     both work (the worker's first sample in the kernel's context-switch path);
+#   40-50     the worker is preempted mid-work, main works;
 #   50-60     the worker alone (its catch-up), main spins;
 #   60-70     main alone (ce_range), the worker asleep (a voluntary switch out);
 #   70-72     main woke the worker at 70 (sched_wakeup), the worker waits for a CPU until 72;
@@ -27,6 +29,7 @@ import json, sys
 w = sys.argv[1]
 CACCEL, GOMP = "/x/libcaccel.so.0", "/usr/lib/libgomp.so.1"
 BLAS = "/usr/lib/openblas-openmp/libopenblasp-r0.3.21.so"
+LIBC, KERNEL = "/usr/lib/libc.so.6", "[kernel.kallsyms]"
 lines = []
 def sample(tid, ms, sym, dso):
     lines.append((ms, f"   100/{tid}  {10 + ms / 1000:.6f}:      7f0000001000 {sym} ({dso})"))
@@ -36,8 +39,12 @@ def span(tid, a, b, sym, dso):            # samples at a+1 .. b
 def switch(tid, ms, what):
     lines.append((ms + 0.0001, f"   100/{tid}  {10 + ms / 1000:.6f}: PERF_RECORD_SWITCH {what}"))
 span(100, 0, 20, "binary_row.avx512f", CACCEL); span(101, 0, 20, "binary_row.avx512f", CACCEL)
-span(100, 20, 30, "emb_bwd_range", CACCEL);    span(101, 20, 30, "[unknown]", GOMP)
-span(100, 30, 40, "binary_row.avx512f", CACCEL); span(101, 30, 40, "binary_row.avx512f", CACCEL)
+span(100, 20, 30, "emb_bwd_range", CACCEL);    span(101, 20, 24, "[unknown]", GOMP)
+sample(101, 25, "__sched_yield", LIBC); sample(101, 26, "do_syscall_64", KERNEL)   # a yield waits too
+span(101, 26, 30, "[unknown]", GOMP)
+span(100, 30, 40, "binary_row.avx512f", CACCEL)
+sample(101, 31, "finish_task_switch.isra.0", KERNEL)    # the switch path: the kind of what follows
+span(101, 31, 40, "binary_row.avx512f", CACCEL)
 span(100, 40, 50, "binary_row.avx512f", CACCEL)
 switch(101, 40, "OUT preempt"); switch(101, 50, "IN")
 span(100, 50, 60, "[unknown]", GOMP);          span(101, 50, 60, "binary_row.avx512f", CACCEL)
