@@ -335,7 +335,10 @@ for name in names:
     one = profile(*prof[name], 1)
     if one:
         w1 = one["serial_ms"] + one["parallel_ms"]
-        print(f"  work at {pthreads} threads / at 1: {ms / w1:.2f} ({ms:.0f} / {w1:.0f} ms); the functions (ms at"
+        g = [x["gemm_serial_ms"] + x["gemm_parallel_ms"] for x in (pr, one)]
+        print(f"  work at {pthreads} threads / at 1: {ms / w1:.2f} ({ms:.0f} / {w1:.0f} ms); the GEMMs'"
+              f" {ratio(g[0], g[1])} ({g[0]:.0f} / {g[1]:.0f}), the rest's {ratio(ms - g[0], w1 - g[1])}")
+        print(f"  the functions (ms at"
               f" {pthreads}, at 1): " + "; ".join(f"{n} {v:.0f}, {dict((k, x) for k, x in one['work_funcs']).get(n, 0):.0f}"
                                                    for n, v in pr["work_funcs"][:6]))
 PY
