@@ -14,12 +14,16 @@
 # Threads: OMP_NUM_THREADS and OPENBLAS_NUM_THREADS for caccel (one OpenMP team, backends/cpu/cpu_parallel.h),
 # torch.set_num_threads (and the same variables) for PyTorch.
 #
-# Serial fraction f (time in code that runs on one thread while the others wait, over the 1-thread work):
-#   profile  where `perf record` works: the caccel step at PROFILE_THREADS threads (default 2) under
-#            perf record -e cpu-clock:u -k CLOCK_MONOTONIC, only the samples inside the timed loop (the bench
-#            programs print its window with BENCH_WINDOWS=1; examples/gpt's two log lines bound it). A sample
-#            in libgomp is waiting (spin, barrier, fork-join); any other is work. With M the main thread's
-#            work and K the other threads' at n threads: serial S = M - K / (n - 1), f = S / (M + K).
+# Serial fraction f (work done while one thread runs and the others wait, over all the work):
+#   profile  where `perf record` works: each caccel step at 1 and at PROFILE_THREADS threads (default 2) under
+#            perf record -e cpu-clock[:u] --switch-events (+ sched:sched_wakeup where permitted) -k
+#            CLOCK_MONOTONIC, the samples inside the timed loop only (the bench programs print its window
+#            with BENCH_WINDOWS=1; examples/gpt's two log lines bound it), and the caccel trace of the same run
+#            (CACCEL_PROFILE). bench/serial_profile.py rebuilds each thread's time line from its own samples
+#            and switches (working; waiting in libgomp or a yield; asleep; preempted) and sweeps them: the
+#            work of a stretch with one busy thread is serial (a preempted thread's catch-up excepted), f =
+#            serial / all work; the same over the gemm kernel calls gives the GEMMs' own f; the serial
+#            time by function and by kernel call, and the work at n threads against 1, are printed too.
 #   fit      always: from the measured speed-up s_k at k threads, Amdahl's f = (k / s_k - 1) / (k - 1).
 #   Projection: speed-up(N) = 1 / (f + (1 - f) / N) for N = 16 and 64.
 #
@@ -141,51 +145,78 @@ for t in $threads; do
     done
 done
 
-# The profile: each caccel step at $pthreads threads under perf, the samples inside its timed window kept.
+# The profile: each caccel step under perf at 1 thread (the work the speed-up divides) and at $pthreads
+# threads (the serial stretches), the samples inside its timed window kept (bench/serial_profile.py).
 # stdout passes through a stamper (the monotonic time of each line's arrival: examples/gpt flushes its log
-# lines, which bound its window); the bench programs print their windows on stderr.
+# lines, which bound its window); the bench programs print their windows on stderr. A program on the
+# accelerator also writes its trace (CACCEL_PROFILE, docs/PROFILING.md): the serial time per kernel call.
 cat > "$tmp/stamp.py" <<'PY'
 import sys, time
 for line in sys.stdin:
     print(f"{time.monotonic():.6f} {line}", end="", flush=True)
 PY
-profile() {   # NAME CMD...: perf's samples as "pid/tid time dso" lines in $tmp/NAME.samples, windows in .windows
-    local name=$1; shift
-    if ! BENCH_WINDOWS=1 OPENBLAS_NUM_THREADS=$pthreads OMP_NUM_THREADS=$pthreads \
-        perf record -q -e cpu-clock:u -c 250000 -k CLOCK_MONOTONIC -o "$tmp/$name.data" -- "$@" \
+period=100000   # ns of a thread's CPU time per sample
+# user-space samples (perf_event_paranoid 2 allows them); the kernel's too where permitted (root, paranoid
+# <= 1: a thread's page faults and system calls are then its work, or its waiting inside sched_yield)
+clock=cpu-clock:u
+if perf record -q -e cpu-clock -o "$tmp/probe.data" -- true > /dev/null 2>&1; then clock=cpu-clock; fi
+perf_events=(-e "$clock" -c "$period" --switch-events)
+# where the kernel's tracepoints may be read (root, or paranoid <= -1): when a blocked thread was woken, so
+# that its wait for a CPU on a busy machine counts as a stall, not as sleep
+if perf record -q -e sched:sched_wakeup -o "$tmp/probe.data" -- true > /dev/null 2>&1; then
+    perf_events+=(-e sched:sched_wakeup)
+fi
+profile() {   # NAME THREADS CMD...: $tmp/NAME.json from serial_profile.py (windows in $tmp/NAME.windows)
+    local name=$1 nt=$2; shift 2
+    if ! BENCH_WINDOWS=1 OPENBLAS_NUM_THREADS=$nt OMP_NUM_THREADS=$nt CACCEL_PROFILE=true \
+        CACCEL_PROFILE_RECORD_SHAPES=true CACCEL_OUTPUT_TRACE_DIR="$tmp/$name.trace" \
+        perf record -q "${perf_events[@]}" -k CLOCK_MONOTONIC -o "$tmp/$name.data" -- "$@" \
         2> "$tmp/$name.err" | python3 -u "$tmp/stamp.py" > "$tmp/$name.out"; then
         note "profile of $name failed: $(tail -1 "$tmp/$name.err")"
         return 0
     fi
     grep '^# window ' "$tmp/$name.err" > "$tmp/$name.windows" || true
-    perf script -i "$tmp/$name.data" -F pid,tid,time,ip,dso 2>/dev/null |
-        awk '{sub(":", "", $2); print $1, $2, $NF}' > "$tmp/$name.samples"
+}
+analyse() {   # NAME
+    local name=$1 trace=()
+    [ -s "$tmp/$name.windows" ] || { note "profile of $name: no timed window found"; return 0; }
+    [ -f "$tmp/$name.trace/trace_rank0.json" ] && trace=(--trace "$tmp/$name.trace/trace_rank0.json")
+    python3 "$here/serial_profile.py" --data "$tmp/$name.data" --windows "$tmp/$name.windows" \
+        --period-ns "$period" --top 8 "${trace[@]}" > "$tmp/$name.json" ||
+        note "profile of $name: serial_profile.py failed"
+    rm -f "$tmp/$name.data"
 }
 gpt_window() {   # NAME: examples/gpt's timed half, between its first and its last log line
     awk '/tokens\/s$/ {if (!a) a = $1; b = $1} END {if (a && b > a) print "# window gpt batch=0 from=" a " to=" b}' \
         "$tmp/$1.out" > "$tmp/$1.windows"
 }
 if [ "${PROFILE:-1}" = 1 ] && command -v perf > /dev/null &&
-   perf record -q -e cpu-clock:u -k CLOCK_MONOTONIC -o "$tmp/probe.data" -- true > /dev/null 2>&1; then
-    if has gpt; then
-        for s in "${gpt_shapes[@]}"; do
-            read -r L H C T B N <<< "$s"
-            name=gpt-${L}x${H}x${C}xT${T}
-            profile "$name" "$gpt" --cpu --n_layer "$L" --n_head "$H" --n_embd "$C" --block_size "$T" \
-                --batch_size "$B" --max_steps "$N" --log_interval $((N / 2)) --eval_interval 0 --eval_samples 4 \
-                --sample_tokens 0
-            gpt_window "$name"
-        done
-    fi
-    if has bert; then profile bert "$bert" bert --batch-sizes 8 --steps "$bert_steps"; fi
-    if has mlp; then profile mlp "$mlp" --batch-sizes 16,128; fi
-    if has xla; then profile xla-mlp "$xla" --batch-sizes 16,128 --steps "$xla_steps" --reps 1; fi
+   perf record -q "${perf_events[@]}" -k CLOCK_MONOTONIC -o "$tmp/probe.data" -- true > /dev/null 2>&1; then
+    for nt in $(printf '%s\n' 1 "$pthreads" | sort -un); do
+        if has gpt; then
+            for s in "${gpt_shapes[@]}"; do
+                read -r L H C T B N <<< "$s"
+                name=gpt-${L}x${H}x${C}xT${T}-t$nt
+                profile "$name" "$nt" "$gpt" --cpu --n_layer "$L" --n_head "$H" --n_embd "$C" --block_size "$T" \
+                    --batch_size "$B" --max_steps "$N" --log_interval $((N / 2)) --eval_interval 0 \
+                    --eval_samples 4 --sample_tokens 0
+                gpt_window "$name"
+                analyse "$name"
+            done
+        fi
+        if has bert; then profile "bert-t$nt" "$nt" "$bert" bert --batch-sizes 8 --steps "$bert_steps"; analyse "bert-t$nt"; fi
+        if has mlp; then profile "mlp-t$nt" "$nt" "$mlp" --batch-sizes 16,128; analyse "mlp-t$nt"; fi
+        if has xla; then
+            profile "xla-mlp-t$nt" "$nt" "$xla" --batch-sizes 16,128 --steps "$xla_steps" --reps 1
+            analyse "xla-mlp-t$nt"
+        fi
+    done
 else
     note "no perf profile (perf missing, not permitted, or PROFILE=0): the serial fraction from the speed-up fit only"
 fi
 
 python3 - "$out" "$tmp" "$pthreads" <<'PY'
-import glob, os, statistics, sys
+import json, os, statistics, sys
 out, tmp, pthreads = sys.argv[1], sys.argv[2], int(sys.argv[3])
 rows = []
 for line in open(out):
@@ -251,59 +282,63 @@ if len(ths) > 1 and ths[0] == 1:
                 fit[w["name"]] = (ths[-1], s[-1])
             print(f"{w['name']:>20} {impl:>13} | " + " ".join(f"{x:6.2f}" for x in s))
 
-# The profile: per thread, samples (0.25 ms of CPU each) in libgomp (waiting) and elsewhere (work), in the windows.
-def windows(name, batch):
-    p = os.path.join(tmp, name + ".windows")
+# The profile (bench/serial_profile.py): f from the per-thread time lines at pthreads threads, the functions
+# and kernel calls of the serial stretches, and the work at pthreads threads against the work at 1.
+def profile(name, batch, nt):
+    p = os.path.join(tmp, f"{name}-t{nt}.json")
     if not os.path.exists(p):
-        return []
-    ws = [dict(kv.split("=") for kv in l.split()[3:]) for l in open(p)]
-    return [(float(w["from"]), float(w["to"])) for w in ws if batch is None or w["batch"] == str(batch)]
-def serial(name, batch):
-    """f, main's work ms, the other team threads' work ms; None without a profile."""
-    ws, path = windows(name, batch), os.path.join(tmp, name + ".samples")
-    if not ws or not os.path.exists(path):
         return None
-    work, gomp, per_pid = {}, set(), {}
-    for line in open(path):
-        ids, ts, dso = line.split()
-        if not any(a <= float(ts) <= b for a, b in ws):
-            continue
-        pid, tid = ids.split("/")
-        per_pid[pid] = per_pid.get(pid, 0) + 1
-        if "libgomp" in dso:
-            gomp.add((pid, tid))
-        else:
-            work[(pid, tid)] = work.get((pid, tid), 0) + 1
-    if not per_pid:
-        return None
-    pid = max(per_pid, key=per_pid.get)   # the program (not a helper process it started)
-    M = work.get((pid, pid), 0)
-    # the other threads of its OpenMP team: those seen in libgomp (another thread's work is not the step's)
-    K = sum(v for (p, t), v in work.items() if p == pid and t != pid and (p, t) in gomp)
-    n = pthreads
-    S = max(0.0, M - K / (n - 1))
-    return (S / (M + K), M * 0.25, K * 0.25) if M + K else None
+    return json.load(open(p)).get(str(batch))
 
 def amdahl(f, N):
     return 1 / (f + (1 - f) / N)
-prof = {"gpt 4x128 T64 b32": ("gpt-4x4x128xT64", None), "gpt 6x384 T256 b8": ("gpt-6x6x384xT256", None),
+prof = {"gpt 4x128 T64 b32": ("gpt-4x4x128xT64", 0), "gpt 6x384 T256 b8": ("gpt-6x6x384xT256", 0),
         "bert MiniLM T128 b8": ("bert", 8), "mlp b16": ("mlp", 16), "mlp b128": ("mlp", 128),
         "xla mlp b16": ("xla-mlp", 16), "xla mlp b128": ("xla-mlp", 128)}
-print(f"\nSerial fraction f of the caccel step and Amdahl's speed-up 1 / (f + (1 - f) / N)")
-print(f"# profile: perf cpu-clock:u samples inside the timed loop at {pthreads} threads, libgomp = waiting;"
-      f" S = main's work - others' work / (n - 1), f = S / all work")
+names = live or [n for n in prof if profile(*prof[n], pthreads)]
+print(f"\nSerial fraction f of the caccel step and Amdahl's speed-up 1 / (f + (1 - f) / N), beside the GEMMs' own")
+print(f"# profile: perf at {pthreads} threads, each thread's time line from its samples and context switches;"
+      f" f = the work done while it is the only busy thread / all the work (preemption's catch-up excluded;"
+      f" f raw: included). GEMM: the same over the gemm kernel calls only; ratio = GEMM s(N) / step s(N)")
 print(f"# fit: f = (k / s_k - 1) / (k - 1) from the measured 1 -> k speed-up s_k (k = the largest thread count)")
-print(f"{'workload':>20} {'method':>8} | {'f':>6} {'main ms':>8} {'others ms':>9} | {'s(2)':>5} {'s(16)':>6} {'s(64)':>6}")
-if not fit and not any(os.path.exists(os.path.join(tmp, prof[n][0] + ".samples")) for n in live):
+print(f"{'workload':>20} {'method':>8} | {'f':>6} {'f raw':>6} {'1 busy':>6} | {'s(2)':>5} {'s(16)':>6} {'s(64)':>6} |"
+      f" {'GEMM f':>6} {'s(16)':>6} {'s(64)':>6} | {'ratio 16':>8} {'64':>5}")
+if not fit and not any(profile(*prof[n], pthreads) for n in names):
     print("# none: the fit needs 1 thread and more in THREADS, the profile needs perf")
-for name in live:
-    pr = serial(*prof[name]) if pthreads > 1 else None
-    if pr:
-        f, M, K = pr
-        print(f"{name:>20} {'profile':>8} | {f:6.3f} {M:8.0f} {K:9.0f} | {amdahl(f, 2):5.2f} {amdahl(f, 16):6.2f} {amdahl(f, 64):6.2f}")
+for name in names:
+    pr = profile(*prof[name], pthreads) if pthreads > 1 else None
+    if pr and pr.get("f") is not None and pr["f"] == pr["f"]:
+        f, fg = pr["f"], pr["gemm_f"]
+        g = [amdahl(fg, N) if fg == fg else nan for N in (16, 64)]
+        r = [x / amdahl(f, N) for x, N in zip(g, (16, 64))]
+        print(f"{name:>20} {'profile':>8} | {f:6.3f} {pr['f_raw']:6.3f} {pr['wall_share'].get('serial', nan):6.3f} |"
+              f" {amdahl(f, 2):5.2f} {amdahl(f, 16):6.2f} {amdahl(f, 64):6.2f} |"
+              f" {fg:6.3f} {g[0]:6.2f} {g[1]:6.2f} | {r[0]:8.2f} {r[1]:5.2f}")
     if name in fit:
         k, s = fit[name]
         f = min(1.0, max(0.0, (k / s - 1) / (k - 1)))
-        print(f"{name:>20} {'fit':>8} | {f:6.3f} {'-':>8} {'-':>9} | {amdahl(f, 2):5.2f} {amdahl(f, 16):6.2f} {amdahl(f, 64):6.2f}"
-              f"   (s_{k} = {s:.2f})")
+        print(f"{name:>20} {'fit':>8} | {f:6.3f} {'-':>6} {'-':>6} | {amdahl(f, 2):5.2f} {amdahl(f, 16):6.2f}"
+              f" {amdahl(f, 64):6.2f} |   (s_{k} = {s:.2f})")
+print("# 1 busy: the share of the window's wall time with one busy thread (on a busy machine mostly another's preemption)")
+
+for name in names:
+    pr = profile(*prof[name], pthreads) if pthreads > 1 else None
+    if not pr:
+        continue
+    ms = pr["serial_ms"] + pr["parallel_ms"]
+    print(f"\n{name}: serial stretches at {pthreads} threads, {pr['serial_ms']:.1f} ms of {ms:.0f} ms of work"
+          f" in the window (ms, of which the main thread's)")
+    cols = [("function", pr["serial_funcs"]), ("kernel call", pr.get("serial_ops") or [])]
+    for title, rows_ in cols:
+        if rows_:
+            print(f"  by {title}: " + "; ".join(f"{n} {v:.1f} ({m:.1f})" for n, v, m in rows_))
+    one = profile(*prof[name], 1)
+    if one:
+        w1 = one["serial_ms"] + one["parallel_ms"]
+        g = [x["gemm_serial_ms"] + x["gemm_parallel_ms"] for x in (pr, one)]
+        print(f"  work at {pthreads} threads / at 1: {ms / w1:.2f} ({ms:.0f} / {w1:.0f} ms); the GEMMs'"
+              f" {ratio(g[0], g[1])} ({g[0]:.0f} / {g[1]:.0f}), the rest's {ratio(ms - g[0], w1 - g[1])}")
+        print(f"  the functions (ms at"
+              f" {pthreads}, at 1): " + "; ".join(f"{n} {v:.0f}, {dict((k, x) for k, x in one['work_funcs']).get(n, 0):.0f}"
+                                                   for n, v in pr["work_funcs"][:6]))
 PY

@@ -2,7 +2,7 @@
 # torch.compile, with each step's serial fraction and its Amdahl projection (`make bench-threads`).
 # BENCH_THREADS_ARGS passes e.g. "--threads 1,2,4 --reps 3 --parts gpt,bert"; THREADS, REPS, QUICK and
 # TORCH_PYTHON in the environment work too (bench/run_threads.sh's header).
-EXTRA_DIST += bench/run_threads.sh bench/stage_threads.sh
+EXTRA_DIST += bench/run_threads.sh bench/stage_threads.sh bench/serial_profile.py
 
 .PHONY: bench-threads
 bench: bench-threads

@@ -19,3 +19,6 @@ AM_TESTS_ENVIRONMENT += XDG_CACHE_HOME='$(abs_top_builddir)/tests/xdg-cache'; ex
 # The flight recorder's SIGUSR1 dumps while the Fashion-MNIST MLP trains (its handlers' own stack).
 TESTS += tests/test_flightrec_train.sh
 EXTRA_DIST += tests/test_flightrec_train.sh
+# bench/run_threads.sh's serial fraction (bench/serial_profile.py) on a made-up perf profile.
+TESTS += tests/test_serial_profile.sh
+EXTRA_DIST += tests/test_serial_profile.sh
