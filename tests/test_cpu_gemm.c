@@ -1,5 +1,9 @@
 /* Tests of the CPU backend's GEMM (every transpose, padded leading dimensions, batches, f16/bf16) against a double-precision reference. */
 #include "test_cpu_util.h"
+
+#include <cblas.h>
+
+#include "backends/cpu/cpu_impl.h"
 #define SENTINEL 1536.0 /* exact in f16 and bf16 */
 
 typedef struct gcase {
@@ -170,12 +174,34 @@ static void test_gemm_linear_shapes(void **state) {
     run_gemm(&dw);
 }
 
+/* auto's size rule: oneDNN from 2^19 multiply-adds at one BLAS thread, from 2^26 at more (the MLP's
+ * GEMMs stay on OpenBLAS's pool, a transformer's go to oneDNN); only where auto chose oneDNN. */
+static void test_gemm_path_by_threads(void **state) {
+    (void)state;
+    const char *env = getenv("CACCEL_CPU_GEMM");
+    if ((env && strcmp(env, "auto") != 0) || !strstr(cpu_f32_gemm_path(), "through oneDNN")) {
+        printf("skipped: f32 GEMMs not on auto's oneDNN path here (%s)\n", cpu_f32_gemm_path());
+        return;
+    }
+    int was = openblas_get_num_threads();
+    openblas_set_num_threads(1);
+    assert_true(cpu_f32_gemm_onednn(64, 128, 64));           /* 2^19 */
+    assert_false(cpu_f32_gemm_onednn(64, 128, 63));
+    openblas_set_num_threads(2);
+    assert_false(cpu_f32_gemm_onednn(128, 256, 784));        /* the MLP's Linear at batch 128 */
+    assert_true(cpu_f32_gemm_onednn(2048, 384, 1152));       /* GPT 6 x 384's c_attn at B 8, T 256 */
+    assert_false(cpu_f32_gemm_onednn(1024, 256, 255));
+    assert_true(cpu_f32_gemm_onednn(1024, 256, 256));        /* 2^26 */
+    openblas_set_num_threads(was);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gemm_f32),
         cmocka_unit_test(test_gemm_half),
         cmocka_unit_test(test_gemm_edges),
         cmocka_unit_test(test_gemm_linear_shapes),
+        cmocka_unit_test(test_gemm_path_by_threads),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -42,9 +42,10 @@ typedef struct cpu_device {
  * fixed at first use (environment, CPU, OpenBLAS's core); the *_path strings say which and why. */
 bool cpu_bf16_gemm_available(void);
 const char *cpu_bf16_gemm_path(void);
-/* Whether an f32 GEMM of this size goes to oneDNN now (auto: from CPU_ONEDNN_MIN_MNK multiply-adds,
- * with one BLAS thread). */
+/* Whether an f32 GEMM of this size goes to oneDNN now (auto: from CPU_ONEDNN_MIN_MNK multiply-adds
+ * with one BLAS thread, from CPU_ONEDNN_MIN_MNK_THREADED with more). */
 #define CPU_ONEDNN_MIN_MNK (1 << 19)
+#define CPU_ONEDNN_MIN_MNK_THREADED (1 << 26)
 bool cpu_f32_gemm_onednn(int64_t m, int64_t n, int64_t k);
 const char *cpu_f32_gemm_path(void);
 ca_status cpu_bf16_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const uint16_t *a,

@@ -25,8 +25,13 @@
  *     who set OPENBLAS_CORETYPE=Haswell keeps the AVX2 kernels asked for), for GEMMs
  *     of at least CPU_ONEDNN_MIN_MNK multiply-adds run with one BLAS thread: below
  *     that size OpenBLAS's small-matrix kernels measured faster (0.5 against 1.8 us
- *     at 16 x 10 x 128), and with 2 threads OpenBLAS's pool trained the MLP as fast
- *     or faster than oneDNN's OpenMP pool. onednn sends every f32 GEMM to oneDNN.
+ *     at 16 x 10 x 128). With more BLAS threads, from CPU_ONEDNN_MIN_MNK_THREADED
+ *     (64 Mi) multiply-adds: at 2 threads OpenBLAS's pool trained the MLP (GEMMs up to
+ *     26 Mi) as fast or faster than oneDNN's OpenMP pool, while on the transformers'
+ *     GEMMs (150 Mi and up) OpenBLAS's threads spent the second core waiting for each
+ *     other in sched_yield (bench/serial_profile.py: the GEMMs' work 1.24x at 2 threads)
+ *     and oneDNN trained the GPT 6 x 384 step 5% and the BERT step 10-25% faster
+ *     (bench/RESULTS.md). onednn sends every f32 GEMM to oneDNN.
  * oneDNN threads with OpenMP; before each call the calling thread's OpenMP count is
  * set to the BLAS thread count (once per change), so deterministic mode's single
  * thread and a GEMM on another thread both hold.
@@ -142,8 +147,8 @@ static void load(void) {
         else if (f32_forced)
             snprintf(why_f32, sizeof why_f32, "f32 GEMM through oneDNN (CACCEL_CPU_GEMM=onednn)");
         else
-            snprintf(why_f32, sizeof why_f32, "f32 GEMM through oneDNN with 1 BLAS thread (OpenBLAS below %d "
-                     "multiply-adds or with more threads)", CPU_ONEDNN_MIN_MNK);
+            snprintf(why_f32, sizeof why_f32, "f32 GEMM through oneDNN from 2^%d multiply-adds (2^%d at >1 BLAS "
+                     "thread)", __builtin_ctz(CPU_ONEDNN_MIN_MNK), __builtin_ctz(CPU_ONEDNN_MIN_MNK_THREADED));
     }
     omp_set_threads = (set_threads_fn)(uintptr_t)dlsym(h, "omp_set_num_threads");
 }
@@ -176,7 +181,8 @@ bool cpu_bf16_gemm_available(void) {
 bool cpu_f32_gemm_onednn(int64_t m, int64_t n, int64_t k) {
     pthread_once(&once, load);
     if (!gemm_f32) return false;
-    return f32_forced || (m * n * k >= CPU_ONEDNN_MIN_MNK && openblas_get_num_threads() == 1);
+    int64_t mnk = m * n * k;
+    return f32_forced || mnk >= (openblas_get_num_threads() == 1 ? CPU_ONEDNN_MIN_MNK : CPU_ONEDNN_MIN_MNK_THREADED);
 }
 
 /* A oneDNN GEMM's status as the kernel's: the function and the sizes named on failure. */
