@@ -33,6 +33,7 @@ libcaccel_la_SOURCES += \
 	accelerator/tp.c \
 	accelerator/cp.c \
 	accelerator/tp_state.c \
+	accelerator/tp_seq.c \
 	accelerator/autocast.c \
 	accelerator/batch_size.c \
 	accelerator/memory_report.c \

@@ -31,10 +31,21 @@ typedef struct ca_mesh {
     void **tp_plain_ctx;               /* the plain forward's context */
     bool seq;                          /* the plan has "sequence_parallel" entries: colwise and rowwise
                                         * layers take and give this rank's tokens (tp_seq.c) */
+    ca_module_seq seq_ops;             /* what the split modules' tp_seq point at (ca_tp_seq_ops) */
     int summons;                       /* ca_tp_summon(on) calls not yet undone (nested: a save while summoned) */
     ca_tp_whole *whole;                /* between ca_tp_summon(acc, true) and (acc, false) */
     int nwhole;
 } ca_mesh;
+
+/* Sequence parallelism (tp_seq.c; the split layers call them): a colwise layer's input x [B, T/tp, ...]
+ * (this rank's tokens) all-gathered along dimension 1 (backward: the gradient reduce-scattered, summed over
+ * tp); a rowwise layer's partial output y [B, T, ...] reduce-scattered to this rank's tokens (backward:
+ * all-gathered). Collective over c. NULL with the error set (a T that tp does not divide, a failed
+ * collective). */
+ca_tensor *ca_tp_seq_colwise_input(ca_comm *c, ca_tensor *x);
+ca_tensor *ca_tp_seq_rowwise_output(ca_comm *c, ca_tensor *y);
+/* m's sequence split and gather over its tp communicator, for the split modules' tp_seq (kept in m). */
+const ca_module_seq *ca_tp_seq_ops(ca_mesh *m);
 
 /* Makes acc->mesh when parallelism_config_tp_size or cp_size is above 1 (collective: after the process
  * group), refusing what does not compose with them yet; nothing otherwise. */

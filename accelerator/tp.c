@@ -421,7 +421,7 @@ static ca_status tp_record(tp_walk *w, ca_module *l, ca_forward_fn f) {
     m->tp[m->ntp++] = l;
     *ctx = m->comm[CA_MESH_TP];
     tp_mark(l, is_colwise(f) ? m->comm[CA_MESH_TP] : NULL);
-    l->tp_seq = m->seq ? m->comm[CA_MESH_TP] : NULL;   /* ca_tp_sequence_split finds the communicator there */
+    l->tp_seq = m->seq ? ca_tp_seq_ops(m) : NULL;   /* ca_tp_sequence_split finds its ops there */
     ca_lora_layer *lo = ca_lora_layer_of(l);
     if (lo) {
         lo->tp_mix = is_rowwise(f) ? lora_mix_reduce : lora_mix_copy;
@@ -495,7 +495,7 @@ void ca_tp_set_plain(ca_accelerator *acc, bool plain) {
         *fwd = plain ? m->tp_plain[i] : m->tp_fwd[i];
         *ctx = plain ? m->tp_plain_ctx[i] : m->comm[CA_MESH_TP];
         tp_mark(m->tp[i], !plain && is_colwise(m->tp_fwd[i]) ? m->comm[CA_MESH_TP] : NULL);
-        m->tp[i]->tp_seq = !plain && m->seq ? m->comm[CA_MESH_TP] : NULL;
+        m->tp[i]->tp_seq = !plain && m->seq ? ca_tp_seq_ops(m) : NULL;
         ca_lora_layer *lo = ca_lora_layer_of(m->tp[i]);
         if (lo) lo->tp_mix = plain ? NULL : is_rowwise(m->tp_fwd[i]) ? lora_mix_reduce : lora_mix_copy;
     }

@@ -348,8 +348,8 @@ static ca_status check_window(const ca_causal_lm_config *c, int64_t len) {
  * sequence is padded with at its end to a multiple of tp (causal attention keeps them out of the real
  * ones): ids and the mask (if any) padded in place. 0 otherwise. */
 static int64_t seq_pad(const lm_model *b, ca_tensor **ids, ca_tensor **mask, const ca_tensor *pos) {
-    void *tp = b->nlayers ? b->layers[0].in_ln->tp_seq : NULL;
-    int64_t len = (*ids)->shape[1], n = tp ? ca_comm_size(tp) : 1, pad = (n - len % n) % n, bsz = (*ids)->shape[0];
+    const ca_module_seq *sq = b->nlayers ? b->layers[0].in_ln->tp_seq : NULL;
+    int64_t len = (*ids)->shape[1], n = sq ? sq->size : 1, pad = (n - len % n) % n, bsz = (*ids)->shape[0];
     if (!pad) return 0;
     if (pos) {
         ca_error(CA_ERR_UNSUPPORTED, "ca_causal_lm_forward: position_ids with sequence parallelism and a length (%lld) "

@@ -5,7 +5,6 @@
 libcaccel_la_SOURCES += \
 	nn/nn_impl.h \
 	nn/module.c \
-	nn/tp_seq.c \
 	nn/layers.c \
 	nn/optim.c \
 	nn/schedule.c \

@@ -514,3 +514,22 @@ void ca_module_print(ca_module *m) {
     print_tree(m, NULL, 0);
     fprintf(stderr, "%lld parameters\n", (long long)ca_module_param_count(m));
 }
+
+/* Sequence parallelism's split and gather (include/caccel/nn.h): through the ops the accelerator installed
+ * on a module its plan split (accelerator/tp_seq.c); x itself for any other module. */
+static const ca_module_seq *seq_ops(const ca_module *m, const char *fn) {
+    if (!m) ca_error(CA_ERR_INVALID, "%s: a module is required", fn);
+    return m ? m->tp_seq : NULL;
+}
+
+ca_tensor *ca_tp_sequence_split(ca_module *m, ca_tensor *x) {
+    if (!x) return NULL;
+    const ca_module_seq *sq = seq_ops(m, "ca_tp_sequence_split");
+    return sq ? sq->split(sq->ctx, x) : m ? x : NULL;
+}
+
+ca_tensor *ca_tp_sequence_gather(ca_module *m, ca_tensor *x) {
+    if (!x) return NULL;
+    const ca_module_seq *sq = seq_ops(m, "ca_tp_sequence_gather");
+    return sq ? sq->gather(sq->ctx, x) : m ? x : NULL;
+}

@@ -41,8 +41,8 @@ struct ca_module {
     ca_status (*tp_prepare)(ca_module *self, int tp_size);
     int tp_rank, tp_size;            /* a colwise layer while its split forward runs: its tp coordinates
                                       * (accelerator/tp.c; ca_tp_heads reads them); 0 otherwise */
-    void *tp_seq;                    /* a module of a plan with sequence_parallel entries, split: the tp
-                                      * communicator (ca_tp_sequence_split); NULL otherwise */
+    const struct ca_module_seq *tp_seq; /* a module of a plan with sequence_parallel entries, split: its
+                                      * split and gather along the sequence (ca_tp_sequence_split); NULL otherwise */
     /* depth-first list of every parameter with full names, rebuilt on change */
     bool flat_valid;
     int nflat;
@@ -66,12 +66,15 @@ void ca_module_set_owner(ca_module *m, const ca_module_owner *owner);
 void ca_module_set_forward_hooks(ca_module *m, ca_status (*pre)(void *ctx, ca_module *m),
                                  ca_tensor *(*post)(void *ctx, ca_module *m, ca_tensor *y), void *ctx);
 
-/* Sequence parallelism (nn/tp_seq.c; the accelerator's split layers call them): a colwise layer's input x [B, T/tp, ...] (this rank's tokens)
- * all-gathered along dimension 1 (backward: the gradient reduce-scattered, summed over tp); a rowwise
- * layer's partial output y [B, T, ...] reduce-scattered to this rank's tokens (backward: all-gathered).
- * Collective over c. NULL with the error set (a T that tp does not divide, a failed collective). */
-ca_tensor *ca_tp_seq_colwise_input(ca_comm *c, ca_tensor *x);
-ca_tensor *ca_tp_seq_rowwise_output(ca_comm *c, ca_tensor *y);
+/* Sequence parallelism's split and gather of a prepared model's activations along the sequence over its
+ * tp ranks, installed on the split modules by the accelerator (accelerator/tp_seq.c), which owns the
+ * communicator: nn does not use communicators. Collective over the tp ranks; NULL with the error set. */
+typedef struct ca_module_seq {
+    void *ctx;                       /* the tp communicator */
+    int size;                        /* the tp ranks */
+    ca_tensor *(*split)(void *ctx, ca_tensor *x);
+    ca_tensor *(*gather)(void *ctx, ca_tensor *x);
+} ca_module_seq;
 
 typedef enum ca_optim_kind { CA_OPTIM_SGD = 1, CA_OPTIM_ADAMW = 2 } ca_optim_kind;
 

@@ -11,6 +11,7 @@ b=${1:?usage: tools/check-symbols.sh BUILDDIR [--report]}
 report=0
 [ "${2:-}" = --report ] && report=1
 . "$(cd "$(dirname "$0")" && pwd)/layers.sh"
+src=$(cd "$(dirname "$0")/.." && pwd)   # before the cd: $0 may be relative
 cd "$b" || exit 2
 rooms="base config core comm tensor nn data accelerator backends collectives"
 # shellcheck disable=SC2086
@@ -18,7 +19,6 @@ objs=$(find $rooms tools -name '*.o' \( -path '*/.libs/*' -o -path 'tools/*' \) 
 [ -n "$objs" ] || { echo "symbols: no objects under $b (build first)"; exit 2; }
 # Only objects whose source still exists (in the tree, or generated in the build): a build directory
 # keeps the objects of files that moved or went, which would define symbols in their old rooms.
-src=$(cd "$(dirname "$0")/.." && pwd)
 objs=$(for o in $objs; do
     f=$(printf '%s\n' "$o" | sed 's#/\.libs/#/#; s#/[^/-]*-\([^/]*\)\.o$#/\1#; s#\.o$##')
     for e in c cc cu; do

@@ -5,6 +5,7 @@
  * gradient over tp, so it replaces the colwise all-reduce), a rowwise layer reduce-scatters its partial
  * outputs along the sequence instead of all-reducing them (backward: all-gather), and a norm planned
  * "sequence_parallel" sums its weight's gradients over tp (each rank saw its tokens only). */
+#include "accelerator/mesh_impl.h"
 #include "nn/nn_impl.h"
 #include "tensor/ops_impl.h"
 
@@ -130,25 +131,22 @@ ca_tensor *ca_tp_seq_rowwise_output(ca_comm *c, ca_tensor *y) {
 
 /* ------------------------------------------------------------------ the program's side */
 
-/* The tp communicator of a prepared model running sequence-parallel: any module of it the plan split. */
-static ca_comm *seq_comm(const ca_module *m, const char *fn) {
-    ca_comm *c = m ? m->tp_seq : NULL;
-    if (!m) ca_error(CA_ERR_INVALID, "%s: a module is required", fn);
-    return c;
-}
-
-ca_tensor *ca_tp_sequence_split(ca_module *m, ca_tensor *x) {
-    if (!x) return NULL;
-    ca_comm *c = seq_comm(m, "ca_tp_sequence_split");
-    if (!c) return m ? x : NULL;
+/* ca_tp_sequence_split / ca_tp_sequence_gather of a module the plan split (nn/module.c calls them through
+ * the module's ca_module_seq, as nn does not use communicators itself). */
+static ca_tensor *seq_split(void *ctx, ca_tensor *x) {
+    ca_comm *c = ctx;
     if (!seq_check(c, x, 1, "ca_tp_sequence_split: the input")) return NULL;
     return seq_record(x, seq_scatter(c, x, false, "the input"), c, SEQ_BW_GATHER);
 }
 
-ca_tensor *ca_tp_sequence_gather(ca_module *m, ca_tensor *x) {
-    if (!x) return NULL;
-    ca_comm *c = seq_comm(m, "ca_tp_sequence_gather");
-    if (!c) return m ? x : NULL;
+static ca_tensor *seq_gather(void *ctx, ca_tensor *x) {
+    ca_comm *c = ctx;
     if (!seq_check(c, x, ca_comm_size(c), "ca_tp_sequence_gather: the input")) return NULL;
     return seq_record(x, seq_all_gather(c, x, "the output"), c, SEQ_BW_SLICE);
+}
+
+const ca_module_seq *ca_tp_seq_ops(ca_mesh *m) {
+    m->seq_ops = (ca_module_seq){.ctx = m->comm[CA_MESH_TP], .size = ca_comm_size(m->comm[CA_MESH_TP]),
+                                 .split = seq_split, .gather = seq_gather};
+    return &m->seq_ops;
 }
