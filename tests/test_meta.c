@@ -158,15 +158,22 @@ static void test_load_into_meta(void **state) {
     t_rm_tree(dir);
 }
 
-/* A pretrained BERT loaded into a classifier built under ca_init_empty_weights equals the model saved. */
-static void test_bert_pretrained_into_meta(void **state) {
-    (void)state;
-    char dir[] = "/tmp/caccel-meta-XXXXXX";
+/* A BERT classifier of seed 5 saved into a new directory dir (a mkdtemp template); the seed is then 9,
+ * so a model built next differs from it until loaded. */
+static ca_module *saved_bert(char *dir) {
     assert_non_null(mkdtemp(dir));
     ca_manual_seed(5);
     ca_module *eager = bert();
     T_OK(ca_save_model(NULL, eager, dir, 0));
     ca_manual_seed(9);
+    return eager;
+}
+
+/* A pretrained BERT loaded into a classifier built under ca_init_empty_weights equals the model saved. */
+static void test_bert_pretrained_into_meta(void **state) {
+    (void)state;
+    char dir[] = "/tmp/caccel-meta-XXXXXX";
+    ca_module *eager = saved_bert(dir);
     T_OK(ca_init_empty_weights(true));
     ca_module *meta = bert();
     T_OK(ca_init_empty_weights(false));
@@ -183,11 +190,7 @@ static void test_bert_pretrained_into_meta(void **state) {
 static void test_bert_pretrained_deferred(void **state) {
     (void)state;
     char dir[] = "/tmp/caccel-meta-XXXXXX";
-    assert_non_null(mkdtemp(dir));
-    ca_manual_seed(5);
-    ca_module *eager = bert();
-    T_OK(ca_save_model(NULL, eager, dir, 0));
-    ca_manual_seed(9);
+    ca_module *eager = saved_bert(dir);
     ca_module *loaded = bert();
     T_OK(ca_bert_load_pretrained(loaded, dir, NULL));   /* the eager load: the classifier head is seed 9's */
     ca_manual_seed(9);
