@@ -85,12 +85,15 @@ fi
 # row IMPL MODEL THREADS CMD...: runs CMD, appends its key=value rows; a failing run is one status=failed row.
 row() {
     local impl=$1 model=$2 t=$3; shift 3
-    local rc=0
+    local rc=0 before
+    before=$(wc -l < "$out")
     "$@" >> "$out" 2>> "$tmp/stderr" || rc=$?
     if [ $rc != 0 ]; then
         echo "impl=$impl model=$model threads=$t status=failed reason=exit_status_$rc" >> "$out"
         note "$impl $model at $t threads failed: $(tail -1 "$tmp/stderr")"
     fi
+    # each row as it comes, on stderr: a run cut short by a timeout still shows what it measured
+    tail -n +"$((before + 1))" "$out" | sed 's/^/# row /' >&2
 }
 gpt_caccel() {   # L H C T B N: examples/gpt's second-half tokens/s as a row
     local tps

@@ -8,25 +8,30 @@
 #   3. runs the CUDA tests and `make bench-cuda` and `make bench-gpt-cuda`, each under its own timeout,
 #      going on after a failure; with a GPU present a skipped test counts as a failure,
 # and leaves at most 8 files in OUTDIR: env.txt, build.log, tests.txt, test-logs.tar.gz, bench-cuda.txt,
-# bench-gpt-cuda.txt and summary.txt, whose last line is "N passed, N failed".
+# bench-gpt-cuda.txt and summary.txt, whose last line is "N passed, N failed"; with --threads, also the
+# CPU backend's thread scaling on that machine's cores against its PyTorch (bench/run_threads.sh) in threads.txt.
 #
-# usage: tools/gpu-check.sh [--no-gpu] [--bundle DIR] [--budget SECONDS] [--no-bench] OUTDIR
+# usage: tools/gpu-check.sh [--no-gpu] [--bundle DIR] [--budget SECONDS] [--no-bench] [--threads LIST] OUTDIR
 #   --no-gpu      on a machine without a GPU (CI): everything up to the first GPU call; the tests run and
 #                 those that need a GPU count as skipped, the benchmarks are not run
 #   --bundle DIR  the bundle (default _build-gpu); it must be inside the source tree
 #   --budget S    seconds for the whole run (default 470); each stage's timeout is cut to what is left
 #   --no-bench    the tests only
+#   --threads L   after the GPU benchmarks, bench/run_threads.sh at the thread counts L ("1 2 4 8 16"): the
+#                 GPT and BERT steps against python3's PyTorch eager, one run each (PARTS, REPS and
+#                 TORCH_COMPILE from the environment override), in what is left of the budget
 # Environment: GPU_CHECK_BUILD (build folder, default a fresh temporary one), CC (default gcc, or
 # "ccache gcc" where ccache is installed).
 set -uo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
-no_gpu=false bundle=_build-gpu budget=470 bench=true out=""
+no_gpu=false bundle=_build-gpu budget=470 bench=true out="" threads=""
 while [ $# -gt 0 ]; do
     case $1 in
         --no-gpu) no_gpu=true; shift ;;
         --bundle) bundle=$2; shift 2 ;;
         --budget) budget=$2; shift 2 ;;
         --no-bench) bench=false; shift ;;
+        --threads) threads=$2; shift 2 ;;
         -*) echo "gpu-check.sh: unknown option $1" >&2; exit 2 ;;
         *) out=$1; shift ;;
     esac
@@ -168,4 +173,23 @@ bench() {   # bench NAME CAP ARGS...: one benchmark under its timeout; 77 (skipp
 }
 bench bench-cuda 150 BENCH_CUDA_ARGS="--reps 2 --sizes 2048,8192 --batch-sizes 512,2048 --python python3"
 bench bench-gpt-cuda 150 BENCH_GPT_CUDA_ARGS="--steps 10"
+# the CPU backend on this machine's cores (issue: thread scaling beyond two cores); the build's programs run
+# in place (libtool wrappers), the bundle's libraries on LD_LIBRARY_PATH; no perf there, so the fit alone
+if [ -n "$threads" ]; then
+    if (cd "$b" && timeout "$(cap 60)" make -j"$jobs" examples/gpt bench/bench_transformer tools/caccel) \
+        >> "$out/build.log" 2>&1; then
+        PARTS=${PARTS:-gpt,bert} REPS=${REPS:-1} TORCH_COMPILE=${TORCH_COMPILE:-0} PROFILE=0 \
+            TORCH_PYTHON=${TORCH_PYTHON:-python3} THREADS="$threads" \
+            timeout "$(left)" bash "$top/bench/run_threads.sh" --build "$b" > "$out/threads.txt" 2>&1
+        rc=$?
+        tail -30 "$out/threads.txt"
+        case $rc in
+            0) result PASS threads ;;
+            124) result FAIL threads "timed out with the budget spent (threads.txt has what finished)" ;;
+            *) result FAIL threads "exit $rc (threads.txt)" ;;
+        esac
+    else
+        result FAIL threads "building the thread-scaling programs failed (build.log)"
+    fi
+fi
 finish
