@@ -17,7 +17,7 @@ static float pattern(int64_t i) { return (float)((int64_t)(((uint64_t)i * 265443
 static int64_t sample(int k) {
     if (k < 4096) return k;
     if (k < 8192) return BIG - 1 - (k - 4096);
-    if (k < 12288) return ((int64_t)1 << 31) - 2048 + (k - 8192);
+    if (k < 12288) return BIG - 8192 + (k - 8192);   /* with the end's window: 8192 straddling 2^31 */
     if (k < 16384) return ((int64_t)1 << 28) - 2048 + (k - 12288);
     return (int64_t)(((uint64_t)k * 0x9E3779B97F4A7C15ull) % (uint64_t)BIG);
 }
