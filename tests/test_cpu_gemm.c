@@ -179,7 +179,8 @@ static void test_gemm_linear_shapes(void **state) {
 static void test_gemm_path_by_threads(void **state) {
     (void)state;
     const char *env = getenv("CACCEL_CPU_GEMM");
-    if ((env && strcmp(env, "auto") != 0) || !strstr(cpu_f32_gemm_path(), "through oneDNN")) {
+    if ((env && strcmp(env, "auto") != 0) || !strstr(cpu_f32_gemm_path(), "through oneDNN") ||
+        cpu_openblas_coretype_hint()) {   /* below the CPU's kernels: every size goes to oneDNN */
         printf("skipped: f32 GEMMs not on auto's oneDNN path here (%s)\n", cpu_f32_gemm_path());
         return;
     }
@@ -195,6 +196,22 @@ static void test_gemm_path_by_threads(void **state) {
     openblas_set_num_threads(was);
 }
 
+/* The OPENBLAS_CORETYPE hint: only for a core without AVX2 kernels on a CPU with AVX2; the AVX-512 core
+ * where the CPU has AVX-512. */
+static void test_coretype_hint(void **state) {
+    (void)state;
+    assert_string_equal(cpu_coretype_hint_for("Prescott", true, true), "SkylakeX");
+    assert_string_equal(cpu_coretype_hint_for("prescott", true, false), "Haswell");
+    assert_string_equal(cpu_coretype_hint_for("Nehalem", true, false), "Haswell");
+    assert_string_equal(cpu_coretype_hint_for("Sandybridge", true, true), "SkylakeX");
+    assert_null(cpu_coretype_hint_for("Prescott", false, false));
+    assert_null(cpu_coretype_hint_for("Haswell", true, true));   /* AVX2 kernels: OpenBLAS's own choice */
+    assert_null(cpu_coretype_hint_for("Zen", true, true));
+    assert_null(cpu_coretype_hint_for("Cooperlake", true, true));
+    assert_null(cpu_coretype_hint_for("SkylakeX", true, true));
+    assert_null(cpu_coretype_hint_for(NULL, true, true));
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gemm_f32),
@@ -202,6 +219,7 @@ int main(void) {
         cmocka_unit_test(test_gemm_edges),
         cmocka_unit_test(test_gemm_linear_shapes),
         cmocka_unit_test(test_gemm_path_by_threads),
+        cmocka_unit_test(test_coretype_hint),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -47,6 +47,10 @@ const char *cpu_bf16_gemm_path(void);
 #define CPU_ONEDNN_MIN_MNK (1 << 19)
 #define CPU_ONEDNN_MIN_MNK_THREADED (1 << 26)
 bool cpu_f32_gemm_onednn(int64_t m, int64_t n, int64_t k);
+/* The OPENBLAS_CORETYPE ("Haswell", "SkylakeX") that would give OpenBLAS the kernels this CPU supports, when
+ * its own detection chose a core without AVX2 on a CPU with it; NULL otherwise. _for: the rule alone. */
+const char *cpu_openblas_coretype_hint(void);
+const char *cpu_coretype_hint_for(const char *core, bool avx2, bool avx512);
 const char *cpu_f32_gemm_path(void);
 ca_status cpu_bf16_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const uint16_t *a,
                         int64_t lda, const uint16_t *b, int64_t ldb, float beta, float *c, int64_t ldc);

@@ -2,6 +2,7 @@
  * f32 (dnnl_sgemm). */
 #include "backends/cpu/cpu_impl.h"
 
+#include <caccel/log.h>
 #include <cblas.h>
 #include <dlfcn.h>
 #include <pthread.h>
@@ -48,6 +49,7 @@ static pthread_once_t once = PTHREAD_ONCE_INIT;
 static gemm_bf16_fn gemm_bf16;         /* set when bf16 GEMMs go through oneDNN */
 static gemm_f32_fn gemm_f32;           /* set when f32 GEMMs go through oneDNN */
 static bool f32_forced;                /* CACCEL_CPU_GEMM=onednn: every size, any thread count */
+static bool f32_behind;                /* OpenBLAS runs kernels below the CPU's: every f32 size to oneDNN */
 static set_threads_fn omp_set_threads;
 static _Thread_local int omp_now;      /* the calling thread's OpenMP count as last set here (0: not yet) */
 static char why[160] = "bf16 GEMM converts to f32";
@@ -66,6 +68,28 @@ static bool cpu_has_bf16(void) {
 static bool openblas_avx512(void) {
     const char *c = openblas_get_corename();
     return c && (!strcasecmp(c, "skylakex") || !strcasecmp(c, "cooperlake") || !strcasecmp(c, "sapphirerapids"));
+}
+
+/* OpenBLAS's DYNAMIC_ARCH cores whose f32 kernels use AVX2 and FMA or more. */
+static const char *const avx2_cores[] = {"haswell", "zen", "skylakex", "cooperlake", "sapphirerapids", "excavator"};
+
+const char *cpu_coretype_hint_for(const char *core, bool avx2, bool avx512) {
+    if (!core || !avx2) return NULL;
+    for (size_t i = 0; i < sizeof avx2_cores / sizeof avx2_cores[0]; i++)
+        if (!strcasecmp(core, avx2_cores[i])) return NULL;
+    return avx512 ? "SkylakeX" : "Haswell";
+}
+
+const char *cpu_openblas_coretype_hint(void) {
+#if defined(__x86_64__) && defined(__GNUC__)
+    __builtin_cpu_init();
+    bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                  __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+    return cpu_coretype_hint_for(openblas_get_corename(), avx2, avx512);
+#else
+    return NULL;
+#endif
 }
 
 /* The instruction set oneDNN dispatches its kernels for (dnnl_get_effective_cpu_isa): its cpu_isa flags
@@ -102,6 +126,8 @@ static bool want_f32(const char *mode, bool *forced) {
     if (mode && *mode && strcmp(mode, "auto") && !*forced)
         snprintf(why_f32, sizeof why_f32, "f32 GEMM through OpenBLAS (CACCEL_CPU_GEMM=%.40s is not "
                  "auto|onednn|openblas)", mode);
+    else if (!*forced && (f32_behind = cpu_openblas_coretype_hint() != NULL))
+        return true;
     else if (!*forced && !openblas_avx512())
         snprintf(why_f32, sizeof why_f32, "f32 GEMM through OpenBLAS (its kernels are not AVX-512)");
     else
@@ -109,7 +135,22 @@ static bool want_f32(const char *mode, bool *forced) {
     return false;
 }
 
+/* Some CPU models (virtual machines' among them) are unknown to OpenBLAS's detection, which then falls back
+ * to kernels without AVX2, several times slower; it reads OPENBLAS_CORETYPE only when it loads, before
+ * caccel runs, so the user is told what to set (and oneDNN, which detects the CPU itself, takes the f32
+ * GEMMs where it is installed). */
+static void warn_behind(void) {
+    const char *hint = cpu_openblas_coretype_hint();
+    if (!hint) return;
+    const char *core = openblas_get_corename();
+    CA_LOG_W("OpenBLAS chose its %s kernels on a CPU with %s: its GEMMs run several times slower than this CPU "
+             "allows; set OPENBLAS_CORETYPE=%s in the environment%s", core ? core : "?",
+             strcmp(hint, "SkylakeX") ? "AVX2" : "AVX-512",
+             hint, getenv("OPENBLAS_CORETYPE") ? " (it is set, to a core without these instructions)" : "");
+}
+
 static void load(void) {
+    warn_behind();
 #if defined(__SANITIZE_ADDRESS__)
     /* LeakSanitizer's exit-time scan cannot stop oneDNN's OpenMP threads and crashes */
     snprintf(why, sizeof why, "bf16 GEMM converts to f32 (oneDNN is not used in sanitizer builds)");
@@ -146,6 +187,9 @@ static void load(void) {
             snprintf(why_f32, sizeof why_f32, "f32 GEMM through OpenBLAS (this oneDNN has no dnnl_sgemm)");
         else if (f32_forced)
             snprintf(why_f32, sizeof why_f32, "f32 GEMM through oneDNN (CACCEL_CPU_GEMM=onednn)");
+        else if (f32_behind)
+            snprintf(why_f32, sizeof why_f32, "f32 GEMM through oneDNN (OpenBLAS runs its %s kernels: "
+                     "OPENBLAS_CORETYPE=%s)", openblas_get_corename(), cpu_openblas_coretype_hint());
         else
             snprintf(why_f32, sizeof why_f32, "f32 GEMM through oneDNN from 2^%d multiply-adds (2^%d at >1 BLAS "
                      "thread)", __builtin_ctz(CPU_ONEDNN_MIN_MNK), __builtin_ctz(CPU_ONEDNN_MIN_MNK_THREADED));
@@ -182,7 +226,7 @@ bool cpu_f32_gemm_onednn(int64_t m, int64_t n, int64_t k) {
     pthread_once(&once, load);
     if (!gemm_f32) return false;
     int64_t mnk = m * n * k;
-    return f32_forced || mnk >= (openblas_get_num_threads() == 1 ? CPU_ONEDNN_MIN_MNK : CPU_ONEDNN_MIN_MNK_THREADED);
+    return f32_forced || f32_behind || mnk >= (openblas_get_num_threads() == 1 ? CPU_ONEDNN_MIN_MNK : CPU_ONEDNN_MIN_MNK_THREADED);
 }
 
 /* A oneDNN GEMM's status as the kernel's: the function and the sizes named on failure. */
