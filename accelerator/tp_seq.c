@@ -147,6 +147,7 @@ static ca_tensor *seq_gather(void *ctx, ca_tensor *x) {
 
 const ca_module_seq *ca_tp_seq_ops(ca_mesh *m) {
     m->seq_ops = (ca_module_seq){.ctx = m->comm[CA_MESH_TP], .size = ca_comm_size(m->comm[CA_MESH_TP]),
+                                 .rank = ca_comm_rank(m->comm[CA_MESH_TP]),
                                  .split = seq_split, .gather = seq_gather};
     return &m->seq_ops;
 }
