@@ -7,7 +7,8 @@
 # at cp 2 x dp_replicate 2 (and cp 2 x tp 2) to one process's losses and parameters on the same global batch,
 # under caccel launch (Gloo) and mpirun (MPI); a Llama-family decoder (examples/llm_finetune: rotary
 # positions, grouped-query heads) at cp 2 and cp 2 x tp 2 too; the mesh names the cp and dp_cp
-# communicators; each combination that does not work yet is refused with a message naming its key.
+# communicators; the GPT example at cp 2 on the lazy device (--tpu) gives one process's on it; each
+# combination that does not work yet is refused with a message naming its key.
 # Tolerance: 1e-5 (outputs, gradients, losses, parameters); the split changes only the order of the sums.
 . "$(dirname "$0")/dist/lib.sh"
 need_caccel
@@ -179,8 +180,32 @@ refused 4 'parallelism_config_cp_size 2 (from .*) with parallelism_config.parall
 refused 2 'by all-gather only (alltoall, Ulysses'"'"' head exchange, is not supported yet)' --parallelism_config_cp_size 2 --parallelism_config_cp_comm_strategy alltoall -- $TINY
 # shellcheck disable=SC2086
 refused 4 'parallelism_config_cp_size 2 (.*) x parallelism_config_tp_size 1 (default) = 2 processes, but the job has 4' --parallelism_config_cp_size 2 -- $TINY
-# the lazy device (--tpu: distributed_type XLA), without ACCELERATE_USE_CPU, which would contradict it
+
+# Context parallelism on the lazy device (--tpu: distributed_type XLA; ACCELERATE_USE_CPU would contradict
+# it): the all-gathers of K and V, the reduce-scatters of their gradients and the loss's sums are nodes of
+# the device's graph (the communicator stages them through host copies when the graph runs)
+(
+unset ACCELERATE_USE_CPU
+note "one process on the lazy device: the GPT example, batch 8, 6 steps"
 # shellcheck disable=SC2086
-(unset ACCELERATE_USE_CPU; refused 2 'parallelism_config_cp_size 2 (from .*) with distributed_type (from .*): the lazy device does not run context parallelism yet' --parallelism_config_cp_size 2 --tpu -- $TINY) ||
-    exit 1
+"$GPT" $SMALL --batch_size 8 --max_steps 6 --sample_tokens 10 --tpu --output_dir "$WORK/lz1" > "$WORK/z1" 2>&1 || { cat "$WORK/z1"; fail "gpt on xla, 1 rank"; }
+count 1 'gpt: 1 process(es) on xla' "$WORK/z1"
+gpt_lines "$WORK/z1" > "$WORK/z1.l"
+[ "$(grep -c '^step' "$WORK/z1.l")" -ge 8 ] || { cat "$WORK/z1"; fail "no loss lines on xla"; }
+for be in $backends; do
+    note "$be: the GPT example at cp 2 on the lazy device == one process on it"
+    rm -rf "$WORK/lz2"
+    # shellcheck disable=SC2086
+    PROG="$GPT" tlaunch 2 "$be" --parallelism_config_cp_size 2 -- $SMALL --batch_size 8 --max_steps 6 --sample_tokens 10 \
+        --tpu --output_dir "$WORK/lz2" > "$WORK/z2" 2>&1 || { cat "$WORK/z2"; fail "gpt cp 2 on xla $be"; }
+    count 1 'device mesh: dp_replicate 1 x dp_shard 1 x cp 2 x tp 1' "$WORK/z2"
+    count 1 'gpt: 2 process(es) on xla' "$WORK/z2"
+    gpt_lines "$WORK/z2" > "$WORK/z2.l"
+    cmp -s "$WORK/z1.l" "$WORK/z2.l" || { diff "$WORK/z1.l" "$WORK/z2.l"; fail "the GPT example at cp 2 on xla differs from one process"; }
+    same_st "$WORK/lz1/model.safetensors" "$WORK/lz2/model.safetensors"
+done
+be=${backends%% *}
+# shellcheck disable=SC2086
+refused 2 'parallelism_config_tp_size 2 (from .*) with distributed_type (from .*): the lazy device does not run tensor parallelism yet' --parallelism_config_tp_size 2 -- $TINY --tpu
+) || exit 1
 echo "PASS"
