@@ -7,7 +7,8 @@
 # on the same global batch; LoRA adapters on colwise and rowwise layers at tp 2 (Gloo and mpirun) give one
 # process's losses and adapter (PEFT's files, gathered whole); a checkpoint saved at tp 2 resumes at one
 # process to the uninterrupted run; tp 4 on 4 ranks (a Llama of 8 heads, 4 key/value heads) and a Mistral at
-# tp 2 give one process's, as RMSNorms planned sequence_parallel in config.json do (with LoRA adapters, and
+# tp 2 give one process's, as RMSNorms planned sequence_parallel in config.json do (with LoRA adapters, their
+# dropout on colwise layers, and
 # with lm_head colwise_gather_output at a vocabulary of 260); config.json's own
 # base_model_tp_plan replaces the family's; sizes tp
 # does not divide, GPT-2 and plan styles caccel does not split are refused, naming the key and the file.
@@ -168,6 +169,15 @@ for b in $backends; do
     same_losses "$WORK/lora1" "$WORK/lorasp$b"
     same_st "$WORK/a1/adapter_model.safetensors" "$WORK/asp$b/adapter_model.safetensors"
 done
+note "$first: lora_dropout 0.1 on colwise layers (q, v, gate_proj) with sequence-parallel norms at tp 2 == one process"
+# each rank's input is its tokens: the adapter drops their part of one process's mask (ca_tp_sequence_dropout)
+LORAD="--lora_r 4 --lora_dropout 0.1 --target_modules q_proj,v_proj,gate_proj"
+# shellcheck disable=SC2086
+one lorad1 16 $LORAD --output_dir "$WORK/ad1"
+# shellcheck disable=SC2086
+tp lorad2 2 "$first" --parallelism_config_tp_size 2 -- --model "$WORK/sp" $LORAD --batch_size 16 --output_dir "$WORK/ad2"
+same_losses "$WORK/lorad1" "$WORK/lorad2"
+same_st "$WORK/ad1/adapter_model.safetensors" "$WORK/ad2/adapter_model.safetensors"
 
 note "lm_head colwise_gather_output (a vocabulary of 260) with sequence-parallel norms at tp 2 == one process"
 mkdir "$WORK/v260" "$WORK/sp260"
