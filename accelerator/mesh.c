@@ -31,19 +31,17 @@ static const char *mesh_why(const ca_accelerator *acc, const ca_mesh_shape *m, b
                  "parameters are not sharded further); use distributed_type MULTI_CPU or MULTI_GPU", what);
         return why;
     }
-    if (st->distributed_type == CA_DIST_XLA) {
-        snprintf(why, sizeof why, "the lazy device does not run %s parallelism yet", what);
-        return why;
-    }
+    if (tp && st->distributed_type == CA_DIST_XLA)   /* context parallelism's collectives are graph nodes there */
+        return "the lazy device does not run tensor parallelism yet";
     const char *strategy = ca_config_get(acc->cfg, "parallelism_config.parallelism_config_cp_comm_strategy");
     if (!tp && strategy && strcmp(strategy, "allgather") != 0) {
         *key = "parallelism_config.parallelism_config_cp_comm_strategy";
         return "context parallelism exchanges keys and values by all-gather only (alltoall, Ulysses' head "
                "exchange, is not supported yet)";
     }
-    if (!tp && !ca_device_is_host(acc->device)) {
+    if (!tp && !ca_device_is_host(acc->device) && !ca_device_is_lazy(acc->device)) {
         *key = "use_cpu";
-        return "context parallelism runs on the CPU device only (not yet on a GPU)";
+        return "context parallelism runs on the CPU and lazy devices only (not yet on a GPU)";
     }
     if (st->deterministic) {
         *key = "deterministic";

@@ -312,6 +312,35 @@ static ca_tensor *lora_mix_reduce(ca_tensor *h, void *tp) {
     return tp_reduce_what(h, tp, "LoRA adapter on a tensor-parallel Linear (rowwise): lora_A's products");
 }
 
+/* Under sequence parallelism a colwise base's input is this rank's tokens: the r-wide products are
+ * all-gathered along the sequence (backward: reduce-scattered, summing the ranks' parts as lora_mix_copy
+ * does), and lora_A, whole, sees this rank's tokens only (tp_whole: its gradient summed over tp). */
+static ca_tensor *lora_mix_seq_gather(ca_tensor *h, void *tp) {
+    if (!tp) return lora_mix_copy(h, tp);
+    return ca_tp_seq_colwise_input(tp, h);
+}
+
+/* ... and a rowwise base's output is this rank's tokens: lora_A's partial products reduce-scattered along
+ * the sequence (backward: all-gathered), so that lora_B, whole, sees this rank's tokens (tp_whole). */
+static ca_tensor *lora_mix_seq_scatter(ca_tensor *h, void *tp) {
+    if (!tp) return lora_mix_copy(h, tp);
+    return ca_tp_seq_rowwise_output(tp, h);
+}
+
+static ca_tensor *lora_whole(ca_tensor *w, void *tp) {
+    return tp_copy(w, tp);
+}
+
+/* The adapter's tensor-parallel hooks for its base's split forward f (none: plain, unsplit). */
+static void lora_hooks(ca_lora_layer *lo, ca_forward_fn f, bool plain) {
+    bool seq = f == colwise_seq_forward || f == rowwise_seq_forward;
+    lo->tp_mix = plain ? NULL
+                 : seq ? (is_rowwise(f) ? lora_mix_seq_scatter : lora_mix_seq_gather)
+                       : (is_rowwise(f) ? lora_mix_reduce : lora_mix_copy);
+    lo->tp_whole = !plain && seq ? lora_whole : NULL;
+    lo->tp_whole_b = is_rowwise(f);
+}
+
 /* Where the plan puts a split layer's forward and its communicator: the module's own, or under a LoRA
  * adapter its base layer's (the adapter's forward calls it, then adds its own product). */
 static void tp_slot(ca_module *l, ca_forward_fn **fwd, void ***ctx) {
@@ -368,10 +397,6 @@ static ca_status tp_split(tp_walk *w, ca_module *l, const char *name, int style,
     ca_status s = tp_splittable(l, name, style, emb);
     if (s != CA_OK) return s;
     if (style == CA_TP_SEQUENCE) return tp_record(w, l, norm_seq_forward);   /* whole, on this rank's tokens */
-    if (m->seq && (ca_lora_layer_of(l) || style == CA_TP_COLWISE_GATHER))
-        return ca_error(CA_ERR_UNSUPPORTED, "ca_tp_plan: \"%s\" is %s; under sequence parallelism (a plan entry "
-                        "\"sequence_parallel\") that is not supported yet", name,
-                        ca_lora_layer_of(l) ? "a LoRA adapter's layer" : "planned \"colwise_gather_output\"");
     ca_tensor *wt = l->params[0];
     bool col = style != CA_TP_ROWWISE;   /* colwise, colwise_gather_output */
     int dim = col || emb ? 0 : 1;   /* Linear [out, in]: colwise splits out, rowwise in;
@@ -424,7 +449,7 @@ static ca_status tp_record(tp_walk *w, ca_module *l, ca_forward_fn f) {
     l->tp_seq = m->seq ? ca_tp_seq_ops(m) : NULL;   /* ca_tp_sequence_split finds its ops there */
     ca_lora_layer *lo = ca_lora_layer_of(l);
     if (lo) {
-        lo->tp_mix = is_rowwise(f) ? lora_mix_reduce : lora_mix_copy;
+        lora_hooks(lo, f, false);
         lo->tp_ctx = m->comm[CA_MESH_TP];
     }
     w->matched++;
@@ -474,7 +499,10 @@ void ca_tp_release(ca_accelerator *acc) {
         tp_mark(m->tp[i], NULL);
         m->tp[i]->tp_seq = NULL;
         ca_lora_layer *lo = ca_lora_layer_of(m->tp[i]);
-        if (lo) lo->tp_ctx = NULL;
+        if (lo) {
+            lora_hooks(lo, NULL, true);
+            lo->tp_ctx = NULL;
+        }
     }
     free(m->tp);
     free(m->tp_plain);
@@ -497,7 +525,7 @@ void ca_tp_set_plain(ca_accelerator *acc, bool plain) {
         tp_mark(m->tp[i], !plain && is_colwise(m->tp_fwd[i]) ? m->comm[CA_MESH_TP] : NULL);
         m->tp[i]->tp_seq = !plain && m->seq ? ca_tp_seq_ops(m) : NULL;
         ca_lora_layer *lo = ca_lora_layer_of(m->tp[i]);
-        if (lo) lo->tp_mix = plain ? NULL : is_rowwise(m->tp_fwd[i]) ? lora_mix_reduce : lora_mix_copy;
+        if (lo) lora_hooks(lo, m->tp_fwd[i], plain);
     }
 }
 

@@ -11,18 +11,17 @@
 
 #include <caccel/collective.h>
 
+#include <stdlib.h>
 #include <string.h>
 
-/* x [B, T, ...] seen as [B, T, R]: the copy of block r (tokens [r T/tp, (r + 1) T/tp)) between x and a
- * contiguous [B, T/tp, R] buffer at `part` (to_part: x -> part). */
-static ca_status seq_copy(const ca_tensor *x, int tp, int r, void *whole, void *part, bool to_part) {
+/* x [B, T, ...] seen as [B, T, R]: block r (tokens [r T/tp, (r + 1) T/tp)) copied into a contiguous
+ * [B, T/tp, R] buffer at `part`. */
+static ca_status seq_copy(const ca_tensor *x, int tp, int r, void *part) {
     int64_t B = x->shape[0], T = x->shape[1], bt = B * T, R = bt > 0 ? x->numel / bt : 0, t = T / tp;
     int64_t shape[3] = {B, t, R}, ws[3] = {T * R, R, 1}, ps[3] = {t * R, R, 1};
-    char *w = (char *)whole + (size_t)(r * t * R) * ca_dtype_size(x->dtype);
-    return to_part ? CA_KCALL(ca_tdev(x), copy_strided, .dt = x->dtype, .ndim = 3, .shape = shape, .x = w,
-                              .x_stride = ws, .y = part, .y_stride = ps)
-                   : CA_KCALL(ca_tdev(x), copy_strided, .dt = x->dtype, .ndim = 3, .shape = shape, .x = part,
-                              .x_stride = ps, .y = w, .y_stride = ws);
+    const char *w = (const char *)ca_tptr(x) + (size_t)(r * t * R) * ca_dtype_size(x->dtype);
+    return CA_KCALL(ca_tdev(x), copy_strided, .dt = x->dtype, .ndim = 3, .shape = shape, .x = w, .x_stride = ws,
+                    .y = part, .y_stride = ps);
 }
 
 /* x's shape with dimension 1 multiplied by num / den. */
@@ -33,17 +32,30 @@ static ca_tensor *seq_new(const ca_tensor *x, int64_t num, int64_t den) {
     return ca_tensor_new(ca_tdev(x), x->dtype, x->ndim, shape);
 }
 
-/* The rank's blocks side by side -> [tp][B, T/tp, R] contiguous (kept: freed by the caller). */
-static ca_tensor *seq_pack(const ca_tensor *x, int tp) {
-    int64_t n = x->numel;
-    ca_tensor *buf = ca_tensor_keep(ca_tensor_new(ca_tdev(x), x->dtype, 1, &n));
-    size_t es = ca_dtype_size(x->dtype);
-    for (int r = 0; buf && r < tp; r++)
-        if (seq_copy(x, tp, r, ca_tptr(x), (char *)ca_tptr(buf) + (size_t)(r * (n / tp)) * es, true) != CA_OK) {
-            ca_tensor_free(buf);
-            return NULL;
-        }
-    return buf;
+/* One collective per batch row b, issued together and then waited for: rank r's tokens of a row are
+ * contiguous ([T, R] holds the ranks' [T/tp, R] blocks in rank order), so a row's all-gather
+ * (gather: part -> whole) or reduce-scatter (whole -> part) reads and writes the tensors in place. A
+ * packed whole-size copy would be freed into the caching allocator and then serve the half-size tensors
+ * after it (a miss takes a free block of up to twice its size), which would undo what the split saves. */
+static ca_status seq_rows(ca_comm *c, bool gather, const ca_tensor *part, void *whole_ptr, void *part_ptr) {
+    int tp = ca_comm_size(c);
+    int64_t B = part->shape[0], n = B ? part->numel / B : 0;   /* a row of the part: T/tp tokens */
+    size_t es = ca_dtype_size(part->dtype);
+    ca_work **w = calloc((size_t)(B ? B : 1), sizeof *w);
+    if (!w) return ca_error(CA_ERR_NOMEM, "out of host memory");
+    ca_status s = CA_OK;
+    for (int64_t b = 0; s == CA_OK && b < B; b++) {
+        char *pp = (char *)part_ptr + (size_t)(b * n) * es, *wp = (char *)whole_ptr + (size_t)(b * n * tp) * es;
+        s = gather ? ca_comm_all_gather(c, pp, wp, (size_t)n, part->dtype, &w[b])
+                   : ca_comm_reduce_scatter(c, wp, pp, (size_t)n, part->dtype, CA_OP_SUM, &w[b]);
+    }
+    for (int64_t b = 0; b < B; b++) {
+        ca_status ws = w[b] ? ca_work_wait(w[b], -1) : CA_OK;
+        if (s == CA_OK) s = ws;
+        ca_work_free(w[b]);
+    }
+    free(w);
+    return s;
 }
 
 /* shard [B, T/tp, ...] of every rank -> whole [B, T, ...] (no gradient). */
@@ -51,15 +63,8 @@ static ca_tensor *seq_all_gather(ca_comm *c, ca_tensor *shard, const char *what)
     int tp = ca_comm_size(c);
     shard = ca_contiguous(shard);
     ca_tensor *out = shard ? seq_new(shard, tp, 1) : NULL;
-    int64_t n = out ? out->numel : 0;
-    ca_tensor *recv = out ? ca_tensor_keep(ca_tensor_new(ca_tdev(out), out->dtype, 1, &n)) : NULL;
-    if (!recv) return NULL;
-    ca_status s = ca_comm_all_gather(c, ca_tptr(shard), ca_tptr(recv), (size_t)shard->numel, shard->dtype, NULL);
-    size_t es = ca_dtype_size(out->dtype);
-    for (int r = 0; s == CA_OK && r < tp; r++)
-        s = seq_copy(out, tp, r, ca_tptr(out), (char *)ca_tptr(recv) + (size_t)(r * shard->numel) * es, false);
-    ca_tensor_free(recv);
-    if (s != CA_OK) {
+    if (!out) return NULL;
+    if (seq_rows(c, true, shard, ca_tptr(out), ca_tptr(shard)) != CA_OK) {
         ca_error_context("sequence parallelism: all-gathering %s along the sequence", what);
         return NULL;
     }
@@ -73,15 +78,8 @@ static ca_tensor *seq_scatter(ca_comm *c, ca_tensor *whole, bool sum, const char
     whole = ca_contiguous(whole);
     ca_tensor *out = whole ? seq_new(whole, 1, tp) : NULL;
     if (!out) return NULL;
-    ca_status s;
-    if (!sum) {
-        s = seq_copy(whole, tp, r, ca_tptr(whole), ca_tptr(out), true);
-    } else {
-        ca_tensor *buf = seq_pack(whole, tp);
-        s = buf ? ca_comm_reduce_scatter(c, ca_tptr(buf), ca_tptr(out), (size_t)out->numel, out->dtype, CA_OP_SUM, NULL)
-                : ca_last_status();
-        ca_tensor_free(buf);
-    }
+    ca_status s = sum ? seq_rows(c, false, out, ca_tptr(whole), ca_tptr(out))
+                      : seq_copy(whole, tp, r, ca_tptr(out));
     if (s != CA_OK) {
         ca_error_context("sequence parallelism: %s %s along the sequence", sum ? "reduce-scattering" : "splitting", what);
         return NULL;
@@ -147,6 +145,7 @@ static ca_tensor *seq_gather(void *ctx, ca_tensor *x) {
 
 const ca_module_seq *ca_tp_seq_ops(ca_mesh *m) {
     m->seq_ops = (ca_module_seq){.ctx = m->comm[CA_MESH_TP], .size = ca_comm_size(m->comm[CA_MESH_TP]),
+                                 .rank = ca_comm_rank(m->comm[CA_MESH_TP]),
                                  .split = seq_split, .gather = seq_gather};
     return &m->seq_ops;
 }

@@ -2,7 +2,8 @@
 # Tensor parallelism against data parallelism and one process: examples/gpt trained on the same global
 # batch at 1 process, dp 2 (2 processes, plain data parallel) and tp 2 (2 processes,
 # parallelism_config_tp_size 2: c_attn colwise fused, attn c_proj rowwise, mlp c_fc colwise, mlp c_proj
-# rowwise) and, with --modes naming it, cp 2 (2 processes, parallelism_config_cp_size 2: each rank 128 of
+# rowwise), with --modes naming them, tp 2 with --sequence_parallel (tp2sp: the LayerNorms and the residual
+# stream on each rank's half of the tokens) and cp 2 (2 processes, parallelism_config_cp_size 2: each rank 128 of
 # every 256 tokens, keys and values all-gathered), under caccel launch (Gloo), --threads threads a process
 # (default 1; OMP_NUM_THREADS and OPENBLAS_NUM_THREADS, the PyTorch peer's torch.set_num_threads);
 # alternating, medians of REPS runs. Prints
@@ -20,7 +21,7 @@
 #   default  6 layers x 384 channels, 6 heads, T 256, B 8 (bench/run_transformer.sh's larger GPT shape)
 #   wide     2 layers x 1024 channels, 8 heads, T 128, B 8
 #   tiny     2 layers x 64 channels, 2 heads, T 32, B 8 (a check of the script, in seconds)
-# usage: run_tp.sh --gpt PATH --caccel PATH [--reps N] [--steps N] [--shapes default,wide] [--modes 1,dp2,tp2,cp2]
+# usage: run_tp.sh --gpt PATH --caccel PATH [--reps N] [--steps N] [--shapes default,wide] [--modes 1,dp2,tp2,tp2sp,cp2]
 #                  [--threads N] [--no-torch]
 # Environment: CACCEL_BENCH_PYTHON (else TORCH_PYTHON, else python3): the interpreter with torch >= 2.2
 # for the peer; CACCEL_FORTUNES_DIR (the example's corpus).
@@ -66,6 +67,8 @@ run() {
                  "$work/rss" "$gpt" "$@" > "$out" 2>&1 ;;
         cp2) "$caccel" launch --num_processes 2 --cpu --backend gloo --parallelism_config_cp_size 2 -q \
                  "$work/rss" "$gpt" "$@" > "$out" 2>&1 ;;
+        tp2sp) "$caccel" launch --num_processes 2 --cpu --backend gloo --parallelism_config_tp_size 2 -q \
+                 "$work/rss" "$gpt" "$@" --sequence_parallel > "$out" 2>&1 ;;
     esac || { tail -20 "$out" >&2; echo "run_tp.sh: the $mode run failed" >&2; return 1; }
 }
 
@@ -93,6 +96,11 @@ for shape in ${shapes//,/ }; do
             # shellcheck disable=SC2086
             "$py" -m torch.distributed.run --nproc_per_node 2 --master_port 29533 "$here/peers/torch_tp_gpt.py" $pa 2>&1 |
                 sed "s/^/mode=torchtp2 rep=$r /" >> "$work/rows" || true
+            case ,$modes, in *,tp2sp,*)   # torchtitan's sequence-parallel plan
+                # shellcheck disable=SC2086
+                "$py" -m torch.distributed.run --nproc_per_node 2 --master_port 29534 "$here/peers/torch_tp_gpt.py" $pa \
+                    --sequence_parallel 2>&1 | sed "s/^/mode=torchtp2sp rep=$r /" >> "$work/rows" || true ;;
+            esac
         fi
     done
     # the traced runs: steps 1..N-2 recorded (wait 1, active N-2, one cycle)

@@ -12,8 +12,8 @@ p.add_argument("--shape", required=True)
 p.add_argument("--steps", type=int, required=True)
 a = p.parse_args()
 L, H, C, T, B = (int(v) for v in a.shape.split())
-MODES = {"1": "1 process", "dp2": "dp 2", "tp2": "tp 2", "cp2": "cp 2", "torch1": "torch 1 process",
-         "torchtp2": "torch tp 2"}
+MODES = {"1": "1 process", "dp2": "dp 2", "tp2": "tp 2", "tp2sp": "tp 2 + SP", "cp2": "cp 2", "torch1": "torch 1 process",
+         "torchtp2": "torch tp 2", "torchtp2sp": "torch tp 2 + SP"}
 
 
 rows = bench_runs.read_rows(a.work)   # mode -> output lines of its timed runs
@@ -69,10 +69,10 @@ def vocab_parallel():
 
 
 print("bytes per step per communicator (rank 0's trace; collectives of the recorded steps / their count):")
-for mode in ("1", "dp2", "tp2", "cp2"):
+for mode in ("1", "dp2", "tp2", "tp2sp", "cp2"):
     tr = trace(mode)
     if not tr:
-        if mode != "cp2":
+        if mode not in ("tp2sp", "cp2"):
             print(f"  {MODES[mode]}: no trace")
         continue
     c, steps = tr[0]
@@ -85,7 +85,7 @@ for mode in ("1", "dp2", "tp2", "cp2"):
         parts = ", ".join(f"{k / steps:g} {op} of {nb} B" for (cm, op, nb), k in sorted(c.items(), key=lambda x: -x[0][2] * x[1])
                           if cm == comm)
         print(f"    {comm:>12}: {tot[comm] / steps:14,.0f} B/step ({parts})")
-    if mode == "tp2":
+    if mode in ("tp2", "tp2sp"):   # sequence parallelism: each all-reduce a reduce-scatter and an all-gather
         tp = tot.get("tp", 0) / steps
         f = 4 * L * B * T * C * 4 + 4
         text = f"4*L*B*T*C*4 + 4 = 4*{L}*{B}*{T}*{C}*4 + 4 (clipping's f32 sum of squares) = {f:,}"
@@ -93,6 +93,12 @@ for mode in ("1", "dp2", "tp2", "cp2"):
             f += 2 * B * T * C * 4 + 3 * B * T * 4
             text = (f"(4*L + 2)*B*T*C*4 + 3*B*T*4 + 4 = {f:,} (vocabulary-parallel: the embedding's forward and the "
                     "tied LM head's input gradient B*T*C each, the cross-entropy's max, sum and target B*T each)")
+        if mode == "tp2sp":   # a collective's traced bytes are the rank's part (B*T*C*4 / tp of a whole tensor)
+            extra = 2 * B * T * C * 4 // 2 + (2 * (2 * L + 1) + 2 * L) * C * 4
+            f += extra
+            text += (f" + {extra:,} (sequence parallelism: ln_f's output all-gathered forward and the split's gradient "
+                     "backward, B*T*C*4/tp each, and the norms' weights and biases and the rowwise biases' gradients "
+                     "summed over tp, (2*(2*L + 1) + 2*L)*C*4)")
         print(f"    tp formula: {text}; measured {tp:,.0f} ({tp / f:.4f}x)")
     if mode == "cp2":
         cp = tot.get("cp", 0) / steps

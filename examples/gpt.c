@@ -52,7 +52,8 @@ static void usage(FILE *f) {
             "10%%), dropout 0. --gradient_checkpointing keeps only each block's input during\n"
             "forward and recomputes the block in backward (less memory, about one more forward).\n"
             "--sequence_parallel (with parallelism_config_tp_size above 1, Megatron's): the LayerNorms\n"
-            "and the residual stream hold 1/tp of the tokens on each rank (dropout 0 only).\n"
+            "and the residual stream hold 1/tp of the tokens on each rank (each dropping its tokens'\n"
+            "part of one process's masks).\n"
             "docs/GPT.md describes the model.\n");
 }
 
@@ -299,18 +300,20 @@ static ca_tensor *attention(const gpt *g, const block *b, ca_tensor *x) {
     for (int i = 0; i < 3; i++)   /* [B, T, C] -> [B, H, T, D] */
         p[i] = ca_transpose(ca_reshape(p[i], CA_SHAPE(B, T, H, C / H)), 1, 2);
     /* at tp each rank drops what one process drops for its heads (the dropouts after the rowwise layers
-     * and the embedding see the whole activations, the same on every rank: the same mask) */
+     * and the embedding see the whole activations, the same on every rank: the same mask; under
+     * --sequence_parallel the rowwise layers' outputs are the rank's tokens, which drop as those tokens of
+     * one process's mask) */
     double drop = training(g) ? g->a.dropout : 0.0;
     int64_t h0, heads;
     if (ca_tp_heads(b->c_attn, H, &h0, &heads) != CA_OK) return NULL;
     ca_tensor *y = ca_scaled_dot_product_attention_heads(p[0], p[1], p[2], NULL, true, drop, 0.0, h0, heads);
     y = ca_reshape(ca_contiguous(ca_transpose(y, 1, 2)), CA_SHAPE(B, T, C));
-    return ca_dropout(ca_module_forward(b->attn_proj, y), g->a.dropout, training(g));
+    return ca_tp_sequence_dropout(b->attn_proj, ca_module_forward(b->attn_proj, y), g->a.dropout, training(g));
 }
 
 static ca_tensor *mlp(const gpt *g, const block *b, ca_tensor *x) {
     ca_tensor *h = ca_gelu(ca_module_forward(b->c_fc, x));
-    return ca_dropout(ca_module_forward(b->mlp_proj, h), g->a.dropout, training(g));
+    return ca_tp_sequence_dropout(b->mlp_proj, ca_module_forward(b->mlp_proj, h), g->a.dropout, training(g));
 }
 
 static ca_tensor *block_forward(const gpt *g, const block *b, ca_tensor *x) {
@@ -863,9 +866,10 @@ int main(int argc, char **argv) {
         exit(2);
     }
     a.tp = mesh.size[CA_MESH_TP];
-    if (a.sequence_parallel && a.dropout != 0) {
-        fprintf(stderr, "gpt: --sequence_parallel with --dropout above 0 is not supported yet (each rank would drop "
-                "its tokens' part of a mask other than one process's)\n");
+    if (a.sequence_parallel && a.dropout != 0 && a.block_size % a.tp != 0) {
+        fprintf(stderr, "gpt: --sequence_parallel with --dropout above 0 needs a --block_size that "
+                "parallelism_config_tp_size %d divides (the padded tokens would shift the masks from one "
+                "process's); --block_size is %lld\n", a.tp, (long long)a.block_size);
         exit(2);
     }
     corpus c = read_corpus(a.data);

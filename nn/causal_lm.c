@@ -179,8 +179,9 @@ static ca_status lm_tp_prepare(ca_module *self, int tp) {
     }
     /* transformers' model-level plan: lm_head colwise_gather_output (each rank its vocabulary's logits, then
      * gathered: ca_causal_lm_loss unchanged). A tied head is the embedding, which the plan keeps whole; a
-     * vocabulary tp does not divide keeps the head whole too (a tokenizer's 257 rows). */
-    if (s == CA_OK && !b->tp_planned && b->lm_head && c->vocab_size % tp == 0 && !seq)
+     * vocabulary tp does not divide keeps the head whole too (a tokenizer's 257 rows). Under sequence
+     * parallelism its input is the final norm's output gathered (run_lm), whole as without it. */
+    if (s == CA_OK && !b->tp_planned && b->lm_head && c->vocab_size % tp == 0)
         s = ca_tp_plan(self, "lm_head", "colwise_gather_output");
     if (s == CA_OK && seq) s = tp_check_seq(self, where);
     if (s == CA_OK) b->tp_planned = true;

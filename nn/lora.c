@@ -286,15 +286,20 @@ ca_lora_layer *ca_lora_layer_of(const ca_module *m) {
 
 /* PEFT's lora.Linear.forward: result = base(x) + lora_B(lora_A(dropout(x))) * scaling. Under tensor
  * parallelism the base is a split Linear's forward, lora_B holds the output rows of a colwise base and
- * lora_A the input columns of a rowwise one, and tp_mix joins the ranks' r-wide products. */
+ * lora_A the input columns of a rowwise one, and tp_mix joins the ranks' r-wide products (under sequence
+ * parallelism along the sequence: a colwise base's x is this rank's tokens, a rowwise base's output). */
 static ca_tensor *lora_forward(ca_module *self, ca_tensor *x, void *ctx) {
     ca_lora_layer *l = ctx;
     ca_tensor *y = l->base_forward(self, x, l->base_ctx);
     if (!y || l->merged) return y;
-    ca_tensor *h = ca_dropout(x, l->cfg.lora_dropout, self->training);
-    h = ca_linear(h, l->a->params[0], NULL);
+    ca_tensor *wa = l->a->params[0], *wb = l->b->params[0];
+    bool tokens = l->tp_whole && !l->tp_whole_b;   /* x: this rank's tokens, dropping their part of the mask */
+    if (l->tp_whole) *(l->tp_whole_b ? &wb : &wa) = l->tp_whole(l->tp_whole_b ? wb : wa, l->tp_ctx);
+    ca_tensor *h = tokens ? ca_tp_sequence_dropout(self, x, l->cfg.lora_dropout, self->training)
+                          : ca_dropout(x, l->cfg.lora_dropout, self->training);
+    h = ca_linear(h, wa, NULL);
     if (l->tp_mix) h = l->tp_mix(h, l->tp_ctx);   /* a split base: lora_A's product over the tp ranks */
-    h = ca_linear(h, l->b->params[0], NULL);
+    h = ca_linear(h, wb, NULL);
     return ca_add(y, ca_mul_scalar(h, l->scaling));
 }
 

@@ -24,6 +24,11 @@ typedef struct ca_lora_layer {
      * NULL; tp_ctx is its communicator */
     ca_tensor *(*tp_mix)(ca_tensor *h, void *tp_ctx);
     void *tp_ctx;
+    /* under sequence parallelism the adapter's whole matrix that sees only this rank's tokens (lora_A on a
+     * colwise base, whose input x is this rank's tokens; lora_B on a rowwise one: tp_whole_b) goes through
+     * tp_whole, which sums its gradient over tp; NULL otherwise */
+    ca_tensor *(*tp_whole)(ca_tensor *w, void *tp_ctx);
+    bool tp_whole_b;
 } ca_lora_layer;
 
 /* The adapter state of m, or NULL when m is not a wrapped layer. */

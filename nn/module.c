@@ -533,3 +533,17 @@ ca_tensor *ca_tp_sequence_gather(ca_module *m, ca_tensor *x) {
     const ca_module_seq *sq = seq_ops(m, "ca_tp_sequence_gather");
     return sq ? sq->gather(sq->ctx, x) : m ? x : NULL;
 }
+
+/* This rank's tokens' part of the mask of the whole [B, T, ...] (local: no communication). */
+ca_tensor *ca_tp_sequence_dropout(ca_module *m, ca_tensor *x, double p, bool training) {
+    if (!x) return NULL;
+    const ca_module_seq *sq = seq_ops(m, "ca_tp_sequence_dropout");
+    if (!sq) return m ? ca_dropout(x, p, training) : NULL;
+    if (x->ndim < 2) {
+        ca_error(CA_ERR_INVALID, "ca_tp_sequence_dropout: x of %d dimensions; this rank's tokens [B, T/tp, ...] are "
+                 "needed", x->ndim);
+        return NULL;
+    }
+    int64_t t = x->shape[1];
+    return ca_dropout_part(x, p, training, 1, sq->rank * t, sq->size * t);
+}

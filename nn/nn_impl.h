@@ -72,6 +72,7 @@ void ca_module_set_forward_hooks(ca_module *m, ca_status (*pre)(void *ctx, ca_mo
 typedef struct ca_module_seq {
     void *ctx;                       /* the tp communicator */
     int size;                        /* the tp ranks */
+    int rank;                        /* this rank among them: it holds tokens [rank T/size, (rank + 1) T/size) */
     ca_tensor *(*split)(void *ctx, ca_tensor *x);
     ca_tensor *(*gather)(void *ctx, ca_tensor *x);
 } ca_module_seq;

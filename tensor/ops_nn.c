@@ -130,24 +130,53 @@ static ca_status dropout_backward(ca_node *n, ca_tensor *g) {
 }
 static const ca_node_vt dropout_vt = {"dropout", dropout_backward};
 
-ca_tensor *ca_dropout(ca_tensor *x, double p, bool training) {
-    CA_OP_NULLCHECK1(x);
+/* Checks x, p and the part's place (ca_dropout_part); false with the error set. */
+static bool dropout_check(const ca_tensor *x, double p, int dim, int64_t start, int64_t whole) {
     if (p < 0 || p >= 1) {
         ca_error(CA_ERR_INVALID, "dropout probability must be in [0, 1), got %g", p);
-        return NULL;
+        return false;
     }
+    int64_t size = x->ndim ? (dim >= 0 && dim < x->ndim ? x->shape[dim] : 0) : 1;   /* a scalar: [0, 1) of 1 */
+    if (dim < 0 || dim >= (x->ndim ? x->ndim : 1) || start < 0 || start + size > whole) {
+        ca_error(CA_ERR_INVALID, "dropout of a part: [%lld, %lld) of dimension %d (of %d) is not within %lld",
+                 (long long)start, (long long)(start + size), dim, x->ndim, (long long)whole);
+        return false;
+    }
+    return true;
+}
+
+/* The whole tensor's stream is reserved; each of x's `outer` runs of `run` elements starts at element e of
+ * the whole, whose word is counter off + e / 4, lane e % 4 (backend.h): a run starting off a lane 0 would
+ * need the kernel to start mid-counter, which it does not. */
+ca_tensor *ca_dropout_part(ca_tensor *x, double p, bool training, int dim, int64_t start, int64_t whole) {
+    CA_OP_NULLCHECK1(x);
+    if (!dropout_check(x, p, dim, start, whole)) return NULL;
     if (!training || p == 0) return x;
     if (!ca_op_check_float("dropout", x)) return NULL;
+    int64_t inner = 1, outer = 1, run;
+    for (int d = 0; d < x->ndim; d++) *(d < dim ? &outer : &inner) *= d == dim ? 1 : x->shape[d];
+    run = (x->ndim ? x->shape[dim] : 1) * inner;
+    if ((start * inner) % 4 != 0 || (outer > 1 && (whole * inner) % 4 != 0)) {
+        ca_error(CA_ERR_UNSUPPORTED, "dropout of a part: rows of %lld of %lld elements starting at element %lld do not "
+                 "start on a generator word (a multiple of 4 elements): not yet", (long long)run,
+                 (long long)(whole * inner), (long long)(start * inner));
+        return NULL;
+    }
     x = ca_contiguous(x);
     ca_tensor *y = x ? ca_op_new_like(x) : NULL;
     ca_tensor *mask = y ? ca_tensor_new(ca_tdev(x), CA_U8, x->ndim, x->shape) : NULL;
     if (!mask) return NULL;
     uint64_t seed, unused;
     ca_rng_get_state(&seed, &unused);
-    uint64_t off = ca_rng_reserve(ca_rng_counters(CA_RNG_UNIFORM, x->numel));
-    if (x->numel && CA_KCALL(ca_tdev(x), dropout, .dt = x->dtype, .n = x->numel, .p = (float)p, .seed = seed,
-                             .offset = off, .x = ca_tptr(x), .y = ca_tptr(y), .mask = ca_tptr(mask)) != CA_OK)
-        return NULL;
+    uint64_t off = ca_rng_reserve(ca_rng_counters(CA_RNG_UNIFORM, outer * whole * inner));
+    size_t es = ca_dtype_size(x->dtype);
+    for (int64_t o = 0; o < outer && run; o++) {
+        int64_t at = o * run, e = (o * whole + start) * inner;   /* in x, in the whole */
+        if (CA_KCALL(ca_tdev(x), dropout, .dt = x->dtype, .n = run, .p = (float)p, .seed = seed,
+                     .offset = off + (uint64_t)(e / 4), .x = (const char *)ca_tptr(x) + (size_t)at * es,
+                     .y = (char *)ca_tptr(y) + (size_t)at * es, .mask = (uint8_t *)ca_tptr(mask) + at) != CA_OK)
+            return NULL;
+    }
     if (ca_needs_grad(1, &x)) {
         ca_node *n = ca_record(&dropout_vt, y, 1, &x);
         if (!n) return NULL;
@@ -156,6 +185,11 @@ ca_tensor *ca_dropout(ca_tensor *x, double p, bool training) {
         n->f[0] = p;
     }
     return y;
+}
+
+ca_tensor *ca_dropout(ca_tensor *x, double p, bool training) {
+    CA_OP_NULLCHECK1(x);
+    return ca_dropout_part(x, p, training, 0, 0, x->ndim ? x->shape[0] : 1);   /* the whole: one run */
 }
 
 /* ------------------------------------------------------------------ layer norm */

@@ -7,7 +7,8 @@
 # at cp 2 x dp_replicate 2 (and cp 2 x tp 2) to one process's losses and parameters on the same global batch,
 # under caccel launch (Gloo) and mpirun (MPI); a Llama-family decoder (examples/llm_finetune: rotary
 # positions, grouped-query heads) at cp 2 and cp 2 x tp 2 too; the mesh names the cp and dp_cp
-# communicators; each combination that does not work yet is refused with a message naming its key.
+# communicators; the GPT example at cp 2 on the lazy device (--tpu) gives one process's on it; each
+# combination that does not work yet is refused with a message naming its key.
 # Tolerance: 1e-5 (outputs, gradients, losses, parameters); the split changes only the order of the sums.
 . "$(dirname "$0")/dist/lib.sh"
 need_caccel
@@ -58,23 +59,29 @@ gpt_lines() { sed -n -e 's/^\(step [0-9]*\/[0-9]*: loss [0-9.]*\),.*/\1/p' -e '/
 SMALL="--n_layer 2 --n_head 2 --n_embd 64 --block_size 32 --lr 1e-3 --log_interval 1 --eval_interval 3 --eval_samples 16 --dropout 0"
 note "one process: the GPT example, batch 8 and 16, 6 steps"
 # shellcheck disable=SC2086
-"$GPT" $SMALL --batch_size 8 --max_steps 6 --sample_tokens 10 --output_dir "$WORK/go1" > "$WORK/g1" 2>&1 || { cat "$WORK/g1"; fail "gpt, 1 rank"; }
+"$GPT" $SMALL --batch_size 8 --max_steps 6 --sample_tokens 10 --output_dir "$WORK/g1.m" > "$WORK/g1" 2>&1 || { cat "$WORK/g1"; fail "gpt, 1 rank"; }
 gpt_lines "$WORK/g1" > "$WORK/g1.l"
 [ "$(grep -c '^step' "$WORK/g1.l")" -ge 8 ] || { cat "$WORK/g1"; fail "no loss lines"; }
 # shellcheck disable=SC2086
 "$GPT" $SMALL --batch_size 16 --max_steps 6 --output_dir "$WORK/go16" > "$WORK/g16" 2>&1 || { cat "$WORK/g16"; fail "gpt batch 16, 1 rank"; }
 gpt_lines "$WORK/g16" > "$WORK/g16.l"
+# gpt_cp2 BACKEND NAME REF ARGS...: the GPT example at cp 2 with ARGS (batch 8, 6 steps), its loss, validation
+# and sample lines those of REF (one process's output), its model (in $WORK/NAME.m) one process's (REF.m)
+gpt_cp2() {
+    cb=$1 cn=$2 cref=$3; shift 3
+    rm -rf "$WORK/$cn.m"
+    # shellcheck disable=SC2086
+    PROG="$GPT" tlaunch 2 "$cb" --parallelism_config_cp_size 2 -- $SMALL --batch_size 8 --max_steps 6 --sample_tokens 10 \
+        "$@" --output_dir "$WORK/$cn.m" > "$WORK/$cn" 2>&1 || { cat "$WORK/$cn"; fail "gpt cp 2 $* ($cb)"; }
+    count 1 'device mesh: dp_replicate 1 x dp_shard 1 x cp 2 x tp 1' "$WORK/$cn"
+    gpt_lines "$WORK/$cn" > "$WORK/$cn.l"
+    cmp -s "$cref.l" "$WORK/$cn.l" || { diff "$cref.l" "$WORK/$cn.l"; fail "the GPT example at cp 2 $* differs from one process"; }
+    echo "  $(grep -c . "$cref.l") loss, validation and sample lines the same"
+    same_st "$cref.m/model.safetensors" "$WORK/$cn.m/model.safetensors"
+}
 for be in $backends; do
     note "$be: the GPT example at cp 2 (each rank 16 of every 32 tokens) == one process"
-    rm -rf "$WORK/go2"
-    # shellcheck disable=SC2086
-    PROG="$GPT" tlaunch 2 "$be" --parallelism_config_cp_size 2 -- $SMALL --batch_size 8 --max_steps 6 --sample_tokens 10 \
-        --output_dir "$WORK/go2" > "$WORK/g2" 2>&1 || { cat "$WORK/g2"; fail "gpt cp 2 $be"; }
-    count 1 'device mesh: dp_replicate 1 x dp_shard 1 x cp 2 x tp 1' "$WORK/g2"
-    gpt_lines "$WORK/g2" > "$WORK/g2.l"
-    cmp -s "$WORK/g1.l" "$WORK/g2.l" || { diff "$WORK/g1.l" "$WORK/g2.l"; fail "the GPT example at cp 2 differs from one process"; }
-    echo "  $(grep -c . "$WORK/g1.l") loss, validation and sample lines the same"
-    same_st "$WORK/go1/model.safetensors" "$WORK/go2/model.safetensors"
+    gpt_cp2 "$be" g2 "$WORK/g1"
 
     note "$be: the GPT example at cp 2 x dp_replicate 2 on 4 ranks (batch 8 each) == one process (batch 16)"
     rm -rf "$WORK/go4"
@@ -111,7 +118,7 @@ gpt_lines "$WORK/g4" > "$WORK/g4.l"
 cmp -s "$WORK/g1.l" "$WORK/g4.l" || { diff "$WORK/g1.l" "$WORK/g4.l"; fail "the GPT example at cp 2 x tp 2 differs from one process"; }
 # 1e-4 as test_tp.sh's GPT at tp 2: its vocabulary-parallel loss and tied head sum in another order too
 # (1.1e-5 measured)
-same_st "$WORK/go1/model.safetensors" "$WORK/go4/model.safetensors" 1e-4
+same_st "$WORK/g1.m/model.safetensors" "$WORK/go4/model.safetensors" 1e-4
 
 note "$be: the mesh names the cp and dp_cp communicators"
 PROG="$BUILD/tests/tp_check" tlaunch 4 "$be" --parallelism_config_cp_size 2 --parallelism_config_dp_replicate_size 2 -- \
@@ -179,8 +186,25 @@ refused 4 'parallelism_config_cp_size 2 (from .*) with parallelism_config.parall
 refused 2 'by all-gather only (alltoall, Ulysses'"'"' head exchange, is not supported yet)' --parallelism_config_cp_size 2 --parallelism_config_cp_comm_strategy alltoall -- $TINY
 # shellcheck disable=SC2086
 refused 4 'parallelism_config_cp_size 2 (.*) x parallelism_config_tp_size 1 (default) = 2 processes, but the job has 4' --parallelism_config_cp_size 2 -- $TINY
-# the lazy device (--tpu: distributed_type XLA), without ACCELERATE_USE_CPU, which would contradict it
+
+# Context parallelism on the lazy device (--tpu: distributed_type XLA; ACCELERATE_USE_CPU would contradict
+# it): the all-gathers of K and V, the reduce-scatters of their gradients and the loss's sums are nodes of
+# the device's graph (the communicator stages them through host copies when the graph runs)
+(
+unset ACCELERATE_USE_CPU
+note "one process on the lazy device: the GPT example, batch 8, 6 steps"
 # shellcheck disable=SC2086
-(unset ACCELERATE_USE_CPU; refused 2 'parallelism_config_cp_size 2 (from .*) with distributed_type (from .*): the lazy device does not run context parallelism yet' --parallelism_config_cp_size 2 --tpu -- $TINY) ||
-    exit 1
+"$GPT" $SMALL --batch_size 8 --max_steps 6 --sample_tokens 10 --tpu --output_dir "$WORK/z1.m" > "$WORK/z1" 2>&1 || { cat "$WORK/z1"; fail "gpt on xla, 1 rank"; }
+count 1 'gpt: 1 process(es) on xla' "$WORK/z1"
+gpt_lines "$WORK/z1" > "$WORK/z1.l"
+[ "$(grep -c '^step' "$WORK/z1.l")" -ge 8 ] || { cat "$WORK/z1"; fail "no loss lines on xla"; }
+for be in $backends; do
+    note "$be: the GPT example at cp 2 on the lazy device == one process on it"
+    gpt_cp2 "$be" z2 "$WORK/z1" --tpu
+    count 1 'gpt: 2 process(es) on xla' "$WORK/z2"
+done
+be=${backends%% *}
+# shellcheck disable=SC2086
+refused 2 'parallelism_config_tp_size 2 (from .*) with distributed_type (from .*): the lazy device does not run tensor parallelism yet' --parallelism_config_tp_size 2 -- $TINY --tpu
+) || exit 1
 echo "PASS"

@@ -8,7 +8,8 @@
 # example does with its tied embedding split; the mesh lays the ranks out tp innermost; save_state and
 # save_model at tp 2 write the files of one process (the split layers and their momentum gathered), and a
 # checkpoint of either resumes at the other to the uninterrupted run; the GPT example's attention dropout at
-# tp 2 draws one process's masks; --sequence_parallel (the norms on each rank's tokens) gives tp 2's; and each combination that does not
+# tp 2 draws one process's masks; --sequence_parallel (the norms on each rank's tokens) gives tp 2's, with
+# dropout too (each rank its tokens' part of one process's masks); and each combination that does not
 # work yet is refused with a message naming its key.
 # Tolerance: 1e-5 (losses and parameters after 4 steps); the split changes only the order of the sums.
 . "$(dirname "$0")/dist/lib.sh"
@@ -213,25 +214,35 @@ count 1 'gpt: rank 1 holds logits \[8, 32, 128\] of vocab 256 at tp 2' "$WORK/g2
 "$GPT" $SMALL --batch_size 8 --max_steps 6 --sample_tokens 10 --dropout 0.1 --output_dir "$WORK/gd1" > "$WORK/gd1.o" 2>&1 ||
     { cat "$WORK/gd1.o"; fail "gpt dropout, 1 rank"; }
 gpt_lines "$WORK/gd1.o" > "$WORK/gd1.l"
+# gpt_tp2 BACKEND NAME REF WHAT ARGS...: the GPT example at tp 2 with ARGS, its model in $WORK/NAME.m, its
+# loss, validation and sample lines the same as those in REF
+gpt_tp2() {
+    gb=$1 gn=$2 gref=$3 gwhat=$4; shift 4
+    # shellcheck disable=SC2086
+    PROG="$GPT" tlaunch 2 "$gb" --parallelism_config_tp_size 2 -- $SMALL --batch_size 8 --max_steps 6 --sample_tokens 10 \
+        "$@" --output_dir "$WORK/$gn.m" > "$WORK/$gn" 2>&1 || { cat "$WORK/$gn"; fail "gpt tp 2 $gwhat ($gb)"; }
+    gpt_lines "$WORK/$gn" > "$WORK/$gn.l"
+    cmp -s "$gref" "$WORK/$gn.l" || { diff "$gref" "$WORK/$gn.l"; fail "the GPT example at tp 2 $gwhat differs ($gb)"; }
+}
 for b in $backends; do
     note "$b: the GPT example with dropout 0.1 (attention, residual and embedding) at tp 2 == one process"
     # each rank draws one process's attention-dropout mask for its heads (ca_scaled_dot_product_attention_heads),
     # and the same masks as one process on the replicated activations
-    # shellcheck disable=SC2086
-    PROG="$GPT" tlaunch 2 "$b" --parallelism_config_tp_size 2 -- $SMALL --batch_size 8 --max_steps 6 --sample_tokens 10 \
-        --dropout 0.1 --output_dir "$WORK/gd2$b" > "$WORK/gd2.o" 2>&1 || { cat "$WORK/gd2.o"; fail "gpt dropout tp 2 $b"; }
-    gpt_lines "$WORK/gd2.o" > "$WORK/gd2.l"
-    cmp -s "$WORK/gd1.l" "$WORK/gd2.l" || { diff "$WORK/gd1.l" "$WORK/gd2.l"; fail "the GPT example with dropout at tp 2 differs from one process"; }
-    same_st "$WORK/gd1/model.safetensors" "$WORK/gd2$b/model.safetensors" 1e-4
+    gpt_tp2 "$b" gd2 "$WORK/gd1.l" "with dropout" --dropout 0.1
+    same_st "$WORK/gd1/model.safetensors" "$WORK/gd2.m/model.safetensors" 1e-4
 
     note "$b: the GPT example with --sequence_parallel at tp 2 (LayerNorms and residual stream on half the tokens) == tp 2 without it"
-    # shellcheck disable=SC2086
-    PROG="$GPT" tlaunch 2 "$b" --parallelism_config_tp_size 2 -- $SMALL --batch_size 8 --max_steps 6 --sample_tokens 10 \
-        --dropout 0 --sequence_parallel --output_dir "$WORK/gs2$b" > "$WORK/gs" 2>&1 || { cat "$WORK/gs"; fail "gpt tp 2 sequence parallel $b"; }
-    gpt_lines "$WORK/gs" > "$WORK/gs.l"
     # the samples grow the prompt one byte at a time: odd lengths, padded to a multiple of tp
-    cmp -s "$WORK/gtp2.l" "$WORK/gs.l" || { diff "$WORK/gtp2.l" "$WORK/gs.l"; fail "the GPT example with --sequence_parallel differs from tp 2 without it"; }
-    same_st "$WORK/go2/model.safetensors" "$WORK/gs2$b/model.safetensors" 1e-5
+    gpt_tp2 "$b" gs "$WORK/gtp2.l" "with --sequence_parallel" --dropout 0 --sequence_parallel
+    same_st "$WORK/go2/model.safetensors" "$WORK/gs.m/model.safetensors" 1e-5
+
+    note "$b: --sequence_parallel with dropout 0.1 at tp 2 == tp 2 without it == one process"
+    # the residual dropouts after the rowwise layers see each rank's tokens: each draws those tokens' part
+    # of one process's mask (ca_tp_sequence_dropout)
+    gpt_tp2 "$b" gsd "$WORK/gd1.l" "with --sequence_parallel and dropout" --dropout 0.1 --sequence_parallel
+    same_st "$WORK/gd2.m/model.safetensors" "$WORK/gsd.m/model.safetensors" 1e-5
+    same_st "$WORK/gd1/model.safetensors" "$WORK/gsd.m/model.safetensors" 1e-4
+    rm -r "$WORK/gd2.m" "$WORK/gs.m" "$WORK/gsd.m"
 done
 be=${backends%% *}   # (tlaunch set it)
 note "$be: the GPT example at tp 2 x dp_replicate 2 on 4 ranks (batch 8 each) == one process (batch 16)"
@@ -257,9 +268,10 @@ if PROG="$GPT" tlaunch 2 "$be" --parallelism_config_tp_size 2 -- --n_layer 1 --n
     cat "$WORK/r"; fail "3 heads at tp 2 accepted"; fi
 grep -q 'gpt: --n_head 3 is not a multiple of parallelism_config_tp_size 2' "$WORK/r" || { cat "$WORK/r"; fail "no heads message"; }
 # shellcheck disable=SC2086
-if PROG="$GPT" tlaunch 2 "$be" --parallelism_config_tp_size 2 -- $SMALL --max_steps 1 --dropout 0.1 --sequence_parallel > "$WORK/r" 2>&1; then
-    cat "$WORK/r"; fail "--sequence_parallel with dropout accepted"; fi
-grep -q 'gpt: --sequence_parallel with --dropout above 0 is not supported yet' "$WORK/r" || { cat "$WORK/r"; fail "no sequence-parallel dropout message"; }
+if PROG="$GPT" tlaunch 2 "$be" --parallelism_config_tp_size 2 -- $SMALL --block_size 31 --max_steps 1 --dropout 0.1 --sequence_parallel > "$WORK/r" 2>&1; then
+    cat "$WORK/r"; fail "--sequence_parallel with dropout at an odd block size accepted"; fi
+grep -q 'gpt: --sequence_parallel with --dropout above 0 needs a --block_size that parallelism_config_tp_size 2 divides' "$WORK/r" ||
+    { cat "$WORK/r"; fail "no sequence-parallel dropout message"; }
 
 note "$be: refusals"
 refused 2 --parallelism_config_tp_size 2 -- --steps 1 -- 'parallelism_config_tp_size 2 (from .*) needs a tensor-parallel plan on the model'

@@ -186,6 +186,38 @@ static void test_attention_dropout(void **state) {
     }
 }
 
+/* ca_dropout_part: each part along the sequence drops as the same elements of the whole tensor's dropout, and
+ * the generator moves as for the whole (sequence parallelism's ranks); a part whose rows start off a
+ * generator word is refused, as is one outside the whole. */
+static void test_dropout_part(void **state) {
+    uint64_t s = 9, seed, after_whole, after_part;
+    enum { B = 3, T = 8, C = 6, t = 4 };
+    CA_SCOPE {
+        ca_tensor *x = t_randn(&s, CA_SHAPE(B, T, C), -1, 1, 0);
+        ca_rng_set_state(5, 40);
+        float *whole = t_host(T_NN(ca_dropout(x, 0.3, true)));
+        ca_rng_get_state(&seed, &after_whole);
+        for (int r = 0; r < T / t; r++) {
+            ca_rng_set_state(5, 40);
+            float *part = t_host(T_NN(ca_dropout_part(ca_contiguous(ca_narrow(x, 1, r * t, t)), 0.3, true, 1, r * t, T)));
+            ca_rng_get_state(&seed, &after_part);
+            assert_int_equal(after_part, after_whole);
+            for (int b = 0; b < B; b++)
+                assert_memory_equal(part + b * t * C, whole + (b * T + r * t) * C, sizeof(float) * t * C);
+            free(part);
+        }
+        free(whole);
+        assert_ptr_equal(ca_dropout_part(x, 0.3, false, 1, 0, T), x);   /* evaluation: x itself */
+        /* rows of 3 x 3 elements starting at element 9 of each row of 24: off a word of 4 */
+        ca_tensor *odd = t_randn(&s, CA_SHAPE(B, 3, 3), -1, 1, 0);
+        assert_null(ca_dropout_part(odd, 0.3, true, 1, 3, 8));
+        assert_int_equal(ca_last_status(), CA_ERR_UNSUPPORTED);
+        assert_null(ca_dropout_part(x, 0.3, true, 1, 4, 8));   /* [4, 12) of 8 */
+        assert_int_equal(ca_last_status(), CA_ERR_INVALID);
+        ca_clear_error();
+    }
+}
+
 /* Forward with grad keeps out and the per-row lse, not the [T, T] probabilities. */
 static void test_attention_memory(void **state) {
     uint64_t s = 5;
@@ -518,6 +550,7 @@ int main(void) {
         cmocka_unit_test(test_attention_reference),
         cmocka_unit_test(test_attention_matches_composition),
         cmocka_unit_test(test_attention_dropout),
+        cmocka_unit_test(test_dropout_part),
         cmocka_unit_test(test_attention_memory),
         cmocka_unit_test(test_attention_errors),
         cmocka_unit_test(test_attention_grouped_query_matches_repeat),

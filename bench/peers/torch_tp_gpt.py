@@ -59,7 +59,10 @@ def model(L, H, C, T, V):
             x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1]))
             for blk in self.h:
                 x = blk(x)
-            return F.linear(self.ln_f(x), self.wte.weight)
+            y = self.ln_f(x)
+            if hasattr(y, "full_tensor"):   # --sequence_parallel: ln_f's output is this rank's tokens (a DTensor)
+                y = y.full_tensor()
+            return F.linear(y, self.wte.weight)
 
     m = GPT()
     for name, p in m.named_parameters():   # the example's initialisation (biases 0, LayerNorm 1 and 0)
@@ -72,14 +75,29 @@ def model(L, H, C, T, V):
     return m
 
 
-def tensor_parallel(m, world):
+def tensor_parallel(m, world, sp):
+    """sp (--sequence_parallel): torchtitan's plan, the norms SequenceParallel, the attention's and the
+    MLP's inputs all-gathered (PrepareModuleInput Shard(1) -> Replicate), the rowwise layers' outputs
+    reduce-scattered (output_layouts Shard(1)); the first block's input split (Replicate -> Shard(1)),
+    ln_f's output gathered before the tied head, as the GPT example does."""
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
+                                                   SequenceParallel, parallelize_module)
     mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("tp",))
     plan = {}
+    row = (lambda: RowwiseParallel(output_layouts=Shard(1))) if sp else RowwiseParallel
     for i in range(len(m.h)):
-        plan.update({f"h.{i}.attn.c_attn": ColwiseParallel(), f"h.{i}.attn.c_proj": RowwiseParallel(),
-                     f"h.{i}.mlp.c_fc": ColwiseParallel(), f"h.{i}.mlp.c_proj": RowwiseParallel()})
+        plan.update({f"h.{i}.attn.c_attn": ColwiseParallel(), f"h.{i}.attn.c_proj": row(),
+                     f"h.{i}.mlp.c_fc": ColwiseParallel(), f"h.{i}.mlp.c_proj": row()})
+        if sp:
+            gather = lambda: PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
+            plan.update({f"h.{i}.ln_1": SequenceParallel(), f"h.{i}.ln_2": SequenceParallel(),
+                         f"h.{i}.attn": gather(), f"h.{i}.mlp": gather()})
+    if sp:
+        plan.update({"h.0": PrepareModuleInput(input_layouts=(Replicate(),), desired_input_layouts=(Shard(1),),
+                                               use_local_output=True),
+                     "ln_f": SequenceParallel()})
     return parallelize_module(m, mesh, plan)
 
 
@@ -112,18 +130,19 @@ def main():
         p.add_argument("--" + k, type=int, required=True)
     p.add_argument("--vocab_size", type=int, default=256)
     p.add_argument("--steps", type=int, default=6)
+    p.add_argument("--sequence_parallel", action="store_true")
     a = p.parse_args()
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))   # run_tp.sh --threads
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
-    head = f"impl=torch procs={world} tp={world} shape={a.n_layer}x{a.n_embd}"
+    head = f"impl=torch procs={world} tp={world}{' sp' if a.sequence_parallel else ''} shape={a.n_layer}x{a.n_embd}"
     torch.manual_seed(1337)   # the same whole weights on every rank before the split
     m = model(a.n_layer, a.n_head, a.n_embd, a.block_size, a.vocab_size)
     if world > 1:
         import torch.distributed as dist
         dist.init_process_group("gloo")
         try:
-            m = tensor_parallel(m, world)
+            m = tensor_parallel(m, world, a.sequence_parallel)
         except Exception as e:   # noqa: BLE001  (reported, not hidden)
             if rank == 0:
                 print(f"{head} status=failed reason={type(e).__name__}: {str(e).splitlines()[0][:200]}", flush=True)

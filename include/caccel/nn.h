@@ -143,8 +143,11 @@ CA_API void ca_module_print_trainable_parameters(ca_module *m);
  *              all-gathers its input along dimension 1 (the sequence) and every rowwise layer
  *              reduce-scatters its output along it instead of the all-reduce, so between them the
  *              activations are this rank's tokens. The program splits the whole activations into its
- *              tokens with ca_tp_sequence_split and gathers them with ca_tp_sequence_gather. Not yet with
- *              LoRA adapters or "colwise_gather_output" (CA_ERR_UNSUPPORTED at prepare).
+ *              tokens with ca_tp_sequence_split and gathers them with ca_tp_sequence_gather, and drops
+ *              on them with ca_tp_sequence_dropout. A LoRA adapter's r-wide product follows its base
+ *              (all-gathered before a colwise one's lora_B, reduce-scattered after a rowwise one's
+ *              lora_A). A "colwise_gather_output" layer takes whole tokens (after ca_tp_sequence_gather)
+ *              and gives whole ones.
  *   "rowwise": the weight split on the input features, whose input is the split output of a colwise
  *              layer; forward all-reduces the output over tp, then adds the (whole) bias.
  *              On an Embedding (torch's RowwiseParallel on nn.Embedding, Megatron's VocabParallelEmbedding):
@@ -192,6 +195,13 @@ CA_API ca_status ca_tp_heads(ca_module *proj, int64_t local_heads, int64_t *head
  * (dimension 1) that tp_size does not divide; a failed collective's error. */
 CA_API ca_tensor *ca_tp_sequence_split(ca_module *m, ca_tensor *x);
 CA_API ca_tensor *ca_tp_sequence_gather(ca_module *m, ca_tensor *x);
+/* ca_dropout of this rank's tokens x [B, T/tp, ...] under sequence parallelism (m as above): they drop as
+ * the same tokens of one process's dropout of the whole [B, T, ...] (ca_dropout_part), and the generator
+ * advances as for the whole, so a dropout on the residual stream gives one process's masks on every tp
+ * rank. ca_dropout(x, p, training) when m does not run sequence-parallel. Local (no communication).
+ * NULL with CA_ERR_INVALID for a NULL module or an x of fewer than 2 dimensions; ca_dropout_part's
+ * errors. */
+CA_API ca_tensor *ca_tp_sequence_dropout(ca_module *m, ca_tensor *x, double p, bool training);
 /* ca_cross_entropy (mean over the labels that are not -100) of the logits that output layer `head` gave.
  * When the plan split head over tp (a colwise Linear, or a rowwise Embedding through ca_embedding_attend),
  * the logits [..., V / tp_size] are this rank's vocabulary columns and never whole on any rank: Megatron's

@@ -85,6 +85,13 @@ CA_API ca_tensor *ca_mse_loss(ca_tensor *a, ca_tensor *b);
 /* Zeroes each element with probability p and scales the rest by 1/(1-p),
  * from the counter-based generator; identity when !training or p == 0. */
 CA_API ca_tensor *ca_dropout(ca_tensor *x, double p, bool training);
+/* ca_dropout of x, which holds [start, start + x's size) along dimension dim of a tensor `whole` long there
+ * (the other dimensions the same): x's elements drop as those of the whole tensor's dropout, and the
+ * generator advances as for the whole, so that ranks each holding a part (sequence parallelism's tokens)
+ * drop together what one process drops. ca_dropout is the part [0, shape[0]) of dimension 0.
+ * CA_ERR_INVALID when the part is not within the whole; CA_ERR_UNSUPPORTED (not yet) when a run of x's
+ * elements does not start at a multiple of 4 elements of the whole (the generator's words). */
+CA_API ca_tensor *ca_dropout_part(ca_tensor *x, double p, bool training, int dim, int64_t start, int64_t whole);
 /* Normalises over the last dimension; weight/bias [C] or NULL. */
 CA_API ca_tensor *ca_layer_norm(ca_tensor *x, ca_tensor *weight, ca_tensor *bias, double eps);
 /* RMSNorm over the last dimension, as torch.nn.RMSNorm: x / sqrt(mean(x^2) + eps)
