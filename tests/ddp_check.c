@@ -35,6 +35,10 @@
  *   state_fnv=H, an FNV-1a hash of its parameters, optimizer state tensors (not under ZeRO, whose
  *   shard is not public), step count, learning rate, loss scaler and generator, and next_batch=H, of
  *   the next batch its loader gives (its data position).
+ * --try-load-early DIR: before ca_prepare (and --load-model-early), ca_load_model(DIR) into the model
+ *   (meta under --meta): every rank prints early_load=STATUS: message and meta_params=N (its meta
+ *   parameters after it); with --leave it then leaves (status 3 when the load failed: the group may
+ *   be dead), else it goes on.
  * --cut-before-prepare FILE: after that load rank 0 cuts FILE's last 4 bytes, before ca_prepare.
  * --load-state DIR loads a state saved by --save-state DIR (after the training loop) right after ca_prepare.
  * --adamw trains with AdamW (lr --lr / 20) instead of SGD with momentum.
@@ -64,9 +68,9 @@ typedef struct opts {
     int steps, k;
     int64_t batch, hidden, depth;
     const char *dump, *dump_grads, *freeze, *save_state, *load_state, *save_model, *load_model, *load_early, *try_load,
-        *cut, *try_state;
+        *cut, *try_state, *try_early;
     int after;                   /* --after K: see --try-load-state */
-    bool state_digest;
+    bool state_digest, leave;   /* --leave: see --try-load-early */
     int64_t sched_total;
     double lr;
     bool mem, digest, inf_input, read_sharded, adamw, meta;
@@ -271,8 +275,10 @@ static opts parse(int argc, char **argv) {
         else if (!strcmp(argv[i], "--load-model-early") && i + 1 < argc) o.load_early = argv[++i];
         else if (!strcmp(argv[i], "--try-load-model") && i + 1 < argc) o.try_load = argv[++i];
         else if (!strcmp(argv[i], "--try-load-state") && i + 1 < argc) o.try_state = argv[++i];
+        else if (!strcmp(argv[i], "--try-load-early") && i + 1 < argc) o.try_early = argv[++i];
         else if (!strcmp(argv[i], "--after") && i + 1 < argc) o.after = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--state-digest")) o.state_digest = true;
+        else if (!strcmp(argv[i], "--leave")) o.leave = true;
         else if (!strcmp(argv[i], "--cut-before-prepare") && i + 1 < argc) o.cut = argv[++i];
         else if (!strcmp(argv[i], "--dump-grads") && i + 1 < argc) o.dump_grads = argv[++i];
         else if (!strcmp(argv[i], "--hidden") && i + 1 < argc) o.hidden = atoll(argv[++i]);
@@ -455,6 +461,16 @@ int main(int argc, char **argv) {
     ca_module *m = model(o.hidden, o.depth);
     if (o.meta) CA_CHECK(ca_init_empty_weights(false));
     if (ca_module_is_meta(m)) printf("rank=%d model_meta=1\n", ca_process_index(acc));
+    if (o.try_early) {   /* a failed load before prepare leaves the model as it was */
+        ca_status s = ca_load_model(acc, m, o.try_early);
+        int meta = 0;
+        for (int i = 0; i < ca_module_num_params(m); i++) meta += ca_tensor_is_meta(ca_module_param_at(m, i));
+        printf("rank=%d early_load=%s: %s\nrank=%d meta_params=%d of %d\n", ca_process_index(acc), ca_status_name(s),
+               s == CA_OK ? "" : ca_last_error(), ca_process_index(acc), meta, ca_module_num_params(m));
+        fflush(stdout);
+        if (o.leave) _exit(s == CA_OK ? 0 : 3);
+        ca_clear_error();
+    }
     if (o.load_early) CA_CHECK(ca_load_model(acc, m, o.load_early));
     if (o.cut) {   /* the file shrinks between a deferred load (every rank's) and its read */
         CA_CHECK(ca_wait_for_everyone(acc));

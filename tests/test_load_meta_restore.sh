@@ -1,0 +1,122 @@
+#!/bin/sh
+# ca_load_model into a meta model (ca_init_empty_weights) before ca_prepare on 2 processes, where rank 0
+# reads the file and broadcasts what it holds (DDP, ZeRO stage 2; fsdp_cpu_ram_efficient_loading true,
+# the default), is all or nothing:
+# - a bad file (a tensor missing, a wrong shape, a file cut short): every rank refuses (rank 0 naming
+#   the file, rank 1 rank 0), every parameter is still meta on every rank, and a correct load in the
+#   same processes then gives the parameters of a load that never failed, bit for bit (nothing was
+#   recorded for ca_prepare by the failed one);
+# - rank 1 killed (kill -9; Gloo) or stopped (SIGSTOP; Gloo and MPI, the communicator's deadline
+#   CACCEL_TIMEOUT=10 then passes) before rank 0's 2nd parameter broadcast, once it says so
+#   (CACCEL_TEST_BCAST_STALL): rank 0, which had materialised the file's values, names rank 1, says its
+#   model is restored, and every parameter is meta again. The Gloo ranks run without a launcher, so
+#   that rank 0 outlives its peer; under mpirun a rank's death ends the job (a stopped peer only).
+. "$(dirname "$0")/dist/lib.sh"
+need_caccel
+need_backend gloo
+DDP="$BUILD/tests/ddp_check"
+export OPENBLAS_NUM_THREADS=1 ACCELERATE_USE_CPU=true
+digest_of() { sed -n "s/^rank=$1 params_fnv=\([0-9a-f]*\).*/\1/p" "$2"; }
+
+has_mpi=no
+if command -v "${MPIRUN:-mpirun}" >/dev/null 2>&1; then
+    for p in $(echo "${CACCEL_PLUGIN_PATH:-}" | tr ':' ' '); do [ -e "$p/caccel_mpi.so" ] && has_mpi=yes; done
+fi
+
+job() {   # job BACKEND ARGS...: ddp_check on 2 ranks, output in $WORK/o
+    be=$1; shift
+    if [ "$be" = mpi ]; then run_mpi 2 "$DDP" --hidden 64 "$@" --cpu --backend mpi > "$WORK/o" 2>&1
+    else timeout 300 "$CACCEL" launch --num_processes 2 --cpu --backend gloo "$DDP" --hidden 64 "$@" > "$WORK/o" 2>&1; fi
+}
+
+mkdir -p "$WORK/m64" "$WORK/m32"
+job gloo --steps 3 --save-model "$WORK/m64" || { cat "$WORK/o"; fail "save"; }
+timeout 300 "$CACCEL" launch --num_processes 2 --cpu --backend gloo "$DDP" --hidden 32 --steps 3 --save-model "$WORK/m32" \
+    > "$WORK/o" 2>&1 || { cat "$WORK/o"; fail "save at hidden 32"; }
+job gloo --steps 0 --load-model "$WORK/m64" --digest || { cat "$WORK/o"; fail "load"; }
+digest_of 0 "$WORK/o" > "$WORK/saved"
+mkdir -p "$WORK/cut" && cp "$WORK/m64/model.safetensors" "$WORK/cut/" && truncate -s -8 "$WORK/cut/model.safetensors"
+bad="$WORK/m32:shape $WORK/cut:beyond"
+PY=python3
+[ -x /work/venv/bin/python ] && PY=/work/venv/bin/python
+if "$PY" -c 'import safetensors.numpy' 2>/dev/null; then
+    mkdir -p "$WORK/missing"
+    "$PY" - "$WORK/m64/model.safetensors" "$WORK/missing/model.safetensors" <<'EOF' || fail "writing a file without fc2.bias"
+import sys
+from safetensors.numpy import load_file, save_file
+t = load_file(sys.argv[1])
+del t["fc2.bias"]
+save_file(t, sys.argv[2], metadata={"format": "pt"})
+EOF
+    bad="$bad $WORK/missing:fc2.bias"
+else
+    echo "no python with safetensors: the missing-tensor case is not run"
+fi
+
+# refused BACKEND CFG: each bad file refused on both ranks, the model meta, then the good load
+refused() {
+    for b in $bad; do
+        dir=${b%%:*} says=${b#*:}
+        job "$1" --steps 0 --meta --try-load-early "$dir" --load-model-early "$WORK/m64" --digest ||
+            { cat "$WORK/o"; fail "$1, $2, $dir: the job failed"; }
+        grep "^rank=0 early_load=CA_ERR" "$WORK/o" | grep -q -- "$says" || { cat "$WORK/o"; fail "$1, $2, $dir: rank 0 does not say '$says'"; }
+        grep "^rank=1 early_load=CA_ERR" "$WORK/o" | grep -q "rank 0 failed" || { cat "$WORK/o"; fail "$1, $2, $dir: rank 1 does not name rank 0"; }
+        count 2 "meta_params=4 of 4" "$WORK/o"
+        [ "$(digest_of 0 "$WORK/o")" = "$(cat "$WORK/saved")" ] && [ "$(digest_of 1 "$WORK/o")" = "$(cat "$WORK/saved")" ] ||
+            { cat "$WORK/o"; fail "$1, $2, $dir: the correct load after the failed one gives other parameters"; }
+        echo "$1, $2: $(basename "$dir") refused on both ranks, the model still meta; the correct load then succeeds"
+    done
+}
+
+# stalled BACKEND HOW CFG: rank 1 held before the 2nd broadcast of the meta load, then killed or stopped
+stalled() {
+    be=$1 how=$2 what="$1, $2, $3"
+    rm -f "$WORK/r0" "$WORK/r1"
+    if [ "$be" = mpi ]; then
+        CACCEL_TEST_BCAST_STALL=2 CACCEL_TIMEOUT=10 run_mpi 2 -x CACCEL_TEST_BCAST_STALL -x CACCEL_TIMEOUT \
+            "$DDP" --hidden 64 --meta --try-load-early "$WORK/m64" --leave --cpu --backend mpi > "$WORK/r0" 2>&1 &
+        p0=$! r1out="$WORK/r0" pids=$!
+    else
+        port=$(free_port)
+        [ -n "$port" ] || fail "no free port"
+        for r in 0 1; do
+            MASTER_ADDR=127.0.0.1 MASTER_PORT=$port WORLD_SIZE=2 LOCAL_WORLD_SIZE=2 RANK=$r LOCAL_RANK=$r \
+                CACCEL_BACKEND=gloo CACCEL_JOB_TOKEN=meta-$$-$how CACCEL_TEST_BCAST_STALL=2 CACCEL_TIMEOUT=10 \
+                timeout 200 "$DDP" --hidden 64 --meta --try-load-early "$WORK/m64" --leave > "$WORK/r$r" 2>&1 &
+            eval "p$r=\$!"
+        done
+        r1out="$WORK/r1" pids="$p0 $p1"
+    fi
+    wait_lines 1 "rank 1 stalled before parameter broadcast 2" "$what" "$pids" "$r1out"
+    victim=$(sed -n 's/.*rank 1 stalled before parameter broadcast 2 (CACCEL_TEST_BCAST_STALL, pid \([0-9]*\)).*/\1/p' "$r1out")
+    [ -n "$victim" ] || fail "$what: rank 1 did not say its pid"
+    if [ "$how" = kill ]; then kill -9 "$victim"; else kill -STOP "$victim"; fi
+    [ "$be" != mpi ] || wait_lines 1 "^rank=0 meta_params=" "$what" "$p0" "$WORK/r0"
+    kill -9 "$victim" 2>/dev/null
+    wait "$p0"
+    rc=$?
+    [ "$be" = mpi ] || wait "$p1" 2>/dev/null
+    cat "$WORK/r0"
+    [ "$be" = mpi ] || [ $rc = 3 ] || fail "$what: rank 0 ended with status $rc, not the failed load's 3"
+    line=$(grep "^rank=0 early_load=" "$WORK/r0")
+    echo "$line" | grep -q "^rank=0 early_load=CA_ERR" || fail "$what: rank 0's load did not fail"
+    echo "$line" | grep -q "rank 1" || fail "$what: rank 0's error does not name rank 1"
+    echo "$line" | grep -q "rank 0's model is as it was before the load (restored)" || fail "$what: rank 0 does not say restored"
+    count 1 "^rank=0 meta_params=4 of 4" "$WORK/r0"
+    echo "$what: rank 0's model is meta again"
+}
+
+for cfg in ddp zero2; do
+    if [ $cfg = zero2 ]; then export ACCELERATE_USE_DEEPSPEED=true ACCELERATE_DEEPSPEED_ZERO_STAGE=2; fi
+    refused gloo $cfg
+    stalled gloo kill $cfg
+    stalled gloo stop $cfg
+done
+unset ACCELERATE_USE_DEEPSPEED ACCELERATE_DEEPSPEED_ZERO_STAGE
+if [ $has_mpi = yes ]; then
+    refused mpi ddp
+    stalled mpi stop ddp
+else
+    echo "no mpirun or MPI backend: the MPI part is not run"
+fi
+echo "PASS"
