@@ -41,11 +41,12 @@ ca_status ca_ck_broadcast_params(struct ca_accelerator *acc, ca_module *model, c
 /* A host copy of what a load changes, taken before it changes anything, put back when it fails
  * part-way (a peer killed or stopped in the middle of rank 0's broadcasts). keep_params: the model's
  * parameters (ca_load_model); keep_state: the rank's training state, as much host memory as the
- * parameters and optimizer state tensors the rank holds (its shard's under ZeRO) plus the registered
- * objects' bytes (ca_load_state). A meta parameter (a model not yet prepared) keeps its record only,
- * and is made meta again. *out is set even on failure (free it). restore copies every kept value
- * back, locally (no collective), frees optimizer state slots the load made, and puts the scalars,
- * generator, loaders and objects back; once (the meta records are then the parameters'). Not thread-safe against training on the same accelerator. */
+ * parameters and optimizer state tensors the rank holds (its shard's under ZeRO; ca_load_state,
+ * which applies the registered objects only after every rank has everything else). A meta parameter
+ * (a model not yet prepared) keeps its record only, and is made meta again. *out is set even on
+ * failure (free it). restore copies every kept value back, locally (no collective), frees optimizer
+ * state slots the load made, and puts the scalars, generator and loaders back; once (the meta
+ * records are then the parameters'). Not thread-safe against training on the same accelerator. */
 typedef struct ca_ck_kept ca_ck_kept;
 ca_status ca_ck_keep_params(ca_module *model, int rank, const char *who, ca_ck_kept **out);
 ca_status ca_ck_keep_state(struct ca_accelerator *acc, ca_ck_kept **out);

@@ -1842,6 +1842,13 @@ static ca_status ss_apply(ca_accelerator *acc, ss_loaded *L) {
         if (s == CA_OK) s = ca_dataloader_skip_batches(dl, ss_loader_skip(jl, &now));
     }
     if (s == CA_OK) ca_rng_set_state(js_u64(&j, L->rng, "seed"), js_u64(&j, L->rng, "offset"));
+    return s;
+}
+
+/* The registered objects last, once every rank has everything else (their bytes passed the check, so
+ * their load does not fail: nothing of theirs has to be undone). */
+static ca_status ss_apply_custom(ca_accelerator *acc, const ss_loaded *L) {
+    ca_status s = CA_OK;
     for (int i = 0; s == CA_OK && i < acc->ncustom; i++) {
         const ca_checkpointable *c = &acc->custom[i];
         s = c->load(c->ctx, L->custom[i], L->custom_len[i], true);
@@ -1903,13 +1910,16 @@ static ca_status ss_load_dir(ca_accelerator *acc, const char *dir) {
      * that whole too (DDP; ZeRO stages 1 and 2 read only each rank's slice of it), and broadcasts */
     L.model0 = s == CA_OK && !sharded && ca_ck_rank0_reads(acc, acc->model);
     L.opts0 = L.model0 && !ops->scatter_state;
-    /* rank 0's broadcast: every rank keeps its state first, before anything is made or applied (no
-     * rank applies unless each could), so that a peer lost in the middle leaves every rank still
-     * running as it was (ss_put_back) */
-    ca_ck_kept *kept = NULL;
-    if (s == CA_OK && L.model0) s = ca_ck_keep_state(acc, &kept);
     for (int i = 0; s == CA_OK && full && i < acc->nopts; i++) s = ca_optimizer_init_state(acc->opts[i]);
     if (s == CA_OK) s = ss_check_all(acc, dir, &L, sharded);
+    /* rank 0's broadcast: every rank keeps its state before anything is applied (no rank applies
+     * unless each could), so that a peer lost in the middle leaves every rank still running as it
+     * was (ss_put_back) */
+    ca_ck_kept *kept = NULL;
+    if (s == CA_OK && L.model0) s = ca_ck_keep_state(acc, &kept);
+    if (s == CA_OK && kept)
+        CA_LOG_D("load_state: rank %d keeps %zu bytes of its training state on the host while rank 0's read is "
+                 "broadcast (put back if the load fails)", acc->rank, ca_ck_kept_bytes(kept));
     s = ss_exchange(acc, s, &bad);                  /* nothing is applied unless every rank can */
     bool keeps = s == CA_OK && L.model0;
     if (s == CA_OK) s = ss_apply(acc, &L);
@@ -1929,6 +1939,7 @@ static ca_status ss_load_dir(ca_accelerator *acc, const char *dir) {
     }
     if (keeps && !settled) s = ss_exchange(acc, s, &bad);   /* every rank has it all */
     if (keeps && s != CA_OK) s = ss_put_back(acc, s, bad, kept, dir);
+    if (s == CA_OK) s = ss_apply_custom(acc, &L);
     ca_ck_kept_free(kept);
     if (s != CA_OK) ss_undo_frozen(acc, &L);
     if (s == CA_OK && L.iteration >= 0) {

@@ -2,10 +2,12 @@
  * when it fails part-way. ca_load_model's rank-0 broadcast keeps the model's parameters;
  * ca_load_state's keeps the rank's whole training state (parameters, optimizer state tensors and
  * scalars, the ZeRO shard's state, the scaler, the accumulation counter, the generator, the
- * dataloaders' positions and the registered objects), since every rank has applied the scalars and
- * rank 0 the files by the time a broadcast to a peer fails. */
+ * dataloaders' positions; the registered objects are applied only once everything else arrived),
+ * since every rank has applied the scalars and rank 0 the files by the time a broadcast to a peer
+ * fails. */
 #include "accelerator/accelerator_impl.h"
 #include "accelerator/checkpoint_impl.h"
+#include "accelerator/sync_impl.h"
 #include "data/data_impl.h"
 #include "nn/nn_impl.h"
 #include "tensor/tensor_impl.h"
@@ -45,9 +47,6 @@ struct ca_ck_kept {
     int nopts;
     ca_loader_state *loaders;
     int nloaders;
-    void **custom;
-    size_t *custom_len;
-    int ncustom;
 };
 
 static ca_status oom(const char *who, int rank, const char *what, size_t n) {
@@ -90,7 +89,9 @@ ca_status ca_ck_keep_params(ca_module *model, int rank, const char *who, ca_ck_k
     return s;
 }
 
-static ca_status keep_optimizer(ca_ck_kept *k, const ca_optimizer *o, kept_opt *ko, int rank) {
+/* transient: the groups' state tensors are a load's full-sized copy that the strategy scatters into
+ * its shard and drops (ZeRO): not kept, the shard is. */
+static ca_status keep_optimizer(ca_ck_kept *k, const ca_optimizer *o, kept_opt *ko, int rank, bool transient) {
     ko->steps = o->steps;
     ko->has_schedule = o->has_schedule;
     ko->schedule = o->schedule;
@@ -105,26 +106,12 @@ static ca_status keep_optimizer(ca_ck_kept *k, const ca_optimizer *o, kept_opt *
         kg->had1 = calloc((size_t)(G->n ? G->n : 1), sizeof *kg->had1);
         kg->had2 = calloc((size_t)(G->n ? G->n : 1), sizeof *kg->had2);
         if (!kg->had1 || !kg->had2) return oom("load_state", rank, "an optimizer's groups", 0);
-        for (int i = 0; s == CA_OK && i < G->n; i++) {
+        for (int i = 0; s == CA_OK && !transient && i < G->n; i++) {
             kg->had1[i] = G->state1[i] != NULL;
             kg->had2[i] = G->state2[i] != NULL;
             s = keep_tensor(k, G->state1[i], "load_state", rank, "an optimizer state tensor");
             if (s == CA_OK) s = keep_tensor(k, G->state2[i], "load_state", rank, "an optimizer state tensor");
         }
-    }
-    return s;
-}
-
-static ca_status keep_custom(ca_ck_kept *k, const ca_accelerator *acc) {
-    k->custom = calloc((size_t)(acc->ncustom ? acc->ncustom : 1), sizeof *k->custom);
-    k->custom_len = calloc((size_t)(acc->ncustom ? acc->ncustom : 1), sizeof *k->custom_len);
-    if (!k->custom || !k->custom_len) return oom("load_state", acc->rank, "the registered objects", 0);
-    k->ncustom = acc->ncustom;
-    ca_status s = CA_OK;
-    for (int i = 0; s == CA_OK && i < acc->ncustom; i++) {
-        const ca_checkpointable *c = &acc->custom[i];
-        s = c->save(c->ctx, &k->custom[i], &k->custom_len[i]);
-        if (s != CA_OK) ca_error_context("load_state: rank %d keeping custom object '%s'", acc->rank, c->name);
     }
     return s;
 }
@@ -140,7 +127,9 @@ ca_status ca_ck_keep_state(ca_accelerator *acc, ca_ck_kept **out) {
     if (!(k->opts = calloc((size_t)(acc->nopts ? acc->nopts : 1), sizeof *k->opts)))
         return oom("load_state", acc->rank, "the optimizers", 0);
     k->nopts = acc->nopts;
-    for (int i = 0; s == CA_OK && i < acc->nopts; i++) s = keep_optimizer(k, acc->opts[i], &k->opts[i], acc->rank);
+    bool transient = acc->sync_ops && acc->sync_ops->scatter_state;
+    for (int i = 0; s == CA_OK && i < acc->nopts; i++)
+        s = keep_optimizer(k, acc->opts[i], &k->opts[i], acc->rank, transient);
     /* ZeRO: the shard of the optimizer state (the groups hold none between steps) */
     if (s == CA_OK) s = keep_tensor(k, acc->zero.s1, "load_state", acc->rank, "the optimizer state shard");
     if (s == CA_OK) s = keep_tensor(k, acc->zero.s2, "load_state", acc->rank, "the optimizer state shard");
@@ -148,7 +137,7 @@ ca_status ca_ck_keep_state(ca_accelerator *acc, ca_ck_kept **out) {
         s = oom("load_state", acc->rank, "the dataloaders' state", 0);
     for (int i = 0; s == CA_OK && i < acc->nloaders; i++) ca_dataloader_get_state(acc->loaders[i], &k->loaders[i]);
     if (s == CA_OK) k->nloaders = acc->nloaders;
-    return s == CA_OK ? keep_custom(k, acc) : s;
+    return s;
 }
 
 size_t ca_ck_kept_bytes(const ca_ck_kept *k) { return k ? k->bytes : 0; }
@@ -202,11 +191,6 @@ ca_status ca_ck_restore(ca_accelerator *acc, ca_ck_kept *k) {
         ca_status r = restore_loader(acc->loaders[i], &k->loaders[i]);
         if (r != CA_OK && s == CA_OK) s = r;
     }
-    for (int i = 0; i < k->ncustom && i < acc->ncustom; i++) {
-        const ca_checkpointable *c = &acc->custom[i];
-        ca_status r = c->load(c->ctx, k->custom[i], k->custom_len[i], true);
-        if (r != CA_OK && s == CA_OK) s = ca_error_context("load_state: restoring custom object '%s'", c->name);
-    }
     return s;
 }
 
@@ -226,8 +210,5 @@ void ca_ck_kept_free(ca_ck_kept *k) {
     }
     free(k->opts);
     free(k->loaders);
-    for (int i = 0; k->custom && i < k->ncustom; i++) free(k->custom[i]);
-    free(k->custom);
-    free(k->custom_len);
     free(k);
 }

@@ -51,7 +51,8 @@
  * batch, a few hundred bytes, is in it), step_peak_bytes: the most allocated during the last step
  * above what was allocated before it, and param_bytes: the parameters' f32 bytes (= the gradient's);
  * with --load-state also load_peak_bytes (the most allocated during ca_load_state above what was
- * allocated before it) and model_bytes. */
+ * allocated before it), model_bytes, load_maxrss_kb=A->B (the process's peak resident memory before and
+ * after ca_load_state), load_ms and load_cpu_ms (its wall and CPU time). */
 #include <caccel/caccel.h>
 
 #include "tests/synthetic_data.h"
@@ -60,7 +61,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 typedef struct opts {
@@ -509,11 +512,25 @@ int main(int argc, char **argv) {
         ca_allocator_stats l0, l1;
         CA_CHECK(ca_device_memory_stats(ca_accelerator_device(acc), &l0));
         CA_CHECK(ca_device_reset_peak_stats(ca_accelerator_device(acc)));
+        struct rusage r0, r1;
+        struct timespec t0, t1;
+        getrusage(RUSAGE_SELF, &r0);
+        clock_gettime(CLOCK_MONOTONIC, &t0);
         CA_CHECK(ca_load_state(acc, o.load_state));
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        getrusage(RUSAGE_SELF, &r1);
         CA_CHECK(ca_device_memory_stats(ca_accelerator_device(acc), &l1));
-        if (o.mem)
+        if (o.mem) {
             printf("rank=%d load_peak_bytes=%lld model_bytes=%lld\n", ca_process_index(acc),
                    (long long)l1.peak_allocated - (long long)l0.allocated, (long long)pbytes);
+            /* the process's peak resident memory before and after the load, and the load's wall time */
+#define CPU_MS(r) ((double)((r).ru_utime.tv_sec + (r).ru_stime.tv_sec) * 1e3 + \
+                   (double)((r).ru_utime.tv_usec + (r).ru_stime.tv_usec) / 1e3)
+            printf("rank=%d load_maxrss_kb=%ld->%ld load_ms=%.1f load_cpu_ms=%.1f\n", ca_process_index(acc), r0.ru_maxrss,
+                   r1.ru_maxrss, (double)(t1.tv_sec - t0.tv_sec) * 1e3 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e6,
+                   CPU_MS(r1) - CPU_MS(r0));
+#undef CPU_MS
+        }
     }
     if (o.load_model) CA_CHECK(ca_load_model(acc, m, o.load_model));
     if (o.try_load) {
