@@ -467,6 +467,17 @@ void ca_ck_model_close(ca_ck_model_src *m) {
     free(m);
 }
 
+/* A local load that failed part-way: what it kept back in place (NULL: nothing was kept), the
+ * failure's message kept. */
+static void ck_undo(ca_ck_kept *kept) {
+    if (!kept) return;
+    char msg[1024];
+    ca_status s = ca_last_status();
+    snprintf(msg, sizeof msg, "%s", ca_last_error());
+    ca_ck_restore(NULL, kept);
+    ca_error(s, "%s", msg);
+}
+
 /* Every rank reads the files. A meta model (not yet prepared) keeps its records first: a load that
  * fails part-way (a file cut short under it) leaves it meta, nothing half-filled. */
 static ca_status load_model(ca_module *model, const char *dir_or_file) {
@@ -475,12 +486,7 @@ static ca_status load_model(ca_module *model, const char *dir_or_file) {
     ca_status s = ca_ck_model_open(dir_or_file, model, &m);
     if (s == CA_OK && ca_module_is_meta(model)) s = ca_ck_keep_params(model, 0, "load_model", &kept);
     if (s == CA_OK) s = ca_ck_model_apply(m, model);
-    if (s != CA_OK && kept) {
-        char msg[1024];
-        snprintf(msg, sizeof msg, "%s", ca_last_error());
-        ca_ck_restore(NULL, kept);
-        ca_error(s, "%s", msg);
-    }
+    if (s != CA_OK) ck_undo(kept);
     ca_ck_kept_free(kept);
     ca_ck_model_close(m);
     return s;
@@ -767,12 +773,7 @@ static ca_status load_deferred(ca_module *model, const char *where) {
     }
     for (int i = 0; keep && i < src->nfiles; i++) ca_meta_src_unref(keep[i]);
     free(keep);
-    if (s != CA_OK && src) {
-        char msg[1024];
-        snprintf(msg, sizeof msg, "%s", ca_last_error());
-        ca_ck_restore(NULL, kept);
-        ca_error(s, "%s", msg);
-    }
+    if (s != CA_OK) ck_undo(kept);
     ca_ck_kept_free(kept);
     ca_ck_model_close(m);
     return s;

@@ -119,7 +119,7 @@ EXTRA_DIST += tests/test_load_rank0_fail.sh
 TESTS += tests/test_load_state_restore.sh
 EXTRA_DIST += tests/test_load_state_restore.sh
 TESTS += tests/test_load_meta_restore.sh
-EXTRA_DIST += tests/test_load_meta_restore.sh
+EXTRA_DIST += tests/test_load_meta_restore.sh tests/bcast_stall.sh
 # A meta model loaded before ca_prepare at stage 3, and the pretrained loaders under ca_init_empty_weights:
 # each rank reads only its shard's bytes at ca_prepare (DDP: rank 0 reads and broadcasts).
 TESTS += tests/test_load_meta_zero3.sh

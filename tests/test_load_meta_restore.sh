@@ -9,19 +9,12 @@
 # - rank 1 killed (kill -9; Gloo) or stopped (SIGSTOP; Gloo and MPI, the communicator's deadline
 #   CACCEL_TIMEOUT=10 then passes) before rank 0's 2nd parameter broadcast, once it says so
 #   (CACCEL_TEST_BCAST_STALL): rank 0, which had materialised the file's values, names rank 1, says its
-#   model is restored, and every parameter is meta again. The Gloo ranks run without a launcher, so
-#   that rank 0 outlives its peer; under mpirun a rank's death ends the job (a stopped peer only).
+#   model is restored, and every parameter is meta again (tests/bcast_stall.sh; under mpirun a
+#   rank's death ends the job: a stopped peer only).
 . "$(dirname "$0")/dist/lib.sh"
-need_caccel
-need_backend gloo
-DDP="$BUILD/tests/ddp_check"
-export OPENBLAS_NUM_THREADS=1 ACCELERATE_USE_CPU=true
+. "$(dirname "$0")/bcast_stall.sh"
 digest_of() { sed -n "s/^rank=$1 params_fnv=\([0-9a-f]*\).*/\1/p" "$2"; }
 
-has_mpi=no
-if command -v "${MPIRUN:-mpirun}" >/dev/null 2>&1; then
-    for p in $(echo "${CACCEL_PLUGIN_PATH:-}" | tr ':' ' '); do [ -e "$p/caccel_mpi.so" ] && has_mpi=yes; done
-fi
 
 job() {   # job BACKEND ARGS...: ddp_check on 2 ranks, output in $WORK/o
     be=$1; shift
@@ -71,32 +64,7 @@ refused() {
 # stalled BACKEND HOW CFG: rank 1 held before the 2nd broadcast of the meta load, then killed or stopped
 stalled() {
     be=$1 how=$2 what="$1, $2, $3"
-    rm -f "$WORK/r0" "$WORK/r1"
-    if [ "$be" = mpi ]; then
-        CACCEL_TEST_BCAST_STALL=2 CACCEL_TIMEOUT=10 run_mpi 2 -x CACCEL_TEST_BCAST_STALL -x CACCEL_TIMEOUT \
-            "$DDP" --hidden 64 --meta --try-load-early "$WORK/m64" --leave --cpu --backend mpi > "$WORK/r0" 2>&1 &
-        p0=$! r1out="$WORK/r0" pids=$!
-    else
-        port=$(free_port)
-        [ -n "$port" ] || fail "no free port"
-        for r in 0 1; do
-            MASTER_ADDR=127.0.0.1 MASTER_PORT=$port WORLD_SIZE=2 LOCAL_WORLD_SIZE=2 RANK=$r LOCAL_RANK=$r \
-                CACCEL_BACKEND=gloo CACCEL_JOB_TOKEN=meta-$$-$how CACCEL_TEST_BCAST_STALL=2 CACCEL_TIMEOUT=10 \
-                timeout 200 "$DDP" --hidden 64 --meta --try-load-early "$WORK/m64" --leave > "$WORK/r$r" 2>&1 &
-            eval "p$r=\$!"
-        done
-        r1out="$WORK/r1" pids="$p0 $p1"
-    fi
-    wait_lines 1 "rank 1 stalled before parameter broadcast 2" "$what" "$pids" "$r1out"
-    victim=$(sed -n 's/.*rank 1 stalled before parameter broadcast 2 (CACCEL_TEST_BCAST_STALL, pid \([0-9]*\)).*/\1/p' "$r1out")
-    [ -n "$victim" ] || fail "$what: rank 1 did not say its pid"
-    if [ "$how" = kill ]; then kill -9 "$victim"; else kill -STOP "$victim"; fi
-    [ "$be" != mpi ] || wait_lines 1 "^rank=0 meta_params=" "$what" "$p0" "$WORK/r0"
-    kill -9 "$victim" 2>/dev/null
-    wait "$p0"
-    rc=$?
-    [ "$be" = mpi ] || wait "$p1" 2>/dev/null
-    cat "$WORK/r0"
+    stall_pair "$be" "$how" "^rank=0 meta_params=" --hidden 64 --meta --try-load-early "$WORK/m64" --leave
     [ "$be" = mpi ] || [ $rc = 3 ] || fail "$what: rank 0 ended with status $rc, not the failed load's 3"
     line=$(grep "^rank=0 early_load=" "$WORK/r0")
     echo "$line" | grep -q "^rank=0 early_load=CA_ERR" || fail "$what: rank 0's load did not fail"

@@ -9,22 +9,15 @@
 #   loaders; rank 0's state digest (parameters, optimizer state tensors under DDP, step count, learning
 #   rate, loss scaler, generator) after the failed load equals the one before it and a run's that never
 #   loaded, and so does its next batch (the data position); its error names rank 1 and says restored.
-#   The Gloo ranks run without a launcher (as torchrun or srun start them), so that rank 0 outlives
-#   its peer; under mpirun a rank's death ends the job, so MPI is checked with a stopped peer only.
+#   (tests/bcast_stall.sh: under mpirun a rank's death ends the job, so MPI is checked with a stopped
+#   peer only.)
 # - rank 0's optimizer file corrupt: every rank refuses (rank 0 naming the file, rank 1 rank 0 or the
 #   file), keeps its state, and the two train on to the parameters of a run that never loaded.
 . "$(dirname "$0")/dist/lib.sh"
-need_caccel
-need_backend gloo
-DDP="$BUILD/tests/ddp_check"
-export OPENBLAS_NUM_THREADS=1 ACCELERATE_USE_CPU=true
+. "$(dirname "$0")/bcast_stall.sh"
 ARGS="--hidden 64 --adamw"
 field() { sed -n "s/^rank=$1 $2=\([0-9a-f]*\).*/\1/p" "$3"; }   # field RANK NAME FILE: every such value
 
-has_mpi=no
-if command -v "${MPIRUN:-mpirun}" >/dev/null 2>&1; then
-    for p in $(echo "${CACCEL_PLUGIN_PATH:-}" | tr ':' ' '); do [ -e "$p/caccel_mpi.so" ] && has_mpi=yes; done
-fi
 
 # job BACKEND ARGS...: ddp_check on 2 ranks, output in $WORK/o
 job() {
@@ -34,45 +27,9 @@ job() {
         { cat "$WORK/o"; fail "$be: ddp_check $*"; }
 }
 
-# stalled BACKEND HOW: 2 ranks of ddp_check --steps 3 --try-load-state $WORK/ck, rank 1 held before
-# its 2nd parameter broadcast from rank 0; HOW (kill, stop) is done to rank 1 once it says so. The
-# output (both ranks under MPI) is in $WORK/r0, rank 0's exit status (mpirun's under MPI) in $rc.
-stalled() {
-    be=$1 how=$2
-    rm -f "$WORK/r0" "$WORK/r1"
-    if [ "$be" = mpi ]; then
-        CACCEL_TEST_BCAST_STALL=2 CACCEL_TIMEOUT=10 run_mpi 2 -x CACCEL_TEST_BCAST_STALL -x CACCEL_TIMEOUT \
-            "$DDP" $ARGS --steps 3 --try-load-state "$WORK/ck" --cpu --backend mpi > "$WORK/r0" 2>&1 &
-        p0=$! r1out="$WORK/r0" pids=$!
-    else
-        port=$(free_port)
-        [ -n "$port" ] || fail "no free port"
-        for r in 0 1; do
-            MASTER_ADDR=127.0.0.1 MASTER_PORT=$port WORLD_SIZE=2 LOCAL_WORLD_SIZE=2 RANK=$r LOCAL_RANK=$r \
-                CACCEL_BACKEND=gloo CACCEL_JOB_TOKEN=restore-$$-$how CACCEL_TEST_BCAST_STALL=2 CACCEL_TIMEOUT=10 \
-                timeout 200 "$DDP" $ARGS --steps 3 --try-load-state "$WORK/ck" > "$WORK/r$r" 2>&1 &
-            eval "p$r=\$!"
-        done
-        r1out="$WORK/r1" pids="$p0 $p1"
-    fi
-    wait_lines 1 "rank 1 stalled before parameter broadcast 2" "$be $how" "$pids" "$r1out"
-    victim=$(sed -n 's/.*rank 1 stalled before parameter broadcast 2 (CACCEL_TEST_BCAST_STALL, pid \([0-9]*\)).*/\1/p' "$r1out")
-    [ -n "$victim" ] || fail "$be $how: rank 1 did not say its pid"
-    if [ "$how" = kill ]; then kill -9 "$victim"; else kill -STOP "$victim"; fi
-    if [ "$be" = mpi ]; then   # rank 0 prints its last line, then rank 1 goes, and mpirun with it
-        wait_lines 1 "^rank=0 next_batch=" "$be $how" "$p0" "$WORK/r0"
-        kill -9 "$victim" 2>/dev/null
-    fi
-    wait "$p0"
-    rc=$?
-    kill -9 "$victim" 2>/dev/null
-    [ "$be" = mpi ] || wait "$p1" 2>/dev/null
-    cat "$WORK/r0"
-}
-
 # restored BACKEND HOW: rank 0's load failed naming rank 1, its state and data position as before
 restored() {
-    stalled "$1" "$2"
+    stall_pair "$1" "$2" "^rank=0 next_batch=" $ARGS --steps 3 --try-load-state "$WORK/ck"
     what="$1, $2, $cfg"
     [ "$1" = mpi ] || [ $rc = 3 ] || fail "$what: rank 0 ended with status $rc, not the failed load's 3"
     line=$(grep "^rank=0 load_state=" "$WORK/r0")
