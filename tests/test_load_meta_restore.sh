@@ -63,9 +63,9 @@ refused() {
 
 # stalled BACKEND HOW CFG: rank 1 held before the 2nd broadcast of the meta load, then killed or stopped
 stalled() {
-    be=$1 how=$2 what="$1, $2, $3"
-    stall_pair "$be" "$how" "^rank=0 meta_params=" --hidden 64 --meta --try-load-early "$WORK/m64" --leave
-    [ "$be" = mpi ] || [ $rc = 3 ] || fail "$what: rank 0 ended with status $rc, not the failed load's 3"
+    stall_pair "$1" "$2" "^rank=0 meta_params=" --hidden 64 --meta --try-load-early "$WORK/m64" --leave
+    what="$1, $2, $3"   # after stall_pair: wait_lines sets what
+    [ "$1" = mpi ] || [ $rc = 3 ] || fail "$what: rank 0 ended with status $rc, not the failed load's 3"
     line=$(grep "^rank=0 early_load=" "$WORK/r0")
     echo "$line" | grep -q "^rank=0 early_load=CA_ERR" || fail "$what: rank 0's load did not fail"
     echo "$line" | grep -q "rank 1" || fail "$what: rank 0's error does not name rank 1"
