@@ -467,10 +467,27 @@ void ca_ck_model_close(ca_ck_model_src *m) {
     free(m);
 }
 
-static ca_status load_model(ca_module *model, const char *dir_or_file) {   /* every rank reads the files */
+/* A local load that failed part-way: what it kept back in place (NULL: nothing was kept), the
+ * failure's message kept. */
+static void ck_undo(ca_ck_kept *kept) {
+    if (!kept) return;
+    char msg[1024];
+    ca_status s = ca_last_status();
+    snprintf(msg, sizeof msg, "%s", ca_last_error());
+    ca_ck_restore(NULL, kept);
+    ca_error(s, "%s", msg);
+}
+
+/* Every rank reads the files. A meta model (not yet prepared) keeps its records first: a load that
+ * fails part-way (a file cut short under it) leaves it meta, nothing half-filled. */
+static ca_status load_model(ca_module *model, const char *dir_or_file) {
     ca_ck_model_src *m = NULL;
+    ca_ck_kept *kept = NULL;
     ca_status s = ca_ck_model_open(dir_or_file, model, &m);
+    if (s == CA_OK && ca_module_is_meta(model)) s = ca_ck_keep_params(model, 0, "load_model", &kept);
     if (s == CA_OK) s = ca_ck_model_apply(m, model);
+    if (s != CA_OK) ck_undo(kept);
+    ca_ck_kept_free(kept);
     ca_ck_model_close(m);
     return s;
 }
@@ -566,7 +583,8 @@ bool ca_ck_rank0_reads(const ca_accelerator *acc, const ca_module *model) {
 static void ck_test_bcast_stall(const ca_accelerator *acc, int i, const char *who) {
     const char *v = getenv("CACCEL_TEST_BCAST_STALL");
     if (!v || acc->rank != 1 || atoi(v) != i + 1) return;
-    fprintf(stderr, "%s: rank 1 stalled before parameter broadcast %d (CACCEL_TEST_BCAST_STALL)\n", who, i + 1);
+    fprintf(stderr, "%s: rank 1 stalled before parameter broadcast %d (CACCEL_TEST_BCAST_STALL, pid %d)\n", who, i + 1,
+            (int)getpid());
     fflush(stderr);
     for (;;) pause();
 }
@@ -609,45 +627,18 @@ static ca_status ck_agree(ca_accelerator *acc, ca_status mine, int *bad) {
     return *bad < 0 ? CA_OK : mine;
 }
 
-/* Host copies of a model's parameters, taken before a load changes them and put back when it fails. */
-typedef struct ck_kept {
-    void **bytes;
-    int n;
-} ck_kept;
-
-static void ck_kept_free(ck_kept *k) {
-    for (int i = 0; k->bytes && i < k->n; i++) free(k->bytes[i]);
-    free(k->bytes);
-    memset(k, 0, sizeof *k);
-}
-
-static ca_status ck_keep(ca_accelerator *acc, ca_module *model, ck_kept *k) {
-    int n = ca_module_num_params(model);
-    k->bytes = calloc((size_t)(n ? n : 1), sizeof *k->bytes);
-    if (!k->bytes) return ca_error(CA_ERR_NOMEM, "load_model: out of host memory (rank %d)", acc->rank);
-    k->n = n;
-    for (int i = 0; i < n; i++) {
-        ca_tensor *p = ca_module_param_at(model, i);
-        size_t nb = ca_tensor_nbytes(p);
-        if (!(k->bytes[i] = malloc(nb ? nb : 1)))
-            return ca_error(CA_ERR_NOMEM, "load_model: rank %d cannot keep a copy of parameter %s (%zu bytes) "
-                            "to restore if the broadcast fails", acc->rank, ca_module_param_name(model, i), nb);
-        if (ca_tensor_to_host(p, k->bytes[i], nb) != CA_OK)
-            return ca_error_context("load_model: rank %d keeping parameter %s", acc->rank, ca_module_param_name(model, i));
-    }
-    return CA_OK;
-}
-
-/* The kept values back in place (a local copy each: nothing here depends on a peer). */
-static ca_status ck_restore(ca_module *model, const ck_kept *k) {
-    ca_status s = CA_OK;
-    for (int i = 0; i < k->n && i < ca_module_num_params(model); i++) {
-        ca_tensor *p = ca_module_param_at(model, i);
-        ca_status r = ca_tensor_copy_from_host(p, k->bytes[i], ca_tensor_nbytes(p));
-        p->version++;
-        if (r != CA_OK && s == CA_OK) s = r;
-    }
-    return s;
+/* A rank-0 load that failed after every rank kept its parameters (ca_ck_keep_params): the kept
+ * values back (a meta parameter meta again, its record as before), and the error says so, naming the
+ * failed rank or keeping this rank's own message (a communicator's names the peer). */
+static ca_status ck_put_back(ca_accelerator *acc, ca_status s, int bad, ca_ck_kept *kept) {
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", ca_last_error());
+    ca_status r = ca_ck_restore(acc, kept);
+    if (bad >= 0 && bad != acc->rank)
+        return ca_error(CA_ERR_PEER, "load_model: rank %d failed (%s) while rank 0's parameters were broadcast; "
+                        "rank %d's model is as it was before the load", bad, ca_status_name(s), acc->rank);
+    return ca_error(s, "%s; rank %d's model is %s", msg, acc->rank,
+                    r == CA_OK ? "as it was before the load (restored)" : "NOT restored: do not use it");
 }
 
 /* Rank 0 loads (checked before anything is written: a failure changes no rank), its status reaches
@@ -662,28 +653,20 @@ static ca_status ck_restore(ca_module *model, const ck_kept *k) {
  * broadcast sends from its parameters, on the device the communicator works on.) */
 static ca_status load_on_rank0(ca_accelerator *acc, ca_module *model, const char *where) {
     ca_ck_model_src *m = NULL;
-    ck_kept kept = {0};
+    ca_ck_kept *kept = NULL;
     int bad = -1;
     ca_status s = acc->rank == 0 ? ca_ck_model_open(where, model, &m) : CA_OK;
     s = ck_share_rank0(acc, s, "load_model: rank 0 failed to read the model; nothing was loaded");
     if (s != CA_OK) return s;
-    s = ck_agree(acc, ck_keep(acc, model, &kept), &bad);   /* no rank starts unless every rank kept its copy */
+    /* no rank starts unless every rank kept its copy */
+    s = ck_agree(acc, ca_ck_keep_params(model, acc->rank, "load_model", &kept), &bad);
     bool started = s == CA_OK;
     if (s == CA_OK && acc->rank == 0) s = ca_ck_model_apply(m, model);
     ca_ck_model_close(m);
     if (s == CA_OK) s = ca_ck_broadcast_params(acc, model, "load_model");
     if (started) s = ck_agree(acc, s, &bad);   /* every rank has them */
-    if (started && s != CA_OK) {
-        char msg[1024];
-        snprintf(msg, sizeof msg, "%s", ca_last_error());
-        ca_status r = ck_restore(model, &kept);
-        s = bad >= 0 && bad != acc->rank
-            ? ca_error(CA_ERR_PEER, "load_model: rank %d failed (%s) while rank 0's parameters were broadcast; "
-                       "rank %d's model is as it was before the load", bad, ca_status_name(s), acc->rank)
-            : ca_error(s, "%s; rank %d's model is %s", msg, acc->rank,
-                       r == CA_OK ? "as it was before the load (restored)" : "NOT restored: do not use it");
-    }
-    ck_kept_free(&kept);
+    if (started && s != CA_OK) s = ck_put_back(acc, s, bad, kept);
+    ca_ck_kept_free(kept);
     if (s == CA_OK && acc->rank == 0)
         CA_LOG_I("load_model: rank 0 read %s and broadcast its %d parameters (fsdp_cpu_ram_efficient_loading)", where,
                  ca_module_num_params(model));
@@ -722,23 +705,36 @@ static ca_status share_loaded(ca_accelerator *acc, ca_module *model, unsigned ch
 }
 
 /* rank0_reads_meta: rank 0 loads (materialising what the file holds), its status reaches every rank,
- * then each parameter it holds goes to the others, which give it memory first. */
+ * then each parameter it holds goes to the others, which give it memory first. All or nothing, as
+ * load_on_rank0: every rank keeps each parameter's meta record first (a few bytes; a host copy of a
+ * parameter that has memory already), the ranks agree after the broadcasts that each received them,
+ * and when a broadcast or that agreement fails every rank still running makes the parameters meta
+ * again with their records: nothing half-filled, nothing for ca_prepare but what was there. */
 static ca_status load_meta_on_rank0(ca_accelerator *acc, ca_module *model, const char *where) {
-    int n = ca_module_num_params(model), sent = 0;
+    int n = ca_module_num_params(model), sent = 0, bad = -1;
+    ca_ck_kept *kept = NULL;
     unsigned char *has = calloc((size_t)(n ? n : 1), 1);
-    ca_status s = has ? CA_OK : ca_error(CA_ERR_NOMEM, "load_model: out of host memory (rank %d)", acc->rank);
-    if (s == CA_OK && acc->rank == 0) s = load_model(model, where);
-    s = ck_share_rank0(acc, s, "load_model: rank 0 failed to read the model; nothing was loaded");
+    ca_status s = has ? ca_ck_keep_params(model, acc->rank, "load_model", &kept)
+                      : ca_error(CA_ERR_NOMEM, "load_model: out of host memory (rank %d)", acc->rank);
+    s = ck_agree(acc, s, &bad);   /* no rank starts unless every rank kept its records */
+    bool started = s == CA_OK;
+    if (s == CA_OK && acc->rank == 0) s = load_model(model, where);   /* meta as before when it fails */
+    if (started) s = ck_share_rank0(acc, s, "load_model: rank 0 failed to read the model; nothing was loaded");
+    bool shared = s == CA_OK;
     if (s == CA_OK) s = share_loaded(acc, model, has);
     for (int i = 0; s == CA_OK && i < n; i++) {
         ca_tensor *p = ca_module_param_at(model, i);
         if (!has[i]) continue;
+        ck_test_bcast_stall(acc, sent, "load_model");
         if (ca_tensor_is_meta(p)) s = ca_meta_allocate(p);   /* memory, not its initialisation */
         if (s == CA_OK) s = ca_comm_broadcast(acc->comm, ca_tptr(p), (size_t)p->numel, p->dtype, 0, NULL);
         p->version++;
         sent++;
         if (s != CA_OK) ca_error_context("load_model: broadcasting parameter %s from rank 0", ca_module_param_name(model, i));
     }
+    if (shared) s = ck_agree(acc, s, &bad);   /* every rank has them */
+    if (shared && s != CA_OK) s = ck_put_back(acc, s, bad, kept);
+    ca_ck_kept_free(kept);
     free(has);
     if (s == CA_OK && acc->rank == 0)
         CA_LOG_I("load_model: rank 0 read %s into the meta model and broadcast its %d parameters "
@@ -759,7 +755,9 @@ static bool defers_to_prepare(const ca_accelerator *acc, ca_module *model) {
 
 static ca_status load_deferred(ca_module *model, const char *where) {
     ca_ck_model_src *m = NULL;
+    ca_ck_kept *kept = NULL;   /* a failure part-way records nothing: the records as before */
     ca_status s = ca_ck_model_open(where, model, &m);
+    if (s == CA_OK) s = ca_ck_keep_params(model, 0, "load_model", &kept);
     const ck_src *src = s == CA_OK ? &m->src : NULL;
     ca_meta_src **keep = src ? calloc((size_t)src->nfiles + 1, sizeof *keep) : NULL;
     if (src && !keep) s = ca_error(CA_ERR_NOMEM, "load_model: out of host memory");
@@ -775,6 +773,8 @@ static ca_status load_deferred(ca_module *model, const char *where) {
     }
     for (int i = 0; keep && i < src->nfiles; i++) ca_meta_src_unref(keep[i]);
     free(keep);
+    if (s != CA_OK) ck_undo(kept);
+    ca_ck_kept_free(kept);
     ca_ck_model_close(m);
     return s;
 }

@@ -38,6 +38,22 @@ ca_status ca_ck_model_apply_shard(struct ca_accelerator *acc, ca_ck_model_src *m
 bool ca_ck_rank0_reads(const struct ca_accelerator *acc, const ca_module *model);
 ca_status ca_ck_broadcast_params(struct ca_accelerator *acc, ca_module *model, const char *who);
 
+/* A host copy of what a load changes, taken before it changes anything, put back when it fails
+ * part-way (a peer killed or stopped in the middle of rank 0's broadcasts). keep_params: the model's
+ * parameters (ca_load_model); keep_state: the rank's training state, as much host memory as the
+ * parameters and optimizer state tensors the rank holds (its shard's under ZeRO; ca_load_state,
+ * which applies the registered objects only after every rank has everything else). A meta parameter
+ * (a model not yet prepared) keeps its record only, and is made meta again. *out is set even on
+ * failure (free it). restore copies every kept value back, locally (no collective), frees optimizer
+ * state slots the load made, and puts the scalars, generator and loaders back; once (the meta
+ * records are then the parameters'). Not thread-safe against training on the same accelerator. */
+typedef struct ca_ck_kept ca_ck_kept;
+ca_status ca_ck_keep_params(ca_module *model, int rank, const char *who, ca_ck_kept **out);
+ca_status ca_ck_keep_state(struct ca_accelerator *acc, ca_ck_kept **out);
+ca_status ca_ck_restore(struct ca_accelerator *acc, ca_ck_kept *k);
+size_t ca_ck_kept_bytes(const ca_ck_kept *k);
+void ca_ck_kept_free(ca_ck_kept *k);   /* accepts NULL */
+
 /* The bytes of t where a save can write them without a copy (a contiguous tensor in host memory,
  * its device synchronised), else NULL: the caller copies it to the host. */
 const void *ca_ck_host_data(ca_tensor *t);

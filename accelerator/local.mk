@@ -26,6 +26,7 @@ libcaccel_la_SOURCES += \
 	accelerator/checkpoint_impl.h \
 	accelerator/checkpoint.c \
 	accelerator/state.c \
+	accelerator/state_keep.c \
 	accelerator/objects.c \
 	accelerator/join.c \
 	accelerator/mesh_impl.h \

@@ -1842,6 +1842,13 @@ static ca_status ss_apply(ca_accelerator *acc, ss_loaded *L) {
         if (s == CA_OK) s = ca_dataloader_skip_batches(dl, ss_loader_skip(jl, &now));
     }
     if (s == CA_OK) ca_rng_set_state(js_u64(&j, L->rng, "seed"), js_u64(&j, L->rng, "offset"));
+    return s;
+}
+
+/* The registered objects last, once every rank has everything else (their bytes passed the check, so
+ * their load does not fail: nothing of theirs has to be undone). */
+static ca_status ss_apply_custom(ca_accelerator *acc, const ss_loaded *L) {
+    ca_status s = CA_OK;
     for (int i = 0; s == CA_OK && i < acc->ncustom; i++) {
         const ca_checkpointable *c = &acc->custom[i];
         s = c->load(c->ctx, L->custom[i], L->custom_len[i], true);
@@ -1868,12 +1875,21 @@ static ca_status ss_broadcast(ca_accelerator *acc, const ss_loaded *L, const cha
     if (s == CA_OK && acc->rank == 0)
         CA_LOG_I("load_state: rank 0 read %s's model%s and broadcast them (fsdp_cpu_ram_efficient_loading)", dir,
                  L->opts0 && acc->nopts ? " and optimizer state" : "");
-    /* every rank has applied the scalars, generators, loaders and objects, rank 0 the files too: not
-     * undone (ca_load_model restores its parameters; a whole training state is not kept), so said */
-    if (s != CA_OK)
-        ca_error_context("load_state: rank %d's training state is now partly %s's (applied before rank 0's "
-                         "broadcast failed): do not train on; load a checkpoint again", acc->rank, dir);
     return s;
+}
+
+/* A load that failed after this rank kept its state (ss_load_dir: rank 0's broadcast): the kept state
+ * back in place, and the error says so, naming the failed rank or keeping the communicator's message
+ * (which names the peer). */
+static ca_status ss_put_back(ca_accelerator *acc, ca_status s, int bad, ca_ck_kept *kept, const char *dir) {
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", ca_last_error());
+    ca_status r = ca_ck_restore(acc, kept);
+    const char *how = r == CA_OK ? "as it was before the load (restored)" : "NOT restored: do not train on";
+    if (bad >= 0 && bad != acc->rank)
+        return ca_error(CA_ERR_PEER, "load_state: rank %d failed (%s) to load %s after rank 0 read it; rank %d's "
+                        "training state is %s", bad, ca_status_name(s), dir, acc->rank, how);
+    return ca_error(s, "%s; load_state: rank %d's training state is %s", msg, acc->rank, how);
 }
 
 static ca_status ss_load_dir(ca_accelerator *acc, const char *dir) {
@@ -1896,10 +1912,21 @@ static ca_status ss_load_dir(ca_accelerator *acc, const char *dir) {
     L.opts0 = L.model0 && !ops->scatter_state;
     for (int i = 0; s == CA_OK && full && i < acc->nopts; i++) s = ca_optimizer_init_state(acc->opts[i]);
     if (s == CA_OK) s = ss_check_all(acc, dir, &L, sharded);
+    /* rank 0's broadcast: every rank keeps its state before anything is applied (no rank applies
+     * unless each could), so that a peer lost in the middle leaves every rank still running as it
+     * was (ss_put_back) */
+    ca_ck_kept *kept = NULL;
+    if (s == CA_OK && L.model0) s = ca_ck_keep_state(acc, &kept);
+    if (s == CA_OK && kept)
+        CA_LOG_D("load_state: rank %d keeps %zu bytes of its training state on the host while rank 0's read is "
+                 "broadcast (put back if the load fails)", acc->rank, ca_ck_kept_bytes(kept));
     s = ss_exchange(acc, s, &bad);                  /* nothing is applied unless every rank can */
+    bool keeps = s == CA_OK && L.model0;
     if (s == CA_OK) s = ss_apply(acc, &L);
     else s = ss_fail(acc, s, bad, "load_state", dir);
+    if (keeps) s = ss_exchange(acc, s, &bad);   /* every rank applied, or none broadcasts */
     if (s == CA_OK && L.model0) s = ss_broadcast(acc, &L, dir);
+    bool settled = s != CA_OK;   /* a failure every rank knows of (or a collective that failed) */
     if (s == CA_OK && sharded) s = ops->load_shard(acc, dir);
     if (L.opt_lean) {
         ca_status z = ops->load_state_slices(acc, s == CA_OK);
@@ -1910,6 +1937,10 @@ static ca_status ss_load_dir(ca_accelerator *acc, const char *dir) {
         ops->drop_state(acc->opts[i]);
         if (s == CA_OK) s = z;
     }
+    if (keeps && !settled) s = ss_exchange(acc, s, &bad);   /* every rank has it all */
+    if (keeps && s != CA_OK) s = ss_put_back(acc, s, bad, kept, dir);
+    if (s == CA_OK) s = ss_apply_custom(acc, &L);
+    ca_ck_kept_free(kept);
     if (s != CA_OK) ss_undo_frozen(acc, &L);
     if (s == CA_OK && L.iteration >= 0) {
         acc->iteration = L.iteration + 1;

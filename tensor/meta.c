@@ -233,6 +233,38 @@ ca_status ca_tensor_materialize_(ca_tensor *t) {
 
 ca_status ca_meta_allocate(ca_tensor *t) { return ca_tensor_is_meta(t) ? materialize(t, false) : CA_OK; }
 
+struct ca_meta_init *ca_meta_mark(const ca_tensor *t, ca_status *s) {
+    *s = CA_OK;
+    if (!ca_tensor_is_meta(t)) return NULL;
+    const struct ca_meta_init *mi = t->storage->meta;
+    struct ca_meta_init *c = calloc(1, sizeof *c);
+    if (c && mi->n && !(c->ops = malloc((size_t)mi->n * sizeof *c->ops))) {
+        free(c);
+        c = NULL;
+    }
+    if (!c) {
+        *s = ca_error(CA_ERR_NOMEM, "out of host memory keeping the record of meta parameter '%s'",
+                      t->name ? t->name : "");
+        return NULL;
+    }
+    if (mi->n) memcpy(c->ops, mi->ops, (size_t)mi->n * sizeof *c->ops);
+    c->n = c->cap = mi->n;
+    for (int i = 0; i < c->n; i++)
+        if (c->ops[i].src) atomic_fetch_add(&c->ops[i].src->refs, 1);
+    atomic_fetch_add(&live, 1);   /* a record, as ca_meta_storage counts them; ca_meta_init_free uncounts */
+    return c;
+}
+
+void ca_meta_revert(ca_tensor *t, struct ca_meta_init *mark) {
+    ca_storage *st = t->storage;
+    if (st->ptr) ca_device_free(st->dev, st->ptr);   /* memory a load gave it: no view holds it yet */
+    st->ptr = NULL;
+    ca_meta_init_free(st->meta);   /* a record the load made (a deferred read), if any */
+    st->meta = mark;
+    st->absent = meta_why;
+    t->version++;
+}
+
 /* ------------------------------------------------------------ values from a file (deferred loads) */
 
 static ca_status src_open(const ca_st_file *f, ca_meta_src **out) {

@@ -176,6 +176,13 @@ ca_status ca_meta_load_entry(ca_tensor *t, const struct ca_st_file *f, const str
 bool ca_meta_from_file(const ca_tensor *t);
 /* Gives meta tensor t its memory without its recorded values (a load overwrites them all). */
 ca_status ca_meta_allocate(ca_tensor *t);
+/* A load that fails part-way leaves a meta parameter as it was: ca_meta_mark copies meta tensor t's
+ * record before the load (NULL for a tensor with memory; on failure NULL with *s set), ca_meta_revert
+ * puts t back to meta with that record (owned by t then), freeing the memory or dropping the deferred
+ * read the load gave it; ca_meta_init_free discards an unused mark. Nothing may hold t's memory yet
+ * (before ca_prepare: no view, no optimizer state of it). */
+struct ca_meta_init *ca_meta_mark(const ca_tensor *t, ca_status *s);
+void ca_meta_revert(ca_tensor *t, struct ca_meta_init *mark);
 /* Live meta parameters in the process (0: no check needed). */
 int ca_meta_live(void);
 /* Keeps, of each of `parts` equal blocks of dimension dim of contiguous persistent tensor t (1: the whole

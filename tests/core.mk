@@ -116,6 +116,10 @@ EXTRA_DIST += tests/test_load_rank0.sh
 # ... and a peer that dies or stops in the middle of those broadcasts: rank 0's model restored.
 TESTS += tests/test_load_rank0_fail.sh
 EXTRA_DIST += tests/test_load_rank0_fail.sh
+TESTS += tests/test_load_state_restore.sh
+EXTRA_DIST += tests/test_load_state_restore.sh
+TESTS += tests/test_load_meta_restore.sh
+EXTRA_DIST += tests/test_load_meta_restore.sh tests/bcast_stall.sh
 # A meta model loaded before ca_prepare at stage 3, and the pretrained loaders under ca_init_empty_weights:
 # each rank reads only its shard's bytes at ca_prepare (DDP: rank 0 reads and broadcasts).
 TESTS += tests/test_load_meta_zero3.sh

@@ -28,6 +28,17 @@
  * --try-load-model DIR: every rank prints its digest (--digest's line), ca_load_model's status
  *   (load_model=STATUS: message) and its digest again, and leaves (a failed load may have left the
  *   communicator broken: no teardown collective).
+ * --try-load-state DIR: after the training loop every rank prints its state digest (--state-digest's
+ *   line), ca_load_state's status (load_state=STATUS: message) and the digest again; with --after K it
+ *   then trains K more steps and prints its params_fnv line, else it leaves (status 3 when the load
+ *   failed: the group may be dead). --state-digest: after the training loop every rank prints
+ *   state_fnv=H, an FNV-1a hash of its parameters, optimizer state tensors (not under ZeRO, whose
+ *   shard is not public), step count, learning rate, loss scaler and generator, and next_batch=H, of
+ *   the next batch its loader gives (its data position).
+ * --try-load-early DIR: before ca_prepare (and --load-model-early), ca_load_model(DIR) into the model
+ *   (meta under --meta): every rank prints early_load=STATUS: message and meta_params=N (its meta
+ *   parameters after it); with --leave it then leaves (status 3 when the load failed: the group may
+ *   be dead), else it goes on.
  * --cut-before-prepare FILE: after that load rank 0 cuts FILE's last 4 bytes, before ca_prepare.
  * --load-state DIR loads a state saved by --save-state DIR (after the training loop) right after ca_prepare.
  * --adamw trains with AdamW (lr --lr / 20) instead of SGD with momentum.
@@ -40,7 +51,8 @@
  * batch, a few hundred bytes, is in it), step_peak_bytes: the most allocated during the last step
  * above what was allocated before it, and param_bytes: the parameters' f32 bytes (= the gradient's);
  * with --load-state also load_peak_bytes (the most allocated during ca_load_state above what was
- * allocated before it) and model_bytes. */
+ * allocated before it), model_bytes, load_maxrss_kb=A->B (the process's peak resident memory before and
+ * after ca_load_state), load_ms and load_cpu_ms (its wall and CPU time). */
 #include <caccel/caccel.h>
 
 #include "tests/synthetic_data.h"
@@ -49,7 +61,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 typedef struct opts {
@@ -57,7 +71,9 @@ typedef struct opts {
     int steps, k;
     int64_t batch, hidden, depth;
     const char *dump, *dump_grads, *freeze, *save_state, *load_state, *save_model, *load_model, *load_early, *try_load,
-        *cut;
+        *cut, *try_state, *try_early;
+    int after;                   /* --after K: see --try-load-state */
+    bool state_digest, leave;   /* --leave: see --try-load-early */
     int64_t sched_total;
     double lr;
     bool mem, digest, inf_input, read_sharded, adamw, meta;
@@ -136,6 +152,79 @@ static void digest(ca_module *m, int rank) {
     printf("rank=%d params_fnv=%016llx\n", rank, (unsigned long long)h);
 }
 
+static uint64_t fnv(uint64_t h, const void *p, size_t n) {
+    for (size_t j = 0; j < n; j++) h = (h ^ ((const unsigned char *)p)[j]) * 1099511628211ULL;
+    return h;
+}
+
+static uint64_t fnv_tensor(uint64_t h, ca_tensor *t) {
+    size_t n = ca_tensor_nbytes(t);
+    unsigned char *b = malloc(n ? n : 1);
+    CA_CHECK(ca_tensor_to_host(t, b, n));
+    h = fnv(h, b, n);
+    free(b);
+    return h;
+}
+
+/* --state-digest: what a failed ca_load_state must leave as it was, then the next batch. */
+static void state_digest(ca_accelerator *acc, ca_module *m, ca_optimizer *opt) {
+    uint64_t h = 1469598103934665603ULL;
+    for (int i = 0; i < ca_module_num_params(m); i++) h = fnv_tensor(h, ca_module_param_at(m, i));
+    const char *ds = getenv("ACCELERATE_USE_DEEPSPEED");
+    for (int i = 0; !(ds && !strcmp(ds, "true")) && i < ca_optimizer_num_state(opt); i++)
+        h = fnv_tensor(h, ca_optimizer_state_at(opt, i, NULL));
+    int64_t steps = ca_optimizer_steps(opt);
+    double lr = ca_optimizer_get_lr(opt, 0);
+    ca_grad_scaler_state gs;
+    uint64_t rng[2];
+    CA_CHECK(ca_grad_scaler_get(acc, &gs));
+    ca_rng_get_state(&rng[0], &rng[1]);
+    h = fnv(fnv(fnv(fnv(h, &steps, sizeof steps), &lr, sizeof lr), &gs, sizeof gs), rng, sizeof rng);
+    printf("rank=%d state_fnv=%016llx\n", ca_process_index(acc), (unsigned long long)h);
+    fflush(stdout);
+}
+
+static void next_batch_digest(ca_accelerator *acc, ca_dataloader *dl) {
+    ca_batch b;
+    uint64_t h = 1469598103934665603ULL;
+    CA_SCOPE {
+        if (ca_dataloader_next(dl, &b)) h = fnv_tensor(fnv_tensor(h, b.x), b.y);
+    }
+    CA_CHECK(ca_dataloader_status(dl));
+    printf("rank=%d next_batch=%016llx\n", ca_process_index(acc), (unsigned long long)h);
+    fflush(stdout);
+}
+
+/* --try-load-state, --after (returns only after training on) */
+static void try_load_state(ca_accelerator *acc, ca_module *m, ca_optimizer *opt, ca_dataloader *dl, const opts *o) {
+    int rank = ca_process_index(acc);
+    state_digest(acc, m, opt);
+    ca_status s = ca_load_state(acc, o->try_state);
+    printf("rank=%d load_state=%s: %s\n", rank, ca_status_name(s), s == CA_OK ? "" : ca_last_error());
+    state_digest(acc, m, opt);
+    if (o->after <= 0) {
+        next_batch_digest(acc, dl);
+        _exit(s == CA_OK ? 0 : 3);
+    }
+    ca_clear_error();
+    ca_batch b;
+    for (int step = 0; step < o->after; step++) {
+        if (!ca_dataloader_next(dl, &b)) {
+            CA_CHECK(ca_dataloader_status(dl));
+            step--;
+            continue;   /* the next epoch */
+        }
+        CA_ACCUMULATE(acc, m) {   /* as the training loop steps */
+            CA_CHECK(ca_backward(acc, ca_cross_entropy(ca_module_forward(m, b.x), b.y)));
+            CA_CHECK(ca_optimizer_step(opt));
+            ca_optimizer_zero_grad(opt);
+        }
+    }
+    printf("rank=%d continued %d steps\n", rank, o->after);
+    digest(m, rank);
+    fflush(stdout);
+}
+
 /* How many of g's n values (on the host: h) survive a round trip through the 16-bit type dt. */
 static int64_t exact_in(ca_tensor *g, const float *h, size_t n, ca_dtype dt) {
     float *r = malloc(n * sizeof(float));
@@ -188,6 +277,11 @@ static opts parse(int argc, char **argv) {
         else if (!strcmp(argv[i], "--load-model") && i + 1 < argc) o.load_model = argv[++i];
         else if (!strcmp(argv[i], "--load-model-early") && i + 1 < argc) o.load_early = argv[++i];
         else if (!strcmp(argv[i], "--try-load-model") && i + 1 < argc) o.try_load = argv[++i];
+        else if (!strcmp(argv[i], "--try-load-state") && i + 1 < argc) o.try_state = argv[++i];
+        else if (!strcmp(argv[i], "--try-load-early") && i + 1 < argc) o.try_early = argv[++i];
+        else if (!strcmp(argv[i], "--after") && i + 1 < argc) o.after = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--state-digest")) o.state_digest = true;
+        else if (!strcmp(argv[i], "--leave")) o.leave = true;
         else if (!strcmp(argv[i], "--cut-before-prepare") && i + 1 < argc) o.cut = argv[++i];
         else if (!strcmp(argv[i], "--dump-grads") && i + 1 < argc) o.dump_grads = argv[++i];
         else if (!strcmp(argv[i], "--hidden") && i + 1 < argc) o.hidden = atoll(argv[++i]);
@@ -370,6 +464,16 @@ int main(int argc, char **argv) {
     ca_module *m = model(o.hidden, o.depth);
     if (o.meta) CA_CHECK(ca_init_empty_weights(false));
     if (ca_module_is_meta(m)) printf("rank=%d model_meta=1\n", ca_process_index(acc));
+    if (o.try_early) {   /* a failed load before prepare leaves the model as it was */
+        ca_status s = ca_load_model(acc, m, o.try_early);
+        int meta = 0;
+        for (int i = 0; i < ca_module_num_params(m); i++) meta += ca_tensor_is_meta(ca_module_param_at(m, i));
+        printf("rank=%d early_load=%s: %s\nrank=%d meta_params=%d of %d\n", ca_process_index(acc), ca_status_name(s),
+               s == CA_OK ? "" : ca_last_error(), ca_process_index(acc), meta, ca_module_num_params(m));
+        fflush(stdout);
+        if (o.leave) _exit(s == CA_OK ? 0 : 3);
+        ca_clear_error();
+    }
     if (o.load_early) CA_CHECK(ca_load_model(acc, m, o.load_early));
     if (o.cut) {   /* the file shrinks between a deferred load (every rank's) and its read */
         CA_CHECK(ca_wait_for_everyone(acc));
@@ -408,11 +512,25 @@ int main(int argc, char **argv) {
         ca_allocator_stats l0, l1;
         CA_CHECK(ca_device_memory_stats(ca_accelerator_device(acc), &l0));
         CA_CHECK(ca_device_reset_peak_stats(ca_accelerator_device(acc)));
+        struct rusage r0, r1;
+        struct timespec t0, t1;
+        getrusage(RUSAGE_SELF, &r0);
+        clock_gettime(CLOCK_MONOTONIC, &t0);
         CA_CHECK(ca_load_state(acc, o.load_state));
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        getrusage(RUSAGE_SELF, &r1);
         CA_CHECK(ca_device_memory_stats(ca_accelerator_device(acc), &l1));
-        if (o.mem)
+        if (o.mem) {
             printf("rank=%d load_peak_bytes=%lld model_bytes=%lld\n", ca_process_index(acc),
                    (long long)l1.peak_allocated - (long long)l0.allocated, (long long)pbytes);
+            /* the process's peak resident memory before and after the load, and the load's wall time */
+#define CPU_MS(r) ((double)((r).ru_utime.tv_sec + (r).ru_stime.tv_sec) * 1e3 + \
+                   (double)((r).ru_utime.tv_usec + (r).ru_stime.tv_usec) / 1e3)
+            printf("rank=%d load_maxrss_kb=%ld->%ld load_ms=%.1f load_cpu_ms=%.1f\n", ca_process_index(acc), r0.ru_maxrss,
+                   r1.ru_maxrss, (double)(t1.tv_sec - t0.tv_sec) * 1e3 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e6,
+                   CPU_MS(r1) - CPU_MS(r0));
+#undef CPU_MS
+        }
     }
     if (o.load_model) CA_CHECK(ca_load_model(acc, m, o.load_model));
     if (o.try_load) {
@@ -483,6 +601,15 @@ int main(int argc, char **argv) {
         }
     }
     CA_CHECK(ca_dataloader_status(dl));
+    if (o.try_state) {
+        try_load_state(acc, m, opt, dl, &o);
+        o.save_state = o.save_model = o.dump = NULL;   /* nothing else: the teardown */
+        o.digest = false;
+    }
+    if (o.state_digest) {
+        state_digest(acc, m, opt);
+        next_batch_digest(acc, dl);
+    }
     if (o.save_state) CA_CHECK(ca_save_state(acc, o.save_state));
     if (o.save_model) CA_CHECK(ca_save_model(acc, m, o.save_model, 0));
     if (lsgd) {
