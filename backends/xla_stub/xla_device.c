@@ -1052,12 +1052,12 @@ static ca_status memcpy_locked(xla_dev *x, void *dst, const void *src, size_t by
     if (s != CA_OK) return s;
     unsigned char *mem = a->phys + ((uintptr_t)dp - a->base);
     if (kind == CA_COPY_H2D) {
-        memcpy(mem, src, bytes);
+        xla_copy(x, mem, src, bytes);
         a->raw = x->bf16_storage;
         x->m.h2d_transfers++;
         x->m.h2d_bytes += bytes;
     } else {
-        memcpy(dst, mem, bytes);
+        xla_copy(x, dst, mem, bytes);
         x->m.d2h_transfers++;
         x->m.d2h_bytes += bytes;
     }
