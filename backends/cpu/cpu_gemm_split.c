@@ -11,7 +11,8 @@
  * Determinism: a block is all of k for its rows or columns, so no sum is split and each element's sum
  * runs in the library's own order; but a library may choose its kernel by the block's shape. Where
  * deterministic mode promises the same bits at every thread count (docs/DETERMINISM.md) the blocks
- * depend on the shape alone (at most CPU_GEMM_DET_BLOCKS) and run at every thread count, one included.
+ * depend on the shape alone (at most CPU_GEMM_DET_BLOCKS, CACCEL_CPU_GRAIN ignored) and run at every thread
+ * count, one included.
  * Otherwise there is one block per thread and one thread runs the whole GEMM as one call. */
 #include "backends/cpu/cpu_impl.h"
 #include "backends/cpu/cpu_parallel.h"
@@ -85,7 +86,8 @@ static int64_t split_blocks(int64_t m, int64_t n, int64_t k, bool deterministic)
     /* large GEMMs keep their library's own threads (oneDNN's team; OpenBLAS's where oneDNN is absent) */
     if (!deterministic && (mnk >= CPU_ONEDNN_MIN_MNK_THREADED || cpu_f32_gemm_onednn_at(m, n, k, cpu_threads())))
         return 1;
-    int64_t grain = cpu_grain_override() > 0 ? cpu_grain_override() : CPU_GEMM_SPLIT_MNK;
+    /* deterministic blocks ignore CACCEL_CPU_GRAIN too: the bits may not depend on a test's knob */
+    int64_t grain = cpu_grain_override() > 0 && !deterministic ? cpu_grain_override() : CPU_GEMM_SPLIT_MNK;
     int64_t most = mnk / grain, units = (dim + CPU_GEMM_SPLIT_ALIGN - 1) / CPU_GEMM_SPLIT_ALIGN;
     if (most > units) most = units;
     int64_t cap = deterministic ? CPU_GEMM_DET_BLOCKS : cpu_threads();
