@@ -5,7 +5,8 @@
 # scaling, clipping; where its data is found) trained 8 steps ends with bit-identical parameters, on the
 # cpu and on the lazy xla device (--tpu: its executor's kernels and GEMMs, the same bits), with
 # every kernel loop split (CACCEL_CPU_GRAIN=1) and with the kernels' own grains. The kernels split ranges at fixed points and reduce in fixed blocks
-# (docs/ARCHITECTURE.md, "Threads on the CPU"); the mode runs GEMMs on one thread.
+# (docs/ARCHITECTURE.md, "Threads on the CPU"); the mode runs the BLAS on one thread and splits f32 GEMMs in
+# blocks fixed by the shape (the same blocks at every thread count).
 set -u
 b=${CACCEL_TEST_BUILDDIR:-.}
 GPT="$b/examples/gpt"
