@@ -4,6 +4,8 @@
 #include <cblas.h>
 
 #include "backends/cpu/cpu_impl.h"
+#include "backends/cpu/cpu_parallel.h"
+#include "backends/cpu/cpu_plugin.h"
 #define SENTINEL 1536.0 /* exact in f16 and bf16 */
 
 typedef struct gcase {
@@ -212,6 +214,85 @@ static void test_coretype_hint(void **state) {
     assert_null(cpu_coretype_hint_for(NULL, true, true));
 }
 
+/* A GEMM of the MLP's sizes is split over the kernels' threads in blocks of C's rows or columns
+ * (cpu_gemm_split.c): with more than one thread it is, with one it is not (outside deterministic mode),
+ * and the result is the reference's at 1, 2 and 3 threads for every transpose, padded leading dimension,
+ * beta, a dimension that is not a multiple of the blocks' alignment, and a split over rows (m > n). */
+static void test_gemm_split(void **state) {
+    (void)state;
+    const int64_t sizes[][3] = {{16, 256, 784}, {16, 784, 256}, {256, 784, 16}, {37, 1000, 20}, {300, 40, 64}};
+    int was = cpu_threads();
+    float *a = calloc(784 * 1000, sizeof *a), *b = calloc(784 * 1000, sizeof *b), *c = calloc(1000 * 784, sizeof *c);
+    ca_status st = CA_OK;
+    cpu_set_threads(1);
+    assert_false(cpu_gemm_split(false, true, 16, 256, 784, 1, a, 784, b, 784, 0, c, 256, &st));
+    cpu_set_threads(2);
+    /* where every f32 GEMM goes to oneDNN (CACCEL_CPU_GEMM=onednn, or OpenBLAS on kernels below the CPU's),
+     * oneDNN's own threads take it whole */
+    bool whole = cpu_f32_gemm_onednn_at(16, 256, 784, 2);
+    assert_int_equal(cpu_gemm_split(false, true, 16, 256, 784, 1, a, 784, b, 784, 0, c, 256, &st), !whole);
+    assert_int_equal(st, CA_OK);
+    assert_false(cpu_gemm_split(false, true, 16, 10, 128, 1, a, 128, b, 128, 0, c, 10, &st));   /* too small */
+    for (int t = 1; t <= 3; t++) {
+        cpu_set_threads(t);
+        for (int s = 0; s < NELEM(sizes); s++)
+            for (int v = 0; v < 16; v++) {
+                gcase g = {CA_F32, CA_F32, v & 1, (v >> 1) & 1, sizes[s][0], sizes[s][1], sizes[s][2],
+                           (v & 4) ? 3 : 0, 0, 1.25f, (v & 8) ? 0.5f : 0.0f};
+                run_gemm(&g);
+            }
+    }
+    cpu_set_threads(was);
+    free(a);
+    free(b);
+    free(c);
+}
+
+/* Deterministic mode: the split depends on the shape alone and runs at every thread count, one included,
+ * so C has the same bits at 1, 2 and 3 threads (and whatever the library chose for a block). */
+static void test_gemm_split_deterministic(void **state) {
+    (void)state;
+    const int64_t sizes[][3] = {{16, 256, 784}, {16, 784, 256}, {256, 784, 16}, {128, 256, 784}, {300, 40, 64}};
+    int was = cpu_threads();
+    int64_t most = 1000 * 784;
+    float *a = malloc((size_t)most * sizeof *a), *b = malloc((size_t)most * sizeof *b);
+    float *ref = malloc((size_t)most * sizeof *ref), *got = malloc((size_t)most * sizeof *got);
+    for (int64_t i = 0; i < most; i++) {
+        a[i] = urand(-1, 1);
+        b[i] = urand(-1, 1);
+    }
+    ca_status st = CA_OK;
+    cpu_set_threads(1);
+    ca_cpu_set_deterministic(true);   /* as a run sets it: after the thread count, the BLAS on one thread */
+    assert_true(cpu_gemm_split(false, true, 16, 256, 784, 1, a, 784, b, 784, 0, ref, 256, &st));
+    ca_cpu_set_deterministic(false);
+    for (int s = 0; s < NELEM(sizes); s++)
+        for (int tr = 0; tr < 4; tr++) {
+            int64_t m = sizes[s][0], n = sizes[s][1], k = sizes[s][2];
+            bool ta = tr & 1, tb = tr >> 1;
+            ca_gemm_args g = {.trans_a = ta, .trans_b = tb, .m = m, .n = n, .k = k, .alpha = 1, .beta = 0.5f,
+                              .a_dtype = CA_F32, .b_dtype = CA_F32, .c_dtype = CA_F32, .a = a, .lda = ta ? m : k,
+                              .b = b, .ldb = tb ? k : n, .ldc = n, .batch = 1};
+            for (int t = 1; t <= 3; t++) {
+                cpu_set_threads(t);
+                ca_cpu_set_deterministic(true);
+                float *c = t == 1 ? ref : got;
+                for (int64_t i = 0; i < m * n; i++) c[i] = (float)(i % 7) - 3;
+                g.c = c;
+                OK(KC_ARGS(gemm, &g));
+                ca_cpu_set_deterministic(false);
+                if (t > 1 && memcmp(ref, got, (size_t)(m * n) * sizeof *got) != 0)
+                    fail_msg("deterministic gemm %lld x %lld x %lld ta=%d tb=%d: %d threads differ from 1", (long long)m,
+                             (long long)n, (long long)k, ta, tb, t);
+            }
+        }
+    cpu_set_threads(was);
+    free(a);
+    free(b);
+    free(ref);
+    free(got);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gemm_f32),
@@ -220,6 +301,8 @@ int main(void) {
         cmocka_unit_test(test_gemm_linear_shapes),
         cmocka_unit_test(test_gemm_path_by_threads),
         cmocka_unit_test(test_coretype_hint),
+        cmocka_unit_test(test_gemm_split),
+        cmocka_unit_test(test_gemm_split_deterministic),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -1,7 +1,9 @@
 #!/bin/sh
 # The CPU kernels' parallel paths (docs/ARCHITECTURE.md, "Threads on the CPU") against the same
-# references as their serial ones: the op conformance table (with finite differences), the kernel and
-# cast tests, autograd, the layers, the transformer ops, mixed precision, activation checkpointing,
+# references as their serial ones: the op conformance table (with finite differences; its xla column is
+# the lazy device, whose executor runs these kernels and whose fused loops, copies and host transfers
+# split on the same threads), the kernel, cast and GEMM tests (GEMMs split in blocks of rows or columns),
+# the lazy device's own tests, autograd, the layers, the transformer ops, mixed precision, activation checkpointing,
 # BERT, and GPT's activation-checkpointing equivalence (losses identical with and without the
 # recompute, on 1 and 2 processes), each at 2 and 3 threads with CACCEL_CPU_GRAIN=1, so that every loop of every kernel
 # splits even on these tests' small shapes (3 threads: ranges of unequal length). One thread is the
@@ -20,8 +22,8 @@ threads="2 3"
 [ "${CACCEL_TEST_SANITIZED:-no}" != yes ] || threads=3
 for t in $threads; do
     echo "== $t thread(s), CACCEL_CPU_GRAIN=1"
-    for p in test_ops test_cpu_kernels test_cpu_cast test_autograd test_nn test_transformer_ops \
-             test_mixed_precision test_actckpt test_bert; do
+    for p in test_ops test_cpu_kernels test_cpu_cast test_cpu_gemm test_xla test_autograd test_nn \
+             test_transformer_ops test_mixed_precision test_actckpt test_bert; do
         [ -x "$b/tests/$p" ] || fail "tests/$p is not built"
         OMP_NUM_THREADS=$t OPENBLAS_NUM_THREADS=$t "$b/tests/$p" > "$WORK/log" 2>&1 ||
             { tail -40 "$WORK/log"; fail "tests/$p at $t thread(s)"; }

@@ -2,9 +2,11 @@
 # Deterministic mode (docs/DETERMINISM.md) at 1, 2 and 3 CPU kernel threads: examples/gpt (2 layers,
 # dropout 0.1, AdamW, clipping; f32 and bf16 autocast) trained 6 steps with --deterministic ends with a
 # bit-identical model.safetensors and prints the same losses, and the Fashion-MNIST MLP (fp16 loss
-# scaling, clipping; where its data is found) trained 8 steps ends with bit-identical parameters, with
+# scaling, clipping; where its data is found) trained 8 steps ends with bit-identical parameters, on the
+# cpu and on the lazy xla device (--tpu: its executor's kernels and GEMMs, the same bits), with
 # every kernel loop split (CACCEL_CPU_GRAIN=1) and with the kernels' own grains. The kernels split ranges at fixed points and reduce in fixed blocks
-# (docs/ARCHITECTURE.md, "Threads on the CPU"); the mode runs GEMMs on one thread.
+# (docs/ARCHITECTURE.md, "Threads on the CPU"); the mode runs the BLAS on one thread and splits f32 GEMMs in
+# blocks fixed by the shape (the same blocks at every thread count).
 set -u
 b=${CACCEL_TEST_BUILDDIR:-.}
 GPT="$b/examples/gpt"
@@ -46,18 +48,21 @@ done
 FM="$b/examples/fashion_mnist"
 if [ -x "$FM" ] && "$FM" --cpu --epochs 1 --max-steps 1 > /dev/null 2>&1; then
     echo "== Fashion-MNIST MLP, fp16, clipping"
-    mlp() {   # mlp NAME THREADS GRAIN
-        CACCEL_CPU_GRAIN=$3 OMP_NUM_THREADS=$2 OPENBLAS_NUM_THREADS=$2 "$FM" --cpu --deterministic --epochs 1 \
+    mlp() {   # mlp NAME THREADS GRAIN DEVICE-FLAG
+        CACCEL_CPU_GRAIN=$3 OMP_NUM_THREADS=$2 OPENBLAS_NUM_THREADS=$2 "$FM" "$4" --deterministic --epochs 1 \
             --max-steps 8 --batch-size 64 --mixed_precision fp16 --gradient_clipping 1.0 --dump-params "$WORK/$1.bin" \
             > "$WORK/$1.log" 2>&1 || { cat "$WORK/$1.log"; fail "$1: fashion_mnist exited non-zero"; }
     }
-    mlp mlp_ref 1 ""
-    for t in 2 3; do
-        for g in 1 ""; do
-            n="mlp_t${t}_grain${g:-default}"
-            mlp "$n" "$t" "$g"
-            cmp "$WORK/mlp_ref.bin" "$WORK/$n.bin" || fail "$n: parameters differ from 1 thread"
-            echo "  bit-identical: $n"
+    mlp mlp_ref 1 "" --cpu
+    for dev in cpu tpu; do
+        for t in 1 2 3; do
+            for g in 1 ""; do
+                [ "$dev$t$g" = cpu1 ] && continue
+                n="mlp_${dev}_t${t}_grain${g:-default}"
+                mlp "$n" "$t" "$g" "--$dev"
+                cmp "$WORK/mlp_ref.bin" "$WORK/$n.bin" || fail "$n: parameters differ from the cpu's at 1 thread"
+                echo "  bit-identical: $n"
+            done
         done
     done
 else

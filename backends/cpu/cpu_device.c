@@ -41,6 +41,9 @@ static ca_status cpu_open(int index, const ca_device_open_args *args, void **dev
 
 static pthread_mutex_t det_mu = PTHREAD_MUTEX_INITIALIZER;
 static int det_users, det_saved_threads;
+static atomic_bool det_on;   /* det_users > 0, read by every GEMM */
+
+bool cpu_deterministic(void) { return atomic_load_explicit(&det_on, memory_order_relaxed); }
 
 void ca_cpu_set_deterministic(bool on) {
     pthread_mutex_lock(&det_mu);
@@ -50,6 +53,7 @@ void ca_cpu_set_deterministic(bool on) {
     } else if (!on && det_users > 0 && --det_users == 0) {
         openblas_set_num_threads(det_saved_threads);
     }
+    atomic_store(&det_on, det_users > 0);
     pthread_mutex_unlock(&det_mu);
 }
 

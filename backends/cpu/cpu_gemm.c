@@ -25,6 +25,8 @@ static ca_status sgemm_one(bool ta, bool tb, int64_t m, int64_t n, int64_t k, fl
         scale_c_f32(c, m, n, ldc, beta);
         return CA_OK;
     }
+    ca_status st = CA_OK;
+    if (cpu_gemm_split(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, &st)) return st;
     if (cpu_f32_gemm_onednn(m, n, k)) return cpu_onednn_sgemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
     cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
                 (blasint)m, (blasint)n, (blasint)k, alpha, a, (blasint)lda, b, (blasint)ldb, beta,

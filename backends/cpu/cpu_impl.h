@@ -51,11 +51,25 @@ bool cpu_f32_gemm_onednn(int64_t m, int64_t n, int64_t k);
  * its own detection chose a core without AVX2 on a CPU with it; NULL otherwise. _for: the rule alone. */
 const char *cpu_openblas_coretype_hint(void);
 const char *cpu_coretype_hint_for(const char *core, bool avx2, bool avx512);
+/* The same rule for a GEMM run on `threads` threads (1: a block of a split GEMM, cpu_gemm_split.c). */
+bool cpu_f32_gemm_onednn_at(int64_t m, int64_t n, int64_t k, int threads);
 const char *cpu_f32_gemm_path(void);
 ca_status cpu_bf16_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const uint16_t *a,
                         int64_t lda, const uint16_t *b, int64_t ldb, float beta, float *c, int64_t ldc);
+/* dnnl_sgemm on `threads` OpenMP threads (cpu_onednn_sgemm: the BLAS thread count). */
+ca_status cpu_onednn_sgemm_threads(int threads, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
+                                   const float *a, int64_t lda, const float *b, int64_t ldb, float beta, float *c,
+                                   int64_t ldc);
 ca_status cpu_onednn_sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
                            int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc);
+
+/* An f32 GEMM (k > 0, alpha != 0) split over the kernels' threads in blocks of C's rows or columns
+ * (cpu_gemm_split.c): false when this one is not split (too small, one thread, inside a parallel region,
+ * large enough for oneDNN's own threads), else true with the GEMM done and its status in *st. */
+bool cpu_gemm_split(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
+                    const float *b, int64_t ldb, float beta, float *c, int64_t ldc, ca_status *st);
+/* Whether deterministic mode is on (ca_cpu_set_deterministic). */
+bool cpu_deterministic(void);
 
 /* ---------------------------------------------------------------- bits */
 

@@ -197,15 +197,17 @@ static void load(void) {
     omp_set_threads = (set_threads_fn)(uintptr_t)dlsym(h, "omp_set_num_threads");
 }
 
-/* oneDNN's OpenMP pool gets the BLAS thread count of the moment, on the calling thread. */
-static void omp_threads(void) {
-    int n = openblas_get_num_threads();
+/* oneDNN's OpenMP pool gets n threads (the BLAS thread count of the moment, or 1 for a block of a GEMM
+ * split over the kernels' team), on the calling thread. */
+static void omp_threads_n(int n) {
     if (n < 1) n = 1;
     if (omp_set_threads && omp_now != n) {
         omp_set_threads(n);
         omp_now = n;
     }
 }
+
+static void omp_threads(void) { omp_threads_n(openblas_get_num_threads()); }
 
 const char *cpu_bf16_gemm_path(void) {
     pthread_once(&once, load);
@@ -222,11 +224,15 @@ bool cpu_bf16_gemm_available(void) {
     return gemm_bf16 != NULL;
 }
 
-bool cpu_f32_gemm_onednn(int64_t m, int64_t n, int64_t k) {
+bool cpu_f32_gemm_onednn_at(int64_t m, int64_t n, int64_t k, int threads) {
     pthread_once(&once, load);
     if (!gemm_f32) return false;
     int64_t mnk = m * n * k;
-    return f32_forced || f32_behind || mnk >= (openblas_get_num_threads() == 1 ? CPU_ONEDNN_MIN_MNK : CPU_ONEDNN_MIN_MNK_THREADED);
+    return f32_forced || f32_behind || mnk >= (threads <= 1 ? CPU_ONEDNN_MIN_MNK : CPU_ONEDNN_MIN_MNK_THREADED);
+}
+
+bool cpu_f32_gemm_onednn(int64_t m, int64_t n, int64_t k) {
+    return cpu_f32_gemm_onednn_at(m, n, k, openblas_get_num_threads());
 }
 
 /* A oneDNN GEMM's status as the kernel's: the function and the sizes named on failure. */
@@ -243,9 +249,15 @@ ca_status cpu_bf16_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float
                        "dnnl_gemm_bf16bf16f32", m, n, k);
 }
 
-ca_status cpu_onednn_sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
-                           int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc) {
-    omp_threads();
+ca_status cpu_onednn_sgemm_threads(int threads, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
+                                   const float *a, int64_t lda, const float *b, int64_t ldb, float beta, float *c,
+                                   int64_t ldc) {
+    omp_threads_n(threads);
     return gemm_status(gemm_f32(ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, alpha, a, lda, b, ldb, beta, c, ldc),
                        "dnnl_sgemm", m, n, k);
+}
+
+ca_status cpu_onednn_sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
+                           int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc) {
+    return cpu_onednn_sgemm_threads(openblas_get_num_threads(), ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }

@@ -51,6 +51,8 @@ static int64_t grain_override(void) {
     return v;
 }
 
+int64_t cpu_grain_override(void) { return grain_override(); }
+
 /* The floating-point mode (MXCSR: FTZ/DAZ, rounding) is per thread, and the device sets it on the calling
  * thread for the length of a kernel (cpu_device.c): a worker runs its part in the caller's mode and then
  * puts its own back, so a kernel computes the same bits on any thread. */

@@ -24,6 +24,10 @@
 /* CACCEL_CPU_GRAIN=N in the environment replaces every grain and threshold by N (read once): tests set 1 so
  * that every parallel path runs on their small shapes. */
 
+/* The CACCEL_CPU_GRAIN override, 0 when unset: for a threshold that is not a loop's grain (a GEMM's
+ * multiply-adds, cpu_gemm_split.c). */
+int64_t cpu_grain_override(void);
+
 /* Elements per fixed block of a deterministic reduction (see above). */
 #define CPU_REDUCE_BLOCK 8192
 

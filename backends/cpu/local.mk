@@ -8,6 +8,7 @@ ca_cpu_sources = \
 	backends/cpu/cpu_parallel.c \
 	backends/cpu/cpu_threads.c \
 	backends/cpu/cpu_gemm.c \
+	backends/cpu/cpu_gemm_split.c \
 	backends/cpu/cpu_onednn.c \
 	backends/cpu/cpu_cast.c \
 	backends/cpu/cpu_elementwise.c \

@@ -1052,12 +1052,12 @@ static ca_status memcpy_locked(xla_dev *x, void *dst, const void *src, size_t by
     if (s != CA_OK) return s;
     unsigned char *mem = a->phys + ((uintptr_t)dp - a->base);
     if (kind == CA_COPY_H2D) {
-        memcpy(mem, src, bytes);
+        xla_copy(x, mem, src, bytes);
         a->raw = x->bf16_storage;
         x->m.h2d_transfers++;
         x->m.h2d_bytes += bytes;
     } else {
-        memcpy(dst, mem, bytes);
+        xla_copy(x, dst, mem, bytes);
         x->m.d2h_transfers++;
         x->m.d2h_bytes += bytes;
     }
@@ -1148,6 +1148,14 @@ static void x_metrics(void *dev, ca_xla_metrics *out) {
 
 static ca_status x_mark_step(void *dev) { return xla_mark_step(dev); }
 
+/* Deterministic mode is the executor's: its kernels and GEMMs run the graphs (the cpu backend's GEMMs in
+ * blocks fixed by the shape, its BLAS on one thread), so the lazy device gives the same bits at every
+ * thread count as the cpu device does. */
+static void x_set_deterministic(void *dev, bool on) {
+    const xla_dev *x = dev;
+    if (x->exec->set_deterministic) x->exec->set_deterministic(x->exec_ctx, on);
+}
+
 /* CA_BF16: every f32 value rounds to bf16 (ca_xla_set_bf16_storage); CA_F32: native. */
 static ca_status x_set_storage_dtype(void *dev, ca_dtype dt) {
     xla_dev *x = dev;
@@ -1237,6 +1245,7 @@ static const ca_device_ops xla_device_ops = {
     .enqueue_host_fn = x_enqueue_host_fn,
     .kind = CA_DEVICE_LAZY,
     .mark_step = x_mark_step,
+    .set_deterministic = x_set_deterministic,
     .set_storage_dtype = x_set_storage_dtype,
     .storage_dtype = x_storage_dtype,
     .get_proc = x_get_proc,

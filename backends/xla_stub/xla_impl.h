@@ -152,6 +152,9 @@ ca_status xla_node_end(xla_dev *x, xnode *n, ca_status s);
 /* Runs the pending graph (compiling it unless cached); caller holds x->mu. */
 ca_status xla_flush_locked(xla_dev *x);
 ca_status xla_exec_node(xla_dev *x, const xnode *n);
+/* bytes from src to dst on the executor's threads (x->parallel_for) when they do not overlap, else one
+ * memmove: a recorded copy and the transfers to and from the host. */
+void xla_copy(const xla_dev *x, void *dst, const void *src, size_t bytes);
 const char *xla_slot_name(xslot s);
 
 /* Fusion (xla_fusion.c): groups the running nodes into chains (chain[i] = length at a chain's

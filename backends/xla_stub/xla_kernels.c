@@ -474,13 +474,29 @@ static void fix_args(xargs *a, xslot slot) {
     }
 }
 
-/* Lines [lo, hi) of COPY_LINE bytes of a recorded copy whose source and destination are apart. */
+/* Lines [lo, hi) of COPY_LINE bytes of a copy whose source and destination are apart. */
 #define COPY_LINE 64
+typedef struct copy_job {
+    void *dst;
+    const void *src;
+    size_t bytes;
+} copy_job;
+
 static void copy_range(void *ctx, int64_t lo, int64_t hi) {
-    const xargs *a = ctx;
+    const copy_job *j = ctx;
     size_t from = (size_t)lo * COPY_LINE, to = (size_t)hi * COPY_LINE;
-    if (to > a->memcpy.bytes) to = a->memcpy.bytes;
-    memcpy((char *)a->memcpy.dst + from, (const char *)a->memcpy.src + from, to - from);
+    if (to > j->bytes) to = j->bytes;
+    memcpy((char *)j->dst + from, (const char *)j->src + from, to - from);
+}
+
+void xla_copy(const xla_dev *x, void *dst, const void *src, size_t bytes) {
+    uintptr_t d = (uintptr_t)dst, s = (uintptr_t)src;
+    if (d + bytes <= s || s + bytes <= d) {   /* apart: shared among threads, a line costing 16 floats */
+        copy_job j = {dst, src, bytes};
+        x->parallel_for((int64_t)((bytes + COPY_LINE - 1) / COPY_LINE), COPY_LINE / 4, copy_range, &j);
+    } else if (d != s) {
+        memmove(dst, src, bytes);
+    }
 }
 
 /* Calls the executor's kernel for node n with its recorded arguments. */
@@ -492,14 +508,9 @@ ca_status xla_exec_node(xla_dev *x, const xnode *n) {
 #define X_EXEC(slot) case XS_##slot: return k->slot(c, &a.slot);
     switch (n->slot) {
     CA_KERNEL_LIST(X_EXEC)
-    case XS_MEMCPY: {
-        uintptr_t d = (uintptr_t)a.memcpy.dst, s = (uintptr_t)a.memcpy.src, b = a.memcpy.bytes;
-        if (d + b <= s || s + b <= d)   /* apart: shared among threads, a line costing 16 floats */
-            x->parallel_for((int64_t)((b + COPY_LINE - 1) / COPY_LINE), COPY_LINE / 4, copy_range, &a);
-        else if (d != s)
-            memmove(a.memcpy.dst, a.memcpy.src, a.memcpy.bytes);
+    case XS_MEMCPY:
+        xla_copy(x, a.memcpy.dst, a.memcpy.src, a.memcpy.bytes);
         return CA_OK;
-    }
     case XS_HOST:   /* the function frees its context as it runs (exec_one forgets it) */
         return a.host.ctx ? a.host.fn(a.host.ctx, true, a.host.in, a.host.out)
                           : ca_error(CA_ERR_STATE, "xla: a host function ran twice");
