@@ -5,9 +5,11 @@
 # with ca_load_model after ca_prepare and into a meta model before it (read at ca_prepare). Each rank's
 # deferred-read line (CACCEL_TEST_ST_REPORT: the bytes its preads read) is at most its 1/tp share of the
 # split parameters plus the replicated ones whole plus 4 KB per tensor, and the model (gathered whole)
-# equals the saved one bit for bit. A file cut short after the meta load fails ca_prepare on every rank:
-# the rank whose slice lost its bytes names the file, the other says another rank failed; a file cut short
-# before ca_load_model after ca_prepare is refused by every rank, naming it.
+# equals the saved one bit for bit (at tp 2 x FULL_SHARD 2, 4 ranks of the first backend, too, for the
+# meta load: the replicated tensors then read as the rank's stage-3 shard of them). A file cut short
+# after the meta load fails ca_prepare on every rank: the rank whose slice lost its bytes names the file,
+# the other says another rank failed; a file cut short before ca_load_model after ca_prepare is refused
+# by every rank, naming it, and changes neither rank's model.
 . "$(dirname "$0")/dist/lib.sh"
 need_caccel
 DDP="$BUILD/tests/ddp_check"
@@ -29,7 +31,7 @@ run() {
 reads() {
     sed -n 's|^meta: .*/model.safetensors: \([0-9]*\) of \([0-9]*\) bytes read$|\1|p' "$1" > "$WORK/r"
     [ "$(wc -l < "$WORK/r")" = "$2" ] || { cat "$1"; fail "$case: not one read report per rank"; }
-    limit=$(( (split / 2 + repl) * 4 + 4096 * tensors ))
+    limit=$(( (split / 2 + ${rlimit:-$repl}) * 4 + 4096 * tensors ))
     while read -r n; do
         echo "  $case: a rank read $n bytes of model.safetensors' $data (limit $limit)"
         [ "$n" -le "$limit" ] || fail "$case: a rank read $n bytes, more than its tp share ($limit)"
@@ -81,4 +83,19 @@ for be in $backends; do
     [ "$(sed -n 's/^rank=\([0-9]\) params_fnv=\(.*\)$/\1 \2/p' "$WORK/o" | sort -u | wc -l)" = 2 ] ||
         { cat "$WORK/o"; fail "$be: a refused load changed a rank's model"; }
 done
+first=${backends%% *}
+case="$first, tp 2 x FULL_SHARD 2"
+mesh="--parallelism_config_tp_size 2 --parallelism_config_dp_shard_size 2 --use_fsdp --fsdp_sharding_strategy FULL_SHARD"
+note "$case: a meta model loaded before ca_prepare: each rank preads its tp slices (the replicated tensors its shard)"
+rm -rf "${WORK:?}/m"
+mkdir -p "$WORK/m"
+run 4 "$first" "$mesh" --steps 2 --save-model "$WORK/m" > "$WORK/o" 2>&1 || { cat "$WORK/o"; fail "$case: save"; }
+digest "$WORK/o" > "$WORK/saved"
+data=$(stat -c %s "$WORK/m/model.safetensors")
+CACCEL_TEST_ST_REPORT=1 run 4 "$first" "$mesh" --steps 0 --meta --load-model-early "$WORK/m" > "$WORK/o" 2>&1 ||
+    { cat "$WORK/o"; fail "$case: meta load"; }
+rlimit=$repl repl=0   # the replicated tensors: at most whole, at least none (a shard)
+reads "$WORK/o" 4
+digest "$WORK/o" > "$WORK/d"
+cmp "$WORK/saved" "$WORK/d" || { cat "$WORK/o"; fail "$case: the deferred load's model differs"; }
 echo PASS
