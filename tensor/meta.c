@@ -284,17 +284,9 @@ bool ca_meta_from_file(const ca_tensor *t) {
 }
 
 static ca_status pread_all(ca_meta_src *src, void *dst, size_t len, uint64_t off) {
-    size_t done = 0;
-    while (done < len) {
-        ssize_t r = pread(src->fd, (char *)dst + done, len - done, (off_t)(off + done));
-        if (r < 0 && errno == EINTR) continue;
-        if (r <= 0)
-            return ca_error(CA_ERR_IO, "%s: reading %zu bytes at offset %" PRIu64 ": %s", src->path, len, off,
-                            r < 0 ? strerror(errno) : "the file is shorter than when it was checked");
-        done += (size_t)r;
-    }
-    atomic_fetch_add(&src->read, (uint64_t)len);
-    return CA_OK;
+    ca_status s = ca_st_pread(src->fd, src->path, dst, len, off);
+    if (s == CA_OK) atomic_fetch_add(&src->read, (uint64_t)len);
+    return s;
 }
 
 /* Elements [start, start + n) of the file's tensor at foff (of dtype fdt) into dst (host memory of dtype
