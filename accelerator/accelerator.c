@@ -394,9 +394,10 @@ static bool shards_meta(const ca_accelerator *acc) { return acc->sync_ops == &ca
 /* A meta parameter whose values a deferred load reads from a file (a pretrained loader run under
  * ca_init_empty_weights): under fsdp_cpu_ram_efficient_loading (true by default) rank 0 alone reads it
  * and sends the values, one read of the checkpoint for all the ranks, each other rank giving it memory
- * only; with the key false each rank reads it. At stage 3 each rank reads its shard's bytes later. */
+ * only; with the key false each rank reads it. At stage 3 each rank reads its shard's bytes later, under
+ * tensor parallelism its tp slice (ca_tp_apply; a replicated parameter whole, tp_read_rest). */
 static ca_status broadcast_file_values(ca_accelerator *acc, ca_tensor *p) {
-    if (shards_meta(acc)) return CA_OK;
+    if (shards_meta(acc) || ca_tp_reads_slices(acc)) return CA_OK;
     bool on = true;
     if (ca_config_get_bool(acc->cfg, "fsdp_config.fsdp_cpu_ram_efficient_loading", &on) != CA_OK) ca_clear_error();
     if (!on) return ca_tensor_materialize_(p);
@@ -428,7 +429,28 @@ static ca_status broadcast_params(ca_accelerator *acc, ca_module *m) {
  * FULL_SHARD, where ca_zero3_build makes only this rank's shard of them. */
 static ca_status materialize(ca_accelerator *acc, ca_module *m, bool sharded) {
     if (sharded && shards_meta(acc)) return CA_OK;
-    return ca_module_materialize(m);
+    ca_status s = CA_OK;
+    for (int i = 0; s == CA_OK && sharded && ca_tp_reads_slices(acc) && i < ca_module_num_params(m); i++) {
+        ca_tensor *p = ca_module_param_at(m, i);   /* from a file: ca_tp_apply reads the rank's slice */
+        if (!ca_meta_from_file(p) && ca_tensor_materialize_(p) != CA_OK)
+            s = ca_error_context("materialising parameter %s", ca_module_param_name(m, i));
+    }
+    return s != CA_OK || (sharded && ca_tp_reads_slices(acc)) ? s : ca_module_materialize(m);
+}
+
+/* Under tensor parallelism a deferred load's files gave each rank its slices of the split parameters
+ * (ca_tp_apply); the replicated ones are read whole here (at stage 3 their shard, later). A read that
+ * failed on one rank (the file cut short) fails ca_prepare on every rank. */
+static ca_status tp_read_rest(ca_accelerator *acc, ca_module *m, bool files, ca_status s) {
+    if (!files || !ca_tp_reads_slices(acc)) return s;
+    if (s == CA_OK && !shards_meta(acc)) s = ca_module_materialize(m);
+    return ca_agree_file_reads(acc, s, "tensor parallelism", "tp slices");
+}
+
+static bool from_files(ca_module *m) {
+    bool files = false;   /* the same on every rank: every rank ran the same load */
+    for (int i = 0; i < ca_module_num_params(m); i++) files = files || ca_meta_from_file(ca_module_param_at(m, i));
+    return files;
 }
 
 /* A comm_hook compresses DDP's bucket all-reduce; a strategy that reduces its own way sends f32. */
@@ -475,10 +497,12 @@ static ca_status prepare_model(ca_accelerator *acc, ca_module *m) {
     if (acc->model == m) return CA_OK;
     if (acc->nextra) return ca_error(CA_ERR_STATE, "ca_prepare: the first prepared model was destroyed");
     if (acc->world > 1) warn_unused_hook(acc);
+    bool files = from_files(m);
     ca_status s = ca_module_to(m, acc->device);
     if (s == CA_OK) s = broadcast_params(acc, m);   /* a meta parameter: the record of rank 0's values */
     if (s == CA_OK) s = materialize(acc, m, true);
     if (s == CA_OK) s = ca_tp_apply(acc, m);   /* every rank holds the same whole weights: each keeps its part */
+    s = tp_read_rest(acc, m, files, s);
     if (s == CA_OK && acc->sync_ops->prepare_model) s = acc->sync_ops->prepare_model(acc, m);
     if (s == CA_OK) s = ca_trainable_snapshot(acc, m);
     if (s == CA_OK) {

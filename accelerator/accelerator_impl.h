@@ -288,6 +288,10 @@ ca_status ca_zero3_load_shard(ca_accelerator *acc, const void *(*data_of)(void *
  * as in Accelerate). False: the parameters are gathered whole on every rank, loaded, and the shard
  * taken from them. */
 bool ca_zero3_loads_lean(const ca_accelerator *acc);
+/* Every rank's status of reading its part of a deferred load's files (collective): s where this rank
+ * failed, else CA_ERR_PEER "<who>: N other rank(s) failed to read their <part> of the model's files"
+ * where another did. */
+ca_status ca_agree_file_reads(ca_accelerator *acc, ca_status s, const char *who, const char *part);
 void ca_zero3_free(ca_accelerator *acc);
 
 /* zero_offload.c: the optimizer state and update of the shard in host memory (offload_optimizer,

@@ -375,29 +375,39 @@ static void ck_shape_str(char *buf, size_t len, int ndim, const int64_t *shape) 
     if (o < len) snprintf(buf + o, len - o, "]");
 }
 
-static ca_status ck_check_one(const ca_st_file *f, const ca_st_entry *e, const ca_tensor *p) {
+/* The shape the file holds for parameter p: p's, or under tensor parallelism (tp non-NULL) a split
+ * parameter's whole shape, its split dimension tp times this rank's slice. */
+static void ck_file_shape(const ca_accelerator *tp, const ca_tensor *p, int64_t *shape) {
+    memcpy(shape, ca_tensor_shape(p), (size_t)ca_tensor_ndim(p) * sizeof *shape);
+    int dim = tp ? ca_tp_split_dim(tp, p) : -1;
+    if (dim >= 0) shape[dim] *= tp->mesh->shape.size[CA_MESH_TP];
+}
+
+static ca_status ck_check_one(const ca_st_file *f, const ca_st_entry *e, const ca_tensor *p, const ca_accelerator *tp) {
     if (e->dtype != ca_tensor_dtype(p))
         return ca_error(CA_ERR_INVALID, "%s: tensor '%s': dtype %s in the file, %s in the model",
                         f->path, e->name, ca_st_dtype_name(e->dtype),
                         ca_st_dtype_name(ca_tensor_dtype(p)));
+    int64_t shape[CA_MAX_DIMS];
+    ck_file_shape(tp, p, shape);
     bool same = e->ndim == ca_tensor_ndim(p);
-    for (int d = 0; same && d < e->ndim; d++) same = e->shape[d] == ca_tensor_shape(p)[d];
+    for (int d = 0; same && d < e->ndim; d++) same = e->shape[d] == shape[d];
     if (same) return CA_OK;
     char a[160], b[160];
     ck_shape_str(a, sizeof a, e->ndim, e->shape);
-    ck_shape_str(b, sizeof b, ca_tensor_ndim(p), ca_tensor_shape(p));
+    ck_shape_str(b, sizeof b, ca_tensor_ndim(p), shape);
     return ca_error(CA_ERR_INVALID, "%s: tensor '%s': shape %s in the file, %s in the model",
                     f->path, e->name, a, b);
 }
 
 /* Every tensor has a parameter of the same name, dtype and shape, and every parameter a tensor. */
-static ca_status ck_validate(const ck_src *src, ca_module *model, const char *where) {
+static ca_status ck_validate(const ck_src *src, ca_module *model, const char *where, const ca_accelerator *tp) {
     for (int i = 0; i < src->n; i++) {
         ca_tensor *p = ca_module_param(model, src->entry[i]->name);
         if (!p)
             return ca_error(CA_ERR_INVALID, "%s: tensor '%s' has no parameter of that name in the "
                             "model", src->file_of[i]->path, src->entry[i]->name);
-        ca_status s = ck_check_one(src->file_of[i], src->entry[i], p);
+        ca_status s = ck_check_one(src->file_of[i], src->entry[i], p, tp);
         if (s != CA_OK) return s;
     }
     int np = ca_module_num_params(model);
@@ -421,7 +431,7 @@ ca_status ca_ck_model_open(const char *where, ca_module *model, ca_ck_model_src 
     *out = calloc(1, sizeof **out);
     if (!*out) return ca_error(CA_ERR_NOMEM, "load_model: out of memory");
     ca_status s = ck_src_open(where, &(*out)->src);
-    if (s == CA_OK) s = ck_validate(&(*out)->src, model, where);
+    if (s == CA_OK) s = ck_validate(&(*out)->src, model, where, NULL);
     if (s != CA_OK) {
         ca_ck_model_close(*out);
         *out = NULL;
@@ -439,7 +449,7 @@ ca_status ca_ck_model_adopt(ca_st_file *f, ca_module *model, ca_ck_model_src **o
     snprintf(where, sizeof where, "%s", f->path);
     ca_status s = ck_src_single_file(where, f, &(*out)->src);
     ca_st_close(f);   /* taken on success (left empty); closed on a failed allocation */
-    if (s == CA_OK) s = ck_validate(&(*out)->src, model, where);
+    if (s == CA_OK) s = ck_validate(&(*out)->src, model, where, NULL);
     if (s != CA_OK) {
         ca_ck_model_close(*out);
         *out = NULL;
@@ -747,7 +757,9 @@ static ca_status load_meta_on_rank0(ca_accelerator *acc, ca_module *model, const
  * each meta parameter records where its values lie; ca_prepare then reads on each rank only the
  * bytes of its shard's slices (ca_zero3_build), and no rank holds a whole parameter. */
 static bool defers_to_prepare(const ca_accelerator *acc, ca_module *model) {
-    if (!acc || acc->model == model || acc->zero.stage != 3 || acc->mesh || !ca_module_is_meta(model)) return false;
+    if (!acc || acc->model == model || !ca_module_is_meta(model)) return false;
+    if (ca_tp_reads_slices(acc)) return true;   /* each rank reads its tp slices at ca_prepare (tp.c) */
+    if (acc->zero.stage != 3 || acc->mesh) return false;
     bool on = true;
     if (ca_config_get_bool(acc->cfg, "fsdp_config.fsdp_cpu_ram_efficient_loading", &on) != CA_OK) ca_clear_error();
     return on;
@@ -800,7 +812,70 @@ static ca_status load_model_whole(ca_accelerator *acc, ca_module *model, const c
     return s != CA_OK ? s : r;
 }
 
+/* A model prepared under tensor parallelism, its parameters held (not stage 3's shards, which the
+ * summon of tp_whole makes whole): each rank reads its slices by byte range (load_tp_slices). */
+static bool tp_reads_slices(const ca_accelerator *acc, const ca_module *model) {
+    const ca_sync_strategy *ops = acc ? acc->sync_ops : NULL;
+    return acc && acc->model == model && ca_tp_reads_slices(acc) && !(ops && ops->params_sharded && ops->params_sharded(acc));
+}
+
+/* Tensor entry e of file f into buf: this rank's tp slice of a split parameter p, or p whole. */
+static ca_status tp_read_entry(ca_accelerator *acc, ca_module *model, ca_meta_src *fs, const ca_st_file *f,
+                               const ca_st_entry *e, const ca_tensor *p, void *buf) {
+    int64_t one = 1;
+    const int64_t *shape = e->ndim ? e->shape : &one;   /* a scalar: one element */
+    ca_slice sl = {.dim = 0, .parts = 1, .start = 0, .len = shape[0]};
+    ca_status s = CA_OK;
+    if (ca_tp_is_split(acc, p)) {
+        int tp = acc->mesh->shape.size[CA_MESH_TP], r = acc->mesh->coord[CA_MESH_TP];
+        s = ca_tp_split_of(acc, model, p, e->name, &sl.dim, &sl.parts);
+        sl.len = shape[sl.dim] / sl.parts / tp;
+        sl.start = r * sl.len;
+    }
+    if (s == CA_OK) s = ca_meta_src_read_slice(fs, f->data_start + e->begin, e->dtype, e->dtype, e->ndim ? e->ndim : 1,
+                                               shape, &sl, buf);
+    return s == CA_OK ? CA_OK : ca_error_context("%s: tensor '%s' (rank %d)", f->path, e->name, acc->rank);
+}
+
+/* Under tensor parallelism each rank reads, with pread, its slice of every split parameter (a colwise
+ * layer's rows: one range; a rowwise layer's column block: one range a row) and the replicated ones
+ * whole, into host buffers of those sizes; nothing is written until every rank has read its part (one
+ * status exchange): a failed load changes no rank. The file's pages are not mapped into the rank
+ * beyond the header. */
+static ca_status load_tp_slices(ca_accelerator *acc, ca_module *model, const char *where) {
+    ca_ck_model_src *m = calloc(1, sizeof *m);
+    ca_status s = m ? ck_src_open(where, &m->src) : ca_error(CA_ERR_NOMEM, "load_model: out of memory");
+    if (s == CA_OK) s = ck_validate(&m->src, model, where, acc);
+    int n = s == CA_OK ? m->src.n : 0;
+    void **buf = calloc((size_t)n + 1, sizeof *buf);
+    ca_meta_src **fs = calloc((size_t)(s == CA_OK ? m->src.nfiles : 0) + 1, sizeof *fs);
+    if (s == CA_OK && (!buf || !fs)) s = ca_error(CA_ERR_NOMEM, "load_model: out of host memory (rank %d)", acc->rank);
+    for (int i = 0; s == CA_OK && i < n; i++) {
+        const ca_st_file *f = m->src.file_of[i];
+        ca_meta_src **src = &fs[f - m->src.files];
+        ca_tensor *p = ca_module_param(model, m->src.entry[i]->name);
+        s = *src ? CA_OK : ca_meta_src_open(f, src);
+        if (s == CA_OK && !(buf[i] = malloc(ca_tensor_nbytes(p) + 1)))
+            s = ca_error(CA_ERR_NOMEM, "load_model: out of host memory for '%s' (rank %d)", m->src.entry[i]->name,
+                         acc->rank);
+        if (s == CA_OK) s = tp_read_entry(acc, model, *src, f, m->src.entry[i], p, buf[i]);
+    }
+    s = ca_agree_file_reads(acc, s, "load_model", "tp slices");
+    for (int i = 0; s == CA_OK && i < n; i++) {
+        ca_tensor *p = ca_module_param(model, m->src.entry[i]->name);
+        s = ca_tensor_copy_from_host(p, buf[i], ca_tensor_nbytes(p));
+        p->version++;
+    }
+    for (int i = 0; i < n; i++) free(buf[i]);
+    for (int i = 0; fs && m && i < m->src.nfiles; i++) ca_meta_src_unref(fs[i]);
+    free(buf);
+    free(fs);
+    ca_ck_model_close(m);
+    return s;
+}
+
 ca_status ca_load_model(ca_accelerator *acc, ca_module *model, const char *dir_or_file) {
     if (!model || !dir_or_file) return ca_error(CA_ERR_INVALID, "load_model: model and a path are required");
+    if (tp_reads_slices(acc, model)) return load_tp_slices(acc, model, dir_or_file);
     return tp_whole(acc, model, dir_or_file, load_model_whole, 0);
 }

@@ -80,6 +80,15 @@ void ca_tp_set_plain(ca_accelerator *acc, bool plain);
 /* Applies model m's ca_tp_plan over the tp communicator (tp.c): with a mesh, a model without a plan is
  * refused; without one, nothing. */
 ca_status ca_tp_apply(ca_accelerator *acc, ca_module *m);
+/* Whether the accelerator splits layers over tp ranks (parallelism_config_tp_size above 1): a load
+ * then reads only this rank's slices of the split parameters (tp.c, checkpoint.c). */
+bool ca_tp_reads_slices(const ca_accelerator *acc);
+/* How the plan split parameter p, `name` of the model (a Linear's "weight" or "bias", an Embedding's
+ * "weight"): along ca_tp_split_dim's dimension (a colwise Linear's output features, a rowwise one's input
+ * features, an Embedding's vocabulary rows), in the plan's fused parts (tp_state.c). A style without a
+ * full-state checkpoint is CA_ERR_UNSUPPORTED naming the parameter. */
+ca_status ca_tp_split_of(const ca_accelerator *acc, ca_module *model, const ca_tensor *p, const char *name, int *dim,
+                         int *parts);
 /* The accelerator goes: its tensor-parallel modules can no longer run (their communicator is gone). */
 void ca_tp_release(ca_accelerator *acc);
 

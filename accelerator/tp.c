@@ -388,6 +388,13 @@ static void tp_mark(ca_module *l, ca_comm *tp) {
 
 static ca_status tp_record(tp_walk *w, ca_module *l, ca_forward_fn f);
 
+/* ca_tensor_narrow_, except for a parameter whose values a deferred load reads from a file: that reads
+ * this rank's slice alone (its rows, or its column block row by row), never the whole tensor. */
+static ca_status tp_narrow(ca_tensor *t, int dim, int parts, int64_t start, int64_t len) {
+    if (ca_meta_from_file(t)) return ca_meta_materialize_slice_(t, &(ca_slice){dim, parts, start, len});
+    return ca_tensor_narrow_(t, dim, parts, start, len);
+}
+
 /* Splits Linear or Embedding module l (named `name`) by style over the tp ranks, each of its `parts`
  * blocks alike; a norm planned "sequence_parallel" stays whole. */
 static ca_status tp_split(tp_walk *w, ca_module *l, const char *name, int style, int parts) {
@@ -411,13 +418,13 @@ static ca_status tp_split(tp_walk *w, ca_module *l, const char *name, int style,
                         "parallelism_config_tp_size %d does not divide", col ? "colwise" : "rowwise",
                         name, (long long)(n / parts), dim ? "input" : "output", parts > 1 ? " per fused block" : "", tp);
     int64_t part = n / parts / tp;
-    s = ca_tensor_narrow_(wt, dim, parts, r * part, part);
+    s = tp_narrow(wt, dim, parts, r * part, part);
     if (s == CA_OK && l->nparams > 1 && col)
-        s = ca_tensor_narrow_(l->params[1], 0, parts, r * part, part);
+        s = tp_narrow(l->params[1], 0, parts, r * part, part);
     ca_lora_layer *lo = ca_lora_layer_of(l);   /* lora_B [out, r] by its rows, lora_A [r, in] by its columns */
     if (s == CA_OK && lo)
-        s = col ? ca_tensor_narrow_(lo->b->params[0], 0, parts, r * part, part)
-                                   : ca_tensor_narrow_(lo->a->params[0], 1, parts, r * part, part);
+        s = col ? tp_narrow(lo->b->params[0], 0, parts, r * part, part)
+                                   : tp_narrow(lo->a->params[0], 1, parts, r * part, part);
     if (s != CA_OK) return ca_error_context("splitting \"%s\" over the tp ranks (rank %d)", name, w->acc->rank);
     return tp_record(w, l, emb ? vocab_embedding_forward : style == CA_TP_COLWISE_GATHER ? colwise_gather_forward
                            : col ? (m->seq ? colwise_seq_forward : colwise_forward)
@@ -527,6 +534,10 @@ void ca_tp_set_plain(ca_accelerator *acc, bool plain) {
         ca_lora_layer *lo = ca_lora_layer_of(m->tp[i]);
         if (lo) lora_hooks(lo, m->tp_fwd[i], plain);
     }
+}
+
+bool ca_tp_reads_slices(const ca_accelerator *acc) {
+    return acc && acc->mesh && acc->mesh->shape.size[CA_MESH_TP] > 1;
 }
 
 bool ca_tp_is_split(const ca_accelerator *acc, const ca_tensor *t) {

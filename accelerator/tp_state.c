@@ -11,11 +11,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* How the plan split parameter p, `name` of the model (a Linear's "weight" or "bias", an Embedding's
- * "weight"): along ca_tp_split_dim's dimension (a colwise Linear's output features, a rowwise one's input
- * features, an Embedding's vocabulary rows), in the plan's fused parts. */
-static ca_status tp_split_of(const ca_accelerator *acc, ca_module *model, const ca_tensor *p, const char *name, int *dim,
-                             int *parts) {
+ca_status ca_tp_split_of(const ca_accelerator *acc, ca_module *model, const ca_tensor *p, const char *name, int *dim,
+                         int *parts) {
     char mod[512];
     const char *dot = strrchr(name, '.');
     int len = dot ? (int)(dot - name) : 0;
@@ -146,7 +143,7 @@ ca_status ca_tp_summon(ca_accelerator *acc, bool on) {
         if (!ca_tp_is_split(acc, p)) continue;
         ca_tp_whole *w = &m->whole[m->nwhole];
         *w = (ca_tp_whole){.p = p, .grad = p->grad, .grad_defined = p->grad_defined};
-        s = tp_split_of(acc, model, p, ca_module_param_name(model, i), &w->dim, &w->parts);
+        s = ca_tp_split_of(acc, model, p, ca_module_param_name(model, i), &w->dim, &w->parts);
         if (s != CA_OK) break;
         w->slice = p->shape[w->dim];
         m->nwhole++;   /* listed before it is gathered: a failure part-way is undone by the split */

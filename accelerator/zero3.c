@@ -565,7 +565,7 @@ static ca_status meta_slice(ca_accelerator *acc, const ca_zero_seg *sg) {
 /* A read of a file's bytes (a load deferred to here) can fail on one rank alone: the file cut short
  * after the load. Every rank then fails ca_prepare, the others naming the failed ones, where the run's
  * first collective would have waited for them. */
-static ca_status agree_filled(ca_accelerator *acc, ca_status s) {
+ca_status ca_agree_file_reads(ca_accelerator *acc, ca_status s, const char *who, const char *part) {
     if (acc->world < 2) return s;
     int64_t one = 1, bad = s != CA_OK;
     ca_scope *sc = ca_scope_begin();
@@ -574,8 +574,8 @@ static ca_status agree_filled(ca_accelerator *acc, ca_status s) {
     if (r == CA_OK) r = ca_tensor_to_host(t, &bad, sizeof bad);
     ca_scope_end(sc);
     if (s != CA_OK || r != CA_OK) return s != CA_OK ? s : r;
-    return bad ? ca_error(CA_ERR_PEER, "stage 3: %lld other rank(s) failed to read their shard of the model's "
-                          "files; see their errors", (long long)bad) : CA_OK;
+    return bad ? ca_error(CA_ERR_PEER, "%s: %lld other rank(s) failed to read their %s of the model's "
+                          "files; see their errors", who, (long long)bad, part) : CA_OK;
 }
 
 static ca_status fill_shard(ca_accelerator *acc) {
@@ -588,7 +588,7 @@ static ca_status fill_shard(ca_accelerator *acc) {
                 ? meta_slice(acc, &z->segs[k])
                 : ca_zero_copy_f32(acc->device, ca_zero_fptr(z->segs[k].param, z->segs[k].poff),
                                    ca_zero_fptr(z->pshard, z->segs[k].soff), z->segs[k].n);
-    if (files) s = agree_filled(acc, s);
+    if (files) s = ca_agree_file_reads(acc, s, "stage 3", "shard");
     for (int i = 0; s == CA_OK && i < z->nparams; i++) {   /* the shard holds the values now */
         ca_storage *st = z->params[i]->storage;
         ca_meta_init_free(st->meta);

@@ -418,14 +418,11 @@ static ca_status check_state_kind(const ca_st_file *f, int k, bool kept, bool sa
     return CA_OK;
 }
 
-/* Elements [from, from + n) of tensor e of f, verified (complete.json's chunk sums: only the chunks
- * they lie in) and then copied to out. */
+/* Elements [from, from + n) of tensor e of f into out, read with pread (the file's pages are not mapped
+ * into the rank) and verified (complete.json's chunk sums: only the chunks they lie in). */
 static ca_status read_range(ca_st_file *f, const ca_st_entry *e, int64_t from, int64_t n, float *out) {
     if (n <= 0) return CA_OK;
-    uint64_t at = f->data_start + e->begin + (uint64_t)from * sizeof(float);
-    ca_status s = ca_st_verify_range(f, at, (uint64_t)n * sizeof(float));
-    if (s == CA_OK) memcpy(out, (const char *)ca_st_data(f, e) + (size_t)from * sizeof(float), (size_t)n * sizeof(float));
-    return s;
+    return ca_st_read_range(f, f->data_start + e->begin + (uint64_t)from * sizeof(float), (uint64_t)n * sizeof(float), out);
 }
 
 /* Old shard k: its parameters into L->flat (lean: only the part that overlaps this rank's new

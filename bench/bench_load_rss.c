@@ -15,7 +15,10 @@
  * configuration says: fsdp_state_dict_type); --load-state DIR: ca_load_state instead of ca_load_model
  * (no optimizer in either: the parameters are what is measured). --early (implies --meta) loads --load
  * into the meta model before ca_prepare: at stage 3 ca_prepare then reads each rank's shard's bytes
- * alone, under DDP rank 0 reads and broadcasts. */
+ * alone, under DDP rank 0 reads and broadcasts. --tp-plan: the layers alternate colwise and rowwise
+ * (ca_tp_plan) under parallelism_config_tp_size; each rank then also prints load_s (the seconds of
+ * ca_load_model, or with --early of ca_prepare, which reads) and rchar_mb (the bytes read()/pread()
+ * read meanwhile, /proc/self/io; pages of a mapped file are counted in peak_file_mb instead). */
 #include <caccel/caccel.h>
 
 #include <pthread.h>
@@ -54,6 +57,22 @@ static void *sample(void *arg) {
     return NULL;
 }
 
+static long io_rchar(void) {
+    FILE *f = fopen("/proc/self/io", "r");
+    char line[256];
+    long v = -1;
+    while (f && fgets(line, sizeof line, f))
+        if (!strncmp(line, "rchar:", 6)) v = atol(line + 6);
+    if (f) fclose(f);
+    return v;
+}
+
+static double now_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
 static ca_module *model(int64_t layers, int64_t width) {
     ca_module *m, *l;
     CA_CHECK(ca_sequential_create(&m));
@@ -67,7 +86,7 @@ static ca_module *model(int64_t layers, int64_t width) {
 int main(int argc, char **argv) {
     int64_t layers = 16, width = 4096;
     const char *save = NULL, *load = NULL, *save_state = NULL, *load_state = NULL;
-    bool meta = false, early = false;
+    bool meta = false, early = false, plan = false;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--layers") && i + 1 < argc) layers = atoll(argv[++i]);
         else if (!strcmp(argv[i], "--width") && i + 1 < argc) width = atoll(argv[++i]);
@@ -77,6 +96,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--load-state") && i + 1 < argc) load_state = argv[++i];
         else if (!strcmp(argv[i], "--meta")) meta = true;
         else if (!strcmp(argv[i], "--early")) early = meta = true;
+        else if (!strcmp(argv[i], "--tp-plan")) plan = true;
         else if (ca_config_flag_arity(argv[i]) >= 0) i += ca_config_flag_arity(argv[i]);
         else { fprintf(stderr, "bench_load_rss: unknown argument %s\n", argv[i]); return 2; }
     }
@@ -90,16 +110,27 @@ int main(int argc, char **argv) {
     CA_CHECK(ca_init_empty_weights(meta));
     ca_module *m = model(layers, width);
     CA_CHECK(ca_init_empty_weights(false));
+    for (int64_t i = 0; plan && i < layers; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "%lld", (long long)i);
+        CA_CHECK(ca_tp_plan(m, name, i % 2 ? "rowwise" : "colwise"));
+    }
     if (save) {
         CA_CHECK(ca_save_model(acc, m, save, 0));
     } else if (save_state) {
         CA_CHECK(ca_prepare(acc, m, NULL, NULL));
         CA_CHECK(ca_save_state(acc, save_state));
     } else {
+        long r0 = io_rchar();
+        double t0 = now_s(), t1;
         if (load && early) CA_CHECK(ca_load_model(acc, m, load));   /* into the meta model: read at ca_prepare */
         CA_CHECK(ca_prepare(acc, m, NULL, NULL));
         long prep_anon = status_kb("RssAnon"), prep_file = status_kb("RssFile");
+        if (!early) r0 = io_rchar(), t0 = now_s();
         if (load && !early) CA_CHECK(ca_load_model(acc, m, load));
+        t1 = now_s();
+        if (plan) printf("rank=%d load_s=%.3f rchar_mb=%.1f\n", ca_process_index(acc), t1 - t0,
+                         (double)(io_rchar() - r0) / 1048576.0);
         if (load_state) CA_CHECK(ca_load_state(acc, load_state));
         long anon = status_kb("RssAnon"), file = status_kb("RssFile");
         atomic_store(&sp.stop, true);

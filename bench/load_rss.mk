@@ -13,3 +13,11 @@ bench: bench-load-rss
 bench-load-rss: bench/bench_load_rss$(EXEEXT) tools/caccel$(EXEEXT)
 	CACCEL_PLUGIN_PATH='$(abs_top_builddir)/collectives/.libs' bash $(top_srcdir)/bench/run_load_rss.sh \
 	  --bench ./bench/bench_load_rss$(EXEEXT) --caccel ./tools/caccel$(EXEEXT) $(BENCH_LOAD_RSS_ARGS)
+
+# Loading under tensor parallelism (bench/run_load_tp.sh): bytes read, peak RSS and seconds per rank at
+# tp 1, 2 and 4, beside PyTorch's safetensors get_slice (`make bench-load-tp`).
+EXTRA_DIST += bench/run_load_tp.sh bench/peers/torch_load_tp.py
+.PHONY: bench-load-tp
+bench-load-tp: bench/bench_load_rss$(EXEEXT) tools/caccel$(EXEEXT)
+	CACCEL_PLUGIN_PATH='$(abs_top_builddir)/collectives/.libs' TORCH_PYTHON='$(TORCH_PYTHON)' bash \
+	  $(top_srcdir)/bench/run_load_tp.sh --bench ./bench/bench_load_rss$(EXEEXT) --caccel ./tools/caccel$(EXEEXT)

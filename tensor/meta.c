@@ -316,37 +316,56 @@ bool ca_meta_from_file(const ca_tensor *t) {
 }
 
 static ca_status pread_all(ca_meta_src *src, void *dst, size_t len, uint64_t off) {
-    size_t done = 0;
-    while (done < len) {
-        ssize_t r = pread(src->fd, (char *)dst + done, len - done, (off_t)(off + done));
-        if (r < 0 && errno == EINTR) continue;
-        if (r <= 0)
-            return ca_error(CA_ERR_IO, "%s: reading %zu bytes at offset %" PRIu64 ": %s", src->path, len, off,
-                            r < 0 ? strerror(errno) : "the file is shorter than when it was checked");
-        done += (size_t)r;
-    }
-    atomic_fetch_add(&src->read, (uint64_t)len);
-    return CA_OK;
+    ca_status s = ca_st_pread(src->fd, src->path, dst, len, off);
+    if (s == CA_OK) atomic_fetch_add(&src->read, (uint64_t)len);
+    return s;
 }
 
-/* Elements [start, start + n) of the file's tensor into dst (host memory of dtype dt): read as they
- * are, or as f16/bf16 through a bounded buffer and widened to f32. */
-static ca_status read_op(const meta_op *op, ca_dtype dt, int64_t start, int64_t n, void *dst) {
-    size_t fes = ca_dtype_size(op->fdt);
-    uint64_t off = op->foff + (uint64_t)start * fes;
-    if (op->fdt == dt) return pread_all(op->src, dst, (size_t)n * fes, off);
+/* Elements [start, start + n) of the file's tensor at foff (of dtype fdt) into dst (host memory of dtype
+ * dt): read as they are, or as f16/bf16 through a bounded buffer and widened to f32. */
+static ca_status read_elems(ca_meta_src *src, uint64_t foff, ca_dtype fdt, ca_dtype dt, int64_t start, int64_t n,
+                            void *dst) {
+    size_t fes = ca_dtype_size(fdt);
+    uint64_t off = foff + (uint64_t)start * fes;
+    if (fdt == dt) return pread_all(src, dst, (size_t)n * fes, off);
     enum { CHUNK = 1 << 16 };
     uint16_t *h = malloc(CHUNK * sizeof *h);
-    if (!h) return ca_error(CA_ERR_NOMEM, "out of host memory reading %s", op->src->path);
+    if (!h) return ca_error(CA_ERR_NOMEM, "out of host memory reading %s", src->path);
     ca_status s = CA_OK;
     float *y = dst;
     for (int64_t i = 0; s == CA_OK && i < n; i += CHUNK) {
         size_t k = (size_t)(n - i < CHUNK ? n - i : CHUNK);
-        s = pread_all(op->src, h, k * fes, off + (uint64_t)i * fes);
+        s = pread_all(src, h, k * fes, off + (uint64_t)i * fes);
         for (size_t j = 0; s == CA_OK && j < k; j++)   /* safetensors is little-endian, as the host */
-            y[i + (int64_t)j] = op->fdt == CA_F16 ? ca_f16_to_f32(h[j]) : ca_bf16_to_f32(h[j]);
+            y[i + (int64_t)j] = fdt == CA_F16 ? ca_f16_to_f32(h[j]) : ca_bf16_to_f32(h[j]);
     }
     free(h);
+    return s;
+}
+
+static ca_status read_op(const meta_op *op, ca_dtype dt, int64_t start, int64_t n, void *dst) {
+    return read_elems(op->src, op->foff, op->fdt, dt, start, n, dst);
+}
+
+ca_status ca_meta_src_read_slice(ca_meta_src *src, uint64_t foff, ca_dtype fdt, ca_dtype dt, int ndim,
+                                 const int64_t *shape, const ca_slice *sl, void *dst) {
+    int64_t outer = 1, inner = 1, block = shape[sl->dim] / sl->parts;
+    for (int d = 0; d < sl->dim; d++) outer *= shape[d];
+    for (int d = sl->dim + 1; d < ndim; d++) inner *= shape[d];
+    int64_t run = sl->len * inner, at = 0, n = 0;   /* the pending run of adjacent elements: [at, at + n) */
+    char *out = dst;
+    ca_status s = CA_OK;
+    for (int64_t o = 0; s == CA_OK && o <= outer; o++)
+        for (int k = 0; s == CA_OK && k < sl->parts; k++) {
+            int64_t e = (o * shape[sl->dim] + k * block + sl->start) * inner;
+            if (o < outer && n && e == at + n) {   /* adjacent (dimension 0, one block): one read */
+                n += run;
+                continue;
+            }
+            if (n) s = read_elems(src, foff, fdt, dt, at, n, out);
+            out += (size_t)n * ca_dtype_size(dt);
+            at = e, n = o < outer ? run : 0;
+        }
     return s;
 }
 
@@ -364,6 +383,41 @@ ca_status ca_meta_fill_range(const ca_tensor *t, int64_t start, int64_t n, void 
     if (tmp) ca_device_free(cpu, tmp);
     return s;
 }
+
+ca_status ca_meta_materialize_slice_(ca_tensor *t, const ca_slice *sl) {
+    const struct ca_meta_init *mi = ca_tensor_is_meta(t) ? t->storage->meta : NULL;
+    bool whole_file = mi && mi->n == 1 && mi->ops[0].src && mi->ops[0].start == 0 && mi->ops[0].n == t->numel;
+    if (!whole_file) {   /* made by its initialisation, or not meta: whole, then narrowed */
+        ca_status s = ca_tensor_materialize_(t);
+        return s == CA_OK ? ca_tensor_narrow_(t, sl->dim, sl->parts, sl->start, sl->len) : s;
+    }
+    ca_storage *st = t->storage;
+    ca_device *cpu = ca_cpu_device();
+    if (!cpu) return ca_last_status();
+    size_t pbytes = st->bytes / (size_t)t->shape[sl->dim] * (size_t)(sl->len * sl->parts);
+    void *p = NULL, *h = NULL;
+    ca_status s = ca_device_alloc(st->dev, pbytes, &p);
+    if (s == CA_OK && st->dev != cpu) s = ca_device_alloc(cpu, pbytes, &h);
+    if (s == CA_OK) s = ca_meta_src_read_slice(mi->ops[0].src, mi->ops[0].foff, mi->ops[0].fdt, t->dtype, t->ndim,
+                                               t->shape, sl, h ? h : p);
+    if (s == CA_OK && h) s = ca_device_copy_from_host(st->dev, p, h, pbytes);
+    if (h) ca_device_free(cpu, h);
+    if (s != CA_OK) {
+        if (p) ca_device_free(st->dev, p);
+        return ca_error_context("reading this rank's slice of '%s' (%zu bytes)", t->name ? t->name : "", pbytes);
+    }
+    st->ptr = p;
+    st->bytes = pbytes;
+    st->absent = NULL;
+    ca_meta_init_free(st->meta);
+    st->meta = NULL;
+    t->shape[sl->dim] = sl->len * sl->parts;
+    ca_tensor_set_contiguous(t);
+    t->version++;
+    return CA_OK;
+}
+
+ca_status ca_meta_src_open(const ca_st_file *f, ca_meta_src **out) { return src_open(f, out); }
 
 ca_status ca_meta_load_entry(ca_tensor *t, const ca_st_file *f, const ca_st_entry *e, ca_meta_src **src) {
     if (ca_tensor_is_meta(t) && ca_init_empty_weights_enabled()) return ca_meta_record_file(t, f, e, src);

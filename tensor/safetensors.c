@@ -268,11 +268,11 @@ static ca_status st_verify_whole(ca_st_file *f) {
     return CA_OK;
 }
 
-static ca_status st_verify_chunk(ca_st_file *f, size_t c) {
-    if (f->chunk_ok[c]) return CA_OK;
+/* Chunk c verified from `bytes`, its bytes (of the mapping, or read): each chunk once. */
+static ca_status st_check_chunk(ca_st_file *f, size_t c, const uint8_t *bytes) {
     uint64_t b = (uint64_t)c * f->sums.chunk_size, e = b + f->sums.chunk_size;
     if (e > f->size) e = f->size;
-    uint32_t got = st_crc(f->buf + b, e - b);
+    uint32_t got = st_crc(bytes, e - b);
     f->verified += e - b;
     if (got != f->sums.chunk_crc[c])
         return ca_error(CA_ERR_IO, "%s: corrupt: CRC-32 %08" PRIx32 " in chunk %zu of %zu (bytes %" PRIu64 " to %"
@@ -280,6 +280,64 @@ static ca_status st_verify_chunk(ca_st_file *f, size_t c) {
                         f->sums.chunk_crc[c]);
     f->chunk_ok[c] = 1;
     return CA_OK;
+}
+
+static ca_status st_verify_chunk(ca_st_file *f, size_t c) {
+    return f->chunk_ok[c] ? CA_OK : st_check_chunk(f, c, f->buf + (uint64_t)c * f->sums.chunk_size);
+}
+
+ca_status ca_st_pread(int fd, const char *path, void *dst, size_t len, uint64_t off) {
+    size_t done = 0;
+    while (done < len) {
+        ssize_t r = pread(fd, (char *)dst + done, len - done, (off_t)(off + done));
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0)
+            return ca_error(CA_ERR_IO, "%s: reading %zu bytes at offset %" PRIu64 ": %s", path, len, off,
+                            r < 0 ? strerror(errno) : "the file is shorter than when it was checked");
+        done += (size_t)r;
+    }
+    return CA_OK;
+}
+
+static ca_status st_pread(ca_st_file *f, void *dst, uint64_t len, uint64_t off) {
+    f->read += len;
+    return ca_st_pread(f->fd, f->path, dst, (size_t)len, off);
+}
+
+/* Chunk c's part [lo, hi) into dst: read with the rest of the chunk into bounce and verified, the
+ * first time; by itself once the chunk is verified. */
+static ca_status st_read_chunk_part(ca_st_file *f, size_t c, uint64_t lo, uint64_t hi, uint8_t *bounce, uint8_t *dst) {
+    if (f->chunk_ok[c]) return st_pread(f, dst, hi - lo, lo);
+    uint64_t b = (uint64_t)c * f->sums.chunk_size, e = b + f->sums.chunk_size < f->size ? b + f->sums.chunk_size : f->size;
+    ca_status s = st_pread(f, bounce, e - b, b);
+    if (s == CA_OK) s = st_check_chunk(f, c, bounce);
+    if (s == CA_OK) memcpy(dst, bounce + (lo - b), hi - lo);
+    return s;
+}
+
+ca_status ca_st_read_range(ca_st_file *f, uint64_t off, uint64_t len, void *dst) {
+    bool chunked = f->has_sums && f->sums.chunk_size && f->sums.nchunks;
+    if (!f->mapped || (f->has_sums && !chunked)) {   /* in memory already; or verified whole (an older checkpoint) */
+        ca_status s = ca_st_verify_range(f, off, len);
+        if (s != CA_OK || len == 0) return s;
+        if (f->mapped) return st_pread(f, dst, len, off);
+        memcpy(dst, f->buf + off, (size_t)len);
+        return CA_OK;
+    }
+    if (off > f->size || len > f->size - off)
+        return ca_error(CA_ERR_INVALID, "%s: bytes %" PRIu64 " to %" PRIu64 " lie outside its %zu bytes", f->path, off,
+                        off + len, f->size);
+    if (len == 0) return st_still_whole(f);
+    if (!chunked) return st_pread(f, dst, len, off);
+    uint64_t cs = f->sums.chunk_size;
+    uint8_t *bounce = malloc((size_t)cs);
+    ca_status s = bounce ? CA_OK : ca_error(CA_ERR_NOMEM, "%s: out of memory", f->path);
+    for (uint64_t c = off / cs; s == CA_OK && c <= (off + len - 1) / cs; c++) {
+        uint64_t lo = c * cs > off ? c * cs : off, hi = (c + 1) * cs < off + len ? (c + 1) * cs : off + len;
+        s = st_read_chunk_part(f, (size_t)c, lo, hi, bounce, (uint8_t *)dst + (lo - off));
+    }
+    free(bounce);
+    return s;
 }
 
 ca_status ca_st_verify_range(ca_st_file *f, uint64_t off, uint64_t len) {
@@ -356,8 +414,8 @@ static long long st_resident(const void *addr) {
 void ca_st_close(ca_st_file *f) {
     if (!f) return;
     if (f->path && f->buf && getenv("CACCEL_TEST_ST_REPORT"))
-        fprintf(stderr, "safetensors: %s: %" PRIu64 " of %zu bytes verified, %lld resident\n", f->path, f->verified,
-                f->size, f->mapped ? st_resident(f->buf) : -1);
+        fprintf(stderr, "safetensors: %s: %" PRIu64 " of %zu bytes verified, %lld resident, %" PRIu64 " read\n",
+                f->path, f->verified, f->size, f->mapped ? st_resident(f->buf) : -1, f->read);
     for (int i = 0; i < f->n; i++) free(f->entries[i].name);
     free(f->entries);
     if (f->mapped) {

@@ -50,6 +50,7 @@ typedef struct ca_st_file {
     ca_st_sums sums;
     uint8_t *chunk_ok;                 /* [sums.nchunks]: chunk verified (each is hashed once) */
     uint64_t verified;                 /* bytes hashed so far (CACCEL_TEST_ST_REPORT) */
+    uint64_t read;                     /* bytes read by ca_st_read_range's pread (CACCEL_TEST_ST_REPORT) */
 } ca_st_file;
 
 /* Maps (or reads) and validates `path`. Errors (CA_ERR_NOT_FOUND, CA_ERR_IO for a truncated or
@@ -66,9 +67,19 @@ ca_status ca_st_open_checked(const char *path, const ca_st_sums *sums, bool whol
  * mapping would fault on access: SIGBUS). A file opened without sums has nothing to verify: only
  * the size is checked. */
 ca_status ca_st_verify_range(ca_st_file *f, uint64_t off, uint64_t len);
+/* Bytes [off, off + len) of the file into dst, verified as ca_st_verify_range verifies them, read
+ * with pread rather than through the mapping (whose pages then stay out of the process): a chunk
+ * not yet verified is read whole into a buffer of the chunk's size, hashed and the part copied; a
+ * verified one's part is read alone. A file in memory (no mapping), or one verified whole (sums
+ * without chunks), is copied from there. Errors name the file (a file cut short: CA_ERR_IO). */
+ca_status ca_st_read_range(ca_st_file *f, uint64_t off, uint64_t len, void *dst);
+/* pread of len bytes at off from descriptor fd of file `path`, all of them: a short file is CA_ERR_IO
+ * "<path>: reading N bytes at offset O: the file is shorter than when it was checked". */
+ca_status ca_st_pread(int fd, const char *path, void *dst, size_t len, uint64_t off);
 /* Releases the mapping or the buffer; with CACCEL_TEST_ST_REPORT set, first prints to stderr
- * "safetensors: <path>: <v> of <size> bytes verified, <r> resident" (r: the mapping's resident
- * bytes from /proc/self/smaps, -1 where unknown), the tests' measure of what a load read. */
+ * "safetensors: <path>: <v> of <size> bytes verified, <r> resident, <p> read" (r: the mapping's
+ * resident bytes from /proc/self/smaps, -1 where unknown; p: the bytes ca_st_read_range read), the
+ * tests' measure of what a load read. */
 void ca_st_close(ca_st_file *f);
 /* The entry called `name`, or NULL. */
 const ca_st_entry *ca_st_find(const ca_st_file *f, const char *name);

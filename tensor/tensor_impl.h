@@ -167,6 +167,27 @@ struct ca_st_entry;
 ca_status ca_meta_record_file(ca_tensor *t, const struct ca_st_file *f, const struct ca_st_entry *e,
                               ca_meta_src **src);
 void ca_meta_src_unref(ca_meta_src *src);
+/* A slice of a row-major tensor: in each of `parts` equal blocks of dimension dim, [start, start + len)
+ * (a tensor-parallel rank's rows or column block, ca_tensor_narrow_'s slice). */
+typedef struct ca_slice {
+    int dim, parts;
+    int64_t start, len;
+} ca_slice;
+/* A source for file f's tensors (its descriptor kept open: the file checked is the file read), for
+ * reads by byte range without a mapping; released with ca_meta_src_unref, which reports the bytes
+ * read under CACCEL_TEST_ST_REPORT ("meta: <path>: <n> of <size> bytes read"). */
+ca_status ca_meta_src_open(const struct ca_st_file *f, ca_meta_src **out);
+/* Slice sl of the tensor of `shape` stored at byte foff of src's file as fdt, into host memory dst
+ * (row-major, the slice's shape, dtype dt: fdt itself, or f32 widened from f16/bf16) with pread:
+ * one read per run of adjacent elements (a slice of dimension 0 in one block: one read; a column
+ * block: one per row). A file shorter than when it was checked is CA_ERR_IO naming it. */
+ca_status ca_meta_src_read_slice(ca_meta_src *src, uint64_t foff, ca_dtype fdt, ca_dtype dt, int ndim,
+                                 const int64_t *shape, const ca_slice *sl, void *dst);
+/* Meta tensor t, whose values a deferred load reads from a file, gets memory for slice sl alone and
+ * those bytes of the file (ca_meta_src_read_slice), its dimension sl->dim now sl->len * sl->parts long:
+ * ca_tensor_materialize_ then ca_tensor_narrow_ without the whole tensor. A tensor made by its
+ * recorded initialisation (or not meta) is made whole and narrowed. */
+ca_status ca_meta_materialize_slice_(ca_tensor *t, const ca_slice *sl);
 /* A pretrained loader's copy of entry e of file f (checked: t's shape; its dtype or f16/bf16 for an
  * f32 t) into parameter t: while ca_init_empty_weights is on and t is meta, deferred
  * (ca_meta_record_file, *src as there); else t (given memory if meta) gets the values now. */

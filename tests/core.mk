@@ -124,6 +124,8 @@ EXTRA_DIST += tests/test_load_meta_restore.sh tests/bcast_stall.sh
 # each rank reads only its shard's bytes at ca_prepare (DDP: rank 0 reads and broadcasts).
 TESTS += tests/test_load_meta_zero3.sh
 EXTRA_DIST += tests/test_load_meta_zero3.sh
+TESTS += tests/test_load_tp.sh
+EXTRA_DIST += tests/test_load_tp.sh
 # Broken files in the plugin path (truncated, text, not a plugin) are skipped with a warning naming each.
 TESTS += tests/test_plugin_files.sh
 EXTRA_DIST += tests/test_plugin_files.sh

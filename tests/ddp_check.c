@@ -45,6 +45,8 @@
  * --meta builds the model under ca_init_empty_weights (no storage until ca_prepare); with --mem every
  *   rank prints prepare_peak_bytes (the allocator's peak from before the model was built to the end of
  *   ca_prepare), model_bytes and largest_param_bytes.
+ * --tp-plan: the layers alternate colwise and rowwise (fc1 colwise, fc2 rowwise) under
+ *   parallelism_config_tp_size; --depth must then be even.
  * --hidden H widens the hidden layer (32); --depth D adds D Linear(H, H)+Tanh layers (0); --mem prints
  * state_bytes: the allocator's bytes in use before the last step for parameters, gradients and
  * optimizer state (the growth from before ca_prepare, plus the parameters the model held then; the
@@ -76,7 +78,7 @@ typedef struct opts {
     bool state_digest, leave;   /* --leave: see --try-load-early */
     int64_t sched_total;
     double lr;
-    bool mem, digest, inf_input, read_sharded, adamw, meta;
+    bool mem, digest, inf_input, read_sharded, adamw, meta, tp_plan;
     int stop_rank;               /* --stop-rank R: rank R stops itself (SIGSTOP) before micro-step 3 */
     int lsgd_steps, sim;         /* --local-sgd-steps K, --sim N */
     int save_every, halt_step;   /* --save-every N, --halt-step S, --gate-step S --gate FILE: see elastic_train */
@@ -88,6 +90,18 @@ typedef struct opts {
 
 static ca_dataset *synthetic(int64_t n) {
     return synthetic_classes(n, 8, 3);
+}
+
+/* --tp-plan: fc1, h1, h3, ... colwise, h0, h2, ..., fc2 rowwise (a colwise layer's split output into the
+ * next rowwise one; --depth even), applied at parallelism_config_tp_size above 1. */
+static void tp_plan(ca_module *m, int64_t depth) {
+    CA_CHECK(ca_tp_plan(m, "fc1", "colwise"));
+    for (int64_t i = 0; i < depth; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "h%lld", (long long)i);
+        CA_CHECK(ca_tp_plan(m, name, i % 2 ? "colwise" : "rowwise"));
+    }
+    CA_CHECK(ca_tp_plan(m, "fc2", "rowwise"));
 }
 
 static ca_module *model(int64_t hidden, int64_t depth) {
@@ -289,6 +303,7 @@ static opts parse(int argc, char **argv) {
         else if (!strcmp(argv[i], "--mem")) o.mem = true;
         else if (!strcmp(argv[i], "--adamw")) o.adamw = true;
         else if (!strcmp(argv[i], "--meta")) o.meta = true;
+        else if (!strcmp(argv[i], "--tp-plan")) o.tp_plan = true;
         else if (!strcmp(argv[i], "--digest")) o.digest = true;
         else if (!strcmp(argv[i], "--inf-input")) o.inf_input = true;
         else if (!strcmp(argv[i], "--read-sharded")) o.read_sharded = true;
@@ -462,6 +477,7 @@ int main(int argc, char **argv) {
     /* only --meta switches it: under zero3_init_flag the accelerator has switched it on already */
     if (o.meta) CA_CHECK(ca_init_empty_weights(true));
     ca_module *m = model(o.hidden, o.depth);
+    if (o.tp_plan) tp_plan(m, o.depth);
     if (o.meta) CA_CHECK(ca_init_empty_weights(false));
     if (ca_module_is_meta(m)) printf("rank=%d model_meta=1\n", ca_process_index(acc));
     if (o.try_early) {   /* a failed load before prepare leaves the model as it was */

@@ -2,7 +2,8 @@
 # A full state dict loaded under ZeRO (stage 2, 2 ranks over caccel launch): complete.json's chunk
 # sums let each rank verify and read only its slice of the optimizer state (the bytes it hashed stay
 # under 3/4 of the file and the resident pages of its mapping under 7/8, from CACCEL_TEST_ST_REPORT, where
-# reading the file whole gives all of it); resumed == uninterrupted; a corrupt chunk inside one
+# reading the file whole gives all of it), with pread (under 3/4 of the file read, its mapping holding
+# under a quarter: the header); resumed == uninterrupted; a corrupt chunk inside one
 # rank's slice fails that rank's check, named, and the load on every rank; a checkpoint without
 # chunk sums (written before them) still loads, verified whole; a chunk list of the wrong length is
 # refused by name. A sharded state dict (SHARDED_STATE_DICT, 2 ranks): each rank verifies its own
@@ -20,6 +21,8 @@ zfm() { launch 2 "$be" --use_deepspeed --zero_stage 2 "$FM" --batch-size 128 --e
 
 # report FILE NAME: the "V S R" (verified, size, resident) of each rank's NAME in FILE's report lines
 report() { sed -n "s|^.*safetensors: .*/$2: \([0-9]*\) of \([0-9]*\) bytes verified, \(-*[0-9]*\) resident.*|\1 \2 \3|p" "$1"; }
+# preads FILE NAME: the "P S R" (bytes read by pread, size, resident) of each rank's NAME
+preads() { sed -n "s|^.*safetensors: .*/$2: [0-9]* of \([0-9]*\) bytes verified, \(-*[0-9]*\) resident, \([0-9]*\) read$|\3 \1 \2|p" "$1"; }
 # flip FILE OFFSET: one byte changed
 flip() {
     b=$(od -An -tu1 -j "$2" -N1 "$1" | tr -d ' ')
@@ -44,6 +47,15 @@ while read -r v size res; do
     # folios): more than the slice, but well short of the file, which reading it whole maps all of
     [ "$res" -ge 0 ] && [ $((res * 8)) -lt $((size * 7)) ] || fail "a rank's mapping has $res of $size bytes resident"
 done < "$WORK/r"
+# the slices are read with pread, not through the mapping: a rank reads under 3/4 of the file and its
+# mapping holds only the header's pages (and those the kernel maps around them)
+preads "$WORK/o" optimizer.safetensors > "$WORK/p"
+[ "$(wc -l < "$WORK/p")" = 2 ] || { cat "$WORK/o"; fail "not one pread count per rank for optimizer.safetensors"; }
+while read -r p size res; do
+    echo "  optimizer.safetensors: $p of $size bytes read by pread, $res resident"
+    [ "$p" -gt 0 ] && [ $((p * 4)) -lt $((size * 3)) ] || fail "a rank read $p of $size bytes: not its slice by pread"
+    [ $((res * 4)) -lt "$size" ] || fail "a rank's mapping has $res of $size bytes resident: its slice was mapped"
+done < "$WORK/p"
 report "$WORK/o" model.safetensors | while read -r v size res; do
     [ "$v" = "$size" ] || fail "model.safetensors: $v of $size bytes verified: every rank needs it whole"
 done || exit 1
