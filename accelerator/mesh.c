@@ -35,12 +35,6 @@ static const char *mesh_why(const ca_accelerator *acc, const ca_mesh_shape *m, b
         snprintf(why, sizeof why, "the lazy device does not run %s parallelism yet", what);
         return why;
     }
-    const char *strategy = ca_config_get(acc->cfg, "parallelism_config.parallelism_config_cp_comm_strategy");
-    if (!tp && strategy && strcmp(strategy, "allgather") != 0) {
-        *key = "parallelism_config.parallelism_config_cp_comm_strategy";
-        return "context parallelism exchanges keys and values by all-gather only (alltoall, Ulysses' head "
-               "exchange, is not supported yet)";
-    }
     if (!tp && !ca_device_is_host(acc->device)) {
         *key = "use_cpu";
         return "context parallelism runs on the CPU device only (not yet on a GPU)";
