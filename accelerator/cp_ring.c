@@ -245,6 +245,8 @@ static ca_status ring_forward_run(ca_device *dev, const ring *r, float *const q[
 
 ca_tensor *ca_cp_ring_attention(ca_comm *comm, int rank, int size, ca_tensor *q, ca_tensor *k, ca_tensor *v,
                                 double scale) {
+    /* as the attention op: f32 under autocast, else the queries' dtype */
+    ca_dtype out_dt = !q || ca_autocast_dtype() != CA_F32 ? CA_F32 : q->dtype;
     q = ca_contiguous(ca_cast(q, CA_F32));
     k = ca_contiguous(ca_cast(k, CA_F32));
     v = ca_contiguous(ca_cast(v, CA_F32));
@@ -285,5 +287,6 @@ ca_tensor *ca_cp_ring_attention(ca_comm *comm, int rank, int size, ca_tensor *q,
         lse = NULL;
     }
     free(lse);
-    return s == CA_OK ? out : NULL;
+    if (s != CA_OK) return NULL;
+    return out_dt == CA_F32 ? out : ca_cast(out, out_dt);
 }

@@ -68,6 +68,13 @@ def vocab_parallel():
     return False
 
 
+# the cp communicator's bytes a step at cp 2, in units of L*B*T*C*4, and what they are
+CP_FORMULAS = {
+    "cp2": (2, ": per layer K and V all-gathered forward and their gradients reduce-scattered backward, each "
+               "(cp - 1) x B*T/cp*C*4 B at cp 2: 4*L*B*T*C*4*(cp-1)/cp"),
+    "cpring2": (3, " (ring): per layer K and V passed on cp - 1 times forward and again backward, and the visiting "
+                   "blocks' K and V gradients sent back to their owners, 6*(cp-1) x B*T/cp*C*4 B: at cp 2 3*L*B*T*C*4"),
+}
 print("bytes per step per communicator (rank 0's trace; collectives of the recorded steps / their count):")
 for mode in ("1", "dp2", "tp2", "cp2", "cpring2"):
     tr = trace(mode)
@@ -94,18 +101,12 @@ for mode in ("1", "dp2", "tp2", "cp2", "cpring2"):
             text = (f"(4*L + 2)*B*T*C*4 + 3*B*T*4 + 4 = {f:,} (vocabulary-parallel: the embedding's forward and the "
                     "tied LM head's input gradient B*T*C each, the cross-entropy's max, sum and target B*T each)")
         print(f"    tp formula: {text}; measured {tp:,.0f} ({tp / f:.4f}x)")
-    if mode == "cp2":
+    if mode in CP_FORMULAS:
         cp = tot.get("cp", 0) / steps
-        f = 2 * L * B * T * C * 4 + 16
-        print(f"    cp formula: per layer K and V all-gathered forward and their gradients reduce-scattered backward, "
-              f"each (cp - 1) x B*T/cp*C*4 B at cp 2: 4*L*B*T*C*4*(cp-1)/cp + 16 (the loss's token count, sum and "
-              f"gradient) = {f:,}; measured {cp:,.0f} ({cp / f:.4f}x)")
-    if mode == "cpring2":
-        cp = tot.get("cp", 0) / steps
-        f = 3 * L * B * T * C * 4 + 16
-        print(f"    cp formula (ring): per layer K and V passed on cp - 1 times forward and again backward, and the "
-              f"visiting blocks' K and V gradients sent back to their owners, 6*(cp-1) x B*T/cp*C*4 B: at cp 2 "
-              f"3*L*B*T*C*4 + 16 = {f:,}; measured {cp:,.0f} ({cp / f:.4f}x)")
+        units, text = CP_FORMULAS[mode]
+        f = units * L * B * T * C * 4 + 16
+        print(f"    cp formula{text} + 16 (the loss's token count, sum and gradient) = {f:,}; measured {cp:,.0f} "
+              f"({cp / f:.4f}x)")
     if mode in ("dp2", "cp2", "cpring2"):
         P = params(mode)
         big = sum(nb * k for (cm, op, nb), k in c.items() if op == "all_reduce" and nb > 64) / steps
