@@ -66,6 +66,8 @@
  *                buffer compared exactly with the sender's values
  *   p2p-kill     two ring shifts, then the victim (--victim, default the last rank)
  *                kills itself with SIGKILL; the others shift on and must fail naming it
+ *   p2p-late     two ring shifts, then the last rank sleeps (--sleep-ms) before the third,
+ *                which the others must fail by the timeout (--timeout-ms) naming it
  * --gate FILE: before creating the communicator, a rank says "comm_check: rank R at
  * the gate" and waits (at most 300 s) until FILE exists. A test that opens the gate
  * once every rank is there starts every rendezvous at once, however long the
@@ -516,14 +518,23 @@ static int p2p_mode(ca_comm *c, const opts *o) {
     return 0;
 }
 
-/* The victim dies after two ring shifts; the others shift on and must fail naming it. */
+/* The victim dies (p2p-kill) or is late (p2p-late) after two ring shifts; the others shift on and must
+ * fail naming it: its death, or the timeout of the shift it did not reach. */
 static int p2p_kill_mode(ca_comm *c, const opts *o) {
     int r = ca_comm_rank(c), w = ca_comm_size(c), victim = o->victim >= 0 ? o->victim : w - 1;
+    bool late = strcmp(o->mode, "p2p-late") == 0;
     float x[64] = {0}, y[64];
     for (int i = 0; i < 2; i++)
         if (ca_comm_sendrecv(c, x, 64, (r + 1) % w, y, 64, (r + w - 1) % w, CA_F32, NULL) != CA_OK)
             return die(r, "warm-up sendrecv");
-    if (r == victim) {
+    if (late && r == victim) {
+        usleep((useconds_t)o->sleep_ms * 1000);
+        ca_status s = ca_comm_sendrecv(c, x, 64, (r + 1) % w, y, 64, (r + w - 1) % w, CA_F32, NULL);
+        printf("comm_check: %s late rank %d (%s): %s\n", s != CA_OK ? "EXPECTED" : "UNEXPECTED", r, ca_status_name(s),
+               s != CA_OK ? ca_last_error() : "succeeded");
+        return s != CA_OK ? 0 : 1;
+    }
+    if (!late && r == victim) {
         printf("comm_check: rank %d dies after two ring shifts\n", r);
         fflush(stdout);
         raise(SIGKILL);
@@ -534,7 +545,7 @@ static int p2p_kill_mode(ca_comm *c, const opts *o) {
     const char *m = ca_last_error();
     char who[64];
     snprintf(who, sizeof who, "rank %d ", victim);
-    bool named = s != CA_OK && strstr(m, who) && strstr(m, "sendrecv");
+    bool named = s != CA_OK && strstr(m, who) && strstr(m, "sendrecv") && (!late || s == CA_ERR_TIMEOUT);
     printf("comm_check: %s rank %d failed (%s): %s\n", named ? "EXPECTED" : "UNEXPECTED", r, ca_status_name(s), m);
     return named ? o->fail_code : 1;
 }
@@ -739,7 +750,7 @@ int main(int argc, char **argv) {
     }
     else if (strcmp(o.mode, "fault") == 0) rc = fault_mode(c, &o);
     else if (strcmp(o.mode, "p2p") == 0) rc = p2p_mode(c, &o);
-    else if (strcmp(o.mode, "p2p-kill") == 0) rc = p2p_kill_mode(c, &o);
+    else if (strcmp(o.mode, "p2p-kill") == 0 || strcmp(o.mode, "p2p-late") == 0) rc = p2p_kill_mode(c, &o);
     else if (strcmp(o.mode, "ondemand") == 0) rc = ondemand_mode(c, &o);
     else if (strcmp(o.mode, "last-bcast") == 0) {
         rc = last_bcast_mode(c);

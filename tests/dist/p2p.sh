@@ -3,7 +3,8 @@
 # shared memory and TCP alike: point-to-point always takes the pairs) and MPI (mpirun): ring shifts of
 # payloads distinct per rank at 0, 1, 97 elements and 16 MiB (9 under the sanitizers), blocking and
 # asynchronous, one-sided sends and receives, send and recv in flight together; a peer killed with
-# SIGKILL between two shifts ends the others naming it (Gloo), or mpirun stops the job naming it (MPI).
+# SIGKILL between two shifts ends the others naming it (Gloo), or mpirun stops the job naming it (MPI); a
+# peer late for a shift ends the other by the timeout, naming it (Gloo).
 . "$(dirname "$0")/lib.sh"
 need_caccel
 clean() {
@@ -25,6 +26,11 @@ if [ -e "$BUILD/collectives/.libs/caccel_gloo.so" ]; then
         count $((np - 1)) "comm_check: EXPECTED rank .* (CA_ERR_PEER): sendrecv #[0-9]* (f32, 64 elements, to rank [0-9], from rank [0-9]) on rank [0-9] cannot complete: .*rank $v died" "$WORK/out"
         clean
     done
+    note "caccel launch -n 2, gloo: rank 1 is late for a ring shift (timeout 3 s, late by 6 s)"
+    timeout 120 "$CACCEL" launch -q --num_processes 2 --main_process_port 0 "$CHECK" --tag "$TAG" --backend gloo \
+        --mode p2p-late --timeout-ms 3000 --sleep-ms 6000 >"$WORK/out" 2>&1
+    count 1 "comm_check: EXPECTED rank 0 failed (CA_ERR_TIMEOUT): sendrecv #2 (f32, 64 elements, to rank 1, from rank 1) timed out after 3 s on rank 0.*rank 1 " "$WORK/out"
+    clean
 fi
 if command -v "${MPIRUN:-mpirun}" >/dev/null 2>&1 && [ -e "$BUILD/collectives/.libs/caccel_mpi.so" ]; then
     for np in 2 4; do
