@@ -2,7 +2,7 @@
  * holds T / cp tokens of every sequence, in load-balanced causal chunks (the sequence cut into 2 cp
  * chunks; rank r keeps chunks r and 2 cp - 1 - r, so every rank's causal work is the same), and causal
  * attention all-gathers keys and values over the cp communicator (torch's default "allgather" rotation;
- * the collectives layer has no point-to-point send for a ring). The gradients of the gathered keys and
+ * "alltoall" passes them round a ring instead: cp_ring.c). The gradients of the gathered keys and
  * values are reduce-scattered back to their owners; the loss is the mean over the tokens of all cp
  * ranks. */
 #include "accelerator/mesh_impl.h"
@@ -16,6 +16,7 @@ typedef struct cp_split {
     ca_comm *comm;
     int rank, size;
     int64_t seq;    /* the whole sequence's length */
+    bool ring;      /* parallelism_config_cp_comm_strategy alltoall: ring attention (cp_ring.c) */
     const char *origin;
 } cp_split;
 static _Thread_local cp_split cur;
@@ -157,6 +158,7 @@ static ca_tensor *cp_attention(void *ctx, ca_tensor *q, ca_tensor *k, ca_tensor 
                  (long long)tl, (long long)tl, (long long)cur.seq);
         return NULL;
     }
+    if (cur.ring) return ca_cp_ring_attention(cur.comm, cur.rank, cur.size, q, k, v, scale);
     ca_tensor *kw = gather_seq(k), *vw = kw ? gather_seq(v) : NULL;
     CA_OP_NULLCHECK2(kw, vw);
     int64_t c = tl / 2;
@@ -222,7 +224,9 @@ ca_status ca_maybe_context_parallel(ca_accelerator *acc, int n, ca_tensor **buff
         if (!(local[i] = split_one(buffers[i], seq_dims[i], r, cp))) s = ca_last_status();
     if (s == CA_OK) {
         memcpy(buffers, local, sizeof *local * (size_t)n);
+        const char *strategy = ca_config_get(acc->cfg, "parallelism_config.parallelism_config_cp_comm_strategy");
         cur = (cp_split){.comm = acc->mesh->comm[CA_MESH_CP], .rank = r, .size = cp, .seq = seq,
+                         .ring = strategy && strcmp(strategy, "alltoall") == 0,
                          .origin = ca_config_origin(acc->cfg, "parallelism_config.parallelism_config_cp_size")};
         ca_attention_set_hook(cp_attention, NULL);
     }

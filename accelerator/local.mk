@@ -33,6 +33,7 @@ libcaccel_la_SOURCES += \
 	accelerator/mesh.c \
 	accelerator/tp.c \
 	accelerator/cp.c \
+	accelerator/cp_ring.c \
 	accelerator/tp_state.c \
 	accelerator/tp_seq.c \
 	accelerator/autocast.c \

@@ -99,5 +99,11 @@ bool ca_cp_active(void);
 ca_tensor *ca_cp_mean(ca_tensor *sum, int64_t counted);
 /* ca_cross_entropy (mean over the labels that are not -100) through ca_cp_mean. */
 ca_tensor *ca_cp_cross_entropy(ca_tensor *logits, ca_tensor *labels);
+/* Ring attention (cp_ring.c; parallelism_config_cp_comm_strategy alltoall): causal attention of this cp
+ * rank's two load-balanced chunks q [B, H, 2c, D] against the whole sequence, k and v [B, Hkv, 2c, D]
+ * (its own chunks) passed round the ring of `comm` (rank `rank` of `size`) by sendrecv. f32 on host
+ * memory; the recorded backward rotates them again with their gradients. scale <= 0: 1 / sqrt(D). */
+ca_tensor *ca_cp_ring_attention(ca_comm *comm, int rank, int size, ca_tensor *q, ca_tensor *k, ca_tensor *v,
+                                double scale);
 
 #endif

@@ -3,8 +3,10 @@
 # batch at 1 process, dp 2 (2 processes, plain data parallel) and tp 2 (2 processes,
 # parallelism_config_tp_size 2: c_attn colwise fused, attn c_proj rowwise, mlp c_fc colwise, mlp c_proj
 # rowwise), with --modes naming them, tp 2 with --sequence_parallel (tp2sp: the LayerNorms and the residual
-# stream on each rank's half of the tokens) and cp 2 (2 processes, parallelism_config_cp_size 2: each rank 128 of
-# every 256 tokens, keys and values all-gathered), under caccel launch (Gloo), --threads threads a process
+# stream on each rank's half of the tokens), cp 2 (2 processes, parallelism_config_cp_size 2: each rank 128 of
+# every 256 tokens, keys and values all-gathered) and cpring2 (the same with
+# parallelism_config_cp_comm_strategy alltoall: ring attention, keys and values passed round by
+# sendrecv), under caccel launch (Gloo), --threads threads a process
 # (default 1; OMP_NUM_THREADS and OPENBLAS_NUM_THREADS, the PyTorch peer's torch.set_num_threads);
 # alternating, medians of REPS runs. Prints
 #   (a) tokens/s (the accelerator's throughput line, log_interval 1: the whole job's rate, a tp group's
@@ -21,7 +23,8 @@
 #   default  6 layers x 384 channels, 6 heads, T 256, B 8 (bench/run_transformer.sh's larger GPT shape)
 #   wide     2 layers x 1024 channels, 8 heads, T 128, B 8
 #   tiny     2 layers x 64 channels, 2 heads, T 32, B 8 (a check of the script, in seconds)
-# usage: run_tp.sh --gpt PATH --caccel PATH [--reps N] [--steps N] [--shapes default,wide] [--modes 1,dp2,tp2,tp2sp,cp2]
+# usage: run_tp.sh --gpt PATH --caccel PATH [--reps N] [--steps N] [--shapes default,wide]
+#                  [--modes 1,dp2,tp2,tp2sp,cp2,cpring2]
 #                  [--threads N] [--no-torch]
 # Environment: CACCEL_BENCH_PYTHON (else TORCH_PYTHON, else python3): the interpreter with torch >= 2.2
 # for the peer; CACCEL_FORTUNES_DIR (the example's corpus).
@@ -69,6 +72,8 @@ run() {
                  "$work/rss" "$gpt" "$@" > "$out" 2>&1 ;;
         tp2sp) "$caccel" launch --num_processes 2 --cpu --backend gloo --parallelism_config_tp_size 2 -q \
                  "$work/rss" "$gpt" "$@" --sequence_parallel > "$out" 2>&1 ;;
+        cpring2) "$caccel" launch --num_processes 2 --cpu --backend gloo --parallelism_config_cp_size 2 \
+                 --parallelism_config_cp_comm_strategy alltoall -q "$work/rss" "$gpt" "$@" > "$out" 2>&1 ;;
     esac || { tail -20 "$out" >&2; echo "run_tp.sh: the $mode run failed" >&2; return 1; }
 }
 

@@ -12,8 +12,8 @@ p.add_argument("--shape", required=True)
 p.add_argument("--steps", type=int, required=True)
 a = p.parse_args()
 L, H, C, T, B = (int(v) for v in a.shape.split())
-MODES = {"1": "1 process", "dp2": "dp 2", "tp2": "tp 2", "tp2sp": "tp 2 + SP", "cp2": "cp 2", "torch1": "torch 1 process",
-         "torchtp2": "torch tp 2", "torchtp2sp": "torch tp 2 + SP"}
+MODES = {"1": "1 process", "dp2": "dp 2", "tp2": "tp 2", "tp2sp": "tp 2 + SP", "cp2": "cp 2", "cpring2": "cp 2 ring",
+         "torch1": "torch 1 process", "torchtp2": "torch tp 2", "torchtp2sp": "torch tp 2 + SP"}
 
 
 rows = bench_runs.read_rows(a.work)   # mode -> output lines of its timed runs
@@ -68,11 +68,18 @@ def vocab_parallel():
     return False
 
 
+# the cp communicator's bytes a step at cp 2, in units of L*B*T*C*4, and what they are
+CP_FORMULAS = {
+    "cp2": (2, ": per layer K and V all-gathered forward and their gradients reduce-scattered backward, each "
+               "(cp - 1) x B*T/cp*C*4 B at cp 2: 4*L*B*T*C*4*(cp-1)/cp"),
+    "cpring2": (3, " (ring): per layer K and V passed on cp - 1 times forward and again backward, and the visiting "
+                   "blocks' K and V gradients sent back to their owners, 6*(cp-1) x B*T/cp*C*4 B: at cp 2 3*L*B*T*C*4"),
+}
 print("bytes per step per communicator (rank 0's trace; collectives of the recorded steps / their count):")
-for mode in ("1", "dp2", "tp2", "tp2sp", "cp2"):
+for mode in ("1", "dp2", "tp2", "tp2sp", "cp2", "cpring2"):
     tr = trace(mode)
     if not tr:
-        if mode not in ("tp2sp", "cp2"):
+        if mode not in ("tp2sp", "cp2", "cpring2"):
             print(f"  {MODES[mode]}: no trace")
         continue
     c, steps = tr[0]
@@ -100,13 +107,13 @@ for mode in ("1", "dp2", "tp2", "tp2sp", "cp2"):
                      "backward, B*T*C*4/tp each, and the norms' weights and biases and the rowwise biases' gradients "
                      "summed over tp, (2*(2*L + 1) + 2*L)*C*4)")
         print(f"    tp formula: {text}; measured {tp:,.0f} ({tp / f:.4f}x)")
-    if mode == "cp2":
+    if mode in CP_FORMULAS:
         cp = tot.get("cp", 0) / steps
-        f = 2 * L * B * T * C * 4 + 16
-        print(f"    cp formula: per layer K and V all-gathered forward and their gradients reduce-scattered backward, "
-              f"each (cp - 1) x B*T/cp*C*4 B at cp 2: 4*L*B*T*C*4*(cp-1)/cp + 16 (the loss's token count, sum and "
-              f"gradient) = {f:,}; measured {cp:,.0f} ({cp / f:.4f}x)")
-    if mode in ("dp2", "cp2"):
+        units, text = CP_FORMULAS[mode]
+        f = units * L * B * T * C * 4 + 16
+        print(f"    cp formula{text} + 16 (the loss's token count, sum and gradient) = {f:,}; measured {cp:,.0f} "
+              f"({cp / f:.4f}x)")
+    if mode in ("dp2", "cp2", "cpring2"):
         P = params(mode)
         big = sum(nb * k for (cm, op, nb), k in c.items() if op == "all_reduce" and nb > 64) / steps
         print(f"    dp gradients: the all-reduces above 64 B move {big:,.0f} B/step against {P:,} parameters x 4 B = "

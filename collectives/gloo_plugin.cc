@@ -57,6 +57,8 @@ constexpr uint8_t kAllGatherPrefix = 0x22;
 constexpr uint8_t kReduceScatterPrefix = 0x23;
 constexpr uint8_t kBroadcastPrefix = 0x24;
 constexpr uint8_t kBarrierPrefix = 0x25;
+// Point-to-point: one slot for every message, matched in order between two ranks as MPI's are.
+constexpr uint8_t kP2PPrefix = 0x26;
 // Bytes moved per message inside a ring step: one segment is reduced while the next arrives.
 constexpr size_t kSegmentBytes = 1 << 20;
 // All-reduces up to this size over a power-of-two number of ranks exchange whole buffers by recursive
@@ -135,7 +137,7 @@ class CaStore : public gloo::rendezvous::Store {
     std::chrono::milliseconds timeout_;
 };
 
-enum class Kind { AllReduce, Broadcast, AllGather, ReduceScatter, Barrier };
+enum class Kind { AllReduce, Broadcast, AllGather, ReduceScatter, Barrier, SendRecv };
 
 struct Op {
     Kind kind;
@@ -145,6 +147,8 @@ struct Op {
     ca_dtype dt = CA_F32;
     ca_reduce_op rop = CA_OP_SUM;
     int root = 0;
+    int src = -1;              // SendRecv: root is the rank sent to (-1 none), src the one received from
+    size_t rcount = 0;         // SendRecv: the elements received
     uint32_t tag = 0;
     int64_t deadline_ms = 0;
     int64_t issued_ms = 0;
@@ -340,6 +344,8 @@ class Comm {
     // The same operations through the shared-memory segment.
     void dispatch_shm(Op &op, size_t es) {
         switch (op.kind) {
+        case Kind::SendRecv:   // dispatched before the switch
+            return;
         case Kind::Barrier:
             shm_check(ca_shm_barrier(shm, op.deadline_ms));
             return;
@@ -432,11 +438,17 @@ class Comm {
 
     void dispatch(Op &op) {
         size_t es = ca_dtype_size(op.dt);
+        if (op.kind == Kind::SendRecv) {   // over the pairs also where the collectives use shared memory
+            sendrecv(op, es);
+            return;
+        }
         if (shm) {
             dispatch_shm(op, es);
             return;
         }
         switch (op.kind) {
+        case Kind::SendRecv:   // dispatched before the switch
+            return;
         case Kind::Barrier:
             barrier(op);
             return;
@@ -598,6 +610,24 @@ class Comm {
             sent++;
         }
         for (int i = 0; i < sent; i++) b.wait_send(op.deadline_ms, "broadcast send");
+    }
+
+    // Both directions in flight before either is waited for: a ring of ranks calling it at once
+    // cannot deadlock. An exchange with itself (a ring of one) copies.
+    void sendrecv(Op &op, size_t es) {
+        size_t sb = op.root >= 0 ? op.count * es : 0, rb = op.src >= 0 ? op.rcount * es : 0;
+        if (op.root == rank && op.src == rank) {
+            if (sb) std::memmove(op.recv, op.send, sb);
+            return;
+        }
+        uint64_t slot = gloo::Slot::build(kP2PPrefix, 0);
+        uint8_t none = 0;
+        LiveBuffer ib(*this, rb ? op.recv : &none, rb ? rb : 1);
+        LiveBuffer ob(*this, sb ? const_cast<void *>(op.send) : &none, sb ? sb : 1);
+        if (op.src >= 0) ib->recv(op.src, slot, 0, rb);
+        if (op.root >= 0) ob->send(op.root, slot, 0, sb);
+        if (op.src >= 0) ib.wait_recv(op.deadline_ms, "point-to-point receive");
+        if (op.root >= 0) ob.wait_send(op.deadline_ms, "point-to-point send");
     }
 
     // Dissemination barrier: round i talks to the ranks 2^i away.
@@ -884,6 +914,28 @@ static ca_status gloo_barrier(void *comm, ca_work_impl **work) {
     }
 }
 
+static ca_status gloo_sendrecv(void *comm, const void *send, size_t send_count, int dst, void *recv,
+                               size_t recv_count, int src, ca_dtype dt, ca_work_impl **work) {
+    Comm *c = static_cast<Comm *>(comm);
+    *work = nullptr;
+    ca_status s = check_dtype(c, dt, "sendrecv");
+    if (s != CA_OK) return s;
+    try {
+        auto o = std::make_shared<Op>();
+        o->kind = Kind::SendRecv;
+        o->send = send;
+        o->recv = recv;
+        o->count = send_count;
+        o->rcount = recv_count;
+        o->root = dst;
+        o->src = src;
+        o->dt = dt;
+        return enqueue(c, o, "sendrecv", work);
+    } catch (...) {
+        return record_current("sendrecv", c->rank);
+    }
+}
+
 static ca_status finished(ca_work_impl *w) {
     const Op &op = *w->op;
     if (op.status == CA_OK) return CA_OK;
@@ -974,6 +1026,7 @@ static const ca_collective_ops gloo_ops = {
     nullptr,   // split: the core builds a group's communicator over the store
     false,     // needs_mpi_launcher: ranks and rendezvous come from the store
     gloo_threads_concurrent,
+    gloo_sendrecv,
 };
 
 static const ca_collective_ops *const gloo_list[] = { &gloo_ops };

@@ -29,6 +29,7 @@
 
 /* Largest element count handed to one MPI call (MPI counts are int). */
 #define CHUNK_MAX (1 << 30)
+#define P2P_TAG 0x6361     /* every point-to-point message (matched in order between two ranks) */
 #define SPIN_MS 1000       /* then poll with short sleeps */
 
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -591,6 +592,36 @@ static bool mpi_threads_concurrent(void *comm) {
     return g_provided == MPI_THREAD_MULTIPLE;
 }
 
+/* MPI_Isend and MPI_Irecv, both posted before either is waited for (what MPI_Sendrecv does, without
+ * blocking); one tag, as MPI's non-overtaking rule matches the messages between two ranks in order. */
+static ca_status mpi_sendrecv(void *comm, const void *send, size_t send_count, int dst, void *recv, size_t recv_count,
+                              int src, ca_dtype dt, ca_work_impl **work) {
+    mpi_comm *c = comm;
+    *work = NULL;
+    ca_status st = alive(c, "sendrecv");
+    if (st != CA_OK) return st;
+    if (send_count > INT_MAX || recv_count > INT_MAX)
+        return ca_error(CA_ERR_UNSUPPORTED, "sendrecv of %zu / %zu elements: backend mpi takes at most %d", send_count,
+                        recv_count, INT_MAX);
+    MPI_Datatype t;
+    if ((st = dtype_of(dt, &t, "sendrecv")) != CA_OK) return st;
+    ca_work_impl *w = work_new(c, 2, "MPI_Isend/MPI_Irecv");
+    if (!w) return ca_error(CA_ERR_NOMEM, "out of memory (backend mpi)");
+    pthread_mutex_lock(&g_mu);
+    if (src >= 0)
+        CA_MPI_TRY(MPI_Irecv(recv, (int)recv_count, t, src, P2P_TAG, c->comm, &w->reqs[0]), "MPI_Irecv", c);
+    if (dst >= 0)
+        CA_MPI_TRY(MPI_Isend(send, (int)send_count, t, dst, P2P_TAG, c->comm, &w->reqs[1]), "MPI_Isend", c);
+cleanup:
+    pthread_mutex_unlock(&g_mu);
+    if (st != CA_OK) {
+        work_release(w);
+        return ca_error_context("sendrecv (to rank %d, from rank %d of this communicator)", dst, src);
+    }
+    *work = w;
+    return CA_OK;
+}
+
 static const ca_collective_ops mpi_ops = {
     .struct_size = sizeof(ca_collective_ops),
     .abi_version = CA_ABI_VERSION,
@@ -610,6 +641,7 @@ static const ca_collective_ops mpi_ops = {
     .split = mpi_split,
     .needs_mpi_launcher = true,
     .threads_concurrent = mpi_threads_concurrent,
+    .sendrecv = mpi_sendrecv,
 };
 
 static const ca_collective_ops *const mpi_list[] = { &mpi_ops };

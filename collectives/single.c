@@ -87,6 +87,19 @@ static ca_status single_reduce_scatter(void *comm, const void *send, void *recv,
     return dcopy(c, recv, send, count, dt, "reduce_scatter");
 }
 
+/* The only peer is this rank: an exchange with itself copies (the core refuses any other). */
+static ca_status single_sendrecv(void *comm, const void *send, size_t send_count, int dst, void *recv,
+                                 size_t recv_count, int src, ca_dtype dt, ca_work_impl **work) {
+    single_comm *c = comm;
+    *work = NULL;
+    ca_status s = alive(c, "sendrecv");
+    if (s != CA_OK) return s;
+    if (dst != 0 || src != 0 || send_count != recv_count)
+        return ca_error(CA_ERR_INVALID, "sendrecv: peers %d and %d (%zu and %zu elements) in a world of 1", dst, src,
+                        send_count, recv_count);
+    return dcopy(c, recv, send, send_count, dt, "sendrecv");
+}
+
 static ca_status single_barrier(void *comm, ca_work_impl **work) {
     *work = NULL;
     return alive(comm, "barrier");
@@ -122,6 +135,7 @@ static const ca_collective_ops single_ops = {
     .work_wait = single_work_wait,
     .work_free = single_work_free,
     .abort = single_abort,
+    .sendrecv = single_sendrecv,
 };
 
 static const ca_collective_ops *const single_list[] = { &single_ops };

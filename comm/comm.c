@@ -244,7 +244,9 @@ typedef struct issue_args {
     size_t count;
     ca_dtype dt;
     ca_reduce_op op;
-    int root;
+    int root;           /* broadcast's root; point-to-point: the rank sent to (-1 none) */
+    int src;            /* point-to-point: the rank received from (-1 none) */
+    size_t rcount;      /* point-to-point: the elements received */
 } issue_args;
 
 /* Bytes of the operation's send and receive buffers. */
@@ -252,6 +254,7 @@ static void coll_bytes(const ca_comm *c, ca_coll_kind kind, const issue_args *a,
     size_t n = a->count * ca_dtype_size(a->dt), world = (size_t)c->world;
     *sb = kind == CA_COLL_REDUCE_SCATTER ? n * world : n;
     *rb = kind == CA_COLL_ALL_GATHER ? n * world : n;
+    if (kind == CA_COLL_SENDRECV) *rb = a->rcount * ca_dtype_size(a->dt);
 }
 
 /* Host staging: host copies of the operation's buffers (the send buffer
@@ -293,6 +296,7 @@ static uint64_t bus_bytes(const ca_comm *c, ca_coll_kind kind, const issue_args 
     case CA_COLL_ALL_GATHER:
     case CA_COLL_REDUCE_SCATTER: return (n - 1) * b;   /* count is the per-rank part */
     case CA_COLL_BROADCAST: return b;
+    case CA_COLL_SENDRECV: return a->root >= 0 ? b : 0;   /* what this rank sends */
     default: return 0;
     }
 }
@@ -315,6 +319,10 @@ static ca_status issue(ca_comm *c, ca_coll_kind kind, const issue_args *a, ca_wo
         break;
     case CA_COLL_BARRIER:
         s = c->ops.barrier(c->bc, &w->impl);
+        break;
+    case CA_COLL_SENDRECV:
+        s = c->ops.sendrecv(c->bc, a->send, a->root >= 0 ? a->count : 0, a->root, a->recv, a->src >= 0 ? a->rcount : 0,
+                            a->src, a->dt, &w->impl);
         break;
     default:
         s = ca_error(CA_ERR_INTERNAL, "unknown collective %d", (int)kind);
@@ -444,7 +452,13 @@ static ca_status run(ca_comm *c, ca_coll_kind kind, const issue_args *a, ca_work
     }
     if (kind == CA_COLL_ALL_REDUCE || kind == CA_COLL_REDUCE_SCATTER) sig.redop = (int)a->op;
     if (kind == CA_COLL_BROADCAST) sig.root = a->root;
-    bool checked = c->store.ops && (c->debug || c->checked_user || kind == CA_COLL_BARRIER ||
+    if (kind == CA_COLL_SENDRECV) {   /* the peers by their job ranks, as every message names ranks */
+        sig.root = a->root >= 0 ? ca_comm_grank(c, a->root) : -1;
+        sig.redop = a->src >= 0 ? ca_comm_grank(c, a->src) : -1;
+        if (a->root < 0) sig.count = a->rcount;
+    }
+    /* point-to-point is never checked: only its two ends take part, and their signatures differ */
+    bool checked = kind != CA_COLL_SENDRECV && c->store.ops && (c->debug || c->checked_user || kind == CA_COLL_BARRIER ||
                                     kind == CA_COLL_BROADCAST || kind == CA_COLL_ALL_GATHER);
 
     if (in_graph(c, kind)) return run_deferred(c, kind, a, &sig, checked, out);
@@ -537,6 +551,47 @@ ca_status ca_comm_reduce_scatter(ca_comm *c, const void *send, void *recv, size_
 ca_status ca_comm_barrier(ca_comm *c, ca_work **work) {
     issue_args a = { .send = NULL, .recv = NULL, .count = 0, .dt = CA_U8, .op = CA_OP_SUM, .root = -1 };
     return run(c, CA_COLL_BARRIER, &a, work);
+}
+
+/* ------------------------------------------------------------------ point-to-point */
+
+static ca_status check_peer(const ca_comm *c, const char *what, const char *role, int peer) {
+    if (peer < c->world) return CA_OK;
+    return ca_error(CA_ERR_INVALID, "%s: %s rank %d is not a rank of this communicator (size %d)%s%s", what, role,
+                    peer, c->world, c->name[0] ? ", the group " : "", c->name);
+}
+
+ca_status ca_comm_sendrecv(ca_comm *c, const void *send, size_t send_count, int dst, void *recv, size_t recv_count,
+                           int src, ca_dtype dt, ca_work **work) {
+    const char *what = dst >= 0 && src >= 0 ? "sendrecv" : dst >= 0 ? "send" : "recv";
+    if (!c) return ca_error(CA_ERR_INVALID, "%s: NULL communicator", what);
+    if (dst < 0 && src < 0) return ca_error(CA_ERR_INVALID, "%s: neither a rank to send to nor one to receive from", what);
+    ca_status s = check_buffers(c, what, send, send, dst >= 0 ? send_count : 0, dt, 1, 1);
+    if (s == CA_OK) s = check_buffers(c, what, recv, recv, src >= 0 ? recv_count : 0, dt, 1, 1);
+    if (s == CA_OK) s = check_peer(c, what, "destination", dst);
+    if (s == CA_OK) s = check_peer(c, what, "source", src);
+    if (s != CA_OK) return s;
+    /* to itself only as both ends of one exchange (a ring of one), which copies */
+    if ((dst == c->rank || src == c->rank) && (dst != src || send_count != recv_count))
+        return ca_error(CA_ERR_INVALID, "%s on rank %d: this rank is a peer of itself only as both the destination "
+                        "and the source of one exchange of equal counts (destination %d, source %d, %zu and %zu "
+                        "elements)", what, ca_comm_grank(c, c->rank), dst, src, send_count, recv_count);
+    if (!c->ops.sendrecv)
+        return ca_error(CA_ERR_UNSUPPORTED, "%s: collective backend '%s' has no point-to-point operations", what,
+                        c->backend);
+    issue_args a = { .send = send, .recv = recv, .count = dst >= 0 ? send_count : 0, .dt = dt, .op = CA_OP_SUM,
+                     .root = dst, .src = src, .rcount = src >= 0 ? recv_count : 0 };
+    return run(c, CA_COLL_SENDRECV, &a, work);
+}
+
+ca_status ca_comm_send(ca_comm *c, const void *buf, size_t count, ca_dtype dt, int dst, ca_work **work) {
+    if (dst < 0) return ca_error(CA_ERR_INVALID, "send: destination rank %d", dst);
+    return ca_comm_sendrecv(c, buf, count, dst, NULL, 0, -1, dt, work);
+}
+
+ca_status ca_comm_recv(ca_comm *c, void *buf, size_t count, ca_dtype dt, int src, ca_work **work) {
+    if (src < 0) return ca_error(CA_ERR_INVALID, "recv: source rank %d", src);
+    return ca_comm_sendrecv(c, NULL, 0, -1, buf, count, src, dt, work);
 }
 
 ca_status ca_work_wait(ca_work *w, int64_t timeout_ms) {

@@ -43,6 +43,7 @@ const char *ca_coll_kind_name(ca_coll_kind k) {
     case CA_COLL_ALL_GATHER: return "all_gather";
     case CA_COLL_REDUCE_SCATTER: return "reduce_scatter";
     case CA_COLL_BARRIER: return "barrier";
+    case CA_COLL_SENDRECV: return "sendrecv";
     default: return "none";
     }
 }
@@ -57,6 +58,18 @@ static void fmt_count(uint64_t n, char *buf, size_t len) {
         buf[o++] = tmp[i];
     }
     buf[o] = '\0';
+}
+
+/* A point-to-point operation by what it does: "send", "recv" or "sendrecv". */
+static const char *p2p_name(const ca_coll_sig *s) {
+    return s->root >= 0 && s->redop >= 0 ? "sendrecv" : s->root >= 0 ? "send" : "recv";
+}
+
+/* "to rank 1, from rank 3" (the job's ranks) */
+static void p2p_peers(const ca_coll_sig *s, char *buf, size_t len) {
+    if (s->root >= 0 && s->redop >= 0) snprintf(buf, len, "to rank %d, from rank %d", s->root, s->redop);
+    else if (s->root >= 0) snprintf(buf, len, "to rank %d", s->root);
+    else snprintf(buf, len, "from rank %d", s->redop);
 }
 
 void ca_coll_sig_format(const ca_coll_sig *s, char *buf, size_t len) {
@@ -77,6 +90,12 @@ void ca_coll_sig_format(const ca_coll_sig *s, char *buf, size_t len) {
     case CA_COLL_ALL_GATHER:
         snprintf(buf, len, "all_gather(%s, %s)", ca_dtype_name((ca_dtype)s->dtype), n);
         break;
+    case CA_COLL_SENDRECV: {
+        char peers[64];
+        p2p_peers(s, peers, sizeof peers);
+        snprintf(buf, len, "%s(%s, %s, %s)", p2p_name(s), ca_dtype_name((ca_dtype)s->dtype), n, peers);
+        break;
+    }
     default:
         snprintf(buf, len, "?");
         break;
@@ -99,6 +118,13 @@ void ca_comm_diag_fmt_op(uint64_t seq, const ca_coll_sig *s, char *buf, size_t l
         snprintf(buf, len, "all_gather #%llu (%s, %s elements per rank)", (unsigned long long)seq,
                  ca_dtype_name((ca_dtype)s->dtype), n);
         break;
+    case CA_COLL_SENDRECV: {
+        char peers[64];
+        p2p_peers(s, peers, sizeof peers);
+        snprintf(buf, len, "%s #%llu (%s, %s elements, %s)", p2p_name(s), (unsigned long long)seq,
+                 ca_dtype_name((ca_dtype)s->dtype), n, peers);
+        break;
+    }
     default:
         snprintf(buf, len, "%s #%llu (%s, %s elements%s, %s)", ca_coll_kind_name(s->kind),
                  (unsigned long long)seq, ca_dtype_name((ca_dtype)s->dtype), n,
@@ -108,7 +134,10 @@ void ca_comm_diag_fmt_op(uint64_t seq, const ca_coll_sig *s, char *buf, size_t l
     }
 }
 
+/* Point-to-point operations agree whatever their peers and counts (a ring's ranks each name their
+ * own neighbours); collectives in every field. */
 static bool sig_equal(const ca_coll_sig *a, const ca_coll_sig *b) {
+    if (a->kind == CA_COLL_SENDRECV && b->kind == CA_COLL_SENDRECV) return true;
     return a->kind == b->kind && a->dtype == b->dtype && a->redop == b->redop && a->root == b->root &&
            a->count == b->count;
 }

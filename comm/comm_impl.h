@@ -19,6 +19,8 @@ typedef enum ca_coll_kind {
     CA_COLL_ALL_GATHER,
     CA_COLL_REDUCE_SCATTER,
     CA_COLL_BARRIER,
+    CA_COLL_SENDRECV,   /* point-to-point (send, recv, sendrecv): root the peer sent to, redop the one received
+                         * from (job ranks, -1 none), count the elements sent (received when none are) */
     CA_COLL_KIND_COUNT
 } ca_coll_kind;
 

@@ -159,7 +159,7 @@ const ca_key_def ca_config_keys[] = {
        "context-parallel size: every sequence split over it (ca_maybe_context_parallel; docs/DISTRIBUTED.md)"),
     KE("parallelism_config.parallelism_config_cp_backend", "torch", v_cp_backend, CL, "context-parallel backend"),
     KE("parallelism_config.parallelism_config_cp_comm_strategy", "allgather", v_cp_comm, CL | S,
-       "context-parallel exchange of keys and values (alltoall refused at cp_size above 1)"),
+       "context-parallel exchange of keys and values (alltoall: ring attention by sendrecv round the cp ranks)"),
     KI("parallelism_config.parallelism_config_sp_size", "1", 1, BIG, CL, "sequence-parallel size (above 1: refused)"),
     KE("parallelism_config.parallelism_config_sp_backend", "deepspeed", v_sp_backend, CL,
        "sequence-parallel backend (ALST/Ulysses)"),

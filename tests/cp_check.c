@@ -10,6 +10,12 @@
  *     of the whole loss (summed over the cp ranks), at any cp size (cp 1: the ordinary op).
  *   --loss: cross-entropy of the same logits split over cp against one process's mean, some labels -100
  *     (fewer on one rank than another): prints "rank=R cp loss ok L".
+ *   --ring: the job runs parallelism_config_cp_comm_strategy alltoall (ring attention): the bytes the cp
+ *     communicator sent during the attention's forward and backward must be the ring's, 6 (cp - 1) X (the
+ *     keys and values passed on cp - 1 times in forward and again in backward, and the visiting blocks'
+ *     gradients sent back to their owners), X = B Hkv (T / cp) D 4 for keys and values each; else the
+ *     all-gather's 4 (cp - 1) X (keys and values gathered, their gradients reduce-scattered). Printed as
+ *     "rank=R cp bytes N (ring|allgather formula)".
  *   --refuse: prints "rank=R refused: MESSAGE" for a masked, a non-causal and a dropout attention under
  *     the split, a sequence that 2 cp does not divide, and a second split without an end. */
 #include <caccel/caccel.h>
@@ -109,7 +115,19 @@ static int central(ca_accelerator *acc, ca_tensor *const *loc, ca_tensor *w) {
     return bad;
 }
 
-static int attention_check(ca_accelerator *acc, bool with_central) {
+/* The bytes the cp communicator sent for one attention's forward and backward against the method's
+ * formula (nothing at cp 1). */
+static int bytes_check(ca_accelerator *acc, uint64_t sent, bool ring) {
+    ca_mesh_shape m;
+    CA_CHECK(ca_accelerator_mesh(acc, &m, NULL));
+    int cp = m.size[CA_MESH_CP];
+    uint64_t x = (uint64_t)B * HKV * (T / (cp > 0 ? cp : 1)) * D * 4, want = (uint64_t)(ring ? 6 : 4) * (uint64_t)(cp - 1) * x;
+    printf("rank=%d cp bytes %llu (%s formula %llu)\n", ca_process_index(acc), (unsigned long long)sent,
+           ring ? "ring" : "allgather", (unsigned long long)want);
+    return sent != want;
+}
+
+static int attention_check(ca_accelerator *acc, bool with_central, bool ring) {
     ca_device *dev = ca_accelerator_device(acc);
     ca_tensor *q = randn(dev, 4, (int64_t[]){B, H, T, D}, true), *k = randn(dev, 4, (int64_t[]){B, HKV, T, D}, true),
               *v = randn(dev, 4, (int64_t[]){B, HKV, T, D}, true), *w = randn(dev, 4, (int64_t[]){B, H, T, D}, false);
@@ -120,10 +138,14 @@ static int attention_check(ca_accelerator *acc, bool with_central) {
     ca_tensor *loc[3] = {split(acc, q), split(acc, k), split(acc, v)}, *wl = split(acc, w);
     ca_tensor *b[1] = {ca_zeros(dev, CA_F32, 1, (int64_t[]){T})};   /* turns the split's attention on */
     CA_CHECK(ca_maybe_context_parallel(acc, 1, b, (int[]){0}));
+    ca_comm *cpc = ca_mesh_comm(acc, "cp");
+    uint64_t sent0 = ca_comm_bytes(cpc);
     ca_tensor *o = ca_scaled_dot_product_attention(loc[0], loc[1], loc[2], NULL, true, 0.0, 0.0);
     if (!o) CA_CHECK(ca_last_status());
     CA_CHECK(ca_autograd_backward(ca_sum(ca_mul(wl, o))));
+    uint64_t sent = ca_comm_bytes(cpc) - sent0;
     ca_context_parallel_end(acc);
+    if (bytes_check(acc, sent, ring)) return 1;
     ca_tensor *got[4] = {o, ca_tensor_grad(loc[0]), ca_tensor_grad(loc[1]), ca_tensor_grad(loc[2])};
     static const char *const names[] = {"output", "q's gradient", "k's gradient", "v's gradient"};
     int64_t n = 0;
@@ -209,11 +231,12 @@ static int refuse_check(ca_accelerator *acc) {
 
 int main(int argc, char **argv) {
     const char *mode = "attention";
-    bool with_central = false;
+    bool with_central = false, ring = false;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--central") == 0) with_central = true;
         else if (strcmp(argv[i], "--loss") == 0) mode = "loss";
         else if (strcmp(argv[i], "--refuse") == 0) mode = "refuse";
+        else if (strcmp(argv[i], "--ring") == 0) ring = true;
     }
     ca_accelerator *acc;
     CA_CHECK(ca_accelerator_create(&(ca_options){.argc = argc, .argv = argv}, &acc));
@@ -222,7 +245,7 @@ int main(int argc, char **argv) {
     CA_SCOPE {
         if (strcmp(mode, "loss") == 0) rc = loss_check(acc);
         else if (strcmp(mode, "refuse") == 0) rc = refuse_check(acc);
-        else rc = attention_check(acc, with_central);
+        else rc = attention_check(acc, with_central, ring);
     }
     CA_CHECK(ca_wait_for_everyone(acc));
     ca_accelerator_destroy(acc);

@@ -27,7 +27,7 @@ VALGRIND_TESTS += tests/test_comm_store tests/test_comm_single tests/test_procen
 
 # Real processes: mpirun, caccel launch, failures, ranks that leave early, ports, three network namespaces,
 # a private one-node Slurm cluster (srun, sbatch), the fault matrix.
-ca_dist_scripts = tests/dist/launch_mpirun.sh tests/dist/mpi.sh tests/dist/gloo.sh tests/dist/failures.sh tests/dist/exits.sh tests/dist/port.sh \
+ca_dist_scripts = tests/dist/launch_mpirun.sh tests/dist/mpi.sh tests/dist/gloo.sh tests/dist/p2p.sh tests/dist/failures.sh tests/dist/exits.sh tests/dist/port.sh \
 	tests/dist/restarts.sh tests/dist/shutdown.sh \
 	tests/dist/netns.sh tests/dist/faults.sh tests/dist/slurm.sh tests/dist/hostfile.sh tests/dist/hostfile_netns.sh \
 	tests/dist/flightrec.sh tests/dist/flightrec_signal.sh tests/dist/elastic.sh tests/dist/elastic_rdzv.sh

@@ -14,6 +14,11 @@
 MOCK_API cudaStream_t mock_nccl_last_stream;
 MOCK_API atomic_int mock_nccl_ops_entered;
 MOCK_API atomic_int mock_nccl_aborts;
+/* point-to-point calls made inside ncclGroupStart / ncclGroupEnd, and groups ended */
+MOCK_API atomic_int mock_nccl_p2p_in_group;
+MOCK_API atomic_int mock_nccl_groups;
+
+static atomic_int group_depth;
 
 static atomic_int aborted;
 
@@ -69,4 +74,24 @@ MOCK_API ncclResult_t ncclAllGather(const void *s, void *r, size_t n, ncclDataTy
 MOCK_API ncclResult_t ncclReduceScatter(const void *s, void *r, size_t n, ncclDataType_t t, ncclRedOp_t o,
                                         ncclComm_t c, cudaStream_t st) {
     return op(st);
+}
+MOCK_API ncclResult_t ncclSend(const void *s, size_t n, ncclDataType_t t, int peer, ncclComm_t c, cudaStream_t st) {
+    if (atomic_load(&group_depth) > 0) atomic_fetch_add(&mock_nccl_p2p_in_group, 1);
+    return op(st);
+}
+MOCK_API ncclResult_t ncclRecv(void *r, size_t n, ncclDataType_t t, int peer, ncclComm_t c, cudaStream_t st) {
+    if (atomic_load(&group_depth) > 0) atomic_fetch_add(&mock_nccl_p2p_in_group, 1);
+    return op(st);
+}
+/* nccl.h declares these two without a prototype */
+MOCK_API ncclResult_t ncclGroupStart(void);
+MOCK_API ncclResult_t ncclGroupEnd(void);
+MOCK_API ncclResult_t ncclGroupStart(void) {
+    atomic_fetch_add(&group_depth, 1);
+    return ncclSuccess;
+}
+MOCK_API ncclResult_t ncclGroupEnd(void) {
+    atomic_fetch_sub(&group_depth, 1);
+    atomic_fetch_add(&mock_nccl_groups, 1);
+    return ncclSuccess;
 }

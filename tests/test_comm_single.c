@@ -30,6 +30,33 @@ static void *dev_from(ca_device *d, const void *host, size_t bytes) {
     return p;
 }
 
+/* Point-to-point in a world of one: an exchange with itself copies (a ring of one); a peer outside
+ * the world, or this rank as one end only, is refused; bytes count what was sent (none: world 1). */
+static void test_sendrecv_with_itself(void **state) {
+    (void)state;
+    ca_comm *c = make();
+    ca_device *d = ca_cpu_device();
+    float h[5] = {1, 2, 3, 4, 5}, back[5] = {0};
+    void *src = dev_from(d, h, sizeof h), *dst = dev_from(d, NULL, sizeof h);
+    T_OK(ca_comm_sendrecv(c, src, 5, 0, dst, 5, 0, CA_F32, NULL));
+    T_OK(ca_device_copy_to_host(d, back, dst, sizeof back));
+    assert_memory_equal(back, h, sizeof h);
+    ca_work *w = NULL;
+    T_OK(ca_comm_sendrecv(c, src, 0, 0, dst, 0, 0, CA_F32, &w));
+    T_OK(ca_work_wait(w, -1));
+    ca_work_free(w);
+    assert_int_equal(ca_comm_send(c, src, 5, CA_F32, 1, NULL), CA_ERR_INVALID);
+    assert_non_null(strstr(ca_last_error(), "destination rank 1 is not a rank of this communicator (size 1)"));
+    assert_int_equal(ca_comm_send(c, src, 5, CA_F32, 0, NULL), CA_ERR_INVALID);
+    assert_non_null(strstr(ca_last_error(), "only as both the destination and the source"));
+    assert_int_equal(ca_comm_sendrecv(c, src, 5, 0, dst, 4, 0, CA_F32, NULL), CA_ERR_INVALID);
+    assert_int_equal(ca_comm_sendrecv(c, NULL, 0, -1, NULL, 0, -1, CA_F32, NULL), CA_ERR_INVALID);
+    assert_int_equal(ca_comm_bytes(c), 0);
+    ca_device_free(d, src);
+    ca_device_free(d, dst);
+    ca_comm_destroy(c);
+}
+
 static void test_all_reduce_is_identity(void **state) {
     (void)state;
     ca_comm *c = make();
@@ -152,6 +179,7 @@ static void test_options(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_all_reduce_is_identity),
+        cmocka_unit_test(test_sendrecv_with_itself),
         cmocka_unit_test(test_gather_scatter_broadcast_barrier),
         cmocka_unit_test(test_work_handles),
         cmocka_unit_test(test_options),

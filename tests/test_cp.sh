@@ -1,8 +1,10 @@
 #!/bin/sh
 # Context parallelism (parallelism_config_cp_size) on the device mesh, as users run it: the attention of a
 # sequence split over the cp ranks in load-balanced causal chunks (ca_maybe_context_parallel; keys and
-# values all-gathered over cp, their gradients reduce-scattered back) gives one process's output and
-# gradients at cp 2 and cp 4 (grouped-query heads), and central differences of the whole loss; the loss is
+# values all-gathered over cp, their gradients reduce-scattered back; or, with
+# parallelism_config_cp_comm_strategy alltoall, passed round the cp ring by sendrecv: ring attention) gives
+# one process's output and gradients at cp 2 and cp 4 (grouped-query heads), and central differences of
+# the whole loss, the cp communicator sending each method's formula of bytes; the loss is
 # one process's mean when the cp ranks count different numbers of tokens; the GPT example trains at cp 2 and
 # at cp 2 x dp_replicate 2 (and cp 2 x tp 2) to one process's losses and parameters on the same global batch,
 # under caccel launch (Gloo) and mpirun (MPI); a Llama-family decoder (examples/llm_finetune: rotary
@@ -27,14 +29,26 @@ note "cp 1: ca_maybe_context_parallel leaves the batch whole, the attention and 
 count 1 'rank=0 cp attention ok .* holds q \[2, 4, 16, 8\]' "$WORK/o"
 count 1 'rank=0 central ok' "$WORK/o"
 
+# RING: the flags of ring attention; STRATS: both methods (allgather, then the ring)
+RING="--parallelism_config_cp_comm_strategy alltoall"
 for be in $backends; do
-    note "$be: the split attention at cp 2 and cp 4 == one process (output, q, k, v gradients)"
-    tlaunch 2 "$be" --parallelism_config_cp_size 2 -- --central > "$WORK/o" || { cat "$WORK/o"; fail "cp 2 $be"; }
+  for strat in allgather alltoall; do
+    sf="--parallelism_config_cp_comm_strategy $strat" ra=""; [ $strat = alltoall ] && ra=--ring
+    note "$be, $strat: the split attention at cp 2 and cp 4 == one process (output, q, k, v gradients)"
+    # shellcheck disable=SC2086
+    tlaunch 2 "$be" --parallelism_config_cp_size 2 $sf -- --central $ra > "$WORK/o" || { cat "$WORK/o"; fail "cp 2 $be $strat"; }
     count 1 'device mesh: dp_replicate 1 x dp_shard 1 x cp 2 x tp 1' "$WORK/o"
     count 2 'cp attention ok .* holds q \[2, 4, 8, 8\]' "$WORK/o"
     count 2 'central ok' "$WORK/o"
-    tlaunch 4 "$be" --parallelism_config_cp_size 4 -- > "$WORK/o" || { cat "$WORK/o"; fail "cp 4 $be"; }
+    # 2 (cp - 1) B Hkv (T / cp) D 4 = 2048 bytes a method's unit: 4 of them gathered, 6 round the ring
+    want=4096; [ $strat = alltoall ] && want=6144
+    count 2 "cp bytes $want (" "$WORK/o"
+    # shellcheck disable=SC2086
+    tlaunch 4 "$be" --parallelism_config_cp_size 4 $sf -- $ra > "$WORK/o" || { cat "$WORK/o"; fail "cp 4 $be $strat"; }
     count 4 'cp attention ok .* holds q \[2, 4, 4, 8\]' "$WORK/o"
+    want=6144; [ $strat = alltoall ] && want=9216
+    count 4 "cp bytes $want (" "$WORK/o"
+  done
     note "$be: the loss at cp 2 == one process's mean (the ranks count 8 and 14 of the labels)"
     "$CP" --loss > "$WORK/o1" 2>&1 || { cat "$WORK/o1"; fail "loss, 1 rank"; }
     want=$(sed -n 's/^rank=0 cp loss ok //p' "$WORK/o1")
@@ -92,6 +106,21 @@ for be in $backends; do
     gpt_lines "$WORK/g4" > "$WORK/g4.l"
     cmp -s "$WORK/g16.l" "$WORK/g4.l" || { diff "$WORK/g16.l" "$WORK/g4.l"; fail "the GPT example at cp 2 x dp 2 differs from one process"; }
     same_st "$WORK/go16/model.safetensors" "$WORK/go4/model.safetensors"
+
+    note "$be: the GPT example with ring attention ($RING) at cp 2, and cp 2 x dp_replicate 2 on 4 ranks == one process"
+    rm -rf "$WORK/go2" "$WORK/go4"
+    # shellcheck disable=SC2086
+    PROG="$GPT" tlaunch 2 "$be" --parallelism_config_cp_size 2 $RING -- $SMALL --batch_size 8 --max_steps 6 --sample_tokens 10 \
+        --output_dir "$WORK/go2" > "$WORK/g2" 2>&1 || { cat "$WORK/g2"; fail "gpt cp 2 ring $be"; }
+    gpt_lines "$WORK/g2" > "$WORK/g2.l"
+    cmp -s "$WORK/g1.l" "$WORK/g2.l" || { diff "$WORK/g1.l" "$WORK/g2.l"; fail "the GPT example at cp 2 (ring) differs from one process"; }
+    same_st "$WORK/go1/model.safetensors" "$WORK/go2/model.safetensors"
+    # shellcheck disable=SC2086
+    PROG="$GPT" tlaunch 4 "$be" --parallelism_config_cp_size 2 --parallelism_config_dp_replicate_size 2 $RING -- $SMALL \
+        --batch_size 8 --max_steps 6 --output_dir "$WORK/go4" > "$WORK/g4" 2>&1 || { cat "$WORK/g4"; fail "gpt cp 2 x dp 2 ring $be"; }
+    gpt_lines "$WORK/g4" > "$WORK/g4.l"
+    cmp -s "$WORK/g16.l" "$WORK/g4.l" || { diff "$WORK/g16.l" "$WORK/g4.l"; fail "the GPT example at cp 2 x dp 2 (ring) differs from one process"; }
+    same_st "$WORK/go16/model.safetensors" "$WORK/go4/model.safetensors"
 done
 
 be=${backends%% *}
@@ -146,12 +175,20 @@ if [ -f "$gpl" ]; then
     "$FT" --cpu $RUN --output_dir "$WORK/l1" > "$WORK/d1" 2>&1 || { cat "$WORK/d1"; fail "decoder, 1 rank"; }
     llm_lines "$WORK/d1" > "$WORK/d1.l"
     [ "$(grep -c ' step ' "$WORK/d1.l")" -eq 4 ] || { cat "$WORK/d1"; fail "no decoder loss lines"; }
-    for mode in cp tp; do
-        if [ $mode = cp ]; then np=2 flags="--parallelism_config_cp_size 2"; else np=4 flags="--parallelism_config_cp_size 2 --parallelism_config_tp_size 2"; fi
-        note "$be: the decoder fine-tune at $flags == one process"
+    be0=$be   # (launch sets be: each run starts from the first backend again)
+    for mode in cp ring ringmpi tp; do
+        be=$be0 lbe=$be0
+        case $mode in
+            cp) np=2 flags="--parallelism_config_cp_size 2" ;;
+            ring) np=2 flags="--parallelism_config_cp_size 2 $RING" ;;
+            ringmpi) np=2 flags="--parallelism_config_cp_size 2 $RING"; lbe=${backends##* } ;;
+            tp) np=4 flags="--parallelism_config_cp_size 2 --parallelism_config_tp_size 2" ;;
+        esac
+        [ $mode = ringmpi ] && [ "$lbe" = "$be" ] && continue   # one backend only: done by ring
+        note "$lbe: the decoder fine-tune at $flags == one process"
         rm -rf "$WORK/l2"
         # shellcheck disable=SC2086
-        PROG="$FT" tlaunch $np "$be" $flags -- $RUN --output_dir "$WORK/l2" > "$WORK/d2" 2>&1 || { cat "$WORK/d2"; fail "decoder $flags"; }
+        PROG="$FT" tlaunch $np "$lbe" $flags -- $RUN --output_dir "$WORK/l2" > "$WORK/d2" 2>&1 || { cat "$WORK/d2"; fail "decoder $flags"; }
         llm_lines "$WORK/d2" > "$WORK/d2.l"
         # the step losses (6 decimals) within 1e-5, the held-out losses (4) within 1e-4, the samples the same
         paste -d ' ' "$WORK/d1.l" "$WORK/d2.l" | awk '
@@ -163,6 +200,7 @@ if [ -f "$gpl" ]; then
         # lr 2e-3 (test_tp_llm.sh's 5e-3 gives 9.9e-6, at the edge of 1e-5)
         same_st "$WORK/l1/model.safetensors" "$WORK/l2/model.safetensors"
     done
+    be=$be0
 fi
 
 # refused NP PATTERN FLAGS -- ARGS...: the GPT example fails with a message matching PATTERN
@@ -182,8 +220,6 @@ refused 2 'attention dropout is not supported yet' --parallelism_config_cp_size 
 refused 2 'parallelism_config_cp_size 2 (from .*) with distributed_type (from .*): composition with ZeRO / FSDP is not supported yet' --parallelism_config_cp_size 2 --use_fsdp -- $TINY
 # shellcheck disable=SC2086
 refused 4 'parallelism_config_cp_size 2 (from .*) with parallelism_config.parallelism_config_dp_shard_size (from .*): sharded data parallelism' --parallelism_config_cp_size 2 --parallelism_config_dp_shard_size 2 -- $TINY
-# shellcheck disable=SC2086
-refused 2 'by all-gather only (alltoall, Ulysses'"'"' head exchange, is not supported yet)' --parallelism_config_cp_size 2 --parallelism_config_cp_comm_strategy alltoall -- $TINY
 # shellcheck disable=SC2086
 refused 4 'parallelism_config_cp_size 2 (.*) x parallelism_config_tp_size 1 (default) = 2 processes, but the job has 4' --parallelism_config_cp_size 2 -- $TINY
 

@@ -139,6 +139,34 @@ static void test_op_on_its_own_stream(void **state) {
     cu_nccl_ops.destroy(comm);
 }
 
+/* sendrecv: ncclRecv and ncclSend inside one group (a ring's ranks each send and receive at once
+ * without deadlock), on NCCL's stream with both buffers recorded there; a one-sided recv issues
+ * only its half, in a group too. */
+static void test_sendrecv_in_one_group(void **state) {
+    atomic_int *in_group = dlsym(mock_lib, "mock_nccl_p2p_in_group"), *groups = dlsym(mock_lib, "mock_nccl_groups");
+    assert_non_null(in_group);
+    assert_non_null(groups);
+    void *comm = open_comm(60000);
+    float send[4], recv[4];
+    int ops0 = atomic_load(ops_entered), in0 = atomic_load(in_group), g0 = atomic_load(groups);
+    atomic_store(&ntrace, 0);
+    T_OK(cu_nccl_ops.sendrecv(comm, send, 4, 0, recv, 4, 0, CA_F32, NULL));
+    assert_int_equal(atomic_load(ops_entered) - ops0, 2);
+    assert_int_equal(atomic_load(in_group) - in0, 2);
+    assert_int_equal(atomic_load(groups) - g0, 1);
+    assert_ptr_equal(*last_stream, &s_nccl);
+    assert_true(find(0, 'a', send, &s_nccl) >= 0);
+    assert_true(find(0, 'a', recv, &s_nccl) >= 0);
+    ca_work_impl *work = NULL;
+    T_OK(cu_nccl_ops.sendrecv(comm, NULL, 0, -1, recv, 4, 0, CA_F32, &work));
+    assert_int_equal(atomic_load(ops_entered) - ops0, 3);
+    assert_int_equal(atomic_load(in_group) - in0, 3);
+    assert_int_equal(atomic_load(groups) - g0, 2);
+    T_OK(cu_nccl_ops.work_wait(work, 1000));
+    cu_nccl_ops.work_free(work);
+    cu_nccl_ops.destroy(comm);
+}
+
 typedef struct issue {
     void *comm;
     ca_status st;
@@ -202,6 +230,7 @@ int main(void) {
     dev.stream = dev.default_stream = (cudaStream_t)&s_main;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_op_on_its_own_stream),
+        cmocka_unit_test(test_sendrecv_in_one_group),
         cmocka_unit_test(test_abort_does_not_wait_for_a_stuck_enqueue),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);

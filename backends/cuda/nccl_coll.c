@@ -43,6 +43,10 @@ static struct {
     __typeof__(ncclBroadcast) *broadcast;
     __typeof__(ncclAllGather) *all_gather;
     __typeof__(ncclReduceScatter) *reduce_scatter;
+    __typeof__(ncclSend) *send;
+    __typeof__(ncclRecv) *recv;
+    __typeof__(ncclGroupStart) *group_start;
+    __typeof__(ncclGroupEnd) *group_end;
 } nc;
 static pthread_once_t nc_once = PTHREAD_ONCE_INIT;
 static char nc_why[512];   /* empty once loaded */
@@ -80,6 +84,10 @@ static void nc_load_once(void) {
     NC_BIND(broadcast, ncclBroadcast);
     NC_BIND(all_gather, ncclAllGather);
     NC_BIND(reduce_scatter, ncclReduceScatter);
+    NC_BIND(send, ncclSend);
+    NC_BIND(recv, ncclRecv);
+    NC_BIND(group_start, ncclGroupStart);
+    NC_BIND(group_end, ncclGroupEnd);
     nc.loaded = true;
 }
 
@@ -247,14 +255,21 @@ static ca_status gloo_start(const ca_comm_init_args *a, nccl_comm *c, const char
     return CA_OK;
 }
 
-typedef enum { GL_ALL_REDUCE, GL_BROADCAST, GL_ALL_GATHER, GL_REDUCE_SCATTER, GL_BARRIER } gl_kind;
+typedef enum { GL_ALL_REDUCE, GL_BROADCAST, GL_ALL_GATHER, GL_REDUCE_SCATTER, GL_BARRIER, GL_SENDRECV } gl_kind;
+
+/* A point-to-point exchange over gloo: its peers and its received count (the sent one is count). */
+typedef struct gl_p2p {
+    int dst, src;
+    size_t rcount;
+} gl_p2p;
 
 /* One op over gloo: the device data to pinned host memory, the op, and back. Synchronous: the
  * host copy is reused by the next op (the core takes a NULL handle as done). */
 static ca_status gloo_op(nccl_comm *c, gl_kind k, const void *send, void *recv, size_t count, ca_dtype dt,
-                         ca_reduce_op op, int root, const char *what) {
+                         ca_reduce_op op, int root, const char *what, const gl_p2p *p2p) {
     size_t es = ca_dtype_size(dt), w = (size_t)c->world;
     size_t sn = count * es * (k == GL_REDUCE_SCATTER ? w : 1), rn = count * es * (k == GL_ALL_GATHER ? w : 1);
+    if (p2p) rn = p2p->rcount * es;
     ca_work_impl *wk = NULL;
     pthread_mutex_lock(&c->mu);
     ca_status st = cu_enter(c->d, "nccl (gloo)");
@@ -278,6 +293,10 @@ static ca_status gloo_op(nccl_comm *c, gl_kind k, const void *send, void *recv, 
     case GL_ALL_GATHER: st = c->gloo->all_gather(c->gc, hs, hr, count, dt, &wk); break;
     case GL_REDUCE_SCATTER: st = c->gloo->reduce_scatter(c->gc, hs, hr, count, dt, op, &wk); break;
     case GL_BARRIER: st = c->gloo->barrier(c->gc, &wk); break;
+    case GL_SENDRECV:
+        st = c->gloo->sendrecv ? c->gloo->sendrecv(c->gc, hs, count, p2p->dst, hr, p2p->rcount, p2p->src, dt, &wk)
+                               : ca_error(CA_ERR_UNSUPPORTED, "the host backend has no point-to-point operations");
+        break;
     }
     if (st == CA_OK && wk) st = c->gloo->work_wait(wk, c->timeout_ms);
     if (wk) c->gloo->work_free(wk);
@@ -526,7 +545,7 @@ static ca_status nccl_all_reduce(void *comm, const void *send, void *recv, size_
     if (!nccl_op(op, &o)) return ca_error(CA_ERR_INVALID, "nccl all_reduce: unknown reduce op %d", (int)op);
     char what[96];
     snprintf(what, sizeof what, "all_reduce(%s, %zu elements, %s)", ca_dtype_name(dt), count, ca_reduce_op_name(op));
-    if (c && c->gloo) return gloo_op(c, GL_ALL_REDUCE, send, recv, count, dt, op, 0, what);
+    if (c && c->gloo) return gloo_op(c, GL_ALL_REDUCE, send, recv, count, dt, op, 0, what, NULL);
     ca_status st = begin(c, what, dt, &t, send, recv);
     if (st != CA_OK) return st;
     return finish_issue(c, nc.all_reduce(send, recv, count, t, o, c->comm, c->stream), what, work);
@@ -537,7 +556,7 @@ static ca_status nccl_broadcast(void *comm, void *buf, size_t count, ca_dtype dt
     ncclDataType_t t;
     char what[96];
     snprintf(what, sizeof what, "broadcast(%s, %zu elements, root %d)", ca_dtype_name(dt), count, root);
-    if (c && c->gloo) return gloo_op(c, GL_BROADCAST, buf, buf, count, dt, CA_OP_SUM, root, what);
+    if (c && c->gloo) return gloo_op(c, GL_BROADCAST, buf, buf, count, dt, CA_OP_SUM, root, what, NULL);
     ca_status st = begin(c, what, dt, &t, buf, NULL);
     if (st != CA_OK) return st;
     return finish_issue(c, nc.broadcast(buf, buf, count, t, root, c->comm, c->stream), what, work);
@@ -549,7 +568,7 @@ static ca_status nccl_all_gather(void *comm, const void *send, void *recv, size_
     ncclDataType_t t;
     char what[96];
     snprintf(what, sizeof what, "all_gather(%s, %zu elements per rank)", ca_dtype_name(dt), count);
-    if (c && c->gloo) return gloo_op(c, GL_ALL_GATHER, send, recv, count, dt, CA_OP_SUM, 0, what);
+    if (c && c->gloo) return gloo_op(c, GL_ALL_GATHER, send, recv, count, dt, CA_OP_SUM, 0, what, NULL);
     ca_status st = begin(c, what, dt, &t, send, recv);
     if (st != CA_OK) return st;
     return finish_issue(c, nc.all_gather(send, recv, count, t, c->comm, c->stream), what, work);
@@ -564,7 +583,7 @@ static ca_status nccl_reduce_scatter(void *comm, const void *send, void *recv, s
     char what[96];
     snprintf(what, sizeof what, "reduce_scatter(%s, %zu elements per rank, %s)", ca_dtype_name(dt), count,
              ca_reduce_op_name(op));
-    if (c && c->gloo) return gloo_op(c, GL_REDUCE_SCATTER, send, recv, count, dt, op, 0, what);
+    if (c && c->gloo) return gloo_op(c, GL_REDUCE_SCATTER, send, recv, count, dt, op, 0, what, NULL);
     ca_status st = begin(c, what, dt, &t, send, recv);
     if (st != CA_OK) return st;
     return finish_issue(c, nc.reduce_scatter(send, recv, count, t, o, c->comm, c->stream), what, work);
@@ -574,10 +593,33 @@ static ca_status nccl_reduce_scatter(void *comm, const void *send, void *recv, s
 static ca_status nccl_barrier(void *comm, ca_work_impl **work) {
     nccl_comm *c = comm;
     ncclDataType_t t;
-    if (c && c->gloo) return gloo_op(c, GL_BARRIER, NULL, NULL, 0, CA_F32, CA_OP_SUM, 0, "barrier");
+    if (c && c->gloo) return gloo_op(c, GL_BARRIER, NULL, NULL, 0, CA_F32, CA_OP_SUM, 0, "barrier", NULL);
     ca_status st = begin(c, "barrier", CA_F32, &t, NULL, NULL);
     if (st != CA_OK) return st;
     return finish_issue(c, nc.all_reduce(c->one, c->one, 1, t, ncclSum, c->comm, c->stream), "barrier", work);
+}
+
+/* ncclSend and ncclRecv in one group, so that a ring of ranks each sending right and receiving left
+ * runs them together without deadlock; dst / src < 0: that side is absent. */
+static ca_status nccl_sendrecv(void *comm, const void *send, size_t send_count, int dst, void *recv, size_t recv_count,
+                               int src, ca_dtype dt, ca_work_impl **work) {
+    nccl_comm *c = comm;
+    ncclDataType_t t;
+    char what[128];
+    snprintf(what, sizeof what, "sendrecv(%s, %zu elements to rank %d, %zu from rank %d)", ca_dtype_name(dt),
+             send_count, dst, recv_count, src);
+    if (c && c->gloo) {
+        gl_p2p p = {dst, src, recv_count};
+        return gloo_op(c, GL_SENDRECV, send, recv, send_count, dt, CA_OP_SUM, 0, what, &p);
+    }
+    ca_status st = begin(c, what, dt, &t, dst >= 0 ? send : NULL, src >= 0 ? recv : NULL);
+    if (st != CA_OK) return st;
+    ncclResult_t r = nc.group_start();
+    if (r == ncclSuccess && src >= 0) r = nc.recv(recv, recv_count, t, src, c->comm, c->stream);
+    if (r == ncclSuccess && dst >= 0) r = nc.send(send, send_count, t, dst, c->comm, c->stream);
+    /* a group once started is always ended, also after a failed call inside it */
+    ncclResult_t e = nc.group_end();
+    return finish_issue(c, r != ncclSuccess ? r : e, what, work);
 }
 
 /* ---------------------------------------------------------------- work */
@@ -712,4 +754,5 @@ const ca_collective_ops cu_nccl_ops = {
     .work_wait = nccl_work_wait,
     .work_free = nccl_work_free,
     .abort = nccl_abort,
+    .sendrecv = nccl_sendrecv,
 };

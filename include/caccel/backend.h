@@ -677,6 +677,15 @@ typedef struct ca_collective_ops {
      * thread while comm runs its own on the first (MPI: the library gave MPI_THREAD_MULTIPLE).
      * NULL or false: the core never does so (an asynchronous save_state then saves synchronously). */
     bool (*threads_concurrent)(void *comm);
+
+    /* ---- ABI 3.7 ---- */
+    /* Optional (NULL: the communicator refuses point-to-point): sends send_count elements to rank dst
+     * and receives recv_count elements from rank src in one operation, both in flight together, so
+     * that every rank of a ring may call it at once without deadlock. dst < 0: nothing is sent; src <
+     * 0: nothing is received. Messages between two ranks are matched in the order they were issued
+     * (MPI's non-overtaking rule); send and recv do not overlap. */
+    ca_status (*sendrecv)(void *comm, const void *send, size_t send_count, int dst, void *recv, size_t recv_count,
+                          int src, ca_dtype dt, ca_work_impl **work);
 } ca_collective_ops;
 
 /* ------------------------------------------------------------------ plugins */

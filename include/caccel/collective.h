@@ -83,6 +83,21 @@ CA_API ca_status ca_comm_reduce_scatter(ca_comm *c, const void *send, void *recv
                                         ca_work **work);
 CA_API ca_status ca_comm_barrier(ca_comm *c, ca_work **work);
 
+/* Point-to-point, between ranks of c (not collective: only the two ends call, each side's calls on
+ * c numbered among its collectives). ca_comm_sendrecv sends send_count elements to rank dst and
+ * receives recv_count elements from rank src, both in flight together: every rank of a ring may
+ * call it with its right and left neighbours at once without deadlock. dst < 0 sends nothing, src <
+ * 0 receives nothing; ca_comm_send and ca_comm_recv are the one-sided forms. Messages from one rank
+ * to another are matched in issue order; the receiver's count must equal the sender's
+ * (CA_ERR_BACKEND otherwise, where the backend can tell). send and recv must not overlap. Errors as
+ * the collectives' (a dead or hung peer ends the call within the communicator's timeout), with
+ * the peer ranks and the group named; CA_ERR_UNSUPPORTED for a backend without point-to-point;
+ * CA_ERR_INVALID for a peer outside the communicator or this rank itself. */
+CA_API ca_status ca_comm_sendrecv(ca_comm *c, const void *send, size_t send_count, int dst, void *recv,
+                                  size_t recv_count, int src, ca_dtype dt, ca_work **work);
+CA_API ca_status ca_comm_send(ca_comm *c, const void *buf, size_t count, ca_dtype dt, int dst, ca_work **work);
+CA_API ca_status ca_comm_recv(ca_comm *c, void *buf, size_t count, ca_dtype dt, int src, ca_work **work);
+
 /* Waits for the work (timeout_ms < 0: the communicator's timeout). */
 CA_API ca_status ca_work_wait(ca_work *w, int64_t timeout_ms);
 /* CA_OK when done, CA_IN_PROGRESS when not, <0 on failure. */

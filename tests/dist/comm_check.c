@@ -58,6 +58,16 @@
  *                handler, installed first, counts the signals it was passed
  *   badtoken     rank 1 presents a wrong job token
  *   env          prints what the process environment says (rank, size, backend)
+ *   p2p          point-to-point: a ring shift (sendrecv to the right, from the left) of
+ *                payloads distinct per rank and size (0, 1, 97 and --large-mib MiB),
+ *                blocking and asynchronous, then the same one-sided (even ranks send
+ *                right, odd ones receive from the left), then a shift to the left by
+ *                send and recv issued asynchronously in either order; each received
+ *                buffer compared exactly with the sender's values
+ *   p2p-kill     two ring shifts, then the victim (--victim, default the last rank)
+ *                kills itself with SIGKILL; the others shift on and must fail naming it
+ *   p2p-late     two ring shifts, then the last rank sleeps (--sleep-ms) before the third,
+ *                which the others must fail by the timeout (--timeout-ms) naming it
  * --gate FILE: before creating the communicator, a rank says "comm_check: rank R at
  * the gate" and waits (at most 300 s) until FILE exists. A test that opens the gate
  * once every rank is there starts every rendezvous at once, however long the
@@ -435,6 +445,111 @@ static int leave_mode(ca_comm *c, const opts *o) {
     return named ? o->fail_code : 1;
 }
 
+/* ------------------------------------------------------------- point-to-point */
+
+/* Element i of the payload rank r sends in round k. */
+static float p2p_val(int r, int k, size_t i) { return (float)((int)((i * 5 + (size_t)r * 31 + (size_t)k * 7) % 101) - 50); }
+
+static int p2p_expect(int me, const float *got, size_t n, int from, int k) {
+    for (size_t i = 0; i < n; i++)
+        if (got[i] != p2p_val(from, k, i)) {
+            fprintf(stderr, "comm_check: FAILED on rank %d: round %d element %zu from rank %d: %g, expected %g\n", me,
+                    k, i, from, (double)got[i], (double)p2p_val(from, k, i));
+            return 1;
+        }
+    return 0;
+}
+
+static int p2p_mode(ca_comm *c, const opts *o) {
+    int r = ca_comm_rank(c), w = ca_comm_size(c), right = (r + 1) % w, left = (r + w - 1) % w;
+    size_t sizes[] = {0, 1, 97, (size_t)o->large_mib * (1u << 20) / sizeof(float)}, big = sizes[3];
+    float *out = malloc(sizeof(float) * (big + 1)), *in = malloc(sizeof(float) * (big + 1));
+    if (!out || !in) return die(r, "malloc");
+    int k = 0, bad = 0;
+    for (size_t si = 0; si < sizeof sizes / sizeof *sizes && !bad; si++)
+        for (int async = 0; async < 2 && !bad; async++, k++) {
+            size_t n = sizes[si];
+            for (size_t i = 0; i < n; i++) out[i] = p2p_val(r, k, i);
+            ca_work *wk = NULL;
+            ca_status s = ca_comm_sendrecv(c, out, n, right, in, n, left, CA_F32, async ? &wk : NULL);
+            if (s == CA_OK && async) s = ca_work_wait(wk, -1);
+            ca_work_free(wk);
+            if (s != CA_OK) return die(r, "sendrecv");
+            bad = p2p_expect(r, in, n, left, k);
+        }
+    /* one-sided: even ranks send to the right, odd ranks receive from the left (an odd world's last
+     * rank sends to rank 0, which receives nothing: it stays out) */
+    size_t n = 97;
+    k++;
+    for (size_t i = 0; i < n; i++) out[i] = p2p_val(r, k, i);
+    ca_status s = CA_OK;
+    if (r % 2 == 0 && right % 2 == 1) s = ca_comm_send(c, out, n, CA_F32, right, NULL);
+    else if (r % 2 == 1) s = ca_comm_recv(c, in, n, CA_F32, left, NULL);
+    if (s != CA_OK) return die(r, "send / recv");
+    if (r % 2 == 1 && !bad) bad = p2p_expect(r, in, n, left, k);
+    /* a shift to the left by a send and a recv in flight together, issued in either order */
+    k++;
+    for (size_t i = 0; i < n; i++) out[i] = p2p_val(r, k, i);
+    ca_work *a = NULL, *b = NULL;
+    if (r % 2 == 0) {
+        s = ca_comm_send(c, out, n, CA_F32, left, &a);
+        if (s == CA_OK) s = ca_comm_recv(c, in, n, CA_F32, right, &b);
+    } else {
+        s = ca_comm_recv(c, in, n, CA_F32, right, &b);
+        if (s == CA_OK) s = ca_comm_send(c, out, n, CA_F32, left, &a);
+    }
+    if (s == CA_OK) s = ca_work_wait(b, -1);
+    if (s == CA_OK) s = ca_work_wait(a, -1);
+    ca_work_free(a);
+    ca_work_free(b);
+    if (s != CA_OK) return die(r, "send / recv in flight together");
+    if (!bad) bad = p2p_expect(r, in, n, right, k);
+    /* the refusals: a rank outside the communicator, this rank as one end only */
+    if (ca_comm_send(c, out, 1, CA_F32, w, NULL) != CA_ERR_INVALID || !strstr(ca_last_error(), "is not a rank"))
+        return die(r, "a send to a rank outside the communicator was not refused");
+    if (ca_comm_sendrecv(c, out, 1, r, in, 1, left, CA_F32, NULL) != CA_ERR_INVALID)
+        return die(r, "a send to itself with a receive from another was not refused");
+    uint64_t sent = ca_comm_bytes(c);
+    free(out);
+    free(in);
+    if (bad) return 1;
+    printf("comm_check: OK p2p rank %d of %d backend %s (%d rounds, %llu bytes sent)\n", r, w, ca_comm_backend(c), k + 1,
+           (unsigned long long)sent);
+    return 0;
+}
+
+/* The victim dies (p2p-kill) or is late (p2p-late) after two ring shifts; the others shift on and must
+ * fail naming it: its death, or the timeout of the shift it did not reach. */
+static int p2p_kill_mode(ca_comm *c, const opts *o) {
+    int r = ca_comm_rank(c), w = ca_comm_size(c), victim = o->victim >= 0 ? o->victim : w - 1;
+    bool late = strcmp(o->mode, "p2p-late") == 0;
+    float x[64] = {0}, y[64];
+    for (int i = 0; i < 2; i++)
+        if (ca_comm_sendrecv(c, x, 64, (r + 1) % w, y, 64, (r + w - 1) % w, CA_F32, NULL) != CA_OK)
+            return die(r, "warm-up sendrecv");
+    if (late && r == victim) {
+        usleep((useconds_t)o->sleep_ms * 1000);
+        ca_status s = ca_comm_sendrecv(c, x, 64, (r + 1) % w, y, 64, (r + w - 1) % w, CA_F32, NULL);
+        printf("comm_check: %s late rank %d (%s): %s\n", s != CA_OK ? "EXPECTED" : "UNEXPECTED", r, ca_status_name(s),
+               s != CA_OK ? ca_last_error() : "succeeded");
+        return s != CA_OK ? 0 : 1;
+    }
+    if (!late && r == victim) {
+        printf("comm_check: rank %d dies after two ring shifts\n", r);
+        fflush(stdout);
+        raise(SIGKILL);
+    }
+    ca_status s = CA_OK;
+    for (int i = 0; s == CA_OK && i < 1000000; i++)
+        s = ca_comm_sendrecv(c, x, 64, (r + 1) % w, y, 64, (r + w - 1) % w, CA_F32, NULL);
+    const char *m = ca_last_error();
+    char who[64];
+    snprintf(who, sizeof who, "rank %d ", victim);
+    bool named = s != CA_OK && strstr(m, who) && strstr(m, "sendrecv") && (!late || s == CA_ERR_TIMEOUT);
+    printf("comm_check: %s rank %d failed (%s): %s\n", named ? "EXPECTED" : "UNEXPECTED", r, ca_status_name(s), m);
+    return named ? o->fail_code : 1;
+}
+
 /* Colors by parity (the last rank of an odd world joins none), keys reversed: each group orders its
  * ranks backwards and sums its own members only; then a second split (all in one group) and the
  * parent still agree. As HYBRID_SHARD splits: within a machine, and across. */
@@ -634,6 +749,8 @@ int main(int argc, char **argv) {
         if (rc < 0) return 0;
     }
     else if (strcmp(o.mode, "fault") == 0) rc = fault_mode(c, &o);
+    else if (strcmp(o.mode, "p2p") == 0) rc = p2p_mode(c, &o);
+    else if (strcmp(o.mode, "p2p-kill") == 0 || strcmp(o.mode, "p2p-late") == 0) rc = p2p_kill_mode(c, &o);
     else if (strcmp(o.mode, "ondemand") == 0) rc = ondemand_mode(c, &o);
     else if (strcmp(o.mode, "last-bcast") == 0) {
         rc = last_bcast_mode(c);
