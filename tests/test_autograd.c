@@ -339,7 +339,7 @@ static int split_grads(int uses, bool whole, bool again) {
         /* weight of element (r, c) of part j: j + 1 + c, at column c0 + c of y */
         for (int j = 0, c0 = 0; j < 3; c0 += (int)sizes[j++]) {
             if (!(uses >> j & 1)) continue;
-            float w[16];
+            float w[24];   /* 6 rows of the widest part */
             for (int r = 0; r < 6; r++)
                 for (int c = 0; c < sizes[j]; c++) {
                     w[r * sizes[j] + c] = (float)(j + 1 + c);
