@@ -677,6 +677,11 @@ static ca_status clamp_fn(ca_device *dev, const ca_tensor_list *tl, void *ctx) {
     float v = *(float *)ctx;
     return CA_KCALL(dev, clamp_list, .t = tl, .lo = -v, .hi = v);
 }
+/* Every gradient times the host value at ctx: the same f32 products as scale_grads_by's, in one kernel
+ * call split over the kernels' threads instead of a call per gradient (most of them one thread's). */
+static ca_status scale_fn(ca_device *dev, const ca_tensor_list *tl, void *ctx) {
+    return CA_KCALL(dev, scale_list, .t = tl, .alpha = *(float *)ctx);
+}
 typedef struct unscale_ctx { float inv; float *found; } unscale_ctx;
 static ca_status unscale_fn(ca_device *dev, const ca_tensor_list *tl, void *ctx) {
     unscale_ctx *c = ctx;
@@ -861,7 +866,12 @@ ca_status ca_clip_grad_norm(ca_accelerator *acc, double max_norm, double *total_
         /* on host memory the coefficient costs nothing to read: a pass multiplying by 1 is skipped */
         double cv = 0;
         if (s == CA_OK && ca_device_is_host(acc->device)) s = ca_tensor_item(coef, &cv);
-        if (s == CA_OK && cv < 1.0) s = scale_grads_by(&gs, acc->device, cp);
+        if (s == CA_OK && cv < 1.0 && ca_device_is_host(acc->device)) {   /* one list kernel, as the sum */
+            float f = (float)cv;
+            s = for_grads(&gs, acc->device, scale_fn, &f);
+        } else if (s == CA_OK && cv < 1.0) {
+            s = scale_grads_by(&gs, acc->device, cp);
+        }
         if (s == CA_OK && total_norm) s = ca_tensor_item(total, total_norm);
     }
     free(gs.t);

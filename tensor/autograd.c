@@ -86,12 +86,17 @@ bool ca_grad_adopt(ca_tensor *t, ca_tensor *g) {
     }
     t->bgrad = v;
     t->bgrad_defined = true;
+    t->bgrad_split = 0;
     return true;
 }
 
 void ca_grad_written(ca_tensor *t) {
-    if (is_leaf(t)) t->grad_defined = true;
-    else t->bgrad_defined = true;
+    if (is_leaf(t)) {
+        t->grad_defined = true;
+    } else {
+        t->bgrad_defined = true;
+        t->bgrad_split = 0;
+    }
 }
 
 /* ------------------------------------------------------------------ backward */

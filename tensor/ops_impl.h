@@ -33,5 +33,8 @@ ca_tensor *ca_op_attention(ca_tensor *q, ca_tensor *k, ca_tensor *v, ca_tensor *
                            double dropout_p, double scale);
 /* Scalar f32 tensor holding v (scoped). */
 ca_tensor *ca_op_scalar(ca_device *dev, float v);
+/* ca_narrow for part `part` of the split numbered split_id (nonzero, unique per ca_split call): the parts of
+ * one split cover disjoint regions of x, which their backward relies on (tensor/ops_shape.c). */
+ca_tensor *ca_op_split_part(ca_tensor *x, int dim, int64_t start, int64_t len, uint64_t split_id, int part);
 
 #endif

@@ -1,6 +1,7 @@
 /* Joining, cutting and selecting: concat, stack, split, index_select, gather, where, masked_fill, triu masks. */
 #include "tensor/ops_impl.h"
 
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -135,9 +136,11 @@ ca_status ca_split(ca_tensor *x, int dim, int n, const int64_t *sizes, ca_tensor
     if (total != x->shape[dim])
         return ca_error(CA_ERR_INVALID, "split: sizes sum to %lld, dimension %d has %lld", (long long)total, dim,
                         (long long)x->shape[dim]);
+    static atomic_uint_fast64_t splits;
+    uint64_t id = atomic_fetch_add_explicit(&splits, 1, memory_order_relaxed) + 1;
     int64_t start = 0;
     for (int j = 0; j < n; j++) {
-        if (!(out[j] = ca_narrow(x, dim, start, sizes[j]))) return ca_last_status();
+        if (!(out[j] = ca_op_split_part(x, dim, start, sizes[j], id, j))) return ca_last_status();
         start += sizes[j];
     }
     return CA_OK;

@@ -159,6 +159,21 @@ ca_tensor *ca_transpose(ca_tensor *x, int d0, int d1) {
 
 /* ------------------------------------------------------------------ narrow */
 
+/* Whether the region of x's gradient that split part n writes still holds the zeros its first part
+ * filled: only parts of n's split have written since, and not this one. Non-leaves only: a leaf's
+ * gradient lives across passes and may be changed in place (clipping, an all-reduce). */
+static bool split_region_zero(const ca_node *n, const ca_tensor *x) {
+    uint64_t id = (uint64_t)n->i[2];
+    return id && x->grad_fn && x->bgrad_split == id && !(x->bgrad_split_parts >> n->i[3] & 1u);
+}
+
+/* After part n of a split wrote its region of x's gradient (zeros elsewhere, or other parts' regions). */
+static void split_mark(const ca_node *n, ca_tensor *x, bool first) {
+    uint64_t parts = first ? 0 : x->bgrad_split_parts;
+    x->bgrad_split = (uint64_t)n->i[2];
+    x->bgrad_split_parts = parts | (uint64_t)1 << n->i[3];
+}
+
 static ca_status narrow_backward(ca_node *n, ca_tensor *g) {
     ca_tensor *x = n->in[0];
     int dim = (int)n->i[0];
@@ -169,13 +184,14 @@ static ca_status narrow_backward(ca_node *n, ca_tensor *g) {
     ca_device *dev = ca_tdev(x);
     /* region of dx that the slice came from, as strided pointers */
     void *region = (char *)ca_tptr(dx) + (size_t)(start * dx->stride[dim]) * ca_dtype_size(dx->dtype);
-    ca_status s;
-    if (beta == 0.0f) {   /* zeros, then g into its place */
+    bool split = n->i[2] && x->grad_fn, zero = split && beta != 0.0f && split_region_zero(n, x);
+    ca_status s = CA_OK;
+    if (beta == 0.0f)   /* zeros, then g into its place */
         s = CA_KCALL(dev, fill, .dt = dx->dtype, .n = dx->numel, .value = 0.0, .y = ca_tptr(dx));
-        if (s == CA_OK)
-            s = CA_KCALL(dev, copy_strided, .dt = g->dtype, .ndim = g->ndim, .shape = g->shape,
-                         .x = ca_tptr(g), .x_stride = g->stride, .y = region, .y_stride = dx->stride);
-    } else {              /* region + g into a contiguous temporary, then back into place */
+    if (s == CA_OK && (beta == 0.0f || zero)) {
+        s = CA_KCALL(dev, copy_strided, .dt = g->dtype, .ndim = g->ndim, .shape = g->shape,
+                     .x = ca_tptr(g), .x_stride = g->stride, .y = region, .y_stride = dx->stride);
+    } else if (s == CA_OK) {   /* region + g into a contiguous temporary, then back into place */
         ca_tensor *tmp = ca_op_new_like(g);
         if (!tmp) return ca_last_status();
         ca_bcast_args bc = {.ndim = g->ndim};
@@ -188,12 +204,18 @@ static ca_status narrow_backward(ca_node *n, ca_tensor *g) {
             s = CA_KCALL(dev, copy_strided, .dt = g->dtype, .ndim = g->ndim, .shape = g->shape,
                          .x = ca_tptr(tmp), .x_stride = tmp->stride, .y = region, .y_stride = dx->stride);
     }
-    if (s == CA_OK) ca_grad_written(x);
-    return s;
+    if (s != CA_OK) return s;
+    ca_grad_written(x);
+    if (split && (beta == 0.0f || zero)) split_mark(n, x, beta == 0.0f);
+    return CA_OK;
 }
 static const ca_node_vt narrow_vt = {"narrow", narrow_backward};
 
-ca_tensor *ca_narrow(ca_tensor *x, int dim, int64_t start, int64_t len) {
+/* A narrow; split_id nonzero: part `part` (< 64) of the ca_split numbered split_id, whose parts cover
+ * disjoint regions of x, so that each part's backward finds its region zero after the first one filled
+ * it, and copies rather than adds (GPT's q, k and v out of one projection: one pass each instead of a
+ * sum into a temporary and a copy back). */
+static ca_tensor *narrow_part(ca_tensor *x, int dim, int64_t start, int64_t len, uint64_t split_id, int part) {
     CA_OP_NULLCHECK1(x);
     if (!norm_dim(&dim, x->ndim, "narrow")) return NULL;
     if (start < 0 || len < 0 || start + len > x->shape[dim]) {
@@ -210,8 +232,18 @@ ca_tensor *ca_narrow(ca_tensor *x, int dim, int64_t start, int64_t len) {
         if (!n) return NULL;
         n->i[0] = dim;
         n->i[1] = start;
+        n->i[2] = part >= 0 && part < 64 ? (int64_t)split_id : 0;
+        n->i[3] = part;
     }
     return y;
+}
+
+ca_tensor *ca_narrow(ca_tensor *x, int dim, int64_t start, int64_t len) {
+    return narrow_part(x, dim, start, len, 0, 0);
+}
+
+ca_tensor *ca_op_split_part(ca_tensor *x, int dim, int64_t start, int64_t len, uint64_t split_id, int part) {
+    return narrow_part(x, dim, start, len, split_id, part);
 }
 
 /* ------------------------------------------------------------------ cast */

@@ -54,6 +54,11 @@ struct ca_tensor {
     /* during backward: gradient of a non-leaf (scoped) */
     ca_tensor *bgrad;
     bool bgrad_defined;
+    /* non-leaves, during backward: the ca_split (a nonzero id) whose parts alone have written bgrad since
+     * it was zero-filled, and which of its parts (bits) have; 0 after any other write (ca_grad_written).
+     * A part not yet written finds its region zero and copies its gradient there instead of adding. */
+    uint64_t bgrad_split;
+    uint64_t bgrad_split_parts;
     int pending_uses;                /* leaves: uses left before the hook fires */
     uint64_t done_pass;              /* the backward pass that counted it in storage->done */
     uint64_t backward_pass;

@@ -217,7 +217,22 @@ static void test_clip_grad_norm(void **state) {
     }
     /* reference: dW = 6 everywhere (12 entries), db = 2 (3 entries) */
     double ref = sqrt(12 * 36.0 + 3 * 4.0), norm;
+    /* on host memory the gradients are scaled by one list kernel (as their sum of squares is taken), not
+     * a broadcasting multiply per gradient: the profile of the call says which kernels ran */
+    char dir[64];
+    snprintf(dir, sizeof dir, "test_accelerator.%ld.trace", (long)getpid());
+    T_OK(ca_profile_begin(&(ca_profile_config){.output_trace_dir = dir}));
     T_OK(ca_clip_grad_norm(acc, 1.0, &norm));
+    T_OK(ca_profile_end());
+    FILE *f = fopen(ca_profile_last_path(), "r");
+    assert_non_null(f);
+    char trace[1 << 16];
+    size_t len = fread(trace, 1, sizeof trace - 1, f);
+    fclose(f);
+    trace[len] = '\0';
+    assert_non_null(strstr(trace, "\"name\":\"scale_list\""));
+    assert_null(strstr(trace, "\"name\":\"binary.mul\""));
+    t_rm_tree(dir);
     assert_float_equal(norm, ref, 1e-4);
     double after = 0;
     for (int i = 0; i < 2; i++) {

@@ -292,6 +292,101 @@ static void test_backward_frees_saved_activations(void **state) {
     ca_module_destroy(m);
 }
 
+/* The "addcount" device: the CPU's, with its binary adds counted (the split test below). */
+static const ca_kernels *cpu_k;
+static int binary_adds;
+static ca_status count_binary(void *dev, const ca_binary_args *a) {
+    if (a->op == CA_BINARY_ADD) binary_adds++;
+    return cpu_k->binary(dev, a);
+}
+static ca_device *addcount_device(void) {
+    static ca_kernels k;
+    static ca_device_ops ops;
+    static const ca_device_ops *list[1];
+    static ca_plugin p;
+    static ca_device *dev;
+    if (dev) return dev;
+    ops = *ca_device_ops_of(ca_cpu_device());
+    cpu_k = ops.kernels;
+    k = *cpu_k;
+    k.binary = count_binary;
+    ops.name = "addcount";
+    ops.kernels = &k;
+    list[0] = &ops;
+    p = (ca_plugin){.struct_size = sizeof p, .abi_version = ops.abi_version, .name = "addcount", .version = "test",
+                    .num_devices = 1, .devices = list};
+    T_OK(ca_register_plugin(&p, "test_autograd"));
+    T_OK(ca_device_open("addcount", 0, NULL, &dev));
+    return dev;
+}
+
+/* dx of sum over parts j of sum(w_j * part_j(2 x)), x [2, 3, 8] split along the last dim, with `uses`
+ * picking the parts that enter the loss (bit j), `whole` adding sum(w * 2 x) itself, and a second split of
+ * other sizes when `again`; every weight an integer, so the expected gradient is exact. Returns the binary
+ * adds the backward ran. */
+static int split_grads(int uses, bool whole, bool again) {
+    ca_device *dev = addcount_device();
+    int64_t shape[3] = {2, 3, 8}, n = 48, sizes[3] = {2, 4, 2}, sizes2[2] = {5, 3};
+    float xv[48], want[48] = {0};
+    for (int64_t i = 0; i < n; i++) xv[i] = (float)(i % 7) - 3.0f;
+    int adds = -1;
+    CA_SCOPE {
+        ca_tensor *x = T_NN(ca_from_host(dev, CA_F32, 3, shape, xv));
+        ca_tensor_set_requires_grad(x, true);
+        ca_tensor *y = T_NN(ca_mul_scalar(x, 2.0)), *p[3], *q[2], *loss = NULL;
+        T_OK(ca_split(y, 2, 3, sizes, p));
+        T_OK(ca_split(y, -1, 2, sizes2, q));
+        /* weight of element (r, c) of part j: j + 1 + c, at column c0 + c of y */
+        for (int j = 0, c0 = 0; j < 3; c0 += (int)sizes[j++]) {
+            if (!(uses >> j & 1)) continue;
+            float w[24];   /* 6 rows of the widest part */
+            for (int r = 0; r < 6; r++)
+                for (int c = 0; c < sizes[j]; c++) {
+                    w[r * sizes[j] + c] = (float)(j + 1 + c);
+                    want[r * 8 + c0 + c] += 2.0f * (float)(j + 1 + c);
+                }
+            ca_tensor *wt = T_NN(ca_from_host(dev, CA_F32, 3, (int64_t[]){2, 3, sizes[j]}, w));
+            ca_tensor *term = T_NN(ca_sum(ca_mul(p[j], wt)));
+            loss = loss ? T_NN(ca_add(loss, term)) : term;
+        }
+        if (again) {   /* the second split's first part, weight 10 */
+            float w[30];
+            for (int i = 0; i < 30; i++) w[i] = 10.0f;
+            for (int r = 0; r < 6; r++)
+                for (int c = 0; c < 5; c++) want[r * 8 + c] += 20.0f;
+            ca_tensor *wt = T_NN(ca_from_host(dev, CA_F32, 3, (int64_t[]){2, 3, 5}, w));
+            ca_tensor *term = T_NN(ca_sum(ca_mul(q[0], wt)));
+            loss = loss ? T_NN(ca_add(loss, term)) : term;
+        }
+        if (whole) {   /* y itself, weight -1 */
+            for (int64_t i = 0; i < n; i++) want[i] -= 2.0f;
+            ca_tensor *term = T_NN(ca_sum(ca_mul_scalar(y, -1.0)));
+            loss = loss ? T_NN(ca_add(loss, term)) : term;
+        }
+        binary_adds = 0;
+        T_OK(ca_autograd_backward(loss));
+        adds = binary_adds;
+        float *g = t_host(ca_tensor_grad(x));
+        for (int64_t i = 0; i < n; i++)
+            if (g[i] != want[i]) fail_msg("uses %d whole %d again %d: dx[%lld] = %g, want %g", uses, whole, again,
+                                          (long long)i, g[i], want[i]);
+        free(g);
+    }
+    return adds;
+}
+
+/* The parts of one ca_split write disjoint regions of its input's gradient: after the first part's
+ * zeros, each later part copies into its region instead of adding (a sum into a temporary and a copy
+ * back). A region another use of the input (or another split of it) has written is still added to. */
+static void test_split_parts_copy(void **state) {
+    (void)state;
+    assert_int_equal(split_grads(7, false, false), 0);   /* q, k and v: no add */
+    assert_int_equal(split_grads(5, false, false), 0);   /* a part unused: its region stays zero */
+    split_grads(7, true, false);                         /* the input used whole as well */
+    split_grads(3, false, true);                         /* two splits of one input, overlapping regions */
+    split_grads(6, true, true);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_embedding_padding),
@@ -302,6 +397,7 @@ int main(void) {
         cmocka_unit_test(test_grad_hook_fires_once_when_final),
         cmocka_unit_test(test_errors_propagate_through_chains),
         cmocka_unit_test(test_backward_frees_saved_activations),
+        cmocka_unit_test(test_split_parts_copy),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     ca_scope_release_all();

@@ -742,6 +742,20 @@ static ca_tensor *b_split(ca_tensor **in, const oc_call *c) {
     ca_tensor *r[3] = {ca_mul_scalar(p[2], 2.0), p[0], p[1]};
     return ca_concat(3, r, 0);
 }
+/* A split of a non-leaf along its last dim (the GPT's q, k, v out of one projection): its parts copy into
+ * their regions of the gradient; `whole` also uses the input itself, `uses` picks the parts. */
+typedef struct split_ctx { bool whole; int uses; } split_ctx;
+static const split_ctx SPLIT_ALL = {false, 7}, SPLIT_WHOLE = {true, 5};
+static ca_tensor *b_split_nonleaf(ca_tensor **in, const oc_call *c) {
+    const split_ctx *sc = c->ctx;
+    ca_tensor *y = ca_mul(in[0], in[1]), *p[3], *r[4];
+    if (ca_split(y, 2, 3, (const int64_t[]){3, 5, 4}, p) != CA_OK) return NULL;
+    int n = 0;
+    for (int j = 2; j >= 0; j--)
+        if (sc->uses >> j & 1) r[n++] = ca_mul_scalar(p[j], (double)j + 1.0);
+    if (sc->whole) r[n++] = y;
+    return ca_concat(n, r, 2);
+}
 static ca_tensor *b_reshape(ca_tensor **in, const oc_call *c) { return ca_mul(ca_reshape(in[0], 2, (int64_t[]){4, -1}),
     in[1]); }
 static ca_tensor *b_transpose(ca_tensor **in, const oc_call *c) { return ca_mul(ca_transpose(in[0], 0, 2), in[1]); }
@@ -1001,6 +1015,10 @@ static const op_case INDEX[] = {
     {"stack dim 0", b_stack, &D0, 3, {U(-1, 1, 2, 3), U(-1, 1, 2, 3), U(-1, 1, 2, 3)}, FLT, true},
     {"stack dim 2", b_stack, &D2, 3, {U(-1, 1, 2, 3), U(-1, 1, 2, 3), U(-1, 1, 2, 3)}, FLT, true},
     {"split", b_split, NULL, 1, {U(-1, 1, 6, 4)}, FLT, true},
+    {"split of a non-leaf, every part", b_split_nonleaf, &SPLIT_ALL, 2, {U(-1, 1, 2, 3, 12), U(-1, 1, 2, 3, 12)}, FLT,
+     true},
+    {"split of a non-leaf, a part unused, the input used whole", b_split_nonleaf, &SPLIT_WHOLE, 2,
+     {U(-1, 1, 2, 3, 12), U(-1, 1, 2, 3, 12)}, FLT, true},
     {"reshape", b_reshape, NULL, 2, {U(-1, 1, 2, 3, 4), U(-1, 1, 4, 6)}, FLT, true},
     {"reshape of a strided slice (a view)", b_reshape_slice, NULL, 2, {U(-1, 1, 2, 3, 6), U(-1, 1, 2, 2, 3, 2)}, FLT,
      true},
