@@ -36,3 +36,6 @@ EXTRA_DIST += tests/test_tp_zero.sh
 # Context parallelism x ZeRO / FSDP over dp_shard x cp (Accelerate's dp_shard_cp): the GPT example against one process
 TESTS += tests/test_cp_zero.sh
 EXTRA_DIST += tests/test_cp_zero.sh
+# Sharded state dicts under tensor parallelism: saved at tp 2 x FULL_SHARD 2, loaded at other tp and dp sizes
+TESTS += tests/test_tp_sharded_state.sh
+EXTRA_DIST += tests/test_tp_sharded_state.sh
