@@ -701,10 +701,13 @@ ca_status ca_zero_check_shard(ca_accelerator *acc, const char *dir, const ca_sta
     for (int k = 0; s == CA_OK && same_tp && k < ix.world; k++) s = read_old_shard(acc, files, &ix, k, z->load);
     if (s == CA_OK && !same_tp) s = read_other_tp(acc, files, &ix, z->load);
     if (s != CA_OK) ca_zero_load_free(acc);
-    if (s == CA_OK && acc->rank == 0 && (ix.world != z->world || !same_tp))
-        ca_log_printf(CA_LOG_INFO, "load_state: %s was saved as %d shards at tp %d; each rank reads the parts of its "
-                      "shard of %d at tp %d (stage %d)%s", dir, ix.world, ix.tp, z->world, tp_size(acc), z->stage,
-                      same_tp ? "" : ": every shard file whole, the tensors reassembled and cut to this rank's slices");
+    if (s == CA_OK && acc->rank == 0 && same_tp && ix.world != z->world)
+        ca_log_printf(CA_LOG_INFO, "load_state: %s was saved as %d shards; each rank reads the parts of its shard of "
+                      "%d (stage %d)", dir, ix.world, z->world, z->stage);
+    if (s == CA_OK && acc->rank == 0 && !same_tp)
+        ca_log_printf(CA_LOG_INFO, "load_state: %s was saved as %d shards at tp %d; at tp %d every rank reads each "
+                      "shard file, makes the tensors whole and keeps its slice's shard of %d (stage %d)", dir, ix.world,
+                      ix.tp, tp_size(acc), z->world, z->stage);
     json_object_put(ix.root);
     return s;
 }

@@ -98,7 +98,7 @@ tlaunch 2 "$be" $FS -- --plan --steps 2 --batch 8 --save-state "$WORK/ck2f" > "$
 # shellcheck disable=SC2086
 tlaunch 4 "$be" $MESH $FS -- --plan --steps 0 --batch 8 --load-state "$WORK/ck2" --save-state "$WORK/ckx" > "$WORK/o" ||
     { cat "$WORK/o"; fail "load without tp at tp 2"; }
-count 1 'saved as 2 shards at tp 1; each rank reads the parts of its shard of 2 at tp 2' "$WORK/o"
+count 1 'saved as 2 shards at tp 1; at tp 2 every rank reads each shard file, makes the tensors whole and keeps its slice.s shard of 2' "$WORK/o"
 for f in model optimizer; do cmp "$WORK/ck2f/$f.safetensors" "$WORK/ckx/$f.safetensors" || fail "$f from tp 1 at tp 2 differs"; done
 
 note "caccel merge-weights: the tp slices reassembled into one process's model.safetensors"
