@@ -46,6 +46,7 @@ for r in $(seq "$reps"); do
         fi
     done
 done
-awk '{ k = $1 " " $2 " " $3; v[k] = v[k] " " $4 }
-     END { for (k in v) { n = split(v[k], a, " "); asort(a); printf "%s %s\n", k, a[int((n + 1) / 2)] } }' "$work/rows" |
+# the median of each (kind, what, rank): the values sorted first, the middle one taken
+sort -k4,4g "$work/rows" | awk '{ k = $1 " " $2 " " $3; n[k]++; v[k, n[k]] = $4 }
+     END { for (k in n) print k, v[k, int((n[k] + 1) / 2)] }' |
     sort | awk 'BEGIN { print "kind what rank median (ms, or bytes)" } { print }'
