@@ -41,7 +41,7 @@ done
 # batch REF; $WORK/NAME.o holds its output
 equal() {
     eq_name=$1 eq_np=$2 eq_be=$3 eq_ref=$4; shift 4
-    rm -rf "$WORK/$eq_name"
+    rm -rf "${WORK:?}/$eq_name"
     # shellcheck disable=SC2086
     glaunch "$eq_np" "$eq_be" "$@" -- $SMALL --batch_size 8 --output_dir "$WORK/$eq_name" > "$WORK/$eq_name.o" 2>&1 ||
         { cat "$WORK/$eq_name.o"; fail "$eq_name ($*)"; }
