@@ -75,9 +75,9 @@ static ca_status write_report(ca_accelerator *acc, ca_optimizer *o, const char *
     FILE *f = fopen(path, "w");
     if (!f) return ca_error(CA_ERR_IO, "CACCEL_MEMORY_REPORT: cannot write %s: %s", path, strerror(errno));
     fprintf(f, "rank=%d world=%d device=%s zero=%d parameters=%zu gradients=%zu optimizer_state=%zu unsharded=%zu "
-            "activations=%zu peak=%zu lazy_peak=%zu peak_reserved=%zu unsharded_most=%zu\n", acc->rank < 0 ? 0 : acc->rank,
+            "activations=%zu peak=%zu lazy_peak=%zu peak_reserved=%zu unsharded_most=%zu shards=%d\n", acc->rank < 0 ? 0 : acc->rank,
             acc->world < 1 ? 1 : acc->world, ca_device_name(acc->device), zero, params, grads, state, unsharded, act,
-            peak, st.peak_allocated, st.peak_reserved, most);
+            peak, st.peak_allocated, st.peak_reserved, most, zero ? acc->zero.world : 1);
     if (fclose(f) != 0) return ca_error(CA_ERR_IO, "CACCEL_MEMORY_REPORT: writing %s failed", path);
     return CA_OK;
 }

@@ -12,24 +12,13 @@
  * names the dimension asking (its size key), `tp` whether it is tensor parallelism. */
 static const char *mesh_why(const ca_accelerator *acc, const ca_mesh_shape *m, bool tp, const char **key) {
     const ca_settings *st = &acc->st;
-    const char *what = tp ? "tensor" : "context";
-    static char why[256];
     *key = "distributed_type";
-    if (tp && m->size[CA_MESH_DP_SHARD] > 1 && acc->zero.stage == 0) {   /* zero.c shards over the dp ranks */
+    /* zero.c shards over the dp ranks of a tp coordinate, under cp over dp_shard x cp ("dp_shard_cp") */
+    if (m->size[CA_MESH_DP_SHARD] > 1 && acc->zero.stage == 0) {
         *key = "parallelism_config.parallelism_config_dp_shard_size";
         return "sharded data parallelism needs distributed_type FSDP (fsdp_sharding_strategy FULL_SHARD or "
                "SHARD_GRAD_OP) or DEEPSPEED (zero_stage 1 to 3); under plain data parallelism set "
                "parallelism_config_dp_replicate_size instead";
-    }
-    if (!tp && m->size[CA_MESH_DP_SHARD] > 1) {
-        *key = "parallelism_config.parallelism_config_dp_shard_size";
-        return "sharded data parallelism beside context parallelism is not supported yet; set "
-               "parallelism_config_dp_replicate_size instead";
-    }
-    if (!tp && (st->distributed_type == CA_DIST_FSDP || st->distributed_type == CA_DIST_DEEPSPEED)) {
-        snprintf(why, sizeof why, "composition with ZeRO / FSDP is not supported yet (the %s-parallel ranks' "
-                 "parameters are not sharded further); use distributed_type MULTI_CPU or MULTI_GPU", what);
-        return why;
     }
     if (tp && st->distributed_type == CA_DIST_XLA)   /* context parallelism's collectives are graph nodes there */
         return "the lazy device does not run tensor parallelism yet";

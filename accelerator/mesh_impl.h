@@ -64,6 +64,10 @@ bool ca_tp_is_split(const ca_accelerator *acc, const ca_tensor *t);
 /* The dimension along which parameter t is split (0: a colwise Linear's weight and bias, an Embedding's
  * rows; 1: a rowwise Linear's weight), or -1 when it is whole. */
 int ca_tp_split_dim(const ca_accelerator *acc, const ca_tensor *t);
+/* How the plan split parameter p of the prepared model (tp_state.c): *dim the dimension (-1: whole, or no
+ * mesh), *parts its fused blocks (each split alike). CA_ERR_INTERNAL for a split parameter the model does
+ * not hold. */
+ca_status ca_tp_param_split(const ca_accelerator *acc, const ca_tensor *p, int *dim, int *parts);
 /* Full-state checkpoints (tp_state.c). on: every split parameter of the prepared model, and the optimizers'
  * state of it, gathered over the tp communicator into the whole tensor on every rank (collective; the same
  * objects, resized in place), so that save_state / save_model write what one process writes and

@@ -2056,16 +2056,17 @@ void ca_state_free(ca_accelerator *acc) {
 }
 
 /* Stage 3 keeps shards of the parameters between steps, tensor parallelism slices of the split layers (and
- * of their optimizer state): whole while they are saved or loaded, so that the files are one process's. */
+ * of their optimizer state): whole while they are saved or loaded, so that the files are one process's.
+ * tp_whole false (a sharded state dict under tp): the slices stay, each tp rank's shard files are of them. */
 static ca_status with_full_params(ca_accelerator *acc, ca_status (*fn)(ca_accelerator *, const char *),
-                                  const char *dir, bool load) {
+                                  const char *dir, bool load, bool tp_whole) {
     const ca_sync_strategy *ops = acc->sync_ops;
-    bool shards = ops->params_sharded && ops->params_sharded(acc), state = ss_state_whole_outside(acc);
+    bool shards = ops->params_sharded && ops->params_sharded(acc), state = tp_whole && ss_state_whole_outside(acc);
     ca_status s = shards ? ops->summon(acc, true) : CA_OK;
     for (int i = 0; s == CA_OK && state && i < acc->nopts; i++) s = ops->gather_state(acc, acc->opts[i]);
-    if (s == CA_OK) s = ca_tp_summon(acc, true);
+    if (s == CA_OK && tp_whole) s = ca_tp_summon(acc, true);
     if (s == CA_OK) s = fn(acc, dir);
-    ca_status t = ca_tp_summon(acc, false);
+    ca_status t = tp_whole ? ca_tp_summon(acc, false) : CA_OK;
     for (int i = 0; state && i < acc->nopts; i++) {   /* a load's values into the parts; a save's dropped */
         ca_status z = load && s == CA_OK && t == CA_OK ? ops->scatter_state(acc, acc->opts[i]) : CA_OK;
         ops->drop_state(acc->opts[i]);
@@ -2143,7 +2144,8 @@ ca_status ca_save_state_ex(ca_accelerator *acc, const char *dir, const ca_save_s
         o.async = false;
     }
     int64_t t0 = ca_trace_on() ? ca_trace_now_ns() : 0;   /* the profiler's checkpoint stall */
-    s = with_full_params(acc, o.async ? save_state_async : save_state, dir, false);
+    bool shards = acc->sync_ops->saves_shards && acc->sync_ops->saves_shards(acc);
+    s = with_full_params(acc, o.async ? save_state_async : save_state, dir, false, !shards);
     if (t0) ca_trace_slice("checkpoint", "save_state", t0, s == CA_OK ? "\"ok\":true" : "\"ok\":false");
     if (s == CA_OK && !o.async) elastic_grow_point(acc);
     return s;
@@ -2158,11 +2160,23 @@ ca_status ca_wait_for_save(ca_accelerator *acc) {
     return ss_async_join(acc, "wait_for_save");
 }
 
+/* Whether the checkpoint a load under tensor parallelism reads (dir, NULL: the latest) is a sharded state
+ * dict: each tp rank's shard files hold its slices, so nothing is made whole around it (with_full_params). */
+static bool ss_tp_sharded_load(const ca_accelerator *acc, const char *dir) {
+    if (!acc->mesh || !acc->model || !acc->sync_ops->check_shard) return false;
+    char path[PATH_MAX], ix[PATH_MAX];
+    ca_status s = dir ? ss_resolve(acc, dir, path) : ss_latest(acc, path);
+    bool yes = s == CA_OK && ss_path(ix, path, CA_ZERO_INDEX) == CA_OK && ss_exists(ix);
+    ca_clear_error();   /* load_state resolves it again and says why it cannot */
+    return yes;
+}
+
 ca_status ca_load_state(ca_accelerator *acc, const char *dir) {
     if (!acc) return ca_error(CA_ERR_INVALID, "load_state: the accelerator is NULL");
     ca_status s = ss_async_join(acc, "load_state");   /* a save in flight is finished (or failed) first */
     if (s != CA_OK) return s;
     /* stage 3 under fsdp_cpu_ram_efficient_loading: each rank copies its shard's slices of the
      * files straight into its shard (ss_check_all, ca_zero_check_shard); nothing is gathered */
-    return ca_zero3_loads_lean(acc) ? load_state(acc, dir) : with_full_params(acc, load_state, dir, true);
+    return ca_zero3_loads_lean(acc) ? load_state(acc, dir)
+                                    : with_full_params(acc, load_state, dir, true, !ss_tp_sharded_load(acc, dir));
 }

@@ -15,21 +15,9 @@ static bool zero_sharded_dict(const ca_accelerator *acc) {
                  !strcmp(v, "3"));
 }
 
-/* DeepSpeed's JSON may give the fp16 loss scaler its options. Under tensor parallelism each tp rank's
- * shards are of its own slices: shard files of them (and a load of another tp size) are not written yet. */
+/* DeepSpeed's JSON may give the fp16 loss scaler its options. (Under tensor parallelism each tp rank's
+ * shard files are of its own slices, zero_state.c.) */
 static ca_status zero_configure(ca_accelerator *acc) {
-    ca_mesh_shape m = {.size = {1, 1, 1, 1}};
-    if (zero_sharded_dict(acc) && ca_config_mesh(acc->cfg, acc->world, &m) != CA_OK) {
-        ca_clear_error();   /* sizes that do not fit: the mesh refuses them itself, naming every origin */
-        m.size[CA_MESH_TP] = 1;
-    }
-    if (m.size[CA_MESH_TP] > 1)
-        return ca_error(CA_ERR_UNSUPPORTED, "fsdp_state_dict_type %s (from %s) with parallelism_config_tp_size %d "
-                        "(from %s): sharded state dicts of tensor-parallel slices are not supported yet; use "
-                        "FULL_STATE_DICT (the files of one process, loadable at any tp size)",
-                        ca_config_get(acc->cfg, "fsdp_config.fsdp_state_dict_type"),
-                        ca_config_origin(acc->cfg, "fsdp_config.fsdp_state_dict_type"), m.size[CA_MESH_TP],
-                        ca_config_origin(acc->cfg, "parallelism_config.parallelism_config_tp_size"));
     return acc->zero.scaler_set ? ca_grad_scaler_configure(acc, &acc->zero.scaler) : CA_OK;
 }
 

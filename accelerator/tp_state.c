@@ -171,3 +171,14 @@ ca_status ca_tp_full_params(ca_accelerator *acc, bool on) {
     if (s == CA_OK) ca_tp_set_plain(acc, true);
     return s;
 }
+
+ca_status ca_tp_param_split(const ca_accelerator *acc, const ca_tensor *p, int *dim, int *parts) {
+    *dim = -1;
+    *parts = 1;
+    if (!acc->mesh || !acc->model || !ca_tp_is_split(acc, p)) return CA_OK;
+    ca_module *model = acc->model;
+    for (int i = 0; i < ca_module_num_params(model); i++)
+        if (ca_module_param_at(model, i) == p)
+            return tp_split_of(acc, model, p, ca_module_param_name(model, i), dim, parts);
+    return ca_error(CA_ERR_INTERNAL, "tensor parallelism: a split parameter is not the prepared model's");
+}

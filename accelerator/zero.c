@@ -90,16 +90,22 @@ ca_status ca_zero_state_pack(ca_accelerator *acc, ca_tensor *full, ca_tensor *st
     return s;
 }
 
-/* The shard group: every data-parallel rank (every rank, or under tensor parallelism those of this rank's
- * tp coordinate: the mesh's dp communicator, each sharding its own slices), or under HYBRID_SHARD groups of
- * group_size consecutive ones (a machine, as launchers place ranks; the mesh's dp_shard) with a second
+/* The shard group: every rank that averages gradients (every rank; under tensor parallelism those of this
+ * rank's tp coordinate: the mesh's dp communicator, each sharding its own slices; under context parallelism
+ * its dp_cp one, as Accelerate's flattened "dp_shard_cp": the cp ranks hold the same parameters, so they
+ * shard them too, while only the dp ranks read different batches), or under HYBRID_SHARD groups of
+ * group_size consecutive ones (a machine, as launchers place ranks; the mesh's dp_shard x cp) with a second
  * split joining the ranks at the same place in each group, which hold the same shard and average their
  * shard's gradient. */
 static ca_status build_groups(ca_accelerator *acc) {
     ca_zero *z = &acc->zero;
     ca_comm *dp = ca_mesh_grad_comm(acc);
     int rank, world;
-    ca_mesh_data_rank(acc, &rank, &world);
+    ca_mesh_data_rank(acc, &rank, &world);   /* no mesh: the process group's, whatever comm is made yet */
+    if (acc->mesh) {
+        rank = ca_comm_rank(dp);
+        world = ca_comm_size(dp);
+    }
     z->comm = dp;
     z->rank = rank;
     z->world = world;
@@ -107,6 +113,8 @@ static ca_status build_groups(ca_accelerator *acc) {
     if (g <= 0 || g >= world) return CA_OK;
     ca_status s = ca_comm_split(dp, rank / g, rank, &z->own);
     if (s == CA_OK) s = ca_comm_split(dp, rank % g, rank, &z->rep);
+    if (s == CA_OK && acc->mesh)
+        s = ca_comm_set_name(z->own, acc->mesh->shape.size[CA_MESH_CP] > 1 ? "dp_shard_cp" : "dp_shard");
     if (s != CA_OK)
         return ca_error_context("HYBRID_SHARD: forming the shard groups of %d processes (rank %d)", g, acc->rank);
     z->comm = z->own;

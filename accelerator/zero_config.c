@@ -36,16 +36,19 @@ static int fsdp_stage(const char *v, bool *hybrid) {
 #define DP_SHARD "parallelism_config.parallelism_config_dp_shard_size"
 #define DP_REPLICATE "parallelism_config.parallelism_config_dp_replicate_size"
 
-/* The data-parallel processes the shards spread over: every process, or under tensor (or context)
- * parallelism those of one tp / cp coordinate, world / (tp x cp): each shards its own slices. */
-static int dp_world(const ca_accelerator *acc) {
+/* The processes the shards spread over: every process, or under tensor parallelism those of one tp
+ * coordinate, world / tp (each shards its own slices); the cp ranks among them (dp_shard x cp, Accelerate's
+ * "dp_shard_cp": they hold the same parameters). *cp: the mesh's cp size, which each shard group spans. */
+static int dp_world(const ca_accelerator *acc, int *cp) {
     ca_mesh_shape m;
+    *cp = 1;
     if (ca_config_mesh(acc->cfg, acc->world, &m) != CA_OK) {
         ca_clear_error();   /* a size that does not fit: the mesh refuses it, with every origin */
         return acc->world;
     }
-    int inner = m.size[CA_MESH_TP] * m.size[CA_MESH_CP];
-    return inner > 1 && acc->world % inner == 0 ? acc->world / inner : acc->world;
+    *cp = m.size[CA_MESH_CP];
+    int tp = m.size[CA_MESH_TP];
+    return tp > 1 && acc->world % tp == 0 ? acc->world / tp : acc->world;
 }
 
 /* HYBRID_SHARD (or parallelism_config's dp_replicate_size > 1, Accelerate's HSDP): shard within
@@ -55,11 +58,11 @@ static int dp_world(const ca_accelerator *acc) {
 static ca_status hybrid_groups(ca_accelerator *acc, bool hybrid, const char *key, const char *v) {
     ca_zero *z = &acc->zero;
     int64_t shard = 1, rep = 1;
-    int world = dp_world(acc);
+    int cp, world = dp_world(acc, &cp);
     ca_config_get_int(acc->cfg, DP_SHARD, &shard);
     ca_config_get_int(acc->cfg, DP_REPLICATE, &rep);
     if (!hybrid && rep <= 1) {
-        if (shard > 1 && shard != world)
+        if (shard > 1 && shard * cp != world)
             return ca_error(CA_ERR_CONFIG, "%s: %s = %lld: %d %sprocesses are not one shard group of %lld; with "
                             "parallelism_config_dp_replicate_size 1 the shard group is every process (Accelerate "
                             "requires dp_replicate_size x dp_shard_size = the number of processes)",
@@ -70,7 +73,7 @@ static ca_status hybrid_groups(ca_accelerator *acc, bool hybrid, const char *key
     const char *how = "the processes of one machine (the launcher's local world size)";
     int64_t g = acc->local_world > 0 && world == acc->world ? acc->local_world : world;
     if (shard > 1) {
-        g = shard;
+        g = shard * cp;   /* a group spans its cp ranks: they share a batch and hold one set of parameters */
         how = ca_config_origin(acc->cfg, DP_SHARD);
     } else if (rep > 1) {
         g = world / rep;

@@ -1,6 +1,9 @@
 /* Sharded state dicts (fsdp_state_dict_type SHARDED_STATE_DICT) of sharded data parallelism: each rank
- * writes its shard of the flat parameters and of the optimizer state, zero_shard_<rank>.safetensors,
+ * writes its shard of the flat parameters and of the optimizer state, zero_shard_<k>.safetensors,
  * and rank 0 an index, zero_index.json, of where each parameter lies in the flat index space.
+ * Under tensor parallelism each tp rank's flat space holds its slices (the same layout on every tp rank:
+ * the plan splits evenly): file k = tp rank x world_size + shard, and the index adds tp_size and each
+ * parameter's split_dim (-1: whole) and parts (fused blocks), which is what reassembles the whole tensors.
  * ca_merge_weights turns such a checkpoint into one model.safetensors. */
 #include "accelerator/accelerator_impl.h"
 #include "accelerator/checkpoint_impl.h"
@@ -22,6 +25,9 @@
 static void shard_name(char *buf, size_t size, const char *dir, int rank) {
     snprintf(buf, size, "%s/" CA_ZERO_SHARD_FMT, dir, rank);
 }
+
+static int tp_rank(const ca_accelerator *acc) { return acc->mesh ? acc->mesh->coord[CA_MESH_TP] : 0; }
+static int tp_size(const ca_accelerator *acc) { return acc->mesh ? acc->mesh->shape.size[CA_MESH_TP] : 1; }
 
 /* This rank's parameter shard, on the host (padding zero): packed on the device, copied once. */
 static ca_status params_to_host(ca_accelerator *acc, float *out) {
@@ -46,6 +52,7 @@ static ca_status write_index(ca_accelerator *acc, const char *dir) {
     json_object *root = json_object_new_object(), *params = json_object_new_array();
     json_object_object_add(root, "format", json_object_new_string(ZS_FORMAT));
     json_object_object_add(root, "world_size", json_object_new_int(z->world));
+    json_object_object_add(root, "tp_size", json_object_new_int(tp_size(acc)));
     json_object_object_add(root, "shard", json_object_new_int64(z->shard));
     json_object_object_add(root, "numel", json_object_new_int64(z->numel));
     for (int i = 0; i < z->nparams; i++) {
@@ -54,6 +61,18 @@ static ca_status write_index(ca_accelerator *acc, const char *dir) {
         json_object_object_add(p, "name", json_object_new_string(acc->zero.names[i]));
         json_object_object_add(p, "shape", shape);
         json_object_object_add(p, "offset", json_object_new_int64(z->off[i]));
+        int dim, parts;
+        ca_status s = ca_tp_param_split(acc, z->params[i], &dim, &parts);
+        if (s != CA_OK) {
+            json_object_put(p);
+            json_object_put(params);
+            json_object_put(root);
+            return s;
+        }
+        if (dim >= 0) {
+            json_object_object_add(p, "split_dim", json_object_new_int(dim));
+            json_object_object_add(p, "parts", json_object_new_int(parts));
+        }
         json_object_array_add(params, p);
     }
     json_object_object_add(root, "params", params);
@@ -93,7 +112,8 @@ ca_status ca_zero_save_shard(ca_accelerator *acc, const char *dir) {
                         "FULL_STATE_DICT (rank %d)", ca_config_get(acc->cfg, "fsdp_config.fsdp_state_dict_type"),
                         z->stage, ca_module_num_params(acc->model) - z->nparams, ca_module_num_params(acc->model),
                         acc->rank);
-    if (acc->rank >= z->world) return CA_OK;   /* HYBRID_SHARD: the first group writes; the others hold copies */
+    if (z->rep && ca_comm_rank(z->rep) != 0) return CA_OK;   /* HYBRID_SHARD: the first group writes; the
+                                                              * others hold copies */
     float *buf = malloc((size_t)z->shard * 3 * sizeof *buf);
     if (!buf) return ca_error(CA_ERR_NOMEM, "out of host memory");
     ca_st_tensor t[3];
@@ -110,7 +130,7 @@ ca_status ca_zero_save_shard(ca_accelerator *acc, const char *dir) {
                                 .data = buf + 2 * z->shard};
     }
     char path[PATH_MAX];
-    shard_name(path, sizeof path, dir, z->rank);
+    shard_name(path, sizeof path, dir, tp_rank(acc) * z->world + z->rank);
     if (s == CA_OK) s = ca_st_write(path, t, n);
     free(buf);
     if (s == CA_OK && acc->rank == 0) s = write_index(acc, dir);
@@ -134,7 +154,7 @@ void ca_zero_state_slice(const ca_accelerator *acc, const ca_tensor *param, int6
 typedef struct zs_index {
     char path[PATH_MAX];         /* dir/zero_index.json, for the messages */
     json_object *root;
-    int world;
+    int world, tp;               /* shards per tp rank, tp ranks: world x tp files */
     int64_t shard, numel;        /* world * shard * sizeof(float) fits in an int64_t */
     json_object *params;
 } zs_index;
@@ -171,22 +191,27 @@ static ca_status read_index(const char *dir, zs_index *ix) {
         return ca_error(CA_ERR_IO, "%s: key \"format\" is not \"" ZS_FORMAT "\": not a sharded-checkpoint index", path);
     int64_t world = 0;
     ca_status s = zs_int(path, "", ix->root, "world_size", 1, INT_MAX, &world);
+    int64_t tp = 1;   /* absent: saved without tensor parallelism */
+    if (s == CA_OK && json_object_object_get_ex(ix->root, "tp_size", NULL))
+        s = zs_int(path, "", ix->root, "tp_size", 1, INT_MAX / world, &tp);
+    world *= tp;   /* below: every file's shard, together */
     if (s == CA_OK) s = zs_int(path, "", ix->root, "shard", 1, INT64_MAX, &ix->shard);
     if (s == CA_OK && ix->shard > INT64_MAX / (int64_t)sizeof(float) / world)
         s = ca_error(CA_ERR_IO, "%s: key \"shard\" (%lld) times key \"world_size\" (%lld) parameters overflow a "
                      "64-bit byte count", path, (long long)ix->shard, (long long)world);
-    if (s == CA_OK) s = zs_int(path, "", ix->root, "numel", 0, ix->shard * world, &ix->numel);
+    if (s == CA_OK) s = zs_int(path, "", ix->root, "numel", 0, ix->shard * (world / tp), &ix->numel);
     if (s == CA_OK && (!json_object_object_get_ex(ix->root, "params", &ix->params) ||
                        !json_object_is_type(ix->params, json_type_array)))
         s = ca_error(CA_ERR_IO, "%s: key \"params\" is missing or not an array", path);
-    ix->world = (int)world;
+    ix->world = (int)(world / tp);
+    ix->tp = (int)tp;
     return s;
 }
 
 /* Every shard file exists and can hold its `shard` floats before world * shard of them are
  * allocated: the index's numbers size nothing that the files do not back. */
 static ca_status check_shard_files(const char *dir, const zs_index *ix) {
-    for (int r = 0; r < ix->world; r++) {
+    for (int r = 0; r < ix->world * ix->tp; r++) {
         char path[PATH_MAX];
         struct stat st;
         shard_name(path, sizeof path, dir, r);
@@ -200,12 +225,13 @@ static ca_status check_shard_files(const char *dir, const zs_index *ix) {
     return CA_OK;
 }
 
-/* Every rank's parameter shard concatenated: the flat parameters [world * shard]. */
+/* Every rank's parameter shard concatenated: the flat parameters [tp][world * shard] (each tp rank's). */
 static ca_status read_all_params(const char *dir, const zs_index *ix, float **out) {
     ca_status s = check_shard_files(dir, ix);
-    float *flat = s == CA_OK ? calloc((size_t)ix->shard * (size_t)ix->world, sizeof *flat) : NULL;
+    size_t files = (size_t)ix->world * (size_t)ix->tp;
+    float *flat = s == CA_OK ? calloc((size_t)ix->shard * files, sizeof *flat) : NULL;
     if (s == CA_OK && !flat) s = ca_error(CA_ERR_NOMEM, "out of host memory");
-    for (int r = 0; s == CA_OK && r < ix->world; r++) {
+    for (int r = 0; s == CA_OK && r < (int)files; r++) {
         char path[PATH_MAX];
         ca_st_file f = {0};
         shard_name(path, sizeof path, dir, r);
@@ -257,9 +283,27 @@ static ca_status merge_shape(const zs_index *ix, const char *at, json_object *p,
     return CA_OK;
 }
 
+/* How params[i] (shape: its slice's, nd dimensions) was split over the index's tp ranks: *dim -1 (whole
+ * on every tp rank, or no tp) or a dimension, in *parts blocks that each tp rank holds part of. */
+static ca_status zs_split(const zs_index *ix, const char *at, json_object *p, const int64_t *shape, int nd, int *dim,
+                          int *parts) {
+    int64_t d = -1, k = 1;
+    ca_status s = CA_OK;
+    if (json_object_object_get_ex(p, "split_dim", NULL)) s = zs_int(ix->path, at, p, "split_dim", 0, nd - 1, &d);
+    if (s == CA_OK && d >= 0) s = zs_int(ix->path, at, p, "parts", 1, shape[d] > 0 ? shape[d] : 1, &k);
+    if (s == CA_OK && d >= 0 && shape[d] % k)
+        s = ca_error(CA_ERR_IO, "%s: %skey \"parts\" (%lld) does not divide dimension %lld of its shape (%lld)",
+                     ix->path, at, (long long)k, (long long)d, (long long)shape[d]);
+    *dim = (int)d;
+    *parts = (int)k;
+    return s;
+}
+
 /* params[i] of the index as a tensor of the merged file: a name, a shape of at most CA_MAX_DIMS
- * sizes, and an offset such that its elements lie inside the numel flat parameters (*off). */
-static ca_status merge_param(const zs_index *ix, int i, ca_st_tensor *t, int64_t *shape, int64_t *off) {
+ * sizes (a tp rank's slice), and an offset such that its elements lie inside the numel flat parameters
+ * (*off); with its split (zs_split) where dim is not NULL. */
+static ca_status merge_param(const zs_index *ix, int i, ca_st_tensor *t, int64_t *shape, int64_t *off, int *dim,
+                             int *parts) {
     json_object *p = json_object_array_get_idx(ix->params, (size_t)i), *jn = NULL;
     char at[300];
     if (!json_object_is_type(p, json_type_object))
@@ -278,8 +322,62 @@ static ca_status merge_param(const zs_index *ix, int i, ca_st_tensor *t, int64_t
     if (s == CA_OK && (numel > ix->numel || *off > ix->numel - numel))
         s = ca_error(CA_ERR_IO, "%s: %s%lld elements at key \"offset\" %lld lie outside the %lld parameters (key "
                      "\"numel\")", ix->path, at, (long long)numel, (long long)*off, (long long)ix->numel);
+    if (s == CA_OK && dim) s = zs_split(ix, at, p, shape, nd, dim, parts);
     *t = (ca_st_tensor){.name = name, .dtype = CA_F32, .ndim = nd, .shape = shape};
     return s;
+}
+
+/* Tensor parallelism's slices of a tensor split along dim in `parts` blocks: each tp rank's slice is
+ * outer x parts runs of `run` elements; run b of rank r lies at (b tp + r) run of the whole tensor. */
+static int64_t tp_outer(const int64_t *shape, int dim) {
+    int64_t o = 1;
+    for (int d = 0; d < dim; d++) o *= shape[d];
+    return o;
+}
+
+/* whole (the whole tensor, nd dims of shape `whole_shape`) from tp slices (rank r's at slices + r n, each
+ * of n elements), or (cut) rank r's slice of it into slices + r n. */
+static void tp_runs(const int64_t *whole_shape, int nd, int dim, int parts, int tp, int r, float *whole, float *slice,
+                    bool cut) {
+    int64_t inner = 1;
+    for (int d = dim + 1; d < nd; d++) inner *= whole_shape[d];
+    int64_t run = whole_shape[dim] / tp / parts * inner, blocks = tp_outer(whole_shape, dim) * parts;
+    for (int64_t b = 0; b < blocks; b++) {
+        float *w = whole + (b * tp + r) * run, *sl = slice + b * run;
+        memcpy(cut ? sl : w, cut ? w : sl, (size_t)run * sizeof *w);
+    }
+}
+
+/* One parameter as the index lists it: its slice's shape and place in a tp rank's flat space, its split. */
+typedef struct zs_param {
+    int64_t shape[CA_MAX_DIMS], whole[CA_MAX_DIMS], off, numel;   /* numel: the slice's */
+    int nd, dim, parts;
+} zs_param;
+
+static ca_status zs_param_at(const zs_index *ix, int i, ca_st_tensor *t, zs_param *q) {
+    ca_status s = merge_param(ix, i, t, q->shape, &q->off, &q->dim, &q->parts);
+    q->nd = t->ndim;
+    memcpy(q->whole, q->shape, sizeof q->whole);
+    if (s == CA_OK && q->dim >= 0 && q->whole[q->dim] > INT64_MAX / ix->tp)
+        s = ca_error(CA_ERR_IO, "%s: params[%d] ('%s'): key \"shape\" times key \"tp_size\" overflows", ix->path, i,
+                     t->name);
+    if (s == CA_OK && q->dim >= 0) q->whole[q->dim] *= ix->tp;
+    if (s == CA_OK) shape_numel(q->shape, q->nd, &q->numel);
+    return s;
+}
+
+/* The whole tensor of q into out from every tp rank's flat space (blocks: tp of `stride` elements). */
+static ca_status zs_whole(const zs_index *ix, const zs_param *q, const float *blocks, int64_t stride, float *out) {
+    if (q->dim < 0 || ix->tp == 1) {
+        memcpy(out, blocks + q->off, (size_t)q->numel * sizeof *out);
+        return CA_OK;
+    }
+    float *all = malloc((size_t)(q->numel ? q->numel : 1) * (size_t)ix->tp * sizeof *all);
+    if (!all) return ca_error(CA_ERR_NOMEM, "out of host memory");
+    for (int r = 0; r < ix->tp; r++) memcpy(all + r * q->numel, blocks + r * stride + q->off, (size_t)q->numel * sizeof *all);
+    for (int r = 0; r < ix->tp; r++) tp_runs(q->whole, q->nd, q->dim, q->parts, ix->tp, r, out, all + r * q->numel, false);
+    free(all);
+    return CA_OK;
 }
 
 /* out/model.safetensors. A directory this call made is removed again when the write fails, so a
@@ -301,23 +399,38 @@ static ca_status write_merged(const zs_index *ix, const char *out, const ca_st_t
 ca_status ca_merge_weights(const char *dir, const char *out) {
     if (!dir || !out) return ca_error(CA_ERR_INVALID, "merge_weights: a checkpoint directory and an output are required");
     zs_index ix = {0};
-    float *flat = NULL;
+    float *flat = NULL, *whole = NULL;
     ca_st_tensor *t = NULL;
-    int64_t(*shapes)[CA_MAX_DIMS] = NULL, *offs = NULL;
+    zs_param *q = NULL;
     ca_status s = ca_state_check_files("merge_weights", dir);
     if (s == CA_OK) s = read_index(dir, &ix);
     int n = s == CA_OK ? (int)json_object_array_length(ix.params) : 0;
-    if (s == CA_OK && (!(t = calloc((size_t)n + 1, sizeof *t)) || !(shapes = calloc((size_t)n + 1, sizeof *shapes)) ||
-                       !(offs = calloc((size_t)n + 1, sizeof *offs))))
+    if (s == CA_OK && (!(t = calloc((size_t)n + 1, sizeof *t)) || !(q = calloc((size_t)n + 1, sizeof *q))))
         s = ca_error(CA_ERR_NOMEM, "out of host memory");
-    for (int i = 0; s == CA_OK && i < n; i++) s = merge_param(&ix, i, &t[i], shapes[i], &offs[i]);
+    int64_t total = 0;   /* the whole tensors' elements (tp > 1: the slices reassembled) */
+    for (int i = 0; s == CA_OK && i < n; i++) {
+        s = zs_param_at(&ix, i, &t[i], &q[i]);
+        t[i].shape = q[i].whole;
+        total += q[i].dim >= 0 ? q[i].numel * ix.tp : q[i].numel;
+    }
     if (s == CA_OK) s = read_all_params(dir, &ix, &flat);
-    for (int i = 0; s == CA_OK && i < n; i++) t[i].data = flat + offs[i];
+    if (s == CA_OK && ix.tp > 1 && !(whole = malloc((size_t)(total ? total : 1) * sizeof *whole)))
+        s = ca_error(CA_ERR_NOMEM, "out of host memory");
+    int64_t at = 0;
+    for (int i = 0; s == CA_OK && i < n; i++) {
+        if (ix.tp == 1) {
+            t[i].data = flat + q[i].off;
+            continue;
+        }
+        s = zs_whole(&ix, &q[i], flat, (int64_t)ix.world * ix.shard, whole + at);
+        t[i].data = whole + at;
+        at += q[i].dim >= 0 ? q[i].numel * ix.tp : q[i].numel;
+    }
     if (s == CA_OK) s = write_merged(&ix, out, t, n);
     free(t);
-    free(shapes);
-    free(offs);
+    free(q);
     free(flat);
+    free(whole);
     json_object_put(ix.root);
     return s;
 }
@@ -369,7 +482,7 @@ static ca_status check_param(ca_accelerator *acc, const zs_index *ix, int i) {
     const ca_zero *z = &acc->zero;
     ca_st_tensor t;
     int64_t shape[CA_MAX_DIMS], off = 0;
-    ca_status s = merge_param(ix, i, &t, shape, &off);
+    ca_status s = merge_param(ix, i, &t, shape, &off, NULL, NULL);
     if (s != CA_OK) return s;
     const ca_tensor *p = z->params[i];
     bool same = strcmp(t.name, z->names[i]) == 0 && off == z->off[i] && t.ndim == p->ndim;
@@ -434,7 +547,7 @@ static ca_status read_old_shard(ca_accelerator *acc, const ca_state_files *files
     const ca_zero *z = &acc->zero;
     char name[64];
     ca_st_file f = {0};
-    snprintf(name, sizeof name, CA_ZERO_SHARD_FMT, k);
+    snprintf(name, sizeof name, CA_ZERO_SHARD_FMT, tp_rank(acc) * ix->world + k);   /* this tp rank's */
     int64_t ob = (int64_t)k * ix->shard, oe = ob + ix->shard < ix->numel ? ob + ix->shard : ix->numel;
     int64_t nb = (int64_t)z->rank * z->shard, ne = nb + z->shard < z->numel ? nb + z->shard : z->numel;
     int64_t b = ob > nb ? ob : nb, t = oe < ne ? oe : ne;   /* the overlap, empty when t <= b */
@@ -449,6 +562,106 @@ static ca_status read_old_shard(ca_accelerator *acc, const ca_state_files *files
         if (s == CA_OK && L->st[j]) s = read_range(&f, e, b - ob, t - b, L->st[j] + (b - nb));
     }
     ca_st_close(&f);
+    return s;
+}
+
+/* ---- a checkpoint of another tp size (tp 1 either side included) */
+
+/* Tensor j (-1: "params", else zs_state[j]) of every file whole into out [tp][world * shard] (file k at
+ * k shard); a state this run does not keep (kept false) only checked absent. */
+static ca_status read_kind(const ca_state_files *files, const zs_index *ix, int j, bool kept, float *out) {
+    ca_status s = CA_OK;
+    for (int k = 0; s == CA_OK && k < ix->world * ix->tp; k++) {
+        char name[64];
+        ca_st_file f = {0};
+        const ca_st_entry *e = NULL;
+        snprintf(name, sizeof name, CA_ZERO_SHARD_FMT, k);
+        s = ca_state_open_file(files, name, false, &f);
+        if (s == CA_OK) s = shard_entry(&f, ix, j < 0 ? "params" : zs_state[j], &e);
+        if (s == CA_OK && j < 0 && !e) s = ca_error(CA_ERR_IO, "%s: no tensor 'params' (a shard of the flat parameters)", f.path);
+        if (s == CA_OK && j >= 0) s = check_state_kind(&f, j, kept, e != NULL);
+        if (s == CA_OK && (j < 0 || kept)) s = read_range(&f, e, 0, ix->shard, out + (int64_t)k * ix->shard);
+        ca_st_close(&f);
+    }
+    return s;
+}
+
+/* The index's parameters against this run's: the same names in the same order and the same whole shapes
+ * (each side's slice times its tp size along its split dimension). */
+static ca_status match_other_tp(ca_accelerator *acc, const zs_index *ix, zs_param *q) {
+    const ca_zero *z = &acc->zero;
+    int n = (int)json_object_array_length(ix->params);
+    if (n != z->nparams)
+        return ca_error(CA_ERR_INVALID, "load_state: %s: %d tensors, the model shards %d (stages 1 and 2 shard the "
+                        "trainable parameters, stage 3 every one)", ix->path, n, z->nparams);
+    for (int i = 0; i < n; i++) {
+        ca_st_tensor t;
+        int d, k;
+        ca_status s = zs_param_at(ix, i, &t, &q[i]);
+        if (s == CA_OK) s = ca_tp_param_split(acc, z->params[i], &d, &k);
+        if (s != CA_OK) return s;
+        const ca_tensor *p = z->params[i];
+        bool same = strcmp(t.name, z->names[i]) == 0 && t.ndim == p->ndim;
+        for (int a = 0; same && a < p->ndim; a++) same = q[i].whole[a] == p->shape[a] * (a == d ? tp_size(acc) : 1);
+        if (same) continue;
+        char was[160], is[160];
+        shape_text(was, sizeof was, q[i].whole, t.ndim);
+        shape_text(is, sizeof is, p->shape, p->ndim);
+        return ca_error(CA_ERR_INVALID, "load_state: %s: params[%d] is '%s' of whole shape %s (tp_size %d), the "
+                        "model's parameter %d is '%s' with slice %s at tp %d", ix->path, i, t.name, was, ix->tp, i,
+                        z->names[i], is, tp_size(acc));
+    }
+    return CA_OK;
+}
+
+/* This run's flat space (its tp rank's slices, at z->off) from every tp rank's flat space of the
+ * checkpoint (blocks), through each whole tensor; whole: a buffer of the largest one. */
+static ca_status cut_mine(ca_accelerator *acc, const zs_index *ix, const zs_param *q, const float *blocks, float *whole,
+                          float *flat) {
+    const ca_zero *z = &acc->zero;
+    ca_status s = CA_OK;
+    for (int i = 0; s == CA_OK && i < z->nparams; i++) {
+        int d, k;
+        s = zs_whole(ix, &q[i], blocks, (int64_t)ix->world * ix->shard, whole);
+        if (s == CA_OK) s = ca_tp_param_split(acc, z->params[i], &d, &k);
+        if (s == CA_OK && d < 0) memcpy(flat + z->off[i], whole, (size_t)z->params[i]->numel * sizeof *flat);
+        else if (s == CA_OK) tp_runs(q[i].whole, q[i].nd, d, k, tp_size(acc), tp_rank(acc), whole, flat + z->off[i], true);
+    }
+    return s;
+}
+
+/* Elements [rank shard, + shard) of this run's flat space (n: its numel) into out, the padding zero. */
+static void my_shard(const ca_zero *z, const float *flat, int64_t n, float *out) {
+    int64_t b = (int64_t)z->rank * z->shard, e = b + z->shard < n ? b + z->shard : n;
+    if (e > b) memcpy(out, flat + b, (size_t)(e - b) * sizeof *out);
+}
+
+/* Every file read whole, the parameters and each state this run keeps made whole and cut to this rank's
+ * slices, then its shard taken: each rank holds the whole model's values of one kind at a time. */
+static ca_status read_other_tp(ca_accelerator *acc, const ca_state_files *files, const zs_index *ix,
+                               struct ca_zero_load *L) {
+    const ca_zero *z = &acc->zero;
+    int n = (int)json_object_array_length(ix->params);
+    zs_param *q = calloc((size_t)n + 1, sizeof *q);
+    ca_status s = q ? match_other_tp(acc, ix, q) : ca_error(CA_ERR_NOMEM, "out of host memory");
+    int64_t most = 1;
+    for (int i = 0; s == CA_OK && i < n; i++) most = q[i].numel * ix->tp > most ? q[i].numel * ix->tp : most;
+    size_t all = (size_t)ix->shard * (size_t)ix->world * (size_t)ix->tp;
+    float *blocks = s == CA_OK ? malloc(all * sizeof *blocks) : NULL, *whole = blocks ? malloc((size_t)most * sizeof *whole) : NULL;
+    float *flat = whole ? calloc((size_t)(z->numel ? z->numel : 1), sizeof *flat) : NULL;
+    if (s == CA_OK && !flat) s = ca_error(CA_ERR_NOMEM, "load_state: out of host memory");
+    for (int j = -1; s == CA_OK && j < 2; j++) {
+        bool kept = j < 0 || L->st[j];
+        s = read_kind(files, ix, j, kept, blocks);
+        if (s != CA_OK || !kept) continue;
+        s = cut_mine(acc, ix, q, blocks, whole, flat);
+        if (s == CA_OK && j < 0 && !L->lean) memcpy(L->flat, flat, (size_t)z->numel * sizeof *flat);
+        else if (s == CA_OK) my_shard(z, flat, z->numel, j < 0 ? L->flat : L->st[j]);
+    }
+    free(q);
+    free(blocks);
+    free(whole);
+    free(flat);
     return s;
 }
 
@@ -474,23 +687,24 @@ ca_status ca_zero_check_shard(ca_accelerator *acc, const char *dir, const ca_sta
     zs_index ix;
     ca_zero_load_free(acc);
     ca_status s = read_index(dir, &ix);
-    if (s == CA_OK && acc->mesh)   /* its shards are of whole parameters, this run's of tp slices */
-        s = ca_error(CA_ERR_UNSUPPORTED, "load_state: %s holds a sharded state dict; loading one under tensor "
-                     "parallelism (parallelism_config_tp_size %d, from %s) is not supported yet: merge its weights "
-                     "first (caccel merge-weights) or save it as FULL_STATE_DICT", dir,
-                     acc->mesh->shape.size[CA_MESH_TP],
-                     ca_config_origin(acc->cfg, "parallelism_config.parallelism_config_tp_size"));
     if (s == CA_OK && !z->stage)
         s = ca_error(CA_ERR_INVALID, "load_state: %s holds a sharded state dict: load it under sharded data "
                      "parallelism, or merge its weights first (caccel merge-weights)", dir);
-    if (s == CA_OK) s = check_index_params(acc, &ix);
+    /* the same tp size: this tp rank's files hold this run's flat space, resharded by position */
+    bool same_tp = s == CA_OK && ix.tp == tp_size(acc);
+    if (s == CA_OK && same_tp) s = check_index_params(acc, &ix);
     if (s == CA_OK) s = check_shard_files(dir, &ix);
-    if (s == CA_OK) s = load_alloc(z, ix.world, ca_zero3_loads_lean(acc), true, &z->load);
-    for (int k = 0; s == CA_OK && k < ix.world; k++) s = read_old_shard(acc, files, &ix, k, z->load);
+    if (s == CA_OK) s = load_alloc(z, ix.world * ix.tp, ca_zero3_loads_lean(acc), true, &z->load);
+    for (int k = 0; s == CA_OK && same_tp && k < ix.world; k++) s = read_old_shard(acc, files, &ix, k, z->load);
+    if (s == CA_OK && !same_tp) s = read_other_tp(acc, files, &ix, z->load);
     if (s != CA_OK) ca_zero_load_free(acc);
-    if (s == CA_OK && acc->rank == 0 && ix.world != z->world)
+    if (s == CA_OK && acc->rank == 0 && same_tp && ix.world != z->world)
         ca_log_printf(CA_LOG_INFO, "load_state: %s was saved as %d shards; each rank reads the parts of its shard of "
                       "%d (stage %d)", dir, ix.world, z->world, z->stage);
+    if (s == CA_OK && acc->rank == 0 && !same_tp)
+        ca_log_printf(CA_LOG_INFO, "load_state: %s was saved as %d shards at tp %d; at tp %d every rank reads each "
+                      "shard file, makes the tensors whole and keeps its slice's shard of %d (stage %d)", dir, ix.world,
+                      ix.tp, tp_size(acc), z->world, z->stage);
     json_object_put(ix.root);
     return s;
 }

@@ -33,3 +33,9 @@ EXTRA_DIST += tests/test_tp_llm.sh
 # Tensor parallelism x ZeRO / FSDP over the data-parallel ranks (dp_shard): tp_check, GPT and a Llama against one process
 TESTS += tests/test_tp_zero.sh
 EXTRA_DIST += tests/test_tp_zero.sh
+# Context parallelism x ZeRO / FSDP over dp_shard x cp (Accelerate's dp_shard_cp): the GPT example against one process
+TESTS += tests/test_cp_zero.sh
+EXTRA_DIST += tests/test_cp_zero.sh
+# Sharded state dicts under tensor parallelism: saved at tp 2 x FULL_SHARD 2, loaded at other tp and dp sizes
+TESTS += tests/test_tp_sharded_state.sh
+EXTRA_DIST += tests/test_tp_sharded_state.sh

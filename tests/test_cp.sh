@@ -217,9 +217,7 @@ refused 2 'a sequence of 30 tokens does not split into 2 x parallelism_config_cp
 # shellcheck disable=SC2086
 refused 2 'attention dropout is not supported yet' --parallelism_config_cp_size 2 -- $TINY --dropout 0.1
 # shellcheck disable=SC2086
-refused 2 'parallelism_config_cp_size 2 (from .*) with distributed_type (from .*): composition with ZeRO / FSDP is not supported yet' --parallelism_config_cp_size 2 --use_fsdp -- $TINY
-# shellcheck disable=SC2086
-refused 4 'parallelism_config_cp_size 2 (from .*) with parallelism_config.parallelism_config_dp_shard_size (from .*): sharded data parallelism' --parallelism_config_cp_size 2 --parallelism_config_dp_shard_size 2 -- $TINY
+refused 4 'parallelism_config_cp_size 2 (from .*) with parallelism_config.parallelism_config_dp_shard_size (from .*): sharded data parallelism needs distributed_type FSDP' --parallelism_config_cp_size 2 --parallelism_config_dp_shard_size 2 -- $TINY
 # shellcheck disable=SC2086
 refused 4 'parallelism_config_cp_size 2 (.*) x parallelism_config_tp_size 1 (default) = 2 processes, but the job has 4' --parallelism_config_cp_size 2 -- $TINY
 

@@ -14,8 +14,8 @@
 #   run and load in one process; one process's checkpoint loads at tp 2 x FULL_SHARD 2;
 # - the GPT example (FULL_SHARD; zero_stage 2) and a small Llama fine-tune (examples/llm_finetune,
 #   FULL_SHARD) unchanged at tp 2 x dp_shard 2 give one process's losses and saved model;
-# - what does not compose yet is refused naming its key: dp_shard without a ZeRO stage, sharded state
-#   dicts under tp, a sharded checkpoint loaded under tp.
+# - what does not compose is refused naming its key: dp_shard without a ZeRO stage (sharded state dicts
+#   under tp: tests/test_tp_sharded_state.sh).
 # Tolerance: 1e-5 (losses and parameters); the split and the shards change only the order of the sums.
 . "$(dirname "$0")/dist/lib.sh"
 need_caccel
@@ -224,12 +224,4 @@ refused() {
 note "$be: refusals"
 # shellcheck disable=SC2086
 refused 4 $MESH -- --plan --steps 1 -- 'with parallelism_config.parallelism_config_dp_shard_size (from .*): sharded data parallelism needs distributed_type FSDP'
-# shellcheck disable=SC2086
-refused 4 $MESH $FS --fsdp_state_dict_type SHARDED_STATE_DICT -- --plan --steps 1 -- 'fsdp_state_dict_type SHARDED_STATE_DICT (from .*) with parallelism_config_tp_size 2 (from .*): sharded state dicts of tensor-parallel slices are not supported yet'
-# shellcheck disable=SC2086
-tlaunch 2 "$be" $FS --fsdp_state_dict_type SHARDED_STATE_DICT -- --plan --steps 2 --batch 8 --save-state "$WORK/cks" > "$WORK/o" ||
-    { cat "$WORK/o"; fail "a sharded save without tp"; }
-[ -e "$WORK/cks/zero_index.json" ] || fail "no sharded checkpoint"
-# shellcheck disable=SC2086
-refused 4 $MESH $FS -- --plan --steps 1 --batch 8 --load-state "$WORK/cks" -- 'holds a sharded state dict; loading one under tensor parallelism (parallelism_config_tp_size 2, from .*) is not supported yet'
 echo "PASS"

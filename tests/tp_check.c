@@ -19,7 +19,9 @@
  *   --lora: LoRA adapters on fc1 and fc2 (see add_lora); gradcheck then checks the adapters' tensors.
  *   --clip: ca_clip_grad_norm(0.1) every step, each rank printing the norm; --bad-plan: a plan naming a Tanh.
  *   --load-state DIR: ca_load_state after prepare (the steps then count on from the checkpoint's);
- *   --save-state DIR, --save-model DIR: ca_save_state, ca_save_model after training. */
+ *   --save-state DIR, --save-model DIR: ca_save_state, ca_save_model after training (each rank prints the
+ *     wall time of the save and of the load);
+ *   --hidden N: fc1's outputs (16). */
 #include <caccel/caccel.h>
 
 #include "tests/synthetic_data.h"
@@ -28,10 +30,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #define IN 8
-#define HID 16
+static int64_t g_hid = 16;   /* fc1's outputs (--hidden N: a wider MLP for bench/run_tp_sharded_state.sh) */
 #define OUT 4
 
 static ca_dataset *synthetic(int64_t n) {
@@ -41,9 +44,9 @@ static ca_dataset *synthetic(int64_t n) {
 static ca_module *model(bool plan, bool bad_plan) {
     ca_module *m, *l;
     CA_CHECK(ca_sequential_create(&m));
-    CA_CHECK(ca_linear_create(IN, HID, true, &l)); CA_CHECK(ca_module_add(m, "fc1", l));
+    CA_CHECK(ca_linear_create(IN, g_hid, true, &l)); CA_CHECK(ca_module_add(m, "fc1", l));
     CA_CHECK(ca_tanh_create(&l));                 CA_CHECK(ca_module_add(m, "act", l));
-    CA_CHECK(ca_linear_create(HID, OUT, true, &l)); CA_CHECK(ca_module_add(m, "fc2", l));
+    CA_CHECK(ca_linear_create(g_hid, OUT, true, &l)); CA_CHECK(ca_module_add(m, "fc2", l));
     if (plan) {
         CA_CHECK(ca_tp_plan(m, "fc1", "colwise"));
         CA_CHECK(ca_tp_plan(m, "fc2", "rowwise"));
@@ -126,11 +129,11 @@ static void whole_param(ca_accelerator *acc, ca_module *m, const char *name, flo
     float *mine = malloc((size_t)local * sizeof(float)), *all = malloc((size_t)n * sizeof(float));
     CA_CHECK(ca_tensor_to_host(p, mine, (size_t)local * sizeof(float)));
     CA_CHECK(ca_comm_all_gather(tp, mine, all, (size_t)local, CA_F32, NULL));
-    if (!strcmp(name, "fc2.weight")) {   /* [OUT, HID / parts] per rank: columns side by side */
-        int64_t cols = HID / parts;
+    if (!strcmp(name, "fc2.weight")) {   /* [OUT, g_hid / parts] per rank: columns side by side */
+        int64_t cols = g_hid / parts;
         for (int r = 0; r < parts; r++)
             for (int64_t o = 0; o < OUT; o++)
-                memcpy(h + o * HID + r * cols, all + r * local + o * cols, (size_t)cols * sizeof(float));
+                memcpy(h + o * g_hid + r * cols, all + r * local + o * cols, (size_t)cols * sizeof(float));
     } else {
         memcpy(h, all, (size_t)n * sizeof(float));
     }
@@ -139,8 +142,8 @@ static void whole_param(ca_accelerator *acc, ca_module *m, const char *name, flo
 }
 
 static void dump(ca_accelerator *acc, ca_module *m, const char *path) {
-    static const struct { const char *name; int64_t n; } ps[] = {
-        {"fc1.weight", HID * IN}, {"fc1.bias", HID}, {"fc2.weight", OUT * HID}, {"fc2.bias", OUT},
+    const struct { const char *name; int64_t n; } ps[] = {
+        {"fc1.weight", g_hid * IN}, {"fc1.bias", g_hid}, {"fc2.weight", OUT * g_hid}, {"fc2.bias", OUT},
     };
     FILE *f = path && ca_is_main_process(acc) ? fopen(path, "wb") : NULL;
     CA_CHECK(ca_summon_full_params(acc, true));   /* stage 3 keeps shards between steps; tp: its slices whole */
@@ -187,6 +190,13 @@ static void metrics_report(ca_accelerator *acc) {
            r.world_samples_per_s);
 }
 
+/* Wall time in ms (the save and load times printed for the benchmark). */
+static double now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
 /* --load-state, --save-state, --save-model */
 static const char *g_load, *g_save_model;
 
@@ -198,7 +208,9 @@ static int train(ca_accelerator *acc, ca_module *m, int steps, int64_t batch, co
     ca_optimizer *opt;
     CA_CHECK(ca_sgd_create(m, &(ca_sgd_opts){.lr = 0.2, .momentum = 0.9}, &opt));
     CA_CHECK(ca_prepare(acc, m, opt, dl));
+    double t0 = now_ms();
     if (g_load) CA_CHECK(ca_load_state(acc, g_load));
+    if (g_load) printf("rank=%d load_state_ms=%.1f\n", ca_process_index(acc), now_ms() - t0);
     int first = (int)ca_optimizer_steps(opt);
     ca_batch b;
     for (int step = first; step < first + steps && ca_dataloader_next(dl, &b); step++) {
@@ -219,10 +231,12 @@ static int train(ca_accelerator *acc, ca_module *m, int steps, int64_t batch, co
     }
     if (g_metrics) metrics_report(acc);
     CA_CHECK(ca_dataloader_status(dl));
+    t0 = now_ms();
     if (save && ca_save_state(acc, save) != CA_OK) {
         printf("rank=%d save_state: %s\n", ca_process_index(acc), ca_last_error());
         return 3;
     }
+    if (save) printf("rank=%d save_state_ms=%.1f\n", ca_process_index(acc), now_ms() - t0);
     if (g_save_model) CA_CHECK(ca_save_model(acc, m, g_save_model, 0));
     if (dump_path) dump(acc, m, dump_path);
     printf("rank=%d params=%lld steps=%d\n", ca_process_index(acc), (long long)ca_module_param_count(m), steps);
@@ -466,6 +480,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--batch") && i + 1 < argc) batch = atoll(argv[++i]);
         else if (!strcmp(argv[i], "--dump") && i + 1 < argc) dump_path = argv[++i];
         else if (!strcmp(argv[i], "--save-state") && i + 1 < argc) save = argv[++i];
+        else if (!strcmp(argv[i], "--hidden") && i + 1 < argc) g_hid = atoll(argv[++i]);
         else if (!strcmp(argv[i], "--load-state") && i + 1 < argc) g_load = argv[++i];
         else if (!strcmp(argv[i], "--save-model") && i + 1 < argc) g_save_model = argv[++i];
         else if (!strcmp(argv[i], "--plan")) plan = true;

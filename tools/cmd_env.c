@@ -65,9 +65,21 @@ static void print_backends(void) {
     if (n == 0) printf("  (none)\n");
 }
 
+/* Whether the configuration shards parameters (ZeRO stages 1 to 3, FSDP other than NO_SHARD). */
+static bool shards_params(const ca_config *c, const ca_settings *st) {
+    if (st->distributed_type == CA_DIST_DEEPSPEED) {
+        const char *v = ca_config_get(c, "deepspeed_config.zero_stage");
+        return !v || strcmp(v, "0") != 0;
+    }
+    if (st->distributed_type != CA_DIST_FSDP) return false;
+    const char *key, *v = ca_config_fsdp_strategy(c, &key);
+    return !v || (strcmp(v, "NO_SHARD") != 0 && strcmp(v, "3") != 0 && strcmp(v, "false") != 0);
+}
+
 /* ParallelismConfig's device mesh beyond plain data parallelism: its sizes and each rank's coordinates,
- * or why a run would refuse it. */
-static void print_mesh(const ca_config *c, int np) {
+ * the group ZeRO / FSDP shards over (sharded: Accelerate's flattened "dp_shard_cp" under context
+ * parallelism), or why a run would refuse it. */
+static void print_mesh(const ca_config *c, int np, bool sharded) {
     ca_mesh_shape m;
     int world = np > 0 ? np : 1;
     if (ca_config_mesh(c, world, &m) != CA_OK) {
@@ -87,6 +99,13 @@ static void print_mesh(const ca_config *c, int np) {
     if (m.size[CA_MESH_CP] > 1)   /* the cp ranks hold the same parameters, each part of every sequence */
         printf("  cp: groups of %d ranks split every sequence (they read the same batches); gradients averaged over "
                "dp_cp (%d ranks each)\n", m.size[CA_MESH_CP], world / m.size[CA_MESH_TP]);
+    if (!sharded) return;
+    int group = m.size[CA_MESH_DP_SHARD] * m.size[CA_MESH_CP];
+    printf("  %s: ZeRO / FSDP shards parameters, gradients and optimizer state over dp_shard %d x cp %d = %d "
+           "ranks%s", m.size[CA_MESH_CP] > 1 ? "dp_shard_cp" : "dp_shard", m.size[CA_MESH_DP_SHARD], m.size[CA_MESH_CP],
+           group, m.size[CA_MESH_TP] > 1 ? " (each tp rank its own slices)" : "");
+    if (m.size[CA_MESH_DP_REPLICATE] > 1) printf(", replicated %d times", m.size[CA_MESH_DP_REPLICATE]);
+    printf("\n");
 }
 
 /* What sharded data parallelism runs under FSDP: the strategy from FSDP1's or FSDP2's keys (the
@@ -140,7 +159,7 @@ static void print_config(const ca_config *c) {
                st.distributed_type_name, ca_mixed_precision_name(st.mixed_precision), st.use_cpu ? "true" : "false",
                st.num_processes, st.backend ? st.backend : "auto", (double)st.timeout_ms / 1000.0);
         if (st.distributed_type == CA_DIST_FSDP) print_fsdp(c);
-        print_mesh(c, st.num_processes);
+        print_mesh(c, st.num_processes, shards_params(c, &st));
     }
 }
 
