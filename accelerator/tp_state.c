@@ -179,6 +179,6 @@ ca_status ca_tp_param_split(const ca_accelerator *acc, const ca_tensor *p, int *
     ca_module *model = acc->model;
     for (int i = 0; i < ca_module_num_params(model); i++)
         if (ca_module_param_at(model, i) == p)
-            return tp_split_of(acc, model, p, ca_module_param_name(model, i), dim, parts);
+            return ca_tp_split_of(acc, model, p, ca_module_param_name(model, i), dim, parts);
     return ca_error(CA_ERR_INTERNAL, "tensor parallelism: a split parameter is not the prepared model's");
 }
