@@ -33,10 +33,13 @@ pair() {
         eval "p$r=\$!"
     done
     wait_lines 1 "rank 1 stalled before parameter broadcast 2" "$how" "$p0 $p1" "$WORK/r1"
-    if [ "$how" = kill ]; then kill -9 "$p1"; else kill -STOP "$p1"; fi
+    # the stalled rank itself, not the timeout(1) that started it ($p1), which would leave it running
+    victim=$(sed -n 's/.*rank 1 stalled before parameter broadcast 2 (CACCEL_TEST_BCAST_STALL, pid \([0-9]*\)).*/\1/p' "$WORK/r1")
+    [ -n "$victim" ] || fail "$how: rank 1 did not say its pid"
+    if [ "$how" = kill ]; then kill -9 "$victim"; else kill -STOP "$victim"; fi
     wait "$p0"
     rc=$?
-    kill -9 "$p1" 2>/dev/null
+    kill -9 "$victim" 2>/dev/null
     wait "$p1" 2>/dev/null
     cat "$WORK/r0"
 }
