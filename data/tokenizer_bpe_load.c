@@ -92,6 +92,14 @@ static ca_status count_ids(json_object *vocab, json_object *added, int64_t *n, c
                             "an id (0 .. 2^31-1)", path, i);
         if (id > max) max = id;
     }
+    /* every id 0..n-1 must hold a token (a hole is named later, once the table is filled), so an id far
+     * above the entries is refused here instead of sizing the table by it (an id of 2^31 - 1 in a small
+     * file would ask for 16 GiB) */
+    size_t entries = (size_t)json_object_object_length(vocab) + na;
+    if ((uint64_t)(max + 1) > 2 * (uint64_t)entries + 64)
+        return ca_error(CA_ERR_INVALID, "tokenizer '%s': id %lld with %zu tokens in model.vocab and "
+                        "added_tokens: the ids must be 0 .. %zu, each holding one token", path,
+                        (long long)max, entries, entries ? entries - 1 : 0);
     *n = max + 1;
     return CA_OK;
 }
