@@ -240,6 +240,8 @@ static void test_refusals(void **state) {
                    "model.merges[1] ('d' 'd'): 'dd' is not in");
     expect_refused("bad_merge_form.json", CA_ERR_INVALID, "model.merges[0] is neither");
     expect_refused("hole.json", CA_ERR_INVALID, "no token has id 1");
+    /* an id far above the entries: refused before the id table is sized by it (16 GiB here) */
+    expect_refused("huge_id.json", CA_ERR_INVALID, "id 2147483646 with 2 tokens");
 }
 
 int main(void) {
