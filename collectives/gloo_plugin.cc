@@ -817,6 +817,27 @@ static ca_status check_dtype(Comm *c, ca_dtype dt, const char *what) {
     return CA_OK;
 }
 
+// An operation's arguments; the fields a kind does not use keep their defaults.
+static Op op_of(Kind kind, const void *send, void *recv, size_t count, ca_dtype dt) {
+    Op o;
+    o.kind = kind;
+    o.send = send;
+    o.recv = recv;
+    o.count = count;
+    o.dt = dt;
+    return o;
+}
+
+// Every operation enters the queue here, its arguments checked by the caller: the copy on the heap is
+// shared with the worker thread, and a failed allocation is reported like any other error.
+static ca_status submit(Comm *c, const Op &req, const char *what, ca_work_impl **work) {
+    try {
+        return enqueue(c, std::make_shared<Op>(req), what, work);
+    } catch (...) {
+        return record_current(what, c->rank);
+    }
+}
+
 static ca_status gloo_all_reduce(void *comm, const void *send, void *recv, size_t count, ca_dtype dt,
                                  ca_reduce_op op, ca_work_impl **work) {
     Comm *c = static_cast<Comm *>(comm);
@@ -825,18 +846,9 @@ static ca_status gloo_all_reduce(void *comm, const void *send, void *recv, size_
     if (s != CA_OK) return s;
     if (!reduce_fn(dt, op))
         return ca_error(CA_ERR_INVALID, "all_reduce: reduce op %d on %s (backend gloo)", (int)op, ca_dtype_name(dt));
-    try {
-        auto o = std::make_shared<Op>();
-        o->kind = Kind::AllReduce;
-        o->send = send;
-        o->recv = recv;
-        o->count = count;
-        o->dt = dt;
-        o->rop = op;
-        return enqueue(c, o, "all_reduce", work);
-    } catch (...) {
-        return record_current("all_reduce", c->rank);
-    }
+    Op o = op_of(Kind::AllReduce, send, recv, count, dt);
+    o.rop = op;
+    return submit(c, o, "all_reduce", work);
 }
 
 static ca_status gloo_broadcast(void *comm, void *buf, size_t count, ca_dtype dt, int root, ca_work_impl **work) {
@@ -846,18 +858,9 @@ static ca_status gloo_broadcast(void *comm, void *buf, size_t count, ca_dtype dt
     if (s != CA_OK) return s;
     if (root < 0 || root >= c->size)
         return ca_error(CA_ERR_INVALID, "broadcast: root %d outside 0..%d (backend gloo)", root, c->size - 1);
-    try {
-        auto o = std::make_shared<Op>();
-        o->kind = Kind::Broadcast;
-        o->send = buf;
-        o->recv = buf;
-        o->count = count;
-        o->dt = dt;
-        o->root = root;
-        return enqueue(c, o, "broadcast", work);
-    } catch (...) {
-        return record_current("broadcast", c->rank);
-    }
+    Op o = op_of(Kind::Broadcast, buf, buf, count, dt);
+    o.root = root;
+    return submit(c, o, "broadcast", work);
 }
 
 static ca_status gloo_all_gather(void *comm, const void *send, void *recv, size_t count, ca_dtype dt,
@@ -866,17 +869,7 @@ static ca_status gloo_all_gather(void *comm, const void *send, void *recv, size_
     *work = nullptr;
     ca_status s = check_dtype(c, dt, "all_gather");
     if (s != CA_OK) return s;
-    try {
-        auto o = std::make_shared<Op>();
-        o->kind = Kind::AllGather;
-        o->send = send;
-        o->recv = recv;
-        o->count = count;
-        o->dt = dt;
-        return enqueue(c, o, "all_gather", work);
-    } catch (...) {
-        return record_current("all_gather", c->rank);
-    }
+    return submit(c, op_of(Kind::AllGather, send, recv, count, dt), "all_gather", work);
 }
 
 static ca_status gloo_reduce_scatter(void *comm, const void *send, void *recv, size_t count, ca_dtype dt,
@@ -888,30 +881,15 @@ static ca_status gloo_reduce_scatter(void *comm, const void *send, void *recv, s
     if (!reduce_fn(dt, op))
         return ca_error(CA_ERR_INVALID, "reduce_scatter: reduce op %d on %s (backend gloo)", (int)op,
                         ca_dtype_name(dt));
-    try {
-        auto o = std::make_shared<Op>();
-        o->kind = Kind::ReduceScatter;
-        o->send = send;
-        o->recv = recv;
-        o->count = count;
-        o->dt = dt;
-        o->rop = op;
-        return enqueue(c, o, "reduce_scatter", work);
-    } catch (...) {
-        return record_current("reduce_scatter", c->rank);
-    }
+    Op o = op_of(Kind::ReduceScatter, send, recv, count, dt);
+    o.rop = op;
+    return submit(c, o, "reduce_scatter", work);
 }
 
 static ca_status gloo_barrier(void *comm, ca_work_impl **work) {
     Comm *c = static_cast<Comm *>(comm);
     *work = nullptr;
-    try {
-        auto o = std::make_shared<Op>();
-        o->kind = Kind::Barrier;
-        return enqueue(c, o, "barrier", work);
-    } catch (...) {
-        return record_current("barrier", c->rank);
-    }
+    return submit(c, op_of(Kind::Barrier, nullptr, nullptr, 0, CA_F32), "barrier", work);
 }
 
 static ca_status gloo_sendrecv(void *comm, const void *send, size_t send_count, int dst, void *recv,
@@ -920,20 +898,11 @@ static ca_status gloo_sendrecv(void *comm, const void *send, size_t send_count, 
     *work = nullptr;
     ca_status s = check_dtype(c, dt, "sendrecv");
     if (s != CA_OK) return s;
-    try {
-        auto o = std::make_shared<Op>();
-        o->kind = Kind::SendRecv;
-        o->send = send;
-        o->recv = recv;
-        o->count = send_count;
-        o->rcount = recv_count;
-        o->root = dst;
-        o->src = src;
-        o->dt = dt;
-        return enqueue(c, o, "sendrecv", work);
-    } catch (...) {
-        return record_current("sendrecv", c->rank);
-    }
+    Op o = op_of(Kind::SendRecv, send, recv, send_count, dt);
+    o.rcount = recv_count;
+    o.root = dst;
+    o.src = src;
+    return submit(c, o, "sendrecv", work);
 }
 
 static ca_status finished(ca_work_impl *w) {
