@@ -443,6 +443,26 @@ static ca_module *build_gpt(const args *a) {
 
 /* The mean cross-entropy of model m on x against y: under tensor parallelism each rank holds only its
  * vocabulary slice of the logits, and the loss is computed across the tp ranks. */
+/* Context parallelism (parallelism_config_cp_size): this rank's tokens of every sequence of x and y
+ * and their global positions (split_positions), until cp_end; at cp 1 they stay whole. Training and
+ * validation both split: a sequence long enough to need cp is never whole on one rank. */
+static void cp_begin(ca_accelerator *acc, ca_tensor **x, ca_tensor **y) {
+    int64_t T = ca_tensor_dim(*x, 1), *t = malloc(sizeof *t * (size_t)T);
+    if (!t) exit(1);
+    for (int64_t i = 0; i < T; i++) t[i] = i;
+    ca_tensor *buf[3] = {*x, *y, ca_from_host(ca_accelerator_device(acc), CA_I64, CA_SHAPE(T), t)};
+    free(t);
+    CA_CHECK(ca_maybe_context_parallel(acc, 3, buf, (int[]){1, 1, 0}));
+    *x = buf[0];
+    *y = buf[1];
+    split_positions = buf[2];
+}
+
+static void cp_end(ca_accelerator *acc) {
+    ca_context_parallel_end(acc);
+    split_positions = NULL;
+}
+
 static ca_tensor *gpt_loss(ca_module *m, ca_tensor *x, ca_tensor *y) {
     ca_tensor *logits = ca_module_forward(m, x);
     return ca_tp_cross_entropy(ca_module_child(m, "transformer.wte"), logits, y);
@@ -517,7 +537,13 @@ static double evaluate(ca_accelerator *acc, ca_module *m, ca_dataloader *dl) {
         ca_tensor *loss = NULL;
         CA_NO_GRAD CA_SCOPE {
             ca_tensor *x = ca_narrow(b.x, 0, 0, rows), *y = ca_narrow(b.y, 0, 0, rows);
+            cp_begin(acc, &x, &y);   /* as in training: each cp rank its part of every sequence */
+            static bool shown;
+            if (ca_tensor_dim(x, 1) < ca_tensor_dim(b.x, 1) && !shown && (shown = true))
+                printf("gpt: rank %d validates %lld of every %lld tokens (context parallelism)\n",
+                       ca_process_index(acc), (long long)ca_tensor_dim(x, 1), (long long)ca_tensor_dim(b.x, 1));
             loss = ca_tensor_keep(ca_detach(gpt_loss(m, x, y)));
+            cp_end(acc);
         }
         if (!loss) CA_CHECK(ca_last_status());
         s[0] += read_loss(&loss) * (double)real;
@@ -738,27 +764,19 @@ static ca_tensor *micro_step(ca_accelerator *acc, ca_module *model, ca_optimizer
                              const args *a) {
     ca_tensor *l = NULL;
     CA_SCOPE CA_ACCUMULATE(acc, model) {
-        /* context parallelism: this rank's tokens of every sequence, their labels and global positions (at
-         * cp 1 the call leaves them whole) */
-        int64_t T = ca_tensor_dim(b->x, 1), *t = malloc(sizeof *t * (size_t)T);
-        if (!t) exit(1);
-        for (int64_t i = 0; i < T; i++) t[i] = i;
-        ca_tensor *buf[3] = {b->x, b->y, ca_from_host(ca_accelerator_device(acc), CA_I64, CA_SHAPE(T), t)};
-        free(t);
-        CA_CHECK(ca_maybe_context_parallel(acc, 3, buf, (int[]){1, 1, 0}));
-        split_positions = buf[2];
-        ca_tensor *logits = ca_module_forward(model, buf[0]);
+        ca_tensor *x = b->x, *y = b->y;
+        cp_begin(acc, &x, &y);
+        ca_tensor *logits = ca_module_forward(model, x);
         static bool shown;   /* once a rank: its slice of the logits, never the whole vocabulary */
         if (logits && !shown && tp_size(acc) > 1 && (shown = true))
             printf("gpt: rank %d holds logits [%lld, %lld, %lld] of vocab %lld at tp %d\n", ca_process_index(acc),
                    (long long)ca_tensor_dim(logits, 0), (long long)ca_tensor_dim(logits, 1),
                    (long long)ca_tensor_dim(logits, 2), (long long)a->vocab_size, tp_size(acc));
         fflush(stdout);
-        ca_tensor *loss = ca_tp_cross_entropy(ca_module_child(model, "transformer.wte"), logits, buf[1]);
+        ca_tensor *loss = ca_tp_cross_entropy(ca_module_child(model, "transformer.wte"), logits, y);
         if (!loss) CA_CHECK(ca_last_status());
         CA_CHECK(ca_backward(acc, loss));
-        ca_context_parallel_end(acc);
-        split_positions = NULL;
+        cp_end(acc);
         if (a->grad_clip > 0 && ca_sync_gradients(acc)) CA_CHECK(ca_clip_grad_norm(acc, a->grad_clip, NULL));
         CA_CHECK(ca_optimizer_step(opt));
         ca_optimizer_zero_grad(opt);

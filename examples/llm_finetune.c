@@ -447,30 +447,6 @@ static double read_loss(ca_tensor **t) {
     return v;
 }
 
-/* Mean causal-LM loss per block over the held-out blocks (every rank's share, padding excluded). */
-static double evaluate(ca_accelerator *acc, ca_module *m, ca_dataloader *dl) {
-    ca_module_train(m, false);
-    double s[2] = {0, 0};
-    ca_batch b;
-    while (ca_dataloader_next(dl, &b)) {
-        /* a batch of padding only still runs the forward, counted 0: under FULL_SHARD it is collective */
-        int64_t real = b.size - b.num_padded, rows = real > 0 ? real : b.size;
-        if (real < 0) real = 0;
-        ca_tensor *loss = NULL;
-        CA_NO_GRAD CA_SCOPE {
-            ca_tensor *x = ca_narrow(b.x, 0, 0, rows), *y = ca_narrow(b.y, 0, 0, rows);
-            loss = ca_tensor_keep(ca_detach(ca_causal_lm_loss(ca_module_forward(m, x), y)));
-        }
-        if (!loss) CA_CHECK(ca_last_status());
-        s[0] += read_loss(&loss) * (double)real;
-        s[1] += (double)real;
-    }
-    CA_CHECK(ca_dataloader_status(dl));
-    ca_module_train(m, true);
-    reduce_sum(acc, s, 2);
-    return s[0] / s[1];
-}
-
 static int cp_size(ca_accelerator *acc) {
     ca_mesh_shape m;
     CA_CHECK(ca_accelerator_mesh(acc, &m, NULL));
@@ -498,6 +474,36 @@ static ca_tensor *cp_loss(ca_accelerator *acc, ca_module *model, const ca_batch 
     int64_t v = logits ? ca_tensor_dim(logits, 2) : 0;
     return ca_tp_cross_entropy(head, ca_reshape(logits, 2, (int64_t[]){B * t, v}),
                                ca_reshape(buf[1], 1, (int64_t[]){B * t}));
+}
+
+/* Mean causal-LM loss per block over the held-out blocks (every rank's share, padding excluded). */
+static double evaluate(ca_accelerator *acc, ca_module *m, ca_dataloader *dl) {
+    ca_module_train(m, false);
+    bool cp = cp_size(acc) > 1;
+    double s[2] = {0, 0};
+    ca_batch b;
+    while (ca_dataloader_next(dl, &b)) {
+        /* a batch of padding only still runs the forward, counted 0: under FULL_SHARD it is collective */
+        int64_t real = b.size - b.num_padded, rows = real > 0 ? real : b.size;
+        if (real < 0) real = 0;
+        ca_tensor *loss = NULL;
+        CA_NO_GRAD CA_SCOPE {
+            ca_batch part = b;   /* the rows that hold data */
+            part.x = ca_narrow(b.x, 0, 0, rows);
+            part.y = ca_narrow(b.y, 0, 0, rows);
+            /* as in training: under context parallelism each cp rank holds its part of every block */
+            ca_tensor *l = cp ? cp_loss(acc, m, &part) : ca_causal_lm_loss(ca_module_forward(m, part.x), part.y);
+            ca_context_parallel_end(acc);
+            loss = ca_tensor_keep(ca_detach(l));
+        }
+        if (!loss) CA_CHECK(ca_last_status());
+        s[0] += read_loss(&loss) * (double)real;
+        s[1] += (double)real;
+    }
+    CA_CHECK(ca_dataloader_status(dl));
+    ca_module_train(m, true);
+    reduce_sum(acc, s, 2);
+    return s[0] / s[1];
 }
 
 static ca_tensor *micro_step(ca_accelerator *acc, ca_module *model, ca_optimizer *opt, const ca_batch *b,

@@ -88,6 +88,7 @@ gpt_cp2() {
     PROG="$GPT" tlaunch 2 "$cb" --parallelism_config_cp_size 2 -- $SMALL --batch_size 8 --max_steps 6 --sample_tokens 10 \
         "$@" --output_dir "$WORK/$cn.m" > "$WORK/$cn" 2>&1 || { cat "$WORK/$cn"; fail "gpt cp 2 $* ($cb)"; }
     count 1 'device mesh: dp_replicate 1 x dp_shard 1 x cp 2 x tp 1' "$WORK/$cn"
+    count 2 'gpt: rank [01] validates 16 of every 32 tokens' "$WORK/$cn"   # validation splits too
     gpt_lines "$WORK/$cn" > "$WORK/$cn.l"
     cmp -s "$cref.l" "$WORK/$cn.l" || { diff "$cref.l" "$WORK/$cn.l"; fail "the GPT example at cp 2 $* differs from one process"; }
     echo "  $(grep -c . "$cref.l") loss, validation and sample lines the same"
