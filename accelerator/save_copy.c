@@ -22,6 +22,8 @@ struct ca_save_copy {
     void *computed, *copied;   /* events: before each copy on the compute stream; after the last copy */
     int pending;               /* copies enqueued since the last ca_save_copy_end */
     bool ended;                /* ca_save_copy_end closed copies that ca_save_copy_wait waits for */
+    struct { char *p; size_t n; } *pinned;   /* the live host_alloc blocks (a few: one per file) */
+    int npinned, cap;
 };
 
 static _Thread_local ca_save_copy *tl_copy;
@@ -58,22 +60,47 @@ void ca_save_copy_destroy(ca_save_copy *sc) {
     if (sc->copied) sc->ops->event_destroy(sc->ctx, sc->copied);
     if (sc->computed) sc->ops->event_destroy(sc->ctx, sc->computed);
     if (sc->stream) sc->ops->stream_destroy(sc->ctx, sc->stream);
+    free(sc->pinned);
     free(sc);
 }
 
 /* The capture's allocator: pinned host memory; NULL (the capture then takes malloc) when it fails. */
 static void *pinned_alloc(void *ctx, size_t bytes) {
     ca_save_copy *sc = ctx;
+    if (sc->npinned == sc->cap) {
+        int cap = sc->cap ? 2 * sc->cap : 16;
+        void *grown = realloc(sc->pinned, (size_t)cap * sizeof *sc->pinned);
+        if (!grown) return NULL;
+        sc->pinned = grown;
+        sc->cap = cap;
+    }
     void *p = NULL;
-    if (sc->ops->host_alloc(sc->ctx, bytes, &p) == CA_OK) return p;
-    CA_LOG_W("save_state: %zu bytes of pinned host memory refused (%s); that file's host copy is ordinary memory",
-             bytes, ca_last_error());
-    return NULL;
+    if (sc->ops->host_alloc(sc->ctx, bytes, &p) != CA_OK) {
+        CA_LOG_W("save_state: %zu bytes of pinned host memory refused (%s); that file's host copy is ordinary "
+                 "memory, copied synchronously", bytes, ca_last_error());
+        return NULL;
+    }
+    sc->pinned[sc->npinned].p = p;
+    sc->pinned[sc->npinned++].n = bytes;
+    return p;
 }
 
 static void pinned_free(void *ctx, void *p) {
     ca_save_copy *sc = ctx;
+    for (int i = 0; i < sc->npinned; i++)
+        if (sc->pinned[i].p == p) {
+            sc->pinned[i] = sc->pinned[--sc->npinned];
+            break;
+        }
     sc->ops->host_free(sc->ctx, p);
+}
+
+/* Whether [p, p + n) lies in one of the pinned blocks (memcpy_on_stream's host side must). */
+static bool is_pinned(const ca_save_copy *sc, const void *p, size_t n) {
+    for (int i = 0; i < sc->npinned; i++)
+        if ((const char *)p >= sc->pinned[i].p && (const char *)p + n <= sc->pinned[i].p + sc->pinned[i].n)
+            return true;
+    return false;
 }
 
 void ca_save_copy_hook(ca_save_copy *sc, ca_st_capture *c) {
@@ -91,7 +118,8 @@ ca_save_copy *ca_save_copy_set(ca_save_copy *sc) {
 
 ca_status ca_save_copy_fill(ca_tensor *t, void *dst, size_t len) {
     ca_save_copy *sc = tl_copy;
-    if (!sc || ca_tdev(t) != sc->dev || !ca_tensor_is_contiguous(t) || ca_tensor_nbytes(t) != len)
+    if (!sc || ca_tdev(t) != sc->dev || !ca_tensor_is_contiguous(t) || ca_tensor_nbytes(t) != len ||
+        !is_pinned(sc, dst, len))
         return ca_tensor_to_host(t, dst, len);   /* a view is gathered on the device first: synchronous */
     if (!len) return CA_OK;
     ca_status s = ca_tensor_check_present(t, "save_state");

@@ -7,8 +7,8 @@
  * background writer (another thread) waits for that event before it writes; the checkpoint equals a
  * synchronous one byte for byte; the pinned buffers are reused by the next save and freed at the
  * accelerator's teardown with the stream and events; a copy that fails is reported by the next call
- * (ca_wait_for_save), naming the directory, and nothing is published; a device table of ABI 3.7 (no
- * memcpy_on_stream) saves as before, synchronously, with no pinned memory. */
+ * (ca_wait_for_save), naming the directory, and nothing is published; where pinned memory is refused,
+ * and on a device table of ABI 3.7 (no memcpy_on_stream), the save copies synchronously, as before. */
 #include "test_util.h"
 #include "mock_gpu.h"
 
@@ -38,7 +38,7 @@ static size_t g_pinned_len[PINNED_MAX];
 static int g_allocs, g_frees, g_streams, g_streams_freed, g_events, g_events_freed;
 static struct { void *dst; const void *src; size_t n; } g_pending[PENDING_MAX];
 static int g_npending;
-static bool g_fail_copy;
+static bool g_fail_copy, g_refuse_pinned;
 static int g_stream_token;
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 
@@ -51,6 +51,7 @@ static void log_call(char what, void *stream, void *event) {
 
 static ca_status m_host_alloc(void *dev, size_t bytes, void **ptr) {
     (void)dev;
+    if (g_refuse_pinned) return ca_error(CA_ERR_NOMEM, "pinned_test: no pinned memory (mocked)");
     assert_true(g_allocs < PINNED_MAX);
     *ptr = malloc(bytes);
     g_pinned[g_allocs] = *ptr;
@@ -174,7 +175,7 @@ static int setup(void **state) {
     const char *base = getenv("TMPDIR");
     snprintf(g_dir, sizeof g_dir, "%s/caccel-save-copy-XXXXXX", base && *base ? base : "/tmp");
     g_nlog = g_allocs = g_frees = g_streams = g_streams_freed = g_events = g_events_freed = g_npending = 0;
-    g_fail_copy = false;
+    g_fail_copy = g_refuse_pinned = false;
     return mkdtemp(g_dir) ? 0 : -1;
 }
 
@@ -392,6 +393,23 @@ static void test_failed_copy_reported(void **state) {
     assert_int_equal(g_frees, g_allocs);
 }
 
+/* Pinned memory refused: each file's host copy is ordinary memory, copied synchronously (no copy on the
+ * stream into memory that is not pinned), and the checkpoint is the same. */
+static void test_pinned_refused(void **state) {
+    (void)state;
+    register_device(false);
+    run r;
+    run_open(&r, "pinned_test");
+    train(&r, 2);
+    g_refuse_pinned = true;
+    T_OK(ca_save_state(r.acc, in_dir("sync")));
+    T_OK(ca_save_state_ex(r.acc, in_dir("async"), &(ca_save_state_options){.async = true}));
+    T_OK(ca_wait_for_save(r.acc));
+    assert_same_checkpoint(in_dir("sync"), in_dir("async"));
+    for (int i = 0; i < g_nlog; i++) assert_int_not_equal(g_log[i].what, 'C');
+    run_close(&r);
+}
+
 /* A device table of ABI 3.7 has no memcpy_on_stream: the host copy is made synchronously, in ordinary
  * memory, as before; the checkpoint is the same. */
 static void test_fallback_without_slots(void **state) {
@@ -416,6 +434,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_pinned_copies, setup, teardown),
         cmocka_unit_test_setup_teardown(test_failed_copy_reported, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_pinned_refused, setup, teardown),
         cmocka_unit_test_setup_teardown(test_fallback_without_slots, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
