@@ -6,8 +6,8 @@
  * 2048 x 2048 with AdamW, 302 MB of state (parameters and two moments). Exits 77 (SKIP) with the
  * driver's reason when there is no GPU. */
 #include "test_cuda_util.h"
+#include "test_ckpt_util.h"
 
-#include <dirent.h>
 #include <time.h>
 
 enum { LAYERS = 6, WIDTH = 2048, BATCH = 64, STEPS = 8 };
@@ -73,40 +73,6 @@ static const char *in_dir(const char *name) {
     return p[k];
 }
 
-static unsigned char *slurp(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) fail_msg("%s: cannot open", path);
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    unsigned char *b = malloc((size_t)n + 1);
-    assert_int_equal(fread(b, 1, (size_t)n, f), (size_t)n);
-    fclose(f);
-    *len = (size_t)n;
-    return b;
-}
-
-static void assert_same_checkpoint(const char *a, const char *b) {
-    DIR *d = opendir(a);
-    assert_non_null(d);
-    struct dirent *e;
-    int n = 0;
-    while ((e = readdir(d))) {
-        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-        char pa[1024], pb[1024];
-        snprintf(pa, sizeof pa, "%s/%s", a, e->d_name);
-        snprintf(pb, sizeof pb, "%s/%s", b, e->d_name);
-        size_t la, lb;
-        unsigned char *x = slurp(pa, &la), *y = slurp(pb, &lb);
-        if (la != lb || memcmp(x, y, la) != 0) fail_msg("%s differs from %s", pb, pa);
-        free(x);
-        free(y);
-        n++;
-    }
-    closedir(d);
-    assert_true(n >= 3);
-}
-
 /* STEPS steps with a save (none, sync or async) after the first half; the device synchronised at the end,
  * so that the loop's time counts the GPU's work. *call_ms: the save call alone. */
 static double loop_ms(run *r, int kind, const char *dir, double *call_ms) {
@@ -133,7 +99,7 @@ static void test_async_equals_sync_and_stall(void **state) {
         T_OK(ca_save_state(r.acc, in_dir("sync")));
         T_OK(ca_save_state_ex(r.acc, in_dir("async"), &(ca_save_state_options){.async = true}));
         T_OK(ca_wait_for_save(r.acc));
-        assert_same_checkpoint(in_dir("sync"), in_dir("async"));
+        t_assert_same_checkpoint(in_dir("sync"), in_dir("async"));
         train(&r, 1);
     }
     double none = 1e30, sync = 1e30, async = 1e30, call_sync = 0, call_async = 0, c;

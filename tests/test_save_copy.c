@@ -9,10 +9,9 @@
  * accelerator's teardown with the stream and events; a copy that fails is reported by the next call
  * (ca_wait_for_save), naming the directory, and nothing is published; where pinned memory is refused,
  * and on a device table of ABI 3.7 (no memcpy_on_stream), the save copies synchronously, as before. */
-#include "test_util.h"
+#include "test_ckpt_util.h"
 #include "mock_gpu.h"
 
-#include <dirent.h>
 #include <pthread.h>
 #include <stddef.h>
 #include <sys/stat.h>
@@ -252,47 +251,6 @@ static void train(run *r, int n) {
     }
 }
 
-static unsigned char *slurp(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) fail_msg("%s: cannot open", path);
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    unsigned char *b = malloc((size_t)n + 1);
-    assert_int_equal(fread(b, 1, (size_t)n, f), (size_t)n);
-    fclose(f);
-    *len = (size_t)n;
-    return b;
-}
-
-/* Every file of a is in b with the same bytes, and as many files. */
-static void assert_same_checkpoint(const char *a, const char *b) {
-    int na = 0, nb = 0;
-    for (int pass = 0; pass < 2; pass++) {
-        DIR *d = opendir(pass ? b : a);
-        if (!d) fail_msg("%s: not there", pass ? b : a);
-        struct dirent *e;
-        while ((e = readdir(d))) {
-            if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-            if (pass) {
-                nb++;
-                continue;
-            }
-            na++;
-            char pa[1024], pb[1024];
-            snprintf(pa, sizeof pa, "%s/%s", a, e->d_name);
-            snprintf(pb, sizeof pb, "%s/%s", b, e->d_name);
-            size_t la, lb;
-            unsigned char *x = slurp(pa, &la), *y = slurp(pb, &lb);
-            if (la != lb || memcmp(x, y, la) != 0) fail_msg("%s differs from %s", pb, pa);
-            free(x);
-            free(y);
-        }
-        closedir(d);
-    }
-    assert_int_equal(na, nb);
-}
-
 /* The log of one asynchronous save from entry `from`: n copies, each after the compute stream's event
  * (R on the default stream, then the copy stream waits for it: W), then the closing event on the copy
  * stream and the compute stream's wait for it, all on the calling thread; then the writer's wait for
@@ -340,7 +298,7 @@ static void test_pinned_copies(void **state) {
     assert_int_equal(g_nlog, 0);                                    /* a synchronous save: none of it */
     T_OK(ca_save_state_ex(r.acc, in_dir("async"), &(ca_save_state_options){.async = true}));
     T_OK(ca_wait_for_save(r.acc));
-    assert_same_checkpoint(in_dir("sync"), in_dir("async"));
+    t_assert_same_checkpoint(in_dir("sync"), in_dir("async"));
     int n1, at = assert_save_log(0, &n1);
     assert_int_equal(at, g_nlog);
     /* the parameters (4) and AdamW's two moments of each, and its step count where it is a tensor */
@@ -354,7 +312,7 @@ static void test_pinned_copies(void **state) {
     T_OK(ca_save_state(r.acc, in_dir("sync")));
     T_OK(ca_save_state_ex(r.acc, in_dir("async"), &(ca_save_state_options){.async = true}));
     T_OK(ca_wait_for_save(r.acc));
-    assert_same_checkpoint(in_dir("sync"), in_dir("async"));
+    t_assert_same_checkpoint(in_dir("sync"), in_dir("async"));
     int n2;
     assert_int_equal(assert_save_log(at, &n2), g_nlog);
     assert_int_equal(n2, n1);
@@ -405,7 +363,7 @@ static void test_pinned_refused(void **state) {
     T_OK(ca_save_state(r.acc, in_dir("sync")));
     T_OK(ca_save_state_ex(r.acc, in_dir("async"), &(ca_save_state_options){.async = true}));
     T_OK(ca_wait_for_save(r.acc));
-    assert_same_checkpoint(in_dir("sync"), in_dir("async"));
+    t_assert_same_checkpoint(in_dir("sync"), in_dir("async"));
     for (int i = 0; i < g_nlog; i++) assert_int_not_equal(g_log[i].what, 'C');
     run_close(&r);
 }
@@ -422,7 +380,7 @@ static void test_fallback_without_slots(void **state) {
     T_OK(ca_save_state(r.acc, in_dir("sync")));
     T_OK(ca_save_state_ex(r.acc, in_dir("async"), &(ca_save_state_options){.async = true}));
     T_OK(ca_wait_for_save(r.acc));
-    assert_same_checkpoint(in_dir("sync"), in_dir("async"));
+    t_assert_same_checkpoint(in_dir("sync"), in_dir("async"));
     assert_int_equal(g_allocs, allocs);
     run_close(&r);
     assert_int_equal(g_nlog, 0);
