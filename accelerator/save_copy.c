@@ -116,12 +116,7 @@ ca_save_copy *ca_save_copy_set(ca_save_copy *sc) {
     return prev;
 }
 
-ca_status ca_save_copy_fill(ca_tensor *t, void *dst, size_t len) {
-    ca_save_copy *sc = tl_copy;
-    if (!sc || ca_tdev(t) != sc->dev || !ca_tensor_is_contiguous(t) || ca_tensor_nbytes(t) != len ||
-        !is_pinned(sc, dst, len))
-        return ca_tensor_to_host(t, dst, len);   /* a view is gathered on the device first: synchronous */
-    if (!len) return CA_OK;
+static ca_status enqueue(ca_save_copy *sc, ca_tensor *t, void *dst, size_t len) {
     ca_status s = ca_tensor_check_present(t, "save_state");
     if (s != CA_OK) return s;
     /* the copy stream goes on only once the compute stream has done every write enqueued before now */
@@ -131,6 +126,19 @@ ca_status ca_save_copy_fill(ca_tensor *t, void *dst, size_t len) {
     if (s != CA_OK) return ca_error_context("enqueuing its copy to pinned host memory");
     sc->pending++;
     return CA_OK;
+}
+
+ca_status ca_save_copy_fill(ca_tensor *t, void *dst, size_t len) {
+    ca_save_copy *sc = tl_copy;
+    if (!sc) return ca_tensor_to_host(t, dst, len);
+    ca_status s = ca_tdev(t) != sc->dev || !ca_tensor_is_contiguous(t) || ca_tensor_nbytes(t) != len ||
+                          !is_pinned(sc, dst, len)
+                      ? ca_tensor_to_host(t, dst, len)   /* a view is gathered on the device first: synchronous */
+                      : len ? enqueue(sc, t, dst, len) : CA_OK;
+    /* the capture frees the buffer of a file that failed: the copies already enqueued into it land first */
+    if (s != CA_OK && sc->pending > 0 && sc->ops->synchronize(sc->ctx) != CA_OK)
+        CA_LOG_E("save_state: waiting for the copies to pinned host memory after a failure: %s", ca_last_error());
+    return s;
 }
 
 ca_status ca_save_copy_end(ca_save_copy *sc) {
