@@ -5,6 +5,7 @@
 #include <caccel/tensor.h>
 
 #include "accelerator/checkpoint_impl.h"
+#include "accelerator/save_copy_impl.h"
 #include "accelerator/mesh_impl.h"
 #include "accelerator/sync_impl.h"
 #include "tensor/safetensors_impl.h"
@@ -44,7 +45,7 @@ const void *ca_ck_host_data(ca_tensor *t) {
 /* A device tensor's bytes, copied off the device where the writer wants them (ca_ck_st_tensor). */
 static ca_status ck_fill(void *ctx, void *dst, size_t len) {
     ca_tensor *t = ctx;
-    ca_status s = ca_tensor_to_host(t, dst, len);
+    ca_status s = ca_save_copy_fill(t, dst, len);   /* an asynchronous save's: on its copy stream */
     return s == CA_OK ? s : ca_error_context("tensor '%s': copying it to the host", ca_tensor_name(t));
 }
 

@@ -27,6 +27,8 @@ libcaccel_la_SOURCES += \
 	accelerator/checkpoint.c \
 	accelerator/state.c \
 	accelerator/state_keep.c \
+	accelerator/save_copy_impl.h \
+	accelerator/save_copy.c \
 	accelerator/objects.c \
 	accelerator/join.c \
 	accelerator/mesh_impl.h \

@@ -28,9 +28,12 @@ static const char *mesh_why(const ca_accelerator *acc, const ca_mesh_shape *m, b
         return "ring attention (alltoall: point-to-point exchanges) does not run on the lazy device yet; "
                "allgather does";
     }
-    if (!tp && !ca_device_is_host(acc->device) && !ca_device_is_lazy(acc->device)) {
-        *key = "use_cpu";
-        return "context parallelism runs on the CPU and lazy devices only (not yet on a GPU)";
+    /* a GPU runs the allgather method (tensor ops and the collectives: NCCL's, or staged through host memory) */
+    if (!tp && !ca_device_is_host(acc->device) && !ca_device_is_lazy(acc->device) && strategy &&
+        strcmp(strategy, "allgather") != 0) {
+        *key = "parallelism_config.parallelism_config_cp_comm_strategy";
+        return "ring attention (alltoall) merges its blocks in host memory and does not run on a GPU yet; "
+               "allgather does";
     }
     if (st->deterministic) {
         *key = "deterministic";

@@ -10,6 +10,7 @@
 #include "comm/comm_impl.h"
 #include "accelerator/checkpoint_impl.h"
 #include "accelerator/mesh_impl.h"
+#include "accelerator/save_copy_impl.h"
 #include "tensor/safetensors_impl.h"
 #include "base/trace_impl.h"
 #include "base/thread_impl.h"
@@ -1047,6 +1048,7 @@ typedef struct ss_async {
     bool running;                  /* a thread to join */
     atomic_bool done;              /* it has finished (refuse_if_busy looks without waiting) */
     ca_st_capture files;           /* the host copy: every file this rank writes, its bytes */
+    ca_save_copy *copy;            /* a GPU's copies into it: pinned, on a copy stream (NULL: synchronous) */
     char target[PATH_MAX], tmp[PATH_MAX], root[PATH_MAX];
     int64_t limit;                 /* total_limit to apply after the publication (0: none) */
     int hold_fd;                   /* test hook CACCEL_TEST_SAVE_HOLD (-1: none) */
@@ -1114,11 +1116,12 @@ static ca_status ss_async_write(ss_async *a) {
     ca_accelerator *acc = a->acc;
     int bad;
     ss_test_hold(acc, a->hold_fd);
+    ca_status s = ca_save_copy_wait(a->copy);   /* the device's copies into the host copy have landed */
     /* rank 0's CRC-32s from the host copy, computed while the disk writes (the others' files are
      * read back for the manifest, as in a synchronous save) */
     uint32_t *crcs = acc->rank == 0 ? calloc((size_t)a->files.n + 1, sizeof *crcs) : NULL;
-    ca_status s = acc->rank == 0 && !crcs ? ca_error(CA_ERR_NOMEM, "save_state: out of memory")
-                                          : ss_capture_write(a, crcs);
+    if (s == CA_OK)
+        s = acc->rank == 0 && !crcs ? ca_error(CA_ERR_NOMEM, "save_state: out of memory") : ss_capture_write(a, crcs);
     if (s == CA_OK) ss_test_stall(acc, "files");
     s = ss_exchange_bg(a, s, &bad);
     bool published = false;
@@ -1182,6 +1185,12 @@ static ca_status ss_async_init(ca_accelerator *acc) {
         free(a);
         return ca_error_context("save_state: the asynchronous saves' communicator");
     }
+    if ((s = ca_save_copy_create(acc->device, &a->copy)) != CA_OK) {
+        ca_comm_destroy(a->comm);
+        free(a);
+        return s;
+    }
+    ca_save_copy_hook(a->copy, &a->files);   /* the host copy in pinned memory, kept between saves */
     acc->async = a;
     return CA_OK;
 }
@@ -1206,10 +1215,15 @@ static ca_status ss_async_start(ca_accelerator *acc, const char *dir) {
         return ss_fail(acc, s, bad, "save_state", a->target);
     }
     prev = ca_st_capture_set(&a->files);
+    ca_save_copy *prev_copy = ca_save_copy_set(a->copy);   /* a GPU's tensors: enqueued, not waited for */
     s = ss_save_local_full(acc, a->tmp, iteration);   /* every file, into host memory */
+    ca_save_copy_set(prev_copy);
     ca_st_capture_set(prev);
+    ca_status ended = ca_save_copy_end(a->copy);
+    if (s == CA_OK) s = ended;
     s = ss_exchange(acc, s, &bad);                     /* every rank has its copy */
     if (s != CA_OK) {
+        if (ca_save_copy_wait(a->copy) != CA_OK) CA_LOG_E("%s", ca_last_error());   /* before the buffers go */
         ca_st_capture_free(&a->files);
         if (acc->rank == 0) ss_discard(acc, a->tmp);
         return ss_fail(acc, s, bad, "save_state", a->target);
@@ -2045,6 +2059,7 @@ void ca_state_free(ca_accelerator *acc) {
     if (acc->async) {   /* the save in flight ends first; its failure, unreported, is logged */
         if (ss_async_join(acc, "teardown") != CA_OK) CA_LOG_E("%s", ca_last_error());
         ca_st_capture_free(&acc->async->files);
+        ca_save_copy_destroy(acc->async->copy);   /* after the pinned buffers it allocated */
         ca_comm_destroy(acc->async->comm);
         free(acc->async);
         acc->async = NULL;

@@ -478,6 +478,18 @@ ca_st_capture *ca_st_capture_set(ca_st_capture *c) {
     return prev;
 }
 
+/* A file buffer from the capture's allocator (pinned host memory), else malloc; *hooked says which. */
+static void *st_capture_alloc(const ca_st_capture *c, size_t size, bool *hooked) {
+    void *p = c->alloc ? c->alloc(c->alloc_ctx, size) : NULL;
+    *hooked = p != NULL;
+    return p ? p : malloc(size);
+}
+
+static void st_capture_release(const ca_st_capture *c, void *p, bool hooked) {
+    if (hooked) c->free(c->alloc_ctx, p);
+    else free(p);
+}
+
 /* The parts of one file, concatenated into a new buffer of the capture; a part whose fills entry is
  * non-NULL (fills itself may be NULL) is that tensor's fill, written in place. */
 static ca_status st_capture_add(ca_st_capture *c, const char *path, const void *const *parts, const size_t *lens,
@@ -493,15 +505,17 @@ static ca_status st_capture_add(ca_st_capture *c, const char *path, const void *
     }
     size_t size = len ? len : 1;
     ca_st_held *slot = c->n < c->kept ? &c->files[c->n] : NULL;   /* the previous capture's buffer */
+    bool hooked = false;
     if (slot && slot->size < len) {
-        free(slot->data);
-        slot->data = malloc(size);
+        st_capture_release(c, slot->data, slot->hooked);
+        slot->data = st_capture_alloc(c, size, &slot->hooked);
         slot->size = slot->data ? size : 0;
     }
-    ca_st_held h = {strdup(path), slot ? slot->data : malloc(size), len, slot ? slot->size : size, NULL, 0};
+    ca_st_held h = {strdup(path), slot ? slot->data : st_capture_alloc(c, size, &hooked), len,
+                    slot ? slot->size : size, NULL, 0, slot ? slot->hooked : hooked};
     if (!h.path || !h.data) {
         free(h.path);
-        if (!slot) free(h.data);
+        if (!slot) st_capture_release(c, h.data, h.hooked);
         return ca_error(CA_ERR_NOMEM, "%s: out of memory for the host copy (%zu bytes)", path, len);
     }
     size_t off = 0;
@@ -513,7 +527,7 @@ static ca_status st_capture_add(ca_st_capture *c, const char *path, const void *
     }
     if (s != CA_OK) {   /* the buffer stays the kept slot's, or goes */
         free(h.path);
-        if (!slot) free(h.data);
+        if (!slot) st_capture_release(c, h.data, h.hooked);
         return ca_error_context("%s: the host copy", path);
     }
     c->files[c->n++] = h;
@@ -629,15 +643,15 @@ void ca_st_capture_reset(ca_st_capture *c) {
 
 void ca_st_capture_free(ca_st_capture *c) {
     if (c) ca_st_capture_reset(c);
-    for (int i = 0; c && i < c->kept; i++) free(c->files[i].data);
+    for (int i = 0; c && i < c->kept; i++) st_capture_release(c, c->files[i].data, c->files[i].hooked);
     if (c) c->kept = 0;
     for (int i = 0; c && i < c->n; i++) {
         free(c->files[i].path);
-        free(c->files[i].data);
+        st_capture_release(c, c->files[i].data, c->files[i].hooked);
     }
-    if (c) {
+    if (c) {   /* empty, its allocator kept */
         free(c->files);
-        *c = (ca_st_capture){0};
+        *c = (ca_st_capture){.alloc = c->alloc, .free = c->free, .alloc_ctx = c->alloc_ctx};
     }
 }
 

@@ -121,12 +121,18 @@ typedef struct ca_st_held {
     size_t len, size;   /* bytes held, bytes allocated */
     uint32_t *sums;     /* ca_st_capture_write with a chunk size: each chunk's CRC-32 (NULL: none) */
     size_t nsums;
+    bool hooked;        /* data came from the capture's alloc (else malloc) */
 } ca_st_held;
 typedef struct ca_st_capture {
     ca_st_held *files;
     int n, cap;
     int kept;       /* buffers kept by ca_st_capture_reset for the next capture: files[0..kept) */
     size_t bytes;   /* all files together */
+    /* Optional: where the file buffers come from (a device's pinned host memory); NULL, or an alloc that
+     * returns NULL: malloc. free gets back what alloc gave. */
+    void *(*alloc)(void *ctx, size_t bytes);
+    void (*free)(void *ctx, void *ptr);
+    void *alloc_ctx;
 } ca_st_capture;
 /* Sets the calling thread's capture (NULL: write to the disk again); returns the previous one. */
 ca_st_capture *ca_st_capture_set(ca_st_capture *c);
@@ -137,7 +143,7 @@ ca_st_capture *ca_st_capture_set(ca_st_capture *c);
  * the same one pass: the file's CRC-32 is combined from them (crc32_combine). A failure names the
  * file and leaves no .tmp file. */
 ca_status ca_st_capture_write(ca_st_capture *c, uint32_t *crcs, uint64_t chunk);
-void ca_st_capture_free(ca_st_capture *c);   /* the buffers; the struct is the caller's */
+void ca_st_capture_free(ca_st_capture *c);   /* the buffers; the struct is the caller's (its allocator stays) */
 /* Empties the capture but keeps its buffers: the next capture of files of the same sizes (the
  * next save of the same state) reuses them, without the page faults of fresh memory. */
 void ca_st_capture_reset(ca_st_capture *c);

@@ -89,9 +89,15 @@ check_PROGRAMS += tests/test_async_save
 TESTS += tests/test_async_save tests/test_async_save_ranks.sh
 VALGRIND_TESTS += tests/test_async_save
 EXTRA_DIST += tests/test_async_save_ranks.sh
-tests_test_async_save_SOURCES = tests/test_async_save.c tests/test_util.h
+tests_test_async_save_SOURCES = tests/test_async_save.c tests/test_util.h tests/test_ckpt_util.h
 tests_test_async_save_CFLAGS = $(CA_TEST_CFLAGS)
 tests_test_async_save_LDADD = $(CA_TEST_LIBS)
+# Asynchronous saves on a mocked GPU: pinned host copy, copy stream and events, the fallback without them.
+check_PROGRAMS += tests/test_save_copy
+TESTS += tests/test_save_copy
+tests_test_save_copy_SOURCES = tests/test_save_copy.c tests/test_util.h tests/test_ckpt_util.h tests/mock_gpu.h
+tests_test_save_copy_CFLAGS = $(CA_TEST_CFLAGS)
+tests_test_save_copy_LDADD = $(CA_TEST_LIBS) -lpthread
 TESTS += tests/test_resume.sh tests/test_state_ranks.sh tests/test_full_disk.sh
 EXTRA_DIST += tests/test_resume.sh tests/test_state_ranks.sh tests/test_full_disk.sh
 # The safetensors reader's mapping and chunk verification (its functions are not exported: the objects).

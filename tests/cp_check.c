@@ -17,8 +17,11 @@
  *     all-gather's 4 (cp - 1) X (keys and values gathered, their gradients reduce-scattered). Printed as
  *     "rank=R cp bytes N (ring|allgather formula)".
  *   --refuse: prints "rank=R refused: MESSAGE" for a masked, a non-causal and a dropout attention under
- *     the split, a sequence that 2 cp does not divide, and a second split without an end. */
-#include <caccel/caccel.h>
+ *     the split, a sequence that 2 cp does not divide, and a second split without an end.
+ *   --mock-gpu: runs on tests/mock_gpu.h's GPU (kind GPU, not host memory: the accelerator takes the GPU's
+ *     paths; with use_cpu false); an accelerator it refuses prints "rank=R refused: MESSAGE" and exits 0.
+ * Every rank prints "rank=R on device NAME" first. */
+#include "mock_gpu.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -229,17 +232,33 @@ static int refuse_check(ca_accelerator *acc) {
     return 0;
 }
 
+static int prefer_mock(char *reason, size_t len) { (void)reason, (void)len; return 50; }
+
 int main(int argc, char **argv) {
     const char *mode = "attention";
-    bool with_central = false, ring = false;
+    bool with_central = false, ring = false, mock_gpu = false;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--central") == 0) with_central = true;
         else if (strcmp(argv[i], "--loss") == 0) mode = "loss";
         else if (strcmp(argv[i], "--refuse") == 0) mode = "refuse";
         else if (strcmp(argv[i], "--ring") == 0) ring = true;
+        else if (strcmp(argv[i], "--mock-gpu") == 0) mock_gpu = true;
+    }
+    static ca_device_ops gpu;
+    static const ca_device_ops *devs[1];
+    static ca_plugin plugin;
+    if (mock_gpu) {
+        mock_gpu_ops(&gpu, "mock_gpu");
+        CA_CHECK(mock_gpu_register(&gpu, devs, &plugin, prefer_mock));
     }
     ca_accelerator *acc;
-    CA_CHECK(ca_accelerator_create(&(ca_options){.argc = argc, .argv = argv}, &acc));
+    ca_status made = ca_accelerator_create(&(ca_options){.argc = argc, .argv = argv}, &acc);
+    if (made != CA_OK && mock_gpu) {   /* a combination the GPU refuses: said, and no failure */
+        printf("rank=%s refused: %s\n", getenv("RANK") ? getenv("RANK") : "?", ca_last_error());
+        return 0;
+    }
+    CA_CHECK(made);
+    printf("rank=%d on device %s\n", ca_process_index(acc), ca_device_name(ca_accelerator_device(acc)));
     CA_CHECK(ca_set_seed(acc, 7));   /* the same q, k, v on every rank */
     int rc = 0;
     CA_SCOPE {

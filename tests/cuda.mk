@@ -1,7 +1,7 @@
 # tests/cuda.mk: the CUDA plugin. test_cuda_plugin and test_cuda_cli run on any machine (the plugin
 # loads without a driver); the others need a GPU and exit 77 (SKIP) with the driver's reason. The ops on
 # the GPU against the CPU are rows of tests/test_ops (tests/core.mk), which runs them when a GPU opens.
-EXTRA_DIST += tests/test_cuda_util.h tests/test_cuda_cli.sh tests/test_cuda_train.sh
+EXTRA_DIST += tests/test_cuda_util.h tests/test_cuda_cli.sh tests/test_cuda_train.sh tests/test_cuda_cp.sh
 # the attention chunk plan is plain C (backends/cuda/cuda_att_plan.h): checked with or without CUDA
 check_PROGRAMS += tests/test_cuda_att_plan
 TESTS += tests/test_cuda_att_plan
@@ -9,9 +9,10 @@ tests_test_cuda_att_plan_SOURCES = tests/test_cuda_att_plan.c backends/cuda/cuda
 tests_test_cuda_att_plan_CFLAGS = $(CA_TEST_CFLAGS)
 tests_test_cuda_att_plan_LDADD = $(CMOCKA_LIBS)
 if HAVE_CUDA
-ca_cuda_tests = tests/test_cuda_plugin tests/test_cuda_alloc tests/test_cuda_nccl tests/test_cuda_big
+ca_cuda_tests = tests/test_cuda_plugin tests/test_cuda_alloc tests/test_cuda_nccl tests/test_cuda_big \
+	tests/test_cuda_async_save
 check_PROGRAMS += $(ca_cuda_tests)
-TESTS += $(ca_cuda_tests) tests/test_cuda_cli.sh tests/test_cuda_train.sh
+TESTS += $(ca_cuda_tests) tests/test_cuda_cli.sh tests/test_cuda_train.sh tests/test_cuda_cp.sh
 tests_test_cuda_plugin_SOURCES = tests/test_cuda_plugin.c tests/test_cuda_util.h
 tests_test_cuda_plugin_CFLAGS = $(CA_TEST_CFLAGS)
 tests_test_cuda_plugin_LDADD = $(CA_TEST_LIBS)
@@ -38,6 +39,9 @@ tests_test_cuda_nccl_mock_LDADD = $(CA_TEST_LIBS) -lpthread
 tests_test_cuda_nccl_SOURCES = tests/test_cuda_nccl.c tests/test_cuda_util.h
 tests_test_cuda_nccl_CFLAGS = $(CA_TEST_CFLAGS)
 tests_test_cuda_nccl_LDADD = $(CA_TEST_LIBS)
+tests_test_cuda_async_save_SOURCES = tests/test_cuda_async_save.c tests/test_cuda_util.h tests/test_ckpt_util.h
+tests_test_cuda_async_save_CFLAGS = $(CA_TEST_CFLAGS)
+tests_test_cuda_async_save_LDADD = $(CA_TEST_LIBS)
 tests_test_cuda_big_SOURCES = tests/test_cuda_big.c tests/test_cuda_util.h
 tests_test_cuda_big_CFLAGS = $(CA_TEST_CFLAGS)
 tests_test_cuda_big_LDADD = $(CA_TEST_LIBS)
@@ -48,8 +52,8 @@ endif
 ca_gpu_check_tests = tests/test_ops
 ca_gpu_check_programs = tests/test_ops$(EXEEXT)
 if HAVE_CUDA
-ca_gpu_check_tests += $(ca_cuda_tests) tests/test_cuda_cli.sh tests/test_cuda_train.sh
-ca_gpu_check_programs += $(ca_cuda_tests:=$(EXEEXT)) bench/bench_cuda$(EXEEXT)
+ca_gpu_check_tests += $(ca_cuda_tests) tests/test_cuda_cli.sh tests/test_cuda_train.sh tests/test_cuda_cp.sh
+ca_gpu_check_programs += $(ca_cuda_tests:=$(EXEEXT)) bench/bench_cuda$(EXEEXT) tests/cp_check$(EXEEXT)
 endif
 .PHONY: print-gpu-tests print-gpu-programs
 print-gpu-tests:

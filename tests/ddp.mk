@@ -23,10 +23,10 @@ TESTS += tests/test_tp.sh
 EXTRA_DIST += tests/test_tp.sh
 # Context parallelism (parallelism_config_cp_size): the split attention and loss, the GPT example, against one process
 check_PROGRAMS += tests/cp_check
-tests_cp_check_SOURCES = tests/cp_check.c
+tests_cp_check_SOURCES = tests/cp_check.c tests/mock_gpu.h
 tests_cp_check_LDADD = libcaccel.la -lm
-TESTS += tests/test_cp.sh
-EXTRA_DIST += tests/test_cp.sh
+TESTS += tests/test_cp.sh tests/test_cp_mock_gpu.sh
+EXTRA_DIST += tests/test_cp.sh tests/test_cp_mock_gpu.sh
 # A Hugging Face decoder (examples/llm_finetune) split by base_model_tp_plan, full and LoRA, against one process
 TESTS += tests/test_tp_llm.sh
 EXTRA_DIST += tests/test_tp_llm.sh

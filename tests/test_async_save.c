@@ -11,7 +11,7 @@
  *   test_async_save --kill-child DIR     a save, then an asynchronous one the stall hook holds
  *   test_async_save --resume DIR MODE [--tpu]  (every rank) an asynchronous save resumed, or killed
  *                                        while it is written (resume_main) */
-#include "test_util.h"
+#include "test_ckpt_util.h"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -133,50 +133,6 @@ static void train(run *r, int n) {
     }
 }
 
-static unsigned char *slurp(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) fail_msg("%s: cannot open", path);
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    unsigned char *b = malloc((size_t)n + 1);
-    assert_int_equal(fread(b, 1, (size_t)n, f), (size_t)n);
-    fclose(f);
-    *len = (size_t)n;
-    return b;
-}
-
-/* The two directories hold the same files with the same bytes (complete.json, with every size and
- * CRC-32, included). */
-static void assert_same_checkpoint(const char *a, const char *b) {
-    int na = 0, nb = 0;
-    char pa[1024], pb[1024];
-    for (int pass = 0; pass < 2; pass++) {
-        DIR *d = opendir(pass ? b : a);
-        if (!d) fail_msg("%s: not there", pass ? b : a);
-        struct dirent *e;
-        while ((e = readdir(d))) {
-            if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-            if (pass) {
-                nb++;
-                continue;
-            }
-            na++;
-            snprintf(pa, sizeof pa, "%s/%s", a, e->d_name);
-            snprintf(pb, sizeof pb, "%s/%s", b, e->d_name);
-            size_t la, lb;
-            unsigned char *x = slurp(pa, &la), *y = slurp(pb, &lb);
-            if (la != lb || memcmp(x, y, la) != 0) fail_msg("%s differs from %s", pb, pa);
-            free(x);
-            free(y);
-        }
-        closedir(d);
-    }
-    assert_int_equal(na, nb);
-    snprintf(pa, sizeof pa, "%s/complete.json", b);
-    assert_true(exists(pa));
-}
-
 /* ------------------------------------------------------------------ one process */
 
 static void test_equals_sync(void **state) {
@@ -187,14 +143,14 @@ static void test_equals_sync(void **state) {
     T_OK(ca_save_state(r.acc, in_dir("sync")));
     T_OK(ca_save_state_ex(r.acc, in_dir("async"), &k_async));
     T_OK(ca_wait_for_save(r.acc));
-    assert_same_checkpoint(in_dir("sync"), in_dir("async"));
+    t_assert_same_checkpoint(in_dir("sync"), in_dir("async"));
     assert_false(exists(in_dir("async.tmp")));
     T_OK(ca_wait_for_save(r.acc));   /* nothing in flight: CA_OK */
     train(&r, 2);                    /* again, into the host buffers the first save left */
     T_OK(ca_save_state(r.acc, in_dir("sync")));
     T_OK(ca_save_state_ex(r.acc, in_dir("async"), &k_async));
     T_OK(ca_wait_for_save(r.acc));
-    assert_same_checkpoint(in_dir("sync"), in_dir("async"));
+    t_assert_same_checkpoint(in_dir("sync"), in_dir("async"));
     run_close(&r);
 }
 
@@ -241,7 +197,7 @@ static void test_steps_while_held(void **state) {
     hold_release(h);
     T_OK(ca_wait_for_save(r.acc));
     hold_end(h);
-    assert_same_checkpoint(in_dir("ref"), in_dir("ck"));
+    t_assert_same_checkpoint(in_dir("ref"), in_dir("ck"));
     run_close(&r);
 
     run_open(&r);                                    /* and it loads: the state at the call */
@@ -436,7 +392,7 @@ static int ranks_main(const char *dir) {
                 snprintf(pa, sizeof pa, "%s/%s", a, e->d_name);
                 snprintf(pb, sizeof pb, "%s/%s", b, e->d_name);
                 size_t la, lb;
-                unsigned char *x = slurp(pa, &la), *y = slurp(pb, &lb);
+                unsigned char *x = t_slurp(pa, &la), *y = t_slurp(pb, &lb);
                 if (la != lb || memcmp(x, y, la) != 0) s = CA_ERR_IO, printf("rank 0: %s differs\n", pb);
                 free(x);
                 free(y);

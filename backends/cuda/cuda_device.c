@@ -451,6 +451,26 @@ static ca_status cu_memcpy(void *dev, void *dst, const void *src, size_t bytes, 
     return cu_check_deferred(d);
 }
 
+/* A copy on a stream other than the current one (ABI 3.8: an asynchronous save's copy stream), never
+ * waiting; a device-to-host copy into pinned memory overlaps the compute stream's kernels. */
+static ca_status cu_memcpy_on_stream(void *dev, void *dst, const void *src, size_t bytes, ca_copy_kind kind,
+                                     void *stream) {
+    cuda_device *d = dev;
+    if (bytes == 0) return CA_OK;
+    if (!dst || !src)
+        return ca_error(CA_ERR_INVALID, "cuda memcpy_on_stream: %s pointer is NULL (%zu bytes)",
+                        dst ? "source" : "destination", bytes);
+    static const enum cudaMemcpyKind kinds[] = {cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost,
+                                                cudaMemcpyDeviceToDevice};
+    if ((unsigned)kind > CA_COPY_D2D)
+        return ca_error(CA_ERR_INVALID, "cuda memcpy_on_stream: unknown copy kind %d", (int)kind);
+    ca_status st = cu_enter(d, "memcpy_on_stream");
+    if (st != CA_OK) return st;
+    CA_CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, kinds[kind], stream ? (cudaStream_t)stream : d->default_stream),
+                "cuda memcpy_on_stream of %zu bytes on GPU %d", bytes, d->ordinal);
+    return CA_OK;
+}
+
 /* ----------------------------------------------------- streams/events */
 
 static ca_status cu_stream_create(void *dev, void **stream) {
@@ -538,6 +558,17 @@ static ca_status cu_event_synchronize(void *dev, void *event) {
     return cu_check_deferred(d);
 }
 
+/* The background writer's wait (ABI 3.8): the event alone; the deferred data errors stay for the device's
+ * own thread's next synchronisation. */
+static ca_status cu_event_wait_any_thread(void *dev, void *event) {
+    cuda_device *d = dev;
+    if (!event) return ca_error(CA_ERR_INVALID, "cuda event_wait_any_thread: event is NULL");
+    ca_status st = cu_enter(d, "event_wait_any_thread");
+    if (st != CA_OK) return st;
+    CA_CUDA_TRY(cudaEventSynchronize((cudaEvent_t)event), "cuda event_wait_any_thread (GPU %d)", d->ordinal);
+    return CA_OK;
+}
+
 static ca_status cu_synchronize(void *dev) {
     cuda_device *d = dev;
     ca_status st = cu_enter(d, "synchronize");
@@ -593,4 +624,6 @@ const ca_device_ops cu_device_ops = {
     .host_memory = false,
     .kind = CA_DEVICE_GPU,
     .set_deterministic = cu_set_deterministic,
+    .memcpy_on_stream = cu_memcpy_on_stream,
+    .event_wait_any_thread = cu_event_wait_any_thread,
 };

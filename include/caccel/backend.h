@@ -583,6 +583,18 @@ typedef struct ca_device_ops {
     /* Optional: a backend's own extras by name (as ggml's get_proc_address), NULL when unknown.
      * A function comes back as a data pointer: cast it through uintptr_t. */
     void *(*get_proc)(const char *name);
+
+    /* ---- ABI 3.8 ---- */
+    /* Optional, together (either NULL: the core copies on the current stream with memcpy and waits, and an
+     * asynchronous save's host copy is synchronous). memcpy_on_stream copies on `stream` (one of
+     * stream_create's; NULL: the default stream) and returns without waiting, whatever the kind; the host
+     * side of a device-to-host copy is host_alloc memory. event_wait_any_thread waits on the host until
+     * `event` completed, called from a thread other than the device's own while that one goes on (an
+     * asynchronous save's writer waits so for the copies of its state): it reports the failure of the work
+     * before the event only, never the device's deferred data errors, which stay for its own thread. */
+    ca_status (*memcpy_on_stream)(void *dev, void *dst, const void *src, size_t bytes, ca_copy_kind kind,
+                                  void *stream);
+    ca_status (*event_wait_any_thread)(void *dev, void *event);
 } ca_device_ops;
 
 /* ------------------------------------------------------------- rendezvous */
