@@ -25,6 +25,8 @@ struct ca_meta_src {
     int fd;
     uint64_t size;
     _Atomic uint64_t read;   /* bytes read from it (CACCEL_TEST_ST_REPORT) */
+    void (*tap)(void *ctx, uint64_t off, const void *bytes, size_t len);   /* ca_meta_src_set_tap */
+    void *tap_ctx;
     char path[];
 };
 
@@ -318,6 +320,7 @@ bool ca_meta_from_file(const ca_tensor *t) {
 static ca_status pread_all(ca_meta_src *src, void *dst, size_t len, uint64_t off) {
     ca_status s = ca_st_pread(src->fd, src->path, dst, len, off);
     if (s == CA_OK) atomic_fetch_add(&src->read, (uint64_t)len);
+    if (s == CA_OK && src->tap) src->tap(src->tap_ctx, off, dst, len);
     return s;
 }
 
@@ -418,6 +421,12 @@ ca_status ca_meta_materialize_slice_(ca_tensor *t, const ca_slice *sl) {
 }
 
 ca_status ca_meta_src_open(const ca_st_file *f, ca_meta_src **out) { return src_open(f, out); }
+
+void ca_meta_src_set_tap(ca_meta_src *src, void (*tap)(void *ctx, uint64_t off, const void *bytes, size_t len),
+                         void *ctx) {
+    src->tap = tap;
+    src->tap_ctx = ctx;
+}
 
 ca_status ca_meta_load_entry(ca_tensor *t, const ca_st_file *f, const ca_st_entry *e, ca_meta_src **src) {
     if (ca_tensor_is_meta(t) && ca_init_empty_weights_enabled()) return ca_meta_record_file(t, f, e, src);

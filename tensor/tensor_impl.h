@@ -182,6 +182,10 @@ typedef struct ca_slice {
  * reads by byte range without a mapping; released with ca_meta_src_unref, which reports the bytes
  * read under CACCEL_TEST_ST_REPORT ("meta: <path>: <n> of <size> bytes read"). */
 ca_status ca_meta_src_open(const struct ca_st_file *f, ca_meta_src **out);
+/* Every read of src from now on also hands its file offset and the file's bytes to tap(ctx, ...) (a
+ * checksum of what was read: ca_st_parts_add); NULL stops it. Not thread-safe against reads of src. */
+void ca_meta_src_set_tap(ca_meta_src *src, void (*tap)(void *ctx, uint64_t off, const void *bytes, size_t len),
+                         void *ctx);
 /* Slice sl of the tensor of `shape` stored at byte foff of src's file as fdt, into host memory dst
  * (row-major, the slice's shape, dtype dt: fdt itself, or f32 widened from f16/bf16) with pread:
  * one read per run of adjacent elements (a slice of dimension 0 in one block: one read; a column
