@@ -128,6 +128,8 @@ TESTS += tests/test_load_tp.sh
 EXTRA_DIST += tests/test_load_tp.sh
 TESTS += tests/test_load_state_tp.sh
 EXTRA_DIST += tests/test_load_state_tp.sh
+TESTS += tests/test_load_state_kill.sh
+EXTRA_DIST += tests/test_load_state_kill.sh
 # Broken files in the plugin path (truncated, text, not a plugin) are skipped with a warning naming each.
 TESTS += tests/test_plugin_files.sh
 EXTRA_DIST += tests/test_plugin_files.sh
