@@ -551,10 +551,11 @@ ca_status ca_save_model(ca_accelerator *acc, ca_module *model, const char *dir, 
     return tp_whole(acc, model, dir, save_model_whole, max_shard_size);
 }
 
-static const void *ck_data_of(void *ctx, const char *name) {
+static const float *ck_data_of(void *ctx, const ca_zero_seg *sg) {
     const ck_src *src = ctx;
+    const char *name = ca_tensor_name(sg->param);
     for (int i = 0; i < src->n; i++)
-        if (!strcmp(src->entry[i]->name, name)) return ca_st_data(src->file_of[i], src->entry[i]);
+        if (!strcmp(src->entry[i]->name, name)) return (const float *)ca_st_data(src->file_of[i], src->entry[i]) + sg->poff;
     return NULL;
 }
 
@@ -849,8 +850,54 @@ static ca_status load_tp_slices(ca_accelerator *acc, ca_module *model, const cha
     return s;
 }
 
+static const float *tp_seg_data(void *ctx, const ca_zero_seg *sg) {
+    const ca_accelerator *acc = ((void **)ctx)[0];
+    float *const *buf = ((void **)ctx)[1];
+    return buf[sg - acc->zero.segs];
+}
+
+/* A model prepared at stage 3 beside tensor parallelism (FULL_SHARD over dp_shard_size, tp_size > 1),
+ * fsdp_cpu_ram_efficient_loading true: each rank reads, with pread, only its shard's part of its tp slice
+ * of every parameter (stage 3's segments: a range of the tp-local parameter's elements; of a replicated
+ * one, of the whole) into host buffers of the segments' sizes; the ranks agree; then the buffers go into
+ * the shard. Nothing is gathered: no rank holds a whole layer, nor its whole slice. */
+static ca_status load_tp_shard(ca_accelerator *acc, ca_module *model, const char *where) {
+    const ca_zero *z = &acc->zero;
+    ck_src src = {0};
+    ca_status s = ck_src_open(where, &src);
+    if (s == CA_OK) s = ck_validate(&src, model, where, acc);
+    float **buf = calloc((size_t)z->nsegs + 1, sizeof *buf);
+    ca_meta_src **fs = calloc((size_t)src.nfiles + 1, sizeof *fs);
+    if (s == CA_OK && (!buf || !fs)) s = ca_error(CA_ERR_NOMEM, "load_model: out of host memory (rank %d)", acc->rank);
+    for (int k = 0; s == CA_OK && k < z->nsegs; k++) {
+        const ca_zero_seg *sg = &z->segs[k];
+        const ca_st_entry *e = NULL;
+        ca_st_file *f = ck_file_of(&src, ca_tensor_name(sg->param), &e);
+        if (!f) {
+            s = ca_error(CA_ERR_INTERNAL, "load_model: no tensor for parameter %s", ca_tensor_name(sg->param));
+            break;
+        }
+        ca_meta_src **m = &fs[f - src.files];
+        s = *m ? CA_OK : ca_meta_src_open(f, m);
+        if (s == CA_OK && !(buf[k] = malloc((size_t)sg->n * sizeof(float) + 1)))
+            s = ca_error(CA_ERR_NOMEM, "load_model: out of host memory for '%s' (rank %d)", e->name, acc->rank);
+        if (s == CA_OK) s = ca_tp_read_entry(acc, *m, f, e, sg->param, sg->poff, sg->n, buf[k], NULL);
+    }
+    s = ca_agree_file_reads(acc, s, "load_model", "shards of their tp slices");
+    void *ctx[2] = {acc, buf};
+    if (s == CA_OK) s = ca_zero3_load_shard(acc, tp_seg_data, ctx);
+    for (int k = 0; buf && k < z->nsegs; k++) free(buf[k]);
+    for (int i = 0; fs && i < src.nfiles; i++) ca_meta_src_unref(fs[i]);
+    free(buf);
+    free(fs);
+    ck_src_free(&src);
+    return s;
+}
+
 ca_status ca_load_model(ca_accelerator *acc, ca_module *model, const char *dir_or_file) {
     if (!model || !dir_or_file) return ca_error(CA_ERR_INVALID, "load_model: model and a path are required");
+    if (acc && acc->model == model && ca_tp_reads_slices(acc) && ca_zero3_shard_loads_lean(acc))
+        return load_tp_shard(acc, model, dir_or_file);
     if (tp_reads_slices(acc, model)) return load_tp_slices(acc, model, dir_or_file);
     return tp_whole(acc, model, dir_or_file, load_model_whole, 0);
 }

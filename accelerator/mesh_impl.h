@@ -97,7 +97,8 @@ ca_status ca_tp_split_of(const ca_accelerator *acc, ca_module *model, const ca_t
  * holds for parameter p of the prepared model: p's, a split one's dimension tp times this rank's slice
  * (acc NULL: p's). ca_tp_read_entry: this rank's tp slice of tensor e of file f (a split parameter p of
  * the prepared model, or the state of one) or e whole (p replicated), read with pread through src into
- * buf (p's size), e's dtype kept; parts non-NULL: the bytes read are added to the chunks' sums where this
+ * buf, e's dtype kept: its elements [start, start + count) in the slice's order (count -1: all, p's
+ * size; a stage-3 shard's part of the slice); parts non-NULL: the bytes read are added to the chunks' sums where this
  * rank is the one to hash them (its slices; tp rank 0 the replicated tensors). ca_tp_verify_parts:
  * collective over tp, every rank with the same n files (their parts: NULL for a file without chunk sums,
  * verified whole here): the chunks of each file verified from the tp group's sums (one all-gather); a
@@ -122,7 +123,8 @@ ca_status ca_tp_file_read(ca_accelerator *acc, struct ca_st_file *f,
 void ca_tp_file_free(ca_tp_file *t);   /* accepts a zeroed one */
 
 ca_status ca_tp_read_entry(ca_accelerator *acc, ca_meta_src *src, const struct ca_st_file *f,
-                           const struct ca_st_entry *e, const ca_tensor *p, void *buf, struct ca_st_parts *parts);
+                           const struct ca_st_entry *e, const ca_tensor *p, int64_t start, int64_t count, void *buf,
+                           struct ca_st_parts *parts);
 ca_status ca_tp_verify_parts(ca_accelerator *acc, struct ca_st_file *const *files, struct ca_st_parts *const *parts, int n);
 /* The accelerator goes: its tensor-parallel modules can no longer run (their communicator is gone). */
 void ca_tp_release(ca_accelerator *acc);

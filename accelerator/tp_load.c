@@ -15,24 +15,35 @@ void ca_tp_file_shape(const ca_accelerator *acc, const ca_tensor *p, int64_t *sh
     if (dim >= 0) shape[dim] *= acc->mesh->shape.size[CA_MESH_TP];
 }
 
+/* The part of tensor e that this rank keeps of parameter p: its tp slice of a split one (*split), p whole
+ * otherwise. */
+static ca_status tp_slice(ca_accelerator *acc, const ca_st_entry *e, const ca_tensor *p, const int64_t *shape,
+                          ca_slice *sl, bool *split) {
+    *sl = (ca_slice){.dim = 0, .parts = 1, .start = 0, .len = shape[0]};
+    int tp = acc->mesh->shape.size[CA_MESH_TP], r = acc->mesh->coord[CA_MESH_TP];
+    ca_status s = ca_tp_param_split(acc, p, &sl->dim, &sl->parts);
+    *split = s == CA_OK && sl->dim >= 0;
+    if (*split) {
+        sl->len = shape[sl->dim] / sl->parts / tp;
+        sl->start = r * sl->len;
+    } else {
+        sl->dim = 0;
+    }
+    return s == CA_OK ? CA_OK : ca_error_context("tensor '%s'", e->name);
+}
+
 ca_status ca_tp_read_entry(ca_accelerator *acc, ca_meta_src *src, const ca_st_file *f, const ca_st_entry *e,
-                           const ca_tensor *p, void *buf, ca_st_parts *parts) {
+                           const ca_tensor *p, int64_t start, int64_t count, void *buf, ca_st_parts *parts) {
     int64_t one = 1;
     const int64_t *shape = e->ndim ? e->shape : &one;   /* a scalar: one element */
-    ca_slice sl = {.dim = 0, .parts = 1, .start = 0, .len = shape[0]};
-    int tp = acc->mesh->shape.size[CA_MESH_TP], r = acc->mesh->coord[CA_MESH_TP];
-    ca_status s = ca_tp_param_split(acc, p, &sl.dim, &sl.parts);
-    bool split = s == CA_OK && sl.dim >= 0;
-    if (split) {
-        sl.len = shape[sl.dim] / sl.parts / tp;
-        sl.start = r * sl.len;
-    } else {
-        sl.dim = 0;
-    }
+    ca_slice sl;
+    bool split;
+    ca_status s = tp_slice(acc, e, p, shape, &sl, &split);
+    if (count < 0) count = ca_tensor_numel(p);
     /* the chunks' sums: each rank its slices, tp rank 0 the replicated tensors (read by every rank) */
-    if (parts && (split || r == 0)) ca_meta_src_set_tap(src, ca_st_parts_add, parts);
-    if (s == CA_OK) s = ca_meta_src_read_slice(src, f->data_start + e->begin, e->dtype, e->dtype, e->ndim ? e->ndim : 1,
-                                               shape, &sl, buf);
+    if (parts && (split || acc->mesh->coord[CA_MESH_TP] == 0)) ca_meta_src_set_tap(src, ca_st_parts_add, parts);
+    if (s == CA_OK) s = ca_meta_src_read_slice_range(src, f->data_start + e->begin, e->dtype, e->dtype,
+                                                     e->ndim ? e->ndim : 1, shape, &sl, start, count, buf);
     ca_meta_src_set_tap(src, NULL, NULL);
     return s == CA_OK ? CA_OK : ca_error_context("%s: tensor '%s' (rank %d)", f->path, e->name, acc->rank);
 }
@@ -51,7 +62,7 @@ ca_status ca_tp_file_read(ca_accelerator *acc, ca_st_file *f, const ca_tensor *(
         size_t bytes = (size_t)ca_tensor_numel(p) * ca_dtype_size(e->dtype);
         if (!(out->buf[j] = malloc(bytes + 1)))
             s = ca_error(CA_ERR_NOMEM, "load: out of host memory for '%s' (rank %d)", e->name, acc->rank);
-        if (s == CA_OK) s = ca_tp_read_entry(acc, out->src, f, e, p, out->buf[j], out->parts);
+        if (s == CA_OK) s = ca_tp_read_entry(acc, out->src, f, e, p, 0, -1, out->buf[j], out->parts);
     }
     return s;
 }

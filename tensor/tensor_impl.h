@@ -192,6 +192,11 @@ void ca_meta_src_set_tap(ca_meta_src *src, void (*tap)(void *ctx, uint64_t off, 
  * block: one per row). A file shorter than when it was checked is CA_ERR_IO naming it. */
 ca_status ca_meta_src_read_slice(ca_meta_src *src, uint64_t foff, ca_dtype fdt, ca_dtype dt, int ndim,
                                  const int64_t *shape, const ca_slice *sl, void *dst);
+/* Elements [start, start + count) of slice sl (in the slice's row-major order) read as
+ * ca_meta_src_read_slice reads the whole slice: only their bytes (a shard of a tp slice). */
+ca_status ca_meta_src_read_slice_range(ca_meta_src *src, uint64_t foff, ca_dtype fdt, ca_dtype dt, int ndim,
+                                       const int64_t *shape, const ca_slice *sl, int64_t start, int64_t count,
+                                       void *dst);
 /* Meta tensor t, whose values a deferred load reads from a file, gets memory for slice sl alone and
  * those bytes of the file (ca_meta_src_read_slice), its dimension sl->dim now sl->len * sl->parts long:
  * ca_tensor_materialize_ then ca_tensor_narrow_ without the whole tensor. A tensor made by its
