@@ -8,7 +8,8 @@
 # of the split tensors plus the replicated ones and at most that plus 4 KB per tensor, every byte of
 # both files is verified (the tp group's sums of each chunk together), and no file's mapping holds more
 # than its header's chunks; each rank's state (its slices, their AdamW moments, the step, the lr, the
-# scaler, the generator) equals the saved one bit for bit; the model loaded (gathered) equals one
+# scaler, the generator) equals the saved one and the gathering load's (fsdp_cpu_ram_efficient_loading
+# false) bit for bit; the model loaded (gathered) equals one
 # process's full read of the checkpoint bit for bit, and 2 more steps equal 4 uninterrupted ones. A
 # byte changed in one rank's slice fails the load on every rank, naming the file and the chunk, and
 # leaves every rank's state as it was.
@@ -71,6 +72,13 @@ for B in $backends; do
                 { cat "$WORK/o"; fail "$case: rank $r's state after the load is not the one saved"; }
         done
         digest "$WORK/o" > "$WORK/dtp"
+        note "$case: the gathering load (fsdp_cpu_ram_efficient_loading false) gives the same state"
+        FSDP_CPU_RAM_EFFICIENT_LOADING=false run "$P" "$B" "$mesh" --steps 0 --load-state "$WORK/ck" --state-digest \
+            > "$WORK/g" 2>&1 || { cat "$WORK/g"; fail "$case: gathering load"; }
+        for r in $(seq 0 $((P - 1))); do
+            [ "$(field "$r" state_fnv "$WORK/g")" = "$(field "$r" state_fnv "$WORK/o")" ] ||
+                { cat "$WORK/g"; fail "$case: rank $r's state differs between the slice reads and the gathering load"; }
+        done
         [ "$(wc -l < "$WORK/dtp")" = 1 ] || { cat "$WORK/o"; fail "$case: the ranks' models differ"; }
         if [ "$P" = 2 ]; then
             note "$case: one process's full read of the checkpoint gives the same model"
