@@ -14,16 +14,8 @@
 # byte changed in one rank's slice fails the load on every rank, naming the file and the chunk, and
 # leaves every rank's state as it was.
 . "$(dirname "$0")/dist/lib.sh"
-need_caccel
-DDP="$BUILD/tests/ddp_check"
-export OPENBLAS_NUM_THREADS=1 ACCELERATE_USE_CPU=true
-LAUNCH_FLAGS=""   # ACCELERATE_USE_CPU chooses the device
-train_backends
-H=256
-# f32 elements split over tp (fc1 8H + H, h0 H*H, h1 H*H + H, fc2 3H) and replicated (h0's, fc2's biases)
-split=$((8 * H + H + H * H + H * H + H + 3 * H)) repl=$((H + 3)) tensors=8
+. "$(dirname "$0")/load_tp_model.sh"
 field() { sed -n "s/^rank=$1 $2=\([0-9a-f]*\).*/\1/p" "$3"; }   # field RANK NAME FILE
-digest() { sed -n 's/^rank=[0-9]* params_fnv=\([0-9a-f]*\).*/\1/p' "$1" | sort -u; }
 run() {   # run NP BACKEND MESH ARGS...
     rn=$1 rb=$2 rm=$3; shift 3
     # shellcheck disable=SC2086

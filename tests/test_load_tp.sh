@@ -13,16 +13,7 @@
 # the other says another rank failed; a file cut short before ca_load_model after ca_prepare is refused
 # by every rank, naming it, and changes neither rank's model.
 . "$(dirname "$0")/dist/lib.sh"
-need_caccel
-DDP="$BUILD/tests/ddp_check"
-export OPENBLAS_NUM_THREADS=1 ACCELERATE_USE_CPU=true
-LAUNCH_FLAGS=""   # ACCELERATE_USE_CPU chooses the device
-train_backends
-H=256
-# the model's f32 elements: split over tp (fc1 8H + H, h0 H*H, h1 H*H + H, fc2 3H) and replicated (h0's
-# and fc2's biases: a rowwise layer's bias is whole)
-split=$((8 * H + H + H * H + H * H + H + 3 * H)) repl=$((H + 3)) tensors=8
-digest() { sed -n 's/^rank=[0-9]* params_fnv=\([0-9a-f]*\).*/\1/p' "$1" | sort -u; }
+. "$(dirname "$0")/load_tp_model.sh"
 # run NP BACKEND MESH ARGS...: ddp_check on NP ranks with the mesh flags MESH
 run() {
     np=$1 be=$2 mesh=$3; shift 3
