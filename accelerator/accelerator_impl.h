@@ -280,14 +280,19 @@ void ca_zero3_release_all(ca_accelerator *acc);
 /* Gathers every unit (on) or writes this rank's segments back into pshard and releases (off). */
 ca_status ca_zero3_summon(ca_accelerator *acc, bool on);
 /* Model files into a stage-3 model without gathering it (fsdp_cpu_ram_efficient_loading): each rank
- * copies only the slices of its shard, data_of(ctx, name) giving a parameter's f32 values in host
- * memory (the file's bytes; mapped, only the pages of those slices are read). */
-ca_status ca_zero3_load_shard(ca_accelerator *acc, const void *(*data_of)(void *ctx, const char *name), void *ctx);
+ * copies only the slices of its shard, seg_data(ctx, sg) giving the sg->n f32 values of segment sg in
+ * host memory (the file's bytes from sg->poff of the parameter's; mapped, only the pages of those
+ * slices are read; or a buffer they were read into). */
+ca_status ca_zero3_load_shard(ca_accelerator *acc, const float *(*seg_data)(void *ctx, const ca_zero_seg *sg),
+                              void *ctx);
 /* Whether a load into acc's model copies into the shard without gathering (above, and load_state):
  * a model prepared at stage 3, not summoned, with fsdp_cpu_ram_efficient_loading true (the default,
  * as in Accelerate). False: the parameters are gathered whole on every rank, loaded, and the shard
  * taken from them. */
 bool ca_zero3_loads_lean(const ca_accelerator *acc);
+/* The same whatever the mesh: beside tensor parallelism (FULL_SHARD over dp_shard, tp_size > 1) the shard
+ * is of each rank's tp slices, and ca_load_model reads only its shard's part of them (checkpoint.c). */
+bool ca_zero3_shard_loads_lean(const ca_accelerator *acc);
 /* Every rank's status of reading its part of a deferred load's files (collective): s where this rank
  * failed, else CA_ERR_PEER "<who>: N other rank(s) failed to read their <part> of the model's files"
  * where another did. */

@@ -376,21 +376,13 @@ static void ck_shape_str(char *buf, size_t len, int ndim, const int64_t *shape) 
     if (o < len) snprintf(buf + o, len - o, "]");
 }
 
-/* The shape the file holds for parameter p: p's, or under tensor parallelism (tp non-NULL) a split
- * parameter's whole shape, its split dimension tp times this rank's slice. */
-static void ck_file_shape(const ca_accelerator *tp, const ca_tensor *p, int64_t *shape) {
-    memcpy(shape, ca_tensor_shape(p), (size_t)ca_tensor_ndim(p) * sizeof *shape);
-    int dim = tp ? ca_tp_split_dim(tp, p) : -1;
-    if (dim >= 0) shape[dim] *= tp->mesh->shape.size[CA_MESH_TP];
-}
-
 static ca_status ck_check_one(const ca_st_file *f, const ca_st_entry *e, const ca_tensor *p, const ca_accelerator *tp) {
     if (e->dtype != ca_tensor_dtype(p))
         return ca_error(CA_ERR_INVALID, "%s: tensor '%s': dtype %s in the file, %s in the model",
                         f->path, e->name, ca_st_dtype_name(e->dtype),
                         ca_st_dtype_name(ca_tensor_dtype(p)));
     int64_t shape[CA_MAX_DIMS];
-    ck_file_shape(tp, p, shape);
+    ca_tp_file_shape(tp, p, shape);   /* under tensor parallelism (tp non-NULL) a split one's whole shape */
     bool same = e->ndim == ca_tensor_ndim(p);
     for (int d = 0; same && d < e->ndim; d++) same = e->shape[d] == shape[d];
     if (same) return CA_OK;
@@ -426,6 +418,7 @@ static ca_status ck_validate(const ck_src *src, ca_module *model, const char *wh
 /* The model files at `where`, opened and checked against `model` (nothing written yet). */
 struct ca_ck_model_src {
     ck_src src;
+    ca_tp_file *tp;              /* ca_ck_model_read_tp: each file's tensors as this rank's slices */
 };
 
 ca_status ca_ck_model_open(const char *where, ca_module *model, ca_ck_model_src **out) {
@@ -440,7 +433,7 @@ ca_status ca_ck_model_open(const char *where, ca_module *model, ca_ck_model_src 
     return s;
 }
 
-ca_status ca_ck_model_adopt(ca_st_file *f, ca_module *model, ca_ck_model_src **out) {
+ca_status ca_ck_model_adopt(ca_st_file *f, ca_module *model, const ca_accelerator *tp, ca_ck_model_src **out) {
     *out = calloc(1, sizeof **out);
     if (!*out) {
         ca_st_close(f);
@@ -450,7 +443,7 @@ ca_status ca_ck_model_adopt(ca_st_file *f, ca_module *model, ca_ck_model_src **o
     snprintf(where, sizeof where, "%s", f->path);
     ca_status s = ck_src_single_file(where, f, &(*out)->src);
     ca_st_close(f);   /* taken on success (left empty); closed on a failed allocation */
-    if (s == CA_OK) s = ck_validate(&(*out)->src, model, where, NULL);
+    if (s == CA_OK) s = ck_validate(&(*out)->src, model, where, tp);
     if (s != CA_OK) {
         ca_ck_model_close(*out);
         *out = NULL;
@@ -465,15 +458,36 @@ ca_status ca_ck_model_apply(const ca_ck_model_src *m, ca_module *model) {
         const ca_st_entry *e = src->entry[i];
         ca_tensor *p = ca_module_param(model, e->name);
         if (ca_tensor_is_meta(p)) s = ca_meta_allocate(p);   /* a meta model: memory, not its init */
-        if (s == CA_OK) s = ca_tensor_copy_from_host(p, ca_st_data(src->file_of[i], e),
-                                     (size_t)(e->end - e->begin));
+        const ca_st_file *f = src->file_of[i];
+        if (s == CA_OK && m->tp)   /* read already */
+            s = ca_tensor_copy_from_host(p, m->tp[f - src->files].buf[e - f->entries], ca_tensor_nbytes(p));
+        else if (s == CA_OK) s = ca_tensor_copy_from_host(p, ca_st_data(src->file_of[i], e), (size_t)(e->end - e->begin));
+        p->version++;
         if (s != CA_OK) ca_error_context("%s: tensor '%s'", src->file_of[i]->path, e->name);
     }
     return s;
 }
 
+static const ca_tensor *ck_param_of(void *model, const char *name) { return ca_module_param(model, name); }
+
+ca_status ca_ck_model_read_tp(ca_accelerator *acc, ca_ck_model_src *m, bool sums) {
+    m->tp = calloc((size_t)m->src.nfiles + 1, sizeof *m->tp);
+    ca_status s = m->tp ? CA_OK : ca_error(CA_ERR_NOMEM, "load: out of host memory (rank %d)", acc->rank);
+    for (int k = 0; s == CA_OK && k < m->src.nfiles; k++)
+        s = ca_tp_file_read(acc, &m->src.files[k], ck_param_of, acc->model, sums, &m->tp[k]);
+    return s;
+}
+
+ca_st_file *ca_ck_model_file(ca_ck_model_src *m, int i, struct ca_st_parts **parts) {
+    if (!m || i >= m->src.nfiles) return NULL;
+    *parts = m->tp ? m->tp[i].parts : NULL;
+    return &m->src.files[i];
+}
+
 void ca_ck_model_close(ca_ck_model_src *m) {
     if (!m) return;
+    for (int k = 0; m->tp && k < m->src.nfiles; k++) ca_tp_file_free(&m->tp[k]);
+    free(m->tp);
     ck_src_free(&m->src);
     free(m);
 }
@@ -538,10 +552,11 @@ ca_status ca_save_model(ca_accelerator *acc, ca_module *model, const char *dir, 
     return tp_whole(acc, model, dir, save_model_whole, max_shard_size);
 }
 
-static const void *ck_data_of(void *ctx, const char *name) {
+static const float *ck_data_of(void *ctx, const ca_zero_seg *sg) {
     const ck_src *src = ctx;
+    const char *name = ca_tensor_name(sg->param);
     for (int i = 0; i < src->n; i++)
-        if (!strcmp(src->entry[i]->name, name)) return ca_st_data(src->file_of[i], src->entry[i]);
+        if (!strcmp(src->entry[i]->name, name)) return (const float *)ca_st_data(src->file_of[i], src->entry[i]) + sg->poff;
     return NULL;
 }
 
@@ -820,24 +835,6 @@ static bool tp_reads_slices(const ca_accelerator *acc, const ca_module *model) {
     return acc && acc->model == model && ca_tp_reads_slices(acc) && !(ops && ops->params_sharded && ops->params_sharded(acc));
 }
 
-/* Tensor entry e of file f into buf: this rank's tp slice of a split parameter p, or p whole. */
-static ca_status tp_read_entry(ca_accelerator *acc, ca_module *model, ca_meta_src *fs, const ca_st_file *f,
-                               const ca_st_entry *e, const ca_tensor *p, void *buf) {
-    int64_t one = 1;
-    const int64_t *shape = e->ndim ? e->shape : &one;   /* a scalar: one element */
-    ca_slice sl = {.dim = 0, .parts = 1, .start = 0, .len = shape[0]};
-    ca_status s = CA_OK;
-    if (ca_tp_is_split(acc, p)) {
-        int tp = acc->mesh->shape.size[CA_MESH_TP], r = acc->mesh->coord[CA_MESH_TP];
-        s = ca_tp_split_of(acc, model, p, e->name, &sl.dim, &sl.parts);
-        sl.len = shape[sl.dim] / sl.parts / tp;
-        sl.start = r * sl.len;
-    }
-    if (s == CA_OK) s = ca_meta_src_read_slice(fs, f->data_start + e->begin, e->dtype, e->dtype, e->ndim ? e->ndim : 1,
-                                               shape, &sl, buf);
-    return s == CA_OK ? CA_OK : ca_error_context("%s: tensor '%s' (rank %d)", f->path, e->name, acc->rank);
-}
-
 /* Under tensor parallelism each rank reads, with pread, its slice of every split parameter (a colwise
  * layer's rows: one range; a rowwise layer's column block: one range a row) and the replicated ones
  * whole, into host buffers of those sizes; nothing is written until every rank has read its part (one
@@ -847,36 +844,61 @@ static ca_status load_tp_slices(ca_accelerator *acc, ca_module *model, const cha
     ca_ck_model_src *m = calloc(1, sizeof *m);
     ca_status s = m ? ck_src_open(where, &m->src) : ca_error(CA_ERR_NOMEM, "load_model: out of memory");
     if (s == CA_OK) s = ck_validate(&m->src, model, where, acc);
-    int n = s == CA_OK ? m->src.n : 0;
-    void **buf = calloc((size_t)n + 1, sizeof *buf);
-    ca_meta_src **fs = calloc((size_t)(s == CA_OK ? m->src.nfiles : 0) + 1, sizeof *fs);
-    if (s == CA_OK && (!buf || !fs)) s = ca_error(CA_ERR_NOMEM, "load_model: out of host memory (rank %d)", acc->rank);
-    for (int i = 0; s == CA_OK && i < n; i++) {
-        const ca_st_file *f = m->src.file_of[i];
-        ca_meta_src **src = &fs[f - m->src.files];
-        ca_tensor *p = ca_module_param(model, m->src.entry[i]->name);
-        s = *src ? CA_OK : ca_meta_src_open(f, src);
-        if (s == CA_OK && !(buf[i] = malloc(ca_tensor_nbytes(p) + 1)))
-            s = ca_error(CA_ERR_NOMEM, "load_model: out of host memory for '%s' (rank %d)", m->src.entry[i]->name,
-                         acc->rank);
-        if (s == CA_OK) s = tp_read_entry(acc, model, *src, f, m->src.entry[i], p, buf[i]);
-    }
+    if (s == CA_OK) s = ca_ck_model_read_tp(acc, m, false);
     s = ca_agree_file_reads(acc, s, "load_model", "tp slices");
-    for (int i = 0; s == CA_OK && i < n; i++) {
-        ca_tensor *p = ca_module_param(model, m->src.entry[i]->name);
-        s = ca_tensor_copy_from_host(p, buf[i], ca_tensor_nbytes(p));
-        p->version++;
+    if (s == CA_OK) s = ca_ck_model_apply(m, model);
+    ca_ck_model_close(m);
+    return s;
+}
+
+static const float *tp_seg_data(void *ctx, const ca_zero_seg *sg) {
+    const ca_accelerator *acc = ((void **)ctx)[0];
+    float *const *buf = ((void **)ctx)[1];
+    return buf[sg - acc->zero.segs];
+}
+
+/* A model prepared at stage 3 beside tensor parallelism (FULL_SHARD over dp_shard_size, tp_size > 1),
+ * fsdp_cpu_ram_efficient_loading true: each rank reads, with pread, only its shard's part of its tp slice
+ * of every parameter (stage 3's segments: a range of the tp-local parameter's elements; of a replicated
+ * one, of the whole) into host buffers of the segments' sizes; the ranks agree; then the buffers go into
+ * the shard. Nothing is gathered: no rank holds a whole layer, nor its whole slice. */
+static ca_status load_tp_shard(ca_accelerator *acc, ca_module *model, const char *where) {
+    const ca_zero *z = &acc->zero;
+    ck_src src = {0};
+    ca_status s = ck_src_open(where, &src);
+    if (s == CA_OK) s = ck_validate(&src, model, where, acc);
+    float **buf = calloc((size_t)z->nsegs + 1, sizeof *buf);
+    ca_meta_src **fs = calloc((size_t)src.nfiles + 1, sizeof *fs);
+    if (s == CA_OK && (!buf || !fs)) s = ca_error(CA_ERR_NOMEM, "load_model: out of host memory (rank %d)", acc->rank);
+    for (int k = 0; s == CA_OK && k < z->nsegs; k++) {
+        const ca_zero_seg *sg = &z->segs[k];
+        const ca_st_entry *e = NULL;
+        ca_st_file *f = ck_file_of(&src, ca_tensor_name(sg->param), &e);
+        if (!f) {
+            s = ca_error(CA_ERR_INTERNAL, "load_model: no tensor for parameter %s", ca_tensor_name(sg->param));
+            break;
+        }
+        ca_meta_src **m = &fs[f - src.files];
+        s = *m ? CA_OK : ca_meta_src_open(f, m);
+        if (s == CA_OK && !(buf[k] = malloc((size_t)sg->n * sizeof(float) + 1)))
+            s = ca_error(CA_ERR_NOMEM, "load_model: out of host memory for '%s' (rank %d)", e->name, acc->rank);
+        if (s == CA_OK) s = ca_tp_read_entry(acc, *m, f, e, sg->param, sg->poff, sg->n, buf[k], NULL);
     }
-    for (int i = 0; i < n; i++) free(buf[i]);
-    for (int i = 0; fs && m && i < m->src.nfiles; i++) ca_meta_src_unref(fs[i]);
+    s = ca_agree_file_reads(acc, s, "load_model", "shards of their tp slices");
+    void *ctx[2] = {acc, buf};
+    if (s == CA_OK) s = ca_zero3_load_shard(acc, tp_seg_data, ctx);
+    for (int k = 0; buf && k < z->nsegs; k++) free(buf[k]);
+    for (int i = 0; fs && i < src.nfiles; i++) ca_meta_src_unref(fs[i]);
     free(buf);
     free(fs);
-    ca_ck_model_close(m);
+    ck_src_free(&src);
     return s;
 }
 
 ca_status ca_load_model(ca_accelerator *acc, ca_module *model, const char *dir_or_file) {
     if (!model || !dir_or_file) return ca_error(CA_ERR_INVALID, "load_model: model and a path are required");
+    if (acc && acc->model == model && ca_tp_reads_slices(acc) && ca_zero3_shard_loads_lean(acc))
+        return load_tp_shard(acc, model, dir_or_file);
     if (tp_reads_slices(acc, model)) return load_tp_slices(acc, model, dir_or_file);
     return tp_whole(acc, model, dir_or_file, load_model_whole, 0);
 }

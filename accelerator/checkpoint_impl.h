@@ -17,12 +17,23 @@ ca_status ca_ck_save_model_files(ca_module *model, const char *dir, size_t max_s
  * `model` (names, dtypes, shapes, none missing or extra) without writing anything. */
 typedef struct ca_ck_model_src ca_ck_model_src;
 ca_status ca_ck_model_open(const char *where, ca_module *model, ca_ck_model_src **out);
-/* Copies the checked tensors into the model's parameters. */
+/* Copies the checked tensors into the model's parameters (ca_ck_model_read_tp's buffers where it read). */
 ca_status ca_ck_model_apply(const ca_ck_model_src *m, ca_module *model);
 /* ca_ck_model_open for one safetensors file already opened (load_state maps and verifies it once):
  * the file is taken (*f is left empty, and closed on failure). */
 struct ca_st_file;
-ca_status ca_ck_model_adopt(struct ca_st_file *f, ca_module *model, ca_ck_model_src **out);
+struct ca_st_parts;
+struct ca_accelerator;
+/* tp non-NULL: a model prepared under tensor parallelism, whose split parameters the file holds whole. */
+ca_status ca_ck_model_adopt(struct ca_st_file *f, ca_module *model, const struct ca_accelerator *tp,
+                            ca_ck_model_src **out);
+/* Under tensor parallelism (acc's prepared model, checked with ca_ck_model_adopt's tp): this rank's tp
+ * slice of every tensor (replicated ones whole) read with pread into host buffers m keeps, which
+ * ca_ck_model_apply then copies; sums: the bytes read are hashed for the chunks' sums
+ * (ca_tp_verify_parts). No collective. ca_ck_model_file: m's file i (NULL past the last) and its sums'
+ * parts (NULL: none). */
+ca_status ca_ck_model_read_tp(struct ca_accelerator *acc, ca_ck_model_src *m, bool sums);
+struct ca_st_file *ca_ck_model_file(ca_ck_model_src *m, int i, struct ca_st_parts **parts);
 void ca_ck_model_close(ca_ck_model_src *m);    /* accepts NULL */
 /* A model prepared at stage 3 (ca_zero3_loads_lean): verify_shard verifies, against the sums the
  * files were opened with, only the byte ranges of the slices this rank's shard keeps (each chunk

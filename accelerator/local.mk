@@ -37,6 +37,7 @@ libcaccel_la_SOURCES += \
 	accelerator/cp.c \
 	accelerator/cp_ring.c \
 	accelerator/tp_state.c \
+	accelerator/tp_load.c \
 	accelerator/tp_seq.c \
 	accelerator/autocast.c \
 	accelerator/batch_size.c \

@@ -93,6 +93,39 @@ bool ca_tp_reads_slices(const ca_accelerator *acc);
  * full-state checkpoint is CA_ERR_UNSUPPORTED naming the parameter. */
 ca_status ca_tp_split_of(const ca_accelerator *acc, ca_module *model, const ca_tensor *p, const char *name, int *dim,
                          int *parts);
+/* Loads by byte range under tensor parallelism (tp_load.c). ca_tp_file_shape: the shape a checkpoint
+ * holds for parameter p of the prepared model: p's, a split one's dimension tp times this rank's slice
+ * (acc NULL: p's). ca_tp_read_entry: this rank's tp slice of tensor e of file f (a split parameter p of
+ * the prepared model, or the state of one) or e whole (p replicated), read with pread through src into
+ * buf, e's dtype kept: its elements [start, start + count) in the slice's order (count -1: all, p's
+ * size; a stage-3 shard's part of the slice); parts non-NULL: the bytes read are added to the chunks' sums where this
+ * rank is the one to hash them (its slices; tp rank 0 the replicated tensors). ca_tp_verify_parts:
+ * collective over tp, every rank with the same n files (their parts: NULL for a file without chunk sums,
+ * verified whole here): the chunks of each file verified from the tp group's sums (one all-gather); a
+ * corrupt chunk is the same CA_ERR_IO on every rank of the group, naming the file and the chunk. */
+struct ca_st_file;
+struct ca_st_entry;
+struct ca_st_parts;
+void ca_tp_file_shape(const ca_accelerator *acc, const ca_tensor *p, int64_t *shape);
+/* ca_tp_file_read: every tensor of file f read as this rank's part (ca_tp_read_entry) into out's buffers,
+ * by entry index; param_of(ctx, name) gives the parameter of the prepared model whose split the tensor
+ * follows (the parameter of a state tensor), NULL for none (CA_ERR_INTERNAL: callers check the names
+ * first); sums: with the chunks' sums (out->parts, NULL where f has no chunk sums). No collective. */
+typedef struct ca_tp_file {
+    ca_meta_src *src;
+    struct ca_st_parts *parts;
+    void **buf;
+    int n;
+} ca_tp_file;
+ca_status ca_tp_file_read(ca_accelerator *acc, struct ca_st_file *f,
+                          const ca_tensor *(*param_of)(void *ctx, const char *name), void *ctx, bool sums,
+                          ca_tp_file *out);
+void ca_tp_file_free(ca_tp_file *t);   /* accepts a zeroed one */
+
+ca_status ca_tp_read_entry(ca_accelerator *acc, ca_meta_src *src, const struct ca_st_file *f,
+                           const struct ca_st_entry *e, const ca_tensor *p, int64_t start, int64_t count, void *buf,
+                           struct ca_st_parts *parts);
+ca_status ca_tp_verify_parts(ca_accelerator *acc, struct ca_st_file *const *files, struct ca_st_parts *const *parts, int n);
 /* The accelerator goes: its tensor-parallel modules can no longer run (their communicator is gone). */
 void ca_tp_release(ca_accelerator *acc);
 

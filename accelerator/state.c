@@ -1281,12 +1281,17 @@ typedef struct ss_loaded {
     bool opt_lean;                     /* ZeRO, any stage: only this rank's slices of the optimizer
                                         * state, read into its shard's host buffers (no full state) */
     bool model0, opts0;                /* the model file, the optimizers' files: read by rank 0 alone */
+    bool tp;                           /* ss_tp_reads: this rank's tp slices of the model and optimizer
+                                        * files, read by byte range (tp_load.c) */
+    ca_tp_file *otp;                   /* [nopts] with tp: each optimizer file's slices */
 } ss_loaded;
 
 static void ss_loaded_free(ss_loaded *L) {
     ca_ck_model_close(L->model);
     for (int i = 0; L->opts && i < L->nopts; i++) ca_st_close(&L->opts[i]);
+    for (int i = 0; L->otp && i < L->nopts; i++) ca_tp_file_free(&L->otp[i]);
     free(L->opts);
+    free(L->otp);
     for (int i = 0; L->custom && i < L->ncustom; i++) free(L->custom[i]);
     free(L->custom);
     free(L->custom_len);
@@ -1441,8 +1446,9 @@ ca_status ca_state_check_files(const char *who, const char *dir) {
 }
 
 /* f against o's state as ca_optimizer_init_state would make it (names, f32, the parameters'
- * shapes), without making it: a sharded run reads only its slices. */
-static ca_status ss_check_opt_tensors(ca_optimizer *o, const ca_st_file *f) {
+ * shapes; tp non-NULL: a split one's whole shape), without making it: a sharded run reads only its
+ * slices. */
+static ca_status ss_check_opt_tensors(const ca_accelerator *tp, ca_optimizer *o, const ca_st_file *f) {
     int n = 0;
     while (ca_optimizer_state_param(o, n, NULL, NULL)) n++;
     if (f->n != n)
@@ -1453,8 +1459,10 @@ static ca_status ss_check_opt_tensors(ca_optimizer *o, const ca_st_file *f) {
         const ca_tensor *p = ca_optimizer_state_param(o, i, &name, NULL);
         const ca_st_entry *e = ca_st_find(f, name);
         if (!e) return ca_error(CA_ERR_INVALID, "%s: no tensor '%s' for the optimizer's state", f->path, name);
+        int64_t shape[CA_MAX_DIMS];
+        ca_tp_file_shape(tp, p, shape);   /* tp: a split parameter's state whole in the file */
         bool same = e->dtype == CA_F32 && e->ndim == ca_tensor_ndim(p);
-        for (int d = 0; same && d < e->ndim; d++) same = e->shape[d] == ca_tensor_shape(p)[d];
+        for (int d = 0; same && d < e->ndim; d++) same = e->shape[d] == shape[d];
         if (!same)
             return ca_error(CA_ERR_INVALID, "%s: tensor '%s': %s %lld elements in the file, %s %lld in "
                             "the optimizer", f->path, name, ca_st_dtype_name(e->dtype),
@@ -1715,6 +1723,44 @@ static ca_status ss_shards_listed(const ca_accelerator *acc, const char *dir, co
     return s;
 }
 
+/* The parameter whose state the optimizer file's tensor `name` is (tp: the split it follows). */
+static const ca_tensor *ss_state_param_of(void *o, const char *name) {
+    const char *n = NULL;
+    ca_tensor *p;
+    for (int i = 0; (p = ca_optimizer_state_param(o, i, &n, NULL)) != NULL; i++)
+        if (!strcmp(n, name)) return p;
+    return NULL;
+}
+
+/* Under tensor parallelism over whole-state data parallelism (DDP, one data-parallel rank), each rank
+ * reads its tp slices of model.safetensors and of the optimizer files by byte range and the tp group
+ * verifies their chunks together (ca_tp_verify_parts): nothing is made whole, no rank reads a file whole.
+ * ZeRO's shards of the slices (dp_shard_size) are made from the whole tensors still (with_full_params), and
+ * so is everything with fsdp_cpu_ram_efficient_loading false. */
+static bool ss_tp_reads(const ca_accelerator *acc) {
+    const ca_sync_strategy *ops = acc->sync_ops;
+    if (!acc->model || !ca_tp_reads_slices(acc) || ops->scatter_state || (ops->params_sharded && ops->params_sharded(acc)))
+        return false;
+    bool on = true;   /* false: the tensors made whole and the files read whole, as before */
+    if (ca_config_get_bool(acc->cfg, "fsdp_config.fsdp_cpu_ram_efficient_loading", &on) != CA_OK) ca_clear_error();
+    return on;
+}
+
+/* The chunks of the files the tp slices were read from, verified by the tp group together. Collective
+ * over tp: every rank of the group has read (each one's check passed: ss_exchange before). */
+static ca_status ss_tp_verify(ca_accelerator *acc, ss_loaded *L) {
+    ca_st_file **files = calloc((size_t)L->nopts + 2, sizeof *files);
+    ca_st_parts **parts = calloc((size_t)L->nopts + 2, sizeof *parts);
+    int n = 0;
+    ca_status s = files && parts ? CA_OK : ca_error(CA_ERR_NOMEM, "load_state: out of memory");
+    if (s == CA_OK && L->model) files[n] = ca_ck_model_file(L->model, 0, &parts[n]), n++;
+    for (int i = 0; s == CA_OK && i < L->nopts; i++) files[n] = &L->opts[i], parts[n++] = L->otp[i].parts;
+    if (s == CA_OK) s = ca_tp_verify_parts(acc, files, parts, n);
+    free(files);
+    free(parts);
+    return s;
+}
+
 /* Reads and checks every file of `dir` that this rank needs (those complete.json lists, checked by
  * ss_check_files); applies nothing. sharded: the tensors are in the shard files. */
 static ca_status ss_check_all(ca_accelerator *acc, const char *dir, ss_loaded *L, bool sharded) {
@@ -1725,19 +1771,23 @@ static ca_status ss_check_all(ca_accelerator *acc, const char *dir, ss_loaded *L
     bool others = acc->rank != 0;   /* rank 0 alone reads what it broadcasts (ss_broadcast) */
     if (s == CA_OK && acc->model && !sharded && !(L->model0 && others)) {   /* stage 3: only its shard's slices */
         ca_st_file mf;
-        s = ss_open_listed(L, dir, SS_MODEL, !L->lean, &mf);
-        if (s == CA_OK) s = ca_ck_model_adopt(&mf, acc->model, &L->model);
+        s = ss_open_listed(L, dir, SS_MODEL, !L->lean && !L->tp, &mf);
+        if (s == CA_OK) s = ca_ck_model_adopt(&mf, acc->model, L->tp ? acc : NULL, &L->model);
         if (s == CA_OK && L->lean) s = ca_ck_model_verify_shard(acc, L->model);
+        if (s == CA_OK && L->tp) s = ca_ck_model_read_tp(acc, L->model, true);   /* verified: ss_tp_verify */
     }
     if (s == CA_OK && !(L->opts = calloc((size_t)(acc->nopts ? acc->nopts : 1), sizeof *L->opts)))
+        s = ca_error(CA_ERR_NOMEM, "load_state: out of memory");
+    if (s == CA_OK && L->tp && !(L->otp = calloc((size_t)(acc->nopts ? acc->nopts : 1), sizeof *L->otp)))
         s = ca_error(CA_ERR_NOMEM, "load_state: out of memory");
     /* a sharded run keeps a slice of each optimizer state tensor: only the slices are verified and read */
     L->sliced = !sharded && acc->sync_ops->scatter_state && acc->sync_ops->state_slice && !ss_state_whole_outside(acc);
     for (int i = 0; s == CA_OK && !sharded && !(L->opts0 && others) && i < acc->nopts; i++) {
         ss_opt_name(name, sizeof name, i);
-        s = ss_open_listed(L, dir, name, !L->sliced, &L->opts[i]);
+        s = ss_open_listed(L, dir, name, !L->sliced && !L->tp, &L->opts[i]);
         if (s == CA_OK) L->nopts = i + 1;
-        if (s == CA_OK) s = ss_check_opt_tensors(acc->opts[i], &L->opts[i]);
+        if (s == CA_OK) s = ss_check_opt_tensors(L->tp ? acc : NULL, acc->opts[i], &L->opts[i]);
+        if (s == CA_OK && L->tp) s = ca_tp_file_read(acc, &L->opts[i], ss_state_param_of, acc->opts[i], true, &L->otp[i]);
         if (s == CA_OK && L->sliced && !L->opt_lean) s = ss_verify_opt_slices(acc, acc->opts[i], &L->opts[i]);
         /* lean: the slices read into the shard's host buffers now; the file is done with */
         if (s == CA_OK && L->opt_lean) s = acc->sync_ops->read_state_slices(acc, acc->opts[i], &L->opts[i]);
@@ -1767,7 +1817,7 @@ static ca_status ss_copy_state(const ca_accelerator *acc, const ca_optimizer *o,
 }
 
 static ca_status ss_apply_optimizer(const ca_accelerator *acc, ca_optimizer *o, json_object *jo, ca_st_file *f,
-                                    bool sliced) {
+                                    bool sliced, const ca_tp_file *tp) {
     ss_json j = {f->path ? f->path : SS_STATE, false};
     json_object *groups = js_get(&j, jo, "param_groups", json_type_array), *sched = NULL;
     for (int g = 0; g < o->ngroups; g++) {
@@ -1800,7 +1850,10 @@ static ca_status ss_apply_optimizer(const ca_accelerator *acc, ca_optimizer *o, 
     for (int i = 0; s == CA_OK && i < n; i++) {
         const char *name = NULL;
         ca_tensor *x = ca_optimizer_state_at(o, i, &name);
-        s = ss_copy_state(acc, o, x, f, ca_st_find(f, name), sliced);
+        const ca_st_entry *e = ca_st_find(f, name);
+        if (tp) x->version++;
+        s = tp ? ca_tensor_copy_from_host(x, tp->buf[e - f->entries], ca_tensor_nbytes(x))   /* its tp slice, read */
+               : ss_copy_state(acc, o, x, f, e, sliced);
     }
     /* the step count last: with a schedule it recomputes each group's lr from base_lr, which
      * gives the saved lr again on the same world size */
@@ -1838,7 +1891,8 @@ static ca_status ss_apply(ca_accelerator *acc, ss_loaded *L) {
                                            : ca_ck_model_apply(L->model, acc->model);
     json_object *opts = js_get(&j, st, "optimizers", json_type_array);
     for (int i = 0; s == CA_OK && i < acc->nopts; i++)
-        s = ss_apply_optimizer(acc, acc->opts[i], json_object_array_get_idx(opts, (size_t)i), &L->opts[i], L->sliced);
+        s = ss_apply_optimizer(acc, acc->opts[i], json_object_array_get_idx(opts, (size_t)i), &L->opts[i], L->sliced,
+                               L->otp ? &L->otp[i] : NULL);
     json_object *gs = js_get(&j, st, "grad_scaler", json_type_object);
     if (s == CA_OK) {
         acc->scaler.scale = js_double(&j, gs, "scale");
@@ -1917,12 +1971,13 @@ static ca_status ss_load_dir(ca_accelerator *acc, const char *dir) {
     /* stage 3, lean: of model.safetensors only this rank's shard's slices are read, into its shard;
      * of the optimizer state (every stage: each keeps a shard of it) only this rank's slices */
     L.lean = s == CA_OK && acc->model && !sharded && ca_zero3_loads_lean(acc);
+    L.tp = s == CA_OK && !sharded && ss_tp_reads(acc);   /* each rank its tp slices: nothing broadcast */
     L.opt_lean = s == CA_OK && acc->model && !sharded && ops->read_state_slices && ops->state_lean &&
                  ops->state_lean(acc);
     bool full = s == CA_OK && ops->scatter_state && !sharded && !L.opt_lean && !ss_state_whole_outside(acc);
     /* a model every rank holds whole: rank 0 reads it, and the optimizer state where every rank holds
      * that whole too (DDP; ZeRO stages 1 and 2 read only each rank's slice of it), and broadcasts */
-    L.model0 = s == CA_OK && !sharded && ca_ck_rank0_reads(acc, acc->model);
+    L.model0 = s == CA_OK && !sharded && !L.tp && ca_ck_rank0_reads(acc, acc->model);
     L.opts0 = L.model0 && !ops->scatter_state;
     for (int i = 0; s == CA_OK && full && i < acc->nopts; i++) s = ca_optimizer_init_state(acc->opts[i]);
     if (s == CA_OK) s = ss_check_all(acc, dir, &L, sharded);
@@ -1935,6 +1990,7 @@ static ca_status ss_load_dir(ca_accelerator *acc, const char *dir) {
         CA_LOG_D("load_state: rank %d keeps %zu bytes of its training state on the host while rank 0's read is "
                  "broadcast (put back if the load fails)", acc->rank, ca_ck_kept_bytes(kept));
     s = ss_exchange(acc, s, &bad);                  /* nothing is applied unless every rank can */
+    if (s == CA_OK && L.tp) s = ss_exchange(acc, ss_tp_verify(acc, &L), &bad);   /* the slices' chunks */
     bool keeps = s == CA_OK && L.model0;
     if (s == CA_OK) s = ss_apply(acc, &L);
     else s = ss_fail(acc, s, bad, "load_state", dir);
@@ -2193,5 +2249,6 @@ ca_status ca_load_state(ca_accelerator *acc, const char *dir) {
     /* stage 3 under fsdp_cpu_ram_efficient_loading: each rank copies its shard's slices of the
      * files straight into its shard (ss_check_all, ca_zero_check_shard); nothing is gathered */
     return ca_zero3_loads_lean(acc) ? load_state(acc, dir)
-                                    : with_full_params(acc, load_state, dir, true, !ss_tp_sharded_load(acc, dir));
+                                    : with_full_params(acc, load_state, dir, true,
+                                                       !ss_tp_reads(acc) && !ss_tp_sharded_load(acc, dir));
 }

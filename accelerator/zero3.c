@@ -597,22 +597,26 @@ static ca_status fill_shard(ca_accelerator *acc) {
     return s;
 }
 
-bool ca_zero3_loads_lean(const ca_accelerator *acc) {
-    /* tensor parallelism: the files hold whole tensors, the shard slices of them (summoned, then split) */
-    if (!acc || !acc->model || acc->zero.stage != 3 || !acc->zero.pshard || acc->zero.summoned || acc->mesh)
-        return false;
+bool ca_zero3_shard_loads_lean(const ca_accelerator *acc) {
+    if (!acc || !acc->model || acc->zero.stage != 3 || !acc->zero.pshard || acc->zero.summoned) return false;
     bool on = true;
     if (ca_config_get_bool(acc->cfg, "fsdp_config.fsdp_cpu_ram_efficient_loading", &on) != CA_OK) ca_clear_error();
     return on;
 }
 
-ca_status ca_zero3_load_shard(ca_accelerator *acc, const void *(*data_of)(void *ctx, const char *name), void *ctx) {
+bool ca_zero3_loads_lean(const ca_accelerator *acc) {
+    /* tensor parallelism: the files hold whole tensors, the shard slices of them (ca_zero3_tp_loads_lean) */
+    return acc && !acc->mesh && ca_zero3_shard_loads_lean(acc);
+}
+
+ca_status ca_zero3_load_shard(ca_accelerator *acc, const float *(*seg_data)(void *ctx, const ca_zero_seg *sg),
+                              void *ctx) {
     ca_zero *z = &acc->zero;
     ca_status s = CA_OK;
     for (int k = 0; s == CA_OK && k < z->nsegs; k++) {
         const ca_zero_seg *sg = &z->segs[k];
-        const float *src = data_of(ctx, ca_tensor_name(sg->param));
-        s = src ? ca_device_copy_from_host(acc->device, ca_zero_fptr(z->pshard, sg->soff), src + sg->poff,
+        const float *src = seg_data(ctx, sg);
+        s = src ? ca_device_copy_from_host(acc->device, ca_zero_fptr(z->pshard, sg->soff), src,
                                            (size_t)sg->n * sizeof(float))
                 : ca_error(CA_ERR_INTERNAL, "stage 3: no values for parameter %s", ca_tensor_name(sg->param));
     }

@@ -128,10 +128,10 @@ int main(int argc, char **argv) {
         long prep_anon = status_kb("RssAnon"), prep_file = status_kb("RssFile");
         if (!early) r0 = io_rchar(), t0 = now_s();
         if (load && !early) CA_CHECK(ca_load_model(acc, m, load));
+        if (load_state) CA_CHECK(ca_load_state(acc, load_state));   /* timed and counted as load_model */
         t1 = now_s();
         if (plan) printf("rank=%d load_s=%.3f rchar_mb=%.1f\n", ca_process_index(acc), t1 - t0,
                          (double)(io_rchar() - r0) / 1048576.0);
-        if (load_state) CA_CHECK(ca_load_state(acc, load_state));
         long anon = status_kb("RssAnon"), file = status_kb("RssFile");
         atomic_store(&sp.stop, true);
         if (sampling) pthread_join(th, NULL);

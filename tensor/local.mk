@@ -17,4 +17,5 @@ libcaccel_la_SOURCES += \
 	tensor/ops_attention.c \
 	tensor/ops_index.c \
 	tensor/safetensors_impl.h \
-	tensor/safetensors.c
+	tensor/safetensors.c \
+	tensor/st_parts.c

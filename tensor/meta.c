@@ -25,6 +25,8 @@ struct ca_meta_src {
     int fd;
     uint64_t size;
     _Atomic uint64_t read;   /* bytes read from it (CACCEL_TEST_ST_REPORT) */
+    void (*tap)(void *ctx, uint64_t off, const void *bytes, size_t len);   /* ca_meta_src_set_tap */
+    void *tap_ctx;
     char path[];
 };
 
@@ -318,6 +320,7 @@ bool ca_meta_from_file(const ca_tensor *t) {
 static ca_status pread_all(ca_meta_src *src, void *dst, size_t len, uint64_t off) {
     ca_status s = ca_st_pread(src->fd, src->path, dst, len, off);
     if (s == CA_OK) atomic_fetch_add(&src->read, (uint64_t)len);
+    if (s == CA_OK && src->tap) src->tap(src->tap_ctx, off, dst, len);
     return s;
 }
 
@@ -347,26 +350,41 @@ static ca_status read_op(const meta_op *op, ca_dtype dt, int64_t start, int64_t 
     return read_elems(op->src, op->foff, op->fdt, dt, start, n, dst);
 }
 
-ca_status ca_meta_src_read_slice(ca_meta_src *src, uint64_t foff, ca_dtype fdt, ca_dtype dt, int ndim,
-                                 const int64_t *shape, const ca_slice *sl, void *dst) {
+ca_status ca_meta_src_read_slice_range(ca_meta_src *src, uint64_t foff, ca_dtype fdt, ca_dtype dt, int ndim,
+                                       const int64_t *shape, const ca_slice *sl, int64_t start, int64_t count,
+                                       void *dst) {
     int64_t outer = 1, inner = 1, block = shape[sl->dim] / sl->parts;
     for (int d = 0; d < sl->dim; d++) outer *= shape[d];
     for (int d = sl->dim + 1; d < ndim; d++) inner *= shape[d];
     int64_t run = sl->len * inner, at = 0, n = 0;   /* the pending run of adjacent elements: [at, at + n) */
+    int64_t nruns = outer * sl->parts, first = run ? start / run : 0, last = run && count ? (start + count - 1) / run : -1;
     char *out = dst;
     ca_status s = CA_OK;
-    for (int64_t o = 0; s == CA_OK && o <= outer; o++)
-        for (int k = 0; s == CA_OK && k < sl->parts; k++) {
-            int64_t e = (o * shape[sl->dim] + k * block + sl->start) * inner;
-            if (o < outer && n && e == at + n) {   /* adjacent (dimension 0, one block): one read */
-                n += run;
-                continue;
-            }
-            if (n) s = read_elems(src, foff, fdt, dt, at, n, out);
-            out += (size_t)n * ca_dtype_size(dt);
-            at = e, n = o < outer ? run : 0;
+    /* the slice's runs (one per outer index and part, `run` elements each, in the slice's order) that
+     * meet [start, start + count), each cut to it; adjacent ones read as one */
+    for (int64_t q = first; s == CA_OK && q <= last + 1 && q <= nruns; q++) {
+        int64_t o = q / sl->parts, k = q % sl->parts, lo = q * run, hi = lo + run;
+        if (lo < start) lo = start;
+        if (hi > start + count) hi = start + count;
+        int64_t e = (o * shape[sl->dim] + k * block + sl->start) * inner + (lo - q * run);
+        bool more = q <= last && q < nruns;
+        if (more && n && e == at + n) {   /* adjacent (dimension 0, one block): one read */
+            n += hi - lo;
+            continue;
         }
+        if (n) s = read_elems(src, foff, fdt, dt, at, n, out);
+        out += (size_t)n * ca_dtype_size(dt);
+        at = e, n = more ? hi - lo : 0;
+    }
     return s;
+}
+
+ca_status ca_meta_src_read_slice(ca_meta_src *src, uint64_t foff, ca_dtype fdt, ca_dtype dt, int ndim,
+                                 const int64_t *shape, const ca_slice *sl, void *dst) {
+    int64_t outer = 1, inner = 1;
+    for (int d = 0; d < sl->dim; d++) outer *= shape[d];
+    for (int d = sl->dim + 1; d < ndim; d++) inner *= shape[d];
+    return ca_meta_src_read_slice_range(src, foff, fdt, dt, ndim, shape, sl, 0, outer * sl->parts * sl->len * inner, dst);
 }
 
 ca_status ca_meta_fill_range(const ca_tensor *t, int64_t start, int64_t n, void *dst) {
@@ -418,6 +436,12 @@ ca_status ca_meta_materialize_slice_(ca_tensor *t, const ca_slice *sl) {
 }
 
 ca_status ca_meta_src_open(const ca_st_file *f, ca_meta_src **out) { return src_open(f, out); }
+
+void ca_meta_src_set_tap(ca_meta_src *src, void (*tap)(void *ctx, uint64_t off, const void *bytes, size_t len),
+                         void *ctx) {
+    src->tap = tap;
+    src->tap_ctx = ctx;
+}
 
 ca_status ca_meta_load_entry(ca_tensor *t, const ca_st_file *f, const ca_st_entry *e, ca_meta_src **src) {
     if (ca_tensor_is_meta(t) && ca_init_empty_weights_enabled()) return ca_meta_record_file(t, f, e, src);

@@ -43,7 +43,7 @@ typedef struct ca_st_file {
     size_t data_start;                 /* 8 + header length */
     int n;
     ca_st_entry *entries;              /* in header order */
-    /* private to tensor/safetensors.c */
+    /* private to tensor/safetensors.c and tensor/st_parts.c */
     bool mapped;                       /* buf is a mapping of fd (else malloc'd) */
     int fd;                            /* valid when mapped: for the size check before a use */
     bool has_sums, all_ok;             /* sums given; every byte verified */
@@ -76,6 +76,27 @@ ca_status ca_st_read_range(ca_st_file *f, uint64_t off, uint64_t len, void *dst)
 /* pread of len bytes at off from descriptor fd of file `path`, all of them: a short file is CA_ERR_IO
  * "<path>: reading N bytes at offset O: the file is shorter than when it was checked". */
 ca_status ca_st_pread(int fd, const char *path, void *dst, size_t len, uint64_t off);
+/* The bytes one of k processes read of a checkpoint file opened with chunk sums, hashed as they are
+ * read (tensor/st_parts.c), to verify the chunks together without any process reading one whole: the
+ * processes' parts of each chunk must partition it (each byte added by exactly one of them), then
+ * ca_st_parts_sums gives this process's sum of every chunk (its bytes, the others taken as zero) and
+ * ca_st_parts_verify checks the k processes' sums against the recorded chunk CRC-32s (CRC-32 is affine:
+ * their XOR is the chunk's), marking the chunks verified. ca_st_parts_apply: whether f has chunk sums
+ * (else ca_st_parts_new gives NULL and the file is verified whole instead). ca_st_parts_add takes any
+ * file offset and length (a ca_meta_src_set_tap callback; a failed allocation is reported by
+ * ca_st_parts_sums); ca_st_parts_add_rest adds, from the mapping, every byte outside the file's tensors
+ * in a chunk not verified yet (the header's end, gaps): one process adds them. Not thread-safe. */
+typedef struct ca_st_parts ca_st_parts;
+bool ca_st_parts_apply(const ca_st_file *f);
+ca_status ca_st_parts_new(const ca_st_file *f, ca_st_parts **out);
+void ca_st_parts_add(void *parts, uint64_t off, const void *bytes, size_t len);
+ca_status ca_st_parts_add_rest(ca_st_parts *parts, ca_st_file *f);
+/* out: f->sums.nchunks sums. Errors name `path`. */
+ca_status ca_st_parts_sums(ca_st_parts *parts, const char *path, uint32_t *out);
+/* sums: k rows of f->sums.nchunks, one per process. A mismatch is CA_ERR_IO "<path>: corrupt: ..." naming
+ * the chunk, on every process alike. */
+ca_status ca_st_parts_verify(ca_st_file *f, const uint32_t *sums, int k);
+void ca_st_parts_free(ca_st_parts *parts);   /* accepts NULL */
 /* Releases the mapping or the buffer; with CACCEL_TEST_ST_REPORT set, first prints to stderr
  * "safetensors: <path>: <v> of <size> bytes verified, <r> resident, <p> read" (r: the mapping's
  * resident bytes from /proc/self/smaps, -1 where unknown; p: the bytes ca_st_read_range read), the

@@ -182,12 +182,21 @@ typedef struct ca_slice {
  * reads by byte range without a mapping; released with ca_meta_src_unref, which reports the bytes
  * read under CACCEL_TEST_ST_REPORT ("meta: <path>: <n> of <size> bytes read"). */
 ca_status ca_meta_src_open(const struct ca_st_file *f, ca_meta_src **out);
+/* Every read of src from now on also hands its file offset and the file's bytes to tap(ctx, ...) (a
+ * checksum of what was read: ca_st_parts_add); NULL stops it. Not thread-safe against reads of src. */
+void ca_meta_src_set_tap(ca_meta_src *src, void (*tap)(void *ctx, uint64_t off, const void *bytes, size_t len),
+                         void *ctx);
 /* Slice sl of the tensor of `shape` stored at byte foff of src's file as fdt, into host memory dst
  * (row-major, the slice's shape, dtype dt: fdt itself, or f32 widened from f16/bf16) with pread:
  * one read per run of adjacent elements (a slice of dimension 0 in one block: one read; a column
  * block: one per row). A file shorter than when it was checked is CA_ERR_IO naming it. */
 ca_status ca_meta_src_read_slice(ca_meta_src *src, uint64_t foff, ca_dtype fdt, ca_dtype dt, int ndim,
                                  const int64_t *shape, const ca_slice *sl, void *dst);
+/* Elements [start, start + count) of slice sl (in the slice's row-major order) read as
+ * ca_meta_src_read_slice reads the whole slice: only their bytes (a shard of a tp slice). */
+ca_status ca_meta_src_read_slice_range(ca_meta_src *src, uint64_t foff, ca_dtype fdt, ca_dtype dt, int ndim,
+                                       const int64_t *shape, const ca_slice *sl, int64_t start, int64_t count,
+                                       void *dst);
 /* Meta tensor t, whose values a deferred load reads from a file, gets memory for slice sl alone and
  * those bytes of the file (ca_meta_src_read_slice), its dimension sl->dim now sl->len * sl->parts long:
  * ca_tensor_materialize_ then ca_tensor_narrow_ without the whole tensor. A tensor made by its

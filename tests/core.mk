@@ -131,7 +131,11 @@ EXTRA_DIST += tests/test_load_meta_restore.sh tests/bcast_stall.sh
 TESTS += tests/test_load_meta_zero3.sh
 EXTRA_DIST += tests/test_load_meta_zero3.sh
 TESTS += tests/test_load_tp.sh
-EXTRA_DIST += tests/test_load_tp.sh
+EXTRA_DIST += tests/test_load_tp.sh tests/load_tp_model.sh
+TESTS += tests/test_load_state_tp.sh
+EXTRA_DIST += tests/test_load_state_tp.sh
+TESTS += tests/test_load_state_kill.sh
+EXTRA_DIST += tests/test_load_state_kill.sh
 # Broken files in the plugin path (truncated, text, not a plugin) are skipped with a warning naming each.
 TESTS += tests/test_plugin_files.sh
 EXTRA_DIST += tests/test_plugin_files.sh

@@ -75,6 +75,7 @@ typedef struct opts {
     const char *dump, *dump_grads, *freeze, *save_state, *load_state, *save_model, *load_model, *load_early, *try_load,
         *cut, *try_state, *try_early;
     int after;                   /* --after K: see --try-load-state */
+    int solo;                    /* --solo N: see solo() */
     bool state_digest, leave;   /* --leave: see --try-load-early */
     int64_t sched_total;
     double lr;
@@ -209,6 +210,59 @@ static void next_batch_digest(ca_accelerator *acc, ca_dataloader *dl) {
     fflush(stdout);
 }
 
+/* --solo N: this process goes on alone after the job's part (after --try-load-state, a peer lost):
+ * the job's accelerator is destroyed, a single-process one created in the same program, the model's
+ * parameters copied into a fresh model it prepares with SGD, N steps trained on its own loader and the
+ * model saved (ca_save_model into --save-model DIR, when given) and printed as "rank=R solo_fnv=...". */
+static void solo(ca_accelerator *acc, ca_module *m, const opts *o) {
+    int rank = ca_process_index(acc), n = ca_module_num_params(m);
+    void **h = calloc((size_t)n, sizeof *h);
+    for (int i = 0; i < n; i++) {
+        ca_tensor *p = ca_module_param_at(m, i);
+        h[i] = malloc(ca_tensor_nbytes(p));
+        CA_CHECK(ca_tensor_to_host(p, h[i], ca_tensor_nbytes(p)));
+    }
+    ca_accelerator_destroy(acc);
+    const char *one[][2] = {{"WORLD_SIZE", "1"}, {"RANK", "0"}, {"LOCAL_WORLD_SIZE", "1"}, {"LOCAL_RANK", "0"}};
+    for (size_t k = 0; k < sizeof one / sizeof one[0]; k++) setenv(one[k][0], one[k][1], 1);
+    const char *argv[] = {"ddp_check", "--cpu", NULL};
+    CA_CHECK(ca_accelerator_create(&(ca_options){.argc = 2, .argv = (char **)argv}, &acc));
+    CA_CHECK(ca_set_seed(acc, 11));
+    ca_module *m2 = model(o->hidden, o->depth);
+    for (int i = 0; i < n; i++) {
+        ca_tensor *p = ca_module_param_at(m2, i);
+        CA_CHECK(ca_tensor_copy_from_host(p, h[i], ca_tensor_nbytes(p)));
+        free(h[i]);
+    }
+    free(h);
+    ca_dataset *ds = synthetic(4096);
+    ca_dataloader *dl;
+    ca_optimizer *opt;
+    CA_CHECK(ca_dataloader_create(ds, &(ca_loader_opts){.batch_size = o->batch, .shuffle = true, .seed = 5}, &dl));
+    CA_CHECK(ca_sgd_create(m2, &(ca_sgd_opts){.lr = o->lr, .momentum = 0.9}, &opt));
+    CA_CHECK(ca_prepare(acc, m2, opt, dl));
+    printf("rank=%d solo: %d process(es) now\n", rank, ca_num_processes(acc));
+    ca_batch b;
+    for (int step = 0; step < o->solo && ca_dataloader_next(dl, &b); step++) CA_ACCUMULATE(acc, m2) {
+        CA_CHECK(ca_backward(acc, ca_cross_entropy(ca_module_forward(m2, b.x), b.y)));
+        CA_CHECK(ca_optimizer_step(opt));
+        ca_optimizer_zero_grad(opt);
+    }
+    CA_CHECK(ca_dataloader_status(dl));
+    if (o->save_model) CA_CHECK(ca_save_model(acc, m2, o->save_model, 0));
+    uint64_t hash = 1469598103934665603ULL;
+    for (int i = 0; i < n; i++) hash = fnv_tensor(hash, ca_module_param_at(m2, i));
+    printf("rank=%d solo_fnv=%016llx\n", rank, (unsigned long long)hash);
+    fflush(stdout);
+    ca_dataloader_destroy(dl);
+    ca_dataset_destroy(ds);
+    ca_optimizer_destroy(opt);
+    ca_module_destroy(m2);
+    ca_accelerator_destroy(acc);
+    ca_shutdown();
+    _exit(0);
+}
+
 /* --try-load-state, --after (returns only after training on) */
 static void try_load_state(ca_accelerator *acc, ca_module *m, ca_optimizer *opt, ca_dataloader *dl, const opts *o) {
     int rank = ca_process_index(acc);
@@ -216,6 +270,10 @@ static void try_load_state(ca_accelerator *acc, ca_module *m, ca_optimizer *opt,
     ca_status s = ca_load_state(acc, o->try_state);
     printf("rank=%d load_state=%s: %s\n", rank, ca_status_name(s), s == CA_OK ? "" : ca_last_error());
     state_digest(acc, m, opt);
+    if (o->solo > 0) {
+        ca_clear_error();
+        solo(acc, m, o);
+    }
     if (o->after <= 0) {
         next_batch_digest(acc, dl);
         _exit(s == CA_OK ? 0 : 3);
@@ -294,6 +352,7 @@ static opts parse(int argc, char **argv) {
         else if (!strcmp(argv[i], "--try-load-state") && i + 1 < argc) o.try_state = argv[++i];
         else if (!strcmp(argv[i], "--try-load-early") && i + 1 < argc) o.try_early = argv[++i];
         else if (!strcmp(argv[i], "--after") && i + 1 < argc) o.after = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--solo") && i + 1 < argc) o.solo = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--state-digest")) o.state_digest = true;
         else if (!strcmp(argv[i], "--leave")) o.leave = true;
         else if (!strcmp(argv[i], "--cut-before-prepare") && i + 1 < argc) o.cut = argv[++i];
@@ -617,6 +676,7 @@ int main(int argc, char **argv) {
         }
     }
     CA_CHECK(ca_dataloader_status(dl));
+    if (o.solo > 0 && !o.try_state) solo(acc, m, &o);   /* the run that never tried the load */
     if (o.try_state) {
         try_load_state(acc, m, opt, dl, &o);
         o.save_state = o.save_model = o.dump = NULL;   /* nothing else: the teardown */

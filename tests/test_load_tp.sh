@@ -6,21 +6,14 @@
 # deferred-read line (CACCEL_TEST_ST_REPORT: the bytes its preads read) is at most its 1/tp share of the
 # split parameters plus the replicated ones whole plus 4 KB per tensor, and the model (gathered whole)
 # equals the saved one bit for bit (at tp 2 x FULL_SHARD 2, 4 ranks of the first backend, too, for the
-# meta load: the replicated tensors then read as the rank's stage-3 shard of them). A file cut short
+# meta load: the replicated tensors then read as the rank's stage-3 shard of them; and ca_load_model
+# after ca_prepare there reads only the rank's stage-3 shard of its tp slices, half of its tp share, and
+# equals the saved model and the gathering load's, fsdp_cpu_ram_efficient_loading false). A file cut short
 # after the meta load fails ca_prepare on every rank: the rank whose slice lost its bytes names the file,
 # the other says another rank failed; a file cut short before ca_load_model after ca_prepare is refused
 # by every rank, naming it, and changes neither rank's model.
 . "$(dirname "$0")/dist/lib.sh"
-need_caccel
-DDP="$BUILD/tests/ddp_check"
-export OPENBLAS_NUM_THREADS=1 ACCELERATE_USE_CPU=true
-LAUNCH_FLAGS=""   # ACCELERATE_USE_CPU chooses the device
-train_backends
-H=256
-# the model's f32 elements: split over tp (fc1 8H + H, h0 H*H, h1 H*H + H, fc2 3H) and replicated (h0's
-# and fc2's biases: a rowwise layer's bias is whole)
-split=$((8 * H + H + H * H + H * H + H + 3 * H)) repl=$((H + 3)) tensors=8
-digest() { sed -n 's/^rank=[0-9]* params_fnv=\([0-9a-f]*\).*/\1/p' "$1" | sort -u; }
+. "$(dirname "$0")/load_tp_model.sh"
 # run NP BACKEND MESH ARGS...: ddp_check on NP ranks with the mesh flags MESH
 run() {
     np=$1 be=$2 mesh=$3; shift 3
@@ -98,4 +91,22 @@ rlimit=$repl repl=0   # the replicated tensors: at most whole, at least none (a 
 reads "$WORK/o" 4
 digest "$WORK/o" > "$WORK/d"
 cmp "$WORK/saved" "$WORK/d" || { cat "$WORK/o"; fail "$case: the deferred load's model differs"; }
+
+note "$case: ca_load_model after ca_prepare: each rank preads only its stage-3 shard of its tp slices"
+CACCEL_TEST_ST_REPORT=1 run 4 "$first" "$mesh" --steps 0 --load-model "$WORK/m" > "$WORK/o" 2>&1 ||
+    { cat "$WORK/o"; fail "$case: load after prepare"; }
+sed -n 's|^meta: .*/model.safetensors: \([0-9]*\) of \([0-9]*\) bytes read$|\1|p' "$WORK/o" > "$WORK/r"
+[ "$(wc -l < "$WORK/r")" = 4 ] || { cat "$WORK/o"; fail "$case: not one read report per rank"; }
+share=$(( (split / 2 + rlimit) * 4 / 2 ))   # half (dp 2) of a tp rank's flat parameters
+while read -r n; do
+    echo "  $case: a rank read $n bytes of model.safetensors' $data (its shard: about $share)"
+    [ "$n" -le $((share + 64)) ] && [ "$n" -ge $((share - 64)) ] || fail "$case: a rank read $n bytes, not its shard's"
+done < "$WORK/r"
+digest "$WORK/o" > "$WORK/d"
+cmp "$WORK/saved" "$WORK/d" || { cat "$WORK/o"; fail "$case: the load into the prepared model differs"; }
+note "$case: the gathering load (fsdp_cpu_ram_efficient_loading false) gives the same model"
+FSDP_CPU_RAM_EFFICIENT_LOADING=false run 4 "$first" "$mesh" --steps 0 --load-model "$WORK/m" > "$WORK/o" 2>&1 ||
+    { cat "$WORK/o"; fail "$case: gathering load"; }
+digest "$WORK/o" > "$WORK/d"
+cmp "$WORK/saved" "$WORK/d" || { cat "$WORK/o"; fail "$case: the gathering load's model differs"; }
 echo PASS
