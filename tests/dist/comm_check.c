@@ -1,10 +1,12 @@
 /* comm_check: a rank of a multi-process collective test, run under mpirun or caccel launch by tests/dist scripts. */
+#include <caccel/backend.h>
 #include <caccel/caccel.h>
 
 #include <errno.h>
 #include <math.h>
 #include <signal.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -77,7 +79,10 @@
  *                one-sided send and recv as nodes
  * --device xla: the communicator's buffers live on the lazy device (p2p-kill, p2p-late:
  *   each shift a node of its graph, run at once by a synchronisation, whose failure
- *   must name the peer as on the host)
+ *   must name the peer as on the host); --device xla37: the same device registered with
+ *   a table of ABI 3.7, without enqueue_host_fn_keyed: the exchanges are still nodes,
+ *   recorded through enqueue_host_fn and keyed by their sizes alone (p2p-lazy: the
+ *   shift to the other side is a cache hit)
  * --gate FILE: before creating the communicator, a rank says "comm_check: rank R at
  * the gate" and waits (at most 300 s) until FILE exists. A test that opens the gate
  * once every rank is there starts every rendezvous at once, however long the
@@ -779,6 +784,26 @@ static int pass_gate(const char *gate) {
     return 0;
 }
 
+/* Opens device `name`: "xla37" is the lazy xla device registered again with its table cut to ABI 3.7's
+ * fields (the registry reads what a 3.7 plugin lacks as NULL). */
+static ca_status open_device(const char *name, ca_device **out) {
+    if (strcmp(name, "xla37") != 0) return ca_device_open(name, 0, NULL, out);
+    static ca_device_ops old;
+    static const ca_device_ops *devs[1];
+    static ca_plugin p;
+    ca_device *x;
+    ca_status s = ca_device_open("xla", 0, NULL, &x);
+    if (s != CA_OK) return s;
+    old = *ca_device_ops_of(x);
+    old.name = "xla37";
+    old.struct_size = offsetof(ca_device_ops, enqueue_host_fn_keyed);
+    devs[0] = &old;
+    p = (ca_plugin){.struct_size = sizeof p, .abi_version = CA_ABI_VERSION, .name = "xla37", .version = "test",
+                    .num_devices = 1, .devices = devs};
+    if ((s = ca_register_plugin(&p, "comm_check")) != CA_OK) return s;
+    return ca_device_open("xla37", 0, NULL, out);
+}
+
 int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IOLBF, 0);
     opts o = {.mode = "correctness", .large_mib = 16, .sleep_ms = 6000, .victim = -1, .fault = "kill9"};
@@ -799,7 +824,7 @@ int main(int argc, char **argv) {
         else if (strcmp(a, "--resume") == 0 && v) o.resume = argv[++i];
         else if (strcmp(a, "--tag") == 0 && v) i++;   /* a marker for the scripts' pgrep */
         else if (strcmp(a, "--device") == 0 && v) {
-            if (ca_device_open(argv[++i], 0, NULL, &o.dev) != CA_OK) return die(-1, "ca_device_open");
+            if (open_device(argv[++i], &o.dev) != CA_OK) return die(-1, "ca_device_open");
         }
         else {
             fprintf(stderr, "comm_check: unknown argument %s\n", a);

@@ -42,6 +42,10 @@ if [ -e "$BUILD/collectives/.libs/caccel_gloo.so" ]; then
             --backend gloo --mode p2p-lazy >"$WORK/out" 2>&1 || { cat "$WORK/out"; fail "p2p-lazy -n $np failed"; }
         count "$np" "comm_check: OK p2p-lazy rank .* of $np backend gloo (4 sendrecv in the graph; compiles: the same shift 0, the other side $other, another size 1)" "$WORK/out"
     done
+    note "caccel launch -n 4, gloo: a lazy device of ABI 3.7 (no enqueue_host_fn_keyed): sendrecv nodes keyed by their sizes alone"
+    timeout 600 "$CACCEL" launch -q --num_processes 4 --main_process_port 0 "$CHECK" --tag "$TAG" \
+        --backend gloo --mode p2p-lazy --device xla37 >"$WORK/out" 2>&1 || { cat "$WORK/out"; fail "p2p-lazy xla37 failed"; }
+    count 4 "comm_check: OK p2p-lazy rank .* of 4 backend gloo (4 sendrecv in the graph; compiles: the same shift 0, the other side 0, another size 1)" "$WORK/out"
     note "no launcher, gloo, 2 ranks, the lazy device: rank 1 is killed between two ring shifts"
     run_env 2 "$CHECK" --tag "$TAG" --backend gloo --mode p2p-kill --device xla >"$WORK/out" 2>&1
     count 1 "comm_check: EXPECTED rank 0 .* (CA_ERR_PEER): xla: running node .*sendrecv #[0-9]* (f32, 64 elements, to rank 1, from rank 1) on rank 0 cannot complete: .*rank 1 died" "$WORK/out"
