@@ -231,10 +231,15 @@ static ca_status dring_backward_body(ca_node *n, ca_tensor *g, const dring *r) {
     return s;
 }
 
+/* The ring of q [B, H, 2c, D], k [B, Hkv, 2c, D], v [B, Hkv, 2c, Dv] (f32, contiguous). */
+static dring dring_of(ca_comm *comm, int rank, int size, ca_tensor *const in[3], float scale) {
+    const int64_t *q = in[0]->shape;
+    return (dring){.comm = comm, .rank = rank, .size = size, .b = q[0], .h = q[1], .hkv = in[1]->shape[1], .c = q[2] / 2,
+                   .d = q[3], .dv = in[2]->shape[3], .scale = scale};
+}
+
 static ca_status dring_backward(ca_node *n, ca_tensor *g) {
-    const ca_tensor *q = n->in[0], *k = n->in[1], *v = n->in[2];
-    dring r = {.comm = n->ctx, .rank = (int)n->i[0], .size = (int)n->i[1], .b = q->shape[0], .h = q->shape[1],
-               .hkv = k->shape[1], .c = q->shape[2] / 2, .d = q->shape[3], .dv = v->shape[3], .scale = (float)n->f[0]};
+    dring r = dring_of(n->ctx, (int)n->i[0], (int)n->i[1], n->in, (float)n->f[0]);
     ca_no_grad_begin();   /* the ring's own ops are not part of the tape */
     ca_status s = dring_backward_body(n, g, &r);
     ca_no_grad_end();
@@ -252,20 +257,15 @@ static ca_tensor *dring_forward(const dring *r, ca_tensor *q, ca_tensor *k, ca_t
 
 ca_tensor *ca_cp_ring_attention_dev(ca_comm *comm, int rank, int size, ca_tensor *q, ca_tensor *k, ca_tensor *v,
                                     double scale) {
-    /* as the attention op: f32 under autocast, else the queries' dtype */
+    /* as the attention op: f32 under autocast, else the queries' dtype; the ring works on f32 copies */
     ca_dtype out_dt = !q || ca_autocast_dtype() != CA_F32 ? CA_F32 : q->dtype;
-    q = ca_contiguous(ca_cast(q, CA_F32));
-    k = ca_contiguous(ca_cast(k, CA_F32));
-    v = ca_contiguous(ca_cast(v, CA_F32));
-    CA_OP_NULLCHECK2(q, k);
-    CA_OP_NULLCHECK1(v);
-    dring r = {.comm = comm, .rank = rank, .size = size, .b = q->shape[0], .h = q->shape[1], .hkv = k->shape[1],
-               .c = q->shape[2] / 2, .d = q->shape[3], .dv = v->shape[3],
-               .scale = scale > 0 ? (float)scale : 1.0f / sqrtf((float)q->shape[3])};
     ca_tensor *in[3] = {q, k, v}, *lse[2] = {NULL, NULL};
+    for (int i = 0; i < 3; i++)
+        if (!(in[i] = ca_contiguous(ca_cast(in[i], CA_F32)))) return NULL;
+    dring r = dring_of(comm, rank, size, in, scale > 0 ? (float)scale : 1.0f / sqrtf((float)in[0]->shape[3]));
     bool grad = ca_needs_grad(3, in);
     ca_no_grad_begin();
-    ca_tensor *out = dring_forward(&r, q, k, v, lse);
+    ca_tensor *out = dring_forward(&r, in[0], in[1], in[2], lse);
     ca_no_grad_end();
     CA_OP_NULLCHECK1(out);
     if (grad) {
