@@ -158,7 +158,9 @@ static ca_tensor *cp_attention(void *ctx, ca_tensor *q, ca_tensor *k, ca_tensor 
                  (long long)tl, (long long)tl, (long long)cur.seq);
         return NULL;
     }
-    if (cur.ring) return ca_cp_ring_attention(cur.comm, cur.rank, cur.size, q, k, v, scale);
+    if (cur.ring)   /* the host loops of cp_ring.c where the device's memory is the host's */
+        return (ca_device_is_host(ca_tdev(q)) ? ca_cp_ring_attention : ca_cp_ring_attention_dev)(cur.comm, cur.rank,
+                                                                                                  cur.size, q, k, v, scale);
     ca_tensor *kw = gather_seq(k), *vw = kw ? gather_seq(v) : NULL;
     CA_OP_NULLCHECK2(kw, vw);
     int64_t c = tl / 2;

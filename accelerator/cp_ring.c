@@ -6,8 +6,9 @@
  * key chunk that is not after it (the diagonal one causally) with the device's attention kernel, and
  * the blocks' outputs are merged by their log-sum-exp (the online softmax). Backward rotates the keys
  * and values again and sends each visiting block's gradient straight back to its owner. A rank holds its own chunks, the block it attends and the one
- * arriving: about two blocks, never the whole sequence. Host memory only (context parallelism runs on
- * the CPU device): the merge and the accumulations are loops over host floats. */
+ * arriving: about two blocks, never the whole sequence. Host memory only: the merge and the
+ * accumulations are loops over host floats (cp_ring_dev.c serves the devices whose memory the host
+ * cannot read). */
 #include "accelerator/mesh_impl.h"
 #include "tensor/ops_impl.h"
 

@@ -36,6 +36,7 @@ libcaccel_la_SOURCES += \
 	accelerator/tp.c \
 	accelerator/cp.c \
 	accelerator/cp_ring.c \
+	accelerator/cp_ring_dev.c \
 	accelerator/tp_state.c \
 	accelerator/tp_load.c \
 	accelerator/tp_seq.c \

@@ -22,19 +22,6 @@ static const char *mesh_why(const ca_accelerator *acc, const ca_mesh_shape *m, b
     }
     if (tp && st->distributed_type == CA_DIST_XLA)   /* context parallelism's collectives are graph nodes there */
         return "the lazy device does not run tensor parallelism yet";
-    const char *strategy = ca_config_get(acc->cfg, "parallelism_config.parallelism_config_cp_comm_strategy");
-    if (!tp && st->distributed_type == CA_DIST_XLA && strategy && strcmp(strategy, "allgather") != 0) {
-        *key = "parallelism_config.parallelism_config_cp_comm_strategy";
-        return "ring attention (alltoall: point-to-point exchanges) does not run on the lazy device yet; "
-               "allgather does";
-    }
-    /* a GPU runs the allgather method (tensor ops and the collectives: NCCL's, or staged through host memory) */
-    if (!tp && !ca_device_is_host(acc->device) && !ca_device_is_lazy(acc->device) && strategy &&
-        strcmp(strategy, "allgather") != 0) {
-        *key = "parallelism_config.parallelism_config_cp_comm_strategy";
-        return "ring attention (alltoall) merges its blocks in host memory and does not run on a GPU yet; "
-               "allgather does";
-    }
     if (st->deterministic) {
         *key = "deterministic";
         return tp ? "deterministic mode's virtual shards assume every rank holds whole parameters (not yet)"

@@ -142,5 +142,9 @@ ca_tensor *ca_cp_cross_entropy(ca_tensor *logits, ca_tensor *labels);
  * memory; the recorded backward rotates them again with their gradients. scale <= 0: 1 / sqrt(D). */
 ca_tensor *ca_cp_ring_attention(ca_comm *comm, int rank, int size, ca_tensor *q, ca_tensor *k, ca_tensor *v,
                                 double scale);
+/* ca_cp_ring_attention on a device's own memory (cp_ring_dev.c; the lazy device, where the host loops of
+ * cp_ring.c cannot read the values): every exchange, attention and merge a device operation, in order. */
+ca_tensor *ca_cp_ring_attention_dev(ca_comm *comm, int rank, int size, ca_tensor *q, ca_tensor *k, ca_tensor *v,
+                                    double scale);
 
 #endif

@@ -13,14 +13,22 @@ p.add_argument("--steps", type=int, required=True)
 a = p.parse_args()
 L, H, C, T, B = (int(v) for v in a.shape.split())
 MODES = {"1": "1 process", "dp2": "dp 2", "tp2": "tp 2", "tp2sp": "tp 2 + SP", "cp2": "cp 2", "cpring2": "cp 2 ring",
-         "torch1": "torch 1 process", "torchtp2": "torch tp 2", "torchtp2sp": "torch tp 2 + SP"}
+         "torch1": "torch 1 process", "torchtp2": "torch tp 2", "torchtp2sp": "torch tp 2 + SP",
+         "xla1": "lazy 1 process", "xlacp2": "lazy cp 2", "xlacpring2": "lazy cp 2 ring"}
 
 
 rows = bench_runs.read_rows(a.work)   # mode -> output lines of its timed runs
 
 
 def rate(mode):
-    return bench_runs.rate(rows[mode])
+    if not mode.startswith("xla"):
+        return bench_runs.rate(rows[mode])
+    # the lazy device on several processes prints no throughput line (its world totals are not taken there):
+    # on it every mode's rate is the example's own step lines, steps 2 on (each interval holds one step's
+    # graph run)
+    v = [float(m.group(2)) for m in (re.search(r"^step (\d+)/\d+: loss .* ([0-9.]+) tokens/s", x) for x in rows[mode])
+         if m and int(m.group(1)) >= 2]
+    return bench_runs.med(v), len(v)
 
 
 def rss(mode):
@@ -39,7 +47,7 @@ for mode, name in MODES.items():
     r, n = rate(mode)
     if n == 0:
         continue
-    ref = base if not mode.startswith("torch") else rate("torch1")[0]
+    ref = rate("torch1")[0] if mode.startswith("torch") else rate("xla1")[0] if mode.startswith("xla") else base
     print(f"{name:>16} | {r:9.0f} {B * T / r * 1e3:8.0f} {r / ref:9.2f} | "
           + " ".join(f"{x:.0f}" for x in rss(mode)) + f" ({n})")
 c1, ct = rate("1")[0], rate("torch1")[0]
@@ -75,11 +83,12 @@ CP_FORMULAS = {
     "cpring2": (3, " (ring): per layer K and V passed on cp - 1 times forward and again backward, and the visiting "
                    "blocks' K and V gradients sent back to their owners, 6*(cp-1) x B*T/cp*C*4 B: at cp 2 3*L*B*T*C*4"),
 }
+CP_FORMULAS["xlacp2"], CP_FORMULAS["xlacpring2"] = CP_FORMULAS["cp2"], CP_FORMULAS["cpring2"]   # the lazy device's
 print("bytes per step per communicator (rank 0's trace; collectives of the recorded steps / their count):")
-for mode in ("1", "dp2", "tp2", "tp2sp", "cp2", "cpring2"):
+for mode in ("1", "dp2", "tp2", "tp2sp", "cp2", "cpring2", "xla1", "xlacp2", "xlacpring2"):
     tr = trace(mode)
     if not tr:
-        if mode not in ("tp2sp", "cp2", "cpring2"):
+        if mode not in ("tp2sp", "cp2", "cpring2", "xla1", "xlacp2", "xlacpring2"):
             print(f"  {MODES[mode]}: no trace")
         continue
     c, steps = tr[0]
@@ -113,7 +122,7 @@ for mode in ("1", "dp2", "tp2", "tp2sp", "cp2", "cpring2"):
         f = units * L * B * T * C * 4 + 16
         print(f"    cp formula{text} + 16 (the loss's token count, sum and gradient) = {f:,}; measured {cp:,.0f} "
               f"({cp / f:.4f}x)")
-    if mode in ("dp2", "cp2", "cpring2"):
+    if mode in ("dp2", "cp2", "cpring2", "xlacp2", "xlacpring2"):
         P = params(mode)
         big = sum(nb * k for (cm, op, nb), k in c.items() if op == "all_reduce" and nb > 64) / steps
         print(f"    dp gradients: the all-reduces above 64 B move {big:,.0f} B/step against {P:,} parameters x 4 B = "

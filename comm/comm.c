@@ -419,8 +419,14 @@ static ca_status run_deferred(ca_comm *c, ca_coll_kind kind, const issue_args *a
     size_t sb, rb;
     coll_bytes(c, kind, a, &sb, &rb);
     const ca_device_ops *dops = ca_device_ops_of(c->device);
-    ca_status s = dops->enqueue_host_fn(ca_device_context(c->device), deferred_run, d,
-                                        a->send != a->recv ? a->send : NULL, sb, a->recv, rb);
+    const void *in = a->send != a->recv ? a->send : NULL;
+    /* what the operation is, for the graph's key: a point-to-point exchange with other peers is
+     * another program, as the same bytes all-reduced are */
+    int64_t attr[] = {kind, a->dt, (int64_t)a->count, a->op, a->root, a->src, (int64_t)a->rcount, c->world};
+    ca_status s = dops->enqueue_host_fn_keyed
+                      ? dops->enqueue_host_fn_keyed(ca_device_context(c->device), deferred_run, d, in, sb, a->recv, rb,
+                                                    attr, (int)(sizeof attr / sizeof *attr))
+                      : dops->enqueue_host_fn(ca_device_context(c->device), deferred_run, d, in, sb, a->recv, rb);
     if (s != CA_OK) {   /* the device dropped it: deferred_run(d, false) finished and freed w */
         free(done);
         return ca_error_context("recording %s #%llu in the graph of device %s", ca_coll_kind_name(kind), seq,

@@ -16,6 +16,9 @@
  *     gradients sent back to their owners), X = B Hkv (T / cp) D 4 for keys and values each; else the
  *     all-gather's 4 (cp - 1) X (keys and values gathered, their gradients reduce-scattered). Printed as
  *     "rank=R cp bytes N (ring|allgather formula)".
+ *   On the lazy device (--tpu) the attention's exchanges are nodes of the device's graph: printed as
+ *     "rank=R cp collectives in the graph N" (the ring: 3 (cp - 1) sendrecv, cp - 1 rotations each way and
+ *     the gradients' returns; the all-gather: 2 all-gathers and 2 reduce-scatters).
  *   --refuse: prints "rank=R refused: MESSAGE" for a masked, a non-causal and a dropout attention under
  *     the split, a sequence that 2 cp does not divide, and a second split without an end.
  *   --mock-gpu: runs on tests/mock_gpu.h's GPU (kind GPU, not host memory: the accelerator takes the GPU's
@@ -140,6 +143,10 @@ static int attention_check(ca_accelerator *acc, bool with_central, bool ring) {
                          split(acc, ca_tensor_grad(v))};
     ca_tensor *loc[3] = {split(acc, q), split(acc, k), split(acc, v)}, *wl = split(acc, w);
     ca_tensor *b[1] = {ca_zeros(dev, CA_F32, 1, (int64_t[]){T})};   /* turns the split's attention on */
+    CA_CHECK(ca_device_synchronize(dev));
+    ca_xla_metrics xm0 = {0}, xm1 = {0};
+    bool lazy = ca_device_is_lazy(dev);
+    if (lazy) CA_CHECK(ca_xla_metrics_get(dev, &xm0));
     CA_CHECK(ca_maybe_context_parallel(acc, 1, b, (int[]){0}));
     ca_comm *cpc = ca_mesh_comm(acc, "cp");
     uint64_t sent0 = ca_comm_bytes(cpc);
@@ -159,6 +166,11 @@ static int attention_check(ca_accelerator *acc, bool with_central, bool ring) {
             return 1;
         }
         n += ca_tensor_numel(got[i]);
+    }
+    if (lazy) {   /* the graphs of forward and backward have run at the reads above */
+        CA_CHECK(ca_xla_metrics_get(dev, &xm1));
+        printf("rank=%d cp collectives in the graph %llu\n", ca_process_index(acc),
+               (unsigned long long)(xm1.collectives_in_graph - xm0.collectives_in_graph));
     }
     printf("rank=%d cp attention ok %lld holds q [%lld, %lld, %lld, %lld]\n", ca_process_index(acc), (long long)n,
            (long long)ca_tensor_dim(loc[0], 0), (long long)ca_tensor_dim(loc[0], 1),

@@ -9,8 +9,10 @@
 # at cp 2 x dp_replicate 2 (and cp 2 x tp 2) to one process's losses and parameters on the same global batch,
 # under caccel launch (Gloo) and mpirun (MPI); a Llama-family decoder (examples/llm_finetune: rotary
 # positions, grouped-query heads) at cp 2 and cp 2 x tp 2 too; the mesh names the cp and dp_cp
-# communicators; the GPT example at cp 2 on the lazy device (--tpu) gives one process's on it; each
-# combination that does not work yet is refused with a message naming its key.
+# communicators; the GPT example at cp 2 on the lazy device (--tpu) gives one process's on it, with the
+# all-gather and with ring attention, whose exchanges are nodes of the device's graph (the split attention
+# at cp 2 and cp 4 there too); each combination that does not work yet is refused with a message naming
+# its key.
 # Tolerance: 1e-5 (outputs, gradients, losses, parameters); the split changes only the order of the sums.
 . "$(dirname "$0")/dist/lib.sh"
 need_caccel
@@ -223,8 +225,9 @@ refused 4 'parallelism_config_cp_size 2 (from .*) with parallelism_config.parall
 refused 4 'parallelism_config_cp_size 2 (.*) x parallelism_config_tp_size 1 (default) = 2 processes, but the job has 4' --parallelism_config_cp_size 2 -- $TINY
 
 # Context parallelism on the lazy device (--tpu: distributed_type XLA; ACCELERATE_USE_CPU would contradict
-# it): the all-gathers of K and V, the reduce-scatters of their gradients and the loss's sums are nodes of
-# the device's graph (the communicator stages them through host copies when the graph runs)
+# it): the all-gathers of K and V, the reduce-scatters of their gradients and the loss's sums, or the ring's
+# sendrecv exchanges, are nodes of the device's graph, run by its executor in graph order on the memory
+# behind the device's buffers
 (
 unset ACCELERATE_USE_CPU
 note "one process on the lazy device: the GPT example, batch 8, 6 steps"
@@ -237,11 +240,27 @@ for be in $backends; do
     note "$be: the GPT example at cp 2 on the lazy device == one process on it"
     gpt_cp2 "$be" z2 "$WORK/z1" --tpu
     count 1 'gpt: 2 process(es) on xla' "$WORK/z2"
+
+    note "$be: ring attention on the lazy device at cp 2 and cp 4 == one process on it (output, q, k, v gradients), its sendrecv nodes of the graph"
+    # shellcheck disable=SC2086
+    tlaunch 2 "$be" --parallelism_config_cp_size 2 $RING -- --tpu --ring --central > "$WORK/o" || { cat "$WORK/o"; fail "ring on xla, cp 2 $be"; }
+    count 2 "central ok" "$WORK/o"
+    count 2 'cp attention ok .* holds q \[2, 4, 8, 8\]' "$WORK/o"
+    count 2 "cp bytes 6144 (" "$WORK/o"
+    count 2 'cp collectives in the graph 3$' "$WORK/o"   # 3 (cp - 1) sendrecv
+    # shellcheck disable=SC2086
+    tlaunch 4 "$be" --parallelism_config_cp_size 4 $RING -- --tpu --ring > "$WORK/o" || { cat "$WORK/o"; fail "ring on xla, cp 4 $be"; }
+    count 4 'cp attention ok .* holds q \[2, 4, 4, 8\]' "$WORK/o"
+    count 4 "cp bytes 9216 (" "$WORK/o"
+    count 4 'cp collectives in the graph 9$' "$WORK/o"
+
+    note "$be: the GPT example at cp 2 with ring attention ($RING) on the lazy device == one process on it"
+    # shellcheck disable=SC2086
+    gpt_cp2 "$be" z3 "$WORK/z1" --tpu $RING
+    count 1 'gpt: 2 process(es) on xla' "$WORK/z3"
 done
 be=${backends%% *}
 # shellcheck disable=SC2086
 refused 2 'parallelism_config_tp_size 2 (from .*) with distributed_type (from .*): the lazy device does not run tensor parallelism yet' --parallelism_config_tp_size 2 -- $TINY --tpu
-# shellcheck disable=SC2086
-refused 2 'ring attention (alltoall: point-to-point exchanges) does not run on the lazy device yet' --parallelism_config_cp_size 2 $RING -- $TINY --tpu
 ) || exit 1
 echo "PASS"

@@ -5,8 +5,10 @@
 # differences of the whole loss; and the loss at cp 2 is one process's mean. On two GPUs over NCCL (the
 # cp communicator sends the method's 4096 bytes); on one GPU, two processes share it: NCCL refuses two
 # ranks on one GPU, so the nccl backend stages its collectives through host memory over Gloo (docs/CUDA.md,
-# Choosing the GPU) and the test checks that it said so. Ring attention (alltoall) is refused on a GPU
-# (host-tested in tests/test_cp_mock_gpu.sh). Exits 77 (SKIP) with the driver's reason when there is no GPU.
+# Choosing the GPU) and the test checks that it said so. Ring attention (alltoall: the keys and values
+# passed round by sendrecv, the blocks merged by device operations) likewise, at cp 2 with central
+# differences (host-tested in tests/test_cp_mock_gpu.sh). Exits 77 (SKIP) with the driver's reason when
+# there is no GPU.
 set -u
 b=${CACCEL_TEST_BUILDDIR:-.}
 fail() { echo "FAIL: $*"; exit 1; }
@@ -35,7 +37,12 @@ cp2() {   # cp2 NAME LAUNCH-FLAGS...: cp_check --central and --loss at cp 2 on t
     timeout 300 "$b/tools/caccel" launch --num_processes 2 --main_process_port 0 "$@" --parallelism_config_cp_size 2 \
         "$CP" --loss > "$WORK/$name.loss" 2>&1 || { cat "$WORK/$name.loss"; fail "loss cp 2 ($name) exited non-zero"; }
     count 2 "cp loss ok $want" "$WORK/$name.loss"
-    echo "cp 2 ($name): attention, central differences and loss as one process"
+    timeout 300 "$b/tools/caccel" launch --num_processes 2 --main_process_port 0 "$@" --parallelism_config_cp_size 2 \
+        --parallelism_config_cp_comm_strategy alltoall "$CP" --central --ring > "$WORK/$name.ring" 2>&1 ||
+        { cat "$WORK/$name.ring"; fail "ring cp 2 ($name) exited non-zero"; }
+    count 2 'cp attention ok .* holds q \[2, 4, 8, 8\]' "$WORK/$name.ring"
+    count 2 'central ok' "$WORK/$name.ring"
+    echo "cp 2 ($name): attention (all-gather and ring), central differences and loss as one process"
 }
 
 "$CP" --central > "$WORK/one" 2>&1 || { cat "$WORK/one"; fail "cp 1 on the GPU"; }

@@ -3,8 +3,8 @@
  * elimination, fusion of elementwise chains (bit-identical to eager, fused or not, in training
  * too; node by node when buffers overlap), the buffer plan and the placement of intermediates,
  * the device's memory (its addresses are not host memory; host memory is refused; transfers are
- * counted), host functions (collectives) in graph
- * order, the metrics; bf16 storage (downcast_bf16). */
+ * counted), host functions (collectives) in graph order and keyed by their attributes (a
+ * collective's peers) in the cache, the metrics; bf16 storage (downcast_bf16). */
 #include "test_util.h"
 #include "test_kcall.h"
 #include "core/device_impl.h"
@@ -101,6 +101,47 @@ static void test_host_fn_in_graph_order(void **state) {
         assert_int_equal(h.drops, 1);
         assert_int_equal(h.runs, 2);
     }
+}
+
+/* A keyed host function's attributes (what the core passes for a collective: its kind, counts, peers)
+ * are part of the graph's key: the same graph with the same attributes is a cache hit, with another
+ * peer another program, however alike its buffers; the unkeyed slot is the keyed one without any. */
+static ca_status keyed_graph(const int64_t *attr, int nattr, host_ctx *h) {
+    const ca_device_ops *ops = ca_device_ops_of(X);
+    ca_status s = CA_OK;
+    CA_SCOPE {
+        ca_tensor *a = ca_full(X, CA_F32, CA_SHAPE(4), 2.0);
+        h->dev = ca_tensor_data(a);
+        s = attr ? ops->enqueue_host_fn_keyed(ca_device_context(X), host_fn, h, NULL, 0, ca_tensor_data(a),
+                                              4 * sizeof(float), attr, nattr)
+                 : ops->enqueue_host_fn(ca_device_context(X), host_fn, h, NULL, 0, ca_tensor_data(a), 4 * sizeof(float));
+        if (s == CA_OK) s = ca_device_synchronize(X);
+    }
+    return s;
+}
+
+static void test_host_fn_keyed(void **state) {
+    const ca_device_ops *ops = ca_device_ops_of(X);
+    assert_non_null(ops->enqueue_host_fn_keyed);
+    T_OK(ca_xla_metrics_reset(X));
+    host_ctx h = {0};
+    int64_t right[] = {7, 0, 16, 0, 1, 3, 16, 4}, left[] = {7, 0, 16, 0, 3, 1, 16, 4};   /* a sendrecv's, rank 2 of 4 */
+    T_OK(keyed_graph(right, 8, &h));
+    T_OK(keyed_graph(right, 8, &h));
+    ca_xla_metrics m = metrics();
+    assert_int_equal(m.compiles, 1);
+    assert_int_equal(m.cache_hits, 1);
+    T_OK(keyed_graph(left, 8, &h));            /* the other peers: compiled anew */
+    assert_int_equal(metrics().compiles, 2);
+    T_OK(keyed_graph(right, 7, &h));           /* fewer attributes: another key */
+    assert_int_equal(metrics().compiles, 3);
+    T_OK(keyed_graph(NULL, 0, &h));            /* the unkeyed slot: no attributes */
+    T_OK(keyed_graph(right, 0, &h));
+    m = metrics();
+    assert_int_equal(m.compiles, 4);
+    assert_int_equal(m.cache_hits, 2);
+    assert_int_equal(h.runs, 6);
+    assert_int_equal(m.collectives_in_graph, 6);
 }
 
 /* The core checks a kernel call's contract before the lazy device records it: a bad call fails at
@@ -742,7 +783,8 @@ int main(void) {
     T_OK(ca_device_open("xla", 0, NULL, &X));
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_lazy_until_read), cmocka_unit_test(test_host_memory_refused),
-        cmocka_unit_test(test_host_fn_in_graph_order), cmocka_unit_test(test_bad_call_fails_at_the_op),
+        cmocka_unit_test(test_host_fn_in_graph_order), cmocka_unit_test(test_host_fn_keyed),
+        cmocka_unit_test(test_bad_call_fails_at_the_op),
         cmocka_unit_test(test_dead_code),       cmocka_unit_test(test_training_cache),
         cmocka_unit_test(test_metrics_other_device), cmocka_unit_test(test_fusion),
         cmocka_unit_test(test_fusion_every_unary),

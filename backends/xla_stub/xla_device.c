@@ -1075,9 +1075,12 @@ static ca_status record_copy(xla_dev *x, void *dst, const void *src, size_t byte
     return xla_node_end(x, n, s);
 }
 
-/* A host function in graph order (the core's collectives): a node that always runs, never fused. */
-static ca_status x_enqueue_host_fn(void *dev, ca_status (*fn)(void *ctx, bool run, const void *in, void *out),
-                                   void *ctx, const void *in, size_t in_bytes, void *out, size_t out_bytes) {
+/* A host function in graph order (the core's collectives): a node that always runs, never fused. Its
+ * attributes (a collective's kind, counts, peers) are part of the graph's key: a program holds the
+ * collectives it runs, so an exchange with another peer compiles another one. */
+static ca_status x_enqueue_host_fn_keyed(void *dev, ca_status (*fn)(void *ctx, bool run, const void *in, void *out),
+                                         void *ctx, const void *in, size_t in_bytes, void *out, size_t out_bytes,
+                                         const int64_t *attr, int nattr) {
     xla_dev *x = dev;
     xnode *n = xla_node_begin(x, XS_HOST);
     n->a.host.fn = fn;
@@ -1086,10 +1089,17 @@ static ca_status x_enqueue_host_fn(void *dev, ca_status (*fn)(void *ctx, bool ru
     n->a.host.out = out;
     xla_key(x, n, (int64_t)in_bytes);
     xla_key(x, n, (int64_t)out_bytes);
+    xla_key(x, n, attr ? nattr : 0);
+    for (int i = 0; attr && i < nattr; i++) xla_key(x, n, attr[i]);
     ca_status s = in ? xla_ref(x, n, in, XLA_FIELD(n, host.in), NULL, in_bytes, XR_READ, -1, "in") : CA_OK;
     if (s == CA_OK && out)
         s = xla_ref(x, n, out, XLA_FIELD(n, host.out), NULL, out_bytes, XR_READ | XR_WRITE, -1, "out");
     return xla_node_end(x, n, s);   /* on failure the node's data is dropped: fn(ctx, false) */
+}
+
+static ca_status x_enqueue_host_fn(void *dev, ca_status (*fn)(void *ctx, bool run, const void *in, void *out),
+                                   void *ctx, const void *in, size_t in_bytes, void *out, size_t out_bytes) {
+    return x_enqueue_host_fn_keyed(dev, fn, ctx, in, in_bytes, out, out_bytes, NULL, 0);
 }
 
 static ca_status x_memcpy(void *dev, void *dst, const void *src, size_t bytes, ca_copy_kind kind, bool async) {
@@ -1249,6 +1259,7 @@ static const ca_device_ops xla_device_ops = {
     .set_storage_dtype = x_set_storage_dtype,
     .storage_dtype = x_storage_dtype,
     .get_proc = x_get_proc,
+    .enqueue_host_fn_keyed = x_enqueue_host_fn_keyed,
 };
 
 static const ca_device_ops *const xla_devices[] = {&xla_device_ops};

@@ -595,6 +595,16 @@ typedef struct ca_device_ops {
     ca_status (*memcpy_on_stream)(void *dev, void *dst, const void *src, size_t bytes, ca_copy_kind kind,
                                   void *stream);
     ca_status (*event_wait_any_thread)(void *dev, void *event);
+
+    /* ---- ABI 3.9 ---- */
+    /* Optional, for lazy devices: enqueue_host_fn with the structural attributes of what fn does
+     * (`nattr` words, copied: for a collective its kind, element type, counts, reduce op and peers),
+     * which the device keys its compiled programs by, as a compiler's program holds the collectives it
+     * runs (a point-to-point exchange with another peer or of another size is another program). NULL:
+     * the core calls enqueue_host_fn, which keys the function by its buffers' sizes alone. */
+    ca_status (*enqueue_host_fn_keyed)(void *dev, ca_status (*fn)(void *ctx, bool run, const void *in, void *out),
+                                       void *ctx, const void *in, size_t in_bytes, void *out, size_t out_bytes,
+                                       const int64_t *attr, int nattr);
 } ca_device_ops;
 
 /* ------------------------------------------------------------- rendezvous */

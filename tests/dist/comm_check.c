@@ -1,10 +1,12 @@
 /* comm_check: a rank of a multi-process collective test, run under mpirun or caccel launch by tests/dist scripts. */
+#include <caccel/backend.h>
 #include <caccel/caccel.h>
 
 #include <errno.h>
 #include <math.h>
 #include <signal.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -68,6 +70,19 @@
  *                kills itself with SIGKILL; the others shift on and must fail naming it
  *   p2p-late     two ring shifts, then the last rank sleeps (--sleep-ms) before the third,
  *                which the others must fail by the timeout (--timeout-ms) naming it
+ *   p2p-lazy     point-to-point on the lazy device (implies --device xla): ring shifts of
+ *                device tensors, each sendrecv a node of the device's graph (nothing runs
+ *                at the call; a kernel recorded after it reads what it received when the
+ *                graph runs at the host read), the same shift again taken from the graph
+ *                cache, a shift to the other side (another peer: another program where the
+ *                ring has more than two ranks) and of another size compiled anew; then
+ *                one-sided send and recv as nodes
+ * --device xla: the communicator's buffers live on the lazy device (p2p-kill, p2p-late:
+ *   each shift a node of its graph, run at once by a synchronisation, whose failure
+ *   must name the peer as on the host); --device xla38: the same device registered with
+ *   a table of ABI 3.8, without enqueue_host_fn_keyed: the exchanges are still nodes,
+ *   recorded through enqueue_host_fn and keyed by their sizes alone (p2p-lazy: the
+ *   shift to the other side is a cache hit)
  * --gate FILE: before creating the communicator, a rank says "comm_check: rank R at
  * the gate" and waits (at most 300 s) until FILE exists. A test that opens the gate
  * once every rank is there starts every rendezvous at once, however long the
@@ -91,6 +106,7 @@ typedef struct opts {
     const char *gate;          /* a file to wait for before creating the communicator */
     bool kernels;              /* fault mode: a matmul before each all_reduce */
     const char *resume;        /* ondemand mode: the file to wait for after the first all_reduce */
+    ca_device *dev;            /* --device xla: the lazy device the buffers live on (NULL: host memory) */
 } opts;
 
 static double now_s(void) {
@@ -520,16 +536,26 @@ static int p2p_mode(ca_comm *c, const opts *o) {
 
 /* The victim dies (p2p-kill) or is late (p2p-late) after two ring shifts; the others shift on and must
  * fail naming it: its death, or the timeout of the shift it did not reach. */
+/* One ring shift of 64 floats; on the lazy device a node of its graph, run at once. */
+static ca_status shift64(ca_comm *c, const opts *o, const void *x, void *y) {
+    int r = ca_comm_rank(c), w = ca_comm_size(c);
+    ca_status s = ca_comm_sendrecv(c, x, 64, (r + 1) % w, y, 64, (r + w - 1) % w, CA_F32, NULL);
+    return s == CA_OK && o->dev ? ca_device_synchronize(o->dev) : s;
+}
+
 static int p2p_kill_mode(ca_comm *c, const opts *o) {
     int r = ca_comm_rank(c), w = ca_comm_size(c), victim = o->victim >= 0 ? o->victim : w - 1;
     bool late = strcmp(o->mode, "p2p-late") == 0;
-    float x[64] = {0}, y[64];
+    float hx[64] = {0}, hy[64];
+    void *x = hx, *y = hy;
+    if (o->dev && (ca_device_alloc(o->dev, sizeof hx, &x) != CA_OK || ca_device_alloc(o->dev, sizeof hy, &y) != CA_OK ||
+                   ca_device_copy_from_host(o->dev, x, hx, sizeof hx) != CA_OK))
+        return die(r, "device buffers");
     for (int i = 0; i < 2; i++)
-        if (ca_comm_sendrecv(c, x, 64, (r + 1) % w, y, 64, (r + w - 1) % w, CA_F32, NULL) != CA_OK)
-            return die(r, "warm-up sendrecv");
+        if (shift64(c, o, x, y) != CA_OK) return die(r, "warm-up sendrecv");
     if (late && r == victim) {
         usleep((useconds_t)o->sleep_ms * 1000);
-        ca_status s = ca_comm_sendrecv(c, x, 64, (r + 1) % w, y, 64, (r + w - 1) % w, CA_F32, NULL);
+        ca_status s = shift64(c, o, x, y);
         printf("comm_check: %s late rank %d (%s): %s\n", s != CA_OK ? "EXPECTED" : "UNEXPECTED", r, ca_status_name(s),
                s != CA_OK ? ca_last_error() : "succeeded");
         return s != CA_OK ? 0 : 1;
@@ -540,14 +566,84 @@ static int p2p_kill_mode(ca_comm *c, const opts *o) {
         raise(SIGKILL);
     }
     ca_status s = CA_OK;
-    for (int i = 0; s == CA_OK && i < 1000000; i++)
-        s = ca_comm_sendrecv(c, x, 64, (r + 1) % w, y, 64, (r + w - 1) % w, CA_F32, NULL);
+    for (int i = 0; s == CA_OK && i < 1000000; i++) s = shift64(c, o, x, y);
     const char *m = ca_last_error();
     char who[64];
     snprintf(who, sizeof who, "rank %d ", victim);
-    bool named = s != CA_OK && strstr(m, who) && strstr(m, "sendrecv") && (!late || s == CA_ERR_TIMEOUT);
+    bool named = s != CA_OK && strstr(m, who) && strstr(m, "sendrecv") && (!late || s == CA_ERR_TIMEOUT) &&
+                 (!o->dev || strstr(m, "xla: running node"));   /* on the lazy device: as a node of its graph */
     printf("comm_check: %s rank %d failed (%s): %s\n", named ? "EXPECTED" : "UNEXPECTED", r, ca_status_name(s), m);
     return named ? o->fail_code : 1;
+}
+
+static ca_xla_metrics xla_metrics(ca_device *d) {
+    ca_xla_metrics m = {0};
+    (void)ca_xla_metrics_get(d, &m);
+    return m;
+}
+
+/* Round k's payload (n floats) to rank `to`, rank `from`'s into a tensor doubled by a kernel recorded
+ * after the sendrecv, in a graph of its own: nothing may run at the calls; the read runs the graph. */
+static int lazy_shift(ca_comm *c, ca_device *d, int k, size_t n, int to, int from) {
+    int r = ca_comm_rank(c), bad = 0;
+    float *h = malloc(sizeof(float) * (n + 1));
+    if (!h) return die(r, "malloc");
+    for (size_t i = 0; i < n; i++) h[i] = p2p_val(r, k, i);
+    CA_SCOPE {
+        ca_tensor *x = ca_from_host(d, CA_F32, 1, (int64_t[]){(int64_t)n}, h);
+        ca_tensor *y = ca_empty(d, CA_F32, 1, (int64_t[]){(int64_t)n});
+        uint64_t graphs = xla_metrics(d).graphs;
+        ca_work *w = NULL;
+        ca_status s = x && y ? ca_comm_sendrecv(c, ca_tensor_data(x), n, to, ca_tensor_data(y), n, from, CA_F32, &w)
+                             : ca_last_status();
+        if (s == CA_OK) s = ca_work_test(w);   /* complete at once: later device work sees the result */
+        ca_work_free(w);
+        ca_tensor *z = ca_add(y, y);
+        if (s != CA_OK || !z) bad = die(r, "recording a sendrecv on the lazy device");
+        else if (xla_metrics(d).graphs != graphs) bad = die(r, "a sendrecv on the lazy device ran its graph at the call");
+        else if (ca_tensor_to_host(z, h, sizeof(float) * n) != CA_OK) bad = die(r, "the graph of a sendrecv");
+        for (size_t i = 0; !bad && i < n; i++) h[i] /= 2;
+        if (!bad) bad = p2p_expect(r, h, n, from, k);
+    }
+    free(h);
+    return bad;
+}
+
+static int p2p_lazy_mode(ca_comm *c, const opts *o) {
+    ca_device *d = o->dev;
+    int r = ca_comm_rank(c), w = ca_comm_size(c), right = (r + 1) % w, left = (r + w - 1) % w;
+    if (ca_xla_metrics_reset(d) != CA_OK) return die(r, "xla metrics");
+    /* compiles after each shift: right, right again (cached), left (other peers), right of another size */
+    int bad = lazy_shift(c, d, 0, 97, right, left);
+    uint64_t c0 = xla_metrics(d).compiles;
+    if (!bad) bad = lazy_shift(c, d, 1, 97, right, left);
+    uint64_t c1 = xla_metrics(d).compiles;
+    if (!bad) bad = lazy_shift(c, d, 2, 97, left, right);
+    uint64_t c2 = xla_metrics(d).compiles;
+    if (!bad) bad = lazy_shift(c, d, 3, 98, right, left);
+    ca_xla_metrics m = xla_metrics(d);
+    if (bad) return 1;
+    /* one-sided, as p2p: even ranks send right, odd ones receive from the left */
+    size_t n = 97;
+    float *h = malloc(sizeof(float) * n);
+    if (!h) return die(r, "malloc");
+    for (size_t i = 0; i < n; i++) h[i] = p2p_val(r, 4, i);
+    CA_SCOPE {
+        ca_tensor *t = ca_from_host(d, CA_F32, 1, (int64_t[]){(int64_t)n}, h);
+        ca_status s = t ? CA_OK : ca_last_status();
+        if (s == CA_OK && r % 2 == 0 && right % 2 == 1) s = ca_comm_send(c, ca_tensor_data(t), n, CA_F32, right, NULL);
+        else if (s == CA_OK && r % 2 == 1) s = ca_comm_recv(c, ca_tensor_data(t), n, CA_F32, left, NULL);
+        if (s == CA_OK) s = ca_tensor_to_host(t, h, sizeof(float) * n);
+        if (s != CA_OK) bad = die(r, "send / recv on the lazy device");
+        else if (r % 2 == 1) bad = p2p_expect(r, h, n, left, 4);
+    }
+    free(h);
+    if (bad) return 1;
+    printf("comm_check: OK p2p-lazy rank %d of %d backend %s (%llu sendrecv in the graph; compiles: the same shift "
+           "%llu, the other side %llu, another size %llu)\n", r, w, ca_comm_backend(c),
+           (unsigned long long)m.collectives_in_graph, (unsigned long long)(c1 - c0), (unsigned long long)(c2 - c1),
+           (unsigned long long)(m.compiles - c2));
+    return 0;
 }
 
 /* Colors by parity (the last rank of an odd world joins none), keys reversed: each group orders its
@@ -688,6 +784,26 @@ static int pass_gate(const char *gate) {
     return 0;
 }
 
+/* Opens device `name`: "xla38" is the lazy xla device registered again with its table cut to ABI 3.8's
+ * fields (the registry reads what a 3.8 plugin lacks as NULL). */
+static ca_status open_device(const char *name, ca_device **out) {
+    if (strcmp(name, "xla38") != 0) return ca_device_open(name, 0, NULL, out);
+    static ca_device_ops old;
+    static const ca_device_ops *devs[1];
+    static ca_plugin p;
+    ca_device *x;
+    ca_status s = ca_device_open("xla", 0, NULL, &x);
+    if (s != CA_OK) return s;
+    old = *ca_device_ops_of(x);
+    old.name = "xla38";
+    old.struct_size = offsetof(ca_device_ops, enqueue_host_fn_keyed);
+    devs[0] = &old;
+    p = (ca_plugin){.struct_size = sizeof p, .abi_version = CA_ABI_VERSION, .name = "xla38", .version = "test",
+                    .num_devices = 1, .devices = devs};
+    if ((s = ca_register_plugin(&p, "comm_check")) != CA_OK) return s;
+    return ca_device_open("xla38", 0, NULL, out);
+}
+
 int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IOLBF, 0);
     opts o = {.mode = "correctness", .large_mib = 16, .sleep_ms = 6000, .victim = -1, .fault = "kill9"};
@@ -707,6 +823,9 @@ int main(int argc, char **argv) {
         else if (strcmp(a, "--kernels") == 0) o.kernels = true;
         else if (strcmp(a, "--resume") == 0 && v) o.resume = argv[++i];
         else if (strcmp(a, "--tag") == 0 && v) i++;   /* a marker for the scripts' pgrep */
+        else if (strcmp(a, "--device") == 0 && v) {
+            if (open_device(argv[++i], &o.dev) != CA_OK) return die(-1, "ca_device_open");
+        }
         else {
             fprintf(stderr, "comm_check: unknown argument %s\n", a);
             return 2;
@@ -719,7 +838,9 @@ int main(int argc, char **argv) {
     if (o.gate && pass_gate(o.gate)) return 1;
     if (strcmp(o.mode, "ondemand") == 0) signal(SIGUSR1, own_usr1);
     ca_comm *c = NULL;
-    ca_comm_options co = {.backend = o.backend, .timeout_ms = o.timeout_ms, .debug = o.debug};
+    if (strcmp(o.mode, "p2p-lazy") == 0 && !o.dev && ca_device_open("xla", 0, NULL, &o.dev) != CA_OK)
+        return die(-1, "ca_device_open(xla)");
+    ca_comm_options co = {.backend = o.backend, .timeout_ms = o.timeout_ms, .debug = o.debug, .device = o.dev};
     ca_status s = ca_comm_create(&co, &c);
     if (strcmp(o.mode, "badtoken") == 0) {
         const char *rk = getenv("RANK");
@@ -751,6 +872,7 @@ int main(int argc, char **argv) {
     else if (strcmp(o.mode, "fault") == 0) rc = fault_mode(c, &o);
     else if (strcmp(o.mode, "p2p") == 0) rc = p2p_mode(c, &o);
     else if (strcmp(o.mode, "p2p-kill") == 0 || strcmp(o.mode, "p2p-late") == 0) rc = p2p_kill_mode(c, &o);
+    else if (strcmp(o.mode, "p2p-lazy") == 0) rc = p2p_lazy_mode(c, &o);
     else if (strcmp(o.mode, "ondemand") == 0) rc = ondemand_mode(c, &o);
     else if (strcmp(o.mode, "last-bcast") == 0) {
         rc = last_bcast_mode(c);
