@@ -239,8 +239,6 @@ for be in $backends; do
 done
 be=${backends%% *}
 # shellcheck disable=SC2086
-refused 2 'parallelism_config_tp_size 2 (from .*) with distributed_type (from .*): the lazy device does not run tensor parallelism yet' --parallelism_config_tp_size 2 -- $TINY --tpu
-# shellcheck disable=SC2086
 refused 2 'ring attention (alltoall: point-to-point exchanges) does not run on the lazy device yet' --parallelism_config_cp_size 2 $RING -- $TINY --tpu
 ) || exit 1
 echo "PASS"
