@@ -4,14 +4,14 @@
 # The GPT example (c_attn fused colwise, the MLP, wte and the tied head vocabulary-parallel, clipping at 1.0)
 # at tp 2 and at tp 2 x dp_replicate 2 on 4 ranks gives one process's losses, validation losses, sample and
 # saved parameters on the lazy device on the same global batch, under caccel launch (Gloo) and mpirun
-# (MPI), --sequence_parallel too; its step runs as many graphs as a dp 2 step (the vocabulary-parallel
+# (MPI), --sequence_parallel and cp 2 x tp 2 too; its step runs as many graphs as a dp 2 step (the vocabulary-parallel
 # embedding's and loss's masks are made by the graph, no read of the ids or labels cuts it); a Llama-family
 # decoder (examples/llm_finetune, examples/llama-tiny.json) at tp 2 gives one process's; tp_check's MLP at
 # tp 2 with clip_grad_norm gives one process's norms and parameters; a checkpoint saved at tp 2 on the lazy
 # device resumes at one process to the uninterrupted run; the vocabulary-parallel layers' gradients match
 # central differences, and a label outside the vocabulary fails the graph naming it; a stopped tp peer fails
 # the graph's collective naming the tp group and the peer; sharded data parallelism beside tp is refused
-# naming its key.
+# naming its key; the throughput line sums the ranks' rates.
 # Tolerance: 1e-5 (losses, norms, parameters; 1e-4 for the GPT's after 6 AdamW steps, as tests/test_tp.sh):
 # the split changes only the order of the sums.
 . "$(dirname "$0")/dist/lib.sh"
@@ -60,7 +60,9 @@ gpt_tp() {
     PROG="$GPT" tlaunch "$gnp" "$gb" $gflags -- $SMALL --max_steps 6 --sample_tokens 10 "$@" \
         --output_dir "$WORK/$gn.m" > "$WORK/$gn" 2>&1 || { cat "$WORK/$gn"; fail "gpt$gflags $* ($gb)"; }
     count 1 "gpt: $gnp process(es) on xla" "$WORK/$gn"
-    count "$gnp" 'gpt: rank [0-3] holds logits \[8, 32, 128\] of vocab 256 at tp 2' "$WORK/$gn"   # the vocabulary-parallel head
+    count "$gnp" 'gpt: rank [0-3] holds logits \[8, [0-9]*, 128\] of vocab 256 at tp 2' "$WORK/$gn"   # the vocabulary-parallel head
+    # the throughput line's sum over the ranks (a collective of host numbers, through device memory here)
+    grep -q "^throughput: step .*; all $gnp processes: " "$WORK/$gn" || { cat "$WORK/$gn"; fail "no throughput line of all ranks"; }
     gpt_lines "$WORK/$gn" > "$WORK/$gn.l"
     cmp -s "$gref.l" "$WORK/$gn.l" || { diff "$gref.l" "$WORK/$gn.l"; fail "the GPT example$gflags $* on xla differs ($gb)"; }
     echo "  $(grep -c . "$gref.l") loss, validation and sample lines the same"
@@ -76,6 +78,9 @@ for be in $backends; do
 done
 note "$first: the GPT example with --sequence_parallel at tp 2 on the lazy device == one process"
 gpt_tp "$first" 2 ts "$WORK/z8" --parallelism_config_tp_size 2 -- --batch_size 8 --sequence_parallel
+note "$first: the GPT example at cp 2 x tp 2 on 4 ranks on the lazy device == one process"
+gpt_tp "$first" 4 tc "$WORK/z8" --parallelism_config_tp_size 2 --parallelism_config_cp_size 2 -- --batch_size 8
+count 1 'device mesh: dp_replicate 1 x dp_shard 1 x cp 2 x tp 2' "$WORK/tc"
 
 # graphs BACKEND STEPS FLAGS: the graphs rank 0 ran in a GPT run of STEPS steps at FLAGS (2 ranks, no
 # evaluation, no sample); the difference of two step counts is what the added steps ran
