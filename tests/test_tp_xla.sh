@@ -6,7 +6,8 @@
 # saved parameters on the lazy device on the same global batch, under caccel launch (Gloo) and mpirun
 # (MPI), --sequence_parallel and cp 2 x tp 2 too; its step runs as many graphs as a dp 2 step (the vocabulary-parallel
 # embedding's and loss's masks are made by the graph, no read of the ids or labels cuts it); a Llama-family
-# decoder (examples/llm_finetune, examples/llama-tiny.json) at tp 2 gives one process's; tp_check's MLP at
+# decoder (examples/llm_finetune, examples/llama-tiny.json) at tp 2 gives one process's, with LoRA adapters
+# too (losses and PEFT's adapter file); tp_check's MLP at
 # tp 2 with clip_grad_norm gives one process's norms and parameters; a checkpoint saved at tp 2 on the lazy
 # device resumes at one process to the uninterrupted run; the vocabulary-parallel layers' gradients match
 # central differences, and a label outside the vocabulary fails the graph naming it; a stopped tp peer fails
@@ -107,13 +108,13 @@ if [ -f "$gpl" ]; then
     mkdir "$WORK/base"
     cp "$srcdir/examples/llama-tiny.json" "$WORK/base/config.json" || fail "no examples/llama-tiny.json"
     RUN="--model $WORK/base --from_scratch --block_size 32 --log_interval 1 --seed 7 --eval_blocks 8 --max_steps 4 --lr 5e-3
-         --data $gpl --sample_tokens 8 --batch_size 16 --lora_r 0 --tpu"
+         --data $gpl --sample_tokens 8 --batch_size 16 --tpu"
     llm_lines() { sed -n -e 's/^\(epoch [0-9]* step [0-9/]*: loss [0-9.]*\),.*/\1/p' -e 's/^\(epoch [0-9]*: .*held-out loss [0-9.]*\).*/\1/p' \
         -e '/^sample [0-9]/p' "$1"; }
     # shellcheck disable=SC2086
-    "$FT" $RUN --output_dir "$WORK/l1" > "$WORK/l1.o" 2>&1 || { cat "$WORK/l1.o"; fail "decoder on xla, 1 process"; }
+    "$FT" $RUN --lora_r 0 --output_dir "$WORK/l1" > "$WORK/l1.o" 2>&1 || { cat "$WORK/l1.o"; fail "decoder on xla, 1 process"; }
     # shellcheck disable=SC2086
-    PROG="$FT" tlaunch 2 "$first" --parallelism_config_tp_size 2 -- $RUN --output_dir "$WORK/l2" > "$WORK/l2.o" 2>&1 ||
+    PROG="$FT" tlaunch 2 "$first" --parallelism_config_tp_size 2 -- $RUN --lora_r 0 --output_dir "$WORK/l2" > "$WORK/l2.o" 2>&1 ||
         { cat "$WORK/l2.o"; fail "decoder at tp 2 on xla"; }
     count 2 'llm_finetune: rank [01] holds 70080 parameters (its tensor-parallel slices)' "$WORK/l2.o"
     llm_lines "$WORK/l1.o" > "$WORK/l1.l"
@@ -122,6 +123,17 @@ if [ -f "$gpl" ]; then
     cmp -s "$WORK/l1.l" "$WORK/l2.l" || { diff "$WORK/l1.l" "$WORK/l2.l"; fail "the decoder at tp 2 on xla differs"; }
     echo "  $(grep -c . "$WORK/l1.l") loss, held-out and sample lines the same"
     same_st "$WORK/l1/model.safetensors" "$WORK/l2/model.safetensors" 1e-5
+    note "$first: LoRA adapters on its colwise and rowwise layers at tp 2 on the lazy device == one process on it"
+    LORA="--lora_r 4 --lora_dropout 0 --target_modules q_proj,v_proj,o_proj,gate_proj,down_proj"
+    # shellcheck disable=SC2086
+    "$FT" $RUN $LORA --output_dir "$WORK/a1" > "$WORK/a1.o" 2>&1 || { cat "$WORK/a1.o"; fail "LoRA on xla, 1 process"; }
+    # shellcheck disable=SC2086
+    PROG="$FT" tlaunch 2 "$first" --parallelism_config_tp_size 2 -- $RUN $LORA --output_dir "$WORK/a2" > "$WORK/a2.o" 2>&1 ||
+        { cat "$WORK/a2.o"; fail "LoRA at tp 2 on xla"; }
+    llm_lines "$WORK/a1.o" > "$WORK/a1.l"
+    llm_lines "$WORK/a2.o" > "$WORK/a2.l"
+    cmp -s "$WORK/a1.l" "$WORK/a2.l" || { diff "$WORK/a1.l" "$WORK/a2.l"; fail "LoRA at tp 2 on xla differs"; }
+    same_st "$WORK/a1/adapter_model.safetensors" "$WORK/a2/adapter_model.safetensors" 1e-5   # PEFT's file, gathered whole
 else
     echo "  (no $gpl: the decoder case is left out)"
 fi
