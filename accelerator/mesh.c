@@ -13,6 +13,11 @@
 static const char *mesh_why(const ca_accelerator *acc, const ca_mesh_shape *m, bool tp, const char **key) {
     const ca_settings *st = &acc->st;
     *key = "distributed_type";
+    if (m->size[CA_MESH_DP_SHARD] > 1 && st->distributed_type == CA_DIST_XLA) {   /* ZeRO runs on eager devices */
+        *key = "parallelism_config.parallelism_config_dp_shard_size";
+        return "sharded data parallelism (ZeRO / FSDP) does not run on the lazy device yet; "
+               "parallelism_config_dp_replicate_size does";
+    }
     /* zero.c shards over the dp ranks of a tp coordinate, under cp over dp_shard x cp ("dp_shard_cp") */
     if (m->size[CA_MESH_DP_SHARD] > 1 && acc->zero.stage == 0) {
         *key = "parallelism_config.parallelism_config_dp_shard_size";
@@ -20,8 +25,6 @@ static const char *mesh_why(const ca_accelerator *acc, const ca_mesh_shape *m, b
                "SHARD_GRAD_OP) or DEEPSPEED (zero_stage 1 to 3); under plain data parallelism set "
                "parallelism_config_dp_replicate_size instead";
     }
-    if (tp && st->distributed_type == CA_DIST_XLA)   /* context parallelism's collectives are graph nodes there */
-        return "the lazy device does not run tensor parallelism yet";
     if (st->deterministic) {
         *key = "deterministic";
         return tp ? "deterministic mode's virtual shards assume every rank holds whole parameters (not yet)"

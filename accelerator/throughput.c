@@ -246,6 +246,18 @@ ca_status ca_throughput_step(ca_accelerator *acc, int64_t samples, int64_t token
     return s == CA_OK ? ca_throughput_log(acc, &r) : s;
 }
 
+/* v[0..n) summed over the ranks in place. A lazy device's collectives take its own memory only (they are
+ * nodes of its graph): the numbers go through a device buffer there, read back at once. */
+static ca_status sum_ranks(ca_accelerator *acc, float *v, int n) {
+    if (!ca_device_is_lazy(acc->device)) return ca_comm_all_reduce(acc->comm, v, v, (size_t)n, CA_F32, CA_OP_SUM, NULL);
+    ca_tensor *t = ca_tensor_keep(ca_from_host(acc->device, CA_F32, 1, (int64_t[]){n}, v));   /* freed below */
+    ca_status s = t ? ca_comm_all_reduce(acc->comm, ca_tptr(t), ca_tptr(t), (size_t)n, CA_F32, CA_OP_SUM, NULL)
+                    : ca_last_status();
+    if (s == CA_OK) s = ca_tensor_to_host(t, v, sizeof *v * (size_t)n);
+    ca_tensor_free(t);
+    return s;
+}
+
 /* The world_ fields: r's rates summed over the ranks by one all-reduce of five numbers (f32 holds a
  * rate to 7 digits; the line prints 4), MFU over the ranks' peaks when every rank knows its own. */
 static ca_status world_totals(ca_accelerator *acc, ca_throughput *r) {
@@ -253,7 +265,7 @@ static ca_status world_totals(ca_accelerator *acc, ca_throughput *r) {
                   r->peak_flops > 0 ? 1.0f : 0.0f};
     r->world = acc->comm ? ca_comm_size(acc->comm) : 1;
     if (r->world > 1) {
-        ca_status s = ca_comm_all_reduce(acc->comm, v, v, 5, CA_F32, CA_OP_SUM, NULL);
+        ca_status s = sum_ranks(acc, v, 5);
         if (s != CA_OK) return ca_error_context("throughput: summing the interval over %d processes", r->world);
     }
     /* the ranks of a tensor- or context-parallel group work on the same samples: counted once (FLOPs add

@@ -165,6 +165,7 @@ typedef struct vocab_ids {
     ca_tensor *outside;   /* u8, the ids' shape + [1]: 1 where the id is not in the slice (or is ignored) */
     ca_tensor *ignored;   /* u8, the ids' shape + [1]: 1 where the label is ignore_index */
     int64_t counted;      /* the ids not ignored */
+    ca_tensor *count;     /* f32 [], on a lazy device (vocab_ids_graph): the ids not ignored, never read back */
 } vocab_ids;
 
 static ca_status vocab_ids_fill(const int64_t *h, int64_t n, int64_t start, int64_t rows, int64_t vocab,
@@ -184,11 +185,55 @@ static ca_status vocab_ids_fill(const int64_t *h, int64_t n, int64_t start, int6
     return CA_OK;
 }
 
+/* 1 where the integer values of x are >= 0, else 0: 1 - relu(1 - relu(x + 1)), exact on integers in f32. */
+static ca_tensor *nonneg(ca_tensor *x) {
+    return ca_add_scalar(ca_neg(ca_relu(ca_add_scalar(ca_neg(ca_relu(ca_add_scalar(x, 1.0))), 1.0))), 1.0);
+}
+
+/* vocab_ids_make on a lazy device: the same tensors made by the graph, so that no read of the ids cuts the
+ * step's graph (torch_xla's vocabulary-parallel masks are device comparisons too). The ids are compared in
+ * f32 (exact below 2^24); whether one is in this rank's rows is looked up in a table of the vocabulary,
+ * whose gather fails the graph for an id outside it, naming its position and value (the host path fails at
+ * the call). An ignored label looks up row 0 and is masked out; the count stays on the device. */
+static ca_status vocab_ids_graph(ca_tensor *ids, int64_t start, int64_t rows, int64_t vocab, const int64_t *ignore,
+                                 const char *what, vocab_ids *v) {
+    if (vocab > ((int64_t)1 << 24))
+        return ca_error(CA_ERR_UNSUPPORTED, "%s: a vocabulary of %lld rows on the lazy device (distributed_type XLA) "
+                        "is not supported yet: its ids are compared in f32, exact up to 2^24", what, (long long)vocab);
+    int64_t n = ids->numel, shape[CA_MAX_DIMS + 1];
+    float *tab = malloc(sizeof(float) * (size_t)vocab);
+    if (!tab) return ca_error(CA_ERR_NOMEM, "out of host memory");
+    for (int64_t i = 0; i < vocab; i++) tab[i] = i >= start && i < start + rows;
+    ca_tensor *in_rows = ca_from_host(ca_tensor_device(ids), CA_F32, CA_SHAPE(1, vocab), tab);
+    free(tab);
+    ca_tensor *f = ca_reshape(ca_cast(ids, CA_F32), CA_SHAPE(1, n)), *keep = NULL;
+    if (ignore) {   /* 1 where the label is not ignore_index: not (f - ignore >= 0 and ignore - f >= 0) */
+        ca_tensor *ign = ca_mul(nonneg(ca_add_scalar(f, -(double)*ignore)), nonneg(ca_add_scalar(ca_neg(f), (double)*ignore)));
+        keep = ca_add_scalar(ca_neg(ign), 1.0);
+        f = ca_mul(f, keep);
+        v->count = ca_sum(keep);
+        memcpy(shape, ids->shape, sizeof(int64_t) * (size_t)ids->ndim);
+        shape[ids->ndim] = 1;
+        v->ignored = ca_cast(ca_reshape(ign, ids->ndim + 1, shape), CA_U8);
+    }
+    ca_tensor *in = ca_gather_dim(in_rows, 1, ca_cast(f, CA_I64));
+    if (keep) in = ca_mul(in, keep);
+    memcpy(shape, ids->shape, sizeof(int64_t) * (size_t)ids->ndim);
+    shape[ids->ndim] = 1;
+    v->local = ca_reshape(ca_cast(ca_mul(ca_add_scalar(f, -(double)start), in), CA_I64), ids->ndim, ids->shape);
+    v->outside = ca_reshape(ca_cast(ca_add_scalar(ca_neg(in), 1.0), CA_U8), ids->ndim + 1, shape);
+    if (!v->local || !v->outside || (ignore && (!v->ignored || !v->count))) return ca_last_status();
+    return CA_OK;
+}
+
 static ca_status vocab_ids_make(ca_tensor *ids, int64_t start, int64_t rows, int64_t vocab, const int64_t *ignore,
                                 const char *what, vocab_ids *v) {
     *v = (vocab_ids){0};
     if (ids->dtype != CA_I64 && ids->dtype != CA_I32)
         return ca_error(CA_ERR_INVALID, "%s: ids must be i32 or i64", what);
+    /* context parallelism's mean needs the count on the host (ca_cp_mean) */
+    if (ca_device_is_lazy(ca_tensor_device(ids)) && !(ignore && ca_cp_active()))
+        return vocab_ids_graph(ids, start, rows, vocab, ignore, what, v);
     int64_t n = ids->numel, shape[CA_MAX_DIMS + 1];
     ca_tensor *c = ca_contiguous(ids->dtype == CA_I64 ? ids : ca_cast(ids, CA_I64));
     int64_t *h = malloc(sizeof(int64_t) * (size_t)(2 * n + 1));
@@ -271,6 +316,7 @@ static ca_tensor *vocab_cross_entropy(ca_comm *tp, ca_tensor *logits, ca_tensor 
     ca_tensor *t = ca_masked_fill(ca_gather_dim(z, 1, ca_reshape(v.local, CA_SHAPE(n, 1))), v.outside, 0.0);
     t = tp_reduce_what(t, tp, "vocabulary-parallel cross-entropy: the labels' logits");
     ca_tensor *per = ca_masked_fill(ca_sub(ca_log(sum), t), v.ignored, 0.0);
+    if (v.count) return ca_div(ca_sum(per), v.count);   /* the lazy device's count, on it */
     return ca_cp_mean(ca_sum(per), v.counted);   /* over the cp ranks' labels too */
 }
 

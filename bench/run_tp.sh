@@ -6,9 +6,9 @@
 # stream on each rank's half of the tokens), cp 2 (2 processes, parallelism_config_cp_size 2: each rank 128 of
 # every 256 tokens, keys and values all-gathered) and cpring2 (the same with
 # parallelism_config_cp_comm_strategy alltoall: ring attention, keys and values passed round by
-# sendrecv), and on the lazy device (--tpu, distributed_type XLA) xla1 (one process), xlacp2 and xlacpring2 (cp 2
-# by all-gather and by the ring, their collectives and exchanges nodes of the device's graph), under caccel
-# launch (Gloo), --threads threads a process
+# sendrecv), and on the lazy device (--tpu, distributed_type XLA) xla1 (one process), xlatp2 (tp 2),
+# xlacp2 and xlacpring2 (cp 2 by all-gather and by the ring), their collectives and exchanges nodes of the
+# device's graph, under caccel launch (Gloo), --threads threads a process
 # (default 1; OMP_NUM_THREADS and OPENBLAS_NUM_THREADS, the PyTorch peer's torch.set_num_threads);
 # alternating, medians of REPS runs. Prints
 #   (a) tokens/s (the accelerator's throughput line, log_interval 1: the whole job's rate, a tp group's
@@ -26,7 +26,7 @@
 #   wide     2 layers x 1024 channels, 8 heads, T 128, B 8
 #   tiny     2 layers x 64 channels, 2 heads, T 32, B 8 (a check of the script, in seconds)
 # usage: run_tp.sh --gpt PATH --caccel PATH [--reps N] [--steps N] [--shapes default,wide]
-#                  [--modes 1,dp2,tp2,tp2sp,cp2,cpring2,xla1,xlacp2,xlacpring2]
+#                  [--modes 1,dp2,tp2,tp2sp,cp2,cpring2,xla1,xlatp2,xlacp2,xlacpring2]
 #                  [--threads N] [--no-torch]
 # Environment: CACCEL_BENCH_PYTHON (else TORCH_PYTHON, else python3): the interpreter with torch >= 2.2
 # for the peer; CACCEL_FORTUNES_DIR (the example's corpus).
@@ -74,9 +74,11 @@ run() {
                  "$work/rss" "$gpt" "$@" > "$out" 2>&1 ;;
         tp2sp) "$caccel" launch --num_processes 2 --cpu --backend gloo --parallelism_config_tp_size 2 -q \
                  "$work/rss" "$gpt" "$@" --sequence_parallel > "$out" 2>&1 ;;
+        xla1) "$work/rss" "$gpt" "$@" --tpu > "$out" 2>&1 ;;
+        xlatp2) "$caccel" launch --num_processes 2 --backend gloo --parallelism_config_tp_size 2 -q \
+                 "$work/rss" "$gpt" "$@" --tpu > "$out" 2>&1 ;;
         cpring2) "$caccel" launch --num_processes 2 --cpu --backend gloo --parallelism_config_cp_size 2 \
                  --parallelism_config_cp_comm_strategy alltoall -q "$work/rss" "$gpt" "$@" > "$out" 2>&1 ;;
-        xla1) "$work/rss" "$gpt" "$@" --tpu > "$out" 2>&1 ;;
         xlacp2) "$caccel" launch --num_processes 2 --backend gloo --parallelism_config_cp_size 2 -q \
                  "$work/rss" "$gpt" "$@" --tpu > "$out" 2>&1 ;;
         xlacpring2) "$caccel" launch --num_processes 2 --backend gloo --parallelism_config_cp_size 2 \

@@ -14,7 +14,7 @@ a = p.parse_args()
 L, H, C, T, B = (int(v) for v in a.shape.split())
 MODES = {"1": "1 process", "dp2": "dp 2", "tp2": "tp 2", "tp2sp": "tp 2 + SP", "cp2": "cp 2", "cpring2": "cp 2 ring",
          "torch1": "torch 1 process", "torchtp2": "torch tp 2", "torchtp2sp": "torch tp 2 + SP",
-         "xla1": "lazy 1 process", "xlacp2": "lazy cp 2", "xlacpring2": "lazy cp 2 ring"}
+         "xla1": "lazy 1 process", "xlatp2": "lazy tp 2", "xlacp2": "lazy cp 2", "xlacpring2": "lazy cp 2 ring"}
 
 
 rows = bench_runs.read_rows(a.work)   # mode -> output lines of its timed runs
@@ -51,6 +51,9 @@ for mode, name in MODES.items():
     print(f"{name:>16} | {r:9.0f} {B * T / r * 1e3:8.0f} {r / ref:9.2f} | "
           + " ".join(f"{x:.0f}" for x in rss(mode)) + f" ({n})")
 c1, ct = rate("1")[0], rate("torch1")[0]
+if rate("xlatp2")[1] and rate("xla1")[1] and rate("tp2")[1]:
+    print(f"lazy device: tp 2 {rate('xlatp2')[0] / rate('xla1')[0]:.2f}x its 1 process, "
+          f"{rate('xlatp2')[0] / rate('tp2')[0]:.2f}x tp 2 on the CPU device")
 if rate("torchtp2")[1] and rate("tp2")[1]:
     print(f"caccel / torch: 1 process {c1 / ct:.2f}x, tp 2 {rate('tp2')[0] / rate('torchtp2')[0]:.2f}x")
 
@@ -67,9 +70,9 @@ def params(mode):
     return 0
 
 
-def vocab_parallel():
+def vocab_parallel(mode):
     """the example's line (once a rank at tp > 1) when its logits are split over the vocabulary"""
-    for s in open(os.path.join(a.work, "t.tp2"), errors="replace"):
+    for s in open(os.path.join(a.work, f"t.{mode}"), errors="replace"):
         m = re.search(r"holds logits \[\d+, \d+, (\d+)\] of vocab (\d+)", s)
         if m and int(m.group(1)) < int(m.group(2)):
             return True
@@ -85,13 +88,15 @@ CP_FORMULAS = {
 }
 CP_FORMULAS["xlacp2"], CP_FORMULAS["xlacpring2"] = CP_FORMULAS["cp2"], CP_FORMULAS["cpring2"]   # the lazy device's
 print("bytes per step per communicator (rank 0's trace; collectives of the recorded steps / their count):")
-for mode in ("1", "dp2", "tp2", "tp2sp", "cp2", "cpring2", "xla1", "xlacp2", "xlacpring2"):
+for mode in ("1", "dp2", "tp2", "tp2sp", "cp2", "cpring2", "xla1", "xlatp2", "xlacp2", "xlacpring2"):
     tr = trace(mode)
     if not tr:
-        if mode not in ("tp2sp", "cp2", "cpring2", "xla1", "xlacp2", "xlacpring2"):
+        if mode not in ("tp2sp", "cp2", "cpring2", "xla1", "xlatp2", "xlacp2", "xlacpring2"):
             print(f"  {MODES[mode]}: no trace")
         continue
     c, steps = tr[0]
+    if mode.startswith("xla"):   # a step's collectives run in its graph at the next step's start, and a slice is
+        steps -= 1               # traced when both its recording and its run fall in the window: one step fewer
     same = all(x == c for x, _ in tr.values())
     tot = defaultdict(int)
     for (comm, op, nb), k in c.items():
@@ -101,11 +106,11 @@ for mode in ("1", "dp2", "tp2", "tp2sp", "cp2", "cpring2", "xla1", "xlacp2", "xl
         parts = ", ".join(f"{k / steps:g} {op} of {nb} B" for (cm, op, nb), k in sorted(c.items(), key=lambda x: -x[0][2] * x[1])
                           if cm == comm)
         print(f"    {comm:>12}: {tot[comm] / steps:14,.0f} B/step ({parts})")
-    if mode in ("tp2", "tp2sp"):   # sequence parallelism: each all-reduce a reduce-scatter and an all-gather
+    if mode in ("tp2", "tp2sp", "xlatp2"):   # sequence parallelism: each all-reduce a reduce-scatter and an all-gather
         tp = tot.get("tp", 0) / steps
         f = 4 * L * B * T * C * 4 + 4
         text = f"4*L*B*T*C*4 + 4 = 4*{L}*{B}*{T}*{C}*4 + 4 (clipping's f32 sum of squares) = {f:,}"
-        if vocab_parallel():
+        if vocab_parallel(mode):
             f += 2 * B * T * C * 4 + 3 * B * T * 4
             text = (f"(4*L + 2)*B*T*C*4 + 3*B*T*4 + 4 = {f:,} (vocabulary-parallel: the embedding's forward and the "
                     "tied LM head's input gradient B*T*C each, the cross-entropy's max, sum and target B*T each)")

@@ -33,6 +33,9 @@ EXTRA_DIST += tests/test_tp_llm.sh
 # Tensor parallelism x ZeRO / FSDP over the data-parallel ranks (dp_shard): tp_check, GPT and a Llama against one process
 TESTS += tests/test_tp_zero.sh
 EXTRA_DIST += tests/test_tp_zero.sh
+# Tensor parallelism on the lazy device (--tpu): the GPT example, a Llama, tp_check's MLP, checkpoints, against one process
+TESTS += tests/test_tp_xla.sh
+EXTRA_DIST += tests/test_tp_xla.sh
 # Context parallelism x ZeRO / FSDP over dp_shard x cp (Accelerate's dp_shard_cp): the GPT example against one process
 TESTS += tests/test_cp_zero.sh
 EXTRA_DIST += tests/test_cp_zero.sh

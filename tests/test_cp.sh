@@ -261,6 +261,5 @@ for be in $backends; do
 done
 be=${backends%% *}
 # shellcheck disable=SC2086
-refused 2 'parallelism_config_tp_size 2 (from .*) with distributed_type (from .*): the lazy device does not run tensor parallelism yet' --parallelism_config_tp_size 2 -- $TINY --tpu
 ) || exit 1
 echo "PASS"
