@@ -17,6 +17,8 @@
 
 #include "backends/cpu/cpu_impl.h"
 #include "backends/cpu/cpu_parallel.h"
+#include "backends/cpu/cpu_plugin.h"
+#include <cblas.h>
 
 #define MAXN 4096
 #define MAXCALLS 64
@@ -241,6 +243,26 @@ static void test_team_drivers(void **state) {
     assert_memory_equal(&one, &sixteen, sizeof one);
 }
 
+/* A GEMM on fewer BLAS threads puts back the count as set, not the one it found: another thread's GEMM may
+ * have lowered OpenBLAS's global count for its own call. */
+static void test_blas_count_put_back(void **state) {
+    (void)state;
+    cpu_set_threads(3);
+    assert_int_equal(cpu_blas_threads(), 3);
+    cpu_blas_threads_begin(1);
+    assert_int_equal(openblas_get_num_threads(), 1);
+    openblas_set_num_threads(2);   /* as another thread's GEMM would */
+    cpu_blas_threads_end();
+    assert_int_equal(openblas_get_num_threads(), 3);
+    ca_cpu_set_deterministic(true);   /* deterministic mode's one BLAS thread is the count as set */
+    assert_int_equal(cpu_blas_threads(), 1);
+    cpu_blas_threads_begin(cpu_gemm_threads(2048, 384, 1152, cpu_blas_threads()));
+    assert_int_equal(openblas_get_num_threads(), 1);
+    cpu_blas_threads_end();
+    ca_cpu_set_deterministic(false);
+    assert_int_equal(openblas_get_num_threads(), 3);
+}
+
 #if defined(__SSE2__)
 /* Workers run in the caller's mode (FTZ/DAZ and rounding), whatever mode the previous call had. */
 static void test_workers_in_caller_mode(void **state) {
@@ -357,6 +379,7 @@ int main(void) {
         cmocka_unit_test(test_nested_runs_serial), cmocka_unit_test(test_blocks_once),
         cmocka_unit_test(test_workers_in_caller_mode), cmocka_unit_test(test_fork_child_one_thread),
         cmocka_unit_test(test_cgroup_quota), cmocka_unit_test(test_team_rule), cmocka_unit_test(test_team_drivers),
+        cmocka_unit_test(test_blas_count_put_back),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -30,10 +30,11 @@ static ca_status sgemm_one(bool ta, bool tb, int64_t m, int64_t n, int64_t k, fl
     if (cpu_gemm_split(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, &st)) return st;
     /* a GEMM the split left whole gets the threads its size pays for (cpu_gemm_threads), not all of them,
      * and the library rule of that count (the one-thread rule where it is one) */
-    int saved = -1, threads = cpu_in_parallel() ? 1 : cpu_gemm_threads(m, n, k, openblas_get_num_threads());
-    if (!cpu_in_parallel()) {
+    bool nested = cpu_in_parallel();
+    int threads = nested ? 1 : cpu_gemm_threads(m, n, k, cpu_blas_threads());
+    if (!nested) {
         cpu_team_note(CPU_TEAM_GEMM, threads);
-        saved = cpu_blas_threads_begin(threads);
+        cpu_blas_threads_begin(threads);
     }
     if (cpu_f32_gemm_onednn_at(m, n, k, threads))
         st = cpu_onednn_sgemm_threads(threads, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
@@ -41,7 +42,7 @@ static ca_status sgemm_one(bool ta, bool tb, int64_t m, int64_t n, int64_t k, fl
         cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
                     (blasint)m, (blasint)n, (blasint)k, alpha, a, (blasint)lda, b, (blasint)ldb, beta,
                     c, (blasint)ldc);
-    if (saved >= 0) cpu_blas_threads_end(saved);
+    if (!nested) cpu_blas_threads_end();
     return st;
 }
 
@@ -85,7 +86,8 @@ static ca_status bf16_native(cpu_device *d, const ca_gemm_args *g) {
     }
     ca_status st = CA_OK;
     /* oneDNN takes the BLAS count of the moment: the threads this size pays for (cpu_gemm_threads) */
-    int saved = cpu_in_parallel() ? -1 : cpu_blas_threads_begin(cpu_gemm_threads(m, n, k, openblas_get_num_threads()));
+    bool nested = cpu_in_parallel();
+    if (!nested) cpu_blas_threads_begin(cpu_gemm_threads(m, n, k, cpu_blas_threads()));
     for (int64_t i = 0; st == CA_OK && i < batch; i++) {
         const uint16_t *a = (const uint16_t *)g->a + i * g->stride_a, *b = (const uint16_t *)g->b + i * g->stride_b;
         if (g->c_dtype == CA_F32) {
@@ -99,7 +101,7 @@ static ca_status bf16_native(cpu_device *d, const ca_gemm_args *g) {
         if (st == CA_OK)
             for (int64_t r = 0; r < m; r++) cpu_from_f32(CA_BF16, fc + r * n, n, c, r * g->ldc);
     }
-    if (saved >= 0) cpu_blas_threads_end(saved);
+    if (!nested) cpu_blas_threads_end();
     if (owned) free(fc);
     return st;
 }

@@ -33,6 +33,20 @@ int cpu_threads(void) {
 void cpu_set_threads(int n) {
     if (n < 1) n = 1;
     atomic_store(&threads, n);
+    cpu_blas_set_threads(n);
+}
+
+/* 0 until first set: OpenBLAS's own count then */
+static atomic_int blas_threads;
+
+int cpu_blas_threads(void) {
+    int n = atomic_load_explicit(&blas_threads, memory_order_relaxed);
+    return n > 0 ? n : openblas_get_num_threads();
+}
+
+void cpu_blas_set_threads(int n) {
+    if (n < 1) n = 1;
+    atomic_store(&blas_threads, n);
     openblas_set_num_threads(n);
 }
 
@@ -177,13 +191,12 @@ void cpu_parallel_blocks(int64_t nblocks, int64_t block_cost, cpu_block_fn fn, v
     cpu_parallel_for(nblocks, cpu_grain_for(block_cost), blocks_range, &b);
 }
 
-int cpu_blas_threads_begin(int n) {
-    int saved = openblas_get_num_threads();
+void cpu_blas_threads_begin(int n) {
     if (n < 1) n = 1;
-    if (n != saved) openblas_set_num_threads(n);
-    return saved;
+    if (openblas_get_num_threads() != n) openblas_set_num_threads(n);
 }
 
-void cpu_blas_threads_end(int saved) {
-    if (openblas_get_num_threads() != saved) openblas_set_num_threads(saved);
+void cpu_blas_threads_end(void) {
+    int n = cpu_blas_threads();
+    if (openblas_get_num_threads() != n) openblas_set_num_threads(n);
 }

@@ -69,11 +69,16 @@ void cpu_parallel_team(int64_t n, int team, cpu_range_fn fn, void *ctx);
 typedef void (*cpu_block_fn)(void *ctx, int64_t block);
 void cpu_parallel_blocks(int64_t nblocks, int64_t block_cost, cpu_block_fn fn, void *ctx);
 
+/* The BLAS thread count as set: by cpu_set_threads, or deterministic mode's 1 (cpu_blas_set_threads). A
+ * GEMM's own smaller count (cpu_blas_threads_begin) is put back to this one, never to OpenBLAS's global as
+ * read at the time, which another thread's GEMM may have lowered for the length of its call. */
+int cpu_blas_threads(void);
+void cpu_blas_set_threads(int n);
 /* A library GEMM (OpenBLAS, oneDNN) on n threads: sets OpenBLAS's count (its OpenMP build also takes the
- * calling thread's OpenMP count from it, and oneDNN's calls set that again) and returns the count to put back
- * with cpu_blas_threads_end. No change when n is the count already. */
-int cpu_blas_threads_begin(int n);
-void cpu_blas_threads_end(int saved);
+ * calling thread's OpenMP count from it, and oneDNN's calls set that again) until cpu_blas_threads_end puts
+ * cpu_blas_threads() back. No change when n is the count already. */
+void cpu_blas_threads_begin(int n);
+void cpu_blas_threads_end(void);
 
 /* CACCEL_CPU_TEAMS=1: counts every kernel loop's team (1 = serial) and every library GEMM's thread count
  * (outside parallel regions) and prints both tallies on stderr at exit, one line each, so that a run at
