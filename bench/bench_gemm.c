@@ -7,6 +7,7 @@
 #include <time.h>
 
 #include "core/device_impl.h"
+#include "backends/cpu/cpu_parallel.h"
 #include "backends/cpu/cpu_plugin.h"
 
 /*
@@ -87,7 +88,7 @@ int main(int argc, char **argv) {
         return 1;
     }
     /* before the description, which settles the GEMM path and oneDNN's thread count */
-    if (only) openblas_set_num_threads(only);
+    if (only) cpu_set_threads(only);   /* the kernels' and the BLAS's count, which GEMMs put back */
     char desc[512];
     ops->describe(dev, desc, sizeof desc);
     const char *ct = getenv("OPENBLAS_CORETYPE");

@@ -7,12 +7,19 @@
 # Workloads (--parts, comma-separated):
 #   gpt   examples/gpt's training tokens/s at 4 x 128 (4 heads), T 64, batch 32 and at 6 x 384 (6 heads),
 #         T 256, batch 8, against the PyTorch GPT of tests/test_gpt_parity.sh (bench/peers/torch_transformer.py);
+#         gpt-small and gpt-large: one of the two shapes alone;
 #   bert  a BERT fine-tune step at all-MiniLM-L6-v2's shape, T 128, batch 8 (bench_transformer bert) against
 #         transformers' BertForSequenceClassification;
 #   mlp   the 784-256-128-10 MLP, one Fashion-MNIST epoch at batch 16 and 128 (bench_mlp, bench/peers/torch_mlp.py);
 #   xla   the same MLP on the lazy xla device (bench_xla, synthetic inputs), set against the PyTorch MLP rows.
 # Threads: OMP_NUM_THREADS and OPENBLAS_NUM_THREADS for caccel (one OpenMP team, backends/cpu/cpu_parallel.h),
 # torch.set_num_threads (and the same variables) for PyTorch.
+# Teams: with the GPT 4 x 128 in the parts, one short run of it at each thread count with CACCEL_CPU_TEAMS=1
+# prints (at the end) how many kernel loops and library GEMMs ran on how many threads (the rules of
+# backends/cpu/cpu_parallel.h and cpu_gemm_split.c).
+# OpenBLAS's kernels: where `caccel env` warns that OpenBLAS chose kernels below the CPU's (an unknown CPU
+# model) and OPENBLAS_CORETYPE is unset, the core it names is exported for every run (as `caccel launch`
+# does for its workers), with a note.
 #
 # Serial fraction f (work done while one thread runs and the others wait, over all the work):
 #   profile  where `perf record` works: each caccel step at 1 and at PROFILE_THREADS threads (default 2) under
@@ -60,8 +67,11 @@ data=${CACCEL_DATA_DIR:-/usr/share/datasets}/fashion-mnist
 gpt=$build/examples/gpt bert=$build/bench/bench_transformer mlp=$build/bench/bench_mlp xla=$build/bench/bench_xla
 # steps: the GPT's timed steps are the second half of its log (as run_transformer.sh)
 if [ "$quick" = 1 ]; then gpt_small=8 gpt_large=4 bert_steps=1 xla_steps=30; else gpt_small=40 gpt_large=6 bert_steps=5 xla_steps=300; fi
-gpt_shapes=("4 4 128 64 32 $gpt_small" "6 6 384 256 8 $gpt_large")
 has() { case ",$parts," in *",$1,"*) return 0 ;; *) return 1 ;; esac; }
+gpt_shapes=()
+if has gpt || has gpt-small; then gpt_shapes+=("4 4 128 64 32 $gpt_small"); fi
+if has gpt || has gpt-large; then gpt_shapes+=("6 6 384 256 8 $gpt_large"); fi
+[ ${#gpt_shapes[@]} = 0 ] || parts=$parts,gpt
 
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -121,7 +131,14 @@ peers() {   # IMPL-suffix flags: the torch runs of one part, eager then compiled
 }
 
 echo "# $(date -u +%Y-%m-%dT%H:%MZ) $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(getconf _NPROCESSORS_ONLN) CPUs, load average $(cut -d' ' -f1-3 /proc/loadavg), threads $threads, medians of $reps$([ "$quick" = 1 ] && echo ', QUICK (few steps: not results)')"
-if [ -x "$build/tools/caccel" ]; then "$build/tools/caccel" env 2>/dev/null | grep '^CPU device' | sed 's/^/# /' || true; fi
+if [ -x "$build/tools/caccel" ]; then
+    hint=$("$build/tools/caccel" env 2>&1 | sed -n 's/.*OpenBLAS chose its .* set OPENBLAS_CORETYPE=\([A-Za-z]*\) .*/\1/p' | head -1)
+    if [ -n "$hint" ] && [ -z "${OPENBLAS_CORETYPE:-}" ]; then
+        export OPENBLAS_CORETYPE=$hint
+        note "OpenBLAS chose kernels below this CPU's: OPENBLAS_CORETYPE=$hint for every run"
+    fi
+    "$build/tools/caccel" env 2>/dev/null | grep '^CPU device' | sed 's/^/# /' || true
+fi
 if [ "$torch_ok" = 1 ]; then
     $py -c "import torch, transformers as t; b = [l for l in torch.__config__.parallel_info().splitlines() if 'backend' in l]; print(f'# torch {torch.__version__}, transformers {t.__version__}', *b[:1], sep=', ')" || true
 fi
@@ -147,6 +164,18 @@ for t in $threads; do
         if has xla; then row caccel xla-mlp "$t" xla_caccel; fi
     done
 done
+
+# The teams of the GPT 4 x 128 (CACCEL_CPU_TEAMS=1): a short run at each thread count, its tallies kept for
+# the end of the report.
+: > "$tmp/teams"
+if has gpt && [ "${gpt_shapes[0]%% *}" = 4 ]; then
+    read -r L H C T B N <<< "${gpt_shapes[0]}"
+    for t in $threads; do
+        OPENBLAS_NUM_THREADS=$t OMP_NUM_THREADS=$t CACCEL_CPU_TEAMS=1 "$gpt" --cpu --n_layer "$L" --n_head "$H" \
+            --n_embd "$C" --block_size "$T" --batch_size "$B" --max_steps 4 --log_interval 2 --eval_interval 0 \
+            --eval_samples 4 --sample_tokens 0 2>&1 > /dev/null | sed -n "s/^caccel cpu teams: /# gpt ${L}x${C} T$T b$B, 4 steps, $t threads: /p" >> "$tmp/teams" || true
+    done
+fi
 
 # The profile: each caccel step under perf at 1 thread (the work the speed-up divides) and at $pthreads
 # threads (the serial stretches), the samples inside its timed window kept (bench/serial_profile.py).
@@ -345,3 +374,8 @@ for name in names:
               f" {pthreads}, at 1): " + "; ".join(f"{n} {v:.0f}, {dict((k, x) for k, x in one['work_funcs']).get(n, 0):.0f}"
                                                    for n, v in pr["work_funcs"][:6]))
 PY
+if [ -s "$tmp/teams" ]; then
+    echo
+    echo "Teams: kernel loops and library GEMMs by the threads they ran on (CACCEL_CPU_TEAMS=1; 1 = serial)"
+    cat "$tmp/teams"
+fi

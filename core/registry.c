@@ -537,3 +537,8 @@ void ca_registry_shutdown(void) {
     builtins_done = plugins_done = false;
     pthread_mutex_unlock(&reg_mu);
 }
+
+ca_status ca_cpu_openblas_coretype_hint(const char **out) {
+    *out = ca_cpu_coretype_hint();
+    return CA_OK;
+}

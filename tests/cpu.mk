@@ -60,5 +60,5 @@ EXTRA_DIST += tests/test_cpu_gemm_paths.sh
 # The kernels' threads (docs/ARCHITECTURE.md, "Threads on the CPU"): the conformance and equivalence
 # tests at 1, 2 and 3 threads with every loop split, deterministic training bit-identical at 1, 2 and
 # 3 threads (examples/gpt), and the clamp of a count above the CPUs allowed (taskset).
-TESTS += tests/test_threads.sh tests/test_threads_det.sh tests/test_threads_clamp.sh
-EXTRA_DIST += tests/test_threads.sh tests/test_threads_det.sh tests/test_threads_clamp.sh
+TESTS += tests/test_threads.sh tests/test_threads_det.sh tests/test_threads_clamp.sh tests/test_launch_coretype.sh
+EXTRA_DIST += tests/test_threads.sh tests/test_threads_det.sh tests/test_threads_clamp.sh tests/test_launch_coretype.sh

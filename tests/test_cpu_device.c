@@ -15,6 +15,7 @@
 #include "core/device_impl.h"
 #include "backends/cpu/cpu_plugin.h"
 #include "backends/cpu/cpu_impl.h"
+#include "backends/cpu/cpu_parallel.h"
 
 static const ca_device_ops *cpu_ops(void) { return ca_cpu_plugin()->devices[0]; }
 
@@ -251,8 +252,8 @@ static void test_blas_threads_slurm(void **state) {
 /* Deterministic mode runs GEMMs on one thread while any user holds it, then restores the count. */
 static void test_deterministic_threads(void **state) {
     (void)state;
-    openblas_set_num_threads(2);
-    int before = openblas_get_num_threads();   /* 1 on a one-core machine */
+    cpu_set_threads(2);   /* the kernels' and the BLAS's count, which deterministic mode puts back */
+    int before = openblas_get_num_threads();
     ca_cpu_set_deterministic(true);
     assert_int_equal(openblas_get_num_threads(), 1);
     ca_cpu_set_deterministic(true);

@@ -17,6 +17,8 @@
 
 #include "backends/cpu/cpu_impl.h"
 #include "backends/cpu/cpu_parallel.h"
+#include "backends/cpu/cpu_plugin.h"
+#include <cblas.h>
 
 #define MAXN 4096
 #define MAXCALLS 64
@@ -165,6 +167,102 @@ static void test_blocks_once(void **state) {
     }
 }
 
+/* The team rule (cpu_team_size) at the sizes of bench/RESULTS.md's small GPT: an op of 256 Ki elements gets
+ * 4 threads of 16, not the 8 one grain a thread would feed; a library GEMM's threads grow with its
+ * multiply-adds (cpu_gemm_threads). */
+static void test_team_rule(void **state) {
+    (void)state;
+    assert_int_equal(cpu_team_size(262144, CPU_GRAIN, 16), 4);
+    assert_int_equal(cpu_team_size(262144, CPU_GRAIN, 2), 2);
+    assert_int_equal(cpu_team_size(262144, CPU_GRAIN, 1), 1);
+    assert_int_equal(cpu_team_size(1 << 20, CPU_GRAIN, 16), 16);   /* the MLP's GELU: every thread */
+    assert_int_equal(cpu_team_size(1 << 20, CPU_GRAIN, 64), 16);
+    assert_int_equal(cpu_team_size(CPU_TEAM_GRAINS * CPU_GRAIN, CPU_GRAIN, 16), 1);   /* one thread's share */
+    assert_int_equal(cpu_team_size(CPU_TEAM_GRAINS * CPU_GRAIN + 1, CPU_GRAIN, 16), 2);
+    assert_int_equal(cpu_team_size(CPU_GRAIN - 1, CPU_GRAIN, 16), 1);
+    assert_int_equal(cpu_team_size(2048, cpu_grain_for(128), 16), 4);   /* 2048 rows of 128: a layer norm */
+    assert_int_equal(cpu_team_size(2048, cpu_grain_for(128), 3), 3);
+    assert_int_equal(cpu_team_size(10, 1, 16), 10);   /* grain 1: an iteration a thread */
+    assert_int_equal(cpu_team_size(100, 1, 16), 16);
+    assert_int_equal(cpu_team_size(0, 1, 16), 1);
+    /* library GEMMs: 16 Mi multiply-adds a thread */
+    assert_int_equal(cpu_gemm_threads(2048, 128, 384, 16), 6);     /* the small GPT's c_attn */
+    assert_int_equal(cpu_gemm_threads(2048, 128, 384, 4), 4);
+    assert_int_equal(cpu_gemm_threads(2048, 384, 1152, 16), 16);   /* GPT 6 x 384's c_attn */
+    assert_int_equal(cpu_gemm_threads(16, 784, 256, 16), 1);
+    assert_int_equal(cpu_gemm_threads(256, 256, 256, 16), 1);      /* exactly one thread's share */
+    assert_int_equal(cpu_gemm_threads(256, 256, 257, 16), 2);
+    assert_int_equal(cpu_gemm_threads(2048, 384, 1152, 1), 1);     /* deterministic mode's one BLAS thread */
+}
+
+/* The drivers run the rule's team: at 16 threads (oversubscribed here, which changes no count) a loop of
+ * 256 Ki elements forks 4 threads and a reduction of 32 fixed blocks of CPU_REDUCE_BLOCK 4; the reduction's
+ * sum is the same bits at 1, 2, 3 and 16 threads, its blocks fixed by the size alone. */
+static float block_sums[32];
+static float data_for_sum[32 * CPU_REDUCE_BLOCK];
+
+static void sum_block(void *ctx, int64_t b) {
+    (void)ctx;
+    record(b, b + 1);
+    float s = 0.0f;
+    for (int64_t i = 0; i < CPU_REDUCE_BLOCK; i++) s += data_for_sum[b * CPU_REDUCE_BLOCK + i];
+    block_sums[b] = s;
+}
+
+static float blocks_sum(int nt) {
+    cpu_set_threads(nt);
+    reset();
+    cpu_parallel_blocks(32, CPU_REDUCE_BLOCK, sum_block, NULL);
+    assert_tiles(32, 32);
+    float s = 0.0f;
+    for (int b = 0; b < 32; b++) s += block_sums[b];
+    return s;
+}
+
+static void test_team_drivers(void **state) {
+    (void)state;
+    cpu_set_threads(16);
+    if (cpu_threads() == 1) skip();   /* built without OpenMP */
+    reset();
+    cpu_parallel_for(262144, CPU_GRAIN, range_fn, NULL);
+    assert_int_equal(atomic_load(&S.calls), 4);
+    assert_int_equal(distinct_threads(4), 4);
+    uint32_t x = 12345;
+    for (size_t i = 0; i < sizeof data_for_sum / sizeof data_for_sum[0]; i++) {
+        x = x * 1664525u + 1013904223u;
+        data_for_sum[i] = (float)(x >> 8) / (float)(1u << 24) - 0.5f;
+    }
+    float one = blocks_sum(1);
+    assert_int_equal(distinct_threads(32), 1);
+    float sixteen = blocks_sum(16);
+    assert_int_equal(distinct_threads(32), 4);
+    float two = blocks_sum(2), three = blocks_sum(3);
+    assert_int_equal(distinct_threads(32), 3);
+    assert_memory_equal(&one, &two, sizeof one);
+    assert_memory_equal(&one, &three, sizeof one);
+    assert_memory_equal(&one, &sixteen, sizeof one);
+}
+
+/* A GEMM on fewer BLAS threads puts back the count as set, not the one it found: another thread's GEMM may
+ * have lowered OpenBLAS's global count for its own call. */
+static void test_blas_count_put_back(void **state) {
+    (void)state;
+    cpu_set_threads(3);
+    assert_int_equal(cpu_blas_threads(), 3);
+    cpu_blas_threads_begin(1);
+    assert_int_equal(openblas_get_num_threads(), 1);
+    openblas_set_num_threads(2);   /* as another thread's GEMM would */
+    cpu_blas_threads_end();
+    assert_int_equal(openblas_get_num_threads(), 3);
+    ca_cpu_set_deterministic(true);   /* deterministic mode's one BLAS thread is the count as set */
+    assert_int_equal(cpu_blas_threads(), 1);
+    cpu_blas_threads_begin(cpu_gemm_threads(2048, 384, 1152, cpu_blas_threads()));
+    assert_int_equal(openblas_get_num_threads(), 1);
+    cpu_blas_threads_end();
+    ca_cpu_set_deterministic(false);
+    assert_int_equal(openblas_get_num_threads(), 3);
+}
+
 #if defined(__SSE2__)
 /* Workers run in the caller's mode (FTZ/DAZ and rounding), whatever mode the previous call had. */
 static void test_workers_in_caller_mode(void **state) {
@@ -280,7 +378,8 @@ int main(void) {
         cmocka_unit_test(test_ranges_cover_once), cmocka_unit_test(test_grain_keeps_small_serial),
         cmocka_unit_test(test_nested_runs_serial), cmocka_unit_test(test_blocks_once),
         cmocka_unit_test(test_workers_in_caller_mode), cmocka_unit_test(test_fork_child_one_thread),
-        cmocka_unit_test(test_cgroup_quota),
+        cmocka_unit_test(test_cgroup_quota), cmocka_unit_test(test_team_rule), cmocka_unit_test(test_team_drivers),
+        cmocka_unit_test(test_blas_count_put_back),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -9,7 +9,7 @@
 # splits even on these tests' small shapes (3 threads: ranges of unequal length). One thread is the
 # serial path, which the suite runs anyway. Under the sanitizers (CACCEL_TEST_SANITIZED=yes) only 3
 # threads run: unequal ranges are where an index would go out of bounds, and data races are not what
-# AddressSanitizer finds.
+# AddressSanitizer finds. Last, CACCEL_CPU_TEAMS=1's tallies of the kernel loops' and GEMMs' teams at exit.
 set -u
 b=${CACCEL_TEST_BUILDDIR:-.}
 s=$(cd "$(dirname "$0")" && pwd)
@@ -39,4 +39,11 @@ for t in $threads; do
         echo "  test_actckpt_gpt.sh: ok"
     fi
 done
+# CACCEL_CPU_TEAMS=1: at exit, how many kernel loops and library GEMMs ran on how many threads
+out=$(CACCEL_CPU_TEAMS=1 OMP_NUM_THREADS=3 OPENBLAS_NUM_THREADS=3 "$b/tests/test_cpu_kernels" 2>&1)
+echo "$out" | grep '^caccel cpu teams: kernel'
+echo "$out" | grep -q '^caccel cpu teams: kernel loops by threads: .*3=[1-9]' || fail "no tally of 3-thread kernel loops"
+out=$(CACCEL_CPU_TEAMS=1 OMP_NUM_THREADS=3 OPENBLAS_NUM_THREADS=3 "$b/tests/test_cpu_gemm" 2>&1)
+echo "$out" | grep '^caccel cpu teams: library'
+echo "$out" | grep -q '^caccel cpu teams: library GEMMs by threads: .*3=[1-9]' || fail "no tally of library GEMMs"
 echo ok

@@ -450,6 +450,23 @@ static void set_world_env(const launch *L) {
     setenv_int("GROUP_WORLD_SIZE", L->nmachines);
 }
 
+/* OpenBLAS chooses its kernels when it loads, from OPENBLAS_CORETYPE or its own detection, which falls back to
+ * kernels without AVX2 (Prescott) on CPU models it does not know, virtual machines' among them: there the
+ * GEMM-bound steps ran at 0.25-0.31x PyTorch (bench/RESULTS.md, 16 cores). This process's OpenBLAS has loaded
+ * already: where it chose so (the CPU backend's detection) and no OPENBLAS_CORETYPE is set, the workers get
+ * the core this CPU runs, and one line says so. A user's OPENBLAS_CORETYPE is kept, whatever it names. */
+static void set_blas_coretype(const launch *L) {
+    const char *set = getenv("OPENBLAS_CORETYPE");
+    /* test hook: the test set OPENBLAS_CORETYPE=Prescott only to load this process's OpenBLAS as its detection
+     * does on an unknown CPU; the variable then counts as unset */
+    if (getenv("CACCEL_TEST_CORETYPE_UNSET")) set = NULL;
+    const char *hint = NULL;
+    if ((set && *set) || ca_cpu_openblas_coretype_hint(&hint) != CA_OK || !hint) return;
+    setenv("OPENBLAS_CORETYPE", hint, 1);
+    say(L, "OpenBLAS chose kernels without AVX2 on this CPU, which has %s: the processes run with "
+        "OPENBLAS_CORETYPE=%s", strcmp(hint, "SkylakeX") ? "AVX2" : "AVX-512", hint);
+}
+
 /* The environment every local process shares (ranks are added per child). */
 static int setup_env(launch *L, ca_config *cfg, const ca_settings *st) {
     for (size_t i = 0; i < sizeof exported / sizeof exported[0]; i++) {
@@ -493,6 +510,7 @@ static int setup_env(launch *L, ca_config *cfg, const ca_settings *st) {
         /* names the launcher as the count's source when the CPU device clamps it (cpu_threads.c) */
         setenv("CACCEL_NUM_CPU_THREADS_PER_PROCESS", num, 1);
     }
+    set_blas_coretype(L);
     for (char **e = environ; *e;) {
         if (scrub(*e)) {
             char name[256];

@@ -17,8 +17,9 @@
 #   --bundle DIR  the bundle (default _build-gpu); it must be inside the source tree
 #   --budget S    seconds for the whole run (default 470); each stage's timeout is cut to what is left
 #   --no-bench    the tests only
-#   --threads L   after the GPU benchmarks, bench/run_threads.sh at the thread counts L ("1 2 4 8 16"): the
-#                 GPT and BERT steps against python3's PyTorch eager, one run each (PARTS, REPS and
+#   --threads L   after the GPU benchmarks, bench/run_threads.sh at the thread counts L ("1 2 4 8 16"): first
+#                 the GPT 4 x 128 alone with its kernels' teams at each count, then the GPT 6 x 384 and BERT
+#                 steps, against python3's PyTorch eager, one run each (PARTS of the second run, REPS and
 #                 TORCH_COMPILE from the environment override), in what is left of the budget
 # Environment: GPU_CHECK_BUILD (build folder, default a fresh temporary one), CC (default gcc, or
 # "ccache gcc" where ccache is installed).
@@ -178,9 +179,21 @@ bench bench-gpt-cuda 150 BENCH_GPT_CUDA_ARGS="--steps 10"
 if [ -n "$threads" ]; then
     if (cd "$b" && timeout "$(cap 60)" make -j"$jobs" examples/gpt bench/bench_transformer tools/caccel) \
         >> "$out/build.log" 2>&1; then
-        PARTS=${PARTS:-gpt,bert} REPS=${REPS:-1} TORCH_COMPILE=${TORCH_COMPILE:-0} PROFILE=0 \
+        # first the small GPT (4 x 128, T 64, batch 32) alone at every count, 16 included: the workload that ran
+        # slower at 16 threads than at 4 before kernels and GEMMs took teams sized by their work; its teams
+        # at each count (CACCEL_CPU_TEAMS) end its half of threads.txt
+        PARTS=gpt-small REPS=${REPS:-1} TORCH_COMPILE=${TORCH_COMPILE:-0} PROFILE=0 \
             TORCH_PYTHON=${TORCH_PYTHON:-python3} THREADS="$threads" \
             timeout "$(left)" bash "$top/bench/run_threads.sh" --build "$b" > "$out/threads.txt" 2>&1
+        rc=$?
+        grep -E '4x128|threads:' "$out/threads.txt" | tail -20
+        case $rc in
+            0) result PASS threads-gpt-small ;;
+            *) result FAIL threads-gpt-small "exit $rc (threads.txt, its first half)" ;;
+        esac
+        PARTS=${PARTS:-gpt-large,bert} REPS=${REPS:-1} TORCH_COMPILE=${TORCH_COMPILE:-0} PROFILE=0 \
+            TORCH_PYTHON=${TORCH_PYTHON:-python3} THREADS="$threads" \
+            timeout "$(left)" bash "$top/bench/run_threads.sh" --build "$b" >> "$out/threads.txt" 2>&1
         rc=$?
         tail -30 "$out/threads.txt"
         case $rc in

@@ -48,10 +48,10 @@ bool cpu_deterministic(void) { return atomic_load_explicit(&det_on, memory_order
 void ca_cpu_set_deterministic(bool on) {
     pthread_mutex_lock(&det_mu);
     if (on && det_users++ == 0) {
-        det_saved_threads = openblas_get_num_threads();
-        openblas_set_num_threads(1);
+        det_saved_threads = cpu_blas_threads();
+        cpu_blas_set_threads(1);
     } else if (!on && det_users > 0 && --det_users == 0) {
-        openblas_set_num_threads(det_saved_threads);
+        cpu_blas_set_threads(det_saved_threads);
     }
     atomic_store(&det_on, det_users > 0);
     pthread_mutex_unlock(&det_mu);

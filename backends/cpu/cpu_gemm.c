@@ -1,6 +1,7 @@
 /* CPU GEMM: OpenBLAS or oneDNN sgemm (row-major), strided batches, f16/bf16 operands through f32 scratch
  * or oneDNN's bf16 GEMM. */
 #include "backends/cpu/cpu_impl.h"
+#include "backends/cpu/cpu_parallel.h"
 
 #include <cblas.h>
 #include <limits.h>
@@ -27,11 +28,22 @@ static ca_status sgemm_one(bool ta, bool tb, int64_t m, int64_t n, int64_t k, fl
     }
     ca_status st = CA_OK;
     if (cpu_gemm_split(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, &st)) return st;
-    if (cpu_f32_gemm_onednn(m, n, k)) return cpu_onednn_sgemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
-                (blasint)m, (blasint)n, (blasint)k, alpha, a, (blasint)lda, b, (blasint)ldb, beta,
-                c, (blasint)ldc);
-    return CA_OK;
+    /* a GEMM the split left whole gets the threads its size pays for (cpu_gemm_threads), not all of them,
+     * and the library rule of that count (the one-thread rule where it is one) */
+    bool nested = cpu_in_parallel();
+    int threads = nested ? 1 : cpu_gemm_threads(m, n, k, cpu_blas_threads());
+    if (!nested) {
+        cpu_team_note(CPU_TEAM_GEMM, threads);
+        cpu_blas_threads_begin(threads);
+    }
+    if (cpu_f32_gemm_onednn_at(m, n, k, threads))
+        st = cpu_onednn_sgemm_threads(threads, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    else
+        cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+                    (blasint)m, (blasint)n, (blasint)k, alpha, a, (blasint)lda, b, (blasint)ldb, beta,
+                    c, (blasint)ldc);
+    if (!nested) cpu_blas_threads_end();
+    return st;
 }
 
 /* Converts a rows x cols matrix with row stride ld to contiguous f32. */
@@ -73,6 +85,9 @@ static ca_status bf16_native(cpu_device *d, const ca_gemm_args *g) {
         if (st != CA_OK) return st;
     }
     ca_status st = CA_OK;
+    /* oneDNN takes the BLAS count of the moment: the threads this size pays for (cpu_gemm_threads) */
+    bool nested = cpu_in_parallel();
+    if (!nested) cpu_blas_threads_begin(cpu_gemm_threads(m, n, k, cpu_blas_threads()));
     for (int64_t i = 0; st == CA_OK && i < batch; i++) {
         const uint16_t *a = (const uint16_t *)g->a + i * g->stride_a, *b = (const uint16_t *)g->b + i * g->stride_b;
         if (g->c_dtype == CA_F32) {
@@ -86,6 +101,7 @@ static ca_status bf16_native(cpu_device *d, const ca_gemm_args *g) {
         if (st == CA_OK)
             for (int64_t r = 0; r < m; r++) cpu_from_f32(CA_BF16, fc + r * n, n, c, r * g->ldc);
     }
+    if (!nested) cpu_blas_threads_end();
     if (owned) free(fc);
     return st;
 }

@@ -28,6 +28,12 @@
 #define CPU_GEMM_SPLIT_ALIGN 16
 /* The most blocks in deterministic mode, whatever the thread count. */
 #define CPU_GEMM_DET_BLOCKS 8
+/* Multiply-adds each thread of a library GEMM (one not split here) gets at least: 16 Mi, 0.2 to 0.5 ms of one
+ * core, against OpenBLAS's own floor of 256 Ki a thread, under which the threads of its OpenMP and pthreads
+ * pools spent their time waiting for each other in sched_yield on the 128-wide GEMMs of the small GPT
+ * (bench/RESULTS.md, 16 cores). A GEMM of the GPT 6 x 384's or BERT's size (300 Mi and up) still gets 16
+ * threads; the small GPT's 2048 x 128 x 384 (96 Mi) gets 6. */
+#define CPU_GEMM_THREAD_MNK (1 << 24)
 
 typedef struct split_gemm {
     bool ta, tb, by_rows;
@@ -79,7 +85,16 @@ static void blocks_range(void *p, int64_t lo, int64_t hi) {
     }
 }
 
-/* Blocks for this GEMM, 1 when it is not split. */
+int cpu_gemm_threads(int64_t m, int64_t n, int64_t k, int threads) {
+    int64_t mnk = m * n * k, per = cpu_grain_override() > 0 ? cpu_grain_override() : CPU_GEMM_THREAD_MNK;
+    int64_t want = mnk / per + (mnk % per != 0);
+    if (want < 1) want = 1;
+    return threads < 1 ? 1 : want < threads ? (int)want : threads;
+}
+
+/* Blocks for this GEMM, 1 when it is not split. The count is bounded by the work (a block at least
+ * CPU_GEMM_SPLIT_MNK multiply-adds), by C's widest dimension in register tiles, and by the threads (outside
+ * deterministic mode) or CPU_GEMM_DET_BLOCKS (in it); each block then gets a thread of its own. */
 static int64_t split_blocks(int64_t m, int64_t n, int64_t k, bool deterministic) {
     int64_t mnk = m * n * k, dim = m > n ? m : n;
     if (!deterministic && (cpu_threads() <= 1 || cpu_in_parallel())) return 1;
@@ -102,7 +117,8 @@ bool cpu_gemm_split(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alp
                     .ldc = ldc, .dim = m > n ? m : n, .nblocks = nb, .alpha = alpha, .beta = beta, .a = a,
                     .b = b, .c = c};
     atomic_init(&s.failed, 0);
-    cpu_parallel_for(nb, 1, blocks_range, &s);
+    cpu_team_note(CPU_TEAM_GEMM, (int)(nb < cpu_threads() ? nb : cpu_threads()));
+    cpu_parallel_team(nb, (int)nb, blocks_range, &s);
     int bad = atomic_load(&s.failed);
     /* a worker's error message stays on its thread: name the block here */
     *st = bad == 0 ? CA_OK

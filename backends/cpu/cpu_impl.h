@@ -56,18 +56,19 @@ bool cpu_f32_gemm_onednn_at(int64_t m, int64_t n, int64_t k, int threads);
 const char *cpu_f32_gemm_path(void);
 ca_status cpu_bf16_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const uint16_t *a,
                         int64_t lda, const uint16_t *b, int64_t ldb, float beta, float *c, int64_t ldc);
-/* dnnl_sgemm on `threads` OpenMP threads (cpu_onednn_sgemm: the BLAS thread count). */
+/* dnnl_sgemm on `threads` OpenMP threads (a block of a split GEMM: 1; else cpu_gemm_threads's count). */
 ca_status cpu_onednn_sgemm_threads(int threads, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
                                    const float *a, int64_t lda, const float *b, int64_t ldb, float beta, float *c,
                                    int64_t ldc);
-ca_status cpu_onednn_sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
-                           int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc);
 
 /* An f32 GEMM (k > 0, alpha != 0) split over the kernels' threads in blocks of C's rows or columns
  * (cpu_gemm_split.c): false when this one is not split (too small, one thread, inside a parallel region,
  * large enough for oneDNN's own threads), else true with the GEMM done and its status in *st. */
 bool cpu_gemm_split(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
                     const float *b, int64_t ldb, float beta, float *c, int64_t ldc, ca_status *st);
+/* Threads for a library GEMM (OpenBLAS, oneDNN) of m x n x k not split by cpu_gemm_split, at `threads` BLAS
+ * threads: min(threads, ceil(m n k / CPU_GEMM_THREAD_MNK)), at least 1 (cpu_gemm_split.c says why). */
+int cpu_gemm_threads(int64_t m, int64_t n, int64_t k, int threads);
 /* Whether deterministic mode is on (ca_cpu_set_deterministic). */
 bool cpu_deterministic(void);
 

@@ -256,8 +256,3 @@ ca_status cpu_onednn_sgemm_threads(int threads, bool ta, bool tb, int64_t m, int
     return gemm_status(gemm_f32(ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, alpha, a, lda, b, ldb, beta, c, ldc),
                        "dnnl_sgemm", m, n, k);
 }
-
-ca_status cpu_onednn_sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
-                           int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc) {
-    return cpu_onednn_sgemm_threads(openblas_get_num_threads(), ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-}

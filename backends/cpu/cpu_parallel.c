@@ -4,7 +4,9 @@
 
 #include <cblas.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #endif
@@ -31,6 +33,20 @@ int cpu_threads(void) {
 void cpu_set_threads(int n) {
     if (n < 1) n = 1;
     atomic_store(&threads, n);
+    cpu_blas_set_threads(n);
+}
+
+/* 0 until first set: OpenBLAS's own count then */
+static atomic_int blas_threads;
+
+int cpu_blas_threads(void) {
+    int n = atomic_load_explicit(&blas_threads, memory_order_relaxed);
+    return n > 0 ? n : openblas_get_num_threads();
+}
+
+void cpu_blas_set_threads(int n) {
+    if (n < 1) n = 1;
+    atomic_store(&blas_threads, n);
     openblas_set_num_threads(n);
 }
 
@@ -88,18 +104,75 @@ static void run_team(int64_t n, int nt, cpu_range_fn fn, void *ctx) {
     }
 }
 
-void cpu_parallel_for(int64_t n, int64_t grain, cpu_range_fn fn, void *ctx) {
-    if (n <= 0) return;
-    if (grain_override() > 0) grain = grain_override();
+int cpu_team_size(int64_t n, int64_t grain, int nthreads) {
+    int64_t over = grain_override();
+    if (over > 0) grain = over;
     if (grain < 1) grain = 1;
+    if (nthreads <= 1 || n < grain) return 1;
+    /* a thread's share in iterations: CPU_TEAM_GRAINS grains, one iteration where the grain is one */
+    int64_t share = over > 0 || grain == 1 ? grain : grain * CPU_TEAM_GRAINS;
+    int64_t team = n / share + (n % share != 0);
+    return team < nthreads ? (int)team : nthreads;
+}
+
+/* The tallies of CACCEL_CPU_TEAMS=1: slot t - 1 counts teams of t threads, the last slot larger ones. */
+#define TEAM_SLOTS 64
+static atomic_llong tally[2][TEAM_SLOTS];
+
+static void print_tally(void) {
+    static const char *const what[2] = {"kernel loops", "library GEMMs"};
+    for (int k = 0; k < 2; k++) {
+        char line[1024];
+        int at = snprintf(line, sizeof line, "caccel cpu teams: %s by threads:", what[k]);
+        for (int t = 0; t < TEAM_SLOTS && at < (int)sizeof line - 40; t++) {
+            long long c = atomic_load(&tally[k][t]);
+            if (c) at += snprintf(line + at, sizeof line - (size_t)at, " %d%s=%lld", t + 1, t == TEAM_SLOTS - 1 ? "+" : "", c);
+        }
+        fprintf(stderr, "%s\n", line);
+    }
+}
+
+static bool tally_on(void) {
+    static atomic_int on = -1;
+    int v = atomic_load_explicit(&on, memory_order_relaxed);
+    if (v >= 0) return v;
+    const char *e = getenv("CACCEL_CPU_TEAMS");
+    int want = e && !strcmp(e, "1");
+    int unset = -1;
+    if (atomic_compare_exchange_strong(&on, &unset, want) && want) atexit(print_tally);
+    return atomic_load(&on);
+}
+
+void cpu_team_note(cpu_team_kind kind, int team) {
+    if (!tally_on() || omp_in_parallel()) return;
+    int slot = team < 1 ? 0 : team > TEAM_SLOTS ? TEAM_SLOTS - 1 : team - 1;
+    atomic_fetch_add_explicit(&tally[kind == CPU_TEAM_GEMM][slot], 1, memory_order_relaxed);
+}
+
+void cpu_parallel_team(int64_t n, int team, cpu_range_fn fn, void *ctx) {
+    if (n <= 0) return;
     int nt = cpu_threads();
-    int64_t most = n / grain;  /* never give a thread less than one grain */
-    if (most < nt) nt = most < 1 ? 1 : (int)most;
+    if (team < nt) nt = team;
+    if (n < nt) nt = (int)n;
     if (nt <= 1 || omp_in_parallel()) {
         fn(ctx, 0, n);
         return;
     }
     run_team(n, nt, fn, ctx);
+}
+
+void cpu_parallel_for(int64_t n, int64_t grain, cpu_range_fn fn, void *ctx) {
+    if (n <= 0) return;
+    if (omp_in_parallel()) {
+        fn(ctx, 0, n);
+        return;
+    }
+    int nt = cpu_team_size(n, grain, cpu_threads());
+    cpu_team_note(CPU_TEAM_LOOP, nt);
+    if (nt <= 1)
+        fn(ctx, 0, n);
+    else
+        run_team(n, nt, fn, ctx);
 }
 
 typedef struct blocks_ctx {
@@ -114,12 +187,16 @@ static void blocks_range(void *p, int64_t lo, int64_t hi) {
 
 void cpu_parallel_blocks(int64_t nblocks, int64_t block_cost, cpu_block_fn fn, void *ctx) {
     if (nblocks <= 0) return;
-    int nt = cpu_threads();
-    if (nt > nblocks) nt = (int)nblocks;
-    int64_t threshold = grain_override() > 0 ? grain_override() : CPU_GRAIN;
     blocks_ctx b = {fn, ctx};
-    if (nt <= 1 || omp_in_parallel() || nblocks * (block_cost < 1 ? 1 : block_cost) < threshold)
-        blocks_range(&b, 0, nblocks);
-    else
-        run_team(nblocks, nt, blocks_range, &b);
+    cpu_parallel_for(nblocks, cpu_grain_for(block_cost), blocks_range, &b);
+}
+
+void cpu_blas_threads_begin(int n) {
+    if (n < 1) n = 1;
+    if (openblas_get_num_threads() != n) openblas_set_num_threads(n);
+}
+
+void cpu_blas_threads_end(void) {
+    int n = cpu_blas_threads();
+    if (openblas_get_num_threads() != n) openblas_set_num_threads(n);
 }

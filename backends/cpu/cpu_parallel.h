@@ -39,15 +39,52 @@ static inline int64_t cpu_grain_for(int64_t cost) {
     return g < 1 ? 1 : g;
 }
 
-/* fn(ctx, lo, hi) over [0, n) split into at most cpu_threads() contiguous ranges; serial (one call with
- * [0, n)) when n < grain, when one thread is set, or when called inside a parallel region. */
+/* Grains of work each thread of a team gets at least (CPU_TEAM_GRAINS * CPU_GRAIN = 64 Ki streaming
+ * elements, 20 to 40 microseconds of one core). A team's fork-join grows with its size (the barrier, the
+ * wake-ups, each thread's cold cache lines), so a kernel uses only the threads its work pays for:
+ * bench/RESULTS.md measured the small GPT (ops of at most 256 Ki elements) slower at 16 threads than at 4
+ * when each op forked over every thread a grain could feed. */
+#define CPU_TEAM_GRAINS 2
+
+/* The team of a loop of n iterations with this grain (iterations per CPU_GRAIN of work) at `threads` threads:
+ * min(threads, ceil(n / (grain * CPU_TEAM_GRAINS))), never more than n, 1 when n < grain. A grain of 1 says
+ * an iteration is a grain of work or more: each thread gets at least one. With CACCEL_CPU_GRAIN=N the grain is
+ * N and a thread's share one grain (the tests' every-path mode). Depends on its arguments (and that knob)
+ * only: a deterministic kernel's partition must not depend on it, only the number of threads that share
+ * the partition's parts. */
+int cpu_team_size(int64_t n, int64_t grain, int threads);
+
+/* fn(ctx, lo, hi) over [0, n) split into cpu_team_size(n, grain, cpu_threads()) contiguous ranges; serial
+ * (one call with [0, n)) when that is 1, or when called inside a parallel region. */
 typedef void (*cpu_range_fn)(void *ctx, int64_t lo, int64_t hi);
 void cpu_parallel_for(int64_t n, int64_t grain, cpu_range_fn fn, void *ctx);
 
-/* fn(ctx, b) for every block b in [0, nblocks), in parallel when nblocks * block_cost >= CPU_GRAIN. Which
- * thread runs a block does not change what the block computes: the deterministic half of a reduction. */
+/* fn(ctx, lo, hi) over [0, n) on exactly min(team, n, cpu_threads()) threads, for a caller that sized its
+ * team by its own rule (a GEMM split in blocks, cpu_gemm_split.c); serial inside a parallel region. */
+void cpu_parallel_team(int64_t n, int team, cpu_range_fn fn, void *ctx);
+
+/* fn(ctx, b) for every block b in [0, nblocks), on the team cpu_team_size gives nblocks blocks of
+ * block_cost streaming elements each (serial below CPU_GRAIN of work). Which thread runs a block does not
+ * change what the block computes: the deterministic half of a reduction. */
 typedef void (*cpu_block_fn)(void *ctx, int64_t block);
 void cpu_parallel_blocks(int64_t nblocks, int64_t block_cost, cpu_block_fn fn, void *ctx);
+
+/* The BLAS thread count as set: by cpu_set_threads, or deterministic mode's 1 (cpu_blas_set_threads). A
+ * GEMM's own smaller count (cpu_blas_threads_begin) is put back to this one, never to OpenBLAS's global as
+ * read at the time, which another thread's GEMM may have lowered for the length of its call. */
+int cpu_blas_threads(void);
+void cpu_blas_set_threads(int n);
+/* A library GEMM (OpenBLAS, oneDNN) on n threads: sets OpenBLAS's count (its OpenMP build also takes the
+ * calling thread's OpenMP count from it, and oneDNN's calls set that again) until cpu_blas_threads_end puts
+ * cpu_blas_threads() back. No change when n is the count already. */
+void cpu_blas_threads_begin(int n);
+void cpu_blas_threads_end(void);
+
+/* CACCEL_CPU_TEAMS=1: counts every kernel loop's team (1 = serial) and every library GEMM's thread count
+ * (outside parallel regions) and prints both tallies on stderr at exit, one line each, so that a run at
+ * many threads shows what the rules chose (bench/run_threads.sh). Off: nothing is counted. */
+typedef enum cpu_team_kind { CPU_TEAM_LOOP, CPU_TEAM_GEMM } cpu_team_kind;
+void cpu_team_note(cpu_team_kind kind, int team);
 
 /* Threads the kernels use (>= 1). */
 int cpu_threads(void);

@@ -42,6 +42,8 @@ static const ca_plugin cpu_plugin = {
     .score = cpu_score,
 };
 
+const char *ca_cpu_coretype_hint(void) { return cpu_openblas_coretype_hint(); }
+
 void ca_cpu_parallel_for(int64_t n, int64_t cost, void (*fn)(void *ctx, int64_t lo, int64_t hi), void *ctx) {
     cpu_parallel_for(n, cpu_grain_for(cost), fn, ctx);
 }

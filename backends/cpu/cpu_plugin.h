@@ -18,6 +18,9 @@ void ca_cpu_set_deterministic(bool on);
  * each element costing about `cost` streaming elements (serial below the grain that makes). */
 void ca_cpu_parallel_for(int64_t n, int64_t cost, void (*fn)(void *ctx, int64_t lo, int64_t hi), void *ctx);
 
+/* cpu_openblas_coretype_hint for the registry's ca_cpu_openblas_coretype_hint (caccel/device.h). */
+const char *ca_cpu_coretype_hint(void);
+
 /* Subnormal flushing inside the backend's arithmetic kernels (docs/ARCHITECTURE.md, "Subnormal
  * numbers"): FTZ and DAZ are set for the duration of each kernel call and the caller's mode is
  * restored. On by default; CACCEL_CPU_FLUSH_DENORMAL=0 turns it off. Process-wide. */

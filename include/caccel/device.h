@@ -17,6 +17,13 @@ typedef struct ca_device ca_device;
  * (first call of any ca_ function); thread-safe. */
 CA_API ca_device *ca_cpu_device(void);
 
+/* The OPENBLAS_CORETYPE ("Haswell", "SkylakeX") that would give the CPU backend's OpenBLAS the kernels this
+ * CPU runs, where OpenBLAS chose kernels without AVX2 on a CPU with AVX2 and FMA (its detection falls back so
+ * on CPU models it does not know); *out NULL when it runs the CPU's own kernels. OpenBLAS reads the variable
+ * only when it loads: a launcher sets it for the processes it starts. *out is a static string; thread-safe;
+ * no error (CA_OK). */
+CA_API ca_status ca_cpu_openblas_coretype_hint(const char **out);
+
 /* Opens device `index` of backend `name` ("cpu", "cuda", ...), loading
  * plugins first if needed. Opening the same (name, index) twice returns the
  * same device. Errors: CA_ERR_NOT_FOUND (no such backend: the message lists
