@@ -1249,6 +1249,7 @@ static const ca_device_ops xla_device_ops = {
     .set_storage_dtype = x_set_storage_dtype,
     .storage_dtype = x_storage_dtype,
     .get_proc = x_get_proc,
+    .attention_strides = true,   /* the executor's (cpu) attention reads them; the strides are keys */
 };
 
 static const ca_device_ops *const xla_devices[] = {&xla_device_ops};
