@@ -258,10 +258,24 @@ static float *gqa_on(ca_device *d, const float *hq, const float *hk, float **dk)
     return t_host(o);
 }
 
+/* Registers ops (the CPU's, changed by the caller; they must outlive the registry) as a plugin of one
+ * device under ops->name, and opens it. */
+static ca_device *open_variant(const ca_device_ops *ops) {
+    static const ca_device_ops *devs[4][1];
+    static ca_plugin p[4];
+    static int n;
+    assert_true(n < 4);
+    devs[n][0] = ops;
+    p[n] = (ca_plugin){.struct_size = sizeof p[n], .abi_version = ops->abi_version, .name = ops->name,
+                       .version = "test", .num_devices = 1, .devices = devs[n]};
+    T_OK(ca_register_plugin(&p[n++], "test_core"));
+    ca_device *d = NULL;
+    T_OK(ca_device_open(ops->name, 0, NULL, &d));
+    return d;
+}
+
 static void test_registry_abi34_attention_repeats_kv(void **state) {
     static ca_device_ops ops;
-    static const ca_device_ops *devs[1];
-    static ca_plugin p;
     ops = *ca_device_ops_of(ca_cpu_device());
     k34 = *ops.kernels;
     k34.abi_version = (uint32_t)CA_ABI_MAJOR << 16 | 4;
@@ -270,12 +284,7 @@ static void test_registry_abi34_attention_repeats_kv(void **state) {
     ops.name = "cpu_abi34";
     ops.abi_version = k34.abi_version;
     ops.kernels = &k34;
-    devs[0] = &ops;
-    p = (ca_plugin){.struct_size = sizeof p, .abi_version = k34.abi_version, .name = "cpu_abi34",
-                    .version = "test", .num_devices = 1, .devices = devs};
-    T_OK(ca_register_plugin(&p, "test_core"));
-    ca_device *d = NULL;
-    T_OK(ca_device_open("cpu_abi34", 0, NULL, &d));
+    ca_device *d = open_variant(&ops);
     float hq[24], hk[12];
     for (int i = 0; i < 24; i++) hq[i] = (float)((i * 7) % 11) / 5.0f - 1.0f;
     for (int i = 0; i < 12; i++) hk[i] = (float)((i * 5) % 9) / 4.0f - 1.0f;
@@ -321,8 +330,6 @@ static void views_on(ca_device *d, const float *hx, const float *hw, float **res
 
 static void test_attention_device_without_strides(void **state) {
     static ca_device_ops ops;
-    static const ca_device_ops *devs[1];
-    static ca_plugin p;
     ops = *ca_device_ops_of(ca_cpu_device());
     k_nost = *ops.kernels;
     k_nost.attention = att_nost;
@@ -330,12 +337,7 @@ static void test_attention_device_without_strides(void **state) {
     ops.name = "cpu_nostrides";
     ops.kernels = &k_nost;
     ops.attention_strides = false;
-    devs[0] = &ops;
-    p = (ca_plugin){.struct_size = sizeof p, .abi_version = ops.abi_version, .name = "cpu_nostrides",
-                    .version = "test", .num_devices = 1, .devices = devs};
-    T_OK(ca_register_plugin(&p, "test_core"));
-    ca_device *d = NULL;
-    T_OK(ca_device_open("cpu_nostrides", 0, NULL, &d));
+    ca_device *d = open_variant(&ops);
     float hx[144], hw[48];
     for (int i = 0; i < 144; i++) hx[i] = (float)((i * 7) % 13) / 6.0f - 1.0f;
     for (int i = 0; i < 48; i++) hw[i] = (float)((i * 5) % 9) / 4.0f - 1.0f;

@@ -32,8 +32,8 @@ static float *rnd(int64_t n) {
 
 static int64_t kv_problems(const att_case *c) { return c->batch * (c->kv_heads ? c->kv_heads : c->heads); }
 
-static void att_run(const att_case *c, const float *const in[4], const uint8_t *mask, att_out *o) {
-    int64_t nbh = c->batch * c->heads, nkv = kv_problems(c);
+/* The problem of case c, with its [B, 1, 1, Tk] u8 mask when given. */
+static ca_attention_params att_params(const att_case *c, const uint8_t *mask) {
     ca_attention_params p = {.batch = c->batch, .heads = c->heads, .tq = c->tq, .tk = c->tk, .d = c->d,
                              .dv = c->dv, .scale = 0.3f, .causal = c->causal, .dropout_p = c->dropout,
                              .seed = 42, .offset = 7};
@@ -43,6 +43,12 @@ static void att_run(const att_case *c, const float *const in[4], const uint8_t *
         p.mask_stride[0] = c->tk;
         p.mask_stride[3] = 1;
     }
+    return p;
+}
+
+static void att_run(const att_case *c, const float *const in[4], const uint8_t *mask, att_out *o) {
+    int64_t nbh = c->batch * c->heads, nkv = kv_problems(c);
+    ca_attention_params p = att_params(c, mask);
     o->out = mk(CA_F32, nbh * c->tq * c->dv);
     o->lse = mk(CA_F32, nbh * c->tq);
     o->dq = mk(CA_F32, nbh * c->tq * c->d);
@@ -131,15 +137,7 @@ static void att_run_strided(const att_case *c, const float *const in[4], const u
     place_strides(&pi[0], st.q); place_strides(&pi[1], st.k); place_strides(&pi[2], st.v); place_strides(&po, st.o);
     place_strides(&pg[0], dst.q); place_strides(&pg[1], dst.k); place_strides(&pg[2], dst.v);
     place_strides(&pd, dst.o);
-    ca_attention_params p = {.batch = c->batch, .heads = c->heads, .tq = c->tq, .tk = c->tk, .d = c->d,
-                             .dv = c->dv, .scale = 0.3f, .causal = c->causal, .dropout_p = c->dropout,
-                             .seed = 42, .offset = 7};
-    if (mask) {
-        p.mask = mask;
-        p.mask_dtype = CA_U8;
-        p.mask_stride[0] = c->tk;
-        p.mask_stride[3] = 1;
-    }
+    ca_attention_params p = att_params(c, mask);
     o->lse = mk(CA_F32, nbh * c->tq);
     OK(KC(attention, .dt = CA_F32, .p = p, .q = place_at(&pi[0], 0, 0, 0, 0), .k = place_at(&pi[1], 0, 0, 0, 0),
           .v = place_at(&pi[2], 0, 0, 0, 0), .out = place_at(&po, 0, 0, 0, 0), .lse = o->lse,
