@@ -95,8 +95,10 @@ static ca_status place_root(ca_tensor *const *in, grad_dest *gd, ca_tensor *root
         same = same && memcmp(x->shape, x0->shape, 4 * sizeof *x->shape) == 0 &&
                memcmp(x->stride, x0->stride, 4 * sizeof *x->stride) == 0;
     }
-    int direct = same && views_disjoint(n, off, 4, x0->shape, x0->stride, root->numel, &whole) ? n : 1;
-    if (direct == 1) views_disjoint(1, off, 4, x0->shape, x0->stride, root->numel, &whole);
+    int direct = same && views_disjoint(n, off, 4, x0->shape, x0->stride, root->numel, &whole) ? n
+                 : views_disjoint(1, off, 4, x0->shape, x0->stride, root->numel, &whole) ? 1 : 0;
+    for (int i = direct; i < n; i++) gd->root[idx[i]] = NULL;   /* fresh tensors, added after */
+    if (!direct) return CA_OK;
     float beta;
     ca_tensor *gb = ca_grad_target(root, &beta);
     if (!gb) return ca_last_status();
@@ -104,9 +106,8 @@ static ca_status place_root(ca_tensor *const *in, grad_dest *gd, ca_tensor *root
         ca_status s = CA_KCALL(ca_tdev(root), fill, .dt = gb->dtype, .n = gb->numel, .value = 0.0, .y = ca_tptr(gb));
         if (s != CA_OK) return s;
     }
-    for (int i = 0; i < n; i++) {
+    for (int i = 0; i < direct; i++) {
         const ca_tensor *x = in[idx[i]];
-        if (i >= direct) { gd->root[idx[i]] = NULL; continue; }
         gd->dst[idx[i]] = ca_tensor_view(gb, 4, x->shape, x->stride, gb->offset + off[i]);
         if (!gd->dst[idx[i]]) return ca_last_status();
     }
