@@ -403,10 +403,32 @@ static inline ca_status ca_kcheck_att_stream(const char *be, const char *k, cons
     return CA_OK;
 }
 
+/* ABI 3.10's strides of one [B, *, T, E] tensor of a call: all 0 (contiguous), or none negative, e's 1 (where
+ * E > 1) and t's at least E (where T > 1): rows of E unit-stride elements that do not overlap. */
+static inline ca_status ca_kcheck_att_st(const char *be, const char *k, const char *name, const int64_t *st,
+                                         int64_t t, int64_t e) {
+    if (!(st[0] | st[1] | st[2] | st[3])) return CA_OK;
+    if (st[0] < 0 || st[1] < 0 || st[2] < 0 || st[3] < 0 || (e > 1 && st[3] != 1) || (t > 1 && st[2] < e))
+        return CK_ERR("%s kernel %s: %s's strides [%lld, %lld, %lld, %lld] are not rows of %lld unit-stride "
+                      "elements", be, k, name, (long long)st[0], (long long)st[1], (long long)st[2], (long long)st[3],
+                      (long long)e);
+    return CA_OK;
+}
+
+/* The four tensors' strides of a layout: q, k, v and out, or (grads) dq, dk, dv and dout. */
+static inline ca_status ca_kcheck_att_layout(const char *be, const char *k, const ca_attention_params *p,
+                                             const ca_attention_layout *l, bool grads) {
+    CK_TRY(ca_kcheck_att_st(be, k, grads ? "dq" : "q", l->q, p->tq, p->d));
+    CK_TRY(ca_kcheck_att_st(be, k, grads ? "dk" : "k", l->k, p->tk, p->d));
+    CK_TRY(ca_kcheck_att_st(be, k, grads ? "dv" : "v", l->v, p->tk, p->dv));
+    return ca_kcheck_att_st(be, k, grads ? "dout" : "out", l->o, p->tq, p->dv);
+}
+
 static inline ca_status ca_kcheck_attention(const char *be, const ca_attention_args *a) {
     CK_TRY(ca_kcheck_att(be, "attention", a->dt, &a->p, a->q, a->k, a->v));
     CK_TRY(ca_kcheck_att_kv(be, "attention", &a->p, a->kv_heads));
     CK_TRY(ca_kcheck_att_stream(be, "attention", &a->p, a->stream_heads, a->stream_head0));
+    CK_TRY(ca_kcheck_att_layout(be, "attention", &a->p, &a->st, false));
     if (a->p.batch * a->p.heads * a->p.tq > 0 && (!a->out || !a->lse))
         return CK_ERR("%s kernel attention: out or lse is NULL", be);
     return CA_OK;
@@ -416,6 +438,8 @@ static inline ca_status ca_kcheck_attention_backward(const char *be, const ca_at
     CK_TRY(ca_kcheck_att(be, "attention_backward", a->dt, &a->p, a->q, a->k, a->v));
     CK_TRY(ca_kcheck_att_kv(be, "attention_backward", &a->p, a->kv_heads));
     CK_TRY(ca_kcheck_att_stream(be, "attention_backward", &a->p, a->stream_heads, a->stream_head0));
+    CK_TRY(ca_kcheck_att_layout(be, "attention_backward", &a->p, &a->st, false));
+    CK_TRY(ca_kcheck_att_layout(be, "attention_backward", &a->p, &a->dst, true));
     if (a->p.batch * a->p.heads > 0 && (!a->dq || !a->dk || !a->dv || (a->p.tq && (!a->out || !a->dout || !a->lse))))
         return CK_ERR("%s kernel attention_backward: an output or saved buffer is NULL", be);
     return CA_OK;

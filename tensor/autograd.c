@@ -90,6 +90,28 @@ bool ca_grad_adopt(ca_tensor *t, ca_tensor *g) {
     return true;
 }
 
+bool ca_grad_adopt_view(ca_tensor *t, ca_tensor *v) {
+    if (!t->requires_grad || is_leaf(t) || t->bgrad || !ca_node_takes_strided_grad(t->grad_fn) ||
+        v->dtype != t->dtype || v->ndim != t->ndim || ca_tdev(v) != ca_tdev(t) ||
+        memcmp(v->shape, t->shape, (size_t)t->ndim * sizeof *t->shape) != 0)
+        return false;
+    t->bgrad = v;
+    t->bgrad_defined = true;
+    t->bgrad_split = 0;
+    return true;
+}
+
+ca_tensor *ca_grad_view_root(ca_tensor *x) {
+    if (!x || !x->requires_grad) return NULL;
+    ca_tensor *t = x;
+    while (t->grad_fn && ca_node_is_view(t->grad_fn) && !t->bgrad_defined) {
+        ca_tensor *in = t->grad_fn->in[0];
+        if (!in || !in->requires_grad || in->storage != t->storage || in->dtype != t->dtype) break;
+        t = in;
+    }
+    return is_leaf(t) || t->bgrad_defined || !ca_tensor_is_contiguous(t) ? NULL : t;
+}
+
 void ca_grad_written(ca_tensor *t) {
     if (is_leaf(t)) {
         t->grad_defined = true;

@@ -23,20 +23,157 @@ static void node_args(const ca_node *n, ca_attention_params *a) {
     }
 }
 
+/* x's strides as the kernels read them (ca_attention_layout): false when its last dimension is not
+ * unit-stride or its rows overlap (a copy then makes it contiguous). A dimension of size 1 takes the
+ * stride a contiguous tensor would have there, which any leading dimension accepts. */
+static bool layout_of(const ca_tensor *x, int64_t *st) {
+    const int64_t *sh = x->shape;
+    if ((sh[3] > 1 && x->stride[3] != 1) || (sh[2] > 1 && x->stride[2] < sh[3])) return false;
+    st[3] = 1;
+    st[2] = sh[2] > 1 ? x->stride[2] : sh[3];
+    st[1] = sh[1] > 1 ? x->stride[1] : sh[2] * sh[3];
+    st[0] = sh[0] > 1 ? x->stride[0] : sh[1] * sh[2] * sh[3];
+    return true;
+}
+
+/* Whether dev's attention kernels read strides (ABI 3.10's ca_attention_layout). */
+static bool kernels_take_strides(const ca_device *dev) { return ca_device_ops_of(dev)->attention_strides; }
+
+/* Whether views of one root at the sorted storage offsets off[0..n) (relative to the root's), each of
+ * `shape` and `stride` (nd dims), hit no element twice: the offsets' step as one more dimension, the
+ * dimensions sorted by stride, each stride at least the extent of the ones below it. *whole: they hit
+ * every one of the root's `total` elements (no zeros needed around them). */
+static bool views_disjoint(int n, const int64_t *off, int nd, const int64_t *shape, const int64_t *stride,
+                           int64_t total, bool *whole) {
+    int64_t sz[CA_MAX_DIMS + 1], st[CA_MAX_DIMS + 1];
+    int m = 0;
+    for (int i = 0; i < nd; i++)
+        if (shape[i] > 1) { sz[m] = shape[i]; st[m++] = stride[i]; }
+    if (n > 1) { sz[m] = n; st[m++] = off[1] - off[0]; }
+    for (int i = 2; i < n; i++)
+        if (off[i] - off[i - 1] != off[1] - off[0]) return false;
+    for (int i = 1; i < m; i++)   /* insertion sort by stride */
+        for (int j = i; j > 0 && st[j] < st[j - 1]; j--) {
+            int64_t a = st[j], b = sz[j];
+            st[j] = st[j - 1]; sz[j] = sz[j - 1]; st[j - 1] = a; sz[j - 1] = b;
+        }
+    int64_t extent = 1;
+    *whole = off[0] == 0 && ca_shape_numel(nd, shape) > 0;
+    for (int i = 0; i < m; i++) {
+        if (st[i] < extent) return false;
+        if (st[i] != extent) *whole = false;
+        extent = st[i] * sz[i];
+    }
+    *whole = *whole && extent == total;
+    return true;
+}
+
+/* Where the backward writes the gradients of q, k and v: a view of each one's root gradient
+ * (ca_grad_view_root: the GPT's q, k and v, transposed slices of one projection, straight into that
+ * projection's gradient, where the views' backward would copy twice each), or a fresh tensor added
+ * afterwards (dst[i] then owned). Inputs sharing a root are written directly when their views of it
+ * are disjoint; the root's gradient is zero-filled first unless together they cover it. */
+typedef struct grad_dest {
+    ca_tensor *dst[3], *root[3];
+    bool fresh[3];
+} grad_dest;
+
+static ca_status place_root(ca_tensor *const *in, grad_dest *gd, ca_tensor *root) {
+    int idx[3], n = 0;
+    for (int i = 0; i < 3; i++)
+        if (gd->root[i] == root) idx[n++] = i;
+    for (int i = 1; i < n; i++)   /* by storage offset */
+        for (int j = i; j > 0 && in[idx[j]]->offset < in[idx[j - 1]]->offset; j--) {
+            int t = idx[j]; idx[j] = idx[j - 1]; idx[j - 1] = t;
+        }
+    const ca_tensor *x0 = in[idx[0]];
+    bool same = true, whole = false;
+    int64_t off[3];
+    for (int i = 0; i < n; i++) {
+        const ca_tensor *x = in[idx[i]];
+        off[i] = x->offset - root->offset;
+        same = same && memcmp(x->shape, x0->shape, 4 * sizeof *x->shape) == 0 &&
+               memcmp(x->stride, x0->stride, 4 * sizeof *x->stride) == 0;
+    }
+    int direct = same && views_disjoint(n, off, 4, x0->shape, x0->stride, root->numel, &whole) ? n
+                 : views_disjoint(1, off, 4, x0->shape, x0->stride, root->numel, &whole) ? 1 : 0;
+    for (int i = direct; i < n; i++) gd->root[idx[i]] = NULL;   /* fresh tensors, added after */
+    if (!direct) return CA_OK;
+    float beta;
+    ca_tensor *gb = ca_grad_target(root, &beta);
+    if (!gb) return ca_last_status();
+    if (!whole) {
+        ca_status s = CA_KCALL(ca_tdev(root), fill, .dt = gb->dtype, .n = gb->numel, .value = 0.0, .y = ca_tptr(gb));
+        if (s != CA_OK) return s;
+    }
+    for (int i = 0; i < direct; i++) {
+        const ca_tensor *x = in[idx[i]];
+        gd->dst[idx[i]] = ca_tensor_view(gb, 4, x->shape, x->stride, gb->offset + off[i]);
+        if (!gd->dst[idx[i]]) return ca_last_status();
+    }
+    return CA_OK;
+}
+
+static ca_status grad_dests(ca_tensor *const *in, bool strided, grad_dest *gd) {
+    memset(gd, 0, sizeof *gd);
+    int64_t st[4];
+    for (int i = 0; i < 3; i++)
+        gd->root[i] = strided && in[i]->dtype == CA_F32 && layout_of(in[i], st) ? ca_grad_view_root(in[i]) : NULL;
+    ca_tensor *placed[3];
+    int np = 0;
+    for (int i = 0; i < 3; i++) {
+        bool seen = !gd->root[i];
+        for (int j = 0; j < np; j++) seen = seen || placed[j] == gd->root[i];
+        if (seen) continue;
+        placed[np++] = gd->root[i];
+        ca_status s = place_root(in, gd, gd->root[i]);
+        if (s != CA_OK) return s;
+    }
+    for (int i = 0; i < 3; i++) {
+        if (gd->dst[i]) continue;
+        gd->dst[i] = ca_op_new_like(in[i]);
+        gd->fresh[i] = true;
+        if (!gd->dst[i]) return ca_last_status();
+    }
+    return CA_OK;
+}
+
+/* The written roots' gradients are defined; the fresh ones are added into their inputs'. */
+static ca_status grad_finish(ca_tensor *const *in, grad_dest *gd) {
+    ca_status s = CA_OK;
+    for (int i = 0; i < 3; i++)
+        if (gd->root[i]) ca_grad_written(gd->root[i]);
+    for (int i = 0; s == CA_OK && i < 3; i++)
+        if (gd->fresh[i] && in[i]->requires_grad) s = ca_op_accumulate_owned(in[i], gd->dst[i], 1.0f);
+    return s;
+}
+
+/* The strides of q, k, v and o (an attention's four tensors) into l; false when one needs a copy. */
+static bool layouts_of(const ca_tensor *q, const ca_tensor *k, const ca_tensor *v, const ca_tensor *o,
+                       ca_attention_layout *l) {
+    return layout_of(q, l->q) && layout_of(k, l->k) && layout_of(v, l->v) && layout_of(o, l->o);
+}
+
 static ca_status attention_backward(ca_node *n, ca_tensor *g) {
     ca_tensor *q = n->in[0], *k = n->in[1], *v = n->in[2], *lse = n->saved[0];
     ca_attention_params a;
     node_args(n, &a);
-    ca_tensor *dq = ca_op_new_like(q), *dk = ca_op_new_like(k), *dv = ca_op_new_like(v);
-    if (!dq || !dk || !dv) return ca_last_status();
-    ca_status s = CA_KCALL(ca_tdev(q), attention_backward, .dt = CA_F32, .p = a, .q = ca_tptr(q),
-                           .k = ca_tptr(k), .v = ca_tptr(v), .out = ca_tptr(n->out), .dout = ca_tptr(g),
-                           .lse = ca_tptr(lse), .dq = ca_tptr(dq), .dk = ca_tptr(dk), .dv = ca_tptr(dv),
-                           .kv_heads = k->shape[1], .stream_heads = (int64_t)n->f[3], .stream_head0 = (int64_t)n->f[2]);
-    if (s == CA_OK && q->requires_grad) s = ca_op_accumulate_owned(q, dq, 1.0f);
-    if (s == CA_OK && k->requires_grad) s = ca_op_accumulate_owned(k, dk, 1.0f);
-    if (s == CA_OK && v->requires_grad) s = ca_op_accumulate_owned(v, dv, 1.0f);
-    return s;
+    bool strided = kernels_take_strides(ca_tdev(q));
+    ca_attention_layout st = {0}, dst = {0};
+    if (strided && !layout_of(g, dst.o)) g = ca_contiguous(g);   /* dst.o: g's strides, set again below */
+    if (!g) return ca_last_status();
+    grad_dest gd;
+    ca_status s = grad_dests(n->in, strided, &gd);
+    if (s != CA_OK) return s;
+    if (strided && (!layouts_of(q, k, v, n->out, &st) || !layouts_of(gd.dst[0], gd.dst[1], gd.dst[2], g, &dst)))
+        return ca_error(CA_ERR_INTERNAL, "scaled_dot_product_attention backward: a tensor the forward passed "
+                        "strided has strides the kernel cannot read");
+    s = CA_KCALL(ca_tdev(q), attention_backward, .dt = CA_F32, .p = a, .q = ca_tptr(q), .k = ca_tptr(k),
+                 .v = ca_tptr(v), .out = ca_tptr(n->out), .dout = ca_tptr(g), .lse = ca_tptr(lse),
+                 .dq = ca_tptr(gd.dst[0]), .dk = ca_tptr(gd.dst[1]), .dv = ca_tptr(gd.dst[2]),
+                 .kv_heads = k->shape[1], .stream_heads = (int64_t)n->f[3], .stream_head0 = (int64_t)n->f[2],
+                 .st = st, .dst = dst);
+    return s == CA_OK ? grad_finish(n->in, &gd) : s;
 }
 static const ca_node_vt attention_vt = {"scaled_dot_product_attention", attention_backward};
 
@@ -103,11 +240,33 @@ static bool mask_strides(const ca_tensor *m, const int64_t *full, int64_t *st) {
     return true;
 }
 
-/* q, k, v as contiguous f32 (the kernels compute in f32). */
-static ca_tensor *as_f32(ca_tensor *x) {
+/* q, k, v as f32 (the kernels compute in f32), contiguous unless the kernels read x's strides (then
+ * written into st). */
+static ca_tensor *as_f32(ca_tensor *x, bool strided, int64_t *st) {
     x = ca_autocast_f32(x);
     if (x && x->dtype != CA_F32) x = ca_cast(x, CA_F32);
+    if (x && strided && layout_of(x, st)) return x;
+    memset(st, 0, 4 * sizeof *st);
     return ca_contiguous(x);
+}
+
+/* The output [B, H, Tq, Dv]; where the kernels read strides, in the memory of a [B, Tq, H, Dv] tensor (as
+ * torch's CPU flash attention returns it; its strides into st): the heads' merge that follows every
+ * attention of a transformer (transpose(1, 2), contiguous, reshape to [B, Tq, H Dv]) is then a view, and
+ * so is its gradient's way back (transpose_backward hands it over, ca_node_takes_strided_grad). */
+static ca_tensor *new_out(ca_device *dev, const int64_t *shape, bool strided, int64_t *st) {
+    if (!strided) return ca_tensor_new(dev, CA_F32, 4, shape);
+    int64_t b = shape[0], h = shape[1], t = shape[2], dv = shape[3];
+    ca_tensor *m = ca_tensor_new(dev, CA_F32, 4, (int64_t[]){b, t, h, dv});
+    if (!m) return NULL;
+    int64_t stride[4] = {t * h * dv, dv, h * dv, 1};
+    ca_tensor *out = ca_tensor_view(m, 4, shape, stride, m->offset);
+    if (out && !layout_of(out, st)) memcpy(st, stride, sizeof stride);
+    return out;
+}
+
+bool ca_node_takes_strided_grad(const ca_node *n) {
+    return n->vt == &attention_vt && kernels_take_strides(ca_tdev(n->out));
 }
 
 /* The calling thread's replacement (context parallelism's, set between ca_maybe_context_parallel and
@@ -183,12 +342,16 @@ static ca_tensor *attention_heads(ca_tensor *q, ca_tensor *k, ca_tensor *v, ca_t
         a.mask = ca_tptr(mask);
         a.mask_dtype = mask->dtype;
     }
-    q = as_f32(q); k = as_f32(k); v = as_f32(v);
+    bool strided = kernels_take_strides(dev);
+    ca_attention_layout st = {0};
+    q = as_f32(q, strided, st.q); k = as_f32(k, strided, st.k); v = as_f32(v, strided, st.v);
     CA_OP_NULLCHECK2(q, k);
     CA_OP_NULLCHECK1(v);
     if (k->shape[1] != a.heads && !kernels_take_kv_heads(dev)) {
         k = ca_contiguous(repeat_heads(k, a.heads));
         v = ca_contiguous(repeat_heads(v, a.heads));
+        memset(st.k, 0, sizeof st.k);
+        memset(st.v, 0, sizeof st.v);
         CA_OP_NULLCHECK2(k, v);
     }
     if (dropout_p > 0) {
@@ -197,12 +360,13 @@ static ca_tensor *attention_heads(ca_tensor *q, ca_tensor *k, ca_tensor *v, ca_t
         a.offset = ca_rng_reserve(ca_rng_counters(CA_RNG_UNIFORM, a.batch * heads * a.tq * a.tk));
     }
     int64_t oshape[4] = {a.batch, a.heads, a.tq, a.dv};
-    ca_tensor *out = ca_tensor_new(dev, CA_F32, 4, oshape);
+    ca_tensor *out = new_out(dev, oshape, strided, st.o);
     ca_tensor *lse = out ? ca_tensor_new(dev, CA_F32, 3, oshape) : NULL;
     if (!lse) return NULL;
     if (CA_KCALL(dev, attention, .dt = CA_F32, .p = a, .q = ca_tptr(q), .k = ca_tptr(k), .v = ca_tptr(v),
                  .out = ca_tptr(out), .lse = ca_tptr(lse), .kv_heads = k->shape[1],
-                 .stream_heads = heads == a.heads ? 0 : heads, .stream_head0 = heads == a.heads ? 0 : head0) != CA_OK)
+                 .stream_heads = heads == a.heads ? 0 : heads, .stream_head0 = heads == a.heads ? 0 : head0,
+                 .st = st) != CA_OK)
         return NULL;
     ca_tensor *in[3] = {q, k, v};
     if (ca_needs_grad(3, in)) {

@@ -107,14 +107,20 @@ ca_tensor *ca_flatten(ca_tensor *x) {
 static ca_status transpose_backward(ca_node *n, ca_tensor *g) {
     ca_tensor *x = n->in[0];
     int d0 = (int)n->i[0], d1 = (int)n->i[1];
-    float beta;
-    ca_tensor *dx = ca_grad_target(x, &beta);
-    if (!dx) return x->requires_grad ? ca_last_status() : CA_OK;
     /* dx[.. i .. j ..] (+)= g[.. j .. i ..]: read g through swapped strides */
     int64_t gs[CA_MAX_DIMS];
     memcpy(gs, g->stride, sizeof gs);
     gs[d0] = g->stride[d1];
     gs[d1] = g->stride[d0];
+    if (x->requires_grad && x->grad_fn && !x->bgrad && ca_node_takes_strided_grad(x->grad_fn)) {
+        /* x's node reads its gradient through strides (attention): g itself, seen transposed, is that
+         * gradient, with no copy; this node is g's last reader */
+        ca_tensor *v = ca_tensor_view(g, x->ndim, x->shape, gs, g->offset);
+        if (v && ca_grad_adopt_view(x, v)) return CA_OK;
+    }
+    float beta;
+    ca_tensor *dx = ca_grad_target(x, &beta);
+    if (!dx) return x->requires_grad ? ca_last_status() : CA_OK;
     ca_status s;
     if (beta == 0.0f) {
         s = CA_KCALL(ca_tdev(x), copy_strided, .dt = x->dtype, .ndim = x->ndim, .shape = x->shape,
@@ -244,6 +250,10 @@ ca_tensor *ca_narrow(ca_tensor *x, int dim, int64_t start, int64_t len) {
 
 ca_tensor *ca_op_split_part(ca_tensor *x, int dim, int64_t start, int64_t len, uint64_t split_id, int part) {
     return narrow_part(x, dim, start, len, split_id, part);
+}
+
+bool ca_node_is_view(const ca_node *n) {
+    return n->vt == &transpose_vt || n->vt == &narrow_vt || n->vt == &reshape_vt;
 }
 
 /* ------------------------------------------------------------------ cast */

@@ -261,6 +261,24 @@ void ca_grad_written(ca_tensor *t);
  * the output's gradient given to its last reader (whose node has finished with it). False (and
  * nothing changed) when any of that does not hold: then accumulate as usual. */
 bool ca_grad_adopt(ca_tensor *t, ca_tensor *g);
+/* The tensor whose gradient x's gradient is a part of: x is its elements through views (ca_node_is_view,
+ * sharing its storage), none with a gradient yet this pass, down to a contiguous non-leaf
+ * whose gradient is not written yet either (x itself when x is such a tensor); NULL when there is none.
+ * A backward may then write x's gradient straight into that tensor's (ca_grad_target, at x's storage
+ * offset and strides, then ca_grad_written), sparing the views' backward copies: no gradient reaches
+ * the views' nodes, which are skipped unless another reader gives them one (then added, beta 1). */
+ca_tensor *ca_grad_view_root(ca_tensor *x);
+/* Whether n's output is its input's elements, each once, in another shape or order (transpose, narrow,
+ * reshape: tensor/ops_shape.c); where the two share storage, a gradient of the output is the input's at
+ * the same elements. */
+bool ca_node_is_view(const ca_node *n);
+/* Whether n's backward reads its output's gradient through that gradient's strides (attention's, on a
+ * device whose kernels read them: tensor/ops_attention.c), so that a strided view may be handed over as
+ * that gradient (ca_grad_adopt_view). */
+bool ca_node_takes_strided_grad(const ca_node *n);
+/* ca_grad_adopt for a gradient v of t's shape that may be strided (a view of another gradient, read by
+ * nothing else afterwards); only for a t whose node takes strided gradients. */
+bool ca_grad_adopt_view(ca_tensor *t, ca_tensor *v);
 /* Frees the memory of non-leaf t's gradient of this pass once nothing will read it (its node's
  * backward has run) and drops it (t->bgrad NULL). Nothing when it shares its storage (a view) or
  * has none; the tensor itself stays in its scope, its storage saying why its values are gone. */

@@ -258,10 +258,24 @@ static float *gqa_on(ca_device *d, const float *hq, const float *hk, float **dk)
     return t_host(o);
 }
 
+/* Registers ops (the CPU's, changed by the caller; they must outlive the registry) as a plugin of one
+ * device under ops->name, and opens it. */
+static ca_device *open_variant(const ca_device_ops *ops) {
+    static const ca_device_ops *devs[4][1];
+    static ca_plugin p[4];
+    static int n;
+    assert_true(n < 4);
+    devs[n][0] = ops;
+    p[n] = (ca_plugin){.struct_size = sizeof p[n], .abi_version = ops->abi_version, .name = ops->name,
+                       .version = "test", .num_devices = 1, .devices = devs[n]};
+    T_OK(ca_register_plugin(&p[n++], "test_core"));
+    ca_device *d = NULL;
+    T_OK(ca_device_open(ops->name, 0, NULL, &d));
+    return d;
+}
+
 static void test_registry_abi34_attention_repeats_kv(void **state) {
     static ca_device_ops ops;
-    static const ca_device_ops *devs[1];
-    static ca_plugin p;
     ops = *ca_device_ops_of(ca_cpu_device());
     k34 = *ops.kernels;
     k34.abi_version = (uint32_t)CA_ABI_MAJOR << 16 | 4;
@@ -270,12 +284,7 @@ static void test_registry_abi34_attention_repeats_kv(void **state) {
     ops.name = "cpu_abi34";
     ops.abi_version = k34.abi_version;
     ops.kernels = &k34;
-    devs[0] = &ops;
-    p = (ca_plugin){.struct_size = sizeof p, .abi_version = k34.abi_version, .name = "cpu_abi34",
-                    .version = "test", .num_devices = 1, .devices = devs};
-    T_OK(ca_register_plugin(&p, "test_core"));
-    ca_device *d = NULL;
-    T_OK(ca_device_open("cpu_abi34", 0, NULL, &d));
+    ca_device *d = open_variant(&ops);
     float hq[24], hk[12];
     for (int i = 0; i < 24; i++) hq[i] = (float)((i * 7) % 11) / 5.0f - 1.0f;
     for (int i = 0; i < 12; i++) hk[i] = (float)((i * 5) % 9) / 4.0f - 1.0f;
@@ -285,6 +294,60 @@ static void test_registry_abi34_attention_repeats_kv(void **state) {
         assert_memory_equal(old, cpu, sizeof(float) * 24);
         for (int i = 0; i < 12; i++) assert_float_equal(dk_old[i], dk_cpu[i], 1e-5);
         free(old); free(cpu); free(dk_old); free(dk_cpu);
+    }
+}
+
+/* A device whose kernels read no strides (attention_strides false, as CUDA's, or a table older than ABI
+ * 3.10) gets q, k, v, out and every gradient contiguous with zero strides, and the results of the CPU's own
+ * strided path: the GPT's views of one projection, forward and backward. */
+static ca_kernels k_nost;
+static bool nost_zero(const ca_attention_layout *l) {
+    static const ca_attention_layout zero;
+    return memcmp(l, &zero, sizeof zero) == 0;
+}
+static ca_status att_nost(void *dev, const ca_attention_args *a) {
+    if (!nost_zero(&a->st)) return ca_error(CA_ERR_INTERNAL, "strides reached a device that reads none");
+    return ca_device_ops_of(ca_cpu_device())->kernels->attention(dev, a);
+}
+static ca_status att_nost_backward(void *dev, const ca_attention_backward_args *a) {
+    if (!nost_zero(&a->st) || !nost_zero(&a->dst))
+        return ca_error(CA_ERR_INTERNAL, "strides reached a device that reads none");
+    return ca_device_ops_of(ca_cpu_device())->kernels->attention_backward(dev, a);
+}
+
+/* out and dx of sum(attention(q, k, v) w) with q, k, v transposed slices of one [1, 6, 3 x 2 x 4] x. */
+static void views_on(ca_device *d, const float *hx, const float *hw, float **res) {
+    ca_tensor *x = T_NN(ca_from_host(d, CA_F32, CA_SHAPE(1, 6, 24), hx)), *p[3];
+    ca_tensor_set_requires_grad(x, true);
+    T_OK(ca_split(T_NN(ca_mul_scalar(x, 1.5)), 2, 3, (int64_t[]){8, 8, 8}, p));
+    for (int i = 0; i < 3; i++) p[i] = T_NN(ca_transpose(ca_reshape(p[i], CA_SHAPE(1, 6, 2, 4)), 1, 2));
+    ca_tensor *o = T_NN(ca_scaled_dot_product_attention(p[0], p[1], p[2], NULL, true, 0, 0));
+    ca_tensor *w = T_NN(ca_from_host(d, CA_F32, CA_SHAPE(1, 2, 6, 4), hw));
+    T_OK(ca_autograd_backward(ca_sum(ca_mul(o, w))));
+    res[0] = t_host(o);
+    res[1] = t_host(T_NN(ca_tensor_grad(x)));
+}
+
+static void test_attention_device_without_strides(void **state) {
+    static ca_device_ops ops;
+    ops = *ca_device_ops_of(ca_cpu_device());
+    k_nost = *ops.kernels;
+    k_nost.attention = att_nost;
+    k_nost.attention_backward = att_nost_backward;
+    ops.name = "cpu_nostrides";
+    ops.kernels = &k_nost;
+    ops.attention_strides = false;
+    ca_device *d = open_variant(&ops);
+    float hx[144], hw[48];
+    for (int i = 0; i < 144; i++) hx[i] = (float)((i * 7) % 13) / 6.0f - 1.0f;
+    for (int i = 0; i < 48; i++) hw[i] = (float)((i * 5) % 9) / 4.0f - 1.0f;
+    CA_SCOPE {
+        float *a[2], *b[2];
+        views_on(d, hx, hw, a);
+        views_on(ca_cpu_device(), hx, hw, b);
+        assert_memory_equal(a[0], b[0], sizeof(float) * 48);
+        assert_memory_equal(a[1], b[1], sizeof(float) * 144);
+        for (int i = 0; i < 2; i++) { free(a[i]); free(b[i]); }
     }
 }
 
@@ -611,6 +674,7 @@ int main(void) {
         cmocka_unit_test(test_registry_older_minor_lacks_new_kernels),
         cmocka_unit_test(test_registry_abi31_lacks_rope_swiglu),
         cmocka_unit_test(test_registry_abi34_attention_repeats_kv),
+        cmocka_unit_test(test_attention_device_without_strides),
         cmocka_unit_test(test_device_kind_slots),
         cmocka_unit_test(test_collective_slots),
         cmocka_unit_test(test_caching_allocator_reuses),

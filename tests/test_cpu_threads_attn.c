@@ -1,6 +1,8 @@
 /* The CPU attention (forward and backward) and the optimizer kernels give the same bits at 1, 2 and 3
  * threads: causal and padded attention with one (b, h) problem (the threads share its query blocks) and
  * with more problems than threads, grouped-query attention (kv heads shared by query heads), AdamW and SGD over several tensors, and the sum of squares. The
+ * attention gives them too with every tensor strided (ABI 3.10's ca_attention_layout: q, k and v as slices
+ * of one projection, out, dout and the gradients token-major), writing nothing outside its outputs. The
  * grain is forced to 1 so that the parallel paths run on these small shapes. */
 #include "test_cpu_util.h"
 #include "backends/cpu/cpu_parallel.h"
@@ -30,8 +32,8 @@ static float *rnd(int64_t n) {
 
 static int64_t kv_problems(const att_case *c) { return c->batch * (c->kv_heads ? c->kv_heads : c->heads); }
 
-static void att_run(const att_case *c, const float *const in[4], const uint8_t *mask, att_out *o) {
-    int64_t nbh = c->batch * c->heads, nkv = kv_problems(c);
+/* The problem of case c, with its [B, 1, 1, Tk] u8 mask when given. */
+static ca_attention_params att_params(const att_case *c, const uint8_t *mask) {
     ca_attention_params p = {.batch = c->batch, .heads = c->heads, .tq = c->tq, .tk = c->tk, .d = c->d,
                              .dv = c->dv, .scale = 0.3f, .causal = c->causal, .dropout_p = c->dropout,
                              .seed = 42, .offset = 7};
@@ -41,6 +43,12 @@ static void att_run(const att_case *c, const float *const in[4], const uint8_t *
         p.mask_stride[0] = c->tk;
         p.mask_stride[3] = 1;
     }
+    return p;
+}
+
+static void att_run(const att_case *c, const float *const in[4], const uint8_t *mask, att_out *o) {
+    int64_t nbh = c->batch * c->heads, nkv = kv_problems(c);
+    ca_attention_params p = att_params(c, mask);
     o->out = mk(CA_F32, nbh * c->tq * c->dv);
     o->lse = mk(CA_F32, nbh * c->tq);
     o->dq = mk(CA_F32, nbh * c->tq * c->d);
@@ -53,6 +61,105 @@ static void att_run(const att_case *c, const float *const in[4], const uint8_t *
 }
 
 static void att_free(att_out *o) { free(o->out); free(o->lse); free(o->dq); free(o->dk); free(o->dv); }
+
+/* ------------------------------------------ the same through strides (ca_attention_layout) */
+
+/* Where a [B, heads, T, E] tensor lies in a token-major buffer: row (b, t) of `w` floats, the tensor's heads
+ * from column c0 (as q, k and v in one [B, T, 3 C] projection); strides {T w, E, w, 1}. */
+typedef struct tok_place {
+    float *buf;
+    int64_t heads, t, e, w, c0;
+} tok_place;
+
+static void place_strides(const tok_place *p, int64_t *st) {
+    st[0] = p->t * p->w; st[1] = p->e; st[2] = p->w; st[3] = 1;
+}
+static float *place_at(const tok_place *p, int64_t b, int64_t h, int64_t i, int64_t e) {
+    return p->buf + (b * p->t + i) * p->w + p->c0 + h * p->e + e;
+}
+/* x (contiguous) into its place, or (back) its place into x. */
+static void place_copy(const tok_place *p, int64_t batch, float *x, bool back) {
+    for (int64_t b = 0, n = 0; b < batch; b++)
+        for (int64_t h = 0; h < p->heads; h++)
+            for (int64_t i = 0; i < p->t; i++)
+                for (int64_t e = 0; e < p->e; e++, n++) {
+                    if (back) x[n] = *place_at(p, b, h, i, e);
+                    else *place_at(p, b, h, i, e) = x[n];
+                }
+}
+
+#define SENTINEL 7.25f
+
+/* Every float of the buffer outside the places holds the sentinel still: the kernel wrote nothing else. */
+static void gaps_untouched(const char *name, const float *buf, int64_t n, const tok_place *p, int np, int64_t batch) {
+    float *seen = calloc((size_t)n, sizeof *seen);
+    assert_non_null(seen);
+    for (int k = 0; k < np; k++)
+        for (int64_t b = 0; b < batch; b++)
+            for (int64_t h = 0; h < p[k].heads; h++)
+                for (int64_t i = 0; i < p[k].t; i++)
+                    for (int64_t e = 0; e < p[k].e; e++) seen[place_at(&p[k], b, h, i, e) - buf] = 1;
+    for (int64_t i = 0; i < n; i++)
+        if (!seen[i] && buf[i] != SENTINEL) fail_msg("%s: float %lld outside the tensors was written", name, (long long)i);
+    free(seen);
+}
+
+/* Places of q, k, v (and of dq, dk, dv) in one buffer of rows [H D | Hkv D | Hkv Dv | 1 unused] when Tq = Tk,
+ * else q in one (a column unused) and k, v in another: the three from one projection, as a GPT's. */
+static int64_t qkv_places(const att_case *c, float *buf[2], tok_place *p) {
+    int64_t hkv = c->kv_heads ? c->kv_heads : c->heads, wq = c->heads * c->d, wk = hkv * c->d, wv = hkv * c->dv;
+    bool one = c->tq == c->tk;
+    int64_t w0 = one ? wq + wk + wv + 1 : wq + 1, w1 = one ? w0 : wk + wv + 1, n0 = c->batch * c->tq * w0;
+    int64_t n1 = one ? 0 : c->batch * c->tk * w1;
+    buf[0] = mk(CA_F32, n0 + n1);
+    buf[1] = one ? buf[0] : buf[0] + n0;
+    for (int64_t i = 0; i < n0 + n1; i++) buf[0][i] = SENTINEL;
+    p[0] = (tok_place){buf[0], c->heads, c->tq, c->d, w0, 0};
+    p[1] = (tok_place){buf[1], hkv, c->tk, c->d, w1, one ? wq : 0};
+    p[2] = (tok_place){buf[1], hkv, c->tk, c->dv, w1, one ? wq + wk : wk};
+    return n0 + n1;
+}
+
+/* att_run with q, k, v, out, dout and dq, dk, dv strided (results gathered back into o) at the current
+ * thread count; checks that nothing outside the outputs was written. */
+static void att_run_strided(const att_case *c, const float *const in[4], const uint8_t *mask, att_out *o) {
+    int64_t nbh = c->batch * c->heads, nkv = kv_problems(c), wo = c->heads * c->dv + 2;
+    float *ib[2], *gb[2];
+    tok_place pi[3], pg[3];
+    qkv_places(c, ib, pi);
+    int64_t ng = qkv_places(c, gb, pg), no = c->batch * c->tq * wo;
+    for (int i = 0; i < 3; i++) place_copy(&pi[i], c->batch, (float *)in[i], false);
+    float *ob = mk(CA_F32, 2 * no);
+    for (int64_t i = 0; i < 2 * no; i++) ob[i] = SENTINEL;
+    tok_place po = {ob, c->heads, c->tq, c->dv, wo, 0}, pd = {ob + no, c->heads, c->tq, c->dv, wo, 1};
+    place_copy(&pd, c->batch, (float *)in[3], false);
+    ca_attention_layout st, dst;
+    place_strides(&pi[0], st.q); place_strides(&pi[1], st.k); place_strides(&pi[2], st.v); place_strides(&po, st.o);
+    place_strides(&pg[0], dst.q); place_strides(&pg[1], dst.k); place_strides(&pg[2], dst.v);
+    place_strides(&pd, dst.o);
+    ca_attention_params p = att_params(c, mask);
+    o->lse = mk(CA_F32, nbh * c->tq);
+    OK(KC(attention, .dt = CA_F32, .p = p, .q = place_at(&pi[0], 0, 0, 0, 0), .k = place_at(&pi[1], 0, 0, 0, 0),
+          .v = place_at(&pi[2], 0, 0, 0, 0), .out = place_at(&po, 0, 0, 0, 0), .lse = o->lse,
+          .kv_heads = c->kv_heads, .st = st));
+    OK(KC(attention_backward, .dt = CA_F32, .p = p, .q = place_at(&pi[0], 0, 0, 0, 0),
+          .k = place_at(&pi[1], 0, 0, 0, 0), .v = place_at(&pi[2], 0, 0, 0, 0), .out = place_at(&po, 0, 0, 0, 0),
+          .dout = place_at(&pd, 0, 0, 0, 0), .lse = o->lse, .dq = place_at(&pg[0], 0, 0, 0, 0),
+          .dk = place_at(&pg[1], 0, 0, 0, 0), .dv = place_at(&pg[2], 0, 0, 0, 0), .kv_heads = c->kv_heads,
+          .st = st, .dst = dst));
+    o->out = mk(CA_F32, nbh * c->tq * c->dv);
+    o->dq = mk(CA_F32, nbh * c->tq * c->d);
+    o->dk = mk(CA_F32, nkv * c->tk * c->d);
+    o->dv = mk(CA_F32, nkv * c->tk * c->dv);
+    place_copy(&po, c->batch, o->out, true);
+    place_copy(&pg[0], c->batch, o->dq, true);
+    place_copy(&pg[1], c->batch, o->dk, true);
+    place_copy(&pg[2], c->batch, o->dv, true);
+    gaps_untouched(c->name, gb[0], ng, pg, 3, c->batch);
+    tok_place pout[2] = {po, pd};
+    gaps_untouched(c->name, ob, 2 * no, pout, 2, c->batch);
+    free(ib[0]); free(gb[0]); free(ob);
+}
 
 static void same_bits(const char *what, const char *name, int threads, const float *a, const float *b, int64_t n) {
     for (int64_t i = 0; i < n; i++)
@@ -81,14 +188,17 @@ static void att_check(const att_case *c) {
     cpu_set_threads(1);
     att_run(c, in, mask, &ref);
     assert_true(any_nonzero(ref.dk, nkv * c->tk * c->d) && any_nonzero(ref.dv, nkv * c->tk * c->dv));
-    for (int t = 1; t < NTH; t++) {
+    for (int r = 1; r < 2 * NTH; r++) {   /* contiguous at 2 and 3 threads, strided at 1, 2 and 3 */
+        int t = r < NTH ? r : r - NTH;
         cpu_set_threads(THREADS[t]);
-        att_run(c, in, mask, &o);
-        same_bits("out", c->name, THREADS[t], ref.out, o.out, nbh * c->tq * c->dv);
-        same_bits("lse", c->name, THREADS[t], ref.lse, o.lse, nbh * c->tq);
-        same_bits("dq", c->name, THREADS[t], ref.dq, o.dq, nbh * c->tq * c->d);
-        same_bits("dk", c->name, THREADS[t], ref.dk, o.dk, nkv * c->tk * c->d);
-        same_bits("dv", c->name, THREADS[t], ref.dv, o.dv, nkv * c->tk * c->dv);
+        if (r < NTH) att_run(c, in, mask, &o);
+        else att_run_strided(c, in, mask, &o);
+        bool s = r >= NTH;
+        same_bits(s ? "strided out" : "out", c->name, THREADS[t], ref.out, o.out, nbh * c->tq * c->dv);
+        same_bits(s ? "strided lse" : "lse", c->name, THREADS[t], ref.lse, o.lse, nbh * c->tq);
+        same_bits(s ? "strided dq" : "dq", c->name, THREADS[t], ref.dq, o.dq, nbh * c->tq * c->d);
+        same_bits(s ? "strided dk" : "dk", c->name, THREADS[t], ref.dk, o.dk, nkv * c->tk * c->d);
+        same_bits(s ? "strided dv" : "dv", c->name, THREADS[t], ref.dv, o.dv, nkv * c->tk * c->dv);
         att_free(&o);
     }
     cpu_set_threads(1);

@@ -316,6 +316,134 @@ static void test_attention_grouped_query_matches_repeat(void **state) {
     }
 }
 
+/* ------------------------------------------------------------------ attention on views */
+
+/* q, k and v as a GPT makes them: [B, T, H D] slices of one projection y [B, T, (H + 2 Hkv) D] (q's H heads,
+ * then k's and v's Hkv), each seen as [B, H, T, D] through a reshape and a transpose (views, no copy); with
+ * `copy`, contiguous copies of those views. */
+static void qkv_views(ca_tensor *y, int64_t h, int64_t hkv, int64_t d, bool copy, ca_tensor **p) {
+    int64_t b = ca_tensor_dim(y, 0), t = ca_tensor_dim(y, 1), heads[3] = {h, hkv, hkv};
+    T_OK(ca_split(y, 2, 3, (int64_t[]){h * d, hkv * d, hkv * d}, p));
+    for (int i = 0; i < 3; i++) {
+        p[i] = T_NN(ca_transpose(ca_reshape(p[i], CA_SHAPE(b, t, heads[i], d)), 1, 2));
+        if (copy) p[i] = T_NN(ca_contiguous(p[i]));
+    }
+}
+
+/* The output (merged back to [B, T, H D]) and dx of sum(merge(attention(q, k, v)) w) (+ sum(y w2) when w2: y
+ * read by another op too) with y = 2 x, on views or on contiguous copies (host copies into res[0], res[1]). */
+typedef struct view_case {
+    int64_t b, h, hkv, t, d;
+    bool causal, pad;
+    double dropout;
+} view_case;
+
+static void views_run(const view_case *c, ca_tensor *x, ca_tensor *w, ca_tensor *w2, bool copy, float **res) {
+    ca_tensor_zero_grad(x);
+    ca_tensor *y = T_NN(ca_mul_scalar(x, 2.0)), *p[3], *mask = NULL;
+    qkv_views(y, c->h, c->hkv, c->d, copy, p);
+    if (c->pad) {   /* batch i keeps its first t - 3 i - 1 keys */
+        uint8_t *keep = malloc((size_t)(c->b * c->t));
+        for (int64_t j = 0; j < c->b * c->t; j++) keep[j] = j % c->t < c->t - 3 * (j / c->t) - 1;
+        mask = T_NN(ca_from_host(cpu(), CA_U8, CA_SHAPE(c->b, 1, 1, c->t), keep));
+        free(keep);
+    }
+    ca_rng_set_state(11, 3);
+    ca_tensor *o = T_NN(ca_scaled_dot_product_attention(p[0], p[1], p[2], mask, c->causal, c->dropout, 0));
+    o = T_NN(ca_reshape(ca_contiguous(ca_transpose(o, 1, 2)), CA_SHAPE(c->b, c->t, c->h * c->d)));
+    ca_tensor *loss = ca_sum(ca_mul(o, w));
+    if (w2) loss = ca_add(loss, ca_sum(ca_mul(y, w2)));
+    T_OK(ca_autograd_backward(T_NN(loss)));
+    res[0] = t_host(o);
+    res[1] = t_host(T_NN(ca_tensor_grad(x)));
+}
+
+/* Attention on the strided views of one projection (read in place, gradients written into the
+ * projection's) gives the bits it gives on contiguous copies, forward and backward: the GPT's causal case,
+ * grouped-query attention with a key-padding mask and dropout, several query blocks, and a projection that
+ * another op reads too (its gradient then gets two terms). */
+static void test_attention_views_equal_copies(void **state) {
+    static const view_case cases[] = {
+        {2, 3, 3, 20, 8, true, false, 0.0},
+        {2, 4, 2, 70, 4, false, true, 0.2},
+        {1, 2, 1, 130, 8, true, true, 0.0},
+    };
+    uint64_t s = 12;
+    for (int ci = 0; ci < 3; ci++)
+        for (int other = 0; other < 2; other++) CA_SCOPE {
+            const view_case *c = &cases[ci];
+            int64_t cols = (c->h + 2 * c->hkv) * c->d, n = c->b * c->t * cols, no = c->b * c->t * c->h * c->d;
+            ca_tensor *x = t_randn(&s, CA_SHAPE(c->b, c->t, cols), -1, 1, 0);
+            ca_tensor_set_requires_grad(x, true);
+            ca_tensor *w = t_randn(&s, CA_SHAPE(c->b, c->t, c->h * c->d), -1, 1, 0);
+            ca_tensor *w2 = other ? t_randn(&s, CA_SHAPE(c->b, c->t, cols), -1, 1, 0) : NULL;
+            float *v[2], *r[2];
+            views_run(c, x, w, w2, false, v);
+            views_run(c, x, w, w2, true, r);
+            for (int i = 0; i < 2; i++) {
+                int64_t len = i == 0 ? no : n;
+                for (int64_t j = 0; j < len; j++)
+                    if (memcmp(&v[i][j], &r[i][j], sizeof(float)) != 0)
+                        fail_msg("case %d%s: %s[%lld] is %a on views, %a on copies", ci, other ? " (y read twice)" : "",
+                                 i == 0 ? "out" : "dx", (long long)j, (double)v[i][j], (double)r[i][j]);
+                free(v[i]); free(r[i]);
+            }
+        }
+}
+
+/* The copy kernels of one step of a GPT attention block, as examples/gpt builds it (c_attn, split, views of
+ * q, k and v, attention, heads merged, c_proj; Linear layers without bias, whose bias would be copied into
+ * their output; a cross-entropy loss), counted in the kernel trace: none, forward or backward. The attention reads q, k and v
+ * where the projection holds them, writes its output where the merge of heads wants it and the gradients
+ * of q, k and v into the projection's. */
+static int trace_count(const char *path, const char *needle) {
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    fseek(f, 0, SEEK_END);
+    long len = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *buf = malloc((size_t)len + 1);
+    assert_non_null(buf);
+    size_t got = fread(buf, 1, (size_t)len, f);
+    fclose(f);
+    buf[got] = '\0';
+    int n = 0;
+    for (const char *p = strstr(buf, needle); p; p = strstr(p + 1, needle)) n++;
+    free(buf);
+    return n;
+}
+
+static void test_attention_block_copies(void **state) {
+    enum { B = 2, T = 24, H = 3, D = 8, C = H * D };
+    uint64_t s = 13;
+    ca_module *attn, *proj;
+    T_OK(ca_linear_create(C, 3 * C, false, &attn));
+    T_OK(ca_linear_create(C, C, false, &proj));
+    char dir[64];
+    snprintf(dir, sizeof dir, "test_transformer_ops.%ld.trace", (long)getpid());
+    CA_SCOPE {
+        ca_tensor *x = t_randn(&s, CA_SHAPE(B, T, C), -1, 1, 0), *p[3];
+        ca_tensor_set_requires_grad(x, true);
+        T_OK(ca_profile_begin(&(ca_profile_config){.output_trace_dir = dir}));
+        qkv_views(T_NN(ca_module_forward(attn, x)), H, H, D, false, p);
+        ca_tensor *y = T_NN(ca_scaled_dot_product_attention(p[0], p[1], p[2], NULL, true, 0, 0));
+        y = T_NN(ca_reshape(ca_contiguous(ca_transpose(y, 1, 2)), CA_SHAPE(B, T, C)));
+        int32_t labels[B * T];
+        for (int i = 0; i < B * T; i++) labels[i] = (i * 7) % C;
+        ca_tensor *lab = T_NN(ca_from_host(cpu(), CA_I32, CA_SHAPE(B, T), labels));
+        T_OK(ca_autograd_backward(T_NN(ca_cross_entropy(ca_module_forward(proj, y), lab))));
+        T_OK(ca_profile_end());
+    }
+    const char *path = ca_profile_last_path();
+    assert_int_equal(trace_count(path, "\"name\":\"attention\""), 1);
+    assert_int_equal(trace_count(path, "\"name\":\"attention_backward\""), 1);
+    int copies = trace_count(path, "\"name\":\"copy_strided\"");
+    if (copies != 0) fail_msg("%d copy kernels in the step of a GPT attention block (trace %s)", copies, path);
+    t_rm_tree(dir);
+    ca_module_destroy(attn);
+    ca_module_destroy(proj);
+}
+
 /* ------------------------------------------------------------------ joins and selections */
 
 static void test_join_select_values(void **state) {
@@ -554,6 +682,8 @@ int main(void) {
         cmocka_unit_test(test_attention_memory),
         cmocka_unit_test(test_attention_errors),
         cmocka_unit_test(test_attention_grouped_query_matches_repeat),
+        cmocka_unit_test(test_attention_views_equal_copies),
+        cmocka_unit_test(test_attention_block_copies),
         cmocka_unit_test(test_join_select_values),
         cmocka_unit_test(test_activation_and_norm_values), cmocka_unit_test(test_rms_norm_kernel_vs_composite),
         cmocka_unit_test(test_swiglu_equals_composite), cmocka_unit_test(test_rope_refusals),

@@ -22,6 +22,55 @@ static int64_t row_cols(const ca_attention_params *a, int64_t i) {
     return a->causal ? (i + 1 < a->tk ? i + 1 : a->tk) : a->tk;
 }
 
+/* The strides of one call's tensors over [b, h, t, e]: the args' ca_attention_layout (ABI 3.10) where it gives
+ * them, contiguous where it does not; in the backward also dq, dk, dv and dout. A head's rows are then a
+ * matrix of leading dimension stride[2] (the core has checked that e's stride is 1). */
+typedef struct att_strides {
+    int64_t q[4], k[4], v[4], o[4], dq[4], dk[4], dv[4], dout[4];
+} att_strides;
+
+static void stride_of(const int64_t *given, int64_t heads, int64_t t, int64_t e, int64_t *st) {
+    if (given[0] | given[1] | given[2] | given[3]) {
+        memcpy(st, given, 4 * sizeof *st);
+        return;
+    }
+    st[3] = 1; st[2] = e; st[1] = t * e; st[0] = heads * t * e;
+}
+
+/* q, k, v and out of a call with H query and hkv kv heads; then, given, the gradients' (dq, dk, dv, dout). */
+static void strides_of(const ca_attention_params *a, int64_t hkv, const ca_attention_layout *l,
+                       const ca_attention_layout *dl, att_strides *s) {
+    stride_of(l->q, a->heads, a->tq, a->d, s->q);
+    stride_of(l->k, hkv, a->tk, a->d, s->k);
+    stride_of(l->v, hkv, a->tk, a->dv, s->v);
+    stride_of(l->o, a->heads, a->tq, a->dv, s->o);
+    if (!dl) return;
+    stride_of(dl->q, a->heads, a->tq, a->d, s->dq);
+    stride_of(dl->k, hkv, a->tk, a->d, s->dk);
+    stride_of(dl->v, hkv, a->tk, a->dv, s->dv);
+    stride_of(dl->o, a->heads, a->tq, a->dv, s->dout);
+}
+
+/* Row i of head h of batch b of a tensor with strides st. */
+static float *row_at(const void *p, const int64_t *st, int64_t b, int64_t h, int64_t i) {
+    return (float *)p + b * st[0] + h * st[1] + i * st[2];
+}
+
+/* Rows [0, rows) x [0, cols) of a matrix of leading dimension ld set to 0. */
+static void zero_rows(float *y, int64_t ld, int64_t rows, int64_t cols) {
+    if (ld == cols) {
+        memset(y, 0, (size_t)(rows * cols) * sizeof(float));
+        return;
+    }
+    for (int64_t r = 0; r < rows; r++) memset(y + r * ld, 0, (size_t)cols * sizeof(float));
+}
+
+/* Every head's rows of a [B, heads, T, E] tensor with strides st set to 0 (an empty call's outputs). */
+static void zero_tensor(void *p, const int64_t *st, int64_t batch, int64_t heads, int64_t t, int64_t e) {
+    for (int64_t b = 0; b < batch; b++)
+        for (int64_t h = 0; h < heads; h++) zero_rows(row_at(p, st, b, h, 0), st[2], t, e);
+}
+
 /* ------------------------------------------------ row loops (vectorised) */
 
 /* The dropout factor of one Philox word: keep/(1-p), as the dropout kernel decides. */
@@ -212,14 +261,14 @@ static const uint32_t *block_words(const ca_attention_params *a, uint64_t sbh, i
 }
 
 /* Scores of query rows [i0, i0+rows) of problem (b, h) into w->s, masked; then the probabilities
- * (masked entries 0): with lse_in from the saved lse, else by softmax, writing lse_out. Row r spans
- * ld = tk floats; ncols is the widest row. */
+ * (masked entries 0): with lse_in from the saved lse, else by softmax, writing lse_out. q's and k's rows
+ * are ldq and ldk floats apart; score row r spans ld = tk floats; ncols is the widest row. */
 static void block_probs(const ca_attention_params *a, int64_t b, int64_t h, int64_t i0, int64_t rows,
-                        int64_t ncols, const float *q, const float *k, const float *lse_in, float *lse_out,
-                        att_scratch *w) {
+                        int64_t ncols, const float *q, int64_t ldq, const float *k, int64_t ldk,
+                        const float *lse_in, float *lse_out, att_scratch *w) {
     int64_t tk = a->tk;
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)rows, (int)ncols, (int)a->d, a->scale, q,
-                ld(a->d), k, ld(a->d), 0.0f, w->s, ld(tk));
+                ld(ldq), k, ld(ldk), 0.0f, w->s, ld(tk));
     for (int64_t r = 0; r < rows; r++) {
         float *s = w->s + r * tk;
         mask_row(a, b, h, i0 + r, s);
@@ -244,15 +293,23 @@ static int64_t block_rows(const ca_attention_params *a, int64_t qb) {
 /* Forward unit u: query block of problem u / nqb. Causal blocks cost in proportion to their index, so the
  * blocks of a problem are taken in the order 0, n-1, 1, n-2, ...: any contiguous share of the units then
  * holds about as much work as its length says. */
+typedef struct att_fwd {
+    const ca_attention_args *g;
+    att_strides st;
+} att_fwd;
+
 static void fwd_unit(const void *ctx, att_scratch *w, int64_t u) {
-    const ca_attention_args *g = ctx;
+    const att_fwd *c = ctx;
+    const ca_attention_args *g = c->g;
     const ca_attention_params *a = &g->p;
-    int64_t nqb = query_blocks(a), bh = u / nqb, j = u % nqb, kvh = bh / ca_attention_group(a->heads, g->kv_heads);
+    const att_strides *st = &c->st;
+    int64_t nqb = query_blocks(a), bh = u / nqb, j = u % nqb, b = bh / a->heads, h = bh % a->heads;
+    int64_t kvh = h / ca_attention_group(a->heads, g->kv_heads);
     int64_t qb = !a->causal ? j : j % 2 == 0 ? j / 2 : nqb - 1 - j / 2;
     int64_t i0 = qb * QBLOCK, rows = block_rows(a, qb), ncols = row_cols(a, i0 + rows - 1);
-    const float *q = (const float *)g->q + (bh * a->tq + i0) * a->d, *k = (const float *)g->k + kvh * a->tk * a->d;
-    const float *v = (const float *)g->v + kvh * a->tk * a->dv;
-    block_probs(a, bh / a->heads, bh % a->heads, i0, rows, ncols, q, k, NULL, g->lse + bh * a->tq + i0, w);
+    const float *q = row_at(g->q, st->q, b, h, i0), *k = row_at(g->k, st->k, b, kvh, 0);
+    const float *v = row_at(g->v, st->v, b, kvh, 0);
+    block_probs(a, b, h, i0, rows, ncols, q, st->q[2], k, st->k[2], NULL, g->lse + bh * a->tq + i0, w);
     const uint32_t *wd = block_words(a, ca_attention_stream_bh(bh, a->heads, g->stream_heads, g->stream_head0), i0,
                                      rows, w->words);
     if (wd)   /* P D in place: the forward needs no P of its own */
@@ -260,11 +317,12 @@ static void fwd_unit(const void *ctx, att_scratch *w, int64_t u) {
             scale_drop(w->s + r * a->tk, ncols, 1.0f, wd + r * a->tk, a->dropout_p, 1.0f / (1.0f - a->dropout_p),
                        w->s + r * a->tk);
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)rows, (int)a->dv, (int)ncols, 1.0f, w->s,
-                ld(a->tk), v, ld(a->dv), 0.0f, (float *)g->out + (bh * a->tq + i0) * a->dv, ld(a->dv));
+                ld(a->tk), v, ld(st->v[2]), 0.0f, row_at(g->out, st->o, b, h, i0), ld(st->o[2]));
 }
 
 /* Every query block of every (b, h) is independent: the threads share them out. Query problem bh = b H + h
- * reads kv problem bh / g (g = H / Hkv query heads per kv head): b Hkv + h / g. */
+ * reads kv problem bh / g (g = H / Hkv query heads per kv head): b Hkv + h / g. Each tensor is read or
+ * written through its strides, so that q, k and v may be views of one projection (no copy first). */
 ca_status cpu_attention(void *dev, const ca_attention_args *args) {
     const ca_attention_params *a = &args->p;
     (void)dev;
@@ -272,20 +330,28 @@ ca_status cpu_attention(void *dev, const ca_attention_args *args) {
     if (st != CA_OK) return st;
     int64_t nq = a->batch * a->heads * a->tq;
     if (nq == 0) return CA_OK;
+    att_fwd c = {.g = args};
+    strides_of(a, a->heads / ca_attention_group(a->heads, args->kv_heads), &args->st, NULL, &c.st);
     if (a->tk == 0 || a->dv == 0) {
-        memset(args->out, 0, (size_t)(nq * a->dv) * sizeof(float));
+        zero_tensor(args->out, c.st.o, a->batch, a->heads, a->tq, a->dv);
         for (int64_t i = 0; i < nq; i++) args->lse[i] = -INFINITY;
         return CA_OK;
     }
     int64_t units = a->batch * a->heads * query_blocks(a);
     att_slots *sl = slots_alloc(a, units, false, "attention");
     if (!sl) return CA_ERR_NOMEM;
-    run_units(fwd_unit, args, sl, 0, units, block_cost(a, 2));
+    run_units(fwd_unit, &c, sl, 0, units, block_cost(a, 2));
     slots_free(sl);
     return CA_OK;
 }
 
 /* ------------------------------------------------------------ backward */
+
+/* A backward call and its tensors' strides. */
+typedef struct att_bwd {
+    const ca_attention_backward_args *g;
+    att_strides st;
+} att_bwd;
 
 /* Query heads per kv head of a backward call. */
 static int64_t bwd_group(const ca_attention_backward_args *g) { return ca_attention_group(g->p.heads, g->kv_heads); }
@@ -296,16 +362,18 @@ static int64_t bwd_group(const ca_attention_backward_args *g) { return ca_attent
  * Query block qb of problem bh: writes its rows of dQ, and its terms of dK and dV (keys [0, returned)) into
  * w->dk and w->dv. A kv head's dK and dV sum the terms of its g query heads: adding them in the order
  * (block, query head), whichever thread computed them, makes dK and dV the same at every thread count. */
-static int64_t bwd_block(const ca_attention_backward_args *g, att_scratch *w, int64_t bh, int64_t qb) {
+static int64_t bwd_block(const att_bwd *c, att_scratch *w, int64_t bh, int64_t qb) {
+    const ca_attention_backward_args *g = c->g;
     const ca_attention_params *a = &g->p;
-    int64_t tq = a->tq, tk = a->tk, d = a->d, dvn = a->dv;
+    const att_strides *st = &c->st;
+    int64_t tq = a->tq, tk = a->tk, d = a->d, dvn = a->dv, b = bh / a->heads, h = bh % a->heads;
     int64_t i0 = qb * QBLOCK, rows = block_rows(a, qb), nc = row_cols(a, i0 + rows - 1);
-    int64_t kvh = bh / bwd_group(g);
-    const float *qi = (const float *)g->q + (bh * tq + i0) * d, *kb = (const float *)g->k + kvh * tk * d;
-    const float *vb = (const float *)g->v + kvh * tk * dvn, *oi = (const float *)g->out + (bh * tq + i0) * dvn;
-    const float *gi = (const float *)g->dout + (bh * tq + i0) * dvn;
+    int64_t kvh = h / bwd_group(g), ldg = st->dout[2], ldo = st->o[2];
+    const float *qi = row_at(g->q, st->q, b, h, i0), *kb = row_at(g->k, st->k, b, kvh, 0);
+    const float *vb = row_at(g->v, st->v, b, kvh, 0), *oi = row_at(g->out, st->o, b, h, i0);
+    const float *gi = row_at(g->dout, st->dout, b, h, i0);
     float p = a->dropout_p, keep_scale = 1.0f / (1.0f - p);
-    block_probs(a, bh / a->heads, bh % a->heads, i0, rows, nc, qi, kb, g->lse + bh * tq + i0, NULL, w);
+    block_probs(a, b, h, i0, rows, nc, qi, st->q[2], kb, st->k[2], g->lse + bh * tq + i0, NULL, w);
     const uint32_t *wd = block_words(a, ca_attention_stream_bh(bh, a->heads, g->stream_heads, g->stream_head0), i0,
                                      rows, w->words);
     const float *pd = w->s;
@@ -315,16 +383,16 @@ static int64_t bwd_block(const ca_attention_backward_args *g, att_scratch *w, in
         pd = w->p;
     }
     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)nc, (int)dvn, (int)rows, 1.0f, pd, ld(tk), gi,
-                ld(dvn), 0.0f, w->dv, ld(dvn));
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)rows, (int)nc, (int)dvn, 1.0f, gi, ld(dvn), vb,
-                ld(dvn), 0.0f, w->p, ld(tk));
+                ld(ldg), 0.0f, w->dv, ld(dvn));
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)rows, (int)nc, (int)dvn, 1.0f, gi, ld(ldg), vb,
+                ld(st->v[2]), 0.0f, w->p, ld(tk));
     for (int64_t r = 0; r < rows; r++)
-        score_grad(w->s + r * tk, w->p + r * tk, nc, dot(gi + r * dvn, oi + r * dvn, dvn), wd ? wd + r * tk : NULL,
+        score_grad(w->s + r * tk, w->p + r * tk, nc, dot(gi + r * ldg, oi + r * ldo, dvn), wd ? wd + r * tk : NULL,
                    p, keep_scale);
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)rows, (int)d, (int)nc, a->scale, w->s, ld(tk), kb,
-                ld(d), 0.0f, (float *)g->dq + (bh * tq + i0) * d, ld(d));
+                ld(st->k[2]), 0.0f, row_at(g->dq, st->dq, b, h, i0), ld(st->dq[2]));
     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)nc, (int)d, (int)rows, a->scale, w->s, ld(tk), qi,
-                ld(d), 0.0f, w->dk, ld(d));
+                ld(st->q[2]), 0.0f, w->dk, ld(d));
     return nc;
 }
 
@@ -332,27 +400,47 @@ CPU_CLONES static void add_terms(float *restrict y, const float *restrict x, int
     for (int64_t i = 0; i < n; i++) y[i] += x[i];
 }
 
+/* y's rows [0, rows) (ldy apart) += x's (cols apart), cols each. */
+static void add_rows(float *y, int64_t ldy, const float *x, int64_t rows, int64_t cols) {
+    if (ldy == cols) {
+        add_terms(y, x, rows * cols);
+        return;
+    }
+    for (int64_t r = 0; r < rows; r++) add_terms(y + r * ldy, x + r * cols, cols);
+}
+
+/* Row 0 of dK and of dV of kv problem kvp (b Hkv + kv head). */
+static float *kv_grad(const att_bwd *c, const void *p, const int64_t *st, int64_t kvp) {
+    int64_t hkv = c->g->p.heads / bwd_group(c->g);
+    return row_at(p, st, kvp / hkv, kvp % hkv, 0);
+}
+
 /* Adds keys [lo, hi) of one block's terms (w, computed for `nc` keys) of query problem bh into its kv
  * problem's dK and dV. */
-static void add_block(const ca_attention_backward_args *g, const att_scratch *w, int64_t bh, int64_t nc,
-                      int64_t lo, int64_t hi) {
-    int64_t d = g->p.d, dvn = g->p.dv;
+static void add_block(const att_bwd *c, const att_scratch *w, int64_t bh, int64_t nc, int64_t lo, int64_t hi) {
+    const ca_attention_backward_args *g = c->g;
+    int64_t d = g->p.d, dvn = g->p.dv, kvp = bh / bwd_group(g);
     if (hi > nc) hi = nc;
     if (hi <= lo) return;
-    bh /= bwd_group(g);
-    add_terms((float *)g->dk + (bh * g->p.tk + lo) * d, w->dk + lo * d, (hi - lo) * d);
-    add_terms((float *)g->dv + (bh * g->p.tk + lo) * dvn, w->dv + lo * dvn, (hi - lo) * dvn);
+    add_rows(kv_grad(c, g->dk, c->st.dk, kvp) + lo * c->st.dk[2], c->st.dk[2], w->dk + lo * d, hi - lo, d);
+    add_rows(kv_grad(c, g->dv, c->st.dv, kvp) + lo * c->st.dv[2], c->st.dv[2], w->dv + lo * dvn, hi - lo, dvn);
+}
+
+/* dK and dV of kv problem kvp set to 0. */
+static void zero_kv(const att_bwd *c, int64_t kvp) {
+    const ca_attention_params *a = &c->g->p;
+    zero_rows(kv_grad(c, c->g->dk, c->st.dk, kvp), c->st.dk[2], a->tk, a->d);
+    zero_rows(kv_grad(c, c->g->dv, c->st.dv, kvp), c->st.dv[2], a->tk, a->dv);
 }
 
 /* A whole kv problem on one thread (so no two threads write one kv head): its query heads' blocks in the
  * order (block, query head), each block's terms added as they come. */
 static void bwd_problem(const void *ctx, att_scratch *w, int64_t kvp) {
-    const ca_attention_backward_args *g = ctx;
-    int64_t tk = g->p.tk, grp = bwd_group(g);
-    memset((float *)g->dk + kvp * tk * g->p.d, 0, (size_t)(tk * g->p.d) * sizeof(float));
-    memset((float *)g->dv + kvp * tk * g->p.dv, 0, (size_t)(tk * g->p.dv) * sizeof(float));
-    for (int64_t qb = 0; qb < query_blocks(&g->p); qb++)
-        for (int64_t bh = kvp * grp; bh < (kvp + 1) * grp; bh++) add_block(g, w, bh, bwd_block(g, w, bh, qb), 0, tk);
+    const att_bwd *c = ctx;
+    int64_t tk = c->g->p.tk, grp = bwd_group(c->g);
+    zero_kv(c, kvp);
+    for (int64_t qb = 0; qb < query_blocks(&c->g->p); qb++)
+        for (int64_t bh = kvp * grp; bh < (kvp + 1) * grp; bh++) add_block(c, w, bh, bwd_block(c, w, bh, qb), 0, tk);
 }
 
 /* Fewer problems than threads can share: the threads take blocks, a wave of one block per slot (unit u:
@@ -360,42 +448,39 @@ static void bwd_problem(const void *ctx, att_scratch *w, int64_t kvp) {
  * unit order, which is the order (block, query head) within each kv problem, in parallel over keys: one
  * thread adds every term of a key. */
 typedef struct bwd_wave {
-    const ca_attention_backward_args *g;
+    const att_bwd *c;
     att_slots *sl;
     int64_t base, units;
 } bwd_wave;
 
 static void wave_unit(const void *ctx, att_scratch *w, int64_t u) {
-    const bwd_wave *c = ctx;
-    int64_t nbh = c->g->p.batch * c->g->p.heads;
-    bwd_block(c->g, w, u % nbh, u / nbh);
+    const bwd_wave *v = ctx;
+    int64_t nbh = v->c->g->p.batch * v->c->g->p.heads;
+    bwd_block(v->c, w, u % nbh, u / nbh);
 }
 
 static void wave_add(void *ctx, int64_t lo, int64_t hi) {
-    const bwd_wave *c = ctx;
-    const ca_attention_params *a = &c->g->p;
+    const bwd_wave *v = ctx;
+    const ca_attention_params *a = &v->c->g->p;
     int64_t nbh = a->batch * a->heads;
-    for (int64_t s = 0; s < c->units; s++) {
-        int64_t u = c->base + s, qb = u / nbh;
-        add_block(c->g, &c->sl->w[s], u % nbh, row_cols(a, qb * QBLOCK + block_rows(a, qb) - 1), lo, hi);
+    for (int64_t s = 0; s < v->units; s++) {
+        int64_t u = v->base + s, qb = u / nbh;
+        add_block(v->c, &v->sl->w[s], u % nbh, row_cols(a, qb * QBLOCK + block_rows(a, qb) - 1), lo, hi);
     }
 }
 
 static void zero_terms(void *ctx, int64_t lo, int64_t hi) {
-    const ca_attention_backward_args *g = ctx;
-    int64_t tk = g->p.tk;
-    memset((float *)g->dk + lo * tk * g->p.d, 0, (size_t)((hi - lo) * tk * g->p.d) * sizeof(float));
-    memset((float *)g->dv + lo * tk * g->p.dv, 0, (size_t)((hi - lo) * tk * g->p.dv) * sizeof(float));
+    for (int64_t kvp = lo; kvp < hi; kvp++) zero_kv(ctx, kvp);
 }
 
-static void bwd_waves(const ca_attention_backward_args *g, att_slots *sl) {
-    const ca_attention_params *a = &g->p;
+static void bwd_waves(const att_bwd *c, att_slots *sl) {
+    const ca_attention_params *a = &c->g->p;
     int64_t nbh = a->batch * a->heads, units = nbh * query_blocks(a);
-    cpu_parallel_for(nbh / bwd_group(g), cpu_grain_for(a->tk * (a->d + a->dv)), zero_terms, (void *)g);
+    cpu_parallel_for(nbh / bwd_group(c->g), cpu_grain_for(a->tk * (a->d + a->dv)), zero_terms, (void *)c);
     for (int64_t base = 0; base < units; base += sl->n) {
-        bwd_wave c = {.g = g, .sl = sl, .base = base, .units = units - base < sl->n ? units - base : sl->n};
-        run_units(wave_unit, &c, sl, base, c.units, block_cost(a, 5));
-        cpu_parallel_for(a->tk, cpu_grain_for(c.units * (a->d + a->dv)), wave_add, &c);
+        bwd_wave v = {.c = c, .sl = sl, .base = base, .units = units - base < sl->n ? units - base : sl->n};
+        run_units(wave_unit, &v, sl, base, v.units, block_cost(a, 5));
+        cpu_parallel_for(a->tk, cpu_grain_for(v.units * (a->d + a->dv)), wave_add, &v);
     }
 }
 
@@ -408,17 +493,19 @@ ca_status cpu_attention_backward(void *dev, const ca_attention_backward_args *ar
     if (st != CA_OK) return st;
     int64_t nbh = a->batch * a->heads, grp = bwd_group(args), nkv = nbh / grp, tq = a->tq, tk = a->tk;
     if (nbh == 0) return CA_OK;
+    att_bwd c = {.g = args};
+    strides_of(a, a->heads / grp, &args->st, &args->dst, &c.st);
     if (tq == 0 || tk == 0) {
-        memset(args->dq, 0, (size_t)(nbh * tq * a->d) * sizeof(float));
-        memset(args->dk, 0, (size_t)(nkv * tk * a->d) * sizeof(float));
-        memset(args->dv, 0, (size_t)(nkv * tk * a->dv) * sizeof(float));
+        zero_tensor(args->dq, c.st.dq, a->batch, a->heads, tq, a->d);
+        zero_tensor(args->dk, c.st.dk, a->batch, a->heads / grp, tk, a->d);
+        zero_tensor(args->dv, c.st.dv, a->batch, a->heads / grp, tk, a->dv);
         return CA_OK;
     }
     bool waves = nkv < 2 * (int64_t)cpu_threads() && !cpu_in_parallel();
     att_slots *sl = slots_alloc(a, waves ? nbh * query_blocks(a) : nkv, true, "attention_backward");
     if (!sl) return CA_ERR_NOMEM;
-    if (waves && sl->n > 1) bwd_waves(args, sl);
-    else run_units(bwd_problem, args, sl, 0, nkv, block_cost(a, 5) * query_blocks(a) * grp);
+    if (waves && sl->n > 1) bwd_waves(&c, sl);
+    else run_units(bwd_problem, &c, sl, 0, nkv, block_cost(a, 5) * query_blocks(a) * grp);
     slots_free(sl);
     return CA_OK;
 }

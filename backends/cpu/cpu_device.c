@@ -299,4 +299,5 @@ const ca_device_ops cpu_device_ops = {
     .host_memory = true,
     .kind = CA_DEVICE_HOST,
     .set_deterministic = cpu_set_deterministic,
+    .attention_strides = true,
 };

@@ -1260,6 +1260,7 @@ static const ca_device_ops xla_device_ops = {
     .storage_dtype = x_storage_dtype,
     .get_proc = x_get_proc,
     .enqueue_host_fn_keyed = x_enqueue_host_fn_keyed,
+    .attention_strides = true,   /* the executor's (cpu) attention reads them; the strides are keys */
 };
 
 static const ca_device_ops *const xla_devices[] = {&xla_device_ops};

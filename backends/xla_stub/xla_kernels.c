@@ -323,9 +323,17 @@ static void key_attention(xla_dev *x, xnode *n, ca_dtype dt, const ca_attention_
     for (int i = 0; i < 4; i++) K(a->mask_stride[i]);
 }
 
+/* The strides of a call's tensors (ABI 3.10), copied with its args. */
+static void key_layout(xla_dev *x, xnode *n, const ca_attention_layout *l) {
+    const int64_t *t[4] = {l->q, l->k, l->v, l->o};
+    for (int i = 0; i < 4; i++)
+        for (int j = 0; j < 4; j++) K(t[i][j]);
+}
+
 static ca_status x_attention(void *dev, const ca_attention_args *a) {
     B(attention);
     key_attention(x, n, a->dt, &a->p);
+    key_layout(x, n, &a->st);
     K(a->kv_heads); K(a->stream_heads); K(a->stream_head0);
     R(attention.p.mask, 0, a->p.mask_dtype);
     R(attention.q, 0, a->dt);
@@ -339,6 +347,8 @@ static ca_status x_attention(void *dev, const ca_attention_args *a) {
 static ca_status x_attention_backward(void *dev, const ca_attention_backward_args *a) {
     B(attention_backward);
     key_attention(x, n, a->dt, &a->p);
+    key_layout(x, n, &a->st);
+    key_layout(x, n, &a->dst);
     K(a->kv_heads); K(a->stream_heads); K(a->stream_head0);
     R(attention_backward.p.mask, 0, a->p.mask_dtype);
     R(attention_backward.q, 0, a->dt);

@@ -308,7 +308,8 @@ typedef struct ca_clamp_list_args {
 } ca_clamp_list_args;
 
 /* The problem of scaled dot-product attention over batch*heads independent problems.
- * q [B,H,Tq,D], k [B,Hkv,Tk,D], v [B,Hkv,Tk,Dv], out [B,H,Tq,Dv], contiguous, where Hkv is the
+ * q [B,H,Tq,D], k [B,Hkv,Tk,D], v [B,Hkv,Tk,Dv], out [B,H,Tq,Dv], contiguous (or strided, ABI 3.10's
+ * ca_attention_layout), where Hkv is the
  * args' kv_heads (ABI 3.5; 0 reads as H): query head h reads kv head h / (H / Hkv), each kv head
  * serving H / Hkv query heads in a row (grouped-query attention, as transformers' repeat_kv orders
  * them); Hkv divides H. The backward's dk and dv are [B,Hkv,Tk,*]: a kv head's gradient sums the
@@ -332,6 +333,16 @@ typedef struct ca_attention_params {
     int64_t mask_stride[4];        /* element strides over [b, h, i, j]; 0 broadcasts */
 } ca_attention_params;
 
+/* ABI 3.10: element strides over [b, h, t, e] of an attention's four [B, *, T, *] tensors (q, k, v and out;
+ * in the backward's second layout dq, dk, dv and dout), read where the device's ops set attention_strides
+ * (else every tensor is contiguous). A tensor whose four are 0 is contiguous. e's stride is 1 and t's at
+ * least e's size (each head's rows a matrix with a leading dimension), so that q, k and v may be views of
+ * one [B, T, 3, H, D] projection and dq, dk, dv views of its gradient, with no copy on either side. The
+ * outputs overlap neither each other nor the inputs. */
+typedef struct ca_attention_layout {
+    int64_t q[4], k[4], v[4], o[4];
+} ca_attention_layout;
+
 /* Forward of ca_attention_params (dt f32; the backend may take more). */
 typedef struct ca_attention_args {
     size_t struct_size;
@@ -343,6 +354,7 @@ typedef struct ca_attention_args {
      * ((b stream_heads + stream_head0 + h) Tq + i) Tk + j: a tensor-parallel rank's heads drop what the
      * whole attention drops for them (ca_attention_stream_bh). */
     int64_t stream_heads, stream_head0;
+    ca_attention_layout st;        /* ABI 3.10: q, k, v and out (ca_attention_layout) */
 } ca_attention_args;
 
 /* dq, dk, dv (overwritten) from dout, recomputing p from q, k and the saved
@@ -355,6 +367,8 @@ typedef struct ca_attention_backward_args {
     const float *lse; void *dq; void *dk; void *dv;
     int64_t kv_heads;              /* ABI 3.5: as ca_attention_args' */
     int64_t stream_heads, stream_head0;   /* ABI 3.6: as ca_attention_args' */
+    ca_attention_layout st;        /* ABI 3.10: q, k, v and out */
+    ca_attention_layout dst;       /* ABI 3.10: dq, dk, dv and dout (in its o) */
 } ca_attention_backward_args;
 
 /* Problem bh = b H + h of an attention call of H heads as the dropout stream numbers it: b stream_heads +
@@ -605,6 +619,11 @@ typedef struct ca_device_ops {
     ca_status (*enqueue_host_fn_keyed)(void *dev, ca_status (*fn)(void *ctx, bool run, const void *in, void *out),
                                        void *ctx, const void *in, size_t in_bytes, void *out, size_t out_bytes,
                                        const int64_t *attr, int nattr);
+
+    /* ---- ABI 3.10 ---- */
+    /* The attention kernels read the args' ca_attention_layout (strided q, k, v, out and gradients); false
+     * (or a table of an older minor): the core hands them contiguous tensors. */
+    bool attention_strides;
 } ca_device_ops;
 
 /* ------------------------------------------------------------- rendezvous */
