@@ -44,13 +44,7 @@ static int teardown(void **state) {
     return 0;
 }
 
-static const char *in_dir(const char *name) {
-    static char p[4][512];
-    static int k;
-    k = (k + 1) % 4;
-    snprintf(p[k], sizeof p[k], "%s/%s", g_dir, name);
-    return p[k];
-}
+static const char *in_dir(const char *name) { return t_path_in(g_dir, name); }
 
 static bool exists(const char *path) {
     struct stat st;

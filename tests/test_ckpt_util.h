@@ -7,6 +7,15 @@
 #include <dirent.h>
 #include <sys/stat.h>
 
+/* dir/name in one of four rotating buffers (a call may hold up to four such paths at once). */
+static inline const char *t_path_in(const char *dir, const char *name) {
+    static char p[4][512];
+    static int k;
+    k = (k + 1) % 4;
+    snprintf(p[k], sizeof p[k], "%s/%s", dir, name);
+    return p[k];
+}
+
 /* The whole file (malloc'd, *len its size); a file that cannot be opened fails the test. */
 static inline unsigned char *t_slurp(const char *path, size_t *len) {
     FILE *f = fopen(path, "rb");

@@ -65,13 +65,7 @@ static void train(run *r, int n) {
     }
 }
 
-static const char *in_dir(const char *name) {
-    static char p[4][512];
-    static int k;
-    k = (k + 1) % 4;
-    snprintf(p[k], sizeof p[k], "%s/%s", g_dir, name);
-    return p[k];
-}
+static const char *in_dir(const char *name) { return t_path_in(g_dir, name); }
 
 /* STEPS steps with a save (none, sync or async) after the first half; the device synchronised at the end,
  * so that the loop's time counts the GPU's work. *call_ms: the save call alone. */

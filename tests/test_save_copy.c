@@ -185,13 +185,7 @@ static int teardown(void **state) {
     return 0;
 }
 
-static const char *in_dir(const char *name) {
-    static char p[4][512];
-    static int k;
-    k = (k + 1) % 4;
-    snprintf(p[k], sizeof p[k], "%s/%s", g_dir, name);
-    return p[k];
-}
+static const char *in_dir(const char *name) { return t_path_in(g_dir, name); }
 
 typedef struct run {
     ca_accelerator *acc;
