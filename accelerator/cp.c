@@ -73,13 +73,8 @@ static const ca_node_vt sum_vt = {"cp_sum", sum_backward};
  * one and every rank runs its backward: the gradient reaching y is the sum of theirs, cp times one
  * rank's, which the average of the gradients over dp_cp (cp ranks among them) divides back. */
 static ca_tensor *cp_sum(ca_tensor *y, ca_comm *cp) {
-    y = ca_contiguous(y);
-    ca_tensor *out = y ? ca_op_new_like(y) : NULL;
+    ca_tensor *out = ca_mesh_sum(cp, &y, "context parallelism: the loss's sum");
     if (!out) return NULL;
-    if (ca_comm_all_reduce(cp, ca_tptr(y), ca_tptr(out), (size_t)y->numel, y->dtype, CA_OP_SUM, NULL) != CA_OK) {
-        ca_error_context("context parallelism: the loss's sum");
-        return NULL;
-    }
     if (ca_needs_grad(1, &y)) {
         ca_node *n = ca_record(&sum_vt, out, 1, &y);
         if (!n) return NULL;

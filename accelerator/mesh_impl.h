@@ -47,6 +47,12 @@ ca_tensor *ca_tp_seq_rowwise_output(ca_comm *c, ca_tensor *y);
 /* m's sequence split and gather over its tp communicator, for the split modules' tp_seq (kept in m). */
 const ca_module_seq *ca_tp_seq_ops(ca_mesh *m);
 
+/* The sum over c's ranks of *y in a new tensor, without an autograd node: tp.c and cp.c record their own
+ * backward (the identity for a split layer's partial output, the gradients' sum for cp's loss) against
+ * *y, which becomes its contiguous copy where it was not. `what` names the sum in an error. Collective
+ * over c; NULL with the error set. */
+ca_tensor *ca_mesh_sum(ca_comm *c, ca_tensor **y, const char *what);
+
 /* Makes acc->mesh when parallelism_config_tp_size or cp_size is above 1 (collective: after the process
  * group), refusing what does not compose with them yet; nothing otherwise. */
 ca_status ca_mesh_setup(ca_accelerator *acc);

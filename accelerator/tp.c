@@ -33,6 +33,18 @@ static ca_tensor *tp_copy(ca_tensor *x, ca_comm *tp) {
     return v;
 }
 
+ca_tensor *ca_mesh_sum(ca_comm *c, ca_tensor **y, const char *what) {
+    if (!*y) return NULL;
+    if (!ca_tensor_is_contiguous(*y)) *y = ca_contiguous(*y);
+    ca_tensor *out = *y ? ca_op_new_like(*y) : NULL;
+    if (!out) return NULL;
+    if (ca_comm_all_reduce(c, ca_tptr(*y), ca_tptr(out), (size_t)(*y)->numel, (*y)->dtype, CA_OP_SUM, NULL) != CA_OK) {
+        ca_error_context("%s", what);
+        return NULL;
+    }
+    return out;
+}
+
 static ca_status tp_reduce_backward(ca_node *n, ca_tensor *g) {
     return ca_op_accumulate_owned(n->in[0], g, 1.0f);   /* every rank's part had the whole output's gradient */
 }
@@ -42,15 +54,8 @@ static const ca_node_vt tp_reduce_vt = {"tp_reduce", tp_reduce_backward};
  * terms of the loss); `what` names it in an error. Backward is the identity: each rank's loss is the
  * whole one. */
 static ca_tensor *tp_reduce_what(ca_tensor *y, ca_comm *tp, const char *what) {
-    if (!y) return NULL;
-    if (!ca_tensor_is_contiguous(y)) y = ca_contiguous(y);
-    ca_tensor *out = y ? ca_op_new_like(y) : NULL;
-    if (!out) return NULL;
-    if (ca_comm_all_reduce(tp, ca_tptr(y), ca_tptr(out), (size_t)y->numel, y->dtype, CA_OP_SUM, NULL) != CA_OK) {
-        ca_error_context("%s", what);
-        return NULL;
-    }
-    if (ca_needs_grad(1, &y) && !ca_record(&tp_reduce_vt, out, 1, &y)) return NULL;
+    ca_tensor *out = ca_mesh_sum(tp, &y, what);
+    if (out && ca_needs_grad(1, &y) && !ca_record(&tp_reduce_vt, out, 1, &y)) return NULL;
     return out;
 }
 
