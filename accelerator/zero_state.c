@@ -730,12 +730,14 @@ bool ca_zero_loads_state_lean(const ca_accelerator *acc) {
     return on;
 }
 
-/* A FULL_STATE_DICT checkpoint under fsdp_cpu_ram_efficient_loading (ca_zero_loads_state_lean): of
+/* A FULL_STATE_DICT checkpoint under fsdp_cpu_ram_efficient_loading (ca_zero_loads_state_lean, or beside
+ * tensor parallelism with tp: read through tp->src, hashed into tp->parts for the tp x dp group's
+ * verification, not verified here): of
  * each of o's state tensors in f only this rank's segment is verified and read, into shard-sized host
  * buffers laid out as the shard files hold them (frozen parameters and padding zero). No rank builds
  * the full state: the buffers are 1/N of it. ss_check_opt_tensors matched f's names, dtypes and
  * shapes first. */
-ca_status ca_zero_read_state_slices(ca_accelerator *acc, ca_optimizer *o, ca_st_file *f) {
+ca_status ca_zero_read_state_slices(ca_accelerator *acc, ca_optimizer *o, ca_st_file *f, ca_tp_file *tp) {
     ca_zero *z = &acc->zero;
     ca_tensor *kept[2] = {z->s1, z->s2};
     ca_status s = CA_OK;
@@ -750,7 +752,11 @@ ca_status ca_zero_read_state_slices(ca_accelerator *acc, ca_optimizer *o, ca_st_
     for (int i = 0; s == CA_OK && (p = ca_optimizer_state_param(o, i, &name, &slot)) != NULL; i++) {
         const ca_zero_seg *sg = seg_of(z, p);
         if (!sg || !kept[slot]) continue;   /* another rank's parameter; a state this run does not keep */
-        s = read_range(f, ca_st_find(f, name), sg->poff, sg->n, z->load->st[slot] + sg->soff);
+        const ca_st_entry *e = ca_st_find(f, name);
+        float *dst = z->load->st[slot] + sg->soff;
+        /* tp: the segment is a range of this rank's tp slice, a piece of every row of a rowwise split */
+        s = tp ? ca_tp_read_entry(acc, tp->src, f, e, p, sg->poff, sg->n, dst, tp->parts)
+               : read_range(f, e, sg->poff, sg->n, dst);
     }
     return s;
 }

@@ -93,9 +93,10 @@ void ca_st_parts_add(void *parts, uint64_t off, const void *bytes, size_t len);
 ca_status ca_st_parts_add_rest(ca_st_parts *parts, ca_st_file *f);
 /* out: f->sums.nchunks sums. Errors name `path`. */
 ca_status ca_st_parts_sums(ca_st_parts *parts, const char *path, uint32_t *out);
-/* sums: k rows of f->sums.nchunks, one per process. A mismatch is CA_ERR_IO "<path>: corrupt: ..." naming
+/* sums: `rows` rows of f->sums.nchunks, the sums of k processes (a row may be the XOR of several
+ * processes' sums, combined in a first exchange). A mismatch is CA_ERR_IO "<path>: corrupt: ..." naming
  * the chunk, on every process alike. */
-ca_status ca_st_parts_verify(ca_st_file *f, const uint32_t *sums, int k);
+ca_status ca_st_parts_verify(ca_st_file *f, const uint32_t *sums, int rows, int k);
 void ca_st_parts_free(ca_st_parts *parts);   /* accepts NULL */
 /* Releases the mapping or the buffer; with CACCEL_TEST_ST_REPORT set, first prints to stderr
  * "safetensors: <path>: <v> of <size> bytes verified, <r> resident, <p> read" (r: the mapping's
