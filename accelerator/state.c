@@ -1390,6 +1390,25 @@ static ca_status ss_open_listed(const ss_loaded *L, const char *dir, const char 
     return s;
 }
 
+/* A file the ranks of a tp (x dp_shard) group read in parts and verify together (ss_tp_verify): with chunk
+ * sums as ss_open_listed opens it (the header's chunks verified); without them (an older checkpoint, the
+ * whole file's CRC-32 only) as one chunk of the file's size, verified nowhere before the group combines
+ * its parts of it: no rank reads the file whole. A file beyond 4 GiB without chunk sums (the parts' CRCs
+ * are of at most 4 GiB) is verified whole on every rank as before. */
+static ca_status ss_open_parts(const ss_loaded *L, const char *dir, const char *name, ca_st_file *f) {
+    char path[PATH_MAX];
+    ca_st_sums sums;
+    uint32_t *chunks = NULL;
+    ca_status s = ss_listed_path(L, dir, name, path);
+    if (s == CA_OK) s = ss_sums(L, dir, name, &sums, &chunks);
+    bool one = s == CA_OK && !sums.chunk_size && sums.size > 0 && sums.size <= UINT32_MAX;
+    if (one) sums.chunk_size = sums.size, sums.nchunks = 1, sums.chunk_crc = &sums.crc32;
+    if (s == CA_OK) s = one ? ca_st_open_unverified(path, &sums, f) : ca_st_open_checked(path, &sums, false, f);
+    else memset(f, 0, sizeof *f);
+    free(chunks);
+    return s;
+}
+
 /* The checkpoint a load is checking: the strategy's check_shard opens the shard files through it. */
 struct ca_state_files {
     const ss_loaded *L;
@@ -1806,7 +1825,7 @@ static ca_status ss_check_all(ca_accelerator *acc, const char *dir, ss_loaded *L
     if (s == CA_OK && acc->model && !sharded && !(L->model0 && others)) {   /* stage 3: only its shard's slices */
         ca_st_file mf;
         bool tp = L->tp || L->tpz, shard = L->tpz && ss_params_sharded(acc);
-        s = ss_open_listed(L, dir, SS_MODEL, !L->lean && !tp, &mf);
+        s = tp ? ss_open_parts(L, dir, SS_MODEL, &mf) : ss_open_listed(L, dir, SS_MODEL, !L->lean, &mf);
         if (s == CA_OK) s = ca_ck_model_adopt(&mf, acc->model, tp ? acc : NULL, &L->model);
         if (s == CA_OK && L->lean) s = ca_ck_model_verify_shard(acc, L->model);
         /* verified: ss_tp_verify */
@@ -1820,7 +1839,7 @@ static ca_status ss_check_all(ca_accelerator *acc, const char *dir, ss_loaded *L
     L->sliced = !sharded && acc->sync_ops->scatter_state && acc->sync_ops->state_slice && !ss_state_whole_outside(acc);
     for (int i = 0; s == CA_OK && !sharded && !(L->opts0 && others) && i < acc->nopts; i++) {
         ss_opt_name(name, sizeof name, i);
-        s = ss_open_listed(L, dir, name, !L->sliced && !L->tp && !L->tpz, &L->opts[i]);
+        s = L->tp || L->tpz ? ss_open_parts(L, dir, name, &L->opts[i]) : ss_open_listed(L, dir, name, !L->sliced, &L->opts[i]);
         if (s == CA_OK) L->nopts = i + 1;
         if (s == CA_OK) s = ss_check_opt_tensors(L->tp || L->tpz ? acc : NULL, acc->opts[i], &L->opts[i]);
         if (s == CA_OK && L->tp) s = ca_tp_file_read(acc, &L->opts[i], ss_state_param_of, acc->opts[i], true, &L->otp[i]);

@@ -62,6 +62,10 @@ ca_status ca_st_open(const char *path, ca_st_file *f);
  * the header (!whole: the caller verifies the ranges it reads with ca_st_verify_range). A CRC
  * mismatch is CA_ERR_IO "<path>: corrupt: ..." naming the chunk where there are chunk sums. */
 ca_status ca_st_open_checked(const char *path, const ca_st_sums *sums, bool whole, ca_st_file *f);
+/* ca_st_open_checked verifying nothing, not even the header: for processes that verify every chunk
+ * together by parts (ca_st_parts_verify) before anything they read from the file is used; the parse
+ * still refuses a malformed header. */
+ca_status ca_st_open_unverified(const char *path, const ca_st_sums *sums, ca_st_file *f);
 /* Verifies bytes [off, off + len) of the file (the chunks that hold them, each once; without chunk
  * sums the whole file, once) and that the file still has its size (a file truncated under a
  * mapping would fault on access: SIGBUS). A file opened without sums has nothing to verify: only

@@ -16,6 +16,8 @@
 # equal 4 uninterrupted ones. A byte changed in the optimizer file (and, at stage 3, in the model file)
 # fails the load on every rank naming the file and the chunk, and leaves every rank's state as it was (the
 # group trains on).
+# Without chunk sums (complete.json of a caccel before them) the reads are the same and the group verifies
+# each file's whole CRC-32 from its 4 parts; a changed byte is refused on every rank.
 # A checkpoint saved at tp 2 x dp_shard 2 also loads at tp 2 x dp_replicate 2 (DDP: tp slices) and the
 # other way round (another dp_shard size: 1), to the same files.
 . "$(dirname "$0")/dist/lib.sh"
@@ -59,8 +61,6 @@ same_state() {   # same_state FILE1 FILE2 WHAT: every rank's state digest
             { cat "$2"; fail "$case: rank $r's state: $3"; }
     done
 }
-# corrupt FILE: one byte changed at 3/5 of FILE
-corrupt() { printf '\377' | dd of="$1" bs=1 seek=$(( $(wc -c < "$1") * 3 / 5 )) conv=notrunc 2>/dev/null; }
 
 for B in $backends; do
     for stage in "3 --use_fsdp --fsdp_sharding_strategy FULL_SHARD" "2 --use_fsdp --fsdp_sharding_strategy SHARD_GRAD_OP" \
@@ -125,6 +125,22 @@ for B in $backends; do
 done
 
 first=${backends%% *}
+case="$first, stage 3, no chunk sums"
+note "$case: complete.json of a caccel before chunk sums: each rank its shard's part, the group checks each whole CRC-32"
+rm -rf "$WORK/old" "$WORK/ck2"
+cp -r "$WORK/ck" "$WORK/old"   # the last checkpoint: stage 1's (the files are the same at every stage)
+nosums "$WORK/old/complete.json"
+mesh="$TPZ --use_fsdp --fsdp_sharding_strategy FULL_SHARD"
+CACCEL_TEST_ST_REPORT=1 run 4 "$first" "$mesh" --steps 0 --load-state "$WORK/old" --save-state "$WORK/ck2" > "$WORK/o" 2>&1 ||
+    { cat "$WORK/o"; fail "$case: load"; }
+reads "$WORK/o" optimizer.safetensors $(( (N / 2 - 16) * 8 )) $(( (N + 1) / 2 * 8 + 4096 * tensors * 2 )) $(( (split + 2 * repl) * 8 ))
+reads "$WORK/o" model.safetensors $(( (N / 2 - 16) * 4 )) $(( (N + 1) / 2 * 4 + 4096 * tensors )) $(( (split + 2 * repl) * 4 ))
+same_files "$WORK/ck" "$WORK/ck2" "saved again after the load without chunk sums"
+note "$case: a byte changed: every rank refuses, from the 4 processes' parts of the whole file's CRC-32"
+corrupt "$WORK/old/optimizer.safetensors"
+run 4 "$first" "$mesh" --steps 2 --try-load-state "$WORK/old" --after 1 > "$WORK/o" 2>&1 || { cat "$WORK/o"; fail "$case: refused load"; }
+count 4 "load_state=CA_ERR_IO: .*old/optimizer.safetensors: corrupt: CRC-32 .* in chunk 0 of 1 .* from the 4 processes' parts" "$WORK/o"
+
 case="$first, another layout"
 note "$case: the stage-3 checkpoint at tp 2 x dp_replicate 2 (DDP: each rank its tp slices) saves the same files"
 rm -rf "${WORK:?}/ck" "$WORK/ck2" "$WORK/ck3"
