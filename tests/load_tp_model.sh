@@ -24,3 +24,14 @@ nosums() {
 }
 # corrupt FILE: one byte changed at 3/5 of FILE
 corrupt() { printf '\377' | dd of="$1" bs=1 seek=$(( $(wc -c < "$1") * 3 / 5 )) conv=notrunc 2>/dev/null; }
+# field RANK NAME FILE: the values rank RANK printed as NAME=...
+field() { sed -n "s/^rank=$1 $2=\([0-9a-f]*\).*/\1/p" "$3"; }
+# refused NP PATTERN FILE: each of the NP ranks printed a refused load_state matching PATTERN, and its state
+# digest before and after it, the same (--try-load-state)
+refused() {
+    count "$1" "load_state=CA_ERR_IO: .*$2" "$3"
+    for r in $(seq 0 $(($1 - 1))); do
+        [ "$(field "$r" state_fnv "$3" | sort -u | wc -l)" = 1 ] && [ "$(field "$r" state_fnv "$3" | wc -l)" = 2 ] ||
+            { cat "$3"; fail "$case: rank $r's state changed in the refused load"; }
+    done
+}
