@@ -1779,8 +1779,9 @@ static bool ss_tp_reads(const ca_accelerator *acc) {
  * Nothing is made whole, gathered or broadcast. */
 static bool ss_tp_zero_reads(const ca_accelerator *acc) {
     const ca_sync_strategy *ops = acc->sync_ops;
-    return acc->model && ca_tp_reads_slices(acc) && ops->scatter_state && ops->read_state_slices &&
-           ops->load_state_slices && acc->zero.stage >= 1 && acc->zero.comm && ss_lean_key(acc);
+    /* summoned (ca_summon_full_params: the layers whole, stage 3's parameters gathered): the gathering load */
+    return acc->model && ca_tp_reads_slices(acc) && !acc->mesh->summons && !acc->zero.summoned && ops->scatter_state &&
+           ops->read_state_slices && ops->load_state_slices && acc->zero.stage >= 1 && acc->zero.comm && ss_lean_key(acc);
 }
 
 static bool ss_params_sharded(const ca_accelerator *acc) {

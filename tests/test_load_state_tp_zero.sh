@@ -19,7 +19,8 @@
 # Without chunk sums (complete.json of a caccel before them) the reads are the same and the group verifies
 # each file's whole CRC-32 from its 4 parts; a changed byte is refused on every rank.
 # A checkpoint saved at tp 2 x dp_shard 2 also loads at tp 2 x dp_replicate 2 (DDP: tp slices) and the
-# other way round (another dp_shard size: 1), to the same files.
+# other way round (another dp_shard size: 1), to the same files; under HSDP (tp 2 x dp_shard 2 x dp_replicate
+# 2, 8 ranks) each replica's 4 ranks read their parts and verify together, and all 8 refuse a changed byte.
 . "$(dirname "$0")/dist/lib.sh"
 . "$(dirname "$0")/load_tp_model.sh"
 TPZ="--parallelism_config_tp_size 2 --parallelism_config_dp_shard_size 2"
@@ -150,4 +151,19 @@ CACCEL_TEST_ST_REPORT=1 run 4 "$first" "$TPZ --use_fsdp --fsdp_sharding_strategy
 reads "$WORK/o" optimizer.safetensors $(( (N / 2 - 16) * 8 )) $(( (N + 1) / 2 * 8 + 4096 * tensors * 2 )) \
     $(( (split + 2 * repl) * 8 ))
 same_files "$WORK/ck" "$WORK/ck3" "loaded at tp 2 x dp_shard 2, stage 2"
+
+case="$first, HSDP"
+hsdp="$TPZ --parallelism_config_dp_replicate_size 2 --use_fsdp --fsdp_sharding_strategy HYBRID_SHARD"
+note "$case: tp 2 x dp_shard 2 x dp_replicate 2 on 8 ranks: each replica's 4 ranks read and verify the files together"
+rm -rf "$WORK/ck2" "$WORK/bad"
+CACCEL_TEST_ST_REPORT=1 run 8 "$first" "$hsdp" --steps 0 --load-state "$WORK/ck" --save-state "$WORK/ck2" > "$WORK/o" 2>&1 ||
+    { cat "$WORK/o"; fail "$case: load"; }
+sed -n "s|^meta: .*/optimizer.safetensors: \([0-9]*\) of .*|\1|p" "$WORK/o" | awk -v lo=$(( (N / 2 - 16) * 8 )) \
+    -v hi=$(( (N + 1) / 2 * 8 + 4096 * tensors * 2 )) '{ n++; if ($1 < lo || $1 > hi) bad++ } END { exit !(n == 8 && !bad) }' ||
+    { cat "$WORK/o"; fail "$case: a rank did not read its shard's part of optimizer.safetensors"; }
+same_files "$WORK/ck" "$WORK/ck2" "loaded under HSDP"
+cp -r "$WORK/ck" "$WORK/bad"
+corrupt "$WORK/bad/optimizer.safetensors"
+run 8 "$first" "$hsdp" --steps 2 --try-load-state "$WORK/bad" --after 1 > "$WORK/o" 2>&1 || { cat "$WORK/o"; fail "$case: refused load"; }
+refused 8 "bad/optimizer.safetensors: corrupt: CRC-32 .* from the 4 processes' parts" "$WORK/o"
 echo PASS
