@@ -1754,17 +1754,18 @@ static const ca_tensor *ss_state_param_of(void *o, const char *name) {
     return NULL;
 }
 
-/* Under tensor parallelism over whole-state data parallelism (DDP, one data-parallel rank), each rank
- * reads its tp slices of model.safetensors and of the optimizer files by byte range and the tp group
- * verifies their chunks together (ca_tp_verify_parts): nothing is made whole, no rank reads a file whole.
- * ZeRO's shards of the slices (dp_shard_size) are made from the whole tensors still (with_full_params), and
- * so is everything with fsdp_cpu_ram_efficient_loading false. */
+/* fsdp_cpu_ram_efficient_loading (true by default); false: under tp the tensors are made whole and the
+ * files read whole (with_full_params), as before. */
 static bool ss_lean_key(const ca_accelerator *acc) {
-    bool on = true;   /* false: the tensors made whole and the files read whole, as before */
+    bool on = true;
     if (ca_config_get_bool(acc->cfg, "fsdp_config.fsdp_cpu_ram_efficient_loading", &on) != CA_OK) ca_clear_error();
     return on;
 }
 
+/* Under tensor parallelism over whole-state data parallelism (DDP, one data-parallel rank), each rank
+ * reads its tp slices of model.safetensors and of the optimizer files by byte range and the tp group
+ * verifies their chunks together (ca_tp_verify_parts): nothing is made whole, no rank reads a file whole.
+ * With ZeRO beside tp: ss_tp_zero_reads. */
 static bool ss_tp_reads(const ca_accelerator *acc) {
     const ca_sync_strategy *ops = acc->sync_ops;
     if (!acc->model || !ca_tp_reads_slices(acc) || ops->scatter_state || (ops->params_sharded && ops->params_sharded(acc)))

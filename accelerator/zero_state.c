@@ -722,7 +722,8 @@ static const ca_zero_seg *seg_of(const ca_zero *z, const ca_tensor *param) {
  * the parameters (whole on every rank: rank 0 may read and broadcast them); stage 3 when its
  * parameters load lean too (not summoned: a summoned load gathers, then scatters the full state). */
 bool ca_zero_loads_state_lean(const ca_accelerator *acc) {
-    /* tensor parallelism: the files hold whole tensors, the shard slices of them (the state gathers first) */
+    /* tensor parallelism: the files hold whole tensors; state.c reads the shard's part of this rank's tp
+     * slices (ss_tp_zero_reads), through read_state_slices with its descriptor */
     if (!acc || !acc->model || acc->zero.stage < 1 || acc->mesh) return false;
     if (acc->zero.stage == 3) return ca_zero3_loads_lean(acc);
     bool on = true;
