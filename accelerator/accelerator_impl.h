@@ -339,7 +339,8 @@ bool ca_zero_loads_state_lean(const ca_accelerator *acc);
 /* A FULL_STATE_DICT checkpoint's optimizer state under a lean load: only this rank's slice of each of
  * o's state tensors in f, verified and read into host buffers of a shard each (changes nothing of the
  * run); then copied into the shard's state (apply) or dropped. */
-ca_status ca_zero_read_state_slices(ca_accelerator *acc, ca_optimizer *o, struct ca_st_file *f);
+struct ca_tp_file;
+ca_status ca_zero_read_state_slices(ca_accelerator *acc, ca_optimizer *o, struct ca_st_file *f, struct ca_tp_file *tp);
 ca_status ca_zero_load_state_slices(ca_accelerator *acc, bool apply);
 
 /* accumulate.c: whether this backward all-reduces (the step's decision, no_sync, trigger_sync_in_backward). */

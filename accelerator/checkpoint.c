@@ -419,6 +419,8 @@ static ca_status ck_validate(const ck_src *src, ca_module *model, const char *wh
 struct ca_ck_model_src {
     ck_src src;
     ca_tp_file *tp;              /* ca_ck_model_read_tp: each file's tensors as this rank's slices */
+    float **seg;                 /* ca_ck_model_read_tp_shard: [nseg] stage 3's segments of the tp slices */
+    int nseg;
 };
 
 ca_status ca_ck_model_open(const char *where, ca_module *model, ca_ck_model_src **out) {
@@ -478,6 +480,33 @@ ca_status ca_ck_model_read_tp(ca_accelerator *acc, ca_ck_model_src *m, bool sums
     return s;
 }
 
+/* A segment of this rank's stage-3 shard: which file and entry hold its parameter. */
+static ca_st_file *ck_file_of(const ck_src *src, const char *name, const ca_st_entry **e);
+
+ca_status ca_ck_model_read_tp_shard(ca_accelerator *acc, ca_ck_model_src *m, bool sums) {
+    const ca_zero *z = &acc->zero;
+    m->tp = calloc((size_t)m->src.nfiles + 1, sizeof *m->tp);
+    m->seg = calloc((size_t)z->nsegs + 1, sizeof *m->seg);
+    ca_status s = m->tp && m->seg ? CA_OK : ca_error(CA_ERR_NOMEM, "load: out of host memory (rank %d)", acc->rank);
+    if (s == CA_OK) m->nseg = z->nsegs;
+    for (int k = 0; s == CA_OK && k < m->src.nfiles; k++) {   /* each file's descriptor and sums, no buffers */
+        ca_st_file *f = &m->src.files[k];
+        s = ca_meta_src_open(f, &m->tp[k].src);
+        if (s == CA_OK && sums) s = ca_st_parts_new(f, &m->tp[k].parts);
+    }
+    for (int k = 0; s == CA_OK && k < z->nsegs; k++) {
+        const ca_zero_seg *sg = &z->segs[k];
+        const ca_st_entry *e = NULL;
+        ca_st_file *f = ck_file_of(&m->src, ca_tensor_name(sg->param), &e);
+        if (!f) return ca_error(CA_ERR_INTERNAL, "load: no tensor for parameter %s", ca_tensor_name(sg->param));
+        ca_tp_file *t = &m->tp[f - m->src.files];
+        if (!(m->seg[k] = malloc((size_t)sg->n * sizeof(float) + 1)))
+            s = ca_error(CA_ERR_NOMEM, "load: out of host memory for '%s' (rank %d)", e->name, acc->rank);
+        if (s == CA_OK) s = ca_tp_read_entry(acc, t->src, f, e, sg->param, sg->poff, sg->n, m->seg[k], t->parts);
+    }
+    return s;
+}
+
 ca_st_file *ca_ck_model_file(ca_ck_model_src *m, int i, struct ca_st_parts **parts) {
     if (!m || i >= m->src.nfiles) return NULL;
     *parts = m->tp ? m->tp[i].parts : NULL;
@@ -487,6 +516,8 @@ ca_st_file *ca_ck_model_file(ca_ck_model_src *m, int i, struct ca_st_parts **par
 void ca_ck_model_close(ca_ck_model_src *m) {
     if (!m) return;
     for (int k = 0; m->tp && k < m->src.nfiles; k++) ca_tp_file_free(&m->tp[k]);
+    for (int k = 0; m->seg && k < m->nseg; k++) free(m->seg[k]);
+    free(m->seg);
     free(m->tp);
     ck_src_free(&m->src);
     free(m);
@@ -584,7 +615,15 @@ ca_status ca_ck_model_verify_shard(ca_accelerator *acc, ca_ck_model_src *m) {
     return s;
 }
 
+static const float *ck_seg_data(void *ctx, const ca_zero_seg *sg) {
+    const ca_ck_model_src *m = ((void **)ctx)[0];
+    const ca_accelerator *acc = ((void **)ctx)[1];
+    return m->seg[sg - acc->zero.segs];
+}
+
 ca_status ca_ck_model_apply_shard(ca_accelerator *acc, ca_ck_model_src *m) {
+    void *ctx[2] = {m, acc};
+    if (m->seg) return ca_zero3_load_shard(acc, ck_seg_data, ctx);   /* read already (ca_ck_model_read_tp_shard) */
     ca_status s = CA_OK;   /* the sizes again, just before the mappings are read (a file cut short would fault) */
     for (int i = 0; s == CA_OK && i < m->src.nfiles; i++) s = ca_st_verify_range(&m->src.files[i], 0, 0);
     return s == CA_OK ? ca_zero3_load_shard(acc, ck_data_of, &m->src) : s;
@@ -851,47 +890,19 @@ static ca_status load_tp_slices(ca_accelerator *acc, ca_module *model, const cha
     return s;
 }
 
-static const float *tp_seg_data(void *ctx, const ca_zero_seg *sg) {
-    const ca_accelerator *acc = ((void **)ctx)[0];
-    float *const *buf = ((void **)ctx)[1];
-    return buf[sg - acc->zero.segs];
-}
-
 /* A model prepared at stage 3 beside tensor parallelism (FULL_SHARD over dp_shard_size, tp_size > 1),
  * fsdp_cpu_ram_efficient_loading true: each rank reads, with pread, only its shard's part of its tp slice
  * of every parameter (stage 3's segments: a range of the tp-local parameter's elements; of a replicated
  * one, of the whole) into host buffers of the segments' sizes; the ranks agree; then the buffers go into
  * the shard. Nothing is gathered: no rank holds a whole layer, nor its whole slice. */
 static ca_status load_tp_shard(ca_accelerator *acc, ca_module *model, const char *where) {
-    const ca_zero *z = &acc->zero;
-    ck_src src = {0};
-    ca_status s = ck_src_open(where, &src);
-    if (s == CA_OK) s = ck_validate(&src, model, where, acc);
-    float **buf = calloc((size_t)z->nsegs + 1, sizeof *buf);
-    ca_meta_src **fs = calloc((size_t)src.nfiles + 1, sizeof *fs);
-    if (s == CA_OK && (!buf || !fs)) s = ca_error(CA_ERR_NOMEM, "load_model: out of host memory (rank %d)", acc->rank);
-    for (int k = 0; s == CA_OK && k < z->nsegs; k++) {
-        const ca_zero_seg *sg = &z->segs[k];
-        const ca_st_entry *e = NULL;
-        ca_st_file *f = ck_file_of(&src, ca_tensor_name(sg->param), &e);
-        if (!f) {
-            s = ca_error(CA_ERR_INTERNAL, "load_model: no tensor for parameter %s", ca_tensor_name(sg->param));
-            break;
-        }
-        ca_meta_src **m = &fs[f - src.files];
-        s = *m ? CA_OK : ca_meta_src_open(f, m);
-        if (s == CA_OK && !(buf[k] = malloc((size_t)sg->n * sizeof(float) + 1)))
-            s = ca_error(CA_ERR_NOMEM, "load_model: out of host memory for '%s' (rank %d)", e->name, acc->rank);
-        if (s == CA_OK) s = ca_tp_read_entry(acc, *m, f, e, sg->param, sg->poff, sg->n, buf[k], NULL);
-    }
+    ca_ck_model_src *m = calloc(1, sizeof *m);
+    ca_status s = m ? ck_src_open(where, &m->src) : ca_error(CA_ERR_NOMEM, "load_model: out of memory");
+    if (s == CA_OK) s = ck_validate(&m->src, model, where, acc);
+    if (s == CA_OK) s = ca_ck_model_read_tp_shard(acc, m, false);
     s = ca_agree_file_reads(acc, s, "load_model", "shards of their tp slices");
-    void *ctx[2] = {acc, buf};
-    if (s == CA_OK) s = ca_zero3_load_shard(acc, tp_seg_data, ctx);
-    for (int k = 0; buf && k < z->nsegs; k++) free(buf[k]);
-    for (int i = 0; fs && i < src.nfiles; i++) ca_meta_src_unref(fs[i]);
-    free(buf);
-    free(fs);
-    ck_src_free(&src);
+    if (s == CA_OK) s = ca_ck_model_apply_shard(acc, m);
+    ca_ck_model_close(m);
     return s;
 }
 

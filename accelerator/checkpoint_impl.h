@@ -33,6 +33,9 @@ ca_status ca_ck_model_adopt(struct ca_st_file *f, ca_module *model, const struct
  * (ca_tp_verify_parts). No collective. ca_ck_model_file: m's file i (NULL past the last) and its sums'
  * parts (NULL: none). */
 ca_status ca_ck_model_read_tp(struct ca_accelerator *acc, ca_ck_model_src *m, bool sums);
+/* The same at stage 3 beside tensor parallelism: only this rank's shard's part of its tp slice of every
+ * tensor (stage 3's segments), which ca_ck_model_apply_shard then copies into the shard. No collective. */
+ca_status ca_ck_model_read_tp_shard(struct ca_accelerator *acc, ca_ck_model_src *m, bool sums);
 struct ca_st_file *ca_ck_model_file(ca_ck_model_src *m, int i, struct ca_st_parts **parts);
 void ca_ck_model_close(ca_ck_model_src *m);    /* accepts NULL */
 /* A model prepared at stage 3 (ca_zero3_loads_lean): verify_shard verifies, against the sums the

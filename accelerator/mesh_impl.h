@@ -106,9 +106,12 @@ ca_status ca_tp_split_of(const ca_accelerator *acc, ca_module *model, const ca_t
  * buf, e's dtype kept: its elements [start, start + count) in the slice's order (count -1: all, p's
  * size; a stage-3 shard's part of the slice); parts non-NULL: the bytes read are added to the chunks' sums where this
  * rank is the one to hash them (its slices; tp rank 0 the replicated tensors). ca_tp_verify_parts:
- * collective over tp, every rank with the same n files (their parts: NULL for a file without chunk sums,
- * verified whole here): the chunks of each file verified from the tp group's sums (one all-gather); a
- * corrupt chunk is the same CA_ERR_IO on every rank of the group, naming the file and the chunk. */
+ * collective over tp (and dp), every rank with the same n files (their parts: NULL for a file without chunk
+ * sums, verified whole here): the chunks of each file verified from the sums of the tp group (dp NULL: each
+ * rank read its tp slices) or of the tp x dp group (dp: ZeRO's shard group, whose ranks each read their
+ * shard's part of their tp slices; the bytes outside the tensors are hashed by tp rank 0's dp rank 0), one
+ * all-gather over each; a corrupt chunk is the same CA_ERR_IO on every rank of the group, naming the file
+ * and the chunk. */
 struct ca_st_file;
 struct ca_st_entry;
 struct ca_st_parts;
@@ -131,7 +134,8 @@ void ca_tp_file_free(ca_tp_file *t);   /* accepts a zeroed one */
 ca_status ca_tp_read_entry(ca_accelerator *acc, ca_meta_src *src, const struct ca_st_file *f,
                            const struct ca_st_entry *e, const ca_tensor *p, int64_t start, int64_t count, void *buf,
                            struct ca_st_parts *parts);
-ca_status ca_tp_verify_parts(ca_accelerator *acc, struct ca_st_file *const *files, struct ca_st_parts *const *parts, int n);
+ca_status ca_tp_verify_parts(ca_accelerator *acc, struct ca_st_file *const *files, struct ca_st_parts *const *parts, int n,
+                             ca_comm *dp);
 /* The accelerator goes: its tensor-parallel modules can no longer run (their communicator is gone). */
 void ca_tp_release(ca_accelerator *acc);
 

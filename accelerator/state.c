@@ -1283,7 +1283,10 @@ typedef struct ss_loaded {
     bool model0, opts0;                /* the model file, the optimizers' files: read by rank 0 alone */
     bool tp;                           /* ss_tp_reads: this rank's tp slices of the model and optimizer
                                         * files, read by byte range (tp_load.c) */
-    ca_tp_file *otp;                   /* [nopts] with tp: each optimizer file's slices */
+    bool tpz;                          /* ss_tp_zero_reads: ZeRO beside tp, each rank its shard's part of its
+                                        * tp slices (the model's whole slices at stages 1 and 2) */
+    ca_tp_file *otp;                   /* [nopts] with tp (tpz): each optimizer file's slices (descriptor and
+                                        * sums; the buffers are the ZeRO shard's) */
 } ss_loaded;
 
 static void ss_loaded_free(ss_loaded *L) {
@@ -1382,6 +1385,25 @@ static ca_status ss_open_listed(const ss_loaded *L, const char *dir, const char 
     ca_status s = ss_listed_path(L, dir, name, path);
     if (s == CA_OK) s = ss_sums(L, dir, name, &sums, &chunks);
     if (s == CA_OK) s = ca_st_open_checked(path, &sums, whole, f);
+    else memset(f, 0, sizeof *f);
+    free(chunks);
+    return s;
+}
+
+/* A file the ranks of a tp (x dp_shard) group read in parts and verify together (ss_tp_verify): with chunk
+ * sums as ss_open_listed opens it (the header's chunks verified); without them (an older checkpoint, the
+ * whole file's CRC-32 only) as one chunk of the file's size, verified nowhere before the group combines
+ * its parts of it: no rank reads the file whole. A file beyond 4 GiB without chunk sums (the parts' CRCs
+ * are of at most 4 GiB) is verified whole on every rank as before. */
+static ca_status ss_open_parts(const ss_loaded *L, const char *dir, const char *name, ca_st_file *f) {
+    char path[PATH_MAX];
+    ca_st_sums sums;
+    uint32_t *chunks = NULL;
+    ca_status s = ss_listed_path(L, dir, name, path);
+    if (s == CA_OK) s = ss_sums(L, dir, name, &sums, &chunks);
+    bool one = s == CA_OK && !sums.chunk_size && sums.size > 0 && sums.size <= UINT32_MAX;
+    if (one) sums.chunk_size = sums.size, sums.nchunks = 1, sums.chunk_crc = &sums.crc32;
+    if (s == CA_OK) s = one ? ca_st_open_unverified(path, &sums, f) : ca_st_open_checked(path, &sums, false, f);
     else memset(f, 0, sizeof *f);
     free(chunks);
     return s;
@@ -1732,33 +1754,66 @@ static const ca_tensor *ss_state_param_of(void *o, const char *name) {
     return NULL;
 }
 
-/* Under tensor parallelism over whole-state data parallelism (DDP, one data-parallel rank), each rank
- * reads its tp slices of model.safetensors and of the optimizer files by byte range and the tp group
- * verifies their chunks together (ca_tp_verify_parts): nothing is made whole, no rank reads a file whole.
- * ZeRO's shards of the slices (dp_shard_size) are made from the whole tensors still (with_full_params), and
- * so is everything with fsdp_cpu_ram_efficient_loading false. */
-static bool ss_tp_reads(const ca_accelerator *acc) {
-    const ca_sync_strategy *ops = acc->sync_ops;
-    if (!acc->model || !ca_tp_reads_slices(acc) || ops->scatter_state || (ops->params_sharded && ops->params_sharded(acc)))
-        return false;
-    bool on = true;   /* false: the tensors made whole and the files read whole, as before */
+/* fsdp_cpu_ram_efficient_loading (true by default); false: under tp the tensors are made whole and the
+ * files read whole (with_full_params), as before. */
+static bool ss_lean_key(const ca_accelerator *acc) {
+    bool on = true;
     if (ca_config_get_bool(acc->cfg, "fsdp_config.fsdp_cpu_ram_efficient_loading", &on) != CA_OK) ca_clear_error();
     return on;
 }
 
-/* The chunks of the files the tp slices were read from, verified by the tp group together. Collective
- * over tp: every rank of the group has read (each one's check passed: ss_exchange before). */
+/* Under tensor parallelism over whole-state data parallelism (DDP, one data-parallel rank), each rank
+ * reads its tp slices of model.safetensors and of the optimizer files by byte range and the tp group
+ * verifies their chunks together (ca_tp_verify_parts): nothing is made whole, no rank reads a file whole.
+ * With ZeRO beside tp: ss_tp_zero_reads. */
+static bool ss_tp_reads(const ca_accelerator *acc) {
+    const ca_sync_strategy *ops = acc->sync_ops;
+    if (!acc->model || !ca_tp_reads_slices(acc) || ops->scatter_state || (ops->params_sharded && ops->params_sharded(acc)))
+        return false;
+    return ss_lean_key(acc);
+}
+
+/* ZeRO beside tensor parallelism (dp_shard_size, any stage) from a full state dict: each rank reads of the
+ * optimizer files only its shard's part of its tp slice of each state tensor, and of model.safetensors the
+ * same at stage 3 (its whole tp slices at stages 1 and 2, which keep the parameters whole); the chunks
+ * are verified by the tp x dp_shard group's sums together (the model's at stages 1 and 2 by the tp group's).
+ * Nothing is made whole, gathered or broadcast. */
+static bool ss_tp_zero_reads(const ca_accelerator *acc) {
+    const ca_sync_strategy *ops = acc->sync_ops;
+    /* summoned (ca_summon_full_params: the layers whole, stage 3's parameters gathered): the gathering load */
+    return acc->model && ca_tp_reads_slices(acc) && !acc->mesh->summons && !acc->zero.summoned && ops->scatter_state &&
+           ops->read_state_slices && ops->load_state_slices && acc->zero.stage >= 1 && acc->zero.comm && ss_lean_key(acc);
+}
+
+static bool ss_params_sharded(const ca_accelerator *acc) {
+    return acc->sync_ops->params_sharded && acc->sync_ops->params_sharded(acc);
+}
+
+/* The chunks of the files the tp slices were read from, verified together by the tp group (or, for the
+ * files whose tp slices the ZeRO shards divide, the tp x dp_shard group). Collective over tp (and dp):
+ * every rank of the group has read (each one's check passed: ss_exchange before). */
 static ca_status ss_tp_verify(ca_accelerator *acc, ss_loaded *L) {
     ca_st_file **files = calloc((size_t)L->nopts + 2, sizeof *files);
     ca_st_parts **parts = calloc((size_t)L->nopts + 2, sizeof *parts);
     int n = 0;
     ca_status s = files && parts ? CA_OK : ca_error(CA_ERR_NOMEM, "load_state: out of memory");
+    ca_comm *dp = L->tpz ? acc->zero.comm : NULL;
+    bool model_dp = L->tpz && ss_params_sharded(acc);   /* stage 3: the model's slices are sharded too */
     if (s == CA_OK && L->model) files[n] = ca_ck_model_file(L->model, 0, &parts[n]), n++;
+    if (s == CA_OK && !model_dp && n) s = ca_tp_verify_parts(acc, files, parts, n, NULL), n = 0;
     for (int i = 0; s == CA_OK && i < L->nopts; i++) files[n] = &L->opts[i], parts[n++] = L->otp[i].parts;
-    if (s == CA_OK) s = ca_tp_verify_parts(acc, files, parts, n);
+    if (s == CA_OK && n) s = ca_tp_verify_parts(acc, files, parts, n, dp);
     free(files);
     free(parts);
     return s;
+}
+
+/* ZeRO beside tp: this rank's shard's part of its tp slice of each of o's state tensors in f, read through
+ * a descriptor of f (pread) into the shard's host buffers, hashed for ss_tp_verify. */
+static ca_status ss_tp_zero_read_state(ca_accelerator *acc, ca_optimizer *o, ca_st_file *f, ca_tp_file *t) {
+    ca_status s = ca_meta_src_open(f, &t->src);
+    if (s == CA_OK) s = ca_st_parts_new(f, &t->parts);
+    return s == CA_OK ? acc->sync_ops->read_state_slices(acc, o, f, t) : s;
 }
 
 /* Reads and checks every file of `dir` that this rank needs (those complete.json lists, checked by
@@ -1771,26 +1826,29 @@ static ca_status ss_check_all(ca_accelerator *acc, const char *dir, ss_loaded *L
     bool others = acc->rank != 0;   /* rank 0 alone reads what it broadcasts (ss_broadcast) */
     if (s == CA_OK && acc->model && !sharded && !(L->model0 && others)) {   /* stage 3: only its shard's slices */
         ca_st_file mf;
-        s = ss_open_listed(L, dir, SS_MODEL, !L->lean && !L->tp, &mf);
-        if (s == CA_OK) s = ca_ck_model_adopt(&mf, acc->model, L->tp ? acc : NULL, &L->model);
+        bool tp = L->tp || L->tpz, shard = L->tpz && ss_params_sharded(acc);
+        s = tp ? ss_open_parts(L, dir, SS_MODEL, &mf) : ss_open_listed(L, dir, SS_MODEL, !L->lean, &mf);
+        if (s == CA_OK) s = ca_ck_model_adopt(&mf, acc->model, tp ? acc : NULL, &L->model);
         if (s == CA_OK && L->lean) s = ca_ck_model_verify_shard(acc, L->model);
-        if (s == CA_OK && L->tp) s = ca_ck_model_read_tp(acc, L->model, true);   /* verified: ss_tp_verify */
+        /* verified: ss_tp_verify */
+        if (s == CA_OK && tp) s = shard ? ca_ck_model_read_tp_shard(acc, L->model, true) : ca_ck_model_read_tp(acc, L->model, true);
     }
     if (s == CA_OK && !(L->opts = calloc((size_t)(acc->nopts ? acc->nopts : 1), sizeof *L->opts)))
         s = ca_error(CA_ERR_NOMEM, "load_state: out of memory");
-    if (s == CA_OK && L->tp && !(L->otp = calloc((size_t)(acc->nopts ? acc->nopts : 1), sizeof *L->otp)))
+    if (s == CA_OK && (L->tp || L->tpz) && !(L->otp = calloc((size_t)(acc->nopts ? acc->nopts : 1), sizeof *L->otp)))
         s = ca_error(CA_ERR_NOMEM, "load_state: out of memory");
     /* a sharded run keeps a slice of each optimizer state tensor: only the slices are verified and read */
     L->sliced = !sharded && acc->sync_ops->scatter_state && acc->sync_ops->state_slice && !ss_state_whole_outside(acc);
     for (int i = 0; s == CA_OK && !sharded && !(L->opts0 && others) && i < acc->nopts; i++) {
         ss_opt_name(name, sizeof name, i);
-        s = ss_open_listed(L, dir, name, !L->sliced && !L->tp, &L->opts[i]);
+        s = L->tp || L->tpz ? ss_open_parts(L, dir, name, &L->opts[i]) : ss_open_listed(L, dir, name, !L->sliced, &L->opts[i]);
         if (s == CA_OK) L->nopts = i + 1;
-        if (s == CA_OK) s = ss_check_opt_tensors(L->tp ? acc : NULL, acc->opts[i], &L->opts[i]);
+        if (s == CA_OK) s = ss_check_opt_tensors(L->tp || L->tpz ? acc : NULL, acc->opts[i], &L->opts[i]);
         if (s == CA_OK && L->tp) s = ca_tp_file_read(acc, &L->opts[i], ss_state_param_of, acc->opts[i], true, &L->otp[i]);
+        if (s == CA_OK && L->tpz) s = ss_tp_zero_read_state(acc, acc->opts[i], &L->opts[i], &L->otp[i]);
         if (s == CA_OK && L->sliced && !L->opt_lean) s = ss_verify_opt_slices(acc, acc->opts[i], &L->opts[i]);
         /* lean: the slices read into the shard's host buffers now; the file is done with */
-        if (s == CA_OK && L->opt_lean) s = acc->sync_ops->read_state_slices(acc, acc->opts[i], &L->opts[i]);
+        if (s == CA_OK && L->opt_lean) s = acc->sync_ops->read_state_slices(acc, acc->opts[i], &L->opts[i], NULL);
         if (L->opt_lean) ca_st_close(&L->opts[i]);
     }
     if (s == CA_OK) s = ss_check_rng(acc, dir, L);
@@ -1887,7 +1945,7 @@ static ca_status ss_apply(ca_accelerator *acc, ss_loaded *L) {
     ss_json j = {"", false};
     json_object *st = L->state;
     ca_status s = !acc->model || !L->model ? CA_OK
-                 : L->lean                 ? ca_ck_model_apply_shard(acc, L->model)
+                 : L->lean || (L->tpz && ss_params_sharded(acc)) ? ca_ck_model_apply_shard(acc, L->model)
                                            : ca_ck_model_apply(L->model, acc->model);
     json_object *opts = js_get(&j, st, "optimizers", json_type_array);
     for (int i = 0; s == CA_OK && i < acc->nopts; i++)
@@ -1972,12 +2030,17 @@ static ca_status ss_load_dir(ca_accelerator *acc, const char *dir) {
      * of the optimizer state (every stage: each keeps a shard of it) only this rank's slices */
     L.lean = s == CA_OK && acc->model && !sharded && ca_zero3_loads_lean(acc);
     L.tp = s == CA_OK && !sharded && ss_tp_reads(acc);   /* each rank its tp slices: nothing broadcast */
+    L.tpz = s == CA_OK && !sharded && ss_tp_zero_reads(acc);   /* its shard's part of them */
+    if (L.tpz && acc->rank == 0)
+        ca_log_printf(CA_LOG_INFO, "load_state: %s: each rank reads its dp_shard part of its tp slices (tp %d x dp_shard "
+                      "%d, stage %d%s); nothing is gathered or broadcast", dir, acc->mesh->shape.size[CA_MESH_TP],
+                      acc->zero.world, acc->zero.stage, ss_params_sharded(acc) ? "" : ": the model's tp slices whole");
     L.opt_lean = s == CA_OK && acc->model && !sharded && ops->read_state_slices && ops->state_lean &&
                  ops->state_lean(acc);
     bool full = s == CA_OK && ops->scatter_state && !sharded && !L.opt_lean && !ss_state_whole_outside(acc);
     /* a model every rank holds whole: rank 0 reads it, and the optimizer state where every rank holds
      * that whole too (DDP; ZeRO stages 1 and 2 read only each rank's slice of it), and broadcasts */
-    L.model0 = s == CA_OK && !sharded && !L.tp && ca_ck_rank0_reads(acc, acc->model);
+    L.model0 = s == CA_OK && !sharded && !L.tp && !L.tpz && ca_ck_rank0_reads(acc, acc->model);
     L.opts0 = L.model0 && !ops->scatter_state;
     for (int i = 0; s == CA_OK && full && i < acc->nopts; i++) s = ca_optimizer_init_state(acc->opts[i]);
     if (s == CA_OK) s = ss_check_all(acc, dir, &L, sharded);
@@ -1990,7 +2053,8 @@ static ca_status ss_load_dir(ca_accelerator *acc, const char *dir) {
         CA_LOG_D("load_state: rank %d keeps %zu bytes of its training state on the host while rank 0's read is "
                  "broadcast (put back if the load fails)", acc->rank, ca_ck_kept_bytes(kept));
     s = ss_exchange(acc, s, &bad);                  /* nothing is applied unless every rank can */
-    if (s == CA_OK && L.tp) s = ss_exchange(acc, ss_tp_verify(acc, &L), &bad);   /* the slices' chunks */
+    if (s == CA_OK && (L.tp || L.tpz)) s = ss_exchange(acc, ss_tp_verify(acc, &L), &bad);   /* the slices' chunks */
+    for (int i = 0; L.tpz && i < L.nopts; i++) ca_st_close(&L.opts[i]);   /* read: the state is in the shard's buffers */
     bool keeps = s == CA_OK && L.model0;
     if (s == CA_OK) s = ss_apply(acc, &L);
     else s = ss_fail(acc, s, bad, "load_state", dir);
@@ -1998,7 +2062,7 @@ static ca_status ss_load_dir(ca_accelerator *acc, const char *dir) {
     if (s == CA_OK && L.model0) s = ss_broadcast(acc, &L, dir);
     bool settled = s != CA_OK;   /* a failure every rank knows of (or a collective that failed) */
     if (s == CA_OK && sharded) s = ops->load_shard(acc, dir);
-    if (L.opt_lean) {
+    if (L.opt_lean || L.tpz) {
         ca_status z = ops->load_state_slices(acc, s == CA_OK);
         if (s == CA_OK) s = z;
     }
@@ -2248,6 +2312,8 @@ ca_status ca_load_state(ca_accelerator *acc, const char *dir) {
     if (s != CA_OK) return s;
     /* stage 3 under fsdp_cpu_ram_efficient_loading: each rank copies its shard's slices of the
      * files straight into its shard (ss_check_all, ca_zero_check_shard); nothing is gathered */
+    /* ZeRO beside tp from a full state dict: each rank its shard's part of its tp slices (ss_tp_zero_reads) */
+    if (ss_tp_zero_reads(acc) && !ss_tp_sharded_load(acc, dir)) return load_state(acc, dir);
     return ca_zero3_loads_lean(acc) ? load_state(acc, dir)
                                     : with_full_params(acc, load_state, dir, true,
                                                        !ss_tp_reads(acc) && !ss_tp_sharded_load(acc, dir));

@@ -8,6 +8,7 @@
 
 #include "accelerator/accelerator_impl.h"
 
+struct ca_tp_file;
 typedef struct ca_sync_strategy {
     const char *name;                /* "none", "ddp", "zero", "deterministic" */
     const char *key;                 /* the configuration key that chose it (for messages) */
@@ -57,9 +58,10 @@ typedef struct ca_sync_strategy {
     /* a full checkpoint's load: whether this rank reads only its slices of the optimizer state
      * (state_lean; NULL or false: the full tensors, then scatter_state), read_state_slices reading
      * those of o's state tensors in f into its part's host buffers (no full state made), then copied
-     * into its part (apply) or dropped */
+     * into its part (apply) or dropped; tp non-NULL (beside tensor parallelism): the slices of the
+     * rank's tp slices, read through tp's descriptor and hashed into its parts (tp_load.c) */
     bool (*state_lean)(const ca_accelerator *acc);
-    ca_status (*read_state_slices)(ca_accelerator *acc, ca_optimizer *o, struct ca_st_file *f);
+    ca_status (*read_state_slices)(ca_accelerator *acc, ca_optimizer *o, struct ca_st_file *f, struct ca_tp_file *tp);
     ca_status (*load_state_slices)(ca_accelerator *acc, bool apply);
     /* sharded checkpoints (each rank its part): whether save_state writes them, the part count, and
      * this rank's file written, an index checked against this run, the parts read */

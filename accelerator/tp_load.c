@@ -76,9 +76,10 @@ void ca_tp_file_free(ca_tp_file *t) {
 }
 
 /* This rank's sums of every chunk of the n files (parts[i] NULL: none, that file verified whole), in
- * order, into sums (*count of them). */
+ * order, into sums (*count of them). rest: this rank hashes the bytes outside the files' tensors (the
+ * header, any gap): one rank of the combining group. */
 static ca_status tp_local_sums(ca_accelerator *acc, ca_st_file *const *files, ca_st_parts *const *parts, int n,
-                               uint32_t **sums, size_t *count) {
+                               bool rest, uint32_t **sums, size_t *count) {
     *count = 0;
     for (int i = 0; i < n; i++) *count += parts[i] ? files[i]->sums.nchunks : 0;
     *sums = calloc(*count + 1, sizeof **sums);
@@ -89,36 +90,53 @@ static ca_status tp_local_sums(ca_accelerator *acc, ca_st_file *const *files, ca
             s = ca_st_verify_range(files[i], 0, files[i]->size);   /* no chunk sums (an older checkpoint) */
             continue;
         }
-        if (acc->mesh->coord[CA_MESH_TP] == 0) s = ca_st_parts_add_rest(parts[i], files[i]);
+        if (rest) s = ca_st_parts_add_rest(parts[i], files[i]);
         if (s == CA_OK) s = ca_st_parts_sums(parts[i], files[i]->path, *sums + at);
         at += files[i]->sums.nchunks;
     }
     return s;
 }
 
-ca_status ca_tp_verify_parts(ca_accelerator *acc, ca_st_file *const *files, ca_st_parts *const *parts, int n) {
-    uint32_t *sums = NULL;
-    size_t count = 0;
-    ca_status s = tp_local_sums(acc, files, parts, n, &sums, &count);   /* a failure here still takes part */
-    int tp = acc->mesh->shape.size[CA_MESH_TP];
-    uint32_t *all = malloc(count * (size_t)tp * sizeof *all + 1), *one = malloc(count * (size_t)tp * sizeof *one + 1);
-    ca_status x = sums && all && one ? CA_OK : ca_error(CA_ERR_NOMEM, "load: out of host memory (rank %d)", acc->rank);
-    if (x == CA_OK && count) CA_SCOPE {   /* the tp group's sums of each chunk: one all-gather */
-        int64_t n1 = (int64_t)count, nall = n1 * tp;
+/* The count sums of every rank of c, rank after rank, into all (count x size of c). Collective over c. */
+static ca_status tp_gather_sums(ca_accelerator *acc, ca_comm *c, const uint32_t *sums, size_t count, uint32_t *all) {
+    ca_status x = CA_OK;
+    CA_SCOPE {
+        int64_t n1 = (int64_t)count, nall = n1 * ca_comm_size(c);
         ca_tensor *mine = ca_from_host(acc->device, CA_I32, 1, &n1, sums);
         ca_tensor *recv = ca_zeros(acc->device, CA_I32, 1, &nall);
         x = mine && recv ? CA_OK : ca_last_status();
-        if (x == CA_OK) x = ca_comm_all_gather(acc->mesh->comm[CA_MESH_TP], ca_tptr(mine), ca_tptr(recv), count, CA_I32, NULL);
-        if (x == CA_OK) x = ca_tensor_to_host(recv, all, count * (size_t)tp * sizeof *all);
-        if (x != CA_OK) ca_error_context("load: exchanging the sums of the tp slices read (rank %d)", acc->rank);
+        if (x == CA_OK) x = ca_comm_all_gather(c, ca_tptr(mine), ca_tptr(recv), count, CA_I32, NULL);
+        if (x == CA_OK) x = ca_tensor_to_host(recv, all, (size_t)nall * sizeof *all);
     }
+    return x == CA_OK ? CA_OK : ca_error_context("load: exchanging the sums of the slices read (rank %d)", acc->rank);
+}
+
+ca_status ca_tp_verify_parts(ca_accelerator *acc, ca_st_file *const *files, ca_st_parts *const *parts, int n,
+                             ca_comm *dp) {
+    uint32_t *sums = NULL;
+    size_t count = 0;
+    bool rest = acc->mesh->coord[CA_MESH_TP] == 0 && (!dp || ca_comm_rank(dp) == 0);
+    ca_status s = tp_local_sums(acc, files, parts, n, rest, &sums, &count);   /* a failure here still takes part */
+    int tp = acc->mesh->shape.size[CA_MESH_TP], d = dp ? ca_comm_size(dp) : 1;
+    size_t rows = (size_t)(tp > d ? tp : d);
+    uint32_t *all = malloc(count * rows * sizeof *all + 1), *one = malloc(count * (size_t)tp * sizeof *one + 1);
+    ca_status x = sums && all && one ? CA_OK : ca_error(CA_ERR_NOMEM, "load: out of host memory (rank %d)", acc->rank);
+    /* the dp group's sums first, XORed into one row (its ranks read disjoint parts of its tp slices),
+     * then the tp group's rows: tp x d processes' parts of each chunk */
+    if (x == CA_OK && count && d > 1) {
+        x = tp_gather_sums(acc, dp, sums, count, all);
+        for (int r = 1; x == CA_OK && r < d; r++)
+            for (size_t c = 0; c < count; c++) all[c] ^= all[(size_t)r * count + c];
+        if (x == CA_OK) memcpy(sums, all, count * sizeof *sums);
+    }
+    if (x == CA_OK && count) x = tp_gather_sums(acc, acc->mesh->comm[CA_MESH_TP], sums, count, all);
     if (s == CA_OK) s = x;
     size_t at = 0;
     for (int i = 0; s == CA_OK && i < n; i++) {
         if (!parts[i]) continue;
         size_t nc = files[i]->sums.nchunks;   /* this file's rows, one per tp rank */
         for (int r = 0; r < tp; r++) memcpy(one + (size_t)r * nc, all + (size_t)r * count + at, nc * sizeof *one);
-        s = ca_st_parts_verify(files[i], one, tp);
+        s = ca_st_parts_verify(files[i], one, tp, tp * d);
         at += nc;
     }
     free(one);

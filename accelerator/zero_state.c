@@ -722,7 +722,8 @@ static const ca_zero_seg *seg_of(const ca_zero *z, const ca_tensor *param) {
  * the parameters (whole on every rank: rank 0 may read and broadcast them); stage 3 when its
  * parameters load lean too (not summoned: a summoned load gathers, then scatters the full state). */
 bool ca_zero_loads_state_lean(const ca_accelerator *acc) {
-    /* tensor parallelism: the files hold whole tensors, the shard slices of them (the state gathers first) */
+    /* tensor parallelism: the files hold whole tensors; state.c reads the shard's part of this rank's tp
+     * slices (ss_tp_zero_reads), through read_state_slices with its descriptor */
     if (!acc || !acc->model || acc->zero.stage < 1 || acc->mesh) return false;
     if (acc->zero.stage == 3) return ca_zero3_loads_lean(acc);
     bool on = true;
@@ -730,12 +731,14 @@ bool ca_zero_loads_state_lean(const ca_accelerator *acc) {
     return on;
 }
 
-/* A FULL_STATE_DICT checkpoint under fsdp_cpu_ram_efficient_loading (ca_zero_loads_state_lean): of
+/* A FULL_STATE_DICT checkpoint under fsdp_cpu_ram_efficient_loading (ca_zero_loads_state_lean, or beside
+ * tensor parallelism with tp: read through tp->src, hashed into tp->parts for the tp x dp group's
+ * verification, not verified here): of
  * each of o's state tensors in f only this rank's segment is verified and read, into shard-sized host
  * buffers laid out as the shard files hold them (frozen parameters and padding zero). No rank builds
  * the full state: the buffers are 1/N of it. ss_check_opt_tensors matched f's names, dtypes and
  * shapes first. */
-ca_status ca_zero_read_state_slices(ca_accelerator *acc, ca_optimizer *o, ca_st_file *f) {
+ca_status ca_zero_read_state_slices(ca_accelerator *acc, ca_optimizer *o, ca_st_file *f, ca_tp_file *tp) {
     ca_zero *z = &acc->zero;
     ca_tensor *kept[2] = {z->s1, z->s2};
     ca_status s = CA_OK;
@@ -750,7 +753,11 @@ ca_status ca_zero_read_state_slices(ca_accelerator *acc, ca_optimizer *o, ca_st_
     for (int i = 0; s == CA_OK && (p = ca_optimizer_state_param(o, i, &name, &slot)) != NULL; i++) {
         const ca_zero_seg *sg = seg_of(z, p);
         if (!sg || !kept[slot]) continue;   /* another rank's parameter; a state this run does not keep */
-        s = read_range(f, ca_st_find(f, name), sg->poff, sg->n, z->load->st[slot] + sg->soff);
+        const ca_st_entry *e = ca_st_find(f, name);
+        float *dst = z->load->st[slot] + sg->soff;
+        /* tp: the segment is a range of this rank's tp slice, a piece of every row of a rowwise split */
+        s = tp ? ca_tp_read_entry(acc, tp->src, f, e, p, sg->poff, sg->n, dst, tp->parts)
+               : read_range(f, e, sg->poff, sg->n, dst);
     }
     return s;
 }

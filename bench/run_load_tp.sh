@@ -3,15 +3,16 @@
 # 4096) without bias, alternately colwise and rowwise) saved once, then loaded on tp processes (caccel
 # launch, Gloo, CPU) at tp 1, 2 and 4: eager build, ca_prepare, ca_load_model ("after prepare"), and
 # a meta model loaded before ca_prepare ("early"), ca_load_state of a checkpoint of it saved by one
-# process ("state"), and ca_load_model after ca_prepare at tp x FULL_SHARD over dp_shard 2 (2 x tp
-# processes: "shard"). Per run: each rank's bytes read by read()/pread()
+# process ("state"), ca_load_model after ca_prepare at tp x FULL_SHARD over dp_shard 2 (2 x tp
+# processes: "shard"), and ca_load_state of that checkpoint at tp x FULL_SHARD over dp_shard 2
+# ("stateshard"; not in the default modes). Per run: each rank's bytes read by read()/pread()
 # (max over ranks), its peak RSS (VmHWM: its own memory and the mapped file pages it touched; max over
 # ranks), rank 0's largest RssFile (file pages touched through a mapping) and rank 0's seconds of the
 # load. --before BENCH CACCEL runs the same with another build (the code before a change) beside it.
 # PyTorch's peer (bench/peers/torch_load_tp.py, safetensors safe_open + get_slice of rank 0's same
 # slices) at 1 and 2 threads.
 # usage: run_load_tp.sh --bench PATH --caccel PATH [--before BENCH CACCEL] [--tp "1 2 4"]
-#        [--modes "after early state shard"]
+#        [--modes "after early state shard stateshard"]
 set -euo pipefail
 bench="" caccel="" bbench="" bcaccel="" tps="1 2 4" modes="after early state shard"
 while [ $# -gt 0 ]; do
@@ -31,7 +32,7 @@ dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 "$bench" --tp-plan --save "$dir" > /dev/null
 file=$dir/model.safetensors
-case " $modes " in *" state "*) "$bench" --tp-plan --save-state "$dir/state" > /dev/null ;; esac
+case " $modes " in *" state"*) "$bench" --tp-plan --save-state "$dir/state" > /dev/null ;; esac
 echo "# $(date -u +%Y-%m-%dT%H:%MZ) $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) CPUs; file $(( $(stat -c %s "$file") / 1048576 )) MiB"
 echo "| build | tp | load | bytes read MiB (max rank) | peak VmHWM MiB (max rank) | rank 0 peak RssFile MiB | rank 0 s |"
 echo "|---|---|---|---|---|---|---|"
@@ -40,6 +41,8 @@ row() {   # row NAME BENCH CACCEL TP MODE
     [ "$5" = early ] && extra+=(--early)
     [ "$5" = state ] && extra=(--load-state "$dir/state")
     [ "$5" = shard ] && np=$(( $4 * 2 )) extra+=(--parallelism_config_dp_shard_size 2 --use_fsdp --fsdp_sharding_strategy FULL_SHARD)
+    [ "$5" = stateshard ] && np=$(( $4 * 2 )) extra=(--load-state "$dir/state" --parallelism_config_dp_shard_size 2 \
+        --use_fsdp --fsdp_sharding_strategy FULL_SHARD)
     out=$("$3" launch --num_processes "$np" --backend gloo --parallelism_config_tp_size "$4" "$2" --tp-plan \
           "${extra[@]}" 2>/dev/null | grep '^rank=')
     f() { sed -n "s/.* $1=\([0-9.]*\).*/\1/p" <<< "$2" | sort -n | tail -1; }
@@ -48,7 +51,7 @@ row() {   # row NAME BENCH CACCEL TP MODE
 }
 for tp in $tps; do
     for mode in $modes; do
-        [ "$mode" = shard ] && [ "$tp" = 1 ] && continue   # tp x FULL_SHARD: tp above 1
+        case $mode in shard | stateshard) [ "$tp" = 1 ] && continue ;; esac   # tp x FULL_SHARD: tp above 1
         [ -n "$bbench" ] && row before "$bbench" "$bcaccel" "$tp" "$mode"
         row after "$bench" "$caccel" "$tp" "$mode"
     done

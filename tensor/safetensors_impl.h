@@ -62,6 +62,10 @@ ca_status ca_st_open(const char *path, ca_st_file *f);
  * the header (!whole: the caller verifies the ranges it reads with ca_st_verify_range). A CRC
  * mismatch is CA_ERR_IO "<path>: corrupt: ..." naming the chunk where there are chunk sums. */
 ca_status ca_st_open_checked(const char *path, const ca_st_sums *sums, bool whole, ca_st_file *f);
+/* ca_st_open_checked verifying nothing, not even the header: for processes that verify every chunk
+ * together by parts (ca_st_parts_verify) before anything they read from the file is used; the parse
+ * still refuses a malformed header. */
+ca_status ca_st_open_unverified(const char *path, const ca_st_sums *sums, ca_st_file *f);
 /* Verifies bytes [off, off + len) of the file (the chunks that hold them, each once; without chunk
  * sums the whole file, once) and that the file still has its size (a file truncated under a
  * mapping would fault on access: SIGBUS). A file opened without sums has nothing to verify: only
@@ -93,9 +97,10 @@ void ca_st_parts_add(void *parts, uint64_t off, const void *bytes, size_t len);
 ca_status ca_st_parts_add_rest(ca_st_parts *parts, ca_st_file *f);
 /* out: f->sums.nchunks sums. Errors name `path`. */
 ca_status ca_st_parts_sums(ca_st_parts *parts, const char *path, uint32_t *out);
-/* sums: k rows of f->sums.nchunks, one per process. A mismatch is CA_ERR_IO "<path>: corrupt: ..." naming
+/* sums: `rows` rows of f->sums.nchunks, the sums of k processes (a row may be the XOR of several
+ * processes' sums, combined in a first exchange). A mismatch is CA_ERR_IO "<path>: corrupt: ..." naming
  * the chunk, on every process alike. */
-ca_status ca_st_parts_verify(ca_st_file *f, const uint32_t *sums, int k);
+ca_status ca_st_parts_verify(ca_st_file *f, const uint32_t *sums, int rows, int k);
 void ca_st_parts_free(ca_st_parts *parts);   /* accepts NULL */
 /* Releases the mapping or the buffer; with CACCEL_TEST_ST_REPORT set, first prints to stderr
  * "safetensors: <path>: <v> of <size> bytes verified, <r> resident, <p> read" (r: the mapping's

@@ -134,14 +134,14 @@ ca_status ca_st_parts_sums(ca_st_parts *ps, const char *path, uint32_t *out) {
     return CA_OK;
 }
 
-ca_status ca_st_parts_verify(ca_st_file *f, const uint32_t *sums, int k) {
+ca_status ca_st_parts_verify(ca_st_file *f, const uint32_t *sums, int rows, int k) {
     uint64_t cs = f->sums.chunk_size;
     ca_st_parts z = {.chunk = cs};
     for (size_t c = 0; c < f->sums.nchunks; c++) {
         if (f->chunk_ok[c]) continue;
         uint64_t b = (uint64_t)c * cs, e = b + cs < f->size ? b + cs : f->size;
         uint32_t got = (k - 1) % 2 ? st_zeros(&z, e - b) : 0;
-        for (int r = 0; r < k; r++) got ^= sums[(size_t)r * f->sums.nchunks + c];
+        for (int r = 0; r < rows; r++) got ^= sums[(size_t)r * f->sums.nchunks + c];
         if (got != f->sums.chunk_crc[c])
             return ca_error(CA_ERR_IO, "%s: corrupt: CRC-32 %08" PRIx32 " in chunk %zu of %zu (bytes %" PRIu64 " to %"
                             PRIu64 ") from the %d processes' parts, the checkpoint recorded %08" PRIx32, f->path, got,

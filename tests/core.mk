@@ -134,6 +134,10 @@ TESTS += tests/test_load_tp.sh
 EXTRA_DIST += tests/test_load_tp.sh tests/load_tp_model.sh
 TESTS += tests/test_load_state_tp.sh
 EXTRA_DIST += tests/test_load_state_tp.sh
+# ca_load_state at tp 2 x dp_shard 2 (ZeRO 1, 2, 3): each rank reads its shard's part of its tp slices, the
+# chunks verified by the tp x dp_shard group's sums together.
+TESTS += tests/test_load_state_tp_zero.sh
+EXTRA_DIST += tests/test_load_state_tp_zero.sh
 TESTS += tests/test_load_state_kill.sh
 EXTRA_DIST += tests/test_load_state_kill.sh
 # Broken files in the plugin path (truncated, text, not a plugin) are skipped with a warning naming each.

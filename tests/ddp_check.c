@@ -32,7 +32,7 @@
  *   line), ca_load_state's status (load_state=STATUS: message) and the digest again; with --after K it
  *   then trains K more steps and prints its params_fnv line, else it leaves (status 3 when the load
  *   failed: the group may be dead). --state-digest: after the training loop every rank prints
- *   state_fnv=H, an FNV-1a hash of its parameters, optimizer state tensors (not under ZeRO, whose
+ *   state_fnv=H, an FNV-1a hash of its parameters (stage 3: summoned, collective), optimizer state tensors (not under ZeRO, whose
  *   shard is not public), step count, learning rate, loss scaler and generator, and next_batch=H, of
  *   the next batch its loader gives (its data position).
  * --try-load-early DIR: before ca_prepare (and --load-model-early), ca_load_model(DIR) into the model
@@ -184,7 +184,17 @@ static uint64_t fnv_tensor(uint64_t h, ca_tensor *t) {
 /* --state-digest: what a failed ca_load_state must leave as it was, then the next batch. */
 static void state_digest(ca_accelerator *acc, ca_module *m, ca_optimizer *opt) {
     uint64_t h = 1469598103934665603ULL;
+    ca_tensor *p0 = ca_module_num_params(m) ? ca_module_param_at(m, 0) : NULL;
+    void *b0 = malloc(p0 ? ca_tensor_nbytes(p0) + 1 : 1);
+    /* stage 3: the parameters are shards until summoned (every rank alike: the summon is collective) */
+    bool sharded = p0 && ca_tensor_to_host(p0, b0, ca_tensor_nbytes(p0)) != CA_OK;
+    free(b0);
+    if (sharded) {
+        ca_clear_error();
+        CA_CHECK(ca_summon_full_params(acc, true));
+    }
     for (int i = 0; i < ca_module_num_params(m); i++) h = fnv_tensor(h, ca_module_param_at(m, i));
+    if (sharded) CA_CHECK(ca_summon_full_params(acc, false));
     const char *ds = getenv("ACCELERATE_USE_DEEPSPEED");
     for (int i = 0; !(ds && !strcmp(ds, "true")) && i < ca_optimizer_num_state(opt); i++)
         h = fnv_tensor(h, ca_optimizer_state_at(opt, i, NULL));
@@ -293,7 +303,9 @@ static void try_load_state(ca_accelerator *acc, ca_module *m, ca_optimizer *opt,
         }
     }
     printf("rank=%d continued %d steps\n", rank, o->after);
+    CA_CHECK(ca_summon_full_params(acc, true));   /* as main's digest: stage 3's shards, tp's slices whole */
     digest(m, rank);
+    CA_CHECK(ca_summon_full_params(acc, false));
     fflush(stdout);
 }
 

@@ -13,3 +13,25 @@ H=256
 split=$((8 * H + H + H * H + H * H + H + 3 * H)) repl=$((H + 3)) tensors=8
 # digest FILE: the parameters' digests the ranks printed, each once
 digest() { sed -n 's/^rank=[0-9]* params_fnv=\([0-9a-f]*\).*/\1/p' "$1" | sort -u; }
+# nosums FILE: complete.json FILE as a caccel before chunk sums wrote it: each file's size and whole CRC-32
+# only ("chunk_size" and the "chunk_crc32" list dropped)
+nosums() {
+    awk '/"chunk_size":/ { sub(/,$/, "", prev); skip = 1; next }
+         skip { if ($0 ~ /^ *\]/) skip = 0; next }
+         { if (have) print prev; prev = $0; have = 1 }
+         END { if (have) print prev }' "$1" > "$1.new" && mv "$1.new" "$1"
+    ! grep -q chunk "$1" || fail "$1: chunk sums left"
+}
+# corrupt FILE: one byte changed at 3/5 of FILE
+corrupt() { printf '\377' | dd of="$1" bs=1 seek=$(( $(wc -c < "$1") * 3 / 5 )) conv=notrunc 2>/dev/null; }
+# field RANK NAME FILE: the values rank RANK printed as NAME=...
+field() { sed -n "s/^rank=$1 $2=\([0-9a-f]*\).*/\1/p" "$3"; }
+# refused NP PATTERN FILE: each of the NP ranks printed a refused load_state matching PATTERN, and its state
+# digest before and after it, the same (--try-load-state)
+refused() {
+    count "$1" "load_state=CA_ERR_IO: .*$2" "$3"
+    for r in $(seq 0 $(($1 - 1))); do
+        [ "$(field "$r" state_fnv "$3" | sort -u | wc -l)" = 1 ] && [ "$(field "$r" state_fnv "$3" | wc -l)" = 2 ] ||
+            { cat "$3"; fail "$case: rank $r's state changed in the refused load"; }
+    done
+}

@@ -12,10 +12,12 @@
 # false) bit for bit; the model loaded (gathered) equals one
 # process's full read of the checkpoint bit for bit, and 2 more steps equal 4 uninterrupted ones. A
 # byte changed in one rank's slice fails the load on every rank, naming the file and the chunk, and
-# leaves every rank's state as it was.
+# leaves every rank's state as it was. A checkpoint without chunk sums (complete.json as a caccel before
+# them wrote it: each file's whole CRC-32 only) is read the same way, each rank its slices, and the tp
+# group verifies each file's CRC-32 from its parts (the file one chunk); a changed byte is refused on both
+# ranks.
 . "$(dirname "$0")/dist/lib.sh"
 . "$(dirname "$0")/load_tp_model.sh"
-field() { sed -n "s/^rank=$1 $2=\([0-9a-f]*\).*/\1/p" "$3"; }   # field RANK NAME FILE
 run() {   # run NP BACKEND MESH ARGS...
     rn=$1 rb=$2 rm=$3; shift 3
     # shellcheck disable=SC2086
@@ -90,12 +92,29 @@ for B in $backends; do
     rm -rf "$WORK/bad"
     cp -r "$WORK/ck" "$WORK/bad"
     f="$WORK/bad/model.safetensors"
-    printf '\377' | dd of="$f" bs=1 seek=$(( $(wc -c < "$f") * 3 / 5 )) conv=notrunc 2>/dev/null
+    corrupt "$f"
     run 2 "$B" "--parallelism_config_tp_size 2" --steps 2 --try-load-state "$WORK/bad" > "$WORK/o" 2>&1
-    count 2 "load_state=CA_ERR_IO: .*bad/model.safetensors: corrupt: CRC-32 .* in chunk" "$WORK/o"
+    case=$B
+    refused 2 "bad/model.safetensors: corrupt: CRC-32 .* in chunk" "$WORK/o"
+
+    case="$B, no chunk sums"
+    note "$case: complete.json of a caccel before chunk sums: each rank reads its slices, the tp group checks the whole CRC-32 from its parts"
+    rm -rf "$WORK/old"
+    cp -r "$WORK/ck" "$WORK/old"
+    nosums "$WORK/old/complete.json"
+    run 2 "$B" "--parallelism_config_tp_size 2" --steps 0 --load-state "$WORK/ck" --state-digest > "$WORK/g" 2>&1 ||
+        { cat "$WORK/g"; fail "$case: load with chunk sums"; }
+    CACCEL_TEST_ST_REPORT=1 run 2 "$B" "--parallelism_config_tp_size 2" --steps 0 --load-state "$WORK/old" --state-digest \
+        > "$WORK/o" 2>&1 || { cat "$WORK/o"; fail "$case: load"; }
+    reads "$WORK/o" 2 model.safetensors 1
+    reads "$WORK/o" 2 optimizer.safetensors 2
     for r in 0 1; do
-        [ "$(field $r state_fnv "$WORK/o" | sort -u | wc -l)" = 1 ] && [ "$(field $r state_fnv "$WORK/o" | wc -l)" = 2 ] ||
-            { cat "$WORK/o"; fail "$B: rank $r's state changed in the refused load"; }
+        [ -n "$(field "$r" state_fnv "$WORK/o")" ] && [ "$(field "$r" state_fnv "$WORK/o")" = "$(field "$r" state_fnv "$WORK/g")" ] ||
+            { cat "$WORK/o"; fail "$case: rank $r's state differs from the load with chunk sums"; }
     done
+    note "$case: a byte changed: both ranks refuse, from their parts of the whole file's CRC-32"
+    corrupt "$WORK/old/model.safetensors"
+    run 2 "$B" "--parallelism_config_tp_size 2" --steps 2 --try-load-state "$WORK/old" > "$WORK/o" 2>&1
+    refused 2 "old/model.safetensors: corrupt: CRC-32 .* in chunk 0 of 1 .* from the 2 processes' parts" "$WORK/o"
 done
 echo PASS
