@@ -285,6 +285,11 @@ ca_status ca_zero3_summon(ca_accelerator *acc, bool on);
  * slices are read; or a buffer they were read into). */
 ca_status ca_zero3_load_shard(ca_accelerator *acc, const float *(*seg_data)(void *ctx, const ca_zero_seg *sg),
                               void *ctx);
+/* fsdp_config.fsdp_cpu_ram_efficient_loading (true by default, as Accelerate's): whether loads read
+ * only what each rank keeps (rank 0 alone for replicated tensors, each rank its shard or tp slices) rather
+ * than the files whole on every rank; false keeps the whole-file loads (under tp: the tensors made whole,
+ * with_full_params). Local. */
+bool ca_ram_efficient_loading(const ca_accelerator *acc);
 /* Whether a load into acc's model copies into the shard without gathering (above, and load_state):
  * a model prepared at stage 3, not summoned, with fsdp_cpu_ram_efficient_loading true (the default,
  * as in Accelerate). False: the parameters are gathered whole on every rank, loaded, and the shard

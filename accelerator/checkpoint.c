@@ -637,9 +637,7 @@ bool ca_ck_rank0_reads(const ca_accelerator *acc, const ca_module *model) {
     const ca_sync_strategy *ops = acc->sync_ops;
     if (!ops || !ops->replicated) return false;   /* the others: one process, or their own layout */
     if (ops->params_sharded && ops->params_sharded(acc)) return false;   /* stage 3: the shard's slices */
-    bool on = true;
-    if (ca_config_get_bool(acc->cfg, "fsdp_config.fsdp_cpu_ram_efficient_loading", &on) != CA_OK) ca_clear_error();
-    return on;
+    return ca_ram_efficient_loading(acc);
 }
 
 /* Test hook: CACCEL_TEST_BCAST_STALL=<n> stops rank 1 before it takes part in the n-th parameter
@@ -750,9 +748,7 @@ static bool rank0_reads_meta(const ca_accelerator *acc, ca_module *model) {
     if (!ops || !ops->replicated || acc->zero.stage == 3) return false;
     for (int i = 0; i < ca_module_num_params(model); i++)
         if (ca_tensor_device(ca_module_param_at(model, i)) != acc->device) return false;
-    bool on = true;
-    if (ca_config_get_bool(acc->cfg, "fsdp_config.fsdp_cpu_ram_efficient_loading", &on) != CA_OK) ca_clear_error();
-    return on;
+    return ca_ram_efficient_loading(acc);
 }
 
 /* Which parameters rank 0 holds values of (has[i] 1), from rank 0 to every rank: those the file gave
@@ -815,9 +811,7 @@ static bool defers_to_prepare(const ca_accelerator *acc, ca_module *model) {
     if (!acc || acc->model == model || !ca_module_is_meta(model)) return false;
     if (ca_tp_reads_slices(acc)) return true;   /* each rank reads its tp slices at ca_prepare (tp.c) */
     if (acc->zero.stage != 3 || acc->mesh) return false;
-    bool on = true;
-    if (ca_config_get_bool(acc->cfg, "fsdp_config.fsdp_cpu_ram_efficient_loading", &on) != CA_OK) ca_clear_error();
-    return on;
+    return ca_ram_efficient_loading(acc);
 }
 
 static ca_status load_deferred(ca_module *model, const char *where) {

@@ -1754,14 +1754,6 @@ static const ca_tensor *ss_state_param_of(void *o, const char *name) {
     return NULL;
 }
 
-/* fsdp_cpu_ram_efficient_loading (true by default); false: under tp the tensors are made whole and the
- * files read whole (with_full_params), as before. */
-static bool ss_lean_key(const ca_accelerator *acc) {
-    bool on = true;
-    if (ca_config_get_bool(acc->cfg, "fsdp_config.fsdp_cpu_ram_efficient_loading", &on) != CA_OK) ca_clear_error();
-    return on;
-}
-
 /* Under tensor parallelism over whole-state data parallelism (DDP, one data-parallel rank), each rank
  * reads its tp slices of model.safetensors and of the optimizer files by byte range and the tp group
  * verifies their chunks together (ca_tp_verify_parts): nothing is made whole, no rank reads a file whole.
@@ -1770,7 +1762,7 @@ static bool ss_tp_reads(const ca_accelerator *acc) {
     const ca_sync_strategy *ops = acc->sync_ops;
     if (!acc->model || !ca_tp_reads_slices(acc) || ops->scatter_state || (ops->params_sharded && ops->params_sharded(acc)))
         return false;
-    return ss_lean_key(acc);
+    return ca_ram_efficient_loading(acc);
 }
 
 /* ZeRO beside tensor parallelism (dp_shard_size, any stage) from a full state dict: each rank reads of the
@@ -1782,7 +1774,8 @@ static bool ss_tp_zero_reads(const ca_accelerator *acc) {
     const ca_sync_strategy *ops = acc->sync_ops;
     /* summoned (ca_summon_full_params: the layers whole, stage 3's parameters gathered): the gathering load */
     return acc->model && ca_tp_reads_slices(acc) && !acc->mesh->summons && !acc->zero.summoned && ops->scatter_state &&
-           ops->read_state_slices && ops->load_state_slices && acc->zero.stage >= 1 && acc->zero.comm && ss_lean_key(acc);
+           ops->read_state_slices && ops->load_state_slices && acc->zero.stage >= 1 && acc->zero.comm &&
+           ca_ram_efficient_loading(acc);
 }
 
 static bool ss_params_sharded(const ca_accelerator *acc) {

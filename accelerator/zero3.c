@@ -599,9 +599,7 @@ static ca_status fill_shard(ca_accelerator *acc) {
 
 bool ca_zero3_shard_loads_lean(const ca_accelerator *acc) {
     if (!acc || !acc->model || acc->zero.stage != 3 || !acc->zero.pshard || acc->zero.summoned) return false;
-    bool on = true;
-    if (ca_config_get_bool(acc->cfg, "fsdp_config.fsdp_cpu_ram_efficient_loading", &on) != CA_OK) ca_clear_error();
-    return on;
+    return ca_ram_efficient_loading(acc);
 }
 
 bool ca_zero3_loads_lean(const ca_accelerator *acc) {

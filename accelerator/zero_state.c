@@ -726,9 +726,7 @@ bool ca_zero_loads_state_lean(const ca_accelerator *acc) {
      * slices (ss_tp_zero_reads), through read_state_slices with its descriptor */
     if (!acc || !acc->model || acc->zero.stage < 1 || acc->mesh) return false;
     if (acc->zero.stage == 3) return ca_zero3_loads_lean(acc);
-    bool on = true;
-    if (ca_config_get_bool(acc->cfg, "fsdp_config.fsdp_cpu_ram_efficient_loading", &on) != CA_OK) ca_clear_error();
-    return on;
+    return ca_ram_efficient_loading(acc);
 }
 
 /* A FULL_STATE_DICT checkpoint under fsdp_cpu_ram_efficient_loading (ca_zero_loads_state_lean, or beside
