@@ -51,6 +51,25 @@ static inline void t_rm_tree(const char *path) {
     rmdir(path);
 }
 
+/* How often needle occurs in the file at path (a profiler's trace: the kernel calls of one name, as
+ * "\"name\":\"copy_strided\""). */
+static inline int t_trace_count(const char *path, const char *needle) {
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    fseek(f, 0, SEEK_END);
+    long len = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *buf = malloc((size_t)len + 1);
+    assert_non_null(buf);
+    size_t got = fread(buf, 1, (size_t)len, f);
+    fclose(f);
+    buf[got] = '\0';
+    int n = 0;
+    for (const char *p = strstr(buf, needle); p; p = strstr(p + 1, needle)) n++;
+    free(buf);
+    return n;
+}
+
 /* Deterministic test data (xorshift), independent of caccel's generator. */
 static inline uint64_t t_rand_u64(uint64_t *s) {
     *s ^= *s << 13; *s ^= *s >> 7; *s ^= *s << 17;
