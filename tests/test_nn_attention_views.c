@@ -1,7 +1,7 @@
 /* The library's models (nn/bert.c, nn/causal_lm.c, nn/gpt2_lm.c) pass q, k and v to the attention as views
  * of their projections and take its output as a view before the output projection, as examples/gpt does:
  * on the cpu device, whose kernels read strides (attention_strides), one forward and backward runs no copy
- * kernel around the attention, and it gives the bits of a device whose kernels read none (the same cpu
+ * kernel around the attention but RoPE's, and it gives the bits of a device whose kernels read none (the same cpu
  * kernels, given contiguous tensors by the op: the fallback CUDA takes). The copy kernels are counted in the
  * profiler's kernel trace. */
 #include "test_util.h"
@@ -40,9 +40,10 @@ enum { B = 2, T = 6, VOCAB = 24, LAYERS = 2 };
 
 /* BERT (separate q, k and v Linear layers, a key-padding mask). None of the 19 copies of its step is
  * around the attention: the input's id and mask rows, each Linear layer's bias broadcast into its output
- * (the GEMM adds onto it: six a layer, the pooler's and the classifier's), the pooler's token 0 and the
- * backward of that narrow and of the position rows'. The views save 8 a layer: q, k, v and the output,
- * each copied in the forward and its gradient in the backward. */
+ * (the GEMM adds onto it: six a layer, the pooler's and the classifier's), the pooler's token 0, and the
+ * backward of that narrow and of token type 0's row (no token types given). The views save 8 a layer (6
+ * on the cpu device, whose attention output was a view already): q, k, v and the output, each copied in
+ * the forward and its gradient in the backward. */
 static ca_module *bert(void) {
     ca_bert_config c = {.vocab_size = VOCAB, .hidden_size = 12, .num_hidden_layers = LAYERS,
                         .num_attention_heads = 3, .intermediate_size = 16, .hidden_act = "gelu",
@@ -53,33 +54,28 @@ static ca_module *bert(void) {
     return m;
 }
 
-/* Llama with grouped-query attention (4 query heads, 2 kv heads). Of the 12 copies of its step, 4 are
- * outside the layers (the input's id and mask rows, the labels' shift) and 4 a layer are RoPE's: ca_rope
- * makes q and k contiguous (its kernel reads [B, H, T, D] rows only) and their gradients are copied back
- * through the transpose. v and the output are views: 4 copies fewer a layer. */
-static ca_module *llama(void) {
+/* A decoder of the family with 4 query heads and kv of them. */
+static ca_module *decoder(ca_causal_lm_family family, int64_t kv) {
     ca_causal_lm_config c;
-    ca_causal_lm_config_default(CA_CAUSAL_LM_LLAMA, &c);
+    ca_causal_lm_config_default(family, &c);
     c.vocab_size = VOCAB; c.hidden_size = 16; c.intermediate_size = 20; c.num_hidden_layers = LAYERS;
-    c.num_attention_heads = 4; c.num_key_value_heads = 2; c.max_position_embeddings = 16;
+    c.num_attention_heads = 4; c.num_key_value_heads = kv; c.max_position_embeddings = 16;
     ca_module *m;
     T_OK(ca_causal_lm_create(&c, &m));
     return m;
 }
 
+/* Llama with grouped-query attention (4 query heads, 2 kv heads). Of the 12 copies of its step, 4 are
+ * outside the layers (the input's id and mask rows, the labels' shift) and 4 a layer are RoPE's: ca_rope
+ * makes q and k contiguous (its kernel reads [B, H, T, D] rows only) and their gradients are copied back
+ * through the transpose. v and the output are views: 4 copies fewer a layer. */
+static ca_module *llama(void) { return decoder(CA_CAUSAL_LM_LLAMA, 2); }
+
 /* GPT-2: q, k and v are slices of c_attn's output, their gradients written straight into its gradient. Its
  * step's 4 copies are outside the blocks (the input's id and mask rows, the labels' shift); the views save
  * 11 a block (examples/gpt's count: q, k, v and the output each way, and c_attn's gradient put together
  * from the three slices' in the backward of their narrows). */
-static ca_module *gpt2(void) {
-    ca_causal_lm_config c;
-    ca_causal_lm_config_default(CA_CAUSAL_LM_GPT2, &c);
-    c.vocab_size = VOCAB; c.hidden_size = 12; c.intermediate_size = 20; c.num_hidden_layers = LAYERS;
-    c.num_attention_heads = 3; c.num_key_value_heads = 3; c.max_position_embeddings = 16;
-    ca_module *m;
-    T_OK(ca_causal_lm_create(&c, &m));
-    return m;
-}
+static ca_module *gpt2(void) { return decoder(CA_CAUSAL_LM_GPT2, 4); }
 
 /* The logits and every parameter's gradient (host, concatenated) of one step of m on dev, and the copy
  * kernels it ran. Row 1 of the batch has two padding tokens (the key-padding mask). */
