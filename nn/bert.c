@@ -207,14 +207,17 @@ static ca_tensor *activation(const char *act, ca_tensor *x) {
     return NULL;
 }
 
-/* [B, L, hidden] -> [B, heads, L, head_dim] */
+/* [B, L, hidden] -> [B, heads, L, head_dim], a view: the attention reads q, k and v through their strides
+ * where the device's kernels do (attention_strides) and writes their gradients straight into the
+ * projections' (no copy either way); elsewhere it makes them contiguous itself. */
 static ca_tensor *split_heads(ca_tensor *x, int64_t heads) {
     if (!x) return NULL;
     int64_t b = x->shape[0], l = x->shape[1], d = x->shape[2] / heads;
-    x = ca_reshape(x, 4, (int64_t[]){b, l, heads, d});
-    return ca_contiguous(ca_transpose(x, 1, 2));
+    return ca_transpose(ca_reshape(x, 4, (int64_t[]){b, l, heads, d}), 1, 2);
 }
 
+/* [B, heads, L, head_dim] -> [B, L, hidden]: a view of an attention output written in [B, L, heads,
+ * head_dim] memory (strided kernels), a copy otherwise. */
 static ca_tensor *merge_heads(ca_tensor *x) {
     if (!x) return NULL;
     int64_t b = x->shape[0], heads = x->shape[1], l = x->shape[2], d = x->shape[3];

@@ -252,14 +252,18 @@ static ca_status rope_tables(const ca_causal_lm_config *c, const int64_t *pos, i
 
 /* ------------------------------------------------------------------ forward */
 
-/* [B, T, heads * d] -> [B, heads, T, d]: the heads this rank's projection gave (under tensor parallelism
- * a colwise q/k/v_proj gives num_attention_heads / tp_size of them) */
+/* [B, T, heads * d] -> [B, heads, T, d], a view: the heads this rank's projection gave (under tensor
+ * parallelism a colwise q/k/v_proj gives num_attention_heads / tp_size of them). v goes to the attention
+ * as it is (read through its strides where the kernels do, attention_strides, its gradient written into
+ * v_proj's); q and k are made contiguous by ca_rope, whose kernel reads [B, H, T, D] rows only. */
 static ca_tensor *split_heads(ca_tensor *x, int64_t d) {
     if (!x) return NULL;
     int64_t b = x->shape[0], t = x->shape[1], heads = x->shape[2] / d;
-    return ca_contiguous(ca_transpose(ca_reshape(x, 4, (int64_t[]){b, t, heads, d}), 1, 2));
+    return ca_transpose(ca_reshape(x, 4, (int64_t[]){b, t, heads, d}), 1, 2);
 }
 
+/* [B, heads, T, d] -> [B, T, heads * d]: a view of an attention output written in [B, T, heads, d]
+ * memory (strided kernels), a copy otherwise. */
 static ca_tensor *merge_heads(ca_tensor *x) {
     if (!x) return NULL;
     int64_t b = x->shape[0], heads = x->shape[1], t = x->shape[2], d = x->shape[3];

@@ -179,13 +179,18 @@ static ca_tensor *activation(const char *act, ca_tensor *x) {
     return ca_gelu(x);                     /* gelu_new, gelu_pytorch_tanh, gelu_fast: the tanh form */
 }
 
-/* [B, T, heads * d] -> [B, heads, T, d] */
+/* [B, T, heads * d] (a slice of c_attn's [B, T, 3 heads d]) -> [B, heads, T, d], a view: the attention
+ * reads q, k and v where c_attn holds them when the device's kernels read strides (attention_strides)
+ * and writes their gradients straight into c_attn's (examples/gpt's way); elsewhere it makes them
+ * contiguous itself. */
 static ca_tensor *split_heads(ca_tensor *x, int64_t heads) {
     if (!x) return NULL;
     int64_t b = x->shape[0], t = x->shape[1], d = x->shape[2] / heads;
-    return ca_contiguous(ca_transpose(ca_reshape(ca_contiguous(x), 4, (int64_t[]){b, t, heads, d}), 1, 2));
+    return ca_transpose(ca_reshape(x, 4, (int64_t[]){b, t, heads, d}), 1, 2);
 }
 
+/* [B, heads, T, d] -> [B, T, heads d]: a view of an attention output written in [B, T, heads, d] memory
+ * (strided kernels), a copy otherwise. */
 static ca_tensor *merge_heads(ca_tensor *x) {
     if (!x) return NULL;
     int64_t b = x->shape[0], heads = x->shape[1], t = x->shape[2], d = x->shape[3];

@@ -11,3 +11,12 @@ tests_test_causal_lm_LDADD = $(CA_TEST_LIBS)
 tests_causal_lm_tool_SOURCES = tests/causal_lm_tool.c
 tests_causal_lm_tool_CFLAGS = $(AM_CFLAGS)
 tests_causal_lm_tool_LDADD = libcaccel.la
+
+# The models' attention through views of their projections (nn/bert.c, nn/causal_lm.c, nn/gpt2_lm.c): the
+# copy kernels of one step counted in the kernel trace, the bits of a device whose kernels read no strides.
+check_PROGRAMS += tests/test_nn_attention_views
+TESTS += tests/test_nn_attention_views
+VALGRIND_TESTS += tests/test_nn_attention_views
+tests_test_nn_attention_views_SOURCES = tests/test_nn_attention_views.c tests/test_util.h
+tests_test_nn_attention_views_CFLAGS = $(CA_TEST_CFLAGS)
+tests_test_nn_attention_views_LDADD = $(CA_TEST_LIBS)

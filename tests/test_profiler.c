@@ -18,29 +18,7 @@ static char *read_trace(void) {
     char path[512];
     snprintf(path, sizeof path, "%s/trace_rank0.json", g_dir);
     assert_string_equal(ca_profile_last_path(), path);
-    FILE *f = fopen(path, "rb");
-    assert_non_null(f);
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *s = malloc((size_t)n + 1);
-    assert_int_equal(fread(s, 1, (size_t)n, f), (size_t)n);
-    s[n] = '\0';
-    fclose(f);
-    return s;
-}
-
-/* Occurrences of needle in s. Not a strstr loop: under ASan each strstr call measures the whole
- * rest of the string, which makes counting in a trace of 100,000 events quadratic (minutes). */
-static int count(const char *s, const char *needle) {
-    size_t m = strlen(needle), len = strlen(s);
-    int n = 0;
-    for (size_t i = 0; i + m <= len; i++)
-        if (s[i] == needle[0] && memcmp(s + i, needle, m) == 0) {
-            n++;
-            i += m - 1;
-        }
-    return n;
+    return t_read_text(path);
 }
 
 /* torch.profiler.schedule(wait=1, warmup=1, active=2, repeat=2): steps 2, 3, 6, 7 record. */
@@ -57,8 +35,8 @@ static void test_schedule(void **state) {
     }
     T_OK(ca_profile_end());
     char *t = read_trace();
-    assert_int_equal(count(t, "\"name\":\"work\""), 4);
-    assert_int_equal(count(t, "\"name\":\"ProfilerStep\""), 4);
+    assert_int_equal(t_count(t, "\"name\":\"work\""), 4);
+    assert_int_equal(t_count(t, "\"name\":\"ProfilerStep\""), 4);
     free(t);
     assert_false(ca_profile_recording());
     t_rm_tree(g_dir);
@@ -72,7 +50,7 @@ static void test_growth(void **state) {
     for (int i = 0; i < 100000; i++) CA_PROFILE_SCOPE("grow") { (void)0; }
     T_OK(ca_profile_end());
     char *t = read_trace();
-    assert_int_equal(count(t, "\"name\":\"grow\""), 100000);
+    assert_int_equal(t_count(t, "\"name\":\"grow\""), 100000);
     free(t);
     t_rm_tree(g_dir);
 }
@@ -94,9 +72,9 @@ static void test_threads(void **state) {
     pthread_join(b, NULL);
     T_OK(ca_profile_end());
     char *t = read_trace();
-    assert_int_equal(count(t, "\"name\":\"thread_a\""), 20000);
-    assert_int_equal(count(t, "\"name\":\"thread_b\""), 20000);
-    assert_int_equal(count(t, "\"name\":\"thread_name\""), 2);
+    assert_int_equal(t_count(t, "\"name\":\"thread_a\""), 20000);
+    assert_int_equal(t_count(t, "\"name\":\"thread_b\""), 20000);
+    assert_int_equal(t_count(t, "\"name\":\"thread_name\""), 2);
     free(t);
     t_rm_tree(g_dir);
 }
@@ -140,7 +118,7 @@ static void test_kernel_slice(void **state) {
     T_OK(ca_profile_end());
     ca_tensor *d = T_NN(ca_matmul(a, b));   /* after the end: not in the file */
     char *t = read_trace();
-    assert_int_equal(count(t, "\"name\":\"gemm\""), 1);
+    assert_int_equal(t_count(t, "\"name\":\"gemm\""), 1);
     assert_non_null(strstr(t, "\"op\":\"gemm\",\"device\":\"cpu:0\",\"dtype\":\"f32\",\"shapes\":[[1,4,8],[1,8,16]],"
                               "\"flops\":1024"));
     free(t);

@@ -396,23 +396,6 @@ static void test_attention_views_equal_copies(void **state) {
  * their output; a cross-entropy loss), counted in the kernel trace: none, forward or backward. The attention reads q, k and v
  * where the projection holds them, writes its output where the merge of heads wants it and the gradients
  * of q, k and v into the projection's. */
-static int trace_count(const char *path, const char *needle) {
-    FILE *f = fopen(path, "r");
-    assert_non_null(f);
-    fseek(f, 0, SEEK_END);
-    long len = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *buf = malloc((size_t)len + 1);
-    assert_non_null(buf);
-    size_t got = fread(buf, 1, (size_t)len, f);
-    fclose(f);
-    buf[got] = '\0';
-    int n = 0;
-    for (const char *p = strstr(buf, needle); p; p = strstr(p + 1, needle)) n++;
-    free(buf);
-    return n;
-}
-
 static void test_attention_block_copies(void **state) {
     enum { B = 2, T = 24, H = 3, D = 8, C = H * D };
     uint64_t s = 13;
@@ -435,9 +418,9 @@ static void test_attention_block_copies(void **state) {
         T_OK(ca_profile_end());
     }
     const char *path = ca_profile_last_path();
-    assert_int_equal(trace_count(path, "\"name\":\"attention\""), 1);
-    assert_int_equal(trace_count(path, "\"name\":\"attention_backward\""), 1);
-    int copies = trace_count(path, "\"name\":\"copy_strided\"");
+    assert_int_equal(t_trace_count(path, "\"name\":\"attention\""), 1);
+    assert_int_equal(t_trace_count(path, "\"name\":\"attention_backward\""), 1);
+    int copies = t_trace_count(path, "\"name\":\"copy_strided\"");
     if (copies != 0) fail_msg("%d copy kernels in the step of a GPT attention block (trace %s)", copies, path);
     t_rm_tree(dir);
     ca_module_destroy(attn);

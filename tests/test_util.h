@@ -51,6 +51,43 @@ static inline void t_rm_tree(const char *path) {
     rmdir(path);
 }
 
+/* The text of the file at path (caller frees), or fails. */
+static inline char *t_read_text(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) fail_msg("cannot open %s", path);
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *s = malloc((size_t)n + 1);
+    assert_non_null(s);
+    assert_int_equal(fread(s, 1, (size_t)n, f), (size_t)n);
+    s[n] = '\0';
+    fclose(f);
+    return s;
+}
+
+/* Occurrences of needle in s. Not a strstr loop: under ASan each strstr call measures the whole
+ * rest of the string, which makes counting in a trace of 100,000 events quadratic (minutes). */
+static inline int t_count(const char *s, const char *needle) {
+    size_t m = strlen(needle), len = strlen(s);
+    int n = 0;
+    for (size_t i = 0; i + m <= len; i++)
+        if (s[i] == needle[0] && memcmp(s + i, needle, m) == 0) {
+            n++;
+            i += m - 1;
+        }
+    return n;
+}
+
+/* How often needle occurs in the file at path (a profiler's trace: the kernel calls of one name, as
+ * "\"name\":\"copy_strided\""). */
+static inline int t_trace_count(const char *path, const char *needle) {
+    char *s = t_read_text(path);
+    int n = t_count(s, needle);
+    free(s);
+    return n;
+}
+
 /* Deterministic test data (xorshift), independent of caccel's generator. */
 static inline uint64_t t_rand_u64(uint64_t *s) {
     *s ^= *s << 13; *s ^= *s >> 7; *s ^= *s << 17;
