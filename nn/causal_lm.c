@@ -250,16 +250,38 @@ static ca_status rope_tables(const ca_causal_lm_config *c, const int64_t *pos, i
     return ca_rope_tables(dev, &rc, pos, pos ? rows : 1, T, cos_t, sin_t);
 }
 
+/* A rotary table ([T, R], or [B, T, R] from position_ids) as one row per token, [B * T, 1, R] (row
+ * b * T + t: token t of sequence b), as rope_heads takes it: a view of the per-sequence tables, a copy of
+ * the shared one for B > 1 (once a forward, for every layer). */
+static ca_tensor *token_table(ca_tensor *t, int64_t bsz, int64_t len) {
+    if (!t) return NULL;
+    int64_t r = t->shape[t->ndim - 1];
+    if (t->ndim == 2 && bsz > 1)
+        t = ca_contiguous(ca_expand(ca_reshape(t, 3, (int64_t[]){1, len, r}), 3, (int64_t[]){bsz, len, r}));
+    return ca_reshape(t, 3, (int64_t[]){bsz * len, 1, r});
+}
+
 /* ------------------------------------------------------------------ forward */
 
 /* [B, T, heads * d] -> [B, heads, T, d], a view: the heads this rank's projection gave (under tensor
- * parallelism a colwise q/k/v_proj gives num_attention_heads / tp_size of them). v goes to the attention
- * as it is (read through its strides where the kernels do, attention_strides, its gradient written into
- * v_proj's); q and k are made contiguous by ca_rope, whose kernel reads [B, H, T, D] rows only. */
+ * parallelism a colwise q/k/v_proj gives num_attention_heads / tp_size of them). The attention reads it
+ * through its strides where the kernels do (attention_strides), its gradient written into the
+ * projection's. */
 static ca_tensor *split_heads(ca_tensor *x, int64_t d) {
     if (!x) return NULL;
     int64_t b = x->shape[0], t = x->shape[1], heads = x->shape[2] / d;
     return ca_transpose(ca_reshape(x, 4, (int64_t[]){b, t, heads, d}), 1, 2);
+}
+
+/* q or k, x [B, T, heads * d], turned by the token tables cs, sn ([B * T, 1, R], token_tables) in the
+ * projection's own [B, T, heads, d] memory: ca_rope sees it as B * T sequences of one token, each with
+ * its own table row, so its kernel reads and writes contiguous rows and no copy is made either way;
+ * then split as split_heads. */
+static ca_tensor *rope_heads(ca_tensor *x, int64_t d, ca_tensor *cs, ca_tensor *sn) {
+    if (!x) return NULL;
+    int64_t b = x->shape[0], t = x->shape[1], heads = x->shape[2] / d;
+    ca_tensor *r = ca_rope(ca_reshape(x, 4, (int64_t[]){b * t, heads, 1, d}), cs, sn);
+    return r ? ca_transpose(ca_reshape(r, 4, (int64_t[]){b, t, heads, d}), 1, 2) : NULL;
 }
 
 /* [B, heads, T, d] -> [B, T, heads * d]: a view of an attention output written in [B, T, heads, d]
@@ -276,8 +298,8 @@ static ca_tensor *decoder_layer(const lm_layer *l, ca_tensor *const *in, bool tr
     ca_tensor *h = in[0], *cos_t = in[1], *sin_t = in[2], *mask = in[3];
     ca_tensor *x = ca_module_forward(l->in_ln, h);
     int64_t d = c->hidden_size / c->num_attention_heads;
-    ca_tensor *q = ca_rope(split_heads(ca_module_forward(l->q, x), d), cos_t, sin_t);
-    ca_tensor *k = ca_rope(split_heads(ca_module_forward(l->k, x), d), cos_t, sin_t);
+    ca_tensor *q = rope_heads(ca_module_forward(l->q, x), d, cos_t, sin_t);
+    ca_tensor *k = rope_heads(ca_module_forward(l->k, x), d, cos_t, sin_t);
     ca_tensor *v = split_heads(ca_module_forward(l->v, x), d);
     /* grouped-query attention in the op: k and v keep their num_key_value_heads heads (no repeat_kv copy);
      * under tensor parallelism the dropout of this rank's heads is one process's (ca_tp_heads) */
@@ -383,6 +405,9 @@ static ca_status run_lm(lm_model *b, bool training, ca_tensor *ids, ca_tensor *m
     if (s == CA_OK) s = rope_tables(c, hpos, hpos ? bsz : 1, len, ca_tdev(ids), &in[1], &in[2]);
     free(hpos);
     if (s != CA_OK) return s;
+    in[1] = token_table(in[1], bsz, len);
+    in[2] = token_table(in[2], bsz, len);
+    if (!in[1] || !in[2]) return ca_last_status();
     if (mask) {
         in[3] = ca_reshape(mask, 4, (int64_t[]){bsz, 1, 1, len});
         if (in[3] && in[3]->dtype != CA_U8) in[3] = ca_cast(in[3], CA_U8);
