@@ -248,6 +248,39 @@ static void test_gemm_split(void **state) {
     free(c);
 }
 
+/* A large GEMM (oneDNN's threaded size) is split too where each thread's block keeps CPU_GEMM_SPLIT_BIG_MNK
+ * (2^27) multiply-adds: 1024 x 1024 x 256 at 2 threads is, as the same GEMM at 1 thread gives; 1024 x 512 x
+ * 256 (2^26 a thread) is not, and neither is the first at 4 threads. */
+static void test_gemm_split_large(void **state) {
+    (void)state;
+    const int64_t m = 1024, n = 1024, k = 256;
+    int was = cpu_threads();
+    float *a = malloc((size_t)(m * k) * sizeof *a), *b = malloc((size_t)(n * k) * sizeof *b);
+    float *ref = malloc((size_t)(m * n) * sizeof *ref), *got = malloc((size_t)(m * n) * sizeof *got);
+    for (int64_t i = 0; i < m * k; i++) a[i] = urand(-1, 1);
+    for (int64_t i = 0; i < n * k; i++) b[i] = urand(-1, 1);
+    ca_gemm_args g = {.trans_b = true, .m = m, .n = n, .k = k, .alpha = 1, .a_dtype = CA_F32, .b_dtype = CA_F32,
+                      .c_dtype = CA_F32, .a = a, .lda = k, .b = b, .ldb = k, .c = ref, .ldc = n, .batch = 1};
+    cpu_set_threads(1);
+    OK(KC_ARGS(gemm, &g));
+    ca_status st = CA_ERR_INVALID;
+    cpu_set_threads(2);
+    assert_true(cpu_gemm_split(false, true, m, n, k, 1, a, k, b, k, 0, got, n, &st));
+    assert_int_equal(st, CA_OK);
+    for (int64_t i = 0; i < m * n; i++)
+        if (fabsf(got[i] - ref[i]) > 1e-4f * (1 + fabsf(ref[i])))
+            fail_msg("split %lld x %lld x %lld: C[%lld] %g, whole %g", (long long)m, (long long)n, (long long)k,
+                     (long long)i, got[i], ref[i]);
+    assert_false(cpu_gemm_split(false, true, m, n / 2, k, 1, a, k, b, k, 0, got, n / 2, &st));
+    cpu_set_threads(4);
+    assert_false(cpu_gemm_split(false, true, m, n, k, 1, a, k, b, k, 0, got, n, &st));
+    cpu_set_threads(was);
+    free(a);
+    free(b);
+    free(ref);
+    free(got);
+}
+
 /* Deterministic mode: the split depends on the shape alone and runs at every thread count, one included,
  * so C has the same bits at 1, 2 and 3 threads (and whatever the library chose for a block). */
 static void test_gemm_split_deterministic(void **state) {
@@ -303,6 +336,7 @@ int main(void) {
         cmocka_unit_test(test_coretype_hint),
         cmocka_unit_test(test_gemm_split),
         cmocka_unit_test(test_gemm_split_deterministic),
+        cmocka_unit_test(test_gemm_split_large),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -6,7 +6,11 @@
  * 16-30%, most of it these GEMMs). Inside a parallel region OpenBLAS's OpenMP build and oneDNN run on the
  * calling thread, so a block is a plain one-thread call and the team is the one the other kernels use. A
  * block takes the one-thread library rule (oneDNN from CPU_ONEDNN_MIN_MNK multiply-adds, where it measured
- * faster on these shapes). GEMMs from CPU_ONEDNN_MIN_MNK_THREADED stay with oneDNN's own threading.
+ * faster on these shapes). A GEMM from CPU_ONEDNN_MIN_MNK_THREADED is split too while each thread's block
+ * keeps CPU_GEMM_SPLIT_BIG_MNK multiply-adds, else it stays with the library's own threads: at 2 threads
+ * oneDNN's own partition of the GPT 6 x 384's GEMMs (2048 x 1152 x 384 and the like) spent 8% more CPU time
+ * than two one-thread oneDNN calls on halves of C (bench/RESULTS.md), time that the step's profile
+ * counted as GEMM work grown at 2 threads and as serial stretches where one thread ran on alone.
  *
  * Determinism: a block is all of k for its rows or columns, so no sum is split and each element's sum
  * runs in the library's own order; but a library may choose its kernel by the block's shape. Where
@@ -34,6 +38,10 @@
  * (bench/RESULTS.md, 16 cores). A GEMM of the GPT 6 x 384's or BERT's size (300 Mi and up) still gets 16
  * threads; the small GPT's 2048 x 128 x 384 (96 Mi) gets 6. */
 #define CPU_GEMM_THREAD_MNK (1 << 24)
+/* Multiply-adds per block from which a large GEMM (CPU_ONEDNN_MIN_MNK_THREADED and up) is split, one block a
+ * thread: 128 Mi, 1 to 3 ms of one core. Below it (the small GPT's 2048 x 512 x 128 at 2 threads; GPT 6 x
+ * 384's GEMMs at 16) the library's own 2-D partition keeps each thread's share of B and C smaller. */
+#define CPU_GEMM_SPLIT_BIG_MNK (1 << 27)
 
 typedef struct split_gemm {
     bool ta, tb, by_rows;
@@ -98,8 +106,11 @@ int cpu_gemm_threads(int64_t m, int64_t n, int64_t k, int threads) {
 static int64_t split_blocks(int64_t m, int64_t n, int64_t k, bool deterministic) {
     int64_t mnk = m * n * k, dim = m > n ? m : n;
     if (!deterministic && (cpu_threads() <= 1 || cpu_in_parallel())) return 1;
-    /* large GEMMs keep their library's own threads (oneDNN's team; OpenBLAS's where oneDNN is absent) */
-    if (!deterministic && (mnk >= CPU_ONEDNN_MIN_MNK_THREADED || cpu_f32_gemm_onednn_at(m, n, k, cpu_threads())))
+    /* large GEMMs keep their library's own threads (oneDNN's team; OpenBLAS's where oneDNN is absent) unless
+     * every thread's block is large too (CPU_GEMM_SPLIT_BIG_MNK) */
+    bool big = mnk >= CPU_ONEDNN_MIN_MNK_THREADED;
+    if (!deterministic && (big ? mnk / cpu_threads() < CPU_GEMM_SPLIT_BIG_MNK
+                               : cpu_f32_gemm_onednn_at(m, n, k, cpu_threads())))
         return 1;
     /* deterministic blocks ignore CACCEL_CPU_GRAIN too: the bits may not depend on a test's knob */
     int64_t grain = cpu_grain_override() > 0 && !deterministic ? cpu_grain_override() : CPU_GEMM_SPLIT_MNK;

@@ -63,7 +63,8 @@ ca_status cpu_onednn_sgemm_threads(int threads, bool ta, bool tb, int64_t m, int
 
 /* An f32 GEMM (k > 0, alpha != 0) split over the kernels' threads in blocks of C's rows or columns
  * (cpu_gemm_split.c): false when this one is not split (too small, one thread, inside a parallel region,
- * large enough for oneDNN's own threads), else true with the GEMM done and its status in *st. */
+ * large enough for oneDNN's own threads but under CPU_GEMM_SPLIT_BIG_MNK a thread), else true with the GEMM
+ * done and its status in *st. */
 bool cpu_gemm_split(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
                     const float *b, int64_t ldb, float beta, float *c, int64_t ldc, ca_status *st);
 /* Threads for a library GEMM (OpenBLAS, oneDNN) of m x n x k not split by cpu_gemm_split, at `threads` BLAS
