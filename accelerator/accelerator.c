@@ -396,12 +396,6 @@ static bool shards_meta(const ca_accelerator *acc) { return acc->sync_ops == &ca
  * and sends the values, one read of the checkpoint for all the ranks, each other rank giving it memory
  * only; with the key false each rank reads it. At stage 3 each rank reads its shard's bytes later, under
  * tensor parallelism its tp slice (ca_tp_apply; a replicated parameter whole, tp_read_rest). */
-bool ca_ram_efficient_loading(const ca_accelerator *acc) {
-    bool on = true;   /* validated when the configuration was read: a bad value never reaches here */
-    if (ca_config_get_bool(acc->cfg, "fsdp_config.fsdp_cpu_ram_efficient_loading", &on) != CA_OK) ca_clear_error();
-    return on;
-}
-
 static ca_status broadcast_file_values(ca_accelerator *acc, ca_tensor *p) {
     if (shards_meta(acc) || ca_tp_reads_slices(acc)) return CA_OK;
     if (!ca_ram_efficient_loading(acc)) return ca_tensor_materialize_(p);

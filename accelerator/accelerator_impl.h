@@ -289,7 +289,11 @@ ca_status ca_zero3_load_shard(ca_accelerator *acc, const float *(*seg_data)(void
  * only what each rank keeps (rank 0 alone for replicated tensors, each rank its shard or tp slices) rather
  * than the files whole on every rank; false keeps the whole-file loads (under tp: the tensors made whole,
  * with_full_params). Local. */
-bool ca_ram_efficient_loading(const ca_accelerator *acc);
+static inline bool ca_ram_efficient_loading(const ca_accelerator *acc) {
+    bool on = true;   /* validated when the configuration was read: a bad value never reaches here */
+    if (ca_config_get_bool(acc->cfg, "fsdp_config.fsdp_cpu_ram_efficient_loading", &on) != CA_OK) ca_clear_error();
+    return on;
+}
 /* Whether a load into acc's model copies into the shard without gathering (above, and load_state):
  * a model prepared at stage 3, not summoned, with fsdp_cpu_ram_efficient_loading true (the default,
  * as in Accelerate). False: the parameters are gathered whole on every rank, loaded, and the shard

@@ -3,6 +3,7 @@
 #define CACCEL_MESH_IMPL_H
 
 #include "accelerator/accelerator_impl.h"
+#include "tensor/ops_impl.h"
 
 /* A split parameter made whole for a checkpoint (tp_state.c). */
 typedef struct ca_tp_whole {
@@ -51,7 +52,17 @@ const ca_module_seq *ca_tp_seq_ops(ca_mesh *m);
  * backward (the identity for a split layer's partial output, the gradients' sum for cp's loss) against
  * *y, which becomes its contiguous copy where it was not. `what` names the sum in an error. Collective
  * over c; NULL with the error set. */
-ca_tensor *ca_mesh_sum(ca_comm *c, ca_tensor **y, const char *what);
+static inline ca_tensor *ca_mesh_sum(ca_comm *c, ca_tensor **y, const char *what) {
+    if (!*y) return NULL;
+    if (!ca_tensor_is_contiguous(*y)) *y = ca_contiguous(*y);
+    ca_tensor *out = *y ? ca_op_new_like(*y) : NULL;
+    if (!out) return NULL;
+    if (ca_comm_all_reduce(c, ca_tptr(*y), ca_tptr(out), (size_t)(*y)->numel, (*y)->dtype, CA_OP_SUM, NULL) != CA_OK) {
+        ca_error_context("%s", what);
+        return NULL;
+    }
+    return out;
+}
 
 /* Makes acc->mesh when parallelism_config_tp_size or cp_size is above 1 (collective: after the process
  * group), refusing what does not compose with them yet; nothing otherwise. */

@@ -33,18 +33,6 @@ static ca_tensor *tp_copy(ca_tensor *x, ca_comm *tp) {
     return v;
 }
 
-ca_tensor *ca_mesh_sum(ca_comm *c, ca_tensor **y, const char *what) {
-    if (!*y) return NULL;
-    if (!ca_tensor_is_contiguous(*y)) *y = ca_contiguous(*y);
-    ca_tensor *out = *y ? ca_op_new_like(*y) : NULL;
-    if (!out) return NULL;
-    if (ca_comm_all_reduce(c, ca_tptr(*y), ca_tptr(out), (size_t)(*y)->numel, (*y)->dtype, CA_OP_SUM, NULL) != CA_OK) {
-        ca_error_context("%s", what);
-        return NULL;
-    }
-    return out;
-}
-
 static ca_status tp_reduce_backward(ca_node *n, ca_tensor *g) {
     return ca_op_accumulate_owned(n->in[0], g, 1.0f);   /* every rank's part had the whole output's gradient */
 }
