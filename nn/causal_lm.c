@@ -281,7 +281,7 @@ static ca_tensor *rope_heads(ca_tensor *x, int64_t d, ca_tensor *cs, ca_tensor *
     if (!x) return NULL;
     int64_t b = x->shape[0], t = x->shape[1], heads = x->shape[2] / d;
     ca_tensor *r = ca_rope(ca_reshape(x, 4, (int64_t[]){b * t, heads, 1, d}), cs, sn);
-    return r ? ca_transpose(ca_reshape(r, 4, (int64_t[]){b, t, heads, d}), 1, 2) : NULL;
+    return r ? split_heads(ca_reshape(r, 3, (int64_t[]){b, t, heads * d}), d) : NULL;
 }
 
 /* [B, heads, T, d] -> [B, T, heads * d]: a view of an attention output written in [B, T, heads, d]
