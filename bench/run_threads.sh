@@ -31,13 +31,15 @@
 #            work of a stretch with one busy thread is serial (a preempted thread's catch-up excepted), f =
 #            serial / all work; the same over the gemm kernel calls gives the GEMMs' own f; the serial
 #            time by function and by kernel call, and the work at n threads against 1, are printed too.
+#            PyTorch's eager steps (gpt, bert) are profiled the same way at PROFILE_THREADS threads (the peer
+#            prints its window with BENCH_WINDOWS=1; PROFILE_TORCH=0 skips them): its f beside caccel's.
 #   fit      always: from the measured speed-up s_k at k threads, Amdahl's f = (k / s_k - 1) / (k - 1).
 #   Projection: speed-up(N) = 1 / (f + (1 - f) / N) for N = 16 and 64.
 #
 # usage: run_threads.sh [--build DIR] [--threads "1 2"] [--reps N] [--parts gpt,bert,mlp,xla] [--quick]
 # Environment (defaults): THREADS ("1 2"), REPS (3), PARTS (gpt,bert,mlp,xla), QUICK (0: 1 = few steps, to see
 # that everything runs; not for results), TORCH_PYTHON (python3: the interpreter with torch and transformers),
-# TORCH_COMPILE (1; 0 skips the torch.compile runs), PROFILE_THREADS (2), PROFILE (1; 0 skips perf),
+# TORCH_COMPILE (1; 0 skips the torch.compile runs), PROFILE_THREADS (2), PROFILE (1; 0 skips perf), PROFILE_TORCH (1),
 # CACCEL_DATA_DIR (fashion-mnist's parent, default /usr/share/datasets), CACCEL_FORTUNES_DIR (examples/gpt's data).
 # DIR (default .) is the build directory holding examples/gpt, bench/bench_transformer, bench/bench_mlp and
 # bench/bench_xla (`make bench-threads` builds them and passes it); a part whose program or data is missing is
@@ -243,6 +245,25 @@ if [ "${PROFILE:-1}" = 1 ] && command -v perf > /dev/null &&
             analyse "xla-mlp-t$nt"
         fi
     done
+    # PyTorch's steps under the same profile at $pthreads threads (its peers print their windows with
+    # BENCH_WINDOWS=1): the serial fraction that caccel's is set against
+    if [ "$torch_ok" = 1 ] && [ "${PROFILE_TORCH:-1}" = 1 ] && [ "$pthreads" -gt 1 ]; then
+        nt=$pthreads
+        if has gpt; then
+            for s in "${gpt_shapes[@]}"; do
+                read -r L H C T B N <<< "$s"
+                name=torch-gpt-${L}x${H}x${C}xT${T}-t$nt
+                profile "$name" "$nt" "$py" "$here/peers/torch_transformer.py" gpt --threads "$nt" --n_layer "$L" \
+                    --n_head "$H" --n_embd "$C" --block_size "$T" --batch_size "$B" --steps $((N / 2))
+                analyse "$name"
+            done
+        fi
+        if has bert; then
+            profile "torch-bert-t$nt" "$nt" "$py" "$here/peers/torch_transformer.py" bert --threads "$nt" \
+                --batch-sizes 8 --steps "$bert_steps"
+            analyse "torch-bert-t$nt"
+        fi
+    fi
 else
     note "no perf profile (perf missing, not permitted, or PROFILE=0): the serial fraction from the speed-up fit only"
 fi
@@ -346,12 +367,19 @@ for name in names:
         print(f"{name:>20} {'profile':>8} | {f:6.3f} {pr['f_raw']:6.3f} {pr['wall_share'].get('serial', nan):6.3f} |"
               f" {amdahl(f, 2):5.2f} {amdahl(f, 16):6.2f} {amdahl(f, 64):6.2f} |"
               f" {fg:6.3f} {g[0]:6.2f} {g[1]:6.2f} | {r[0]:8.2f} {r[1]:5.2f}")
+    tp = profile("torch-" + prof[name][0], prof[name][1], pthreads) if pthreads > 1 else None
+    if tp and tp.get("f") is not None and tp["f"] == tp["f"]:
+        f, fg = tp["f"], tp["gemm_f"]
+        print(f"{name:>20} {'torch':>8} | {f:6.3f} {tp['f_raw']:6.3f} {tp['wall_share'].get('serial', nan):6.3f} |"
+              f" {amdahl(f, 2):5.2f} {amdahl(f, 16):6.2f} {amdahl(f, 64):6.2f} |"
+              f" {fg:6.3f} {amdahl(fg, 16):6.2f} {amdahl(fg, 64):6.2f} |")
     if name in fit:
         k, s = fit[name]
         f = min(1.0, max(0.0, (k / s - 1) / (k - 1)))
         print(f"{name:>20} {'fit':>8} | {f:6.3f} {'-':>6} {'-':>6} | {amdahl(f, 2):5.2f} {amdahl(f, 16):6.2f}"
               f" {amdahl(f, 64):6.2f} |   (s_{k} = {s:.2f})")
 print("# 1 busy: the share of the window's wall time with one busy thread (on a busy machine mostly another's preemption)")
+print("# torch: PyTorch's eager step of the same workload under the same profile (its GEMMs: MKL's and oneDNN's symbols)")
 
 for name in names:
     pr = profile(*prof[name], pthreads) if pthreads > 1 else None

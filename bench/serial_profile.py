@@ -19,8 +19,8 @@ Then at every instant of the windows the team's busy threads (working, or stalle
   - two or more: parallel; their on-CPU work time (thread-seconds) is P.
 f = S / (S + P) is Amdahl's serial fraction of the step's work (the one-thread time is about S + P), from
 per-thread timestamps, not from a speed-up; the wall shares (one busy thread, several, none) are printed
-beside it. The same count restricted to the GEMMs' samples (the BLAS and oneDNN libraries) gives the GEMMs'
-own serial fraction, so the projection 1 / (f + (1 - f) / N) of the step can be set against theirs.
+beside it. The same count restricted to the GEMMs' samples (the BLAS and oneDNN libraries, or their symbols where
+a larger library carries them: PyTorch's MKL) gives the GEMMs' own serial fraction, so the projection 1 / (f + (1 - f) / N) of the step can be set against theirs.
 
 usage: serial_profile.py --data FILE.data | --script FILE --windows FILE --period-ns N [--top K] [--trace FILE]
 prints one JSON object: {batch: {...}} per batch of the windows (0 for a program with one window).
@@ -36,6 +36,8 @@ SAMPLE = re.compile(r"^\s*(\d+)/(\d+)\s+(\d+\.\d+):\s+[0-9a-f]+\s+(.*?)\s+\(([^(
 WAKE = re.compile(r"^\s*(\d+)/(\d+)\s+(\d+\.\d+):\s+comm=.*\bpid=(\d+)\b")
 SWITCH = re.compile(r"^\s*(\d+)/(\d+)\s+(\d+\.\d+):\s+PERF_RECORD_SWITCH\s+(IN|OUT)(\s+preempt)?")
 GEMM_DSOS = ("openblas", "libblas", "dnnl", "mkl_", "/perf-")   # perf-PID.map: JIT code (oneDNN's kernels)
+# GEMM code linked into a larger library (PyTorch's libtorch_cpu carries MKL's and oneDNN's), by its symbols
+GEMM_SYMS = re.compile(r"^mkl_blas_|^mkl_dnn|^dnnl::|^(_ZN)?\d*dnnl|sgemm")
 BUSY = ("work", "stalled-work")
 # Waiting outside libgomp: a yield (OpenBLAS's threads wait for each other with sched_yield) and, where perf
 # samples the kernel too, a futex's code. The kernel's context-switch path (a thread switched back in, an
@@ -86,7 +88,8 @@ def read_events(lines):
             name = "[kernel] " + name
         else:
             user_kind[key] = kind
-        ev.setdefault(key, []).append(("s", float(m[3]), kind, name, any(g in dso for g in GEMM_DSOS)))
+        gemm = any(g in dso for g in GEMM_DSOS) or bool(GEMM_SYMS.search(name))
+        ev.setdefault(key, []).append(("s", float(m[3]), kind, name, gemm))
         samples[m[1]] = samples.get(m[1], 0) + 1
     return ev, samples
 

@@ -14,7 +14,8 @@
 # 138 ms: f = 20 / 158. Counting the catch-up as serial (f raw): 30 / 158. The GEMM's f is 0. A
 # caccel trace (docs/PROFILING.md) names the kernel calls: the serial time goes to "embedding_backward"
 # and "cross_entropy". Also checked: a trace that does not cover the window is not used, and the worker
-# counts in the team only because it was seen in libgomp (a third thread that never is stays out).
+# counts in the team only because it was seen in libgomp (a third thread that never is stays out), and a
+# GEMM inside a larger library (PyTorch's libtorch_cpu carries MKL) is a GEMM by its symbol.
 set -u
 SRC=${CACCEL_TEST_SRCDIR:-$(dirname "$0")/..}
 fail() { echo "FAIL: $*"; exit 1; }
@@ -73,6 +74,19 @@ for t in trace late none; do
     "$PY" "$SRC/bench/serial_profile.py" --script "$WORK/script" --windows "$WORK/windows" --period-ns 1000000 \
         $tr > "$WORK/$t.out" || fail "serial_profile.py ($t)"
 done
+
+# the same time line with the GEMM in MKL linked into PyTorch's library
+sed 's|sgemm_kernel_COOPERLAKE (/usr/lib/openblas-openmp/libopenblasp-r0.3.21.so)|mkl_blas_def_sgemm_kernel_0_zen (/x/torch/lib/libtorch_cpu.so)|' \
+    "$WORK/script" > "$WORK/script.mkl"
+grep -q mkl_blas "$WORK/script.mkl" || fail "could not write the MKL variant"
+"$PY" "$SRC/bench/serial_profile.py" --script "$WORK/script.mkl" --windows "$WORK/windows" --period-ns 1000000 \
+    > "$WORK/mkl.out" || fail "serial_profile.py (mkl)"
+"$PY" - "$WORK/mkl.out" <<'PY' || fail "a GEMM in PyTorch's library is not counted as a GEMM"
+import json, sys
+r = json.load(open(sys.argv[1]))["0"]
+if abs(r["gemm_parallel_ms"] - 58) > 1e-3 or abs(r["f"] - 20 / 158) > 1e-3:
+    sys.exit(f"GEMM parallel ms {r['gemm_parallel_ms']} (58 expected), f {r['f']}")
+PY
 
 "$PY" - "$WORK" <<'PY' || fail "the serial fraction differs from the made-up time line's"
 import json, sys

@@ -15,6 +15,13 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from torch_reference import gpt_model   # noqa: E402  (the model tests/test_gpt_parity.sh checks)
 
 
+def window(what, batch, t0, t1):
+    """With BENCH_WINDOWS set, the CLOCK_MONOTONIC window of the timed steps on stderr, as bench_util.h prints
+    caccel's: bench/run_threads.sh's profile keeps the perf samples inside it."""
+    if os.environ.get("BENCH_WINDOWS"):
+        print(f"# window {what} batch={batch} from={t0:.6f} to={t1:.6f}", file=sys.stderr, flush=True)
+
+
 def impl(a):
     return "torch-compile" if a.compile else "torch"
 
@@ -37,6 +44,8 @@ def bert(a):
         y = torch.arange(B) % 2
         secs = cpu = 0.0
         for s in range(-2, a.steps):
+            if s == 0:
+                w0 = time.monotonic()
             t0, c0 = time.perf_counter(), time.process_time()
             loss = F.cross_entropy(f(input_ids=x).logits, y)
             loss.backward()
@@ -45,6 +54,7 @@ def bert(a):
             if s >= 0:
                 secs += time.perf_counter() - t0
                 cpu += time.process_time() - c0
+        window("bert", B, w0, time.monotonic())
         print(f"impl={impl(a)} model=bert batch={B} seq={a.seq} threads={torch.get_num_threads()} "
               f"samples_per_s={B * a.steps / secs:.2f} step_ms={secs / a.steps * 1e3:.1f} "
               f"step_cpu_ms={cpu / a.steps * 1e3:.1f}", flush=True)
@@ -66,6 +76,8 @@ def gpt(a):
     g = torch.Generator().manual_seed(0)
     secs = 0.0
     for s in range(-2, a.steps):
+        if s == 0:
+            w0 = time.monotonic()
         x = torch.randint(0, 256, (B, T + 1), generator=g).to(dev)   # bytes, as examples/gpt
         sync(dev)
         t0 = time.perf_counter()
@@ -78,6 +90,7 @@ def gpt(a):
         sync(dev)
         if s >= 0:
             secs += time.perf_counter() - t0
+    window("gpt", 0, w0, time.monotonic())   # one window, as examples/gpt's
     print(f"impl={impl(a)} model=gpt shape={L}x{H}x{C}xT{T} batch={B} threads={torch.get_num_threads()} "
           f"tokens_per_s={B * T * a.steps / secs:.0f}", flush=True)
 
