@@ -40,6 +40,7 @@
 # Environment (defaults): THREADS ("1 2"), REPS (3), PARTS (gpt,bert,mlp,xla), QUICK (0: 1 = few steps, to see
 # that everything runs; not for results), TORCH_PYTHON (python3: the interpreter with torch and transformers),
 # TORCH_COMPILE (1; 0 skips the torch.compile runs), PROFILE_THREADS (2), PROFILE (1; 0 skips perf), PROFILE_TORCH (1),
+# PROFILE_REPS (3: profiles at PROFILE_THREADS threads, the median kept),
 # CACCEL_DATA_DIR (fashion-mnist's parent, default /usr/share/datasets), CACCEL_FORTUNES_DIR (examples/gpt's data).
 # DIR (default .) is the build directory holding examples/gpt, bench/bench_transformer, bench/bench_mlp and
 # bench/bench_xla (`make bench-threads` builds them and passes it); a part whose program or data is missing is
@@ -224,46 +225,71 @@ gpt_window() {   # NAME: examples/gpt's timed half, between its first and its la
     awk '/tokens\/s$/ {if (!a) a = $1; b = $1} END {if (a && b > a) print "# window gpt batch=0 from=" a " to=" b}' \
         "$tmp/$1.out" > "$tmp/$1.windows"
 }
-if [ "${PROFILE:-1}" = 1 ] && command -v perf > /dev/null &&
-   perf record -q "${perf_events[@]}" -k CLOCK_MONOTONIC -o "$tmp/probe.data" -- true > /dev/null 2>&1; then
-    for nt in $(printf '%s\n' 1 "$pthreads" | sort -un); do
+profile_all() {   # NT SUFFIX: every part's caccel step at NT threads (and at NT > 1 PyTorch's) as NAME-tNT.SUFFIX
+    local nt=$1 sx=$2 name
+    if has gpt; then
+        for s in "${gpt_shapes[@]}"; do
+            read -r L H C T B N <<< "$s"
+            name=gpt-${L}x${H}x${C}xT${T}-t$nt$sx
+            profile "$name" "$nt" "$gpt" --cpu --n_layer "$L" --n_head "$H" --n_embd "$C" --block_size "$T" \
+                --batch_size "$B" --max_steps "$N" --log_interval $((N / 2)) --eval_interval 0 \
+                --eval_samples 4 --sample_tokens 0
+            gpt_window "$name"
+            analyse "$name"
+        done
+    fi
+    if has bert; then profile "bert-t$nt$sx" "$nt" "$bert" bert --batch-sizes 8 --steps "$bert_steps"; analyse "bert-t$nt$sx"; fi
+    if has mlp; then profile "mlp-t$nt$sx" "$nt" "$mlp" --batch-sizes 16,128; analyse "mlp-t$nt$sx"; fi
+    if has xla; then
+        profile "xla-mlp-t$nt$sx" "$nt" "$xla" --batch-sizes 16,128 --steps "$xla_steps" --reps 1
+        analyse "xla-mlp-t$nt$sx"
+    fi
+    # PyTorch's steps under the same profile (its peers print their windows with BENCH_WINDOWS=1): the serial
+    # fraction that caccel's is set against
+    if [ "$torch_ok" = 1 ] && [ "${PROFILE_TORCH:-1}" = 1 ] && [ "$nt" -gt 1 ]; then
         if has gpt; then
             for s in "${gpt_shapes[@]}"; do
                 read -r L H C T B N <<< "$s"
-                name=gpt-${L}x${H}x${C}xT${T}-t$nt
-                profile "$name" "$nt" "$gpt" --cpu --n_layer "$L" --n_head "$H" --n_embd "$C" --block_size "$T" \
-                    --batch_size "$B" --max_steps "$N" --log_interval $((N / 2)) --eval_interval 0 \
-                    --eval_samples 4 --sample_tokens 0
-                gpt_window "$name"
-                analyse "$name"
-            done
-        fi
-        if has bert; then profile "bert-t$nt" "$nt" "$bert" bert --batch-sizes 8 --steps "$bert_steps"; analyse "bert-t$nt"; fi
-        if has mlp; then profile "mlp-t$nt" "$nt" "$mlp" --batch-sizes 16,128; analyse "mlp-t$nt"; fi
-        if has xla; then
-            profile "xla-mlp-t$nt" "$nt" "$xla" --batch-sizes 16,128 --steps "$xla_steps" --reps 1
-            analyse "xla-mlp-t$nt"
-        fi
-    done
-    # PyTorch's steps under the same profile at $pthreads threads (its peers print their windows with
-    # BENCH_WINDOWS=1): the serial fraction that caccel's is set against
-    if [ "$torch_ok" = 1 ] && [ "${PROFILE_TORCH:-1}" = 1 ] && [ "$pthreads" -gt 1 ]; then
-        nt=$pthreads
-        if has gpt; then
-            for s in "${gpt_shapes[@]}"; do
-                read -r L H C T B N <<< "$s"
-                name=torch-gpt-${L}x${H}x${C}xT${T}-t$nt
+                name=torch-gpt-${L}x${H}x${C}xT${T}-t$nt$sx
                 profile "$name" "$nt" "$py" "$here/peers/torch_transformer.py" gpt --threads "$nt" --n_layer "$L" \
                     --n_head "$H" --n_embd "$C" --block_size "$T" --batch_size "$B" --steps $((N / 2))
                 analyse "$name"
             done
         fi
         if has bert; then
-            profile "torch-bert-t$nt" "$nt" "$py" "$here/peers/torch_transformer.py" bert --threads "$nt" \
+            profile "torch-bert-t$nt$sx" "$nt" "$py" "$here/peers/torch_transformer.py" bert --threads "$nt" \
                 --batch-sizes 8 --steps "$bert_steps"
-            analyse "torch-bert-t$nt"
+            analyse "torch-bert-t$nt$sx"
         fi
     fi
+}
+if [ "${PROFILE:-1}" = 1 ] && command -v perf > /dev/null &&
+   perf record -q "${perf_events[@]}" -k CLOCK_MONOTONIC -o "$tmp/probe.data" -- true > /dev/null 2>&1; then
+    # at 1 thread once (the work the speed-up divides; nothing is serial there); at $pthreads threads
+    # PROFILE_REPS times, caccel and PyTorch alternating, each profile's median run by f kept as NAME.json
+    # (a short window's f moves by a few points with the host's noise), with every run's f beside it
+    [ "$pthreads" -gt 1 ] && profile_all 1 ""
+    preps=${PROFILE_REPS:-3}
+    for r in $(seq "$preps"); do profile_all "$pthreads" ".r$r"; done
+    python3 - "$tmp" "$preps" <<'PY'
+import glob, json, os, statistics, sys
+tmp, reps = sys.argv[1], int(sys.argv[2])
+for first in glob.glob(os.path.join(tmp, "*.r1.json")):
+    base = first[: -len(".r1.json")]
+    runs = []
+    for r in range(1, reps + 1):
+        try:
+            runs.append(json.load(open(f"{base}.r{r}.json")))
+        except (OSError, ValueError):
+            pass
+    out = {}
+    for batch in runs[0] if runs else {}:
+        have = sorted((x[batch] for x in runs if batch in x and x[batch].get("f") == x[batch].get("f")),
+                      key=lambda d: d["f"])
+        if have:
+            out[batch] = dict(have[(len(have) - 1) // 2], f_runs=[d["f"] for d in have])
+    json.dump(out, open(base + ".json", "w"))
+PY
 else
     note "no perf profile (perf missing, not permitted, or PROFILE=0): the serial fraction from the speed-up fit only"
 fi
@@ -343,6 +369,9 @@ def profile(name, batch, nt):
         return None
     return json.load(open(p)).get(str(batch))
 
+def runs(p):
+    return " ".join(f"{x:.3f}" for x in p.get("f_runs", [])) or "-"
+
 def amdahl(f, N):
     return 1 / (f + (1 - f) / N)
 prof = {"gpt 4x128 T64 b32": ("gpt-4x4x128xT64", 0), "gpt 6x384 T256 b8": ("gpt-6x6x384xT256", 0),
@@ -355,7 +384,7 @@ print(f"# profile: perf at {pthreads} threads, each thread's time line from its 
       f" f raw: included). GEMM: the same over the gemm kernel calls only; ratio = GEMM s(N) / step s(N)")
 print(f"# fit: f = (k / s_k - 1) / (k - 1) from the measured 1 -> k speed-up s_k (k = the largest thread count)")
 print(f"{'workload':>20} {'method':>8} | {'f':>6} {'f raw':>6} {'1 busy':>6} | {'s(2)':>5} {'s(16)':>6} {'s(64)':>6} |"
-      f" {'GEMM f':>6} {'s(16)':>6} {'s(64)':>6} | {'ratio 16':>8} {'64':>5}")
+      f" {'GEMM f':>6} {'s(16)':>6} {'s(64)':>6} | {'ratio 16':>8} {'64':>5} | f of each run")
 if not fit and not any(profile(*prof[n], pthreads) for n in names):
     print("# none: the fit needs 1 thread and more in THREADS, the profile needs perf")
 for name in names:
@@ -366,13 +395,13 @@ for name in names:
         r = [x / amdahl(f, N) for x, N in zip(g, (16, 64))]
         print(f"{name:>20} {'profile':>8} | {f:6.3f} {pr['f_raw']:6.3f} {pr['wall_share'].get('serial', nan):6.3f} |"
               f" {amdahl(f, 2):5.2f} {amdahl(f, 16):6.2f} {amdahl(f, 64):6.2f} |"
-              f" {fg:6.3f} {g[0]:6.2f} {g[1]:6.2f} | {r[0]:8.2f} {r[1]:5.2f}")
+              f" {fg:6.3f} {g[0]:6.2f} {g[1]:6.2f} | {r[0]:8.2f} {r[1]:5.2f} | {runs(pr)}")
     tp = profile("torch-" + prof[name][0], prof[name][1], pthreads) if pthreads > 1 else None
     if tp and tp.get("f") is not None and tp["f"] == tp["f"]:
         f, fg = tp["f"], tp["gemm_f"]
         print(f"{name:>20} {'torch':>8} | {f:6.3f} {tp['f_raw']:6.3f} {tp['wall_share'].get('serial', nan):6.3f} |"
               f" {amdahl(f, 2):5.2f} {amdahl(f, 16):6.2f} {amdahl(f, 64):6.2f} |"
-              f" {fg:6.3f} {amdahl(fg, 16):6.2f} {amdahl(fg, 64):6.2f} |")
+              f" {fg:6.3f} {amdahl(fg, 16):6.2f} {amdahl(fg, 64):6.2f} | {'':>8} {'':>5} | {runs(tp)}")
     if name in fit:
         k, s = fit[name]
         f = min(1.0, max(0.0, (k / s - 1) / (k - 1)))
@@ -380,6 +409,7 @@ for name in names:
               f" {amdahl(f, 64):6.2f} |   (s_{k} = {s:.2f})")
 print("# 1 busy: the share of the window's wall time with one busy thread (on a busy machine mostly another's preemption)")
 print("# torch: PyTorch's eager step of the same workload under the same profile (its GEMMs: MKL's and oneDNN's symbols)")
+print("# each profile row: the run with the median f of PROFILE_REPS runs; f of each run: all of them")
 
 for name in names:
     pr = profile(*prof[name], pthreads) if pthreads > 1 else None
@@ -392,6 +422,9 @@ for name in names:
     for title, rows_ in cols:
         if rows_:
             print(f"  by {title}: " + "; ".join(f"{n} {v:.1f} ({m:.1f})" for n, v, m in rows_))
+    if pr.get("serial_by_others"):
+        print("  by who ran alone while the others did what (ms): "
+              + "; ".join(f"{k} {v:.1f}" for k, v in pr["serial_by_others"].items()))
     one = profile(*prof[name], 1)
     if one:
         w1 = one["serial_ms"] + one["parallel_ms"]

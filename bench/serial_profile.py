@@ -19,8 +19,11 @@ Then at every instant of the windows the team's busy threads (working, or stalle
   - two or more: parallel; their on-CPU work time (thread-seconds) is P.
 f = S / (S + P) is Amdahl's serial fraction of the step's work (the one-thread time is about S + P), from
 per-thread timestamps, not from a speed-up; the wall shares (one busy thread, several, none) are printed
-beside it. The same count restricted to the GEMMs' samples (the BLAS and oneDNN libraries, or their symbols where
-a larger library carries them: PyTorch's MKL) gives the GEMMs' own serial fraction, so the projection 1 / (f + (1 - f) / N) of the step can be set against theirs.
+beside it, and the serial time by what the other threads did meanwhile (spinning in libgomp: the lone
+thread's share was longer, or its code serial; asleep: they had to be woken). The same count restricted
+to the GEMMs' samples (the BLAS and oneDNN libraries, or their symbols where a larger library carries
+them: PyTorch's MKL) gives the GEMMs' own serial fraction, so the projection 1 / (f + (1 - f) / N) of the
+step can be set against theirs.
 
 usage: serial_profile.py --data FILE.data | --script FILE --windows FILE --period-ns N [--top K] [--trace FILE]
 prints one JSON object: {batch: {...}} per batch of the windows (0 for a program with one window).
@@ -189,6 +192,7 @@ class Sweep:
         self.wall = {"serial": 0.0, "parallel": 0.0, "catch-up": 0.0, "idle": 0.0, "stalled": 0.0}
         self.S = self.P = self.Sg = self.Pg = self.lone = 0.0
         self.funcs, self.ops, self.work, self.op_work = {}, {}, {}, {}
+        self.others = {}    # serial time by what the other threads did meanwhile
 
     def describe(self, seg, t):
         """(kind, function, whether a GEMM, family, op label) of a segment running at t."""
@@ -237,6 +241,9 @@ class Sweep:
             self.wall["catch-up"] += c
             self.wall["serial"] += dt - c
             if dt > c:
+                other = [state[k][0] if state[k] is not None else "unseen" for k in range(len(state)) if k != j]
+                why = ("main alone, " if j == 0 else "a worker alone, ") + "others " + "/".join(sorted(set(other)))
+                self.others[why] = self.others.get(why, 0.0) + dt - c
                 for key, d in ((name, self.funcs), (op, self.ops)):
                     if key is not None:
                         tally = d.setdefault(key, [0.0, 0.0])
@@ -279,6 +286,7 @@ def analyse(team_segs, windows, top, calls):
             "gemm_f": sw.Sg / (sw.Sg + sw.Pg) if sw.Sg + sw.Pg > 0 else nan,
             "gemm_serial_ms": sw.Sg * 1e3, "gemm_parallel_ms": sw.Pg * 1e3,
             "serial_funcs": top_of(sw.funcs), "serial_ops": top_of(sw.ops),
+            "serial_by_others": {k: v * 1e3 for k, v in sorted(sw.others.items(), key=lambda kv: -kv[1])},
             "work_funcs": [[k, v * 1e3] for k, v in sorted(sw.work.items(), key=lambda kv: -kv[1])[:top]],
             "work_ops": [[k, v * 1e3] for k, v in sorted(sw.op_work.items(), key=lambda kv: -kv[1])[:top]]}
 

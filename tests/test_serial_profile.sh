@@ -13,9 +13,9 @@
 # Serial work S = 20 ms (20-30, 60-70); parallel work P = 40 + 20 + 10 + 10 (the catch-up) + 30 + 28 =
 # 138 ms: f = 20 / 158. Counting the catch-up as serial (f raw): 30 / 158. The GEMM's f is 0. A
 # caccel trace (docs/PROFILING.md) names the kernel calls: the serial time goes to "embedding_backward"
-# and "cross_entropy". Also checked: a trace that does not cover the window is not used, and the worker
-# counts in the team only because it was seen in libgomp (a third thread that never is stays out), and a
-# GEMM inside a larger library (PyTorch's libtorch_cpu carries MKL) is a GEMM by its symbol.
+# and "cross_entropy"; by what the worker did meanwhile, 10 ms spinning, 10 asleep. Also checked: a trace
+# that does not cover the window is not used, the worker counts in the team only because it was seen in
+# libgomp (a third thread that never is stays out), and a GEMM inside a larger library (PyTorch's libtorch_cpu carries MKL) is a GEMM by its symbol.
 set -u
 SRC=${CACCEL_TEST_SRCDIR:-$(dirname "$0")/..}
 fail() { echo "FAIL: $*"; exit 1; }
@@ -113,6 +113,11 @@ for t in ("trace", "late", "none"):
         sys.exit(f"serial functions {sorted(funcs)}, expected emb_bwd_range and ce_range")
     near("emb_bwd_range ms", funcs["emb_bwd_range"][0], 10)
     near("ce_range ms, by the main thread", funcs["ce_range"][1], 10)
+    others = r["serial_by_others"]      # 20-30 the worker spins; 60-70 it sleeps
+    if set(others) != {"main alone, others wait", "main alone, others sleep"}:
+        sys.exit(f"serial time by the others' state {others}")
+    near("main alone, the worker waiting", others["main alone, others wait"], 10)
+    near("main alone, the worker asleep", others["main alone, others sleep"], 10)
     ops = {n: ms for n, ms, _ in r["serial_ops"]}
     want = {"embedding_backward": 10, "cross_entropy": 10} if t == "trace" else {}
     if set(ops) != set(want):
