@@ -302,9 +302,13 @@ for line in open(out):
     if line.startswith("impl="):
         rows.append(dict(kv.split("=", 1) for kv in line.split() if "=" in kv))
 
+def runs_of(impl, w, t):
+    """The figures of one implementation's runs, in the order they ran."""
+    return [float(r[w["key"]]) for r in rows if r["impl"] == impl and r.get("threads") == str(t)
+            and w["key"] in r and all(r.get(k) == x for k, x in w["match"].items())]
+
 def med(impl, w, t):
-    v = [float(r[w["key"]]) for r in rows if r["impl"] == impl and r.get("threads") == str(t)
-         and w["key"] in r and all(r.get(k) == x for k, x in w["match"].items())]
+    v = runs_of(impl, w, t)
     return (statistics.median(v), len(v)) if v else (float("nan"), 0)
 
 # workload: how its rows are picked, its unit, and (xla) the PyTorch rows it is set against
@@ -325,7 +329,8 @@ def num(x):
     return f"{x:.0f}" if x >= 100 else f"{x:.2f}" if x == x else "-"
 
 print("\nThroughput (median of the runs), caccel/torch and caccel/torch.compile")
-print(f"{'workload':>20} {'unit':>9} {'thr':>3} | {'caccel':>9} {'torch':>9} {'compile':>9} | {'c/torch':>7} {'c/compile':>9} | n")
+print(f"{'workload':>20} {'unit':>9} {'thr':>3} | {'caccel':>9} {'torch':>9} {'compile':>9} | {'c/torch':>7} {'c/compile':>9} | n"
+      f" | c/torch of each alternating pair")
 live = []
 for w in W:
     peer = dict(w, match=w.get("peer", w["match"]))
@@ -337,7 +342,9 @@ for w in W:
         k, _ = med("torch-compile", peer, t)
         if w["name"] not in live:
             live.append(w["name"])
-        print(f"{w['name']:>20} {w['unit']:>9} {t:>3} | {num(c):>9} {num(q):>9} {num(k):>9} | {ratio(c, q):>7} {ratio(c, k):>9} | {n}")
+        pairs = " ".join(ratio(a, b) for a, b in zip(runs_of("caccel", w, t), runs_of("torch", peer, t)))
+        print(f"{w['name']:>20} {w['unit']:>9} {t:>3} | {num(c):>9} {num(q):>9} {num(k):>9} | {ratio(c, q):>7} {ratio(c, k):>9} | {n}"
+              f" | {pairs or '-'}")
 fails = {(r["impl"], r["model"]) : r.get("reason", "") for r in rows if r.get("status") == "failed"}
 for (impl, model), why in sorted(fails.items()):
     print(f"# {impl} {model}: failed ({why.replace('_', ' ')})")
