@@ -225,8 +225,11 @@ gpt_window() {   # NAME: examples/gpt's timed half, between its first and its la
     awk '/tokens\/s$/ {if (!a) a = $1; b = $1} END {if (a && b > a) print "# window gpt batch=0 from=" a " to=" b}' \
         "$tmp/$1.out" > "$tmp/$1.windows"
 }
-profile_all() {   # NT SUFFIX: every part's caccel step at NT threads (and at NT > 1 PyTorch's) as NAME-tNT.SUFFIX
-    local nt=$1 sx=$2 name
+torch_profiled() {   # NT: whether PyTorch's steps are profiled at NT threads beside caccel's
+    [ "$torch_ok" = 1 ] && [ "${PROFILE_TORCH:-1}" = 1 ] && [ "$1" -gt 1 ]
+}
+profile_all() {   # NT SUFFIX: every part's caccel step at NT threads as NAME-tNT.SUFFIX, each GPT and BERT step
+    local nt=$1 sx=$2 name   # followed by PyTorch's (torch-NAME) where torch_profiled: its f is set beside caccel's
     if has gpt; then
         for s in "${gpt_shapes[@]}"; do
             read -r L H C T B N <<< "$s"
@@ -236,31 +239,25 @@ profile_all() {   # NT SUFFIX: every part's caccel step at NT threads (and at NT
                 --eval_samples 4 --sample_tokens 0
             gpt_window "$name"
             analyse "$name"
+            torch_profiled "$nt" || continue
+            profile "torch-$name" "$nt" "$py" "$here/peers/torch_transformer.py" gpt --threads "$nt" --n_layer "$L" \
+                --n_head "$H" --n_embd "$C" --block_size "$T" --batch_size "$B" --steps $((N / 2))
+            analyse "torch-$name"
         done
     fi
-    if has bert; then profile "bert-t$nt$sx" "$nt" "$bert" bert --batch-sizes 8 --steps "$bert_steps"; analyse "bert-t$nt$sx"; fi
-    if has mlp; then profile "mlp-t$nt$sx" "$nt" "$mlp" --batch-sizes 16,128; analyse "mlp-t$nt$sx"; fi
-    if has xla; then
-        profile "xla-mlp-t$nt$sx" "$nt" "$xla" --batch-sizes 16,128 --steps "$xla_steps" --reps 1
-        analyse "xla-mlp-t$nt$sx"
-    fi
-    # PyTorch's steps under the same profile (its peers print their windows with BENCH_WINDOWS=1): the serial
-    # fraction that caccel's is set against
-    if [ "$torch_ok" = 1 ] && [ "${PROFILE_TORCH:-1}" = 1 ] && [ "$nt" -gt 1 ]; then
-        if has gpt; then
-            for s in "${gpt_shapes[@]}"; do
-                read -r L H C T B N <<< "$s"
-                name=torch-gpt-${L}x${H}x${C}xT${T}-t$nt$sx
-                profile "$name" "$nt" "$py" "$here/peers/torch_transformer.py" gpt --threads "$nt" --n_layer "$L" \
-                    --n_head "$H" --n_embd "$C" --block_size "$T" --batch_size "$B" --steps $((N / 2))
-                analyse "$name"
-            done
-        fi
-        if has bert; then
+    if has bert; then
+        profile "bert-t$nt$sx" "$nt" "$bert" bert --batch-sizes 8 --steps "$bert_steps"
+        analyse "bert-t$nt$sx"
+        if torch_profiled "$nt"; then
             profile "torch-bert-t$nt$sx" "$nt" "$py" "$here/peers/torch_transformer.py" bert --threads "$nt" \
                 --batch-sizes 8 --steps "$bert_steps"
             analyse "torch-bert-t$nt$sx"
         fi
+    fi
+    if has mlp; then profile "mlp-t$nt$sx" "$nt" "$mlp" --batch-sizes 16,128; analyse "mlp-t$nt$sx"; fi
+    if has xla; then
+        profile "xla-mlp-t$nt$sx" "$nt" "$xla" --batch-sizes 16,128 --steps "$xla_steps" --reps 1
+        analyse "xla-mlp-t$nt$sx"
     fi
 }
 if [ "${PROFILE:-1}" = 1 ] && command -v perf > /dev/null &&
@@ -268,11 +265,11 @@ if [ "${PROFILE:-1}" = 1 ] && command -v perf > /dev/null &&
     # at 1 thread once (the work the speed-up divides; nothing is serial there); at $pthreads threads
     # PROFILE_REPS times, caccel and PyTorch alternating, each profile's median run by f kept as NAME.json
     # (a short window's f moves by a few points with the host's noise), with every run's f beside it
-    [ "$pthreads" -gt 1 ] && profile_all 1 ""
+    if [ "$pthreads" -gt 1 ]; then profile_all 1 ""; fi
     preps=${PROFILE_REPS:-3}
     for r in $(seq "$preps"); do profile_all "$pthreads" ".r$r"; done
     python3 - "$tmp" "$preps" <<'PY'
-import glob, json, os, statistics, sys
+import glob, json, os, sys
 tmp, reps = sys.argv[1], int(sys.argv[2])
 for first in glob.glob(os.path.join(tmp, "*.r1.json")):
     base = first[: -len(".r1.json")]
@@ -376,11 +373,16 @@ def profile(name, batch, nt):
         return None
     return json.load(open(p)).get(str(batch))
 
-def runs(p):
-    return " ".join(f"{x:.3f}" for x in p.get("f_runs", [])) or "-"
-
 def amdahl(f, N):
     return 1 / (f + (1 - f) / N)
+
+def profile_row(name, method, p, ratios):
+    """One profile's row: f, its Amdahl projections, the GEMMs' own, `ratios` and every run's f."""
+    f, fg = p["f"], p["gemm_f"]
+    each = " ".join(f"{x:.3f}" for x in p.get("f_runs", [])) or "-"
+    print(f"{name:>20} {method:>8} | {f:6.3f} {p['f_raw']:6.3f} {p['wall_share'].get('serial', nan):6.3f} |"
+          f" {amdahl(f, 2):5.2f} {amdahl(f, 16):6.2f} {amdahl(f, 64):6.2f} |"
+          f" {fg:6.3f} {amdahl(fg, 16):6.2f} {amdahl(fg, 64):6.2f} | {ratios} | {each}")
 prof = {"gpt 4x128 T64 b32": ("gpt-4x4x128xT64", 0), "gpt 6x384 T256 b8": ("gpt-6x6x384xT256", 0),
         "bert MiniLM T128 b8": ("bert", 8), "mlp b16": ("mlp", 16), "mlp b128": ("mlp", 128),
         "xla mlp b16": ("xla-mlp", 16), "xla mlp b128": ("xla-mlp", 128)}
@@ -400,15 +402,10 @@ for name in names:
         f, fg = pr["f"], pr["gemm_f"]
         g = [amdahl(fg, N) if fg == fg else nan for N in (16, 64)]
         r = [x / amdahl(f, N) for x, N in zip(g, (16, 64))]
-        print(f"{name:>20} {'profile':>8} | {f:6.3f} {pr['f_raw']:6.3f} {pr['wall_share'].get('serial', nan):6.3f} |"
-              f" {amdahl(f, 2):5.2f} {amdahl(f, 16):6.2f} {amdahl(f, 64):6.2f} |"
-              f" {fg:6.3f} {g[0]:6.2f} {g[1]:6.2f} | {r[0]:8.2f} {r[1]:5.2f} | {runs(pr)}")
+        profile_row(name, "profile", pr, f"{r[0]:8.2f} {r[1]:5.2f}")
     tp = profile("torch-" + prof[name][0], prof[name][1], pthreads) if pthreads > 1 else None
     if tp and tp.get("f") is not None and tp["f"] == tp["f"]:
-        f, fg = tp["f"], tp["gemm_f"]
-        print(f"{name:>20} {'torch':>8} | {f:6.3f} {tp['f_raw']:6.3f} {tp['wall_share'].get('serial', nan):6.3f} |"
-              f" {amdahl(f, 2):5.2f} {amdahl(f, 16):6.2f} {amdahl(f, 64):6.2f} |"
-              f" {fg:6.3f} {amdahl(fg, 16):6.2f} {amdahl(fg, 64):6.2f} | {'':>8} {'':>5} | {runs(tp)}")
+        profile_row(name, "torch", tp, f"{'':>8} {'':>5}")
     if name in fit:
         k, s = fit[name]
         f = min(1.0, max(0.0, (k / s - 1) / (k - 1)))

@@ -15,7 +15,8 @@
 # caccel trace (docs/PROFILING.md) names the kernel calls: the serial time goes to "embedding_backward"
 # and "cross_entropy"; by what the worker did meanwhile, 10 ms spinning, 10 asleep. Also checked: a trace
 # that does not cover the window is not used, the worker counts in the team only because it was seen in
-# libgomp (a third thread that never is stays out), and a GEMM inside a larger library (PyTorch's libtorch_cpu carries MKL) is a GEMM by its symbol.
+# libgomp (a third thread that never is stays out), and a GEMM inside a larger library (PyTorch's
+# libtorch_cpu carries MKL) is a GEMM by its symbol.
 set -u
 SRC=${CACCEL_TEST_SRCDIR:-$(dirname "$0")/..}
 fail() { echo "FAIL: $*"; exit 1; }
