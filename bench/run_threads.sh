@@ -33,6 +33,9 @@
 #            time by function and by kernel call, and the work at n threads against 1, are printed too.
 #            PyTorch's eager steps (gpt, bert) are profiled the same way at PROFILE_THREADS threads (the peer
 #            prints its window with BENCH_WINDOWS=1; PROFILE_TORCH=0 skips them): its f beside caccel's.
+#   timed    with the profile: caccel's own fork-joins timed instead of sampled (CACCEL_CPU_TEAMS_LOG: each
+#            thread's start and end in every kernel loop), the calling thread's time outside any team
+#            serial, the insides of the threaded library GEMMs from the samples (serial_profile.py --teams).
 #   fit      always: from the measured speed-up s_k at k threads, Amdahl's f = (k / s_k - 1) / (k - 1).
 #   Projection: speed-up(N) = 1 / (f + (1 - f) / N) for N = 16 and 64.
 #
@@ -203,7 +206,9 @@ if perf record -q -e sched:sched_wakeup -o "$tmp/probe.data" -- true > /dev/null
 fi
 profile() {   # NAME THREADS CMD...: $tmp/NAME.json from serial_profile.py (windows in $tmp/NAME.windows)
     local name=$1 nt=$2; shift 2
+    rm -f "$tmp/$name.teams"
     if ! BENCH_WINDOWS=1 OPENBLAS_NUM_THREADS=$nt OMP_NUM_THREADS=$nt CACCEL_PROFILE=true \
+        CACCEL_CPU_TEAMS_LOG="$tmp/$name.teams" \
         CACCEL_PROFILE_RECORD_SHAPES=true CACCEL_OUTPUT_TRACE_DIR="$tmp/$name.trace" \
         perf record -q "${perf_events[@]}" -k CLOCK_MONOTONIC -o "$tmp/$name.data" -- "$@" \
         2> "$tmp/$name.err" | python3 -u "$tmp/stamp.py" > "$tmp/$name.out"; then
@@ -216,10 +221,11 @@ analyse() {   # NAME
     local name=$1 trace=()
     [ -s "$tmp/$name.windows" ] || { note "profile of $name: no timed window found"; return 0; }
     [ -f "$tmp/$name.trace/trace_rank0.json" ] && trace=(--trace "$tmp/$name.trace/trace_rank0.json")
+    [ -s "$tmp/$name.teams" ] && trace+=(--teams "$tmp/$name.teams")
     python3 "$here/serial_profile.py" --data "$tmp/$name.data" --windows "$tmp/$name.windows" \
         --period-ns "$period" --top 8 "${trace[@]}" > "$tmp/$name.json" ||
         note "profile of $name: serial_profile.py failed"
-    rm -f "$tmp/$name.data"
+    rm -f "$tmp/$name.data" "$tmp/$name.teams"
 }
 gpt_window() {   # NAME: examples/gpt's timed half, between its first and its last log line
     awk '/tokens\/s$/ {if (!a) a = $1; b = $1} END {if (a && b > a) print "# window gpt batch=0 from=" a " to=" b}' \
@@ -285,6 +291,9 @@ for first in glob.glob(os.path.join(tmp, "*.r1.json")):
                       key=lambda d: d["f"])
         if have:
             out[batch] = dict(have[(len(have) - 1) // 2], f_runs=[d["f"] for d in have])
+            timed = sorted(d["timed"]["f"] for d in have if "timed" in d)
+            if timed:
+                out[batch]["f_timed_runs"] = timed
     json.dump(out, open(base + ".json", "w"))
 PY
 else
@@ -403,6 +412,15 @@ for name in names:
         g = [amdahl(fg, N) if fg == fg else nan for N in (16, 64)]
         r = [x / amdahl(f, N) for x, N in zip(g, (16, 64))]
         profile_row(name, "profile", pr, f"{r[0]:8.2f} {r[1]:5.2f}")
+    tm = pr.get("timed") if pr else None
+    if tm and tm["f"] == tm["f"]:
+        runs = pr.get("f_timed_runs") or [tm["f"]]
+        ft = runs[(len(runs) - 1) // 2]
+        g = [amdahl(pr["gemm_f"], N) for N in (16, 64)]
+        r = [x / amdahl(ft, N) for x, N in zip(g, (16, 64))]
+        print(f"{name:>20} {'timed':>8} | {ft:6.3f} {'-':>6} {'-':>6} | {amdahl(ft, 2):5.2f} {amdahl(ft, 16):6.2f}"
+              f" {amdahl(ft, 64):6.2f} | {'':>6} {'':>6} {'':>6} | {r[0]:8.2f} {r[1]:5.2f} | "
+              + " ".join(f"{x:.3f}" for x in runs))
     tp = profile("torch-" + prof[name][0], prof[name][1], pthreads) if pthreads > 1 else None
     if tp and tp.get("f") is not None and tp["f"] == tp["f"]:
         profile_row(name, "torch", tp, f"{'':>8} {'':>5}")
@@ -412,6 +430,8 @@ for name in names:
         print(f"{name:>20} {'fit':>8} | {f:6.3f} {'-':>6} {'-':>6} | {amdahl(f, 2):5.2f} {amdahl(f, 16):6.2f}"
               f" {amdahl(f, 64):6.2f} |   (s_{k} = {s:.2f})")
 print("# 1 busy: the share of the window's wall time with one busy thread (on a busy machine mostly another's preemption)")
+print("# timed: caccel's own fork-joins from their timestamps (CACCEL_CPU_TEAMS_LOG), the threaded library GEMMs'"
+      " insides from the samples, a preempted thread's lost time included; the median of the runs")
 print("# torch: PyTorch's eager step of the same workload under the same profile (its GEMMs: MKL's and oneDNN's symbols)")
 print("# each profile row: the run with the median f of PROFILE_REPS runs; f of each run: all of them")
 
@@ -426,6 +446,13 @@ for name in names:
     for title, rows_ in cols:
         if rows_:
             print(f"  by {title}: " + "; ".join(f"{n} {v:.1f} ({m:.1f})" for n, v, m in rows_))
+    tm = pr.get("timed")
+    if tm:
+        print(f"  timed: the calling thread alone {tm['alone_ms']:.1f} ms; kernel loops' work {tm['loops_busy_ms']:.0f}"
+              f" ms, one thread working {tm['loops_one_ms']:.1f} ms ({tm['forks']} fork-joins, median"
+              f" {tm['one_median_us']:.1f} us each; {tm['one_tail_ms']:.1f} ms in those over 100 us); threaded"
+              f" library GEMMs {tm['gemm_wall_ms']:.0f} ms of wall, their serial work {tm['gemm_serial_ms']:.1f}"
+              f" of {tm['gemm_serial_ms'] + tm['gemm_parallel_ms']:.0f} ms (sampled)")
     if pr.get("serial_by_others"):
         print("  by who ran alone while the others did what (ms): "
               + "; ".join(f"{k} {v:.1f}" for k, v in pr["serial_by_others"].items()))

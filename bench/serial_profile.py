@@ -25,7 +25,13 @@ to the GEMMs' samples (the BLAS and oneDNN libraries, or their symbols where a l
 them: PyTorch's MKL) gives the GEMMs' own serial fraction, so the projection 1 / (f + (1 - f) / N) of the
 step can be set against theirs.
 
+With --teams (the program's CACCEL_CPU_TEAMS_LOG, backends/cpu/cpu_parallel.h) a second f, "timed", takes
+caccel's own fork-joins from their timestamps instead: a sample covers up to PERIOD (100 us) of a thread's
+time, about the length of the small GPT's kernels, so a sample's state smears over a kernel's edges and the
+time line above counts more serial time around short kernels than there was (bench/RESULTS.md compares).
+
 usage: serial_profile.py --data FILE.data | --script FILE --windows FILE --period-ns N [--top K] [--trace FILE]
+                         [--teams FILE]
 prints one JSON object: {batch: {...}} per batch of the windows (0 for a program with one window).
 """
 import argparse
@@ -170,13 +176,70 @@ def call_at(calls, starts, t):
 
 
 def clip(segs, windows):
-    out = []
+    """The parts of segs inside windows (sorted, not overlapping: thousands of them for --teams' GEMMs)."""
+    out, starts = [], [w[0] for w in windows]
     for a, b, *rest in segs:
-        for w0, w1 in windows:
-            lo, hi = max(a, w0), min(b, w1)
+        i = max(0, bisect.bisect_right(starts, a) - 1)
+        while i < len(windows) and windows[i][0] < b:
+            lo, hi = max(a, windows[i][0]), min(b, windows[i][1])
             if hi > lo:
                 out.append((lo, hi, *rest))
+            i += 1
     return out
+
+
+def load_teams(path):
+    """CACCEL_CPU_TEAMS_LOG's records (backends/cpu/cpu_parallel.h), sorted: (t0, t1, kind, team, busy, one)
+    with busy and one None for a library GEMM."""
+    recs = []
+    for line in open(path):
+        p = line.split()
+        if len(p) != 6 or p[0] not in ("L", "S", "G"):
+            continue
+        num = lambda x: None if x == "-" else float(x)
+        recs.append((float(p[1]), float(p[2]), p[0], int(p[3]), num(p[4]), num(p[5])))
+    recs.sort()
+    return recs
+
+
+# A fork-join whose one-thread time exceeds this is counted in the tail too: longer than the join's usual
+# imbalance by an order of magnitude, mostly a thread that lost its CPU to another task
+TAIL = 100e-6
+
+
+def timed(team_segs, windows, recs, top):
+    """The serial fraction with caccel's own fork-joins timed, not sampled: in the windows, the calling thread's
+    time outside any team (serial, whatever it did), each kernel loop's and GEMM split's busy thread time and
+    its time with one thread working (a record cut by a window's edge in proportion), and inside the library
+    GEMMs on several threads, whose partition is the library's, the samples' serial and parallel work. Also
+    the fork-joins' count, their median one-thread time and the one-thread time of those above TAIL."""
+    alone = busy = one = gemm_wall = tail = 0.0
+    gemm, ones = [], []
+    for w0, w1 in windows:
+        covered = 0.0
+        for t0, t1, kind, team, b, o in recs:
+            lo, hi = max(t0, w0), min(t1, w1)
+            if hi <= lo:
+                continue
+            covered += hi - lo
+            if kind == "G":
+                gemm.append((lo, hi))
+                gemm_wall += hi - lo
+            else:
+                share = (hi - lo) / (t1 - t0)
+                busy += b * share
+                one += o * share
+                ones.append(o)
+                tail += o * share if o > TAIL else 0.0
+        alone += max(0.0, (w1 - w0) - covered)
+    g = analyse(team_segs, gemm, top, []) if gemm else {"serial_ms": 0.0, "parallel_ms": 0.0}
+    gs, gp = g["serial_ms"] * 1e-3, g["parallel_ms"] * 1e-3
+    work = alone + busy + gs + gp
+    return {"f": (alone + one + gs) / work if work > 0 else float("nan"), "alone_ms": alone * 1e3,
+            "loops_busy_ms": busy * 1e3, "loops_one_ms": one * 1e3, "gemm_wall_ms": gemm_wall * 1e3,
+            "gemm_serial_ms": gs * 1e3, "gemm_parallel_ms": gp * 1e3, "forks": len(ones),
+            "one_median_us": sorted(ones)[len(ones) // 2] * 1e6 if ones else float("nan"),
+            "one_tail_ms": tail * 1e3}
 
 
 class Sweep:
@@ -300,6 +363,7 @@ def main():
     ap.add_argument("--period-ns", type=float, required=True)
     ap.add_argument("--top", type=int, default=12)
     ap.add_argument("--trace", help="the program's caccel trace: serial time by kernel call too")
+    ap.add_argument("--teams", help="the program's CACCEL_CPU_TEAMS_LOG: f with caccel's fork-joins timed too")
     a = ap.parse_args()
     wins = {}
     for line in open(a.windows):
@@ -323,6 +387,8 @@ def main():
         # a trace that does not cover this window (a program writing one per accelerator) is not used
         mine = [c for c in calls if any(c[0] < w1 and c[1] > w0 for w0, w1 in ws)]
         out[b] = dict(analyse(segs, sorted(ws), a.top, mine), threads=len(team))
+        if a.teams:
+            out[b]["timed"] = timed(segs, sorted(ws), load_teams(a.teams), a.top)
     json.dump(out, sys.stdout)
     print()
 

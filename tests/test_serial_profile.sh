@@ -16,7 +16,10 @@
 # and "cross_entropy"; by what the worker did meanwhile, 10 ms spinning, 10 asleep. Also checked: a trace
 # that does not cover the window is not used, the worker counts in the team only because it was seen in
 # libgomp (a third thread that never is stays out), and a GEMM inside a larger library (PyTorch's
-# libtorch_cpu carries MKL) is a GEMM by its symbol.
+# libtorch_cpu carries MKL) is a GEMM by its symbol. With the program's CACCEL_CPU_TEAMS_LOG (--teams) the
+# timed f: 10 ms of the calling thread alone (60-70), the loops' 100 ms of work of which 20 ms with one
+# thread (20-30; 50-60, the worker's preemption included: the log times wall clock), the GEMM's 58 ms from
+# the samples: 30 / 168.
 set -u
 SRC=${CACCEL_TEST_SRCDIR:-$(dirname "$0")/..}
 fail() { echo "FAIL: $*"; exit 1; }
@@ -58,6 +61,11 @@ span(102, 0, 100, "loader_read", CACCEL)      # a data loader's thread: not in t
 lines.sort(key=lambda l: l[0])
 open(f"{w}/script", "w").write("".join(l + "\n" for _, l in lines))
 open(f"{w}/windows", "w").write("# window test batch=0 from=10.000000 to=10.100000\n")
+# CACCEL_CPU_TEAMS_LOG of the same time line: three kernel loops (0-20 both; 20-30 main's share alone; 30-60
+# main to 50, the worker to 60), 60-70 no team (the calling thread alone), the library GEMM 70-100; and a
+# loop before the window, cut away
+open(f"{w}/teams", "w").write("# caccel cpu teams log\nL 9.990 10.000 2 0.020 0\nL 10.000 10.020 2 0.040 0\n"
+                              "L 10.020 10.030 2 0.010 0.010\nL 10.030 10.060 2 0.050 0.010\nG 10.070 10.100 2 - -\n")
 ev = lambda name, a, b: {"ph": "X", "cat": "kernel", "name": name, "ts": a * 1000.0, "dur": (b - a) * 1000.0,
                          "pid": 0, "tid": 1, "args": {"op": name}}
 trace = {"otherData": {"clock_origin_ns": 10_000_000_000},
@@ -70,7 +78,7 @@ PY
 
 for t in trace late none; do
     tr=""
-    [ "$t" = none ] || tr="--trace $WORK/$t.json"
+    [ "$t" = none ] || tr="--trace $WORK/$t.json --teams $WORK/teams"
     # shellcheck disable=SC2086
     "$PY" "$SRC/bench/serial_profile.py" --script "$WORK/script" --windows "$WORK/windows" --period-ns 1000000 \
         $tr > "$WORK/$t.out" || fail "serial_profile.py ($t)"
@@ -119,6 +127,15 @@ for t in ("trace", "late", "none"):
         sys.exit(f"serial time by the others' state {others}")
     near("main alone, the worker waiting", others["main alone, others wait"], 10)
     near("main alone, the worker asleep", others["main alone, others sleep"], 10)
+    if t != "none":     # --teams: 10 ms alone, loops' 100 ms busy of which 20 with one thread, the GEMM's 58
+        tm = r["timed"]
+        near("timed f", tm["f"], 30 / 168)
+        for k, v in (("alone_ms", 10), ("loops_busy_ms", 100), ("loops_one_ms", 20), ("gemm_wall_ms", 30),
+                     ("gemm_serial_ms", 0), ("gemm_parallel_ms", 58), ("forks", 3), ("one_median_us", 10000),
+                     ("one_tail_ms", 20)):
+            near(f"timed {k}", tm[k], v)
+    elif "timed" in r:
+        sys.exit("a timed f without --teams")
     ops = {n: ms for n, ms, _ in r["serial_ops"]}
     want = {"embedding_backward": 10, "cross_entropy": 10} if t == "trace" else {}
     if set(ops) != set(want):

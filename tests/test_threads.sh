@@ -9,7 +9,8 @@
 # splits even on these tests' small shapes (3 threads: ranges of unequal length). One thread is the
 # serial path, which the suite runs anyway. Under the sanitizers (CACCEL_TEST_SANITIZED=yes) only 3
 # threads run: unequal ranges are where an index would go out of bounds, and data races are not what
-# AddressSanitizer finds. Last, CACCEL_CPU_TEAMS=1's tallies of the kernel loops' and GEMMs' teams at exit.
+# AddressSanitizer finds. Last, CACCEL_CPU_TEAMS=1's tallies of the kernel loops' and GEMMs' teams at exit,
+# and CACCEL_CPU_TEAMS_LOG's timed records of them.
 set -u
 b=${CACCEL_TEST_BUILDDIR:-.}
 s=$(cd "$(dirname "$0")" && pwd)
@@ -46,4 +47,20 @@ echo "$out" | grep -q '^caccel cpu teams: kernel loops by threads: .*3=[1-9]' ||
 out=$(CACCEL_CPU_TEAMS=1 OMP_NUM_THREADS=3 OPENBLAS_NUM_THREADS=3 "$b/tests/test_cpu_gemm" 2>&1)
 echo "$out" | grep '^caccel cpu teams: library'
 echo "$out" | grep -q '^caccel cpu teams: library GEMMs by threads: .*3=[1-9]' || fail "no tally of library GEMMs"
+# CACCEL_CPU_TEAMS_LOG=FILE: each fork-join (L, S) and threaded library GEMM (G) timed, written at exit; a
+# record's busy time fits its team and length, its one-thread time its length and its busy time
+for t in test_cpu_kernels test_cpu_gemm; do
+    rm -f "$WORK/teams"
+    CACCEL_CPU_TEAMS_LOG="$WORK/teams" OMP_NUM_THREADS=3 OPENBLAS_NUM_THREADS=3 "$b/tests/$t" > /dev/null 2>&1 ||
+        fail "$t with CACCEL_CPU_TEAMS_LOG"
+    awk -v t="$t" 'NR == 1 && !/^# caccel cpu teams log/ { print "no header"; bad = 1 }
+        NR > 1 && $1 != "G" { n[$1 $4]++; len = $3 - $2
+            if (len < 0 || $5 < 0 || $6 < 0 || $5 > $4 * len + 1e-6 || $6 > len + 1e-6 || $6 > $5 + 1e-6) {
+                print "bad record: " $0; bad = 1 } }
+        NR > 1 && $1 == "G" { n["G" $4]++; if ($3 < $2 || $5 != "-") { print "bad record: " $0; bad = 1 } }
+        END { if (t == "test_cpu_kernels" && !n["L3"]) { print "no 3-thread kernel loop"; bad = 1 }
+              if (t == "test_cpu_gemm" && !n["G3"] && !n["S3"]) { print "no 3-thread GEMM"; bad = 1 }
+              for (k in n) printf "  %s %s: %d\n", t, k, n[k]; exit bad }' "$WORK/teams" ||
+        fail "CACCEL_CPU_TEAMS_LOG of $t"
+done
 echo ok

@@ -36,12 +36,15 @@ static ca_status sgemm_one(bool ta, bool tb, int64_t m, int64_t n, int64_t k, fl
         cpu_team_note(CPU_TEAM_GEMM, threads);
         cpu_blas_threads_begin(threads);
     }
+    bool timed = threads > 1 && cpu_team_log_on();
+    double t0 = timed ? cpu_team_clock() : 0.0;
     if (cpu_f32_gemm_onednn_at(m, n, k, threads))
         st = cpu_onednn_sgemm_threads(threads, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
     else
         cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
                     (blasint)m, (blasint)n, (blasint)k, alpha, a, (blasint)lda, b, (blasint)ldb, beta,
                     c, (blasint)ldc);
+    if (timed) cpu_team_log('G', t0, cpu_team_clock(), threads, NULL, NULL);
     if (!nested) cpu_blas_threads_end();
     return st;
 }
@@ -87,7 +90,10 @@ static ca_status bf16_native(cpu_device *d, const ca_gemm_args *g) {
     ca_status st = CA_OK;
     /* oneDNN takes the BLAS count of the moment: the threads this size pays for (cpu_gemm_threads) */
     bool nested = cpu_in_parallel();
-    if (!nested) cpu_blas_threads_begin(cpu_gemm_threads(m, n, k, cpu_blas_threads()));
+    int threads = nested ? 1 : cpu_gemm_threads(m, n, k, cpu_blas_threads());
+    if (!nested) cpu_blas_threads_begin(threads);
+    bool timed = threads > 1 && cpu_team_log_on();
+    double t0 = timed ? cpu_team_clock() : 0.0;
     for (int64_t i = 0; st == CA_OK && i < batch; i++) {
         const uint16_t *a = (const uint16_t *)g->a + i * g->stride_a, *b = (const uint16_t *)g->b + i * g->stride_b;
         if (g->c_dtype == CA_F32) {
@@ -101,6 +107,7 @@ static ca_status bf16_native(cpu_device *d, const ca_gemm_args *g) {
         if (st == CA_OK)
             for (int64_t r = 0; r < m; r++) cpu_from_f32(CA_BF16, fc + r * n, n, c, r * g->ldc);
     }
+    if (timed) cpu_team_log('G', t0, cpu_team_clock(), threads, NULL, NULL);
     if (!nested) cpu_blas_threads_end();
     if (owned) free(fc);
     return st;

@@ -3,10 +3,12 @@
 #include "backends/cpu/cpu_parallel.h"
 
 #include <cblas.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #endif
@@ -91,20 +93,121 @@ static void split(int64_t n, int t, int nt, int64_t *lo, int64_t *hi) {
     *hi = (int64_t)((__int128)n * (t + 1) / nt);
 }
 
-/* fn over [0, n) on a team of nt threads, each in the caller's floating-point mode. */
-static void run_team(int64_t n, int nt, cpu_range_fn fn, void *ctx) {
+/* ------------------------------------------------------------ CACCEL_CPU_TEAMS_LOG */
+
+/* One fork-join as the log writes it (cpu_parallel.h). */
+typedef struct team_rec {
+    double t0, t1, busy, one;
+    int team;
+    char kind;
+} team_rec;
+
+static struct {
+    pthread_mutex_t lock;
+    team_rec *r;
+    size_t n, cap;
+    bool full;
+    char path[4096];
+} tlog = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+static void tlog_write(void) {
+    FILE *f = fopen(tlog.path, "w");
+    if (!f) {
+        fprintf(stderr, "caccel: CACCEL_CPU_TEAMS_LOG: cannot write %s\n", tlog.path);
+        return;
+    }
+    fprintf(f, "# caccel cpu teams log: kind t0 t1 team busy one (CLOCK_MONOTONIC seconds; L kernel loop, S GEMM "
+               "split in blocks, G library GEMM; busy: thread-seconds worked, one: seconds with one thread "
+               "working; - where unknown)%s\n", tlog.full ? " (truncated: the log's memory ran out)" : "");
+    for (size_t i = 0; i < tlog.n; i++) {
+        const team_rec *r = &tlog.r[i];
+        if (r->kind == 'G')
+            fprintf(f, "G %.7f %.7f %d - -\n", r->t0, r->t1, r->team);
+        else
+            fprintf(f, "%c %.7f %.7f %d %.7f %.7f\n", r->kind, r->t0, r->t1, r->team, r->busy, r->one);
+    }
+    if (fclose(f) != 0) fprintf(stderr, "caccel: CACCEL_CPU_TEAMS_LOG: writing %s failed\n", tlog.path);
+}
+
+bool cpu_team_log_on(void) {
+    static atomic_int on = -1;
+    int v = atomic_load_explicit(&on, memory_order_relaxed);
+    if (v >= 0) return v;
+    const char *e = getenv("CACCEL_CPU_TEAMS_LOG");
+    int want = e && *e && strlen(e) < sizeof tlog.path;
+    int unset = -1;
+    if (atomic_compare_exchange_strong(&on, &unset, want) && want) {
+        strcpy(tlog.path, e);
+        atexit(tlog_write);
+    }
+    return atomic_load(&on);
+}
+
+double cpu_team_clock(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+static int cmp_edge(const void *a, const void *b) {
+    double x = ((const double *)a)[0], y = ((const double *)b)[0];
+    return x < y ? -1 : x > y;
+}
+
+/* A team's busy thread-seconds and the seconds in which exactly one of its threads worked, from each
+ * thread's start and end: the edges sorted, the working count swept. */
+static void team_times(int nt, const double *start, const double *end, double *busy, double *one) {
+    double edge[2 * TEAM_LOG_MAX][2];
+    *busy = *one = 0.0;
+    for (int i = 0; i < nt; i++) {
+        *busy += end[i] - start[i];
+        edge[2 * i][0] = start[i], edge[2 * i][1] = 1;
+        edge[2 * i + 1][0] = end[i], edge[2 * i + 1][1] = -1;
+    }
+    qsort(edge, (size_t)(2 * nt), sizeof edge[0], cmp_edge);
+    int working = 0;
+    for (int i = 0; i + 1 < 2 * nt; i++) {
+        working += (int)edge[i][1];
+        if (working == 1) *one += edge[i + 1][0] - edge[i][0];
+    }
+}
+
+void cpu_team_log(char kind, double t0, double t1, int nt, const double *start, const double *end) {
+    team_rec r = {.t0 = t0, .t1 = t1, .team = nt, .kind = kind};
+    if (start) team_times(nt, start, end, &r.busy, &r.one);
+    pthread_mutex_lock(&tlog.lock);
+    if (tlog.n == tlog.cap && !tlog.full) {
+        size_t cap = tlog.cap ? 2 * tlog.cap : 4096;
+        team_rec *p = realloc(tlog.r, cap * sizeof *p);
+        if (p) tlog.r = p, tlog.cap = cap;
+        else tlog.full = true;
+    }
+    if (tlog.n < tlog.cap) tlog.r[tlog.n++] = r;
+    pthread_mutex_unlock(&tlog.lock);
+}
+
+/* fn over [0, n) on a team of nt threads, each in the caller's floating-point mode; logged as `kind`. */
+static void run_team(int64_t n, int nt, cpu_range_fn fn, void *ctx, char kind) {
     fp_mode caller = fp_get();
+    bool timed = nt <= TEAM_LOG_MAX && cpu_team_log_on();
+    double start[TEAM_LOG_MAX], end[TEAM_LOG_MAX], t0 = timed ? cpu_team_clock() : 0.0;
+    int got = 1;   /* the team OpenMP gave (it may give fewer than asked) */
 #ifdef _OPENMP
 #pragma omp parallel num_threads(nt)
 #endif
     {
         int64_t lo, hi;
-        split(n, omp_get_thread_num(), omp_get_num_threads(), &lo, &hi);
+        int t = omp_get_thread_num(), team = omp_get_num_threads();
+        split(n, t, team, &lo, &hi);
+        if (timed) start[t] = cpu_team_clock();
         fp_mode own = fp_get();
         if (own != caller) fp_set(caller);
         if (hi > lo) fn(ctx, lo, hi);
         if (own != caller) fp_set(own);
+        if (timed) end[t] = cpu_team_clock();
+        if (t == 0) got = team;
     }
+    if (timed) cpu_team_log(kind, t0, cpu_team_clock(), got, start, end);
 }
 
 int cpu_team_size(int64_t n, int64_t grain, int nthreads) {
@@ -161,7 +264,7 @@ void cpu_parallel_team(int64_t n, int team, cpu_range_fn fn, void *ctx) {
         fn(ctx, 0, n);
         return;
     }
-    run_team(n, nt, fn, ctx);
+    run_team(n, nt, fn, ctx, 'S');
 }
 
 void cpu_parallel_for(int64_t n, int64_t grain, cpu_range_fn fn, void *ctx) {
@@ -175,7 +278,7 @@ void cpu_parallel_for(int64_t n, int64_t grain, cpu_range_fn fn, void *ctx) {
     if (nt <= 1)
         fn(ctx, 0, n);
     else
-        run_team(n, nt, fn, ctx);
+        run_team(n, nt, fn, ctx, 'L');
 }
 
 typedef struct blocks_ctx {

@@ -86,6 +86,20 @@ void cpu_blas_threads_end(void);
 typedef enum cpu_team_kind { CPU_TEAM_LOOP, CPU_TEAM_GEMM } cpu_team_kind;
 void cpu_team_note(cpu_team_kind kind, int team);
 
+/* CACCEL_CPU_TEAMS_LOG=FILE: every fork-join of the kernels' team (a kernel loop, L; a GEMM split in blocks,
+ * S) and every library GEMM on more than one thread (G) is recorded with its start and end on the calling
+ * thread (CLOCK_MONOTONIC), its team, and for L and S the team's busy thread-seconds and the seconds in
+ * which exactly one of its threads worked, from each thread's own timestamps (two clock reads per thread
+ * and fork-join); the records are written to FILE at exit. bench/serial_profile.py (--teams) takes the
+ * serial time of the caccel code from it exactly, where the samples of a perf profile, 100 us apart, smear
+ * the edges of kernels a few samples long (bench/RESULTS.md). Off: no clock is read. Teams above
+ * TEAM_LOG_MAX threads are not logged. */
+#define TEAM_LOG_MAX 256
+bool cpu_team_log_on(void);
+double cpu_team_clock(void);
+/* start, end: each thread's, or NULL (a library GEMM: its inside is the library's). Thread-safe. */
+void cpu_team_log(char kind, double t0, double t1, int team, const double *start, const double *end);
+
 /* Threads the kernels use (>= 1). */
 int cpu_threads(void);
 /* Sets the kernels' and OpenBLAS's thread count (clamped to >= 1). Not meant to be called while kernels
