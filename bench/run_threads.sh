@@ -227,6 +227,34 @@ analyse() {   # NAME
         note "profile of $name: serial_profile.py failed"
     rm -f "$tmp/$name.data" "$tmp/$name.teams"
 }
+unprofiled() {   # NAME THREADS CMD...: the profiled run NAME again without perf or a trace, its fork-joins logged
+    local name=$1 nt=$2; shift 2   # (CACCEL_CPU_TEAMS_LOG): the timed f of the program itself, the threaded
+    local u=$name.noperf g         # GEMMs' insides at NAME's GEMM f; kept in NAME.json as "timed_noperf"
+    [ -s "$tmp/$name.json" ] || return 0
+    rm -f "$tmp/$u.teams"
+    if ! BENCH_WINDOWS=1 OPENBLAS_NUM_THREADS=$nt OMP_NUM_THREADS=$nt CACCEL_CPU_TEAMS_LOG="$tmp/$u.teams" "$@" \
+        2> "$tmp/$u.err" | python3 -u "$tmp/stamp.py" > "$tmp/$u.out"; then
+        note "unprofiled run of $name failed: $(tail -1 "$tmp/$u.err")"
+        return 0
+    fi
+    if grep -q '^# window ' "$tmp/$u.err"; then grep '^# window ' "$tmp/$u.err" > "$tmp/$u.windows"; else gpt_window "$u"; fi
+    python3 - "$here/serial_profile.py" "$tmp/$name.json" "$tmp/$u" <<'PY' || note "unprofiled run of $name: not analysed"
+import json, subprocess, sys
+sp, js, u = sys.argv[1:]
+prof = json.load(open(js))
+for batch, p in prof.items():
+    g = p.get("gemm_f")
+    if g is None or g != g:
+        continue
+    out = subprocess.run([sys.executable, sp, "--teams", u + ".teams", "--gemm-f", str(g), "--windows", u + ".windows"],
+                         check=True, capture_output=True, text=True).stdout
+    t = json.loads(out).get(batch, {}).get("timed")
+    if t:
+        p["timed_noperf"] = t
+json.dump(prof, open(js, "w"))
+PY
+    rm -f "$tmp/$u.teams"
+}
 gpt_window() {   # NAME: examples/gpt's timed half, between its first and its last log line
     awk '/tokens\/s$/ {if (!a) a = $1; b = $1} END {if (a && b > a) print "# window gpt batch=0 from=" a " to=" b}' \
         "$tmp/$1.out" > "$tmp/$1.windows"
@@ -245,6 +273,9 @@ profile_all() {   # NT SUFFIX: every part's caccel step at NT threads as NAME-tN
                 --eval_samples 4 --sample_tokens 0
             gpt_window "$name"
             analyse "$name"
+            [ "$nt" -gt 1 ] && unprofiled "$name" "$nt" "$gpt" --cpu --n_layer "$L" --n_head "$H" --n_embd "$C" \
+                --block_size "$T" --batch_size "$B" --max_steps "$N" --log_interval $((N / 2)) --eval_interval 0 \
+                --eval_samples 4 --sample_tokens 0
             torch_profiled "$nt" || continue
             profile "torch-$name" "$nt" "$py" "$here/peers/torch_transformer.py" gpt --threads "$nt" --n_layer "$L" \
                 --n_head "$H" --n_embd "$C" --block_size "$T" --batch_size "$B" --steps $((N / 2))
@@ -254,6 +285,7 @@ profile_all() {   # NT SUFFIX: every part's caccel step at NT threads as NAME-tN
     if has bert; then
         profile "bert-t$nt$sx" "$nt" "$bert" bert --batch-sizes 8 --steps "$bert_steps"
         analyse "bert-t$nt$sx"
+        [ "$nt" -gt 1 ] && unprofiled "bert-t$nt$sx" "$nt" "$bert" bert --batch-sizes 8 --steps "$bert_steps"
         if torch_profiled "$nt"; then
             profile "torch-bert-t$nt$sx" "$nt" "$py" "$here/peers/torch_transformer.py" bert --threads "$nt" \
                 --batch-sizes 8 --steps "$bert_steps"
@@ -291,9 +323,10 @@ for first in glob.glob(os.path.join(tmp, "*.r1.json")):
                       key=lambda d: d["f"])
         if have:
             out[batch] = dict(have[(len(have) - 1) // 2], f_runs=[d["f"] for d in have])
-            timed = sorted(d["timed"]["f"] for d in have if "timed" in d)
-            if timed:
-                out[batch]["f_timed_runs"] = timed
+            for key, runs in (("timed", "f_timed_runs"), ("timed_noperf", "f_noperf_runs")):
+                fs = sorted(d[key]["f"] for d in have if key in d)
+                if fs:
+                    out[batch][runs] = fs
     json.dump(out, open(base + ".json", "w"))
 PY
 else
@@ -412,13 +445,15 @@ for name in names:
         g = [amdahl(fg, N) if fg == fg else nan for N in (16, 64)]
         r = [x / amdahl(f, N) for x, N in zip(g, (16, 64))]
         profile_row(name, "profile", pr, f"{r[0]:8.2f} {r[1]:5.2f}")
-    tm = pr.get("timed") if pr else None
-    if tm and tm["f"] == tm["f"]:
-        runs = pr.get("f_timed_runs") or [tm["f"]]
+    for key, runs_key, method in (("timed", "f_timed_runs", "timed"), ("timed_noperf", "f_noperf_runs", "no perf")):
+        tm = pr.get(key) if pr else None
+        if not tm or tm["f"] != tm["f"]:
+            continue
+        runs = pr.get(runs_key) or [tm["f"]]
         ft = runs[(len(runs) - 1) // 2]
         g = [amdahl(pr["gemm_f"], N) for N in (16, 64)]
         r = [x / amdahl(ft, N) for x, N in zip(g, (16, 64))]
-        print(f"{name:>20} {'timed':>8} | {ft:6.3f} {'-':>6} {'-':>6} | {amdahl(ft, 2):5.2f} {amdahl(ft, 16):6.2f}"
+        print(f"{name:>20} {method:>8} | {ft:6.3f} {'-':>6} {'-':>6} | {amdahl(ft, 2):5.2f} {amdahl(ft, 16):6.2f}"
               f" {amdahl(ft, 64):6.2f} | {'':>6} {'':>6} {'':>6} | {r[0]:8.2f} {r[1]:5.2f} | "
               + " ".join(f"{x:.3f}" for x in runs))
     tp = profile("torch-" + prof[name][0], prof[name][1], pthreads) if pthreads > 1 else None
@@ -432,6 +467,8 @@ for name in names:
 print("# 1 busy: the share of the window's wall time with one busy thread (on a busy machine mostly another's preemption)")
 print("# timed: caccel's own fork-joins from their timestamps (CACCEL_CPU_TEAMS_LOG), the threaded library GEMMs'"
       " insides from the samples, a preempted thread's lost time included; the median of the runs")
+print("# no perf: the same program run again without perf or a trace, timed alone (its GEMMs at the profile's GEMM f):"
+      " the sampling's own interrupts and the trace's records left out")
 print("# torch: PyTorch's eager step of the same workload under the same profile (its GEMMs: MKL's and oneDNN's symbols)")
 print("# each profile row: the run with the median f of PROFILE_REPS runs; f of each run: all of them")
 
@@ -446,13 +483,14 @@ for name in names:
     for title, rows_ in cols:
         if rows_:
             print(f"  by {title}: " + "; ".join(f"{n} {v:.1f} ({m:.1f})" for n, v, m in rows_))
-    tm = pr.get("timed")
-    if tm:
-        print(f"  timed: the calling thread alone {tm['alone_ms']:.1f} ms; kernel loops' work {tm['loops_busy_ms']:.0f}"
-              f" ms, one thread working {tm['loops_one_ms']:.1f} ms ({tm['forks']} fork-joins, median"
-              f" {tm['one_median_us']:.1f} us each; {tm['one_tail_ms']:.1f} ms in those over 100 us); threaded"
-              f" library GEMMs {tm['gemm_wall_ms']:.0f} ms of wall, their serial work {tm['gemm_serial_ms']:.1f}"
-              f" of {tm['gemm_serial_ms'] + tm['gemm_parallel_ms']:.0f} ms (sampled)")
+    for key, label in (("timed", "timed"), ("timed_noperf", "timed without perf")):
+        tm = pr.get(key)
+        if tm:
+            print(f"  {label}: the calling thread alone {tm['alone_ms']:.1f} ms; kernel loops' work {tm['loops_busy_ms']:.0f}"
+                  f" ms, one thread working {tm['loops_one_ms']:.1f} ms ({tm['forks']} fork-joins, median"
+                  f" {tm['one_median_us']:.1f} us each; {tm['one_tail_ms']:.1f} ms in those over 100 us); threaded"
+                  f" library GEMMs {tm['gemm_wall_ms']:.0f} ms of wall, their serial work {tm['gemm_serial_ms']:.1f}"
+                  f" of {tm['gemm_serial_ms'] + tm['gemm_parallel_ms']:.0f} ms")
     if pr.get("serial_by_others"):
         print("  by who ran alone while the others did what (ms): "
               + "; ".join(f"{k} {v:.1f}" for k, v in pr["serial_by_others"].items()))

@@ -30,8 +30,13 @@ caccel's own fork-joins from their timestamps instead: a sample covers up to PER
 time, about the length of the small GPT's kernels, so a sample's state smears over a kernel's edges and the
 time line above counts more serial time around short kernels than there was (bench/RESULTS.md compares).
 
+The profile's own interrupts (a sample every 100 us of each thread) stretch the kernels' joins too; so a
+run without perf can be timed alone (--teams with --gemm-f, the threaded GEMMs' serial fraction taken from
+a profile of the same program, their wall from the log).
+
 usage: serial_profile.py --data FILE.data | --script FILE --windows FILE --period-ns N [--top K] [--trace FILE]
                          [--teams FILE]
+       serial_profile.py --teams FILE --gemm-f G --windows FILE [--period-ns N]
 prints one JSON object: {batch: {...}} per batch of the windows (0 for a program with one window).
 """
 import argparse
@@ -207,11 +212,12 @@ def load_teams(path):
 TAIL = 100e-6
 
 
-def timed(team_segs, windows, recs, top):
+def timed(team_segs, windows, recs, top, gemm_f=None):
     """The serial fraction with caccel's own fork-joins timed, not sampled: in the windows, the calling thread's
     time outside any team (serial, whatever it did), each kernel loop's and GEMM split's busy thread time and
     its time with one thread working (a record cut by a window's edge in proportion), and inside the library
-    GEMMs on several threads, whose partition is the library's, the samples' serial and parallel work. Also
+    GEMMs on several threads, whose partition is the library's, the samples' serial and parallel work (without
+    samples, gemm_f: the GEMMs' serial fraction from a profile of the same program, applied to their wall). Also
     the fork-joins' count, their median one-thread time and the one-thread time of those above TAIL."""
     alone = busy = one = gemm_wall = tail = 0.0
     gemm, ones = [], []
@@ -223,7 +229,7 @@ def timed(team_segs, windows, recs, top):
                 continue
             covered += hi - lo
             if kind == "G":
-                gemm.append((lo, hi))
+                gemm.append((lo, hi, team))
                 gemm_wall += hi - lo
             else:
                 share = (hi - lo) / (t1 - t0)
@@ -232,8 +238,12 @@ def timed(team_segs, windows, recs, top):
                 ones.append(o)
                 tail += o * share if o > TAIL else 0.0
         alone += max(0.0, (w1 - w0) - covered)
-    g = analyse(team_segs, gemm, top, []) if gemm else {"serial_ms": 0.0, "parallel_ms": 0.0}
-    gs, gp = g["serial_ms"] * 1e-3, g["parallel_ms"] * 1e-3
+    if gemm_f is None:
+        g = analyse(team_segs, [x[:2] for x in gemm], top, []) if gemm else {"serial_ms": 0.0, "parallel_ms": 0.0}
+        gs, gp = g["serial_ms"] * 1e-3, g["parallel_ms"] * 1e-3
+    else:   # no samples: a GEMM of wall w on n threads with the serial fraction g did w / ((1 - g) / n + g) of work
+        work = sum((hi - lo) / ((1 - gemm_f) / n + gemm_f) for lo, hi, n in gemm)
+        gs, gp = gemm_f * work, (1 - gemm_f) * work
     work = alone + busy + gs + gp
     return {"f": (alone + one + gs) / work if work > 0 else float("nan"), "alone_ms": alone * 1e3,
             "loops_busy_ms": busy * 1e3, "loops_one_ms": one * 1e3, "gemm_wall_ms": gemm_wall * 1e3,
@@ -356,21 +366,30 @@ def analyse(team_segs, windows, top, calls):
 
 def main():
     ap = argparse.ArgumentParser()
-    src = ap.add_mutually_exclusive_group(required=True)
+    src = ap.add_mutually_exclusive_group()
     src.add_argument("--data", help="perf record's file")
     src.add_argument("--script", help="its `perf script` text instead (the fields and events above)")
     ap.add_argument("--windows", required=True)
-    ap.add_argument("--period-ns", type=float, required=True)
+    ap.add_argument("--period-ns", type=float, default=100000)
     ap.add_argument("--top", type=int, default=12)
     ap.add_argument("--trace", help="the program's caccel trace: serial time by kernel call too")
     ap.add_argument("--teams", help="the program's CACCEL_CPU_TEAMS_LOG: f with caccel's fork-joins timed too")
+    ap.add_argument("--gemm-f", type=float, help="with --teams and no perf data: the timed f alone, of a run "
+                    "without perf, the threaded GEMMs' serial fraction being this (from a profile's GEMM f)")
     a = ap.parse_args()
+    if not (a.data or a.script) and (a.teams is None or a.gemm_f is None):
+        ap.error("--data or --script, or --teams with --gemm-f")
     wins = {}
     for line in open(a.windows):
         kv = dict(x.split("=", 1) for x in line.split()[3:] if "=" in x)
         wins.setdefault(kv.get("batch", "0"), []).append((float(kv["from"]), float(kv["to"])))
     if not wins:
         print("{}")
+        return
+    if not (a.data or a.script):
+        recs = load_teams(a.teams)
+        json.dump({b: {"timed": timed([], sorted(ws), recs, a.top, a.gemm_f)} for b, ws in wins.items()}, sys.stdout)
+        print()
         return
     ev, samples = read_events(perf_script(a.data) if a.data else open(a.script))
     if not samples:

@@ -19,7 +19,7 @@
 # libtorch_cpu carries MKL) is a GEMM by its symbol. With the program's CACCEL_CPU_TEAMS_LOG (--teams) the
 # timed f: 10 ms of the calling thread alone (60-70), the loops' 100 ms of work of which 20 ms with one
 # thread (20-30; 50-60, the worker's preemption included: the log times wall clock), the GEMM's 58 ms from
-# the samples: 30 / 168.
+# the samples: 30 / 168; and from the log alone with a GEMM f given (--gemm-f, a run without perf).
 set -u
 SRC=${CACCEL_TEST_SRCDIR:-$(dirname "$0")/..}
 fail() { echo "FAIL: $*"; exit 1; }
@@ -83,6 +83,22 @@ for t in trace late none; do
     "$PY" "$SRC/bench/serial_profile.py" --script "$WORK/script" --windows "$WORK/windows" --period-ns 1000000 \
         $tr > "$WORK/$t.out" || fail "serial_profile.py ($t)"
 done
+
+# the log alone (a run without perf): the GEMM's 30 ms of wall on 2 threads at a GEMM f of 0.1 did
+# 30 / (0.9 / 2 + 0.1) ms of work, a tenth of it serial
+"$PY" "$SRC/bench/serial_profile.py" --teams "$WORK/teams" --gemm-f 0.1 --windows "$WORK/windows" > "$WORK/noperf.out" ||
+    fail "serial_profile.py --teams --gemm-f"
+"$PY" - "$WORK/noperf.out" <<'PY' || fail "the timed f without samples differs from the made-up log's"
+import json, sys
+t = json.load(open(sys.argv[1]))["0"]["timed"]
+w = 30 / 0.55
+want = {"f": (10 + 20 + 0.1 * w) / (10 + 100 + w), "gemm_serial_ms": 0.1 * w, "gemm_parallel_ms": 0.9 * w,
+        "alone_ms": 10, "loops_one_ms": 20}
+for k, v in want.items():
+    if abs(t[k] - v) > 1e-6 * max(1.0, abs(v)):
+        sys.exit(f"{k}: {t[k]} where {v} was expected")
+print(f"  timed without samples: f {t['f']:.4f}")
+PY
 
 # the same time line with the GEMM in MKL linked into PyTorch's library
 sed 's|sgemm_kernel_COOPERLAKE (/usr/lib/openblas-openmp/libopenblasp-r0.3.21.so)|mkl_blas_def_sgemm_kernel_0_zen (/x/torch/lib/libtorch_cpu.so)|' \
