@@ -110,12 +110,7 @@ static struct {
     char path[4096];
 } tlog = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
-static void tlog_write(void) {
-    FILE *f = fopen(tlog.path, "w");
-    if (!f) {
-        fprintf(stderr, "caccel: CACCEL_CPU_TEAMS_LOG: cannot write %s\n", tlog.path);
-        return;
-    }
+static void tlog_print(FILE *f) {
     fprintf(f, "# caccel cpu teams log: kind t0 t1 team busy one (CLOCK_MONOTONIC seconds; L kernel loop, S GEMM "
                "split in blocks, G library GEMM; busy: thread-seconds worked, one: seconds with one thread "
                "working; - where unknown)%s\n", tlog.full ? " (truncated: the log's memory ran out)" : "");
@@ -127,6 +122,19 @@ static void tlog_write(void) {
             fprintf(f, "%c %.7f %.7f %d %.7f %.7f\n", r->kind, r->t0, r->t1, r->team, r->busy, r->one);
     }
     if (fclose(f) != 0) fprintf(stderr, "caccel: CACCEL_CPU_TEAMS_LOG: writing %s failed\n", tlog.path);
+}
+
+/* At exit: the records to the file, then their memory freed (a record made later is dropped). */
+static void tlog_write(void) {
+    pthread_mutex_lock(&tlog.lock);
+    FILE *f = fopen(tlog.path, "w");
+    if (!f) fprintf(stderr, "caccel: CACCEL_CPU_TEAMS_LOG: cannot write %s\n", tlog.path);
+    else tlog_print(f);
+    free(tlog.r);
+    tlog.r = NULL;
+    tlog.n = tlog.cap = 0;
+    tlog.full = true;
+    pthread_mutex_unlock(&tlog.lock);
 }
 
 bool cpu_team_log_on(void) {
