@@ -35,7 +35,9 @@
 #            prints its window with BENCH_WINDOWS=1; PROFILE_TORCH=0 skips them): its f beside caccel's.
 #   timed    with the profile: caccel's own fork-joins timed instead of sampled (CACCEL_CPU_TEAMS_LOG: each
 #            thread's start and end in every kernel loop), the calling thread's time outside any team
-#            serial, the insides of the threaded library GEMMs from the samples (serial_profile.py --teams).
+#            serial, the insides of the threaded library GEMMs from the samples (serial_profile.py --teams);
+#            and each profiled caccel step once more without perf or a trace, timed alone ("no perf": the
+#            GEMMs' insides at the profile's GEMM f), since the sampling's interrupts stretch joins too.
 #   fit      always: from the measured speed-up s_k at k threads, Amdahl's f = (k / s_k - 1) / (k - 1).
 #   Projection: speed-up(N) = 1 / (f + (1 - f) / N) for N = 16 and 64.
 #
@@ -229,7 +231,7 @@ analyse() {   # NAME
 }
 unprofiled() {   # NAME THREADS CMD...: the profiled run NAME again without perf or a trace, its fork-joins logged
     local name=$1 nt=$2; shift 2   # (CACCEL_CPU_TEAMS_LOG): the timed f of the program itself, the threaded
-    local u=$name.noperf g         # GEMMs' insides at NAME's GEMM f; kept in NAME.json as "timed_noperf"
+    local u=$name.noperf           # GEMMs' insides at NAME's GEMM f; kept in NAME.json as "timed_noperf"
     [ -s "$tmp/$name.json" ] || return 0
     rm -f "$tmp/$u.teams"
     if ! BENCH_WINDOWS=1 OPENBLAS_NUM_THREADS=$nt OMP_NUM_THREADS=$nt CACCEL_CPU_TEAMS_LOG="$tmp/$u.teams" "$@" \
