@@ -27,8 +27,9 @@ step can be set against theirs.
 
 With --teams (the program's CACCEL_CPU_TEAMS_LOG, backends/cpu/cpu_parallel.h) a second f, "timed", takes
 caccel's own fork-joins from their timestamps instead: a sample covers up to PERIOD (100 us) of a thread's
-time, about the length of the small GPT's kernels, so a sample's state smears over a kernel's edges and the
-time line above counts more serial time around short kernels than there was (bench/RESULTS.md compares).
+time, about the length of the small GPT's kernels, so the timed f checks that a sample's state smearing over
+a kernel's edges does not count serial time that was not there (bench/RESULTS.md: the two agree within a
+few tenths of a point).
 
 The profile's own interrupts (a sample every 100 us of each thread) stretch the kernels' joins too; so a
 run without perf can be timed alone (--teams with --gemm-f, the threaded GEMMs' serial fraction taken from
@@ -201,8 +202,8 @@ def load_teams(path):
         p = line.split()
         if len(p) != 6 or p[0] not in ("L", "S", "G"):
             continue
-        num = lambda x: None if x == "-" else float(x)
-        recs.append((float(p[1]), float(p[2]), p[0], int(p[3]), num(p[4]), num(p[5])))
+        busy, one = (None, None) if p[0] == "G" else (float(p[4]), float(p[5]))
+        recs.append((float(p[1]), float(p[2]), p[0], int(p[3]), busy, one))
     recs.sort()
     return recs
 
@@ -401,13 +402,14 @@ def main():
     team.sort(key=lambda tid: tid != pid)      # the main thread first
     segs = [segments(ev[(pid, tid)], a.period_ns * 1e-9) for tid in team]
     calls = load_kernels(a.trace) if a.trace else []
+    recs = load_teams(a.teams) if a.teams else None
     out = {}
     for b, ws in wins.items():
         # a trace that does not cover this window (a program writing one per accelerator) is not used
         mine = [c for c in calls if any(c[0] < w1 and c[1] > w0 for w0, w1 in ws)]
         out[b] = dict(analyse(segs, sorted(ws), a.top, mine), threads=len(team))
-        if a.teams:
-            out[b]["timed"] = timed(segs, sorted(ws), load_teams(a.teams), a.top)
+        if recs is not None:
+            out[b]["timed"] = timed(segs, sorted(ws), recs, a.top)
     json.dump(out, sys.stdout)
     print()
 

@@ -107,10 +107,9 @@ static struct {
     team_rec *r;
     size_t n, cap;
     bool full;
-    char path[4096];
 } tlog = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
-static void tlog_print(FILE *f) {
+static void tlog_print(FILE *f, const char *path) {
     fprintf(f, "# caccel cpu teams log: kind t0 t1 team busy one (CLOCK_MONOTONIC seconds; L kernel loop, S GEMM "
                "split in blocks, G library GEMM; busy: thread-seconds worked, one: seconds with one thread "
                "working; - where unknown)%s\n", tlog.full ? " (truncated: the log's memory ran out)" : "");
@@ -121,15 +120,17 @@ static void tlog_print(FILE *f) {
         else
             fprintf(f, "%c %.7f %.7f %d %.7f %.7f\n", r->kind, r->t0, r->t1, r->team, r->busy, r->one);
     }
-    if (fclose(f) != 0) fprintf(stderr, "caccel: CACCEL_CPU_TEAMS_LOG: writing %s failed\n", tlog.path);
+    if (fclose(f) != 0) fprintf(stderr, "caccel: CACCEL_CPU_TEAMS_LOG: writing %s failed\n", path);
 }
 
-/* At exit: the records to the file, then their memory freed (a record made later is dropped). */
+/* At exit: the records to the file the variable names then, their memory freed (a record made later is
+ * dropped). */
 static void tlog_write(void) {
+    const char *path = getenv("CACCEL_CPU_TEAMS_LOG");
     pthread_mutex_lock(&tlog.lock);
-    FILE *f = fopen(tlog.path, "w");
-    if (!f) fprintf(stderr, "caccel: CACCEL_CPU_TEAMS_LOG: cannot write %s\n", tlog.path);
-    else tlog_print(f);
+    FILE *f = path && *path ? fopen(path, "w") : NULL;
+    if (!f) fprintf(stderr, "caccel: CACCEL_CPU_TEAMS_LOG: cannot write %s\n", path ? path : "(unset at exit)");
+    else tlog_print(f, path);
     free(tlog.r);
     tlog.r = NULL;
     tlog.n = tlog.cap = 0;
@@ -137,18 +138,20 @@ static void tlog_write(void) {
     pthread_mutex_unlock(&tlog.lock);
 }
 
+/* A diagnostic switch decided once from the environment (*on: -1 until then): the first caller to decide
+ * registers at_exit when it is on. */
+static bool switch_once(atomic_int *on, bool want, void (*at_exit)(void)) {
+    int unset = -1;
+    if (atomic_compare_exchange_strong(on, &unset, want) && want) atexit(at_exit);
+    return atomic_load(on);
+}
+
 bool cpu_team_log_on(void) {
     static atomic_int on = -1;
     int v = atomic_load_explicit(&on, memory_order_relaxed);
     if (v >= 0) return v;
     const char *e = getenv("CACCEL_CPU_TEAMS_LOG");
-    int want = e && *e && strlen(e) < sizeof tlog.path;
-    int unset = -1;
-    if (atomic_compare_exchange_strong(&on, &unset, want) && want) {
-        strcpy(tlog.path, e);
-        atexit(tlog_write);
-    }
-    return atomic_load(&on);
+    return switch_once(&on, e && *e, tlog_write);
 }
 
 double cpu_team_clock(void) {
@@ -251,10 +254,7 @@ static bool tally_on(void) {
     int v = atomic_load_explicit(&on, memory_order_relaxed);
     if (v >= 0) return v;
     const char *e = getenv("CACCEL_CPU_TEAMS");
-    int want = e && !strcmp(e, "1");
-    int unset = -1;
-    if (atomic_compare_exchange_strong(&on, &unset, want) && want) atexit(print_tally);
-    return atomic_load(&on);
+    return switch_once(&on, e && !strcmp(e, "1"), print_tally);
 }
 
 void cpu_team_note(cpu_team_kind kind, int team) {

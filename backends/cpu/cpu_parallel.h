@@ -90,10 +90,10 @@ void cpu_team_note(cpu_team_kind kind, int team);
  * S) and every library GEMM on more than one thread (G) is recorded with its start and end on the calling
  * thread (CLOCK_MONOTONIC), its team, and for L and S the team's busy thread-seconds and the seconds in
  * which exactly one of its threads worked, from each thread's own timestamps (two clock reads per thread
- * and fork-join); the records are written to FILE at exit. bench/serial_profile.py (--teams) takes the
- * serial time of the caccel code from it exactly, where the samples of a perf profile, 100 us apart, smear
- * the edges of kernels a few samples long (bench/RESULTS.md). Off: no clock is read. Teams above
- * TEAM_LOG_MAX threads are not logged. */
+ * and fork-join); the records are written at exit to the file the variable then names. bench/serial_profile.py
+ * (--teams) takes the serial time of the caccel code from it exactly, beside a perf profile's samples or in a
+ * run without perf, whose sampling interrupts stretch the joins themselves (bench/RESULTS.md). Off: no clock
+ * is read. Teams above TEAM_LOG_MAX threads are not logged. */
 #define TEAM_LOG_MAX 256
 bool cpu_team_log_on(void);
 double cpu_team_clock(void);
