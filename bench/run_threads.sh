@@ -394,10 +394,9 @@ for w in W:
 # The GPT steps against the GEMM probe's peak (examples/gpt's MFU line): the most caccel/torch can reach on this
 # machine is caccel/torch / MFU, every operation of the step at the best GEMM's rate.
 bound = []
-for w in W[:2]:
+for w in (w for w in W if w["match"].get("model") == "gpt"):
     for t in ths:
-        m = [float(r["mfu_pct"]) for r in rows if r["impl"] == "caccel" and r.get("threads") == str(t)
-             and "mfu_pct" in r and all(r.get(k) == x for k, x in w["match"].items())]
+        m = runs_of("caccel", dict(w, key="mfu_pct"), t)
         c, q = med("caccel", w, t)[0], med("torch", w, t)[0]
         if m and q == q:
             mm = statistics.median(m)
